@@ -1,0 +1,67 @@
+// The device mesh: dp × ring × ulysses ranks joined by c10d, with one process group
+// per axis (ulysses, ring, context = ring × ulysses, dp) and the world. Built once by
+// cli/ or train/ and passed down; validated on every rank before any connection.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "mmsp/dist/comm_stats.h"
+#include "mmsp/dist/group.h"
+#include "mmsp/dist/mesh_shape.h"
+#include "mmsp/dist/rank_env.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace mmsp::dist {
+
+struct MeshOptions {
+  // Limit for the rendezvous and for every collective; a dead or stuck peer ends
+  // the job with an error after at most this long instead of hanging.
+  std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+};
+
+class Mesh {
+ public:
+  // Rendezvous through a c10d TCPStore at env.master_addr:env.master_port that
+  // rank 0 hosts, then builds the groups.
+  static Mesh connect(const RankEnv& env, const MeshShape& shape, const MeshOptions& options = {});
+
+  // Builds the groups over an existing store. `prefix` keeps meshes that share
+  // one store apart (every rank must build the same meshes in the same order).
+  static Mesh create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env,
+                     const MeshShape& shape, const MeshOptions& options,
+                     const std::string& prefix);
+
+  // Opens the job's TCPStore (rank 0 serves it).
+  static c10::intrusive_ptr<c10d::Store> open_store(const RankEnv& env,
+                                                    std::chrono::milliseconds timeout);
+
+  const MeshShape& shape() const { return shape_; }
+  const MeshCoords& coords() const { return coords_; }
+  int rank() const { return rank_; }
+  int world_size() const { return shape_.size(); }
+
+  const GroupPtr& group(MeshAxis axis) const;
+  const GroupPtr& world() const { return group(MeshAxis::world); }
+  const GroupPtr& dp() const { return group(MeshAxis::dp); }
+  const GroupPtr& ring() const { return group(MeshAxis::ring); }
+  const GroupPtr& ulysses() const { return group(MeshAxis::ulysses); }
+  const GroupPtr& context() const { return group(MeshAxis::context); }
+
+  CommStats& stats() const { return *stats_; }
+  const std::shared_ptr<CommStats>& shared_stats() const { return stats_; }
+
+ private:
+  MeshShape shape_;
+  MeshCoords coords_;
+  int rank_ = 0;
+  std::shared_ptr<CommStats> stats_;
+  GroupPtr groups_[5];  // indexed by MeshAxis
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+}  // namespace mmsp::dist

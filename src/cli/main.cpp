@@ -1,0 +1,35 @@
+// `mmsp`: the command-line tool. Each subcommand lives in its own *_command.cpp;
+// this file only parses and dispatches, and turns errors into exit statuses.
+#include <iostream>
+#include <vector>
+
+#include "command.h"
+#include "mmsp/core/check.h"
+#include "selftest_command.h"
+#ifdef MMSP_HAVE_PLAN_COMMAND
+#include "plan_command.h"
+#endif
+
+int main(int argc, char** argv) {
+  CLI::App app{"mmsp: sequence-parallel training of vision-language models"};
+  app.require_subcommand(1);
+  std::vector<mmsp::cli::Subcommand> commands;
+  commands.push_back(mmsp::cli::add_selftest_command(app));
+#ifdef MMSP_HAVE_PLAN_COMMAND
+  commands.push_back(mmsp::cli::add_plan_command(app));
+#endif
+  CLI11_PARSE(app, argc, argv);
+  for (auto& command : commands) {
+    if (!command.app->parsed()) continue;
+    try {
+      return command.run();
+    } catch (const mmsp::Error& e) {
+      std::cerr << "mmsp " << command.app->get_name() << ": error: " << e.what() << std::endl;
+      return 2;
+    } catch (const std::exception& e) {
+      std::cerr << "mmsp " << command.app->get_name() << ": failed: " << e.what() << std::endl;
+      return 1;
+    }
+  }
+  return 1;
+}

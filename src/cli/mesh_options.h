@@ -1,0 +1,40 @@
+// Mesh flags shared by the commands that join ranks (--dp --ring --ulysses --timeout)
+// and the one place that reads the launcher's environment.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "mmsp/dist/mesh.h"
+
+namespace mmsp::cli {
+
+struct MeshFlags {
+  int dp = 1;
+  int ring = 1;
+  int ulysses = 0;  // 0: whatever the world size leaves after dp × ring
+  double timeout_s = 300;
+
+  void add_to(CLI::App& app) {
+    app.add_option("--dp", dp, "data-parallel replicas")->check(CLI::PositiveNumber);
+    app.add_option("--ring", ring, "ring-attention degree")->check(CLI::PositiveNumber);
+    app.add_option("--ulysses", ulysses, "Ulysses degree (default: world / (dp * ring))")
+        ->check(CLI::NonNegativeNumber);
+    app.add_option("--timeout", timeout_s, "seconds a collective may wait for a peer")
+        ->check(CLI::PositiveNumber);
+  }
+
+  dist::MeshShape shape(int world_size) const {
+    dist::MeshShape s{dp, ring, ulysses};
+    if (ulysses == 0) s.ulysses = std::max(1, world_size / std::max(1, dp * ring));
+    dist::check_mesh_shape(s, world_size);
+    return s;
+  }
+
+  dist::MeshOptions options() const {
+    dist::MeshOptions o;
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    return o;
+  }
+};
+
+}  // namespace mmsp::cli

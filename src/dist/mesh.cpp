@@ -1,0 +1,127 @@
+// Mesh construction: validation, TCPStore rendezvous, one Gloo (and NCCL) group per
+// axis; see mesh.h.
+#include "mmsp/dist/mesh.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef MMSP_WITH_NCCL
+#include <ATen/Context.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <sstream>
+
+#include "mmsp/core/check.h"
+
+namespace mmsp::dist {
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
+}
+
+std::shared_ptr<::gloo::transport::Device> make_gloo_device(const RankEnv& env) {
+  if (!env.gloo_interface.empty())
+    return c10d::ProcessGroupGloo::createDeviceForInterface(env.gloo_interface);
+  if (is_loopback(env.master_addr))
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// "ring[dp=0,u=1]": the axis and the coordinates that every member shares.
+std::string group_name(MeshAxis axis, const MeshCoords& c) {
+  std::ostringstream out;
+  out << axis_name(axis);
+  switch (axis) {
+    case MeshAxis::world: break;
+    case MeshAxis::dp: out << "[r=" << c.ring << ",u=" << c.ulysses << "]"; break;
+    case MeshAxis::ring: out << "[dp=" << c.dp << ",u=" << c.ulysses << "]"; break;
+    case MeshAxis::ulysses: out << "[dp=" << c.dp << ",r=" << c.ring << "]"; break;
+    case MeshAxis::context: out << "[dp=" << c.dp << "]"; break;
+  }
+  return out.str();
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10d::Store> Mesh::open_store(const RankEnv& env,
+                                                 std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(env.master_port);
+  opts.isServer = env.rank == 0;
+  opts.numWorkers = env.world_size;
+  opts.waitWorkers = true;
+  opts.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+  } catch (const std::exception& e) {
+    throw Error(detail::concat("rank ", env.rank, " could not join the rendezvous at ",
+                               env.master_addr, ":", env.master_port, " within ",
+                               timeout.count() / 1000.0, " s (are all ", env.world_size,
+                               " ranks started with the same MASTER_ADDR/MASTER_PORT?): ",
+                               e.what()));
+  }
+}
+
+Mesh Mesh::connect(const RankEnv& env, const MeshShape& shape, const MeshOptions& options) {
+  check_mesh_shape(shape, env.world_size);  // before any connection, on every rank
+  return create(open_store(env, options.timeout), env, shape, options, "mesh");
+}
+
+Mesh Mesh::create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env,
+                  const MeshShape& shape, const MeshOptions& options,
+                  const std::string& prefix) {
+  check_mesh_shape(shape, env.world_size);
+  MMSP_CHECK(options.timeout.count() > 0, "collective timeout must be positive, got ",
+             options.timeout.count(), " ms");
+  Mesh mesh;
+  mesh.shape_ = shape;
+  mesh.rank_ = env.rank;
+  mesh.coords_ = coords_of(shape, env.rank);
+  mesh.stats_ = std::make_shared<CommStats>();
+  mesh.store_ = store;
+
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
+  if (env.world_size > 1) gloo_options->devices.push_back(make_gloo_device(env));
+#ifdef MMSP_WITH_NCCL
+  const bool with_nccl = at::globalContext().hasCUDA();
+#endif
+
+  // Every rank builds its groups in the same axis order; a group's members meet
+  // in its own store namespace, so disjoint groups connect independently.
+  for (MeshAxis axis : {MeshAxis::world, MeshAxis::dp, MeshAxis::ring, MeshAxis::ulysses,
+                        MeshAxis::context}) {
+    std::vector<int> members = group_members(shape, axis, env.rank);
+    const int group_rank = static_cast<int>(
+        std::find(members.begin(), members.end(), env.rank) - members.begin());
+    const std::string name = group_name(axis, mesh.coords_);
+    const int size = static_cast<int>(members.size());
+    c10::intrusive_ptr<Backend> cpu, gpu;
+    if (size > 1) {
+      auto group_store = c10::make_intrusive<c10d::PrefixStore>(prefix + "/" + name, store);
+      cpu = c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, group_rank, size,
+                                                        gloo_options);
+#ifdef MMSP_WITH_NCCL
+      if (with_nccl) {
+        auto nccl_store = c10::make_intrusive<c10d::PrefixStore>(prefix + "/nccl/" + name, store);
+        auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+        nccl_options->timeout = options.timeout;
+        gpu = c10::make_intrusive<c10d::ProcessGroupNCCL>(nccl_store, group_rank, size,
+                                                          nccl_options);
+      }
+#endif
+    }
+    mesh.groups_[static_cast<int>(axis)] = c10::make_intrusive<Group>(
+        name, std::move(members), group_rank, cpu, gpu, mesh.stats_, options.timeout);
+  }
+  return mesh;
+}
+
+const GroupPtr& Mesh::group(MeshAxis axis) const {
+  const GroupPtr& g = groups_[static_cast<int>(axis)];
+  MMSP_ASSERT(g, "mesh group ", axis_name(axis), " not built");
+  return g;
+}
+
+}  // namespace mmsp::dist
