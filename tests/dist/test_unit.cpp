@@ -1,0 +1,178 @@
+// Single-process tests of dist/: environment parsing, mesh arithmetic, byte
+// counters, wire dtypes and the RingExchange protocol.
+#include <gtest/gtest.h>
+#include <gmock/gmock.h>
+
+#include <ATen/ATen.h>
+
+#include <set>
+
+#include "mmsp/core/check.h"
+#include "mmsp/dist/comm_stats.h"
+#include "mmsp/dist/group.h"
+#include "mmsp/dist/mesh_shape.h"
+#include "mmsp/dist/rank_env.h"
+#include "mmsp/dist/ring_exchange.h"
+
+using namespace mmsp;
+using namespace mmsp::dist;
+using ::testing::HasSubstr;
+
+// Expects `fn` to throw mmsp::Error whose message contains `text`.
+template <typename Fn>
+void expect_error(Fn&& fn, const std::string& text) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an mmsp::Error containing '" << text << "'";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(text));
+  }
+}
+
+TEST(RankEnvTest, TorchrunVariables) {
+  RankEnv env = rank_env_from({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
+                               {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "node0"},
+                               {"MASTER_PORT", "29123"}, {"GLOO_SOCKET_IFNAME", "eth1"}});
+  EXPECT_EQ(env.rank, 5);
+  EXPECT_EQ(env.world_size, 8);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.local_world_size, 4);
+  EXPECT_EQ(env.master_addr, "node0");
+  EXPECT_EQ(env.master_port, 29123);
+  EXPECT_EQ(env.gloo_interface, "eth1");
+  EXPECT_EQ(env.launcher, "torchrun");
+}
+
+TEST(RankEnvTest, OpenMpiVariables) {
+  RankEnv env = rank_env_from({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                               {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                               {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "h1"}});
+  EXPECT_EQ(env.launcher, "openmpi");
+  EXPECT_EQ(env.rank, 3);
+  EXPECT_EQ(env.world_size, 4);
+  EXPECT_EQ(env.local_rank, 1);
+  EXPECT_EQ(env.local_world_size, 2);
+  EXPECT_EQ(env.master_port, 29500);
+}
+
+TEST(RankEnvTest, SlurmVariables) {
+  RankEnv env = rank_env_from({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"},
+                               {"SLURM_LOCALID", "2"}, {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                               {"MASTER_ADDR", "n7"}, {"MASTER_PORT", "4000"}});
+  EXPECT_EQ(env.launcher, "slurm");
+  EXPECT_EQ(env.rank, 6);
+  EXPECT_EQ(env.world_size, 8);
+  EXPECT_EQ(env.local_rank, 2);
+  EXPECT_EQ(env.local_world_size, 4);
+  EXPECT_EQ(env.master_addr, "n7");
+}
+
+TEST(RankEnvTest, NothingSetMeansOneRank) {
+  RankEnv env = rank_env_from({});
+  EXPECT_EQ(env.launcher, "single");
+  EXPECT_EQ(env.world_size, 1);
+  EXPECT_EQ(env.rank, 0);
+}
+
+TEST(RankEnvTest, BadValuesNameTheVariable) {
+  expect_error([] { rank_env_from({{"RANK", "x"}, {"WORLD_SIZE", "2"}}); }, "RANK='x'");
+  expect_error([] { rank_env_from({{"RANK", "2"}, {"WORLD_SIZE", "2"}}); },
+               "rank 2 is not below the world size 2");
+  expect_error([] { rank_env_from({{"RANK", "0"}}); }, "RANK and WORLD_SIZE must be set");
+  expect_error([] { rank_env_from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}); },
+               "MASTER_PORT=70000");
+  expect_error([] { rank_env_from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}); },
+               "MASTER_ADDR must name rank 0's host");
+}
+
+TEST(MeshShapeTest, WorldMustBeTheProduct) {
+  expect_error([] { check_mesh_shape({1, 2, 2}, 6); },
+               "world size 6 is not dp(1) × ring(2) × ulysses(2) = 4");
+  expect_error([] { check_mesh_shape({0, 2, 2}, 0); }, "mesh factors must be >= 1");
+  EXPECT_NO_THROW(check_mesh_shape({2, 1, 2}, 4));
+}
+
+TEST(MeshShapeTest, ParseAndEnumerate) {
+  MeshShape s = parse_mesh_shape("2x3x4");
+  EXPECT_EQ(s.dp, 2);
+  EXPECT_EQ(s.ring, 3);
+  EXPECT_EQ(s.ulysses, 4);
+  expect_error([] { parse_mesh_shape("2x3"); }, "must read DPxRINGxULYSSES");
+  expect_error([] { parse_mesh_shape("1x2x2x"); }, "must read DPxRINGxULYSSES");
+  EXPECT_EQ(all_mesh_shapes(4).size(), 6u);  // 4 = 1·1·4 1·2·2 1·4·1 2·1·2 2·2·1 4·1·1
+  EXPECT_EQ(all_mesh_shapes(1).size(), 1u);
+  for (const MeshShape& m : all_mesh_shapes(12)) EXPECT_EQ(m.size(), 12);
+}
+
+TEST(MeshShapeTest, UlyssesVariesFastestThenRingThenDp) {
+  MeshShape shape{2, 3, 2};
+  EXPECT_EQ(coords_of(shape, 0).ulysses, 0);
+  EXPECT_EQ(coords_of(shape, 1).ulysses, 1);
+  EXPECT_EQ(coords_of(shape, 2).ring, 1);
+  EXPECT_EQ(coords_of(shape, 6).dp, 1);
+  EXPECT_EQ(group_members(shape, MeshAxis::ulysses, 7), (std::vector<int>{6, 7}));
+  EXPECT_EQ(group_members(shape, MeshAxis::ring, 7), (std::vector<int>{7, 9, 11}));
+  EXPECT_EQ(group_members(shape, MeshAxis::dp, 7), (std::vector<int>{1, 7}));
+  EXPECT_EQ(group_members(shape, MeshAxis::context, 7),
+            (std::vector<int>{6, 7, 8, 9, 10, 11}));
+}
+
+// Every axis's groups partition the world, each rank sits in exactly one group
+// per axis at its own coordinate, and every rank agrees on its group's members.
+TEST(MeshShapeTest, GroupsPartitionTheWorldForEveryShape) {
+  for (int world = 1; world <= 12; ++world)
+    for (const MeshShape& shape : all_mesh_shapes(world))
+      for (MeshAxis axis : {MeshAxis::world, MeshAxis::dp, MeshAxis::ring, MeshAxis::ulysses,
+                            MeshAxis::context}) {
+        std::multiset<int> seen;
+        for (int rank = 0; rank < world; ++rank) {
+          EXPECT_EQ(rank_of(shape, coords_of(shape, rank)), rank);
+          auto members = group_members(shape, axis, rank);
+          for (int m : members) EXPECT_EQ(group_members(shape, axis, m), members);
+          if (members.front() == rank) seen.insert(members.begin(), members.end());
+        }
+        EXPECT_EQ(seen.size(), static_cast<size_t>(world)) << shape.str() << " " << axis_name(axis);
+        for (int rank = 0; rank < world; ++rank) EXPECT_EQ(seen.count(rank), 1u);
+      }
+}
+
+TEST(CommStatsTest, CountsPerKindAndPass) {
+  CommStats stats;
+  stats.add(CommKind::all_to_all, Pass::forward, 100);
+  stats.add(CommKind::all_to_all, Pass::forward, 20);
+  stats.add(CommKind::all_to_all, Pass::backward, 7);
+  CommSnapshot a = stats.snapshot();
+  EXPECT_EQ(a.at(CommKind::all_to_all, Pass::forward).bytes, 120);
+  EXPECT_EQ(a.at(CommKind::all_to_all, Pass::forward).calls, 2);
+  EXPECT_EQ(a.at(CommKind::all_to_all, Pass::backward).bytes, 7);
+  EXPECT_EQ(a.total_bytes(), 127);
+  stats.add(CommKind::ring_exchange, Pass::forward, 3);
+  EXPECT_EQ((stats.snapshot() - a).total_bytes(), 3);
+  stats.reset();
+  EXPECT_EQ(stats.snapshot().total_bytes(), 0);
+}
+
+TEST(WireViewTest, GlooGetsSameSizeTypesWithTheSameBits) {
+  at::Tensor bf = at::arange(10, at::kFloat).to(at::kBFloat16);
+  at::Tensor wire = wire_view(bf, /*gloo=*/true);
+  EXPECT_EQ(wire.scalar_type(), at::kHalf);
+  EXPECT_EQ(wire.data_ptr(), bf.data_ptr());
+  EXPECT_EQ(wire_view(bf, /*gloo=*/false).scalar_type(), at::kBFloat16);
+  EXPECT_EQ(wire_view(at::zeros({3}, at::kBool), true).scalar_type(), at::kByte);
+  EXPECT_EQ(wire_view(at::zeros({3}, at::kShort), true).scalar_type(), at::kHalf);
+  EXPECT_EQ(wire_view(at::zeros({3}, at::kDouble), true).scalar_type(), at::kDouble);
+}
+
+TEST(RingExchangeTest, ProtocolRefusesMisuse) {
+  GroupPtr solo = make_solo_group("solo", 0);
+  {
+    RingExchange exchange(solo);
+    expect_error([&] { exchange.wait(); }, "wait() before start()");
+    exchange.start({at::ones({2})});
+    expect_error([&] { exchange.start({at::ones({2})}); }, "start() called twice");
+    auto got = exchange.wait();
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_TRUE(got[0].equal(at::ones({2})));
+    expect_error([&] { exchange.wait(); }, "wait() called twice");
+  }
+}
