@@ -237,11 +237,14 @@ class SignalWake {
 };
 
 // The child side of fork(): become a process-group leader, wire stdio, exec.
+// Our signals arrive blocked (see Supervisor::start) and are unblocked only once
+// the handlers that would write to our wake pipe are gone.
 [[noreturn]] void exec_rank(const char* path, char** argv, char** envp, int out_fd, int err_fd,
-                            int null_fd) {
+                            int null_fd, const sigset_t& mask) {
   ::setpgid(0, 0);
   // Ignored dispositions survive exec; the rank must see default SIGPIPE / SIGINT.
   for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE}) ::signal(sig, SIG_DFL);
+  ::sigprocmask(SIG_SETMASK, &mask, nullptr);
   // Ranks live in background process groups: reading a terminal would stop them.
   if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
   if (out_fd >= 0) ::dup2(out_fd, STDOUT_FILENO);
@@ -315,9 +318,17 @@ class Supervisor {
     std::vector<char*> envp = c_strings(env), argv = c_strings(args);
     int out[2] = {-1, -1}, err[2] = {-1, -1};
     bool piped = !options_.prefix || (open_pipe(out) && open_pipe(err));
+    // A signal reaching the child before it drops our handlers would look to us
+    // like one sent to mmsp-run: hold them until then.
+    sigset_t handled, mask;
+    sigemptyset(&handled);
+    for (int sig : SignalWake::kSignals) sigaddset(&handled, sig);
+    ::sigprocmask(SIG_BLOCK, &handled, &mask);
     pid_t pid = piped ? ::fork() : -1;
-    if (pid == 0) exec_rank(program_.c_str(), argv.data(), envp.data(), out[1], err[1], null_fd_);
+    if (pid == 0)
+      exec_rank(program_.c_str(), argv.data(), envp.data(), out[1], err[1], null_fd_, mask);
     int error = errno;
+    ::sigprocmask(SIG_SETMASK, &mask, nullptr);
     for (int fd : {out[1], err[1]})
       if (fd >= 0) ::close(fd);
     if (pid < 0) return start_failed(r, {out[0], err[0]}, error);
@@ -416,7 +427,8 @@ class Supervisor {
     for (auto& s : r.streams)
       while (s.fd >= 0 && read_stream(s)) {
       }
-    if (!succeeded(status) && first_failure_ == nullptr) {
+    // A rank we signalled is a victim of the teardown, not its cause.
+    if (!succeeded(status) && !r.signalled_by_us && first_failure_ == nullptr) {
       first_failure_ = &r;
       say(concat("rank ", r.rank, " failed: ", describe_wait_status(status)));
       if (!kill_at_) term_at_ = after_seconds(options_.grace_s);
@@ -451,7 +463,6 @@ class Supervisor {
   }
 
   void print_summary() const {
-    if (first_failure_ == nullptr) return;
     for (const auto& r : ranks_) {
       if (succeeded(r.status)) continue;
       const char* why = &r == first_failure_ ? " (first failure)"

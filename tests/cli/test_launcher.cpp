@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -51,6 +52,13 @@ std::string read_text(const fs::path& path) {
   return text.str();
 }
 
+// Running, sleeping or stopped; a zombie is dead (init may take a while to reap an orphan).
+bool is_alive(pid_t pid) {
+  std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+  size_t name_end = stat.rfind(')');
+  return name_end != std::string::npos && name_end + 2 < stat.size() && stat[name_end + 2] != 'Z';
+}
+
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);
@@ -64,13 +72,16 @@ std::vector<std::string> sorted_lines(const std::string& text) {
   return lines;
 }
 
-// One run of the built mmsp-run; `args` is shell text, `env` is added to ours.
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+// One run of the built mmsp-run; `args` is shell text, `env` is added to ours, and
+// a non-zero `max_open_files` limits its descriptors (to make a rank fail to start).
 class Launcher {
  public:
-  explicit Launcher(const std::string& args, std::vector<std::pair<std::string, std::string>> env = {})
+  explicit Launcher(const std::string& args, const Env& env = {}, rlim_t max_open_files = 0)
       : start_(Clock::now()) {
     pid_ = ::fork();
-    if (pid_ == 0) exec_launcher(args, env);
+    if (pid_ == 0) exec_launcher(args, env, max_open_files);
   }
 
   int wait() {  // mmsp-run's exit status, or 128 + signal like a shell
@@ -86,13 +97,18 @@ class Launcher {
   std::string err() const { return read_text(dir_ / "err"); }
 
  private:
-  [[noreturn]] void exec_launcher(const std::string& args,
-                                  const std::vector<std::pair<std::string, std::string>>& env) {
+  [[noreturn]] void exec_launcher(const std::string& args, const Env& env, rlim_t max_open_files) {
     for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
     int out = ::open((dir_ / "out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     int err = ::open((dir_ / "err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
     ::dup2(out, STDOUT_FILENO);
     ::dup2(err, STDERR_FILENO);
+    ::close(out);
+    ::close(err);
+    if (max_open_files > 0) {
+      rlimit limit{max_open_files, max_open_files};
+      ::setrlimit(RLIMIT_NOFILE, &limit);
+    }
     std::string command = std::string("exec '") + MMSP_RUN_PATH + "' " + args;
     ::execl("/bin/sh", "sh", "-c", command.c_str(), static_cast<char*>(nullptr));
     ::_exit(126);
@@ -110,9 +126,8 @@ struct Outcome {
   double seconds;
 };
 
-Outcome run_launcher(const std::string& args,
-                     std::vector<std::pair<std::string, std::string>> env = {}) {
-  Launcher launcher(args, std::move(env));
+Outcome run_launcher(const std::string& args, const Env& env = {}, rlim_t max_open_files = 0) {
+  Launcher launcher(args, env, max_open_files);
   int status = launcher.wait();
   return {status, launcher.out(), launcher.err(), launcher.seconds()};
 }
@@ -135,7 +150,7 @@ TEST(LinePrefixer, LineOfOneMiBWithoutNewlineIsEmittedInsteadOfBuffered) {
   EXPECT_EQ(out.rfind("[rank 0] x", 0), 0u);
 }
 
-TEST(RankEnvironment, Node1Of3With2RanksReplacesInheritedRankVariables) {
+TEST(LaunchEnvironment, Node1Of3With2RanksReplacesInheritedRankVariables) {
   LaunchOptions options;
   options.nproc = 2;
   options.nnodes = 3;
@@ -182,7 +197,7 @@ TEST(DescribeWaitStatus, NamesExitStatusAndSignalOfRealChildren) {
   EXPECT_EQ(describe_wait_status(status), "killed by signal 9 (Killed)");
 }
 
-TEST(Validate, EachBadValueIsNamedInTheError) {
+TEST(LaunchValidate, EachBadValueIsNamedInTheError) {
   LaunchOptions good;
   good.nproc = 2;
   good.command = {"sh", "-c", "true"};
@@ -338,9 +353,9 @@ TEST(MmspRun, ChildrenOfAStoppedRankAreStoppedWithIt) {
                            "sleep 60 & echo $! > " + pid_file + "; wait'");
   EXPECT_EQ(r.status, 1) << r.err;
   pid_t child = std::stoi(read_text(pid_file));
-  bool gone = false;  // the orphan may take a moment to be reaped by init
+  bool gone = false;  // SIGTERM is delivered asynchronously: give it a moment
   for (int i = 0; i < 40 && !gone; ++i, std::this_thread::sleep_for(std::chrono::milliseconds(50)))
-    gone = ::kill(child, 0) != 0;
+    gone = !is_alive(child);
   EXPECT_TRUE(gone) << "rank 0's child " << child << " outlived it: SIGTERM missed its process group";
   if (!gone) ::kill(child, SIGKILL);
   EXPECT_LT(r.seconds, 1.2) << "waited for a pipe held open by a leftover child";
@@ -366,6 +381,32 @@ TEST(MmspRun, SigtermToTheLauncherReachesEveryRank) {
   EXPECT_EQ(sorted_lines(launcher.out()),
             (std::vector<std::string>{"[rank 0] got TERM", "[rank 0] ready", "[rank 1] got TERM",
                                       "[rank 1] ready"}));
+}
+
+TEST(MmspRun, SigintToTheLauncherStopsRanksAndExits130) {
+  Launcher launcher("-n 2 -- sh -c 'echo ready; sleep 60'");
+  for (int i = 0; i < 200 && lines_of(launcher.out()).size() < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_EQ(lines_of(launcher.out()).size(), 2u) << "ranks did not start: " << launcher.err();
+  ::kill(launcher.pid(), SIGINT);
+  EXPECT_EQ(launcher.wait(), 128 + SIGINT) << launcher.err();
+  EXPECT_LT(launcher.seconds(), 15.0);
+  std::string err = launcher.err();
+  EXPECT_NE(err.find("rank 1 killed by signal 2 (Interrupt) (stopped by mmsp-run)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("failed:"), std::string::npos) << "a rank we interrupted is not a failure: " << err;
+}
+
+TEST(MmspRun, RankThatCannotStartStopsTheStartedOnesAndExits1) {
+  // 64 descriptors: each running rank keeps two pipe ends, so one of 1000 cannot start.
+  Outcome r = run_launcher("-n 1000 -- sh -c 'sleep 60'", {}, 64);
+  EXPECT_EQ(r.status, 1) << r.err.substr(0, 400);
+  EXPECT_LT(r.seconds, 15.0);
+  EXPECT_NE(r.err.find("cannot start rank"), std::string::npos) << r.err.substr(0, 400);
+  EXPECT_NE(r.err.find("rank 0 killed by signal 15 (Terminated) (stopped by mmsp-run)"),
+            std::string::npos)
+      << r.err.substr(0, 400);
 }
 
 TEST(MmspRun, AllRanksExit0GivesExit0AndNoMessages) {
