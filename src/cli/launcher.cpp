@@ -34,7 +34,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using detail::concat;
 
-constexpr const char* kRankVariables[] = {"RANK",      "WORLD_SIZE",  "LOCAL_RANK",
+// Set by us for every rank; the parent's values are dropped, never duplicated.
+constexpr const char* kRankVariables[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
                                           "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
 // A rank printing without newlines must not make us buffer without bound.
 constexpr size_t kMaxLine = size_t{1} << 20;
