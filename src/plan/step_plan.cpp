@@ -1,0 +1,241 @@
+// make_step_plan: parse and validate the batch, pack one row per dp rank, shard it,
+// assign vision items, report loads, and build the asking rank's slots and routes.
+#include "mmsp/plan/step_plan.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "mmsp/core/check.h"
+
+namespace mmsp::plan {
+
+namespace {
+
+// Where each sequence's first image / video sits among the batch's items and pixel rows.
+struct KindOffsets {
+  std::vector<int64_t> first_image, first_video, image_patches, video_patches;
+};
+
+KindOffsets kind_offsets(const Batch& batch) {
+  KindOffsets o;
+  int64_t images = 0, videos = 0, ip = 0, vp = 0;
+  for (const Sequence& s : batch.sequences) {
+    o.first_image.push_back(images);
+    o.first_video.push_back(videos);
+    o.image_patches.push_back(ip);
+    o.video_patches.push_back(vp);
+    images += static_cast<int64_t>(s.image_grid_thw.size());
+    videos += static_cast<int64_t>(s.video_grid_thw.size());
+    for (const Grid& g : s.image_grid_thw) ip += g[0] * g[1] * g[2];
+    for (const Grid& g : s.video_grid_thw) vp += g[0] * g[1] * g[2];
+  }
+  return o;
+}
+
+std::vector<VisionItem> collect_items(const Batch& batch, const StepPlan& plan,
+                                      const PackedRow& packing, const KindOffsets& offsets) {
+  std::vector<VisionItem> items;
+  const int64_t m = plan.conventions.spatial_merge_size;
+  for (const Segment& seg : packing.segments) {
+    const Sequence& seq = batch.sequences[seg.sequence];
+    std::vector<int64_t> image_item(seq.image_grid_thw.size(), -1);
+    std::vector<int64_t> video_item(seq.video_grid_thw.size(), -1);
+    std::vector<int64_t> image_patch(seq.image_grid_thw.size() + 1, 0);
+    std::vector<int64_t> video_patch(seq.video_grid_thw.size() + 1, 0);
+    for (size_t k = 0; k < seq.image_grid_thw.size(); ++k) {
+      const Grid& g = seq.image_grid_thw[k];
+      image_patch[k + 1] = image_patch[k] + g[0] * g[1] * g[2];
+    }
+    for (size_t k = 0; k < seq.video_grid_thw.size(); ++k) {
+      const Grid& g = seq.video_grid_thw[k];
+      video_patch[k + 1] = video_patch[k] + g[0] * g[1] * g[2];
+    }
+    for (const VisionBlock& b : plan.sequences[seg.sequence].blocks) {
+      const bool image = b.kind == VisionKind::image;
+      int64_t& slot = image ? image_item[b.item] : video_item[b.item];
+      if (slot < 0) {
+        slot = static_cast<int64_t>(items.size());
+        VisionItem it;
+        it.sequence = seg.sequence;
+        it.kind = b.kind;
+        it.index = b.item;
+        it.grid = image ? seq.image_grid_thw[b.item] : seq.video_grid_thw[b.item];
+        it.batch_index = (image ? offsets.first_image : offsets.first_video)[seg.sequence] + b.item;
+        it.rows = vision_rows(it.grid, m);
+        it.patches = it.grid[0] * it.grid[1] * it.grid[2];
+        it.patch_offset = (image ? offsets.image_patches : offsets.video_patches)[seg.sequence] +
+                          (image ? image_patch : video_patch)[b.item];
+        it.cost = encoder_cost(it.grid, plan.options.vision_cost);
+        items.push_back(std::move(it));
+      }
+      items[slot].pieces.push_back({seg.start + b.start, b.size(), b.first_row});
+    }
+  }
+  return items;
+}
+
+LoadReport load_report(const RowPlan& row, int S) {
+  LoadReport r;
+  const int U = row.shards.ulysses();
+  r.tokens.assign(S, 0);
+  r.pairs.assign(S, 0.0);
+  std::vector<double> ring_pairs(S / U, 0.0);
+  for (int c = 0; c < S; ++c) {
+    for (const SlotRun& run : row.shards.runs(c)) {
+      if (run.segment < 0) continue;
+      const int64_t real =
+          std::clamp<int64_t>(row.packing.segments[run.segment].length - run.index, 0, run.length);
+      r.tokens[c] += real;
+      // A query at index i of its segment attends keys 0..i: i + 1 pairs.
+      ring_pairs[c / U] += static_cast<double>(real) * (run.index + 1) +
+                           static_cast<double>(real) * (real - 1) / 2;
+    }
+  }
+  // Ulysses gives each of its U ranks all of the ring rank's tokens for 1/U of the heads.
+  for (int c = 0; c < S; ++c) r.pairs[c] = ring_pairs[c / U] / U;
+  std::vector<int> ours(row.items.size());
+  std::vector<double> costs(row.items.size());
+  for (size_t i = 0; i < row.items.size(); ++i) {
+    ours[i] = row.items[i].encoder_rank;
+    costs[i] = row.items[i].cost;
+  }
+  r.vision_cost = evaluate_assignment(ours, costs, S).load;
+  r.greedy_vision_cost = evaluate_assignment(row.greedy_rank, costs, S).load;
+  auto ratio = [](const std::vector<int64_t>& v) {
+    return max_over_mean(std::vector<double>(v.begin(), v.end()));
+  };
+  r.tokens_ratio = ratio(r.tokens);
+  r.pairs_ratio = max_over_mean(r.pairs);
+  r.vision_ratio = max_over_mean(r.vision_cost);
+  r.greedy_vision_ratio = max_over_mean(r.greedy_vision_cost);
+  return r;
+}
+
+void plan_vision(RowPlan& row, int S, const VisionCostModel& model) {
+  const size_t n = row.items.size();
+  std::vector<double> costs(n);
+  std::vector<int64_t> patches(n);
+  std::vector<int> preferred(n);
+  for (size_t i = 0; i < n; ++i) {
+    VisionItem& it = row.items[i];
+    it.preferred_rank = holder_rank(it, row.shards);
+    costs[i] = it.cost;
+    patches[i] = it.patches;
+    preferred[i] = it.preferred_rank;
+  }
+  const VisionAssignment a = assign_vision_balanced(costs, patches, preferred, S, model);
+  row.used_greedy_fallback = a.used_greedy_fallback;
+  row.greedy_rank = assign_greedy_contiguous(patches, S);
+  std::vector<int64_t> encoder_rows(S, 0);
+  for (size_t i = 0; i < n; ++i) {
+    VisionItem& it = row.items[i];
+    it.encoder_rank = a.rank_of_item[i];
+    it.encoder_row = encoder_rows[it.encoder_rank];
+    encoder_rows[it.encoder_rank] += it.rows;
+  }
+}
+
+}  // namespace
+
+StepPlan make_step_plan(const Batch& batch, const ModelConventions& conventions,
+                        const PlanOptions& options, int rank) {
+  validate_mesh(options.mesh);
+  rank_coords(options.mesh, rank);  // checks the rank
+  MMSP_CHECK(!batch.sequences.empty(), "batch is empty: it needs at least one sequence");
+  MMSP_CHECK(conventions.spatial_merge_size >= 1, "spatial_merge_size must be >= 1, got ",
+             conventions.spatial_merge_size);
+  StepPlan plan;
+  plan.options = options;
+  plan.conventions = conventions;
+  const int64_t n = static_cast<int64_t>(batch.sequences.size());
+  plan.sequences.reserve(n);
+  plan.positions.reserve(n);
+  std::vector<int64_t> lengths(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const Sequence& seq = batch.sequences[i];
+    plan.sequences.push_back(parse_sequence(seq, conventions, i));
+    plan.positions.push_back(make_sequence_positions(plan.sequences.back(), seq, conventions));
+    plan.rope_deltas.push_back(plan.positions.back().rope_delta());
+    plan.label_count += count_labels(seq, conventions);
+    lengths[i] = plan.sequences.back().length;
+  }
+
+  const Mesh& mesh = options.mesh;
+  const int S = mesh.context();
+  const auto groups = assign_sequences_to_dp(lengths, mesh.dp);
+  plan.dp_of_sequence.assign(n, 0);
+  const KindOffsets offsets = kind_offsets(batch);
+  plan.rows.resize(mesh.dp);
+  for (int d = 0; d < mesh.dp; ++d) {
+    RowPlan& row = plan.rows[d];
+    row.dp = d;
+    std::vector<int64_t> group_lengths;
+    for (int64_t s : groups[d]) {
+      plan.dp_of_sequence[s] = d;
+      group_lengths.push_back(lengths[s]);
+    }
+    row.packing = pack_row(groups[d], group_lengths, mesh.ring);
+    row.shards = ShardMap(row.packing, mesh.ring, mesh.ulysses, options.layout);
+    MMSP_CHECK(row.shards.local_length() <= std::numeric_limits<int32_t>::max(),
+               "dp rank ", d, ": ", row.shards.local_length(), " slots per rank is beyond int32");
+    row.items = collect_items(batch, plan, row.packing, offsets);
+    plan_vision(row, S, options.vision_cost);
+    row.pieces = flatten_pieces(row.items);
+    row.load = load_report(row, S);
+  }
+  plan.mine = make_rank_plan(batch, plan, rank);
+  return plan;
+}
+
+RankPlan make_rank_plan(const Batch& batch, const StepPlan& plan, int rank) {
+  MMSP_ASSERT(batch.sequences.size() == plan.sequences.size(), "plan of another batch");
+  const Mesh& mesh = plan.options.mesh;
+  RankPlan rp;
+  rp.rank = rank;
+  rp.coords = rank_coords(mesh, rank);
+  const RowPlan& row = plan.rows[rp.coords.dp];
+  const int c = rp.coords.context_rank(mesh);
+  const int64_t L = row.shards.local_length();
+  rp.local_length = L;
+  rp.position_rows = plan.conventions.uses_mrope() ? 3 : 1;
+  rp.tokens.assign(L, -1);
+  rp.segment_ids.assign(L, -1);
+  rp.segment_index.assign(L, -1);
+  rp.positions.assign(rp.position_rows * L, kPadPosition);
+  rp.labels.assign(L, kIgnoreIndex);
+  int64_t* rows[3] = {nullptr, nullptr, nullptr};
+  for (const SlotRun& run : row.shards.runs(c)) {
+    if (run.segment < 0) continue;
+    const Segment& seg = row.packing.segments[run.segment];
+    const int64_t real = std::clamp<int64_t>(seg.length - run.index, 0, run.length);
+    for (int64_t k = 0; k < run.length; ++k) {
+      rp.segment_ids[run.slot + k] = run.segment;
+      rp.segment_index[run.slot + k] = run.index + k;
+    }
+    for (int64_t k = 0; k < real; ++k) rp.tokens[run.slot + k] = run.packed + k;
+    if (real == 0) continue;
+    for (int r = 0; r < rp.position_rows; ++r) rows[r] = rp.positions.data() + r * L + run.slot;
+    plan.positions[seg.sequence].fill(run.index, real, rows);
+    fill_labels(batch.sequences[seg.sequence], plan.conventions, run.index, real,
+                rp.labels.data() + run.slot);
+  }
+  rp.routes = make_rank_routes(row.items, row.pieces, row.shards, c);
+  return rp;
+}
+
+std::vector<int64_t> row_position_ids(const StepPlan& plan, int dp) {
+  MMSP_CHECK(dp >= 0 && dp < static_cast<int>(plan.rows.size()), "dp rank ", dp,
+             " is outside the ", plan.rows.size(), " rows");
+  const PackedRow& packing = plan.rows[dp].packing;
+  const int nrows = plan.conventions.uses_mrope() ? 3 : 1;
+  const int64_t L = packing.length;
+  std::vector<int64_t> out(nrows * L, kPadPosition);
+  int64_t* rows[3] = {nullptr, nullptr, nullptr};
+  for (const Segment& seg : packing.segments) {
+    for (int r = 0; r < nrows; ++r) rows[r] = out.data() + r * L + seg.start;
+    plan.positions[seg.sequence].fill(0, seg.length, rows);
+  }
+  return out;
+}
+
+}  // namespace mmsp::plan

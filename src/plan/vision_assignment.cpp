@@ -1,0 +1,177 @@
+// Vision DP assignment: balanced by estimated encoder cost (ours) and the Python
+// patches' greedy contiguous rule by patch count (for comparison and as a floor).
+#include "mmsp/plan/vision_assignment.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "mmsp/core/check.h"
+
+namespace mmsp::plan {
+
+double encoder_cost(const Grid& g, const VisionCostModel& model) {
+  const double hw = static_cast<double>(g[1]) * static_cast<double>(g[2]);
+  const double t = static_cast<double>(g[0]);
+  return t * hw + model.attention_weight * t * hw * hw;
+}
+
+double max_over_mean(const std::vector<double>& values) {
+  if (values.empty()) return 1.0;
+  const double sum = std::accumulate(values.begin(), values.end(), 0.0);
+  if (sum <= 0) return 1.0;
+  return *std::max_element(values.begin(), values.end()) / (sum / values.size());
+}
+
+VisionAssignment evaluate_assignment(const std::vector<int>& rank_of_item,
+                                     const std::vector<double>& costs, int ranks) {
+  MMSP_ASSERT(rank_of_item.size() == costs.size());
+  VisionAssignment a;
+  a.rank_of_item = rank_of_item;
+  a.load.assign(ranks, 0.0);
+  for (size_t i = 0; i < costs.size(); ++i) {
+    MMSP_ASSERT(rank_of_item[i] >= 0 && rank_of_item[i] < ranks);
+    a.load[rank_of_item[i]] += costs[i];
+  }
+  a.max_over_mean = max_over_mean(a.load);
+  return a;
+}
+
+std::vector<int> assign_greedy_contiguous(const std::vector<int64_t>& patch_counts, int ranks) {
+  MMSP_CHECK(ranks >= 1, "Vision DP needs >= 1 rank, got ", ranks);
+  const int64_t n = static_cast<int64_t>(patch_counts.size());
+  std::vector<int> out(n, ranks - 1);
+  double remaining = 0;
+  for (int64_t pc : patch_counts) remaining += static_cast<double>(pc);
+  int64_t i = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t ranks_left = ranks - r, items_left = n - i;
+    if (items_left <= 0) break;
+    const double target = remaining / static_cast<double>(ranks_left);
+    const int64_t max_items = items_left - (ranks_left - 1);  // leave one per remaining rank
+    double load = 0;
+    for (int64_t taken = 0; i < n && taken < max_items;) {
+      out[i] = r;
+      load += static_cast<double>(patch_counts[i]);
+      ++i;
+      ++taken;
+      if (load >= target) break;  // the item that crosses the target is kept
+    }
+    remaining -= load;
+  }
+  return out;
+}
+
+namespace {
+
+// Moves or swaps items off the most loaded rank while that lowers it; bounded passes.
+void refine(std::vector<int>& rank_of, std::vector<double>& load, const std::vector<double>& costs,
+            int ranks) {
+  const int64_t n = static_cast<int64_t>(costs.size());
+  const double eps = 1e-9 * (std::accumulate(load.begin(), load.end(), 0.0) + 1.0);
+  for (int pass = 0; pass < 64; ++pass) {
+    const int M = static_cast<int>(std::max_element(load.begin(), load.end()) - load.begin());
+    double best = load[M] - eps;
+    int64_t move_i = -1, swap_j = -1;
+    int move_to = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      if (rank_of[i] != M) continue;
+      for (int t = 0; t < ranks; ++t) {
+        if (t == M) continue;
+        const double worst = std::max(load[M] - costs[i], load[t] + costs[i]);
+        if (worst < best) best = worst, move_i = i, move_to = t, swap_j = -1;
+      }
+    }
+    if (move_i < 0) {
+      for (int64_t i = 0; i < n; ++i) {
+        if (rank_of[i] != M) continue;
+        for (int64_t j = 0; j < n; ++j) {
+          const int t = rank_of[j];
+          const double d = costs[i] - costs[j];
+          if (t == M || d <= 0) continue;
+          const double worst = std::max(load[M] - d, load[t] + d);
+          if (worst < best) best = worst, move_i = i, swap_j = j, move_to = t;
+        }
+      }
+    }
+    if (move_i < 0) return;
+    load[M] -= costs[move_i];
+    load[move_to] += costs[move_i];
+    rank_of[move_i] = move_to;
+    if (swap_j >= 0) {
+      load[move_to] -= costs[swap_j];
+      load[M] += costs[swap_j];
+      rank_of[swap_j] = M;
+    }
+  }
+}
+
+// Swaps two near-equal items that each sit away from their preferred rank when that
+// brings one of them home without raising the largest load.
+void prefer_holders(std::vector<int>& rank_of, std::vector<double>& load,
+                    const std::vector<double>& costs, const std::vector<int>& preferred,
+                    int ranks, double tolerance) {
+  const int64_t n = static_cast<int64_t>(costs.size());
+  std::vector<std::vector<int64_t>> on(ranks);
+  for (int64_t i = 0; i < n; ++i) on[rank_of[i]].push_back(i);
+  const double top = *std::max_element(load.begin(), load.end());
+  for (int64_t i = 0; i < n; ++i) {
+    const int p = preferred[i], a = rank_of[i];
+    if (p < 0 || p >= ranks || p == a) continue;
+    for (int64_t j : on[p]) {
+      if (rank_of[j] == preferred[j]) continue;
+      if (std::abs(costs[i] - costs[j]) > tolerance * std::max(costs[i], costs[j])) continue;
+      const double la = load[a] - costs[i] + costs[j], lp = load[p] - costs[j] + costs[i];
+      if (std::max(la, lp) > top) continue;
+      load[a] = la;
+      load[p] = lp;
+      rank_of[i] = p;
+      rank_of[j] = a;
+      on[p].erase(std::find(on[p].begin(), on[p].end(), j));
+      on[p].push_back(i);
+      on[a].erase(std::find(on[a].begin(), on[a].end(), i));
+      on[a].push_back(j);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+VisionAssignment assign_vision_balanced(const std::vector<double>& costs,
+                                        const std::vector<int64_t>& patch_counts,
+                                        const std::vector<int>& preferred_rank, int ranks,
+                                        const VisionCostModel& model) {
+  MMSP_CHECK(ranks >= 1, "Vision DP needs >= 1 rank, got ", ranks);
+  const int64_t n = static_cast<int64_t>(costs.size());
+  MMSP_ASSERT(static_cast<int64_t>(patch_counts.size()) == n &&
+              static_cast<int64_t>(preferred_rank.size()) == n);
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+  std::vector<double> load(ranks, 0.0);
+  std::vector<int> rank_of(n, 0);
+  for (int64_t i : order) {
+    const int lightest = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+    int chosen = lightest;
+    const int p = preferred_rank[i];
+    if (p >= 0 && p < ranks && load[p] <= load[lightest] + model.tie_tolerance * costs[i]) chosen = p;
+    rank_of[i] = chosen;
+    load[chosen] += costs[i];
+  }
+  refine(rank_of, load, costs, ranks);
+  prefer_holders(rank_of, load, costs, preferred_rank, ranks, model.tie_tolerance);
+  VisionAssignment ours = evaluate_assignment(rank_of, costs, ranks);
+  VisionAssignment greedy =
+      evaluate_assignment(assign_greedy_contiguous(patch_counts, ranks), costs, ranks);
+  const double ours_max = *std::max_element(ours.load.begin(), ours.load.end());
+  const double greedy_max = *std::max_element(greedy.load.begin(), greedy.load.end());
+  if (greedy_max < ours_max * (1 - 1e-12)) {
+    greedy.used_greedy_fallback = true;
+    return greedy;
+  }
+  return ours;
+}
+
+}  // namespace mmsp::plan

@@ -1,0 +1,96 @@
+// Routes of embedding rows from encoding ranks to placeholder-holding ranks.
+#include "mmsp/plan/vision_routes.h"
+
+#include <algorithm>
+
+#include "mmsp/core/check.h"
+
+namespace mmsp::plan {
+
+std::vector<FlatPiece> flatten_pieces(const std::vector<VisionItem>& items) {
+  std::vector<FlatPiece> out;
+  for (size_t i = 0; i < items.size(); ++i)
+    for (const VisionPiece& p : items[i].pieces) out.push_back({p, static_cast<int64_t>(i)});
+  std::sort(out.begin(), out.end(),
+            [](const FlatPiece& a, const FlatPiece& b) { return a.piece.packed < b.piece.packed; });
+  return out;
+}
+
+int holder_rank(const VisionItem& item, const ShardMap& shards) {
+  // Few ranks hold any one item: a small list beats a per-rank array.
+  std::vector<std::pair<int, int64_t>> held;
+  for (const VisionPiece& piece : item.pieces) {
+    for (int64_t p = piece.packed, left = piece.length; left > 0;) {
+      const SlotLocation loc = shards.locate(p);
+      const int64_t n = std::min(left, loc.contiguous);
+      auto it = std::find_if(held.begin(), held.end(),
+                             [&](const auto& h) { return h.first == loc.context_rank; });
+      if (it == held.end()) held.emplace_back(loc.context_rank, n);
+      else it->second += n;
+      p += n;
+      left -= n;
+    }
+  }
+  int best = 0;
+  int64_t most = -1;
+  for (const auto& [rank, count] : held)
+    if (count > most || (count == most && rank < best)) best = rank, most = count;
+  return best;
+}
+
+RankRoutes make_rank_routes(const std::vector<VisionItem>& items,
+                            const std::vector<FlatPiece>& pieces, const ShardMap& shards,
+                            int me) {
+  const int S = shards.ring() * shards.ulysses();
+  RankRoutes out;
+  out.send.resize(S);
+  out.recv.resize(S);
+
+  // Send: every row of the items this rank encodes, to the rank holding its placeholder.
+  for (size_t i = 0; i < items.size(); ++i) {
+    const VisionItem& item = items[i];
+    if (item.encoder_rank != me) continue;
+    out.encoder_items.push_back(static_cast<int64_t>(i));
+    out.encoder_rows += item.rows;
+    for (const VisionPiece& piece : item.pieces) {
+      for (int64_t p = piece.packed, row = piece.first_row, left = piece.length; left > 0;) {
+        const SlotLocation loc = shards.locate(p);
+        const int64_t n = std::min(left, loc.contiguous);
+        auto& dst = out.send[loc.context_rank];
+        for (int64_t k = 0; k < n; ++k)
+          dst.push_back({static_cast<int64_t>(i), row + k, item.encoder_row + row + k, loc.slot + k});
+        p += n;
+        row += n;
+        left -= n;
+      }
+    }
+  }
+  for (auto& dst : out.send)
+    std::sort(dst.begin(), dst.end(),
+              [](const RouteRow& a, const RouteRow& b) { return a.slot < b.slot; });
+
+  // Receive: walk this rank's slots; placeholder slots take rows in slot order.
+  for (const SlotRun& run : shards.runs(me)) {
+    if (run.segment < 0) continue;
+    const int64_t lo = run.packed, hi = run.packed + run.length;
+    auto it = std::upper_bound(pieces.begin(), pieces.end(), lo,
+                               [](int64_t v, const FlatPiece& f) { return v < f.piece.packed; });
+    if (it != pieces.begin()) --it;
+    for (; it != pieces.end() && it->piece.packed < hi; ++it) {
+      const int64_t a = std::max(lo, it->piece.packed);
+      const int64_t b = std::min(hi, it->piece.packed + it->piece.length);
+      if (a >= b) continue;
+      const VisionItem& item = items[it->item];
+      auto& src = out.recv[item.encoder_rank];
+      for (int64_t p = a; p < b; ++p) {
+        const int64_t row = it->piece.first_row + (p - it->piece.packed);
+        const int64_t slot = run.slot + (p - run.packed);
+        src.push_back({it->item, row, item.encoder_row + row, slot});
+        out.visual_slots.push_back(slot);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace mmsp::plan

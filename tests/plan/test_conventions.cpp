@@ -1,0 +1,120 @@
+// Model conventions from config.json: released ids per family, and clear errors.
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "mmsp/plan/mesh.h"
+#include "plan_test_util.h"
+
+namespace mmsp::plan {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::error_of;
+
+nlohmann::json load(const std::string& name) {
+  std::ifstream in(std::string(MMSP_SOURCE_DIR) + "/configs/" + name);
+  EXPECT_TRUE(in.good()) << name;
+  return nlohmann::json::parse(in);
+}
+
+TEST(Conventions, Qwen2VLConfigFile) {
+  const ModelConventions c = conventions_from_config(load("tiny-qwen2-vl.json"));
+  EXPECT_EQ(c.family, ModelFamily::qwen2_vl);
+  EXPECT_EQ(c.vision_start_token_id, 151652);
+  EXPECT_EQ(c.vision_end_token_id, 151653);
+  EXPECT_EQ(c.image_token_id, 151655);
+  EXPECT_EQ(c.video_token_id, 151656);
+  EXPECT_EQ(c.spatial_merge_size, 2);
+  EXPECT_EQ(c.mrope_section, (std::array<int64_t, 3>{2, 3, 3}));
+  EXPECT_TRUE(c.uses_mrope());
+  EXPECT_FALSE(c.video_frames_as_blocks());
+}
+
+TEST(Conventions, Qwen2_5VLReadsTokensPerSecond) {
+  auto j = load("tiny-qwen2_5-vl.json");
+  EXPECT_EQ(conventions_from_config(j).tokens_per_second, 2.0);
+  j["vision_config"]["tokens_per_second"] = 4;
+  EXPECT_EQ(conventions_from_config(j).tokens_per_second, 4.0);
+}
+
+TEST(Conventions, Qwen3VLReadsTextConfigRope) {
+  const ModelConventions c = conventions_from_config(load("tiny-qwen3-vl.json"));
+  EXPECT_EQ(c.family, ModelFamily::qwen3_vl);
+  EXPECT_TRUE(c.mrope_interleaved);
+  EXPECT_EQ(c.mrope_section, (std::array<int64_t, 3>{2, 3, 3}));
+  EXPECT_TRUE(c.video_frames_as_blocks());
+  EXPECT_EQ(c.image_token_id, 151655);
+}
+
+TEST(Conventions, LlavaImageTokenIndex) {
+  const ModelConventions c = conventions_from_config(load("tiny-llava.json"));
+  EXPECT_EQ(c.image_token_id, 32000);
+  EXPECT_EQ(c.spatial_merge_size, 1);
+  EXPECT_FALSE(c.has_block_markers());
+  EXPECT_FALSE(c.supports_video());
+  EXPECT_FALSE(c.uses_mrope());
+  nlohmann::json j = {{"model_type", "llava"}, {"image_token_id", 32001}};
+  EXPECT_EQ(conventions_from_config(j).image_token_id, 32001);
+}
+
+TEST(Conventions, InternVLDefaultsAndDownsample) {
+  const ModelConventions c = conventions_from_config(load("tiny-internvl.json"));
+  EXPECT_EQ(c.image_token_id, 151667);
+  EXPECT_EQ(c.vision_start_token_id, 151665);
+  EXPECT_EQ(c.vision_end_token_id, 151666);
+  EXPECT_EQ(c.spatial_merge_size, 2);
+  nlohmann::json j = {{"model_type", "internvl"}, {"downsample_ratio", 0.3}};
+  EXPECT_THAT(error_of([&] { conventions_from_config(j); }), HasSubstr("downsample_ratio 0.3"));
+}
+
+TEST(Conventions, DefaultsWhenFieldsMissing) {
+  const ModelConventions c = conventions_from_config({{"model_type", "qwen2_5_vl"}});
+  EXPECT_EQ(c.image_token_id, 151655);
+  EXPECT_EQ(c.tokens_per_second, 2.0);
+  EXPECT_EQ(c.mrope_section, (std::array<int64_t, 3>{16, 24, 24}));
+  EXPECT_EQ(default_conventions(ModelFamily::qwen3_vl).mrope_section,
+            (std::array<int64_t, 3>{24, 20, 20}));
+}
+
+TEST(Conventions, Errors) {
+  EXPECT_THAT(error_of([] { conventions_from_config({{"model_type", "gpt2"}}); }),
+              HasSubstr("model_type \"gpt2\" is not supported"));
+  EXPECT_THAT(error_of([] { conventions_from_config(nlohmann::json::object()); }),
+              HasSubstr("no \"model_type\""));
+  EXPECT_THAT(error_of([] {
+                conventions_from_config({{"model_type", "qwen2_vl"}, {"image_token_id", "x"}});
+              }),
+              HasSubstr("image_token_id must be an integer"));
+  EXPECT_THAT(error_of([] {
+                conventions_from_config(
+                    {{"model_type", "qwen2_vl"}, {"vision_config", {{"spatial_merge_size", 0}}}});
+              }),
+              HasSubstr("spatial_merge_size must be an integer >= 1, got 0"));
+  EXPECT_THAT(error_of([] {
+                conventions_from_config({{"model_type", "qwen2_vl"}, {"video_token_id", 151655}});
+              }),
+              HasSubstr("must differ"));
+}
+
+TEST(Mesh, CoordsUlyssesFastest) {
+  const Mesh mesh{2, 3, 2};
+  EXPECT_EQ(mesh.world(), 12);
+  const RankCoords c = rank_coords(mesh, 7);  // 7 = (1*3 + 0)*2 + 1
+  EXPECT_EQ(c.dp, 1);
+  EXPECT_EQ(c.ring, 0);
+  EXPECT_EQ(c.ulysses, 1);
+  for (int r = 0; r < mesh.world(); ++r) EXPECT_EQ(rank_of(mesh, rank_coords(mesh, r)), r);
+}
+
+TEST(Mesh, Errors) {
+  EXPECT_THAT(error_of([] { validate_mesh({2, 2, 2}, 6); }),
+              HasSubstr("mesh dp(2) * ring(2) * ulysses(2) = 8 != world size (6)"));
+  EXPECT_THAT(error_of([] { validate_mesh({1, 0, 1}); }), HasSubstr("ring(0)"));
+  EXPECT_THAT(error_of([] { rank_coords({1, 2, 2}, 4); }),
+              HasSubstr("rank 4 is outside the world of 4 ranks"));
+  EXPECT_THAT(error_of([] { parse_layout("ring"); }), HasSubstr("layout \"ring\" is unknown"));
+}
+
+}  // namespace
+}  // namespace mmsp::plan

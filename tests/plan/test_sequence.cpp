@@ -1,0 +1,182 @@
+// Vision blocks from input_ids, and every bad-input error naming the sequence and value.
+#include "mmsp/plan/sequence.h"
+
+#include "plan_test_util.h"
+
+namespace mmsp::plan {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::error_of;
+using testing::SeqBuilder;
+
+const ModelConventions kQwen2 = default_conventions(ModelFamily::qwen2_vl);
+const ModelConventions kQwen3 = default_conventions(ModelFamily::qwen3_vl);
+const ModelConventions kLlava = default_conventions(ModelFamily::llava);
+const ModelConventions kIntern = default_conventions(ModelFamily::internvl);
+
+TEST(Sequence, QwenBlocksInOrder) {
+  const Sequence s = SeqBuilder(kQwen2).text(3).image({1, 4, 6}).text(2).video({2, 4, 4}).text(1).build();
+  const ParsedSequence p = parse_sequence(s, kQwen2, 0);
+  ASSERT_EQ(p.blocks.size(), 2u);
+  EXPECT_EQ(p.blocks[0].kind, VisionKind::image);
+  EXPECT_EQ(p.blocks[0].start, 4);  // 3 text + vision_start
+  EXPECT_EQ(p.blocks[0].size(), 6);
+  EXPECT_EQ(p.blocks[0].h, 2);
+  EXPECT_EQ(p.blocks[0].w, 3);
+  EXPECT_EQ(p.blocks[1].kind, VisionKind::video);
+  EXPECT_EQ(p.blocks[1].start, 4 + 6 + 1 + 2 + 1);
+  EXPECT_EQ(p.blocks[1].size(), 8);
+  EXPECT_EQ(p.length, static_cast<int64_t>(s.input_ids.size()));
+}
+
+TEST(Sequence, Qwen3VideoFramesAreBlocks) {
+  const Sequence s = SeqBuilder(kQwen3).text(2).video({3, 4, 4}).build();
+  const ParsedSequence p = parse_sequence(s, kQwen3, 0);
+  ASSERT_EQ(p.blocks.size(), 3u);
+  for (int f = 0; f < 3; ++f) {
+    EXPECT_EQ(p.blocks[f].item, 0);
+    EXPECT_EQ(p.blocks[f].first_frame, f);
+    EXPECT_EQ(p.blocks[f].first_row, 4 * f);
+    EXPECT_EQ(p.blocks[f].size(), 4);
+  }
+  // 2 text, then per frame 3 timestamp tokens + start + 4 pads + end
+  EXPECT_EQ(p.blocks[1].start, 2 + 9 + 3 + 1);
+}
+
+TEST(Sequence, LlavaSplitsAdjacentImagesByGrid) {
+  const Sequence s = SeqBuilder(kLlava).text(2).image({1, 2, 3}).image({1, 2, 2}).text(1).build();
+  const ParsedSequence p = parse_sequence(s, kLlava, 0);
+  ASSERT_EQ(p.blocks.size(), 2u);
+  EXPECT_EQ(p.blocks[0].start, 2);
+  EXPECT_EQ(p.blocks[0].size(), 6);
+  EXPECT_EQ(p.blocks[1].start, 8);
+  EXPECT_EQ(p.blocks[1].size(), 4);
+}
+
+TEST(Sequence, InternVLBlocks) {
+  const Sequence s = SeqBuilder(kIntern).text(1).image({2, 4, 4}).build();  // 2 tiles
+  const ParsedSequence p = parse_sequence(s, kIntern, 0);
+  ASSERT_EQ(p.blocks.size(), 1u);
+  EXPECT_EQ(p.blocks[0].size(), 8);
+  EXPECT_EQ(s.input_ids[1], 151665);
+  EXPECT_EQ(s.input_ids.back(), 151666);
+}
+
+TEST(SequenceErrors, PlaceholderCountMismatch) {
+  Sequence s = SeqBuilder(kQwen2).text(2).image({1, 4, 4}).image({1, 16, 16}).build();
+  // drop one placeholder of image 1
+  auto it = std::find(s.input_ids.rbegin(), s.input_ids.rend(), kQwen2.image_token_id);
+  s.input_ids.erase(std::next(it).base());
+  EXPECT_EQ(error_of([&] { parse_sequence(s, kQwen2, 2); }),
+            "sequence 2: image 1 has 63 placeholder tokens but grid [1, 16, 16] with "
+            "spatial_merge_size 2 needs 64");
+}
+
+TEST(SequenceErrors, GridNotDivisible) {
+  Sequence s = SeqBuilder(kQwen2).text(2).image({1, 4, 4}).build();
+  s.image_grid_thw[0] = {1, 5, 4};
+  EXPECT_THAT(error_of([&] { parse_sequence(s, kQwen2, 1); }),
+              HasSubstr("sequence 1: image 0 grid [1, 5, 4] is not divisible by spatial_merge_size 2"));
+  s.image_grid_thw[0] = {0, 4, 4};
+  EXPECT_THAT(error_of([&] { parse_sequence(s, kQwen2, 1); }),
+              HasSubstr("sequence 1: image 0 grid [0, 4, 4] must have t, h, w >= 1"));
+}
+
+TEST(SequenceErrors, UnmatchedStartEnd) {
+  Sequence s = SeqBuilder(kQwen2).text(2).image({1, 2, 2}).text(2).build();
+  Sequence no_end = s;
+  no_end.input_ids[2 + 1 + 1] = 500;  // the end token becomes text
+  EXPECT_THAT(error_of([&] { parse_sequence(no_end, kQwen2, 3); }),
+              HasSubstr("sequence 3: vision block opened at index 2 is not closed by end token 151653"));
+  Sequence stray_end = s;
+  stray_end.input_ids[0] = kQwen2.vision_end_token_id;
+  EXPECT_THAT(error_of([&] { parse_sequence(stray_end, kQwen2, 0); }),
+              HasSubstr("sequence 0: vision end token 151653 at index 0 has no matching start token 151652"));
+  Sequence stray_pad = s;
+  stray_pad.input_ids[0] = kQwen2.image_token_id;
+  EXPECT_THAT(error_of([&] { parse_sequence(stray_pad, kQwen2, 0); }),
+              HasSubstr("sequence 0: placeholder token 151655 at index 0 is outside a vision block"));
+  Sequence last = SeqBuilder(kQwen2).text(2).build();
+  last.input_ids.push_back(kQwen2.vision_start_token_id);
+  EXPECT_THAT(error_of([&] { parse_sequence(last, kQwen2, 4); }),
+              HasSubstr("sequence 4: vision start token 151652 at index 2 is the last token"));
+  Sequence bad_follow = SeqBuilder(kQwen2).text(2).build();
+  bad_follow.input_ids.insert(bad_follow.input_ids.begin(), kQwen2.vision_start_token_id);
+  EXPECT_THAT(error_of([&] { parse_sequence(bad_follow, kQwen2, 0); }),
+              HasSubstr("is followed by token"));
+}
+
+TEST(SequenceErrors, MoreOrFewerGridsThanBlocks) {
+  Sequence s = SeqBuilder(kQwen2).text(2).image({1, 2, 2}).build();
+  Sequence extra_grid = s;
+  extra_grid.image_grid_thw.push_back({1, 2, 2});
+  EXPECT_THAT(error_of([&] { parse_sequence(extra_grid, kQwen2, 5); }),
+              HasSubstr("sequence 5: image_grid_thw has 2 entries but the sequence has placeholders for 1 images"));
+  Sequence few_grids = s;
+  few_grids.image_grid_thw.clear();
+  EXPECT_THAT(error_of([&] { parse_sequence(few_grids, kQwen2, 5); }),
+              HasSubstr("sequence 5: image placeholder tokens at index 3 belong to image 0 but "
+                        "image_grid_thw has only 0 entries"));
+  Sequence v = SeqBuilder(kQwen2).video({2, 2, 2}).build();
+  v.video_grid_thw.push_back({1, 2, 2});
+  EXPECT_THAT(error_of([&] { parse_sequence(v, kQwen2, 0); }),
+              HasSubstr("video_grid_thw has 2 entries but the sequence has placeholders for 1 videos"));
+}
+
+TEST(SequenceErrors, Qwen3FrameCounts) {
+  Sequence s = SeqBuilder(kQwen3).video({3, 4, 4}).build();
+  Sequence missing_frame = s;
+  missing_frame.video_grid_thw[0] = {4, 4, 4};
+  EXPECT_THAT(error_of([&] { parse_sequence(missing_frame, kQwen3, 1); }),
+              HasSubstr("sequence 1: video 0 grid [4, 4, 4] has 4 frames but the sequence has blocks for 3"));
+  Sequence wrong = s;
+  wrong.video_grid_thw[0] = {3, 4, 8};
+  EXPECT_THAT(error_of([&] { parse_sequence(wrong, kQwen3, 1); }),
+              HasSubstr("sequence 1: video 0 frame 0 has 4 placeholder tokens but grid [3, 4, 8] "
+                        "with spatial_merge_size 2 needs 8 per frame"));
+}
+
+TEST(SequenceErrors, LlavaRuns) {
+  Sequence s = SeqBuilder(kLlava).text(1).image({1, 2, 2}).text(1).build();
+  Sequence more = s;
+  more.input_ids.insert(more.input_ids.begin() + 1, kLlava.image_token_id);
+  EXPECT_THAT(error_of([&] { parse_sequence(more, kLlava, 2); }),
+              HasSubstr("sequence 2: 1 image placeholder tokens from index 5 are left over after the 1 images"));
+  Sequence fewer = s;
+  fewer.input_ids.erase(fewer.input_ids.begin() + 1);
+  EXPECT_THAT(error_of([&] { parse_sequence(fewer, kLlava, 2); }),
+              HasSubstr("sequence 2: image 0 has 3 placeholder tokens but grid [1, 2, 2] with "
+                        "spatial_merge_size 1 needs 4"));
+  Sequence video = s;
+  video.video_grid_thw.push_back({1, 2, 2});
+  EXPECT_THAT(error_of([&] { parse_sequence(video, kLlava, 0); }),
+              HasSubstr("model llava has no video placeholder token"));
+}
+
+TEST(SequenceErrors, Int32AndFields) {
+  Sequence s = SeqBuilder(kQwen2).text(2).image({1, 2, 2}).build();
+  s.image_grid_thw[0] = {2, 65536, 65536};
+  EXPECT_THAT(error_of([&] { parse_sequence(s, kQwen2, 0); }),
+              HasSubstr("sequence 0: image 0 grid [2, 65536, 65536] has 8.58993e+09 patches"));
+  Sequence empty;
+  EXPECT_THAT(error_of([&] { parse_sequence(empty, kQwen2, 7); }),
+              HasSubstr("sequence 7: input_ids is empty"));
+  Sequence mask = SeqBuilder(kQwen2).text(4).build();
+  mask.loss_mask = {1, 1};
+  EXPECT_THAT(error_of([&] { parse_sequence(mask, kQwen2, 1); }),
+              HasSubstr("sequence 1: loss_mask has 2 entries but input_ids has 4"));
+  mask.loss_mask = {1, 1, 2, 1};
+  EXPECT_THAT(error_of([&] { parse_sequence(mask, kQwen2, 1); }),
+              HasSubstr("sequence 1: loss_mask[2] is 2, expected 0 or 1"));
+  Sequence secs = SeqBuilder(kQwen2).video({2, 2, 2}, 0.5).build();
+  EXPECT_THAT(error_of([&] { parse_sequence(secs, kQwen2, 0); }),
+              HasSubstr("second_per_grid_ts is only used by qwen2_5_vl"));
+  const ModelConventions q25 = default_conventions(ModelFamily::qwen2_5_vl);
+  Sequence secs25 = SeqBuilder(q25).video({2, 2, 2}, 0.5).video({2, 2, 2}).build();
+  EXPECT_THAT(error_of([&] { parse_sequence(secs25, q25, 3); }),
+              HasSubstr("sequence 3: second_per_grid_ts has 1 entries but video_grid_thw has 2"));
+}
+
+}  // namespace
+}  // namespace mmsp::plan
