@@ -15,7 +15,7 @@ DEB_PACKAGES := cmake ninja-build g++ ccache libtorch-dev libgloo-dev nlohmann-j
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(if $(Torch_DIR),-DTorch_DIR=$(Torch_DIR))
 
-.PHONY: all deps configure build test demo bench clean install
+.PHONY: all deps configure build test demo clean install
 
 all: build
 
@@ -39,9 +39,6 @@ test: build
 
 demo: build
 	$(BUILD)/mmsp-run -n 4 -- $(BUILD)/mmsp selftest --ring 2 --ulysses 2
-
-bench: build
-	$(BUILD)/mmsp-run -n 2 -- $(BUILD)/mmsp bench collectives
 
 install: build
 	cmake --install $(BUILD)
