@@ -28,10 +28,20 @@ void fill_labels(const Sequence& seq, const ModelConventions& c, int64_t begin, 
 int64_t count_labels(const Sequence& seq, const ModelConventions& c) {
   const int64_t n = static_cast<int64_t>(seq.input_ids.size());
   const bool masked = !seq.loss_mask.empty();
+  const int64_t image = c.image_token_id, video = c.video_token_id;  // video may be -1
+  const int64_t* ids = seq.input_ids.data();
   int64_t count = 0;
   for (int64_t t = 1; t < n; ++t)
-    count += !is_vision_placeholder(seq.input_ids[t], c) && (!masked || seq.loss_mask[t] != 0);
+    count += ids[t] != image && ids[t] != video && (!masked || seq.loss_mask[t] != 0);
   return count;
+}
+
+int64_t count_labels(const Sequence& seq, const ParsedSequence& parsed, const ModelConventions& c) {
+  if (!seq.loss_mask.empty()) return count_labels(seq, c);
+  // Targets are tokens 1..n-1; placeholders among them are ignored.
+  int64_t placeholders = 0;
+  for (const VisionBlock& b : parsed.blocks) placeholders += b.size() - (b.start == 0 ? 1 : 0);
+  return parsed.length - 1 - placeholders;
 }
 
 }  // namespace mmsp::plan

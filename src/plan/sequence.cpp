@@ -1,6 +1,7 @@
 // Finding vision blocks in input_ids and checking them against the grids.
 #include "mmsp/plan/sequence.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -87,8 +88,15 @@ struct Scanner {
     const int64_t n = static_cast<int64_t>(ids.size());
     const int64_t start_id = conv.vision_start_token_id, end_id = conv.vision_end_token_id;
     const int64_t image_id = conv.image_token_id, video_id = conv.video_token_id;
+    // Text tokens outside [lo, hi] of the four special ids skip every comparison.
+    const int64_t lo = std::min({start_id, end_id, image_id, video_id < 0 ? image_id : video_id});
+    const int64_t hi = std::max({start_id, end_id, image_id, video_id});
     for (int64_t i = 0; i < n;) {
       const int64_t tok = ids[i];
+      if (tok < lo || tok > hi) {
+        ++i;
+        continue;
+      }
       if (tok == start_id) {
         MMSP_CHECK(i + 1 < n, "sequence ", si, ": vision start token ", start_id, " at index ", i,
                    " is the last token; a vision block needs placeholders and end token ", end_id);

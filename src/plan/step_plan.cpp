@@ -156,7 +156,7 @@ StepPlan make_step_plan(const Batch& batch, const ModelConventions& conventions,
     plan.sequences.push_back(parse_sequence(seq, conventions, i));
     plan.positions.push_back(make_sequence_positions(plan.sequences.back(), seq, conventions));
     plan.rope_deltas.push_back(plan.positions.back().rope_delta());
-    plan.label_count += count_labels(seq, conventions);
+    plan.label_count += count_labels(seq, plan.sequences.back(), conventions);
     lengths[i] = plan.sequences.back().length;
   }
 

@@ -65,32 +65,60 @@ std::vector<int> assign_greedy_contiguous(const std::vector<int64_t>& patch_coun
 namespace {
 
 // Moves or swaps items off the most loaded rank while that lowers it; bounded passes.
+// A move goes to the lightest rank; a swap with rank t wants an item cheaper by about
+// half the gap, found by binary search in t's items sorted by cost.
 void refine(std::vector<int>& rank_of, std::vector<double>& load, const std::vector<double>& costs,
             int ranks) {
   const int64_t n = static_cast<int64_t>(costs.size());
   const double eps = 1e-9 * (std::accumulate(load.begin(), load.end(), 0.0) + 1.0);
-  for (int pass = 0; pass < 64; ++pass) {
+  std::vector<std::vector<int64_t>> on(ranks);  // items per rank, ascending cost
+  for (int64_t i = 0; i < n; ++i) on[rank_of[i]].push_back(i);
+  auto by_cost = [&](int64_t a, int64_t b) { return costs[a] < costs[b] || (costs[a] == costs[b] && a < b); };
+  for (auto& v : on) std::sort(v.begin(), v.end(), by_cost);
+  auto take = [&](int r, int64_t i) { on[r].erase(std::find(on[r].begin(), on[r].end(), i)); };
+  auto put = [&](int r, int64_t i) { on[r].insert(std::upper_bound(on[r].begin(), on[r].end(), i, by_cost), i); };
+  const double mean = std::accumulate(load.begin(), load.end(), 0.0) / ranks;
+  for (int pass = 0; pass < ranks + 16; ++pass) {
     const int M = static_cast<int>(std::max_element(load.begin(), load.end()) - load.begin());
+    if (load[M] <= mean * (1 + 1e-3)) return;  // balanced to 0.1%: more passes buy nothing
+    const int lightest = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
     double best = load[M] - eps;
     int64_t move_i = -1, swap_j = -1;
     int move_to = -1;
-    for (int64_t i = 0; i < n; ++i) {
-      if (rank_of[i] != M) continue;
-      for (int t = 0; t < ranks; ++t) {
-        if (t == M) continue;
-        const double worst = std::max(load[M] - costs[i], load[t] + costs[i]);
-        if (worst < best) best = worst, move_i = i, move_to = t, swap_j = -1;
+    if (lightest != M) {
+      for (int64_t i : on[M]) {
+        const double worst = std::max(load[M] - costs[i], load[lightest] + costs[i]);
+        if (worst < best) best = worst, move_i = i, move_to = lightest;
       }
     }
     if (move_i < 0) {
-      for (int64_t i = 0; i < n; ++i) {
-        if (rank_of[i] != M) continue;
-        for (int64_t j = 0; j < n; ++j) {
-          const int t = rank_of[j];
-          const double d = costs[i] - costs[j];
-          if (t == M || d <= 0) continue;
-          const double worst = std::max(load[M] - d, load[t] + d);
-          if (worst < best) best = worst, move_i = i, swap_j = j, move_to = t;
+      // The best swap partners are the lightest ranks; looking at a few keeps a pass cheap.
+      std::vector<int> light(ranks);
+      std::iota(light.begin(), light.end(), 0);
+      const int probe = std::min(ranks, 8);
+      std::partial_sort(light.begin(), light.begin() + probe, light.end(),
+                        [&](int a, int b) { return load[a] < load[b] || (load[a] == load[b] && a < b); });
+      for (int k = 0; k < probe; ++k) {
+        const int t = light[k];
+        if (t == M || on[t].empty()) continue;
+        const double half_gap = (load[M] - load[t]) / 2;
+        for (int64_t i : on[M]) {
+          // want costs[j] close to costs[i] - half_gap (and below costs[i])
+          const double want = costs[i] - half_gap;
+          auto it = std::lower_bound(on[t].begin(), on[t].end(), want,
+                                     [&](int64_t j, double v) { return costs[j] < v; });
+          for (int side = 0; side < 2; ++side) {
+            if (side == 1) {
+              if (it == on[t].begin()) break;
+              --it;
+            }
+            if (it == on[t].end()) continue;
+            const int64_t j = *it;
+            const double d = costs[i] - costs[j];
+            if (d <= 0) continue;
+            const double worst = std::max(load[M] - d, load[t] + d);
+            if (worst < best) best = worst, move_i = i, swap_j = j, move_to = t;
+          }
         }
       }
     }
@@ -98,10 +126,14 @@ void refine(std::vector<int>& rank_of, std::vector<double>& load, const std::vec
     load[M] -= costs[move_i];
     load[move_to] += costs[move_i];
     rank_of[move_i] = move_to;
+    take(M, move_i);
+    put(move_to, move_i);
     if (swap_j >= 0) {
       load[move_to] -= costs[swap_j];
       load[M] += costs[swap_j];
       rank_of[swap_j] = M;
+      take(move_to, swap_j);
+      put(M, swap_j);
     }
   }
 }

@@ -59,6 +59,12 @@ TEST(LabelsProperty, EqualShiftingTheUnshardedRow) {
     int64_t kept = 0;
     for (int64_t v : ref) kept += v != -100;
     ASSERT_EQ(count_labels(s, c), kept);
+    ASSERT_EQ(count_labels(s, parse_sequence(s, c, 0), c), kept);
+    Sequence unmasked = s;
+    unmasked.loss_mask.clear();
+    int64_t kept_unmasked = 0;
+    for (int64_t v : testing::reference_labels(unmasked, c)) kept_unmasked += v != -100;
+    ASSERT_EQ(count_labels(unmasked, parse_sequence(unmasked, c, 0), c), kept_unmasked);
   }
 }
 

@@ -20,5 +20,8 @@ void fill_labels(const Sequence& sequence, const ModelConventions& conventions, 
 
 // Number of labels that are not ignored.
 int64_t count_labels(const Sequence& sequence, const ModelConventions& conventions);
+// The same from the parsed blocks: O(blocks) when there is no loss_mask.
+int64_t count_labels(const Sequence& sequence, const ParsedSequence& parsed,
+                     const ModelConventions& conventions);
 
 }  // namespace mmsp::plan
