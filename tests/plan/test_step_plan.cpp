@@ -196,6 +196,48 @@ TEST(StepPlanGolden, PositionsRestartPerSegment) {
                                  -100, -100, batch.sequences[1].input_ids[1], -100}));
 }
 
+TEST(StepPlanGolden, LoadReportCountsCausalPairsPerRank) {
+  // One 16-token text sequence on ring 2 x ulysses 2: chunks of 4.
+  const ModelConventions c = default_conventions(ModelFamily::llava);
+  Batch batch;
+  batch.sequences.push_back(SeqBuilder(c).text(16).build());
+  PlanOptions o;
+  o.mesh = {1, 2, 2};
+  const StepPlan zig = make_step_plan(batch, c, o, 0);
+  // ring 0: chunks 0 and 3 -> (1+..+4) + (13+..+16) = 68 pairs, shared by 2 ulysses ranks;
+  // ring 1: chunks 1 and 2 -> (5+..+8) + (9+..+12) = 68.
+  EXPECT_EQ(zig.rows[0].load.pairs, (std::vector<double>{34, 34, 34, 34}));
+  EXPECT_EQ(zig.rows[0].load.tokens, (V{4, 4, 4, 4}));
+  EXPECT_DOUBLE_EQ(zig.rows[0].load.pairs_ratio, 1.0);
+  o.layout = Layout::contiguous;
+  const StepPlan flat = make_step_plan(batch, c, o, 0);
+  // ring 0 holds tokens 0..7 (36 pairs), ring 1 tokens 8..15 (100 pairs)
+  EXPECT_EQ(flat.rows[0].load.pairs, (std::vector<double>{18, 18, 50, 50}));
+  EXPECT_DOUBLE_EQ(flat.rows[0].load.pairs_ratio, 50.0 / 34.0);
+}
+
+TEST(StepPlanGolden, VisionCostAndRoutesOfOneImage) {
+  // An image whose 4 rows straddle two ranks: encoded by the rank holding most of them.
+  const ModelConventions c = default_conventions(ModelFamily::qwen2_vl);
+  Batch batch;
+  batch.sequences.push_back(SeqBuilder(c).text(3).image({1, 4, 4}).text(7).build());  // 16 tokens
+  PlanOptions o;
+  o.mesh = {1, 1, 2};  // ulysses 2: slots 0..7 on rank 0, 8..15 on rank 1
+  const StepPlan plan = make_step_plan(batch, c, o, 0);
+  const RowPlan& row = plan.rows[0];
+  ASSERT_EQ(row.items.size(), 1u);
+  EXPECT_EQ(row.items[0].pieces[0].packed, 4);  // pads at 4..7: all on rank 0
+  EXPECT_EQ(row.items[0].preferred_rank, 0);
+  EXPECT_EQ(row.items[0].encoder_rank, 0);
+  EXPECT_DOUBLE_EQ(row.load.vision_cost[0], encoder_cost({1, 4, 4}, o.vision_cost));
+  EXPECT_DOUBLE_EQ(row.load.vision_cost[1], 0.0);
+  EXPECT_EQ(plan.mine.routes.visual_slots, (V{4, 5, 6, 7}));
+  ASSERT_EQ(plan.mine.routes.send[0].size(), 4u);  // to itself, rows 0..3 onto slots 4..7
+  EXPECT_EQ(plan.mine.routes.send[0][3].slot, 7);
+  EXPECT_EQ(plan.mine.routes.send[0][3].row, 3);
+  EXPECT_TRUE(plan.mine.routes.send[1].empty());
+}
+
 TEST(StepPlanErrors, BadInputsNameTheValue) {
   const ModelConventions c = default_conventions(ModelFamily::qwen2_vl);
   PlanOptions o;
