@@ -1,0 +1,111 @@
+// `mmsp plan --config config.json --batch batch.json --dp D --ring R --ulysses U
+//  [--layout zigzag|contiguous] [--rank K] [--format text|json]`: builds the StepPlan
+// exactly as every rank would and prints it. Uses only mmsp_plan, CLI11 and nlohmann_json.
+#include "plan_command.h"
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "mmsp/core/check.h"
+#include "mmsp/plan/plan_json.h"
+#include "mmsp/plan/step_plan.h"
+
+namespace mmsp::cli {
+
+namespace {
+
+struct PlanFlags {
+  std::string config;
+  std::string batch;
+  int dp = 1, ring = 1, ulysses = 1;
+  int world = -1;  // when given, must equal dp * ring * ulysses
+  std::string layout = "zigzag";
+  int rank = -1;   // -1: every rank
+  std::string format = "text";
+  int indent = -1;
+};
+
+nlohmann::json read_json(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  MMSP_CHECK(in.good(), "cannot read ", what, " file \"", path, "\"");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    MMSP_CHECK(false, what, " file \"", path, "\" is not valid JSON: ", e.what());
+  }
+  return {};
+}
+
+std::string rank_line(const plan::StepPlan& plan, const plan::RankPlan& rp) {
+  int64_t real = 0, labels = 0, sent = 0, received = 0;
+  for (int64_t t : rp.tokens) real += t >= 0;
+  for (int64_t l : rp.labels) labels += l != plan::kIgnoreIndex;
+  for (const auto& v : rp.routes.send) sent += static_cast<int64_t>(v.size());
+  for (const auto& v : rp.routes.recv) received += static_cast<int64_t>(v.size());
+  std::ostringstream out;
+  out << "rank " << rp.rank << " (dp " << rp.coords.dp << ", ring " << rp.coords.ring
+      << ", ulysses " << rp.coords.ulysses << "): " << rp.local_length << " slots, " << real
+      << " tokens, " << labels << " labels, encodes " << rp.routes.encoder_items.size()
+      << " vision items (" << rp.routes.encoder_rows << " rows), sends " << sent
+      << " rows, receives " << received << " rows onto " << rp.routes.visual_slots.size()
+      << " visual slots\n";
+  return out.str();
+}
+
+int run_plan(const PlanFlags& f) {
+  try {
+    const plan::ModelConventions conventions =
+        plan::conventions_from_config(read_json(f.config, "--config"));
+    const plan::Batch batch = plan::batch_from_json(read_json(f.batch, "--batch"));
+    plan::PlanOptions options;
+    options.mesh = {f.dp, f.ring, f.ulysses};
+    options.layout = plan::parse_layout(f.layout);
+    plan::validate_mesh(options.mesh, f.world);
+    MMSP_CHECK(f.format == "text" || f.format == "json", "--format \"", f.format,
+               "\" is unknown; use text or json");
+    const plan::StepPlan plan = plan::make_step_plan(batch, conventions, options, std::max(f.rank, 0));
+    std::vector<int> ranks;
+    if (f.rank >= 0) ranks.push_back(f.rank);
+    else
+      for (int r = 0; r < options.mesh.world(); ++r) ranks.push_back(r);
+    if (f.format == "json") {
+      std::cout << plan::step_plan_to_json(batch, plan, ranks).dump(f.indent) << "\n";
+      return 0;
+    }
+    std::cout << plan::step_plan_summary(plan);
+    for (int r : ranks) {
+      const plan::RankPlan rp = r == plan.mine.rank ? plan.mine : plan::make_rank_plan(batch, plan, r);
+      std::cout << rank_line(plan, rp);
+    }
+    return 0;
+  } catch (const mmsp::Error& e) {
+    std::cerr << "mmsp plan: error: " << e.what() << std::endl;
+    return 2;
+  }
+}
+
+}  // namespace
+
+Subcommand add_plan_command(CLI::App& parent) {
+  auto flags = std::make_shared<PlanFlags>();
+  CLI::App* app = parent.add_subcommand(
+      "plan", "print the step plan of a batch: packing, shards, positions, labels, Vision DP, routes");
+  app->add_option("--config", flags->config, "Hugging Face config.json of the model")->required();
+  app->add_option("--batch", flags->batch, "batch.json: {\"sequences\": [{\"input_ids\": ...}]}")
+      ->required();
+  app->add_option("--dp", flags->dp, "data-parallel replicas");
+  app->add_option("--ring", flags->ring, "ring-attention degree");
+  app->add_option("--ulysses", flags->ulysses, "Ulysses degree");
+  app->add_option("--world", flags->world, "world size to check dp * ring * ulysses against");
+  app->add_option("--layout", flags->layout, "zigzag (default) or contiguous");
+  app->add_option("--rank", flags->rank, "show only this rank (default: every rank)");
+  app->add_option("--format", flags->format, "text (default) or json");
+  app->add_option("--indent", flags->indent, "JSON indent (default: compact)");
+  return {app, [flags] { return run_plan(*flags); }};
+}
+
+}  // namespace mmsp::cli

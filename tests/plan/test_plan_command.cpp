@@ -1,0 +1,96 @@
+// `mmsp plan` in-process: its source compiled into test_plan (it needs only mmsp_plan,
+// CLI11 and nlohmann_json), driven with real files from configs/ and examples/.
+#include <CLI/CLI.hpp>
+
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "plan_command.h"
+#include "plan_test_util.h"
+
+namespace mmsp::plan {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Result {
+  int status = -1;
+  std::string out, err;
+};
+
+Result run_plan(std::vector<std::string> args) {
+  CLI::App app{"mmsp"};
+  auto command = mmsp::cli::add_plan_command(app);
+  args.insert(args.begin(), "plan");
+  std::vector<const char*> argv{"mmsp"};
+  for (const auto& a : args) argv.push_back(a.c_str());
+  app.parse(static_cast<int>(argv.size()), argv.data());
+  std::stringstream out, err;
+  auto* old_out = std::cout.rdbuf(out.rdbuf());
+  auto* old_err = std::cerr.rdbuf(err.rdbuf());
+  Result r;
+  r.status = command.run();
+  std::cout.rdbuf(old_out);
+  std::cerr.rdbuf(old_err);
+  r.out = out.str();
+  r.err = err.str();
+  return r;
+}
+
+const std::string kDir = MMSP_SOURCE_DIR;
+
+TEST(PlanCommand, TextSummaryOfTheExample) {
+  const Result r = run_plan({"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch",
+                             kDir + "/examples/batch-qwen2-vl.json", "--ring", "2", "--ulysses", "2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("mesh dp 1 x ring 2 x ulysses 2"));
+  EXPECT_THAT(r.out, HasSubstr("max/mean"));
+  EXPECT_THAT(r.out, HasSubstr("rank 3 (dp 0, ring 1, ulysses 1)"));
+}
+
+TEST(PlanCommand, JsonOfOneRank) {
+  const Result r = run_plan({"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch",
+                             kDir + "/examples/batch-qwen2-vl.json", "--ring", "2", "--ulysses",
+                             "2", "--rank", "1", "--format", "json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["ranks"].size(), 1u);
+  EXPECT_EQ(j["ranks"][0]["rank"], 1);
+  EXPECT_EQ(j["ranks"][0]["coords"]["ulysses"], 1);
+  EXPECT_EQ(j["position_ids"][0].size(), 3u);
+  EXPECT_EQ(j["mesh"]["world"], 4);
+}
+
+TEST(PlanCommand, EveryExampleWithItsConfig) {
+  for (const char* family : {"qwen2-vl", "qwen2_5-vl", "qwen3-vl", "llava", "internvl"}) {
+    const Result r = run_plan({"--config", kDir + "/configs/tiny-" + family + ".json", "--batch",
+                               kDir + "/examples/batch-" + family + ".json", "--dp", "2", "--ring",
+                               "2", "--ulysses", "2", "--format", "json"});
+    ASSERT_EQ(r.status, 0) << family << ": " << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["ranks"].size(), 8u) << family;
+    EXPECT_EQ(j["cu_seqlens"].size(), 2u) << family;
+  }
+}
+
+TEST(PlanCommand, BadInputsExitTwoWithTheMessage) {
+  Result r = run_plan({"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch",
+                       kDir + "/examples/batch-qwen2-vl.json", "--ring", "2", "--world", "3"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("mmsp plan: error: mesh dp(1) * ring(2) * ulysses(1) = 2 != world size (3)"));
+  r = run_plan({"--config", kDir + "/configs/missing.json", "--batch", kDir + "/examples/batch-qwen2-vl.json"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("mmsp plan: error: cannot read --config file"));
+  r = run_plan({"--config", kDir + "/configs/tiny-llava.json", "--batch", kDir + "/examples/batch-qwen2-vl.json"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("mmsp plan: error: sequence 0: image_grid_thw has 1 entries but the sequence "
+                                   "has placeholders for 0 images"));
+  r = run_plan({"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch",
+                kDir + "/examples/batch-qwen2-vl.json", "--format", "xml"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("--format \"xml\" is unknown"));
+}
+
+}  // namespace
+}  // namespace mmsp::plan
