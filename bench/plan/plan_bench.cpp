@@ -4,6 +4,7 @@
 // map, Vision DP, load report, and its own slots and routes.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <random>
 
 #include "mmsp/plan/step_plan.h"
@@ -65,8 +66,61 @@ void run(benchmark::State& state, ModelFamily family, Layout layout, int ring, i
   state.counters["greedy_max_over_mean"] = greedy_ratio;
 }
 
+// Vision DP balance on its own: ours vs the Python patches' greedy contiguous rule, both
+// measured as max/mean of the same estimated encoder cost (docs/plan.md quotes these).
+// items: images of 8..64 patches a side (even), every `video_every`-th a video of
+// 4..16 temporal patches; 20 random batches, the mean and worst ratios reported.
+void vision_dp(benchmark::State& state, int ranks, int items, int video_every) {
+  VisionCostModel model;
+  std::mt19937 rng(42);
+  std::vector<std::vector<double>> costs(20);
+  std::vector<std::vector<int64_t>> patches(20);
+  for (int b = 0; b < 20; ++b) {
+    for (int i = 0; i < items; ++i) {
+      const int64_t h = 2 * std::uniform_int_distribution<int64_t>(4, 32)(rng);
+      const int64_t w = 2 * std::uniform_int_distribution<int64_t>(4, 32)(rng);
+      const int64_t t = video_every > 0 && i % video_every == 0
+                            ? std::uniform_int_distribution<int64_t>(4, 16)(rng) : 1;
+      costs[b].push_back(encoder_cost({t, h, w}, model));
+      patches[b].push_back(t * h * w);
+    }
+  }
+  // No whole-item assignment beats max(largest item, mean load) / mean load.
+  double bound_sum = 0;
+  for (int b = 0; b < 20; ++b) {
+    double total = 0, largest = 0;
+    for (double c : costs[b]) total += c, largest = std::max(largest, c);
+    bound_sum += std::max(largest, total / ranks) / (total / ranks);
+  }
+  double ours_sum = 0, greedy_sum = 0, ours_worst = 0, greedy_worst = 0;
+  for (auto _ : state) {
+    ours_sum = greedy_sum = ours_worst = greedy_worst = 0;
+    for (int b = 0; b < 20; ++b) {
+      const std::vector<int> none(costs[b].size(), -1);
+      const double ours =
+          assign_vision_balanced(costs[b], patches[b], none, ranks, model).max_over_mean;
+      const double greedy =
+          evaluate_assignment(assign_greedy_contiguous(patches[b], ranks), costs[b], ranks)
+              .max_over_mean;
+      ours_sum += ours;
+      greedy_sum += greedy;
+      ours_worst = std::max(ours_worst, ours);
+      greedy_worst = std::max(greedy_worst, greedy);
+    }
+  }
+  state.counters["bound_mean"] = bound_sum / 20;
+  state.counters["ours_mean"] = ours_sum / 20;
+  state.counters["ours_worst"] = ours_worst;
+  state.counters["greedy_mean"] = greedy_sum / 20;
+  state.counters["greedy_worst"] = greedy_worst;
+}
+
 }  // namespace
 
+BENCHMARK_CAPTURE(vision_dp, images_32_on_8, 8, 32, 0)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(vision_dp, mixed_64_on_8, 8, 64, 8)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(vision_dp, images_256_on_64, 64, 256, 0)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(vision_dp, mixed_512_on_64, 64, 512, 16)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(run, qwen2_vl_zigzag_r8_u8, ModelFamily::qwen2_vl, Layout::zigzag, 8, 8)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(run, qwen2_vl_zigzag_r64_u1, ModelFamily::qwen2_vl, Layout::zigzag, 64, 1)
