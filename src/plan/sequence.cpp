@@ -17,6 +17,30 @@ std::string grid_text(const Grid& g) {
   return detail::concat("[", g[0], ", ", g[1], ", ", g[2], "]");
 }
 
+// First index >= i whose token lies in [lo, lo + span], or n. Eight tokens per step
+// without an early exit, so the compiler can vectorise the common all-text case.
+int64_t skip_outside(const int64_t* ids, int64_t i, int64_t n, int64_t lo, uint64_t span) {
+  const uint64_t base = static_cast<uint64_t>(lo);
+  for (; i + 8 <= n; i += 8) {
+    int hit = 0;
+    for (int k = 0; k < 8; ++k) hit |= (static_cast<uint64_t>(ids[i + k]) - base) <= span;
+    if (hit) break;
+  }
+  while (i < n && (static_cast<uint64_t>(ids[i]) - base) > span) ++i;
+  return i;
+}
+
+// First index >= i whose token is not v, or n.
+int64_t skip_equal(const int64_t* ids, int64_t i, int64_t n, int64_t v) {
+  for (; i + 8 <= n; i += 8) {
+    int miss = 0;
+    for (int k = 0; k < 8; ++k) miss |= ids[i + k] != v;
+    if (miss) break;
+  }
+  while (i < n && ids[i] == v) ++i;
+  return i;
+}
+
 struct Scanner {
   const Sequence& seq;
   const ModelConventions& conv;
@@ -91,12 +115,11 @@ struct Scanner {
     // Text tokens outside [lo, hi] of the four special ids skip every comparison.
     const int64_t lo = std::min({start_id, end_id, image_id, video_id < 0 ? image_id : video_id});
     const int64_t hi = std::max({start_id, end_id, image_id, video_id});
+    const uint64_t span = static_cast<uint64_t>(hi) - static_cast<uint64_t>(lo);
     for (int64_t i = 0; i < n;) {
+      i = skip_outside(ids.data(), i, n, lo, span);
+      if (i == n) break;
       const int64_t tok = ids[i];
-      if (tok < lo || tok > hi) {
-        ++i;
-        continue;
-      }
       if (tok == start_id) {
         MMSP_CHECK(i + 1 < n, "sequence ", si, ": vision start token ", start_id, " at index ", i,
                    " is the last token; a vision block needs placeholders and end token ", end_id);
@@ -106,8 +129,7 @@ struct Scanner {
         MMSP_CHECK(image || video, "sequence ", si, ": vision start token ", start_id, " at index ",
                    i, " is followed by token ", pad, ", expected image placeholder ", image_id,
                    (video_id >= 0 ? detail::concat(" or video placeholder ", video_id) : ""));
-        int64_t j = i + 1;
-        while (j < n && ids[j] == pad) ++j;
+        const int64_t j = skip_equal(ids.data(), i + 1, n, pad);
         MMSP_CHECK(j < n && ids[j] == end_id, "sequence ", si, ": vision block opened at index ",
                    i, " is not closed by end token ", end_id, " after its ", j - i - 1,
                    " placeholder tokens (found ",
@@ -133,12 +155,9 @@ struct Scanner {
     const int64_t n = static_cast<int64_t>(ids.size());
     const int64_t image_id = conv.image_token_id;
     for (int64_t i = 0; i < n;) {
-      if (ids[i] != image_id) {
-        ++i;
-        continue;
-      }
-      int64_t j = i;
-      while (j < n && ids[j] == image_id) ++j;
+      i = skip_outside(ids.data(), i, n, image_id, 0);
+      if (i == n) break;
+      const int64_t j = skip_equal(ids.data(), i, n, image_id);
       for (int64_t p = i; p < j;) {
         MMSP_CHECK(next_image < static_cast<int64_t>(seq.image_grid_thw.size()), "sequence ", si,
                    ": ", j - p, " image placeholder tokens from index ", p,

@@ -107,6 +107,19 @@ TEST(SequenceErrors, UnmatchedStartEnd) {
               HasSubstr("is followed by token"));
 }
 
+TEST(SequenceErrors, StrayTokenFoundAtEveryOffset) {
+  // The scan steps 8 tokens at a time: a stray marker at any offset must still be found.
+  for (int64_t pos = 0; pos < 41; ++pos) {
+    for (int64_t tok : {kQwen2.image_token_id, kQwen2.video_token_id, kQwen2.vision_end_token_id}) {
+      Sequence s = SeqBuilder(kQwen2, static_cast<uint32_t>(pos)).text(41).build();
+      s.input_ids[pos] = tok;
+      EXPECT_THAT(error_of([&] { parse_sequence(s, kQwen2, 0); }),
+                  HasSubstr(detail::concat(" at index ", pos, " ")))
+          << "token " << tok << " at " << pos;
+    }
+  }
+}
+
 TEST(SequenceErrors, MoreOrFewerGridsThanBlocks) {
   Sequence s = SeqBuilder(kQwen2).text(2).image({1, 2, 2}).build();
   Sequence extra_grid = s;
