@@ -17,7 +17,7 @@
 #include "mmsp/dist/all_to_all_v.h"
 #include "mmsp/dist/ring_exchange.h"
 #include "mmsp/dist/selftest.h"
-#include "multirank_env.h"
+#include "multirank.h"
 
 using namespace mmsp;
 using namespace mmsp::dist;
@@ -29,20 +29,9 @@ const auto kF64 = at::TensorOptions().dtype(at::kDouble);
 const MeshAxis kAxes[] = {MeshAxis::world, MeshAxis::dp, MeshAxis::ring, MeshAxis::ulysses,
                           MeshAxis::context};
 
-// Every mesh shape of the world, built once, in the same order on every rank.
-const std::vector<Mesh>& all_meshes() {
-  static std::vector<Mesh> meshes = [] {
-    std::vector<Mesh> out;
-    for (const MeshShape& shape : all_mesh_shapes(test::rank_env().world_size))
-      out.push_back(test::make_mesh(shape));
-    return out;
-  }();
-  return meshes;
-}
-
 // Calls fn(group, where) for every group of every mesh.
 void for_each_group(const std::function<void(const GroupPtr&, const std::string&)>& fn) {
-  for (const Mesh& mesh : all_meshes())
+  for (const Mesh& mesh : test::all_meshes())
     for (MeshAxis axis : kAxes) fn(mesh.group(axis), mesh.shape().str() + " " + mesh.group(axis)->name());
 }
 
@@ -91,7 +80,7 @@ void check_against_reference(
 }  // namespace
 
 TEST(MultiRank, SelftestPassesOnEveryMesh) {
-  for (const Mesh& mesh : all_meshes())
+  for (const Mesh& mesh : test::all_meshes())
     for (const SelftestResult& r : run_selftest(mesh))
       EXPECT_TRUE(r.ok()) << mesh.shape().str() << " " << r.collective << " on " << r.group
                           << ": forward error " << r.forward_error << ", backward error "

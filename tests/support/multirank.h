@@ -6,11 +6,18 @@
 
 namespace mmsp::test {
 
-// The job's rank environment and store (built once by main()).
+// Reads the rank environment and, with more than one rank, joins the job's store.
+// Called once by each test binary's main().
+void init_multirank();
+
+// The job's rank environment (one rank when started alone).
 const dist::RankEnv& rank_env();
 
 // A new mesh of `shape` over the job's store; every rank must ask for the same
 // meshes in the same order. Collective timeout 60 s (tests fail, never hang).
 dist::Mesh make_mesh(const dist::MeshShape& shape);
+
+// Every mesh shape of the world, built once, in the same order on every rank.
+const std::vector<dist::Mesh>& all_meshes();
 
 }  // namespace mmsp::test

@@ -1,0 +1,28 @@
+// Ulysses attention: an all-to-all turns "my tokens, all heads" into "all tokens of
+// the group, my heads", an inner attention runs on that, and the reverse all-to-all
+// brings the output back. Four all-to-alls (q, k, v, out); backward is the same
+// exchanges mirrored (the collectives' own backward). K/V heads fewer than the
+// group are repeated first so that each rank gets the K/V its query heads use.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+
+#include "mmsp/dist/group.h"
+
+namespace mmsp::attention {
+
+// The attention run on the gathered tokens: q [T_g, H/U, D], k/v [T_g, H_kv', D].
+using InnerAttention =
+    std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+
+// q [T_u, H, D], k/v [T_u, H_kv, D] -> [T_u, H, D]. The group's tokens are the
+// ranks' tokens joined in group-rank order.
+at::Tensor ulysses_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const dist::GroupPtr& ulysses, const InnerAttention& inner);
+
+// Throws unless H divides by U and H_kv divides by U or U by H_kv (names the values).
+void check_ulysses_heads(int64_t heads, int64_t kv_heads, int ulysses);
+
+}  // namespace mmsp::attention

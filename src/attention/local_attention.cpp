@@ -1,0 +1,237 @@
+// Blockwise local attention, forward and backward; see local_attention.h.
+// Heads are grouped by their K/V head (GQA): one matmul serves the G = H/H_kv query
+// heads of a group, with query rows ordered (token, head-in-group).
+#include "mmsp/attention/local_attention.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+#include <limits>
+
+#include "mmsp/core/check.h"
+
+namespace mmsp::attention {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+struct Shapes {
+  int64_t Tq, Tk, H, Hkv, G, D;
+  double scale;
+};
+
+Shapes shapes_of(const at::Tensor& q, const at::Tensor& k, const AttentionOptions& o) {
+  Shapes s{q.size(0), k.size(0), q.size(1), k.size(1), q.size(1) / k.size(1), q.size(2), o.scale};
+  if (s.scale == 0) s.scale = 1.0 / std::sqrt(static_cast<double>(s.D));
+  return s;
+}
+
+// q [Tq, H, D] -> [H_kv, Tq, G, D]; k/v [Tk, H_kv, D] -> [H_kv, Tk, D]; in `acc` dtype.
+at::Tensor group_queries(const at::Tensor& q, const Shapes& s, at::ScalarType acc) {
+  return q.to(acc).view({s.Tq, s.Hkv, s.G, s.D}).permute({1, 0, 2, 3}).contiguous();
+}
+at::Tensor ungroup_queries(const at::Tensor& x, const Shapes& s) {  // inverse of the above
+  return x.permute({1, 0, 2, 3}).reshape({s.Tq, s.H, s.D});
+}
+at::Tensor heads_first(const at::Tensor& kv, at::ScalarType acc) {
+  return kv.to(acc).permute({1, 0, 2}).contiguous();
+}
+
+// Allowed (query, key) pairs of a partial block, [bq, bk] bool on the device.
+at::Tensor block_mask(const TokenLayout& q, const TokenLayout& k, int64_t i, int64_t bq,
+                      const KeyBlock& kb, bool causal, const at::Device& device) {
+  at::Tensor qs = q.segment.narrow(0, i, bq).unsqueeze(1);
+  at::Tensor ks = k.segment.narrow(0, kb.begin, kb.end - kb.begin).unsqueeze(0);
+  at::Tensor mask = qs.eq(ks).logical_and_(ks.ge(0));
+  if (causal)
+    mask.logical_and_(k.order.narrow(0, kb.begin, kb.end - kb.begin).unsqueeze(0).le(
+        q.order.narrow(0, i, bq).unsqueeze(1)));
+  return mask.to(device);
+}
+
+}  // namespace
+
+at::ScalarType accumulation_type(at::ScalarType type) {
+  return type == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const char* what) {
+  MMSP_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, what,
+             ": q, k, v must be [tokens, heads, dim], got ", q.sizes(), ", ", k.sizes(), ", ",
+             v.sizes());
+  MMSP_CHECK(k.sizes() == v.sizes(), what, ": k ", k.sizes(), " and v ", v.sizes(),
+             " must have the same shape");
+  MMSP_CHECK(q.size(2) == k.size(2), what, ": q head size ", q.size(2),
+             " differs from k head size ", k.size(2));
+  MMSP_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, what, ": query heads (", q.size(1),
+             ") must be a multiple of key/value heads (", k.size(1), ")");
+  MMSP_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), what,
+             ": q, k, v dtypes differ (", q.scalar_type(), ", ", k.scalar_type(), ", ",
+             v.scalar_type(), ")");
+  MMSP_CHECK(at::isFloatingType(q.scalar_type()), what, ": dtype ", q.scalar_type(),
+             " is not a floating type");
+}
+
+PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const TokenLayout& q_layout,
+                                         const TokenLayout& k_layout,
+                                         const AttentionOptions& options) {
+  check_attention_inputs(q, k, v, "local_attention");
+  q_layout.check("local_attention (queries)");
+  k_layout.check("local_attention (keys)");
+  MMSP_CHECK(q_layout.size() == q.size(0) && k_layout.size() == k.size(0),
+             "local_attention: layouts cover ", q_layout.size(), " queries and ", k_layout.size(),
+             " keys, tensors have ", q.size(0), " and ", k.size(0));
+  const Shapes s = shapes_of(q, k, options);
+  const at::ScalarType acc = accumulation_type(q.scalar_type());
+  const at::Tensor qh = group_queries(q, s, acc);  // [H_kv, Tq, G, D]
+  const at::Tensor kh = heads_first(k, acc);        // [H_kv, Tk, D]
+  const at::Tensor vh = heads_first(v, acc);
+  at::Tensor out = at::zeros({s.Hkv, s.Tq, s.G, s.D}, qh.options());
+  at::Tensor lse = at::full({s.Hkv, s.Tq, s.G}, -kInf, qh.options());
+
+  const BlockSchedule schedule =
+      BlockSchedule::make(q_layout, k_layout, options.causal, options.block_q, options.block_k);
+  for (size_t qb = 0; qb < schedule.key_blocks.size(); ++qb) {
+    const auto& blocks = schedule.key_blocks[qb];
+    if (blocks.empty()) continue;
+    const int64_t i = static_cast<int64_t>(qb) * options.block_q;
+    const int64_t bq = std::min(options.block_q, s.Tq - i), rows = bq * s.G;
+    std::vector<at::Tensor> masks;
+    for (const KeyBlock& kb : blocks)
+      masks.push_back(kb.full ? at::Tensor()
+                              : block_mask(q_layout, k_layout, i, bq, kb, options.causal,
+                                           q.device()).unsqueeze(1));  // [bq, 1, bk]
+    for (int64_t h = 0; h < s.Hkv; ++h) {
+      const at::Tensor Q = qh[h].narrow(0, i, bq).view({rows, s.D});
+      at::Tensor m = at::full({rows}, -kInf, qh.options());  // running max
+      at::Tensor l = at::zeros({rows}, qh.options());         // running sum of exp
+      at::Tensor o = at::zeros({rows, s.D}, qh.options());    // running numerator
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        const int64_t j = blocks[b].begin, bk = blocks[b].end - j;
+        at::Tensor S = at::mm(Q, kh[h].narrow(0, j, bk).t()).mul_(s.scale);  // [rows, bk]
+        if (masks[b].defined()) S.view({bq, s.G, bk}).masked_fill_(masks[b].logical_not(), -kInf);
+        const at::Tensor m_new = at::maximum(m, std::get<0>(S.max(1)));
+        // Rows with nothing allowed so far keep max -inf; shift them by 0 instead.
+        const at::Tensor shift = m_new.masked_fill(m_new.eq(-kInf), 0);
+        S.sub_(shift.unsqueeze(1)).exp_();  // S now holds P
+        const at::Tensor alpha = (m - shift).exp_();
+        l.mul_(alpha).add_(S.sum(1));
+        o.mul_(alpha.unsqueeze(1)).addmm_(S, vh[h].narrow(0, j, bk));
+        m = m_new;
+      }
+      const at::Tensor has_keys = l.gt(0);
+      out[h].narrow(0, i, bq).view({rows, s.D}).copy_(
+          o.div_(l.masked_fill(has_keys.logical_not(), 1).unsqueeze(1)));
+      lse[h].narrow(0, i, bq).view({rows}).copy_(
+          at::where(has_keys, m + l.log(), at::full({}, -kInf, qh.options())));
+    }
+  }
+  return {ungroup_queries(out, s).to(q.scalar_type()), lse.permute({1, 0, 2}).reshape({s.Tq, s.H})};
+}
+
+AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor& q,
+                                        const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& out, const at::Tensor& lse,
+                                        const TokenLayout& q_layout, const TokenLayout& k_layout,
+                                        const AttentionOptions& options) {
+  const Shapes s = shapes_of(q, k, options);
+  const at::ScalarType acc = accumulation_type(q.scalar_type());
+  const at::Tensor qh = group_queries(q, s, acc);
+  const at::Tensor doh = group_queries(dout, s, acc);
+  const at::Tensor kh = heads_first(k, acc), vh = heads_first(v, acc);
+  // delta_i = sum_d dout_i · out_i  [H_kv, Tq, G]
+  const at::Tensor delta = (dout.to(acc) * out.to(acc)).sum(-1).view({s.Tq, s.Hkv, s.G}).permute({1, 0, 2});
+  // Rows with no allowed key: P must be 0; lse = +inf makes exp(S - lse) = 0.
+  const at::Tensor lse_h = lse.to(acc).view({s.Tq, s.Hkv, s.G}).permute({1, 0, 2});
+  const at::Tensor lse_safe = lse_h.masked_fill(lse_h.eq(-kInf), kInf);
+  at::Tensor dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
+
+  const BlockSchedule schedule =
+      BlockSchedule::make(q_layout, k_layout, options.causal, options.block_q, options.block_k);
+  for (size_t qb = 0; qb < schedule.key_blocks.size(); ++qb) {
+    const auto& blocks = schedule.key_blocks[qb];
+    if (blocks.empty()) continue;
+    const int64_t i = static_cast<int64_t>(qb) * options.block_q;
+    const int64_t bq = std::min(options.block_q, s.Tq - i), rows = bq * s.G;
+    std::vector<at::Tensor> masks;
+    for (const KeyBlock& kb : blocks)
+      masks.push_back(kb.full ? at::Tensor()
+                              : block_mask(q_layout, k_layout, i, bq, kb, options.causal,
+                                           q.device()).unsqueeze(1));
+    for (int64_t h = 0; h < s.Hkv; ++h) {
+      const at::Tensor Q = qh[h].narrow(0, i, bq).view({rows, s.D});
+      const at::Tensor dO = doh[h].narrow(0, i, bq).view({rows, s.D});
+      const at::Tensor L = lse_safe[h].narrow(0, i, bq).reshape({rows, 1});
+      const at::Tensor Dl = delta[h].narrow(0, i, bq).reshape({rows, 1});
+      at::Tensor dQ = dq[h].narrow(0, i, bq).view({rows, s.D});
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        const int64_t j = blocks[b].begin, bk = blocks[b].end - j;
+        const at::Tensor K = kh[h].narrow(0, j, bk), V = vh[h].narrow(0, j, bk);
+        at::Tensor P = at::mm(Q, K.t()).mul_(s.scale);  // [rows, bk]
+        if (masks[b].defined()) P.view({bq, s.G, bk}).masked_fill_(masks[b].logical_not(), -kInf);
+        P.sub_(L).exp_();
+        dv[h].narrow(0, j, bk).addmm_(P.t(), dO);
+        at::Tensor dS = at::mm(dO, V.t()).sub_(Dl).mul_(P);  // P ⊙ (dP − delta)
+        dQ.addmm_(dS, K, /*beta=*/1, /*alpha=*/s.scale);
+        dk[h].narrow(0, j, bk).addmm_(dS.t(), Q, /*beta=*/1, /*alpha=*/s.scale);
+      }
+    }
+  }
+  return {ungroup_queries(dq, s), dk.permute({1, 0, 2}), dv.permute({1, 0, 2})};
+}
+
+void merge_partial(PartialAttention& acc, const PartialAttention& part) {
+  if (!acc.out.defined()) {
+    acc = {part.out.to(part.lse.scalar_type()), part.lse.clone()};
+    return;
+  }
+  const at::Tensor lse = at::logaddexp(acc.lse, part.lse);
+  const at::Tensor safe = lse.masked_fill(lse.eq(-kInf), 0);  // both empty: weights 0
+  const at::Tensor w_acc = (acc.lse - safe).exp_().unsqueeze(-1);
+  const at::Tensor w_part = (part.lse - safe).exp_().unsqueeze(-1);
+  acc.out = acc.out * w_acc + part.out.to(acc.out.scalar_type()) * w_part;
+  acc.lse = lse;
+}
+
+namespace {
+
+struct LocalAttentionFunction : torch::autograd::Function<LocalAttentionFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                            const at::Tensor& k, const at::Tensor& v, const TokenLayout& ql,
+                            const TokenLayout& kl, const AttentionOptions& options) {
+    PartialAttention r = local_attention_forward(q, k, v, ql, kl, options);
+    ctx->save_for_backward({q, k, v, r.out, r.lse, ql.segment, ql.order, kl.segment, kl.order});
+    ctx->saved_data["causal"] = options.causal;
+    ctx->saved_data["scale"] = options.scale;
+    ctx->saved_data["block_q"] = options.block_q;
+    ctx->saved_data["block_k"] = options.block_k;
+    return r.out;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    AttentionOptions options;
+    options.causal = ctx->saved_data["causal"].toBool();
+    options.scale = ctx->saved_data["scale"].toDouble();
+    options.block_q = ctx->saved_data["block_q"].toInt();
+    options.block_k = ctx->saved_data["block_k"].toInt();
+    AttentionGrads g = local_attention_backward(grads[0], saved[0], saved[1], saved[2], saved[3],
+                                                saved[4], {saved[5], saved[6]},
+                                                {saved[7], saved[8]}, options);
+    const auto type = saved[0].scalar_type();
+    return {g.dq.to(type), g.dk.to(type), g.dv.to(type), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const TokenLayout& q_layout, const TokenLayout& k_layout,
+                           const AttentionOptions& options) {
+  return LocalAttentionFunction::apply(q, k, v, q_layout, k_layout, options);
+}
+
+}  // namespace mmsp::attention

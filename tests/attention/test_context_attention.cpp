@@ -1,0 +1,182 @@
+// Multi-rank equivalence of every attention scheme (ulysses, ring, hybrid) with the
+// single-process kernel on the unsharded packed batch: output and dq, dk, dv in
+// fp64, zigzag and contiguous layouts, causal and bidirectional, GQA, segments
+// shorter than 2 × ring and lengths divisible by nothing. Every mesh of the world.
+#include <gtest/gtest.h>
+#include <gmock/gmock.h>
+
+#include <ATen/ATen.h>
+
+#include <random>
+
+#include "mmsp/attention/context_attention.h"
+#include "mmsp/core/check.h"
+#include "multirank.h"
+#include "reference_attention.h"
+
+using namespace mmsp;
+using namespace mmsp::attention;
+using at::Tensor;
+
+namespace {
+
+const auto kF64 = at::TensorOptions().dtype(at::kDouble);
+constexpr int64_t kHeads = 12, kDim = 8;
+
+// Global token index of each slot of ring rank p's share (−1: padding added so the
+// share splits over U ulysses ranks). Segments are already padded to 2R.
+std::vector<int64_t> share_of(const TokenLayout& global, int R, int U, int p, bool zigzag) {
+  std::vector<int64_t> slots;
+  const int64_t* seg = global.segment.data_ptr<int64_t>();
+  const int64_t* ord = global.order.data_ptr<int64_t>();
+  const int64_t T = global.size();
+  for (int64_t start = 0; start < T;) {  // one padded segment at a time
+    int64_t end = start + 1;
+    while (end < T && ord[end] != 0) ++end;
+    const int64_t c = (end - start) / (2 * R);
+    auto take = [&](int64_t chunk, int64_t chunks) {
+      const int64_t len = (end - start) / chunks;
+      for (int64_t i = 0; i < len; ++i) slots.push_back(start + chunk * len + i);
+    };
+    if (zigzag) {
+      take(p, 2 * R);
+      take(2 * R - 1 - p, 2 * R);
+    } else {
+      take(p, R);
+    }
+    (void)c;
+    (void)seg;
+    start = end;
+  }
+  while (slots.size() % U) slots.push_back(-1);
+  return slots;
+}
+
+Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& slots) {
+  std::vector<Tensor> rows;
+  for (int64_t s : slots) rows.push_back(s >= 0 ? x[s] : at::zeros_like(x[0]));
+  return at::stack(rows);
+}
+
+TokenLayout layout_of(const TokenLayout& global, const std::vector<int64_t>& slots) {
+  std::vector<int64_t> seg, ord;
+  for (int64_t s : slots) {
+    seg.push_back(s >= 0 ? global.segment[s].item<int64_t>() : -1);
+    ord.push_back(s >= 0 ? global.order[s].item<int64_t>() : 0);
+  }
+  return {at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
+          at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
+}
+
+void expect_rows_match(const Tensor& got, const Tensor& ref, const std::vector<int64_t>& slots,
+                       const std::string& what) {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Tensor expected = slots[i] >= 0 ? ref[slots[i]] : at::zeros_like(ref[0]);
+    const double diff = (got[i] - expected).abs().max().item<double>();
+    const double tol = 1e-9 * (1 + expected.abs().max().item<double>());
+    if (diff > tol) {
+      ADD_FAILURE() << what << ": slot " << i << " (global token " << slots[i]
+                    << ") differs by " << diff;
+      return;  // the first mismatch says enough
+    }
+  }
+}
+
+struct SchemeCase {
+  int64_t kv_heads;
+  bool causal, zigzag;
+};
+
+void run_case(const dist::Mesh& mesh, const SchemeCase& c, std::mt19937& rng) {
+  const int R = mesh.ring()->size(), U = mesh.ulysses()->size();
+  const int r = mesh.ring()->rank(), u = mesh.ulysses()->rank();
+  const std::string where = mesh.shape().str() + " kv" + std::to_string(c.kv_heads) +
+                            (c.causal ? " causal" : " bidirectional") +
+                            (c.zigzag ? " zigzag" : " contiguous");
+  // Segment lengths 1..45 (some shorter than 2R), padded to a multiple of 2R.
+  TokenLayout global = test::packed_layout(test::random_lengths(rng, 5, 45), 2 * R);
+  const int64_t T = global.size();
+  Tensor q = at::randn({T, kHeads, kDim}, kF64).requires_grad_();
+  Tensor k = at::randn({T, c.kv_heads, kDim}, kF64).requires_grad_();
+  Tensor v = at::randn({T, c.kv_heads, kDim}, kF64).requires_grad_();
+  Tensor w = at::randn({T, kHeads, kDim}, kF64);
+  AttentionOptions options;
+  options.causal = c.causal;
+  options.block_q = 16;
+  options.block_k = 24;
+  Tensor ref = local_attention(q, k, v, global, global, options);
+  (ref * w).sum().backward();
+
+  std::vector<TokenLayout> shares;
+  std::vector<int64_t> mine;
+  for (int p = 0; p < R; ++p) {
+    std::vector<int64_t> slots = share_of(global, R, U, p, c.zigzag);
+    shares.push_back(layout_of(global, slots));
+    if (p == r) {
+      const int64_t n = static_cast<int64_t>(slots.size()) / U;
+      mine.assign(slots.begin() + u * n, slots.begin() + (u + 1) * n);
+    }
+  }
+  Tensor ql = gather_rows(q.detach(), mine).requires_grad_();
+  Tensor kl = gather_rows(k.detach(), mine).requires_grad_();
+  Tensor vl = gather_rows(v.detach(), mine).requires_grad_();
+  Tensor out = context_attention(ql, kl, vl, {mesh.ring(), mesh.ulysses()}, shares, options);
+  (out * gather_rows(w, mine)).sum().backward();
+  expect_rows_match(out.detach(), ref.detach(), mine, where + " output");
+  expect_rows_match(ql.grad(), q.grad(), mine, where + " dq");
+  expect_rows_match(kl.grad(), k.grad(), mine, where + " dk");
+  expect_rows_match(vl.grad(), v.grad(), mine, where + " dv");
+}
+
+}  // namespace
+
+TEST(MultiRank, EverySchemeEqualsTheSingleProcessKernel) {
+  std::mt19937 rng(2024);  // same batches on every rank
+  at::manual_seed(2024);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    const int U = mesh.ulysses()->size();
+    for (int64_t kv : {int64_t{1}, int64_t{2}, kHeads})
+      for (bool causal : {true, false})
+        for (bool zigzag : {true, false}) {
+          if (kv % U != 0 && U % kv != 0) continue;  // covered by the error test below
+          run_case(mesh, {kv, causal, zigzag}, rng);
+        }
+  }
+}
+
+// Unsupported head counts fail on every rank before any collective: afterwards the
+// groups still work (nobody was left inside an all-to-all).
+TEST(MultiRank, BadHeadCountsFailBeforeAnyCollective) {
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    const int U = mesh.ulysses()->size(), R = mesh.ring()->size();
+    if (U == 1) continue;
+    TokenLayout l = test::packed_layout({8 * R * U}, 2 * R);
+    std::vector<TokenLayout> shares(R, l.slice(0, l.size() / R));
+    const int64_t n = l.size() / R / U;
+    const int64_t bad_heads = U + 1, bad_kv = U == 3 ? 2 : U + 1;
+    try {
+      context_attention(at::zeros({n, bad_heads, 4}, kF64), at::zeros({n, 1, 4}, kF64),
+                        at::zeros({n, 1, 4}, kF64), {mesh.ring(), mesh.ulysses()}, shares);
+      ADD_FAILURE() << "expected an error for " << bad_heads << " heads";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("must divide the query heads"));
+    }
+    if (bad_kv * U * 2 <= 64) {
+      const int64_t heads = bad_kv * U;
+      EXPECT_THROW(context_attention(at::zeros({n, heads, 4}, kF64), at::zeros({n, bad_kv, 4}, kF64),
+                                     at::zeros({n, bad_kv, 4}, kF64), {mesh.ring(), mesh.ulysses()},
+                                     shares),
+                   Error);
+    }
+  }
+  for (const dist::Mesh& mesh : test::all_meshes()) {  // every group is still in step
+    TokenLayout l = test::packed_layout({4 * mesh.context()->size()}, 2 * mesh.ring()->size());
+    const int R = mesh.ring()->size(), U = mesh.ulysses()->size();
+    std::vector<TokenLayout> shares;
+    for (int p = 0; p < R; ++p) shares.push_back(l.slice(p * l.size() / R, l.size() / R));
+    const int64_t n = l.size() / R / U;
+    Tensor out = context_attention(at::ones({n, 12, 4}, kF64), at::ones({n, 12, 4}, kF64),
+                                   at::ones({n, 12, 4}, kF64), {mesh.ring(), mesh.ulysses()}, shares);
+    EXPECT_TRUE(out.isfinite().all().item<bool>());
+  }
+}
