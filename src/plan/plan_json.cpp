@@ -81,7 +81,6 @@ Batch batch_from_json(const json& j) {
 
 json rank_plan_to_json(const StepPlan& plan, const RankPlan& rp) {
   const Mesh& mesh = plan.options.mesh;
-  const RowPlan& row = plan.rows[rp.coords.dp];
   auto global_rank = [&](int context_rank) {
     RankCoords c = rp.coords;
     c.ring = context_rank / mesh.ulysses;
@@ -129,7 +128,6 @@ json rank_plan_to_json(const StepPlan& plan, const RankPlan& rp) {
   }
   j["send"] = send;
   j["recv"] = recv;
-  (void)row;
   return j;
 }
 

@@ -124,6 +124,7 @@ void plan_vision(RowPlan& row, int S, const VisionCostModel& model) {
     preferred[i] = it.preferred_rank;
   }
   const VisionAssignment a = assign_vision_balanced(costs, patches, preferred, S, model);
+  check_encoder_patches(patches, a.rank_of_item, S, row.dp);
   row.used_greedy_fallback = a.used_greedy_fallback;
   row.greedy_rank = assign_greedy_contiguous(patches, S);
   std::vector<int64_t> encoder_rows(S, 0);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "mmsp/core/check.h"
@@ -35,6 +36,18 @@ VisionAssignment evaluate_assignment(const std::vector<int>& rank_of_item,
   }
   a.max_over_mean = max_over_mean(a.load);
   return a;
+}
+
+void check_encoder_patches(const std::vector<int64_t>& patch_counts,
+                           const std::vector<int>& rank_of_item, int ranks, int dp) {
+  MMSP_ASSERT(patch_counts.size() == rank_of_item.size());
+  std::vector<int64_t> total(ranks, 0);
+  for (size_t i = 0; i < patch_counts.size(); ++i) total[rank_of_item[i]] += patch_counts[i];
+  for (int r = 0; r < ranks; ++r)
+    MMSP_CHECK(total[r] <= std::numeric_limits<int32_t>::max(), "dp row ", dp, ": context rank ",
+               r, " would encode ", total[r], " patches in one vision-encoder call whose ",
+               "cu_seqlens are int32 (at most ", std::numeric_limits<int32_t>::max(),
+               "): use a larger context group or fewer images per step");
 }
 
 std::vector<int> assign_greedy_contiguous(const std::vector<int64_t>& patch_counts, int ranks) {

@@ -19,6 +19,13 @@ TEST(GreedyContiguous, KnownCasesFromThePythonPatches) {
   EXPECT_TRUE(assign_greedy_contiguous({}, 3).empty());
 }
 
+TEST(EncoderPatches, Int32PerRank) {
+  const V patches{int64_t{1} << 30, int64_t{1} << 30, 5};
+  EXPECT_NO_THROW(check_encoder_patches(patches, {0, 1, 1}, 2, 0));
+  EXPECT_THAT(testing::error_of([&] { check_encoder_patches(patches, {1, 1, 0}, 2, 3); }),
+              ::testing::HasSubstr("dp row 3: context rank 1 would encode 2147483648 patches"));
+}
+
 TEST(EncoderCost, PatchesPlusQuadraticAttention) {
   VisionCostModel m;
   m.attention_weight = 0.5;

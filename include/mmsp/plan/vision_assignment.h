@@ -42,6 +42,11 @@ VisionAssignment assign_vision_balanced(const std::vector<double>& costs,
 // least one item per remaining rank.
 std::vector<int> assign_greedy_contiguous(const std::vector<int64_t>& patch_counts, int ranks);
 
+// The patches a rank encodes go through one vision-encoder call whose cu_seqlens are
+// int32: checks each rank's total (message names the dp row, rank and total).
+void check_encoder_patches(const std::vector<int64_t>& patch_counts,
+                           const std::vector<int>& rank_of_item, int ranks, int dp);
+
 // Loads and max/mean of any assignment under the given costs.
 VisionAssignment evaluate_assignment(const std::vector<int>& rank_of_item,
                                      const std::vector<double>& costs, int ranks);
