@@ -236,6 +236,17 @@ TEST(StepPlanGolden, VisionCostAndRoutesOfOneImage) {
   EXPECT_EQ(plan.mine.routes.send[0][3].slot, 7);
   EXPECT_EQ(plan.mine.routes.send[0][3].row, 3);
   EXPECT_TRUE(plan.mine.routes.send[1].empty());
+
+  // Moved later, its rows sit on rank 1: rank 1 encodes it, nothing travels.
+  Batch later;
+  later.sequences.push_back(SeqBuilder(c).text(10).image({1, 4, 4}).text(1).build());  // 17 -> 18
+  const StepPlan p2 = make_step_plan(later, c, o, 1);
+  EXPECT_EQ(p2.rows[0].items[0].pieces[0].packed, 11);  // slots 2..5 of rank 1 (L = 9)
+  EXPECT_EQ(p2.rows[0].items[0].preferred_rank, 1);
+  EXPECT_EQ(p2.rows[0].items[0].encoder_rank, 1);
+  EXPECT_EQ(p2.mine.routes.visual_slots, (V{2, 3, 4, 5}));
+  EXPECT_EQ(p2.mine.routes.recv[1].size(), 4u);
+  EXPECT_TRUE(p2.mine.routes.recv[0].empty());
 }
 
 TEST(StepPlanErrors, BadInputsNameTheValue) {
