@@ -64,6 +64,7 @@ std::vector<SlotRun> ShardMap::runs(int context_rank) const {
   int64_t filled = 0;
   const auto& cu = row_.cu_seqlens;
   const int64_t nseg = static_cast<int64_t>(row_.segments.size());
+  out.reserve(layout_ == Layout::zigzag ? static_cast<size_t>(2 * nseg + 1) : 8);
   auto emit = [&](int64_t packed, int64_t length, int64_t s) {
     SlotRun run;
     run.slot = filled;
