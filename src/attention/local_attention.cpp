@@ -86,8 +86,9 @@ PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& 
              " keys, tensors have ", q.size(0), " and ", k.size(0));
   const Shapes s = shapes_of(q, k, options);
   const at::ScalarType acc = accumulation_type(q.scalar_type());
-  const at::Tensor qh = group_queries(q, s, acc);  // [H_kv, Tq, G, D]
-  const at::Tensor kh = heads_first(k, acc);        // [H_kv, Tk, D]
+  // [H_kv, Tq, G, D], pre-scaled so the scores need no extra pass
+  const at::Tensor qh = group_queries(q, s, acc).mul(s.scale);
+  const at::Tensor kh = heads_first(k, acc);  // [H_kv, Tk, D]
   const at::Tensor vh = heads_first(v, acc);
   at::Tensor out = at::zeros({s.Hkv, s.Tq, s.G, s.D}, qh.options());
   at::Tensor lse = at::full({s.Hkv, s.Tq, s.G}, -kInf, qh.options());
@@ -103,7 +104,7 @@ PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& 
     for (const KeyBlock& kb : blocks)
       masks.push_back(kb.full ? at::Tensor()
                               : block_mask(q_layout, k_layout, i, bq, kb, options.causal,
-                                           q.device()).unsqueeze(1));  // [bq, 1, bk]
+                                           q.device()).logical_not_().unsqueeze(1));  // [bq, 1, bk]: disallowed
     for (int64_t h = 0; h < s.Hkv; ++h) {
       const at::Tensor Q = qh[h].narrow(0, i, bq).view({rows, s.D});
       at::Tensor m = at::full({rows}, -kInf, qh.options());  // running max
@@ -111,9 +112,9 @@ PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& 
       at::Tensor o = at::zeros({rows, s.D}, qh.options());    // running numerator
       for (size_t b = 0; b < blocks.size(); ++b) {
         const int64_t j = blocks[b].begin, bk = blocks[b].end - j;
-        at::Tensor S = at::mm(Q, kh[h].narrow(0, j, bk).t()).mul_(s.scale);  // [rows, bk]
-        if (masks[b].defined()) S.view({bq, s.G, bk}).masked_fill_(masks[b].logical_not(), -kInf);
-        const at::Tensor m_new = at::maximum(m, std::get<0>(S.max(1)));
+        at::Tensor S = at::mm(Q, kh[h].narrow(0, j, bk).t());  // [rows, bk], scaled
+        if (masks[b].defined()) S.view({bq, s.G, bk}).masked_fill_(masks[b], -kInf);
+        const at::Tensor m_new = at::maximum(m, S.amax(1));
         // Rows with nothing allowed so far keep max -inf; shift them by 0 instead.
         const at::Tensor shift = m_new.masked_fill(m_new.eq(-kInf), 0);
         S.sub_(shift.unsqueeze(1)).exp_();  // S now holds P
@@ -139,7 +140,7 @@ AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor
                                         const AttentionOptions& options) {
   const Shapes s = shapes_of(q, k, options);
   const at::ScalarType acc = accumulation_type(q.scalar_type());
-  const at::Tensor qh = group_queries(q, s, acc);
+  const at::Tensor qh = group_queries(q, s, acc).mul(s.scale);  // pre-scaled, as in forward
   const at::Tensor doh = group_queries(dout, s, acc);
   const at::Tensor kh = heads_first(k, acc), vh = heads_first(v, acc);
   // delta_i = sum_d dout_i · out_i  [H_kv, Tq, G]
@@ -160,9 +161,9 @@ AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor
     for (const KeyBlock& kb : blocks)
       masks.push_back(kb.full ? at::Tensor()
                               : block_mask(q_layout, k_layout, i, bq, kb, options.causal,
-                                           q.device()).unsqueeze(1));
+                                           q.device()).logical_not_().unsqueeze(1));
     for (int64_t h = 0; h < s.Hkv; ++h) {
-      const at::Tensor Q = qh[h].narrow(0, i, bq).view({rows, s.D});
+      const at::Tensor Q = qh[h].narrow(0, i, bq).view({rows, s.D});  // scaled
       const at::Tensor dO = doh[h].narrow(0, i, bq).view({rows, s.D});
       const at::Tensor L = lse_safe[h].narrow(0, i, bq).reshape({rows, 1});
       const at::Tensor Dl = delta[h].narrow(0, i, bq).reshape({rows, 1});
@@ -170,13 +171,13 @@ AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor
       for (size_t b = 0; b < blocks.size(); ++b) {
         const int64_t j = blocks[b].begin, bk = blocks[b].end - j;
         const at::Tensor K = kh[h].narrow(0, j, bk), V = vh[h].narrow(0, j, bk);
-        at::Tensor P = at::mm(Q, K.t()).mul_(s.scale);  // [rows, bk]
-        if (masks[b].defined()) P.view({bq, s.G, bk}).masked_fill_(masks[b].logical_not(), -kInf);
+        at::Tensor P = at::mm(Q, K.t());  // [rows, bk], scaled scores
+        if (masks[b].defined()) P.view({bq, s.G, bk}).masked_fill_(masks[b], -kInf);
         P.sub_(L).exp_();
         dv[h].narrow(0, j, bk).addmm_(P.t(), dO);
         at::Tensor dS = at::mm(dO, V.t()).sub_(Dl).mul_(P);  // P ⊙ (dP − delta)
         dQ.addmm_(dS, K, /*beta=*/1, /*alpha=*/s.scale);
-        dk[h].narrow(0, j, bk).addmm_(dS.t(), Q, /*beta=*/1, /*alpha=*/s.scale);
+        dk[h].narrow(0, j, bk).addmm_(dS.t(), Q);  // Q is already scaled
       }
     }
   }

@@ -91,6 +91,20 @@ BlockSchedule BlockSchedule::make(const TokenLayout& q, const TokenLayout& k, bo
                                q_runs[0].segment == k_runs[b][0].segment;
       const bool full = one_segment && !q_has_pad && !k_has_pad &&
                         (!causal || k_runs[b][0].max_order <= q_runs[0].min_order);
+      if (!full) {
+        // Trim the block to its first and last key that some query attends: on
+        // the causal diagonal this halves the work of the block.
+        auto wanted = [&](int64_t key) {
+          for (const Run& qr : q_runs)
+            if (kseg[key] == qr.segment && (!causal || kord[key] <= qr.max_order)) return true;
+          return false;
+        };
+        int64_t first = j, last = j_end - 1;
+        while (!wanted(first)) ++first;
+        while (!wanted(last)) --last;
+        blocks.push_back({first, last + 1, false});
+        continue;
+      }
       blocks.push_back({j, j_end, full});
     }
     schedule.key_blocks.push_back(std::move(blocks));

@@ -3,6 +3,7 @@
 #include <iostream>
 #include <vector>
 
+#include "bench_command.h"
 #include "command.h"
 #include "mmsp/core/check.h"
 #include "selftest_command.h"
@@ -15,6 +16,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<mmsp::cli::Subcommand> commands;
   commands.push_back(mmsp::cli::add_selftest_command(app));
+  commands.push_back(mmsp::cli::add_bench_command(app));
 #ifdef MMSP_HAVE_PLAN_COMMAND
   commands.push_back(mmsp::cli::add_plan_command(app));
 #endif

@@ -12,7 +12,7 @@
 #include "mmsp/attention/context_attention.h"
 #include "mmsp/core/check.h"
 #include "multirank.h"
-#include "reference_attention.h"
+#include "packed_batch.h"
 
 using namespace mmsp;
 using namespace mmsp::attention;
@@ -23,49 +23,10 @@ namespace {
 const auto kF64 = at::TensorOptions().dtype(at::kDouble);
 constexpr int64_t kHeads = 12, kDim = 8;
 
-// Global token index of each slot of ring rank p's share (−1: padding added so the
-// share splits over U ulysses ranks). Segments are already padded to 2R.
-std::vector<int64_t> share_of(const TokenLayout& global, int R, int U, int p, bool zigzag) {
-  std::vector<int64_t> slots;
-  const int64_t* seg = global.segment.data_ptr<int64_t>();
-  const int64_t* ord = global.order.data_ptr<int64_t>();
-  const int64_t T = global.size();
-  for (int64_t start = 0; start < T;) {  // one padded segment at a time
-    int64_t end = start + 1;
-    while (end < T && ord[end] != 0) ++end;
-    const int64_t c = (end - start) / (2 * R);
-    auto take = [&](int64_t chunk, int64_t chunks) {
-      const int64_t len = (end - start) / chunks;
-      for (int64_t i = 0; i < len; ++i) slots.push_back(start + chunk * len + i);
-    };
-    if (zigzag) {
-      take(p, 2 * R);
-      take(2 * R - 1 - p, 2 * R);
-    } else {
-      take(p, R);
-    }
-    (void)c;
-    (void)seg;
-    start = end;
-  }
-  while (slots.size() % U) slots.push_back(-1);
-  return slots;
-}
-
 Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& slots) {
   std::vector<Tensor> rows;
   for (int64_t s : slots) rows.push_back(s >= 0 ? x[s] : at::zeros_like(x[0]));
   return at::stack(rows);
-}
-
-TokenLayout layout_of(const TokenLayout& global, const std::vector<int64_t>& slots) {
-  std::vector<int64_t> seg, ord;
-  for (int64_t s : slots) {
-    seg.push_back(s >= 0 ? global.segment[s].item<int64_t>() : -1);
-    ord.push_back(s >= 0 ? global.order[s].item<int64_t>() : 0);
-  }
-  return {at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
-          at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
 }
 
 void expect_rows_match(const Tensor& got, const Tensor& ref, const std::vector<int64_t>& slots,
@@ -110,8 +71,8 @@ void run_case(const dist::Mesh& mesh, const SchemeCase& c, std::mt19937& rng) {
   std::vector<TokenLayout> shares;
   std::vector<int64_t> mine;
   for (int p = 0; p < R; ++p) {
-    std::vector<int64_t> slots = share_of(global, R, U, p, c.zigzag);
-    shares.push_back(layout_of(global, slots));
+    std::vector<int64_t> slots = test::share_of(global, R, U, p, c.zigzag);
+    shares.push_back(test::layout_of(global, slots));
     if (p == r) {
       const int64_t n = static_cast<int64_t>(slots.size()) / U;
       mine.assign(slots.begin() + u * n, slots.begin() + (u + 1) * n);

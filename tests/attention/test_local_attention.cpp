@@ -9,8 +9,10 @@
 #include <random>
 
 #include "mmsp/attention/local_attention.h"
+#include "mmsp/attention/naive_attention.h"
+#include "mmsp/attention/plan_layout.h"
 #include "mmsp/core/check.h"
-#include "reference_attention.h"
+#include "packed_batch.h"
 
 using namespace mmsp;
 using namespace mmsp::attention;
@@ -59,7 +61,7 @@ TEST_P(LocalAttentionTest, MatchesNaiveForwardAndEveryGradient) {
     Tensor v = at::randn({T, c.kv_heads, D}, kF64).requires_grad_();
     Tensor w = at::randn({T, H, D}, kF64);
 
-    test::NaiveResult ref = test::naive_attention(q, k, v, ql, layout, c.causal);
+    NaiveAttention ref = naive_attention(q, k, v, ql, layout, c.causal);
     (ref.out * w).sum().backward();
     Tensor dq = q.grad().clone(), dk = k.grad().clone(), dv = v.grad().clone();
     q.grad().zero_(), k.grad().zero_(), v.grad().zero_();
@@ -101,7 +103,7 @@ TEST(BlockScheduleTest, SkipsExactlyTheEmptyBlocks) {
     TokenLayout q = trial % 3 == 0 ? shuffled(k, rng) : k;
     const int64_t bq = 1 + trial % 9, bk = 2 + trial % 13;
     BlockSchedule schedule = BlockSchedule::make(q, k, causal, bq, bk);
-    Tensor mask = test::naive_mask(q, k, causal);
+    Tensor mask = attention_mask(q, k, causal);
     int64_t listed_pairs = 0;
     for (size_t qb = 0; qb < schedule.key_blocks.size(); ++qb) {
       const int64_t i = qb * bq, n = std::min(bq, q.size() - i);
@@ -175,6 +177,27 @@ TEST(LocalAttentionErrorsTest, BadInputsNameTheValue) {
   EXPECT_THROW(local_attention_forward(q4, k, k, test::packed_layout({7}, 1), l, {}), Error);
   EXPECT_THROW(local_attention_forward(q4.to(at::kLong), k.to(at::kLong), k.to(at::kLong), l, l, {}), Error);
   EXPECT_THROW(local_attention_forward(q4, k, at::zeros({8, 2, 5}, kF64), l, l, {}), Error);
+}
+
+// The plan's zigzag shard map gives the layouts DESIGN.md's rule gives.
+TEST(PlanLayoutTest, RingSharesFollowTheZigzagRule) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int R = 1 + trial % 4, U = 1 + (trial / 4) % 3;
+    std::vector<int64_t> lengths = test::random_lengths(rng, 1 + trial % 4, 30), ids;
+    for (size_t i = 0; i < lengths.size(); ++i) ids.push_back(static_cast<int64_t>(i));
+    const plan::PackedRow row = plan::pack_row(ids, lengths, R);
+    const TokenLayout global = row_layout(row);
+    EXPECT_TRUE(global.segment.equal(test::packed_layout(lengths, 2 * R).segment));
+    const auto shares = ring_shares(plan::ShardMap(row, R, U, plan::Layout::zigzag));
+    ASSERT_EQ(static_cast<int>(shares.size()), R);
+    for (int p = 0; p < R; ++p) {
+      TokenLayout expected = test::layout_of(global, test::share_of(global, R, U, p, true));
+      EXPECT_TRUE(shares[p].segment.equal(expected.segment)) << "R " << R << " U " << U << " p " << p;
+      EXPECT_TRUE(shares[p].order.masked_select(expected.segment.ge(0))
+                      .equal(expected.order.masked_select(expected.segment.ge(0))));
+    }
+  }
 }
 
 }  // namespace

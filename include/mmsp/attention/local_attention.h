@@ -15,7 +15,7 @@ namespace mmsp::attention {
 struct AttentionOptions {
   bool causal = true;     // false: bidirectional within a segment (vision encoders)
   double scale = 0;       // softmax scale; 0 means 1/sqrt(D)
-  int64_t block_q = 256;  // query tokens per block
+  int64_t block_q = 512;  // query tokens per block
   int64_t block_k = 512;  // key tokens per block
 };
 

@@ -1,0 +1,62 @@
+// `mmsp bench attention [--part kernel|balance|comm|all] [--out FILE]`. The kernel
+// and balance parts run in one process; the comm part runs on every rank of the
+// job (mmsp-run -n 2 or 4) and rank 0 writes the result.
+#include "bench_command.h"
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "attention_bench.h"
+#include "mmsp/core/check.h"
+
+namespace mmsp::cli {
+
+Subcommand add_bench_command(CLI::App& parent) {
+  struct Flags {
+    bench::AttentionBenchOptions attention;
+    std::string part = "auto";
+    std::string out;
+  };
+  auto flags = std::make_shared<Flags>();
+  CLI::App* app = parent.add_subcommand("bench", "benchmarks (JSON on stdout or --out)");
+  app->require_subcommand(1);
+  CLI::App* attn = app->add_subcommand(
+      "attention", "local kernel vs torch::mm and naive; zigzag balance; bytes per layer per scheme");
+  attn->add_option("--part", flags->part,
+                   "kernel | balance | comm | all; auto: kernel+balance alone, comm under several ranks")
+      ->check(CLI::IsMember({"auto", "kernel", "balance", "comm", "all"}));
+  attn->add_option("--tokens", flags->attention.tokens, "kernel benchmark sequence length");
+  attn->add_option("--heads", flags->attention.heads, "query heads");
+  attn->add_option("--kv-heads", flags->attention.kv_heads, "key/value heads");
+  attn->add_option("--dim", flags->attention.dim, "head size");
+  attn->add_option("--block-q", flags->attention.block_q, "kernel query block");
+  attn->add_option("--block-k", flags->attention.block_k, "kernel key block");
+  attn->add_option("--threads", flags->attention.threads, "ATen threads for mm and attention");
+  attn->add_option("--min-time", flags->attention.min_time, "seconds per measurement");
+  attn->add_option("--comm-tokens", flags->attention.comm_tokens, "context-group tokens (comm part)");
+  attn->add_option("--out", flags->out, "write the JSON here instead of stdout");
+  return {app, [flags]() {
+            const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
+            std::string part = flags->part;
+            if (part == "auto") part = env.world_size > 1 ? "comm" : "local";
+            nlohmann::json result;
+            if (part == "kernel" || part == "local" || part == "all")
+              result["kernel"] = bench::bench_attention_kernel(flags->attention);
+            if (part == "balance" || part == "local" || part == "all")
+              result["balance"] = bench::bench_attention_balance(flags->attention);
+            if (part == "comm" || part == "all") {
+              MMSP_CHECK(env.world_size > 1, "the comm part needs several ranks: mmsp-run -n 4 -- mmsp bench attention");
+              result["comm"] = bench::bench_attention_comm(env, flags->attention);
+            }
+            if (env.rank != 0) return 0;
+            if (flags->out.empty()) {
+              std::cout << result.dump(2) << std::endl;
+            } else {
+              std::ofstream(flags->out) << result.dump(2) << std::endl;
+            }
+            return 0;
+          }};
+}
+
+}  // namespace mmsp::cli
