@@ -6,10 +6,8 @@
 #include "bench_command.h"
 #include "command.h"
 #include "mmsp/core/check.h"
-#include "selftest_command.h"
-#ifdef MMSP_HAVE_PLAN_COMMAND
 #include "plan_command.h"
-#endif
+#include "selftest_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"mmsp: sequence-parallel training of vision-language models"};
@@ -17,9 +15,7 @@ int main(int argc, char** argv) {
   std::vector<mmsp::cli::Subcommand> commands;
   commands.push_back(mmsp::cli::add_selftest_command(app));
   commands.push_back(mmsp::cli::add_bench_command(app));
-#ifdef MMSP_HAVE_PLAN_COMMAND
   commands.push_back(mmsp::cli::add_plan_command(app));
-#endif
   CLI11_PARSE(app, argc, argv);
   for (auto& command : commands) {
     if (!command.app->parsed()) continue;
