@@ -38,16 +38,37 @@ at::Tensor heads_first(const at::Tensor& kv, at::ScalarType acc) {
   return kv.to(acc).permute({1, 0, 2}).contiguous();
 }
 
-// Allowed (query, key) pairs of a partial block, [bq, bk] bool on the device.
-at::Tensor block_mask(const TokenLayout& q, const TokenLayout& k, int64_t i, int64_t bq,
-                      const KeyBlock& kb, bool causal, const at::Device& device) {
+// Disallowed (query, key) pairs of a partial block, [bq, 1, bk] bool on the device.
+at::Tensor disallowed_pairs(const TokenLayout& q, const TokenLayout& k, int64_t i, int64_t bq,
+                            const KeyBlock& kb, bool causal, const at::Device& device) {
   at::Tensor qs = q.segment.narrow(0, i, bq).unsqueeze(1);
   at::Tensor ks = k.segment.narrow(0, kb.begin, kb.end - kb.begin).unsqueeze(0);
-  at::Tensor mask = qs.eq(ks).logical_and_(ks.ge(0));
+  at::Tensor allowed = qs.eq(ks).logical_and_(ks.ge(0));
   if (causal)
-    mask.logical_and_(k.order.narrow(0, kb.begin, kb.end - kb.begin).unsqueeze(0).le(
+    allowed.logical_and_(k.order.narrow(0, kb.begin, kb.end - kb.begin).unsqueeze(0).le(
         q.order.narrow(0, i, bq).unsqueeze(1)));
-  return mask.to(device);
+  return allowed.logical_not_().unsqueeze(1).to(device);
+}
+
+// Calls fn(i, bq, blocks, masks) for every block of queries [i, i + bq) that
+// attends to something: blocks are its key blocks, masks[b] the disallowed pairs
+// of partial block b (undefined for a full block). Masks are shared by all heads.
+template <typename Fn>
+void for_each_query_block(const TokenLayout& ql, const TokenLayout& kl,
+                          const AttentionOptions& options, const at::Device& device, Fn&& fn) {
+  const BlockSchedule schedule =
+      BlockSchedule::make(ql, kl, options.causal, options.block_q, options.block_k);
+  for (size_t qb = 0; qb < schedule.key_blocks.size(); ++qb) {
+    const std::vector<KeyBlock>& blocks = schedule.key_blocks[qb];
+    if (blocks.empty()) continue;
+    const int64_t i = static_cast<int64_t>(qb) * options.block_q;
+    const int64_t bq = std::min(options.block_q, ql.size() - i);
+    std::vector<at::Tensor> masks;
+    for (const KeyBlock& kb : blocks)
+      masks.push_back(kb.full ? at::Tensor()
+                              : disallowed_pairs(ql, kl, i, bq, kb, options.causal, device));
+    fn(i, bq, blocks, masks);
+  }
 }
 
 }  // namespace
@@ -93,18 +114,10 @@ PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& 
   at::Tensor out = at::zeros({s.Hkv, s.Tq, s.G, s.D}, qh.options());
   at::Tensor lse = at::full({s.Hkv, s.Tq, s.G}, -kInf, qh.options());
 
-  const BlockSchedule schedule =
-      BlockSchedule::make(q_layout, k_layout, options.causal, options.block_q, options.block_k);
-  for (size_t qb = 0; qb < schedule.key_blocks.size(); ++qb) {
-    const auto& blocks = schedule.key_blocks[qb];
-    if (blocks.empty()) continue;
-    const int64_t i = static_cast<int64_t>(qb) * options.block_q;
-    const int64_t bq = std::min(options.block_q, s.Tq - i), rows = bq * s.G;
-    std::vector<at::Tensor> masks;
-    for (const KeyBlock& kb : blocks)
-      masks.push_back(kb.full ? at::Tensor()
-                              : block_mask(q_layout, k_layout, i, bq, kb, options.causal,
-                                           q.device()).logical_not_().unsqueeze(1));  // [bq, 1, bk]: disallowed
+  for_each_query_block(q_layout, k_layout, options, q.device(),
+                       [&](int64_t i, int64_t bq, const std::vector<KeyBlock>& blocks,
+                           const std::vector<at::Tensor>& masks) {
+    const int64_t rows = bq * s.G;
     for (int64_t h = 0; h < s.Hkv; ++h) {
       const at::Tensor Q = qh[h].narrow(0, i, bq).view({rows, s.D});
       at::Tensor m = at::full({rows}, -kInf, qh.options());  // running max
@@ -129,7 +142,7 @@ PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& 
       lse[h].narrow(0, i, bq).view({rows}).copy_(
           at::where(has_keys, m + l.log(), at::full({}, -kInf, qh.options())));
     }
-  }
+  });
   return {ungroup_queries(out, s).to(q.scalar_type()), lse.permute({1, 0, 2}).reshape({s.Tq, s.H})};
 }
 
@@ -150,18 +163,10 @@ AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor
   const at::Tensor lse_safe = lse_h.masked_fill(lse_h.eq(-kInf), kInf);
   at::Tensor dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
 
-  const BlockSchedule schedule =
-      BlockSchedule::make(q_layout, k_layout, options.causal, options.block_q, options.block_k);
-  for (size_t qb = 0; qb < schedule.key_blocks.size(); ++qb) {
-    const auto& blocks = schedule.key_blocks[qb];
-    if (blocks.empty()) continue;
-    const int64_t i = static_cast<int64_t>(qb) * options.block_q;
-    const int64_t bq = std::min(options.block_q, s.Tq - i), rows = bq * s.G;
-    std::vector<at::Tensor> masks;
-    for (const KeyBlock& kb : blocks)
-      masks.push_back(kb.full ? at::Tensor()
-                              : block_mask(q_layout, k_layout, i, bq, kb, options.causal,
-                                           q.device()).logical_not_().unsqueeze(1));
+  for_each_query_block(q_layout, k_layout, options, q.device(),
+                       [&](int64_t i, int64_t bq, const std::vector<KeyBlock>& blocks,
+                           const std::vector<at::Tensor>& masks) {
+    const int64_t rows = bq * s.G;
     for (int64_t h = 0; h < s.Hkv; ++h) {
       const at::Tensor Q = qh[h].narrow(0, i, bq).view({rows, s.D});  // scaled
       const at::Tensor dO = doh[h].narrow(0, i, bq).view({rows, s.D});
@@ -180,7 +185,7 @@ AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor
         dk[h].narrow(0, j, bk).addmm_(dS.t(), Q);  // Q is already scaled
       }
     }
-  }
+  });
   return {ungroup_queries(dq, s), dk.permute({1, 0, 2}), dv.permute({1, 0, 2})};
 }
 
