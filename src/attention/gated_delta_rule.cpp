@@ -1,0 +1,183 @@
+// The chunked gated delta rule; see gated_delta_rule.h. Per chunk of C tokens
+// (cumulative log decay G, γ = exp(G), Γ[t,i] = exp(G_t − G_i) for i <= t), the
+// token recurrence unrolls to
+//   U = Ũ − W S0,  Ũ = L⁻¹(β⊙V),  W = L⁻¹((βγ)⊙K),  L = I + strict_tril(β_t Γ[t,i] k_tᵀk_i)
+//   O = (QKᵀ⊙Γ) Ũ + Q' S0,          Q' = γ⊙Q − (QKᵀ⊙Γ) W
+//   S_C = D S0 + B,                  D = γ_C I − K̂ᵀW,  B = K̂ᵀŨ,  K̂ = (γ_C/γ)⊙K
+// so everything but the short chain S ← D S + B over chunks is batched.
+#include "mmsp/attention/gated_delta_rule.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "mmsp/core/check.h"
+
+namespace mmsp::attention {
+
+std::vector<TokenRun> token_runs(const TokenLayout& layout) {
+  layout.check("token_runs");
+  std::vector<TokenRun> runs;
+  const int64_t T = layout.size();
+  const int64_t* seg = layout.segment.data_ptr<int64_t>();
+  const int64_t* ord = layout.order.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) {
+    if (seg[t] < 0) continue;
+    if (!runs.empty()) {
+      TokenRun& last = runs.back();
+      if (last.begin + last.length == t && last.segment == seg[t] && last.last_order() + 1 == ord[t]) {
+        ++last.length;
+        continue;
+      }
+    }
+    runs.push_back({t, 1, seg[t], ord[t]});
+  }
+  return runs;
+}
+
+namespace {
+
+// Where each chunk slot reads its token from: [n_chunks * C] token indices, T for
+// the zero row that pads each run to whole chunks; and the run of each chunk.
+struct ChunkPlan {
+  at::Tensor slot_token;          // int64 [N * C]
+  at::Tensor token_slot;          // int64 [T]: its slot, or N * C (a zero row) for no run
+  std::vector<int64_t> chunk_run;  // [N]
+  std::vector<bool> run_start;     // [N]: first chunk of its run
+  int64_t chunks = 0;
+};
+
+ChunkPlan plan_chunks(const std::vector<TokenRun>& runs, int64_t T, int64_t C) {
+  ChunkPlan plan;
+  std::vector<int64_t> slots;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const int64_t n = (runs[r].length + C - 1) / C;
+    for (int64_t c = 0; c < n; ++c) {
+      plan.chunk_run.push_back(static_cast<int64_t>(r));
+      plan.run_start.push_back(c == 0);
+      for (int64_t i = 0; i < C; ++i) {
+        const int64_t pos = c * C + i;
+        slots.push_back(pos < runs[r].length ? runs[r].begin + pos : T);
+      }
+    }
+  }
+  plan.chunks = static_cast<int64_t>(plan.chunk_run.size());
+  std::vector<int64_t> token_slot(T, plan.chunks * C);
+  for (size_t s = 0; s < slots.size(); ++s)
+    if (slots[s] < T) token_slot[slots[s]] = static_cast<int64_t>(s);
+  plan.token_slot = at::tensor(at::ArrayRef<int64_t>(token_slot), at::kLong).clone();
+  plan.slot_token = at::tensor(at::ArrayRef<int64_t>(slots), at::kLong).clone();
+  return plan;
+}
+
+// x [T, H, ...] -> [N, H, C, ...] in chunk order, zero rows for the padding slots.
+at::Tensor to_chunks(const at::Tensor& x, const ChunkPlan& plan, int64_t C) {
+  at::Tensor padded = at::cat({x, at::zeros_like(x.narrow(0, 0, 1))}, 0);
+  at::Tensor rows = padded.index_select(0, plan.slot_token.to(x.device()));
+  std::vector<int64_t> shape{plan.chunks, C};
+  for (int64_t d = 1; d < x.dim(); ++d) shape.push_back(x.size(d));
+  return rows.reshape(shape).transpose(1, 2);
+}
+
+}  // namespace
+
+GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& g, const at::Tensor& beta,
+                                  const std::vector<TokenRun>& runs, const at::Tensor& initial,
+                                  const GatedDeltaOptions& options) {
+  MMSP_CHECK(q.dim() == 3 && k.sizes() == q.sizes(), "gated_delta_rule: q and k must be [T, H, K], got ",
+             q.sizes(), " and ", k.sizes());
+  const int64_t T = q.size(0), H = q.size(1), K = q.size(2);
+  MMSP_CHECK(v.dim() == 3 && v.size(0) == T && v.size(1) == H, "gated_delta_rule: v must be [T, H, V] with T=",
+             T, ", H=", H, ", got ", v.sizes());
+  const int64_t V = v.size(2);
+  MMSP_CHECK(g.sizes() == at::IntArrayRef({T, H}) && beta.sizes() == g.sizes(),
+             "gated_delta_rule: g and beta must be [T, H] = [", T, ", ", H, "], got ", g.sizes(), " and ",
+             beta.sizes());
+  const int64_t n_runs = static_cast<int64_t>(runs.size());
+  MMSP_CHECK(!initial.defined() || initial.sizes() == at::IntArrayRef({n_runs, H, K, V}),
+             "gated_delta_rule: initial state must be [runs, H, K, V] = [", n_runs, ", ", H, ", ", K, ", ", V,
+             "], got ", initial.sizes());
+  const int64_t C = options.chunk;
+  const at::ScalarType in_type = q.scalar_type();
+  const at::ScalarType type = c10::elementSize(in_type) < 4 ? at::kFloat : in_type;
+  auto opts = q.options().dtype(type);
+
+  GatedDeltaResult result;
+  result.out = at::zeros({T, H, V}, opts.dtype(in_type));
+  if (n_runs == 0) {
+    result.final = at::zeros({0, H, K, V}, opts);
+    result.transition = at::zeros({0, H, K, K}, opts);
+    result.q_eff = at::zeros({T, H, K}, opts);
+    return result;
+  }
+  const ChunkPlan plan = plan_chunks(runs, T, C);
+  const int64_t N = plan.chunks;
+  // [N, H, C, ·]
+  at::Tensor Q = to_chunks(q.to(type), plan, C) * (1.0 / std::sqrt(static_cast<double>(K)));
+  at::Tensor Kc = to_chunks(k.to(type), plan, C);
+  at::Tensor Vc = to_chunks(v.to(type), plan, C);
+  at::Tensor Gc = to_chunks(g.to(type), plan, C).cumsum(-1);  // [N, H, C]
+  at::Tensor Bc = to_chunks(beta.to(type), plan, C);          // [N, H, C]
+
+  at::Tensor incl = at::ones({C, C}, opts.dtype(at::kBool)).tril();  // i <= t
+  at::Tensor diff = Gc.unsqueeze(-1) - Gc.unsqueeze(-2);              // [N, H, C, C]: G_t − G_i
+  at::Tensor gamma_ti = diff.masked_fill(incl.logical_not(), -INFINITY).exp();
+  at::Tensor gamma = Gc.exp();                                        // [N, H, C]
+  at::Tensor kk = at::matmul(Kc, Kc.transpose(-1, -2));
+  at::Tensor strict = at::ones({C, C}, opts.dtype(at::kBool)).tril(-1);
+  at::Tensor A = (Bc.unsqueeze(-1) * gamma_ti * kk).masked_fill(strict.logical_not(), 0);
+  at::Tensor L = A + at::eye(C, opts);
+  at::Tensor rhs = at::cat({Bc.unsqueeze(-1) * Vc, (Bc * gamma).unsqueeze(-1) * Kc}, -1);
+  at::Tensor sol = at::linalg_solve_triangular(L, rhs, /*upper=*/false, /*left=*/true,
+                                               /*unitriangular=*/true);
+  at::Tensor Ut = sol.narrow(-1, 0, V);  // Ũ [N, H, C, V]
+  at::Tensor W = sol.narrow(-1, V, K);   // [N, H, C, K]
+
+  at::Tensor qk = at::matmul(Q, Kc.transpose(-1, -2)) * gamma_ti;  // [N, H, C, C]
+  at::Tensor o_intra = at::matmul(qk, Ut);                           // [N, H, C, V]
+  at::Tensor q_state = gamma.unsqueeze(-1) * Q - at::matmul(qk, W);  // Q' [N, H, C, K]
+  at::Tensor g_last = Gc.narrow(-1, C - 1, 1);                       // [N, H, 1]
+  at::Tensor k_hat = (g_last - Gc).exp().unsqueeze(-1) * Kc;         // [N, H, C, K]
+  at::Tensor k_hat_t = k_hat.transpose(-1, -2);
+  at::Tensor B = at::matmul(k_hat_t, Ut);                                                 // [N, H, K, V]
+  at::Tensor D = g_last.exp().unsqueeze(-1) * at::eye(K, opts) - at::matmul(k_hat_t, W);  // [N, H, K, K]
+
+  // The chain over chunks. With transitions, the state carries [S | X]: X starts at
+  // I and follows S's homogeneous part, so X at a chunk is the map from the run's
+  // initial state to the chunk's start state.
+  at::Tensor add = options.transitions ? at::cat({B, at::zeros({N, H, K, K}, opts)}, -1) : B;
+  at::Tensor start_x = at::eye(K, opts).expand({H, K, K});
+  std::vector<at::Tensor> starts, finals(n_runs);
+  at::Tensor state;
+  for (int64_t c = 0; c < N; ++c) {
+    const int64_t r = plan.chunk_run[c];
+    if (plan.run_start[c]) {
+      at::Tensor s0 = initial.defined() ? initial[r].to(type) : at::zeros({H, K, V}, opts);
+      state = options.transitions ? at::cat({s0, start_x}, -1) : s0;
+    }
+    starts.push_back(state);
+    state = at::matmul(D[c], state) + add[c];
+    if (c + 1 == N || plan.run_start[c + 1]) finals[r] = state;
+  }
+  at::Tensor start = at::stack(starts);                       // [N, H, K, width]
+  at::Tensor O = o_intra + at::matmul(q_state, start.narrow(-1, 0, V));  // [N, H, C, V]
+  at::Tensor fin = at::stack(finals);                         // [n_runs, H, K, width]
+  result.final = fin.narrow(-1, 0, V);
+
+  // Back from chunk slots to tokens: slot s of the flattened chunks holds token slot_token[s].
+  auto from_chunks = [&](const at::Tensor& x, int64_t width_out) {
+    at::Tensor rows = x.transpose(1, 2).reshape({N * C, H, width_out});
+    rows = at::cat({rows, at::zeros({1, H, width_out}, rows.options())}, 0);
+    return rows.index_select(0, plan.token_slot.to(rows.device()));
+  };
+  result.out = from_chunks(O, V).to(in_type);
+  if (options.transitions) {
+    result.transition = fin.narrow(-1, V, K);
+    at::Tensor q_eff = at::matmul(q_state, start.narrow(-1, V, K));  // [N, H, C, K]
+    result.q_eff = from_chunks(q_eff, K);
+  }
+  return result;
+}
+
+}  // namespace mmsp::attention

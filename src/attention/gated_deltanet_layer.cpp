@@ -1,0 +1,146 @@
+// The Gated DeltaNet layer; see gated_deltanet_layer.h. The algorithm (conv, gates,
+// norm) is written once; Ulysses changes which heads a rank holds, the ring which
+// tokens, and gated_delta_ring supplies what lives on other ring ranks.
+#include "mmsp/attention/gated_deltanet_layer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "mmsp/attention/gated_delta_ring.h"
+#include "mmsp/core/check.h"
+#include "mmsp/dist/all_to_all.h"
+
+namespace mmsp::attention {
+
+void GatedDeltaNetConfig::check() const {
+  MMSP_CHECK(num_key_heads > 0 && num_value_heads % num_key_heads == 0,
+             "linear_num_value_heads (", num_value_heads, ") must be a multiple of linear_num_key_heads (",
+             num_key_heads, ")");
+  MMSP_CHECK(chunk > 0, "gated DeltaNet chunk must be positive, got ", chunk);
+  MMSP_CHECK(key_head_dim > 0 && value_head_dim > 0 && hidden_size > 0 && conv_kernel > 0,
+             "gated DeltaNet sizes must be positive: hidden ", hidden_size, ", K ", key_head_dim, ", V ",
+             value_head_dim, ", conv kernel ", conv_kernel);
+}
+
+void check_gated_delta_heads(int64_t key_heads, int64_t value_heads, int ulysses) {
+  MMSP_CHECK(key_heads % ulysses == 0 && value_heads % ulysses == 0, "ulysses degree ", ulysses,
+             " must divide the linear-attention key heads (", key_heads, ") and value heads (", value_heads,
+             "); use a degree that divides ", key_heads, " and put the rest in --ring (state passing)");
+}
+
+GatedDeltaNetWeights GatedDeltaNetWeights::random(const GatedDeltaNetConfig& c, const at::TensorOptions& options,
+                                                  uint64_t seed) {
+  c.check();
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  auto f64 = at::TensorOptions().dtype(at::kDouble);
+  auto randn = [&](at::IntArrayRef shape, double scale) {
+    return (at::randn(shape, gen, f64) * scale).to(options);
+  };
+  GatedDeltaNetWeights w;
+  const double in_scale = 1.0 / std::sqrt(static_cast<double>(c.hidden_size));
+  w.in_proj_qkvz = randn({2 * c.key_dim() + 2 * c.value_dim(), c.hidden_size}, in_scale);
+  w.in_proj_ba = randn({2 * c.num_value_heads, c.hidden_size}, in_scale);
+  w.conv1d_weight = randn({c.conv_dim(), 1, c.conv_kernel}, 0.5);
+  w.A_log = (at::rand({c.num_value_heads}, gen, f64) * 15 + 1).log().to(options);
+  w.dt_bias = randn({c.num_value_heads}, 0.5);
+  w.norm_weight = randn({c.value_head_dim}, 0.1) + 1;
+  w.out_proj = randn({c.hidden_size, c.value_dim()}, 1.0 / std::sqrt(static_cast<double>(c.value_dim())));
+  return w;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> GatedDeltaNetWeights::named() const {
+  return {{"in_proj_qkvz.weight", in_proj_qkvz}, {"in_proj_ba.weight", in_proj_ba},
+          {"conv1d.weight", conv1d_weight},      {"A_log", A_log},
+          {"dt_bias", dt_bias},                  {"norm.weight", norm_weight},
+          {"out_proj.weight", out_proj}};
+}
+
+void GatedDeltaNetWeights::check(const GatedDeltaNetConfig& c) const {
+  auto expect = [](const at::Tensor& t, std::vector<int64_t> shape, const char* name) {
+    MMSP_CHECK(t.defined() && t.sizes() == at::IntArrayRef(shape), "gated DeltaNet weight ", name,
+               " must have shape ", at::IntArrayRef(shape), ", got ",
+               t.defined() ? t.sizes() : at::IntArrayRef());
+  };
+  expect(in_proj_qkvz, {2 * c.key_dim() + 2 * c.value_dim(), c.hidden_size}, "in_proj_qkvz.weight");
+  expect(in_proj_ba, {2 * c.num_value_heads, c.hidden_size}, "in_proj_ba.weight");
+  expect(conv1d_weight, {c.conv_dim(), 1, c.conv_kernel}, "conv1d.weight");
+  expect(A_log, {c.num_value_heads}, "A_log");
+  expect(dt_bias, {c.num_value_heads}, "dt_bias");
+  expect(norm_weight, {c.value_head_dim}, "norm.weight");
+  expect(out_proj, {c.hidden_size, c.value_dim()}, "out_proj.weight");
+}
+
+int64_t gated_delta_ulysses_bytes(const GatedDeltaNetConfig& c, int64_t local_tokens, int ulysses,
+                                  int64_t element_size) {
+  const int64_t in = 2 * c.key_dim() + c.value_dim() + 2 * c.num_value_heads;
+  return (ulysses - 1) * local_tokens * (in + c.value_dim()) * element_size / ulysses;
+}
+
+namespace {
+
+int size_of(const dist::GroupPtr& g) { return g ? g->size() : 1; }
+int rank_of(const dist::GroupPtr& g) { return g ? g->rank() : 0; }
+
+at::Tensor l2norm(const at::Tensor& x) { return x * at::rsqrt(x.pow(2).sum(-1, true) + 1e-6); }
+
+}  // namespace
+
+at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetConfig& c,
+                                  const at::Tensor& x, const GatedDeltaContext& context) {
+  // Every check before the first collective.
+  c.check();
+  w.check(c);
+  const int U = size_of(context.groups.ulysses), R = size_of(context.groups.ring);
+  const int u = rank_of(context.groups.ulysses), r = rank_of(context.groups.ring);
+  check_gated_delta_heads(c.num_key_heads, c.num_value_heads, U);
+  MMSP_CHECK(static_cast<int>(context.ring_shares.size()) == R, "gated DeltaNet: ",
+             context.ring_shares.size(), " ring share layouts for a ring of ", R);
+  MMSP_CHECK(x.dim() == 2 && x.size(1) == c.hidden_size, "gated DeltaNet: x must be [T, ", c.hidden_size,
+             "], got ", x.sizes());
+  const int64_t T_l = x.size(0), T_r = context.ring_shares[r].size();
+  MMSP_CHECK(T_l * U == T_r, "gated DeltaNet: ", T_l, " local tokens × ulysses ", U, " != ", T_r,
+             " tokens in ring rank ", r, "'s share");
+  const RingRuns runs = RingRuns::make(context.ring_shares);
+
+  const int64_t Hk = c.num_key_heads, Hv = c.num_value_heads, K = c.key_head_dim, V = c.value_head_dim;
+  const int64_t rep = Hv / Hk, Hk_l = Hk / U, Hv_l = Hv / U;
+  // Per key head: [q K | k K | v rep·V | z rep·V] and [b rep | a rep].
+  at::Tensor qkvz = at::matmul(x, w.in_proj_qkvz.t()).view({T_l, Hk, 2 * K + 2 * rep * V});
+  at::Tensor ba = at::matmul(x, w.in_proj_ba.t()).view({T_l, Hk, 2 * rep});
+  at::Tensor z = qkvz.narrow(-1, 2 * K + rep * V, rep * V).reshape({T_l, Hv, V});
+  // [T_l, Hk, F]: what travels, F = 2K + rep·V + 2·rep
+  at::Tensor mixed = at::cat({qkvz.narrow(-1, 0, 2 * K + rep * V), ba}, -1);
+  const int64_t F = mixed.size(-1);
+  if (U > 1) {
+    // [T_l, U, Hk/U·F] -> [T_r, 1, Hk/U·F]: scatter key-head groups, gather tokens
+    mixed = dist::all_to_all(mixed.reshape({T_l, U, Hk_l * F}), 1, 0, context.groups.ulysses);
+  }
+  mixed = mixed.reshape({T_r, Hk_l, F});
+  at::Tensor q = mixed.narrow(-1, 0, K), k = mixed.narrow(-1, K, K);
+  at::Tensor v = mixed.narrow(-1, 2 * K, rep * V).reshape({T_r, Hv_l, V});
+  at::Tensor b = mixed.narrow(-1, 2 * K + rep * V, rep).reshape({T_r, Hv_l});
+  at::Tensor a = mixed.narrow(-1, 2 * K + rep * V + rep, rep).reshape({T_r, Hv_l});
+
+  // This rank's channels of the conv: its key heads' q and k, its value heads' v.
+  at::Tensor conv_w = w.conv1d_weight.squeeze(1);  // [conv_dim, W]
+  at::Tensor w_local = at::cat({conv_w.narrow(0, u * Hk_l * K, Hk_l * K),
+                                conv_w.narrow(0, c.key_dim() + u * Hk_l * K, Hk_l * K),
+                                conv_w.narrow(0, 2 * c.key_dim() + u * Hv_l * V, Hv_l * V)});
+  at::Tensor qkv = at::cat({q.reshape({T_r, -1}), k.reshape({T_r, -1}), v.reshape({T_r, -1})}, -1);
+  qkv = gated_delta_conv(qkv, w_local, runs, context.groups.ring);  // [T_r, conv_dim/U]
+  q = l2norm(qkv.narrow(-1, 0, Hk_l * K).view({T_r, Hk_l, K})).repeat_interleave(rep, 1);
+  k = l2norm(qkv.narrow(-1, Hk_l * K, Hk_l * K).view({T_r, Hk_l, K})).repeat_interleave(rep, 1);
+  v = qkv.narrow(-1, 2 * Hk_l * K, Hv_l * V).view({T_r, Hv_l, V});
+
+  at::Tensor beta = at::sigmoid(b);
+  at::Tensor g = -w.A_log.narrow(0, u * Hv_l, Hv_l).exp() *
+                 at::softplus(a + w.dt_bias.narrow(0, u * Hv_l, Hv_l));
+  at::Tensor o = gated_delta_ring_rule(q, k, v, g, beta, runs, context.groups.ring, c.chunk);  // [T_r, Hv_l, V]
+  if (U > 1) o = dist::all_to_all(o, 0, 1, context.groups.ulysses);                  // [T_l, Hv, V]
+
+  // Gated RMSNorm per value head, then the output projection.
+  at::Tensor normed = o * at::rsqrt(o.pow(2).mean(-1, true) + c.rms_norm_eps) * w.norm_weight * at::silu(z);
+  return at::matmul(normed.reshape({T_l, Hv * V}), w.out_proj.t());
+}
+
+}  // namespace mmsp::attention

@@ -1,0 +1,245 @@
+// The Gated DeltaNet layer against the single-process token-by-token reference
+// (gated_delta_reference.h), output and the gradients of the input and of every
+// parameter, fp64 rtol 1e-9: on one process, and under mmsp-run on every mesh of
+// the world (Ulysses, ring state passing, hybrid; zigzag and contiguous layouts;
+// packed batches with segments shorter than a chunk; fewer key than value heads).
+// The bytes each forward sends must equal the formulas.
+#include <gtest/gtest.h>
+#include <gmock/gmock.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <random>
+
+#include "gated_delta_reference.h"
+#include "mmsp/attention/gated_delta_ring.h"
+#include "mmsp/attention/gated_deltanet_layer.h"
+#include "mmsp/core/check.h"
+#include "mmsp/dist/all_reduce.h"
+#include "multirank.h"
+#include "packed_batch.h"
+
+using namespace mmsp;
+using namespace mmsp::attention;
+using at::Tensor;
+
+namespace {
+
+const auto kF64 = at::TensorOptions().dtype(at::kDouble);
+
+GatedDeltaNetConfig small_config(int64_t chunk) {
+  GatedDeltaNetConfig c;
+  c.hidden_size = 12;
+  c.num_key_heads = 2;    // fewer key heads than value heads
+  c.num_value_heads = 4;
+  c.key_head_dim = 6;
+  c.value_head_dim = 5;   // K != V: a transposed state would not fit
+  c.conv_kernel = 4;
+  c.chunk = chunk;
+  return c;
+}
+
+Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& slots) {
+  std::vector<Tensor> rows;
+  for (int64_t s : slots) rows.push_back(s >= 0 ? x[s] : at::zeros_like(x[0]));
+  return at::stack(rows);
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double diff = (got - want).abs().max().item<double>();
+  const double tol = 1e-9 * (1 + want.abs().max().item<double>());
+  EXPECT_LE(diff, tol) << what << ": max difference " << diff;
+}
+
+void expect_rows_match(const Tensor& got, const Tensor& ref, const std::vector<int64_t>& slots,
+                       const std::string& what) {
+  for (size_t i = 0; i < slots.size(); ++i) {
+    Tensor expected = slots[i] >= 0 ? ref[slots[i]] : at::zeros_like(ref[0]);
+    const double diff = (got[i] - expected).abs().max().item<double>();
+    const double tol = 1e-9 * (1 + expected.abs().max().item<double>());
+    if (diff > tol) {
+      ADD_FAILURE() << what << ": slot " << i << " (global token " << slots[i] << ") differs by " << diff;
+      return;
+    }
+  }
+}
+
+std::vector<Tensor> params_of(GatedDeltaNetWeights& w) {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : w.named()) out.push_back(t);
+  return out;
+}
+
+GatedDeltaNetWeights with_grad(const GatedDeltaNetWeights& w) {
+  GatedDeltaNetWeights c = w;
+  for (Tensor* t : {&c.in_proj_qkvz, &c.in_proj_ba, &c.conv1d_weight, &c.A_log, &c.dt_bias, &c.norm_weight,
+                    &c.out_proj})
+    *t = t->detach().clone().requires_grad_();
+  return c;
+}
+
+}  // namespace
+
+TEST(GatedDeltaNetLayer, HuggingFaceParameterNamesAndShapes) {
+  GatedDeltaNetConfig c = small_config(64);
+  GatedDeltaNetWeights w = GatedDeltaNetWeights::random(c, kF64, 1);
+  std::vector<std::string> names;
+  for (auto& [name, t] : w.named()) names.push_back(name);
+  EXPECT_THAT(names, ::testing::ElementsAre("in_proj_qkvz.weight", "in_proj_ba.weight", "conv1d.weight", "A_log",
+                                            "dt_bias", "norm.weight", "out_proj.weight"));
+  EXPECT_EQ(w.in_proj_qkvz.sizes(), at::IntArrayRef({2 * 12 + 2 * 20, 12}));
+  EXPECT_EQ(w.conv1d_weight.sizes(), at::IntArrayRef({2 * 12 + 20, 1, 4}));
+  w.A_log = at::zeros({3}, kF64);
+  try {
+    w.check(c);
+    ADD_FAILURE() << "expected a shape error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("A_log must have shape [4]"));
+  }
+}
+
+TEST(GatedDeltaNetLayer, HeadsNotDivisibleByUlyssesIsAClearError) {
+  try {
+    check_gated_delta_heads(2, 4, 4);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("ulysses degree 4 must divide the linear-attention key heads (2)"));
+  }
+  EXPECT_NO_THROW(check_gated_delta_heads(2, 4, 2));
+}
+
+// One process, the whole packed batch: chunks of 64 and of 8 (many chunks per segment).
+TEST(GatedDeltaNetLayer, OneProcessEqualsTheReference) {
+  for (int64_t chunk : {int64_t{64}, int64_t{8}}) {
+    at::manual_seed(3);
+    GatedDeltaNetConfig c = small_config(chunk);
+    GatedDeltaNetWeights w = with_grad(GatedDeltaNetWeights::random(c, kF64, 11));
+    GatedDeltaNetWeights wr = with_grad(w);
+    TokenLayout layout = test::packed_layout({90, 3, 41, 1, 70}, 4);
+    const int64_t T = layout.size();
+    Tensor x = at::randn({T, c.hidden_size}, kF64);
+    Tensor xl = x.clone().requires_grad_(), xr = x.clone().requires_grad_();
+    Tensor mask = (layout.segment >= 0).to(at::kDouble).unsqueeze(1);
+    Tensor dy = at::randn({T, c.hidden_size}, kF64);
+    Tensor ref = test::gated_deltanet_reference(wr, c, xr, layout);
+    Tensor out = gated_deltanet_forward(w, c, xl, {{}, {layout}});
+    expect_close(out, ref, "output chunk " + std::to_string(chunk));
+    EXPECT_EQ((out * (1 - mask)).abs().max().item<double>(), 0.0) << "padding rows must be zero";
+    std::vector<Tensor> in_l = params_of(w), in_r = params_of(wr);
+    in_l.push_back(xl);
+    in_r.push_back(xr);
+    std::vector<Tensor> gl = torch::autograd::grad({(out * dy).sum()}, in_l);
+    std::vector<Tensor> gr = torch::autograd::grad({(ref * dy).sum()}, in_r);
+    auto named = w.named();
+    for (size_t i = 0; i < gl.size(); ++i)
+      expect_close(gl[i], gr[i], "d" + (i < named.size() ? named[i].first : std::string("x")));
+  }
+}
+
+namespace {
+
+struct MeshCase {
+  int64_t chunk;
+  bool zigzag;
+};
+
+void run_mesh_case(const dist::Mesh& mesh, const MeshCase& mc, std::mt19937& rng) {
+  const int R = mesh.ring()->size(), U = mesh.ulysses()->size();
+  const int r = mesh.ring()->rank(), u = mesh.ulysses()->rank();
+  const std::string where = mesh.shape().str() + " chunk " + std::to_string(mc.chunk) +
+                            (mc.zigzag ? " zigzag" : " contiguous");
+  GatedDeltaNetConfig c = small_config(mc.chunk);
+  // Random segment lengths 1..90 (some shorter than 2R, than the conv, than a chunk).
+  TokenLayout global = test::packed_layout(test::random_lengths(rng, 4, 90), 2 * R);
+  const int64_t T = global.size();
+  GatedDeltaNetWeights wr = with_grad(GatedDeltaNetWeights::random(c, kF64, rng()));
+  GatedDeltaNetWeights w = with_grad(wr);
+  Tensor x = at::randn({T, c.hidden_size}, kF64);  // same on every rank (seeded alike)
+  Tensor dy = at::randn({T, c.hidden_size}, kF64);
+  Tensor xr = x.clone().requires_grad_();
+  Tensor ref = test::gated_deltanet_reference(wr, c, xr, global);
+  std::vector<Tensor> in_r = params_of(wr);
+  in_r.push_back(xr);
+  std::vector<Tensor> gr = torch::autograd::grad({(ref * dy).sum()}, in_r);
+
+  std::vector<TokenLayout> shares;
+  std::vector<int64_t> mine;
+  for (int p = 0; p < R; ++p) {
+    std::vector<int64_t> slots = test::share_of(global, R, U, p, mc.zigzag);
+    shares.push_back(test::layout_of(global, slots));
+    if (p == r) {
+      const int64_t n = static_cast<int64_t>(slots.size()) / U;
+      mine.assign(slots.begin() + u * n, slots.begin() + (u + 1) * n);
+    }
+  }
+  Tensor xl = gather_rows(x, mine).requires_grad_();
+  const dist::CommSnapshot before = mesh.stats().snapshot();
+  Tensor out = gated_deltanet_forward(w, c, xl, {{mesh.ring(), mesh.ulysses()}, shares});
+  const dist::CommSnapshot sent = mesh.stats().snapshot() - before;
+  expect_rows_match(out.detach(), ref.detach(), mine, where + " output");
+
+  // Bytes: Ulysses all-to-alls and the ring's two all-gathers, as the formulas say.
+  const int64_t ulysses_bytes = gated_delta_ulysses_bytes(c, xl.size(0), U, 8);
+  EXPECT_EQ(sent.at(dist::CommKind::all_to_all, dist::Pass::forward).bytes, ulysses_bytes) << where;
+  const int64_t max_runs = RingRuns::make(shares).max_runs();
+  const int64_t ring_bytes = gated_delta_ring_conv_bytes(R, max_runs, c.conv_kernel, c.conv_dim() / U, 8) +
+                             gated_delta_ring_state_bytes(R, max_runs, c.num_value_heads / U, c.key_head_dim,
+                                                          c.value_head_dim, 8);
+  EXPECT_EQ(sent.at(dist::CommKind::all_gather_v, dist::Pass::forward).bytes, ring_bytes) << where;
+
+  std::vector<Tensor> in_l = params_of(w);
+  in_l.push_back(xl);
+  std::vector<Tensor> gl = torch::autograd::grad({(out * gather_rows(dy, mine)).sum()}, in_l);
+  expect_rows_match(gl.back(), gr.back(), mine, where + " dx");
+  auto named = w.named();
+  for (size_t i = 0; i + 1 < gl.size(); ++i) {
+    Tensor g = gl[i].clone();
+    dist::all_reduce_(g, *mesh.context());  // parameter gradients: the sum over the context group
+    expect_close(g, gr[i], where + " d" + named[i].first);
+  }
+}
+
+}  // namespace
+
+TEST(MultiRank, EveryMeshEqualsTheTokenRecurrence) {
+  std::mt19937 rng(77);  // same batches on every rank
+  at::manual_seed(77);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    if (small_config(64).num_key_heads % mesh.ulysses()->size() != 0) continue;  // the error test below
+    for (int64_t chunk : {int64_t{64}, int64_t{8}})
+      for (bool zigzag : {true, false}) {
+        if (!zigzag && mesh.ring()->size() == 1) continue;  // the same layout
+        run_mesh_case(mesh, {chunk, zigzag}, rng);
+      }
+  }
+}
+
+// A ulysses degree that does not divide the heads fails on every rank before any
+// collective: afterwards every group is still in step.
+TEST(MultiRank, HeadsNotDivisibleFailBeforeAnyCollective) {
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    const int R = mesh.ring()->size(), U = mesh.ulysses()->size();
+    if (U == 1) continue;
+    GatedDeltaNetConfig c = small_config(64);
+    c.num_key_heads = U + 1;
+    c.num_value_heads = U + 1;
+    TokenLayout l = test::packed_layout({4 * R * U}, 2 * R);
+    std::vector<TokenLayout> shares;
+    for (int p = 0; p < R; ++p) shares.push_back(l.slice(p * l.size() / R, l.size() / R));
+    GatedDeltaNetWeights w = GatedDeltaNetWeights::random(c, kF64, 5);
+    try {
+      gated_deltanet_forward(w, c, at::zeros({l.size() / R / U, c.hidden_size}, kF64),
+                             {{mesh.ring(), mesh.ulysses()}, shares});
+      ADD_FAILURE() << "expected an error for " << c.num_key_heads << " heads";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("must divide the linear-attention key heads"));
+    }
+  }
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    Tensor one = at::ones({1}, kF64);
+    dist::all_reduce_(one, *mesh.context());
+    EXPECT_EQ(one.item<double>(), mesh.context()->size());
+  }
+}
