@@ -1,0 +1,44 @@
+// A Hugging Face config.json parsed once into typed, validated structs: the decoder, the
+// vision encoder of the family, and the planner's conventions (token ids, mRoPE sections).
+// Supported model_type: qwen2_vl, qwen2_5_vl, qwen3_vl, llava; anything else is an error.
+// Building modules and loading weights from it is the model's business, not this file's.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "mmsp/model/text_config.h"
+#include "mmsp/model/vision_config.h"
+#include "mmsp/plan/model_conventions.h"
+
+namespace mmsp::model {
+
+struct ModelConfig {
+  // model_type of the file: "qwen2_vl", "qwen2_5_vl", "qwen3_vl" or "llava"
+  std::string model_type;
+  // the same as an enum
+  plan::ModelFamily family = plan::ModelFamily::qwen2_vl;
+  // token ids, spatial merge, mRoPE sections and interleaving, as the planner reads them
+  plan::ModelConventions conventions;
+  // the language decoder
+  TextConfig text;
+  // the Qwen-VL family's vision encoder (set for qwen2_vl, qwen2_5_vl, qwen3_vl)
+  std::optional<QwenVisionConfig> qwen_vision;
+  // LLaVA's CLIP encoder and projector (both set for llava)
+  std::optional<ClipVisionConfig> clip_vision;
+  std::optional<LlavaProjectorConfig> llava;
+  // LM head shares the token embedding's weight (top level or text_config; either true ties)
+  bool tie_word_embeddings = false;
+};
+
+// Parses and validates; every error names the field (e.g. "text_config.num_key_value_heads")
+// and its value. `source` (a path) prefixes error messages.
+ModelConfig parse_model_config(const nlohmann::json& config,
+                               const std::string& source = "config.json");
+
+// Reads and parses a config.json file; errors name the path.
+ModelConfig load_model_config(const std::string& path);
+
+}  // namespace mmsp::model

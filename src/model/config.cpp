@@ -1,0 +1,161 @@
+// config.json -> ModelConfig: finds the text and vision objects where each family keeps
+// them, reads them, and checks what ties them together (mRoPE sections vs head_dim, the
+// merger's width vs the decoder's, deepstack levels vs decoder layers, token ids vs vocab).
+#include "mmsp/model/config.h"
+
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "json_fields.h"
+#include "mmsp/core/check.h"
+
+namespace mmsp::model {
+
+using json_fields::join;
+using json_fields::JsonFields;
+using plan::ModelFamily;
+
+namespace {
+
+constexpr const char* kSupported = "qwen2_vl, qwen2_5_vl, qwen3_vl, llava";
+
+ModelFamily family_of(const std::string& model_type) {
+  if (model_type == "qwen2_vl") return ModelFamily::qwen2_vl;
+  if (model_type == "qwen2_5_vl") return ModelFamily::qwen2_5_vl;
+  if (model_type == "qwen3_vl") return ModelFamily::qwen3_vl;
+  if (model_type == "llava") return ModelFamily::llava;
+  MMSP_CHECK(false, "model_type \"", model_type, "\" is not supported by the model layer; ",
+             "supported: ", kSupported);
+  return ModelFamily::qwen2_vl;
+}
+
+// The planner reads rope_scaling only; newer transformers write rope_parameters instead.
+nlohmann::json with_rope_scaling(const nlohmann::json& config, bool nested_text) {
+  nlohmann::json out = config;
+  nlohmann::json& text = nested_text ? out["text_config"] : out;
+  if (text.is_object() && text.contains("rope_parameters") && text["rope_parameters"].is_object() &&
+      (!text.contains("rope_scaling") || text["rope_scaling"].is_null()))
+    text["rope_scaling"] = text["rope_parameters"];
+  return out;
+}
+
+plan::ModelConventions read_conventions(const nlohmann::json& config, bool nested_text) {
+  try {
+    return plan::conventions_from_config(with_rope_scaling(config, nested_text));
+  } catch (const Error& e) {
+    std::string message = e.what();
+    const std::string prefix = "config.json: ";
+    if (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
+    throw Error(message);
+  }
+}
+
+// Where mrope_section came from, for error messages; empty when the family default applied.
+std::string rope_field(const JsonFields& text) {
+  for (const char* key : {"rope_scaling", "rope_parameters"})
+    if (text.has(key) && text.at(key).is_object() && text.at(key).contains("mrope_section"))
+      return text.name(key) + ".mrope_section";
+  return "";
+}
+
+void check_mrope(const ModelConfig& c, const JsonFields& text) {
+  const auto& s = c.conventions.mrope_section;
+  const int64_t sum = s[0] + s[1] + s[2];
+  const std::string field = rope_field(text);
+  MMSP_CHECK(sum * 2 == c.text.head_dim,
+             field.empty() ? text.name("rope_scaling.mrope_section") + " (not set; default " +
+                                 join({s[0], s[1], s[2]}) + ")"
+                           : field + " " + join({s[0], s[1], s[2]}),
+             " sums to ", sum, " but must be head_dim / 2 = ", c.text.head_dim,
+             " / 2 (t, h and w share the head's rotary frequencies)");
+  const bool interleave = c.family == ModelFamily::qwen3_vl;
+  MMSP_CHECK(c.conventions.mrope_interleaved == interleave, text.name("rope_scaling"),
+             ".mrope_interleaved is ", c.conventions.mrope_interleaved ? "true" : "false",
+             ", but ", c.model_type, " always ", interleave ? "interleaves" : "splits",
+             " the t/h/w frequencies", interleave ? "" : " into contiguous sections");
+}
+
+void check_token_ids(const ModelConfig& c) {
+  const std::pair<const char*, int64_t> ids[] = {
+      {c.family == ModelFamily::llava ? "image_token_index" : "image_token_id",
+       c.conventions.image_token_id},
+      {"video_token_id", c.conventions.video_token_id},
+      {"vision_start_token_id", c.conventions.vision_start_token_id},
+      {"vision_end_token_id", c.conventions.vision_end_token_id}};
+  for (const auto& [name, id] : ids)
+    MMSP_CHECK(id < c.text.vocab_size, name, " (", id, ") must be < the decoder's vocab_size (",
+               c.text.vocab_size, ")");
+}
+
+bool read_tie(const JsonFields& top, const JsonFields& text) {
+  return top.boolean("tie_word_embeddings", false) || text.boolean("tie_word_embeddings", false);
+}
+
+ModelConfig parse(const nlohmann::json& config) {
+  MMSP_CHECK(config.is_object(), "the top level must be a JSON object, got ", config.type_name());
+  const JsonFields top(config, "");
+  MMSP_CHECK(top.has("model_type"), "model_type is missing; supported: ", kSupported);
+  ModelConfig c;
+  c.model_type = top.string("model_type", "");
+  c.family = family_of(c.model_type);
+
+  // Qwen2/2.5-VL files keep decoder fields at the top (newer transformers nest them in
+  // text_config, which then wins, as in transformers); Qwen3-VL and LLaVA always nest them.
+  const nlohmann::json* nested = top.object("text_config");
+  const bool qwen2 = c.family == ModelFamily::qwen2_vl || c.family == ModelFamily::qwen2_5_vl;
+  static const nlohmann::json kEmpty = nlohmann::json::object();
+  const nlohmann::json& text_json = nested ? *nested : qwen2 ? config : kEmpty;
+  const JsonFields text(text_json, nested || !qwen2 ? "text_config." : "");
+  c.text = parse_text_config(text_json, c.family, nested || !qwen2 ? "text_config." : "");
+  c.conventions = read_conventions(config, nested != nullptr);
+  c.tie_word_embeddings = read_tie(top, text);
+
+  const nlohmann::json* vision = top.object("vision_config");
+  if (c.family == ModelFamily::llava) {
+    c.clip_vision = vision ? parse_clip_vision_config(*vision) : default_llava_vision_config();
+    c.llava = parse_llava_projector_config(config, *c.clip_vision);
+  } else {
+    c.qwen_vision = parse_qwen_vision_config(vision ? *vision : kEmpty, c.family);
+    const QwenVisionConfig& v = *c.qwen_vision;
+    MMSP_ASSERT(v.spatial_merge_size == c.conventions.spatial_merge_size);
+    check_mrope(c, text);
+    const char* out_key =
+        c.family == ModelFamily::qwen2_vl ? "vision_config.hidden_size" : "vision_config.out_hidden_size";
+    MMSP_CHECK(v.out_hidden_size == c.text.hidden_size, out_key, " (", v.out_hidden_size,
+               ") must equal the decoder's ", text.name("hidden_size"), " (", c.text.hidden_size,
+               "): merged vision rows replace token embeddings");
+    MMSP_CHECK(static_cast<int64_t>(v.deepstack_visual_indexes.size()) <= c.text.num_hidden_layers,
+               "vision_config.deepstack_visual_indexes ", join(v.deepstack_visual_indexes),
+               " feeds ", v.deepstack_visual_indexes.size(), " decoder layers, but ",
+               text.name("num_hidden_layers"), " is ", c.text.num_hidden_layers);
+  }
+  check_token_ids(c);
+  return c;
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const nlohmann::json& config, const std::string& source) {
+  try {
+    return parse(config);
+  } catch (const Error& e) {
+    throw Error(source + ": " + e.what());
+  }
+}
+
+ModelConfig load_model_config(const std::string& path) {
+  std::ifstream in(path);
+  MMSP_CHECK(in.good(), path, ": cannot open model config");
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(detail::concat(path, ": not valid JSON: ", e.what()));
+  }
+  return parse_model_config(config, path);
+}
+
+}  // namespace mmsp::model

@@ -1,0 +1,454 @@
+// Hugging Face configs: the shipped tiny configs, released config.json files (configs/hf/),
+// transformers' defaults for missing keys, and an error naming the field for each bad value.
+#include <cctype>
+#include <fstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "mmsp/core/check.h"
+#include "mmsp/model/config.h"
+
+namespace mmsp::model {
+namespace {
+
+using ::testing::HasSubstr;
+using nlohmann::json;
+using plan::ModelFamily;
+
+const std::string kConfigs = std::string(MMSP_SOURCE_DIR) + "/configs/";
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  EXPECT_TRUE(in.good()) << path;
+  return json::parse(in);
+}
+
+std::string error_of(const json& config) {
+  try {
+    parse_model_config(config);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// A copy of `base` with the JSON-pointer path set to `value` (or removed when null_out).
+json with(json base, const std::string& pointer, const json& value) {
+  base[json::json_pointer(pointer)] = value;
+  return base;
+}
+
+json without(json base, const std::string& pointer) {
+  const json::json_pointer p(pointer);
+  base[p.parent_pointer()].erase(p.back());
+  return base;
+}
+
+// ---------- tiny configs ----------
+
+TEST(Config, TinyQwen2VL) {
+  const ModelConfig c = load_model_config(kConfigs + "tiny-qwen2-vl.json");
+  EXPECT_EQ(c.model_type, "qwen2_vl");
+  EXPECT_EQ(c.family, ModelFamily::qwen2_vl);
+  EXPECT_EQ(c.text.hidden_size, 64);
+  EXPECT_EQ(c.text.num_hidden_layers, 2);
+  EXPECT_EQ(c.text.num_attention_heads, 4);
+  EXPECT_EQ(c.text.num_key_value_heads, 2);
+  EXPECT_EQ(c.text.head_dim, 16);
+  EXPECT_EQ(c.text.rms_norm_eps, 1e-6);
+  EXPECT_EQ(c.text.rope_theta, 1e6);
+  EXPECT_TRUE(c.text.qkv_bias);
+  EXPECT_FALSE(c.text.o_bias);
+  EXPECT_FALSE(c.text.qk_norm);
+  ASSERT_TRUE(c.qwen_vision.has_value());
+  EXPECT_FALSE(c.clip_vision.has_value());
+  const QwenVisionConfig& v = *c.qwen_vision;
+  EXPECT_EQ(v.depth, 2);
+  EXPECT_EQ(v.hidden_size, 32);         // embed_dim
+  EXPECT_EQ(v.intermediate_size, 64);   // embed_dim * mlp_ratio
+  EXPECT_EQ(v.out_hidden_size, 64);     // vision_config.hidden_size
+  EXPECT_EQ(v.hidden_act, "quick_gelu");
+  EXPECT_EQ(v.head_dim(), 16);
+  EXPECT_EQ(c.conventions.mrope_section, (std::array<int64_t, 3>{2, 3, 3}));
+  EXPECT_FALSE(c.conventions.mrope_interleaved);
+  EXPECT_EQ(c.conventions.image_token_id, 151655);
+}
+
+TEST(Config, TinyQwen2_5VL) {
+  const ModelConfig c = load_model_config(kConfigs + "tiny-qwen2_5-vl.json");
+  EXPECT_EQ(c.family, ModelFamily::qwen2_5_vl);
+  const QwenVisionConfig& v = *c.qwen_vision;
+  EXPECT_EQ(v.hidden_size, 32);
+  EXPECT_EQ(v.intermediate_size, 64);
+  EXPECT_EQ(v.out_hidden_size, 64);
+  EXPECT_EQ(v.hidden_act, "silu");
+  EXPECT_EQ(v.window_size, 112);
+  EXPECT_EQ(v.fullatt_block_indexes, (std::vector<int64_t>{1}));
+  EXPECT_EQ(c.conventions.tokens_per_second, 2.0);
+}
+
+TEST(Config, TinyQwen3VL) {
+  const ModelConfig c = load_model_config(kConfigs + "tiny-qwen3-vl.json");
+  EXPECT_EQ(c.family, ModelFamily::qwen3_vl);
+  EXPECT_EQ(c.text.model_type, "qwen3_vl_text");
+  EXPECT_EQ(c.text.hidden_size, 64);
+  EXPECT_EQ(c.text.head_dim, 16);
+  EXPECT_EQ(c.text.rope_theta, 5e6);
+  EXPECT_TRUE(c.text.qk_norm);
+  EXPECT_FALSE(c.text.qkv_bias);
+  EXPECT_TRUE(c.conventions.mrope_interleaved);
+  const QwenVisionConfig& v = *c.qwen_vision;
+  EXPECT_EQ(v.depth, 3);
+  EXPECT_EQ(v.in_channels, 3);
+  EXPECT_EQ(v.patch_size, 16);
+  EXPECT_EQ(v.num_position_embeddings, 64);
+  EXPECT_EQ(v.deepstack_visual_indexes, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(v.hidden_act, "gelu_pytorch_tanh");
+}
+
+TEST(Config, TinyLlava) {
+  const ModelConfig c = load_model_config(kConfigs + "tiny-llava.json");
+  EXPECT_EQ(c.family, ModelFamily::llava);
+  EXPECT_EQ(c.text.model_type, "llama");
+  EXPECT_EQ(c.text.hidden_size, 64);
+  EXPECT_EQ(c.text.num_key_value_heads, 4);
+  EXPECT_EQ(c.text.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.text.rope_theta, 10000.0);
+  EXPECT_FALSE(c.text.qkv_bias);
+  EXPECT_FALSE(c.qwen_vision.has_value());
+  ASSERT_TRUE(c.clip_vision.has_value() && c.llava.has_value());
+  EXPECT_EQ(c.clip_vision->hidden_size, 32);
+  EXPECT_EQ(c.clip_vision->num_patches(), 16);
+  EXPECT_EQ(c.clip_vision->hidden_act, "quick_gelu");
+  EXPECT_EQ(c.llava->vision_feature_layer, -2);
+  EXPECT_EQ(c.llava->image_seq_length, 16);
+  EXPECT_EQ(c.conventions.image_token_id, 32000);
+}
+
+TEST(Config, TinyInternVLIsNotSupportedByTheModelLayer) {
+  try {
+    load_model_config(kConfigs + "tiny-internvl.json");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("tiny-internvl.json: model_type \"internvl\" is not supported "
+                                    "by the model layer; supported: qwen2_vl, qwen2_5_vl, "
+                                    "qwen3_vl, llava"));
+  }
+}
+
+// ---------- released configs ----------
+
+TEST(Config, Qwen2VL7BInstruct) {
+  const ModelConfig c = load_model_config(kConfigs + "hf/Qwen2-VL-7B-Instruct.json");
+  EXPECT_EQ(c.text.vocab_size, 152064);
+  EXPECT_EQ(c.text.hidden_size, 3584);
+  EXPECT_EQ(c.text.intermediate_size, 18944);
+  EXPECT_EQ(c.text.num_hidden_layers, 28);
+  EXPECT_EQ(c.text.num_attention_heads, 28);
+  EXPECT_EQ(c.text.num_key_value_heads, 4);
+  EXPECT_EQ(c.text.head_dim, 128);
+  EXPECT_EQ(c.text.max_position_embeddings, 32768);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  const QwenVisionConfig& v = *c.qwen_vision;
+  EXPECT_EQ(v.depth, 32);
+  EXPECT_EQ(v.hidden_size, 1280);
+  EXPECT_EQ(v.intermediate_size, 5120);
+  EXPECT_EQ(v.num_heads, 16);
+  EXPECT_EQ(v.head_dim(), 80);
+  EXPECT_EQ(v.out_hidden_size, 3584);
+  EXPECT_EQ(v.patch_size, 14);
+  EXPECT_EQ(c.conventions.mrope_section, (std::array<int64_t, 3>{16, 24, 24}));
+}
+
+TEST(Config, Qwen2_5VL7BInstruct) {
+  const ModelConfig c = load_model_config(kConfigs + "hf/Qwen2.5-VL-7B-Instruct.json");
+  EXPECT_EQ(c.text.max_position_embeddings, 128000);
+  const QwenVisionConfig& v = *c.qwen_vision;
+  EXPECT_EQ(v.hidden_size, 1280);
+  EXPECT_EQ(v.intermediate_size, 3420);
+  EXPECT_EQ(v.out_hidden_size, 3584);
+  EXPECT_EQ(v.fullatt_block_indexes, (std::vector<int64_t>{7, 15, 23, 31}));
+  EXPECT_EQ(c.conventions.tokens_per_second, 2.0);
+}
+
+TEST(Config, Qwen3VL8BInstruct) {
+  const ModelConfig c = load_model_config(kConfigs + "hf/Qwen3-VL-8B-Instruct.json");
+  EXPECT_EQ(c.text.vocab_size, 151936);
+  EXPECT_EQ(c.text.hidden_size, 4096);
+  EXPECT_EQ(c.text.intermediate_size, 12288);
+  EXPECT_EQ(c.text.num_hidden_layers, 36);
+  EXPECT_EQ(c.text.num_key_value_heads, 8);
+  EXPECT_EQ(c.text.head_dim, 128);
+  EXPECT_EQ(c.text.rope_theta, 5e6);
+  EXPECT_EQ(c.text.max_position_embeddings, 262144);
+  EXPECT_EQ(c.conventions.mrope_section, (std::array<int64_t, 3>{24, 20, 20}));
+  EXPECT_TRUE(c.conventions.mrope_interleaved);
+  const QwenVisionConfig& v = *c.qwen_vision;
+  EXPECT_EQ(v.depth, 27);
+  EXPECT_EQ(v.hidden_size, 1152);
+  EXPECT_EQ(v.head_dim(), 72);
+  EXPECT_EQ(v.out_hidden_size, 4096);
+  EXPECT_EQ(v.num_position_embeddings, 2304);
+  EXPECT_EQ(v.deepstack_visual_indexes, (std::vector<int64_t>{8, 16, 24}));
+}
+
+TEST(Config, Llava15With7BDefaultsFromTransformers) {
+  // The released file leaves most Llama and some CLIP fields to transformers' defaults.
+  const ModelConfig c = load_model_config(kConfigs + "hf/llava-1.5-7b-hf.json");
+  EXPECT_EQ(c.text.vocab_size, 32064);
+  EXPECT_EQ(c.text.hidden_size, 4096);
+  EXPECT_EQ(c.text.intermediate_size, 11008);
+  EXPECT_EQ(c.text.num_hidden_layers, 32);
+  EXPECT_EQ(c.text.num_attention_heads, 32);
+  EXPECT_EQ(c.text.num_key_value_heads, 32);
+  EXPECT_EQ(c.text.head_dim, 128);
+  EXPECT_EQ(c.text.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.text.max_position_embeddings, 4096);
+  EXPECT_EQ(c.text.rope_theta, 10000.0);
+  const ClipVisionConfig& v = *c.clip_vision;
+  EXPECT_EQ(v.num_hidden_layers, 24);
+  EXPECT_EQ(v.hidden_size, 1024);
+  EXPECT_EQ(v.image_size, 336);
+  EXPECT_EQ(v.patch_size, 14);
+  EXPECT_EQ(v.hidden_act, "quick_gelu");
+  EXPECT_EQ(v.layer_norm_eps, 1e-5);
+  EXPECT_EQ(c.llava->image_seq_length, 576);
+  EXPECT_EQ(c.llava->projector_hidden_act, "gelu");
+  EXPECT_TRUE(c.llava->multimodal_projector_bias);
+}
+
+// ---------- defaults ----------
+
+TEST(ConfigDefaults, MissingFieldsTakeTransformersDefaults) {
+  // Only model_type: every field comes from the family's config class.
+  const ModelConfig q2 = parse_model_config({{"model_type", "qwen2_vl"},
+                                             {"hidden_size", 3584},
+                                             {"num_attention_heads", 28},
+                                             {"num_key_value_heads", 4},
+                                             {"vision_config", {{"hidden_size", 3584}}}});
+  EXPECT_EQ(q2.text.vocab_size, 152064);
+  EXPECT_EQ(q2.text.num_hidden_layers, 80);
+  EXPECT_EQ(q2.text.rms_norm_eps, 1e-5);
+  EXPECT_EQ(q2.qwen_vision->depth, 32);
+  EXPECT_EQ(q2.qwen_vision->hidden_size, 1280);
+  EXPECT_EQ(q2.qwen_vision->intermediate_size, 5120);
+
+  const ModelConfig q3 = parse_model_config({{"model_type", "qwen3_vl"},
+                                             {"vision_config", {{"out_hidden_size", 4096}}}});
+  EXPECT_EQ(q3.text.hidden_size, 4096);
+  EXPECT_EQ(q3.text.num_key_value_heads, 32);
+  EXPECT_EQ(q3.text.head_dim, 128);
+  EXPECT_EQ(q3.text.max_position_embeddings, 128000);
+  EXPECT_EQ(q3.qwen_vision->depth, 27);
+  EXPECT_EQ(q3.qwen_vision->num_position_embeddings, 2304);
+  EXPECT_EQ(q3.conventions.mrope_section, (std::array<int64_t, 3>{24, 20, 20}));
+
+  // LLaVA with neither sub-config: Llama-7B and CLIP ViT-L/14 at 336 px. Llama's 32000-row
+  // vocabulary has no row for the <image> token (32000): llava-1.5 adds 64 rows.
+  EXPECT_THAT(error_of({{"model_type", "llava"}}),
+              HasSubstr("image_token_index (32000) must be < the decoder's vocab_size (32000)"));
+  const ModelConfig l =
+      parse_model_config({{"model_type", "llava"}, {"text_config", {{"vocab_size", 32064}}}});
+  EXPECT_EQ(l.text.hidden_size, 4096);
+  EXPECT_EQ(l.text.max_position_embeddings, 2048);
+  EXPECT_EQ(l.clip_vision->hidden_size, 1024);
+  EXPECT_EQ(l.clip_vision->num_patches(), 576);
+  // A vision_config that is present takes CLIPVisionConfig's own defaults for missing keys.
+  const ModelConfig l2 = parse_model_config({{"model_type", "llava"},
+                                             {"text_config", {{"vocab_size", 32064}}},
+                                             {"vision_config", json::object()}});
+  EXPECT_EQ(l2.clip_vision->hidden_size, 768);
+  EXPECT_EQ(l2.clip_vision->patch_size, 32);
+}
+
+TEST(ConfigDefaults, NullMeansDefaultAndNullKvHeadsMeansMha) {
+  json c = read_json(kConfigs + "tiny-qwen2-vl.json");
+  c["num_key_value_heads"] = nullptr;
+  c["rms_norm_eps"] = nullptr;
+  const ModelConfig m = parse_model_config(c);
+  EXPECT_EQ(m.text.num_key_value_heads, 4);
+  EXPECT_EQ(m.text.rms_norm_eps, 1e-5);
+}
+
+TEST(ConfigDefaults, NestedTextConfigAndRopeParameters) {
+  // Newer transformers write Qwen2-VL's decoder under text_config and rope_parameters.
+  json c = read_json(kConfigs + "tiny-qwen2-vl.json");
+  json text = {{"model_type", "qwen2_vl_text"}, {"hidden_size", 64}, {"num_attention_heads", 4},
+               {"num_key_value_heads", 2}, {"num_hidden_layers", 3}, {"vocab_size", 151936},
+               {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 12345.0},
+                                    {"mrope_section", {4, 2, 2}}}}};
+  c = without(c, "/rope_scaling");
+  c["text_config"] = text;
+  const ModelConfig m = parse_model_config(c);
+  EXPECT_EQ(m.text.num_hidden_layers, 3);
+  EXPECT_EQ(m.text.rope_theta, 12345.0);
+  EXPECT_EQ(m.conventions.mrope_section, (std::array<int64_t, 3>{4, 2, 2}));
+}
+
+TEST(ConfigDefaults, TieWordEmbeddingsFromTopOrText) {
+  json c = read_json(kConfigs + "tiny-llava.json");
+  EXPECT_FALSE(parse_model_config(c).tie_word_embeddings);
+  EXPECT_TRUE(parse_model_config(with(c, "/text_config/tie_word_embeddings", true)).tie_word_embeddings);
+  EXPECT_TRUE(parse_model_config(with(c, "/tie_word_embeddings", true)).tie_word_embeddings);
+}
+
+// ---------- errors name the field ----------
+
+struct BadValue {
+  std::string file;
+  std::string pointer;  // JSON pointer into the file
+  json value;
+  std::string message;
+};
+
+void PrintTo(const BadValue& b, std::ostream* os) {
+  *os << b.file << " " << b.pointer << " = " << b.value.dump();
+}
+
+class ConfigErrors : public testing::TestWithParam<BadValue> {};
+
+TEST_P(ConfigErrors, NameTheFieldAndValue) {
+  const BadValue& b = GetParam();
+  const json c = with(read_json(kConfigs + b.file), b.pointer, b.value);
+  EXPECT_THAT(error_of(c), HasSubstr(b.message)) << b.file << " " << b.pointer;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, ConfigErrors,
+    testing::Values(
+        BadValue{"tiny-qwen2-vl.json", "/num_attention_heads", 5,
+                 "num_attention_heads (5) must divide hidden_size (64)"},
+        BadValue{"tiny-qwen2-vl.json", "/num_key_value_heads", 3,
+                 "num_key_value_heads (3) must divide num_attention_heads (4)"},
+        BadValue{"tiny-qwen3-vl.json", "/text_config/num_key_value_heads", 3,
+                 "text_config.num_key_value_heads (3) must divide text_config.num_attention_heads (4)"},
+        BadValue{"tiny-qwen2-vl.json", "/rope_scaling/mrope_section", json({2, 2, 2}),
+                 "rope_scaling.mrope_section [2, 2, 2] sums to 6 but must be head_dim / 2 = 16 / 2"},
+        BadValue{"tiny-qwen3-vl.json", "/text_config/rope_scaling/mrope_section", json({4, 3, 3}),
+                 "text_config.rope_scaling.mrope_section [4, 3, 3] sums to 10"},
+        BadValue{"tiny-qwen3-vl.json", "/text_config/head_dim", 15,
+                 "text_config.head_dim (15) must be even"},
+        BadValue{"tiny-qwen3-vl.json", "/text_config/rope_scaling/mrope_interleaved", false,
+                 "text_config.rope_scaling.mrope_interleaved is false, but qwen3_vl always interleaves"},
+        BadValue{"tiny-qwen3-vl.json", "/text_config/rope_scaling/mrope_interleaved", "yes",
+                 "text_config.rope_scaling.mrope_interleaved must be true or false, got \"yes\""},
+        BadValue{"tiny-qwen2-vl.json", "/vision_config/spatial_merge_size", 0,
+                 "vision_config.spatial_merge_size must be an integer >= 1, got 0"},
+        BadValue{"tiny-qwen2-vl.json", "/vision_config/num_heads", 3,
+                 "vision_config.num_heads (3) must divide vision_config.embed_dim (32)"},
+        BadValue{"tiny-qwen2-vl.json", "/vision_config/num_heads", 16,
+                 "vision_config.embed_dim / vision_config.num_heads = 32 / 16 = 2 must be a multiple of 4"},
+        BadValue{"tiny-qwen2-vl.json", "/vision_config/hidden_size", 48,
+                 "vision_config.hidden_size (48) must equal the decoder's hidden_size (64)"},
+        BadValue{"tiny-qwen3-vl.json", "/vision_config/out_hidden_size", 48,
+                 "vision_config.out_hidden_size (48) must equal the decoder's text_config.hidden_size (64)"},
+        BadValue{"tiny-qwen2-vl.json", "/vision_config/in_channels", 4,
+                 "vision_config.in_channels (4) and vision_config.in_chans (3) disagree"},
+        BadValue{"tiny-qwen2-vl.json", "/vision_config/mlp_ratio", -1,
+                 "vision_config.mlp_ratio must be a number > 0, got -1"},
+        BadValue{"tiny-qwen2-vl.json", "/vision_config/hidden_act", "swish",
+                 "vision_config.hidden_act \"swish\" is not supported"},
+        BadValue{"tiny-qwen2-vl.json", "/vocab_size", 1000,
+                 "image_token_id (151655) must be < the decoder's vocab_size (1000)"},
+        BadValue{"tiny-qwen2-vl.json", "/hidden_size", "64",
+                 "hidden_size must be an integer >= 1, got \"64\""},
+        BadValue{"tiny-qwen2-vl.json", "/rms_norm_eps", 0,
+                 "rms_norm_eps must be a number > 0, got 0"},
+        BadValue{"tiny-qwen2-vl.json", "/rope_theta", -1.0,
+                 "rope_theta must be a number > 0, got -1.0"},
+        BadValue{"tiny-qwen2-vl.json", "/use_sliding_window", true,
+                 "use_sliding_window is true; sliding-window attention is not supported"},
+        BadValue{"tiny-qwen2-vl.json", "/rope_scaling/type", "yarn",
+                 "rope_scaling.type \"yarn\" is not supported"},
+        BadValue{"tiny-qwen2-vl.json", "/vision_config", 3,
+                 "vision_config must be an object, got number"},
+        BadValue{"tiny-qwen2_5-vl.json", "/vision_config/window_size", 100,
+                 "vision_config.window_size (100) must be a multiple of patch_size * spatial_merge_size (14 * 2 = 28)"},
+        BadValue{"tiny-qwen2_5-vl.json", "/vision_config/fullatt_block_indexes", json({0, 2}),
+                 "vision_config.fullatt_block_indexes [0, 2] names block 2, but vision_config.depth is 2"},
+        BadValue{"tiny-qwen3-vl.json", "/vision_config/deepstack_visual_indexes", json({1, 0}),
+                 "vision_config.deepstack_visual_indexes [1, 0] must be strictly increasing"},
+        BadValue{"tiny-qwen3-vl.json", "/vision_config/deepstack_visual_indexes", json({0, 3}),
+                 "vision_config.deepstack_visual_indexes [0, 3] names block 3, but vision_config.depth is 3"},
+        BadValue{"tiny-qwen3-vl.json", "/vision_config/deepstack_visual_indexes", json({-1}),
+                 "vision_config.deepstack_visual_indexes must be a list of integers >= 0, got [-1]"},
+        BadValue{"tiny-qwen3-vl.json", "/text_config/num_hidden_layers", 1,
+                 "feeds 2 decoder layers, but text_config.num_hidden_layers is 1"},
+        BadValue{"tiny-qwen3-vl.json", "/vision_config/num_position_embeddings", 60,
+                 "vision_config.num_position_embeddings (60) must be a square"},
+        BadValue{"tiny-qwen3-vl.json", "/text_config/model_type", "qwen3_vl_moe_text",
+                 "text_config.model_type \"qwen3_vl_moe_text\" is not supported for qwen3_vl"},
+        BadValue{"tiny-qwen3-vl.json", "/text_config", "x",
+                 "text_config must be an object, got string"},
+        BadValue{"tiny-llava.json", "/text_config/model_type", "mistral",
+                 "text_config.model_type \"mistral\" is not supported for llava; expected \"llama\""},
+        BadValue{"tiny-llava.json", "/vision_config/model_type", "siglip_vision_model",
+                 "vision_config.model_type \"siglip_vision_model\" is not supported for llava"},
+        BadValue{"tiny-llava.json", "/vision_config/patch_size", 15,
+                 "vision_config.patch_size (15) must divide vision_config.image_size (56)"},
+        BadValue{"tiny-llava.json", "/vision_config/num_attention_heads", 3,
+                 "vision_config.num_attention_heads (3) must divide vision_config.hidden_size (32)"},
+        BadValue{"tiny-llava.json", "/vision_feature_layer", -4,
+                 "vision_feature_layer (-4) must be in [-3, 2]"},
+        BadValue{"tiny-llava.json", "/vision_feature_layer", json({-2, -1}),
+                 "vision_feature_layer [-2,-1]: a list of layers is not supported"},
+        BadValue{"tiny-llava.json", "/vision_feature_select_strategy", "cls",
+                 "vision_feature_select_strategy \"cls\" is not supported"},
+        BadValue{"tiny-llava.json", "/projector_hidden_act", "tanh",
+                 "projector_hidden_act \"tanh\" is not supported"},
+        BadValue{"tiny-llava.json", "/image_seq_length", 576,
+                 "image_seq_length (576) must equal the rows the encoder yields per image: (image_size / patch_size)^2 = (56 / 14)^2 = 16"},
+        BadValue{"tiny-llava.json", "/text_config/rope_scaling", json({{"rope_type", "llama3"}, {"factor", 8.0}}),
+                 "text_config.rope_scaling.rope_type \"llama3\" is not supported"},
+        BadValue{"tiny-llava.json", "/image_token_index", 40000,
+                 "image_token_index (40000) must be < the decoder's vocab_size (32064)"},
+        BadValue{"tiny-llava.json", "/text_config/intermediate_size", 0,
+                 "text_config.intermediate_size must be an integer >= 1, got 0"}),
+    [](const testing::TestParamInfo<BadValue>& info) {
+      // e.g. 3_qwen3_vl_text_config_num_key_value_heads
+      std::string name = std::to_string(info.index) + "_" +
+                         info.param.file.substr(5, info.param.file.size() - 10) + info.param.pointer;
+      for (char& ch : name)
+        if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+      return name;
+    });
+
+TEST(ConfigErrorsTop, ModelTypeAndShape) {
+  EXPECT_THAT(error_of(json::array()), HasSubstr("config.json: the top level must be a JSON object, got array"));
+  EXPECT_THAT(error_of(json::object()), HasSubstr("config.json: model_type is missing"));
+  EXPECT_THAT(error_of({{"model_type", "qwen3_5"}}),
+              HasSubstr("config.json: model_type \"qwen3_5\" is not supported by the model layer"));
+  EXPECT_THAT(error_of({{"model_type", 3}}), HasSubstr("model_type must be a string, got 3"));
+  // Errors from the planner's conventions come through with the source named once.
+  const json c = with(read_json(kConfigs + "tiny-qwen2-vl.json"), "/video_token_id", 151655);
+  EXPECT_THAT(error_of(c), HasSubstr("config.json: image, video, vision start and vision end "
+                                     "token ids must differ"));
+  EXPECT_THAT(error_of(c), ::testing::Not(HasSubstr("config.json: config.json")));
+}
+
+TEST(ConfigErrorsTop, FilesNameThePath) {
+  EXPECT_THAT(
+      [] {
+        try {
+          load_model_config("/nonexistent/config.json");
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      }(),
+      HasSubstr("/nonexistent/config.json: cannot open model config"));
+  const std::string bad = testing::TempDir() + "mmsp_bad_config.json";
+  std::ofstream(bad) << "{\"model_type\": ";
+  try {
+    load_model_config(bad);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(bad + ": not valid JSON"));
+  }
+}
+
+}  // namespace
+}  // namespace mmsp::model
