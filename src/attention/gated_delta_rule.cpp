@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "mmsp/core/check.h"
@@ -120,34 +121,46 @@ GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, cons
   at::Tensor Gc = to_chunks(g.to(type), plan, C).cumsum(-1);  // [N, H, C]
   at::Tensor Bc = to_chunks(beta.to(type), plan, C);          // [N, H, C]
 
+  // Within each chunk, all chunks at once; in groups of chunks so that the [·, H, C, C]
+  // intermediates stay cache-sized (one pass over 64k tokens would not).
   at::Tensor incl = at::ones({C, C}, opts.dtype(at::kBool)).tril();  // i <= t
-  at::Tensor diff = Gc.unsqueeze(-1) - Gc.unsqueeze(-2);              // [N, H, C, C]: G_t − G_i
-  at::Tensor gamma_ti = diff.masked_fill(incl.logical_not(), -INFINITY).exp();
-  at::Tensor gamma = Gc.exp();                                        // [N, H, C]
-  at::Tensor kk = at::matmul(Kc, Kc.transpose(-1, -2));
   at::Tensor strict = at::ones({C, C}, opts.dtype(at::kBool)).tril(-1);
-  at::Tensor A = (Bc.unsqueeze(-1) * gamma_ti * kk).masked_fill(strict.logical_not(), 0);
-  at::Tensor L = A + at::eye(C, opts);
-  at::Tensor rhs = at::cat({Bc.unsqueeze(-1) * Vc, (Bc * gamma).unsqueeze(-1) * Kc}, -1);
-  at::Tensor sol = at::linalg_solve_triangular(L, rhs, /*upper=*/false, /*left=*/true,
-                                               /*unitriangular=*/true);
-  at::Tensor Ut = sol.narrow(-1, 0, V);  // Ũ [N, H, C, V]
-  at::Tensor W = sol.narrow(-1, V, K);   // [N, H, C, K]
-
-  at::Tensor qk = at::matmul(Q, Kc.transpose(-1, -2)) * gamma_ti;  // [N, H, C, C]
-  at::Tensor o_intra = at::matmul(qk, Ut);                           // [N, H, C, V]
-  at::Tensor q_state = gamma.unsqueeze(-1) * Q - at::matmul(qk, W);  // Q' [N, H, C, K]
-  at::Tensor g_last = Gc.narrow(-1, C - 1, 1);                       // [N, H, 1]
-  at::Tensor k_hat = (g_last - Gc).exp().unsqueeze(-1) * Kc;         // [N, H, C, K]
-  at::Tensor k_hat_t = k_hat.transpose(-1, -2);
-  at::Tensor B = at::matmul(k_hat_t, Ut);                                                 // [N, H, K, V]
-  at::Tensor D = g_last.exp().unsqueeze(-1) * at::eye(K, opts) - at::matmul(k_hat_t, W);  // [N, H, K, K]
+  at::Tensor eye_c = at::eye(C, opts), eye_k = at::eye(K, opts);
+  std::vector<at::Tensor> o_parts, q_parts, b_parts, d_parts;
+  const int64_t group = std::max<int64_t>(1, (int64_t{1} << 18) / (H * C * C));
+  for (int64_t c0 = 0; c0 < N; c0 += group) {
+    const int64_t n = std::min(group, N - c0);
+    at::Tensor Qg = Q.narrow(0, c0, n), Kg = Kc.narrow(0, c0, n), Vg = Vc.narrow(0, c0, n);
+    at::Tensor Gg = Gc.narrow(0, c0, n), Bg = Bc.narrow(0, c0, n);
+    at::Tensor diff = Gg.unsqueeze(-1) - Gg.unsqueeze(-2);  // [n, H, C, C]: G_t − G_i
+    at::Tensor gamma_ti = diff.masked_fill(incl.logical_not(), -INFINITY).exp();
+    at::Tensor gamma = Gg.exp();  // [n, H, C]
+    at::Tensor kk = at::matmul(Kg, Kg.transpose(-1, -2));
+    at::Tensor L = (Bg.unsqueeze(-1) * gamma_ti * kk).masked_fill(strict.logical_not(), 0) + eye_c;
+    at::Tensor rhs = at::cat({Bg.unsqueeze(-1) * Vg, (Bg * gamma).unsqueeze(-1) * Kg}, -1);
+    at::Tensor sol = at::linalg_solve_triangular(L, rhs, /*upper=*/false, /*left=*/true,
+                                                 /*unitriangular=*/true);
+    at::Tensor Ut = sol.narrow(-1, 0, V);  // Ũ [n, H, C, V]
+    at::Tensor W = sol.narrow(-1, V, K);   // [n, H, C, K]
+    at::Tensor qk = at::matmul(Qg, Kg.transpose(-1, -2)) * gamma_ti;       // [n, H, C, C]
+    o_parts.push_back(at::matmul(qk, Ut));                                  // [n, H, C, V]
+    q_parts.push_back(gamma.unsqueeze(-1) * Qg - at::matmul(qk, W));        // Q' [n, H, C, K]
+    at::Tensor g_last = Gg.narrow(-1, C - 1, 1);                            // [n, H, 1]
+    at::Tensor k_hat_t = ((g_last - Gg).exp().unsqueeze(-1) * Kg).transpose(-1, -2);  // K̂ᵀ [n, H, K, C]
+    b_parts.push_back(at::matmul(k_hat_t, Ut));                                        // [n, H, K, V]
+    d_parts.push_back(g_last.exp().unsqueeze(-1) * eye_k - at::matmul(k_hat_t, W));   // [n, H, K, K]
+  }
+  at::Tensor o_intra = at::cat(o_parts), q_state = at::cat(q_parts);
+  at::Tensor B = at::cat(b_parts), D = at::cat(d_parts);
 
   // The chain over chunks. With transitions, the state carries [S | X]: X starts at
   // I and follows S's homogeneous part, so X at a chunk is the map from the run's
   // initial state to the chunk's start state.
   at::Tensor add = options.transitions ? at::cat({B, at::zeros({N, H, K, K}, opts)}, -1) : B;
   at::Tensor start_x = at::eye(K, opts).expand({H, K, K});
+  // unbind once: indexing D[c] in the loop would make autograd write a full-size
+  // zero gradient per chunk (quadratic in the chunk count)
+  const std::vector<at::Tensor> Ds = D.unbind(0), adds = add.unbind(0);
   std::vector<at::Tensor> starts, finals(n_runs);
   at::Tensor state;
   for (int64_t c = 0; c < N; ++c) {
@@ -157,7 +170,7 @@ GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, cons
       state = options.transitions ? at::cat({s0, start_x}, -1) : s0;
     }
     starts.push_back(state);
-    state = at::matmul(D[c], state) + add[c];
+    state = at::matmul(Ds[c], state) + adds[c];
     if (c + 1 == N || plan.run_start[c + 1]) finals[r] = state;
   }
   at::Tensor start = at::stack(starts);                       // [N, H, K, width]

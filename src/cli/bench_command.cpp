@@ -1,6 +1,7 @@
 // `mmsp bench attention [--part kernel|balance|comm|all] [--out FILE]`. The kernel
 // and balance parts run in one process; the comm part runs on every rank of the
-// job (mmsp-run -n 2 or 4) and rank 0 writes the result.
+// job (mmsp-run -n 2 or 4) and rank 0 writes the result. `mmsp bench linear-attention`
+// likewise: the Gated DeltaNet kernel alone, its bytes per layer under several ranks.
 #include "bench_command.h"
 
 #include <fstream>
@@ -8,6 +9,7 @@
 #include <memory>
 
 #include "attention_bench.h"
+#include "linear_attention_bench.h"
 #include "mmsp/core/check.h"
 
 namespace mmsp::cli {
@@ -15,6 +17,7 @@ namespace mmsp::cli {
 Subcommand add_bench_command(CLI::App& parent) {
   struct Flags {
     bench::AttentionBenchOptions attention;
+    bench::LinearAttentionBenchOptions linear;
     std::string part = "auto";
     std::string out;
   };
@@ -36,18 +39,35 @@ Subcommand add_bench_command(CLI::App& parent) {
   attn->add_option("--min-time", flags->attention.min_time, "seconds per measurement");
   attn->add_option("--comm-tokens", flags->attention.comm_tokens, "context-group tokens (comm part)");
   attn->add_option("--out", flags->out, "write the JSON here instead of stdout");
-  return {app, [flags]() {
+  CLI::App* lin = app->add_subcommand(
+      "linear-attention", "Gated DeltaNet: chunked kernel vs recurrence; bytes per layer, Ulysses and state passing");
+  lin->add_option("--part", flags->part, "kernel | comm; auto: kernel alone, comm under several ranks")
+      ->check(CLI::IsMember({"auto", "kernel", "comm"}));
+  lin->add_option("--tokens", flags->linear.tokens, "context-group sequence lengths (comm part)");
+  lin->add_option("--kernel-tokens", flags->linear.kernel_tokens, "sequence length (kernel part)");
+  lin->add_option("--threads", flags->linear.threads, "ATen threads");
+  lin->add_option("--out", flags->out, "write the JSON here instead of stdout");
+  return {app, [flags, lin]() {
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
             std::string part = flags->part;
-            if (part == "auto") part = env.world_size > 1 ? "comm" : "local";
             nlohmann::json result;
-            if (part == "kernel" || part == "local" || part == "all")
-              result["kernel"] = bench::bench_attention_kernel(flags->attention);
-            if (part == "balance" || part == "local" || part == "all")
-              result["balance"] = bench::bench_attention_balance(flags->attention);
-            if (part == "comm" || part == "all") {
-              MMSP_CHECK(env.world_size > 1, "the comm part needs several ranks: mmsp-run -n 4 -- mmsp bench attention");
-              result["comm"] = bench::bench_attention_comm(env, flags->attention);
+            if (lin->parsed()) {
+              if (part == "auto") part = env.world_size > 1 ? "comm" : "kernel";
+              if (part == "kernel") result["kernel"] = bench::bench_linear_attention_kernel(flags->linear);
+              if (part == "comm") {
+                MMSP_CHECK(env.world_size > 1, "the comm part needs several ranks: mmsp-run -n 4 -- mmsp bench linear-attention");
+                result["comm"] = bench::bench_linear_attention_comm(env, flags->linear);
+              }
+            } else {
+              if (part == "auto") part = env.world_size > 1 ? "comm" : "local";
+              if (part == "kernel" || part == "local" || part == "all")
+                result["kernel"] = bench::bench_attention_kernel(flags->attention);
+              if (part == "balance" || part == "local" || part == "all")
+                result["balance"] = bench::bench_attention_balance(flags->attention);
+              if (part == "comm" || part == "all") {
+                MMSP_CHECK(env.world_size > 1, "the comm part needs several ranks: mmsp-run -n 4 -- mmsp bench attention");
+                result["comm"] = bench::bench_attention_comm(env, flags->attention);
+              }
             }
             if (env.rank != 0) return 0;
             if (flags->out.empty()) {
