@@ -396,7 +396,13 @@ std::vector<Prepared> prepare(const std::map<std::string, at::Tensor>& tensors,
     const DtypeInfo* info = find_dtype(t.scalar_type());
     MMSP_CHECK(info != nullptr, "save_safetensors: tensor \"", name, "\" has dtype ",
                t.scalar_type(), "; supported: ", kSupportedNames);
-    at::Tensor cpu = t.detach().to(at::kCPU).contiguous();
+    at::Tensor cpu;
+    try {
+      cpu = t.detach().to(at::kCPU).contiguous();
+    } catch (const std::exception& e) {  // e.g. a meta tensor has no data to copy
+      throw Error(detail::concat("save_safetensors: tensor \"", name, "\" cannot be copied to ",
+                                 "the CPU: ", e.what()));
+    }
     out.push_back({&name, cpu, info, static_cast<uint64_t>(cpu.numel()) * info->size});
   }
   std::sort(out.begin(), out.end(), [](const Prepared& a, const Prepared& b) {

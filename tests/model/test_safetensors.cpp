@@ -454,6 +454,8 @@ TEST(SafetensorsWrite, RejectsWhatItCannotWriteAndLeavesTheOldFile) {
   EXPECT_THAT(message({{"__metadata__", at::ones({1})}}), HasSubstr("\"__metadata__\" is reserved"));
   EXPECT_THAT(message({{"s", at::ones({2, 2}).to_sparse()}}), HasSubstr("only dense tensors"));
   EXPECT_THAT(message({{"bad\xff", at::ones({1})}}), HasSubstr("is not valid UTF-8"));
+  EXPECT_THAT(message({{"m", at::empty({2}, at::TensorOptions().device(at::kMeta))}}),
+              HasSubstr("tensor \"m\" cannot be copied to the CPU"));
   EXPECT_EQ(read_file(path), before);
   EXPECT_FALSE(exists(path + ".tmp"));
 }

@@ -90,7 +90,8 @@ struct LlavaProjectorConfig {
   std::string projector_hidden_act = "gelu";
   // the projector's linear layers carry biases
   bool multimodal_projector_bias = true;
-  // placeholder tokens per image; must equal the rows the encoder yields when the file sets it
+  // placeholder tokens per image: (image_size / patch_size)^2, + 1 with "full"; a file that
+  // sets image_seq_length must agree (transformers' 576 is llava-1.5's value)
   int64_t image_seq_length = 576;
 };
 
