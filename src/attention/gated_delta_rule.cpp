@@ -107,9 +107,13 @@ GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, cons
   GatedDeltaResult result;
   result.out = at::zeros({T, H, V}, opts.dtype(in_type));
   if (n_runs == 0) {
-    result.final = at::zeros({0, H, K, V}, opts);
-    result.transition = at::zeros({0, H, K, K}, opts);
-    result.q_eff = at::zeros({T, H, K}, opts);
+    // Nothing to compute, but the results stay in the inputs' graph (with zero weight):
+    // the backward collectives upstream must run on this rank as on every other.
+    at::Tensor anchor = (q.sum() + k.sum() + v.sum() + g.sum() + beta.sum()).to(type) * 0;
+    result.out = result.out + anchor.to(in_type);
+    result.final = at::zeros({0, H, K, V}, opts) + anchor;
+    result.transition = at::zeros({0, H, K, K}, opts) + anchor;
+    result.q_eff = at::zeros({T, H, K}, opts) + anchor;
     return result;
   }
   const ChunkPlan plan = plan_chunks(runs, T, C);

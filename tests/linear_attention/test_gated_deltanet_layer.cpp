@@ -143,6 +143,7 @@ namespace {
 struct MeshCase {
   int64_t chunk;
   bool zigzag;
+  std::vector<int64_t> lengths;  // empty: random
 };
 
 void run_mesh_case(const dist::Mesh& mesh, const MeshCase& mc, std::mt19937& rng) {
@@ -152,7 +153,8 @@ void run_mesh_case(const dist::Mesh& mesh, const MeshCase& mc, std::mt19937& rng
                             (mc.zigzag ? " zigzag" : " contiguous");
   GatedDeltaNetConfig c = small_config(mc.chunk);
   // Random segment lengths 1..90 (some shorter than 2R, than the conv, than a chunk).
-  TokenLayout global = test::packed_layout(test::random_lengths(rng, 4, 90), 2 * R);
+  TokenLayout global =
+      test::packed_layout(mc.lengths.empty() ? test::random_lengths(rng, 4, 90) : mc.lengths, 2 * R);
   const int64_t T = global.size();
   GatedDeltaNetWeights wr = with_grad(GatedDeltaNetWeights::random(c, kF64, rng()));
   GatedDeltaNetWeights w = with_grad(wr);
@@ -211,8 +213,20 @@ TEST(MultiRank, EveryMeshEqualsTheTokenRecurrence) {
     for (int64_t chunk : {int64_t{64}, int64_t{8}})
       for (bool zigzag : {true, false}) {
         if (!zigzag && mesh.ring()->size() == 1) continue;  // the same layout
-        run_mesh_case(mesh, {chunk, zigzag}, rng);
+        run_mesh_case(mesh, {chunk, zigzag, {}}, rng);
       }
+  }
+}
+
+// Segments so short that some ring ranks hold no real token of any of them: those
+// ranks still take part in every collective, backward included.
+TEST(MultiRank, RanksWithoutTokensStayInStep) {
+  std::mt19937 rng(78);
+  at::manual_seed(78);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    if (small_config(64).num_key_heads % mesh.ulysses()->size() != 0) continue;
+    run_mesh_case(mesh, {64, true, {1, 1}}, rng);
+    run_mesh_case(mesh, {64, true, {1, 2, 3}}, rng);
   }
 }
 
