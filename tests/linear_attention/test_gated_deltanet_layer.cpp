@@ -257,3 +257,49 @@ TEST(MultiRank, HeadsNotDivisibleFailBeforeAnyCollective) {
     EXPECT_EQ(one.item<double>(), mesh.context()->size());
   }
 }
+
+// bf16 activations through Gloo (which has no bf16 collectives: bytes travel as a
+// same-size type) with fp32 states: as close to the fp64 reference as the bf16
+// layer on one process is, gradients finite.
+TEST(MultiRank, Bf16ActivationsWithFp32States) {
+  std::mt19937 rng(79);
+  at::manual_seed(79);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    const int R = mesh.ring()->size(), U = mesh.ulysses()->size();
+    if (small_config(64).num_key_heads % U != 0 || mesh.context()->size() == 1) continue;
+    GatedDeltaNetConfig c = small_config(8);
+    TokenLayout global = test::packed_layout(test::random_lengths(rng, 3, 60), 2 * R);
+    GatedDeltaNetWeights w64 = GatedDeltaNetWeights::random(c, kF64, 9);
+    Tensor x = at::randn({global.size(), c.hidden_size}, kF64);
+    Tensor ref = test::gated_deltanet_reference(w64, c, x, global);
+    GatedDeltaNetWeights w = w64;
+    for (Tensor* t : {&w.in_proj_qkvz, &w.in_proj_ba, &w.conv1d_weight, &w.A_log, &w.dt_bias, &w.norm_weight,
+                      &w.out_proj})
+      *t = t->to(at::kBFloat16).requires_grad_();
+    std::vector<TokenLayout> shares;
+    std::vector<int64_t> mine;
+    for (int p = 0; p < R; ++p) {
+      std::vector<int64_t> slots = test::share_of(global, R, U, p, true);
+      shares.push_back(test::layout_of(global, slots));
+      if (p == mesh.ring()->rank()) {
+        const int64_t n = static_cast<int64_t>(slots.size()) / U;
+        mine.assign(slots.begin() + mesh.ulysses()->rank() * n, slots.begin() + (mesh.ulysses()->rank() + 1) * n);
+      }
+    }
+    Tensor xl = gather_rows(x, mine).to(at::kBFloat16).requires_grad_();
+    Tensor out = gated_deltanet_forward(w, c, xl, {{mesh.ring(), mesh.ulysses()}, shares});
+    ASSERT_EQ(out.scalar_type(), at::kBFloat16);
+    out.to(at::kFloat).pow(2).sum().backward();
+    Tensor want = gather_rows(ref, mine);
+    Tensor one = gated_deltanet_forward(w, c, x.to(at::kBFloat16), {{}, {global}}).detach().to(at::kDouble);
+    const double diff = (out.to(at::kDouble) - want).abs().max().item<double>();
+    const double diff_one = (gather_rows(one, mine) - want).abs().max().item<double>();
+    // bf16 rounding alone (the one-process bf16 layer) is a few per cent; splitting
+    // the work must not add to it beyond rounding in a different order.
+    const double scale = 1 + want.abs().max().item<double>();
+    EXPECT_LE(diff, 0.1 * scale) << mesh.shape().str();
+    EXPECT_LE(diff, 1.5 * diff_one + 1e-2 * scale) << mesh.shape().str() << ": one process differs by " << diff_one;
+    EXPECT_TRUE(xl.grad().isfinite().all().item<bool>()) << mesh.shape().str();
+    EXPECT_TRUE(w.A_log.grad().isfinite().all().item<bool>()) << mesh.shape().str();
+  }
+}
