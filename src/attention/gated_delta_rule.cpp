@@ -20,8 +20,9 @@ std::vector<TokenRun> token_runs(const TokenLayout& layout) {
   layout.check("token_runs");
   std::vector<TokenRun> runs;
   const int64_t T = layout.size();
-  const int64_t* seg = layout.segment.data_ptr<int64_t>();
-  const int64_t* ord = layout.order.data_ptr<int64_t>();
+  const at::Tensor segment = layout.segment.contiguous(), order = layout.order.contiguous();
+  const int64_t* seg = segment.data_ptr<int64_t>();
+  const int64_t* ord = order.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t) {
     if (seg[t] < 0) continue;
     if (!runs.empty()) {
