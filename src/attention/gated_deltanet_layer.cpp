@@ -132,15 +132,19 @@ at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDelt
   k = l2norm(qkv.narrow(-1, Hk_l * K, Hk_l * K).view({T_r, Hk_l, K})).repeat_interleave(rep, 1);
   v = qkv.narrow(-1, 2 * Hk_l * K, Hv_l * V).view({T_r, Hv_l, V});
 
+  // As in HF: the decay and the norm in fp32 for 16-bit inputs.
+  const at::ScalarType wide = c10::elementSize(x.scalar_type()) < 4 ? at::kFloat : x.scalar_type();
   at::Tensor beta = at::sigmoid(b);
-  at::Tensor g = -w.A_log.narrow(0, u * Hv_l, Hv_l).exp() *
-                 at::softplus(a + w.dt_bias.narrow(0, u * Hv_l, Hv_l));
+  at::Tensor g = -w.A_log.narrow(0, u * Hv_l, Hv_l).to(wide).exp() *
+                 at::softplus(a.to(wide) + w.dt_bias.narrow(0, u * Hv_l, Hv_l).to(wide));
   at::Tensor o = gated_delta_ring_rule(q, k, v, g, beta, runs, context.groups.ring, c.chunk);  // [T_r, Hv_l, V]
   if (U > 1) o = dist::all_to_all(o, 0, 1, context.groups.ulysses);                  // [T_l, Hv, V]
 
   // Gated RMSNorm per value head, then the output projection.
-  at::Tensor normed = o * at::rsqrt(o.pow(2).mean(-1, true) + c.rms_norm_eps) * w.norm_weight * at::silu(z);
-  return at::matmul(normed.reshape({T_l, Hv * V}), w.out_proj.t());
+  at::Tensor ow = o.to(wide);
+  at::Tensor normed = (ow * at::rsqrt(ow.pow(2).mean(-1, true) + c.rms_norm_eps)).to(x.scalar_type());
+  normed = (w.norm_weight * normed).to(wide) * at::silu(z.to(wide));
+  return at::matmul(normed.to(x.scalar_type()).reshape({T_l, Hv * V}), w.out_proj.t());
 }
 
 }  // namespace mmsp::attention
