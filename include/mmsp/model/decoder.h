@@ -1,0 +1,88 @@
+// The language decoder (Qwen2 / Llama style) as LibTorch modules whose parameter
+// names are Hugging Face's: model.embed_tokens, model.layers.N.{input_layernorm,
+// self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj},
+// model.norm, lm_head. It sees only its tokens: the attention scheme (local,
+// Ulysses, ring, hybrid) and the rotary positions come in through DecoderContext.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <vector>
+
+#include "mmsp/attention/context_attention.h"
+#include "mmsp/model/linear.h"
+#include "mmsp/model/rotary.h"
+#include "mmsp/model/text_config.h"
+#include "mmsp/plan/model_conventions.h"
+
+namespace mmsp::model {
+
+// What a layer needs besides its weights: this rank's rotary table, the context
+// groups and the layout of every ring share (all from the plan).
+struct DecoderContext {
+  attention::ContextGroups groups;
+  std::vector<attention::TokenLayout> ring_shares;
+  RotaryTable rotary;
+  attention::AttentionOptions attention;
+};
+
+// The rotary settings of a decoder: 1-D for LLaVA, mRoPE sections for the Qwen family.
+RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConventions& conventions);
+
+class DecoderLayer : public torch::nn::Module {
+ public:
+  explicit DecoderLayer(const TextConfig& config);
+  // hidden [L, hidden] -> [L, hidden]
+  at::Tensor forward(const at::Tensor& hidden, const DecoderContext& context) const;
+
+ private:
+  struct Attention : torch::nn::Module {
+    explicit Attention(const TextConfig& config);
+    std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
+    std::shared_ptr<RMSNorm> q_norm, k_norm;  // per head, before RoPE (Qwen3-VL); else null
+  };
+  struct Mlp : torch::nn::Module {
+    explicit Mlp(const TextConfig& config);
+    std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+  };
+  TextConfig config_;
+  std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
+  std::shared_ptr<Attention> self_attn_;
+  std::shared_ptr<Mlp> mlp_;
+};
+
+// "model.layers": children named 0, 1, ... (module names cannot hold dots).
+class DecoderLayers : public torch::nn::Module {
+ public:
+  explicit DecoderLayers(const TextConfig& config);
+  std::vector<std::shared_ptr<DecoderLayer>> list;
+};
+
+// The body ("model.*"): embeddings, layers, final norm.
+class DecoderBody : public torch::nn::Module {
+ public:
+  explicit DecoderBody(const TextConfig& config);
+  std::shared_ptr<Embedding> embed_tokens;
+  std::shared_ptr<DecoderLayers> layers;
+  std::shared_ptr<RMSNorm> norm;
+};
+
+class Decoder : public torch::nn::Module {
+ public:
+  // Parameters are drawn from the current ATen generator (seed it for replicas).
+  Decoder(const TextConfig& config, bool tie_word_embeddings);
+
+  // inputs_embeds [L, hidden] -> logits [L, vocab]
+  at::Tensor forward(const at::Tensor& inputs_embeds, const DecoderContext& context) const;
+  at::Tensor embed(const at::Tensor& token_ids) const { return model->embed_tokens->forward(token_ids); }
+
+  const TextConfig& config() const { return config_; }
+  std::shared_ptr<DecoderBody> model;
+  std::shared_ptr<Linear> lm_head;  // null when tied to model.embed_tokens
+
+ private:
+  TextConfig config_;
+};
+
+}  // namespace mmsp::model

@@ -1,0 +1,34 @@
+// The two weight tables of the decoder, as LibTorch modules with Hugging Face's
+// parameter names ("weight", "bias"): a linear map and a token embedding.
+#pragma once
+
+#include <torch/nn/module.h>
+
+namespace mmsp::model {
+
+// y = x Wᵀ + b; weight [out, in] as HF stores it.
+class Linear : public torch::nn::Module {
+ public:
+  Linear(int64_t in, int64_t out, bool bias, double init_std);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+};
+
+// Rows of weight [vocab, hidden] picked by token id.
+class Embedding : public torch::nn::Module {
+ public:
+  Embedding(int64_t vocab, int64_t hidden, double init_std);
+  at::Tensor forward(const at::Tensor& ids) const;
+  at::Tensor weight;
+};
+
+// x / rms(x) · weight, in fp32 or wider (as HF's Qwen2RMSNorm).
+class RMSNorm : public torch::nn::Module {
+ public:
+  RMSNorm(int64_t hidden, double eps);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight;
+  double eps;
+};
+
+}  // namespace mmsp::model

@@ -1,0 +1,30 @@
+// The tensors of one rank's step, read off the plan: token ids, positions and labels
+// of its slots, and every ring share's token layout for attention. The model asks
+// the plan where things are; it never searches token ids itself.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "mmsp/attention/token_layout.h"
+#include "mmsp/plan/step_plan.h"
+
+namespace mmsp::model {
+
+struct RankInputs {
+  at::Tensor token_ids;  // int64 [L]; padding slots hold token 0 (never attended, no label)
+  at::Tensor positions;  // int64 [rows, L]: 3 rows for mRoPE, 1 for RoPE
+  at::Tensor labels;     // int64 [L]; -100 where no loss is taken
+  std::vector<attention::TokenLayout> ring_shares;  // layout of every ring rank's share
+  int64_t label_count = 0;  // labels of the whole batch (the loss normaliser)
+};
+
+// For plan.mine (the rank the plan was made for).
+RankInputs rank_inputs(const plan::Batch& batch, const plan::StepPlan& plan);
+
+// Sum of the per-token cross-entropy over this rank's labels, divided by the global
+// label count: summed over ranks it is the mean over the whole batch.
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t label_count);
+
+}  // namespace mmsp::model

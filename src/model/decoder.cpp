@@ -1,0 +1,95 @@
+// Decoder layers and the decoder; see decoder.h.
+#include "mmsp/model/decoder.h"
+
+#include <ATen/ATen.h>
+
+#include <string>
+
+namespace mmsp::model {
+
+RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConventions& conventions) {
+  RotaryOptions o;
+  o.head_dim = text.head_dim;
+  o.theta = text.rope_theta;
+  if (conventions.uses_mrope()) {
+    o.mrope_section.assign(conventions.mrope_section.begin(), conventions.mrope_section.end());
+    o.interleaved = conventions.mrope_interleaved;
+  }
+  return o;
+}
+
+DecoderLayer::Attention::Attention(const TextConfig& c) {
+  const double s = c.initializer_range;
+  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  q_proj = register_module("q_proj", std::make_shared<Linear>(c.hidden_size, q, c.qkv_bias, s));
+  k_proj = register_module("k_proj", std::make_shared<Linear>(c.hidden_size, kv, c.qkv_bias, s));
+  v_proj = register_module("v_proj", std::make_shared<Linear>(c.hidden_size, kv, c.qkv_bias, s));
+  o_proj = register_module("o_proj", std::make_shared<Linear>(q, c.hidden_size, c.o_bias, s));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps));
+  }
+}
+
+DecoderLayer::Mlp::Mlp(const TextConfig& c) {
+  const double s = c.initializer_range;
+  gate_proj = register_module("gate_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, s));
+  up_proj = register_module("up_proj", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, c.mlp_bias, s));
+  down_proj = register_module("down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, c.mlp_bias, s));
+}
+
+DecoderLayer::DecoderLayer(const TextConfig& c) : config_(c) {
+  input_layernorm_ = register_module("input_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
+  self_attn_ = register_module("self_attn", std::make_shared<Attention>(c));
+  post_attention_layernorm_ =
+      register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
+  mlp_ = register_module("mlp", std::make_shared<Mlp>(c));
+}
+
+at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const DecoderContext& ctx) const {
+  const int64_t L = hidden.size(0), H = config_.num_attention_heads,
+                Hkv = config_.num_key_value_heads, D = config_.head_dim;
+  at::Tensor x = input_layernorm_->forward(hidden);
+  at::Tensor q = self_attn_->q_proj->forward(x).view({L, H, D});    // [L, H, D]
+  at::Tensor k = self_attn_->k_proj->forward(x).view({L, Hkv, D});  // [L, H_kv, D]
+  if (self_attn_->q_norm) {
+    q = self_attn_->q_norm->forward(q);
+    k = self_attn_->k_norm->forward(k);
+  }
+  q = apply_rotary(q, ctx.rotary);
+  k = apply_rotary(k, ctx.rotary);
+  at::Tensor v = self_attn_->v_proj->forward(x).view({L, Hkv, D});
+  at::Tensor attn = attention::context_attention(q, k, v, ctx.groups, ctx.ring_shares, ctx.attention);
+  at::Tensor h = hidden + self_attn_->o_proj->forward(attn.reshape({L, H * D}));
+  at::Tensor y = post_attention_layernorm_->forward(h);
+  at::Tensor gated = at::silu(mlp_->gate_proj->forward(y)) * mlp_->up_proj->forward(y);
+  return h + mlp_->down_proj->forward(gated);
+}
+
+DecoderLayers::DecoderLayers(const TextConfig& c) {
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    list.push_back(register_module(std::to_string(i), std::make_shared<DecoderLayer>(c)));
+}
+
+DecoderBody::DecoderBody(const TextConfig& c) {
+  embed_tokens = register_module("embed_tokens",
+                                 std::make_shared<Embedding>(c.vocab_size, c.hidden_size, c.initializer_range));
+  layers = register_module("layers", std::make_shared<DecoderLayers>(c));
+  norm = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
+}
+
+Decoder::Decoder(const TextConfig& c, bool tie_word_embeddings) : config_(c) {
+  model = register_module("model", std::make_shared<DecoderBody>(c));
+  if (!tie_word_embeddings)
+    lm_head = register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size, false,
+                                                                  c.initializer_range));
+}
+
+at::Tensor Decoder::forward(const at::Tensor& inputs_embeds, const DecoderContext& ctx) const {
+  at::Tensor h = inputs_embeds;
+  for (const auto& layer : model->layers->list) h = layer->forward(h, ctx);
+  h = model->norm->forward(h);
+  return lm_head ? lm_head->forward(h) : at::linear(h, model->embed_tokens->weight);
+}
+
+}  // namespace mmsp::model

@@ -1,0 +1,34 @@
+// Linear, Embedding, RMSNorm; see linear.h.
+#include "mmsp/model/linear.h"
+
+#include <ATen/ATen.h>
+
+namespace mmsp::model {
+
+Linear::Linear(int64_t in, int64_t out, bool with_bias, double init_std) {
+  weight = register_parameter("weight", at::randn({out, in}) * init_std);
+  if (with_bias) bias = register_parameter("bias", at::zeros({out}));
+}
+
+at::Tensor Linear::forward(const at::Tensor& x) const {
+  return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+}
+
+Embedding::Embedding(int64_t vocab, int64_t hidden, double init_std) {
+  weight = register_parameter("weight", at::randn({vocab, hidden}) * init_std);
+}
+
+at::Tensor Embedding::forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }
+
+RMSNorm::RMSNorm(int64_t hidden, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", at::ones({hidden}));
+}
+
+at::Tensor RMSNorm::forward(const at::Tensor& x) const {
+  const at::ScalarType type = x.scalar_type();
+  at::Tensor wide = type == at::kDouble ? x : x.to(at::kFloat);
+  at::Tensor normed = wide * at::rsqrt(wide.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(type);
+}
+
+}  // namespace mmsp::model

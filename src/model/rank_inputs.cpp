@@ -1,0 +1,45 @@
+// Plan -> step tensors, and the globally normalised loss; see rank_inputs.h.
+#include "mmsp/model/rank_inputs.h"
+
+#include <ATen/ATen.h>
+
+#include "mmsp/attention/plan_layout.h"
+#include "mmsp/core/check.h"
+
+namespace mmsp::model {
+namespace {
+
+at::Tensor as_tensor(const std::vector<int64_t>& values) {
+  return at::tensor(at::ArrayRef<int64_t>(values), at::kLong).clone();
+}
+
+}  // namespace
+
+RankInputs rank_inputs(const plan::Batch& batch, const plan::StepPlan& plan) {
+  const plan::RankPlan& mine = plan.mine;
+  const plan::RowPlan& row = plan.rows.at(mine.coords.dp);
+  std::vector<int64_t> ids(mine.local_length, 0);
+  for (int64_t slot = 0; slot < mine.local_length; ++slot) {
+    const int32_t seg = mine.segment_ids[slot];
+    if (seg < 0) continue;
+    const plan::Segment& segment = row.packing.segments.at(seg);
+    const int64_t index = mine.segment_index[slot];
+    if (index < segment.length) ids[slot] = batch.sequences.at(segment.sequence).input_ids.at(index);
+  }
+  RankInputs in;
+  in.token_ids = as_tensor(ids);
+  in.positions = as_tensor(mine.positions).view({mine.position_rows, mine.local_length});
+  in.labels = as_tensor(mine.labels);
+  in.ring_shares = attention::ring_shares(row.shards);
+  in.label_count = plan.label_count;
+  return in;
+}
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t label_count) {
+  MMSP_CHECK(label_count > 0, "the batch has no label tokens: nothing to learn from (check loss_mask)");
+  const at::ScalarType wide = logits.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor log_probs = at::log_softmax(logits.to(wide), 1);
+  return at::nll_loss(log_probs, labels, {}, at::Reduction::Sum, -100) / static_cast<double>(label_count);
+}
+
+}  // namespace mmsp::model
