@@ -63,13 +63,16 @@ std::string rope_field(const JsonFields& text) {
 
 void check_mrope(const ModelConfig& c, const JsonFields& text) {
   const auto& s = c.conventions.mrope_section;
-  const int64_t sum = s[0] + s[1] + s[2];
+  int64_t sum = 0;
+  const bool overflow =
+      __builtin_add_overflow(s[0], s[1], &sum) || __builtin_add_overflow(sum, s[2], &sum);
   const std::string field = rope_field(text);
-  MMSP_CHECK(sum * 2 == c.text.head_dim,
+  MMSP_CHECK(!overflow && sum == c.text.head_dim / 2,
              field.empty() ? text.name("rope_scaling.mrope_section") + " (not set; default " +
                                  join({s[0], s[1], s[2]}) + ")"
                            : field + " " + join({s[0], s[1], s[2]}),
-             " sums to ", sum, " but must be head_dim / 2 = ", c.text.head_dim,
+             " sums to ", overflow ? std::string("more than 2^63") : std::to_string(sum),
+             " but must be head_dim / 2 = ", c.text.head_dim,
              " / 2 (t, h and w share the head's rotary frequencies)");
   const bool interleave = c.family == ModelFamily::qwen3_vl;
   MMSP_CHECK(c.conventions.mrope_interleaved == interleave, text.name("rope_scaling"),

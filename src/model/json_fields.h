@@ -3,6 +3,7 @@
 // "<prefix><key>", the rule and the value.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -28,20 +29,20 @@ class JsonFields {
   }
   const nlohmann::json& at(const std::string& key) const { return object_.at(key); }
 
+  // Sizes, counts and ids stay below 2^31 so that products of two of them cannot overflow.
+  static constexpr int64_t kMaxInteger = 2147483647;
+
   int64_t integer(const std::string& key, int64_t fallback, int64_t min = 1) const {
     if (!has(key)) return fallback;
-    const nlohmann::json& v = at(key);
-    MMSP_CHECK(v.is_number_integer() && v.get<int64_t>() >= min &&
-                   !(v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX),
-               name(key), " must be an integer >= ", min, ", got ", v.dump());
-    return v.get<int64_t>();
+    return checked_integer(at(key), key, min, at(key), false);
   }
 
   // A number > 0 (or >= 0 when `allow_zero`).
   double number(const std::string& key, double fallback, bool allow_zero = false) const {
     if (!has(key)) return fallback;
     const nlohmann::json& v = at(key);
-    const bool ok = v.is_number() && (allow_zero ? v.get<double>() >= 0 : v.get<double>() > 0);
+    const bool ok = v.is_number() && std::isfinite(v.get<double>()) &&
+                    (allow_zero ? v.get<double>() >= 0 : v.get<double>() > 0);
     MMSP_CHECK(ok, name(key), " must be a number ", allow_zero ? ">= 0" : "> 0", ", got ",
                v.dump());
     return v.get<double>();
@@ -66,12 +67,7 @@ class JsonFields {
     MMSP_CHECK(v.is_array(), name(key), " must be a list of integers >= ", min, ", got ",
                v.dump());
     std::vector<int64_t> out;
-    for (const nlohmann::json& e : v) {
-      MMSP_CHECK(e.is_number_integer() && e.get<int64_t>() >= min &&
-                     !(e.is_number_unsigned() && e.get<uint64_t>() > INT64_MAX),
-                 name(key), " must be a list of integers >= ", min, ", got ", v.dump());
-      out.push_back(e.get<int64_t>());
-    }
+    for (const nlohmann::json& e : v) out.push_back(checked_integer(e, key, min, v, true));
     return out;
   }
 
@@ -83,6 +79,19 @@ class JsonFields {
   }
 
  private:
+  // `shown` is what the message quotes: the value, or the whole list it sits in.
+  int64_t checked_integer(const nlohmann::json& v, const std::string& key, int64_t min,
+                          const nlohmann::json& shown, bool in_list) const {
+    const char* rule = in_list ? " must be a list of integers " : " must be an integer ";
+    const bool is_int = v.is_number_integer() &&
+                        !(v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX);
+    MMSP_CHECK(is_int && v.get<int64_t>() >= min, name(key), rule, ">= ", min, ", got ",
+               shown.dump());
+    MMSP_CHECK(v.get<int64_t>() <= kMaxInteger, name(key), rule, "<= ", kMaxInteger, ", got ",
+               shown.dump());
+    return v.get<int64_t>();
+  }
+
   const nlohmann::json& object_;
   std::string prefix_;
 };

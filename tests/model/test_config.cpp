@@ -406,7 +406,16 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"tiny-llava.json", "/image_token_index", 40000,
                  "image_token_index (40000) must be < the decoder's vocab_size (32064)"},
         BadValue{"tiny-llava.json", "/text_config/intermediate_size", 0,
-                 "text_config.intermediate_size must be an integer >= 1, got 0"}),
+                 "text_config.intermediate_size must be an integer >= 1, got 0"},
+        BadValue{"tiny-qwen2-vl.json", "/vision_config/patch_size", 2147483648LL,
+                 "vision_config.patch_size must be an integer <= 2147483647, got 2147483648"},
+        BadValue{"tiny-qwen2-vl.json", "/rms_norm_eps", 1e300 * 1e10,
+                 "rms_norm_eps must be a number > 0"},
+        BadValue{"tiny-qwen2-vl.json", "/rope_scaling/mrope_section",
+                 json({INT64_MAX, 1, 0}), "sums to more than 2^63 but must be head_dim / 2"},
+        BadValue{"tiny-qwen3-vl.json", "/vision_config/deepstack_visual_indexes",
+                 json({0, 4294967296LL}),
+                 "deepstack_visual_indexes must be a list of integers <= 2147483647, got [0,4294967296]"}),
     [](const testing::TestParamInfo<BadValue>& info) {
       // e.g. 3_qwen3_vl_text_config_num_key_value_heads
       std::string name = std::to_string(info.index) + "_" +
