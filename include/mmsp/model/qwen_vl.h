@@ -1,0 +1,69 @@
+// The Qwen2-VL model under sequence parallelism: Vision DP (each rank encodes the
+// whole images the plan gives it), vision rows routed to the ranks that hold their
+// placeholder tokens, spliced into the token embeddings, then the decoder. Parameter
+// names are the checkpoint's: visual.*, model.*, lm_head.*.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+
+#include "mmsp/dist/group.h"
+#include "mmsp/model/config.h"
+#include "mmsp/model/decoder.h"
+#include "mmsp/model/qwen_vision.h"
+#include "mmsp/plan/step_plan.h"
+
+namespace mmsp::model {
+
+// How vision rows reach the ranks that need them. All three are exact.
+//  routed:    encode my items, all-to-all-v just the rows each rank needs (default)
+//  gather:    encode my items, all-gather every row to every rank, keep mine (the
+//             Python Vision DP patches); backward reduces and slices
+//  replicate: every rank encodes every item of its row (plain Ulysses)
+enum class VisionMode { routed, gather, replicate };
+VisionMode parse_vision_mode(const std::string& name);
+const char* to_string(VisionMode mode);
+
+// Pixels of the whole batch in the processor's layout: rows of flattened patches,
+// images in batch order (image_grid_thw order), videos likewise.
+struct PixelInputs {
+  at::Tensor images;  // [Σ image patches, C·tp·p·p]
+  at::Tensor videos;  // [Σ video patches, C·tp·p·p] (may be undefined when there are none)
+};
+
+// The groups a step runs on: context (vision routing), ring and ulysses (attention).
+struct StepGroups {
+  dist::GroupPtr context, ring, ulysses;
+};
+
+class QwenVLModel : public torch::nn::Module {
+ public:
+  // Parameters are drawn from the current ATen generator (seed it for replicas).
+  explicit QwenVLModel(const ModelConfig& config);
+
+  // Logits [L, vocab] of plan.mine's slots, and the labels and label count the loss needs.
+  struct StepOutput {
+    at::Tensor logits, labels;
+    int64_t label_count = 0;
+  };
+  StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan, const PixelInputs& pixels,
+                     const StepGroups& groups, VisionMode mode,
+                     const attention::AttentionOptions& attention = {}) const;
+
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  // Embedding rows of this rank's visual slots, in slot order (routes.visual_slots).
+  at::Tensor vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels,
+                         const StepGroups& groups, VisionMode mode) const;
+  at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
+                    const PixelInputs& pixels) const;
+
+  ModelConfig config_;
+  std::shared_ptr<QwenVisionEncoder> visual_;
+  std::shared_ptr<Decoder> decoder_;
+};
+
+}  // namespace mmsp::model
