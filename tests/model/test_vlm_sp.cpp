@@ -12,6 +12,11 @@
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/qwen_vl.h"
 #include "mmsp/model/rank_inputs.h"
+#include "mmsp/model/safetensors.h"
+#include "mmsp/model/weights.h"
+#include "mmsp/core/check.h"
+#include <cstdio>
+#include <unistd.h>
 #include "multirank.h"
 
 using namespace mmsp;
@@ -139,4 +144,44 @@ TEST(VisionBatch, HasEmptyEncodersAndStraddlingItemsOnFourRanks) {
   bool straddles = false;
   for (const auto& h : holders) straddles |= h.size() > 1;
   EXPECT_TRUE(straddles);
+}
+
+// Save to safetensors, load into a differently initialised model: identical logits.
+TEST(QwenVlWeights, RoundTripGivesIdenticalOutputs) {
+  const model::ModelConfig config = tiny_qwen2_vl();
+  const plan::Batch batch = vision_batch();
+  const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, {}, 0);
+  const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
+  at::manual_seed(7);
+  model::PixelInputs pixels{at::randn({16 + 12, 24}), at::randn({16, 24})};
+  auto logits_of = [&](const model::QwenVLModel& m) {
+    return m.forward(batch, plan, pixels, {solo, solo, solo}, model::VisionMode::routed).logits.detach();
+  };
+  at::manual_seed(1);
+  model::QwenVLModel a(config);
+  at::manual_seed(2);
+  model::QwenVLModel b(config);
+  const std::string path = "/tmp/mmsp-test-weights-" + std::to_string(getpid()) + ".safetensors";
+  model::save_weights(a, path);
+  EXPECT_FALSE(logits_of(a).equal(logits_of(b)));
+  model::load_weights(b, path);
+  EXPECT_TRUE(logits_of(a).equal(logits_of(b)));
+  const auto header = model::read_safetensors_header(path);
+  EXPECT_EQ(header.tensors.count("visual.patch_embed.proj.weight"), 1u);
+  EXPECT_EQ(header.tensors.at("visual.patch_embed.proj.weight").shape, (std::vector<int64_t>{16, 3, 2, 2, 2}));
+  EXPECT_EQ(header.tensors.count("visual.merger.mlp.2.bias"), 1u);
+  EXPECT_EQ(header.tensors.count("model.layers.1.mlp.up_proj.weight"), 1u);
+
+  // A file from another config names what does not fit.
+  std::map<std::string, Tensor> partial = model::load_safetensors(path);
+  partial.erase("lm_head.weight");
+  partial["model.layers.1.mlp.up_proj.weight"] = at::zeros({3, 3});
+  model::save_safetensors(path, partial);
+  try {
+    model::load_weights(b, path);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lm_head.weight are not in the file"), std::string::npos) << e.what();
+  }
+  std::remove(path.c_str());
 }
