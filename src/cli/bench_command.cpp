@@ -2,6 +2,8 @@
 // and balance parts run in one process; the comm part runs on every rank of the
 // job (mmsp-run -n 2 or 4) and rank 0 writes the result. `mmsp bench linear-attention`
 // likewise: the Gated DeltaNet kernel alone, its bytes per layer under several ranks.
+// `mmsp bench vision` / `mmsp bench step`: peak memory and bytes of the VLM's vision
+// part / whole step in the three vision modes on 1, 2 and 4 ranks (mmsp-run -n 4).
 #include "bench_command.h"
 
 #include <fstream>
@@ -10,6 +12,7 @@
 
 #include "attention_bench.h"
 #include "linear_attention_bench.h"
+#include "vlm_bench.h"
 #include "mmsp/core/check.h"
 
 namespace mmsp::cli {
@@ -18,6 +21,7 @@ Subcommand add_bench_command(CLI::App& parent) {
   struct Flags {
     bench::AttentionBenchOptions attention;
     bench::LinearAttentionBenchOptions linear;
+    bench::VlmBenchOptions vlm;
     std::string part = "auto";
     std::string out;
   };
@@ -47,11 +51,23 @@ Subcommand add_bench_command(CLI::App& parent) {
   lin->add_option("--kernel-tokens", flags->linear.kernel_tokens, "sequence length (kernel part)");
   lin->add_option("--threads", flags->linear.threads, "ATen threads");
   lin->add_option("--out", flags->out, "write the JSON here instead of stdout");
-  return {app, [flags, lin]() {
+  CLI::App* vision = app->add_subcommand(
+      "vision", "VLM vision part: peak memory per rank and bytes, routed vs gather vs replicate, 1/2/4 ranks");
+  CLI::App* step = app->add_subcommand(
+      "step", "whole VLM training step: peak memory per rank and bytes, three vision modes, 1/2/4 ranks");
+  for (CLI::App* sub : {vision, step}) {
+    sub->add_option("--images", flags->vlm.images, "images in the batch (one per sequence)");
+    sub->add_option("--image-side", flags->vlm.image_side, "patches per image side (even)");
+    sub->add_option("--out", flags->out, "write the JSON here instead of stdout");
+  }
+  return {app, [flags, lin, vision, step]() {
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
             std::string part = flags->part;
             nlohmann::json result;
-            if (lin->parsed()) {
+            if (vision->parsed() || step->parsed()) {
+              flags->vlm.step = step->parsed();
+              result = bench::bench_vlm(env, flags->vlm);
+            } else if (lin->parsed()) {
               if (part == "auto") part = env.world_size > 1 ? "comm" : "kernel";
               if (part == "kernel") result["kernel"] = bench::bench_linear_attention_kernel(flags->linear);
               if (part == "comm") {

@@ -52,12 +52,14 @@ class QwenVLModel : public torch::nn::Module {
                      const StepGroups& groups, VisionMode mode,
                      const attention::AttentionOptions& attention = {}) const;
 
+  // The vision part alone: embedding rows for this rank's placeholder slots, in
+  // arrival order (routes.recv from rank 0 first; each row's slot is in the route).
+  at::Tensor vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels,
+                         const StepGroups& groups, VisionMode mode) const;
+
   const ModelConfig& config() const { return config_; }
 
  private:
-  // Embedding rows of this rank's visual slots, in slot order (routes.visual_slots).
-  at::Tensor vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels,
-                         const StepGroups& groups, VisionMode mode) const;
   at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
                     const PixelInputs& pixels) const;
 

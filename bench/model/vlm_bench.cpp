@@ -1,0 +1,121 @@
+// VLM memory/traffic benchmark; see vlm_bench.h.
+#include "vlm_bench.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "memory_counter.h"
+#include "mmsp/dist/all_gather_v.h"
+#include "mmsp/dist/mesh.h"
+#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/rank_inputs.h"
+
+namespace mmsp::bench {
+namespace {
+
+using nlohmann::json;
+
+model::ModelConfig bench_config() {
+  json c = {{"model_type", "qwen2_vl"}, {"vocab_size", 1000}, {"hidden_size", 128},
+            {"intermediate_size", 256}, {"num_hidden_layers", 2}, {"num_attention_heads", 8},
+            {"num_key_value_heads", 2}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
+            {"vision_start_token_id", 990}, {"vision_end_token_id", 991}, {"vision_token_id", 992},
+            {"image_token_id", 993}, {"video_token_id", 994},
+            {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {4, 2, 2}}}},
+            {"vision_config", {{"depth", 2}, {"embed_dim", 64}, {"hidden_size", 128}, {"num_heads", 4},
+                               {"mlp_ratio", 4}, {"patch_size", 14}, {"spatial_merge_size", 2},
+                               {"temporal_patch_size", 2}, {"in_chans", 3}}}};
+  return model::parse_model_config(c, "bench qwen2_vl");
+}
+
+plan::Batch bench_batch(const VlmBenchOptions& o) {
+  plan::Batch batch;
+  const int64_t rows = o.image_side * o.image_side / 4;
+  for (int i = 0; i < o.images; ++i) {
+    plan::Sequence s;
+    for (int t = 0; t < 20 + 7 * (i % 3); ++t) s.input_ids.push_back((i * 37 + t * 11) % 900);
+    s.input_ids.push_back(990);
+    for (int64_t r = 0; r < rows; ++r) s.input_ids.push_back(993);
+    s.input_ids.push_back(991);
+    for (int t = 0; t < 20; ++t) s.input_ids.push_back((i * 13 + t * 5) % 900);
+    s.image_grid_thw = {{1, o.image_side, o.image_side}};
+    batch.sequences.push_back(s);
+  }
+  return batch;
+}
+
+}  // namespace
+
+json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
+  MemoryCounter::install();
+  at::set_num_threads(1);
+  const model::ModelConfig config = bench_config();
+  const plan::Batch batch = bench_batch(o);
+  const int64_t patch_dim = 3 * 2 * 14 * 14;
+  at::manual_seed(7);
+  const model::PixelInputs pixels{at::randn({o.images * o.image_side * o.image_side, patch_dim}), {}};
+  at::manual_seed(42);
+  model::QwenVLModel vlm(config);
+  auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
+  json rows = json::array();
+  int mesh_index = 0;
+  // Context groups of c ranks as a ring (zigzag cuts every segment in 2c chunks, so
+  // images straddle ranks) and as Ulysses (each rank holds whole stretches).
+  for (int c : {1, 2, 4})
+  for (bool ring : {true, false}) {
+    if (env.world_size % c || (c == 1 && !ring)) continue;
+    dist::MeshOptions mo;
+    mo.timeout = std::chrono::seconds(300);
+    // Each group of c ranks runs the whole batch: dp replicas of the same step.
+    const dist::MeshShape shape{env.world_size / c, ring ? c : 1, ring ? 1 : c};
+    dist::Mesh mesh = dist::Mesh::create(store, env, shape, mo, "vlm-bench-" + std::to_string(mesh_index++));
+    plan::PlanOptions po;
+    po.mesh = {1, shape.ring, shape.ulysses};
+    const int context_rank = mesh.coords().ring * shape.ulysses + mesh.coords().ulysses;
+    const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, po, context_rank);
+    const model::StepGroups groups{mesh.context(), mesh.ring(), mesh.ulysses()};
+    for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
+      vlm.zero_grad();
+      const dist::CommSnapshot before = mesh.stats().snapshot();
+      MemoryCounter::reset_peak();
+      const int64_t base = MemoryCounter::current_bytes();
+      if (o.step) {
+        auto out = vlm.forward(batch, plan, pixels, groups, mode);
+        model::causal_lm_loss(out.logits, out.labels, out.label_count).backward();
+      } else {
+        vlm.vision_rows(plan, pixels, groups, mode).sum().backward();
+      }
+      const int64_t peak = MemoryCounter::peak_bytes() - base;
+      const dist::CommSnapshot d = mesh.stats().snapshot() - before;
+      int64_t vision_bytes = 0;
+      for (auto kind : {dist::CommKind::all_to_all_v, dist::CommKind::all_gather_v})
+        for (auto pass : {dist::Pass::forward, dist::Pass::backward}) vision_bytes += d.at(kind, pass).bytes;
+      // Every rank's figures, to report the largest.
+      at::Tensor mine = at::tensor({peak, vision_bytes, d.total_bytes()}, at::kLong).view({1, 3});
+      at::Tensor all = dist::all_gather_v(mine, std::vector<int64_t>(env.world_size, 1), mesh.world());
+      at::Tensor max = std::get<0>(all.max(0));
+      rows.push_back({{"context_ranks", c}, {"ring", shape.ring}, {"ulysses", shape.ulysses},
+                      {"mode", model::to_string(mode)},
+                      {"peak_bytes_max_rank", max[0].item<int64_t>()},
+                      {"vision_bytes_max_rank", max[1].item<int64_t>()},
+                      {"all_bytes_max_rank", max[2].item<int64_t>()}});
+    }
+  }
+  json result = {{"part", o.step ? "step" : "vision"}, {"images", o.images},
+                 {"image_patches", o.image_side * o.image_side}, {"dtype", "float32"}, {"rows", rows}};
+  auto find = [&](int c, const std::string& mode) -> const json* {  // ring meshes
+    for (const json& r : rows)
+      if (r["context_ranks"] == c && r["ring"] == c && r["mode"] == mode) return &r;
+    return nullptr;
+  };
+  const json *r1 = find(1, "routed"), *r4 = find(4, "routed"), *g4 = find(4, "gather");
+  if (r1 && r4 && g4) {
+    result["routed_peak_4_over_1"] = r4->at("peak_bytes_max_rank").get<double>() /
+                                     r1->at("peak_bytes_max_rank").get<double>();
+    result["routed_vision_bytes_over_gather_4"] =
+        r4->at("vision_bytes_max_rank").get<double>() / g4->at("vision_bytes_max_rank").get<double>();
+  }
+  return result;
+}
+
+}  // namespace mmsp::bench

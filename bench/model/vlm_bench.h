@@ -1,0 +1,22 @@
+// `mmsp bench vision` / `mmsp bench step`: peak tensor memory per rank (counting CPU
+// allocator) and bytes communicated, of the vision part alone and of the whole
+// training step (forward + backward), for the three vision modes on context groups
+// of 1, 2 and 4 ranks, all in one run of `mmsp-run -n 4`.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "mmsp/dist/rank_env.h"
+
+namespace mmsp::bench {
+
+struct VlmBenchOptions {
+  int images = 16;          // one image per sequence
+  int64_t image_side = 16;  // patches per side (image_side² patches, /4 rows)
+  bool step = false;        // false: vision part only; true: the whole step
+};
+
+// Every rank calls it; rank 0's result holds the table.
+nlohmann::json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& options);
+
+}  // namespace mmsp::bench
