@@ -69,12 +69,13 @@ struct Result {
 };
 
 Result run(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
-           const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode) {
+           const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
+           at::ScalarType dtype = at::kDouble) {
   at::manual_seed(42);
   auto vlm = std::make_shared<model::QwenVLModel>(config);
-  vlm->to(at::kDouble);
+  vlm->to(dtype);
   at::manual_seed(7);  // the batch's pixels, identical everywhere
-  model::PixelInputs pixels{at::randn({16 + 12, 24}, at::kDouble), at::randn({16, 24}, at::kDouble)};
+  model::PixelInputs pixels{at::randn({16 + 12, 24}, dtype), at::randn({16, 24}, dtype)};
   attention::AttentionOptions attn;
   attn.block_q = 8;
   attn.block_k = 8;
@@ -122,6 +123,29 @@ TEST(MultiRank, QwenVlEqualsOneProcessInEveryVisionMode) {
         const double diff = (got.grads[i].second - ref.grads[i].second).abs().max().item<double>();
         EXPECT_LE(diff, 1e-9 * scale + 1e-300) << where << " gradient of " << ref.grads[i].first;
       }
+    }
+  }
+}
+
+// fp32: the same comparison at fp32's tolerance (rtol 1e-4), routed vision.
+TEST(MultiRank, QwenVlFp32EqualsOneProcess) {
+  const model::ModelConfig config = tiny_qwen2_vl();
+  const plan::Batch batch = vision_batch();
+  const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
+  const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
+  const Result ref = run(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed, at::kFloat);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    if (mesh.shape().ulysses == 3) continue;
+    plan::PlanOptions options;
+    options.mesh = {mesh.shape().dp, mesh.shape().ring, mesh.shape().ulysses};
+    const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
+    const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(),
+                           model::VisionMode::routed, at::kFloat);
+    EXPECT_NEAR(got.loss, ref.loss, 1e-4 * ref.loss) << mesh.shape().str();
+    for (size_t i = 0; i < ref.grads.size(); ++i) {
+      const double scale = ref.grads[i].second.abs().max().item<double>();
+      const double diff = (got.grads[i].second - ref.grads[i].second).abs().max().item<double>();
+      EXPECT_LE(diff, 1e-4 * scale + 1e-30) << mesh.shape().str() << " gradient of " << ref.grads[i].first;
     }
   }
 }
