@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "mmsp/core/check.h"
+
 namespace mmsp::model {
 
 RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConventions& conventions) {
@@ -87,7 +89,13 @@ Decoder::Decoder(const TextConfig& c, bool tie_word_embeddings) : config_(c) {
 
 at::Tensor Decoder::forward(const at::Tensor& inputs_embeds, const DecoderContext& ctx) const {
   at::Tensor h = inputs_embeds;
-  for (const auto& layer : model->layers->list) h = layer->forward(h, ctx);
+  const auto& layers = model->layers->list;
+  MMSP_CHECK(ctx.deepstack.size() <= layers.size(), ctx.deepstack.size(),
+             " deepstack levels but only ", layers.size(), " decoder layers");
+  for (size_t i = 0; i < layers.size(); ++i) {
+    h = layers[i]->forward(h, ctx);
+    if (i < ctx.deepstack.size()) h = h.index_add(0, ctx.visual_slots, ctx.deepstack[i].to(h.scalar_type()));
+  }
   h = model->norm->forward(h);
   return lm_head ? lm_head->forward(h) : at::linear(h, model->embed_tokens->weight);
 }

@@ -38,15 +38,15 @@ at::Tensor LayerNorm::forward(const at::Tensor& x) const {
   return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
 }
 
-QwenVisionEncoder::PatchEmbed::PatchEmbed(const QwenVisionConfig& c) {
-  proj_weight = at::randn({c.hidden_size, c.in_channels, c.temporal_patch_size, c.patch_size,
-                           c.patch_size}) * c.initializer_range;
-  auto proj = std::make_shared<torch::nn::Module>();
-  proj->register_parameter("weight", proj_weight);
-  register_module("proj", proj);
+QwenVisionEncoder::PatchEmbed::PatchEmbed(const QwenVisionConfig& c, bool bias) {
+  auto proj = register_module("proj", std::make_shared<torch::nn::Module>());
+  proj_weight = proj->register_parameter(
+      "weight", at::randn({c.hidden_size, c.in_channels, c.temporal_patch_size, c.patch_size,
+                           c.patch_size}) * c.initializer_range);
+  if (bias) proj_bias = proj->register_parameter("bias", at::zeros({c.hidden_size}));
 }
 
-QwenVisionEncoder::Block::Block(const QwenVisionConfig& c) {
+QwenVisionEncoder::Block::Block(const QwenVisionConfig& c, bool qwen3) {
   const double s = c.initializer_range;
   norm1 = register_module("norm1", std::make_shared<LayerNorm>(c.hidden_size, 1e-6));
   norm2 = register_module("norm2", std::make_shared<LayerNorm>(c.hidden_size, 1e-6));
@@ -54,29 +54,64 @@ QwenVisionEncoder::Block::Block(const QwenVisionConfig& c) {
   qkv = attn->register_module("qkv", std::make_shared<Linear>(c.hidden_size, 3 * c.hidden_size, true, s));
   proj = attn->register_module("proj", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, s));
   mlp = register_module("mlp", std::make_shared<torch::nn::Module>());
-  fc1 = mlp->register_module("fc1", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, true, s));
-  fc2 = mlp->register_module("fc2", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, true, s));
+  fc1 = mlp->register_module(qwen3 ? "linear_fc1" : "fc1",
+                             std::make_shared<Linear>(c.hidden_size, c.intermediate_size, true, s));
+  fc2 = mlp->register_module(qwen3 ? "linear_fc2" : "fc2",
+                             std::make_shared<Linear>(c.intermediate_size, c.hidden_size, true, s));
 }
 
-QwenVisionEncoder::Merger::Merger(const QwenVisionConfig& c) {
+QwenVisionEncoder::Merger::Merger(const QwenVisionConfig& c, bool qwen3, bool postshuffle)
+    : postshuffle_norm(postshuffle) {
   const int64_t width = c.hidden_size * c.spatial_merge_size * c.spatial_merge_size;
-  ln_q = register_module("ln_q", std::make_shared<LayerNorm>(c.hidden_size, 1e-6));
-  mlp = register_module("mlp", std::make_shared<torch::nn::Module>());
-  fc1 = mlp->register_module("0", std::make_shared<Linear>(width, width, true, c.initializer_range));
-  fc2 = mlp->register_module("2", std::make_shared<Linear>(width, c.out_hidden_size, true, c.initializer_range));
+  const double s = c.initializer_range;
+  norm = register_module(qwen3 ? "norm" : "ln_q",
+                         std::make_shared<LayerNorm>(postshuffle ? width : c.hidden_size, 1e-6));
+  torch::nn::Module* parent = this;
+  std::shared_ptr<torch::nn::Module> mlp;
+  if (!qwen3) parent = (mlp = register_module("mlp", std::make_shared<torch::nn::Module>())).get();
+  fc1 = parent->register_module(qwen3 ? "linear_fc1" : "0", std::make_shared<Linear>(width, width, true, s));
+  fc2 = parent->register_module(qwen3 ? "linear_fc2" : "2",
+                                std::make_shared<Linear>(width, c.out_hidden_size, true, s));
 }
 
-QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c) : config_(c) {
-  MMSP_CHECK(c.window_size == 0 && c.num_position_embeddings == 0 && c.deepstack_visual_indexes.empty(),
-             "this encoder is Qwen2-VL's; Qwen2.5-VL windows and Qwen3-VL position tables / deepstack "
-             "are not implemented yet");
+at::Tensor QwenVisionEncoder::Merger::forward(const at::Tensor& x, int64_t merged_width) const {
+  at::Tensor merged = postshuffle_norm ? norm->forward(x.reshape({-1, merged_width}))
+                                       : norm->forward(x).reshape({-1, merged_width});
+  return fc2->forward(at::gelu(fc1->forward(merged)));
+}
+
+QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c, plan::ModelFamily family)
+    : config_(c), qwen3_(family == plan::ModelFamily::qwen3_vl) {
+  MMSP_CHECK(family == plan::ModelFamily::qwen2_vl || qwen3_,
+             "the Qwen vision encoder serves qwen2_vl and qwen3_vl; ", plan::to_string(family),
+             " (windowed blocks of Qwen2.5-VL) is not implemented yet");
+  MMSP_CHECK(c.window_size == 0, "vision_config.window_size ", c.window_size,
+             ": windowed attention (Qwen2.5-VL) is not implemented yet");
   MMSP_CHECK(c.head_dim() % 4 == 0, "vision head size ", c.head_dim(),
              " must divide by 4 (2-D rotary: h and w halves)");
-  patch_embed_ = register_module("patch_embed", std::make_shared<PatchEmbed>(c));
+  patch_embed_ = register_module("patch_embed", std::make_shared<PatchEmbed>(c, qwen3_));
+  if (qwen3_) {
+    const int64_t side = static_cast<int64_t>(std::llround(std::sqrt(double(c.num_position_embeddings))));
+    MMSP_CHECK(c.num_position_embeddings > 0 && side * side == c.num_position_embeddings,
+               "vision_config.num_position_embeddings (", c.num_position_embeddings,
+               ") must be a square (a side × side position table)");
+    pos_embed_ = register_module("pos_embed", std::make_shared<Embedding>(c.num_position_embeddings,
+                                                                          c.hidden_size, c.initializer_range));
+  }
   blocks_ = register_module("blocks", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < c.depth; ++i)
-    block_list_.push_back(blocks_->register_module(std::to_string(i), std::make_shared<Block>(c)));
-  merger_ = register_module("merger", std::make_shared<Merger>(c));
+    block_list_.push_back(blocks_->register_module(std::to_string(i), std::make_shared<Block>(c, qwen3_)));
+  merger_ = register_module("merger", std::make_shared<Merger>(c, qwen3_, false));
+  if (!c.deepstack_visual_indexes.empty()) {
+    MMSP_CHECK(qwen3_, "deepstack_visual_indexes are a Qwen3-VL feature");
+    auto list = register_module("deepstack_merger_list", std::make_shared<torch::nn::Module>());
+    for (size_t k = 0; k < c.deepstack_visual_indexes.size(); ++k) {
+      const int64_t index = c.deepstack_visual_indexes[k];
+      MMSP_CHECK(index >= 0 && index < c.depth, "vision_config.deepstack_visual_indexes[", k, "] = ",
+                 index, " is not a block (depth ", c.depth, ")");
+      deepstack_.push_back(list->register_module(std::to_string(k), std::make_shared<Merger>(c, true, true)));
+    }
+  }
 }
 
 at::Tensor vision_patch_positions(const std::vector<plan::Grid>& grids, int64_t m) {
@@ -93,48 +128,71 @@ at::Tensor vision_patch_positions(const std::vector<plan::Grid>& grids, int64_t 
   return parts.empty() ? at::zeros({0, 2}, at::kLong) : at::cat(parts);
 }
 
+// Qwen3-VL: the side × side position table, bilinearly interpolated to each h × w grid
+// (corners on a linspace, weights computed in fp32 as Hugging Face does), repeated per
+// frame and put in merge-window order.
+at::Tensor QwenVisionEncoder::interpolated_positions(const std::vector<plan::Grid>& grids) const {
+  const int64_t side = static_cast<int64_t>(std::llround(std::sqrt(double(config_.num_position_embeddings))));
+  const int64_t m = config_.spatial_merge_size;
+  const at::Tensor& table = pos_embed_->weight;
+  std::vector<at::Tensor> parts;
+  for (const plan::Grid& g : grids) {
+    at::Tensor hs = at::linspace(0, double(side - 1), g[1], at::kFloat);
+    at::Tensor ws = at::linspace(0, double(side - 1), g[2], at::kFloat);
+    at::Tensor h0 = hs.to(at::kInt).to(at::kLong), w0 = ws.to(at::kInt).to(at::kLong);
+    at::Tensor h1 = (h0 + 1).clamp_max(side - 1), w1 = (w0 + 1).clamp_max(side - 1);
+    at::Tensor dh = (hs - h0.to(at::kFloat)).unsqueeze(1), dw = (ws - w0.to(at::kFloat)).unsqueeze(0);
+    auto corner = [&](const at::Tensor& hi, const at::Tensor& wi, const at::Tensor& weight) {
+      at::Tensor index = (hi.unsqueeze(1) * side + wi.unsqueeze(0)).flatten();
+      return table.index_select(0, index) * weight.flatten().to(table.scalar_type()).unsqueeze(1);
+    };
+    at::Tensor pos = corner(h0, w0, (1 - dh) * (1 - dw)) + corner(h0, w1, (1 - dh) * dw) +
+                     corner(h1, w0, dh * (1 - dw)) + corner(h1, w1, dh * dw);  // [h·w, hidden]
+    pos = pos.view({g[1] / m, m, g[2] / m, m, -1}).permute({0, 2, 1, 3, 4}).reshape({g[1] * g[2], -1});
+    parts.push_back(pos.repeat({g[0], 1}));
+  }
+  return at::cat(parts);
+}
+
 at::Tensor QwenVisionEncoder::block_forward(const Block& b, const at::Tensor& x, const at::Tensor& cos,
-                                            const at::Tensor& sin,
-                                            const std::vector<plan::Grid>& grids) const {
+                                            const at::Tensor& sin, const attention::TokenLayout& frames) const {
   const int64_t N = x.size(0), H = config_.num_heads, D = config_.head_dim();
   at::Tensor qkv = b.qkv->forward(b.norm1->forward(x)).view({N, 3, H, D});
   at::Tensor q = qkv.select(1, 0), k = qkv.select(1, 1), v = qkv.select(1, 2);  // [N, H, D]
   const at::ScalarType wide = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   q = (q.to(wide) * cos + rotate_half(q.to(wide)) * sin).to(x.scalar_type());
   k = (k.to(wide) * cos + rotate_half(k.to(wide)) * sin).to(x.scalar_type());
-  // One segment per frame, bidirectional: attention never leaves a frame.
-  std::vector<int64_t> seg, ord;
-  int64_t frame = 0;
-  for (const plan::Grid& g : grids)
-    for (int64_t t = 0; t < g[0]; ++t, ++frame)
-      for (int64_t i = 0; i < g[1] * g[2]; ++i) seg.push_back(frame), ord.push_back(i);
-  attention::TokenLayout layout{at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
-                                at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
   attention::AttentionOptions options;
-  options.causal = false;
-  at::Tensor attn = attention::local_attention(q, k, v, layout, layout, options);
+  options.causal = false;  // bidirectional; one segment per frame keeps it inside the frame
+  at::Tensor attn = attention::local_attention(q, k, v, frames, frames, options);
   at::Tensor h = x + b.proj->forward(attn.reshape({N, H * D}));
   return h + b.fc2->forward(activation(config_.hidden_act, b.fc1->forward(b.norm2->forward(h))));
 }
 
-at::Tensor QwenVisionEncoder::forward(const at::Tensor& pixel_values,
-                                      const std::vector<plan::Grid>& grids) const {
+VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
+                                        const std::vector<plan::Grid>& grids) const {
   const QwenVisionConfig& c = config_;
   const int64_t m = c.spatial_merge_size;
   int64_t patches = 0;
+  std::vector<int64_t> seg, ord;  // one attention segment per frame
+  int64_t frame = 0;
   for (const plan::Grid& g : grids) {
     MMSP_CHECK(g[1] % m == 0 && g[2] % m == 0, "grid [", g[0], ", ", g[1], ", ", g[2],
                "] must divide by spatial_merge_size ", m);
+    for (int64_t t = 0; t < g[0]; ++t, ++frame)
+      for (int64_t i = 0; i < g[1] * g[2]; ++i) seg.push_back(frame), ord.push_back(i);
     patches += g[0] * g[1] * g[2];
   }
   const int64_t patch_dim = c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size;
   MMSP_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == patches && pixel_values.size(1) == patch_dim,
              "pixel_values ", pixel_values.sizes(), " must be [", patches, ", ", patch_dim,
              "] for these grids (C·tp·p·p = ", patch_dim, ")");
-  if (patches == 0) return at::zeros({0, c.out_hidden_size}, pixel_values.options().dtype(
-                                                                 patch_embed_->proj_weight.scalar_type()));
+  MMSP_CHECK(patches > 0, "the vision encoder needs at least one item");
   // The Conv3d with stride = kernel is a matmul over flattened patches.
-  at::Tensor x = at::linear(pixel_values, patch_embed_->proj_weight.reshape({c.hidden_size, patch_dim}));
+  const at::Tensor w = patch_embed_->proj_weight.reshape({c.hidden_size, patch_dim});
+  at::Tensor x = patch_embed_->proj_bias.defined() ? at::linear(pixel_values, w, patch_embed_->proj_bias)
+                                                   : at::linear(pixel_values, w);
+  if (qwen3_) x = x + interpolated_positions(grids);
 
   // 2-D rotary: head_dim/4 frequencies for h, as many for w, then doubled.
   const int64_t quarter = c.head_dim() / 4;
@@ -145,10 +203,19 @@ at::Tensor QwenVisionEncoder::forward(const at::Tensor& pixel_values,
   at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                     // [N, 1, head_dim]
   const at::ScalarType wide = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   at::Tensor cos = emb.cos().to(wide).to(x.device()), sin = emb.sin().to(wide).to(x.device());
+  const attention::TokenLayout frames{at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
+                                      at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
 
-  for (const auto& block : block_list_) x = block_forward(*block, x, cos, sin, grids);
-  at::Tensor merged = merger_->ln_q->forward(x).reshape({-1, c.hidden_size * m * m});
-  return merger_->fc2->forward(at::gelu(merger_->fc1->forward(merged)));
+  VisionOutput out;
+  const int64_t width = c.hidden_size * m * m;
+  for (size_t i = 0; i < block_list_.size(); ++i) {
+    x = block_forward(*block_list_[i], x, cos, sin, frames);
+    for (size_t k = 0; k < deepstack_.size(); ++k)
+      if (c.deepstack_visual_indexes[k] == static_cast<int64_t>(i))
+        out.deepstack.push_back(deepstack_[k]->forward(x, width));
+  }
+  out.rows = merger_->forward(x, width);
+  return out;
 }
 
 }  // namespace mmsp::model

@@ -37,11 +37,21 @@ const char* to_string(VisionMode mode) {
 
 QwenVLModel::QwenVLModel(const ModelConfig& config) : config_(config) {
   MMSP_CHECK(config.qwen_vision.has_value(), "model_type ", config.model_type,
-             " has no Qwen vision encoder (QwenVLModel serves qwen2_vl)");
-  visual_ = register_module("visual", std::make_shared<QwenVisionEncoder>(*config.qwen_vision));
+             " has no Qwen vision encoder (QwenVLModel serves qwen2_vl and qwen3_vl)");
+  visual_ = std::make_shared<QwenVisionEncoder>(*config.qwen_vision, config.family);
   decoder_ = std::make_shared<Decoder>(config.text, config.tie_word_embeddings);
-  register_module("model", decoder_->model);  // checkpoint names: model.*, lm_head.*
+  if (config.family == plan::ModelFamily::qwen3_vl) {
+    // model.visual.*, model.language_model.*, lm_head.*
+    auto model = register_module("model", std::make_shared<torch::nn::Module>());
+    model->register_module("visual", visual_);
+    model->register_module("language_model", decoder_->model);
+  } else {
+    // visual.*, model.*, lm_head.*
+    register_module("visual", visual_);
+    register_module("model", decoder_->model);
+  }
   if (decoder_->lm_head) register_module("lm_head", decoder_->lm_head);
+  row_width_ = config.text.hidden_size * (1 + visual_->deepstack_levels());
 }
 
 at::Tensor QwenVLModel::encode(const std::vector<plan::VisionItem>& items,
@@ -50,7 +60,7 @@ at::Tensor QwenVLModel::encode(const std::vector<plan::VisionItem>& items,
     // A rank that encodes nothing still takes part in the routing collective's
     // backward, so its (empty) rows must be in the graph.
     const at::Tensor& w = decoder_->model->embed_tokens->weight;
-    return at::zeros({0, config_.text.hidden_size}, w.options()).requires_grad_();
+    return at::zeros({0, row_width_}, w.options()).requires_grad_();
   }
   std::vector<at::Tensor> rows;
   std::vector<plan::Grid> grids;
@@ -64,7 +74,12 @@ at::Tensor QwenVLModel::encode(const std::vector<plan::VisionItem>& items,
     rows.push_back(source.narrow(0, item.patch_offset, item.patches));
     grids.push_back(item.grid);
   }
-  return visual_->forward(at::cat(rows), grids);
+  // One row per placeholder: the merger's features, then each deepstack level's, so
+  // one message carries them all along the same route.
+  VisionOutput out = visual_->forward(at::cat(rows), grids);
+  if (out.deepstack.empty()) return out.rows;
+  out.deepstack.insert(out.deepstack.begin(), out.rows);
+  return at::cat(out.deepstack, 1);
 }
 
 at::Tensor QwenVLModel::vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels,
@@ -120,10 +135,15 @@ QwenVLModel::StepOutput QwenVLModel::forward(const plan::Batch& batch, const pla
   std::vector<int64_t> slots;
   for (const auto& from : routes.recv)
     for (const plan::RouteRow& r : from) slots.push_back(r.slot);
+  const at::Tensor slot_index = index_tensor(slots);
+  const int64_t hidden = config_.text.hidden_size;
   at::Tensor rows = vision_rows(plan, pixels, groups, mode).to(embeds.scalar_type());
-  embeds = embeds.index_copy(0, index_tensor(slots), rows);
+  embeds = embeds.index_copy(0, slot_index, rows.narrow(1, 0, hidden));
 
   DecoderContext ctx;
+  ctx.visual_slots = slot_index;
+  for (int k = 0; k < visual_->deepstack_levels(); ++k)
+    ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
   ctx.groups = {groups.ring, groups.ulysses};
   ctx.ring_shares = in.ring_shares;
   ctx.rotary = rotary_table(in.positions, rotary_options(config_.text, config_.conventions),

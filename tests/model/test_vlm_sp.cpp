@@ -1,7 +1,8 @@
-// The Qwen2-VL model under sequence parallelism equals one process: a packed batch of
-// images, a video and text, planned for every mesh of the world; in each vision mode
-// (routed, gather, replicate) the loss and every parameter gradient (vision encoder,
-// merger and decoder), summed over ranks, equal the single-process run (fp64 1e-9).
+// The Qwen2-VL and Qwen3-VL (deepstack) models under sequence parallelism equal one
+// process: a packed batch of images, a video and text, planned for every mesh of the
+// world; in each vision mode (routed, gather, replicate) the loss and every parameter
+// gradient (vision encoder, mergers, decoder), summed over ranks, equal the
+// single-process run (fp64 1e-9; fp32 1e-4).
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -40,6 +41,31 @@ model::ModelConfig tiny_qwen2_vl() {
   return model::parse_model_config(c, "tiny qwen2_vl");
 }
 
+// Qwen3-VL: nested text_config, q/k norms, interleaved mRoPE, patch-embedding bias, a
+// 4 × 4 position table, deepstack from both vision blocks into decoder layers 0 and 1.
+model::ModelConfig tiny_qwen3_vl() {
+  nlohmann::json c = {
+      {"model_type", "qwen3_vl"}, {"tie_word_embeddings", false},
+      {"vision_start_token_id", kStart}, {"vision_end_token_id", kEnd},
+      {"image_token_id", kImage}, {"video_token_id", kVideo},
+      {"text_config", {{"model_type", "qwen3_vl_text"}, {"vocab_size", 128}, {"hidden_size", 96},
+                       {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
+                       {"num_key_value_heads", 2}, {"head_dim", 8}, {"attention_bias", false},
+                       {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
+                       {"rope_scaling", {{"rope_type", "default"}, {"mrope_interleaved", true},
+                                         {"mrope_section", {2, 1, 1}}}}}},
+      {"vision_config", {{"model_type", "qwen3_vl"}, {"depth", 2}, {"hidden_size", 16},
+                         {"intermediate_size", 32}, {"num_heads", 2}, {"in_channels", 3},
+                         {"patch_size", 2}, {"temporal_patch_size", 2}, {"spatial_merge_size", 2},
+                         {"out_hidden_size", 96}, {"num_position_embeddings", 16},
+                         {"deepstack_visual_indexes", {0, 1}}, {"hidden_act", "gelu_pytorch_tanh"}}}};
+  return model::parse_model_config(c, "tiny qwen3_vl");
+}
+
+model::ModelConfig tiny_config(plan::ModelFamily family) {
+  return family == plan::ModelFamily::qwen3_vl ? tiny_qwen3_vl() : tiny_qwen2_vl();
+}
+
 void text(plan::Sequence& s, int n, int64_t seed) {
   for (int i = 0; i < n; ++i) s.input_ids.push_back((seed * 31 + i * 7) % 100);
 }
@@ -50,12 +76,19 @@ void block(plan::Sequence& s, int64_t token, int rows) {
 }
 
 // Two images and a video over three sequences (and a text-only one); the 16-token
-// image sits where shard borders cut it on most meshes.
-plan::Batch vision_batch() {
+// image sits where shard borders cut it on most meshes. Qwen3-VL writes each video
+// frame as its own block after its timestamp text.
+plan::Batch vision_batch(plan::ModelFamily family = plan::ModelFamily::qwen2_vl) {
   plan::Sequence a, b, c, d;
   text(a, 3, 1), block(a, kImage, 4), text(a, 6, 2);
   a.image_grid_thw = {{1, 4, 4}};
-  text(b, 5, 3), block(b, kImage, 3), text(b, 3, 4), block(b, kVideo, 4), text(b, 2, 5);
+  text(b, 5, 3), block(b, kImage, 3), text(b, 3, 4);
+  if (family == plan::ModelFamily::qwen3_vl) {
+    text(b, 2, 8), block(b, kVideo, 2), text(b, 2, 9), block(b, kVideo, 2);
+  } else {
+    block(b, kVideo, 4);
+  }
+  text(b, 2, 5);
   b.image_grid_thw = {{1, 2, 6}};
   b.video_grid_thw = {{2, 4, 2}};
   text(c, 9, 6);
@@ -96,15 +129,17 @@ Result run(const model::ModelConfig& config, const plan::Batch& batch, const pla
 
 }  // namespace
 
-TEST(MultiRank, QwenVlEqualsOneProcessInEveryVisionMode) {
-  const model::ModelConfig config = tiny_qwen2_vl();
-  const plan::Batch batch = vision_batch();
+class QwenVlFamily : public ::testing::TestWithParam<plan::ModelFamily> {};
+
+TEST_P(QwenVlFamily, MultiRankEqualsOneProcessInEveryVisionMode) {
+  const model::ModelConfig config = tiny_config(GetParam());
+  const plan::Batch batch = vision_batch(GetParam());
   const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
   const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
   const Result ref = run(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed);
   EXPECT_GT(ref.loss, 0);
   for (const auto& [name, g] : ref.grads)
-    if (name.rfind("visual.", 0) == 0 && name.find("weight") != std::string::npos)
+    if (name.find("visual.") != std::string::npos && name.find("weight") != std::string::npos)
       EXPECT_GT(g.abs().max().item<double>(), 0) << name << " gets no gradient: the vision path is cut";
 
   for (const dist::Mesh& mesh : test::all_meshes()) {
@@ -126,6 +161,11 @@ TEST(MultiRank, QwenVlEqualsOneProcessInEveryVisionMode) {
     }
   }
 }
+
+// Named MultiRank* so that the multi-rank runs pick it up.
+INSTANTIATE_TEST_SUITE_P(MultiRank, QwenVlFamily,
+                         ::testing::Values(plan::ModelFamily::qwen2_vl, plan::ModelFamily::qwen3_vl),
+                         [](const auto& info) { return plan::to_string(info.param); });
 
 // fp32: the same comparison at fp32's tolerance (rtol 1e-4), routed vision.
 TEST(MultiRank, QwenVlFp32EqualsOneProcess) {

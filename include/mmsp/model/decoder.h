@@ -25,6 +25,10 @@ struct DecoderContext {
   std::vector<attention::TokenLayout> ring_shares;
   RotaryTable rotary;
   attention::AttentionOptions attention;
+  // Qwen3-VL deepstack: after decoder layer k, deepstack[k] [V, hidden] is added at
+  // the local slots visual_slots [V] (the same slots the vision rows were spliced into).
+  at::Tensor visual_slots;
+  std::vector<at::Tensor> deepstack;
 };
 
 // The rotary settings of a decoder: 1-D for LLaVA, mRoPE sections for the Qwen family.

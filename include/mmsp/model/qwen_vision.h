@@ -1,9 +1,12 @@
-// The Qwen2-VL vision encoder as LibTorch modules with Hugging Face's names
-// (visual.patch_embed.proj, visual.blocks.N.{norm1, attn.qkv, attn.proj, norm2,
-// mlp.fc1, mlp.fc2}, visual.merger.{ln_q, mlp.0, mlp.2}). It encodes whole images
-// (Vision DP gives each rank whole items): patches in the processor's merge-window
-// order, 2-D rotary positions, bidirectional attention within each frame (the local
-// kernel, one segment per frame), then spatial_merge_size² patches -> one LLM row.
+// The Qwen2-VL and Qwen3-VL vision encoders as LibTorch modules with Hugging Face's
+// names: patch_embed.proj, blocks.N.{norm1, attn.qkv, attn.proj, norm2, mlp.*}, and
+// Qwen2-VL's merger.{ln_q, mlp.0, mlp.2} or Qwen3-VL's merger.{norm, linear_fc1,
+// linear_fc2}, pos_embed and deepstack_merger_list.K. It encodes whole items (Vision DP
+// gives each rank whole images): patches in the processor's merge-window order, 2-D
+// rotary positions, bidirectional attention within each frame (the local kernel, one
+// segment per frame), then spatial_merge_size² patches -> one LLM row. Qwen3-VL adds a
+// patch-embedding bias, a learned position table interpolated to each grid, and the
+// deepstack features: blocks listed in deepstack_visual_indexes feed extra mergers.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -11,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "mmsp/attention/token_layout.h"
 #include "mmsp/model/linear.h"
 #include "mmsp/model/vision_config.h"
 #include "mmsp/plan/sequence.h"
@@ -25,41 +29,59 @@ class LayerNorm : public torch::nn::Module {
   double eps;
 };
 
+// The encoder's output: rows [Σ t·h·w / m², out_hidden_size] and, for Qwen3-VL, one
+// tensor of the same shape per deepstack level.
+struct VisionOutput {
+  at::Tensor rows;
+  std::vector<at::Tensor> deepstack;
+};
+
 class QwenVisionEncoder : public torch::nn::Module {
  public:
-  explicit QwenVisionEncoder(const QwenVisionConfig& config);
+  // family: qwen2_vl or qwen3_vl (names and parts differ); others are an error.
+  QwenVisionEncoder(const QwenVisionConfig& config, plan::ModelFamily family);
 
   // pixel_values [N_patches, C·tp·p·p] of the given items (grids in patches, rows in
-  // the processor's order) -> embeddings [Σ t·h·w / m², out_hidden_size].
-  at::Tensor forward(const at::Tensor& pixel_values, const std::vector<plan::Grid>& grids) const;
+  // the processor's order).
+  VisionOutput forward(const at::Tensor& pixel_values, const std::vector<plan::Grid>& grids) const;
+
+  int deepstack_levels() const { return static_cast<int>(deepstack_.size()); }
 
   const QwenVisionConfig& config() const { return config_; }
 
  private:
   struct PatchEmbed : torch::nn::Module {
-    explicit PatchEmbed(const QwenVisionConfig& c);
-    at::Tensor proj_weight;  // [embed, C, tp, p, p], as HF's Conv3d (no bias)
+    PatchEmbed(const QwenVisionConfig& c, bool bias);
+    at::Tensor proj_weight;  // [embed, C, tp, p, p], as HF's Conv3d
+    at::Tensor proj_bias;    // Qwen3-VL only
   };
   struct Block : torch::nn::Module {
-    explicit Block(const QwenVisionConfig& c);
+    Block(const QwenVisionConfig& c, bool qwen3);
     std::shared_ptr<LayerNorm> norm1, norm2;
     std::shared_ptr<torch::nn::Module> attn, mlp;
-    std::shared_ptr<Linear> qkv, proj, fc1, fc2;
+    std::shared_ptr<Linear> qkv, proj, fc1, fc2;  // mlp.fc1/fc2 (Qwen2-VL), mlp.linear_fc1/2 (Qwen3-VL)
   };
+  // Qwen2-VL: ln_q, mlp.0, mlp.2; Qwen3-VL: norm, linear_fc1, linear_fc2, with the norm
+  // after the merge (postshuffle) for the deepstack mergers.
   struct Merger : torch::nn::Module {
-    explicit Merger(const QwenVisionConfig& c);
-    std::shared_ptr<LayerNorm> ln_q;
-    std::shared_ptr<torch::nn::Module> mlp;
-    std::shared_ptr<Linear> fc1, fc2;  // mlp.0, mlp.2
+    Merger(const QwenVisionConfig& c, bool qwen3, bool postshuffle_norm);
+    at::Tensor forward(const at::Tensor& x, int64_t merged_width) const;
+    std::shared_ptr<LayerNorm> norm;
+    std::shared_ptr<Linear> fc1, fc2;
+    bool postshuffle_norm;
   };
   at::Tensor block_forward(const Block& b, const at::Tensor& x, const at::Tensor& cos,
-                           const at::Tensor& sin, const std::vector<plan::Grid>& grids) const;
+                           const at::Tensor& sin, const attention::TokenLayout& frames) const;
+  at::Tensor interpolated_positions(const std::vector<plan::Grid>& grids) const;
 
   QwenVisionConfig config_;
+  bool qwen3_ = false;
   std::shared_ptr<PatchEmbed> patch_embed_;
+  std::shared_ptr<Embedding> pos_embed_;  // Qwen3-VL: [num_position_embeddings, hidden]
   std::shared_ptr<torch::nn::Module> blocks_;
   std::vector<std::shared_ptr<Block>> block_list_;
   std::shared_ptr<Merger> merger_;
+  std::vector<std::shared_ptr<Merger>> deepstack_;
 };
 
 // 2-D rotary positions (h, w) of each patch of the items, in merge-window order: [N, 2].

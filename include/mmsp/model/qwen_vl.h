@@ -1,7 +1,9 @@
-// The Qwen2-VL model under sequence parallelism: Vision DP (each rank encodes the
-// whole images the plan gives it), vision rows routed to the ranks that hold their
-// placeholder tokens, spliced into the token embeddings, then the decoder. Parameter
-// names are the checkpoint's: visual.*, model.*, lm_head.*.
+// The Qwen2-VL / Qwen3-VL model under sequence parallelism: Vision DP (each rank
+// encodes the whole images the plan gives it), vision rows — and Qwen3-VL's deepstack
+// rows, on the same routes in the same message — sent to the ranks that hold their
+// placeholder tokens, spliced into the token embeddings, then the decoder (deepstack
+// added after its first layers). Parameter names are the checkpoints': Qwen2-VL
+// visual.*, model.*, lm_head.*; Qwen3-VL model.visual.*, model.language_model.*, lm_head.*.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -52,8 +54,9 @@ class QwenVLModel : public torch::nn::Module {
                      const StepGroups& groups, VisionMode mode,
                      const attention::AttentionOptions& attention = {}) const;
 
-  // The vision part alone: embedding rows for this rank's placeholder slots, in
-  // arrival order (routes.recv from rank 0 first; each row's slot is in the route).
+  // The vision part alone: for this rank's placeholder slots, in arrival order
+  // (routes.recv from rank 0 first; each row's slot is in the route), the rows
+  // [V, hidden·(1 + deepstack levels)]: the merger's row, then each deepstack level's.
   at::Tensor vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels,
                          const StepGroups& groups, VisionMode mode) const;
 
@@ -66,6 +69,7 @@ class QwenVLModel : public torch::nn::Module {
   ModelConfig config_;
   std::shared_ptr<QwenVisionEncoder> visual_;
   std::shared_ptr<Decoder> decoder_;
+  int64_t row_width_ = 0;  // hidden · (1 + deepstack levels)
 };
 
 }  // namespace mmsp::model
