@@ -15,18 +15,10 @@
 #include "mmsp/model/config.h"
 #include "mmsp/model/decoder.h"
 #include "mmsp/model/qwen_vision.h"
+#include "mmsp/model/vision_routing.h"
 #include "mmsp/plan/step_plan.h"
 
 namespace mmsp::model {
-
-// How vision rows reach the ranks that need them. All three are exact.
-//  routed:    encode my items, all-to-all-v just the rows each rank needs (default)
-//  gather:    encode my items, all-gather every row to every rank, keep mine (the
-//             Python Vision DP patches); backward reduces and slices
-//  replicate: every rank encodes every item of its row (plain Ulysses)
-enum class VisionMode { routed, gather, replicate };
-VisionMode parse_vision_mode(const std::string& name);
-const char* to_string(VisionMode mode);
 
 // Pixels of the whole batch in the processor's layout: rows of flattened patches,
 // images in batch order (image_grid_thw order), videos likewise.
