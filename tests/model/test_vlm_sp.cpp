@@ -11,6 +11,7 @@
 #include <set>
 
 #include "mmsp/dist/all_reduce.h"
+#include "mmsp/model/llava.h"
 #include "mmsp/model/qwen_vl.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/model/safetensors.h"
@@ -101,6 +102,22 @@ struct Result {
   std::vector<std::pair<std::string, Tensor>> grads;
 };
 
+// Loss and every gradient within rtol. A gradient that is exactly zero in exact
+// arithmetic (e.g. a key bias: softmax ignores a constant shift) is compared at the
+// model's gradient scale: its floating-point noise carries no meaning.
+void expect_same(const Result& got, const Result& ref, double rtol, const std::string& where) {
+  EXPECT_NEAR(got.loss, ref.loss, rtol * ref.loss) << where;
+  ASSERT_EQ(got.grads.size(), ref.grads.size()) << where;
+  double model_scale = 0;
+  for (const auto& [name, g] : ref.grads) model_scale = std::max(model_scale, g.abs().max().item<double>());
+  for (size_t i = 0; i < ref.grads.size(); ++i) {
+    ASSERT_EQ(got.grads[i].first, ref.grads[i].first) << where;
+    const double scale = ref.grads[i].second.abs().max().item<double>();
+    const double diff = (got.grads[i].second - ref.grads[i].second).abs().max().item<double>();
+    EXPECT_LE(diff, rtol * (scale + 1e-9 * model_scale)) << where << " gradient of " << ref.grads[i].first;
+  }
+}
+
 Result run(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
            const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
            at::ScalarType dtype = at::kDouble) {
@@ -151,13 +168,7 @@ TEST_P(QwenVlFamily, MultiRankEqualsOneProcessInEveryVisionMode) {
       const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
                              mesh.world(), mode);
       const std::string where = mesh.shape().str() + " " + model::to_string(mode);
-      EXPECT_NEAR(got.loss, ref.loss, 1e-9 * ref.loss) << where;
-      ASSERT_EQ(got.grads.size(), ref.grads.size());
-      for (size_t i = 0; i < ref.grads.size(); ++i) {
-        const double scale = ref.grads[i].second.abs().max().item<double>();
-        const double diff = (got.grads[i].second - ref.grads[i].second).abs().max().item<double>();
-        EXPECT_LE(diff, 1e-9 * scale + 1e-300) << where << " gradient of " << ref.grads[i].first;
-      }
+      expect_same(got, ref, 1e-9, where);
     }
   }
 }
@@ -181,12 +192,7 @@ TEST(MultiRank, QwenVlFp32EqualsOneProcess) {
     const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
     const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(),
                            model::VisionMode::routed, at::kFloat);
-    EXPECT_NEAR(got.loss, ref.loss, 1e-4 * ref.loss) << mesh.shape().str();
-    for (size_t i = 0; i < ref.grads.size(); ++i) {
-      const double scale = ref.grads[i].second.abs().max().item<double>();
-      const double diff = (got.grads[i].second - ref.grads[i].second).abs().max().item<double>();
-      EXPECT_LE(diff, 1e-4 * scale + 1e-30) << mesh.shape().str() << " gradient of " << ref.grads[i].first;
-    }
+    expect_same(got, ref, 1e-4, mesh.shape().str() + " fp32");
   }
 }
 
@@ -248,4 +254,104 @@ TEST(QwenVlWeights, RoundTripGivesIdenticalOutputs) {
     EXPECT_NE(std::string(e.what()).find("lm_head.weight are not in the file"), std::string::npos) << e.what();
   }
   std::remove(path.c_str());
+}
+
+namespace {
+
+model::ModelConfig tiny_llava() {
+  nlohmann::json c = {
+      {"model_type", "llava"}, {"image_token_index", kImage}, {"image_seq_length", 16},
+      {"projector_hidden_act", "gelu"}, {"vision_feature_layer", -2},
+      {"vision_feature_select_strategy", "default"}, {"tie_word_embeddings", false},
+      {"text_config", {{"model_type", "llama"}, {"vocab_size", 128}, {"hidden_size", 96},
+                       {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
+                       {"num_key_value_heads", 2}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}}},
+      {"vision_config", {{"model_type", "clip_vision_model"}, {"hidden_size", 16}, {"intermediate_size", 32},
+                         {"num_hidden_layers", 3}, {"num_attention_heads", 2}, {"image_size", 8},
+                         {"patch_size", 2}, {"projection_dim", 16}, {"hidden_act", "quick_gelu"},
+                         {"layer_norm_eps", 1e-5}}}};
+  return model::parse_model_config(c, "tiny llava");
+}
+
+// Four images of 16 placeholder tokens (bare runs of <image>) in four sequences.
+plan::Batch llava_batch() {
+  plan::Sequence a, b, c, d;
+  auto image = [](plan::Sequence& s) {
+    for (int i = 0; i < 16; ++i) s.input_ids.push_back(kImage);
+    s.image_grid_thw.push_back({1, 4, 4});
+  };
+  text(a, 2, 1), image(a), text(a, 7, 2);
+  text(b, 4, 3), image(b), text(b, 2, 4), image(b), text(b, 3, 5);
+  text(c, 11, 6);
+  text(d, 5, 7), image(d);
+  return {{a, b, c, d}};
+}
+
+Result run_llava(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
+                 const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode) {
+  at::manual_seed(42);
+  auto llava = std::make_shared<model::LlavaModel>(config);
+  llava->to(at::kDouble);
+  at::manual_seed(9);
+  model::PixelInputs pixels{at::randn({4, 3, 8, 8}, at::kDouble), {}};
+  attention::AttentionOptions attn;
+  attn.block_q = 8;
+  attn.block_k = 8;
+  auto out = llava->forward(batch, plan, pixels, groups, mode, attn);
+  Tensor loss = model::causal_lm_loss(out.logits, out.labels, out.label_count);
+  loss.backward();
+  Result r;
+  Tensor total = loss.detach().reshape({1});
+  dist::all_reduce_(total, *world);
+  r.loss = total.item<double>();
+  for (const auto& item : llava->named_parameters()) {
+    Tensor g = item.value().grad().defined() ? item.value().grad().clone() : at::zeros_like(item.value());
+    dist::all_reduce_(g, *world);
+    r.grads.emplace_back(item.key(), g);
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST(MultiRank, LlavaEqualsOneProcessInEveryVisionMode) {
+  const model::ModelConfig config = tiny_llava();
+  const plan::Batch batch = llava_batch();
+  const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
+  const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
+  const Result ref = run_llava(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed);
+  for (const auto& [name, g] : ref.grads)
+    if (name.find("vision_tower") != std::string::npos && name.find("layers.0.") != std::string::npos)
+      EXPECT_GT(g.abs().max().item<double>(), 0) << name << " gets no gradient";
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    if (mesh.shape().ulysses == 3) continue;
+    plan::PlanOptions options;
+    options.mesh = {mesh.shape().dp, mesh.shape().ring, mesh.shape().ulysses};
+    const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
+    for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
+      const Result got = run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
+                                   mesh.world(), mode);
+      const std::string where = mesh.shape().str() + " " + model::to_string(mode);
+      expect_same(got, ref, 1e-9, where);
+    }
+  }
+}
+
+TEST(LlavaNames, AreTheCheckpointNames) {
+  model::LlavaModel llava(tiny_llava());
+  std::set<std::string> names;
+  for (const auto& item : llava.named_parameters()) names.insert(item.key());
+  for (const char* name : {"vision_tower.vision_model.embeddings.class_embedding",
+                           "vision_tower.vision_model.embeddings.patch_embedding.weight",
+                           "vision_tower.vision_model.embeddings.position_embedding.weight",
+                           "vision_tower.vision_model.pre_layrnorm.weight",
+                           "vision_tower.vision_model.encoder.layers.2.self_attn.out_proj.bias",
+                           "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight",
+                           "vision_tower.vision_model.post_layernorm.bias",
+                           "multi_modal_projector.linear_1.weight", "multi_modal_projector.linear_2.bias",
+                           "language_model.model.embed_tokens.weight",
+                           "language_model.model.layers.1.self_attn.q_proj.weight",
+                           "language_model.lm_head.weight"})
+    EXPECT_EQ(names.count(name), 1u) << name;
+  EXPECT_EQ(names.count("language_model.model.layers.1.self_attn.q_proj.bias"), 0u);  // Llama: no bias
 }

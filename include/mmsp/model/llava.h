@@ -1,0 +1,61 @@
+// LLaVA (llava-1.5 style) under sequence parallelism: a CLIP vision tower, the
+// multi-modal projector and a Llama decoder, with the checkpoint's names:
+// vision_tower.vision_model.{embeddings.{class_embedding, patch_embedding,
+// position_embedding}, pre_layrnorm, encoder.layers.N.{layer_norm1, self_attn.{q,k,v,
+// out}_proj, layer_norm2, mlp.fc1, mlp.fc2}, post_layernorm}, multi_modal_projector.
+// linear_{1,2}, language_model.model.*, language_model.lm_head. Vision rows reach their
+// placeholder slots by the same routes and modes as the Qwen family.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <memory>
+
+#include "mmsp/model/config.h"
+#include "mmsp/model/decoder.h"
+#include "mmsp/model/linear.h"
+#include "mmsp/model/qwen_vision.h"
+#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/vision_routing.h"
+
+namespace mmsp::model {
+
+class ClipVisionTower : public torch::nn::Module {
+ public:
+  ClipVisionTower(const ClipVisionConfig& vision, const LlavaProjectorConfig& llava);
+  // images [N, C, S, S] -> the selected layer's features [N, rows, hidden] (class token
+  // dropped for the "default" strategy).
+  at::Tensor forward(const at::Tensor& images) const;
+
+ private:
+  struct Layer : torch::nn::Module {
+    Layer(const ClipVisionConfig& c);
+    std::shared_ptr<LayerNorm> layer_norm1, layer_norm2;
+    std::shared_ptr<Linear> q_proj, k_proj, v_proj, out_proj, fc1, fc2;
+  };
+  ClipVisionConfig vision_;
+  LlavaProjectorConfig llava_;
+  at::Tensor class_embedding, patch_weight, position_weight;
+  std::shared_ptr<LayerNorm> pre_layrnorm_, post_layernorm_;
+  std::vector<std::shared_ptr<Layer>> layers_;
+};
+
+class LlavaModel : public torch::nn::Module {
+ public:
+  explicit LlavaModel(const ModelConfig& config);
+
+  // pixels.images: [N_images, C, S, S], in batch order.
+  QwenVLModel::StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan,
+                                  const PixelInputs& pixels, const StepGroups& groups, VisionMode mode,
+                                  const attention::AttentionOptions& attention = {}) const;
+
+ private:
+  at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
+                    const PixelInputs& pixels) const;
+  ModelConfig config_;
+  std::shared_ptr<ClipVisionTower> tower_;
+  std::shared_ptr<Linear> linear_1_, linear_2_;
+  std::shared_ptr<Decoder> decoder_;
+};
+
+}  // namespace mmsp::model

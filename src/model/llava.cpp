@@ -1,0 +1,152 @@
+// LLaVA: CLIP tower, projector, Llama decoder; see llava.h. Follows Hugging Face's
+// CLIPVisionTransformer (pre-layernorm, hidden_states[vision_feature_layer]) and
+// LlavaMultiModalProjector.
+#include "mmsp/model/llava.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+#include "mmsp/attention/local_attention.h"
+#include "mmsp/core/check.h"
+#include "mmsp/model/rank_inputs.h"
+
+namespace mmsp::model {
+namespace {
+
+at::Tensor act(const std::string& name, const at::Tensor& x) {
+  if (name == "quick_gelu") return x * at::sigmoid(1.702 * x);
+  if (name == "gelu") return at::gelu(x);
+  if (name == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
+  if (name == "silu") return at::silu(x);
+  if (name == "relu") return at::relu(x);
+  MMSP_CHECK(false, "activation '", name, "' is not supported");
+  return x;
+}
+
+}  // namespace
+
+ClipVisionTower::Layer::Layer(const ClipVisionConfig& c) {
+  const double s = 0.02;
+  layer_norm1 = register_module("layer_norm1", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
+  layer_norm2 = register_module("layer_norm2", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
+  auto attn = register_module("self_attn", std::make_shared<torch::nn::Module>());
+  q_proj = attn->register_module("q_proj", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, s));
+  k_proj = attn->register_module("k_proj", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, s));
+  v_proj = attn->register_module("v_proj", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, s));
+  out_proj = attn->register_module("out_proj", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, s));
+  auto mlp = register_module("mlp", std::make_shared<torch::nn::Module>());
+  fc1 = mlp->register_module("fc1", std::make_shared<Linear>(c.hidden_size, c.intermediate_size, true, s));
+  fc2 = mlp->register_module("fc2", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, true, s));
+}
+
+ClipVisionTower::ClipVisionTower(const ClipVisionConfig& c, const LlavaProjectorConfig& llava)
+    : vision_(c), llava_(llava) {
+  const int64_t positions = c.patches_per_side() * c.patches_per_side() + 1;
+  auto model = register_module("vision_model", std::make_shared<torch::nn::Module>());
+  auto embeddings = model->register_module("embeddings", std::make_shared<torch::nn::Module>());
+  class_embedding = embeddings->register_parameter("class_embedding", at::randn({c.hidden_size}) * 0.02);
+  auto patch = embeddings->register_module("patch_embedding", std::make_shared<torch::nn::Module>());
+  patch_weight = patch->register_parameter(
+      "weight", at::randn({c.hidden_size, c.num_channels, c.patch_size, c.patch_size}) * 0.02);
+  auto position = embeddings->register_module("position_embedding", std::make_shared<torch::nn::Module>());
+  position_weight = position->register_parameter("weight", at::randn({positions, c.hidden_size}) * 0.02);
+  pre_layrnorm_ = model->register_module("pre_layrnorm", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
+  auto encoder = model->register_module("encoder", std::make_shared<torch::nn::Module>());
+  auto layers = encoder->register_module("layers", std::make_shared<torch::nn::Module>());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+    layers_.push_back(layers->register_module(std::to_string(i), std::make_shared<Layer>(c)));
+  // Present in the checkpoints; unused when the features come from an inner layer.
+  post_layernorm_ = model->register_module("post_layernorm", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
+}
+
+at::Tensor ClipVisionTower::forward(const at::Tensor& images) const {
+  const ClipVisionConfig& c = vision_;
+  MMSP_CHECK(images.dim() == 4 && images.size(1) == c.num_channels && images.size(2) == c.image_size &&
+                 images.size(3) == c.image_size,
+             "LLaVA images must be [N, ", c.num_channels, ", ", c.image_size, ", ", c.image_size,
+             "], got ", images.sizes());
+  const int64_t N = images.size(0), side = c.patches_per_side(), P = side * side, D = c.hidden_size;
+  const int64_t heads = c.num_attention_heads, hd = D / heads;
+  // Conv2d with stride = kernel: patches [N, P, C·p·p] @ weightᵀ, patches row-major.
+  at::Tensor patches = images.reshape({N, c.num_channels, side, c.patch_size, side, c.patch_size})
+                           .permute({0, 2, 4, 1, 3, 5})
+                           .reshape({N, P, c.num_channels * c.patch_size * c.patch_size});
+  at::Tensor x = at::linear(patches, patch_weight.reshape({D, -1}));               // [N, P, D]
+  x = at::cat({class_embedding.expand({N, 1, D}), x}, 1) + position_weight;        // [N, P+1, D]
+  x = pre_layrnorm_->forward(x);
+  // hidden_states = [embeddings, layer 1, ..., layer L]; pick vision_feature_layer.
+  const int64_t L = c.num_hidden_layers;
+  const int64_t pick = llava_.vision_feature_layer < 0 ? L + 1 + llava_.vision_feature_layer
+                                                       : llava_.vision_feature_layer;
+  // Each image is one bidirectional segment: the local kernel over all images at once.
+  const int64_t T = N * (P + 1);
+  attention::TokenLayout layout{at::arange(N, at::kLong).repeat_interleave(P + 1),
+                                at::arange(P + 1, at::kLong).repeat({N})};
+  attention::AttentionOptions options;
+  options.causal = false;
+  for (int64_t i = 0; i < pick; ++i) {
+    const Layer& l = *layers_[i];
+    at::Tensor h = l.layer_norm1->forward(x).reshape({T, D});
+    at::Tensor q = l.q_proj->forward(h).view({T, heads, hd});
+    at::Tensor k = l.k_proj->forward(h).view({T, heads, hd});
+    at::Tensor v = l.v_proj->forward(h).view({T, heads, hd});
+    at::Tensor a = attention::local_attention(q, k, v, layout, layout, options).reshape({N, P + 1, D});
+    x = x + l.out_proj->forward(a);
+    x = x + l.fc2->forward(act(c.hidden_act, l.fc1->forward(l.layer_norm2->forward(x))));
+  }
+  return llava_.vision_feature_select_strategy == "default" ? x.narrow(1, 1, P) : x;
+}
+
+LlavaModel::LlavaModel(const ModelConfig& config) : config_(config) {
+  MMSP_CHECK(config.clip_vision && config.llava, "model_type ", config.model_type,
+             " is not LLaVA (no CLIP vision_config)");
+  tower_ = register_module("vision_tower", std::make_shared<ClipVisionTower>(*config.clip_vision, *config.llava));
+  auto projector = register_module("multi_modal_projector", std::make_shared<torch::nn::Module>());
+  const bool bias = config.llava->multimodal_projector_bias;
+  linear_1_ = projector->register_module(
+      "linear_1", std::make_shared<Linear>(config.clip_vision->hidden_size, config.text.hidden_size, bias, 0.02));
+  linear_2_ = projector->register_module(
+      "linear_2", std::make_shared<Linear>(config.text.hidden_size, config.text.hidden_size, bias, 0.02));
+  decoder_ = register_module("language_model", std::make_shared<Decoder>(config.text, config.tie_word_embeddings));
+}
+
+at::Tensor LlavaModel::encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
+                              const PixelInputs& pixels) const {
+  if (which.empty()) {  // still in the graph: this rank joins the routing backward
+    const at::Tensor& w = decoder_->model->embed_tokens->weight;
+    return at::zeros({0, config_.text.hidden_size}, w.options()).requires_grad_();
+  }
+  std::vector<int64_t> images;
+  for (int64_t i : which) {
+    MMSP_CHECK(items.at(i).kind == plan::VisionKind::image, "LLaVA takes images only");
+    images.push_back(items.at(i).batch_index);
+  }
+  MMSP_CHECK(pixels.images.defined() && pixels.images.size(0) > *std::max_element(images.begin(), images.end()),
+             "LLaVA needs pixel values for image ", *std::max_element(images.begin(), images.end()));
+  at::Tensor features = tower_->forward(pixels.images.index_select(
+      0, at::tensor(at::ArrayRef<int64_t>(images), at::kLong).clone()));  // [n, rows, D]
+  at::Tensor rows = linear_2_->forward(act(config_.llava->projector_hidden_act, linear_1_->forward(features)));
+  return rows.reshape({-1, config_.text.hidden_size});
+}
+
+QwenVLModel::StepOutput LlavaModel::forward(const plan::Batch& batch, const plan::StepPlan& plan,
+                                            const PixelInputs& pixels, const StepGroups& groups,
+                                            VisionMode mode, const attention::AttentionOptions& attention) const {
+  RankInputs in = rank_inputs(batch, plan);
+  at::Tensor embeds = decoder_->embed(in.token_ids);
+  const auto& items = plan.rows.at(plan.mine.coords.dp).items;
+  RoutedRows routed = route_vision_rows(
+      plan, [&](const std::vector<int64_t>& which) { return encode(items, which, pixels); },
+      groups.context, mode);
+  embeds = embeds.index_copy(0, routed.slots, routed.rows.to(embeds.scalar_type()));
+  DecoderContext ctx;
+  ctx.groups = {groups.ring, groups.ulysses};
+  ctx.ring_shares = in.ring_shares;
+  ctx.rotary = rotary_table(in.positions, rotary_options(config_.text, config_.conventions),
+                            embeds.scalar_type(), embeds.device());
+  ctx.attention = attention;
+  return {decoder_->forward(embeds, ctx), in.labels, in.label_count};
+}
+
+}  // namespace mmsp::model
