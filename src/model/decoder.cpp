@@ -6,6 +6,7 @@
 #include <string>
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/rank_inputs.h"
 
 namespace mmsp::model {
 
@@ -18,6 +19,18 @@ RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConvention
     o.interleaved = conventions.mrope_interleaved;
   }
   return o;
+}
+
+DecoderContext decoder_context(const RankInputs& in, const TextConfig& text,
+                               const plan::ModelConventions& conventions,
+                               const attention::ContextGroups& groups,
+                               const attention::AttentionOptions& attention, const at::Tensor& like) {
+  DecoderContext ctx;
+  ctx.groups = groups;
+  ctx.ring_shares = in.ring_shares;
+  ctx.rotary = rotary_table(in.positions, rotary_options(text, conventions), like.scalar_type(), like.device());
+  ctx.attention = attention;
+  return ctx;
 }
 
 DecoderLayer::Attention::Attention(const TextConfig& c) {

@@ -9,23 +9,10 @@
 
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/core/check.h"
+#include "mmsp/model/activation.h"
 #include "mmsp/model/rank_inputs.h"
 
 namespace mmsp::model {
-namespace {
-
-at::Tensor act(const std::string& name, const at::Tensor& x) {
-  if (name == "quick_gelu") return x * at::sigmoid(1.702 * x);
-  if (name == "gelu") return at::gelu(x);
-  if (name == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
-  if (name == "silu") return at::silu(x);
-  if (name == "relu") return at::relu(x);
-  MMSP_CHECK(false, "activation '", name, "' is not supported");
-  return x;
-}
-
-}  // namespace
-
 ClipVisionTower::Layer::Layer(const ClipVisionConfig& c) {
   const double s = 0.02;
   layer_norm1 = register_module("layer_norm1", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
@@ -93,7 +80,7 @@ at::Tensor ClipVisionTower::forward(const at::Tensor& images) const {
     at::Tensor v = l.v_proj->forward(h).view({T, heads, hd});
     at::Tensor a = attention::local_attention(q, k, v, layout, layout, options).reshape({N, P + 1, D});
     x = x + l.out_proj->forward(a);
-    x = x + l.fc2->forward(act(c.hidden_act, l.fc1->forward(l.layer_norm2->forward(x))));
+    x = x + l.fc2->forward(activation(c.hidden_act, l.fc1->forward(l.layer_norm2->forward(x))));
   }
   return llava_.vision_feature_select_strategy == "default" ? x.narrow(1, 1, P) : x;
 }
@@ -126,7 +113,7 @@ at::Tensor LlavaModel::encode(const std::vector<plan::VisionItem>& items, const 
              "LLaVA needs pixel values for image ", *std::max_element(images.begin(), images.end()));
   at::Tensor features = tower_->forward(pixels.images.index_select(
       0, at::tensor(at::ArrayRef<int64_t>(images), at::kLong).clone()));  // [n, rows, D]
-  at::Tensor rows = linear_2_->forward(act(config_.llava->projector_hidden_act, linear_1_->forward(features)));
+  at::Tensor rows = linear_2_->forward(activation(config_.llava->projector_hidden_act, linear_1_->forward(features)));
   return rows.reshape({-1, config_.text.hidden_size});
 }
 
@@ -140,12 +127,8 @@ QwenVLModel::StepOutput LlavaModel::forward(const plan::Batch& batch, const plan
       plan, [&](const std::vector<int64_t>& which) { return encode(items, which, pixels); },
       groups.context, mode);
   embeds = embeds.index_copy(0, routed.slots, routed.rows.to(embeds.scalar_type()));
-  DecoderContext ctx;
-  ctx.groups = {groups.ring, groups.ulysses};
-  ctx.ring_shares = in.ring_shares;
-  ctx.rotary = rotary_table(in.positions, rotary_options(config_.text, config_.conventions),
-                            embeds.scalar_type(), embeds.device());
-  ctx.attention = attention;
+  const DecoderContext ctx = decoder_context(in, config_.text, config_.conventions,
+                                             {groups.ring, groups.ulysses}, attention, embeds);
   return {decoder_->forward(embeds, ctx), in.labels, in.label_count};
 }
 

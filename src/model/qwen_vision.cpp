@@ -9,26 +9,10 @@
 
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/core/check.h"
+#include "mmsp/model/activation.h"
+#include "mmsp/model/rotary.h"
 
 namespace mmsp::model {
-namespace {
-
-at::Tensor activation(const std::string& name, const at::Tensor& x) {
-  if (name == "quick_gelu") return x * at::sigmoid(1.702 * x);
-  if (name == "gelu") return at::gelu(x);
-  if (name == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
-  if (name == "silu") return at::silu(x);
-  MMSP_CHECK(false, "vision_config.hidden_act '", name, "' is not supported by the Qwen2-VL encoder");
-  return x;
-}
-
-at::Tensor rotate_half(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-}
-
-}  // namespace
-
 LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
   weight = register_parameter("weight", at::ones({dim}));
   bias = register_parameter("bias", at::zeros({dim}));
@@ -154,14 +138,14 @@ at::Tensor QwenVisionEncoder::interpolated_positions(const std::vector<plan::Gri
   return at::cat(parts);
 }
 
-at::Tensor QwenVisionEncoder::block_forward(const Block& b, const at::Tensor& x, const at::Tensor& cos,
-                                            const at::Tensor& sin, const attention::TokenLayout& frames) const {
+at::Tensor QwenVisionEncoder::block_forward(const Block& b, const at::Tensor& x, const RotaryTable& rotary,
+                                            const attention::TokenLayout& frames) const {
   const int64_t N = x.size(0), H = config_.num_heads, D = config_.head_dim();
   at::Tensor qkv = b.qkv->forward(b.norm1->forward(x)).view({N, 3, H, D});
   at::Tensor q = qkv.select(1, 0), k = qkv.select(1, 1), v = qkv.select(1, 2);  // [N, H, D]
   const at::ScalarType wide = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  q = (q.to(wide) * cos + rotate_half(q.to(wide)) * sin).to(x.scalar_type());
-  k = (k.to(wide) * cos + rotate_half(k.to(wide)) * sin).to(x.scalar_type());
+  q = apply_rotary(q.to(wide), rotary).to(x.scalar_type());
+  k = apply_rotary(k.to(wide), rotary).to(x.scalar_type());
   attention::AttentionOptions options;
   options.causal = false;  // bidirectional; one segment per frame keeps it inside the frame
   at::Tensor attn = attention::local_attention(q, k, v, frames, frames, options);
@@ -200,16 +184,16 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
   at::Tensor inv_freq = at::pow(10000.0, at::arange(0, 2 * quarter, 2, f64) / double(2 * quarter)).reciprocal();
   at::Tensor pos = vision_patch_positions(grids, m).to(at::kDouble);             // [N, 2]
   at::Tensor freqs = (pos.unsqueeze(-1) * inv_freq).flatten(1);                  // [N, head_dim/2]
-  at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);                     // [N, 1, head_dim]
+  at::Tensor emb = at::cat({freqs, freqs}, -1);                                  // [N, head_dim]
   const at::ScalarType wide = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor cos = emb.cos().to(wide).to(x.device()), sin = emb.sin().to(wide).to(x.device());
+  const RotaryTable rotary{emb.cos().to(wide).to(x.device()), emb.sin().to(wide).to(x.device())};
   const attention::TokenLayout frames{at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
                                       at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
 
   VisionOutput out;
   const int64_t width = c.hidden_size * m * m;
   for (size_t i = 0; i < block_list_.size(); ++i) {
-    x = block_forward(*block_list_[i], x, cos, sin, frames);
+    x = block_forward(*block_list_[i], x, rotary, frames);
     for (size_t k = 0; k < deepstack_.size(); ++k)
       if (c.deepstack_visual_indexes[k] == static_cast<int64_t>(i))
         out.deepstack.push_back(deepstack_[k]->forward(x, width));

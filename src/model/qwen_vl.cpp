@@ -78,15 +78,11 @@ QwenVLModel::StepOutput QwenVLModel::forward(const plan::Batch& batch, const pla
   at::Tensor rows = routed.rows.to(embeds.scalar_type());
   embeds = embeds.index_copy(0, slot_index, rows.narrow(1, 0, hidden));
 
-  DecoderContext ctx;
+  DecoderContext ctx = decoder_context(in, config_.text, config_.conventions,
+                                       {groups.ring, groups.ulysses}, attention, embeds);
   ctx.visual_slots = slot_index;
   for (int k = 0; k < visual_->deepstack_levels(); ++k)
     ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
-  ctx.groups = {groups.ring, groups.ulysses};
-  ctx.ring_shares = in.ring_shares;
-  ctx.rotary = rotary_table(in.positions, rotary_options(config_.text, config_.conventions),
-                            embeds.scalar_type(), embeds.device());
-  ctx.attention = attention;
   return {decoder_->forward(embeds, ctx), in.labels, in.label_count};
 }
 

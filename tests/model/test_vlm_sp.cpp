@@ -118,14 +118,15 @@ void expect_same(const Result& got, const Result& ref, double rtol, const std::s
   }
 }
 
-Result run(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
-           const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
-           at::ScalarType dtype = at::kDouble) {
+// One step of Model on this rank with the same seeds everywhere; loss and every
+// parameter gradient summed over `world`.
+template <typename Model>
+Result run_model(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
+                 const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
+                 const model::PixelInputs& pixels, at::ScalarType dtype) {
   at::manual_seed(42);
-  auto vlm = std::make_shared<model::QwenVLModel>(config);
+  auto vlm = std::make_shared<Model>(config);
   vlm->to(dtype);
-  at::manual_seed(7);  // the batch's pixels, identical everywhere
-  model::PixelInputs pixels{at::randn({16 + 12, 24}, dtype), at::randn({16, 24}, dtype)};
   attention::AttentionOptions attn;
   attn.block_q = 8;
   attn.block_k = 8;
@@ -142,6 +143,14 @@ Result run(const model::ModelConfig& config, const plan::Batch& batch, const pla
     r.grads.emplace_back(item.key(), g);
   }
   return r;
+}
+
+Result run(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
+           const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
+           at::ScalarType dtype = at::kDouble) {
+  at::manual_seed(7);  // the batch's pixels, identical everywhere
+  const model::PixelInputs pixels{at::randn({16 + 12, 24}, dtype), at::randn({16, 24}, dtype)};
+  return run_model<model::QwenVLModel>(config, batch, plan, groups, world, mode, pixels, dtype);
 }
 
 }  // namespace
@@ -289,27 +298,9 @@ plan::Batch llava_batch() {
 
 Result run_llava(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
                  const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode) {
-  at::manual_seed(42);
-  auto llava = std::make_shared<model::LlavaModel>(config);
-  llava->to(at::kDouble);
   at::manual_seed(9);
-  model::PixelInputs pixels{at::randn({4, 3, 8, 8}, at::kDouble), {}};
-  attention::AttentionOptions attn;
-  attn.block_q = 8;
-  attn.block_k = 8;
-  auto out = llava->forward(batch, plan, pixels, groups, mode, attn);
-  Tensor loss = model::causal_lm_loss(out.logits, out.labels, out.label_count);
-  loss.backward();
-  Result r;
-  Tensor total = loss.detach().reshape({1});
-  dist::all_reduce_(total, *world);
-  r.loss = total.item<double>();
-  for (const auto& item : llava->named_parameters()) {
-    Tensor g = item.value().grad().defined() ? item.value().grad().clone() : at::zeros_like(item.value());
-    dist::all_reduce_(g, *world);
-    r.grads.emplace_back(item.key(), g);
-  }
-  return r;
+  const model::PixelInputs pixels{at::randn({4, 3, 8, 8}, at::kDouble), {}};
+  return run_model<model::LlavaModel>(config, batch, plan, groups, world, mode, pixels, at::kDouble);
 }
 
 }  // namespace

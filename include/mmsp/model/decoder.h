@@ -34,6 +34,14 @@ struct DecoderContext {
 // The rotary settings of a decoder: 1-D for LLaVA, mRoPE sections for the Qwen family.
 RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConventions& conventions);
 
+// The context of one rank's step: its groups and ring shares, and the rotary table of
+// its positions (from the plan) in the dtype and on the device of `like`.
+struct RankInputs;
+DecoderContext decoder_context(const RankInputs& inputs, const TextConfig& text,
+                               const plan::ModelConventions& conventions,
+                               const attention::ContextGroups& groups,
+                               const attention::AttentionOptions& attention, const at::Tensor& like);
+
 class DecoderLayer : public torch::nn::Module {
  public:
   explicit DecoderLayer(const TextConfig& config);

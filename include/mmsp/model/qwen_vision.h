@@ -16,6 +16,7 @@
 
 #include "mmsp/attention/token_layout.h"
 #include "mmsp/model/linear.h"
+#include "mmsp/model/rotary.h"
 #include "mmsp/model/vision_config.h"
 #include "mmsp/plan/sequence.h"
 
@@ -70,8 +71,8 @@ class QwenVisionEncoder : public torch::nn::Module {
     std::shared_ptr<Linear> fc1, fc2;
     bool postshuffle_norm;
   };
-  at::Tensor block_forward(const Block& b, const at::Tensor& x, const at::Tensor& cos,
-                           const at::Tensor& sin, const attention::TokenLayout& frames) const;
+  at::Tensor block_forward(const Block& b, const at::Tensor& x, const RotaryTable& rotary,
+                           const attention::TokenLayout& frames) const;
   at::Tensor interpolated_positions(const std::vector<plan::Grid>& grids) const;
 
   QwenVisionConfig config_;
