@@ -182,15 +182,11 @@ TEST_P(QwenVlFamily, MultiRankEqualsOneProcessInEveryVisionMode) {
   }
 }
 
-// Named MultiRank* so that the multi-rank runs pick it up.
-INSTANTIATE_TEST_SUITE_P(MultiRank, QwenVlFamily,
-                         ::testing::Values(plan::ModelFamily::qwen2_vl, plan::ModelFamily::qwen3_vl),
-                         [](const auto& info) { return plan::to_string(info.param); });
 
-// fp32: the same comparison at fp32's tolerance (rtol 1e-4), routed vision.
-TEST(MultiRank, QwenVlFp32EqualsOneProcess) {
-  const model::ModelConfig config = tiny_qwen2_vl();
-  const plan::Batch batch = vision_batch();
+// fp32: the same comparison at fp32's tolerance (rtol 1e-4), every family and mode.
+TEST_P(QwenVlFamily, MultiRankFp32EqualsOneProcessInEveryVisionMode) {
+  const model::ModelConfig config = tiny_config(GetParam());
+  const plan::Batch batch = vision_batch(GetParam());
   const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
   const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
   const Result ref = run(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed, at::kFloat);
@@ -199,11 +195,18 @@ TEST(MultiRank, QwenVlFp32EqualsOneProcess) {
     plan::PlanOptions options;
     options.mesh = {mesh.shape().dp, mesh.shape().ring, mesh.shape().ulysses};
     const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
-    const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(),
-                           model::VisionMode::routed, at::kFloat);
-    expect_same(got, ref, 1e-4, mesh.shape().str() + " fp32");
+    for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
+      const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
+                             mesh.world(), mode, at::kFloat);
+      expect_same(got, ref, 1e-4, mesh.shape().str() + " fp32 " + model::to_string(mode));
+    }
   }
 }
+
+// Named MultiRank* so that the multi-rank runs pick it up.
+INSTANTIATE_TEST_SUITE_P(MultiRank, QwenVlFamily,
+                         ::testing::Values(plan::ModelFamily::qwen2_vl, plan::ModelFamily::qwen3_vl),
+                         [](const auto& info) { return plan::to_string(info.param); });
 
 // The batch exercises what the issue asks: on 4 ranks some rank encodes nothing and
 // some item's rows land on more than one rank.
