@@ -2,11 +2,13 @@
 # Starts N ranks of `mmsp selftest` by hand with the variables another launcher
 # would set (torchrun, OpenMPI's mpirun, Slurm's srun) — no mmsp-run — and fails
 # unless every rank exits 0 and rank 0 reports "passed".
-# usage: run_without_launcher.sh MMSP STYLE N [selftest args...]
+# usage: run_without_launcher.sh MMSP MMSP_RUN STYLE N [selftest args...]
 set -u
-mmsp=$1 style=$2 n=$3
-shift 3
-port=$(( 20000 + RANDOM % 20000 ))
+mmsp=$1 mmsp_run=$2 style=$3 n=$4
+shift 4
+# A free port, found the way mmsp-run finds one (bind to port 0), so parallel tests
+# never collide.
+port=$("$mmsp_run" -n 1 --no-prefix -- sh -c 'echo $MASTER_PORT')
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 pids=()
