@@ -94,10 +94,12 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
       at::Tensor mine = at::tensor({peak, vision_bytes, d.total_bytes()}, at::kLong).view({1, 3});
       at::Tensor all = dist::all_gather_v(mine, std::vector<int64_t>(env.world_size, 1), mesh.world());
       at::Tensor max = std::get<0>(all.max(0));
+      at::Tensor mean = all.to(at::kDouble).mean(0);
       rows.push_back({{"context_ranks", c}, {"ring", shape.ring}, {"ulysses", shape.ulysses},
                       {"mode", model::to_string(mode)},
                       {"peak_bytes_max_rank", max[0].item<int64_t>()},
                       {"vision_bytes_max_rank", max[1].item<int64_t>()},
+                      {"vision_bytes_mean_rank", mean[1].item<double>()},
                       {"all_bytes_max_rank", max[2].item<int64_t>()}});
     }
   }
@@ -114,6 +116,8 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
                                      r1->at("peak_bytes_max_rank").get<double>();
     result["routed_vision_bytes_over_gather_4"] =
         r4->at("vision_bytes_max_rank").get<double>() / g4->at("vision_bytes_max_rank").get<double>();
+    result["routed_vision_bytes_over_gather_4_mean"] =
+        r4->at("vision_bytes_mean_rank").get<double>() / g4->at("vision_bytes_mean_rank").get<double>();
   }
   return result;
 }

@@ -116,14 +116,17 @@ void plan_vision(RowPlan& row, int S, const VisionCostModel& model) {
   std::vector<double> costs(n);
   std::vector<int64_t> patches(n);
   std::vector<int> preferred(n);
+  std::vector<HeldRows> held(n);
   for (size_t i = 0; i < n; ++i) {
     VisionItem& it = row.items[i];
-    it.preferred_rank = holder_rank(it, row.shards);
+    held[i] = held_rows(it, row.shards);
+    it.preferred_rank = holder_rank(held[i]);
     costs[i] = it.cost;
     patches[i] = it.patches;
     preferred[i] = it.preferred_rank;
   }
-  const VisionAssignment a = assign_vision_balanced(costs, patches, preferred, S, model);
+  VisionAssignment a = assign_vision_balanced(costs, patches, preferred, S, model);
+  keep_rows_home(a, costs, held, S, model);
   check_encoder_patches(patches, a.rank_of_item, S, row.dp);
   row.used_greedy_fallback = a.used_greedy_fallback;
   row.greedy_rank = assign_greedy_contiguous(patches, S);

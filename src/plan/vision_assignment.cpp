@@ -219,4 +219,66 @@ VisionAssignment assign_vision_balanced(const std::vector<double>& costs,
   return ours;
 }
 
+namespace {
+
+int64_t rows_on(const HeldRows& held, int rank) {
+  for (const auto& [r, rows] : held)
+    if (r == rank) return rows;
+  return 0;
+}
+
+}  // namespace
+
+void keep_rows_home(VisionAssignment& a, const std::vector<double>& costs,
+                    const std::vector<HeldRows>& held, int ranks, const VisionCostModel& model) {
+  const int64_t n = static_cast<int64_t>(costs.size());
+  MMSP_ASSERT(static_cast<int64_t>(held.size()) == n && static_cast<int64_t>(a.rank_of_item.size()) == n);
+  std::vector<int>& rank_of = a.rank_of_item;
+  std::vector<double> load(ranks, 0.0);
+  std::vector<std::vector<int64_t>> on(ranks);
+  for (int64_t i = 0; i < n; ++i) load[rank_of[i]] += costs[i], on[rank_of[i]].push_back(i);
+  const double top = n ? *std::max_element(load.begin(), load.end()) : 0.0;
+  const double limit = top * (1 + 1e-12);
+  auto relocate = [&](int64_t i, int from, int to) {
+    on[from].erase(std::find(on[from].begin(), on[from].end(), i));
+    on[to].push_back(i);
+    load[from] -= costs[i];
+    load[to] += costs[i];
+    rank_of[i] = to;
+  };
+  // Each accepted change keeps more rows home, so the passes end; few are needed.
+  for (int pass = 0; pass < 4; ++pass) {
+    bool changed = false;
+    for (int64_t i = 0; i < n; ++i) {
+      const int a_rank = rank_of[i];
+      const int64_t here = rows_on(held[i], a_rank);
+      for (const auto& [b, rows_b] : held[i]) {
+        if (b == a_rank || rows_b <= here) continue;
+        if (load[b] + costs[i] <= limit) {  // room at b: just move
+          relocate(i, a_rank, b);
+          changed = true;
+          break;
+        }
+        int64_t best_j = -1, best_gain = 0;
+        for (int64_t j : on[b]) {
+          if (std::abs(costs[i] - costs[j]) > model.tie_tolerance * std::max(costs[i], costs[j])) continue;
+          if (load[a_rank] - costs[i] + costs[j] > limit || load[b] - costs[j] + costs[i] > limit) continue;
+          const int64_t gain = rows_b - here + rows_on(held[j], a_rank) - rows_on(held[j], b);
+          if (gain > best_gain) best_gain = gain, best_j = j;
+        }
+        if (best_j >= 0) {
+          relocate(i, a_rank, b);
+          relocate(best_j, b, a_rank);
+          changed = true;
+          break;
+        }
+      }
+    }
+    if (!changed) break;
+  }
+  const bool fallback = a.used_greedy_fallback;
+  a = evaluate_assignment(rank_of, costs, ranks);
+  a.used_greedy_fallback = fallback;
+}
+
 }  // namespace mmsp::plan

@@ -16,9 +16,9 @@ std::vector<FlatPiece> flatten_pieces(const std::vector<VisionItem>& items) {
   return out;
 }
 
-int holder_rank(const VisionItem& item, const ShardMap& shards) {
+HeldRows held_rows(const VisionItem& item, const ShardMap& shards) {
   // Few ranks hold any one item: a small list beats a per-rank array.
-  std::vector<std::pair<int, int64_t>> held;
+  HeldRows held;
   for (const VisionPiece& piece : item.pieces) {
     for (int64_t p = piece.packed, left = piece.length; left > 0;) {
       const SlotLocation loc = shards.locate(p);
@@ -31,6 +31,14 @@ int holder_rank(const VisionItem& item, const ShardMap& shards) {
       left -= n;
     }
   }
+  return held;
+}
+
+int holder_rank(const VisionItem& item, const ShardMap& shards) {
+  return holder_rank(held_rows(item, shards));
+}
+
+int holder_rank(const HeldRows& held) {
   int best = 0;
   int64_t most = -1;
   for (const auto& [rank, count] : held)

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "mmsp/plan/sequence.h"
@@ -36,6 +37,15 @@ VisionAssignment assign_vision_balanced(const std::vector<double>& costs,
                                         const std::vector<int64_t>& patch_counts,
                                         const std::vector<int>& preferred_rank, int ranks,
                                         const VisionCostModel& model);
+
+// Placeholder rows of one item on each context rank that holds any: (rank, rows).
+using HeldRows = std::vector<std::pair<int, int64_t>>;
+
+// Locality pass: moves items, or swaps near-equal ones (within tie_tolerance), so that
+// more placeholder rows sit on the rank that encodes them — fewer rows to route —
+// without ever raising the largest load. Updates `a` (ranks, loads, max/mean).
+void keep_rows_home(VisionAssignment& a, const std::vector<double>& costs,
+                    const std::vector<HeldRows>& held, int ranks, const VisionCostModel& model);
 
 // The Python patches' rule (verl#5230, ROLL, AReaL): items stay in order; rank r takes
 // items until its patch load reaches (remaining patches / remaining ranks), leaving at

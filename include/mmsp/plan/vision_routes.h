@@ -9,6 +9,7 @@
 
 #include "mmsp/plan/sequence.h"
 #include "mmsp/plan/shard_map.h"
+#include "mmsp/plan/vision_assignment.h"
 
 namespace mmsp::plan {
 
@@ -64,7 +65,11 @@ RankRoutes make_rank_routes(const std::vector<VisionItem>& items,
                             const std::vector<FlatPiece>& pieces, const ShardMap& shards,
                             int context_rank);
 
+// Placeholder rows of an item on each context rank that holds some.
+HeldRows held_rows(const VisionItem& item, const ShardMap& shards);
+
 // Context rank holding most of an item's placeholder tokens (ties: the lower rank).
 int holder_rank(const VisionItem& item, const ShardMap& shards);
+int holder_rank(const HeldRows& held);
 
 }  // namespace mmsp::plan
