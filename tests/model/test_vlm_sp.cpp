@@ -300,20 +300,25 @@ plan::Batch llava_batch() {
 }
 
 Result run_llava(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
-                 const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode) {
+                 const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
+                 at::ScalarType dtype = at::kDouble) {
   at::manual_seed(9);
-  const model::PixelInputs pixels{at::randn({4, 3, 8, 8}, at::kDouble), {}};
-  return run_model<model::LlavaModel>(config, batch, plan, groups, world, mode, pixels, at::kDouble);
+  const model::PixelInputs pixels{at::randn({4, 3, 8, 8}, dtype), {}};
+  return run_model<model::LlavaModel>(config, batch, plan, groups, world, mode, pixels, dtype);
 }
 
 }  // namespace
 
-TEST(MultiRank, LlavaEqualsOneProcessInEveryVisionMode) {
+class LlavaDtype : public ::testing::TestWithParam<at::ScalarType> {};
+
+TEST_P(LlavaDtype, MultiRankEqualsOneProcessInEveryVisionMode) {
+  const at::ScalarType dtype = GetParam();
+  const double rtol = dtype == at::kDouble ? 1e-9 : 1e-4;
   const model::ModelConfig config = tiny_llava();
   const plan::Batch batch = llava_batch();
   const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
   const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
-  const Result ref = run_llava(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed);
+  const Result ref = run_llava(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed, dtype);
   for (const auto& [name, g] : ref.grads)
     if (name.find("vision_tower") != std::string::npos && name.find("layers.0.") != std::string::npos)
       EXPECT_GT(g.abs().max().item<double>(), 0) << name << " gets no gradient";
@@ -324,12 +329,15 @@ TEST(MultiRank, LlavaEqualsOneProcessInEveryVisionMode) {
     const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
       const Result got = run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
-                                   mesh.world(), mode);
-      const std::string where = mesh.shape().str() + " " + model::to_string(mode);
-      expect_same(got, ref, 1e-9, where);
+                                   mesh.world(), mode, dtype);
+      expect_same(got, ref, rtol, mesh.shape().str() + " " + model::to_string(mode) + " " +
+                                      (dtype == at::kDouble ? "fp64" : "fp32"));
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(MultiRank, LlavaDtype, ::testing::Values(at::kDouble, at::kFloat),
+                         [](const auto& info) { return info.param == at::kDouble ? "fp64" : "fp32"; });
 
 TEST(LlavaNames, AreTheCheckpointNames) {
   model::LlavaModel llava(tiny_llava());
