@@ -79,14 +79,19 @@ Result run(const model::ModelConfig& config, const plan::Batch& batch, const pla
   return r;
 }
 
+// The k_proj bias gets a gradient that is zero in exact arithmetic (softmax ignores a
+// constant shift of the scores): compare it against a floor of 1e-12 of the model's
+// largest gradient instead of its own rounding noise.
 void expect_same(const Result& got, const Result& ref, const std::string& where) {
   EXPECT_NEAR(got.loss, ref.loss, 1e-9 * std::abs(ref.loss)) << where << " loss";
   ASSERT_EQ(got.grads.size(), ref.grads.size());
+  double model_scale = 0;
+  for (const auto& [name, g] : ref.grads) model_scale = std::max(model_scale, g.abs().max().item<double>());
   for (size_t i = 0; i < ref.grads.size(); ++i) {
     ASSERT_EQ(got.grads[i].first, ref.grads[i].first);
     const double scale = ref.grads[i].second.abs().max().item<double>();
     const double diff = (got.grads[i].second - ref.grads[i].second).abs().max().item<double>();
-    EXPECT_LE(diff, 1e-9 * (scale + 1e-30)) << where << " gradient of " << ref.grads[i].first;
+    EXPECT_LE(diff, 1e-9 * (scale + 1e-3 * model_scale)) << where << " gradient of " << ref.grads[i].first;
   }
 }
 

@@ -103,8 +103,9 @@ struct Result {
 };
 
 // Loss and every gradient within rtol. A gradient that is exactly zero in exact
-// arithmetic (e.g. a key bias: softmax ignores a constant shift) is compared at the
-// model's gradient scale: its floating-point noise carries no meaning.
+// arithmetic (e.g. a key bias: softmax ignores a constant shift) is compared against
+// a floor of rtol/1000 of the model's largest gradient: its rounding noise (which
+// scales with the dtype) carries no meaning.
 void expect_same(const Result& got, const Result& ref, double rtol, const std::string& where) {
   EXPECT_NEAR(got.loss, ref.loss, rtol * ref.loss) << where;
   ASSERT_EQ(got.grads.size(), ref.grads.size()) << where;
@@ -114,7 +115,7 @@ void expect_same(const Result& got, const Result& ref, double rtol, const std::s
     ASSERT_EQ(got.grads[i].first, ref.grads[i].first) << where;
     const double scale = ref.grads[i].second.abs().max().item<double>();
     const double diff = (got.grads[i].second - ref.grads[i].second).abs().max().item<double>();
-    EXPECT_LE(diff, rtol * (scale + 1e-9 * model_scale)) << where << " gradient of " << ref.grads[i].first;
+    EXPECT_LE(diff, rtol * (scale + 1e-3 * model_scale)) << where << " gradient of " << ref.grads[i].first;
   }
 }
 
