@@ -152,13 +152,9 @@ json bench_attention_comm(const dist::RankEnv& env, const AttentionBenchOptions&
     dist::Mesh mesh = dist::Mesh::create(store, env, shape, mo, "bench-" + std::to_string(mesh_index++));
     const int R = shape.ring, U = shape.ulysses, S = R * U;
     MMSP_CHECK(T % (2 * S) == 0, "--comm-tokens ", T, " must divide by 2 × ring × ulysses = ", 2 * S);
-    // One segment, zigzag: ring rank p holds chunks p and 2R-1-p.
-    std::vector<TokenLayout> shares;
-    const int64_t c = T / (2 * R);
-    for (int p = 0; p < R; ++p)
-      shares.push_back({at::zeros({2 * c}, at::kLong),
-                        at::cat({at::arange(p * c, (p + 1) * c, at::kLong),
-                                 at::arange((2 * R - 1 - p) * c, (2 * R - p) * c, at::kLong)})});
+    // One segment on the zigzag layout, as the planner shards it.
+    const std::vector<TokenLayout> shares = attention::ring_shares(
+        plan::ShardMap(plan::pack_row({0}, {T}, R), R, U, plan::Layout::zigzag));
     const int64_t Tl = T / S;
     at::manual_seed(mesh.rank());
     at::Tensor q = at::randn({Tl, H, D}).requires_grad_(), k = at::randn({Tl, Hkv, D}).requires_grad_(),

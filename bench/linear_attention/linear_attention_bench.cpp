@@ -13,6 +13,7 @@
 #include "mmsp/attention/gated_delta_rule.h"
 #include "mmsp/attention/gated_deltanet_layer.h"
 #include "mmsp/core/check.h"
+#include "mmsp/attention/plan_layout.h"
 #include "mmsp/dist/mesh.h"
 
 namespace mmsp::bench {
@@ -53,15 +54,9 @@ attention::GatedDeltaNetConfig qwen3_next_config() {
   return c;
 }
 
-// One segment of T tokens on the zigzag layout: ring rank p holds chunks p and 2R−1−p.
-std::vector<TokenLayout> zigzag_shares(int64_t T, int R) {
-  std::vector<TokenLayout> shares;
-  const int64_t c = T / (2 * R);
-  for (int p = 0; p < R; ++p)
-    shares.push_back({at::zeros({2 * c}, at::kLong),
-                      at::cat({at::arange(p * c, (p + 1) * c, at::kLong),
-                               at::arange((2 * R - 1 - p) * c, (2 * R - p) * c, at::kLong)})});
-  return shares;
+// One segment of T tokens on the zigzag layout, as the planner shards it.
+std::vector<TokenLayout> zigzag_shares(int64_t T, int R, int U) {
+  return attention::ring_shares(plan::ShardMap(plan::pack_row({0}, {T}, R), R, U, plan::Layout::zigzag));
 }
 
 // Forward bytes per layer of this rank: {ulysses all-to-alls, ring all-gathers}.
@@ -120,7 +115,7 @@ json bench_linear_attention_comm(const dist::RankEnv& env, const LinearAttention
     const attention::GatedDeltaNetWeights w = attention::GatedDeltaNetWeights::random(c, at::kFloat, 1);
     for (int64_t T : o.tokens) {
       MMSP_CHECK(T % (2 * S) == 0, "--tokens ", T, " must divide by 2 × ring × ulysses = ", 2 * S);
-      const std::vector<TokenLayout> shares = zigzag_shares(T, R);
+      const std::vector<TokenLayout> shares = zigzag_shares(T, R, U);
       const attention::RingRuns runs = attention::RingRuns::make(shares);
       at::manual_seed(mesh.rank());
       at::Tensor x = at::randn({T / S, c.hidden_size}).requires_grad_();

@@ -73,4 +73,24 @@ inline attention::TokenLayout layout_of(const attention::TokenLayout& global, co
           at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
 }
 
+// Every ring share's layout and this rank's slots (ring rank r, ulysses rank u): the
+// sharded view of a global packed batch that the multi-rank tests feed the schemes.
+struct ContextSlots {
+  std::vector<attention::TokenLayout> shares;
+  std::vector<int64_t> mine;  // global token of each local slot, -1 for padding
+};
+inline ContextSlots context_slots(const attention::TokenLayout& global, int R, int U, int r, int u,
+                                  bool zigzag) {
+  ContextSlots out;
+  for (int p = 0; p < R; ++p) {
+    std::vector<int64_t> slots = share_of(global, R, U, p, zigzag);
+    out.shares.push_back(layout_of(global, slots));
+    if (p == r) {
+      const int64_t n = static_cast<int64_t>(slots.size()) / U;
+      out.mine.assign(slots.begin() + u * n, slots.begin() + (u + 1) * n);
+    }
+  }
+  return out;
+}
+
 }  // namespace mmsp::test

@@ -68,16 +68,9 @@ void run_case(const dist::Mesh& mesh, const SchemeCase& c, std::mt19937& rng) {
   Tensor ref = local_attention(q, k, v, global, global, options);
   (ref * w).sum().backward();
 
-  std::vector<TokenLayout> shares;
-  std::vector<int64_t> mine;
-  for (int p = 0; p < R; ++p) {
-    std::vector<int64_t> slots = test::share_of(global, R, U, p, c.zigzag);
-    shares.push_back(test::layout_of(global, slots));
-    if (p == r) {
-      const int64_t n = static_cast<int64_t>(slots.size()) / U;
-      mine.assign(slots.begin() + u * n, slots.begin() + (u + 1) * n);
-    }
-  }
+  const test::ContextSlots sharded = test::context_slots(global, R, U, r, u, c.zigzag);
+  const std::vector<TokenLayout>& shares = sharded.shares;
+  const std::vector<int64_t>& mine = sharded.mine;
   Tensor ql = gather_rows(q.detach(), mine).requires_grad_();
   Tensor kl = gather_rows(k.detach(), mine).requires_grad_();
   Tensor vl = gather_rows(v.detach(), mine).requires_grad_();

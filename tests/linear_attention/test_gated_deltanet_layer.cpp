@@ -166,16 +166,9 @@ void run_mesh_case(const dist::Mesh& mesh, const MeshCase& mc, std::mt19937& rng
   in_r.push_back(xr);
   std::vector<Tensor> gr = torch::autograd::grad({(ref * dy).sum()}, in_r);
 
-  std::vector<TokenLayout> shares;
-  std::vector<int64_t> mine;
-  for (int p = 0; p < R; ++p) {
-    std::vector<int64_t> slots = test::share_of(global, R, U, p, mc.zigzag);
-    shares.push_back(test::layout_of(global, slots));
-    if (p == r) {
-      const int64_t n = static_cast<int64_t>(slots.size()) / U;
-      mine.assign(slots.begin() + u * n, slots.begin() + (u + 1) * n);
-    }
-  }
+  const test::ContextSlots sharded = test::context_slots(global, R, U, r, u, mc.zigzag);
+  const std::vector<TokenLayout>& shares = sharded.shares;
+  const std::vector<int64_t>& mine = sharded.mine;
   Tensor xl = gather_rows(x, mine).requires_grad_();
   const dist::CommSnapshot before = mesh.stats().snapshot();
   Tensor out = gated_deltanet_forward(w, c, xl, {{mesh.ring(), mesh.ulysses()}, shares});
