@@ -1,6 +1,8 @@
 // config.json -> ModelConfig: finds the text and vision objects where each family keeps
 // them, reads them, and checks what ties them together (mRoPE sections vs head_dim, the
 // merger's width vs the decoder's, deepstack levels vs decoder layers, token ids vs vocab).
+// qwen3_5 is a hybrid decoder behind Qwen3-VL's vision tower (without deepstack): it takes
+// the qwen3_vl family's conventions (positions, placeholders) with its own token ids.
 #include "mmsp/model/config.h"
 
 #include <fstream>
@@ -20,13 +22,16 @@ using plan::ModelFamily;
 
 namespace {
 
-constexpr const char* kSupported = "qwen2_vl, qwen2_5_vl, qwen3_vl, llava";
+constexpr const char* kSupported = "qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, llava";
 
 ModelFamily family_of(const std::string& model_type) {
   if (model_type == "qwen2_vl") return ModelFamily::qwen2_vl;
   if (model_type == "qwen2_5_vl") return ModelFamily::qwen2_5_vl;
-  if (model_type == "qwen3_vl") return ModelFamily::qwen3_vl;
+  if (model_type == "qwen3_vl" || model_type == "qwen3_5") return ModelFamily::qwen3_vl;
   if (model_type == "llava") return ModelFamily::llava;
+  MMSP_CHECK(model_type != "qwen3_next", "model_type \"qwen3_next\" is a text-only checkpoint; the ",
+             "model layer builds vision-language models: use model_type \"qwen3_5\" with a text_config ",
+             "of model_type \"qwen3_next\" and a vision_config");
   MMSP_CHECK(false, "model_type \"", model_type, "\" is not supported by the model layer; ",
              "supported: ", kSupported);
   return ModelFamily::qwen2_vl;
@@ -42,9 +47,22 @@ nlohmann::json with_rope_scaling(const nlohmann::json& config, bool nested_text)
   return out;
 }
 
+// Qwen3_5Config's token ids (the planner knows the qwen3_vl family's).
+nlohmann::json as_qwen3_vl(const nlohmann::json& config) {
+  nlohmann::json out = config;
+  out["model_type"] = "qwen3_vl";
+  const std::pair<const char*, int64_t> ids[] = {{"image_token_id", 248056}, {"video_token_id", 248057},
+                                                 {"vision_start_token_id", 248053},
+                                                 {"vision_end_token_id", 248054}};
+  for (const auto& [key, id] : ids)
+    if (!out.contains(key) || out[key].is_null()) out[key] = id;
+  return out;
+}
+
 plan::ModelConventions read_conventions(const nlohmann::json& config, bool nested_text) {
   try {
-    return plan::conventions_from_config(with_rope_scaling(config, nested_text));
+    const bool qwen3_5 = config.at("model_type") == "qwen3_5";
+    return plan::conventions_from_config(with_rope_scaling(qwen3_5 ? as_qwen3_vl(config) : config, nested_text));
   } catch (const Error& e) {
     std::string message = e.what();
     const std::string prefix = "config.json: ";
@@ -67,13 +85,16 @@ void check_mrope(const ModelConfig& c, const JsonFields& text) {
   const bool overflow =
       __builtin_add_overflow(s[0], s[1], &sum) || __builtin_add_overflow(sum, s[2], &sum);
   const std::string field = rope_field(text);
-  MMSP_CHECK(!overflow && sum == c.text.head_dim / 2,
+  const bool partial = c.text.rotary_dim() != c.text.head_dim;
+  MMSP_CHECK(!overflow && sum == c.text.rotary_dim() / 2,
              field.empty() ? text.name("rope_scaling.mrope_section") + " (not set; default " +
                                  join({s[0], s[1], s[2]}) + ")"
                            : field + " " + join({s[0], s[1], s[2]}),
              " sums to ", overflow ? std::string("more than 2^63") : std::to_string(sum),
-             " but must be head_dim / 2 = ", c.text.head_dim,
-             " / 2 (t, h and w share the head's rotary frequencies)");
+             partial ? " but must be the rotary channels / 2 = int(head_dim · partial_rotary_factor) / 2 = " +
+                           std::to_string(c.text.rotary_dim()) + " / 2"
+                     : " but must be head_dim / 2 = " + std::to_string(c.text.head_dim) + " / 2",
+             " (t, h and w share the head's rotary frequencies)");
   const bool interleave = c.family == ModelFamily::qwen3_vl;
   MMSP_CHECK(c.conventions.mrope_interleaved == interleave, text.name("rope_scaling"),
              ".mrope_interleaved is ", c.conventions.mrope_interleaved ? "true" : "false",
@@ -91,6 +112,30 @@ void check_token_ids(const ModelConfig& c) {
   for (const auto& [name, id] : ids)
     MMSP_CHECK(id < c.text.vocab_size, name, " (", id, ") must be < the decoder's vocab_size (",
                c.text.vocab_size, ")");
+}
+
+// Qwen3.5's vision tower is Qwen3-VL's without deepstack mergers, its rotary base fixed
+// at 10000; the copy returned says so to the Qwen-VL vision parser.
+nlohmann::json qwen3_5_vision(const nlohmann::json* vision) {
+  nlohmann::json v = vision ? *vision : nlohmann::json::object();
+  const JsonFields f(v, "vision_config.");
+  const std::string type = f.string("model_type", "qwen3_5_vision");
+  MMSP_CHECK(type == "qwen3_5_vision" || type == "qwen3_5", f.name("model_type"), " \"", type,
+             "\" is not supported for qwen3_5; expected \"qwen3_5_vision\"");
+  const std::vector<int64_t> deepstack = f.integers("deepstack_visual_indexes", {});
+  MMSP_CHECK(deepstack.empty(), f.name("deepstack_visual_indexes"), " ", join(deepstack),
+             " must be empty: Qwen3.5's vision tower has no deepstack mergers");
+  if (const nlohmann::json* rope = f.object("rope_parameters")) {
+    const JsonFields r(*rope, f.name("rope_parameters."));
+    const std::string rope_type = r.string("rope_type", "axial");
+    MMSP_CHECK(rope_type == "axial" || rope_type == "default", r.name("rope_type"), " \"", rope_type,
+               "\" is not supported; the vision tower's 2-D rotary is \"axial\"");
+    const double theta = r.number("rope_theta", 10000.0);
+    MMSP_CHECK(theta == 10000.0, r.name("rope_theta"), " (", theta,
+               ") is not supported; the vision rotary base is 10000");
+  }
+  v["deepstack_visual_indexes"] = nlohmann::json::array();
+  return v;
 }
 
 bool read_tie(const JsonFields& top, const JsonFields& text) {
@@ -112,8 +157,11 @@ ModelConfig parse(const nlohmann::json& config) {
   static const nlohmann::json kEmpty = nlohmann::json::object();
   const nlohmann::json& text_json = nested ? *nested : qwen2 ? config : kEmpty;
   const JsonFields text(text_json, nested || !qwen2 ? "text_config." : "");
-  c.text = parse_text_config(text_json, c.family, nested || !qwen2 ? "text_config." : "");
+  const bool hybrid = c.model_type == "qwen3_5";
+  c.text = hybrid ? parse_hybrid_text_config(text_json, "text_config.")
+                  : parse_text_config(text_json, c.family, nested || !qwen2 ? "text_config." : "");
   c.conventions = read_conventions(config, nested != nullptr);
+  if (hybrid && rope_field(text).empty()) c.conventions.mrope_section = {11, 11, 10};  // Qwen3.5's rotary
   c.tie_word_embeddings = read_tie(top, text);
 
   const nlohmann::json* vision = top.object("vision_config");
@@ -121,7 +169,8 @@ ModelConfig parse(const nlohmann::json& config) {
     c.clip_vision = vision ? parse_clip_vision_config(*vision) : default_llava_vision_config();
     c.llava = parse_llava_projector_config(config, *c.clip_vision);
   } else {
-    c.qwen_vision = parse_qwen_vision_config(vision ? *vision : kEmpty, c.family);
+    c.qwen_vision = hybrid ? parse_qwen_vision_config(qwen3_5_vision(vision), c.family)
+                           : parse_qwen_vision_config(vision ? *vision : kEmpty, c.family);
     const QwenVisionConfig& v = *c.qwen_vision;
     MMSP_ASSERT(v.spatial_merge_size == c.conventions.spatial_merge_size);
     check_mrope(c, text);

@@ -12,7 +12,7 @@ namespace mmsp::model {
 
 RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConventions& conventions) {
   RotaryOptions o;
-  o.head_dim = text.head_dim;
+  o.head_dim = text.rotary_dim();  // partial RoPE rotates the first rotary_dim channels
   o.theta = text.rope_theta;
   if (conventions.uses_mrope()) {
     o.mrope_section.assign(conventions.mrope_section.begin(), conventions.mrope_section.end());
@@ -36,13 +36,14 @@ DecoderContext decoder_context(const RankInputs& in, const TextConfig& text,
 DecoderLayer::Attention::Attention(const TextConfig& c) {
   const double s = c.initializer_range;
   const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
-  q_proj = register_module("q_proj", std::make_shared<Linear>(c.hidden_size, q, c.qkv_bias, s));
+  const int64_t q_out = c.attn_output_gate ? 2 * q : q;
+  q_proj = register_module("q_proj", std::make_shared<Linear>(c.hidden_size, q_out, c.qkv_bias, s));
   k_proj = register_module("k_proj", std::make_shared<Linear>(c.hidden_size, kv, c.qkv_bias, s));
   v_proj = register_module("v_proj", std::make_shared<Linear>(c.hidden_size, kv, c.qkv_bias, s));
   o_proj = register_module("o_proj", std::make_shared<Linear>(q, c.hidden_size, c.o_bias, s));
   if (c.qk_norm) {
-    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps));
-    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps));
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps, c.zero_centered_norm));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(c.head_dim, c.rms_norm_eps, c.zero_centered_norm));
   }
 }
 
@@ -53,29 +54,59 @@ DecoderLayer::Mlp::Mlp(const TextConfig& c) {
   down_proj = register_module("down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, c.mlp_bias, s));
 }
 
-DecoderLayer::DecoderLayer(const TextConfig& c) : config_(c) {
-  input_layernorm_ = register_module("input_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
-  self_attn_ = register_module("self_attn", std::make_shared<Attention>(c));
+DecoderLayer::DecoderLayer(const TextConfig& c, int64_t index) : config_(c), kind_(c.layer_kind(index)) {
+  const bool zc = c.zero_centered_norm;
+  input_layernorm_ = register_module("input_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, zc));
+  if (kind_ == LayerKind::linear_attention)
+    linear_attn_ = register_module("linear_attn", std::make_shared<GatedDeltaNet>(c));
+  else
+    self_attn_ = register_module("self_attn", std::make_shared<Attention>(c));
   post_attention_layernorm_ =
-      register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
+      register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, zc));
   mlp_ = register_module("mlp", std::make_shared<Mlp>(c));
 }
 
-at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const DecoderContext& ctx) const {
-  const int64_t L = hidden.size(0), H = config_.num_attention_heads,
-                Hkv = config_.num_key_value_heads, D = config_.head_dim;
-  at::Tensor x = input_layernorm_->forward(hidden);
-  at::Tensor q = self_attn_->q_proj->forward(x).view({L, H, D});    // [L, H, D]
+namespace {
+
+// RoPE on the first table-width channels of each head; the rest pass (partial RoPE).
+at::Tensor rotate(const at::Tensor& x, const RotaryTable& table) {
+  const int64_t rd = table.cos.size(1), D = x.size(2);
+  if (rd == D) return apply_rotary(x, table);
+  return at::cat({apply_rotary(x.narrow(2, 0, rd), table), x.narrow(2, rd, D - rd)}, 2);
+}
+
+}  // namespace
+
+at::Tensor DecoderLayer::attend(const at::Tensor& x, const DecoderContext& ctx) const {
+  const int64_t L = x.size(0), H = config_.num_attention_heads, Hkv = config_.num_key_value_heads,
+                D = config_.head_dim;
+  at::Tensor q, gate;
+  if (config_.attn_output_gate) {
+    at::Tensor qg = self_attn_->q_proj->forward(x).view({L, H, 2 * D});  // [L, H, query D | gate D]
+    q = qg.narrow(2, 0, D);
+    gate = qg.narrow(2, D, D).reshape({L, H * D});
+  } else {
+    q = self_attn_->q_proj->forward(x).view({L, H, D});  // [L, H, D]
+  }
   at::Tensor k = self_attn_->k_proj->forward(x).view({L, Hkv, D});  // [L, H_kv, D]
   if (self_attn_->q_norm) {
     q = self_attn_->q_norm->forward(q);
     k = self_attn_->k_norm->forward(k);
   }
-  q = apply_rotary(q, ctx.rotary);
-  k = apply_rotary(k, ctx.rotary);
+  q = rotate(q, ctx.rotary);
+  k = rotate(k, ctx.rotary);
   at::Tensor v = self_attn_->v_proj->forward(x).view({L, Hkv, D});
-  at::Tensor attn = attention::context_attention(q, k, v, ctx.groups, ctx.ring_shares, ctx.attention);
-  at::Tensor h = hidden + self_attn_->o_proj->forward(attn.reshape({L, H * D}));
+  at::Tensor attn = attention::context_attention(q, k, v, ctx.groups, ctx.ring_shares, ctx.attention)
+                        .reshape({L, H * D});
+  if (gate.defined()) attn = attn * at::sigmoid(gate);
+  return self_attn_->o_proj->forward(attn);
+}
+
+at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const DecoderContext& ctx) const {
+  at::Tensor x = input_layernorm_->forward(hidden);
+  at::Tensor mixed = linear_attn_ ? linear_attn_->forward(x, {ctx.groups, ctx.ring_shares}, ctx.linear_chunk)
+                                  : attend(x, ctx);
+  at::Tensor h = hidden + mixed;
   at::Tensor y = post_attention_layernorm_->forward(h);
   at::Tensor gated = at::silu(mlp_->gate_proj->forward(y)) * mlp_->up_proj->forward(y);
   return h + mlp_->down_proj->forward(gated);
@@ -83,14 +114,14 @@ at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const DecoderContext&
 
 DecoderLayers::DecoderLayers(const TextConfig& c) {
   for (int64_t i = 0; i < c.num_hidden_layers; ++i)
-    list.push_back(register_module(std::to_string(i), std::make_shared<DecoderLayer>(c)));
+    list.push_back(register_module(std::to_string(i), std::make_shared<DecoderLayer>(c, i)));
 }
 
 DecoderBody::DecoderBody(const TextConfig& c) {
   embed_tokens = register_module("embed_tokens",
                                  std::make_shared<Embedding>(c.vocab_size, c.hidden_size, c.initializer_range));
   layers = register_module("layers", std::make_shared<DecoderLayers>(c));
-  norm = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps));
+  norm = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, c.zero_centered_norm));
 }
 
 Decoder::Decoder(const TextConfig& c, bool tie_word_embeddings) : config_(c) {

@@ -20,14 +20,15 @@ Embedding::Embedding(int64_t vocab, int64_t hidden, double init_std) {
 
 at::Tensor Embedding::forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }
 
-RMSNorm::RMSNorm(int64_t hidden, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", at::ones({hidden}));
+RMSNorm::RMSNorm(int64_t hidden, double eps_, bool zero_centered_) : eps(eps_), zero_centered(zero_centered_) {
+  weight = register_parameter("weight", zero_centered ? at::zeros({hidden}) : at::ones({hidden}));
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) const {
   const at::ScalarType type = x.scalar_type();
   at::Tensor wide = type == at::kDouble ? x : x.to(at::kFloat);
   at::Tensor normed = wide * at::rsqrt(wide.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  if (zero_centered) return (normed * (weight.to(wide.scalar_type()) + 1)).to(type);
   return weight * normed.to(type);
 }
 

@@ -11,6 +11,19 @@ namespace mmsp::model {
 using json_fields::JsonFields;
 using plan::ModelFamily;
 
+const char* to_string(LayerKind kind) {
+  return kind == LayerKind::linear_attention ? "linear_attention" : "full_attention";
+}
+
+int64_t TextConfig::rotary_dim() const {
+  return static_cast<int64_t>(static_cast<double>(head_dim) * partial_rotary_factor);
+}
+
+LayerKind TextConfig::layer_kind(int64_t layer) const {
+  MMSP_ASSERT(layer >= 0 && layer < num_hidden_layers);
+  return layer_types.empty() ? LayerKind::full_attention : layer_types.at(layer);
+}
+
 TextConfig default_text_config(ModelFamily family) {
   TextConfig t;  // Qwen2VLTextConfig
   switch (family) {

@@ -135,7 +135,7 @@ TEST(Config, TinyInternVLIsNotSupportedByTheModelLayer) {
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("tiny-internvl.json: model_type \"internvl\" is not supported "
                                     "by the model layer; supported: qwen2_vl, qwen2_5_vl, "
-                                    "qwen3_vl, llava"));
+                                    "qwen3_vl, qwen3_5, llava"));
   }
 }
 
@@ -218,6 +218,113 @@ TEST(Config, Llava15With7BDefaultsFromTransformers) {
   EXPECT_EQ(c.llava->image_seq_length, 576);
   EXPECT_EQ(c.llava->projector_hidden_act, "gelu");
   EXPECT_TRUE(c.llava->multimodal_projector_bias);
+}
+
+// ---------- hybrid decoders (qwen3_5) ----------
+
+std::vector<LayerKind> kinds(const std::string& pattern) {  // "LLLF" -> linear ×3, full
+  std::vector<LayerKind> out;
+  for (char ch : pattern) out.push_back(ch == 'L' ? LayerKind::linear_attention : LayerKind::full_attention);
+  return out;
+}
+
+TEST(Config, TinyQwen3_5VL) {
+  const ModelConfig c = load_model_config(kConfigs + "tiny-qwen3_5-vl.json");
+  EXPECT_EQ(c.model_type, "qwen3_5");
+  EXPECT_EQ(c.family, ModelFamily::qwen3_vl);  // planned as Qwen3-VL: positions, placeholders
+  EXPECT_EQ(c.text.model_type, "qwen3_5_text");
+  EXPECT_EQ(c.text.layer_types, kinds("LLLF"));
+  EXPECT_TRUE(c.text.is_hybrid());
+  EXPECT_EQ(c.text.head_dim, 32);
+  EXPECT_EQ(c.text.rotary_dim(), 8);
+  EXPECT_EQ(c.text.rope_theta, 1e7);
+  EXPECT_EQ(c.text.linear_num_key_heads, 2);
+  EXPECT_EQ(c.text.linear_num_value_heads, 4);
+  EXPECT_EQ(c.text.linear_key_head_dim, 16);
+  EXPECT_EQ(c.text.linear_value_head_dim, 16);
+  EXPECT_EQ(c.text.linear_conv_kernel_dim, 4);
+  EXPECT_TRUE(c.text.linear_split_projections);
+  EXPECT_TRUE(c.text.attn_output_gate);
+  EXPECT_TRUE(c.text.zero_centered_norm);
+  EXPECT_TRUE(c.text.qk_norm);
+  EXPECT_FALSE(c.text.qkv_bias);
+  EXPECT_EQ(c.conventions.mrope_section, (std::array<int64_t, 3>{2, 1, 1}));
+  EXPECT_TRUE(c.conventions.mrope_interleaved);
+  EXPECT_EQ(c.conventions.image_token_id, 248056);
+  EXPECT_EQ(c.conventions.vision_start_token_id, 248053);
+  const QwenVisionConfig& v = *c.qwen_vision;
+  EXPECT_EQ(v.depth, 2);
+  EXPECT_EQ(v.num_position_embeddings, 64);
+  EXPECT_TRUE(v.deepstack_visual_indexes.empty());
+}
+
+TEST(Config, Qwen3_5_08B) {
+  const ModelConfig c = load_model_config(kConfigs + "hf/Qwen3.5-0.8B.json");
+  EXPECT_EQ(c.text.vocab_size, 248320);
+  EXPECT_EQ(c.text.hidden_size, 1024);
+  EXPECT_EQ(c.text.num_hidden_layers, 24);
+  EXPECT_EQ(c.text.layer_types, kinds("LLLFLLLFLLLFLLLFLLLFLLLF"));
+  EXPECT_EQ(c.text.num_attention_heads, 8);
+  EXPECT_EQ(c.text.num_key_value_heads, 2);
+  EXPECT_EQ(c.text.head_dim, 256);
+  EXPECT_EQ(c.text.rotary_dim(), 64);
+  EXPECT_EQ(c.text.linear_num_key_heads, 16);
+  EXPECT_EQ(c.text.linear_num_value_heads, 16);
+  EXPECT_EQ(c.text.linear_key_head_dim, 128);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.conventions.mrope_section, (std::array<int64_t, 3>{11, 11, 10}));
+  EXPECT_EQ(c.conventions.video_token_id, 248057);
+  EXPECT_EQ(c.qwen_vision->depth, 12);
+  EXPECT_EQ(c.qwen_vision->out_hidden_size, 1024);
+  EXPECT_TRUE(c.qwen_vision->deepstack_visual_indexes.empty());
+}
+
+TEST(ConfigDefaults, Qwen3_5TakesQwen3_5TextConfigDefaults) {
+  // Qwen3_5TextConfig: 32 layers, every 4th full attention, H_k 16, H_v 32, K = V = 128,
+  // head_dim 256 of which 64 rotate, mRoPE [11, 11, 10]; Qwen3_5Config's token ids.
+  const ModelConfig c = parse_model_config({{"model_type", "qwen3_5"}, {"vision_config", {{"out_hidden_size", 4096}}}});
+  EXPECT_EQ(c.text.vocab_size, 248320);
+  EXPECT_EQ(c.text.hidden_size, 4096);
+  EXPECT_EQ(c.text.num_hidden_layers, 32);
+  EXPECT_EQ(c.text.num_key_value_heads, 4);
+  EXPECT_EQ(c.text.head_dim, 256);
+  EXPECT_EQ(c.text.rotary_dim(), 64);
+  EXPECT_EQ(c.text.layer_types, kinds("LLLFLLLFLLLFLLLFLLLFLLLFLLLFLLLF"));
+  EXPECT_EQ(c.text.linear_num_key_heads, 16);
+  EXPECT_EQ(c.text.linear_num_value_heads, 32);
+  EXPECT_EQ(c.text.linear_key_head_dim, 128);
+  EXPECT_EQ(c.text.linear_value_head_dim, 128);
+  EXPECT_EQ(c.text.linear_conv_kernel_dim, 4);
+  EXPECT_EQ(c.conventions.mrope_section, (std::array<int64_t, 3>{11, 11, 10}));
+  EXPECT_EQ(c.conventions.image_token_id, 248056);
+  EXPECT_EQ(c.conventions.video_token_id, 248057);
+  EXPECT_EQ(c.conventions.vision_end_token_id, 248054);
+  EXPECT_EQ(c.qwen_vision->depth, 27);
+  EXPECT_TRUE(c.qwen_vision->deepstack_visual_indexes.empty());  // Qwen3.5 has no deepstack
+}
+
+TEST(ConfigDefaults, HybridLayerKinds) {
+  json c = read_json(kConfigs + "tiny-qwen3_5-vl.json");
+  // Without layer_types: layer i is full iff (i + 1) % full_attention_interval == 0.
+  json t = without(c, "/text_config/layer_types");
+  EXPECT_EQ(parse_model_config(t).text.layer_types, kinds("LLLF"));
+  EXPECT_EQ(parse_model_config(with(t, "/text_config/full_attention_interval", 2)).text.layer_types, kinds("LFLF"));
+  EXPECT_EQ(parse_model_config(with(t, "/text_config/full_attention_interval", 1)).text.layer_types, kinds("FFFF"));
+  // layer_types wins over the interval, and transformers' legacy names are read.
+  json legacy = with(c, "/text_config/layer_types", json({"mamba", "attention", "linear_attention", "full_attention"}));
+  EXPECT_EQ(parse_model_config(legacy).text.layer_types, kinds("LFLF"));
+  // partial_rotary_factor: rope_parameters, else the top level of text_config, else 0.25.
+  json p = without(c, "/text_config/rope_parameters/partial_rotary_factor");
+  p["text_config"]["partial_rotary_factor"] = 0.5;
+  p["text_config"]["rope_parameters"]["mrope_section"] = {4, 2, 2};
+  EXPECT_EQ(parse_model_config(p).text.rotary_dim(), 16);
+  // Qwen3-Next's layout: fused projections, dense MLP only.
+  json next = with(c, "/text_config/model_type", "qwen3_next");
+  next["text_config"]["num_experts"] = 0;
+  EXPECT_FALSE(parse_model_config(next).text.linear_split_projections);
+  next["text_config"]["num_experts"] = 8;
+  next["text_config"]["mlp_only_layers"] = {0, 1, 2, 3};
+  EXPECT_EQ(parse_model_config(next).text.model_type, "qwen3_next");
 }
 
 // ---------- defaults ----------
@@ -415,7 +522,55 @@ INSTANTIATE_TEST_SUITE_P(
                  json({INT64_MAX, 1, 0}), "sums to more than 2^63 but must be head_dim / 2"},
         BadValue{"tiny-qwen3-vl.json", "/vision_config/deepstack_visual_indexes",
                  json({0, 4294967296LL}),
-                 "deepstack_visual_indexes must be a list of integers <= 2147483647, got [0,4294967296]"}),
+                 "deepstack_visual_indexes must be a list of integers <= 2147483647, got [0,4294967296]"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/layer_types/2", "sliding_attention",
+                 "text_config.layer_types[2] is \"sliding_attention\"; supported layer kinds: \"linear_attention\""},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/layer_types/4", "full_attention",
+                 "text_config.layer_types has 5 entries but text_config.num_hidden_layers is 4"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/layer_types", "linear_attention",
+                 "text_config.layer_types must be a list of layer kinds, got \"linear_attention\""},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/full_attention_interval", 0,
+                 "text_config.full_attention_interval must be an integer >= 1, got 0"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/linear_num_value_heads", 3,
+                 "text_config.linear_num_value_heads (3) must be a multiple of text_config.linear_num_key_heads (2)"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/linear_num_key_heads", 0,
+                 "text_config.linear_num_key_heads must be an integer >= 1, got 0"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/linear_key_head_dim", "16",
+                 "text_config.linear_key_head_dim must be an integer >= 1, got \"16\""},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/linear_conv_kernel_dim", 0,
+                 "text_config.linear_conv_kernel_dim must be an integer >= 1, got 0"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/linear_value_head_dim", -2,
+                 "text_config.linear_value_head_dim must be an integer >= 1, got -2"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/num_key_value_heads", 3,
+                 "text_config.num_key_value_heads (3) must divide text_config.num_attention_heads (4)"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/model_type", "qwen3_5_moe_text",
+                 "text_config.model_type \"qwen3_5_moe_text\" is not supported for qwen3_5; expected \"qwen3_5_text\" or \"qwen3_next\" (mixture-of-experts"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/model_type", "qwen3_next",
+                 "text_config.num_experts is 512 (not set; default), so layer 0's MLP is a mixture of experts, which is not supported"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/hidden_act", "gelu",
+                 "text_config.hidden_act \"gelu\" is not supported for qwen3_5_text: the MLP and the Gated DeltaNet conv are built with silu"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/attn_output_gate", false,
+                 "text_config.attn_output_gate is false, but qwen3_5_text's attention always gates its output"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/rope_parameters/rope_type", "yarn",
+                 "text_config.rope_parameters.rope_type \"yarn\" is not supported"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/rope_parameters/partial_rotary_factor", 1.5,
+                 "text_config.rope_parameters.partial_rotary_factor must be in (0, 1], got 1.5"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/rope_parameters/partial_rotary_factor", 0.1,
+                 "text_config.rope_parameters.partial_rotary_factor (0.1) times text_config.head_dim (32) gives 3 rotary channels"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/rope_parameters/mrope_section", json({2, 2, 2}),
+                 "text_config.rope_parameters.mrope_section [2, 2, 2] sums to 6 but must be the rotary channels / 2 = int(head_dim · partial_rotary_factor) / 2 = 8 / 2"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/rope_parameters/mrope_interleaved", false,
+                 "mrope_interleaved is false, but qwen3_5 always interleaves"},
+        BadValue{"tiny-qwen3_5-vl.json", "/vision_config/deepstack_visual_indexes", json({0}),
+                 "vision_config.deepstack_visual_indexes [0] must be empty: Qwen3.5's vision tower has no deepstack mergers"},
+        BadValue{"tiny-qwen3_5-vl.json", "/vision_config/model_type", "qwen3_vl",
+                 "vision_config.model_type \"qwen3_vl\" is not supported for qwen3_5; expected \"qwen3_5_vision\""},
+        BadValue{"tiny-qwen3_5-vl.json", "/vision_config/rope_parameters/rope_theta", 500.0,
+                 "vision_config.rope_parameters.rope_theta (500) is not supported"},
+        BadValue{"tiny-qwen3_5-vl.json", "/vision_config/out_hidden_size", 48,
+                 "vision_config.out_hidden_size (48) must equal the decoder's text_config.hidden_size (64)"},
+        BadValue{"tiny-qwen3_5-vl.json", "/text_config/vocab_size", 1000,
+                 "image_token_id (248056) must be < the decoder's vocab_size (1000)"}),
     [](const testing::TestParamInfo<BadValue>& info) {
       // e.g. 3_qwen3_vl_text_config_num_key_value_heads
       std::string name = std::to_string(info.index) + "_" +
@@ -428,8 +583,10 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ConfigErrorsTop, ModelTypeAndShape) {
   EXPECT_THAT(error_of(json::array()), HasSubstr("config.json: the top level must be a JSON object, got array"));
   EXPECT_THAT(error_of(json::object()), HasSubstr("config.json: model_type is missing"));
-  EXPECT_THAT(error_of({{"model_type", "qwen3_5"}}),
-              HasSubstr("config.json: model_type \"qwen3_5\" is not supported by the model layer"));
+  EXPECT_THAT(error_of({{"model_type", "qwen3_5_moe"}}),
+              HasSubstr("config.json: model_type \"qwen3_5_moe\" is not supported by the model layer"));
+  EXPECT_THAT(error_of({{"model_type", "qwen3_next"}}),
+              HasSubstr("config.json: model_type \"qwen3_next\" is a text-only checkpoint"));
   EXPECT_THAT(error_of({{"model_type", 3}}), HasSubstr("model_type must be a string, got 3"));
   // Errors from the planner's conventions come through with the source named once.
   const json c = with(read_json(kConfigs + "tiny-qwen2-vl.json"), "/video_token_id", 151655);

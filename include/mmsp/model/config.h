@@ -1,6 +1,8 @@
 // A Hugging Face config.json parsed once into typed, validated structs: the decoder, the
 // vision encoder of the family, and the planner's conventions (token ids, mRoPE sections).
-// Supported model_type: qwen2_vl, qwen2_5_vl, qwen3_vl, llava; anything else is an error.
+// Supported model_type: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5 (a hybrid decoder of
+// full-attention and Gated DeltaNet layers behind Qwen3-VL's vision tower, with family
+// qwen3_vl's conventions), llava; anything else is an error.
 // Building modules and loading weights from it is the model's business, not this file's.
 #pragma once
 
@@ -16,15 +18,15 @@
 namespace mmsp::model {
 
 struct ModelConfig {
-  // model_type of the file: "qwen2_vl", "qwen2_5_vl", "qwen3_vl" or "llava"
+  // model_type of the file: "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5" or "llava"
   std::string model_type;
-  // the same as an enum
+  // the planner's family (qwen3_5 plans as qwen3_vl: the same positions and placeholders)
   plan::ModelFamily family = plan::ModelFamily::qwen2_vl;
   // token ids, spatial merge, mRoPE sections and interleaving, as the planner reads them
   plan::ModelConventions conventions;
   // the language decoder
   TextConfig text;
-  // the Qwen-VL family's vision encoder (set for qwen2_vl, qwen2_5_vl, qwen3_vl)
+  // the Qwen-VL family's vision encoder (set for qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5)
   std::optional<QwenVisionConfig> qwen_vision;
   // LLaVA's CLIP encoder and projector (both set for llava)
   std::optional<ClipVisionConfig> clip_vision;

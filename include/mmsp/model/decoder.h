@@ -1,8 +1,9 @@
-// The language decoder (Qwen2 / Llama style) as LibTorch modules whose parameter
-// names are Hugging Face's: model.embed_tokens, model.layers.N.{input_layernorm,
-// self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj},
-// model.norm, lm_head. It sees only its tokens: the attention scheme (local,
-// Ulysses, ring, hybrid) and the rotary positions come in through DecoderContext.
+// The language decoder (Qwen2 / Llama style, and the hybrid Qwen3.5 / Qwen3-Next one) as
+// LibTorch modules whose parameter names are Hugging Face's: model.embed_tokens,
+// model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj | linear_attn.* (Gated
+// DeltaNet layers), post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm,
+// lm_head. It sees only its tokens: the attention scheme (local, Ulysses, ring, hybrid)
+// and the rotary positions come in through DecoderContext.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include "mmsp/attention/context_attention.h"
+#include "mmsp/attention/gated_delta_rule.h"
+#include "mmsp/model/gated_deltanet.h"
 #include "mmsp/model/linear.h"
 #include "mmsp/model/rotary.h"
 #include "mmsp/model/text_config.h"
@@ -19,12 +22,15 @@
 namespace mmsp::model {
 
 // What a layer needs besides its weights: this rank's rotary table, the context
-// groups and the layout of every ring share (all from the plan).
+// groups and the layout of every ring share (all from the plan). Gated DeltaNet layers
+// use the same groups and shares (Ulysses over heads, state passing across the ring).
 struct DecoderContext {
   attention::ContextGroups groups;
   std::vector<attention::TokenLayout> ring_shares;
   RotaryTable rotary;
   attention::AttentionOptions attention;
+  // chunk of the Gated DeltaNet kernel (hybrid decoders)
+  int64_t linear_chunk = attention::kGatedDeltaChunk;
   // Qwen3-VL deepstack: after decoder layer k, deepstack[k] [V, hidden] is added at
   // the local slots visual_slots [V] (the same slots the vision rows were spliced into).
   at::Tensor visual_slots;
@@ -42,25 +48,33 @@ DecoderContext decoder_context(const RankInputs& inputs, const TextConfig& text,
                                const attention::ContextGroups& groups,
                                const attention::AttentionOptions& attention, const at::Tensor& like);
 
+// Layer `index` of the decoder: its token mixer is full attention ("self_attn") or, where
+// the config's layer_types say linear_attention, a Gated DeltaNet layer ("linear_attn").
 class DecoderLayer : public torch::nn::Module {
  public:
-  explicit DecoderLayer(const TextConfig& config);
+  DecoderLayer(const TextConfig& config, int64_t index);
   // hidden [L, hidden] -> [L, hidden]
   at::Tensor forward(const at::Tensor& hidden, const DecoderContext& context) const;
+  LayerKind kind() const { return kind_; }
 
  private:
   struct Attention : torch::nn::Module {
     explicit Attention(const TextConfig& config);
+    // q_proj: [L, hidden] -> [L, H·D], or [L, H·2D] ([query | gate] per head) with attn_output_gate
     std::shared_ptr<Linear> q_proj, k_proj, v_proj, o_proj;
-    std::shared_ptr<RMSNorm> q_norm, k_norm;  // per head, before RoPE (Qwen3-VL); else null
+    std::shared_ptr<RMSNorm> q_norm, k_norm;  // per head, before RoPE (Qwen3-VL, Qwen3.5); else null
   };
+  // x [L, hidden] (normed) -> the attention block's output [L, hidden]
+  at::Tensor attend(const at::Tensor& x, const DecoderContext& context) const;
   struct Mlp : torch::nn::Module {
     explicit Mlp(const TextConfig& config);
     std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
   };
   TextConfig config_;
+  LayerKind kind_ = LayerKind::full_attention;
   std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
-  std::shared_ptr<Attention> self_attn_;
+  std::shared_ptr<Attention> self_attn_;      // full attention layers
+  std::shared_ptr<GatedDeltaNet> linear_attn_;  // Gated DeltaNet layers
   std::shared_ptr<Mlp> mlp_;
 };
 

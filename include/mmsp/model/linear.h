@@ -22,13 +22,16 @@ class Embedding : public torch::nn::Module {
   at::Tensor weight;
 };
 
-// x / rms(x) · weight, in fp32 or wider (as HF's Qwen2RMSNorm).
+// x / rms(x) · weight, in fp32 or wider (as HF's Qwen2RMSNorm). zero_centered (Qwen3.5,
+// Qwen3-Next): x / rms(x) · (1 + weight), weight stored as an offset from 1 (initially 0)
+// and applied before rounding back to x's dtype, as HF's Qwen3_5RMSNorm.
 class RMSNorm : public torch::nn::Module {
  public:
-  RMSNorm(int64_t hidden, double eps);
+  RMSNorm(int64_t hidden, double eps, bool zero_centered = false);
   at::Tensor forward(const at::Tensor& x) const;
   at::Tensor weight;
   double eps;
+  bool zero_centered;
 };
 
 }  // namespace mmsp::model

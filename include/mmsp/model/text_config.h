@@ -1,11 +1,13 @@
-// The language decoder's config (Qwen2-VL / Qwen2.5-VL / Qwen3-VL text, LLaVA's Llama),
-// typed and validated. Defaults are what Hugging Face transformers uses when a key is
+// The language decoder's config (Qwen2-VL / Qwen2.5-VL / Qwen3-VL text, LLaVA's Llama, and
+// the hybrid Qwen3.5 / Qwen3-Next text configs that mix full attention with Gated DeltaNet
+// layers), typed and validated. Defaults are what Hugging Face transformers uses when a key is
 // missing, so a config.json means the same model here as there. mRoPE sections live in
 // plan::ModelConventions (the planner needs them too); ModelConfig checks them against head_dim.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -13,8 +15,13 @@
 
 namespace mmsp::model {
 
+// The token mixer of one decoder layer (Hugging Face's layer_types entries).
+enum class LayerKind { full_attention, linear_attention };
+const char* to_string(LayerKind kind);
+
 struct TextConfig {
-  // HF model_type of the decoder: "qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "llama"
+  // HF model_type of the decoder: "qwen2_vl_text", "qwen2_5_vl_text", "qwen3_vl_text", "llama",
+  // "qwen3_5_text", "qwen3_next"
   std::string model_type = "qwen2_vl_text";
   // rows of the token embedding and of the LM head
   int64_t vocab_size = 152064;
@@ -48,6 +55,38 @@ struct TextConfig {
   bool qk_norm = false;
   // std of the normal initialisation of weights trained from scratch
   double initializer_range = 0.02;
+
+  // ---- hybrid decoders (qwen3_5_text, qwen3_next); the defaults below keep the others plain ----
+  // token mixer of each layer (layer_types, or every full_attention_interval-th layer full);
+  // empty: every layer full attention
+  std::vector<LayerKind> layer_types;
+  // Gated DeltaNet key heads H_k (linear_num_key_heads)
+  int64_t linear_num_key_heads = 16;
+  // Gated DeltaNet value heads H_v, a multiple of H_k (linear_num_value_heads)
+  int64_t linear_num_value_heads = 32;
+  // Gated DeltaNet key head size K (linear_key_head_dim)
+  int64_t linear_key_head_dim = 128;
+  // Gated DeltaNet value head size V (linear_value_head_dim)
+  int64_t linear_value_head_dim = 128;
+  // causal depthwise conv kernel W over q|k|v (linear_conv_kernel_dim)
+  int64_t linear_conv_kernel_dim = 4;
+  // Qwen3.5 keeps the GDN input projections apart (in_proj_qkv, in_proj_z, in_proj_b,
+  // in_proj_a); Qwen3-Next fuses them, grouped by key head (in_proj_qkvz, in_proj_ba)
+  bool linear_split_projections = false;
+  // share of head_dim that RoPE rotates: the first rotary_dim() channels of each head
+  // (rope_parameters.partial_rotary_factor; 0.25 in Qwen3.5 / Qwen3-Next)
+  double partial_rotary_factor = 1.0;
+  // q_proj yields [query | gate] per head and the attention output is multiplied by
+  // sigmoid(gate) before o_proj (Qwen3.5 / Qwen3-Next always; attn_output_gate)
+  bool attn_output_gate = false;
+  // every RMSNorm of the decoder (not the GDN's gated norm) scales by (1 + weight), its
+  // weight stored as an offset from 1 (Qwen3.5 / Qwen3-Next)
+  bool zero_centered_norm = false;
+
+  // channels RoPE rotates: int(head_dim · partial_rotary_factor), as transformers computes it
+  int64_t rotary_dim() const;
+  LayerKind layer_kind(int64_t layer) const;
+  bool is_hybrid() const { return !layer_types.empty(); }
 };
 
 // Hugging Face's defaults for the decoder of `family` (the values above are Qwen2-VL's).
@@ -59,6 +98,13 @@ TextConfig default_text_config(plan::ModelFamily family);
 // derived, kv heads divide heads, head_dim even for RoPE); ModelConfig checks mRoPE.
 TextConfig parse_text_config(const nlohmann::json& text, plan::ModelFamily family,
                              const std::string& where);
+
+// The hybrid decoder of a qwen3_5 config (text_config.model_type "qwen3_5_text", or
+// "qwen3_next" for Qwen3-Next's layout), with transformers' defaults (Qwen3_5TextConfig,
+// Qwen3NextConfig). Reads layer_types (or full_attention_interval), the linear_* keys,
+// partial_rotary_factor; checks them (layer kinds, head counts dividing, silu, no
+// mixture-of-experts MLP) with errors naming the key and the value.
+TextConfig parse_hybrid_text_config(const nlohmann::json& text, const std::string& where);
 
 
 }  // namespace mmsp::model
