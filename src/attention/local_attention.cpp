@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "mmsp/core/check.h"
+#include "mmsp/core/phase_timer.h"
 
 namespace mmsp::attention {
 namespace {
@@ -99,6 +100,7 @@ PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& 
                                          const at::Tensor& v, const TokenLayout& q_layout,
                                          const TokenLayout& k_layout,
                                          const AttentionOptions& options) {
+  PhaseScope timed(Phase::attention);
   check_attention_inputs(q, k, v, "local_attention");
   q_layout.check("local_attention (queries)");
   k_layout.check("local_attention (keys)");
@@ -151,6 +153,7 @@ AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor
                                         const at::Tensor& out, const at::Tensor& lse,
                                         const TokenLayout& q_layout, const TokenLayout& k_layout,
                                         const AttentionOptions& options) {
+  PhaseScope timed(Phase::attention);
   const Shapes s = shapes_of(q, k, options);
   const at::ScalarType acc = accumulation_type(q.scalar_type());
   const at::Tensor qh = group_queries(q, s, acc).mul(s.scale);  // pre-scaled, as in forward

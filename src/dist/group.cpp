@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "mmsp/core/check.h"
+#include "mmsp/core/phase_timer.h"
 
 namespace mmsp::dist {
 
@@ -26,6 +27,7 @@ Backend& Group::backend_for(const at::Tensor& tensor) const {
 bool Group::uses_gloo(const at::Tensor& tensor) const { return tensor.device().is_cpu(); }
 
 void Group::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* collective) const {
+  PhaseScope communication(Phase::communication);
   try {
     work->wait();
   } catch (const std::exception& e) {

@@ -9,6 +9,7 @@
 
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/core/check.h"
+#include "mmsp/model/phase_marker.h"
 #include "mmsp/model/activation.h"
 #include "mmsp/model/rank_inputs.h"
 
@@ -61,7 +62,7 @@ at::Tensor ClipVisionTower::forward(const at::Tensor& images) const {
                            .reshape({N, P, c.num_channels * c.patch_size * c.patch_size});
   at::Tensor x = at::linear(patches, patch_weight.reshape({D, -1}));               // [N, P, D]
   x = at::cat({class_embedding.expand({N, 1, D}), x}, 1) + position_weight;        // [N, P+1, D]
-  x = pre_layrnorm_->forward(x);
+  x = leave_phase_in_backward(pre_layrnorm_->forward(x), Phase::vision);  // the tower's backward ends here
   // hidden_states = [embeddings, layer 1, ..., layer L]; pick vision_feature_layer.
   const int64_t L = c.num_hidden_layers;
   const int64_t pick = llava_.vision_feature_layer < 0 ? L + 1 + llava_.vision_feature_layer
@@ -104,6 +105,7 @@ at::Tensor LlavaModel::encode(const std::vector<plan::VisionItem>& items, const 
     const at::Tensor& w = decoder_->model->embed_tokens->weight;
     return at::zeros({0, config_.text.hidden_size}, w.options()).requires_grad_();
   }
+  PhaseScope vision(Phase::vision);
   std::vector<int64_t> images;
   for (int64_t i : which) {
     MMSP_CHECK(items.at(i).kind == plan::VisionKind::image, "LLaVA takes images only");
@@ -114,7 +116,7 @@ at::Tensor LlavaModel::encode(const std::vector<plan::VisionItem>& items, const 
   at::Tensor features = tower_->forward(pixels.images.index_select(
       0, at::tensor(at::ArrayRef<int64_t>(images), at::kLong).clone()));  // [n, rows, D]
   at::Tensor rows = linear_2_->forward(activation(config_.llava->projector_hidden_act, linear_1_->forward(features)));
-  return rows.reshape({-1, config_.text.hidden_size});
+  return enter_phase_in_backward(rows.reshape({-1, config_.text.hidden_size}), Phase::vision);
 }
 
 QwenVLModel::StepOutput LlavaModel::forward(const plan::Batch& batch, const plan::StepPlan& plan,

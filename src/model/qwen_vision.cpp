@@ -9,6 +9,7 @@
 
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/core/check.h"
+#include "mmsp/model/phase_marker.h"
 #include "mmsp/model/activation.h"
 #include "mmsp/model/rotary.h"
 
@@ -177,6 +178,7 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
   at::Tensor x = patch_embed_->proj_bias.defined() ? at::linear(pixel_values, w, patch_embed_->proj_bias)
                                                    : at::linear(pixel_values, w);
   if (qwen3_) x = x + interpolated_positions(grids);
+  x = leave_phase_in_backward(x, Phase::vision);  // the encoder's backward ends here
 
   // 2-D rotary: head_dim/4 frequencies for h, as many for w, then doubled.
   const int64_t quarter = c.head_dim() / 4;

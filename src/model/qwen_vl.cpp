@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/phase_marker.h"
 #include "mmsp/model/rank_inputs.h"
 
 namespace mmsp::model {
@@ -35,6 +36,7 @@ at::Tensor QwenVLModel::encode(const std::vector<plan::VisionItem>& items,
     const at::Tensor& w = decoder_->model->embed_tokens->weight;
     return at::zeros({0, row_width_}, w.options()).requires_grad_();
   }
+  PhaseScope vision(Phase::vision);
   std::vector<at::Tensor> rows;
   std::vector<plan::Grid> grids;
   for (int64_t i : which) {
@@ -50,9 +52,9 @@ at::Tensor QwenVLModel::encode(const std::vector<plan::VisionItem>& items,
   // One row per placeholder: the merger's features, then each deepstack level's, so
   // one message carries them all along the same route.
   VisionOutput out = visual_->forward(at::cat(rows), grids);
-  if (out.deepstack.empty()) return out.rows;
+  if (out.deepstack.empty()) return enter_phase_in_backward(out.rows, Phase::vision);
   out.deepstack.insert(out.deepstack.begin(), out.rows);
-  return at::cat(out.deepstack, 1);
+  return enter_phase_in_backward(at::cat(out.deepstack, 1), Phase::vision);
 }
 
 at::Tensor QwenVLModel::vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels,
