@@ -118,6 +118,13 @@ Mesh Mesh::create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& e
   return mesh;
 }
 
+Mesh Mesh::solo() {
+  RankEnv env;
+  env.rank = 0;
+  env.world_size = 1;
+  return create(c10::intrusive_ptr<c10d::Store>(), env, MeshShape{1, 1, 1}, MeshOptions{}, "solo");
+}
+
 const GroupPtr& Mesh::group(MeshAxis axis) const {
   const GroupPtr& g = groups_[static_cast<int>(axis)];
   MMSP_ASSERT(g, "mesh group ", axis_name(axis), " not built");

@@ -36,6 +36,10 @@ class Mesh {
                      const MeshShape& shape, const MeshOptions& options,
                      const std::string& prefix);
 
+  // A one-rank mesh (1 × 1 × 1) that needs no store: the single-process reference
+  // of a distributed computation, run inside a multi-rank job.
+  static Mesh solo();
+
   // Opens the job's TCPStore (rank 0 serves it).
   static c10::intrusive_ptr<c10d::Store> open_store(const RankEnv& env,
                                                     std::chrono::milliseconds timeout);
