@@ -66,6 +66,9 @@ c10::intrusive_ptr<c10d::Store> Mesh::open_store(const RankEnv& env,
 
 Mesh Mesh::connect(const RankEnv& env, const MeshShape& shape, const MeshOptions& options) {
   check_mesh_shape(shape, env.world_size);  // before any connection, on every rank
+  // One rank has no peer to meet: no store, no port (two single-rank jobs on one host
+  // would otherwise fight over MASTER_PORT's default).
+  if (env.world_size == 1) return create(c10::intrusive_ptr<c10d::Store>(), env, shape, options, "mesh");
   return create(open_store(env, options.timeout), env, shape, options, "mesh");
 }
 
