@@ -10,7 +10,8 @@ Torch_DIR  ?=
 # Debian 12 packages the project builds and runs with. libopenblas0-pthread makes
 # LibTorch's fp32 matmul ~20x faster than the reference BLAS (see docs/building.md).
 DEB_PACKAGES := cmake ninja-build g++ ccache libtorch-dev libgloo-dev nlohmann-json3-dev \
-                libcli11-dev libgtest-dev libbenchmark-dev libopenblas0-pthread
+                libcli11-dev libgtest-dev libbenchmark-dev libopenblas0-pthread \
+                libstb-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(if $(Torch_DIR),-DTorch_DIR=$(Torch_DIR))

@@ -4,11 +4,11 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "memory_counter.h"
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/model/qwen_vl.h"
 #include "mmsp/model/rank_inputs.h"
+#include "mmsp/train/memory_counter.h"
 
 namespace mmsp::bench {
 namespace {
@@ -47,7 +47,7 @@ plan::Batch bench_batch(const VlmBenchOptions& o) {
 }  // namespace
 
 json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
-  MemoryCounter::install();
+  train::MemoryCounter::install();
   at::set_num_threads(1);
   const model::ModelConfig config = bench_config();
   const plan::Batch batch = bench_batch(o);
@@ -77,15 +77,15 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
       vlm.zero_grad();
       const dist::CommSnapshot before = mesh.stats().snapshot();
-      MemoryCounter::reset_peak();
-      const int64_t base = MemoryCounter::current_bytes();
+      train::MemoryCounter::reset_peak();
+      const int64_t base = train::MemoryCounter::current_bytes();
       if (o.step) {
         auto out = vlm.forward(batch, plan, pixels, groups, mode);
         model::causal_lm_loss(out.logits, out.labels, out.label_count).backward();
       } else {
         vlm.vision_rows(plan, pixels, groups, mode).sum().backward();
       }
-      const int64_t peak = MemoryCounter::peak_bytes() - base;
+      const int64_t peak = train::MemoryCounter::peak_bytes() - base;
       const dist::CommSnapshot d = mesh.stats().snapshot() - before;
       int64_t vision_bytes = 0;
       for (auto kind : {dist::CommKind::all_to_all_v, dist::CommKind::all_gather_v})

@@ -1,6 +1,6 @@
 // Counting CPU allocator; see memory_counter.h. The byte count sits in a 64-byte
 // header before the data, so the data pointer is also the deleter's context.
-#include "memory_counter.h"
+#include "mmsp/train/memory_counter.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <atomic>
 
-namespace mmsp::bench {
+namespace mmsp::train {
 namespace {
 
 constexpr size_t kHeader = 64;  // keeps the data 64-byte aligned
@@ -52,8 +52,11 @@ void MemoryCounter::install() {
   (void)installed;
 }
 
+// CPU tensors only. For CUDA tensors, read c10::cuda::CUDACachingAllocator's
+// getDeviceStats(device): allocated_bytes[StatType::AGGREGATE].current / .peak
+// (and resetPeakStats(device) for reset_peak) where LibTorch has CUDA.
 int64_t MemoryCounter::current_bytes() { return g_current.load(); }
 int64_t MemoryCounter::peak_bytes() { return g_peak.load(); }
 void MemoryCounter::reset_peak() { g_peak.store(g_current.load()); }
 
-}  // namespace mmsp::bench
+}  // namespace mmsp::train

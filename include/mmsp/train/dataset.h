@@ -1,0 +1,39 @@
+// A training dataset as the trainer sees it: a fixed number of samples per epoch, each
+// with cheap token metadata (what the step planner reads, asked for by every rank) and
+// expensive pixels (asked for only by the rank that encodes that image or video).
+// Which samples form a step is step_packer's business; batching pixels is step_pixels'.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/ATen.h>
+
+#include "mmsp/plan/sequence.h"
+
+namespace mmsp::train {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+
+  // Samples per epoch; indices are 0 .. size() - 1.
+  virtual int64_t size() const = 0;
+
+  // Tokens and grids of one sample, as a processor writes them (placeholders expanded,
+  // loss_mask 1 on the tokens to learn). Cheap: every rank asks for every sample of a step.
+  virtual plan::Sequence sequence(int64_t index) const = 0;
+
+  // Pixels of image `image` (order of appearance) of sample `index`, float32 on the CPU:
+  // Qwen families [t·h·w, C·tp·p·p] rows of the grid in the processor's order (patchify.h);
+  // LLaVA [C, S, S]. Expensive: only the rank that encodes the image asks.
+  virtual at::Tensor image_pixels(int64_t index, int64_t image) const = 0;
+
+  // Pixels of video `video` of sample `index`: Qwen families [t·h·w, C·tp·p·p].
+  virtual at::Tensor video_pixels(int64_t index, int64_t video) const = 0;
+
+  // One line for logs: kind, source, sample count.
+  virtual std::string describe() const = 0;
+};
+
+}  // namespace mmsp::train

@@ -1,0 +1,56 @@
+// Real data: one JSON object per line, tokens already expanded as the model's processor
+// writes them, pixels from image files (stb_image) or pre-patchified safetensors.
+// The constructor reads and checks the whole file, so every rank fails the same way
+// before any collective; pixels are decoded only when a rank asks (nothing big cached).
+// The format is in docs/data.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mmsp/model/config.h"
+#include "mmsp/train/dataset.h"
+#include "mmsp/train/patchify.h"
+
+namespace mmsp::train {
+
+class JsonlDataset : public Dataset {
+ public:
+  // Errors name the file and line, the field and the value; relative pixel paths are
+  // relative to the directory of `path`.
+  JsonlDataset(const std::string& path, const model::ModelConfig& config);
+
+  int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
+  plan::Sequence sequence(int64_t index) const override;
+  at::Tensor image_pixels(int64_t index, int64_t image) const override;
+  at::Tensor video_pixels(int64_t index, int64_t video) const override;
+  std::string describe() const override;
+
+  // "file.jsonl:7": where sample `index` came from.
+  std::string location(int64_t index) const;
+
+ private:
+  // One image or video: image files (one for an image, the frames of a video), or a
+  // tensor of a safetensors file (paths resolved against the jsonl's directory).
+  struct Source {
+    std::vector<std::string> files;
+    std::string safetensors, tensor;
+  };
+  struct Sample {
+    int64_t line = 0;
+    plan::Sequence sequence;
+    std::vector<Source> images, videos;
+  };
+
+  const Sample& sample(int64_t index) const;
+  at::Tensor pixels(const Sample& s, const Source& source, const plan::Grid& grid, bool video,
+                    int64_t item) const;
+
+  std::string path_;
+  model::ModelConfig config_;
+  PixelNorm norm_;
+  std::vector<Sample> samples_;
+};
+
+}  // namespace mmsp::train

@@ -1,0 +1,65 @@
+// Per-step training metrics: one human line for the log, one JSON object per line
+// for a metrics file, and an end-of-run summary. Measuring is the trainer's job.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace mmsp::train {
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0.0;
+  double lr = 0.0;
+  double grad_norm = 0.0;       // before clipping
+  int64_t tokens = 0;           // real (unpadded) tokens in the global batch
+  int64_t label_tokens = 0;     // tokens with a label in the global batch
+  double seconds = 0.0;         // the whole step, wall clock
+  double vision_s = 0.0;        // parts of `seconds`: vision encoder,
+  double attention_s = 0.0;     //   attention (local + its collectives),
+  double communication_s = 0.0; //   other communication (routing, grad sync),
+  double other_s = 0.0;         //   everything else
+  int64_t peak_bytes = 0;       // this rank's peak tensor memory during the step
+  int64_t comm_bytes = 0;       // bytes this rank sent during the step
+};
+
+// JSON with the field names above; a non-finite double is written as null and read
+// back as NaN. from_json requires every field.
+void to_json(nlohmann::json& j, const StepMetrics& m);
+void from_json(const nlohmann::json& j, StepMetrics& m);
+
+// "step 42 | loss 2.3456 | lr 3.00e-04 | gnorm 0.812 | 12345 tok/s | 1.234 s =
+//  vision 10% attn 45% comm 20% other 25% | peak 1234.5 MiB | sent 56.7 MiB"
+std::string format_step_line(const StepMetrics& m);
+
+// Appends one JSON object per line to `path` (created if missing), flushed to the
+// OS after each line, so every line written before a crash is in the file.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  void write(const StepMetrics& m);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+// Reads a file written by MetricsWriter (one StepMetrics per line); errors name the
+// file and the line.
+std::vector<StepMetrics> read_metrics(const std::string& path);
+
+// A few lines for the end of a run: steps, loss (first / last / min), mean tokens/s
+// and the mean time split over the steps after the first (the first pays for
+// warm-up; with one step, that step), peak memory, total bytes sent.
+std::string summary_table(const std::vector<StepMetrics>& steps);
+
+}  // namespace mmsp::train

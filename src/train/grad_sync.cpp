@@ -1,0 +1,100 @@
+// Bucketed gradient all-reduce; see grad_sync.h.
+#include "mmsp/train/grad_sync.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <iterator>
+
+#include "mmsp/core/check.h"
+#include "mmsp/dist/all_reduce.h"
+
+namespace mmsp::train {
+namespace {
+
+std::vector<GradBucket> make_buckets(const NamedParams& params, int64_t bucket_bytes) {
+  // (dtype, device) keys in order of first appearance; each key's open bucket.
+  std::vector<GradBucket> out;
+  std::vector<std::pair<std::pair<at::ScalarType, c10::Device>, std::vector<size_t>>> keys;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& p = params[i].second;
+    const std::pair<at::ScalarType, c10::Device> key{p.scalar_type(), p.device()};
+    auto it = std::find_if(keys.begin(), keys.end(), [&](const auto& k) { return k.first == key; });
+    if (it == keys.end()) {
+      keys.push_back({key, {}});
+      it = std::prev(keys.end());
+    }
+    it->second.push_back(i);
+  }
+  for (const auto& [key, members] : keys) {
+    GradBucket open{key.first, key.second, {}, 0, 0};
+    for (size_t i : members) {
+      const at::Tensor& p = params[i].second;
+      const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+      if (!open.params.empty() && open.bytes + bytes > bucket_bytes) {
+        out.push_back(open);
+        open = GradBucket{key.first, key.second, {}, 0, 0};
+      }
+      open.params.push_back(i);
+      open.numel += p.numel();
+      open.bytes += bytes;
+    }
+    if (!open.params.empty()) out.push_back(open);
+  }
+  return out;
+}
+
+}  // namespace
+
+GradSync::GradSync(NamedParams named_params, dist::GroupPtr world, int64_t bucket_bytes)
+    : params_(std::move(named_params)), world_(std::move(world)) {
+  MMSP_CHECK(world_, "GradSync: the world group is null");
+  MMSP_CHECK(bucket_bytes > 0, "GradSync: bucket_bytes (", bucket_bytes, ") must be positive");
+  check_named_params(params_, "GradSync");
+  for (const auto& [name, p] : params_)
+    MMSP_CHECK(at::isFloatingType(p.scalar_type()), "GradSync: parameter \"", name,
+               "\" has dtype ", p.scalar_type(), "; only floating-point gradients are summed");
+  buckets_ = make_buckets(params_, bucket_bytes);
+}
+
+int64_t GradSync::grad_bytes() const {
+  int64_t total = 0;
+  for (const GradBucket& b : buckets_) total += b.bytes;
+  return total;
+}
+
+void GradSync::all_reduce() {
+  at::NoGradGuard no_grad;
+  for (const GradBucket& bucket : buckets_) {
+    // flat: [numel] of the bucket's dtype; parameter i's grad is a slice of it.
+    at::Tensor flat = at::empty({bucket.numel}, at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
+    int64_t offset = 0;
+    for (size_t i : bucket.params) {
+      const at::Tensor& p = params_[i].second;
+      at::Tensor slice = flat.narrow(0, offset, p.numel()).view(p.sizes());
+      const at::Tensor& grad = p.grad();
+      if (grad.defined()) {
+        MMSP_CHECK(grad.sizes() == p.sizes(), "GradSync: the gradient of \"", params_[i].first,
+                   "\" has shape ", grad.sizes(), " but the parameter has ", p.sizes());
+        slice.copy_(grad);
+      } else {
+        slice.zero_();
+      }
+      offset += p.numel();
+    }
+    dist::all_reduce_(flat, *world_);
+    offset = 0;
+    for (size_t i : bucket.params) {
+      at::Tensor& p = params_[i].second;
+      at::Tensor slice = flat.narrow(0, offset, p.numel()).view(p.sizes());
+      if (p.grad().defined()) {
+        p.mutable_grad().copy_(slice);
+      } else {
+        p.mutable_grad() = slice.clone();  // its own storage, not a view of the bucket
+      }
+      offset += p.numel();
+    }
+  }
+}
+
+}  // namespace mmsp::train

@@ -1,0 +1,157 @@
+// Step metrics as text and JSON lines; see metrics.h.
+#include "mmsp/train/metrics.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdarg>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include "mmsp/core/check.h"
+
+namespace mmsp::train {
+namespace {
+
+using nlohmann::json;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string format(const char* fmt, ...) {
+  char buffer[512];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(buffer, sizeof buffer, fmt, args);
+  va_end(args);
+  return buffer;
+}
+
+double read_double(const json& j, const char* key) {
+  const json& v = j.at(key);
+  return v.is_null() ? std::numeric_limits<double>::quiet_NaN() : v.get<double>();
+}
+
+double percent(double part, double whole) { return whole > 0 ? 100.0 * part / whole : 0.0; }
+
+}  // namespace
+
+void to_json(json& j, const StepMetrics& m) {
+  // nlohmann writes NaN and ±inf as null.
+  j = json{{"step", m.step},
+           {"loss", m.loss},
+           {"lr", m.lr},
+           {"grad_norm", m.grad_norm},
+           {"tokens", m.tokens},
+           {"label_tokens", m.label_tokens},
+           {"seconds", m.seconds},
+           {"vision_s", m.vision_s},
+           {"attention_s", m.attention_s},
+           {"communication_s", m.communication_s},
+           {"other_s", m.other_s},
+           {"peak_bytes", m.peak_bytes},
+           {"comm_bytes", m.comm_bytes}};
+}
+
+void from_json(const json& j, StepMetrics& m) {
+  m.step = j.at("step").get<int64_t>();
+  m.loss = read_double(j, "loss");
+  m.lr = read_double(j, "lr");
+  m.grad_norm = read_double(j, "grad_norm");
+  m.tokens = j.at("tokens").get<int64_t>();
+  m.label_tokens = j.at("label_tokens").get<int64_t>();
+  m.seconds = read_double(j, "seconds");
+  m.vision_s = read_double(j, "vision_s");
+  m.attention_s = read_double(j, "attention_s");
+  m.communication_s = read_double(j, "communication_s");
+  m.other_s = read_double(j, "other_s");
+  m.peak_bytes = j.at("peak_bytes").get<int64_t>();
+  m.comm_bytes = j.at("comm_bytes").get<int64_t>();
+}
+
+std::string format_step_line(const StepMetrics& m) {
+  const double tok_s = m.seconds > 0 ? static_cast<double>(m.tokens) / m.seconds : 0.0;
+  return format(
+      "step %lld | loss %.4f | lr %.2e | gnorm %.3g | %.0f tok/s | %.3f s = vision %.0f%% "
+      "attn %.0f%% comm %.0f%% other %.0f%% | peak %.1f MiB | sent %.1f MiB",
+      static_cast<long long>(m.step), m.loss, m.lr, m.grad_norm, tok_s, m.seconds,
+      percent(m.vision_s, m.seconds), percent(m.attention_s, m.seconds),
+      percent(m.communication_s, m.seconds), percent(m.other_s, m.seconds),
+      static_cast<double>(m.peak_bytes) / kMiB, static_cast<double>(m.comm_bytes) / kMiB);
+}
+
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
+  file_ = std::fopen(path.c_str(), "a");
+  MMSP_CHECK(file_ != nullptr, path, ": cannot open the metrics file for appending: ",
+             std::strerror(errno));
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsWriter::write(const StepMetrics& m) {
+  const std::string line = json(m).dump() + "\n";
+  MMSP_CHECK(std::fwrite(line.data(), 1, line.size(), file_) == line.size() &&
+                 std::fflush(file_) == 0,
+             path_, ": cannot write metrics of step ", m.step, ": ", std::strerror(errno));
+}
+
+std::vector<StepMetrics> read_metrics(const std::string& path) {
+  std::ifstream in(path);
+  MMSP_CHECK(in.good(), path, ": cannot open the metrics file");
+  std::vector<StepMetrics> out;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty()) continue;
+    try {
+      out.push_back(json::parse(line).get<StepMetrics>());
+    } catch (const json::exception& e) {
+      throw Error(detail::concat(path, ":", number, ": not a metrics line: ", e.what()));
+    }
+  }
+  return out;
+}
+
+std::string summary_table(const std::vector<StepMetrics>& steps) {
+  if (steps.empty()) return "no steps recorded\n";
+  const StepMetrics* lowest = &steps.front();
+  int64_t peak = 0, sent = 0;
+  for (const StepMetrics& m : steps) {
+    if (m.loss < lowest->loss) lowest = &m;
+    peak = std::max(peak, m.peak_bytes);
+    sent += m.comm_bytes;
+  }
+  // Means over the steady steps: all but the first, unless there is only one.
+  const size_t first = steps.size() > 1 ? 1 : 0;
+  double seconds = 0, vision = 0, attention = 0, communication = 0, other = 0;
+  int64_t tokens = 0;
+  for (size_t i = first; i < steps.size(); ++i) {
+    seconds += steps[i].seconds;
+    vision += steps[i].vision_s;
+    attention += steps[i].attention_s;
+    communication += steps[i].communication_s;
+    other += steps[i].other_s;
+    tokens += steps[i].tokens;
+  }
+  const size_t counted = steps.size() - first;
+  std::string out;
+  out += format("steps          %zu (%lld .. %lld)\n", steps.size(),
+                static_cast<long long>(steps.front().step), static_cast<long long>(steps.back().step));
+  out += format("loss           first %.4f  last %.4f  min %.4f (step %lld)\n", steps.front().loss,
+                steps.back().loss, lowest->loss, static_cast<long long>(lowest->step));
+  out += format("tokens/s       %.0f (mean over %zu step%s%s)\n",
+                seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0, counted,
+                counted == 1 ? "" : "s", first ? ", first excluded" : "");
+  out += format("step time      %.3f s mean = vision %.1f%%  attention %.1f%%  communication %.1f%%"
+                "  other %.1f%%\n",
+                seconds / static_cast<double>(counted), percent(vision, seconds),
+                percent(attention, seconds), percent(communication, seconds), percent(other, seconds));
+  out += format("peak memory    %.1f MiB\n", static_cast<double>(peak) / kMiB);
+  out += format("sent           %.1f MiB total, %.1f MiB per step\n", static_cast<double>(sent) / kMiB,
+                static_cast<double>(sent) / kMiB / static_cast<double>(steps.size()));
+  return out;
+}
+
+}  // namespace mmsp::train

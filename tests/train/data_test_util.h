@@ -1,0 +1,33 @@
+// Helpers shared by the data tests: the shipped tiny configs and error-message capture.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "mmsp/core/check.h"
+#include "mmsp/model/config.h"
+
+namespace mmsp::train::testing {
+
+// configs/<name>.json of the source tree.
+inline model::ModelConfig tiny_config(const std::string& name) {
+  return model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/" + name + ".json");
+}
+
+inline std::string source_path(const std::string& relative) {
+  return std::string(MMSP_SOURCE_DIR) + "/" + relative;
+}
+
+// Runs `f` and returns the mmsp::Error message ("" when nothing was thrown).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const mmsp::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace mmsp::train::testing

@@ -1,0 +1,418 @@
+// Checkpoints: bitwise resume, the `latest` pointer and keep_last, a crash in the
+// middle of a save (a forked child killed by the crash_after_bytes hook), and
+// clear errors for missing, corrupted or mismatched files.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <torch/nn/module.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "mmsp/core/check.h"
+#include "mmsp/model/safetensors.h"
+#include "mmsp/train/checkpoint.h"
+#include "mmsp/train/optimizer.h"
+
+namespace mmsp::train {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+const char* const kConfig = "{\"model_type\": \"tiny\", \"hidden_size\": 4}\n";
+
+struct Affine : torch::nn::Module {
+  Affine(int64_t in, int64_t out, at::ScalarType dtype) {
+    weight = register_parameter("weight", (at::randn({out, in}, at::kDouble) * 0.5).to(dtype));
+    bias = register_parameter("bias", (at::randn({out}, at::kDouble) * 0.1).to(dtype));
+  }
+  at::Tensor weight, bias;
+};
+
+// proj (fp64) -> tanh -> head (fp32) -> · norm; "unused" never gets a gradient.
+struct Tiny : torch::nn::Module {
+  explicit Tiny(int64_t hidden = 4) {
+    proj = register_module("proj", std::make_shared<Affine>(3, hidden, at::kDouble));
+    head = register_module("head", std::make_shared<Affine>(hidden, 2, at::kFloat));
+    norm = register_parameter("norm", at::ones({2}, at::kFloat));
+    unused = register_parameter("unused", at::zeros({2, 2}, at::kFloat));
+  }
+  std::shared_ptr<Affine> proj, head;
+  at::Tensor norm, unused;
+};
+
+NamedParams named(const torch::nn::Module& m) {
+  NamedParams out;
+  for (const auto& item : m.named_parameters()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+// One optimiser step on a batch drawn from the default CPU generator (so a resume
+// is only bitwise equal if the RNG state comes back too).
+void train_step(Tiny& m, torch::optim::AdamW& opt, double lr) {
+  set_lr(opt, lr);
+  opt.zero_grad();
+  at::Tensor x = at::rand({5, 3}, at::kDouble);
+  at::Tensor y = at::tanh(at::addmm(m.proj->bias, x, m.proj->weight.t()));
+  at::Tensor z = at::addmm(m.head->bias, y.to(at::kFloat), m.head->weight.t()) * m.norm;
+  (z - 0.5).pow(2).sum().backward();
+  opt.step();
+}
+
+struct Trained {
+  std::shared_ptr<Tiny> model;
+  std::unique_ptr<torch::optim::AdamW> opt;
+};
+
+Trained trained(int steps, uint64_t seed = 1) {
+  at::manual_seed(seed);
+  Trained t;
+  t.model = std::make_shared<Tiny>();
+  t.opt = make_adamw(named(*t.model), {1e-2, 0.9, 0.99, 1e-8, 0.1});
+  for (int s = 0; s < steps; ++s) train_step(*t.model, *t.opt, 1e-2 / (s + 1));
+  return t;
+}
+
+json state_json(int64_t epoch, int64_t offset) {
+  return {{"data", {{"epoch", epoch}, {"offset", offset}}}, {"run", {{"mesh", "dp1 x ring1"}}}};
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+std::string what(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+void expect_same_training_state(Tiny& a, torch::optim::AdamW& oa, Tiny& b, torch::optim::AdamW& ob) {
+  for (const auto& [name, p] : named(a)) {
+    const at::Tensor q = b.named_parameters()[name];
+    EXPECT_EQ(p.scalar_type(), q.scalar_type()) << name;
+    EXPECT_TRUE(at::equal(p, q)) << name << " differs";
+  }
+  const AdamWState sa = capture_adamw_state(oa, a), sb = capture_adamw_state(ob, b);
+  ASSERT_EQ(sa.params.size(), sb.params.size());
+  for (const auto& [name, m] : sa.params) {
+    const AdamWParamMoments& n = sb.params.at(name);
+    EXPECT_EQ(m.step, n.step) << name;
+    EXPECT_TRUE(at::equal(m.exp_avg, n.exp_avg)) << name;
+    EXPECT_TRUE(at::equal(m.exp_avg_sq, n.exp_avg_sq)) << name;
+  }
+  ASSERT_EQ(sa.groups.size(), sb.groups.size());
+  for (size_t g = 0; g < sa.groups.size(); ++g) {
+    EXPECT_EQ(sa.groups[g].params, sb.groups[g].params);
+    EXPECT_EQ(sa.groups[g].betas, sb.groups[g].betas);
+    EXPECT_EQ(sa.groups[g].eps, sb.groups[g].eps);
+    EXPECT_EQ(sa.groups[g].weight_decay, sb.groups[g].weight_decay);
+  }
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char name[] = "/tmp/mmsp-checkpoint-XXXXXX";
+    ASSERT_NE(::mkdtemp(name), nullptr);
+    dir_ = name;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string dir_;
+};
+
+TEST_F(CheckpointTest, ResumeIsBitwiseIdenticalToNeverStopping) {
+  Trained a = trained(3);
+  save_checkpoint(dir_, 3, *a.model, *a.opt, state_json(1, 17), kConfig);
+  for (int s = 3; s < 5; ++s) train_step(*a.model, *a.opt, 1e-2 / (s + 1));  // never stopped
+
+  at::manual_seed(99);  // a fresh model and optimizer with other values and options
+  auto b = std::make_shared<Tiny>();
+  auto ob = make_adamw(named(*b), {5.0, 0.5, 0.6, 1e-3, 0.0});
+  const Checkpoint c = load_checkpoint(dir_);
+  EXPECT_EQ(c.path, dir_ + "/step-000003");
+  EXPECT_EQ(c.step, 3);
+  EXPECT_EQ(c.state.at("data"), json({{"epoch", 1}, {"offset", 17}}));
+  EXPECT_EQ(c.state.at("run").at("mesh"), "dp1 x ring1");
+  EXPECT_EQ(c.config_json, kConfig);
+  EXPECT_EQ(c.model.size(), 6u);
+  EXPECT_EQ(c.optimizer.params.count("unused"), 0u);  // never stepped: no state
+  EXPECT_EQ(c.optimizer.params.at("proj.weight").step, 3);
+  restore(c, *b, *ob);
+  const auto& restored = static_cast<const torch::optim::AdamWOptions&>(ob->param_groups()[0].options());
+  EXPECT_EQ(restored.weight_decay(), 0.1);
+  EXPECT_EQ(std::get<1>(restored.betas()), 0.99);
+  EXPECT_EQ(restored.lr(), 1e-2 / 3);  // the lr of the last step before the save
+  for (int s = 3; s < 5; ++s) train_step(*b, *ob, 1e-2 / (s + 1));
+  expect_same_training_state(*a.model, *a.opt, *b, *ob);
+}
+
+TEST_F(CheckpointTest, FilesHoldNamedTensorsInTheSafetensorsLayout) {
+  Trained a = trained(2);
+  save_checkpoint(dir_, 2, *a.model, *a.opt, state_json(0, 4), kConfig);
+  const std::string step = dir_ + "/step-000002";
+  // model.safetensors: what model::serialize_safetensors writes for the parameters.
+  std::map<std::string, at::Tensor> params;
+  for (const auto& [name, p] : named(*a.model)) params[name] = p.detach();
+  EXPECT_EQ(read_file(step + "/model.safetensors"),
+            model::serialize_safetensors(params, {{"format", "pt"}}));
+  // optimizer.safetensors: moments by parameter name, step counts in the metadata.
+  const AdamWState s = capture_adamw_state(*a.opt, *a.model);
+  EXPECT_EQ(read_file(step + "/optimizer.safetensors"),
+            model::serialize_safetensors(adamw_state_tensors(s), adamw_state_metadata(s)));
+  const auto header = model::read_safetensors_header(step + "/optimizer.safetensors");
+  EXPECT_EQ(header.tensors.count("head.bias.exp_avg_sq"), 1u);
+  EXPECT_EQ(header.tensors.at("proj.weight.exp_avg").dtype, "F64");
+  const json meta = json::parse(header.metadata.at("mmsp.adamw"));
+  EXPECT_EQ(meta.at("steps").at("norm"), 2);
+  std::vector<std::string> matrices;
+  for (const auto& [name, p] : named(*a.model))
+    if (p.dim() >= 2) matrices.push_back(name);
+  EXPECT_EQ(matrices.size(), 3u);
+  EXPECT_EQ(meta.at("groups").at(0).at("params"), json(matrices));
+  const json state = json::parse(read_file(step + "/state.json"));
+  EXPECT_EQ(state.at("step"), 2);
+  EXPECT_EQ(state.at("version"), 1);
+  EXPECT_EQ(read_file(step + "/config.json"), kConfig);
+  EXPECT_EQ(read_file(dir_ + "/latest"), "step-000002\n");
+}
+
+TEST_F(CheckpointTest, RestoresTheCpuGenerator) {
+  Trained a = trained(1);
+  save_checkpoint(dir_, 1, *a.model, *a.opt, state_json(0, 0), kConfig);
+  const at::Tensor next = at::rand({4}, at::kDouble);
+  at::manual_seed(12345);
+  restore(load_checkpoint(dir_), *a.model, *a.opt);
+  EXPECT_TRUE(at::equal(at::rand({4}, at::kDouble), next));
+}
+
+TEST_F(CheckpointTest, AmsgradStateRoundTrips) {
+  at::manual_seed(3);
+  Tiny a, b;
+  auto options = torch::optim::AdamWOptions(1e-2).amsgrad(true);
+  torch::optim::AdamW oa(a.parameters(), options), ob(b.parameters(), torch::optim::AdamWOptions(1.0));
+  train_step(a, oa, 1e-2);
+  const AdamWState s = capture_adamw_state(oa, a);
+  const auto tensors = adamw_state_tensors(s);
+  EXPECT_EQ(tensors.count("proj.bias.max_exp_avg_sq"), 1u);
+  const AdamWState back = adamw_state_from(tensors, adamw_state_metadata(s), "test");
+  for (auto& item : b.named_parameters()) {
+    at::NoGradGuard no_grad;
+    item.value().copy_(a.named_parameters()[item.key()]);
+  }
+  apply_adamw_state(back, ob, b, "test");
+  at::manual_seed(5);
+  train_step(a, oa, 1e-2);
+  at::manual_seed(5);
+  train_step(b, ob, 1e-2);
+  expect_same_training_state(a, oa, b, ob);
+  EXPECT_TRUE(at::equal(capture_adamw_state(ob, b).params.at("norm").max_exp_avg_sq,
+                        capture_adamw_state(oa, a).params.at("norm").max_exp_avg_sq));
+}
+
+TEST_F(CheckpointTest, LatestPointerAndKeepLast) {
+  Trained a = trained(1);
+  CheckpointOptions keep2;
+  keep2.keep_last = 2;
+  for (int64_t step = 1; step <= 5; ++step)
+    save_checkpoint(dir_, step, *a.model, *a.opt, state_json(0, step), kConfig, keep2);
+  std::vector<std::string> entries;
+  for (const auto& e : fs::directory_iterator(dir_)) entries.push_back(e.path().filename().string());
+  std::sort(entries.begin(), entries.end());
+  EXPECT_EQ(entries, (std::vector<std::string>{"latest", "step-000004", "step-000005"}));
+  EXPECT_EQ(read_file(dir_ + "/latest"), "step-000005\n");
+  EXPECT_EQ(load_checkpoint(dir_).step, 5);
+  EXPECT_EQ(load_checkpoint(dir_ + "/step-000004/").step, 4);  // a step dir directly
+  EXPECT_EQ(load_checkpoint(dir_ + "/step-000004").state.at("data").at("offset"), 4);
+
+  // Saving a step again (after a resume) replaces it.
+  save_checkpoint(dir_, 5, *a.model, *a.opt, state_json(7, 70), kConfig, keep2);
+  EXPECT_EQ(load_checkpoint(dir_).state.at("data").at("epoch"), 7);
+  // An older step saved later (resumed from further back) becomes latest; later step
+  // dirs are left alone; keep_last counts up to the saved step.
+  save_checkpoint(dir_, 3, *a.model, *a.opt, state_json(0, 3), kConfig, keep2);
+  EXPECT_EQ(read_file(dir_ + "/latest"), "step-000003\n");
+  EXPECT_TRUE(fs::exists(dir_ + "/step-000005"));
+  EXPECT_EQ(step_dir_name(1234567), "step-1234567");
+}
+
+// Each CheckpointTest.Crash* test forks a child that saves with the crash hook set.
+int save_in_child(const std::string& dir, int64_t step, const Trained& t, int64_t crash_after,
+                  pid_t* child) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    CheckpointOptions o;
+    o.crash_after_bytes = crash_after;
+    try {
+      save_checkpoint(dir, step, *t.model, *t.opt, state_json(0, step), kConfig, o);
+    } catch (...) {
+      std::_Exit(1);
+    }
+    std::_Exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  *child = pid;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST_F(CheckpointTest, CrashInTheMiddleOfASaveLeavesThePreviousCheckpoint) {
+  Trained a = trained(3);
+  save_checkpoint(dir_, 3, *a.model, *a.opt, state_json(0, 3), kConfig);
+  const int64_t model_bytes = static_cast<int64_t>(fs::file_size(dir_ + "/step-000003/model.safetensors"));
+  train_step(*a.model, *a.opt, 1e-3);
+
+  pid_t child = 0;
+  ASSERT_EQ(save_in_child(dir_, 5, a, model_bytes + 100, &child), kCheckpointCrashExitCode);
+  const std::string tmp = dir_ + "/.step-000005.tmp-" + std::to_string(child);
+  ASSERT_TRUE(fs::is_directory(tmp));
+  EXPECT_EQ(fs::file_size(tmp + "/model.safetensors"), static_cast<uintmax_t>(model_bytes));
+  EXPECT_EQ(fs::file_size(tmp + "/optimizer.safetensors"), 100u);  // cut mid-file
+  EXPECT_FALSE(fs::exists(dir_ + "/step-000005"));
+  EXPECT_EQ(read_file(dir_ + "/latest"), "step-000003\n");
+
+  const Checkpoint c = load_checkpoint(dir_);
+  EXPECT_EQ(c.step, 3);
+  at::manual_seed(7);
+  auto b = std::make_shared<Tiny>();
+  auto ob = make_adamw(named(*b), {});
+  restore(c, *b, *ob);
+  EXPECT_TRUE(at::equal(b->proj->weight, c.model.at("proj.weight")));
+
+  save_checkpoint(dir_, 6, *a.model, *a.opt, state_json(0, 6), kConfig);
+  EXPECT_FALSE(fs::exists(tmp));  // the next save removes the leftovers
+  EXPECT_EQ(read_file(dir_ + "/latest"), "step-000006\n");
+}
+
+TEST_F(CheckpointTest, CrashWhileReplacingLatestKeepsTheOldPointer) {
+  Trained a = trained(2);
+  save_checkpoint(dir_, 2, *a.model, *a.opt, state_json(0, 2), kConfig);
+  // The same checkpoint elsewhere, to learn how many bytes its four files take.
+  const std::string probe = dir_ + "/probe";
+  save_checkpoint(probe, 4, *a.model, *a.opt, state_json(0, 4), kConfig);
+  int64_t files = 0;
+  for (const auto& e : fs::directory_iterator(probe + "/step-000004"))
+    files += static_cast<int64_t>(e.file_size());
+  fs::remove_all(probe);
+
+  pid_t child = 0;
+  ASSERT_EQ(save_in_child(dir_, 4, a, files + 5, &child), kCheckpointCrashExitCode);
+  EXPECT_TRUE(fs::exists(dir_ + "/step-000004/config.json"));  // complete, but not yet latest
+  EXPECT_EQ(read_file(dir_ + "/.latest.tmp-" + std::to_string(child)), "step-");
+  EXPECT_EQ(read_file(dir_ + "/latest"), "step-000002\n");
+  EXPECT_EQ(load_checkpoint(dir_).step, 2);
+}
+
+TEST_F(CheckpointTest, MissingOrCorruptedFilesGiveClearErrors) {
+  Trained a = trained(1);
+  save_checkpoint(dir_, 1, *a.model, *a.opt, state_json(0, 1), kConfig);
+  const std::string step = dir_ + "/step-000001";
+  const std::string model = read_file(step + "/model.safetensors");
+
+  EXPECT_THAT(what([&] { load_checkpoint(dir_ + "/nope"); }), HasSubstr("no such checkpoint directory"));
+  fs::create_directories(dir_ + "/empty");
+  EXPECT_THAT(what([&] { load_checkpoint(dir_ + "/empty"); }), HasSubstr("not a checkpoint"));
+
+  write_file(step + "/model.safetensors", model.substr(0, 20));
+  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr(step + "/model.safetensors"));
+  write_file(step + "/model.safetensors", model);
+
+  fs::rename(step + "/optimizer.safetensors", step + "/optimizer.bak");
+  EXPECT_THAT(what([&] { load_checkpoint(dir_); }),
+              HasSubstr(step + "/optimizer.safetensors: missing"));
+  fs::rename(step + "/optimizer.bak", step + "/optimizer.safetensors");
+
+  const std::string state = read_file(step + "/state.json");
+  write_file(step + "/state.json", state.substr(0, state.size() / 2));
+  EXPECT_THAT(what([&] { load_checkpoint(dir_); }),
+              HasSubstr(step + "/state.json: not valid JSON"));
+  json bad = json::parse(state);
+  bad["data"].erase("offset");
+  write_file(step + "/state.json", bad.dump());
+  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr("data.offset is missing"));
+  bad = json::parse(state);
+  bad["step"] = 2;
+  write_file(step + "/state.json", bad.dump());
+  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr("does not match the directory name"));
+  write_file(step + "/state.json", state);
+
+  write_file(dir_ + "/latest", "../../etc\n");
+  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr("expected a step dir name"));
+  write_file(dir_ + "/latest", "step-000009\n");
+  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr("names step-000009, which is not"));
+  write_file(dir_ + "/latest", "step-000001\n");
+  EXPECT_EQ(load_checkpoint(dir_).step, 1);
+}
+
+struct Wider : Tiny {
+  Wider() : Tiny(5) {}
+};
+
+struct Extra : Tiny {
+  Extra() { extra = register_parameter("extra", at::zeros({3})); }
+  at::Tensor extra;
+};
+
+TEST_F(CheckpointTest, MismatchedModelOrOptimizerIsNamedAndChangesNothing) {
+  Trained a = trained(1);
+  save_checkpoint(dir_, 1, *a.model, *a.opt, state_json(0, 1), kConfig);
+  const Checkpoint c = load_checkpoint(dir_);
+
+  Wider wider;
+  auto ow = make_adamw(named(wider), {});
+  EXPECT_THAT(what([&] { restore(c, wider, *ow); }),
+              HasSubstr("proj.weight is [4, 3] in the file but [5, 3] in the model"));
+
+  Extra extra;
+  auto oe = make_adamw(named(extra), {});
+  EXPECT_THAT(what([&] { restore(c, extra, *oe); }), HasSubstr("parameters extra are not in the checkpoint"));
+
+  // The same model, but an optimizer over only some of its parameters.
+  at::manual_seed(4);
+  Tiny tiny;
+  const at::Tensor before = tiny.proj->weight.clone();
+  const at::Tensor rng_before = at::detail::getDefaultCPUGenerator().get_state();
+  auto partial = make_adamw({{"proj.weight", tiny.proj->weight}}, {});
+  EXPECT_THAT(what([&] { restore(c, tiny, *partial); }), HasSubstr("optimizer group 0 holds [proj.weight]"));
+  EXPECT_TRUE(at::equal(tiny.proj->weight, before));  // nothing changed
+  EXPECT_TRUE(at::equal(at::detail::getDefaultCPUGenerator().get_state(), rng_before));
+}
+
+TEST_F(CheckpointTest, SaveRefusesBadInputBeforeWritingAnything) {
+  Trained a = trained(1);
+  EXPECT_THAT(what([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, state_json(0, 1), "{oops"); }),
+              HasSubstr("config_json: not valid JSON"));
+  EXPECT_THAT(what([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, json{{"run", json::object()}}, kConfig); }),
+              HasSubstr("data must be an object"));
+  json with_step = state_json(0, 1);
+  with_step["step"] = 2;
+  EXPECT_THAT(what([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, with_step, kConfig); }),
+              HasSubstr("state.step (2) differs from the step being saved (1)"));
+  json unknown = state_json(0, 1);
+  unknown["lr"] = 0.1;
+  EXPECT_THAT(what([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, unknown, kConfig); }),
+              HasSubstr("unknown train-state field \"lr\""));
+  EXPECT_THAT(what([&] { save_checkpoint(dir_, -1, *a.model, *a.opt, state_json(0, 1), kConfig); }),
+              HasSubstr("step (-1) must be ≥ 0"));
+  EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+}  // namespace
+}  // namespace mmsp::train

@@ -1,0 +1,142 @@
+// Step metrics: the log line, JSON round trip, the JSONL file, the summary, and the
+// counting allocator behind the peak-memory figure.
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "mmsp/train/memory_counter.h"
+#include "mmsp/train/metrics.h"
+
+namespace mmsp::train {
+namespace {
+
+using ::testing::HasSubstr;
+using nlohmann::json;
+
+StepMetrics sample(int64_t step, double loss, double seconds) {
+  StepMetrics m;
+  m.step = step;
+  m.loss = loss;
+  m.lr = 3e-4;
+  m.grad_norm = 0.8125;
+  m.tokens = 1000;
+  m.label_tokens = 900;
+  m.seconds = seconds;
+  m.vision_s = 0.1 * seconds;
+  m.attention_s = 0.5 * seconds;
+  m.communication_s = 0.2 * seconds;
+  m.other_s = 0.2 * seconds;
+  m.peak_bytes = 3 * 1024 * 1024 / 2;
+  m.comm_bytes = 1024 * 1024 / 4 + step;
+  return m;
+}
+
+void expect_equal(const StepMetrics& a, const StepMetrics& b) {
+  EXPECT_EQ(a.step, b.step);
+  EXPECT_EQ(a.loss, b.loss);
+  EXPECT_EQ(a.lr, b.lr);
+  EXPECT_EQ(a.grad_norm, b.grad_norm);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.label_tokens, b.label_tokens);
+  EXPECT_EQ(a.seconds, b.seconds);
+  EXPECT_EQ(a.vision_s, b.vision_s);
+  EXPECT_EQ(a.attention_s, b.attention_s);
+  EXPECT_EQ(a.communication_s, b.communication_s);
+  EXPECT_EQ(a.other_s, b.other_s);
+  EXPECT_EQ(a.peak_bytes, b.peak_bytes);
+  EXPECT_EQ(a.comm_bytes, b.comm_bytes);
+}
+
+TEST(Metrics, StepLine) {
+  const std::string line = format_step_line(sample(42, 2.34567, 0.5));
+  EXPECT_EQ(line,
+            "step 42 | loss 2.3457 | lr 3.00e-04 | gnorm 0.812 | 2000 tok/s | 0.500 s = vision 10% "
+            "attn 50% comm 20% other 20% | peak 1.5 MiB | sent 0.3 MiB");
+}
+
+TEST(Metrics, JsonRoundTripKeepsEveryFieldExactly) {
+  const StepMetrics m = sample(7, 1.0 / 3.0, 0.123456789);
+  const StepMetrics back = json::parse(json(m).dump()).get<StepMetrics>();
+  expect_equal(m, back);
+  EXPECT_EQ(json(m).at("label_tokens"), 900);
+
+  StepMetrics diverged = m;
+  diverged.loss = std::nan("");
+  const json j = json::parse(json(diverged).dump());
+  EXPECT_TRUE(j.at("loss").is_null());
+  EXPECT_TRUE(std::isnan(j.get<StepMetrics>().loss));
+  json missing = json(m);
+  missing.erase("comm_bytes");
+  EXPECT_THROW(missing.get<StepMetrics>(), json::exception);
+}
+
+TEST(Metrics, WriterAppendsOneFlushedLinePerStep) {
+  char name[] = "/tmp/mmsp-metrics-XXXXXX";
+  const int fd = ::mkstemp(name);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  std::filesystem::remove(name);
+  {
+    MetricsWriter w(name);
+    w.write(sample(1, 3.0, 2.0));
+    w.write(sample(2, 2.5, 1.0));
+    // Flushed: readable while the writer is still open.
+    EXPECT_EQ(read_metrics(name).size(), 2u);
+  }
+  MetricsWriter(name).write(sample(3, 2.0, 1.0));  // a resumed run appends
+  std::ifstream in(name);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  ASSERT_EQ(lines.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(json::parse(lines[i]).at("step"), i + 1);
+  const std::vector<StepMetrics> back = read_metrics(name);
+  ASSERT_EQ(back.size(), 3u);
+  expect_equal(back[1], sample(2, 2.5, 1.0));
+
+  std::ofstream(name, std::ios::app) << "{\"step\": 4}\n";
+  try {
+    read_metrics(name);
+    ADD_FAILURE() << "a bad line was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), HasSubstr(std::string(name) + ":4: not a metrics line"));
+  }
+  std::filesystem::remove(name);
+  EXPECT_THROW(MetricsWriter("/nonexistent-dir/metrics.jsonl"), std::exception);
+}
+
+TEST(Metrics, SummaryExcludesTheFirstStepFromTheMeans) {
+  std::vector<StepMetrics> steps = {sample(1, 3.0, 10.0), sample(2, 1.5, 1.0), sample(3, 2.0, 1.0)};
+  steps[1].peak_bytes = 10 * 1024 * 1024;
+  const std::string table = summary_table(steps);
+  EXPECT_THAT(table, HasSubstr("steps          3 (1 .. 3)"));
+  EXPECT_THAT(table, HasSubstr("loss           first 3.0000  last 2.0000  min 1.5000 (step 2)"));
+  EXPECT_THAT(table, HasSubstr("tokens/s       1000 (mean over 2 steps, first excluded)"));
+  EXPECT_THAT(table, HasSubstr("1.000 s mean = vision 10.0%  attention 50.0%  communication 20.0%  other 20.0%"));
+  EXPECT_THAT(table, HasSubstr("peak memory    10.0 MiB"));
+  EXPECT_THAT(table, HasSubstr("sent           0.8 MiB total"));
+  EXPECT_EQ(summary_table({}), "no steps recorded\n");
+  EXPECT_THAT(summary_table({sample(1, 3.0, 2.0)}), HasSubstr("500 (mean over 1 step)"));
+}
+
+TEST(MemoryCounter, CountsCpuTensorsAndTheirPeak) {
+  MemoryCounter::install();
+  MemoryCounter::reset_peak();
+  const int64_t base = MemoryCounter::current_bytes();
+  {
+    at::Tensor t = at::empty({1 << 20}, at::kByte);
+    EXPECT_GE(MemoryCounter::current_bytes() - base, 1 << 20);
+  }
+  EXPECT_LT(MemoryCounter::current_bytes() - base, 1 << 20);
+  EXPECT_GE(MemoryCounter::peak_bytes() - base, 1 << 20);
+  MemoryCounter::reset_peak();
+  EXPECT_EQ(MemoryCounter::peak_bytes(), MemoryCounter::current_bytes());
+}
+
+}  // namespace
+}  // namespace mmsp::train

@@ -1,0 +1,278 @@
+// Optimisation pieces: bucketed gradient sync (solo group, and two Gloo ranks in
+// threads of this process), the learning-rate schedule, clipping, AdamW groups.
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <cmath>
+#include <thread>
+
+#include "mmsp/core/check.h"
+#include "mmsp/dist/all_reduce.h"
+#include "mmsp/train/grad_clip.h"
+#include "mmsp/train/grad_sync.h"
+#include "mmsp/train/lr_schedule.h"
+#include "mmsp/train/optimizer.h"
+
+namespace mmsp::train {
+namespace {
+
+using ::testing::HasSubstr;
+
+at::Tensor param(std::vector<int64_t> shape, at::ScalarType dtype) {
+  return at::zeros(shape, dtype).requires_grad_(true);
+}
+
+// Grad values that say which parameter and element they are: 1000·(i+1) + element.
+void set_coded_grad(at::Tensor& p, int i) {
+  p.mutable_grad() =
+      (at::arange(p.numel(), at::kDouble) + 1000.0 * (i + 1)).to(p.scalar_type()).view(p.sizes());
+}
+
+std::string what(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(GradSync, BucketsByDtypeInOrderAndOversizedParamsAlone) {
+  // bytes: a 16, b 24, c 40, d 8, e 160, f 10.
+  NamedParams ps = {{"a", param({4}, at::kFloat)},  {"b", param({3}, at::kDouble)},
+                    {"c", param({10}, at::kFloat)}, {"d", param({2}, at::kFloat)},
+                    {"e", param({4, 5}, at::kDouble)}, {"f", param({5}, at::kBFloat16)}};
+  GradSync sync(ps, dist::make_solo_group("world", 0), /*bucket_bytes=*/48);
+  std::vector<std::vector<size_t>> got;
+  for (const GradBucket& b : sync.buckets()) got.push_back(b.params);
+  // fp32: [a] (a + c = 56 > 48), [c, d] (48 fits exactly); fp64: [b], [e] (160 > 48 alone); bf16: [f].
+  EXPECT_EQ(got, (std::vector<std::vector<size_t>>{{0}, {2, 3}, {1}, {4}, {5}}));
+  EXPECT_EQ(sync.buckets()[1].bytes, 48);
+  EXPECT_EQ(sync.buckets()[3].dtype, at::kDouble);
+  EXPECT_EQ(sync.buckets()[4].dtype, at::kBFloat16);
+  EXPECT_EQ(sync.grad_bytes(), 16 + 24 + 40 + 8 + 160 + 10);
+}
+
+TEST(GradSync, SoloGroupCopiesBackEveryGradAndZerosTheMissing) {
+  // 40 parameters of four dtypes and assorted sizes, bucket smaller than many.
+  const at::ScalarType types[] = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf};
+  NamedParams ps;
+  std::vector<at::Tensor> expected;
+  for (int i = 0; i < 40; ++i) {
+    at::Tensor p = param({1 + i % 7, 1 + (i * 5) % 9}, types[i % 4]);
+    if (i % 5 != 3) {
+      set_coded_grad(p, i);
+      if (i % 6 == 1) p.mutable_grad() = p.grad().t().contiguous().t();  // non-contiguous grad
+      expected.push_back(p.grad().clone());
+    } else {
+      expected.push_back(at::zeros_like(p));  // no grad: zeros afterwards
+    }
+    ps.emplace_back("p" + std::to_string(i), p);
+  }
+  auto stats = std::make_shared<dist::CommStats>();
+  GradSync sync(ps, dist::make_solo_group("world", 0, stats), /*bucket_bytes=*/64);
+  EXPECT_GT(sync.buckets().size(), 8u);
+  sync.all_reduce();
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const at::Tensor& g = ps[i].second.grad();
+    ASSERT_TRUE(g.defined()) << ps[i].first;
+    EXPECT_EQ(g.scalar_type(), ps[i].second.scalar_type()) << ps[i].first;
+    EXPECT_TRUE(at::equal(g, expected[i])) << ps[i].first;
+  }
+  // Grads made from the bucket do not share its storage (or each other's).
+  ps[3].second.mutable_grad().fill_(7);
+  EXPECT_TRUE(at::equal(ps[7].second.grad(), expected[7]));
+  // A one-member group moves nothing and counts nothing.
+  EXPECT_EQ(stats->snapshot().total_bytes(), 0);
+}
+
+TEST(GradSync, RefusesBadParameters) {
+  at::Tensor w = param({2, 2}, at::kFloat);
+  auto solo = dist::make_solo_group("world", 0);
+  EXPECT_THAT(what([&] { GradSync({{"w", w}, {"tied", w}}, solo); }),
+              HasSubstr("\"tied\" is the same tensor as \"w\""));
+  EXPECT_THAT(what([&] { GradSync({{"w", w}, {"w", param({1}, at::kFloat)}}, solo); }),
+              HasSubstr("\"w\" appears twice"));
+  EXPECT_THAT(what([&] { GradSync({{"i", at::zeros({2}, at::kLong)}}, solo); }),
+              HasSubstr("only floating-point"));
+  EXPECT_THAT(what([&] { GradSync({{"w", w}}, solo, 0); }), HasSubstr("bucket_bytes (0)"));
+}
+
+// Two Gloo ranks as two threads of this process: sums and byte counts.
+TEST(GradSync, TwoGlooRanksSumEveryGradAndCountTheBytes) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const at::ScalarType types[] = {at::kFloat, at::kDouble, at::kBFloat16};
+  auto make_params = [&](int rank) {
+    NamedParams ps;
+    for (int i = 0; i < 12; ++i) {
+      at::Tensor p = param({1 + i % 4, 3}, types[i % 3]);
+      if (!(rank == 1 && i % 4 == 2)) {  // rank 1 never reached some parameters
+        set_coded_grad(p, i);
+        p.mutable_grad().mul_(rank + 1);
+      }
+      ps.emplace_back("p" + std::to_string(i), p);
+    }
+    return ps;
+  };
+  std::vector<NamedParams> params = {make_params(0), make_params(1)};
+  std::vector<std::shared_ptr<dist::CommStats>> stats = {std::make_shared<dist::CommStats>(),
+                                                         std::make_shared<dist::CommStats>()};
+  std::vector<int64_t> grad_bytes(2), buckets(2);
+  std::vector<std::string> errors(2);
+  auto run = [&](int rank) {
+    try {
+      auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(30));
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, 2, options);
+      auto world = c10::make_intrusive<dist::Group>(
+          "world", std::vector<int>{0, 1}, rank, c10::intrusive_ptr<dist::Backend>(gloo),
+          c10::intrusive_ptr<dist::Backend>(), stats[rank], std::chrono::milliseconds(30000));
+      GradSync sync(params[rank], world, /*bucket_bytes=*/40);
+      sync.all_reduce();
+      grad_bytes[rank] = sync.grad_bytes();
+      buckets[rank] = static_cast<int64_t>(sync.buckets().size());
+    } catch (const std::exception& e) {
+      errors[rank] = e.what();
+    }
+  };
+  std::thread t0(run, 0), t1(run, 1);
+  t0.join();
+  t1.join();
+  ASSERT_EQ(errors[0], "");
+  ASSERT_EQ(errors[1], "");
+  for (int i = 0; i < 12; ++i) {
+    const at::Tensor& p = params[0][i].second;
+    // rank 0 gave c, rank 1 gave 2c or nothing: 3c or c, exact in fp32 / fp64 (bf16 is
+    // summed in fp32 by Gloo and rounded once, as this rounds 3c once).
+    at::Tensor c = (at::arange(p.numel(), at::kDouble) + 1000.0 * (i + 1)).to(p.scalar_type());
+    at::Tensor want = (c.to(at::kDouble) * (i % 4 == 2 ? 1 : 3)).to(p.scalar_type()).view(p.sizes());
+    for (int r = 0; r < 2; ++r)
+      EXPECT_TRUE(at::equal(params[r][i].second.grad(), want)) << "rank " << r << " p" << i;
+  }
+  for (int r = 0; r < 2; ++r) {
+    const dist::CommSnapshot snapshot = stats[r]->snapshot();
+    const dist::CommCount& c = snapshot.at(dist::CommKind::all_reduce, dist::Pass::forward);
+    EXPECT_EQ(c.calls, buckets[r]);
+    // A ring all-reduce over 2 ranks sends 2·(2−1)/2 = 1× the payload: every grad byte once.
+    EXPECT_EQ(c.bytes, grad_bytes[r]);
+  }
+}
+
+TEST(LrSchedule, WarmupThenCosineToTheFloor) {
+  const LrSchedule s{1e-3, 1e-5, 10, 110};
+  EXPECT_DOUBLE_EQ(s.at(0), 1e-4);   // lr · 1/10
+  EXPECT_DOUBLE_EQ(s.at(4), 5e-4);
+  EXPECT_DOUBLE_EQ(s.at(9), 1e-3);   // the last warm-up step reaches lr
+  EXPECT_DOUBLE_EQ(s.at(10), 1e-3);  // the cosine starts at lr
+  EXPECT_NEAR(s.at(60), 1e-5 + (1e-3 - 1e-5) / 2, 1e-15);  // half way
+  EXPECT_NEAR(s.at(109), 1e-5 + (1e-3 - 1e-5) * 0.5 * (1 + std::cos(M_PI * 99 / 100)), 1e-15);
+  EXPECT_DOUBLE_EQ(s.at(110), 1e-5);
+  EXPECT_DOUBLE_EQ(s.at(5000), 1e-5);
+  for (int64_t step = 10; step < 110; ++step) EXPECT_GT(s.at(step), s.at(step + 1)) << step;
+
+  const LrSchedule none{2e-4, 0.0, 0, 4};
+  EXPECT_DOUBLE_EQ(none.at(0), 2e-4);
+  EXPECT_DOUBLE_EQ(none.at(2), 1e-4);
+  EXPECT_DOUBLE_EQ(none.at(4), 0.0);
+  const LrSchedule all_warmup{2e-4, 1e-6, 4, 4};
+  EXPECT_DOUBLE_EQ(all_warmup.at(3), 2e-4);
+  EXPECT_DOUBLE_EQ(all_warmup.at(4), 1e-6);
+}
+
+TEST(LrSchedule, RefusesBadValues) {
+  EXPECT_THAT(what([] { LrSchedule{0.0, 0.0, 0, 10}.validate(); }), HasSubstr("lr (0)"));
+  EXPECT_THAT(what([] { LrSchedule{1e-3, 2e-3, 0, 10}.validate(); }),
+              HasSubstr("min_lr (0.002) must be in [0, lr (0.001)]"));
+  EXPECT_THAT(what([] { LrSchedule{1e-3, 0.0, 11, 10}.validate(); }),
+              HasSubstr("warmup_steps (11) must be in [0, total_steps (10)]"));
+  EXPECT_THAT(what([] { LrSchedule{1e-3, 0.0, 0, 0}.validate(); }), HasSubstr("total_steps (0)"));
+  EXPECT_THAT(what([] { LrSchedule{1e-3, 0.0, 0, 10}.at(-1); }), HasSubstr("step (-1)"));
+}
+
+TEST(ClipGradNorm, GlobalNormInFp64AndScaling) {
+  at::Tensor a = param({2}, at::kFloat), b = param({1, 1}, at::kDouble), c = param({3}, at::kFloat);
+  a.mutable_grad() = at::tensor({3.0f, 4.0f});
+  b.mutable_grad() = at::full({1, 1}, 12.0, at::kDouble);
+  NamedParams ps = {{"a", a}, {"b", b}, {"c", c}};  // c: no grad, counts as zeros
+  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 0.0), 13.0);  // measure only
+  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 20.0), 13.0);  // below the limit: unchanged
+  EXPECT_TRUE(at::equal(a.grad(), at::tensor({3.0f, 4.0f})));
+  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 6.5), 13.0);  // returns the norm before clipping
+  const double scale = 6.5 / (13.0 + 1e-6);
+  EXPECT_TRUE(at::allclose(a.grad(), at::tensor({3.0f, 4.0f}) * scale));
+  EXPECT_DOUBLE_EQ(b.grad().item<double>(), 12.0 * scale);
+  EXPECT_NEAR(clip_grad_norm(ps, 0.0), 6.5, 1e-6);
+  EXPECT_FALSE(c.grad().defined());
+
+  // fp16 grads whose squares overflow fp16 still give the exact norm.
+  at::Tensor h = param({2}, at::kHalf);
+  h.mutable_grad() = at::full({2}, 300.0, at::kHalf);  // 300² = 90000 > fp16 max
+  EXPECT_DOUBLE_EQ(clip_grad_norm({{"h", h}}, 0.0), std::sqrt(2.0) * 300.0);
+}
+
+TEST(ClipGradNorm, NonFiniteNormNamesTheParameter) {
+  at::Tensor a = param({2}, at::kFloat), b = param({2}, at::kFloat);
+  a.mutable_grad() = at::ones({2});
+  b.mutable_grad() = at::tensor({1.0f, std::nanf("")});
+  const std::string message = what([&] { clip_grad_norm({{"a", a}, {"b.weight", b}}, 1.0); });
+  EXPECT_THAT(message, HasSubstr("gradient norm is nan (not finite)"));
+  EXPECT_THAT(message, HasSubstr("\"b.weight\""));
+  EXPECT_TRUE(at::equal(a.grad(), at::ones({2})));  // nothing scaled
+}
+
+TEST(AdamW, DecayOnMatricesOnlyAndSetLr) {
+  NamedParams ps = {{"embed", param({10, 4}, at::kFloat)}, {"bias", param({4}, at::kFloat)},
+                    {"proj", param({4, 4}, at::kDouble)},  {"norm", param({4}, at::kFloat)},
+                    {"scale", param({}, at::kFloat)},       {"conv", param({2, 3, 2, 2}, at::kFloat)}};
+  auto opt = make_adamw(ps, {3e-4, 0.9, 0.95, 1e-6, 0.1});
+  ASSERT_EQ(opt->param_groups().size(), 2u);
+  auto names = [&](size_t g) {
+    std::vector<std::string> out;
+    for (const at::Tensor& t : opt->param_groups()[g].params())
+      for (const auto& [name, p] : ps)
+        if (p.is_same(t)) out.push_back(name);
+    return out;
+  };
+  EXPECT_EQ(names(0), (std::vector<std::string>{"embed", "proj", "conv"}));
+  EXPECT_EQ(names(1), (std::vector<std::string>{"bias", "norm", "scale"}));
+  auto options = [&](size_t g) {
+    return static_cast<const torch::optim::AdamWOptions&>(opt->param_groups()[g].options());
+  };
+  EXPECT_EQ(options(0).weight_decay(), 0.1);
+  EXPECT_EQ(options(1).weight_decay(), 0.0);
+  for (size_t g = 0; g < 2; ++g) {
+    EXPECT_EQ(options(g).lr(), 3e-4);
+    EXPECT_EQ(std::get<0>(options(g).betas()), 0.9);
+    EXPECT_EQ(std::get<1>(options(g).betas()), 0.95);
+    EXPECT_EQ(options(g).eps(), 1e-6);
+    EXPECT_FALSE(options(g).amsgrad());
+  }
+  set_lr(*opt, 1.5e-5);
+  EXPECT_EQ(options(0).lr(), 1.5e-5);
+  EXPECT_EQ(options(1).lr(), 1.5e-5);
+
+  // No matrices (or no vectors) still gives both groups, so checkpoints line up.
+  auto only_vectors = make_adamw({{"b", param({3}, at::kFloat)}}, {});
+  ASSERT_EQ(only_vectors->param_groups().size(), 2u);
+  EXPECT_TRUE(only_vectors->param_groups()[0].params().empty());
+}
+
+TEST(AdamW, RefusesBadOptions) {
+  NamedParams ps = {{"w", param({2, 2}, at::kFloat)}};
+  EXPECT_THAT(what([&] { make_adamw(ps, {1e-3, 0.9, 1.0, 1e-8, 0.0}); }),
+              HasSubstr("betas (0.9, 1) must each be in [0, 1)"));
+  EXPECT_THAT(what([&] { make_adamw(ps, {-1.0, 0.9, 0.99, 1e-8, 0.0}); }), HasSubstr("lr (-1)"));
+  EXPECT_THAT(what([&] { make_adamw(ps, {1e-3, 0.9, 0.99, 0.0, 0.0}); }), HasSubstr("eps (0)"));
+  EXPECT_THAT(what([&] { make_adamw(ps, {1e-3, 0.9, 0.99, 1e-8, -0.1}); }),
+              HasSubstr("weight_decay (-0.1)"));
+  EXPECT_THAT(what([&] { make_adamw({{"w", ps[0].second}, {"v", ps[0].second}}, {}); }),
+              HasSubstr("same tensor"));
+  auto opt = make_adamw(ps, {});
+  EXPECT_THAT(what([&] { set_lr(*opt, std::nan("")); }), HasSubstr("set_lr: lr (nan)"));
+}
+
+}  // namespace
+}  // namespace mmsp::train

@@ -1,0 +1,239 @@
+// Step packing (global budget, row limits from the planner's own assignment, epoch order)
+// and step pixels (the whole batch's layout, only the needed items decoded).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <numeric>
+#include <set>
+
+#include "data_test_util.h"
+#include "mmsp/plan/packing.h"
+#include "mmsp/plan/step_plan.h"
+#include "mmsp/train/shapes_dataset.h"
+#include "mmsp/train/splitmix64.h"
+#include "mmsp/train/step_packer.h"
+#include "mmsp/train/step_pixels.h"
+
+namespace mmsp::train {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::error_of;
+using testing::tiny_config;
+
+// Text-only samples of given lengths.
+class LengthsDataset : public Dataset {
+ public:
+  explicit LengthsDataset(std::vector<int64_t> lengths) : lengths_(std::move(lengths)) {}
+  int64_t size() const override { return static_cast<int64_t>(lengths_.size()); }
+  plan::Sequence sequence(int64_t index) const override {
+    plan::Sequence s;
+    s.input_ids.assign(lengths_.at(index), 7);
+    return s;
+  }
+  at::Tensor image_pixels(int64_t, int64_t) const override { return {}; }
+  at::Tensor video_pixels(int64_t, int64_t) const override { return {}; }
+  std::string describe() const override { return "lengths"; }
+
+ private:
+  std::vector<int64_t> lengths_;
+};
+
+std::vector<int64_t> random_lengths(int64_t n, int64_t lo, int64_t hi, uint64_t seed) {
+  SplitMix64 rng(seed, 0);
+  std::vector<int64_t> out(n);
+  for (auto& l : out) l = rng.between(lo, hi);
+  return out;
+}
+
+PackerOptions packer(int64_t tokens_per_rank, int dp, int context, bool shuffle = true) {
+  PackerOptions o;
+  o.tokens_per_rank = tokens_per_rank, o.dp = dp, o.context = context, o.seed = 11, o.shuffle = shuffle;
+  return o;
+}
+
+TEST(StepPacker, BudgetAndRowsRespected) {
+  const LengthsDataset data(random_lengths(200, 5, 60, 1));
+  for (int dp : {1, 2, 3}) {
+    const StepPacker p(data, packer(50, dp, 2));
+    DataPosition pos;
+    for (int step = 0; step < 60; ++step) {
+      const auto samples = p.next_step(pos);
+      std::vector<int64_t> lengths;
+      for (int64_t s : samples) lengths.push_back(data.sequence(s).input_ids.size());
+      const int64_t total = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
+      EXPECT_LE(total, 50 * dp * 2);
+      EXPECT_GE(static_cast<int>(samples.size()), dp);
+      for (const auto& row : plan::assign_sequences_to_dp(lengths, dp)) {
+        int64_t sum = 0;
+        for (int64_t k : row) sum += lengths[k];
+        EXPECT_LE(sum, 50 * 2) << "dp " << dp << " step " << step;
+      }
+    }
+  }
+}
+
+// The same global budget gives the same steps however it is split into dp x context.
+TEST(StepPacker, SameStepsForEveryMeshOfOneBudget) {
+  const LengthsDataset equal(std::vector<int64_t>(50, 10));  // 8 per step, 4 per row: no give-back
+  const StepPacker a(equal, packer(20, 1, 4)), b(equal, packer(20, 2, 2)), c(equal, packer(80, 1, 1));
+  DataPosition pa, pb, pc;
+  for (int step = 0; step < 20; ++step) {
+    const auto sa = a.next_step(pa);
+    EXPECT_EQ(sa.size(), 8u);
+    EXPECT_EQ(sa, b.next_step(pb)) << step;
+    EXPECT_EQ(sa, c.next_step(pc)) << step;
+  }
+  EXPECT_EQ(pa.epoch, 3);
+  EXPECT_EQ(pa.offset, 10);
+  // with mixed lengths, dp 2 only ever gives back: its step is a prefix of dp 1's
+  const LengthsDataset mixed(random_lengths(300, 1, 40, 2));
+  const StepPacker one(mixed, packer(40, 1, 4)), two(mixed, packer(40, 2, 2));
+  DataPosition pos;
+  int same = 0;
+  for (int step = 0; step < 100; ++step) {
+    DataPosition p1 = pos, p2 = pos;
+    const auto s1 = one.next_step(p1), s2 = two.next_step(p2);
+    ASSERT_LE(s2.size(), s1.size());
+    EXPECT_TRUE(std::equal(s2.begin(), s2.end(), s1.begin())) << step;
+    same += s1 == s2;
+    pos = p2;
+  }
+  EXPECT_GT(same, 50);
+}
+
+TEST(StepPacker, EpochsWrapInOrder) {
+  const LengthsDataset data(random_lengths(37, 1, 30, 3));
+  const StepPacker p(data, packer(40, 2, 1));
+  std::vector<int64_t> stream;
+  DataPosition pos;
+  while (pos.epoch < 3) {
+    const auto s = p.next_step(pos);
+    stream.insert(stream.end(), s.begin(), s.end());
+  }
+  // the steps read epoch 0's order, then epoch 1's, then epoch 2's
+  std::vector<int64_t> want;
+  for (int64_t e = 0; e < 3; ++e) {
+    const auto order = p.epoch_order(e);
+    EXPECT_EQ(std::set<int64_t>(order.begin(), order.end()).size(), 37u) << "a permutation";
+    want.insert(want.end(), order.begin(), order.end());
+  }
+  want.insert(want.end(), stream.begin() + want.size(), stream.end());  // into epoch 3
+  EXPECT_EQ(stream, want);
+  EXPECT_LT(pos.offset, 37);
+  EXPECT_NE(p.epoch_order(0), p.epoch_order(1));
+  EXPECT_EQ(p.epoch_order(1), StepPacker(data, packer(40, 2, 1)).epoch_order(1)) << "deterministic";
+  PackerOptions other = packer(40, 2, 1);
+  other.seed = 12;
+  EXPECT_NE(p.epoch_order(0), StepPacker(data, other).epoch_order(0));
+  const auto plain = StepPacker(data, packer(40, 2, 1, false)).epoch_order(5);
+  for (int64_t i = 0; i < 37; ++i) EXPECT_EQ(plain[i], i);
+}
+
+TEST(StepPacker, Errors) {
+  const LengthsDataset data({10, 20, 30, 50, 10});
+  const StepPacker p(data, packer(20, 1, 2, false));
+  DataPosition pos;
+  EXPECT_EQ(p.next_step(pos), (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(p.next_step(pos), (std::vector<int64_t>{2}));
+  EXPECT_THAT(error_of([&] { p.next_step(pos); }),
+              HasSubstr("sample 3 has 50 tokens, more than one dp row holds: tokens_per_rank (20) x context (2) = 40"));
+  EXPECT_THAT(error_of([&] { StepPacker q(data, packer(20, 6, 1)); }),
+              HasSubstr("dataset has 5 samples, fewer than dp (6)"));
+  EXPECT_THAT(error_of([&] { StepPacker q(data, packer(0, 1, 1)); }), HasSubstr("tokens_per_rank is 0"));
+  DataPosition bad{0, 5};
+  EXPECT_THAT(error_of([&] { p.next_step(bad); }), HasSubstr("data position (epoch 0, offset 5) is outside"));
+}
+
+// ---- step pixels ----
+
+// Records which items were decoded.
+class CountingDataset : public Dataset {
+ public:
+  explicit CountingDataset(const Dataset& inner) : inner_(inner) {}
+  int64_t size() const override { return inner_.size(); }
+  plan::Sequence sequence(int64_t i) const override { return inner_.sequence(i); }
+  at::Tensor image_pixels(int64_t i, int64_t k) const override {
+    decoded.insert({i, k, 0});
+    return inner_.image_pixels(i, k);
+  }
+  at::Tensor video_pixels(int64_t i, int64_t k) const override {
+    decoded.insert({i, k, 1});
+    return inner_.video_pixels(i, k);
+  }
+  std::string describe() const override { return inner_.describe(); }
+  mutable std::set<std::array<int64_t, 3>> decoded;
+
+ private:
+  const Dataset& inner_;
+};
+
+TEST(StepPixels, FillsOnlyNeededItemsAtThePlansOffsets) {
+  for (const std::string name : {"tiny-qwen2-vl", "tiny-qwen3-vl"}) {
+    SCOPED_TRACE(name);
+    const auto config = tiny_config(name);
+    ShapesOptions o;
+    o.samples = 64;
+    o.seed = 5;
+    const ShapesDataset shapes(o, config);
+    const CountingDataset data(shapes);
+    std::vector<int64_t> samples = {3, 17, 0, 42, 9, 11};
+    for (int64_t i = 0, videos = 0; i < shapes.size() && videos < 2; ++i)  // and two videos
+      if (!shapes.sequence(i).video_grid_thw.empty() && ++videos) samples.push_back(i);
+    const plan::Batch batch = make_batch(data, samples);
+    // odd images and even videos of the batch
+    auto needed = [](plan::VisionKind kind, int64_t item) {
+      return kind == plan::VisionKind::image ? item % 2 == 1 : item % 2 == 0;
+    };
+    const model::PixelInputs px = load_pixels(data, samples, batch, config, needed, at::kDouble);
+    EXPECT_EQ(px.images.scalar_type(), at::kDouble);
+    // the planner's items say where each item's rows are (offsets over the whole batch,
+    // whichever dp row holds the item)
+    plan::PlanOptions po;
+    po.mesh.dp = 2;
+    const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, po, 0);
+    std::vector<plan::VisionItem> all_items = plan.rows[0].items;
+    all_items.insert(all_items.end(), plan.rows[1].items.begin(), plan.rows[1].items.end());
+    int64_t images = 0, videos = 0, expected_decodes = 0;
+    for (const plan::VisionItem& item : all_items) {
+      const bool image = item.kind == plan::VisionKind::image;
+      (image ? images : videos) += 1;
+      const at::Tensor got = (image ? px.images : px.videos).narrow(0, item.patch_offset, item.patches);
+      const int64_t sample = samples[item.sequence];
+      if (needed(item.kind, item.batch_index)) {
+        ++expected_decodes;
+        const at::Tensor want = image ? shapes.image_pixels(sample, item.index) : shapes.video_pixels(sample, item.index);
+        EXPECT_TRUE(at::equal(got, want.to(at::kDouble))) << item.batch_index;
+        EXPECT_EQ(data.decoded.count({sample, item.index, image ? 0 : 1}), 1u);
+      } else {
+        EXPECT_EQ(got.abs().max().item<double>(), 0.0) << "not encoded here: zeros";
+      }
+    }
+    EXPECT_GT(images, 4);
+    EXPECT_GT(videos, 0);
+    EXPECT_EQ(static_cast<int64_t>(data.decoded.size()), expected_decodes) << "nothing else decoded";
+  }
+}
+
+TEST(StepPixels, Llava) {
+  const auto config = tiny_config("tiny-llava");
+  ShapesOptions o;
+  o.samples = 16;
+  const ShapesDataset data(o, config);
+  const std::vector<int64_t> samples = {0, 1, 2, 3, 4, 5};
+  const plan::Batch batch = make_batch(data, samples);
+  int64_t n = 0;
+  for (const auto& s : batch.sequences) n += static_cast<int64_t>(s.image_grid_thw.size());
+  const model::PixelInputs px =
+      load_pixels(data, samples, batch, config, [](plan::VisionKind, int64_t item) { return item == 1; }, at::kFloat);
+  ASSERT_EQ(px.images.sizes(), (std::vector<int64_t>{n, 3, 56, 56}));
+  EXPECT_FALSE(px.videos.defined());
+  EXPECT_EQ(px.images[0].abs().max().item<float>(), 0.0f);
+  // item 1 is the second image of the batch, in batch order
+  int64_t sample = 0, index = 1;
+  if (batch.sequences[0].image_grid_thw.size() == 1) sample = 1, index = 0;
+  EXPECT_TRUE(at::equal(px.images[1], data.image_pixels(samples[sample], index)));
+}
+
+}  // namespace
+}  // namespace mmsp::train
