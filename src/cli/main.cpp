@@ -8,11 +8,14 @@
 #include "mmsp/core/check.h"
 #include "plan_command.h"
 #include "selftest_command.h"
+#include "train_command.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"mmsp: sequence-parallel training of vision-language models"};
   app.require_subcommand(1);
   std::vector<mmsp::cli::Subcommand> commands;
+  commands.push_back(mmsp::cli::add_train_command(app));
+  commands.push_back(mmsp::cli::add_compare_losses_command(app));
   commands.push_back(mmsp::cli::add_selftest_command(app));
   commands.push_back(mmsp::cli::add_bench_command(app));
   commands.push_back(mmsp::cli::add_plan_command(app));

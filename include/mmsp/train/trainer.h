@@ -1,0 +1,73 @@
+// The training loop: every step, every rank reads the same sample indices, plans the
+// step (plan/), loads only the pixels it encodes, runs the VLM on its shard, and after
+// backward synchronises gradients over the whole world (every parameter is replicated)
+// before one AdamW step. Losses and parameters equal a one-process run of the same
+// batches (tests/train), whatever the mesh.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mmsp/dist/mesh.h"
+#include "mmsp/model/vision_routing.h"
+#include "mmsp/plan/mesh.h"
+#include "mmsp/train/metrics.h"
+
+namespace mmsp::train {
+
+struct TrainOptions {
+  // model and data
+  std::string model = "shapes-qwen2-vl";  // a built-in name or a config.json path
+  std::string data = "shapes";            // "shapes" (built in) or a .jsonl file
+  int64_t shapes_samples = 100000;        // samples per epoch of the shapes dataset
+  bool blank_images = false;              // shapes with constant images: the text-only baseline
+  std::string dtype = "float32";          // float32, float64 or bfloat16 (parameters and pixels)
+  uint64_t seed = 0;                      // parameters and data order
+  bool shuffle = true;
+
+  // parallelism (the mesh itself comes from the caller)
+  model::VisionMode vision = model::VisionMode::routed;
+  plan::Layout layout = plan::Layout::zigzag;
+  int64_t attention_block = 256;  // query and key block of the attention kernel
+
+  // schedule
+  int64_t steps = 100;       // length of the schedule
+  int64_t stop_after = 0;    // > 0: stop (with a checkpoint) after this step, e.g. a job's time limit
+  int64_t tokens_per_rank = 256;  // a step holds at most tokens_per_rank × world tokens
+  // The step's samples are packed for this many data-parallel rows of
+  // tokens_per_rank × world / data_rows tokens each (0: the mesh's dp). The batches
+  // depend only on (tokens_per_rank × world, data_rows): a run on another mesh, or on
+  // one process, with the same two values reads the same batches.
+  int data_rows = 0;
+  double lr = 3e-3, min_lr = 3e-4;
+  int64_t warmup_steps = 10;
+  double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double clip_norm = 1.0;  // ≤ 0: no clipping
+
+  // output
+  std::string out_dir;            // metrics.jsonl and checkpoints; empty: none
+  int64_t checkpoint_every = 0;   // 0: only at the end (when out_dir is set)
+  int keep_checkpoints = 2;       // 0: keep all
+  std::string resume;             // a checkpoint directory (or a run directory) to continue
+  bool print_steps = true;        // rank 0 prints one line per step
+};
+
+struct TrainReport {
+  std::vector<StepMetrics> steps;  // the steps this call ran (every rank holds the same)
+  int64_t first_step = 1;          // number of the first of them (> 1 after a resume)
+  // the parameters at the end, by Hugging Face name (the equivalence tests compare them)
+  std::vector<std::pair<std::string, at::Tensor>> parameters;
+};
+
+// Checks the options (clear errors, on every rank, before any collective).
+void check_train_options(const TrainOptions& options, const dist::MeshShape& mesh);
+
+// Runs the loop on this rank; rank 0 writes metrics and checkpoints and prints to `log`.
+TrainReport train(const TrainOptions& options, const dist::Mesh& mesh, std::ostream& log);
+
+}  // namespace mmsp::train

@@ -1,0 +1,106 @@
+// `mmsp train` and `mmsp compare-losses`; see train_command.h and docs/train.md.
+#include "train_command.h"
+
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "mesh_options.h"
+#include "mmsp/core/check.h"
+#include "mmsp/train/trainer.h"
+
+namespace mmsp::cli {
+
+Subcommand add_train_command(CLI::App& parent) {
+  auto flags = std::make_shared<MeshFlags>();
+  auto o = std::make_shared<train::TrainOptions>();
+  auto vision = std::make_shared<std::string>("routed");
+  auto layout = std::make_shared<std::string>("zigzag");
+  CLI::App* app = parent.add_subcommand("train", "train a VLM with its sequences split across the ranks");
+  flags->add_to(*app);
+  app->add_option("--model", o->model, "built-in model name or a Hugging Face config.json")->capture_default_str();
+  app->add_option("--data", o->data, "'shapes' (built in) or a JSON-lines file (docs/data.md)")->capture_default_str();
+  app->add_option("--vision", *vision, "routed, gather or replicate")->capture_default_str();
+  app->add_option("--layout", *layout, "zigzag or contiguous")->capture_default_str();
+  app->add_option("--steps", o->steps, "optimizer steps")->capture_default_str();
+  app->add_option("--stop-after", o->stop_after, "stop after this step (checkpointed), resume later")
+      ->capture_default_str();
+  app->add_option("--tokens-per-rank", o->tokens_per_rank, "tokens per rank and step (a step holds at most this × world tokens)")
+      ->capture_default_str();
+  app->add_option("--data-rows", o->data_rows,
+                  "pack each step for this many dp rows (default: --dp); same value, same batches on any mesh")
+      ->capture_default_str();
+  app->add_option("--dtype", o->dtype, "float32, float64 or bfloat16")->capture_default_str();
+  app->add_option("--lr", o->lr, "peak learning rate")->capture_default_str();
+  app->add_option("--min-lr", o->min_lr, "learning rate at the end of the cosine")->capture_default_str();
+  app->add_option("--warmup", o->warmup_steps, "linear warm-up steps")->capture_default_str();
+  app->add_option("--weight-decay", o->weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
+  app->add_option("--clip", o->clip_norm, "clip gradients to this global norm (0: off)")->capture_default_str();
+  app->add_option("--seed", o->seed, "parameters and data order")->capture_default_str();
+  app->add_flag("!--no-shuffle", o->shuffle, "read samples in file order");
+  app->add_option("--shapes-samples", o->shapes_samples, "samples per epoch of the shapes dataset")->capture_default_str();
+  app->add_flag("--blank-images", o->blank_images, "shapes with constant images (the text-only baseline)");
+  app->add_option("--attention-block", o->attention_block, "query/key block of the attention kernel")->capture_default_str();
+  app->add_option("--out", o->out_dir, "directory for metrics.jsonl and checkpoints");
+  app->add_option("--checkpoint-every", o->checkpoint_every, "save every N steps (and at the end)")->capture_default_str();
+  app->add_option("--keep", o->keep_checkpoints, "checkpoints to keep (0: all)")->capture_default_str();
+  app->add_option("--resume", o->resume, "continue from this checkpoint or run directory");
+  app->add_flag("!--quiet", o->print_steps, "no per-step lines");
+  return {app, [flags, o, vision, layout]() {
+            o->vision = model::parse_vision_mode(*vision);
+            o->layout = plan::parse_layout(*layout);
+            const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
+            const dist::MeshShape shape = flags->shape(env.world_size);
+            train::check_train_options(*o, shape);
+            dist::Mesh mesh = dist::Mesh::connect(env, shape, flags->options());
+            train::train(*o, mesh, std::cout);
+            return 0;
+          }};
+}
+
+namespace {
+std::map<int64_t, double> read_losses(const std::string& path) {
+  std::ifstream in(path);
+  MMSP_CHECK(in.good(), "cannot read metrics file ", path);
+  std::map<int64_t, double> losses;  // a resumed run repeats steps: the last line wins
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    try {
+      const auto j = nlohmann::json::parse(line);
+      losses[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
+    } catch (const nlohmann::json::exception& e) {
+      MMSP_CHECK(false, path, ":", n, ": not a metrics line: ", e.what());
+    }
+  }
+  return losses;
+}
+}  // namespace
+
+Subcommand add_compare_losses_command(CLI::App& parent) {
+  auto files = std::make_shared<std::vector<std::string>>();
+  CLI::App* app = parent.add_subcommand("compare-losses", "largest relative loss difference of two runs' metrics.jsonl");
+  app->add_option("files", *files, "two metrics.jsonl files")->required()->expected(2);
+  return {app, [files]() {
+            const auto a = read_losses(files->at(0)), b = read_losses(files->at(1));
+            double worst = 0;
+            int64_t worst_step = 0, common = 0;
+            for (const auto& [step, loss] : a) {
+              auto it = b.find(step);
+              if (it == b.end()) continue;
+              ++common;
+              const double rel = std::abs(loss - it->second) / std::max(std::abs(it->second), 1e-30);
+              if (rel >= worst) worst = rel, worst_step = step;
+            }
+            MMSP_CHECK(common > 0, files->at(0), " and ", files->at(1), " share no step");
+            std::cout << "compare-losses: " << common << " common steps, largest relative difference "
+                      << worst << " (step " << worst_step << ")" << std::endl;
+            return 0;
+          }};
+}
+
+}  // namespace mmsp::cli

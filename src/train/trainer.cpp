@@ -1,0 +1,322 @@
+// The training loop; see trainer.h. Order of a step: data (pure, same on every rank)
+// → plan → pixels this rank encodes → forward/backward on the shard → bucketed
+// gradient all-reduce over the world → clip → AdamW → metrics → checkpoint.
+#include "mmsp/train/trainer.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <filesystem>
+#include <memory>
+#include <ostream>
+
+#include <nlohmann/json.hpp>
+
+#include "mmsp/core/check.h"
+#include "mmsp/core/phase_timer.h"
+#include "mmsp/dist/all_reduce.h"
+#include "mmsp/model/llava.h"
+#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/rank_inputs.h"
+#include "mmsp/plan/step_plan.h"
+#include "mmsp/train/builtin_models.h"
+#include "mmsp/train/checkpoint.h"
+#include "mmsp/train/grad_clip.h"
+#include "mmsp/train/grad_sync.h"
+#include "mmsp/train/jsonl_dataset.h"
+#include "mmsp/train/lr_schedule.h"
+#include "mmsp/train/memory_counter.h"
+#include "mmsp/train/optimizer.h"
+#include "mmsp/train/shapes_dataset.h"
+#include "mmsp/train/step_packer.h"
+#include "mmsp/train/step_pixels.h"
+#include "mmsp/train/train_state.h"
+
+namespace mmsp::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using NamedTensors = NamedParams;
+
+at::ScalarType parse_dtype(const std::string& name) {
+  if (name == "float32" || name == "fp32") return at::kFloat;
+  if (name == "float64" || name == "fp64") return at::kDouble;
+  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
+  MMSP_CHECK(false, "--dtype '", name, "' must be float32, float64 or bfloat16");
+  return at::kFloat;
+}
+
+// The VLM of the config's family behind one forward.
+class Vlm {
+ public:
+  explicit Vlm(const model::ModelConfig& config) {
+    if (config.family == plan::ModelFamily::llava)
+      llava_ = std::make_shared<model::LlavaModel>(config);
+    else
+      qwen_ = std::make_shared<model::QwenVLModel>(config);
+  }
+  torch::nn::Module& module() { return qwen_ ? static_cast<torch::nn::Module&>(*qwen_) : *llava_; }
+  model::QwenVLModel::StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan,
+                                         const model::PixelInputs& pixels, const model::StepGroups& groups,
+                                         model::VisionMode mode, const attention::AttentionOptions& attn) const {
+    return qwen_ ? qwen_->forward(batch, plan, pixels, groups, mode, attn)
+                 : llava_->forward(batch, plan, pixels, groups, mode, attn);
+  }
+
+ private:
+  std::shared_ptr<model::QwenVLModel> qwen_;
+  std::shared_ptr<model::LlavaModel> llava_;
+};
+
+NamedTensors named_parameters(torch::nn::Module& module) {
+  NamedTensors out;
+  for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const model::ModelConfig& config) {
+  if (o.data == "shapes") {
+    ShapesOptions shapes;
+    shapes.seed = o.seed;
+    shapes.samples = o.shapes_samples;
+    shapes.blank_images = o.blank_images;
+    return std::make_unique<ShapesDataset>(shapes, config);
+  }
+  MMSP_CHECK(!o.blank_images, "--blank-images applies to the built-in shapes dataset only, not '", o.data, "'");
+  return std::make_unique<JsonlDataset>(o.data, config);
+}
+
+// Items of the batch this rank's encoder reads (the others' pixels are never decoded).
+std::function<bool(plan::VisionKind, int64_t)> pixels_needed(const plan::StepPlan& plan, model::VisionMode mode) {
+  const auto& items = plan.rows.at(plan.mine.coords.dp).items;
+  std::vector<std::pair<plan::VisionKind, int64_t>> wanted;
+  if (mode == model::VisionMode::replicate) {
+    for (const auto& item : items) wanted.emplace_back(item.kind, item.batch_index);
+  } else {
+    for (int64_t i : plan.mine.routes.encoder_items) wanted.emplace_back(items.at(i).kind, items.at(i).batch_index);
+  }
+  std::sort(wanted.begin(), wanted.end());
+  return [wanted = std::move(wanted)](plan::VisionKind kind, int64_t item) {
+    return std::binary_search(wanted.begin(), wanted.end(), std::make_pair(kind, item));
+  };
+}
+
+// Sum over the world of `local`, and the largest value of each `per_rank` entry.
+struct Reduced {
+  double loss = 0;
+  std::vector<double> max;
+};
+Reduced reduce_metrics(double local_loss, const std::vector<double>& per_rank, const dist::Mesh& mesh) {
+  const int64_t n = static_cast<int64_t>(per_rank.size()), world = mesh.world_size();
+  at::Tensor buffer = at::zeros({1 + n * world}, at::kDouble);
+  buffer[0] = local_loss;
+  for (int64_t i = 0; i < n; ++i) buffer[1 + i * world + mesh.rank()] = per_rank[i];
+  dist::all_reduce_(buffer, *mesh.world());
+  Reduced r;
+  r.loss = buffer[0].item<double>();
+  for (int64_t i = 0; i < n; ++i) r.max.push_back(buffer.narrow(0, 1 + i * world, world).max().item<double>());
+  return r;
+}
+
+// Rank 0 saves; every rank learns whether it worked (no rank waits on a dead writer:
+// the flag's all-reduce has the group's timeout).
+void save_everywhere(const std::string& dir, int64_t step, Vlm& vlm, torch::optim::AdamW& opt,
+                     const nlohmann::json& state, const std::string& config_json,
+                     const CheckpointOptions& options, const dist::Mesh& mesh, std::ostream& log) {
+  std::string error;
+  if (mesh.rank() == 0) {
+    try {
+      save_checkpoint(dir, step, vlm.module(), opt, state, config_json, options);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+  at::Tensor failed = at::full({1}, error.empty() ? 0.0 : 1.0, at::kDouble);
+  dist::all_reduce_(failed, *mesh.world());
+  MMSP_CHECK(failed.item<double>() == 0, "saving the checkpoint of step ", step, " in ", dir,
+             " failed on rank 0", error.empty() ? std::string() : ": " + error);
+  if (mesh.rank() == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
+}
+
+}  // namespace
+
+void check_train_options(const TrainOptions& o, const dist::MeshShape& mesh) {
+  parse_dtype(o.dtype);
+  MMSP_CHECK(o.steps > 0, "--steps ", o.steps, " must be positive");
+  MMSP_CHECK(o.tokens_per_rank > 0, "--tokens-per-rank ", o.tokens_per_rank, " must be positive");
+  MMSP_CHECK(o.data_rows >= 0, "--data-rows ", o.data_rows, " must be ≥ 0");
+  const int rows = o.data_rows > 0 ? o.data_rows : mesh.dp;
+  MMSP_CHECK(o.tokens_per_rank * mesh.size() % rows == 0, "--tokens-per-rank ", o.tokens_per_rank, " × world ",
+             mesh.size(), " must divide into --data-rows ", rows, " equal rows");
+  MMSP_CHECK(o.shapes_samples > 0, "--shapes-samples ", o.shapes_samples, " must be positive");
+  MMSP_CHECK(o.attention_block > 0, "--attention-block ", o.attention_block, " must be positive");
+  MMSP_CHECK(o.lr > 0 && o.min_lr >= 0 && o.min_lr <= o.lr, "--lr ", o.lr, " and --min-lr ", o.min_lr,
+             " must satisfy 0 ≤ min-lr ≤ lr, lr > 0");
+  MMSP_CHECK(o.warmup_steps >= 0, "--warmup ", o.warmup_steps, " must be ≥ 0");
+  MMSP_CHECK(o.checkpoint_every >= 0, "--checkpoint-every ", o.checkpoint_every, " must be ≥ 0");
+  MMSP_CHECK(o.checkpoint_every == 0 || !o.out_dir.empty(), "--checkpoint-every needs --out DIR");
+  MMSP_CHECK(o.keep_checkpoints >= 0, "--keep ", o.keep_checkpoints, " must be ≥ 0");
+  MMSP_CHECK(o.stop_after >= 0, "--stop-after ", o.stop_after, " must be ≥ 0");
+  MMSP_CHECK(o.weight_decay >= 0, "--weight-decay ", o.weight_decay, " must be ≥ 0");
+}
+
+TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& log) {
+  // Everything that can be wrong with the options, the model or the data fails here,
+  // on every rank alike, before the first collective.
+  check_train_options(o, mesh.shape());
+  const at::ScalarType dtype = parse_dtype(o.dtype);
+  const ResolvedModel resolved = resolve_model(o.model);
+  const model::ModelConfig& config = resolved.config;
+  std::unique_ptr<Dataset> data = make_dataset(o, config);
+  // Rows of the packer = the budget split data_rows ways (see TrainOptions::data_rows).
+  const int rows = o.data_rows > 0 ? o.data_rows : mesh.shape().dp;
+  PackerOptions packing;
+  packing.tokens_per_rank = o.tokens_per_rank * mesh.world_size() / rows;
+  packing.dp = rows;
+  packing.context = 1;
+  packing.seed = o.seed;
+  packing.shuffle = o.shuffle;
+  StepPacker packer(*data, packing);
+  const bool rank0 = mesh.rank() == 0;
+
+  MemoryCounter::install();
+  at::manual_seed(static_cast<int64_t>(o.seed));  // identical replicas on every rank
+  Vlm vlm(config);
+  vlm.module().to(dtype);
+  NamedTensors params = named_parameters(vlm.module());
+  AdamWOptions adamw;
+  adamw.lr = o.lr;
+  adamw.beta1 = o.beta1;
+  adamw.beta2 = o.beta2;
+  adamw.eps = o.eps;
+  adamw.weight_decay = o.weight_decay;
+  std::unique_ptr<torch::optim::AdamW> opt = make_adamw(params, adamw);
+  GradSync sync(params, mesh.world());
+  const LrSchedule schedule{o.lr, o.min_lr, o.warmup_steps, o.steps};
+
+  DataPosition position;
+  int64_t done = 0;  // steps completed
+  if (!o.resume.empty()) {
+    const Checkpoint ckpt = load_checkpoint(o.resume);
+    restore(ckpt, vlm.module(), *opt);
+    done = ckpt.step;
+    position.epoch = ckpt.state.at("data").at("epoch").get<int64_t>();
+    position.offset = ckpt.state.at("data").at("offset").get<int64_t>();
+    MMSP_CHECK(ckpt.config_json == resolved.config_json || nlohmann::json::parse(ckpt.config_json) ==
+                                                             nlohmann::json::parse(resolved.config_json),
+               "--resume ", o.resume, " holds a checkpoint of another model than --model ", o.model);
+    const auto& run = ckpt.state.at("run");
+    const int64_t budget = run.at("tokens_per_rank").get<int64_t>() * run.at("world_size").get<int64_t>();
+    if (rank0 && budget != o.tokens_per_rank * mesh.world_size())
+      log << "note: the checkpoint ran " << budget << " tokens per step, this run "
+          << o.tokens_per_rank * mesh.world_size() << ": batches differ from the interrupted run" << std::endl;
+    restore_cpu_rng(ckpt.state.at("cpu_rng").get<std::string>(), ckpt.path);
+    if (rank0) log << "resumed from " << o.resume << " after step " << done << std::endl;
+  }
+  MMSP_CHECK(done < o.steps, "nothing to do: the checkpoint is at step ", done, " and --steps is ", o.steps);
+
+  std::unique_ptr<MetricsWriter> metrics;
+  if (rank0 && !o.out_dir.empty()) {
+    std::filesystem::create_directories(o.out_dir);
+    metrics = std::make_unique<MetricsWriter>(o.out_dir + "/metrics.jsonl");
+  }
+  if (rank0 && o.print_steps)
+    log << "mmsp train: " << resolved.source << " (" << config.model_type << "), " << data->describe()
+        << ", mesh " << mesh.shape().str() << ", vision " << model::to_string(o.vision) << ", "
+        << o.dtype << ", " << params.size() << " tensors" << std::endl;
+
+  attention::AttentionOptions attn;
+  attn.block_q = o.attention_block;
+  attn.block_k = o.attention_block;
+  const model::StepGroups groups{mesh.context(), mesh.ring(), mesh.ulysses()};
+  plan::PlanOptions plan_options;
+  plan_options.mesh = {mesh.shape().dp, mesh.shape().ring, mesh.shape().ulysses};
+  plan_options.layout = o.layout;
+
+  TrainReport report;
+  report.first_step = done + 1;
+  const int64_t last_step = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
+  for (int64_t step = done + 1; step <= last_step; ++step) {
+    const auto t0 = Clock::now();
+    phase_reset();
+    MemoryCounter::reset_peak();
+    const dist::CommSnapshot comm0 = mesh.stats().snapshot();
+
+    const std::vector<int64_t> samples = packer.next_step(position);
+    const plan::Batch batch = make_batch(*data, samples);
+    const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, plan_options, mesh.rank());
+    const model::PixelInputs pixels = load_pixels(*data, samples, batch, config, pixels_needed(plan, o.vision), dtype);
+
+    const double lr = schedule.at(step - 1);
+    set_lr(*opt, lr);
+    opt->zero_grad();
+    auto out = vlm.forward(batch, plan, pixels, groups, o.vision, attn);
+    at::Tensor loss = model::causal_lm_loss(out.logits, out.labels, out.label_count);
+    loss.backward();
+    sync.all_reduce();
+    const double grad_norm = clip_grad_norm(params, o.clip_norm);
+    opt->step();
+    const double local_loss = loss.detach().to(at::kDouble).item<double>();
+
+    const int64_t comm_bytes = (mesh.stats().snapshot() - comm0).total_bytes();
+    const PhaseTimes phases = phase_times();
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    // The slowest rank sets the pace: report each figure's maximum over ranks.
+    const Reduced r = reduce_metrics(local_loss,
+                                     {seconds, phases.vision_s, phases.attention_s, phases.communication_s,
+                                      static_cast<double>(MemoryCounter::peak_bytes()),
+                                      static_cast<double>(comm_bytes)},
+                                     mesh);
+    StepMetrics m;
+    m.step = step;
+    m.loss = r.loss;
+    m.lr = lr;
+    m.grad_norm = grad_norm;
+    for (const auto& s : batch.sequences) m.tokens += static_cast<int64_t>(s.input_ids.size());
+    m.label_tokens = plan.label_count;
+    m.seconds = r.max[0];
+    m.vision_s = r.max[1];
+    m.attention_s = r.max[2];
+    m.communication_s = r.max[3];
+    m.other_s = std::max(0.0, m.seconds - m.vision_s - m.attention_s - m.communication_s);
+    m.peak_bytes = static_cast<int64_t>(r.max[4]);
+    m.comm_bytes = static_cast<int64_t>(r.max[5]);
+    report.steps.push_back(m);
+    if (rank0 && o.print_steps) log << format_step_line(m) << std::endl;
+    if (metrics) metrics->write(m);
+
+    const bool last = step == last_step;
+    if (!o.out_dir.empty() && (last || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0))) {
+      nlohmann::json state;
+      state["step"] = step;
+      state["cpu_rng"] = capture_cpu_rng();
+      state["data"] = {{"epoch", position.epoch}, {"offset", position.offset}};
+      state["run"] = {{"model", o.model},       {"data", o.data},
+                      {"dtype", o.dtype},       {"seed", o.seed},
+                      {"tokens_per_rank", o.tokens_per_rank},
+                      {"world_size", mesh.world_size()},
+                      {"mesh", mesh.shape().str()},
+                      {"vision", model::to_string(o.vision)},
+                      {"steps", o.steps}};
+      CheckpointOptions ckpt;
+      ckpt.keep_last = o.keep_checkpoints;
+      if (const char* crash = std::getenv("MMSP_TEST_CRASH_CHECKPOINT")) {
+        // Test hook "STEP:BYTES": die after BYTES bytes of the checkpoint of STEP.
+        const std::string spec(crash);
+        const auto colon = spec.find(':');
+        if (colon != std::string::npos && std::stoll(spec.substr(0, colon)) == step)
+          ckpt.crash_after_bytes = std::stoll(spec.substr(colon + 1));
+      }
+      save_everywhere(o.out_dir, step, vlm, *opt, state, resolved.config_json, ckpt, mesh, log);
+    }
+  }
+  if (rank0 && o.print_steps && !report.steps.empty()) log << summary_table(report.steps);
+  for (auto& [name, p] : params) report.parameters.emplace_back(name, p.detach().clone());
+  return report;
+}
+
+}  // namespace mmsp::train

@@ -1,0 +1,64 @@
+#!/bin/bash
+# `mmsp train` as a user runs it, under mmsp-run with 2 real ranks:
+#  1. a crash in the middle of writing a checkpoint leaves the previous one loadable,
+#     and resuming from it gives the losses of a run never interrupted;
+#  2. bad flags and bad data end with a clear message from every rank, and no hang.
+# Usage: train_cli.sh BUILD_DIR SOURCE_DIR
+set -u
+build=$1
+src=$2
+mmsp=$build/mmsp
+run="$build/mmsp-run -n 2 --"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+train=(train --steps 4 --tokens-per-rank 128 --dtype float64 --warmup 1 --attention-block 32 --quiet)
+
+# --- 1. crash while saving the checkpoint of step 4 -------------------------------
+$run $mmsp "${train[@]}" --ulysses 2 --out "$work/ref" > "$work/ref.log" 2>&1 || fail "reference run: $(tail -5 "$work/ref.log")"
+MMSP_TEST_CRASH_CHECKPOINT=4:20000 $run $mmsp "${train[@]}" --ulysses 2 --checkpoint-every 2 \
+  --out "$work/crash" > "$work/crash.log" 2>&1 && fail "the run that crashes in its checkpoint exited 0"
+grep -q "rank 0 failed" "$work/crash.log" || fail "the launcher did not name rank 0: $(tail -3 "$work/crash.log")"
+[ "$(cat "$work/crash/latest" 2>/dev/null)" = step-000002 ] || fail "latest is '$(cat "$work/crash/latest" 2>/dev/null)', not step-000002"
+ls -a "$work/crash" | grep -q '\.tmp' || fail "the crash left no partial checkpoint: the hook did not fire mid-save"
+$run $mmsp "${train[@]}" --ulysses 2 --checkpoint-every 2 --resume "$work/crash" --out "$work/crash" \
+  > "$work/resume.log" 2>&1 || fail "resume after the crash failed: $(tail -5 "$work/resume.log")"
+grep -q "resumed from .* after step 2" "$work/resume.log" || fail "resume did not start after step 2"
+[ "$(cat "$work/crash/latest")" = step-000004 ] || fail "the resumed run did not write step 4"
+ls -a "$work/crash" | grep -q '\.tmp' && fail "the next save did not clean the partial checkpoint"
+$mmsp compare-losses "$work/ref/metrics.jsonl" "$work/crash/metrics.jsonl" > "$work/cmp.log" 2>&1 || fail "compare-losses failed"
+grep -q "4 common steps, largest relative difference 0 " "$work/cmp.log" || fail "resumed losses differ: $(cat "$work/cmp.log")"
+
+# --- 2. bad input: a clear message on every rank, non-zero exit, no hang -------------
+expect_error() {  # expect_error NAME PATTERN ARGS...
+  local name=$1 pattern=$2
+  shift 2
+  timeout 120 $run $mmsp "$@" > "$work/$name.log" 2>&1
+  local status=$?
+  [ $status -eq 124 ] && { fail "$name: hung"; return; }
+  [ $status -eq 0 ] && { fail "$name: exited 0"; return; }
+  for r in 0 1; do
+    grep -q "\[rank $r\] .*error: .*$pattern" "$work/$name.log" || fail "$name: rank $r did not say /$pattern/: $(tail -4 "$work/$name.log")"
+  done
+}
+expect_error mesh "world size 2 is not" train --ring 2 --ulysses 2
+expect_error steps "--steps 0 must be positive" train --steps 0
+expect_error model "'nope' is neither a built-in model" train --model nope
+expect_error vision "vision mode 'x'" train --vision x
+expect_error data_file "missing.jsonl" train --data "$work/missing.jsonl" --model "$src/configs/tiny-qwen2-vl.json"
+
+# JSON-lines data with one fault each, for the tiny Qwen2-VL config
+cfg="$src/configs/tiny-qwen2-vl.json"
+cp "$src"/examples/data/*.png "$work/" 2>/dev/null
+img=$(cd "$work" && ls *.png | head -1)
+vs=151652; ve=151653; ip=151655
+echo "{\"input_ids\": [1, 2, 151936], \"loss_mask\": [1, 1, 1]}" > "$work/vocab.jsonl"
+expect_error vocab "151936" train --data "$work/vocab.jsonl" --model "$cfg"
+echo "{\"input_ids\": [1, $vs, $ip, $ip, $ve, 2], \"images\": [{\"path\": \"no-such.png\"}], \"image_grid_thw\": [[1, 2, 4]]}" > "$work/noimage.jsonl"
+expect_error missing_image "no-such.png" train --data "$work/noimage.jsonl" --model "$cfg"
+echo "{\"input_ids\": [1, $vs, $ip, $ip, $ip, $ve, 2], \"images\": [{\"path\": \"$img\"}], \"image_grid_thw\": [[1, 2, 2]]}" > "$work/count.jsonl"
+expect_error placeholders "placeholder" train --data "$work/count.jsonl" --model "$cfg"
+
+if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
+echo "train_cli: all checks passed"
