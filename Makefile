@@ -16,7 +16,7 @@ DEB_PACKAGES := cmake ninja-build g++ ccache libtorch-dev libgloo-dev nlohmann-j
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(if $(Torch_DIR),-DTorch_DIR=$(Torch_DIR))
 
-.PHONY: all deps configure build test demo clean install
+.PHONY: all deps configure build tools test demo clean install
 
 all: build
 
@@ -38,8 +38,24 @@ build: configure
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
 
-demo: build
-	$(BUILD)/mmsp-run -n 4 -- $(BUILD)/mmsp selftest --ring 2 --ulysses 2
+# The demo: the built-in Qwen2-VL-style model learns the shapes dataset on 4 ranks
+# (ring 2 × ulysses 2), then the first steps again on 1 rank with the same batches.
+DEMO_DIR    ?= runs/demo
+DEMO_STEPS  ?= 150
+DEMO_CHECK  ?= 20
+
+# Only the two tools: the demo does not wait for the test binaries to compile.
+tools: configure
+	cmake --build $(BUILD) -j $(JOBS) --target mmsp mmsp-run
+
+demo: tools
+	rm -rf $(DEMO_DIR)
+	$(BUILD)/mmsp-run -n 4 -- $(BUILD)/mmsp train --ring 2 --ulysses 2 --steps $(DEMO_STEPS) \
+	  --tokens-per-rank 128 --out $(DEMO_DIR)/4-ranks
+	@echo "== the first $(DEMO_CHECK) steps again on 1 rank (same batches: 4 x 128 tokens per step) =="
+	$(BUILD)/mmsp train --steps $(DEMO_STEPS) --stop-after $(DEMO_CHECK) --tokens-per-rank 512 \
+	  --out $(DEMO_DIR)/1-rank --quiet
+	$(BUILD)/mmsp compare-losses $(DEMO_DIR)/4-ranks/metrics.jsonl $(DEMO_DIR)/1-rank/metrics.jsonl
 
 install: build
 	cmake --install $(BUILD)
