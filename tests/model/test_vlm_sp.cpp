@@ -166,8 +166,9 @@ TEST_P(QwenVlFamily, MultiRankEqualsOneProcessInEveryVisionMode) {
   const Result ref = run(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed);
   EXPECT_GT(ref.loss, 0);
   for (const auto& [name, g] : ref.grads)
-    if (name.find("visual.") != std::string::npos && name.find("weight") != std::string::npos)
+    if (name.find("visual.") != std::string::npos && name.find("weight") != std::string::npos) {
       EXPECT_GT(g.abs().max().item<double>(), 0) << name << " gets no gradient: the vision path is cut";
+    }
 
   for (const dist::Mesh& mesh : test::all_meshes()) {
     if (mesh.shape().ulysses == 3) continue;  // 2 K/V heads cannot be split 3 ways
@@ -321,8 +322,9 @@ TEST_P(LlavaDtype, MultiRankEqualsOneProcessInEveryVisionMode) {
   const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
   const Result ref = run_llava(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed, dtype);
   for (const auto& [name, g] : ref.grads)
-    if (name.find("vision_tower") != std::string::npos && name.find("layers.0.") != std::string::npos)
+    if (name.find("vision_tower") != std::string::npos && name.find("layers.0.") != std::string::npos) {
       EXPECT_GT(g.abs().max().item<double>(), 0) << name << " gets no gradient";
+    }
   for (const dist::Mesh& mesh : test::all_meshes()) {
     if (mesh.shape().ulysses == 3) continue;
     plan::PlanOptions options;
