@@ -41,7 +41,7 @@ test: build
 # The demo: the built-in Qwen2-VL-style model learns the shapes dataset on 4 ranks
 # (ring 2 × ulysses 2), then the first steps again on 1 rank with the same batches.
 DEMO_DIR    ?= runs/demo
-DEMO_STEPS  ?= 150
+DEMO_STEPS  ?= 300
 DEMO_CHECK  ?= 20
 
 # Only the two tools: the demo does not wait for the test binaries to compile.

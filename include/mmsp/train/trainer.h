@@ -44,7 +44,7 @@ struct TrainOptions {
   // depend only on (tokens_per_rank × world, data_rows): a run on another mesh, or on
   // one process, with the same two values reads the same batches.
   int data_rows = 0;
-  double lr = 3e-3, min_lr = 3e-4;
+  double lr = 1e-3, min_lr = 1e-4;
   int64_t warmup_steps = 10;
   double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip_norm = 1.0;  // ≤ 0: no clipping
