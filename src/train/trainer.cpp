@@ -105,20 +105,22 @@ std::function<bool(plan::VisionKind, int64_t)> pixels_needed(const plan::StepPla
   };
 }
 
-// Sum over the world of `local`, and the largest value of each `per_rank` entry.
+// The loss summed over the world, and each figure of every rank ([figure][rank]).
 struct Reduced {
   double loss = 0;
-  std::vector<double> max;
+  std::vector<std::vector<double>> per_rank;
+  double max(size_t figure) const { return *std::max_element(per_rank[figure].begin(), per_rank[figure].end()); }
 };
-Reduced reduce_metrics(double local_loss, const std::vector<double>& per_rank, const dist::Mesh& mesh) {
-  const int64_t n = static_cast<int64_t>(per_rank.size()), world = mesh.world_size();
+Reduced reduce_metrics(double local_loss, const std::vector<double>& mine, const dist::Mesh& mesh) {
+  const int64_t n = static_cast<int64_t>(mine.size()), world = mesh.world_size();
   at::Tensor buffer = at::zeros({1 + n * world}, at::kDouble);
   buffer[0] = local_loss;
-  for (int64_t i = 0; i < n; ++i) buffer[1 + i * world + mesh.rank()] = per_rank[i];
+  for (int64_t i = 0; i < n; ++i) buffer[1 + i * world + mesh.rank()] = mine[i];
   dist::all_reduce_(buffer, *mesh.world());
   Reduced r;
   r.loss = buffer[0].item<double>();
-  for (int64_t i = 0; i < n; ++i) r.max.push_back(buffer.narrow(0, 1 + i * world, world).max().item<double>());
+  const double* p = buffer.data_ptr<double>();
+  for (int64_t i = 0; i < n; ++i) r.per_rank.emplace_back(p + 1 + i * world, p + 1 + (i + 1) * world);
   return r;
 }
 
@@ -171,6 +173,10 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   const at::ScalarType dtype = parse_dtype(o.dtype);
   const ResolvedModel resolved = resolve_model(o.model);
   const model::ModelConfig& config = resolved.config;
+  const dist::MeshShape& shape = mesh.shape();
+  MMSP_CHECK(config.text.num_attention_heads % shape.ulysses == 0, o.model, ": ",
+             config.text.num_attention_heads, " attention heads cannot be split over ulysses ", shape.ulysses,
+             " (the degree must divide the head count)");
   std::unique_ptr<Dataset> data = make_dataset(o, config);
   // Rows of the packer = the budget split data_rows ways (see TrainOptions::data_rows).
   const int rows = o.data_rows > 0 ? o.data_rows : mesh.shape().dp;
@@ -196,24 +202,29 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   adamw.weight_decay = o.weight_decay;
   std::unique_ptr<torch::optim::AdamW> opt = make_adamw(params, adamw);
   GradSync sync(params, mesh.world());
-  const LrSchedule schedule{o.lr, o.min_lr, o.warmup_steps, o.steps};
+  // A warm-up longer than the run is the run (short test runs keep the default).
+  const LrSchedule schedule{o.lr, o.min_lr, std::min(o.warmup_steps, o.steps), o.steps};
+  schedule.validate();
 
   DataPosition position;
   int64_t done = 0;  // steps completed
   if (!o.resume.empty()) {
     const Checkpoint ckpt = load_checkpoint(o.resume);
+    MMSP_CHECK(ckpt.config_json == resolved.config_json || nlohmann::json::parse(ckpt.config_json) ==
+                                                             nlohmann::json::parse(resolved.config_json),
+               "--resume ", o.resume, " holds a checkpoint of another model than --model ", o.model);
     restore(ckpt, vlm.module(), *opt);
     done = ckpt.step;
     position.epoch = ckpt.state.at("data").at("epoch").get<int64_t>();
     position.offset = ckpt.state.at("data").at("offset").get<int64_t>();
-    MMSP_CHECK(ckpt.config_json == resolved.config_json || nlohmann::json::parse(ckpt.config_json) ==
-                                                             nlohmann::json::parse(resolved.config_json),
-               "--resume ", o.resume, " holds a checkpoint of another model than --model ", o.model);
+    // The batches continue as before only with the same budget and rows (any mesh).
     const auto& run = ckpt.state.at("run");
-    const int64_t budget = run.at("tokens_per_rank").get<int64_t>() * run.at("world_size").get<int64_t>();
-    if (rank0 && budget != o.tokens_per_rank * mesh.world_size())
-      log << "note: the checkpoint ran " << budget << " tokens per step, this run "
-          << o.tokens_per_rank * mesh.world_size() << ": batches differ from the interrupted run" << std::endl;
+    const int64_t budget = run.value("tokens_per_rank", int64_t{0}) * run.value("world_size", int64_t{0});
+    const int64_t then_rows = run.value("data_rows", int64_t{0});
+    if (rank0 && (budget != o.tokens_per_rank * mesh.world_size() || then_rows != rows))
+      log << "note: the checkpoint packed " << budget << " tokens per step in " << then_rows
+          << " rows, this run " << o.tokens_per_rank * mesh.world_size() << " in " << rows
+          << ": the batches differ from the interrupted run's" << std::endl;
     restore_cpu_rng(ckpt.state.at("cpu_rng").get<std::string>(), ckpt.path);
     if (rank0) log << "resumed from " << o.resume << " after step " << done << std::endl;
   }
@@ -265,7 +276,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     const int64_t comm_bytes = (mesh.stats().snapshot() - comm0).total_bytes();
     const PhaseTimes phases = phase_times();
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    // The slowest rank sets the pace: report each figure's maximum over ranks.
+    // Every rank's figures, to report the slowest rank's split and the largest memory / bytes.
     const Reduced r = reduce_metrics(local_loss,
                                      {seconds, phases.vision_s, phases.attention_s, phases.communication_s,
                                       static_cast<double>(MemoryCounter::peak_bytes()),
@@ -278,13 +289,17 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     m.grad_norm = grad_norm;
     for (const auto& s : batch.sequences) m.tokens += static_cast<int64_t>(s.input_ids.size());
     m.label_tokens = plan.label_count;
-    m.seconds = r.max[0];
-    m.vision_s = r.max[1];
-    m.attention_s = r.max[2];
-    m.communication_s = r.max[3];
+    // The slowest rank sets the pace: its time and its split (a partition of it);
+    // memory and bytes are each the largest of any rank.
+    const auto& times = r.per_rank[0];
+    const size_t slowest = std::max_element(times.begin(), times.end()) - times.begin();
+    m.seconds = times[slowest];
+    m.vision_s = r.per_rank[1][slowest];
+    m.attention_s = r.per_rank[2][slowest];
+    m.communication_s = r.per_rank[3][slowest];
     m.other_s = std::max(0.0, m.seconds - m.vision_s - m.attention_s - m.communication_s);
-    m.peak_bytes = static_cast<int64_t>(r.max[4]);
-    m.comm_bytes = static_cast<int64_t>(r.max[5]);
+    m.peak_bytes = static_cast<int64_t>(r.max(4));
+    m.comm_bytes = static_cast<int64_t>(r.max(5));
     report.steps.push_back(m);
     if (rank0 && o.print_steps) log << format_step_line(m) << std::endl;
     if (metrics) metrics->write(m);
@@ -299,6 +314,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
                       {"dtype", o.dtype},       {"seed", o.seed},
                       {"tokens_per_rank", o.tokens_per_rank},
                       {"world_size", mesh.world_size()},
+                      {"data_rows", rows},
                       {"mesh", mesh.shape().str()},
                       {"vision", model::to_string(o.vision)},
                       {"steps", o.steps}};
