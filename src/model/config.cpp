@@ -37,32 +37,9 @@ ModelFamily family_of(const std::string& model_type) {
   return ModelFamily::qwen2_vl;
 }
 
-// The planner reads rope_scaling only; newer transformers write rope_parameters instead.
-nlohmann::json with_rope_scaling(const nlohmann::json& config, bool nested_text) {
-  nlohmann::json out = config;
-  nlohmann::json& text = nested_text ? out["text_config"] : out;
-  if (text.is_object() && text.contains("rope_parameters") && text["rope_parameters"].is_object() &&
-      (!text.contains("rope_scaling") || text["rope_scaling"].is_null()))
-    text["rope_scaling"] = text["rope_parameters"];
-  return out;
-}
-
-// Qwen3_5Config's token ids (the planner knows the qwen3_vl family's).
-nlohmann::json as_qwen3_vl(const nlohmann::json& config) {
-  nlohmann::json out = config;
-  out["model_type"] = "qwen3_vl";
-  const std::pair<const char*, int64_t> ids[] = {{"image_token_id", 248056}, {"video_token_id", 248057},
-                                                 {"vision_start_token_id", 248053},
-                                                 {"vision_end_token_id", 248054}};
-  for (const auto& [key, id] : ids)
-    if (!out.contains(key) || out[key].is_null()) out[key] = id;
-  return out;
-}
-
 plan::ModelConventions read_conventions(const nlohmann::json& config, bool nested_text) {
   try {
-    const bool qwen3_5 = config.at("model_type") == "qwen3_5";
-    return plan::conventions_from_config(with_rope_scaling(qwen3_5 ? as_qwen3_vl(config) : config, nested_text));
+    return plan::conventions_from_config(config);  // knows rope_parameters and qwen3_5
   } catch (const Error& e) {
     std::string message = e.what();
     const std::string prefix = "config.json: ";
@@ -161,7 +138,6 @@ ModelConfig parse(const nlohmann::json& config) {
   c.text = hybrid ? parse_hybrid_text_config(text_json, "text_config.")
                   : parse_text_config(text_json, c.family, nested || !qwen2 ? "text_config." : "");
   c.conventions = read_conventions(config, nested != nullptr);
-  if (hybrid && rope_field(text).empty()) c.conventions.mrope_section = {11, 11, 10};  // Qwen3.5's rotary
   c.tie_word_embeddings = read_tie(top, text);
 
   const nlohmann::json* vision = top.object("vision_config");

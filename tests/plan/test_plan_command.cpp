@@ -63,7 +63,7 @@ TEST(PlanCommand, JsonOfOneRank) {
 }
 
 TEST(PlanCommand, EveryExampleWithItsConfig) {
-  for (const char* family : {"qwen2-vl", "qwen2_5-vl", "qwen3-vl", "llava", "internvl"}) {
+  for (const char* family : {"qwen2-vl", "qwen2_5-vl", "qwen3-vl", "qwen3_5-vl", "llava", "internvl"}) {
     const Result r = run_plan({"--config", kDir + "/configs/tiny-" + family + ".json", "--batch",
                                kDir + "/examples/batch-" + family + ".json", "--dp", "2", "--ring",
                                "2", "--ulysses", "2", "--format", "json"});

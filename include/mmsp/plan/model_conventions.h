@@ -48,6 +48,8 @@ std::string to_string(ModelFamily family);
 ModelConventions default_conventions(ModelFamily family);
 
 // Reads model_type and the fields above from a parsed config.json; errors name the field.
+// rope_parameters (newer transformers) counts as rope_scaling; qwen3_5 (hybrid decoder,
+// Qwen3-VL vision) is the qwen3_vl family with Qwen3.5's token ids and mRoPE defaults.
 ModelConventions conventions_from_config(const nlohmann::json& config);
 
 }  // namespace mmsp::plan
