@@ -34,7 +34,7 @@ TEST(PhaseTimer, NestedScopesAreExclusiveAndFollowPrecedence) {
     {
       const auto c0 = std::chrono::steady_clock::now();
       PhaseScope comm(Phase::communication);  // communication always takes its own time
-      busy(0.01);
+      busy(0.03);
       inner_comm_wall = since(c0);
     }
     vision_wall = since(t0);
@@ -45,15 +45,15 @@ TEST(PhaseTimer, NestedScopesAreExclusiveAndFollowPrecedence) {
     busy(0.01);
     const auto c0 = std::chrono::steady_clock::now();
     PhaseScope comm(Phase::communication);  // pauses attention
-    busy(0.01);
+    busy(0.03);
     outer_comm_wall = since(c0);
     attention_wall = since(t0);
   }
   const PhaseTimes t = phase_times();
-  const double slack = 2e-3;  // the scopes' own bookkeeping
+  const double slack = 0.01;  // bookkeeping, or a preemption between a scope and its wall clock
   EXPECT_GE(t.vision_s, 0.02);
   EXPECT_LE(t.vision_s, vision_wall - inner_comm_wall + slack);
-  EXPECT_GE(t.communication_s, 0.02);
+  EXPECT_GE(t.communication_s, 0.06);
   EXPECT_LE(t.communication_s, inner_comm_wall + outer_comm_wall + slack);
   EXPECT_GE(t.attention_s, 0.01);
   EXPECT_LE(t.attention_s, attention_wall - outer_comm_wall + slack);
