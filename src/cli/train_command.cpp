@@ -49,7 +49,7 @@ Subcommand add_train_command(CLI::App& parent) {
   app->add_option("--checkpoint-every", o->checkpoint_every, "save every N steps (and at the end)")->capture_default_str();
   app->add_option("--keep", o->keep_checkpoints, "checkpoints to keep (0: all)")->capture_default_str();
   app->add_option("--resume", o->resume, "continue from this checkpoint or run directory");
-  app->add_flag("!--quiet", o->print_steps, "no per-step lines");
+  app->add_flag("!--quiet", o->print_steps, "no per-step lines (the summary still prints)");
   return {app, [flags, o, vision, layout]() {
             o->vision = model::parse_vision_mode(*vision);
             o->layout = plan::parse_layout(*layout);

@@ -330,7 +330,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
       save_everywhere(o.out_dir, step, vlm, *opt, state, resolved.config_json, ckpt, mesh, log);
     }
   }
-  if (rank0 && o.print_steps && !report.steps.empty()) log << summary_table(report.steps);
+  if (rank0 && !report.steps.empty()) log << summary_table(report.steps);
   for (auto& [name, p] : params) report.parameters.emplace_back(name, p.detach().clone());
   return report;
 }
