@@ -19,7 +19,7 @@ train=(train --steps 4 --tokens-per-rank 128 --dtype float64 --warmup 1 --attent
 $run $mmsp "${train[@]}" --ulysses 2 --out "$work/ref" > "$work/ref.log" 2>&1 || fail "reference run: $(tail -5 "$work/ref.log")"
 MMSP_TEST_CRASH_CHECKPOINT=4:20000 $run $mmsp "${train[@]}" --ulysses 2 --checkpoint-every 2 \
   --out "$work/crash" > "$work/crash.log" 2>&1 && fail "the run that crashes in its checkpoint exited 0"
-grep -q "rank 0 failed" "$work/crash.log" || fail "the launcher did not name rank 0: $(tail -3 "$work/crash.log")"
+grep -q "rank 0 .*status 86" "$work/crash.log" || fail "the launcher did not report rank 0's crash (status 86): $(tail -3 "$work/crash.log")"
 [ "$(cat "$work/crash/latest" 2>/dev/null)" = step-000002 ] || fail "latest is '$(cat "$work/crash/latest" 2>/dev/null)', not step-000002"
 ls -a "$work/crash" | grep -q '\.tmp' || fail "the crash left no partial checkpoint: the hook did not fire mid-save"
 $run $mmsp "${train[@]}" --ulysses 2 --checkpoint-every 2 --resume "$work/crash" --out "$work/crash" \
