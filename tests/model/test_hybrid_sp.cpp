@@ -18,6 +18,7 @@
 #include "mmsp/model/qwen_vl.h"
 #include "mmsp/model/rank_inputs.h"
 #include "multirank.h"
+#include "sp_compare.h"
 
 using namespace mmsp;
 using at::Tensor;
@@ -79,39 +80,7 @@ plan::Batch vision_batch() {
   return {{a, b, c, d}};
 }
 
-struct Result {
-  double loss = 0;
-  std::vector<std::pair<std::string, Tensor>> grads;
-};
-
-// Loss and every gradient within rtol; a gradient zero in exact arithmetic is compared
-// against a floor of rtol/1000 of the model's largest gradient (as test_vlm_sp).
-void expect_same(const Result& got, const Result& ref, double rtol, const std::string& where) {
-  EXPECT_NEAR(got.loss, ref.loss, rtol * ref.loss) << where;
-  ASSERT_EQ(got.grads.size(), ref.grads.size()) << where;
-  double model_scale = 0;
-  for (const auto& [name, g] : ref.grads) model_scale = std::max(model_scale, g.abs().max().item<double>());
-  for (size_t i = 0; i < ref.grads.size(); ++i) {
-    ASSERT_EQ(got.grads[i].first, ref.grads[i].first) << where;
-    const double scale = ref.grads[i].second.abs().max().item<double>();
-    const double diff = (got.grads[i].second - ref.grads[i].second).abs().max().item<double>();
-    EXPECT_LE(diff, rtol * (scale + 1e-3 * model_scale)) << where << " gradient of " << ref.grads[i].first;
-  }
-}
-
-// Loss and every parameter gradient of `module`, summed over `world`.
-Result collect(const torch::nn::Module& module, const Tensor& loss, const dist::GroupPtr& world) {
-  Result r;
-  Tensor total = loss.detach().reshape({1});
-  dist::all_reduce_(total, *world);
-  r.loss = total.item<double>();
-  for (const auto& item : module.named_parameters()) {
-    Tensor g = item.value().grad().defined() ? item.value().grad().clone() : at::zeros_like(item.value());
-    dist::all_reduce_(g, *world);
-    r.grads.emplace_back(item.key(), g);
-  }
-  return r;
-}
+using Result = test::StepResult;
 
 Result run_vlm(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
                const model::StepGroups& groups, const dist::GroupPtr& world) {
@@ -126,7 +95,7 @@ Result run_vlm(const model::ModelConfig& config, const plan::Batch& batch, const
   auto out = vlm->forward(batch, plan, pixels, groups, model::VisionMode::routed, attn);
   Tensor loss = model::causal_lm_loss(out.logits, out.labels, out.label_count);
   loss.backward();
-  return collect(*vlm, loss, world);
+  return test::summed_over(*vlm, loss, world);
 }
 
 // The decoder alone on a text batch, GDN chunks of `chunk` tokens.
@@ -145,7 +114,7 @@ Result run_decoder(const model::ModelConfig& config, const plan::Batch& batch, c
   Tensor logits = decoder->forward(decoder->embed(in.token_ids), ctx);
   Tensor loss = model::causal_lm_loss(logits, in.labels, in.label_count);
   loss.backward();
-  return collect(*decoder, loss, world);
+  return test::summed_over(*decoder, loss, world);
 }
 
 // Meshes whose ulysses degree divides every head count of the tiny config (not 3).
@@ -175,7 +144,7 @@ TEST(MultiRankHybrid, Qwen3_5VlmLossAndEveryGradientEqualOneProcess) {
     if (!fits(mesh)) continue;
     const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options_for(mesh), mesh.rank());
     const Result got = run_vlm(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world());
-    expect_same(got, ref, 1e-9, "qwen3_5 " + mesh.shape().str());
+    test::expect_same_step(got, ref, 1e-9, "qwen3_5 " + mesh.shape().str());
   }
 }
 
@@ -198,7 +167,7 @@ TEST(MultiRankHybrid, DecoderWithShortChunksEqualsOneProcess) {
       if (!fits(mesh)) continue;
       const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options_for(mesh), mesh.rank());
       const Result got = run_decoder(config, batch, mine, {mesh.ring(), mesh.ulysses()}, mesh.world(), 8);
-      expect_same(got, ref, 1e-9, text_type + " " + mesh.shape().str());
+      test::expect_same_step(got, ref, 1e-9, text_type + " " + mesh.shape().str());
     }
   }
 }

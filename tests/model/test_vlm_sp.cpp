@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <unistd.h>
 #include "multirank.h"
+#include "sp_compare.h"
 
 using namespace mmsp;
 using at::Tensor;
@@ -97,27 +98,7 @@ plan::Batch vision_batch(plan::ModelFamily family = plan::ModelFamily::qwen2_vl)
   return {{a, b, c, d}};
 }
 
-struct Result {
-  double loss = 0;
-  std::vector<std::pair<std::string, Tensor>> grads;
-};
-
-// Loss and every gradient within rtol. A gradient that is exactly zero in exact
-// arithmetic (e.g. a key bias: softmax ignores a constant shift) is compared against
-// a floor of rtol/1000 of the model's largest gradient: its rounding noise (which
-// scales with the dtype) carries no meaning.
-void expect_same(const Result& got, const Result& ref, double rtol, const std::string& where) {
-  EXPECT_NEAR(got.loss, ref.loss, rtol * ref.loss) << where;
-  ASSERT_EQ(got.grads.size(), ref.grads.size()) << where;
-  double model_scale = 0;
-  for (const auto& [name, g] : ref.grads) model_scale = std::max(model_scale, g.abs().max().item<double>());
-  for (size_t i = 0; i < ref.grads.size(); ++i) {
-    ASSERT_EQ(got.grads[i].first, ref.grads[i].first) << where;
-    const double scale = ref.grads[i].second.abs().max().item<double>();
-    const double diff = (got.grads[i].second - ref.grads[i].second).abs().max().item<double>();
-    EXPECT_LE(diff, rtol * (scale + 1e-3 * model_scale)) << where << " gradient of " << ref.grads[i].first;
-  }
-}
+using Result = test::StepResult;
 
 // One step of Model on this rank with the same seeds everywhere; loss and every
 // parameter gradient summed over `world`.
@@ -134,16 +115,7 @@ Result run_model(const model::ModelConfig& config, const plan::Batch& batch, con
   auto out = vlm->forward(batch, plan, pixels, groups, mode, attn);
   Tensor loss = model::causal_lm_loss(out.logits, out.labels, out.label_count);
   loss.backward();
-  Result r;
-  Tensor total = loss.detach().reshape({1});
-  dist::all_reduce_(total, *world);
-  r.loss = total.item<double>();
-  for (const auto& item : vlm->named_parameters()) {
-    Tensor g = item.value().grad().defined() ? item.value().grad().clone() : at::zeros_like(item.value());
-    dist::all_reduce_(g, *world);
-    r.grads.emplace_back(item.key(), g);
-  }
-  return r;
+  return test::summed_over(*vlm, loss, world);
 }
 
 Result run(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
@@ -179,7 +151,7 @@ TEST_P(QwenVlFamily, MultiRankEqualsOneProcessInEveryVisionMode) {
       const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
                              mesh.world(), mode);
       const std::string where = mesh.shape().str() + " " + model::to_string(mode);
-      expect_same(got, ref, 1e-9, where);
+      test::expect_same_step(got, ref, 1e-9, where);
     }
   }
 }
@@ -200,7 +172,7 @@ TEST_P(QwenVlFamily, MultiRankFp32EqualsOneProcessInEveryVisionMode) {
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
       const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
                              mesh.world(), mode, at::kFloat);
-      expect_same(got, ref, 1e-4, mesh.shape().str() + " fp32 " + model::to_string(mode));
+      test::expect_same_step(got, ref, 1e-4, mesh.shape().str() + " fp32 " + model::to_string(mode));
     }
   }
 }
@@ -333,7 +305,7 @@ TEST_P(LlavaDtype, MultiRankEqualsOneProcessInEveryVisionMode) {
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
       const Result got = run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
                                    mesh.world(), mode, dtype);
-      expect_same(got, ref, rtol, mesh.shape().str() + " " + model::to_string(mode) + " " +
+      test::expect_same_step(got, ref, rtol, mesh.shape().str() + " " + model::to_string(mode) + " " +
                                       (dtype == at::kDouble ? "fp64" : "fp32"));
     }
   }
