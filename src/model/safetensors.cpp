@@ -526,6 +526,12 @@ std::string serialize_safetensors(const std::map<std::string, at::Tensor>& tenso
   return out;
 }
 
+void write_safetensors(const std::map<std::string, at::Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const std::function<void(const void*, uint64_t)>& sink) {
+  serialize(prepare(tensors, metadata), metadata, sink);
+}
+
 void save_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
   // Validate and copy to CPU before the file exists, so a bad tensor leaves no trace.

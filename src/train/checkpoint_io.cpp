@@ -3,7 +3,6 @@
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
-#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +11,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <vector>
 
 #include "mmsp/core/check.h"
 #include "mmsp/model/safetensors.h"
@@ -21,48 +19,6 @@ namespace mmsp::train::checkpoint_io {
 namespace {
 
 std::string errno_text() { return std::strerror(errno); }
-
-// Safetensors' data order: by dtype, widest first (as Hugging Face's writer), then name.
-int dtype_rank(const std::string& dtype) {
-  static const char* const order[] = {"I64", "F64", "F32", "I32", "BF16",
-                                      "F16", "I16", "I8",  "U8",  "BOOL"};
-  for (int i = 0; i < 10; ++i)
-    if (dtype == order[i]) return i;
-  MMSP_ASSERT(false, "no data order for safetensors dtype ", dtype);
-  return 0;
-}
-
-struct Entry {
-  const std::string* name;
-  const at::Tensor* tensor;
-  std::string dtype;
-  uint64_t nbytes;
-};
-
-// The header exactly as model::serialize_safetensors writes it (tested byte for byte).
-std::string header_text(const std::vector<Entry>& entries,
-                        const std::map<std::string, std::string>& metadata) {
-  std::string s = "{";
-  bool first = true;
-  if (!metadata.empty()) {
-    s += "\"__metadata__\":" + nlohmann::json(metadata).dump();
-    first = false;
-  }
-  uint64_t offset = 0;
-  for (const Entry& e : entries) {
-    if (!first) s += ",";
-    first = false;
-    s += nlohmann::json(*e.name).dump() + ":{\"dtype\":\"" + e.dtype + "\",\"shape\":[";
-    for (int64_t d = 0; d < e.tensor->dim(); ++d)
-      s += (d ? "," : "") + std::to_string(e.tensor->size(d));
-    s += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + e.nbytes) +
-         "]}";
-    offset += e.nbytes;
-  }
-  s += "}";
-  s.append((8 - s.size() % 8) % 8, ' ');
-  return s;
-}
 
 class File {
  public:
@@ -114,27 +70,10 @@ void DurableWriter::write_text(const std::string& path, const std::string& text)
 void DurableWriter::write_safetensors(const std::string& path,
                                       const std::map<std::string, at::Tensor>& tensors,
                                       const std::map<std::string, std::string>& metadata) {
-  std::vector<Entry> entries;
-  for (const auto& [name, t] : tensors) {
-    MMSP_CHECK(t.defined() && t.layout() == at::kStrided, path, ": tensor ", name,
-               " is undefined or not dense");
-    const std::string dtype = model::safetensors_dtype_name(t.scalar_type());
-    entries.push_back({&name, &t, dtype, static_cast<uint64_t>(t.numel()) * t.element_size()});
-  }
-  std::stable_sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
-    return dtype_rank(a.dtype) < dtype_rank(b.dtype);  // names already sorted (std::map)
-  });
-  const std::string header = header_text(entries, metadata);
-  unsigned char prefix[8];
-  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(uint64_t{header.size()} >> (8 * i));
   File f(path);
-  put(f.fd(), prefix, 8, path);
-  put(f.fd(), header.data(), header.size(), path);
-  for (const Entry& e : entries) {
-    if (e.nbytes == 0) continue;
-    const at::Tensor cpu = e.tensor->detach().to(at::kCPU).contiguous();
-    put(f.fd(), cpu.data_ptr(), e.nbytes, path);
-  }
+  model::write_safetensors(tensors, metadata, [&](const void* data, uint64_t size) {
+    put(f.fd(), data, static_cast<size_t>(size), path);
+  });
   f.sync_and_close();
 }
 

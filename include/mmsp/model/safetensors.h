@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -60,6 +61,13 @@ std::map<std::string, at::Tensor> parse_safetensors(const void* data, size_t siz
                                                     const std::string& source = "<memory>");
 std::string serialize_safetensors(const std::map<std::string, at::Tensor>& tensors,
                                   const std::map<std::string, std::string>& metadata = {});
+
+// The same bytes, streamed to `sink` piece by piece (header, then each tensor's data),
+// for writers that manage the file themselves (e.g. checkpoints). Everything is
+// validated before the first call to `sink`.
+void write_safetensors(const std::map<std::string, at::Tensor>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const std::function<void(const void* data, uint64_t size)>& sink);
 
 // "F32" <-> at::kFloat for the dtypes mmsp reads and writes:
 // F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL.
