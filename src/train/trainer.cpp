@@ -40,7 +40,6 @@ namespace mmsp::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using NamedTensors = NamedParams;
 
 at::ScalarType parse_dtype(const std::string& name) {
   if (name == "float32" || name == "fp32") return at::kFloat;
@@ -72,8 +71,8 @@ class Vlm {
   std::shared_ptr<model::LlavaModel> llava_;
 };
 
-NamedTensors named_parameters(torch::nn::Module& module) {
-  NamedTensors out;
+NamedParams named_parameters(torch::nn::Module& module) {
+  NamedParams out;
   for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value());
   return out;
 }
@@ -193,7 +192,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   at::manual_seed(static_cast<int64_t>(o.seed));  // identical replicas on every rank
   Vlm vlm(config);
   vlm.module().to(dtype);
-  NamedTensors params = named_parameters(vlm.module());
+  NamedParams params = named_parameters(vlm.module());
   AdamWOptions adamw;
   adamw.lr = o.lr;
   adamw.beta1 = o.beta1;
