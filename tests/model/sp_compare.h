@@ -1,5 +1,6 @@
-// What the model's SP tests compare: the loss and every parameter gradient of one step,
-// summed over the ranks, against one process. Shared by test_vlm_sp and test_hybrid_sp.
+// What the model's SP tests share (test_vlm_sp, test_hybrid_sp): the token ids and
+// builders of their batches, and the comparison of the loss and every parameter
+// gradient of one step, summed over the ranks, against one process.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -13,8 +14,23 @@
 #include <vector>
 
 #include "mmsp/dist/all_reduce.h"
+#include "mmsp/plan/sequence.h"
 
 namespace mmsp::test {
+
+// Vision token ids of the tiny test configs (vocab 128; text ids stay below 100).
+constexpr int64_t kStart = 120, kEnd = 121, kImage = 122, kVideo = 123;
+
+// n text tokens, different for each seed.
+inline void text(plan::Sequence& s, int n, int64_t seed) {
+  for (int i = 0; i < n; ++i) s.input_ids.push_back((seed * 31 + i * 7) % 100);
+}
+// A vision block: start, `rows` placeholders of `token`, end.
+inline void block(plan::Sequence& s, int64_t token, int rows) {
+  s.input_ids.push_back(kStart);
+  for (int i = 0; i < rows; ++i) s.input_ids.push_back(token);
+  s.input_ids.push_back(kEnd);
+}
 
 struct StepResult {
   double loss = 0;

@@ -25,7 +25,7 @@ using at::Tensor;
 
 namespace {
 
-constexpr int64_t kStart = 120, kEnd = 121, kImage = 122, kVideo = 123;
+using test::kStart, test::kEnd, test::kImage, test::kVideo, test::text, test::block;
 
 // Hidden 32; layers [linear, full, linear]; attention 4 heads / 2 KV heads of 16, half of
 // each rotated (mRoPE [2, 1, 1]); GDN H_k 4 < H_v 8 (every ulysses degree but 3 divides
@@ -54,14 +54,6 @@ model::ModelConfig tiny_hybrid(const std::string& text_type = "qwen3_5_text") {
   return model::parse_model_config(c, "tiny hybrid " + text_type);
 }
 
-void text(plan::Sequence& s, int n, int64_t seed) {
-  for (int i = 0; i < n; ++i) s.input_ids.push_back((seed * 31 + i * 7) % 100);
-}
-void block(plan::Sequence& s, int64_t token, int rows) {
-  s.input_ids.push_back(kStart);
-  for (int i = 0; i < rows; ++i) s.input_ids.push_back(token);
-  s.input_ids.push_back(kEnd);
-}
 
 // Two images (the 4-row one cut by shard borders on most meshes) and a two-frame video
 // (one block per frame, after its timestamp text), text around them, a text-only

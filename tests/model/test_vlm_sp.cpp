@@ -27,7 +27,7 @@ using at::Tensor;
 
 namespace {
 
-constexpr int64_t kStart = 120, kEnd = 121, kImage = 122, kVideo = 123;
+using test::kStart, test::kEnd, test::kImage, test::kVideo, test::text, test::block;
 
 model::ModelConfig tiny_qwen2_vl() {
   nlohmann::json c = {
@@ -66,15 +66,6 @@ model::ModelConfig tiny_qwen3_vl() {
 
 model::ModelConfig tiny_config(plan::ModelFamily family) {
   return family == plan::ModelFamily::qwen3_vl ? tiny_qwen3_vl() : tiny_qwen2_vl();
-}
-
-void text(plan::Sequence& s, int n, int64_t seed) {
-  for (int i = 0; i < n; ++i) s.input_ids.push_back((seed * 31 + i * 7) % 100);
-}
-void block(plan::Sequence& s, int64_t token, int rows) {
-  s.input_ids.push_back(kStart);
-  for (int i = 0; i < rows; ++i) s.input_ids.push_back(token);
-  s.input_ids.push_back(kEnd);
 }
 
 // Two images and a video over three sequences (and a text-only one); the 16-token
