@@ -322,29 +322,6 @@ class Fd {
 
 std::string errno_text() { return std::strerror(errno); }
 
-void pread_exact(int fd, void* buffer, uint64_t n, uint64_t offset, const std::string& path) {
-  auto* p = static_cast<char*>(buffer);
-  while (n > 0) {
-    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, 1u << 30));
-    const ssize_t got = ::pread(fd, p, chunk, static_cast<off_t>(offset));
-    if (got < 0 && errno == EINTR) continue;
-    MMSP_CHECK(got >= 0, path, ": read failed at byte ", offset, ": ", errno_text());
-    MMSP_CHECK(got > 0, path, ": file ended at byte ", offset, " while reading (did it shrink?)");
-    p += got, n -= static_cast<uint64_t>(got), offset += static_cast<uint64_t>(got);
-  }
-}
-
-void write_exact(int fd, const void* buffer, uint64_t n, const std::string& path) {
-  const auto* p = static_cast<const char*>(buffer);
-  while (n > 0) {
-    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, 1u << 30));
-    const ssize_t put = ::write(fd, p, chunk);
-    if (put < 0 && errno == EINTR) continue;
-    MMSP_CHECK(put > 0, path, ": write failed: ", errno_text());
-    p += put, n -= static_cast<uint64_t>(put);
-  }
-}
-
 struct OpenFile {
   Fd fd;
   uint64_t size;
@@ -458,6 +435,29 @@ void sync_directory_of(const std::string& path) {
 }
 
 }  // namespace
+
+void pread_exact(int fd, void* buffer, uint64_t n, uint64_t offset, const std::string& path) {
+  auto* p = static_cast<char*>(buffer);
+  while (n > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, 1u << 30));
+    const ssize_t got = ::pread(fd, p, chunk, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    MMSP_CHECK(got >= 0, path, ": read failed at byte ", offset, ": ", errno_text());
+    MMSP_CHECK(got > 0, path, ": file ended at byte ", offset, " while reading (did it shrink?)");
+    p += got, n -= static_cast<uint64_t>(got), offset += static_cast<uint64_t>(got);
+  }
+}
+
+void write_exact(int fd, const void* buffer, uint64_t n, const std::string& path) {
+  const auto* p = static_cast<const char*>(buffer);
+  while (n > 0) {
+    const size_t chunk = static_cast<size_t>(std::min<uint64_t>(n, 1u << 30));
+    const ssize_t put = ::write(fd, p, chunk);
+    if (put < 0 && errno == EINTR) continue;
+    MMSP_CHECK(put > 0, path, ": write failed: ", errno_text());
+    p += put, n -= static_cast<uint64_t>(put);
+  }
+}
 
 std::string safetensors_dtype_name(at::ScalarType type) {
   const DtypeInfo* info = find_dtype(type);

@@ -69,6 +69,12 @@ void write_safetensors(const std::map<std::string, at::Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata,
                        const std::function<void(const void* data, uint64_t size)>& sink);
 
+// Byte I/O on an open file descriptor, retrying short reads and writes and EINTR;
+// `path` names the file in errors. Shared with the Hugging Face directory reader and
+// writer (hf_directory.h), which pread tensors straight into parameters.
+void pread_exact(int fd, void* buffer, uint64_t size, uint64_t offset, const std::string& path);
+void write_exact(int fd, const void* buffer, uint64_t size, const std::string& path);
+
 // "F32" <-> at::kFloat for the dtypes mmsp reads and writes:
 // F64, F32, F16, BF16, I64, I32, I16, I8, U8, BOOL.
 std::string safetensors_dtype_name(at::ScalarType type);
