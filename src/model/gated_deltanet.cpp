@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "mmsp/model/parameter_init.h"
+
 namespace mmsp::model {
 
 attention::GatedDeltaNetConfig gated_deltanet_config(const TextConfig& t, int64_t chunk) {
@@ -40,12 +42,15 @@ GatedDeltaNet::GatedDeltaNet(const TextConfig& t) : config_(t) {
   // nn.Conv1d's default: uniform in ±1/sqrt(fan_in), fan_in = kernel (depthwise).
   const double bound = 1.0 / std::sqrt(static_cast<double>(c.conv_kernel));
   auto conv1d = register_module("conv1d", std::make_shared<torch::nn::Module>());
-  conv1d_weight_ = conv1d->register_parameter("weight", at::rand({c.conv_dim(), 1, c.conv_kernel}) * (2 * bound) - bound);
+  conv1d_weight_ = conv1d->register_parameter(
+      "weight", new_parameter({c.conv_dim(), 1, c.conv_kernel},
+                              [bound](at::IntArrayRef s) { return at::rand(s) * (2 * bound) - bound; }));
   // As transformers initialises them: dt_bias 1, A = exp(A_log) uniform in [0.01, 16].
-  dt_bias_ = register_parameter("dt_bias", at::ones({Hv}));
-  A_log_ = register_parameter("A_log", (at::rand({Hv}) * (16 - 0.01) + 0.01).log());
+  dt_bias_ = register_parameter("dt_bias", ones_parameter({Hv}));
+  A_log_ = register_parameter(
+      "A_log", new_parameter({Hv}, [](at::IntArrayRef s) { return (at::rand(s) * (16 - 0.01) + 0.01).log(); }));
   auto norm = register_module("norm", std::make_shared<torch::nn::Module>());
-  norm_weight_ = norm->register_parameter("weight", at::ones({c.value_head_dim}));
+  norm_weight_ = norm->register_parameter("weight", ones_parameter({c.value_head_dim}));
   out_proj_ = linear("out_proj", hidden, c.value_dim());
 }
 

@@ -3,11 +3,13 @@
 
 #include <ATen/ATen.h>
 
+#include "mmsp/model/parameter_init.h"
+
 namespace mmsp::model {
 
 Linear::Linear(int64_t in, int64_t out, bool with_bias, double init_std) {
-  weight = register_parameter("weight", at::randn({out, in}) * init_std);
-  if (with_bias) bias = register_parameter("bias", at::zeros({out}));
+  weight = register_parameter("weight", normal_parameter({out, in}, init_std));
+  if (with_bias) bias = register_parameter("bias", zeros_parameter({out}));
 }
 
 at::Tensor Linear::forward(const at::Tensor& x) const {
@@ -15,13 +17,13 @@ at::Tensor Linear::forward(const at::Tensor& x) const {
 }
 
 Embedding::Embedding(int64_t vocab, int64_t hidden, double init_std) {
-  weight = register_parameter("weight", at::randn({vocab, hidden}) * init_std);
+  weight = register_parameter("weight", normal_parameter({vocab, hidden}, init_std));
 }
 
 at::Tensor Embedding::forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }
 
 RMSNorm::RMSNorm(int64_t hidden, double eps_, bool zero_centered_) : eps(eps_), zero_centered(zero_centered_) {
-  weight = register_parameter("weight", zero_centered ? at::zeros({hidden}) : at::ones({hidden}));
+  weight = register_parameter("weight", zero_centered ? zeros_parameter({hidden}) : ones_parameter({hidden}));
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) const {

@@ -11,6 +11,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/model/phase_marker.h"
 #include "mmsp/model/activation.h"
+#include "mmsp/model/parameter_init.h"
 #include "mmsp/model/rank_inputs.h"
 
 namespace mmsp::model {
@@ -33,12 +34,12 @@ ClipVisionTower::ClipVisionTower(const ClipVisionConfig& c, const LlavaProjector
   const int64_t positions = c.patches_per_side() * c.patches_per_side() + 1;
   auto model = register_module("vision_model", std::make_shared<torch::nn::Module>());
   auto embeddings = model->register_module("embeddings", std::make_shared<torch::nn::Module>());
-  class_embedding = embeddings->register_parameter("class_embedding", at::randn({c.hidden_size}) * 0.02);
+  class_embedding = embeddings->register_parameter("class_embedding", normal_parameter({c.hidden_size}, 0.02));
   auto patch = embeddings->register_module("patch_embedding", std::make_shared<torch::nn::Module>());
   patch_weight = patch->register_parameter(
-      "weight", at::randn({c.hidden_size, c.num_channels, c.patch_size, c.patch_size}) * 0.02);
+      "weight", normal_parameter({c.hidden_size, c.num_channels, c.patch_size, c.patch_size}, 0.02));
   auto position = embeddings->register_module("position_embedding", std::make_shared<torch::nn::Module>());
-  position_weight = position->register_parameter("weight", at::randn({positions, c.hidden_size}) * 0.02);
+  position_weight = position->register_parameter("weight", normal_parameter({positions, c.hidden_size}, 0.02));
   pre_layrnorm_ = model->register_module("pre_layrnorm", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
   auto encoder = model->register_module("encoder", std::make_shared<torch::nn::Module>());
   auto layers = encoder->register_module("layers", std::make_shared<torch::nn::Module>());

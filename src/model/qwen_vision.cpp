@@ -11,12 +11,13 @@
 #include "mmsp/core/check.h"
 #include "mmsp/model/phase_marker.h"
 #include "mmsp/model/activation.h"
+#include "mmsp/model/parameter_init.h"
 #include "mmsp/model/rotary.h"
 
 namespace mmsp::model {
 LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", at::ones({dim}));
-  bias = register_parameter("bias", at::zeros({dim}));
+  weight = register_parameter("weight", ones_parameter({dim}));
+  bias = register_parameter("bias", zeros_parameter({dim}));
 }
 
 at::Tensor LayerNorm::forward(const at::Tensor& x) const {
@@ -26,9 +27,9 @@ at::Tensor LayerNorm::forward(const at::Tensor& x) const {
 QwenVisionEncoder::PatchEmbed::PatchEmbed(const QwenVisionConfig& c, bool bias) {
   auto proj = register_module("proj", std::make_shared<torch::nn::Module>());
   proj_weight = proj->register_parameter(
-      "weight", at::randn({c.hidden_size, c.in_channels, c.temporal_patch_size, c.patch_size,
-                           c.patch_size}) * c.initializer_range);
-  if (bias) proj_bias = proj->register_parameter("bias", at::zeros({c.hidden_size}));
+      "weight", normal_parameter({c.hidden_size, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size},
+                                  c.initializer_range));
+  if (bias) proj_bias = proj->register_parameter("bias", zeros_parameter({c.hidden_size}));
 }
 
 QwenVisionEncoder::Block::Block(const QwenVisionConfig& c, bool qwen3) {

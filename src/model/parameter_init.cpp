@@ -1,0 +1,38 @@
+// Parameter creation modes; see parameter_init.h.
+#include "mmsp/model/parameter_init.h"
+
+#include <ATen/ATen.h>
+
+namespace mmsp::model {
+namespace {
+thread_local ParameterInit t_mode = ParameterInit::random;
+}  // namespace
+
+ParameterInitScope::ParameterInitScope(ParameterInit mode) : previous_(t_mode) { t_mode = mode; }
+ParameterInitScope::~ParameterInitScope() { t_mode = previous_; }
+
+ParameterInit current_parameter_init() { return t_mode; }
+
+at::Tensor new_parameter(at::IntArrayRef shape, const std::function<at::Tensor(at::IntArrayRef)>& random_init) {
+  switch (t_mode) {
+    case ParameterInit::meta:
+      return at::empty(shape, at::TensorOptions().device(at::kMeta));
+    case ParameterInit::uninitialised:
+      return at::empty(shape);
+    case ParameterInit::random:
+      break;
+  }
+  return random_init(shape);
+}
+
+at::Tensor normal_parameter(at::IntArrayRef shape, double std) {
+  return new_parameter(shape, [std](at::IntArrayRef s) { return at::randn(s) * std; });
+}
+at::Tensor zeros_parameter(at::IntArrayRef shape) {
+  return new_parameter(shape, [](at::IntArrayRef s) { return at::zeros(s); });
+}
+at::Tensor ones_parameter(at::IntArrayRef shape) {
+  return new_parameter(shape, [](at::IntArrayRef s) { return at::ones(s); });
+}
+
+}  // namespace mmsp::model
