@@ -9,11 +9,13 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <vector>
 
 #include "checkpoint_io.h"
 #include "mmsp/core/check.h"
+#include "mmsp/model/hf_directory.h"
 #include "mmsp/model/safetensors.h"
 
 namespace mmsp::train {
@@ -22,7 +24,9 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kHfDir = "hf";          // the weights, HF layout, save dtype
+constexpr const char* kMasterDir = "master";  // the training weights' own dtype, when it differs
+constexpr const char* kLegacyModelFile = "model.safetensors";  // first format
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
 constexpr const char* kConfigFile = "config.json";
@@ -80,10 +84,23 @@ void apply_keep_last(const std::string& dir, int64_t step, int keep_last) {
   checkpoint_io::sync_dir(dir);
 }
 
-std::map<std::string, at::Tensor> model_tensors(const torch::nn::Module& model) {
-  std::map<std::string, at::Tensor> out;
-  for (const auto& item : model.named_parameters()) out[item.key()] = item.value().detach();
+NamedParams named(const torch::nn::Module& model) {
+  NamedParams out;
+  for (const auto& item : model.named_parameters()) out.emplace_back(item.key(), item.value());
   return out;
+}
+
+// Does hf/ in `save_dtype` hold every weight exactly? Else master/ is written too.
+bool needs_master_copy(const NamedParams& weights, const std::optional<at::ScalarType>& save_dtype) {
+  if (!save_dtype) return false;
+  for (const auto& [name, w] : weights)
+    if (at::isFloatingType(w.scalar_type()) && w.scalar_type() != *save_dtype) return true;
+  return false;
+}
+
+json without_dtype(json config) {
+  if (config.is_object()) config.erase("torch_dtype");
+  return config;
 }
 
 std::string names_list(const std::vector<std::string>& names) {
@@ -104,6 +121,21 @@ std::string step_dir_name(int64_t step) {
 void save_checkpoint(const std::string& dir, int64_t step, const torch::nn::Module& model,
                      const torch::optim::AdamW& optimizer, const json& state,
                      const std::string& config_json, const CheckpointOptions& options) {
+  save_checkpoint(dir, step, named(model), optimizer, state, config_json, options);
+}
+
+bool same_model_config(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  try {
+    return without_dtype(json::parse(a)) == without_dtype(json::parse(b));
+  } catch (const json::exception&) {
+    return false;
+  }
+}
+
+void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& weights,
+                     const torch::optim::AdamW& optimizer, const json& state,
+                     const std::string& config_json, const CheckpointOptions& options) {
   const std::string name = step_dir_name(step);
   MMSP_CHECK(options.keep_last >= 0, "save_checkpoint: keep_last (", options.keep_last,
              ") must be ≥ 0 (0 keeps every checkpoint)");
@@ -117,7 +149,8 @@ void save_checkpoint(const std::string& dir, int64_t step, const torch::nn::Modu
   const json train_state = check_train_state(full, "save_checkpoint: state");
   const json config = parse_json(config_json, "save_checkpoint: config_json");
   MMSP_CHECK(config.is_object(), "save_checkpoint: config_json must be a JSON object");
-  const AdamWState adamw = capture_adamw_state(optimizer, model);
+  check_named_params(weights, "save_checkpoint");
+  const AdamWState adamw = capture_adamw_state(optimizer, weights);
 
   fs::create_directories(dir);
   remove_leftovers(dir);
@@ -126,11 +159,20 @@ void save_checkpoint(const std::string& dir, int64_t step, const torch::nn::Modu
   MMSP_CHECK(fs::create_directory(tmp), tmp, ": cannot create the temporary checkpoint dir");
   checkpoint_io::DurableWriter writer(options.crash_after_bytes, kCheckpointCrashExitCode);
   try {
-    writer.write_safetensors(tmp + "/" + kModelFile, model_tensors(model), {{"format", "pt"}});
+    model::HfSaveOptions hf;
+    hf.max_shard_bytes = options.max_shard_bytes;
+    hf.progress = [&writer](uint64_t bytes) { writer.count(static_cast<int64_t>(bytes)); };
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (const auto& [name, w] : weights) tensors.emplace_back(name, w.detach());
+    hf.dtype = options.save_dtype;
+    model::save_hf_directory(tmp + "/" + kHfDir, tensors, config_json, hf);
+    if (needs_master_copy(weights, options.save_dtype)) {
+      hf.dtype.reset();
+      model::save_hf_directory(tmp + "/" + kMasterDir, tensors, config_json, hf);
+    }
     writer.write_safetensors(tmp + "/" + kOptimizerFile, adamw_state_tensors(adamw),
                              adamw_state_metadata(adamw));
     writer.write_text(tmp + "/" + kStateFile, train_state.dump(2) + "\n");
-    writer.write_text(tmp + "/" + kConfigFile, config_json);
     checkpoint_io::sync_dir(tmp);
     checkpoint_io::replace_dir(tmp, final_dir);
     checkpoint_io::sync_dir(dir);
@@ -174,13 +216,26 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
   const auto named_step = parse_step_dir_name(fs::path(step_dir).filename().string());
   MMSP_CHECK(!named_step || *named_step == c.step, state_path, ": step ", c.step,
              " does not match the directory name");
-  const std::string config_path = step_dir + "/" + kConfigFile;
-  c.config_json = read_text(config_path);
-  MMSP_CHECK(parse_json(c.config_json, config_path).is_object(), config_path,
-             ": must be a JSON object");
-  const std::string model_path = step_dir + "/" + kModelFile;
-  MMSP_CHECK(fs::is_regular_file(model_path), model_path, ": missing (an incomplete checkpoint?)");
-  c.model = model::load_safetensors(model_path);
+  // Weight names and shapes, for the optimizer state's check below.
+  std::map<std::string, std::vector<int64_t>> shapes;
+  const std::string hf_dir = step_dir + "/" + kHfDir;
+  if (fs::is_directory(hf_dir)) {
+    const std::string master_dir = step_dir + "/" + kMasterDir;
+    const model::HfDirectory hf = model::open_hf_directory(hf_dir);
+    c.config_json = hf.config_json;
+    c.weights = fs::is_directory(master_dir) ? model::open_hf_directory(master_dir) : hf;
+    for (const auto& [name, t] : c.weights.tensors) shapes[name] = t.entry.shape;
+  } else {
+    // The first format: model.safetensors and config.json beside state.json.
+    MMSP_CHECK(fs::is_regular_file(step_dir + "/" + kLegacyModelFile), hf_dir,
+               ": missing (an incomplete checkpoint?)");
+    const std::string config_path = step_dir + "/" + kConfigFile;
+    c.config_json = read_text(config_path);
+    MMSP_CHECK(parse_json(c.config_json, config_path).is_object(), config_path,
+               ": must be a JSON object");
+    c.legacy_model = model::load_safetensors(step_dir + "/" + kLegacyModelFile);
+    for (const auto& [name, t] : c.legacy_model) shapes[name] = t.sizes().vec();
+  }
   const std::string optimizer_path = step_dir + "/" + kOptimizerFile;
   MMSP_CHECK(fs::is_regular_file(optimizer_path), optimizer_path,
              ": missing (an incomplete checkpoint?)");
@@ -188,48 +243,65 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
                                  model::read_safetensors_header(optimizer_path).metadata,
                                  optimizer_path);
   for (const auto& [name, moments] : c.optimizer.params) {
-    auto it = c.model.find(name);
-    MMSP_CHECK(it != c.model.end(), optimizer_path, ": has state for ", name,
-               ", which is not in ", kModelFile);
-    MMSP_CHECK(it->second.sizes() == moments.exp_avg.sizes(), optimizer_path, ": ", name,
+    auto it = shapes.find(name);
+    MMSP_CHECK(it != shapes.end(), optimizer_path, ": has state for ", name,
+               ", which is not among the checkpoint's weights");
+    MMSP_CHECK(it->second == moments.exp_avg.sizes().vec(), optimizer_path, ": ", name,
                ".exp_avg has shape ", moments.exp_avg.sizes(), " but the weight has ",
-               it->second.sizes());
+               at::IntArrayRef(it->second));
   }
   return c;
 }
 
 void restore(const Checkpoint& c, torch::nn::Module& model, torch::optim::AdamW& optimizer) {
-  const std::string model_path = c.path + "/" + kModelFile;
-  auto params = model.named_parameters();
-  std::vector<std::string> missing, unexpected, shapes;
-  for (const auto& item : params) {
-    auto it = c.model.find(item.key());
-    if (it == c.model.end()) {
-      missing.push_back(item.key());
-    } else if (it->second.sizes() != item.value().sizes()) {
-      shapes.push_back(detail::concat(item.key(), " is ", it->second.sizes(), " in the file but ",
-                                      item.value().sizes(), " in the model"));
+  restore(c, named(model), optimizer);
+}
+
+void restore(const Checkpoint& c, const NamedParams& weights, torch::optim::AdamW& optimizer) {
+  const bool legacy = c.weights.tensors.empty() && !c.legacy_model.empty();
+  const std::string model_path = legacy ? c.path + "/" + kLegacyModelFile : c.weights.path;
+  // The checkpoint holds our own names: no aliases, nothing tied away.
+  const model::CheckpointNaming exact;
+  if (legacy) {
+    std::vector<std::string> missing, unexpected, shapes;
+    std::set<std::string> ours;
+    for (const auto& [name, w] : weights) {
+      ours.insert(name);
+      auto it = c.legacy_model.find(name);
+      if (it == c.legacy_model.end())
+        missing.push_back(name);
+      else if (it->second.sizes() != w.sizes())
+        shapes.push_back(detail::concat(name, " is ", it->second.sizes(), " in the file but ", w.sizes(),
+                                        " in the model"));
     }
+    for (const auto& [name, tensor] : c.legacy_model)
+      if (!ours.count(name)) unexpected.push_back(name);
+    MMSP_CHECK(missing.empty(), model_path, ": the model's parameters ", names_list(missing),
+               " are not in the checkpoint");
+    MMSP_CHECK(unexpected.empty(), model_path, ": the checkpoint's tensors ", names_list(unexpected),
+               " are not parameters of the model (another model or config?)");
+    MMSP_CHECK(shapes.empty(), model_path, ": shapes differ: ", names_list(shapes));
+  } else {
+    model::ExpectedShapes expected;
+    for (const auto& [name, w] : weights) expected.emplace_back(name, w.sizes().vec());
+    model::match_hf_tensors(c.weights, expected, exact);  // throws, naming every difference
   }
-  for (const auto& [name, tensor] : c.model)
-    if (!params.contains(name)) unexpected.push_back(name);
-  MMSP_CHECK(missing.empty(), model_path, ": the model's parameters ", names_list(missing),
-             " are not in the checkpoint");
-  MMSP_CHECK(unexpected.empty(), model_path, ": the checkpoint's tensors ", names_list(unexpected),
-             " are not parameters of the model (another model or config?)");
-  MMSP_CHECK(shapes.empty(), model_path, ": shapes differ: ", names_list(shapes));
   // The RNG state is checked by setting it; apply_adamw_state checks everything
   // before it changes the optimizer, and on its refusal the RNG goes back.
   const std::string before = capture_cpu_rng();
   restore_cpu_rng(c.state.at("cpu_rng").get<std::string>(), c.path + "/" + kStateFile);
   try {
-    apply_adamw_state(c.optimizer, optimizer, model, c.path + "/" + kOptimizerFile);
+    apply_adamw_state(c.optimizer, optimizer, weights, c.path + "/" + kOptimizerFile);
   } catch (...) {
     restore_cpu_rng(before, "the generator state before restore");
     throw;
   }
-  at::NoGradGuard no_grad;
-  for (auto& item : params) item.value().copy_(c.model.at(item.key()));
+  if (legacy) {
+    at::NoGradGuard no_grad;
+    for (const auto& [name, w] : weights) w.detach().copy_(c.legacy_model.at(name));
+    return;
+  }
+  model::load_hf_weights(c.weights, weights, exact);
 }
 
 }  // namespace mmsp::train

@@ -47,6 +47,11 @@ class File {
 DurableWriter::DurableWriter(int64_t crash_after_bytes, int exit_code)
     : crash_after_(crash_after_bytes), exit_code_(exit_code) {}
 
+void DurableWriter::count(int64_t n) {
+  written_ += n;
+  if (crash_after_ >= 0 && written_ >= crash_after_) std::_Exit(exit_code_);
+}
+
 void DurableWriter::put(int fd, const void* data, size_t n, const std::string& path) {
   size_t todo = n;
   if (crash_after_ >= 0) todo = std::min<size_t>(n, static_cast<size_t>(crash_after_ - written_));

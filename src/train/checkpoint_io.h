@@ -25,6 +25,10 @@ class DurableWriter {
   void write_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                          const std::map<std::string, std::string>& metadata);
 
+  // Counts `n` bytes written by someone else (e.g. model::save_hf_directory through
+  // its progress hook) towards crash_after_bytes; exits once that is reached.
+  void count(int64_t n);
+
   int64_t bytes_written() const { return written_; }
 
  private:

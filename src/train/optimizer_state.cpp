@@ -23,11 +23,16 @@ std::string state_key(const at::Tensor& p) {
   return c10::guts::to_string(p.unsafeGetTensorImpl());
 }
 
-// TensorImpl -> the first name `model` gives it.
-std::unordered_map<const void*, std::string> names_of(const torch::nn::Module& model) {
+// TensorImpl -> the first name it is given.
+std::unordered_map<const void*, std::string> names_of(const NamedParams& params) {
   std::unordered_map<const void*, std::string> out;
-  for (const auto& item : model.named_parameters())
-    out.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  for (const auto& [name, p] : params) out.emplace(p.unsafeGetTensorImpl(), name);
+  return out;
+}
+
+NamedParams named(const torch::nn::Module& model) {
+  NamedParams out;
+  for (const auto& item : model.named_parameters()) out.emplace_back(item.key(), item.value());
   return out;
 }
 
@@ -48,7 +53,11 @@ std::string join(const std::vector<std::string>& names) {
 
 AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer,
                                const torch::nn::Module& model) {
-  const auto names = names_of(model);
+  return capture_adamw_state(optimizer, named(model));
+}
+
+AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer, const NamedParams& params) {
+  const auto names = names_of(params);
   AdamWState out;
   for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
     const auto& group = optimizer.param_groups()[g];
@@ -74,7 +83,12 @@ AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer,
 
 void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer,
                        const torch::nn::Module& model, const std::string& source) {
-  const auto names = names_of(model);
+  apply_adamw_state(state, optimizer, named(model), source);
+}
+
+void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer,
+                       const NamedParams& params, const std::string& source) {
+  const auto names = names_of(params);
   auto& groups = optimizer.param_groups();
   MMSP_CHECK(groups.size() == state.groups.size(), source, ": the optimizer has ", groups.size(),
              " parameter groups but the checkpoint has ", state.groups.size());

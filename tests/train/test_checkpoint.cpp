@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/hf_directory.h"
 #include "mmsp/model/safetensors.h"
 #include "mmsp/train/checkpoint.h"
 #include "mmsp/train/optimizer.h"
@@ -151,8 +152,9 @@ TEST_F(CheckpointTest, ResumeIsBitwiseIdenticalToNeverStopping) {
   EXPECT_EQ(c.step, 3);
   EXPECT_EQ(c.state.at("data"), json({{"epoch", 1}, {"offset", 17}}));
   EXPECT_EQ(c.state.at("run").at("mesh"), "dp1 x ring1");
-  EXPECT_EQ(c.config_json, kConfig);
-  EXPECT_EQ(c.model.size(), 6u);
+  EXPECT_TRUE(same_model_config(c.config_json, kConfig));
+  EXPECT_EQ(c.weights.path, c.path + "/hf");  // every weight saved in its own dtype: no master/
+  EXPECT_EQ(c.weights.tensors.size(), 6u);
   EXPECT_EQ(c.optimizer.params.count("unused"), 0u);  // never stepped: no state
   EXPECT_EQ(c.optimizer.params.at("proj.weight").step, 3);
   restore(c, *b, *ob);
@@ -168,11 +170,13 @@ TEST_F(CheckpointTest, FilesHoldNamedTensorsInTheSafetensorsLayout) {
   Trained a = trained(2);
   save_checkpoint(dir_, 2, *a.model, *a.opt, state_json(0, 4), kConfig);
   const std::string step = dir_ + "/step-000002";
-  // model.safetensors: what model::serialize_safetensors writes for the parameters.
+  // hf/model.safetensors: what model::serialize_safetensors writes for the parameters
+  // (one shard: they are small), each in its own dtype.
   std::map<std::string, at::Tensor> params;
   for (const auto& [name, p] : named(*a.model)) params[name] = p.detach();
-  EXPECT_EQ(read_file(step + "/model.safetensors"),
+  EXPECT_EQ(read_file(step + "/hf/model.safetensors"),
             model::serialize_safetensors(params, {{"format", "pt"}}));
+  EXPECT_FALSE(fs::exists(step + "/master"));
   // optimizer.safetensors: moments by parameter name, step counts in the metadata.
   const AdamWState s = capture_adamw_state(*a.opt, *a.model);
   EXPECT_EQ(read_file(step + "/optimizer.safetensors"),
@@ -190,8 +194,34 @@ TEST_F(CheckpointTest, FilesHoldNamedTensorsInTheSafetensorsLayout) {
   const json state = json::parse(read_file(step + "/state.json"));
   EXPECT_EQ(state.at("step"), 2);
   EXPECT_EQ(state.at("version"), 1);
-  EXPECT_EQ(read_file(step + "/config.json"), kConfig);
+  // hf/config.json: the config with the saved dtype (the one holding the most bytes).
+  json config = json::parse(read_file(step + "/hf/config.json"));
+  EXPECT_EQ(config.at("torch_dtype"), "float64");
+  config.erase("torch_dtype");
+  EXPECT_EQ(config, json::parse(kConfig));
   EXPECT_EQ(read_file(dir_ + "/latest"), "step-000002\n");
+}
+
+TEST_F(CheckpointTest, AnotherSaveDtypeKeepsExactMastersBeside) {
+  Trained a = trained(2);
+  CheckpointOptions bf16;
+  bf16.save_dtype = at::kBFloat16;
+  bf16.max_shard_bytes = 16;  // a few tensors per shard
+  save_checkpoint(dir_, 2, *a.model, *a.opt, state_json(0, 2), kConfig, bf16);
+  const std::string step = dir_ + "/step-000002";
+  const model::HfDirectory hf = model::open_hf_directory(step + "/hf");
+  EXPECT_TRUE(hf.indexed);
+  EXPECT_GT(hf.files.size(), 1u);
+  for (const auto& [name, t] : hf.tensors) EXPECT_EQ(t.entry.scalar_type, at::kBFloat16) << name;
+  EXPECT_EQ(json::parse(hf.config_json).at("torch_dtype"), "bfloat16");
+  // master/ holds the weights exactly; the resume reads them from there.
+  const Checkpoint c = load_checkpoint(dir_);
+  EXPECT_EQ(c.weights.path, step + "/master");
+  at::manual_seed(8);
+  auto b = std::make_shared<Tiny>();
+  auto ob = make_adamw(named(*b), {});
+  restore(c, *b, *ob);
+  expect_same_training_state(*a.model, *a.opt, *b, *ob);
 }
 
 TEST_F(CheckpointTest, RestoresTheCpuGenerator) {
@@ -276,14 +306,17 @@ int save_in_child(const std::string& dir, int64_t step, const Trained& t, int64_
 TEST_F(CheckpointTest, CrashInTheMiddleOfASaveLeavesThePreviousCheckpoint) {
   Trained a = trained(3);
   save_checkpoint(dir_, 3, *a.model, *a.opt, state_json(0, 3), kConfig);
-  const int64_t model_bytes = static_cast<int64_t>(fs::file_size(dir_ + "/step-000003/model.safetensors"));
+  // Write order: hf/config.json, hf/model.safetensors, optimizer.safetensors, ...
+  const int64_t model_bytes = static_cast<int64_t>(fs::file_size(dir_ + "/step-000003/hf/model.safetensors") +
+                                                   fs::file_size(dir_ + "/step-000003/hf/config.json"));
+  const at::Tensor saved_proj = a.model->proj->weight.clone();
   train_step(*a.model, *a.opt, 1e-3);
 
   pid_t child = 0;
   ASSERT_EQ(save_in_child(dir_, 5, a, model_bytes + 100, &child), kCheckpointCrashExitCode);
   const std::string tmp = dir_ + "/.step-000005.tmp-" + std::to_string(child);
   ASSERT_TRUE(fs::is_directory(tmp));
-  EXPECT_EQ(fs::file_size(tmp + "/model.safetensors"), static_cast<uintmax_t>(model_bytes));
+  EXPECT_TRUE(fs::is_regular_file(tmp + "/hf/model.safetensors"));
   EXPECT_EQ(fs::file_size(tmp + "/optimizer.safetensors"), 100u);  // cut mid-file
   EXPECT_FALSE(fs::exists(dir_ + "/step-000005"));
   EXPECT_EQ(read_file(dir_ + "/latest"), "step-000003\n");
@@ -294,7 +327,7 @@ TEST_F(CheckpointTest, CrashInTheMiddleOfASaveLeavesThePreviousCheckpoint) {
   auto b = std::make_shared<Tiny>();
   auto ob = make_adamw(named(*b), {});
   restore(c, *b, *ob);
-  EXPECT_TRUE(at::equal(b->proj->weight, c.model.at("proj.weight")));
+  EXPECT_TRUE(at::equal(b->proj->weight, saved_proj));
 
   save_checkpoint(dir_, 6, *a.model, *a.opt, state_json(0, 6), kConfig);
   EXPECT_FALSE(fs::exists(tmp));  // the next save removes the leftovers
@@ -308,13 +341,13 @@ TEST_F(CheckpointTest, CrashWhileReplacingLatestKeepsTheOldPointer) {
   const std::string probe = dir_ + "/probe";
   save_checkpoint(probe, 4, *a.model, *a.opt, state_json(0, 4), kConfig);
   int64_t files = 0;
-  for (const auto& e : fs::directory_iterator(probe + "/step-000004"))
-    files += static_cast<int64_t>(e.file_size());
+  for (const auto& e : fs::recursive_directory_iterator(probe + "/step-000004"))
+    if (e.is_regular_file()) files += static_cast<int64_t>(e.file_size());
   fs::remove_all(probe);
 
   pid_t child = 0;
   ASSERT_EQ(save_in_child(dir_, 4, a, files + 5, &child), kCheckpointCrashExitCode);
-  EXPECT_TRUE(fs::exists(dir_ + "/step-000004/config.json"));  // complete, but not yet latest
+  EXPECT_TRUE(fs::exists(dir_ + "/step-000004/state.json"));  // complete, but not yet latest
   EXPECT_EQ(read_file(dir_ + "/.latest.tmp-" + std::to_string(child)), "step-");
   EXPECT_EQ(read_file(dir_ + "/latest"), "step-000002\n");
   EXPECT_EQ(load_checkpoint(dir_).step, 2);
@@ -324,15 +357,18 @@ TEST_F(CheckpointTest, MissingOrCorruptedFilesGiveClearErrors) {
   Trained a = trained(1);
   save_checkpoint(dir_, 1, *a.model, *a.opt, state_json(0, 1), kConfig);
   const std::string step = dir_ + "/step-000001";
-  const std::string model = read_file(step + "/model.safetensors");
+  const std::string model = read_file(step + "/hf/model.safetensors");
 
   EXPECT_THAT(what([&] { load_checkpoint(dir_ + "/nope"); }), HasSubstr("no such checkpoint directory"));
   fs::create_directories(dir_ + "/empty");
   EXPECT_THAT(what([&] { load_checkpoint(dir_ + "/empty"); }), HasSubstr("not a checkpoint"));
 
-  write_file(step + "/model.safetensors", model.substr(0, 20));
-  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr(step + "/model.safetensors"));
-  write_file(step + "/model.safetensors", model);
+  write_file(step + "/hf/model.safetensors", model.substr(0, 20));
+  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr(step + "/hf/model.safetensors"));
+  write_file(step + "/hf/model.safetensors", model);
+  fs::rename(step + "/hf", step + "/hf.bak");
+  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr(step + "/hf: missing"));
+  fs::rename(step + "/hf.bak", step + "/hf");
 
   fs::rename(step + "/optimizer.safetensors", step + "/optimizer.bak");
   EXPECT_THAT(what([&] { load_checkpoint(dir_); }),
@@ -378,11 +414,11 @@ TEST_F(CheckpointTest, MismatchedModelOrOptimizerIsNamedAndChangesNothing) {
   Wider wider;
   auto ow = make_adamw(named(wider), {});
   EXPECT_THAT(what([&] { restore(c, wider, *ow); }),
-              HasSubstr("proj.weight is [4, 3] in the file but [5, 3] in the model"));
+              HasSubstr("\"proj.weight\" is [4,3] in model.safetensors, the model's \"proj.weight\" is [5,3]"));
 
   Extra extra;
   auto oe = make_adamw(named(extra), {});
-  EXPECT_THAT(what([&] { restore(c, extra, *oe); }), HasSubstr("parameters extra are not in the checkpoint"));
+  EXPECT_THAT(what([&] { restore(c, extra, *oe); }), HasSubstr("1 missing from the files, e.g. \"extra\""));
 
   // The same model, but an optimizer over only some of its parameters.
   at::manual_seed(4);

@@ -1,15 +1,23 @@
-// Training checkpoints: a directory per step that holds the model (safetensors with
-// Hugging Face names), the AdamW state by parameter name, the trainer's position
-// and RNG, and the model's config.json; saved atomically, loaded on any rank.
-// Which step to save, and that only rank 0 saves, is the trainer's business.
+// Training checkpoints: a directory per step that holds the model as a Hugging Face
+// model directory (transformers' from_pretrained and `mmsp train --model` read it
+// unchanged), the exact training weights when those are in another dtype, the AdamW
+// state by parameter name, and the trainer's position and RNG; saved atomically,
+// loaded on any rank. Which step to save, and that only rank 0 saves, is the
+// trainer's business.
 //
 //   DIR/latest                  text: the newest complete step dir's name
-//   DIR/step-000042/model.safetensors       every parameter by name (HF names)
+//   DIR/step-000042/hf/         config.json + model.safetensors, or shards
+//                               model-0000k-of-0000n.safetensors + index, in the
+//                               save dtype (model/hf_directory.h)
+//                   master/     the same layout in the training weights' own dtype
+//                               (fp32 masters of a bf16 run); only when hf/ holds
+//                               another dtype, so a resume is always exact
 //                   optimizer.safetensors   <param>.exp_avg, <param>.exp_avg_sq
 //                                           (+ .max_exp_avg_sq), groups and step
 //                                           counts in the metadata (optimizer_state.h)
 //                   state.json              step, data position, RNG, run (train_state.h)
-//                   config.json             the HF model config text, as given
+// Checkpoints of the first format (model.safetensors + config.json beside state.json)
+// are still read.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -19,8 +27,11 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
+#include "mmsp/model/hf_directory.h"
+#include "mmsp/train/named_params.h"
 #include "mmsp/train/optimizer_state.h"
 #include "mmsp/train/train_state.h"
 
@@ -34,10 +45,15 @@ struct CheckpointOptions {
   // step; later ones are left alone) are deleted after the new one is complete.
   // 0 keeps all.
   int keep_last = 0;
+  // hf/'s dtype (floating tensors); unset: each weight's own dtype (then no master/).
+  std::optional<at::ScalarType> save_dtype;
+  // Largest shard of hf/ and master/ (transformers' max_shard_size).
+  uint64_t max_shard_bytes = model::kHfDefaultShardBytes;
   // TEST HOOK (crash tests only; −1 = off): with n ≥ 0 the save calls
   // std::_Exit(kCheckpointCrashExitCode) right after it has written n bytes in total
-  // across the checkpoint's files (in write order: model.safetensors,
-  // optimizer.safetensors, state.json, config.json, latest), usually mid-file.
+  // across the checkpoint's files (in write order: hf/ (config.json, the shards,
+  // the index), master/ likewise, optimizer.safetensors, state.json, latest),
+  // usually mid-file.
   int64_t crash_after_bytes = -1;
 };
 
@@ -47,23 +63,30 @@ std::string step_dir_name(int64_t step);
 // Writes DIR/step-<step> atomically. `state` is the trainer's position as
 // train_state.h describes it: "data" and "run" are required; "step", when present,
 // must equal `step` (else it is set); an absent "cpu_rng" is captured now.
-// `config_json` must be a JSON object (the HF config text, stored as given).
-// Steps: remove leftover DIR/.*.tmp-* from crashed saves; write every file into
+// `weights` are the training weights by HF name (the masters of a mixed-precision
+// run). `config_json` must be a JSON object (the HF config text; hf/config.json
+// gets "torch_dtype" set to the saved dtype). Steps: remove leftover DIR/.*.tmp-* from crashed saves; write every file into
 // DIR/.step-<step>.tmp-<pid>, each fsync'd; fsync that dir; move it to
 // DIR/step-<step> (swapping out an existing one); fsync DIR; replace DIR/latest
 // (temp file, fsync, rename, fsync DIR); apply keep_last. A crash at any point
 // leaves `latest` naming a complete checkpoint (or absent before the first).
+void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& weights,
+                     const torch::optim::AdamW& optimizer, const nlohmann::json& state,
+                     const std::string& config_json, const CheckpointOptions& options = {});
+// The same for every parameter of `model`.
 void save_checkpoint(const std::string& dir, int64_t step, const torch::nn::Module& model,
                      const torch::optim::AdamW& optimizer, const nlohmann::json& state,
                      const std::string& config_json, const CheckpointOptions& options = {});
 
-// A checkpoint read into memory (CPU tensors, the files' dtypes).
+// A checkpoint, checked: its small files in memory, its weights' headers opened (the
+// weights themselves are read by restore, straight into the parameters).
 struct Checkpoint {
   std::string path;      // the step dir read
   int64_t step = 0;      // optimiser steps taken; training resumes after this step
   nlohmann::json state;  // state.json, checked (train_state.h)
-  std::string config_json;
-  std::map<std::string, at::Tensor> model;  // parameter name -> tensor
+  std::string config_json;         // the model's config (hf/config.json)
+  model::HfDirectory weights;      // master/ when present, else hf/ (exact training weights)
+  std::map<std::string, at::Tensor> legacy_model;  // first format only: model.safetensors
   AdamWState optimizer;
 };
 
@@ -76,7 +99,13 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir);
 // into the default CPU generator. The parameter names must match exactly: a
 // missing, extra or differently shaped tensor is an error naming it. Everything is
 // checked before anything changes.
+void restore(const Checkpoint& checkpoint, const NamedParams& weights,
+             torch::optim::AdamW& optimizer);
 void restore(const Checkpoint& checkpoint, torch::nn::Module& model,
              torch::optim::AdamW& optimizer);
+
+// Two configs are the same model when equal as JSON apart from "torch_dtype" (which
+// a save rewrites).
+bool same_model_config(const std::string& a_json, const std::string& b_json);
 
 }  // namespace mmsp::train
