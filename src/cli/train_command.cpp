@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "byte_size.h"
 #include "mesh_options.h"
 #include "mmsp/core/check.h"
 #include "mmsp/train/trainer.h"
@@ -20,9 +21,11 @@ Subcommand add_train_command(CLI::App& parent) {
   auto o = std::make_shared<train::TrainOptions>();
   auto vision = std::make_shared<std::string>("routed");
   auto layout = std::make_shared<std::string>("zigzag");
+  auto save_shard_size = std::make_shared<std::string>("5GB");
+  auto memory_limit = std::make_shared<std::string>("auto");
   CLI::App* app = parent.add_subcommand("train", "train a VLM with its sequences split across the ranks");
   flags->add_to(*app);
-  app->add_option("--model", o->model, "built-in model name or a Hugging Face config.json")->capture_default_str();
+  app->add_option("--model", o->model, "built-in model name, a Hugging Face model directory (its weights) or a config.json (random weights)")->capture_default_str();
   app->add_option("--data", o->data, "'shapes' (built in) or a JSON-lines file (docs/data.md)")->capture_default_str();
   app->add_option("--vision", *vision, "routed, gather or replicate")->capture_default_str();
   app->add_option("--layout", *layout, "zigzag or contiguous")->capture_default_str();
@@ -34,7 +37,16 @@ Subcommand add_train_command(CLI::App& parent) {
   app->add_option("--data-rows", o->data_rows,
                   "pack each step for this many dp rows (default: --dp); same value, same batches on any mesh")
       ->capture_default_str();
-  app->add_option("--dtype", o->dtype, "float32, float64 or bfloat16")->capture_default_str();
+  app->add_option("--dtype", o->dtype, "float32, float64 or bfloat16 (mixed: bf16 compute, fp32 master weights)")
+      ->capture_default_str();
+  app->add_option("--save-dtype", o->save_dtype,
+                  "dtype of each checkpoint's hf/ directory (default: as the weights were loaded)");
+  app->add_option("--save-shard-size", *save_shard_size, "largest safetensors shard of hf/ (e.g. 5GB, 500MB)")
+      ->capture_default_str();
+  app->add_option("--memory-limit", *memory_limit,
+                  "stop before allocating if the per-rank estimate exceeds this (e.g. 20GiB; 0: off; "
+                  "auto: available memory / ranks on this host)")
+      ->capture_default_str();
   app->add_option("--lr", o->lr, "peak learning rate")->capture_default_str();
   app->add_option("--min-lr", o->min_lr, "learning rate at the end of the cosine")->capture_default_str();
   app->add_option("--warmup", o->warmup_steps, "linear warm-up steps")->capture_default_str();
@@ -50,10 +62,18 @@ Subcommand add_train_command(CLI::App& parent) {
   app->add_option("--keep", o->keep_checkpoints, "checkpoints to keep (0: all)")->capture_default_str();
   app->add_option("--resume", o->resume, "continue from this checkpoint or run directory");
   app->add_flag("!--quiet", o->print_steps, "no per-step lines (the summary still prints)");
-  return {app, [flags, o, vision, layout]() {
+  return {app, [flags, o, vision, layout, save_shard_size, memory_limit]() {
             o->vision = model::parse_vision_mode(*vision);
             o->layout = plan::parse_layout(*layout);
+            o->save_shard_bytes = parse_byte_size(*save_shard_size, "--save-shard-size");
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
+            if (*memory_limit == "auto") {
+              o->memory_limit_bytes = host_available_memory() / std::max(1, env.local_world_size);
+              o->memory_limit_source = "this host's available memory divided by its " +
+                                       std::to_string(env.local_world_size) + " rank(s)";
+            } else {
+              o->memory_limit_bytes = parse_byte_size(*memory_limit, "--memory-limit");
+            }
             const dist::MeshShape shape = flags->shape(env.world_size);
             train::check_train_options(*o, shape);
             dist::Mesh mesh = dist::Mesh::connect(env, shape, flags->options());

@@ -12,6 +12,7 @@
 #include <functional>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <ostream>
 
 #include <nlohmann/json.hpp>
@@ -19,7 +20,9 @@
 #include "mmsp/core/check.h"
 #include "mmsp/core/phase_timer.h"
 #include "mmsp/dist/all_reduce.h"
+#include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/llava.h"
+#include "mmsp/model/parameter_init.h"
 #include "mmsp/model/qwen_vl.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/plan/step_plan.h"
@@ -29,6 +32,8 @@
 #include "mmsp/train/grad_sync.h"
 #include "mmsp/train/jsonl_dataset.h"
 #include "mmsp/train/lr_schedule.h"
+#include "mmsp/train/master_weights.h"
+#include "mmsp/train/memory_estimate.h"
 #include "mmsp/train/memory_counter.h"
 #include "mmsp/train/optimizer.h"
 #include "mmsp/train/shapes_dataset.h"
@@ -47,6 +52,19 @@ at::ScalarType parse_dtype(const std::string& name) {
   if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
   MMSP_CHECK(false, "--dtype '", name, "' must be float32, float64 or bfloat16");
   return at::kFloat;
+}
+
+// The optimizer side of a compute dtype: bf16 trains with fp32 masters.
+at::ScalarType master_dtype_of(at::ScalarType compute) { return compute == at::kBFloat16 ? at::kFloat : compute; }
+
+std::optional<at::ScalarType> parse_save_dtype(const std::string& name) {
+  if (name.empty()) return std::nullopt;
+  if (name == "float16" || name == "fp16") return at::kHalf;
+  if (name == "float32" || name == "fp32") return at::kFloat;
+  if (name == "float64" || name == "fp64") return at::kDouble;
+  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
+  MMSP_CHECK(false, "--save-dtype '", name, "' must be bfloat16, float16, float32 or float64");
+  return std::nullopt;
 }
 
 // The VLM of the config's family behind one forward.
@@ -75,6 +93,16 @@ NamedParams named_parameters(torch::nn::Module& module) {
   NamedParams out;
   for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value());
   return out;
+}
+
+// Every parameter's name and shape, from a skeleton of meta tensors: nothing allocated.
+model::ExpectedShapes parameter_shapes(const model::ModelConfig& config) {
+  model::ParameterInitScope meta(model::ParameterInit::meta);
+  Vlm skeleton(config);
+  model::ExpectedShapes shapes;
+  for (const auto& item : skeleton.module().named_parameters())
+    shapes.emplace_back(item.key(), item.value().sizes().vec());
+  return shapes;
 }
 
 std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const model::ModelConfig& config) {
@@ -125,13 +153,13 @@ Reduced reduce_metrics(double local_loss, const std::vector<double>& mine, const
 
 // Rank 0 saves; every rank learns whether it worked (no rank waits on a dead writer:
 // the flag's all-reduce has the group's timeout).
-void save_everywhere(const std::string& dir, int64_t step, Vlm& vlm, torch::optim::AdamW& opt,
+void save_everywhere(const std::string& dir, int64_t step, const NamedParams& weights, torch::optim::AdamW& opt,
                      const nlohmann::json& state, const std::string& config_json,
                      const CheckpointOptions& options, const dist::Mesh& mesh, std::ostream& log) {
   std::string error;
   if (mesh.rank() == 0) {
     try {
-      save_checkpoint(dir, step, vlm.module(), opt, state, config_json, options);
+      save_checkpoint(dir, step, weights, opt, state, config_json, options);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -147,6 +175,9 @@ void save_everywhere(const std::string& dir, int64_t step, Vlm& vlm, torch::opti
 
 void check_train_options(const TrainOptions& o, const dist::MeshShape& mesh) {
   parse_dtype(o.dtype);
+  parse_save_dtype(o.save_dtype);
+  MMSP_CHECK(o.save_shard_bytes > 0, "--save-shard-size ", o.save_shard_bytes, " must be positive");
+  MMSP_CHECK(o.memory_limit_bytes >= 0, "--memory-limit ", o.memory_limit_bytes, " must be ≥ 0 (0: no check)");
   MMSP_CHECK(o.steps > 0, "--steps ", o.steps, " must be positive");
   MMSP_CHECK(o.tokens_per_rank > 0, "--tokens-per-rank ", o.tokens_per_rank, " must be positive");
   MMSP_CHECK(o.data_rows >= 0, "--data-rows ", o.data_rows, " must be ≥ 0");
@@ -170,12 +201,28 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   // on every rank alike, before the first collective.
   check_train_options(o, mesh.shape());
   const at::ScalarType dtype = parse_dtype(o.dtype);
+  const at::ScalarType master_dtype = master_dtype_of(dtype);
   const ResolvedModel resolved = resolve_model(o.model);
   const model::ModelConfig& config = resolved.config;
   const dist::MeshShape& shape = mesh.shape();
   MMSP_CHECK(config.text.num_attention_heads % shape.ulysses == 0, o.model, ": ",
              config.text.num_attention_heads, " attention heads cannot be split over ulysses ", shape.ulysses,
              " (the degree must divide the head count)");
+  // The weights' names and shapes, the checkpoint's mapping and the memory this run
+  // needs are all checked on a skeleton, before a parameter is allocated.
+  const model::ExpectedShapes shapes = parameter_shapes(config);
+  const model::CheckpointNaming naming = model::checkpoint_naming(config);
+  if (resolved.weights) model::match_hf_tensors(*resolved.weights, shapes, naming);
+  MemoryEstimateInputs memory_inputs;
+  memory_inputs.compute_dtype = dtype;
+  memory_inputs.master_dtype = master_dtype;
+  memory_inputs.tokens_per_rank = o.tokens_per_rank;
+  memory_inputs.attention_block = o.attention_block;
+  const MemoryEstimate memory = estimate_memory(config, shapes, memory_inputs);
+  check_memory_fits(memory, o.memory_limit_bytes, o.memory_limit_source);
+  // hf/ of the checkpoints: as asked, else as the weights came, else the masters' dtype.
+  std::optional<at::ScalarType> save_dtype = parse_save_dtype(o.save_dtype);
+  if (!save_dtype) save_dtype = resolved.weights ? resolved.weights->dominant_dtype() : master_dtype;
   std::unique_ptr<Dataset> data = make_dataset(o, config);
   // Rows of the packer = the budget split data_rows ways (see TrainOptions::data_rows).
   const int rows = o.data_rows > 0 ? o.data_rows : mesh.shape().dp;
@@ -190,9 +237,21 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
 
   MemoryCounter::install();
   at::manual_seed(static_cast<int64_t>(o.seed));  // identical replicas on every rank
-  Vlm vlm(config);
+  std::unique_ptr<Vlm> built;
+  {
+    // Weights about to be loaded need no random draw.
+    model::ParameterInitScope init(resolved.weights ? model::ParameterInit::uninitialised
+                                                    : model::ParameterInit::random);
+    built = std::make_unique<Vlm>(config);
+  }
+  Vlm& vlm = *built;
   vlm.module().to(dtype);
-  NamedParams params = named_parameters(vlm.module());
+  MasterWeights masters(named_parameters(vlm.module()), master_dtype);
+  if (resolved.weights) {
+    model::load_hf_weights(*resolved.weights, masters.params(), naming);
+    masters.copy_to_model();
+  }
+  const NamedParams& params = masters.params();
   AdamWOptions adamw;
   adamw.lr = o.lr;
   adamw.beta1 = o.beta1;
@@ -209,10 +268,10 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   int64_t done = 0;  // steps completed
   if (!o.resume.empty()) {
     const Checkpoint ckpt = load_checkpoint(o.resume);
-    MMSP_CHECK(ckpt.config_json == resolved.config_json || nlohmann::json::parse(ckpt.config_json) ==
-                                                             nlohmann::json::parse(resolved.config_json),
+    MMSP_CHECK(same_model_config(ckpt.config_json, resolved.config_json),
                "--resume ", o.resume, " holds a checkpoint of another model than --model ", o.model);
-    restore(ckpt, vlm.module(), *opt);
+    restore(ckpt, params, *opt);
+    masters.copy_to_model();
     done = ckpt.step;
     position.epoch = ckpt.state.at("data").at("epoch").get<int64_t>();
     position.offset = ckpt.state.at("data").at("offset").get<int64_t>();
@@ -234,10 +293,13 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     std::filesystem::create_directories(o.out_dir);
     metrics = std::make_unique<MetricsWriter>(o.out_dir + "/metrics.jsonl");
   }
-  if (rank0 && o.print_steps)
-    log << "mmsp train: " << resolved.source << " (" << config.model_type << "), " << data->describe()
-        << ", mesh " << mesh.shape().str() << ", vision " << model::to_string(o.vision) << ", "
-        << o.dtype << ", " << params.size() << " tensors" << std::endl;
+  if (rank0 && o.print_steps) {
+    log << "mmsp train: " << resolved.source << " (" << config.model_type
+        << (resolved.weights ? ", weights loaded" : ", random weights") << "), " << data->describe()
+        << ", mesh " << mesh.shape().str() << ", vision " << model::to_string(o.vision) << ", " << o.dtype
+        << (masters.mixed() ? " with fp32 master weights" : "") << ", " << params.size() << " tensors" << std::endl;
+    log << memory.table() << std::endl;
+  }
 
   attention::AttentionOptions attn;
   attn.block_q = o.attention_block;
@@ -267,9 +329,11 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     auto out = vlm.forward(batch, plan, pixels, groups, o.vision, attn);
     at::Tensor loss = model::causal_lm_loss(out.logits, out.labels, out.label_count);
     loss.backward();
+    masters.take_grads();
     sync.all_reduce();
     const double grad_norm = clip_grad_norm(params, o.clip_norm);
     opt->step();
+    masters.copy_to_model();
     const double local_loss = loss.detach().to(at::kDouble).item<double>();
 
     const int64_t comm_bytes = (mesh.stats().snapshot() - comm0).total_bytes();
@@ -319,6 +383,8 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
                       {"steps", o.steps}};
       CheckpointOptions ckpt;
       ckpt.keep_last = o.keep_checkpoints;
+      ckpt.save_dtype = save_dtype;
+      ckpt.max_shard_bytes = static_cast<uint64_t>(o.save_shard_bytes);
       if (const char* crash = std::getenv("MMSP_TEST_CRASH_CHECKPOINT")) {
         // Test hook "STEP:BYTES": die after BYTES bytes of the checkpoint of STEP.
         const std::string spec(crash);
@@ -326,7 +392,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
         if (colon != std::string::npos && std::stoll(spec.substr(0, colon)) == step)
           ckpt.crash_after_bytes = std::stoll(spec.substr(colon + 1));
       }
-      save_everywhere(o.out_dir, step, vlm, *opt, state, resolved.config_json, ckpt, mesh, log);
+      save_everywhere(o.out_dir, step, params, *opt, state, resolved.config_json, ckpt, mesh, log);
     }
   }
   if (rank0 && !report.steps.empty()) log << summary_table(report.steps);

@@ -26,7 +26,10 @@ struct TrainOptions {
   std::string data = "shapes";            // "shapes" (built in) or a .jsonl file
   int64_t shapes_samples = 100000;        // samples per epoch of the shapes dataset
   bool blank_images = false;              // shapes with constant images: the text-only baseline
-  std::string dtype = "float32";          // float32, float64 or bfloat16 (parameters and pixels)
+  // float32 or float64: parameters, activations and optimizer in that dtype; bfloat16:
+  // mixed precision (bf16 compute weights and activations, fp32 masters, gradients for
+  // the reduction and AdamW moments; loss and softmax statistics in fp32).
+  std::string dtype = "float32";
   uint64_t seed = 0;                      // parameters and data order
   bool shuffle = true;
 
@@ -55,6 +58,16 @@ struct TrainOptions {
   int keep_checkpoints = 2;       // 0: keep all
   std::string resume;             // a checkpoint directory (or a run directory) to continue
   bool print_steps = true;        // rank 0 prints one line per step (the summary always)
+  // hf/ of each checkpoint: its dtype (float32, float64, bfloat16, float16; empty: the
+  // dtype the weights were loaded in, or the training weights' dtype for a config) and
+  // its largest shard in bytes (transformers' max_shard_size).
+  std::string save_dtype;
+  int64_t save_shard_bytes = 5'000'000'000;
+  // Memory preflight: stop before allocating when the estimate exceeds this many bytes
+  // per rank (0: no check). The CLI sets it from --memory-limit or the host's available
+  // memory divided by the ranks on the host.
+  int64_t memory_limit_bytes = 0;
+  std::string memory_limit_source = "--memory-limit";
 };
 
 struct TrainReport {

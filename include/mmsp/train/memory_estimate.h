@@ -1,0 +1,56 @@
+// The memory preflight: each rank's bytes for one training step, estimated from the
+// config, the parameter shapes (counted on a meta-device skeleton, nothing allocated),
+// the mesh and the flags, so that a run that cannot fit stops before it allocates.
+// Parameters, masters, gradients and AdamW state are exact; activations follow the
+// formula in docs/finetune.md (what autograd keeps per token and decoder layer, plus
+// the largest transient working set and the logits).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mmsp/model/config.h"
+
+namespace mmsp::train {
+
+struct MemoryEstimateInputs {
+  at::ScalarType compute_dtype = at::kFloat;  // the model's parameters and activations
+  at::ScalarType master_dtype = at::kFloat;   // optimizer-side weights (= compute unless mixed)
+  int64_t tokens_per_rank = 0;                // T: this rank's tokens of a step
+  int64_t attention_block = 256;              // query/key block of the attention kernel
+};
+
+struct MemoryEstimate {
+  int64_t parameter_count = 0;
+  int64_t parameters = 0;      // model parameters in the compute dtype
+  int64_t master_weights = 0;  // fp32 copies (mixed precision only)
+  int64_t gradients = 0;       // master-dtype gradients (+ the compute-dtype grads of backward)
+  int64_t optimizer = 0;       // AdamW's two moments in the master dtype
+  int64_t activations = 0;     // kept for backward by the decoder layers
+  int64_t working_set = 0;     // the largest transient of one layer (MLP or attention block)
+  int64_t logits = 0;          // the LM head's output and the loss's fp32 copies
+  int64_t total() const {
+    return parameters + master_weights + gradients + optimizer + activations + working_set + logits;
+  }
+  // Rows "name  bytes  formula", for the start-up print and the error.
+  std::vector<std::pair<std::string, int64_t>> parts() const;
+  std::string table() const;
+};
+
+// `shapes`: every parameter's shape (model::ExpectedShapes from a meta skeleton).
+MemoryEstimate estimate_memory(const model::ModelConfig& config,
+                               const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+                               const MemoryEstimateInputs& inputs);
+
+// "1.50 GiB", "312.0 MiB", "4.0 KiB", "17 B".
+std::string format_bytes(int64_t bytes);
+
+// Throws mmsp::Error when estimate.total() > limit_bytes (> 0), naming every part, the
+// limit and where it came from, and the flags that shrink each part. limit ≤ 0: no check.
+void check_memory_fits(const MemoryEstimate& estimate, int64_t limit_bytes, const std::string& limit_source);
+
+}  // namespace mmsp::train

@@ -1,0 +1,94 @@
+// Memory preflight; see memory_estimate.h and docs/finetune.md for the formulas.
+#include "mmsp/train/memory_estimate.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "mmsp/core/check.h"
+
+namespace mmsp::train {
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int u = 0;
+  while (value >= 1024 && u < 4) value /= 1024, ++u;
+  char text[32];
+  if (u == 0)
+    std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
+  else
+    std::snprintf(text, sizeof text, "%.2f %s", value, units[u]);
+  return text;
+}
+
+std::vector<std::pair<std::string, int64_t>> MemoryEstimate::parts() const {
+  return {{"parameters", parameters},   {"master weights", master_weights}, {"gradients", gradients},
+          {"optimizer", optimizer},     {"activations", activations},       {"working set", working_set},
+          {"logits", logits}};
+}
+
+std::string MemoryEstimate::table() const {
+  std::ostringstream out;
+  out << "memory per rank (estimate, " << parameter_count << " parameters):";
+  for (const auto& [name, bytes] : parts())
+    if (bytes > 0) out << "\n  " << name << std::string(16 - std::min<size_t>(name.size(), 15), ' ') << format_bytes(bytes);
+  out << "\n  total           " << format_bytes(total());
+  return out.str();
+}
+
+MemoryEstimate estimate_memory(const model::ModelConfig& config,
+                               const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+                               const MemoryEstimateInputs& in) {
+  const int64_t b = static_cast<int64_t>(c10::elementSize(in.compute_dtype));
+  const int64_t m = static_cast<int64_t>(c10::elementSize(in.master_dtype));
+  const bool mixed = in.compute_dtype != in.master_dtype;
+  MemoryEstimate e;
+  for (const auto& [name, shape] : shapes) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    e.parameter_count += n;
+  }
+  const int64_t P = e.parameter_count;
+  e.parameters = P * b;
+  e.master_weights = mixed ? P * m : 0;
+  // Masters' gradients, plus (mixed) the model's own until take_grads converts them.
+  e.gradients = P * m + (mixed ? P * b : 0);
+  e.optimizer = 2 * P * m;
+
+  // Kept per token and decoder layer (elements): the residual input, the two norms'
+  // inputs and fp32 normalised copies (6h), q/k/v before and after rotary, the
+  // attention output and its input to o_proj ((5H + 4H_kv)·d), and the MLP's gate,
+  // up, activation and product (4I).
+  const model::TextConfig& t = config.text;
+  const int64_t T = in.tokens_per_rank, h = t.hidden_size, d = t.head_dim;
+  const int64_t per_token_layer =
+      6 * h + (5 * t.num_attention_heads + 4 * t.num_key_value_heads) * d + 4 * t.intermediate_size;
+  e.activations = t.num_hidden_layers * T * per_token_layer * b;
+  // The largest transient of one layer: the MLP's intermediate in the backward
+  // (3 tensors of T×I) or one attention block's fp32 scores, probabilities and their
+  // gradients (4 × H × block_q × block_k).
+  const int64_t mlp = 3 * T * t.intermediate_size * b;
+  const int64_t block = std::min(in.attention_block, std::max<int64_t>(T, 1));
+  const int64_t attention = 4 * t.num_attention_heads * block * block * 4;
+  e.working_set = std::max(mlp, attention);
+  // Logits in the compute dtype, their fp32 copy and log-softmax, and one gradient.
+  e.logits = T * t.vocab_size * (b + 4 + 4 + 4);
+  return e;
+}
+
+void check_memory_fits(const MemoryEstimate& e, int64_t limit, const std::string& source) {
+  if (limit <= 0 || e.total() <= limit) return;
+  std::ostringstream parts;
+  for (const auto& [name, bytes] : e.parts())
+    if (bytes > 0) parts << (parts.tellp() > 0 ? ", " : "") << name << " " << format_bytes(bytes);
+  MMSP_CHECK(false, "this run needs about ", format_bytes(e.total()), " per rank (", parts.str(),
+             ") but ", source, " allows ", format_bytes(limit),
+             ". To shrink it: parameters, gradients and optimizer state scale with the model "
+             "(--dtype bfloat16 halves the parameters; a smaller config); activations, working "
+             "set and logits scale with --tokens-per-rank (", "more ranks in --ring/--ulysses "
+             "carry a long sequence in smaller pieces). --memory-limit BYTES sets the limit "
+             "(0: no check).");
+}
+
+}  // namespace mmsp::train
