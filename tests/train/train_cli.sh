@@ -2,7 +2,10 @@
 # `mmsp train` as a user runs it, under mmsp-run with 2 real ranks:
 #  1. a crash in the middle of writing a checkpoint leaves the previous one loadable,
 #     and resuming from it gives the losses of a run never interrupted;
-#  2. bad flags and bad data end with a clear message from every rank, and no hang.
+#  2. bad flags and bad data end with a clear message from every rank, and no hang;
+#  3. a checkpoint's hf/ directory fine-tunes (mmsp train --model DIR), and a damaged or
+#     mismatched model directory, or a model too big for the memory limit, ends with
+#     exit 2 on every rank before anything is written.
 # Usage: train_cli.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1
@@ -59,6 +62,48 @@ echo "{\"input_ids\": [1, $vs, $ip, $ip, $ve, 2], \"images\": [{\"path\": \"no-s
 expect_error missing_image "no-such.png" train --data "$work/noimage.jsonl" --model "$cfg"
 echo "{\"input_ids\": [1, $vs, $ip, $ip, $ip, $ve, 2], \"images\": [{\"path\": \"$img\"}], \"image_grid_thw\": [[1, 2, 2]]}" > "$work/count.jsonl"
 expect_error placeholders "placeholder" train --data "$work/count.jsonl" --model "$cfg"
+
+# --- 3. Hugging Face model directories in and out; the memory preflight -------------
+# Two fp64 steps saved with small shards, as released models are, then fine-tuned.
+short=(train --steps 2 --tokens-per-rank 128 --dtype float64 --warmup 1 --attention-block 32 --quiet)
+$run $mmsp "${short[@]}" --save-shard-size 1MB --out "$work/sharded" > "$work/sharded.log" 2>&1 \
+  || fail "sharded save: $(tail -5 "$work/sharded.log")"
+hf="$work/sharded/step-000002/hf"
+[ -f "$hf/model.safetensors.index.json" ] && [ -f "$hf/model-00001-of-00004.safetensors" ] \
+  || fail "no sharded hf/ directory: $(ls "$hf")"
+$run $mmsp "${short[@]:0:${#short[@]}-1}" --model "$hf" --out "$work/finetune" > "$work/finetune.log" 2>&1 \
+  || fail "fine-tune from hf/: $(tail -5 "$work/finetune.log")"
+grep -q "weights loaded" "$work/finetune.log" || fail "the fine-tune did not say it loaded weights"
+
+expect_exit2() {  # expect_exit2 NAME PATTERN ARGS...: exit 2, the message on both ranks, --out untouched
+  local name=$1 pattern=$2
+  shift 2
+  timeout 120 $run $mmsp "$@" --out "$work/out-$name" > "$work/$name.log" 2>&1
+  local status=$?
+  [ $status -eq 2 ] || fail "$name: exit status $status, not 2: $(tail -3 "$work/$name.log")"
+  for r in 0 1; do  # the message may span lines, each with the rank's prefix
+    grep -q "\[rank $r\] .*error: " "$work/$name.log" && grep -q "\[rank $r\] .*$pattern" "$work/$name.log" \
+      || fail "$name: rank $r did not say /$pattern/: $(tail -4 "$work/$name.log")"
+  done
+  [ -e "$work/out-$name" ] && fail "$name: wrote $work/out-$name"
+}
+damaged() {  # a fresh copy of the sharded directory to damage
+  rm -rf "$work/bad" && cp -r "$hf" "$work/bad"
+}
+damaged; rm "$work/bad/model-00002-of-00004.safetensors"
+expect_exit2 missing_shard "shard file model-00002-of-00004.safetensors is missing" "${short[@]}" --model "$work/bad"
+damaged; sed -i 's/"total_size": [0-9]*/"total_size": 12/' "$work/bad/model.safetensors.index.json"
+expect_exit2 total_size "total_size is 12" "${short[@]}" --model "$work/bad"
+damaged; sed -i 's/"weight_map": {/"weight_map": {\n    "extra.weight": "model-00001-of-00004.safetensors",/' "$work/bad/model.safetensors.index.json"
+expect_exit2 index_lists "extra.weight" "${short[@]}" --model "$work/bad"
+damaged; sed -i 's/"num_hidden_layers": 3/"num_hidden_layers": 4/' "$work/bad/config.json"
+expect_exit2 missing_tensor "missing from the files, e.g. \"model.layers.3" "${short[@]}" --model "$work/bad"
+damaged; sed -i 's/"num_hidden_layers": 3/"num_hidden_layers": 2/' "$work/bad/config.json"
+expect_exit2 unexpected_tensor "unexpected (the model has no such parameter), e.g. \"model.layers.2" "${short[@]}" --model "$work/bad"
+damaged; sed -i 's/"intermediate_size": 256/"intermediate_size": 192/' "$work/bad/config.json"
+expect_exit2 shape "with the wrong shape" "${short[@]}" --model "$work/bad"
+expect_exit2 preflight "needs about .* GiB per rank" "${short[@]}" --model "$src/configs/hf/Qwen2-VL-7B-Instruct.json"
+expect_exit2 memory_limit "allows 1.00 MiB" "${short[@]}" --memory-limit 1MiB
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "train_cli: all checks passed"

@@ -1,0 +1,139 @@
+// The memory preflight and the pieces behind it: a meta skeleton counts the released
+// architectures' parameters without allocating them; the estimate's state parts follow
+// their formulas in every dtype mode; a run over the limit is refused naming each part;
+// mixed-precision masters hand gradients over and back exactly.
+#include <ATen/ATen.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "mmsp/core/check.h"
+#include "mmsp/model/config.h"
+#include "mmsp/model/llava.h"
+#include "mmsp/model/parameter_init.h"
+#include "mmsp/model/qwen_vl.h"
+#include "mmsp/train/master_weights.h"
+#include "mmsp/train/memory_estimate.h"
+
+namespace mmsp::train {
+namespace {
+
+using ::testing::HasSubstr;
+using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+
+// Names and shapes of the model `config_file` builds, from meta tensors.
+Shapes skeleton(const std::string& config_file, bool* all_meta = nullptr) {
+  const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/" + config_file);
+  model::ParameterInitScope meta(model::ParameterInit::meta);
+  std::shared_ptr<torch::nn::Module> m;
+  if (config.family == plan::ModelFamily::llava)
+    m = std::make_shared<model::LlavaModel>(config);
+  else
+    m = std::make_shared<model::QwenVLModel>(config);
+  Shapes out;
+  if (all_meta) *all_meta = true;
+  for (const auto& item : m->named_parameters()) {
+    out.emplace_back(item.key(), item.value().sizes().vec());
+    if (all_meta) *all_meta = *all_meta && item.value().device().is_meta();
+  }
+  return out;
+}
+
+int64_t count(const Shapes& shapes) {
+  int64_t n = 0;
+  for (const auto& [name, shape] : shapes) {
+    int64_t k = 1;
+    for (int64_t d : shape) k *= d;
+    n += k;
+  }
+  return n;
+}
+
+// The released models' parameter counts as their model cards give them (3 digits):
+// a skeleton that matches them has the released architecture's shapes.
+TEST(MemoryEstimate, MetaSkeletonsCountTheReleasedModelsWithoutAllocating) {
+  bool meta = false;
+  EXPECT_NEAR(count(skeleton("configs/hf/Qwen2-VL-7B-Instruct.json", &meta)) / 1e9, 8.29, 0.005);
+  EXPECT_TRUE(meta);
+  EXPECT_NEAR(count(skeleton("configs/hf/Qwen3-VL-8B-Instruct.json")) / 1e9, 8.77, 0.005);
+  EXPECT_NEAR(count(skeleton("configs/hf/llava-1.5-7b-hf.json")) / 1e9, 7.06, 0.005);
+  // The mode is a scope: outside it parameters are real again.
+  EXPECT_EQ(model::current_parameter_init(), model::ParameterInit::random);
+}
+
+TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
+  const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen2-vl.json");
+  const Shapes shapes = skeleton("configs/tiny-qwen2-vl.json");
+  const int64_t P = count(shapes);
+  MemoryEstimateInputs in;
+  in.tokens_per_rank = 64;
+  const MemoryEstimate fp32 = estimate_memory(config, shapes, in);
+  EXPECT_EQ(fp32.parameter_count, P);
+  EXPECT_EQ(fp32.parameters, 4 * P);
+  EXPECT_EQ(fp32.master_weights, 0);
+  EXPECT_EQ(fp32.gradients, 4 * P);
+  EXPECT_EQ(fp32.optimizer, 8 * P);
+  EXPECT_EQ(fp32.logits, 64 * config.text.vocab_size * (4 + 12));
+  in.compute_dtype = at::kBFloat16;
+  const MemoryEstimate mixed = estimate_memory(config, shapes, in);
+  EXPECT_EQ(mixed.parameters, 2 * P);
+  EXPECT_EQ(mixed.master_weights, 4 * P);
+  EXPECT_EQ(mixed.gradients, 6 * P);  // fp32 master grads + bf16 grads until handed over
+  EXPECT_EQ(mixed.optimizer, 8 * P);
+  EXPECT_EQ(mixed.activations * 2, fp32.activations);  // bf16 activations: half
+  in.tokens_per_rank = 128;
+  EXPECT_EQ(estimate_memory(config, shapes, in).activations, 2 * mixed.activations);  // linear in T
+}
+
+TEST(MemoryEstimate, OverTheLimitIsRefusedNamingEveryPartAndTheFlags) {
+  MemoryEstimate e;
+  e.parameters = 3LL << 30;
+  e.gradients = 3LL << 30;
+  e.optimizer = 6LL << 30;
+  e.logits = 512LL << 20;
+  EXPECT_NO_THROW(check_memory_fits(e, 0, "--memory-limit"));  // 0: no check
+  EXPECT_NO_THROW(check_memory_fits(e, e.total(), "--memory-limit"));
+  try {
+    check_memory_fits(e, 8LL << 30, "--memory-limit");
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    const std::string what = error.what();
+    EXPECT_THAT(what, HasSubstr("needs about 12.50 GiB per rank (parameters 3.00 GiB, gradients 3.00 GiB, "
+                                "optimizer 6.00 GiB, logits 512.00 MiB) but --memory-limit allows 8.00 GiB"));
+    EXPECT_THAT(what, HasSubstr("--tokens-per-rank"));
+    EXPECT_THAT(what, HasSubstr("--dtype bfloat16"));
+  }
+  EXPECT_EQ(format_bytes(17), "17 B");
+  EXPECT_EQ(format_bytes(3 << 20), "3.00 MiB");
+}
+
+TEST(MasterWeights, Fp32MastersTakeGradsAndRoundBackToBf16) {
+  at::Tensor w = at::randn({4, 3}).to(at::kBFloat16).requires_grad_();
+  at::Tensor unused = at::ones({2}).to(at::kBFloat16).requires_grad_();
+  MasterWeights masters({{"w", w}, {"unused", unused}}, at::kFloat);
+  ASSERT_TRUE(masters.mixed());
+  const at::Tensor& m = masters.params()[0].second;
+  EXPECT_EQ(m.scalar_type(), at::kFloat);
+  EXPECT_TRUE(at::equal(m, w.to(at::kFloat)));  // bf16 -> fp32 is exact
+  (w.to(at::kFloat) * 3).sum().backward();
+  masters.take_grads();
+  EXPECT_FALSE(w.grad().defined());  // the bf16 grad is released
+  EXPECT_TRUE(at::equal(m.grad(), at::full({4, 3}, 3.0)));
+  EXPECT_FALSE(masters.params()[1].second.grad().defined());  // no grad stays no grad
+  // An update far below bf16's resolution accumulates in the master...
+  {
+    at::NoGradGuard no_grad;
+    for (int i = 0; i < 100; ++i) m.add_(1e-5);
+  }
+  masters.copy_to_model();
+  EXPECT_TRUE(at::equal(w, m.to(at::kBFloat16)));
+  // ...and fp32/fp64 training has no copies at all.
+  at::Tensor d = at::randn({2}, at::kDouble).requires_grad_();
+  MasterWeights same({{"d", d}}, at::kDouble);
+  EXPECT_FALSE(same.mixed());
+  EXPECT_TRUE(same.params()[0].second.is_same(d));
+}
+
+}  // namespace
+}  // namespace mmsp::train
