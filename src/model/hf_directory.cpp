@@ -74,6 +74,19 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// dst[begin, begin + n) = src[0, n) in dst's dtype. bf16 -> fp32, the common case of
+// loading a released checkpoint for training, is exact and a 16-bit shift: a loop the
+// compiler vectorises, several times faster than ATen 1.13's scalar conversion loop.
+void convert(const at::Tensor& src, const at::Tensor& dst, int64_t begin, int64_t n) {
+  if (src.scalar_type() == at::kBFloat16 && dst.scalar_type() == at::kFloat) {
+    const auto* in = static_cast<const uint16_t*>(src.data_ptr());
+    auto* out = static_cast<uint32_t*>(dst.data_ptr()) + begin;
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(in[i]) << 16;
+    return;
+  }
+  dst.narrow(0, begin, n).copy_(src.narrow(0, 0, n));
+}
+
 // ---- the index ----
 
 struct Index {
@@ -392,7 +405,7 @@ void load_hf_weights(const HfDirectory& dir,
       const int64_t n = std::min(piece, numel - begin);
       pread_exact(fd, buffer.data_ptr(), static_cast<uint64_t>(n * element),
                   t.file_offset + static_cast<uint64_t>(begin * element), path);
-      flat.narrow(0, begin, n).copy_(buffer.narrow(0, 0, n));
+      convert(buffer, flat, begin, n);
     }
   }
 }

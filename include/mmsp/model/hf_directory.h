@@ -27,8 +27,9 @@ constexpr const char* kHfIndexFile = "model.safetensors.index.json";
 // transformers' default max_shard_size ("5GB" = 5 * 10^9 bytes).
 constexpr uint64_t kHfDefaultShardBytes = 5'000'000'000ULL;
 // Loading converts a tensor whose dtype differs from its parameter's in pieces of at
-// most this many source bytes (the only extra memory a load needs, per source dtype).
-constexpr uint64_t kHfLoadPieceBytes = 16ULL << 20;
+// most this many source bytes (the only extra memory a load needs, per source dtype);
+// 1 MiB stays in L2, so each piece is converted from cache right after it is read.
+constexpr uint64_t kHfLoadPieceBytes = 1ULL << 20;
 
 // One tensor of the directory: the shard holding it and where its bytes are.
 struct HfTensor {
