@@ -4,6 +4,7 @@
 // likewise: the Gated DeltaNet kernel alone, its bytes per layer under several ranks.
 // `mmsp bench vision` / `mmsp bench step`: peak memory and bytes of the VLM's vision
 // part / whole step in the three vision modes on 1, 2 and 4 ranks (mmsp-run -n 4).
+// `mmsp bench load`: a Hugging Face directory loaded on every rank, against cat.
 #include "bench_command.h"
 
 #include <fstream>
@@ -12,6 +13,7 @@
 
 #include "attention_bench.h"
 #include "linear_attention_bench.h"
+#include "load_bench.h"
 #include "vlm_bench.h"
 #include "mmsp/core/check.h"
 
@@ -22,6 +24,7 @@ Subcommand add_bench_command(CLI::App& parent) {
     bench::AttentionBenchOptions attention;
     bench::LinearAttentionBenchOptions linear;
     bench::VlmBenchOptions vlm;
+    bench::LoadBenchOptions load;
     std::string part = "auto";
     std::string out;
   };
@@ -60,11 +63,19 @@ Subcommand add_bench_command(CLI::App& parent) {
     sub->add_option("--image-side", flags->vlm.image_side, "patches per image side (even)");
     sub->add_option("--out", flags->out, "write the JSON here instead of stdout");
   }
-  return {app, [flags, lin, vision, step]() {
+  CLI::App* load = app->add_subcommand(
+      "load", "write a sharded HF directory, load it on every rank into fp32 and bf16 params; time vs cat, peak memory");
+  load->add_option("--bytes", flags->load.bytes, "bytes of bf16 tensor data to write (default 1e9)");
+  load->add_option("--shards", flags->load.shards, "shard files (hub's plan with max_shard_bytes = bytes / shards)");
+  load->add_option("--dir", flags->load.dir, "directory to write (new or empty; kept); default: a temporary one");
+  load->add_option("--out", flags->out, "write the JSON here instead of stdout");
+  return {app, [flags, lin, vision, step, load]() {
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
             std::string part = flags->part;
             nlohmann::json result;
-            if (vision->parsed() || step->parsed()) {
+            if (load->parsed()) {
+              result = bench::bench_load(env, flags->load);
+            } else if (vision->parsed() || step->parsed()) {
               flags->vlm.step = step->parsed();
               result = bench::bench_vlm(env, flags->vlm);
             } else if (lin->parsed()) {
