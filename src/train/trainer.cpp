@@ -240,14 +240,14 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   std::unique_ptr<Vlm> built;
   {
     // Weights about to be loaded need no random draw.
-    model::ParameterInitScope init(resolved.weights ? model::ParameterInit::uninitialised
-                                                    : model::ParameterInit::random);
+    model::ParameterInitScope init(resolved.weights || !o.resume.empty() ? model::ParameterInit::uninitialised
+                                                                         : model::ParameterInit::random);
     built = std::make_unique<Vlm>(config);
   }
   Vlm& vlm = *built;
   vlm.module().to(dtype);
   MasterWeights masters(named_parameters(vlm.module()), master_dtype);
-  if (resolved.weights) {
+  if (resolved.weights && o.resume.empty()) {  // a resume reads the checkpoint's weights instead
     model::load_hf_weights(*resolved.weights, masters.params(), naming);
     masters.copy_to_model();
   }
