@@ -389,7 +389,7 @@ void load_hf_weights(const HfDirectory& dir,
     const std::string path = join(dir.path, t.file);
     const int fd = fds.at(t.file).get();
     const at::ScalarType source = t.entry.scalar_type;
-    if (source == param.scalar_type()) {
+    if (source == param.scalar_type()) {  // one copy: page cache -> parameter
       if (t.bytes() > 0) pread_exact(fd, param.data_ptr(), t.bytes(), t.file_offset, path);
       continue;
     }
@@ -486,7 +486,8 @@ void save_hf_directory(const std::string& dir,
     config["torch_dtype"] = name;
     if (config.contains("dtype")) config["dtype"] = name;  // transformers >= 4.56 writes both spellings
   }
-  const std::vector<std::vector<size_t>> shards = plan_hf_shards(sizes, options.max_shard_bytes);
+  std::vector<std::vector<size_t>> shards = plan_hf_shards(sizes, options.max_shard_bytes);
+  if (shards.empty()) shards.emplace_back();  // no tensors: an empty model.safetensors, still a directory that opens
 
   prepare_empty_directory(dir);
   write_text_file(dir, kHfConfigFile, config.dump(2, ' ', true) + "\n", options.progress);

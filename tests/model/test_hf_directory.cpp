@@ -200,6 +200,14 @@ TEST(HfDirectory, SaveWithoutDtypeNamesTheDtypeHoldingMostBytes) {
   EXPECT_THAT(slurp(dir + "/config.json"), HasSubstr("\"torch_dtype\": \"bfloat16\""));
 }
 
+TEST(HfDirectory, SaveWithNoTensorsWritesAnEmptyFile) {
+  const std::string dir = temp_dir() + "/empty";
+  save_hf_directory(dir, {}, kConfig);
+  const HfDirectory opened = open_hf_directory(dir);
+  EXPECT_TRUE(opened.tensors.empty());
+  EXPECT_EQ(opened.files, std::vector<std::string>{"model.safetensors"});
+}
+
 TEST(HfDirectory, SaveRefusesANonEmptyDirectory) {
   const std::string dir = temp_dir();
   write_text(dir + "/notes.txt", "mine");
