@@ -3,7 +3,7 @@
 // model.safetensors.index.json ({"metadata": {"total_size": N}, "weight_map": {name: file}}).
 // Opening reads config.json, the index and every shard's header, and checks them against
 // each other without reading tensor data; loading then preads each tensor's bytes once,
-// straight into its destination where the dtypes agree. Which tensor belongs to which
+// in small pieces that are copied or converted into the destination. Which tensor belongs to which
 // parameter (the family's naming conventions, tied embeddings) comes from the caller.
 #pragma once
 
@@ -26,9 +26,10 @@ constexpr const char* kHfSingleFile = "model.safetensors";
 constexpr const char* kHfIndexFile = "model.safetensors.index.json";
 // transformers' default max_shard_size ("5GB" = 5 * 10^9 bytes).
 constexpr uint64_t kHfDefaultShardBytes = 5'000'000'000ULL;
-// Loading converts a tensor whose dtype differs from its parameter's in pieces of at
-// most this many source bytes (the only extra memory a load needs, per source dtype);
-// 1 MiB stays in L2, so each piece is converted from cache right after it is read.
+// Loading reads each tensor in pieces of at most this many bytes into a small buffer
+// and copies or converts each into the parameter (the only extra memory a load needs,
+// per source dtype); 1 MiB stays in L2, so each piece is used from cache right after
+// it is read.
 constexpr uint64_t kHfLoadPieceBytes = 1ULL << 20;
 
 // One tensor of the directory: the shard holding it and where its bytes are.
@@ -89,9 +90,8 @@ std::map<std::string, const HfTensor*> match_hf_tensors(const HfDirectory& dir,
 
 // Matches (as above) and reads each tensor into the parameter of the same name,
 // converting its dtype to the parameter's. Parameters are CPU, contiguous, floating.
-// Reads each tensor once with pread; a tensor in the parameter's dtype lands in it
-// without a copy, one in another dtype is converted in bounded pieces, so the extra
-// memory is small against the parameters. Throws before any parameter changes if
+// Reads each tensor once with pread, in bounded pieces copied or converted into the
+// parameter, so the extra memory is small against the parameters. Throws before any parameter changes if
 // the match fails.
 void load_hf_weights(const HfDirectory& dir,
                      const std::vector<std::pair<std::string, at::Tensor>>& params,
