@@ -95,14 +95,31 @@ NamedParams named_parameters(torch::nn::Module& module) {
   return out;
 }
 
+std::unique_ptr<Vlm> build_vlm(const model::ModelConfig& config, model::ParameterInit mode) {
+  model::ParameterInitScope init(mode);
+  return std::make_unique<Vlm>(config);
+}
+
 // Every parameter's name and shape, from a skeleton of meta tensors: nothing allocated.
 model::ExpectedShapes parameter_shapes(const model::ModelConfig& config) {
-  model::ParameterInitScope meta(model::ParameterInit::meta);
-  Vlm skeleton(config);
+  const std::unique_ptr<Vlm> skeleton = build_vlm(config, model::ParameterInit::meta);
   model::ExpectedShapes shapes;
-  for (const auto& item : skeleton.module().named_parameters())
+  for (const auto& item : skeleton->module().named_parameters())
     shapes.emplace_back(item.key(), item.value().sizes().vec());
   return shapes;
+}
+
+// This rank's memory for the run; refused (naming every part) when over the limit.
+MemoryEstimate preflight_memory(const model::ModelConfig& config, const model::ExpectedShapes& shapes,
+                                const TrainOptions& o, at::ScalarType dtype) {
+  MemoryEstimateInputs in;
+  in.compute_dtype = dtype;
+  in.master_dtype = master_dtype_of(dtype);
+  in.tokens_per_rank = o.tokens_per_rank;
+  in.attention_block = o.attention_block;
+  const MemoryEstimate memory = estimate_memory(config, shapes, in);
+  check_memory_fits(memory, o.memory_limit_bytes, o.memory_limit_source);
+  return memory;
 }
 
 std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const model::ModelConfig& config) {
@@ -213,13 +230,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   const model::ExpectedShapes shapes = parameter_shapes(config);
   const model::CheckpointNaming naming = model::checkpoint_naming(config);
   if (resolved.weights) model::match_hf_tensors(*resolved.weights, shapes, naming);
-  MemoryEstimateInputs memory_inputs;
-  memory_inputs.compute_dtype = dtype;
-  memory_inputs.master_dtype = master_dtype;
-  memory_inputs.tokens_per_rank = o.tokens_per_rank;
-  memory_inputs.attention_block = o.attention_block;
-  const MemoryEstimate memory = estimate_memory(config, shapes, memory_inputs);
-  check_memory_fits(memory, o.memory_limit_bytes, o.memory_limit_source);
+  const MemoryEstimate memory = preflight_memory(config, shapes, o, dtype);
   // hf/ of the checkpoints: as asked, else as the weights came, else the masters' dtype.
   std::optional<at::ScalarType> save_dtype = parse_save_dtype(o.save_dtype);
   if (!save_dtype) save_dtype = resolved.weights ? resolved.weights->dominant_dtype() : master_dtype;
@@ -237,13 +248,10 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
 
   MemoryCounter::install();
   at::manual_seed(static_cast<int64_t>(o.seed));  // identical replicas on every rank
-  std::unique_ptr<Vlm> built;
-  {
-    // Weights about to be loaded need no random draw.
-    model::ParameterInitScope init(resolved.weights || !o.resume.empty() ? model::ParameterInit::uninitialised
-                                                                         : model::ParameterInit::random);
-    built = std::make_unique<Vlm>(config);
-  }
+  // Weights about to be loaded (a model directory, a checkpoint) need no random draw.
+  const bool loading = resolved.weights || !o.resume.empty();
+  const std::unique_ptr<Vlm> built =
+      build_vlm(config, loading ? model::ParameterInit::uninitialised : model::ParameterInit::random);
   Vlm& vlm = *built;
   vlm.module().to(dtype);
   MasterWeights masters(named_parameters(vlm.module()), master_dtype);
