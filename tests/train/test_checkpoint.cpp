@@ -253,6 +253,44 @@ TEST_F(CheckpointTest, LatestPointerAndKeepLast) {
   EXPECT_EQ(step_dir_name(1234567), "step-1234567");
 }
 
+// --keep counts only complete step dirs: corrupt newer ones never push out the last good one.
+TEST_F(CheckpointTest, KeepNeverDeletesTheNewestCompleteCheckpoint) {
+  Trained a = trained(1);
+  CheckpointOptions keep2;
+  keep2.keep_last = 2;
+  for (int64_t step = 1; step <= 2; ++step)
+    save_checkpoint(dir_, step, *a.model, *a.opt, state_json(0, step), kConfig, keep2);
+  // step 3: truncated state.json; step 4: a copy of step 2 (wrong step) without its weights.
+  fs::copy(dir_ + "/step-000002", dir_ + "/step-000003", fs::copy_options::recursive);
+  write_file(dir_ + "/step-000003/state.json", "{\"step\": 3, \"data\"");
+  fs::copy(dir_ + "/step-000002", dir_ + "/step-000004", fs::copy_options::recursive);
+  fs::remove(dir_ + "/step-000004/model.safetensors");
+  save_checkpoint(dir_, 5, *a.model, *a.opt, state_json(0, 5), kConfig, keep2);
+  EXPECT_TRUE(fs::exists(dir_ + "/step-000005"));
+  EXPECT_TRUE(fs::exists(dir_ + "/step-000002")) << "the newest complete checkpoint before 5 was deleted";
+  EXPECT_FALSE(fs::exists(dir_ + "/step-000001"));
+  EXPECT_TRUE(fs::exists(dir_ + "/step-000003"));  // left for inspection, never counted
+  EXPECT_EQ(load_checkpoint(dir_ + "/step-000002").step, 2);
+  // The next save keeps 6 and 5; everything older goes, complete or not.
+  save_checkpoint(dir_, 6, *a.model, *a.opt, state_json(0, 6), kConfig, keep2);
+  std::vector<std::string> entries;
+  for (const auto& e : fs::directory_iterator(dir_)) entries.push_back(e.path().filename().string());
+  std::sort(entries.begin(), entries.end());
+  EXPECT_EQ(entries, (std::vector<std::string>{"latest", "step-000005", "step-000006"}));
+}
+
+// A `latest` that is a symbolic link to a step dir is followed.
+TEST_F(CheckpointTest, LatestMayBeASymbolicLinkToTheStepDir) {
+  Trained a = trained(1);
+  for (int64_t step = 1; step <= 2; ++step)
+    save_checkpoint(dir_, step, *a.model, *a.opt, state_json(0, step), kConfig, {});
+  fs::remove(dir_ + "/latest");
+  fs::create_directory_symlink("step-000001", dir_ + "/latest");
+  const Checkpoint c = load_checkpoint(dir_);
+  EXPECT_EQ(c.step, 1);
+  EXPECT_EQ(fs::path(c.path).filename(), "step-000001");
+}
+
 // Each CheckpointTest.Crash* test forks a child that saves with the crash hook set.
 int save_in_child(const std::string& dir, int64_t step, const Trained& t, int64_t crash_after,
                   pid_t* child) {
