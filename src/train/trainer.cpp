@@ -31,6 +31,7 @@
 #include "mmsp/train/lr_schedule.h"
 #include "mmsp/train/memory_counter.h"
 #include "mmsp/train/optimizer.h"
+#include "mmsp/train/run_checks.h"
 #include "mmsp/train/shapes_dataset.h"
 #include "mmsp/train/step_packer.h"
 #include "mmsp/train/step_pixels.h"
@@ -86,7 +87,7 @@ std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const model::ModelC
     return std::make_unique<ShapesDataset>(shapes, config);
   }
   MMSP_CHECK(!o.blank_images, "--blank-images applies to the built-in shapes dataset only, not '", o.data, "'");
-  return std::make_unique<JsonlDataset>(o.data, config);
+  return std::make_unique<JsonlDataset>(o.data, config, o.max_image_pixels);
 }
 
 // Items of the batch this rank's encoder reads (the others' pixels are never decoded).
@@ -146,6 +147,7 @@ void save_everywhere(const std::string& dir, int64_t step, Vlm& vlm, torch::opti
 }  // namespace
 
 void check_train_options(const TrainOptions& o, const dist::MeshShape& mesh) {
+  check_train_limits(o);  // upper bounds first: nothing below may overflow
   parse_dtype(o.dtype);
   MMSP_CHECK(o.steps > 0, "--steps ", o.steps, " must be positive");
   MMSP_CHECK(o.tokens_per_rank > 0, "--tokens-per-rank ", o.tokens_per_rank, " must be positive");
@@ -186,6 +188,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   packing.seed = o.seed;
   packing.shuffle = o.shuffle;
   StepPacker packer(*data, packing);
+  if (const auto* jsonl = dynamic_cast<const JsonlDataset*>(data.get())) jsonl->check_lengths(packer.row_limit());
   const bool rank0 = mesh.rank() == 0;
 
   MemoryCounter::install();

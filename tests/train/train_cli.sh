@@ -2,7 +2,8 @@
 # `mmsp train` as a user runs it, under mmsp-run with 2 real ranks:
 #  1. a crash in the middle of writing a checkpoint leaves the previous one loadable,
 #     and resuming from it gives the losses of a run never interrupted;
-#  2. bad flags and bad data end with a clear message from every rank, and no hang.
+#  2. bad flags and bad data end with a clear message from every rank, and no hang;
+#  3. --out, image sizes, sample lengths and config ranges are refused on every rank.
 # Usage: train_cli.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1
@@ -59,6 +60,21 @@ echo "{\"input_ids\": [1, $vs, $ip, $ip, $ve, 2], \"images\": [{\"path\": \"no-s
 expect_error missing_image "no-such.png" train --data "$work/noimage.jsonl" --model "$cfg"
 echo "{\"input_ids\": [1, $vs, $ip, $ip, $ip, $ve, 2], \"images\": [{\"path\": \"$img\"}], \"image_grid_thw\": [[1, 2, 2]]}" > "$work/count.jsonl"
 expect_error placeholders "placeholder" train --data "$work/count.jsonl" --model "$cfg"
+
+
+# --- 3. checked on every rank before the first collective (issue 17) ------------------
+touch "$work/a-file"
+expect_error out_file "--out $work/a-file is not a directory" train --out "$work/a-file"
+expect_error out_unwritable "--out /proc/mmsp-out: cannot create the directory" train --out /proc/mmsp-out
+data="$src/examples/data/data.jsonl"
+expect_error image_pixels "circle.png\" is 56 x 56 = 3136 pixels, more than --max-image-pixels 3000" \
+  train --data "$data" --model "$cfg" --max-image-pixels 3000
+expect_error sample_length "the sample has 17 tokens, more than one row of a step holds (16" \
+  train --data "$data" --model "$cfg" --tokens-per-rank 8
+sed 's/"temporal_patch_size": *[0-9]*/"temporal_patch_size": 5000000/' "$cfg" > "$work/tps.json"
+grep -q 5000000 "$work/tps.json" || fail "could not write the temporal_patch_size config"
+expect_error temporal_patch "vision_config.temporal_patch_size 5000000 is beyond what a vision tower uses" \
+  train --data "$data" --model "$work/tps.json"
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "train_cli: all checks passed"

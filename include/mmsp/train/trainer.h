@@ -26,6 +26,7 @@ struct TrainOptions {
   std::string data = "shapes";            // "shapes" (built in) or a .jsonl file
   int64_t shapes_samples = 100000;        // samples per epoch of the shapes dataset
   bool blank_images = false;              // shapes with constant images: the text-only baseline
+  int64_t max_image_pixels = 16777216;    // width × height of one image file at most (header checked at load)
   std::string dtype = "float32";          // float32, float64 or bfloat16 (parameters and pixels)
   uint64_t seed = 0;                      // parameters and data order
   bool shuffle = true;
