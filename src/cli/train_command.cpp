@@ -53,6 +53,8 @@ Subcommand add_train_command(CLI::App& parent) {
   app->add_option("--checkpoint-every", o->checkpoint_every, "save every N steps (and at the end)")->capture_default_str();
   app->add_option("--keep", o->keep_checkpoints, "checkpoints to keep (0: all)")->capture_default_str();
   app->add_option("--resume", o->resume, "continue from this checkpoint or run directory");
+  app->add_flag("--allow-changed-flags", o->allow_changed_flags,
+                "resume although flags that change the batches or the numerics differ from the checkpoint's");
   app->add_flag("!--quiet", o->print_steps, "no per-step lines (the summary still prints)");
   return {app, [flags, o, vision, layout]() {
             o->vision = model::parse_vision_mode(*vision);

@@ -219,14 +219,9 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     done = ckpt.step;
     position.epoch = ckpt.state.at("data").at("epoch").get<int64_t>();
     position.offset = ckpt.state.at("data").at("offset").get<int64_t>();
-    // The batches continue as before only with the same budget and rows (any mesh).
-    const auto& run = ckpt.state.at("run");
-    const int64_t budget = run.value("tokens_per_rank", int64_t{0}) * run.value("world_size", int64_t{0});
-    const int64_t then_rows = run.value("data_rows", int64_t{0});
-    if (rank0 && (budget != o.tokens_per_rank * mesh.world_size() || then_rows != rows))
-      log << "note: the checkpoint packed " << budget << " tokens per step in " << then_rows
-          << " rows, this run " << o.tokens_per_rank * mesh.world_size() << " in " << rows
-          << ": the batches differ from the interrupted run's" << std::endl;
+    // The batches and numerics continue as before only with the same flags (any mesh).
+    check_resume_flags(ckpt.state.at("run"), run_flags(o, mesh.shape(), rows), o.allow_changed_flags, o.resume,
+                       rank0 ? &log : nullptr);
     restore_cpu_rng(ckpt.state.at("cpu_rng").get<std::string>(), ckpt.path);
     if (rank0) log << "resumed from " << o.resume << " after step " << done << std::endl;
   }
@@ -312,14 +307,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
       state["step"] = step;
       state["cpu_rng"] = capture_cpu_rng();
       state["data"] = {{"epoch", position.epoch}, {"offset", position.offset}};
-      state["run"] = {{"model", o.model},       {"data", o.data},
-                      {"dtype", o.dtype},       {"seed", o.seed},
-                      {"tokens_per_rank", o.tokens_per_rank},
-                      {"world_size", mesh.world_size()},
-                      {"data_rows", rows},
-                      {"mesh", mesh.shape().str()},
-                      {"vision", model::to_string(o.vision)},
-                      {"steps", o.steps}};
+      state["run"] = run_flags(o, mesh.shape(), rows);
       CheckpointOptions ckpt;
       ckpt.keep_last = o.keep_checkpoints;
       if (const char* crash = std::getenv("MMSP_TEST_CRASH_CHECKPOINT")) {

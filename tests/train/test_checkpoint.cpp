@@ -17,6 +17,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/model/safetensors.h"
 #include "mmsp/train/checkpoint.h"
+#include "mmsp/train/run_checks.h"
 #include "mmsp/train/optimizer.h"
 
 namespace mmsp::train {
@@ -289,6 +290,37 @@ TEST_F(CheckpointTest, LatestMayBeASymbolicLinkToTheStepDir) {
   const Checkpoint c = load_checkpoint(dir_);
   EXPECT_EQ(c.step, 1);
   EXPECT_EQ(fs::path(c.path).filename(), "step-000001");
+}
+
+// Resume compares the run's flags with the checkpoint's: batch- or numerics-changing
+// ones are named and refused (or noted with allow); mesh and vision pass silently.
+TEST(ResumeFlags, NamesWhatChangesTheBatchesOrNumericsAndIgnoresTheMesh) {
+  TrainOptions o;
+  const json then = run_flags(o, {1, 1, 2}, 1);
+  TrainOptions other_mesh = o;
+  other_mesh.vision = model::VisionMode::gather;
+  other_mesh.checkpoint_every = 7;
+  EXPECT_NO_THROW(check_resume_flags(then, run_flags(other_mesh, {1, 2, 1}, 1), false, "ckpt", nullptr));
+  TrainOptions changed = o;
+  changed.seed = 1;
+  changed.dtype = "float64";
+  changed.tokens_per_rank = 128;
+  const std::string message =
+      what([&] { check_resume_flags(then, run_flags(changed, {1, 1, 2}, 1), false, "ckpt", nullptr); });
+  EXPECT_THAT(message, ::testing::HasSubstr("--resume ckpt: this run changes 3 flags"));
+  EXPECT_THAT(message, ::testing::HasSubstr("--seed 0 -> 1: another data order"));
+  EXPECT_THAT(message, ::testing::HasSubstr("--dtype \"float32\" -> \"float64\": another precision"));
+  EXPECT_THAT(message, ::testing::HasSubstr("--tokens-per-rank × world 512 -> 256"));
+  std::ostringstream notes;
+  EXPECT_NO_THROW(check_resume_flags(then, run_flags(changed, {1, 1, 2}, 1), true, "ckpt", &notes));
+  EXPECT_THAT(notes.str(), ::testing::HasSubstr("note: --allow-changed-flags"));
+  // A checkpoint from before "tokens_per_step" and "shuffle" were stored: compared on what it has.
+  json old = then;
+  old.erase("tokens_per_step");
+  old.erase("shuffle");
+  TrainOptions unshuffled = o;
+  unshuffled.shuffle = false;
+  EXPECT_NO_THROW(check_resume_flags(old, run_flags(unshuffled, {1, 1, 2}, 1), false, "ckpt", nullptr));
 }
 
 // Each CheckpointTest.Crash* test forks a child that saves with the crash hook set.

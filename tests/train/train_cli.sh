@@ -3,7 +3,8 @@
 #  1. a crash in the middle of writing a checkpoint leaves the previous one loadable,
 #     and resuming from it gives the losses of a run never interrupted;
 #  2. bad flags and bad data end with a clear message from every rank, and no hang;
-#  3. --out, image sizes, sample lengths and config ranges are refused on every rank.
+#  3. --out, image sizes, sample lengths and config ranges are refused on every rank;
+#  4. a resume with flags that change the batches or numerics is refused, naming them.
 # Usage: train_cli.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1
@@ -75,6 +76,24 @@ sed 's/"temporal_patch_size": *[0-9]*/"temporal_patch_size": 5000000/' "$cfg" > 
 grep -q 5000000 "$work/tps.json" || fail "could not write the temporal_patch_size config"
 expect_error temporal_patch "vision_config.temporal_patch_size 5000000 is beyond what a vision tower uses" \
   train --data "$data" --model "$work/tps.json"
+
+# --- 4. resume: flags that change the batches or numerics are named and refused --------
+$run $mmsp "${train[@]}" --ulysses 2 --stop-after 2 --out "$work/stop" > "$work/stop.log" 2>&1 ||
+  fail "the run that stops after step 2 failed: $(tail -5 "$work/stop.log")"
+expect_error resume_changed "this run changes 2 flags that change the batches or the numerics" \
+  "${train[@]}" --ulysses 2 --resume "$work/stop" --seed 1 --no-shuffle
+grep -q -- "--seed 0 -> 1: another data order" "$work/resume_changed.log" || fail "resume did not name --seed"
+grep -q -- "--no-shuffle true -> false" "$work/resume_changed.log" || fail "resume did not name --no-shuffle"
+grep -q -- "--allow-changed-flags" "$work/resume_changed.log" || fail "resume did not name --allow-changed-flags"
+$run $mmsp "${train[@]}" --ulysses 2 --resume "$work/stop" --seed 1 --allow-changed-flags \
+  > "$work/resume_allowed.log" 2>&1 || fail "--allow-changed-flags did not resume: $(tail -5 "$work/resume_allowed.log")"
+grep -q "note: --allow-changed-flags" "$work/resume_allowed.log" || fail "the allowed resume gave no note"
+# Another mesh (ring instead of ulysses) passes silently; `latest` as a symbolic link is followed.
+rm "$work/stop/latest" && ln -s step-000002 "$work/stop/latest"
+$run $mmsp "${train[@]}" --ring 2 --resume "$work/stop" --out "$work/stop" > "$work/resume_mesh.log" 2>&1 ||
+  fail "resume on another mesh through a latest link failed: $(tail -5 "$work/resume_mesh.log")"
+grep -q "resumed from .* after step 2" "$work/resume_mesh.log" || fail "the mesh-change resume did not start after step 2"
+grep -q "note:" "$work/resume_mesh.log" && fail "a mesh change gave a note: $(grep note: "$work/resume_mesh.log")"
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "train_cli: all checks passed"

@@ -55,6 +55,7 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;   // 0: only at the end (when out_dir is set)
   int keep_checkpoints = 2;       // 0: keep all
   std::string resume;             // a checkpoint directory (or a run directory) to continue
+  bool allow_changed_flags = false;  // resume even if flags that change batches or numerics differ
   bool print_steps = true;        // rank 0 prints one line per step (the summary always)
 };
 
