@@ -19,8 +19,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using detail::concat;
 constexpr auto kPoll = std::chrono::milliseconds(50);
-// How long rank 0 keeps serving after its own verdict, so that the others read it.
-constexpr auto kVerdictLinger = std::chrono::milliseconds(500);
+// How long rank 0 keeps serving after a verdict (its own or another rank's), so that
+// every rank still polling reads it instead of finding the store gone.
+constexpr auto kVerdictLinger = std::chrono::seconds(1);
 
 std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
 std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
@@ -96,7 +97,11 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono:
                " (two jobs with one MASTER_PORT and run id? give each its own port or MMSP_RUN_ID)");
     store->add(mine + "joined", 1);
     while (store->add(mine + "joined", 0) < env.world_size) {
-      if (store->check({mine + "failed"})) throw Error(text(store->get(mine + "failed")));
+      if (store->check({mine + "failed"})) {
+        const std::string verdict = text(store->get(mine + "failed"));
+        if (env.rank == 0) std::this_thread::sleep_for(kVerdictLinger);
+        throw Error(verdict);
+      }
       if (Clock::now() >= deadline) {
         std::vector<int> missing;
         for (int r = 0; r < env.world_size; ++r)

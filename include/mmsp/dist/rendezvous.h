@@ -24,7 +24,7 @@ std::string run_id_of(const RankEnv& env);
 // Opens the TCPStore at env.master_addr:env.master_port (rank 0 serves it), checks the
 // run id that rank 0 wrote there against this rank's, registers this rank, and returns
 // once all env.world_size ranks have registered. Everything ends within `timeout` of
-// the call (plus half a second on rank 0, so that the others read its verdict):
+// the call (plus a second on rank 0, so that the others read the verdict):
 //   "rank 3 did not join within 10 s (3 of 4 ranks joined run '...' at host:port) ..."
 //   "rank 1 of run 'A' reached the rendezvous of run 'B' at host:port ..."
 // as mmsp::Error, never a c10 backtrace.
