@@ -14,19 +14,24 @@ touch "$work/a-file"
 failures=0 cases=0
 values=(0 -1 99999999999999 nan inf abc 9223372036854775808)  # 0, -1, huge, nan, inf, not a number, 2^63
 
-check() {  # check NAME ARGS...: status 0 or 2, and a message on 2
-  local name=$1
-  shift
-  timeout 30 "$@" > "$work/out" 2> "$work/err"
-  local status=$?
+# check NAME ARGS...: status 0 or 2, and a message on 2. Runs in the background, four
+# at a time (each case is a LibTorch start-up more than work); failures go to $work/failures.
+check() {
+  while [ "$(jobs -rp | wc -l)" -ge 4 ]; do wait -n; done
   cases=$((cases + 1))
-  if [ $status != 0 ] && [ $status != 2 ]; then
-    failures=$((failures + 1))
-    echo "FAIL: $name exited $status: $(tail -c 300 "$work/err")"
-  elif [ $status = 2 ] && ! grep -q '[a-z]' "$work/err"; then
-    failures=$((failures + 1))
-    echo "FAIL: $name exited 2 without a message"
-  fi
+  local id=$cases
+  (
+    name=$1
+    shift
+    timeout 60 "$@" > "$work/$id.out" 2> "$work/$id.err"
+    status=$?
+    if [ $status != 0 ] && [ $status != 2 ]; then
+      echo "FAIL: $name exited $status: $(tail -c 300 "$work/$id.err")" >> "$work/failures"
+    elif [ $status = 2 ] && ! grep -q '[a-z]' "$work/$id.err"; then
+      echo "FAIL: $name exited 2 without a message" >> "$work/failures"
+    fi
+    rm -f "$work/$id.out" "$work/$id.err"
+  ) &
 }
 
 train_flags=(--dp --ring --ulysses --timeout --steps --stop-after --tokens-per-rank --data-rows --lr --min-lr
@@ -44,6 +49,8 @@ for flag in --dp --ring --ulysses --world --rank --indent; do
     check "mmsp plan $flag '$v'" "$mmsp" plan --config "$cfg" --batch "$batch" "$flag" "$v"
   done
 done
+wait
+[ -f "$work/failures" ] && { cat "$work/failures"; failures=$(wc -l < "$work/failures"); }
 # The messages that name the rule (not a CLI11 range of 300 digits).
 "$mmsp" train --dp 0 2> "$work/err"
 grep -q -- "--dp 0 must be at least 1" "$work/err" || { failures=$((failures + 1)); echo "FAIL: --dp 0: $(cat "$work/err")"; }
