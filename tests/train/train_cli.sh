@@ -2,9 +2,7 @@
 # `mmsp train` as a user runs it, under mmsp-run with 2 real ranks:
 #  1. a crash in the middle of writing a checkpoint leaves the previous one loadable,
 #     and resuming from it gives the losses of a run never interrupted;
-#  2. bad flags and bad data end with a clear message from every rank, and no hang;
-#  3. --out, image sizes, sample lengths and config ranges are refused on every rank;
-#  4. a resume with flags that change the batches or numerics is refused, naming them.
+#  2. bad flags and bad data end with a clear message from every rank, and no hang.
 # Usage: train_cli.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1
@@ -50,20 +48,9 @@ expect_error model "'nope' is neither a built-in model" train --model nope
 expect_error vision "vision mode 'x'" train --vision x
 expect_error data_file "missing.jsonl" train --data "$work/missing.jsonl" --model "$src/configs/tiny-qwen2-vl.json"
 
-# JSON-lines data with one fault each, for the tiny Qwen2-VL config
 cfg="$src/configs/tiny-qwen2-vl.json"
-cp "$src"/examples/data/*.png "$work/" 2>/dev/null
-img=$(cd "$work" && ls *.png | head -1)
-vs=151652; ve=151653; ip=151655
-echo "{\"input_ids\": [1, 2, 151936], \"loss_mask\": [1, 1, 1]}" > "$work/vocab.jsonl"
-expect_error vocab "151936" train --data "$work/vocab.jsonl" --model "$cfg"
-echo "{\"input_ids\": [1, $vs, $ip, $ip, $ve, 2], \"images\": [{\"path\": \"no-such.png\"}], \"image_grid_thw\": [[1, 2, 4]]}" > "$work/noimage.jsonl"
-expect_error missing_image "no-such.png" train --data "$work/noimage.jsonl" --model "$cfg"
-echo "{\"input_ids\": [1, $vs, $ip, $ip, $ip, $ve, 2], \"images\": [{\"path\": \"$img\"}], \"image_grid_thw\": [[1, 2, 2]]}" > "$work/count.jsonl"
-expect_error placeholders "placeholder" train --data "$work/count.jsonl" --model "$cfg"
-
-
-# --- 3. checked on every rank before the first collective (issue 17) ------------------
+# --- 2b. checked on every rank before the first collective: --out, image sizes, sample
+# lengths, config ranges (issue 17) ----------------------------------------------------
 touch "$work/a-file"
 expect_error out_file "--out $work/a-file is not a directory" train --out "$work/a-file"
 expect_error out_unwritable "--out /proc/mmsp-out: cannot create the directory" train --out /proc/mmsp-out
@@ -77,7 +64,7 @@ grep -q 5000000 "$work/tps.json" || fail "could not write the temporal_patch_siz
 expect_error temporal_patch "vision_config.temporal_patch_size 5000000 is beyond what a vision tower uses" \
   train --data "$data" --model "$work/tps.json"
 
-# --- 4. resume: flags that change the batches or numerics are named and refused --------
+# --- 2c. resume: flags that change the batches or numerics are named and refused ------
 $run $mmsp "${train[@]}" --ulysses 2 --stop-after 2 --out "$work/stop" > "$work/stop.log" 2>&1 ||
   fail "the run that stops after step 2 failed: $(tail -5 "$work/stop.log")"
 expect_error resume_changed "this run changes 2 flags that change the batches or the numerics" \
@@ -94,6 +81,18 @@ $run $mmsp "${train[@]}" --ring 2 --resume "$work/stop" --out "$work/stop" > "$w
   fail "resume on another mesh through a latest link failed: $(tail -5 "$work/resume_mesh.log")"
 grep -q "resumed from .* after step 2" "$work/resume_mesh.log" || fail "the mesh-change resume did not start after step 2"
 grep -q "note:" "$work/resume_mesh.log" && fail "a mesh change gave a note: $(grep note: "$work/resume_mesh.log")"
+
+# JSON-lines data with one fault each, for the tiny Qwen2-VL config
+cfg="$src/configs/tiny-qwen2-vl.json"
+cp "$src"/examples/data/*.png "$work/" 2>/dev/null
+img=$(cd "$work" && ls *.png | head -1)
+vs=151652; ve=151653; ip=151655
+echo "{\"input_ids\": [1, 2, 151936], \"loss_mask\": [1, 1, 1]}" > "$work/vocab.jsonl"
+expect_error vocab "151936" train --data "$work/vocab.jsonl" --model "$cfg"
+echo "{\"input_ids\": [1, $vs, $ip, $ip, $ve, 2], \"images\": [{\"path\": \"no-such.png\"}], \"image_grid_thw\": [[1, 2, 4]]}" > "$work/noimage.jsonl"
+expect_error missing_image "no-such.png" train --data "$work/noimage.jsonl" --model "$cfg"
+echo "{\"input_ids\": [1, $vs, $ip, $ip, $ip, $ve, 2], \"images\": [{\"path\": \"$img\"}], \"image_grid_thw\": [[1, 2, 2]]}" > "$work/count.jsonl"
+expect_error placeholders "placeholder" train --data "$work/count.jsonl" --model "$cfg"
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "train_cli: all checks passed"

@@ -25,8 +25,8 @@ struct TrainOptions {
   std::string model = "shapes-qwen2-vl";  // a built-in name or a config.json path
   std::string data = "shapes";            // "shapes" (built in) or a .jsonl file
   int64_t shapes_samples = 100000;        // samples per epoch of the shapes dataset
-  bool blank_images = false;              // shapes with constant images: the text-only baseline
   int64_t max_image_pixels = 16777216;    // width × height of one image file at most (header checked at load)
+  bool blank_images = false;              // shapes with constant images: the text-only baseline
   std::string dtype = "float32";          // float32, float64 or bfloat16 (parameters and pixels)
   uint64_t seed = 0;                      // parameters and data order
   bool shuffle = true;
