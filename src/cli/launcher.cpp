@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -151,17 +152,27 @@ int find_free_port(const std::string& addr) {
                      "): use an address of this machine, or pass --master-port"));
 }
 
+std::string make_run_id() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "localhost");
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  return concat("mmsp-run:", host, ":", ::getpid(), ":", ms.count());
+}
+
 std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank,
                                           const std::vector<std::string>& parent) {
   std::vector<std::string> env;
   for (const auto& entry : parent)
-    if (!is_rank_variable(entry)) env.push_back(entry);
+    if (!is_rank_variable(entry) && (o.run_id.empty() || entry.rfind("MMSP_RUN_ID=", 0) != 0))
+      env.push_back(entry);
   env.push_back(concat("RANK=", o.node_rank * o.nproc + local_rank));
   env.push_back(concat("WORLD_SIZE=", o.nnodes * o.nproc));
   env.push_back(concat("LOCAL_RANK=", local_rank));
   env.push_back(concat("LOCAL_WORLD_SIZE=", o.nproc));
   env.push_back(concat("MASTER_ADDR=", o.master_addr));
   env.push_back(concat("MASTER_PORT=", o.master_port));
+  if (!o.run_id.empty()) env.push_back(concat("MMSP_RUN_ID=", o.run_id));
   return env;
 }
 
@@ -241,7 +252,11 @@ class SignalWake {
 // Our signals arrive blocked (see Supervisor::start) and are unblocked only once
 // the handlers that would write to our wake pipe are gone.
 [[noreturn]] void exec_rank(const char* path, char** argv, char** envp, int out_fd, int err_fd,
-                            int null_fd, const sigset_t& mask) {
+                            int null_fd, const sigset_t& mask, pid_t launcher) {
+  // No orphans: the kernel kills the rank when mmsp-run dies, even by SIGKILL. The
+  // setting survives exec; a launcher that died before it was made is caught by getppid.
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher) ::_exit(128 + SIGKILL);
   ::setpgid(0, 0);
   // Ignored dispositions survive exec; the rank must see default SIGPIPE / SIGINT.
   for (int sig : {SIGINT, SIGTERM, SIGCHLD, SIGPIPE}) ::signal(sig, SIG_DFL);
@@ -325,9 +340,10 @@ class Supervisor {
     sigemptyset(&handled);
     for (int sig : SignalWake::kSignals) sigaddset(&handled, sig);
     ::sigprocmask(SIG_BLOCK, &handled, &mask);
+    const pid_t launcher = ::getpid();
     pid_t pid = piped ? ::fork() : -1;
     if (pid == 0)
-      exec_rank(program_.c_str(), argv.data(), envp.data(), out[1], err[1], null_fd_, mask);
+      exec_rank(program_.c_str(), argv.data(), envp.data(), out[1], err[1], null_fd_, mask, launcher);
     int error = errno;
     ::sigprocmask(SIG_SETMASK, &mask, nullptr);
     for (int fd : {out[1], err[1]})

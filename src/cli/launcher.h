@@ -21,6 +21,7 @@ struct LaunchOptions {
   double grace_s = 2.0;                   // --grace: time the others get after the first failure
   double kill_after_s = 3.0;              // --kill-after: delay from SIGTERM to SIGKILL
   std::vector<std::string> command;       // PROGRAM ARGS...
+  std::string run_id;                     // MMSP_RUN_ID of every rank; empty: the parent's, if any
 };
 
 // Checks everything a user can fix before anything starts; throws mmsp::Error that
@@ -34,8 +35,12 @@ std::string find_executable(const std::string& name, const std::string& path_lis
 // A TCP port that was free on `addr` a moment ago (bind port 0, read it, release).
 int find_free_port(const std::string& addr);
 
+// A run id for one launch: host, pid and start time ("mmsp-run:node0:4242:1763859600123").
+std::string make_run_id();
+
 // The environment of one rank: `parent` ("NAME=value" entries) minus the variables
-// we set, plus RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT.
+// we set, plus RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+// and, when options.run_id is set, MMSP_RUN_ID.
 std::vector<std::string> rank_environment(const LaunchOptions& options, int local_rank,
                                           const std::vector<std::string>& parent);
 

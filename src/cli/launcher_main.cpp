@@ -2,6 +2,7 @@
 // and stops them all when one fails (docs/launcher.md). This file only parses the
 // flags and maps errors to exit statuses; launcher.cpp does the work.
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 #include <iostream>
 
 #include "launcher.h"
@@ -71,6 +72,11 @@ int main(int argc, char** argv) {
     program = mmsp::cli::validate(options);
     if (options.master_port == 0)
       options.master_port = mmsp::cli::find_free_port(options.master_addr);
+    // One node: a fresh run id, unless the user set one. Several nodes must agree on
+    // it, so there the ranks derive it from MASTER_ADDR:MASTER_PORT and WORLD_SIZE.
+    const char* user_id = std::getenv("MMSP_RUN_ID");
+    if ((user_id == nullptr || *user_id == '\0') && options.nnodes == 1)
+      options.run_id = mmsp::cli::make_run_id();
   } catch (const mmsp::Error& e) {
     std::cerr << "mmsp-run: " << e.what() << "\n" << kUsage << "\n";
     return kUsageError;

@@ -19,7 +19,14 @@ int main(int argc, char** argv) {
   commands.push_back(mmsp::cli::add_selftest_command(app));
   commands.push_back(mmsp::cli::add_bench_command(app));
   commands.push_back(mmsp::cli::add_plan_command(app));
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // Help prints and exits 0; every rejected flag is a user error: status 2, like
+    // the checks that run after parsing, never CLI11's own codes (104, 105, ...).
+    const int status = app.exit(e);
+    return status == 0 ? 0 : 2;
+  }
   for (auto& command : commands) {
     if (!command.app->parsed()) continue;
     try {

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cmath>
+
+#include "mmsp/core/check.h"
 
 #include "mmsp/dist/mesh.h"
 
@@ -15,15 +18,28 @@ struct MeshFlags {
   double timeout_s = 300;
 
   void add_to(CLI::App& app) {
-    app.add_option("--dp", dp, "data-parallel replicas")->check(CLI::PositiveNumber);
-    app.add_option("--ring", ring, "ring-attention degree")->check(CLI::PositiveNumber);
-    app.add_option("--ulysses", ulysses, "Ulysses degree (default: world / (dp * ring))")
-        ->check(CLI::NonNegativeNumber);
-    app.add_option("--timeout", timeout_s, "seconds a collective may wait for a peer")
-        ->check(CLI::PositiveNumber);
+    // Ranges are checked in check() with messages that state the rule.
+    app.add_option("--dp", dp, "data-parallel replicas");
+    app.add_option("--ring", ring, "ring-attention degree");
+    app.add_option("--ulysses", ulysses, "Ulysses degree (default: world / (dp * ring))");
+    app.add_option("--timeout", timeout_s,
+                   "seconds the start-up and every collective may wait for a peer (0 < T <= 1e6)");
+  }
+
+  // Longest --timeout: 11.6 days, far below what milliseconds in int64 can hold.
+  static constexpr double kMaxTimeoutS = 1e6;
+
+  void check() const {
+    MMSP_CHECK(dp >= 1, "--dp ", dp, " must be at least 1 (world = dp × ring × ulysses)");
+    MMSP_CHECK(ring >= 1, "--ring ", ring, " must be at least 1 (world = dp × ring × ulysses)");
+    MMSP_CHECK(ulysses >= 0, "--ulysses ", ulysses,
+               " must be at least 1 (or 0: whatever the world leaves after dp × ring)");
+    MMSP_CHECK(std::isfinite(timeout_s) && timeout_s > 0 && timeout_s <= kMaxTimeoutS, "--timeout ",
+               timeout_s, " must be a number of seconds in (0, ", kMaxTimeoutS, "]");
   }
 
   dist::MeshShape shape(int world_size) const {
+    check();
     dist::MeshShape s{dp, ring, ulysses};
     if (ulysses == 0) s.ulysses = std::max(1, world_size / std::max(1, dp * ring));
     dist::check_mesh_shape(s, world_size);

@@ -56,10 +56,34 @@ std::string rank_line(const plan::StepPlan& plan, const plan::RankPlan& rp) {
   return out.str();
 }
 
+// vocab_size of the config (top level, else text_config), or -1 when it gives none.
+int64_t vocab_size(const nlohmann::json& config) {
+  for (const nlohmann::json* j : {&config, config.contains("text_config") ? &config.at("text_config") : nullptr}) {
+    if (j == nullptr || !j->is_object() || !j->contains("vocab_size") || j->at("vocab_size").is_null()) continue;
+    const auto& v = j->at("vocab_size");
+    MMSP_CHECK(v.is_number_integer() && v.get<int64_t>() >= 1, "config.json: vocab_size must be an integer >= 1, got ",
+               v.dump());
+    return v.get<int64_t>();
+  }
+  return -1;
+}
+
+void check_token_ids(const plan::Batch& batch, int64_t vocab, const std::string& config) {
+  if (vocab < 0) return;
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    const auto& ids = batch.sequences[s].input_ids;
+    for (size_t k = 0; k < ids.size(); ++k)
+      MMSP_CHECK(ids[k] < vocab, "sequence ", s, ": input_ids[", k, "] = ", ids[k],
+                 " is outside the vocabulary 0..", vocab - 1, " of ", config);
+  }
+}
+
 int run_plan(const PlanFlags& f) {
   try {
-    const plan::ModelConventions conventions =
-        plan::conventions_from_config(read_json(f.config, "--config"));
+    MMSP_CHECK(f.indent >= -1 && f.indent <= 16, "--indent ", f.indent, " must be in [-1, 16] (-1: compact)");
+    MMSP_CHECK(f.rank >= -1, "--rank ", f.rank, " must be a rank >= 0 (or -1: every rank)");
+    const nlohmann::json config = read_json(f.config, "--config");
+    const plan::ModelConventions conventions = plan::conventions_from_config(config);
     const plan::Batch batch = plan::batch_from_json(read_json(f.batch, "--batch"));
     plan::PlanOptions options;
     options.mesh = {f.dp, f.ring, f.ulysses};
@@ -68,6 +92,7 @@ int run_plan(const PlanFlags& f) {
     MMSP_CHECK(f.format == "text" || f.format == "json", "--format \"", f.format,
                "\" is unknown; use text or json");
     const plan::StepPlan plan = plan::make_step_plan(batch, conventions, options, std::max(f.rank, 0));
+    check_token_ids(batch, vocab_size(config), f.config);
     std::vector<int> ranks;
     if (f.rank >= 0) ranks.push_back(f.rank);
     else

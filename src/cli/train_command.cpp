@@ -12,6 +12,7 @@
 #include "byte_size.h"
 #include "mesh_options.h"
 #include "mmsp/core/check.h"
+#include "mmsp/train/run_checks.h"
 #include "mmsp/train/trainer.h"
 
 namespace mmsp::cli {
@@ -56,11 +57,16 @@ Subcommand add_train_command(CLI::App& parent) {
   app->add_flag("!--no-shuffle", o->shuffle, "read samples in file order");
   app->add_option("--shapes-samples", o->shapes_samples, "samples per epoch of the shapes dataset")->capture_default_str();
   app->add_flag("--blank-images", o->blank_images, "shapes with constant images (the text-only baseline)");
+  app->add_option("--max-image-pixels", o->max_image_pixels,
+                  "refuse image files larger than this (width × height, read from the header at load)")
+      ->capture_default_str();
   app->add_option("--attention-block", o->attention_block, "query/key block of the attention kernel")->capture_default_str();
   app->add_option("--out", o->out_dir, "directory for metrics.jsonl and checkpoints");
   app->add_option("--checkpoint-every", o->checkpoint_every, "save every N steps (and at the end)")->capture_default_str();
   app->add_option("--keep", o->keep_checkpoints, "checkpoints to keep (0: all)")->capture_default_str();
   app->add_option("--resume", o->resume, "continue from this checkpoint or run directory");
+  app->add_flag("--allow-changed-flags", o->allow_changed_flags,
+                "resume although flags that change the batches or the numerics differ from the checkpoint's");
   app->add_flag("!--quiet", o->print_steps, "no per-step lines (the summary still prints)");
   return {app, [flags, o, vision, layout, save_shard_size, memory_limit]() {
             o->vision = model::parse_vision_mode(*vision);
@@ -76,6 +82,7 @@ Subcommand add_train_command(CLI::App& parent) {
             }
             const dist::MeshShape shape = flags->shape(env.world_size);
             train::check_train_options(*o, shape);
+            train::probe_out_dir(o->out_dir);  // every rank, before the rendezvous
             dist::Mesh mesh = dist::Mesh::connect(env, shape, flags->options());
             train::train(*o, mesh, std::cout);
             return 0;

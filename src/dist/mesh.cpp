@@ -4,7 +4,6 @@
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef MMSP_WITH_NCCL
 #include <ATen/Context.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -13,6 +12,7 @@
 #include <sstream>
 
 #include "mmsp/core/check.h"
+#include "mmsp/dist/rendezvous.h"
 
 namespace mmsp::dist {
 namespace {
@@ -47,21 +47,7 @@ std::string group_name(MeshAxis axis, const MeshCoords& c) {
 
 c10::intrusive_ptr<c10d::Store> Mesh::open_store(const RankEnv& env,
                                                  std::chrono::milliseconds timeout) {
-  c10d::TCPStoreOptions opts;
-  opts.port = static_cast<std::uint16_t>(env.master_port);
-  opts.isServer = env.rank == 0;
-  opts.numWorkers = env.world_size;
-  opts.waitWorkers = true;
-  opts.timeout = timeout;
-  try {
-    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
-  } catch (const std::exception& e) {
-    throw Error(detail::concat("rank ", env.rank, " could not join the rendezvous at ",
-                               env.master_addr, ":", env.master_port, " within ",
-                               timeout.count() / 1000.0, " s (are all ", env.world_size,
-                               " ranks started with the same MASTER_ADDR/MASTER_PORT?): ",
-                               e.what()));
-  }
+  return join_rendezvous(env, timeout);
 }
 
 Mesh Mesh::connect(const RankEnv& env, const MeshShape& shape, const MeshOptions& options) {

@@ -81,6 +81,7 @@ RankEnv rank_env_from(const Environment& env) {
   out.master_port = int_or(env, "MASTER_PORT", out.master_port, 1);
   MMSP_CHECK(out.master_port <= 65535, "MASTER_PORT=", out.master_port, " is not a TCP port");
   if (auto nic = lookup(env, "GLOO_SOCKET_IFNAME")) out.gloo_interface = *nic;
+  if (auto id = lookup(env, "MMSP_RUN_ID")) out.run_id = *id;
   return out;
 }
 

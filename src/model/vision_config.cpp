@@ -99,6 +99,16 @@ QwenVisionConfig parse_qwen_vision_config(const nlohmann::json& vision, ModelFam
   v.temporal_patch_size = f.integer("temporal_patch_size", v.temporal_patch_size);
   v.spatial_merge_size = f.integer("spatial_merge_size", v.spatial_merge_size);
   v.initializer_range = f.number("initializer_range", v.initializer_range, true);
+  // Released models use 1-2 frames, 14-16 pixels and a merge of 2: these bounds keep
+  // the patch embedding (channels × frames × patch²) from asking for gigabytes.
+  const struct { const char* key; int64_t value, max; } limits[] = {
+      {"temporal_patch_size", v.temporal_patch_size, 64}, {"patch_size", v.patch_size, 1024},
+      {"spatial_merge_size", v.spatial_merge_size, 64}, {"in_channels", v.in_channels, 64}};
+  for (const auto& l : limits)
+    MMSP_CHECK(l.value <= l.max, f.name(l.key), " ", l.value, " is beyond what a vision tower uses: at most ", l.max);
+  const int64_t patch_row = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
+  MMSP_CHECK(patch_row <= (int64_t{1} << 22), f.name("in_channels"), " × ", f.name("temporal_patch_size"), " × ",
+             f.name("patch_size"), "² = ", patch_row, " values per patch is beyond 4194304");
 
   MMSP_CHECK(v.hidden_size % v.num_heads == 0, f.name("num_heads"), " (", v.num_heads,
              ") must divide ", f.name(width_key), " (", v.hidden_size, ")");

@@ -126,7 +126,10 @@ ModelConventions conventions_from_config(const nlohmann::json& file) {
   if (config.contains("text_config")) rope_parameters_as_scaling(config["text_config"]);
   // Qwen3.5 (a hybrid decoder behind Qwen3-VL's vision tower) is a Qwen3-VL model to the
   // planner, with its own token ids and mRoPE sections as Qwen3_5Config's defaults.
-  const bool qwen3_5 = config.value("model_type", std::string()) == "qwen3_5";
+  MMSP_CHECK(!config.contains("model_type") || config.at("model_type").is_string(),
+             "config.json: model_type must be a string (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, llava, ",
+             "internvl), got ", config.contains("model_type") ? config.at("model_type").dump() : "");
+  const bool qwen3_5 = config.contains("model_type") && config.at("model_type") == "qwen3_5";
   if (qwen3_5) {
     config["model_type"] = "qwen3_vl";
     const std::pair<const char*, int64_t> ids[] = {{"image_token_id", 248056}, {"video_token_id", 248057},
@@ -179,9 +182,9 @@ ModelConventions conventions_from_config(const nlohmann::json& file) {
     }
     if (c.family == ModelFamily::qwen2_5_vl && vision->contains("tokens_per_second")) {
       const auto& t = vision->at("tokens_per_second");
-      MMSP_CHECK(t.is_number() && t.get<double>() >= 0,
-                 "config.json: vision_config.tokens_per_second must be a number >= 0, got ",
-                 t.dump());
+      MMSP_CHECK(t.is_number() && t.get<double>() >= 0 && t.get<double>() <= kMaxTokensPerSecond,
+                 "config.json: vision_config.tokens_per_second must be a number in [0, ", kMaxTokensPerSecond,
+                 "], got ", t.dump(), " (it scales video positions)");
       c.tokens_per_second = t.get<double>();
     }
   }

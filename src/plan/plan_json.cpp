@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "mmsp/core/check.h"
+#include "mmsp/plan/model_conventions.h"
 
 namespace mmsp::plan {
 
@@ -19,6 +20,9 @@ std::vector<int64_t> int_list(const json& j, int64_t si, const char* field) {
   for (size_t i = 0; i < j.size(); ++i) {
     MMSP_CHECK(j[i].is_number_integer(), "sequence ", si, ": ", field, "[", i,
                "] must be an integer, got ", j[i].dump());
+    // nlohmann reads 2^64-1 as an unsigned that get<int64_t>() would turn into -1.
+    MMSP_CHECK(!j[i].is_number_unsigned() || j[i].get<uint64_t>() <= uint64_t{INT64_MAX}, "sequence ", si,
+               ": ", field, "[", i, "] = ", j[i].dump(), " is beyond the int64 range");
     out.push_back(j[i].get<int64_t>());
   }
   return out;
@@ -59,6 +63,9 @@ Batch batch_from_json(const json& j) {
                ": must be an object with \"input_ids\"");
     Sequence seq;
     seq.input_ids = int_list(s.at("input_ids"), si, "input_ids");
+    for (size_t k = 0; k < seq.input_ids.size(); ++k)
+      MMSP_CHECK(seq.input_ids[k] >= 0, "sequence ", si, ": input_ids[", k, "] = ", seq.input_ids[k],
+                 " is not a token id (ids are >= 0)");
     if (s.contains("image_grid_thw") && !s.at("image_grid_thw").is_null())
       seq.image_grid_thw = grid_list(s.at("image_grid_thw"), si, "image_grid_thw");
     if (s.contains("video_grid_thw") && !s.at("video_grid_thw").is_null())
@@ -67,13 +74,19 @@ Batch batch_from_json(const json& j) {
       const json& t = s.at("second_per_grid_ts");
       MMSP_CHECK(t.is_array(), "sequence ", si, ": second_per_grid_ts must be an array");
       for (size_t k = 0; k < t.size(); ++k) {
-        MMSP_CHECK(t[k].is_number(), "sequence ", si, ": second_per_grid_ts[", k,
-                   "] must be a number, got ", t[k].dump());
+        MMSP_CHECK(t[k].is_number() && t[k].get<double>() >= 0 && t[k].get<double>() <= kMaxSecondsPerGrid,
+                   "sequence ", si, ": second_per_grid_ts[", k, "] must be a number of seconds in [0, ",
+                   kMaxSecondsPerGrid, "], got ", t[k].dump(), " (it scales video positions)");
         seq.second_per_grid_ts.push_back(t[k].get<double>());
       }
     }
-    if (s.contains("loss_mask") && !s.at("loss_mask").is_null())
+    if (s.contains("loss_mask") && !s.at("loss_mask").is_null()) {
       seq.loss_mask = int_list(s.at("loss_mask"), si, "loss_mask");
+      // An empty mask would read as "no mask" below: a wrong length, not a default.
+      MMSP_CHECK(!seq.loss_mask.empty() || seq.input_ids.empty(), "sequence ", si,
+                 ": loss_mask has 0 entries but input_ids has ", seq.input_ids.size(),
+                 "; give one 0/1 per token, or leave loss_mask out to train on every token");
+    }
     batch.sequences.push_back(std::move(seq));
   }
   return batch;

@@ -70,8 +70,27 @@ void remove_leftovers(const std::string& dir) {
   }
 }
 
-// Deletes step dirs older than the newest `keep_last` up to `step` (later ones are
-// left alone: they come from a run that went further before a resume from earlier).
+// A step dir a resume could load: state.json parses, passes check_train_state and
+// names the dir's step, and the other files are there and not empty. (Reading every
+// tensor is load_checkpoint's job; this is the cheap test that --keep relies on.)
+bool looks_complete(const fs::path& step_dir, int64_t step) {
+  try {
+    for (const char* file : {kModelFile, kOptimizerFile, kConfigFile}) {
+      std::error_code ec;
+      if (!fs::is_regular_file(step_dir / file, ec) || fs::file_size(step_dir / file, ec) == 0 || ec) return false;
+    }
+    const std::string state_path = (step_dir / kStateFile).string();
+    const json state = check_train_state(parse_json(read_text(state_path), state_path), state_path);
+    return state.at("step").get<int64_t>() == step;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+// Keeps the newest `keep_last` complete step dirs up to `step` and deletes the older
+// ones, complete or not. Incomplete dirs newer than the oldest kept one are left for
+// inspection, and never count: a corrupt newer dir cannot push out the last good one.
+// Step dirs after `step` are left alone (a run that went further before a resume).
 void apply_keep_last(const std::string& dir, int64_t step, int keep_last) {
   if (keep_last <= 0) return;
   std::vector<std::pair<int64_t, fs::path>> steps;
@@ -80,7 +99,11 @@ void apply_keep_last(const std::string& dir, int64_t step, int keep_last) {
     if (s && *s <= step && entry.is_directory()) steps.emplace_back(*s, entry.path());
   }
   std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (size_t i = static_cast<size_t>(keep_last); i < steps.size(); ++i) fs::remove_all(steps[i].second);
+  int kept = 0;
+  for (const auto& [s, path] : steps) {
+    if (kept >= keep_last) fs::remove_all(path);
+    else if (looks_complete(path, s)) ++kept;
+  }
   checkpoint_io::sync_dir(dir);
 }
 
@@ -194,7 +217,9 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
   MMSP_CHECK(fs::is_directory(path), path, ": no such checkpoint directory");
   std::string step_dir = path;
   const std::string latest = path + "/" + kLatest;
-  if (fs::exists(latest)) {
+  if (fs::is_directory(latest)) {
+    step_dir = fs::canonical(latest).string();  // a symbolic link to the step dir (made by hand)
+  } else if (fs::exists(latest)) {
     std::string name = read_text(latest);
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
     MMSP_CHECK(parse_step_dir_name(name).has_value(), latest, ": holds \"", name,

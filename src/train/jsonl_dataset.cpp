@@ -118,7 +118,9 @@ fs::path resolve(const fs::path& dir, const std::string& file) {
 }
 
 // Width and height of an image file from its header (stbi_info reads no pixels).
-std::pair<int64_t, int64_t> image_size(const LineReader& r, const std::string& name, const fs::path& file) {
+// Width and height are checked against `max_pixels` here, before anything is decoded.
+std::pair<int64_t, int64_t> image_size(const LineReader& r, const std::string& name, const fs::path& file,
+                                       int64_t max_pixels) {
   std::error_code ec;
   if (!fs::is_regular_file(file, ec))
     r.fail(name, " file \"", file.string(), "\" does not exist (or is not a regular file)");
@@ -126,6 +128,10 @@ std::pair<int64_t, int64_t> image_size(const LineReader& r, const std::string& n
   if (!stbi_info(file.string().c_str(), &w, &h, &n))
     r.fail(name, " file \"", file.string(), "\" is not an image stb_image can read (",
            stbi_failure_reason(), ")");
+  if (int64_t{w} * h > max_pixels)
+    r.fail(name, " file \"", file.string(), "\" is ", w, " x ", h, " = ", int64_t{w} * h,
+           " pixels, more than --max-image-pixels ", max_pixels, " (decoded it would take ",
+           int64_t{w} * h * 3 / (1 << 20), " MiB as RGB); shrink it or raise the limit");
   return {w, h};
 }
 
@@ -150,7 +156,7 @@ at::Tensor load_image(const std::string& where, const fs::path& file, int64_t ch
 
 }  // namespace
 
-JsonlDataset::JsonlDataset(const std::string& path, const model::ModelConfig& config)
+JsonlDataset::JsonlDataset(const std::string& path, const model::ModelConfig& config, int64_t max_image_pixels)
     : path_(path), config_(config), norm_(pixel_norm(config.family)) {
   std::ifstream in(path);
   MMSP_CHECK(in.good(), "jsonl dataset: cannot open \"", path, "\"");
@@ -194,8 +200,10 @@ JsonlDataset::JsonlDataset(const std::string& path, const model::ModelConfig& co
     }
     if (const json* v = r.find("second_per_grid_ts")) {
       for (size_t k = 0; k < r.array(*v, "second_per_grid_ts").size(); ++k) {
-        MMSP_CHECK((*v)[k].is_number(), where, ": second_per_grid_ts[", k, "] is ", (*v)[k].dump(),
-                   ", expected a number");
+        MMSP_CHECK((*v)[k].is_number() && (*v)[k].get<double>() >= 0 &&
+                       (*v)[k].get<double>() <= plan::kMaxSecondsPerGrid,
+                   where, ": second_per_grid_ts[", k, "] is ", (*v)[k].dump(), ", expected a number of seconds in [0, ",
+                   plan::kMaxSecondsPerGrid, "]");
         seq.second_per_grid_ts.push_back((*v)[k].get<double>());
       }
     }
@@ -274,7 +282,7 @@ JsonlDataset::JsonlDataset(const std::string& path, const model::ModelConfig& co
               const std::string fname = video ? detail::concat(name, " frame ", f) : name;
               MMSP_CHECK(!files[f].empty(), where, ": ", fname, " path must be a non-empty string");
               src.files.push_back(resolve(dir, files[f]).string());
-              const auto wh = image_size(r, fname, src.files.back());
+              const auto wh = image_size(r, fname, src.files.back(), max_image_pixels);
               if (f == 0) first = wh;
               if (!given && geo.qwen)
                 MMSP_CHECK(wh == first, where, ": ", fname, " \"", src.files.back(), "\" is ", wh.first,
@@ -331,6 +339,15 @@ const JsonlDataset::Sample& JsonlDataset::sample(int64_t index) const {
   MMSP_CHECK(index >= 0 && index < size(), "jsonl dataset \"", path_, "\": sample index ", index,
              " is outside 0..", size() - 1);
   return samples_[index];
+}
+
+void JsonlDataset::check_lengths(int64_t row_limit) const {
+  for (const Sample& s : samples_) {
+    const auto length = static_cast<int64_t>(s.sequence.input_ids.size());
+    MMSP_CHECK(length <= row_limit, path_, ":", s.line, ": the sample has ", length,
+               " tokens, more than one row of a step holds (", row_limit,
+               " = --tokens-per-rank × world / rows); raise --tokens-per-rank or shorten the sample");
+  }
 }
 
 std::string JsonlDataset::location(int64_t index) const {

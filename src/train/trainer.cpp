@@ -36,6 +36,7 @@
 #include "mmsp/train/memory_estimate.h"
 #include "mmsp/train/memory_counter.h"
 #include "mmsp/train/optimizer.h"
+#include "mmsp/train/run_checks.h"
 #include "mmsp/train/shapes_dataset.h"
 #include "mmsp/train/step_packer.h"
 #include "mmsp/train/step_pixels.h"
@@ -131,7 +132,7 @@ std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const model::ModelC
     return std::make_unique<ShapesDataset>(shapes, config);
   }
   MMSP_CHECK(!o.blank_images, "--blank-images applies to the built-in shapes dataset only, not '", o.data, "'");
-  return std::make_unique<JsonlDataset>(o.data, config);
+  return std::make_unique<JsonlDataset>(o.data, config, o.max_image_pixels);
 }
 
 // Items of the batch this rank's encoder reads (the others' pixels are never decoded).
@@ -191,6 +192,7 @@ void save_everywhere(const std::string& dir, int64_t step, const NamedParams& we
 }  // namespace
 
 void check_train_options(const TrainOptions& o, const dist::MeshShape& mesh) {
+  check_train_limits(o);  // upper bounds first: nothing below may overflow
   parse_dtype(o.dtype);
   parse_save_dtype(o.save_dtype);
   MMSP_CHECK(o.save_shard_bytes > 0, "--save-shard-size ", o.save_shard_bytes, " must be positive");
@@ -244,6 +246,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   packing.seed = o.seed;
   packing.shuffle = o.shuffle;
   StepPacker packer(*data, packing);
+  if (const auto* jsonl = dynamic_cast<const JsonlDataset*>(data.get())) jsonl->check_lengths(packer.row_limit());
   const bool rank0 = mesh.rank() == 0;
 
   MemoryCounter::install();
@@ -283,14 +286,9 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     done = ckpt.step;
     position.epoch = ckpt.state.at("data").at("epoch").get<int64_t>();
     position.offset = ckpt.state.at("data").at("offset").get<int64_t>();
-    // The batches continue as before only with the same budget and rows (any mesh).
-    const auto& run = ckpt.state.at("run");
-    const int64_t budget = run.value("tokens_per_rank", int64_t{0}) * run.value("world_size", int64_t{0});
-    const int64_t then_rows = run.value("data_rows", int64_t{0});
-    if (rank0 && (budget != o.tokens_per_rank * mesh.world_size() || then_rows != rows))
-      log << "note: the checkpoint packed " << budget << " tokens per step in " << then_rows
-          << " rows, this run " << o.tokens_per_rank * mesh.world_size() << " in " << rows
-          << ": the batches differ from the interrupted run's" << std::endl;
+    // The batches and numerics continue as before only with the same flags (any mesh).
+    check_resume_flags(ckpt.state.at("run"), run_flags(o, mesh.shape(), rows), o.allow_changed_flags, o.resume,
+                       rank0 ? &log : nullptr);
     restore_cpu_rng(ckpt.state.at("cpu_rng").get<std::string>(), ckpt.path);
     if (rank0) log << "resumed from " << o.resume << " after step " << done << std::endl;
   }
@@ -381,14 +379,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
       state["step"] = step;
       state["cpu_rng"] = capture_cpu_rng();
       state["data"] = {{"epoch", position.epoch}, {"offset", position.offset}};
-      state["run"] = {{"model", o.model},       {"data", o.data},
-                      {"dtype", o.dtype},       {"seed", o.seed},
-                      {"tokens_per_rank", o.tokens_per_rank},
-                      {"world_size", mesh.world_size()},
-                      {"data_rows", rows},
-                      {"mesh", mesh.shape().str()},
-                      {"vision", model::to_string(o.vision)},
-                      {"steps", o.steps}};
+      state["run"] = run_flags(o, mesh.shape(), rows);
       CheckpointOptions ckpt;
       ckpt.keep_last = o.keep_checkpoints;
       ckpt.save_dtype = save_dtype;

@@ -2,6 +2,7 @@
 // CLI11 and nlohmann_json), driven with real files from configs/ and examples/.
 #include <CLI/CLI.hpp>
 
+#include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -62,6 +63,7 @@ TEST(PlanCommand, JsonOfOneRank) {
   EXPECT_EQ(j["mesh"]["world"], 4);
 }
 
+// Every shipped example plans with its tiny config, token ids within its vocabulary.
 TEST(PlanCommand, EveryExampleWithItsConfig) {
   for (const char* family : {"qwen2-vl", "qwen2_5-vl", "qwen3-vl", "qwen3_5-vl", "llava", "internvl"}) {
     const Result r = run_plan({"--config", kDir + "/configs/tiny-" + family + ".json", "--batch",
@@ -90,6 +92,49 @@ TEST(PlanCommand, BadInputsExitTwoWithTheMessage) {
                 kDir + "/examples/batch-qwen2-vl.json", "--format", "xml"});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--format \"xml\" is unknown"));
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/plan_input_" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// Token ids, values that feed positions, loss_mask lengths and config types: exit 2 naming the value.
+TEST(PlanCommand, RefusesBadIdsPositionScalesMasksAndConfigTypes) {
+  const std::string qwen = kDir + "/configs/tiny-qwen2-vl.json";
+  const std::string qwen25 = kDir + "/configs/tiny-qwen2_5-vl.json";
+  const struct {
+    const char* name;
+    std::string config, batch, message;
+  } cases[] = {
+      {"negative", qwen, R"({"sequences": [{"input_ids": [1, -5, 2]}]})", "input_ids[1] = -5 is not a token id"},
+      {"uint64_max", qwen, R"({"sequences": [{"input_ids": [1, 18446744073709551615]}]})",
+       "input_ids[1] = 18446744073709551615 is beyond the int64 range"},
+      {"vocab", qwen, R"({"sequences": [{"input_ids": [1, 151936]}]})",
+       "input_ids[1] = 151936 is outside the vocabulary 0..151935"},
+      {"empty_mask", qwen, R"({"sequences": [{"input_ids": [1, 2, 3], "loss_mask": []}]})",
+       "loss_mask has 0 entries but input_ids has 3"},
+      {"seconds", qwen25,
+       R"({"sequences": [{"input_ids": [1, 151652, 151656, 151656, 151653], "video_grid_thw": [[2, 2, 4]],
+           "second_per_grid_ts": [1e19]}]})",
+       "second_per_grid_ts[0] must be a number of seconds in [0, 10000]"},
+  };
+  for (const auto& c : cases) {
+    const Result r = run_plan({"--config", c.config, "--batch", write_temp(c.name, c.batch)});
+    EXPECT_EQ(r.status, 2) << c.name << ": " << r.out;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << c.name;
+  }
+  const std::string batch = kDir + "/examples/batch-qwen2-vl.json";
+  Result r = run_plan({"--config", write_temp("type.json", R"({"model_type": 7})"), "--batch", batch});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("config.json: model_type must be a string (qwen2_vl"));
+  EXPECT_THAT(r.err, HasSubstr("got 7"));
+  r = run_plan({"--config",
+                write_temp("tps.json", R"({"model_type": "qwen2_5_vl", "vision_config": {"tokens_per_second": 1e19}})"),
+                "--batch", batch});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("vision_config.tokens_per_second must be a number in [0, 10000]"));
 }
 
 }  // namespace

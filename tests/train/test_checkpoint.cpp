@@ -18,6 +18,7 @@
 #include "mmsp/model/hf_directory.h"
 #include "mmsp/model/safetensors.h"
 #include "mmsp/train/checkpoint.h"
+#include "mmsp/train/run_checks.h"
 #include "mmsp/train/optimizer.h"
 
 namespace mmsp::train {
@@ -281,6 +282,75 @@ TEST_F(CheckpointTest, LatestPointerAndKeepLast) {
   EXPECT_EQ(read_file(dir_ + "/latest"), "step-000003\n");
   EXPECT_TRUE(fs::exists(dir_ + "/step-000005"));
   EXPECT_EQ(step_dir_name(1234567), "step-1234567");
+}
+
+// --keep counts only complete step dirs: corrupt newer ones never push out the last good one.
+TEST_F(CheckpointTest, KeepNeverDeletesTheNewestCompleteCheckpoint) {
+  Trained a = trained(1);
+  CheckpointOptions keep2;
+  keep2.keep_last = 2;
+  for (int64_t step = 1; step <= 2; ++step)
+    save_checkpoint(dir_, step, *a.model, *a.opt, state_json(0, step), kConfig, keep2);
+  // step 3: truncated state.json; step 4: a copy of step 2 (wrong step) without its weights.
+  fs::copy(dir_ + "/step-000002", dir_ + "/step-000003", fs::copy_options::recursive);
+  write_file(dir_ + "/step-000003/state.json", "{\"step\": 3, \"data\"");
+  fs::copy(dir_ + "/step-000002", dir_ + "/step-000004", fs::copy_options::recursive);
+  fs::remove(dir_ + "/step-000004/model.safetensors");
+  save_checkpoint(dir_, 5, *a.model, *a.opt, state_json(0, 5), kConfig, keep2);
+  EXPECT_TRUE(fs::exists(dir_ + "/step-000005"));
+  EXPECT_TRUE(fs::exists(dir_ + "/step-000002")) << "the newest complete checkpoint before 5 was deleted";
+  EXPECT_FALSE(fs::exists(dir_ + "/step-000001"));
+  EXPECT_TRUE(fs::exists(dir_ + "/step-000003"));  // left for inspection, never counted
+  EXPECT_EQ(load_checkpoint(dir_ + "/step-000002").step, 2);
+  // The next save keeps 6 and 5; everything older goes, complete or not.
+  save_checkpoint(dir_, 6, *a.model, *a.opt, state_json(0, 6), kConfig, keep2);
+  std::vector<std::string> entries;
+  for (const auto& e : fs::directory_iterator(dir_)) entries.push_back(e.path().filename().string());
+  std::sort(entries.begin(), entries.end());
+  EXPECT_EQ(entries, (std::vector<std::string>{"latest", "step-000005", "step-000006"}));
+}
+
+// A `latest` that is a symbolic link to a step dir is followed.
+TEST_F(CheckpointTest, LatestMayBeASymbolicLinkToTheStepDir) {
+  Trained a = trained(1);
+  for (int64_t step = 1; step <= 2; ++step)
+    save_checkpoint(dir_, step, *a.model, *a.opt, state_json(0, step), kConfig, {});
+  fs::remove(dir_ + "/latest");
+  fs::create_directory_symlink("step-000001", dir_ + "/latest");
+  const Checkpoint c = load_checkpoint(dir_);
+  EXPECT_EQ(c.step, 1);
+  EXPECT_EQ(fs::path(c.path).filename(), "step-000001");
+}
+
+// Resume compares the run's flags with the checkpoint's: batch- or numerics-changing
+// ones are named and refused (or noted with allow); mesh and vision pass silently.
+TEST(ResumeFlags, NamesWhatChangesTheBatchesOrNumericsAndIgnoresTheMesh) {
+  TrainOptions o;
+  const json then = run_flags(o, {1, 1, 2}, 1);
+  TrainOptions other_mesh = o;
+  other_mesh.vision = model::VisionMode::gather;
+  other_mesh.checkpoint_every = 7;
+  EXPECT_NO_THROW(check_resume_flags(then, run_flags(other_mesh, {1, 2, 1}, 1), false, "ckpt", nullptr));
+  TrainOptions changed = o;
+  changed.seed = 1;
+  changed.dtype = "float64";
+  changed.tokens_per_rank = 128;
+  const std::string message =
+      what([&] { check_resume_flags(then, run_flags(changed, {1, 1, 2}, 1), false, "ckpt", nullptr); });
+  EXPECT_THAT(message, ::testing::HasSubstr("--resume ckpt: this run changes 3 flags"));
+  EXPECT_THAT(message, ::testing::HasSubstr("--seed 0 -> 1: another data order"));
+  EXPECT_THAT(message, ::testing::HasSubstr("--dtype \"float32\" -> \"float64\": another precision"));
+  EXPECT_THAT(message, ::testing::HasSubstr("--tokens-per-rank × world 512 -> 256"));
+  std::ostringstream notes;
+  EXPECT_NO_THROW(check_resume_flags(then, run_flags(changed, {1, 1, 2}, 1), true, "ckpt", &notes));
+  EXPECT_THAT(notes.str(), ::testing::HasSubstr("note: --allow-changed-flags"));
+  // A checkpoint from before "tokens_per_step" and "shuffle" were stored: compared on what it has.
+  json old = then;
+  old.erase("tokens_per_step");
+  old.erase("shuffle");
+  TrainOptions unshuffled = o;
+  unshuffled.shuffle = false;
+  EXPECT_NO_THROW(check_resume_flags(old, run_flags(unshuffled, {1, 1, 2}, 1), false, "ckpt", nullptr));
 }
 
 // Each CheckpointTest.Crash* test forks a child that saves with the crash hook set.

@@ -51,6 +51,40 @@ expect_error model "'nope' is neither a built-in model" train --model nope
 expect_error vision "vision mode 'x'" train --vision x
 expect_error data_file "missing.jsonl" train --data "$work/missing.jsonl" --model "$src/configs/tiny-qwen2-vl.json"
 
+cfg="$src/configs/tiny-qwen2-vl.json"
+# --- 2b. checked on every rank before the first collective: --out, image sizes, sample
+# lengths, config ranges (issue 17) ----------------------------------------------------
+touch "$work/a-file"
+expect_error out_file "--out $work/a-file is not a directory" train --out "$work/a-file"
+expect_error out_unwritable "--out /proc/mmsp-out: cannot create the directory" train --out /proc/mmsp-out
+data="$src/examples/data/data.jsonl"
+expect_error image_pixels "circle.png\" is 56 x 56 = 3136 pixels, more than --max-image-pixels 3000" \
+  train --data "$data" --model "$cfg" --max-image-pixels 3000
+expect_error sample_length "the sample has 17 tokens, more than one row of a step holds (16" \
+  train --data "$data" --model "$cfg" --tokens-per-rank 8
+sed 's/"temporal_patch_size": *[0-9]*/"temporal_patch_size": 5000000/' "$cfg" > "$work/tps.json"
+grep -q 5000000 "$work/tps.json" || fail "could not write the temporal_patch_size config"
+expect_error temporal_patch "vision_config.temporal_patch_size 5000000 is beyond what a vision tower uses" \
+  train --data "$data" --model "$work/tps.json"
+
+# --- 2c. resume: flags that change the batches or numerics are named and refused ------
+$run $mmsp "${train[@]}" --ulysses 2 --stop-after 2 --out "$work/stop" > "$work/stop.log" 2>&1 ||
+  fail "the run that stops after step 2 failed: $(tail -5 "$work/stop.log")"
+expect_error resume_changed "this run changes 2 flags that change the batches or the numerics" \
+  "${train[@]}" --ulysses 2 --resume "$work/stop" --seed 1 --no-shuffle
+grep -q -- "--seed 0 -> 1: another data order" "$work/resume_changed.log" || fail "resume did not name --seed"
+grep -q -- "--no-shuffle true -> false" "$work/resume_changed.log" || fail "resume did not name --no-shuffle"
+grep -q -- "--allow-changed-flags" "$work/resume_changed.log" || fail "resume did not name --allow-changed-flags"
+$run $mmsp "${train[@]}" --ulysses 2 --resume "$work/stop" --seed 1 --allow-changed-flags \
+  > "$work/resume_allowed.log" 2>&1 || fail "--allow-changed-flags did not resume: $(tail -5 "$work/resume_allowed.log")"
+grep -q "note: --allow-changed-flags" "$work/resume_allowed.log" || fail "the allowed resume gave no note"
+# Another mesh (ring instead of ulysses) passes silently; `latest` as a symbolic link is followed.
+rm "$work/stop/latest" && ln -s step-000002 "$work/stop/latest"
+$run $mmsp "${train[@]}" --ring 2 --resume "$work/stop" --out "$work/stop" > "$work/resume_mesh.log" 2>&1 ||
+  fail "resume on another mesh through a latest link failed: $(tail -5 "$work/resume_mesh.log")"
+grep -q "resumed from .* after step 2" "$work/resume_mesh.log" || fail "the mesh-change resume did not start after step 2"
+grep -q "note:" "$work/resume_mesh.log" && fail "a mesh change gave a note: $(grep note: "$work/resume_mesh.log")"
+
 # JSON-lines data with one fault each, for the tiny Qwen2-VL config
 cfg="$src/configs/tiny-qwen2-vl.json"
 cp "$src"/examples/data/*.png "$work/" 2>/dev/null

@@ -40,7 +40,8 @@ class Mesh {
   // of a distributed computation, run inside a multi-rank job.
   static Mesh solo();
 
-  // Opens the job's TCPStore (rank 0 serves it).
+  // Opens the job's TCPStore (rank 0 serves it) and waits for every rank of the
+  // same run (join_rendezvous in rendezvous.h).
   static c10::intrusive_ptr<c10d::Store> open_store(const RankEnv& env,
                                                     std::chrono::milliseconds timeout);
 

@@ -19,10 +19,11 @@ struct RankEnv {
   int master_port = 29500;                // TCPStore port
   std::string gloo_interface;             // GLOO_SOCKET_IFNAME, if set: the NIC Gloo binds
   std::string launcher;                   // "torchrun" (also mmsp-run), "openmpi", "slurm", "single"
+  std::string run_id;                     // MMSP_RUN_ID, if set: the job's identity in the rendezvous
 };
 
 // Reads torchrun's names first (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT), then OpenMPI's (OMPI_COMM_WORLD_*), then Slurm's
+// MASTER_ADDR, MASTER_PORT; MMSP_RUN_ID), then OpenMPI's (OMPI_COMM_WORLD_*), then Slurm's
 // (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, ...). With none of them: one rank.
 // Throws mmsp::Error naming the variable when a value is malformed or inconsistent.
 RankEnv rank_env_from(const Environment& env);

@@ -11,6 +11,12 @@
 
 namespace mmsp::plan {
 
+// Bounds of the values that scale video positions (t = frame × second_per_grid_t ×
+// tokens_per_second): with any frame count below 2^31 the product stays far inside
+// int64, and real videos use seconds and rates of a few units.
+constexpr double kMaxSecondsPerGrid = 1e4;
+constexpr double kMaxTokensPerSecond = 1e4;
+
 enum class ModelFamily { qwen2_vl, qwen2_5_vl, qwen3_vl, llava, internvl };
 
 struct ModelConventions {
@@ -26,7 +32,7 @@ struct ModelConventions {
   // patches merged into one embedding row per side (vision_config.spatial_merge_size; InternVL 1/downsample_ratio)
   int64_t spatial_merge_size = 2;
   // Qwen2.5-VL temporal scaling: t position = frame * second_per_grid_t * tokens_per_second
-  double tokens_per_second = 4.0;
+  double tokens_per_second = 4.0;  // in [0, kMaxTokensPerSecond]
   // rows of the rotary frequencies given to t, h, w (rope_scaling.mrope_section)
   std::array<int64_t, 3> mrope_section{16, 24, 24};
   // Qwen3-VL interleaves t/h/w frequencies instead of splitting them in chunks

@@ -18,8 +18,14 @@ namespace mmsp::train {
 class JsonlDataset : public Dataset {
  public:
   // Errors name the file and line, the field and the value; relative pixel paths are
-  // relative to the directory of `path`.
-  JsonlDataset(const std::string& path, const model::ModelConfig& config);
+  // relative to the directory of `path`. Image files whose header gives more than
+  // `max_image_pixels` (width × height) are refused here, before any decoding.
+  JsonlDataset(const std::string& path, const model::ModelConfig& config,
+               int64_t max_image_pixels = int64_t{1} << 24);
+
+  // Refuses the first sample longer than `row_limit` tokens (one row of a step), naming
+  // its line: called with the packer's limit before the first step.
+  void check_lengths(int64_t row_limit) const;
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   plan::Sequence sequence(int64_t index) const override;

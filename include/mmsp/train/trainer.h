@@ -25,6 +25,7 @@ struct TrainOptions {
   std::string model = "shapes-qwen2-vl";  // a built-in name or a config.json path
   std::string data = "shapes";            // "shapes" (built in) or a .jsonl file
   int64_t shapes_samples = 100000;        // samples per epoch of the shapes dataset
+  int64_t max_image_pixels = 16777216;    // width × height of one image file at most (header checked at load)
   bool blank_images = false;              // shapes with constant images: the text-only baseline
   // float32 or float64: parameters, activations and optimizer in that dtype; bfloat16:
   // mixed precision (bf16 compute weights and activations, fp32 masters, gradients for
@@ -57,6 +58,7 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;   // 0: only at the end (when out_dir is set)
   int keep_checkpoints = 2;       // 0: keep all
   std::string resume;             // a checkpoint directory (or a run directory) to continue
+  bool allow_changed_flags = false;  // resume even if flags that change batches or numerics differ
   bool print_steps = true;        // rank 0 prints one line per step (the summary always)
   // hf/ of each checkpoint: its dtype (float32, float64, bfloat16, float16; empty: the
   // dtype the weights were loaded in, or the training weights' dtype for a config) and

@@ -1,0 +1,33 @@
+// The job's rendezvous on rank 0's c10d TCPStore, before any process group exists:
+// every rank shows that it belongs to the same run (a run id) and waits, within one
+// deadline, until every rank of the world has arrived. Errors name the missing ranks
+// or the other run; building the groups is left to Mesh.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include <c10/util/intrusive_ptr.h>
+
+#include "mmsp/dist/rank_env.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace mmsp::dist {
+
+// The run id this rank joins with: env.run_id (MMSP_RUN_ID, which mmsp-run sets), else
+// "MASTER_ADDR:MASTER_PORT/WORLD_SIZE".
+std::string run_id_of(const RankEnv& env);
+
+// Opens the TCPStore at env.master_addr:env.master_port (rank 0 serves it), checks the
+// run id that rank 0 wrote there against this rank's, registers this rank, and returns
+// once all env.world_size ranks have registered. Everything ends within `timeout` of
+// the call (plus a second on rank 0, so that the others read the verdict):
+//   "rank 3 did not join within 10 s (3 of 4 ranks joined run '...' at host:port) ..."
+//   "rank 1 of run 'A' reached the rendezvous of run 'B' at host:port ..."
+// as mmsp::Error, never a c10 backtrace.
+c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono::milliseconds timeout);
+
+}  // namespace mmsp::dist

@@ -1,0 +1,147 @@
+// Flag limits, the --out probe and the resume comparison; see run_checks.h.
+#include "mmsp/train/run_checks.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <ostream>
+#include <vector>
+
+#include "mmsp/core/check.h"
+#include "mmsp/model/vision_routing.h"
+
+namespace mmsp::train {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+void check_count(const char* flag, int64_t value, int64_t max, const char* what) {
+  MMSP_CHECK(value <= max, flag, " ", value, " is too large: at most ", max, " (", what, ")");
+}
+
+void check_finite(const char* flag, double value) {
+  MMSP_CHECK(std::isfinite(value), flag, " ", value, " must be a finite number");
+}
+
+// A flag of the run object that changes the batches or the numerics, and what follows.
+struct Consequential {
+  const char* key;
+  const char* flag;
+  const char* effect;
+};
+constexpr Consequential kConsequential[] = {
+    {"model", "--model", "another model config: the checkpoint's weights may not fit it"},
+    {"data", "--data", "other samples: the batches differ from the interrupted run's"},
+    {"shapes_samples", "--shapes-samples", "another shapes epoch: the batches differ"},
+    {"blank_images", "--blank-images", "other images: the batches differ"},
+    {"seed", "--seed", "another data order: the batches differ (the weights come from the checkpoint)"},
+    {"shuffle", "--no-shuffle", "another data order: the batches differ"},
+    {"tokens_per_step", "--tokens-per-rank × world", "another step budget: the batches differ"},
+    {"data_rows", "--data-rows", "other rows: the batches differ"},
+    {"steps", "--steps", "another learning-rate schedule (its cosine ends at --steps)"},
+    {"warmup", "--warmup", "another learning-rate schedule"},
+    {"lr", "--lr", "another learning-rate schedule"},
+    {"min_lr", "--min-lr", "another learning-rate schedule"},
+    {"dtype", "--dtype", "another precision: the losses differ from the interrupted run's"},
+    {"weight_decay", "--weight-decay", "another optimiser: the updates differ"},
+    {"clip", "--clip", "another gradient clip: the updates differ"},
+};
+
+// The budget of a checkpoint written before "tokens_per_step" was stored.
+json with_tokens_per_step(json run) {
+  if (!run.contains("tokens_per_step") && run.contains("tokens_per_rank") && run.contains("world_size") &&
+      run["tokens_per_rank"].is_number_integer() && run["world_size"].is_number_integer())
+    run["tokens_per_step"] = run["tokens_per_rank"].get<int64_t>() * run["world_size"].get<int64_t>();
+  return run;
+}
+
+}  // namespace
+
+void check_train_limits(const TrainOptions& o) {
+  check_count("--steps", o.steps, kMaxSteps, "optimizer steps of the schedule");
+  check_count("--stop-after", o.stop_after, kMaxSteps, "a step of the schedule");
+  check_count("--warmup", o.warmup_steps, kMaxSteps, "steps");
+  check_count("--checkpoint-every", o.checkpoint_every, kMaxSteps, "steps");
+  check_count("--tokens-per-rank", o.tokens_per_rank, kMaxTokensPerRank,
+              "tokens of one rank per step; a step holds this × world");
+  check_count("--data-rows", o.data_rows, kMaxTokensPerRank, "rows of a step");
+  check_count("--shapes-samples", o.shapes_samples, kMaxShapesSamples, "samples of one shapes epoch");
+  check_count("--attention-block", o.attention_block, kMaxAttentionBlock, "query/key block of the kernel");
+  MMSP_CHECK(o.max_image_pixels >= 1 && o.max_image_pixels <= kMaxImagePixelsBound, "--max-image-pixels ",
+             o.max_image_pixels, " must be in [1, ", kMaxImagePixelsBound, "] (width × height of one image)");
+  check_finite("--lr", o.lr);
+  check_finite("--min-lr", o.min_lr);
+  check_finite("--weight-decay", o.weight_decay);
+  check_finite("--clip", o.clip_norm);
+}
+
+void probe_out_dir(const std::string& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  MMSP_CHECK(!fs::exists(dir, ec) || fs::is_directory(dir, ec), "--out ", dir,
+             " is not a directory (a file of that name is in the way); give a directory path");
+  fs::create_directories(dir, ec);
+  MMSP_CHECK(!ec, "--out ", dir, ": cannot create the directory: ", ec.message());
+  // Hidden and marked ".tmp-": a probe left by a crash is removed with the next save's leftovers.
+  char host[128] = {};
+  ::gethostname(host, sizeof host - 1);
+  const std::string probe = dir + "/.out-probe-" + host + ".tmp-" + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
+  const int error = errno;
+  MMSP_CHECK(fd >= 0, "--out ", dir, " is not writable: ", std::strerror(error),
+             " (metrics and checkpoints go there; give a directory this rank can write)");
+  const bool wrote = ::write(fd, "x", 1) == 1;
+  const int write_error = errno;
+  ::close(fd);
+  ::unlink(probe.c_str());
+  MMSP_CHECK(wrote, "--out ", dir, " is not writable: ", std::strerror(write_error));
+}
+
+json run_flags(const TrainOptions& o, const dist::MeshShape& mesh, int data_rows) {
+  json run = {{"model", o.model},
+              {"data", o.data},
+              {"dtype", o.dtype},
+              {"seed", o.seed},
+              {"shuffle", o.shuffle},
+              {"tokens_per_rank", o.tokens_per_rank},
+              {"world_size", mesh.size()},
+              {"tokens_per_step", o.tokens_per_rank * mesh.size()},
+              {"data_rows", data_rows},
+              {"mesh", mesh.str()},
+              {"vision", model::to_string(o.vision)},
+              {"steps", o.steps},
+              {"warmup", o.warmup_steps},
+              {"lr", o.lr},
+              {"min_lr", o.min_lr},
+              {"weight_decay", o.weight_decay},
+              {"clip", o.clip_norm}};
+  if (o.data == "shapes") {
+    run["shapes_samples"] = o.shapes_samples;
+    run["blank_images"] = o.blank_images;
+  }
+  return run;
+}
+
+void check_resume_flags(const json& then_in, const json& now_in, bool allow, const std::string& resume,
+                        std::ostream* notes) {
+  const json then = with_tokens_per_step(then_in), now = with_tokens_per_step(now_in);
+  std::vector<std::string> changes;
+  for (const auto& c : kConsequential) {
+    if (!then.contains(c.key) || !now.contains(c.key) || then[c.key] == now[c.key]) continue;
+    changes.push_back(detail::concat(c.flag, " ", then[c.key].dump(), " -> ", now[c.key].dump(), ": ", c.effect));
+  }
+  if (changes.empty()) return;
+  std::string list;
+  for (const auto& c : changes) list += "\n  " + c;
+  MMSP_CHECK(allow, "--resume ", resume, ": this run changes ", changes.size(),
+             changes.size() == 1 ? " flag" : " flags", " that change the batches or the numerics:", list,
+             "\nrun again with the checkpoint's values, or pass --allow-changed-flags to continue anyway");
+  if (notes) *notes << "note: --allow-changed-flags: the run differs from the checkpoint's:" << list << std::endl;
+}
+
+}  // namespace mmsp::train
