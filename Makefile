@@ -10,13 +10,13 @@ Torch_DIR  ?=
 # Debian 12 packages the project builds and runs with. libopenblas0-pthread makes
 # LibTorch's fp32 matmul ~20x faster than the reference BLAS (see docs/building.md).
 DEB_PACKAGES := cmake ninja-build g++ ccache libtorch-dev libgloo-dev nlohmann-json3-dev \
-                libcli11-dev libgtest-dev libbenchmark-dev libopenblas0-pthread \
+                libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas0-pthread \
                 libstb-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(if $(Torch_DIR),-DTorch_DIR=$(Torch_DIR))
 
-.PHONY: all deps configure build tools test demo clean install
+.PHONY: all deps configure build tools test demo clean install test-torch2 print-deb-packages
 
 all: build
 
@@ -62,3 +62,11 @@ install: build
 
 clean:
 	rm -rf $(BUILD)
+
+# The whole suite against LibTorch 2.x (Debian 13's libtorch-dev) in a debootstrap root,
+# from a clean clone: docs/building.md. Needs root; not part of `make test`.
+test-torch2:
+	scripts/test-torch2.sh
+
+print-deb-packages:
+	@echo $(DEB_PACKAGES)
