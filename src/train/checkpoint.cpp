@@ -71,13 +71,22 @@ void remove_leftovers(const std::string& dir) {
 }
 
 // A step dir a resume could load: state.json parses, passes check_train_state and
-// names the dir's step, and the other files are there and not empty. (Reading every
-// tensor is load_checkpoint's job; this is the cheap test that --keep relies on.)
+// names the dir's step, the optimizer file is there and not empty, and the weights
+// open (hf/'s headers and index check out; the first format: its files are there).
+// (Reading every tensor is load_checkpoint's job; this is the cheap test that --keep
+// relies on.)
 bool looks_complete(const fs::path& step_dir, int64_t step) {
+  auto non_empty = [&](const fs::path& file) {
+    std::error_code ec;
+    return fs::is_regular_file(file, ec) && fs::file_size(file, ec) > 0 && !ec;
+  };
   try {
-    for (const char* file : {kModelFile, kOptimizerFile, kConfigFile}) {
-      std::error_code ec;
-      if (!fs::is_regular_file(step_dir / file, ec) || fs::file_size(step_dir / file, ec) == 0 || ec) return false;
+    if (!non_empty(step_dir / kOptimizerFile)) return false;
+    if (fs::is_directory(step_dir / kHfDir)) {
+      model::open_hf_directory((step_dir / kHfDir).string());
+      if (fs::exists(step_dir / kMasterDir)) model::open_hf_directory((step_dir / kMasterDir).string());
+    } else if (!non_empty(step_dir / kLegacyModelFile) || !non_empty(step_dir / kConfigFile)) {
+      return false;
     }
     const std::string state_path = (step_dir / kStateFile).string();
     const json state = check_train_state(parse_json(read_text(state_path), state_path), state_path);

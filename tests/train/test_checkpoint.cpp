@@ -295,7 +295,7 @@ TEST_F(CheckpointTest, KeepNeverDeletesTheNewestCompleteCheckpoint) {
   fs::copy(dir_ + "/step-000002", dir_ + "/step-000003", fs::copy_options::recursive);
   write_file(dir_ + "/step-000003/state.json", "{\"step\": 3, \"data\"");
   fs::copy(dir_ + "/step-000002", dir_ + "/step-000004", fs::copy_options::recursive);
-  fs::remove(dir_ + "/step-000004/model.safetensors");
+  fs::remove(dir_ + "/step-000004/hf/model.safetensors");
   save_checkpoint(dir_, 5, *a.model, *a.opt, state_json(0, 5), kConfig, keep2);
   EXPECT_TRUE(fs::exists(dir_ + "/step-000005"));
   EXPECT_TRUE(fs::exists(dir_ + "/step-000002")) << "the newest complete checkpoint before 5 was deleted";
