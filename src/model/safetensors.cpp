@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mmsp/core/check.h"
+#include "mmsp/core/file_descriptor.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "safetensors stores little-endian data; mmsp copies it without swapping bytes");
@@ -305,20 +306,7 @@ void check_bools(const std::string& name, const at::Tensor& t, const std::string
 
 // ---- files ----
 
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
+using Fd = FileDescriptor;
 
 std::string errno_text() { return std::strerror(errno); }
 
