@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -126,14 +127,13 @@ TEST(MultiRankTrain, EveryVisionModeTrainsTheSameModel) {
   }
 }
 
-// Stop after step 2 (checkpoint), resume, finish: the losses of steps 3-4 and the
-// parameters equal an uninterrupted run's exactly.
-TEST(MultiRankTrain, StopAndResumeEqualsAnUninterruptedRun) {
-  const int world = test::rank_env().world_size;
-  const dist::Mesh mesh = test::make_mesh(context_shape(world));
-  const std::string whole_dir = shared_dir("train-whole"), split_dir = shared_dir("train-split");
+// Runs `o` for 4 steps whole, then again stopped after step 2 (checkpointed) and
+// resumed: steps 1-2, steps 3-4 and the final parameters equal the whole run's
+// exactly. `inspect` sees the split run's directory before the resume.
+void expect_stop_and_resume_exact(train::TrainOptions o, const dist::Mesh& mesh, const std::string& name,
+                                  const std::function<void(const std::string&)>& inspect = {}) {
+  const std::string whole_dir = shared_dir(name + "-whole"), split_dir = shared_dir(name + "-split");
   std::ostringstream log;
-  train::TrainOptions o = tiny_options(96);
   o.steps = 4;
   o.checkpoint_every = 2;
   o.out_dir = whole_dir;
@@ -143,6 +143,7 @@ TEST(MultiRankTrain, StopAndResumeEqualsAnUninterruptedRun) {
   o.stop_after = 2;
   const train::TrainReport first = train::train(o, mesh, log);
   ASSERT_EQ(first.steps.size(), 2u);
+  if (inspect) inspect(split_dir);
   o.stop_after = 0;
   o.resume = split_dir;
   const train::TrainReport rest = train::train(o, mesh, log);
@@ -161,37 +162,24 @@ TEST(MultiRankTrain, StopAndResumeEqualsAnUninterruptedRun) {
   }
 }
 
+// Stop after step 2 (checkpoint), resume, finish: the losses of steps 3-4 and the
+// parameters equal an uninterrupted run's exactly.
+TEST(MultiRankTrain, StopAndResumeEqualsAnUninterruptedRun) {
+  const dist::Mesh mesh = test::make_mesh(context_shape(test::rank_env().world_size));
+  expect_stop_and_resume_exact(tiny_options(96), mesh, "train");
+}
+
 // A bf16 run whose checkpoints keep hf/ in bf16 resumes from the fp32 masters in
 // master/: the resumed steps equal the uninterrupted run's bit for bit.
 TEST(MultiRankTrain, MixedPrecisionResumeFromBf16CheckpointsIsExact) {
-  const int world = test::rank_env().world_size;
-  const dist::Mesh mesh = test::make_mesh(context_shape(world));
-  const std::string whole_dir = shared_dir("train-bf16-whole"), split_dir = shared_dir("train-bf16-split");
-  std::ostringstream log;
+  const dist::Mesh mesh = test::make_mesh(context_shape(test::rank_env().world_size));
   train::TrainOptions o = tiny_options(96);
   o.dtype = "bfloat16";
   o.save_dtype = "bfloat16";
-  o.steps = 4;
-  o.checkpoint_every = 2;
-  o.out_dir = whole_dir;
-  const train::TrainReport whole = train::train(o, mesh, log);
-  o.out_dir = split_dir;
-  o.stop_after = 2;
-  train::train(o, mesh, log);
-  EXPECT_TRUE(std::filesystem::is_directory(split_dir + "/step-000002/master"));
-  EXPECT_EQ(model::open_hf_directory(split_dir + "/step-000002/hf").dominant_dtype(), at::kBFloat16);
-  o.stop_after = 0;
-  o.resume = split_dir;
-  const train::TrainReport rest = train::train(o, mesh, log);
-  ASSERT_EQ(rest.steps.size(), 2u);
-  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(rest.steps[i].loss, whole.steps[i + 2].loss) << "step " << i + 3;
-  for (size_t i = 0; i < whole.parameters.size(); ++i)
-    EXPECT_TRUE(at::equal(rest.parameters[i].second, whole.parameters[i].second)) << whole.parameters[i].first;
-  barrier(mesh);
-  if (mesh.rank() == 0) {
-    std::filesystem::remove_all(whole_dir);
-    std::filesystem::remove_all(split_dir);
-  }
+  expect_stop_and_resume_exact(o, mesh, "train-bf16", [](const std::string& split_dir) {
+    EXPECT_TRUE(std::filesystem::is_directory(split_dir + "/step-000002/master"));
+    EXPECT_EQ(model::open_hf_directory(split_dir + "/step-000002/hf").dominant_dtype(), at::kBFloat16);
+  });
 }
 
 // Mixed precision (bf16 compute, fp32 masters) on every mesh against one process in
