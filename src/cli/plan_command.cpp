@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
 #include "mmsp/plan/plan_json.h"
 #include "mmsp/plan/step_plan.h"
 
@@ -27,17 +28,12 @@ struct PlanFlags {
   int rank = -1;   // -1: every rank
   std::string format = "text";
   int indent = -1;
+  ConfigValidator validate;  // the model layer's full config check, when the tool has it
 };
 
 nlohmann::json read_json(const std::string& path, const char* what) {
-  std::ifstream in(path);
-  MMSP_CHECK(in.good(), "cannot read ", what, " file \"", path, "\"");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    MMSP_CHECK(false, what, " file \"", path, "\" is not valid JSON: ", e.what());
-  }
-  return {};
+  MMSP_CHECK(std::ifstream(path).good(), "cannot read ", what, " file \"", path, "\"");
+  return read_json_file(path);
 }
 
 std::string rank_line(const plan::StepPlan& plan, const plan::RankPlan& rp) {
@@ -58,9 +54,19 @@ std::string rank_line(const plan::StepPlan& plan, const plan::RankPlan& rp) {
 
 int run_plan(const PlanFlags& f) {
   try {
-    const plan::ModelConventions conventions =
-        plan::conventions_from_config(read_json(f.config, "--config"));
+    const nlohmann::json config = read_json(f.config, "--config");
+    const plan::ModelConventions conventions = plan::conventions_from_config(config);
     const plan::Batch batch = plan::batch_from_json(read_json(f.batch, "--batch"));
+    if (f.validate) {
+      // The rules of `mmsp train`: the whole config, then every token id against its vocabulary.
+      const int64_t vocab = f.validate(config, f.config);
+      for (size_t s = 0; s < batch.sequences.size(); ++s) {
+        const auto& ids = batch.sequences[s].input_ids;
+        for (size_t i = 0; i < ids.size(); ++i)
+          MMSP_CHECK(ids[i] >= 0 && ids[i] < vocab, f.batch, ": sequence ", s, ": input_ids[", i, "] = ", ids[i],
+                     " is outside the model's vocabulary 0..", vocab - 1);
+      }
+    }
     plan::PlanOptions options;
     options.mesh = {f.dp, f.ring, f.ulysses};
     options.layout = plan::parse_layout(f.layout);
@@ -90,8 +96,9 @@ int run_plan(const PlanFlags& f) {
 
 }  // namespace
 
-Subcommand add_plan_command(CLI::App& parent) {
+Subcommand add_plan_command(CLI::App& parent, ConfigValidator validate) {
   auto flags = std::make_shared<PlanFlags>();
+  flags->validate = std::move(validate);
   CLI::App* app = parent.add_subcommand(
       "plan", "print the step plan of a batch: packing, shards, positions, labels, Vision DP, routes");
   app->add_option("--config", flags->config, "Hugging Face config.json of the model")->required();

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
 
 namespace mmsp::model {
 namespace {
@@ -108,12 +109,7 @@ void check_shard_name(const std::string& file, const std::string& where) {
 }
 
 Index parse_index(const std::string& path) {
-  json j;
-  try {
-    j = json::parse(read_text(path));
-  } catch (const json::exception& e) {
-    throw Error(detail::concat(path, ": not valid JSON (", e.what(), ")"));
-  }
+  const json j = parse_json_text(read_text(path), path);
   MMSP_CHECK(j.is_object(), path, ": must be a JSON object {\"metadata\": {...}, \"weight_map\": {...}}, got ",
              j.type_name());
   Index index;
@@ -124,7 +120,7 @@ Index parse_index(const std::string& path) {
       const json& t = m.at("total_size");
       MMSP_CHECK(t.is_number_unsigned(), path,
                  ": metadata.total_size must be an integer >= 0 (bytes of tensor data), got ", t.dump());
-      index.total_size = t.get<uint64_t>();
+      index.total_size = static_cast<uint64_t>(json_to_int(t, path + ": metadata.total_size", 0, INT64_MAX));
     }
   }
   MMSP_CHECK(j.contains("weight_map"), path, ": has no \"weight_map\" {tensor name: shard file}");

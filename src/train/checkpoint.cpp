@@ -15,6 +15,7 @@
 
 #include "checkpoint_io.h"
 #include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
 #include "mmsp/model/hf_directory.h"
 #include "mmsp/model/safetensors.h"
 
@@ -55,11 +56,7 @@ std::string read_text(const std::string& path) {
 }
 
 json parse_json(const std::string& text, const std::string& path) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(detail::concat(path, ": not valid JSON (corrupted?): ", e.what()));
-  }
+  return parse_json_text(text, path);
 }
 
 // Leftovers of crashed saves: hidden names carrying the temporary mark.

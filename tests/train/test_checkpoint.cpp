@@ -9,12 +9,16 @@
 #include <torch/nn/module.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
+#include "../support/json_mutants.h"
 #include "mmsp/model/hf_directory.h"
 #include "mmsp/model/safetensors.h"
 #include "mmsp/train/checkpoint.h"
@@ -448,6 +452,21 @@ TEST_F(CheckpointTest, SaveRefusesBadInputBeforeWritingAnything) {
   EXPECT_THAT(what([&] { save_checkpoint(dir_, -1, *a.model, *a.opt, state_json(0, 1), kConfig); }),
               HasSubstr("step (-1) must be ≥ 0"));
   EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+// ---- parsers: state.json mutants ------------------------------------------------------
+
+TEST_F(CheckpointTest, StateJsonMutantsEndInAResultOrAnError) {
+  Trained a = trained(1);
+  save_checkpoint(dir_, 1, *a.model, *a.opt, state_json(3, 7), kConfig);
+  const std::string text = read_file(dir_ + "/step-000001/state.json");
+  const test::MutantReport r = test::check_mutants(text, 16, 400, [](const std::string& mutant) {
+    check_train_state(parse_json_text(mutant, "state.json"), "state.json");
+  });
+  std::printf("state.json: %d mutants, %d accepted, %d refused, %.2f s\n", r.mutants, r.accepted, r.refused,
+              r.seconds);
+  EXPECT_TRUE(r.failures.empty()) << r.failures.size() << " failures, first: " << r.failures.front();
+  EXPECT_LT(r.seconds, 20.0);
 }
 
 }  // namespace
