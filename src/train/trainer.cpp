@@ -276,6 +276,8 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   int64_t done = 0;  // steps completed
   if (!o.resume.empty()) {
     const Checkpoint ckpt = load_checkpoint(o.resume);
+    if (rank0)
+      for (const std::string& note : ckpt.notes) log << "note: " << note << std::endl;
     MMSP_CHECK(same_model_config(ckpt.config_json, resolved.config_json),
                "--resume ", o.resume, " holds a checkpoint of another model than --model ", o.model);
     restore(ckpt, params, *opt);

@@ -142,10 +142,11 @@ TEST_P(HfDirectoryRoundTrip, ShardedSaveOpenLoadIsBitwise) {
   EXPECT_EQ(config, std::string("{\n  \"hidden_size\": 8,\n  \"model_type\": \"test\",\n  \"torch_dtype\": \"") +
                         dtype_name + "\"\n}\n");
   EXPECT_EQ(progressed, config.size() + index.size() + slurp(dir + "/" + first).size() +
-                            slurp(dir + "/" + second).size());
+                            slurp(dir + "/" + second).size() + slurp(dir + "/checksums.json").size());
   EXPECT_FALSE(exists(dir + "/" + first + ".tmp"));
 
   const HfDirectory opened = open_hf_directory(dir);
+  EXPECT_TRUE(opened.checksums_verified);
   EXPECT_TRUE(opened.indexed);
   EXPECT_EQ(opened.files, (std::vector<std::string>{first, second}));
   EXPECT_EQ(opened.total_bytes, bytes);
