@@ -1,9 +1,12 @@
-// Mesh flags shared by the commands that join ranks (--dp --ring --ulysses --timeout)
-// and the one place that reads the launcher's environment.
+// Mesh flags shared by the commands that join ranks (--dp --ring --ulysses --timeout
+// --heartbeat-timeout) and the one place that reads the launcher's environment.
 #pragma once
 
 #include <CLI/CLI.hpp>
 
+#include <memory>
+
+#include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/mesh.h"
 
 namespace mmsp::cli {
@@ -13,6 +16,7 @@ struct MeshFlags {
   int ring = 1;
   int ulysses = 0;  // 0: whatever the world size leaves after dp × ring
   double timeout_s = 300;
+  double heartbeat_timeout_s = 30;
 
   void add_to(CLI::App& app) {
     app.add_option("--dp", dp, "data-parallel replicas")->check(CLI::PositiveNumber);
@@ -20,6 +24,9 @@ struct MeshFlags {
     app.add_option("--ulysses", ulysses, "Ulysses degree (default: world / (dp * ring))")
         ->check(CLI::NonNegativeNumber);
     app.add_option("--timeout", timeout_s, "seconds a collective may wait for a peer")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--heartbeat-timeout", heartbeat_timeout_s,
+                   "seconds without a heartbeat after which a rank counts as hung and the job ends")
         ->check(CLI::PositiveNumber);
   }
 
@@ -34,6 +41,15 @@ struct MeshFlags {
     dist::MeshOptions o;
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     return o;
+  }
+
+  // Heartbeats of this rank over the store Mesh::connect opened (docs/reliability.md);
+  // none for one rank. Keep it alive while the rank works.
+  std::unique_ptr<dist::Heartbeat> start_heartbeat(const dist::RankEnv& env,
+                                                   std::shared_ptr<const dist::RankActivity> activity) const {
+    dist::HeartbeatOptions o;
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(heartbeat_timeout_s * 1000));
+    return std::make_unique<dist::Heartbeat>(env, o, std::move(activity));
   }
 };
 
