@@ -61,7 +61,14 @@ struct Heartbeat::State {
   std::chrono::milliseconds timeout{0}, interval{0};
   std::shared_ptr<const RankActivity> activity;
   OnFailure on_failure;
+  c10d::TCPStoreOptions store_options;
   c10::intrusive_ptr<c10d::TCPStore> beat_store, watch_store;
+
+  // A fresh connection: after a failed or timed-out call a client may be out of step
+  // with the server (an unread reply), so it is replaced rather than reused.
+  c10::intrusive_ptr<c10d::TCPStore> connect() const {
+    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+  }
 
   std::mutex mutex;
   std::condition_variable wake;
@@ -96,11 +103,13 @@ struct Heartbeat::State {
     // acknowledged: when it is rank 0, its exit takes the store with it. Store calls
     // may block (a stopped store host), so they run on a thread of their own.
     const int64_t expected = env.world_size - 1;  // all but the hung rank
-    auto store = beat_store;
+    const std::string addr = env.master_addr;
+    const c10d::TCPStoreOptions opts = store_options;
     auto acknowledged = std::make_shared<std::atomic<bool>>(false);
     const std::string posted = message + " (seen by rank " + std::to_string(env.rank) + ")";
-    std::thread([store, posted, tell_others, expected, acknowledged] {
+    std::thread([addr, opts, posted, tell_others, expected, acknowledged] {
       try {
+        auto store = c10::make_intrusive<c10d::TCPStore>(addr, opts);  // its own: the others are in use
         if (tell_others) store->set(kAbortKey, bytes(posted));
         int64_t n = store->add(kAckKey, 1);
         while (tell_others && n < expected) {
@@ -124,14 +133,16 @@ struct Heartbeat::State {
       v.step = activity->step();
       v.phase = activity->phase();
       try {
+        if (!beat_store) beat_store = connect();
         beat_store->set(key_of(env.rank), bytes(encode_heartbeat(v)));
       } catch (const std::exception&) {
-        // The store is slow or gone; the others judge by our key, not by this.
+        beat_store.reset();  // slow or gone: the others judge by our key, not by this
       }
     } while (pause(interval));
     ++v.beats;
     v.phase = kDone;
     try {
+      if (!beat_store) beat_store = connect();
       beat_store->set(key_of(env.rank), bytes(encode_heartbeat(v)));
     } catch (const std::exception&) {
     }
@@ -141,6 +152,7 @@ struct Heartbeat::State {
   bool watch_round() {
     std::vector<std::pair<int, HeartbeatValue>> seen;
     try {
+      if (!watch_store) watch_store = connect();
       if (watch_store->check({kAbortKey})) {
         fail(text(watch_store->get(kAbortKey)), false);
         return true;
@@ -150,6 +162,7 @@ struct Heartbeat::State {
         seen.emplace_back(r, decode_heartbeat(text(watch_store->get(key_of(r)))));
       }
     } catch (const std::exception&) {
+      watch_store.reset();
       return false;
     }
     last_round_ns.store(Clock::now().time_since_epoch().count());
@@ -217,9 +230,10 @@ Heartbeat::Heartbeat(const RankEnv& env, const HeartbeatOptions& options,
   opts.isServer = false;
   opts.waitWorkers = false;
   opts.timeout = options.timeout;
+  s->store_options = opts;
   try {
-    s->beat_store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
-    s->watch_store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+    s->beat_store = s->connect();
+    s->watch_store = s->connect();
   } catch (const std::exception& e) {
     throw Error(detail::concat("rank ", env.rank, " could not open its heartbeat connection to the job's store at ",
                                env.master_addr, ":", env.master_port, ": ", e.what()));
@@ -249,6 +263,7 @@ Heartbeat::~Heartbeat() {
   // rank another one declared hung was killed) still says what the job died of.
   if (!state_->failed.load()) {
     try {
+      if (!state_->beat_store) state_->beat_store = state_->connect();
       if (state_->beat_store->check({kAbortKey})) {
         const std::string message = text(state_->beat_store->get(kAbortKey));
         std::fprintf(stderr, "mmsp: error: %s\n", message.c_str());
