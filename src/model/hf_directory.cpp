@@ -307,7 +307,7 @@ std::map<std::string, const HfTensor*> match_hf_tensors(const HfDirectory& dir,
   for (const auto& [file_name, tensor] : dir.tensors) {
     const bool ignored =
         std::any_of(naming.ignored_prefixes.begin(), naming.ignored_prefixes.end(),
-                    [&](const std::string& p) { return file_name.rfind(p, 0) == 0; });
+                    [&, &file_name = file_name](const std::string& p) { return file_name.rfind(p, 0) == 0; });
     if (ignored) continue;
     std::string name = file_name;
     for (const auto& [file_prefix, model_prefix] : naming.prefix_aliases) {
