@@ -6,6 +6,7 @@
 #include "bench_command.h"
 #include "command.h"
 #include "mmsp/core/check.h"
+#include "mmsp/model/config.h"
 #include "plan_command.h"
 #include "selftest_command.h"
 #include "train_command.h"
@@ -18,7 +19,9 @@ int main(int argc, char** argv) {
   commands.push_back(mmsp::cli::add_compare_losses_command(app));
   commands.push_back(mmsp::cli::add_selftest_command(app));
   commands.push_back(mmsp::cli::add_bench_command(app));
-  commands.push_back(mmsp::cli::add_plan_command(app));
+  commands.push_back(mmsp::cli::add_plan_command(app, [](const nlohmann::json& config, const std::string& path) {
+    return mmsp::model::parse_model_config(config, path).text.vocab_size;
+  }));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

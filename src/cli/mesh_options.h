@@ -1,12 +1,13 @@
-// Mesh flags shared by the commands that join ranks (--dp --ring --ulysses --timeout)
-// and the one place that reads the launcher's environment.
+// Mesh flags shared by the commands that join ranks (--dp --ring --ulysses --timeout
+// --heartbeat-timeout) and the one place that reads the launcher's environment.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <memory>
 
 #include "mmsp/core/check.h"
-
+#include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/mesh.h"
 
 namespace mmsp::cli {
@@ -16,6 +17,7 @@ struct MeshFlags {
   int ring = 1;
   int ulysses = 0;  // 0: whatever the world size leaves after dp × ring
   double timeout_s = 300;
+  double heartbeat_timeout_s = 30;
 
   void add_to(CLI::App& app) {
     // Ranges are checked in check() with messages that state the rule.
@@ -24,6 +26,8 @@ struct MeshFlags {
     app.add_option("--ulysses", ulysses, "Ulysses degree (default: world / (dp * ring))");
     app.add_option("--timeout", timeout_s,
                    "seconds the start-up and every collective may wait for a peer (0 < T <= 1e6)");
+    app.add_option("--heartbeat-timeout", heartbeat_timeout_s,
+                   "seconds without a heartbeat after which a rank counts as hung and the job ends");
   }
 
   // Longest --timeout: 11.6 days, far below what milliseconds in int64 can hold.
@@ -36,6 +40,10 @@ struct MeshFlags {
                " must be at least 1 (or 0: whatever the world leaves after dp × ring)");
     MMSP_CHECK(std::isfinite(timeout_s) && timeout_s > 0 && timeout_s <= kMaxTimeoutS, "--timeout ",
                timeout_s, " must be a number of seconds in (0, ", kMaxTimeoutS, "]");
+    MMSP_CHECK(std::isfinite(heartbeat_timeout_s) && heartbeat_timeout_s > 0 &&
+                   heartbeat_timeout_s <= kMaxTimeoutS,
+               "--heartbeat-timeout ", heartbeat_timeout_s, " must be a number of seconds in (0, ",
+               kMaxTimeoutS, "]");
   }
 
   dist::MeshShape shape(int world_size) const {
@@ -50,6 +58,15 @@ struct MeshFlags {
     dist::MeshOptions o;
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
     return o;
+  }
+
+  // Heartbeats of this rank over the store Mesh::connect opened (docs/reliability.md);
+  // none for one rank. Keep it alive while the rank works.
+  std::unique_ptr<dist::Heartbeat> start_heartbeat(const dist::RankEnv& env,
+                                                   std::shared_ptr<const dist::RankActivity> activity) const {
+    dist::HeartbeatOptions o;
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(heartbeat_timeout_s * 1000));
+    return std::make_unique<dist::Heartbeat>(env, o, std::move(activity));
   }
 };
 

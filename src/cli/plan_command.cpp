@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
 #include "mmsp/plan/plan_json.h"
 #include "mmsp/plan/step_plan.h"
 
@@ -27,17 +28,12 @@ struct PlanFlags {
   int rank = -1;   // -1: every rank
   std::string format = "text";
   int indent = -1;
+  ConfigValidator validate;  // the model layer's full config check, when the tool has it
 };
 
 nlohmann::json read_json(const std::string& path, const char* what) {
-  std::ifstream in(path);
-  MMSP_CHECK(in.good(), "cannot read ", what, " file \"", path, "\"");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    MMSP_CHECK(false, what, " file \"", path, "\" is not valid JSON: ", e.what());
-  }
-  return {};
+  MMSP_CHECK(std::ifstream(path).good(), "cannot read ", what, " file \"", path, "\"");
+  return read_json_file(path);
 }
 
 std::string rank_line(const plan::StepPlan& plan, const plan::RankPlan& rp) {
@@ -68,12 +64,13 @@ int64_t vocab_size(const nlohmann::json& config) {
   return -1;
 }
 
-void check_token_ids(const plan::Batch& batch, int64_t vocab, const std::string& config) {
+void check_token_ids(const plan::Batch& batch, int64_t vocab, const std::string& batch_path,
+                     const std::string& config) {
   if (vocab < 0) return;
   for (size_t s = 0; s < batch.sequences.size(); ++s) {
     const auto& ids = batch.sequences[s].input_ids;
     for (size_t k = 0; k < ids.size(); ++k)
-      MMSP_CHECK(ids[k] < vocab, "sequence ", s, ": input_ids[", k, "] = ", ids[k],
+      MMSP_CHECK(ids[k] < vocab, batch_path, ": sequence ", s, ": input_ids[", k, "] = ", ids[k],
                  " is outside the vocabulary 0..", vocab - 1, " of ", config);
   }
 }
@@ -85,6 +82,9 @@ int run_plan(const PlanFlags& f) {
     const nlohmann::json config = read_json(f.config, "--config");
     const plan::ModelConventions conventions = plan::conventions_from_config(config);
     const plan::Batch batch = plan::batch_from_json(read_json(f.batch, "--batch"));
+    // The rules of `mmsp train` when the model layer is injected (the whole config, and
+    // its vocabulary), else the config's own vocab_size: every token id against it.
+    check_token_ids(batch, f.validate ? f.validate(config, f.config) : vocab_size(config), f.batch, f.config);
     plan::PlanOptions options;
     options.mesh = {f.dp, f.ring, f.ulysses};
     options.layout = plan::parse_layout(f.layout);
@@ -92,7 +92,6 @@ int run_plan(const PlanFlags& f) {
     MMSP_CHECK(f.format == "text" || f.format == "json", "--format \"", f.format,
                "\" is unknown; use text or json");
     const plan::StepPlan plan = plan::make_step_plan(batch, conventions, options, std::max(f.rank, 0));
-    check_token_ids(batch, vocab_size(config), f.config);
     std::vector<int> ranks;
     if (f.rank >= 0) ranks.push_back(f.rank);
     else
@@ -115,8 +114,9 @@ int run_plan(const PlanFlags& f) {
 
 }  // namespace
 
-Subcommand add_plan_command(CLI::App& parent) {
+Subcommand add_plan_command(CLI::App& parent, ConfigValidator validate) {
   auto flags = std::make_shared<PlanFlags>();
+  flags->validate = std::move(validate);
   CLI::App* app = parent.add_subcommand(
       "plan", "print the step plan of a batch: packing, shards, positions, labels, Vision DP, routes");
   app->add_option("--config", flags->config, "Hugging Face config.json of the model")->required();

@@ -22,6 +22,9 @@ Subcommand add_selftest_command(CLI::App& parent) {
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
             const dist::MeshShape shape = flags->shape(env.world_size);
             dist::Mesh mesh = dist::Mesh::connect(env, shape, flags->options());
+            auto activity = std::make_shared<dist::RankActivity>();
+            activity->set(0, "selftest");
+            const auto heartbeat = flags->start_heartbeat(env, activity);
             const auto results = dist::run_selftest(mesh);
 
             int64_t failures = 0;

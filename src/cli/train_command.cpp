@@ -2,6 +2,7 @@
 #include "train_command.h"
 
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -68,7 +69,20 @@ Subcommand add_train_command(CLI::App& parent) {
   app->add_flag("--allow-changed-flags", o->allow_changed_flags,
                 "resume although flags that change the batches or the numerics differ from the checkpoint's");
   app->add_flag("!--quiet", o->print_steps, "no per-step lines (the summary still prints)");
-  return {app, [flags, o, vision, layout, save_shard_size, memory_limit]() {
+  // Hidden test hooks of the reliability tests (docs/reliability.md): "RANK:STEP:SECONDS", "RANK:STEP".
+  auto test_sleep = std::make_shared<std::string>();
+  auto test_skew = std::make_shared<std::string>();
+  app->add_option("--test-sleep-in-step", *test_sleep)->group("");
+  app->add_option("--test-skew-batch", *test_skew)->group("");
+  return {app, [flags, o, vision, layout, save_shard_size, memory_limit, test_sleep, test_skew]() {
+            if (!test_sleep->empty())
+              MMSP_CHECK(std::sscanf(test_sleep->c_str(), "%d:%ld:%lf", &o->test.sleep_rank, &o->test.sleep_step,
+                                     &o->test.sleep_seconds) == 3,
+                         "--test-sleep-in-step '", *test_sleep, "' must be RANK:STEP:SECONDS");
+            if (!test_skew->empty())
+              MMSP_CHECK(std::sscanf(test_skew->c_str(), "%d:%ld", &o->test.skew_batch_rank,
+                                     &o->test.skew_batch_step) == 2,
+                         "--test-skew-batch '", *test_skew, "' must be RANK:STEP");
             o->vision = model::parse_vision_mode(*vision);
             o->layout = plan::parse_layout(*layout);
             o->save_shard_bytes = parse_byte_size(*save_shard_size, "--save-shard-size");
@@ -84,7 +98,9 @@ Subcommand add_train_command(CLI::App& parent) {
             train::check_train_options(*o, shape);
             train::probe_out_dir(o->out_dir);  // every rank, before the rendezvous
             dist::Mesh mesh = dist::Mesh::connect(env, shape, flags->options());
-            train::train(*o, mesh, std::cout);
+            auto activity = std::make_shared<dist::RankActivity>();
+            const auto heartbeat = flags->start_heartbeat(env, activity);
+            train::train(*o, mesh, std::cout, activity.get());
             return 0;
           }};
 }

@@ -13,6 +13,7 @@
 
 #include "json_fields.h"
 #include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
 
 namespace mmsp::model {
 
@@ -175,15 +176,8 @@ ModelConfig parse_model_config(const nlohmann::json& config, const std::string& 
 }
 
 ModelConfig load_model_config(const std::string& path) {
-  std::ifstream in(path);
-  MMSP_CHECK(in.good(), path, ": cannot open model config");
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(detail::concat(path, ": not valid JSON: ", e.what()));
-  }
-  return parse_model_config(config, path);
+  MMSP_CHECK(std::ifstream(path).good(), path, ": cannot open model config");
+  return parse_model_config(read_json_file(path), path);
 }
 
 }  // namespace mmsp::model

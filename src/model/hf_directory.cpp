@@ -22,6 +22,8 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/core/file_descriptor.h"
+#include "mmsp/model/checksum_manifest.h"
+#include "mmsp/core/json_read.h"
 
 namespace mmsp::model {
 namespace {
@@ -95,12 +97,7 @@ void check_shard_name(const std::string& file, const std::string& where) {
 }
 
 Index parse_index(const std::string& path) {
-  json j;
-  try {
-    j = json::parse(read_text(path));
-  } catch (const json::exception& e) {
-    throw Error(detail::concat(path, ": not valid JSON (", e.what(), ")"));
-  }
+  const json j = parse_json_text(read_text(path), path);
   MMSP_CHECK(j.is_object(), path, ": must be a JSON object {\"metadata\": {...}, \"weight_map\": {...}}, got ",
              j.type_name());
   Index index;
@@ -111,7 +108,7 @@ Index parse_index(const std::string& path) {
       const json& t = m.at("total_size");
       MMSP_CHECK(t.is_number_unsigned(), path,
                  ": metadata.total_size must be an integer >= 0 (bytes of tensor data), got ", t.dump());
-      index.total_size = t.get<uint64_t>();
+      index.total_size = static_cast<uint64_t>(json_to_int(t, path + ": metadata.total_size", 0, INT64_MAX));
     }
   }
   MMSP_CHECK(j.contains("weight_map"), path, ": has no \"weight_map\" {tensor name: shard file}");
@@ -141,9 +138,11 @@ const char* transformers_dtype_name(at::ScalarType t) {
 }
 
 // Writes `dir/name` through `name.tmp`, fsync and rename; `write` gets the sink.
+// With `checksums`, the file's XXH64 is taken from the bytes as they are written.
 void write_file_atomically(const std::string& dir, const std::string& name,
                            const std::function<void(const std::function<void(const void*, uint64_t)>&)>& write,
-                           const std::function<void(uint64_t)>& progress) {
+                           const std::function<void(uint64_t)>& progress, ChecksumManifest* checksums = nullptr) {
+  ChecksumSink hash;
   const std::string path = join(dir, name);
   const std::string tmp = path + ".tmp";
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
@@ -151,12 +150,14 @@ void write_file_atomically(const std::string& dir, const std::string& name,
   try {
     write([&](const void* data, uint64_t size) {
       write_exact(fd.get(), data, size, tmp);
+      if (checksums) hash.update(data, size);
       if (progress) progress(size);
     });
     MMSP_CHECK(::fsync(fd.get()) == 0, tmp, ": fsync failed: ", errno_text());
     MMSP_CHECK(::close(fd.release()) == 0, tmp, ": close failed: ", errno_text());
     MMSP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename ", tmp, " to ", path, ": ",
                errno_text());
+    if (checksums) (*checksums)[name] = hash.result();
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
@@ -164,9 +165,9 @@ void write_file_atomically(const std::string& dir, const std::string& name,
 }
 
 void write_text_file(const std::string& dir, const std::string& name, const std::string& text,
-                     const std::function<void(uint64_t)>& progress) {
+                     const std::function<void(uint64_t)>& progress, ChecksumManifest* checksums = nullptr) {
   write_file_atomically(
-      dir, name, [&](const auto& sink) { sink(text.data(), text.size()); }, progress);
+      dir, name, [&](const auto& sink) { sink(text.data(), text.size()); }, progress, checksums);
 }
 
 // The directory to save into: created if absent; an existing one must be empty.
@@ -213,6 +214,9 @@ HfDirectory open_hf_directory(const std::string& dir) {
              ": not a directory (a Hugging Face model directory holds config.json and *.safetensors)");
   HfDirectory out;
   out.path = dir;
+  // checksums.json (mmsp writes one into every hf/; released directories have none):
+  // every file it lists is verified before anything is parsed.
+  out.checksums_verified = verify_checksum_manifest(dir) == ManifestCheck::verified;
   const std::string config_path = join(dir, kHfConfigFile);
   MMSP_CHECK(is_regular_file(config_path), dir, ": has no ", kHfConfigFile,
              " (not a Hugging Face model directory)");
@@ -290,7 +294,7 @@ std::map<std::string, const HfTensor*> match_hf_tensors(const HfDirectory& dir,
   for (const auto& [file_name, tensor] : dir.tensors) {
     const bool ignored =
         std::any_of(naming.ignored_prefixes.begin(), naming.ignored_prefixes.end(),
-                    [&](const std::string& p) { return file_name.rfind(p, 0) == 0; });
+                    [&, &file_name = file_name](const std::string& p) { return file_name.rfind(p, 0) == 0; });
     if (ignored) continue;
     std::string name = file_name;
     for (const auto& [file_prefix, model_prefix] : naming.prefix_aliases) {
@@ -481,7 +485,8 @@ void save_hf_directory(const std::string& dir,
   if (shards.empty()) shards.emplace_back();  // no tensors: an empty model.safetensors, still a directory that opens
 
   prepare_empty_directory(dir);
-  write_text_file(dir, kHfConfigFile, config.dump(2, ' ', true) + "\n", options.progress);
+  ChecksumManifest checksums;
+  write_text_file(dir, kHfConfigFile, config.dump(2, ' ', true) + "\n", options.progress, &checksums);
 
   json weight_map = json::object();
   for (size_t s = 0; s < shards.size(); ++s) {
@@ -497,15 +502,17 @@ void save_hf_directory(const std::string& dir,
     }
     write_file_atomically(
         dir, file, [&](const auto& sink) { write_safetensors(shard, {{"format", "pt"}}, sink); },
-        options.progress);
+        options.progress, &checksums);
   }
   if (shards.size() > 1) {
     // transformers >= 4.56 (followed here: 4.57) puts total_parameters beside total_size;
     // json.dumps(index, indent=2, sort_keys=True) + "\n".
     const json index = {{"metadata", {{"total_parameters", total_parameters}, {"total_size", total_bytes}}},
                         {"weight_map", weight_map}};
-    write_text_file(dir, kHfIndexFile, index.dump(2, ' ', true) + "\n", options.progress);
+    write_text_file(dir, kHfIndexFile, index.dump(2, ' ', true) + "\n", options.progress, &checksums);
   }
+  // Last: a directory with checksums.json is complete.
+  write_text_file(dir, kChecksumFile, checksum_manifest_json(checksums), options.progress);
   sync_directory(dir);
 }
 

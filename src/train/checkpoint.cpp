@@ -15,6 +15,8 @@
 
 #include "checkpoint_io.h"
 #include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
+#include "mmsp/model/checksum_manifest.h"
 #include "mmsp/model/hf_directory.h"
 #include "mmsp/model/safetensors.h"
 
@@ -55,11 +57,7 @@ std::string read_text(const std::string& path) {
 }
 
 json parse_json(const std::string& text, const std::string& path) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(detail::concat(path, ": not valid JSON (corrupted?): ", e.what()));
-  }
+  return parse_json_text(text, path);
 }
 
 // Leftovers of crashed saves: hidden names carrying the temporary mark.
@@ -205,6 +203,15 @@ void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& we
     writer.write_safetensors(tmp + "/" + kOptimizerFile, adamw_state_tensors(adamw),
                              adamw_state_metadata(adamw));
     writer.write_text(tmp + "/" + kStateFile, train_state.dump(2) + "\n");
+    // Last: checksums.json over the step dir's own files and the manifests of hf/ and
+    // master/ (which cover their files), so every byte of the checkpoint is covered.
+    model::ChecksumManifest manifest;
+    for (const char* file : {kOptimizerFile, kStateFile}) manifest[file] = writer.checksums().at(tmp + "/" + file);
+    for (const char* sub : {kHfDir, kMasterDir}) {
+      const std::string inner = std::string(sub) + "/" + model::kChecksumFile;
+      if (fs::exists(tmp + "/" + inner)) manifest[inner] = model::checksum_of_file(tmp + "/" + inner);
+    }
+    writer.write_text(tmp + "/" + model::kChecksumFile, model::checksum_manifest_json(manifest));
     checkpoint_io::sync_dir(tmp);
     checkpoint_io::replace_dir(tmp, final_dir);
     checkpoint_io::sync_dir(dir);
@@ -244,6 +251,10 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
 
   Checkpoint c;
   c.path = step_dir;
+  // Every file is verified before any is parsed (hf/ and master/ by open_hf_directory).
+  if (model::verify_checksum_manifest(step_dir) == model::ManifestCheck::absent)
+    c.notes.push_back(step_dir + " has no " + model::kChecksumFile +
+                      " (a checkpoint of an older mmsp, before format version 1): its files are not verified");
   const std::string state_path = step_dir + "/" + kStateFile;
   c.state = check_train_state(parse_json(read_text(state_path), state_path), state_path);
   c.step = c.state.at("step").get<int64_t>();

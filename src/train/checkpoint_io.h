@@ -10,6 +10,8 @@
 #include <map>
 #include <string>
 
+#include "mmsp/model/checksum_manifest.h"
+
 namespace mmsp::train::checkpoint_io {
 
 class DurableWriter {
@@ -30,9 +32,13 @@ class DurableWriter {
   void count(int64_t n);
 
   int64_t bytes_written() const { return written_; }
+  // XXH64 and size of every file written through write_text / write_safetensors,
+  // taken from the bytes as they went out, by path.
+  const model::ChecksumManifest& checksums() const { return checksums_; }
 
  private:
-  void put(int fd, const void* data, size_t n, const std::string& path);
+  void put(int fd, const void* data, size_t n, const std::string& path, model::ChecksumSink& hash);
+  model::ChecksumManifest checksums_;
 
   int64_t crash_after_;
   int exit_code_;

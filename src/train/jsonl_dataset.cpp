@@ -16,6 +16,7 @@
 #include <stb/stb_image_resize.h>
 
 #include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
 #include "mmsp/model/safetensors.h"
 
 namespace mmsp::train {
@@ -168,12 +169,7 @@ JsonlDataset::JsonlDataset(const std::string& path, const model::ModelConfig& co
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are allowed
     const std::string where = detail::concat(path, ":", number);
-    json object;
-    try {
-      object = json::parse(line);
-    } catch (const json::exception& e) {
-      MMSP_CHECK(false, where, ": invalid JSON: ", e.what());
-    }
+    json object = parse_json_text(line, where);
     MMSP_CHECK(object.is_object(), where, ": expected a JSON object, got ", object.type_name());
     for (const auto& item : object.items())
       MMSP_CHECK(std::find(kFieldNames.begin(), kFieldNames.end(), item.key()) != kFieldNames.end(),

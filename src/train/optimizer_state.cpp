@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
 
 namespace mmsp::train {
 namespace {
@@ -182,7 +183,7 @@ AdamWState adamw_state_from(const std::map<std::string, at::Tensor>& tensors,
              "\" with a \"", kFormat, "\" entry)");
   AdamWState out;
   try {
-    const json j = json::parse(body->second);
+    const json j = parse_json_text(body->second, source + ": \"" + kFormat + "\" metadata");
     for (const json& g : j.at("groups")) {
       AdamWGroupState gs;
       gs.lr = g.at("lr").get<double>();

@@ -4,6 +4,7 @@
 #include "mmsp/train/trainer.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -38,6 +40,7 @@
 #include "mmsp/train/optimizer.h"
 #include "mmsp/train/run_checks.h"
 #include "mmsp/train/shapes_dataset.h"
+#include "mmsp/train/step_fingerprint.h"
 #include "mmsp/train/step_packer.h"
 #include "mmsp/train/step_pixels.h"
 #include "mmsp/train/train_state.h"
@@ -215,7 +218,10 @@ void check_train_options(const TrainOptions& o, const dist::MeshShape& mesh) {
   MMSP_CHECK(o.weight_decay >= 0, "--weight-decay ", o.weight_decay, " must be ≥ 0");
 }
 
-TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& log) {
+TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& log,
+                  dist::RankActivity* activity) {
+  dist::RankActivity no_heartbeat;
+  dist::RankActivity& doing = activity ? *activity : no_heartbeat;
   // Everything that can be wrong with the options, the model or the data fails here,
   // on every rank alike, before the first collective.
   check_train_options(o, mesh.shape());
@@ -279,6 +285,8 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   int64_t done = 0;  // steps completed
   if (!o.resume.empty()) {
     const Checkpoint ckpt = load_checkpoint(o.resume);
+    if (rank0)
+      for (const std::string& note : ckpt.notes) log << "note: " << note << std::endl;
     MMSP_CHECK(same_model_config(ckpt.config_json, resolved.config_json),
                "--resume ", o.resume, " holds a checkpoint of another model than --model ", o.model);
     restore(ckpt, params, *opt);
@@ -315,6 +323,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   plan_options.mesh = {mesh.shape().dp, mesh.shape().ring, mesh.shape().ulysses};
   plan_options.layout = o.layout;
 
+  const std::string fingerprint_prefix = mesh.store() ? fingerprint_key_prefix(*mesh.store(), mesh.rank()) : "";
   TrainReport report;
   report.first_step = done + 1;
   const int64_t last_step = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
@@ -324,22 +333,39 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     MemoryCounter::reset_peak();
     const dist::CommSnapshot comm0 = mesh.stats().snapshot();
 
-    const std::vector<int64_t> samples = packer.next_step(position);
+    doing.set(step, "data");
+    std::vector<int64_t> samples = packer.next_step(position);
+    if (o.test.skew_batch_rank == mesh.rank() && o.test.skew_batch_step == step && samples.size() > 1)
+      samples.pop_back();
     const plan::Batch batch = make_batch(*data, samples);
+    doing.set_phase("plan");
     const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, plan_options, mesh.rank());
+    // Every rank must be about to run the same step before the first collective.
+    doing.set_phase("step agreement");
+    if (mesh.store())
+      agree_on_step(*mesh.store(), fingerprint_prefix, step, step_fingerprint(samples, batch, plan), mesh.rank(),
+                    mesh.world_size(), mesh.world()->timeout());
+    doing.set_phase("pixels");
     const model::PixelInputs pixels = load_pixels(*data, samples, batch, config, pixels_needed(plan, o.vision), dtype);
 
     const double lr = schedule.at(step - 1);
     set_lr(*opt, lr);
     opt->zero_grad();
+    doing.set_phase("forward");
+    if (o.test.sleep_rank == mesh.rank() && o.test.sleep_step == step)
+      std::this_thread::sleep_for(std::chrono::duration<double>(o.test.sleep_seconds));
     auto out = vlm.forward(batch, plan, pixels, groups, o.vision, attn);
     at::Tensor loss = model::causal_lm_loss(out.logits, out.labels, out.label_count);
+    doing.set_phase("backward");
     loss.backward();
     masters.take_grads();
+    doing.set_phase("gradient sync");
     sync.all_reduce();
+    doing.set_phase("optimizer");
     const double grad_norm = clip_grad_norm(params, o.clip_norm);
     opt->step();
     masters.copy_to_model();
+    doing.set_phase("metrics");
     const double local_loss = loss.detach().to(at::kDouble).item<double>();
 
     const int64_t comm_bytes = (mesh.stats().snapshot() - comm0).total_bytes();
@@ -391,6 +417,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
         if (colon != std::string::npos && std::stoll(spec.substr(0, colon)) == step)
           ckpt.crash_after_bytes = std::stoll(spec.substr(colon + 1));
       }
+      doing.set_phase("checkpoint");
       save_everywhere(o.out_dir, step, params, *opt, state, resolved.config_json, ckpt, mesh, log);
     }
   }

@@ -17,6 +17,8 @@
 #include <nlohmann/json.hpp>
 
 #include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
+#include "../support/json_mutants.h"
 #include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/config.h"
 #include "mmsp/model/hf_directory.h"
@@ -140,10 +142,11 @@ TEST_P(HfDirectoryRoundTrip, ShardedSaveOpenLoadIsBitwise) {
   EXPECT_EQ(config, std::string("{\n  \"hidden_size\": 8,\n  \"model_type\": \"test\",\n  \"torch_dtype\": \"") +
                         dtype_name + "\"\n}\n");
   EXPECT_EQ(progressed, config.size() + index.size() + slurp(dir + "/" + first).size() +
-                            slurp(dir + "/" + second).size());
+                            slurp(dir + "/" + second).size() + slurp(dir + "/checksums.json").size());
   EXPECT_FALSE(exists(dir + "/" + first + ".tmp"));
 
   const HfDirectory opened = open_hf_directory(dir);
+  EXPECT_TRUE(opened.checksums_verified);
   EXPECT_TRUE(opened.indexed);
   EXPECT_EQ(opened.files, (std::vector<std::string>{first, second}));
   EXPECT_EQ(opened.total_bytes, bytes);
@@ -314,7 +317,7 @@ TEST(HfDirectoryErrors, NoWeightsFileNoConfig) {
 
 TEST(HfDirectoryErrors, MalformedIndex) {
   const std::map<std::string, std::map<std::string, at::Tensor>> one = {{"s1.safetensors", {{"a", kFour}}}};
-  EXPECT_THAT(open_error(hand_made(one, "{\"weight_map\": {")), HasSubstr("model.safetensors.index.json: not valid JSON ("));
+  EXPECT_THAT(open_error(hand_made(one, "{\"weight_map\": {")), HasSubstr("model.safetensors.index.json: not valid JSON: "));
   EXPECT_THAT(open_error(hand_made(one, "[1, 2]")), HasSubstr("must be a JSON object"));
   EXPECT_THAT(open_error(hand_made(one, R"({"weight_map": ["a"]})")), HasSubstr("\"weight_map\" must be an object"));
   EXPECT_THAT(open_error(hand_made(one, R"({"metadata": {}})")), HasSubstr("has no \"weight_map\""));
@@ -519,5 +522,54 @@ TEST(HfDirectory, TiedTinyModelLoadsWithOrWithoutLmHead) {
   }
 }
 
+// ---- parsers: mutants of a sharded index and of every shipped config -----------------
+
+TEST(HfDirectoryErrors, IndexMutantsEndInAResultOrAnError) {
+  const std::string dir = hand_made({{"s1.safetensors", {{"a", kFour}}}, {"s2.safetensors", {{"b", kFour}}}},
+                                    R"({"metadata": {"total_parameters": 8, "total_size": 32}, )"
+                                    R"("weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})");
+  const std::string index = dir + "/model.safetensors.index.json";
+  const std::string text = slurp(index);
+  const test::MutantReport r = test::check_mutants(text, 7, 300, [&](const std::string& mutant) {
+    write_text(index, mutant);
+    open_hf_directory(dir);
+  });
+  std::printf("HF index: %d mutants, %d accepted, %d refused, %.2f s\n", r.mutants, r.accepted, r.refused, r.seconds);
+  EXPECT_TRUE(r.failures.empty()) << r.failures.size() << " failures, first: " << r.failures.front();
+  EXPECT_LT(r.seconds, 30.0);
+}
+
+TEST(ConfigMutants, EveryShippedConfigEndsInAResultOrAnError) {
+  for (const char* name : {"tiny-qwen2-vl", "tiny-qwen2_5-vl", "tiny-qwen3-vl", "tiny-qwen3_5-vl", "tiny-llava",
+                           "tiny-internvl", "shapes-qwen2-vl"}) {
+    const std::string text = slurp(std::string(MMSP_SOURCE_DIR) + "/configs/" + name + ".json");
+    const test::MutantReport r = test::check_mutants(text, 11, 300, [](const std::string& mutant) {
+      parse_model_config(parse_json_text(mutant, "config.json"), "config.json");
+    });
+    std::printf("%s config.json: %d mutants, %d accepted, %d refused, %.2f s\n", name, r.mutants, r.accepted,
+                r.refused, r.seconds);
+    EXPECT_TRUE(r.failures.empty()) << name << ": " << r.failures.size() << " failures, first: " << r.failures.front();
+    EXPECT_LT(r.seconds, 30.0);
+  }
+}
+
+TEST(JsonRead, DepthDuplicatesUtf8AndIntegers) {
+  auto error = [](const std::string& text) { return error_of([&] { parse_json_text(text, "x.json"); }); };
+  EXPECT_THAT(error(std::string(100000, '[') + std::string(100000, ']')),
+              HasSubstr("x.json: JSON nests deeper than 64 levels"));
+  EXPECT_EQ(error(std::string(64, '[') + std::string(64, ']')), "(no error)");
+  EXPECT_EQ(error(R"({"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["})"), "(no error)");  // in a string
+  EXPECT_THAT(error(R"({"a": 1, "b": {"c": 2, "c": 3}})"), HasSubstr("x.json: the key \"c\" appears twice"));
+  EXPECT_EQ(error(R"({"a": {"c": 2}, "b": {"c": 3}})"), "(no error)");  // same key, other objects
+  EXPECT_THAT(error("{\"a\": \"\xff\xfe\"}"), HasSubstr("x.json: not valid JSON"));  // ill-formed UTF-8
+  EXPECT_THAT(error("{\"a\": \"\xc3\"}"), HasSubstr("x.json: not valid JSON"));       // truncated sequence
+  EXPECT_EQ(error("{\"a\": \"\xc3\xa9\"}"), "(no error)");                                    // é
+  const auto j = parse_json_text(R"({"n": 18446744073709551615, "m": -3, "f": 1.5, "s": "7"})", "x.json");
+  EXPECT_THAT(error_of([&] { json_int(j, "n", "x.json", 0, INT64_MAX); }), HasSubstr("x.json: n must be an integer"));
+  EXPECT_THAT(error_of([&] { json_int(j, "m", "x.json", 0, 10); }), HasSubstr("x.json: m = -3 is outside [0, 10]"));
+  EXPECT_THAT(error_of([&] { json_int(j, "f", "x.json", 0, 10); }), HasSubstr("must be an integer"));
+  EXPECT_THAT(error_of([&] { json_int(j, "s", "x.json", 0, 10); }), HasSubstr("must be an integer, got a string"));
+  EXPECT_THAT(error_of([&] { json_int(j, "z", "x.json", 0, 10); }), HasSubstr("x.json: \"z\" is missing"));
+}
 }  // namespace
 }  // namespace mmsp::model

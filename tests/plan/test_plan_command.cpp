@@ -2,13 +2,18 @@
 // CLI11 and nlohmann_json), driven with real files from configs/ and examples/.
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "plan_command.h"
 #include "plan_test_util.h"
+#include "mmsp/core/json_read.h"
+#include "../support/json_mutants.h"
 
 namespace mmsp::plan {
 namespace {
@@ -20,9 +25,9 @@ struct Result {
   std::string out, err;
 };
 
-Result run_plan(std::vector<std::string> args) {
+Result run_plan(std::vector<std::string> args, mmsp::cli::ConfigValidator validate = {}) {
   CLI::App app{"mmsp"};
-  auto command = mmsp::cli::add_plan_command(app);
+  auto command = mmsp::cli::add_plan_command(app, std::move(validate));
   args.insert(args.begin(), "plan");
   std::vector<const char*> argv{"mmsp"};
   for (const auto& a : args) argv.push_back(a.c_str());
@@ -135,6 +140,64 @@ TEST(PlanCommand, RefusesBadIdsPositionScalesMasksAndConfigTypes) {
                 "--batch", batch});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("vision_config.tokens_per_second must be a number in [0, 10000]"));
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// `mmsp plan` on mutants of batch.json and of config.json: every one ends with exit 0
+// or exit 2 and a message; never a signal, another exception or a hang.
+TEST(PlanCommand, MutatedBatchAndConfigFilesExitZeroOrTwo) {
+  char name[] = "/tmp/mmsp-plan-mutants-XXXXXX";
+  ASSERT_NE(::mkdtemp(name), nullptr);
+  const std::string dir = name, file = dir + "/mutant.json";
+  const std::string config = kDir + "/configs/tiny-qwen2-vl.json", batch = kDir + "/examples/batch-qwen2-vl.json";
+  for (const bool mutate_batch : {true, false}) {
+    const test::MutantReport r =
+        test::check_mutants(slurp(mutate_batch ? batch : config), mutate_batch ? 3 : 5, 400, [&](const std::string& m) {
+          std::ofstream(file, std::ios::binary | std::ios::trunc) << m;
+          const Result res = run_plan({"--config", mutate_batch ? config : file, "--batch", mutate_batch ? file : batch,
+                                       "--ring", "2", "--ulysses", "2"});
+          MMSP_CHECK(res.status == 0, "exit ", res.status);  // counted as refused
+          if (res.status != 0 && res.status != 2) throw std::runtime_error("exit status " + std::to_string(res.status));
+        });
+    std::printf("mmsp plan, mutated %s: %d mutants, %d planned, %d refused (exit 2), %.2f s\n",
+                mutate_batch ? "batch.json" : "config.json", r.mutants, r.accepted, r.refused, r.seconds);
+    EXPECT_TRUE(r.failures.empty()) << r.failures.size() << " failures, first: " << r.failures.front();
+    EXPECT_LT(r.seconds, 30.0);
+  }
+  std::remove(file.c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST(PlanCommand, DuplicateKeysDeepNestingAndTokenIdsAreRefused) {
+  char name[] = "/tmp/mmsp-plan-bad-XXXXXX";
+  ASSERT_NE(::mkdtemp(name), nullptr);
+  const std::string dir = name, config = kDir + "/configs/tiny-qwen2-vl.json";
+  auto write = [&](const std::string& file, const std::string& text) {
+    std::ofstream(dir + "/" + file) << text;
+    return dir + "/" + file;
+  };
+  Result r = run_plan({"--config", config, "--batch", write("dup.json", R"({"sequences": [{"input_ids": [1, 2], "input_ids": [3]}]})")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("dup.json: the key \"input_ids\" appears twice in one object"));
+  r = run_plan({"--config", config, "--batch", write("deep.json", R"({"sequences": [{"input_ids": [1, 2, )" +
+                                                                    std::string(1000000, '[') + "}]}")});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("deep.json: JSON nests deeper than 64 levels"));
+  // with the model layer's check (as the mmsp tool has it): token ids against vocab_size
+  const std::string ids = write("ids.json", R"({"sequences": [{"input_ids": [1, 2, 151936]}]})");
+  r = run_plan({"--config", config, "--batch", ids}, [](const nlohmann::json&, const std::string&) { return int64_t{151936}; });
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("ids.json: sequence 0: input_ids[2] = 151936 is outside the vocabulary 0..151935"));
+  r = run_plan({"--config", config, "--batch", ids});  // the planner alone reads the config's vocab_size
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("ids.json: sequence 0: input_ids[2] = 151936 is outside the vocabulary 0..151935"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -9,12 +9,18 @@
 #include <torch/nn/module.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
+#include "mmsp/core/xxhash64.h"
+#include "mmsp/model/checksum_manifest.h"
+#include "../support/json_mutants.h"
 #include "mmsp/model/hf_directory.h"
 #include "mmsp/model/safetensors.h"
 #include "mmsp/train/checkpoint.h"
@@ -376,9 +382,10 @@ int save_in_child(const std::string& dir, int64_t step, const Trained& t, int64_
 TEST_F(CheckpointTest, CrashInTheMiddleOfASaveLeavesThePreviousCheckpoint) {
   Trained a = trained(3);
   save_checkpoint(dir_, 3, *a.model, *a.opt, state_json(0, 3), kConfig);
-  // Write order: hf/config.json, hf/model.safetensors, optimizer.safetensors, ...
+  // Write order: hf/config.json, hf/model.safetensors, hf/checksums.json, optimizer.safetensors, ...
   const int64_t model_bytes = static_cast<int64_t>(fs::file_size(dir_ + "/step-000003/hf/model.safetensors") +
-                                                   fs::file_size(dir_ + "/step-000003/hf/config.json"));
+                                                   fs::file_size(dir_ + "/step-000003/hf/config.json") +
+                                                   fs::file_size(dir_ + "/step-000003/hf/checksums.json"));
   const at::Tensor saved_proj = a.model->proj->weight.clone();
   train_step(*a.model, *a.opt, 1e-3);
 
@@ -428,6 +435,10 @@ TEST_F(CheckpointTest, MissingOrCorruptedFilesGiveClearErrors) {
   save_checkpoint(dir_, 1, *a.model, *a.opt, state_json(0, 1), kConfig);
   const std::string step = dir_ + "/step-000001";
   const std::string model = read_file(step + "/hf/model.safetensors");
+  // The file checks below the checksums: as an older checkpoint, without manifests.
+  fs::remove(step + "/checksums.json");
+  fs::remove(step + "/hf/checksums.json");
+  EXPECT_THAT(load_checkpoint(dir_).notes.at(0), HasSubstr("has no checksums.json"));
 
   EXPECT_THAT(what([&] { load_checkpoint(dir_ + "/nope"); }), HasSubstr("no such checkpoint directory"));
   fs::create_directories(dir_ + "/empty");
@@ -518,6 +529,124 @@ TEST_F(CheckpointTest, SaveRefusesBadInputBeforeWritingAnything) {
   EXPECT_THAT(what([&] { save_checkpoint(dir_, -1, *a.model, *a.opt, state_json(0, 1), kConfig); }),
               HasSubstr("step (-1) must be ≥ 0"));
   EXPECT_TRUE(fs::is_empty(dir_));
+}
+
+
+// ---- integrity: checksums.json -------------------------------------------------------
+
+TEST(XxHash64Test, PublishedVectorsAndStreaming) {
+  // xxHash's reference values (xxhsum, XXH64 with seed 0)
+  EXPECT_EQ(XxHash64::of(""), 0xEF46DB3751D8E999ULL);
+  EXPECT_EQ(XxHash64::of("a"), 0xD24EC4F1A98C6E5BULL);
+  EXPECT_EQ(XxHash64::of("abc"), 0x44BC2CF5AD770999ULL);
+  EXPECT_EQ(XxHash64::hex(XxHash64::of("")), "ef46db3751d8e999");
+  // any split of the input gives the one-shot value (the 32-byte stripes and the tail)
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += static_cast<char>(i * 37 + 11);
+  for (size_t n : {0, 1, 7, 31, 32, 33, 64, 100, 299}) {
+    const uint64_t whole = XxHash64::of(text.data(), n, 2654435761ULL);
+    for (size_t piece : {1, 3, 17, 32, 50}) {
+      XxHash64 h(2654435761ULL);
+      for (size_t at = 0; at < n; at += piece) h.update(text.data() + at, std::min(piece, n - at));
+      EXPECT_EQ(h.digest(), whole) << "n " << n << " piece " << piece;
+    }
+  }
+}
+
+// Every file of a checkpoint (hf/, master/, optimizer, state, the manifests), ~256 bits
+// spread over each (headers, data, JSON) flipped in turn: the load refuses, naming the
+// flipped file.
+TEST_F(CheckpointTest, AFlippedBitAnywhereIsRefusedNamingTheFile) {
+  Trained a = trained(1);
+  CheckpointOptions options;
+  options.save_dtype = at::kFloat;  // proj is fp64: master/ is written too
+  save_checkpoint(dir_, 1, named(*a.model), *a.opt, state_json(0, 1), kConfig, options);
+  const std::string step = dir_ + "/step-000001";
+  ASSERT_TRUE(fs::exists(step + "/master/checksums.json"));
+  EXPECT_TRUE(load_checkpoint(dir_).notes.empty());
+  int files = 0, flips = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (const auto& entry : fs::recursive_directory_iterator(step)) {
+    if (!entry.is_regular_file()) continue;
+    const std::string path = entry.path().string();
+    const std::string original = read_file(path);
+    ++files;
+    const size_t bits = original.size() * 8;
+    const size_t stride = std::max<size_t>(1, bits / 256);  // ~256 bits per file, first byte to last
+    for (size_t bit = 0; bit < bits; bit += stride) {
+      std::string damaged = original;
+      damaged[bit / 8] = static_cast<char>(damaged[bit / 8] ^ (1 << (bit % 8)));
+      write_file(path, damaged);
+      const std::string error = what([&] { load_checkpoint(dir_); });
+      ++flips;
+      if (error.find(path) == std::string::npos) {
+        ADD_FAILURE() << "bit " << bit << " of " << path << ": " << error;
+        break;
+      }
+    }
+    write_file(path, original);
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%d files, %d flipped bits, each refused naming its file (%.2f s)\n", files, flips, seconds);
+  EXPECT_GE(files, 8);
+  EXPECT_EQ(load_checkpoint(dir_).step, 1);
+}
+
+TEST_F(CheckpointTest, ManifestVersionsOlderReadNewerRefused) {
+  Trained a = trained(1);
+  save_checkpoint(dir_, 1, *a.model, *a.opt, state_json(0, 1), kConfig);
+  const std::string step = dir_ + "/step-000001";
+  const std::string manifest = read_file(step + "/checksums.json");
+  json j = parse_json_text(manifest, "checksums.json");
+  EXPECT_EQ(j.at("format_version"), 1);
+  EXPECT_TRUE(j.at("files").contains("state.json"));
+  EXPECT_TRUE(j.at("files").contains("optimizer.safetensors"));
+  EXPECT_TRUE(j.at("files").contains("hf/checksums.json"));
+  // a newer mmsp's manifest (its own checksum right): refused naming both versions
+  j["format_version"] = 2;
+  j.erase("manifest_xxh64");
+  j["manifest_xxh64"] = XxHash64::hex(XxHash64::of(j.dump()));
+  write_file(step + "/checksums.json", j.dump(2));
+  EXPECT_THAT(what([&] { load_checkpoint(dir_); }),
+              HasSubstr(step + "/checksums.json: format version 2 is newer than this mmsp reads (version 1)"));
+  // an older checkpoint (no manifest): read, with a note
+  fs::remove(step + "/checksums.json");
+  const Checkpoint c = load_checkpoint(dir_);
+  ASSERT_EQ(c.notes.size(), 1u);
+  EXPECT_THAT(c.notes[0], HasSubstr("has no checksums.json (a checkpoint of an older mmsp"));
+  // a file the manifest lists, gone
+  write_file(step + "/checksums.json", manifest);
+  fs::remove(step + "/hf/checksums.json");
+  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr(step + "/hf/checksums.json: missing, but listed"));
+}
+
+TEST_F(CheckpointTest, HfDirectoryChecksumsVerifiedWhenPresent) {
+  const std::string hf = dir_ + "/hf";
+  model::save_hf_directory(hf, {{"w", at::arange(64, at::kFloat)}}, kConfig);
+  EXPECT_TRUE(model::open_hf_directory(hf).checksums_verified);
+  std::string data = read_file(hf + "/model.safetensors");
+  data[data.size() - 3] ^= 0x40;  // tensor data
+  write_file(hf + "/model.safetensors", data);
+  EXPECT_THAT(what([&] { model::open_hf_directory(hf); }),
+              HasSubstr(hf + "/model.safetensors: checksum mismatch"));
+  // a released model directory has no checksums.json: read as it is
+  fs::remove(hf + "/checksums.json");
+  EXPECT_FALSE(model::open_hf_directory(hf).checksums_verified);
+}
+
+// ---- parsers: state.json mutants ------------------------------------------------------
+
+TEST_F(CheckpointTest, StateJsonMutantsEndInAResultOrAnError) {
+  Trained a = trained(1);
+  save_checkpoint(dir_, 1, *a.model, *a.opt, state_json(3, 7), kConfig);
+  const std::string text = read_file(dir_ + "/step-000001/state.json");
+  const test::MutantReport r = test::check_mutants(text, 16, 400, [](const std::string& mutant) {
+    check_train_state(parse_json_text(mutant, "state.json"), "state.json");
+  });
+  std::printf("state.json: %d mutants, %d accepted, %d refused, %.2f s\n", r.mutants, r.accepted, r.refused,
+              r.seconds);
+  EXPECT_TRUE(r.failures.empty()) << r.failures.size() << " failures, first: " << r.failures.front();
+  EXPECT_LT(r.seconds, 20.0);
 }
 
 }  // namespace

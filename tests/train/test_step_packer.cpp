@@ -11,6 +11,7 @@
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/shapes_dataset.h"
 #include "mmsp/train/splitmix64.h"
+#include "mmsp/train/step_fingerprint.h"
 #include "mmsp/train/step_packer.h"
 #include "mmsp/train/step_pixels.h"
 
@@ -233,6 +234,50 @@ TEST(StepPixels, Llava) {
   int64_t sample = 0, index = 1;
   if (batch.sequences[0].image_grid_thw.size() == 1) sample = 1, index = 0;
   EXPECT_TRUE(at::equal(px.images[1], data.image_pixels(samples[sample], index)));
+}
+
+// ---- step fingerprints: the odd rank and the first differing field -------------------
+
+TEST(StepFingerprint, NamesTheOddRankAndTheFirstField) {
+  const StepFingerprint a = {{"samples", 1}, {"sequence sizes", 2}, {"collectives", 3}};
+  StepFingerprint b = a, c = a;
+  b[0].hash = 9;        // another sample
+  c[2].hash = 7;        // same batch, another plan
+  EXPECT_EQ(decode_fingerprint(encode_fingerprint(a)), a);
+  EXPECT_TRUE(decode_fingerprint("samples=12;").empty());  // malformed
+  EXPECT_NO_THROW(check_same_step(3, {a, a, a, a}));
+  EXPECT_THAT(testing::error_of([&] { check_same_step(3, {a, a, b, a}); }),
+              ::testing::HasSubstr("step 3: rank 2 is about to run another step than ranks 0, 1, 3 "
+                                   "(first difference: samples)"));
+  EXPECT_THAT(testing::error_of([&] { check_same_step(5, {c, a, a}); }),
+              ::testing::HasSubstr("step 5: rank 0 is about to run another step than ranks 1, 2 "
+                                   "(first difference: collectives)"));
+  // two ranks that disagree: the tie goes to rank 0's fingerprint
+  EXPECT_THAT(testing::error_of([&] { check_same_step(1, {a, b}); }),
+              ::testing::HasSubstr("rank 1 is about to run another step than rank 0 (first difference: samples)"));
+}
+
+TEST(StepFingerprint, DependsOnTheBatchAndThePlan) {
+  ShapesOptions o;
+  o.samples = 40;
+  const model::ModelConfig config = testing::tiny_config("tiny-qwen2-vl");
+  ShapesDataset data(o, config);
+  plan::PlanOptions options;
+  options.mesh = {1, 2, 2};
+  auto fingerprint = [&](const std::vector<int64_t>& samples, plan::Layout layout) {
+    options.layout = layout;
+    const plan::Batch batch = make_batch(data, samples);
+    return step_fingerprint(samples, batch, plan::make_step_plan(batch, config.conventions, options, 0));
+  };
+  const StepFingerprint base = fingerprint({0, 1, 2}, plan::Layout::zigzag);
+  ASSERT_EQ(base.size(), 7u);
+  EXPECT_EQ(fingerprint({0, 1, 2}, plan::Layout::zigzag), base);  // deterministic
+  // the same step planned for another rank: the same fingerprint (only shared facts)
+  const plan::Batch batch = make_batch(data, {0, 1, 2});
+  EXPECT_EQ(step_fingerprint({0, 1, 2}, batch, plan::make_step_plan(batch, config.conventions, options, 3)), base);
+  const StepFingerprint fewer = fingerprint({0, 1}, plan::Layout::zigzag);
+  EXPECT_NE(fewer[0].hash, base[0].hash);  // samples
+  EXPECT_NE(fewer[1].hash, base[1].hash);  // sequence sizes
 }
 
 }  // namespace

@@ -122,9 +122,13 @@ expect_exit2() {  # expect_exit2 NAME PATTERN ARGS...: exit 2, the message on bo
   done
   [ -n "$(find "$work/out-$name" -type f 2>/dev/null)" ] && fail "$name: wrote $(find "$work/out-$name" -type f)"
 }
-damaged() {  # a fresh copy of the sharded directory to damage
-  rm -rf "$work/bad" && cp -r "$hf" "$work/bad"
+damaged() {  # a fresh copy of the sharded directory to damage, without its checksums.json
+  rm -rf "$work/bad" && cp -r "$hf" "$work/bad" && rm "$work/bad/checksums.json"  # (as a released model)
 }
+# with its checksums.json, the damaged file is named before anything is parsed
+rm -rf "$work/bad" && cp -r "$hf" "$work/bad"
+sed -i 's/"total_size": [0-9]*/"total_size": 12/' "$work/bad/model.safetensors.index.json"
+expect_exit2 checksum "model.safetensors.index.json: .*records" "${short[@]}" --model "$work/bad"
 damaged; rm "$work/bad/model-00002-of-00004.safetensors"
 expect_exit2 missing_shard "shard file model-00002-of-00004.safetensors is missing" "${short[@]}" --model "$work/bad"
 damaged; sed -i 's/"total_size": [0-9]*/"total_size": 12/' "$work/bad/model.safetensors.index.json"

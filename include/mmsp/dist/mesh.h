@@ -57,6 +57,9 @@ class Mesh {
   const GroupPtr& ulysses() const { return group(MeshAxis::ulysses); }
   const GroupPtr& context() const { return group(MeshAxis::context); }
 
+  // The job's store (null for one rank): heartbeats and step fingerprints use it.
+  const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
+
   CommStats& stats() const { return *stats_; }
   const std::shared_ptr<CommStats>& shared_stats() const { return stats_; }
 

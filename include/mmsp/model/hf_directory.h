@@ -51,6 +51,7 @@ struct HfDirectory {
   std::vector<std::string> files;          // shard files, in order
   bool indexed = false;                    // has model.safetensors.index.json
   uint64_t total_bytes = 0;                // tensor data bytes, all shards
+  bool checksums_verified = false;         // its checksums.json was there and matched
   // The dtype that holds the most bytes (the "dtype the model was loaded in").
   at::ScalarType dominant_dtype() const;
 };
@@ -58,7 +59,8 @@ struct HfDirectory {
 // True when `path` is a directory holding config.json (a candidate HF model dir).
 bool is_hf_directory(const std::string& path);
 
-// Opens and checks `dir` (reads headers only; see HfDirectory).
+// Opens and checks `dir` (reads headers only; see HfDirectory). When `dir` holds
+// checksums.json, every file it lists is verified first (a mismatch names the file).
 HfDirectory open_hf_directory(const std::string& dir);
 
 // How a family's parameter names relate to the names in released files.
@@ -117,7 +119,9 @@ struct HfSaveOptions {
 // config.json (the text given, with "torch_dtype" set to the saved dtype), then one
 // model.safetensors when everything fits one shard, else model-0000k-of-0000n.safetensors
 // in name order and model.safetensors.index.json (sorted keys, indent 2). Each file is
-// written to a temporary name, fsync'd and renamed; the directory is fsync'd last.
+// written to a temporary name, fsync'd and renamed; then checksums.json, the XXH64 of
+// every file as written (model/checksum_manifest.h; transformers ignores it); the
+// directory is fsync'd last.
 void save_hf_directory(const std::string& dir,
                        const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::string& config_json, const HfSaveOptions& options = {});

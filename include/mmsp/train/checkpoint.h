@@ -16,6 +16,11 @@
 //                                           (+ .max_exp_avg_sq), groups and step
 //                                           counts in the metadata (optimizer_state.h)
 //                   state.json              step, data position, RNG, run (train_state.h)
+//                   checksums.json          written last: XXH64 and size of optimizer.safetensors,
+//                                           state.json, hf/checksums.json, master/checksums.json
+//                                           (which cover hf/ and master/), format version 1;
+//                                           load_checkpoint verifies every file before reading
+//                                           (model/checksum_manifest.h)
 // Checkpoints of the first format (model.safetensors + config.json beside state.json)
 // are still read.
 #pragma once
@@ -29,6 +34,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "mmsp/model/hf_directory.h"
 #include "mmsp/train/named_params.h"
@@ -88,6 +94,7 @@ struct Checkpoint {
   model::HfDirectory weights;      // master/ when present, else hf/ (exact training weights)
   std::map<std::string, at::Tensor> legacy_model;  // first format only: model.safetensors
   AdamWState optimizer;
+  std::vector<std::string> notes;  // for the user: e.g. an older checkpoint read unverified
 };
 
 // Reads `path`: a checkpoint dir (follows its `latest`) or a step dir. Checks each

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/model/vision_routing.h"
 #include "mmsp/plan/mesh.h"
@@ -70,6 +71,18 @@ struct TrainOptions {
   // memory divided by the ranks on the host.
   int64_t memory_limit_bytes = 0;
   std::string memory_limit_source = "--memory-limit";
+
+  // TEST HOOKS (the reliability tests only; hidden CLI flags): rank `sleep_rank`
+  // sleeps `sleep_seconds` inside the forward of step `sleep_step` (a long step must
+  // not look hung); rank `skew_batch_rank` drops the last sample of step
+  // `skew_batch_step` (a diverging rank must be named before it hangs). −1: off.
+  struct TestHooks {
+    int sleep_rank = -1;
+    int64_t sleep_step = 0;
+    double sleep_seconds = 0;
+    int skew_batch_rank = -1;
+    int64_t skew_batch_step = 0;
+  } test;
 };
 
 struct TrainReport {
@@ -83,6 +96,8 @@ struct TrainReport {
 void check_train_options(const TrainOptions& options, const dist::MeshShape& mesh);
 
 // Runs the loop on this rank; rank 0 writes metrics and checkpoints and prints to `log`.
-TrainReport train(const TrainOptions& options, const dist::Mesh& mesh, std::ostream& log);
+// `activity` (optional) is told the step and phase, for the rank's heartbeat.
+TrainReport train(const TrainOptions& options, const dist::Mesh& mesh, std::ostream& log,
+                  dist::RankActivity* activity = nullptr);
 
 }  // namespace mmsp::train

@@ -1,0 +1,86 @@
+// Hang detection: every rank keeps a heartbeat key in the job's c10d TCPStore from a
+// background thread and watches the other ranks' keys from another; a rank whose key
+// has not changed for `timeout` (stopped, wedged, swapped out) ends the job on every
+// rank with "rank K has not answered for N s (last seen in step S, phase P)". What a
+// rank is doing (step, phase) comes from a RankActivity its owner updates. The
+// collective timeout (MeshOptions) stays for everything else.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "mmsp/dist/rank_env.h"
+
+namespace mmsp::dist {
+
+// Exit status of a rank ended by the heartbeat (its own watcher or another rank's).
+constexpr int kHeartbeatExitCode = 3;
+
+// Step and phase of this rank, written by the main thread (trainer), read by the
+// heartbeat thread. `phase` must outlive the object (a string literal).
+class RankActivity {
+ public:
+  void set(int64_t step, const char* phase) {
+    step_.store(step, std::memory_order_relaxed);
+    phase_.store(phase, std::memory_order_relaxed);
+  }
+  void set_phase(const char* phase) { phase_.store(phase, std::memory_order_relaxed); }
+  int64_t step() const { return step_.load(std::memory_order_relaxed); }
+  const char* phase() const { return phase_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t> step_{0};
+  std::atomic<const char*> phase_{"start-up"};
+};
+
+struct HeartbeatOptions {
+  // A rank whose heartbeat is older than this ends the job (--heartbeat-timeout).
+  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  // How often a rank beats and reads the others' beats; 0: timeout / 10, within
+  // [50 ms, 1 s].
+  std::chrono::milliseconds interval{0};
+};
+
+// What a heartbeat key holds: "<beats> <step> <phase>", or "<beats> <step> done".
+struct HeartbeatValue {
+  int64_t beats = 0;
+  int64_t step = 0;
+  std::string phase;
+};
+std::string encode_heartbeat(const HeartbeatValue& value);
+// Anything malformed gives beats = -1 (a damaged key counts as no beat).
+HeartbeatValue decode_heartbeat(const std::string& text);
+
+// "rank 2 has not answered for 3.4 s (last seen in step 7, phase forward)"
+std::string heartbeat_failure_message(int rank, double seconds, const HeartbeatValue& last);
+
+class Heartbeat {
+ public:
+  // What happens on a detected hang; the default prints `message` to stderr and ends
+  // the process with kHeartbeatExitCode (the main thread may be inside a collective
+  // that would wait for the collective timeout).
+  using OnFailure = std::function<void(const std::string& message)>;
+
+  // Connects two store clients of its own to env's TCPStore (which Mesh::connect
+  // opened) and starts beating and watching. One rank: does nothing.
+  Heartbeat(const RankEnv& env, const HeartbeatOptions& options,
+            std::shared_ptr<const RankActivity> activity, OnFailure on_failure = {});
+  // Marks this rank's heartbeat "done" (so that ranks still finishing never blame a
+  // rank that returned) and stops the threads; when another rank has ended the job
+  // (its message is in the store), prints that message too.
+  ~Heartbeat();
+  Heartbeat(const Heartbeat&) = delete;
+  Heartbeat& operator=(const Heartbeat&) = delete;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+  std::thread beat_, watch_, judge_;
+};
+
+}  // namespace mmsp::dist

@@ -1,0 +1,278 @@
+// Heartbeats through the job's TCPStore; see heartbeat.h. Three threads per rank:
+// `beat` writes this rank's key every interval; `watch` reads the others' keys and
+// notes, on this host's monotonic clock, when each last changed (no clock is shared
+// between hosts); `judge` touches no store and catches a `watch` that has not completed
+// a round for the timeout (the store's host, rank 0, stopped).
+#include "mmsp/dist/heartbeat.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <vector>
+
+#include "mmsp/core/check.h"
+
+namespace mmsp::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+const char* const kKeyPrefix = "mmsp/heartbeat/";
+const char* const kAbortKey = "mmsp/heartbeat/abort";
+const char* const kAckKey = "mmsp/heartbeat/informed";  // ranks that know the job is ending
+const char* const kDone = "done";
+
+std::string key_of(int rank) { return kKeyPrefix + std::to_string(rank); }
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::string text(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+}  // namespace
+
+std::string encode_heartbeat(const HeartbeatValue& v) {
+  return std::to_string(v.beats) + " " + std::to_string(v.step) + " " + v.phase;
+}
+
+HeartbeatValue decode_heartbeat(const std::string& s) {
+  HeartbeatValue v;
+  std::istringstream in(s);
+  if (!(in >> v.beats >> v.step)) return HeartbeatValue{-1, 0, ""};
+  std::getline(in >> std::ws, v.phase);
+  return v;
+}
+
+std::string heartbeat_failure_message(int rank, double seconds, const HeartbeatValue& last) {
+  char age[32];
+  std::snprintf(age, sizeof age, "%.1f", seconds);
+  std::string where = last.beats > 0 ? detail::concat("last seen in step ", last.step, ", phase ", last.phase)
+                                     : std::string("never seen: its heartbeat did not start");
+  return detail::concat("rank ", rank, " has not answered for ", age, " s (", where,
+                        "); it is stopped, wedged or unreachable. The job is ended (--heartbeat-timeout)");
+}
+
+struct Heartbeat::State {
+  RankEnv env;
+  std::chrono::milliseconds timeout{0}, interval{0};
+  std::shared_ptr<const RankActivity> activity;
+  OnFailure on_failure;
+  c10d::TCPStoreOptions store_options;
+  c10::intrusive_ptr<c10d::TCPStore> beat_store, watch_store;
+
+  // A fresh connection: after a failed or timed-out call a client may be out of step
+  // with the server (an unread reply), so it is replaced rather than reused.
+  c10::intrusive_ptr<c10d::TCPStore> connect() const {
+    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+  }
+
+  std::mutex mutex;
+  std::condition_variable wake;
+  bool stopping = false;
+  std::atomic<bool> failed{false};
+  // when `watch` last completed a round of store calls (steady clock, ns)
+  std::atomic<int64_t> last_round_ns{0};
+  std::vector<HeartbeatValue> last;            // per rank, under mutex
+  std::vector<Clock::time_point> changed;      // per rank, under mutex
+
+  // Sleeps one interval; false when stopping.
+  bool pause(std::chrono::milliseconds d) {
+    std::unique_lock<std::mutex> lock(mutex);
+    return !wake.wait_for(lock, d, [this] { return stopping; });
+  }
+
+  // `store_answers`: false when the store itself is what failed (no acks can come).
+  void fail(const std::string& message, bool tell_others, bool store_answers = true) {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (stopping) return;  // the rank has finished: a late round blames no one
+    }
+    if (failed.exchange(true)) return;
+    if (on_failure) {
+      on_failure(message);
+      return;
+    }
+    std::fprintf(stderr, "mmsp: error: %s\n", message.c_str());
+    std::fflush(stderr);
+    // Tell the others (the abort key) and count this rank as informed (the ack key);
+    // the rank that saw it waits, at most 2 s, until every rank but the hung one has
+    // acknowledged: when it is rank 0, its exit takes the store with it. Store calls
+    // may block (a stopped store host), so they run on a thread of their own.
+    const int64_t expected = env.world_size - 1;  // all but the hung rank
+    const std::string addr = env.master_addr;
+    const c10d::TCPStoreOptions opts = store_options;
+    auto acknowledged = std::make_shared<std::atomic<bool>>(false);
+    const std::string posted = message + " (seen by rank " + std::to_string(env.rank) + ")";
+    std::thread([addr, opts, posted, tell_others, expected, acknowledged] {
+      try {
+        auto store = c10::make_intrusive<c10d::TCPStore>(addr, opts);  // its own: the others are in use
+        if (tell_others) store->set(kAbortKey, bytes(posted));
+        int64_t n = store->add(kAckKey, 1);
+        while (tell_others && n < expected) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          n = store->add(kAckKey, 0);
+        }
+      } catch (...) {
+      }
+      acknowledged->store(true);
+    }).detach();
+    const auto deadline =
+        Clock::now() + std::chrono::milliseconds(tell_others && store_answers ? 2000 : store_answers ? 500 : 200);
+    while (!acknowledged->load() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    std::_Exit(kHeartbeatExitCode);
+  }
+
+  void beat_loop() {
+    HeartbeatValue v;
+    do {
+      ++v.beats;
+      v.step = activity->step();
+      v.phase = activity->phase();
+      try {
+        if (!beat_store) beat_store = connect();
+        beat_store->set(key_of(env.rank), bytes(encode_heartbeat(v)));
+      } catch (const std::exception&) {
+        beat_store.reset();  // slow or gone: the others judge by our key, not by this
+      }
+    } while (pause(interval));
+    ++v.beats;
+    v.phase = kDone;
+    try {
+      if (!beat_store) beat_store = connect();
+      beat_store->set(key_of(env.rank), bytes(encode_heartbeat(v)));
+    } catch (const std::exception&) {
+    }
+  }
+
+  // One round: the abort key, then every other rank's key. False when the store failed.
+  bool watch_round() {
+    std::vector<std::pair<int, HeartbeatValue>> seen;
+    try {
+      if (!watch_store) watch_store = connect();
+      if (watch_store->check({kAbortKey})) {
+        fail(text(watch_store->get(kAbortKey)), false);
+        return true;
+      }
+      for (int r = 0; r < env.world_size; ++r) {
+        if (r == env.rank || !watch_store->check({key_of(r)})) continue;
+        seen.emplace_back(r, decode_heartbeat(text(watch_store->get(key_of(r)))));
+      }
+    } catch (const std::exception&) {
+      watch_store.reset();
+      return false;
+    }
+    last_round_ns.store(Clock::now().time_since_epoch().count());
+    std::string failure;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      const auto now = Clock::now();
+      for (const auto& [r, v] : seen)
+        if (v.beats >= 0 && v.beats != last[r].beats) last[r] = v, changed[r] = now;
+      for (int r = 0; r < env.world_size && failure.empty(); ++r) {
+        if (r == env.rank || last[r].phase == kDone) continue;
+        const double age = std::chrono::duration<double>(now - changed[r]).count();
+        if (age * 1000 > timeout.count()) failure = heartbeat_failure_message(r, age, last[r]);
+      }
+    }
+    if (!failure.empty()) fail(failure, true);
+    return true;
+  }
+
+  void watch_loop() {
+    do {
+      if (!watch_round()) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (last[0].phase == kDone) return;  // rank 0 finished and took its store with it
+      }
+    } while (pause(interval));
+  }
+
+  // No successful round of `watch` for longer than the timeout (a call stuck or failing):
+  // rank 0, which serves the store, is not answering. This thread touches no store.
+  void judge_loop() {
+    while (pause(interval)) {
+      const Clock::time_point t{Clock::duration(last_round_ns.load())};
+      const double age = seconds_since(t);
+      if (age * 1000 <= timeout.count()) continue;
+      HeartbeatValue seen;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (last[0].phase == kDone) return;
+        seen = last[0];
+      }
+      fail(heartbeat_failure_message(0, age, seen) + " — the job's store, which rank 0 hosts, does not respond",
+           true, false);
+      return;
+    }
+  }
+};
+
+Heartbeat::Heartbeat(const RankEnv& env, const HeartbeatOptions& options,
+                     std::shared_ptr<const RankActivity> activity, OnFailure on_failure) {
+  MMSP_CHECK(options.timeout.count() > 0, "--heartbeat-timeout must be positive, got ",
+             options.timeout.count() / 1000.0, " s");
+  if (env.world_size <= 1) return;
+  MMSP_ASSERT(activity, "Heartbeat needs a RankActivity");
+  auto s = std::make_shared<State>();
+  s->env = env;
+  s->timeout = options.timeout;
+  s->interval = options.interval.count() > 0
+                    ? options.interval
+                    : std::clamp(options.timeout / 10, std::chrono::milliseconds(50), std::chrono::milliseconds(1000));
+  s->activity = std::move(activity);
+  s->on_failure = std::move(on_failure);
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<std::uint16_t>(env.master_port);
+  opts.isServer = false;
+  opts.waitWorkers = false;
+  opts.timeout = options.timeout;
+  s->store_options = opts;
+  try {
+    s->beat_store = s->connect();
+    s->watch_store = s->connect();
+  } catch (const std::exception& e) {
+    throw Error(detail::concat("rank ", env.rank, " could not open its heartbeat connection to the job's store at ",
+                               env.master_addr, ":", env.master_port, ": ", e.what()));
+  }
+  const auto start = Clock::now();
+  s->last.assign(env.world_size, HeartbeatValue{});
+  s->changed.assign(env.world_size, start);
+  s->last_round_ns.store(start.time_since_epoch().count());
+  state_ = s;
+  beat_ = std::thread([s] { s->beat_loop(); });
+  watch_ = std::thread([s] { s->watch_loop(); });
+  judge_ = std::thread([s] { s->judge_loop(); });
+}
+
+Heartbeat::~Heartbeat() {
+  if (!state_) return;
+  {
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    state_->stopping = true;
+  }
+  state_->wake.notify_all();
+  // `beat` posts "done" first; `watch` may sit in a store call that cannot finish
+  // (the store host gone): it is left to end with the process, never waited on.
+  if (beat_.joinable()) beat_.join();
+  if (judge_.joinable()) judge_.join();
+  // A rank that ends with an error of its own (a collective that failed because the
+  // rank another one declared hung was killed) still says what the job died of.
+  if (!state_->failed.load()) {
+    try {
+      if (!state_->beat_store) state_->beat_store = state_->connect();
+      if (state_->beat_store->check({kAbortKey})) {
+        const std::string message = text(state_->beat_store->get(kAbortKey));
+        std::fprintf(stderr, "mmsp: error: %s\n", message.c_str());
+        std::fflush(stderr);
+      }
+    } catch (const std::exception&) {
+    }
+  }
+  if (watch_.joinable()) watch_.detach();
+}
+
+}  // namespace mmsp::dist
