@@ -10,6 +10,8 @@ const char* comm_kind_name(CommKind kind) {
     case CommKind::all_gather_v: return "all_gather_v";
     case CommKind::all_reduce: return "all_reduce";
     case CommKind::ring_exchange: return "ring_exchange";
+    case CommKind::reduce_scatter: return "reduce_scatter";
+    case CommKind::all_gather: return "all_gather";
   }
   return "?";
 }

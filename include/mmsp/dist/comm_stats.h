@@ -10,8 +10,16 @@
 
 namespace mmsp::dist {
 
-enum class CommKind : int { all_to_all = 0, all_to_all_v, all_gather_v, all_reduce, ring_exchange };
-constexpr int kNumCommKinds = 5;
+enum class CommKind : int {
+  all_to_all = 0,
+  all_to_all_v,
+  all_gather_v,
+  all_reduce,
+  ring_exchange,
+  reduce_scatter,  // sharded optimizer: gradients
+  all_gather,      // sharded optimizer: updated weights
+};
+constexpr int kNumCommKinds = 7;
 const char* comm_kind_name(CommKind kind);
 
 enum class Pass : int { forward = 0, backward = 1 };
