@@ -10,9 +10,8 @@
 #include "mmsp/dist/all_reduce.h"
 
 namespace mmsp::train {
-namespace {
 
-std::vector<GradBucket> make_buckets(const NamedParams& params, int64_t bucket_bytes) {
+std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t bucket_bytes) {
   // (dtype, device) keys in order of first appearance; each key's open bucket.
   std::vector<GradBucket> out;
   std::vector<std::pair<std::pair<at::ScalarType, c10::Device>, std::vector<size_t>>> keys;
@@ -44,8 +43,6 @@ std::vector<GradBucket> make_buckets(const NamedParams& params, int64_t bucket_b
   return out;
 }
 
-}  // namespace
-
 GradSync::GradSync(NamedParams named_params, dist::GroupPtr world, int64_t bucket_bytes)
     : params_(std::move(named_params)), world_(std::move(world)) {
   MMSP_CHECK(world_, "GradSync: the world group is null");
@@ -54,7 +51,7 @@ GradSync::GradSync(NamedParams named_params, dist::GroupPtr world, int64_t bucke
   for (const auto& [name, p] : params_)
     MMSP_CHECK(at::isFloatingType(p.scalar_type()), "GradSync: parameter \"", name,
                "\" has dtype ", p.scalar_type(), "; only floating-point gradients are summed");
-  buckets_ = make_buckets(params_, bucket_bytes);
+  buckets_ = make_grad_buckets(params_, bucket_bytes);
 }
 
 int64_t GradSync::grad_bytes() const {

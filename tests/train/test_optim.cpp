@@ -1,12 +1,14 @@
 // Optimisation pieces: bucketed gradient sync (solo group, and two Gloo ranks in
 // threads of this process), the learning-rate schedule, clipping, AdamW groups.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <cmath>
+#include <functional>
 #include <thread>
 
 #include "mmsp/core/check.h"
@@ -15,6 +17,7 @@
 #include "mmsp/train/grad_sync.h"
 #include "mmsp/train/lr_schedule.h"
 #include "mmsp/train/optimizer.h"
+#include "mmsp/train/sharded_adamw.h"
 
 namespace mmsp::train {
 namespace {
@@ -272,6 +275,150 @@ TEST(AdamW, RefusesBadOptions) {
               HasSubstr("same tensor"));
   auto opt = make_adamw(ps, {});
   EXPECT_THAT(what([&] { set_lr(*opt, std::nan("")); }), HasSubstr("set_lr: lr (nan)"));
+}
+
+// ---- ShardedAdamW (--shard optimizer) ----------------------------------------------
+
+// P Gloo ranks as threads of this process; `body(rank, world)` runs on each.
+void run_gloo_ranks(int P, const std::function<void(int, dist::GroupPtr)>& body,
+                    std::vector<std::shared_ptr<dist::CommStats>>& stats) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(P);
+  stats.clear();
+  for (int r = 0; r < P; ++r) stats.push_back(std::make_shared<dist::CommStats>());
+  std::vector<int> members;
+  for (int r = 0; r < P; ++r) members.push_back(r);
+  auto run = [&](int rank) {
+    try {
+      auto options = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(30));
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, P, options);
+      auto world = c10::make_intrusive<dist::Group>("world", members, rank, c10::intrusive_ptr<dist::Backend>(gloo),
+                                                    c10::intrusive_ptr<dist::Backend>(), stats[rank],
+                                                    std::chrono::milliseconds(30000));
+      body(rank, world);
+    } catch (const std::exception& e) {
+      errors[rank] = e.what();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int r = 0; r < P; ++r) threads.emplace_back(run, r);
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < P; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
+}
+
+// Random values from a generator of their own (the ranks are threads: the default
+// generator would be shared).
+at::Tensor seeded_randn(at::IntArrayRef shape, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kDouble));
+}
+
+// Parameters of odd sizes (60 elements: no bucket divides by 3 or 4), matrices and
+// vectors, rounded to `dtype` and then held in `held` (a reference's masters).
+constexpr int64_t kOddElements = 60;
+NamedParams odd_params(at::ScalarType dtype, at::ScalarType held) {
+  NamedParams ps;
+  const std::vector<std::vector<int64_t>> shapes = {{5, 3}, {7}, {2, 2, 3}, {1}, {11, 2}, {3}};
+  for (size_t i = 0; i < shapes.size(); ++i)
+    ps.emplace_back("p" + std::to_string(i), seeded_randn(shapes[i], 7 + i).to(dtype).to(held).requires_grad_(true));
+  return ps;
+}
+NamedParams odd_params(at::ScalarType dtype) { return odd_params(dtype, dtype); }
+
+// The gradient rank r gives parameter i at step t (rank 2 never reaches p3).
+at::Tensor rank_grad(const at::Tensor& p, int r, size_t i, int t) {
+  return seeded_randn(p.sizes(), 1000 * t + 10 * i + r);
+}
+
+// 3 steps of ShardedAdamW on P ranks equal 3 steps of the replicated AdamW on the summed
+// gradients, with clipping that bites and decay on the matrices only; each step sends
+// the bytes its formula says.
+void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::ScalarType master_dtype,
+                                      double rtol) {
+  const AdamWOptions adamw{0.05, 0.9, 0.95, 1e-8, 0.1};
+  const double clip = 1.5;
+  // Reference: the replicated path of the trainer (masters, summed grads, clip, AdamW).
+  NamedParams ref = odd_params(model_dtype, master_dtype);
+  auto opt = make_adamw(ref, adamw);
+  for (int t = 0; t < 3; ++t) {
+    for (size_t i = 0; i < ref.size(); ++i) {
+      at::Tensor sum = at::zeros(ref[i].second.sizes(), at::kDouble);
+      for (int r = 0; r < P; ++r)
+        if (!(r == 2 && i == 3)) sum += rank_grad(ref[i].second, r, i, t).to(model_dtype).to(at::kDouble);
+      ref[i].second.mutable_grad() = sum.to(master_dtype);
+    }
+    clip_grad_norm(ref, clip);
+    opt->step();
+  }
+  std::vector<NamedParams> got(P);
+  std::vector<double> norms(P);
+  std::vector<int64_t> state_bytes(P), step_bytes(P);
+  std::vector<std::shared_ptr<dist::CommStats>> stats;
+  run_gloo_ranks(P, [&](int r, dist::GroupPtr world) {
+    NamedParams model = odd_params(model_dtype);
+    ShardedAdamW sharded(model, master_dtype, adamw, world, /*bucket_bytes=*/64);
+    for (int t = 0; t < 3; ++t) {
+      sharded.zero_grad();
+      for (size_t i = 0; i < model.size(); ++i)
+        if (!(r == 2 && i == 3)) model[i].second.mutable_grad() = rank_grad(model[i].second, r, i, t).to(model_dtype);
+      norms[r] = sharded.step(clip);
+    }
+    got[r] = model;
+    state_bytes[r] = sharded.state_bytes();
+    step_bytes[r] = sharded.step_bytes();
+  }, stats);
+  for (int r = 0; r < P; ++r) {
+    for (size_t i = 0; i < ref.size(); ++i) {
+      const at::Tensor want = ref[i].second.detach().to(model_dtype).to(at::kDouble);
+      const at::Tensor have = got[r][i].second.detach().to(at::kDouble);
+      EXPECT_TRUE(at::allclose(have, want, rtol, rtol)) << "P=" << P << " rank " << r << " " << ref[i].first << "\n"
+                                                        << have << "\n" << want;
+    }
+    const dist::CommSnapshot s = stats[r]->snapshot();
+    const int64_t sent = s.at(dist::CommKind::reduce_scatter, dist::Pass::forward).bytes +
+                         s.at(dist::CommKind::all_gather, dist::Pass::forward).bytes;
+    EXPECT_EQ(sent, 3 * step_bytes[r]) << "rank " << r;
+    // A P-th of the state, plus the padding: fewer than P elements in each of at most
+    // 6 buckets.
+    const int64_t whole = 3 * kOddElements * static_cast<int64_t>(c10::elementSize(master_dtype));
+    EXPECT_LT(state_bytes[r] * P, whole + 3 * 6 * P * static_cast<int64_t>(c10::elementSize(master_dtype)));
+  }
+  int64_t all = 0;
+  for (int64_t b : state_bytes) all += b;
+  EXPECT_GE(all, 3 * kOddElements * static_cast<int64_t>(c10::elementSize(master_dtype))) << "every element held";
+}
+
+TEST(ShardedAdamW, EqualsReplicatedAdamWOnTwoThreeAndFourRanks) {
+  for (int P : {1, 2, 3, 4}) expect_sharded_equals_replicated(P, at::kDouble, at::kDouble, 1e-12);
+}
+
+TEST(ShardedAdamW, Bf16ModelWithFp32ShardedMasters) {
+  // The model gets the masters rounded once; the reference rounds its fp32 result once.
+  for (int P : {2, 3}) expect_sharded_equals_replicated(P, at::kBFloat16, at::kFloat, 1e-2);
+}
+
+TEST(ShardedAdamW, NonFiniteGradientNamesTheParameterOnEveryRank) {
+  std::vector<std::string> errors(2);
+  std::vector<std::shared_ptr<dist::CommStats>> stats;
+  run_gloo_ranks(2, [&](int r, dist::GroupPtr world) {
+    NamedParams model = odd_params(at::kDouble);
+    ShardedAdamW sharded(model, at::kDouble, AdamWOptions{}, world, 64);
+    const at::Tensor before = model[4].second.detach().clone();
+    for (auto& [name, p] : model) p.mutable_grad() = at::ones_like(p);
+    model[4].second.mutable_grad()[3][1] = std::nan("");
+    errors[r] = what([&] { sharded.step(1.0); });
+    EXPECT_TRUE(at::equal(model[4].second.detach(), before)) << "nothing is updated";
+  }, stats);
+  for (int r = 0; r < 2; ++r) EXPECT_THAT(errors[r], HasSubstr("gradient norm is nan (not finite)")) << r;
+  // p4 (11×2) lies in the second rank's shard of its bucket in one of them at least.
+  EXPECT_THAT(errors[0] + errors[1], HasSubstr("\"p4\""));
+}
+
+TEST(ShardedAdamW, RefusesUnknownLevels) {
+  EXPECT_EQ(parse_shard_level("optimizer"), ShardLevel::optimizer);
+  EXPECT_THAT(what([] { parse_shard_level("parameters"); }),
+              HasSubstr("--shard \"parameters\" is unknown; use none or optimizer"));
 }
 
 }  // namespace

@@ -25,6 +25,10 @@ struct GradBucket {
   int64_t bytes = 0;           // numel × element size: what one all-reduce carries
 };
 
+// The buckets GradSync uses (see its constructor): from the parameters' order,
+// dtypes, devices and sizes only, so every rank builds the same ones.
+std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t bucket_bytes);
+
 // Usage: GradSync sync(named_params, mesh.world());  ...backward...;  sync.all_reduce();
 class GradSync {
  public:

@@ -1,0 +1,202 @@
+// ZeRO-1 AdamW over shards of the gradient buckets; see sharded_adamw.h.
+#include "mmsp/train/sharded_adamw.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "mmsp/core/check.h"
+#include "mmsp/dist/all_reduce.h"
+#include "mmsp/dist/shard_collectives.h"
+
+namespace mmsp::train {
+
+ShardLevel parse_shard_level(const std::string& name) {
+  if (name == "none") return ShardLevel::none;
+  if (name == "optimizer") return ShardLevel::optimizer;
+  MMSP_CHECK(false, "--shard \"", name,
+             "\" is unknown; use none or optimizer (gradients and parameters are not implemented yet)");
+  return ShardLevel::none;
+}
+
+const char* to_string(ShardLevel level) { return level == ShardLevel::optimizer ? "optimizer" : "none"; }
+
+ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
+                           dist::GroupPtr world, int64_t bucket_bytes)
+    : model_(std::move(model_params)), options_(options), world_(std::move(world)), master_dtype_(master_dtype) {
+  MMSP_CHECK(world_, "ShardedAdamW: the world group is null");
+  check_named_params(model_, "ShardedAdamW");
+  make_adamw(model_, options_);  // the same option checks as the replicated optimizer
+  MMSP_CHECK(at::isFloatingType(master_dtype_), "ShardedAdamW: master dtype ", master_dtype_,
+             " is not floating point");
+  const int64_t P = world_->size(), r = world_->rank();
+  at::NoGradGuard no_grad;
+  for (const GradBucket& bucket : make_grad_buckets(model_, bucket_bytes)) {
+    Shard s;
+    s.bucket = bucket;
+    s.shard = (bucket.numel + P - 1) / P;
+    const auto options = at::TensorOptions().dtype(master_dtype_).device(bucket.device);
+    s.master = at::zeros({s.shard}, options);
+    s.exp_avg = at::zeros({s.shard}, options);
+    s.exp_avg_sq = at::zeros({s.shard}, options);
+    s.decays = at::zeros({s.shard}, options.dtype(at::kBool));
+    const int64_t begin = r * s.shard, end = begin + s.shard;  // my elements of the bucket
+    int64_t offset = 0;
+    for (size_t i : bucket.params) {
+      const at::Tensor& p = model_[i].second;
+      const int64_t first = std::max(begin, offset), last = std::min(end, offset + p.numel());
+      if (first < last) {
+        ShardPiece piece{i, first - offset, last - first, shards_.size(), first - begin};
+        s.master.narrow(0, piece.shard_offset, piece.length)
+            .copy_(p.detach().reshape({-1}).narrow(0, piece.param_offset, piece.length));
+        s.decays.narrow(0, piece.shard_offset, piece.length).fill_(p.dim() >= 2);
+        pieces_.push_back(piece);
+      }
+      offset += p.numel();
+    }
+    shards_.push_back(std::move(s));
+  }
+}
+
+void ShardedAdamW::set_lr(double lr) {
+  MMSP_CHECK(std::isfinite(lr) && lr >= 0, "set_lr: lr (", lr, ") must be a finite number ≥ 0");
+  options_.lr = lr;
+}
+
+void ShardedAdamW::copy_from_model() {
+  at::NoGradGuard no_grad;
+  for (const ShardPiece& piece : pieces_)
+    this->piece(piece, ShardTensor::master)
+        .copy_(model_[piece.param].second.detach().reshape({-1}).narrow(0, piece.param_offset, piece.length));
+}
+
+void ShardedAdamW::zero_grad() {
+  for (auto& [name, p] : model_) p.mutable_grad().reset();
+}
+
+at::Tensor ShardedAdamW::piece(const ShardPiece& piece, ShardTensor which) const {
+  const Shard& s = shards_.at(piece.bucket);
+  const at::Tensor& t = which == ShardTensor::master ? s.master : which == ShardTensor::exp_avg ? s.exp_avg : s.exp_avg_sq;
+  return t.narrow(0, piece.shard_offset, piece.length);
+}
+
+at::Tensor ShardedAdamW::pack_grads(const Shard& s) {
+  // Zeros: the padding, and parameters this rank's batch did not reach.
+  at::Tensor flat = at::zeros({s.shard * world_->size()},
+                              at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
+  int64_t offset = 0;
+  for (size_t i : s.bucket.params) {
+    auto& [name, p] = model_[i];
+    const at::Tensor grad = p.grad();
+    if (grad.defined()) {
+      MMSP_CHECK(grad.sizes() == p.sizes(), "ShardedAdamW: the gradient of \"", name, "\" has shape ",
+                 grad.sizes(), " but the parameter has ", p.sizes());
+      flat.narrow(0, offset, p.numel()).copy_(grad.reshape({-1}));
+      p.mutable_grad().reset();  // packed: its memory goes back now
+    }
+    offset += p.numel();
+  }
+  return flat;
+}
+
+double ShardedAdamW::global_norm(const std::vector<at::Tensor>& grads) const {
+  at::Tensor sum = at::zeros({1}, at::kDouble);
+  for (const at::Tensor& g : grads) sum.add_(g.to(at::kDouble).square().sum().cpu());
+  dist::all_reduce_(sum, *world_);
+  const double norm = std::sqrt(sum.item<double>());
+  if (std::isfinite(norm)) return norm;
+  std::string culprit = "(none in this rank's shards)";
+  for (const ShardPiece& piece : pieces_)
+    if (!grads[piece.bucket].narrow(0, piece.shard_offset, piece.length).isfinite().all().item<bool>()) {
+      culprit = "\"" + model_[piece.param].first + "\"";
+      break;
+    }
+  MMSP_CHECK(false, "gradient norm is ", norm, " (not finite); first parameter with a non-finite gradient ",
+             "in rank ", world_->rank(), "'s shard: ", culprit, ". Lower the learning rate or check the data");
+  return norm;
+}
+
+void ShardedAdamW::gather_into_model(const Shard& s) {
+  at::Tensor flat = at::empty({s.shard * world_->size()},
+                              at::TensorOptions().dtype(s.bucket.dtype).device(s.bucket.device));
+  dist::all_gather_into(s.master.to(s.bucket.dtype), flat, *world_);
+  int64_t offset = 0;
+  for (size_t i : s.bucket.params) {
+    at::Tensor p = model_[i].second.detach();
+    p.copy_(flat.narrow(0, offset, p.numel()).view(p.sizes()));
+    offset += p.numel();
+  }
+}
+
+double ShardedAdamW::step(double max_norm) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;  // [shard] per bucket: the world's sum
+  for (const Shard& s : shards_) grads.push_back(dist::reduce_scatter(pack_grads(s), *world_));
+  const double norm = global_norm(grads);
+  if (max_norm > 0 && norm > max_norm)
+    for (at::Tensor& g : grads) g.mul_(max_norm / (norm + 1e-6));  // clip_grad_norm's scale
+  ++steps_;
+  // torch::optim::AdamW's update, element for element.
+  const double lr = options_.lr, beta1 = options_.beta1, beta2 = options_.beta2;
+  const double correction1 = 1 - std::pow(beta1, static_cast<double>(steps_));
+  const double correction2 = 1 - std::pow(beta2, static_cast<double>(steps_));
+  for (size_t b = 0; b < shards_.size(); ++b) {
+    Shard& s = shards_[b];
+    const at::Tensor& g = grads[b];
+    if (options_.weight_decay != 0) {
+      const auto scalar = s.master.options();
+      s.master.mul_(at::where(s.decays, at::scalar_tensor(1 - lr * options_.weight_decay, scalar),
+                              at::scalar_tensor(1.0, scalar)));
+    }
+    s.exp_avg.mul_(beta1).add_(g, 1 - beta1);
+    s.exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2);
+    const at::Tensor denom = (s.exp_avg_sq.sqrt() / std::sqrt(correction2)).add_(options_.eps);
+    s.master.addcdiv_(s.exp_avg, denom, -lr / correction1);
+    gather_into_model(s);
+  }
+  return norm;
+}
+
+void ShardedAdamW::load(int64_t steps_taken, const StateReader& read) {
+  MMSP_CHECK(steps_taken >= 0, "ShardedAdamW::load: steps_taken ", steps_taken, " must be ≥ 0");
+  at::NoGradGuard no_grad;
+  // Read everything first: a refused piece leaves the state as it was.
+  std::vector<std::array<at::Tensor, 3>> loaded;
+  for (const ShardPiece& piece : pieces_) {
+    std::array<at::Tensor, 3> three;
+    for (ShardTensor which : {ShardTensor::master, ShardTensor::exp_avg, ShardTensor::exp_avg_sq}) {
+      at::Tensor t = read(model_[piece.param].first, which, piece.param_offset, piece.length);
+      MMSP_CHECK(t.defined() && t.numel() == piece.length, "ShardedAdamW::load: \"", model_[piece.param].first,
+                 "\" elements [", piece.param_offset, ", ", piece.param_offset + piece.length, "): got ",
+                 t.defined() ? t.numel() : 0, " values");
+      three[static_cast<int>(which)] = t.reshape({-1});
+    }
+    loaded.push_back(three);
+  }
+  for (size_t k = 0; k < pieces_.size(); ++k)
+    for (ShardTensor which : {ShardTensor::master, ShardTensor::exp_avg, ShardTensor::exp_avg_sq})
+      piece(pieces_[k], which).copy_(loaded[k][static_cast<int>(which)]);
+  steps_ = steps_taken;
+  for (const Shard& s : shards_) gather_into_model(s);
+}
+
+int64_t ShardedAdamW::state_bytes() const {
+  int64_t bytes = 0;
+  for (const Shard& s : shards_) bytes += 3 * s.master.numel() * static_cast<int64_t>(s.master.element_size());
+  return bytes;
+}
+
+int64_t ShardedAdamW::step_bytes() const {
+  const int P = world_->size();
+  int64_t bytes = 0;
+  for (const Shard& s : shards_) {
+    const int64_t padded = s.shard * P;
+    bytes += dist::shard_collective_bytes(padded * static_cast<int64_t>(s.master.element_size()), P);
+    bytes += dist::shard_collective_bytes(padded * static_cast<int64_t>(c10::elementSize(s.bucket.dtype)), P);
+  }
+  return bytes;
+}
+
+}  // namespace mmsp::train
