@@ -353,6 +353,25 @@ std::map<std::string, const HfTensor*> match_hf_tensors(const HfDirectory& dir,
 
 // ---- loading ----
 
+at::Tensor read_hf_elements(const HfDirectory& dir, const std::string& name, int64_t offset, int64_t length) {
+  auto it = dir.tensors.find(name);
+  MMSP_CHECK(it != dir.tensors.end(), dir.path, ": has no tensor ", name);
+  const HfTensor& t = it->second;
+  int64_t numel = 1;
+  for (int64_t d : t.entry.shape) numel *= d;
+  MMSP_CHECK(offset >= 0 && length >= 0 && offset + length <= numel, dir.path, ": elements [", offset, ", ",
+             offset + length, ") of ", name, " lie outside its ", numel);
+  at::Tensor out = at::empty({length}, t.entry.scalar_type);
+  if (length == 0) return out;
+  const std::string path = join(dir.path, t.file);
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  MMSP_CHECK(fd.get() >= 0, path, ": cannot open: ", errno_text());
+  const uint64_t size = out.element_size();
+  pread_exact(fd.get(), out.data_ptr(), static_cast<uint64_t>(length) * size,
+              t.file_offset + static_cast<uint64_t>(offset) * size, path);
+  return out;
+}
+
 void load_hf_weights(const HfDirectory& dir,
                      const std::vector<std::pair<std::string, at::Tensor>>& params,
                      const CheckpointNaming& naming) {

@@ -60,11 +60,13 @@ json parse_json(const std::string& text, const std::string& path) {
   return parse_json_text(text, path);
 }
 
-// Leftovers of crashed saves: hidden names carrying the temporary mark.
-void remove_leftovers(const std::string& dir) {
+// Leftovers of crashed saves: hidden names carrying the temporary mark (but `spare`:
+// the shards the ranks of this save have just staged).
+void remove_leftovers(const std::string& dir, const std::string& spare = "") {
   for (const auto& entry : fs::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (name[0] == '.' && name.find(kTmpMark) != std::string::npos) fs::remove_all(entry.path());
+    if (name[0] == '.' && name.find(kTmpMark) != std::string::npos && entry.path().string() != spare)
+      fs::remove_all(entry.path());
   }
 }
 
@@ -79,7 +81,8 @@ bool looks_complete(const fs::path& step_dir, int64_t step) {
     return fs::is_regular_file(file, ec) && fs::file_size(file, ec) > 0 && !ec;
   };
   try {
-    if (!non_empty(step_dir / kOptimizerFile)) return false;
+    const fs::path shards = step_dir / kOptimizerShardDir;
+    if (!non_empty(step_dir / kOptimizerFile) && !(fs::is_directory(shards) && !fs::is_empty(shards))) return false;
     if (fs::is_directory(step_dir / kHfDir)) {
       model::open_hf_directory((step_dir / kHfDir).string());
       if (fs::exists(step_dir / kMasterDir)) model::open_hf_directory((step_dir / kMasterDir).string());
@@ -163,9 +166,10 @@ bool same_model_config(const std::string& a, const std::string& b) {
   }
 }
 
-void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& weights,
-                     const torch::optim::AdamW& optimizer, const json& state,
-                     const std::string& config_json, const CheckpointOptions& options) {
+namespace {
+
+void save_step(const std::string& dir, int64_t step, const NamedParams& weights, const AdamWState* adamw,
+               const json& state, const std::string& config_json, const CheckpointOptions& options) {
   const std::string name = step_dir_name(step);
   MMSP_CHECK(options.keep_last >= 0, "save_checkpoint: keep_last (", options.keep_last,
              ") must be ≥ 0 (0 keeps every checkpoint)");
@@ -180,10 +184,9 @@ void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& we
   const json config = parse_json(config_json, "save_checkpoint: config_json");
   MMSP_CHECK(config.is_object(), "save_checkpoint: config_json must be a JSON object");
   check_named_params(weights, "save_checkpoint");
-  const AdamWState adamw = capture_adamw_state(optimizer, weights);
 
   fs::create_directories(dir);
-  remove_leftovers(dir);
+  remove_leftovers(dir, options.optimizer_shards_staged);
   const std::string tmp = dir + "/." + name + kTmpMark + std::to_string(::getpid());
   const std::string final_dir = dir + "/" + name;
   MMSP_CHECK(fs::create_directory(tmp), tmp, ": cannot create the temporary checkpoint dir");
@@ -196,17 +199,25 @@ void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& we
     for (const auto& [name, w] : weights) tensors.emplace_back(name, w.detach());
     hf.dtype = options.save_dtype;
     model::save_hf_directory(tmp + "/" + kHfDir, tensors, config_json, hf);
-    if (needs_master_copy(weights, options.save_dtype)) {
+    if (adamw && needs_master_copy(weights, options.save_dtype)) {
       hf.dtype.reset();
       model::save_hf_directory(tmp + "/" + kMasterDir, tensors, config_json, hf);
     }
-    writer.write_safetensors(tmp + "/" + kOptimizerFile, adamw_state_tensors(adamw),
-                             adamw_state_metadata(adamw));
+    model::ChecksumManifest manifest;
+    if (adamw) {
+      writer.write_safetensors(tmp + "/" + kOptimizerFile, adamw_state_tensors(*adamw),
+                               adamw_state_metadata(*adamw));
+      manifest[kOptimizerFile] = writer.checksums().at(tmp + "/" + kOptimizerFile);
+    } else {
+      fs::rename(options.optimizer_shards_staged, tmp + "/" + kOptimizerShardDir);
+      checkpoint_io::sync_dir(tmp + "/" + kOptimizerShardDir);
+      for (const auto& [file, sum] : options.optimizer_shard_checksums)
+        manifest[std::string(kOptimizerShardDir) + "/" + file] = sum;
+    }
     writer.write_text(tmp + "/" + kStateFile, train_state.dump(2) + "\n");
     // Last: checksums.json over the step dir's own files and the manifests of hf/ and
     // master/ (which cover their files), so every byte of the checkpoint is covered.
-    model::ChecksumManifest manifest;
-    for (const char* file : {kOptimizerFile, kStateFile}) manifest[file] = writer.checksums().at(tmp + "/" + file);
+    manifest[kStateFile] = writer.checksums().at(tmp + "/" + kStateFile);
     for (const char* sub : {kHfDir, kMasterDir}) {
       const std::string inner = std::string(sub) + "/" + model::kChecksumFile;
       if (fs::exists(tmp + "/" + inner)) manifest[inner] = model::checksum_of_file(tmp + "/" + inner);
@@ -226,6 +237,31 @@ void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& we
   checkpoint_io::sync_dir(dir);
   apply_keep_last(dir, step, options.keep_last);
 }
+
+}  // namespace
+
+std::string shard_staging_dir(const std::string& dir, int64_t step) {
+  return dir + "/." + step_dir_name(step) + kTmpMark + "shards";
+}
+
+void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& weights,
+                     const torch::optim::AdamW& optimizer, const json& state,
+                     const std::string& config_json, const CheckpointOptions& options) {
+  MMSP_CHECK(options.optimizer_shards_staged.empty(),
+             "save_checkpoint: an AdamW optimizer and staged optimizer shards are given; use one");
+  check_named_params(weights, "save_checkpoint");
+  const AdamWState adamw = capture_adamw_state(optimizer, weights);
+  save_step(dir, step, weights, &adamw, state, config_json, options);
+}
+
+void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& weights, const json& state,
+                     const std::string& config_json, const CheckpointOptions& options) {
+  MMSP_CHECK(options.optimizer_shards_staged == shard_staging_dir(dir, step),
+             "save_checkpoint: staged optimizer shards must be in ", shard_staging_dir(dir, step), ", not \"",
+             options.optimizer_shards_staged, "\"");
+  save_step(dir, step, weights, nullptr, state, config_json, options);
+}
+
 
 Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
   std::string path = dir_or_step_dir;
@@ -280,6 +316,13 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
                ": must be a JSON object");
     c.legacy_model = model::load_safetensors(step_dir + "/" + kLegacyModelFile);
     for (const auto& [name, t] : c.legacy_model) shapes[name] = t.sizes().vec();
+  }
+  const std::string shard_dir = step_dir + "/" + kOptimizerShardDir;
+  if (fs::is_directory(shard_dir)) {  // a --shard optimizer run's: one file per rank
+    c.optimizer_shards = open_optimizer_shards(shard_dir, shapes);
+    MMSP_CHECK(c.optimizer_shards->steps == c.step, shard_dir, ": the optimizer took ", c.optimizer_shards->steps,
+               " steps but the checkpoint is of step ", c.step);
+    return c;
   }
   const std::string optimizer_path = step_dir + "/" + kOptimizerFile;
   MMSP_CHECK(fs::is_regular_file(optimizer_path), optimizer_path,
@@ -336,7 +379,13 @@ void restore(const Checkpoint& c, const NamedParams& weights, torch::optim::Adam
   const std::string before = capture_cpu_rng();
   restore_cpu_rng(c.state.at("cpu_rng").get<std::string>(), c.path + "/" + kStateFile);
   try {
-    apply_adamw_state(c.optimizer, optimizer, weights, c.path + "/" + kOptimizerFile);
+    if (c.optimizer_shards) {
+      AdamWState state = capture_adamw_state(optimizer, weights);  // the groups as this run built them
+      state.params = gather_adamw_moments(*c.optimizer_shards, weights);
+      apply_adamw_state(state, optimizer, weights, c.optimizer_shards->dir);
+    } else {
+      apply_adamw_state(c.optimizer, optimizer, weights, c.path + "/" + kOptimizerFile);
+    }
   } catch (...) {
     restore_cpu_rng(before, "the generator state before restore");
     throw;
@@ -346,7 +395,50 @@ void restore(const Checkpoint& c, const NamedParams& weights, torch::optim::Adam
     for (const auto& [name, w] : weights) w.detach().copy_(c.legacy_model.at(name));
     return;
   }
+  if (c.optimizer_shards) {  // the exact masters are in the shards, hf/ may be rounded
+    at::NoGradGuard no_grad;
+    for (const auto& [name, w] : weights)
+      w.detach().copy_(read_optimizer_shards(*c.optimizer_shards, name, ShardTensor::master, 0, w.numel())
+                           .view(w.sizes()));
+    return;
+  }
   model::load_hf_weights(c.weights, weights, exact);
+}
+
+void restore(const Checkpoint& c, ShardedAdamW& optimizer) {
+  MMSP_CHECK(!c.weights.tensors.empty(), c.path, ": a checkpoint of the first format cannot be resumed with "
+             "--shard optimizer; resume it with --shard none once and save again");
+  model::ExpectedShapes expected;
+  for (const auto& [name, w] : optimizer.model_params()) expected.emplace_back(name, w.sizes().vec());
+  model::match_hf_tensors(c.weights, expected, model::CheckpointNaming{});  // throws, naming every difference
+  ShardedAdamW::StateReader read;
+  int64_t steps = 0;
+  if (c.optimizer_shards) {
+    steps = c.optimizer_shards->steps;
+    read = [&](const std::string& name, ShardTensor which, int64_t offset, int64_t length) {
+      return read_optimizer_shards(*c.optimizer_shards, name, which, offset, length);
+    };
+  } else {
+    for (const auto& [name, m] : c.optimizer.params) steps = std::max(steps, m.step);
+    for (const auto& [name, m] : c.optimizer.params)
+      MMSP_CHECK(m.step == steps, c.path, "/", kOptimizerFile, ": ", name, " took ", m.step,
+                 " steps and another ", steps, "; a sharded optimizer steps every parameter alike");
+    read = [&](const std::string& name, ShardTensor which, int64_t offset, int64_t length) -> at::Tensor {
+      if (which == ShardTensor::master) return model::read_hf_elements(c.weights, name, offset, length);
+      auto it = c.optimizer.params.find(name);
+      if (it == c.optimizer.params.end()) return at::zeros({length}, at::kDouble);  // never stepped
+      const at::Tensor& t = which == ShardTensor::exp_avg ? it->second.exp_avg : it->second.exp_avg_sq;
+      return t.reshape({-1}).narrow(0, offset, length);
+    };
+  }
+  const std::string before = capture_cpu_rng();
+  restore_cpu_rng(c.state.at("cpu_rng").get<std::string>(), c.path + "/" + kStateFile);
+  try {
+    optimizer.load(steps, read);
+  } catch (...) {
+    restore_cpu_rng(before, "the generator state before restore");
+    throw;
+  }
 }
 
 }  // namespace mmsp::train

@@ -99,6 +99,10 @@ void load_hf_weights(const HfDirectory& dir,
                      const std::vector<std::pair<std::string, at::Tensor>>& params,
                      const CheckpointNaming& naming);
 
+// Elements [offset, offset + length) of the flattened tensor `name` (the directory's own
+// name), in the file's dtype; reads only those bytes (a sharded optimizer's resume).
+at::Tensor read_hf_elements(const HfDirectory& dir, const std::string& name, int64_t offset, int64_t length);
+
 // Shard plan exactly as huggingface_hub's split_torch_state_dict_into_shards (used by
 // transformers' save_pretrained): tensors taken in the given order; one larger than
 // max_shard_bytes is a shard of its own; otherwise a tensor that would take the

@@ -12,6 +12,9 @@
 //                   master/     the same layout in the training weights' own dtype
 //                               (fp32 masters of a bf16 run); only when hf/ holds
 //                               another dtype, so a resume is always exact
+//                   optimizer/              instead, with --shard optimizer: one file per
+//                                           rank, masters and moments in pieces
+//                                           (sharded_checkpoint.h); then no master/
 //                   optimizer.safetensors   <param>.exp_avg, <param>.exp_avg_sq
 //                                           (+ .max_exp_avg_sq), groups and step
 //                                           counts in the metadata (optimizer_state.h)
@@ -36,9 +39,12 @@
 #include <string>
 #include <vector>
 
+#include "mmsp/model/checksum_manifest.h"
 #include "mmsp/model/hf_directory.h"
 #include "mmsp/train/named_params.h"
 #include "mmsp/train/optimizer_state.h"
+#include "mmsp/train/sharded_adamw.h"
+#include "mmsp/train/sharded_checkpoint.h"
 #include "mmsp/train/train_state.h"
 
 namespace mmsp::train {
@@ -61,7 +67,18 @@ struct CheckpointOptions {
   // the index), master/ likewise, optimizer.safetensors, state.json, latest),
   // usually mid-file.
   int64_t crash_after_bytes = -1;
+  // Sharded optimizer state (--shard optimizer): every rank has written its file
+  // (optimizer_shard_file) into this directory, with these checksums by file name. The
+  // save moves the directory into the step dir as optimizer/ instead of writing
+  // optimizer.safetensors, and writes no master/ (the shards hold the exact masters).
+  // It must be DIR/.step-<step>.tmp-shards (shard_staging_dir), which the save's
+  // clean-up of crashed saves spares.
+  std::string optimizer_shards_staged;
+  model::ChecksumManifest optimizer_shard_checksums;
 };
+
+// Where the ranks of a sharded save write their optimizer files before rank 0's save.
+std::string shard_staging_dir(const std::string& dir, int64_t step);
 
 // "step-000042" (at least six digits).
 std::string step_dir_name(int64_t step);
@@ -79,6 +96,10 @@ std::string step_dir_name(int64_t step);
 void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& weights,
                      const torch::optim::AdamW& optimizer, const nlohmann::json& state,
                      const std::string& config_json, const CheckpointOptions& options = {});
+// A sharded save: the optimizer state is in options.optimizer_shards_staged.
+void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& weights,
+                     const nlohmann::json& state, const std::string& config_json,
+                     const CheckpointOptions& options);
 // The same for every parameter of `model`.
 void save_checkpoint(const std::string& dir, int64_t step, const torch::nn::Module& model,
                      const torch::optim::AdamW& optimizer, const nlohmann::json& state,
@@ -93,7 +114,8 @@ struct Checkpoint {
   std::string config_json;         // the model's config (hf/config.json)
   model::HfDirectory weights;      // master/ when present, else hf/ (exact training weights)
   std::map<std::string, at::Tensor> legacy_model;  // first format only: model.safetensors
-  AdamWState optimizer;
+  AdamWState optimizer;  // optimizer.safetensors; empty when the state is sharded
+  std::optional<OptimizerShards> optimizer_shards;  // optimizer/ of a sharded run
   std::vector<std::string> notes;  // for the user: e.g. an older checkpoint read unverified
 };
 
@@ -110,6 +132,11 @@ void restore(const Checkpoint& checkpoint, const NamedParams& weights,
              torch::optim::AdamW& optimizer);
 void restore(const Checkpoint& checkpoint, torch::nn::Module& model,
              torch::optim::AdamW& optimizer);
+
+// The same into a sharded optimizer over the model's parameters: each rank reads only
+// the ranges it owns (masters from the shards, or from the weights of an unsharded
+// checkpoint), whatever the world size of the saving run.
+void restore(const Checkpoint& checkpoint, ShardedAdamW& optimizer);
 
 // Two configs are the same model when equal as JSON apart from "torch_dtype" (which
 // a save rewrites).
