@@ -1,11 +1,14 @@
 // Memory preflight; see memory_estimate.h and docs/finetune.md for the formulas.
 #include "mmsp/train/memory_estimate.h"
 
+#include "mmsp/train/grad_sync.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
 
 #include "mmsp/core/check.h"
+#include "mmsp/train/grad_sync.h"
 
 namespace mmsp::train {
 
@@ -51,10 +54,20 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   }
   const int64_t P = e.parameter_count;
   e.parameters = P * b;
-  e.master_weights = mixed ? P * m : 0;
-  // Masters' gradients, plus (mixed) the model's own until take_grads converts them.
-  e.gradients = P * m + (mixed ? P * b : 0);
-  e.optimizer = 2 * P * m;
+  if (in.shard_world > 1) {
+    // ZeRO-1 (sharded_adamw.h): a W-th of masters and moments (+ < W elements of
+    // padding per 25 MiB bucket, ignored); the model's gradients until packed, plus one
+    // bucket packed in the master dtype and its reduce-scatter buffer.
+    const int64_t W = in.shard_world, shard = (P + W - 1) / W;
+    e.master_weights = shard * m;
+    e.gradients = P * b + 2 * std::min(P, kDefaultBucketBytes / b) * m;
+    e.optimizer = 2 * shard * m;
+  } else {
+    e.master_weights = mixed ? P * m : 0;
+    // Masters' gradients, plus (mixed) the model's own until take_grads converts them.
+    e.gradients = P * m + (mixed ? P * b : 0);
+    e.optimizer = 2 * P * m;
+  }
 
   // Kept per token and decoder layer (elements): the residual input, the two norms'
   // inputs and fp32 normalised copies (6h), q/k/v before and after rotary, the
@@ -85,7 +98,8 @@ void check_memory_fits(const MemoryEstimate& e, int64_t limit, const std::string
   MMSP_CHECK(false, "this run needs about ", format_bytes(e.total()), " per rank (", parts.str(),
              ") but ", source, " allows ", format_bytes(limit),
              ". To shrink it: parameters, gradients and optimizer state scale with the model "
-             "(--dtype bfloat16 halves the parameters; a smaller config); activations, working "
+             "(--dtype bfloat16 halves the parameters; --shard optimizer splits the masters and "
+             "optimizer state over the ranks; a smaller config); activations, working "
              "set and logits scale with --tokens-per-rank (", "more ranks in --ring/--ulysses "
              "carry a long sequence in smaller pieces). --memory-limit BYTES sets the limit "
              "(0: no check).");

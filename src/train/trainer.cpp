@@ -44,6 +44,7 @@
 #include "mmsp/train/step_packer.h"
 #include "mmsp/train/step_pixels.h"
 #include "mmsp/train/train_state.h"
+#include "mmsp/train/weight_update.h"
 
 namespace mmsp::train {
 namespace {
@@ -115,12 +116,13 @@ model::ExpectedShapes parameter_shapes(const model::ModelConfig& config) {
 
 // This rank's memory for the run; refused (naming every part) when over the limit.
 MemoryEstimate preflight_memory(const model::ModelConfig& config, const model::ExpectedShapes& shapes,
-                                const TrainOptions& o, at::ScalarType dtype) {
+                                const TrainOptions& o, at::ScalarType dtype, int world) {
   MemoryEstimateInputs in;
   in.compute_dtype = dtype;
   in.master_dtype = master_dtype_of(dtype);
   in.tokens_per_rank = o.tokens_per_rank;
   in.attention_block = o.attention_block;
+  if (parse_shard_level(o.shard) == ShardLevel::optimizer) in.shard_world = world;
   const MemoryEstimate memory = estimate_memory(config, shapes, in);
   check_memory_fits(memory, o.memory_limit_bytes, o.memory_limit_source);
   return memory;
@@ -172,32 +174,13 @@ Reduced reduce_metrics(double local_loss, const std::vector<double>& mine, const
   return r;
 }
 
-// Rank 0 saves; every rank learns whether it worked (no rank waits on a dead writer:
-// the flag's all-reduce has the group's timeout).
-void save_everywhere(const std::string& dir, int64_t step, const NamedParams& weights, torch::optim::AdamW& opt,
-                     const nlohmann::json& state, const std::string& config_json,
-                     const CheckpointOptions& options, const dist::Mesh& mesh, std::ostream& log) {
-  std::string error;
-  if (mesh.rank() == 0) {
-    try {
-      save_checkpoint(dir, step, weights, opt, state, config_json, options);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-  }
-  at::Tensor failed = at::full({1}, error.empty() ? 0.0 : 1.0, at::kDouble);
-  dist::all_reduce_(failed, *mesh.world());
-  MMSP_CHECK(failed.item<double>() == 0, "saving the checkpoint of step ", step, " in ", dir,
-             " failed on rank 0", error.empty() ? std::string() : ": " + error);
-  if (mesh.rank() == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
-}
-
 }  // namespace
 
 void check_train_options(const TrainOptions& o, const dist::MeshShape& mesh) {
   check_train_limits(o);  // upper bounds first: nothing below may overflow
   parse_dtype(o.dtype);
   parse_save_dtype(o.save_dtype);
+  parse_shard_level(o.shard);
   MMSP_CHECK(o.save_shard_bytes > 0, "--save-shard-size ", o.save_shard_bytes, " must be positive");
   MMSP_CHECK(o.memory_limit_bytes >= 0, "--memory-limit ", o.memory_limit_bytes, " must be ≥ 0 (0: no check)");
   MMSP_CHECK(o.steps > 0, "--steps ", o.steps, " must be positive");
@@ -238,7 +221,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   const model::ExpectedShapes shapes = parameter_shapes(config);
   const model::CheckpointNaming naming = model::checkpoint_naming(config);
   if (resolved.weights) model::match_hf_tensors(*resolved.weights, shapes, naming);
-  const MemoryEstimate memory = preflight_memory(config, shapes, o, dtype);
+  const MemoryEstimate memory = preflight_memory(config, shapes, o, dtype, mesh.world_size());
   // hf/ of the checkpoints: as asked, else as the weights came, else the masters' dtype.
   std::optional<at::ScalarType> save_dtype = parse_save_dtype(o.save_dtype);
   if (!save_dtype) save_dtype = resolved.weights ? resolved.weights->dominant_dtype() : master_dtype;
@@ -263,20 +246,16 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
       build_vlm(config, loading ? model::ParameterInit::uninitialised : model::ParameterInit::random);
   Vlm& vlm = *built;
   vlm.module().to(dtype);
-  MasterWeights masters(named_parameters(vlm.module()), master_dtype);
-  if (resolved.weights && o.resume.empty()) {  // a resume reads the checkpoint's weights instead
-    model::load_hf_weights(*resolved.weights, masters.params(), naming);
-    masters.copy_to_model();
-  }
-  const NamedParams& params = masters.params();
   AdamWOptions adamw;
   adamw.lr = o.lr;
   adamw.beta1 = o.beta1;
   adamw.beta2 = o.beta2;
   adamw.eps = o.eps;
   adamw.weight_decay = o.weight_decay;
-  std::unique_ptr<torch::optim::AdamW> opt = make_adamw(params, adamw);
-  GradSync sync(params, mesh.world());
+  const std::unique_ptr<WeightUpdate> update =
+      make_weight_update(parse_shard_level(o.shard), named_parameters(vlm.module()), master_dtype, adamw, mesh);
+  if (resolved.weights && o.resume.empty())  // a resume reads the checkpoint's weights instead
+    update->load_weights(*resolved.weights, naming);
   // A warm-up longer than the run is the run (short test runs keep the default).
   const LrSchedule schedule{o.lr, o.min_lr, std::min(o.warmup_steps, o.steps), o.steps};
   schedule.validate();
@@ -289,8 +268,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
       for (const std::string& note : ckpt.notes) log << "note: " << note << std::endl;
     MMSP_CHECK(same_model_config(ckpt.config_json, resolved.config_json),
                "--resume ", o.resume, " holds a checkpoint of another model than --model ", o.model);
-    restore(ckpt, params, *opt);
-    masters.copy_to_model();
+    update->restore(ckpt);
     done = ckpt.step;
     position.epoch = ckpt.state.at("data").at("epoch").get<int64_t>();
     position.offset = ckpt.state.at("data").at("offset").get<int64_t>();
@@ -311,7 +289,8 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     log << "mmsp train: " << resolved.source << " (" << config.model_type
         << (resolved.weights ? ", weights loaded" : ", random weights") << "), " << data->describe()
         << ", mesh " << mesh.shape().str() << ", vision " << model::to_string(o.vision) << ", " << o.dtype
-        << (masters.mixed() ? " with fp32 master weights" : "") << ", " << params.size() << " tensors" << std::endl;
+        << (update->describe().empty() ? "" : ", " + update->describe()) << ", " << update->weights().size()
+        << " tensors" << std::endl;
     log << memory.table() << std::endl;
   }
 
@@ -349,8 +328,8 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     const model::PixelInputs pixels = load_pixels(*data, samples, batch, config, pixels_needed(plan, o.vision), dtype);
 
     const double lr = schedule.at(step - 1);
-    set_lr(*opt, lr);
-    opt->zero_grad();
+    update->set_lr(lr);
+    update->zero_grad();
     doing.set_phase("forward");
     if (o.test.sleep_rank == mesh.rank() && o.test.sleep_step == step)
       std::this_thread::sleep_for(std::chrono::duration<double>(o.test.sleep_seconds));
@@ -358,13 +337,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     at::Tensor loss = model::causal_lm_loss(out.logits, out.labels, out.label_count);
     doing.set_phase("backward");
     loss.backward();
-    masters.take_grads();
-    doing.set_phase("gradient sync");
-    sync.all_reduce();
-    doing.set_phase("optimizer");
-    const double grad_norm = clip_grad_norm(params, o.clip_norm);
-    opt->step();
-    masters.copy_to_model();
+    const double grad_norm = update->step(o.clip_norm, doing);
     doing.set_phase("metrics");
     const double local_loss = loss.detach().to(at::kDouble).item<double>();
 
@@ -418,11 +391,11 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
           ckpt.crash_after_bytes = std::stoll(spec.substr(colon + 1));
       }
       doing.set_phase("checkpoint");
-      save_everywhere(o.out_dir, step, params, *opt, state, resolved.config_json, ckpt, mesh, log);
+      update->save(o.out_dir, step, state, resolved.config_json, ckpt, mesh, log);
     }
   }
   if (rank0 && !report.steps.empty()) log << summary_table(report.steps);
-  for (auto& [name, p] : params) report.parameters.emplace_back(name, p.detach().clone());
+  for (auto& [name, p] : update->weights()) report.parameters.emplace_back(name, p.detach().clone());
   return report;
 }
 

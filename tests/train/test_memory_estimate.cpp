@@ -13,6 +13,7 @@
 #include "mmsp/model/llava.h"
 #include "mmsp/model/parameter_init.h"
 #include "mmsp/model/qwen_vl.h"
+#include "mmsp/train/grad_sync.h"
 #include "mmsp/train/master_weights.h"
 #include "mmsp/train/memory_estimate.h"
 
@@ -84,6 +85,17 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(mixed.activations * 2, fp32.activations);  // bf16 activations: half
   in.tokens_per_rank = 128;
   EXPECT_EQ(estimate_memory(config, shapes, in).activations, 2 * mixed.activations);  // linear in T
+  // --shard optimizer over 4 ranks: a quarter of the masters and moments; the model's
+  // bf16 grads, and one 25 MiB bucket of them (13.1M parameters) packed in fp32 and
+  // its reduce-scatter buffer.
+  in.tokens_per_rank = 64;
+  in.shard_world = 4;
+  const MemoryEstimate sharded = estimate_memory(config, shapes, in);
+  const int64_t quarter = (P + 3) / 4;
+  EXPECT_EQ(sharded.master_weights, 4 * quarter);
+  EXPECT_EQ(sharded.optimizer, 8 * quarter);
+  EXPECT_EQ(sharded.gradients, 2 * P + 2 * 4 * std::min<int64_t>(P, kDefaultBucketBytes / 2));
+  EXPECT_EQ(sharded.activations, mixed.activations);
 }
 
 TEST(MemoryEstimate, OverTheLimitIsRefusedNamingEveryPartAndTheFlags) {

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -271,6 +272,84 @@ TEST(MultiRankTrain, FineTuneFromAHfDirectoryOnEveryMesh) {
   }
   barrier(mesh);
   if (mesh.rank() == 0) std::filesystem::remove_all(run_dir);
+}
+
+// --shard optimizer on a context mesh and on a data-parallel one trains the model one
+// process trains unsharded (fp64, rtol 1e-9: only the reduction order differs).
+TEST(MultiRankTrain, ShardedOptimizerEqualsOneProcess) {
+  const int world = test::rank_env().world_size;
+  const int64_t per_rank = 96;
+  std::ostringstream log;
+  for (const dist::MeshShape& shape : {context_shape(world), dist::MeshShape{world, 1, 1}}) {
+    if (shape.ulysses == 3) continue;  // 2 K/V heads cannot be split 3 ways
+    train::TrainOptions one = tiny_options(per_rank * world);
+    one.data_rows = shape.dp;
+    const train::TrainReport ref = train::train(one, dist::Mesh::solo(), log);
+    train::TrainOptions o = tiny_options(per_rank);
+    o.shard = "optimizer";
+    expect_same_run(train::train(o, test::make_mesh(shape), log), ref, 1e-9, "--shard optimizer " + shape.str());
+  }
+}
+
+// Saved with --shard optimizer on this world (one optimizer file per rank), the
+// checkpoint resumes on one rank, sharded or not, and on this world unsharded; an
+// unsharded checkpoint resumes sharded. Every continuation equals the uninterrupted
+// sharded run (fp64, rtol 1e-9).
+TEST(MultiRankTrain, ShardedCheckpointsResumeOnAnyWorldEitherWay) {
+  const int world = test::rank_env().world_size;
+  const dist::Mesh mesh = test::make_mesh(context_shape(world));
+  const std::string sharded_dir = shared_dir("shard-saved"), replicated_dir = shared_dir("shard-replicated");
+  std::ostringstream log;
+  train::TrainOptions o = tiny_options(96);
+  o.steps = 4;
+  o.shard = "optimizer";
+  const train::TrainReport whole = train::train(o, mesh, log);
+  auto save_two = [&](const std::string& shard, const std::string& dir) {
+    train::TrainOptions first = o;
+    first.shard = shard;
+    first.out_dir = dir;
+    first.stop_after = 2;
+    train::train(first, mesh, log);
+  };
+  save_two("optimizer", sharded_dir);
+  save_two("none", replicated_dir);
+  barrier(mesh);
+  const std::string step_dir = sharded_dir + "/step-000002";
+  for (int r = 0; r < world; ++r) {
+    char file[64];
+    std::snprintf(file, sizeof file, "/optimizer/rank-%05d-of-%05d.safetensors", r, world);
+    EXPECT_TRUE(std::filesystem::is_regular_file(step_dir + file)) << file;
+  }
+  EXPECT_FALSE(std::filesystem::exists(step_dir + "/optimizer.safetensors"));
+  auto expect_continues = [&](const train::TrainReport& rest, const std::string& where) {
+    ASSERT_EQ(rest.first_step, 3) << where;
+    ASSERT_EQ(rest.steps.size(), 2u) << where;
+    for (size_t i = 0; i < 2; ++i)
+      EXPECT_NEAR(rest.steps[i].loss, whole.steps[i + 2].loss, 1e-9 * whole.steps[i + 2].loss) << where;
+    for (size_t i = 0; i < whole.parameters.size(); ++i) {
+      const at::Tensor& want = whole.parameters[i].second;
+      EXPECT_TRUE(at::allclose(rest.parameters[i].second, want, 1e-9, 1e-12)) << where << " " << whole.parameters[i].first;
+    }
+  };
+  for (const char* shard : {"none", "optimizer"}) {
+    train::TrainOptions one = o;
+    one.tokens_per_rank = 96 * world;
+    one.shard = shard;
+    one.resume = sharded_dir;
+    expect_continues(train::train(one, dist::Mesh::solo(), log), std::string("1 rank, --shard ") + shard);
+  }
+  train::TrainOptions again = o;
+  again.shard = "none";
+  again.resume = sharded_dir;
+  expect_continues(train::train(again, mesh, log), "this world, --shard none");
+  again.shard = "optimizer";
+  again.resume = replicated_dir;
+  expect_continues(train::train(again, mesh, log), "this world from an unsharded checkpoint");
+  barrier(mesh);
+  if (mesh.rank() == 0) {
+    std::filesystem::remove_all(sharded_dir);
+    std::filesystem::remove_all(replicated_dir);
+  }
 }
 
 }  // namespace

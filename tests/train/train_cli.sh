@@ -5,7 +5,9 @@
 #  2. bad flags and bad data end with a clear message from every rank, and no hang;
 #  3. a checkpoint's hf/ directory fine-tunes (mmsp train --model DIR), and a damaged or
 #     mismatched model directory, or a model too big for the memory limit, ends with
-#     exit 2 on every rank before anything is written.
+#     exit 2 on every rank before anything is written;
+#  4. --shard optimizer: saved on 4 ranks (one optimizer file per rank), resumed on 3
+#     and on 2 ranks, the continued losses equal the uninterrupted 4-rank run's.
 # Usage: train_cli.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1
@@ -143,6 +145,27 @@ damaged; sed -i 's/"intermediate_size": 256/"intermediate_size": 192/' "$work/ba
 expect_exit2 shape "with the wrong shape" "${short[@]}" --model "$work/bad"
 expect_exit2 preflight "needs about .* GiB per rank" "${short[@]}" --model "$src/configs/hf/Qwen2-VL-7B-Instruct.json"
 expect_exit2 memory_limit "allows 1.00 MiB" "${short[@]}" --memory-limit 1MiB
+
+# --- 4. sharded optimizer state: resume on another number of ranks ------------------
+# 384 tokens a step: 96 per rank on 4, 128 on 3, 192 on 2 (the same batches).
+zero=(train --steps 4 --dtype float64 --warmup 1 --attention-block 32 --quiet --shard optimizer)
+$build/mmsp-run -n 4 -- $mmsp "${zero[@]}" --tokens-per-rank 96 --ring 2 --out "$work/zero-whole" \
+  > "$work/zero-whole.log" 2>&1 || fail "4-rank sharded run: $(tail -5 "$work/zero-whole.log")"
+$build/mmsp-run -n 4 -- $mmsp "${zero[@]}" --tokens-per-rank 96 --ring 2 --stop-after 2 --out "$work/zero-split" \
+  > "$work/zero-split.log" 2>&1 || fail "4-rank sharded save: $(tail -5 "$work/zero-split.log")"
+ls "$work/zero-split/step-000002/optimizer" | tr '\n' ' ' | grep -q "rank-00000-of-00004.safetensors rank-00001-of-00004.safetensors rank-00002-of-00004.safetensors rank-00003-of-00004.safetensors" \
+  || fail "no per-rank optimizer files: $(ls "$work/zero-split/step-000002")"
+grep -q "optimizer/rank-00003-of-00004.safetensors" "$work/zero-split/step-000002/checksums.json" \
+  || fail "checksums.json does not cover the optimizer shards"
+for n in 3 2; do
+  mesh=$([ $n = 3 ] && echo "--ring 3" || echo "--ulysses 2")
+  $build/mmsp-run -n $n -- $mmsp "${zero[@]}" --tokens-per-rank $((384 / n)) $mesh --resume "$work/zero-split" \
+    --out "$work/zero-$n" > "$work/zero-$n.log" 2>&1 || fail "resume on $n ranks: $(tail -5 "$work/zero-$n.log")"
+  $mmsp compare-losses "$work/zero-whole/metrics.jsonl" "$work/zero-$n/metrics.jsonl" > "$work/zero-cmp-$n.log" 2>&1
+  awk '/largest relative difference/ { for (i = 1; i < NF; ++i) if ($i == "difference") d = $(i + 1); exit !(d + 0 < 1e-9) }' \
+    "$work/zero-cmp-$n.log" || fail "resumed on $n ranks, the losses differ: $(cat "$work/zero-cmp-$n.log")"
+  grep -q "2 common steps" "$work/zero-cmp-$n.log" || fail "resumed on $n ranks: $(cat "$work/zero-cmp-$n.log")"
+done
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "train_cli: all checks passed"

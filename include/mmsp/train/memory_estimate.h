@@ -22,6 +22,7 @@ struct MemoryEstimateInputs {
   at::ScalarType master_dtype = at::kFloat;   // optimizer-side weights (= compute unless mixed)
   int64_t tokens_per_rank = 0;                // T: this rank's tokens of a step
   int64_t attention_block = 256;              // query/key block of the attention kernel
+  int shard_world = 1;  // --shard optimizer: masters and moments split over this many ranks
 };
 
 struct MemoryEstimate {

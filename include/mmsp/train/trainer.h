@@ -53,6 +53,10 @@ struct TrainOptions {
   int64_t warmup_steps = 10;
   double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip_norm = 1.0;  // ≤ 0: no clipping
+  // "none": every rank holds the whole optimizer state; "optimizer": the masters and
+  // AdamW moments split over the world (ZeRO-1, weight_update.h). Any value may resume
+  // a checkpoint saved with any other, on any number of ranks.
+  std::string shard = "none";
 
   // output
   std::string out_dir;            // metrics.jsonl and checkpoints; empty: none
