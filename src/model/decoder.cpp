@@ -141,12 +141,15 @@ at::Tensor Decoder::final_hidden(const at::Tensor& inputs_embeds, const DecoderC
   const auto& layers = model->layers->list;
   MMSP_CHECK(ctx.deepstack.size() <= layers.size(), ctx.deepstack.size(),
              " deepstack levels but only ", layers.size(), " decoder layers");
+  // What a recomputed layer reads, captured by value (its backward runs after this
+  // frame); the deepstack rows are added between layers, outside it.
+  DecoderContext layer_ctx = ctx;
+  layer_ctx.deepstack.clear();
   for (size_t i = 0; i < layers.size(); ++i) {
     if (recompute_layers_) {
-      // The layer and the context are captured by value: the backward runs after this frame.
       std::shared_ptr<DecoderLayer> layer = layers[i];
-      h = recompute_in_backward([layer, ctx](const at::Tensor& x) { return layer->forward(x, ctx); }, h,
-                                layer->parameters());
+      h = recompute_in_backward([layer, layer_ctx](const at::Tensor& x) { return layer->forward(x, layer_ctx); },
+                                h, layer->parameters());
     } else {
       h = layers[i]->forward(h, ctx);
     }

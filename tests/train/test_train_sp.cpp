@@ -267,9 +267,11 @@ std::string small_vocab_config(const std::string& file, bool tie) {
 // rtol 1e-9), for each model family: Qwen2-VL (tied head), Qwen3-VL (deepstack), LLaVA
 // and the Qwen3.5 hybrid (Gated DeltaNet layers). `all` recomputes the decoder layers
 // as `decoder` does, and the vision blocks as well (they hold no collective), so
-// `decoder` runs on the widest context mesh only, to keep the test short.
+// `decoder` runs on the widest context mesh only; and rank 0 alone runs the references
+// and compares (every rank holds the same losses and parameters), to keep it short.
 TEST(MultiRankTrain, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
   const int world = test::rank_env().world_size;
+  const bool checker = test::rank_env().rank == 0;
   const int64_t per_rank = 96;
   const dist::MeshShape widest = context_shape(world);
   std::ostringstream log;
@@ -285,7 +287,7 @@ TEST(MultiRankTrain, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
     for (const dist::Mesh& mesh : test::all_meshes()) {
       const dist::MeshShape& shape = mesh.shape();
       if (shape.ulysses == 3 || shape.ulysses > c.max_ulysses) continue;  // heads cannot be split so
-      if (!refs.count(shape.dp)) {
+      if (checker && !refs.count(shape.dp)) {
         train::TrainOptions o = tiny_options(per_rank * world);
         o.model = config_path;
         o.data_rows = shape.dp;
@@ -298,8 +300,10 @@ TEST(MultiRankTrain, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
         o.model = config_path;
         o.checkpoint_activations = mode;
         o.loss_chunk = 7;
-        expect_same_run(train::train(o, mesh, log), refs[shape.dp], 1e-9,
-                        std::string(c.file) + " " + shape.str() + " " + model::to_string(mode));
+        const train::TrainReport got = train::train(o, mesh, log);
+        if (checker)
+          expect_same_run(got, refs[shape.dp], 1e-9,
+                          std::string(c.file) + " " + shape.str() + " " + model::to_string(mode));
       }
     }
     std::filesystem::remove(config_path);
