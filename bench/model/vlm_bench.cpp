@@ -81,7 +81,7 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
       const int64_t base = train::MemoryCounter::current_bytes();
       if (o.step) {
         auto out = vlm.forward(batch, plan, pixels, groups, mode);
-        model::causal_lm_loss(out.logits, out.labels, out.label_count).backward();
+        model::causal_lm_loss(out.logits(), out.labels, out.label_count).backward();
       } else {
         vlm.vision_rows(plan, pixels, groups, mode).sum().backward();
       }

@@ -25,6 +25,7 @@ Subcommand add_train_command(CLI::App& parent) {
   auto layout = std::make_shared<std::string>("zigzag");
   auto save_shard_size = std::make_shared<std::string>("5GB");
   auto memory_limit = std::make_shared<std::string>("auto");
+  auto checkpointing = std::make_shared<std::string>("none");
   CLI::App* app = parent.add_subcommand("train", "train a VLM with its sequences split across the ranks");
   flags->add_to(*app);
   app->add_option("--model", o->model, "built-in model name, a Hugging Face model directory (its weights) or a config.json (random weights)")->capture_default_str();
@@ -65,6 +66,12 @@ Subcommand add_train_command(CLI::App& parent) {
                   "refuse image files larger than this (width × height, read from the header at load)")
       ->capture_default_str();
   app->add_option("--attention-block", o->attention_block, "query/key block of the attention kernel")->capture_default_str();
+  app->add_option("--loss-chunk", o->loss_chunk,
+                  "tokens per chunk of the LM head and loss (0: as many as fit 256 MiB of fp32 logits)")
+      ->capture_default_str();
+  app->add_option("--checkpoint-activations", *checkpointing,
+                  "none, decoder (recompute each decoder layer in the backward) or all (and each vision block)")
+      ->capture_default_str();
   app->add_option("--out", o->out_dir, "directory for metrics.jsonl and checkpoints");
   app->add_option("--checkpoint-every", o->checkpoint_every, "save every N steps (and at the end)")->capture_default_str();
   app->add_option("--keep", o->keep_checkpoints, "checkpoints to keep (0: all)")->capture_default_str();
@@ -77,7 +84,7 @@ Subcommand add_train_command(CLI::App& parent) {
   auto test_skew = std::make_shared<std::string>();
   app->add_option("--test-sleep-in-step", *test_sleep)->group("");
   app->add_option("--test-skew-batch", *test_skew)->group("");
-  return {app, [flags, o, vision, layout, save_shard_size, memory_limit, test_sleep, test_skew]() {
+  return {app, [flags, o, vision, layout, save_shard_size, memory_limit, checkpointing, test_sleep, test_skew]() {
             if (!test_sleep->empty())
               MMSP_CHECK(std::sscanf(test_sleep->c_str(), "%d:%ld:%lf", &o->test.sleep_rank, &o->test.sleep_step,
                                      &o->test.sleep_seconds) == 3,
@@ -88,6 +95,7 @@ Subcommand add_train_command(CLI::App& parent) {
                          "--test-skew-batch '", *test_skew, "' must be RANK:STEP");
             o->vision = model::parse_vision_mode(*vision);
             o->layout = plan::parse_layout(*layout);
+            o->checkpoint_activations = model::parse_activation_checkpointing(*checkpointing);
             o->save_shard_bytes = parse_byte_size(*save_shard_size, "--save-shard-size");
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
             if (*memory_limit == "auto") {

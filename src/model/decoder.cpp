@@ -7,6 +7,7 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/model/rank_inputs.h"
+#include "mmsp/model/recompute.h"
 
 namespace mmsp::model {
 
@@ -132,16 +133,29 @@ Decoder::Decoder(const TextConfig& c, bool tie_word_embeddings) : config_(c) {
 }
 
 at::Tensor Decoder::forward(const at::Tensor& inputs_embeds, const DecoderContext& ctx) const {
+  return at::linear(final_hidden(inputs_embeds, ctx), head_weight());
+}
+
+at::Tensor Decoder::final_hidden(const at::Tensor& inputs_embeds, const DecoderContext& ctx) const {
   at::Tensor h = inputs_embeds;
   const auto& layers = model->layers->list;
   MMSP_CHECK(ctx.deepstack.size() <= layers.size(), ctx.deepstack.size(),
              " deepstack levels but only ", layers.size(), " decoder layers");
+  // What a recomputed layer reads, captured by value (its backward runs after this
+  // frame); the deepstack rows are added between layers, outside it.
+  DecoderContext layer_ctx = ctx;
+  layer_ctx.deepstack.clear();
   for (size_t i = 0; i < layers.size(); ++i) {
-    h = layers[i]->forward(h, ctx);
+    if (recompute_layers_) {
+      std::shared_ptr<DecoderLayer> layer = layers[i];
+      h = recompute_in_backward([layer, layer_ctx](const at::Tensor& x) { return layer->forward(x, layer_ctx); },
+                                h, layer->parameters());
+    } else {
+      h = layers[i]->forward(h, ctx);
+    }
     if (i < ctx.deepstack.size()) h = h.index_add(0, ctx.visual_slots, ctx.deepstack[i].to(h.scalar_type()));
   }
-  h = model->norm->forward(h);
-  return lm_head ? lm_head->forward(h) : at::linear(h, model->embed_tokens->weight);
+  return model->norm->forward(h);
 }
 
 }  // namespace mmsp::model

@@ -12,6 +12,7 @@
 #include "mmsp/model/phase_marker.h"
 #include "mmsp/model/activation.h"
 #include "mmsp/model/parameter_init.h"
+#include "mmsp/model/recompute.h"
 #include "mmsp/model/rank_inputs.h"
 
 namespace mmsp::model {
@@ -56,7 +57,6 @@ at::Tensor ClipVisionTower::forward(const at::Tensor& images) const {
              "LLaVA images must be [N, ", c.num_channels, ", ", c.image_size, ", ", c.image_size,
              "], got ", images.sizes());
   const int64_t N = images.size(0), side = c.patches_per_side(), P = side * side, D = c.hidden_size;
-  const int64_t heads = c.num_attention_heads, hd = D / heads;
   // Conv2d with stride = kernel: patches [N, P, C·p·p] @ weightᵀ, patches row-major.
   at::Tensor patches = images.reshape({N, c.num_channels, side, c.patch_size, side, c.patch_size})
                            .permute({0, 2, 4, 1, 3, 5})
@@ -69,22 +69,34 @@ at::Tensor ClipVisionTower::forward(const at::Tensor& images) const {
   const int64_t pick = llava_.vision_feature_layer < 0 ? L + 1 + llava_.vision_feature_layer
                                                        : llava_.vision_feature_layer;
   // Each image is one bidirectional segment: the local kernel over all images at once.
-  const int64_t T = N * (P + 1);
-  attention::TokenLayout layout{at::arange(N, at::kLong).repeat_interleave(P + 1),
-                                at::arange(P + 1, at::kLong).repeat({N})};
-  attention::AttentionOptions options;
-  options.causal = false;
+  const attention::TokenLayout layout{at::arange(N, at::kLong).repeat_interleave(P + 1),
+                                      at::arange(P + 1, at::kLong).repeat({N})};
   for (int64_t i = 0; i < pick; ++i) {
-    const Layer& l = *layers_[i];
-    at::Tensor h = l.layer_norm1->forward(x).reshape({T, D});
-    at::Tensor q = l.q_proj->forward(h).view({T, heads, hd});
-    at::Tensor k = l.k_proj->forward(h).view({T, heads, hd});
-    at::Tensor v = l.v_proj->forward(h).view({T, heads, hd});
-    at::Tensor a = attention::local_attention(q, k, v, layout, layout, options).reshape({N, P + 1, D});
-    x = x + l.out_proj->forward(a);
-    x = x + l.fc2->forward(activation(c.hidden_act, l.fc1->forward(l.layer_norm2->forward(x))));
+    if (recompute_layers_) {
+      // By value: the backward runs after this frame (the tower itself outlives the step).
+      std::shared_ptr<Layer> layer = layers_[i];
+      x = recompute_in_backward([this, layer, layout](const at::Tensor& in) { return layer_forward(*layer, in, layout); },
+                                x, layer->parameters());
+    } else {
+      x = layer_forward(*layers_[i], x, layout);
+    }
   }
   return llava_.vision_feature_select_strategy == "default" ? x.narrow(1, 1, P) : x;
+}
+
+at::Tensor ClipVisionTower::layer_forward(const Layer& l, const at::Tensor& x,
+                                          const attention::TokenLayout& layout) const {
+  const int64_t N = x.size(0), S = x.size(1), D = x.size(2), T = N * S;
+  const int64_t heads = vision_.num_attention_heads, hd = D / heads;
+  attention::AttentionOptions options;
+  options.causal = false;
+  at::Tensor h = l.layer_norm1->forward(x).reshape({T, D});
+  at::Tensor q = l.q_proj->forward(h).view({T, heads, hd});
+  at::Tensor k = l.k_proj->forward(h).view({T, heads, hd});
+  at::Tensor v = l.v_proj->forward(h).view({T, heads, hd});
+  at::Tensor a = attention::local_attention(q, k, v, layout, layout, options).reshape({N, S, D});
+  at::Tensor y = x + l.out_proj->forward(a);
+  return y + l.fc2->forward(activation(vision_.hidden_act, l.fc1->forward(l.layer_norm2->forward(y))));
 }
 
 LlavaModel::LlavaModel(const ModelConfig& config) : config_(config) {
@@ -132,7 +144,12 @@ QwenVLModel::StepOutput LlavaModel::forward(const plan::Batch& batch, const plan
   embeds = embeds.index_copy(0, routed.slots, routed.rows.to(embeds.scalar_type()));
   const DecoderContext ctx = decoder_context(in, config_.text, config_.conventions,
                                              {groups.ring, groups.ulysses}, attention, embeds);
-  return {decoder_->forward(embeds, ctx), in.labels, in.label_count};
+  return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels, in.label_count};
+}
+
+void LlavaModel::set_activation_checkpointing(ActivationCheckpointing mode) {
+  decoder_->set_recompute_layers(mode != ActivationCheckpointing::none);
+  tower_->set_recompute_layers(mode == ActivationCheckpointing::all);
 }
 
 }  // namespace mmsp::model

@@ -12,6 +12,7 @@
 #include "mmsp/model/phase_marker.h"
 #include "mmsp/model/activation.h"
 #include "mmsp/model/parameter_init.h"
+#include "mmsp/model/recompute.h"
 #include "mmsp/model/rotary.h"
 
 namespace mmsp::model {
@@ -196,7 +197,15 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
   VisionOutput out;
   const int64_t width = c.hidden_size * m * m;
   for (size_t i = 0; i < block_list_.size(); ++i) {
-    x = block_forward(*block_list_[i], x, rotary, frames);
+    if (recompute_blocks_) {
+      // By value: the backward runs after this frame (the encoder itself outlives the step).
+      std::shared_ptr<Block> block = block_list_[i];
+      x = recompute_in_backward(
+          [this, block, rotary, frames](const at::Tensor& in) { return block_forward(*block, in, rotary, frames); },
+          x, block->parameters());
+    } else {
+      x = block_forward(*block_list_[i], x, rotary, frames);
+    }
     for (size_t k = 0; k < deepstack_.size(); ++k)
       if (c.deepstack_visual_indexes[k] == static_cast<int64_t>(i))
         out.deepstack.push_back(deepstack_[k]->forward(x, width));

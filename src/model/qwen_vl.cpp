@@ -85,7 +85,14 @@ QwenVLModel::StepOutput QwenVLModel::forward(const plan::Batch& batch, const pla
   ctx.visual_slots = slot_index;
   for (int k = 0; k < visual_->deepstack_levels(); ++k)
     ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
-  return {decoder_->forward(embeds, ctx), in.labels, in.label_count};
+  return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels, in.label_count};
+}
+
+at::Tensor QwenVLModel::StepOutput::logits() const { return at::linear(hidden, head_weight); }
+
+void QwenVLModel::set_activation_checkpointing(ActivationCheckpointing mode) {
+  decoder_->set_recompute_layers(mode != ActivationCheckpointing::none);
+  visual_->set_recompute_blocks(mode == ActivationCheckpointing::all);
 }
 
 }  // namespace mmsp::model

@@ -77,7 +77,10 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   const int64_t T = in.tokens_per_rank, h = t.hidden_size, d = t.head_dim;
   const int64_t per_token_layer =
       6 * h + (5 * t.num_attention_heads + 4 * t.num_key_value_heads) * d + 4 * t.intermediate_size;
-  e.activations = t.num_hidden_layers * T * per_token_layer * b;
+  const int64_t one_layer = T * per_token_layer * b;
+  e.activations = in.checkpointing == model::ActivationCheckpointing::none
+                      ? t.num_hidden_layers * one_layer
+                      : t.num_hidden_layers * T * h * b + one_layer;  // layer inputs + one recomputed layer
   // The largest transient of one layer: the MLP's intermediate in the backward
   // (3 tensors of T×I) or one attention block's fp32 scores, probabilities and their
   // gradients (4 × H × block_q × block_k).
@@ -85,8 +88,10 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   const int64_t block = std::min(in.attention_block, std::max<int64_t>(T, 1));
   const int64_t attention = 4 * t.num_attention_heads * block * block * 4;
   e.working_set = std::max(mlp, attention);
-  // Logits in the compute dtype, their fp32 copy and log-softmax, and one gradient.
-  e.logits = T * t.vocab_size * (b + 4 + 4 + 4);
+  // One chunk's logits in the compute dtype, their fp32 copy, exp and gradient; the
+  // per-token log-sum-exp; under bf16 the head weight's fp32 gradient sum.
+  const int64_t n = in.loss_chunk > 0 ? std::min(in.loss_chunk, T) : T;
+  e.logits = n * t.vocab_size * (b + 4 + 4 + 4) + 4 * T + (mixed ? 4 * t.vocab_size * h : 0);
   return e;
 }
 
@@ -100,7 +105,9 @@ void check_memory_fits(const MemoryEstimate& e, int64_t limit, const std::string
              ". To shrink it: parameters, gradients and optimizer state scale with the model "
              "(--dtype bfloat16 halves the parameters; --shard optimizer splits the masters and "
              "optimizer state over the ranks; a smaller config); activations, working "
-             "set and logits scale with --tokens-per-rank (", "more ranks in --ring/--ulysses "
+             "set and logits scale with --tokens-per-rank (--checkpoint-activations decoder keeps one "
+             "hidden vector per token and layer; --loss-chunk bounds the logits; "
+             "more ranks in --ring/--ulysses "
              "carry a long sequence in smaller pieces). --memory-limit BYTES sets the limit "
              "(0: no check).");
 }

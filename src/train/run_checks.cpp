@@ -72,6 +72,7 @@ void check_train_limits(const TrainOptions& o) {
   check_count("--data-rows", o.data_rows, kMaxTokensPerRank, "rows of a step");
   check_count("--shapes-samples", o.shapes_samples, kMaxShapesSamples, "samples of one shapes epoch");
   check_count("--attention-block", o.attention_block, kMaxAttentionBlock, "query/key block of the kernel");
+  check_count("--loss-chunk", o.loss_chunk, kMaxTokensPerRank, "tokens per chunk of the LM head and loss");
   MMSP_CHECK(o.max_image_pixels >= 1 && o.max_image_pixels <= kMaxImagePixelsBound, "--max-image-pixels ",
              o.max_image_pixels, " must be in [1, ", kMaxImagePixelsBound, "] (width × height of one image)");
   check_finite("--lr", o.lr);

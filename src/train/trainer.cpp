@@ -26,10 +26,10 @@
 #include "mmsp/model/llava.h"
 #include "mmsp/model/parameter_init.h"
 #include "mmsp/model/qwen_vl.h"
-#include "mmsp/model/rank_inputs.h"
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/builtin_models.h"
 #include "mmsp/train/checkpoint.h"
+#include "mmsp/train/chunked_loss.h"
 #include "mmsp/train/grad_clip.h"
 #include "mmsp/train/grad_sync.h"
 #include "mmsp/train/jsonl_dataset.h"
@@ -82,6 +82,10 @@ class Vlm {
       qwen_ = std::make_shared<model::QwenVLModel>(config);
   }
   torch::nn::Module& module() { return qwen_ ? static_cast<torch::nn::Module&>(*qwen_) : *llava_; }
+  void set_activation_checkpointing(model::ActivationCheckpointing mode) {
+    if (qwen_) qwen_->set_activation_checkpointing(mode);
+    if (llava_) llava_->set_activation_checkpointing(mode);
+  }
   model::QwenVLModel::StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan,
                                          const model::PixelInputs& pixels, const model::StepGroups& groups,
                                          model::VisionMode mode, const attention::AttentionOptions& attn) const {
@@ -122,6 +126,8 @@ MemoryEstimate preflight_memory(const model::ModelConfig& config, const model::E
   in.master_dtype = master_dtype_of(dtype);
   in.tokens_per_rank = o.tokens_per_rank;
   in.attention_block = o.attention_block;
+  in.loss_chunk = o.loss_chunk > 0 ? o.loss_chunk : default_loss_chunk(config.text.vocab_size);
+  in.checkpointing = o.checkpoint_activations;
   if (parse_shard_level(o.shard) == ShardLevel::optimizer) in.shard_world = world;
   const MemoryEstimate memory = estimate_memory(config, shapes, in);
   check_memory_fits(memory, o.memory_limit_bytes, o.memory_limit_source);
@@ -191,6 +197,8 @@ void check_train_options(const TrainOptions& o, const dist::MeshShape& mesh) {
              mesh.size(), " must divide into --data-rows ", rows, " equal rows");
   MMSP_CHECK(o.shapes_samples > 0, "--shapes-samples ", o.shapes_samples, " must be positive");
   MMSP_CHECK(o.attention_block > 0, "--attention-block ", o.attention_block, " must be positive");
+  MMSP_CHECK(o.loss_chunk >= 0, "--loss-chunk ", o.loss_chunk,
+             " must be ≥ 0 (tokens per chunk of the LM head and loss; 0: the default, ≤ 256 MiB of logits)");
   MMSP_CHECK(o.lr > 0 && o.min_lr >= 0 && o.min_lr <= o.lr, "--lr ", o.lr, " and --min-lr ", o.min_lr,
              " must satisfy 0 ≤ min-lr ≤ lr, lr > 0");
   MMSP_CHECK(o.warmup_steps >= 0, "--warmup ", o.warmup_steps, " must be ≥ 0");
@@ -246,6 +254,8 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
       build_vlm(config, loading ? model::ParameterInit::uninitialised : model::ParameterInit::random);
   Vlm& vlm = *built;
   vlm.module().to(dtype);
+  vlm.set_activation_checkpointing(o.checkpoint_activations);
+  const int64_t loss_chunk = o.loss_chunk > 0 ? o.loss_chunk : default_loss_chunk(config.text.vocab_size);
   AdamWOptions adamw;
   adamw.lr = o.lr;
   adamw.beta1 = o.beta1;
@@ -334,7 +344,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     if (o.test.sleep_rank == mesh.rank() && o.test.sleep_step == step)
       std::this_thread::sleep_for(std::chrono::duration<double>(o.test.sleep_seconds));
     auto out = vlm.forward(batch, plan, pixels, groups, o.vision, attn);
-    at::Tensor loss = model::causal_lm_loss(out.logits, out.labels, out.label_count);
+    at::Tensor loss = chunked_lm_loss(out.hidden, out.head_weight, out.labels, out.label_count, loss_chunk);
     doing.set_phase("backward");
     loss.backward();
     const double grad_norm = update->step(o.clip_norm, doing);

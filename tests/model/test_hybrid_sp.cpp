@@ -85,7 +85,7 @@ Result run_vlm(const model::ModelConfig& config, const plan::Batch& batch, const
   attn.block_q = 8;
   attn.block_k = 8;
   auto out = vlm->forward(batch, plan, pixels, groups, model::VisionMode::routed, attn);
-  Tensor loss = model::causal_lm_loss(out.logits, out.labels, out.label_count);
+  Tensor loss = model::causal_lm_loss(out.logits(), out.labels, out.label_count);
   loss.backward();
   return test::summed_over(*vlm, loss, world);
 }

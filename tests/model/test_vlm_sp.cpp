@@ -106,7 +106,7 @@ Result run_model(const model::ModelConfig& config, const plan::Batch& batch, con
   attn.block_q = 8;
   attn.block_k = 8;
   auto out = vlm->forward(batch, plan, pixels, groups, mode, attn);
-  Tensor loss = model::causal_lm_loss(out.logits, out.labels, out.label_count);
+  Tensor loss = model::causal_lm_loss(out.logits(), out.labels, out.label_count);
   loss.backward();
   return test::summed_over(*vlm, loss, world);
 }
@@ -205,7 +205,7 @@ TEST(QwenVlWeights, RoundTripGivesIdenticalOutputs) {
   at::manual_seed(7);
   model::PixelInputs pixels{at::randn({16 + 12, 24}), at::randn({16, 24})};
   auto logits_of = [&](const model::QwenVLModel& m) {
-    return m.forward(batch, plan, pixels, {solo, solo, solo}, model::VisionMode::routed).logits.detach();
+    return m.forward(batch, plan, pixels, {solo, solo, solo}, model::VisionMode::routed).logits().detach();
   };
   at::manual_seed(1);
   model::QwenVLModel a(config);

@@ -75,7 +75,7 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(fp32.master_weights, 0);
   EXPECT_EQ(fp32.gradients, 4 * P);
   EXPECT_EQ(fp32.optimizer, 8 * P);
-  EXPECT_EQ(fp32.logits, 64 * config.text.vocab_size * (4 + 12));
+  EXPECT_EQ(fp32.logits, 64 * config.text.vocab_size * (4 + 12) + 4 * 64);  // one chunk of all T, lse
   in.compute_dtype = at::kBFloat16;
   const MemoryEstimate mixed = estimate_memory(config, shapes, in);
   EXPECT_EQ(mixed.parameters, 2 * P);
@@ -96,6 +96,36 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(sharded.optimizer, 8 * quarter);
   EXPECT_EQ(sharded.gradients, 2 * P + 2 * 4 * std::min<int64_t>(P, kDefaultBucketBytes / 2));
   EXPECT_EQ(sharded.activations, mixed.activations);
+}
+
+// Checkpointing keeps each layer's input and one layer's activations; a loss chunk of n
+// tokens holds n tokens' logits instead of T's (docs/train.md, "Memory flags").
+TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {
+  const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
+  const Shapes shapes = skeleton("configs/tiny-qwen3-vl.json");
+  const model::TextConfig& t = config.text;
+  const int64_t T = 1000, L = t.num_hidden_layers, h = t.hidden_size, V = t.vocab_size;
+  MemoryEstimateInputs in;
+  in.tokens_per_rank = T;
+  const MemoryEstimate plain = estimate_memory(config, shapes, in);
+  ASSERT_EQ(plain.activations % (L * T * 4), 0);
+  const int64_t a = plain.activations / (L * T * 4);  // elements kept per token and layer
+  EXPECT_GT(a, 4 * h);
+  for (auto mode : {model::ActivationCheckpointing::decoder, model::ActivationCheckpointing::all}) {
+    in.checkpointing = mode;
+    const MemoryEstimate e = estimate_memory(config, shapes, in);
+    EXPECT_EQ(e.activations, L * T * h * 4 + T * a * 4) << model::to_string(mode);
+    EXPECT_LT(e.activations, plain.activations);
+    EXPECT_EQ(e.total() - e.activations, plain.total() - plain.activations);  // nothing else moves
+  }
+  in.checkpointing = model::ActivationCheckpointing::none;
+  in.loss_chunk = 7;
+  EXPECT_EQ(estimate_memory(config, shapes, in).logits, 7 * V * 16 + 4 * T);
+  in.loss_chunk = 5000;  // more than T: all T at once
+  EXPECT_EQ(estimate_memory(config, shapes, in).logits, plain.logits);
+  in.loss_chunk = 7;
+  in.compute_dtype = at::kBFloat16;  // + the head weight's fp32 gradient sum
+  EXPECT_EQ(estimate_memory(config, shapes, in).logits, 7 * V * (2 + 12) + 4 * T + 4 * V * h);
 }
 
 TEST(MemoryEstimate, OverTheLimitIsRefusedNamingEveryPartAndTheFlags) {

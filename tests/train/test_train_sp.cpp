@@ -9,11 +9,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
 #include <map>
 #include <sstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/hf_directory.h"
@@ -185,6 +188,35 @@ TEST(MultiRankTrain, MixedPrecisionResumeFromBf16CheckpointsIsExact) {
 
 // Mixed precision (bf16 compute, fp32 masters) on every mesh against one process in
 // the same mode, within the bounds above (the measured figures are printed).
+// Checks `got` against `ref` (both bf16 runs) within the mixed-precision bounds above
+// and prints the measured figures.
+void expect_mixed_close(const train::TrainReport& got, const train::TrainReport& ref, const dist::Mesh& mesh,
+                        const std::string& where) {
+  ASSERT_EQ(got.parameters.size(), ref.parameters.size()) << where;
+  // Over the whole model: |got - ref| / |ref| (L2), and the share of elements that
+  // moved differently by more than a tenth of a step (lr / 10).
+  double diff2 = 0, ref2 = 0, off = 0, count = 0;
+  for (size_t i = 0; i < ref.parameters.size(); ++i) {
+    const at::Tensor& p = ref.parameters[i].second;
+    ASSERT_EQ(p.scalar_type(), at::kFloat) << "the report holds the fp32 masters";
+    const at::Tensor d = (got.parameters[i].second - p).to(at::kDouble);
+    diff2 += d.pow(2).sum().item<double>();
+    ref2 += p.to(at::kDouble).pow(2).sum().item<double>();
+    off += (d.abs() > 1e-4).sum().item<double>();
+    count += static_cast<double>(p.numel());
+  }
+  const double master_rel = std::sqrt(diff2 / ref2), off_share = off / count;
+  double worst_loss = 0;
+  for (size_t i = 0; i < ref.steps.size(); ++i)
+    worst_loss = std::max(worst_loss, std::abs(got.steps[i].loss - ref.steps[i].loss) / ref.steps[i].loss);
+  if (mesh.rank() == 0)
+    std::cout << "[ mixed    ] " << where << ": masters L2 rel diff " << master_rel
+              << ", elements off by > lr/10: " << off_share << ", loss max rel diff " << worst_loss << std::endl;
+  EXPECT_LE(master_rel, kMixedMasterRtol) << where;
+  EXPECT_LE(off_share, kMixedOffShare) << where;
+  EXPECT_LE(worst_loss, kMixedLossRtol) << where;
+}
+
 TEST(MultiRankTrain, MixedPrecisionEqualsOneProcessOnEveryMesh) {
   const int world = test::rank_env().world_size;
   const int64_t per_rank = 96;
@@ -205,32 +237,94 @@ TEST(MultiRankTrain, MixedPrecisionEqualsOneProcessOnEveryMesh) {
       o.data_rows = dp;
       refs[dp] = train::train(o, dist::Mesh::solo(), log);
     }
-    const train::TrainReport& ref = refs[dp];
-    const train::TrainReport got = train::train(options(per_rank), mesh, log);
-    ASSERT_EQ(got.parameters.size(), ref.parameters.size());
-    // Over the whole model: |got - ref| / |ref| (L2), and the share of elements that
-    // moved differently by more than a tenth of a step (lr / 10).
-    double diff2 = 0, ref2 = 0, off = 0, count = 0;
-    for (size_t i = 0; i < ref.parameters.size(); ++i) {
-      const at::Tensor& p = ref.parameters[i].second;
-      ASSERT_EQ(p.scalar_type(), at::kFloat) << "the report holds the fp32 masters";
-      const at::Tensor d = (got.parameters[i].second - p).to(at::kDouble);
-      diff2 += d.pow(2).sum().item<double>();
-      ref2 += p.to(at::kDouble).pow(2).sum().item<double>();
-      off += (d.abs() > 1e-4).sum().item<double>();
-      count += static_cast<double>(p.numel());
-    }
-    const double master_rel = std::sqrt(diff2 / ref2), off_share = off / count;
-    double worst_loss = 0;
-    for (size_t i = 0; i < ref.steps.size(); ++i)
-      worst_loss = std::max(worst_loss, std::abs(got.steps[i].loss - ref.steps[i].loss) / ref.steps[i].loss);
-    if (mesh.rank() == 0)
-      std::cout << "[ mixed    ] " << mesh.shape().str() << ": masters L2 rel diff " << master_rel
-                << ", elements off by > lr/10: " << off_share << ", loss max rel diff " << worst_loss << std::endl;
-    EXPECT_LE(master_rel, kMixedMasterRtol) << mesh.shape().str();
-    EXPECT_LE(off_share, kMixedOffShare) << mesh.shape().str();
-    EXPECT_LE(worst_loss, kMixedLossRtol) << mesh.shape().str();
+    expect_mixed_close(train::train(options(per_rank), mesh, log), refs[dp], mesh, mesh.shape().str());
   }
+}
+
+// One of the tiny configs (configs/) with the shapes dataset's small vocabulary: the
+// same architecture, 128 words instead of 32k-248k (the special ids moved to 120-124),
+// so that fp64 runs on every mesh stay quick. `tie`: the LM head is the embedding.
+std::string small_vocab_config(const std::string& file, bool tie) {
+  std::ifstream in(std::string(MMSP_SOURCE_DIR) + "/configs/" + file);
+  nlohmann::json config = nlohmann::json::parse(in);
+  const std::map<std::string, int64_t> ids = {
+      {"vocab_size", 128},           {"bos_token_id", 1},          {"eos_token_id", 2},
+      {"vision_start_token_id", 120}, {"vision_end_token_id", 121}, {"vision_token_id", 122},
+      {"image_token_id", 123},       {"image_token_index", 123},   {"video_token_id", 124}};
+  for (nlohmann::json* level : {&config, config.contains("text_config") ? &config["text_config"] : nullptr}) {
+    if (!level) continue;
+    for (const auto& [key, id] : ids)
+      if (level->contains(key)) (*level)[key] = id;
+  }
+  config["tie_word_embeddings"] = tie;
+  const std::string path = shared_dir(file + "-" + std::to_string(::getpid()));  // one file per rank
+  std::ofstream(path) << config.dump(2);
+  return path;
+}
+
+// Activation checkpointing and a chunked LM head change memory, not numerics: every
+// mesh with --checkpoint-activations all, and chunks of 7 tokens (they cross sequence
+// and shard borders; the last one is partial), equals one process with neither (fp64,
+// rtol 1e-9), for each model family: Qwen2-VL (tied head), Qwen3-VL (deepstack), LLaVA
+// and the Qwen3.5 hybrid (Gated DeltaNet layers). `all` recomputes the decoder layers
+// as `decoder` does, and the vision blocks as well (they hold no collective), so
+// `decoder` runs on the widest context mesh only; and rank 0 alone runs the references
+// and compares (every rank holds the same losses and parameters), to keep it short.
+TEST(MultiRankTrain, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
+  const int world = test::rank_env().world_size;
+  const bool checker = test::rank_env().rank == 0;
+  const int64_t per_rank = 96;
+  const dist::MeshShape widest = context_shape(world);
+  std::ostringstream log;
+  struct Case {
+    const char* file;
+    bool tie;
+    int max_ulysses;  // Qwen3.5: 2 linear-attention key heads
+  };
+  for (const Case& c : {Case{"tiny-qwen2-vl.json", true, 4}, Case{"tiny-qwen3-vl.json", false, 4},
+                        Case{"tiny-llava.json", false, 4}, Case{"tiny-qwen3_5-vl.json", false, 2}}) {
+    const std::string config_path = small_vocab_config(c.file, c.tie);
+    std::map<int, train::TrainReport> refs;
+    for (const dist::Mesh& mesh : test::all_meshes()) {
+      const dist::MeshShape& shape = mesh.shape();
+      if (shape.ulysses == 3 || shape.ulysses > c.max_ulysses) continue;  // heads cannot be split so
+      if (checker && !refs.count(shape.dp)) {
+        train::TrainOptions o = tiny_options(per_rank * world);
+        o.model = config_path;
+        o.data_rows = shape.dp;
+        refs[shape.dp] = train::train(o, dist::Mesh::solo(), log);
+      }
+      std::vector<model::ActivationCheckpointing> modes = {model::ActivationCheckpointing::all};
+      if (shape.str() == widest.str()) modes.push_back(model::ActivationCheckpointing::decoder);
+      for (auto mode : modes) {
+        train::TrainOptions o = tiny_options(per_rank);
+        o.model = config_path;
+        o.checkpoint_activations = mode;
+        o.loss_chunk = 7;
+        const train::TrainReport got = train::train(o, mesh, log);
+        if (checker)
+          expect_same_run(got, refs[shape.dp], 1e-9,
+                          std::string(c.file) + " " + shape.str() + " " + model::to_string(mode));
+      }
+    }
+    std::filesystem::remove(config_path);
+  }
+}
+
+// Mixed precision with both flags on the widest context mesh: within bf16's bounds of
+// the same run without them (recomputation repeats the bf16 forward exactly; the chunked
+// loss sums the head's gradient in fp32 instead of one bf16 matmul).
+TEST(MultiRankTrain, MixedPrecisionWithCheckpointingAndChunkedLoss) {
+  const dist::Mesh mesh = test::make_mesh(context_shape(test::rank_env().world_size));
+  std::ostringstream log;
+  train::TrainOptions o = tiny_options(96);
+  o.dtype = "bfloat16";
+  o.lr = 1e-3;
+  o.min_lr = 1e-4;
+  const train::TrainReport ref = train::train(o, mesh, log);
+  o.checkpoint_activations = model::ActivationCheckpointing::all;
+  o.loss_chunk = 7;
+  expect_mixed_close(train::train(o, mesh, log), ref, mesh, mesh.shape().str() + " all, chunk 7");
 }
 
 // A fine-tune starts from a run's hf/ directory: the weights load bitwise, and the

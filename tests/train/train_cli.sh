@@ -51,6 +51,8 @@ expect_error mesh "world size 2 is not" train --ring 2 --ulysses 2
 expect_error steps "--steps 0 must be positive" train --steps 0
 expect_error model "'nope' is neither a built-in model" train --model nope
 expect_error vision "vision mode 'x'" train --vision x
+expect_error checkpointing "--checkpoint-activations 'layers' must be none, decoder" train --checkpoint-activations layers
+expect_error loss_chunk "--loss-chunk -3 must be ≥ 0" train --loss-chunk -3
 expect_error data_file "missing.jsonl" train --data "$work/missing.jsonl" --model "$src/configs/tiny-qwen2-vl.json"
 
 cfg="$src/configs/tiny-qwen2-vl.json"

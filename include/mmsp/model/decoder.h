@@ -101,6 +101,13 @@ class Decoder : public torch::nn::Module {
 
   // inputs_embeds [L, hidden] -> logits [L, vocab]
   at::Tensor forward(const at::Tensor& inputs_embeds, const DecoderContext& context) const;
+  // inputs_embeds [L, hidden] -> the final norm's output [L, hidden]: what the LM head
+  // reads (the trainer's chunked loss applies the head itself, a chunk at a time).
+  at::Tensor final_hidden(const at::Tensor& inputs_embeds, const DecoderContext& context) const;
+  // The LM head's weight [vocab, hidden]: lm_head.weight, or the embedding when tied.
+  const at::Tensor& head_weight() const { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
+  // Recompute each layer in the backward instead of keeping its activations.
+  void set_recompute_layers(bool on) { recompute_layers_ = on; }
   at::Tensor embed(const at::Tensor& token_ids) const { return model->embed_tokens->forward(token_ids); }
 
   const TextConfig& config() const { return config_; }
@@ -109,6 +116,7 @@ class Decoder : public torch::nn::Module {
 
  private:
   TextConfig config_;
+  bool recompute_layers_ = false;
 };
 
 }  // namespace mmsp::model

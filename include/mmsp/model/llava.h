@@ -16,6 +16,7 @@
 #include "mmsp/model/linear.h"
 #include "mmsp/model/qwen_vision.h"
 #include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/recompute.h"
 #include "mmsp/model/vision_routing.h"
 
 namespace mmsp::model {
@@ -26,6 +27,8 @@ class ClipVisionTower : public torch::nn::Module {
   // images [N, C, S, S] -> the selected layer's features [N, rows, hidden] (class token
   // dropped for the "default" strategy).
   at::Tensor forward(const at::Tensor& images) const;
+  // Recompute each encoder layer in the backward instead of keeping its activations.
+  void set_recompute_layers(bool on) { recompute_layers_ = on; }
 
  private:
   struct Layer : torch::nn::Module {
@@ -33,6 +36,9 @@ class ClipVisionTower : public torch::nn::Module {
     std::shared_ptr<LayerNorm> layer_norm1, layer_norm2;
     std::shared_ptr<Linear> q_proj, k_proj, v_proj, out_proj, fc1, fc2;
   };
+  // x [N, P+1, D] -> [N, P+1, D]; `layout`: one bidirectional segment per image.
+  at::Tensor layer_forward(const Layer& l, const at::Tensor& x, const attention::TokenLayout& layout) const;
+  bool recompute_layers_ = false;
   ClipVisionConfig vision_;
   LlavaProjectorConfig llava_;
   at::Tensor class_embedding, patch_weight, position_weight;
@@ -48,6 +54,7 @@ class LlavaModel : public torch::nn::Module {
   QwenVLModel::StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan,
                                   const PixelInputs& pixels, const StepGroups& groups, VisionMode mode,
                                   const attention::AttentionOptions& attention = {}) const;
+  void set_activation_checkpointing(ActivationCheckpointing mode);
 
  private:
   at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,

@@ -47,6 +47,8 @@ class QwenVisionEncoder : public torch::nn::Module {
   VisionOutput forward(const at::Tensor& pixel_values, const std::vector<plan::Grid>& grids) const;
 
   int deepstack_levels() const { return static_cast<int>(deepstack_.size()); }
+  // Recompute each block in the backward instead of keeping its activations.
+  void set_recompute_blocks(bool on) { recompute_blocks_ = on; }
 
   const QwenVisionConfig& config() const { return config_; }
 
@@ -77,6 +79,7 @@ class QwenVisionEncoder : public torch::nn::Module {
 
   QwenVisionConfig config_;
   bool qwen3_ = false;
+  bool recompute_blocks_ = false;
   std::shared_ptr<PatchEmbed> patch_embed_;
   std::shared_ptr<Embedding> pos_embed_;  // Qwen3-VL: [num_position_embeddings, hidden]
   std::shared_ptr<torch::nn::Module> blocks_;

@@ -15,6 +15,7 @@
 #include "mmsp/model/config.h"
 #include "mmsp/model/decoder.h"
 #include "mmsp/model/qwen_vision.h"
+#include "mmsp/model/recompute.h"
 #include "mmsp/model/vision_routing.h"
 #include "mmsp/plan/step_plan.h"
 
@@ -37,10 +38,13 @@ class QwenVLModel : public torch::nn::Module {
   // Parameters are drawn from the current ATen generator (seed it for replicas).
   explicit QwenVLModel(const ModelConfig& config);
 
-  // Logits [L, vocab] of plan.mine's slots, and the labels and label count the loss needs.
+  // What the loss needs for plan.mine's slots: the final hidden states [L, hidden] and
+  // the LM head's weight [vocab, hidden] (the embedding when tied), so that the logits
+  // can be made a chunk at a time; the labels [L] and the global label count.
   struct StepOutput {
-    at::Tensor logits, labels;
+    at::Tensor hidden, head_weight, labels;
     int64_t label_count = 0;
+    at::Tensor logits() const;  // [L, vocab], all at once (tests, benchmarks)
   };
   StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan, const PixelInputs& pixels,
                      const StepGroups& groups, VisionMode mode,
@@ -53,6 +57,7 @@ class QwenVLModel : public torch::nn::Module {
                          const StepGroups& groups, VisionMode mode) const;
 
   const ModelConfig& config() const { return config_; }
+  void set_activation_checkpointing(ActivationCheckpointing mode);
 
  private:
   at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,

@@ -3,7 +3,16 @@
 // the mesh and the flags, so that a run that cannot fit stops before it allocates.
 // Parameters, masters, gradients and AdamW state are exact; activations follow the
 // formula in docs/finetune.md (what autograd keeps per token and decoder layer, plus
-// the largest transient working set and the logits).
+// the largest transient working set and the logits). With T tokens per rank, L decoder
+// layers, a = the elements autograd keeps per token and layer, h hidden, V vocabulary,
+// b bytes per compute element, n = min(--loss-chunk, T):
+//   activations  none:      L·T·a·b
+//                decoder/all: L·T·h·b (each layer's input) + T·a·b (the one layer
+//                           being recomputed in the backward)
+//   logits       n·V·(b + 12)  (one chunk: compute-dtype logits, fp32 copy, exp,
+//                gradient) + 4·T (per-token log-sum-exp) + 4·V·h under bf16 (the
+//                head weight's gradient summed over chunks in fp32)
+// The vision encoder's activations are not counted (small next to the decoder's).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,6 +23,7 @@
 #include <vector>
 
 #include "mmsp/model/config.h"
+#include "mmsp/model/recompute.h"
 
 namespace mmsp::train {
 
@@ -22,6 +32,8 @@ struct MemoryEstimateInputs {
   at::ScalarType master_dtype = at::kFloat;   // optimizer-side weights (= compute unless mixed)
   int64_t tokens_per_rank = 0;                // T: this rank's tokens of a step
   int64_t attention_block = 256;              // query/key block of the attention kernel
+  int64_t loss_chunk = 0;                     // tokens per chunk of the LM head (0: all T at once)
+  model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::none;
   int shard_world = 1;  // --shard optimizer: masters and moments split over this many ranks
 };
 

@@ -15,6 +15,7 @@
 
 #include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/mesh.h"
+#include "mmsp/model/recompute.h"
 #include "mmsp/model/vision_routing.h"
 #include "mmsp/plan/mesh.h"
 #include "mmsp/train/metrics.h"
@@ -39,6 +40,11 @@ struct TrainOptions {
   model::VisionMode vision = model::VisionMode::routed;
   plan::Layout layout = plan::Layout::zigzag;
   int64_t attention_block = 256;  // query and key block of the attention kernel
+
+  // memory (neither changes the numerics)
+  // tokens per chunk of the LM head + loss (0: default_loss_chunk, ≤ 256 MiB of fp32 logits)
+  int64_t loss_chunk = 0;
+  model::ActivationCheckpointing checkpoint_activations = model::ActivationCheckpointing::none;
 
   // schedule
   int64_t steps = 100;       // length of the schedule
