@@ -368,8 +368,9 @@ TEST(MultiRankTrain, FineTuneFromAHfDirectoryOnEveryMesh) {
   if (mesh.rank() == 0) std::filesystem::remove_all(run_dir);
 }
 
-// --shard optimizer on a context mesh and on a data-parallel one trains the model one
-// process trains unsharded (fp64, rtol 1e-9: only the reduction order differs).
+// --shard optimizer on a context mesh (also with --checkpoint-activations all and
+// --loss-chunk 7) and on a data-parallel one trains the model one process trains with
+// none of them (fp64, rtol 1e-9: only the order of the sums differs).
 TEST(MultiRankTrain, ShardedOptimizerEqualsOneProcess) {
   const int world = test::rank_env().world_size;
   const int64_t per_rank = 96;
@@ -381,7 +382,13 @@ TEST(MultiRankTrain, ShardedOptimizerEqualsOneProcess) {
     const train::TrainReport ref = train::train(one, dist::Mesh::solo(), log);
     train::TrainOptions o = tiny_options(per_rank);
     o.shard = "optimizer";
-    expect_same_run(train::train(o, test::make_mesh(shape), log), ref, 1e-9, "--shard optimizer " + shape.str());
+    const dist::Mesh mesh = test::make_mesh(shape);
+    expect_same_run(train::train(o, mesh, log), ref, 1e-9, "--shard optimizer " + shape.str());
+    if (shape.dp != 1) continue;
+    // with the other two memory flags: recomputed layers and a loss in chunks of 7 tokens
+    o.checkpoint_activations = model::ActivationCheckpointing::all;
+    o.loss_chunk = 7;
+    expect_same_run(train::train(o, mesh, log), ref, 1e-9, "--shard optimizer, checkpointing, chunks " + shape.str());
   }
 }
 
