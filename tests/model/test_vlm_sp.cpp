@@ -175,8 +175,8 @@ INSTANTIATE_TEST_SUITE_P(MultiRank, QwenVlFamily,
                          ::testing::Values(plan::ModelFamily::qwen2_vl, plan::ModelFamily::qwen3_vl),
                          [](const auto& info) { return plan::to_string(info.param); });
 
-// The batch exercises what the issue asks: on 4 ranks some rank encodes nothing and
-// some item's rows land on more than one rank.
+// The batch exercises the hard cases of routing: on 4 ranks some rank encodes nothing
+// and some item's rows land on more than one rank.
 TEST(VisionBatch, HasEmptyEncodersAndStraddlingItemsOnFourRanks) {
   const model::ModelConfig config = tiny_qwen2_vl();
   const plan::Batch batch = vision_batch();
