@@ -2,6 +2,7 @@
 #include "train_command.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -83,6 +84,12 @@ Subcommand add_train_command(CLI::App& parent) {
               MMSP_CHECK(std::sscanf(test_skew->c_str(), "%d:%ld", &o->test.skew_batch_rank,
                                      &o->test.skew_batch_step) == 2,
                          "--test-skew-batch '", *test_skew, "' must be RANK:STEP");
+            // The crash test (tests/train/train_cli.sh) sets "STEP:BYTES" in the environment,
+            // which mmsp-run hands to every rank: the save of step STEP dies after BYTES bytes.
+            if (const char* crash = std::getenv("MMSP_TEST_CRASH_CHECKPOINT"))
+              MMSP_CHECK(std::sscanf(crash, "%ld:%ld", &o->test.crash_checkpoint_step,
+                                     &o->test.crash_checkpoint_after_bytes) == 2,
+                         "MMSP_TEST_CRASH_CHECKPOINT '", crash, "' must be STEP:BYTES");
             o->vision = model::parse_vision_mode(*vision);
             o->layout = plan::parse_layout(*layout);
             o->save_shard_bytes = parse_byte_size(*save_shard_size, "--save-shard-size");

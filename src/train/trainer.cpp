@@ -410,13 +410,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
       ckpt.keep_last = o.keep_checkpoints;
       ckpt.save_dtype = save_dtype;
       ckpt.max_shard_bytes = static_cast<uint64_t>(o.save_shard_bytes);
-      if (const char* crash = std::getenv("MMSP_TEST_CRASH_CHECKPOINT")) {
-        // Test hook "STEP:BYTES": die after BYTES bytes of the checkpoint of STEP.
-        const std::string spec(crash);
-        const auto colon = spec.find(':');
-        if (colon != std::string::npos && std::stoll(spec.substr(0, colon)) == step)
-          ckpt.crash_after_bytes = std::stoll(spec.substr(colon + 1));
-      }
+      if (o.test.crash_checkpoint_step == step) ckpt.crash_after_bytes = o.test.crash_checkpoint_after_bytes;
       doing.set_phase("checkpoint");
       save_everywhere(o.out_dir, step, params, *opt, state, resolved.config_json, ckpt, mesh, log);
     }
