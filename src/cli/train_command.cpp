@@ -101,7 +101,7 @@ Subcommand add_train_command(CLI::App& parent) {
             } else {
               o->memory_limit_bytes = parse_byte_size(*memory_limit, "--memory-limit");
             }
-            const dist::MeshShape shape = flags->shape(env.world_size);
+            const plan::Mesh shape = flags->shape(env.world_size);
             train::check_train_options(*o, shape);
             train::probe_out_dir(o->out_dir);  // every rank, before the rendezvous
             dist::Mesh mesh = dist::Mesh::connect(env, shape, flags->options());

@@ -85,7 +85,7 @@ TEST(PlanCommand, BadInputsExitTwoWithTheMessage) {
   Result r = run_plan({"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch",
                        kDir + "/examples/batch-qwen2-vl.json", "--ring", "2", "--world", "3"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_THAT(r.err, HasSubstr("mmsp plan: error: mesh dp(1) * ring(2) * ulysses(1) = 2 != world size (3)"));
+  EXPECT_THAT(r.err, HasSubstr("mmsp plan: error: world size 3 is not dp(1) × ring(2) × ulysses(1) = 2"));
   r = run_plan({"--config", kDir + "/configs/missing.json", "--batch", kDir + "/examples/batch-qwen2-vl.json"});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("mmsp plan: error: cannot read --config file"));

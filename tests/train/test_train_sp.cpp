@@ -79,7 +79,7 @@ std::string shared_dir(const std::string& what) {
 }
 
 // ring 2 × ulysses world/2 (ring 3 on 3 ranks): both attention schemes at once.
-dist::MeshShape context_shape(int world) {
+plan::Mesh context_shape(int world) {
   const int ring = world % 2 == 0 ? 2 : world;
   return {1, ring, world / ring};
 }

@@ -99,7 +99,7 @@ struct TrainReport {
 };
 
 // Checks the options (clear errors, on every rank, before any collective).
-void check_train_options(const TrainOptions& options, const dist::MeshShape& mesh);
+void check_train_options(const TrainOptions& options, const plan::Mesh& mesh);
 
 // Runs the loop on this rank; rank 0 writes metrics and checkpoints and prints to `log`.
 // `activity` (optional) is told the step and phase, for the rank's heartbeat.
