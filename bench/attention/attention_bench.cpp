@@ -145,8 +145,8 @@ json bench_attention_comm(const dist::RankEnv& env, const AttentionBenchOptions&
   json rows = json::array();
   const int64_t H = o.heads, Hkv = o.kv_heads, D = o.dim, T = o.comm_tokens, b = 4;
   int mesh_index = 0;
-  for (const dist::MeshShape& shape : dist::all_mesh_shapes(env.world_size)) {
-    if (shape.dp != 1 || shape.context_size() == 1) continue;
+  for (const plan::Mesh& shape : plan::all_meshes(env.world_size)) {
+    if (shape.dp != 1 || shape.context() == 1) continue;
     dist::MeshOptions mo;
     mo.timeout = std::chrono::seconds(300);
     dist::Mesh mesh = dist::Mesh::create(store, env, shape, mo, "bench-" + std::to_string(mesh_index++));

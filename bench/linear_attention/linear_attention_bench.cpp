@@ -105,8 +105,8 @@ json bench_linear_attention_comm(const dist::RankEnv& env, const LinearAttention
   const attention::GatedDeltaNetConfig c = config_of(o), big = qwen3_next_config();
   json rows = json::array();
   int mesh_index = 0;
-  for (const dist::MeshShape& shape : dist::all_mesh_shapes(env.world_size)) {
-    if (shape.dp != 1 || shape.context_size() == 1) continue;
+  for (const plan::Mesh& shape : plan::all_meshes(env.world_size)) {
+    if (shape.dp != 1 || shape.context() == 1) continue;
     const int R = shape.ring, U = shape.ulysses, S = R * U;
     if (c.num_key_heads % U != 0 || c.num_value_heads % U != 0) continue;  // Ulysses cannot split the heads
     dist::MeshOptions mo;

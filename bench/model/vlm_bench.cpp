@@ -67,7 +67,7 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
     dist::MeshOptions mo;
     mo.timeout = std::chrono::seconds(300);
     // Each group of c ranks runs the whole batch: dp replicas of the same step.
-    const dist::MeshShape shape{env.world_size / c, ring ? c : 1, ring ? 1 : c};
+    const plan::Mesh shape{env.world_size / c, ring ? c : 1, ring ? 1 : c};
     dist::Mesh mesh = dist::Mesh::create(store, env, shape, mo, "vlm-bench-" + std::to_string(mesh_index++));
     plan::PlanOptions po;
     po.mesh = {1, shape.ring, shape.ulysses};

@@ -46,11 +46,11 @@ struct MeshFlags {
                kMaxTimeoutS, "]");
   }
 
-  dist::MeshShape shape(int world_size) const {
+  plan::Mesh shape(int world_size) const {
     check();
-    dist::MeshShape s{dp, ring, ulysses};
+    plan::Mesh s{dp, ring, ulysses};
     if (ulysses == 0) s.ulysses = std::max(1, world_size / std::max(1, dp * ring));
-    dist::check_mesh_shape(s, world_size);
+    plan::validate_mesh(s, world_size);
     return s;
   }
 

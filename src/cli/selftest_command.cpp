@@ -20,7 +20,7 @@ Subcommand add_selftest_command(CLI::App& parent) {
   flags->add_to(*app);
   return {app, [flags]() {
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
-            const dist::MeshShape shape = flags->shape(env.world_size);
+            const plan::Mesh shape = flags->shape(env.world_size);
             dist::Mesh mesh = dist::Mesh::connect(env, shape, flags->options());
             auto activity = std::make_shared<dist::RankActivity>();
             activity->set(0, "selftest");

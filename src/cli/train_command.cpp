@@ -2,6 +2,7 @@
 #include "train_command.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -93,6 +94,12 @@ Subcommand add_train_command(CLI::App& parent) {
               MMSP_CHECK(std::sscanf(test_skew->c_str(), "%d:%ld", &o->test.skew_batch_rank,
                                      &o->test.skew_batch_step) == 2,
                          "--test-skew-batch '", *test_skew, "' must be RANK:STEP");
+            // The crash test (tests/train/train_cli.sh) sets "STEP:BYTES" in the environment,
+            // which mmsp-run hands to every rank: the save of step STEP dies after BYTES bytes.
+            if (const char* crash = std::getenv("MMSP_TEST_CRASH_CHECKPOINT"))
+              MMSP_CHECK(std::sscanf(crash, "%ld:%ld", &o->test.crash_checkpoint_step,
+                                     &o->test.crash_checkpoint_after_bytes) == 2,
+                         "MMSP_TEST_CRASH_CHECKPOINT '", crash, "' must be STEP:BYTES");
             o->vision = model::parse_vision_mode(*vision);
             o->layout = plan::parse_layout(*layout);
             o->checkpoint_activations = model::parse_activation_checkpointing(*checkpointing);
@@ -105,7 +112,7 @@ Subcommand add_train_command(CLI::App& parent) {
             } else {
               o->memory_limit_bytes = parse_byte_size(*memory_limit, "--memory-limit");
             }
-            const dist::MeshShape shape = flags->shape(env.world_size);
+            const plan::Mesh shape = flags->shape(env.world_size);
             train::check_train_options(*o, shape);
             train::probe_out_dir(o->out_dir);  // every rank, before the rendezvous
             dist::Mesh mesh = dist::Mesh::connect(env, shape, flags->options());
@@ -135,11 +142,19 @@ std::map<int64_t, double> read_losses(const std::string& path) {
 }
 }  // namespace
 
+// Exit status: 0 when the losses agree within --max-rel (or no --max-rel was given),
+// 1 when they do not (a check that ran and failed), 2 for a user error (a missing or
+// malformed file, no common step, a bad --max-rel).
 Subcommand add_compare_losses_command(CLI::App& parent) {
   auto files = std::make_shared<std::vector<std::string>>();
+  auto max_rel = std::make_shared<double>(-1);
   CLI::App* app = parent.add_subcommand("compare-losses", "largest relative loss difference of two runs' metrics.jsonl");
-  app->add_option("files", *files, "two metrics.jsonl files")->required()->expected(2);
-  return {app, [files]() {
+  app->add_option("files", *files, "two metrics.jsonl files: A B (relative to B's losses)")->required()->expected(2);
+  app->add_option("--max-rel", *max_rel, "exit 1 when the largest relative difference exceeds this");
+  return {app, [files, max_rel, app]() {
+            const bool check = app->count("--max-rel") > 0;
+            MMSP_CHECK(!check || (std::isfinite(*max_rel) && *max_rel >= 0), "--max-rel ", *max_rel,
+                       " must be a finite number >= 0");
             const auto a = read_losses(files->at(0)), b = read_losses(files->at(1));
             double worst = 0;
             int64_t worst_step = 0, common = 0;
@@ -147,12 +162,18 @@ Subcommand add_compare_losses_command(CLI::App& parent) {
               auto it = b.find(step);
               if (it == b.end()) continue;
               ++common;
-              const double rel = std::abs(loss - it->second) / std::max(std::abs(it->second), 1e-30);
+              double rel = std::abs(loss - it->second) / std::max(std::abs(it->second), 1e-30);
+              if (std::isnan(rel)) rel = INFINITY;  // a NaN loss on one side is the largest difference
               if (rel >= worst) worst = rel, worst_step = step;
             }
             MMSP_CHECK(common > 0, files->at(0), " and ", files->at(1), " share no step");
             std::cout << "compare-losses: " << common << " common steps, largest relative difference "
                       << worst << " (step " << worst_step << ")" << std::endl;
+            if (check && worst > *max_rel) {
+              std::cout << "compare-losses: FAILED: step " << worst_step << " differs by " << worst
+                        << " (relative), more than --max-rel " << *max_rel << std::endl;
+              return 1;
+            }
             return 0;
           }};
 }

@@ -30,9 +30,9 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const RankEnv& env) 
 }
 
 // "ring[dp=0,u=1]": the axis and the coordinates that every member shares.
-std::string group_name(MeshAxis axis, const MeshCoords& c) {
+std::string group_name(MeshAxis axis, const plan::RankCoords& c) {
   std::ostringstream out;
-  out << axis_name(axis);
+  out << plan::axis_name(axis);
   switch (axis) {
     case MeshAxis::world: break;
     case MeshAxis::dp: out << "[r=" << c.ring << ",u=" << c.ulysses << "]"; break;
@@ -50,8 +50,8 @@ c10::intrusive_ptr<c10d::Store> Mesh::open_store(const RankEnv& env,
   return join_rendezvous(env, timeout);
 }
 
-Mesh Mesh::connect(const RankEnv& env, const MeshShape& shape, const MeshOptions& options) {
-  check_mesh_shape(shape, env.world_size);  // before any connection, on every rank
+Mesh Mesh::connect(const RankEnv& env, const plan::Mesh& shape, const MeshOptions& options) {
+  plan::validate_mesh(shape, env.world_size);  // before any connection, on every rank
   // One rank has no peer to meet: no store, no port (two single-rank jobs on one host
   // would otherwise fight over MASTER_PORT's default).
   if (env.world_size == 1) return create(c10::intrusive_ptr<c10d::Store>(), env, shape, options, "mesh");
@@ -59,15 +59,15 @@ Mesh Mesh::connect(const RankEnv& env, const MeshShape& shape, const MeshOptions
 }
 
 Mesh Mesh::create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env,
-                  const MeshShape& shape, const MeshOptions& options,
+                  const plan::Mesh& shape, const MeshOptions& options,
                   const std::string& prefix) {
-  check_mesh_shape(shape, env.world_size);
+  plan::validate_mesh(shape, env.world_size);
   MMSP_CHECK(options.timeout.count() > 0, "collective timeout must be positive, got ",
              options.timeout.count(), " ms");
   Mesh mesh;
   mesh.shape_ = shape;
   mesh.rank_ = env.rank;
-  mesh.coords_ = coords_of(shape, env.rank);
+  mesh.coords_ = plan::rank_coords(shape, env.rank);
   mesh.stats_ = std::make_shared<CommStats>();
   mesh.store_ = store;
 
@@ -81,7 +81,7 @@ Mesh Mesh::create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& e
   // in its own store namespace, so disjoint groups connect independently.
   for (MeshAxis axis : {MeshAxis::world, MeshAxis::dp, MeshAxis::ring, MeshAxis::ulysses,
                         MeshAxis::context}) {
-    std::vector<int> members = group_members(shape, axis, env.rank);
+    std::vector<int> members = plan::group_members(shape, axis, env.rank);
     const int group_rank = static_cast<int>(
         std::find(members.begin(), members.end(), env.rank) - members.begin());
     const std::string name = group_name(axis, mesh.coords_);
@@ -111,12 +111,12 @@ Mesh Mesh::solo() {
   RankEnv env;
   env.rank = 0;
   env.world_size = 1;
-  return create(c10::intrusive_ptr<c10d::Store>(), env, MeshShape{1, 1, 1}, MeshOptions{}, "solo");
+  return create(c10::intrusive_ptr<c10d::Store>(), env, plan::Mesh{1, 1, 1}, MeshOptions{}, "solo");
 }
 
 const GroupPtr& Mesh::group(MeshAxis axis) const {
   const GroupPtr& g = groups_[static_cast<int>(axis)];
-  MMSP_ASSERT(g, "mesh group ", axis_name(axis), " not built");
+  MMSP_ASSERT(g, "mesh group ", plan::axis_name(axis), " not built");
   return g;
 }
 

@@ -1,5 +1,6 @@
-// Qwen2-VL vision encoder; see qwen_vision.h. Follows Hugging Face's
-// Qwen2VisionTransformerPretrainedModel (rot_pos_emb, VisionAttention, PatchMerger).
+// The Qwen2-VL and Qwen3-VL vision encoders; see qwen_vision.h. Follows Hugging Face's
+// Qwen2VisionTransformerPretrainedModel (rot_pos_emb, VisionAttention, PatchMerger)
+// and Qwen3VLVisionModel (patch bias, interpolated position table, deepstack mergers).
 #include "mmsp/model/qwen_vision.h"
 
 #include <ATen/ATen.h>

@@ -103,15 +103,15 @@ void probe_out_dir(const std::string& dir) {
   MMSP_CHECK(wrote, "--out ", dir, " is not writable: ", std::strerror(write_error));
 }
 
-json run_flags(const TrainOptions& o, const dist::MeshShape& mesh, int data_rows) {
+json run_flags(const TrainOptions& o, const plan::Mesh& mesh, int data_rows) {
   json run = {{"model", o.model},
               {"data", o.data},
               {"dtype", o.dtype},
               {"seed", o.seed},
               {"shuffle", o.shuffle},
               {"tokens_per_rank", o.tokens_per_rank},
-              {"world_size", mesh.size()},
-              {"tokens_per_step", o.tokens_per_rank * mesh.size()},
+              {"world_size", mesh.world()},
+              {"tokens_per_step", o.tokens_per_rank * mesh.world()},
               {"data_rows", data_rows},
               {"mesh", mesh.str()},
               {"vision", model::to_string(o.vision)},

@@ -182,7 +182,7 @@ Reduced reduce_metrics(double local_loss, const std::vector<double>& mine, const
 
 }  // namespace
 
-void check_train_options(const TrainOptions& o, const dist::MeshShape& mesh) {
+void check_train_options(const TrainOptions& o, const plan::Mesh& mesh) {
   check_train_limits(o);  // upper bounds first: nothing below may overflow
   parse_dtype(o.dtype);
   parse_save_dtype(o.save_dtype);
@@ -193,8 +193,8 @@ void check_train_options(const TrainOptions& o, const dist::MeshShape& mesh) {
   MMSP_CHECK(o.tokens_per_rank > 0, "--tokens-per-rank ", o.tokens_per_rank, " must be positive");
   MMSP_CHECK(o.data_rows >= 0, "--data-rows ", o.data_rows, " must be ≥ 0");
   const int rows = o.data_rows > 0 ? o.data_rows : mesh.dp;
-  MMSP_CHECK(o.tokens_per_rank * mesh.size() % rows == 0, "--tokens-per-rank ", o.tokens_per_rank, " × world ",
-             mesh.size(), " must divide into --data-rows ", rows, " equal rows");
+  MMSP_CHECK(o.tokens_per_rank * mesh.world() % rows == 0, "--tokens-per-rank ", o.tokens_per_rank, " × world ",
+             mesh.world(), " must divide into --data-rows ", rows, " equal rows");
   MMSP_CHECK(o.shapes_samples > 0, "--shapes-samples ", o.shapes_samples, " must be positive");
   MMSP_CHECK(o.attention_block > 0, "--attention-block ", o.attention_block, " must be positive");
   MMSP_CHECK(o.loss_chunk >= 0, "--loss-chunk ", o.loss_chunk,
@@ -220,7 +220,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   const at::ScalarType master_dtype = master_dtype_of(dtype);
   const ResolvedModel resolved = resolve_model(o.model);
   const model::ModelConfig& config = resolved.config;
-  const dist::MeshShape& shape = mesh.shape();
+  const plan::Mesh& shape = mesh.shape();
   MMSP_CHECK(config.text.num_attention_heads % shape.ulysses == 0, o.model, ": ",
              config.text.num_attention_heads, " attention heads cannot be split over ulysses ", shape.ulysses,
              " (the degree must divide the head count)");
@@ -309,7 +309,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   attn.block_k = o.attention_block;
   const model::StepGroups groups{mesh.context(), mesh.ring(), mesh.ulysses()};
   plan::PlanOptions plan_options;
-  plan_options.mesh = {mesh.shape().dp, mesh.shape().ring, mesh.shape().ulysses};
+  plan_options.mesh = mesh.shape();
   plan_options.layout = o.layout;
 
   const std::string fingerprint_prefix = mesh.store() ? fingerprint_key_prefix(*mesh.store(), mesh.rank()) : "";
@@ -393,13 +393,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
       ckpt.keep_last = o.keep_checkpoints;
       ckpt.save_dtype = save_dtype;
       ckpt.max_shard_bytes = static_cast<uint64_t>(o.save_shard_bytes);
-      if (const char* crash = std::getenv("MMSP_TEST_CRASH_CHECKPOINT")) {
-        // Test hook "STEP:BYTES": die after BYTES bytes of the checkpoint of STEP.
-        const std::string spec(crash);
-        const auto colon = spec.find(':');
-        if (colon != std::string::npos && std::stoll(spec.substr(0, colon)) == step)
-          ckpt.crash_after_bytes = std::stoll(spec.substr(colon + 1));
-      }
+      if (o.test.crash_checkpoint_step == step) ckpt.crash_after_bytes = o.test.crash_checkpoint_after_bytes;
       doing.set_phase("checkpoint");
       update->save(o.out_dir, step, state, resolved.config_json, ckpt, mesh, log);
     }

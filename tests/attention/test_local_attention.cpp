@@ -179,7 +179,7 @@ TEST(LocalAttentionErrorsTest, BadInputsNameTheValue) {
   EXPECT_THROW(local_attention_forward(q4, k, at::zeros({8, 2, 5}, kF64), l, l, {}), Error);
 }
 
-// The plan's zigzag shard map gives the layouts DESIGN.md's rule gives.
+// The plan's zigzag shard map gives the layouts docs/design.md#sharding-layout's rule gives.
 TEST(PlanLayoutTest, RingSharesFollowTheZigzagRule) {
   std::mt19937 rng(17);
   for (int trial = 0; trial < 30; ++trial) {

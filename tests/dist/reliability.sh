@@ -1,5 +1,5 @@
 #!/bin/bash
-# Start-up, orphans and job identity with real processes (issue 17, findings 1-3):
+# Start-up, orphans and job identity with real processes (docs/launcher.md#start-up-and-job-identity):
 #  1. a rank that never starts: the others end within --timeout + 5 s (+ 5 s for a loaded
 #     machine, counted from their launch), exit 2, naming it;
 #  2. mmsp-run killed by SIGKILL during a --quiet train: every rank is gone within 5 s;
@@ -50,7 +50,7 @@ for missing in 3 0; do
     grep -q "rank $missing did not join within $timeout_s s" "$log" ||
       fail "missing rank $missing: rank $r did not name it: $(tail -3 "$log")"
     grep -q "c10::\|frame #" "$log" && fail "missing rank $missing: rank $r printed a backtrace"
-    # The issue's bound is --timeout + 5 s; 5 s more for starting LibTorch on a loaded 2-core machine.
+    # The bound asked of start-up is --timeout + 5 s; 5 s more for starting LibTorch on a loaded 2-core machine.
     [ "$(echo "$took < $timeout_s + 10" | bc)" = 1 ] || fail "missing rank $missing: rank $r took $took s"
   done
 done

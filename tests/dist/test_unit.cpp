@@ -10,12 +10,13 @@
 #include "mmsp/core/check.h"
 #include "mmsp/dist/comm_stats.h"
 #include "mmsp/dist/group.h"
-#include "mmsp/dist/mesh_shape.h"
+#include "mmsp/plan/mesh.h"
 #include "mmsp/dist/rank_env.h"
 #include "mmsp/dist/ring_exchange.h"
 
 using namespace mmsp;
 using namespace mmsp::dist;
+using mmsp::plan::MeshAxis;
 using ::testing::HasSubstr;
 
 // Expects `fn` to throw mmsp::Error whose message contains `text`.
@@ -85,53 +86,53 @@ TEST(RankEnvTest, BadValuesNameTheVariable) {
                "MASTER_ADDR must name rank 0's host");
 }
 
-TEST(MeshShapeTest, WorldMustBeTheProduct) {
-  expect_error([] { check_mesh_shape({1, 2, 2}, 6); },
+TEST(MeshTest, WorldMustBeTheProduct) {
+  expect_error([] { plan::validate_mesh({1, 2, 2}, 6); },
                "world size 6 is not dp(1) × ring(2) × ulysses(2) = 4");
-  expect_error([] { check_mesh_shape({0, 2, 2}, 0); }, "mesh factors must be >= 1");
-  EXPECT_NO_THROW(check_mesh_shape({2, 1, 2}, 4));
+  expect_error([] { plan::validate_mesh({0, 2, 2}, 0); }, "mesh factors must be >= 1");
+  EXPECT_NO_THROW(plan::validate_mesh({2, 1, 2}, 4));
 }
 
-TEST(MeshShapeTest, ParseAndEnumerate) {
-  MeshShape s = parse_mesh_shape("2x3x4");
+TEST(MeshTest, ParseAndEnumerate) {
+  plan::Mesh s = plan::parse_mesh("2x3x4");
   EXPECT_EQ(s.dp, 2);
   EXPECT_EQ(s.ring, 3);
   EXPECT_EQ(s.ulysses, 4);
-  expect_error([] { parse_mesh_shape("2x3"); }, "must read DPxRINGxULYSSES");
-  expect_error([] { parse_mesh_shape("1x2x2x"); }, "must read DPxRINGxULYSSES");
-  EXPECT_EQ(all_mesh_shapes(4).size(), 6u);  // 4 = 1·1·4 1·2·2 1·4·1 2·1·2 2·2·1 4·1·1
-  EXPECT_EQ(all_mesh_shapes(1).size(), 1u);
-  for (const MeshShape& m : all_mesh_shapes(12)) EXPECT_EQ(m.size(), 12);
+  expect_error([] { plan::parse_mesh("2x3"); }, "must read DPxRINGxULYSSES");
+  expect_error([] { plan::parse_mesh("1x2x2x"); }, "must read DPxRINGxULYSSES");
+  EXPECT_EQ(plan::all_meshes(4).size(), 6u);  // 4 = 1·1·4 1·2·2 1·4·1 2·1·2 2·2·1 4·1·1
+  EXPECT_EQ(plan::all_meshes(1).size(), 1u);
+  for (const plan::Mesh& m : plan::all_meshes(12)) EXPECT_EQ(m.world(), 12);
 }
 
-TEST(MeshShapeTest, UlyssesVariesFastestThenRingThenDp) {
-  MeshShape shape{2, 3, 2};
-  EXPECT_EQ(coords_of(shape, 0).ulysses, 0);
-  EXPECT_EQ(coords_of(shape, 1).ulysses, 1);
-  EXPECT_EQ(coords_of(shape, 2).ring, 1);
-  EXPECT_EQ(coords_of(shape, 6).dp, 1);
-  EXPECT_EQ(group_members(shape, MeshAxis::ulysses, 7), (std::vector<int>{6, 7}));
-  EXPECT_EQ(group_members(shape, MeshAxis::ring, 7), (std::vector<int>{7, 9, 11}));
-  EXPECT_EQ(group_members(shape, MeshAxis::dp, 7), (std::vector<int>{1, 7}));
-  EXPECT_EQ(group_members(shape, MeshAxis::context, 7),
+TEST(MeshTest, UlyssesVariesFastestThenRingThenDp) {
+  plan::Mesh shape{2, 3, 2};
+  EXPECT_EQ(plan::rank_coords(shape, 0).ulysses, 0);
+  EXPECT_EQ(plan::rank_coords(shape, 1).ulysses, 1);
+  EXPECT_EQ(plan::rank_coords(shape, 2).ring, 1);
+  EXPECT_EQ(plan::rank_coords(shape, 6).dp, 1);
+  EXPECT_EQ(plan::group_members(shape, MeshAxis::ulysses, 7), (std::vector<int>{6, 7}));
+  EXPECT_EQ(plan::group_members(shape, MeshAxis::ring, 7), (std::vector<int>{7, 9, 11}));
+  EXPECT_EQ(plan::group_members(shape, MeshAxis::dp, 7), (std::vector<int>{1, 7}));
+  EXPECT_EQ(plan::group_members(shape, MeshAxis::context, 7),
             (std::vector<int>{6, 7, 8, 9, 10, 11}));
 }
 
 // Every axis's groups partition the world, each rank sits in exactly one group
 // per axis at its own coordinate, and every rank agrees on its group's members.
-TEST(MeshShapeTest, GroupsPartitionTheWorldForEveryShape) {
+TEST(MeshTest, GroupsPartitionTheWorldForEveryShape) {
   for (int world = 1; world <= 12; ++world)
-    for (const MeshShape& shape : all_mesh_shapes(world))
+    for (const plan::Mesh& shape : plan::all_meshes(world))
       for (MeshAxis axis : {MeshAxis::world, MeshAxis::dp, MeshAxis::ring, MeshAxis::ulysses,
                             MeshAxis::context}) {
         std::multiset<int> seen;
         for (int rank = 0; rank < world; ++rank) {
-          EXPECT_EQ(rank_of(shape, coords_of(shape, rank)), rank);
-          auto members = group_members(shape, axis, rank);
-          for (int m : members) EXPECT_EQ(group_members(shape, axis, m), members);
+          EXPECT_EQ(rank_of(shape, plan::rank_coords(shape, rank)), rank);
+          auto members = plan::group_members(shape, axis, rank);
+          for (int m : members) EXPECT_EQ(plan::group_members(shape, axis, m), members);
           if (members.front() == rank) seen.insert(members.begin(), members.end());
         }
-        EXPECT_EQ(seen.size(), static_cast<size_t>(world)) << shape.str() << " " << axis_name(axis);
+        EXPECT_EQ(seen.size(), static_cast<size_t>(world)) << shape.str() << " " << plan::axis_name(axis);
         for (int rank = 0; rank < world; ++rank) EXPECT_EQ(seen.count(rank), 1u);
       }
 }

@@ -113,7 +113,7 @@ TEST(MultiRank, DecoderLossAndEveryGradientEqualOneProcess) {
       const int U = mesh.shape().ulysses;
       if (U == 3) continue;  // 2 K/V heads cannot be shared by 3 ulysses ranks (an error, tested in test_attention)
       plan::PlanOptions options;
-      options.mesh = {mesh.shape().dp, mesh.shape().ring, mesh.shape().ulysses};
+      options.mesh = mesh.shape();
       const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
       const Result got = run(config, batch, mine, {mesh.ring(), mesh.ulysses()}, mesh.world());
       expect_same(got, ref, model_type + " " + mesh.shape().str());

@@ -114,7 +114,7 @@ bool fits(const dist::Mesh& mesh) { return mesh.shape().ulysses != 3; }
 
 plan::PlanOptions options_for(const dist::Mesh& mesh) {
   plan::PlanOptions options;
-  options.mesh = {mesh.shape().dp, mesh.shape().ring, mesh.shape().ulysses};
+  options.mesh = mesh.shape();
   return options;
 }
 

@@ -138,7 +138,7 @@ TEST_P(QwenVlFamily, MultiRankEqualsOneProcessInEveryVisionMode) {
   for (const dist::Mesh& mesh : test::all_meshes()) {
     if (mesh.shape().ulysses == 3) continue;  // 2 K/V heads cannot be split 3 ways
     plan::PlanOptions options;
-    options.mesh = {mesh.shape().dp, mesh.shape().ring, mesh.shape().ulysses};
+    options.mesh = mesh.shape();
     const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
       const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
@@ -160,7 +160,7 @@ TEST_P(QwenVlFamily, MultiRankFp32EqualsOneProcessInEveryVisionMode) {
   for (const dist::Mesh& mesh : test::all_meshes()) {
     if (mesh.shape().ulysses == 3) continue;
     plan::PlanOptions options;
-    options.mesh = {mesh.shape().dp, mesh.shape().ring, mesh.shape().ulysses};
+    options.mesh = mesh.shape();
     const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
       const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
@@ -175,8 +175,8 @@ INSTANTIATE_TEST_SUITE_P(MultiRank, QwenVlFamily,
                          ::testing::Values(plan::ModelFamily::qwen2_vl, plan::ModelFamily::qwen3_vl),
                          [](const auto& info) { return plan::to_string(info.param); });
 
-// The batch exercises what the issue asks: on 4 ranks some rank encodes nothing and
-// some item's rows land on more than one rank.
+// The batch exercises the hard cases of routing: on 4 ranks some rank encodes nothing
+// and some item's rows land on more than one rank.
 TEST(VisionBatch, HasEmptyEncodersAndStraddlingItemsOnFourRanks) {
   const model::ModelConfig config = tiny_qwen2_vl();
   const plan::Batch batch = vision_batch();
@@ -285,7 +285,7 @@ TEST_P(LlavaDtype, MultiRankEqualsOneProcessInEveryVisionMode) {
   for (const dist::Mesh& mesh : test::all_meshes()) {
     if (mesh.shape().ulysses == 3) continue;
     plan::PlanOptions options;
-    options.mesh = {mesh.shape().dp, mesh.shape().ring, mesh.shape().ulysses};
+    options.mesh = mesh.shape();
     const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
       const Result got = run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},

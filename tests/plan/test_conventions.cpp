@@ -109,7 +109,7 @@ TEST(Mesh, CoordsUlyssesFastest) {
 
 TEST(Mesh, Errors) {
   EXPECT_THAT(error_of([] { validate_mesh({2, 2, 2}, 6); }),
-              HasSubstr("mesh dp(2) * ring(2) * ulysses(2) = 8 != world size (6)"));
+              HasSubstr("world size 6 is not dp(2) × ring(2) × ulysses(2) = 8"));
   EXPECT_THAT(error_of([] { validate_mesh({1, 0, 1}); }), HasSubstr("ring(0)"));
   EXPECT_THAT(error_of([] { rank_coords({1, 2, 2}, 4); }),
               HasSubstr("rank 4 is outside the world of 4 ranks"));

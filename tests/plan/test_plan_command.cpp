@@ -85,14 +85,15 @@ TEST(PlanCommand, BadInputsExitTwoWithTheMessage) {
   Result r = run_plan({"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch",
                        kDir + "/examples/batch-qwen2-vl.json", "--ring", "2", "--world", "3"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_THAT(r.err, HasSubstr("mmsp plan: error: mesh dp(1) * ring(2) * ulysses(1) = 2 != world size (3)"));
+  EXPECT_THAT(r.err, HasSubstr("mmsp plan: error: world size 3 is not dp(1) × ring(2) × ulysses(1) = 2"));
   r = run_plan({"--config", kDir + "/configs/missing.json", "--batch", kDir + "/examples/batch-qwen2-vl.json"});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("mmsp plan: error: cannot read --config file"));
   r = run_plan({"--config", kDir + "/configs/tiny-llava.json", "--batch", kDir + "/examples/batch-qwen2-vl.json"});
   EXPECT_EQ(r.status, 2);
-  EXPECT_THAT(r.err, HasSubstr("mmsp plan: error: sequence 0: image_grid_thw has 1 entries but the sequence "
-                                   "has placeholders for 0 images"));
+  // LLaVA's config against a Qwen2-VL batch: its token ids are outside LLaVA's vocabulary,
+  // which is checked (as mmsp train does) before the placeholders.
+  EXPECT_THAT(r.err, HasSubstr("sequence 0: input_ids[0] = 101089 is outside the vocabulary 0..32063 of "));
   r = run_plan({"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch",
                 kDir + "/examples/batch-qwen2-vl.json", "--format", "xml"});
   EXPECT_EQ(r.status, 2);

@@ -21,7 +21,7 @@ void init_multirank() {
 
 const dist::RankEnv& rank_env() { return g_env; }
 
-dist::Mesh make_mesh(const dist::MeshShape& shape) {
+dist::Mesh make_mesh(const plan::Mesh& shape) {
   dist::MeshOptions options;
   options.timeout = std::chrono::seconds(60);
   return dist::Mesh::create(g_store, g_env, shape, options,
@@ -31,7 +31,7 @@ dist::Mesh make_mesh(const dist::MeshShape& shape) {
 const std::vector<dist::Mesh>& all_meshes() {
   static std::vector<dist::Mesh> meshes = [] {
     std::vector<dist::Mesh> out;
-    for (const dist::MeshShape& shape : dist::all_mesh_shapes(g_env.world_size))
+    for (const plan::Mesh& shape : plan::all_meshes(g_env.world_size))
       out.push_back(make_mesh(shape));
     return out;
   }();

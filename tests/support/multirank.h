@@ -15,7 +15,7 @@ const dist::RankEnv& rank_env();
 
 // A new mesh of `shape` over the job's store; every rank must ask for the same
 // meshes in the same order. Collective timeout 60 s (tests fail, never hang).
-dist::Mesh make_mesh(const dist::MeshShape& shape);
+dist::Mesh make_mesh(const plan::Mesh& shape);
 
 // Every mesh shape of the world, built once, in the same order on every rank.
 const std::vector<dist::Mesh>& all_meshes();

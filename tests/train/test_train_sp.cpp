@@ -83,7 +83,7 @@ std::string shared_dir(const std::string& what) {
 }
 
 // ring 2 × ulysses world/2 (ring 3 on 3 ranks): both attention schemes at once.
-dist::MeshShape context_shape(int world) {
+plan::Mesh context_shape(int world) {
   const int ring = world % 2 == 0 ? 2 : world;
   return {1, ring, world / ring};
 }
@@ -274,7 +274,7 @@ TEST(MultiRankTrain, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
   const int world = test::rank_env().world_size;
   const bool checker = test::rank_env().rank == 0;
   const int64_t per_rank = 96;
-  const dist::MeshShape widest = context_shape(world);
+  const plan::Mesh widest = context_shape(world);
   std::ostringstream log;
   struct Case {
     const char* file;
@@ -286,7 +286,7 @@ TEST(MultiRankTrain, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
     const std::string config_path = small_vocab_config(c.file, c.tie);
     std::map<int, train::TrainReport> refs;
     for (const dist::Mesh& mesh : test::all_meshes()) {
-      const dist::MeshShape& shape = mesh.shape();
+      const plan::Mesh& shape = mesh.shape();
       if (shape.ulysses == 3 || shape.ulysses > c.max_ulysses) continue;  // heads cannot be split so
       if (checker && !refs.count(shape.dp)) {
         train::TrainOptions o = tiny_options(per_rank * world);
@@ -375,7 +375,7 @@ TEST(MultiRankTrain, ShardedOptimizerEqualsOneProcess) {
   const int world = test::rank_env().world_size;
   const int64_t per_rank = 96;
   std::ostringstream log;
-  for (const dist::MeshShape& shape : {context_shape(world), dist::MeshShape{world, 1, 1}}) {
+  for (const plan::Mesh& shape : {context_shape(world), plan::Mesh{world, 1, 1}}) {
     if (shape.ulysses == 3) continue;  // 2 K/V heads cannot be split 3 ways
     train::TrainOptions one = tiny_options(per_rank * world);
     one.data_rows = shape.dp;

@@ -57,7 +57,7 @@ expect_error data_file "missing.jsonl" train --data "$work/missing.jsonl" --mode
 
 cfg="$src/configs/tiny-qwen2-vl.json"
 # --- 2b. checked on every rank before the first collective: --out, image sizes, sample
-# lengths, config ranges (issue 17) ----------------------------------------------------
+# lengths, config ranges ------------------------------------------------------------
 touch "$work/a-file"
 expect_error out_file "--out $work/a-file is not a directory" train --out "$work/a-file"
 expect_error out_unwritable "--out /proc/mmsp-out: cannot create the directory" train --out /proc/mmsp-out

@@ -9,14 +9,17 @@
 
 #include "mmsp/dist/comm_stats.h"
 #include "mmsp/dist/group.h"
-#include "mmsp/dist/mesh_shape.h"
 #include "mmsp/dist/rank_env.h"
+#include "mmsp/plan/mesh.h"
 
 namespace c10d {
 class Store;
 }
 
 namespace mmsp::dist {
+
+// The mesh arithmetic is the plan's (plan/mesh.h): one type, dist adds the groups.
+using plan::MeshAxis;
 
 struct MeshOptions {
   // Limit for the rendezvous and for every collective; a dead or stuck peer ends
@@ -28,12 +31,12 @@ class Mesh {
  public:
   // Rendezvous through a c10d TCPStore at env.master_addr:env.master_port that
   // rank 0 hosts, then builds the groups.
-  static Mesh connect(const RankEnv& env, const MeshShape& shape, const MeshOptions& options = {});
+  static Mesh connect(const RankEnv& env, const plan::Mesh& shape, const MeshOptions& options = {});
 
   // Builds the groups over an existing store. `prefix` keeps meshes that share
   // one store apart (every rank must build the same meshes in the same order).
   static Mesh create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env,
-                     const MeshShape& shape, const MeshOptions& options,
+                     const plan::Mesh& shape, const MeshOptions& options,
                      const std::string& prefix);
 
   // A one-rank mesh (1 × 1 × 1) that needs no store: the single-process reference
@@ -45,10 +48,10 @@ class Mesh {
   static c10::intrusive_ptr<c10d::Store> open_store(const RankEnv& env,
                                                     std::chrono::milliseconds timeout);
 
-  const MeshShape& shape() const { return shape_; }
-  const MeshCoords& coords() const { return coords_; }
+  const plan::Mesh& shape() const { return shape_; }
+  const plan::RankCoords& coords() const { return coords_; }
   int rank() const { return rank_; }
-  int world_size() const { return shape_.size(); }
+  int world_size() const { return shape_.world(); }
 
   const GroupPtr& group(MeshAxis axis) const;
   const GroupPtr& world() const { return group(MeshAxis::world); }
@@ -64,8 +67,8 @@ class Mesh {
   const std::shared_ptr<CommStats>& shared_stats() const { return stats_; }
 
  private:
-  MeshShape shape_;
-  MeshCoords coords_;
+  plan::Mesh shape_;
+  plan::RankCoords coords_;
   int rank_ = 0;
   std::shared_ptr<CommStats> stats_;
   GroupPtr groups_[5];  // indexed by MeshAxis

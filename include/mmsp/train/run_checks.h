@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "mmsp/dist/mesh_shape.h"
+#include "mmsp/plan/mesh.h"
 #include "mmsp/train/trainer.h"
 
 namespace mmsp::train {
@@ -31,7 +31,7 @@ void probe_out_dir(const std::string& dir);
 
 // The "run" object of a checkpoint's state.json: the flags that decide the batches and
 // the numerics, and the mesh (informative).
-nlohmann::json run_flags(const TrainOptions& options, const dist::MeshShape& mesh, int data_rows);
+nlohmann::json run_flags(const TrainOptions& options, const plan::Mesh& mesh, int data_rows);
 
 // Compares the checkpoint's "run" object with this run's. Flags that change the batches
 // or the numerics (model, data, seed, shuffle, steps, dtype, tokens per step, data rows,

@@ -82,16 +82,22 @@ struct TrainOptions {
   int64_t memory_limit_bytes = 0;
   std::string memory_limit_source = "--memory-limit";
 
-  // TEST HOOKS (the reliability tests only; hidden CLI flags): rank `sleep_rank`
-  // sleeps `sleep_seconds` inside the forward of step `sleep_step` (a long step must
-  // not look hung); rank `skew_batch_rank` drops the last sample of step
-  // `skew_batch_step` (a diverging rank must be named before it hangs). −1: off.
+  // TEST HOOKS (the reliability and crash tests only; set by the CLI from hidden flags
+  // and MMSP_TEST_CRASH_CHECKPOINT): rank `sleep_rank` sleeps `sleep_seconds` inside the
+  // forward of step `sleep_step` (a long step must not look hung); rank `skew_batch_rank`
+  // drops the last sample of step `skew_batch_step` (a diverging rank must be named
+  // before it hangs); the save of the checkpoint of step `crash_checkpoint_step` exits
+  // the process after `crash_checkpoint_after_bytes` bytes (CheckpointOptions::
+  // crash_after_bytes: a crash mid-save must leave the previous checkpoint loadable).
+  // −1: off.
   struct TestHooks {
     int sleep_rank = -1;
     int64_t sleep_step = 0;
     double sleep_seconds = 0;
     int skew_batch_rank = -1;
     int64_t skew_batch_step = 0;
+    int64_t crash_checkpoint_step = -1;
+    int64_t crash_checkpoint_after_bytes = -1;
   } test;
 };
 
@@ -103,7 +109,7 @@ struct TrainReport {
 };
 
 // Checks the options (clear errors, on every rank, before any collective).
-void check_train_options(const TrainOptions& options, const dist::MeshShape& mesh);
+void check_train_options(const TrainOptions& options, const plan::Mesh& mesh);
 
 // Runs the loop on this rank; rank 0 writes metrics and checkpoints and prints to `log`.
 // `activity` (optional) is told the step and phase, for the rank's heartbeat.
