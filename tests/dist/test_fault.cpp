@@ -218,7 +218,14 @@ TEST(FaultTest, HeartbeatNamesAStoppedRankWithoutTheLauncher) {
     // 3 (kHeartbeatExitCode) when the rank saw it itself; 1 when its collective failed
     // first (the rank that saw it has exited), and then it printed the message too.
     EXPECT_NE(codes[r], 0) << "rank " << r << ":\n" << log;
-    EXPECT_THAT(log, HasSubstr("mmsp: error: rank 2 has not answered for")) << "rank " << r << ":\n" << log;
+    // Rank 2 is named, unless it stopped in the middle of a request to the store: LibTorch's
+    // TCPStore serves requests one at a time and waits for the rest of that one, so the
+    // store stops answering too and the job ends naming its host (docs/reliability.md).
+    const bool stopped_rank_named = log.find("mmsp: error: rank 2 has not answered for") != std::string::npos;
+    const bool store_named = log.find("mmsp: error: rank 0 has not answered for") != std::string::npos &&
+                             log.find("the job's store, which rank 0 hosts, does not respond") != std::string::npos;
+    EXPECT_TRUE(stopped_rank_named || store_named) << "rank " << r << ":\n" << log;
+    if (!stopped_rank_named && store_named) std::printf("rank %d named the store host (rank 2 stopped mid-request)\n", r);
   }
   for (pid_t pid : pids) EXPECT_TRUE(gone(pid)) << "pid " << pid;
   std::filesystem::remove_all(dir);
