@@ -43,6 +43,24 @@ std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t buc
   return out;
 }
 
+void pack_bucket_grads(const NamedParams& params, const GradBucket& bucket, at::Tensor& flat, const char* who) {
+  at::NoGradGuard no_grad;
+  int64_t offset = 0;
+  for (size_t i : bucket.params) {
+    const auto& [name, p] = params[i];
+    at::Tensor slice = flat.narrow(0, offset, p.numel()).view(p.sizes());
+    const at::Tensor& grad = p.grad();
+    if (grad.defined()) {
+      MMSP_CHECK(grad.sizes() == p.sizes(), who, ": the gradient of \"", name, "\" has shape ", grad.sizes(),
+                 " but the parameter has ", p.sizes());
+      slice.copy_(grad);
+    } else {
+      slice.zero_();
+    }
+    offset += p.numel();
+  }
+}
+
 GradSync::GradSync(NamedParams named_params, dist::GroupPtr world, int64_t bucket_bytes)
     : params_(std::move(named_params)), world_(std::move(world)) {
   MMSP_CHECK(world_, "GradSync: the world group is null");
@@ -65,22 +83,9 @@ void GradSync::all_reduce() {
   for (const GradBucket& bucket : buckets_) {
     // flat: [numel] of the bucket's dtype; parameter i's grad is a slice of it.
     at::Tensor flat = at::empty({bucket.numel}, at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
-    int64_t offset = 0;
-    for (size_t i : bucket.params) {
-      const at::Tensor& p = params_[i].second;
-      at::Tensor slice = flat.narrow(0, offset, p.numel()).view(p.sizes());
-      const at::Tensor& grad = p.grad();
-      if (grad.defined()) {
-        MMSP_CHECK(grad.sizes() == p.sizes(), "GradSync: the gradient of \"", params_[i].first,
-                   "\" has shape ", grad.sizes(), " but the parameter has ", p.sizes());
-        slice.copy_(grad);
-      } else {
-        slice.zero_();
-      }
-      offset += p.numel();
-    }
+    pack_bucket_grads(params_, bucket, flat, "GradSync");
     dist::all_reduce_(flat, *world_);
-    offset = 0;
+    int64_t offset = 0;
     for (size_t i : bucket.params) {
       at::Tensor& p = params_[i].second;
       at::Tensor slice = flat.narrow(0, offset, p.numel()).view(p.sizes());

@@ -7,8 +7,7 @@
 
 namespace mmsp::train {
 
-std::unique_ptr<torch::optim::AdamW> make_adamw(const NamedParams& named_params,
-                                                const AdamWOptions& options) {
+void check_adamw_options(const AdamWOptions& options) {
   const double beta1 = options.beta1, beta2 = options.beta2;
   MMSP_CHECK(std::isfinite(options.lr) && options.lr >= 0, "AdamW: lr (", options.lr,
              ") must be a finite number ≥ 0");
@@ -18,6 +17,12 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(const NamedParams& named_params,
              ") must be a positive finite number");
   MMSP_CHECK(std::isfinite(options.weight_decay) && options.weight_decay >= 0,
              "AdamW: weight_decay (", options.weight_decay, ") must be a finite number ≥ 0");
+}
+
+std::unique_ptr<torch::optim::AdamW> make_adamw(const NamedParams& named_params,
+                                                const AdamWOptions& options) {
+  check_adamw_options(options);
+  const double beta1 = options.beta1, beta2 = options.beta2;
   check_named_params(named_params, "AdamW");
 
   std::vector<at::Tensor> decay, no_decay;

@@ -28,7 +28,7 @@ ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype
     : model_(std::move(model_params)), options_(options), world_(std::move(world)), master_dtype_(master_dtype) {
   MMSP_CHECK(world_, "ShardedAdamW: the world group is null");
   check_named_params(model_, "ShardedAdamW");
-  make_adamw(model_, options_);  // the same option checks as the replicated optimizer
+  check_adamw_options(options_);
   MMSP_CHECK(at::isFloatingType(master_dtype_), "ShardedAdamW: master dtype ", master_dtype_,
              " is not floating point");
   const int64_t P = world_->size(), r = world_->rank();
@@ -83,21 +83,11 @@ at::Tensor ShardedAdamW::piece(const ShardPiece& piece, ShardTensor which) const
 }
 
 at::Tensor ShardedAdamW::pack_grads(const Shard& s) {
-  // Zeros: the padding, and parameters this rank's batch did not reach.
+  // Zero padding past the bucket's parameters.
   at::Tensor flat = at::zeros({s.shard * world_->size()},
                               at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
-  int64_t offset = 0;
-  for (size_t i : s.bucket.params) {
-    auto& [name, p] = model_[i];
-    const at::Tensor grad = p.grad();
-    if (grad.defined()) {
-      MMSP_CHECK(grad.sizes() == p.sizes(), "ShardedAdamW: the gradient of \"", name, "\" has shape ",
-                 grad.sizes(), " but the parameter has ", p.sizes());
-      flat.narrow(0, offset, p.numel()).copy_(grad.reshape({-1}));
-      p.mutable_grad().reset();  // packed: its memory goes back now
-    }
-    offset += p.numel();
-  }
+  pack_bucket_grads(model_, s.bucket, flat, "ShardedAdamW");
+  for (size_t i : s.bucket.params) model_[i].second.mutable_grad().reset();  // packed: the memory goes back now
   return flat;
 }
 

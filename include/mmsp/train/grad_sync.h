@@ -29,6 +29,11 @@ struct GradBucket {
 // dtypes, devices and sizes only, so every rank builds the same ones.
 std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t bucket_bytes);
 
+// Writes each gradient of `bucket`'s parameters (zeros for an undefined one) into its
+// slice of `flat` ([≥ bucket.numel], any floating dtype: converted on the way), in bucket
+// order. A gradient of another shape is an error naming the parameter, prefixed `who`.
+void pack_bucket_grads(const NamedParams& params, const GradBucket& bucket, at::Tensor& flat, const char* who);
+
 // Usage: GradSync sync(named_params, mesh.world());  ...backward...;  sync.all_reduce();
 class GradSync {
  public:

@@ -19,6 +19,9 @@ struct AdamWOptions {
   double weight_decay = 0.0;  // ≥ 0; decoupled, matrices only
 };
 
+// Throws mmsp::Error naming the first option out of its range above.
+void check_adamw_options(const AdamWOptions& options);
+
 // Group 0: parameters with dim ≥ 2, weight_decay as given. Group 1: the others,
 // weight_decay 0. Both groups always exist (possibly empty), in that order, with
 // parameters in the order given, so a checkpoint's groups line up. Names must be
