@@ -136,6 +136,12 @@ at::Tensor Decoder::forward(const at::Tensor& inputs_embeds, const DecoderContex
   return at::linear(final_hidden(inputs_embeds, ctx), head_weight());
 }
 
+std::vector<std::vector<at::Tensor>> Decoder::layer_parameters() const {
+  std::vector<std::vector<at::Tensor>> out;
+  for (const auto& layer : model->layers->list) out.push_back(layer->parameters());
+  return out;
+}
+
 at::Tensor Decoder::final_hidden(const at::Tensor& inputs_embeds, const DecoderContext& ctx) const {
   at::Tensor h = inputs_embeds;
   const auto& layers = model->layers->list;
@@ -146,12 +152,17 @@ at::Tensor Decoder::final_hidden(const at::Tensor& inputs_embeds, const DecoderC
   DecoderContext layer_ctx = ctx;
   layer_ctx.deepstack.clear();
   for (size_t i = 0; i < layers.size(); ++i) {
+    std::shared_ptr<DecoderLayer> layer = layers[i];
     if (recompute_layers_) {
-      std::shared_ptr<DecoderLayer> layer = layers[i];
-      h = recompute_in_backward([layer, layer_ctx](const at::Tensor& x) { return layer->forward(x, layer_ctx); },
-                                h, layer->parameters());
+      h = run_hooked_layer(
+          layer_hooks_, i,
+          [&](const at::Tensor& in) {
+            return recompute_in_backward([layer, layer_ctx](const at::Tensor& x) { return layer->forward(x, layer_ctx); },
+                                         in, layer->parameters());
+          },
+          h);
     } else {
-      h = layers[i]->forward(h, ctx);
+      h = run_hooked_layer(layer_hooks_, i, [&](const at::Tensor& in) { return layer->forward(in, ctx); }, h);
     }
     if (i < ctx.deepstack.size()) h = h.index_add(0, ctx.visual_slots, ctx.deepstack[i].to(h.scalar_type()));
   }

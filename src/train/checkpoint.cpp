@@ -407,7 +407,7 @@ void restore(const Checkpoint& c, const NamedParams& weights, torch::optim::Adam
 
 void restore(const Checkpoint& c, ShardedAdamW& optimizer) {
   MMSP_CHECK(!c.weights.tensors.empty(), c.path, ": a checkpoint of the first format cannot be resumed with "
-             "--shard optimizer; resume it with --shard none once and save again");
+             "a sharded --shard level; resume it with --shard none once and save again");
   model::ExpectedShapes expected;
   for (const auto& [name, w] : optimizer.model_params()) expected.emplace_back(name, w.sizes().vec());
   model::match_hf_tensors(c.weights, expected, model::CheckpointNaming{});  // throws, naming every difference

@@ -11,7 +11,11 @@
 
 namespace mmsp::train {
 
-std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t bucket_bytes) {
+std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t bucket_bytes,
+                                          const std::vector<int>& unit_of) {
+  MMSP_CHECK(unit_of.empty() || unit_of.size() == params.size(), "make_grad_buckets: ", unit_of.size(),
+             " unit indices for ", params.size(), " parameters");
+  const auto unit = [&](size_t i) { return unit_of.empty() ? -1 : unit_of[i]; };
   // (dtype, device) keys in order of first appearance; each key's open bucket.
   std::vector<GradBucket> out;
   std::vector<std::pair<std::pair<at::ScalarType, c10::Device>, std::vector<size_t>>> keys;
@@ -30,10 +34,11 @@ std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t buc
     for (size_t i : members) {
       const at::Tensor& p = params[i].second;
       const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
-      if (!open.params.empty() && open.bytes + bytes > bucket_bytes) {
+      if (!open.params.empty() && (open.bytes + bytes > bucket_bytes || open.unit != unit(i))) {
         out.push_back(open);
         open = GradBucket{key.first, key.second, {}, 0, 0};
       }
+      open.unit = unit(i);
       open.params.push_back(i);
       open.numel += p.numel();
       open.bytes += bytes;

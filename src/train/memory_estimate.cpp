@@ -1,8 +1,6 @@
 // Memory preflight; see memory_estimate.h and docs/finetune.md for the formulas.
 #include "mmsp/train/memory_estimate.h"
 
-#include "mmsp/train/grad_sync.h"
-
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -40,6 +38,23 @@ std::string MemoryEstimate::table() const {
   return out.str();
 }
 
+namespace {
+
+// The decoder layer a parameter name belongs to ("…layers.<i>.…" outside the vision
+// tower), or −1.
+int decoder_layer_of(const std::string& name) {
+  if (name.find("visual") != std::string::npos || name.find("vision") != std::string::npos) return -1;
+  const size_t at = name.find("layers.");
+  if (at == std::string::npos || (at > 0 && name[at - 1] != '.')) return -1;
+  const size_t digits = at + 7, end = name.find('.', digits);
+  if (end == std::string::npos || end == digits) return -1;
+  for (size_t i = digits; i < end; ++i)
+    if (name[i] < '0' || name[i] > '9') return -1;
+  return std::stoi(name.substr(digits, end - digits));
+}
+
+}  // namespace
+
 MemoryEstimate estimate_memory(const model::ModelConfig& config,
                                const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
                                const MemoryEstimateInputs& in) {
@@ -47,20 +62,33 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   const int64_t m = static_cast<int64_t>(c10::elementSize(in.master_dtype));
   const bool mixed = in.compute_dtype != in.master_dtype;
   MemoryEstimate e;
+  std::vector<int64_t> layer_count;  // per decoder layer
   for (const auto& [name, shape] : shapes) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     e.parameter_count += n;
+    const int layer = decoder_layer_of(name);
+    if (layer >= 0) {
+      if (layer_count.size() <= static_cast<size_t>(layer)) layer_count.resize(layer + 1, 0);
+      layer_count[layer] += n;
+    }
   }
   const int64_t P = e.parameter_count;
+  int64_t in_layers = 0, largest_layer = 0;
+  for (int64_t n : layer_count) in_layers += n, largest_layer = std::max(largest_layer, n);
+  // What a rank holds whole at once under ZeRO-2/3: everything outside the decoder
+  // layers, and one layer.
+  const int64_t whole = P - in_layers + largest_layer;
   e.parameters = P * b;
-  if (in.shard_world > 1) {
-    // ZeRO-1 (sharded_adamw.h): a W-th of masters and moments (+ < W elements of
-    // padding per 25 MiB bucket, ignored); the model's gradients until packed, plus one
-    // bucket packed in the master dtype and its reduce-scatter buffer.
+  if (in.shard_level != ShardLevel::none && in.shard_world > 1) {
+    // sharded_adamw.h: a W-th of masters and moments (+ < W elements of padding per
+    // 25 MiB bucket, ignored); the model's gradients until packed, plus one bucket
+    // packed in the master dtype and its reduce-scatter buffer.
     const int64_t W = in.shard_world, shard = (P + W - 1) / W;
     e.master_weights = shard * m;
-    e.gradients = P * b + 2 * std::min(P, kDefaultBucketBytes / b) * m;
+    const int64_t bucket = 2 * std::min(P, kDefaultBucketBytes / b) * m;
+    e.gradients = (in.shard_level == ShardLevel::optimizer ? P : whole) * b + bucket;
+    if (in.shard_level == ShardLevel::parameters) e.parameters = whole * b;
     e.optimizer = 2 * shard * m;
   } else {
     e.master_weights = mixed ? P * m : 0;
@@ -104,7 +132,7 @@ void check_memory_fits(const MemoryEstimate& e, int64_t limit, const std::string
              ") but ", source, " allows ", format_bytes(limit),
              ". To shrink it: parameters, gradients and optimizer state scale with the model "
              "(--dtype bfloat16 halves the parameters; --shard optimizer splits the masters and "
-             "optimizer state over the ranks; a smaller config); activations, working "
+             "optimizer state over the ranks, gradients the gradients too, parameters the decoder weights too; a smaller config); activations, working "
              "set and logits scale with --tokens-per-rank (--checkpoint-activations decoder keeps one "
              "hidden vector per token and layer; --loss-chunk bounds the logits; "
              "more ranks in --ring/--ulysses "

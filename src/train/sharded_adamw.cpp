@@ -13,30 +13,71 @@
 
 namespace mmsp::train {
 
-ShardLevel parse_shard_level(const std::string& name) {
-  if (name == "none") return ShardLevel::none;
-  if (name == "optimizer") return ShardLevel::optimizer;
-  MMSP_CHECK(false, "--shard \"", name,
-             "\" is unknown; use none or optimizer (gradients and parameters are not implemented yet)");
-  return ShardLevel::none;
+namespace {
+
+// Stage 3 frees a weight's memory in place and refills it later: the tensor, and every
+// view autograd saved of it, keep pointing at the same storage (what FSDP does with
+// storage().resize_(0)). So a parameter must be its storage's only tenant.
+void check_owns_storage(const std::string& name, const at::Tensor& p) {
+  const size_t bytes = static_cast<size_t>(p.numel()) * p.element_size();
+  MMSP_CHECK(p.is_contiguous() && p.storage_offset() == 0 && p.storage().nbytes() == bytes, "--shard parameters: \"",
+             name, "\" shares its memory with other tensors (", p.storage().nbytes(), " bytes of storage for ",
+             bytes, "); it cannot be freed between uses");
 }
 
-const char* to_string(ShardLevel level) { return level == ShardLevel::optimizer ? "optimizer" : "none"; }
+void free_storage(const at::Tensor& p) {
+  c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
+  storage->set_nbytes(0);
+}
+
+void allocate_storage(const at::Tensor& p) {
+  c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() > 0) return;
+  const size_t bytes = static_cast<size_t>(p.numel()) * p.element_size();
+  at::Allocator* allocator = storage->allocator() ? storage->allocator() : c10::GetAllocator(storage->device_type());
+  storage->set_data_ptr_noswap(allocator->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+}  // namespace
+
+// The decoder's hooks for stages 2 and 3 (see the top of sharded_adamw.h).
+class ShardedLayerHooks : public model::LayerHooks {
+ public:
+  explicit ShardedLayerHooks(ShardedAdamW& sharded) : sharded_(sharded) {}
+  void before_forward(size_t layer) override { sharded_.gather_layer(static_cast<int>(layer)); }
+  void after_forward(size_t layer) override { sharded_.release_layer(static_cast<int>(layer)); }
+  void before_backward(size_t layer) override { sharded_.gather_layer(static_cast<int>(layer)); }
+  void after_backward(size_t layer) override {
+    sharded_.reduce_layer(static_cast<int>(layer));
+    sharded_.release_layer(static_cast<int>(layer));
+  }
+
+ private:
+  ShardedAdamW& sharded_;
+};
 
 ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
-                           dist::GroupPtr world, int64_t bucket_bytes)
-    : model_(std::move(model_params)), options_(options), world_(std::move(world)), master_dtype_(master_dtype) {
+                           dist::GroupPtr world, int64_t bucket_bytes, ShardLevel level, std::vector<int> layer_of)
+    : model_(std::move(model_params)), options_(options), world_(std::move(world)), master_dtype_(master_dtype),
+      level_(level) {
   MMSP_CHECK(world_, "ShardedAdamW: the world group is null");
+  MMSP_CHECK(level_ != ShardLevel::none, "ShardedAdamW: shard level none is the replicated update");
   check_named_params(model_, "ShardedAdamW");
   check_adamw_options(options_);
   MMSP_CHECK(at::isFloatingType(master_dtype_), "ShardedAdamW: master dtype ", master_dtype_,
              " is not floating point");
+  if (level_ == ShardLevel::optimizer) layer_of.clear();  // stage 1 reduces after the backward, in any buckets
+  MMSP_CHECK(layer_of.empty() || layer_of.size() == model_.size(), "ShardedAdamW: ", layer_of.size(),
+             " layer indices for ", model_.size(), " parameters");
   const int64_t P = world_->size(), r = world_->rank();
   at::NoGradGuard no_grad;
-  for (const GradBucket& bucket : make_grad_buckets(model_, bucket_bytes)) {
+  for (const GradBucket& bucket : make_grad_buckets(model_, bucket_bytes, layer_of)) {
     Shard s;
     s.bucket = bucket;
     s.shard = (bucket.numel + P - 1) / P;
+    s.resident = level_ != ShardLevel::parameters;
     const auto options = at::TensorOptions().dtype(master_dtype_).device(bucket.device);
     s.master = at::zeros({s.shard}, options);
     s.exp_avg = at::zeros({s.shard}, options);
@@ -46,6 +87,7 @@ ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype
     int64_t offset = 0;
     for (size_t i : bucket.params) {
       const at::Tensor& p = model_[i].second;
+      if (!s.resident) check_owns_storage(model_[i].first, p);
       const int64_t first = std::max(begin, offset), last = std::min(end, offset + p.numel());
       if (first < last) {
         ShardPiece piece{i, first - offset, last - first, shards_.size(), first - begin};
@@ -56,8 +98,18 @@ ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype
       }
       offset += p.numel();
     }
+    if (bucket.unit >= 0) {
+      if (layer_buckets_.size() <= static_cast<size_t>(bucket.unit)) layer_buckets_.resize(bucket.unit + 1);
+      layer_buckets_[bucket.unit].push_back(shards_.size());
+    }
     shards_.push_back(std::move(s));
   }
+  release_gathered();
+}
+
+std::shared_ptr<model::LayerHooks> ShardedAdamW::layer_hooks() {
+  if (level_ == ShardLevel::optimizer) return nullptr;
+  return std::make_shared<ShardedLayerHooks>(*this);
 }
 
 void ShardedAdamW::set_lr(double lr) {
@@ -74,6 +126,7 @@ void ShardedAdamW::copy_from_model() {
 
 void ShardedAdamW::zero_grad() {
   for (auto& [name, p] : model_) p.mutable_grad().reset();
+  for (Shard& s : shards_) s.grad.reset();
 }
 
 at::Tensor ShardedAdamW::piece(const ShardPiece& piece, ShardTensor which) const {
@@ -108,22 +161,90 @@ double ShardedAdamW::global_norm(const std::vector<at::Tensor>& grads) const {
   return norm;
 }
 
-void ShardedAdamW::gather_into_model(const Shard& s) {
+void ShardedAdamW::reduce_bucket(Shard& s) {
+  at::NoGradGuard no_grad;
+  at::Tensor reduced = dist::reduce_scatter(pack_grads(s), *world_);
+  s.grad = s.grad.defined() ? s.grad.add_(reduced) : reduced;
+}
+
+void ShardedAdamW::reduce_layer(int layer) {
+  if (static_cast<size_t>(layer) >= layer_buckets_.size()) return;
+  for (size_t b : layer_buckets_[layer]) reduce_bucket(shards_[b]);
+}
+
+void ShardedAdamW::gather_layer(int layer) {
+  if (static_cast<size_t>(layer) >= layer_buckets_.size()) return;
+  for (size_t b : layer_buckets_[layer]) gather_into_model(shards_[b]);
+}
+
+void ShardedAdamW::release_layer(int layer) {
+  if (static_cast<size_t>(layer) >= layer_buckets_.size()) return;
+  for (size_t b : layer_buckets_[layer]) release(shards_[b]);
+}
+
+void ShardedAdamW::gather_into_model(Shard& s) {
+  if (s.gathered) return;
+  at::NoGradGuard no_grad;
   at::Tensor flat = at::empty({s.shard * world_->size()},
                               at::TensorOptions().dtype(s.bucket.dtype).device(s.bucket.device));
   dist::all_gather_into(s.master.to(s.bucket.dtype), flat, *world_);
   int64_t offset = 0;
   for (size_t i : s.bucket.params) {
-    at::Tensor p = model_[i].second.detach();
+    // variable_data(): written without bumping the parameter's version, which autograd
+    // checks for the views it saved of it.
+    const at::Tensor& param = model_[i].second;
+    allocate_storage(param);
+    at::Tensor p = param.variable_data();
     p.copy_(flat.narrow(0, offset, p.numel()).view(p.sizes()));
     offset += p.numel();
   }
+  s.gathered = true;
+}
+
+void ShardedAdamW::release(Shard& s) {
+  if (s.resident || !s.gathered) return;
+  for (size_t i : s.bucket.params) free_storage(model_[i].second);
+  s.gathered = false;
+}
+
+void ShardedAdamW::refresh_model(Shard& s) {
+  // The model's copy of the bucket is stale: resident buckets gather now, the others
+  // (freed, if they were not) before their next use.
+  if (s.resident) {
+    s.gathered = false;
+    gather_into_model(s);
+  } else {
+    release(s);
+  }
+}
+
+void ShardedAdamW::gather_step_weights() {
+  for (Shard& s : shards_)
+    if (s.bucket.unit < 0) gather_into_model(s);
+}
+
+void ShardedAdamW::gather_all() {
+  for (Shard& s : shards_) gather_into_model(s);
+}
+
+void ShardedAdamW::release_gathered() {
+  for (Shard& s : shards_) release(s);
 }
 
 double ShardedAdamW::step(double max_norm) {
   at::NoGradGuard no_grad;
+  // What the backward's hooks did not reduce yet (stage 1: everything), in bucket order
+  // on every rank; a gradient that reached a layer after its hook is a bug in the hooks.
   std::vector<at::Tensor> grads;  // [shard] per bucket: the world's sum
-  for (const Shard& s : shards_) grads.push_back(dist::reduce_scatter(pack_grads(s), *world_));
+  for (Shard& s : shards_) {
+    if (!s.grad.defined())
+      reduce_bucket(s);
+    else
+      for (size_t i : s.bucket.params)
+        MMSP_CHECK(!model_[i].second.grad().defined(), "ShardedAdamW: the gradient of \"", model_[i].first,
+                   "\" arrived after its decoder layer's gradients were reduced");
+    grads.push_back(s.grad);
+  }
   const double norm = global_norm(grads);
   if (max_norm > 0 && norm > max_norm)
     for (at::Tensor& g : grads) g.mul_(max_norm / (norm + 1e-6));  // clip_grad_norm's scale
@@ -144,7 +265,7 @@ double ShardedAdamW::step(double max_norm) {
     s.exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2);
     const at::Tensor denom = (s.exp_avg_sq.sqrt() / std::sqrt(correction2)).add_(options_.eps);
     s.master.addcdiv_(s.exp_avg, denom, -lr / correction1);
-    gather_into_model(s);
+    refresh_model(s);
   }
   return norm;
 }
@@ -169,7 +290,7 @@ void ShardedAdamW::load(int64_t steps_taken, const StateReader& read) {
     for (ShardTensor which : {ShardTensor::master, ShardTensor::exp_avg, ShardTensor::exp_avg_sq})
       piece(pieces_[k], which).copy_(loaded[k][static_cast<int>(which)]);
   steps_ = steps_taken;
-  for (const Shard& s : shards_) gather_into_model(s);
+  for (Shard& s : shards_) refresh_model(s);
 }
 
 int64_t ShardedAdamW::state_bytes() const {
@@ -184,7 +305,9 @@ int64_t ShardedAdamW::step_bytes() const {
   for (const Shard& s : shards_) {
     const int64_t padded = s.shard * P;
     bytes += dist::shard_collective_bytes(padded * static_cast<int64_t>(s.master.element_size()), P);
-    bytes += dist::shard_collective_bytes(padded * static_cast<int64_t>(c10::elementSize(s.bucket.dtype)), P);
+    const int64_t gather = dist::shard_collective_bytes(padded * static_cast<int64_t>(c10::elementSize(s.bucket.dtype)), P);
+    // stage 3 gathers a decoder layer twice: before its forward and before its backward
+    bytes += (level_ == ShardLevel::parameters && s.bucket.unit >= 0 ? 2 : 1) * gather;
   }
   return bytes;
 }

@@ -86,6 +86,7 @@ class Vlm {
     if (qwen_) qwen_->set_activation_checkpointing(mode);
     if (llava_) llava_->set_activation_checkpointing(mode);
   }
+  model::Decoder& decoder() const { return qwen_ ? qwen_->decoder() : llava_->decoder(); }
   model::QwenVLModel::StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan,
                                          const model::PixelInputs& pixels, const model::StepGroups& groups,
                                          model::VisionMode mode, const attention::AttentionOptions& attn) const {
@@ -128,7 +129,8 @@ MemoryEstimate preflight_memory(const model::ModelConfig& config, const model::E
   in.attention_block = o.attention_block;
   in.loss_chunk = o.loss_chunk > 0 ? o.loss_chunk : default_loss_chunk(config.text.vocab_size);
   in.checkpointing = o.checkpoint_activations;
-  if (parse_shard_level(o.shard) == ShardLevel::optimizer) in.shard_world = world;
+  in.shard_level = parse_shard_level(o.shard);
+  if (in.shard_level != ShardLevel::none) in.shard_world = world;
   const MemoryEstimate memory = estimate_memory(config, shapes, in);
   check_memory_fits(memory, o.memory_limit_bytes, o.memory_limit_source);
   return memory;
@@ -262,8 +264,11 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   adamw.beta2 = o.beta2;
   adamw.eps = o.eps;
   adamw.weight_decay = o.weight_decay;
+  const NamedParams model_params = named_parameters(vlm.module());
   const std::unique_ptr<WeightUpdate> update =
-      make_weight_update(parse_shard_level(o.shard), named_parameters(vlm.module()), master_dtype, adamw, mesh);
+      make_weight_update(parse_shard_level(o.shard), model_params, master_dtype, adamw, mesh,
+                         layer_index_of(model_params, vlm.decoder().layer_parameters()));
+  vlm.decoder().set_layer_hooks(update->layer_hooks());
   if (resolved.weights && o.resume.empty())  // a resume reads the checkpoint's weights instead
     update->load_weights(*resolved.weights, naming);
   // A warm-up longer than the run is the run (short test runs keep the default).
@@ -315,6 +320,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   const std::string fingerprint_prefix = mesh.store() ? fingerprint_key_prefix(*mesh.store(), mesh.rank()) : "";
   TrainReport report;
   report.first_step = done + 1;
+  report.memory_estimate = memory;
   const int64_t last_step = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
   for (int64_t step = done + 1; step <= last_step; ++step) {
     const auto t0 = Clock::now();
@@ -340,6 +346,8 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     const double lr = schedule.at(step - 1);
     update->set_lr(lr);
     update->zero_grad();
+    report.held_bytes = MemoryCounter::current_bytes();
+    update->begin_step();
     doing.set_phase("forward");
     if (o.test.sleep_rank == mesh.rank() && o.test.sleep_step == step)
       std::this_thread::sleep_for(std::chrono::duration<double>(o.test.sleep_seconds));
@@ -399,7 +407,9 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     }
   }
   if (rank0 && !report.steps.empty()) log << summary_table(report.steps);
+  update->gather_weights();
   for (auto& [name, p] : update->weights()) report.parameters.emplace_back(name, p.detach().clone());
+  vlm.decoder().set_layer_hooks(nullptr);  // the update goes before the model
   return report;
 }
 

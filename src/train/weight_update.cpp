@@ -86,20 +86,26 @@ class ReplicatedUpdate : public WeightUpdate {
 
 class ShardedUpdate : public WeightUpdate {
  public:
-  ShardedUpdate(NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
-                const dist::Mesh& mesh)
-      : sharded_(std::move(model_params), master_dtype, options, mesh.world()),
+  ShardedUpdate(ShardLevel level, NamedParams model_params, at::ScalarType master_dtype,
+                const AdamWOptions& options, const dist::Mesh& mesh, std::vector<int> layer_of)
+      : sharded_(std::move(model_params), master_dtype, options, mesh.world(), kDefaultBucketBytes, level,
+                 std::move(layer_of)),
         mixed_(master_dtype != sharded_.model_params().front().second.scalar_type()),
         world_(mesh.world_size()) {}
 
   void load_weights(const model::HfDirectory& dir, const model::CheckpointNaming& naming) override {
     // Into the model, then its shards into the masters: exact when the file's dtype is
     // the model's (Qwen's bf16 releases into a bf16 run), else rounded to the model's.
+    sharded_.gather_all();  // stage 3: memory to load into (the gathered values are overwritten)
     model::load_hf_weights(dir, sharded_.model_params(), naming);
     sharded_.copy_from_model();
+    sharded_.release_gathered();
   }
+  std::shared_ptr<model::LayerHooks> layer_hooks() override { return sharded_.layer_hooks(); }
+  void gather_weights() override { sharded_.gather_all(); }
   void restore(const Checkpoint& checkpoint) override { train::restore(checkpoint, sharded_); }
   void set_lr(double lr) override { sharded_.set_lr(lr); }
+  void begin_step() override { sharded_.gather_step_weights(); }
   void zero_grad() override { sharded_.zero_grad(); }
   double step(double clip_norm, dist::RankActivity& doing) override {
     doing.set_phase("optimizer (sharded)");
@@ -122,6 +128,7 @@ class ShardedUpdate : public WeightUpdate {
       }
     }
     agree_on_success(error, what, mesh);
+    sharded_.gather_all();  // stage 3: the hf/ weights go out whole (rank 0 writes them)
     const int rank = mesh.rank(), world = mesh.world_size();
     model::FileChecksum mine;
     try {
@@ -150,13 +157,17 @@ class ShardedUpdate : public WeightUpdate {
         error = e.what();
       }
     }
+    sharded_.release_gathered();
     agree_on_success(error, what, mesh);
     if (rank == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
   }
   NamedParams weights() const override { return sharded_.model_params(); }
   std::string describe() const override {
-    return std::string(mixed_ ? "fp32 master weights and " : "") + "optimizer state sharded over " +
-           std::to_string(world_) + " ranks";
+    const char* what = sharded_.level() == ShardLevel::parameters ? "optimizer state, gradients and decoder weights"
+                       : sharded_.level() == ShardLevel::gradients  ? "optimizer state and gradients"
+                                                                    : "optimizer state";
+    return std::string(mixed_ ? "fp32 master weights; " : "") + what + " sharded over " + std::to_string(world_) +
+           " ranks";
   }
 
  private:
@@ -167,11 +178,21 @@ class ShardedUpdate : public WeightUpdate {
 
 }  // namespace
 
+std::vector<int> layer_index_of(const NamedParams& params, const std::vector<std::vector<at::Tensor>>& layers) {
+  std::vector<int> out(params.size(), -1);
+  for (size_t layer = 0; layer < layers.size(); ++layer)
+    for (const at::Tensor& t : layers[layer])
+      for (size_t i = 0; i < params.size(); ++i)
+        if (params[i].second.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) out[i] = static_cast<int>(layer);
+  return out;
+}
+
 std::unique_ptr<WeightUpdate> make_weight_update(ShardLevel level, NamedParams model_params,
                                                  at::ScalarType master_dtype, const AdamWOptions& options,
-                                                 const dist::Mesh& mesh) {
-  if (level == ShardLevel::optimizer)
-    return std::make_unique<ShardedUpdate>(std::move(model_params), master_dtype, options, mesh);
+                                                 const dist::Mesh& mesh, std::vector<int> layer_of) {
+  if (level != ShardLevel::none)
+    return std::make_unique<ShardedUpdate>(level, std::move(model_params), master_dtype, options, mesh,
+                                           std::move(layer_of));
   return std::make_unique<ReplicatedUpdate>(std::move(model_params), master_dtype, options, mesh);
 }
 

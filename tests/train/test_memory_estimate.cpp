@@ -89,6 +89,7 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   // bf16 grads, and one 25 MiB bucket of them (13.1M parameters) packed in fp32 and
   // its reduce-scatter buffer.
   in.tokens_per_rank = 64;
+  in.shard_level = ShardLevel::optimizer;
   in.shard_world = 4;
   const MemoryEstimate sharded = estimate_memory(config, shapes, in);
   const int64_t quarter = (P + 3) / 4;
@@ -96,6 +97,28 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(sharded.optimizer, 8 * quarter);
   EXPECT_EQ(sharded.gradients, 2 * P + 2 * 4 * std::min<int64_t>(P, kDefaultBucketBytes / 2));
   EXPECT_EQ(sharded.activations, mixed.activations);
+  // --shard gradients / parameters: whole at once only what lies outside the decoder
+  // layers (model.visual.*, embeddings, norm, head) and one layer.
+  int64_t in_layers = 0, layer0 = 0;
+  for (const auto& [name, shape] : shapes) {
+    if (name.rfind("model.visual.", 0) == 0 || name.find(".layers.") == std::string::npos) continue;
+    int64_t k = 1;
+    for (int64_t d : shape) k *= d;
+    in_layers += k;
+    if (name.find(".layers.0.") != std::string::npos) layer0 += k;
+  }
+  ASSERT_GT(in_layers, 0);
+  ASSERT_EQ(in_layers, layer0 * config.text.num_hidden_layers) << "the tiny decoder's layers are alike";
+  const int64_t whole = P - in_layers + layer0;
+  in.shard_level = ShardLevel::gradients;
+  const MemoryEstimate stage2 = estimate_memory(config, shapes, in);
+  EXPECT_EQ(stage2.gradients, 2 * whole + 2 * 4 * std::min<int64_t>(P, kDefaultBucketBytes / 2));
+  EXPECT_EQ(stage2.parameters, 2 * P);
+  EXPECT_EQ(stage2.optimizer, sharded.optimizer);
+  in.shard_level = ShardLevel::parameters;
+  const MemoryEstimate stage3 = estimate_memory(config, shapes, in);
+  EXPECT_EQ(stage3.parameters, 2 * whole);
+  EXPECT_EQ(stage3.gradients, stage2.gradients);
 }
 
 // Checkpointing keeps each layer's input and one layer's activations; a loss chunk of n

@@ -331,11 +331,18 @@ at::Tensor rank_grad(const at::Tensor& p, int r, size_t i, int t) {
   return seeded_randn(p.sizes(), 1000 * t + 10 * i + r);
 }
 
+// Stages 2 and 3 see p0, p1 as decoder layer 0 and p2, p3 as layer 1 (p4, p5: outside).
+const std::vector<int> kLayerOf = {0, 0, 1, 1, -1, -1};
+
+bool holds_memory(const at::Tensor& p) { return p.storage().nbytes() > 0; }
+
 // 3 steps of ShardedAdamW on P ranks equal 3 steps of the replicated AdamW on the summed
 // gradients, with clipping that bites and decay on the matrices only; each step sends
-// the bytes its formula says.
+// the bytes its formula says. Stages 2 and 3 run the decoder's hooks as a forward and
+// backward through the two layers would: each layer's gradients appear during its
+// backward, and stage 3 holds a layer's weights only between its before and after hooks.
 void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::ScalarType master_dtype,
-                                      double rtol) {
+                                      double rtol, ShardLevel level = ShardLevel::optimizer) {
   const AdamWOptions adamw{0.05, 0.9, 0.95, 1e-8, 0.1};
   const double clip = 1.5;
   // Reference: the replicated path of the trainer (masters, summed grads, clip, AdamW).
@@ -353,17 +360,54 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
   }
   std::vector<NamedParams> got(P);
   std::vector<double> norms(P);
-  std::vector<int64_t> state_bytes(P), step_bytes(P);
+  std::vector<int64_t> state_bytes(P), step_bytes(P), sent(P);
   std::vector<std::shared_ptr<dist::CommStats>> stats;
   run_gloo_ranks(P, [&](int r, dist::GroupPtr world) {
     NamedParams model = odd_params(model_dtype);
-    ShardedAdamW sharded(model, master_dtype, adamw, world, /*bucket_bytes=*/64);
+    ShardedAdamW sharded(model, master_dtype, adamw, world, /*bucket_bytes=*/64, level, kLayerOf);
+    const bool freed = level == ShardLevel::parameters;
+    const std::shared_ptr<model::LayerHooks> hooks = sharded.layer_hooks();
+    EXPECT_EQ(hooks == nullptr, level == ShardLevel::optimizer);
+    auto give_grads = [&](int layer, int t) {
+      for (size_t i = 0; i < model.size(); ++i)
+        if (kLayerOf[i] == layer && !(r == 2 && i == 3))
+          model[i].second.mutable_grad() = rank_grad(model[i].second, r, i, t).to(model_dtype);
+    };
+    auto layer_held = [&](int layer) {
+      for (size_t i = 0; i < model.size(); ++i)
+        if (kLayerOf[i] == layer && holds_memory(model[i].second) != true) return false;
+      return true;
+    };
     for (int t = 0; t < 3; ++t) {
       sharded.zero_grad();
-      for (size_t i = 0; i < model.size(); ++i)
-        if (!(r == 2 && i == 3)) model[i].second.mutable_grad() = rank_grad(model[i].second, r, i, t).to(model_dtype);
+      if (!hooks) {
+        for (int layer : {0, 1, -1}) give_grads(layer, t);
+      } else {
+        for (size_t i = 0; i < model.size(); ++i) EXPECT_EQ(holds_memory(model[i].second), !freed) << "between steps";
+        sharded.gather_step_weights();
+        for (int layer : {0, 1}) {
+          hooks->before_forward(layer);
+          EXPECT_TRUE(layer_held(layer)) << "forward of layer " << layer;
+          hooks->after_forward(layer);
+          EXPECT_EQ(layer_held(layer), !freed) << "after the forward of layer " << layer;
+        }
+        for (int layer : {1, 0}) {
+          hooks->before_backward(layer);
+          EXPECT_TRUE(layer_held(layer)) << "backward of layer " << layer;
+          give_grads(layer, t);
+          hooks->after_backward(layer);
+          for (size_t i = 0; i < model.size(); ++i) {
+            if (kLayerOf[i] == layer) EXPECT_FALSE(model[i].second.grad().defined()) << "reduced and released";
+          }
+        }
+        give_grads(-1, t);
+      }
       norms[r] = sharded.step(clip);
     }
+    const dist::CommSnapshot s = stats[r]->snapshot();
+    sent[r] = s.at(dist::CommKind::reduce_scatter, dist::Pass::forward).bytes +
+              s.at(dist::CommKind::all_gather, dist::Pass::forward).bytes;
+    sharded.gather_all();  // stage 3: the weights to compare (not a step's bytes)
     got[r] = model;
     state_bytes[r] = sharded.state_bytes();
     step_bytes[r] = sharded.step_bytes();
@@ -375,10 +419,7 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
       EXPECT_TRUE(at::allclose(have, want, rtol, rtol)) << "P=" << P << " rank " << r << " " << ref[i].first << "\n"
                                                         << have << "\n" << want;
     }
-    const dist::CommSnapshot s = stats[r]->snapshot();
-    const int64_t sent = s.at(dist::CommKind::reduce_scatter, dist::Pass::forward).bytes +
-                         s.at(dist::CommKind::all_gather, dist::Pass::forward).bytes;
-    EXPECT_EQ(sent, 3 * step_bytes[r]) << "rank " << r;
+    EXPECT_EQ(sent[r], 3 * step_bytes[r]) << "rank " << r;
     // A P-th of the state, plus the padding: fewer than P elements in each of at most
     // 6 buckets.
     const int64_t whole = 3 * kOddElements * static_cast<int64_t>(c10::elementSize(master_dtype));
@@ -391,6 +432,12 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
 
 TEST(ShardedAdamW, EqualsReplicatedAdamWOnTwoThreeAndFourRanks) {
   for (int P : {1, 2, 3, 4}) expect_sharded_equals_replicated(P, at::kDouble, at::kDouble, 1e-12);
+}
+
+TEST(ShardedAdamW, GradientsAndParametersLevelsEqualReplicatedAdamW) {
+  for (ShardLevel level : {ShardLevel::gradients, ShardLevel::parameters})
+    for (int P : {1, 3, 4}) expect_sharded_equals_replicated(P, at::kDouble, at::kDouble, 1e-12, level);
+  expect_sharded_equals_replicated(2, at::kBFloat16, at::kFloat, 1e-2, ShardLevel::parameters);
 }
 
 TEST(ShardedAdamW, Bf16ModelWithFp32ShardedMasters) {
@@ -417,8 +464,11 @@ TEST(ShardedAdamW, NonFiniteGradientNamesTheParameterOnEveryRank) {
 
 TEST(ShardedAdamW, RefusesUnknownLevels) {
   EXPECT_EQ(parse_shard_level("optimizer"), ShardLevel::optimizer);
-  EXPECT_THAT(what([] { parse_shard_level("parameters"); }),
-              HasSubstr("--shard \"parameters\" is unknown; use none or optimizer"));
+  EXPECT_EQ(parse_shard_level("gradients"), ShardLevel::gradients);
+  EXPECT_EQ(parse_shard_level("parameters"), ShardLevel::parameters);
+  EXPECT_THAT(what([] { parse_shard_level("weights"); }),
+              HasSubstr("--shard \"weights\" is unknown; use none, optimizer (ZeRO-1), gradients (ZeRO-2) or "
+                        "parameters (ZeRO-3)"));
 }
 
 }  // namespace

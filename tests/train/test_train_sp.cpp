@@ -392,10 +392,61 @@ TEST(MultiRankTrain, ShardedOptimizerEqualsOneProcess) {
   }
 }
 
-// Saved with --shard optimizer on this world (one optimizer file per rank), the
-// checkpoint resumes on one rank, sharded or not, and on this world unsharded; an
-// unsharded checkpoint resumes sharded. Every continuation equals the uninterrupted
-// sharded run (fp64, rtol 1e-9).
+// --shard gradients and parameters (ZeRO-2/3: gradients reduce-scattered and weights
+// gathered and freed layer by layer, inside the backward) train the model one process
+// trains with none of them (fp64, rtol 1e-9), for each model family, on the widest
+// context mesh with and without recomputed layers (the hooks then wrap the recomputing
+// node), and on a data-parallel mesh. Rank 0 runs the references and compares.
+TEST(MultiRankTrain, ShardedGradientsAndParametersEqualOneProcess) {
+  const int world = test::rank_env().world_size;
+  const bool checker = test::rank_env().rank == 0;
+  const int64_t per_rank = 96;
+  std::ostringstream log;
+  struct Case {
+    const char* file;
+    bool tie;
+    int max_ulysses;  // Qwen3.5: 2 linear-attention key heads
+  };
+  for (const Case& c : {Case{"tiny-qwen2-vl.json", true, 4}, Case{"tiny-qwen3-vl.json", false, 4},
+                        Case{"tiny-llava.json", false, 4}, Case{"tiny-qwen3_5-vl.json", false, 2}}) {
+    const std::string config_path = small_vocab_config(c.file, c.tie);
+    plan::Mesh widest = context_shape(world);
+    if (widest.ulysses > c.max_ulysses) widest = {1, world, 1};
+    if (widest.ulysses == 3) widest = {1, world, 1};
+    for (const plan::Mesh& shape : {widest, plan::Mesh{world, 1, 1}}) {
+      train::TrainReport ref;
+      if (checker) {
+        train::TrainOptions o = tiny_options(per_rank * world);
+        o.model = config_path;
+        o.data_rows = shape.dp;
+        ref = train::train(o, dist::Mesh::solo(), log);
+      }
+      const dist::Mesh mesh = test::make_mesh(shape);
+      for (const char* level : {"gradients", "parameters"}) {
+        for (auto mode : {model::ActivationCheckpointing::none, model::ActivationCheckpointing::all}) {
+          if (shape.dp != 1 && (mode != model::ActivationCheckpointing::none || std::string(level) == "gradients"))
+            continue;  // data parallel: stage 3 alone
+          train::TrainOptions o = tiny_options(per_rank);
+          o.model = config_path;
+          o.shard = level;
+          o.checkpoint_activations = mode;
+          if (mode != model::ActivationCheckpointing::none) o.loss_chunk = 7;
+          const train::TrainReport got = train::train(o, mesh, log);
+          if (checker)
+            expect_same_run(got, ref, 1e-9,
+                            std::string(c.file) + " --shard " + level + " " + shape.str() + " " +
+                                model::to_string(mode));
+        }
+      }
+    }
+    std::filesystem::remove(config_path);
+  }
+}
+
+// Saved with --shard parameters on this world (one optimizer file per rank; the decoder
+// layers gathered to write hf/), the checkpoint resumes on one rank at every shard
+// level, and on this world unsharded; an unsharded checkpoint resumes sharded. Every
+// continuation equals the uninterrupted --shard optimizer run (fp64, rtol 1e-9).
 TEST(MultiRankTrain, ShardedCheckpointsResumeOnAnyWorldEitherWay) {
   const int world = test::rank_env().world_size;
   const dist::Mesh mesh = test::make_mesh(context_shape(world));
@@ -412,7 +463,7 @@ TEST(MultiRankTrain, ShardedCheckpointsResumeOnAnyWorldEitherWay) {
     first.stop_after = 2;
     train::train(first, mesh, log);
   };
-  save_two("optimizer", sharded_dir);
+  save_two("parameters", sharded_dir);  // ZeRO-3 gathers the decoder layers to save hf/
   save_two("none", replicated_dir);
   barrier(mesh);
   const std::string step_dir = sharded_dir + "/step-000002";
@@ -432,7 +483,7 @@ TEST(MultiRankTrain, ShardedCheckpointsResumeOnAnyWorldEitherWay) {
       EXPECT_TRUE(at::allclose(rest.parameters[i].second, want, 1e-9, 1e-12)) << where << " " << whole.parameters[i].first;
     }
   };
-  for (const char* shard : {"none", "optimizer"}) {
+  for (const char* shard : {"none", "optimizer", "parameters"}) {
     train::TrainOptions one = o;
     one.tokens_per_rank = 96 * world;
     one.shard = shard;
@@ -443,9 +494,9 @@ TEST(MultiRankTrain, ShardedCheckpointsResumeOnAnyWorldEitherWay) {
   again.shard = "none";
   again.resume = sharded_dir;
   expect_continues(train::train(again, mesh, log), "this world, --shard none");
-  again.shard = "optimizer";
+  again.shard = "gradients";
   again.resume = replicated_dir;
-  expect_continues(train::train(again, mesh, log), "this world from an unsharded checkpoint");
+  expect_continues(train::train(again, mesh, log), "this world from an unsharded checkpoint, --shard gradients");
   barrier(mesh);
   if (mesh.rank() == 0) {
     std::filesystem::remove_all(sharded_dir);

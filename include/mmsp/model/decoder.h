@@ -14,6 +14,7 @@
 #include "mmsp/attention/context_attention.h"
 #include "mmsp/attention/gated_delta_rule.h"
 #include "mmsp/model/gated_deltanet.h"
+#include "mmsp/model/layer_hooks.h"
 #include "mmsp/model/linear.h"
 #include "mmsp/model/rotary.h"
 #include "mmsp/model/text_config.h"
@@ -108,6 +109,10 @@ class Decoder : public torch::nn::Module {
   const at::Tensor& head_weight() const { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
   // Recompute each layer in the backward instead of keeping its activations.
   void set_recompute_layers(bool on) { recompute_layers_ = on; }
+  // Called around every layer's use (null: none); see layer_hooks.h.
+  void set_layer_hooks(std::shared_ptr<LayerHooks> hooks) { layer_hooks_ = std::move(hooks); }
+  // Each layer's parameters, in layer order (what the hooks of layer i speak of).
+  std::vector<std::vector<at::Tensor>> layer_parameters() const;
   at::Tensor embed(const at::Tensor& token_ids) const { return model->embed_tokens->forward(token_ids); }
 
   const TextConfig& config() const { return config_; }
@@ -117,6 +122,7 @@ class Decoder : public torch::nn::Module {
  private:
   TextConfig config_;
   bool recompute_layers_ = false;
+  std::shared_ptr<LayerHooks> layer_hooks_;
 };
 
 }  // namespace mmsp::model

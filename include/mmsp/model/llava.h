@@ -55,6 +55,7 @@ class LlavaModel : public torch::nn::Module {
                                   const PixelInputs& pixels, const StepGroups& groups, VisionMode mode,
                                   const attention::AttentionOptions& attention = {}) const;
   void set_activation_checkpointing(ActivationCheckpointing mode);
+  Decoder& decoder() const { return *decoder_; }
 
  private:
   at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,

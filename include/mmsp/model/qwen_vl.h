@@ -58,6 +58,7 @@ class QwenVLModel : public torch::nn::Module {
 
   const ModelConfig& config() const { return config_; }
   void set_activation_checkpointing(ActivationCheckpointing mode);
+  Decoder& decoder() const { return *decoder_; }
 
  private:
   at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,

@@ -23,11 +23,15 @@ struct GradBucket {
   std::vector<size_t> params;  // indices into the GradSync's parameter list
   int64_t numel = 0;
   int64_t bytes = 0;           // numel × element size: what one all-reduce carries
+  int unit = -1;               // the unit_of value its parameters share (see make_grad_buckets)
 };
 
 // The buckets GradSync uses (see its constructor): from the parameters' order,
 // dtypes, devices and sizes only, so every rank builds the same ones.
-std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t bucket_bytes);
+// `unit_of` (empty, or one value per parameter) keeps apart what is gathered and reduced
+// at different times (ZeRO-3's decoder layers): a bucket never holds two units.
+std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t bucket_bytes,
+                                          const std::vector<int>& unit_of = {});
 
 // Writes each gradient of `bucket`'s parameters (zeros for an undefined one) into its
 // slice of `flat` ([≥ bucket.numel], any floating dtype: converted on the way), in bucket

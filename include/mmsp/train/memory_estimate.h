@@ -12,6 +12,11 @@
 //   logits       n·V·(b + 12)  (one chunk: compute-dtype logits, fp32 copy, exp,
 //                gradient) + 4·T (per-token log-sum-exp) + 4·V·h under bf16 (the
 //                head weight's gradient summed over chunks in fp32)
+// With --shard over W ranks (N parameters, N_r outside the decoder layers, N_l the
+// largest layer's, buckets of B = 25 MiB):
+//   optimizer   masters + moments 3·m·N/W; gradients N·b + 2·min(N, B/b)·m
+//   gradients   gradients (N_r + N_l)·b + 2·min(N, B/b)·m
+//   parameters  and parameters (N_r + N_l)·b
 // The vision encoder's activations are not counted (small next to the decoder's).
 #pragma once
 
@@ -24,6 +29,7 @@
 
 #include "mmsp/model/config.h"
 #include "mmsp/model/recompute.h"
+#include "mmsp/train/shard_level.h"
 
 namespace mmsp::train {
 
@@ -34,7 +40,8 @@ struct MemoryEstimateInputs {
   int64_t attention_block = 256;              // query/key block of the attention kernel
   int64_t loss_chunk = 0;                     // tokens per chunk of the LM head (0: all T at once)
   model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::none;
-  int shard_world = 1;  // --shard optimizer: masters and moments split over this many ranks
+  ShardLevel shard_level = ShardLevel::none;  // --shard
+  int shard_world = 1;                         // ... over this many ranks
 };
 
 struct MemoryEstimate {

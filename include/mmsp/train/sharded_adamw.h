@@ -1,20 +1,35 @@
-// `--shard optimizer` (ZeRO stage 1): the AdamW state and the master weights split
+// `--shard optimizer|gradients|parameters` (ZeRO stages 1, 2, 3): the AdamW state and
+// the master weights (1), the gradients too (2), and the model's weights too (3) split
 // over every rank of the world instead of held whole by each.
 //
 // Layout: the gradient buckets of GradSync (same order, dtype groups and sizes on every
-// rank), each padded with zeros to a multiple of the world size P and cut into P equal
-// shards; rank r owns elements [r·S, (r+1)·S) of every bucket. Per step:
+// rank; with stages 2 and 3 a bucket never spans two decoder layers), each padded with
+// zeros to a multiple of the world size P and cut into P equal shards; rank r owns
+// elements [r·S, (r+1)·S) of every bucket. Per step:
 //   1. pack the model's gradients into a bucket (converted to the master dtype) and
-//      release them; reduce-scatter the bucket: rank r gets the world sum of its shard;
+//      release them; reduce-scatter the bucket: rank r gets the world sum of its shard.
+//      Stage 1 does this after the backward; stages 2 and 3 do it for a decoder layer's
+//      buckets as soon as the layer's backward is done (layer_hooks()), so at most one
+//      layer's gradients are whole at a time; the rest (vision tower, embeddings, norm,
+//      head) after the backward;
 //   2. the global gradient norm from each rank's Σ g² of its shards (one fp64
 //      all-reduce), clipping as clip_grad_norm does;
 //   3. AdamW on the shards, with torch::optim::AdamW's arithmetic (decoupled decay on
 //      matrices only, as make_adamw's groups);
 //   4. all-gather the updated shards, rounded to the model's dtype, into the model.
-// Memory per rank, for N parameters with model dtype of b bytes and masters of m bytes:
-// model N·b, grads N·b until packed, masters + 2 moments 3·m·N/P (+ padding, < P per
-// bucket). Bytes sent per step: (P−1)/P · N·m (reduce-scatter) + (P−1)/P · N·b
-// (all-gather), against 2 (P−1)/P · N·m for the replicated all-reduce.
+//      Stage 3 instead frees every weight after the step: the weights outside the
+//      decoder layers are all-gathered before the forward (gather_step_weights) and
+//      kept for the step; each decoder layer is all-gathered just before its forward and
+//      freed after it, and all-gathered again before its backward and freed after it.
+// Why not the vision blocks one by one too: a rank without images runs none of them,
+// and a gather that some ranks skip would hang the others.
+// Memory per rank, for N parameters (N_r outside the decoder layers, N_l the largest
+// layer), model dtype of b bytes and masters of m bytes: masters + 2 moments 3·m·N/P
+// (+ padding, < P per bucket); model N·b (stage 3: none between steps, N_r·b + N_l·b
+// during one); grads N·b until packed (stages 2 and 3: N_r·b + N_l·b). Bytes sent per
+// step: (P−1)/P · N·m (reduce-scatter) + (P−1)/P · N·b (all-gather; stage 3: + (P−1)/P
+// · N_layers·b for the backward's gathers), against 2 (P−1)/P · N·m for the
+// replicated all-reduce.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -25,17 +40,13 @@
 #include <vector>
 
 #include "mmsp/dist/group.h"
+#include "mmsp/model/layer_hooks.h"
 #include "mmsp/train/grad_sync.h"
 #include "mmsp/train/named_params.h"
 #include "mmsp/train/optimizer.h"
+#include "mmsp/train/shard_level.h"
 
 namespace mmsp::train {
-
-// What `--shard` splits over the world. (ZeRO 2 and 3, gradients and parameters, are
-// not implemented: see docs/train.md.)
-enum class ShardLevel { none, optimizer };
-ShardLevel parse_shard_level(const std::string& name);  // "none" | "optimizer"
-const char* to_string(ShardLevel level);
 
 // The part of one parameter inside this rank's shard of its bucket (at most one per
 // parameter: a bucket holds its parameters contiguously).
@@ -54,8 +65,13 @@ class ShardedAdamW {
  public:
   // `model_params`: the model's parameters (names unique, tensors distinct). The
   // masters start as this rank's shards of them, converted to master_dtype.
+  // `level` ≥ optimizer. For gradients and parameters, `layer_of` gives each parameter's
+  // decoder layer (−1: none): what layer_hooks() reduces, gathers and frees by layer.
+  // With parameters, the decoder layers' memory is freed here (each parameter must own
+  // its storage); every rank must then run the same decoder layers each step.
   ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
-               dist::GroupPtr world, int64_t bucket_bytes = kDefaultBucketBytes);
+               dist::GroupPtr world, int64_t bucket_bytes = kDefaultBucketBytes,
+               ShardLevel level = ShardLevel::optimizer, std::vector<int> layer_of = {});
 
   void set_lr(double lr);
   // The masters become this rank's shards of the model's weights again (after the
@@ -64,6 +80,17 @@ class ShardedAdamW {
   // The model's gradients are released (undefined); a parameter without a gradient
   // counts as zeros.
   void zero_grad();
+  // Stages 2 and 3: the decoder's hooks (null for stage 1); see the top of this file.
+  std::shared_ptr<model::LayerHooks> layer_hooks();
+  ShardLevel level() const { return level_; }
+  // Stage 3, every rank, before the forward: the weights outside the decoder layers
+  // (vision tower, embeddings, final norm, head) into the model, for the whole step.
+  void gather_step_weights();
+  // Stage 3: every weight into the model (all-gathered where freed), and back. Every
+  // rank calls; between the two the model is whole (to save it, or read it).
+  void gather_all();
+  void release_gathered();
+
   // Steps 1–4 above after the backward; returns the gradient norm before clipping
   // (max_norm ≤ 0 only measures). A non-finite norm is an mmsp::Error on every rank
   // naming the first parameter of this rank's shards with a non-finite gradient;
@@ -85,19 +112,29 @@ class ShardedAdamW {
   void load(int64_t steps_taken, const StateReader& read);
 
   // Bytes of the sharded state this rank holds (masters and both moments, padding
-  // included), and what one step sends (reduce-scatter + all-gather).
+  // included), and what one step sends (reduce-scatter + all-gathers).
   int64_t state_bytes() const;
   int64_t step_bytes() const;
 
  private:
   struct Shard {
-    GradBucket bucket;      // in the model's dtype
+    GradBucket bucket;      // in the model's dtype; bucket.unit: its decoder layer or −1
     int64_t shard = 0;      // elements per rank: padded numel / P
     at::Tensor master, exp_avg, exp_avg_sq;  // [shard], master dtype
     at::Tensor decays;      // [shard] bool: the element's parameter is a matrix
+    at::Tensor grad;        // [shard]: this step's reduced gradient (undefined until reduced)
+    bool resident = true;   // false: stage 3 frees the bucket's weights between uses
+    bool gathered = true;   // its weights are in the model now
   };
+  friend class ShardedLayerHooks;
   at::Tensor pack_grads(const Shard& s);
-  void gather_into_model(const Shard& s);
+  void reduce_bucket(Shard& s);
+  void reduce_layer(int layer);
+  void gather_layer(int layer);
+  void release_layer(int layer);
+  void gather_into_model(Shard& s);
+  void release(Shard& s);
+  void refresh_model(Shard& s);
   double global_norm(const std::vector<at::Tensor>& grads) const;
 
   NamedParams model_;
@@ -106,6 +143,8 @@ class ShardedAdamW {
   at::ScalarType master_dtype_;
   std::vector<Shard> shards_;
   std::vector<ShardPiece> pieces_;
+  std::vector<std::vector<size_t>> layer_buckets_;  // decoder layer → its buckets
+  ShardLevel level_;
   int64_t steps_ = 0;
 };
 

@@ -18,6 +18,7 @@
 #include "mmsp/model/recompute.h"
 #include "mmsp/model/vision_routing.h"
 #include "mmsp/plan/mesh.h"
+#include "mmsp/train/memory_estimate.h"
 #include "mmsp/train/metrics.h"
 
 namespace mmsp::train {
@@ -60,8 +61,9 @@ struct TrainOptions {
   double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip_norm = 1.0;  // ≤ 0: no clipping
   // "none": every rank holds the whole optimizer state; "optimizer": the masters and
-  // AdamW moments split over the world (ZeRO-1, weight_update.h). Any value may resume
-  // a checkpoint saved with any other, on any number of ranks.
+  // AdamW moments split over the world (ZeRO-1, weight_update.h); "gradients": and the
+  // gradients (ZeRO-2); "parameters": and the decoder layers' weights (ZeRO-3). Any
+  // value may resume a checkpoint saved with any other, on any number of ranks.
   std::string shard = "none";
 
   // output
@@ -106,6 +108,11 @@ struct TrainReport {
   int64_t first_step = 1;          // number of the first of them (> 1 after a resume)
   // the parameters at the end, by Hugging Face name (the equivalence tests compare them)
   std::vector<std::pair<std::string, at::Tensor>> parameters;
+  // Memory of this rank: the preflight's estimate, and what was allocated when the last
+  // step's forward began (the training state held between steps, and the step's batch)
+  // by the counting allocator (0 unless installed: MemoryCounter::install()).
+  MemoryEstimate memory_estimate;
+  int64_t held_bytes = 0;
 };
 
 // Checks the options (clear errors, on every rank, before any collective).

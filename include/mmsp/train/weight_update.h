@@ -3,7 +3,8 @@
 // Two ways, chosen by --shard:
 //   none       every rank holds the whole optimizer state: GradSync's bucketed
 //              all-reduce, clip_grad_norm, torch's AdamW over the (fp32 master) weights;
-//   optimizer  ZeRO-1: ShardedAdamW (sharded_adamw.h) over a P-th of it per rank.
+//   optimizer, gradients, parameters
+//              ZeRO-1/2/3: ShardedAdamW (sharded_adamw.h) over a P-th of it per rank.
 // Both take the same flags and give the same training (fp64: equal to round-off).
 #pragma once
 
@@ -13,10 +14,12 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/model/hf_directory.h"
+#include "mmsp/model/layer_hooks.h"
 #include "mmsp/train/checkpoint.h"
 #include "mmsp/train/named_params.h"
 #include "mmsp/train/optimizer.h"
@@ -33,6 +36,8 @@ class WeightUpdate {
   // The weights, optimizer state and RNG of a checkpoint (any world size, either layout).
   virtual void restore(const Checkpoint& checkpoint) = 0;
   virtual void set_lr(double lr) = 0;
+  // Every rank, before the forward (--shard parameters gathers what the step keeps whole).
+  virtual void begin_step() {}
   virtual void zero_grad() = 0;
   // After the backward; returns the gradient norm before clipping (≤ 0: no clipping).
   // `doing` learns the phases (gradient sync, optimizer) for the heartbeat.
@@ -43,15 +48,25 @@ class WeightUpdate {
                     const std::string& config_json, CheckpointOptions options, const dist::Mesh& mesh,
                     std::ostream& log) = 0;
   // The training weights by name (the masters where they are whole; else the model's).
+  // With --shard parameters the decoder layers' memory is empty between uses: call
+  // gather_weights() (every rank) before reading their values.
   virtual NamedParams weights() const = 0;
+  virtual void gather_weights() {}
+  // What the decoder calls around each layer (--shard gradients|parameters), or null.
+  virtual std::shared_ptr<model::LayerHooks> layer_hooks() { return nullptr; }
   // For the start-up line: "fp32 master weights", "optimizer state sharded over 4 ranks".
   virtual std::string describe() const = 0;
 };
 
 // `model_params`: the model's parameters in its compute dtype; master_dtype: the
-// optimizer's (fp32 for a bf16 model: mixed precision).
+// optimizer's (fp32 for a bf16 model: mixed precision); layer_of: each parameter's
+// decoder layer or −1 (layer_index_of), needed by --shard gradients|parameters.
 std::unique_ptr<WeightUpdate> make_weight_update(ShardLevel level, NamedParams model_params,
                                                  at::ScalarType master_dtype, const AdamWOptions& options,
-                                                 const dist::Mesh& mesh);
+                                                 const dist::Mesh& mesh, std::vector<int> layer_of = {});
+
+// For each of `params`, the index of the entry of `layers` (each layer's tensors) that
+// holds it, or −1.
+std::vector<int> layer_index_of(const NamedParams& params, const std::vector<std::vector<at::Tensor>>& layers);
 
 }  // namespace mmsp::train
