@@ -5,6 +5,7 @@
 // `mmsp bench vision` / `mmsp bench step`: peak memory and bytes of the VLM's vision
 // part / whole step in the three vision modes on 1, 2 and 4 ranks (mmsp-run -n 4).
 // `mmsp bench load`: a Hugging Face directory loaded on every rank, against cat.
+// `mmsp bench memory`: a training step's memory per rank under the memory flags.
 #include "bench_command.h"
 
 #include <fstream>
@@ -14,6 +15,7 @@
 #include "attention_bench.h"
 #include "linear_attention_bench.h"
 #include "load_bench.h"
+#include "memory_bench.h"
 #include "vlm_bench.h"
 #include "mmsp/core/check.h"
 
@@ -25,6 +27,7 @@ Subcommand add_bench_command(CLI::App& parent) {
     bench::LinearAttentionBenchOptions linear;
     bench::VlmBenchOptions vlm;
     bench::LoadBenchOptions load;
+    bench::MemoryBenchOptions memory;
     std::string part = "auto";
     std::string out;
   };
@@ -69,12 +72,24 @@ Subcommand add_bench_command(CLI::App& parent) {
   load->add_option("--shards", flags->load.shards, "shard files (hub's plan with max_shard_bytes = bytes / shards)");
   load->add_option("--dir", flags->load.dir, "directory to write (new or empty; kept); default: a temporary one");
   load->add_option("--out", flags->out, "write the JSON here instead of stdout");
-  return {app, [flags, lin, vision, step, load]() {
+  CLI::App* memory = app->add_subcommand(
+      "memory", "a training step's memory per rank under --shard, --checkpoint-activations and --loss-chunk, "
+                "measured next to the preflight's estimate (run under mmsp-run -n 1, 2, 4)");
+  memory->add_option("--model", flags->memory.models, "model configs (repeatable)")->capture_default_str();
+  memory->add_option("--layers", flags->memory.layers, "keep this many decoder layers (0: all)")->capture_default_str();
+  memory->add_option("--tokens-per-rank", flags->memory.tokens_per_rank, "tokens per rank of a step")
+      ->capture_default_str();
+  memory->add_option("--dtype", flags->memory.dtype, "float32 | bfloat16 | float64")->capture_default_str();
+  memory->add_option("--steps", flags->memory.steps, "steps per setting (the last is reported)")->capture_default_str();
+  memory->add_option("--out", flags->out, "write the JSON here instead of stdout");
+  return {app, [flags, lin, vision, step, load, memory]() {
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
             std::string part = flags->part;
             nlohmann::json result;
             if (load->parsed()) {
               result = bench::bench_load(env, flags->load);
+            } else if (memory->parsed()) {
+              result = bench::bench_memory(env, flags->memory);
             } else if (vision->parsed() || step->parsed()) {
               flags->vlm.step = step->parsed();
               result = bench::bench_vlm(env, flags->vlm);

@@ -1,0 +1,122 @@
+// `mmsp bench memory`; see memory_bench.h.
+#include "memory_bench.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "mmsp/core/check.h"
+#include "mmsp/dist/all_gather_v.h"
+#include "mmsp/dist/mesh.h"
+#include "mmsp/train/memory_counter.h"
+#include "mmsp/train/trainer.h"
+
+namespace mmsp::bench {
+namespace {
+
+using nlohmann::json;
+
+// The flags of one row: each adds one memory feature to the row before it.
+struct Setting {
+  const char* shard;
+  model::ActivationCheckpointing checkpointing;
+  bool chunked;
+};
+constexpr Setting kSettings[] = {
+    {"none", model::ActivationCheckpointing::none, false},
+    {"none", model::ActivationCheckpointing::none, true},
+    {"none", model::ActivationCheckpointing::decoder, true},
+    {"optimizer", model::ActivationCheckpointing::decoder, true},
+    {"gradients", model::ActivationCheckpointing::decoder, true},
+    {"parameters", model::ActivationCheckpointing::decoder, true},
+    {"parameters", model::ActivationCheckpointing::all, true},
+};
+
+// `model` with its decoder cut to `layers` layers (a config file rewritten beside the
+// others of this job), or as it is.
+std::string with_layers(const std::string& model, int64_t layers, int rank) {
+  if (layers <= 0 || !std::filesystem::exists(model)) return model;
+  std::ifstream in(model);
+  json config = json::parse(in);
+  json& text = config.contains("text_config") ? config["text_config"] : config;
+  MMSP_CHECK(text.contains("num_hidden_layers"), model, ": no num_hidden_layers to cut to ", layers);
+  text["num_hidden_layers"] = std::min<int64_t>(layers, text["num_hidden_layers"].get<int64_t>());
+  if (text.contains("layer_types")) {
+    json types = json::array();
+    for (int64_t i = 0; i < text["num_hidden_layers"].get<int64_t>(); ++i) types.push_back(text["layer_types"][i]);
+    text["layer_types"] = types;
+  }
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("mmsp-bench-memory-" + std::to_string(rank) + "-" +
+                             std::filesystem::path(model).filename().string()))
+                               .string();
+  std::ofstream(path) << config.dump(2);
+  return path;
+}
+
+// Each rank's value, on every rank.
+std::vector<int64_t> every_rank(int64_t mine, const dist::Mesh& mesh) {
+  at::Tensor all = dist::all_gather_v(at::full({1}, static_cast<double>(mine), at::kDouble),
+                                      std::vector<int64_t>(mesh.world_size(), 1), mesh.world());
+  std::vector<int64_t> out;
+  for (int64_t r = 0; r < all.numel(); ++r) out.push_back(static_cast<int64_t>(all[r].item<double>()));
+  return out;
+}
+
+}  // namespace
+
+json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
+  train::MemoryCounter::install();
+  at::set_num_threads(1);
+  auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
+  dist::MeshOptions mesh_options;
+  mesh_options.timeout = std::chrono::seconds(600);
+  // All ranks in one ring (zigzag): the sequence split world ways.
+  const dist::Mesh mesh = dist::Mesh::create(store, env, plan::Mesh{1, env.world_size, 1}, mesh_options, "memory-bench");
+  json rows = json::array();
+  for (const std::string& model : o.models) {
+    const std::string path = with_layers(model, o.layers, env.rank);
+    for (const Setting& setting : kSettings) {
+      train::TrainOptions t;
+      t.model = path;
+      t.dtype = o.dtype;
+      t.steps = o.steps;
+      t.tokens_per_rank = o.tokens_per_rank;
+      t.shard = setting.shard;
+      t.checkpoint_activations = setting.checkpointing;
+      t.loss_chunk = setting.chunked ? 0 : o.tokens_per_rank;  // 0: the default chunk
+      t.memory_limit_bytes = 0;
+      t.print_steps = false;
+      std::ostringstream log;
+      const train::TrainReport report = train::train(t, mesh, log);
+      const train::StepMetrics& last = report.steps.back();
+      const train::MemoryEstimate& e = report.memory_estimate;
+      json row = {{"model", model},
+                  {"layers", o.layers},
+                  {"ranks", env.world_size},
+                  {"tokens_per_rank", o.tokens_per_rank},
+                  {"dtype", o.dtype},
+                  {"shard", setting.shard},
+                  {"checkpoint_activations", model::to_string(setting.checkpointing)},
+                  {"loss_chunk", setting.chunked ? "default" : "off"},
+                  {"parameters", e.parameter_count},
+                  {"measured",
+                   {{"step_peak_bytes", last.peak_bytes},  // largest of any rank
+                    {"held_bytes_per_rank", every_rank(report.held_bytes, mesh)},
+                    {"step_seconds", last.seconds},
+                    {"sent_bytes", last.comm_bytes}}},
+                  {"estimate", json::object()}};
+      for (const auto& [name, bytes] : e.parts()) row["estimate"][name] = bytes;
+      row["estimate"]["total"] = e.total();
+      row["estimate"]["training_state"] = e.parameters + e.master_weights + e.gradients + e.optimizer;
+      rows.push_back(row);
+    }
+    if (path != model) std::filesystem::remove(path);
+  }
+  return {{"benchmark", "memory"}, {"rows", rows}};
+}
+
+}  // namespace mmsp::bench

@@ -1,0 +1,31 @@
+// `mmsp bench memory`: per-rank memory of a training step under the memory flags
+// (--shard, --checkpoint-activations, --loss-chunk), measured by the counting allocator
+// next to the preflight's analytical breakdown, for each model config given, on the
+// ranks of this job (run it under mmsp-run -n 1, 2 and 4).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mmsp/dist/rank_env.h"
+
+namespace mmsp::bench {
+
+struct MemoryBenchOptions {
+  // Config files (configs/…json, a Hugging Face config.json) or built-in model names.
+  std::vector<std::string> models = {"configs/tiny-qwen2-vl.json", "configs/tiny-qwen3_5-vl.json"};
+  // Keep this many decoder layers of each model (0: all): a released architecture at
+  // the width it has, with fewer layers, where the machine cannot hold all of them.
+  int64_t layers = 0;
+  int64_t tokens_per_rank = 256;
+  std::string dtype = "float32";
+  int64_t steps = 2;  // the last step's figures are reported (the first allocates the optimizer state)
+};
+
+// Every rank calls it; rank 0's result holds the rows.
+nlohmann::json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& options);
+
+}  // namespace mmsp::bench
