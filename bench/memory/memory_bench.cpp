@@ -87,7 +87,7 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
       t.tokens_per_rank = o.tokens_per_rank;
       t.shard = setting.shard;
       t.checkpoint_activations = setting.checkpointing;
-      t.loss_chunk = setting.chunked ? 0 : o.tokens_per_rank;  // 0: the default chunk
+      t.loss_chunk = setting.chunked ? o.loss_chunk : o.tokens_per_rank;  // unchunked: one chunk of all T
       t.memory_limit_bytes = 0;
       t.print_steps = false;
       std::ostringstream log;
@@ -101,7 +101,7 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
                   {"dtype", o.dtype},
                   {"shard", setting.shard},
                   {"checkpoint_activations", model::to_string(setting.checkpointing)},
-                  {"loss_chunk", setting.chunked ? "default" : "off"},
+                  {"loss_chunk", setting.chunked ? (o.loss_chunk > 0 ? std::to_string(o.loss_chunk) : "default") : "off"},
                   {"parameters", e.parameter_count},
                   {"measured",
                    {{"step_peak_bytes", last.peak_bytes},  // largest of any rank

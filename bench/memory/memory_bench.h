@@ -21,6 +21,7 @@ struct MemoryBenchOptions {
   // the width it has, with fewer layers, where the machine cannot hold all of them.
   int64_t layers = 0;
   int64_t tokens_per_rank = 256;
+  int64_t loss_chunk = 0;  // tokens per chunk in the chunked rows (0: the trainer's default, ≤ 256 MiB of logits)
   std::string dtype = "float32";
   int64_t steps = 2;  // the last step's figures are reported (the first allocates the optimizer state)
 };

@@ -79,6 +79,8 @@ Subcommand add_bench_command(CLI::App& parent) {
   memory->add_option("--layers", flags->memory.layers, "keep this many decoder layers (0: all)")->capture_default_str();
   memory->add_option("--tokens-per-rank", flags->memory.tokens_per_rank, "tokens per rank of a step")
       ->capture_default_str();
+  memory->add_option("--loss-chunk", flags->memory.loss_chunk, "tokens per chunk in the chunked rows (0: default)")
+      ->capture_default_str();
   memory->add_option("--dtype", flags->memory.dtype, "float32 | bfloat16 | float64")->capture_default_str();
   memory->add_option("--steps", flags->memory.steps, "steps per setting (the last is reported)")->capture_default_str();
   memory->add_option("--out", flags->out, "write the JSON here instead of stdout");
