@@ -7,7 +7,8 @@
 #     mismatched model directory, or a model too big for the memory limit, ends with
 #     exit 2 on every rank before anything is written;
 #  4. --shard optimizer: saved on 4 ranks (one optimizer file per rank), resumed on 3
-#     and on 2 ranks, the continued losses equal the uninterrupted 4-rank run's.
+#     ranks with --shard parameters and on 2 with --shard gradients, the continued
+#     losses equal the uninterrupted 4-rank run's.
 # Usage: train_cli.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1
@@ -151,6 +152,8 @@ expect_exit2 memory_limit "allows 1.00 MiB" "${short[@]}" --memory-limit 1MiB
 # --- 4. sharded optimizer state: resume on another number of ranks ------------------
 # 384 tokens a step: 96 per rank on 4, 128 on 3, 192 on 2 (the same batches).
 zero=(train --steps 4 --dtype float64 --warmup 1 --attention-block 32 --quiet --shard optimizer)
+# The resumes run at the other levels (ZeRO-3 on 3 ranks, ZeRO-2 on 2): one checkpoint format.
+resume_level=([3]=parameters [2]=gradients)
 $build/mmsp-run -n 4 -- $mmsp "${zero[@]}" --tokens-per-rank 96 --ring 2 --out "$work/zero-whole" \
   > "$work/zero-whole.log" 2>&1 || fail "4-rank sharded run: $(tail -5 "$work/zero-whole.log")"
 $build/mmsp-run -n 4 -- $mmsp "${zero[@]}" --tokens-per-rank 96 --ring 2 --stop-after 2 --out "$work/zero-split" \
@@ -161,7 +164,8 @@ grep -q "optimizer/rank-00003-of-00004.safetensors" "$work/zero-split/step-00000
   || fail "checksums.json does not cover the optimizer shards"
 for n in 3 2; do
   mesh=$([ $n = 3 ] && echo "--ring 3" || echo "--ulysses 2")
-  $build/mmsp-run -n $n -- $mmsp "${zero[@]}" --tokens-per-rank $((384 / n)) $mesh --resume "$work/zero-split" \
+  $build/mmsp-run -n $n -- $mmsp "${zero[@]/optimizer/${resume_level[$n]}}" --tokens-per-rank $((384 / n)) $mesh \
+    --resume "$work/zero-split" \
     --out "$work/zero-$n" > "$work/zero-$n.log" 2>&1 || fail "resume on $n ranks: $(tail -5 "$work/zero-$n.log")"
   $mmsp compare-losses "$work/zero-whole/metrics.jsonl" "$work/zero-$n/metrics.jsonl" > "$work/zero-cmp-$n.log" 2>&1
   awk '/largest relative difference/ { for (i = 1; i < NF; ++i) if ($i == "difference") d = $(i + 1); exit !(d + 0 < 1e-9) }' \
