@@ -75,6 +75,22 @@ json bench_attention_kernel(const AttentionBenchOptions& o) {
                                                                    layout, layout, ao));
     set_flops(st, bwd_flops);
   }));
+  // The same with the kernel's plan (block schedule, masks) made once, as a step does:
+  // the difference is what planning once per step saves per call; plan_kernel what it costs.
+  const attention::KernelPlanPtr plan = attention::plan_kernel(layout, layout, ao, q.device());
+  registered.push_back(benchmark::RegisterBenchmark("mmsp_forward_planned", [&](benchmark::State& st) {
+    for (auto _ : st) benchmark::DoNotOptimize(attention::local_attention_forward(q, k, v, *plan));
+    set_flops(st, fwd_flops);
+  }));
+  registered.push_back(benchmark::RegisterBenchmark("mmsp_backward_planned", [&](benchmark::State& st) {
+    for (auto _ : st)
+      benchmark::DoNotOptimize(attention::local_attention_backward(dout, q, k, v, fwd.out, fwd.lse, *plan));
+    set_flops(st, bwd_flops);
+  }));
+  registered.push_back(benchmark::RegisterBenchmark("plan_kernel", [&](benchmark::State& st) {
+    for (auto _ : st) benchmark::DoNotOptimize(attention::plan_kernel(layout, layout, ao, q.device()));
+    set_flops(st, fwd_flops);  // the rate of the forward it plans: its time = fwd_flops / rate
+  }));
   registered.push_back(benchmark::RegisterBenchmark("naive_forward", [&](benchmark::State& st) {
     for (auto _ : st) benchmark::DoNotOptimize(attention::naive_attention(q, k, v, layout, layout, true));
     set_flops(st, fwd_flops);
@@ -108,7 +124,10 @@ json bench_attention_kernel(const AttentionBenchOptions& o) {
           {"forward_vs_mm", g["mmsp_forward"] / g["mm_2048"]},
           {"backward_vs_mm", g["mmsp_backward"] / g["mm_2048"]},
           {"forward_vs_naive", g["mmsp_forward"] / g["naive_forward"]},
-          {"backward_vs_naive", g["mmsp_backward"] / g["naive_backward"]}};
+          {"backward_vs_naive", g["mmsp_backward"] / g["naive_backward"]},
+          {"forward_planned_vs_unplanned", g["mmsp_forward_planned"] / g["mmsp_forward"]},
+          {"backward_planned_vs_unplanned", g["mmsp_backward_planned"] / g["mmsp_backward"]},
+          {"plan_seconds", fwd_flops / (g["plan_kernel"] * 1e9)}};
 }
 
 json bench_attention_balance(const AttentionBenchOptions& o) {

@@ -8,10 +8,10 @@
 
 #include <chrono>
 
-#include "gated_delta_reference.h"
+#include "mmsp/attention/gated_delta_recurrence.h"
 #include "mmsp/attention/gated_delta_ring.h"
 #include "mmsp/attention/gated_delta_rule.h"
-#include "mmsp/attention/gated_deltanet_layer.h"
+#include "mmsp/model/gated_deltanet_layer.h"
 #include "mmsp/core/check.h"
 #include "mmsp/attention/plan_layout.h"
 #include "mmsp/dist/mesh.h"
@@ -33,8 +33,8 @@ double seconds_of(F&& f, int repeats) {
   return best;
 }
 
-attention::GatedDeltaNetConfig config_of(const LinearAttentionBenchOptions& o) {
-  attention::GatedDeltaNetConfig c;
+model::GatedDeltaNetConfig config_of(const LinearAttentionBenchOptions& o) {
+  model::GatedDeltaNetConfig c;
   c.hidden_size = o.hidden;
   c.num_key_heads = o.key_heads;
   c.num_value_heads = o.value_heads;
@@ -44,8 +44,8 @@ attention::GatedDeltaNetConfig config_of(const LinearAttentionBenchOptions& o) {
 }
 
 // Qwen3-Next-80B-A3B's linear-attention sizes (config.json), for the formula column.
-attention::GatedDeltaNetConfig qwen3_next_config() {
-  attention::GatedDeltaNetConfig c;
+model::GatedDeltaNetConfig qwen3_next_config() {
+  model::GatedDeltaNetConfig c;
   c.hidden_size = 2048;
   c.num_key_heads = 16;
   c.num_value_heads = 32;
@@ -60,9 +60,9 @@ std::vector<TokenLayout> zigzag_shares(int64_t T, int R, int U) {
 }
 
 // Forward bytes per layer of this rank: {ulysses all-to-alls, ring all-gathers}.
-std::pair<int64_t, int64_t> forward_formula(const attention::GatedDeltaNetConfig& c, int64_t T, int R, int U,
+std::pair<int64_t, int64_t> forward_formula(const model::GatedDeltaNetConfig& c, int64_t T, int R, int U,
                                             int64_t act_bytes, int64_t state_bytes, int64_t max_runs) {
-  const int64_t a2a = attention::gated_delta_ulysses_bytes(c, T / (R * U), U, act_bytes);
+  const int64_t a2a = model::gated_delta_ulysses_bytes(c, T / (R * U), U, act_bytes);
   const int64_t ring =
       attention::gated_delta_ring_conv_bytes(R, max_runs, c.conv_kernel, c.conv_dim() / U, act_bytes) +
       attention::gated_delta_ring_state_bytes(R, max_runs, c.num_value_heads / U, c.key_head_dim,
@@ -88,7 +88,7 @@ json bench_linear_attention_kernel(const LinearAttentionBenchOptions& o) {
     at::Tensor out;
     const double chunked = seconds_of([&] { out = attention::gated_delta_rule(q, k, v, g, beta, runs).out; }, 3);
     at::Tensor ref;
-    const double recurrent = seconds_of([&] { ref = test::gated_delta_recurrence(q, k, v, g, beta, layout); }, 1);
+    const double recurrent = seconds_of([&] { ref = attention::gated_delta_recurrence(q, k, v, g, beta, layout); }, 1);
     const double diff = (out - ref).abs().max().item<double>() / (1 + ref.abs().max().item<double>());
     rows.push_back({{"dtype", type == at::kFloat ? "float32" : "float64"}, {"tokens", T}, {"heads", H},
                     {"key_dim", K}, {"value_dim", V}, {"chunk", attention::kGatedDeltaChunk},
@@ -102,7 +102,7 @@ json bench_linear_attention_kernel(const LinearAttentionBenchOptions& o) {
 json bench_linear_attention_comm(const dist::RankEnv& env, const LinearAttentionBenchOptions& o) {
   at::set_num_threads(o.threads);
   auto store = dist::Mesh::open_store(env, std::chrono::seconds(300));
-  const attention::GatedDeltaNetConfig c = config_of(o), big = qwen3_next_config();
+  const model::GatedDeltaNetConfig c = config_of(o), big = qwen3_next_config();
   json rows = json::array();
   int mesh_index = 0;
   for (const plan::Mesh& shape : plan::all_meshes(env.world_size)) {
@@ -112,7 +112,7 @@ json bench_linear_attention_comm(const dist::RankEnv& env, const LinearAttention
     dist::MeshOptions mo;
     mo.timeout = std::chrono::seconds(600);
     dist::Mesh mesh = dist::Mesh::create(store, env, shape, mo, "bench-gdn-" + std::to_string(mesh_index++));
-    const attention::GatedDeltaNetWeights w = attention::GatedDeltaNetWeights::random(c, at::kFloat, 1);
+    const model::GatedDeltaNetWeights w = model::GatedDeltaNetWeights::random(c, at::kFloat, 1);
     for (int64_t T : o.tokens) {
       MMSP_CHECK(T % (2 * S) == 0, "--tokens ", T, " must divide by 2 × ring × ulysses = ", 2 * S);
       const std::vector<TokenLayout> shares = zigzag_shares(T, R, U);
@@ -121,7 +121,7 @@ json bench_linear_attention_comm(const dist::RankEnv& env, const LinearAttention
       at::Tensor x = at::randn({T / S, c.hidden_size}).requires_grad_();
       const dist::CommSnapshot before = mesh.stats().snapshot();
       const auto t0 = std::chrono::steady_clock::now();
-      at::Tensor out = attention::gated_deltanet_forward(w, c, x, {{mesh.ring(), mesh.ulysses()}, shares});
+      at::Tensor out = model::gated_deltanet_forward(w, c, x, {{mesh.ring(), mesh.ulysses()}, shares});
       out.sum().backward();
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const dist::CommSnapshot d = mesh.stats().snapshot() - before;

@@ -89,7 +89,7 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
       t.checkpoint_activations = setting.checkpointing;
       t.loss_chunk = setting.chunked ? o.loss_chunk : o.tokens_per_rank;  // unchunked: one chunk of all T
       t.memory_limit_bytes = 0;
-      t.print_steps = false;
+      t.quiet = true;
       std::ostringstream log;
       const train::TrainReport report = train::train(t, mesh, log);
       const train::StepMetrics& last = report.steps.back();

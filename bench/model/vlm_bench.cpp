@@ -2,13 +2,18 @@
 #include "vlm_bench.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+
+#include <chrono>
 
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/model/qwen_vl.h"
-#include "mmsp/model/rank_inputs.h"
+#include "mmsp/train/causal_lm_loss.h"
 #include "mmsp/train/memory_counter.h"
+#include "mmsp/train/dataset.h"
+#include "mmsp/train/step_pixels.h"
 
 namespace mmsp::bench {
 namespace {
@@ -44,6 +49,26 @@ plan::Batch bench_batch(const VlmBenchOptions& o) {
   return batch;
 }
 
+// The batch as a dataset: each image's pixels drawn from its own seed, as a decoder
+// would make them, so a rank loads only the images it encodes (train::load_pixels).
+class BenchImages : public train::Dataset {
+ public:
+  BenchImages(plan::Batch batch, int64_t patch_dim) : batch_(std::move(batch)), patch_dim_(patch_dim) {}
+  int64_t size() const override { return static_cast<int64_t>(batch_.sequences.size()); }
+  plan::Sequence sequence(int64_t index) const override { return batch_.sequences.at(index); }
+  at::Tensor image_pixels(int64_t index, int64_t image) const override {
+    const plan::Grid& g = batch_.sequences.at(index).image_grid_thw.at(image);
+    at::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(7 + index));
+    return at::randn({g[0] * g[1] * g[2], patch_dim_}, gen, at::kFloat);
+  }
+  at::Tensor video_pixels(int64_t, int64_t) const override { return {}; }
+  std::string describe() const override { return "bench images"; }
+
+ private:
+  plan::Batch batch_;
+  int64_t patch_dim_;
+};
+
 }  // namespace
 
 json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
@@ -51,9 +76,9 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
   at::set_num_threads(1);
   const model::ModelConfig config = bench_config();
   const plan::Batch batch = bench_batch(o);
-  const int64_t patch_dim = 3 * 2 * 14 * 14;
-  at::manual_seed(7);
-  const model::PixelInputs pixels{at::randn({o.images * o.image_side * o.image_side, patch_dim}), {}};
+  const BenchImages images(batch, 3 * 2 * 14 * 14);
+  std::vector<int64_t> samples(batch.sequences.size());
+  for (size_t i = 0; i < samples.size(); ++i) samples[i] = static_cast<int64_t>(i);
   at::manual_seed(42);
   model::QwenVLModel vlm(config);
   auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
@@ -79,28 +104,35 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
       const dist::CommSnapshot before = mesh.stats().snapshot();
       train::MemoryCounter::reset_peak();
       const int64_t base = train::MemoryCounter::current_bytes();
+      const auto start = std::chrono::steady_clock::now();
+      // This rank's pixels, as the trainer loads them: the items it encodes.
+      const model::PixelInputs pixels = train::load_pixels(images, samples, batch, config,
+                                                           train::pixels_encoded_here(plan, mode), at::kFloat);
       if (o.step) {
         auto out = vlm.forward(batch, plan, pixels, groups, mode);
-        model::causal_lm_loss(out.logits(), out.labels, out.label_count).backward();
+        train::causal_lm_loss(out.logits(), out.labels, out.label_count).backward();
       } else {
         vlm.vision_rows(plan, pixels, groups, mode).sum().backward();
       }
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       const int64_t peak = train::MemoryCounter::peak_bytes() - base;
       const dist::CommSnapshot d = mesh.stats().snapshot() - before;
       int64_t vision_bytes = 0;
       for (auto kind : {dist::CommKind::all_to_all_v, dist::CommKind::all_gather_v})
         for (auto pass : {dist::Pass::forward, dist::Pass::backward}) vision_bytes += d.at(kind, pass).bytes;
       // Every rank's figures, to report the largest.
-      at::Tensor mine = at::tensor({peak, vision_bytes, d.total_bytes()}, at::kLong).view({1, 3});
+      at::Tensor mine = at::tensor({static_cast<double>(peak), static_cast<double>(vision_bytes),
+                                    static_cast<double>(d.total_bytes()), seconds}, at::kDouble).view({1, 4});
       at::Tensor all = dist::all_gather_v(mine, std::vector<int64_t>(env.world_size, 1), mesh.world());
       at::Tensor max = std::get<0>(all.max(0));
-      at::Tensor mean = all.to(at::kDouble).mean(0);
+      at::Tensor mean = all.mean(0);
       rows.push_back({{"context_ranks", c}, {"ring", shape.ring}, {"ulysses", shape.ulysses},
                       {"mode", model::to_string(mode)},
-                      {"peak_bytes_max_rank", max[0].item<int64_t>()},
-                      {"vision_bytes_max_rank", max[1].item<int64_t>()},
+                      {"peak_bytes_max_rank", static_cast<int64_t>(max[0].item<double>())},
+                      {"vision_bytes_max_rank", static_cast<int64_t>(max[1].item<double>())},
                       {"vision_bytes_mean_rank", mean[1].item<double>()},
-                      {"all_bytes_max_rank", max[2].item<int64_t>()}});
+                      {"all_bytes_max_rank", static_cast<int64_t>(max[2].item<double>())},
+                      {"seconds_max_rank", max[3].item<double>()}});
     }
   }
   json result = {{"part", o.step ? "step" : "vision"}, {"images", o.images},

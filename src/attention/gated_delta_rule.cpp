@@ -81,12 +81,9 @@ at::Tensor to_chunks(const at::Tensor& x, const ChunkPlan& plan, int64_t C) {
   return rows.reshape(shape).transpose(1, 2);
 }
 
-}  // namespace
-
-GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& g, const at::Tensor& beta,
-                                  const std::vector<TokenRun>& runs, const at::Tensor& initial,
-                                  const GatedDeltaOptions& options) {
+// Shapes of the rule's inputs (names the bad value).
+void check_rule_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                       const at::Tensor& beta, int64_t n_runs, const at::Tensor& initial) {
   MMSP_CHECK(q.dim() == 3 && k.sizes() == q.sizes(), "gated_delta_rule: q and k must be [T, H, K], got ",
              q.sizes(), " and ", k.sizes());
   const int64_t T = q.size(0), H = q.size(1), K = q.size(2);
@@ -96,41 +93,46 @@ GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, cons
   MMSP_CHECK(g.sizes() == at::IntArrayRef({T, H}) && beta.sizes() == g.sizes(),
              "gated_delta_rule: g and beta must be [T, H] = [", T, ", ", H, "], got ", g.sizes(), " and ",
              beta.sizes());
-  const int64_t n_runs = static_cast<int64_t>(runs.size());
   MMSP_CHECK(!initial.defined() || initial.sizes() == at::IntArrayRef({n_runs, H, K, V}),
              "gated_delta_rule: initial state must be [runs, H, K, V] = [", n_runs, ", ", H, ", ", K, ", ", V,
              "], got ", initial.sizes());
-  const int64_t C = options.chunk;
-  const at::ScalarType in_type = q.scalar_type();
-  const at::ScalarType type = c10::elementSize(in_type) < 4 ? at::kFloat : in_type;
-  auto opts = q.options().dtype(type);
+}
 
+// No runs: nothing to compute, but the results stay in the inputs' graph (with zero
+// weight): the backward collectives upstream must run on this rank as on every other.
+GatedDeltaResult result_without_runs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& g, const at::Tensor& beta, at::ScalarType type) {
+  const int64_t T = q.size(0), H = q.size(1), K = q.size(2), V = v.size(2);
+  const auto opts = q.options().dtype(type);
+  const at::Tensor anchor = (q.sum() + k.sum() + v.sum() + g.sum() + beta.sum()).to(type) * 0;
   GatedDeltaResult result;
-  result.out = at::zeros({T, H, V}, opts.dtype(in_type));
-  if (n_runs == 0) {
-    // Nothing to compute, but the results stay in the inputs' graph (with zero weight):
-    // the backward collectives upstream must run on this rank as on every other.
-    at::Tensor anchor = (q.sum() + k.sum() + v.sum() + g.sum() + beta.sum()).to(type) * 0;
-    result.out = result.out + anchor.to(in_type);
-    result.final = at::zeros({0, H, K, V}, opts) + anchor;
-    result.transition = at::zeros({0, H, K, K}, opts) + anchor;
-    result.q_eff = at::zeros({T, H, K}, opts) + anchor;
-    return result;
-  }
-  const ChunkPlan plan = plan_chunks(runs, T, C);
-  const int64_t N = plan.chunks;
-  // [N, H, C, ·]
-  at::Tensor Q = to_chunks(q.to(type), plan, C) * (1.0 / std::sqrt(static_cast<double>(K)));
-  at::Tensor Kc = to_chunks(k.to(type), plan, C);
-  at::Tensor Vc = to_chunks(v.to(type), plan, C);
-  at::Tensor Gc = to_chunks(g.to(type), plan, C).cumsum(-1);  // [N, H, C]
-  at::Tensor Bc = to_chunks(beta.to(type), plan, C);          // [N, H, C]
+  result.out = at::zeros({T, H, V}, q.options()) + anchor.to(q.scalar_type());
+  result.final = at::zeros({0, H, K, V}, opts) + anchor;
+  result.transition = at::zeros({0, H, K, K}, opts) + anchor;
+  result.q_eff = at::zeros({T, H, K}, opts) + anchor;
+  return result;
+}
 
-  // Within each chunk, all chunks at once; in groups of chunks so that the [·, H, C, C]
-  // intermediates stay cache-sized (one pass over 64k tokens would not).
-  at::Tensor incl = at::ones({C, C}, opts.dtype(at::kBool)).tril();  // i <= t
-  at::Tensor strict = at::ones({C, C}, opts.dtype(at::kBool)).tril(-1);
-  at::Tensor eye_c = at::eye(C, opts), eye_k = at::eye(K, opts);
+// What each chunk contributes on its own, every chunk at once: its outputs from inside
+// the chunk, the map from its start state to its outputs (Q'), and its state update
+// S_end = D S_start + B.
+struct ChunkTerms {
+  at::Tensor o_intra;  // [N, H, C, V]
+  at::Tensor q_state;  // Q' [N, H, C, K]
+  at::Tensor B;        // [N, H, K, V]
+  at::Tensor D;        // [N, H, K, K]
+};
+
+// Q, Kc, Vc [N, H, C, ·] (Q scaled), Gc [N, H, C] cumulated, Bc [N, H, C]. In groups of
+// chunks so that the [·, H, C, C] intermediates stay cache-sized (one pass over 64k
+// tokens would not).
+ChunkTerms intra_chunk_terms(const at::Tensor& Q, const at::Tensor& Kc, const at::Tensor& Vc, const at::Tensor& Gc,
+                             const at::Tensor& Bc) {
+  const int64_t N = Q.size(0), H = Q.size(1), C = Q.size(2), K = Q.size(3), V = Vc.size(3);
+  const auto opts = Q.options();
+  const at::Tensor incl = at::ones({C, C}, opts.dtype(at::kBool)).tril();  // i <= t
+  const at::Tensor strict = at::ones({C, C}, opts.dtype(at::kBool)).tril(-1);
+  const at::Tensor eye_c = at::eye(C, opts), eye_k = at::eye(K, opts);
   std::vector<at::Tensor> o_parts, q_parts, b_parts, d_parts;
   const int64_t group = std::max<int64_t>(1, (int64_t{1} << 18) / (H * C * C));
   for (int64_t c0 = 0; c0 < N; c0 += group) {
@@ -155,45 +157,79 @@ GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, cons
     b_parts.push_back(at::matmul(k_hat_t, Ut));                                        // [n, H, K, V]
     d_parts.push_back(g_last.exp().unsqueeze(-1) * eye_k - at::matmul(k_hat_t, W));   // [n, H, K, K]
   }
-  at::Tensor o_intra = at::cat(o_parts), q_state = at::cat(q_parts);
-  at::Tensor B = at::cat(b_parts), D = at::cat(d_parts);
+  return {at::cat(o_parts), at::cat(q_parts), at::cat(b_parts), at::cat(d_parts)};
+}
 
-  // The chain over chunks. With transitions, the state carries [S | X]: X starts at
-  // I and follows S's homogeneous part, so X at a chunk is the map from the run's
-  // initial state to the chunk's start state.
-  at::Tensor add = options.transitions ? at::cat({B, at::zeros({N, H, K, K}, opts)}, -1) : B;
+// Each chunk's start state and each run's final state, chained over the chunks.
+struct ChunkStates {
+  at::Tensor start;  // [N, H, K, width]
+  at::Tensor final;  // [runs, H, K, width]
+};
+
+// With transitions the state carries [S | X] (width V + K): X starts at I and follows
+// S's homogeneous part, so X at a chunk is the map from the run's initial state to the
+// chunk's start state. Without, width V.
+ChunkStates chain_states(const ChunkTerms& terms, const ChunkPlan& plan, int64_t n_runs, const at::Tensor& initial,
+                         bool transitions) {
+  const int64_t N = terms.B.size(0), H = terms.B.size(1), K = terms.B.size(2), V = terms.B.size(3);
+  const auto opts = terms.B.options();
+  at::Tensor add = transitions ? at::cat({terms.B, at::zeros({N, H, K, K}, opts)}, -1) : terms.B;
   at::Tensor start_x = at::eye(K, opts).expand({H, K, K});
   // unbind once: indexing D[c] in the loop would make autograd write a full-size
   // zero gradient per chunk (quadratic in the chunk count)
-  const std::vector<at::Tensor> Ds = D.unbind(0), adds = add.unbind(0);
+  const std::vector<at::Tensor> Ds = terms.D.unbind(0), adds = add.unbind(0);
   std::vector<at::Tensor> starts, finals(n_runs);
   at::Tensor state;
   for (int64_t c = 0; c < N; ++c) {
     const int64_t r = plan.chunk_run[c];
     if (plan.run_start[c]) {
-      at::Tensor s0 = initial.defined() ? initial[r].to(type) : at::zeros({H, K, V}, opts);
-      state = options.transitions ? at::cat({s0, start_x}, -1) : s0;
+      at::Tensor s0 = initial.defined() ? initial[r].to(opts.dtype()) : at::zeros({H, K, V}, opts);
+      state = transitions ? at::cat({s0, start_x}, -1) : s0;
     }
     starts.push_back(state);
     state = at::matmul(Ds[c], state) + adds[c];
     if (c + 1 == N || plan.run_start[c + 1]) finals[r] = state;
   }
-  at::Tensor start = at::stack(starts);                       // [N, H, K, width]
-  at::Tensor O = o_intra + at::matmul(q_state, start.narrow(-1, 0, V));  // [N, H, C, V]
-  at::Tensor fin = at::stack(finals);                         // [n_runs, H, K, width]
-  result.final = fin.narrow(-1, 0, V);
+  return {at::stack(starts), at::stack(finals)};
+}
 
-  // Back from chunk slots to tokens: slot s of the flattened chunks holds token slot_token[s].
-  auto from_chunks = [&](const at::Tensor& x, int64_t width_out) {
-    at::Tensor rows = x.transpose(1, 2).reshape({N * C, H, width_out});
-    rows = at::cat({rows, at::zeros({1, H, width_out}, rows.options())}, 0);
-    return rows.index_select(0, plan.token_slot.to(rows.device()));
-  };
-  result.out = from_chunks(O, V).to(in_type);
+// x [N, H, C, width] back from chunk slots to tokens [T, H, width]: slot s of the
+// flattened chunks holds token slot_token[s]; padding slots are dropped.
+at::Tensor from_chunks(const at::Tensor& x, const ChunkPlan& plan) {
+  const int64_t N = x.size(0), H = x.size(1), C = x.size(2), width = x.size(3);
+  at::Tensor rows = x.transpose(1, 2).reshape({N * C, H, width});
+  rows = at::cat({rows, at::zeros({1, H, width}, rows.options())}, 0);
+  return rows.index_select(0, plan.token_slot.to(rows.device()));
+}
+
+}  // namespace
+
+GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& g, const at::Tensor& beta,
+                                  const std::vector<TokenRun>& runs, const at::Tensor& initial,
+                                  const GatedDeltaOptions& options) {
+  const int64_t n_runs = static_cast<int64_t>(runs.size());
+  check_rule_inputs(q, k, v, g, beta, n_runs, initial);
+  const int64_t T = q.size(0), K = q.size(2), V = v.size(2), C = options.chunk;
+  const at::ScalarType in_type = q.scalar_type();
+  const at::ScalarType type = c10::elementSize(in_type) < 4 ? at::kFloat : in_type;
+  if (n_runs == 0) return result_without_runs(q, k, v, g, beta, type);
+
+  const ChunkPlan plan = plan_chunks(runs, T, C);
+  // [N, H, C, ·]
+  const at::Tensor Q = to_chunks(q.to(type), plan, C) * (1.0 / std::sqrt(static_cast<double>(K)));
+  const at::Tensor Gc = to_chunks(g.to(type), plan, C).cumsum(-1);  // [N, H, C]
+  const ChunkTerms terms = intra_chunk_terms(Q, to_chunks(k.to(type), plan, C), to_chunks(v.to(type), plan, C), Gc,
+                                             to_chunks(beta.to(type), plan, C));
+  const ChunkStates states = chain_states(terms, plan, n_runs, initial, options.transitions);
+
+  GatedDeltaResult result;
+  const at::Tensor O = terms.o_intra + at::matmul(terms.q_state, states.start.narrow(-1, 0, V));  // [N, H, C, V]
+  result.out = from_chunks(O, plan).to(in_type);
+  result.final = states.final.narrow(-1, 0, V);
   if (options.transitions) {
-    result.transition = fin.narrow(-1, V, K);
-    at::Tensor q_eff = at::matmul(q_state, start.narrow(-1, V, K));  // [N, H, C, K]
-    result.q_eff = from_chunks(q_eff, K);
+    result.transition = states.final.narrow(-1, V, K);
+    result.q_eff = from_chunks(at::matmul(terms.q_state, states.start.narrow(-1, V, K)), plan);  // [T, H, K]
   }
   return result;
 }

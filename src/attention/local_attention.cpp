@@ -55,24 +55,42 @@ at::Tensor disallowed_pairs(const TokenLayout& q, const TokenLayout& k, int64_t 
 // attends to something: blocks are its key blocks, masks[b] the disallowed pairs
 // of partial block b (undefined for a full block). Masks are shared by all heads.
 template <typename Fn>
-void for_each_query_block(const TokenLayout& ql, const TokenLayout& kl,
-                          const AttentionOptions& options, const at::Device& device, Fn&& fn) {
-  const BlockSchedule schedule =
-      BlockSchedule::make(ql, kl, options.causal, options.block_q, options.block_k);
-  for (size_t qb = 0; qb < schedule.key_blocks.size(); ++qb) {
-    const std::vector<KeyBlock>& blocks = schedule.key_blocks[qb];
+void for_each_query_block(const KernelPlan& plan, Fn&& fn) {
+  const int64_t block_q = plan.options.block_q;
+  for (size_t qb = 0; qb < plan.schedule.key_blocks.size(); ++qb) {
+    const std::vector<KeyBlock>& blocks = plan.schedule.key_blocks[qb];
     if (blocks.empty()) continue;
-    const int64_t i = static_cast<int64_t>(qb) * options.block_q;
-    const int64_t bq = std::min(options.block_q, ql.size() - i);
-    std::vector<at::Tensor> masks;
-    for (const KeyBlock& kb : blocks)
-      masks.push_back(kb.full ? at::Tensor()
-                              : disallowed_pairs(ql, kl, i, bq, kb, options.causal, device));
-    fn(i, bq, blocks, masks);
+    const int64_t i = static_cast<int64_t>(qb) * block_q;
+    fn(i, std::min(block_q, plan.queries - i), blocks, plan.masks[qb]);
   }
 }
 
+void check_plan_fits(const KernelPlan& plan, const at::Tensor& q, const at::Tensor& k) {
+  MMSP_CHECK(plan.queries == q.size(0) && plan.keys == k.size(0), "local_attention: layouts cover ",
+             plan.queries, " queries and ", plan.keys, " keys, tensors have ", q.size(0), " and ", k.size(0));
+}
+
 }  // namespace
+
+KernelPlanPtr plan_kernel(const TokenLayout& q_layout, const TokenLayout& k_layout,
+                          const AttentionOptions& options, const at::Device& device) {
+  q_layout.check("local_attention (queries)");
+  k_layout.check("local_attention (keys)");
+  auto plan = c10::make_intrusive<KernelPlan>();
+  plan->queries = q_layout.size();
+  plan->keys = k_layout.size();
+  plan->options = options;
+  plan->schedule = BlockSchedule::make(q_layout, k_layout, options.causal, options.block_q, options.block_k);
+  plan->masks.resize(plan->schedule.key_blocks.size());
+  for (size_t qb = 0; qb < plan->schedule.key_blocks.size(); ++qb) {
+    const int64_t i = static_cast<int64_t>(qb) * options.block_q;
+    const int64_t bq = std::min(options.block_q, plan->queries - i);
+    for (const KeyBlock& kb : plan->schedule.key_blocks[qb])
+      plan->masks[qb].push_back(kb.full ? at::Tensor()
+                                        : disallowed_pairs(q_layout, k_layout, i, bq, kb, options.causal, device));
+  }
+  return plan;
+}
 
 at::ScalarType accumulation_type(at::ScalarType type) {
   return type == at::kDouble ? at::kDouble : at::kFloat;
@@ -100,14 +118,16 @@ PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& 
                                          const at::Tensor& v, const TokenLayout& q_layout,
                                          const TokenLayout& k_layout,
                                          const AttentionOptions& options) {
+  check_attention_inputs(q, k, v, "local_attention");
+  return local_attention_forward(q, k, v, *plan_kernel(q_layout, k_layout, options, q.device()));
+}
+
+PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const KernelPlan& plan) {
   PhaseScope timed(Phase::attention);
   check_attention_inputs(q, k, v, "local_attention");
-  q_layout.check("local_attention (queries)");
-  k_layout.check("local_attention (keys)");
-  MMSP_CHECK(q_layout.size() == q.size(0) && k_layout.size() == k.size(0),
-             "local_attention: layouts cover ", q_layout.size(), " queries and ", k_layout.size(),
-             " keys, tensors have ", q.size(0), " and ", k.size(0));
-  const Shapes s = shapes_of(q, k, options);
+  check_plan_fits(plan, q, k);
+  const Shapes s = shapes_of(q, k, plan.options);
   const at::ScalarType acc = accumulation_type(q.scalar_type());
   // [H_kv, Tq, G, D], pre-scaled so the scores need no extra pass
   const at::Tensor qh = group_queries(q, s, acc).mul(s.scale);
@@ -116,9 +136,8 @@ PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& 
   at::Tensor out = at::zeros({s.Hkv, s.Tq, s.G, s.D}, qh.options());
   at::Tensor lse = at::full({s.Hkv, s.Tq, s.G}, -kInf, qh.options());
 
-  for_each_query_block(q_layout, k_layout, options, q.device(),
-                       [&](int64_t i, int64_t bq, const std::vector<KeyBlock>& blocks,
-                           const std::vector<at::Tensor>& masks) {
+  for_each_query_block(plan, [&](int64_t i, int64_t bq, const std::vector<KeyBlock>& blocks,
+                                 const std::vector<at::Tensor>& masks) {
     const int64_t rows = bq * s.G;
     for (int64_t h = 0; h < s.Hkv; ++h) {
       const at::Tensor Q = qh[h].narrow(0, i, bq).view({rows, s.D});
@@ -153,8 +172,16 @@ AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor
                                         const at::Tensor& out, const at::Tensor& lse,
                                         const TokenLayout& q_layout, const TokenLayout& k_layout,
                                         const AttentionOptions& options) {
+  return local_attention_backward(dout, q, k, v, out, lse, *plan_kernel(q_layout, k_layout, options, q.device()));
+}
+
+AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor& q,
+                                        const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& out, const at::Tensor& lse,
+                                        const KernelPlan& plan) {
   PhaseScope timed(Phase::attention);
-  const Shapes s = shapes_of(q, k, options);
+  check_plan_fits(plan, q, k);
+  const Shapes s = shapes_of(q, k, plan.options);
   const at::ScalarType acc = accumulation_type(q.scalar_type());
   const at::Tensor qh = group_queries(q, s, acc).mul(s.scale);  // pre-scaled, as in forward
   const at::Tensor doh = group_queries(dout, s, acc);
@@ -166,9 +193,8 @@ AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor
   const at::Tensor lse_safe = lse_h.masked_fill(lse_h.eq(-kInf), kInf);
   at::Tensor dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
 
-  for_each_query_block(q_layout, k_layout, options, q.device(),
-                       [&](int64_t i, int64_t bq, const std::vector<KeyBlock>& blocks,
-                           const std::vector<at::Tensor>& masks) {
+  for_each_query_block(plan, [&](int64_t i, int64_t bq, const std::vector<KeyBlock>& blocks,
+                                 const std::vector<at::Tensor>& masks) {
     const int64_t rows = bq * s.G;
     for (int64_t h = 0; h < s.Hkv; ++h) {
       const at::Tensor Q = qh[h].narrow(0, i, bq).view({rows, s.D});  // scaled
@@ -207,40 +233,39 @@ void merge_partial(PartialAttention& acc, const PartialAttention& part) {
 
 namespace {
 
+// The backward reads the forward's plan (kept as a capsule), so it plans nothing.
 struct LocalAttentionFunction : torch::autograd::Function<LocalAttentionFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
-                            const at::Tensor& k, const at::Tensor& v, const TokenLayout& ql,
-                            const TokenLayout& kl, const AttentionOptions& options) {
-    PartialAttention r = local_attention_forward(q, k, v, ql, kl, options);
-    ctx->save_for_backward({q, k, v, r.out, r.lse, ql.segment, ql.order, kl.segment, kl.order});
-    ctx->saved_data["causal"] = options.causal;
-    ctx->saved_data["scale"] = options.scale;
-    ctx->saved_data["block_q"] = options.block_q;
-    ctx->saved_data["block_k"] = options.block_k;
+                            const at::Tensor& k, const at::Tensor& v, const KernelPlanPtr& plan) {
+    PartialAttention r = local_attention_forward(q, k, v, *plan);
+    ctx->save_for_backward({q, k, v, r.out, r.lse});
+    ctx->saved_data["plan"] = at::IValue::make_capsule(plan);
     return r.out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    AttentionOptions options;
-    options.causal = ctx->saved_data["causal"].toBool();
-    options.scale = ctx->saved_data["scale"].toDouble();
-    options.block_q = ctx->saved_data["block_q"].toInt();
-    options.block_k = ctx->saved_data["block_k"].toInt();
-    AttentionGrads g = local_attention_backward(grads[0], saved[0], saved[1], saved[2], saved[3],
-                                                saved[4], {saved[5], saved[6]},
-                                                {saved[7], saved[8]}, options);
+    const auto holder = ctx->saved_data["plan"].toCapsule();
+    const auto* plan = dynamic_cast<const KernelPlan*>(holder.get());
+    MMSP_ASSERT(plan != nullptr, "saved capsule is not a KernelPlan");
+    AttentionGrads g = local_attention_backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], *plan);
     const auto type = saved[0].scalar_type();
-    return {g.dq.to(type), g.dk.to(type), g.dv.to(type), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {g.dq.to(type), g.dk.to(type), g.dv.to(type), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const KernelPlanPtr& plan) {
+  return LocalAttentionFunction::apply(q, k, v, plan);
+}
+
+at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const TokenLayout& q_layout, const TokenLayout& k_layout,
                            const AttentionOptions& options) {
-  return LocalAttentionFunction::apply(q, k, v, q_layout, k_layout, options);
+  check_attention_inputs(q, k, v, "local_attention");
+  return local_attention(q, k, v, plan_kernel(q_layout, k_layout, options, q.device()));
 }
 
 }  // namespace mmsp::attention

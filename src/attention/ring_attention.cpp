@@ -17,11 +17,17 @@ namespace {
 using dist::Pass;
 using dist::RingExchange;
 
+const RingKernels& kernels_from(const at::IValue& capsule_value, c10::intrusive_ptr<torch::CustomClassHolder>& holder) {
+  holder = capsule_value.toCapsule();
+  const auto* kernels = dynamic_cast<const RingKernels*>(holder.get());
+  MMSP_ASSERT(kernels != nullptr, "saved capsule is not a RingKernels");
+  return *kernels;
+}
+
 struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v,
-                            const dist::GroupPtr& ring, const std::vector<TokenLayout>& shares,
-                            const AttentionOptions& options) {
+                            const dist::GroupPtr& ring, const c10::intrusive_ptr<RingKernels>& kernels) {
     const int R = ring->size(), r = ring->rank();
     PartialAttention acc;
     std::vector<at::Tensor> kv{k, v};
@@ -32,19 +38,13 @@ struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> 
         next.emplace(ring, 1, Pass::forward);
         next->start(kv);
       }
-      merge_partial(acc, local_attention_forward(q, kv[0], kv[1], shares[r], shares[src], options));
+      merge_partial(acc, local_attention_forward(q, kv[0], kv[1], *kernels->from[src]));
       if (next) kv = next->wait();
     }
     at::Tensor out = acc.out.to(q.scalar_type());
-    std::vector<at::Tensor> layout_tensors;
-    for (const auto& s : shares) layout_tensors.push_back(s.segment), layout_tensors.push_back(s.order);
     ctx->save_for_backward({q, k, v, out, acc.lse});
     ctx->saved_data["group"] = dist::group_to_ivalue(ring);
-    ctx->saved_data["layouts"] = layout_tensors;
-    ctx->saved_data["causal"] = options.causal;
-    ctx->saved_data["scale"] = options.scale;
-    ctx->saved_data["block_q"] = options.block_q;
-    ctx->saved_data["block_k"] = options.block_k;
+    ctx->saved_data["kernels"] = at::IValue::make_capsule(kernels);
     return out;
   }
 
@@ -53,15 +53,8 @@ struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> 
     auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     dist::GroupPtr ring = dist::group_from_ivalue(ctx->saved_data["group"]);
-    const auto layout_tensors = ctx->saved_data["layouts"].toTensorVector();
-    std::vector<TokenLayout> shares;
-    for (size_t i = 0; i < layout_tensors.size(); i += 2)
-      shares.push_back({layout_tensors[i], layout_tensors[i + 1]});
-    AttentionOptions options;
-    options.causal = ctx->saved_data["causal"].toBool();
-    options.scale = ctx->saved_data["scale"].toDouble();
-    options.block_q = ctx->saved_data["block_q"].toInt();
-    options.block_k = ctx->saved_data["block_k"].toInt();
+    c10::intrusive_ptr<torch::CustomClassHolder> holder;
+    const RingKernels& kernels = kernels_from(ctx->saved_data["kernels"], holder);
 
     const int R = ring->size(), r = ring->rank();
     const at::Tensor& dout = grads[0];
@@ -74,8 +67,7 @@ struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> 
         next_kv.emplace(ring, 1, Pass::backward);
         next_kv->start(kv);
       }
-      AttentionGrads g = local_attention_backward(dout, q, kv[0], kv[1], out, lse, shares[r],
-                                                  shares[src], options);
+      AttentionGrads g = local_attention_backward(dout, q, kv[0], kv[1], out, lse, *kernels.from[src]);
       dq = dq.defined() ? dq.add_(g.dq) : g.dq;
       // Add our share to the block's gradient and pass it on; after R hops (the
       // last from rank r − 1 carrying block r) each block's gradient is home.
@@ -91,12 +83,37 @@ struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> 
       if (next_kv) kv = next_kv->wait();
     }
     const auto type = q.scalar_type();
-    return {dq.to(type), dkv[0].to(type), dkv[1].to(type), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    return {dq.to(type), dkv[0].to(type), dkv[1].to(type), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
+
+c10::intrusive_ptr<RingKernels> plan_ring_kernels(const std::vector<TokenLayout>& shares, int ring_rank,
+                                                  const AttentionOptions& options, const at::Device& device) {
+  MMSP_CHECK(ring_rank >= 0 && ring_rank < static_cast<int>(shares.size()), "ring_attention: ring rank ",
+             ring_rank, " has no share among ", shares.size());
+  for (size_t p = 0; p < shares.size(); ++p) {
+    shares[p].check("ring_attention");
+    MMSP_CHECK(shares[p].size() == shares[ring_rank].size(), "ring_attention: ring rank ", p, " holds ",
+               shares[p].size(), " tokens but ring rank ", ring_rank, " holds ", shares[ring_rank].size(),
+               "; every ring rank must hold the same number (pad each segment to 2 × ring)");
+  }
+  auto kernels = c10::make_intrusive<RingKernels>();
+  for (const TokenLayout& keys : shares) kernels->from.push_back(plan_kernel(shares[ring_rank], keys, options, device));
+  return kernels;
+}
+
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const dist::GroupPtr& ring, const c10::intrusive_ptr<RingKernels>& kernels) {
+  check_attention_inputs(q, k, v, "ring_attention");
+  MMSP_CHECK(static_cast<int>(kernels->from.size()) == ring->size(), "ring_attention: ",
+             kernels->from.size(), " share layouts given for a ring of ", ring->size(), " ranks");
+  MMSP_CHECK(kernels->from[0]->queries == q.size(0), "ring_attention: this rank's share holds ",
+             kernels->from[0]->queries, " tokens but this rank has ", q.size(0),
+             "; every ring rank must hold the same number (pad each segment to 2 × ring)");
+  return RingAttentionFunction::apply(q, k, v, ring, kernels);
+}
 
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const dist::GroupPtr& ring, const std::vector<TokenLayout>& shares,
@@ -110,7 +127,7 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                shares[p].size(), " tokens but this rank has ", q.size(0),
                "; every ring rank must hold the same number (pad each segment to 2 × ring)");
   }
-  return RingAttentionFunction::apply(q, k, v, ring, shares, options);
+  return ring_attention(q, k, v, ring, plan_ring_kernels(shares, ring->rank(), options, q.device()));
 }
 
 }  // namespace mmsp::attention

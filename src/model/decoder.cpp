@@ -26,11 +26,15 @@ DecoderContext decoder_context(const RankInputs& in, const TextConfig& text,
                                const plan::ModelConventions& conventions,
                                const attention::ContextGroups& groups,
                                const attention::AttentionOptions& attention, const at::Tensor& like) {
+  bool linear_layers = false;
+  for (int64_t i = 0; i < text.num_hidden_layers; ++i)
+    linear_layers |= text.layer_kind(i) == LayerKind::linear_attention;
+  const std::shared_ptr<const attention::StepAttention> step =
+      attention::plan_step_attention(groups, in.ring_shares, attention, like.device(), linear_layers);
   DecoderContext ctx;
-  ctx.groups = groups;
-  ctx.ring_shares = in.ring_shares;
+  ctx.attend = attention::attention_function(step);
+  ctx.linear = {groups, in.ring_shares, step->linear_runs};
   ctx.rotary = rotary_table(in.positions, rotary_options(text, conventions), like.scalar_type(), like.device());
-  ctx.attention = attention;
   return ctx;
 }
 
@@ -97,15 +101,14 @@ at::Tensor DecoderLayer::attend(const at::Tensor& x, const DecoderContext& ctx) 
   q = rotate(q, ctx.rotary);
   k = rotate(k, ctx.rotary);
   at::Tensor v = self_attn_->v_proj->forward(x).view({L, Hkv, D});
-  at::Tensor attn = attention::context_attention(q, k, v, ctx.groups, ctx.ring_shares, ctx.attention)
-                        .reshape({L, H * D});
+  at::Tensor attn = ctx.attend(q, k, v).reshape({L, H * D});
   if (gate.defined()) attn = attn * at::sigmoid(gate);
   return self_attn_->o_proj->forward(attn);
 }
 
 at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const DecoderContext& ctx) const {
   at::Tensor x = input_layernorm_->forward(hidden);
-  at::Tensor mixed = linear_attn_ ? linear_attn_->forward(x, {ctx.groups, ctx.ring_shares}, ctx.linear_chunk)
+  at::Tensor mixed = linear_attn_ ? linear_attn_->forward(x, ctx.linear, ctx.linear_chunk)
                                   : attend(x, ctx);
   at::Tensor h = hidden + mixed;
   at::Tensor y = post_attention_layernorm_->forward(h);

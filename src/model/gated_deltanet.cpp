@@ -9,8 +9,8 @@
 
 namespace mmsp::model {
 
-attention::GatedDeltaNetConfig gated_deltanet_config(const TextConfig& t, int64_t chunk) {
-  attention::GatedDeltaNetConfig c;
+GatedDeltaNetConfig gated_deltanet_config(const TextConfig& t, int64_t chunk) {
+  GatedDeltaNetConfig c;
   c.hidden_size = t.hidden_size;
   c.num_key_heads = t.linear_num_key_heads;
   c.num_value_heads = t.linear_num_value_heads;
@@ -23,7 +23,7 @@ attention::GatedDeltaNetConfig gated_deltanet_config(const TextConfig& t, int64_
 }
 
 GatedDeltaNet::GatedDeltaNet(const TextConfig& t) : config_(t) {
-  const attention::GatedDeltaNetConfig c = gated_deltanet_config(t);
+  const GatedDeltaNetConfig c = gated_deltanet_config(t);
   c.check();
   const double s = t.initializer_range;
   const int64_t hidden = t.hidden_size, Hv = c.num_value_heads;
@@ -54,8 +54,8 @@ GatedDeltaNet::GatedDeltaNet(const TextConfig& t) : config_(t) {
   out_proj_ = linear("out_proj", hidden, c.value_dim());
 }
 
-attention::GatedDeltaNetWeights GatedDeltaNet::weights() const {
-  attention::GatedDeltaNetWeights w;
+GatedDeltaNetWeights GatedDeltaNet::weights() const {
+  GatedDeltaNetWeights w;
   if (config_.linear_split_projections) {
     const int64_t Hk = config_.linear_num_key_heads, K = config_.linear_key_head_dim;
     const int64_t n = config_.linear_num_value_heads / Hk, V = config_.linear_value_head_dim;
@@ -80,9 +80,9 @@ attention::GatedDeltaNetWeights GatedDeltaNet::weights() const {
   return w;
 }
 
-at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const attention::GatedDeltaContext& context,
+at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const GatedDeltaContext& context,
                                   int64_t chunk) const {
-  return attention::gated_deltanet_forward(weights(), gated_deltanet_config(config_, chunk), x, context);
+  return gated_deltanet_forward(weights(), gated_deltanet_config(config_, chunk), x, context);
 }
 
 }  // namespace mmsp::model

@@ -122,10 +122,10 @@ at::Tensor LlavaModel::encode(const std::vector<plan::VisionItem>& items, const 
   std::vector<int64_t> images;
   for (int64_t i : which) {
     MMSP_CHECK(items.at(i).kind == plan::VisionKind::image, "LLaVA takes images only");
-    images.push_back(items.at(i).batch_index);
+    images.push_back(pixels.first_row(items.at(i), items.at(i).batch_index));
   }
   MMSP_CHECK(pixels.images.defined() && pixels.images.size(0) > *std::max_element(images.begin(), images.end()),
-             "LLaVA needs pixel values for image ", *std::max_element(images.begin(), images.end()));
+             "LLaVA needs pixel values at row ", *std::max_element(images.begin(), images.end()));
   at::Tensor features = tower_->forward(pixels.images.index_select(
       0, at::tensor(at::ArrayRef<int64_t>(images), at::kLong).clone()));  // [n, rows, D]
   at::Tensor rows = linear_2_->forward(activation(config_.llava->projector_hidden_act, linear_1_->forward(features)));

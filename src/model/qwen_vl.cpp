@@ -28,6 +28,15 @@ QwenVLModel::QwenVLModel(const ModelConfig& config) : config_(config) {
   row_width_ = config.text.hidden_size * (1 + visual_->deepstack_levels());
 }
 
+int64_t PixelInputs::first_row(const plan::VisionItem& item, int64_t whole_batch_row) const {
+  const std::vector<int64_t>& offsets = item.kind == plan::VisionKind::image ? image_offsets : video_offsets;
+  if (offsets.empty()) return whole_batch_row;
+  const int64_t row = item.batch_index < static_cast<int64_t>(offsets.size()) ? offsets[item.batch_index] : -1;
+  MMSP_CHECK(row >= 0, "pixels of ", plan::to_string(item.kind), " ", item.batch_index,
+             " are not held on this rank (its pixels hold the items it encodes)");
+  return row;
+}
+
 at::Tensor QwenVLModel::encode(const std::vector<plan::VisionItem>& items,
                                const std::vector<int64_t>& which, const PixelInputs& pixels) const {
   if (which.empty()) {
@@ -42,11 +51,12 @@ at::Tensor QwenVLModel::encode(const std::vector<plan::VisionItem>& items,
   for (int64_t i : which) {
     const plan::VisionItem& item = items.at(i);
     const at::Tensor& source = item.kind == plan::VisionKind::image ? pixels.images : pixels.videos;
-    MMSP_CHECK(source.defined() && source.size(0) >= item.patch_offset + item.patches,
+    const int64_t first = pixels.first_row(item, item.patch_offset);
+    MMSP_CHECK(source.defined() && source.size(0) >= first + item.patches,
                "pixel rows of ", plan::to_string(item.kind), " ", item.batch_index, " (rows ",
-               item.patch_offset, "..", item.patch_offset + item.patches, ") are missing: got ",
+               first, "..", first + item.patches, ") are missing: got ",
                source.defined() ? source.size(0) : 0, " rows");
-    rows.push_back(source.narrow(0, item.patch_offset, item.patches));
+    rows.push_back(source.narrow(0, first, item.patches));
     grids.push_back(item.grid);
   }
   // One row per placeholder: the merger's features, then each deepstack level's, so

@@ -61,7 +61,7 @@ RankCoords rank_coords(const Mesh& mesh, int rank) {
   return c;
 }
 
-int rank_of(const Mesh& mesh, const RankCoords& c) {
+int global_rank(const Mesh& mesh, const RankCoords& c) {
   return (c.dp * mesh.ring + c.ring) * mesh.ulysses + c.ulysses;
 }
 
@@ -84,17 +84,17 @@ std::vector<int> group_members(const Mesh& mesh, MeshAxis axis, int rank) {
       for (int r = 0; r < mesh.world(); ++r) members.push_back(r);
       break;
     case MeshAxis::dp:
-      for (int d = 0; d < mesh.dp; ++d) members.push_back(rank_of(mesh, {d, me.ring, me.ulysses}));
+      for (int d = 0; d < mesh.dp; ++d) members.push_back(global_rank(mesh, {d, me.ring, me.ulysses}));
       break;
     case MeshAxis::ring:
-      for (int r = 0; r < mesh.ring; ++r) members.push_back(rank_of(mesh, {me.dp, r, me.ulysses}));
+      for (int r = 0; r < mesh.ring; ++r) members.push_back(global_rank(mesh, {me.dp, r, me.ulysses}));
       break;
     case MeshAxis::ulysses:
-      for (int u = 0; u < mesh.ulysses; ++u) members.push_back(rank_of(mesh, {me.dp, me.ring, u}));
+      for (int u = 0; u < mesh.ulysses; ++u) members.push_back(global_rank(mesh, {me.dp, me.ring, u}));
       break;
     case MeshAxis::context:
       for (int r = 0; r < mesh.ring; ++r)
-        for (int u = 0; u < mesh.ulysses; ++u) members.push_back(rank_of(mesh, {me.dp, r, u}));
+        for (int u = 0; u < mesh.ulysses; ++u) members.push_back(global_rank(mesh, {me.dp, r, u}));
       break;
   }
   return members;

@@ -94,11 +94,11 @@ Batch batch_from_json(const json& j) {
 
 json rank_plan_to_json(const StepPlan& plan, const RankPlan& rp) {
   const Mesh& mesh = plan.options.mesh;
-  auto global_rank = [&](int context_rank) {
+  auto global_rank_of_context_rank = [&](int context_rank) {
     RankCoords c = rp.coords;
     c.ring = context_rank / mesh.ulysses;
     c.ulysses = context_rank % mesh.ulysses;
-    return rank_of(mesh, c);
+    return global_rank(mesh, c);
   };
   json j;
   j["rank"] = rp.rank;
@@ -126,7 +126,7 @@ json rank_plan_to_json(const StepPlan& plan, const RankPlan& rp) {
       src_rows.push_back(r.src_row);
       slots.push_back(r.slot);
     }
-    send.push_back({{"to", global_rank(static_cast<int>(d))}, {"rows", items},
+    send.push_back({{"to", global_rank_of_context_rank(static_cast<int>(d))}, {"rows", items},
                     {"src_rows", src_rows}, {"dst_slots", slots}});
   }
   for (size_t s = 0; s < rp.routes.recv.size(); ++s) {
@@ -137,7 +137,7 @@ json rank_plan_to_json(const StepPlan& plan, const RankPlan& rp) {
       items.push_back({r.item, r.row});
       slots.push_back(r.slot);
     }
-    recv.push_back({{"from", global_rank(static_cast<int>(s))}, {"rows", items}, {"slots", slots}});
+    recv.push_back({{"from", global_rank_of_context_rank(static_cast<int>(s))}, {"rows", items}, {"slots", slots}});
   }
   j["send"] = send;
   j["recv"] = recv;
@@ -224,7 +224,7 @@ std::string step_plan_summary(const StepPlan& plan) {
     for (int c = 0; c < mesh.context(); ++c) {
       RankCoords rc{row.dp, c / mesh.ulysses, c % mesh.ulysses};
       std::snprintf(line, sizeof line, "  %6d %5d %8lld %10lld %16.0f %14.1f %14.1f\n",
-                    rank_of(mesh, rc), c, static_cast<long long>(row.load.tokens[c]),
+                    global_rank(mesh, rc), c, static_cast<long long>(row.load.tokens[c]),
                     static_cast<long long>(count[c]), row.load.pairs[c],
                     row.load.vision_cost[c], row.load.greedy_vision_cost[c]);
       out << line;

@@ -61,7 +61,7 @@ std::vector<VisionItem> collect_items(const Batch& batch, const StepPlan& plan,
         it.index = b.item;
         it.grid = image ? seq.image_grid_thw[b.item] : seq.video_grid_thw[b.item];
         it.batch_index = (image ? offsets.first_image : offsets.first_video)[seg.sequence] + b.item;
-        it.rows = vision_rows(it.grid, m);
+        it.rows = vision_row_count(it.grid, m);
         it.patches = it.grid[0] * it.grid[1] * it.grid[2];
         it.patch_offset = (image ? offsets.image_patches : offsets.video_patches)[seg.sequence] +
                           (image ? image_patch : video_patch)[b.item];

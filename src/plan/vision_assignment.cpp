@@ -80,12 +80,12 @@ namespace {
 // Moves or swaps items off the most loaded rank while that lowers it; bounded passes.
 // A move goes to the lightest rank; a swap with rank t wants an item cheaper by about
 // half the gap, found by binary search in t's items sorted by cost.
-void refine(std::vector<int>& rank_of, std::vector<double>& load, const std::vector<double>& costs,
+void refine(std::vector<int>& encoder_of, std::vector<double>& load, const std::vector<double>& costs,
             int ranks) {
   const int64_t n = static_cast<int64_t>(costs.size());
   const double eps = 1e-9 * (std::accumulate(load.begin(), load.end(), 0.0) + 1.0);
   std::vector<std::vector<int64_t>> on(ranks);  // items per rank, ascending cost
-  for (int64_t i = 0; i < n; ++i) on[rank_of[i]].push_back(i);
+  for (int64_t i = 0; i < n; ++i) on[encoder_of[i]].push_back(i);
   auto by_cost = [&](int64_t a, int64_t b) { return costs[a] < costs[b] || (costs[a] == costs[b] && a < b); };
   for (auto& v : on) std::sort(v.begin(), v.end(), by_cost);
   auto take = [&](int r, int64_t i) { on[r].erase(std::find(on[r].begin(), on[r].end(), i)); };
@@ -138,13 +138,13 @@ void refine(std::vector<int>& rank_of, std::vector<double>& load, const std::vec
     if (move_i < 0) return;
     load[M] -= costs[move_i];
     load[move_to] += costs[move_i];
-    rank_of[move_i] = move_to;
+    encoder_of[move_i] = move_to;
     take(M, move_i);
     put(move_to, move_i);
     if (swap_j >= 0) {
       load[move_to] -= costs[swap_j];
       load[M] += costs[swap_j];
-      rank_of[swap_j] = M;
+      encoder_of[swap_j] = M;
       take(move_to, swap_j);
       put(M, swap_j);
     }
@@ -153,25 +153,25 @@ void refine(std::vector<int>& rank_of, std::vector<double>& load, const std::vec
 
 // Swaps two near-equal items that each sit away from their preferred rank when that
 // brings one of them home without raising the largest load.
-void prefer_holders(std::vector<int>& rank_of, std::vector<double>& load,
+void prefer_holders(std::vector<int>& encoder_of, std::vector<double>& load,
                     const std::vector<double>& costs, const std::vector<int>& preferred,
                     int ranks, double tolerance) {
   const int64_t n = static_cast<int64_t>(costs.size());
   std::vector<std::vector<int64_t>> on(ranks);
-  for (int64_t i = 0; i < n; ++i) on[rank_of[i]].push_back(i);
+  for (int64_t i = 0; i < n; ++i) on[encoder_of[i]].push_back(i);
   const double top = *std::max_element(load.begin(), load.end());
   for (int64_t i = 0; i < n; ++i) {
-    const int p = preferred[i], a = rank_of[i];
+    const int p = preferred[i], a = encoder_of[i];
     if (p < 0 || p >= ranks || p == a) continue;
     for (int64_t j : on[p]) {
-      if (rank_of[j] == preferred[j]) continue;
+      if (encoder_of[j] == preferred[j]) continue;
       if (std::abs(costs[i] - costs[j]) > tolerance * std::max(costs[i], costs[j])) continue;
       const double la = load[a] - costs[i] + costs[j], lp = load[p] - costs[j] + costs[i];
       if (std::max(la, lp) > top) continue;
       load[a] = la;
       load[p] = lp;
-      rank_of[i] = p;
-      rank_of[j] = a;
+      encoder_of[i] = p;
+      encoder_of[j] = a;
       on[p].erase(std::find(on[p].begin(), on[p].end(), j));
       on[p].push_back(i);
       on[a].erase(std::find(on[a].begin(), on[a].end(), i));
@@ -196,18 +196,18 @@ VisionAssignment assign_vision_balanced(const std::vector<double>& costs,
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
   std::vector<double> load(ranks, 0.0);
-  std::vector<int> rank_of(n, 0);
+  std::vector<int> encoder_of(n, 0);
   for (int64_t i : order) {
     const int lightest = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
     int chosen = lightest;
     const int p = preferred_rank[i];
     if (p >= 0 && p < ranks && load[p] <= load[lightest] + model.tie_tolerance * costs[i]) chosen = p;
-    rank_of[i] = chosen;
+    encoder_of[i] = chosen;
     load[chosen] += costs[i];
   }
-  refine(rank_of, load, costs, ranks);
-  prefer_holders(rank_of, load, costs, preferred_rank, ranks, model.tie_tolerance);
-  VisionAssignment ours = evaluate_assignment(rank_of, costs, ranks);
+  refine(encoder_of, load, costs, ranks);
+  prefer_holders(encoder_of, load, costs, preferred_rank, ranks, model.tie_tolerance);
+  VisionAssignment ours = evaluate_assignment(encoder_of, costs, ranks);
   VisionAssignment greedy =
       evaluate_assignment(assign_greedy_contiguous(patch_counts, ranks), costs, ranks);
   const double ours_max = *std::max_element(ours.load.begin(), ours.load.end());
@@ -233,10 +233,10 @@ void keep_rows_home(VisionAssignment& a, const std::vector<double>& costs,
                     const std::vector<HeldRows>& held, int ranks, const VisionCostModel& model) {
   const int64_t n = static_cast<int64_t>(costs.size());
   MMSP_ASSERT(static_cast<int64_t>(held.size()) == n && static_cast<int64_t>(a.rank_of_item.size()) == n);
-  std::vector<int>& rank_of = a.rank_of_item;
+  std::vector<int>& encoder_of = a.rank_of_item;
   std::vector<double> load(ranks, 0.0);
   std::vector<std::vector<int64_t>> on(ranks);
-  for (int64_t i = 0; i < n; ++i) load[rank_of[i]] += costs[i], on[rank_of[i]].push_back(i);
+  for (int64_t i = 0; i < n; ++i) load[encoder_of[i]] += costs[i], on[encoder_of[i]].push_back(i);
   const double top = n ? *std::max_element(load.begin(), load.end()) : 0.0;
   const double limit = top * (1 + 1e-12);
   auto relocate = [&](int64_t i, int from, int to) {
@@ -244,13 +244,13 @@ void keep_rows_home(VisionAssignment& a, const std::vector<double>& costs,
     on[to].push_back(i);
     load[from] -= costs[i];
     load[to] += costs[i];
-    rank_of[i] = to;
+    encoder_of[i] = to;
   };
   // Each accepted change keeps more rows home, so the passes end; few are needed.
   for (int pass = 0; pass < 4; ++pass) {
     bool changed = false;
     for (int64_t i = 0; i < n; ++i) {
-      const int a_rank = rank_of[i];
+      const int a_rank = encoder_of[i];
       const int64_t here = rows_on(held[i], a_rank);
       for (const auto& [b, rows_b] : held[i]) {
         if (b == a_rank || rows_b <= here) continue;
@@ -277,7 +277,7 @@ void keep_rows_home(VisionAssignment& a, const std::vector<double>& costs,
     if (!changed) break;
   }
   const bool fallback = a.used_greedy_fallback;
-  a = evaluate_assignment(rank_of, costs, ranks);
+  a = evaluate_assignment(encoder_of, costs, ranks);
   a.used_greedy_fallback = fallback;
 }
 

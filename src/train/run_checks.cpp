@@ -65,7 +65,7 @@ json with_tokens_per_step(json run) {
 void check_train_limits(const TrainOptions& o) {
   check_count("--steps", o.steps, kMaxSteps, "optimizer steps of the schedule");
   check_count("--stop-after", o.stop_after, kMaxSteps, "a step of the schedule");
-  check_count("--warmup", o.warmup_steps, kMaxSteps, "steps");
+  check_count("--warmup", o.warmup, kMaxSteps, "steps");
   check_count("--checkpoint-every", o.checkpoint_every, kMaxSteps, "steps");
   check_count("--tokens-per-rank", o.tokens_per_rank, kMaxTokensPerRank,
               "tokens of one rank per step; a step holds this × world");
@@ -78,7 +78,7 @@ void check_train_limits(const TrainOptions& o) {
   check_finite("--lr", o.lr);
   check_finite("--min-lr", o.min_lr);
   check_finite("--weight-decay", o.weight_decay);
-  check_finite("--clip", o.clip_norm);
+  check_finite("--clip", o.clip);
 }
 
 void probe_out_dir(const std::string& dir) {
@@ -116,11 +116,11 @@ json run_flags(const TrainOptions& o, const plan::Mesh& mesh, int data_rows) {
               {"mesh", mesh.str()},
               {"vision", model::to_string(o.vision)},
               {"steps", o.steps},
-              {"warmup", o.warmup_steps},
+              {"warmup", o.warmup},
               {"lr", o.lr},
               {"min_lr", o.min_lr},
               {"weight_decay", o.weight_decay},
-              {"clip", o.clip_norm}};
+              {"clip", o.clip}};
   if (o.data == "shapes") {
     run["shapes_samples"] = o.shapes_samples;
     run["blank_images"] = o.blank_images;

@@ -13,17 +13,16 @@ namespace mmsp::train {
 StepPacker::StepPacker(const Dataset& dataset, const PackerOptions& options)
     : dataset_(dataset), options_(options) {
   const PackerOptions& o = options_;
-  MMSP_CHECK(o.tokens_per_rank >= 1, "step packer: tokens_per_rank is ", o.tokens_per_rank,
+  MMSP_CHECK(o.tokens_per_row >= 1, "step packer: tokens_per_row is ", o.tokens_per_row,
              ", expected >= 1");
-  MMSP_CHECK(o.dp >= 1 && o.context >= 1, "step packer: dp (", o.dp, ") and context (", o.context,
-             ") must be >= 1");
-  MMSP_CHECK(dataset.size() >= o.dp, "step packer: dataset has ", dataset.size(),
-             " samples, fewer than dp (", o.dp, "); every dp row needs at least one sample per step (",
+  MMSP_CHECK(o.rows >= 1, "step packer: rows is ", o.rows, ", expected >= 1");
+  MMSP_CHECK(dataset.size() >= o.rows, "step packer: dataset has ", dataset.size(),
+             " samples, fewer than rows (", o.rows, "); every row needs at least one sample per step (",
              dataset.describe(), ")");
 }
 
-int64_t StepPacker::budget() const { return row_limit() * options_.dp; }
-int64_t StepPacker::row_limit() const { return options_.tokens_per_rank * options_.context; }
+int64_t StepPacker::budget() const { return row_limit() * options_.rows; }
+int64_t StepPacker::row_limit() const { return options_.tokens_per_row; }
 
 std::vector<int64_t> StepPacker::epoch_order(int64_t epoch) const {
   const int64_t n = dataset_.size();
@@ -56,18 +55,17 @@ std::vector<int64_t> StepPacker::next_step(DataPosition& position) const {
     const int64_t length = static_cast<int64_t>(dataset_.sequence(sample).input_ids.size());
     if (total + length > budget() && !samples.empty()) break;  // it opens the next step
     MMSP_CHECK(length <= row_limit(), "step packer: sample ", sample, " has ", length,
-               " tokens, more than one dp row holds: tokens_per_rank (", options_.tokens_per_rank,
-               ") x context (", options_.context, ") = ", row_limit(),
-               "; raise tokens_per_rank or the context size, or shorten the sample");
+               " tokens, more than one row holds (tokens_per_row ", row_limit(),
+               "); raise the tokens per row, or shorten the sample");
     total += length;
     samples.push_back(sample);
     lengths.push_back(length);
     if (++cursor.offset == n) cursor = {cursor.epoch + 1, 0};
   }
-  // Give back from the end until the planner's row assignment fits every row. Any dp
-  // samples fit (one per row), so at least min(dp, taken) stay.
+  // Give back from the end until the planner's row assignment fits every row. Any `rows`
+  // samples fit (one per row), so at least min(rows, taken) stay.
   for (;;) {
-    const auto rows = plan::assign_sequences_to_dp(lengths, options_.dp);
+    const auto rows = plan::assign_sequences_to_dp(lengths, options_.rows);
     int64_t worst = 0;
     for (const auto& row : rows) {
       int64_t sum = 0;
@@ -78,8 +76,8 @@ std::vector<int64_t> StepPacker::next_step(DataPosition& position) const {
     samples.pop_back();
     lengths.pop_back();
   }
-  MMSP_ASSERT(static_cast<int64_t>(samples.size()) >= options_.dp, "step of ", samples.size(),
-              " samples for dp ", options_.dp);
+  MMSP_ASSERT(static_cast<int64_t>(samples.size()) >= options_.rows, "step of ", samples.size(),
+              " samples for ", options_.rows, " rows");
   // advance by exactly the samples kept
   position.offset += static_cast<int64_t>(samples.size());
   position.epoch += position.offset / n;

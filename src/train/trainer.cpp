@@ -148,21 +148,6 @@ std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const model::ModelC
   return std::make_unique<JsonlDataset>(o.data, config, o.max_image_pixels);
 }
 
-// Items of the batch this rank's encoder reads (the others' pixels are never decoded).
-std::function<bool(plan::VisionKind, int64_t)> pixels_needed(const plan::StepPlan& plan, model::VisionMode mode) {
-  const auto& items = plan.rows.at(plan.mine.coords.dp).items;
-  std::vector<std::pair<plan::VisionKind, int64_t>> wanted;
-  if (mode == model::VisionMode::replicate) {
-    for (const auto& item : items) wanted.emplace_back(item.kind, item.batch_index);
-  } else {
-    for (int64_t i : plan.mine.routes.encoder_items) wanted.emplace_back(items.at(i).kind, items.at(i).batch_index);
-  }
-  std::sort(wanted.begin(), wanted.end());
-  return [wanted = std::move(wanted)](plan::VisionKind kind, int64_t item) {
-    return std::binary_search(wanted.begin(), wanted.end(), std::make_pair(kind, item));
-  };
-}
-
 // The loss summed over the world, and each figure of every rank ([figure][rank]).
 struct Reduced {
   double loss = 0;
@@ -203,25 +188,38 @@ void check_train_options(const TrainOptions& o, const plan::Mesh& mesh) {
              " must be ≥ 0 (tokens per chunk of the LM head and loss; 0: the default, ≤ 256 MiB of logits)");
   MMSP_CHECK(o.lr > 0 && o.min_lr >= 0 && o.min_lr <= o.lr, "--lr ", o.lr, " and --min-lr ", o.min_lr,
              " must satisfy 0 ≤ min-lr ≤ lr, lr > 0");
-  MMSP_CHECK(o.warmup_steps >= 0, "--warmup ", o.warmup_steps, " must be ≥ 0");
+  MMSP_CHECK(o.warmup >= 0, "--warmup ", o.warmup, " must be ≥ 0");
   MMSP_CHECK(o.checkpoint_every >= 0, "--checkpoint-every ", o.checkpoint_every, " must be ≥ 0");
-  MMSP_CHECK(o.checkpoint_every == 0 || !o.out_dir.empty(), "--checkpoint-every needs --out DIR");
-  MMSP_CHECK(o.keep_checkpoints >= 0, "--keep ", o.keep_checkpoints, " must be ≥ 0");
+  MMSP_CHECK(o.checkpoint_every == 0 || !o.out.empty(), "--checkpoint-every needs --out DIR");
+  MMSP_CHECK(o.keep >= 0, "--keep ", o.keep, " must be ≥ 0");
   MMSP_CHECK(o.stop_after >= 0, "--stop-after ", o.stop_after, " must be ≥ 0");
   MMSP_CHECK(o.weight_decay >= 0, "--weight-decay ", o.weight_decay, " must be ≥ 0");
 }
 
-TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& log,
-                  dist::RankActivity* activity) {
-  dist::RankActivity no_heartbeat;
-  dist::RankActivity& doing = activity ? *activity : no_heartbeat;
-  // Everything that can be wrong with the options, the model or the data fails here,
-  // on every rank alike, before the first collective.
+namespace {
+
+// What a run is made of, checked before anything is allocated: the model, its dtypes,
+// the memory it needs, the data and the packer of the steps.
+struct RunInputs {
+  ResolvedModel resolved;
+  at::ScalarType dtype = at::kFloat;
+  std::optional<at::ScalarType> save_dtype;  // hf/ of the checkpoints
+  model::CheckpointNaming naming;
+  MemoryEstimate memory;
+  std::unique_ptr<Dataset> data;
+  int rows = 1;  // rows of the packer (TrainOptions::data_rows)
+  std::unique_ptr<StepPacker> packer;
+};
+
+// Everything that can be wrong with the options, the model or the data fails here, on
+// every rank alike, before the first collective.
+RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   check_train_options(o, mesh.shape());
-  const at::ScalarType dtype = parse_dtype(o.dtype);
-  const at::ScalarType master_dtype = master_dtype_of(dtype);
-  const ResolvedModel resolved = resolve_model(o.model);
-  const model::ModelConfig& config = resolved.config;
+  RunInputs in;
+  in.dtype = parse_dtype(o.dtype);
+  const at::ScalarType master_dtype = master_dtype_of(in.dtype);
+  in.resolved = resolve_model(o.model);
+  const model::ModelConfig& config = in.resolved.config;
   const plan::Mesh& shape = mesh.shape();
   MMSP_CHECK(config.text.num_attention_heads % shape.ulysses == 0, o.model, ": ",
              config.text.num_attention_heads, " attention heads cannot be split over ulysses ", shape.ulysses,
@@ -229,186 +227,268 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   // The weights' names and shapes, the checkpoint's mapping and the memory this run
   // needs are all checked on a skeleton, before a parameter is allocated.
   const model::ExpectedShapes shapes = parameter_shapes(config);
-  const model::CheckpointNaming naming = model::checkpoint_naming(config);
-  if (resolved.weights) model::match_hf_tensors(*resolved.weights, shapes, naming);
-  const MemoryEstimate memory = preflight_memory(config, shapes, o, dtype, mesh.world_size());
+  in.naming = model::checkpoint_naming(config);
+  if (in.resolved.weights) model::match_hf_tensors(*in.resolved.weights, shapes, in.naming);
+  in.memory = preflight_memory(config, shapes, o, in.dtype, mesh.world_size());
   // hf/ of the checkpoints: as asked, else as the weights came, else the masters' dtype.
-  std::optional<at::ScalarType> save_dtype = parse_save_dtype(o.save_dtype);
-  if (!save_dtype) save_dtype = resolved.weights ? resolved.weights->dominant_dtype() : master_dtype;
-  std::unique_ptr<Dataset> data = make_dataset(o, config);
+  in.save_dtype = parse_save_dtype(o.save_dtype);
+  if (!in.save_dtype) in.save_dtype = in.resolved.weights ? in.resolved.weights->dominant_dtype() : master_dtype;
+  in.data = make_dataset(o, config);
   // Rows of the packer = the budget split data_rows ways (see TrainOptions::data_rows).
-  const int rows = o.data_rows > 0 ? o.data_rows : mesh.shape().dp;
+  in.rows = o.data_rows > 0 ? o.data_rows : shape.dp;
   PackerOptions packing;
-  packing.tokens_per_rank = o.tokens_per_rank * mesh.world_size() / rows;
-  packing.dp = rows;
-  packing.context = 1;
+  packing.tokens_per_row = o.tokens_per_rank * mesh.world_size() / in.rows;
+  packing.rows = in.rows;
   packing.seed = o.seed;
   packing.shuffle = o.shuffle;
-  StepPacker packer(*data, packing);
-  if (const auto* jsonl = dynamic_cast<const JsonlDataset*>(data.get())) jsonl->check_lengths(packer.row_limit());
-  const bool rank0 = mesh.rank() == 0;
+  in.packer = std::make_unique<StepPacker>(*in.data, packing);
+  if (const auto* jsonl = dynamic_cast<const JsonlDataset*>(in.data.get()))
+    jsonl->check_lengths(in.packer->row_limit());
+  return in;
+}
 
-  MemoryCounter::install();
+// The model on this rank, identical on every rank, and its weight update (AdamW over
+// the masters, replicated or sharded), with the model directory's weights when given.
+struct Trainable {
+  std::unique_ptr<Vlm> vlm;
+  std::unique_ptr<WeightUpdate> update;
+};
+
+Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh) {
   at::manual_seed(static_cast<int64_t>(o.seed));  // identical replicas on every rank
   // Weights about to be loaded (a model directory, a checkpoint) need no random draw.
-  const bool loading = resolved.weights || !o.resume.empty();
-  const std::unique_ptr<Vlm> built =
-      build_vlm(config, loading ? model::ParameterInit::uninitialised : model::ParameterInit::random);
-  Vlm& vlm = *built;
-  vlm.module().to(dtype);
-  vlm.set_activation_checkpointing(o.checkpoint_activations);
-  const int64_t loss_chunk = o.loss_chunk > 0 ? o.loss_chunk : default_loss_chunk(config.text.vocab_size);
+  const bool loading = in.resolved.weights || !o.resume.empty();
+  Trainable t;
+  t.vlm = build_vlm(in.resolved.config, loading ? model::ParameterInit::uninitialised : model::ParameterInit::random);
+  t.vlm->module().to(in.dtype);
+  t.vlm->set_activation_checkpointing(o.checkpoint_activations);
   AdamWOptions adamw;
   adamw.lr = o.lr;
   adamw.beta1 = o.beta1;
   adamw.beta2 = o.beta2;
   adamw.eps = o.eps;
   adamw.weight_decay = o.weight_decay;
-  const NamedParams model_params = named_parameters(vlm.module());
-  const std::unique_ptr<WeightUpdate> update =
-      make_weight_update(parse_shard_level(o.shard), model_params, master_dtype, adamw, mesh,
-                         layer_index_of(model_params, vlm.decoder().layer_parameters()));
-  vlm.decoder().set_layer_hooks(update->layer_hooks());
-  if (resolved.weights && o.resume.empty())  // a resume reads the checkpoint's weights instead
-    update->load_weights(*resolved.weights, naming);
-  // A warm-up longer than the run is the run (short test runs keep the default).
-  const LrSchedule schedule{o.lr, o.min_lr, std::min(o.warmup_steps, o.steps), o.steps};
-  schedule.validate();
+  const NamedParams model_params = named_parameters(t.vlm->module());
+  t.update = make_weight_update(parse_shard_level(o.shard), model_params, master_dtype_of(in.dtype), adamw, mesh,
+                                layer_index_of(model_params, t.vlm->decoder().layer_parameters()));
+  t.vlm->decoder().set_layer_hooks(t.update->layer_hooks());
+  if (in.resolved.weights && o.resume.empty())  // a resume reads the checkpoint's weights instead
+    t.update->load_weights(*in.resolved.weights, in.naming);
+  return t;
+}
 
-  DataPosition position;
+// Where the run continues: after the checkpoint's step and data position (on any mesh,
+// with the same flags), or at the start.
+struct ResumePoint {
   int64_t done = 0;  // steps completed
-  if (!o.resume.empty()) {
-    const Checkpoint ckpt = load_checkpoint(o.resume);
-    if (rank0)
-      for (const std::string& note : ckpt.notes) log << "note: " << note << std::endl;
-    MMSP_CHECK(same_model_config(ckpt.config_json, resolved.config_json),
-               "--resume ", o.resume, " holds a checkpoint of another model than --model ", o.model);
-    update->restore(ckpt);
-    done = ckpt.step;
-    position.epoch = ckpt.state.at("data").at("epoch").get<int64_t>();
-    position.offset = ckpt.state.at("data").at("offset").get<int64_t>();
-    // The batches and numerics continue as before only with the same flags (any mesh).
-    check_resume_flags(ckpt.state.at("run"), run_flags(o, mesh.shape(), rows), o.allow_changed_flags, o.resume,
-                       rank0 ? &log : nullptr);
-    restore_cpu_rng(ckpt.state.at("cpu_rng").get<std::string>(), ckpt.path);
-    if (rank0) log << "resumed from " << o.resume << " after step " << done << std::endl;
-  }
-  MMSP_CHECK(done < o.steps, "nothing to do: the checkpoint is at step ", done, " and --steps is ", o.steps);
+  DataPosition position;
+};
+
+ResumePoint resume_run(const TrainOptions& o, const RunInputs& in, WeightUpdate& update, const dist::Mesh& mesh,
+                       std::ostream& log) {
+  ResumePoint point;
+  if (o.resume.empty()) return point;
+  const bool rank0 = mesh.rank() == 0;
+  const Checkpoint ckpt = load_checkpoint(o.resume);
+  if (rank0)
+    for (const std::string& note : ckpt.notes) log << "note: " << note << std::endl;
+  MMSP_CHECK(same_model_config(ckpt.config_json, in.resolved.config_json),
+             "--resume ", o.resume, " holds a checkpoint of another model than --model ", o.model);
+  update.restore(ckpt);
+  point.done = ckpt.step;
+  point.position.epoch = ckpt.state.at("data").at("epoch").get<int64_t>();
+  point.position.offset = ckpt.state.at("data").at("offset").get<int64_t>();
+  // The batches and numerics continue as before only with the same flags (any mesh).
+  check_resume_flags(ckpt.state.at("run"), run_flags(o, mesh.shape(), in.rows), o.allow_changed_flags, o.resume,
+                     rank0 ? &log : nullptr);
+  restore_cpu_rng(ckpt.state.at("cpu_rng").get<std::string>(), ckpt.path);
+  if (rank0) log << "resumed from " << o.resume << " after step " << point.done << std::endl;
+  return point;
+}
+
+void print_run_header(const TrainOptions& o, const RunInputs& in, const WeightUpdate& update,
+                      const dist::Mesh& mesh, std::ostream& log) {
+  log << "mmsp train: " << in.resolved.source << " (" << in.resolved.config.model_type
+      << (in.resolved.weights ? ", weights loaded" : ", random weights") << "), " << in.data->describe()
+      << ", mesh " << mesh.shape().str() << ", vision " << model::to_string(o.vision) << ", " << o.dtype
+      << (update.describe().empty() ? "" : ", " + update.describe()) << ", " << update.weights().size()
+      << " tensors" << std::endl;
+  log << in.memory.table() << std::endl;
+}
+
+// One step's figures as every rank agrees on them: the loss summed over the world, the
+// slowest rank's time and its split (a partition of it), the largest memory and bytes.
+StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double grad_norm, const plan::Batch& batch,
+                           const plan::StepPlan& plan, double seconds, const PhaseTimes& phases, int64_t comm_bytes,
+                           const dist::Mesh& mesh) {
+  const Reduced r = reduce_metrics(local_loss,
+                                   {seconds, phases.vision_s, phases.attention_s, phases.communication_s,
+                                    static_cast<double>(MemoryCounter::peak_bytes()), static_cast<double>(comm_bytes)},
+                                   mesh);
+  StepMetrics m;
+  m.step = step;
+  m.loss = r.loss;
+  m.lr = lr;
+  m.grad_norm = grad_norm;
+  for (const auto& s : batch.sequences) m.tokens += static_cast<int64_t>(s.input_ids.size());
+  m.label_tokens = plan.label_count;
+  const auto& times = r.per_rank[0];
+  const size_t slowest = std::max_element(times.begin(), times.end()) - times.begin();
+  m.seconds = times[slowest];
+  m.vision_s = r.per_rank[1][slowest];
+  m.attention_s = r.per_rank[2][slowest];
+  m.communication_s = r.per_rank[3][slowest];
+  m.other_s = std::max(0.0, m.seconds - m.vision_s - m.attention_s - m.communication_s);
+  m.peak_bytes = static_cast<int64_t>(r.max(4));
+  m.comm_bytes = static_cast<int64_t>(r.max(5));
+  return m;
+}
+
+// The checkpoint after `step`: the weights (and optimizer) with what a resume needs.
+void save_step(const TrainOptions& o, const RunInputs& in, WeightUpdate& update, int64_t step,
+               const DataPosition& position, const dist::Mesh& mesh, std::ostream& log) {
+  nlohmann::json state;
+  state["step"] = step;
+  state["cpu_rng"] = capture_cpu_rng();
+  state["data"] = {{"epoch", position.epoch}, {"offset", position.offset}};
+  state["run"] = run_flags(o, mesh.shape(), in.rows);
+  CheckpointOptions ckpt;
+  ckpt.keep_last = o.keep;
+  ckpt.save_dtype = in.save_dtype;
+  ckpt.max_shard_bytes = static_cast<uint64_t>(o.save_shard_bytes);
+  if (o.test.crash_checkpoint_step == step) ckpt.crash_after_bytes = o.test.crash_checkpoint_after_bytes;
+  update.save(o.out, step, state, in.resolved.config_json, ckpt, mesh, log);
+}
+
+// What every step of the loop reads, fixed for the run.
+struct StepLoop {
+  const TrainOptions& o;
+  const RunInputs& in;
+  const Vlm& vlm;
+  WeightUpdate& update;
+  const LrSchedule& schedule;
+  const dist::Mesh& mesh;
+  dist::RankActivity& doing;
+  model::StepGroups groups;
+  plan::PlanOptions plan_options;
+  attention::AttentionOptions attention;
+  int64_t loss_chunk = 0;
+  std::string fingerprint_prefix;  // this job's step-agreement keys
+};
+
+// One step: data (the same on every rank) → plan → the step agreed → this rank's
+// pixels → forward/backward on its shard → weight update → the agreed figures.
+// `held_bytes`: what this rank holds as the forward begins (the training state).
+StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, int64_t& held_bytes) {
+  const TrainOptions& o = run.o;
+  const dist::Mesh& mesh = run.mesh;
+  const model::ModelConfig& config = run.in.resolved.config;
+  const auto t0 = Clock::now();
+  phase_reset();
+  MemoryCounter::reset_peak();
+  const dist::CommSnapshot comm0 = mesh.stats().snapshot();
+
+  run.doing.set(step, "data");
+  std::vector<int64_t> samples = run.in.packer->next_step(position);
+  if (o.test.skew_batch_rank == mesh.rank() && o.test.skew_batch_step == step && samples.size() > 1)
+    samples.pop_back();
+  const plan::Batch batch = make_batch(*run.in.data, samples);
+  run.doing.set_phase("plan");
+  const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, run.plan_options, mesh.rank());
+  // Every rank must be about to run the same step before the first collective.
+  run.doing.set_phase("step agreement");
+  if (mesh.store())
+    agree_on_step(*mesh.store(), run.fingerprint_prefix, step, step_fingerprint(samples, batch, plan), mesh.rank(),
+                  mesh.world_size(), mesh.world()->timeout());
+  run.doing.set_phase("pixels");
+  const model::PixelInputs pixels =
+      load_pixels(*run.in.data, samples, batch, config, pixels_encoded_here(plan, o.vision), run.in.dtype);
+
+  const double lr = run.schedule.at(step - 1);
+  run.update.set_lr(lr);
+  run.update.zero_grad();
+  held_bytes = MemoryCounter::current_bytes();
+  run.update.begin_step();
+  run.doing.set_phase("forward");
+  if (o.test.sleep_rank == mesh.rank() && o.test.sleep_step == step)
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.test.sleep_seconds));
+  auto out = run.vlm.forward(batch, plan, pixels, run.groups, o.vision, run.attention);
+  at::Tensor loss = chunked_lm_loss(out.hidden, out.head_weight, out.labels, out.label_count, run.loss_chunk);
+  run.doing.set_phase("backward");
+  loss.backward();
+  const double grad_norm = run.update.step(o.clip, run.doing);
+  run.doing.set_phase("metrics");
+  const double local_loss = loss.detach().to(at::kDouble).item<double>();
+  const int64_t comm_bytes = (mesh.stats().snapshot() - comm0).total_bytes();
+  const PhaseTimes phases = phase_times();
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return agreed_metrics(step, local_loss, lr, grad_norm, batch, plan, seconds, phases, comm_bytes, mesh);
+}
+
+}  // namespace
+
+TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& log,
+                  dist::RankActivity* activity) {
+  dist::RankActivity no_heartbeat;
+  dist::RankActivity& doing = activity ? *activity : no_heartbeat;
+  const RunInputs in = check_run(o, mesh);
+  const model::ModelConfig& config = in.resolved.config;
+  const bool rank0 = mesh.rank() == 0;
+
+  MemoryCounter::install();
+  const Trainable trainable = build_trainable(o, in, mesh);
+  Vlm& vlm = *trainable.vlm;
+  WeightUpdate& update = *trainable.update;
+  // A warm-up longer than the run is the run (short test runs keep the default).
+  const LrSchedule schedule{o.lr, o.min_lr, std::min(o.warmup, o.steps), o.steps};
+  schedule.validate();
+  ResumePoint resumed = resume_run(o, in, update, mesh, log);
+  MMSP_CHECK(resumed.done < o.steps, "nothing to do: the checkpoint is at step ", resumed.done, " and --steps is ",
+             o.steps);
 
   std::unique_ptr<MetricsWriter> metrics;
-  if (rank0 && !o.out_dir.empty()) {
-    std::filesystem::create_directories(o.out_dir);
-    metrics = std::make_unique<MetricsWriter>(o.out_dir + "/metrics.jsonl");
+  if (rank0 && !o.out.empty()) {
+    std::filesystem::create_directories(o.out);
+    metrics = std::make_unique<MetricsWriter>(o.out + "/metrics.jsonl");
   }
-  if (rank0 && o.print_steps) {
-    log << "mmsp train: " << resolved.source << " (" << config.model_type
-        << (resolved.weights ? ", weights loaded" : ", random weights") << "), " << data->describe()
-        << ", mesh " << mesh.shape().str() << ", vision " << model::to_string(o.vision) << ", " << o.dtype
-        << (update->describe().empty() ? "" : ", " + update->describe()) << ", " << update->weights().size()
-        << " tensors" << std::endl;
-    log << memory.table() << std::endl;
-  }
+  if (rank0 && !o.quiet) print_run_header(o, in, update, mesh, log);
 
-  attention::AttentionOptions attn;
-  attn.block_q = o.attention_block;
-  attn.block_k = o.attention_block;
-  const model::StepGroups groups{mesh.context(), mesh.ring(), mesh.ulysses()};
   plan::PlanOptions plan_options;
   plan_options.mesh = mesh.shape();
   plan_options.layout = o.layout;
+  attention::AttentionOptions blocks;
+  blocks.block_q = o.attention_block;
+  blocks.block_k = o.attention_block;
+  const StepLoop run{o,
+                     in,
+                     vlm,
+                     update,
+                     schedule,
+                     mesh,
+                     doing,
+                     {mesh.context(), mesh.ring(), mesh.ulysses()},
+                     plan_options,
+                     blocks,
+                     o.loss_chunk > 0 ? o.loss_chunk : default_loss_chunk(config.text.vocab_size),
+                     mesh.store() ? fingerprint_key_prefix(*mesh.store(), mesh.rank()) : ""};
 
-  const std::string fingerprint_prefix = mesh.store() ? fingerprint_key_prefix(*mesh.store(), mesh.rank()) : "";
   TrainReport report;
-  report.first_step = done + 1;
-  report.memory_estimate = memory;
+  report.first_step = resumed.done + 1;
+  report.memory_estimate = in.memory;
   const int64_t last_step = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
-  for (int64_t step = done + 1; step <= last_step; ++step) {
-    const auto t0 = Clock::now();
-    phase_reset();
-    MemoryCounter::reset_peak();
-    const dist::CommSnapshot comm0 = mesh.stats().snapshot();
-
-    doing.set(step, "data");
-    std::vector<int64_t> samples = packer.next_step(position);
-    if (o.test.skew_batch_rank == mesh.rank() && o.test.skew_batch_step == step && samples.size() > 1)
-      samples.pop_back();
-    const plan::Batch batch = make_batch(*data, samples);
-    doing.set_phase("plan");
-    const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, plan_options, mesh.rank());
-    // Every rank must be about to run the same step before the first collective.
-    doing.set_phase("step agreement");
-    if (mesh.store())
-      agree_on_step(*mesh.store(), fingerprint_prefix, step, step_fingerprint(samples, batch, plan), mesh.rank(),
-                    mesh.world_size(), mesh.world()->timeout());
-    doing.set_phase("pixels");
-    const model::PixelInputs pixels = load_pixels(*data, samples, batch, config, pixels_needed(plan, o.vision), dtype);
-
-    const double lr = schedule.at(step - 1);
-    update->set_lr(lr);
-    update->zero_grad();
-    report.held_bytes = MemoryCounter::current_bytes();
-    update->begin_step();
-    doing.set_phase("forward");
-    if (o.test.sleep_rank == mesh.rank() && o.test.sleep_step == step)
-      std::this_thread::sleep_for(std::chrono::duration<double>(o.test.sleep_seconds));
-    auto out = vlm.forward(batch, plan, pixels, groups, o.vision, attn);
-    at::Tensor loss = chunked_lm_loss(out.hidden, out.head_weight, out.labels, out.label_count, loss_chunk);
-    doing.set_phase("backward");
-    loss.backward();
-    const double grad_norm = update->step(o.clip_norm, doing);
-    doing.set_phase("metrics");
-    const double local_loss = loss.detach().to(at::kDouble).item<double>();
-
-    const int64_t comm_bytes = (mesh.stats().snapshot() - comm0).total_bytes();
-    const PhaseTimes phases = phase_times();
-    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    // Every rank's figures, to report the slowest rank's split and the largest memory / bytes.
-    const Reduced r = reduce_metrics(local_loss,
-                                     {seconds, phases.vision_s, phases.attention_s, phases.communication_s,
-                                      static_cast<double>(MemoryCounter::peak_bytes()),
-                                      static_cast<double>(comm_bytes)},
-                                     mesh);
-    StepMetrics m;
-    m.step = step;
-    m.loss = r.loss;
-    m.lr = lr;
-    m.grad_norm = grad_norm;
-    for (const auto& s : batch.sequences) m.tokens += static_cast<int64_t>(s.input_ids.size());
-    m.label_tokens = plan.label_count;
-    // The slowest rank sets the pace: its time and its split (a partition of it);
-    // memory and bytes are each the largest of any rank.
-    const auto& times = r.per_rank[0];
-    const size_t slowest = std::max_element(times.begin(), times.end()) - times.begin();
-    m.seconds = times[slowest];
-    m.vision_s = r.per_rank[1][slowest];
-    m.attention_s = r.per_rank[2][slowest];
-    m.communication_s = r.per_rank[3][slowest];
-    m.other_s = std::max(0.0, m.seconds - m.vision_s - m.attention_s - m.communication_s);
-    m.peak_bytes = static_cast<int64_t>(r.max(4));
-    m.comm_bytes = static_cast<int64_t>(r.max(5));
+  for (int64_t step = resumed.done + 1; step <= last_step; ++step) {
+    const StepMetrics m = run_step(run, step, resumed.position, report.held_bytes);
     report.steps.push_back(m);
-    if (rank0 && o.print_steps) log << format_step_line(m) << std::endl;
+    if (rank0 && !o.quiet) log << format_step_line(m) << std::endl;
     if (metrics) metrics->write(m);
-
-    const bool last = step == last_step;
-    if (!o.out_dir.empty() && (last || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0))) {
-      nlohmann::json state;
-      state["step"] = step;
-      state["cpu_rng"] = capture_cpu_rng();
-      state["data"] = {{"epoch", position.epoch}, {"offset", position.offset}};
-      state["run"] = run_flags(o, mesh.shape(), rows);
-      CheckpointOptions ckpt;
-      ckpt.keep_last = o.keep_checkpoints;
-      ckpt.save_dtype = save_dtype;
-      ckpt.max_shard_bytes = static_cast<uint64_t>(o.save_shard_bytes);
-      if (o.test.crash_checkpoint_step == step) ckpt.crash_after_bytes = o.test.crash_checkpoint_after_bytes;
+    if (!o.out.empty() && (step == last_step || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0))) {
       doing.set_phase("checkpoint");
-      update->save(o.out_dir, step, state, resolved.config_json, ckpt, mesh, log);
+      save_step(o, in, update, step, resumed.position, mesh, log);
     }
   }
   if (rank0 && !report.steps.empty()) log << summary_table(report.steps);
-  update->gather_weights();
-  for (auto& [name, p] : update->weights()) report.parameters.emplace_back(name, p.detach().clone());
+  update.gather_weights();
+  for (auto& [name, p] : update.weights()) report.parameters.emplace_back(name, p.detach().clone());
   vlm.decoder().set_layer_hooks(nullptr);  // the update goes before the model
   return report;
 }

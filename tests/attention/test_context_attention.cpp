@@ -12,36 +12,20 @@
 #include "mmsp/attention/context_attention.h"
 #include "mmsp/core/check.h"
 #include "multirank.h"
+#include "row_compare.h"
 #include "packed_batch.h"
 
 using namespace mmsp;
 using namespace mmsp::attention;
 using at::Tensor;
 
+using test::expect_rows_match;
+using test::gather_rows;
+
 namespace {
 
 const auto kF64 = at::TensorOptions().dtype(at::kDouble);
 constexpr int64_t kHeads = 12, kDim = 8;
-
-Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& slots) {
-  std::vector<Tensor> rows;
-  for (int64_t s : slots) rows.push_back(s >= 0 ? x[s] : at::zeros_like(x[0]));
-  return at::stack(rows);
-}
-
-void expect_rows_match(const Tensor& got, const Tensor& ref, const std::vector<int64_t>& slots,
-                       const std::string& what) {
-  for (size_t i = 0; i < slots.size(); ++i) {
-    Tensor expected = slots[i] >= 0 ? ref[slots[i]] : at::zeros_like(ref[0]);
-    const double diff = (got[i] - expected).abs().max().item<double>();
-    const double tol = 1e-9 * (1 + expected.abs().max().item<double>());
-    if (diff > tol) {
-      ADD_FAILURE() << what << ": slot " << i << " (global token " << slots[i]
-                    << ") differs by " << diff;
-      return;  // the first mismatch says enough
-    }
-  }
-}
 
 struct SchemeCase {
   int64_t kv_heads;

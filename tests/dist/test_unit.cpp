@@ -127,7 +127,7 @@ TEST(MeshTest, GroupsPartitionTheWorldForEveryShape) {
                             MeshAxis::context}) {
         std::multiset<int> seen;
         for (int rank = 0; rank < world; ++rank) {
-          EXPECT_EQ(rank_of(shape, plan::rank_coords(shape, rank)), rank);
+          EXPECT_EQ(global_rank(shape, plan::rank_coords(shape, rank)), rank);
           auto members = plan::group_members(shape, axis, rank);
           for (int m : members) EXPECT_EQ(plan::group_members(shape, axis, m), members);
           if (members.front() == rank) seen.insert(members.begin(), members.end());

@@ -1,6 +1,7 @@
-// The references for Gated DeltaNet, written plainly and apart from the library:
-// the token-by-token recurrence, and the whole layer on the unsharded packed batch
-// (Hugging Face's Qwen3NextGatedDeltaNet, one token at a time). Slow by design.
+// The reference for the Gated DeltaNet layer, written plainly and apart from the
+// library: the whole layer on the unsharded packed batch (Hugging Face's
+// Qwen3NextGatedDeltaNet, one token at a time). Its rule is the library's plain
+// token-by-token recurrence (attention/gated_delta_recurrence.h). Slow by design.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -8,45 +9,15 @@
 #include <cmath>
 #include <vector>
 
-#include "mmsp/attention/gated_deltanet_layer.h"
+#include "mmsp/attention/gated_delta_recurrence.h"
+#include "mmsp/model/gated_deltanet_layer.h"
 #include "mmsp/attention/token_layout.h"
 
 namespace mmsp::test {
 
-// q, k [T, H, K], v [T, H, V], g, beta [T, H]; the state restarts wherever a token's
-// order is 0 or its segment changes; padding tokens (segment < 0) get zero output
-// and leave the state alone.
-//   S_t = exp(g_t)(I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,   o_t = S_tᵀ q_t / √K
-inline at::Tensor gated_delta_recurrence(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                         const at::Tensor& g, const at::Tensor& beta,
-                                         const attention::TokenLayout& layout) {
-  const int64_t T = q.size(0), H = q.size(1), K = q.size(2), V = v.size(2);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(K));
-  const int64_t* seg = layout.segment.data_ptr<int64_t>();
-  const int64_t* ord = layout.order.data_ptr<int64_t>();
-  at::Tensor eye = at::eye(K, q.options()).expand({H, K, K});
-  at::Tensor S;
-  int64_t prev_seg = -1;
-  std::vector<at::Tensor> out;
-  for (int64_t t = 0; t < T; ++t) {
-    if (seg[t] < 0) {
-      out.push_back(at::zeros({H, V}, v.options()));
-      continue;
-    }
-    if (ord[t] == 0 || seg[t] != prev_seg) S = at::zeros({H, K, V}, q.options());
-    prev_seg = seg[t];
-    at::Tensor kt = k[t].unsqueeze(-1);                                   // [H, K, 1]
-    at::Tensor alpha = g[t].exp().view({H, 1, 1}), b = beta[t].view({H, 1, 1});
-    at::Tensor transition = alpha * (eye - b * at::matmul(kt, kt.transpose(-1, -2)));  // [H, K, K]
-    S = at::matmul(transition, S) + b * at::matmul(kt, v[t].unsqueeze(-2));
-    out.push_back(at::matmul(S.transpose(-1, -2), q[t].unsqueeze(-1) * scale).squeeze(-1));
-  }
-  return at::stack(out);
-}
-
 // The layer on the whole packed batch x [T, hidden] laid out by `layout`.
-inline at::Tensor gated_deltanet_reference(const attention::GatedDeltaNetWeights& w,
-                                           const attention::GatedDeltaNetConfig& c, const at::Tensor& x,
+inline at::Tensor gated_deltanet_reference(const model::GatedDeltaNetWeights& w,
+                                           const model::GatedDeltaNetConfig& c, const at::Tensor& x,
                                            const attention::TokenLayout& layout) {
   const int64_t T = x.size(0), Hk = c.num_key_heads, Hv = c.num_value_heads;
   const int64_t K = c.key_head_dim, V = c.value_head_dim, n = Hv / Hk, W = c.conv_kernel;
@@ -77,7 +48,7 @@ inline at::Tensor gated_deltanet_reference(const attention::GatedDeltaNetWeights
   at::Tensor k = l2(mixed.narrow(1, Hk * K, Hk * K).view({T, Hk, K})).repeat_interleave(n, 1);
   at::Tensor v = mixed.narrow(1, 2 * Hk * K, Hv * V).view({T, Hv, V});
   at::Tensor g = -w.A_log.exp() * at::log1p(at::exp(a + w.dt_bias));  // softplus
-  at::Tensor o = gated_delta_recurrence(q, k, v, g, at::sigmoid(b), layout);
+  at::Tensor o = attention::gated_delta_recurrence(q, k, v, g, at::sigmoid(b), layout);
   at::Tensor var = o.pow(2).mean(-1, true);
   at::Tensor normed = o / at::sqrt(var + c.rms_norm_eps) * w.norm_weight * (z * at::sigmoid(z));
   return at::matmul(normed.reshape({T, Hv * V}), w.out_proj.t());

@@ -80,7 +80,7 @@ TEST(GatedDeltaRule, ChunkedEqualsRecurrenceOnLongPackedSequencesFp64) {
   const int64_t T = layout.size();
   Inputs in = random_inputs(T, H, K, V, kF64);
   Tensor w = at::randn({T, H, V}, kF64);
-  Tensor ref = test::gated_delta_recurrence(in.q, in.k, in.v, in.g, in.beta, layout);
+  Tensor ref = attention::gated_delta_recurrence(in.q, in.k, in.v, in.g, in.beta, layout);
   std::vector<Tensor> ref_grads = grads_of(ref, w, in);
   Tensor out = gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, token_runs(layout)).out;
   std::vector<Tensor> got_grads = grads_of(out, w, in);
@@ -99,7 +99,7 @@ TEST(GatedDeltaRule, RunsFromGivenStatesAndTheirTransitions) {
   const int64_t T = 150;
   TokenLayout whole = test::packed_layout({T}, 1);
   Inputs in = random_inputs(T, H, K, V, kF64);
-  Tensor ref = test::gated_delta_recurrence(in.q, in.k, in.v, in.g, in.beta, whole);
+  Tensor ref = attention::gated_delta_recurrence(in.q, in.k, in.v, in.g, in.beta, whole);
   // runs [0, 70), [70, 73), [73, 150)
   std::vector<TokenRun> runs{{0, 70, 0, 0}, {70, 3, 0, 70}, {73, 77, 0, 73}};
   GatedDeltaOptions opts;
@@ -128,7 +128,7 @@ TEST(GatedDeltaRule, LowPrecisionComputesInFp32) {
   at::manual_seed(9);
   TokenLayout layout = test::packed_layout({90, 20}, 1);
   Inputs in = random_inputs(layout.size(), 2, 8, 8, kF64);
-  Tensor ref = test::gated_delta_recurrence(in.q, in.k, in.v, in.g, in.beta, layout);
+  Tensor ref = attention::gated_delta_recurrence(in.q, in.k, in.v, in.g, in.beta, layout);
   auto bf = [](const Tensor& t) { return t.detach().to(at::kBFloat16); };
   GatedDeltaOptions opts;
   opts.transitions = true;

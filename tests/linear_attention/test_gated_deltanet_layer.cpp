@@ -14,15 +14,20 @@
 
 #include "gated_delta_reference.h"
 #include "mmsp/attention/gated_delta_ring.h"
-#include "mmsp/attention/gated_deltanet_layer.h"
+#include "mmsp/model/gated_deltanet_layer.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
 #include "multirank.h"
+#include "row_compare.h"
 #include "packed_batch.h"
 
 using namespace mmsp;
 using namespace mmsp::attention;
+using namespace mmsp::model;
 using at::Tensor;
+
+using test::expect_rows_match;
+using test::gather_rows;
 
 namespace {
 
@@ -40,30 +45,11 @@ GatedDeltaNetConfig small_config(int64_t chunk) {
   return c;
 }
 
-Tensor gather_rows(const Tensor& x, const std::vector<int64_t>& slots) {
-  std::vector<Tensor> rows;
-  for (int64_t s : slots) rows.push_back(s >= 0 ? x[s] : at::zeros_like(x[0]));
-  return at::stack(rows);
-}
-
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
   ASSERT_EQ(got.sizes(), want.sizes()) << what;
   const double diff = (got - want).abs().max().item<double>();
   const double tol = 1e-9 * (1 + want.abs().max().item<double>());
   EXPECT_LE(diff, tol) << what << ": max difference " << diff;
-}
-
-void expect_rows_match(const Tensor& got, const Tensor& ref, const std::vector<int64_t>& slots,
-                       const std::string& what) {
-  for (size_t i = 0; i < slots.size(); ++i) {
-    Tensor expected = slots[i] >= 0 ? ref[slots[i]] : at::zeros_like(ref[0]);
-    const double diff = (got[i] - expected).abs().max().item<double>();
-    const double tol = 1e-9 * (1 + expected.abs().max().item<double>());
-    if (diff > tol) {
-      ADD_FAILURE() << what << ": slot " << i << " (global token " << slots[i] << ") differs by " << diff;
-      return;
-    }
-  }
 }
 
 std::vector<Tensor> params_of(GatedDeltaNetWeights& w) {

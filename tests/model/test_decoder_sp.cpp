@@ -9,18 +9,33 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/config.h"
 #include "mmsp/model/decoder.h"
 #include "mmsp/model/rank_inputs.h"
+#include "mmsp/train/causal_lm_loss.h"
 #include "multirank.h"
+#include "sp_compare.h"
 
 using namespace mmsp;
 using at::Tensor;
 
 namespace {
 
+// A Qwen2-VL decoder (mRoPE, q/k/v biases) or LLaVA's Llama decoder (1-D RoPE, no biases).
 model::ModelConfig tiny_config(const std::string& model_type) {
+  if (model_type == "llava") {
+    nlohmann::json c = {
+        {"model_type", "llava"}, {"image_token_index", 122}, {"image_seq_length", 16},
+        {"tie_word_embeddings", false},
+        {"text_config", {{"model_type", "llama"}, {"vocab_size", 128}, {"hidden_size", 96},
+                         {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
+                         {"num_key_value_heads", 2}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}}},
+        {"vision_config", {{"model_type", "clip_vision_model"}, {"hidden_size", 16}, {"intermediate_size", 32},
+                           {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"image_size", 8},
+                           {"patch_size", 2}, {"projection_dim", 16}, {"hidden_act", "quick_gelu"},
+                           {"layer_norm_eps", 1e-5}}}};
+    return model::parse_model_config(c, "tiny llava");
+  }
   nlohmann::json c = {
       {"model_type", model_type}, {"vocab_size", 128}, {"hidden_size", 96},
       {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
@@ -45,61 +60,28 @@ plan::Batch text_batch(std::mt19937& rng) {
   return batch;
 }
 
-struct Result {
-  double loss = 0;
-  std::vector<std::pair<std::string, Tensor>> grads;
-};
-
 // One step of `plan` on this rank; gradients and loss summed over `world`.
-Result run(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
+test::StepResult run(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
            const attention::ContextGroups& groups, const dist::GroupPtr& world) {
   at::manual_seed(42);  // identical replicas
   auto decoder = std::make_shared<model::Decoder>(config.text, config.tie_word_embeddings);
   decoder->to(at::kDouble);
   model::RankInputs in = model::rank_inputs(batch, plan);
-  model::DecoderContext ctx;
-  ctx.groups = groups;
-  ctx.ring_shares = in.ring_shares;
-  ctx.rotary = model::rotary_table(in.positions, model::rotary_options(config.text, config.conventions),
-                                   at::kDouble, at::kCPU);
-  ctx.attention.block_q = 8;
-  ctx.attention.block_k = 16;
+  attention::AttentionOptions blocks;
+  blocks.block_q = 8;
+  blocks.block_k = 16;
+  const model::DecoderContext ctx = model::decoder_context(in, config.text, config.conventions, groups, blocks,
+                                                           at::empty({0}, at::kDouble));
   Tensor logits = decoder->forward(decoder->embed(in.token_ids), ctx);
-  Tensor loss = model::causal_lm_loss(logits, in.labels, in.label_count);
+  Tensor loss = train::causal_lm_loss(logits, in.labels, in.label_count);
   loss.backward();
-  Result r;
-  Tensor total = loss.detach().reshape({1});
-  dist::all_reduce_(total, *world);
-  r.loss = total.item<double>();
-  for (const auto& item : decoder->named_parameters()) {
-    Tensor g = item.value().grad().clone();
-    dist::all_reduce_(g, *world);
-    r.grads.emplace_back(item.key(), g);
-  }
-  return r;
-}
-
-// The k_proj bias gets a gradient that is zero in exact arithmetic (softmax ignores a
-// constant shift of the scores): compare it against a floor of 1e-12 of the model's
-// largest gradient instead of its own rounding noise.
-void expect_same(const Result& got, const Result& ref, const std::string& where) {
-  EXPECT_NEAR(got.loss, ref.loss, 1e-9 * std::abs(ref.loss)) << where << " loss";
-  ASSERT_EQ(got.grads.size(), ref.grads.size());
-  double model_scale = 0;
-  for (const auto& [name, g] : ref.grads) model_scale = std::max(model_scale, g.abs().max().item<double>());
-  for (size_t i = 0; i < ref.grads.size(); ++i) {
-    ASSERT_EQ(got.grads[i].first, ref.grads[i].first);
-    const double scale = ref.grads[i].second.abs().max().item<double>();
-    const double diff = (got.grads[i].second - ref.grads[i].second).abs().max().item<double>();
-    EXPECT_LE(diff, 1e-9 * (scale + 1e-3 * model_scale)) << where << " gradient of " << ref.grads[i].first;
-  }
+  return test::summed_over(*decoder, loss, world);
 }
 
 }  // namespace
 
 TEST(MultiRank, DecoderLossAndEveryGradientEqualOneProcess) {
-  for (const std::string model_type : {"qwen2_vl", "llava_text"}) {
-    if (model_type == "llava_text") continue;  // LLaVA needs its CLIP config; covered by the VLM test
+  for (const std::string model_type : {"qwen2_vl", "llava"}) {
     const model::ModelConfig config = tiny_config(model_type);
     std::mt19937 rng(5);
     const plan::Batch batch = text_batch(rng);
@@ -107,7 +89,7 @@ TEST(MultiRank, DecoderLossAndEveryGradientEqualOneProcess) {
 
     plan::PlanOptions single;
     const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, single, 0);
-    const Result ref = run(config, batch, whole, {solo, solo}, solo);
+    const test::StepResult ref = run(config, batch, whole, {solo, solo}, solo);
 
     for (const dist::Mesh& mesh : test::all_meshes()) {
       const int U = mesh.shape().ulysses;
@@ -115,8 +97,8 @@ TEST(MultiRank, DecoderLossAndEveryGradientEqualOneProcess) {
       plan::PlanOptions options;
       options.mesh = mesh.shape();
       const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
-      const Result got = run(config, batch, mine, {mesh.ring(), mesh.ulysses()}, mesh.world());
-      expect_same(got, ref, model_type + " " + mesh.shape().str());
+      const test::StepResult got = run(config, batch, mine, {mesh.ring(), mesh.ulysses()}, mesh.world());
+      test::expect_same_step(got, ref, 1e-9, model_type + " " + mesh.shape().str());
     }
   }
 }

@@ -17,6 +17,7 @@
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/qwen_vl.h"
 #include "mmsp/model/rank_inputs.h"
+#include "mmsp/train/causal_lm_loss.h"
 #include "multirank.h"
 #include "sp_compare.h"
 
@@ -85,7 +86,7 @@ Result run_vlm(const model::ModelConfig& config, const plan::Batch& batch, const
   attn.block_q = 8;
   attn.block_k = 8;
   auto out = vlm->forward(batch, plan, pixels, groups, model::VisionMode::routed, attn);
-  Tensor loss = model::causal_lm_loss(out.logits(), out.labels, out.label_count);
+  Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);
   loss.backward();
   return test::summed_over(*vlm, loss, world);
 }
@@ -104,7 +105,7 @@ Result run_decoder(const model::ModelConfig& config, const plan::Batch& batch, c
   model::DecoderContext ctx = model::decoder_context(in, config.text, config.conventions, groups, attn, like);
   ctx.linear_chunk = chunk;
   Tensor logits = decoder->forward(decoder->embed(in.token_ids), ctx);
-  Tensor loss = model::causal_lm_loss(logits, in.labels, in.label_count);
+  Tensor loss = train::causal_lm_loss(logits, in.labels, in.label_count);
   loss.backward();
   return test::summed_over(*decoder, loss, world);
 }
@@ -275,7 +276,7 @@ Tensor gdn_reference(const std::map<std::string, Tensor>& p, const model::TextCo
   Tensor b = at::matmul(x, p.at("linear_attn.in_proj_b.weight").t());
   Tensor a = at::matmul(x, p.at("linear_attn.in_proj_a.weight").t());
   Tensor g = -p.at("linear_attn.A_log").exp() * at::softplus(a + p.at("linear_attn.dt_bias"));
-  Tensor o = test::gated_delta_recurrence(q, k, v, g, at::sigmoid(b), layout);
+  Tensor o = attention::gated_delta_recurrence(q, k, v, g, at::sigmoid(b), layout);
   Tensor normed = o * at::rsqrt(o.pow(2).mean(-1, true) + c.rms_norm_eps) * p.at("linear_attn.norm.weight") * at::silu(z);
   return at::matmul(normed.reshape({T, Hv * V}), p.at("linear_attn.out_proj.weight").t());
 }

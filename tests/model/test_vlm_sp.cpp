@@ -14,6 +14,7 @@
 #include "mmsp/model/llava.h"
 #include "mmsp/model/qwen_vl.h"
 #include "mmsp/model/rank_inputs.h"
+#include "mmsp/train/causal_lm_loss.h"
 #include "mmsp/model/safetensors.h"
 #include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/hf_directory.h"
@@ -106,7 +107,7 @@ Result run_model(const model::ModelConfig& config, const plan::Batch& batch, con
   attn.block_q = 8;
   attn.block_k = 8;
   auto out = vlm->forward(batch, plan, pixels, groups, mode, attn);
-  Tensor loss = model::causal_lm_loss(out.logits(), out.labels, out.label_count);
+  Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);
   loss.backward();
   return test::summed_over(*vlm, loss, world);
 }

@@ -104,7 +104,7 @@ TEST(Mesh, CoordsUlyssesFastest) {
   EXPECT_EQ(c.dp, 1);
   EXPECT_EQ(c.ring, 0);
   EXPECT_EQ(c.ulysses, 1);
-  for (int r = 0; r < mesh.world(); ++r) EXPECT_EQ(rank_of(mesh, rank_coords(mesh, r)), r);
+  for (int r = 0; r < mesh.world(); ++r) EXPECT_EQ(global_rank(mesh, rank_coords(mesh, r)), r);
 }
 
 TEST(Mesh, Errors) {

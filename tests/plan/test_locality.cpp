@@ -11,11 +11,11 @@ using namespace mmsp::plan;
 
 namespace {
 
-int64_t rows_home(const std::vector<int>& rank_of, const std::vector<HeldRows>& held) {
+int64_t rows_home(const std::vector<int>& encoder_of, const std::vector<HeldRows>& held) {
   int64_t home = 0;
   for (size_t i = 0; i < held.size(); ++i)
     for (const auto& [r, rows] : held[i])
-      if (r == rank_of[i]) home += rows;
+      if (r == encoder_of[i]) home += rows;
   return home;
 }
 

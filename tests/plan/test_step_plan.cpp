@@ -49,11 +49,11 @@ std::vector<std::pair<int64_t, int64_t>> placeholder_rows(const Sequence& s, con
   for (size_t i = 0; i < s.input_ids.size(); ++i) {
     const int64_t t = s.input_ids[i];
     if (t == c.image_token_id) {
-      if (tokens_left == 0) tokens_left = vision_rows(s.image_grid_thw[++image], m);
+      if (tokens_left == 0) tokens_left = vision_row_count(s.image_grid_thw[++image], m);
       out[i] = {image, rows[{0, image}]++};
       --tokens_left;
     } else if (c.video_token_id >= 0 && t == c.video_token_id) {
-      if (frames_left == 0) frames_left = vision_rows(s.video_grid_thw[++video], m);
+      if (frames_left == 0) frames_left = vision_row_count(s.video_grid_thw[++video], m);
       out[i] = {video, rows[{1, video}]++};
       --frames_left;
     }
@@ -97,7 +97,7 @@ TEST(StepPlanProperty, RandomBatchesEveryRank) {
       for (const Segment& seg : row.packing.segments) ++seen_seq[seg.sequence];
       std::vector<RankPlan> ranks;
       for (int c2 = 0; c2 < S; ++c2)
-        ranks.push_back(make_rank_plan(batch, plan, rank_of(o.mesh, {d, c2 / o.mesh.ulysses, c2 % o.mesh.ulysses})));
+        ranks.push_back(make_rank_plan(batch, plan, global_rank(o.mesh, {d, c2 / o.mesh.ulysses, c2 % o.mesh.ulysses})));
       V held(row.packing.length, 0);
       for (int cr = 0; cr < S; ++cr) {
         const RankPlan& rp = ranks[cr];

@@ -1,4 +1,4 @@
-// The chunked LM head + loss against the whole-logits one (model::causal_lm_loss of
+// The chunked LM head + loss against the whole-logits one (train::causal_lm_loss of
 // hidden · weightᵀ), fp64: the loss and the gradients of the hidden states and of the
 // head weight, untied and tied to the embedding (whose rows also feed the hidden
 // states), for chunks of 1 token, 7 (the last one partial) and all tokens.
@@ -7,7 +7,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/rank_inputs.h"
+#include "mmsp/train/causal_lm_loss.h"
 #include "mmsp/train/chunked_loss.h"
 
 namespace mmsp::train {
@@ -31,7 +31,7 @@ Grads run(bool tied, int64_t chunk) {
   const int64_t label_count = (labels != -100).sum().item<int64_t>() + 5;  // as if other ranks held 5 more
   const at::Tensor hidden = at::tanh(embedding.index_select(0, ids)) * 3;
   const at::Tensor& w = tied ? embedding : head;
-  const at::Tensor loss = chunk == 0 ? model::causal_lm_loss(at::linear(hidden, w), labels, label_count)
+  const at::Tensor loss = chunk == 0 ? train::causal_lm_loss(at::linear(hidden, w), labels, label_count)
                                      : chunked_lm_loss(hidden, w, labels, label_count, chunk);
   const auto g = torch::autograd::grad({loss * 1.7}, {embedding, head}, {}, false, false, true);
   return {loss.detach(), g[0], g[1]};
@@ -68,7 +68,7 @@ TEST(ChunkedLoss, Bf16ComputesInFp32AndReturnsBf16Gradients) {
   const at::Tensor labels = at::randint(V, {T}, at::kLong);
   const at::Tensor loss = chunked_lm_loss(hidden, weight, labels, T, 7);
   EXPECT_EQ(loss.scalar_type(), at::kFloat);
-  const at::Tensor ref = model::causal_lm_loss(at::linear(hidden, weight), labels, T);
+  const at::Tensor ref = train::causal_lm_loss(at::linear(hidden, weight), labels, T);
   EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-5 * ref.item<double>());
   loss.backward();
   EXPECT_EQ(hidden.grad().scalar_type(), at::kBFloat16);

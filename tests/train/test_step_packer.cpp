@@ -47,37 +47,37 @@ std::vector<int64_t> random_lengths(int64_t n, int64_t lo, int64_t hi, uint64_t 
   return out;
 }
 
-PackerOptions packer(int64_t tokens_per_rank, int dp, int context, bool shuffle = true) {
+PackerOptions packer(int64_t tokens_per_row, int rows, bool shuffle = true) {
   PackerOptions o;
-  o.tokens_per_rank = tokens_per_rank, o.dp = dp, o.context = context, o.seed = 11, o.shuffle = shuffle;
+  o.tokens_per_row = tokens_per_row, o.rows = rows, o.seed = 11, o.shuffle = shuffle;
   return o;
 }
 
 TEST(StepPacker, BudgetAndRowsRespected) {
   const LengthsDataset data(random_lengths(200, 5, 60, 1));
-  for (int dp : {1, 2, 3}) {
-    const StepPacker p(data, packer(50, dp, 2));
+  for (int rows : {1, 2, 3}) {
+    const StepPacker p(data, packer(100, rows));
     DataPosition pos;
     for (int step = 0; step < 60; ++step) {
       const auto samples = p.next_step(pos);
       std::vector<int64_t> lengths;
       for (int64_t s : samples) lengths.push_back(data.sequence(s).input_ids.size());
       const int64_t total = std::accumulate(lengths.begin(), lengths.end(), int64_t{0});
-      EXPECT_LE(total, 50 * dp * 2);
-      EXPECT_GE(static_cast<int>(samples.size()), dp);
-      for (const auto& row : plan::assign_sequences_to_dp(lengths, dp)) {
+      EXPECT_LE(total, 100 * rows);
+      EXPECT_GE(static_cast<int>(samples.size()), rows);
+      for (const auto& row : plan::assign_sequences_to_dp(lengths, rows)) {
         int64_t sum = 0;
         for (int64_t k : row) sum += lengths[k];
-        EXPECT_LE(sum, 50 * 2) << "dp " << dp << " step " << step;
+        EXPECT_LE(sum, 100) << "rows " << rows << " step " << step;
       }
     }
   }
 }
 
-// The same global budget gives the same steps however it is split into dp x context.
+// The same step budget gives the same steps however it is split into rows.
 TEST(StepPacker, SameStepsForEveryMeshOfOneBudget) {
   const LengthsDataset equal(std::vector<int64_t>(50, 10));  // 8 per step, 4 per row: no give-back
-  const StepPacker a(equal, packer(20, 1, 4)), b(equal, packer(20, 2, 2)), c(equal, packer(80, 1, 1));
+  const StepPacker a(equal, packer(80, 1)), b(equal, packer(40, 2)), c(equal, packer(20, 4));
   DataPosition pa, pb, pc;
   for (int step = 0; step < 20; ++step) {
     const auto sa = a.next_step(pa);
@@ -87,9 +87,9 @@ TEST(StepPacker, SameStepsForEveryMeshOfOneBudget) {
   }
   EXPECT_EQ(pa.epoch, 3);
   EXPECT_EQ(pa.offset, 10);
-  // with mixed lengths, dp 2 only ever gives back: its step is a prefix of dp 1's
+  // with mixed lengths, 2 rows only ever give back: their step is a prefix of 1 row's
   const LengthsDataset mixed(random_lengths(300, 1, 40, 2));
-  const StepPacker one(mixed, packer(40, 1, 4)), two(mixed, packer(40, 2, 2));
+  const StepPacker one(mixed, packer(160, 1)), two(mixed, packer(80, 2));
   DataPosition pos;
   int same = 0;
   for (int step = 0; step < 100; ++step) {
@@ -105,7 +105,7 @@ TEST(StepPacker, SameStepsForEveryMeshOfOneBudget) {
 
 TEST(StepPacker, EpochsWrapInOrder) {
   const LengthsDataset data(random_lengths(37, 1, 30, 3));
-  const StepPacker p(data, packer(40, 2, 1));
+  const StepPacker p(data, packer(40, 2));
   std::vector<int64_t> stream;
   DataPosition pos;
   while (pos.epoch < 3) {
@@ -123,25 +123,25 @@ TEST(StepPacker, EpochsWrapInOrder) {
   EXPECT_EQ(stream, want);
   EXPECT_LT(pos.offset, 37);
   EXPECT_NE(p.epoch_order(0), p.epoch_order(1));
-  EXPECT_EQ(p.epoch_order(1), StepPacker(data, packer(40, 2, 1)).epoch_order(1)) << "deterministic";
-  PackerOptions other = packer(40, 2, 1);
+  EXPECT_EQ(p.epoch_order(1), StepPacker(data, packer(40, 2)).epoch_order(1)) << "deterministic";
+  PackerOptions other = packer(40, 2);
   other.seed = 12;
   EXPECT_NE(p.epoch_order(0), StepPacker(data, other).epoch_order(0));
-  const auto plain = StepPacker(data, packer(40, 2, 1, false)).epoch_order(5);
+  const auto plain = StepPacker(data, packer(40, 2, false)).epoch_order(5);
   for (int64_t i = 0; i < 37; ++i) EXPECT_EQ(plain[i], i);
 }
 
 TEST(StepPacker, Errors) {
   const LengthsDataset data({10, 20, 30, 50, 10});
-  const StepPacker p(data, packer(20, 1, 2, false));
+  const StepPacker p(data, packer(40, 1, false));
   DataPosition pos;
   EXPECT_EQ(p.next_step(pos), (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(p.next_step(pos), (std::vector<int64_t>{2}));
   EXPECT_THAT(error_of([&] { p.next_step(pos); }),
-              HasSubstr("sample 3 has 50 tokens, more than one dp row holds: tokens_per_rank (20) x context (2) = 40"));
-  EXPECT_THAT(error_of([&] { StepPacker q(data, packer(20, 6, 1)); }),
-              HasSubstr("dataset has 5 samples, fewer than dp (6)"));
-  EXPECT_THAT(error_of([&] { StepPacker q(data, packer(0, 1, 1)); }), HasSubstr("tokens_per_rank is 0"));
+              HasSubstr("sample 3 has 50 tokens, more than one row holds (tokens_per_row 40)"));
+  EXPECT_THAT(error_of([&] { StepPacker q(data, packer(20, 6)); }),
+              HasSubstr("dataset has 5 samples, fewer than rows (6)"));
+  EXPECT_THAT(error_of([&] { StepPacker q(data, packer(0, 1)); }), HasSubstr("tokens_per_row is 0"));
   DataPosition bad{0, 5};
   EXPECT_THAT(error_of([&] { p.next_step(bad); }), HasSubstr("data position (epoch 0, offset 5) is outside"));
 }
@@ -169,7 +169,7 @@ class CountingDataset : public Dataset {
   const Dataset& inner_;
 };
 
-TEST(StepPixels, FillsOnlyNeededItemsAtThePlansOffsets) {
+TEST(StepPixels, HoldsOnlyNeededItems) {
   for (const std::string name : {"tiny-qwen2-vl", "tiny-qwen3-vl"}) {
     SCOPED_TRACE(name);
     const auto config = tiny_config(name);
@@ -188,30 +188,37 @@ TEST(StepPixels, FillsOnlyNeededItemsAtThePlansOffsets) {
     };
     const model::PixelInputs px = load_pixels(data, samples, batch, config, needed, at::kDouble);
     EXPECT_EQ(px.images.scalar_type(), at::kDouble);
-    // the planner's items say where each item's rows are (offsets over the whole batch,
-    // whichever dp row holds the item)
+    // the planner's items (of either dp row) name each item by its batch index
     plan::PlanOptions po;
     po.mesh.dp = 2;
     const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, po, 0);
     std::vector<plan::VisionItem> all_items = plan.rows[0].items;
     all_items.insert(all_items.end(), plan.rows[1].items.begin(), plan.rows[1].items.end());
-    int64_t images = 0, videos = 0, expected_decodes = 0;
+    int64_t images = 0, videos = 0, expected_decodes = 0, image_rows = 0, video_rows = 0;
     for (const plan::VisionItem& item : all_items) {
       const bool image = item.kind == plan::VisionKind::image;
       (image ? images : videos) += 1;
-      const at::Tensor got = (image ? px.images : px.videos).narrow(0, item.patch_offset, item.patches);
       const int64_t sample = samples[item.sequence];
+      const int64_t offset = (image ? px.image_offsets : px.video_offsets).at(item.batch_index);
       if (needed(item.kind, item.batch_index)) {
         ++expected_decodes;
+        (image ? image_rows : video_rows) += item.patches;
+        ASSERT_EQ(offset, px.first_row(item, -1));
+        const at::Tensor got = (image ? px.images : px.videos).narrow(0, offset, item.patches);
         const at::Tensor want = image ? shapes.image_pixels(sample, item.index) : shapes.video_pixels(sample, item.index);
         EXPECT_TRUE(at::equal(got, want.to(at::kDouble))) << item.batch_index;
         EXPECT_EQ(data.decoded.count({sample, item.index, image ? 0 : 1}), 1u);
       } else {
-        EXPECT_EQ(got.abs().max().item<double>(), 0.0) << "not encoded here: zeros";
+        EXPECT_EQ(offset, -1) << "not encoded here: not held";
+        EXPECT_THAT(error_of([&] { px.first_row(item, -1); }), HasSubstr("not held on this rank"));
       }
     }
     EXPECT_GT(images, 4);
     EXPECT_GT(videos, 0);
+    EXPECT_EQ(static_cast<int64_t>(px.image_offsets.size()), images);
+    EXPECT_EQ(static_cast<int64_t>(px.video_offsets.size()), videos);
+    EXPECT_EQ(px.images.size(0), image_rows) << "room for the needed items only";
+    EXPECT_EQ(px.videos.size(0), video_rows);
     EXPECT_EQ(static_cast<int64_t>(data.decoded.size()), expected_decodes) << "nothing else decoded";
   }
 }
@@ -227,13 +234,15 @@ TEST(StepPixels, Llava) {
   for (const auto& s : batch.sequences) n += static_cast<int64_t>(s.image_grid_thw.size());
   const model::PixelInputs px =
       load_pixels(data, samples, batch, config, [](plan::VisionKind, int64_t item) { return item == 1; }, at::kFloat);
-  ASSERT_EQ(px.images.sizes(), (std::vector<int64_t>{n, 3, 56, 56}));
+  ASSERT_EQ(px.images.sizes(), (std::vector<int64_t>{1, 3, 56, 56})) << "the needed image only";
   EXPECT_FALSE(px.videos.defined());
-  EXPECT_EQ(px.images[0].abs().max().item<float>(), 0.0f);
+  std::vector<int64_t> offsets(n, -1);
+  offsets[1] = 0;
+  EXPECT_EQ(px.image_offsets, offsets);
   // item 1 is the second image of the batch, in batch order
   int64_t sample = 0, index = 1;
   if (batch.sequences[0].image_grid_thw.size() == 1) sample = 1, index = 0;
-  EXPECT_TRUE(at::equal(px.images[1], data.image_pixels(samples[sample], index)));
+  EXPECT_TRUE(at::equal(px.images[0], data.image_pixels(samples[sample], index)));
 }
 
 // ---- step fingerprints: the odd rank and the first differing field -------------------

@@ -44,11 +44,11 @@ train::TrainOptions tiny_options(int64_t tokens_per_rank) {
   o.dtype = "float64";
   o.steps = 3;
   o.tokens_per_rank = tokens_per_rank;
-  o.warmup_steps = 1;
+  o.warmup = 1;
   o.lr = 1e-2;
   o.min_lr = 1e-3;
   o.attention_block = 16;
-  o.print_steps = false;
+  o.quiet = true;
   return o;
 }
 
@@ -140,10 +140,10 @@ void expect_stop_and_resume_exact(train::TrainOptions o, const dist::Mesh& mesh,
   std::ostringstream log;
   o.steps = 4;
   o.checkpoint_every = 2;
-  o.out_dir = whole_dir;
+  o.out = whole_dir;
   const train::TrainReport whole = train::train(o, mesh, log);
 
-  o.out_dir = split_dir;
+  o.out = split_dir;
   o.stop_after = 2;
   const train::TrainReport first = train::train(o, mesh, log);
   ASSERT_EQ(first.steps.size(), 2u);
@@ -336,7 +336,7 @@ TEST(MultiRankTrain, FineTuneFromAHfDirectoryOnEveryMesh) {
   std::ostringstream log;
   train::TrainOptions o = tiny_options(96);
   o.steps = 2;
-  o.out_dir = run_dir;
+  o.out = run_dir;
   o.save_shard_bytes = 200'000;  // several shards, as a released model has
   const train::TrainReport run = train::train(o, mesh, log);
   const std::string hf = run_dir + "/step-000002/hf";
@@ -459,7 +459,7 @@ TEST(MultiRankTrain, ShardedCheckpointsResumeOnAnyWorldEitherWay) {
   auto save_two = [&](const std::string& shard, const std::string& dir) {
     train::TrainOptions first = o;
     first.shard = shard;
-    first.out_dir = dir;
+    first.out = dir;
     first.stop_after = 2;
     train::train(first, mesh, log);
   };

@@ -1,7 +1,8 @@
-// The one attention entry point model code calls: q, k, v of this rank's tokens and
-// the plan's layout of the context group; the scheme follows the mesh — local
-// (1 rank), Ulysses (ulysses > 1), ring (ring > 1) or hybrid (both: Ulysses inside
-// each ring rank, ring across). Every check runs before the first collective.
+// Attention over the context group in one call: q, k, v of this rank's tokens and the
+// plan's layout of the group; the scheme follows the mesh — local (1 rank), Ulysses
+// (ulysses > 1), ring (ring > 1) or hybrid (both: Ulysses inside each ring rank, ring
+// across). Every check runs before the first collective. It plans the kernel's blocks
+// on every call; model code plans a step once instead (step_attention.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -7,6 +7,9 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/ivalue.h>
+
+#include <vector>
 
 #include "mmsp/attention/token_layout.h"
 
@@ -32,6 +35,27 @@ PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& 
                                          const TokenLayout& k_layout,
                                          const AttentionOptions& options);
 
+// The kernel's index work for one pair of layouts: which key blocks each query block
+// attends (BlockSchedule) and, for each partial block, its disallowed (query, key)
+// pairs on the tensors' device. A pure function of the layouts and the options, so a
+// step plans it once and every layer, forward and backward, reuses it
+// (step_attention.h); the layout-taking forms below plan it on every call.
+struct KernelPlan : torch::CustomClassHolder {
+  int64_t queries = 0, keys = 0;  // tokens of the query and key layouts
+  AttentionOptions options;
+  BlockSchedule schedule;
+  // [query block][its key block]: disallowed pairs [bq, 1, bk] bool; undefined for a full block
+  std::vector<std::vector<at::Tensor>> masks;
+};
+using KernelPlanPtr = c10::intrusive_ptr<KernelPlan>;
+
+// Checks the layouts (naming the bad value) and plans; masks are made on `device`.
+KernelPlanPtr plan_kernel(const TokenLayout& q_layout, const TokenLayout& k_layout,
+                          const AttentionOptions& options, const at::Device& device);
+
+PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const KernelPlan& plan);
+
 // Gradients of the keys [k, v] against queries q, given dout and the FINAL out and
 // lse of those queries (over all key sets they attend to, as after a ring). Returned
 // in the accumulation dtype, so ring steps can add them without rounding.
@@ -44,11 +68,17 @@ AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor
                                         const at::Tensor& out, const at::Tensor& lse,
                                         const TokenLayout& q_layout, const TokenLayout& k_layout,
                                         const AttentionOptions& options);
+AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor& q,
+                                        const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& out, const at::Tensor& lse,
+                                        const KernelPlan& plan);
 
-// Differentiable form (autograd Function over the two above).
+// Differentiable form (autograd Function over the two above); its backward reuses the plan.
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const TokenLayout& q_layout, const TokenLayout& k_layout,
                            const AttentionOptions& options = {});
+at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const KernelPlanPtr& plan);
 
 // Merges `part` into `acc` (both over disjoint key sets of the same queries):
 // lse = log(e^lse_a + e^lse_b); out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b.

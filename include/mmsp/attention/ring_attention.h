@@ -22,4 +22,17 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
                           const dist::GroupPtr& ring, const std::vector<TokenLayout>& shares,
                           const AttentionOptions& options = {});
 
+// The kernel plans of one ring rank, planned once per step: its share's queries
+// against every ring rank's keys (from[p]: keys of ring rank p's share).
+struct RingKernels : torch::CustomClassHolder {
+  std::vector<KernelPlanPtr> from;
+};
+// Checks the shares (equal lengths, valid layouts; names the bad value) and plans.
+c10::intrusive_ptr<RingKernels> plan_ring_kernels(const std::vector<TokenLayout>& shares, int ring_rank,
+                                                  const AttentionOptions& options, const at::Device& device);
+
+// The same with the plans made beforehand; forward and backward reuse them.
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const dist::GroupPtr& ring, const c10::intrusive_ptr<RingKernels>& kernels);
+
 }  // namespace mmsp::attention

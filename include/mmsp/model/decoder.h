@@ -2,8 +2,9 @@
 // LibTorch modules whose parameter names are Hugging Face's: model.embed_tokens,
 // model.layers.N.{input_layernorm, self_attn.{q,k,v,o}_proj | linear_attn.* (Gated
 // DeltaNet layers), post_attention_layernorm, mlp.{gate,up,down}_proj}, model.norm,
-// lm_head. It sees only its tokens: the attention scheme (local, Ulysses, ring, hybrid)
-// and the rotary positions come in through DecoderContext.
+// lm_head. It sees only its tokens: the attention function (local, Ulysses, ring or
+// hybrid, chosen and planned outside it once per step) and the rotary positions come
+// in through DecoderContext.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -11,8 +12,9 @@
 #include <memory>
 #include <vector>
 
-#include "mmsp/attention/context_attention.h"
 #include "mmsp/attention/gated_delta_rule.h"
+#include "mmsp/model/gated_deltanet_layer.h"
+#include "mmsp/attention/step_attention.h"
 #include "mmsp/model/gated_deltanet.h"
 #include "mmsp/model/layer_hooks.h"
 #include "mmsp/model/linear.h"
@@ -22,14 +24,14 @@
 
 namespace mmsp::model {
 
-// What a layer needs besides its weights: this rank's rotary table, the context
-// groups and the layout of every ring share (all from the plan). Gated DeltaNet layers
-// use the same groups and shares (Ulysses over heads, state passing across the ring).
+// What a layer needs besides its weights: this rank's rotary table and the step's
+// attention, planned once (attention::StepAttention) and shared by every layer:
+// full-attention layers call `attend`; Gated DeltaNet layers read `linear`, the same
+// groups and shares with their ring runs (Ulysses over heads, state passing across the ring).
 struct DecoderContext {
-  attention::ContextGroups groups;
-  std::vector<attention::TokenLayout> ring_shares;
+  attention::AttentionFunction attend;
+  model::GatedDeltaContext linear;
   RotaryTable rotary;
-  attention::AttentionOptions attention;
   // chunk of the Gated DeltaNet kernel (hybrid decoders)
   int64_t linear_chunk = attention::kGatedDeltaChunk;
   // Qwen3-VL deepstack: after decoder layer k, deepstack[k] [V, hidden] is added at
@@ -41,8 +43,9 @@ struct DecoderContext {
 // The rotary settings of a decoder: 1-D for LLaVA, mRoPE sections for the Qwen family.
 RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConventions& conventions);
 
-// The context of one rank's step: its groups and ring shares, and the rotary table of
-// its positions (from the plan) in the dtype and on the device of `like`.
+// The context of one rank's step: its attention planned once from its groups and ring
+// shares, and the rotary table of its positions (from the plan), in the dtype and on the
+// device of `like`.
 struct RankInputs;
 DecoderContext decoder_context(const RankInputs& inputs, const TextConfig& text,
                                const plan::ModelConventions& conventions,

@@ -2,7 +2,7 @@
 // as a LibTorch module with Hugging Face's parameter names: Qwen3-Next's fused input
 // projections (in_proj_qkvz, in_proj_ba, grouped by key head) or Qwen3.5's separate ones
 // (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a), then conv1d, A_log, dt_bias, norm,
-// out_proj. The computation, on every mesh, is attention::gated_deltanet_forward; this
+// out_proj. The computation, on every mesh, is gated_deltanet_forward; this
 // file owns the weights and maps Qwen3.5's layout onto the layer's.
 #pragma once
 
@@ -11,14 +11,14 @@
 #include <memory>
 
 #include "mmsp/attention/gated_delta_rule.h"
-#include "mmsp/attention/gated_deltanet_layer.h"
+#include "mmsp/model/gated_deltanet_layer.h"
 #include "mmsp/model/linear.h"
 #include "mmsp/model/text_config.h"
 
 namespace mmsp::model {
 
 // The layer's sizes from a hybrid text config (linear_* keys, rms_norm_eps) and the chunk.
-attention::GatedDeltaNetConfig gated_deltanet_config(const TextConfig& text,
+GatedDeltaNetConfig gated_deltanet_config(const TextConfig& text,
                                                      int64_t chunk = attention::kGatedDeltaChunk);
 
 class GatedDeltaNet : public torch::nn::Module {
@@ -27,13 +27,13 @@ class GatedDeltaNet : public torch::nn::Module {
   explicit GatedDeltaNet(const TextConfig& config);
 
   // x [T/S, hidden] (this rank's slots) -> [T/S, hidden]; chunk: the kernel's chunk.
-  at::Tensor forward(const at::Tensor& x, const attention::GatedDeltaContext& context,
+  at::Tensor forward(const at::Tensor& x, const GatedDeltaContext& context,
                      int64_t chunk = attention::kGatedDeltaChunk) const;
 
   // The weights in the layer's (Qwen3-Next) layout. Qwen3.5's separate projections are
   // regrouped by key head, [q K | k K | v n·V | z n·V] and [b n | a n] (n = H_v / H_k), by
   // differentiable views, so gradients reach the checkpoint's tensors.
-  attention::GatedDeltaNetWeights weights() const;
+  GatedDeltaNetWeights weights() const;
 
  private:
   TextConfig config_;

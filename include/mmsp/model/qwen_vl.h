@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "mmsp/dist/group.h"
 #include "mmsp/model/config.h"
@@ -21,11 +22,19 @@
 
 namespace mmsp::model {
 
-// Pixels of the whole batch in the processor's layout: rows of flattened patches,
-// images in batch order (image_grid_thw order), videos likewise.
+// Pixels in the processor's layout: rows of flattened patches, images in batch order
+// (image_grid_thw order), videos likewise; LLaVA: one [C, S, S] image per row.
+// Either the whole batch (the offset lists empty: an item starts at its patch_offset,
+// a LLaVA image at its batch_index) or only some items, as a rank under Vision DP holds
+// the items it encodes (train::load_pixels): then image_offsets[batch_index] is where
+// the image's rows start, −1 for an image not held here; videos likewise.
 struct PixelInputs {
-  at::Tensor images;  // [Σ image patches, C·tp·p·p]
-  at::Tensor videos;  // [Σ video patches, C·tp·p·p] (may be undefined when there are none)
+  at::Tensor images;  // [Σ image patches held, C·tp·p·p]
+  at::Tensor videos;  // [Σ video patches held, C·tp·p·p] (may be undefined when there are none)
+  std::vector<int64_t> image_offsets, video_offsets;
+
+  // First row of `item` in images / videos; throws when the item is not held here.
+  int64_t first_row(const plan::VisionItem& item, int64_t whole_batch_row) const;
 };
 
 // The groups a step runs on: context (vision routing), ring and ulysses (attention).

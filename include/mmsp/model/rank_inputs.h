@@ -1,5 +1,6 @@
 // The tensors of one rank's step, read off the plan: token ids, positions and labels
-// of its slots, and every ring share's token layout for attention. The model asks
+// of its slots, and every ring share's token layout for attention (the loss of these
+// labels is train/causal_lm_loss.h). The model asks
 // the plan where things are; it never searches token ids itself.
 #pragma once
 
@@ -22,9 +23,5 @@ struct RankInputs {
 
 // For plan.mine (the rank the plan was made for).
 RankInputs rank_inputs(const plan::Batch& batch, const plan::StepPlan& plan);
-
-// Sum of the per-token cross-entropy over this rank's labels, divided by the global
-// label count: summed over ranks it is the mean over the whole batch.
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, int64_t label_count);
 
 }  // namespace mmsp::model

@@ -42,7 +42,7 @@ Mesh parse_mesh(const std::string& text);
 std::vector<Mesh> all_meshes(int world_size);
 
 RankCoords rank_coords(const Mesh& mesh, int rank);  // throws unless 0 <= rank < world
-int rank_of(const Mesh& mesh, const RankCoords& coords);
+int global_rank(const Mesh& mesh, const RankCoords& coords);  // the inverse of rank_coords
 
 // Global ranks of the group along an axis that contains `rank`, ordered by the
 // group-local rank. Context = ring × ulysses block; dp = same (ring, ulysses).

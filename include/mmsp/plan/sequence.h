@@ -48,7 +48,7 @@ struct ParsedSequence {
 };
 
 // Embedding rows of an item: t * (h / m) * (w / m).
-int64_t vision_rows(const Grid& grid, int64_t spatial_merge_size);
+int64_t vision_row_count(const Grid& grid, int64_t spatial_merge_size);
 
 // Finds the vision blocks and checks them against the grids; every error names the
 // sequence index and the offending value.

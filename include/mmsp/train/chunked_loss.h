@@ -1,7 +1,7 @@
 // The LM head and the cross-entropy together, a chunk of tokens at a time: the forward
 // keeps per token only the log-sum-exp of its logits, never the [tokens, vocab] logits;
 // the backward makes each chunk's logits again. Equals
-// causal_lm_loss(hidden · weightᵀ, labels, label_count) in value and gradient (tests).
+// train::causal_lm_loss(hidden · weightᵀ, labels, label_count) in value and gradient (tests).
 // With V the vocabulary, a chunk of n tokens holds n·V logits in the compute dtype and
 // about three n·V tensors in fp32 (its upcast, exp, gradient) at a time.
 #pragma once

@@ -18,11 +18,10 @@ struct DataPosition {
 };
 
 struct PackerOptions {
-  // real tokens one rank holds at most (its share of its dp row: row / context)
-  int64_t tokens_per_rank = 4096;
-  // data-parallel rows and context (ring x ulysses) ranks per row
-  int dp = 1;
-  int context = 1;
+  // real tokens one packed row holds at most (the trainer: tokens per rank × world / rows)
+  int64_t tokens_per_row = 4096;
+  // packed rows per step (the trainer: --data-rows, by default the mesh's dp)
+  int rows = 1;
   // epoch e's order is a Fisher-Yates permutation drawn from splitmix64(seed, e)
   uint64_t seed = 0;
   // false: every epoch in index order
@@ -31,23 +30,22 @@ struct PackerOptions {
 
 class StepPacker {
  public:
-  // Checks the options (sizes >= 1, dataset at least dp samples).
+  // Checks the options (sizes >= 1, dataset at least `rows` samples).
   StepPacker(const Dataset& dataset, const PackerOptions& options);
 
   // The samples of the step at `position` (in order), and advances `position` past them.
-  // Takes samples while their total length is <= tokens_per_rank x dp x context (the
-  // global budget: the same samples however the world is split into dp x context), then
-  // gives back samples from the end while plan::assign_sequences_to_dp puts more than
-  // tokens_per_rank x context tokens on some row. A step may run over the end of an
+  // Takes samples while their total length is <= tokens_per_row x rows (the step's
+  // budget), then gives back samples from the end while plan::assign_sequences_to_dp
+  // puts more than tokens_per_row tokens on some row. A step may run over the end of an
   // epoch into the next (then a sample can appear in both parts); it holds at most
-  // size() samples. A sample longer than tokens_per_rank x context is an error naming it.
+  // size() samples. A sample longer than tokens_per_row is an error naming it.
   std::vector<int64_t> next_step(DataPosition& position) const;
 
   // Epoch `epoch`'s sample order (a permutation of 0 .. size() - 1).
   std::vector<int64_t> epoch_order(int64_t epoch) const;
 
-  int64_t budget() const;       // tokens_per_rank x dp x context
-  int64_t row_limit() const;    // tokens_per_rank x context
+  int64_t budget() const;       // tokens_per_row x rows
+  int64_t row_limit() const;    // tokens_per_row
   const PackerOptions& options() const { return options_; }
 
  private:

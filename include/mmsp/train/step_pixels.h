@@ -1,7 +1,7 @@
-// The pixels of one step in the layout the models read (model::PixelInputs): the whole
-// batch's tensors, allocated as zeros, with only the items this rank encodes filled in,
-// so a rank never decodes an image it does not encode. Which items a rank encodes is
-// the plan's business (Vision DP); this file only asks.
+// The pixels of one step in the layout the models read (model::PixelInputs), holding
+// only the items this rank encodes: a rank never decodes, nor allocates room for, an
+// image another rank encodes. Which items a rank encodes is the plan's business
+// (Vision DP); this file only asks.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include "mmsp/model/config.h"
 #include "mmsp/model/qwen_vl.h"
 #include "mmsp/plan/sequence.h"
+#include "mmsp/plan/step_plan.h"
 #include "mmsp/train/dataset.h"
 
 namespace mmsp::train {
@@ -21,11 +22,16 @@ namespace mmsp::train {
 // images, resp. videos, in batch order: plan::VisionItem::batch_index).
 using PixelsNeeded = std::function<bool(plan::VisionKind kind, int64_t item)>;
 
-// Qwen families: images [Σ image patches, C·tp·p·p], videos [Σ video patches, C·tp·p·p]
-// (rows in batch order, as plan::VisionItem::patch_offset counts them; 0 rows when none).
-// LLaVA: images [N_images, C, S, S], videos undefined.
-// `batch` must be make_batch(dataset, samples); every filled item's pixels are checked
-// against its grid. dtype: the returned tensors' dtype (pixels are built in float32).
+// The items this rank's vision encoder reads in `mode`: those the plan assigns it
+// (routed, gather), or every item of its dp row (replicate).
+PixelsNeeded pixels_encoded_here(const plan::StepPlan& plan, model::VisionMode mode);
+
+// Only the needed items, in batch order: Qwen families images [Σ needed image patches,
+// C·tp·p·p], videos likewise (0 rows when none); LLaVA images [needed images, C, S, S],
+// videos undefined. image_offsets / video_offsets say where each item of the batch
+// starts (−1: not needed). `batch` must be make_batch(dataset, samples); every loaded
+// item's pixels are checked against its grid. dtype: the returned tensors' dtype
+// (datasets build pixels in float32).
 model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t>& samples,
                                const plan::Batch& batch, const model::ModelConfig& config,
                                const PixelsNeeded& needed, at::ScalarType dtype);

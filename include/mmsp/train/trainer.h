@@ -57,9 +57,9 @@ struct TrainOptions {
   // one process, with the same two values reads the same batches.
   int data_rows = 0;
   double lr = 1e-3, min_lr = 1e-4;
-  int64_t warmup_steps = 10;
+  int64_t warmup = 10;     // linear warm-up steps
   double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double clip_norm = 1.0;  // ≤ 0: no clipping
+  double clip = 1.0;       // global gradient norm to clip to; ≤ 0: no clipping
   // "none": every rank holds the whole optimizer state; "optimizer": the masters and
   // AdamW moments split over the world (ZeRO-1, weight_update.h); "gradients": and the
   // gradients (ZeRO-2); "parameters": and the decoder layers' weights (ZeRO-3). Any
@@ -67,12 +67,12 @@ struct TrainOptions {
   std::string shard = "none";
 
   // output
-  std::string out_dir;            // metrics.jsonl and checkpoints; empty: none
-  int64_t checkpoint_every = 0;   // 0: only at the end (when out_dir is set)
-  int keep_checkpoints = 2;       // 0: keep all
+  std::string out;                // directory of metrics.jsonl and checkpoints; empty: none
+  int64_t checkpoint_every = 0;   // 0: only at the end (when out is set)
+  int keep = 2;                   // checkpoints to keep; 0: all
   std::string resume;             // a checkpoint directory (or a run directory) to continue
   bool allow_changed_flags = false;  // resume even if flags that change batches or numerics differ
-  bool print_steps = true;        // rank 0 prints one line per step (the summary always)
+  bool quiet = false;             // rank 0 prints no per-step line (the summary always)
   // hf/ of each checkpoint: its dtype (float32, float64, bfloat16, float16; empty: the
   // dtype the weights were loaded in, or the training weights' dtype for a config) and
   // its largest shard in bytes (transformers' max_shard_size).

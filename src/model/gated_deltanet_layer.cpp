@@ -1,16 +1,18 @@
 // The Gated DeltaNet layer; see gated_deltanet_layer.h. The algorithm (conv, gates,
 // norm) is written once; Ulysses changes which heads a rank holds, the ring which
 // tokens, and gated_delta_ring supplies what lives on other ring ranks.
-#include "mmsp/attention/gated_deltanet_layer.h"
+#include "mmsp/model/gated_deltanet_layer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+
+#include <optional>
 
 #include "mmsp/attention/gated_delta_ring.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_to_all.h"
 
-namespace mmsp::attention {
+namespace mmsp::model {
 
 void GatedDeltaNetConfig::check() const {
   MMSP_CHECK(num_key_heads > 0 && num_value_heads % num_key_heads == 0,
@@ -79,7 +81,7 @@ int64_t gated_delta_ulysses_bytes(const GatedDeltaNetConfig& c, int64_t local_to
 namespace {
 
 int size_of(const dist::GroupPtr& g) { return g ? g->size() : 1; }
-int rank_of(const dist::GroupPtr& g) { return g ? g->rank() : 0; }
+int rank_in(const dist::GroupPtr& g) { return g ? g->rank() : 0; }
 
 at::Tensor l2norm(const at::Tensor& x) { return x * at::rsqrt(x.pow(2).sum(-1, true) + 1e-6); }
 
@@ -91,7 +93,7 @@ at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDelt
   c.check();
   w.check(c);
   const int U = size_of(context.groups.ulysses), R = size_of(context.groups.ring);
-  const int u = rank_of(context.groups.ulysses), r = rank_of(context.groups.ring);
+  const int u = rank_in(context.groups.ulysses), r = rank_in(context.groups.ring);
   check_gated_delta_heads(c.num_key_heads, c.num_value_heads, U);
   MMSP_CHECK(static_cast<int>(context.ring_shares.size()) == R, "gated DeltaNet: ",
              context.ring_shares.size(), " ring share layouts for a ring of ", R);
@@ -100,7 +102,9 @@ at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDelt
   const int64_t T_l = x.size(0), T_r = context.ring_shares[r].size();
   MMSP_CHECK(T_l * U == T_r, "gated DeltaNet: ", T_l, " local tokens × ulysses ", U, " != ", T_r,
              " tokens in ring rank ", r, "'s share");
-  const RingRuns runs = RingRuns::make(context.ring_shares);
+  std::optional<attention::RingRuns> made;  // only when the step did not plan them
+  if (!context.runs) made = attention::RingRuns::make(context.ring_shares);
+  const attention::RingRuns& runs = context.runs ? *context.runs : *made;
 
   const int64_t Hk = c.num_key_heads, Hv = c.num_value_heads, K = c.key_head_dim, V = c.value_head_dim;
   const int64_t rep = Hv / Hk, Hk_l = Hk / U, Hv_l = Hv / U;
@@ -127,7 +131,7 @@ at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDelt
                                 conv_w.narrow(0, c.key_dim() + u * Hk_l * K, Hk_l * K),
                                 conv_w.narrow(0, 2 * c.key_dim() + u * Hv_l * V, Hv_l * V)});
   at::Tensor qkv = at::cat({q.reshape({T_r, -1}), k.reshape({T_r, -1}), v.reshape({T_r, -1})}, -1);
-  qkv = gated_delta_conv(qkv, w_local, runs, context.groups.ring);  // [T_r, conv_dim/U]
+  qkv = attention::gated_delta_conv(qkv, w_local, runs, context.groups.ring);  // [T_r, conv_dim/U]
   q = l2norm(qkv.narrow(-1, 0, Hk_l * K).view({T_r, Hk_l, K})).repeat_interleave(rep, 1);
   k = l2norm(qkv.narrow(-1, Hk_l * K, Hk_l * K).view({T_r, Hk_l, K})).repeat_interleave(rep, 1);
   v = qkv.narrow(-1, 2 * Hk_l * K, Hv_l * V).view({T_r, Hv_l, V});
@@ -137,7 +141,8 @@ at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDelt
   at::Tensor beta = at::sigmoid(b);
   at::Tensor g = -w.A_log.narrow(0, u * Hv_l, Hv_l).to(wide).exp() *
                  at::softplus(a.to(wide) + w.dt_bias.narrow(0, u * Hv_l, Hv_l).to(wide));
-  at::Tensor o = gated_delta_ring_rule(q, k, v, g, beta, runs, context.groups.ring, c.chunk);  // [T_r, Hv_l, V]
+  // [T_r, Hv_l, V]
+  at::Tensor o = attention::gated_delta_ring_rule(q, k, v, g, beta, runs, context.groups.ring, c.chunk);
   if (U > 1) o = dist::all_to_all(o, 0, 1, context.groups.ulysses);                  // [T_l, Hv, V]
 
   // Gated RMSNorm per value head, then the output projection.
@@ -147,4 +152,4 @@ at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDelt
   return at::matmul(normed.to(x.scalar_type()).reshape({T_l, Hv * V}), w.out_proj.t());
 }
 
-}  // namespace mmsp::attention
+}  // namespace mmsp::model

@@ -1,7 +1,9 @@
 // The Gated DeltaNet layer of Qwen3-Next / Qwen3.5 hybrid decoders, with Hugging
 // Face parameter names, run on any context mesh: local, Ulysses over heads (one
 // all-to-all of q|k|v|b|a in, one of the output back), ring state passing on the
-// zigzag layout (gated_delta_ring.h), or both (Ulysses inside each ring rank).
+// zigzag layout (attention/gated_delta_ring.h), or both (Ulysses inside each ring
+// rank). The algorithm (the chunked rule, its ring) is in attention/; the module that
+// owns the parameters is gated_deltanet.h.
 //
 //   x [T/S, hidden] -> in_proj_qkvz, in_proj_ba -> causal depthwise conv1d + SiLU over
 //   q|k|v -> L2-norm q, k; β = sigmoid(b); g = −exp(A_log)·softplus(a + dt_bias)
@@ -11,14 +13,16 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "mmsp/attention/context_attention.h"
+#include "mmsp/attention/gated_delta_ring.h"
 #include "mmsp/attention/token_layout.h"
 
-namespace mmsp::attention {
+namespace mmsp::model {
 
 struct GatedDeltaNetConfig {
   int64_t hidden_size = 64;
@@ -58,10 +62,12 @@ struct GatedDeltaNetWeights {
 };
 
 // What the layer needs of the mesh and the plan: the context groups (null or
-// one-member groups for none) and the layout of every ring rank's share.
+// one-member groups for none), the layout of every ring rank's share and their runs
+// (planned once per step, step_attention.h; null: the layer makes them).
 struct GatedDeltaContext {
-  ContextGroups groups;
-  std::vector<TokenLayout> ring_shares;
+  attention::ContextGroups groups;
+  std::vector<attention::TokenLayout> ring_shares;
+  std::shared_ptr<const attention::RingRuns> runs;
 };
 
 // x [T/S, hidden]: this rank's slots (its ulysses slice of its ring share) -> [T/S, hidden].
@@ -77,4 +83,4 @@ void check_gated_delta_heads(int64_t key_heads, int64_t value_heads, int ulysses
 int64_t gated_delta_ulysses_bytes(const GatedDeltaNetConfig& config, int64_t local_tokens, int ulysses,
                                   int64_t element_size);
 
-}  // namespace mmsp::attention
+}  // namespace mmsp::model
