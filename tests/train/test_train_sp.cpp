@@ -262,6 +262,21 @@ std::string small_vocab_config(const std::string& file, bool tie) {
   return path;
 }
 
+// One tiny config per model family, as the memory-flag tests run them: Qwen2-VL with a
+// tied head, Qwen3-VL (deepstack), LLaVA and the Qwen3.5 hybrid.
+struct FamilyCase {
+  const char* file;
+  bool tie;
+  int max_ulysses;  // Qwen3.5: 2 linear-attention key heads
+};
+const std::vector<FamilyCase>& family_cases() {
+  static const std::vector<FamilyCase> cases = {{"tiny-qwen2-vl.json", true, 4},
+                                                {"tiny-qwen3-vl.json", false, 4},
+                                                {"tiny-llava.json", false, 4},
+                                                {"tiny-qwen3_5-vl.json", false, 2}};
+  return cases;
+}
+
 // Activation checkpointing and a chunked LM head change memory, not numerics: every
 // mesh with --checkpoint-activations all, and chunks of 7 tokens (they cross sequence
 // and shard borders; the last one is partial), equals one process with neither (fp64,
@@ -276,13 +291,7 @@ TEST(MultiRankTrain, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
   const int64_t per_rank = 96;
   const plan::Mesh widest = context_shape(world);
   std::ostringstream log;
-  struct Case {
-    const char* file;
-    bool tie;
-    int max_ulysses;  // Qwen3.5: 2 linear-attention key heads
-  };
-  for (const Case& c : {Case{"tiny-qwen2-vl.json", true, 4}, Case{"tiny-qwen3-vl.json", false, 4},
-                        Case{"tiny-llava.json", false, 4}, Case{"tiny-qwen3_5-vl.json", false, 2}}) {
+  for (const FamilyCase& c : family_cases()) {
     const std::string config_path = small_vocab_config(c.file, c.tie);
     std::map<int, train::TrainReport> refs;
     for (const dist::Mesh& mesh : test::all_meshes()) {
@@ -402,13 +411,7 @@ TEST(MultiRankTrain, ShardedGradientsAndParametersEqualOneProcess) {
   const bool checker = test::rank_env().rank == 0;
   const int64_t per_rank = 96;
   std::ostringstream log;
-  struct Case {
-    const char* file;
-    bool tie;
-    int max_ulysses;  // Qwen3.5: 2 linear-attention key heads
-  };
-  for (const Case& c : {Case{"tiny-qwen2-vl.json", true, 4}, Case{"tiny-qwen3-vl.json", false, 4},
-                        Case{"tiny-llava.json", false, 4}, Case{"tiny-qwen3_5-vl.json", false, 2}}) {
+  for (const FamilyCase& c : family_cases()) {
     const std::string config_path = small_vocab_config(c.file, c.tie);
     plan::Mesh widest = context_shape(world);
     if (widest.ulysses > c.max_ulysses) widest = {1, world, 1};
