@@ -99,20 +99,23 @@ struct Heartbeat::State {
     std::fprintf(stderr, "mmsp: error: %s\n", message.c_str());
     std::fflush(stderr);
     // Tell the others (the abort key) and count this rank as informed (the ack key);
-    // the rank that saw it waits, at most 2 s, until every rank but the hung one has
-    // acknowledged: when it is rank 0, its exit takes the store with it. Store calls
-    // may block (a stopped store host), so they run on a thread of their own.
+    // the rank that saw it, and rank 0 however it learnt it, wait at most 2 s until
+    // every rank but the hung one has acknowledged: rank 0's exit takes the store with
+    // it, and a rank still in a collective with rank 0 would then fail on the closed
+    // connection before reading the abort key, naming no rank. Store calls may block
+    // (a stopped store host), so they run on a thread of their own.
     const int64_t expected = env.world_size - 1;  // all but the hung rank
+    const bool wait_for_all = tell_others || env.rank == 0;
     const std::string addr = env.master_addr;
     const c10d::TCPStoreOptions opts = store_options;
     auto acknowledged = std::make_shared<std::atomic<bool>>(false);
     const std::string posted = message + " (seen by rank " + std::to_string(env.rank) + ")";
-    std::thread([addr, opts, posted, tell_others, expected, acknowledged] {
+    std::thread([addr, opts, posted, tell_others, wait_for_all, expected, acknowledged] {
       try {
         auto store = c10::make_intrusive<c10d::TCPStore>(addr, opts);  // its own: the others are in use
         if (tell_others) store->set(kAbortKey, bytes(posted));
         int64_t n = store->add(kAckKey, 1);
-        while (tell_others && n < expected) {
+        while (wait_for_all && n < expected) {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
           n = store->add(kAckKey, 0);
         }
@@ -121,7 +124,7 @@ struct Heartbeat::State {
       acknowledged->store(true);
     }).detach();
     const auto deadline =
-        Clock::now() + std::chrono::milliseconds(tell_others && store_answers ? 2000 : store_answers ? 500 : 200);
+        Clock::now() + std::chrono::milliseconds(wait_for_all && store_answers ? 2000 : store_answers ? 500 : 200);
     while (!acknowledged->load() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     std::_Exit(kHeartbeatExitCode);
   }
