@@ -77,7 +77,6 @@ ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype
     Shard s;
     s.bucket = bucket;
     s.shard = (bucket.numel + P - 1) / P;
-    s.resident = level_ != ShardLevel::parameters;
     const auto options = at::TensorOptions().dtype(master_dtype_).device(bucket.device);
     s.master = at::zeros({s.shard}, options);
     s.exp_avg = at::zeros({s.shard}, options);
@@ -87,7 +86,7 @@ ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype
     int64_t offset = 0;
     for (size_t i : bucket.params) {
       const at::Tensor& p = model_[i].second;
-      if (!s.resident) check_owns_storage(model_[i].first, p);
+      if (frees_weights()) check_owns_storage(model_[i].first, p);
       const int64_t first = std::max(begin, offset), last = std::min(end, offset + p.numel());
       if (first < last) {
         ShardPiece piece{i, first - offset, last - first, shards_.size(), first - begin};
@@ -167,19 +166,21 @@ void ShardedAdamW::reduce_bucket(Shard& s) {
   s.grad = s.grad.defined() ? s.grad.add_(reduced) : reduced;
 }
 
+const std::vector<size_t>& ShardedAdamW::layer_shards(int layer) const {
+  static const std::vector<size_t> none;
+  return static_cast<size_t>(layer) < layer_buckets_.size() ? layer_buckets_[layer] : none;
+}
+
 void ShardedAdamW::reduce_layer(int layer) {
-  if (static_cast<size_t>(layer) >= layer_buckets_.size()) return;
-  for (size_t b : layer_buckets_[layer]) reduce_bucket(shards_[b]);
+  for (size_t b : layer_shards(layer)) reduce_bucket(shards_[b]);
 }
 
 void ShardedAdamW::gather_layer(int layer) {
-  if (static_cast<size_t>(layer) >= layer_buckets_.size()) return;
-  for (size_t b : layer_buckets_[layer]) gather_into_model(shards_[b]);
+  for (size_t b : layer_shards(layer)) gather_into_model(shards_[b]);
 }
 
 void ShardedAdamW::release_layer(int layer) {
-  if (static_cast<size_t>(layer) >= layer_buckets_.size()) return;
-  for (size_t b : layer_buckets_[layer]) release(shards_[b]);
+  for (size_t b : layer_shards(layer)) release(shards_[b]);
 }
 
 void ShardedAdamW::gather_into_model(Shard& s) {
@@ -202,20 +203,20 @@ void ShardedAdamW::gather_into_model(Shard& s) {
 }
 
 void ShardedAdamW::release(Shard& s) {
-  if (s.resident || !s.gathered) return;
+  if (!frees_weights() || !s.gathered) return;
   for (size_t i : s.bucket.params) free_storage(model_[i].second);
   s.gathered = false;
 }
 
 void ShardedAdamW::refresh_model(Shard& s) {
-  // The model's copy of the bucket is stale: resident buckets gather now, the others
-  // (freed, if they were not) before their next use.
-  if (s.resident) {
-    s.gathered = false;
-    gather_into_model(s);
-  } else {
+  // The model's copy of the bucket is stale: stages 1 and 2 gather it now; stage 3
+  // frees it (if it was not) and gathers it before its next use.
+  if (frees_weights()) {
     release(s);
+    return;
   }
+  s.gathered = false;
+  gather_into_model(s);
 }
 
 void ShardedAdamW::gather_step_weights() {

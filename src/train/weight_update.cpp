@@ -5,6 +5,7 @@
 #include <torch/optim/adamw.h>
 
 #include <filesystem>
+#include <unordered_map>
 #include <vector>
 
 #include "checkpoint_io.h"
@@ -179,11 +180,14 @@ class ShardedUpdate : public WeightUpdate {
 }  // namespace
 
 std::vector<int> layer_index_of(const NamedParams& params, const std::vector<std::vector<at::Tensor>>& layers) {
-  std::vector<int> out(params.size(), -1);
+  std::unordered_map<const c10::TensorImpl*, int> layer_of;
   for (size_t layer = 0; layer < layers.size(); ++layer)
-    for (const at::Tensor& t : layers[layer])
-      for (size_t i = 0; i < params.size(); ++i)
-        if (params[i].second.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) out[i] = static_cast<int>(layer);
+    for (const at::Tensor& t : layers[layer]) layer_of[t.unsafeGetTensorImpl()] = static_cast<int>(layer);
+  std::vector<int> out;
+  for (const auto& [name, p] : params) {
+    const auto it = layer_of.find(p.unsafeGetTensorImpl());
+    out.push_back(it == layer_of.end() ? -1 : it->second);
+  }
   return out;
 }
 

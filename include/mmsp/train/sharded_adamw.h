@@ -123,7 +123,6 @@ class ShardedAdamW {
     at::Tensor master, exp_avg, exp_avg_sq;  // [shard], master dtype
     at::Tensor decays;      // [shard] bool: the element's parameter is a matrix
     at::Tensor grad;        // [shard]: this step's reduced gradient (undefined until reduced)
-    bool resident = true;   // false: stage 3 frees the bucket's weights between uses
     bool gathered = true;   // its weights are in the model now
   };
   friend class ShardedLayerHooks;
@@ -135,6 +134,9 @@ class ShardedAdamW {
   void gather_into_model(Shard& s);
   void release(Shard& s);
   void refresh_model(Shard& s);
+  // Stage 3: every bucket's weights are freed between uses.
+  bool frees_weights() const { return level_ == ShardLevel::parameters; }
+  const std::vector<size_t>& layer_shards(int layer) const;  // empty for a layer without buckets
   double global_norm(const std::vector<at::Tensor>& grads) const;
 
   NamedParams model_;
