@@ -6,7 +6,8 @@
 
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/family.h"
+#include "mmsp/model/vlm.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/train/memory_counter.h"
 
@@ -55,7 +56,8 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
   at::manual_seed(7);
   const model::PixelInputs pixels{at::randn({o.images * o.image_side * o.image_side, patch_dim}), {}};
   at::manual_seed(42);
-  model::QwenVLModel vlm(config);
+  const std::shared_ptr<model::Vlm> built = model::build_vlm(config);  // the family's registry entry
+  model::Vlm& vlm = *built;
   auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
   json rows = json::array();
   int mesh_index = 0;

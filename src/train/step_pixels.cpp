@@ -1,7 +1,9 @@
-// Filling the batch's pixel tensors item by item, only where this rank encodes.
+// Filling the batch's pixel tensors item by item, only where this rank encodes; the
+// layout is the family's (model::PixelGeometry).
 #include "mmsp/train/step_pixels.h"
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/family.h"
 
 namespace mmsp::train {
 
@@ -18,52 +20,36 @@ model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t
                                const PixelsNeeded& needed, at::ScalarType dtype) {
   MMSP_CHECK(samples.size() == batch.sequences.size(), "load_pixels: ", samples.size(),
              " samples but the batch has ", batch.sequences.size(), " sequences");
-  const bool qwen = config.family != plan::ModelFamily::llava;
+  const std::shared_ptr<const model::PixelGeometry> geometry = model::pixel_geometry(config);
   model::PixelInputs out;
-  if (!qwen) {  // LLaVA: one [C, S, S] image per grid
-    const model::ClipVisionConfig& v = *config.clip_vision;
-    int64_t images = 0;
-    for (const plan::Sequence& s : batch.sequences) {
-      MMSP_CHECK(s.video_grid_thw.empty(), "load_pixels: ", config.model_type, " takes no videos");
-      images += static_cast<int64_t>(s.image_grid_thw.size());
-    }
-    out.images = at::zeros({images, v.num_channels, v.image_size, v.image_size}, at::kFloat);
-    int64_t item = 0;
-    for (size_t b = 0; b < samples.size(); ++b) {
-      for (size_t k = 0; k < batch.sequences[b].image_grid_thw.size(); ++k, ++item) {
-        if (!needed(plan::VisionKind::image, item)) continue;
-        const at::Tensor px = dataset.image_pixels(samples[b], static_cast<int64_t>(k));
-        MMSP_CHECK(px.sizes() == out.images[item].sizes(), "load_pixels: sample ", samples[b], " image ", k,
-                   " has pixels ", px.sizes(), " but the model takes ", out.images[item].sizes());
-        out.images[item].copy_(px);
-      }
-    }
-    out.images = out.images.to(dtype);
-    return out;
-  }
-  const model::QwenVisionConfig& v = *config.qwen_vision;
-  const int64_t width = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
   for (const plan::VisionKind kind : {plan::VisionKind::image, plan::VisionKind::video}) {
     const bool video = kind == plan::VisionKind::video;
     int64_t rows = 0;
-    for (const plan::Sequence& s : batch.sequences)
-      for (const plan::Grid& g : video ? s.video_grid_thw : s.image_grid_thw) rows += g[0] * g[1] * g[2];
-    at::Tensor all = at::zeros({rows, width}, at::kFloat);  // [Σ patches, C·tp·p·p]
+    for (const plan::Sequence& s : batch.sequences) {
+      MMSP_CHECK(!video || s.video_grid_thw.empty() || geometry->takes_videos(), "load_pixels: ",
+                 config.model_type, " takes no videos");
+      for (const plan::Grid& g : video ? s.video_grid_thw : s.image_grid_thw) rows += geometry->batch_rows(g);
+    }
+    if (video && !geometry->takes_videos()) break;  // videos stay undefined
+    std::vector<int64_t> shape = geometry->row_shape();
+    shape.insert(shape.begin(), rows);
+    at::Tensor all = at::zeros(shape, at::kFloat);  // [Σ rows of the items, row_shape...]
     int64_t item = 0, offset = 0;
     for (size_t b = 0; b < samples.size(); ++b) {
       const auto& grids = video ? batch.sequences[b].video_grid_thw : batch.sequences[b].image_grid_thw;
       for (size_t k = 0; k < grids.size(); ++k, ++item) {
         const plan::Grid& g = grids[k];
-        const int64_t patches = g[0] * g[1] * g[2];
+        const int64_t item_rows = geometry->batch_rows(g);
         if (needed(kind, item)) {
           const at::Tensor px = video ? dataset.video_pixels(samples[b], static_cast<int64_t>(k))
                                       : dataset.image_pixels(samples[b], static_cast<int64_t>(k));
-          MMSP_CHECK(px.dim() == 2 && px.size(0) == patches && px.size(1) == width, "load_pixels: sample ",
-                     samples[b], " ", plan::to_string(kind), " ", k, " has pixels ", px.sizes(), " but grid ",
-                     grid_text(g), " needs [", patches, ", ", width, "]");
-          all.narrow(0, offset, patches).copy_(px);
+          const std::vector<int64_t> want = geometry->item_shape(g);
+          MMSP_CHECK(px.sizes() == at::IntArrayRef(want), "load_pixels: sample ", samples[b], " ",
+                     plan::to_string(kind), " ", k, " has pixels ", px.sizes(), " but grid ", grid_text(g),
+                     " needs ", at::IntArrayRef(want), " (", geometry->item_layout(), ")");
+          all.narrow(0, offset, item_rows).copy_(px.view(all.narrow(0, offset, item_rows).sizes()));
         }
-        offset += patches;
+        offset += item_rows;
       }
     }
     (video ? out.videos : out.images) = all.to(dtype);

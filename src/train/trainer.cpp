@@ -23,9 +23,9 @@
 #include "mmsp/core/phase_timer.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/checkpoint_naming.h"
-#include "mmsp/model/llava.h"
 #include "mmsp/model/parameter_init.h"
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/family.h"
+#include "mmsp/model/vlm.h"
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/builtin_models.h"
 #include "mmsp/train/checkpoint.h"
@@ -72,48 +72,23 @@ std::optional<at::ScalarType> parse_save_dtype(const std::string& name) {
   return std::nullopt;
 }
 
-// The VLM of the config's family behind one forward.
-class Vlm {
- public:
-  explicit Vlm(const model::ModelConfig& config) {
-    if (config.family == plan::ModelFamily::llava)
-      llava_ = std::make_shared<model::LlavaModel>(config);
-    else
-      qwen_ = std::make_shared<model::QwenVLModel>(config);
-  }
-  torch::nn::Module& module() { return qwen_ ? static_cast<torch::nn::Module&>(*qwen_) : *llava_; }
-  void set_activation_checkpointing(model::ActivationCheckpointing mode) {
-    if (qwen_) qwen_->set_activation_checkpointing(mode);
-    if (llava_) llava_->set_activation_checkpointing(mode);
-  }
-  model::QwenVLModel::StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan,
-                                         const model::PixelInputs& pixels, const model::StepGroups& groups,
-                                         model::VisionMode mode, const attention::AttentionOptions& attn) const {
-    return qwen_ ? qwen_->forward(batch, plan, pixels, groups, mode, attn)
-                 : llava_->forward(batch, plan, pixels, groups, mode, attn);
-  }
-
- private:
-  std::shared_ptr<model::QwenVLModel> qwen_;
-  std::shared_ptr<model::LlavaModel> llava_;
-};
-
 NamedParams named_parameters(torch::nn::Module& module) {
   NamedParams out;
   for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value());
   return out;
 }
 
-std::unique_ptr<Vlm> build_vlm(const model::ModelConfig& config, model::ParameterInit mode) {
+// The config's family from the registry, parameters drawn as `mode` says.
+std::shared_ptr<model::Vlm> build_vlm(const model::ModelConfig& config, model::ParameterInit mode) {
   model::ParameterInitScope init(mode);
-  return std::make_unique<Vlm>(config);
+  return model::build_vlm(config);
 }
 
 // Every parameter's name and shape, from a skeleton of meta tensors: nothing allocated.
 model::ExpectedShapes parameter_shapes(const model::ModelConfig& config) {
-  const std::unique_ptr<Vlm> skeleton = build_vlm(config, model::ParameterInit::meta);
+  const std::shared_ptr<model::Vlm> skeleton = build_vlm(config, model::ParameterInit::meta);
   model::ExpectedShapes shapes;
-  for (const auto& item : skeleton->module().named_parameters())
+  for (const auto& item : skeleton->named_parameters())
     shapes.emplace_back(item.key(), item.value().sizes().vec());
   return shapes;
 }
@@ -250,10 +225,10 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   at::manual_seed(static_cast<int64_t>(o.seed));  // identical replicas on every rank
   // Weights about to be loaded (a model directory, a checkpoint) need no random draw.
   const bool loading = resolved.weights || !o.resume.empty();
-  const std::unique_ptr<Vlm> built =
+  const std::shared_ptr<model::Vlm> built =
       build_vlm(config, loading ? model::ParameterInit::uninitialised : model::ParameterInit::random);
-  Vlm& vlm = *built;
-  vlm.module().to(dtype);
+  model::Vlm& vlm = *built;
+  vlm.to(dtype);
   vlm.set_activation_checkpointing(o.checkpoint_activations);
   const int64_t loss_chunk = o.loss_chunk > 0 ? o.loss_chunk : default_loss_chunk(config.text.vocab_size);
   AdamWOptions adamw;
@@ -263,7 +238,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   adamw.eps = o.eps;
   adamw.weight_decay = o.weight_decay;
   const std::unique_ptr<WeightUpdate> update =
-      make_weight_update(parse_shard_level(o.shard), named_parameters(vlm.module()), master_dtype, adamw, mesh);
+      make_weight_update(parse_shard_level(o.shard), named_parameters(vlm), master_dtype, adamw, mesh);
   if (resolved.weights && o.resume.empty())  // a resume reads the checkpoint's weights instead
     update->load_weights(*resolved.weights, naming);
   // A warm-up longer than the run is the run (short test runs keep the default).

@@ -15,7 +15,7 @@
 
 #include "gated_delta_reference.h"
 #include "mmsp/dist/all_reduce.h"
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/families/qwen_vl/qwen_vl.h"
 #include "mmsp/model/rank_inputs.h"
 #include "multirank.h"
 #include "sp_compare.h"

@@ -11,8 +11,8 @@
 #include <set>
 
 #include "mmsp/dist/all_reduce.h"
-#include "mmsp/model/llava.h"
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/families/llava/llava.h"
+#include "mmsp/model/families/qwen_vl/qwen_vl.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/model/safetensors.h"
 #include "mmsp/model/checkpoint_naming.h"

@@ -11,7 +11,7 @@
 #include <ATen/ATen.h>
 
 #include "mmsp/model/config.h"
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/vlm.h"
 #include "mmsp/plan/sequence.h"
 #include "mmsp/train/dataset.h"
 
@@ -21,9 +21,10 @@ namespace mmsp::train {
 // images, resp. videos, in batch order: plan::VisionItem::batch_index).
 using PixelsNeeded = std::function<bool(plan::VisionKind kind, int64_t item)>;
 
-// Qwen families: images [Σ image patches, C·tp·p·p], videos [Σ video patches, C·tp·p·p]
-// (rows in batch order, as plan::VisionItem::patch_offset counts them; 0 rows when none).
-// LLaVA: images [N_images, C, S, S], videos undefined.
+// images and videos in the family's layout (model::PixelGeometry: each item's
+// batch_rows along dim 0, in batch order; 0 rows when none): Qwen-VL [Σ patches, C·tp·p·p]
+// (as plan::VisionItem::patch_offset counts them), LLaVA [N_images, C, S, S] and videos
+// undefined (the family takes none).
 // `batch` must be make_batch(dataset, samples); every filled item's pixels are checked
 // against its grid. dtype: the returned tensors' dtype (pixels are built in float32).
 model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t>& samples,

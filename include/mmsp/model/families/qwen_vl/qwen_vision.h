@@ -22,14 +22,6 @@
 
 namespace mmsp::model {
 
-class LayerNorm : public torch::nn::Module {
- public:
-  LayerNorm(int64_t dim, double eps);
-  at::Tensor forward(const at::Tensor& x) const;
-  at::Tensor weight, bias;
-  double eps;
-};
-
 // The encoder's output: rows [Σ t·h·w / m², out_hidden_size] and, for Qwen3-VL, one
 // tensor of the same shape per deepstack level.
 struct VisionOutput {

@@ -1,6 +1,6 @@
-// Qwen2-VL step: Vision DP, routing, splice, decoder; see qwen_vl.h. Where rows go
+// Qwen-VL step: Vision DP, routing, splice, decoder; see qwen_vl.h. Where rows go
 // is read off the plan's routes: nothing here searches token ids.
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/families/qwen_vl/qwen_vl.h"
 
 #include <ATen/ATen.h>
 
@@ -65,7 +65,7 @@ at::Tensor QwenVLModel::vision_rows(const plan::StepPlan& plan, const PixelInput
       .rows;
 }
 
-QwenVLModel::StepOutput QwenVLModel::forward(const plan::Batch& batch, const plan::StepPlan& plan,
+StepOutput QwenVLModel::forward(const plan::Batch& batch, const plan::StepPlan& plan,
                                              const PixelInputs& pixels, const StepGroups& groups,
                                              VisionMode mode,
                                              const attention::AttentionOptions& attention) const {
@@ -87,8 +87,6 @@ QwenVLModel::StepOutput QwenVLModel::forward(const plan::Batch& batch, const pla
     ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
   return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels, in.label_count};
 }
-
-at::Tensor QwenVLModel::StepOutput::logits() const { return at::linear(hidden, head_weight); }
 
 void QwenVLModel::set_activation_checkpointing(ActivationCheckpointing mode) {
   decoder_->set_recompute_layers(mode != ActivationCheckpointing::none);

@@ -1,7 +1,7 @@
 // The Qwen2-VL and Qwen3-VL vision encoders; see qwen_vision.h. Follows Hugging Face's
 // Qwen2VisionTransformerPretrainedModel (rot_pos_emb, VisionAttention, PatchMerger)
 // and Qwen3VLVisionModel (patch bias, interpolated position table, deepstack mergers).
-#include "mmsp/model/qwen_vision.h"
+#include "mmsp/model/families/qwen_vl/qwen_vision.h"
 
 #include <ATen/ATen.h>
 
@@ -17,15 +17,6 @@
 #include "mmsp/model/rotary.h"
 
 namespace mmsp::model {
-LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", ones_parameter({dim}));
-  bias = register_parameter("bias", zeros_parameter({dim}));
-}
-
-at::Tensor LayerNorm::forward(const at::Tensor& x) const {
-  return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
-}
-
 QwenVisionEncoder::PatchEmbed::PatchEmbed(const QwenVisionConfig& c, bool bias) {
   auto proj = register_module("proj", std::make_shared<torch::nn::Module>());
   proj_weight = proj->register_parameter(
