@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
+
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/model/family.h"
@@ -29,17 +31,24 @@ model::ModelConfig bench_config() {
   return model::parse_model_config(c, "bench qwen2_vl");
 }
 
-plan::Batch bench_batch(const VlmBenchOptions& o) {
+// One image per sequence between text, laid out as the family's processor writes it
+// (its grid for image_side patches per side, its placeholder rows and markers).
+plan::Batch bench_batch(const VlmBenchOptions& o, const model::ModelConfig& config,
+                        const model::PixelGeometry& geometry) {
+  const plan::ModelConventions& c = config.conventions;
+  const int64_t side_px = o.image_side / c.spatial_merge_size * geometry.side_unit();
+  const plan::Grid grid = geometry.grid_for(1, side_px, side_px, "the benchmark's image");
+  const int64_t rows = geometry.placeholder_rows(grid);
+  const int64_t words = std::min<int64_t>(900, config.text.vocab_size);
   plan::Batch batch;
-  const int64_t rows = o.image_side * o.image_side / 4;
   for (int i = 0; i < o.images; ++i) {
     plan::Sequence s;
-    for (int t = 0; t < 20 + 7 * (i % 3); ++t) s.input_ids.push_back((i * 37 + t * 11) % 900);
-    s.input_ids.push_back(990);
-    for (int64_t r = 0; r < rows; ++r) s.input_ids.push_back(993);
-    s.input_ids.push_back(991);
-    for (int t = 0; t < 20; ++t) s.input_ids.push_back((i * 13 + t * 5) % 900);
-    s.image_grid_thw = {{1, o.image_side, o.image_side}};
+    for (int t = 0; t < 20 + 7 * (i % 3); ++t) s.input_ids.push_back((i * 37 + t * 11) % words);
+    if (c.has_block_markers()) s.input_ids.push_back(c.vision_start_token_id);
+    for (int64_t r = 0; r < rows; ++r) s.input_ids.push_back(c.image_token_id);
+    if (c.has_block_markers()) s.input_ids.push_back(c.vision_end_token_id);
+    for (int t = 0; t < 20; ++t) s.input_ids.push_back((i * 13 + t * 5) % words);
+    s.image_grid_thw = {grid};
     batch.sequences.push_back(s);
   }
   return batch;
@@ -50,11 +59,13 @@ plan::Batch bench_batch(const VlmBenchOptions& o) {
 json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
   train::MemoryCounter::install();
   at::set_num_threads(1);
-  const model::ModelConfig config = bench_config();
-  const plan::Batch batch = bench_batch(o);
-  const int64_t patch_dim = 3 * 2 * 14 * 14;
+  const model::ModelConfig config = o.model.empty() ? bench_config() : model::load_model_config(o.model);
+  const std::shared_ptr<const model::PixelGeometry> geometry = model::pixel_geometry(config);
+  const plan::Batch batch = bench_batch(o, config, *geometry);
+  std::vector<int64_t> shape = geometry->row_shape();
+  shape.insert(shape.begin(), o.images * geometry->batch_rows(batch.sequences.at(0).image_grid_thw.at(0)));
   at::manual_seed(7);
-  const model::PixelInputs pixels{at::randn({o.images * o.image_side * o.image_side, patch_dim}), {}};
+  const model::PixelInputs pixels{at::randn(shape), {}};
   at::manual_seed(42);
   const std::shared_ptr<model::Vlm> built = model::build_vlm(config);  // the family's registry entry
   model::Vlm& vlm = *built;
@@ -105,7 +116,8 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
                       {"all_bytes_max_rank", max[2].item<int64_t>()}});
     }
   }
-  json result = {{"part", o.step ? "step" : "vision"}, {"images", o.images},
+  json result = {{"part", o.step ? "step" : "vision"}, {"model", o.model.empty() ? "built-in qwen2_vl" : o.model},
+                 {"model_type", config.model_type}, {"images", o.images},
                  {"image_patches", o.image_side * o.image_side}, {"dtype", "float32"}, {"rows", rows}};
   auto find = [&](int c, const std::string& mode) -> const json* {  // ring meshes
     for (const json& r : rows)

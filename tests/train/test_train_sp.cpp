@@ -265,8 +265,9 @@ std::string small_vocab_config(const std::string& file, bool tie) {
 // Activation checkpointing and a chunked LM head change memory, not numerics: every
 // mesh with --checkpoint-activations all, and chunks of 7 tokens (they cross sequence
 // and shard borders; the last one is partial), equals one process with neither (fp64,
-// rtol 1e-9), for each model family: Qwen2-VL (tied head), Qwen3-VL (deepstack), LLaVA
-// and the Qwen3.5 hybrid (Gated DeltaNet layers). `all` recomputes the decoder layers
+// rtol 1e-9), for each model family: Qwen2-VL (tied head), Qwen2.5-VL (windowed vision
+// blocks, videos at scaled times), Qwen3-VL (deepstack), LLaVA and the Qwen3.5 hybrid
+// (Gated DeltaNet layers). `all` recomputes the decoder layers
 // as `decoder` does, and the vision blocks as well (they hold no collective), so
 // `decoder` runs on the widest context mesh only; and rank 0 alone runs the references
 // and compares (every rank holds the same losses and parameters), to keep it short.
@@ -281,7 +282,8 @@ TEST(MultiRankTrain, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
     bool tie;
     int max_ulysses;  // Qwen3.5: 2 linear-attention key heads
   };
-  for (const Case& c : {Case{"tiny-qwen2-vl.json", true, 4}, Case{"tiny-qwen3-vl.json", false, 4},
+  for (const Case& c : {Case{"tiny-qwen2-vl.json", true, 4}, Case{"tiny-qwen2_5-vl.json", false, 4},
+                        Case{"tiny-qwen3-vl.json", false, 4},
                         Case{"tiny-llava.json", false, 4}, Case{"tiny-qwen3_5-vl.json", false, 2}}) {
     const std::string config_path = small_vocab_config(c.file, c.tie);
     std::map<int, train::TrainReport> refs;
