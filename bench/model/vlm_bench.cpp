@@ -5,11 +5,13 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/family.h"
+#include "mmsp/model/vlm.h"
 #include "mmsp/train/causal_lm_loss.h"
 #include "mmsp/train/memory_counter.h"
 #include "mmsp/train/dataset.h"
@@ -33,40 +35,49 @@ model::ModelConfig bench_config() {
   return model::parse_model_config(c, "bench qwen2_vl");
 }
 
-plan::Batch bench_batch(const VlmBenchOptions& o) {
+// One image per sequence between text, laid out as the family's processor writes it
+// (its grid for image_side patches per side, its placeholder rows and markers).
+plan::Batch bench_batch(const VlmBenchOptions& o, const model::ModelConfig& config,
+                        const model::PixelGeometry& geometry) {
+  const plan::ModelConventions& c = config.conventions;
+  const int64_t side_px = o.image_side / c.spatial_merge_size * geometry.side_unit();
+  const plan::Grid grid = geometry.grid_for(1, side_px, side_px, "the benchmark's image");
+  const int64_t rows = geometry.placeholder_rows(grid);
+  const int64_t words = std::min<int64_t>(900, config.text.vocab_size);
   plan::Batch batch;
-  const int64_t rows = o.image_side * o.image_side / 4;
   for (int i = 0; i < o.images; ++i) {
     plan::Sequence s;
-    for (int t = 0; t < 20 + 7 * (i % 3); ++t) s.input_ids.push_back((i * 37 + t * 11) % 900);
-    s.input_ids.push_back(990);
-    for (int64_t r = 0; r < rows; ++r) s.input_ids.push_back(993);
-    s.input_ids.push_back(991);
-    for (int t = 0; t < 20; ++t) s.input_ids.push_back((i * 13 + t * 5) % 900);
-    s.image_grid_thw = {{1, o.image_side, o.image_side}};
+    for (int t = 0; t < 20 + 7 * (i % 3); ++t) s.input_ids.push_back((i * 37 + t * 11) % words);
+    if (c.has_block_markers()) s.input_ids.push_back(c.vision_start_token_id);
+    for (int64_t r = 0; r < rows; ++r) s.input_ids.push_back(c.image_token_id);
+    if (c.has_block_markers()) s.input_ids.push_back(c.vision_end_token_id);
+    for (int t = 0; t < 20; ++t) s.input_ids.push_back((i * 13 + t * 5) % words);
+    s.image_grid_thw = {grid};
     batch.sequences.push_back(s);
   }
   return batch;
 }
 
-// The batch as a dataset: each image's pixels drawn from its own seed, as a decoder
-// would make them, so a rank loads only the images it encodes (train::load_pixels).
+// The batch as a dataset: each image's pixels (in the family's layout) drawn from its
+// own seed, as a decoder would make them, so a rank loads only the images it encodes
+// (train::load_pixels).
 class BenchImages : public train::Dataset {
  public:
-  BenchImages(plan::Batch batch, int64_t patch_dim) : batch_(std::move(batch)), patch_dim_(patch_dim) {}
+  BenchImages(plan::Batch batch, std::shared_ptr<const model::PixelGeometry> geometry)
+      : batch_(std::move(batch)), geometry_(std::move(geometry)) {}
   int64_t size() const override { return static_cast<int64_t>(batch_.sequences.size()); }
   plan::Sequence sequence(int64_t index) const override { return batch_.sequences.at(index); }
   at::Tensor image_pixels(int64_t index, int64_t image) const override {
     const plan::Grid& g = batch_.sequences.at(index).image_grid_thw.at(image);
     at::Generator gen = at::detail::createCPUGenerator(static_cast<uint64_t>(7 + index));
-    return at::randn({g[0] * g[1] * g[2], patch_dim_}, gen, at::kFloat);
+    return at::randn(geometry_->item_shape(g), gen, at::kFloat);
   }
   at::Tensor video_pixels(int64_t, int64_t) const override { return {}; }
   std::string describe() const override { return "bench images"; }
 
  private:
   plan::Batch batch_;
-  int64_t patch_dim_;
+  std::shared_ptr<const model::PixelGeometry> geometry_;
 };
 
 }  // namespace
@@ -74,13 +85,15 @@ class BenchImages : public train::Dataset {
 json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
   train::MemoryCounter::install();
   at::set_num_threads(1);
-  const model::ModelConfig config = bench_config();
-  const plan::Batch batch = bench_batch(o);
-  const BenchImages images(batch, 3 * 2 * 14 * 14);
+  const model::ModelConfig config = o.model.empty() ? bench_config() : model::load_model_config(o.model);
+  const std::shared_ptr<const model::PixelGeometry> geometry = model::pixel_geometry(config);
+  const plan::Batch batch = bench_batch(o, config, *geometry);
+  const BenchImages images(batch, geometry);
   std::vector<int64_t> samples(batch.sequences.size());
   for (size_t i = 0; i < samples.size(); ++i) samples[i] = static_cast<int64_t>(i);
   at::manual_seed(42);
-  model::QwenVLModel vlm(config);
+  const std::shared_ptr<model::Vlm> built = model::build_vlm(config);  // the family's registry entry
+  model::Vlm& vlm = *built;
   auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
   json rows = json::array();
   int mesh_index = 0;
@@ -135,7 +148,8 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
                       {"seconds_max_rank", max[3].item<double>()}});
     }
   }
-  json result = {{"part", o.step ? "step" : "vision"}, {"images", o.images},
+  json result = {{"part", o.step ? "step" : "vision"}, {"model", o.model.empty() ? "built-in qwen2_vl" : o.model},
+                 {"model_type", config.model_type}, {"images", o.images},
                  {"image_patches", o.image_side * o.image_side}, {"dtype", "float32"}, {"rows", rows}};
   auto find = [&](int c, const std::string& mode) -> const json* {  // ring meshes
     for (const json& r : rows)

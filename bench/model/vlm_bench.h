@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <string>
+
 #include "mmsp/dist/rank_env.h"
 
 namespace mmsp::bench {
@@ -14,6 +16,9 @@ struct VlmBenchOptions {
   int images = 16;          // one image per sequence
   int64_t image_side = 16;  // patches per side (image_side² patches, /4 rows)
   bool step = false;        // false: vision part only; true: the whole step
+  // a config.json of any registered family (model::family_for); empty: the built-in
+  // Qwen2-VL of the figures in docs/model.md (width 64 vision, 128 decoder)
+  std::string model;
 };
 
 // Every rank calls it; rank 0's result holds the table.

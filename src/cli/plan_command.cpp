@@ -12,6 +12,7 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
+#include "mmsp/model/family.h"
 #include "mmsp/plan/plan_json.h"
 #include "mmsp/plan/step_plan.h"
 
@@ -80,7 +81,7 @@ int run_plan(const PlanFlags& f) {
     MMSP_CHECK(f.indent >= -1 && f.indent <= 16, "--indent ", f.indent, " must be in [-1, 16] (-1: compact)");
     MMSP_CHECK(f.rank >= -1, "--rank ", f.rank, " must be a rank >= 0 (or -1: every rank)");
     const nlohmann::json config = read_json(f.config, "--config");
-    const plan::ModelConventions conventions = plan::conventions_from_config(config);
+    const plan::ModelConventions conventions = model::conventions_from_config(config);  // the family registry
     const plan::Batch batch = plan::batch_from_json(read_json(f.batch, "--batch"));
     // The rules of `mmsp train` when the model layer is injected (the whole config, and
     // its vocabulary), else the config's own vocab_size: every token id against it.

@@ -1,4 +1,4 @@
-// Linear, Embedding, RMSNorm; see linear.h.
+// Linear, Embedding, LayerNorm, RMSNorm; see linear.h.
 #include "mmsp/model/linear.h"
 
 #include <ATen/ATen.h>
@@ -21,6 +21,15 @@ Embedding::Embedding(int64_t vocab, int64_t hidden, double init_std) {
 }
 
 at::Tensor Embedding::forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }
+
+LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
+  weight = register_parameter("weight", ones_parameter({dim}));
+  bias = register_parameter("bias", zeros_parameter({dim}));
+}
+
+at::Tensor LayerNorm::forward(const at::Tensor& x) const {
+  return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
+}
 
 RMSNorm::RMSNorm(int64_t hidden, double eps_, bool zero_centered_) : eps(eps_), zero_centered(zero_centered_) {
   weight = register_parameter("weight", zero_centered ? zeros_parameter({hidden}) : ones_parameter({hidden}));

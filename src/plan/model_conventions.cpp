@@ -16,18 +16,6 @@ bool ModelConventions::uses_mrope() const {
 
 bool ModelConventions::video_frames_as_blocks() const { return family == ModelFamily::qwen3_vl; }
 
-ModelFamily parse_model_family(const std::string& model_type) {
-  if (model_type == "qwen2_vl") return ModelFamily::qwen2_vl;
-  if (model_type == "qwen2_5_vl") return ModelFamily::qwen2_5_vl;
-  if (model_type == "qwen3_vl" || model_type == "qwen3_5") return ModelFamily::qwen3_vl;
-  if (model_type == "llava") return ModelFamily::llava;
-  if (model_type == "internvl") return ModelFamily::internvl;
-  MMSP_CHECK(false, "model_type \"", model_type,
-             "\" is not supported by the planner; supported: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, "
-             "llava, internvl");
-  return ModelFamily::qwen2_vl;
-}
-
 std::string to_string(ModelFamily family) {
   switch (family) {
     case ModelFamily::qwen2_vl: return "qwen2_vl";
@@ -112,38 +100,14 @@ void rope_parameters_as_scaling(nlohmann::json& j) {
     j["rope_scaling"] = j["rope_parameters"];
 }
 
-bool has_mrope_section(const nlohmann::json& j) {
-  return j.is_object() && j.contains("rope_scaling") && j["rope_scaling"].is_object() &&
-         j["rope_scaling"].contains("mrope_section");
-}
-
 }  // namespace
 
-ModelConventions conventions_from_config(const nlohmann::json& file) {
+ModelConventions conventions_from_config(const nlohmann::json& file, const ModelConventions& defaults) {
   MMSP_CHECK(file.is_object(), "config.json must be a JSON object, got ", file.type_name());
   nlohmann::json config = file;
   rope_parameters_as_scaling(config);
   if (config.contains("text_config")) rope_parameters_as_scaling(config["text_config"]);
-  // Qwen3.5 (a hybrid decoder behind Qwen3-VL's vision tower) is a Qwen3-VL model to the
-  // planner, with its own token ids and mRoPE sections as Qwen3_5Config's defaults.
-  MMSP_CHECK(!config.contains("model_type") || config.at("model_type").is_string(),
-             "config.json: model_type must be a string (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, llava, ",
-             "internvl), got ", config.contains("model_type") ? config.at("model_type").dump() : "");
-  const bool qwen3_5 = config.contains("model_type") && config.at("model_type") == "qwen3_5";
-  if (qwen3_5) {
-    config["model_type"] = "qwen3_vl";
-    const std::pair<const char*, int64_t> ids[] = {{"image_token_id", 248056}, {"video_token_id", 248057},
-                                                   {"vision_start_token_id", 248053},
-                                                   {"vision_end_token_id", 248054}};
-    for (const auto& [key, id] : ids)
-      if (!config.contains(key) || config[key].is_null()) config[key] = id;
-  }
-  MMSP_CHECK(config.contains("model_type") && config.at("model_type").is_string(),
-             "config.json has no \"model_type\" string; expected one of qwen2_vl, qwen2_5_vl, ",
-             "qwen3_vl, llava, internvl");
-  ModelConventions c = default_conventions(parse_model_family(config.at("model_type")));
-  if (qwen3_5 && !has_mrope_section(config) && !(config.contains("text_config") && has_mrope_section(config["text_config"])))
-    c.mrope_section = {11, 11, 10};
+  ModelConventions c = defaults;
   const nlohmann::json* vision = find_object(config, "vision_config");
   const nlohmann::json* text = find_object(config, "text_config");
 

@@ -17,6 +17,7 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
+#include "mmsp/model/family.h"
 #include "mmsp/model/safetensors.h"
 
 namespace mmsp::train {
@@ -34,26 +35,6 @@ const char* const kFields = "input_ids, loss_mask, images, image_grid_thw, video
 std::string grid_text(const plan::Grid& g) {
   return detail::concat("[", g[0], ", ", g[1], ", ", g[2], "]");
 }
-
-// Pixel geometry of the model: what a grid means in pixels and in rows.
-struct Geometry {
-  bool qwen = true;
-  int64_t channels = 3, patch = 14, merge = 2, temporal = 2, row_width = 0;
-  int64_t image_size = 0;  // LLaVA: the fixed square side
-
-  explicit Geometry(const model::ModelConfig& c) : qwen(c.family != plan::ModelFamily::llava) {
-    if (qwen) {
-      const model::QwenVisionConfig& v = *c.qwen_vision;
-      channels = v.in_channels, patch = v.patch_size, merge = v.spatial_merge_size;
-      temporal = v.temporal_patch_size;
-      row_width = channels * temporal * patch * patch;
-    } else {
-      const model::ClipVisionConfig& v = *c.clip_vision;
-      channels = v.num_channels, patch = v.patch_size, merge = 1, temporal = 1;
-      image_size = v.image_size;
-    }
-  }
-};
 
 // One line's parsing: every message starts with "file:line: ".
 struct LineReader {
@@ -113,9 +94,9 @@ struct LineReader {
   }
 };
 
-fs::path resolve(const fs::path& dir, const std::string& file) {
+fs::path resolve(const std::string& dir, const std::string& file) {
   const fs::path p(file);
-  return p.is_absolute() ? p : dir / p;
+  return p.is_absolute() ? p : fs::path(dir) / p;
 }
 
 // Width and height of an image file from its header (stbi_info reads no pixels).
@@ -157,178 +138,192 @@ at::Tensor load_image(const std::string& where, const fs::path& file, int64_t ch
 
 }  // namespace
 
+// Everything one line needs while it is read.
+struct JsonlDataset::Line {
+  LineReader r;
+  const std::string& where;  // "file.jsonl:7"
+};
+
 JsonlDataset::JsonlDataset(const std::string& path, const model::ModelConfig& config, int64_t max_image_pixels)
-    : path_(path), config_(config), norm_(pixel_norm(config.family)) {
+    : path_(path),
+      dir_(fs::path(path).parent_path().string()),
+      config_(config),
+      geometry_(model::pixel_geometry(config)),
+      max_image_pixels_(max_image_pixels) {
   std::ifstream in(path);
   MMSP_CHECK(in.good(), "jsonl dataset: cannot open \"", path, "\"");
-  const fs::path dir = fs::path(path).parent_path();
-  const Geometry geo(config);
-  const plan::ModelConventions& conv = config.conventions;
-  const int64_t vocab = config.text.vocab_size;
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are allowed
-    const std::string where = detail::concat(path, ":", number);
-    json object = parse_json_text(line, where);
-    MMSP_CHECK(object.is_object(), where, ": expected a JSON object, got ", object.type_name());
-    for (const auto& item : object.items())
-      MMSP_CHECK(std::find(kFieldNames.begin(), kFieldNames.end(), item.key()) != kFieldNames.end(),
-                 where, ": unknown field \"", item.key(), "\" (fields: ", kFields, ")");
-    const LineReader r{where, object};
-    const int64_t index = static_cast<int64_t>(samples_.size());
-    Sample s;
-    s.line = number;
-    plan::Sequence& seq = s.sequence;
-
-    MMSP_CHECK(r.find("input_ids") != nullptr, where, ": input_ids is missing");
-    seq.input_ids = r.integers("input_ids");
-    MMSP_CHECK(!seq.input_ids.empty(), where, ": input_ids is empty");
-    for (size_t k = 0; k < seq.input_ids.size(); ++k)
-      MMSP_CHECK(seq.input_ids[k] >= 0 && seq.input_ids[k] < vocab, where, ": input_ids[", k, "] = ",
-                 seq.input_ids[k], " is outside the model's vocabulary 0..", vocab - 1);
-    seq.loss_mask = r.integers("loss_mask");
-    if (r.find("loss_mask") != nullptr) {
-      MMSP_CHECK(seq.loss_mask.size() == seq.input_ids.size(), where, ": loss_mask has ",
-                 seq.loss_mask.size(), " entries but input_ids has ", seq.input_ids.size());
-      for (size_t k = 0; k < seq.loss_mask.size(); ++k)
-        MMSP_CHECK(seq.loss_mask[k] == 0 || seq.loss_mask[k] == 1, where, ": loss_mask[", k, "] = ",
-                   seq.loss_mask[k], ", expected 0 or 1");
-    }
-    if (const json* v = r.find("second_per_grid_ts")) {
-      for (size_t k = 0; k < r.array(*v, "second_per_grid_ts").size(); ++k) {
-        MMSP_CHECK((*v)[k].is_number() && (*v)[k].get<double>() >= 0 &&
-                       (*v)[k].get<double>() <= plan::kMaxSecondsPerGrid,
-                   where, ": second_per_grid_ts[", k, "] is ", (*v)[k].dump(), ", expected a number of seconds in [0, ",
-                   plan::kMaxSecondsPerGrid, "]");
-        seq.second_per_grid_ts.push_back((*v)[k].get<double>());
-      }
-    }
-
-    // Pixel sources and their grids, derived where the line leaves them out.
-    for (const bool video : {false, true}) {
-      const char* items_key = video ? "videos" : "images";
-      const char* grid_key = video ? "video_grid_thw" : "image_grid_thw";
-      const char* kind = video ? "video" : "image";
-      std::vector<plan::Grid> grids = r.grids(grid_key);
-      const bool given = r.find(grid_key) != nullptr;
-      std::vector<Source>& sources = video ? s.videos : s.images;
-      if (const json* v = r.find(items_key)) {
-        const json& list = r.array(*v, items_key);
-        MMSP_CHECK(!video || geo.qwen, where, ": videos are not supported by ", config.model_type,
-                   " (it has no video placeholder token)");
-        MMSP_CHECK(!given || grids.size() == list.size(), where, ": ", grid_key, " has ", grids.size(),
-                   " entries but ", items_key, " has ", list.size());
-        for (size_t k = 0; k < list.size(); ++k) {
-          const std::string name = detail::concat(kind, " ", k);
-          const json& item = list[k];
-          MMSP_CHECK(item.is_object(), where, ": ", name, " is ", item.dump(), ", expected an object with \"",
-                     video ? "frames" : "path", "\" or \"safetensors\" and \"tensor\"");
-          Source src;
-          std::optional<plan::Grid> derived;
-          if (item.contains("safetensors")) {
-            src.safetensors = resolve(dir, r.text(item["safetensors"], name + " safetensors")).string();
-            MMSP_CHECK(item.contains("tensor"), where, ": ", name, " names safetensors file \"",
-                       src.safetensors, "\" but no \"tensor\"");
-            src.tensor = r.text(item["tensor"], name + " tensor");
-            std::error_code ec;
-            MMSP_CHECK(fs::is_regular_file(src.safetensors, ec), where, ": ", name, " file \"",
-                       src.safetensors, "\" does not exist (or is not a regular file)");
-            model::SafetensorsHeader header;
-            try {
-              header = model::read_safetensors_header(src.safetensors);
-            } catch (const Error& e) {
-              MMSP_CHECK(false, where, ": ", name, ": ", e.what());
-            }
-            const auto t = header.tensors.find(src.tensor);
-            MMSP_CHECK(t != header.tensors.end(), where, ": ", name, ": tensor \"", src.tensor,
-                       "\" is not in \"", src.safetensors, "\"");
-            const at::ScalarType st = t->second.scalar_type;
-            MMSP_CHECK(at::isFloatingType(st), where, ": ", name, ": tensor \"", src.tensor, "\" is ",
-                       t->second.dtype, ", expected a float dtype (F32, F64, F16, BF16)");
-            const std::vector<int64_t>& shape = t->second.shape;
-            if (geo.qwen) {
-              MMSP_CHECK(given, where, ": ", name, " comes from safetensors, so ", grid_key,
-                         " must give its grid");
-              const plan::Grid& g = grids[k];
-              const std::vector<int64_t> want{g[0] * g[1] * g[2], geo.row_width};
-              MMSP_CHECK(shape == want, where, ": ", name, ": tensor \"", src.tensor, "\" has shape ",
-                         at::IntArrayRef(shape), " but grid ", grid_text(g), " needs [", want[0], ", ",
-                         want[1], "] (patches x channels*temporal_patch_size*patch_size^2)");
-            } else {
-              const std::vector<int64_t> want{geo.channels, geo.image_size, geo.image_size};
-              MMSP_CHECK(shape == want, where, ": ", name, ": tensor \"", src.tensor, "\" has shape ",
-                         at::IntArrayRef(shape), " but the model takes [", want[0], ", ", want[1], ", ",
-                         want[2], "] images");
-            }
-          } else {
-            std::vector<std::string> files;
-            if (video) {
-              MMSP_CHECK(item.contains("frames") && item["frames"].is_array() && !item["frames"].empty(),
-                         where, ": ", name, " is ", item.dump(),
-                         ", expected {\"frames\": [paths...]} or {\"safetensors\": ..., \"tensor\": ...}");
-              for (size_t f = 0; f < item["frames"].size(); ++f)
-                files.push_back(item["frames"][f].is_string() ? item["frames"][f].get<std::string>() : "");
-            } else {
-              MMSP_CHECK(item.contains("path"), where, ": ", name, " is ", item.dump(),
-                         ", expected {\"path\": ...} or {\"safetensors\": ..., \"tensor\": ...}");
-              files.push_back(r.text(item["path"], name + " path"));
-            }
-            std::pair<int64_t, int64_t> first{0, 0};
-            for (size_t f = 0; f < files.size(); ++f) {
-              const std::string fname = video ? detail::concat(name, " frame ", f) : name;
-              MMSP_CHECK(!files[f].empty(), where, ": ", fname, " path must be a non-empty string");
-              src.files.push_back(resolve(dir, files[f]).string());
-              const auto wh = image_size(r, fname, src.files.back(), max_image_pixels);
-              if (f == 0) first = wh;
-              if (!given && geo.qwen)
-                MMSP_CHECK(wh == first, where, ": ", fname, " \"", src.files.back(), "\" is ", wh.first,
-                           " x ", wh.second, " but frame 0 is ", first.first, " x ", first.second,
-                           "; frames of a video without video_grid_thw must have one size");
-            }
-            const int64_t frames = static_cast<int64_t>(files.size());
-            const int64_t t = (frames + geo.temporal - 1) / geo.temporal;
-            if (!geo.qwen) {
-              const int64_t side = geo.image_size / geo.patch;
-              derived = plan::Grid{1, side, side};
-            } else if (!given) {
-              const int64_t unit = geo.patch * geo.merge;
-              MMSP_CHECK(first.first % unit == 0 && first.second % unit == 0, where, ": ", name, " \"",
-                         src.files[0], "\" is ", first.first, " x ", first.second,
-                         " pixels (W x H), not a multiple of patch_size * spatial_merge_size = ", unit,
-                         " on each side; resize the file or give ", grid_key, " to resize it on load");
-              derived = plan::Grid{t, first.second / geo.patch, first.first / geo.patch};
-            } else {
-              MMSP_CHECK(grids[k][0] == t, where, ": ", grid_key, "[", k, "] = ", grid_text(grids[k]),
-                         " has t = ", grids[k][0], " but ", name, " has ", frames, " frame(s), which make ",
-                         t, " temporal patch(es) of ", geo.temporal);
-            }
-          }
-          if (derived) {
-            if (given) {
-              MMSP_CHECK(grids[k] == *derived, where, ": ", grid_key, "[", k, "] = ", grid_text(grids[k]),
-                         " but ", config.model_type, " images of ", geo.image_size, " px have grid ",
-                         grid_text(*derived));
-            } else {
-              grids.push_back(*derived);
-            }
-          }
-          sources.push_back(std::move(src));
-        }
-      } else {
-        MMSP_CHECK(grids.empty(), where, ": ", grid_key, " has ", grids.size(), " entries but there is no ",
-                   items_key, " list to take their pixels from");
-      }
-      (video ? seq.video_grid_thw : seq.image_grid_thw) = std::move(grids);
-    }
-
-    try {
-      plan::parse_sequence(seq, conv, index);
-    } catch (const Error& e) {
-      MMSP_CHECK(false, where, ": ", e.what());
-    }
-    samples_.push_back(std::move(s));
+  std::string text;
+  for (int64_t number = 1; std::getline(in, text); ++number) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are allowed
+    samples_.push_back(read_sample(text, number));
   }
   MMSP_CHECK(!samples_.empty(), "jsonl dataset: \"", path, "\" holds no sample");
+}
+
+JsonlDataset::Sample JsonlDataset::read_sample(const std::string& text, int64_t number) const {
+  const std::string where = detail::concat(path_, ":", number);
+  json object = parse_json_text(text, where);
+  MMSP_CHECK(object.is_object(), where, ": expected a JSON object, got ", object.type_name());
+  for (const auto& item : object.items())
+    MMSP_CHECK(std::find(kFieldNames.begin(), kFieldNames.end(), item.key()) != kFieldNames.end(), where,
+               ": unknown field \"", item.key(), "\" (fields: ", kFields, ")");
+  const Line line{LineReader{where, object}, where};
+  Sample s;
+  s.line = number;
+  read_tokens(line, s.sequence);
+  read_seconds(line, s.sequence);
+  for (const bool video : {false, true}) read_items(line, video, s);
+  try {
+    plan::parse_sequence(s.sequence, config_.conventions, static_cast<int64_t>(samples_.size()));
+  } catch (const Error& e) {
+    MMSP_CHECK(false, where, ": ", e.what());
+  }
+  return s;
+}
+
+void JsonlDataset::read_tokens(const Line& line, plan::Sequence& seq) const {
+  const std::string& where = line.where;
+  const int64_t vocab = config_.text.vocab_size;
+  MMSP_CHECK(line.r.find("input_ids") != nullptr, where, ": input_ids is missing");
+  seq.input_ids = line.r.integers("input_ids");
+  MMSP_CHECK(!seq.input_ids.empty(), where, ": input_ids is empty");
+  for (size_t k = 0; k < seq.input_ids.size(); ++k)
+    MMSP_CHECK(seq.input_ids[k] >= 0 && seq.input_ids[k] < vocab, where, ": input_ids[", k, "] = ",
+               seq.input_ids[k], " is outside the model's vocabulary 0..", vocab - 1);
+  if (line.r.find("loss_mask") == nullptr) return;
+  seq.loss_mask = line.r.integers("loss_mask");
+  MMSP_CHECK(seq.loss_mask.size() == seq.input_ids.size(), where, ": loss_mask has ", seq.loss_mask.size(),
+             " entries but input_ids has ", seq.input_ids.size());
+  for (size_t k = 0; k < seq.loss_mask.size(); ++k)
+    MMSP_CHECK(seq.loss_mask[k] == 0 || seq.loss_mask[k] == 1, where, ": loss_mask[", k, "] = ",
+               seq.loss_mask[k], ", expected 0 or 1");
+}
+
+void JsonlDataset::read_seconds(const Line& line, plan::Sequence& seq) const {
+  const json* v = line.r.find("second_per_grid_ts");
+  if (!v) return;
+  for (size_t k = 0; k < line.r.array(*v, "second_per_grid_ts").size(); ++k) {
+    MMSP_CHECK((*v)[k].is_number() && (*v)[k].get<double>() >= 0 &&
+                   (*v)[k].get<double>() <= plan::kMaxSecondsPerGrid,
+               line.where, ": second_per_grid_ts[", k, "] is ", (*v)[k].dump(),
+               ", expected a number of seconds in [0, ", plan::kMaxSecondsPerGrid, "]");
+    seq.second_per_grid_ts.push_back((*v)[k].get<double>());
+  }
+}
+
+// The pixel sources of the line's images (or videos) and their grids: as given, else
+// derived from the files by the family's geometry.
+void JsonlDataset::read_items(const Line& line, bool video, Sample& s) const {
+  const std::string& where = line.where;
+  const char* items_key = video ? "videos" : "images";
+  const char* grid_key = video ? "video_grid_thw" : "image_grid_thw";
+  std::vector<plan::Grid> grids = line.r.grids(grid_key);
+  const bool given = line.r.find(grid_key) != nullptr;
+  const json* v = line.r.find(items_key);
+  if (!v) {
+    MMSP_CHECK(grids.empty(), where, ": ", grid_key, " has ", grids.size(), " entries but there is no ",
+               items_key, " list to take their pixels from");
+    (video ? s.sequence.video_grid_thw : s.sequence.image_grid_thw) = std::move(grids);
+    return;
+  }
+  const json& list = line.r.array(*v, items_key);
+  MMSP_CHECK(!video || geometry_->takes_videos(), where, ": videos are not supported by ", config_.model_type,
+             " (it has no video placeholder token)");
+  MMSP_CHECK(!given || grids.size() == list.size(), where, ": ", grid_key, " has ", grids.size(),
+             " entries but ", items_key, " has ", list.size());
+  std::vector<Source>& sources = video ? s.videos : s.images;
+  for (size_t k = 0; k < list.size(); ++k) {
+    const std::string name = detail::concat(video ? "video " : "image ", k);
+    const json& item = list[k];
+    MMSP_CHECK(item.is_object(), where, ": ", name, " is ", item.dump(), ", expected an object with \"",
+               video ? "frames" : "path", "\" or \"safetensors\" and \"tensor\"");
+    const std::string grid_name = detail::concat(grid_key, "[", k, "]");
+    if (item.contains("safetensors")) {
+      // A tensor has no pixel size: its grid is the data's, unless the family fixes it.
+      const int64_t side = geometry_->fixed_side();
+      MMSP_CHECK(given || side > 0, where, ": ", name, " comes from safetensors, so ", grid_key,
+                 " must give its grid");
+      if (!given) grids.push_back(geometry_->grid_for(1, side, side, name));
+      sources.push_back(read_tensor_source(line, item, name, grids[k]));
+      continue;
+    }
+    ItemFiles files = read_files(line, item, video, name, given);
+    const int64_t frames = static_cast<int64_t>(files.source.files.size());
+    if (given) {
+      const std::string mismatch = geometry_->grid_mismatch(grids[k], frames, name);
+      MMSP_CHECK(mismatch.empty(), where, ": ", grid_name, " = ", grid_text(grids[k]), " ", mismatch);
+    } else {
+      try {
+        grids.push_back(geometry_->grid_for(frames, files.width, files.height,
+                                            detail::concat(where, ": ", name, " \"", files.source.files[0], "\"")));
+      } catch (const Error& e) {
+        throw Error(detail::concat(e.what(), "; resize the file or give ", grid_key, " to resize it on load"));
+      }
+    }
+    sources.push_back(std::move(files.source));
+  }
+  (video ? s.sequence.video_grid_thw : s.sequence.image_grid_thw) = std::move(grids);
+}
+
+// A pre-processed tensor: checked against the grid now (header only), read on demand.
+JsonlDataset::Source JsonlDataset::read_tensor_source(const Line& line, const json& item, const std::string& name,
+                                                      const plan::Grid& grid) const {
+  const std::string& where = line.where;
+  Source src;
+  src.safetensors = resolve(dir_, line.r.text(item["safetensors"], name + " safetensors")).string();
+  MMSP_CHECK(item.contains("tensor"), where, ": ", name, " names safetensors file \"", src.safetensors,
+             "\" but no \"tensor\"");
+  src.tensor = line.r.text(item["tensor"], name + " tensor");
+  std::error_code ec;
+  MMSP_CHECK(fs::is_regular_file(src.safetensors, ec), where, ": ", name, " file \"", src.safetensors,
+             "\" does not exist (or is not a regular file)");
+  model::SafetensorsHeader header;
+  try {
+    header = model::read_safetensors_header(src.safetensors);
+  } catch (const Error& e) {
+    MMSP_CHECK(false, where, ": ", name, ": ", e.what());
+  }
+  const auto t = header.tensors.find(src.tensor);
+  MMSP_CHECK(t != header.tensors.end(), where, ": ", name, ": tensor \"", src.tensor, "\" is not in \"",
+             src.safetensors, "\"");
+  MMSP_CHECK(at::isFloatingType(t->second.scalar_type), where, ": ", name, ": tensor \"", src.tensor, "\" is ",
+             t->second.dtype, ", expected a float dtype (F32, F64, F16, BF16)");
+  const std::vector<int64_t> want = geometry_->item_shape(grid);
+  MMSP_CHECK(t->second.shape == want, where, ": ", name, ": tensor \"", src.tensor, "\" has shape ",
+             at::IntArrayRef(t->second.shape), " but grid ", grid_text(grid), " needs ", at::IntArrayRef(want),
+             " (", geometry_->item_layout(), ")");
+  return src;
+}
+
+// Image files: one for an image, the frames of a video; sizes from their headers.
+JsonlDataset::ItemFiles JsonlDataset::read_files(const Line& line, const json& item, bool video,
+                                                 const std::string& name, bool given) const {
+  const std::string& where = line.where;
+  std::vector<std::string> files;
+  if (video) {
+    MMSP_CHECK(item.contains("frames") && item["frames"].is_array() && !item["frames"].empty(), where, ": ",
+               name, " is ", item.dump(),
+               ", expected {\"frames\": [paths...]} or {\"safetensors\": ..., \"tensor\": ...}");
+    for (size_t f = 0; f < item["frames"].size(); ++f)
+      files.push_back(item["frames"][f].is_string() ? item["frames"][f].get<std::string>() : "");
+  } else {
+    MMSP_CHECK(item.contains("path"), where, ": ", name, " is ", item.dump(),
+               ", expected {\"path\": ...} or {\"safetensors\": ..., \"tensor\": ...}");
+    files.push_back(line.r.text(item["path"], name + " path"));
+  }
+  ItemFiles out;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string fname = video ? detail::concat(name, " frame ", f) : name;
+    MMSP_CHECK(!files[f].empty(), where, ": ", fname, " path must be a non-empty string");
+    out.source.files.push_back(resolve(dir_, files[f]).string());
+    const auto [w, h] = image_size(line.r, fname, out.source.files.back(), max_image_pixels_);
+    if (f == 0) out.width = w, out.height = h;
+    // Without a grid the first frame's size sets it: every frame must share it.
+    MMSP_CHECK(given || (w == out.width && h == out.height), where, ": ", fname, " \"", out.source.files.back(),
+               "\" is ", w, " x ", h, " but frame 0 is ", out.width, " x ", out.height,
+               "; frames of a video without video_grid_thw must have one size");
+  }
+  return out;
 }
 
 const JsonlDataset::Sample& JsonlDataset::sample(int64_t index) const {
@@ -355,7 +350,6 @@ plan::Sequence JsonlDataset::sequence(int64_t index) const { return sample(index
 at::Tensor JsonlDataset::pixels(const Sample& s, const Source& src, const plan::Grid& g, bool video,
                                 int64_t item) const {
   const std::string where = detail::concat(path_, ":", s.line, ": ", video ? "video " : "image ", item);
-  const Geometry geo(config_);
   if (!src.safetensors.empty()) {
     std::map<std::string, at::Tensor> tensors = model::load_safetensors(src.safetensors);
     const auto it = tensors.find(src.tensor);
@@ -363,16 +357,13 @@ at::Tensor JsonlDataset::pixels(const Sample& s, const Source& src, const plan::
                src.safetensors, "\"");
     return it->second.to(at::kFloat).contiguous();
   }
-  if (!geo.qwen) {
-    return normalize_image(load_image(where, src.files[0], geo.channels, geo.image_size, geo.image_size),
-                           norm_);
-  }
+  const auto [width, height] = geometry_->frame_size(g);
   std::vector<at::Tensor> frames;
-  for (const std::string& f : src.files)
-    frames.push_back(load_image(where, f, geo.channels, g[2] * geo.patch, g[1] * geo.patch));
-  QwenPatches out = qwen_patches(at::stack(frames), *config_.qwen_vision, norm_);
-  MMSP_ASSERT(out.grid == g, where, ": patches of grid ", grid_text(out.grid), " for grid ", grid_text(g));
-  return out.rows;
+  for (const std::string& f : src.files) frames.push_back(load_image(where, f, geometry_->channels(), width, height));
+  at::Tensor out = geometry_->item_pixels(at::stack(frames));
+  MMSP_ASSERT(out.sizes() == at::IntArrayRef(geometry_->item_shape(g)), where, ": pixels ", out.sizes(),
+              " for grid ", grid_text(g));
+  return out;
 }
 
 at::Tensor JsonlDataset::image_pixels(int64_t index, int64_t image) const {

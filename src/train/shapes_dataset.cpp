@@ -7,6 +7,7 @@
 #include <array>
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/family.h"
 #include "mmsp/train/splitmix64.h"
 
 namespace mmsp::train {
@@ -28,8 +29,6 @@ constexpr std::array<const char*, 4> kDirections = {"left", "right", "up", "down
 constexpr std::array<double, 2> kRadius = {0.11, 0.22};
 constexpr double kJitter = 0.04;
 
-bool is_qwen(plan::ModelFamily f) { return f != plan::ModelFamily::llava; }
-
 }  // namespace
 
 struct ShapesDataset::Draw {
@@ -49,7 +48,7 @@ std::string ShapesItem::caption() const {
 }
 
 ShapesDataset::ShapesDataset(const ShapesOptions& options, const model::ModelConfig& config)
-    : options_(options), config_(config), tokenizer_(config), norm_(pixel_norm(config.family)) {
+    : options_(options), config_(config), tokenizer_(config), geometry_(model::pixel_geometry(config)) {
   const ShapesOptions& o = options_;
   MMSP_CHECK(o.samples >= 1, "shapes dataset: samples is ", o.samples, ", expected >= 1");
   MMSP_CHECK(o.min_tokens_per_side >= 1 && o.min_tokens_per_side <= o.max_tokens_per_side,
@@ -59,32 +58,16 @@ ShapesDataset::ShapesDataset(const ShapesOptions& options, const model::ModelCon
                  o.multi_image_fraction + o.video_fraction <= 1,
              "shapes dataset: multi_image_fraction (", o.multi_image_fraction,
              ") and video_fraction (", o.video_fraction, ") must be >= 0 and sum to at most 1");
-  if (is_qwen(config.family)) {
-    MMSP_CHECK(config.qwen_vision.has_value(), "shapes dataset: ", config.model_type,
-               " config has no Qwen vision_config");
-    const model::QwenVisionConfig& v = *config.qwen_vision;
-    MMSP_CHECK(v.in_channels == 3, "shapes dataset draws RGB images but vision_config.in_channels is ",
-               v.in_channels);
+  MMSP_CHECK(geometry_->channels() == 3, "shapes dataset draws RGB images but ", config.model_type,
+             "'s vision tower reads ", geometry_->channels(), " channel(s)");
+  if (geometry_->takes_videos()) {
     MMSP_CHECK(o.min_frames >= 1 && o.min_frames <= o.max_frames, "shapes dataset: frames range [",
                o.min_frames, ", ", o.max_frames, "] must satisfy 1 <= min <= max");
     // timestamps "<k.0 seconds>" exist for temporal patches 0..9 (word_tokenizer)
-    MMSP_CHECK(o.max_frames <= 10 * v.temporal_patch_size, "shapes dataset: max_frames ", o.max_frames,
-               " gives more than 10 temporal patches of ", v.temporal_patch_size,
-               " frames; the built-in vocabulary has timestamps <0.0 .. <9.0");
-  } else {
-    MMSP_CHECK(config.clip_vision.has_value() && config.llava.has_value(),
-               "shapes dataset: llava config has no CLIP vision_config");
-    const model::ClipVisionConfig& v = *config.clip_vision;
-    MMSP_CHECK(v.num_channels == 3, "shapes dataset draws RGB images but vision_config.num_channels is ",
-               v.num_channels);
-    MMSP_CHECK(config.llava->vision_feature_select_strategy == "default",
-               "shapes dataset: vision_feature_select_strategy \"",
-               config.llava->vision_feature_select_strategy,
-               "\" is not supported: an image's placeholder count must be its patch grid "
-               "(\"default\" drops the class token)");
-    MMSP_CHECK(config.llava->image_seq_length == v.num_patches(), "shapes dataset: image_seq_length ",
-               config.llava->image_seq_length, " differs from the ", v.num_patches(),
-               " patches of a ", v.image_size, " px image");
+    const plan::Grid longest = geometry_->grid_for(o.max_frames, geometry_->side_unit(), geometry_->side_unit(),
+                                                   "the shapes dataset's smallest video");
+    MMSP_CHECK(longest[0] <= 10, "shapes dataset: max_frames ", o.max_frames, " gives ", longest[0],
+               " temporal patches, more than 10; the built-in vocabulary has timestamps <0.0 .. <9.0");
   }
 }
 
@@ -92,21 +75,20 @@ std::vector<ShapesDataset::Draw> ShapesDataset::draw(int64_t index) const {
   MMSP_CHECK(index >= 0 && index < options_.samples, "shapes dataset: sample index ", index,
              " is outside 0..", options_.samples - 1);
   SplitMix64 rng(options_.seed, static_cast<uint64_t>(index));
-  const bool qwen = is_qwen(config_.family);
   const double u = rng.unit();
-  const bool video = qwen && config_.conventions.supports_video() && u < options_.video_fraction;
+  const bool video = geometry_->takes_videos() && u < options_.video_fraction;
   int64_t count = 1;
   if (!video && u >= options_.video_fraction && u < options_.video_fraction + options_.multi_image_fraction)
     count = rng.between(2, 3);
   std::vector<Draw> out(count);
   for (Draw& d : out) {
     d.video = video;
-    if (qwen) {
-      const int64_t unit = config_.qwen_vision->patch_size * config_.qwen_vision->spatial_merge_size;
+    if (geometry_->fixed_side() == 0) {
+      const int64_t unit = geometry_->side_unit();
       d.height = unit * rng.between(options_.min_tokens_per_side, options_.max_tokens_per_side);
       d.width = unit * rng.between(options_.min_tokens_per_side, options_.max_tokens_per_side);
     } else {
-      d.height = d.width = config_.clip_vision->image_size;
+      d.height = d.width = geometry_->fixed_side();
     }
     if (video) d.frames = rng.between(options_.min_frames, options_.max_frames);
     d.size = static_cast<int>(rng.below(kSizes.size()));
@@ -145,7 +127,6 @@ std::string ShapesDataset::caption(int64_t index) const {
 
 plan::Sequence ShapesDataset::sequence(int64_t index) const {
   const plan::ModelConventions& c = config_.conventions;
-  const int64_t m = c.spatial_merge_size;
   plan::Sequence s;
   s.input_ids.push_back(WordTokenizer::kBos);
   auto block = [&](int64_t pad, int64_t n) {
@@ -154,23 +135,17 @@ plan::Sequence ShapesDataset::sequence(int64_t index) const {
     if (c.has_block_markers()) s.input_ids.push_back(c.vision_end_token_id);
   };
   for (const Draw& d : draw(index)) {
-    if (!is_qwen(config_.family)) {  // LLaVA: one patch per placeholder (no merge)
-      const int64_t side = config_.clip_vision->patches_per_side();
-      s.image_grid_thw.push_back({1, side, side});
-      block(c.image_token_id, side * side);
-      continue;
-    }
-    const int64_t p = config_.qwen_vision->patch_size, tp = config_.qwen_vision->temporal_patch_size;
-    const plan::Grid g{(d.frames + tp - 1) / tp, d.height / p, d.width / p};
-    const int64_t per_frame = (g[1] / m) * (g[2] / m);
+    const plan::Grid g = geometry_->grid_for(d.frames, d.width, d.height, "a shapes image");
+    const int64_t rows = geometry_->placeholder_rows(g);
     if (!d.video) {
       s.image_grid_thw.push_back(g);
-      block(c.image_token_id, g[0] * per_frame);
+      block(c.image_token_id, rows);
       continue;
     }
+    const int64_t per_frame = rows / g[0];
     s.video_grid_thw.push_back(g);
     // frames are 1 / tp seconds apart, so temporal patch k starts at k seconds
-    if (c.family == plan::ModelFamily::qwen2_5_vl) s.second_per_grid_ts.push_back(1.0);
+    if (c.scales_video_time()) s.second_per_grid_ts.push_back(1.0);
     if (c.video_frames_as_blocks()) {
       for (int64_t k = 0; k < g[0]; ++k) {
         for (int64_t w : tokenizer_.encode("<" + std::to_string(k) + ".0 seconds>")) s.input_ids.push_back(w);
@@ -198,7 +173,7 @@ at::Tensor ShapesDataset::render(const Draw& d) const {
   for (int64_t f = 0; f < T; ++f) {
     at::Tensor frame = frames[f];
     if (options_.blank_images) {
-      for (int64_t ch = 0; ch < 3; ++ch) frame[ch].fill_(static_cast<float>(norm_.mean[ch]));
+      for (int64_t ch = 0; ch < 3; ++ch) frame[ch].fill_(static_cast<float>(geometry_->norm().mean[ch]));
       continue;
     }
     double fx, fy;
@@ -244,9 +219,7 @@ at::Tensor ShapesDataset::item_pixels(int64_t index, bool video, int64_t which) 
   int64_t seen = 0;
   for (const Draw& d : draws) {
     if (d.video != video || seen++ != which) continue;
-    const at::Tensor frames = render(d);
-    if (!is_qwen(config_.family)) return normalize_image(frames[0], norm_);
-    return qwen_patches(frames, *config_.qwen_vision, norm_).rows;
+    return geometry_->item_pixels(render(d));
   }
   MMSP_CHECK(false, "shapes dataset: sample ", index, " has ", seen, video ? " videos" : " images",
              ", no ", video ? "video " : "image ", which);
@@ -265,16 +238,15 @@ std::string ShapesDataset::describe() const {
   const ShapesOptions& o = options_;
   std::string s = detail::concat("shapes: ", o.samples, " samples per epoch, seed ", o.seed, ", ",
                                  config_.model_type);
-  if (is_qwen(config_.family)) {
+  if (geometry_->fixed_side() == 0) {
     s += detail::concat(", sides ", o.min_tokens_per_side, "..", o.max_tokens_per_side,
                         " tokens, ", o.multi_image_fraction * 100, "% multi-image");
-    if (config_.conventions.supports_video())
-      s += detail::concat(", ", o.video_fraction * 100, "% video (", o.min_frames, "..", o.max_frames,
-                          " frames)");
   } else {
-    s += detail::concat(", ", config_.clip_vision->image_size, " px images, ",
-                        o.multi_image_fraction * 100, "% multi-image");
+    s += detail::concat(", ", geometry_->fixed_side(), " px images, ", o.multi_image_fraction * 100,
+                        "% multi-image");
   }
+  if (geometry_->takes_videos())
+    s += detail::concat(", ", o.video_fraction * 100, "% video (", o.min_frames, "..", o.max_frames, " frames)");
   if (o.blank_images) s += ", images blanked";
   return s;
 }

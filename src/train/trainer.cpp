@@ -23,9 +23,9 @@
 #include "mmsp/core/phase_timer.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/checkpoint_naming.h"
-#include "mmsp/model/llava.h"
 #include "mmsp/model/parameter_init.h"
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/family.h"
+#include "mmsp/model/vlm.h"
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/builtin_models.h"
 #include "mmsp/train/checkpoint.h"
@@ -72,49 +72,23 @@ std::optional<at::ScalarType> parse_save_dtype(const std::string& name) {
   return std::nullopt;
 }
 
-// The VLM of the config's family behind one forward.
-class Vlm {
- public:
-  explicit Vlm(const model::ModelConfig& config) {
-    if (config.family == plan::ModelFamily::llava)
-      llava_ = std::make_shared<model::LlavaModel>(config);
-    else
-      qwen_ = std::make_shared<model::QwenVLModel>(config);
-  }
-  torch::nn::Module& module() { return qwen_ ? static_cast<torch::nn::Module&>(*qwen_) : *llava_; }
-  void set_activation_checkpointing(model::ActivationCheckpointing mode) {
-    if (qwen_) qwen_->set_activation_checkpointing(mode);
-    if (llava_) llava_->set_activation_checkpointing(mode);
-  }
-  model::Decoder& decoder() const { return qwen_ ? qwen_->decoder() : llava_->decoder(); }
-  model::QwenVLModel::StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan,
-                                         const model::PixelInputs& pixels, const model::StepGroups& groups,
-                                         model::VisionMode mode, const attention::AttentionOptions& attn) const {
-    return qwen_ ? qwen_->forward(batch, plan, pixels, groups, mode, attn)
-                 : llava_->forward(batch, plan, pixels, groups, mode, attn);
-  }
-
- private:
-  std::shared_ptr<model::QwenVLModel> qwen_;
-  std::shared_ptr<model::LlavaModel> llava_;
-};
-
 NamedParams named_parameters(torch::nn::Module& module) {
   NamedParams out;
   for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value());
   return out;
 }
 
-std::unique_ptr<Vlm> build_vlm(const model::ModelConfig& config, model::ParameterInit mode) {
+// The config's family from the registry, parameters drawn as `mode` says.
+std::shared_ptr<model::Vlm> build_vlm(const model::ModelConfig& config, model::ParameterInit mode) {
   model::ParameterInitScope init(mode);
-  return std::make_unique<Vlm>(config);
+  return model::build_vlm(config);
 }
 
 // Every parameter's name and shape, from a skeleton of meta tensors: nothing allocated.
 model::ExpectedShapes parameter_shapes(const model::ModelConfig& config) {
-  const std::unique_ptr<Vlm> skeleton = build_vlm(config, model::ParameterInit::meta);
+  const std::shared_ptr<model::Vlm> skeleton = build_vlm(config, model::ParameterInit::meta);
   model::ExpectedShapes shapes;
-  for (const auto& item : skeleton->module().named_parameters())
+  for (const auto& item : skeleton->named_parameters())
     shapes.emplace_back(item.key(), item.value().sizes().vec());
   return shapes;
 }
@@ -250,7 +224,7 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
 // The model on this rank, identical on every rank, and its weight update (AdamW over
 // the masters, replicated or sharded), with the model directory's weights when given.
 struct Trainable {
-  std::unique_ptr<Vlm> vlm;
+  std::shared_ptr<model::Vlm> vlm;
   std::unique_ptr<WeightUpdate> update;
 };
 
@@ -260,7 +234,7 @@ Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist
   const bool loading = in.resolved.weights || !o.resume.empty();
   Trainable t;
   t.vlm = build_vlm(in.resolved.config, loading ? model::ParameterInit::uninitialised : model::ParameterInit::random);
-  t.vlm->module().to(in.dtype);
+  t.vlm->to(in.dtype);
   t.vlm->set_activation_checkpointing(o.checkpoint_activations);
   AdamWOptions adamw;
   adamw.lr = o.lr;
@@ -268,7 +242,7 @@ Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist
   adamw.beta2 = o.beta2;
   adamw.eps = o.eps;
   adamw.weight_decay = o.weight_decay;
-  const NamedParams model_params = named_parameters(t.vlm->module());
+  const NamedParams model_params = named_parameters(*t.vlm);
   t.update = make_weight_update(parse_shard_level(o.shard), model_params, master_dtype_of(in.dtype), adamw, mesh,
                                 layer_index_of(model_params, t.vlm->decoder().layer_parameters()));
   t.vlm->decoder().set_layer_hooks(t.update->layer_hooks());
@@ -364,7 +338,7 @@ void save_step(const TrainOptions& o, const RunInputs& in, WeightUpdate& update,
 struct StepLoop {
   const TrainOptions& o;
   const RunInputs& in;
-  const Vlm& vlm;
+  const model::Vlm& vlm;
   WeightUpdate& update;
   const LrSchedule& schedule;
   const dist::Mesh& mesh;
@@ -437,7 +411,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
 
   MemoryCounter::install();
   const Trainable trainable = build_trainable(o, in, mesh);
-  Vlm& vlm = *trainable.vlm;
+  model::Vlm& vlm = *trainable.vlm;
   WeightUpdate& update = *trainable.update;
   // A warm-up longer than the run is the run (short test runs keep the default).
   const LrSchedule schedule{o.lr, o.min_lr, std::min(o.warmup, o.steps), o.steps};

@@ -22,8 +22,8 @@
 #include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/config.h"
 #include "mmsp/model/hf_directory.h"
-#include "mmsp/model/llava.h"
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/family.h"
+#include "mmsp/model/vlm.h"
 
 namespace mmsp::model {
 namespace {
@@ -396,10 +396,7 @@ nlohmann::json tiny_config(const std::string& file, bool tied = false) {
   return j;
 }
 
-std::shared_ptr<torch::nn::Module> build(const ModelConfig& config) {
-  if (config.model_type == "llava") return std::make_shared<LlavaModel>(config);
-  return std::make_shared<QwenVLModel>(config);
-}
+std::shared_ptr<torch::nn::Module> build(const ModelConfig& config) { return build_vlm(config); }
 
 Named parameters_of(const torch::nn::Module& m) {
   Named out;

@@ -15,7 +15,7 @@
 
 #include "gated_delta_reference.h"
 #include "mmsp/dist/all_reduce.h"
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/families/qwen_vl/qwen_vl.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/train/causal_lm_loss.h"
 #include "multirank.h"

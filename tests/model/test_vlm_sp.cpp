@@ -1,8 +1,9 @@
-// The Qwen2-VL and Qwen3-VL (deepstack) models under sequence parallelism equal one
-// process: a packed batch of images, a video and text, planned for every mesh of the
-// world; in each vision mode (routed, gather, replicate) the loss and every parameter
-// gradient (vision encoder, mergers, decoder), summed over ranks, equal the
-// single-process run (fp64 1e-9; fp32 1e-4).
+// The Qwen2-VL, Qwen2.5-VL (windowed vision blocks) and Qwen3-VL (deepstack) models
+// under sequence parallelism equal one process: a packed batch of images, a video and
+// text, planned for every mesh of the world; in each vision mode (routed, gather,
+// replicate) the loss and every parameter gradient (vision encoder, mergers, decoder),
+// summed over ranks, equal the single-process run (fp64 1e-9; fp32 1e-4). LLaVA
+// likewise.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -11,8 +12,8 @@
 #include <set>
 
 #include "mmsp/dist/all_reduce.h"
-#include "mmsp/model/llava.h"
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/families/llava/llava.h"
+#include "mmsp/model/families/qwen_vl/qwen_vl.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/train/causal_lm_loss.h"
 #include "mmsp/model/safetensors.h"
@@ -67,14 +68,52 @@ model::ModelConfig tiny_qwen3_vl() {
   return model::parse_model_config(c, "tiny qwen3_vl");
 }
 
+// Qwen2.5-VL: RMSNorm and gated SiLU MLP in the vision blocks, windows of 2 × 2 merged
+// patches (8 px) in block 0, whole frames in block 1; video times scaled by
+// second_per_grid_ts · tokens_per_second.
+model::ModelConfig tiny_qwen2_5_vl() {
+  nlohmann::json c = {
+      {"model_type", "qwen2_5_vl"}, {"vocab_size", 128}, {"hidden_size", 96},
+      {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
+      {"num_key_value_heads", 2}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
+      {"tie_word_embeddings", false}, {"vision_start_token_id", kStart}, {"vision_end_token_id", kEnd},
+      {"vision_token_id", 119}, {"image_token_id", kImage}, {"video_token_id", kVideo},
+      {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}}},
+      {"vision_config", {{"depth", 2}, {"hidden_size", 16}, {"intermediate_size", 24}, {"num_heads", 2},
+                         {"out_hidden_size", 96}, {"patch_size", 2}, {"spatial_merge_size", 2},
+                         {"temporal_patch_size", 2}, {"in_chans", 3}, {"hidden_act", "silu"},
+                         {"window_size", 8}, {"fullatt_block_indexes", {1}}, {"tokens_per_second", 2}}}};
+  return model::parse_model_config(c, "tiny qwen2_5_vl");
+}
+
 model::ModelConfig tiny_config(plan::ModelFamily family) {
-  return family == plan::ModelFamily::qwen3_vl ? tiny_qwen3_vl() : tiny_qwen2_vl();
+  if (family == plan::ModelFamily::qwen3_vl) return tiny_qwen3_vl();
+  if (family == plan::ModelFamily::qwen2_5_vl) return tiny_qwen2_5_vl();
+  return tiny_qwen2_vl();
+}
+
+// Qwen2.5-VL: an image of 32 rows (merged 4 × 8: two rows of four windows), more than
+// a rank's share of the 114 tokens on 4 ranks; one of 15 rows (merged 3 × 5: windows
+// cut short); a two-frame video 0.75 s apart (t positions 0 and 1.5 → 1), text, and a
+// text-only sequence.
+plan::Batch qwen2_5_batch() {
+  plan::Sequence a, b, c, d;
+  text(a, 3, 1), block(a, kImage, 32), text(a, 6, 2);
+  a.image_grid_thw = {{1, 8, 16}};
+  text(b, 5, 3), block(b, kImage, 15), text(b, 3, 4), block(b, kVideo, 12), text(b, 2, 5);
+  b.image_grid_thw = {{1, 6, 10}};
+  b.video_grid_thw = {{2, 4, 6}};
+  b.second_per_grid_ts = {0.75};
+  text(c, 9, 6);
+  text(d, 21, 7);
+  return {{a, b, c, d}};
 }
 
 // Two images and a video over three sequences (and a text-only one); the 16-token
 // image sits where shard borders cut it on most meshes. Qwen3-VL writes each video
 // frame as its own block after its timestamp text.
 plan::Batch vision_batch(plan::ModelFamily family = plan::ModelFamily::qwen2_vl) {
+  if (family == plan::ModelFamily::qwen2_5_vl) return qwen2_5_batch();
   plan::Sequence a, b, c, d;
   text(a, 3, 1), block(a, kImage, 4), text(a, 6, 2);
   a.image_grid_thw = {{1, 4, 4}};
@@ -115,8 +154,13 @@ Result run_model(const model::ModelConfig& config, const plan::Batch& batch, con
 Result run(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
            const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
            at::ScalarType dtype = at::kDouble) {
+  int64_t image_patches = 0, video_patches = 0;
+  for (const plan::Sequence& s : batch.sequences) {
+    for (const plan::Grid& g : s.image_grid_thw) image_patches += g[0] * g[1] * g[2];
+    for (const plan::Grid& g : s.video_grid_thw) video_patches += g[0] * g[1] * g[2];
+  }
   at::manual_seed(7);  // the batch's pixels, identical everywhere
-  const model::PixelInputs pixels{at::randn({16 + 12, 24}, dtype), at::randn({16, 24}, dtype)};
+  const model::PixelInputs pixels{at::randn({image_patches, 24}, dtype), at::randn({video_patches, 24}, dtype)};
   return run_model<model::QwenVLModel>(config, batch, plan, groups, world, mode, pixels, dtype);
 }
 
@@ -173,7 +217,8 @@ TEST_P(QwenVlFamily, MultiRankFp32EqualsOneProcessInEveryVisionMode) {
 
 // Named MultiRank* so that the multi-rank runs pick it up.
 INSTANTIATE_TEST_SUITE_P(MultiRank, QwenVlFamily,
-                         ::testing::Values(plan::ModelFamily::qwen2_vl, plan::ModelFamily::qwen3_vl),
+                         ::testing::Values(plan::ModelFamily::qwen2_vl, plan::ModelFamily::qwen2_5_vl,
+                                           plan::ModelFamily::qwen3_vl),
                          [](const auto& info) { return plan::to_string(info.param); });
 
 // The batch exercises the hard cases of routing: on 4 ranks some rank encodes nothing
@@ -194,6 +239,28 @@ TEST(VisionBatch, HasEmptyEncodersAndStraddlingItemsOnFourRanks) {
   bool straddles = false;
   for (const auto& h : holders) straddles |= h.size() > 1;
   EXPECT_TRUE(straddles);
+}
+
+// Qwen2.5-VL's batch: on 4 ranks its big image holds more rows than a rank's share of
+// the tokens (so its rows reach several ranks), and some rank encodes no item.
+TEST(VisionBatch, Qwen2_5BigImageAndAnIdleEncoderOnFourRanks) {
+  const model::ModelConfig config = tiny_qwen2_5_vl();
+  const plan::Batch batch = qwen2_5_batch();
+  int64_t tokens = 0;
+  for (const auto& s : batch.sequences) tokens += static_cast<int64_t>(s.input_ids.size());
+  EXPECT_GT(32 * 4, tokens);  // 32 rows > a rank's share
+  plan::PlanOptions options;
+  options.mesh = {1, 2, 2};
+  const plan::StepPlan p = plan::make_step_plan(batch, config.conventions, options, 0);
+  std::set<int> encoders;
+  for (const auto& item : p.rows[0].items) encoders.insert(item.encoder_rank);
+  EXPECT_LT(encoders.size(), 4u);
+  std::set<int> holders_of_big;
+  for (int r = 0; r < 4; ++r)
+    for (const auto& from : plan::make_rank_plan(batch, p, r).routes.recv)
+      for (const auto& row : from)
+        if (p.rows[0].items[row.item].grid == plan::Grid{1, 8, 16}) holders_of_big.insert(r);
+  EXPECT_GE(holders_of_big.size(), 2u);
 }
 
 // Save as a Hugging Face directory, load into a differently initialised model:

@@ -11,7 +11,8 @@
 
 #include "data_test_util.h"
 #include "mmsp/plan/sequence.h"
-#include "mmsp/train/patchify.h"
+#include "mmsp/model/families/qwen_vl/qwen_patches.h"
+#include "mmsp/model/family.h"
 #include "mmsp/train/shapes_dataset.h"
 #include "mmsp/train/word_tokenizer.h"
 
@@ -21,6 +22,9 @@ namespace {
 using ::testing::HasSubstr;
 using testing::error_of;
 using testing::tiny_config;
+using model::PixelNorm;
+using model::qwen_patches;
+using model::QwenPatches;
 
 // ---- word tokenizer ----
 
@@ -138,11 +142,13 @@ TEST(Patchify, MatchesHuggingFaceOrder) {
 }
 
 TEST(Patchify, Normalisation) {
-  EXPECT_DOUBLE_EQ(pixel_norm(plan::ModelFamily::qwen2_vl).mean[0], 0.48145466);
-  EXPECT_DOUBLE_EQ(pixel_norm(plan::ModelFamily::llava).std[2], 0.27577711);
-  EXPECT_DOUBLE_EQ(pixel_norm(plan::ModelFamily::qwen3_vl).mean[1], 0.5);
+  // each family's processor values, from its registry entry
+  auto norm = [](const char* name) { return model::pixel_geometry(tiny_config(name))->norm(); };
+  EXPECT_DOUBLE_EQ(norm("tiny-qwen2-vl").mean[0], 0.48145466);
+  EXPECT_DOUBLE_EQ(norm("tiny-llava").std[2], 0.27577711);
+  EXPECT_DOUBLE_EQ(norm("tiny-qwen3-vl").mean[1], 0.5);
   const at::Tensor white = at::ones({3, 2, 2});
-  const at::Tensor n = normalize_image(white, PixelNorm{});
+  const at::Tensor n = model::normalize_pixels(white, 0, PixelNorm{});
   EXPECT_NEAR(n[0][0][0].item<float>(), (1 - 0.48145466) / 0.26862954, 1e-6);
 }
 

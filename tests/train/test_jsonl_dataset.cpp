@@ -12,7 +12,7 @@
 #include "../support/json_mutants.h"
 #include "mmsp/model/safetensors.h"
 #include "mmsp/train/jsonl_dataset.h"
-#include "mmsp/train/patchify.h"
+#include "mmsp/model/pixel_geometry.h"
 
 namespace mmsp::train {
 namespace {
@@ -78,7 +78,7 @@ TEST_F(JsonlTest, ShippedExampleLoads) {
   EXPECT_EQ(data.video_pixels(3, 0).sizes(), (std::vector<int64_t>{32, 1176}));
   // circle.png: background (40, 40, 40), a red disc of radius 12 at the centre.
   // Patch row 0 is the top-left patch: background only, in every channel and both frames.
-  const PixelNorm n;
+  const model::PixelNorm n;
   const at::Tensor rows = data.image_pixels(0, 0).view({16, 3, 2, 14, 14});
   for (int c = 0; c < 3; ++c)
     EXPECT_NEAR(rows[0][c].max().item<float>(), (40 / 255.0 - n.mean[c]) / n.std[c], 1e-5);

@@ -10,9 +10,9 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/model/config.h"
-#include "mmsp/model/llava.h"
+#include "mmsp/model/family.h"
 #include "mmsp/model/parameter_init.h"
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/vlm.h"
 #include "mmsp/train/grad_sync.h"
 #include "mmsp/train/master_weights.h"
 #include "mmsp/train/memory_estimate.h"
@@ -27,11 +27,7 @@ using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 Shapes skeleton(const std::string& config_file, bool* all_meta = nullptr) {
   const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/" + config_file);
   model::ParameterInitScope meta(model::ParameterInit::meta);
-  std::shared_ptr<torch::nn::Module> m;
-  if (config.family == plan::ModelFamily::llava)
-    m = std::make_shared<model::LlavaModel>(config);
-  else
-    m = std::make_shared<model::QwenVLModel>(config);
+  const std::shared_ptr<torch::nn::Module> m = model::build_vlm(config);
   Shapes out;
   if (all_meta) *all_meta = true;
   for (const auto& item : m->named_parameters()) {

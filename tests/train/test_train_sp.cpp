@@ -280,8 +280,9 @@ const std::vector<FamilyCase>& family_cases() {
 // Activation checkpointing and a chunked LM head change memory, not numerics: every
 // mesh with --checkpoint-activations all, and chunks of 7 tokens (they cross sequence
 // and shard borders; the last one is partial), equals one process with neither (fp64,
-// rtol 1e-9), for each model family: Qwen2-VL (tied head), Qwen3-VL (deepstack), LLaVA
-// and the Qwen3.5 hybrid (Gated DeltaNet layers). `all` recomputes the decoder layers
+// rtol 1e-9), for each model family: Qwen2-VL (tied head), Qwen2.5-VL (windowed vision
+// blocks, videos at scaled times), Qwen3-VL (deepstack), LLaVA and the Qwen3.5 hybrid
+// (Gated DeltaNet layers). `all` recomputes the decoder layers
 // as `decoder` does, and the vision blocks as well (they hold no collective), so
 // `decoder` runs on the widest context mesh only; and rank 0 alone runs the references
 // and compares (every rank holds the same losses and parameters), to keep it short.
@@ -291,7 +292,9 @@ TEST(MultiRankTrain, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
   const int64_t per_rank = 96;
   const plan::Mesh widest = context_shape(world);
   std::ostringstream log;
-  for (const FamilyCase& c : family_cases()) {
+  std::vector<FamilyCase> cases = family_cases();
+  cases.insert(cases.begin() + 1, FamilyCase{"tiny-qwen2_5-vl.json", false, 4});
+  for (const FamilyCase& c : cases) {
     const std::string config_path = small_vocab_config(c.file, c.tie);
     std::map<int, train::TrainReport> refs;
     for (const dist::Mesh& mesh : test::all_meshes()) {

@@ -1,5 +1,6 @@
-// The two weight tables of the decoder, as LibTorch modules with Hugging Face's
-// parameter names ("weight", "bias"): a linear map and a token embedding.
+// The weight tables of the decoder and the vision towers, as LibTorch modules with
+// Hugging Face's parameter names ("weight", "bias"): a linear map, a token embedding and
+// the two norms.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -20,6 +21,15 @@ class Embedding : public torch::nn::Module {
   Embedding(int64_t vocab, int64_t hidden, double init_std);
   at::Tensor forward(const at::Tensor& ids) const;
   at::Tensor weight;
+};
+
+// (x - mean) / std · weight + bias over the last dim (the vision towers' norm).
+class LayerNorm : public torch::nn::Module {
+ public:
+  LayerNorm(int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x) const;
+  at::Tensor weight, bias;
+  double eps;
 };
 
 // x / rms(x) · weight, in fp32 or wider (as HF's Qwen2RMSNorm). zero_centered (Qwen3.5,

@@ -43,19 +43,22 @@ struct ModelConventions {
   // Qwen3-VL writes each temporal patch of a video as its own vision block.
   bool video_frames_as_blocks() const;
   bool supports_video() const { return video_token_id >= 0; }
+  // Qwen2.5-VL scales a video's t positions by second_per_grid_ts · tokens_per_second.
+  bool scales_video_time() const { return family == ModelFamily::qwen2_5_vl; }
   bool has_block_markers() const { return vision_start_token_id >= 0; }
 };
 
-// "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "internvl" (HF model_type).
-ModelFamily parse_model_family(const std::string& model_type);
+// The planner's name of a convention family ("qwen2_vl", ...). Which Hugging Face
+// model_type has which conventions is the model layer's registry (model/family.h).
 std::string to_string(ModelFamily family);
 
 // The released models' values (Qwen2-VL-7B, Qwen2.5-VL-7B, Qwen3-VL, llava-1.5-hf, InternVL3-hf).
 ModelConventions default_conventions(ModelFamily family);
 
-// Reads model_type and the fields above from a parsed config.json; errors name the field.
-// rope_parameters (newer transformers) counts as rope_scaling; qwen3_5 (hybrid decoder,
-// Qwen3-VL vision) is the qwen3_vl family with Qwen3.5's token ids and mRoPE defaults.
-ModelConventions conventions_from_config(const nlohmann::json& config);
+// Reads the fields above from a parsed config.json of the conventions of
+// `defaults.family`, keeping `defaults` where the file is silent (a model family passes
+// its released values); model_type is not read. Errors name the field.
+// rope_parameters (newer transformers) counts as rope_scaling.
+ModelConventions conventions_from_config(const nlohmann::json& config, const ModelConventions& defaults);
 
 }  // namespace mmsp::plan

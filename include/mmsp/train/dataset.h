@@ -24,12 +24,13 @@ class Dataset {
   // loss_mask 1 on the tokens to learn). Cheap: every rank asks for every sample of a step.
   virtual plan::Sequence sequence(int64_t index) const = 0;
 
-  // Pixels of image `image` (order of appearance) of sample `index`, float32 on the CPU:
-  // Qwen families [t·h·w, C·tp·p·p] rows of the grid in the processor's order (patchify.h);
-  // LLaVA [C, S, S]. Expensive: only the rank that encodes the image asks.
+  // Pixels of image `image` (order of appearance) of sample `index`, float32 on the CPU,
+  // of the family's model::PixelGeometry::item_shape(grid): Qwen-VL [t·h·w, C·tp·p·p]
+  // rows of the grid in the processor's order (qwen_patches.h); LLaVA [C, S, S].
+  // Expensive: only the rank that encodes the image asks.
   virtual at::Tensor image_pixels(int64_t index, int64_t image) const = 0;
 
-  // Pixels of video `video` of sample `index`: Qwen families [t·h·w, C·tp·p·p].
+  // Pixels of video `video` of sample `index`: Qwen-VL [t·h·w, C·tp·p·p].
   virtual at::Tensor video_pixels(int64_t index, int64_t video) const = 0;
 
   // One line for logs: kind, source, sample count.

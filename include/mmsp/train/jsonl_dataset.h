@@ -6,12 +6,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "mmsp/model/config.h"
+#include "mmsp/model/pixel_geometry.h"
 #include "mmsp/train/dataset.h"
-#include "mmsp/train/patchify.h"
 
 namespace mmsp::train {
 
@@ -49,13 +52,32 @@ class JsonlDataset : public Dataset {
     std::vector<Source> images, videos;
   };
 
+  // An image's or video's files and the first one's size (W x H).
+  struct ItemFiles {
+    Source source;
+    int64_t width = 0, height = 0;
+  };
+  struct Line;  // the line being read (jsonl_dataset.cpp)
+
+  // The constructor's steps, one line at a time.
+  Sample read_sample(const std::string& text, int64_t number) const;
+  void read_tokens(const Line& line, plan::Sequence& seq) const;
+  void read_seconds(const Line& line, plan::Sequence& seq) const;
+  void read_items(const Line& line, bool video, Sample& s) const;
+  Source read_tensor_source(const Line& line, const nlohmann::json& item, const std::string& name,
+                            const plan::Grid& grid) const;
+  ItemFiles read_files(const Line& line, const nlohmann::json& item, bool video, const std::string& name,
+                       bool given) const;
+
   const Sample& sample(int64_t index) const;
   at::Tensor pixels(const Sample& s, const Source& source, const plan::Grid& grid, bool video,
                     int64_t item) const;
 
   std::string path_;
+  std::string dir_;  // relative pixel paths start here
   model::ModelConfig config_;
-  PixelNorm norm_;
+  std::shared_ptr<const model::PixelGeometry> geometry_;  // the family's processor
+  int64_t max_image_pixels_ = 0;
   std::vector<Sample> samples_;
 };
 

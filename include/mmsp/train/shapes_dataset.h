@@ -6,12 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "mmsp/model/config.h"
 #include "mmsp/train/dataset.h"
-#include "mmsp/train/patchify.h"
+#include "mmsp/model/pixel_geometry.h"
 #include "mmsp/train/word_tokenizer.h"
 
 namespace mmsp::train {
@@ -74,7 +75,7 @@ class ShapesDataset : public Dataset {
   ShapesOptions options_;
   model::ModelConfig config_;
   WordTokenizer tokenizer_;
-  PixelNorm norm_;
+  std::shared_ptr<const model::PixelGeometry> geometry_;  // the family's processor
 };
 
 }  // namespace mmsp::train

@@ -11,7 +11,7 @@
 #include <ATen/ATen.h>
 
 #include "mmsp/model/config.h"
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/vlm.h"
 #include "mmsp/plan/sequence.h"
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/dataset.h"
@@ -26,12 +26,13 @@ using PixelsNeeded = std::function<bool(plan::VisionKind kind, int64_t item)>;
 // (routed, gather), or every item of its dp row (replicate).
 PixelsNeeded pixels_encoded_here(const plan::StepPlan& plan, model::VisionMode mode);
 
-// Only the needed items, in batch order: Qwen families images [Σ needed image patches,
-// C·tp·p·p], videos likewise (0 rows when none); LLaVA images [needed images, C, S, S],
-// videos undefined. image_offsets / video_offsets say where each item of the batch
-// starts (−1: not needed). `batch` must be make_batch(dataset, samples); every loaded
-// item's pixels are checked against its grid. dtype: the returned tensors' dtype
-// (datasets build pixels in float32).
+// Only the needed items, in batch order, in the family's layout (model::PixelGeometry:
+// each item's batch_rows along dim 0): Qwen-VL images [Σ needed image patches, C·tp·p·p],
+// videos likewise (0 rows when none); LLaVA images [needed images, C, S, S], videos
+// undefined (the family takes none). image_offsets / video_offsets say where each item
+// of the batch starts (−1: not needed). `batch` must be make_batch(dataset, samples);
+// every loaded item's pixels are checked against its grid. dtype: the returned tensors'
+// dtype (datasets build pixels in float32).
 model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t>& samples,
                                const plan::Batch& batch, const model::ModelConfig& config,
                                const PixelsNeeded& needed, at::ScalarType dtype);

@@ -1,10 +1,12 @@
-// The Qwen2-VL and Qwen3-VL vision encoders; see qwen_vision.h. Follows Hugging Face's
-// Qwen2VisionTransformerPretrainedModel (rot_pos_emb, VisionAttention, PatchMerger)
-// and Qwen3VLVisionModel (patch bias, interpolated position table, deepstack mergers).
-#include "mmsp/model/qwen_vision.h"
+// The Qwen2-VL, Qwen2.5-VL and Qwen3-VL vision encoders; see qwen_vision.h. Follows
+// Hugging Face's Qwen2VisionTransformerPretrainedModel (rot_pos_emb, VisionAttention,
+// PatchMerger), Qwen2_5_VisionTransformerPretrainedModel (get_window_index, RMSNorm,
+// gated MLP) and Qwen3VLVisionModel (patch bias, interpolated position table, deepstack).
+#include "mmsp/model/families/qwen_vl/qwen_vision.h"
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -15,17 +17,9 @@
 #include "mmsp/model/parameter_init.h"
 #include "mmsp/model/recompute.h"
 #include "mmsp/model/rotary.h"
+#include "mmsp/model/families/qwen_vl/window_index.h"
 
 namespace mmsp::model {
-LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
-  weight = register_parameter("weight", ones_parameter({dim}));
-  bias = register_parameter("bias", zeros_parameter({dim}));
-}
-
-at::Tensor LayerNorm::forward(const at::Tensor& x) const {
-  return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
-}
-
 QwenVisionEncoder::PatchEmbed::PatchEmbed(const QwenVisionConfig& c, bool bias) {
   auto proj = register_module("proj", std::make_shared<torch::nn::Module>());
   proj_weight = proj->register_parameter(
@@ -34,26 +28,49 @@ QwenVisionEncoder::PatchEmbed::PatchEmbed(const QwenVisionConfig& c, bool bias) 
   if (bias) proj_bias = proj->register_parameter("bias", zeros_parameter({c.hidden_size}));
 }
 
-QwenVisionEncoder::Block::Block(const QwenVisionConfig& c, bool qwen3) {
+QwenVisionEncoder::Norm::Norm(torch::nn::Module& parent, const std::string& name, int64_t dim, bool use_rms) {
+  if (use_rms) rms = parent.register_module(name, std::make_shared<RMSNorm>(dim, 1e-6));
+  else layer = parent.register_module(name, std::make_shared<LayerNorm>(dim, 1e-6));
+}
+
+at::Tensor QwenVisionEncoder::Norm::forward(const at::Tensor& x) const {
+  return rms ? rms->forward(x) : layer->forward(x);
+}
+
+QwenVisionEncoder::Block::Block(const QwenVisionConfig& c, Variant variant) {
   const double s = c.initializer_range;
-  norm1 = register_module("norm1", std::make_shared<LayerNorm>(c.hidden_size, 1e-6));
-  norm2 = register_module("norm2", std::make_shared<LayerNorm>(c.hidden_size, 1e-6));
+  const bool qwen3 = variant == Variant::qwen3, gated = variant == Variant::qwen2_5;
+  norm1 = std::make_unique<Norm>(*this, "norm1", c.hidden_size, gated);
+  norm2 = std::make_unique<Norm>(*this, "norm2", c.hidden_size, gated);
   attn = register_module("attn", std::make_shared<torch::nn::Module>());
   qkv = attn->register_module("qkv", std::make_shared<Linear>(c.hidden_size, 3 * c.hidden_size, true, s));
   proj = attn->register_module("proj", std::make_shared<Linear>(c.hidden_size, c.hidden_size, true, s));
   mlp = register_module("mlp", std::make_shared<torch::nn::Module>());
-  fc1 = mlp->register_module(qwen3 ? "linear_fc1" : "fc1",
-                             std::make_shared<Linear>(c.hidden_size, c.intermediate_size, true, s));
-  fc2 = mlp->register_module(qwen3 ? "linear_fc2" : "fc2",
-                             std::make_shared<Linear>(c.intermediate_size, c.hidden_size, true, s));
+  auto linear = [&](const char* name, int64_t in, int64_t out) {
+    return mlp->register_module(name, std::make_shared<Linear>(in, out, true, s));
+  };
+  if (gated) {
+    gate = linear("gate_proj", c.hidden_size, c.intermediate_size);
+    up = linear("up_proj", c.hidden_size, c.intermediate_size);
+    down = linear("down_proj", c.intermediate_size, c.hidden_size);
+  } else {
+    fc1 = linear(qwen3 ? "linear_fc1" : "fc1", c.hidden_size, c.intermediate_size);
+    fc2 = linear(qwen3 ? "linear_fc2" : "fc2", c.intermediate_size, c.hidden_size);
+  }
 }
 
-QwenVisionEncoder::Merger::Merger(const QwenVisionConfig& c, bool qwen3, bool postshuffle)
+at::Tensor QwenVisionEncoder::Block::mlp_forward(const at::Tensor& x, const std::string& act) const {
+  if (gate) return down->forward(activation(act, gate->forward(x)) * up->forward(x));
+  return fc2->forward(activation(act, fc1->forward(x)));
+}
+
+QwenVisionEncoder::Merger::Merger(const QwenVisionConfig& c, Variant variant, bool postshuffle)
     : postshuffle_norm(postshuffle) {
   const int64_t width = c.hidden_size * c.spatial_merge_size * c.spatial_merge_size;
   const double s = c.initializer_range;
-  norm = register_module(qwen3 ? "norm" : "ln_q",
-                         std::make_shared<LayerNorm>(postshuffle ? width : c.hidden_size, 1e-6));
+  const bool qwen3 = variant == Variant::qwen3;
+  norm = std::make_unique<Norm>(*this, qwen3 ? "norm" : "ln_q", postshuffle ? width : c.hidden_size,
+                                variant == Variant::qwen2_5);
   torch::nn::Module* parent = this;
   std::shared_ptr<torch::nn::Module> mlp;
   if (!qwen3) parent = (mlp = register_module("mlp", std::make_shared<torch::nn::Module>())).get();
@@ -70,11 +87,13 @@ at::Tensor QwenVisionEncoder::Merger::forward(const at::Tensor& x, int64_t merge
 
 QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c, plan::ModelFamily family)
     : config_(c), qwen3_(family == plan::ModelFamily::qwen3_vl) {
-  MMSP_CHECK(family == plan::ModelFamily::qwen2_vl || qwen3_,
-             "the Qwen vision encoder serves qwen2_vl and qwen3_vl; ", plan::to_string(family),
-             " (windowed blocks of Qwen2.5-VL) is not implemented yet");
-  MMSP_CHECK(c.window_size == 0, "vision_config.window_size ", c.window_size,
-             ": windowed attention (Qwen2.5-VL) is not implemented yet");
+  MMSP_CHECK(family == plan::ModelFamily::qwen2_vl || family == plan::ModelFamily::qwen2_5_vl || qwen3_,
+             "the Qwen vision encoder serves qwen2_vl, qwen2_5_vl and qwen3_vl, not ", plan::to_string(family));
+  variant_ = qwen3_ ? Variant::qwen3 : family == plan::ModelFamily::qwen2_5_vl ? Variant::qwen2_5 : Variant::qwen2;
+  const int64_t unit = c.patch_size * c.spatial_merge_size;
+  MMSP_CHECK(variant_ != Variant::qwen2_5 || (c.window_size >= unit && c.window_size % unit == 0),
+             "vision_config.window_size ", c.window_size, " must be a positive multiple of patch_size * ",
+             "spatial_merge_size = ", unit, " (a window of whole merged patches)");
   MMSP_CHECK(c.head_dim() % 4 == 0, "vision head size ", c.head_dim(),
              " must divide by 4 (2-D rotary: h and w halves)");
   patch_embed_ = register_module("patch_embed", std::make_shared<PatchEmbed>(c, qwen3_));
@@ -88,8 +107,8 @@ QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c, plan::ModelFamil
   }
   blocks_ = register_module("blocks", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < c.depth; ++i)
-    block_list_.push_back(blocks_->register_module(std::to_string(i), std::make_shared<Block>(c, qwen3_)));
-  merger_ = register_module("merger", std::make_shared<Merger>(c, qwen3_, false));
+    block_list_.push_back(blocks_->register_module(std::to_string(i), std::make_shared<Block>(c, variant_)));
+  merger_ = register_module("merger", std::make_shared<Merger>(c, variant_, false));
   if (!c.deepstack_visual_indexes.empty()) {
     MMSP_CHECK(qwen3_, "deepstack_visual_indexes are a Qwen3-VL feature");
     auto list = register_module("deepstack_merger_list", std::make_shared<torch::nn::Module>());
@@ -97,7 +116,8 @@ QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c, plan::ModelFamil
       const int64_t index = c.deepstack_visual_indexes[k];
       MMSP_CHECK(index >= 0 && index < c.depth, "vision_config.deepstack_visual_indexes[", k, "] = ",
                  index, " is not a block (depth ", c.depth, ")");
-      deepstack_.push_back(list->register_module(std::to_string(k), std::make_shared<Merger>(c, true, true)));
+      deepstack_.push_back(
+          list->register_module(std::to_string(k), std::make_shared<Merger>(c, Variant::qwen3, true)));
     }
   }
 }
@@ -143,7 +163,7 @@ at::Tensor QwenVisionEncoder::interpolated_positions(const std::vector<plan::Gri
 }
 
 at::Tensor QwenVisionEncoder::block_forward(const Block& b, const at::Tensor& x, const RotaryTable& rotary,
-                                            const attention::TokenLayout& frames) const {
+                                            const attention::TokenLayout& segments) const {
   const int64_t N = x.size(0), H = config_.num_heads, D = config_.head_dim();
   at::Tensor qkv = b.qkv->forward(b.norm1->forward(x)).view({N, 3, H, D});
   at::Tensor q = qkv.select(1, 0), k = qkv.select(1, 1), v = qkv.select(1, 2);  // [N, H, D]
@@ -151,10 +171,10 @@ at::Tensor QwenVisionEncoder::block_forward(const Block& b, const at::Tensor& x,
   q = apply_rotary(q.to(wide), rotary).to(x.scalar_type());
   k = apply_rotary(k.to(wide), rotary).to(x.scalar_type());
   attention::AttentionOptions options;
-  options.causal = false;  // bidirectional; one segment per frame keeps it inside the frame
-  at::Tensor attn = attention::local_attention(q, k, v, frames, frames, options);
+  options.causal = false;  // bidirectional; a segment (frame or window) keeps it inside
+  at::Tensor attn = attention::local_attention(q, k, v, segments, segments, options);
   at::Tensor h = x + b.proj->forward(attn.reshape({N, H * D}));
-  return h + b.fc2->forward(activation(config_.hidden_act, b.fc1->forward(b.norm2->forward(h))));
+  return h + b.mlp_forward(b.norm2->forward(h), config_.hidden_act);
 }
 
 VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
@@ -190,28 +210,52 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
   at::Tensor pos = vision_patch_positions(grids, m).to(at::kDouble);             // [N, 2]
   at::Tensor freqs = (pos.unsqueeze(-1) * inv_freq).flatten(1);                  // [N, head_dim/2]
   at::Tensor emb = at::cat({freqs, freqs}, -1);                                  // [N, head_dim]
-  const at::ScalarType wide = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const RotaryTable rotary{emb.cos().to(wide).to(x.device()), emb.sin().to(wide).to(x.device())};
   const attention::TokenLayout frames{at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
                                       at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
+  // Qwen2.5-VL: patches (and their rotary angles) in window order, a segment per window;
+  // a window never leaves its frame, so the frames stay contiguous segments.
+  attention::TokenLayout windows;
+  at::Tensor restore;  // merged rows back to the processor's order
+  if (variant_ == Variant::qwen2_5) {
+    const WindowIndex wi = window_index(grids, m, c.window_size / (c.patch_size * m));
+    const at::Tensor order = at::tensor(at::ArrayRef<int64_t>(wi.order), at::kLong).clone();
+    const std::vector<int64_t> inverse = wi.inverse();
+    restore = at::tensor(at::ArrayRef<int64_t>(inverse), at::kLong).clone();
+    auto by_window = [&](const at::Tensor& t) {  // [N, ...] in groups of m² rows per merged unit
+      return t.view({-1, m * m, t.size(1)}).index_select(0, order.to(t.device())).view({t.size(0), t.size(1)});
+    };
+    x = by_window(x);
+    emb = by_window(emb);
+    const at::Tensor lengths = at::tensor(at::ArrayRef<int64_t>(wi.window_units), at::kLong) * (m * m);
+    const at::Tensor window_of = at::arange(lengths.size(0), at::kLong).repeat_interleave(lengths);
+    const at::Tensor starts = (lengths.cumsum(0) - lengths).repeat_interleave(lengths);
+    windows = {window_of, at::arange(window_of.size(0), at::kLong) - starts};
+  }
+  const at::ScalarType wide = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const RotaryTable rotary{emb.cos().to(wide).to(x.device()), emb.sin().to(wide).to(x.device())};
 
   VisionOutput out;
   const int64_t width = c.hidden_size * m * m;
   for (size_t i = 0; i < block_list_.size(); ++i) {
+    const bool full = variant_ != Variant::qwen2_5 ||
+                      std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(),
+                                static_cast<int64_t>(i)) != c.fullatt_block_indexes.end();
+    const attention::TokenLayout& segments = full ? frames : windows;
     if (recompute_blocks_) {
       // By value: the backward runs after this frame (the encoder itself outlives the step).
       std::shared_ptr<Block> block = block_list_[i];
       x = recompute_in_backward(
-          [this, block, rotary, frames](const at::Tensor& in) { return block_forward(*block, in, rotary, frames); },
+          [this, block, rotary, segments](const at::Tensor& in) { return block_forward(*block, in, rotary, segments); },
           x, block->parameters());
     } else {
-      x = block_forward(*block_list_[i], x, rotary, frames);
+      x = block_forward(*block_list_[i], x, rotary, segments);
     }
     for (size_t k = 0; k < deepstack_.size(); ++k)
       if (c.deepstack_visual_indexes[k] == static_cast<int64_t>(i))
         out.deepstack.push_back(deepstack_[k]->forward(x, width));
   }
   out.rows = merger_->forward(x, width);
+  if (restore.defined()) out.rows = out.rows.index_select(0, restore.to(out.rows.device()));
   return out;
 }
 

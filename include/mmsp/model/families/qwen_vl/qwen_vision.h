@@ -1,12 +1,15 @@
-// The Qwen2-VL and Qwen3-VL vision encoders as LibTorch modules with Hugging Face's
-// names: patch_embed.proj, blocks.N.{norm1, attn.qkv, attn.proj, norm2, mlp.*}, and
-// Qwen2-VL's merger.{ln_q, mlp.0, mlp.2} or Qwen3-VL's merger.{norm, linear_fc1,
+// The Qwen2-VL, Qwen2.5-VL and Qwen3-VL vision encoders as LibTorch modules with Hugging
+// Face's names: patch_embed.proj, blocks.N.{norm1, attn.qkv, attn.proj, norm2, mlp.*}, and
+// Qwen2/2.5-VL's merger.{ln_q, mlp.0, mlp.2} or Qwen3-VL's merger.{norm, linear_fc1,
 // linear_fc2}, pos_embed and deepstack_merger_list.K. It encodes whole items (Vision DP
 // gives each rank whole images): patches in the processor's merge-window order, 2-D
 // rotary positions, bidirectional attention within each frame (the local kernel, one
-// segment per frame), then spatial_merge_size² patches -> one LLM row. Qwen3-VL adds a
-// patch-embedding bias, a learned position table interpolated to each grid, and the
-// deepstack features: blocks listed in deepstack_visual_indexes feed extra mergers.
+// segment per frame), then spatial_merge_size² patches -> one LLM row. Qwen2.5-VL puts
+// the merged patches in window order (window_index.h), attends inside each window except
+// in fullatt_block_indexes, uses RMSNorm and a gated MLP, and restores the processor's
+// order after the merger. Qwen3-VL adds a patch-embedding bias, a learned position table
+// interpolated to each grid, and the deepstack features: blocks listed in
+// deepstack_visual_indexes feed extra mergers.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -22,14 +25,6 @@
 
 namespace mmsp::model {
 
-class LayerNorm : public torch::nn::Module {
- public:
-  LayerNorm(int64_t dim, double eps);
-  at::Tensor forward(const at::Tensor& x) const;
-  at::Tensor weight, bias;
-  double eps;
-};
-
 // The encoder's output: rows [Σ t·h·w / m², out_hidden_size] and, for Qwen3-VL, one
 // tensor of the same shape per deepstack level.
 struct VisionOutput {
@@ -39,7 +34,7 @@ struct VisionOutput {
 
 class QwenVisionEncoder : public torch::nn::Module {
  public:
-  // family: qwen2_vl or qwen3_vl (names and parts differ); others are an error.
+  // family: qwen2_vl, qwen2_5_vl or qwen3_vl (names and parts differ); others are an error.
   QwenVisionEncoder(const QwenVisionConfig& config, plan::ModelFamily family);
 
   // pixel_values [N_patches, C·tp·p·p] of the given items (grids in patches, rows in
@@ -58,26 +53,39 @@ class QwenVisionEncoder : public torch::nn::Module {
     at::Tensor proj_weight;  // [embed, C, tp, p, p], as HF's Conv3d
     at::Tensor proj_bias;    // Qwen3-VL only
   };
+  enum class Variant { qwen2, qwen2_5, qwen3 };
+  // LayerNorm (Qwen2-VL, Qwen3-VL) or RMSNorm (Qwen2.5-VL) under one name.
+  struct Norm {
+    Norm(torch::nn::Module& parent, const std::string& name, int64_t dim, bool rms);
+    at::Tensor forward(const at::Tensor& x) const;
+    std::shared_ptr<LayerNorm> layer;
+    std::shared_ptr<RMSNorm> rms;
+  };
   struct Block : torch::nn::Module {
-    Block(const QwenVisionConfig& c, bool qwen3);
-    std::shared_ptr<LayerNorm> norm1, norm2;
+    Block(const QwenVisionConfig& c, Variant variant);
+    at::Tensor mlp_forward(const at::Tensor& x, const std::string& act) const;
+    std::unique_ptr<Norm> norm1, norm2;
     std::shared_ptr<torch::nn::Module> attn, mlp;
-    std::shared_ptr<Linear> qkv, proj, fc1, fc2;  // mlp.fc1/fc2 (Qwen2-VL), mlp.linear_fc1/2 (Qwen3-VL)
+    std::shared_ptr<Linear> qkv, proj;
+    // mlp.fc1/fc2 (Qwen2-VL), mlp.linear_fc1/2 (Qwen3-VL): fc2(act(fc1 x));
+    // Qwen2.5-VL mlp.gate_proj/up_proj/down_proj: down(act(gate x) · up x)
+    std::shared_ptr<Linear> fc1, fc2, gate, up, down;
   };
   // Qwen2-VL: ln_q, mlp.0, mlp.2; Qwen3-VL: norm, linear_fc1, linear_fc2, with the norm
   // after the merge (postshuffle) for the deepstack mergers.
   struct Merger : torch::nn::Module {
-    Merger(const QwenVisionConfig& c, bool qwen3, bool postshuffle_norm);
+    Merger(const QwenVisionConfig& c, Variant variant, bool postshuffle_norm);
     at::Tensor forward(const at::Tensor& x, int64_t merged_width) const;
-    std::shared_ptr<LayerNorm> norm;
+    std::unique_ptr<Norm> norm;
     std::shared_ptr<Linear> fc1, fc2;
     bool postshuffle_norm;
   };
   at::Tensor block_forward(const Block& b, const at::Tensor& x, const RotaryTable& rotary,
-                           const attention::TokenLayout& frames) const;
+                           const attention::TokenLayout& segments) const;
   at::Tensor interpolated_positions(const std::vector<plan::Grid>& grids) const;
 
   QwenVisionConfig config_;
+  Variant variant_ = Variant::qwen2;
   bool qwen3_ = false;
   bool recompute_blocks_ = false;
   std::shared_ptr<PatchEmbed> patch_embed_;

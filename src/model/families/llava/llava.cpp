@@ -1,7 +1,7 @@
 // LLaVA: CLIP tower, projector, Llama decoder; see llava.h. Follows Hugging Face's
 // CLIPVisionTransformer (pre-layernorm, hidden_states[vision_feature_layer]) and
 // LlavaMultiModalProjector.
-#include "mmsp/model/llava.h"
+#include "mmsp/model/families/llava/llava.h"
 
 #include <ATen/ATen.h>
 
@@ -132,7 +132,15 @@ at::Tensor LlavaModel::encode(const std::vector<plan::VisionItem>& items, const 
   return enter_phase_in_backward(rows.reshape({-1, config_.text.hidden_size}), Phase::vision);
 }
 
-QwenVLModel::StepOutput LlavaModel::forward(const plan::Batch& batch, const plan::StepPlan& plan,
+at::Tensor LlavaModel::vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels,
+                                   const StepGroups& groups, VisionMode mode) const {
+  const auto& items = plan.rows.at(plan.mine.coords.dp).items;
+  return route_vision_rows(plan, [&](const std::vector<int64_t>& which) { return encode(items, which, pixels); },
+                           groups.context, mode)
+      .rows;
+}
+
+StepOutput LlavaModel::forward(const plan::Batch& batch, const plan::StepPlan& plan,
                                             const PixelInputs& pixels, const StepGroups& groups,
                                             VisionMode mode, const attention::AttentionOptions& attention) const {
   RankInputs in = rank_inputs(batch, plan);

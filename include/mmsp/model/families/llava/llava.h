@@ -11,13 +11,11 @@
 
 #include <memory>
 
+#include "mmsp/attention/token_layout.h"
 #include "mmsp/model/config.h"
 #include "mmsp/model/decoder.h"
 #include "mmsp/model/linear.h"
-#include "mmsp/model/qwen_vision.h"
-#include "mmsp/model/qwen_vl.h"
-#include "mmsp/model/recompute.h"
-#include "mmsp/model/vision_routing.h"
+#include "mmsp/model/vlm.h"
 
 namespace mmsp::model {
 
@@ -46,16 +44,20 @@ class ClipVisionTower : public torch::nn::Module {
   std::vector<std::shared_ptr<Layer>> layers_;
 };
 
-class LlavaModel : public torch::nn::Module {
+class LlavaModel : public Vlm {
  public:
   explicit LlavaModel(const ModelConfig& config);
 
   // pixels.images: [N_images, C, S, S], in batch order.
-  QwenVLModel::StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan,
-                                  const PixelInputs& pixels, const StepGroups& groups, VisionMode mode,
-                                  const attention::AttentionOptions& attention = {}) const;
-  void set_activation_checkpointing(ActivationCheckpointing mode);
-  Decoder& decoder() const { return *decoder_; }
+  StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan, const PixelInputs& pixels,
+                     const StepGroups& groups, VisionMode mode,
+                     const attention::AttentionOptions& attention = {}) const override;
+  // Rows [V, hidden]: the projector's output.
+  at::Tensor vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels, const StepGroups& groups,
+                         VisionMode mode) const override;
+  const ModelConfig& config() const override { return config_; }
+  void set_activation_checkpointing(ActivationCheckpointing mode) override;
+  Decoder& decoder() const override { return *decoder_; }
 
  private:
   at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,

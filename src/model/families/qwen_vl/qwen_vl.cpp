@@ -1,6 +1,6 @@
-// Qwen2-VL step: Vision DP, routing, splice, decoder; see qwen_vl.h. Where rows go
+// Qwen-VL step: Vision DP, routing, splice, decoder; see qwen_vl.h. Where rows go
 // is read off the plan's routes: nothing here searches token ids.
-#include "mmsp/model/qwen_vl.h"
+#include "mmsp/model/families/qwen_vl/qwen_vl.h"
 
 #include <ATen/ATen.h>
 
@@ -26,15 +26,6 @@ QwenVLModel::QwenVLModel(const ModelConfig& config) : config_(config) {
   }
   if (decoder_->lm_head) register_module("lm_head", decoder_->lm_head);
   row_width_ = config.text.hidden_size * (1 + visual_->deepstack_levels());
-}
-
-int64_t PixelInputs::first_row(const plan::VisionItem& item, int64_t whole_batch_row) const {
-  const std::vector<int64_t>& offsets = item.kind == plan::VisionKind::image ? image_offsets : video_offsets;
-  if (offsets.empty()) return whole_batch_row;
-  const int64_t row = item.batch_index < static_cast<int64_t>(offsets.size()) ? offsets[item.batch_index] : -1;
-  MMSP_CHECK(row >= 0, "pixels of ", plan::to_string(item.kind), " ", item.batch_index,
-             " are not held on this rank (its pixels hold the items it encodes)");
-  return row;
 }
 
 at::Tensor QwenVLModel::encode(const std::vector<plan::VisionItem>& items,
@@ -75,7 +66,7 @@ at::Tensor QwenVLModel::vision_rows(const plan::StepPlan& plan, const PixelInput
       .rows;
 }
 
-QwenVLModel::StepOutput QwenVLModel::forward(const plan::Batch& batch, const plan::StepPlan& plan,
+StepOutput QwenVLModel::forward(const plan::Batch& batch, const plan::StepPlan& plan,
                                              const PixelInputs& pixels, const StepGroups& groups,
                                              VisionMode mode,
                                              const attention::AttentionOptions& attention) const {
@@ -97,8 +88,6 @@ QwenVLModel::StepOutput QwenVLModel::forward(const plan::Batch& batch, const pla
     ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
   return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels, in.label_count};
 }
-
-at::Tensor QwenVLModel::StepOutput::logits() const { return at::linear(hidden, head_weight); }
 
 void QwenVLModel::set_activation_checkpointing(ActivationCheckpointing mode) {
   decoder_->set_recompute_layers(mode != ActivationCheckpointing::none);

@@ -1,0 +1,120 @@
+// The LLaVA family's registry entry; see llava_family.h. Reads the nested text_config,
+// the CLIP vision_config and the projector fields, builds LlavaModel, and gives the
+// processor's geometry (each image resized to image_size, normalised, whole) and the
+// checkpoints' names.
+#include "mmsp/model/families/llava/llava_family.h"
+
+#include <nlohmann/json.hpp>
+
+#include "config_parts.h"
+#include "json_fields.h"
+#include "mmsp/core/check.h"
+#include "mmsp/model/families/llava/llava.h"
+
+namespace mmsp::model {
+
+namespace {
+
+using json_fields::JsonFields;
+using plan::ModelFamily;
+
+// CLIPImageProcessor as llava-1.5 ships it: resized to the square side, CLIP's normalisation.
+class LlavaPixelGeometry : public PixelGeometry {
+ public:
+  LlavaPixelGeometry(const ClipVisionConfig& v, const LlavaProjectorConfig& p)
+      : v_(v), class_row_(p.vision_feature_select_strategy == "full" ? 1 : 0) {}
+  int64_t channels() const override { return v_.num_channels; }
+  bool takes_videos() const override { return false; }
+  const PixelNorm& norm() const override { return norm_; }
+  int64_t fixed_side() const override { return v_.image_size; }
+  int64_t side_unit() const override { return v_.patch_size; }
+
+  plan::Grid grid_for(int64_t, int64_t, int64_t, const std::string&) const override { return grid(); }
+  std::string grid_mismatch(const plan::Grid& g, int64_t, const std::string&) const override {
+    if (g == grid()) return "";
+    return detail::concat("but llava images of ", v_.image_size, " px have grid [1, ", grid()[1], ", ",
+                          grid()[2], "]");
+  }
+  std::pair<int64_t, int64_t> frame_size(const plan::Grid&) const override {
+    return {v_.image_size, v_.image_size};
+  }
+  int64_t placeholder_rows(const plan::Grid& g) const override { return class_row_ + g[0] * g[1] * g[2]; }
+  std::vector<int64_t> item_shape(const plan::Grid&) const override { return row_shape(); }
+  int64_t batch_rows(const plan::Grid&) const override { return 1; }
+  std::vector<int64_t> row_shape() const override { return {v_.num_channels, v_.image_size, v_.image_size}; }
+  std::string item_layout() const override { return "channels x image_size x image_size"; }
+  at::Tensor item_pixels(const at::Tensor& frames) const override {
+    MMSP_CHECK(frames.dim() == 4 && frames.size(0) == 1, "LLaVA takes one frame per image, got frames ",
+               frames.sizes());
+    return normalize_pixels(frames[0], 0, norm_).contiguous();
+  }
+
+ private:
+  plan::Grid grid() const { return {1, v_.patches_per_side(), v_.patches_per_side()}; }
+  ClipVisionConfig v_;
+  PixelNorm norm_;  // OpenAI CLIP
+  int64_t class_row_ = 0;
+};
+
+class LlavaFamily : public Family {
+ public:
+  std::vector<std::string> model_types() const override { return {"llava"}; }
+
+  plan::ModelConventions conventions(const nlohmann::json& config) const override {
+    return plan::conventions_from_config(config, plan::default_conventions(ModelFamily::llava));
+  }
+
+  void read_config(const nlohmann::json& config, ModelConfig& c) const override {
+    c.family = ModelFamily::llava;
+    const JsonFields top(config, "");
+    static const nlohmann::json kEmpty = nlohmann::json::object();
+    const nlohmann::json* nested = top.object("text_config");
+    const nlohmann::json& text_json = nested ? *nested : kEmpty;
+    const JsonFields text(text_json, "text_config.");
+    c.text = parse_text_config(text_json, c.family, "text_config.");
+    c.conventions = config_parts::read_conventions(config, plan::default_conventions(ModelFamily::llava));
+    c.tie_word_embeddings = config_parts::read_tie(top, text);
+    const nlohmann::json* vision = top.object("vision_config");
+    c.clip_vision = vision ? parse_clip_vision_config(*vision) : default_llava_vision_config();
+    c.llava = parse_llava_projector_config(config, *c.clip_vision);
+    config_parts::check_token_ids(c, "image_token_index");  // the released files' name
+  }
+
+  std::shared_ptr<Vlm> build(const ModelConfig& c) const override { return std::make_shared<LlavaModel>(c); }
+
+  std::shared_ptr<const PixelGeometry> geometry(const ModelConfig& c) const override {
+    MMSP_ASSERT(c.clip_vision.has_value() && c.llava.has_value());
+    return std::make_shared<LlavaPixelGeometry>(*c.clip_vision, *c.llava);
+  }
+
+  CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
+    CheckpointNaming naming;
+    // mmsp and the released llava-1.5-*-hf files: vision_tower.*, multi_modal_projector.*,
+    // language_model.model.*, language_model.lm_head.*. transformers >= 4.52 names them
+    // model.vision_tower.*, model.multi_modal_projector.*, model.language_model.*,
+    // lm_head.* and reads the released ones through
+    //   _checkpoint_conversion_mapping = {"^language_model.model": "model.language_model",
+    //       "^vision_tower": "model.vision_tower",
+    //       "^multi_modal_projector": "model.multi_modal_projector",
+    //       "^language_model.lm_head": "lm_head"}
+    // (models/llava/modeling_llava.py); here the reverse.
+    naming.prefix_aliases = {{"model.language_model.", "language_model.model."},
+                             {"model.vision_tower.", "vision_tower."},
+                             {"model.multi_modal_projector.", "multi_modal_projector."},
+                             {"lm_head.", "language_model.lm_head."}};
+    if (c.tie_word_embeddings) {
+      naming.tied_input = "language_model.model.embed_tokens.weight";
+      naming.tied_output = "language_model.lm_head.weight";
+    }
+    return naming;
+  }
+};
+
+}  // namespace
+
+const Family& llava_family() {
+  static const LlavaFamily family;
+  return family;
+}
+
+}  // namespace mmsp::model

@@ -1,0 +1,243 @@
+// The Qwen-VL family's registry entry; see qwen_vl_family.h. Reads the config (decoder
+// fields at the top for Qwen2/2.5-VL, nested for Qwen3-VL; Qwen3.5's hybrid decoder and
+// its Qwen3-VL tower without deepstack), builds QwenVLModel, and gives the processor's
+// geometry (qwen_patches.h) and the checkpoints' names.
+#include "mmsp/model/families/qwen_vl/qwen_vl_family.h"
+
+#include <nlohmann/json.hpp>
+
+#include "config_parts.h"
+#include "json_fields.h"
+#include "mmsp/core/check.h"
+#include "mmsp/model/families/qwen_vl/qwen_patches.h"
+#include "mmsp/model/families/qwen_vl/qwen_vl.h"
+
+namespace mmsp::model {
+
+namespace {
+
+using json_fields::join;
+using json_fields::JsonFields;
+using plan::ModelFamily;
+
+ModelFamily conventions_family(const std::string& model_type) {
+  if (model_type == "qwen2_vl") return ModelFamily::qwen2_vl;
+  if (model_type == "qwen2_5_vl") return ModelFamily::qwen2_5_vl;
+  return ModelFamily::qwen3_vl;  // qwen3_vl, qwen3_5
+}
+
+// The released values; Qwen3.5 plans as Qwen3-VL with its own token ids and mRoPE
+// sections (Qwen3_5Config's defaults).
+plan::ModelConventions released_conventions(const std::string& model_type) {
+  plan::ModelConventions c = plan::default_conventions(conventions_family(model_type));
+  if (model_type == "qwen3_5") {
+    c.image_token_id = 248056;
+    c.video_token_id = 248057;
+    c.vision_start_token_id = 248053;
+    c.vision_end_token_id = 248054;
+    c.mrope_section = {11, 11, 10};
+  }
+  return c;
+}
+
+// Where mrope_section came from, for error messages; empty when the family default applied.
+std::string rope_field(const JsonFields& text) {
+  for (const char* key : {"rope_scaling", "rope_parameters"})
+    if (text.has(key) && text.at(key).is_object() && text.at(key).contains("mrope_section"))
+      return text.name(key) + ".mrope_section";
+  return "";
+}
+
+void check_mrope(const ModelConfig& c, const JsonFields& text) {
+  const auto& s = c.conventions.mrope_section;
+  int64_t sum = 0;
+  const bool overflow =
+      __builtin_add_overflow(s[0], s[1], &sum) || __builtin_add_overflow(sum, s[2], &sum);
+  const std::string field = rope_field(text);
+  const bool partial = c.text.rotary_dim() != c.text.head_dim;
+  MMSP_CHECK(!overflow && sum == c.text.rotary_dim() / 2,
+             field.empty() ? text.name("rope_scaling.mrope_section") + " (not set; default " +
+                                 join({s[0], s[1], s[2]}) + ")"
+                           : field + " " + join({s[0], s[1], s[2]}),
+             " sums to ", overflow ? std::string("more than 2^63") : std::to_string(sum),
+             partial ? " but must be the rotary channels / 2 = int(head_dim · partial_rotary_factor) / 2 = " +
+                           std::to_string(c.text.rotary_dim()) + " / 2"
+                     : " but must be head_dim / 2 = " + std::to_string(c.text.head_dim) + " / 2",
+             " (t, h and w share the head's rotary frequencies)");
+  const bool interleave = c.family == ModelFamily::qwen3_vl;
+  MMSP_CHECK(c.conventions.mrope_interleaved == interleave, text.name("rope_scaling"),
+             ".mrope_interleaved is ", c.conventions.mrope_interleaved ? "true" : "false",
+             ", but ", c.model_type, " always ", interleave ? "interleaves" : "splits",
+             " the t/h/w frequencies", interleave ? "" : " into contiguous sections");
+}
+
+// Qwen3.5's vision tower is Qwen3-VL's without deepstack mergers, its rotary base fixed
+// at 10000; the copy returned says so to the Qwen-VL vision parser.
+nlohmann::json qwen3_5_vision(const nlohmann::json* vision) {
+  nlohmann::json v = vision ? *vision : nlohmann::json::object();
+  const JsonFields f(v, "vision_config.");
+  const std::string type = f.string("model_type", "qwen3_5_vision");
+  MMSP_CHECK(type == "qwen3_5_vision" || type == "qwen3_5", f.name("model_type"), " \"", type,
+             "\" is not supported for qwen3_5; expected \"qwen3_5_vision\"");
+  const std::vector<int64_t> deepstack = f.integers("deepstack_visual_indexes", {});
+  MMSP_CHECK(deepstack.empty(), f.name("deepstack_visual_indexes"), " ", join(deepstack),
+             " must be empty: Qwen3.5's vision tower has no deepstack mergers");
+  if (const nlohmann::json* rope = f.object("rope_parameters")) {
+    const JsonFields r(*rope, f.name("rope_parameters."));
+    const std::string rope_type = r.string("rope_type", "axial");
+    MMSP_CHECK(rope_type == "axial" || rope_type == "default", r.name("rope_type"), " \"", rope_type,
+               "\" is not supported; the vision tower's 2-D rotary is \"axial\"");
+    const double theta = r.number("rope_theta", 10000.0);
+    MMSP_CHECK(theta == 10000.0, r.name("rope_theta"), " (", theta,
+               ") is not supported; the vision rotary base is 10000");
+  }
+  v["deepstack_visual_indexes"] = nlohmann::json::array();
+  return v;
+}
+
+// The Qwen2-VL image processor: frames resized to the grid, patch rows per merge window.
+class QwenPixelGeometry : public PixelGeometry {
+ public:
+  QwenPixelGeometry(const QwenVisionConfig& v, const plan::ModelConventions& c) : v_(v) {
+    takes_videos_ = c.supports_video();
+    // OpenAI CLIP's values (Qwen2-VL, Qwen2.5-VL), 0.5 / 0.5 for Qwen3-VL and Qwen3.5
+    // (their preprocessor_config.json).
+    if (c.family == ModelFamily::qwen3_vl) norm_.mean = norm_.std = {0.5, 0.5, 0.5};
+  }
+  int64_t channels() const override { return v_.in_channels; }
+  bool takes_videos() const override { return takes_videos_; }
+  const PixelNorm& norm() const override { return norm_; }
+  int64_t fixed_side() const override { return 0; }
+  int64_t side_unit() const override { return v_.patch_size * v_.spatial_merge_size; }
+
+  plan::Grid grid_for(int64_t frames, int64_t width, int64_t height, const std::string& what) const override {
+    const int64_t unit = side_unit();
+    MMSP_CHECK(width % unit == 0 && height % unit == 0 && width > 0 && height > 0, what, " is ", width, " x ",
+               height, " pixels (W x H), not a multiple of patch_size * spatial_merge_size = ", unit,
+               " on each side");
+    return {temporal_patches(frames), height / v_.patch_size, width / v_.patch_size};
+  }
+  std::string grid_mismatch(const plan::Grid& g, int64_t frames, const std::string& what) const override {
+    if (g[0] == temporal_patches(frames)) return "";
+    return detail::concat("has t = ", g[0], " but ", what, " has ", frames, " frame(s), which make ",
+                          temporal_patches(frames), " temporal patch(es) of ", v_.temporal_patch_size);
+  }
+  std::pair<int64_t, int64_t> frame_size(const plan::Grid& g) const override {
+    return {g[2] * v_.patch_size, g[1] * v_.patch_size};
+  }
+  int64_t placeholder_rows(const plan::Grid& g) const override {
+    const int64_t m = v_.spatial_merge_size;
+    return g[0] * (g[1] / m) * (g[2] / m);
+  }
+  std::vector<int64_t> item_shape(const plan::Grid& g) const override {
+    return {batch_rows(g), row_shape()[0]};
+  }
+  int64_t batch_rows(const plan::Grid& g) const override { return g[0] * g[1] * g[2]; }
+  std::vector<int64_t> row_shape() const override {
+    return {v_.in_channels * v_.temporal_patch_size * v_.patch_size * v_.patch_size};
+  }
+  std::string item_layout() const override { return "patches x channels*temporal_patch_size*patch_size^2"; }
+  at::Tensor item_pixels(const at::Tensor& frames) const override { return qwen_patches(frames, v_, norm_).rows; }
+
+ private:
+  int64_t temporal_patches(int64_t frames) const {
+    return (frames + v_.temporal_patch_size - 1) / v_.temporal_patch_size;
+  }
+  QwenVisionConfig v_;
+  PixelNorm norm_;
+  bool takes_videos_ = true;
+};
+
+class QwenVLFamily : public Family {
+ public:
+  std::vector<std::string> model_types() const override { return {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"}; }
+
+  plan::ModelConventions conventions(const nlohmann::json& config) const override {
+    return plan::conventions_from_config(config, released_conventions(config.at("model_type").get<std::string>()));
+  }
+
+  void read_config(const nlohmann::json& config, ModelConfig& c) const override {
+    c.family = conventions_family(c.model_type);
+    const JsonFields top(config, "");
+    // Qwen2/2.5-VL files keep decoder fields at the top (newer transformers nest them in
+    // text_config, which then wins, as in transformers); Qwen3-VL always nests them.
+    const nlohmann::json* nested = top.object("text_config");
+    const bool qwen2 = c.family == ModelFamily::qwen2_vl || c.family == ModelFamily::qwen2_5_vl;
+    static const nlohmann::json kEmpty = nlohmann::json::object();
+    const nlohmann::json& text_json = nested ? *nested : qwen2 ? config : kEmpty;
+    const std::string text_prefix = nested || !qwen2 ? "text_config." : "";
+    const JsonFields text(text_json, text_prefix);
+    const bool hybrid = c.model_type == "qwen3_5";
+    c.text = hybrid ? parse_hybrid_text_config(text_json, "text_config.")
+                    : parse_text_config(text_json, c.family, text_prefix);
+    c.conventions = config_parts::read_conventions(config, released_conventions(c.model_type));
+    c.tie_word_embeddings = config_parts::read_tie(top, text);
+
+    const nlohmann::json* vision = top.object("vision_config");
+    c.qwen_vision = hybrid ? parse_qwen_vision_config(qwen3_5_vision(vision), c.family)
+                           : parse_qwen_vision_config(vision ? *vision : kEmpty, c.family);
+    const QwenVisionConfig& v = *c.qwen_vision;
+    MMSP_ASSERT(v.spatial_merge_size == c.conventions.spatial_merge_size);
+    check_mrope(c, text);
+    const char* out_key =
+        c.family == ModelFamily::qwen2_vl ? "vision_config.hidden_size" : "vision_config.out_hidden_size";
+    MMSP_CHECK(v.out_hidden_size == c.text.hidden_size, out_key, " (", v.out_hidden_size,
+               ") must equal the decoder's ", text.name("hidden_size"), " (", c.text.hidden_size,
+               "): merged vision rows replace token embeddings");
+    MMSP_CHECK(static_cast<int64_t>(v.deepstack_visual_indexes.size()) <= c.text.num_hidden_layers,
+               "vision_config.deepstack_visual_indexes ", join(v.deepstack_visual_indexes), " feeds ",
+               v.deepstack_visual_indexes.size(), " decoder layers, but ", text.name("num_hidden_layers"), " is ",
+               c.text.num_hidden_layers);
+    config_parts::check_token_ids(c, "image_token_id");
+  }
+
+  std::shared_ptr<Vlm> build(const ModelConfig& c) const override { return std::make_shared<QwenVLModel>(c); }
+
+  std::shared_ptr<const PixelGeometry> geometry(const ModelConfig& c) const override {
+    MMSP_ASSERT(c.qwen_vision.has_value());
+    return std::make_shared<QwenPixelGeometry>(*c.qwen_vision, c.conventions);
+  }
+
+  CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
+    CheckpointNaming naming;
+    std::string embedding;
+    if (c.family != ModelFamily::qwen3_vl) {
+      // mmsp: visual.*, model.*, lm_head.* (the released files' layout). transformers
+      // >= 4.52 names them model.visual.*, model.language_model.*, lm_head.* and maps
+      // the released layout in through
+      //   _checkpoint_conversion_mapping = {"^visual": "model.visual",
+      //       r"^model(?!\.(language_model|visual))": "model.language_model"}
+      // (models/qwen2_vl/modeling_qwen2_vl.py, qwen2_5_vl likewise); here the reverse.
+      naming.prefix_aliases = {{"model.visual.", "visual."}, {"model.language_model.", "model."}};
+      embedding = "model.embed_tokens.weight";
+    } else {
+      // mmsp and the released Qwen3-VL / Qwen3.5 files: model.visual.*,
+      // model.language_model.*, lm_head.*. The Qwen2-VL-style legacy layout (visual.*,
+      // model.*) is accepted too, as transformers' conversion mapping accepts it for
+      // Qwen2-VL: the identity pairs come first so that "model.visual." is not read as
+      // a legacy "model." name.
+      naming.prefix_aliases = {{"model.visual.", "model.visual."},
+                               {"model.language_model.", "model.language_model."},
+                               {"visual.", "model.visual."},
+                               {"model.", "model.language_model."}};
+      embedding = "model.language_model.embed_tokens.weight";
+      // Qwen3.5's multi-token-prediction head: transformers drops it on load
+      // (_keys_to_ignore_on_load_unexpected = [r"^mtp.*"], models/qwen3_5).
+      if (c.model_type == "qwen3_5") naming.ignored_prefixes = {"mtp."};
+    }
+    if (c.tie_word_embeddings) {
+      naming.tied_input = embedding;
+      naming.tied_output = "lm_head.weight";
+    }
+    return naming;
+  }
+};
+
+}  // namespace
+
+const Family& qwen_vl_family() {
+  static const QwenVLFamily family;
+  return family;
+}
+
+}  // namespace mmsp::model
