@@ -35,7 +35,7 @@ CheckpointNaming checkpoint_naming(const ModelConfig& config) {
     // Qwen3.5's multi-token-prediction head: transformers drops it on load
     // (_keys_to_ignore_on_load_unexpected = [r"^mtp.*"], models/qwen3_5).
     if (type == "qwen3_5") naming.ignored_prefixes = {"mtp."};
-  } else if (type == "llava") {
+  } else if (type == "llava" || type == "internvl") {
     // mmsp and the released llava-1.5-*-hf files: vision_tower.*, multi_modal_projector.*,
     // language_model.model.*, language_model.lm_head.*. transformers >= 4.52 names them
     // model.vision_tower.*, model.multi_modal_projector.*, model.language_model.*,
@@ -44,7 +44,7 @@ CheckpointNaming checkpoint_naming(const ModelConfig& config) {
     //       "^vision_tower": "model.vision_tower",
     //       "^multi_modal_projector": "model.multi_modal_projector",
     //       "^language_model.lm_head": "lm_head"}
-    // (models/llava/modeling_llava.py); here the reverse.
+    // (models/llava/modeling_llava.py; models/internvl/modeling_internvl.py the same); here the reverse.
     naming.prefix_aliases = {{"model.language_model.", "language_model.model."},
                              {"model.vision_tower.", "vision_tower."},
                              {"model.multi_modal_projector.", "multi_modal_projector."},
@@ -52,11 +52,11 @@ CheckpointNaming checkpoint_naming(const ModelConfig& config) {
     embedding = "language_model.model.embed_tokens.weight";
   } else {
     MMSP_CHECK(false, "model_type \"", type, "\" has no checkpoint naming; supported: qwen2_vl, ",
-               "qwen2_5_vl, qwen3_vl, qwen3_5, llava");
+               "qwen2_5_vl, qwen3_vl, qwen3_5, llava, internvl");
   }
   if (config.tie_word_embeddings) {
     naming.tied_input = embedding;
-    naming.tied_output = type == "llava" ? "language_model.lm_head.weight" : "lm_head.weight";
+    naming.tied_output = type == "llava" || type == "internvl" ? "language_model.lm_head.weight" : "lm_head.weight";
   }
   return naming;
 }

@@ -23,13 +23,14 @@ using plan::ModelFamily;
 
 namespace {
 
-constexpr const char* kSupported = "qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, llava";
+constexpr const char* kSupported = "qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, llava, internvl";
 
 ModelFamily family_of(const std::string& model_type) {
   if (model_type == "qwen2_vl") return ModelFamily::qwen2_vl;
   if (model_type == "qwen2_5_vl") return ModelFamily::qwen2_5_vl;
   if (model_type == "qwen3_vl" || model_type == "qwen3_5") return ModelFamily::qwen3_vl;
   if (model_type == "llava") return ModelFamily::llava;
+  if (model_type == "internvl") return ModelFamily::internvl;
   MMSP_CHECK(model_type != "qwen3_next", "model_type \"qwen3_next\" is a text-only checkpoint; the ",
              "model layer builds vision-language models: use model_type \"qwen3_5\" with a text_config ",
              "of model_type \"qwen3_next\" and a vision_config");
@@ -145,6 +146,11 @@ ModelConfig parse(const nlohmann::json& config) {
   if (c.family == ModelFamily::llava) {
     c.clip_vision = vision ? parse_clip_vision_config(*vision) : default_llava_vision_config();
     c.llava = parse_llava_projector_config(config, *c.clip_vision);
+  } else if (c.family == ModelFamily::internvl) {
+    c.intern_vision = parse_intern_vision_config(vision ? *vision : kEmpty);
+    c.internvl = parse_internvl_projector_config(config, *c.intern_vision);
+    // The planner read the same downsample_ratio: one merge factor for placeholders and rows.
+    MMSP_ASSERT(c.internvl->scale() == c.conventions.spatial_merge_size);
   } else {
     c.qwen_vision = hybrid ? parse_qwen_vision_config(qwen3_5_vision(vision), c.family)
                            : parse_qwen_vision_config(vision ? *vision : kEmpty, c.family);
