@@ -4,8 +4,13 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <functional>
+#include <memory>
+
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
+#include "mmsp/core/check.h"
+#include "mmsp/model/families/internvl/internvl_model.h"
 #include "mmsp/model/qwen_vl.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/train/memory_counter.h"
@@ -28,6 +33,31 @@ model::ModelConfig bench_config() {
   return model::parse_model_config(c, "bench qwen2_vl");
 }
 
+// InternVL: <img> + <IMG_CONTEXT> × tiles · image_seq_length + </img> per sequence.
+plan::Batch internvl_batch(const VlmBenchOptions& o, const model::ModelConfig& c) {
+  plan::Batch batch;
+  const plan::ModelConventions& v = c.conventions;
+  const int64_t side = c.intern_vision->patches_per_side();
+  for (int i = 0; i < o.images; ++i) {
+    plan::Sequence s;
+    for (int t = 0; t < 20 + 7 * (i % 3); ++t) s.input_ids.push_back((i * 37 + t * 11) % 900);
+    s.input_ids.push_back(v.vision_start_token_id);
+    for (int64_t r = 0; r < o.tiles * c.internvl->image_seq_length; ++r) s.input_ids.push_back(v.image_token_id);
+    s.input_ids.push_back(v.vision_end_token_id);
+    for (int t = 0; t < 20; ++t) s.input_ids.push_back((i * 13 + t * 5) % 900);
+    s.image_grid_thw = {{o.tiles, side, side}};
+    batch.sequences.push_back(s);
+  }
+  return batch;
+}
+
+// The model under test behind the two calls the bench makes.
+struct BenchModel {
+  std::shared_ptr<torch::nn::Module> module;
+  std::function<model::QwenVLModel::StepOutput(const plan::StepPlan&, const model::StepGroups&, model::VisionMode)> step;
+  std::function<at::Tensor(const plan::StepPlan&, const model::StepGroups&, model::VisionMode)> vision;
+};
+
 plan::Batch bench_batch(const VlmBenchOptions& o) {
   plan::Batch batch;
   const int64_t rows = o.image_side * o.image_side / 4;
@@ -49,13 +79,32 @@ plan::Batch bench_batch(const VlmBenchOptions& o) {
 json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
   train::MemoryCounter::install();
   at::set_num_threads(1);
-  const model::ModelConfig config = bench_config();
-  const plan::Batch batch = bench_batch(o);
-  const int64_t patch_dim = 3 * 2 * 14 * 14;
+  const model::ModelConfig config = o.model.empty() ? bench_config() : model::load_model_config(o.model);
+  MMSP_CHECK(o.model.empty() || config.family == plan::ModelFamily::internvl, "mmsp bench vision|step --model ",
+             o.model, ": model_type \"", config.model_type, "\" is not supported here; supported: internvl ",
+             "(without --model: the built-in qwen2_vl bench model)");
+  MMSP_CHECK(o.tiles >= 1, "--tiles ", o.tiles, " must be >= 1");
+  const bool internvl = config.family == plan::ModelFamily::internvl;
+  const plan::Batch batch = internvl ? internvl_batch(o, config) : bench_batch(o);
   at::manual_seed(7);
-  const model::PixelInputs pixels{at::randn({o.images * o.image_side * o.image_side, patch_dim}), {}};
+  model::PixelInputs pixels;
+  if (internvl) {
+    const model::InternVisionConfig& v = *config.intern_vision;
+    pixels.images = at::randn({o.images * o.tiles, v.num_channels, v.image_size, v.image_size});
+  } else {
+    pixels.images = at::randn({o.images * o.image_side * o.image_side, int64_t{3 * 2 * 14 * 14}});
+  }
   at::manual_seed(42);
-  model::QwenVLModel vlm(config);
+  BenchModel vlm;
+  if (internvl) {
+    auto m = std::make_shared<model::InternVLModel>(config);
+    vlm = {m, [m, &batch, &pixels](auto& plan, auto& groups, auto mode) { return m->forward(batch, plan, pixels, groups, mode); },
+           [m, &batch, &pixels](auto& plan, auto& groups, auto mode) { return m->vision_rows(batch, plan, pixels, groups, mode); }};
+  } else {
+    auto m = std::make_shared<model::QwenVLModel>(config);
+    vlm = {m, [m, &batch, &pixels](auto& plan, auto& groups, auto mode) { return m->forward(batch, plan, pixels, groups, mode); },
+           [m, &pixels](auto& plan, auto& groups, auto mode) { return m->vision_rows(plan, pixels, groups, mode); }};
+  }
   auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
   json rows = json::array();
   int mesh_index = 0;
@@ -75,15 +124,15 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
     const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, po, context_rank);
     const model::StepGroups groups{mesh.context(), mesh.ring(), mesh.ulysses()};
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
-      vlm.zero_grad();
+      vlm.module->zero_grad();
       const dist::CommSnapshot before = mesh.stats().snapshot();
       train::MemoryCounter::reset_peak();
       const int64_t base = train::MemoryCounter::current_bytes();
       if (o.step) {
-        auto out = vlm.forward(batch, plan, pixels, groups, mode);
+        auto out = vlm.step(plan, groups, mode);
         model::causal_lm_loss(out.logits(), out.labels, out.label_count).backward();
       } else {
-        vlm.vision_rows(plan, pixels, groups, mode).sum().backward();
+        vlm.vision(plan, groups, mode).sum().backward();
       }
       const int64_t peak = train::MemoryCounter::peak_bytes() - base;
       const dist::CommSnapshot d = mesh.stats().snapshot() - before;
@@ -103,8 +152,10 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
                       {"all_bytes_max_rank", max[2].item<int64_t>()}});
     }
   }
-  json result = {{"part", o.step ? "step" : "vision"}, {"images", o.images},
-                 {"image_patches", o.image_side * o.image_side}, {"dtype", "float32"}, {"rows", rows}};
+  json result = {{"part", o.step ? "step" : "vision"}, {"model", config.model_type}, {"images", o.images},
+                 {"dtype", "float32"}, {"rows", rows}};
+  if (internvl) result["tiles_per_image"] = o.tiles;
+  else result["image_patches"] = o.image_side * o.image_side;
   auto find = [&](int c, const std::string& mode) -> const json* {  // ring meshes
     for (const json& r : rows)
       if (r["context_ranks"] == c && r["ring"] == c && r["mode"] == mode) return &r;

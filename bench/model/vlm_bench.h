@@ -6,14 +6,20 @@
 
 #include <nlohmann/json.hpp>
 
+#include <string>
+
 #include "mmsp/dist/rank_env.h"
 
 namespace mmsp::bench {
 
 struct VlmBenchOptions {
   int images = 16;          // one image per sequence
-  int64_t image_side = 16;  // patches per side (image_side² patches, /4 rows)
+  int64_t image_side = 16;  // patches per side (image_side² patches, /4 rows); Qwen2-VL only
   bool step = false;        // false: vision part only; true: the whole step
+  // config.json of the model; empty: the built-in Qwen2-VL-style bench model. Supported:
+  // internvl (images of `tiles` tiles of vision_config.image_size).
+  std::string model;
+  int64_t tiles = 3;        // InternVL: tiles per image (a 2-tile grid + thumbnail by default)
 };
 
 // Every rank calls it; rank 0's result holds the table.

@@ -17,6 +17,7 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
+#include "mmsp/model/families/internvl/dynamic_tiling.h"
 #include "mmsp/model/safetensors.h"
 
 namespace mmsp::train {
@@ -38,11 +39,19 @@ std::string grid_text(const plan::Grid& g) {
 // Pixel geometry of the model: what a grid means in pixels and in rows.
 struct Geometry {
   bool qwen = true;
+  bool internvl = false;  // images are tiles of image_size, as many as the dynamic tiling cuts
   int64_t channels = 3, patch = 14, merge = 2, temporal = 2, row_width = 0;
-  int64_t image_size = 0;  // LLaVA: the fixed square side
+  int64_t image_size = 0;  // LLaVA: the fixed square side; InternVL: the tile's side
+  model::TilingOptions tiling;
 
-  explicit Geometry(const model::ModelConfig& c) : qwen(c.family != plan::ModelFamily::llava) {
-    if (qwen) {
+  explicit Geometry(const model::ModelConfig& c)
+      : qwen(c.family != plan::ModelFamily::llava && c.family != plan::ModelFamily::internvl),
+        internvl(c.family == plan::ModelFamily::internvl) {
+    if (internvl) {
+      const model::InternVisionConfig& v = *c.intern_vision;
+      channels = v.num_channels, patch = v.patch_size, merge = c.internvl->scale(), temporal = 1;
+      image_size = tiling.tile_size = v.image_size;
+    } else if (qwen) {
       const model::QwenVisionConfig& v = *c.qwen_vision;
       channels = v.in_channels, patch = v.patch_size, merge = v.spatial_merge_size;
       temporal = v.temporal_patch_size;
@@ -254,6 +263,13 @@ JsonlDataset::JsonlDataset(const std::string& path, const model::ModelConfig& co
               MMSP_CHECK(shape == want, where, ": ", name, ": tensor \"", src.tensor, "\" has shape ",
                          at::IntArrayRef(shape), " but grid ", grid_text(g), " needs [", want[0], ", ",
                          want[1], "] (patches x channels*temporal_patch_size*patch_size^2)");
+            } else if (geo.internvl) {
+              MMSP_CHECK(given, where, ": ", name, " comes from safetensors, so ", grid_key,
+                         " must give its grid (its tile count)");
+              const std::vector<int64_t> want{grids[k][0], geo.channels, geo.image_size, geo.image_size};
+              MMSP_CHECK(shape == want, where, ": ", name, ": tensor \"", src.tensor, "\" has shape ",
+                         at::IntArrayRef(shape), " but grid ", grid_text(grids[k]), " needs [", want[0], ", ",
+                         want[1], ", ", want[2], ", ", want[3], "] (tiles x channels x image_size^2)");
             } else {
               const std::vector<int64_t> want{geo.channels, geo.image_size, geo.image_size};
               MMSP_CHECK(shape == want, where, ": ", name, ": tensor \"", src.tensor, "\" has shape ",
@@ -287,7 +303,14 @@ JsonlDataset::JsonlDataset(const std::string& path, const model::ModelConfig& co
             }
             const int64_t frames = static_cast<int64_t>(files.size());
             const int64_t t = (frames + geo.temporal - 1) / geo.temporal;
-            if (!geo.qwen) {
+            if (geo.internvl) {  // the processor's dynamic tiling of the file's size
+              const int64_t side = geo.image_size / geo.patch;
+              derived = plan::Grid{model::tile_count(first.second, first.first, geo.tiling), side, side};
+              MMSP_CHECK(!given || grids[k] == *derived, where, ": ", grid_key, "[", k, "] = ", grid_text(grids[k]),
+                         " but ", config.model_type, " cuts ", name, " (", first.first, " x ", first.second,
+                         " pixels) into ", (*derived)[0], " tiles of ", geo.image_size, " px: grid ",
+                         grid_text(*derived));
+            } else if (!geo.qwen) {
               const int64_t side = geo.image_size / geo.patch;
               derived = plan::Grid{1, side, side};
             } else if (!given) {
@@ -362,6 +385,16 @@ at::Tensor JsonlDataset::pixels(const Sample& s, const Source& src, const plan::
     MMSP_CHECK(it != tensors.end(), where, ": tensor \"", src.tensor, "\" is no longer in \"",
                src.safetensors, "\"");
     return it->second.to(at::kFloat).contiguous();
+  }
+  if (geo.internvl) {  // the whole image at its own size, then the processor's tiles
+    int w = 0, h = 0, n = 0;
+    MMSP_CHECK(stbi_info(src.files[0].c_str(), &w, &h, &n), where, ": cannot read \"", src.files[0], "\"");
+    std::vector<at::Tensor> tiles;
+    for (const at::Tensor& tile : model::tile_image(load_image(where, src.files[0], geo.channels, w, h), geo.tiling).unbind(0))
+      tiles.push_back(normalize_image(tile, norm_));
+    MMSP_CHECK(static_cast<int64_t>(tiles.size()) == g[0], where, ": \"", src.files[0], "\" now cuts into ",
+               tiles.size(), " tiles, but its grid says ", g[0], " (did the file change?)");
+    return at::stack(tiles);
   }
   if (!geo.qwen) {
     return normalize_image(load_image(where, src.files[0], geo.channels, geo.image_size, geo.image_size),

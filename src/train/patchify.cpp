@@ -26,6 +26,10 @@ at::Tensor normalize(const at::Tensor& x, int64_t channel_dim, const PixelNorm& 
 PixelNorm pixel_norm(plan::ModelFamily family) {
   PixelNorm n;
   if (family == plan::ModelFamily::qwen3_vl) n.mean = n.std = {0.5, 0.5, 0.5};
+  if (family == plan::ModelFamily::internvl) {  // InternVL3-hf's preprocessor_config.json: ImageNet's
+    n.mean = {0.485, 0.456, 0.406};
+    n.std = {0.229, 0.224, 0.225};
+  }
   return n;
 }
 

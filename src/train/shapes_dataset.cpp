@@ -7,6 +7,7 @@
 #include <array>
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/families/internvl/dynamic_tiling.h"
 #include "mmsp/train/splitmix64.h"
 
 namespace mmsp::train {
@@ -28,7 +29,15 @@ constexpr std::array<const char*, 4> kDirections = {"left", "right", "up", "down
 constexpr std::array<double, 2> kRadius = {0.11, 0.22};
 constexpr double kJitter = 0.04;
 
-bool is_qwen(plan::ModelFamily f) { return f != plan::ModelFamily::llava; }
+bool is_qwen(plan::ModelFamily f) { return f != plan::ModelFamily::llava && f != plan::ModelFamily::internvl; }
+bool is_internvl(plan::ModelFamily f) { return f == plan::ModelFamily::internvl; }
+
+// InternVL's processor: tiles of image_size, 1..12 of them, a thumbnail after several.
+model::TilingOptions tiling(const model::ModelConfig& c) {
+  model::TilingOptions o;
+  o.tile_size = c.intern_vision->image_size;
+  return o;
+}
 
 }  // namespace
 
@@ -71,6 +80,11 @@ ShapesDataset::ShapesDataset(const ShapesOptions& options, const model::ModelCon
     MMSP_CHECK(o.max_frames <= 10 * v.temporal_patch_size, "shapes dataset: max_frames ", o.max_frames,
                " gives more than 10 temporal patches of ", v.temporal_patch_size,
                " frames; the built-in vocabulary has timestamps <0.0 .. <9.0");
+  } else if (is_internvl(config.family)) {
+    MMSP_CHECK(config.intern_vision.has_value() && config.internvl.has_value(),
+               "shapes dataset: internvl config has no InternViT vision_config");
+    MMSP_CHECK(config.intern_vision->num_channels == 3,
+               "shapes dataset draws RGB images but vision_config.num_channels is ", config.intern_vision->num_channels);
   } else {
     MMSP_CHECK(config.clip_vision.has_value() && config.llava.has_value(),
                "shapes dataset: llava config has no CLIP vision_config");
@@ -101,7 +115,11 @@ std::vector<ShapesDataset::Draw> ShapesDataset::draw(int64_t index) const {
   std::vector<Draw> out(count);
   for (Draw& d : out) {
     d.video = video;
-    if (qwen) {
+    if (is_internvl(config_.family)) {  // sides in half tiles: grids of 1×1 up to 3×3 tiles
+      const int64_t unit = config_.intern_vision->image_size / 2;
+      d.height = unit * rng.between(options_.min_tokens_per_side, options_.max_tokens_per_side);
+      d.width = unit * rng.between(options_.min_tokens_per_side, options_.max_tokens_per_side);
+    } else if (qwen) {
       const int64_t unit = config_.qwen_vision->patch_size * config_.qwen_vision->spatial_merge_size;
       d.height = unit * rng.between(options_.min_tokens_per_side, options_.max_tokens_per_side);
       d.width = unit * rng.between(options_.min_tokens_per_side, options_.max_tokens_per_side);
@@ -154,6 +172,13 @@ plan::Sequence ShapesDataset::sequence(int64_t index) const {
     if (c.has_block_markers()) s.input_ids.push_back(c.vision_end_token_id);
   };
   for (const Draw& d : draw(index)) {
+    if (is_internvl(config_.family)) {  // InternVL: image_seq_length rows per tile of the dynamic tiling
+      const int64_t side = config_.intern_vision->patches_per_side();
+      const int64_t tiles = model::tile_count(d.height, d.width, tiling(config_));
+      s.image_grid_thw.push_back({tiles, side, side});
+      block(c.image_token_id, tiles * config_.internvl->image_seq_length);
+      continue;
+    }
     if (!is_qwen(config_.family)) {  // LLaVA: one patch per placeholder (no merge)
       const int64_t side = config_.clip_vision->patches_per_side();
       s.image_grid_thw.push_back({1, side, side});
@@ -245,6 +270,12 @@ at::Tensor ShapesDataset::item_pixels(int64_t index, bool video, int64_t which) 
   for (const Draw& d : draws) {
     if (d.video != video || seen++ != which) continue;
     const at::Tensor frames = render(d);
+    if (is_internvl(config_.family)) {
+      std::vector<at::Tensor> tiles;
+      for (const at::Tensor& tile : model::tile_image(frames[0], tiling(config_)).unbind(0))
+        tiles.push_back(normalize_image(tile, norm_));
+      return at::stack(tiles);
+    }
     if (!is_qwen(config_.family)) return normalize_image(frames[0], norm_);
     return qwen_patches(frames, *config_.qwen_vision, norm_).rows;
   }
@@ -271,6 +302,10 @@ std::string ShapesDataset::describe() const {
     if (config_.conventions.supports_video())
       s += detail::concat(", ", o.video_fraction * 100, "% video (", o.min_frames, "..", o.max_frames,
                           " frames)");
+  } else if (is_internvl(config_.family)) {
+    s += detail::concat(", sides ", o.min_tokens_per_side, "..", o.max_tokens_per_side, " half tiles of ",
+                        config_.intern_vision->image_size, " px (dynamic tiling), ", o.multi_image_fraction * 100,
+                        "% multi-image");
   } else {
     s += detail::concat(", ", config_.clip_vision->image_size, " px images, ",
                         o.multi_image_fraction * 100, "% multi-image");

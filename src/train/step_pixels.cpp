@@ -18,8 +18,34 @@ model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t
                                const PixelsNeeded& needed, at::ScalarType dtype) {
   MMSP_CHECK(samples.size() == batch.sequences.size(), "load_pixels: ", samples.size(),
              " samples but the batch has ", batch.sequences.size(), " sequences");
-  const bool qwen = config.family != plan::ModelFamily::llava;
+  const bool qwen = config.family != plan::ModelFamily::llava && config.family != plan::ModelFamily::internvl;
   model::PixelInputs out;
+  if (config.family == plan::ModelFamily::internvl) {  // InternVL: an image's tiles [t, C, S, S]
+    const model::InternVisionConfig& v = *config.intern_vision;
+    int64_t tiles = 0;
+    for (const plan::Sequence& s : batch.sequences) {
+      MMSP_CHECK(s.video_grid_thw.empty(), "load_pixels: ", config.model_type, " takes no videos");
+      for (const plan::Grid& g : s.image_grid_thw) tiles += g[0];
+    }
+    out.images = at::zeros({tiles, v.num_channels, v.image_size, v.image_size}, at::kFloat);
+    int64_t item = 0, offset = 0;
+    for (size_t b = 0; b < samples.size(); ++b) {
+      const auto& grids = batch.sequences[b].image_grid_thw;
+      for (size_t k = 0; k < grids.size(); ++k, ++item) {
+        const int64_t t = grids[k][0];
+        if (needed(plan::VisionKind::image, item)) {
+          const at::Tensor px = dataset.image_pixels(samples[b], static_cast<int64_t>(k));
+          at::Tensor slot = out.images.narrow(0, offset, t);
+          MMSP_CHECK(px.sizes() == slot.sizes(), "load_pixels: sample ", samples[b], " image ", k, " has pixels ",
+                     px.sizes(), " but grid ", grid_text(grids[k]), " takes ", slot.sizes(), " tiles");
+          slot.copy_(px);
+        }
+        offset += t;
+      }
+    }
+    out.images = out.images.to(dtype);
+    return out;
+  }
   if (!qwen) {  // LLaVA: one [C, S, S] image per grid
     const model::ClipVisionConfig& v = *config.clip_vision;
     int64_t images = 0;

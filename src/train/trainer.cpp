@@ -23,6 +23,7 @@
 #include "mmsp/core/phase_timer.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/checkpoint_naming.h"
+#include "mmsp/model/families/internvl/internvl_model.h"
 #include "mmsp/model/llava.h"
 #include "mmsp/model/parameter_init.h"
 #include "mmsp/model/qwen_vl.h"
@@ -78,24 +79,33 @@ class Vlm {
   explicit Vlm(const model::ModelConfig& config) {
     if (config.family == plan::ModelFamily::llava)
       llava_ = std::make_shared<model::LlavaModel>(config);
+    else if (config.family == plan::ModelFamily::internvl)
+      internvl_ = std::make_shared<model::InternVLModel>(config);
     else
       qwen_ = std::make_shared<model::QwenVLModel>(config);
   }
-  torch::nn::Module& module() { return qwen_ ? static_cast<torch::nn::Module&>(*qwen_) : *llava_; }
+  torch::nn::Module& module() {
+    if (qwen_) return *qwen_;
+    if (llava_) return *llava_;
+    return *internvl_;
+  }
   void set_activation_checkpointing(model::ActivationCheckpointing mode) {
     if (qwen_) qwen_->set_activation_checkpointing(mode);
     if (llava_) llava_->set_activation_checkpointing(mode);
+    if (internvl_) internvl_->set_activation_checkpointing(mode);
   }
   model::QwenVLModel::StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan,
                                          const model::PixelInputs& pixels, const model::StepGroups& groups,
                                          model::VisionMode mode, const attention::AttentionOptions& attn) const {
-    return qwen_ ? qwen_->forward(batch, plan, pixels, groups, mode, attn)
-                 : llava_->forward(batch, plan, pixels, groups, mode, attn);
+    if (qwen_) return qwen_->forward(batch, plan, pixels, groups, mode, attn);
+    if (llava_) return llava_->forward(batch, plan, pixels, groups, mode, attn);
+    return internvl_->forward(batch, plan, pixels, groups, mode, attn);
   }
 
  private:
   std::shared_ptr<model::QwenVLModel> qwen_;
   std::shared_ptr<model::LlavaModel> llava_;
+  std::shared_ptr<model::InternVLModel> internvl_;
 };
 
 NamedParams named_parameters(torch::nn::Module& module) {

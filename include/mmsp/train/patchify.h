@@ -19,7 +19,7 @@ struct PixelNorm {
 };
 
 // The released processors' values: OpenAI CLIP's for Qwen2-VL, Qwen2.5-VL and LLaVA-1.5;
-// 0.5 / 0.5 for Qwen3-VL (its preprocessor_config.json).
+// 0.5 / 0.5 for Qwen3-VL (its preprocessor_config.json); ImageNet's for InternVL.
 PixelNorm pixel_norm(plan::ModelFamily family);
 
 struct QwenPatches {

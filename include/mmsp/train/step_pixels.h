@@ -24,6 +24,7 @@ using PixelsNeeded = std::function<bool(plan::VisionKind kind, int64_t item)>;
 // Qwen families: images [Σ image patches, C·tp·p·p], videos [Σ video patches, C·tp·p·p]
 // (rows in batch order, as plan::VisionItem::patch_offset counts them; 0 rows when none).
 // LLaVA: images [N_images, C, S, S], videos undefined.
+// InternVL: images [Σ tiles, C, S, S] (an image's grid is [tiles, S/p, S/p]), videos undefined.
 // `batch` must be make_batch(dataset, samples); every filled item's pixels are checked
 // against its grid. dtype: the returned tensors' dtype (pixels are built in float32).
 model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t>& samples,
