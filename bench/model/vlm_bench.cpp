@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "mmsp/core/check.h"
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/model/family.h"
@@ -29,20 +30,39 @@ model::ModelConfig bench_config() {
   return model::parse_model_config(c, "bench qwen2_vl");
 }
 
-plan::Batch bench_batch(const VlmBenchOptions& o) {
+// One image of `o`'s size per sequence, between text: the placeholders and pixels come
+// from the family's geometry, so every family gets the same batch.
+struct BenchInputs {
   plan::Batch batch;
-  const int64_t rows = o.image_side * o.image_side / 4;
+  model::PixelInputs pixels;
+};
+
+BenchInputs bench_inputs(const VlmBenchOptions& o, const model::ModelConfig& config) {
+  const std::shared_ptr<const model::PixelGeometry> geometry = model::pixel_geometry(config);
+  int64_t width = o.image_width, height = o.image_height;
+  if (o.model.empty()) width = height = o.image_side * config.qwen_vision->patch_size;
+  if (width == 0 && height == 0) width = height = geometry->fixed_side();
+  MMSP_CHECK(width > 0 && height > 0, "mmsp bench --model ", o.model, ": ", config.model_type,
+             " has no fixed image size; give --image-width and --image-height (pixels), got ", width, " x ", height);
+  const plan::Grid grid = geometry->grid_for(1, width, height, detail::concat("a ", width, " x ", height, " image"));
+  const int64_t rows = geometry->placeholder_rows(grid);
+  const plan::ModelConventions& c = config.conventions;
+  BenchInputs in;
   for (int i = 0; i < o.images; ++i) {
     plan::Sequence s;
     for (int t = 0; t < 20 + 7 * (i % 3); ++t) s.input_ids.push_back((i * 37 + t * 11) % 900);
-    s.input_ids.push_back(990);
-    for (int64_t r = 0; r < rows; ++r) s.input_ids.push_back(993);
-    s.input_ids.push_back(991);
+    if (c.has_block_markers()) s.input_ids.push_back(c.vision_start_token_id);
+    for (int64_t r = 0; r < rows; ++r) s.input_ids.push_back(c.image_token_id);
+    if (c.has_block_markers()) s.input_ids.push_back(c.vision_end_token_id);
     for (int t = 0; t < 20; ++t) s.input_ids.push_back((i * 13 + t * 5) % 900);
-    s.image_grid_thw = {{1, o.image_side, o.image_side}};
-    batch.sequences.push_back(s);
+    s.image_grid_thw = {grid};
+    in.batch.sequences.push_back(s);
   }
-  return batch;
+  std::vector<int64_t> shape = geometry->row_shape();
+  shape.insert(shape.begin(), o.images * geometry->batch_rows(grid));
+  at::manual_seed(7);
+  in.pixels.images = at::randn(shape);
+  return in;
 }
 
 }  // namespace
@@ -50,11 +70,10 @@ plan::Batch bench_batch(const VlmBenchOptions& o) {
 json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
   train::MemoryCounter::install();
   at::set_num_threads(1);
-  const model::ModelConfig config = bench_config();
-  const plan::Batch batch = bench_batch(o);
-  const int64_t patch_dim = 3 * 2 * 14 * 14;
-  at::manual_seed(7);
-  const model::PixelInputs pixels{at::randn({o.images * o.image_side * o.image_side, patch_dim}), {}};
+  const model::ModelConfig config = o.model.empty() ? bench_config() : model::load_model_config(o.model);
+  const BenchInputs inputs = bench_inputs(o, config);
+  const plan::Batch& batch = inputs.batch;
+  const model::PixelInputs& pixels = inputs.pixels;
   at::manual_seed(42);
   const std::shared_ptr<model::Vlm> built = model::build_vlm(config);  // the family's registry entry
   model::Vlm& vlm = *built;
@@ -105,8 +124,10 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
                       {"all_bytes_max_rank", max[2].item<int64_t>()}});
     }
   }
-  json result = {{"part", o.step ? "step" : "vision"}, {"images", o.images},
-                 {"image_patches", o.image_side * o.image_side}, {"dtype", "float32"}, {"rows", rows}};
+  const plan::Grid& grid = batch.sequences.at(0).image_grid_thw.at(0);
+  json result = {{"part", o.step ? "step" : "vision"}, {"model", config.model_type}, {"images", o.images},
+                 {"image_grid", {grid[0], grid[1], grid[2]}}, {"image_patches", grid[0] * grid[1] * grid[2]},
+                 {"dtype", "float32"}, {"rows", rows}};
   auto find = [&](int c, const std::string& mode) -> const json* {  // ring meshes
     for (const json& r : rows)
       if (r["context_ranks"] == c && r["ring"] == c && r["mode"] == mode) return &r;

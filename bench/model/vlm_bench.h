@@ -6,14 +6,22 @@
 
 #include <nlohmann/json.hpp>
 
+#include <string>
+
 #include "mmsp/dist/rank_env.h"
 
 namespace mmsp::bench {
 
 struct VlmBenchOptions {
   int images = 16;          // one image per sequence
-  int64_t image_side = 16;  // patches per side (image_side² patches, /4 rows)
+  int64_t image_side = 16;  // built-in model: patches per side (image_side² patches, /4 rows)
   bool step = false;        // false: vision part only; true: the whole step
+  // config.json of the model (any registered family); empty: the built-in Qwen2-VL-style
+  // bench model.
+  std::string model;
+  // --model: each image's size in pixels, as the family's processor geometry reads a file
+  // of that size (InternVL: its dynamic tiling); 0: the family's fixed side, if it has one.
+  int64_t image_width = 0, image_height = 0;
 };
 
 // Every rank calls it; rank 0's result holds the table.

@@ -60,7 +60,10 @@ Subcommand add_bench_command(CLI::App& parent) {
       "step", "whole VLM training step: peak memory per rank and bytes, three vision modes, 1/2/4 ranks");
   for (CLI::App* sub : {vision, step}) {
     sub->add_option("--images", flags->vlm.images, "images in the batch (one per sequence)");
-    sub->add_option("--image-side", flags->vlm.image_side, "patches per image side (even)");
+    sub->add_option("--image-side", flags->vlm.image_side, "patches per image side (even; built-in model)");
+    sub->add_option("--model", flags->vlm.model, "config.json of the model (any family); default: built-in Qwen2-VL");
+    sub->add_option("--image-width", flags->vlm.image_width, "--model: image width in pixels");
+    sub->add_option("--image-height", flags->vlm.image_height, "--model: image height in pixels");
     sub->add_option("--out", flags->out, "write the JSON here instead of stdout");
   }
   CLI::App* load = app->add_subcommand(
