@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "mmsp/core/check.h"
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/model/family.h"
@@ -36,12 +37,18 @@ model::ModelConfig bench_config() {
 }
 
 // One image per sequence between text, laid out as the family's processor writes it
-// (its grid for image_side patches per side, its placeholder rows and markers).
+// (its grid for the image size, its placeholder rows and markers). The size: --image-width
+// x --image-height pixels as a file of that size (InternVL: its dynamic tiling); else the
+// family's fixed side (LLaVA); else image_side patches per side.
 plan::Batch bench_batch(const VlmBenchOptions& o, const model::ModelConfig& config,
                         const model::PixelGeometry& geometry) {
   const plan::ModelConventions& c = config.conventions;
-  const int64_t side_px = o.image_side / c.spatial_merge_size * geometry.side_unit();
-  const plan::Grid grid = geometry.grid_for(1, side_px, side_px, "the benchmark's image");
+  int64_t width = o.image_width, height = o.image_height;
+  if (width == 0 && height == 0) width = height = geometry.fixed_side();
+  if (width == 0 && height == 0) width = height = o.image_side / c.spatial_merge_size * geometry.side_unit();
+  MMSP_CHECK(width > 0 && height > 0, "mmsp bench: give both --image-width and --image-height (pixels), got ",
+             width, " x ", height);
+  const plan::Grid grid = geometry.grid_for(1, width, height, detail::concat("a ", width, " x ", height, " image"));
   const int64_t rows = geometry.placeholder_rows(grid);
   const int64_t words = std::min<int64_t>(900, config.text.vocab_size);
   plan::Batch batch;
@@ -148,9 +155,11 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
                       {"seconds_max_rank", max[3].item<double>()}});
     }
   }
+  const plan::Grid& grid = batch.sequences.at(0).image_grid_thw.at(0);
   json result = {{"part", o.step ? "step" : "vision"}, {"model", o.model.empty() ? "built-in qwen2_vl" : o.model},
                  {"model_type", config.model_type}, {"images", o.images},
-                 {"image_patches", o.image_side * o.image_side}, {"dtype", "float32"}, {"rows", rows}};
+                 {"image_grid", {grid[0], grid[1], grid[2]}}, {"image_patches", grid[0] * grid[1] * grid[2]},
+                 {"dtype", "float32"}, {"rows", rows}};
   auto find = [&](int c, const std::string& mode) -> const json* {  // ring meshes
     for (const json& r : rows)
       if (r["context_ranks"] == c && r["ring"] == c && r["mode"] == mode) return &r;

@@ -14,11 +14,15 @@ namespace mmsp::bench {
 
 struct VlmBenchOptions {
   int images = 16;          // one image per sequence
-  int64_t image_side = 16;  // patches per side (image_side² patches, /4 rows)
+  int64_t image_side = 16;  // built-in model: patches per side (image_side² patches, /4 rows)
   bool step = false;        // false: vision part only; true: the whole step
   // a config.json of any registered family (model::family_for); empty: the built-in
   // Qwen2-VL of the figures in docs/model.md (width 64 vision, 128 decoder)
   std::string model;
+  // --model: each image's size in pixels, as the family's processor geometry reads a file
+  // of that size (InternVL: its dynamic tiling); 0: the family's fixed side if it has one,
+  // else image_side merged-patch units per side.
+  int64_t image_width = 0, image_height = 0;
 };
 
 // Every rank calls it; rank 0's result holds the table.

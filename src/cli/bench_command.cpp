@@ -66,6 +66,8 @@ Subcommand add_bench_command(CLI::App& parent) {
     sub->add_option("--image-side", flags->vlm.image_side, "patches per image side (even)");
     sub->add_option("--model", flags->vlm.model,
                     "config.json of any supported model_type (default: the built-in Qwen2-VL of docs/model.md)");
+    sub->add_option("--image-width", flags->vlm.image_width, "--model: image width in pixels");
+    sub->add_option("--image-height", flags->vlm.image_height, "--model: image height in pixels");
     sub->add_option("--out", flags->out, "write the JSON here instead of stdout");
   }
   CLI::App* load = app->add_subcommand(

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/families/internvl/internvl_family.h"
 #include "mmsp/model/families/llava/llava_family.h"
 #include "mmsp/model/families/qwen_vl/qwen_vl_family.h"
 #include "mmsp/model/vlm.h"
@@ -17,6 +18,7 @@ const std::vector<const Family*>& registered() {
   static const std::vector<const Family*> families = {
       &qwen_vl_family(),
       &llava_family(),
+      &internvl_family(),
   };
   return families;
 }

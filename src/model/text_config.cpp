@@ -61,11 +61,36 @@ TextConfig default_text_config(ModelFamily family) {
       t.max_position_embeddings = 2048;
       t.qkv_bias = false;
       break;
-    case ModelFamily::internvl:
-      MMSP_CHECK(false, "model_type \"internvl\" is not supported by the model layer");
+    case ModelFamily::internvl:  // Qwen2Config, InternVLConfig's default text_config
+      t.model_type = "qwen2";
+      t.vocab_size = 151936;
+      t.hidden_size = 4096;
+      t.intermediate_size = 22016;
+      t.num_hidden_layers = 32;
+      t.num_attention_heads = 32;
+      t.num_key_value_heads = 32;
+      t.head_dim = 128;
+      t.rms_norm_eps = 1e-6;
+      t.rope_theta = 10000.0;
+      t.max_position_embeddings = 32768;
+      break;
   }
   return t;
 }
+
+namespace {
+
+// InternVL3.5's decoder: Qwen3Config (no q/k/v bias, RMSNorm on each query and key head,
+// head_dim 128 whatever the width).
+TextConfig qwen3_text_config() {
+  TextConfig t = default_text_config(ModelFamily::internvl);
+  t.model_type = "qwen3";
+  t.qkv_bias = false;
+  t.qk_norm = true;
+  return t;
+}
+
+}  // namespace
 
 namespace {
 
@@ -78,11 +103,19 @@ void check_rope_type(const JsonFields& f, ModelFamily family) {
     const JsonFields r(*rope, f.name(key) + ".");
     for (const char* type_key : {"type", "rope_type"}) {
       const std::string type = r.string(type_key, "default");
-      const bool ok = type == "default" || (family != ModelFamily::llava && type == "mrope");
+      // InternVL3's Qwen2 decoders say "dynamic" (NTK scaling): transformers changes the
+      // frequencies only for sequences beyond max_position_embeddings, which InternVLModel refuses.
+      const bool ok = family == ModelFamily::internvl
+                          ? type == "default" || type == "dynamic"
+                          : type == "default" || (family != ModelFamily::llava && type == "mrope");
       MMSP_CHECK(ok, r.name(type_key), " \"", type, "\" is not supported; ",
-                 family == ModelFamily::llava ? "Llama decoders use plain RoPE (\"default\")"
-                                              : "Qwen-VL decoders use \"mrope\" or \"default\"");
+                 family == ModelFamily::llava      ? "Llama decoders use plain RoPE (\"default\")"
+                 : family == ModelFamily::internvl ? "InternVL decoders use \"default\" or \"dynamic\""
+                                                   : "Qwen-VL decoders use \"mrope\" or \"default\"");
     }
+    if (family == ModelFamily::internvl)
+      MMSP_CHECK(!r.has("mrope_section"), r.name("mrope_section"), " is set, but InternVL's decoder uses ",
+                 "1-D RoPE; remove it");
     r.boolean("mrope_interleaved", false);  // type check; the planner reads the value
     if (family == ModelFamily::llava) {
       for (const char* k : {"factor", "mrope_section"})
@@ -99,10 +132,12 @@ TextConfig parse_text_config(const nlohmann::json& text, ModelFamily family,
   TextConfig t = default_text_config(family);
   const JsonFields f(text, where);
   const bool nested = !where.empty();
+  if (family == ModelFamily::internvl && f.string("model_type", "qwen2") == "qwen3") t = qwen3_text_config();
   if (nested && f.has("model_type")) {
     const std::string type = f.string("model_type", t.model_type);
     MMSP_CHECK(type == t.model_type, f.name("model_type"), " \"", type, "\" is not supported for ",
-               plan::to_string(family), "; expected \"", t.model_type, "\"");
+               plan::to_string(family), "; expected \"", t.model_type, "\"",
+               family == ModelFamily::internvl ? " or \"qwen3\"" : "");
   }
   t.vocab_size = f.integer("vocab_size", t.vocab_size);
   t.hidden_size = f.integer("hidden_size", t.hidden_size);
@@ -116,7 +151,7 @@ TextConfig parse_text_config(const nlohmann::json& text, ModelFamily family,
   t.num_key_value_heads = f.integer("num_key_value_heads",
                                     kv_is_heads ? t.num_attention_heads : t.num_key_value_heads);
   // Qwen3-VL's head_dim defaults to 128 on its own; the others derive it from the width.
-  const bool head_dim_set = f.has("head_dim") || family == ModelFamily::qwen3_vl;
+  const bool head_dim_set = f.has("head_dim") || family == ModelFamily::qwen3_vl || t.model_type == "qwen3";
   if (!head_dim_set) {
     MMSP_CHECK(t.hidden_size % t.num_attention_heads == 0, f.name("num_attention_heads"), " (",
                t.num_attention_heads, ") must divide ", f.name("hidden_size"), " (",
@@ -143,7 +178,7 @@ TextConfig parse_text_config(const nlohmann::json& text, ModelFamily family,
   t.max_position_embeddings = f.integer("max_position_embeddings", t.max_position_embeddings);
   t.initializer_range = f.number("initializer_range", t.initializer_range, true);
 
-  if (family == ModelFamily::qwen2_vl || family == ModelFamily::qwen2_5_vl) {
+  if (family == ModelFamily::qwen2_vl || family == ModelFamily::qwen2_5_vl || t.model_type == "qwen2") {
     // Qwen2's attention hard-wires biases on q/k/v and none on o.
     MMSP_CHECK(!f.boolean("use_sliding_window", false), f.name("use_sliding_window"),
                " is true; sliding-window attention is not supported");

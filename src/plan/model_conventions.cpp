@@ -126,8 +126,8 @@ ModelConventions conventions_from_config(const nlohmann::json& file, const Model
       MMSP_CHECK(r.is_number() && r.get<double>() > 0 && r.get<double>() <= 1,
                  "config.json: downsample_ratio must be in (0, 1], got ", r.dump());
       const double inv = 1.0 / r.get<double>();
-      MMSP_CHECK(std::fabs(inv - std::round(inv)) < 1e-6, "config.json: downsample_ratio ",
-                 r.get<double>(), " must be 1/k for an integer k (pixel shuffle)");
+      MMSP_CHECK(std::fabs(inv - std::round(inv)) < 1e-6 && inv <= 64, "config.json: downsample_ratio ",
+                 r.get<double>(), " must be 1/k for an integer k in 1..64 (pixel shuffle)");
       c.spatial_merge_size = static_cast<int64_t>(std::round(inv));
     }
     return c;

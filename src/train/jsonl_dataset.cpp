@@ -250,7 +250,7 @@ void JsonlDataset::read_items(const Line& line, bool video, Sample& s) const {
     ItemFiles files = read_files(line, item, video, name, given);
     const int64_t frames = static_cast<int64_t>(files.source.files.size());
     if (given) {
-      const std::string mismatch = geometry_->grid_mismatch(grids[k], frames, name);
+      const std::string mismatch = geometry_->grid_mismatch(grids[k], frames, files.width, files.height, name);
       MMSP_CHECK(mismatch.empty(), where, ": ", grid_name, " = ", grid_text(grids[k]), " ", mismatch);
     } else {
       try {
@@ -317,7 +317,7 @@ JsonlDataset::ItemFiles JsonlDataset::read_files(const Line& line, const json& i
     MMSP_CHECK(!files[f].empty(), where, ": ", fname, " path must be a non-empty string");
     out.source.files.push_back(resolve(dir_, files[f]).string());
     const auto [w, h] = image_size(line.r, fname, out.source.files.back(), max_image_pixels_);
-    if (f == 0) out.width = w, out.height = h;
+    if (f == 0) out.width = out.source.width = w, out.height = out.source.height = h;
     // Without a grid the first frame's size sets it: every frame must share it.
     MMSP_CHECK(given || (w == out.width && h == out.height), where, ": ", fname, " \"", out.source.files.back(),
                "\" is ", w, " x ", h, " but frame 0 is ", out.width, " x ", out.height,
@@ -357,7 +357,7 @@ at::Tensor JsonlDataset::pixels(const Sample& s, const Source& src, const plan::
                src.safetensors, "\"");
     return it->second.to(at::kFloat).contiguous();
   }
-  const auto [width, height] = geometry_->frame_size(g);
+  const auto [width, height] = geometry_->frame_size(g, src.width, src.height);
   std::vector<at::Tensor> frames;
   for (const std::string& f : src.files) frames.push_back(load_image(where, f, geometry_->channels(), width, height));
   at::Tensor out = geometry_->item_pixels(at::stack(frames));

@@ -128,15 +128,74 @@ TEST(Config, TinyLlava) {
   EXPECT_EQ(c.conventions.image_token_id, 32000);
 }
 
-TEST(Config, TinyInternVLIsNotSupportedByTheModelLayer) {
-  try {
-    load_model_config(kConfigs + "tiny-internvl.json");
-    FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("tiny-internvl.json: model_type \"internvl\" is not supported "
-                                    "by the model layer; supported: qwen2_vl, qwen2_5_vl, "
-                                    "qwen3_vl, qwen3_5, llava"));
-  }
+TEST(Config, TinyInternVL) {
+  const ModelConfig c = load_model_config(kConfigs + "tiny-internvl.json");
+  EXPECT_EQ(c.family, ModelFamily::internvl);
+  EXPECT_EQ(c.text.model_type, "qwen2");
+  EXPECT_EQ(c.text.hidden_size, 64);
+  EXPECT_EQ(c.text.head_dim, 16);
+  EXPECT_TRUE(c.text.qkv_bias);  // Qwen2: q/k/v biases hard-wired
+  EXPECT_FALSE(c.text.qk_norm);
+  ASSERT_TRUE(c.intern_vision.has_value() && c.internvl.has_value());
+  EXPECT_EQ(c.intern_vision->image_size, 56);
+  EXPECT_EQ(c.intern_vision->patches_per_side(), 4);
+  EXPECT_TRUE(c.intern_vision->attention_bias);
+  EXPECT_EQ(c.internvl->scale(), 2);
+  EXPECT_EQ(c.internvl->image_seq_length, 4);
+  EXPECT_EQ(c.conventions.spatial_merge_size, 2);
+  EXPECT_EQ(c.conventions.image_token_id, 151667);
+  EXPECT_EQ(c.conventions.vision_start_token_id, 151665);
+  EXPECT_FALSE(c.conventions.uses_mrope());
+}
+
+TEST(Config, InternVL3_8BAndAQwen3DecoderForInternVL3_5) {
+  const ModelConfig c = load_model_config(kConfigs + "hf/InternVL3-8B.json");
+  EXPECT_EQ(c.text.hidden_size, 3584);
+  EXPECT_EQ(c.text.num_hidden_layers, 28);
+  EXPECT_EQ(c.text.num_key_value_heads, 4);
+  EXPECT_EQ(c.text.head_dim, 128);
+  EXPECT_EQ(c.text.vocab_size, 151674);
+  EXPECT_EQ(c.text.rope_theta, 1000000.0);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  const InternVisionConfig& v = *c.intern_vision;
+  EXPECT_EQ(v.hidden_size, 1024);
+  EXPECT_EQ(v.num_hidden_layers, 24);
+  EXPECT_EQ(v.image_size, 448);
+  EXPECT_EQ(v.patch_size, 14);
+  EXPECT_TRUE(v.attention_bias);
+  EXPECT_EQ(v.norm_type, "layer_norm");
+  EXPECT_EQ(c.internvl->image_seq_length, 256);  // (448 / 14 · 0.5)²
+  // InternVL3.5: a qwen3 text_config takes Qwen3Config's defaults (head_dim 128, q/k norm, no bias).
+  json j = read_json(kConfigs + "tiny-internvl.json");
+  j["text_config"]["model_type"] = "qwen3";
+  const ModelConfig q3 = parse_model_config(j);
+  EXPECT_EQ(q3.text.model_type, "qwen3");
+  EXPECT_EQ(q3.text.head_dim, 128);
+  EXPECT_TRUE(q3.text.qk_norm);
+  EXPECT_FALSE(q3.text.qkv_bias);
+}
+
+TEST(ConfigErrors, InternVLNamesTheFieldAndTheRule) {
+  const json tiny = read_json(kConfigs + "tiny-internvl.json");
+  EXPECT_THAT(error_of(with(tiny, "/image_seq_length", 16)),
+              HasSubstr("image_seq_length (16) must equal the rows a tile yields: "
+                        "(image_size / patch_size · downsample_ratio)² = (4 / 2)² = 4"));
+  EXPECT_THAT(error_of(with(tiny, "/downsample_ratio", 0.3)), HasSubstr("downsample_ratio"));
+  EXPECT_THAT(error_of(with(tiny, "/downsample_ratio", 0.125)),
+              HasSubstr("= 4 patches a side must divide by 1/downsample_ratio = 8 for the pixel shuffle"));
+  EXPECT_THAT(error_of(with(tiny, "/vision_config/image_size", json({56, 42}))),
+              HasSubstr("vision_config.image_size [56,42] must be one side or [side, side]"));
+  EXPECT_THAT(error_of(with(tiny, "/vision_config/norm_type", "batch_norm")),
+              HasSubstr("vision_config.norm_type \"batch_norm\" is not supported; supported: layer_norm, rms_norm"));
+  EXPECT_THAT(error_of(with(tiny, "/vision_feature_select_strategy", "full")),
+              HasSubstr("vision_feature_select_strategy \"full\" is not supported for internvl"));
+  EXPECT_THAT(error_of(with(tiny, "/vision_feature_layer", -2)),
+              HasSubstr("vision_feature_layer (-2) is not supported"));
+  EXPECT_THAT(error_of(with(tiny, "/text_config/model_type", "llama")),
+              HasSubstr("text_config.model_type \"llama\" is not supported for internvl; expected \"qwen2\" or \"qwen3\""));
+  EXPECT_THAT(error_of(with(tiny, "/text_config/rope_scaling", json({{"rope_type", "yarn"}}))),
+              HasSubstr("InternVL decoders use \"default\" or \"dynamic\""));
+  EXPECT_THAT(error_of(with(tiny, "/vision_config/use_mask_token", true)), HasSubstr("use_mask_token is true"));
 }
 
 // ---------- released configs ----------
@@ -585,6 +644,9 @@ TEST(ConfigErrorsTop, ModelTypeAndShape) {
   EXPECT_THAT(error_of(json::object()), HasSubstr("config.json: model_type is missing"));
   EXPECT_THAT(error_of({{"model_type", "qwen3_5_moe"}}),
               HasSubstr("config.json: model_type \"qwen3_5_moe\" is not supported by the model layer"));
+  // The family registry's one table lists every model_type, InternVL's among them.
+  EXPECT_THAT(error_of({{"model_type", "qwen3_5_moe"}}),
+              HasSubstr("supported: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, llava, internvl"));
   EXPECT_THAT(error_of({{"model_type", "qwen3_next"}}),
               HasSubstr("config.json: model_type \"qwen3_next\" is a text-only checkpoint"));
   EXPECT_THAT(error_of({{"model_type", 3}}), HasSubstr("model_type must be a string, got 3"));

@@ -390,6 +390,10 @@ nlohmann::json tiny_config(const std::string& file, bool tied = false) {
       if (key == "vocab_size") value = 256;
     }
   };
+  if (j.value("model_type", "") == "internvl") {  // <img>, </img>: InternVL3's ids unless set
+    j["image_start_token_id"] = 0;
+    j["image_end_token_id"] = 0;
+  }
   shrink(j);
   if (j.contains("text_config")) shrink(j["text_config"]);
   if (tied) j["tie_word_embeddings"] = true;
@@ -473,6 +477,12 @@ INSTANTIATE_TEST_SUITE_P(
         FamilyCase{"tiny-qwen3_5-vl.json", {{"model.visual.", "visual."}, {"model.language_model.", "model."}}},
         // llava-1.5-*-hf files are legacy; the other layout is transformers >= 4.52's.
         FamilyCase{"tiny-llava.json",
+                   {{"language_model.model.", "model.language_model."},
+                    {"vision_tower.", "model.vision_tower."},
+                    {"multi_modal_projector.", "model.multi_modal_projector."},
+                    {"language_model.lm_head.", "lm_head."}}},
+        // InternVL3-*-hf files: LLaVA's layout, and transformers >= 4.52's the same way.
+        FamilyCase{"tiny-internvl.json",
                    {{"language_model.model.", "model.language_model."},
                     {"vision_tower.", "model.vision_tower."},
                     {"multi_modal_projector.", "model.multi_modal_projector."},

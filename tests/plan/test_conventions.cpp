@@ -71,6 +71,9 @@ TEST(Conventions, InternVLDefaultsAndDownsample) {
   EXPECT_EQ(c.spatial_merge_size, 2);
   nlohmann::json j = {{"model_type", "internvl"}, {"downsample_ratio", 0.3}};
   EXPECT_THAT(error_of([&] { read(j, ModelFamily::internvl); }), HasSubstr("downsample_ratio 0.3"));
+  // 1/k beyond any real merge (and beyond int64 for tiny ratios) is refused, not cast.
+  j["downsample_ratio"] = 1e-300;
+  EXPECT_THAT(error_of([&] { read(j, ModelFamily::internvl); }), HasSubstr("must be 1/k for an integer k in 1..64"));
 }
 
 TEST(Conventions, DefaultsWhenFieldsMissing) {

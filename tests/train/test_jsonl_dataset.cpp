@@ -171,6 +171,29 @@ TEST_F(JsonlTest, GridsAndSizes) {
   EXPECT_EQ(llava.image_pixels(0, 0).sizes(), (std::vector<int64_t>{3, 56, 56}));
 }
 
+// InternVL: the tile count comes from the file's size (the processor's dynamic tiling),
+// the placeholders must match it, a given grid must agree, and the pixels are the tiles.
+TEST_F(JsonlTest, InternVLTilesFromTheFileSize) {
+  const model::ModelConfig c = tiny_config("tiny-internvl");
+  auto line = [](int rows, const std::string& extra) {
+    std::string s = R"({"input_ids": [1, 151665)";
+    for (int i = 0; i < rows; ++i) s += ", 151667";
+    return s + R"(, 151666, 2], "images": [{"path": "square.png"}])" + extra + "}";
+  };
+  // square.png is 70 x 50 (W x H): 1.4 is closest to a 4 x 3 grid of 56 px tiles (4/3),
+  // and a thumbnail follows: 13 tiles of 4 rows.
+  const JsonlDataset d(write({line(52, "")}, "i.jsonl"), c);
+  EXPECT_EQ(d.sequence(0).image_grid_thw[0], (plan::Grid{13, 4, 4}));
+  const at::Tensor px = d.image_pixels(0, 0);
+  EXPECT_EQ(px.sizes(), (std::vector<int64_t>{13, 3, 56, 56}));
+  EXPECT_GT(px.std().item<double>(), 0.1);  // the drawn square, not a blank
+  EXPECT_THAT(error_of([&] { JsonlDataset bad(write({line(48, "")}, "n.jsonl"), c); }),
+              HasSubstr("n.jsonl:1: sequence 0: image 0 has 48 placeholder tokens but grid [13, 4, 4]"));
+  EXPECT_THAT(error_of([&] { JsonlDataset bad(write({line(48, R"(, "image_grid_thw": [[12, 4, 4]])")}, "g.jsonl"), c); }),
+              HasSubstr("g.jsonl:1: image_grid_thw[0] = [12, 4, 4] but internvl cuts image 0 (70 x 50 pixels) into "
+                        "13 tiles of 56 px: grid [13, 4, 4]"));
+}
+
 // Mutants of every line of the shipped example, one line mutated at a time: each file
 // loads or ends in an error naming the line; never another exception, a signal or a hang.
 TEST_F(JsonlTest, MutatedLinesEndInADatasetOrAnError) {

@@ -256,6 +256,10 @@ std::string small_vocab_config(const std::string& file, bool tie) {
     for (const auto& [key, id] : ids)
       if (level->contains(key)) (*level)[key] = id;
   }
+  if (config.value("model_type", "") == "internvl") {  // <img>, </img>: defaults unless set
+    config["image_start_token_id"] = 120;
+    config["image_end_token_id"] = 121;
+  }
   config["tie_word_embeddings"] = tie;
   const std::string path = shared_dir(file + "-" + std::to_string(::getpid()));  // one file per rank
   std::ofstream(path) << config.dump(2);
@@ -268,6 +272,7 @@ struct FamilyCase {
   const char* file;
   bool tie;
   int max_ulysses;  // Qwen3.5: 2 linear-attention key heads
+  int64_t per_rank = 96;  // tokens per rank of the checkpointing run
 };
 const std::vector<FamilyCase>& family_cases() {
   static const std::vector<FamilyCase> cases = {{"tiny-qwen2-vl.json", true, 4},
@@ -281,20 +286,22 @@ const std::vector<FamilyCase>& family_cases() {
 // mesh with --checkpoint-activations all, and chunks of 7 tokens (they cross sequence
 // and shard borders; the last one is partial), equals one process with neither (fp64,
 // rtol 1e-9), for each model family: Qwen2-VL (tied head), Qwen2.5-VL (windowed vision
-// blocks, videos at scaled times), Qwen3-VL (deepstack), LLaVA and the Qwen3.5 hybrid
-// (Gated DeltaNet layers). `all` recomputes the decoder layers
-// as `decoder` does, and the vision blocks as well (they hold no collective), so
+// blocks, videos at scaled times), Qwen3-VL (deepstack), LLaVA, the Qwen3.5 hybrid
+// (Gated DeltaNet layers) and InternVL (the shapes dynamically tiled). `all` recomputes
+// the decoder layers as `decoder` does, and the vision blocks as well (they hold no collective), so
 // `decoder` runs on the widest context mesh only; and rank 0 alone runs the references
 // and compares (every rank holds the same losses and parameters), to keep it short.
 TEST(MultiRankTrain, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
   const int world = test::rank_env().world_size;
   const bool checker = test::rank_env().rank == 0;
-  const int64_t per_rank = 96;
   const plan::Mesh widest = context_shape(world);
   std::ostringstream log;
   std::vector<FamilyCase> cases = family_cases();
   cases.insert(cases.begin() + 1, FamilyCase{"tiny-qwen2_5-vl.json", false, 4});
+  // InternVL: a sample of 3 images can reach 3 × 13 tiles × 4 rows + text
+  cases.push_back(FamilyCase{"tiny-internvl.json", false, 4, 192});
   for (const FamilyCase& c : cases) {
+    const int64_t per_rank = c.per_rank;
     const std::string config_path = small_vocab_config(c.file, c.tie);
     std::map<int, train::TrainReport> refs;
     for (const dist::Mesh& mesh : test::all_meshes()) {

@@ -2,7 +2,8 @@
 // vision encoder of the family, and the planner's conventions (token ids, mRoPE sections).
 // Supported model_type: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5 (a hybrid decoder of
 // full-attention and Gated DeltaNet layers behind Qwen3-VL's vision tower, with family
-// qwen3_vl's conventions), llava; anything else is an error.
+// qwen3_vl's conventions), llava, internvl (InternViT + a qwen2 / qwen3 decoder); anything
+// else is an error.
 // Building modules and loading weights from it is the model's business, not this file's.
 #pragma once
 
@@ -11,6 +12,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "mmsp/model/families/internvl/internvl_config.h"
 #include "mmsp/model/text_config.h"
 #include "mmsp/model/vision_config.h"
 #include "mmsp/plan/model_conventions.h"
@@ -18,7 +20,7 @@
 namespace mmsp::model {
 
 struct ModelConfig {
-  // model_type of the file: "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5" or "llava"
+  // model_type of the file: "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava" or "internvl"
   std::string model_type;
   // the planner's family (qwen3_5 plans as qwen3_vl: the same positions and placeholders)
   plan::ModelFamily family = plan::ModelFamily::qwen2_vl;
@@ -31,6 +33,9 @@ struct ModelConfig {
   // LLaVA's CLIP encoder and projector (both set for llava)
   std::optional<ClipVisionConfig> clip_vision;
   std::optional<LlavaProjectorConfig> llava;
+  // InternVL's InternViT tower and the fields joining it to the decoder (both set for internvl)
+  std::optional<InternVisionConfig> intern_vision;
+  std::optional<InternVLProjectorConfig> internvl;
   // LM head shares the token embedding's weight (top level or text_config; either true ties)
   bool tie_word_embeddings = false;
 };

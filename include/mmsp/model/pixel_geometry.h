@@ -45,11 +45,16 @@ class PixelGeometry {
   // width × height pixels, when the data gives none; throws naming the rule when the
   // size does not fit it. `what` names the item in messages.
   virtual plan::Grid grid_for(int64_t frames, int64_t width, int64_t height, const std::string& what) const = 0;
-  // "" when the data's grid `g` fits item `what` of `frames` frames, else the reason
-  // (a phrase to follow the grid in a message: "has t = 2 but image 0 has 1 frame(s), ...").
-  virtual std::string grid_mismatch(const plan::Grid& g, int64_t frames, const std::string& what) const = 0;
-  // The (width, height) each frame is resized to for grid `g`.
-  virtual std::pair<int64_t, int64_t> frame_size(const plan::Grid& g) const = 0;
+  // "" when the data's grid `g` fits item `what` of `frames` frames whose first file is
+  // width × height pixels, else the reason (a phrase to follow the grid in a message:
+  // "has t = 2 but image 0 has 1 frame(s), ...").
+  virtual std::string grid_mismatch(const plan::Grid& g, int64_t frames, int64_t width, int64_t height,
+                                    const std::string& what) const = 0;
+  // The (width, height) each frame of grid `g`, whose first file is width × height
+  // pixels, is decoded at. The file's size is here (and in grid_mismatch) because a grid
+  // need not record it: InternVL's grid is a tile count, and its tiling starts from the
+  // image at its own size (Qwen-VL and LLaVA resize to what the grid says and ignore it).
+  virtual std::pair<int64_t, int64_t> frame_size(const plan::Grid& g, int64_t width, int64_t height) const = 0;
   // Placeholder tokens (= embedding rows) of an item of grid `g`.
   virtual int64_t placeholder_rows(const plan::Grid& g) const = 0;
 

@@ -45,6 +45,9 @@ class JsonlDataset : public Dataset {
   struct Source {
     std::vector<std::string> files;
     std::string safetensors, tensor;
+    // The first file's size from its header, read again when decoding: a family's
+    // grid need not record it (InternVL's tile count; PixelGeometry::frame_size).
+    int64_t width = 0, height = 0;
   };
   struct Sample {
     int64_t line = 0;

@@ -30,12 +30,12 @@ class LlavaPixelGeometry : public PixelGeometry {
   int64_t side_unit() const override { return v_.patch_size; }
 
   plan::Grid grid_for(int64_t, int64_t, int64_t, const std::string&) const override { return grid(); }
-  std::string grid_mismatch(const plan::Grid& g, int64_t, const std::string&) const override {
+  std::string grid_mismatch(const plan::Grid& g, int64_t, int64_t, int64_t, const std::string&) const override {
     if (g == grid()) return "";
     return detail::concat("but llava images of ", v_.image_size, " px have grid [1, ", grid()[1], ", ",
                           grid()[2], "]");
   }
-  std::pair<int64_t, int64_t> frame_size(const plan::Grid&) const override {
+  std::pair<int64_t, int64_t> frame_size(const plan::Grid&, int64_t, int64_t) const override {
     return {v_.image_size, v_.image_size};
   }
   int64_t placeholder_rows(const plan::Grid& g) const override { return class_row_ + g[0] * g[1] * g[2]; }

@@ -117,12 +117,13 @@ class QwenPixelGeometry : public PixelGeometry {
                " on each side");
     return {temporal_patches(frames), height / v_.patch_size, width / v_.patch_size};
   }
-  std::string grid_mismatch(const plan::Grid& g, int64_t frames, const std::string& what) const override {
+  std::string grid_mismatch(const plan::Grid& g, int64_t frames, int64_t, int64_t,
+                            const std::string& what) const override {
     if (g[0] == temporal_patches(frames)) return "";
     return detail::concat("has t = ", g[0], " but ", what, " has ", frames, " frame(s), which make ",
                           temporal_patches(frames), " temporal patch(es) of ", v_.temporal_patch_size);
   }
-  std::pair<int64_t, int64_t> frame_size(const plan::Grid& g) const override {
+  std::pair<int64_t, int64_t> frame_size(const plan::Grid& g, int64_t, int64_t) const override {
     return {g[2] * v_.patch_size, g[1] * v_.patch_size};
   }
   int64_t placeholder_rows(const plan::Grid& g) const override {

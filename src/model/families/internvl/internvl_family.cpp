@@ -1,0 +1,135 @@
+// The InternVL family's registry entry; see internvl_family.h. Reads the nested
+// text_config (qwen2 or qwen3), the InternViT vision_config and the fields joining them,
+// builds InternVLModel, and gives the processor's geometry (dynamic tiling of each image
+// at its own size, ImageNet normalisation) and the checkpoints' names.
+#include "mmsp/model/families/internvl/internvl_family.h"
+
+#include <nlohmann/json.hpp>
+
+#include "config_parts.h"
+#include "json_fields.h"
+#include "mmsp/core/check.h"
+#include "mmsp/model/families/internvl/dynamic_tiling.h"
+#include "mmsp/model/families/internvl/internvl_model.h"
+
+namespace mmsp::model {
+
+namespace {
+
+using json_fields::JsonFields;
+using plan::ModelFamily;
+
+// InternVL's image processor (GotOcr2's crop_to_patches): an image becomes
+// tile_count(height, width) tiles of image_size, each image_size / patch_size patches a
+// side; its grid is [tiles, side, side]. Unlike Qwen-VL and LLaVA the tile count depends
+// on the file's own aspect ratio, so frames are decoded at their own size and tiled here.
+class InternVLPixelGeometry : public PixelGeometry {
+ public:
+  InternVLPixelGeometry(const InternVisionConfig& v, const InternVLProjectorConfig& p) : v_(v), p_(p) {
+    tiling_.tile_size = v.image_size;
+    norm_.mean = {0.485, 0.456, 0.406};  // InternVL3-hf's preprocessor_config.json: ImageNet's
+    norm_.std = {0.229, 0.224, 0.225};
+  }
+  int64_t channels() const override { return v_.num_channels; }
+  bool takes_videos() const override { return false; }
+  const PixelNorm& norm() const override { return norm_; }
+  int64_t fixed_side() const override { return 0; }
+  // Half tiles: the shapes dataset's sides then give grids of 1×1 up to several tiles a side.
+  int64_t side_unit() const override { return v_.image_size / 2; }
+
+  plan::Grid grid_for(int64_t frames, int64_t width, int64_t height, const std::string& what) const override {
+    MMSP_CHECK(frames == 1, what, " has ", frames, " frames; InternVL takes single images");
+    return {tile_count(height, width, tiling_), v_.patches_per_side(), v_.patches_per_side()};
+  }
+  std::string grid_mismatch(const plan::Grid& g, int64_t frames, int64_t width, int64_t height,
+                            const std::string& what) const override {
+    if (frames != 1) return detail::concat("but ", what, " has ", frames, " frames; InternVL takes single images");
+    const plan::Grid want = grid_for(1, width, height, what);
+    if (g == want) return "";
+    return detail::concat("but internvl cuts ", what, " (", width, " x ", height, " pixels) into ", want[0],
+                          " tiles of ", v_.image_size, " px: grid [", want[0], ", ", want[1], ", ", want[2], "]");
+  }
+  // The file's own size: the tiling resizes it to its grid of tiles (item_pixels).
+  std::pair<int64_t, int64_t> frame_size(const plan::Grid&, int64_t width, int64_t height) const override {
+    return {width, height};
+  }
+  int64_t placeholder_rows(const plan::Grid& g) const override { return g[0] * p_.image_seq_length; }
+  std::vector<int64_t> item_shape(const plan::Grid& g) const override {
+    return {g[0], v_.num_channels, v_.image_size, v_.image_size};
+  }
+  int64_t batch_rows(const plan::Grid& g) const override { return g[0]; }
+  std::vector<int64_t> row_shape() const override { return {v_.num_channels, v_.image_size, v_.image_size}; }
+  std::string item_layout() const override { return "tiles x channels x image_size x image_size"; }
+  at::Tensor item_pixels(const at::Tensor& frames) const override {
+    MMSP_CHECK(frames.dim() == 4 && frames.size(0) == 1, "InternVL takes one frame per image, got frames ",
+               frames.sizes());
+    return normalize_pixels(tile_image(frames[0], tiling_), 1, norm_).contiguous();
+  }
+
+ private:
+  InternVisionConfig v_;
+  InternVLProjectorConfig p_;
+  TilingOptions tiling_;  // the processor's defaults: 1..12 tiles, a thumbnail after several
+  PixelNorm norm_;
+};
+
+class InternVLFamily : public Family {
+ public:
+  std::vector<std::string> model_types() const override { return {"internvl"}; }
+
+  plan::ModelConventions conventions(const nlohmann::json& config) const override {
+    return plan::conventions_from_config(config, plan::default_conventions(ModelFamily::internvl));
+  }
+
+  void read_config(const nlohmann::json& config, ModelConfig& c) const override {
+    c.family = ModelFamily::internvl;
+    const JsonFields top(config, "");
+    static const nlohmann::json kEmpty = nlohmann::json::object();
+    const nlohmann::json* nested = top.object("text_config");
+    const nlohmann::json& text_json = nested ? *nested : kEmpty;
+    const JsonFields text(text_json, "text_config.");
+    c.text = parse_text_config(text_json, c.family, "text_config.");
+    c.conventions = config_parts::read_conventions(config, plan::default_conventions(ModelFamily::internvl));
+    c.tie_word_embeddings = config_parts::read_tie(top, text);
+    const nlohmann::json* vision = top.object("vision_config");
+    c.intern_vision = parse_intern_vision_config(vision ? *vision : kEmpty);
+    c.internvl = parse_internvl_projector_config(config, *c.intern_vision);
+    // The planner read the same downsample_ratio: one merge factor for placeholders and rows.
+    MMSP_ASSERT(c.internvl->scale() == c.conventions.spatial_merge_size);
+    config_parts::check_token_ids(c, "image_token_id");
+  }
+
+  std::shared_ptr<Vlm> build(const ModelConfig& c) const override { return std::make_shared<InternVLModel>(c); }
+
+  std::shared_ptr<const PixelGeometry> geometry(const ModelConfig& c) const override {
+    MMSP_ASSERT(c.intern_vision.has_value() && c.internvl.has_value());
+    return std::make_shared<InternVLPixelGeometry>(*c.intern_vision, *c.internvl);
+  }
+
+  CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
+    CheckpointNaming naming;
+    // InternVL3-*-hf files use LLaVA's layout: vision_tower.*, multi_modal_projector.*,
+    // language_model.model.*, language_model.lm_head.*; transformers >= 4.52 names them
+    // model.vision_tower.*, model.multi_modal_projector.*, model.language_model.*, lm_head.*
+    // and maps the old names by _checkpoint_conversion_mapping
+    // (models/internvl/modeling_internvl.py); here the reverse.
+    naming.prefix_aliases = {{"model.language_model.", "language_model.model."},
+                             {"model.vision_tower.", "vision_tower."},
+                             {"model.multi_modal_projector.", "multi_modal_projector."},
+                             {"lm_head.", "language_model.lm_head."}};
+    if (c.tie_word_embeddings) {
+      naming.tied_input = "language_model.model.embed_tokens.weight";
+      naming.tied_output = "language_model.lm_head.weight";
+    }
+    return naming;
+  }
+};
+
+}  // namespace
+
+const Family& internvl_family() {
+  static const InternVLFamily family;
+  return family;
+}
+
+}  // namespace mmsp::model
