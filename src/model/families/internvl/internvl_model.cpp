@@ -47,7 +47,7 @@ at::Tensor InternVLModel::encode(const std::vector<plan::VisionItem>& items, con
     MMSP_CHECK(item.kind == plan::VisionKind::image, "InternVL takes images only");
     MMSP_CHECK(item.grid[1] == side && item.grid[2] == side, "InternVL image ", item.batch_index, " has grid [",
                item.grid[0], ", ", item.grid[1], ", ", item.grid[2], "]; a tile is [1, ", side, ", ", side, "]");
-    const int64_t first = item.patch_offset / (side * side);
+    const int64_t first = pixels.first_row(item, item.patch_offset / (side * side));
     MMSP_CHECK(pixels.images.defined() && pixels.images.size(0) >= first + item.grid[0], "InternVL needs the tiles ",
                first, "..", first + item.grid[0] - 1, " of image ", item.batch_index, ", but pixels hold ",
                pixels.images.defined() ? pixels.images.size(0) : 0, " tiles");
@@ -68,13 +68,17 @@ void InternVLModel::check_tiles(const plan::StepPlan& plan, const PixelInputs& p
       MMSP_CHECK(g[1] == side && g[2] == side, "InternVL image ", item.batch_index, " has grid [", g[0], ", ", g[1],
                  ", ", g[2], "], but every image is [tiles, ", side, ", ", side, "]: tiles of image_size / ",
                  "patch_size = ", v.image_size, " / ", v.patch_size, " patches a side");
-      tiles += g[0];
+      // Only the images held here count (a rank under Vision DP holds those it encodes).
+      const bool held = pixels.image_offsets.empty() ||
+                        (item.batch_index < static_cast<int64_t>(pixels.image_offsets.size()) &&
+                         pixels.image_offsets[item.batch_index] >= 0);
+      if (held) tiles += g[0];
     }
   const at::Tensor& px = pixels.images;
   MMSP_CHECK(tiles == 0 || (px.defined() && px.dim() == 4 && px.size(0) == tiles && px.size(1) == v.num_channels &&
                             px.size(2) == v.image_size && px.size(3) == v.image_size),
              "InternVL tiles must be [N, ", v.num_channels, ", ", v.image_size, ", ", v.image_size, "] with N = ", tiles,
-             " (the batch's image_grid_thw tile counts), got ",
+             " (the image_grid_thw tile counts of the images held here), got ",
              px.defined() ? detail::concat(px.sizes()) : std::string("no pixels"));
 }
 

@@ -21,13 +21,14 @@ class InternVLModel : public Vlm {
  public:
   explicit InternVLModel(const ModelConfig& config);
 
-  // pixels.images: the batch's tiles [Σ tiles, C, S, S], images in batch order, each
+  // pixels.images: the tiles [Σ tiles, C, S, S] of the images held here (PixelInputs), in batch order, each
   // image's tiles in the processor's order (grid row-major, then the thumbnail); an
   // image's grid is [tiles, S/p, S/p].
   StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan, const PixelInputs& pixels,
                      const StepGroups& groups, VisionMode mode,
                      const attention::AttentionOptions& attention = {}) const override;
   void set_activation_checkpointing(ActivationCheckpointing mode) override;
+  Decoder& decoder() const override { return *decoder_; }
   const ModelConfig& config() const override { return config_; }
 
   // Rows [V, hidden]: the projector's output.
