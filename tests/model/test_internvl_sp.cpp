@@ -23,6 +23,7 @@
 #include "mmsp/model/families/internvl/pixel_shuffle.h"
 #include "mmsp/model/family.h"
 #include "mmsp/model/rank_inputs.h"
+#include "mmsp/train/causal_lm_loss.h"
 #include "multirank.h"
 #include "sp_compare.h"
 
@@ -358,7 +359,7 @@ TEST(InternVLModel, OneProcessLossAndEveryGradientEqualTransformers) {
       }
     const Tensor tiles = at::randn({kTiles, 3, 8, 8}, at::kDouble);
     auto out = vlm.forward(batch, whole, {tiles, {}}, {solo, solo, solo}, model::VisionMode::routed);
-    const Tensor loss = model::causal_lm_loss(out.logits(), out.labels, out.label_count);
+    const Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);
     loss.backward();
     Params ref;
     for (const auto& [name, t] : params_of(vlm)) ref[name] = t.detach().clone().requires_grad_();
@@ -460,7 +461,7 @@ test::StepResult run_internvl(const model::ModelConfig& config, const plan::Batc
   attn.block_q = 8;
   attn.block_k = 8;
   auto out = vlm->forward(batch, plan, pixels, groups, mode, attn);
-  Tensor loss = model::causal_lm_loss(out.logits(), out.labels, out.label_count);
+  Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);
   loss.backward();
   return test::summed_over(*vlm, loss, world);
 }
