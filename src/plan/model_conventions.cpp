@@ -115,6 +115,13 @@ ModelConventions conventions_from_config(const nlohmann::json& file, const Model
     // transformers renamed image_token_index to image_token_id; accept both.
     c.image_token_id = read_id(config, "image_token_index", c.image_token_id);
     c.image_token_id = read_id(config, "image_token_id", c.image_token_id);
+    // "full" keeps the class token: 1 + patches placeholder rows per image.
+    if (config.contains("vision_feature_select_strategy")) {
+      const auto& strategy = config.at("vision_feature_select_strategy");
+      MMSP_CHECK(strategy == "default" || strategy == "full", "config.json: vision_feature_select_strategy ",
+                 strategy.dump(), " is not supported; supported: \"default\" (drop the class token), \"full\"");
+      c.class_rows = strategy == "full" ? 1 : 0;
+    }
     return c;
   }
   c.image_token_id = read_id(config, "image_token_id", c.image_token_id);

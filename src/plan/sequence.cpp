@@ -56,14 +56,16 @@ struct Scanner {
                " but image_grid_thw has only ", seq.image_grid_thw.size(), " entries");
     const Grid& g = seq.image_grid_thw[next_image];
     const int64_t m = conv.spatial_merge_size;
-    const int64_t need = vision_row_count(g, m);
+    const int64_t need = vision_row_count(g, conv);
     MMSP_CHECK(count == need, "sequence ", si, ": image ", next_image, " has ", count,
                " placeholder tokens but grid ", grid_text(g), " with spatial_merge_size ", m,
-               " needs ", need);
+               " needs ", need,
+               conv.class_rows > 0 ? " (its patches + 1 class token: vision_feature_select_strategy \"full\")" : "");
     VisionBlock b;
     b.kind = VisionKind::image;
     b.item = next_image++;
     b.start = start;
+    b.class_rows = conv.class_rows;
     b.t = g[0];
     b.h = g[1] / m;
     b.w = g[2] / m;
@@ -163,7 +165,7 @@ struct Scanner {
                    ": ", j - p, " image placeholder tokens from index ", p,
                    " are left over after the ", seq.image_grid_thw.size(),
                    " images of image_grid_thw");
-        const int64_t need = vision_row_count(seq.image_grid_thw[next_image], conv.spatial_merge_size);
+        const int64_t need = vision_row_count(seq.image_grid_thw[next_image], conv);
         add_image(p, std::min(need, j - p));
         p += need;
       }
@@ -186,6 +188,10 @@ void check_loss_mask(const Sequence& seq, int64_t si) {
 const char* to_string(VisionKind kind) { return kind == VisionKind::image ? "image" : "video"; }
 
 int64_t vision_row_count(const Grid& g, int64_t m) { return g[0] * (g[1] / m) * (g[2] / m); }
+
+int64_t vision_row_count(const Grid& g, const ModelConventions& conv) {
+  return conv.class_rows + vision_row_count(g, conv.spatial_merge_size);
+}
 
 void check_grid(const Grid& g, const ModelConventions& conv, int64_t si, VisionKind kind,
                 int64_t item) {

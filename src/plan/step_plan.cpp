@@ -35,7 +35,6 @@ KindOffsets kind_offsets(const Batch& batch) {
 std::vector<VisionItem> collect_items(const Batch& batch, const StepPlan& plan,
                                       const PackedRow& packing, const KindOffsets& offsets) {
   std::vector<VisionItem> items;
-  const int64_t m = plan.conventions.spatial_merge_size;
   for (const Segment& seg : packing.segments) {
     const Sequence& seq = batch.sequences[seg.sequence];
     std::vector<int64_t> image_item(seq.image_grid_thw.size(), -1);
@@ -61,7 +60,7 @@ std::vector<VisionItem> collect_items(const Batch& batch, const StepPlan& plan,
         it.index = b.item;
         it.grid = image ? seq.image_grid_thw[b.item] : seq.video_grid_thw[b.item];
         it.batch_index = (image ? offsets.first_image : offsets.first_video)[seg.sequence] + b.item;
-        it.rows = vision_row_count(it.grid, m);
+        it.rows = vision_row_count(it.grid, plan.conventions);
         it.patches = it.grid[0] * it.grid[1] * it.grid[2];
         it.patch_offset = (image ? offsets.image_patches : offsets.video_patches)[seg.sequence] +
                           (image ? image_patch : video_patch)[b.item];

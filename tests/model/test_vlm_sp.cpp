@@ -297,11 +297,13 @@ TEST(QwenVlWeights, RoundTripGivesIdenticalOutputs) {
 
 namespace {
 
-model::ModelConfig tiny_llava() {
+// strategy "default" drops the vision tower's class token (16 rows per image), "full"
+// keeps it (17 rows).
+model::ModelConfig tiny_llava(const std::string& strategy = "default") {
   nlohmann::json c = {
-      {"model_type", "llava"}, {"image_token_index", kImage}, {"image_seq_length", 16},
+      {"model_type", "llava"}, {"image_token_index", kImage}, {"image_seq_length", strategy == "full" ? 17 : 16},
       {"projector_hidden_act", "gelu"}, {"vision_feature_layer", -2},
-      {"vision_feature_select_strategy", "default"}, {"tie_word_embeddings", false},
+      {"vision_feature_select_strategy", strategy}, {"tie_word_embeddings", false},
       {"text_config", {{"model_type", "llama"}, {"vocab_size", 128}, {"hidden_size", 96},
                        {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
                        {"num_key_value_heads", 2}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}}},
@@ -312,11 +314,12 @@ model::ModelConfig tiny_llava() {
   return model::parse_model_config(c, "tiny llava");
 }
 
-// Four images of 16 placeholder tokens (bare runs of <image>) in four sequences.
-plan::Batch llava_batch() {
+// Four images of `rows` placeholder tokens (bare runs of <image>) in four sequences;
+// sequence b holds two adjacent-but-separate images.
+plan::Batch llava_batch(int rows = 16) {
   plan::Sequence a, b, c, d;
-  auto image = [](plan::Sequence& s) {
-    for (int i = 0; i < 16; ++i) s.input_ids.push_back(kImage);
+  auto image = [rows](plan::Sequence& s) {
+    for (int i = 0; i < rows; ++i) s.input_ids.push_back(kImage);
     s.image_grid_thw.push_back({1, 4, 4});
   };
   text(a, 2, 1), image(a), text(a, 7, 2);
@@ -341,31 +344,60 @@ class LlavaDtype : public ::testing::TestWithParam<at::ScalarType> {};
 TEST_P(LlavaDtype, MultiRankEqualsOneProcessInEveryVisionMode) {
   const at::ScalarType dtype = GetParam();
   const double rtol = dtype == at::kDouble ? 1e-9 : 1e-4;
-  const model::ModelConfig config = tiny_llava();
-  const plan::Batch batch = llava_batch();
-  const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
-  const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
-  const Result ref = run_llava(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed, dtype);
-  for (const auto& [name, g] : ref.grads)
-    if (name.find("vision_tower") != std::string::npos && name.find("layers.0.") != std::string::npos) {
-      EXPECT_GT(g.abs().max().item<double>(), 0) << name << " gets no gradient";
-    }
-  for (const dist::Mesh& mesh : test::all_meshes()) {
-    if (mesh.shape().ulysses == 3) continue;
-    plan::PlanOptions options;
-    options.mesh = mesh.shape();
-    const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
-    for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
-      const Result got = run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
-                                   mesh.world(), mode, dtype);
-      test::expect_same_step(got, ref, rtol, mesh.shape().str() + " " + model::to_string(mode) + " " +
-                                      (dtype == at::kDouble ? "fp64" : "fp32"));
+  for (const std::string strategy : {"default", "full"}) {
+    const model::ModelConfig config = tiny_llava(strategy);
+    const plan::Batch batch = llava_batch(strategy == "full" ? 17 : 16);
+    const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
+    const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
+    const Result ref = run_llava(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed, dtype);
+    for (const auto& [name, g] : ref.grads)
+      if (name.find("vision_tower") != std::string::npos && name.find("layers.0.") != std::string::npos) {
+        EXPECT_GT(g.abs().max().item<double>(), 0) << name << " gets no gradient";
+      }
+    for (const dist::Mesh& mesh : test::all_meshes()) {
+      if (mesh.shape().ulysses == 3) continue;
+      plan::PlanOptions options;
+      options.mesh = mesh.shape();
+      const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
+      for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
+        const Result got = run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
+                                     mesh.world(), mode, dtype);
+        test::expect_same_step(got, ref, rtol, mesh.shape().str() + " " + model::to_string(mode) + " " +
+                                        (dtype == at::kDouble ? "fp64 " : "fp32 ") + strategy);
+      }
     }
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(MultiRank, LlavaDtype, ::testing::Values(at::kDouble, at::kFloat),
                          [](const auto& info) { return info.param == at::kDouble ? "fp64" : "fp32"; });
+
+// transformers' LlavaModel.get_image_features: the chosen hidden state, with its first
+// row (the class token) dropped under "default" and kept under "full", then the
+// projector. With the same weights, each image's "full" rows are therefore its class
+// token's row followed by exactly the "default" rows.
+TEST(LlavaFull, ClassTokenRowThenTheDefaultRows) {
+  const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
+  auto rows_of = [&](const std::string& strategy, int rows) {
+    const model::ModelConfig config = tiny_llava(strategy);
+    const plan::Batch batch = llava_batch(rows);
+    const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, {}, 0);
+    at::manual_seed(5);
+    model::LlavaModel llava(config);
+    llava.to(at::kDouble);
+    at::manual_seed(9);
+    const model::PixelInputs pixels{at::randn({4, 3, 8, 8}, at::kDouble), {}};
+    return llava.vision_rows(plan, pixels, {solo, solo, solo}, model::VisionMode::routed).detach();
+  };
+  const at::Tensor def = rows_of("default", 16), full = rows_of("full", 17);
+  ASSERT_EQ(def.size(0), 4 * 16);
+  ASSERT_EQ(full.size(0), 4 * 17);
+  for (int64_t image = 0; image < 4; ++image)
+    EXPECT_TRUE(at::allclose(full.narrow(0, image * 17 + 1, 16), def.narrow(0, image * 16, 16), 1e-12, 0))
+        << "image " << image;
+  // and the class token's row is a row of its own
+  EXPECT_FALSE(at::allclose(full[0], full[1]));
+}
 
 TEST(LlavaNames, AreTheCheckpointNames) {
   model::LlavaModel llava(tiny_llava());

@@ -39,7 +39,7 @@ class SeqBuilder {
   }
   SeqBuilder& image(Grid g) {
     s_.image_grid_thw.push_back(g);
-    block(c_.image_token_id, vision_row_count(g, c_.spatial_merge_size));
+    block(c_.image_token_id, vision_row_count(g, c_));
     return *this;
   }
   // Qwen3-VL: a timestamp text run before each frame block.

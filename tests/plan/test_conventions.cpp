@@ -61,6 +61,12 @@ TEST(Conventions, LlavaImageTokenIndex) {
   EXPECT_FALSE(c.uses_mrope());
   nlohmann::json j = {{"model_type", "llava"}, {"image_token_id", 32001}};
   EXPECT_EQ(read(j, ModelFamily::llava).image_token_id, 32001);
+  EXPECT_EQ(read(j, ModelFamily::llava).class_rows, 0);
+  j["vision_feature_select_strategy"] = "full";  // the class token's row is kept
+  EXPECT_EQ(read(j, ModelFamily::llava).class_rows, 1);
+  j["vision_feature_select_strategy"] = "cls";
+  EXPECT_THAT(error_of([&] { read(j, ModelFamily::llava); }),
+              HasSubstr("vision_feature_select_strategy \"cls\" is not supported"));
 }
 
 TEST(Conventions, InternVLDefaultsAndDownsample) {

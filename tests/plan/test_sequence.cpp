@@ -54,6 +54,29 @@ TEST(Sequence, LlavaSplitsAdjacentImagesByGrid) {
   EXPECT_EQ(p.blocks[1].size(), 4);
 }
 
+// vision_feature_select_strategy "full": transformers' processor writes 1 + patches
+// <image> tokens per image (the class token's row first).
+TEST(Sequence, LlavaFullKeepsTheClassTokenRow) {
+  ModelConventions full = kLlava;
+  full.class_rows = 1;
+  const Sequence s = SeqBuilder(full).text(2).image({1, 2, 3}).image({1, 2, 2}).text(1).build();
+  ASSERT_EQ(s.input_ids.size(), 2u + 7 + 5 + 1);
+  const ParsedSequence p = parse_sequence(s, full, 0);
+  ASSERT_EQ(p.blocks.size(), 2u);
+  EXPECT_EQ(p.blocks[0].size(), 7);
+  EXPECT_EQ(p.blocks[1].start, 9);
+  EXPECT_EQ(p.blocks[1].size(), 5);
+  // the "default" count (patches only) is refused, naming the rule
+  const Sequence short_run = SeqBuilder(kLlava).text(1).image({1, 2, 2}).text(1).build();
+  EXPECT_THAT(error_of([&] { parse_sequence(short_run, full, 3); }),
+              HasSubstr("sequence 3: image 0 has 4 placeholder tokens but grid [1, 2, 2] with spatial_merge_size 1 "
+                        "needs 5"));
+  const Sequence two = SeqBuilder(kLlava).text(1).image({1, 2, 2}).image({1, 2, 2}).text(1).build();
+  EXPECT_THAT(error_of([&] { parse_sequence(two, full, 3); }),
+              HasSubstr("image 1 has 3 placeholder tokens but grid [1, 2, 2] with spatial_merge_size 1 needs 5 "
+                        "(its patches + 1 class token: vision_feature_select_strategy \"full\")"));
+}
+
 TEST(Sequence, InternVLBlocks) {
   const Sequence s = SeqBuilder(kIntern).text(1).image({2, 4, 4}).build();  // 2 tiles
   const ParsedSequence p = parse_sequence(s, kIntern, 0);

@@ -29,6 +29,9 @@ struct ModelConventions {
   int64_t vision_start_token_id = 151652;
   // token that closes a vision block (<|vision_end|>, </img>); -1 where blocks are bare runs
   int64_t vision_end_token_id = 151653;
+  // rows an image takes beyond its merged patches: 1 where LLaVA keeps the vision
+  // tower's class token (vision_feature_select_strategy "full"), else 0
+  int64_t class_rows = 0;
   // patches merged into one embedding row per side (vision_config.spatial_merge_size; InternVL 1/downsample_ratio)
   int64_t spatial_merge_size = 2;
   // Qwen2.5-VL temporal scaling: t position = frame * second_per_grid_t * tokens_per_second

@@ -39,7 +39,8 @@ struct VisionBlock {
   int64_t h = 1, w = 1;     // merged grid (patches / spatial_merge_size)
   int64_t first_row = 0;    // embedding row of the item at the block's first token
   int64_t first_frame = 0;  // temporal patch of the item at the block's first token
-  int64_t size() const { return t * h * w; }
+  int64_t class_rows = 0;   // rows before the patches' (LLaVA "full": the class token)
+  int64_t size() const { return class_rows + t * h * w; }
 };
 
 struct ParsedSequence {
@@ -47,8 +48,11 @@ struct ParsedSequence {
   std::vector<VisionBlock> blocks;  // in token order
 };
 
-// Embedding rows of an item: t * (h / m) * (w / m).
+// Merged patch rows of an item: t * (h / m) * (w / m).
 int64_t vision_row_count(const Grid& grid, int64_t spatial_merge_size);
+// Embedding rows (= placeholder tokens) of an item: its merged patch rows, plus the
+// class token's row where the conventions keep it (LLaVA "full").
+int64_t vision_row_count(const Grid& grid, const ModelConventions& conventions);
 
 // Finds the vision blocks and checks them against the grids; every error names the
 // sequence index and the offending value.
