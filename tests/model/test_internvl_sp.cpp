@@ -436,14 +436,14 @@ TEST(InternVLBadInput, TileCountsThatDoNotMatchThePlaceholdersAreRefusedBeforeAn
     vlm.forward(good, whole, {at::randn({kTiles, 3, 16, 16}), {}}, {solo, solo, solo}, model::VisionMode::routed);
     ADD_FAILURE() << "16-pixel tiles were accepted by an 8-pixel tower";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("InternVL tiles must be [N, 3, 8, 8] with N = 6 (the batch's image_grid_thw tile counts), got [6, 3, 16, 16]"));
+    EXPECT_THAT(e.what(), HasSubstr("InternVL tiles must be [N, 3, 8, 8] with N = 6 (the image_grid_thw tile counts of the images held here), got [6, 3, 16, 16]"));
   }
   // The vision part alone checks the same from the plan (the Vlm interface passes no batch).
   try {
     vlm.vision_rows(whole, {at::randn({kTiles - 1, 3, 8, 8}), {}}, {solo, solo, solo}, model::VisionMode::routed);
     ADD_FAILURE() << "5 tiles were accepted for 6";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("InternVL tiles must be [N, 3, 8, 8] with N = 6 (the batch's image_grid_thw tile counts), got [5, 3, 8, 8]"));
+    EXPECT_THAT(e.what(), HasSubstr("InternVL tiles must be [N, 3, 8, 8] with N = 6 (the image_grid_thw tile counts of the images held here), got [5, 3, 8, 8]"));
   }
 }
 
