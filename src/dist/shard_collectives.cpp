@@ -45,7 +45,12 @@ at::Tensor reduce_scatter(const at::Tensor& flat, Group& group) {
   return widen ? sum.to(flat.scalar_type()) : sum;
 }
 
-void all_gather_into(const at::Tensor& shard, at::Tensor& flat, Group& group) {
+namespace {
+
+// Checks the shapes, counts the bytes and issues the all-gather; null work when the
+// group has one member (then `flat` is already written).
+c10::intrusive_ptr<c10d::Work> issue_all_gather(const at::Tensor& shard, at::Tensor& flat, Group& group,
+                                                std::vector<at::Tensor>& keep) {
   const int64_t S = shard_numel(flat, group, "all_gather_into");
   MMSP_CHECK(shard.dim() == 1 && shard.numel() == S && shard.scalar_type() == flat.scalar_type(),
              "all_gather_into on group ", group.name(), ": the shard ", shard.sizes(), " ", shard.scalar_type(),
@@ -53,17 +58,65 @@ void all_gather_into(const at::Tensor& shard, at::Tensor& flat, Group& group) {
   const int64_t P = group.size();
   if (P == 1) {
     flat.copy_(shard);
-    return;
+    return {};
   }
   const bool gloo = group.uses_gloo(flat);
   std::vector<at::Tensor> pieces;
   for (int64_t p = 0; p < P; ++p) pieces.push_back(wire_view(flat.narrow(0, p * S, S), gloo));
   std::vector<std::vector<at::Tensor>> outputs{pieces};
   std::vector<at::Tensor> inputs{wire_view(shard.contiguous(), gloo)};
+  keep = pieces;
+  keep.push_back(inputs[0]);
   group.stats().add(CommKind::all_gather, Pass::forward,
                     shard_collective_bytes(flat.numel() * static_cast<int64_t>(flat.element_size()),
                                            static_cast<int>(P)));
-  group.wait(group.backend_for(flat).allgather(outputs, inputs), "all_gather");
+  return group.backend_for(flat).allgather(outputs, inputs);
+}
+
+}  // namespace
+
+void all_gather_into(const at::Tensor& shard, at::Tensor& flat, Group& group) {
+  std::vector<at::Tensor> keep;
+  const c10::intrusive_ptr<c10d::Work> work = issue_all_gather(shard, flat, group, keep);
+  if (work) group.wait(work, "all_gather");
+}
+
+PendingGather all_gather_into_async(const at::Tensor& shard, at::Tensor& flat, const GroupPtr& group) {
+  MMSP_CHECK(group, "all_gather_into_async: the group is null");
+  std::vector<at::Tensor> keep;
+  c10::intrusive_ptr<c10d::Work> work = issue_all_gather(shard, flat, *group, keep);
+  if (!work) return {};
+  return PendingGather(std::move(work), group, std::move(keep));
+}
+
+void PendingGather::wait() {
+  if (!work_) return;
+  const c10::intrusive_ptr<c10d::Work> work = std::move(work_);
+  work_.reset();
+  group_->wait(work, "all_gather (prefetched)");
+  keep_.clear();
+}
+
+PendingGather& PendingGather::operator=(PendingGather&& other) {
+  if (this != &other) {
+    try {
+      wait();
+    } catch (const std::exception&) {
+      // the transfer is over either way; its error was or will be seen by the collective after it
+    }
+    work_ = std::move(other.work_);
+    group_ = std::move(other.group_);
+    keep_ = std::move(other.keep_);
+  }
+  return *this;
+}
+
+PendingGather::~PendingGather() {
+  try {
+    wait();
+  } catch (const std::exception&) {
+    // a destructor cannot report; the next collective on the group fails with the reason
+  }
 }
 
 }  // namespace mmsp::dist

@@ -88,7 +88,8 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
     e.master_weights = shard * m;
     const int64_t bucket = 2 * std::min(P, kDefaultBucketBytes / b) * m;
     e.gradients = (in.shard_level == ShardLevel::optimizer ? P : whole) * b + bucket;
-    if (in.shard_level == ShardLevel::parameters) e.parameters = whole * b;
+    // Stage 3 also holds the buffer of the next layer's gather, issued early.
+    if (in.shard_level == ShardLevel::parameters) e.parameters = (whole + largest_layer) * b;
     e.optimizer = 2 * shard * m;
   } else {
     e.master_weights = mixed ? P * m : 0;

@@ -46,9 +46,16 @@ void allocate_storage(const at::Tensor& p) {
 class ShardedLayerHooks : public model::LayerHooks {
  public:
   explicit ShardedLayerHooks(ShardedAdamW& sharded) : sharded_(sharded) {}
-  void before_forward(size_t layer) override { sharded_.gather_layer(static_cast<int>(layer)); }
+  // The forward runs layers 0, 1, ...; the backward ..., 1, 0: each prefetches the next.
+  void before_forward(size_t layer) override {
+    sharded_.gather_layer(static_cast<int>(layer));
+    sharded_.prefetch_layer(static_cast<int>(layer) + 1);
+  }
   void after_forward(size_t layer) override { sharded_.release_layer(static_cast<int>(layer)); }
-  void before_backward(size_t layer) override { sharded_.gather_layer(static_cast<int>(layer)); }
+  void before_backward(size_t layer) override {
+    sharded_.gather_layer(static_cast<int>(layer));
+    sharded_.prefetch_layer(static_cast<int>(layer) - 1);
+  }
   void after_backward(size_t layer) override {
     sharded_.reduce_layer(static_cast<int>(layer));
     sharded_.release_layer(static_cast<int>(layer));
@@ -179,16 +186,28 @@ void ShardedAdamW::gather_layer(int layer) {
   for (size_t b : layer_shards(layer)) gather_into_model(shards_[b]);
 }
 
+void ShardedAdamW::prefetch_layer(int layer) {
+  if (!frees_weights() || layer < 0) return;
+  for (size_t b : layer_shards(layer)) start_gather(shards_[b]);
+}
+
 void ShardedAdamW::release_layer(int layer) {
   for (size_t b : layer_shards(layer)) release(shards_[b]);
+}
+
+void ShardedAdamW::start_gather(Shard& s) {
+  if (s.gathered || s.prefetch.in_flight()) return;
+  at::NoGradGuard no_grad;
+  s.incoming = at::empty({s.shard * world_->size()},
+                         at::TensorOptions().dtype(s.bucket.dtype).device(s.bucket.device));
+  s.prefetch = dist::all_gather_into_async(s.master.to(s.bucket.dtype), s.incoming, world_);
 }
 
 void ShardedAdamW::gather_into_model(Shard& s) {
   if (s.gathered) return;
   at::NoGradGuard no_grad;
-  at::Tensor flat = at::empty({s.shard * world_->size()},
-                              at::TensorOptions().dtype(s.bucket.dtype).device(s.bucket.device));
-  dist::all_gather_into(s.master.to(s.bucket.dtype), flat, *world_);
+  if (!s.incoming.defined()) start_gather(s);  // not prefetched: gather now
+  s.prefetch.wait();
   int64_t offset = 0;
   for (size_t i : s.bucket.params) {
     // variable_data(): written without bumping the parameter's version, which autograd
@@ -196,9 +215,10 @@ void ShardedAdamW::gather_into_model(Shard& s) {
     const at::Tensor& param = model_[i].second;
     allocate_storage(param);
     at::Tensor p = param.variable_data();
-    p.copy_(flat.narrow(0, offset, p.numel()).view(p.sizes()));
+    p.copy_(s.incoming.narrow(0, offset, p.numel()).view(p.sizes()));
     offset += p.numel();
   }
+  s.incoming = at::Tensor();
   s.gathered = true;
 }
 
@@ -210,7 +230,10 @@ void ShardedAdamW::release(Shard& s) {
 
 void ShardedAdamW::refresh_model(Shard& s) {
   // The model's copy of the bucket is stale: stages 1 and 2 gather it now; stage 3
-  // frees it (if it was not) and gathers it before its next use.
+  // frees it (if it was not) and gathers it before its next use. A prefetched gather
+  // not consumed (a step that failed midway) holds the old weights: dropped.
+  s.prefetch.wait();
+  s.incoming = at::Tensor();
   if (frees_weights()) {
     release(s);
     return;

@@ -385,15 +385,24 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
       } else {
         for (size_t i = 0; i < model.size(); ++i) EXPECT_EQ(holds_memory(model[i].second), !freed) << "between steps";
         sharded.gather_step_weights();
+        // Stage 3 prefetches: layer 0's forward hook issues layer 1's gather too (into a
+        // buffer: layer 1 is not in the model yet), so layer 1's issues none; the
+        // backward likewise from layer 1 to layer 0.
+        auto gathered = [&] { return stats[r]->snapshot().at(dist::CommKind::all_gather, dist::Pass::forward).bytes; };
         for (int layer : {0, 1}) {
+          const int64_t before = gathered();
           hooks->before_forward(layer);
           EXPECT_TRUE(layer_held(layer)) << "forward of layer " << layer;
+          if (freed && layer == 0) EXPECT_FALSE(layer_held(1)) << "layer 1 is prefetched into a buffer, not the model";
+          if (freed && layer == 1) EXPECT_EQ(gathered(), before) << "layer 1 was prefetched by layer 0";
           hooks->after_forward(layer);
           EXPECT_EQ(layer_held(layer), !freed) << "after the forward of layer " << layer;
         }
         for (int layer : {1, 0}) {
+          const int64_t before = gathered();
           hooks->before_backward(layer);
           EXPECT_TRUE(layer_held(layer)) << "backward of layer " << layer;
+          if (freed && layer == 0) EXPECT_EQ(gathered(), before) << "layer 0 was prefetched by layer 1's backward";
           give_grads(layer, t);
           hooks->after_backward(layer);
           for (size_t i = 0; i < model.size(); ++i) {

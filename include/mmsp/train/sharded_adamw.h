@@ -21,12 +21,15 @@
 //      decoder layers are all-gathered before the forward (gather_step_weights) and
 //      kept for the step; each decoder layer is all-gathered just before its forward and
 //      freed after it, and all-gathered again before its backward and freed after it.
+//      The next layer's gather (forward: layer i+1, backward: layer i−1) is issued as a
+//      layer begins, without waiting, so it moves while the layer computes (FSDP's
+//      prefetch); it lands in a buffer the model reads only once the gather is waited for.
 // Why not the vision blocks one by one too: a rank without images runs none of them,
 // and a gather that some ranks skip would hang the others.
 // Memory per rank, for N parameters (N_r outside the decoder layers, N_l the largest
 // layer), model dtype of b bytes and masters of m bytes: masters + 2 moments 3·m·N/P
 // (+ padding, < P per bucket); model N·b (stage 3: none between steps, N_r·b + N_l·b
-// during one); grads N·b until packed (stages 2 and 3: N_r·b + N_l·b). Bytes sent per
+// during one, + N_l·b for the prefetched layer's buffer); grads N·b until packed (stages 2 and 3: N_r·b + N_l·b). Bytes sent per
 // step: (P−1)/P · N·m (reduce-scatter) + (P−1)/P · N·b (all-gather; stage 3: + (P−1)/P
 // · N_layers·b for the backward's gathers), against 2 (P−1)/P · N·m for the
 // replicated all-reduce.
@@ -40,6 +43,7 @@
 #include <vector>
 
 #include "mmsp/dist/group.h"
+#include "mmsp/dist/shard_collectives.h"
 #include "mmsp/model/layer_hooks.h"
 #include "mmsp/train/grad_sync.h"
 #include "mmsp/train/named_params.h"
@@ -124,13 +128,19 @@ class ShardedAdamW {
     at::Tensor decays;      // [shard] bool: the element's parameter is a matrix
     at::Tensor grad;        // [shard]: this step's reduced gradient (undefined until reduced)
     bool gathered = true;   // its weights are in the model now
+    at::Tensor incoming;    // [P·S]: a prefetched gather's buffer while it is in flight
+    dist::PendingGather prefetch;
   };
   friend class ShardedLayerHooks;
   at::Tensor pack_grads(const Shard& s);
   void reduce_bucket(Shard& s);
   void reduce_layer(int layer);
   void gather_layer(int layer);
+  // Stage 3: issues the layer's gathers without waiting (no-op for a layer out of range
+  // or already gathered); gather_layer finishes them.
+  void prefetch_layer(int layer);
   void release_layer(int layer);
+  void start_gather(Shard& s);
   void gather_into_model(Shard& s);
   void release(Shard& s);
   void refresh_model(Shard& s);
