@@ -92,19 +92,26 @@ bool try_split(const std::vector<int64_t>& lengths, const std::vector<int64_t>& 
   const double token_mean = std::max(1.0, static_cast<double>(totals.tokens) / S);
   const double work_mean = std::max(1.0, totals.pairs / S);
   const double split_tokens = static_cast<double>(share) / U;
-  std::vector<int64_t> whole(S, 0);
+  std::vector<int64_t> whole(S, 0), ring_whole(R, 0);
+  const double per_token = 1.0 / token_mean, per_pair = 1.0 / work_mean;
   for (size_t k = split; k < order.size(); ++k) {
     const int64_t n = lengths[order[k]];
     const double w = causal_pairs(0, n);
     int best = 0;
     double best_score = 0.0;
-    for (int c = 0; c < S; ++c) {
-      const double score = std::max((split_tokens + static_cast<double>(whole[c] + n)) / token_mean,
-                                    (work[c] + w) / work_mean);
-      if (c == 0 || score < best_score) best = c, best_score = score;
+    for (int r = 0; r < R; ++r) {
+      // Tokens count per ring rank, whose split share evens them over its ulysses ranks (as
+      // far as it reaches), and per rank beyond the share; work is the rank's own.
+      const double ring_score = (split_tokens + static_cast<double>(ring_whole[r] + n) / U) * per_token;
+      for (int c = r * U; c < (r + 1) * U; ++c) {
+        const double own = (static_cast<double>(whole[c] + n) - split_tokens) * per_token;
+        const double score = std::max(std::max(ring_score, own), (work[c] + w) * per_pair);
+        if (c == 0 || score < best_score) best = c, best_score = score;
+      }
     }
     home[order[k]] = best;
     whole[best] += n;
+    ring_whole[best / U] += n;
     work[best] += w;
   }
   int64_t local_length = 0;
@@ -137,16 +144,24 @@ std::vector<int> place_segments(const std::vector<int64_t>& lengths, int ring, i
   std::vector<int64_t> order(lengths.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
-  // The fewest longest segments to split. Splitting more evens the load but pads each split
-  // segment to 2R, so feasibility is not monotone in the count: gallop 0, 1, 2, 4, ... from the
-  // longest to the first count that meets the targets, then bisect below it (keeping a count
+  // The fewest longest segments to split. Those that alone exceed a rank's share of tokens or
+  // pairs cannot stay whole; beyond them, splitting more evens the load but pads each split
+  // segment to 2R, so feasibility is not monotone in the count: gallop must, must + 1, + 2,
+  // + 4, ... to the first count that meets the targets, then bisect below it (keeping a count
   // that meets them). All split is zigzag, accepted whatever its balance.
-  std::vector<int> home, best = all_split;
   const size_t n = order.size();
-  size_t lo = 0, hi = n;  // hi: meets the targets (or n)
-  for (size_t k = 0; k < n; k = k == 0 ? 1 : 2 * k) {
+  const double S = static_cast<double>(ring) * ulysses;
+  size_t must = 0;
+  while (must < n && (static_cast<double>(lengths[order[must]]) > (1 + options.max_padding) * totals.tokens / S ||
+                      causal_pairs(0, lengths[order[must]]) > options.max_work_ratio * totals.pairs / S))
+    ++must;
+  std::vector<int> home, best = all_split;
+  size_t lo = must, hi = n;  // hi meets the targets (or is n)
+  for (size_t extra = 0;; extra = extra == 0 ? 1 : 2 * extra) {
+    const size_t k = std::min(n, must + extra);
+    if (k == n) break;
     if (try_split(lengths, order, k, ring, ulysses, totals, options, home)) {
-      if (k == 0) return home;
+      if (k == must) return home;
       hi = k;
       best = home;
       break;
