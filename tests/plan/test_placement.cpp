@@ -206,6 +206,7 @@ TEST(PlacementProperty, RandomRowsEveryRank) {
 // and meets padding <= 1 % and work and token max/mean <= 1.05.
 TEST(PlacementProperty, ManyShortSegmentsMeetTheTargets) {
   std::mt19937 rng(29);
+  int tested = 0;
   for (int trial = 0; trial < 300; ++trial) {
     const int R = 1 << (rng() % 4), U = 1 << (rng() % 3), S = R * U;
     V lengths = lognormal_lengths(rng, 16 * S + static_cast<int>(rng() % (16 * S)), 4.5, 0.8, 400);
@@ -216,6 +217,7 @@ TEST(PlacementProperty, ManyShortSegmentsMeetTheTargets) {
     int64_t total = 0;
     for (int64_t n : lengths) total += n;
     if (longest_short * 16 * S > total) continue;  // outside the condition
+    ++tested;
     const PackedRow row = placed_row(lengths, R, U, Placement::adaptive);
     const Balance b = check_every_rank(row, R, U);
     ASSERT_FALSE(::testing::Test::HasFailure()) << "trial " << trial;
@@ -226,6 +228,7 @@ TEST(PlacementProperty, ManyShortSegmentsMeetTheTargets) {
     EXPECT_LE(b.work_ratio, 1.05 + 1e-9) << "trial " << trial;
     EXPECT_LE(b.token_ratio, 1.05) << "trial " << trial;
   }
+  EXPECT_GT(tested, 150);  // 171 of the 300 seeded rows meet the condition
 }
 
 }  // namespace
