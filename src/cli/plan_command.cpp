@@ -1,6 +1,7 @@
 // `mmsp plan --config config.json --batch batch.json --dp D --ring R --ulysses U
-//  [--layout zigzag|contiguous] [--rank K] [--format text|json]`: builds the StepPlan
-// exactly as every rank would and prints it. Uses only mmsp_plan, CLI11 and nlohmann_json.
+//  [--layout zigzag|contiguous] [--placement zigzag|adaptive] [--rank K] [--format text|json]`:
+// builds the StepPlan exactly as every rank would and prints it; the text form also sets
+// zigzag and adaptive placement side by side. Uses only mmsp_plan, CLI11 and nlohmann_json.
 #include "plan_command.h"
 
 #include <fstream>
@@ -26,6 +27,7 @@ struct PlanFlags {
   int dp = 1, ring = 1, ulysses = 1;
   int world = -1;  // when given, must equal dp * ring * ulysses
   std::string layout = "zigzag";
+  std::string placement = "zigzag";
   int rank = -1;   // -1: every rank
   std::string format = "text";
   int indent = -1;
@@ -89,6 +91,7 @@ int run_plan(const PlanFlags& f) {
     plan::PlanOptions options;
     options.mesh = {f.dp, f.ring, f.ulysses};
     options.layout = plan::parse_layout(f.layout);
+    options.placement = plan::parse_placement(f.placement);
     plan::validate_mesh(options.mesh, f.world);
     MMSP_CHECK(f.format == "text" || f.format == "json", "--format \"", f.format,
                "\" is unknown; use text or json");
@@ -102,6 +105,14 @@ int run_plan(const PlanFlags& f) {
       return 0;
     }
     std::cout << plan::step_plan_summary(plan);
+    if (options.layout == plan::Layout::zigzag) {
+      plan::PlanOptions other = options;
+      other.placement = options.placement == plan::Placement::zigzag ? plan::Placement::adaptive
+                                                                       : plan::Placement::zigzag;
+      const plan::StepPlan second = plan::make_step_plan(batch, conventions, other, std::max(f.rank, 0));
+      const bool zigzag_first = options.placement == plan::Placement::zigzag;
+      std::cout << plan::placement_comparison(zigzag_first ? plan : second, zigzag_first ? second : plan);
+    }
     for (int r : ranks) {
       const plan::RankPlan rp = r == plan.mine.rank ? plan.mine : plan::make_rank_plan(batch, plan, r);
       std::cout << rank_line(plan, rp);
@@ -128,6 +139,8 @@ Subcommand add_plan_command(CLI::App& parent, ConfigValidator validate) {
   app->add_option("--ulysses", flags->ulysses, "Ulysses degree");
   app->add_option("--world", flags->world, "world size to check dp * ring * ulysses against");
   app->add_option("--layout", flags->layout, "zigzag (default) or contiguous");
+  app->add_option("--placement", flags->placement,
+                  "zigzag (default: every segment split) or adaptive (short segments whole on one rank)");
   app->add_option("--rank", flags->rank, "show only this rank (default: every rank)");
   app->add_option("--format", flags->format, "text (default) or json");
   app->add_option("--indent", flags->indent, "JSON indent (default: compact)");

@@ -24,6 +24,7 @@ Subcommand add_train_command(CLI::App& parent) {
   auto o = std::make_shared<train::TrainOptions>();
   auto vision = std::make_shared<std::string>("routed");
   auto layout = std::make_shared<std::string>("zigzag");
+  auto placement = std::make_shared<std::string>("zigzag");
   auto save_shard_size = std::make_shared<std::string>("5GB");
   auto memory_limit = std::make_shared<std::string>("auto");
   auto checkpointing = std::make_shared<std::string>("none");
@@ -33,6 +34,9 @@ Subcommand add_train_command(CLI::App& parent) {
   app->add_option("--data", o->data, "'shapes' (built in) or a JSON-lines file (docs/data.md)")->capture_default_str();
   app->add_option("--vision", *vision, "routed, gather or replicate")->capture_default_str();
   app->add_option("--layout", *layout, "zigzag or contiguous")->capture_default_str();
+  app->add_option("--placement", *placement,
+                  "zigzag (every segment split over the context group) or adaptive (short ones whole on one rank)")
+      ->capture_default_str();
   app->add_option("--steps", o->steps, "optimizer steps")->capture_default_str();
   app->add_option("--stop-after", o->stop_after, "stop after this step (checkpointed), resume later")
       ->capture_default_str();
@@ -86,7 +90,7 @@ Subcommand add_train_command(CLI::App& parent) {
   auto test_skew = std::make_shared<std::string>();
   app->add_option("--test-sleep-in-step", *test_sleep)->group("");
   app->add_option("--test-skew-batch", *test_skew)->group("");
-  return {app, [flags, o, vision, layout, save_shard_size, memory_limit, checkpointing, test_sleep, test_skew]() {
+  return {app, [flags, o, vision, layout, placement, save_shard_size, memory_limit, checkpointing, test_sleep, test_skew]() {
             if (!test_sleep->empty())
               MMSP_CHECK(std::sscanf(test_sleep->c_str(), "%d:%ld:%lf", &o->test.sleep_rank, &o->test.sleep_step,
                                      &o->test.sleep_seconds) == 3,
@@ -103,6 +107,10 @@ Subcommand add_train_command(CLI::App& parent) {
                          "MMSP_TEST_CRASH_CHECKPOINT '", crash, "' must be STEP:BYTES");
             o->vision = model::parse_vision_mode(*vision);
             o->layout = plan::parse_layout(*layout);
+            o->placement = plan::parse_placement(*placement);
+            MMSP_CHECK(o->placement == plan::Placement::zigzag || o->layout == plan::Layout::zigzag,
+                       "--placement adaptive splits long segments in zigzag order; it needs --layout zigzag, not ",
+                       plan::to_string(o->layout));
             o->checkpoint_activations = model::parse_activation_checkpointing(*checkpointing);
             o->save_shard_bytes = parse_byte_size(*save_shard_size, "--save-shard-size");
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());

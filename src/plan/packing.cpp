@@ -1,4 +1,4 @@
-// Packing sequences into one row per dp rank, each padded to a multiple of 2 x ring.
+// Packing sequences into one row per dp rank, each split one padded to a multiple of 2 x ring.
 #include "mmsp/plan/packing.h"
 
 #include <algorithm>
@@ -10,8 +10,10 @@
 namespace mmsp::plan {
 
 PackedRow pack_row(const std::vector<int64_t>& sequences, const std::vector<int64_t>& lengths,
-                   int ring) {
+                   int ring, const std::vector<int>& home) {
   MMSP_ASSERT(sequences.size() == lengths.size());
+  MMSP_ASSERT(home.empty() || home.size() == lengths.size(), home.size(), " homes for ", lengths.size(),
+              " sequences");
   MMSP_CHECK(ring >= 1, "ring must be >= 1, got ", ring);
   const int64_t multiple = 2 * int64_t{ring};
   PackedRow row;
@@ -25,11 +27,13 @@ PackedRow pack_row(const std::vector<int64_t>& sequences, const std::vector<int6
     s.sequence = sequences[i];
     s.start = row.length;
     s.length = lengths[i];
-    s.padded_length = (lengths[i] + multiple - 1) / multiple * multiple;
+    s.home = home.empty() ? -1 : home[i];
+    // A whole segment's tokens all sit on one rank: nothing to cut into equal chunks.
+    s.padded_length = s.home >= 0 ? s.length : (lengths[i] + multiple - 1) / multiple * multiple;
     row.length += s.padded_length;
     row.real_tokens += s.length;
     MMSP_CHECK(row.length <= std::numeric_limits<int32_t>::max(), "packed row holds ", row.length,
-               " tokens after sequence ", s.sequence, " (each padded to a multiple of 2 x ring = ",
+                " tokens after sequence ", s.sequence, " (each split one padded to a multiple of 2 x ring = ",
                multiple, "); cu_seqlens are int32 for the attention kernel, so a row holds at most ",
                std::numeric_limits<int32_t>::max(), " tokens: use more dp ranks or shorter sequences");
     row.segments.push_back(s);

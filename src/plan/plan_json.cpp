@@ -151,12 +151,13 @@ json step_plan_to_json(const Batch& batch, const StepPlan& plan, const std::vect
   j["mesh"] = {{"dp", mesh.dp}, {"ring", mesh.ring}, {"ulysses", mesh.ulysses},
                {"world", mesh.world()}};
   j["layout"] = to_string(plan.options.layout);
+  j["placement"] = to_string(plan.options.placement);
   json segments = json::array(), cu = json::array(), pos = json::array(), items = json::array(),
        balance = json::array(), local = json::array();
   for (const RowPlan& row : plan.rows) {
     for (const Segment& s : row.packing.segments)
       segments.push_back({{"dp", row.dp}, {"sequence", s.sequence}, {"start", s.start},
-                          {"length", s.length}, {"padded_length", s.padded_length}});
+                          {"length", s.length}, {"padded_length", s.padded_length}, {"home", s.home}});
     cu.push_back(row.packing.cu_seqlens);
     local.push_back(row.shards.local_length());
     const std::vector<int64_t> p = row_position_ids(plan, row.dp);
@@ -177,7 +178,10 @@ json step_plan_to_json(const Batch& batch, const StepPlan& plan, const std::vect
                        {"preferred_rank", it.preferred_rank}});
     }
     const LoadReport& l = row.load;
-    balance.push_back({{"dp", row.dp}, {"tokens", l.tokens}, {"attention_pairs", l.pairs},
+    balance.push_back({{"dp", row.dp}, {"tokens", l.tokens}, {"padding", l.padding},
+                       {"attention_pairs", l.pairs}, {"ulysses_bytes", l.ulysses_bytes},
+                       {"ring_bytes", l.ring_bytes}, {"whole_segments", l.whole_segments},
+                       {"split_segments", l.split_segments},
                        {"vision_cost", l.vision_cost},
                        {"greedy_vision_cost", l.greedy_vision_cost},
                        {"tokens_max_over_mean", l.tokens_ratio},
@@ -209,7 +213,7 @@ std::string step_plan_summary(const StepPlan& plan) {
   char line[256];
   out << "model " << to_string(plan.conventions.family) << ", mesh dp " << mesh.dp << " x ring "
       << mesh.ring << " x ulysses " << mesh.ulysses << " (world " << mesh.world() << "), layout "
-      << to_string(plan.options.layout) << "\n";
+      << to_string(plan.options.layout) << ", placement " << to_string(plan.options.placement) << "\n";
   out << plan.sequences.size() << " sequences, " << plan.label_count << " label tokens\n";
   for (const RowPlan& row : plan.rows) {
     out << "dp " << row.dp << ": " << row.packing.segments.size() << " segments, "
@@ -235,6 +239,46 @@ std::string step_plan_summary(const StepPlan& plan) {
                   row.load.tokens_ratio, row.load.pairs_ratio, row.load.vision_ratio,
                   row.load.greedy_vision_ratio,
                   row.used_greedy_fallback ? " [greedy kept: it was better here]" : "");
+    out << line;
+  }
+  return out.str();
+}
+
+}  // namespace mmsp::plan
+
+namespace mmsp::plan {
+
+std::string placement_comparison(const StepPlan& zigzag, const StepPlan& adaptive) {
+  MMSP_ASSERT(zigzag.rows.size() == adaptive.rows.size(), "plans of different meshes");
+  const Mesh& mesh = zigzag.options.mesh;
+  const AttentionShape& a = zigzag.options.attention_shape;
+  std::ostringstream out;
+  char line[256];
+  out << "placement, zigzag | adaptive (attention bytes per step: H " << a.heads << ", H_kv " << a.kv_heads
+      << ", D " << a.head_dim << ", " << a.element_bytes << " bytes, " << a.layers << " layers)\n";
+  for (size_t d = 0; d < zigzag.rows.size(); ++d) {
+    const LoadReport &z = zigzag.rows[d].load, &x = adaptive.rows[d].load;
+    out << "dp " << d << ": zigzag " << z.split_segments << " split | adaptive " << x.whole_segments
+        << " whole, " << x.split_segments << " split\n";
+    std::snprintf(line, sizeof line, "  %6s %5s | %8s %7s %14s %12s | %8s %7s %14s %12s\n", "rank", "ctx", "tokens",
+                  "padding", "attn_pairs", "attn_bytes", "tokens", "padding", "attn_pairs", "attn_bytes");
+    out << line;
+    for (int c = 0; c < mesh.context(); ++c) {
+      const RankCoords rc{static_cast<int>(d), c / mesh.ulysses, c % mesh.ulysses};
+      std::snprintf(line, sizeof line, "  %6d %5d | %8lld %7lld %14.0f %12.4g | %8lld %7lld %14.0f %12.4g\n",
+                    global_rank(mesh, rc), c, static_cast<long long>(z.tokens[c]),
+                    static_cast<long long>(z.padding[c]), z.pairs[c], z.ulysses_bytes[c] + z.ring_bytes[c],
+                    static_cast<long long>(x.tokens[c]), static_cast<long long>(x.padding[c]), x.pairs[c],
+                    x.ulysses_bytes[c] + x.ring_bytes[c]);
+      out << line;
+    }
+    const double zb = z.attention_bytes_total(), xb = x.attention_bytes_total();
+    std::snprintf(line, sizeof line,
+                  "  zigzag: padding %lld, tokens max/mean %.4f, pairs max/mean %.4f, bytes %.4g | adaptive: "
+                  "padding %lld, tokens %.4f, pairs %.4f, bytes %.4g (%.3f x zigzag)\n",
+                  static_cast<long long>(z.padding_total()), z.tokens_ratio, z.pairs_ratio, zb,
+                  static_cast<long long>(x.padding_total()), x.tokens_ratio, x.pairs_ratio, xb,
+                  zb > 0 ? xb / zb : 1.0);
     out << line;
   }
   return out.str();

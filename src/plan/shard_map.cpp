@@ -1,9 +1,11 @@
-// Zigzag and contiguous shard maps of a packed row, and their inverse.
+// Zigzag (with whole segments where the placement keeps them) and contiguous shard maps of a
+// packed row, and their inverse; see shard_map.h.
 #include "mmsp/plan/shard_map.h"
 
 #include <algorithm>
 
 #include "mmsp/core/check.h"
+#include "mmsp/plan/placement.h"
 
 namespace mmsp::plan {
 
@@ -11,17 +13,50 @@ ShardMap::ShardMap(const PackedRow& row, int ring, int ulysses, Layout layout)
     : row_(row), ring_(ring), ulysses_(ulysses), layout_(layout) {
   MMSP_CHECK(ring >= 1 && ulysses >= 1, "ring (", ring, ") and ulysses (", ulysses,
              ") must be >= 1");
-  const int64_t R = ring, U = ulysses;
-  if (layout == Layout::zigzag) {
+  const int64_t R = ring, U = ulysses, S = R * U;
+  if (layout == Layout::contiguous) {
     for (const Segment& s : row_.segments)
-      MMSP_ASSERT(s.padded_length % (2 * R) == 0, "segment of ", s.padded_length,
-                  " tokens is not padded to a multiple of 2 x ring = ", 2 * R);
-    share_length_ = row_.length / R;
-    local_length_ = (share_length_ + U - 1) / U;
-  } else {
-    local_length_ = (row_.length + R * U - 1) / (R * U);
+      MMSP_CHECK(s.home < 0, "layout contiguous cuts the row into equal pieces; a segment held whole (",
+                 "sequence ", s.sequence, " on context rank ", s.home, ") needs layout zigzag");
+    local_length_ = (row_.length + S - 1) / S;
     share_length_ = local_length_ * U;
+    return;
   }
+  const int64_t nseg = static_cast<int64_t>(row_.segments.size());
+  offset_.assign(nseg, 0);
+  whole_.assign(S, {});
+  std::vector<int64_t> whole_tokens(S, 0);
+  for (int64_t i = 0; i < nseg; ++i) {
+    const Segment& s = row_.segments[i];
+    if (s.home >= 0) {
+      MMSP_ASSERT(s.home < S, "segment ", i, " held by context rank ", s.home, " of ", S);
+      whole_[s.home].push_back(static_cast<int32_t>(i));
+      offset_[i] = whole_tokens[s.home];  // relative to the rank's split slots, fixed below
+      whole_tokens[s.home] += s.padded_length;
+      continue;
+    }
+    MMSP_ASSERT(s.padded_length % (2 * R) == 0, "segment of ", s.padded_length,
+                " tokens is not padded to a multiple of 2 x ring = ", 2 * R);
+    offset_[i] = share_length_;
+    split_segments_.push_back(i);
+    split_starts_.push_back(share_length_);
+    share_length_ += s.padded_length / R;
+  }
+  split_begin_.assign(S, 0);
+  split_count_.assign(S, 0);
+  for (int64_t r = 0; r < R; ++r) {
+    const std::vector<int64_t> mine(whole_tokens.begin() + r * U, whole_tokens.begin() + (r + 1) * U);
+    const std::vector<int64_t> counts = split_share_counts(share_length_, mine);
+    int64_t begin = 0;
+    for (int64_t u = 0; u < U; ++u) {
+      split_begin_[r * U + u] = begin;
+      split_count_[r * U + u] = counts[u];
+      begin += counts[u];
+      local_length_ = std::max(local_length_, counts[u] + mine[u]);
+    }
+  }
+  for (int64_t i = 0; i < nseg; ++i)
+    if (row_.segments[i].home >= 0) offset_[i] += split_count_[row_.segments[i].home];
 }
 
 int32_t ShardMap::segment_of(int64_t p) const {
@@ -40,20 +75,31 @@ SlotLocation ShardMap::locate(int64_t p) const {
     loc.contiguous = std::min(L - loc.slot, row_.length - p);
     return loc;
   }
-  const int64_t R = ring_;
   const int32_t s = segment_of(p);
   const int64_t seg_start = row_.cu_seqlens[s];
-  const int64_t c = row_.segments[s].padded_length / (2 * R);
   const int64_t off = p - seg_start;
+  const Segment& segment = row_.segments[s];
+  if (segment.home >= 0) {
+    loc.context_rank = segment.home;
+    loc.slot = offset_[s] + off;
+    loc.contiguous = segment.padded_length - off;
+    return loc;
+  }
+  const int64_t R = ring_;
+  const int64_t c = segment.padded_length / (2 * R);
   const int64_t k = off / c;
   const int64_t within = off - k * c;
   const bool first_half = k < R;
   const int64_t r = first_half ? k : 2 * R - 1 - k;
-  const int64_t share_pos = seg_start / R + (first_half ? 0 : c) + within;
-  const int64_t u = share_pos / L;
-  loc.slot = share_pos - u * L;
-  loc.context_rank = static_cast<int>(r * ulysses_ + u);
-  loc.contiguous = std::min(c - within, L - loc.slot);
+  const int64_t share_pos = offset_[s] + (first_half ? 0 : c) + within;
+  // The ulysses rank whose split range holds share_pos: the last one starting at or before it
+  // (ranks with no split slots start where the next one does).
+  const auto first = split_begin_.begin() + r * ulysses_;
+  const int64_t u = (std::upper_bound(first, first + ulysses_, share_pos) - first) - 1;
+  const int64_t cr = r * ulysses_ + u;
+  loc.slot = share_pos - split_begin_[cr];
+  loc.context_rank = static_cast<int>(cr);
+  loc.contiguous = std::min(c - within, split_count_[cr] - loc.slot);
   return loc;
 }
 
@@ -85,15 +131,17 @@ std::vector<SlotRun> ShardMap::runs(int context_rank) const {
     }
   } else {
     const int64_t R = ring_;
-    const int64_t r = context_rank / ulysses_, u = context_rank % ulysses_;
-    const int64_t lo = u * L, hi = std::min(lo + L, share_length_);
+    const int64_t r = context_rank / ulysses_;
+    const int64_t lo = split_begin_[context_rank], hi = lo + split_count_[context_rank];
     if (lo < hi) {
-      // First segment whose share range [cu[s]/R, cu[s+1]/R) ends after lo.
-      int64_t s = static_cast<int64_t>(std::upper_bound(cu.begin(), cu.end(), lo * R) - cu.begin()) - 1;
-      for (; s < nseg && cu[s] / R < hi; ++s) {
+      // First split segment whose share range [start, start + P/R) ends after lo.
+      size_t k = static_cast<size_t>(std::upper_bound(split_starts_.begin(), split_starts_.end(), lo) -
+                                     split_starts_.begin()) - 1;
+      for (; k < split_segments_.size() && split_starts_[k] < hi; ++k) {
+        const int64_t s = split_segments_[k];
         const int64_t c = row_.segments[s].padded_length / (2 * R);
         for (int half = 0; half < 2; ++half) {
-          const int64_t a = cu[s] / R + half * c;  // share range [a, a + c)
+          const int64_t a = split_starts_[k] + half * c;  // share range [a, a + c)
           const int64_t x = std::max(a, lo), y = std::min(a + c, hi);
           if (x >= y) continue;
           const int64_t chunk = half == 0 ? r : 2 * R - 1 - r;
@@ -101,6 +149,7 @@ std::vector<SlotRun> ShardMap::runs(int context_rank) const {
         }
       }
     }
+    for (const int32_t s : whole_[context_rank]) emit(cu[s], row_.segments[s].padded_length, s);
   }
   if (filled < L) {
     SlotRun tail;

@@ -73,25 +73,36 @@ std::vector<VisionItem> collect_items(const Batch& batch, const StepPlan& plan,
   return items;
 }
 
-LoadReport load_report(const RowPlan& row, int S) {
+LoadReport load_report(const RowPlan& row, int S, Placement placement, const AttentionShape& shape) {
   LoadReport r;
-  const int U = row.shards.ulysses();
+  const int U = row.shards.ulysses(), R = row.shards.ring();
+  const int64_t L = row.shards.local_length();
   r.tokens.assign(S, 0);
   r.pairs.assign(S, 0.0);
   std::vector<double> ring_pairs(S / U, 0.0);
   for (int c = 0; c < S; ++c) {
     for (const SlotRun& run : row.shards.runs(c)) {
       if (run.segment < 0) continue;
-      const int64_t real =
-          std::clamp<int64_t>(row.packing.segments[run.segment].length - run.index, 0, run.length);
+      const Segment& seg = row.packing.segments[run.segment];
+      const int64_t real = std::clamp<int64_t>(seg.length - run.index, 0, run.length);
       r.tokens[c] += real;
       // A query at index i of its segment attends keys 0..i: i + 1 pairs.
-      ring_pairs[c / U] += static_cast<double>(real) * (run.index + 1) +
-                           static_cast<double>(real) * (real - 1) / 2;
+      const double pairs = causal_pairs(run.index, run.index + real);
+      if (seg.home >= 0) r.pairs[c] += pairs;
+      else ring_pairs[c / U] += pairs;
     }
   }
-  // Ulysses gives each of its U ranks all of the ring rank's tokens for 1/U of the heads.
-  for (int c = 0; c < S; ++c) r.pairs[c] = ring_pairs[c / U] / U;
+  // Ulysses gives each of its U ranks all of the ring rank's split tokens for 1/U of the heads.
+  for (int c = 0; c < S; ++c) r.pairs[c] += ring_pairs[c / U] / U;
+  for (const Segment& seg : row.packing.segments) ++(seg.home >= 0 ? r.whole_segments : r.split_segments);
+  int64_t share = 0;  // adaptive: the split tokens of one ring rank
+  for (int c = 0; c < U; ++c) share += row.shards.split_slots(c);
+  for (int c = 0; c < S; ++c) {
+    r.padding.push_back(L - r.tokens[c]);
+    const bool all = placement == Placement::zigzag;
+    r.ulysses_bytes.push_back(ulysses_bytes(shape, U, all ? L : row.shards.split_slots(c)));
+    r.ring_bytes.push_back(ring_bytes(shape, R, U, all ? L * U : share));
+  }
   std::vector<int> ours(row.items.size());
   std::vector<double> costs(row.items.size());
   for (size_t i = 0; i < row.items.size(); ++i) {
@@ -140,6 +151,18 @@ void plan_vision(RowPlan& row, int S, const VisionCostModel& model) {
 
 }  // namespace
 
+int64_t LoadReport::padding_total() const {
+  int64_t total = 0;
+  for (int64_t p : padding) total += p;
+  return total;
+}
+
+double LoadReport::attention_bytes_total() const {
+  double total = 0.0;
+  for (size_t c = 0; c < ulysses_bytes.size(); ++c) total += ulysses_bytes[c] + ring_bytes[c];
+  return total;
+}
+
 StepPlan make_step_plan(const Batch& batch, const ModelConventions& conventions,
                         const PlanOptions& options, int rank) {
   validate_mesh(options.mesh);
@@ -165,6 +188,9 @@ StepPlan make_step_plan(const Batch& batch, const ModelConventions& conventions,
 
   const Mesh& mesh = options.mesh;
   const int S = mesh.context();
+  MMSP_CHECK(options.placement == Placement::zigzag || options.layout == Layout::zigzag,
+             "placement adaptive splits long segments in zigzag order; it needs layout zigzag, not ",
+             to_string(options.layout));
   const auto groups = assign_sequences_to_dp(lengths, mesh.dp);
   plan.dp_of_sequence.assign(n, 0);
   const KindOffsets offsets = kind_offsets(batch);
@@ -177,14 +203,17 @@ StepPlan make_step_plan(const Batch& batch, const ModelConventions& conventions,
       plan.dp_of_sequence[s] = d;
       group_lengths.push_back(lengths[s]);
     }
-    row.packing = pack_row(groups[d], group_lengths, mesh.ring);
+    // Which segments stay whole depends on lengths alone, so it precedes the packing.
+    const std::vector<int> home =
+        place_segments(group_lengths, mesh.ring, mesh.ulysses, options.placement, options.placement_balance);
+    row.packing = pack_row(groups[d], group_lengths, mesh.ring, home);
     row.shards = ShardMap(row.packing, mesh.ring, mesh.ulysses, options.layout);
     MMSP_CHECK(row.shards.local_length() <= std::numeric_limits<int32_t>::max(),
                "dp rank ", d, ": ", row.shards.local_length(), " slots per rank is beyond int32");
     row.items = collect_items(batch, plan, row.packing, offsets);
     plan_vision(row, S, options.vision_cost);
     row.pieces = flatten_pieces(row.items);
-    row.load = load_report(row, S);
+    row.load = load_report(row, S, options.placement, options.attention_shape);
   }
   plan.mine = make_rank_plan(batch, plan, rank);
   return plan;

@@ -10,6 +10,9 @@
 #include <random>
 
 #include "mmsp/attention/context_attention.h"
+#include "mmsp/attention/plan_layout.h"
+#include "mmsp/plan/placement.h"
+#include "mmsp/plan/shard_map.h"
 #include "mmsp/core/check.h"
 #include "multirank.h"
 #include "row_compare.h"
@@ -32,29 +35,19 @@ struct SchemeCase {
   bool causal, zigzag;
 };
 
-void run_case(const dist::Mesh& mesh, const SchemeCase& c, std::mt19937& rng) {
-  const int R = mesh.ring()->size(), U = mesh.ulysses()->size();
-  const int r = mesh.ring()->rank(), u = mesh.ulysses()->rank();
-  const std::string where = mesh.shape().str() + " kv" + std::to_string(c.kv_heads) +
-                            (c.causal ? " causal" : " bidirectional") +
-                            (c.zigzag ? " zigzag" : " contiguous");
-  // Segment lengths 1..45 (some shorter than 2R), padded to a multiple of 2R.
-  TokenLayout global = test::packed_layout(test::random_lengths(rng, 5, 45), 2 * R);
+// The scheme the mesh selects on this rank's slots `mine` (global token per slot, -1 for
+// padding) against the kernel on the whole row: output and dq, dk, dv.
+void expect_scheme_equals_kernel(const dist::Mesh& mesh, const TokenLayout& global,
+                                 const std::vector<TokenLayout>& shares, const std::vector<int64_t>& mine,
+                                 int64_t kv_heads, const AttentionOptions& options, const std::string& where) {
   const int64_t T = global.size();
   Tensor q = at::randn({T, kHeads, kDim}, kF64).requires_grad_();
-  Tensor k = at::randn({T, c.kv_heads, kDim}, kF64).requires_grad_();
-  Tensor v = at::randn({T, c.kv_heads, kDim}, kF64).requires_grad_();
+  Tensor k = at::randn({T, kv_heads, kDim}, kF64).requires_grad_();
+  Tensor v = at::randn({T, kv_heads, kDim}, kF64).requires_grad_();
   Tensor w = at::randn({T, kHeads, kDim}, kF64);
-  AttentionOptions options;
-  options.causal = c.causal;
-  options.block_q = 16;
-  options.block_k = 24;
   Tensor ref = local_attention(q, k, v, global, global, options);
   (ref * w).sum().backward();
 
-  const test::ContextSlots sharded = test::context_slots(global, R, U, r, u, c.zigzag);
-  const std::vector<TokenLayout>& shares = sharded.shares;
-  const std::vector<int64_t>& mine = sharded.mine;
   Tensor ql = gather_rows(q.detach(), mine).requires_grad_();
   Tensor kl = gather_rows(k.detach(), mine).requires_grad_();
   Tensor vl = gather_rows(v.detach(), mine).requires_grad_();
@@ -64,6 +57,22 @@ void run_case(const dist::Mesh& mesh, const SchemeCase& c, std::mt19937& rng) {
   expect_rows_match(ql.grad(), q.grad(), mine, where + " dq");
   expect_rows_match(kl.grad(), k.grad(), mine, where + " dk");
   expect_rows_match(vl.grad(), v.grad(), mine, where + " dv");
+}
+
+void run_case(const dist::Mesh& mesh, const SchemeCase& c, std::mt19937& rng) {
+  const int R = mesh.ring()->size(), U = mesh.ulysses()->size();
+  const int r = mesh.ring()->rank(), u = mesh.ulysses()->rank();
+  const std::string where = mesh.shape().str() + " kv" + std::to_string(c.kv_heads) +
+                            (c.causal ? " causal" : " bidirectional") +
+                            (c.zigzag ? " zigzag" : " contiguous");
+  // Segment lengths 1..45 (some shorter than 2R), padded to a multiple of 2R.
+  TokenLayout global = test::packed_layout(test::random_lengths(rng, 5, 45), 2 * R);
+  AttentionOptions options;
+  options.causal = c.causal;
+  options.block_q = 16;
+  options.block_k = 24;
+  const test::ContextSlots sharded = test::context_slots(global, R, U, r, u, c.zigzag);
+  expect_scheme_equals_kernel(mesh, global, sharded.shares, sharded.mine, c.kv_heads, options, where);
 }
 
 }  // namespace
@@ -79,6 +88,46 @@ TEST(MultiRank, EverySchemeEqualsTheSingleProcessKernel) {
           if (kv % U != 0 && U % kv != 0) continue;  // covered by the error test below
           run_case(mesh, {kv, causal, zigzag}, rng);
         }
+  }
+}
+
+// Adaptive placement (docs/plan.md): short segments whole on one context rank, unpadded,
+// long ones split zigzag; the layouts come from the plan's shard map, so today's Ulysses and
+// ring compute it exactly. Rows mixing a long segment with short ones, only short ones, and
+// one long segment (zigzag); loose balance targets for the first two so that these small
+// rows keep segments whole (the default 1 % would split nearly all of them).
+TEST(MultiRank, AdaptivePlacementEqualsTheSingleProcessKernel) {
+  std::mt19937 rng(77);  // same rows on every rank
+  at::manual_seed(77);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    const int R = mesh.ring()->size(), U = mesh.ulysses()->size();
+    const int c = mesh.ring()->rank() * U + mesh.ulysses()->rank();
+    for (const char* pack : {"mixed", "short", "long"}) {
+      std::vector<int64_t> lengths;
+      const std::string kind = pack;
+      if (kind != "short") lengths.push_back(std::uniform_int_distribution<int64_t>(40, 90)(rng));
+      if (kind != "long")
+        for (int i = 0; i < 3 * R * U + 2; ++i) lengths.push_back(std::uniform_int_distribution<int64_t>(1, 12)(rng));
+      std::vector<int64_t> ids(lengths.size());
+      for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
+      // a long segment alone gets the default targets (held whole it would leave the others idle)
+      const plan::PlacementOptions balance = kind == "long" ? plan::PlacementOptions{} : plan::PlacementOptions{1.0, 100.0};
+      const plan::PackedRow row =
+          plan::pack_row(ids, lengths, R, plan::place_segments(lengths, R, U, plan::Placement::adaptive, balance));
+      int whole = 0;
+      for (const plan::Segment& s : row.segments) whole += s.home >= 0;
+      if (kind != "long") EXPECT_GT(whole, 0) << pack << ": nothing whole, the test would test zigzag";
+      if (kind == "long" && R * U > 1) EXPECT_EQ(whole, 0);
+      const plan::ShardMap map(row, R, U, plan::Layout::zigzag);
+      for (bool causal : {true, false}) {
+        AttentionOptions options;
+        options.causal = causal;
+        options.block_q = 8;
+        options.block_k = 16;
+        expect_scheme_equals_kernel(mesh, row_layout(row), ring_shares(map), map.tokens(c), kHeads, options,
+                                    mesh.shape().str() + " adaptive " + pack + (causal ? " causal" : " bidirectional"));
+      }
+    }
   }
 }
 

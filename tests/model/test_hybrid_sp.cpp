@@ -141,6 +141,32 @@ TEST(MultiRankHybrid, Qwen3_5VlmLossAndEveryGradientEqualOneProcess) {
   }
 }
 
+// Adaptive placement: a whole segment needs no Gated DeltaNet state passing; split ones
+// still do. Loose balance targets so that these small batches keep segments whole (every
+// one, or a mix), as in test_vlm_sp.
+TEST(MultiRankHybrid, AdaptivePlacementEqualsOneProcess) {
+  const model::ModelConfig config = tiny_hybrid();
+  const plan::Batch batch = vision_batch();
+  const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
+  const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
+  const Result ref = run_vlm(config, batch, whole, {solo, solo, solo}, solo);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    if (!fits(mesh)) continue;
+    // One ring rank with ulysses > 1: gated_delta_ring's R == 1 path passes no state between
+    // a split segment's ulysses pieces, which adaptive separates by whole segments; `mmsp
+    // train` refuses the combination (docs/plan.md).
+    if (mesh.shape().ring == 1 && mesh.shape().ulysses > 1) continue;
+    for (const plan::PlacementOptions balance : {plan::PlacementOptions{1.0, 100.0}, plan::PlacementOptions{0.25, 1.3}}) {
+      plan::PlanOptions options = options_for(mesh);
+      options.placement = plan::Placement::adaptive;
+      options.placement_balance = balance;
+      const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
+      const Result got = run_vlm(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world());
+      test::expect_same_step(got, ref, 1e-9, "qwen3_5 adaptive " + mesh.shape().str());
+    }
+  }
+}
+
 // Chunks of 8 so that segments span several chunks (and runs start mid-chunk on the
 // ring); both GDN layouts (Qwen3.5's separate projections, Qwen3-Next's fused ones).
 TEST(MultiRankHybrid, DecoderWithShortChunksEqualsOneProcess) {

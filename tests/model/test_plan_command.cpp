@@ -54,6 +54,34 @@ TEST(PlanCommand, TextSummaryOfTheExample) {
   EXPECT_THAT(r.out, HasSubstr("mesh dp 1 x ring 2 x ulysses 2"));
   EXPECT_THAT(r.out, HasSubstr("max/mean"));
   EXPECT_THAT(r.out, HasSubstr("rank 3 (dp 0, ring 1, ulysses 1)"));
+  EXPECT_THAT(r.out, HasSubstr("placement, zigzag | adaptive"));
+}
+
+TEST(PlanCommand, PlacementFlag) {
+  const std::vector<std::string> base{"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch",
+                                      kDir + "/examples/batch-qwen2-vl.json", "--ring", "2", "--ulysses", "2"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), more.begin(), more.end());
+    return run_plan(args);
+  };
+  Result r = with({"--placement", "adaptive", "--format", "json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["placement"], "adaptive");
+  EXPECT_EQ(j["balance"][0]["padding"].size(), 4u);
+  EXPECT_EQ(j["balance"][0]["ring_bytes"].size(), 4u);
+  EXPECT_TRUE(j["segments"][0].contains("home"));
+  r = with({"--placement", "adaptive"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("placement adaptive"));
+  EXPECT_THAT(r.out, HasSubstr("placement, zigzag | adaptive"));
+  r = with({"--placement", "dynamic"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("mmsp plan: error: placement \"dynamic\" is unknown; use zigzag or adaptive"));
+  r = with({"--placement", "adaptive", "--layout", "contiguous"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("placement adaptive splits long segments in zigzag order; it needs layout zigzag"));
 }
 
 TEST(PlanCommand, JsonOfOneRank) {

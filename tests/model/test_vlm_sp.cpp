@@ -133,6 +133,27 @@ plan::Batch vision_batch(plan::ModelFamily family = plan::ModelFamily::qwen2_vl)
 
 using Result = test::StepResult;
 
+// Adaptive placement (docs/plan.md) with balance targets loose enough that these small
+// batches keep segments whole: every segment whole on most meshes, and a mix of whole and
+// split ones. (The default 1 % padding splits nearly everything here, which is zigzag.)
+const plan::PlacementOptions kAdaptiveBalances[] = {{1.0, 100.0}, {0.25, 1.3}};
+
+plan::PlanOptions adaptive_options(const dist::Mesh& mesh, const plan::PlacementOptions& balance) {
+  plan::PlanOptions options;
+  options.mesh = mesh.shape();
+  options.placement = plan::Placement::adaptive;
+  options.placement_balance = balance;
+  return options;
+}
+
+// Whole and split segments of a plan's rows, for the tests to check that they tested both.
+std::pair<int, int> whole_and_split(const plan::StepPlan& plan) {
+  std::pair<int, int> n{0, 0};
+  for (const plan::RowPlan& row : plan.rows)
+    for (const plan::Segment& s : row.packing.segments) ++(s.home >= 0 ? n.first : n.second);
+  return n;
+}
+
 // One step of Model on this rank with the same seeds everywhere; loss and every
 // parameter gradient summed over `world`.
 template <typename Model>
@@ -194,6 +215,33 @@ TEST_P(QwenVlFamily, MultiRankEqualsOneProcessInEveryVisionMode) {
   }
 }
 
+
+// Adaptive placement: short segments whole on one rank, long ones split; the same loss and
+// gradients as one process (fp64 1e-9), in routed and gather mode.
+TEST_P(QwenVlFamily, MultiRankAdaptivePlacementEqualsOneProcess) {
+  const model::ModelConfig config = tiny_config(GetParam());
+  const plan::Batch batch = vision_batch(GetParam());
+  const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
+  const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
+  const Result ref = run(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed);
+  int mixed = 0;
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    if (mesh.shape().ulysses == 3) continue;
+    for (const plan::PlacementOptions& balance : kAdaptiveBalances) {
+      const plan::StepPlan mine =
+          plan::make_step_plan(batch, config.conventions, adaptive_options(mesh, balance), mesh.rank());
+      const auto [w, sp] = whole_and_split(mine);
+      mixed += w > 0 && (sp > 0 || mesh.shape().context() == 1);
+      for (auto mode : {model::VisionMode::routed, model::VisionMode::gather}) {
+        const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
+                               mesh.world(), mode);
+        test::expect_same_step(got, ref, 1e-9, mesh.shape().str() + " adaptive " + std::to_string(w) + " whole " +
+                                                   std::to_string(sp) + " split " + model::to_string(mode));
+      }
+    }
+  }
+  EXPECT_GT(mixed, 0) << "no mesh mixed whole and split segments: the test would not test the mix";
+}
 
 // fp32: the same comparison at fp32's tolerance (rtol 1e-4), every family and mode.
 TEST_P(QwenVlFamily, MultiRankFp32EqualsOneProcessInEveryVisionMode) {
@@ -365,6 +413,26 @@ TEST_P(LlavaDtype, MultiRankEqualsOneProcessInEveryVisionMode) {
         test::expect_same_step(got, ref, rtol, mesh.shape().str() + " " + model::to_string(mode) + " " +
                                         (dtype == at::kDouble ? "fp64 " : "fp32 ") + strategy);
       }
+    }
+  }
+}
+
+TEST(MultiRankLlava, AdaptivePlacementEqualsOneProcess) {
+  const model::ModelConfig config = tiny_llava();
+  const plan::Batch batch = llava_batch();
+  const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
+  const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
+  const Result ref = run_llava(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    if (mesh.shape().ulysses == 3) continue;
+    for (const plan::PlacementOptions& balance : kAdaptiveBalances) {
+      const plan::StepPlan mine =
+          plan::make_step_plan(batch, config.conventions, adaptive_options(mesh, balance), mesh.rank());
+      const auto [w, sp] = whole_and_split(mine);
+      const Result got = run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
+                                   mesh.world(), model::VisionMode::routed);
+      test::expect_same_step(got, ref, 1e-9, mesh.shape().str() + " adaptive " + std::to_string(w) + " whole " +
+                                                 std::to_string(sp) + " split");
     }
   }
 }

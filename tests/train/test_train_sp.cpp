@@ -20,6 +20,7 @@
 
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/hf_directory.h"
+#include "mmsp/core/check.h"
 #include "mmsp/train/trainer.h"
 #include "multirank.h"
 
@@ -114,6 +115,57 @@ TEST(MultiRankTrain, LossesAndParametersEqualOneProcessOnEveryMesh) {
     if (mesh.shape().ulysses == 3) continue;  // 2 K/V heads cannot be split 3 ways
     const train::TrainReport got = train::train(tiny_options(per_rank), mesh, log);
     expect_same_run(got, reference(mesh.shape().dp), 1e-9, mesh.shape().str());
+  }
+}
+
+// --placement adaptive: the same losses and parameters as one process on every mesh, with the
+// default balance targets and with loose ones under which these short samples stay whole
+// (tests/model's AdaptivePlacement tests assert that such plans mix whole and split).
+TEST(MultiRankTrain, AdaptivePlacementEqualsOneProcessOnEveryMesh) {
+  const int world = test::rank_env().world_size;
+  const int64_t per_rank = 96;
+  std::ostringstream log;
+  std::map<int, train::TrainReport> refs;
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    if (mesh.shape().ulysses == 3) continue;  // 2 K/V heads cannot be split 3 ways
+    const int dp = mesh.shape().dp;
+    if (!refs.count(dp)) {
+      train::TrainOptions o = tiny_options(per_rank * world);
+      o.data_rows = dp;
+      refs[dp] = train::train(o, dist::Mesh::solo(), log);
+    }
+    for (const plan::PlacementOptions balance : {plan::PlacementOptions{}, plan::PlacementOptions{1.0, 100.0}}) {
+      train::TrainOptions o = tiny_options(per_rank);
+      o.placement = plan::Placement::adaptive;
+      o.placement_balance = balance;
+      expect_same_run(train::train(o, mesh, log), refs[dp], 1e-9,
+                      mesh.shape().str() + " adaptive, padding up to " + std::to_string(balance.max_padding));
+    }
+  }
+}
+
+// A hybrid model (Gated DeltaNet layers) on one ring rank with ulysses > 1 is refused with
+// adaptive placement, on every rank before any collective.
+TEST(MultiRankTrain, AdaptivePlacementOfAHybridNeedsARing) {
+  std::ostringstream log;
+  int refused = 0;
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    // (ulysses 3 does not divide its 4 heads: refused earlier, for that)
+    if (mesh.shape().ring != 1 || mesh.shape().ulysses == 1 || mesh.shape().ulysses == 3) continue;
+    train::TrainOptions o = tiny_options(64);
+    o.model = std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3_5-vl.json";
+    o.placement = plan::Placement::adaptive;
+    try {
+      train::train(o, mesh, log);
+      ADD_FAILURE() << mesh.shape().str() << ": expected a refusal";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("Gated DeltaNet layers needs --ring >= 2 when --ulysses is"), std::string::npos)
+          << e.what();
+      ++refused;
+    }
+  }
+  if (test::rank_env().world_size >= 2) {
+    EXPECT_GT(refused, 0);
   }
 }
 

@@ -23,4 +23,8 @@ nlohmann::json step_plan_to_json(const Batch& batch, const StepPlan& plan,
 // Per-rank loads and balance, one line per rank.
 std::string step_plan_summary(const StepPlan& plan);
 
+// The same step under both placements side by side: per context rank tokens, padding,
+// causal pairs and planned attention bytes, then the totals and ratios.
+std::string placement_comparison(const StepPlan& zigzag, const StepPlan& adaptive);
+
 }  // namespace mmsp::plan

@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <vector>
 
+#include "mmsp/plan/attention_cost.h"
 #include "mmsp/plan/labels.h"
 #include "mmsp/plan/mesh.h"
 #include "mmsp/plan/model_conventions.h"
 #include "mmsp/plan/mrope_positions.h"
 #include "mmsp/plan/packing.h"
+#include "mmsp/plan/placement.h"
 #include "mmsp/plan/sequence.h"
 #include "mmsp/plan/shard_map.h"
 #include "mmsp/plan/vision_assignment.h"
@@ -21,18 +23,30 @@ namespace mmsp::plan {
 struct PlanOptions {
   Mesh mesh;
   Layout layout = Layout::zigzag;
+  Placement placement = Placement::zigzag;  // adaptive needs layout zigzag
+  PlacementOptions placement_balance;
   VisionCostModel vision_cost;
+  AttentionShape attention_shape;  // for the load report's planned bytes only
 };
 
 // Work per context rank of one dp row; ratios are max / mean over the group.
 struct LoadReport {
   std::vector<int64_t> tokens;        // real tokens held
-  // causal attention (query, key) pairs it computes: its ring rank's queries against their
-  // segments' earlier keys, divided by U (ulysses splits the heads)
+  std::vector<int64_t> padding;       // slots holding no real token (local_length - tokens)
+  // causal attention (query, key) pairs it computes: of split segments, its ring rank's
+  // queries against their segments' earlier keys divided by U (ulysses splits the heads); of
+  // the segments it holds whole, all of them (they stay home for every head)
   std::vector<double> pairs;
+  // planned attention bytes per step (attention_cost.h): Ulysses all-to-alls of the slots it
+  // exchanges and ring K/V of its ring rank's share; zigzag exchanges every slot, adaptive
+  // only split segments' (all-to-all-v, and a ring that carries only split K/V)
+  std::vector<double> ulysses_bytes, ring_bytes;
+  int64_t whole_segments = 0, split_segments = 0;
   std::vector<double> vision_cost;    // Vision DP (ours)
   std::vector<double> greedy_vision_cost;  // greedy contiguous rule, same cost model
   double tokens_ratio = 1.0, pairs_ratio = 1.0, vision_ratio = 1.0, greedy_vision_ratio = 1.0;
+  int64_t padding_total() const;
+  double attention_bytes_total() const;  // every rank's Ulysses + ring bytes
 };
 
 // One dp rank's packed row and its context group's shared decisions.

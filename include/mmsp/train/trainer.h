@@ -40,6 +40,10 @@ struct TrainOptions {
   // parallelism (the mesh itself comes from the caller)
   model::VisionMode vision = model::VisionMode::routed;
   plan::Layout layout = plan::Layout::zigzag;
+  // adaptive: short segments whole on one context rank, long ones split (docs/plan.md); the
+  // same numerics as zigzag (the attention masks follow the plan's layouts)
+  plan::Placement placement = plan::Placement::zigzag;
+  plan::PlacementOptions placement_balance;  // the balance adaptive must reach (tests loosen it)
   int64_t attention_block = 256;  // query and key block of the attention kernel
 
   // memory (neither changes the numerics)

@@ -1,0 +1,30 @@
+// `mmsp bench placement`: zigzag against adaptive placement, PLANNED figures only (the
+// planner's load report; nothing is sent): attention bytes per step (Ulysses all-to-alls +
+// ring K/V, attention_cost.h), padding, attention-work and token max/mean, on three
+// workloads at 2 to 64 context ranks, and the planning time of 1,000,000 tokens on 64.
+// Torch-free: also built as the stand-alone bench_placement.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <vector>
+
+#include "mmsp/plan/attention_cost.h"
+
+namespace mmsp::bench {
+
+struct PlacementBenchOptions {
+  std::vector<int> ranks = {2, 4, 8, 16, 32, 64};  // context group sizes (ring x ulysses)
+  int64_t tokens_per_rank = 16384;                 // a step holds this many tokens per context rank
+  int timing_repeats = 5;                          // median of this many plans for the timing
+  plan::AttentionShape shape;
+};
+
+// Rows {workload, ranks, ring, ulysses, placement, bytes, padding, ...} and the timings.
+nlohmann::json bench_placement(const PlacementBenchOptions& options);
+
+// The rows as a Markdown table (docs/plan.md).
+std::string placement_table(const nlohmann::json& result);
+
+}  // namespace mmsp::bench
