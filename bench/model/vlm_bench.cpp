@@ -72,7 +72,7 @@ class BenchImages : public train::Dataset {
 }  // namespace
 
 json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
-  train::MemoryCounter::install();
+  train::MemoryCounter memory;  // this benchmark's tensors, from here on
   at::set_num_threads(1);
   const model::ModelConfig config = bench_config();
   const plan::Batch batch = bench_batch(o);
@@ -102,8 +102,8 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
       vlm.zero_grad();
       const dist::CommSnapshot before = mesh.stats().snapshot();
-      train::MemoryCounter::reset_peak();
-      const int64_t base = train::MemoryCounter::current_bytes();
+      memory.reset_peak();
+      const int64_t base = memory.current_bytes();
       const auto start = std::chrono::steady_clock::now();
       // This rank's pixels, as the trainer loads them: the items it encodes.
       const model::PixelInputs pixels = train::load_pixels(images, samples, batch, config,
@@ -115,7 +115,7 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
         vlm.vision_rows(plan, pixels, groups, mode).sum().backward();
       }
       const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const int64_t peak = train::MemoryCounter::peak_bytes() - base;
+      const int64_t peak = memory.peak_bytes() - base;
       const dist::CommSnapshot d = mesh.stats().snapshot() - before;
       int64_t vision_bytes = 0;
       for (auto kind : {dist::CommKind::all_to_all_v, dist::CommKind::all_gather_v})
