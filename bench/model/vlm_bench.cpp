@@ -5,11 +5,15 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <chrono>
 
+#include "mmsp/core/check.h"
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
+#include "mmsp/model/config.h"
 #include "mmsp/model/qwen_vl.h"
+#include "mmsp/plan/sequence.h"
 #include "mmsp/train/causal_lm_loss.h"
 #include "mmsp/train/memory_counter.h"
 #include "mmsp/train/dataset.h"
@@ -33,15 +37,16 @@ model::ModelConfig bench_config() {
   return model::parse_model_config(c, "bench qwen2_vl");
 }
 
-plan::Batch bench_batch(const VlmBenchOptions& o) {
+plan::Batch bench_batch(const VlmBenchOptions& o, const model::ModelConfig& config) {
   plan::Batch batch;
-  const int64_t rows = o.image_side * o.image_side / 4;
+  const plan::ModelConventions& ids = config.conventions;
+  const int64_t rows = plan::vision_row_count({1, o.image_side, o.image_side}, config.qwen_vision->spatial_merge_size);
   for (int i = 0; i < o.images; ++i) {
     plan::Sequence s;
     for (int t = 0; t < 20 + 7 * (i % 3); ++t) s.input_ids.push_back((i * 37 + t * 11) % 900);
-    s.input_ids.push_back(990);
-    for (int64_t r = 0; r < rows; ++r) s.input_ids.push_back(993);
-    s.input_ids.push_back(991);
+    s.input_ids.push_back(ids.vision_start_token_id);
+    for (int64_t r = 0; r < rows; ++r) s.input_ids.push_back(ids.image_token_id);
+    s.input_ids.push_back(ids.vision_end_token_id);
     for (int t = 0; t < 20; ++t) s.input_ids.push_back((i * 13 + t * 5) % 900);
     s.image_grid_thw = {{1, o.image_side, o.image_side}};
     batch.sequences.push_back(s);
@@ -69,14 +74,27 @@ class BenchImages : public train::Dataset {
   int64_t patch_dim_;
 };
 
+// Whether the model's heads split over `ulysses` ranks (attention and Gated DeltaNet).
+bool heads_split(const model::TextConfig& text, int ulysses) {
+  bool linear = false;
+  for (int64_t i = 0; i < text.num_hidden_layers; ++i)
+    linear |= text.layer_kind(i) == model::LayerKind::linear_attention;
+  return text.num_attention_heads % ulysses == 0 &&
+         (!linear || (text.linear_num_key_heads % ulysses == 0 && text.linear_num_value_heads % ulysses == 0));
+}
+
 }  // namespace
 
 json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
+  MMSP_CHECK(o.repeats >= 1, "bench vision/step: --repeats must be >= 1, got ", o.repeats);
   train::MemoryCounter memory;  // this benchmark's tensors, from here on
   at::set_num_threads(1);
-  const model::ModelConfig config = bench_config();
-  const plan::Batch batch = bench_batch(o);
-  const BenchImages images(batch, 3 * 2 * 14 * 14);
+  const model::ModelConfig config = o.model.empty() ? bench_config() : model::load_model_config(o.model);
+  MMSP_CHECK(config.qwen_vision, "bench vision/step: ", o.model, " is not a Qwen-VL model (model_type ",
+             config.model_type, ")");
+  const plan::Batch batch = bench_batch(o, config);
+  const model::QwenVisionConfig& vision = *config.qwen_vision;
+  const BenchImages images(batch, vision.in_channels * vision.temporal_patch_size * vision.patch_size * vision.patch_size);
   std::vector<int64_t> samples(batch.sequences.size());
   for (size_t i = 0; i < samples.size(); ++i) samples[i] = static_cast<int64_t>(i);
   at::manual_seed(42);
@@ -88,7 +106,7 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
   // images straddle ranks) and as Ulysses (each rank holds whole stretches).
   for (int c : {1, 2, 4})
   for (bool ring : {true, false}) {
-    if (env.world_size % c || (c == 1 && !ring)) continue;
+    if (env.world_size % c || (c == 1 && !ring) || !heads_split(config.text, ring ? 1 : c)) continue;
     dist::MeshOptions mo;
     mo.timeout = std::chrono::seconds(300);
     // Each group of c ranks runs the whole batch: dp replicas of the same step.
@@ -100,23 +118,29 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
     const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, po, context_rank);
     const model::StepGroups groups{mesh.context(), mesh.ring(), mesh.ulysses()};
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
-      vlm.zero_grad();
-      const dist::CommSnapshot before = mesh.stats().snapshot();
-      memory.reset_peak();
-      const int64_t base = memory.current_bytes();
-      const auto start = std::chrono::steady_clock::now();
-      // This rank's pixels, as the trainer loads them: the items it encodes.
-      const model::PixelInputs pixels = train::load_pixels(images, samples, batch, config,
-                                                           train::pixels_encoded_here(plan, mode), at::kFloat);
-      if (o.step) {
-        auto out = vlm.forward(batch, plan, pixels, groups, mode);
-        train::causal_lm_loss(out.logits(), out.labels, out.label_count).backward();
-      } else {
-        vlm.vision_rows(plan, pixels, groups, mode).sum().backward();
+      double seconds = 0;
+      int64_t peak = 0;
+      dist::CommSnapshot d;
+      for (int run = 0; run < o.repeats; ++run) {  // the figures of the last run, the fastest run's seconds
+        vlm.zero_grad();
+        const dist::CommSnapshot before = mesh.stats().snapshot();
+        memory.reset_peak();
+        const int64_t base = memory.current_bytes();
+        const auto start = std::chrono::steady_clock::now();
+        // This rank's pixels, as the trainer loads them: the items it encodes.
+        const model::PixelInputs pixels = train::load_pixels(images, samples, batch, config,
+                                                             train::pixels_encoded_here(plan, mode), at::kFloat);
+        if (o.step) {
+          auto out = vlm.forward(batch, plan, pixels, groups, mode);
+          train::causal_lm_loss(out.logits(), out.labels, out.label_count).backward();
+        } else {
+          vlm.vision_rows(plan, pixels, groups, mode).sum().backward();
+        }
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        seconds = run == 0 ? s : std::min(seconds, s);
+        peak = memory.peak_bytes() - base;
+        d = mesh.stats().snapshot() - before;
       }
-      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      const int64_t peak = memory.peak_bytes() - base;
-      const dist::CommSnapshot d = mesh.stats().snapshot() - before;
       int64_t vision_bytes = 0;
       for (auto kind : {dist::CommKind::all_to_all_v, dist::CommKind::all_gather_v})
         for (auto pass : {dist::Pass::forward, dist::Pass::backward}) vision_bytes += d.at(kind, pass).bytes;
@@ -135,7 +159,8 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
                       {"seconds_max_rank", max[3].item<double>()}});
     }
   }
-  json result = {{"part", o.step ? "step" : "vision"}, {"images", o.images},
+  json result = {{"part", o.step ? "step" : "vision"}, {"model", o.model.empty() ? "built-in" : o.model},
+                 {"repeats", o.repeats}, {"images", o.images},
                  {"image_patches", o.image_side * o.image_side}, {"dtype", "float32"}, {"rows", rows}};
   auto find = [&](int c, const std::string& mode) -> const json* {  // ring meshes
     for (const json& r : rows)

@@ -1,10 +1,13 @@
 // `mmsp bench vision` / `mmsp bench step`: peak tensor memory per rank (counting CPU
 // allocator) and bytes communicated, of the vision part alone and of the whole
 // training step (forward + backward), for the three vision modes on context groups
-// of 1, 2 and 4 ranks, all in one run of `mmsp-run -n 4`.
+// of 1, 2 and 4 ranks, all in one run of `mmsp-run -n 4`; on a built-in Qwen2-VL shape or
+// a Qwen-VL config.json (--model, e.g. configs/tiny-qwen3_5-vl.json for the hybrid decoder).
 #pragma once
 
 #include <nlohmann/json.hpp>
+
+#include <string>
 
 #include "mmsp/dist/rank_env.h"
 
@@ -14,6 +17,8 @@ struct VlmBenchOptions {
   int images = 16;          // one image per sequence
   int64_t image_side = 16;  // patches per side (image_side² patches, /4 rows)
   bool step = false;        // false: vision part only; true: the whole step
+  std::string model;        // a Qwen-VL config.json; empty: the built-in bench shape
+  int repeats = 1;          // runs of each row; its seconds are the fastest run's
 };
 
 // Every rank calls it; rank 0's result holds the table.

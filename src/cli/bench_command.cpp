@@ -64,6 +64,9 @@ Subcommand add_bench_command(CLI::App& parent) {
   for (CLI::App* sub : {vision, step}) {
     sub->add_option("--images", flags->vlm.images, "images in the batch (one per sequence)");
     sub->add_option("--image-side", flags->vlm.image_side, "patches per image side (even)");
+    sub->add_option("--model", flags->vlm.model, "a Qwen-VL config.json (default: a built-in Qwen2-VL shape)");
+    sub->add_option("--repeats", flags->vlm.repeats, "runs of each row; seconds are the fastest run's")
+        ->capture_default_str();
     sub->add_option("--out", flags->out, "write the JSON here instead of stdout");
   }
   CLI::App* load = app->add_subcommand(
