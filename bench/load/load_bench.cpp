@@ -103,7 +103,7 @@ double time_cat(const model::HfDirectory& dir) {
 
 json bench_load(const dist::RankEnv& env, const LoadBenchOptions& o) {
   MMSP_CHECK(o.bytes > 0 && o.shards > 0, "bench load: --bytes and --shards must be > 0");
-  train::MemoryCounter::install();
+  train::MemoryCounter memory;  // this benchmark's tensors, from here on
   at::set_num_threads(1);
   auto store = dist::Mesh::open_store(env, std::chrono::seconds(900));
   const int world = env.world_size;
@@ -155,12 +155,12 @@ json bench_load(const dist::RankEnv& env, const LoadBenchOptions& o) {
     barrier(*store, "bench-load/cat-" + label, world);
     const double cat_s = time_cat(hf);
     barrier(*store, "bench-load/load-" + label, world);
-    const int64_t before = train::MemoryCounter::current_bytes();
-    train::MemoryCounter::reset_peak();
+    const int64_t before = memory.current_bytes();
+    memory.reset_peak();
     start = Clock::now();
     model::load_hf_weights(hf, params, {});
     const double load_s = seconds_since(start);
-    const int64_t extra = train::MemoryCounter::peak_bytes() - before;
+    const int64_t extra = memory.peak_bytes() - before;
     // The same load into the same parameters again: what the read costs once the pages
     // have been written by a read before (see the note on first writes).
     barrier(*store, "bench-load/cat2-" + label, world);

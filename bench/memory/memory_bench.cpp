@@ -11,7 +11,6 @@
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
-#include "mmsp/train/memory_counter.h"
 #include "mmsp/train/trainer.h"
 
 namespace mmsp::bench {
@@ -69,7 +68,6 @@ std::vector<int64_t> every_rank(int64_t mine, const dist::Mesh& mesh) {
 }  // namespace
 
 json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
-  train::MemoryCounter::install();
   at::set_num_threads(1);
   auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
   dist::MeshOptions mesh_options;

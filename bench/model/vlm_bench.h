@@ -1,7 +1,8 @@
 // `mmsp bench vision` / `mmsp bench step`: peak tensor memory per rank (counting CPU
 // allocator) and bytes communicated, of the vision part alone and of the whole
 // training step (forward + backward), for the three vision modes on context groups
-// of 1, 2 and 4 ranks, all in one run of `mmsp-run -n 4`.
+// of 1, 2 and 4 ranks, all in one run of `mmsp-run -n 4`; on a built-in Qwen2-VL shape or
+// a Qwen-VL config.json (--model, e.g. configs/tiny-qwen3_5-vl.json for the hybrid decoder).
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -23,6 +24,7 @@ struct VlmBenchOptions {
   // of that size (InternVL: its dynamic tiling); 0: the family's fixed side if it has one,
   // else image_side merged-patch units per side.
   int64_t image_width = 0, image_height = 0;
+  int repeats = 1;  // runs of each row; its seconds are the fastest run's
 };
 
 // Every rank calls it; rank 0's result holds the table.

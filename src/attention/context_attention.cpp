@@ -16,7 +16,7 @@ at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at:
                              const std::vector<TokenLayout>& ring_shares,
                              const AttentionOptions& options) {
   check_attention_inputs(q, k, v, "context_attention");
-  return attention_function(plan_step_attention(groups, ring_shares, options, q.device(), false))(q, k, v);
+  return attention_function(plan_step_attention(groups, ring_shares, options, q.device()))(q, k, v);
 }
 
 }  // namespace mmsp::attention

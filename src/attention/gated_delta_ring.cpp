@@ -58,43 +58,26 @@ std::vector<int64_t> run_counts(const RingRuns& runs, int64_t per_run) {
   return counts;
 }
 
-}  // namespace
+// Tail row i of a run holds its token of order last − (W−2) + i (T: the zero row, before
+// its start).
+std::vector<int64_t> halo_rows_of(const std::vector<TokenRun>& mine, int64_t halo, int64_t T) {
+  std::vector<int64_t> rows;
+  for (const TokenRun& run : mine)
+    for (int64_t i = 0; i < halo; ++i) {
+      const int64_t pos = run.length - halo + i;
+      rows.push_back(pos >= 0 ? run.begin + pos : T);
+    }
+  return rows;
+}
 
-at::Tensor gated_delta_conv(const at::Tensor& x, const at::Tensor& weight, const RingRuns& runs,
-                            const dist::GroupPtr& ring) {
-  const int R = ring_size(ring), me = ring_rank(ring);
-  MMSP_CHECK(static_cast<int>(runs.runs.size()) == R, "gated_delta_conv: ", runs.runs.size(),
-             " ring shares for a ring of ", R);
-  MMSP_CHECK(x.dim() == 2 && weight.dim() == 2 && weight.size(0) == x.size(1),
-             "gated_delta_conv: x [T, Ch] and weight [Ch, W] expected, got ", x.sizes(), " and ",
-             weight.sizes());
-  const int64_t T = x.size(0), W = weight.size(1), halo = W - 1;
+// [T, W]: the row of ext = [x (T rows) | every rank's run tails ((W−1) rows per run) |
+// one zero row] that tap j of token t reads.
+std::vector<int64_t> conv_taps_of(const RingRuns& runs, int me, int64_t T, int64_t W,
+                                  const std::vector<int64_t>& tail_offset, int64_t zero_row) {
+  const int R = static_cast<int>(runs.runs.size());
+  const int64_t halo = W - 1;
   const std::vector<TokenRun>& mine = runs.runs[me];
-
-  // ext = [x (T rows) | every rank's run tails ((W−1) rows per run) | one zero row]
-  std::vector<int64_t> tail_offset(R, T);  // first ext row of rank p's tails
-  for (int p = 1; p < R; ++p)
-    tail_offset[p] = tail_offset[p - 1] + static_cast<int64_t>(runs.runs[p - 1].size()) * halo;
-  const bool exchange = R > 1 && halo > 0;
-  const int64_t zero_row =
-      exchange ? tail_offset[R - 1] + static_cast<int64_t>(runs.runs[R - 1].size()) * halo : T;
-
-  at::Tensor tails;
-  if (exchange) {
-    // Tail row i of a run holds its token of order last − (W−2) + i (zero before its start).
-    std::vector<int64_t> rows;
-    for (const TokenRun& run : mine)
-      for (int64_t i = 0; i < halo; ++i) {
-        const int64_t pos = run.length - halo + i;
-        rows.push_back(pos >= 0 ? run.begin + pos : T);
-      }
-    at::Tensor padded = at::cat({x, at::zeros({1, x.size(1)}, x.options())}, 0);
-    at::Tensor my_tails =
-        padded.index_select(0, at::tensor(at::ArrayRef<int64_t>(rows), at::kLong).to(x.device()));
-    tails = dist::all_gather_v(my_tails, run_counts(runs, halo), ring);
-  }
-
-  std::vector<int64_t> index(T * W, zero_row);  // [T, W]: ext row of tap j of token t
+  std::vector<int64_t> index(T * W, zero_row);
   for (size_t j = 0; j < mine.size(); ++j) {
     const TokenRun& run = mine[j];
     for (int64_t i = 0; i < run.length; ++i) {
@@ -116,32 +99,90 @@ at::Tensor gated_delta_conv(const at::Tensor& x, const at::Tensor& weight, const
       }
     }
   }
+  return index;
+}
+
+at::Tensor long_tensor(const std::vector<int64_t>& values, const at::Device& device) {
+  return at::tensor(at::ArrayRef<int64_t>(values), at::kLong).to(device);
+}
+
+}  // namespace
+
+RingRunIndex RingRunIndex::make(const std::vector<TokenLayout>& shares, int ring_rank, int64_t conv_kernel,
+                                int64_t chunk, const at::Device& device) {
+  const int R = static_cast<int>(shares.size());
+  MMSP_CHECK(ring_rank >= 0 && ring_rank < R, "gated DeltaNet: ring rank ", ring_rank, " of ", R,
+             " ring shares");
+  MMSP_CHECK(conv_kernel > 0, "gated DeltaNet: conv kernel must be > 0, got ", conv_kernel);
+  RingRunIndex index;
+  index.runs = RingRuns::make(shares);
+  index.ring_rank = ring_rank;
+  index.conv_kernel = conv_kernel;
+  const int64_t T = shares[ring_rank].size(), W = conv_kernel, halo = W - 1;
+  index.tokens = T;
+  const std::vector<TokenRun>& mine = index.runs.runs[ring_rank];
+
+  std::vector<int64_t> tail_offset(R, T);  // first ext row of rank p's tails
+  for (int p = 1; p < R; ++p)
+    tail_offset[p] = tail_offset[p - 1] + static_cast<int64_t>(index.runs.runs[p - 1].size()) * halo;
+  const bool exchange = R > 1 && halo > 0;
+  const int64_t zero_row =
+      exchange ? tail_offset[R - 1] + static_cast<int64_t>(index.runs.runs[R - 1].size()) * halo : T;
+  if (exchange) index.halo_rows = long_tensor(halo_rows_of(mine, halo, T), device);
+  index.conv_taps = long_tensor(conv_taps_of(index.runs, ring_rank, T, W, tail_offset, zero_row), device);
+  index.conv_rows = zero_row + 1;
+
+  index.chunks = RunChunks::make(mine, T, chunk, device);
+  index.first_state_row.assign(R, 0);
+  for (int p = 1; p < R; ++p)
+    index.first_state_row[p] =
+        index.first_state_row[p - 1] + static_cast<int64_t>(index.runs.runs[p - 1].size());
+  return index;
+}
+
+at::Tensor gated_delta_conv(const at::Tensor& x, const at::Tensor& weight, const RingRunIndex& index,
+                            const dist::GroupPtr& ring) {
+  const int R = ring_size(ring);
+  MMSP_CHECK(static_cast<int>(index.runs.runs.size()) == R && index.ring_rank == ring_rank(ring),
+             "gated_delta_conv: the index was planned for ring rank ", index.ring_rank, " of ",
+             index.runs.runs.size(), ", but this is ring rank ", ring_rank(ring), " of ", R);
+  MMSP_CHECK(x.dim() == 2 && weight.dim() == 2 && weight.size(0) == x.size(1),
+             "gated_delta_conv: x [T, Ch] and weight [Ch, W] expected, got ", x.sizes(), " and ",
+             weight.sizes());
+  const int64_t T = x.size(0), W = weight.size(1), halo = W - 1;
+  MMSP_CHECK(T == index.tokens && W == index.conv_kernel, "gated_delta_conv: the index was planned for ",
+             index.tokens, " tokens and a kernel of ", index.conv_kernel, ", got x ", x.sizes(), " and weight ",
+             weight.sizes());
+
+  // ext = [x | every rank's run tails | one zero row], read by the planned taps
   std::vector<at::Tensor> parts{x};
-  if (tails.defined()) parts.push_back(tails);
+  if (index.halo_rows.defined()) {
+    at::Tensor padded = at::cat({x, at::zeros({1, x.size(1)}, x.options())}, 0);
+    parts.push_back(dist::all_gather_v(padded.index_select(0, index.halo_rows), run_counts(index.runs, halo), ring));
+  }
   parts.push_back(at::zeros({1, x.size(1)}, x.options()));
   at::Tensor ext = at::cat(parts, 0);
-  MMSP_ASSERT(ext.size(0) == zero_row + 1);
-  at::Tensor idx = at::tensor(at::ArrayRef<int64_t>(index), at::kLong).to(x.device());
-  at::Tensor taps = ext.index_select(0, idx).view({T, W, x.size(1)});  // [T, W, Ch]
+  MMSP_ASSERT(ext.size(0) == index.conv_rows);
+  at::Tensor taps = ext.index_select(0, index.conv_taps).view({T, W, x.size(1)});  // [T, W, Ch]
   return at::silu((taps * weight.t().unsqueeze(0)).sum(1));
 }
 
 at::Tensor gated_delta_ring_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const at::Tensor& g, const at::Tensor& beta, const RingRuns& runs,
-                                 const dist::GroupPtr& ring, int64_t chunk) {
+                                 const at::Tensor& g, const at::Tensor& beta, const RingRunIndex& index,
+                                 const dist::GroupPtr& ring) {
   const int R = ring_size(ring), me = ring_rank(ring);
+  MMSP_CHECK(static_cast<int>(index.runs.runs.size()) == R && index.ring_rank == me,
+             "gated_delta_ring_rule: the index was planned for ring rank ", index.ring_rank, " of ",
+             index.runs.runs.size(), ", but this is ring rank ", me, " of ", R);
+  const RingRuns& runs = index.runs;
   const std::vector<TokenRun>& mine = runs.runs[me];
-  GatedDeltaOptions options;
-  options.chunk = chunk;
-  if (R == 1) return gated_delta_rule(q, k, v, g, beta, mine, {}, options).out;
-  options.transitions = true;
-  GatedDeltaResult local = gated_delta_rule(q, k, v, g, beta, mine, {}, options);
+  if (R == 1) return gated_delta_rule(q, k, v, g, beta, index.chunks, {}, /*transitions=*/false).out;
+  GatedDeltaResult local = gated_delta_rule(q, k, v, g, beta, index.chunks, {}, /*transitions=*/true);
   const int64_t K = q.size(2), V = v.size(2);
   // [runs, H, K, K + V]: (transition | final state from zero), fp32 for 16-bit inputs
   at::Tensor packed = at::cat({local.transition, local.final}, -1);
   at::Tensor all = dist::all_gather_v(packed, run_counts(runs, 1), ring);
-  std::vector<int64_t> first_row(R, 0);
-  for (int p = 1; p < R; ++p) first_row[p] = first_row[p - 1] + static_cast<int64_t>(runs.runs[p - 1].size());
+  const std::vector<int64_t>& first_row = index.first_state_row;
 
   // S0 of a run, walking back to its segment start (chains are at most 2R runs long).
   std::map<std::pair<int, int>, at::Tensor> memo;

@@ -16,6 +16,37 @@
 
 namespace mmsp::attention {
 
+RunChunks RunChunks::make(const std::vector<TokenRun>& runs, int64_t tokens, int64_t chunk,
+                          const at::Device& device) {
+  MMSP_CHECK(chunk > 0, "gated_delta_rule: chunk must be > 0, got ", chunk);
+  RunChunks plan;
+  plan.tokens = tokens;
+  plan.chunk = chunk;
+  plan.runs = static_cast<int64_t>(runs.size());
+  std::vector<int64_t> slots;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    MMSP_CHECK(runs[r].begin >= 0 && runs[r].length > 0 && runs[r].begin + runs[r].length <= tokens,
+               "gated_delta_rule: run ", r, " [", runs[r].begin, ", ", runs[r].begin + runs[r].length,
+               ") is not inside the ", tokens, " tokens");
+    const int64_t n = (runs[r].length + chunk - 1) / chunk;
+    for (int64_t c = 0; c < n; ++c) {
+      plan.chunk_run.push_back(static_cast<int64_t>(r));
+      plan.run_start.push_back(c == 0);
+      for (int64_t i = 0; i < chunk; ++i) {
+        const int64_t pos = c * chunk + i;
+        slots.push_back(pos < runs[r].length ? runs[r].begin + pos : tokens);
+      }
+    }
+  }
+  plan.chunks = static_cast<int64_t>(plan.chunk_run.size());
+  std::vector<int64_t> token_slot(tokens, plan.chunks * chunk);
+  for (size_t s = 0; s < slots.size(); ++s)
+    if (slots[s] < tokens) token_slot[slots[s]] = static_cast<int64_t>(s);
+  plan.token_slot = at::tensor(at::ArrayRef<int64_t>(token_slot), at::kLong).to(device);
+  plan.slot_token = at::tensor(at::ArrayRef<int64_t>(slots), at::kLong).to(device);
+  return plan;
+}
+
 std::vector<TokenRun> token_runs(const TokenLayout& layout) {
   layout.check("token_runs");
   std::vector<TokenRun> runs;
@@ -39,41 +70,8 @@ std::vector<TokenRun> token_runs(const TokenLayout& layout) {
 
 namespace {
 
-// Where each chunk slot reads its token from: [n_chunks * C] token indices, T for
-// the zero row that pads each run to whole chunks; and the run of each chunk.
-struct ChunkPlan {
-  at::Tensor slot_token;          // int64 [N * C]
-  at::Tensor token_slot;          // int64 [T]: its slot, or N * C (a zero row) for no run
-  std::vector<int64_t> chunk_run;  // [N]
-  std::vector<bool> run_start;     // [N]: first chunk of its run
-  int64_t chunks = 0;
-};
-
-ChunkPlan plan_chunks(const std::vector<TokenRun>& runs, int64_t T, int64_t C) {
-  ChunkPlan plan;
-  std::vector<int64_t> slots;
-  for (size_t r = 0; r < runs.size(); ++r) {
-    const int64_t n = (runs[r].length + C - 1) / C;
-    for (int64_t c = 0; c < n; ++c) {
-      plan.chunk_run.push_back(static_cast<int64_t>(r));
-      plan.run_start.push_back(c == 0);
-      for (int64_t i = 0; i < C; ++i) {
-        const int64_t pos = c * C + i;
-        slots.push_back(pos < runs[r].length ? runs[r].begin + pos : T);
-      }
-    }
-  }
-  plan.chunks = static_cast<int64_t>(plan.chunk_run.size());
-  std::vector<int64_t> token_slot(T, plan.chunks * C);
-  for (size_t s = 0; s < slots.size(); ++s)
-    if (slots[s] < T) token_slot[slots[s]] = static_cast<int64_t>(s);
-  plan.token_slot = at::tensor(at::ArrayRef<int64_t>(token_slot), at::kLong).clone();
-  plan.slot_token = at::tensor(at::ArrayRef<int64_t>(slots), at::kLong).clone();
-  return plan;
-}
-
 // x [T, H, ...] -> [N, H, C, ...] in chunk order, zero rows for the padding slots.
-at::Tensor to_chunks(const at::Tensor& x, const ChunkPlan& plan, int64_t C) {
+at::Tensor to_chunks(const at::Tensor& x, const RunChunks& plan, int64_t C) {
   at::Tensor padded = at::cat({x, at::zeros_like(x.narrow(0, 0, 1))}, 0);
   at::Tensor rows = padded.index_select(0, plan.slot_token.to(x.device()));
   std::vector<int64_t> shape{plan.chunks, C};
@@ -169,7 +167,7 @@ struct ChunkStates {
 // With transitions the state carries [S | X] (width V + K): X starts at I and follows
 // S's homogeneous part, so X at a chunk is the map from the run's initial state to the
 // chunk's start state. Without, width V.
-ChunkStates chain_states(const ChunkTerms& terms, const ChunkPlan& plan, int64_t n_runs, const at::Tensor& initial,
+ChunkStates chain_states(const ChunkTerms& terms, const RunChunks& plan, int64_t n_runs, const at::Tensor& initial,
                          bool transitions) {
   const int64_t N = terms.B.size(0), H = terms.B.size(1), K = terms.B.size(2), V = terms.B.size(3);
   const auto opts = terms.B.options();
@@ -195,7 +193,7 @@ ChunkStates chain_states(const ChunkTerms& terms, const ChunkPlan& plan, int64_t
 
 // x [N, H, C, width] back from chunk slots to tokens [T, H, width]: slot s of the
 // flattened chunks holds token slot_token[s]; padding slots are dropped.
-at::Tensor from_chunks(const at::Tensor& x, const ChunkPlan& plan) {
+at::Tensor from_chunks(const at::Tensor& x, const RunChunks& plan) {
   const int64_t N = x.size(0), H = x.size(1), C = x.size(2), width = x.size(3);
   at::Tensor rows = x.transpose(1, 2).reshape({N * C, H, width});
   rows = at::cat({rows, at::zeros({1, H, width}, rows.options())}, 0);
@@ -208,26 +206,35 @@ GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, cons
                                   const at::Tensor& g, const at::Tensor& beta,
                                   const std::vector<TokenRun>& runs, const at::Tensor& initial,
                                   const GatedDeltaOptions& options) {
-  const int64_t n_runs = static_cast<int64_t>(runs.size());
+  check_rule_inputs(q, k, v, g, beta, static_cast<int64_t>(runs.size()), initial);
+  return gated_delta_rule(q, k, v, g, beta, RunChunks::make(runs, q.size(0), options.chunk, q.device()), initial,
+                          options.transitions);
+}
+
+GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& g, const at::Tensor& beta, const RunChunks& plan,
+                                  const at::Tensor& initial, bool transitions) {
+  const int64_t n_runs = plan.runs;
   check_rule_inputs(q, k, v, g, beta, n_runs, initial);
-  const int64_t T = q.size(0), K = q.size(2), V = v.size(2), C = options.chunk;
+  const int64_t T = q.size(0), K = q.size(2), V = v.size(2), C = plan.chunk;
+  MMSP_CHECK(plan.tokens == T, "gated_delta_rule: the chunk slots were planned for ", plan.tokens,
+             " tokens, but q holds ", T);
   const at::ScalarType in_type = q.scalar_type();
   const at::ScalarType type = c10::elementSize(in_type) < 4 ? at::kFloat : in_type;
   if (n_runs == 0) return result_without_runs(q, k, v, g, beta, type);
 
-  const ChunkPlan plan = plan_chunks(runs, T, C);
   // [N, H, C, ·]
   const at::Tensor Q = to_chunks(q.to(type), plan, C) * (1.0 / std::sqrt(static_cast<double>(K)));
   const at::Tensor Gc = to_chunks(g.to(type), plan, C).cumsum(-1);  // [N, H, C]
   const ChunkTerms terms = intra_chunk_terms(Q, to_chunks(k.to(type), plan, C), to_chunks(v.to(type), plan, C), Gc,
                                              to_chunks(beta.to(type), plan, C));
-  const ChunkStates states = chain_states(terms, plan, n_runs, initial, options.transitions);
+  const ChunkStates states = chain_states(terms, plan, n_runs, initial, transitions);
 
   GatedDeltaResult result;
   const at::Tensor O = terms.o_intra + at::matmul(terms.q_state, states.start.narrow(-1, 0, V));  // [N, H, C, V]
   result.out = from_chunks(O, plan).to(in_type);
   result.final = states.final.narrow(-1, 0, V);
-  if (options.transitions) {
+  if (transitions) {
     result.transition = states.final.narrow(-1, V, K);
     result.q_eff = from_chunks(at::matmul(terms.q_state, states.start.narrow(-1, V, K)), plan);  // [T, H, K]
   }

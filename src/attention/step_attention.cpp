@@ -12,8 +12,8 @@ namespace mmsp::attention {
 
 std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& groups,
                                                          std::vector<TokenLayout> ring_shares,
-                                                         const AttentionOptions& options,
-                                                         const at::Device& device, bool linear_runs) {
+                                                         const AttentionOptions& options, const at::Device& device,
+                                                         std::optional<LinearAttentionShape> linear) {
   const int R = groups.ring->size();
   MMSP_CHECK(static_cast<int>(ring_shares.size()) == R, "context_attention: ", ring_shares.size(),
              " ring shares given for a ring of ", R, " ranks");
@@ -21,7 +21,9 @@ std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& gr
   step->groups = groups;
   step->options = options;
   step->kernels = plan_ring_kernels(ring_shares, groups.ring->rank(), options, device);
-  if (linear_runs) step->linear_runs = std::make_shared<const RingRuns>(RingRuns::make(ring_shares));
+  if (linear)
+    step->linear = std::make_shared<const RingRunIndex>(RingRunIndex::make(
+        ring_shares, groups.ring->rank(), linear->conv_kernel, linear->chunk, device));
   step->ring_shares = std::move(ring_shares);
   return step;
 }

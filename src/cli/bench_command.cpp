@@ -71,6 +71,8 @@ Subcommand add_bench_command(CLI::App& parent) {
                     "config.json of any supported model_type (default: the built-in Qwen2-VL of docs/model.md)");
     sub->add_option("--image-width", flags->vlm.image_width, "--model: image width in pixels");
     sub->add_option("--image-height", flags->vlm.image_height, "--model: image height in pixels");
+    sub->add_option("--repeats", flags->vlm.repeats, "runs of each row; seconds are the fastest run's")
+        ->capture_default_str();
     sub->add_option("--out", flags->out, "write the JSON here instead of stdout");
   }
   CLI::App* load = app->add_subcommand(

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
 
 #include "mmsp/core/check.h"
@@ -25,15 +26,17 @@ RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConvention
 DecoderContext decoder_context(const RankInputs& in, const TextConfig& text,
                                const plan::ModelConventions& conventions,
                                const attention::ContextGroups& groups,
-                               const attention::AttentionOptions& attention, const at::Tensor& like) {
-  bool linear_layers = false;
+                               const attention::AttentionOptions& attention, const at::Tensor& like,
+                               int64_t linear_chunk) {
+  std::optional<attention::LinearAttentionShape> linear;
   for (int64_t i = 0; i < text.num_hidden_layers; ++i)
-    linear_layers |= text.layer_kind(i) == LayerKind::linear_attention;
+    if (text.layer_kind(i) == LayerKind::linear_attention) linear = {text.linear_conv_kernel_dim, linear_chunk};
   const std::shared_ptr<const attention::StepAttention> step =
-      attention::plan_step_attention(groups, in.ring_shares, attention, like.device(), linear_layers);
+      attention::plan_step_attention(groups, in.ring_shares, attention, like.device(), linear);
   DecoderContext ctx;
   ctx.attend = attention::attention_function(step);
-  ctx.linear = {groups, in.ring_shares, step->linear_runs};
+  ctx.linear = {groups, in.ring_shares, step->linear};
+  ctx.linear_chunk = linear_chunk;
   ctx.rotary = rotary_table(in.positions, rotary_options(text, conventions), like.scalar_type(), like.device());
   return ctx;
 }

@@ -102,9 +102,13 @@ at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDelt
   const int64_t T_l = x.size(0), T_r = context.ring_shares[r].size();
   MMSP_CHECK(T_l * U == T_r, "gated DeltaNet: ", T_l, " local tokens × ulysses ", U, " != ", T_r,
              " tokens in ring rank ", r, "'s share");
-  std::optional<attention::RingRuns> made;  // only when the step did not plan them
-  if (!context.runs) made = attention::RingRuns::make(context.ring_shares);
-  const attention::RingRuns& runs = context.runs ? *context.runs : *made;
+  std::optional<attention::RingRunIndex> made;  // only when the step did not plan it
+  if (!context.index)
+    made = attention::RingRunIndex::make(context.ring_shares, r, c.conv_kernel, c.chunk, x.device());
+  const attention::RingRunIndex& index = context.index ? *context.index : *made;
+  MMSP_CHECK(index.conv_kernel == c.conv_kernel && index.chunks.chunk == c.chunk,
+             "gated DeltaNet: the step planned its index for conv kernel ", index.conv_kernel, " and chunk ",
+             index.chunks.chunk, ", but the layer has conv kernel ", c.conv_kernel, " and chunk ", c.chunk);
 
   const int64_t Hk = c.num_key_heads, Hv = c.num_value_heads, K = c.key_head_dim, V = c.value_head_dim;
   const int64_t rep = Hv / Hk, Hk_l = Hk / U, Hv_l = Hv / U;
@@ -131,7 +135,7 @@ at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDelt
                                 conv_w.narrow(0, c.key_dim() + u * Hk_l * K, Hk_l * K),
                                 conv_w.narrow(0, 2 * c.key_dim() + u * Hv_l * V, Hv_l * V)});
   at::Tensor qkv = at::cat({q.reshape({T_r, -1}), k.reshape({T_r, -1}), v.reshape({T_r, -1})}, -1);
-  qkv = attention::gated_delta_conv(qkv, w_local, runs, context.groups.ring);  // [T_r, conv_dim/U]
+  qkv = attention::gated_delta_conv(qkv, w_local, index, context.groups.ring);  // [T_r, conv_dim/U]
   q = l2norm(qkv.narrow(-1, 0, Hk_l * K).view({T_r, Hk_l, K})).repeat_interleave(rep, 1);
   k = l2norm(qkv.narrow(-1, Hk_l * K, Hk_l * K).view({T_r, Hk_l, K})).repeat_interleave(rep, 1);
   v = qkv.narrow(-1, 2 * Hk_l * K, Hv_l * V).view({T_r, Hv_l, V});
@@ -142,7 +146,7 @@ at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDelt
   at::Tensor g = -w.A_log.narrow(0, u * Hv_l, Hv_l).to(wide).exp() *
                  at::softplus(a.to(wide) + w.dt_bias.narrow(0, u * Hv_l, Hv_l).to(wide));
   // [T_r, Hv_l, V]
-  at::Tensor o = attention::gated_delta_ring_rule(q, k, v, g, beta, runs, context.groups.ring, c.chunk);
+  at::Tensor o = attention::gated_delta_ring_rule(q, k, v, g, beta, index, context.groups.ring);
   if (U > 1) o = dist::all_to_all(o, 0, 1, context.groups.ulysses);                  // [T_l, Hv, V]
 
   // Gated RMSNorm per value head, then the output projection.

@@ -1,5 +1,7 @@
-// Counting CPU allocator; see memory_counter.h. The byte count sits in a 64-byte
-// header before the data, so the data pointer is also the deleter's context.
+// Counting CPU allocator and the counters it feeds; see memory_counter.h. Each
+// allocation carries a 64-byte header before the data with its size and its number in
+// allocation order, so the data pointer is also the deleter's context and a free is
+// charged only to the counters that counted the allocation (those begun before it).
 #include "mmsp/train/memory_counter.h"
 
 #include <c10/core/Allocator.h>
@@ -8,55 +10,98 @@
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
+#include <shared_mutex>
+#include <vector>
 
 namespace mmsp::train {
 namespace {
 
 constexpr size_t kHeader = 64;  // keeps the data 64-byte aligned
-std::atomic<int64_t> g_current{0}, g_peak{0};
+struct Header {
+  size_t bytes;
+  uint64_t number;  // in allocation order, across the process
+};
+static_assert(sizeof(Header) <= kHeader);
 
-void count(int64_t delta) {
-  const int64_t now = g_current.fetch_add(delta) + delta;
-  int64_t peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
-  }
+// The live counters. Allocations read the list under a shared lock, so a counter that
+// ends never receives a count afterwards; numbering inside that lock makes "begun
+// before the allocation" and "was in the list when it was counted" the same thing.
+struct Counters {
+  std::shared_mutex mutex;
+  std::vector<MemoryCounter*> live;
+  std::atomic<uint64_t> next_number{0};
+};
+
+Counters& counters() {
+  static Counters* c = new Counters;  // never destroyed: frees may come after exit begins
+  return *c;
 }
 
 void release(void* data) {
   if (!data) return;
   char* raw = static_cast<char*>(data) - kHeader;
-  count(-static_cast<int64_t>(*reinterpret_cast<size_t*>(raw)));
+  const Header h = *reinterpret_cast<const Header*>(raw);
+  {
+    Counters& c = counters();
+    std::shared_lock lock(c.mutex);
+    for (MemoryCounter* counter : c.live)
+      if (h.number >= counter->first_allocation()) counter->count(-static_cast<int64_t>(h.bytes));
+  }
   c10::free_cpu(raw);
 }
 
 struct CountingAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) const override {
     char* raw = static_cast<char*>(c10::alloc_cpu(n + kHeader));
-    *reinterpret_cast<size_t*>(raw) = n;
-    count(static_cast<int64_t>(n));
+    Header* h = reinterpret_cast<Header*>(raw);
+    h->bytes = n;
+    {
+      Counters& c = counters();
+      std::shared_lock lock(c.mutex);
+      h->number = c.next_number.fetch_add(1, std::memory_order_relaxed);
+      for (MemoryCounter* counter : c.live) counter->count(static_cast<int64_t>(n));
+    }
     void* data = raw + kHeader;
     return {data, data, &release, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &release; }
 };
 
-CountingAllocator g_allocator;
-
-}  // namespace
-
-void MemoryCounter::install() {
+void install_counting_allocator() {
   static bool installed = [] {
-    c10::SetCPUAllocator(&g_allocator, /*priority=*/1);
+    static CountingAllocator allocator;
+    c10::SetCPUAllocator(&allocator, /*priority=*/1);
     return true;
   }();
   (void)installed;
 }
 
+}  // namespace
+
+MemoryCounter::MemoryCounter() {
+  install_counting_allocator();
+  Counters& c = counters();
+  std::unique_lock lock(c.mutex);
+  first_allocation_ = c.next_number.load();
+  c.live.push_back(this);
+}
+
+MemoryCounter::~MemoryCounter() {
+  Counters& c = counters();
+  std::unique_lock lock(c.mutex);
+  c.live.erase(std::remove(c.live.begin(), c.live.end(), this), c.live.end());
+}
+
+void MemoryCounter::count(int64_t delta) {
+  const int64_t now = current_.fetch_add(delta) + delta;
+  int64_t peak = peak_.load();
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  }
+}
+
 // CPU tensors only. For CUDA tensors, read c10::cuda::CUDACachingAllocator's
 // getDeviceStats(device): allocated_bytes[StatType::AGGREGATE].current / .peak
 // (and resetPeakStats(device) for reset_peak) where LibTorch has CUDA.
-int64_t MemoryCounter::current_bytes() { return g_current.load(); }
-int64_t MemoryCounter::peak_bytes() { return g_peak.load(); }
-void MemoryCounter::reset_peak() { g_peak.store(g_current.load()); }
 
 }  // namespace mmsp::train

@@ -303,11 +303,11 @@ void print_run_header(const TrainOptions& o, const RunInputs& in, const WeightUp
 // One step's figures as every rank agrees on them: the loss summed over the world, the
 // slowest rank's time and its split (a partition of it), the largest memory and bytes.
 StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double grad_norm, const plan::Batch& batch,
-                           const plan::StepPlan& plan, double seconds, const PhaseTimes& phases, int64_t comm_bytes,
-                           const dist::Mesh& mesh) {
+                           const plan::StepPlan& plan, double seconds, const PhaseTimes& phases, int64_t peak_bytes,
+                           int64_t comm_bytes, const dist::Mesh& mesh) {
   const Reduced r = reduce_metrics(local_loss,
                                    {seconds, phases.vision_s, phases.attention_s, phases.communication_s,
-                                    static_cast<double>(MemoryCounter::peak_bytes()), static_cast<double>(comm_bytes)},
+                                    static_cast<double>(peak_bytes), static_cast<double>(comm_bytes)},
                                    mesh);
   StepMetrics m;
   m.step = step;
@@ -353,6 +353,8 @@ struct StepLoop {
   const LrSchedule& schedule;
   const dist::Mesh& mesh;
   dist::RankActivity& doing;
+  PhaseTimer& phases;      // this run's time split, active on this thread
+  MemoryCounter& memory;   // this run's tensor bytes
   model::StepGroups groups;
   plan::PlanOptions plan_options;
   attention::AttentionOptions attention;
@@ -368,8 +370,8 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   const dist::Mesh& mesh = run.mesh;
   const model::ModelConfig& config = run.in.resolved.config;
   const auto t0 = Clock::now();
-  phase_reset();
-  MemoryCounter::reset_peak();
+  run.phases.reset();
+  run.memory.reset_peak();
   const dist::CommSnapshot comm0 = mesh.stats().snapshot();
 
   run.doing.set(step, "data");
@@ -391,7 +393,7 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   const double lr = run.schedule.at(step - 1);
   run.update.set_lr(lr);
   run.update.zero_grad();
-  held_bytes = MemoryCounter::current_bytes();
+  held_bytes = run.memory.current_bytes();
   run.update.begin_step();
   run.doing.set_phase("forward");
   if (o.test.sleep_rank == mesh.rank() && o.test.sleep_step == step)
@@ -404,9 +406,10 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   run.doing.set_phase("metrics");
   const double local_loss = loss.detach().to(at::kDouble).item<double>();
   const int64_t comm_bytes = (mesh.stats().snapshot() - comm0).total_bytes();
-  const PhaseTimes phases = phase_times();
+  const PhaseTimes phases = run.phases.times();
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  return agreed_metrics(step, local_loss, lr, grad_norm, batch, plan, seconds, phases, comm_bytes, mesh);
+  return agreed_metrics(step, local_loss, lr, grad_norm, batch, plan, seconds, phases, run.memory.peak_bytes(),
+                        comm_bytes, mesh);
 }
 
 }  // namespace
@@ -419,7 +422,11 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   const model::ModelConfig& config = in.resolved.config;
   const bool rank0 = mesh.rank() == 0;
 
-  MemoryCounter::install();
+  // This run's own counters: the tensors it allocates from here on, and its time split
+  // (the phases marked on this thread while it runs).
+  MemoryCounter memory;
+  PhaseTimer phases;
+  const ActivePhaseTimer timing(phases);
   const Trainable trainable = build_trainable(o, in, mesh);
   model::Vlm& vlm = *trainable.vlm;
   WeightUpdate& update = *trainable.update;
@@ -452,6 +459,8 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
                      schedule,
                      mesh,
                      doing,
+                     phases,
+                     memory,
                      {mesh.context(), mesh.ring(), mesh.ulysses()},
                      plan_options,
                      blocks,

@@ -96,6 +96,28 @@ TEST(GatedDeltaNetLayer, HeadsNotDivisibleByUlyssesIsAClearError) {
   EXPECT_NO_THROW(check_gated_delta_heads(2, 4, 2));
 }
 
+// The index a step plans once (RingRunIndex) serves every layer call: the same output as
+// the layer's own; one planned for another chunk or kernel is refused, naming both.
+TEST(GatedDeltaNetLayer, UsesTheStepsPlannedIndex) {
+  at::manual_seed(5);
+  const GatedDeltaNetConfig c = small_config(8);
+  const GatedDeltaNetWeights w = GatedDeltaNetWeights::random(c, kF64, 13);
+  const TokenLayout layout = test::packed_layout({30, 17, 9}, 4);
+  const Tensor x = at::randn({layout.size(), c.hidden_size}, kF64);
+  const Tensor own = gated_deltanet_forward(w, c, x, {{}, {layout}});
+  auto planned = std::make_shared<const RingRunIndex>(RingRunIndex::make({layout}, 0, c.conv_kernel, c.chunk, x.device()));
+  for (int layer = 0; layer < 2; ++layer)
+    EXPECT_TRUE(at::equal(gated_deltanet_forward(w, c, x, {{}, {layout}, planned}), own)) << "call " << layer;
+  auto other = std::make_shared<const RingRunIndex>(RingRunIndex::make({layout}, 0, c.conv_kernel, 64, x.device()));
+  try {
+    gated_deltanet_forward(w, c, x, {{}, {layout}, other});
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("the step planned its index for conv kernel 4 and chunk 64, "
+                                               "but the layer has conv kernel 4 and chunk 8"));
+  }
+}
+
 // One process, the whole packed batch: chunks of 64 and of 8 (many chunks per segment).
 TEST(GatedDeltaNetLayer, OneProcessEqualsTheReference) {
   for (int64_t chunk : {int64_t{64}, int64_t{8}}) {

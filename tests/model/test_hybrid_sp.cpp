@@ -102,8 +102,8 @@ Result run_decoder(const model::ModelConfig& config, const plan::Batch& batch, c
   attn.block_q = 8;
   attn.block_k = 16;
   const Tensor like = at::zeros({}, at::kDouble);
-  model::DecoderContext ctx = model::decoder_context(in, config.text, config.conventions, groups, attn, like);
-  ctx.linear_chunk = chunk;
+  const model::DecoderContext ctx =
+      model::decoder_context(in, config.text, config.conventions, groups, attn, like, chunk);
   Tensor logits = decoder->forward(decoder->embed(in.token_ids), ctx);
   Tensor loss = train::causal_lm_loss(logits, in.labels, in.label_count);
   loss.backward();

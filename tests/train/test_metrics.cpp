@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 
 #include "mmsp/train/memory_counter.h"
 #include "mmsp/train/metrics.h"
@@ -125,17 +126,38 @@ TEST(Metrics, SummaryExcludesTheFirstStepFromTheMeans) {
 }
 
 TEST(MemoryCounter, CountsCpuTensorsAndTheirPeak) {
-  MemoryCounter::install();
-  MemoryCounter::reset_peak();
-  const int64_t base = MemoryCounter::current_bytes();
+  MemoryCounter memory;
+  EXPECT_EQ(memory.current_bytes(), 0);
   {
     at::Tensor t = at::empty({1 << 20}, at::kByte);
-    EXPECT_GE(MemoryCounter::current_bytes() - base, 1 << 20);
+    EXPECT_GE(memory.current_bytes(), 1 << 20);
   }
-  EXPECT_LT(MemoryCounter::current_bytes() - base, 1 << 20);
-  EXPECT_GE(MemoryCounter::peak_bytes() - base, 1 << 20);
-  MemoryCounter::reset_peak();
-  EXPECT_EQ(MemoryCounter::peak_bytes(), MemoryCounter::current_bytes());
+  EXPECT_LT(memory.current_bytes(), 1 << 20);
+  EXPECT_GE(memory.peak_bytes(), 1 << 20);
+  memory.reset_peak();
+  EXPECT_EQ(memory.peak_bytes(), memory.current_bytes());
+}
+
+// Each counter counts from its own start, and only the tensors allocated since then:
+// freeing an older tensor does not lower it.
+TEST(MemoryCounter, TwoCountersKeepTheirOwnCounts) {
+  auto first = std::make_unique<MemoryCounter>();
+  at::Tensor older = at::empty({1 << 20}, at::kByte);  // counted by the first only
+  MemoryCounter second;
+  EXPECT_GE(first->current_bytes(), 1 << 20);
+  EXPECT_LT(second.current_bytes(), 1 << 20);
+  at::Tensor both = at::empty({2 << 20}, at::kByte);
+  EXPECT_GE(first->current_bytes(), 3 << 20);
+  EXPECT_GE(second.current_bytes(), 2 << 20);
+  EXPECT_LT(second.current_bytes(), 3 << 20);
+  older = at::Tensor();
+  EXPECT_LT(first->current_bytes(), 3 << 20);
+  EXPECT_GE(second.current_bytes(), 2 << 20);  // not its tensor
+  EXPECT_GE(first->peak_bytes(), 3 << 20);
+  first.reset();  // a counter that ends stops counting; the other goes on
+  both = at::Tensor();
+  EXPECT_LT(second.current_bytes(), 1 << 20);
+  EXPECT_GE(second.peak_bytes(), 2 << 20);
 }
 
 }  // namespace

@@ -32,6 +32,18 @@ struct TokenRun {
 // consecutive orders. Padding (segment < 0) belongs to no run.
 std::vector<TokenRun> token_runs(const TokenLayout& layout);
 
+// Where each chunk slot of a set of runs reads its token: index work that depends only on
+// the runs, the token count and the chunk, so a step plans it once for all its layers
+// (gated_delta_ring.h's RingRunIndex) instead of every layer making it again.
+struct RunChunks {
+  int64_t tokens = 0, chunk = 0, chunks = 0, runs = 0;
+  at::Tensor slot_token;           // int64 [chunks·chunk]: token of each slot; `tokens` (a zero row) pads a run
+  at::Tensor token_slot;           // int64 [tokens]: slot of each token; chunks·chunk (a zero row) for none
+  std::vector<int64_t> chunk_run;  // [chunks]: the run of each chunk
+  std::vector<bool> run_start;     // [chunks]: first chunk of its run
+  static RunChunks make(const std::vector<TokenRun>& runs, int64_t tokens, int64_t chunk, const at::Device& device);
+};
+
 struct GatedDeltaOptions {
   int64_t chunk = kGatedDeltaChunk;
   // Also return each run's transition and each token's map from the run's initial
@@ -54,5 +66,10 @@ GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, cons
                                   const std::vector<TokenRun>& runs,
                                   const at::Tensor& initial = {},
                                   const GatedDeltaOptions& options = {});
+
+// The same over runs whose chunk slots are planned already (chunk = chunks.chunk).
+GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& g, const at::Tensor& beta, const RunChunks& chunks,
+                                  const at::Tensor& initial, bool transitions);
 
 }  // namespace mmsp::attention

@@ -2,7 +2,8 @@
 // shared by every decoder layer, forward and backward (and by a recomputed layer's
 // second forward): the context groups, every ring share's layout, the local kernel's
 // block schedules and masks (this rank's share's queries against each share's keys)
-// and, for Gated DeltaNet layers, the ring runs. attention_function() turns it into the
+// and, for Gated DeltaNet layers, the ring runs with their index tensors (conv halo and
+// taps, chunk slots). attention_function() turns it into the
 // softmax attention the mesh selects (local, Ulysses, ring or hybrid: Ulysses inside
 // each ring rank, ring across), which the decoder calls without knowing the scheme.
 #pragma once
@@ -11,6 +12,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "mmsp/attention/context_attention.h"
@@ -24,15 +26,21 @@ struct StepAttention {
   std::vector<TokenLayout> ring_shares;  // [ring rank]: the layout of its share
   AttentionOptions options;
   c10::intrusive_ptr<RingKernels> kernels;  // this rank's share against every share
-  std::shared_ptr<const RingRuns> linear_runs;  // Gated DeltaNet's runs; null unless asked for
+  std::shared_ptr<const RingRunIndex> linear;  // Gated DeltaNet's runs and index; null unless asked for
 };
 
-// Plans the step (checks the shares first, naming the bad value); the masks are made on
-// `device`. linear_runs: also plan Gated DeltaNet's ring runs (hybrid decoders).
+// What Gated DeltaNet's index work depends on besides the shares (hybrid decoders).
+struct LinearAttentionShape {
+  int64_t conv_kernel = 4;               // linear_conv_kernel_dim (W)
+  int64_t chunk = kGatedDeltaChunk;      // the kernel's chunk
+};
+
+// Plans the step (checks the shares first, naming the bad value); the masks and index
+// tensors are made on `device`. linear: also plan Gated DeltaNet's ring runs and index.
 std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& groups,
                                                          std::vector<TokenLayout> ring_shares,
-                                                         const AttentionOptions& options,
-                                                         const at::Device& device, bool linear_runs);
+                                                         const AttentionOptions& options, const at::Device& device,
+                                                         std::optional<LinearAttentionShape> linear = std::nullopt);
 
 // q [T/S, H, D], k/v [T/S, H_kv, D] -> [T/S, H, D], the mesh's scheme over the step's plans.
 using AttentionFunction =

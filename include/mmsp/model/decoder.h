@@ -32,7 +32,7 @@ struct DecoderContext {
   attention::AttentionFunction attend;
   model::GatedDeltaContext linear;
   RotaryTable rotary;
-  // chunk of the Gated DeltaNet kernel (hybrid decoders)
+  // chunk of the Gated DeltaNet kernel (hybrid decoders), the one `linear` was planned for
   int64_t linear_chunk = attention::kGatedDeltaChunk;
   // Qwen3-VL deepstack: after decoder layer k, deepstack[k] [V, hidden] is added at
   // the local slots visual_slots [V] (the same slots the vision rows were spliced into).
@@ -44,13 +44,14 @@ struct DecoderContext {
 RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConventions& conventions);
 
 // The context of one rank's step: its attention planned once from its groups and ring
-// shares, and the rotary table of its positions (from the plan), in the dtype and on the
-// device of `like`.
+// shares (Gated DeltaNet's index for `linear_chunk`), and the rotary table of its
+// positions (from the plan), in the dtype and on the device of `like`.
 struct RankInputs;
 DecoderContext decoder_context(const RankInputs& inputs, const TextConfig& text,
                                const plan::ModelConventions& conventions,
                                const attention::ContextGroups& groups,
-                               const attention::AttentionOptions& attention, const at::Tensor& like);
+                               const attention::AttentionOptions& attention, const at::Tensor& like,
+                               int64_t linear_chunk = attention::kGatedDeltaChunk);
 
 // Layer `index` of the decoder: its token mixer is full attention ("self_attn") or, where
 // the config's layer_types say linear_attention, a Gated DeltaNet layer ("linear_attn").

@@ -62,12 +62,12 @@ struct GatedDeltaNetWeights {
 };
 
 // What the layer needs of the mesh and the plan: the context groups (null or
-// one-member groups for none), the layout of every ring rank's share and their runs
-// (planned once per step, step_attention.h; null: the layer makes them).
+// one-member groups for none), the layout of every ring rank's share, and their runs and
+// index tensors (planned once per step, step_attention.h; null: the layer makes them).
 struct GatedDeltaContext {
   attention::ContextGroups groups;
   std::vector<attention::TokenLayout> ring_shares;
-  std::shared_ptr<const attention::RingRuns> runs;
+  std::shared_ptr<const attention::RingRunIndex> index;
 };
 
 // x [T/S, hidden]: this rank's slots (its ulysses slice of its ring share) -> [T/S, hidden].

@@ -113,8 +113,8 @@ struct TrainReport {
   // the parameters at the end, by Hugging Face name (the equivalence tests compare them)
   std::vector<std::pair<std::string, at::Tensor>> parameters;
   // Memory of this rank: the preflight's estimate, and what was allocated when the last
-  // step's forward began (the training state held between steps, and the step's batch)
-  // by the counting allocator (0 unless installed: MemoryCounter::install()).
+  // step's forward began (the training state held between steps, and the step's batch):
+  // the CPU tensor bytes allocated since train() began and still held (train/memory_counter.h).
   MemoryEstimate memory_estimate;
   int64_t held_bytes = 0;
 };
