@@ -68,7 +68,6 @@ Mesh Mesh::create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& e
   mesh.shape_ = shape;
   mesh.rank_ = env.rank;
   mesh.coords_ = plan::rank_coords(shape, env.rank);
-  mesh.stats_ = std::make_shared<CommStats>();
   mesh.store_ = store;
 
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
@@ -102,9 +101,28 @@ Mesh Mesh::create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& e
 #endif
     }
     mesh.groups_[static_cast<int>(axis)] = c10::make_intrusive<Group>(
-        name, std::move(members), group_rank, cpu, gpu, mesh.stats_, options.timeout);
+        name, std::move(members), group_rank, cpu, gpu, mesh.stats_.of(axis), options.timeout);
   }
   return mesh;
+}
+
+MeshStats::MeshStats() {
+  for (auto& stats : axes_) stats = std::make_shared<CommStats>();
+}
+
+CommSnapshot MeshStats::snapshot(MeshAxis axis) const { return of(axis)->snapshot(); }
+
+CommSnapshot MeshStats::snapshot() const {
+  CommSnapshot sum;
+  for (const auto& stats : axes_) {
+    const CommSnapshot one = stats->snapshot();
+    for (int k = 0; k < kNumCommKinds; ++k)
+      for (int p = 0; p < 2; ++p) {
+        sum.counts[k][p].calls += one.counts[k][p].calls;
+        sum.counts[k][p].bytes += one.counts[k][p].bytes;
+      }
+  }
+  return sum;
 }
 
 Mesh Mesh::solo() {

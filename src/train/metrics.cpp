@@ -51,7 +51,10 @@ void to_json(json& j, const StepMetrics& m) {
            {"communication_s", m.communication_s},
            {"other_s", m.other_s},
            {"peak_bytes", m.peak_bytes},
-           {"comm_bytes", m.comm_bytes}};
+           {"comm_bytes", m.comm_bytes},
+           {"attention_bytes", m.attention_bytes},
+           {"vision_bytes", m.vision_bytes},
+           {"grad_bytes", m.grad_bytes}};
 }
 
 void from_json(const json& j, StepMetrics& m) {
@@ -68,17 +71,23 @@ void from_json(const json& j, StepMetrics& m) {
   m.other_s = read_double(j, "other_s");
   m.peak_bytes = j.at("peak_bytes").get<int64_t>();
   m.comm_bytes = j.at("comm_bytes").get<int64_t>();
+  // Files written before the split by purpose lack these.
+  m.attention_bytes = j.value("attention_bytes", int64_t{0});
+  m.vision_bytes = j.value("vision_bytes", int64_t{0});
+  m.grad_bytes = j.value("grad_bytes", int64_t{0});
 }
 
 std::string format_step_line(const StepMetrics& m) {
   const double tok_s = m.seconds > 0 ? static_cast<double>(m.tokens) / m.seconds : 0.0;
   return format(
       "step %lld | loss %.4f | lr %.2e | gnorm %.3g | %.0f tok/s | %.3f s = vision %.0f%% "
-      "attn %.0f%% comm %.0f%% other %.0f%% | peak %.1f MiB | sent %.1f MiB",
+      "attn %.0f%% comm %.0f%% other %.0f%% | peak %.1f MiB | sent %.1f MiB (attn %.1f, vision %.1f, grad %.1f)",
       static_cast<long long>(m.step), m.loss, m.lr, m.grad_norm, tok_s, m.seconds,
       percent(m.vision_s, m.seconds), percent(m.attention_s, m.seconds),
       percent(m.communication_s, m.seconds), percent(m.other_s, m.seconds),
-      static_cast<double>(m.peak_bytes) / kMiB, static_cast<double>(m.comm_bytes) / kMiB);
+      static_cast<double>(m.peak_bytes) / kMiB, static_cast<double>(m.comm_bytes) / kMiB,
+      static_cast<double>(m.attention_bytes) / kMiB, static_cast<double>(m.vision_bytes) / kMiB,
+      static_cast<double>(m.grad_bytes) / kMiB);
 }
 
 MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
@@ -117,11 +126,14 @@ std::vector<StepMetrics> read_metrics(const std::string& path) {
 std::string summary_table(const std::vector<StepMetrics>& steps) {
   if (steps.empty()) return "no steps recorded\n";
   const StepMetrics* lowest = &steps.front();
-  int64_t peak = 0, sent = 0;
+  int64_t peak = 0, sent = 0, attention_sent = 0, vision_sent = 0, grad_sent = 0;
   for (const StepMetrics& m : steps) {
     if (m.loss < lowest->loss) lowest = &m;
     peak = std::max(peak, m.peak_bytes);
     sent += m.comm_bytes;
+    attention_sent += m.attention_bytes;
+    vision_sent += m.vision_bytes;
+    grad_sent += m.grad_bytes;
   }
   // Means over the steady steps: all but the first, unless there is only one.
   const size_t first = steps.size() > 1 ? 1 : 0;
@@ -149,7 +161,9 @@ std::string summary_table(const std::vector<StepMetrics>& steps) {
                 seconds / static_cast<double>(counted), percent(vision, seconds),
                 percent(attention, seconds), percent(communication, seconds), percent(other, seconds));
   out += format("peak memory    %.1f MiB\n", static_cast<double>(peak) / kMiB);
-  out += format("sent           %.1f MiB total, %.1f MiB per step\n", static_cast<double>(sent) / kMiB,
+  out += format("sent           %.1f MiB total (attention %.1f, vision %.1f, grad %.1f), %.1f MiB per step\n",
+                static_cast<double>(sent) / kMiB, static_cast<double>(attention_sent) / kMiB,
+                static_cast<double>(vision_sent) / kMiB, static_cast<double>(grad_sent) / kMiB,
                 static_cast<double>(sent) / kMiB / static_cast<double>(steps.size()));
   return out;
 }

@@ -300,14 +300,37 @@ void print_run_header(const TrainOptions& o, const RunInputs& in, const WeightUp
   log << in.memory.table() << std::endl;
 }
 
+// Bytes this rank has sent, by purpose, told apart by the mesh group that sent them:
+// attention = the ring and Ulysses groups (ring K/V exchange, Ulysses all-to-alls, the
+// Gated DeltaNet halo and state gathers), vision = the context group (vision rows
+// routed to their tokens), grad = the world and dp groups (within a step: gradient
+// sync, the sharded optimizer's reduce-scatter, weight all-gather and norm).
+struct SentBytes {
+  int64_t attention = 0, vision = 0, grad = 0;
+  int64_t total() const { return attention + vision + grad; }
+  SentBytes operator-(const SentBytes& earlier) const {
+    return {attention - earlier.attention, vision - earlier.vision, grad - earlier.grad};
+  }
+};
+SentBytes sent_bytes(const dist::Mesh& mesh) {
+  const dist::MeshStats& s = mesh.stats();
+  auto bytes = [&](plan::MeshAxis axis) { return s.snapshot(axis).total_bytes(); };
+  return {bytes(plan::MeshAxis::ring) + bytes(plan::MeshAxis::ulysses), bytes(plan::MeshAxis::context),
+          bytes(plan::MeshAxis::world) + bytes(plan::MeshAxis::dp)};
+}
+
 // One step's figures as every rank agrees on them: the loss summed over the world, the
-// slowest rank's time and its split (a partition of it), the largest memory and bytes.
+// slowest rank's time and its split (a partition of it), the largest memory, and the
+// busiest sender's bytes and their split (a partition of them).
 StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double grad_norm, const plan::Batch& batch,
                            const plan::StepPlan& plan, double seconds, const PhaseTimes& phases, int64_t peak_bytes,
-                           int64_t comm_bytes, const dist::Mesh& mesh) {
+                           const SentBytes& sent, const dist::Mesh& mesh) {
+  // Byte counts travel as doubles: exact below 2^53.
   const Reduced r = reduce_metrics(local_loss,
                                    {seconds, phases.vision_s, phases.attention_s, phases.communication_s,
-                                    static_cast<double>(peak_bytes), static_cast<double>(comm_bytes)},
+                                    static_cast<double>(peak_bytes),
+                                    static_cast<double>(sent.total()), static_cast<double>(sent.attention),
+                                    static_cast<double>(sent.vision), static_cast<double>(sent.grad)},
                                    mesh);
   StepMetrics m;
   m.step = step;
@@ -324,7 +347,14 @@ StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double gr
   m.communication_s = r.per_rank[3][slowest];
   m.other_s = std::max(0.0, m.seconds - m.vision_s - m.attention_s - m.communication_s);
   m.peak_bytes = static_cast<int64_t>(r.max(4));
-  m.comm_bytes = static_cast<int64_t>(r.max(5));
+  // The busiest sender's bytes and their parts, so the parts add up to comm_bytes
+  // (first such rank on a tie), as the time split is the slowest rank's.
+  const auto& sent_by = r.per_rank[5];
+  const size_t busiest = std::max_element(sent_by.begin(), sent_by.end()) - sent_by.begin();
+  m.comm_bytes = static_cast<int64_t>(sent_by[busiest]);
+  m.attention_bytes = static_cast<int64_t>(r.per_rank[6][busiest]);
+  m.vision_bytes = static_cast<int64_t>(r.per_rank[7][busiest]);
+  m.grad_bytes = static_cast<int64_t>(r.per_rank[8][busiest]);
   return m;
 }
 
@@ -372,7 +402,7 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   const auto t0 = Clock::now();
   run.phases.reset();
   run.memory.reset_peak();
-  const dist::CommSnapshot comm0 = mesh.stats().snapshot();
+  const SentBytes sent0 = sent_bytes(mesh);
 
   run.doing.set(step, "data");
   std::vector<int64_t> samples = run.in.packer->next_step(position);
@@ -405,11 +435,13 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   const double grad_norm = run.update.step(o.clip, run.doing);
   run.doing.set_phase("metrics");
   const double local_loss = loss.detach().to(at::kDouble).item<double>();
-  const int64_t comm_bytes = (mesh.stats().snapshot() - comm0).total_bytes();
+  const SentBytes sent = sent_bytes(mesh) - sent0;
+  MMSP_ASSERT(sent.total() == (mesh.stats().snapshot().total_bytes() - sent0.total()),
+              "the bytes split by purpose miss a mesh group");
   const PhaseTimes phases = run.phases.times();
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  return agreed_metrics(step, local_loss, lr, grad_norm, batch, plan, seconds, phases, run.memory.peak_bytes(),
-                        comm_bytes, mesh);
+  return agreed_metrics(step, local_loss, lr, grad_norm, batch, plan, seconds, phases, run.memory.peak_bytes(), sent,
+                        mesh);
 }
 
 }  // namespace

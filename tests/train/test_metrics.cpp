@@ -34,7 +34,10 @@ StepMetrics sample(int64_t step, double loss, double seconds) {
   m.communication_s = 0.2 * seconds;
   m.other_s = 0.2 * seconds;
   m.peak_bytes = 3 * 1024 * 1024 / 2;
-  m.comm_bytes = 1024 * 1024 / 4 + step;
+  m.attention_bytes = 1024 * 1024 / 8;
+  m.vision_bytes = 1024 * 1024 / 32 + step;
+  m.grad_bytes = 1024 * 1024 / 4 - m.attention_bytes - 1024 * 1024 / 32;
+  m.comm_bytes = m.attention_bytes + m.vision_bytes + m.grad_bytes;
   return m;
 }
 
@@ -52,13 +55,16 @@ void expect_equal(const StepMetrics& a, const StepMetrics& b) {
   EXPECT_EQ(a.other_s, b.other_s);
   EXPECT_EQ(a.peak_bytes, b.peak_bytes);
   EXPECT_EQ(a.comm_bytes, b.comm_bytes);
+  EXPECT_EQ(a.attention_bytes, b.attention_bytes);
+  EXPECT_EQ(a.vision_bytes, b.vision_bytes);
+  EXPECT_EQ(a.grad_bytes, b.grad_bytes);
 }
 
 TEST(Metrics, StepLine) {
   const std::string line = format_step_line(sample(42, 2.34567, 0.5));
   EXPECT_EQ(line,
             "step 42 | loss 2.3457 | lr 3.00e-04 | gnorm 0.812 | 2000 tok/s | 0.500 s = vision 10% "
-            "attn 50% comm 20% other 20% | peak 1.5 MiB | sent 0.3 MiB");
+            "attn 50% comm 20% other 20% | peak 1.5 MiB | sent 0.3 MiB (attn 0.1, vision 0.0, grad 0.1)");
 }
 
 TEST(Metrics, JsonRoundTripKeepsEveryFieldExactly) {
@@ -72,9 +78,24 @@ TEST(Metrics, JsonRoundTripKeepsEveryFieldExactly) {
   const json j = json::parse(json(diverged).dump());
   EXPECT_TRUE(j.at("loss").is_null());
   EXPECT_TRUE(std::isnan(j.get<StepMetrics>().loss));
+  EXPECT_EQ(json(m).at("attention_bytes"), m.attention_bytes);
   json missing = json(m);
   missing.erase("comm_bytes");
   EXPECT_THROW(missing.get<StepMetrics>(), json::exception);
+}
+
+// A line written before the bytes were split by purpose still reads, the parts as 0.
+TEST(Metrics, ReadsALineWithoutTheBytesByPurpose) {
+  const json old = json::parse(
+      R"({"step":3,"loss":2.5,"lr":0.0003,"grad_norm":0.8125,"tokens":1000,"label_tokens":900,)"
+      R"("seconds":1.0,"vision_s":0.1,"attention_s":0.5,"communication_s":0.2,"other_s":0.2,)"
+      R"("peak_bytes":1572864,"comm_bytes":262147})");
+  const StepMetrics m = old.get<StepMetrics>();
+  EXPECT_EQ(m.step, 3);
+  EXPECT_EQ(m.comm_bytes, 262147);
+  EXPECT_EQ(m.attention_bytes, 0);
+  EXPECT_EQ(m.vision_bytes, 0);
+  EXPECT_EQ(m.grad_bytes, 0);
 }
 
 TEST(Metrics, WriterAppendsOneFlushedLinePerStep) {
@@ -120,7 +141,7 @@ TEST(Metrics, SummaryExcludesTheFirstStepFromTheMeans) {
   EXPECT_THAT(table, HasSubstr("tokens/s       1000 (mean over 2 steps, first excluded)"));
   EXPECT_THAT(table, HasSubstr("1.000 s mean = vision 10.0%  attention 50.0%  communication 20.0%  other 20.0%"));
   EXPECT_THAT(table, HasSubstr("peak memory    10.0 MiB"));
-  EXPECT_THAT(table, HasSubstr("sent           0.8 MiB total"));
+  EXPECT_THAT(table, HasSubstr("sent           0.8 MiB total (attention 0.4, vision 0.1, grad 0.3), 0.3 MiB per step"));
   EXPECT_EQ(summary_table({}), "no steps recorded\n");
   EXPECT_THAT(summary_table({sample(1, 3.0, 2.0)}), HasSubstr("500 (mean over 1 step)"));
 }

@@ -94,6 +94,22 @@ void barrier(const dist::Mesh& mesh) {
   dist::all_reduce_(t, *mesh.world());
 }
 
+// The bytes sent split by purpose: the parts add up to comm_bytes on every step; the
+// gradient sync sends on any world > 1, attention only over a context group, vision
+// routing only over a context group and never when every rank encodes every image.
+void expect_bytes_split(const train::TrainReport& got, const plan::Mesh& shape, model::VisionMode mode,
+                        const std::string& where) {
+  for (const train::StepMetrics& m : got.steps) {
+    const std::string at = where + " step " + std::to_string(m.step);
+    EXPECT_EQ(m.attention_bytes + m.vision_bytes + m.grad_bytes, m.comm_bytes) << at;
+    EXPECT_EQ(m.grad_bytes > 0, shape.world() > 1) << at;
+    EXPECT_EQ(m.attention_bytes > 0, shape.context() > 1) << at;
+    if (shape.context() == 1 || mode == model::VisionMode::replicate) {
+      EXPECT_EQ(m.vision_bytes, 0) << at;
+    }
+  }
+}
+
 TEST(MultiRankTrain, LossesAndParametersEqualOneProcessOnEveryMesh) {
   const int world = test::rank_env().world_size;
   const int64_t per_rank = 96;
@@ -115,6 +131,7 @@ TEST(MultiRankTrain, LossesAndParametersEqualOneProcessOnEveryMesh) {
     if (mesh.shape().ulysses == 3) continue;  // 2 K/V heads cannot be split 3 ways
     const train::TrainReport got = train::train(tiny_options(per_rank), mesh, log);
     expect_same_run(got, reference(mesh.shape().dp), 1e-9, mesh.shape().str());
+    expect_bytes_split(got, mesh.shape(), tiny_options(per_rank).vision, mesh.shape().str());
   }
 }
 
@@ -179,7 +196,9 @@ TEST(MultiRankTrain, EveryVisionModeTrainsTheSameModel) {
   for (auto mode : {model::VisionMode::gather, model::VisionMode::replicate}) {
     train::TrainOptions o = tiny_options(per_rank);
     o.vision = mode;
-    expect_same_run(train::train(o, mesh, log), ref, 1e-9, mesh.shape().str() + " " + model::to_string(mode));
+    const train::TrainReport got = train::train(o, mesh, log);
+    expect_same_run(got, ref, 1e-9, mesh.shape().str() + " " + model::to_string(mode));
+    expect_bytes_split(got, mesh.shape(), mode, mesh.shape().str() + " " + model::to_string(mode));
   }
 }
 

@@ -27,6 +27,19 @@ struct MeshOptions {
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
 };
 
+// The byte counters of a mesh: one CommStats per axis group, so what a step sent can
+// be told apart by the group that sent it (the training metrics split it by purpose).
+class MeshStats {
+ public:
+  MeshStats();
+  CommSnapshot snapshot() const;               // every group of the mesh
+  CommSnapshot snapshot(MeshAxis axis) const;  // one axis group's
+  const std::shared_ptr<CommStats>& of(MeshAxis axis) const { return axes_[static_cast<int>(axis)]; }
+
+ private:
+  std::shared_ptr<CommStats> axes_[5];  // indexed by MeshAxis
+};
+
 class Mesh {
  public:
   // Rendezvous through a c10d TCPStore at env.master_addr:env.master_port that
@@ -63,14 +76,13 @@ class Mesh {
   // The job's store (null for one rank): heartbeats and step fingerprints use it.
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
 
-  CommStats& stats() const { return *stats_; }
-  const std::shared_ptr<CommStats>& shared_stats() const { return stats_; }
+  const MeshStats& stats() const { return stats_; }
 
  private:
   plan::Mesh shape_;
   plan::RankCoords coords_;
   int rank_ = 0;
-  std::shared_ptr<CommStats> stats_;
+  MeshStats stats_;
   GroupPtr groups_[5];  // indexed by MeshAxis
   c10::intrusive_ptr<c10d::Store> store_;
 };

@@ -24,16 +24,21 @@ struct StepMetrics {
   double communication_s = 0.0; //   other communication (routing, grad sync),
   double other_s = 0.0;         //   everything else
   int64_t peak_bytes = 0;       // this rank's peak tensor memory during the step
-  int64_t comm_bytes = 0;       // bytes this rank sent during the step
+  int64_t comm_bytes = 0;       // bytes sent during the step by the rank that sent the most;
+  int64_t attention_bytes = 0;  //   its parts by purpose: attention (ring and Ulysses groups),
+  int64_t vision_bytes = 0;     //   vision routing (context group),
+  int64_t grad_bytes = 0;       //   gradient sync and weight update (world and dp groups)
 };
 
 // JSON with the field names above; a non-finite double is written as null and read
-// back as NaN. from_json requires every field.
+// back as NaN. from_json requires every field but the byte parts, which files written
+// before them lack (read as 0).
 void to_json(nlohmann::json& j, const StepMetrics& m);
 void from_json(const nlohmann::json& j, StepMetrics& m);
 
 // "step 42 | loss 2.3456 | lr 3.00e-04 | gnorm 0.812 | 12345 tok/s | 1.234 s =
-//  vision 10% attn 45% comm 20% other 25% | peak 1234.5 MiB | sent 56.7 MiB"
+//  vision 10% attn 45% comm 20% other 25% | peak 1234.5 MiB |
+//  sent 56.7 MiB (attn 40.1, vision 1.2, grad 15.4)"
 std::string format_step_line(const StepMetrics& m);
 
 // Appends one JSON object per line to `path` (created if missing), flushed to the
