@@ -181,7 +181,9 @@ TEST(MultiRankTrain, AdaptivePlacementOfAHybridNeedsARing) {
       ++refused;
     }
   }
-  if (test::rank_env().world_size >= 2) {
+  // Such a mesh (ring 1, ulysses 2 or 4) exists on 2 and 4 ranks, not on 1 or 3.
+  const int world = test::rank_env().world_size;
+  if (world == 2 || world == 4) {
     EXPECT_GT(refused, 0);
   }
 }
