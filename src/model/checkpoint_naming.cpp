@@ -10,4 +10,17 @@ CheckpointNaming checkpoint_naming(const ModelConfig& config) {
   return family_for(config.model_type).checkpoint_naming(config);
 }
 
+CheckpointNaming llava_layout_naming(bool tie_word_embeddings) {
+  CheckpointNaming naming;
+  naming.prefix_aliases = {{"model.language_model.", "language_model.model."},
+                           {"model.vision_tower.", "vision_tower."},
+                           {"model.multi_modal_projector.", "multi_modal_projector."},
+                           {"lm_head.", "language_model.lm_head."}};
+  if (tie_word_embeddings) {
+    naming.tied_input = "language_model.model.embed_tokens.weight";
+    naming.tied_output = "language_model.lm_head.weight";
+  }
+  return naming;
+}
+
 }  // namespace mmsp::model

@@ -9,6 +9,7 @@
 #include "config_parts.h"
 #include "json_fields.h"
 #include "mmsp/core/check.h"
+#include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/families/internvl/dynamic_tiling.h"
 #include "mmsp/model/families/internvl/internvl_model.h"
 
@@ -107,21 +108,7 @@ class InternVLFamily : public Family {
   }
 
   CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
-    CheckpointNaming naming;
-    // InternVL3-*-hf files use LLaVA's layout: vision_tower.*, multi_modal_projector.*,
-    // language_model.model.*, language_model.lm_head.*; transformers >= 4.52 names them
-    // model.vision_tower.*, model.multi_modal_projector.*, model.language_model.*, lm_head.*
-    // and maps the old names by _checkpoint_conversion_mapping
-    // (models/internvl/modeling_internvl.py); here the reverse.
-    naming.prefix_aliases = {{"model.language_model.", "language_model.model."},
-                             {"model.vision_tower.", "vision_tower."},
-                             {"model.multi_modal_projector.", "multi_modal_projector."},
-                             {"lm_head.", "language_model.lm_head."}};
-    if (c.tie_word_embeddings) {
-      naming.tied_input = "language_model.model.embed_tokens.weight";
-      naming.tied_output = "language_model.lm_head.weight";
-    }
-    return naming;
+    return llava_layout_naming(c.tie_word_embeddings);  // the released InternVL3-*-hf files use LLaVA's layout
   }
 };
 

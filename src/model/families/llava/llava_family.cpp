@@ -9,6 +9,7 @@
 #include "config_parts.h"
 #include "json_fields.h"
 #include "mmsp/core/check.h"
+#include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/families/llava/llava.h"
 
 namespace mmsp::model {
@@ -88,25 +89,7 @@ class LlavaFamily : public Family {
   }
 
   CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
-    CheckpointNaming naming;
-    // mmsp and the released llava-1.5-*-hf files: vision_tower.*, multi_modal_projector.*,
-    // language_model.model.*, language_model.lm_head.*. transformers >= 4.52 names them
-    // model.vision_tower.*, model.multi_modal_projector.*, model.language_model.*,
-    // lm_head.* and reads the released ones through
-    //   _checkpoint_conversion_mapping = {"^language_model.model": "model.language_model",
-    //       "^vision_tower": "model.vision_tower",
-    //       "^multi_modal_projector": "model.multi_modal_projector",
-    //       "^language_model.lm_head": "lm_head"}
-    // (models/llava/modeling_llava.py); here the reverse.
-    naming.prefix_aliases = {{"model.language_model.", "language_model.model."},
-                             {"model.vision_tower.", "vision_tower."},
-                             {"model.multi_modal_projector.", "multi_modal_projector."},
-                             {"lm_head.", "language_model.lm_head."}};
-    if (c.tie_word_embeddings) {
-      naming.tied_input = "language_model.model.embed_tokens.weight";
-      naming.tied_output = "language_model.lm_head.weight";
-    }
-    return naming;
+    return llava_layout_naming(c.tie_word_embeddings);  // llava-1.5-*-hf and mmsp
   }
 };
 
