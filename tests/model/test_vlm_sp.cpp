@@ -33,19 +33,20 @@ namespace {
 
 using test::kStart, test::kEnd, test::kImage, test::kVideo, test::text, test::block;
 
-model::ModelConfig tiny_qwen2_vl() {
-  nlohmann::json c = {
-      {"model_type", "qwen2_vl"}, {"vocab_size", 128}, {"hidden_size", 96},
-      {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
-      {"num_key_value_heads", 2}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
-      {"tie_word_embeddings", false}, {"vision_start_token_id", kStart}, {"vision_end_token_id", kEnd},
-      {"vision_token_id", 119}, {"image_token_id", kImage}, {"video_token_id", kVideo},
-      {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}}},
-      {"vision_config", {{"depth", 2}, {"embed_dim", 16}, {"hidden_size", 96}, {"num_heads", 2},
-                         {"mlp_ratio", 2}, {"patch_size", 2}, {"spatial_merge_size", 2},
-                         {"temporal_patch_size", 2}, {"in_chans", 3}, {"hidden_act", "quick_gelu"}}}};
-  return model::parse_model_config(c, "tiny qwen2_vl");
+// Qwen2-VL's top-level text fields, which Qwen2.5-VL shares.
+nlohmann::json tiny_qwen2_vl_json() {
+  return {{"model_type", "qwen2_vl"}, {"vocab_size", 128}, {"hidden_size", 96},
+          {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
+          {"num_key_value_heads", 2}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
+          {"tie_word_embeddings", false}, {"vision_start_token_id", kStart}, {"vision_end_token_id", kEnd},
+          {"vision_token_id", 119}, {"image_token_id", kImage}, {"video_token_id", kVideo},
+          {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}}},
+          {"vision_config", {{"depth", 2}, {"embed_dim", 16}, {"hidden_size", 96}, {"num_heads", 2},
+                             {"mlp_ratio", 2}, {"patch_size", 2}, {"spatial_merge_size", 2},
+                             {"temporal_patch_size", 2}, {"in_chans", 3}, {"hidden_act", "quick_gelu"}}}};
 }
+
+model::ModelConfig tiny_qwen2_vl() { return model::parse_model_config(tiny_qwen2_vl_json(), "tiny qwen2_vl"); }
 
 // Qwen3-VL: nested text_config, q/k norms, interleaved mRoPE, patch-embedding bias, a
 // 4 × 4 position table, deepstack from both vision blocks into decoder layers 0 and 1.
@@ -72,17 +73,12 @@ model::ModelConfig tiny_qwen3_vl() {
 // patches (8 px) in block 0, whole frames in block 1; video times scaled by
 // second_per_grid_ts · tokens_per_second.
 model::ModelConfig tiny_qwen2_5_vl() {
-  nlohmann::json c = {
-      {"model_type", "qwen2_5_vl"}, {"vocab_size", 128}, {"hidden_size", 96},
-      {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
-      {"num_key_value_heads", 2}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
-      {"tie_word_embeddings", false}, {"vision_start_token_id", kStart}, {"vision_end_token_id", kEnd},
-      {"vision_token_id", 119}, {"image_token_id", kImage}, {"video_token_id", kVideo},
-      {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}}},
-      {"vision_config", {{"depth", 2}, {"hidden_size", 16}, {"intermediate_size", 24}, {"num_heads", 2},
-                         {"out_hidden_size", 96}, {"patch_size", 2}, {"spatial_merge_size", 2},
-                         {"temporal_patch_size", 2}, {"in_chans", 3}, {"hidden_act", "silu"},
-                         {"window_size", 8}, {"fullatt_block_indexes", {1}}, {"tokens_per_second", 2}}}};
+  nlohmann::json c = tiny_qwen2_vl_json();
+  c["model_type"] = "qwen2_5_vl";
+  c["vision_config"] = {{"depth", 2}, {"hidden_size", 16}, {"intermediate_size", 24}, {"num_heads", 2},
+                        {"out_hidden_size", 96}, {"patch_size", 2}, {"spatial_merge_size", 2},
+                        {"temporal_patch_size", 2}, {"in_chans", 3}, {"hidden_act", "silu"},
+                        {"window_size", 8}, {"fullatt_block_indexes", {1}}, {"tokens_per_second", 2}};
   return model::parse_model_config(c, "tiny qwen2_5_vl");
 }
 
