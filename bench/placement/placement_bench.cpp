@@ -84,12 +84,6 @@ Batch long_batch(int64_t tokens, std::mt19937& rng) {
   return b;
 }
 
-// Ulysses inside a node of up to 8, ring across: 2 -> R2, 4 -> R2 U2, 8 -> R2 U4, 16 -> R2 U8,
-// 32 -> R4 U8, 64 -> R8 U8.
-Mesh mesh_for(int ranks) {
-  const int U = ranks <= 2 ? 1 : std::min(8, ranks / 2);
-  return {1, ranks / U, U};
-}
 
 nlohmann::json row_figures(const RowPlan& row) {
   const LoadReport& l = row.load;
@@ -113,19 +107,6 @@ nlohmann::json row_figures(const RowPlan& row) {
           {"local_length", row.shards.local_length()}};
 }
 
-struct Workload {
-  const char* name;
-  Batch batch;
-};
-
-std::vector<Workload> workloads(int64_t tokens, const ModelConventions& c) {
-  std::mt19937 rng(13);
-  std::vector<Workload> w;
-  w.push_back({"sft", sft_batch(tokens, rng)});
-  w.push_back({"vlm", vlm_batch(tokens, c, rng)});
-  w.push_back({"long", long_batch(tokens, rng)});
-  return w;
-}
 
 double median_ms(const Batch& batch, const ModelConventions& c, const PlanOptions& o, int repeats) {
   std::vector<double> ms;
@@ -142,13 +123,28 @@ double median_ms(const Batch& batch, const ModelConventions& c, const PlanOption
 
 }  // namespace
 
+std::vector<PlacementWorkload> placement_workloads(int64_t tokens, const ModelConventions& c) {
+  std::mt19937 rng(13);
+  std::vector<PlacementWorkload> w;
+  w.push_back({"sft", sft_batch(tokens, rng)});
+  w.push_back({"vlm", vlm_batch(tokens, c, rng)});
+  w.push_back({"long", long_batch(tokens, rng)});
+  return w;
+}
+
+// 2 -> R2, 4 -> R2 U2, 8 -> R2 U4, 16 -> R2 U8, 32 -> R4 U8, 64 -> R8 U8.
+Mesh placement_mesh(int ranks) {
+  const int U = ranks <= 2 ? 1 : std::min(8, ranks / 2);
+  return {1, ranks / U, U};
+}
+
 nlohmann::json bench_placement(const PlacementBenchOptions& options) {
   const ModelConventions c = default_conventions(ModelFamily::qwen2_vl);
   nlohmann::json rows = nlohmann::json::array();
   for (int ranks : options.ranks) {
-    for (Workload& w : workloads(options.tokens_per_rank * ranks, c)) {
+    for (PlacementWorkload& w : placement_workloads(options.tokens_per_rank * ranks, c)) {
       PlanOptions o;
-      o.mesh = mesh_for(ranks);
+      o.mesh = placement_mesh(ranks);
       o.attention_shape = options.shape;
       nlohmann::json row = {{"workload", w.name}, {"ranks", ranks}, {"ring", o.mesh.ring},
                             {"ulysses", o.mesh.ulysses}, {"tokens", total_tokens(w.batch)},
@@ -164,7 +160,7 @@ nlohmann::json bench_placement(const PlacementBenchOptions& options) {
   }
   // Planning time: one rank's whole plan of 1,000,000 tokens over R 8 x U 8.
   nlohmann::json timing = nlohmann::json::array();
-  for (Workload& w : workloads(1000000, c)) {
+  for (PlacementWorkload& w : placement_workloads(1000000, c)) {
     PlanOptions o;
     o.mesh = {1, 8, 8};
     for (Placement p : {Placement::zigzag, Placement::adaptive}) {

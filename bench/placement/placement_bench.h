@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "mmsp/plan/attention_cost.h"
+#include "mmsp/plan/mesh.h"
+#include "mmsp/plan/model_conventions.h"
+#include "mmsp/plan/sequence.h"
 
 namespace mmsp::bench {
 
@@ -23,6 +26,16 @@ struct PlacementBenchOptions {
 
 // Rows {workload, ranks, ring, ulysses, placement, bytes, padding, ...} and the timings.
 nlohmann::json bench_placement(const PlacementBenchOptions& options);
+
+// The three workloads of `tokens` tokens (seeded: the same batches on every rank and run).
+struct PlacementWorkload {
+  const char* name;  // "sft", "vlm", "long"
+  plan::Batch batch;
+};
+std::vector<PlacementWorkload> placement_workloads(int64_t tokens, const plan::ModelConventions& conventions);
+
+// The context group of `ranks`: Ulysses inside a node of up to 8, ring across.
+plan::Mesh placement_mesh(int ranks);
 
 // The rows as a Markdown table (docs/plan.md).
 std::string placement_table(const nlohmann::json& result);

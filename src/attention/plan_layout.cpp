@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 namespace mmsp::attention {
 namespace {
 
@@ -34,6 +36,14 @@ std::vector<TokenLayout> ring_shares(const plan::ShardMap& shards) {
     shares.push_back(TokenLayout::concat(parts));
   }
   return shares;
+}
+
+std::vector<int64_t> split_slots(const plan::ShardMap& shards) {
+  const auto& segments = shards.row().segments;
+  std::vector<int64_t> counts;
+  if (std::none_of(segments.begin(), segments.end(), [](const plan::Segment& s) { return s.home >= 0; })) return counts;
+  for (int c = 0; c < shards.ring() * shards.ulysses(); ++c) counts.push_back(shards.split_slots(c));
+  return counts;
 }
 
 TokenLayout row_layout(const plan::PackedRow& row) {

@@ -3,24 +3,91 @@
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <utility>
 
 #include "mmsp/attention/ulysses_attention.h"
 #include "mmsp/core/check.h"
 
 namespace mmsp::attention {
+namespace {
+
+// Ring rank r's split share: the first split_slots of each of its ulysses ranks, joined.
+std::vector<TokenLayout> split_shares(const std::vector<TokenLayout>& shares, const std::vector<int64_t>& split,
+                                      int U, int64_t L) {
+  std::vector<TokenLayout> out;
+  for (size_t r = 0; r < shares.size(); ++r) {
+    std::vector<TokenLayout> parts;
+    for (int u = 0; u < U; ++u) parts.push_back(shares[r].slice(u * L, split[r * U + u]));
+    out.push_back(TokenLayout::concat(parts));
+  }
+  return out;
+}
+
+// The split counts of a mixed placement against the shares: in range, the same split
+// share on every ring rank (the ring's hops are of one size), and no segment held whole on
+// one rank with tokens anywhere else — its keys would never be exchanged, so a wrong count
+// would drop them silently.
+void check_split_slots(const std::vector<TokenLayout>& shares, const std::vector<int64_t>& split, int U, int64_t L) {
+  const int R = static_cast<int>(shares.size());
+  MMSP_CHECK(static_cast<int>(split.size()) == R * U, "context_attention: ", split.size(),
+             " split-slot counts given for a context group of ", R, " x ", U, " ranks");
+  std::vector<int64_t> share(R, 0);
+  for (int c = 0; c < R * U; ++c) {
+    MMSP_CHECK(split[c] >= 0 && split[c] <= L, "context_attention: context rank ", c, " has ", split[c],
+               " split slots of its ", L);
+    share[c / U] += split[c];
+  }
+  for (int r = 1; r < R; ++r)
+    MMSP_CHECK(share[r] == share[0], "context_attention: ring rank ", r, " holds ", share[r],
+               " split tokens but ring rank 0 holds ", share[0], "; every ring rank must hold the same number");
+  std::map<int64_t, int> home;  // segment -> the one context rank holding it, or -1: split
+  auto claim = [&](int64_t segment, int owner, int c) {
+    auto [it, fresh] = home.emplace(segment, owner);
+    MMSP_CHECK(fresh || (it->second == owner && owner >= 0) || (it->second < 0 && owner < 0),
+               "context_attention: segment ", segment, " is held whole on context rank ",
+               std::max(owner, it->second), " but has tokens elsewhere too (context rank ", c, ")");
+  };
+  for (int c = 0; c < R * U; ++c) {
+    const at::Tensor seg = shares[c / U].segment.narrow(0, (c % U) * L, L).contiguous();
+    const int64_t* s = seg.data_ptr<int64_t>();
+    for (int64_t i = 0; i < L; ++i)
+      if (s[i] >= 0) claim(s[i], i < split[c] ? -1 : c, c);
+  }
+}
+
+}  // namespace
 
 std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& groups,
                                                          std::vector<TokenLayout> ring_shares,
                                                          const AttentionOptions& options, const at::Device& device,
-                                                         std::optional<LinearAttentionShape> linear) {
-  const int R = groups.ring->size();
+                                                         std::optional<LinearAttentionShape> linear,
+                                                         std::vector<int64_t> split_slots) {
+  const int R = groups.ring->size(), U = groups.ulysses->size();
   MMSP_CHECK(static_cast<int>(ring_shares.size()) == R, "context_attention: ", ring_shares.size(),
              " ring shares given for a ring of ", R, " ranks");
   auto step = std::make_shared<StepAttention>();
   step->groups = groups;
   step->options = options;
-  step->kernels = plan_ring_kernels(ring_shares, groups.ring->rank(), options, device);
+  if (split_slots.empty()) {
+    step->kernels = plan_ring_kernels(ring_shares, groups.ring->rank(), options, device);
+  } else {
+    for (const TokenLayout& share : ring_shares) share.check("context_attention");
+    const int64_t L = ring_shares[0].size() / U;
+    for (int r = 0; r < R; ++r)
+      MMSP_CHECK(ring_shares[r].size() == L * U, "context_attention: ring rank ", r, " holds ",
+                 ring_shares[r].size(), " slots, not ", U, " ulysses ranks x ", L);
+    check_split_slots(ring_shares, split_slots, U, L);
+    const int r = groups.ring->rank(), u = groups.ulysses->rank();
+    const std::vector<TokenLayout> split = split_shares(ring_shares, split_slots, U, L);
+    if (split[0].size() > 0) step->kernels = plan_ring_kernels(split, r, options, device);
+    const int64_t a = split_slots[r * U + u];
+    if (a < L) {
+      const TokenLayout whole = ring_shares[r].slice(u * L + a, L - a);
+      step->whole = plan_kernel(whole, whole, options, device);
+    }
+    step->split_slots = std::move(split_slots);
+  }
   if (linear)
     step->linear = std::make_shared<const RingRunIndex>(RingRunIndex::make(
         ring_shares, groups.ring->rank(), linear->conv_kernel, linear->chunk, device));
@@ -28,21 +95,48 @@ std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& gr
   return step;
 }
 
+namespace {
+
+// The gathered tokens' attention: the local kernel on one ring rank, else the ring.
+InnerAttention inner_attention(const StepAttention& s) {
+  return [&s](const at::Tensor& qg, const at::Tensor& kg, const at::Tensor& vg) {
+    if (s.groups.ring->size() == 1) return local_attention(qg, kg, vg, s.kernels->from[0]);
+    return ring_attention(qg, kg, vg, s.groups.ring, s.kernels);
+  };
+}
+
+// A mixed placement: the split slots [0, a) through Ulysses (all-to-all-v) and the ring of
+// split shares, the whole slots [a, L) by the local kernel at home; outputs in slot order.
+at::Tensor mixed_attention(const StepAttention& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int U = s.groups.ulysses->size(), r = s.groups.ring->rank();
+  const int64_t L = s.ring_shares[0].size() / U, a = s.split_slots[r * U + s.groups.ulysses->rank()];
+  MMSP_CHECK(q.size(0) == L, "context_attention: this rank holds ", q.size(0), " tokens but the plan gives it ", L,
+             " slots");
+  std::vector<at::Tensor> parts;
+  if (s.kernels) {  // every ulysses rank takes part, even one with no split slot of its own
+    const std::vector<int64_t> tokens(s.split_slots.begin() + r * U, s.split_slots.begin() + (r + 1) * U);
+    parts.push_back(ulysses_attention_v(q.narrow(0, 0, a), k.narrow(0, 0, a), v.narrow(0, 0, a), s.groups.ulysses,
+                                        tokens, inner_attention(s)));
+  }
+  if (s.whole) parts.push_back(local_attention(q.narrow(0, a, L - a), k.narrow(0, a, L - a), v.narrow(0, a, L - a), s.whole));
+  if (parts.empty()) return at::zeros_like(q);  // no slot at all
+  return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+}
+
+}  // namespace
+
 AttentionFunction attention_function(std::shared_ptr<const StepAttention> step) {
   return [step = std::move(step)](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     const StepAttention& s = *step;
     check_attention_inputs(q, k, v, "context_attention");
-    const int R = s.groups.ring->size(), U = s.groups.ulysses->size();
+    const int U = s.groups.ulysses->size();
     check_ulysses_heads(q.size(1), k.size(1), U);
+    if (s.mixed()) return mixed_attention(s, q, k, v);
     const int64_t share = s.kernels->from[0]->queries;
     MMSP_CHECK(share == q.size(0) * U, "context_attention: this rank holds ", q.size(0),
                " tokens, but its ring share of ", share, " tokens split over ", U, " ulysses ranks gives ",
                share / U, " (pad the share to a multiple of ", U, ")");
-    InnerAttention inner = [&](const at::Tensor& qg, const at::Tensor& kg, const at::Tensor& vg) {
-      if (R == 1) return local_attention(qg, kg, vg, s.kernels->from[0]);
-      return ring_attention(qg, kg, vg, s.groups.ring, s.kernels);
-    };
-    return ulysses_attention(q, k, v, s.groups.ulysses, inner);
+    return ulysses_attention(q, k, v, s.groups.ulysses, inner_attention(s));
   };
 }
 

@@ -5,6 +5,7 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_to_all.h"
+#include "mmsp/dist/all_to_all_v.h"
 
 namespace mmsp::attention {
 
@@ -16,16 +17,53 @@ void check_ulysses_heads(int64_t heads, int64_t kv_heads, int ulysses) {
              ") must divide one another (K/V heads are repeated when fewer than the degree)");
 }
 
+namespace {
+
+// K/V heads fewer than U are repeated so that rank u gets head u·H_kv/U.
+at::Tensor heads_for_ulysses(const at::Tensor& x, int U) {
+  return x.size(1) % U == 0 ? x : x.repeat_interleave(U / x.size(1), 1);
+}
+
+// [a_u, H, D] -> [Σ_p a_p, H/U, D]: head group p of my a_u tokens goes to rank p; what
+// arrives is every rank's tokens in rank order, for my heads.
+at::Tensor scatter_heads(const at::Tensor& x, const std::vector<int64_t>& tokens, const dist::GroupPtr& g) {
+  const int U = g->size();
+  const int64_t a = x.size(0), heads = x.size(1) / U, D = x.size(2);
+  at::Tensor by_rank = x.reshape({a, U, heads, D}).transpose(0, 1).reshape({U * a, heads, D});
+  return dist::all_to_all_v(by_rank, std::vector<int64_t>(U, a), tokens, g);
+}
+
+// The inverse: [Σ_p a_p, H/U, D] -> [a_u, H, D].
+at::Tensor gather_heads(const at::Tensor& y, const std::vector<int64_t>& tokens, const dist::GroupPtr& g) {
+  const int U = g->size();
+  const int64_t a = tokens[g->rank()], heads = y.size(1), D = y.size(2);
+  at::Tensor by_rank = dist::all_to_all_v(y, tokens, std::vector<int64_t>(U, a), g);  // [U·a, H/U, D]
+  return by_rank.reshape({U, a, heads, D}).transpose(0, 1).reshape({a, U * heads, D});
+}
+
+}  // namespace
+
+at::Tensor ulysses_attention_v(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const dist::GroupPtr& ulysses, const std::vector<int64_t>& tokens,
+                               const InnerAttention& inner) {
+  const int U = ulysses->size();
+  check_ulysses_heads(q.size(1), k.size(1), U);
+  MMSP_CHECK(static_cast<int>(tokens.size()) == U && tokens[ulysses->rank()] == q.size(0),
+             "ulysses_attention_v: ", tokens.size(), " token counts for a group of ", U, " ranks, this rank's (",
+             ulysses->rank(), ") must be its ", q.size(0), " tokens");
+  if (U == 1) return inner(q, k, v);
+  at::Tensor qg = scatter_heads(q, tokens, ulysses);
+  at::Tensor kg = scatter_heads(heads_for_ulysses(k, U), tokens, ulysses);
+  at::Tensor vg = scatter_heads(heads_for_ulysses(v, U), tokens, ulysses);
+  return gather_heads(inner(qg, kg, vg), tokens, ulysses);
+}
+
 at::Tensor ulysses_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const dist::GroupPtr& ulysses, const InnerAttention& inner) {
   const int U = ulysses->size();
   check_ulysses_heads(q.size(1), k.size(1), U);
   if (U == 1) return inner(q, k, v);
-  at::Tensor kr = k, vr = v;
-  if (k.size(1) % U != 0) {  // H_kv < U: rank u needs K/V head u·H_kv/U
-    kr = k.repeat_interleave(U / k.size(1), 1);
-    vr = v.repeat_interleave(U / v.size(1), 1);
-  }
+  at::Tensor kr = heads_for_ulysses(k, U), vr = heads_for_ulysses(v, U);
   // [T_u, H, D] -> [T_u·U, H/U, D]: scatter heads, gather tokens
   at::Tensor qg = dist::all_to_all(q, 1, 0, ulysses);
   at::Tensor kg = dist::all_to_all(kr, 1, 0, ulysses);

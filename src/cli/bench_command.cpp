@@ -6,7 +6,8 @@
 // part / whole step in the three vision modes on 1, 2 and 4 ranks (mmsp-run -n 4).
 // `mmsp bench load`: a Hugging Face directory loaded on every rank, against cat.
 // `mmsp bench memory`: a training step's memory per rank under the memory flags.
-// `mmsp bench placement`: zigzag vs adaptive placement, planned figures (one process).
+// `mmsp bench placement`: zigzag vs adaptive placement, planned figures (one process);
+// with --measure, under mmsp-run, the attention itself, bytes counted and timed.
 #include "bench_command.h"
 
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "load_bench.h"
 #include "memory_bench.h"
 #include "placement_bench.h"
+#include "placement_measure.h"
 #include "vlm_bench.h"
 #include "mmsp/core/check.h"
 
@@ -31,6 +33,8 @@ Subcommand add_bench_command(CLI::App& parent) {
     bench::LoadBenchOptions load;
     bench::MemoryBenchOptions memory;
     bench::PlacementBenchOptions placement;
+    bench::PlacementMeasureOptions placement_measure;
+    bool measure = false;
     std::string part = "auto";
     std::string out;
   };
@@ -105,12 +109,28 @@ Subcommand add_bench_command(CLI::App& parent) {
   placement->add_option("--element-bytes", flags->placement.shape.element_bytes, "bytes per element")
       ->capture_default_str();
   placement->add_option("--layers", flags->placement.shape.layers, "attention layers")->capture_default_str();
+  placement->add_flag("--measure", flags->measure,
+                      "under mmsp-run -n 2|4: run the attention of each workload's step on this job's ranks, "
+                      "bytes counted and timed (fp32; --tokens-per-rank, --heads .. --layers as given, "
+                      "their defaults then 4096 tokens, 8/2 heads of 64, 4 layers)");
+  placement->add_option("--repeats", flags->placement_measure.repeats, "--measure: runs per row (median)")
+      ->capture_default_str();
   placement->add_option("--out", flags->out, "write the JSON here instead of stdout");
   return {app, [flags, lin, vision, step, load, memory, placement]() {
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
             std::string part = flags->part;
             nlohmann::json result;
-            if (placement->parsed()) {
+            if (placement->parsed() && flags->measure) {
+              bench::PlacementMeasureOptions& m = flags->placement_measure;
+              auto given = [&](const char* flag) { return placement->count(flag) > 0; };
+              if (given("--tokens-per-rank")) m.tokens_per_rank = flags->placement.tokens_per_rank;
+              if (given("--heads")) m.shape.heads = flags->placement.shape.heads;
+              if (given("--kv-heads")) m.shape.kv_heads = flags->placement.shape.kv_heads;
+              if (given("--head-dim")) m.shape.head_dim = flags->placement.shape.head_dim;
+              if (given("--element-bytes")) m.shape.element_bytes = flags->placement.shape.element_bytes;
+              if (given("--layers")) m.shape.layers = flags->placement.shape.layers;
+              result = bench::measure_placement(env, m);
+            } else if (placement->parsed()) {
               result = bench::bench_placement(flags->placement);
             } else if (load->parsed()) {
               result = bench::bench_load(env, flags->load);

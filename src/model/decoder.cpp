@@ -32,7 +32,7 @@ DecoderContext decoder_context(const RankInputs& in, const TextConfig& text,
   for (int64_t i = 0; i < text.num_hidden_layers; ++i)
     if (text.layer_kind(i) == LayerKind::linear_attention) linear = {text.linear_conv_kernel_dim, linear_chunk};
   const std::shared_ptr<const attention::StepAttention> step =
-      attention::plan_step_attention(groups, in.ring_shares, attention, like.device(), linear);
+      attention::plan_step_attention(groups, in.ring_shares, attention, like.device(), linear, in.split_slots);
   DecoderContext ctx;
   ctx.attend = attention::attention_function(step);
   ctx.linear = {groups, in.ring_shares, step->linear};

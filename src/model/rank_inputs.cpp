@@ -31,6 +31,7 @@ RankInputs rank_inputs(const plan::Batch& batch, const plan::StepPlan& plan) {
   in.positions = as_tensor(mine.positions).view({mine.position_rows, mine.local_length});
   in.labels = as_tensor(mine.labels);
   in.ring_shares = attention::ring_shares(row.shards);
+  in.split_slots = attention::split_slots(row.shards);
   in.label_count = plan.label_count;
   return in;
 }

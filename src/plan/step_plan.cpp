@@ -73,7 +73,7 @@ std::vector<VisionItem> collect_items(const Batch& batch, const StepPlan& plan,
   return items;
 }
 
-LoadReport load_report(const RowPlan& row, int S, Placement placement, const AttentionShape& shape) {
+LoadReport load_report(const RowPlan& row, int S, const AttentionShape& shape) {
   LoadReport r;
   const int U = row.shards.ulysses(), R = row.shards.ring();
   const int64_t L = row.shards.local_length();
@@ -95,12 +95,17 @@ LoadReport load_report(const RowPlan& row, int S, Placement placement, const Att
   // Ulysses gives each of its U ranks all of the ring rank's split tokens for 1/U of the heads.
   for (int c = 0; c < S; ++c) r.pairs[c] += ring_pairs[c / U] / U;
   for (const Segment& seg : row.packing.segments) ++(seg.home >= 0 ? r.whole_segments : r.split_segments);
-  int64_t share = 0;  // adaptive: the split tokens of one ring rank
+  // With a segment held whole only the split slots are exchanged (attention/step_attention.h),
+  // otherwise every slot, padding included, as zigzag always has.
+  const bool all = r.whole_segments == 0;
+  int64_t share = 0;  // the split tokens of one ring rank
   for (int c = 0; c < U; ++c) share += row.shards.split_slots(c);
   for (int c = 0; c < S; ++c) {
     r.padding.push_back(L - r.tokens[c]);
-    const bool all = placement == Placement::zigzag;
-    r.ulysses_bytes.push_back(ulysses_bytes(shape, U, all ? L : row.shards.split_slots(c)));
+    std::vector<int64_t> exchanged(U, L);
+    if (!all)
+      for (int u = 0; u < U; ++u) exchanged[u] = row.shards.split_slots(c / U * U + u);
+    r.ulysses_bytes.push_back(ulysses_bytes(shape, exchanged, c % U));
     r.ring_bytes.push_back(ring_bytes(shape, R, U, all ? L * U : share));
   }
   std::vector<int> ours(row.items.size());
@@ -213,7 +218,7 @@ StepPlan make_step_plan(const Batch& batch, const ModelConventions& conventions,
     row.items = collect_items(batch, plan, row.packing, offsets);
     plan_vision(row, S, options.vision_cost);
     row.pieces = flatten_pieces(row.items);
-    row.load = load_report(row, S, options.placement, options.attention_shape);
+    row.load = load_report(row, S, options.attention_shape);
   }
   plan.mine = make_rank_plan(batch, plan, rank);
   return plan;

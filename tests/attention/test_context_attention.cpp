@@ -11,6 +11,7 @@
 
 #include "mmsp/attention/context_attention.h"
 #include "mmsp/attention/plan_layout.h"
+#include "mmsp/plan/attention_cost.h"
 #include "mmsp/plan/placement.h"
 #include "mmsp/plan/shard_map.h"
 #include "mmsp/core/check.h"
@@ -37,9 +38,11 @@ struct SchemeCase {
 
 // The scheme the mesh selects on this rank's slots `mine` (global token per slot, -1 for
 // padding) against the kernel on the whole row: output and dq, dk, dv.
+// split_slots: a mixed placement's split slots per context rank (empty: zigzag's exchange).
 void expect_scheme_equals_kernel(const dist::Mesh& mesh, const TokenLayout& global,
                                  const std::vector<TokenLayout>& shares, const std::vector<int64_t>& mine,
-                                 int64_t kv_heads, const AttentionOptions& options, const std::string& where) {
+                                 int64_t kv_heads, const AttentionOptions& options, const std::string& where,
+                                 const std::vector<int64_t>& split_slots = {}) {
   const int64_t T = global.size();
   Tensor q = at::randn({T, kHeads, kDim}, kF64).requires_grad_();
   Tensor k = at::randn({T, kv_heads, kDim}, kF64).requires_grad_();
@@ -51,7 +54,7 @@ void expect_scheme_equals_kernel(const dist::Mesh& mesh, const TokenLayout& glob
   Tensor ql = gather_rows(q.detach(), mine).requires_grad_();
   Tensor kl = gather_rows(k.detach(), mine).requires_grad_();
   Tensor vl = gather_rows(v.detach(), mine).requires_grad_();
-  Tensor out = context_attention(ql, kl, vl, {mesh.ring(), mesh.ulysses()}, shares, options);
+  Tensor out = context_attention(ql, kl, vl, {mesh.ring(), mesh.ulysses()}, shares, options, split_slots);
   (out * gather_rows(w, mine)).sum().backward();
   expect_rows_match(out.detach(), ref.detach(), mine, where + " output");
   expect_rows_match(ql.grad(), q.grad(), mine, where + " dq");
@@ -96,12 +99,16 @@ TEST(MultiRank, EverySchemeEqualsTheSingleProcessKernel) {
 // ring compute it exactly. Rows mixing a long segment with short ones, only short ones, and
 // one long segment (zigzag); loose balance targets for the first two so that these small
 // rows keep segments whole (the default 1 % would split nearly all of them).
+//
+// With a segment held whole only the split slots are exchanged (an all-to-all-v and a ring of
+// split shares) and the whole ones attend at home: the bytes each rank's counters see, forward
+// and backward, must equal the plan's formulas (plan/attention_cost.h) for its own counts.
 TEST(MultiRank, AdaptivePlacementEqualsTheSingleProcessKernel) {
   std::mt19937 rng(77);  // same rows on every rank
   at::manual_seed(77);
   for (const dist::Mesh& mesh : test::all_meshes()) {
-    const int R = mesh.ring()->size(), U = mesh.ulysses()->size();
-    const int c = mesh.ring()->rank() * U + mesh.ulysses()->rank();
+    const int R = mesh.ring()->size(), U = mesh.ulysses()->size(), u = mesh.ulysses()->rank();
+    const int c = mesh.ring()->rank() * U + u;
     for (const char* pack : {"mixed", "short", "long"}) {
       std::vector<int64_t> lengths;
       const std::string kind = pack;
@@ -119,14 +126,34 @@ TEST(MultiRank, AdaptivePlacementEqualsTheSingleProcessKernel) {
       if (kind != "long") EXPECT_GT(whole, 0) << pack << ": nothing whole, the test would test zigzag";
       if (kind == "long" && R * U > 1) EXPECT_EQ(whole, 0);
       const plan::ShardMap map(row, R, U, plan::Layout::zigzag);
-      for (bool causal : {true, false}) {
-        AttentionOptions options;
-        options.causal = causal;
-        options.block_q = 8;
-        options.block_k = 16;
-        expect_scheme_equals_kernel(mesh, row_layout(row), ring_shares(map), map.tokens(c), kHeads, options,
-                                    mesh.shape().str() + " adaptive " + pack + (causal ? " causal" : " bidirectional"));
+      const std::vector<int64_t> split_slots = attention::split_slots(map);
+      EXPECT_EQ(split_slots.empty(), whole == 0) << pack;
+      std::vector<int64_t> exchanged(U, map.local_length());
+      int64_t share = map.local_length() * U;
+      if (!split_slots.empty()) {
+        share = 0;
+        for (int p = 0; p < U; ++p) share += exchanged[p] = map.split_slots(c / U * U + p);
       }
+      for (int64_t kv : {kHeads, int64_t{2}, int64_t{1}})
+        for (bool causal : {true, false}) {
+          if (kv % U != 0 && U % kv != 0) continue;
+          AttentionOptions options;
+          options.causal = causal;
+          options.block_q = 8;
+          options.block_k = 16;
+          const std::string where = mesh.shape().str() + " adaptive " + pack + " kv" + std::to_string(kv) +
+                                    (causal ? " causal" : " bidirectional");
+          const dist::CommSnapshot ulysses0 = mesh.ulysses()->stats().snapshot(), ring0 = mesh.ring()->stats().snapshot();
+          expect_scheme_equals_kernel(mesh, row_layout(row), ring_shares(map), map.tokens(c), kv, options, where,
+                                      split_slots);
+          const plan::AttentionShape shape{kHeads, kv, kDim, 8, 1};
+          EXPECT_EQ((mesh.ulysses()->stats().snapshot() - ulysses0).total_bytes(),
+                    static_cast<int64_t>(plan::ulysses_bytes(shape, exchanged, u)))
+              << where << ": Ulysses bytes";
+          EXPECT_EQ((mesh.ring()->stats().snapshot() - ring0).total_bytes(),
+                    static_cast<int64_t>(plan::ring_bytes(shape, R, U, share)))
+              << where << ": ring bytes";
+        }
     }
   }
 }

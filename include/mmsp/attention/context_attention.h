@@ -22,11 +22,13 @@ struct ContextGroups {
 
 // ring_shares[p]: the layout of ring rank p's share (T/R tokens), which its ulysses
 // ranks split contiguously: this rank holds slice `ulysses rank` of its share.
-// q [T/S, H, D], k/v [T/S, H_kv, D] -> [T/S, H, D].
+// q [T/S, H, D], k/v [T/S, H_kv, D] -> [T/S, H, D]. split_slots: a mixed placement's
+// split slots per context rank (step_attention.h); empty: every slot is exchanged.
 at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const ContextGroups& groups,
                              const std::vector<TokenLayout>& ring_shares,
-                             const AttentionOptions& options = {});
+                             const AttentionOptions& options = {},
+                             const std::vector<int64_t>& split_slots = {});
 
 // The scheme the mesh selects, for logs and benchmarks: "local", "ulysses", "ring", "hybrid".
 const char* scheme_name(const ContextGroups& groups);

@@ -16,6 +16,10 @@ TokenLayout local_layout(const plan::ShardMap& shards, int context_rank);
 // Layout of each ring rank's share: its ulysses ranks' slots joined in order.
 std::vector<TokenLayout> ring_shares(const plan::ShardMap& shards);
 
+// Split slots of each context rank when the placement holds some segment whole (only those
+// are exchanged: step_attention.h); empty when every segment is split (zigzag).
+std::vector<int64_t> split_slots(const plan::ShardMap& shards);
+
 // Layout of the whole packed row (the single-process view).
 TokenLayout row_layout(const plan::PackedRow& row);
 

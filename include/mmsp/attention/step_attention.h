@@ -21,12 +21,21 @@
 
 namespace mmsp::attention {
 
+// A mixed placement (docs/plan.md "Placement"): on context rank c the first split_slots[c]
+// slots hold split segments, the rest whole ones (and padding). Then only the split slots
+// take part in the exchanges — a Ulysses all-to-all-v and a ring over the split shares —
+// and the whole slots attend among themselves on their own rank, with every head.
 struct StepAttention {
   ContextGroups groups;
-  std::vector<TokenLayout> ring_shares;  // [ring rank]: the layout of its share
+  std::vector<TokenLayout> ring_shares;  // [ring rank]: the layout of its share (every slot)
   AttentionOptions options;
-  c10::intrusive_ptr<RingKernels> kernels;  // this rank's share against every share
+  // this rank's (split) share against every (split) share; null when no segment is split
+  c10::intrusive_ptr<RingKernels> kernels;
+  std::vector<int64_t> split_slots;  // [context rank]; empty: every slot is exchanged
+  KernelPlanPtr whole;               // my whole slots against themselves; null unless mixed
   std::shared_ptr<const RingRunIndex> linear;  // Gated DeltaNet's runs and index; null unless asked for
+
+  bool mixed() const { return !split_slots.empty(); }
 };
 
 // What Gated DeltaNet's index work depends on besides the shares (hybrid decoders).
@@ -36,11 +45,14 @@ struct LinearAttentionShape {
 };
 
 // Plans the step (checks the shares first, naming the bad value); the masks and index
-// tensors are made on `device`. linear: also plan Gated DeltaNet's ring runs and index.
+// tensors are made on `device`. linear: also plan Gated DeltaNet's ring runs and index
+// (over every slot: its layers exchange them all). split_slots: [context rank] the split
+// slots of a mixed placement (plan::ShardMap::split_slots), empty for zigzag.
 std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& groups,
                                                          std::vector<TokenLayout> ring_shares,
                                                          const AttentionOptions& options, const at::Device& device,
-                                                         std::optional<LinearAttentionShape> linear = std::nullopt);
+                                                         std::optional<LinearAttentionShape> linear = std::nullopt,
+                                                         std::vector<int64_t> split_slots = {});
 
 // q [T/S, H, D], k/v [T/S, H_kv, D] -> [T/S, H, D], the mesh's scheme over the step's plans.
 using AttentionFunction =

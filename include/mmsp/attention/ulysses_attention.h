@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <vector>
 
 #include "mmsp/dist/group.h"
 
@@ -21,6 +22,13 @@ using InnerAttention =
 // ranks' tokens joined in group-rank order.
 at::Tensor ulysses_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const dist::GroupPtr& ulysses, const InnerAttention& inner);
+
+// The same over unequal token counts (a mixed placement: only the split segments' slots take
+// part): tokens[p] is what group rank p exchanges, known to every rank from the plan. One
+// all-to-all-v per tensor: q [tokens[u], H, D] -> [Σ tokens, H/U, D] and the output back.
+at::Tensor ulysses_attention_v(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const dist::GroupPtr& ulysses, const std::vector<int64_t>& tokens,
+                               const InnerAttention& inner);
 
 // Throws unless H divides by U and H_kv divides by U or U by H_kv (names the values).
 void check_ulysses_heads(int64_t heads, int64_t kv_heads, int ulysses);

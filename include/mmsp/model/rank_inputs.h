@@ -18,6 +18,9 @@ struct RankInputs {
   at::Tensor positions;  // int64 [rows, L]: 3 rows for mRoPE, 1 for RoPE
   at::Tensor labels;     // int64 [L]; -100 where no loss is taken
   std::vector<attention::TokenLayout> ring_shares;  // layout of every ring rank's share
+  // [context rank] its split slots when some segment is held whole (--placement adaptive):
+  // only those are exchanged; empty when every segment is split (zigzag)
+  std::vector<int64_t> split_slots;
   int64_t label_count = 0;  // labels of the whole batch (the loss normaliser)
 };
 

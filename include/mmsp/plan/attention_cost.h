@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace mmsp::plan {
 
@@ -26,6 +27,13 @@ int64_t sent_kv_heads(const AttentionShape& shape, int ulysses);
 //   2 x layers x (U-1)/U x tokens x (2H + 2H_kv') x D x b
 // tokens: the slots it exchanges (zigzag: all local slots; adaptive: its split slots).
 double ulysses_bytes(const AttentionShape& shape, int ulysses, int64_t tokens);
+
+// The all-to-all-v of a mixed placement, where rank u of the Ulysses group exchanges
+// tokens[u] slots (its split slots): it sends q, k, v (backward: dout) of its own tokens to
+// the U-1 others and the output (backward: dq, dk, dv) of theirs back to them:
+//   layers x (2H + 2H_kv')/U x ((U-1) x tokens[u] + sum_{p != u} tokens[p]) x D x b
+// Equal counts give the formula above; the group's total is the same either way.
+double ulysses_bytes(const AttentionShape& shape, const std::vector<int64_t>& tokens, int rank);
 
 // Ring, forward and backward of every layer: K and V of the ring rank's share pass R-1 hops
 // forward; backward passes them again and sends dK/dV home (R hops):
