@@ -12,10 +12,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <random>
 #include <sstream>
 #include <string>
 
+#include "mmsp/core/check.h"
 #include "mmsp/plan/step_plan.h"
 
 namespace mmsp::bench {
@@ -130,6 +132,20 @@ std::vector<PlacementWorkload> placement_workloads(int64_t tokens, const ModelCo
   w.push_back({"vlm", vlm_batch(tokens, c, rng)});
   w.push_back({"long", long_batch(tokens, rng)});
   return w;
+}
+
+std::vector<std::string> write_placement_data(const std::string& dir, int64_t tokens) {
+  std::vector<std::string> files;
+  for (const PlacementWorkload& w : placement_workloads(tokens, default_conventions(ModelFamily::qwen2_vl))) {
+    if (std::string(w.name) == "vlm") continue;  // its placeholders would need pixels
+    const std::string path = dir + "/" + w.name + ".jsonl";
+    std::ofstream out(path);
+    MMSP_CHECK(out.good(), "cannot write ", path);
+    for (const Sequence& s : w.batch.sequences) out << nlohmann::json{{"input_ids", s.input_ids}}.dump() << "\n";
+    MMSP_CHECK(out.good(), "writing ", path, " failed");
+    files.push_back(path);
+  }
+  return files;
 }
 
 // 2 -> R2, 4 -> R2 U2, 8 -> R2 U4, 16 -> R2 U8, 32 -> R4 U8, 64 -> R8 U8.

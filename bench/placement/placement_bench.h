@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "mmsp/plan/attention_cost.h"
@@ -33,6 +34,11 @@ struct PlacementWorkload {
   plan::Batch batch;
 };
 std::vector<PlacementWorkload> placement_workloads(int64_t tokens, const plan::ModelConventions& conventions);
+
+// Writes the text workloads (sft, long) of `tokens` tokens as DIR/sft.jsonl and
+// DIR/long.jsonl (input_ids only: every token a target), for `mmsp train --data` to time a
+// training step under each placement. Returns the files written.
+std::vector<std::string> write_placement_data(const std::string& dir, int64_t tokens);
 
 // The context group of `ranks`: Ulysses inside a node of up to 8, ring across.
 plan::Mesh placement_mesh(int ranks);

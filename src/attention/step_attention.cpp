@@ -12,18 +12,6 @@
 namespace mmsp::attention {
 namespace {
 
-// Ring rank r's split share: the first split_slots of each of its ulysses ranks, joined.
-std::vector<TokenLayout> split_shares(const std::vector<TokenLayout>& shares, const std::vector<int64_t>& split,
-                                      int U, int64_t L) {
-  std::vector<TokenLayout> out;
-  for (size_t r = 0; r < shares.size(); ++r) {
-    std::vector<TokenLayout> parts;
-    for (int u = 0; u < U; ++u) parts.push_back(shares[r].slice(u * L, split[r * U + u]));
-    out.push_back(TokenLayout::concat(parts));
-  }
-  return out;
-}
-
 // The split counts of a mixed placement against the shares: in range, the same split
 // share on every ring rank (the ring's hops are of one size), and no segment held whole on
 // one rank with tokens anywhere else — its keys would never be exchanged, so a wrong count
@@ -58,6 +46,24 @@ void check_split_slots(const std::vector<TokenLayout>& shares, const std::vector
 
 }  // namespace
 
+std::vector<TokenLayout> split_shares(const std::vector<TokenLayout>& shares, const std::vector<int64_t>& split,
+                                      int U) {
+  const int64_t L = shares.at(0).size() / U;
+  std::vector<TokenLayout> out;
+  for (size_t r = 0; r < shares.size(); ++r) {
+    std::vector<TokenLayout> parts;
+    for (int u = 0; u < U; ++u) parts.push_back(shares[r].slice(u * L, split.at(r * U + u)));
+    out.push_back(TokenLayout::concat(parts));
+  }
+  return out;
+}
+
+TokenLayout whole_slots(const std::vector<TokenLayout>& shares, const std::vector<int64_t>& split, int U, int r,
+                        int u) {
+  const int64_t L = shares.at(0).size() / U, a = split.at(r * U + u);
+  return shares.at(r).slice(u * L + a, L - a);
+}
+
 std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& groups,
                                                          std::vector<TokenLayout> ring_shares,
                                                          const AttentionOptions& options, const at::Device& device,
@@ -69,8 +75,14 @@ std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& gr
   auto step = std::make_shared<StepAttention>();
   step->groups = groups;
   step->options = options;
+  const int r = groups.ring->rank(), u = groups.ulysses->rank();
+  auto plan_linear = [&](const std::vector<TokenLayout>& shares, int ring_rank) {
+    return std::make_shared<const RingRunIndex>(
+        RingRunIndex::make(shares, ring_rank, linear->conv_kernel, linear->chunk, device));
+  };
   if (split_slots.empty()) {
-    step->kernels = plan_ring_kernels(ring_shares, groups.ring->rank(), options, device);
+    step->kernels = plan_ring_kernels(ring_shares, r, options, device);
+    if (linear) step->linear = plan_linear(ring_shares, r);
   } else {
     for (const TokenLayout& share : ring_shares) share.check("context_attention");
     const int64_t L = ring_shares[0].size() / U;
@@ -78,19 +90,18 @@ std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& gr
       MMSP_CHECK(ring_shares[r].size() == L * U, "context_attention: ring rank ", r, " holds ",
                  ring_shares[r].size(), " slots, not ", U, " ulysses ranks x ", L);
     check_split_slots(ring_shares, split_slots, U, L);
-    const int r = groups.ring->rank(), u = groups.ulysses->rank();
-    const std::vector<TokenLayout> split = split_shares(ring_shares, split_slots, U, L);
-    if (split[0].size() > 0) step->kernels = plan_ring_kernels(split, r, options, device);
-    const int64_t a = split_slots[r * U + u];
-    if (a < L) {
-      const TokenLayout whole = ring_shares[r].slice(u * L + a, L - a);
+    const std::vector<TokenLayout> split = split_shares(ring_shares, split_slots, U);
+    if (split[0].size() > 0) {
+      step->kernels = plan_ring_kernels(split, r, options, device);
+      if (linear) step->linear = plan_linear(split, r);
+    }
+    if (split_slots[r * U + u] < L) {
+      const TokenLayout whole = whole_slots(ring_shares, split_slots, U, r, u);
       step->whole = plan_kernel(whole, whole, options, device);
+      if (linear) step->linear_whole = plan_linear({whole}, 0);  // every run starts its segment
     }
     step->split_slots = std::move(split_slots);
   }
-  if (linear)
-    step->linear = std::make_shared<const RingRunIndex>(RingRunIndex::make(
-        ring_shares, groups.ring->rank(), linear->conv_kernel, linear->chunk, device));
   step->ring_shares = std::move(ring_shares);
   return step;
 }

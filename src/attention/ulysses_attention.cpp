@@ -24,24 +24,22 @@ at::Tensor heads_for_ulysses(const at::Tensor& x, int U) {
   return x.size(1) % U == 0 ? x : x.repeat_interleave(U / x.size(1), 1);
 }
 
-// [a_u, H, D] -> [Σ_p a_p, H/U, D]: head group p of my a_u tokens goes to rank p; what
-// arrives is every rank's tokens in rank order, for my heads.
-at::Tensor scatter_heads(const at::Tensor& x, const std::vector<int64_t>& tokens, const dist::GroupPtr& g) {
+}  // namespace
+
+// What arrives is every rank's tokens in rank order, for my heads.
+at::Tensor ulysses_scatter_heads(const at::Tensor& x, const std::vector<int64_t>& tokens, const dist::GroupPtr& g) {
   const int U = g->size();
-  const int64_t a = x.size(0), heads = x.size(1) / U, D = x.size(2);
-  at::Tensor by_rank = x.reshape({a, U, heads, D}).transpose(0, 1).reshape({U * a, heads, D});
+  const int64_t a = x.size(0), heads = x.size(1) / U, F = x.size(2);
+  at::Tensor by_rank = x.reshape({a, U, heads, F}).transpose(0, 1).reshape({U * a, heads, F});
   return dist::all_to_all_v(by_rank, std::vector<int64_t>(U, a), tokens, g);
 }
 
-// The inverse: [Σ_p a_p, H/U, D] -> [a_u, H, D].
-at::Tensor gather_heads(const at::Tensor& y, const std::vector<int64_t>& tokens, const dist::GroupPtr& g) {
+at::Tensor ulysses_gather_heads(const at::Tensor& y, const std::vector<int64_t>& tokens, const dist::GroupPtr& g) {
   const int U = g->size();
-  const int64_t a = tokens[g->rank()], heads = y.size(1), D = y.size(2);
-  at::Tensor by_rank = dist::all_to_all_v(y, tokens, std::vector<int64_t>(U, a), g);  // [U·a, H/U, D]
-  return by_rank.reshape({U, a, heads, D}).transpose(0, 1).reshape({a, U * heads, D});
+  const int64_t a = tokens[g->rank()], heads = y.size(1), F = y.size(2);
+  at::Tensor by_rank = dist::all_to_all_v(y, tokens, std::vector<int64_t>(U, a), g);  // [U·a, H/U, F]
+  return by_rank.reshape({U, a, heads, F}).transpose(0, 1).reshape({a, U * heads, F});
 }
-
-}  // namespace
 
 at::Tensor ulysses_attention_v(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const dist::GroupPtr& ulysses, const std::vector<int64_t>& tokens,
@@ -52,10 +50,10 @@ at::Tensor ulysses_attention_v(const at::Tensor& q, const at::Tensor& k, const a
              "ulysses_attention_v: ", tokens.size(), " token counts for a group of ", U, " ranks, this rank's (",
              ulysses->rank(), ") must be its ", q.size(0), " tokens");
   if (U == 1) return inner(q, k, v);
-  at::Tensor qg = scatter_heads(q, tokens, ulysses);
-  at::Tensor kg = scatter_heads(heads_for_ulysses(k, U), tokens, ulysses);
-  at::Tensor vg = scatter_heads(heads_for_ulysses(v, U), tokens, ulysses);
-  return gather_heads(inner(qg, kg, vg), tokens, ulysses);
+  at::Tensor qg = ulysses_scatter_heads(q, tokens, ulysses);
+  at::Tensor kg = ulysses_scatter_heads(heads_for_ulysses(k, U), tokens, ulysses);
+  at::Tensor vg = ulysses_scatter_heads(heads_for_ulysses(v, U), tokens, ulysses);
+  return ulysses_gather_heads(inner(qg, kg, vg), tokens, ulysses);
 }
 
 at::Tensor ulysses_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -35,6 +35,7 @@ Subcommand add_bench_command(CLI::App& parent) {
     bench::PlacementBenchOptions placement;
     bench::PlacementMeasureOptions placement_measure;
     bool measure = false;
+    std::string placement_data;
     std::string part = "auto";
     std::string out;
   };
@@ -113,6 +114,9 @@ Subcommand add_bench_command(CLI::App& parent) {
                       "under mmsp-run -n 2|4: run the attention of each workload's step on this job's ranks, "
                       "bytes counted and timed (fp32; --tokens-per-rank, --heads .. --layers as given, "
                       "their defaults then 4096 tokens, 8/2 heads of 64, 4 layers)");
+  placement->add_option("--write-data", flags->placement_data,
+                        "write the text workloads of --tokens-per-rank x 2 tokens as DIR/sft.jsonl and "
+                        "DIR/long.jsonl (for mmsp train --data) and stop");
   placement->add_option("--repeats", flags->placement_measure.repeats, "--measure: runs per row (median)")
       ->capture_default_str();
   placement->add_option("--out", flags->out, "write the JSON here instead of stdout");
@@ -120,7 +124,9 @@ Subcommand add_bench_command(CLI::App& parent) {
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
             std::string part = flags->part;
             nlohmann::json result;
-            if (placement->parsed() && flags->measure) {
+            if (placement->parsed() && !flags->placement_data.empty()) {
+              result["written"] = bench::write_placement_data(flags->placement_data, 2 * flags->placement.tokens_per_rank);
+            } else if (placement->parsed() && flags->measure) {
               bench::PlacementMeasureOptions& m = flags->placement_measure;
               auto given = [&](const char* flag) { return placement->count(flag) > 0; };
               if (given("--tokens-per-rank")) m.tokens_per_rank = flags->placement.tokens_per_rank;

@@ -35,7 +35,7 @@ DecoderContext decoder_context(const RankInputs& in, const TextConfig& text,
       attention::plan_step_attention(groups, in.ring_shares, attention, like.device(), linear, in.split_slots);
   DecoderContext ctx;
   ctx.attend = attention::attention_function(step);
-  ctx.linear = {groups, in.ring_shares, step->linear};
+  ctx.linear = {groups, in.ring_shares, step->linear, in.split_slots, step->linear_whole};
   ctx.linear_chunk = linear_chunk;
   ctx.rotary = rotary_table(in.positions, rotary_options(text, conventions), like.scalar_type(), like.device());
   return ctx;

@@ -10,6 +10,8 @@
 
 #include "mmsp/attention/gated_delta_ring.h"
 #include "mmsp/core/check.h"
+#include "mmsp/attention/step_attention.h"
+#include "mmsp/attention/ulysses_attention.h"
 #include "mmsp/dist/all_to_all.h"
 
 namespace mmsp::model {
@@ -87,6 +89,40 @@ at::Tensor l2norm(const at::Tensor& x) { return x * at::rsqrt(x.pow(2).sum(-1, t
 
 }  // namespace
 
+namespace {
+
+// The conv and the gated delta rule of key heads [first, first + heads) and their value
+// heads, on tokens in `index`'s layout: mixed [T, heads, F] (per key head q K | k K | v
+// rep·V | b rep | a rep) -> o [T, heads·rep, V]. ring: null or one rank for none.
+at::Tensor rule_of_heads(const GatedDeltaNetWeights& w, const GatedDeltaNetConfig& c, const at::Tensor& mixed,
+                         int64_t first, int64_t heads, const attention::RingRunIndex& index,
+                         const dist::GroupPtr& ring, at::ScalarType wide) {
+  const int64_t K = c.key_head_dim, V = c.value_head_dim, rep = c.num_value_heads / c.num_key_heads;
+  const int64_t T = mixed.size(0), Hv = heads * rep;
+  at::Tensor q = mixed.narrow(-1, 0, K), k = mixed.narrow(-1, K, K);
+  at::Tensor v = mixed.narrow(-1, 2 * K, rep * V).reshape({T, Hv, V});
+  at::Tensor b = mixed.narrow(-1, 2 * K + rep * V, rep).reshape({T, Hv});
+  at::Tensor a = mixed.narrow(-1, 2 * K + rep * V + rep, rep).reshape({T, Hv});
+
+  // These heads' channels of the conv: their q and k, their value heads' v.
+  at::Tensor conv_w = w.conv1d_weight.squeeze(1);  // [conv_dim, W]
+  at::Tensor w_heads = at::cat({conv_w.narrow(0, first * K, heads * K),
+                                conv_w.narrow(0, c.key_dim() + first * K, heads * K),
+                                conv_w.narrow(0, 2 * c.key_dim() + first * rep * V, Hv * V)});
+  at::Tensor qkv = at::cat({q.reshape({T, -1}), k.reshape({T, -1}), v.reshape({T, -1})}, -1);
+  qkv = attention::gated_delta_conv(qkv, w_heads, index, ring);  // [T, channels of these heads]
+  q = l2norm(qkv.narrow(-1, 0, heads * K).view({T, heads, K})).repeat_interleave(rep, 1);
+  k = l2norm(qkv.narrow(-1, heads * K, heads * K).view({T, heads, K})).repeat_interleave(rep, 1);
+  v = qkv.narrow(-1, 2 * heads * K, Hv * V).view({T, Hv, V});
+
+  at::Tensor beta = at::sigmoid(b);
+  at::Tensor g = -w.A_log.narrow(0, first * rep, Hv).to(wide).exp() *
+                 at::softplus(a.to(wide) + w.dt_bias.narrow(0, first * rep, Hv).to(wide));
+  return attention::gated_delta_ring_rule(q, k, v, g, beta, index, ring);  // [T, Hv, V]
+}
+
+}  // namespace
+
 at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetConfig& c,
                                   const at::Tensor& x, const GatedDeltaContext& context) {
   // Every check before the first collective.
@@ -102,52 +138,61 @@ at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDelt
   const int64_t T_l = x.size(0), T_r = context.ring_shares[r].size();
   MMSP_CHECK(T_l * U == T_r, "gated DeltaNet: ", T_l, " local tokens × ulysses ", U, " != ", T_r,
              " tokens in ring rank ", r, "'s share");
-  std::optional<attention::RingRunIndex> made;  // only when the step did not plan it
-  if (!context.index)
-    made = attention::RingRunIndex::make(context.ring_shares, r, c.conv_kernel, c.chunk, x.device());
-  const attention::RingRunIndex& index = context.index ? *context.index : *made;
-  MMSP_CHECK(index.conv_kernel == c.conv_kernel && index.chunks.chunk == c.chunk,
-             "gated DeltaNet: the step planned its index for conv kernel ", index.conv_kernel, " and chunk ",
-             index.chunks.chunk, ", but the layer has conv kernel ", c.conv_kernel, " and chunk ", c.chunk);
+  const bool mixed_placement = !context.split_slots.empty();
+  MMSP_CHECK(!mixed_placement || static_cast<int>(context.split_slots.size()) == R * U, "gated DeltaNet: ",
+             context.split_slots.size(), " split-slot counts for a context group of ", R, " x ", U, " ranks");
+  // The index over what this rank's rule sees (the shares, or the split shares), and, mixed,
+  // over its whole slots; made here only when the step did not plan them.
+  std::optional<attention::RingRunIndex> made, made_whole;
+  const int64_t a = mixed_placement ? context.split_slots[r * U + u] : T_l;
+  const std::vector<attention::TokenLayout> shares =
+      mixed_placement ? attention::split_shares(context.ring_shares, context.split_slots, U) : context.ring_shares;
+  const bool exchanged = shares[r].size() > 0;  // mixed: any split segment in the row
+  if (!context.index && (exchanged || !mixed_placement))
+    made = attention::RingRunIndex::make(shares, r, c.conv_kernel, c.chunk, x.device());
+  if (!context.whole && a < T_l)
+    made_whole = attention::RingRunIndex::make(
+        {attention::whole_slots(context.ring_shares, context.split_slots, U, r, u)}, 0, c.conv_kernel, c.chunk,
+        x.device());
+  const attention::RingRunIndex* index = context.index ? context.index.get() : made ? &*made : nullptr;
+  const attention::RingRunIndex* whole = context.whole ? context.whole.get() : made_whole ? &*made_whole : nullptr;
+  for (const attention::RingRunIndex* i : {index, whole})
+    MMSP_CHECK(!i || (i->conv_kernel == c.conv_kernel && i->chunks.chunk == c.chunk),
+               "gated DeltaNet: the step planned its index for conv kernel ", i->conv_kernel, " and chunk ",
+               i->chunks.chunk, ", but the layer has conv kernel ", c.conv_kernel, " and chunk ", c.chunk);
+  MMSP_CHECK(!exchanged || (index && index->tokens == shares[r].size()), "gated DeltaNet: the step's index is for ",
+             index ? index->tokens : 0, " tokens of ring rank ", r, "'s share, which holds ", shares[r].size());
 
   const int64_t Hk = c.num_key_heads, Hv = c.num_value_heads, K = c.key_head_dim, V = c.value_head_dim;
-  const int64_t rep = Hv / Hk, Hk_l = Hk / U, Hv_l = Hv / U;
+  const int64_t rep = Hv / Hk, Hk_l = Hk / U;
   // Per key head: [q K | k K | v rep·V | z rep·V] and [b rep | a rep].
   at::Tensor qkvz = at::matmul(x, w.in_proj_qkvz.t()).view({T_l, Hk, 2 * K + 2 * rep * V});
   at::Tensor ba = at::matmul(x, w.in_proj_ba.t()).view({T_l, Hk, 2 * rep});
   at::Tensor z = qkvz.narrow(-1, 2 * K + rep * V, rep * V).reshape({T_l, Hv, V});
   // [T_l, Hk, F]: what travels, F = 2K + rep·V + 2·rep
   at::Tensor mixed = at::cat({qkvz.narrow(-1, 0, 2 * K + rep * V), ba}, -1);
-  const int64_t F = mixed.size(-1);
-  if (U > 1) {
-    // [T_l, U, Hk/U·F] -> [T_r, 1, Hk/U·F]: scatter key-head groups, gather tokens
-    mixed = dist::all_to_all(mixed.reshape({T_l, U, Hk_l * F}), 1, 0, context.groups.ulysses);
-  }
-  mixed = mixed.reshape({T_r, Hk_l, F});
-  at::Tensor q = mixed.narrow(-1, 0, K), k = mixed.narrow(-1, K, K);
-  at::Tensor v = mixed.narrow(-1, 2 * K, rep * V).reshape({T_r, Hv_l, V});
-  at::Tensor b = mixed.narrow(-1, 2 * K + rep * V, rep).reshape({T_r, Hv_l});
-  at::Tensor a = mixed.narrow(-1, 2 * K + rep * V + rep, rep).reshape({T_r, Hv_l});
-
-  // This rank's channels of the conv: its key heads' q and k, its value heads' v.
-  at::Tensor conv_w = w.conv1d_weight.squeeze(1);  // [conv_dim, W]
-  at::Tensor w_local = at::cat({conv_w.narrow(0, u * Hk_l * K, Hk_l * K),
-                                conv_w.narrow(0, c.key_dim() + u * Hk_l * K, Hk_l * K),
-                                conv_w.narrow(0, 2 * c.key_dim() + u * Hv_l * V, Hv_l * V)});
-  at::Tensor qkv = at::cat({q.reshape({T_r, -1}), k.reshape({T_r, -1}), v.reshape({T_r, -1})}, -1);
-  qkv = attention::gated_delta_conv(qkv, w_local, index, context.groups.ring);  // [T_r, conv_dim/U]
-  q = l2norm(qkv.narrow(-1, 0, Hk_l * K).view({T_r, Hk_l, K})).repeat_interleave(rep, 1);
-  k = l2norm(qkv.narrow(-1, Hk_l * K, Hk_l * K).view({T_r, Hk_l, K})).repeat_interleave(rep, 1);
-  v = qkv.narrow(-1, 2 * Hk_l * K, Hv_l * V).view({T_r, Hv_l, V});
-
   // As in HF: the decay and the norm in fp32 for 16-bit inputs.
   const at::ScalarType wide = c10::elementSize(x.scalar_type()) < 4 ? at::kFloat : x.scalar_type();
-  at::Tensor beta = at::sigmoid(b);
-  at::Tensor g = -w.A_log.narrow(0, u * Hv_l, Hv_l).to(wide).exp() *
-                 at::softplus(a.to(wide) + w.dt_bias.narrow(0, u * Hv_l, Hv_l).to(wide));
-  // [T_r, Hv_l, V]
-  at::Tensor o = attention::gated_delta_ring_rule(q, k, v, g, beta, index, context.groups.ring);
-  if (U > 1) o = dist::all_to_all(o, 0, 1, context.groups.ulysses);                  // [T_l, Hv, V]
+
+  std::vector<at::Tensor> parts;  // o of the exchanged slots [0, a), then of the whole ones
+  if (!mixed_placement) {
+    at::Tensor m = mixed;
+    // [T_l, U, Hk/U·F] -> [T_r, 1, Hk/U·F]: scatter key-head groups, gather tokens
+    if (U > 1) m = dist::all_to_all(m.reshape({T_l, U, Hk_l * m.size(-1)}), 1, 0, context.groups.ulysses);
+    at::Tensor o = rule_of_heads(w, c, m.reshape({T_r, Hk_l, -1}), u * Hk_l, Hk_l, *index, context.groups.ring, wide);
+    if (U > 1) o = dist::all_to_all(o, 0, 1, context.groups.ulysses);  // [T_l, Hv, V]
+    parts.push_back(o);
+  } else {
+    if (exchanged) {  // every ulysses rank takes part, even one with no split slot of its own
+      const std::vector<int64_t> tokens(context.split_slots.begin() + r * U, context.split_slots.begin() + (r + 1) * U);
+      at::Tensor m = attention::ulysses_scatter_heads(mixed.narrow(0, 0, a), tokens, context.groups.ulysses);
+      at::Tensor o = rule_of_heads(w, c, m, u * Hk_l, Hk_l, *index, context.groups.ring, wide);
+      parts.push_back(attention::ulysses_gather_heads(o, tokens, context.groups.ulysses));  // [a, Hv, V]
+    }
+    if (whole)  // a whole segment starts at home: no state, no conv context, every head
+      parts.push_back(rule_of_heads(w, c, mixed.narrow(0, a, T_l - a), 0, Hk, *whole, dist::GroupPtr(), wide));
+  }
+  at::Tensor o = parts.empty() ? at::zeros({T_l, Hv, V}, x.options()) : parts.size() == 1 ? parts[0] : at::cat(parts, 0);
 
   // Gated RMSNorm per value head, then the output projection.
   at::Tensor ow = o.to(wide);

@@ -198,16 +198,6 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   MMSP_CHECK(config.text.num_attention_heads % shape.ulysses == 0, o.model, ": ",
              config.text.num_attention_heads, " attention heads cannot be split over ulysses ", shape.ulysses,
              " (the degree must divide the head count)");
-  // On one ring rank the Gated DeltaNet layers (attention/gated_delta_ring.cpp, R == 1) pass
-  // state only along a segment's one run in the share; adaptive placement puts whole segments
-  // between the ulysses pieces of a split one, whose state then needs the ring path.
-  bool linear_layers = false;
-  for (int64_t i = 0; i < config.text.num_hidden_layers; ++i)
-    linear_layers |= config.text.layer_kind(i) == model::LayerKind::linear_attention;
-  MMSP_CHECK(o.placement == plan::Placement::zigzag || !linear_layers || shape.ring > 1 || shape.ulysses == 1,
-             "--placement adaptive with ", o.model, "'s Gated DeltaNet layers needs --ring >= 2 when --ulysses is ",
-             shape.ulysses, ": on one ring rank the linear layers cannot pass state between the ulysses pieces of a "
-             "split segment (docs/plan.md); use --ring 2 or --placement zigzag");
   // The weights' names and shapes, the checkpoint's mapping and the memory this run
   // needs are all checked on a skeleton, before a parameter is allocated.
   const model::ExpectedShapes shapes = parameter_shapes(config);

@@ -141,8 +141,9 @@ TEST(MultiRankHybrid, Qwen3_5VlmLossAndEveryGradientEqualOneProcess) {
   }
 }
 
-// Adaptive placement: a whole segment needs no Gated DeltaNet state passing; split ones
-// still do. Loose balance targets so that these small batches keep segments whole (every
+// Adaptive placement: a whole segment needs no Gated DeltaNet state passing and stays home;
+// split ones go through Ulysses (all-to-all-v) and the ring, on every mesh (one ring rank
+// with ulysses > 1 too: the split shares are whole segments in order). Loose balance targets so that these small batches keep segments whole (every
 // one, or a mix), as in test_vlm_sp.
 TEST(MultiRankHybrid, AdaptivePlacementEqualsOneProcess) {
   const model::ModelConfig config = tiny_hybrid();
@@ -152,10 +153,6 @@ TEST(MultiRankHybrid, AdaptivePlacementEqualsOneProcess) {
   const Result ref = run_vlm(config, batch, whole, {solo, solo, solo}, solo);
   for (const dist::Mesh& mesh : test::all_meshes()) {
     if (!fits(mesh)) continue;
-    // One ring rank with ulysses > 1: gated_delta_ring's R == 1 path passes no state between
-    // a split segment's ulysses pieces, which adaptive separates by whole segments; `mmsp
-    // train` refuses the combination (docs/plan.md).
-    if (mesh.shape().ring == 1 && mesh.shape().ulysses > 1) continue;
     for (const plan::PlacementOptions balance : {plan::PlacementOptions{1.0, 100.0}, plan::PlacementOptions{0.25, 1.3}}) {
       plan::PlanOptions options = options_for(mesh);
       options.placement = plan::Placement::adaptive;

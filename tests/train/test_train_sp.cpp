@@ -161,33 +161,6 @@ TEST(MultiRankTrain, AdaptivePlacementEqualsOneProcessOnEveryMesh) {
   }
 }
 
-// A hybrid model (Gated DeltaNet layers) on one ring rank with ulysses > 1 is refused with
-// adaptive placement, on every rank before any collective.
-TEST(MultiRankTrain, AdaptivePlacementOfAHybridNeedsARing) {
-  std::ostringstream log;
-  int refused = 0;
-  for (const dist::Mesh& mesh : test::all_meshes()) {
-    // (ulysses 3 does not divide its 4 heads: refused earlier, for that)
-    if (mesh.shape().ring != 1 || mesh.shape().ulysses == 1 || mesh.shape().ulysses == 3) continue;
-    train::TrainOptions o = tiny_options(64);
-    o.model = std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3_5-vl.json";
-    o.placement = plan::Placement::adaptive;
-    try {
-      train::train(o, mesh, log);
-      ADD_FAILURE() << mesh.shape().str() << ": expected a refusal";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("Gated DeltaNet layers needs --ring >= 2 when --ulysses is"), std::string::npos)
-          << e.what();
-      ++refused;
-    }
-  }
-  // Such a mesh (ring 1, ulysses 2 or 4) exists on 2 and 4 ranks, not on 1 or 3.
-  const int world = test::rank_env().world_size;
-  if (world == 2 || world == 4) {
-    EXPECT_GT(refused, 0);
-  }
-}
-
 // Each vision mode on the widest context mesh trains the same model.
 TEST(MultiRankTrain, EveryVisionModeTrainsTheSameModel) {
   const int world = test::rank_env().world_size;

@@ -33,10 +33,19 @@ struct StepAttention {
   c10::intrusive_ptr<RingKernels> kernels;
   std::vector<int64_t> split_slots;  // [context rank]; empty: every slot is exchanged
   KernelPlanPtr whole;               // my whole slots against themselves; null unless mixed
-  std::shared_ptr<const RingRunIndex> linear;  // Gated DeltaNet's runs and index; null unless asked for
+  // Gated DeltaNet's runs and index, null unless asked for: over the shares, or, mixed, over
+  // the split shares (null when nothing is split) and this rank's whole slots alone
+  std::shared_ptr<const RingRunIndex> linear, linear_whole;
 
   bool mixed() const { return !split_slots.empty(); }
 };
+
+// Ring rank r's split share (the first split_slots of each of its U ulysses ranks, joined),
+// for every ring rank; and the layout of one context rank's whole slots (after its split ones).
+std::vector<TokenLayout> split_shares(const std::vector<TokenLayout>& ring_shares,
+                                      const std::vector<int64_t>& split_slots, int ulysses);
+TokenLayout whole_slots(const std::vector<TokenLayout>& ring_shares, const std::vector<int64_t>& split_slots,
+                        int ulysses, int ring_rank, int ulysses_rank);
 
 // What Gated DeltaNet's index work depends on besides the shares (hybrid decoders).
 struct LinearAttentionShape {

@@ -30,6 +30,13 @@ at::Tensor ulysses_attention_v(const at::Tensor& q, const at::Tensor& k, const a
                                const dist::GroupPtr& ulysses, const std::vector<int64_t>& tokens,
                                const InnerAttention& inner);
 
+// The all-to-all-v of ulysses_attention_v alone: [tokens[u], H, F] -> [Σ tokens, H/U, F]
+// (head group p of my tokens to rank p), and back. Differentiable.
+at::Tensor ulysses_scatter_heads(const at::Tensor& x, const std::vector<int64_t>& tokens,
+                                 const dist::GroupPtr& ulysses);
+at::Tensor ulysses_gather_heads(const at::Tensor& y, const std::vector<int64_t>& tokens,
+                                const dist::GroupPtr& ulysses);
+
 // Throws unless H divides by U and H_kv divides by U or U by H_kv (names the values).
 void check_ulysses_heads(int64_t heads, int64_t kv_heads, int ulysses);
 

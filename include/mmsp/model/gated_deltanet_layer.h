@@ -2,7 +2,8 @@
 // Face parameter names, run on any context mesh: local, Ulysses over heads (one
 // all-to-all of q|k|v|b|a in, one of the output back), ring state passing on the
 // zigzag layout (attention/gated_delta_ring.h), or both (Ulysses inside each ring
-// rank). The algorithm (the chunked rule, its ring) is in attention/; the module that
+// rank), and under a mixed placement only the split segments exchanged (whole ones at
+// home). The algorithm (the chunked rule, its ring) is in attention/; the module that
 // owns the parameters is gated_deltanet.h.
 //
 //   x [T/S, hidden] -> in_proj_qkvz, in_proj_ba -> causal depthwise conv1d + SiLU over
@@ -64,10 +65,15 @@ struct GatedDeltaNetWeights {
 // What the layer needs of the mesh and the plan: the context groups (null or
 // one-member groups for none), the layout of every ring rank's share, and their runs and
 // index tensors (planned once per step, step_attention.h; null: the layer makes them).
+// A mixed placement (split_slots not empty, as attention::StepAttention): only the split
+// slots go through Ulysses (all-to-all-v) and the ring, `index` then being over the split
+// shares; the whole slots run the rule at home with every head, over `whole`.
 struct GatedDeltaContext {
   attention::ContextGroups groups;
   std::vector<attention::TokenLayout> ring_shares;
   std::shared_ptr<const attention::RingRunIndex> index;
+  std::vector<int64_t> split_slots;  // [context rank]; empty: every slot is exchanged
+  std::shared_ptr<const attention::RingRunIndex> whole;
 };
 
 // x [T/S, hidden]: this rank's slots (its ulysses slice of its ring share) -> [T/S, hidden].
