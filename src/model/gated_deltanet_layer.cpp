@@ -80,6 +80,16 @@ int64_t gated_delta_ulysses_bytes(const GatedDeltaNetConfig& c, int64_t local_to
   return (ulysses - 1) * local_tokens * (in + c.value_dim()) * element_size / ulysses;
 }
 
+int64_t gated_delta_ulysses_bytes(const GatedDeltaNetConfig& c, const std::vector<int64_t>& tokens, int rank,
+                                  int64_t element_size) {
+  const int64_t U = static_cast<int64_t>(tokens.size());
+  const int64_t in = 2 * c.key_dim() + c.value_dim() + 2 * c.num_value_heads;
+  int64_t others = 0;
+  for (int64_t p = 0; p < U; ++p)
+    if (p != rank) others += tokens[p];
+  return ((U - 1) * tokens[rank] * in + others * c.value_dim()) * element_size / U;
+}
+
 namespace {
 
 int size_of(const dist::GroupPtr& g) { return g ? g->size() : 1; }

@@ -14,7 +14,11 @@
 
 #include "gated_delta_reference.h"
 #include "mmsp/attention/gated_delta_ring.h"
+#include "mmsp/attention/plan_layout.h"
+#include "mmsp/attention/step_attention.h"
 #include "mmsp/model/gated_deltanet_layer.h"
+#include "mmsp/plan/placement.h"
+#include "mmsp/plan/shard_map.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
 #include "multirank.h"
@@ -152,6 +156,7 @@ struct MeshCase {
   int64_t chunk;
   bool zigzag;
   std::vector<int64_t> lengths;  // empty: random
+  bool adaptive = false;         // the planner's adaptive placement (loose targets: short ones whole)
 };
 
 void run_mesh_case(const dist::Mesh& mesh, const MeshCase& mc, std::mt19937& rng) {
@@ -161,8 +166,24 @@ void run_mesh_case(const dist::Mesh& mesh, const MeshCase& mc, std::mt19937& rng
                             (mc.zigzag ? " zigzag" : " contiguous");
   GatedDeltaNetConfig c = small_config(mc.chunk);
   // Random segment lengths 1..90 (some shorter than 2R, than the conv, than a chunk).
-  TokenLayout global =
-      test::packed_layout(mc.lengths.empty() ? test::random_lengths(rng, 4, 90) : mc.lengths, 2 * R);
+  const std::vector<int64_t> lengths = mc.lengths.empty() ? test::random_lengths(rng, 4, 90) : mc.lengths;
+  TokenLayout global;
+  test::ContextSlots sharded;
+  std::vector<int64_t> split;  // a mixed placement's split slots; empty: every slot exchanged
+  if (mc.adaptive) {
+    std::vector<int64_t> ids(lengths.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
+    const plan::PackedRow row = plan::pack_row(
+        ids, lengths, R, plan::place_segments(lengths, R, U, plan::Placement::adaptive, {1.0, 100.0}));
+    const plan::ShardMap map(row, R, U, plan::Layout::zigzag);
+    global = attention::row_layout(row);
+    sharded = {attention::ring_shares(map), map.tokens(r * U + u)};
+    split = attention::split_slots(map);
+    EXPECT_FALSE(split.empty()) << where << ": nothing held whole, the case would test zigzag";
+  } else {
+    global = test::packed_layout(lengths, 2 * R);
+    sharded = test::context_slots(global, R, U, r, u, mc.zigzag);
+  }
   const int64_t T = global.size();
   GatedDeltaNetWeights wr = with_grad(GatedDeltaNetWeights::random(c, kF64, rng()));
   GatedDeltaNetWeights w = with_grad(wr);
@@ -174,19 +195,23 @@ void run_mesh_case(const dist::Mesh& mesh, const MeshCase& mc, std::mt19937& rng
   in_r.push_back(xr);
   std::vector<Tensor> gr = torch::autograd::grad({(ref * dy).sum()}, in_r);
 
-  const test::ContextSlots sharded = test::context_slots(global, R, U, r, u, mc.zigzag);
   const std::vector<TokenLayout>& shares = sharded.shares;
   const std::vector<int64_t>& mine = sharded.mine;
   Tensor xl = gather_rows(x, mine).requires_grad_();
   const dist::CommSnapshot before = mesh.stats().snapshot();
-  Tensor out = gated_deltanet_forward(w, c, xl, {{mesh.ring(), mesh.ulysses()}, shares});
+  Tensor out = gated_deltanet_forward(w, c, xl, {{mesh.ring(), mesh.ulysses()}, shares, nullptr, split, nullptr});
   const dist::CommSnapshot sent = mesh.stats().snapshot() - before;
   expect_rows_match(out.detach(), ref.detach(), mine, where + " output");
 
-  // Bytes: Ulysses all-to-alls and the ring's two all-gathers, as the formulas say.
-  const int64_t ulysses_bytes = gated_delta_ulysses_bytes(c, xl.size(0), U, 8);
-  EXPECT_EQ(sent.at(dist::CommKind::all_to_all, dist::Pass::forward).bytes, ulysses_bytes) << where;
-  const int64_t max_runs = RingRuns::make(shares).max_runs();
+  // Bytes: Ulysses all-to-alls (all-to-all-v of the split slots under a mixed placement) and
+  // the ring's two all-gathers (over the split shares' runs), as the formulas say.
+  std::vector<int64_t> exchanged(U, xl.size(0));
+  if (!split.empty()) exchanged.assign(split.begin() + r * U, split.begin() + (r + 1) * U);
+  const int64_t ulysses_bytes = gated_delta_ulysses_bytes(c, exchanged, u, 8);
+  const dist::CommKind a2a = split.empty() ? dist::CommKind::all_to_all : dist::CommKind::all_to_all_v;
+  EXPECT_EQ(sent.at(a2a, dist::Pass::forward).bytes, ulysses_bytes) << where;
+  const std::vector<TokenLayout> ring_layouts = split.empty() ? shares : attention::split_shares(shares, split, U);
+  const int64_t max_runs = ring_layouts[0].size() > 0 ? RingRuns::make(ring_layouts).max_runs() : 0;
   const int64_t ring_bytes = gated_delta_ring_conv_bytes(R, max_runs, c.conv_kernel, c.conv_dim() / U, 8) +
                              gated_delta_ring_state_bytes(R, max_runs, c.num_value_heads / U, c.key_head_dim,
                                                           c.value_head_dim, 8);
@@ -216,6 +241,24 @@ TEST(MultiRank, EveryMeshEqualsTheTokenRecurrence) {
         if (!zigzag && mesh.ring()->size() == 1) continue;  // the same layout
         run_mesh_case(mesh, {chunk, zigzag, {}}, rng);
       }
+  }
+}
+
+// Adaptive placement: short segments whole on one rank (conv and rule at home, every head),
+// long ones split; a pack with a long one, a pack of short ones only. Equal to the token
+// recurrence, and only the split slots' bytes are sent.
+TEST(MultiRank, AdaptivePlacementExchangesOnlySplitSegments) {
+  std::mt19937 rng(79);
+  at::manual_seed(79);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    const int S = mesh.ring()->size() * mesh.ulysses()->size();
+    if (small_config(64).num_key_heads % mesh.ulysses()->size() != 0) continue;
+    for (bool with_long : {true, false}) {
+      std::vector<int64_t> lengths;
+      if (with_long) lengths.push_back(std::uniform_int_distribution<int64_t>(40, 90)(rng));
+      for (int i = 0; i < 3 * S + 2; ++i) lengths.push_back(std::uniform_int_distribution<int64_t>(1, 12)(rng));
+      for (int64_t chunk : {int64_t{64}, int64_t{8}}) run_mesh_case(mesh, {chunk, true, lengths, true}, rng);
+    }
   }
 }
 

@@ -88,5 +88,10 @@ void check_gated_delta_heads(int64_t key_heads, int64_t value_heads, int ulysses
 // (U−1)/U·(T/S)·[(2·H_k·K + H_v·V + 2·H_v) + H_v·V]·b.
 int64_t gated_delta_ulysses_bytes(const GatedDeltaNetConfig& config, int64_t local_tokens, int ulysses,
                                   int64_t element_size);
+// The all-to-all-v of a mixed placement, rank u of the group exchanging tokens[u] slots: its
+// own tokens' inputs out, the others' outputs back:
+// [(U−1)·tokens[u]·(2·H_k·K + H_v·V + 2·H_v) + Σ_{p≠u} tokens[p]·H_v·V]·b / U.
+int64_t gated_delta_ulysses_bytes(const GatedDeltaNetConfig& config, const std::vector<int64_t>& tokens, int rank,
+                                  int64_t element_size);
 
 }  // namespace mmsp::model
