@@ -39,8 +39,8 @@ void check_split_slots(const std::vector<TokenLayout>& shares, const std::vector
   for (int c = 0; c < R * U; ++c) {
     const at::Tensor seg = shares[c / U].segment.narrow(0, (c % U) * L, L).contiguous();
     const int64_t* s = seg.data_ptr<int64_t>();
-    for (int64_t i = 0; i < L; ++i)
-      if (s[i] >= 0) claim(s[i], i < split[c] ? -1 : c, c);
+    for (int64_t i = 0; i < L; ++i)  // once per run of one segment on one side of the split
+      if (s[i] >= 0 && (i == 0 || i == split[c] || s[i] != s[i - 1])) claim(s[i], i < split[c] ? -1 : c, c);
   }
 }
 
@@ -86,9 +86,9 @@ std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& gr
   } else {
     for (const TokenLayout& share : ring_shares) share.check("context_attention");
     const int64_t L = ring_shares[0].size() / U;
-    for (int r = 0; r < R; ++r)
-      MMSP_CHECK(ring_shares[r].size() == L * U, "context_attention: ring rank ", r, " holds ",
-                 ring_shares[r].size(), " slots, not ", U, " ulysses ranks x ", L);
+    for (int p = 0; p < R; ++p)
+      MMSP_CHECK(ring_shares[p].size() == L * U, "context_attention: ring rank ", p, " holds ",
+                 ring_shares[p].size(), " slots, not ", U, " ulysses ranks x ", L);
     check_split_slots(ring_shares, split_slots, U, L);
     const std::vector<TokenLayout> split = split_shares(ring_shares, split_slots, U);
     if (split[0].size() > 0) {

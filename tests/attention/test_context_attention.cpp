@@ -158,6 +158,47 @@ TEST(MultiRank, AdaptivePlacementEqualsTheSingleProcessKernel) {
   }
 }
 
+// Split-slot counts that do not fit the layouts (a plan bug, or a caller's) fail on every rank
+// before any collective, naming the value: a whole segment whose tokens would then be split,
+// and a ring rank whose split share differs from the others'. The groups stay in step.
+TEST(MultiRank, BadSplitSlotsFailBeforeAnyCollective) {
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    const int R = mesh.ring()->size(), U = mesh.ulysses()->size(), S = R * U;
+    if (S == 1) continue;
+    std::vector<int64_t> lengths{60};
+    for (int i = 0; i < 3 * S + 2; ++i) lengths.push_back(5);
+    std::vector<int64_t> ids(lengths.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
+    const plan::PackedRow row = plan::pack_row(
+        ids, lengths, R, plan::place_segments(lengths, R, U, plan::Placement::adaptive, {1.0, 100.0}));
+    const plan::ShardMap map(row, R, U, plan::Layout::zigzag);
+    const std::vector<int64_t> good = attention::split_slots(map);
+    ASSERT_FALSE(good.empty()) << mesh.shape().str();
+    const int64_t L = map.local_length();
+    const std::vector<TokenLayout> shares = ring_shares(map);
+    auto attend = [&](const std::vector<int64_t>& split) {
+      Tensor x = at::zeros({L, kHeads, kDim}, kF64);
+      return context_attention(x, x, x, {mesh.ring(), mesh.ulysses()}, shares, {}, split);
+    };
+    // One more split slot on the first rank that holds a whole segment right after its split ones.
+    int c = 0;
+    while (c < S && (good[c] == L || map.tokens(c)[good[c]] < 0)) ++c;
+    ASSERT_LT(c, S) << mesh.shape().str() << ": no rank holds a whole segment";
+    std::vector<int64_t> bad = good;
+    ++bad[c];
+    try {
+      attend(bad);
+      ADD_FAILURE() << mesh.shape().str() << ": expected an error";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_TRUE(what.find("is held whole on context rank") != std::string::npos ||
+                  what.find("every ring rank must hold the same number") != std::string::npos)
+          << mesh.shape().str() << ": " << what;
+    }
+    EXPECT_TRUE(attend(good).isfinite().all().item<bool>()) << mesh.shape().str();  // still in step
+  }
+}
+
 // Unsupported head counts fail on every rank before any collective: afterwards the
 // groups still work (nobody was left inside an all-to-all).
 TEST(MultiRank, BadHeadCountsFailBeforeAnyCollective) {
