@@ -78,9 +78,10 @@ NamedParams named_parameters(torch::nn::Module& module) {
   return out;
 }
 
-// The config's family from the registry, parameters drawn as `mode` says.
-std::shared_ptr<model::Vlm> build_vlm(const model::ModelConfig& config, model::ParameterInit mode) {
-  model::ParameterInitScope init(mode);
+// The config's family from the registry, parameters drawn as `mode` says, made in `dtype`.
+std::shared_ptr<model::Vlm> build_vlm(const model::ModelConfig& config, model::ParameterInit mode,
+                                      at::ScalarType dtype = at::kFloat) {
+  model::ParameterInitScope init(mode, dtype);
   return model::build_vlm(config);
 }
 
@@ -233,8 +234,9 @@ Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist
   // Weights about to be loaded (a model directory, a checkpoint) need no random draw.
   const bool loading = in.resolved.weights || !o.resume.empty();
   Trainable t;
-  t.vlm = build_vlm(in.resolved.config, loading ? model::ParameterInit::uninitialised : model::ParameterInit::random);
-  t.vlm->to(in.dtype);
+  t.vlm = build_vlm(in.resolved.config, loading ? model::ParameterInit::uninitialised : model::ParameterInit::random,
+                    in.dtype);
+  t.vlm->to(in.dtype);  // the buffers (rotary tables); the parameters already are
   t.vlm->set_activation_checkpointing(o.checkpoint_activations);
   AdamWOptions adamw;
   adamw.lr = o.lr;
