@@ -139,7 +139,41 @@ Decoder::Decoder(const TextConfig& c, bool tie_word_embeddings) : config_(c) {
 }
 
 at::Tensor Decoder::forward(const at::Tensor& inputs_embeds, const DecoderContext& ctx) const {
-  return at::linear(final_hidden(inputs_embeds, ctx), head_weight());
+  return apply_head([](const at::Tensor& h, const at::Tensor& w) { return at::linear(h, w); },
+                    final_hidden(inputs_embeds, ctx));
+}
+
+std::vector<HookUnit> Decoder::hook_units() const {
+  std::vector<HookUnit> units;
+  for (const auto& layer : model->layers->list) units.push_back(HookUnit{layer->parameters()});
+  HookUnit head{{head_weight()}};
+  if (!lm_head) {
+    head.forward_uses = 2;  // the lookup, then the loss
+    head.gradients_final = false;
+  }
+  units.push_back(head);
+  if (lm_head) {
+    HookUnit embedding{{model->embed_tokens->weight}};
+    embedding.backward_hooks = false;
+    embedding.prefetched = false;  // used first, not after the head
+    units.push_back(embedding);
+  }
+  return units;
+}
+
+at::Tensor Decoder::embed(const at::Tensor& token_ids) const {
+  const size_t unit = model->layers->list.size() + (lm_head ? 1 : 0);
+  if (layer_hooks_) layer_hooks_->before_forward(unit);
+  at::Tensor out = model->embed_tokens->forward(token_ids);  // a copy of rows: the weight is not kept
+  if (layer_hooks_) layer_hooks_->after_forward(unit);
+  return out;
+}
+
+at::Tensor Decoder::apply_head(const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& head,
+                               const at::Tensor& hidden) const {
+  const at::Tensor& weight = head_weight();
+  return run_hooked_layer(layer_hooks_, model->layers->list.size(),
+                          [&](const at::Tensor& h) { return head(h, weight); }, hidden);
 }
 
 std::vector<std::vector<at::Tensor>> Decoder::layer_parameters() const {

@@ -53,6 +53,10 @@ int decoder_layer_of(const std::string& name) {
   return std::stoi(name.substr(digits, end - digits));
 }
 
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
 }  // namespace
 
 MemoryEstimate estimate_memory(const model::ModelConfig& config,
@@ -76,9 +80,19 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   const int64_t P = e.parameter_count;
   int64_t in_layers = 0, largest_layer = 0;
   for (int64_t n : layer_count) in_layers += n, largest_layer = std::max(largest_layer, n);
-  // What a rank holds whole at once under ZeRO-2/3: everything outside the decoder
-  // layers, and one layer.
-  const int64_t whole = P - in_layers + largest_layer;
+  // The LM head (lm_head, or the embedding it is tied to) and an untied embedding: the
+  // units ZeRO-3 gathers around their uses besides the layers (Decoder::hook_units).
+  int64_t head = 0, embedding = 0;
+  for (const auto& [name, shape] : shapes) {
+    const bool is_embedding = ends_with(name, "embed_tokens.weight"), is_head = ends_with(name, "lm_head.weight");
+    if (!is_embedding && !is_head) continue;
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    (is_head ? head : embedding) += n;
+  }
+  if (head == 0) std::swap(head, embedding);  // tied: the embedding is the head's unit
+  // Kept whole for the step under ZeRO-2/3: everything outside those units.
+  const int64_t kept = P - in_layers - head - embedding;
   e.parameters = P * b;
   if (in.shard_level != ShardLevel::none && in.shard_world > 1) {
     // sharded_adamw.h: a W-th of masters and moments (+ < W elements of padding per
@@ -87,9 +101,15 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
     const int64_t W = in.shard_world, shard = (P + W - 1) / W;
     e.master_weights = shard * m;
     const int64_t bucket = 2 * std::min(P, kDefaultBucketBytes / b) * m;
-    e.gradients = (in.shard_level == ShardLevel::optimizer ? P : whole) * b + bucket;
-    // Stage 3 also holds the buffer of the next layer's gather, issued early.
-    if (in.shard_level == ShardLevel::parameters) e.parameters = (whole + largest_layer) * b;
+    // Stages 2 and 3: the kept gradients, one layer's and the head's (a tied head's is
+    // held to the end of the backward) or, at the end, the untied embedding's.
+    e.gradients =
+        (in.shard_level == ShardLevel::optimizer ? P : kept + largest_layer + std::max(head, embedding)) * b +
+        bucket;
+    // Stage 3: one unit in use and the next one's gather in flight, or one unit and the
+    // buffer it is gathered into.
+    if (in.shard_level == ShardLevel::parameters)
+      e.parameters = (kept + 2 * std::max({largest_layer, head, embedding})) * b;
     e.optimizer = 2 * shard * m;
   } else {
     e.master_weights = mixed ? P * m : 0;

@@ -42,23 +42,31 @@ void allocate_storage(const at::Tensor& p) {
 
 }  // namespace
 
-// The decoder's hooks for stages 2 and 3 (see the top of sharded_adamw.h).
+std::vector<ShardUnitUse> shard_unit_uses(const std::vector<model::HookUnit>& units) {
+  std::vector<ShardUnitUse> uses;
+  for (const model::HookUnit& u : units)
+    uses.push_back(ShardUnitUse{u.forward_uses + (u.backward_hooks ? 1 : 0), u.backward_hooks && u.gradients_final,
+                                u.prefetched});
+  return uses;
+}
+
+// The model's hooks for stages 2 and 3 (see the top of sharded_adamw.h).
 class ShardedLayerHooks : public model::LayerHooks {
  public:
   explicit ShardedLayerHooks(ShardedAdamW& sharded) : sharded_(sharded) {}
-  // The forward runs layers 0, 1, ...; the backward ..., 1, 0: each prefetches the next.
-  void before_forward(size_t layer) override {
-    sharded_.gather_layer(static_cast<int>(layer));
-    sharded_.prefetch_layer(static_cast<int>(layer) + 1);
+  // The forward runs units 0, 1, ...; the backward ..., 1, 0: each prefetches the next.
+  void before_forward(size_t unit) override {
+    sharded_.gather_unit(static_cast<int>(unit));
+    sharded_.prefetch_unit(static_cast<int>(unit) + 1);
   }
-  void after_forward(size_t layer) override { sharded_.release_layer(static_cast<int>(layer)); }
-  void before_backward(size_t layer) override {
-    sharded_.gather_layer(static_cast<int>(layer));
-    sharded_.prefetch_layer(static_cast<int>(layer) - 1);
+  void after_forward(size_t unit) override { sharded_.release_unit(static_cast<int>(unit)); }
+  void before_backward(size_t unit) override {
+    sharded_.gather_unit(static_cast<int>(unit));
+    sharded_.prefetch_unit(static_cast<int>(unit) - 1);
   }
-  void after_backward(size_t layer) override {
-    sharded_.reduce_layer(static_cast<int>(layer));
-    sharded_.release_layer(static_cast<int>(layer));
+  void after_backward(size_t unit) override {
+    sharded_.reduce_unit(static_cast<int>(unit));
+    sharded_.release_unit(static_cast<int>(unit));
   }
 
  private:
@@ -66,21 +74,22 @@ class ShardedLayerHooks : public model::LayerHooks {
 };
 
 ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
-                           dist::GroupPtr world, int64_t bucket_bytes, ShardLevel level, std::vector<int> layer_of)
+                           dist::GroupPtr world, int64_t bucket_bytes, ShardLevel level, std::vector<int> unit_of,
+                           std::vector<ShardUnitUse> uses)
     : model_(std::move(model_params)), options_(options), world_(std::move(world)), master_dtype_(master_dtype),
-      level_(level) {
+      uses_(std::move(uses)), level_(level), round_bytes_(2 * bucket_bytes) {
   MMSP_CHECK(world_, "ShardedAdamW: the world group is null");
   MMSP_CHECK(level_ != ShardLevel::none, "ShardedAdamW: shard level none is the replicated update");
   check_named_params(model_, "ShardedAdamW");
   check_adamw_options(options_);
   MMSP_CHECK(at::isFloatingType(master_dtype_), "ShardedAdamW: master dtype ", master_dtype_,
              " is not floating point");
-  if (level_ == ShardLevel::optimizer) layer_of.clear();  // stage 1 reduces after the backward, in any buckets
-  MMSP_CHECK(layer_of.empty() || layer_of.size() == model_.size(), "ShardedAdamW: ", layer_of.size(),
-             " layer indices for ", model_.size(), " parameters");
+  if (level_ == ShardLevel::optimizer) unit_of.clear();  // stage 1 reduces after the backward, in any buckets
+  MMSP_CHECK(unit_of.empty() || unit_of.size() == model_.size(), "ShardedAdamW: ", unit_of.size(),
+             " unit indices for ", model_.size(), " parameters");
   const int64_t P = world_->size(), r = world_->rank();
   at::NoGradGuard no_grad;
-  for (const GradBucket& bucket : make_grad_buckets(model_, bucket_bytes, layer_of)) {
+  for (const GradBucket& bucket : make_grad_buckets(model_, bucket_bytes, unit_of)) {
     Shard s;
     s.bucket = bucket;
     s.shard = (bucket.numel + P - 1) / P;
@@ -105,12 +114,12 @@ ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype
       offset += p.numel();
     }
     if (bucket.unit >= 0) {
-      if (layer_buckets_.size() <= static_cast<size_t>(bucket.unit)) layer_buckets_.resize(bucket.unit + 1);
-      layer_buckets_[bucket.unit].push_back(shards_.size());
+      if (unit_buckets_.size() <= static_cast<size_t>(bucket.unit)) unit_buckets_.resize(bucket.unit + 1);
+      unit_buckets_[bucket.unit].push_back(shards_.size());
     }
+    release(s);  // stage 3: the whole weights go as their shards are taken, not all at the end
     shards_.push_back(std::move(s));
   }
-  release_gathered();
 }
 
 std::shared_ptr<model::LayerHooks> ShardedAdamW::layer_hooks() {
@@ -141,13 +150,27 @@ at::Tensor ShardedAdamW::piece(const ShardPiece& piece, ShardTensor which) const
   return t.narrow(0, piece.shard_offset, piece.length);
 }
 
-at::Tensor ShardedAdamW::pack_grads(const Shard& s) {
-  // Zero padding past the bucket's parameters.
-  at::Tensor flat = at::zeros({s.shard * world_->size()},
-                              at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
-  pack_bucket_grads(model_, s.bucket, flat, "ShardedAdamW");
-  for (size_t i : s.bucket.params) model_[i].second.mutable_grad().reset();  // packed: the memory goes back now
-  return flat;
+at::Tensor ShardedAdamW::pack_grad_round(const Shard& s, int64_t first, int64_t n) const {
+  const int64_t P = world_->size(), S = s.shard;
+  // Zeros past the bucket's parameters (padding) and for a parameter without a gradient.
+  at::Tensor rows = at::zeros({P, n}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
+  int64_t offset = 0;  // the parameter's first element in the bucket
+  for (size_t i : s.bucket.params) {
+    const auto& [name, p] = model_[i];
+    const at::Tensor& grad = p.grad();
+    if (grad.defined()) {
+      MMSP_CHECK(grad.sizes() == p.sizes(), "ShardedAdamW: the gradient of \"", name, "\" has shape ", grad.sizes(),
+                 " but the parameter has ", p.sizes());
+      const at::Tensor flat = grad.reshape({-1});
+      for (int64_t r = 0; r < P; ++r) {
+        const int64_t begin = r * S + first;  // row r's first element in the bucket
+        const int64_t lo = std::max(begin, offset), hi = std::min(begin + n, offset + p.numel());
+        if (lo < hi) rows[r].narrow(0, lo - begin, hi - lo).copy_(flat.narrow(0, lo - offset, hi - lo));
+      }
+    }
+    offset += p.numel();
+  }
+  return rows.view({-1});
 }
 
 double ShardedAdamW::global_norm(const std::vector<at::Tensor>& grads) const {
@@ -169,30 +192,47 @@ double ShardedAdamW::global_norm(const std::vector<at::Tensor>& grads) const {
 
 void ShardedAdamW::reduce_bucket(Shard& s) {
   at::NoGradGuard no_grad;
-  at::Tensor reduced = dist::reduce_scatter(pack_grads(s), *world_);
-  s.grad = s.grad.defined() ? s.grad.add_(reduced) : reduced;
+  // In rounds of at most round_bytes_ packed per rank: a bucket far larger than the
+  // others (one parameter, such as a 248,320-row embedding) is never packed or received
+  // whole, which would hold two more copies of its gradient. The bytes are those of one
+  // reduce-scatter of the whole bucket.
+  const int64_t P = world_->size();
+  const int64_t per_round =
+      std::max<int64_t>(1, round_bytes_ / (P * static_cast<int64_t>(c10::elementSize(master_dtype_))));
+  if (!s.grad.defined()) s.grad = at::zeros({s.shard}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
+  for (int64_t first = 0; first < s.shard; first += per_round) {
+    const int64_t n = std::min(per_round, s.shard - first);
+    s.grad.narrow(0, first, n).add_(dist::reduce_scatter(pack_grad_round(s, first, n), *world_));
+  }
+  for (size_t i : s.bucket.params) model_[i].second.mutable_grad().reset();  // reduced: the memory goes back now
 }
 
-const std::vector<size_t>& ShardedAdamW::layer_shards(int layer) const {
+const std::vector<size_t>& ShardedAdamW::unit_shards(int unit) const {
   static const std::vector<size_t> none;
-  return static_cast<size_t>(layer) < layer_buckets_.size() ? layer_buckets_[layer] : none;
+  return unit >= 0 && static_cast<size_t>(unit) < unit_buckets_.size() ? unit_buckets_[unit] : none;
 }
 
-void ShardedAdamW::reduce_layer(int layer) {
-  for (size_t b : layer_shards(layer)) reduce_bucket(shards_[b]);
+const ShardUnitUse& ShardedAdamW::use_of(int unit) const {
+  static const ShardUnitUse layer;
+  return unit >= 0 && static_cast<size_t>(unit) < uses_.size() ? uses_[unit] : layer;
 }
 
-void ShardedAdamW::gather_layer(int layer) {
-  for (size_t b : layer_shards(layer)) gather_into_model(shards_[b]);
+void ShardedAdamW::reduce_unit(int unit) {
+  if (!use_of(unit).reduce_in_backward) return;  // more gradient comes: step() reduces it
+  for (size_t b : unit_shards(unit)) reduce_bucket(shards_[b]);
 }
 
-void ShardedAdamW::prefetch_layer(int layer) {
-  if (!frees_weights() || layer < 0) return;
-  for (size_t b : layer_shards(layer)) start_gather(shards_[b]);
+void ShardedAdamW::gather_unit(int unit) {
+  for (size_t b : unit_shards(unit)) gather_into_model(shards_[b]);
 }
 
-void ShardedAdamW::release_layer(int layer) {
-  for (size_t b : layer_shards(layer)) release(shards_[b]);
+void ShardedAdamW::prefetch_unit(int unit) {
+  if (!frees_weights() || !use_of(unit).prefetched) return;
+  for (size_t b : unit_shards(unit)) start_gather(shards_[b]);
+}
+
+void ShardedAdamW::release_unit(int unit) {
+  for (size_t b : unit_shards(unit)) release(shards_[b]);
 }
 
 void ShardedAdamW::start_gather(Shard& s) {
@@ -266,7 +306,7 @@ double ShardedAdamW::step(double max_norm) {
     else
       for (size_t i : s.bucket.params)
         MMSP_CHECK(!model_[i].second.grad().defined(), "ShardedAdamW: the gradient of \"", model_[i].first,
-                   "\" arrived after its decoder layer's gradients were reduced");
+                   "\" arrived after its unit's gradients were reduced");
     grads.push_back(s.grad);
   }
   const double norm = global_norm(grads);
@@ -330,8 +370,10 @@ int64_t ShardedAdamW::step_bytes() const {
     const int64_t padded = s.shard * P;
     bytes += dist::shard_collective_bytes(padded * static_cast<int64_t>(s.master.element_size()), P);
     const int64_t gather = dist::shard_collective_bytes(padded * static_cast<int64_t>(c10::elementSize(s.bucket.dtype)), P);
-    // stage 3 gathers a decoder layer twice: before its forward and before its backward
-    bytes += (level_ == ShardLevel::parameters && s.bucket.unit >= 0 ? 2 : 1) * gather;
+    // stage 3 gathers a unit before each use: a decoder layer before its forward and
+    // before its backward, the head likewise (tied: and before the lookup), the untied
+    // embedding before its lookup
+    bytes += (level_ == ShardLevel::parameters && s.bucket.unit >= 0 ? use_of(s.bucket.unit).gathers : 1) * gather;
   }
   return bytes;
 }

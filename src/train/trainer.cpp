@@ -246,7 +246,7 @@ Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist
   adamw.weight_decay = o.weight_decay;
   const NamedParams model_params = named_parameters(*t.vlm);
   t.update = make_weight_update(parse_shard_level(o.shard), model_params, master_dtype_of(in.dtype), adamw, mesh,
-                                layer_index_of(model_params, t.vlm->decoder().layer_parameters()));
+                                t.vlm->decoder().hook_units());
   t.vlm->decoder().set_layer_hooks(t.update->layer_hooks());
   if (in.resolved.weights && o.resume.empty())  // a resume reads the checkpoint's weights instead
     t.update->load_weights(*in.resolved.weights, in.naming);
@@ -421,7 +421,12 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   if (o.test.sleep_rank == mesh.rank() && o.test.sleep_step == step)
     std::this_thread::sleep_for(std::chrono::duration<double>(o.test.sleep_seconds));
   auto out = run.vlm.forward(batch, plan, pixels, run.groups, o.vision, run.attention);
-  at::Tensor loss = chunked_lm_loss(out.hidden, out.head_weight, out.labels, out.label_count, run.loss_chunk);
+  // The head through the decoder: --shard parameters gathers its weight around the loss.
+  at::Tensor loss = run.vlm.decoder().apply_head(
+      [&](const at::Tensor& hidden, const at::Tensor& weight) {
+        return chunked_lm_loss(hidden, weight, out.labels, out.label_count, run.loss_chunk);
+      },
+      out.hidden);
   run.doing.set_phase("backward");
   loss.backward();
   const double grad_norm = run.update.step(o.clip, run.doing);

@@ -88,9 +88,10 @@ class ReplicatedUpdate : public WeightUpdate {
 class ShardedUpdate : public WeightUpdate {
  public:
   ShardedUpdate(ShardLevel level, NamedParams model_params, at::ScalarType master_dtype,
-                const AdamWOptions& options, const dist::Mesh& mesh, std::vector<int> layer_of)
+                const AdamWOptions& options, const dist::Mesh& mesh, std::vector<int> unit_of,
+                std::vector<ShardUnitUse> uses)
       : sharded_(std::move(model_params), master_dtype, options, mesh.world(), kDefaultBucketBytes, level,
-                 std::move(layer_of)),
+                 std::move(unit_of), std::move(uses)),
         mixed_(master_dtype != sharded_.model_params().front().second.scalar_type()),
         world_(mesh.world_size()) {}
 
@@ -179,24 +180,26 @@ class ShardedUpdate : public WeightUpdate {
 
 }  // namespace
 
-std::vector<int> layer_index_of(const NamedParams& params, const std::vector<std::vector<at::Tensor>>& layers) {
-  std::unordered_map<const c10::TensorImpl*, int> layer_of;
-  for (size_t layer = 0; layer < layers.size(); ++layer)
-    for (const at::Tensor& t : layers[layer]) layer_of[t.unsafeGetTensorImpl()] = static_cast<int>(layer);
+std::vector<int> unit_index_of(const NamedParams& params, const std::vector<model::HookUnit>& units) {
+  std::unordered_map<const c10::TensorImpl*, int> unit_of;
+  for (size_t unit = 0; unit < units.size(); ++unit)
+    for (const at::Tensor& t : units[unit].parameters) unit_of[t.unsafeGetTensorImpl()] = static_cast<int>(unit);
   std::vector<int> out;
   for (const auto& [name, p] : params) {
-    const auto it = layer_of.find(p.unsafeGetTensorImpl());
-    out.push_back(it == layer_of.end() ? -1 : it->second);
+    const auto it = unit_of.find(p.unsafeGetTensorImpl());
+    out.push_back(it == unit_of.end() ? -1 : it->second);
   }
   return out;
 }
 
 std::unique_ptr<WeightUpdate> make_weight_update(ShardLevel level, NamedParams model_params,
                                                  at::ScalarType master_dtype, const AdamWOptions& options,
-                                                 const dist::Mesh& mesh, std::vector<int> layer_of) {
-  if (level != ShardLevel::none)
+                                                 const dist::Mesh& mesh, const std::vector<model::HookUnit>& units) {
+  if (level != ShardLevel::none) {
+    std::vector<int> unit_of = unit_index_of(model_params, units);
     return std::make_unique<ShardedUpdate>(level, std::move(model_params), master_dtype, options, mesh,
-                                           std::move(layer_of));
+                                           std::move(unit_of), shard_unit_uses(units));
+  }
   return std::make_unique<ReplicatedUpdate>(std::move(model_params), master_dtype, options, mesh);
 }
 

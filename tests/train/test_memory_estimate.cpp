@@ -93,27 +93,33 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(sharded.optimizer, 8 * quarter);
   EXPECT_EQ(sharded.gradients, 2 * P + 2 * 4 * std::min<int64_t>(P, kDefaultBucketBytes / 2));
   EXPECT_EQ(sharded.activations, mixed.activations);
-  // --shard gradients / parameters: whole at once only what lies outside the decoder
-  // layers (model.visual.*, embeddings, norm, head) and one layer.
-  int64_t in_layers = 0, layer0 = 0;
+  // --shard gradients / parameters: whole for the step only what lies outside the
+  // decoder layers, the embedding and the head (model.visual.*, norm); besides it one
+  // layer's gradients and the head's (or, at the end, the untied embedding's), and
+  // stage 3 one unit in use plus the next one's gather (or its own gather buffer).
+  int64_t in_layers = 0, layer0 = 0, embedding = 0, head = 0;
   for (const auto& [name, shape] : shapes) {
-    if (name.rfind("model.visual.", 0) == 0 || name.find(".layers.") == std::string::npos) continue;
     int64_t k = 1;
     for (int64_t d : shape) k *= d;
+    if (name == "model.language_model.embed_tokens.weight" || name == "model.embed_tokens.weight") embedding += k;
+    if (name == "lm_head.weight") head += k;
+    if (name.rfind("model.visual.", 0) == 0 || name.find(".layers.") == std::string::npos) continue;
     in_layers += k;
     if (name.find(".layers.0.") != std::string::npos) layer0 += k;
   }
   ASSERT_GT(in_layers, 0);
+  ASSERT_GT(embedding, 0);
+  ASSERT_EQ(head, embedding) << "tiny-qwen2-vl's head is untied, of the embedding's shape";
   ASSERT_EQ(in_layers, layer0 * config.text.num_hidden_layers) << "the tiny decoder's layers are alike";
-  const int64_t whole = P - in_layers + layer0;
+  const int64_t kept = P - in_layers - embedding - head;
   in.shard_level = ShardLevel::gradients;
   const MemoryEstimate stage2 = estimate_memory(config, shapes, in);
-  EXPECT_EQ(stage2.gradients, 2 * whole + 2 * 4 * std::min<int64_t>(P, kDefaultBucketBytes / 2));
+  EXPECT_EQ(stage2.gradients, 2 * (kept + layer0 + head) + 2 * 4 * std::min<int64_t>(P, kDefaultBucketBytes / 2));
   EXPECT_EQ(stage2.parameters, 2 * P);
   EXPECT_EQ(stage2.optimizer, sharded.optimizer);
   in.shard_level = ShardLevel::parameters;
   const MemoryEstimate stage3 = estimate_memory(config, shapes, in);
-  EXPECT_EQ(stage3.parameters, 2 * (whole + layer0));  // + the prefetched layer's buffer
+  EXPECT_EQ(stage3.parameters, 2 * (kept + 2 * std::max(layer0, head)));
   EXPECT_EQ(stage3.gradients, stage2.gradients);
 }
 

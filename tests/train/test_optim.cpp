@@ -331,18 +331,34 @@ at::Tensor rank_grad(const at::Tensor& p, int r, size_t i, int t) {
   return seeded_randn(p.sizes(), 1000 * t + 10 * i + r);
 }
 
-// Stages 2 and 3 see p0, p1 as decoder layer 0 and p2, p3 as layer 1 (p4, p5: outside).
-const std::vector<int> kLayerOf = {0, 0, 1, 1, -1, -1};
+// The units stages 2 and 3 see, numbered as the decoder numbers them: layers, the
+// head, an untied embedding (model::Decoder::hook_units).
+struct UnitCase {
+  std::vector<int> unit_of;  // per parameter; −1: kept for the step
+  std::vector<ShardUnitUse> uses;
+  int head = -1, embedding = -1;  // tied: the same unit
+};
+// p0, p1 decoder layer 0; p2, p3 layer 1; p4, p5 outside.
+UnitCase layers_only() { return {{0, 0, 1, 1, -1, -1}, {}, -1, -1}; }
+// p4 the head tied to the embedding: gathered for the lookup, the loss and its
+// backward; its gradient comes in two parts, the lookup's last.
+UnitCase tied_head() { return {{0, 0, 1, 1, 2, -1}, {{}, {}, {3, false, true}}, 2, 2}; }
+// p3 an untied head (rank 2 gives it no gradient), p4 the embedding: gathered once, not
+// prefetched, reduced after the backward.
+UnitCase untied_head() { return {{0, 0, 1, 2, 3, -1}, {{}, {}, {2, true, true}, {1, true, false}}, 2, 3}; }
 
 bool holds_memory(const at::Tensor& p) { return p.storage().nbytes() > 0; }
 
 // 3 steps of ShardedAdamW on P ranks equal 3 steps of the replicated AdamW on the summed
 // gradients, with clipping that bites and decay on the matrices only; each step sends
-// the bytes its formula says. Stages 2 and 3 run the decoder's hooks as a forward and
-// backward through the two layers would: each layer's gradients appear during its
-// backward, and stage 3 holds a layer's weights only between its before and after hooks.
+// the bytes its formula says. Stages 2 and 3 run the model's hooks as a forward and
+// backward would: the embedding's lookup, the two layers, the head's loss, then the
+// backward in reverse, each unit's gradients appearing during its backward (the
+// embedding's at the end); stage 3 holds a unit's weights only between its before and
+// after hooks.
 void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::ScalarType master_dtype,
-                                      double rtol, ShardLevel level = ShardLevel::optimizer) {
+                                      double rtol, ShardLevel level = ShardLevel::optimizer,
+                                      const UnitCase& units = layers_only()) {
   const AdamWOptions adamw{0.05, 0.9, 0.95, 1e-8, 0.1};
   const double clip = 1.5;
   // Reference: the replicated path of the trainer (masters, summed grads, clip, AdamW).
@@ -358,57 +374,83 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
     clip_grad_norm(ref, clip);
     opt->step();
   }
+  const std::vector<int>& unit_of = units.unit_of;
+  const bool tied = units.head >= 0 && units.head == units.embedding;
   std::vector<NamedParams> got(P);
   std::vector<double> norms(P);
   std::vector<int64_t> state_bytes(P), step_bytes(P), sent(P);
   std::vector<std::shared_ptr<dist::CommStats>> stats;
   run_gloo_ranks(P, [&](int r, dist::GroupPtr world) {
     NamedParams model = odd_params(model_dtype);
-    ShardedAdamW sharded(model, master_dtype, adamw, world, /*bucket_bytes=*/64, level, kLayerOf);
+    ShardedAdamW sharded(model, master_dtype, adamw, world, /*bucket_bytes=*/64, level, unit_of, units.uses);
     const bool freed = level == ShardLevel::parameters;
     const std::shared_ptr<model::LayerHooks> hooks = sharded.layer_hooks();
     EXPECT_EQ(hooks == nullptr, level == ShardLevel::optimizer);
-    auto give_grads = [&](int layer, int t) {
+    // Unit `unit`'s gradients, times `scale` (added to what is there: a tied head's
+    // gradient comes in two parts, each exactly half).
+    auto give_grads = [&](int unit, int t, double scale = 1.0) {
       for (size_t i = 0; i < model.size(); ++i)
-        if (kLayerOf[i] == layer && !(r == 2 && i == 3))
-          model[i].second.mutable_grad() = rank_grad(model[i].second, r, i, t).to(model_dtype);
+        if (unit_of[i] == unit && !(r == 2 && i == 3)) {
+          at::Tensor g = (rank_grad(model[i].second, r, i, t) * scale).to(model_dtype);
+          at::Tensor& grad = model[i].second.mutable_grad();
+          grad = grad.defined() ? grad + g : g;
+        }
     };
-    auto layer_held = [&](int layer) {
+    auto unit_held = [&](int unit) {
       for (size_t i = 0; i < model.size(); ++i)
-        if (kLayerOf[i] == layer && holds_memory(model[i].second) != true) return false;
+        if (unit_of[i] == unit && holds_memory(model[i].second) != true) return false;
       return true;
+    };
+    auto gathered = [&] { return stats[r]->snapshot().at(dist::CommKind::all_gather, dist::Pass::forward).bytes; };
+    // Whether unit u's hook issues the gather of unit u + step too (then it sends bytes).
+    auto prefetches = [&](int u, int step) {
+      const int next = u + step;
+      const bool exists = std::find(unit_of.begin(), unit_of.end(), next) != unit_of.end();
+      return exists && (static_cast<size_t>(next) >= units.uses.size() || units.uses[next].prefetched);
+    };
+    // One forward use of a unit: held inside, freed after (stage 3); `prefetched`: its
+    // gather was issued by the unit before it, so its own hook sends nothing (unless it
+    // prefetches the next).
+    auto use = [&](int unit, bool prefetched) {
+      const int64_t before = gathered();
+      hooks->before_forward(unit);
+      EXPECT_TRUE(unit_held(unit)) << "forward of unit " << unit;
+      if (freed && prefetched && !prefetches(unit, 1)) EXPECT_EQ(gathered(), before) << "unit " << unit << " was prefetched";
+      if (freed && unit == 0) EXPECT_FALSE(unit_held(1)) << "layer 1 is prefetched into a buffer, not the model";
+      hooks->after_forward(unit);
+      EXPECT_EQ(unit_held(unit), !freed) << "after the forward of unit " << unit;
     };
     for (int t = 0; t < 3; ++t) {
       sharded.zero_grad();
       if (!hooks) {
-        for (int layer : {0, 1, -1}) give_grads(layer, t);
+        for (int unit : {0, 1, 2, 3, -1}) give_grads(unit, t);
       } else {
-        for (size_t i = 0; i < model.size(); ++i) EXPECT_EQ(holds_memory(model[i].second), !freed) << "between steps";
+        for (size_t i = 0; i < model.size(); ++i)
+          EXPECT_EQ(holds_memory(model[i].second), !freed) << "between steps";
         sharded.gather_step_weights();
-        // Stage 3 prefetches: layer 0's forward hook issues layer 1's gather too (into a
-        // buffer: layer 1 is not in the model yet), so layer 1's issues none; the
-        // backward likewise from layer 1 to layer 0.
-        auto gathered = [&] { return stats[r]->snapshot().at(dist::CommKind::all_gather, dist::Pass::forward).bytes; };
-        for (int layer : {0, 1}) {
+        for (size_t i = 0; i < model.size(); ++i)
+          if (unit_of[i] < 0) EXPECT_TRUE(holds_memory(model[i].second)) << "kept for the step";
+        if (units.embedding >= 0) use(units.embedding, false);
+        use(0, false);
+        use(1, true);
+        if (units.head >= 0) use(units.head, true);
+        std::vector<int> backward = {1, 0};
+        if (units.head >= 0) backward.insert(backward.begin(), units.head);
+        for (size_t k = 0; k < backward.size(); ++k) {
+          const int unit = backward[k];
           const int64_t before = gathered();
-          hooks->before_forward(layer);
-          EXPECT_TRUE(layer_held(layer)) << "forward of layer " << layer;
-          if (freed && layer == 0) EXPECT_FALSE(layer_held(1)) << "layer 1 is prefetched into a buffer, not the model";
-          if (freed && layer == 1) EXPECT_EQ(gathered(), before) << "layer 1 was prefetched by layer 0";
-          hooks->after_forward(layer);
-          EXPECT_EQ(layer_held(layer), !freed) << "after the forward of layer " << layer;
+          hooks->before_backward(unit);
+          EXPECT_TRUE(unit_held(unit)) << "backward of unit " << unit;
+          if (freed && k > 0 && !prefetches(unit, -1))
+            EXPECT_EQ(gathered(), before) << "unit " << unit << " was prefetched by the one after it";
+          give_grads(unit, t, tied && unit == units.head ? 0.5 : 1.0);
+          hooks->after_backward(unit);
+          for (size_t i = 0; i < model.size(); ++i)
+            if (unit_of[i] == unit && !(r == 2 && i == 3))
+              EXPECT_EQ(model[i].second.grad().defined(), tied && unit == units.head)
+                  << "reduced and released, unless more gradient comes (unit " << unit << ")";
         }
-        for (int layer : {1, 0}) {
-          const int64_t before = gathered();
-          hooks->before_backward(layer);
-          EXPECT_TRUE(layer_held(layer)) << "backward of layer " << layer;
-          if (freed && layer == 0) EXPECT_EQ(gathered(), before) << "layer 0 was prefetched by layer 1's backward";
-          give_grads(layer, t);
-          hooks->after_backward(layer);
-          for (size_t i = 0; i < model.size(); ++i) {
-            if (kLayerOf[i] == layer) EXPECT_FALSE(model[i].second.grad().defined()) << "reduced and released";
-          }
-        }
+        if (units.embedding >= 0) give_grads(units.embedding, t, tied ? 0.5 : 1.0);  // the lookup's, last
         give_grads(-1, t);
       }
       norms[r] = sharded.step(clip);
@@ -447,6 +489,51 @@ TEST(ShardedAdamW, GradientsAndParametersLevelsEqualReplicatedAdamW) {
   for (ShardLevel level : {ShardLevel::gradients, ShardLevel::parameters})
     for (int P : {1, 3, 4}) expect_sharded_equals_replicated(P, at::kDouble, at::kDouble, 1e-12, level);
   expect_sharded_equals_replicated(2, at::kBFloat16, at::kFloat, 1e-2, ShardLevel::parameters);
+}
+
+// The head and the embedding as units of their own: gathered around each use, a tied
+// head three times a step (its gradient reduced once, after the lookup adds the last
+// part), an untied head twice (reduced after its backward) and the embedding once.
+TEST(ShardedAdamW, HeadAndEmbeddingUnitsEqualReplicatedAdamW) {
+  for (const UnitCase& units : {tied_head(), untied_head()}) {
+    for (ShardLevel level : {ShardLevel::gradients, ShardLevel::parameters})
+      for (int P : {1, 2, 3, 4}) expect_sharded_equals_replicated(P, at::kDouble, at::kDouble, 1e-12, level, units);
+    expect_sharded_equals_replicated(3, at::kBFloat16, at::kFloat, 1e-2, ShardLevel::parameters, units);
+  }
+}
+
+// A bucket far larger than a reduce-scatter round goes in several rounds: the same sums
+// and the bytes of one reduce-scatter of the whole bucket.
+TEST(ShardedAdamW, LargeBucketsReduceInRounds) {
+  const int64_t bucket_bytes = 64;  // rounds of 128 bytes: 16 fp64 elements over the ranks
+  const int64_t elements = 1001;      // one parameter: a bucket of its own, many rounds
+  for (int P : {2, 3}) {
+    std::vector<std::shared_ptr<dist::CommStats>> stats;
+    std::vector<at::Tensor> got(P);
+    run_gloo_ranks(P, [&](int r, dist::GroupPtr world) {
+      NamedParams model = {{"big", at::zeros({elements}, at::kDouble).requires_grad_(true)}};
+      ShardedAdamW sharded(model, at::kDouble, AdamWOptions{1.0, 0.9, 0.999, 1e-8, 0.0}, world, bucket_bytes);
+      model[0].second.mutable_grad() = at::arange(elements, at::kDouble) * (r + 1);
+      sharded.step(0);
+      const int64_t shard = (elements + P - 1) / P;
+      EXPECT_EQ(stats[r]->snapshot().at(dist::CommKind::reduce_scatter, dist::Pass::forward).bytes,
+                dist::shard_collective_bytes(shard * P * 8, P));
+      const int64_t per_round = 2 * bucket_bytes / (P * 8);
+      EXPECT_EQ(stats[r]->snapshot().at(dist::CommKind::reduce_scatter, dist::Pass::forward).calls,
+                (shard + per_round - 1) / per_round)
+          << "in rounds";
+      got[r] = sharded.pieces().empty() ? at::Tensor() : sharded.piece(sharded.pieces()[0], ShardTensor::exp_avg).clone();
+    }, stats);
+    // exp_avg after one step = 0.1 · the summed gradient: (1 + … + P) · index.
+    const double ranks_sum = P * (P + 1) / 2.0;
+    const int64_t shard = (elements + P - 1) / P;
+    for (int r = 0; r < P; ++r) {
+      const int64_t first = r * shard, n = std::min(shard, elements - first);
+      ASSERT_EQ(got[r].numel(), n);
+      EXPECT_TRUE(at::allclose(got[r], at::arange(first, first + n, at::kDouble) * (0.1 * ranks_sum), 1e-12, 0))
+          << "P=" << P << " rank " << r;
+    }
+  }
 }
 
 TEST(ShardedAdamW, Bf16ModelWithFp32ShardedMasters) {

@@ -9,6 +9,7 @@
 
 #include <torch/nn/module.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -113,11 +114,21 @@ class Decoder : public torch::nn::Module {
   const at::Tensor& head_weight() const { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
   // Recompute each layer in the backward instead of keeping its activations.
   void set_recompute_layers(bool on) { recompute_layers_ = on; }
-  // Called around every layer's use (null: none); see layer_hooks.h.
+  // Called around every hooked unit's use (null: none); see layer_hooks.h.
   void set_layer_hooks(std::shared_ptr<LayerHooks> hooks) { layer_hooks_ = std::move(hooks); }
-  // Each layer's parameters, in layer order (what the hooks of layer i speak of).
+  // Each layer's parameters, in layer order.
   std::vector<std::vector<at::Tensor>> layer_parameters() const;
-  at::Tensor embed(const at::Tensor& token_ids) const { return model->embed_tokens->forward(token_ids); }
+  // What the hooks of unit u speak of: the layers 0 … L−1 (read forward and backward),
+  // the LM head's weight L (read by the loss forward and again by its backward; tied,
+  // also by the embedding lookup, whose gradient arrives last), and the untied token
+  // embedding L + 1 (read by its forward only: the lookup's backward needs the ids).
+  std::vector<HookUnit> hook_units() const;
+  // token_ids [L] -> [L, hidden], the embedding's hooks around the read.
+  at::Tensor embed(const at::Tensor& token_ids) const;
+  // head(hidden, head_weight()) with the head's hooks around it, forward and backward:
+  // `head` is what reads the weight (logits, or the chunked loss).
+  at::Tensor apply_head(const std::function<at::Tensor(const at::Tensor& hidden, const at::Tensor& weight)>& head,
+                        const at::Tensor& hidden) const;
 
   const TextConfig& config() const { return config_; }
   std::shared_ptr<DecoderBody> model;

@@ -1,10 +1,12 @@
-// What happens around each decoder layer's use besides its computation: the points
-// where ZeRO-2/3 (train/sharded_layer_hooks.h) gathers a layer's weights, frees them
+// What happens around each use of a hooked unit's weights besides its computation: the
+// points where ZeRO-2/3 (train/sharded_adamw.h) gathers the unit's weights, frees them
 // and reduce-scatters its gradients. The model calls them; train/ decides what they do.
+// The units are the decoder's (Decoder::hook_units): its layers 0 … L−1, the LM head
+// (L), and the token embedding (L + 1) when it is not tied to the head.
 //
-// Every rank runs every decoder layer, in the same order, forward and backward, so the
-// hooks are called in the same order on every rank and may run collectives. (Vision
-// blocks are not hooked: a rank without images runs none of them.)
+// Every rank runs every unit, in the same order, forward and backward, so the hooks are
+// called in the same order on every rank and may run collectives. (Vision blocks are
+// not hooked: a rank without images runs none of them.)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,6 +14,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <vector>
 
 namespace mmsp::model {
 
@@ -22,6 +25,18 @@ class LayerHooks {
   virtual void after_forward(size_t layer) = 0;    // ... and are not read again until its backward
   virtual void before_backward(size_t layer) = 0;  // its backward (or recomputation) is next
   virtual void after_backward(size_t layer) = 0;   // its weights' gradients are complete
+};
+
+// One hooked unit and how a step uses it, so that ZeRO knows how often its weights are
+// gathered, when its gradients are complete and whether a neighbour prefetches it.
+struct HookUnit {
+  std::vector<at::Tensor> parameters;
+  int forward_uses = 1;         // before_forward / after_forward pairs per step
+  bool backward_hooks = true;   // before_backward / after_backward run: its weights are read again
+  bool gradients_final = true;  // complete at after_backward (false: a head tied to the embedding,
+                                // whose lookup adds its gradient at the end of the backward)
+  bool prefetched = true;       // the forward reaches it right after unit − 1 (and the backward
+                                // unit − 1 right after it), so that one may issue its gather early
 };
 
 // y = layer(x) with the hooks of layer `index` around it. The backward hooks are two

@@ -10,13 +10,14 @@
 //                decoder/all: L·T·h·b (each layer's input) + T·a·b (the one layer
 //                           being recomputed in the backward)
 //   logits       n·V·(b + 12)  (one chunk: compute-dtype logits, fp32 copy, exp,
-//                gradient) + 4·T (per-token log-sum-exp) + 4·V·h under bf16 (the
-//                head weight's gradient summed over chunks in fp32)
-// With --shard over W ranks (N parameters, N_r outside the decoder layers, N_l the
-// largest layer's, buckets of B = 25 MiB):
+//                gradient) + 4·T (per-token log-sum-exp) + 4·T·h (the hidden state's
+//                gradient, summed wide; under bf16 also its fp32 copy: 8·T·h)
+// With --shard over W ranks (N parameters, N_l the largest decoder layer's, N_h the LM
+// head's (the embedding when tied), N_e an untied embedding's, N_r the rest's, buckets
+// of B = 25 MiB):
 //   optimizer   masters + moments 3·m·N/W; gradients N·b + 2·min(N, B/b)·m
-//   gradients   gradients (N_r + N_l)·b + 2·min(N, B/b)·m
-//   parameters  and parameters (N_r + N_l)·b
+//   gradients   gradients (N_r + N_l + max(N_h, N_e))·b + 2·min(N, B/b)·m
+//   parameters  and parameters (N_r + 2·max(N_l, N_h, N_e))·b
 // The vision encoder's activations are not counted (small next to the decoder's).
 #pragma once
 

@@ -3,36 +3,44 @@
 // over every rank of the world instead of held whole by each.
 //
 // Layout: the gradient buckets of GradSync (same order, dtype groups and sizes on every
-// rank; with stages 2 and 3 a bucket never spans two decoder layers), each padded with
-// zeros to a multiple of the world size P and cut into P equal shards; rank r owns
-// elements [r·S, (r+1)·S) of every bucket. Per step:
+// rank; with stages 2 and 3 a bucket never spans two hooked units: the decoder layers,
+// the LM head, the untied token embedding, model/layer_hooks.h), each padded with zeros
+// to a multiple of the world size P and cut into P equal shards; rank r owns elements
+// [r·S, (r+1)·S) of every bucket. Per step:
 //   1. pack the model's gradients into a bucket (converted to the master dtype) and
 //      release them; reduce-scatter the bucket: rank r gets the world sum of its shard.
-//      Stage 1 does this after the backward; stages 2 and 3 do it for a decoder layer's
-//      buckets as soon as the layer's backward is done (layer_hooks()), so at most one
-//      layer's gradients are whole at a time; the rest (vision tower, embeddings, norm,
-//      head) after the backward;
+//      Stage 1 does this after the backward; stages 2 and 3 do it for a unit's buckets
+//      as soon as its backward is done (layer_hooks()), so at most one layer's
+//      gradients are whole at a time; the rest (vision tower, norms, the untied
+//      embedding, a head tied to it: its lookup adds the last gradient) after the
+//      backward;
 //   2. the global gradient norm from each rank's Σ g² of its shards (one fp64
 //      all-reduce), clipping as clip_grad_norm does;
 //   3. AdamW on the shards, with torch::optim::AdamW's arithmetic (decoupled decay on
 //      matrices only, as make_adamw's groups);
 //   4. all-gather the updated shards, rounded to the model's dtype, into the model.
 //      Stage 3 instead frees every weight after the step: the weights outside the
-//      decoder layers are all-gathered before the forward (gather_step_weights) and
-//      kept for the step; each decoder layer is all-gathered just before its forward and
-//      freed after it, and all-gathered again before its backward and freed after it.
-//      The next layer's gather (forward: layer i+1, backward: layer i−1) is issued as a
-//      layer begins, without waiting, so it moves while the layer computes (FSDP's
-//      prefetch); it lands in a buffer the model reads only once the gather is waited for.
+//      units (vision tower, norms, projector) are all-gathered before the forward
+//      (gather_step_weights) and kept for the step; each unit is all-gathered just
+//      before each use and freed after it: a decoder layer before its forward and
+//      again before its backward, the head before the loss and again before its
+//      backward, the embedding before its lookup (a tied one is the head's unit: three
+//      gathers). The next unit's gather (forward: unit i+1, backward: unit i−1) is
+//      issued as a unit begins, without waiting, so it moves while the unit computes
+//      (FSDP's prefetch); it lands in a buffer the model reads only once the gather is
+//      waited for. The last layer prefetches the head and the head's backward the last
+//      layer; the embedding, used first, is not prefetched.
 // Why not the vision blocks one by one too: a rank without images runs none of them,
 // and a gather that some ranks skip would hang the others.
-// Memory per rank, for N parameters (N_r outside the decoder layers, N_l the largest
-// layer), model dtype of b bytes and masters of m bytes: masters + 2 moments 3·m·N/P
-// (+ padding, < P per bucket); model N·b (stage 3: none between steps, N_r·b + N_l·b
-// during one, + N_l·b for the prefetched layer's buffer); grads N·b until packed (stages 2 and 3: N_r·b + N_l·b). Bytes sent per
-// step: (P−1)/P · N·m (reduce-scatter) + (P−1)/P · N·b (all-gather; stage 3: + (P−1)/P
-// · N_layers·b for the backward's gathers), against 2 (P−1)/P · N·m for the
-// replicated all-reduce.
+// Memory per rank, for N parameters (N_r outside the units, N_l the largest layer, N_h
+// the head, N_e an untied embedding), model dtype of b bytes and masters of m bytes:
+// masters + 2 moments 3·m·N/P (+ padding, < P per bucket); model N·b (stage 3: N_r·b
+// between steps, and during one at most N_r·b + (N_l + max(N_l, N_h, N_e))·b: a unit
+// in use and the next one's gather in flight); grads N·b until packed (stages 2 and 3:
+// N_r·b + max(N_l, N_h), + N_h with a tied head, held to the end of the backward).
+// Bytes sent per step: (P−1)/P · N·m (reduce-scatter) + (P−1)/P · Σ_units g_u·N_u·b
+// (all-gathers; g_u = 1 below stage 3, the unit's gathers at stage 3), against
+// 2 (P−1)/P · N·m for the replicated all-reduce.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -62,20 +70,33 @@ struct ShardPiece {
   int64_t shard_offset = 0;  // first element within this rank's shard of the bucket
 };
 
+// How a step uses one unit of `unit_of` (model::HookUnit without its tensors).
+struct ShardUnitUse {
+  int gathers = 2;                 // stage 3: all-gathers per step (each forward use, and the backward)
+  bool reduce_in_backward = true;  // stages 2, 3: reduced at its after_backward hook (else after the backward)
+  bool prefetched = true;          // stage 3: the hook of unit ± 1 issues its gather early
+};
+std::vector<ShardUnitUse> shard_unit_uses(const std::vector<model::HookUnit>& units);
+
 // The three tensors a checkpoint keeps per piece.
 enum class ShardTensor { master, exp_avg, exp_avg_sq };
 
 class ShardedAdamW {
  public:
+
   // `model_params`: the model's parameters (names unique, tensors distinct). The
   // masters start as this rank's shards of them, converted to master_dtype.
-  // `level` ≥ optimizer. For gradients and parameters, `layer_of` gives each parameter's
-  // decoder layer (−1: none): what layer_hooks() reduces, gathers and frees by layer.
-  // With parameters, the decoder layers' memory is freed here (each parameter must own
-  // its storage); every rank must then run the same decoder layers each step.
+  // A bucket's reduce-scatter packs at most 2·bucket_bytes per round (a bucket of bf16
+  // gradients in fp32: one round; a larger parameter, alone in its bucket: several).
+  // `level` ≥ optimizer. For gradients and parameters, `unit_of` gives each parameter's
+  // hooked unit (−1: none): what layer_hooks() reduces, gathers and frees by unit, and
+  // `uses` how a step uses each unit (missing: as a decoder layer). With parameters,
+  // the model's memory is freed here (each parameter must own its storage); every rank
+  // must then run the same units each step.
   ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
                dist::GroupPtr world, int64_t bucket_bytes = kDefaultBucketBytes,
-               ShardLevel level = ShardLevel::optimizer, std::vector<int> layer_of = {});
+               ShardLevel level = ShardLevel::optimizer, std::vector<int> unit_of = {},
+               std::vector<ShardUnitUse> uses = {});
 
   void set_lr(double lr);
   // The masters become this rank's shards of the model's weights again (after the
@@ -87,8 +108,8 @@ class ShardedAdamW {
   // Stages 2 and 3: the decoder's hooks (null for stage 1); see the top of this file.
   std::shared_ptr<model::LayerHooks> layer_hooks();
   ShardLevel level() const { return level_; }
-  // Stage 3, every rank, before the forward: the weights outside the decoder layers
-  // (vision tower, embeddings, final norm, head) into the model, for the whole step.
+  // Stage 3, every rank, before the forward: the weights outside the units (vision
+  // tower, norms, projector) into the model, for the whole step.
   void gather_step_weights();
   // Stage 3: every weight into the model (all-gathered where freed), and back. Every
   // rank calls; between the two the model is whole (to save it, or read it).
@@ -122,7 +143,7 @@ class ShardedAdamW {
 
  private:
   struct Shard {
-    GradBucket bucket;      // in the model's dtype; bucket.unit: its decoder layer or −1
+    GradBucket bucket;      // in the model's dtype; bucket.unit: its hooked unit or −1
     int64_t shard = 0;      // elements per rank: padded numel / P
     at::Tensor master, exp_avg, exp_avg_sq;  // [shard], master dtype
     at::Tensor decays;      // [shard] bool: the element's parameter is a matrix
@@ -132,21 +153,24 @@ class ShardedAdamW {
     dist::PendingGather prefetch;
   };
   friend class ShardedLayerHooks;
-  at::Tensor pack_grads(const Shard& s);
+  // Row r: elements [r·S + first, r·S + first + n) of the bucket's gradient, in the
+  // master dtype, as [P·n] (what one reduce-scatter round sends).
+  at::Tensor pack_grad_round(const Shard& s, int64_t first, int64_t n) const;
   void reduce_bucket(Shard& s);
-  void reduce_layer(int layer);
-  void gather_layer(int layer);
-  // Stage 3: issues the layer's gathers without waiting (no-op for a layer out of range
-  // or already gathered); gather_layer finishes them.
-  void prefetch_layer(int layer);
-  void release_layer(int layer);
+  void reduce_unit(int unit);  // no-op for a unit reduced after the backward
+  void gather_unit(int unit);
+  // Stage 3: issues the unit's gathers without waiting (no-op for a unit out of range,
+  // not prefetched, or already gathered); gather_unit finishes them.
+  void prefetch_unit(int unit);
+  void release_unit(int unit);
   void start_gather(Shard& s);
   void gather_into_model(Shard& s);
   void release(Shard& s);
   void refresh_model(Shard& s);
   // Stage 3: every bucket's weights are freed between uses.
   bool frees_weights() const { return level_ == ShardLevel::parameters; }
-  const std::vector<size_t>& layer_shards(int layer) const;  // empty for a layer without buckets
+  const std::vector<size_t>& unit_shards(int unit) const;  // empty for a unit without buckets
+  const ShardUnitUse& use_of(int unit) const;
   double global_norm(const std::vector<at::Tensor>& grads) const;
 
   NamedParams model_;
@@ -155,8 +179,10 @@ class ShardedAdamW {
   at::ScalarType master_dtype_;
   std::vector<Shard> shards_;
   std::vector<ShardPiece> pieces_;
-  std::vector<std::vector<size_t>> layer_buckets_;  // decoder layer → its buckets
+  std::vector<std::vector<size_t>> unit_buckets_;  // hooked unit → its buckets
+  std::vector<ShardUnitUse> uses_;                 // by unit
   ShardLevel level_;
+  int64_t round_bytes_;  // most bytes packed per reduce-scatter round
   int64_t steps_ = 0;
 };
 

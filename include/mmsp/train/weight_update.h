@@ -59,14 +59,13 @@ class WeightUpdate {
 };
 
 // `model_params`: the model's parameters in its compute dtype; master_dtype: the
-// optimizer's (fp32 for a bf16 model: mixed precision); layer_of: each parameter's
-// decoder layer or −1 (layer_index_of), needed by --shard gradients|parameters.
+// optimizer's (fp32 for a bf16 model: mixed precision); units: the model's hooked units
+// (Decoder::hook_units), needed by --shard gradients|parameters.
 std::unique_ptr<WeightUpdate> make_weight_update(ShardLevel level, NamedParams model_params,
                                                  at::ScalarType master_dtype, const AdamWOptions& options,
-                                                 const dist::Mesh& mesh, std::vector<int> layer_of = {});
+                                                 const dist::Mesh& mesh, const std::vector<model::HookUnit>& units = {});
 
-// For each of `params`, the index of the entry of `layers` (each layer's tensors) that
-// holds it, or −1.
-std::vector<int> layer_index_of(const NamedParams& params, const std::vector<std::vector<at::Tensor>>& layers);
+// For each of `params`, the index of the entry of `units` that holds it, or −1.
+std::vector<int> unit_index_of(const NamedParams& params, const std::vector<model::HookUnit>& units);
 
 }  // namespace mmsp::train
