@@ -138,9 +138,10 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   const int64_t attention = 4 * t.num_attention_heads * block * block * 4;
   e.working_set = std::max(mlp, attention);
   // One chunk's logits in the compute dtype, their fp32 copy, exp and gradient; the
-  // per-token log-sum-exp; under bf16 the head weight's fp32 gradient sum.
+  // per-token log-sum-exp; the hidden state's gradient summed over vocabulary blocks in
+  // the wide dtype (and, under bf16, the hidden state's fp32 copy).
   const int64_t n = in.loss_chunk > 0 ? std::min(in.loss_chunk, T) : T;
-  e.logits = n * t.vocab_size * (b + 4 + 4 + 4) + 4 * T + (mixed ? 4 * t.vocab_size * h : 0);
+  e.logits = n * t.vocab_size * (b + 4 + 4 + 4) + 4 * T + (mixed ? 8 : b) * T * h;
   return e;
 }
 

@@ -73,6 +73,14 @@ TEST(ChunkedLoss, Bf16ComputesInFp32AndReturnsBf16Gradients) {
   loss.backward();
   EXPECT_EQ(hidden.grad().scalar_type(), at::kBFloat16);
   EXPECT_EQ(weight.grad().scalar_type(), at::kBFloat16);
+  // The gradients are the fp32 ones of the same bf16 inputs, rounded once.
+  const at::Tensor h32 = hidden.detach().to(at::kFloat).requires_grad_();
+  const at::Tensor w32 = weight.detach().to(at::kFloat).requires_grad_();
+  train::causal_lm_loss(at::linear(h32, w32), labels, T).backward();
+  for (const auto& [got, want] : {std::pair{hidden.grad(), h32.grad()}, std::pair{weight.grad(), w32.grad()}}) {
+    const double diff = (got.to(at::kFloat) - want).abs().max().item<double>(), scale = want.abs().max().item<double>();
+    EXPECT_LE(diff, 1e-2 * scale) << "max difference " << diff << " of " << scale;
+  }
 }
 
 TEST(ChunkedLoss, DefaultChunkHoldsAtMost256MiBOfFp32Logits) {

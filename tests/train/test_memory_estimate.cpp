@@ -71,7 +71,7 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(fp32.master_weights, 0);
   EXPECT_EQ(fp32.gradients, 4 * P);
   EXPECT_EQ(fp32.optimizer, 8 * P);
-  EXPECT_EQ(fp32.logits, 64 * config.text.vocab_size * (4 + 12) + 4 * 64);  // one chunk of all T, lse
+  EXPECT_EQ(fp32.logits, 64 * config.text.vocab_size * (4 + 12) + 4 * 64 + 4 * 64 * config.text.hidden_size);  // one chunk of all T, lse, the hidden state's gradient
   in.compute_dtype = at::kBFloat16;
   const MemoryEstimate mixed = estimate_memory(config, shapes, in);
   EXPECT_EQ(mixed.parameters, 2 * P);
@@ -145,12 +145,12 @@ TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {
   }
   in.checkpointing = model::ActivationCheckpointing::none;
   in.loss_chunk = 7;
-  EXPECT_EQ(estimate_memory(config, shapes, in).logits, 7 * V * 16 + 4 * T);
+  EXPECT_EQ(estimate_memory(config, shapes, in).logits, 7 * V * 16 + 4 * T + 4 * T * h);
   in.loss_chunk = 5000;  // more than T: all T at once
   EXPECT_EQ(estimate_memory(config, shapes, in).logits, plain.logits);
   in.loss_chunk = 7;
   in.compute_dtype = at::kBFloat16;  // + the head weight's fp32 gradient sum
-  EXPECT_EQ(estimate_memory(config, shapes, in).logits, 7 * V * (2 + 12) + 4 * T + 4 * V * h);
+  EXPECT_EQ(estimate_memory(config, shapes, in).logits, 7 * V * (2 + 12) + 4 * T + 8 * T * h);
 }
 
 TEST(MemoryEstimate, OverTheLimitIsRefusedNamingEveryPartAndTheFlags) {

@@ -1,9 +1,12 @@
-// The LM head and the cross-entropy together, a chunk of tokens at a time: the forward
-// keeps per token only the log-sum-exp of its logits, never the [tokens, vocab] logits;
-// the backward makes each chunk's logits again. Equals
-// train::causal_lm_loss(hidden · weightᵀ, labels, label_count) in value and gradient (tests).
-// With V the vocabulary, a chunk of n tokens holds n·V logits in the compute dtype and
-// about three n·V tensors in fp32 (its upcast, exp, gradient) at a time.
+// The LM head and the cross-entropy together, a block of the vocabulary at a time: the
+// forward keeps per token only the log-sum-exp of its logits (a running maximum and sum
+// over the blocks), never the [tokens, vocab] logits; the backward makes each block's
+// logits again. Equals train::causal_lm_loss(hidden · weightᵀ, labels, label_count) in
+// value and gradient (tests). A block is all T tokens by n·V/T vocabulary rows, with n
+// = --loss-chunk: as many logits as n tokens of the whole vocabulary, in the compute
+// dtype and about three such tensors in fp32 (upcast, exp, gradient) at a time. The
+// weight is read once per pass, and each block's rows of its gradient are complete at
+// once, so that gradient is made directly in the weight's dtype.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,8 +23,9 @@ int64_t default_loss_chunk(int64_t vocab_size);
 // global label count (summed over ranks it is the mean over the batch). Labels -100
 // take no loss. hidden [T, h] and weight [V, h] in the compute dtype (weight is the
 // embedding when tied: its gradient adds to the embedding's); logits are upcast to fp32
-// (fp64 for fp64) for the log-sum-exp and softmax, and the weight's gradient is summed
-// over chunks in that width. Returns a 0-dim tensor in that width.
+// (fp64 for fp64) for the log-sum-exp and softmax, and the gradients are summed over
+// tokens (the weight's) and vocabulary blocks (the hidden state's) in that width.
+// Returns a 0-dim tensor in that width.
 at::Tensor chunked_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
                            int64_t label_count, int64_t chunk);
 
