@@ -79,7 +79,10 @@ struct ChunkedLmLoss : torch::autograd::Function<ChunkedLmLoss> {
     const at::Tensor valid = (labels != kIgnore).to(wide).unsqueeze(1) * scale;  // [T, 1]: the loss's weight
     const at::Tensor target = labels.clamp_min(0).unsqueeze(1);                    // [T, 1]
     const at::Tensor lse_t = lse.unsqueeze(1);
-    const at::Tensor h_wide = hidden.to(wide);
+    // bf16 / fp16 runs multiply d in the compute dtype (oneDNN, several times fp32's
+    // speed; the products accumulate in fp32 inside, one rounding per block), as the
+    // logits were made; fp32 and fp64 runs stay in their own width.
+    const bool narrow = hidden.scalar_type() != wide;
     at::Tensor grad_hidden = at::zeros(hidden.sizes(), hidden.options().dtype(wide));
     at::Tensor grad_weight = at::empty_like(weight);
     for (int64_t first = 0; first < V; first += rows) {
@@ -90,8 +93,9 @@ struct ChunkedLmLoss : torch::autograd::Function<ChunkedLmLoss> {
       const at::Tensor in_block = (target >= first) & (target < first + n);
       d.scatter_add_(1, (target - first).clamp(0, n - 1), -in_block.to(wide));
       d.mul_(valid);
-      grad_hidden.addmm_(d, w.to(wide));
-      grad_weight.narrow(0, first, n).copy_(at::matmul(d.t(), h_wide));
+      const at::Tensor dd = narrow ? d.to(hidden.scalar_type()) : d;
+      grad_hidden.add_(at::matmul(dd, w));
+      grad_weight.narrow(0, first, n).copy_(at::matmul(dd.t(), hidden));
     }
     return {grad_hidden.to(hidden.scalar_type()), grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
   }

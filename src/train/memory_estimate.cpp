@@ -139,9 +139,9 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   e.working_set = std::max(mlp, attention);
   // One chunk's logits in the compute dtype, their fp32 copy, exp and gradient; the
   // per-token log-sum-exp; the hidden state's gradient summed over vocabulary blocks in
-  // the wide dtype (and, under bf16, the hidden state's fp32 copy).
+  // the wide dtype (fp32 under bf16).
   const int64_t n = in.loss_chunk > 0 ? std::min(in.loss_chunk, T) : T;
-  e.logits = n * t.vocab_size * (b + 4 + 4 + 4) + 4 * T + (mixed ? 8 : b) * T * h;
+  e.logits = n * t.vocab_size * (b + 4 + 4 + 4) + 4 * T + std::max<int64_t>(b, 4) * T * h;
   return e;
 }
 

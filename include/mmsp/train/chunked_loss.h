@@ -23,9 +23,9 @@ int64_t default_loss_chunk(int64_t vocab_size);
 // global label count (summed over ranks it is the mean over the batch). Labels -100
 // take no loss. hidden [T, h] and weight [V, h] in the compute dtype (weight is the
 // embedding when tied: its gradient adds to the embedding's); logits are upcast to fp32
-// (fp64 for fp64) for the log-sum-exp and softmax, and the gradients are summed over
-// tokens (the weight's) and vocabulary blocks (the hidden state's) in that width.
-// Returns a 0-dim tensor in that width.
+// (fp64 for fp64) for the log-sum-exp and softmax; the hidden state's gradient is summed
+// over vocabulary blocks in that width (bf16 runs multiply the softmax's gradient in
+// bf16, as they make the logits). Returns a 0-dim tensor in that width.
 at::Tensor chunked_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
                            int64_t label_count, int64_t chunk);
 

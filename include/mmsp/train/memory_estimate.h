@@ -10,8 +10,8 @@
 //                decoder/all: L·T·h·b (each layer's input) + T·a·b (the one layer
 //                           being recomputed in the backward)
 //   logits       n·V·(b + 12)  (one chunk: compute-dtype logits, fp32 copy, exp,
-//                gradient) + 4·T (per-token log-sum-exp) + 4·T·h (the hidden state's
-//                gradient, summed wide; under bf16 also its fp32 copy: 8·T·h)
+//                gradient) + 4·T (per-token log-sum-exp) + max(b, 4)·T·h (the hidden
+//                state's gradient, summed in fp32 or fp64)
 // With --shard over W ranks (N parameters, N_l the largest decoder layer's, N_h the LM
 // head's (the embedding when tied), N_e an untied embedding's, N_r the rest's, buckets
 // of B = 25 MiB):
