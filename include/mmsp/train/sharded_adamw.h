@@ -34,10 +34,11 @@
 // and a gather that some ranks skip would hang the others.
 // Memory per rank, for N parameters (N_r outside the units, N_l the largest layer, N_h
 // the head, N_e an untied embedding), model dtype of b bytes and masters of m bytes:
-// masters + 2 moments 3·m·N/P (+ padding, < P per bucket); model N·b (stage 3: N_r·b
-// between steps, and during one at most N_r·b + (N_l + max(N_l, N_h, N_e))·b: a unit
-// in use and the next one's gather in flight); grads N·b until packed (stages 2 and 3:
-// N_r·b + max(N_l, N_h), + N_h with a tied head, held to the end of the backward).
+// masters + 2 moments 3·m·N/P (+ padding, < P per bucket); model N·b (stage 3: none
+// between steps, and during one N_r·b plus at most 2·max(N_l, N_h, N_e)·b: a unit in
+// use and the next one's gather in flight, or a unit and the buffer it is gathered
+// into); grads N·b until packed (stages 2 and 3: at most (N_r + N_l + max(N_h, N_e))·b,
+// a tied head's held from the loss's backward to the end of the backward).
 // Bytes sent per step: (P−1)/P · N·m (reduce-scatter) + (P−1)/P · Σ_units g_u·N_u·b
 // (all-gathers; g_u = 1 below stage 3, the unit's gathers at stage 3), against
 // 2 (P−1)/P · N·m for the replicated all-reduce.
