@@ -151,8 +151,8 @@ std::vector<HookUnit> Decoder::hook_units() const {
     head.forward_uses = 2;  // the lookup, then the loss
     head.gradients_final = false;
   }
-  units.push_back(head);
-  if (lm_head) {
+  units.push_back(head);  // head_unit()
+  if (lm_head) {  // embedding_unit()
     HookUnit embedding{{model->embed_tokens->weight}};
     embedding.backward_hooks = false;
     embedding.prefetched = false;  // used first, not after the head
@@ -162,18 +162,16 @@ std::vector<HookUnit> Decoder::hook_units() const {
 }
 
 at::Tensor Decoder::embed(const at::Tensor& token_ids) const {
-  const size_t unit = model->layers->list.size() + (lm_head ? 1 : 0);
-  if (layer_hooks_) layer_hooks_->before_forward(unit);
+  if (layer_hooks_) layer_hooks_->before_forward(embedding_unit());
   at::Tensor out = model->embed_tokens->forward(token_ids);  // a copy of rows: the weight is not kept
-  if (layer_hooks_) layer_hooks_->after_forward(unit);
+  if (layer_hooks_) layer_hooks_->after_forward(embedding_unit());
   return out;
 }
 
 at::Tensor Decoder::apply_head(const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& head,
                                const at::Tensor& hidden) const {
   const at::Tensor& weight = head_weight();
-  return run_hooked_layer(layer_hooks_, model->layers->list.size(),
-                          [&](const at::Tensor& h) { return head(h, weight); }, hidden);
+  return run_hooked_layer(layer_hooks_, head_unit(), [&](const at::Tensor& h) { return head(h, weight); }, hidden);
 }
 
 std::vector<std::vector<at::Tensor>> Decoder::layer_parameters() const {

@@ -48,22 +48,32 @@ std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t buc
   return out;
 }
 
-void pack_bucket_grads(const NamedParams& params, const GradBucket& bucket, at::Tensor& flat, const char* who) {
+void pack_bucket_range(const NamedParams& params, const GradBucket& bucket, int64_t first, at::Tensor out,
+                       const char* who) {
   at::NoGradGuard no_grad;
-  int64_t offset = 0;
+  const int64_t last = first + out.numel();
+  int64_t offset = 0;  // the parameter's first element in the bucket
   for (size_t i : bucket.params) {
     const auto& [name, p] = params[i];
-    at::Tensor slice = flat.narrow(0, offset, p.numel()).view(p.sizes());
-    const at::Tensor& grad = p.grad();
-    if (grad.defined()) {
-      MMSP_CHECK(grad.sizes() == p.sizes(), who, ": the gradient of \"", name, "\" has shape ", grad.sizes(),
-                 " but the parameter has ", p.sizes());
-      slice.copy_(grad);
-    } else {
-      slice.zero_();
+    const int64_t lo = std::max(first, offset), hi = std::min(last, offset + p.numel());
+    if (lo < hi) {
+      at::Tensor slice = out.narrow(0, lo - first, hi - lo);
+      const at::Tensor& grad = p.grad();
+      if (grad.defined()) {
+        MMSP_CHECK(grad.sizes() == p.sizes(), who, ": the gradient of \"", name, "\" has shape ", grad.sizes(),
+                   " but the parameter has ", p.sizes());
+        slice.copy_(grad.reshape({-1}).narrow(0, lo - offset, hi - lo));
+      } else {
+        slice.zero_();
+      }
     }
     offset += p.numel();
   }
+  if (last > offset) out.narrow(0, std::max<int64_t>(0, offset - first), last - std::max(first, offset)).zero_();
+}
+
+void pack_bucket_grads(const NamedParams& params, const GradBucket& bucket, at::Tensor& flat, const char* who) {
+  pack_bucket_range(params, bucket, 0, flat.narrow(0, 0, bucket.numel), who);
 }
 
 GradSync::GradSync(NamedParams named_params, dist::GroupPtr world, int64_t bucket_bytes)

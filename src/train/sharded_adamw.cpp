@@ -151,25 +151,9 @@ at::Tensor ShardedAdamW::piece(const ShardPiece& piece, ShardTensor which) const
 }
 
 at::Tensor ShardedAdamW::pack_grad_round(const Shard& s, int64_t first, int64_t n) const {
-  const int64_t P = world_->size(), S = s.shard;
-  // Zeros past the bucket's parameters (padding) and for a parameter without a gradient.
-  at::Tensor rows = at::zeros({P, n}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
-  int64_t offset = 0;  // the parameter's first element in the bucket
-  for (size_t i : s.bucket.params) {
-    const auto& [name, p] = model_[i];
-    const at::Tensor& grad = p.grad();
-    if (grad.defined()) {
-      MMSP_CHECK(grad.sizes() == p.sizes(), "ShardedAdamW: the gradient of \"", name, "\" has shape ", grad.sizes(),
-                 " but the parameter has ", p.sizes());
-      const at::Tensor flat = grad.reshape({-1});
-      for (int64_t r = 0; r < P; ++r) {
-        const int64_t begin = r * S + first;  // row r's first element in the bucket
-        const int64_t lo = std::max(begin, offset), hi = std::min(begin + n, offset + p.numel());
-        if (lo < hi) rows[r].narrow(0, lo - begin, hi - lo).copy_(flat.narrow(0, lo - offset, hi - lo));
-      }
-    }
-    offset += p.numel();
-  }
+  const int64_t P = world_->size();
+  at::Tensor rows = at::empty({P, n}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
+  for (int64_t r = 0; r < P; ++r) pack_bucket_range(model_, s.bucket, r * s.shard + first, rows[r], "ShardedAdamW");
   return rows.view({-1});
 }
 

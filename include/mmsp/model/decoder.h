@@ -135,6 +135,9 @@ class Decoder : public torch::nn::Module {
   std::shared_ptr<Linear> lm_head;  // null when tied to model.embed_tokens
 
  private:
+  // The hook units' numbers (see hook_units).
+  size_t head_unit() const { return model->layers->list.size(); }
+  size_t embedding_unit() const { return head_unit() + (lm_head ? 1 : 0); }
   TextConfig config_;
   bool recompute_layers_ = false;
   std::shared_ptr<LayerHooks> layer_hooks_;

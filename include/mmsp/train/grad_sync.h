@@ -37,6 +37,10 @@ std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t buc
 // slice of `flat` ([≥ bucket.numel], any floating dtype: converted on the way), in bucket
 // order. A gradient of another shape is an error naming the parameter, prefixed `who`.
 void pack_bucket_grads(const NamedParams& params, const GradBucket& bucket, at::Tensor& flat, const char* who);
+// The same for elements [first, first + out.numel()) of the bucket's gradient, into
+// `out` (1-D); elements past the bucket's end are zeros.
+void pack_bucket_range(const NamedParams& params, const GradBucket& bucket, int64_t first, at::Tensor out,
+                       const char* who);
 
 // Usage: GradSync sync(named_params, mesh.world());  ...backward...;  sync.all_reduce();
 class GradSync {
