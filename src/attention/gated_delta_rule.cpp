@@ -8,6 +8,8 @@
 #include "mmsp/attention/gated_delta_rule.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -121,75 +123,191 @@ struct ChunkTerms {
   at::Tensor D;        // [N, H, K, K]
 };
 
-// Q, Kc, Vc [N, H, C, ·] (Q scaled), Gc [N, H, C] cumulated, Bc [N, H, C]. In groups of
-// chunks so that the [·, H, C, C] intermediates stay cache-sized (one pass over 64k
-// tokens would not).
-ChunkTerms intra_chunk_terms(const at::Tensor& Q, const at::Tensor& Kc, const at::Tensor& Vc, const at::Tensor& Gc,
-                             const at::Tensor& Bc) {
-  const int64_t N = Q.size(0), H = Q.size(1), C = Q.size(2), K = Q.size(3), V = Vc.size(3);
-  const auto opts = Q.options();
+// Q, Kc, Vc [n, H, C, ·] (Q scaled), Gc [n, H, C] cumulated, Bc [n, H, C]: one group of
+// chunks at once (chain_group's caller keeps groups cache-sized).
+ChunkTerms intra_chunk_terms(const at::Tensor& Qg, const at::Tensor& Kg, const at::Tensor& Vg, const at::Tensor& Gg,
+                             const at::Tensor& Bg) {
+  const int64_t C = Qg.size(2), K = Qg.size(3), V = Vg.size(3);
+  const auto opts = Qg.options();
   const at::Tensor incl = at::ones({C, C}, opts.dtype(at::kBool)).tril();  // i <= t
   const at::Tensor strict = at::ones({C, C}, opts.dtype(at::kBool)).tril(-1);
   const at::Tensor eye_c = at::eye(C, opts), eye_k = at::eye(K, opts);
-  std::vector<at::Tensor> o_parts, q_parts, b_parts, d_parts;
-  const int64_t group = std::max<int64_t>(1, (int64_t{1} << 18) / (H * C * C));
-  for (int64_t c0 = 0; c0 < N; c0 += group) {
-    const int64_t n = std::min(group, N - c0);
-    at::Tensor Qg = Q.narrow(0, c0, n), Kg = Kc.narrow(0, c0, n), Vg = Vc.narrow(0, c0, n);
-    at::Tensor Gg = Gc.narrow(0, c0, n), Bg = Bc.narrow(0, c0, n);
-    at::Tensor diff = Gg.unsqueeze(-1) - Gg.unsqueeze(-2);  // [n, H, C, C]: G_t − G_i
-    at::Tensor gamma_ti = diff.masked_fill(incl.logical_not(), -INFINITY).exp();
-    at::Tensor gamma = Gg.exp();  // [n, H, C]
-    at::Tensor kk = at::matmul(Kg, Kg.transpose(-1, -2));
-    at::Tensor L = (Bg.unsqueeze(-1) * gamma_ti * kk).masked_fill(strict.logical_not(), 0) + eye_c;
-    at::Tensor rhs = at::cat({Bg.unsqueeze(-1) * Vg, (Bg * gamma).unsqueeze(-1) * Kg}, -1);
-    at::Tensor sol = at::linalg_solve_triangular(L, rhs, /*upper=*/false, /*left=*/true,
-                                                 /*unitriangular=*/true);
-    at::Tensor Ut = sol.narrow(-1, 0, V);  // Ũ [n, H, C, V]
-    at::Tensor W = sol.narrow(-1, V, K);   // [n, H, C, K]
-    at::Tensor qk = at::matmul(Qg, Kg.transpose(-1, -2)) * gamma_ti;       // [n, H, C, C]
-    o_parts.push_back(at::matmul(qk, Ut));                                  // [n, H, C, V]
-    q_parts.push_back(gamma.unsqueeze(-1) * Qg - at::matmul(qk, W));        // Q' [n, H, C, K]
-    at::Tensor g_last = Gg.narrow(-1, C - 1, 1);                            // [n, H, 1]
-    at::Tensor k_hat_t = ((g_last - Gg).exp().unsqueeze(-1) * Kg).transpose(-1, -2);  // K̂ᵀ [n, H, K, C]
-    b_parts.push_back(at::matmul(k_hat_t, Ut));                                        // [n, H, K, V]
-    d_parts.push_back(g_last.exp().unsqueeze(-1) * eye_k - at::matmul(k_hat_t, W));   // [n, H, K, K]
-  }
-  return {at::cat(o_parts), at::cat(q_parts), at::cat(b_parts), at::cat(d_parts)};
+  at::Tensor diff = Gg.unsqueeze(-1) - Gg.unsqueeze(-2);  // [n, H, C, C]: G_t − G_i
+  at::Tensor gamma_ti = diff.masked_fill(incl.logical_not(), -INFINITY).exp();
+  at::Tensor gamma = Gg.exp();  // [n, H, C]
+  at::Tensor kk = at::matmul(Kg, Kg.transpose(-1, -2));
+  at::Tensor L = (Bg.unsqueeze(-1) * gamma_ti * kk).masked_fill(strict.logical_not(), 0) + eye_c;
+  at::Tensor rhs = at::cat({Bg.unsqueeze(-1) * Vg, (Bg * gamma).unsqueeze(-1) * Kg}, -1);
+  at::Tensor sol = at::linalg_solve_triangular(L, rhs, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+  at::Tensor Ut = sol.narrow(-1, 0, V);  // Ũ [n, H, C, V]
+  at::Tensor W = sol.narrow(-1, V, K);   // [n, H, C, K]
+  at::Tensor qk = at::matmul(Qg, Kg.transpose(-1, -2)) * gamma_ti;  // [n, H, C, C]
+  ChunkTerms terms;
+  terms.o_intra = at::matmul(qk, Ut);                                // [n, H, C, V]
+  terms.q_state = gamma.unsqueeze(-1) * Qg - at::matmul(qk, W);      // Q' [n, H, C, K]
+  at::Tensor g_last = Gg.narrow(-1, C - 1, 1);                       // [n, H, 1]
+  at::Tensor k_hat_t = ((g_last - Gg).exp().unsqueeze(-1) * Kg).transpose(-1, -2);  // K̂ᵀ [n, H, K, C]
+  terms.B = at::matmul(k_hat_t, Ut);                                                  // [n, H, K, V]
+  terms.D = g_last.exp().unsqueeze(-1) * eye_k - at::matmul(k_hat_t, W);             // [n, H, K, K]
+  return terms;
 }
 
-// Each chunk's start state and each run's final state, chained over the chunks.
-struct ChunkStates {
-  at::Tensor start;  // [N, H, K, width]
-  at::Tensor final;  // [runs, H, K, width]
+// The chain over a group of chunks [c0, c0 + n) from the state entering it: each
+// chunk's outputs, the state leaving it and the final states of the runs that end in
+// it. With transitions the state carries [S | X] (width V + K): X starts at I and
+// follows S's homogeneous part, so X at a chunk is the map from the run's initial state
+// to the chunk's start state (q_eff = Q' X). Without, width V.
+struct GroupChain {
+  at::Tensor O;      // [n, H, C, V]
+  at::Tensor q_eff;  // [n, H, C, K] (transitions)
+  at::Tensor state;  // [H, K, width]: after chunk c0 + n − 1
+  std::vector<std::pair<int64_t, at::Tensor>> finals;  // (run, state) of the runs that end in the group
 };
 
-// With transitions the state carries [S | X] (width V + K): X starts at I and follows
-// S's homogeneous part, so X at a chunk is the map from the run's initial state to the
-// chunk's start state. Without, width V.
-ChunkStates chain_states(const ChunkTerms& terms, const RunChunks& plan, int64_t n_runs, const at::Tensor& initial,
-                         bool transitions) {
-  const int64_t N = terms.B.size(0), H = terms.B.size(1), K = terms.B.size(2), V = terms.B.size(3);
+// The chunk → run map of a plan, all the backward needs of it (it may outlive the plan).
+struct ChunkRuns {
+  std::vector<int64_t> run;  // [N]
+  std::vector<bool> start;   // [N]: first chunk of its run
+  bool continues_into(int64_t c) const { return c < static_cast<int64_t>(run.size()) && !start[c]; }
+};
+
+// Q, Kc, Vc, Gc, Bc: the group's chunks [n, H, C, ·]; state_in: the state entering the
+// group, undefined when chunk c0 starts a run; initial: [runs, H, K, V] or undefined.
+GroupChain chain_group(const at::Tensor& Q, const at::Tensor& Kc, const at::Tensor& Vc, const at::Tensor& Gc,
+                       const at::Tensor& Bc, int64_t c0, const ChunkRuns& chunk_runs, at::Tensor state,
+                       const at::Tensor& initial, bool transitions) {
+  const ChunkTerms terms = intra_chunk_terms(Q, Kc, Vc, Gc, Bc);
+  const int64_t n = Q.size(0), H = Q.size(1), K = Q.size(3), V = Vc.size(3);
   const auto opts = terms.B.options();
-  at::Tensor add = transitions ? at::cat({terms.B, at::zeros({N, H, K, K}, opts)}, -1) : terms.B;
-  at::Tensor start_x = at::eye(K, opts).expand({H, K, K});
+  at::Tensor add = transitions ? at::cat({terms.B, at::zeros({n, H, K, K}, opts)}, -1) : terms.B;
   // unbind once: indexing D[c] in the loop would make autograd write a full-size
   // zero gradient per chunk (quadratic in the chunk count)
   const std::vector<at::Tensor> Ds = terms.D.unbind(0), adds = add.unbind(0);
-  std::vector<at::Tensor> starts, finals(n_runs);
-  at::Tensor state;
-  for (int64_t c = 0; c < N; ++c) {
-    const int64_t r = plan.chunk_run[c];
-    if (plan.run_start[c]) {
-      at::Tensor s0 = initial.defined() ? initial[r].to(opts.dtype()) : at::zeros({H, K, V}, opts);
-      state = transitions ? at::cat({s0, start_x}, -1) : s0;
+  GroupChain out;
+  std::vector<at::Tensor> starts;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t c = c0 + i, r = chunk_runs.run[c];
+    if (chunk_runs.start[c]) {
+      at::Tensor s0 = initial.defined() ? initial[r] : at::zeros({H, K, V}, opts);
+      state = transitions ? at::cat({s0, at::eye(K, opts).expand({H, K, K})}, -1) : s0;
     }
     starts.push_back(state);
-    state = at::matmul(Ds[c], state) + adds[c];
-    if (c + 1 == N || plan.run_start[c + 1]) finals[r] = state;
+    state = at::matmul(Ds[i], state) + adds[i];
+    if (!chunk_runs.continues_into(c + 1)) out.finals.emplace_back(r, state);
   }
-  return {at::stack(starts), at::stack(finals)};
+  const at::Tensor start = at::stack(starts);  // [n, H, K, width]
+  out.O = terms.o_intra + at::matmul(terms.q_state, start.narrow(-1, 0, V));
+  if (transitions) out.q_eff = at::matmul(terms.q_state, start.narrow(-1, V, K));
+  out.state = state;
+  return out;
 }
+
+// Chunks per group: the [group, H, C, C] intermediates stay cache-sized (one pass over
+// 64k tokens would not), and the backward's working set is one group's graph.
+int64_t chunks_per_group(int64_t H, int64_t C) { return std::max<int64_t>(1, (int64_t{1} << 18) / (H * C * C)); }
+
+// The chunked rule over all chunks as one autograd node that keeps only its inputs and
+// the state entering each group of chunks; its backward recomputes one group at a time
+// from that state, last group first, and backpropagates through it (carrying the state's
+// gradient to the group before). Plain autograd over the whole sequence would keep every
+// chunk's intermediates: ~60 bytes per token·head·dim, 2 GiB for a 32k-token layer of 4
+// heads of 128, where this keeps the inputs and one group.
+//   inputs:  Q, Kc, Vc [N, H, C, ·], Gc, Bc [N, H, C], initial (0 or 1 tensors [runs, H, K, V])
+//   outputs: O [N, H, C, V], final [runs, H, K, width], q_eff [N, H, C, K] ([0] without transitions)
+struct ChunkedDeltaRule : torch::autograd::Function<ChunkedDeltaRule> {
+  struct Plan : torch::CustomClassHolder {
+    ChunkRuns chunk_runs;
+    int64_t runs = 0, group = 1;
+    bool transitions = false;
+  };
+
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& Q,
+                                                const at::Tensor& Kc, const at::Tensor& Vc, const at::Tensor& Gc,
+                                                const at::Tensor& Bc, at::TensorList initial,
+                                                const c10::intrusive_ptr<Plan>& plan) {
+    const int64_t N = Q.size(0), H = Q.size(1), C = Q.size(2), K = Q.size(3), V = Vc.size(3);
+    const int64_t width = plan->transitions ? V + K : V;
+    const at::Tensor init = initial.empty() ? at::Tensor() : initial[0];
+    at::Tensor O = at::empty({N, H, C, V}, Q.options());
+    at::Tensor q_eff = at::empty({plan->transitions ? N : 0, H, C, K}, Q.options());
+    at::Tensor final = at::zeros({plan->runs, H, K, width}, Q.options());
+    std::vector<at::Tensor> entering;  // per group: the state entering it (zeros at a run start)
+    at::Tensor state;
+    for (int64_t c0 = 0; c0 < N; c0 += plan->group) {
+      const int64_t n = std::min(plan->group, N - c0);
+      entering.push_back(state.defined() ? state : at::zeros({H, K, width}, Q.options()));
+      GroupChain g = chain_group(Q.narrow(0, c0, n), Kc.narrow(0, c0, n), Vc.narrow(0, c0, n), Gc.narrow(0, c0, n),
+                                 Bc.narrow(0, c0, n), c0, plan->chunk_runs, state, init, plan->transitions);
+      O.narrow(0, c0, n).copy_(g.O);
+      if (plan->transitions) q_eff.narrow(0, c0, n).copy_(g.q_eff);
+      for (const auto& [r, s] : g.finals) final[r].copy_(s);
+      state = plan->chunk_runs.continues_into(c0 + n) ? g.state : at::Tensor();
+    }
+    std::vector<at::Tensor> saved{Q, Kc, Vc, Gc, Bc, at::stack(entering)};
+    if (init.defined()) saved.push_back(init);
+    ctx->save_for_backward(saved);
+    ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
+    return {O, final, q_eff};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto plan = c10::static_intrusive_pointer_cast<Plan>(ctx->saved_data["plan"].toCapsule());
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &Q = saved[0], &Kc = saved[1], &Vc = saved[2], &Gc = saved[3], &Bc = saved[4];
+    const at::Tensor& entering = saved[5];
+    const bool has_initial = saved.size() > 6;
+    const at::Tensor& dO = grads[0];
+    const at::Tensor& dfinal = grads[1];
+    const at::Tensor& dq_eff = grads[2];
+    const int64_t N = Q.size(0);
+    std::vector<at::Tensor> d{at::zeros_like(Q), at::zeros_like(Kc), at::zeros_like(Vc), at::zeros_like(Gc),
+                              at::zeros_like(Bc)};
+    at::Tensor d_initial = has_initial ? at::zeros_like(saved[6]) : at::Tensor();
+    at::Tensor d_leaving;  // gradient of the state leaving the group (from the group after it)
+    const int64_t groups = (N + plan->group - 1) / plan->group;
+    for (int64_t gi = groups - 1; gi >= 0; --gi) {
+      const int64_t c0 = gi * plan->group, n = std::min(plan->group, N - c0);
+      std::vector<at::Tensor> inputs;
+      for (const at::Tensor& x : {Q, Kc, Vc, Gc, Bc}) inputs.push_back(x.narrow(0, c0, n).detach().requires_grad_());
+      const bool continued = plan->chunk_runs.continues_into(c0);  // the group starts mid-run
+      at::Tensor state_in = continued ? entering[gi].detach().requires_grad_() : at::Tensor();
+      at::Tensor init = has_initial ? saved[6].detach().requires_grad_() : at::Tensor();
+      GroupChain g;
+      {
+        at::AutoGradMode with_grad(true);
+        g = chain_group(inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], c0, plan->chunk_runs, state_in, init,
+                        plan->transitions);
+      }
+      torch::autograd::variable_list outputs{g.O}, grad_outputs{dO.narrow(0, c0, n)};
+      if (plan->transitions) {
+        outputs.push_back(g.q_eff);
+        grad_outputs.push_back(dq_eff.narrow(0, c0, n));
+      }
+      for (const auto& [r, s] : g.finals) {
+        outputs.push_back(s);
+        grad_outputs.push_back(dfinal[r]);
+      }
+      if (plan->chunk_runs.continues_into(c0 + n) && d_leaving.defined()) {  // the state goes on
+        outputs.push_back(g.state);
+        grad_outputs.push_back(d_leaving);
+      }
+      if (continued) inputs.push_back(state_in);
+      if (has_initial) inputs.push_back(init);
+      const torch::autograd::variable_list got = torch::autograd::grad(outputs, inputs, grad_outputs,
+                                                                       /*retain_graph=*/false,
+                                                                       /*create_graph=*/false, /*allow_unused=*/true);
+      for (size_t i = 0; i < d.size(); ++i)
+        if (got[i].defined()) d[i].narrow(0, c0, n).copy_(got[i]);
+      d_leaving = continued && got[5].defined() ? got[5] : at::Tensor();
+      if (has_initial && got.back().defined()) d_initial += got.back();
+    }
+    torch::autograd::variable_list result(d.begin(), d.end());
+    if (has_initial) result.push_back(d_initial);
+    result.emplace_back();  // the plan capsule
+    return result;
+  }
+};
 
 // x [N, H, C, width] back from chunk slots to tokens [T, H, width]: slot s of the
 // flattened chunks holds token slot_token[s]; padding slots are dropped.
@@ -208,12 +326,12 @@ GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, cons
                                   const GatedDeltaOptions& options) {
   check_rule_inputs(q, k, v, g, beta, static_cast<int64_t>(runs.size()), initial);
   return gated_delta_rule(q, k, v, g, beta, RunChunks::make(runs, q.size(0), options.chunk, q.device()), initial,
-                          options.transitions);
+                          options.transitions, options.group_chunks);
 }
 
 GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& g, const at::Tensor& beta, const RunChunks& plan,
-                                  const at::Tensor& initial, bool transitions) {
+                                  const at::Tensor& initial, bool transitions, int64_t group_chunks) {
   const int64_t n_runs = plan.runs;
   check_rule_inputs(q, k, v, g, beta, n_runs, initial);
   const int64_t T = q.size(0), K = q.size(2), V = v.size(2), C = plan.chunk;
@@ -226,17 +344,23 @@ GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, cons
   // [N, H, C, ·]
   const at::Tensor Q = to_chunks(q.to(type), plan, C) * (1.0 / std::sqrt(static_cast<double>(K)));
   const at::Tensor Gc = to_chunks(g.to(type), plan, C).cumsum(-1);  // [N, H, C]
-  const ChunkTerms terms = intra_chunk_terms(Q, to_chunks(k.to(type), plan, C), to_chunks(v.to(type), plan, C), Gc,
-                                             to_chunks(beta.to(type), plan, C));
-  const ChunkStates states = chain_states(terms, plan, n_runs, initial, transitions);
+  auto rule = c10::make_intrusive<ChunkedDeltaRule::Plan>();
+  rule->chunk_runs = {plan.chunk_run, plan.run_start};
+  rule->runs = n_runs;
+  rule->group = group_chunks > 0 ? group_chunks : chunks_per_group(q.size(1), C);
+  rule->transitions = transitions;
+  std::vector<at::Tensor> init;
+  if (initial.defined()) init.push_back(initial.to(type));
+  const torch::autograd::variable_list got =
+      ChunkedDeltaRule::apply(Q, to_chunks(k.to(type), plan, C), to_chunks(v.to(type), plan, C), Gc,
+                              to_chunks(beta.to(type), plan, C), at::TensorList(init), rule);
 
   GatedDeltaResult result;
-  const at::Tensor O = terms.o_intra + at::matmul(terms.q_state, states.start.narrow(-1, 0, V));  // [N, H, C, V]
-  result.out = from_chunks(O, plan).to(in_type);
-  result.final = states.final.narrow(-1, 0, V);
+  result.out = from_chunks(got[0], plan).to(in_type);  // [T, H, V]
+  result.final = got[1].narrow(-1, 0, V);
   if (transitions) {
-    result.transition = states.final.narrow(-1, V, K);
-    result.q_eff = from_chunks(at::matmul(terms.q_state, states.start.narrow(-1, V, K)), plan);  // [T, H, K]
+    result.transition = got[1].narrow(-1, V, K);
+    result.q_eff = from_chunks(got[2], plan);  // [T, H, K]
   }
   return result;
 }

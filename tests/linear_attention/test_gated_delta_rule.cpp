@@ -1,6 +1,7 @@
 // The chunked gated delta rule against the token-by-token recurrence on one process
 // (fp64, long packed sequences, segments shorter than a chunk, runs that start from a
-// given state), and its throughput relative to the recurrence.
+// given state), its group-wise recomputing backward against plain autograd, and the
+// bytes its graph holds between forward and backward.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -11,6 +12,7 @@
 
 #include "gated_delta_reference.h"
 #include "mmsp/attention/gated_delta_rule.h"
+#include "mmsp/train/memory_counter.h"
 #include "packed_batch.h"
 
 using namespace mmsp;
@@ -88,6 +90,78 @@ TEST(GatedDeltaRule, ChunkedEqualsRecurrenceOnLongPackedSequencesFp64) {
   const char* names[] = {"dq", "dk", "dv", "dg", "dbeta"};
   for (int i = 0; i < 5; ++i) expect_close(got_grads[i], ref_grads[i], 1e-9, names[i]);
   EXPECT_GT(ref.abs().max().item<double>(), 0.1);  // the comparison is not of zeros
+}
+
+// The backward recomputes groups of chunks from their saved start states and carries the
+// state's gradient from group to group: with groups of 1, 2 and 3 chunks (runs that start
+// and end mid-group, runs shorter than a chunk, given initial states, transitions) every
+// gradient equals the one-group backward, which is plain autograd through the whole rule.
+TEST(GatedDeltaRule, GroupedBackwardEqualsOneGroupOnEveryInputFp64) {
+  at::manual_seed(10);
+  const int64_t H = 2, K = 5, V = 4, C = 8;
+  TokenLayout layout = test::packed_layout({50, 3, 17, 40}, 1);
+  const int64_t T = layout.size();
+  std::vector<TokenRun> runs = token_runs(layout);
+  runs.push_back(runs.back());  // split the last segment: its second run starts mid-segment
+  runs[runs.size() - 2].length = 21;
+  runs.back().begin += 21, runs.back().length -= 21, runs.back().first_order += 21;
+  Inputs in = random_inputs(T, H, K, V, kF64);
+  Tensor init = at::randn({static_cast<int64_t>(runs.size()), H, K, V}, kF64).requires_grad_();
+  Tensor w_out = at::randn({T, H, V}, kF64), w_q = at::randn({T, H, K}, kF64);
+  Tensor w_final = at::randn({static_cast<int64_t>(runs.size()), H, K, V}, kF64);
+  Tensor w_transition = at::randn({static_cast<int64_t>(runs.size()), H, K, K}, kF64);
+  auto grads_with = [&](int64_t group) {
+    GatedDeltaOptions opts;
+    opts.chunk = C;
+    opts.transitions = true;
+    opts.group_chunks = group;
+    GatedDeltaResult r = gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, runs, init, opts);
+    Tensor loss = (r.out * w_out).sum() + (r.q_eff * w_q).sum() + (r.final * w_final).sum() +
+                  (r.transition * w_transition).sum();
+    std::vector<Tensor> inputs = in.all();
+    inputs.push_back(init);
+    std::vector<Tensor> got = torch::autograd::grad({loss}, inputs);
+    got.push_back(r.out.detach());
+    return got;
+  };
+  const std::vector<Tensor> whole = grads_with(1000);
+  const char* names[] = {"dq", "dk", "dv", "dg", "dbeta", "dinitial", "out"};
+  for (int64_t group : {1, 2, 3}) {
+    std::vector<Tensor> got = grads_with(group);
+    for (size_t i = 0; i < whole.size(); ++i)
+      expect_close(got[i], whole[i], 1e-12, std::string(names[i]) + " with groups of " + std::to_string(group));
+  }
+  EXPECT_GT(whole[5].abs().max().item<double>(), 0.1);  // the initial states' gradient is not zero
+}
+
+// Between forward and backward the rule's graph holds its chunked inputs, the states
+// entering each group and its output: 4·T·H·D + 2·T·H values and a state a group, not
+// the ~30 [T, H, D]-sized intermediates of every chunk that plain autograd keeps. The
+// backward adds the inputs' gradients (3·T·H·D) and one group's recomputed graph.
+TEST(GatedDeltaRule, GraphHoldsInputsAndGroupStatesNotChunkIntermediates) {
+  at::manual_seed(11);
+  const int64_t T = 8192, H = 2, D = 32, group = 4;
+  Inputs in = random_inputs(T, H, D, D, kF64);
+  TokenLayout layout = test::packed_layout({T}, 1);
+  GatedDeltaOptions opts;
+  opts.group_chunks = group;
+  const int64_t values = 4 * T * H * D + 2 * T * H, bytes = values * 8;
+  const int64_t groups = T / kGatedDeltaChunk / group, state_bytes = groups * H * D * D * 8;
+  const int64_t group_tokens = group * kGatedDeltaChunk;
+  train::MemoryCounter counter;
+  Tensor out = gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, token_runs(layout), {}, opts).out;
+  const int64_t held = counter.current_bytes();
+  EXPECT_LE(held, bytes + state_bytes + (int64_t{1} << 20)) << "formula " << bytes + state_bytes;
+  EXPECT_GE(held, bytes);  // the inputs are kept: the count sees the graph
+  counter.reset_peak();
+  std::vector<Tensor> got = torch::autograd::grad({(out * out).sum()}, in.all());
+  const int64_t backward_peak = counter.peak_bytes() - held;
+  // the gradients (3·T·H·D + 2·T·H, in chunk slots and again in token order) and one
+  // group's graph (under 64 values a token·head·dim, as plain autograd keeps)
+  const int64_t bound = 2 * (3 * T * H * D + 2 * T * H) * 8 + 64 * group_tokens * H * D * 8 + T * H * D * 8;
+  EXPECT_LE(backward_peak, bound) << "the backward's working set is more than the gradients and a group";
+  std::cout << "[ held " << held << " B after the forward (formula " << bytes + state_bytes << "), backward peak +"
+            << backward_peak << " B (bound " << bound << ") ]\n";
 }
 
 // A segment cut into runs that start from the previous run's final state gives the

@@ -1,5 +1,8 @@
 // The gated delta rule, computed chunk-wise (chunks of 64, WY form) in plain ATen
-// ops, so it runs on any device and autograd gives its backward. It works on runs:
+// ops, so it runs on any device. Its backward recomputes groups of chunks from the
+// states saved at their starts and backpropagates through them with autograd: the
+// graph between forward and backward holds the inputs, not every chunk's
+// intermediates. It works on runs:
 // contiguous token ranges that each start from their own state (a packed segment,
 // or the piece of one that a ring rank holds). Communication is left to
 // gated_delta_ring (state passing) and gated_deltanet_layer (Ulysses).
@@ -49,6 +52,9 @@ struct GatedDeltaOptions {
   // Also return each run's transition and each token's map from the run's initial
   // state to its output (what ring state passing needs).
   bool transitions = false;
+  // Chunks the backward recomputes at a time (0: chosen so a group's [·, H, C, C]
+  // intermediates stay cache-sized). Tests set it to cross many group borders.
+  int64_t group_chunks = 0;
 };
 
 struct GatedDeltaResult {
@@ -70,6 +76,6 @@ GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, cons
 // The same over runs whose chunk slots are planned already (chunk = chunks.chunk).
 GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& g, const at::Tensor& beta, const RunChunks& chunks,
-                                  const at::Tensor& initial, bool transitions);
+                                  const at::Tensor& initial, bool transitions, int64_t group_chunks = 0);
 
 }  // namespace mmsp::attention
