@@ -19,6 +19,7 @@
 #include "mmsp/model/gated_deltanet_layer.h"
 #include "mmsp/plan/placement.h"
 #include "mmsp/plan/shard_map.h"
+#include "mmsp/train/memory_counter.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
 #include "multirank.h"
@@ -123,6 +124,31 @@ TEST(GatedDeltaNetLayer, UsesTheStepsPlannedIndex) {
 }
 
 // One process, the whole packed batch: chunks of 64 and of 8 (many chunks per segment).
+// The conv keeps its input and its pre-activation between forward and backward, not
+// the W gathered taps and their weighted copies: after the forward the graph holds
+// ext [T + 1, Ch], pre and out [T, Ch]; its weight gradient equals the one of the
+// gathered-taps formula, out_t = silu(Σ_j w[:, j] x_{t−W+1+j}) written with shifts.
+TEST(GatedDeltaNetLayer, ConvKeepsItsInputNotItsTaps) {
+  at::manual_seed(12);
+  const int64_t T = 8192, Ch = 64, W = 4;
+  const TokenLayout layout = test::packed_layout({T}, 1);
+  const auto index = attention::RingRunIndex::make({layout}, 0, W, 64, at::kCPU);
+  Tensor x = at::randn({T, Ch}, kF64).requires_grad_(), w = at::randn({Ch, W}, kF64).requires_grad_();
+  train::MemoryCounter counter;
+  Tensor out = attention::gated_delta_conv(x, w, index, dist::GroupPtr());
+  const int64_t held = counter.current_bytes(), formula = (3 * T + 1) * Ch * 8;
+  EXPECT_LE(held, formula + (int64_t{1} << 20)) << "formula " << formula;
+  std::vector<Tensor> got = torch::autograd::grad({(out * out).sum()}, {x, w});
+  Tensor padded = at::cat({at::zeros({W - 1, Ch}, kF64), x});
+  Tensor pre = at::zeros({T, Ch}, kF64);
+  for (int64_t j = 0; j < W; ++j) pre = pre + padded.narrow(0, j, T) * w.select(1, j);
+  Tensor ref = at::silu(pre);
+  std::vector<Tensor> want = torch::autograd::grad({(ref * ref).sum()}, {x, w});
+  EXPECT_TRUE(at::allclose(out, ref, 1e-12, 1e-12));
+  EXPECT_TRUE(at::allclose(got[0], want[0], 1e-10, 1e-10));
+  EXPECT_TRUE(at::allclose(got[1], want[1], 1e-10, 1e-10));
+}
+
 TEST(GatedDeltaNetLayer, OneProcessEqualsTheReference) {
   for (int64_t chunk : {int64_t{64}, int64_t{8}}) {
     at::manual_seed(3);
