@@ -131,12 +131,23 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
                       ? t.num_hidden_layers * one_layer
                       : t.num_hidden_layers * T * h * b + one_layer;  // layer inputs + one recomputed layer
   // The largest transient of one layer: the MLP's intermediate in the backward
-  // (3 tensors of T×I) or one attention block's fp32 scores, probabilities and their
-  // gradients (4 × H × block_q × block_k).
+  // (3 tensors of T×I), one attention block's fp32 scores, probabilities and their
+  // gradients (4 × H × block_q × block_k), or a Gated DeltaNet layer's (below).
   const int64_t mlp = 3 * T * t.intermediate_size * b;
   const int64_t block = std::min(in.attention_block, std::max<int64_t>(T, 1));
   const int64_t attention = 4 * t.num_attention_heads * block * block * 4;
-  e.working_set = std::max(mlp, attention);
+  // A Gated DeltaNet layer's recompute and backward (hybrid configs): its rule keeps the
+  // chunked q, k (repeated to the value heads) and v in its compute dtype (fp32 under
+  // 16-bit) and makes their gradients in chunk slots and in token order, and its conv
+  // keeps its input, pre-activation and output. T·H_v is this rank's token-head pairs
+  // under any split of the context group (Ulysses trades tokens for heads).
+  int64_t gated_delta = 0;
+  if (t.is_hybrid()) {
+    const int64_t w = std::max<int64_t>(b, 4), Hk = t.linear_num_key_heads, Hv = t.linear_num_value_heads;
+    const int64_t K = t.linear_key_head_dim, V = t.linear_value_head_dim;
+    gated_delta = 3 * T * Hv * (2 * K + V) * w + 3 * T * (2 * Hk * K + Hv * V) * b;
+  }
+  e.working_set = std::max({mlp, attention, gated_delta});
   // One chunk's logits in the compute dtype, their fp32 copy, exp and gradient; the
   // per-token log-sum-exp; the hidden state's gradient summed over vocabulary blocks in
   // the wide dtype (fp32 under bf16).

@@ -153,6 +153,31 @@ TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {
   EXPECT_EQ(estimate_memory(config, shapes, in).logits, 7 * V * (2 + 12) + 4 * T + 4 * T * h);
 }
 
+// A hybrid model's working set is its Gated DeltaNet layer's when that is the largest:
+// the rule's chunked q, k, v and their gradients (fp32 under bf16) and the conv's
+// input, pre-activation and output, per this rank's token-head pairs.
+TEST(MemoryEstimate, GatedDeltaNetWorkingSetFollowsItsFormula) {
+  const std::string file = "configs/hf/Qwen3.5-0.8B.json";
+  const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/" + file);
+  const Shapes shapes = skeleton(file);
+  const model::TextConfig& t = config.text;
+  ASSERT_TRUE(t.is_hybrid());
+  MemoryEstimateInputs in;
+  in.tokens_per_rank = 8192;
+  in.compute_dtype = at::kBFloat16;
+  const int64_t T = in.tokens_per_rank, Hk = t.linear_num_key_heads, Hv = t.linear_num_value_heads;
+  const int64_t K = t.linear_key_head_dim, V = t.linear_value_head_dim;
+  const int64_t gated_delta = 3 * T * Hv * (2 * K + V) * 4 + 3 * T * (2 * Hk * K + Hv * V) * 2;
+  EXPECT_EQ(estimate_memory(config, shapes, in).working_set, gated_delta);
+  EXPECT_GT(gated_delta, 3 * T * t.intermediate_size * 2);  // larger than the MLP's at this size
+  // A model without linear-attention layers keeps the MLP / attention-block term.
+  const model::ModelConfig dense = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
+  in.compute_dtype = at::kFloat;
+  EXPECT_EQ(estimate_memory(dense, skeleton("configs/tiny-qwen3-vl.json"), in).working_set,
+            std::max<int64_t>(3 * T * dense.text.intermediate_size * 4,
+                              4 * dense.text.num_attention_heads * in.attention_block * in.attention_block * 4));
+}
+
 TEST(MemoryEstimate, OverTheLimitIsRefusedNamingEveryPartAndTheFlags) {
   MemoryEstimate e;
   e.parameters = 3LL << 30;

@@ -9,6 +9,9 @@
 //   activations  none:      L·T·a·b
 //                decoder/all: L·T·h·b (each layer's input) + T·a·b (the one layer
 //                           being recomputed in the backward)
+//   working set  max(3·T·I·b, 4·H·block²·4, hybrid: 3·T·H_v·(2K + V)·w + 3·T·(2·H_k·K + H_v·V)·b)
+//                (the MLP's backward, one attention block, a Gated DeltaNet layer's
+//                rule and conv; w = max(b, 4))
 //   logits       n·V·(b + 12)  (one chunk: compute-dtype logits, fp32 copy, exp,
 //                gradient) + 4·T (per-token log-sum-exp) + max(b, 4)·T·h (the hidden
 //                state's gradient, summed in fp32 or fp64)
