@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -11,6 +12,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
+#include "mmsp/train/shard_level.h"
 #include "mmsp/train/trainer.h"
 
 namespace mmsp::bench {
@@ -68,16 +70,21 @@ std::vector<int64_t> every_rank(int64_t mine, const dist::Mesh& mesh) {
 }  // namespace
 
 json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
+  for (const std::string& level : o.shards) train::parse_shard_level(level);  // names the bad one
   at::set_num_threads(1);
   auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
   dist::MeshOptions mesh_options;
   mesh_options.timeout = std::chrono::seconds(600);
   // All ranks in one ring (zigzag): the sequence split world ways.
   const dist::Mesh mesh = dist::Mesh::create(store, env, plan::Mesh{1, env.world_size, 1}, mesh_options, "memory-bench");
+  auto wanted = [&](const Setting& s) {
+    return o.shards.empty() || std::find(o.shards.begin(), o.shards.end(), s.shard) != o.shards.end();
+  };
   json rows = json::array();
   for (const std::string& model : o.models) {
     const std::string path = with_layers(model, o.layers, env.rank);
     for (const Setting& setting : kSettings) {
+      if (!wanted(setting)) continue;
       train::TrainOptions t;
       t.model = path;
       t.dtype = o.dtype;

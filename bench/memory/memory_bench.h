@@ -24,6 +24,9 @@ struct MemoryBenchOptions {
   int64_t loss_chunk = 0;  // tokens per chunk in the chunked rows (0: the trainer's default, ≤ 256 MiB of logits)
   std::string dtype = "float32";
   int64_t steps = 2;  // the last step's figures are reported (the first allocates the optimizer state)
+  // Only the rows of these --shard levels (empty: every row). A released config that
+  // cannot start unsharded on this machine is measured with `parameters` alone.
+  std::vector<std::string> shards;
 };
 
 // Every rank calls it; rank 0's result holds the rows.

@@ -97,6 +97,9 @@ Subcommand add_bench_command(CLI::App& parent) {
       ->capture_default_str();
   memory->add_option("--dtype", flags->memory.dtype, "float32 | bfloat16 | float64")->capture_default_str();
   memory->add_option("--steps", flags->memory.steps, "steps per setting (the last is reported)")->capture_default_str();
+  memory->add_option("--shard", flags->memory.shards,
+                     "only the rows of these --shard levels: none | optimizer | gradients | parameters (repeatable; "
+                     "default every row)");
   memory->add_option("--out", flags->out, "write the JSON here instead of stdout");
   CLI::App* placement = app->add_subcommand(
       "placement", "zigzag vs adaptive placement, planned: attention bytes, padding, work and token max/mean on "

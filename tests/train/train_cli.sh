@@ -8,7 +8,8 @@
 #     exit 2 on every rank before anything is written;
 #  4. --shard optimizer: saved on 4 ranks (one optimizer file per rank), resumed on 3
 #     ranks with --shard parameters and on 2 with --shard gradients, the continued
-#     losses equal the uninterrupted 4-rank run's.
+#     losses equal the uninterrupted 4-rank run's;
+#  5. mmsp bench memory --shard LEVEL measures only that level's rows.
 # Usage: train_cli.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1
@@ -179,6 +180,18 @@ byte=$(od -An -tu1 -j $at -N1 "$shard1" | tr -d ' ')
 printf "\\$(printf %o $(( byte ^ 1 )))" | dd of="$shard1" bs=1 seek=$at conv=notrunc status=none
 expect_exit2 zero_damaged "rank-00001-of-00004.safetensors" "${zero[@]}" --tokens-per-rank 192 --ulysses 2 \
   --resume "$work/zero-split"
+
+# --- 5. mmsp bench memory --shard: only the rows of the levels asked for -------------
+$run $mmsp bench memory --model "$src/configs/tiny-qwen2-vl.json" --tokens-per-rank 32 --steps 1 --shard parameters \
+  --out "$work/bench-memory.json" > "$work/bench-memory.log" 2>&1 || fail "bench memory --shard: $(tail -5 "$work/bench-memory.log")"
+python3 - "$work/bench-memory.json" <<'PY' || fail "bench memory --shard parameters: wrong rows"
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+assert [(r["shard"], r["checkpoint_activations"]) for r in rows] == [("parameters", "decoder"), ("parameters", "all")], rows
+assert all(r["measured"]["step_peak_bytes"] > 0 and r["estimate"]["total"] > 0 for r in rows)
+PY
+$mmsp bench memory --shard zero3 > "$work/bench-bad.log" 2>&1 && fail "bench memory --shard zero3 exited 0"
+grep -q "zero3" "$work/bench-bad.log" || fail "bench memory --shard zero3 did not name the value: $(tail -3 "$work/bench-bad.log")"
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "train_cli: all checks passed"
