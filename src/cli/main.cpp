@@ -5,6 +5,7 @@
 
 #include "bench_command.h"
 #include "command.h"
+#include "heap_policy.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/config.h"
 #include "plan_command.h"
@@ -12,6 +13,7 @@
 #include "train_command.h"
 
 int main(int argc, char** argv) {
+  mmsp::cli::map_large_blocks_separately();  // before any tensor: see heap_policy.h
   CLI::App app{"mmsp: sequence-parallel training of vision-language models"};
   app.require_subcommand(1);
   std::vector<mmsp::cli::Subcommand> commands;
