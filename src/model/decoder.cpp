@@ -149,12 +149,13 @@ std::vector<HookUnit> Decoder::hook_units() const {
   HookUnit head{{head_weight()}};
   if (!lm_head) {
     head.forward_uses = 2;  // the lookup, then the loss
-    head.gradients_final = false;
+    head.lookup_rows = true;
   }
   units.push_back(head);  // head_unit()
   if (lm_head) {  // embedding_unit()
     HookUnit embedding{{model->embed_tokens->weight}};
-    embedding.backward_hooks = false;
+    embedding.backward_hooks = false;  // its only gradient is the lookup's rows
+    embedding.lookup_rows = true;
     embedding.prefetched = false;  // used first, not after the head
     units.push_back(embedding);
   }
@@ -163,7 +164,9 @@ std::vector<HookUnit> Decoder::hook_units() const {
 
 at::Tensor Decoder::embed(const at::Tensor& token_ids) const {
   if (layer_hooks_) layer_hooks_->before_forward(embedding_unit());
-  at::Tensor out = model->embed_tokens->forward(token_ids);  // a copy of rows: the weight is not kept
+  // A copy of rows: the weight is not kept. Under ZeRO-2/3 the gradient goes to the
+  // hooks as rows (hooked_lookup), not into a dense [V, h] gradient.
+  at::Tensor out = hooked_lookup(layer_hooks_, embedding_unit(), model->embed_tokens->weight, token_ids);
   if (layer_hooks_) layer_hooks_->after_forward(embedding_unit());
   return out;
 }

@@ -38,7 +38,35 @@ at::Tensor on_backward(const std::shared_ptr<LayerHooks>& hooks, size_t index, b
   return BackwardHook::apply(t, c10::make_intrusive<HookHolder>(hooks, index, before));
 }
 
+// weight[ids], detached from the weight: a gradient edge to the weight would make
+// autograd hold the weight's other gradients (a tied head's, from the loss) until this
+// node's backward, the last of the step, before accumulating any of them. The backward
+// hands the output's gradient to the hooks as rows. `anchor` is an empty leaf that
+// requires a gradient, so that the engine runs this backward at all; it gets none.
+struct LookupRows : torch::autograd::Function<LookupRows> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& anchor, const at::Tensor& weight,
+                            const at::Tensor& token_ids, const c10::intrusive_ptr<HookHolder>& hook) {
+    ctx->saved_data["hook"] = c10::IValue::make_capsule(hook);
+    ctx->saved_data["ids"] = token_ids;
+    return at::embedding(weight, token_ids);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto hook = c10::static_intrusive_pointer_cast<HookHolder>(ctx->saved_data["hook"].toCapsule());
+    const at::Tensor ids = ctx->saved_data["ids"].toTensor().reshape({-1});
+    const at::Tensor& grad = grads[0];
+    hook->hooks->lookup_backward(hook->index, ids, grad.reshape({ids.size(0), grad.size(-1)}));
+    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor hooked_lookup(const std::shared_ptr<LayerHooks>& hooks, size_t unit, const at::Tensor& weight,
+                         const at::Tensor& token_ids) {
+  if (!hooks || !weight.requires_grad() || !at::GradMode::is_enabled()) return at::embedding(weight, token_ids);
+  const at::Tensor anchor = at::empty({0}, weight.options()).requires_grad_();
+  return LookupRows::apply(anchor, weight.detach(), token_ids, c10::make_intrusive<HookHolder>(hooks, unit, false));
+}
 
 at::Tensor run_hooked_layer(const std::shared_ptr<LayerHooks>& hooks, size_t index,
                             const std::function<at::Tensor(const at::Tensor&)>& layer, const at::Tensor& x) {

@@ -101,11 +101,12 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
     const int64_t W = in.shard_world, shard = (P + W - 1) / W;
     e.master_weights = shard * m;
     const int64_t bucket = 2 * std::min(P, kDefaultBucketBytes / b) * m;
-    // Stages 2 and 3: the kept gradients, one layer's and the head's (a tied head's is
-    // held to the end of the backward) or, at the end, the untied embedding's.
-    e.gradients =
-        (in.shard_level == ShardLevel::optimizer ? P : kept + largest_layer + std::max(head, embedding)) * b +
-        bucket;
+    // Stages 2 and 3: the kept gradients, and one unit's at a time (the head's in the
+    // loss's backward, then one layer's), each reduced at the unit's after_backward;
+    // the token lookup's gradient as T rows of h (no dense one for the embedding).
+    const int64_t lookup_rows = in.tokens_per_rank * config.text.hidden_size;
+    e.gradients = (in.shard_level == ShardLevel::optimizer ? P : kept + std::max(largest_layer, head) + lookup_rows) * b +
+                  bucket;
     // Stage 3: one unit in use and the next one's gather in flight, or one unit and the
     // buffer it is gathered into.
     if (in.shard_level == ShardLevel::parameters)

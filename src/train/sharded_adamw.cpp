@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "mmsp/core/check.h"
+#include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/dist/shard_collectives.h"
 
@@ -45,8 +46,8 @@ void allocate_storage(const at::Tensor& p) {
 std::vector<ShardUnitUse> shard_unit_uses(const std::vector<model::HookUnit>& units) {
   std::vector<ShardUnitUse> uses;
   for (const model::HookUnit& u : units)
-    uses.push_back(ShardUnitUse{u.forward_uses + (u.backward_hooks ? 1 : 0), u.backward_hooks && u.gradients_final,
-                                u.prefetched});
+    uses.push_back(ShardUnitUse{u.forward_uses + (u.backward_hooks ? 1 : 0), u.backward_hooks, u.prefetched,
+                                u.lookup_rows});
   return uses;
 }
 
@@ -67,6 +68,9 @@ class ShardedLayerHooks : public model::LayerHooks {
   void after_backward(size_t unit) override {
     sharded_.reduce_unit(static_cast<int>(unit));
     sharded_.release_unit(static_cast<int>(unit));
+  }
+  void lookup_backward(size_t unit, const at::Tensor& token_ids, const at::Tensor& grad_rows) override {
+    sharded_.keep_lookup_rows(static_cast<int>(unit), token_ids, grad_rows);
   }
 
  private:
@@ -142,6 +146,7 @@ void ShardedAdamW::copy_from_model() {
 void ShardedAdamW::zero_grad() {
   for (auto& [name, p] : model_) p.mutable_grad().reset();
   for (Shard& s : shards_) s.grad.reset();
+  lookup_rows_.clear();
 }
 
 at::Tensor ShardedAdamW::piece(const ShardPiece& piece, ShardTensor which) const {
@@ -202,8 +207,80 @@ const ShardUnitUse& ShardedAdamW::use_of(int unit) const {
 }
 
 void ShardedAdamW::reduce_unit(int unit) {
-  if (!use_of(unit).reduce_in_backward) return;  // more gradient comes: step() reduces it
+  if (!use_of(unit).dense_gradient) return;
   for (size_t b : unit_shards(unit)) reduce_bucket(shards_[b]);
+}
+
+void ShardedAdamW::keep_lookup_rows(int unit, const at::Tensor& token_ids, const at::Tensor& rows) {
+  MMSP_CHECK(level_ != ShardLevel::optimizer && use_of(unit).lookup_rows && !unit_shards(unit).empty(),
+             "ShardedAdamW: unit ", unit, " handed over lookup gradient rows, but it is not a lookup unit");
+  MMSP_CHECK(token_ids.dim() == 1 && rows.dim() == 2 && rows.size(0) == token_ids.size(0),
+             "ShardedAdamW: lookup rows ", rows.sizes(), " for token ids ", token_ids.sizes(),
+             " (want [n, h] and [n])");
+  if (lookup_rows_.size() <= static_cast<size_t>(unit)) lookup_rows_.resize(unit + 1);
+  lookup_rows_[unit].push_back(LookupRows{token_ids.to(at::kLong), rows.detach()});
+}
+
+namespace {
+
+// Adds rows[k] to row ids[k] of a [V, h] matrix whose flattened elements [first,
+// first + piece.numel()) are `piece` (a shard may start or end inside a row).
+void add_rows_to_piece(at::Tensor piece, int64_t first, int64_t h, const at::Tensor& ids, const at::Tensor& rows) {
+  const int64_t last = first + piece.numel();
+  const int64_t whole_begin = (first + h - 1) / h, whole_end = last / h;  // rows wholly inside
+  if (whole_begin < whole_end) {
+    const at::Tensor in = ((ids >= whole_begin) & (ids < whole_end)).nonzero().squeeze(1);
+    piece.narrow(0, whole_begin * h - first, (whole_end - whole_begin) * h)
+        .view({whole_end - whole_begin, h})
+        .index_add_(0, ids.index_select(0, in) - whole_begin, rows.index_select(0, in).to(piece.scalar_type()));
+  }
+  // The rows cut by the piece's ends: their part inside it.
+  std::vector<int64_t> cut;
+  if (first % h != 0) cut.push_back(first / h);
+  if (last % h != 0 && (cut.empty() || cut[0] != last / h)) cut.push_back(last / h);
+  for (int64_t row : cut) {
+    const int64_t begin = std::max(first, row * h), end = std::min(last, (row + 1) * h);
+    if (begin >= end) continue;
+    const at::Tensor in = (ids == row).nonzero().squeeze(1);
+    if (in.numel() == 0) continue;
+    const at::Tensor sum = rows.index_select(0, in).to(piece.scalar_type()).sum(0);
+    piece.narrow(0, begin - first, end - begin).add_(sum.narrow(0, begin - row * h, end - begin));
+  }
+}
+
+}  // namespace
+
+void ShardedAdamW::add_lookup_rows(int unit) {
+  at::NoGradGuard no_grad;
+  const std::vector<size_t>& buckets = unit_shards(unit);
+  const at::Tensor& weight = model_[shards_[buckets.front()].bucket.params.front()].second;
+  MMSP_CHECK(weight.dim() == 2, "ShardedAdamW: lookup unit ", unit, " has a ", weight.dim(),
+             "-d weight; a token lookup reads a [V, h] table");
+  const int64_t h = weight.size(1);
+  std::vector<LookupRows> mine = unit < static_cast<int>(lookup_rows_.size()) ? std::move(lookup_rows_[unit])
+                                                                               : std::vector<LookupRows>{};
+  at::Tensor ids = at::empty({0}, at::kLong), rows = at::empty({0, h}, weight.options().requires_grad(false));
+  if (!mine.empty()) {
+    std::vector<at::Tensor> all_ids, all_rows;
+    for (const LookupRows& l : mine) all_ids.push_back(l.ids), all_rows.push_back(l.rows.to(weight.scalar_type()));
+    ids = at::cat(all_ids), rows = at::cat(all_rows);
+  }
+  MMSP_CHECK(rows.size(1) == h, "ShardedAdamW: lookup rows of width ", rows.size(1), " for a table of width ", h);
+  // Every rank's rows: the counts first (they may differ), then ids and rows.
+  const std::vector<int64_t> ones(world_->size(), 1);
+  const at::Tensor counts_t = dist::all_gather_v(at::full({1}, ids.size(0), at::kLong), ones, world_);
+  const std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + counts_t.numel());
+  const at::Tensor world_ids = dist::all_gather_v(ids, counts, world_);
+  const at::Tensor world_rows = dist::all_gather_v(rows, counts, world_);
+  for (size_t b : buckets) {
+    Shard& s = shards_[b];
+    if (!s.grad.defined())
+      s.grad = at::zeros({s.shard}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
+  }
+  for (const ShardPiece& piece : pieces_)
+    if (shards_[piece.bucket].bucket.unit == unit && model_[piece.param].second.is_same(weight))
+      add_rows_to_piece(shards_[piece.bucket].grad.narrow(0, piece.shard_offset, piece.length), piece.param_offset,
+                        h, world_ids, world_rows);
 }
 
 void ShardedAdamW::gather_unit(int unit) {
@@ -285,12 +362,24 @@ double ShardedAdamW::step(double max_norm) {
   // on every rank; a gradient that reached a layer after its hook is a bug in the hooks.
   std::vector<at::Tensor> grads;  // [shard] per bucket: the world's sum
   for (Shard& s : shards_) {
-    if (!s.grad.defined())
+    const bool dense = level_ == ShardLevel::optimizer || use_of(s.bucket.unit).dense_gradient;
+    if (!s.grad.defined() && dense)
       reduce_bucket(s);
     else
       for (size_t i : s.bucket.params)
-        MMSP_CHECK(!model_[i].second.grad().defined(), "ShardedAdamW: the gradient of \"", model_[i].first,
-                   "\" arrived after its unit's gradients were reduced");
+        MMSP_CHECK(!model_[i].second.grad().defined(), "ShardedAdamW: the gradient of \"", model_[i].first, "\" ",
+                   dense ? "arrived after its unit's gradients were reduced"
+                         : "is dense, but its unit's only gradient is the token lookup's rows");
+  }
+  // The lookups' rows, in unit order on every rank (each rank takes part, with or
+  // without rows of its own).
+  if (level_ != ShardLevel::optimizer)
+    for (size_t unit = 0; unit < uses_.size(); ++unit)
+      if (uses_[unit].lookup_rows && !unit_shards(static_cast<int>(unit)).empty()) add_lookup_rows(static_cast<int>(unit));
+  lookup_rows_.clear();
+  for (Shard& s : shards_) {
+    if (!s.grad.defined())  // a unit without a dense gradient, and no lookup
+      s.grad = at::zeros({s.shard}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
     grads.push_back(s.grad);
   }
   const double norm = global_norm(grads);
@@ -352,12 +441,26 @@ int64_t ShardedAdamW::step_bytes() const {
   int64_t bytes = 0;
   for (const Shard& s : shards_) {
     const int64_t padded = s.shard * P;
-    bytes += dist::shard_collective_bytes(padded * static_cast<int64_t>(s.master.element_size()), P);
+    if (level_ == ShardLevel::optimizer || use_of(s.bucket.unit).dense_gradient)
+      bytes += dist::shard_collective_bytes(padded * static_cast<int64_t>(s.master.element_size()), P);
     const int64_t gather = dist::shard_collective_bytes(padded * static_cast<int64_t>(c10::elementSize(s.bucket.dtype)), P);
     // stage 3 gathers a unit before each use: a decoder layer before its forward and
     // before its backward, the head likewise (tied: and before the lookup), the untied
     // embedding before its lookup
     bytes += (level_ == ShardLevel::parameters && s.bucket.unit >= 0 ? use_of(s.bucket.unit).gathers : 1) * gather;
+  }
+  return bytes;
+}
+
+int64_t ShardedAdamW::lookup_row_bytes(int64_t max_tokens) const {
+  if (level_ == ShardLevel::optimizer) return 0;
+  const int64_t P = world_->size();
+  int64_t bytes = 0;
+  for (size_t unit = 0; unit < uses_.size(); ++unit) {
+    if (!uses_[unit].lookup_rows || unit_shards(static_cast<int>(unit)).empty()) continue;
+    const at::Tensor& weight = model_[shards_[unit_shards(static_cast<int>(unit)).front()].bucket.params.front()].second;
+    // all_gather_v sends its (padded) piece to each other rank: a count, then ids and rows
+    bytes += (P - 1) * (8 + max_tokens * (8 + weight.size(1) * static_cast<int64_t>(weight.element_size())));
   }
   return bytes;
 }

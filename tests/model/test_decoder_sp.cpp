@@ -119,3 +119,76 @@ TEST(DecoderNames, AreHuggingFaceNames) {
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
   EXPECT_EQ(std::find(names.begin(), names.end(), "model.layers.0.self_attn.o_proj.bias"), names.end());
 }
+
+namespace {
+
+// Records the hooks' calls; keeps the head weight's dense gradient as it stands at the
+// head's after_backward, and the lookup's rows.
+class RecordingHooks : public model::LayerHooks {
+ public:
+  RecordingHooks(const Tensor& head_weight, size_t head_unit) : weight_(head_weight), head_(head_unit) {}
+  void before_forward(size_t unit) override { calls.push_back("F" + std::to_string(unit)); }
+  void after_forward(size_t) override {}
+  void before_backward(size_t unit) override { calls.push_back("B" + std::to_string(unit)); }
+  void after_backward(size_t unit) override {
+    calls.push_back("b" + std::to_string(unit));
+    if (unit == head_ && weight_.grad().defined()) head_grad = weight_.grad().clone();
+  }
+  void lookup_backward(size_t unit, const Tensor& ids, const Tensor& rows) override {
+    calls.push_back("L" + std::to_string(unit));
+    lookup_ids = ids, lookup_rows = rows;
+  }
+  std::vector<std::string> calls;
+  Tensor head_grad, lookup_ids, lookup_rows;
+
+ private:
+  Tensor weight_;
+  size_t head_;
+};
+
+}  // namespace
+
+// With hooks, the lookup of a head tied to the embedding hands its gradient over as
+// rows and keeps no autograd edge to the weight: the head's dense gradient is complete
+// at the head's own after_backward, before any layer's backward (ZeRO reduces and frees
+// it there; an edge would have autograd hold it to the end of the backward), and that
+// part plus the rows added at their token ids is the one-process gradient.
+TEST(DecoderHooks, TiedLookupGivesRowsAndTheHeadGradientIsCompleteAtItsHook) {
+  const model::ModelConfig config = tiny_config("qwen2_vl");
+  std::mt19937 rng(11);
+  const plan::Batch batch = text_batch(rng);
+  const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
+  const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, plan::PlanOptions{}, 0);
+  const model::RankInputs in = model::rank_inputs(batch, whole);
+  auto step = [&](const std::shared_ptr<RecordingHooks>& hooks, model::Decoder& decoder) {
+    const model::DecoderContext ctx = model::decoder_context(in, config.text, config.conventions, {solo, solo},
+                                                             attention::AttentionOptions{}, at::empty({0}, at::kDouble));
+    decoder.set_layer_hooks(hooks);
+    Tensor logits = decoder.forward(decoder.embed(in.token_ids), ctx);
+    train::causal_lm_loss(logits, in.labels, in.label_count).backward();
+  };
+  at::manual_seed(42);
+  model::Decoder ref(config.text, /*tie_word_embeddings=*/true);
+  ref.to(at::kDouble);
+  step(nullptr, ref);
+  at::manual_seed(42);
+  model::Decoder hooked(config.text, true);
+  hooked.to(at::kDouble);
+  auto hooks = std::make_shared<RecordingHooks>(hooked.head_weight(), /*head_unit=*/2);
+  step(hooks, hooked);
+
+  // the lookup and the head are unit 2 (2 layers): lookup, layers, loss; then the
+  // backward in reverse, the lookup's rows last
+  EXPECT_EQ(hooks->calls, (std::vector<std::string>{"F2", "F0", "F1", "F2", "B2", "b2", "B1", "b1", "B0", "b0", "L2"}));
+  ASSERT_TRUE(hooks->head_grad.defined()) << "the head's dense gradient is not complete at its after_backward";
+  EXPECT_TRUE(at::equal(hooked.head_weight().grad(), hooks->head_grad)) << "no dense gradient after the head's";
+  ASSERT_TRUE(hooks->lookup_rows.defined());
+  EXPECT_TRUE(at::equal(hooks->lookup_ids, in.token_ids.reshape({-1})));
+  EXPECT_GT(hooks->lookup_rows.abs().max().item<double>(), 0.0);
+  const Tensor total = hooks->head_grad.index_add(0, hooks->lookup_ids, hooks->lookup_rows);
+  EXPECT_TRUE(at::allclose(total, ref.head_weight().grad(), 1e-12, 1e-14));
+  const auto want = ref.named_parameters(), got = hooked.named_parameters();
+  for (const auto& item : want)
+    if (item.key() != "model.embed_tokens.weight")
+      EXPECT_TRUE(at::allclose(got[item.key()].grad(), item.value().grad(), 1e-12, 1e-14)) << item.key();
+}

@@ -95,8 +95,9 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(sharded.activations, mixed.activations);
   // --shard gradients / parameters: whole for the step only what lies outside the
   // decoder layers, the embedding and the head (model.visual.*, norm); besides it one
-  // layer's gradients and the head's (or, at the end, the untied embedding's), and
-  // stage 3 one unit in use plus the next one's gather (or its own gather buffer).
+  // unit's gradients at a time (a layer's, or the head's) and the lookup's T rows of
+  // h (the embedding never has a dense gradient), and stage 3 one unit in use plus the
+  // next one's gather (or its own gather buffer).
   int64_t in_layers = 0, layer0 = 0, embedding = 0, head = 0;
   for (const auto& [name, shape] : shapes) {
     int64_t k = 1;
@@ -114,7 +115,8 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   const int64_t kept = P - in_layers - embedding - head;
   in.shard_level = ShardLevel::gradients;
   const MemoryEstimate stage2 = estimate_memory(config, shapes, in);
-  EXPECT_EQ(stage2.gradients, 2 * (kept + layer0 + head) + 2 * 4 * std::min<int64_t>(P, kDefaultBucketBytes / 2));
+  EXPECT_EQ(stage2.gradients, 2 * (kept + std::max(layer0, head) + 64 * config.text.hidden_size) +
+                                  2 * 4 * std::min<int64_t>(P, kDefaultBucketBytes / 2));
   EXPECT_EQ(stage2.parameters, 2 * P);
   EXPECT_EQ(stage2.optimizer, sharded.optimizer);
   in.shard_level = ShardLevel::parameters;

@@ -340,12 +340,15 @@ struct UnitCase {
 };
 // p0, p1 decoder layer 0; p2, p3 layer 1; p4, p5 outside.
 UnitCase layers_only() { return {{0, 0, 1, 1, -1, -1}, {}, -1, -1}; }
-// p4 the head tied to the embedding: gathered for the lookup, the loss and its
-// backward; its gradient comes in two parts, the lookup's last.
-UnitCase tied_head() { return {{0, 0, 1, 1, 2, -1}, {{}, {}, {3, false, true}}, 2, 2}; }
+// p4 (11 × 2) the head tied to the embedding: gathered for the lookup, the loss and its
+// backward; its gradient comes in two parts: the loss's, dense, reduced in its
+// backward, and the lookup's rows after the backward.
+UnitCase tied_head() { return {{0, 0, 1, 1, 2, -1}, {{}, {}, {3, true, true, true}}, 2, 2}; }
 // p3 an untied head (rank 2 gives it no gradient), p4 the embedding: gathered once, not
-// prefetched, reduced after the backward.
-UnitCase untied_head() { return {{0, 0, 1, 2, 3, -1}, {{}, {}, {2, true, true}, {1, true, false}}, 2, 3}; }
+// prefetched, its only gradient the lookup's rows.
+UnitCase untied_head() {
+  return {{0, 0, 1, 2, 3, -1}, {{}, {}, {2, true, true}, {1, false, false, true}}, 2, 3};
+}
 
 bool holds_memory(const at::Tensor& p) { return p.storage().nbytes() > 0; }
 
@@ -354,8 +357,9 @@ bool holds_memory(const at::Tensor& p) { return p.storage().nbytes() > 0; }
 // the bytes its formula says. Stages 2 and 3 run the model's hooks as a forward and
 // backward would: the embedding's lookup, the two layers, the head's loss, then the
 // backward in reverse, each unit's gradients appearing during its backward (the
-// embedding's at the end); stage 3 holds a unit's weights only between its before and
-// after hooks.
+// embedding's at the end, as the lookup's rows: duplicate ids, in any order, counts
+// unequal over the ranks, and with 4 ranks one rank without rows); stage 3 holds a
+// unit's weights only between its before and after hooks.
 void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::ScalarType master_dtype,
                                       double rtol, ShardLevel level = ShardLevel::optimizer,
                                       const UnitCase& units = layers_only()) {
@@ -378,7 +382,7 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
   const bool tied = units.head >= 0 && units.head == units.embedding;
   std::vector<NamedParams> got(P);
   std::vector<double> norms(P);
-  std::vector<int64_t> state_bytes(P), step_bytes(P), sent(P);
+  std::vector<int64_t> state_bytes(P), step_bytes(P), sent(P), row_bytes(P), rows_sent(P);
   std::vector<std::shared_ptr<dist::CommStats>> stats;
   run_gloo_ranks(P, [&](int r, dist::GroupPtr world) {
     NamedParams model = odd_params(model_dtype);
@@ -402,6 +406,18 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
       return true;
     };
     auto gathered = [&] { return stats[r]->snapshot().at(dist::CommKind::all_gather, dist::Pass::forward).bytes; };
+    // Rank q's lookup gradient for step t (times `scale`) as rows: rank 0's one per table
+    // row, the others' two half-rows per table row, the second set in reverse order.
+    const size_t table = std::find(unit_of.begin(), unit_of.end(), units.embedding) - unit_of.begin();
+    auto lookup_rows = [&](int q, int t, double scale) {
+      const at::Tensor g = (rank_grad(model[table].second, q, table, t) * scale).to(model_dtype);
+      const int64_t V = g.size(0);
+      const at::Tensor ids = at::arange(V, at::kLong);
+      if (q == 0) return std::make_pair(ids, g);
+      return std::make_pair(at::cat({ids, ids.flip(0)}), at::cat({g * 0.5, (g * 0.5).flip(0)}));
+    };
+    int64_t most_rows = 0;  // the most rows a rank hands over in a step
+    for (int q = 0; q < P; ++q) most_rows = std::max<int64_t>(most_rows, q == 0 ? (P == 4 ? 33 : 11) : q == 3 ? 0 : 22);
     // Whether unit u's hook issues the gather of unit u + step too (then it sends bytes).
     auto prefetches = [&](int u, int step) {
       const int next = u + step;
@@ -447,10 +463,19 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
           hooks->after_backward(unit);
           for (size_t i = 0; i < model.size(); ++i)
             if (unit_of[i] == unit && !(r == 2 && i == 3))
-              EXPECT_EQ(model[i].second.grad().defined(), tied && unit == units.head)
-                  << "reduced and released, unless more gradient comes (unit " << unit << ")";
+              EXPECT_FALSE(model[i].second.grad().defined()) << "reduced and released (unit " << unit << ")";
         }
-        if (units.embedding >= 0) give_grads(units.embedding, t, tied ? 0.5 : 1.0);  // the lookup's, last
+        if (units.embedding >= 0) {  // the lookup's rows, last; with 4 ranks rank 0 hands over rank 3's too
+          const double scale = tied ? 0.5 : 1.0;
+          std::vector<int> from = {r};
+          if (P == 4 && r == 0) from.push_back(3);
+          if (P == 4 && r == 3) from.clear();
+          for (int q : from) {
+            const auto [ids, rows] = lookup_rows(q, t, scale);
+            hooks->lookup_backward(units.embedding, ids, rows);
+          }
+          EXPECT_FALSE(model[table].second.grad().defined()) << "the lookup makes no dense gradient";
+        }
         give_grads(-1, t);
       }
       norms[r] = sharded.step(clip);
@@ -458,6 +483,8 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
     const dist::CommSnapshot s = stats[r]->snapshot();
     sent[r] = s.at(dist::CommKind::reduce_scatter, dist::Pass::forward).bytes +
               s.at(dist::CommKind::all_gather, dist::Pass::forward).bytes;
+    rows_sent[r] = s.at(dist::CommKind::all_gather_v, dist::Pass::forward).bytes;
+    row_bytes[r] = units.embedding >= 0 && hooks ? sharded.lookup_row_bytes(most_rows) : 0;
     sharded.gather_all();  // stage 3: the weights to compare (not a step's bytes)
     got[r] = model;
     state_bytes[r] = sharded.state_bytes();
@@ -471,6 +498,7 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
                                                         << have << "\n" << want;
     }
     EXPECT_EQ(sent[r], 3 * step_bytes[r]) << "rank " << r;
+    EXPECT_EQ(rows_sent[r], 3 * row_bytes[r]) << "rank " << r << ": the lookup's rows";
     // A P-th of the state, plus the padding: fewer than P elements in each of at most
     // 6 buckets.
     const int64_t whole = 3 * kOddElements * static_cast<int64_t>(c10::elementSize(master_dtype));

@@ -1,12 +1,14 @@
 // What happens around each use of a hooked unit's weights besides its computation: the
 // points where ZeRO-2/3 (train/sharded_adamw.h) gathers the unit's weights, frees them
-// and reduce-scatters its gradients. The model calls them; train/ decides what they do.
+// and reduce-scatters its gradients, and where the token lookup hands over its gradient
+// as rows. The model calls them; train/ decides what they do.
 // The units are the decoder's (Decoder::hook_units): its layers 0 … L−1, the LM head
 // (L), and the token embedding (L + 1) when it is not tied to the head.
 //
 // Every rank runs every unit, in the same order, forward and backward, so the hooks are
-// called in the same order on every rank and may run collectives. (Vision blocks are
-// not hooked: a rank without images runs none of them.)
+// called in the same order on every rank and may run collectives (all but
+// lookup_backward). (Vision blocks are not hooked: a rank without images runs none of
+// them.)
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -25,6 +27,12 @@ class LayerHooks {
   virtual void after_forward(size_t layer) = 0;    // ... and are not read again until its backward
   virtual void before_backward(size_t layer) = 0;  // its backward (or recomputation) is next
   virtual void after_backward(size_t layer) = 0;   // its weights' gradients are complete
+  // The token lookup's backward (hooked_lookup): the gradient of output row i belongs
+  // to row token_ids[i] of the unit's weight. It arrives as these [n, h] rows instead of
+  // a dense [V, h] gradient, so no rank ever holds the whole table's gradient for a few
+  // thousand tokens. Called inside the backward: it must not run collectives (ranks
+  // without images reach it at another point of the backward than ranks with them).
+  virtual void lookup_backward(size_t unit, const at::Tensor& token_ids, const at::Tensor& grad_rows) = 0;
 };
 
 // One hooked unit and how a step uses it, so that ZeRO knows how often its weights are
@@ -32,9 +40,10 @@ class LayerHooks {
 struct HookUnit {
   std::vector<at::Tensor> parameters;
   int forward_uses = 1;         // before_forward / after_forward pairs per step
-  bool backward_hooks = true;   // before_backward / after_backward run: its weights are read again
-  bool gradients_final = true;  // complete at after_backward (false: a head tied to the embedding,
-                                // whose lookup adds its gradient at the end of the backward)
+  bool backward_hooks = true;   // before_backward / after_backward run: its weights are read again,
+                                // and its dense gradient is complete at after_backward
+  bool lookup_rows = false;     // the token lookup reads it: that gradient comes as rows
+                                // (LayerHooks::lookup_backward), after the backward
   bool prefetched = true;       // the forward reaches it right after unit − 1 (and the backward
                                 // unit − 1 right after it), so that one may issue its gather early
 };
@@ -46,5 +55,11 @@ struct HookUnit {
 // may be null: then this is layer(x).
 at::Tensor run_hooked_layer(const std::shared_ptr<LayerHooks>& hooks, size_t index,
                             const std::function<at::Tensor(const at::Tensor&)>& layer, const at::Tensor& x);
+
+// weight[token_ids] whose backward gives the output's gradient to hooks->lookup_backward
+// as rows, and nothing to `weight`'s dense gradient. Without hooks (or without a
+// gradient to take) it is at::embedding.
+at::Tensor hooked_lookup(const std::shared_ptr<LayerHooks>& hooks, size_t unit, const at::Tensor& weight,
+                         const at::Tensor& token_ids);
 
 }  // namespace mmsp::model

@@ -19,7 +19,8 @@
 // head's (the embedding when tied), N_e an untied embedding's, N_r the rest's, buckets
 // of B = 25 MiB):
 //   optimizer   masters + moments 3·m·N/W; gradients N·b + 2·min(N, B/b)·m
-//   gradients   gradients (N_r + N_l + max(N_h, N_e))·b + 2·min(N, B/b)·m
+//   gradients   gradients (N_r + max(N_l, N_h) + T·h)·b + 2·min(N, B/b)·m (the token
+//               lookup's gradient is T rows of h, not a dense N_e)
 //   parameters  and parameters (N_r + 2·max(N_l, N_h, N_e))·b
 // The vision encoder's activations are not counted (small next to the decoder's).
 #pragma once

@@ -11,9 +11,13 @@
 //      release them; reduce-scatter the bucket: rank r gets the world sum of its shard.
 //      Stage 1 does this after the backward; stages 2 and 3 do it for a unit's buckets
 //      as soon as its backward is done (layer_hooks()), so at most one layer's
-//      gradients are whole at a time; the rest (vision tower, norms, the untied
-//      embedding, a head tied to it: its lookup adds the last gradient) after the
-//      backward;
+//      gradients are whole at a time; the rest (vision tower, norms) after the
+//      backward. The token lookup's gradient (of the untied embedding, or of the head
+//      tied to it) never becomes a dense [V, h] tensor there: the lookup hands over its
+//      T·h gradient rows (model::hooked_lookup), and after the backward every rank
+//      all-gathers every rank's token ids and rows and adds those that fall in its
+//      shards (a tied head's dense part was reduced at its own after_backward, an
+//      untied embedding has none: no reduce-scatter of its V·h elements);
 //   2. the global gradient norm from each rank's Σ g² of its shards (one fp64
 //      all-reduce), clipping as clip_grad_norm does;
 //   3. AdamW on the shards, with torch::optim::AdamW's arithmetic (decoupled decay on
@@ -37,11 +41,13 @@
 // masters + 2 moments 3·m·N/P (+ padding, < P per bucket); model N·b (stage 3: none
 // between steps, and during one N_r·b plus at most 2·max(N_l, N_h, N_e)·b: a unit in
 // use and the next one's gather in flight, or a unit and the buffer it is gathered
-// into); grads N·b until packed (stages 2 and 3: at most (N_r + N_l + max(N_h, N_e))·b,
-// a tied head's held from the loss's backward to the end of the backward).
-// Bytes sent per step: (P−1)/P · N·m (reduce-scatter) + (P−1)/P · Σ_units g_u·N_u·b
-// (all-gathers; g_u = 1 below stage 3, the unit's gathers at stage 3), against
-// 2 (P−1)/P · N·m for the replicated all-reduce.
+// into); grads N·b until packed (stages 2 and 3: at most (N_r + max(N_l, N_h))·b, and
+// the lookup's T·h·b rows; after the backward every rank's rows, T_world·h·b).
+// Bytes sent per step: (P−1)/P · N'·m (reduce-scatter; N' = N, less an untied embedding
+// at stages 2, 3) + (P−1)/P · Σ_units g_u·N_u·b (all-gathers; g_u = 1 below stage 3, the
+// unit's gathers at stage 3), against 2 (P−1)/P · N·m for the replicated all-reduce;
+// stages 2, 3 add (P−1)·(8 + n·(8 + h·b)) for the lookup's rows, n the most tokens a
+// rank looked up (lookup_row_bytes).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -74,8 +80,9 @@ struct ShardPiece {
 // How a step uses one unit of `unit_of` (model::HookUnit without its tensors).
 struct ShardUnitUse {
   int gathers = 2;                 // stage 3: all-gathers per step (each forward use, and the backward)
-  bool reduce_in_backward = true;  // stages 2, 3: reduced at its after_backward hook (else after the backward)
+  bool dense_gradient = true;      // stages 2, 3: has one, reduced at its after_backward hook
   bool prefetched = true;          // stage 3: the hook of unit ± 1 issues its gather early
+  bool lookup_rows = false;        // stages 2, 3: the token lookup's gradient comes as rows
 };
 std::vector<ShardUnitUse> shard_unit_uses(const std::vector<model::HookUnit>& units);
 
@@ -138,9 +145,12 @@ class ShardedAdamW {
   void load(int64_t steps_taken, const StateReader& read);
 
   // Bytes of the sharded state this rank holds (masters and both moments, padding
-  // included), and what one step sends (reduce-scatter + all-gathers).
+  // included), and what one step sends (reduce-scatter + all-gathers) besides the
+  // lookup's rows; those are lookup_row_bytes(n) for each lookup unit, n the most
+  // tokens a rank looked up in the step (0 for stage 1, which has no hooks).
   int64_t state_bytes() const;
   int64_t step_bytes() const;
+  int64_t lookup_row_bytes(int64_t max_tokens) const;
 
  private:
   struct Shard {
@@ -158,7 +168,11 @@ class ShardedAdamW {
   // master dtype, as [P·n] (what one reduce-scatter round sends).
   at::Tensor pack_grad_round(const Shard& s, int64_t first, int64_t n) const;
   void reduce_bucket(Shard& s);
-  void reduce_unit(int unit);  // no-op for a unit reduced after the backward
+  void reduce_unit(int unit);  // no-op for a unit without a dense gradient
+  // The lookup's gradient rows (LayerHooks::lookup_backward), kept until step(), which
+  // all-gathers every rank's and adds those in this rank's shards.
+  void keep_lookup_rows(int unit, const at::Tensor& token_ids, const at::Tensor& rows);
+  void add_lookup_rows(int unit);
   void gather_unit(int unit);
   // Stage 3: issues the unit's gathers without waiting (no-op for a unit out of range,
   // not prefetched, or already gathered); gather_unit finishes them.
@@ -182,6 +196,10 @@ class ShardedAdamW {
   std::vector<ShardPiece> pieces_;
   std::vector<std::vector<size_t>> unit_buckets_;  // hooked unit → its buckets
   std::vector<ShardUnitUse> uses_;                 // by unit
+  struct LookupRows {
+    at::Tensor ids, rows;  // [n] int64, [n, h] in the model's dtype
+  };
+  std::vector<std::vector<LookupRows>> lookup_rows_;  // by unit: this step's, until step()
   ShardLevel level_;
   int64_t round_bytes_;  // most bytes packed per reduce-scatter round
   int64_t steps_ = 0;
