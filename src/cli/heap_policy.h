@@ -5,10 +5,10 @@
 // resident memory then stays GiBs above the tensors it holds.
 //
 // Fixing the threshold at 1 MiB maps each block of 1 MiB or more on its own and unmaps it
-// when freed: resident memory follows the live tensors. The price is a page fault per
-// fresh page at every such allocation: 1.8× the step time of a 4-layer Qwen3.5 at 1,024
-// tokens a rank against a threshold fixed at 32 MiB, for 7 % less resident memory
-// (docs/train.md). MALLOC_MMAP_THRESHOLD_=33554432 chooses speed.
+// when freed: resident memory follows the live tensors. Alone, it costs a page fault per
+// fresh page at every such allocation (1.8× the step of a 4-layer Qwen3.5 at 1,024
+// tokens a rank against a threshold fixed at 32 MiB); the block cache (block_cache.h)
+// wins that back by keeping a bounded set of freed blocks resident for reuse.
 #pragma once
 
 #include <cstddef>

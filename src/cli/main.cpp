@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "bench_command.h"
+#include "block_cache.h"
 #include "command.h"
 #include "heap_policy.h"
 #include "mmsp/core/check.h"
@@ -14,6 +15,12 @@
 
 int main(int argc, char** argv) {
   mmsp::cli::map_large_blocks_separately();  // before any tensor: see heap_policy.h
+  try {
+    mmsp::cli::install_block_cache();  // and block_cache.h
+  } catch (const std::exception& e) {
+    std::cerr << "mmsp: " << e.what() << "\n";
+    return 2;
+  }
   CLI::App app{"mmsp: sequence-parallel training of vision-language models"};
   app.require_subcommand(1);
   std::vector<mmsp::cli::Subcommand> commands;

@@ -1,12 +1,13 @@
 // Counting CPU allocator and the counters it feeds; see memory_counter.h. Each
-// allocation carries a 64-byte header before the data with its size and its number in
-// allocation order, so the data pointer is also the deleter's context and a free is
-// charged only to the counters that counted the allocation (those begun before it).
+// allocation carries a 64-byte header before the data with its size, its number in
+// allocation order and how to free it, so the data pointer is also the deleter's
+// context and a free is charged only to the counters that counted the allocation (those
+// begun before it). It takes its memory from the CPU allocator installed before it
+// (c10's own, or the mmsp tool's cache of large blocks).
 #include "mmsp/train/memory_counter.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
-#include <c10/core/impl/alloc_cpu.h>
 
 #include <algorithm>
 #include <atomic>
@@ -21,6 +22,8 @@ constexpr size_t kHeader = 64;  // keeps the data 64-byte aligned
 struct Header {
   size_t bytes;
   uint64_t number;  // in allocation order, across the process
+  c10::DeleterFnPtr deleter;  // the inner allocator's, with its context
+  void* context;
 };
 static_assert(sizeof(Header) <= kHeader);
 
@@ -48,14 +51,19 @@ void release(void* data) {
     for (MemoryCounter* counter : c.live)
       if (h.number >= counter->first_allocation()) counter->count(-static_cast<int64_t>(h.bytes));
   }
-  c10::free_cpu(raw);
+  h.deleter(h.context);
 }
 
 struct CountingAllocator final : c10::Allocator {
+  explicit CountingAllocator(c10::Allocator* inner) : inner(inner) {}
+  c10::Allocator* inner;
   c10::DataPtr allocate(size_t n) const override {
-    char* raw = static_cast<char*>(c10::alloc_cpu(n + kHeader));
+    c10::DataPtr block = inner->allocate(n + kHeader);
+    char* raw = static_cast<char*>(block.get());
     Header* h = reinterpret_cast<Header*>(raw);
     h->bytes = n;
+    h->deleter = block.get_deleter();
+    h->context = block.release_context();
     {
       Counters& c = counters();
       std::shared_lock lock(c.mutex);
@@ -70,7 +78,7 @@ struct CountingAllocator final : c10::Allocator {
 
 void install_counting_allocator() {
   static bool installed = [] {
-    static CountingAllocator allocator;
+    static CountingAllocator allocator(c10::GetCPUAllocator());
     c10::SetCPUAllocator(&allocator, /*priority=*/1);
     return true;
   }();

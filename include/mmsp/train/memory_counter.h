@@ -2,9 +2,10 @@
 // benchmark), counts the CPU tensor bytes allocated from its construction on and still
 // held, and the highest that count reached.
 //
-// The counts come from one counting c10 CPU allocator (delegating to c10's own) that the
-// first counter installs for the rest of the process: c10 has a single CPU allocator per
-// process, so a counter sees every CPU tensor allocated while it lives, whoever allocates
+// The counts come from one counting c10 CPU allocator (delegating to the one installed
+// before it: c10's own, or the mmsp tool's block cache) that the first counter installs
+// for the rest of the process: c10 has a single CPU allocator per process, so a counter
+// sees every CPU tensor allocated while it lives, whoever allocates
 // it (Gloo's threads included, not oneDNN's scratch or from_blob memory). Two counters
 // keep separate counts from their own start, but two models running at the same time in
 // one process see each other's tensors: run them one after the other to tell them apart.
