@@ -193,7 +193,7 @@ void ShardedAdamW::reduce_bucket(Shard& s) {
   const int64_t P = world_->size();
   const int64_t per_round =
       std::max<int64_t>(1, round_bytes_ / (P * static_cast<int64_t>(c10::elementSize(master_dtype_))));
-  if (!s.grad.defined()) s.grad = at::zeros({s.shard}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
+  ensure_grad(s);
   for (int64_t first = 0; first < s.shard; first += per_round) {
     const int64_t n = std::min(per_round, s.shard - first);
     s.grad.narrow(0, first, n).add_(dist::reduce_scatter(pack_grad_round(s, first, n), *world_));
@@ -216,8 +216,20 @@ void ShardedAdamW::reduce_unit(int unit) {
   for (size_t b : unit_shards(unit)) reduce_bucket(shards_[b]);
 }
 
+void ShardedAdamW::ensure_grad(Shard& s) const {
+  if (!s.grad.defined()) s.grad = at::zeros({s.shard}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
+}
+
+bool ShardedAdamW::is_lookup_unit(int unit) const {
+  return level_ != ShardLevel::optimizer && use_of(unit).lookup_rows && !unit_shards(unit).empty();
+}
+
+const at::Tensor& ShardedAdamW::lookup_table(int unit) const {
+  return model_[shards_[unit_shards(unit).front()].bucket.params.front()].second;
+}
+
 void ShardedAdamW::keep_lookup_rows(int unit, const at::Tensor& token_ids, const at::Tensor& rows) {
-  MMSP_CHECK(level_ != ShardLevel::optimizer && use_of(unit).lookup_rows && !unit_shards(unit).empty(),
+  MMSP_CHECK(is_lookup_unit(unit),
              "ShardedAdamW: unit ", unit, " handed over lookup gradient rows, but it is not a lookup unit");
   MMSP_CHECK(token_ids.dim() == 1 && rows.dim() == 2 && rows.size(0) == token_ids.size(0),
              "ShardedAdamW: lookup rows ", rows.sizes(), " for token ids ", token_ids.sizes(),
@@ -258,7 +270,7 @@ void add_rows_to_piece(at::Tensor piece, int64_t first, int64_t h, const at::Ten
 void ShardedAdamW::add_lookup_rows(int unit) {
   at::NoGradGuard no_grad;
   const std::vector<size_t>& buckets = unit_shards(unit);
-  const at::Tensor& weight = model_[shards_[buckets.front()].bucket.params.front()].second;
+  const at::Tensor& weight = lookup_table(unit);
   MMSP_CHECK(weight.dim() == 2, "ShardedAdamW: lookup unit ", unit, " has a ", weight.dim(),
              "-d weight; a token lookup reads a [V, h] table");
   const int64_t h = weight.size(1);
@@ -277,11 +289,7 @@ void ShardedAdamW::add_lookup_rows(int unit) {
   const std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + counts_t.numel());
   const at::Tensor world_ids = dist::all_gather_v(ids, counts, world_);
   const at::Tensor world_rows = dist::all_gather_v(rows, counts, world_);
-  for (size_t b : buckets) {
-    Shard& s = shards_[b];
-    if (!s.grad.defined())
-      s.grad = at::zeros({s.shard}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
-  }
+  for (size_t b : buckets) ensure_grad(shards_[b]);
   for (const ShardPiece& piece : pieces_)
     if (shards_[piece.bucket].bucket.unit == unit && model_[piece.param].second.is_same(weight))
       add_rows_to_piece(shards_[piece.bucket].grad.narrow(0, piece.shard_offset, piece.length), piece.param_offset,
@@ -380,11 +388,10 @@ double ShardedAdamW::step(double max_norm) {
   // without rows of its own).
   if (level_ != ShardLevel::optimizer)
     for (size_t unit = 0; unit < uses_.size(); ++unit)
-      if (uses_[unit].lookup_rows && !unit_shards(static_cast<int>(unit)).empty()) add_lookup_rows(static_cast<int>(unit));
+      if (is_lookup_unit(static_cast<int>(unit))) add_lookup_rows(static_cast<int>(unit));
   lookup_rows_.clear();
   for (Shard& s : shards_) {
-    if (!s.grad.defined())  // a unit without a dense gradient, and no lookup
-      s.grad = at::zeros({s.shard}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
+    ensure_grad(s);  // a unit without a dense gradient, and no lookup
     grads.push_back(s.grad);
   }
   const double norm = global_norm(grads);
@@ -458,12 +465,11 @@ int64_t ShardedAdamW::step_bytes() const {
 }
 
 int64_t ShardedAdamW::lookup_row_bytes(int64_t max_tokens) const {
-  if (level_ == ShardLevel::optimizer) return 0;
   const int64_t P = world_->size();
   int64_t bytes = 0;
   for (size_t unit = 0; unit < uses_.size(); ++unit) {
-    if (!uses_[unit].lookup_rows || unit_shards(static_cast<int>(unit)).empty()) continue;
-    const at::Tensor& weight = model_[shards_[unit_shards(static_cast<int>(unit)).front()].bucket.params.front()].second;
+    if (!is_lookup_unit(static_cast<int>(unit))) continue;
+    const at::Tensor& weight = lookup_table(static_cast<int>(unit));
     // all_gather_v sends its (padded) piece to each other rank: a count, then ids and rows
     bytes += (P - 1) * (8 + max_tokens * (8 + weight.size(1) * static_cast<int64_t>(weight.element_size())));
   }

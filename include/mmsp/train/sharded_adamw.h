@@ -173,6 +173,9 @@ class ShardedAdamW {
   // all-gathers every rank's and adds those in this rank's shards.
   void keep_lookup_rows(int unit, const at::Tensor& token_ids, const at::Tensor& rows);
   void add_lookup_rows(int unit);
+  bool is_lookup_unit(int unit) const;             // stages 2, 3: its gradient comes as rows
+  const at::Tensor& lookup_table(int unit) const;  // a lookup unit's [V, h] weight
+  void ensure_grad(Shard& s) const;                // s.grad, zeros until something is added
   void gather_unit(int unit);
   // Stage 3: issues the unit's gathers without waiting (no-op for a unit out of range,
   // not prefetched, or already gathered); gather_unit finishes them.
