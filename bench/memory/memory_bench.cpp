@@ -95,6 +95,7 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
       t.loss_chunk = setting.chunked ? o.loss_chunk : o.tokens_per_rank;  // unchunked: one chunk of all T
       t.memory_limit_bytes = 0;
       t.quiet = true;
+      t.report_parameters = false;
       std::ostringstream log;
       const train::TrainReport report = train::train(t, mesh, log);
       const train::StepMetrics& last = report.steps.back();

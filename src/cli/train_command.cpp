@@ -127,6 +127,7 @@ Subcommand add_train_command(CLI::App& parent) {
             dist::Mesh mesh = dist::Mesh::connect(env, shape, flags->options());
             auto activity = std::make_shared<dist::RankActivity>();
             const auto heartbeat = flags->start_heartbeat(env, activity);
+            o->report_parameters = false;  // the checkpoint holds them; a copy per rank would not fit
             train::train(*o, mesh, std::cout, activity.get());
             return 0;
           }};

@@ -511,8 +511,10 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     }
   }
   if (rank0 && !report.steps.empty()) log << summary_table(report.steps);
-  update.gather_weights();
-  for (auto& [name, p] : update.weights()) report.parameters.emplace_back(name, p.detach().clone());
+  if (o.report_parameters) {
+    update.gather_weights();
+    for (auto& [name, p] : update.weights()) report.parameters.emplace_back(name, p.detach().clone());
+  }
   vlm.decoder().set_layer_hooks(nullptr);  // the update goes before the model
   return report;
 }
