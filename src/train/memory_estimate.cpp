@@ -53,6 +53,19 @@ int decoder_layer_of(const std::string& name) {
   return std::stoi(name.substr(digits, end - digits));
 }
 
+// The vision block a parameter name belongs to ("…visual.blocks.<i>.…"), or −1: the
+// Qwen families' blocks are hook units (QwenVLModel::hook_units).
+int vision_block_of(const std::string& name) {
+  const std::string key = "visual.blocks.";
+  const size_t found = name.find(key);
+  if (found == std::string::npos) return -1;
+  const size_t digits = found + key.size(), end = name.find('.', digits);
+  if (end == std::string::npos || end == digits) return -1;
+  for (size_t i = digits; i < end; ++i)
+    if (name[i] < '0' || name[i] > '9') return -1;
+  return std::stoi(name.substr(digits, end - digits));
+}
+
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
@@ -66,20 +79,25 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   const int64_t m = static_cast<int64_t>(c10::elementSize(in.master_dtype));
   const bool mixed = in.compute_dtype != in.master_dtype;
   MemoryEstimate e;
-  std::vector<int64_t> layer_count;  // per decoder layer
+  std::vector<int64_t> layer_count, block_count;  // per decoder layer, per hooked vision block
+  const bool hooked_blocks = config.qwen_vision.has_value();
   for (const auto& [name, shape] : shapes) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     e.parameter_count += n;
-    const int layer = decoder_layer_of(name);
-    if (layer >= 0) {
-      if (layer_count.size() <= static_cast<size_t>(layer)) layer_count.resize(layer + 1, 0);
-      layer_count[layer] += n;
+    const int layer = decoder_layer_of(name), block = hooked_blocks ? vision_block_of(name) : -1;
+    std::vector<int64_t>& count = layer >= 0 ? layer_count : block_count;
+    const int unit = layer >= 0 ? layer : block;
+    if (unit >= 0) {
+      if (count.size() <= static_cast<size_t>(unit)) count.resize(unit + 1, 0);
+      count[unit] += n;
     }
   }
   const int64_t P = e.parameter_count;
+  // Units: the decoder layers and the hooked vision blocks (N_l: the largest of them).
   int64_t in_layers = 0, largest_layer = 0;
-  for (int64_t n : layer_count) in_layers += n, largest_layer = std::max(largest_layer, n);
+  for (const std::vector<int64_t>* counts : {&layer_count, &block_count})
+    for (int64_t n : *counts) in_layers += n, largest_layer = std::max(largest_layer, n);
   // The LM head (lm_head, or the embedding it is tied to) and an untied embedding: the
   // units ZeRO-3 gathers around their uses besides the layers (Decoder::hook_units).
   int64_t head = 0, embedding = 0;

@@ -55,7 +55,8 @@ std::vector<ShardUnitUse> shard_unit_uses(const std::vector<model::HookUnit>& un
 class ShardedLayerHooks : public model::LayerHooks {
  public:
   explicit ShardedLayerHooks(ShardedAdamW& sharded) : sharded_(sharded) {}
-  // The forward runs units 0, 1, ...; the backward ..., 1, 0: each prefetches the next.
+  // A chain of units i, i+1, ... (each one `prefetched` but the first) runs forward in
+  // that order and backward in the reverse one: each unit prefetches the next one.
   void before_forward(size_t unit) override {
     sharded_.gather_unit(static_cast<int>(unit));
     sharded_.prefetch_unit(static_cast<int>(unit) + 1);
@@ -63,7 +64,7 @@ class ShardedLayerHooks : public model::LayerHooks {
   void after_forward(size_t unit) override { sharded_.release_unit(static_cast<int>(unit)); }
   void before_backward(size_t unit) override {
     sharded_.gather_unit(static_cast<int>(unit));
-    sharded_.prefetch_unit(static_cast<int>(unit) - 1);
+    if (sharded_.use_of(static_cast<int>(unit)).prefetched) sharded_.prefetch_unit(static_cast<int>(unit) - 1);
   }
   void after_backward(size_t unit) override {
     sharded_.reduce_unit(static_cast<int>(unit));

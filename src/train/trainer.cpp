@@ -246,8 +246,8 @@ Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist
   adamw.weight_decay = o.weight_decay;
   const NamedParams model_params = named_parameters(*t.vlm);
   t.update = make_weight_update(parse_shard_level(o.shard), model_params, master_dtype_of(in.dtype), adamw, mesh,
-                                t.vlm->decoder().hook_units());
-  t.vlm->decoder().set_layer_hooks(t.update->layer_hooks());
+                                t.vlm->hook_units());
+  t.vlm->set_layer_hooks(t.update->layer_hooks());
   if (in.resolved.weights && o.resume.empty())  // a resume reads the checkpoint's weights instead
     t.update->load_weights(*in.resolved.weights, in.naming);
   return t;
@@ -515,7 +515,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     update.gather_weights();
     for (auto& [name, p] : update.weights()) report.parameters.emplace_back(name, p.detach().clone());
   }
-  vlm.decoder().set_layer_hooks(nullptr);  // the update goes before the model
+  vlm.set_layer_hooks(nullptr);  // the update goes before the model
   return report;
 }
 

@@ -94,34 +94,41 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(sharded.gradients, 2 * P + 2 * 4 * std::min<int64_t>(P, kDefaultBucketBytes / 2));
   EXPECT_EQ(sharded.activations, mixed.activations);
   // --shard gradients / parameters: whole for the step only what lies outside the
-  // decoder layers, the embedding and the head (model.visual.*, norm); besides it one
-  // unit's gradients at a time (a layer's, or the head's) and the lookup's T rows of
-  // h (the embedding never has a dense gradient), and stage 3 one unit in use plus the
-  // next one's gather (or its own gather buffer).
-  int64_t in_layers = 0, layer0 = 0, embedding = 0, head = 0;
+  // decoder layers, the vision blocks, the embedding and the head (patch embedding,
+  // merger, norms); besides it one unit's gradients at a time (a layer's, a block's or
+  // the head's) and the lookup's T rows of h (the embedding never has a dense
+  // gradient), and stage 3 one unit in use plus the next one's gather (or its own
+  // gather buffer).
+  int64_t in_layers = 0, layer0 = 0, in_blocks = 0, block0 = 0, embedding = 0, head = 0;
   for (const auto& [name, shape] : shapes) {
     int64_t k = 1;
     for (int64_t d : shape) k *= d;
     if (name == "model.language_model.embed_tokens.weight" || name == "model.embed_tokens.weight") embedding += k;
     if (name == "lm_head.weight") head += k;
-    if (name.rfind("model.visual.", 0) == 0 || name.find(".layers.") == std::string::npos) continue;
+    if (name.rfind("visual.blocks.", 0) == 0) {
+      in_blocks += k;
+      if (name.rfind("visual.blocks.0.", 0) == 0) block0 += k;
+    }
+    if (name.rfind("visual.", 0) == 0 || name.find(".layers.") == std::string::npos) continue;
     in_layers += k;
     if (name.find(".layers.0.") != std::string::npos) layer0 += k;
   }
+  ASSERT_EQ(in_blocks, block0 * config.qwen_vision->depth) << "the tiny tower's blocks are alike";
   ASSERT_GT(in_layers, 0);
   ASSERT_GT(embedding, 0);
   ASSERT_EQ(head, embedding) << "tiny-qwen2-vl's head is untied, of the embedding's shape";
   ASSERT_EQ(in_layers, layer0 * config.text.num_hidden_layers) << "the tiny decoder's layers are alike";
-  const int64_t kept = P - in_layers - embedding - head;
+  const int64_t kept = P - in_layers - in_blocks - embedding - head;
+  const int64_t unit = std::max({layer0, block0, head});  // the largest unit
   in.shard_level = ShardLevel::gradients;
   const MemoryEstimate stage2 = estimate_memory(config, shapes, in);
-  EXPECT_EQ(stage2.gradients, 2 * (kept + std::max(layer0, head) + 64 * config.text.hidden_size) +
+  EXPECT_EQ(stage2.gradients, 2 * (kept + unit + 64 * config.text.hidden_size) +
                                   2 * 4 * std::min<int64_t>(P, kDefaultBucketBytes / 2));
   EXPECT_EQ(stage2.parameters, 2 * P);
   EXPECT_EQ(stage2.optimizer, sharded.optimizer);
   in.shard_level = ShardLevel::parameters;
   const MemoryEstimate stage3 = estimate_memory(config, shapes, in);
-  EXPECT_EQ(stage3.parameters, 2 * (kept + 2 * std::max(layer0, head)));
+  EXPECT_EQ(stage3.parameters, 2 * (kept + 2 * unit));
   EXPECT_EQ(stage3.gradients, stage2.gradients);
 }
 

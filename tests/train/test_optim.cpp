@@ -337,6 +337,7 @@ struct UnitCase {
   std::vector<int> unit_of;  // per parameter; −1: kept for the step
   std::vector<ShardUnitUse> uses;
   int head = -1, embedding = -1;  // tied: the same unit
+  int vision = -1;                // a vision block: used after the lookup, its backward after layer 0's
 };
 // p0, p1 decoder layer 0; p2, p3 layer 1; p4, p5 outside.
 UnitCase layers_only() { return {{0, 0, 1, 1, -1, -1}, {}, -1, -1}; }
@@ -348,6 +349,12 @@ UnitCase tied_head() { return {{0, 0, 1, 1, 2, -1}, {{}, {}, {3, true, true, tru
 // prefetched, its only gradient the lookup's rows.
 UnitCase untied_head() {
   return {{0, 0, 1, 2, 3, -1}, {{}, {}, {2, true, true}, {1, false, false, true}}, 2, 3};
+}
+// The tied head, and p5 a vision block: the first of its chain (not prefetched), so
+// neither the lookup before it nor its own backward, the last, issues a neighbour's
+// gather (model::QwenVisionEncoder::hook_units).
+UnitCase tied_head_and_vision_block() {
+  return {{0, 0, 1, 1, 2, 3}, {{}, {}, {3, true, true, true}, {2, true, false}}, 2, 2, 3};
 }
 
 bool holds_memory(const at::Tensor& p) { return p.storage().nbytes() > 0; }
@@ -418,11 +425,12 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
     };
     int64_t most_rows = 0;  // the most rows a rank hands over in a step
     for (int q = 0; q < P; ++q) most_rows = std::max<int64_t>(most_rows, q == 0 ? (P == 4 ? 33 : 11) : q == 3 ? 0 : 22);
-    // Whether unit u's hook issues the gather of unit u + step too (then it sends bytes).
+    // Whether unit u's hook issues the gather of unit u + step too (then it sends bytes):
+    // forward, when u + 1 is prefetched; backward, when u is (u − 1 comes before it).
     auto prefetches = [&](int u, int step) {
-      const int next = u + step;
+      const int next = u + step, chained = step > 0 ? next : u;
       const bool exists = std::find(unit_of.begin(), unit_of.end(), next) != unit_of.end();
-      return exists && (static_cast<size_t>(next) >= units.uses.size() || units.uses[next].prefetched);
+      return exists && (static_cast<size_t>(chained) >= units.uses.size() || units.uses[chained].prefetched);
     };
     // One forward use of a unit: held inside, freed after (stage 3); `prefetched`: its
     // gather was issued by the unit before it, so its own hook sends nothing (unless it
@@ -447,17 +455,20 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
         for (size_t i = 0; i < model.size(); ++i)
           if (unit_of[i] < 0) EXPECT_TRUE(holds_memory(model[i].second)) << "kept for the step";
         if (units.embedding >= 0) use(units.embedding, false);
+        if (units.vision >= 0) use(units.vision, false);
         use(0, false);
         use(1, true);
         if (units.head >= 0) use(units.head, true);
         std::vector<int> backward = {1, 0};
         if (units.head >= 0) backward.insert(backward.begin(), units.head);
+        if (units.vision >= 0) backward.push_back(units.vision);
         for (size_t k = 0; k < backward.size(); ++k) {
           const int unit = backward[k];
           const int64_t before = gathered();
           hooks->before_backward(unit);
           EXPECT_TRUE(unit_held(unit)) << "backward of unit " << unit;
-          if (freed && k > 0 && !prefetches(unit, -1))
+          const bool was_prefetched = k > 0 && backward[k - 1] - 1 == unit && prefetches(backward[k - 1], -1);
+          if (freed && was_prefetched && !prefetches(unit, -1))
             EXPECT_EQ(gathered(), before) << "unit " << unit << " was prefetched by the one after it";
           give_grads(unit, t, tied && unit == units.head ? 0.5 : 1.0);
           hooks->after_backward(unit);
@@ -521,9 +532,10 @@ TEST(ShardedAdamW, GradientsAndParametersLevelsEqualReplicatedAdamW) {
 
 // The head and the embedding as units of their own: gathered around each use, a tied
 // head three times a step (its gradient reduced once, after the lookup adds the last
-// part), an untied head twice (reduced after its backward) and the embedding once.
+// part), an untied head twice (reduced after its backward) and the embedding once; and
+// a vision block after the lookup, gathered twice, whose neighbours are not prefetched.
 TEST(ShardedAdamW, HeadAndEmbeddingUnitsEqualReplicatedAdamW) {
-  for (const UnitCase& units : {tied_head(), untied_head()}) {
+  for (const UnitCase& units : {tied_head(), untied_head(), tied_head_and_vision_block()}) {
     for (ShardLevel level : {ShardLevel::gradients, ShardLevel::parameters})
       for (int P : {1, 2, 3, 4}) expect_sharded_equals_replicated(P, at::kDouble, at::kDouble, 1e-12, level, units);
     expect_sharded_equals_replicated(3, at::kBFloat16, at::kFloat, 1e-2, ShardLevel::parameters, units);

@@ -502,6 +502,65 @@ TEST(MultiRankTrain, ShardedGradientsAndParametersEqualOneProcess) {
   }
 }
 
+// Under --shard gradients|parameters the Qwen vision blocks are hook units too: gathered
+// before their forward and their backward, reduced after it. A rank that encodes no image
+// runs them on no rows, so that every rank calls the same hooks in the same order. Data
+// where one short sequence in four has one image (the other ranks encode nothing, and
+// some steps no rank does) trains the model one process trains (fp64, rtol 1e-9), with
+// and without recomputed blocks: Qwen2-VL (tied head), Qwen2.5-VL (windows) and
+// Qwen3-VL (deepstack).
+TEST(MultiRankTrain, HookedVisionBlocksRunOnRanksWithoutImages) {
+  const int world = test::rank_env().world_size;
+  const bool checker = test::rank_env().rank == 0;
+  const int64_t per_rank = 64;
+  const std::string data = shared_dir("sparse-images") + "-" + std::to_string(::getpid()) + ".jsonl";  // per rank
+  {
+    std::ofstream out(data);
+    for (int line = 0; line < 12; ++line) {
+      nlohmann::json sample;
+      std::vector<int64_t> ids = {1};
+      if (line % 4 == 1) ids.insert(ids.end(), {120, 123, 121});  // one merged patch: grid [1, 2, 2]
+      for (int k = 0; k < 20 + 7 * (line % 5); ++k) ids.push_back(3 + (line * 11 + k * 5) % 110);
+      ids.push_back(2);
+      sample["input_ids"] = ids;
+      if (line % 4 == 1) {
+        sample["images"] = {{{"path", std::string(MMSP_SOURCE_DIR) + "/examples/data/circle.png"}}};
+        sample["image_grid_thw"] = {{1, 2, 2}};
+      }
+      out << sample.dump() << "\n";
+    }
+  }
+  std::ostringstream log;
+  for (const FamilyCase& c : {FamilyCase{"tiny-qwen2-vl.json", true, 4}, FamilyCase{"tiny-qwen2_5-vl.json", false, 4},
+                              FamilyCase{"tiny-qwen3-vl.json", false, 4}}) {
+    const std::string config_path = small_vocab_config(c.file, c.tie);
+    const plan::Mesh shape = context_shape(world).ulysses == 3 ? plan::Mesh{1, world, 1} : context_shape(world);
+    train::TrainReport ref;
+    if (checker) {
+      train::TrainOptions o = tiny_options(per_rank * world);
+      o.model = config_path;
+      o.data = data;
+      ref = train::train(o, dist::Mesh::solo(), log);
+    }
+    const dist::Mesh mesh = test::make_mesh(shape);
+    for (const char* level : {"gradients", "parameters"})
+      for (auto mode : {model::ActivationCheckpointing::none, model::ActivationCheckpointing::all}) {
+        train::TrainOptions o = tiny_options(per_rank);
+        o.model = config_path;
+        o.data = data;
+        o.shard = level;
+        o.checkpoint_activations = mode;
+        const train::TrainReport got = train::train(o, mesh, log);
+        if (checker)
+          expect_same_run(got, ref, 1e-9,
+                          std::string(c.file) + " sparse images --shard " + level + " " + shape.str() + " " +
+                              model::to_string(mode));
+      }
+    std::filesystem::remove(config_path);
+  }
+  std::filesystem::remove(data);  // this rank's copy
+}
+
 // Saved with --shard parameters on this world (one optimizer file per rank; the decoder
 // layers gathered to write hf/), the checkpoint resumes on one rank at every shard
 // level, and on this world unsharded; an unsharded checkpoint resumes sharded. Every

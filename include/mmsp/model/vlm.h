@@ -70,9 +70,14 @@ class Vlm : public torch::nn::Module {
 
   virtual const ModelConfig& config() const = 0;
 
-  // The language decoder: its layers are the units --shard gradients|parameters
-  // reduces and gathers one at a time (layer_hooks.h).
+  // The language decoder.
   virtual Decoder& decoder() const = 0;
+
+  // The units --shard gradients|parameters gathers, frees and reduces one at a time
+  // (layer_hooks.h): the decoder's (Decoder::hook_units), then, for the families that
+  // hook them, the vision blocks. set_layer_hooks gives the hooks to all of them.
+  virtual std::vector<HookUnit> hook_units() const { return decoder().hook_units(); }
+  virtual void set_layer_hooks(std::shared_ptr<LayerHooks> hooks) { decoder().set_layer_hooks(std::move(hooks)); }
 };
 
 }  // namespace mmsp::model

@@ -4,15 +4,16 @@
 //
 // Layout: the gradient buckets of GradSync (same order, dtype groups and sizes on every
 // rank; with stages 2 and 3 a bucket never spans two hooked units: the decoder layers,
-// the LM head, the untied token embedding, model/layer_hooks.h), each padded with zeros
+// the LM head, the untied token embedding, the Qwen vision blocks, model/layer_hooks.h),
+// each padded with zeros
 // to a multiple of the world size P and cut into P equal shards; rank r owns elements
 // [r·S, (r+1)·S) of every bucket. Per step:
 //   1. pack the model's gradients into a bucket (converted to the master dtype) and
 //      release them; reduce-scatter the bucket: rank r gets the world sum of its shard.
 //      Stage 1 does this after the backward; stages 2 and 3 do it for a unit's buckets
 //      as soon as its backward is done (layer_hooks()), so at most one layer's
-//      gradients are whole at a time; the rest (vision tower, norms) after the
-//      backward. The token lookup's gradient (of the untied embedding, or of the head
+//      gradients are whole at a time; the rest (norms, patch embedding, mergers,
+//      LLaVA's and InternVL's towers) after the backward. The token lookup's gradient (of the untied embedding, or of the head
 //      tied to it) never becomes a dense [V, h] tensor there: the lookup hands over its
 //      T·h gradient rows (model::hooked_lookup), and after the backward every rank
 //      all-gathers every rank's token ids and rows and adds those that fall in its
@@ -24,20 +25,22 @@
 //      matrices only, as make_adamw's groups);
 //   4. all-gather the updated shards, rounded to the model's dtype, into the model.
 //      Stage 3 instead frees every weight after the step: the weights outside the
-//      units (vision tower, norms, projector) are all-gathered before the forward
-//      (gather_step_weights) and kept for the step; each unit is all-gathered just
-//      before each use and freed after it: a decoder layer before its forward and
-//      again before its backward, the head before the loss and again before its
-//      backward, the embedding before its lookup (a tied one is the head's unit: three
-//      gathers). The next unit's gather (forward: unit i+1, backward: unit i−1) is
-//      issued as a unit begins, without waiting, so it moves while the unit computes
-//      (FSDP's prefetch); it lands in a buffer the model reads only once the gather is
-//      waited for. The last layer prefetches the head and the head's backward the last
-//      layer; the embedding, used first, is not prefetched.
-// Why not the vision blocks one by one too: a rank without images runs none of them,
-// and a gather that some ranks skip would hang the others.
-// Memory per rank, for N parameters (N_r outside the units, N_l the largest layer, N_h
-// the head, N_e an untied embedding), model dtype of b bytes and masters of m bytes:
+//      units (norms, patch embedding, mergers, projector) are all-gathered before the
+//      forward (gather_step_weights) and kept for the step; each unit is all-gathered
+//      just before each use and freed after it: a decoder layer or vision block before
+//      its forward and again before its backward, the head before the loss and again
+//      before its backward, the embedding before its lookup (a tied one is the head's
+//      unit: three gathers). The next unit's gather (forward: unit i+1, backward: unit
+//      i−1) is issued as a unit begins, without waiting, so it moves while the unit
+//      computes (FSDP's prefetch); it lands in a buffer the model reads only once the
+//      gather is waited for. The last layer prefetches the head and the head's backward
+//      the last layer; the embedding, used first, and vision block 0, whose neighbours
+//      in unit order are not its neighbours in time, are not prefetched, nor do they
+//      prefetch (ShardUnitUse::prefetched). A rank without images runs the vision
+//      blocks on no rows, so every rank gathers them alike.
+// Memory per rank, for N parameters (N_r outside the units, N_l the largest layer or
+// vision block, N_h the head, N_e an untied embedding), model dtype of b bytes and
+// masters of m bytes:
 // masters + 2 moments 3·m·N/P (+ padding, < P per bucket); model N·b (stage 3: none
 // between steps, and during one N_r·b plus at most 2·max(N_l, N_h, N_e)·b: a unit in
 // use and the next one's gather in flight, or a unit and the buffer it is gathered
@@ -81,7 +84,8 @@ struct ShardPiece {
 struct ShardUnitUse {
   int gathers = 2;                 // stage 3: all-gathers per step (each forward use, and the backward)
   bool dense_gradient = true;      // stages 2, 3: has one, reduced at its after_backward hook
-  bool prefetched = true;          // stage 3: the hook of unit ± 1 issues its gather early
+  bool prefetched = true;          // stage 3: unit − 1's forward hook issues its gather early, and its
+                                   // backward hook unit − 1's (false: the first unit of a chain)
   bool lookup_rows = false;        // stages 2, 3: the token lookup's gradient comes as rows
 };
 std::vector<ShardUnitUse> shard_unit_uses(const std::vector<model::HookUnit>& units);

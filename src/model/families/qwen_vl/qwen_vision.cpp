@@ -80,8 +80,9 @@ QwenVisionEncoder::Merger::Merger(const QwenVisionConfig& c, Variant variant, bo
 }
 
 at::Tensor QwenVisionEncoder::Merger::forward(const at::Tensor& x, int64_t merged_width) const {
-  at::Tensor merged = postshuffle_norm ? norm->forward(x.reshape({-1, merged_width}))
-                                       : norm->forward(x).reshape({-1, merged_width});
+  const int64_t rows = x.numel() / merged_width;  // not -1: no rows is a valid input
+  at::Tensor merged = postshuffle_norm ? norm->forward(x.reshape({rows, merged_width}))
+                                       : norm->forward(x).reshape({rows, merged_width});
   return fc2->forward(at::gelu(fc1->forward(merged)));
 }
 
@@ -120,6 +121,18 @@ QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c, plan::ModelFamil
           list->register_module(std::to_string(k), std::make_shared<Merger>(c, Variant::qwen3, true)));
     }
   }
+}
+
+std::vector<HookUnit> QwenVisionEncoder::hook_units() const {
+  std::vector<HookUnit> units;
+  for (const auto& block : block_list_) units.push_back(HookUnit{block->parameters()});
+  if (!units.empty()) units.front().prefetched = false;  // the unit before it is not a block
+  return units;
+}
+
+void QwenVisionEncoder::set_layer_hooks(std::shared_ptr<LayerHooks> hooks, size_t first_unit) {
+  hooks_ = std::move(hooks);
+  first_unit_ = first_unit;
 }
 
 at::Tensor vision_patch_positions(const std::vector<plan::Grid>& grids, int64_t m) {
@@ -195,12 +208,12 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
   MMSP_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == patches && pixel_values.size(1) == patch_dim,
              "pixel_values ", pixel_values.sizes(), " must be [", patches, ", ", patch_dim,
              "] for these grids (C·tp·p·p = ", patch_dim, ")");
-  MMSP_CHECK(patches > 0, "the vision encoder needs at least one item");
+  MMSP_CHECK(patches > 0 || hooked(), "the vision encoder needs at least one item");
   // The Conv3d with stride = kernel is a matmul over flattened patches.
   const at::Tensor w = patch_embed_->proj_weight.reshape({c.hidden_size, patch_dim});
   at::Tensor x = patch_embed_->proj_bias.defined() ? at::linear(pixel_values, w, patch_embed_->proj_bias)
                                                    : at::linear(pixel_values, w);
-  if (qwen3_) x = x + interpolated_positions(grids);
+  if (qwen3_ && patches > 0) x = x + interpolated_positions(grids);
   x = leave_phase_in_backward(x, Phase::vision);  // the encoder's backward ends here
 
   // 2-D rotary: head_dim/4 frequencies for h, as many for w, then doubled.
@@ -216,7 +229,9 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
   // a window never leaves its frame, so the frames stay contiguous segments.
   attention::TokenLayout windows;
   at::Tensor restore;  // merged rows back to the processor's order
-  if (variant_ == Variant::qwen2_5) {
+  if (variant_ == Variant::qwen2_5 && patches == 0) {
+    windows = frames;  // no rows: nothing to put in window order
+  } else if (variant_ == Variant::qwen2_5) {
     const WindowIndex wi = window_index(grids, m, c.window_size / (c.patch_size * m));
     const at::Tensor order = at::tensor(at::ArrayRef<int64_t>(wi.order), at::kLong).clone();
     const std::vector<int64_t> inverse = wi.inverse();
@@ -241,15 +256,17 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
                       std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(),
                                 static_cast<int64_t>(i)) != c.fullatt_block_indexes.end();
     const attention::TokenLayout& segments = full ? frames : windows;
-    if (recompute_blocks_) {
-      // By value: the backward runs after this frame (the encoder itself outlives the step).
-      std::shared_ptr<Block> block = block_list_[i];
-      x = recompute_in_backward(
-          [this, block, rotary, segments](const at::Tensor& in) { return block_forward(*block, in, rotary, segments); },
-          x, block->parameters());
-    } else {
-      x = block_forward(*block_list_[i], x, rotary, segments);
-    }
+    std::shared_ptr<Block> block = block_list_[i];
+    x = run_hooked_layer(
+        hooks_, first_unit_ + i,
+        [&](const at::Tensor& in) {
+          if (!recompute_blocks_) return block_forward(*block, in, rotary, segments);
+          // By value: the backward runs after this frame (the encoder itself outlives the step).
+          return recompute_in_backward(
+              [this, block, rotary, segments](const at::Tensor& y) { return block_forward(*block, y, rotary, segments); },
+              in, block->parameters());
+        },
+        x);
     for (size_t k = 0; k < deepstack_.size(); ++k)
       if (c.deepstack_visual_indexes[k] == static_cast<int64_t>(i))
         out.deepstack.push_back(deepstack_[k]->forward(x, width));

@@ -30,7 +30,7 @@ QwenVLModel::QwenVLModel(const ModelConfig& config) : config_(config) {
 
 at::Tensor QwenVLModel::encode(const std::vector<plan::VisionItem>& items,
                                const std::vector<int64_t>& which, const PixelInputs& pixels) const {
-  if (which.empty()) {
+  if (which.empty() && !visual_->hooked()) {
     // A rank that encodes nothing still takes part in the routing collective's
     // backward, so its (empty) rows must be in the graph.
     const at::Tensor& w = decoder_->model->embed_tokens->weight;
@@ -39,6 +39,13 @@ at::Tensor QwenVLModel::encode(const std::vector<plan::VisionItem>& items,
   PhaseScope vision(Phase::vision);
   std::vector<at::Tensor> rows;
   std::vector<plan::Grid> grids;
+  if (which.empty()) {
+    // Hooked blocks (--shard gradients|parameters) gather, free and reduce with
+    // collectives: this rank runs them on no rows, calling their hooks as the others do.
+    const QwenVisionConfig& c = visual_->config();
+    const at::Tensor& w = decoder_->model->embed_tokens->weight;
+    rows.push_back(at::zeros({0, c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size}, w.options()));
+  }
   for (int64_t i : which) {
     const plan::VisionItem& item = items.at(i);
     const at::Tensor& source = item.kind == plan::VisionKind::image ? pixels.images : pixels.videos;
@@ -87,6 +94,17 @@ StepOutput QwenVLModel::forward(const plan::Batch& batch, const plan::StepPlan& 
   for (int k = 0; k < visual_->deepstack_levels(); ++k)
     ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
   return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels, in.label_count};
+}
+
+std::vector<HookUnit> QwenVLModel::hook_units() const {
+  std::vector<HookUnit> units = decoder_->hook_units();
+  for (HookUnit& block : visual_->hook_units()) units.push_back(std::move(block));
+  return units;
+}
+
+void QwenVLModel::set_layer_hooks(std::shared_ptr<LayerHooks> hooks) {
+  visual_->set_layer_hooks(hooks, decoder_->hook_units().size());
+  decoder_->set_layer_hooks(std::move(hooks));
 }
 
 void QwenVLModel::set_activation_checkpointing(ActivationCheckpointing mode) {
