@@ -106,7 +106,7 @@ QwenVisionConfig parse_qwen_vision_config(const nlohmann::json& vision, ModelFam
       {"spatial_merge_size", v.spatial_merge_size, 64}, {"in_channels", v.in_channels, 64}};
   for (const auto& l : limits)
     MMSP_CHECK(l.value <= l.max, f.name(l.key), " ", l.value, " is beyond what a vision tower uses: at most ", l.max);
-  const int64_t patch_row = v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size;
+  const int64_t patch_row = v.patch_row();  // the factors are bounded above: no overflow
   MMSP_CHECK(patch_row <= (int64_t{1} << 22), f.name("in_channels"), " × ", f.name("temporal_patch_size"), " × ",
              f.name("patch_size"), "² = ", patch_row, " values per patch is beyond 4194304");
 

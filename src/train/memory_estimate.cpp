@@ -40,31 +40,28 @@ std::string MemoryEstimate::table() const {
 
 namespace {
 
-// The decoder layer a parameter name belongs to ("…layers.<i>.…" outside the vision
-// tower), or −1.
-int decoder_layer_of(const std::string& name) {
-  if (name.find("visual") != std::string::npos || name.find("vision") != std::string::npos) return -1;
-  const size_t at = name.find("layers.");
-  if (at == std::string::npos || (at > 0 && name[at - 1] != '.')) return -1;
-  const size_t digits = at + 7, end = name.find('.', digits);
-  if (end == std::string::npos || end == digits) return -1;
-  for (size_t i = digits; i < end; ++i)
-    if (name[i] < '0' || name[i] > '9') return -1;
-  return std::stoi(name.substr(digits, end - digits));
-}
-
-// The vision block a parameter name belongs to ("…visual.blocks.<i>.…"), or −1: the
-// Qwen families' blocks are hook units (QwenVLModel::hook_units).
-int vision_block_of(const std::string& name) {
-  const std::string key = "visual.blocks.";
+// The index i of "<key>i." in a name ("…layers.3.mlp…" → 3 for "layers."), or −1.
+// The key must start the name or follow a dot.
+int index_after(const std::string& name, const std::string& key) {
   const size_t found = name.find(key);
-  if (found == std::string::npos) return -1;
+  if (found == std::string::npos || (found > 0 && name[found - 1] != '.')) return -1;
   const size_t digits = found + key.size(), end = name.find('.', digits);
   if (end == std::string::npos || end == digits) return -1;
   for (size_t i = digits; i < end; ++i)
     if (name[i] < '0' || name[i] > '9') return -1;
   return std::stoi(name.substr(digits, end - digits));
 }
+
+// The decoder layer a parameter name belongs to ("…layers.<i>.…" outside the vision
+// tower), or −1.
+int decoder_layer_of(const std::string& name) {
+  if (name.find("visual") != std::string::npos || name.find("vision") != std::string::npos) return -1;
+  return index_after(name, "layers.");
+}
+
+// The vision block a parameter name belongs to ("…visual.blocks.<i>.…"), or −1: the
+// Qwen families' blocks are hook units (QwenVLModel::hook_units).
+int vision_block_of(const std::string& name) { return index_after(name, "visual.blocks."); }
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;

@@ -49,6 +49,8 @@ struct QwenVisionConfig {
   double initializer_range = 0.02;
 
   int64_t head_dim() const { return hidden_size / num_heads; }
+  // Values in one row of pixel_values: a patch of every channel over temporal_patch_size frames
+  int64_t patch_row() const { return in_channels * temporal_patch_size * patch_size * patch_size; }
 };
 
 // LLaVA's vision_config (model_type clip_vision_model). Defaults are CLIPVisionConfig's;

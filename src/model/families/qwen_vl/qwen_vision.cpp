@@ -204,7 +204,7 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
       for (int64_t i = 0; i < g[1] * g[2]; ++i) seg.push_back(frame), ord.push_back(i);
     patches += g[0] * g[1] * g[2];
   }
-  const int64_t patch_dim = c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size;
+  const int64_t patch_dim = c.patch_row();
   MMSP_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == patches && pixel_values.size(1) == patch_dim,
              "pixel_values ", pixel_values.sizes(), " must be [", patches, ", ", patch_dim,
              "] for these grids (C·tp·p·p = ", patch_dim, ")");

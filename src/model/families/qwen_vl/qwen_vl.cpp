@@ -42,9 +42,8 @@ at::Tensor QwenVLModel::encode(const std::vector<plan::VisionItem>& items,
   if (which.empty()) {
     // Hooked blocks (--shard gradients|parameters) gather, free and reduce with
     // collectives: this rank runs them on no rows, calling their hooks as the others do.
-    const QwenVisionConfig& c = visual_->config();
     const at::Tensor& w = decoder_->model->embed_tokens->weight;
-    rows.push_back(at::zeros({0, c.in_channels * c.temporal_patch_size * c.patch_size * c.patch_size}, w.options()));
+    rows.push_back(at::zeros({0, visual_->config().patch_row()}, w.options()));
   }
   for (int64_t i : which) {
     const plan::VisionItem& item = items.at(i);

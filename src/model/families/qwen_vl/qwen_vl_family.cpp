@@ -135,7 +135,7 @@ class QwenPixelGeometry : public PixelGeometry {
   }
   int64_t batch_rows(const plan::Grid& g) const override { return g[0] * g[1] * g[2]; }
   std::vector<int64_t> row_shape() const override {
-    return {v_.in_channels * v_.temporal_patch_size * v_.patch_size * v_.patch_size};
+    return {v_.patch_row()};
   }
   std::string item_layout() const override { return "patches x channels*temporal_patch_size*patch_size^2"; }
   at::Tensor item_pixels(const at::Tensor& frames) const override { return qwen_patches(frames, v_, norm_).rows; }
