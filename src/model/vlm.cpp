@@ -18,4 +18,20 @@ int64_t PixelInputs::first_row(const plan::VisionItem& item, int64_t whole_batch
   return row;
 }
 
+void Vlm::set_activation_checkpointing(ActivationCheckpointing mode) {
+  decoder().set_recompute_layers(mode != ActivationCheckpointing::none);
+  vision_blocks().set_recompute(mode == ActivationCheckpointing::all);
+}
+
+std::vector<HookUnit> Vlm::hook_units() const {
+  std::vector<HookUnit> units = decoder().hook_units();
+  for (HookUnit& block : vision_blocks().units()) units.push_back(std::move(block));
+  return units;
+}
+
+void Vlm::set_layer_hooks(std::shared_ptr<LayerHooks> hooks) {
+  vision_blocks().set_hooks(hooks, decoder().hook_units().size());
+  decoder().set_layer_hooks(std::move(hooks));
+}
+
 }  // namespace mmsp::model

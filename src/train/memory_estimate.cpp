@@ -59,9 +59,14 @@ int decoder_layer_of(const std::string& name) {
   return index_after(name, "layers.");
 }
 
-// The vision block a parameter name belongs to ("…visual.blocks.<i>.…"), or −1: the
-// Qwen families' blocks are hook units (QwenVLModel::hook_units).
-int vision_block_of(const std::string& name) { return index_after(name, "visual.blocks."); }
+// The vision block a parameter name belongs to, or −1: every tower's blocks are hook
+// units (model::HookedBlocks): Qwen's "…visual.blocks.<i>.…", CLIP's
+// "vision_tower.vision_model.encoder.layers.<i>.…", InternViT's "vision_tower.encoder.layer.<i>.…".
+int vision_block_of(const std::string& name) {
+  for (const char* chain : {"visual.blocks.", "vision_model.encoder.layers.", "vision_tower.encoder.layer."})
+    if (const int block = index_after(name, chain); block >= 0) return block;
+  return -1;
+}
 
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
@@ -77,12 +82,11 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   const bool mixed = in.compute_dtype != in.master_dtype;
   MemoryEstimate e;
   std::vector<int64_t> layer_count, block_count;  // per decoder layer, per hooked vision block
-  const bool hooked_blocks = config.qwen_vision.has_value();
   for (const auto& [name, shape] : shapes) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     e.parameter_count += n;
-    const int layer = decoder_layer_of(name), block = hooked_blocks ? vision_block_of(name) : -1;
+    const int layer = decoder_layer_of(name), block = vision_block_of(name);
     std::vector<int64_t>& count = layer >= 0 ? layer_count : block_count;
     const int unit = layer >= 0 ? layer : block;
     if (unit >= 0) {

@@ -132,6 +132,75 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(stage3.gradients, stage2.gradients);
 }
 
+// Every family's vision tower is a chain of hook units after the decoder's (Qwen's
+// blocks, CLIP's and InternViT's encoder layers), one per block holding exactly that
+// block's parameters; LLaVA's CLIP layer above vision_feature_layer (−2) is a unit the
+// step never reads. The estimate keeps whole, under --shard parameters, what the model
+// leaves outside its units, and no more.
+TEST(MemoryEstimate, EveryTowersBlocksAreUnitsOfTheModelAndTheEstimate) {
+  const std::vector<std::pair<std::string, std::string>> towers = {
+      {"configs/tiny-qwen2-vl.json", "visual.blocks."},
+      {"configs/tiny-qwen3-vl.json", "model.visual.blocks."},
+      {"configs/tiny-llava.json", "vision_tower.vision_model.encoder.layers."},
+      {"configs/tiny-internvl.json", "vision_tower.encoder.layer."}};
+  for (const auto& [file, chain] : towers) {
+    SCOPED_TRACE(file);
+    const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/" + file);
+    model::ParameterInitScope meta(model::ParameterInit::meta);
+    const std::shared_ptr<model::Vlm> vlm = model::build_vlm(config);
+    const std::vector<model::HookUnit> units = vlm->hook_units();
+    const size_t first_block = vlm->decoder().hook_units().size();
+    auto name_of = [&](const at::Tensor& t) {
+      for (const auto& item : vlm->named_parameters())
+        if (item.value().is_same(t)) return item.key();
+      return std::string("?");
+    };
+    int64_t depth = 0, in_units = 0, largest = 0, P = 0;
+    Shapes shapes;
+    for (const auto& item : vlm->named_parameters()) {
+      shapes.emplace_back(item.key(), item.value().sizes().vec());
+      P += item.value().numel();
+      if (item.key().rfind(chain, 0) == 0)
+        depth = std::max<int64_t>(depth, std::stoll(item.key().substr(chain.size())) + 1);
+    }
+    ASSERT_GT(depth, 0);
+    ASSERT_EQ(units.size(), first_block + depth);
+    for (size_t u = 0; u < units.size(); ++u) {
+      int64_t n = 0;
+      for (const at::Tensor& p : units[u].parameters) {
+        n += p.numel();
+        if (u >= first_block)
+          EXPECT_EQ(name_of(p).rfind(chain + std::to_string(u - first_block) + ".", 0), 0u)
+              << name_of(p) << " is in vision unit " << u - first_block;
+      }
+      in_units += n;
+      largest = std::max(largest, n);
+    }
+    // every parameter of the chain is in a unit
+    int64_t in_chain = 0;
+    for (const auto& item : vlm->named_parameters())
+      if (item.key().rfind(chain, 0) == 0) in_chain += item.value().numel();
+    int64_t in_vision_units = 0;
+    for (size_t u = first_block; u < units.size(); ++u)
+      for (const at::Tensor& p : units[u].parameters) in_vision_units += p.numel();
+    EXPECT_EQ(in_vision_units, in_chain);
+    EXPECT_FALSE(units[first_block].prefetched) << "block 0 follows a unit that is not a block";
+    const bool llava = config.clip_vision.has_value();
+    for (size_t u = first_block + 1; u < units.size(); ++u) {
+      const bool runs = !llava || u + 1 < units.size();  // tiny-llava: 2 layers, the features are layer 1's
+      EXPECT_EQ(units[u].forward_uses, runs ? 1 : 0) << "vision unit " << u - first_block;
+      EXPECT_EQ(units[u].backward_hooks, runs);
+      EXPECT_EQ(units[u].prefetched, runs);
+    }
+    MemoryEstimateInputs in;
+    in.tokens_per_rank = 64;
+    in.compute_dtype = at::kBFloat16;
+    in.shard_level = ShardLevel::parameters;
+    in.shard_world = 4;
+    EXPECT_EQ(estimate_memory(config, shapes, in).parameters, 2 * (P - in_units + 2 * largest));
+  }
+}
+
 // Checkpointing keeps each layer's input and one layer's activations; a loss chunk of n
 // tokens holds n tokens' logits instead of T's (docs/train.md, "Memory flags").
 TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {

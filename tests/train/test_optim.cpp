@@ -338,6 +338,7 @@ struct UnitCase {
   std::vector<ShardUnitUse> uses;
   int head = -1, embedding = -1;  // tied: the same unit
   int vision = -1;                // a vision block: used after the lookup, its backward after layer 0's
+  int unread = -1;                // a unit the step never reads: no hooks, a zero gradient
 };
 // p0, p1 decoder layer 0; p2, p3 layer 1; p4, p5 outside.
 UnitCase layers_only() { return {{0, 0, 1, 1, -1, -1}, {}, -1, -1}; }
@@ -352,10 +353,14 @@ UnitCase untied_head() {
 }
 // The tied head, and p5 a vision block: the first of its chain (not prefetched), so
 // neither the lookup before it nor its own backward, the last, issues a neighbour's
-// gather (model::QwenVisionEncoder::hook_units).
+// gather (model::HookedBlocks::units).
 UnitCase tied_head_and_vision_block() {
   return {{0, 0, 1, 1, 2, 3}, {{}, {}, {3, true, true, true}, {2, true, false}}, 2, 2, 3};
 }
+// p4 a unit the step never reads (LLaVA's CLIP layer above vision_feature_layer): never
+// gathered, nothing reduced, a zero gradient as the replicated path gives an untouched
+// parameter (decay still applies).
+UnitCase unread_block() { return {{0, 0, 1, 1, 2, -1}, {{}, {}, {0, false, false}}, -1, -1, -1, 2}; }
 
 bool holds_memory(const at::Tensor& p) { return p.storage().nbytes() > 0; }
 
@@ -379,7 +384,8 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
     for (size_t i = 0; i < ref.size(); ++i) {
       at::Tensor sum = at::zeros(ref[i].second.sizes(), at::kDouble);
       for (int r = 0; r < P; ++r)
-        if (!(r == 2 && i == 3)) sum += rank_grad(ref[i].second, r, i, t).to(model_dtype).to(at::kDouble);
+        if (!(r == 2 && i == 3) && units.unit_of[i] != units.unread)
+          sum += rank_grad(ref[i].second, r, i, t).to(model_dtype).to(at::kDouble);
       ref[i].second.mutable_grad() = sum.to(master_dtype);
     }
     clip_grad_norm(ref, clip);
@@ -400,6 +406,7 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
     // Unit `unit`'s gradients, times `scale` (added to what is there: a tied head's
     // gradient comes in two parts, each exactly half).
     auto give_grads = [&](int unit, int t, double scale = 1.0) {
+      if (unit == units.unread) return;
       for (size_t i = 0; i < model.size(); ++i)
         if (unit_of[i] == unit && !(r == 2 && i == 3)) {
           at::Tensor g = (rank_grad(model[i].second, r, i, t) * scale).to(model_dtype);
@@ -488,6 +495,7 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
           EXPECT_FALSE(model[table].second.grad().defined()) << "the lookup makes no dense gradient";
         }
         give_grads(-1, t);
+        if (units.unread >= 0) EXPECT_EQ(unit_held(units.unread), !freed) << "an unread unit is never gathered";
       }
       norms[r] = sharded.step(clip);
     }
@@ -533,9 +541,10 @@ TEST(ShardedAdamW, GradientsAndParametersLevelsEqualReplicatedAdamW) {
 // The head and the embedding as units of their own: gathered around each use, a tied
 // head three times a step (its gradient reduced once, after the lookup adds the last
 // part), an untied head twice (reduced after its backward) and the embedding once; and
-// a vision block after the lookup, gathered twice, whose neighbours are not prefetched.
+// a vision block after the lookup, gathered twice, whose neighbours are not prefetched;
+// and a unit the step never reads, never gathered nor reduced.
 TEST(ShardedAdamW, HeadAndEmbeddingUnitsEqualReplicatedAdamW) {
-  for (const UnitCase& units : {tied_head(), untied_head(), tied_head_and_vision_block()}) {
+  for (const UnitCase& units : {tied_head(), untied_head(), tied_head_and_vision_block(), unread_block()}) {
     for (ShardLevel level : {ShardLevel::gradients, ShardLevel::parameters})
       for (int P : {1, 2, 3, 4}) expect_sharded_equals_replicated(P, at::kDouble, at::kDouble, 1e-12, level, units);
     expect_sharded_equals_replicated(3, at::kBFloat16, at::kFloat, 1e-2, ShardLevel::parameters, units);

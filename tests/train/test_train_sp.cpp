@@ -502,38 +502,51 @@ TEST(MultiRankTrain, ShardedGradientsAndParametersEqualOneProcess) {
   }
 }
 
-// Under --shard gradients|parameters the Qwen vision blocks are hook units too: gathered
+// Under --shard gradients|parameters the vision blocks are hook units too: gathered
 // before their forward and their backward, reduced after it. A rank that encodes no image
 // runs them on no rows, so that every rank calls the same hooks in the same order. Data
 // where one short sequence in four has one image (the other ranks encode nothing, and
 // some steps no rank does) trains the model one process trains (fp64, rtol 1e-9), with
-// and without recomputed blocks: Qwen2-VL (tied head), Qwen2.5-VL (windows) and
-// Qwen3-VL (deepstack).
+// and without recomputed blocks, for every tower: Qwen2-VL (tied head), Qwen2.5-VL
+// (windows), Qwen3-VL (deepstack), LLaVA (CLIP, whose last layer never runs:
+// vision_feature_layer −2) and InternVL (InternViT, pixel shuffle).
 TEST(MultiRankTrain, HookedVisionBlocksRunOnRanksWithoutImages) {
   const int world = test::rank_env().world_size;
   const bool checker = test::rank_env().rank == 0;
-  const int64_t per_rank = 64;
-  const std::string data = shared_dir("sparse-images") + "-" + std::to_string(::getpid()) + ".jsonl";  // per rank
-  {
-    std::ofstream out(data);
-    for (int line = 0; line < 12; ++line) {
-      nlohmann::json sample;
-      std::vector<int64_t> ids = {1};
-      if (line % 4 == 1) ids.insert(ids.end(), {120, 123, 121});  // one merged patch: grid [1, 2, 2]
-      for (int k = 0; k < 20 + 7 * (line % 5); ++k) ids.push_back(3 + (line * 11 + k * 5) % 110);
-      ids.push_back(2);
-      sample["input_ids"] = ids;
-      if (line % 4 == 1) {
-        sample["images"] = {{{"path", std::string(MMSP_SOURCE_DIR) + "/examples/data/circle.png"}}};
-        sample["image_grid_thw"] = {{1, 2, 2}};
-      }
-      out << sample.dump() << "\n";
-    }
-  }
+  struct SparseCase {
+    FamilyCase family;
+    std::vector<int64_t> image;  // the image's placeholder tokens (small_vocab_config's ids)
+    nlohmann::json grid;         // image_grid_thw, or null: the family's from the file
+  };
+  const std::vector<int64_t> qwen = {120, 123, 121};  // one merged patch: grid [1, 2, 2]
+  const std::vector<SparseCase> cases = {
+      {{"tiny-qwen2-vl.json", true, 4, 64}, qwen, {{1, 2, 2}}},
+      {{"tiny-qwen2_5-vl.json", false, 4, 64}, qwen, {{1, 2, 2}}},
+      {{"tiny-qwen3-vl.json", false, 4, 64}, qwen, {{1, 2, 2}}},
+      {{"tiny-llava.json", false, 4, 96}, std::vector<int64_t>(16, 123), nullptr},  // 56 px: 4 × 4 patches
+      // 56 px: one tile, 4 rows after the pixel shuffle, between <img> and </img>
+      {{"tiny-internvl.json", false, 4, 96}, {120, 123, 123, 123, 123, 121}, nullptr}};
   std::ostringstream log;
-  for (const FamilyCase& c : {FamilyCase{"tiny-qwen2-vl.json", true, 4}, FamilyCase{"tiny-qwen2_5-vl.json", false, 4},
-                              FamilyCase{"tiny-qwen3-vl.json", false, 4}}) {
-    const std::string config_path = small_vocab_config(c.file, c.tie);
+  for (const SparseCase& c : cases) {
+    const std::string data = shared_dir("sparse-images") + "-" + std::to_string(::getpid()) + ".jsonl";  // per rank
+    {
+      std::ofstream out(data);
+      for (int line = 0; line < 12; ++line) {
+        nlohmann::json sample;
+        std::vector<int64_t> ids = {1};
+        if (line % 4 == 1) ids.insert(ids.end(), c.image.begin(), c.image.end());
+        for (int k = 0; k < 20 + 7 * (line % 5); ++k) ids.push_back(3 + (line * 11 + k * 5) % 110);
+        ids.push_back(2);
+        sample["input_ids"] = ids;
+        if (line % 4 == 1) {
+          sample["images"] = {{{"path", std::string(MMSP_SOURCE_DIR) + "/examples/data/circle.png"}}};
+          if (!c.grid.is_null()) sample["image_grid_thw"] = c.grid;
+        }
+        out << sample.dump() << "\n";
+      }
+    }
+    const int64_t per_rank = c.family.per_rank;
+    const std::string config_path = small_vocab_config(c.family.file, c.family.tie);
     const plan::Mesh shape = context_shape(world).ulysses == 3 ? plan::Mesh{1, world, 1} : context_shape(world);
     train::TrainReport ref;
     if (checker) {
@@ -553,12 +566,12 @@ TEST(MultiRankTrain, HookedVisionBlocksRunOnRanksWithoutImages) {
         const train::TrainReport got = train::train(o, mesh, log);
         if (checker)
           expect_same_run(got, ref, 1e-9,
-                          std::string(c.file) + " sparse images --shard " + level + " " + shape.str() + " " +
+                          std::string(c.family.file) + " sparse images --shard " + level + " " + shape.str() + " " +
                               model::to_string(mode));
       }
     std::filesystem::remove(config_path);
+    std::filesystem::remove(data);  // this rank's copy
   }
-  std::filesystem::remove(data);  // this rank's copy
 }
 
 // Saved with --shard parameters on this world (one optimizer file per rank; the decoder

@@ -3,14 +3,13 @@
 // and reduce-scatters its gradients, and where the token lookup hands over its gradient
 // as rows. The model calls them; train/ decides what they do.
 // The units are the model's (Vlm::hook_units): the decoder's layers 0 … L−1, the LM
-// head (L), the token embedding (L + 1) when it is not tied to the head, then, in the
-// Qwen families, the vision blocks (QwenVisionEncoder::hook_units).
+// head (L), the token embedding (L + 1) when it is not tied to the head, then the vision
+// tower's blocks (HookedBlocks: Qwen's blocks, CLIP's and InternViT's encoder layers).
 //
 // Every rank runs every unit, in the same order, forward and backward, so the hooks are
 // called in the same order on every rank and may run collectives (all but
 // lookup_backward). A rank that encodes no image runs the hooked vision blocks on no
-// rows for that reason: a gather that some ranks skip would hang the others. (LLaVA's
-// and InternVL's towers are not hooked: they stay whole, as the rest of the model.)
+// rows for that reason: a gather that some ranks skip would hang the others.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -49,6 +48,8 @@ struct HookUnit {
   bool prefetched = true;       // the forward reaches it right after unit − 1 (and the backward
                                 // unit − 1 right after it), so that one may issue its gather early
                                 // (false: the first of a chain, such as vision block 0)
+  // A unit the step never reads (LLaVA's CLIP layers above vision_feature_layer): no
+  // forward uses, no backward hooks, not prefetched. Never gathered; its gradient is zero.
 };
 
 // y = layer(x) with the hooks of layer `index` around it. The backward hooks are two

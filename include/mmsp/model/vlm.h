@@ -14,6 +14,7 @@
 #include "mmsp/dist/group.h"
 #include "mmsp/model/config.h"
 #include "mmsp/model/decoder.h"
+#include "mmsp/model/hooked_blocks.h"
 #include "mmsp/model/recompute.h"
 #include "mmsp/model/vision_routing.h"
 #include "mmsp/plan/step_plan.h"
@@ -66,18 +67,21 @@ class Vlm : public torch::nn::Module {
 
   // none: keep every activation; decoder: recompute decoder layers in the backward;
   // all: the vision tower's blocks too.
-  virtual void set_activation_checkpointing(ActivationCheckpointing mode) = 0;
+  void set_activation_checkpointing(ActivationCheckpointing mode);
 
   virtual const ModelConfig& config() const = 0;
 
   // The language decoder.
   virtual Decoder& decoder() const = 0;
 
+  // The vision tower's blocks (hooked_blocks.h).
+  virtual HookedBlocks& vision_blocks() const = 0;
+
   // The units --shard gradients|parameters gathers, frees and reduces one at a time
-  // (layer_hooks.h): the decoder's (Decoder::hook_units), then, for the families that
-  // hook them, the vision blocks. set_layer_hooks gives the hooks to all of them.
-  virtual std::vector<HookUnit> hook_units() const { return decoder().hook_units(); }
-  virtual void set_layer_hooks(std::shared_ptr<LayerHooks> hooks) { decoder().set_layer_hooks(std::move(hooks)); }
+  // (layer_hooks.h): the decoder's (Decoder::hook_units), then the vision blocks.
+  // set_layer_hooks gives the hooks to all of them.
+  std::vector<HookUnit> hook_units() const;
+  void set_layer_hooks(std::shared_ptr<LayerHooks> hooks);
 };
 
 }  // namespace mmsp::model

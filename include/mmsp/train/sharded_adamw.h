@@ -4,7 +4,7 @@
 //
 // Layout: the gradient buckets of GradSync (same order, dtype groups and sizes on every
 // rank; with stages 2 and 3 a bucket never spans two hooked units: the decoder layers,
-// the LM head, the untied token embedding, the Qwen vision blocks, model/layer_hooks.h),
+// the LM head, the untied token embedding, the vision blocks, model/layer_hooks.h),
 // each padded with zeros
 // to a multiple of the world size P and cut into P equal shards; rank r owns elements
 // [r·S, (r+1)·S) of every bucket. Per step:
@@ -13,7 +13,7 @@
 //      Stage 1 does this after the backward; stages 2 and 3 do it for a unit's buckets
 //      as soon as its backward is done (layer_hooks()), so at most one layer's
 //      gradients are whole at a time; the rest (norms, patch embedding, mergers,
-//      LLaVA's and InternVL's towers) after the backward. The token lookup's gradient (of the untied embedding, or of the head
+//      projectors) after the backward. The token lookup's gradient (of the untied embedding, or of the head
 //      tied to it) never becomes a dense [V, h] tensor there: the lookup hands over its
 //      T·h gradient rows (model::hooked_lookup), and after the backward every rank
 //      all-gathers every rank's token ids and rows and adds those that fall in its
@@ -37,7 +37,9 @@
 //      the last layer; the embedding, used first, and vision block 0, whose neighbours
 //      in unit order are not its neighbours in time, are not prefetched, nor do they
 //      prefetch (ShardUnitUse::prefetched). A rank without images runs the vision
-//      blocks on no rows, so every rank gathers them alike.
+//      blocks on no rows, so every rank gathers them alike. A unit the step never reads
+//      (LLaVA's CLIP layers above vision_feature_layer) is never gathered, and its
+//      gradient is zero without a reduce-scatter.
 // Memory per rank, for N parameters (N_r outside the units, N_l the largest layer or
 // vision block, N_h the head, N_e an untied embedding), model dtype of b bytes and
 // masters of m bytes:

@@ -9,7 +9,6 @@
 #include "mmsp/model/activation.h"
 #include "mmsp/model/parameter_init.h"
 #include "mmsp/model/phase_marker.h"
-#include "mmsp/model/recompute.h"
 
 namespace mmsp::model {
 
@@ -62,8 +61,10 @@ InternVisionTower::InternVisionTower(const InternVisionConfig& c) : config_(c) {
       embeddings->register_parameter("position_embeddings", normal_parameter({1, P + 1, D}, c.initializer_range));
   auto encoder = register_module("encoder", std::make_shared<torch::nn::Module>());
   auto layer = encoder->register_module("layer", std::make_shared<torch::nn::Module>());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     layers_.push_back(layer->register_module(std::to_string(i), std::make_shared<Layer>(c)));
+    hooked_layers_.add(layers_.back());
+  }
   if (!c.use_mean_pooling)
     layernorm_ = register_module("layernorm", std::make_shared<LayerNorm>(D, c.layer_norm_eps));
 }
@@ -84,13 +85,12 @@ at::Tensor InternVisionTower::forward(const at::Tensor& tiles) const {
   x = leave_phase_in_backward(x, Phase::vision);  // the tower's backward ends here
   const attention::TokenLayout layout{at::arange(N, at::kLong).repeat_interleave(P + 1),
                                       at::arange(P + 1, at::kLong).repeat({N})};
-  for (const std::shared_ptr<Layer>& layer : layers_) {
-    if (recompute_layers_) {  // by value: the backward runs after this frame
-      x = recompute_in_backward([this, layer, layout](const at::Tensor& in) { return layer_forward(*layer, in, layout); },
-                                x, layer->parameters());
-    } else {
-      x = layer_forward(*layer, x, layout);
-    }
+  MMSP_CHECK(N > 0 || hooked_layers_.hooked(), "the InternViT tower needs at least one tile");
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    // By value: a recomputed layer runs again after this frame (the tower outlives the step).
+    std::shared_ptr<Layer> layer = layers_[i];
+    x = hooked_layers_.run(
+        i, [this, layer, layout](const at::Tensor& in) { return layer_forward(*layer, in, layout); }, x);
   }
   if (layernorm_) x = layernorm_->forward(x);
   return x.narrow(1, 1, P);  // "default": the class token dropped

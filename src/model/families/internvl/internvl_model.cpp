@@ -35,13 +35,15 @@ at::Tensor InternVLModel::encode_tiles(const at::Tensor& tiles) const {
 
 at::Tensor InternVLModel::encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
                                  const PixelInputs& pixels) const {
-  if (which.empty()) {  // still in the graph: this rank joins the routing backward
-    const at::Tensor& w = decoder_->model->embed_tokens->weight;
+  const at::Tensor& w = decoder_->model->embed_tokens->weight;
+  if (which.empty() && !tower_->layers().hooked())  // still in the graph: this rank joins the routing backward
     return at::zeros({0, config_.text.hidden_size}, w.options()).requires_grad_();
-  }
   PhaseScope vision(Phase::vision);
-  const int64_t side = config_.intern_vision->patches_per_side();
+  const InternVisionConfig& v = *config_.intern_vision;
+  const int64_t side = v.patches_per_side();
   std::vector<at::Tensor> tiles;
+  if (which.empty())  // hooked layers: run on no tiles, calling their hooks as the other ranks do
+    tiles.push_back(at::zeros({0, v.num_channels, v.image_size, v.image_size}, w.options()));
   for (int64_t i : which) {
     const plan::VisionItem& item = items.at(i);
     MMSP_CHECK(item.kind == plan::VisionKind::image, "InternVL takes images only");
@@ -113,11 +115,6 @@ at::Tensor InternVLModel::vision_rows(const plan::StepPlan& plan, const PixelInp
   return route_vision_rows(
              plan, [&](const std::vector<int64_t>& which) { return encode(items, which, pixels); }, groups.context, mode)
       .rows;
-}
-
-void InternVLModel::set_activation_checkpointing(ActivationCheckpointing mode) {
-  decoder_->set_recompute_layers(mode != ActivationCheckpointing::none);
-  tower_->set_recompute_layers(mode == ActivationCheckpointing::all);
 }
 
 }  // namespace mmsp::model

@@ -12,7 +12,6 @@
 #include "mmsp/model/phase_marker.h"
 #include "mmsp/model/activation.h"
 #include "mmsp/model/parameter_init.h"
-#include "mmsp/model/recompute.h"
 #include "mmsp/model/rank_inputs.h"
 
 namespace mmsp::model {
@@ -44,10 +43,17 @@ ClipVisionTower::ClipVisionTower(const ClipVisionConfig& c, const LlavaProjector
   pre_layrnorm_ = model->register_module("pre_layrnorm", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
   auto encoder = model->register_module("encoder", std::make_shared<torch::nn::Module>());
   auto layers = encoder->register_module("layers", std::make_shared<torch::nn::Module>());
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     layers_.push_back(layers->register_module(std::to_string(i), std::make_shared<Layer>(c)));
+    hooked_layers_.add(layers_.back(), i < feature_layer());
+  }
   // Present in the checkpoints; unused when the features come from an inner layer.
   post_layernorm_ = model->register_module("post_layernorm", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
+}
+
+int64_t ClipVisionTower::feature_layer() const {
+  const int64_t L = vision_.num_hidden_layers;
+  return llava_.vision_feature_layer < 0 ? L + 1 + llava_.vision_feature_layer : llava_.vision_feature_layer;
 }
 
 at::Tensor ClipVisionTower::forward(const at::Tensor& images) const {
@@ -64,22 +70,15 @@ at::Tensor ClipVisionTower::forward(const at::Tensor& images) const {
   at::Tensor x = at::linear(patches, patch_weight.reshape({D, -1}));               // [N, P, D]
   x = at::cat({class_embedding.expand({N, 1, D}), x}, 1) + position_weight;        // [N, P+1, D]
   x = leave_phase_in_backward(pre_layrnorm_->forward(x), Phase::vision);  // the tower's backward ends here
-  // hidden_states = [embeddings, layer 1, ..., layer L]; pick vision_feature_layer.
-  const int64_t L = c.num_hidden_layers;
-  const int64_t pick = llava_.vision_feature_layer < 0 ? L + 1 + llava_.vision_feature_layer
-                                                       : llava_.vision_feature_layer;
   // Each image is one bidirectional segment: the local kernel over all images at once.
   const attention::TokenLayout layout{at::arange(N, at::kLong).repeat_interleave(P + 1),
                                       at::arange(P + 1, at::kLong).repeat({N})};
-  for (int64_t i = 0; i < pick; ++i) {
-    if (recompute_layers_) {
-      // By value: the backward runs after this frame (the tower itself outlives the step).
-      std::shared_ptr<Layer> layer = layers_[i];
-      x = recompute_in_backward([this, layer, layout](const at::Tensor& in) { return layer_forward(*layer, in, layout); },
-                                x, layer->parameters());
-    } else {
-      x = layer_forward(*layers_[i], x, layout);
-    }
+  MMSP_CHECK(N > 0 || hooked_layers_.hooked(), "the CLIP tower needs at least one image");
+  for (int64_t i = 0; i < feature_layer(); ++i) {
+    // By value: a recomputed layer runs again after this frame (the tower outlives the step).
+    std::shared_ptr<Layer> layer = layers_[i];
+    x = hooked_layers_.run(
+        i, [this, layer, layout](const at::Tensor& in) { return layer_forward(*layer, in, layout); }, x);
   }
   return llava_.vision_feature_select_strategy == "default" ? x.narrow(1, 1, P) : x;
 }
@@ -114,20 +113,27 @@ LlavaModel::LlavaModel(const ModelConfig& config) : config_(config) {
 
 at::Tensor LlavaModel::encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
                               const PixelInputs& pixels) const {
-  if (which.empty()) {  // still in the graph: this rank joins the routing backward
-    const at::Tensor& w = decoder_->model->embed_tokens->weight;
+  const at::Tensor& w = decoder_->model->embed_tokens->weight;
+  if (which.empty() && !tower_->layers().hooked())  // still in the graph: this rank joins the routing backward
     return at::zeros({0, config_.text.hidden_size}, w.options()).requires_grad_();
-  }
   PhaseScope vision(Phase::vision);
-  std::vector<int64_t> images;
-  for (int64_t i : which) {
-    MMSP_CHECK(items.at(i).kind == plan::VisionKind::image, "LLaVA takes images only");
-    images.push_back(pixels.first_row(items.at(i), items.at(i).batch_index));
+  at::Tensor images;  // [n, C, S, S]
+  if (which.empty()) {
+    // Hooked layers (--shard gradients|parameters) gather, free and reduce with
+    // collectives: this rank runs them on no images, calling their hooks as the others do.
+    const ClipVisionConfig& c = *config_.clip_vision;
+    images = at::zeros({0, c.num_channels, c.image_size, c.image_size}, w.options());
+  } else {
+    std::vector<int64_t> rows;
+    for (int64_t i : which) {
+      MMSP_CHECK(items.at(i).kind == plan::VisionKind::image, "LLaVA takes images only");
+      rows.push_back(pixels.first_row(items.at(i), items.at(i).batch_index));
+    }
+    MMSP_CHECK(pixels.images.defined() && pixels.images.size(0) > *std::max_element(rows.begin(), rows.end()),
+               "LLaVA needs pixel values at row ", *std::max_element(rows.begin(), rows.end()));
+    images = pixels.images.index_select(0, at::tensor(at::ArrayRef<int64_t>(rows), at::kLong).clone());
   }
-  MMSP_CHECK(pixels.images.defined() && pixels.images.size(0) > *std::max_element(images.begin(), images.end()),
-             "LLaVA needs pixel values at row ", *std::max_element(images.begin(), images.end()));
-  at::Tensor features = tower_->forward(pixels.images.index_select(
-      0, at::tensor(at::ArrayRef<int64_t>(images), at::kLong).clone()));  // [n, rows, D]
+  at::Tensor features = tower_->forward(images);  // [n, rows, D]
   at::Tensor rows = linear_2_->forward(activation(config_.llava->projector_hidden_act, linear_1_->forward(features)));
   return enter_phase_in_backward(rows.reshape({-1, config_.text.hidden_size}), Phase::vision);
 }
@@ -153,11 +159,6 @@ StepOutput LlavaModel::forward(const plan::Batch& batch, const plan::StepPlan& p
   const DecoderContext ctx = decoder_context(in, config_.text, config_.conventions,
                                              {groups.ring, groups.ulysses}, attention, embeds);
   return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels, in.label_count};
-}
-
-void LlavaModel::set_activation_checkpointing(ActivationCheckpointing mode) {
-  decoder_->set_recompute_layers(mode != ActivationCheckpointing::none);
-  tower_->set_recompute_layers(mode == ActivationCheckpointing::all);
 }
 
 }  // namespace mmsp::model

@@ -15,7 +15,6 @@
 #include "mmsp/model/phase_marker.h"
 #include "mmsp/model/activation.h"
 #include "mmsp/model/parameter_init.h"
-#include "mmsp/model/recompute.h"
 #include "mmsp/model/rotary.h"
 #include "mmsp/model/families/qwen_vl/window_index.h"
 
@@ -107,8 +106,10 @@ QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c, plan::ModelFamil
                                                                           c.hidden_size, c.initializer_range));
   }
   blocks_ = register_module("blocks", std::make_shared<torch::nn::Module>());
-  for (int64_t i = 0; i < c.depth; ++i)
+  for (int64_t i = 0; i < c.depth; ++i) {
     block_list_.push_back(blocks_->register_module(std::to_string(i), std::make_shared<Block>(c, variant_)));
+    hooked_blocks_.add(block_list_.back());
+  }
   merger_ = register_module("merger", std::make_shared<Merger>(c, variant_, false));
   if (!c.deepstack_visual_indexes.empty()) {
     MMSP_CHECK(qwen3_, "deepstack_visual_indexes are a Qwen3-VL feature");
@@ -121,18 +122,6 @@ QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c, plan::ModelFamil
           list->register_module(std::to_string(k), std::make_shared<Merger>(c, Variant::qwen3, true)));
     }
   }
-}
-
-std::vector<HookUnit> QwenVisionEncoder::hook_units() const {
-  std::vector<HookUnit> units;
-  for (const auto& block : block_list_) units.push_back(HookUnit{block->parameters()});
-  if (!units.empty()) units.front().prefetched = false;  // the unit before it is not a block
-  return units;
-}
-
-void QwenVisionEncoder::set_layer_hooks(std::shared_ptr<LayerHooks> hooks, size_t first_unit) {
-  hooks_ = std::move(hooks);
-  first_unit_ = first_unit;
 }
 
 at::Tensor vision_patch_positions(const std::vector<plan::Grid>& grids, int64_t m) {
@@ -208,7 +197,7 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
   MMSP_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == patches && pixel_values.size(1) == patch_dim,
              "pixel_values ", pixel_values.sizes(), " must be [", patches, ", ", patch_dim,
              "] for these grids (C·tp·p·p = ", patch_dim, ")");
-  MMSP_CHECK(patches > 0 || hooked(), "the vision encoder needs at least one item");
+  MMSP_CHECK(patches > 0 || hooked_blocks_.hooked(), "the vision encoder needs at least one item");
   // The Conv3d with stride = kernel is a matmul over flattened patches.
   const at::Tensor w = patch_embed_->proj_weight.reshape({c.hidden_size, patch_dim});
   at::Tensor x = patch_embed_->proj_bias.defined() ? at::linear(pixel_values, w, patch_embed_->proj_bias)
@@ -257,15 +246,9 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
                                 static_cast<int64_t>(i)) != c.fullatt_block_indexes.end();
     const attention::TokenLayout& segments = full ? frames : windows;
     std::shared_ptr<Block> block = block_list_[i];
-    x = run_hooked_layer(
-        hooks_, first_unit_ + i,
-        [&](const at::Tensor& in) {
-          if (!recompute_blocks_) return block_forward(*block, in, rotary, segments);
-          // By value: the backward runs after this frame (the encoder itself outlives the step).
-          return recompute_in_backward(
-              [this, block, rotary, segments](const at::Tensor& y) { return block_forward(*block, y, rotary, segments); },
-              in, block->parameters());
-        },
+    // By value: a recomputed block runs again after this frame (the encoder outlives the step).
+    x = hooked_blocks_.run(
+        i, [this, block, rotary, segments](const at::Tensor& in) { return block_forward(*block, in, rotary, segments); },
         x);
     for (size_t k = 0; k < deepstack_.size(); ++k)
       if (c.deepstack_visual_indexes[k] == static_cast<int64_t>(i))

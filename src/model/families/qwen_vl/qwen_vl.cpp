@@ -30,7 +30,7 @@ QwenVLModel::QwenVLModel(const ModelConfig& config) : config_(config) {
 
 at::Tensor QwenVLModel::encode(const std::vector<plan::VisionItem>& items,
                                const std::vector<int64_t>& which, const PixelInputs& pixels) const {
-  if (which.empty() && !visual_->hooked()) {
+  if (which.empty() && !visual_->blocks().hooked()) {
     // A rank that encodes nothing still takes part in the routing collective's
     // backward, so its (empty) rows must be in the graph.
     const at::Tensor& w = decoder_->model->embed_tokens->weight;
@@ -93,22 +93,6 @@ StepOutput QwenVLModel::forward(const plan::Batch& batch, const plan::StepPlan& 
   for (int k = 0; k < visual_->deepstack_levels(); ++k)
     ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
   return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels, in.label_count};
-}
-
-std::vector<HookUnit> QwenVLModel::hook_units() const {
-  std::vector<HookUnit> units = decoder_->hook_units();
-  for (HookUnit& block : visual_->hook_units()) units.push_back(std::move(block));
-  return units;
-}
-
-void QwenVLModel::set_layer_hooks(std::shared_ptr<LayerHooks> hooks) {
-  visual_->set_layer_hooks(hooks, decoder_->hook_units().size());
-  decoder_->set_layer_hooks(std::move(hooks));
-}
-
-void QwenVLModel::set_activation_checkpointing(ActivationCheckpointing mode) {
-  decoder_->set_recompute_layers(mode != ActivationCheckpointing::none);
-  visual_->set_recompute_blocks(mode == ActivationCheckpointing::all);
 }
 
 }  // namespace mmsp::model

@@ -18,6 +18,7 @@
 
 #include "mmsp/attention/token_layout.h"
 #include "mmsp/model/families/internvl/internvl_config.h"
+#include "mmsp/model/hooked_blocks.h"
 #include "mmsp/model/linear.h"
 #include "mmsp/model/activation.h"
 
@@ -28,9 +29,11 @@ class InternVisionTower : public torch::nn::Module {
   explicit InternVisionTower(const InternVisionConfig& config);
   // tiles [N, C, S, S] (S = image_size) -> patch features [N, P, D], P = (S/p)², the class
   // token dropped (vision_feature_select_strategy "default"), patches row-major.
+  // No tiles (N = 0) is only for hooked layers: it runs each layer on no rows, so that
+  // its hooks are called as on a rank with tiles.
   at::Tensor forward(const at::Tensor& tiles) const;
-  // Recompute each layer in the backward instead of keeping its activations.
-  void set_recompute_layers(bool on) { recompute_layers_ = on; }
+  // The encoder layers as hook units, recomputed in the backward when set (hooked_blocks.h).
+  HookedBlocks& layers() { return hooked_layers_; }
 
   // One layer's norm, LayerNorm or RMSNorm by norm_type, registered under its own name.
   struct Norm {
@@ -51,7 +54,7 @@ class InternVisionTower : public torch::nn::Module {
   // x [N, P+1, D] -> [N, P+1, D]; `layout`: one bidirectional segment per tile.
   at::Tensor layer_forward(const Layer& l, const at::Tensor& x, const attention::TokenLayout& layout) const;
   InternVisionConfig config_;
-  bool recompute_layers_ = false;
+  HookedBlocks hooked_layers_;
   at::Tensor cls_token, patch_weight, patch_bias, position_embeddings;
   std::vector<std::shared_ptr<Layer>> layers_;
   std::shared_ptr<LayerNorm> layernorm_;  // null with use_mean_pooling

@@ -27,8 +27,8 @@ class InternVLModel : public Vlm {
   StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan, const PixelInputs& pixels,
                      const StepGroups& groups, VisionMode mode,
                      const attention::AttentionOptions& attention = {}) const override;
-  void set_activation_checkpointing(ActivationCheckpointing mode) override;
   Decoder& decoder() const override { return *decoder_; }
+  HookedBlocks& vision_blocks() const override { return tower_->layers(); }
   const ModelConfig& config() const override { return config_; }
 
   // Rows [V, hidden]: the projector's output.

@@ -14,6 +14,7 @@
 #include "mmsp/attention/token_layout.h"
 #include "mmsp/model/config.h"
 #include "mmsp/model/decoder.h"
+#include "mmsp/model/hooked_blocks.h"
 #include "mmsp/model/linear.h"
 #include "mmsp/model/vlm.h"
 
@@ -24,9 +25,12 @@ class ClipVisionTower : public torch::nn::Module {
   ClipVisionTower(const ClipVisionConfig& vision, const LlavaProjectorConfig& llava);
   // images [N, C, S, S] -> the selected layer's features [N, rows, hidden] (class token
   // dropped for the "default" strategy).
+  // No images (N = 0) is only for hooked layers: it runs each layer on no rows, so that
+  // its hooks are called as on a rank with images.
   at::Tensor forward(const at::Tensor& images) const;
-  // Recompute each encoder layer in the backward instead of keeping its activations.
-  void set_recompute_layers(bool on) { recompute_layers_ = on; }
+  // The encoder layers as hook units, recomputed in the backward when set
+  // (hooked_blocks.h); the layers above vision_feature_layer never run.
+  HookedBlocks& layers() { return hooked_layers_; }
 
  private:
   struct Layer : torch::nn::Module {
@@ -36,9 +40,12 @@ class ClipVisionTower : public torch::nn::Module {
   };
   // x [N, P+1, D] -> [N, P+1, D]; `layout`: one bidirectional segment per image.
   at::Tensor layer_forward(const Layer& l, const at::Tensor& x, const attention::TokenLayout& layout) const;
-  bool recompute_layers_ = false;
+  // hidden_states = [embeddings, layer 1, ..., layer L]: vision_feature_layer's index,
+  // the number of layers that run.
+  int64_t feature_layer() const;
   ClipVisionConfig vision_;
   LlavaProjectorConfig llava_;
+  HookedBlocks hooked_layers_;
   at::Tensor class_embedding, patch_weight, position_weight;
   std::shared_ptr<LayerNorm> pre_layrnorm_, post_layernorm_;
   std::vector<std::shared_ptr<Layer>> layers_;
@@ -56,8 +63,8 @@ class LlavaModel : public Vlm {
   at::Tensor vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels, const StepGroups& groups,
                          VisionMode mode) const override;
   const ModelConfig& config() const override { return config_; }
-  void set_activation_checkpointing(ActivationCheckpointing mode) override;
   Decoder& decoder() const override { return *decoder_; }
+  HookedBlocks& vision_blocks() const override { return tower_->layers(); }
 
  private:
   at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,

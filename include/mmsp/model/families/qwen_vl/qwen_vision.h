@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "mmsp/attention/token_layout.h"
-#include "mmsp/model/layer_hooks.h"
+#include "mmsp/model/hooked_blocks.h"
 #include "mmsp/model/linear.h"
 #include "mmsp/model/rotary.h"
 #include "mmsp/model/vision_config.h"
@@ -44,13 +44,8 @@ class QwenVisionEncoder : public torch::nn::Module {
   VisionOutput forward(const at::Tensor& pixel_values, const std::vector<plan::Grid>& grids) const;
 
   int deepstack_levels() const { return static_cast<int>(deepstack_.size()); }
-  // Recompute each block in the backward instead of keeping its activations.
-  void set_recompute_blocks(bool on) { recompute_blocks_ = on; }
-  // The blocks as hook units first_unit, first_unit + 1, ... (layer_hooks.h): block 0
-  // is gathered at its use, each later one prefetched by the one before it.
-  std::vector<HookUnit> hook_units() const;
-  void set_layer_hooks(std::shared_ptr<LayerHooks> hooks, size_t first_unit);
-  bool hooked() const { return hooks_ != nullptr; }
+  // The blocks as hook units, recomputed in the backward when set (hooked_blocks.h).
+  HookedBlocks& blocks() { return hooked_blocks_; }
 
   const QwenVisionConfig& config() const { return config_; }
 
@@ -94,9 +89,7 @@ class QwenVisionEncoder : public torch::nn::Module {
   QwenVisionConfig config_;
   Variant variant_ = Variant::qwen2;
   bool qwen3_ = false;
-  bool recompute_blocks_ = false;
-  std::shared_ptr<LayerHooks> hooks_;
-  size_t first_unit_ = 0;
+  HookedBlocks hooked_blocks_;
   std::shared_ptr<PatchEmbed> patch_embed_;
   std::shared_ptr<Embedding> pos_embed_;  // Qwen3-VL: [num_position_embeddings, hidden]
   std::shared_ptr<torch::nn::Module> blocks_;

@@ -31,12 +31,10 @@ class QwenVLModel : public Vlm {
                          VisionMode mode) const override;
 
   const ModelConfig& config() const override { return config_; }
-  void set_activation_checkpointing(ActivationCheckpointing mode) override;
   Decoder& decoder() const override { return *decoder_; }
-  // The decoder's units, then the vision blocks' (a rank without images runs them on
-  // no rows while they are hooked, so every rank calls the same hooks in the same order).
-  std::vector<HookUnit> hook_units() const override;
-  void set_layer_hooks(std::shared_ptr<LayerHooks> hooks) override;
+  // A rank without images runs them on no rows while they are hooked, so that every
+  // rank calls the same hooks in the same order.
+  HookedBlocks& vision_blocks() const override { return visual_->blocks(); }
 
  private:
   at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
