@@ -23,7 +23,6 @@ class HookedBlocks {
   // the tower never runs (LLaVA's layers above vision_feature_layer): a unit never
   // gathered, whose gradient is zero.
   void add(std::shared_ptr<const torch::nn::Module> block, bool runs = true);
-  size_t size() const { return blocks_.size(); }
 
   // One unit per block. Block 0 is gathered at its use (the unit before it is not a
   // block), each later one prefetched by the one before it.
