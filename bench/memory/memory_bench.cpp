@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "mmsp/core/check.h"
@@ -36,28 +35,6 @@ constexpr Setting kSettings[] = {
     {"parameters", model::ActivationCheckpointing::all, true},
 };
 
-// `model` with its decoder cut to `layers` layers (a config file rewritten beside the
-// others of this job), or as it is.
-std::string with_layers(const std::string& model, int64_t layers, int rank) {
-  if (layers <= 0 || !std::filesystem::exists(model)) return model;
-  std::ifstream in(model);
-  json config = json::parse(in);
-  json& text = config.contains("text_config") ? config["text_config"] : config;
-  MMSP_CHECK(text.contains("num_hidden_layers"), model, ": no num_hidden_layers to cut to ", layers);
-  text["num_hidden_layers"] = std::min<int64_t>(layers, text["num_hidden_layers"].get<int64_t>());
-  if (text.contains("layer_types")) {
-    json types = json::array();
-    for (int64_t i = 0; i < text["num_hidden_layers"].get<int64_t>(); ++i) types.push_back(text["layer_types"][i]);
-    text["layer_types"] = types;
-  }
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("mmsp-bench-memory-" + std::to_string(rank) + "-" +
-                             std::filesystem::path(model).filename().string()))
-                               .string();
-  std::ofstream(path) << config.dump(2);
-  return path;
-}
-
 // Each rank's value, on every rank.
 std::vector<int64_t> every_rank(int64_t mine, const dist::Mesh& mesh) {
   at::Tensor all = dist::all_gather_v(at::full({1}, static_cast<double>(mine), at::kDouble),
@@ -71,6 +48,9 @@ std::vector<int64_t> every_rank(int64_t mine, const dist::Mesh& mesh) {
 
 json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
   for (const std::string& level : o.shards) train::parse_shard_level(level);  // names the bad one
+  std::vector<std::string> paths;  // scaled before the first collective: a bad scale fails every rank alike
+  for (size_t i = 0; i < o.models.size(); ++i)
+    paths.push_back(scaled_config(o.models[i], o.scale, std::to_string(env.rank) + "-" + std::to_string(i)));
   at::set_num_threads(1);
   auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
   dist::MeshOptions mesh_options;
@@ -81,8 +61,9 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
     return o.shards.empty() || std::find(o.shards.begin(), o.shards.end(), s.shard) != o.shards.end();
   };
   json rows = json::array();
-  for (const std::string& model : o.models) {
-    const std::string path = with_layers(model, o.layers, env.rank);
+  for (size_t i = 0; i < o.models.size(); ++i) {
+    const std::string& model = o.models[i];
+    const std::string& path = paths[i];
     for (const Setting& setting : kSettings) {
       if (!wanted(setting)) continue;
       train::TrainOptions t;
@@ -101,7 +82,9 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
       const train::StepMetrics& last = report.steps.back();
       const train::MemoryEstimate& e = report.memory_estimate;
       json row = {{"model", model},
-                  {"layers", o.layers},
+                  {"layers", o.scale.layers},
+                  {"vision_layers", o.scale.vision_layers},
+                  {"vocab", o.scale.vocab},
                   {"ranks", env.world_size},
                   {"tokens_per_rank", o.tokens_per_rank},
                   {"dtype", o.dtype},
@@ -119,6 +102,7 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
       row["estimate"]["total"] = e.total();
       row["estimate"]["training_state"] = e.parameters + e.master_weights + e.gradients + e.optimizer;
       rows.push_back(row);
+      if (env.rank == 0 && o.on_row) o.on_row({{"benchmark", "memory"}, {"rows", rows}});
     }
     if (path != model) std::filesystem::remove(path);
   }

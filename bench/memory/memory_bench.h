@@ -7,19 +7,21 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "mmsp/dist/rank_env.h"
+#include "scaled_config.h"
 
 namespace mmsp::bench {
 
 struct MemoryBenchOptions {
   // Config files (configs/…json, a Hugging Face config.json) or built-in model names.
   std::vector<std::string> models = {"configs/tiny-qwen2-vl.json", "configs/tiny-qwen3_5-vl.json"};
-  // Keep this many decoder layers of each model (0: all): a released architecture at
-  // the width it has, with fewer layers, where the machine cannot hold all of them.
-  int64_t layers = 0;
+  // Each model at the width it has, with fewer layers, vision blocks or words where the
+  // machine cannot hold all of them (0: as released).
+  ConfigScale scale;
   int64_t tokens_per_rank = 256;
   int64_t loss_chunk = 0;  // tokens per chunk in the chunked rows (0: the trainer's default, ≤ 256 MiB of logits)
   std::string dtype = "float32";
@@ -27,6 +29,8 @@ struct MemoryBenchOptions {
   // Only the rows of these --shard levels (empty: every row). A released config that
   // cannot start unsharded on this machine is measured with `parameters` alone.
   std::vector<std::string> shards;
+  // Called on rank 0 with the rows so far, after each row: a run cut short keeps them.
+  std::function<void(const nlohmann::json& result)> on_row;
 };
 
 // Every rank calls it; rank 0's result holds the rows.

@@ -90,7 +90,13 @@ Subcommand add_bench_command(CLI::App& parent) {
       "memory", "a training step's memory per rank under --shard, --checkpoint-activations and --loss-chunk, "
                 "measured next to the preflight's estimate (run under mmsp-run -n 1, 2, 4)");
   memory->add_option("--model", flags->memory.models, "model configs (repeatable)")->capture_default_str();
-  memory->add_option("--layers", flags->memory.layers, "keep this many decoder layers (0: all)")->capture_default_str();
+  memory->add_option("--layers", flags->memory.scale.layers, "keep this many decoder layers (0: all)")
+      ->capture_default_str();
+  memory->add_option("--vision-layers", flags->memory.scale.vision_layers, "keep this many vision blocks (0: all)")
+      ->capture_default_str();
+  memory->add_option("--vocab", flags->memory.scale.vocab,
+                     "cut the vocabulary to this many words, special token ids moved to its top (0: as released)")
+      ->capture_default_str();
   memory->add_option("--tokens-per-rank", flags->memory.tokens_per_rank, "tokens per rank of a step")
       ->capture_default_str();
   memory->add_option("--loss-chunk", flags->memory.loss_chunk, "tokens per chunk in the chunked rows (0: default)")
@@ -100,7 +106,7 @@ Subcommand add_bench_command(CLI::App& parent) {
   memory->add_option("--shard", flags->memory.shards,
                      "only the rows of these --shard levels: none | optimizer | gradients | parameters (repeatable; "
                      "default every row)");
-  memory->add_option("--out", flags->out, "write the JSON here instead of stdout");
+  memory->add_option("--out", flags->out, "write the JSON here instead of stdout (rewritten after each row)");
   CLI::App* placement = app->add_subcommand(
       "placement", "zigzag vs adaptive placement, planned: attention bytes, padding, work and token max/mean on "
                    "three workloads at 2..64 ranks; planning time of 1,000,000 tokens on 64");
@@ -144,6 +150,14 @@ Subcommand add_bench_command(CLI::App& parent) {
             } else if (load->parsed()) {
               result = bench::bench_load(env, flags->load);
             } else if (memory->parsed()) {
+              flags->memory.on_row = [out = flags->out](const nlohmann::json& partial) {
+                const nlohmann::json& row = partial["rows"].back();
+                std::cerr << "bench memory: row " << partial["rows"].size() << ": shard " << row["shard"].get<std::string>()
+                          << ", checkpoint " << row["checkpoint_activations"].get<std::string>() << ", loss chunk "
+                          << row["loss_chunk"].get<std::string>() << ": peak " << row["measured"]["step_peak_bytes"]
+                          << " B, step " << row["measured"]["step_seconds"] << " s" << std::endl;
+                if (!out.empty()) std::ofstream(out) << partial.dump(2) << std::endl;
+              };
               result = bench::bench_memory(env, flags->memory);
             } else if (vision->parsed() || step->parsed()) {
               flags->vlm.step = step->parsed();

@@ -9,7 +9,8 @@
 #  4. --shard optimizer: saved on 4 ranks (one optimizer file per rank), resumed on 3
 #     ranks with --shard parameters and on 2 with --shard gradients, the continued
 #     losses equal the uninterrupted 4-rank run's;
-#  5. mmsp bench memory --shard LEVEL measures only that level's rows.
+#  5. mmsp bench memory --shard LEVEL measures only that level's rows, writes each row as
+#     it ends, and --vocab / --layers / --vision-layers scale the config they name.
 # Usage: train_cli.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1
@@ -190,6 +191,25 @@ rows = json.load(open(sys.argv[1]))["rows"]
 assert [(r["shard"], r["checkpoint_activations"]) for r in rows] == [("parameters", "decoder"), ("parameters", "all")], rows
 assert all(r["measured"]["step_peak_bytes"] > 0 and r["estimate"]["total"] > 0 for r in rows)
 PY
+grep -q "bench memory: row 2: shard parameters, checkpoint all" "$work/bench-memory.log" ||
+  fail "bench memory did not report its rows as they ended: $(tail -3 "$work/bench-memory.log")"
+# A smaller vocabulary takes (V - 256) rows off the untied embedding and head, h = 64 each;
+# fewer layers and vision blocks cut Qwen3-VL's deepstack list to the blocks kept.
+$run $mmsp bench memory --model "$src/configs/tiny-qwen2-vl.json" --tokens-per-rank 32 --steps 1 --shard parameters \
+  --vocab 256 --out "$work/bench-vocab.json" > "$work/bench-vocab.log" 2>&1 || fail "bench memory --vocab: $(tail -5 "$work/bench-vocab.log")"
+$run $mmsp bench memory --model "$src/configs/tiny-qwen3-vl.json" --tokens-per-rank 32 --steps 1 --shard parameters \
+  --layers 1 --vision-layers 1 --out "$work/bench-depth.json" > "$work/bench-depth.log" 2>&1 ||
+  fail "bench memory --layers 1 --vision-layers 1: $(tail -5 "$work/bench-depth.log")"
+python3 - "$work/bench-memory.json" "$work/bench-vocab.json" "$work/bench-depth.json" <<'PY' || fail "bench memory scaled rows"
+import json, sys
+whole, vocab, depth = (json.load(open(f))["rows"] for f in sys.argv[1:])
+assert vocab[0]["vocab"] == 256, vocab[0]
+assert whole[0]["parameters"] - vocab[0]["parameters"] == (151936 - 256) * 64 * 2, (whole[0]["parameters"], vocab[0]["parameters"])
+assert (depth[0]["layers"], depth[0]["vision_layers"]) == (1, 1) and depth[0]["measured"]["step_peak_bytes"] > 0, depth[0]
+PY
+$mmsp bench memory --model "$src/configs/tiny-qwen2-vl.json" --vocab 5 > "$work/bench-bad.log" 2>&1 && fail "bench memory --vocab 5 exited 0"
+grep -q "vocab 5 cannot hold its 7 special token ids" "$work/bench-bad.log" ||
+  fail "bench memory --vocab 5 did not name the value and the rule: $(tail -3 "$work/bench-bad.log")"
 $mmsp bench memory --shard zero3 > "$work/bench-bad.log" 2>&1 && fail "bench memory --shard zero3 exited 0"
 grep -q "zero3" "$work/bench-bad.log" || fail "bench memory --shard zero3 did not name the value: $(tail -3 "$work/bench-bad.log")"
 
