@@ -96,6 +96,11 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
                    {{"step_peak_bytes", last.peak_bytes},  // largest of any rank
                     {"held_bytes_per_rank", every_rank(report.held_bytes, mesh)},
                     {"step_seconds", last.seconds},
+                    {"step_parts_seconds",  // rank 0's
+                     {{"vision", last.vision_s},
+                      {"attention", last.attention_s},
+                      {"communication", last.communication_s},
+                      {"other", last.other_s}}},
                     {"sent_bytes", last.comm_bytes}}},
                   {"estimate", json::object()}};
       for (const auto& [name, bytes] : e.parts()) row["estimate"][name] = bytes;
