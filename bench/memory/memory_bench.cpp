@@ -95,6 +95,7 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
                   {"measured",
                    {{"step_peak_bytes", last.peak_bytes},  // largest of any rank
                     {"held_bytes_per_rank", every_rank(report.held_bytes, mesh)},
+                    {"state_bytes_per_rank", every_rank(report.state_bytes, mesh)},
                     {"step_seconds", last.seconds},
                     {"step_parts_seconds",  // rank 0's
                      {{"vision", last.vision_s},

@@ -502,6 +502,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   const int64_t last_step = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
   for (int64_t step = resumed.done + 1; step <= last_step; ++step) {
     const StepMetrics m = run_step(run, step, resumed.position, report.held_bytes);
+    report.state_bytes = memory.current_bytes();
     report.steps.push_back(m);
     if (rank0 && !o.quiet) log << format_step_line(m) << std::endl;
     if (metrics) metrics->write(m);

@@ -194,8 +194,10 @@ PY
 grep -q "bench memory: row 2: shard parameters, checkpoint all" "$work/bench-memory.log" ||
   fail "bench memory did not report its rows as they ended: $(tail -3 "$work/bench-memory.log")"
 # A smaller vocabulary takes (V - 256) rows off the untied embedding and head, h = 64 each;
-# fewer layers and vision blocks cut Qwen3-VL's deepstack list to the blocks kept.
-$run $mmsp bench memory --model "$src/configs/tiny-qwen2-vl.json" --tokens-per-rank 32 --steps 1 --shard parameters \
+# fewer layers and vision blocks cut Qwen3-VL's deepstack list to the blocks kept. Unsharded,
+# what a rank holds after the step (weights, gradients, both moments: 16 bytes a
+# parameter in fp32) is the preflight's training state, byte for byte.
+$run $mmsp bench memory --model "$src/configs/tiny-qwen2-vl.json" --tokens-per-rank 32 --steps 1 --shard none \
   --vocab 256 --out "$work/bench-vocab.json" > "$work/bench-vocab.log" 2>&1 || fail "bench memory --vocab: $(tail -5 "$work/bench-vocab.log")"
 $run $mmsp bench memory --model "$src/configs/tiny-qwen3-vl.json" --tokens-per-rank 32 --steps 1 --shard parameters \
   --layers 1 --vision-layers 1 --out "$work/bench-depth.json" > "$work/bench-depth.log" 2>&1 ||
@@ -204,6 +206,8 @@ python3 - "$work/bench-memory.json" "$work/bench-vocab.json" "$work/bench-depth.
 import json, sys
 whole, vocab, depth = (json.load(open(f))["rows"] for f in sys.argv[1:])
 assert vocab[0]["vocab"] == 256, vocab[0]
+for r in vocab:
+    assert r["measured"]["state_bytes_per_rank"] == [r["estimate"]["training_state"]] * 2 == [16 * r["parameters"]] * 2, r
 assert whole[0]["parameters"] - vocab[0]["parameters"] == (151936 - 256) * 64 * 2, (whole[0]["parameters"], vocab[0]["parameters"])
 assert (depth[0]["layers"], depth[0]["vision_layers"]) == (1, 1) and depth[0]["measured"]["step_peak_bytes"] > 0, depth[0]
 PY

@@ -121,6 +121,10 @@ struct TrainReport {
   // the CPU tensor bytes allocated since train() began and still held (train/memory_counter.h).
   MemoryEstimate memory_estimate;
   int64_t held_bytes = 0;
+  // ... and what it holds once the last step's update is done and the step's tensors
+  // are freed: the training state alone, AdamW's moments included (they appear in the
+  // first update, so a one-step run's held_bytes lacks them).
+  int64_t state_bytes = 0;
 };
 
 // Checks the options (clear errors, on every rank, before any collective).
