@@ -405,16 +405,22 @@ double ShardedAdamW::step(double max_norm) {
   const double correction2 = 1 - std::pow(beta2, static_cast<double>(steps_));
   for (size_t b = 0; b < shards_.size(); ++b) {
     Shard& s = shards_[b];
-    const at::Tensor& g = grads[b];
-    if (options_.weight_decay != 0) {
-      const auto scalar = s.master.options();
-      s.master.mul_(at::where(s.decays, at::scalar_tensor(1 - lr * options_.weight_decay, scalar),
+    // Elementwise, so a slice at a time gives the numbers of one pass.
+    for (int64_t first = 0; first < s.shard; first += kUpdateSlice) {
+      const int64_t n = std::min(kUpdateSlice, s.shard - first);
+      at::Tensor master = s.master.narrow(0, first, n), exp_avg = s.exp_avg.narrow(0, first, n),
+                 exp_avg_sq = s.exp_avg_sq.narrow(0, first, n);
+      const at::Tensor g = grads[b].narrow(0, first, n);
+      if (options_.weight_decay != 0) {
+        const auto scalar = master.options();
+        master.mul_(at::where(s.decays.narrow(0, first, n), at::scalar_tensor(1 - lr * options_.weight_decay, scalar),
                               at::scalar_tensor(1.0, scalar)));
+      }
+      exp_avg.mul_(beta1).add_(g, 1 - beta1);
+      exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2);
+      const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(correction2)).add_(options_.eps);
+      master.addcdiv_(exp_avg, denom, -lr / correction1);
     }
-    s.exp_avg.mul_(beta1).add_(g, 1 - beta1);
-    s.exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2);
-    const at::Tensor denom = (s.exp_avg_sq.sqrt() / std::sqrt(correction2)).add_(options_.eps);
-    s.master.addcdiv_(s.exp_avg, denom, -lr / correction1);
     refresh_model(s);
   }
   return norm;

@@ -585,6 +585,37 @@ TEST(ShardedAdamW, LargeBucketsReduceInRounds) {
   }
 }
 
+// A shard longer than the update's slice goes through AdamW's arithmetic a slice at a
+// time: the numbers of torch's AdamW on the summed gradient, bit for bit (each rank gives
+// the same gradient, so the sum over 2 ranks is exactly 2g).
+TEST(ShardedAdamW, UpdatesAShardASliceAtATime) {
+  const int64_t elements = 2 * ShardedAdamW::kUpdateSlice + 12345;  // 1 rank: 3 slices; 2 ranks: 2 a rank
+  const AdamWOptions adamw{0.05, 0.9, 0.95, 1e-8, 0.1};
+  const at::Tensor start = at::linspace(-1.0, 1.0, elements, at::kDouble);
+  auto grad = [&](int t) { return at::sin(at::arange(elements, at::kDouble) * (0.001 * (t + 1))); };
+  for (int P : {1, 2}) {
+    NamedParams ref = {{"big.weight", start.clone().requires_grad_(true)}};
+    auto opt = make_adamw(ref, adamw);
+    for (int t = 0; t < 3; ++t) {
+      ref[0].second.mutable_grad() = grad(t) * P;
+      opt->step();
+    }
+    std::vector<at::Tensor> got(P);
+    std::vector<std::shared_ptr<dist::CommStats>> stats;
+    run_gloo_ranks(P, [&](int r, dist::GroupPtr world) {
+      NamedParams model = {{"big.weight", start.clone().requires_grad_(true)}};
+      ShardedAdamW sharded(model, at::kDouble, adamw, world);
+      for (int t = 0; t < 3; ++t) {
+        sharded.zero_grad();
+        model[0].second.mutable_grad() = grad(t);
+        sharded.step(0);
+      }
+      got[r] = model[0].second.detach().clone();
+    }, stats);
+    for (int r = 0; r < P; ++r) EXPECT_TRUE(at::equal(got[r], ref[0].second.detach())) << "P=" << P << " rank " << r;
+  }
+}
+
 TEST(ShardedAdamW, Bf16ModelWithFp32ShardedMasters) {
   // The model gets the masters rounded once; the reference rounds its fp32 result once.
   for (int P : {2, 3}) expect_sharded_equals_replicated(P, at::kBFloat16, at::kFloat, 1e-2);
