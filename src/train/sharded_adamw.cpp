@@ -102,7 +102,6 @@ ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype
     s.master = at::zeros({s.shard}, options);
     s.exp_avg = at::zeros({s.shard}, options);
     s.exp_avg_sq = at::zeros({s.shard}, options);
-    s.decays = at::zeros({s.shard}, options.dtype(at::kBool));
     const int64_t begin = r * s.shard, end = begin + s.shard;  // my elements of the bucket
     int64_t offset = 0;
     for (size_t i : bucket.params) {
@@ -113,7 +112,6 @@ ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype
         ShardPiece piece{i, first - offset, last - first, shards_.size(), first - begin};
         s.master.narrow(0, piece.shard_offset, piece.length)
             .copy_(p.detach().reshape({-1}).narrow(0, piece.param_offset, piece.length));
-        s.decays.narrow(0, piece.shard_offset, piece.length).fill_(p.dim() >= 2);
         pieces_.push_back(piece);
       }
       offset += p.numel();
@@ -403,6 +401,12 @@ double ShardedAdamW::step(double max_norm) {
   const double lr = options_.lr, beta1 = options_.beta1, beta2 = options_.beta2;
   const double correction1 = 1 - std::pow(beta1, static_cast<double>(steps_));
   const double correction2 = 1 - std::pow(beta2, static_cast<double>(steps_));
+  // Decoupled decay, on the matrices only: piece by piece (no per-element mask: it was
+  // one more byte per parameter of state).
+  if (options_.weight_decay != 0)
+    for (const ShardPiece& piece : pieces_)
+      if (model_[piece.param].second.dim() >= 2)
+        shards_[piece.bucket].master.narrow(0, piece.shard_offset, piece.length).mul_(1 - lr * options_.weight_decay);
   for (size_t b = 0; b < shards_.size(); ++b) {
     Shard& s = shards_[b];
     // Elementwise, so a slice at a time gives the numbers of one pass.
@@ -411,11 +415,6 @@ double ShardedAdamW::step(double max_norm) {
       at::Tensor master = s.master.narrow(0, first, n), exp_avg = s.exp_avg.narrow(0, first, n),
                  exp_avg_sq = s.exp_avg_sq.narrow(0, first, n);
       const at::Tensor g = grads[b].narrow(0, first, n);
-      if (options_.weight_decay != 0) {
-        const auto scalar = master.options();
-        master.mul_(at::where(s.decays.narrow(0, first, n), at::scalar_tensor(1 - lr * options_.weight_decay, scalar),
-                              at::scalar_tensor(1.0, scalar)));
-      }
       exp_avg.mul_(beta1).add_(g, 1 - beta1);
       exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2);
       const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(correction2)).add_(options_.eps);

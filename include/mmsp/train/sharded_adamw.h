@@ -167,7 +167,6 @@ class ShardedAdamW {
     GradBucket bucket;      // in the model's dtype; bucket.unit: its hooked unit or −1
     int64_t shard = 0;      // elements per rank: padded numel / P
     at::Tensor master, exp_avg, exp_avg_sq;  // [shard], master dtype
-    at::Tensor decays;      // [shard] bool: the element's parameter is a matrix
     at::Tensor grad;        // [shard]: this step's reduced gradient (undefined until reduced)
     bool gathered = true;   // its weights are in the model now
     at::Tensor incoming;    // [P·S]: a prefetched gather's buffer while it is in flight
