@@ -97,9 +97,9 @@ enum class ShardTensor { master, exp_avg, exp_avg_sq };
 
 class ShardedAdamW {
  public:
-  // Elements per slice of the update's arithmetic: its temporaries (sqrt, the decay
-  // factors) stay a few MiB that the block cache reuses, not a shard's size each
-  // (a quarter of Qwen3.5-0.8B's embedding is 243 MiB in fp32).
+  // Elements per slice of the update's arithmetic: its temporaries (the square root
+  // and the denominator) stay 4 MiB in fp32, which the block cache reuses, not a
+  // shard's size each (a quarter of Qwen3.5-0.8B's embedding is 243 MiB in fp32).
   static constexpr int64_t kUpdateSlice = int64_t{1} << 20;
 
   // `model_params`: the model's parameters (names unique, tensors distinct). The
