@@ -11,6 +11,7 @@
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/dist/shard_collectives.h"
+#include "mmsp/train/grad_clip.h"
 
 namespace mmsp::train {
 
@@ -162,13 +163,8 @@ at::Tensor ShardedAdamW::pack_grad_round(const Shard& s, int64_t first, int64_t 
 }
 
 double ShardedAdamW::global_norm(const std::vector<at::Tensor>& grads) const {
-  // Σ g² in fp64, a slice at a time: a whole fp64 copy of a shard's gradient would be
-  // twice its fp32 size again (500 MB for a quarter of Qwen3.5-0.8B's embedding).
-  constexpr int64_t kSlice = int64_t{1} << 18;
   at::Tensor sum = at::zeros({1}, at::kDouble);
-  for (const at::Tensor& g : grads)
-    for (int64_t first = 0; first < g.numel(); first += kSlice)
-      sum.add_(g.narrow(0, first, std::min(kSlice, g.numel() - first)).to(at::kDouble).square().sum().cpu());
+  for (const at::Tensor& g : grads) sum.add_(sum_of_squares(g).cpu());
   dist::all_reduce_(sum, *world_);
   const double norm = std::sqrt(sum.item<double>());
   if (std::isfinite(norm)) return norm;
