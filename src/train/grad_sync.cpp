@@ -72,6 +72,18 @@ void pack_bucket_range(const NamedParams& params, const GradBucket& bucket, int6
   if (last > offset) out.narrow(0, std::max<int64_t>(0, offset - first), last - std::max(first, offset)).zero_();
 }
 
+void unpack_bucket_range(const NamedParams& params, const GradBucket& bucket, int64_t first, const at::Tensor& in) {
+  at::NoGradGuard no_grad;
+  const int64_t last = first + in.numel();
+  int64_t offset = 0;  // the parameter's first element in the bucket
+  for (size_t i : bucket.params) {
+    const at::Tensor& p = params[i].second;
+    const int64_t lo = std::max(first, offset), hi = std::min(last, offset + p.numel());
+    if (lo < hi) p.variable_data().view({-1}).narrow(0, lo - offset, hi - lo).copy_(in.narrow(0, lo - first, hi - lo));
+    offset += p.numel();
+  }
+}
+
 void pack_bucket_grads(const NamedParams& params, const GradBucket& bucket, at::Tensor& flat, const char* who) {
   pack_bucket_range(params, bucket, 0, flat.narrow(0, 0, bucket.numel), who);
 }

@@ -315,20 +315,38 @@ void ShardedAdamW::start_gather(Shard& s) {
 void ShardedAdamW::gather_into_model(Shard& s) {
   if (s.gathered) return;
   at::NoGradGuard no_grad;
-  if (!s.incoming.defined()) start_gather(s);  // not prefetched: gather now
-  s.prefetch.wait();
-  int64_t offset = 0;
-  for (size_t i : s.bucket.params) {
+  for (size_t i : s.bucket.params) allocate_storage(model_[i].second);
+  if (!s.incoming.defined()) {
+    gather_in_rounds(s);  // not prefetched: gather now
+  } else {
+    s.prefetch.wait();
     // variable_data(): written without bumping the parameter's version, which autograd
     // checks for the views it saved of it.
-    const at::Tensor& param = model_[i].second;
-    allocate_storage(param);
-    at::Tensor p = param.variable_data();
-    p.copy_(s.incoming.narrow(0, offset, p.numel()).view(p.sizes()));
-    offset += p.numel();
+    int64_t offset = 0;
+    for (size_t i : s.bucket.params) {
+      at::Tensor p = model_[i].second.variable_data();
+      p.copy_(s.incoming.narrow(0, offset, p.numel()).view(p.sizes()));
+      offset += p.numel();
+    }
+    s.incoming = at::Tensor();
   }
-  s.incoming = at::Tensor();
   s.gathered = true;
+}
+
+void ShardedAdamW::gather_in_rounds(Shard& s) {
+  // At most round_bytes_ gathered per round, straight into the model: neither the whole
+  // bucket, nor its shard in the model's dtype, nor the flat copy Gloo's all-gather
+  // makes of its whole output is held at once (each would be a lone 248,320-row
+  // embedding's 485 MiB in bf16, or a share of it). The bytes are those of one gather.
+  const int64_t P = world_->size();
+  const int64_t per_round =
+      std::max<int64_t>(1, round_bytes_ / (P * static_cast<int64_t>(c10::elementSize(s.bucket.dtype))));
+  for (int64_t first = 0; first < s.shard; first += per_round) {
+    const int64_t n = std::min(per_round, s.shard - first);
+    at::Tensor rows = at::empty({P * n}, at::TensorOptions().dtype(s.bucket.dtype).device(s.bucket.device));
+    dist::all_gather_into(s.master.narrow(0, first, n).to(s.bucket.dtype), rows, *world_);
+    for (int64_t r = 0; r < P; ++r) unpack_bucket_range(model_, s.bucket, r * s.shard + first, rows.narrow(0, r * n, n));
+  }
 }
 
 void ShardedAdamW::release(Shard& s) {

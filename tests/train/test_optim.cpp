@@ -552,7 +552,8 @@ TEST(ShardedAdamW, HeadAndEmbeddingUnitsEqualReplicatedAdamW) {
 }
 
 // A bucket far larger than a reduce-scatter round goes in several rounds: the same sums
-// and the bytes of one reduce-scatter of the whole bucket.
+// and the bytes of one reduce-scatter of the whole bucket; the updated weights come
+// back into the model in rounds too, whole and in place, with the bytes of one gather.
 TEST(ShardedAdamW, LargeBucketsReduceInRounds) {
   const int64_t bucket_bytes = 64;  // rounds of 128 bytes: 16 fp64 elements over the ranks
   const int64_t elements = 1001;      // one parameter: a bucket of its own, many rounds
@@ -571,6 +572,14 @@ TEST(ShardedAdamW, LargeBucketsReduceInRounds) {
       EXPECT_EQ(stats[r]->snapshot().at(dist::CommKind::reduce_scatter, dist::Pass::forward).calls,
                 (shard + per_round - 1) / per_round)
           << "in rounds";
+      EXPECT_EQ(stats[r]->snapshot().at(dist::CommKind::all_gather, dist::Pass::forward).bytes,
+                dist::shard_collective_bytes(shard * P * 8, P));
+      EXPECT_EQ(stats[r]->snapshot().at(dist::CommKind::all_gather, dist::Pass::forward).calls,
+                (shard + per_round - 1) / per_round)
+          << "in rounds";
+      // One step from 0 with lr 1: AdamW moves each weight by −g / (|g| + eps).
+      const at::Tensor g = at::arange(elements, at::kDouble) * (P * (P + 1) / 2.0);
+      EXPECT_TRUE(at::allclose(model[0].second, -g / (g.abs() + 1e-8), 1e-12, 0)) << "P=" << P << " rank " << r;
       got[r] = sharded.pieces().empty() ? at::Tensor() : sharded.piece(sharded.pieces()[0], ShardTensor::exp_avg).clone();
     }, stats);
     // exp_avg after one step = 0.1 · the summed gradient: (1 + … + P) · index.

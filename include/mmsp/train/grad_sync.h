@@ -41,6 +41,10 @@ void pack_bucket_grads(const NamedParams& params, const GradBucket& bucket, at::
 // `out` (1-D); elements past the bucket's end are zeros.
 void pack_bucket_range(const NamedParams& params, const GradBucket& bucket, int64_t first, at::Tensor out,
                        const char* who);
+// The other way, for weights: elements [first, first + in.numel()) of the bucket's
+// parameters become `in` (1-D; elements past the bucket's end are dropped), written
+// without bumping the parameters' versions (autograd may hold views of them).
+void unpack_bucket_range(const NamedParams& params, const GradBucket& bucket, int64_t first, const at::Tensor& in);
 
 // Usage: GradSync sync(named_params, mesh.world());  ...backward...;  sync.all_reduce();
 class GradSync {

@@ -23,7 +23,10 @@
 //      all-reduce), clipping as clip_grad_norm does;
 //   3. AdamW on the shards, with torch::optim::AdamW's arithmetic (decoupled decay on
 //      matrices only, as make_adamw's groups);
-//   4. all-gather the updated shards, rounded to the model's dtype, into the model.
+//   4. all-gather the updated shards, rounded to the model's dtype, into the model, in
+//      rounds of at most 2·bucket_bytes written straight into the weights (Gloo's
+//      all-gather copies its whole output into a flat buffer of its own first: a lone
+//      embedding gathered whole was held twice besides the model).
 //      Stage 3 instead frees every weight after the step: the weights outside the
 //      units (norms, patch embedding, mergers, projector) are all-gathered before the
 //      forward (gather_step_weights) and kept for the step; each unit is all-gathered
@@ -191,6 +194,7 @@ class ShardedAdamW {
   void prefetch_unit(int unit);
   void release_unit(int unit);
   void start_gather(Shard& s);
+  void gather_in_rounds(Shard& s);
   void gather_into_model(Shard& s);
   void release(Shard& s);
   void refresh_model(Shard& s);
