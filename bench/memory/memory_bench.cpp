@@ -94,6 +94,7 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
                   {"parameters", e.parameter_count},
                   {"measured",
                    {{"step_peak_bytes", last.peak_bytes},  // largest of any rank
+                    {"update_peak_bytes", last.update_peak_bytes},  // the same, in the weight update
                     {"held_bytes_per_rank", every_rank(report.held_bytes, mesh)},
                     {"state_bytes_per_rank", every_rank(report.state_bytes, mesh)},
                     {"step_seconds", last.seconds},

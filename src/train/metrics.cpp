@@ -51,6 +51,7 @@ void to_json(json& j, const StepMetrics& m) {
            {"communication_s", m.communication_s},
            {"other_s", m.other_s},
            {"peak_bytes", m.peak_bytes},
+           {"update_peak_bytes", m.update_peak_bytes},
            {"comm_bytes", m.comm_bytes},
            {"attention_bytes", m.attention_bytes},
            {"vision_bytes", m.vision_bytes},
@@ -71,7 +72,8 @@ void from_json(const json& j, StepMetrics& m) {
   m.other_s = read_double(j, "other_s");
   m.peak_bytes = j.at("peak_bytes").get<int64_t>();
   m.comm_bytes = j.at("comm_bytes").get<int64_t>();
-  // Files written before the split by purpose lack these.
+  // Files written before the split by purpose (and by phase) lack these.
+  m.update_peak_bytes = j.value("update_peak_bytes", int64_t{0});
   m.attention_bytes = j.value("attention_bytes", int64_t{0});
   m.vision_bytes = j.value("vision_bytes", int64_t{0});
   m.grad_bytes = j.value("grad_bytes", int64_t{0});

@@ -316,13 +316,14 @@ SentBytes sent_bytes(const dist::Mesh& mesh) {
 // busiest sender's bytes and their split (a partition of them).
 StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double grad_norm, const plan::Batch& batch,
                            const plan::StepPlan& plan, double seconds, const PhaseTimes& phases, int64_t peak_bytes,
-                           const SentBytes& sent, const dist::Mesh& mesh) {
+                           int64_t update_peak_bytes, const SentBytes& sent, const dist::Mesh& mesh) {
   // Byte counts travel as doubles: exact below 2^53.
   const Reduced r = reduce_metrics(local_loss,
                                    {seconds, phases.vision_s, phases.attention_s, phases.communication_s,
                                     static_cast<double>(peak_bytes),
                                     static_cast<double>(sent.total()), static_cast<double>(sent.attention),
-                                    static_cast<double>(sent.vision), static_cast<double>(sent.grad)},
+                                    static_cast<double>(sent.vision), static_cast<double>(sent.grad),
+                                    static_cast<double>(update_peak_bytes)},
                                    mesh);
   StepMetrics m;
   m.step = step;
@@ -339,6 +340,7 @@ StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double gr
   m.communication_s = r.per_rank[3][slowest];
   m.other_s = std::max(0.0, m.seconds - m.vision_s - m.attention_s - m.communication_s);
   m.peak_bytes = static_cast<int64_t>(r.max(4));
+  m.update_peak_bytes = static_cast<int64_t>(r.max(9));
   // The busiest sender's bytes and their parts, so the parts add up to comm_bytes
   // (first such rank on a tie), as the time split is the slowest rank's.
   const auto& sent_by = r.per_rank[5];
@@ -429,7 +431,12 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
       out.hidden);
   run.doing.set_phase("backward");
   loss.backward();
+  // The update's own peak besides the step's: the preflight estimates it as a moment
+  // of its own (memory_estimate.h).
+  const int64_t backward_peak = run.memory.peak_bytes();
+  run.memory.reset_peak();
   const double grad_norm = run.update.step(o.clip, run.doing);
+  const int64_t update_peak = run.memory.peak_bytes();
   run.doing.set_phase("metrics");
   const double local_loss = loss.detach().to(at::kDouble).item<double>();
   const SentBytes sent = sent_bytes(mesh) - sent0;
@@ -437,8 +444,8 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
               "the bytes split by purpose miss a mesh group");
   const PhaseTimes phases = run.phases.times();
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  return agreed_metrics(step, local_loss, lr, grad_norm, batch, plan, seconds, phases, run.memory.peak_bytes(), sent,
-                        mesh);
+  return agreed_metrics(step, local_loss, lr, grad_norm, batch, plan, seconds, phases,
+                        std::max(backward_peak, run.memory.peak_bytes()), update_peak, sent, mesh);
 }
 
 }  // namespace

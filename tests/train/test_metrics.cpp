@@ -34,6 +34,7 @@ StepMetrics sample(int64_t step, double loss, double seconds) {
   m.communication_s = 0.2 * seconds;
   m.other_s = 0.2 * seconds;
   m.peak_bytes = 3 * 1024 * 1024 / 2;
+  m.update_peak_bytes = 1024 * 1024 + step;
   m.attention_bytes = 1024 * 1024 / 8;
   m.vision_bytes = 1024 * 1024 / 32 + step;
   m.grad_bytes = 1024 * 1024 / 4 - m.attention_bytes - 1024 * 1024 / 32;
@@ -54,6 +55,7 @@ void expect_equal(const StepMetrics& a, const StepMetrics& b) {
   EXPECT_EQ(a.communication_s, b.communication_s);
   EXPECT_EQ(a.other_s, b.other_s);
   EXPECT_EQ(a.peak_bytes, b.peak_bytes);
+  EXPECT_EQ(a.update_peak_bytes, b.update_peak_bytes);
   EXPECT_EQ(a.comm_bytes, b.comm_bytes);
   EXPECT_EQ(a.attention_bytes, b.attention_bytes);
   EXPECT_EQ(a.vision_bytes, b.vision_bytes);
@@ -84,7 +86,8 @@ TEST(Metrics, JsonRoundTripKeepsEveryFieldExactly) {
   EXPECT_THROW(missing.get<StepMetrics>(), json::exception);
 }
 
-// A line written before the bytes were split by purpose still reads, the parts as 0.
+// A line written before the bytes were split by purpose (and the update's peak apart)
+// still reads, those as 0.
 TEST(Metrics, ReadsALineWithoutTheBytesByPurpose) {
   const json old = json::parse(
       R"({"step":3,"loss":2.5,"lr":0.0003,"grad_norm":0.8125,"tokens":1000,"label_tokens":900,)"
@@ -96,6 +99,7 @@ TEST(Metrics, ReadsALineWithoutTheBytesByPurpose) {
   EXPECT_EQ(m.attention_bytes, 0);
   EXPECT_EQ(m.vision_bytes, 0);
   EXPECT_EQ(m.grad_bytes, 0);
+  EXPECT_EQ(m.update_peak_bytes, 0);
 }
 
 TEST(Metrics, WriterAppendsOneFlushedLinePerStep) {
