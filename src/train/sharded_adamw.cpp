@@ -345,7 +345,8 @@ void ShardedAdamW::gather_in_rounds(Shard& s) {
     const int64_t n = std::min(per_round, s.shard - first);
     at::Tensor rows = at::empty({P * n}, at::TensorOptions().dtype(s.bucket.dtype).device(s.bucket.device));
     dist::all_gather_into(s.master.narrow(0, first, n).to(s.bucket.dtype), rows, *world_);
-    for (int64_t r = 0; r < P; ++r) unpack_bucket_range(model_, s.bucket, r * s.shard + first, rows.narrow(0, r * n, n));
+    for (int64_t r = 0; r < P; ++r)
+      unpack_bucket_range(model_, s.bucket, r * s.shard + first, rows.narrow(0, r * n, n));
   }
 }
 
