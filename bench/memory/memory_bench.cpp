@@ -107,7 +107,7 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
                   {"estimate", json::object()}};
       for (const auto& [name, bytes] : e.parts()) row["estimate"][name] = bytes;
       row["estimate"]["total"] = e.total();
-      row["estimate"]["training_state"] = e.parameters + e.master_weights + e.gradients + e.optimizer;
+      row["estimate"]["training_state"] = e.training_state();
       rows.push_back(row);
       if (env.rank == 0 && o.on_row) o.on_row({{"benchmark", "memory"}, {"rows", rows}});
     }

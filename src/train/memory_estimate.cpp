@@ -7,6 +7,7 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/train/grad_sync.h"
+#include "mmsp/train/sharded_adamw.h"
 
 namespace mmsp::train {
 
@@ -24,17 +25,75 @@ std::string format_bytes(int64_t bytes) {
 }
 
 std::vector<std::pair<std::string, int64_t>> MemoryEstimate::parts() const {
-  return {{"parameters", parameters},   {"master weights", master_weights}, {"gradients", gradients},
-          {"optimizer", optimizer},     {"activations", activations},       {"working set", working_set},
-          {"logits", logits}};
+  return {{"parameters", parameters},
+          {"master weights", master_weights},
+          {"optimizer", optimizer},
+          {"gathered forward", gathered_forward},
+          {"gathered loss", gathered_loss},
+          {"gathered backward", gathered_backward},
+          {"activations", activations},
+          {"working set", working_set},
+          {"logits", logits},
+          {"head gradient", head_gradient},
+          {"gradients", gradients},
+          {"update gradients", update_gradients},
+          {"update working set", update_working_set}};
 }
+
+std::vector<MemoryEstimate::Moment> MemoryEstimate::moments() const {
+  return {{"forward", {"gathered forward", "activations", "working set"}},
+          {"loss", {"gathered loss", "activations", "logits", "head gradient"}},
+          {"backward", {"gathered backward", "activations", "working set", "gradients"}},
+          {"update", {"update gradients", "update working set"}}};
+}
+
+int64_t MemoryEstimate::bytes_of(const std::vector<std::string>& names) const {
+  int64_t sum = 0;
+  for (const auto& [name, bytes] : parts())
+    if (std::find(names.begin(), names.end(), name) != names.end()) sum += bytes;
+  return sum;
+}
+
+int64_t MemoryEstimate::held() const { return bytes_of({"parameters", "master weights", "optimizer"}); }
+
+int64_t MemoryEstimate::total() const {
+  int64_t most = 0;
+  for (const Moment& moment : moments()) most = std::max(most, bytes_of(moment.parts));
+  return held() + most;
+}
+
+int64_t MemoryEstimate::training_state() const { return held() + update_gradients; }
+
+namespace {
+
+// "name 1.50 GiB, name 2.00 MiB" for the parts in `names` that are not zero.
+std::string list_parts(const MemoryEstimate& e, const std::vector<std::string>& names) {
+  std::ostringstream out;
+  for (const auto& [name, bytes] : e.parts())
+    if (bytes > 0 && std::find(names.begin(), names.end(), name) != names.end())
+      out << (out.tellp() > 0 ? ", " : "") << name << " " << format_bytes(bytes);
+  return out.str();
+}
+
+const std::vector<std::string> kHeld = {"parameters", "master weights", "optimizer"};
+
+}  // namespace
 
 std::string MemoryEstimate::table() const {
   std::ostringstream out;
   out << "memory per rank (estimate, " << parameter_count << " parameters):";
-  for (const auto& [name, bytes] : parts())
-    if (bytes > 0) out << "\n  " << name << std::string(16 - std::min<size_t>(name.size(), 15), ' ') << format_bytes(bytes);
-  out << "\n  total           " << format_bytes(total());
+  auto row = [&](const std::string& name, int64_t bytes) {
+    out << "\n  " << name << std::string(16 - std::min<size_t>(name.size(), 15), ' ') << format_bytes(bytes);
+  };
+  row("held", held());
+  out << "  (" << list_parts(*this, kHeld) << ")";
+  for (const Moment& moment : moments()) {
+    if (bytes_of(moment.parts) == 0) continue;
+    row("+ " + moment.name, bytes_of(moment.parts));
+    out << "  (" << list_parts(*this, moment.parts) << ")";
+  }
+  row("total", total());
+  out << "  (held + the largest moment)";
   return out.str();
 }
 
@@ -101,41 +160,84 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
     for (int64_t n : *counts) in_layers += n, largest_layer = std::max(largest_layer, n);
   // The LM head (lm_head, or the embedding it is tied to) and an untied embedding: the
   // units ZeRO-3 gathers around their uses besides the layers (Decoder::hook_units).
-  int64_t head = 0, embedding = 0;
+  int64_t head = 0, embedding = 0, largest = 0;
   for (const auto& [name, shape] : shapes) {
-    const bool is_embedding = ends_with(name, "embed_tokens.weight"), is_head = ends_with(name, "lm_head.weight");
-    if (!is_embedding && !is_head) continue;
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
+    largest = std::max(largest, n);
+    const bool is_embedding = ends_with(name, "embed_tokens.weight"), is_head = ends_with(name, "lm_head.weight");
+    if (!is_embedding && !is_head) continue;
     (is_head ? head : embedding) += n;
   }
-  if (head == 0) std::swap(head, embedding);  // tied: the embedding is the head's unit
+  const bool tied = head == 0;
+  if (tied) std::swap(head, embedding);  // tied: the embedding is the head's unit
   // Kept whole for the step under ZeRO-2/3: everything outside those units.
   const int64_t kept = P - in_layers - head - embedding;
+  const int64_t lookup_rows = in.tokens_per_rank * config.text.hidden_size;
   e.parameters = P * b;
-  if (in.shard_level != ShardLevel::none && in.shard_world > 1) {
+  // The loss's backward makes the head's whole gradient, at every level. Unhooked (no
+  // --shard, or optimizer), a tied embedding's lookup makes a dense gradient of the
+  // head's size, then its sum with the head's: measured, both live beside the model's
+  // gradients at the end of the backward.
+  e.head_gradient = head * b;
+  const int64_t tied_lookup = tied ? 2 * head * b : 0;
+  if (in.shard_level != ShardLevel::none) {
     // sharded_adamw.h: a W-th of masters and moments (+ < W elements of padding per
-    // 25 MiB bucket, ignored); the model's gradients until packed, plus one bucket
-    // packed in the master dtype and its reduce-scatter buffer.
-    const int64_t W = in.shard_world, shard = (P + W - 1) / W;
+    // 25 MiB bucket, ignored), and of the reduced gradients from their reduction to
+    // the update. Reductions and gathers go in rounds of at most 2·B bytes (at most a
+    // bucket's: the largest parameter's, or B's worth): a round packed, the
+    // all-to-all's output and the summed shard, or a round gathered, its shard and
+    // Gloo's flat copy of it.
+    const int64_t W = std::max(in.shard_world, 1), shard = (P + W - 1) / W;
+    const int64_t bucket = std::min(P, std::max(largest, kDefaultBucketBytes / b));
+    const int64_t rounds = 3 * std::min(bucket * m, 2 * kDefaultBucketBytes);
+    const int64_t slices = 2 * std::min(shard, ShardedAdamW::kUpdateSlice) * m;  // the update's sqrt, denominator
     e.master_weights = shard * m;
-    const int64_t bucket = 2 * std::min(P, kDefaultBucketBytes / b) * m;
-    // Stages 2 and 3: the kept gradients, and one unit's at a time (the head's in the
-    // loss's backward, then one layer's), each reduced at the unit's after_backward;
-    // the token lookup's gradient as T rows of h (no dense one for the embedding).
-    const int64_t lookup_rows = in.tokens_per_rank * config.text.hidden_size;
-    e.gradients = (in.shard_level == ShardLevel::optimizer ? P : kept + std::max(largest_layer, head) + lookup_rows) * b +
-                  bucket;
-    // Stage 3: one unit in use and the next one's gather in flight, or one unit and the
-    // buffer it is gathered into.
-    if (in.shard_level == ShardLevel::parameters)
-      e.parameters = (kept + 2 * std::max({largest_layer, head, embedding})) * b;
     e.optimizer = 2 * shard * m;
+    if (in.shard_level == ShardLevel::optimizer) {
+      // Stage 1: the model's gradients whole through the backward (and a tied
+      // embedding's lookup gradient); after it every bucket is reduced: the
+      // model's gradients go as their shards come (N·max(b, m/W)), a bucket's shard
+      // made before its gradients go (the largest parameter's: N_max/W).
+      e.gradients = P * b + tied_lookup;
+      e.update_gradients = std::max(P * b, shard * m);
+      e.update_working_set = (largest + W - 1) / W * m + rounds + slices;
+    } else {
+      // Stages 2 and 3, in the layers' backward: the kept gradients, one layer's (each
+      // unit's are reduced at its after_backward: the head's before the layers'), the
+      // token lookup's T rows of h (no dense [V, h] gradient for the embedding), and
+      // the shards reduced so far. The update reduces the kept ones and adds every
+      // rank's lookup rows (gathered, and a copy cat together).
+      e.gradients = (kept + largest_layer + lookup_rows) * b + shard * m + rounds;
+      e.head_gradient += (head + W - 1) / W * m + rounds;  // its shard, made as its hook reduces it
+      e.update_gradients = shard * m + kept * b;
+      e.update_working_set = 2 * W * lookup_rows * b + rounds + slices;
+    }
+    if (in.shard_level == ShardLevel::parameters) {
+      // Stage 3: whole for the step only the weights outside the units; besides them a
+      // unit in use and the next one's gather in flight, which holds its buffer and,
+      // under Gloo, a flat copy of it until it lands (2 units' bytes). In the forward
+      // a layer or vision block and the next (the last layer: the head); in the loss
+      // the head and the last layer; in the backward a layer and the one before. A
+      // unit not prefetched (the embedding, vision block 0) is gathered in rounds.
+      const int64_t U = largest_layer;
+      e.parameters = kept * b;
+      e.gathered_forward = std::max(U + 2 * std::max(U, head), embedding) * b;
+      e.gathered_loss = (head + 2 * U) * b;
+      e.gathered_backward = 3 * U * b;
+    }
   } else {
     e.master_weights = mixed ? P * m : 0;
-    // Masters' gradients, plus (mixed) the model's own until take_grads converts them.
-    e.gradients = P * m + (mixed ? P * b : 0);
     e.optimizer = 2 * P * m;
+    // The model's gradients through the backward (the masters' are released between
+    // steps), and a tied embedding's lookup gradient. The update holds the masters' (or,
+    // unmixed, the model's own), and at most: the largest parameter's bucket in the
+    // all-reduce, its gradient in the model's dtype until handed over, or torch's
+    // AdamW's two temporaries of it (the square root and the denominator).
+    e.gradients = P * b + tied_lookup;
+    e.update_gradients = P * m;
+    e.update_working_set =
+        std::max({std::min(P * m, kDefaultBucketBytes), largest * m, mixed ? largest * b : 0, 2 * largest * m});
   }
 
   // Kept per token and decoder layer (elements): the residual input, the two norms'
@@ -178,10 +280,13 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
 
 void check_memory_fits(const MemoryEstimate& e, int64_t limit, const std::string& source) {
   if (limit <= 0 || e.total() <= limit) return;
-  std::ostringstream parts;
-  for (const auto& [name, bytes] : e.parts())
-    if (bytes > 0) parts << (parts.tellp() > 0 ? ", " : "") << name << " " << format_bytes(bytes);
-  MMSP_CHECK(false, "this run needs about ", format_bytes(e.total()), " per rank (", parts.str(),
+  std::ostringstream moments;
+  for (const MemoryEstimate::Moment& moment : e.moments())
+    if (e.bytes_of(moment.parts) > 0)
+      moments << "; " << moment.name << " " << format_bytes(e.bytes_of(moment.parts)) << ": "
+              << list_parts(e, moment.parts);
+  MMSP_CHECK(false, "this run needs about ", format_bytes(e.total()), " per rank (held through the step ",
+             format_bytes(e.held()), ": ", list_parts(e, kHeld), ", plus the largest of its moments", moments.str(),
              ") but ", source, " allows ", format_bytes(limit),
              ". To shrink it: parameters, gradients and optimizer state scale with the model "
              "(--dtype bfloat16 halves the parameters; --shard optimizer splits the masters and "

@@ -16,6 +16,7 @@
 #include "mmsp/train/grad_sync.h"
 #include "mmsp/train/master_weights.h"
 #include "mmsp/train/memory_estimate.h"
+#include "mmsp/train/sharded_adamw.h"
 
 namespace mmsp::train {
 namespace {
@@ -63,6 +64,9 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen2-vl.json");
   const Shapes shapes = skeleton("configs/tiny-qwen2-vl.json");
   const int64_t P = count(shapes);
+  int64_t largest = 0;  // the untied embedding (and head): 151,936 × 64
+  for (const auto& [name, shape] : shapes) largest = std::max(largest, count({{name, shape}}));
+  const int64_t B = kDefaultBucketBytes;
   MemoryEstimateInputs in;
   in.tokens_per_rank = 64;
   const MemoryEstimate fp32 = estimate_memory(config, shapes, in);
@@ -71,34 +75,69 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(fp32.master_weights, 0);
   EXPECT_EQ(fp32.gradients, 4 * P);
   EXPECT_EQ(fp32.optimizer, 8 * P);
+  EXPECT_EQ(fp32.head_gradient, 4 * largest);
   EXPECT_EQ(fp32.logits, 64 * config.text.vocab_size * (4 + 12) + 4 * 64 + 4 * 64 * config.text.hidden_size);  // one chunk of all T, lse, the hidden state's gradient
+  // The update: the gradients, and torch's AdamW's two temporaries of the largest
+  // parameter (more than a 25 MiB all-reduce bucket here).
+  EXPECT_EQ(fp32.update_gradients, 4 * P);
+  EXPECT_EQ(fp32.update_working_set, 8 * largest);
+  ASSERT_GT(8 * largest, B);
+  EXPECT_EQ(fp32.training_state(), 16 * P);
   in.compute_dtype = at::kBFloat16;
   const MemoryEstimate mixed = estimate_memory(config, shapes, in);
   EXPECT_EQ(mixed.parameters, 2 * P);
   EXPECT_EQ(mixed.master_weights, 4 * P);
-  EXPECT_EQ(mixed.gradients, 6 * P);  // fp32 master grads + bf16 grads until handed over
+  EXPECT_EQ(mixed.gradients, 2 * P);  // the model's bf16 grads; the masters' are released
+  EXPECT_EQ(mixed.update_gradients, 4 * P);  // the masters' fp32 grads, handed over
   EXPECT_EQ(mixed.optimizer, 8 * P);
+  EXPECT_EQ(mixed.training_state(), 18 * P);
   EXPECT_EQ(mixed.activations * 2, fp32.activations);  // bf16 activations: half
   in.tokens_per_rank = 128;
   EXPECT_EQ(estimate_memory(config, shapes, in).activations, 2 * mixed.activations);  // linear in T
   // --shard optimizer over 4 ranks: a quarter of the masters and moments; the model's
-  // bf16 grads, and one 25 MiB bucket of them (13.1M parameters) packed in fp32 and
-  // its reduce-scatter buffer.
+  // bf16 grads through the backward; the update holds the larger of those and the
+  // reduced fp32 shards, rounds of 2·B bytes (packed, exchanged, summed) and the sliced
+  // arithmetic's two temporaries.
   in.tokens_per_rank = 64;
   in.shard_level = ShardLevel::optimizer;
   in.shard_world = 4;
   const MemoryEstimate sharded = estimate_memory(config, shapes, in);
   const int64_t quarter = (P + 3) / 4;
+  const int64_t rounds = 3 * std::min(4 * std::max(largest, B / 2), 2 * B), slices = 2 * std::min(quarter, ShardedAdamW::kUpdateSlice) * 4;
   EXPECT_EQ(sharded.master_weights, 4 * quarter);
   EXPECT_EQ(sharded.optimizer, 8 * quarter);
-  EXPECT_EQ(sharded.gradients, 2 * P + 2 * 4 * std::min<int64_t>(P, kDefaultBucketBytes / 2));
+  EXPECT_EQ(sharded.gradients, 2 * P);
+  EXPECT_EQ(sharded.update_gradients, std::max(2 * P, 4 * quarter));
+  EXPECT_EQ(sharded.update_working_set, (largest + 3) / 4 * 4 + rounds + slices);  // + the largest bucket's shard
   EXPECT_EQ(sharded.activations, mixed.activations);
+  // A head tied to the embedding: unhooked, the lookup's dense gradient and its sum
+  // with the head's live beside the model's gradients until added (measured on
+  // Qwen3.5-0.8B: 2 × 485 MiB); hooked (stages 2, 3) the lookup gives rows instead.
+  {
+    const std::string file = "configs/hf/Qwen3.5-0.8B.json";
+    const model::ModelConfig tied = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/" + file);
+    const Shapes tied_shapes = skeleton(file);
+    int64_t embedding = 0;
+    for (const auto& [name, shape] : tied_shapes)
+      if (name.find("embed_tokens.weight") != std::string::npos) embedding = count({{name, shape}});
+    ASSERT_EQ(embedding, 248320LL * 1024);
+    MemoryEstimateInputs t = in;
+    t.shard_level = ShardLevel::none;
+    EXPECT_EQ(estimate_memory(tied, tied_shapes, t).gradients, 2 * count(tied_shapes) + 2 * 2 * embedding);
+    t.shard_level = ShardLevel::optimizer;
+    EXPECT_EQ(estimate_memory(tied, tied_shapes, t).gradients, 2 * count(tied_shapes) + 2 * 2 * embedding);
+    EXPECT_EQ(estimate_memory(tied, tied_shapes, t).head_gradient, 2 * embedding);
+  }
+  // On one rank the shard is the whole.
+  in.shard_world = 1;
+  EXPECT_EQ(estimate_memory(config, shapes, in).update_gradients, 4 * P);
+  in.shard_world = 4;
   // --shard gradients / parameters: whole for the step only what lies outside the
   // decoder layers, the vision blocks, the embedding and the head (patch embedding,
-  // merger, norms); besides it one unit's gradients at a time (a layer's, a block's or
-  // the head's) and the lookup's T rows of h (the embedding never has a dense
-  // gradient), and stage 3 one unit in use plus the next one's gather (or its own
-  // gather buffer).
+  // merger, norms); in the layers' backward besides it one layer's or block's
+  // gradients, the lookup's T rows of h (the embedding never has a dense gradient)
+  // and the shards reduced so far; stage 3 one unit in use plus the next one's gather
+  // and its flat copy under Gloo.
   int64_t in_layers = 0, layer0 = 0, in_blocks = 0, block0 = 0, embedding = 0, head = 0;
   for (const auto& [name, shape] : shapes) {
     int64_t k = 1;
@@ -117,18 +156,26 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   ASSERT_GT(in_layers, 0);
   ASSERT_GT(embedding, 0);
   ASSERT_EQ(head, embedding) << "tiny-qwen2-vl's head is untied, of the embedding's shape";
+  ASSERT_EQ(head, largest);
   ASSERT_EQ(in_layers, layer0 * config.text.num_hidden_layers) << "the tiny decoder's layers are alike";
   const int64_t kept = P - in_layers - in_blocks - embedding - head;
-  const int64_t unit = std::max({layer0, block0, head});  // the largest unit
+  const int64_t unit = std::max(layer0, block0);  // the largest layer or block
+  const int64_t rows = 64 * config.text.hidden_size;
   in.shard_level = ShardLevel::gradients;
   const MemoryEstimate stage2 = estimate_memory(config, shapes, in);
-  EXPECT_EQ(stage2.gradients, 2 * (kept + unit + 64 * config.text.hidden_size) +
-                                  2 * 4 * std::min<int64_t>(P, kDefaultBucketBytes / 2));
+  EXPECT_EQ(stage2.gradients, 2 * (kept + unit + rows) + 4 * quarter + rounds);
+  EXPECT_EQ(stage2.head_gradient, 2 * head + (head + 3) / 4 * 4 + rounds);  // and its shard as its hook reduces it
+  EXPECT_EQ(stage2.update_gradients, 4 * quarter + 2 * kept);
+  EXPECT_EQ(stage2.update_working_set, 2 * 4 * rows * 2 + rounds + slices);  // every rank's rows, and their cat
   EXPECT_EQ(stage2.parameters, 2 * P);
+  EXPECT_EQ(stage2.gathered_forward + stage2.gathered_loss + stage2.gathered_backward, 0);
   EXPECT_EQ(stage2.optimizer, sharded.optimizer);
   in.shard_level = ShardLevel::parameters;
   const MemoryEstimate stage3 = estimate_memory(config, shapes, in);
-  EXPECT_EQ(stage3.parameters, 2 * (kept + 2 * unit));
+  EXPECT_EQ(stage3.parameters, 2 * kept);
+  EXPECT_EQ(stage3.gathered_forward, 2 * (unit + 2 * head));  // the last layer, the head in flight
+  EXPECT_EQ(stage3.gathered_loss, 2 * (head + 2 * unit));     // the head, the last layer in flight
+  EXPECT_EQ(stage3.gathered_backward, 2 * 3 * unit);          // a layer, the one before in flight
   EXPECT_EQ(stage3.gradients, stage2.gradients);
 }
 
@@ -192,7 +239,7 @@ TEST(MemoryEstimate, EveryTowersBlocksAreUnitsOfTheModelAndTheEstimate) {
     in.compute_dtype = at::kBFloat16;
     in.shard_level = ShardLevel::parameters;
     in.shard_world = 4;
-    EXPECT_EQ(estimate_memory(config, shapes, in).parameters, 2 * (P - in_units + 2 * largest));
+    EXPECT_EQ(estimate_memory(config, shapes, in).parameters, 2 * (P - in_units));
   }
 }
 
@@ -214,7 +261,8 @@ TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {
     const MemoryEstimate e = estimate_memory(config, shapes, in);
     EXPECT_EQ(e.activations, L * T * h * 4 + T * a * 4) << model::to_string(mode);
     EXPECT_LT(e.activations, plain.activations);
-    EXPECT_EQ(e.total() - e.activations, plain.total() - plain.activations);  // nothing else moves
+    for (size_t k = 0; k < e.parts().size(); ++k)  // nothing else moves
+      if (e.parts()[k].first != "activations") EXPECT_EQ(e.parts()[k], plain.parts()[k]);
   }
   in.checkpointing = model::ActivationCheckpointing::none;
   in.loss_chunk = 7;
@@ -251,12 +299,20 @@ TEST(MemoryEstimate, GatedDeltaNetWorkingSetFollowsItsFormula) {
                               4 * dense.text.num_attention_heads * in.attention_block * in.attention_block * 4));
 }
 
+// The step needs what is held through it and its largest moment, not every part at once.
 TEST(MemoryEstimate, OverTheLimitIsRefusedNamingEveryPartAndTheFlags) {
   MemoryEstimate e;
   e.parameters = 3LL << 30;
-  e.gradients = 3LL << 30;
   e.optimizer = 6LL << 30;
+  e.gradients = 3LL << 30;
   e.logits = 512LL << 20;
+  e.head_gradient = 1LL << 30;
+  e.update_gradients = 2LL << 30;
+  EXPECT_EQ(e.held(), 9LL << 30);
+  EXPECT_EQ(e.total(), 12LL << 30);  // the backward's 3 GiB, more than the loss's 1.5 and the update's 2
+  e.update_working_set = 2LL << 30;
+  EXPECT_EQ(e.total(), 13LL << 30);  // now the update's 4 GiB
+  EXPECT_EQ(e.training_state(), 11LL << 30);
   EXPECT_NO_THROW(check_memory_fits(e, 0, "--memory-limit"));  // 0: no check
   EXPECT_NO_THROW(check_memory_fits(e, e.total(), "--memory-limit"));
   try {
@@ -264,8 +320,11 @@ TEST(MemoryEstimate, OverTheLimitIsRefusedNamingEveryPartAndTheFlags) {
     FAIL() << "no error";
   } catch (const Error& error) {
     const std::string what = error.what();
-    EXPECT_THAT(what, HasSubstr("needs about 12.50 GiB per rank (parameters 3.00 GiB, gradients 3.00 GiB, "
-                                "optimizer 6.00 GiB, logits 512.00 MiB) but --memory-limit allows 8.00 GiB"));
+    EXPECT_THAT(what, HasSubstr("needs about 13.00 GiB per rank (held through the step 9.00 GiB: parameters "
+                                "3.00 GiB, optimizer 6.00 GiB, plus the largest of its moments; loss "
+                                "1.50 GiB: logits 512.00 MiB, head gradient 1.00 GiB; backward 3.00 GiB: "
+                                "gradients 3.00 GiB; update 4.00 GiB: update gradients 2.00 GiB, update working "
+                                "set 2.00 GiB) but --memory-limit allows 8.00 GiB"));
     EXPECT_THAT(what, HasSubstr("--tokens-per-rank"));
     EXPECT_THAT(what, HasSubstr("--dtype bfloat16"));
   }

@@ -1,27 +1,18 @@
 // The memory preflight: each rank's bytes for one training step, estimated from the
 // config, the parameter shapes (counted on a meta-device skeleton, nothing allocated),
 // the mesh and the flags, so that a run that cannot fit stops before it allocates.
-// Parameters, masters, gradients and AdamW state are exact; activations follow the
-// formula in docs/finetune.md (what autograd keeps per token and decoder layer, plus
-// the largest transient working set and the logits). With T tokens per rank, L decoder
-// layers, a = the elements autograd keeps per token and layer, h hidden, V vocabulary,
-// b bytes per compute element, n = min(--loss-chunk, T):
-//   activations  none:      L·T·a·b
-//                decoder/all: L·T·h·b (each layer's input) + T·a·b (the one layer
-//                           being recomputed in the backward)
-//   working set  max(3·T·I·b, 4·H·block²·4, hybrid: 3·T·H_v·(2K + V)·w + 3·T·(2·H_k·K + H_v·V)·b)
-//                (the MLP's backward, one attention block, a Gated DeltaNet layer's
-//                rule and conv; w = max(b, 4))
-//   logits       n·V·(b + 12)  (one chunk: compute-dtype logits, fp32 copy, exp,
-//                gradient) + 4·T (per-token log-sum-exp) + max(b, 4)·T·h (the hidden
-//                state's gradient, summed in fp32 or fp64)
-// With --shard over W ranks (N parameters, N_l the largest decoder layer's, N_h the LM
-// head's (the embedding when tied), N_e an untied embedding's, N_r the rest's, buckets
-// of B = 25 MiB):
-//   optimizer   masters + moments 3·m·N/W; gradients N·b + 2·min(N, B/b)·m
-//   gradients   gradients (N_r + max(N_l, N_h) + T·h)·b + 2·min(N, B/b)·m (the token
-//               lookup's gradient is T rows of h, not a dense N_e)
-//   parameters  and parameters (N_r + 2·max(N_l, N_h, N_e))·b
+//
+// A step is a sequence of moments, each holding different things: the parameters,
+// masters and AdamW moments are held throughout; the forward adds the activations and
+// a layer's working set; the loss one chunk's logits and the head's gradient; the
+// backward through the layers the gradients; the update the gradients it steps with
+// and its temporaries. The estimate is what is held plus the largest moment (each
+// moment's parts summed: an upper bound within it). Parameters, masters, gradients and
+// AdamW state are exact; activations follow the formula in docs/finetune.md (what
+// autograd keeps per token and decoder layer). The transients of each moment were
+// found by measuring the peak of the backward and of the update apart (bench memory's
+// update_peak_bytes) on the released Qwen3.5-0.8B and Qwen2-VL-7B at every level;
+// docs/finetune.md has every part's formula, docs/train.md the measured rows.
 // The vision encoder's activations are not counted (small next to the decoder's).
 #pragma once
 
@@ -49,20 +40,38 @@ struct MemoryEstimateInputs {
   int shard_world = 1;                         // ... over this many ranks
 };
 
+// Every part is what one rank holds at some moment of a step. The parameters, masters
+// and moments are held throughout; each moment of the step (the forward, the loss, the
+// backward through the layers, the weight update) adds its own parts, and the step
+// needs the held part plus the largest moment.
 struct MemoryEstimate {
   int64_t parameter_count = 0;
-  int64_t parameters = 0;      // model parameters in the compute dtype
-  int64_t master_weights = 0;  // fp32 copies (mixed precision only)
-  int64_t gradients = 0;       // master-dtype gradients (+ the compute-dtype grads of backward)
+  // Held through the step.
+  int64_t parameters = 0;      // the model's weights in the compute dtype (stage 3: outside the units)
+  int64_t master_weights = 0;  // the optimizer's copies (mixed precision, or sharded)
   int64_t optimizer = 0;       // AdamW's two moments in the master dtype
+  // Stage 3's units gathered besides: in the forward, the loss and the backward.
+  int64_t gathered_forward = 0, gathered_loss = 0, gathered_backward = 0;
   int64_t activations = 0;     // kept for backward by the decoder layers
   int64_t working_set = 0;     // the largest transient of one layer (MLP or attention block)
-  int64_t logits = 0;          // the LM head's output and the loss's fp32 copies
-  int64_t total() const {
-    return parameters + master_weights + gradients + optimizer + activations + working_set + logits;
-  }
-  // Rows "name  bytes  formula", for the start-up print and the error.
+  int64_t logits = 0;          // one chunk's logits, the loss's fp32 copies, the hidden state's gradient
+  int64_t head_gradient = 0;   // the LM head's gradient, made whole by the loss's backward
+  int64_t gradients = 0;       // the backward's (stages 2, 3: one unit's, and the reduced shards)
+  int64_t update_gradients = 0;    // what the update steps with (the masters', or the shards)
+  int64_t update_working_set = 0;  // its largest transients (reductions, AdamW's, gathers)
+
+  struct Moment {
+    std::string name;
+    std::vector<std::string> parts;  // names in parts()
+  };
+  // "parameters" … "update working set": every part by name, for the print and the benchmark.
   std::vector<std::pair<std::string, int64_t>> parts() const;
+  std::vector<Moment> moments() const;
+  int64_t bytes_of(const std::vector<std::string>& part_names) const;
+  int64_t held() const;
+  int64_t total() const;  // held() + the largest moment
+  // What a rank holds once the update is done: the held part and the gradients.
+  int64_t training_state() const;
   std::string table() const;
 };
 
