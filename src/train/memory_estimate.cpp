@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <sstream>
 
 #include "mmsp/core/check.h"
@@ -154,10 +155,14 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
     }
   }
   const int64_t P = e.parameter_count;
-  // Units: the decoder layers and the hooked vision blocks (N_l: the largest of them).
-  int64_t in_layers = 0, largest_layer = 0;
-  for (const std::vector<int64_t>* counts : {&layer_count, &block_count})
-    for (int64_t n : *counts) in_layers += n, largest_layer = std::max(largest_layer, n);
+  // Units: the decoder layers and the hooked vision blocks (N_l: the largest of them,
+  // N_l2 the next largest: the most a neighbour of the largest can hold).
+  std::vector<int64_t> units = layer_count;
+  units.insert(units.end(), block_count.begin(), block_count.end());
+  std::sort(units.begin(), units.end(), std::greater<>());
+  int64_t in_layers = 0;
+  for (int64_t n : units) in_layers += n;
+  const int64_t largest_layer = units.empty() ? 0 : units[0], next_layer = units.size() > 1 ? units[1] : 0;
   // The LM head (lm_head, or the embedding it is tied to) and an untied embedding: the
   // units ZeRO-3 gathers around their uses besides the layers (Decoder::hook_units).
   int64_t head = 0, embedding = 0, largest = 0;
@@ -220,11 +225,11 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
       // a layer or vision block and the next (the last layer: the head); in the loss
       // the head and the last layer; in the backward a layer and the one before. A
       // unit not prefetched (the embedding, vision block 0) is gathered in rounds.
-      const int64_t U = largest_layer;
+      const int64_t U = largest_layer, U2 = next_layer;
       e.parameters = kept * b;
-      e.gathered_forward = std::max(U + 2 * std::max(U, head), embedding) * b;
+      e.gathered_forward = std::max(U + 2 * std::max(U2, head), embedding) * b;
       e.gathered_loss = (head + 2 * U) * b;
-      e.gathered_backward = 3 * U * b;
+      e.gathered_backward = (U + 2 * U2) * b;
     }
   } else {
     e.master_weights = mixed ? P * m : 0;

@@ -176,6 +176,16 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(stage3.gathered_forward, 2 * (unit + 2 * head));  // the last layer, the head in flight
   EXPECT_EQ(stage3.gathered_loss, 2 * (head + 2 * unit));     // the head, the last layer in flight
   EXPECT_EQ(stage3.gathered_backward, 2 * 3 * unit);          // a layer, the one before in flight
+  // One decoder layer larger than any vision block: its neighbour in flight is a block.
+  {
+    Shapes one_layer;
+    for (const auto& [name, shape] : shapes)
+      if (name.find(".layers.1.") == std::string::npos) one_layer.emplace_back(name, shape);
+    ASSERT_GT(layer0, block0);
+    const MemoryEstimate cut = estimate_memory(config, one_layer, in);
+    EXPECT_EQ(cut.gathered_backward, 2 * (layer0 + 2 * block0));
+    EXPECT_EQ(cut.gathered_forward, 2 * (layer0 + 2 * head));
+  }
   EXPECT_EQ(stage3.gradients, stage2.gradients);
 }
 
