@@ -48,40 +48,52 @@ std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t buc
   return out;
 }
 
+namespace {
+
+// Calls visit(i, in_param, in_range, n) for every parameter i of `bucket` that overlaps
+// elements [first, last) of the bucket: n elements from the parameter's element
+// in_param, which are the range's elements from in_range. Returns the bucket's numel.
+template <typename Visit>
+int64_t for_each_overlap(const NamedParams& params, const GradBucket& bucket, int64_t first, int64_t last,
+                         Visit visit) {
+  int64_t offset = 0;  // the parameter's first element in the bucket
+  for (size_t i : bucket.params) {
+    const int64_t numel = params[i].second.numel();
+    const int64_t lo = std::max(first, offset), hi = std::min(last, offset + numel);
+    if (lo < hi) visit(i, lo - offset, lo - first, hi - lo);
+    offset += numel;
+  }
+  return offset;
+}
+
+}  // namespace
+
 void pack_bucket_range(const NamedParams& params, const GradBucket& bucket, int64_t first, at::Tensor out,
                        const char* who) {
   at::NoGradGuard no_grad;
   const int64_t last = first + out.numel();
-  int64_t offset = 0;  // the parameter's first element in the bucket
-  for (size_t i : bucket.params) {
+  auto pack = [&](size_t i, int64_t in_param, int64_t in_range, int64_t n) {
     const auto& [name, p] = params[i];
-    const int64_t lo = std::max(first, offset), hi = std::min(last, offset + p.numel());
-    if (lo < hi) {
-      at::Tensor slice = out.narrow(0, lo - first, hi - lo);
-      const at::Tensor& grad = p.grad();
-      if (grad.defined()) {
-        MMSP_CHECK(grad.sizes() == p.sizes(), who, ": the gradient of \"", name, "\" has shape ", grad.sizes(),
-                   " but the parameter has ", p.sizes());
-        slice.copy_(grad.reshape({-1}).narrow(0, lo - offset, hi - lo));
-      } else {
-        slice.zero_();
-      }
+    at::Tensor slice = out.narrow(0, in_range, n);
+    const at::Tensor& grad = p.grad();
+    if (!grad.defined()) {
+      slice.zero_();
+      return;
     }
-    offset += p.numel();
-  }
-  if (last > offset) out.narrow(0, std::max<int64_t>(0, offset - first), last - std::max(first, offset)).zero_();
+    MMSP_CHECK(grad.sizes() == p.sizes(), who, ": the gradient of \"", name, "\" has shape ", grad.sizes(),
+               " but the parameter has ", p.sizes());
+    slice.copy_(grad.reshape({-1}).narrow(0, in_param, n));
+  };
+  const int64_t end = for_each_overlap(params, bucket, first, last, pack);
+  if (last > end) out.narrow(0, std::max<int64_t>(0, end - first), last - std::max(first, end)).zero_();
 }
 
 void unpack_bucket_range(const NamedParams& params, const GradBucket& bucket, int64_t first, const at::Tensor& in) {
   at::NoGradGuard no_grad;
-  const int64_t last = first + in.numel();
-  int64_t offset = 0;  // the parameter's first element in the bucket
-  for (size_t i : bucket.params) {
-    const at::Tensor& p = params[i].second;
-    const int64_t lo = std::max(first, offset), hi = std::min(last, offset + p.numel());
-    if (lo < hi) p.variable_data().view({-1}).narrow(0, lo - offset, hi - lo).copy_(in.narrow(0, lo - first, hi - lo));
-    offset += p.numel();
-  }
+  auto unpack = [&](size_t i, int64_t in_param, int64_t in_range, int64_t n) {
+    params[i].second.variable_data().view({-1}).narrow(0, in_param, n).copy_(in.narrow(0, in_range, n));
+  };
+  for_each_overlap(params, bucket, first, first + in.numel(), unpack);
 }
 
 void pack_bucket_grads(const NamedParams& params, const GradBucket& bucket, at::Tensor& flat, const char* who) {

@@ -163,8 +163,10 @@ at::Tensor ShardedAdamW::pack_grad_round(const Shard& s, int64_t first, int64_t 
 }
 
 double ShardedAdamW::global_norm(const std::vector<at::Tensor>& grads) const {
-  at::Tensor sum = at::zeros({1}, at::kDouble);
-  for (const at::Tensor& g : grads) sum.add_(sum_of_squares(g).cpu());
+  // Summed where the shards live, then read once (not one device-to-host copy a bucket).
+  at::Tensor local;
+  for (const at::Tensor& g : grads) local = local.defined() ? local + sum_of_squares(g) : sum_of_squares(g);
+  at::Tensor sum = local.defined() ? local.cpu() : at::zeros({1}, at::kDouble);
   dist::all_reduce_(sum, *world_);
   const double norm = std::sqrt(sum.item<double>());
   if (std::isfinite(norm)) return norm;
@@ -179,15 +181,18 @@ double ShardedAdamW::global_norm(const std::vector<at::Tensor>& grads) const {
   return norm;
 }
 
+int64_t ShardedAdamW::elements_per_round(at::ScalarType dtype) const {
+  const int64_t per_rank = static_cast<int64_t>(world_->size()) * static_cast<int64_t>(c10::elementSize(dtype));
+  return std::max<int64_t>(1, round_bytes_ / per_rank);
+}
+
 void ShardedAdamW::reduce_bucket(Shard& s) {
   at::NoGradGuard no_grad;
   // In rounds of at most round_bytes_ packed per rank: a bucket far larger than the
   // others (one parameter, such as a 248,320-row embedding) is never packed or received
   // whole, which would hold two more copies of its gradient. The bytes are those of one
   // reduce-scatter of the whole bucket.
-  const int64_t P = world_->size();
-  const int64_t per_round =
-      std::max<int64_t>(1, round_bytes_ / (P * static_cast<int64_t>(c10::elementSize(master_dtype_))));
+  const int64_t per_round = elements_per_round(master_dtype_);
   ensure_grad(s);
   for (int64_t first = 0; first < s.shard; first += per_round) {
     const int64_t n = std::min(per_round, s.shard - first);
@@ -320,14 +325,7 @@ void ShardedAdamW::gather_into_model(Shard& s) {
     gather_in_rounds(s);  // not prefetched: gather now
   } else {
     s.prefetch.wait();
-    // variable_data(): written without bumping the parameter's version, which autograd
-    // checks for the views it saved of it.
-    int64_t offset = 0;
-    for (size_t i : s.bucket.params) {
-      at::Tensor p = model_[i].second.variable_data();
-      p.copy_(s.incoming.narrow(0, offset, p.numel()).view(p.sizes()));
-      offset += p.numel();
-    }
+    unpack_bucket_range(model_, s.bucket, 0, s.incoming);  // the padding past the bucket's end dropped
     s.incoming = at::Tensor();
   }
   s.gathered = true;
@@ -338,9 +336,7 @@ void ShardedAdamW::gather_in_rounds(Shard& s) {
   // bucket, nor its shard in the model's dtype, nor the flat copy Gloo's all-gather
   // makes of its whole output is held at once (each would be a lone 248,320-row
   // embedding's 485 MiB in bf16, or a share of it). The bytes are those of one gather.
-  const int64_t P = world_->size();
-  const int64_t per_round =
-      std::max<int64_t>(1, round_bytes_ / (P * static_cast<int64_t>(c10::elementSize(s.bucket.dtype))));
+  const int64_t P = world_->size(), per_round = elements_per_round(s.bucket.dtype);
   for (int64_t first = 0; first < s.shard; first += per_round) {
     const int64_t n = std::min(per_round, s.shard - first);
     at::Tensor rows = at::empty({P * n}, at::TensorOptions().dtype(s.bucket.dtype).device(s.bucket.device));

@@ -195,6 +195,9 @@ class ShardedAdamW {
   void release_unit(int unit);
   void start_gather(Shard& s);
   void gather_in_rounds(Shard& s);
+  // Elements of `dtype` a rank contributes per round so that a round's P rows hold at
+  // most round_bytes_ (at least 1).
+  int64_t elements_per_round(at::ScalarType dtype) const;
   void gather_into_model(Shard& s);
   void release(Shard& s);
   void refresh_model(Shard& s);
@@ -217,7 +220,7 @@ class ShardedAdamW {
   };
   std::vector<std::vector<LookupRows>> lookup_rows_;  // by unit: this step's, until step()
   ShardLevel level_;
-  int64_t round_bytes_;  // most bytes packed per reduce-scatter round
+  int64_t round_bytes_;  // most bytes of a reduce-scatter or all-gather round
   int64_t steps_ = 0;
 };
 
