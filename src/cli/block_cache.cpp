@@ -43,7 +43,7 @@ void* BlockCache::take(size_t bytes, size_t* got) const {
   return block.raw;
 }
 
-c10::DataPtr BlockCache::allocate(size_t bytes) const {
+c10::DataPtr BlockCache::allocate_block(size_t bytes) const {
   size_t usable = bytes;
   void* raw = bytes >= min_block_ ? take(bytes, &usable) : nullptr;
   if (!raw) raw = c10::alloc_cpu(bytes + kHeader);

@@ -17,9 +17,11 @@
 #include <mutex>
 #include <utility>
 
+#include "mmsp/compat/cpu_allocator.h"
+
 namespace mmsp::cli {
 
-class BlockCache final : public c10::Allocator {
+class BlockCache final : public compat::CpuAllocator {
  public:
   // Blocks of at least `min_block` bytes are kept after a free, at most `capacity`
   // bytes of them at a time; a request takes a kept block at most 1/8 larger.
@@ -28,11 +30,13 @@ class BlockCache final : public c10::Allocator {
   BlockCache(const BlockCache&) = delete;
   BlockCache& operator=(const BlockCache&) = delete;
 
-  c10::DataPtr allocate(size_t bytes) const override;
   c10::DeleterFnPtr raw_deleter() const override;
 
   size_t kept_bytes() const;   // freed and kept now
   size_t hits() const;         // requests served from kept blocks
+
+ protected:
+  c10::DataPtr allocate_block(size_t bytes) const override;
 
  private:
   struct Block {

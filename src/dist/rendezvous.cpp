@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "mmsp/compat/quiet_c10_log.h"
 #include "mmsp/core/check.h"
 
 namespace mmsp::dist {
@@ -64,6 +65,7 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono:
   opts.timeout = timeout;
   c10::intrusive_ptr<c10d::Store> store;
   try {
+    const compat::QuietC10Log quiet;  // the failure is reported below, in one line
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
   } catch (const std::exception& e) {
     if (env.rank == 0)

@@ -15,6 +15,8 @@
 #include <shared_mutex>
 #include <vector>
 
+#include "mmsp/compat/cpu_allocator.h"
+
 namespace mmsp::train {
 namespace {
 
@@ -54,10 +56,10 @@ void release(void* data) {
   h.deleter(h.context);
 }
 
-struct CountingAllocator final : c10::Allocator {
+struct CountingAllocator final : compat::CpuAllocator {
   explicit CountingAllocator(c10::Allocator* inner) : inner(inner) {}
   c10::Allocator* inner;
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate_block(size_t n) const override {
     c10::DataPtr block = inner->allocate(n + kHeader);
     char* raw = static_cast<char*>(block.get());
     Header* h = reinterpret_cast<Header*>(raw);

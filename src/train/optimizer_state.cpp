@@ -2,12 +2,12 @@
 #include "mmsp/train/optimizer_state.h"
 
 #include <ATen/ATen.h>
-#include <c10/util/C++17.h>
 #include <nlohmann/json.hpp>
 
 #include <set>
 #include <unordered_map>
 
+#include "mmsp/compat/optimizer_state_key.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
 
@@ -18,11 +18,6 @@ using nlohmann::json;
 
 constexpr const char* kFormat = "mmsp.adamw";
 const char* const kMoments[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
-
-// LibTorch keys optimizer state by the parameter's TensorImpl address, as text.
-std::string state_key(const at::Tensor& p) {
-  return c10::guts::to_string(p.unsafeGetTensorImpl());
-}
 
 // TensorImpl -> the first name it is given.
 std::unordered_map<const void*, std::string> names_of(const NamedParams& params) {
@@ -71,7 +66,7 @@ AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer, const Named
       MMSP_CHECK(name != names.end(), "saving the optimizer: parameter #", i, " of group ", g,
                  " (shape ", p.sizes(), ") is not a parameter of the model");
       gs.params.push_back(name->second);
-      auto it = optimizer.state().find(state_key(p));
+      auto it = optimizer.state().find(compat::optimizer_state_key(p));
       if (it == optimizer.state().end()) continue;
       const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get());
       MMSP_ASSERT(s != nullptr, "AdamW state of ", name->second, " has another type");
@@ -95,7 +90,8 @@ void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer,
              " parameter groups but the checkpoint has ", state.groups.size());
   // Check everything, building the new state aside.
   std::set<std::string> optimised;
-  std::vector<std::pair<std::string, std::unique_ptr<torch::optim::AdamWParamState>>> fresh;
+  std::vector<std::pair<compat::OptimizerStateKey, std::unique_ptr<torch::optim::AdamWParamState>>>
+      fresh;
   for (size_t g = 0; g < groups.size(); ++g) {
     const AdamWGroupState& saved = state.groups[g];
     std::vector<std::string> here;
@@ -133,7 +129,7 @@ void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer,
         if (k == 1) s->exp_avg_sq(copy);
         if (k == 2) s->max_exp_avg_sq(copy);
       }
-      fresh.emplace_back(state_key(p), std::move(s));
+      fresh.emplace_back(compat::optimizer_state_key(p), std::move(s));
     }
   }
   for (const auto& [name, m] : state.params)

@@ -5,8 +5,8 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/version.h>
 
 #include <chrono>
 #include <memory>
@@ -15,19 +15,9 @@
 
 #include "mmsp/dist/comm_stats.h"
 
-#if TORCH_VERSION_MAJOR >= 2
-#include <torch/csrc/distributed/c10d/Backend.hpp>
 namespace mmsp::dist {
-using Backend = c10d::Backend;  // LibTorch 2.x: ProcessGroupGloo/NCCL are Backends
-}
-#else
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-namespace mmsp::dist {
-using Backend = c10d::ProcessGroup;  // LibTorch 1.x: they are ProcessGroups
-}
-#endif
 
-namespace mmsp::dist {
+using Backend = c10d::Backend;  // ProcessGroupGloo and ProcessGroupNCCL are c10d Backends
 
 class Group : public torch::CustomClassHolder {
  public:

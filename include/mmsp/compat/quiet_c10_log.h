@@ -1,0 +1,35 @@
+// The compat seam for c10's own logging during a call that mmsp reports itself
+// (docs/building.md#libtorch-versions).
+//
+// LibTorch 2.x's TCPStore logs each failed connection attempt to stderr as a warning
+// whose text is the whole c10::Error, backtrace included (17 frames for a rank whose
+// rank 0 is missing), before it throws. mmsp turns that exception into one line that
+// names the rank and the fix, so for the length of a QuietC10Log c10 logs only fatal
+// messages. TORCH_CPP_LOG_LEVEL, when set, wins: the scope then changes nothing.
+// Not thread-safe (one process-wide level): use it before a rank starts its threads.
+#pragma once
+
+#include <c10/util/Logging.h>
+
+#include <cstdlib>
+
+namespace mmsp::compat {
+
+class QuietC10Log {
+ public:
+  QuietC10Log() : saved_(FLAGS_caffe2_log_level), active_(std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) {
+    if (active_) FLAGS_caffe2_log_level = kFatal;
+  }
+  ~QuietC10Log() {
+    if (active_) FLAGS_caffe2_log_level = saved_;
+  }
+  QuietC10Log(const QuietC10Log&) = delete;
+  QuietC10Log& operator=(const QuietC10Log&) = delete;
+
+ private:
+  static constexpr int kFatal = 3;  // FATAL in c10's numbering and glog's alike
+  int saved_;
+  bool active_;
+};
+
+}  // namespace mmsp::compat
