@@ -1,22 +1,39 @@
 # mmsp — the two commands a user needs:  `make demo`  and  `make test`.
-# Each installs what is missing (Debian 12 packages), configures CMake and builds.
-# Another LibTorch (e.g. a CUDA build):  make test Torch_DIR=/path/to/libtorch/share/cmake/Torch
+# Each installs what is missing, configures CMake and builds: Debian 12 packages (the
+# compiler, CMake, the header-only and test libraries) and LibTorch, which comes from the
+# pinned `torch` wheel (requirements/torch.txt) installed into a project-local virtual
+# environment (.venv; `make clean` keeps it). See docs/building.md.
+# Another LibTorch (>= 2.11, e.g. the GPU machine's):  make test Torch_DIR=/path/to/share/cmake/Torch
 
 BUILD      ?= build
 BUILD_TYPE ?= Release
 JOBS       ?= $(shell nproc)
 Torch_DIR  ?=
+PYTHON     ?= python3
+VENV       ?= .venv
 
-# Debian 12 packages the project builds and runs with. libopenblas0-pthread makes
-# LibTorch's fp32 matmul ~20x faster than the reference BLAS (see docs/building.md).
-DEB_PACKAGES := cmake ninja-build g++ ccache libtorch-dev libgloo-dev nlohmann-json3-dev \
-                libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libopenblas0-pthread \
-                libstb-dev
+# Debian 12 packages the project builds and runs with. libgloo-dev: c10d's Gloo header
+# includes Gloo's, which the wheel does not ship. python3-venv: Debian's python3 makes
+# no venv without it.
+DEB_PACKAGES := cmake ninja-build g++ ccache libgloo-dev nlohmann-json3-dev \
+                libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libstb-dev python3-venv
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
-CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(if $(Torch_DIR),-DTorch_DIR=$(Torch_DIR))
+# WERROR=OFF builds with a compiler whose new warnings the code has not met yet.
+WERROR    ?= ON
+CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DMMSP_WERROR=$(WERROR)
 
-.PHONY: all deps configure build tools test demo clean install test-torch2 print-deb-packages
+# The venv is (re)made when the pins change; its stamp records the pins it holds.
+TORCH_STAMP := $(VENV)/.mmsp-requirements
+ifeq ($(Torch_DIR),)
+TORCH_DEP := $(TORCH_STAMP)
+TORCH_DIR_ARG = -DTorch_DIR=$$(echo $(CURDIR)/$(VENV)/lib/python3*/site-packages/torch/share/cmake/Torch)
+else
+TORCH_DEP :=
+TORCH_DIR_ARG = -DTorch_DIR=$(Torch_DIR)
+endif
+
+.PHONY: all deps torch configure build tools test demo clean install print-deb-packages
 
 all: build
 
@@ -27,10 +44,20 @@ deps:
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-$(BUILD)/build.ninja:
-	cmake -S . -B $(BUILD) $(CMAKE_ARGS)
+# pip's own download and install; the time and size are in docs/building.md.
+$(TORCH_STAMP): requirements/torch.txt | deps
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --disable-pip-version-check --no-input --progress-bar off \
+	  --only-binary :all: -r requirements/torch.txt
+	cp requirements/torch.txt $@
 
-configure: deps $(BUILD)/build.ninja
+torch: $(TORCH_DEP)
+
+$(BUILD)/build.ninja: $(TORCH_DEP)
+	cmake -S . -B $(BUILD) $(CMAKE_ARGS) $(TORCH_DIR_ARG)
+
+configure: deps torch $(BUILD)/build.ninja
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
@@ -69,11 +96,6 @@ install: build
 
 clean:
 	rm -rf $(BUILD)
-
-# The whole suite against LibTorch 2.x (Debian 13's libtorch-dev) in a debootstrap root,
-# from a clean clone: docs/building.md. Needs root; not part of `make test`.
-test-torch2:
-	scripts/test-torch2.sh
 
 print-deb-packages:
 	@echo $(DEB_PACKAGES)
