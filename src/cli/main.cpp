@@ -11,6 +11,7 @@
 #include "mmsp/model/config.h"
 #include "plan_command.h"
 #include "selftest_command.h"
+#include "thread_policy.h"
 #include "train_command.h"
 
 int main(int argc, char** argv) {
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
     std::cerr << "mmsp: " << e.what() << "\n";
     return 2;
   }
+  mmsp::cli::set_rank_threads();  // before any kernel: see thread_policy.h
   CLI::App app{"mmsp: sequence-parallel training of vision-language models"};
   app.require_subcommand(1);
   std::vector<mmsp::cli::Subcommand> commands;
