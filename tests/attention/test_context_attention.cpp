@@ -123,8 +123,8 @@ TEST(MultiRank, AdaptivePlacementEqualsTheSingleProcessKernel) {
           plan::pack_row(ids, lengths, R, plan::place_segments(lengths, R, U, plan::Placement::adaptive, balance));
       int whole = 0;
       for (const plan::Segment& s : row.segments) whole += s.home >= 0;
-      if (kind != "long") EXPECT_GT(whole, 0) << pack << ": nothing whole, the test would test zigzag";
-      if (kind == "long" && R * U > 1) EXPECT_EQ(whole, 0);
+      if (kind != "long") { EXPECT_GT(whole, 0) << pack << ": nothing whole, the test would test zigzag"; }
+      if (kind == "long" && R * U > 1) { EXPECT_EQ(whole, 0); }
       const plan::ShardMap map(row, R, U, plan::Layout::zigzag);
       const std::vector<int64_t> split_slots = attention::split_slots(map);
       EXPECT_EQ(split_slots.empty(), whole == 0) << pack;

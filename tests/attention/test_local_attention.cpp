@@ -111,14 +111,15 @@ TEST(BlockScheduleTest, SkipsExactlyTheEmptyBlocks) {
       for (const KeyBlock& b : schedule.key_blocks[qb]) {
         Tensor block = mask.narrow(0, i, n).narrow(1, b.begin, b.end - b.begin);
         EXPECT_TRUE(block.any().item<bool>()) << "listed block is empty";
-        if (b.full) EXPECT_TRUE(block.all().item<bool>()) << "full block has masked pairs";
+        if (b.full) { EXPECT_TRUE(block.all().item<bool>()) << "full block has masked pairs"; }
         listed[b.begin / bk] = true;
         listed_pairs += block.sum().item<int64_t>();
       }
       for (size_t kb = 0; kb < listed.size(); ++kb)
-        if (!listed[kb])
+        if (!listed[kb]) {
           EXPECT_FALSE(mask.narrow(0, i, n).narrow(1, kb * bk, std::min<int64_t>(bk, k.size() - kb * bk))
                            .any().item<bool>()) << "skipped a block with allowed pairs";
+        }
     }
     EXPECT_EQ(listed_pairs, mask.sum().item<int64_t>());
     EXPECT_EQ(allowed_pairs(q, k, causal), mask.sum().item<int64_t>());

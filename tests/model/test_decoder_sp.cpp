@@ -189,6 +189,7 @@ TEST(DecoderHooks, TiedLookupGivesRowsAndTheHeadGradientIsCompleteAtItsHook) {
   EXPECT_TRUE(at::allclose(total, ref.head_weight().grad(), 1e-12, 1e-14));
   const auto want = ref.named_parameters(), got = hooked.named_parameters();
   for (const auto& item : want)
-    if (item.key() != "model.embed_tokens.weight")
+    if (item.key() != "model.embed_tokens.weight") {
       EXPECT_TRUE(at::allclose(got[item.key()].grad(), item.value().grad(), 1e-12, 1e-14)) << item.key();
+    }
 }

@@ -115,7 +115,7 @@ lt "$secs" 2 || fail "skew: named after $secs s (limit 2)"
 short=(train --tokens-per-rank 64 --attention-block 32 --warmup 1 --quiet)
 $build/mmsp-run -n 2 -- $mmsp "${short[@]}" --steps 2 --out "$work/ckpt" > "$work/ckpt.log" 2>&1 || fail "save: $(tail -3 "$work/ckpt.log")"
 step=$work/ckpt/step-000002
-flip() {  # flip FILE BYTE: xor one bit of one byte (python3 comes with libtorch-dev)
+flip() {  # flip FILE BYTE: xor one bit of one byte (python3: a Debian package `make` installs)
   python3 -c "import sys; f=open(sys.argv[1],'r+b'); n=int(sys.argv[2]); f.seek(n); b=f.read(1); f.seek(n); f.write(bytes([b[0]^4]))" "$1" "$2"
 }
 for target in hf/model.safetensors:100 hf/model.safetensors:-50 optimizer.safetensors:-9 state.json:30 hf/config.json:12; do

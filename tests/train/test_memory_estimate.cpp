@@ -227,9 +227,10 @@ TEST(MemoryEstimate, EveryTowersBlocksAreUnitsOfTheModelAndTheEstimate) {
       int64_t n = 0;
       for (const at::Tensor& p : units[u].parameters) {
         n += p.numel();
-        if (u >= first_block)
+        if (u >= first_block) {
           EXPECT_EQ(name_of(p).rfind(chain + std::to_string(u - first_block) + ".", 0), 0u)
               << name_of(p) << " is in vision unit " << u - first_block;
+        }
       }
       in_units += n;
       if (u >= first_block) in_vision_units += n;
@@ -272,7 +273,7 @@ TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {
     EXPECT_EQ(e.activations, L * T * h * 4 + T * a * 4) << model::to_string(mode);
     EXPECT_LT(e.activations, plain.activations);
     for (size_t k = 0; k < e.parts().size(); ++k)  // nothing else moves
-      if (e.parts()[k].first != "activations") EXPECT_EQ(e.parts()[k], plain.parts()[k]);
+      if (e.parts()[k].first != "activations") { EXPECT_EQ(e.parts()[k], plain.parts()[k]); }
   }
   in.checkpointing = model::ActivationCheckpointing::none;
   in.loss_chunk = 7;

@@ -446,8 +446,8 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
       const int64_t before = gathered();
       hooks->before_forward(unit);
       EXPECT_TRUE(unit_held(unit)) << "forward of unit " << unit;
-      if (freed && prefetched && !prefetches(unit, 1)) EXPECT_EQ(gathered(), before) << "unit " << unit << " was prefetched";
-      if (freed && unit == 0) EXPECT_FALSE(unit_held(1)) << "layer 1 is prefetched into a buffer, not the model";
+      if (freed && prefetched && !prefetches(unit, 1)) { EXPECT_EQ(gathered(), before) << "unit " << unit << " was prefetched"; }
+      if (freed && unit == 0) { EXPECT_FALSE(unit_held(1)) << "layer 1 is prefetched into a buffer, not the model"; }
       hooks->after_forward(unit);
       EXPECT_EQ(unit_held(unit), !freed) << "after the forward of unit " << unit;
     };
@@ -460,7 +460,7 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
           EXPECT_EQ(holds_memory(model[i].second), !freed) << "between steps";
         sharded.gather_step_weights();
         for (size_t i = 0; i < model.size(); ++i)
-          if (unit_of[i] < 0) EXPECT_TRUE(holds_memory(model[i].second)) << "kept for the step";
+          if (unit_of[i] < 0) { EXPECT_TRUE(holds_memory(model[i].second)) << "kept for the step"; }
         if (units.embedding >= 0) use(units.embedding, false);
         if (units.vision >= 0) use(units.vision, false);
         use(0, false);
@@ -475,13 +475,15 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
           hooks->before_backward(unit);
           EXPECT_TRUE(unit_held(unit)) << "backward of unit " << unit;
           const bool was_prefetched = k > 0 && backward[k - 1] - 1 == unit && prefetches(backward[k - 1], -1);
-          if (freed && was_prefetched && !prefetches(unit, -1))
+          if (freed && was_prefetched && !prefetches(unit, -1)) {
             EXPECT_EQ(gathered(), before) << "unit " << unit << " was prefetched by the one after it";
+          }
           give_grads(unit, t, tied && unit == units.head ? 0.5 : 1.0);
           hooks->after_backward(unit);
           for (size_t i = 0; i < model.size(); ++i)
-            if (unit_of[i] == unit && !(r == 2 && i == 3))
+            if (unit_of[i] == unit && !(r == 2 && i == 3)) {
               EXPECT_FALSE(model[i].second.grad().defined()) << "reduced and released (unit " << unit << ")";
+            }
         }
         if (units.embedding >= 0) {  // the lookup's rows, last; with 4 ranks rank 0 hands over rank 3's too
           const double scale = tied ? 0.5 : 1.0;
@@ -495,7 +497,7 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
           EXPECT_FALSE(model[table].second.grad().defined()) << "the lookup makes no dense gradient";
         }
         give_grads(-1, t);
-        if (units.unread >= 0) EXPECT_EQ(unit_held(units.unread), !freed) << "an unread unit is never gathered";
+        if (units.unread >= 0) { EXPECT_EQ(unit_held(units.unread), !freed) << "an unread unit is never gathered"; }
       }
       norms[r] = sharded.step(clip);
     }
