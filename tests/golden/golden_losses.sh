@@ -11,7 +11,7 @@
 #
 # Bit-exact float64 needs the same kernels and the same summation order wherever it
 # runs: one thread (ATen splits reductions over threads), ATen's AVX2 kernels (AVX-512
-# ones sum in another order) and OpenBLAS's Haswell kernels (it picks per CPU otherwise).
+# ones sum in another order) and MKL's AVX2 code path (MKL_CBWR; it picks per CPU otherwise).
 # Any x86-64 CPU with AVX2 then computes the same bits (checked: identical over repeated
 # runs; the files were written on the 2-core build machine).
 set -u
@@ -22,7 +22,7 @@ mmsp=$build/mmsp
 golden=$src/tests/golden
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 ATEN_CPU_CAPABILITY=avx2 OPENBLAS_CORETYPE=Haswell
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 ATEN_CPU_CAPABILITY=avx2 MKL_CBWR=AVX2
 steps=20
 failures=0
 # A CPU without AVX2 and FMA runs other kernels (and glibc other exp/log): bit-exact
