@@ -14,6 +14,10 @@ macro(mmsp_find_torch_prepare)
   if(Torch_DIR AND NOT Caffe2_DIR AND EXISTS "${Torch_DIR}/../Caffe2/Caffe2Config.cmake")
     get_filename_component(Caffe2_DIR "${Torch_DIR}/../Caffe2" ABSOLUTE)
   endif()
+  # Likewise its find_library(c10_LIBRARY c10 PATHS <its lib>): /usr/lib's libc10.so first.
+  if(Torch_DIR AND NOT c10_LIBRARY AND EXISTS "${Torch_DIR}/../../../lib/libc10.so")
+    get_filename_component(c10_LIBRARY "${Torch_DIR}/../../../lib/libc10.so" ABSOLUTE)
+  endif()
 endmacro()
 
 macro(mmsp_find_torch_finish)
