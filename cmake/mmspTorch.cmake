@@ -26,6 +26,14 @@ macro(mmsp_find_torch_finish)
                         "points at ${Torch_VERSION} (${TORCH_INSTALL_PREFIX}). `make` installs "
                         "the pinned one (requirements/torch.txt).")
   endif()
+  # libstdc++ first among an executable's needed libraries: the 2.11.0 wheel's libtorch.so
+  # exports a std::filesystem of its own (64 symbols; 2.15.0's none), and with libtorch.so
+  # ahead of libstdc++ the loader bound mmsp's std::filesystem::remove_all to it, which
+  # jumped to address 0 (test_cli's FindExecutable, on 2.11).
+  if(TARGET torch AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    set_property(TARGET torch APPEND PROPERTY INTERFACE_LINK_OPTIONS
+                 "SHELL:-Wl,--push-state,--no-as-needed -lstdc++ -Wl,--pop-state")
+  endif()
   # A wheel's libtorch_cuda.so finds NCCL, cuDNN, cuBLAS, ... in site-packages/nvidia/*/lib
   # through its own RPATH ($ORIGIN/../../nvidia/...), and so does the loader at run time.
   # The linker, checking libtorch_cuda.so's own needs, does not expand that RPATH: it took
