@@ -63,7 +63,7 @@ build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j 2 --timeout 600
+	cd $(BUILD) && ctest --output-on-failure -j 2
 
 # The demo: the built-in Qwen2-VL-style model learns the shapes dataset on 4 ranks
 # (ring 2 × ulysses 2), then the first steps again on 1 rank with the same batches.
