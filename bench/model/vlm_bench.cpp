@@ -12,6 +12,7 @@
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/model/family.h"
+#include "mmsp/model/step_parallelism.h"
 #include "mmsp/model/vlm.h"
 #include "mmsp/train/causal_lm_loss.h"
 #include "mmsp/train/memory_counter.h"
@@ -143,10 +144,10 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
         const model::PixelInputs pixels = train::load_pixels(images, samples, batch, config,
                                                              train::pixels_encoded_here(plan, mode), at::kFloat);
         if (o.step) {
-          auto out = vlm.forward(batch, plan, pixels, groups, mode);
+          auto out = model::forward_step(vlm, batch, plan, pixels, groups, mode);
           train::causal_lm_loss(out.logits(), out.labels, out.label_count).backward();
         } else {
-          vlm.vision_rows(plan, pixels, groups, mode).sum().backward();
+          vlm.vision_rows(plan, pixels, model::vision_router(plan, groups.context, mode)).sum().backward();
         }
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         seconds = run == 0 ? s : std::min(seconds, s);

@@ -17,7 +17,10 @@
 #include <sstream>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "mmsp/core/check.h"
+#include "mmsp/model/family.h"
 #include "mmsp/plan/step_plan.h"
 
 namespace mmsp::bench {
@@ -136,7 +139,8 @@ std::vector<PlacementWorkload> placement_workloads(int64_t tokens, const ModelCo
 
 std::vector<std::string> write_placement_data(const std::string& dir, int64_t tokens) {
   std::vector<std::string> files;
-  for (const PlacementWorkload& w : placement_workloads(tokens, default_conventions(ModelFamily::qwen2_vl))) {
+  const ModelConventions qwen2_vl = model::conventions_from_config(nlohmann::json{{"model_type", "qwen2_vl"}});
+  for (const PlacementWorkload& w : placement_workloads(tokens, qwen2_vl)) {
     if (std::string(w.name) == "vlm") continue;  // its placeholders would need pixels
     const std::string path = dir + "/" + w.name + ".jsonl";
     std::ofstream out(path);
@@ -155,7 +159,7 @@ Mesh placement_mesh(int ranks) {
 }
 
 nlohmann::json bench_placement(const PlacementBenchOptions& options) {
-  const ModelConventions c = default_conventions(ModelFamily::qwen2_vl);
+  const ModelConventions c = model::conventions_from_config(nlohmann::json{{"model_type", "qwen2_vl"}});
   nlohmann::json rows = nlohmann::json::array();
   for (int ranks : options.ranks) {
     for (PlacementWorkload& w : placement_workloads(options.tokens_per_rank * ranks, c)) {

@@ -9,11 +9,14 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "mmsp/attention/plan_layout.h"
 #include "mmsp/attention/step_attention.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/dist/mesh.h"
+#include "mmsp/model/family.h"
 #include "mmsp/plan/step_plan.h"
 #include "placement_bench.h"
 
@@ -89,7 +92,8 @@ json measure_placement(const dist::RankEnv& env, const PlacementMeasureOptions& 
   mo.timeout = std::chrono::seconds(300);
   dist::Mesh mesh = dist::Mesh::create(dist::Mesh::open_store(env, std::chrono::seconds(120)), env, shape, mo,
                                        "bench-placement");
-  const plan::ModelConventions conventions = plan::default_conventions(plan::ModelFamily::qwen2_vl);
+  const plan::ModelConventions conventions =
+      model::conventions_from_config(nlohmann::json{{"model_type", "qwen2_vl"}});
   json rows = json::array();
   for (PlacementWorkload& w : placement_workloads(o.tokens_per_rank * env.world_size, conventions)) {
     json row = {{"workload", w.name}, {"ranks", env.world_size}, {"ring", shape.ring}, {"ulysses", shape.ulysses}};

@@ -17,9 +17,9 @@ namespace mmsp::model {
 
 namespace config_parts {
 
-plan::ModelConventions read_conventions(const nlohmann::json& config, const plan::ModelConventions& defaults) {
+plan::ModelConventions read_conventions(const Family& family, const nlohmann::json& config) {
   try {
-    return plan::conventions_from_config(config, defaults);
+    return family.conventions(config);
   } catch (const Error& e) {
     std::string message = e.what();
     const std::string prefix = "config.json: ";

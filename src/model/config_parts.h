@@ -6,13 +6,14 @@
 
 #include "json_fields.h"
 #include "mmsp/model/config.h"
+#include "mmsp/model/family.h"
 #include "mmsp/plan/model_conventions.h"
 
 namespace mmsp::model::config_parts {
 
-// plan::conventions_from_config without its "config.json: " prefix (parse_model_config
+// family.conventions(config) without its "config.json: " prefix (parse_model_config
 // adds the file's own).
-plan::ModelConventions read_conventions(const nlohmann::json& config, const plan::ModelConventions& defaults);
+plan::ModelConventions read_conventions(const Family& family, const nlohmann::json& config);
 
 // tie_word_embeddings at the top level or in text_config: either true ties.
 bool read_tie(const json_fields::JsonFields& top, const json_fields::JsonFields& text);

@@ -23,22 +23,36 @@ RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConvention
   return o;
 }
 
+std::shared_ptr<const attention::StepAttention> plan_decoder_attention(
+    const RankInputs& in, const TextConfig& text, const attention::ContextGroups& groups,
+    const attention::AttentionOptions& attention, const at::Device& device, int64_t linear_chunk) {
+  std::optional<attention::LinearAttentionShape> linear;
+  for (int64_t i = 0; i < text.num_hidden_layers; ++i)
+    if (text.layer_kind(i) == LayerKind::linear_attention) linear = {text.linear_conv_kernel_dim, linear_chunk};
+  return attention::plan_step_attention(groups, in.ring_shares, attention, device, linear, in.split_slots);
+}
+
+DecoderContext decoder_context(const RankInputs& in, const TextConfig& text,
+                               const plan::ModelConventions& conventions,
+                               std::shared_ptr<const attention::StepAttention> step, const at::Tensor& like,
+                               int64_t linear_chunk) {
+  MMSP_CHECK(step != nullptr, "the decoder needs the step's attention");
+  DecoderContext ctx;
+  ctx.linear = {step->groups, step->ring_shares, step->linear, step->split_slots, step->linear_whole};
+  ctx.attend = attention::attention_function(std::move(step));
+  ctx.linear_chunk = linear_chunk;
+  ctx.rotary = rotary_table(in.positions, rotary_options(text, conventions), like.scalar_type(), like.device());
+  return ctx;
+}
+
 DecoderContext decoder_context(const RankInputs& in, const TextConfig& text,
                                const plan::ModelConventions& conventions,
                                const attention::ContextGroups& groups,
                                const attention::AttentionOptions& attention, const at::Tensor& like,
                                int64_t linear_chunk) {
-  std::optional<attention::LinearAttentionShape> linear;
-  for (int64_t i = 0; i < text.num_hidden_layers; ++i)
-    if (text.layer_kind(i) == LayerKind::linear_attention) linear = {text.linear_conv_kernel_dim, linear_chunk};
-  const std::shared_ptr<const attention::StepAttention> step =
-      attention::plan_step_attention(groups, in.ring_shares, attention, like.device(), linear, in.split_slots);
-  DecoderContext ctx;
-  ctx.attend = attention::attention_function(step);
-  ctx.linear = {groups, in.ring_shares, step->linear, in.split_slots, step->linear_whole};
-  ctx.linear_chunk = linear_chunk;
-  ctx.rotary = rotary_table(in.positions, rotary_options(text, conventions), like.scalar_type(), like.device());
-  return ctx;
+  return decoder_context(in, text, conventions,
+                         plan_decoder_attention(in, text, groups, attention, like.device(), linear_chunk), like,
+                         linear_chunk);
 }
 
 DecoderLayer::Attention::Attention(const TextConfig& c) {

@@ -3,6 +3,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 #include "mmsp/attention/plan_layout.h"
 #include "mmsp/core/check.h"
 
@@ -33,6 +35,8 @@ RankInputs rank_inputs(const plan::Batch& batch, const plan::StepPlan& plan) {
   in.ring_shares = attention::ring_shares(row.shards);
   in.split_slots = attention::split_slots(row.shards);
   in.label_count = plan.label_count;
+  for (const plan::Sequence& s : batch.sequences)
+    in.longest_sequence = std::max(in.longest_sequence, static_cast<int64_t>(s.input_ids.size()));
   return in;
 }
 

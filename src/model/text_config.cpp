@@ -9,7 +9,6 @@
 namespace mmsp::model {
 
 using json_fields::JsonFields;
-using plan::ModelFamily;
 
 const char* to_string(LayerKind kind) {
   return kind == LayerKind::linear_attention ? "linear_attention" : "full_attention";
@@ -136,7 +135,7 @@ TextConfig parse_text_config(const nlohmann::json& text, ModelFamily family,
   if (nested && f.has("model_type")) {
     const std::string type = f.string("model_type", t.model_type);
     MMSP_CHECK(type == t.model_type, f.name("model_type"), " \"", type, "\" is not supported for ",
-               plan::to_string(family), "; expected \"", t.model_type, "\"",
+               to_string(family), "; expected \"", t.model_type, "\"",
                family == ModelFamily::internvl ? " or \"qwen3\"" : "");
   }
   t.vocab_size = f.integer("vocab_size", t.vocab_size);

@@ -11,7 +11,6 @@ namespace mmsp::model {
 
 using json_fields::join;
 using json_fields::JsonFields;
-using plan::ModelFamily;
 
 bool is_supported_activation(const std::string& name) {
   return name == "silu" || name == "gelu" || name == "gelu_pytorch_tanh" ||
@@ -61,7 +60,7 @@ QwenVisionConfig default_qwen_vision_config(ModelFamily family) {
       break;
     case ModelFamily::llava:
     case ModelFamily::internvl:
-      MMSP_CHECK(false, "no Qwen-VL vision encoder for model_type \"", plan::to_string(family),
+      MMSP_CHECK(false, "no Qwen-VL vision encoder for model_type \"", to_string(family),
                  "\"");
   }
   return v;

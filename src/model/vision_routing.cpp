@@ -84,4 +84,10 @@ RoutedRows route_vision_rows(const plan::StepPlan& plan, const EncodeItems& enco
   return out;
 }
 
+VisionRouter vision_router(const plan::StepPlan& plan, dist::GroupPtr context, VisionMode mode) {
+  return [&plan, context = std::move(context), mode](const EncodeItems& encode) {
+    return route_vision_rows(plan, encode, context, mode);
+  };
+}
+
 }  // namespace mmsp::model

@@ -1,21 +1,74 @@
-// What every family's step takes and returns; see vlm.h.
+// The one VLM step; see vlm.h. Where rows go is read off the plan's routes (through the
+// router): nothing here searches token ids or sees a process group.
 #include "mmsp/model/vlm.h"
 
 #include <ATen/ATen.h>
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/phase_marker.h"
 
 namespace mmsp::model {
 
 at::Tensor StepOutput::logits() const { return at::linear(hidden, head_weight); }
 
-int64_t PixelInputs::first_row(const plan::VisionItem& item, int64_t whole_batch_row) const {
-  const std::vector<int64_t>& offsets = item.kind == plan::VisionKind::image ? image_offsets : video_offsets;
-  if (offsets.empty()) return whole_batch_row;
-  const int64_t row = item.batch_index < static_cast<int64_t>(offsets.size()) ? offsets[item.batch_index] : -1;
-  MMSP_CHECK(row >= 0, "pixels of ", plan::to_string(item.kind), " ", item.batch_index,
-             " are not held on this rank (its pixels hold the items it encodes)");
-  return row;
+Vlm::Vlm(ModelConfig config, std::shared_ptr<Decoder> decoder, std::shared_ptr<VisionTower> tower, VlmRules rules)
+    : config_(std::move(config)), decoder_(std::move(decoder)), tower_(std::move(tower)), rules_(rules) {
+  MMSP_CHECK(decoder_ && tower_, "a Vlm needs a decoder and a vision tower");
+  MMSP_CHECK(tower_->row_width() == config_.text.hidden_size * (1 + tower_->deepstack_levels()),
+             "the vision tower's rows are ", tower_->row_width(), " wide, but the decoder's hidden_size ",
+             config_.text.hidden_size, " × (1 + ", tower_->deepstack_levels(), " deepstack levels) is ",
+             config_.text.hidden_size * (1 + tower_->deepstack_levels()));
+}
+
+void Vlm::check(const RankInputs& in) const {
+  if (rules_.positions_within_max)
+    MMSP_CHECK(in.longest_sequence <= config_.text.max_position_embeddings, "a sequence of ", in.longest_sequence,
+               " tokens is longer than text_config.max_position_embeddings (", config_.text.max_position_embeddings,
+               "), beyond which ", config_.model_type, "'s RoPE changes; shorten it");
+}
+
+at::Tensor Vlm::encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
+                       const PixelInputs& pixels) const {
+  const at::TensorOptions options = decoder_->model->embed_tokens->weight.options();
+  if (which.empty() && !tower_->blocks().hooked())
+    return at::zeros({0, tower_->row_width()}, options).requires_grad_();
+  PhaseScope vision(Phase::vision);
+  TowerInput input;
+  if (which.empty()) {
+    // Hooked blocks (--shard gradients|parameters) gather, free and reduce with
+    // collectives: this rank runs them on no rows, calling their hooks as the others do.
+    input = tower_->no_items(options);
+  } else {
+    std::vector<plan::VisionItem> mine;
+    for (int64_t i : which) mine.push_back(items.at(i));
+    input = tower_->gather(mine, pixels);
+  }
+  return enter_phase_in_backward(tower_->encode(input), Phase::vision);
+}
+
+at::Tensor Vlm::vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels, const VisionRouter& route) const {
+  tower_->check(plan, pixels);
+  const auto& items = plan.rows.at(plan.mine.coords.dp).items;
+  return route([&](const std::vector<int64_t>& which) { return encode(items, which, pixels); }).rows;
+}
+
+StepOutput Vlm::forward(const RankInputs& in, const plan::StepPlan& plan, const PixelInputs& pixels,
+                        const StepParallelism& parallelism) const {
+  MMSP_CHECK(parallelism.plan_attention && parallelism.route_vision, "the step needs its attention and vision router");
+  check(in);
+  tower_->check(plan, pixels);
+  at::Tensor embeds = decoder_->embed(in.token_ids);  // [L, hidden]
+  const auto& items = plan.rows.at(plan.mine.coords.dp).items;
+  const RoutedRows routed =
+      parallelism.route_vision([&](const std::vector<int64_t>& which) { return encode(items, which, pixels); });
+  const int64_t hidden = config_.text.hidden_size;
+  const at::Tensor rows = routed.rows.to(embeds.scalar_type());  // [V, hidden · (1 + levels)]
+  embeds = embeds.index_copy(0, routed.slots, rows.narrow(1, 0, hidden));
+
+  DecoderContext ctx = decoder_context(in, config_.text, config_.conventions, parallelism.plan_attention(), embeds);
+  ctx.visual_slots = routed.slots;
+  for (int k = 0; k < tower_->deepstack_levels(); ++k) ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
+  return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels, in.label_count};
 }
 
 void Vlm::set_activation_checkpointing(ActivationCheckpointing mode) {

@@ -104,7 +104,7 @@ SequencePositions make_sequence_positions(const ParsedSequence& parsed, const Se
     v.w = b.w;
     // Qwen3-VL sets every frame block's t to 1: its temporal index is always 0.
     v.first_frame = conv.video_frames_as_blocks() ? 0 : b.first_frame;
-    if (conv.family == ModelFamily::qwen2_5_vl) {
+    if (conv.scales_video_time()) {
       v.scaled_time = true;
       v.tokens_per_second = static_cast<float>(conv.tokens_per_second);
       if (b.kind == VisionKind::image) v.seconds_per_frame = 0.0f;

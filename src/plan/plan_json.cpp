@@ -147,7 +147,7 @@ json rank_plan_to_json(const StepPlan& plan, const RankPlan& rp) {
 json step_plan_to_json(const Batch& batch, const StepPlan& plan, const std::vector<int>& ranks) {
   const Mesh& mesh = plan.options.mesh;
   json j;
-  j["model_type"] = to_string(plan.conventions.family);
+  j["model_type"] = plan.conventions.name;
   j["mesh"] = {{"dp", mesh.dp}, {"ring", mesh.ring}, {"ulysses", mesh.ulysses},
                {"world", mesh.world()}};
   j["layout"] = to_string(plan.options.layout);
@@ -211,7 +211,7 @@ std::string step_plan_summary(const StepPlan& plan) {
   const Mesh& mesh = plan.options.mesh;
   std::ostringstream out;
   char line[256];
-  out << "model " << to_string(plan.conventions.family) << ", mesh dp " << mesh.dp << " x ring "
+  out << "model " << plan.conventions.name << ", mesh dp " << mesh.dp << " x ring "
       << mesh.ring << " x ulysses " << mesh.ulysses << " (world " << mesh.world() << "), layout "
       << to_string(plan.options.layout) << ", placement " << to_string(plan.options.placement) << "\n";
   out << plan.sequences.size() << " sequences, " << plan.label_count << " label tokens\n";

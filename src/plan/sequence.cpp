@@ -213,15 +213,15 @@ ParsedSequence parse_sequence(const Sequence& seq, const ModelConventions& conv,
              ") that the attention kernel indexes with");
   check_loss_mask(seq, si);
   MMSP_CHECK(conv.supports_video() || seq.video_grid_thw.empty(), "sequence ", si, ": model ",
-             to_string(conv.family), " has no video placeholder token but video_grid_thw has ",
+             conv.name, " has no video placeholder token but video_grid_thw has ",
              seq.video_grid_thw.size(), " entries");
   for (size_t k = 0; k < seq.image_grid_thw.size(); ++k)
     check_grid(seq.image_grid_thw[k], conv, si, VisionKind::image, static_cast<int64_t>(k));
   for (size_t k = 0; k < seq.video_grid_thw.size(); ++k)
     check_grid(seq.video_grid_thw[k], conv, si, VisionKind::video, static_cast<int64_t>(k));
   if (!seq.second_per_grid_ts.empty()) {
-    MMSP_CHECK(conv.family == ModelFamily::qwen2_5_vl, "sequence ", si,
-               ": second_per_grid_ts is only used by qwen2_5_vl, not ", to_string(conv.family));
+    MMSP_CHECK(conv.scales_video_time(), "sequence ", si,
+               ": second_per_grid_ts is only used by qwen2_5_vl, not ", conv.name);
     MMSP_CHECK(seq.second_per_grid_ts.size() == seq.video_grid_thw.size(), "sequence ", si,
                ": second_per_grid_ts has ", seq.second_per_grid_ts.size(),
                " entries but video_grid_thw has ", seq.video_grid_thw.size());

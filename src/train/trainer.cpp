@@ -25,6 +25,7 @@
 #include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/parameter_init.h"
 #include "mmsp/model/family.h"
+#include "mmsp/model/step_parallelism.h"
 #include "mmsp/model/vlm.h"
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/builtin_models.h"
@@ -422,7 +423,7 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   run.doing.set_phase("forward");
   if (o.test.sleep_rank == mesh.rank() && o.test.sleep_step == step)
     std::this_thread::sleep_for(std::chrono::duration<double>(o.test.sleep_seconds));
-  auto out = run.vlm.forward(batch, plan, pixels, run.groups, o.vision, run.attention);
+  auto out = model::forward_step(run.vlm, batch, plan, pixels, run.groups, o.vision, run.attention);
   // The head through the decoder: --shard parameters gathers its weight around the loss.
   at::Tensor loss = run.vlm.decoder().apply_head(
       [&](const at::Tensor& hidden, const at::Tensor& weight) {

@@ -22,7 +22,8 @@ const std::vector<std::string>& WordTokenizer::vocabulary() {
 }
 
 WordTokenizer::WordTokenizer(const model::ModelConfig& config)
-    : words_(vocabulary()), conventions_(config.conventions) {
+    : words_(vocabulary()), conventions_(config.conventions),
+      vision_words_(model::family_for(config.model_type).token_words()) {
   const plan::ModelConventions& c = conventions_;
   const int64_t vocab = config.text.vocab_size;
   MMSP_CHECK(size() <= vocab, "word tokenizer: word \"", words_[vocab], "\" has id ", vocab,
@@ -63,17 +64,16 @@ std::vector<int64_t> WordTokenizer::encode(const std::string& text) const {
 
 std::string WordTokenizer::decode(const std::vector<int64_t>& ids) const {
   const plan::ModelConventions& c = conventions_;
-  const bool llava = !c.has_block_markers();
-  const bool internvl = c.family == plan::ModelFamily::internvl;
+  const model::VisionTokenWords& v = vision_words_;
   std::string out;
   for (size_t k = 0; k < ids.size(); ++k) {
     const int64_t t = ids[k];
     const char* word = nullptr;
     if (t >= 0 && t < size()) word = words_[t].c_str();
-    else if (t == c.image_token_id) word = llava ? "<image>" : internvl ? "<IMG_CONTEXT>" : "<|image_pad|>";
-    else if (t == c.video_token_id && c.supports_video()) word = "<|video_pad|>";
-    else if (t == c.vision_start_token_id && c.has_block_markers()) word = internvl ? "<img>" : "<|vision_start|>";
-    else if (t == c.vision_end_token_id && c.has_block_markers()) word = internvl ? "</img>" : "<|vision_end|>";
+    else if (t == c.image_token_id) word = v.image.c_str();
+    else if (t == c.video_token_id && c.supports_video()) word = v.video.c_str();
+    else if (t == c.vision_start_token_id && c.has_block_markers()) word = v.start.c_str();
+    else if (t == c.vision_end_token_id && c.has_block_markers()) word = v.end.c_str();
     MMSP_CHECK(word != nullptr, "word tokenizer: cannot decode id ", t, " at position ", k,
                ": not a word id (0..", size() - 1, ") nor a vision token of the model");
     if (!out.empty()) out += ' ';

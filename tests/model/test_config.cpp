@@ -16,7 +16,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using nlohmann::json;
-using plan::ModelFamily;
+using model::ModelFamily;
 
 const std::string kConfigs = std::string(MMSP_SOURCE_DIR) + "/configs/";
 

@@ -15,7 +15,8 @@
 
 #include "gated_delta_reference.h"
 #include "mmsp/dist/all_reduce.h"
-#include "mmsp/model/families/qwen_vl/qwen_vl.h"
+#include "mmsp/model/family.h"
+#include "mmsp/model/step_parallelism.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/train/causal_lm_loss.h"
 #include "multirank.h"
@@ -80,12 +81,12 @@ Result run_vlm(const model::ModelConfig& config, const plan::Batch& batch, const
   at::manual_seed(7);  // the batch's pixels, identical everywhere
   const model::PixelInputs pixels{at::randn({16 + 12, 24}, at::kDouble), at::randn({16, 24}, at::kDouble)};
   at::manual_seed(42);
-  auto vlm = std::make_shared<model::QwenVLModel>(config);
+  auto vlm = model::build_vlm(config);
   vlm->to(at::kDouble);
   attention::AttentionOptions attn;
   attn.block_q = 8;
   attn.block_k = 8;
-  auto out = vlm->forward(batch, plan, pixels, groups, model::VisionMode::routed, attn);
+  auto out = model::forward_step(*vlm, batch, plan, pixels, groups, model::VisionMode::routed, attn);
   Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);
   loss.backward();
   return test::summed_over(*vlm, loss, world);
@@ -193,7 +194,8 @@ TEST(MultiRankHybrid, DecoderWithShortChunksEqualsOneProcess) {
 TEST(HybridNames, AreTheCheckpointNames) {
   for (const std::string text_type : {"qwen3_5_text", "qwen3_next"}) {
     const model::ModelConfig config = tiny_hybrid(text_type);
-    model::QwenVLModel vlm(config);
+    auto built = model::build_vlm(config);
+    model::Vlm& vlm = *built;
     std::map<std::string, std::vector<int64_t>> shapes;
     for (const auto& item : vlm.named_parameters()) shapes[item.key()] = item.value().sizes().vec();
     auto shape = [&](const std::string& name) {

@@ -22,6 +22,7 @@
 #include "mmsp/model/families/internvl/internvl_projector.h"
 #include "mmsp/model/families/internvl/pixel_shuffle.h"
 #include "mmsp/model/family.h"
+#include "mmsp/model/step_parallelism.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/train/causal_lm_loss.h"
 #include "multirank.h"
@@ -350,7 +351,8 @@ TEST(InternVLModel, OneProcessLossAndEveryGradientEqualTransformers) {
     const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
     const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
     at::manual_seed(11);
-    model::InternVLModel vlm(config);
+    auto built = model::build_vlm(config);
+    model::Vlm& vlm = *built;
     vlm.to(at::kDouble);
     for (auto& item : vlm.named_parameters())
       if (item.key().find("lambda") != std::string::npos) {
@@ -358,7 +360,7 @@ TEST(InternVLModel, OneProcessLossAndEveryGradientEqualTransformers) {
         item.value().add_(at::randn_like(item.value()));
       }
     const Tensor tiles = at::randn({kTiles, 3, 8, 8}, at::kDouble);
-    auto out = vlm.forward(batch, whole, {tiles, {}}, {solo, solo, solo}, model::VisionMode::routed);
+    auto out = model::forward_step(vlm, batch, whole, {tiles, {}}, {solo, solo, solo}, model::VisionMode::routed);
     const Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);
     loss.backward();
     Params ref;
@@ -376,7 +378,8 @@ TEST(InternVLModel, OneProcessLossAndEveryGradientEqualTransformers) {
 }
 
 TEST(InternVLNames, AreTheCheckpointNames) {
-  model::InternVLModel vlm(tiny_internvl(true));
+  auto built = model::build_vlm(tiny_internvl(true));
+  model::Vlm& vlm = *built;
   std::set<std::string> names;
   for (const auto& item : vlm.named_parameters()) names.insert(item.key());
   for (const char* name : {"vision_tower.embeddings.cls_token", "vision_tower.embeddings.position_embeddings",
@@ -431,16 +434,17 @@ TEST(InternVLBadInput, TileCountsThatDoNotMatchThePlaceholdersAreRefusedBeforeAn
   const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
   const plan::Batch good = internvl_batch();
   const plan::StepPlan whole = plan::make_step_plan(good, config.conventions, {}, 0);
-  model::InternVLModel vlm(config);
+  auto built = model::build_vlm(config);
+  model::Vlm& vlm = *built;
   try {
-    vlm.forward(good, whole, {at::randn({kTiles, 3, 16, 16}), {}}, {solo, solo, solo}, model::VisionMode::routed);
+    model::forward_step(vlm, good, whole, {at::randn({kTiles, 3, 16, 16}), {}}, {solo, solo, solo}, model::VisionMode::routed);
     ADD_FAILURE() << "16-pixel tiles were accepted by an 8-pixel tower";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("InternVL tiles must be [N, 3, 8, 8] with N = 6 (the image_grid_thw tile counts of the images held here), got [6, 3, 16, 16]"));
   }
   // The vision part alone checks the same from the plan (the Vlm interface passes no batch).
   try {
-    vlm.vision_rows(whole, {at::randn({kTiles - 1, 3, 8, 8}), {}}, {solo, solo, solo}, model::VisionMode::routed);
+    vlm.vision_rows(whole, {at::randn({kTiles - 1, 3, 8, 8}), {}}, model::vision_router(whole, solo, model::VisionMode::routed));
     ADD_FAILURE() << "5 tiles were accepted for 6";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("InternVL tiles must be [N, 3, 8, 8] with N = 6 (the image_grid_thw tile counts of the images held here), got [5, 3, 8, 8]"));
@@ -455,12 +459,12 @@ test::StepResult run_internvl(const model::ModelConfig& config, const plan::Batc
   at::manual_seed(13);  // the tiles, identical everywhere
   const model::PixelInputs pixels{at::randn({kTiles, 3, 8, 8}, dtype), {}};
   at::manual_seed(42);
-  auto vlm = std::make_shared<model::InternVLModel>(config);
+  auto vlm = model::build_vlm(config);
   vlm->to(dtype);
   attention::AttentionOptions attn;
   attn.block_q = 8;
   attn.block_k = 8;
-  auto out = vlm->forward(batch, plan, pixels, groups, mode, attn);
+  auto out = model::forward_step(*vlm, batch, plan, pixels, groups, mode, attn);
   Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);
   loss.backward();
   return test::summed_over(*vlm, loss, world);

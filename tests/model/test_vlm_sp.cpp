@@ -12,8 +12,8 @@
 #include <set>
 
 #include "mmsp/dist/all_reduce.h"
-#include "mmsp/model/families/llava/llava.h"
-#include "mmsp/model/families/qwen_vl/qwen_vl.h"
+#include "mmsp/model/family.h"
+#include "mmsp/model/step_parallelism.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/train/causal_lm_loss.h"
 #include "mmsp/model/safetensors.h"
@@ -82,9 +82,9 @@ model::ModelConfig tiny_qwen2_5_vl() {
   return model::parse_model_config(c, "tiny qwen2_5_vl");
 }
 
-model::ModelConfig tiny_config(plan::ModelFamily family) {
-  if (family == plan::ModelFamily::qwen3_vl) return tiny_qwen3_vl();
-  if (family == plan::ModelFamily::qwen2_5_vl) return tiny_qwen2_5_vl();
+model::ModelConfig tiny_config(model::ModelFamily family) {
+  if (family == model::ModelFamily::qwen3_vl) return tiny_qwen3_vl();
+  if (family == model::ModelFamily::qwen2_5_vl) return tiny_qwen2_5_vl();
   return tiny_qwen2_vl();
 }
 
@@ -108,13 +108,13 @@ plan::Batch qwen2_5_batch() {
 // Two images and a video over three sequences (and a text-only one); the 16-token
 // image sits where shard borders cut it on most meshes. Qwen3-VL writes each video
 // frame as its own block after its timestamp text.
-plan::Batch vision_batch(plan::ModelFamily family = plan::ModelFamily::qwen2_vl) {
-  if (family == plan::ModelFamily::qwen2_5_vl) return qwen2_5_batch();
+plan::Batch vision_batch(model::ModelFamily family = model::ModelFamily::qwen2_vl) {
+  if (family == model::ModelFamily::qwen2_5_vl) return qwen2_5_batch();
   plan::Sequence a, b, c, d;
   text(a, 3, 1), block(a, kImage, 4), text(a, 6, 2);
   a.image_grid_thw = {{1, 4, 4}};
   text(b, 5, 3), block(b, kImage, 3), text(b, 3, 4);
-  if (family == plan::ModelFamily::qwen3_vl) {
+  if (family == model::ModelFamily::qwen3_vl) {
     text(b, 2, 8), block(b, kVideo, 2), text(b, 2, 9), block(b, kVideo, 2);
   } else {
     block(b, kVideo, 4);
@@ -152,17 +152,16 @@ std::pair<int, int> whole_and_split(const plan::StepPlan& plan) {
 
 // One step of Model on this rank with the same seeds everywhere; loss and every
 // parameter gradient summed over `world`.
-template <typename Model>
 Result run_model(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
                  const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
                  const model::PixelInputs& pixels, at::ScalarType dtype) {
   at::manual_seed(42);
-  auto vlm = std::make_shared<Model>(config);
+  auto vlm = model::build_vlm(config);
   vlm->to(dtype);
   attention::AttentionOptions attn;
   attn.block_q = 8;
   attn.block_k = 8;
-  auto out = vlm->forward(batch, plan, pixels, groups, mode, attn);
+  auto out = model::forward_step(*vlm, batch, plan, pixels, groups, mode, attn);
   Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);
   loss.backward();
   return test::summed_over(*vlm, loss, world);
@@ -178,12 +177,12 @@ Result run(const model::ModelConfig& config, const plan::Batch& batch, const pla
   }
   at::manual_seed(7);  // the batch's pixels, identical everywhere
   const model::PixelInputs pixels{at::randn({image_patches, 24}, dtype), at::randn({video_patches, 24}, dtype)};
-  return run_model<model::QwenVLModel>(config, batch, plan, groups, world, mode, pixels, dtype);
+  return run_model(config, batch, plan, groups, world, mode, pixels, dtype);
 }
 
 }  // namespace
 
-class QwenVlFamily : public ::testing::TestWithParam<plan::ModelFamily> {};
+class QwenVlFamily : public ::testing::TestWithParam<model::ModelFamily> {};
 
 TEST_P(QwenVlFamily, MultiRankEqualsOneProcessInEveryVisionMode) {
   const model::ModelConfig config = tiny_config(GetParam());
@@ -261,9 +260,9 @@ TEST_P(QwenVlFamily, MultiRankFp32EqualsOneProcessInEveryVisionMode) {
 
 // Named MultiRank* so that the multi-rank runs pick it up.
 INSTANTIATE_TEST_SUITE_P(MultiRank, QwenVlFamily,
-                         ::testing::Values(plan::ModelFamily::qwen2_vl, plan::ModelFamily::qwen2_5_vl,
-                                           plan::ModelFamily::qwen3_vl),
-                         [](const auto& info) { return plan::to_string(info.param); });
+                         ::testing::Values(model::ModelFamily::qwen2_vl, model::ModelFamily::qwen2_5_vl,
+                                           model::ModelFamily::qwen3_vl),
+                         [](const auto& info) { return model::to_string(info.param); });
 
 // The batch exercises the hard cases of routing: on 4 ranks some rank encodes nothing
 // and some item's rows land on more than one rank.
@@ -316,13 +315,15 @@ TEST(QwenVlWeights, RoundTripGivesIdenticalOutputs) {
   const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
   at::manual_seed(7);
   model::PixelInputs pixels{at::randn({16 + 12, 24}), at::randn({16, 24})};
-  auto logits_of = [&](const model::QwenVLModel& m) {
-    return m.forward(batch, plan, pixels, {solo, solo, solo}, model::VisionMode::routed).logits().detach();
+  auto logits_of = [&](const model::Vlm& m) {
+    return model::forward_step(m, batch, plan, pixels, {solo, solo, solo}, model::VisionMode::routed).logits().detach();
   };
   at::manual_seed(1);
-  model::QwenVLModel a(config);
+  auto a_ptr = model::build_vlm(config);
+  model::Vlm& a = *a_ptr;
   at::manual_seed(2);
-  model::QwenVLModel b(config);
+  auto b_ptr = model::build_vlm(config);
+  model::Vlm& b = *b_ptr;
   const std::string dir = "/tmp/mmsp-test-weights-" + std::to_string(getpid());
   std::vector<std::pair<std::string, Tensor>> params_a, params_b;
   for (const auto& item : a.named_parameters()) params_a.emplace_back(item.key(), item.value().detach());
@@ -378,7 +379,7 @@ Result run_llava(const model::ModelConfig& config, const plan::Batch& batch, con
                  at::ScalarType dtype = at::kDouble) {
   at::manual_seed(9);
   const model::PixelInputs pixels{at::randn({4, 3, 8, 8}, dtype), {}};
-  return run_model<model::LlavaModel>(config, batch, plan, groups, world, mode, pixels, dtype);
+  return run_model(config, batch, plan, groups, world, mode, pixels, dtype);
 }
 
 }  // namespace
@@ -447,11 +448,11 @@ TEST(LlavaFull, ClassTokenRowThenTheDefaultRows) {
     const plan::Batch batch = llava_batch(rows);
     const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, {}, 0);
     at::manual_seed(5);
-    model::LlavaModel llava(config);
-    llava.to(at::kDouble);
+    auto llava = model::build_vlm(config);
+    llava->to(at::kDouble);
     at::manual_seed(9);
     const model::PixelInputs pixels{at::randn({4, 3, 8, 8}, at::kDouble), {}};
-    return llava.vision_rows(plan, pixels, {solo, solo, solo}, model::VisionMode::routed).detach();
+    return llava->vision_rows(plan, pixels, model::vision_router(plan, solo, model::VisionMode::routed)).detach();
   };
   const at::Tensor def = rows_of("default", 16), full = rows_of("full", 17);
   ASSERT_EQ(def.size(0), 4 * 16);
@@ -464,9 +465,9 @@ TEST(LlavaFull, ClassTokenRowThenTheDefaultRows) {
 }
 
 TEST(LlavaNames, AreTheCheckpointNames) {
-  model::LlavaModel llava(tiny_llava());
+  auto llava = model::build_vlm(tiny_llava());
   std::set<std::string> names;
-  for (const auto& item : llava.named_parameters()) names.insert(item.key());
+  for (const auto& item : llava->named_parameters()) names.insert(item.key());
   for (const char* name : {"vision_tower.vision_model.embeddings.class_embedding",
                            "vision_tower.vision_model.embeddings.patch_embedding.weight",
                            "vision_tower.vision_model.embeddings.position_embedding.weight",

@@ -7,14 +7,14 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
+#include "mmsp/model/family.h"
 #include "mmsp/plan/model_conventions.h"
 #include "mmsp/plan/plan_json.h"
 #include "mmsp/plan/step_plan.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const mmsp::plan::ModelConventions conventions =
-      mmsp::plan::conventions_from_config(mmsp::read_json_file(MMSP_SOURCE_DIR "/configs/tiny-qwen2-vl.json"),
-                                          mmsp::plan::default_conventions(mmsp::plan::ModelFamily::qwen2_vl));
+      mmsp::model::conventions_from_config(mmsp::read_json_file(MMSP_SOURCE_DIR "/configs/tiny-qwen2-vl.json"));
   try {
     const auto batch = mmsp::plan::batch_from_json(
         mmsp::parse_json_text(std::string(reinterpret_cast<const char*>(data), size), "fuzz.json"));

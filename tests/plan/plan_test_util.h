@@ -10,11 +10,19 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "mmsp/core/check.h"
+#include "mmsp/model/family.h"
 #include "mmsp/plan/model_conventions.h"
 #include "mmsp/plan/sequence.h"
 
 namespace mmsp::plan::testing {
+
+// The released conventions of `model_type`, as its family gives them (model/families/*).
+inline ModelConventions released(const std::string& model_type) {
+  return model::conventions_from_config(nlohmann::json{{"model_type", model_type}});
+}
 
 // Runs `f` and returns the mmsp::Error message ("" when nothing was thrown).
 template <typename F>
@@ -93,7 +101,7 @@ inline RefPositions reference_positions(const Sequence& s, const ModelConvention
   out.rows.assign(3, std::vector<int64_t>(n, -7));
   std::vector<Grid> videos = s.video_grid_thw;
   std::vector<double> secs = s.second_per_grid_ts;
-  if (c.family == ModelFamily::qwen3_vl) {  // repeat_interleave by t, then t = 1
+  if (c.video_frames_as_blocks()) {  // Qwen3-VL: repeat_interleave by t, then t = 1
     videos.clear();
     for (const Grid& g : s.video_grid_thw)
       for (int64_t f = 0; f < g[0]; ++f) videos.push_back({1, g[1], g[2]});
@@ -139,7 +147,7 @@ inline RefPositions reference_positions(const Sequence& s, const ModelConvention
       for (int64_t h = 0; h < gh; ++h)
         for (int64_t w = 0; w < gw; ++w, ++p) {
           int64_t tv = t;
-          if (c.family == ModelFamily::qwen2_5_vl) {
+          if (c.scales_video_time()) {
             const float v = static_cast<float>(t) * static_cast<float>(second) *
                             static_cast<float>(c.tokens_per_second);
             tv = static_cast<int64_t>(v);

@@ -18,14 +18,16 @@ nlohmann::json load(const std::string& name) {
   return nlohmann::json::parse(in);
 }
 
-// A file read with the released values of `family` as defaults.
-ModelConventions read(const nlohmann::json& config, ModelFamily family) {
-  return conventions_from_config(config, default_conventions(family));
+// A file read by the family of `model_type` (set where the file has none): its released
+// values where the file is silent.
+ModelConventions read(nlohmann::json config, const std::string& model_type) {
+  if (!config.contains("model_type")) config["model_type"] = model_type;
+  return model::conventions_from_config(config);
 }
 
 TEST(Conventions, Qwen2VLConfigFile) {
-  const ModelConventions c = read(load("tiny-qwen2-vl.json"), ModelFamily::qwen2_vl);
-  EXPECT_EQ(c.family, ModelFamily::qwen2_vl);
+  const ModelConventions c = read(load("tiny-qwen2-vl.json"), "qwen2_vl");
+  EXPECT_EQ(c.name, "qwen2_vl");
   EXPECT_EQ(c.vision_start_token_id, 151652);
   EXPECT_EQ(c.vision_end_token_id, 151653);
   EXPECT_EQ(c.image_token_id, 151655);
@@ -38,14 +40,14 @@ TEST(Conventions, Qwen2VLConfigFile) {
 
 TEST(Conventions, Qwen2_5VLReadsTokensPerSecond) {
   auto j = load("tiny-qwen2_5-vl.json");
-  EXPECT_EQ(read(j, ModelFamily::qwen2_5_vl).tokens_per_second, 2.0);
+  EXPECT_EQ(read(j, "qwen2_5_vl").tokens_per_second, 2.0);
   j["vision_config"]["tokens_per_second"] = 4;
-  EXPECT_EQ(read(j, ModelFamily::qwen2_5_vl).tokens_per_second, 4.0);
+  EXPECT_EQ(read(j, "qwen2_5_vl").tokens_per_second, 4.0);
 }
 
 TEST(Conventions, Qwen3VLReadsTextConfigRope) {
-  const ModelConventions c = read(load("tiny-qwen3-vl.json"), ModelFamily::qwen3_vl);
-  EXPECT_EQ(c.family, ModelFamily::qwen3_vl);
+  const ModelConventions c = read(load("tiny-qwen3-vl.json"), "qwen3_vl");
+  EXPECT_EQ(c.name, "qwen3_vl");
   EXPECT_TRUE(c.mrope_interleaved);
   EXPECT_EQ(c.mrope_section, (std::array<int64_t, 3>{2, 3, 3}));
   EXPECT_TRUE(c.video_frames_as_blocks());
@@ -53,57 +55,56 @@ TEST(Conventions, Qwen3VLReadsTextConfigRope) {
 }
 
 TEST(Conventions, LlavaImageTokenIndex) {
-  const ModelConventions c = read(load("tiny-llava.json"), ModelFamily::llava);
+  const ModelConventions c = read(load("tiny-llava.json"), "llava");
   EXPECT_EQ(c.image_token_id, 32000);
   EXPECT_EQ(c.spatial_merge_size, 1);
   EXPECT_FALSE(c.has_block_markers());
   EXPECT_FALSE(c.supports_video());
   EXPECT_FALSE(c.uses_mrope());
   nlohmann::json j = {{"model_type", "llava"}, {"image_token_id", 32001}};
-  EXPECT_EQ(read(j, ModelFamily::llava).image_token_id, 32001);
-  EXPECT_EQ(read(j, ModelFamily::llava).class_rows, 0);
+  EXPECT_EQ(read(j, "llava").image_token_id, 32001);
+  EXPECT_EQ(read(j, "llava").class_rows, 0);
   j["vision_feature_select_strategy"] = "full";  // the class token's row is kept
-  EXPECT_EQ(read(j, ModelFamily::llava).class_rows, 1);
+  EXPECT_EQ(read(j, "llava").class_rows, 1);
   j["vision_feature_select_strategy"] = "cls";
-  EXPECT_THAT(error_of([&] { read(j, ModelFamily::llava); }),
+  EXPECT_THAT(error_of([&] { read(j, "llava"); }),
               HasSubstr("vision_feature_select_strategy \"cls\" is not supported"));
 }
 
 TEST(Conventions, InternVLDefaultsAndDownsample) {
-  const ModelConventions c = read(load("tiny-internvl.json"), ModelFamily::internvl);
+  const ModelConventions c = read(load("tiny-internvl.json"), "internvl");
   EXPECT_EQ(c.image_token_id, 151667);
   EXPECT_EQ(c.vision_start_token_id, 151665);
   EXPECT_EQ(c.vision_end_token_id, 151666);
   EXPECT_EQ(c.spatial_merge_size, 2);
   nlohmann::json j = {{"model_type", "internvl"}, {"downsample_ratio", 0.3}};
-  EXPECT_THAT(error_of([&] { read(j, ModelFamily::internvl); }), HasSubstr("downsample_ratio 0.3"));
+  EXPECT_THAT(error_of([&] { read(j, "internvl"); }), HasSubstr("downsample_ratio 0.3"));
   // 1/k beyond any real merge (and beyond int64 for tiny ratios) is refused, not cast.
   j["downsample_ratio"] = 1e-300;
-  EXPECT_THAT(error_of([&] { read(j, ModelFamily::internvl); }), HasSubstr("must be 1/k for an integer k in 1..64"));
+  EXPECT_THAT(error_of([&] { read(j, "internvl"); }), HasSubstr("must be 1/k for an integer k in 1..64"));
 }
 
 TEST(Conventions, DefaultsWhenFieldsMissing) {
-  const ModelConventions c = read({{"model_type", "qwen2_5_vl"}}, ModelFamily::qwen2_5_vl);
+  const ModelConventions c = read({{"model_type", "qwen2_5_vl"}}, "qwen2_5_vl");
   EXPECT_EQ(c.image_token_id, 151655);
   EXPECT_EQ(c.tokens_per_second, 2.0);
   EXPECT_EQ(c.mrope_section, (std::array<int64_t, 3>{16, 24, 24}));
-  EXPECT_EQ(default_conventions(ModelFamily::qwen3_vl).mrope_section,
+  EXPECT_EQ(testing::released("qwen3_vl").mrope_section,
             (std::array<int64_t, 3>{24, 20, 20}));
 }
 
 TEST(Conventions, Errors) {
   // model_type itself is the model layer's registry (tests/model/test_config.cpp).
   EXPECT_THAT(error_of([] {
-                read({{"model_type", "qwen2_vl"}, {"image_token_id", "x"}}, ModelFamily::qwen2_vl);
+                read({{"model_type", "qwen2_vl"}, {"image_token_id", "x"}}, "qwen2_vl");
               }),
               HasSubstr("image_token_id must be an integer"));
   EXPECT_THAT(error_of([] {
-                read({{"model_type", "qwen2_vl"}, {"vision_config", {{"spatial_merge_size", 0}}}},
-                     ModelFamily::qwen2_vl);
+                read({{"model_type", "qwen2_vl"}, {"vision_config", {{"spatial_merge_size", 0}}}}, "qwen2_vl");
               }),
               HasSubstr("spatial_merge_size must be an integer >= 1, got 0"));
   EXPECT_THAT(error_of([] {
-                read({{"model_type", "qwen2_vl"}, {"video_token_id", 151655}}, ModelFamily::qwen2_vl);
+                read({{"model_type", "qwen2_vl"}, {"video_token_id", 151655}}, "qwen2_vl");
               }),
               HasSubstr("must differ"));
 }

@@ -10,7 +10,7 @@ using testing::SeqBuilder;
 using V = std::vector<int64_t>;
 
 TEST(LabelsGolden, QwenImageAndMask) {
-  const ModelConventions c = default_conventions(ModelFamily::qwen2_vl);
+  const ModelConventions c = testing::released("qwen2_vl");
   Sequence s;
   // 5 6 <vs> P P <ve> 7 8 ; grid 1x2x4 -> 2 rows
   s.input_ids = {5, 6, 151652, 151655, 151655, 151653, 7, 8};
@@ -29,13 +29,13 @@ TEST(LabelsGolden, QwenImageAndMask) {
 }
 
 TEST(LabelsGolden, LlavaAndInternVLPlaceholders) {
-  const ModelConventions l = default_conventions(ModelFamily::llava);
+  const ModelConventions l = testing::released("llava");
   Sequence s;
   s.input_ids = {1, 32000, 32000, 2};
   V out(4);
   fill_labels(s, l, 0, 4, out.data());
   EXPECT_EQ(out, (V{-100, -100, 2, -100}));
-  const ModelConventions i = default_conventions(ModelFamily::internvl);
+  const ModelConventions i = testing::released("internvl");
   s.input_ids = {1, 151665, 151667, 151666, 2};
   V o2(5);
   fill_labels(s, i, 0, 5, o2.data());
@@ -44,7 +44,7 @@ TEST(LabelsGolden, LlavaAndInternVLPlaceholders) {
 
 TEST(LabelsProperty, EqualShiftingTheUnshardedRow) {
   std::mt19937 rng(3);
-  const ModelConventions c = default_conventions(ModelFamily::qwen3_vl);
+  const ModelConventions c = testing::released("qwen3_vl");
   for (int trial = 0; trial < 300; ++trial) {
     SeqBuilder b(c, trial);
     b.text(1 + rng() % 5).image({1, 4, 4}).text(rng() % 4).video({2, 2, 4}).text(rng() % 3);

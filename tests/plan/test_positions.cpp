@@ -11,10 +11,10 @@ using testing::reference_positions;
 using testing::SeqBuilder;
 using V = std::vector<int64_t>;
 
-const ModelConventions kQwen2 = default_conventions(ModelFamily::qwen2_vl);
-const ModelConventions kQwen25 = default_conventions(ModelFamily::qwen2_5_vl);  // tokens_per_second 2
-const ModelConventions kQwen3 = default_conventions(ModelFamily::qwen3_vl);
-const ModelConventions kLlava = default_conventions(ModelFamily::llava);
+const ModelConventions kQwen2 = testing::released("qwen2_vl");
+const ModelConventions kQwen25 = testing::released("qwen2_5_vl");  // tokens_per_second 2
+const ModelConventions kQwen3 = testing::released("qwen3_vl");
+const ModelConventions kLlava = testing::released("llava");
 
 std::vector<V> positions_of(const Sequence& s, const ModelConventions& c, int64_t* delta = nullptr) {
   const SequencePositions p = make_sequence_positions(parse_sequence(s, c, 0), s, c);
@@ -104,11 +104,11 @@ TEST(PositionsGolden, ImageFirstThenImageAdjacent) {
 TEST(PositionsProperty, MatchesReferenceOnRandomSequences) {
   std::mt19937 rng(7);
   const ModelConventions families[] = {kQwen2, kQwen25, kQwen3, kLlava,
-                                       default_conventions(ModelFamily::internvl)};
+                                       testing::released("internvl")};
   for (int trial = 0; trial < 1500; ++trial) {
     const ModelConventions& c = families[trial % 5];
     SeqBuilder b(c, trial);
-    const bool with_secs = c.family == ModelFamily::qwen2_5_vl && trial % 2 == 0;
+    const bool with_secs = c.scales_video_time() && trial % 2 == 0;
     const int items = std::uniform_int_distribution<int>(0, 4)(rng);
     b.text(std::uniform_int_distribution<int>(0, 5)(rng));
     for (int k = 0; k < items; ++k) {

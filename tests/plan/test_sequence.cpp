@@ -10,10 +10,10 @@ using ::testing::HasSubstr;
 using testing::error_of;
 using testing::SeqBuilder;
 
-const ModelConventions kQwen2 = default_conventions(ModelFamily::qwen2_vl);
-const ModelConventions kQwen3 = default_conventions(ModelFamily::qwen3_vl);
-const ModelConventions kLlava = default_conventions(ModelFamily::llava);
-const ModelConventions kIntern = default_conventions(ModelFamily::internvl);
+const ModelConventions kQwen2 = testing::released("qwen2_vl");
+const ModelConventions kQwen3 = testing::released("qwen3_vl");
+const ModelConventions kLlava = testing::released("llava");
+const ModelConventions kIntern = testing::released("internvl");
 
 TEST(Sequence, QwenBlocksInOrder) {
   const Sequence s = SeqBuilder(kQwen2).text(3).image({1, 4, 6}).text(2).video({2, 4, 4}).text(1).build();
@@ -208,7 +208,7 @@ TEST(SequenceErrors, Int32AndFields) {
   Sequence secs = SeqBuilder(kQwen2).video({2, 2, 2}, 0.5).build();
   EXPECT_THAT(error_of([&] { parse_sequence(secs, kQwen2, 0); }),
               HasSubstr("second_per_grid_ts is only used by qwen2_5_vl"));
-  const ModelConventions q25 = default_conventions(ModelFamily::qwen2_5_vl);
+  const ModelConventions q25 = testing::released("qwen2_5_vl");
   Sequence secs25 = SeqBuilder(q25).video({2, 2, 2}, 0.5).video({2, 2, 2}).build();
   EXPECT_THAT(error_of([&] { parse_sequence(secs25, q25, 3); }),
               HasSubstr("sequence 3: second_per_grid_ts has 1 entries but video_grid_thw has 2"));

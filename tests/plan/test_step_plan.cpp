@@ -20,7 +20,7 @@ Batch random_batch(std::mt19937& rng, const ModelConventions& c, int sequences) 
   Batch batch;
   for (int s = 0; s < sequences; ++s) {
     SeqBuilder b(c, static_cast<uint32_t>(rng()));
-    const bool secs = c.family == ModelFamily::qwen2_5_vl && rng() % 2;
+    const bool secs = c.scales_video_time() && rng() % 2;
     b.text(1 + rng() % 12);
     const int items = rng() % 4;
     for (int k = 0; k < items; ++k) {
@@ -63,11 +63,10 @@ std::vector<std::pair<int64_t, int64_t>> placeholder_rows(const Sequence& s, con
 
 TEST(StepPlanProperty, RandomBatchesEveryRank) {
   std::mt19937 rng(23);
-  const ModelFamily families[] = {ModelFamily::qwen2_vl, ModelFamily::qwen2_5_vl,
-                                  ModelFamily::qwen3_vl, ModelFamily::llava, ModelFamily::internvl};
+  const std::string families[] = {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "internvl"};
   int layouts = 0, whole = 0;
   for (int trial = 0; trial < 3000; ++trial) {
-    const ModelConventions c = default_conventions(families[trial % 5]);
+    const ModelConventions c = testing::released(families[trial % 5]);
     PlanOptions o;
     o.mesh.ring = std::uniform_int_distribution<int>(1, 4)(rng);
     o.mesh.ulysses = std::uniform_int_distribution<int>(1, 8 / o.mesh.ring)(rng);
@@ -191,7 +190,7 @@ TEST(StepPlanProperty, RandomBatchesEveryRank) {
 }
 
 TEST(StepPlanGolden, PositionsRestartPerSegment) {
-  const ModelConventions c = default_conventions(ModelFamily::qwen2_vl);
+  const ModelConventions c = testing::released("qwen2_vl");
   Batch batch;
   batch.sequences.push_back(SeqBuilder(c).text(2).image({1, 4, 4}).text(1).build());  // 9 tokens
   batch.sequences.push_back(SeqBuilder(c).text(3).build());
@@ -213,7 +212,7 @@ TEST(StepPlanGolden, PositionsRestartPerSegment) {
 
 TEST(StepPlanGolden, LoadReportCountsCausalPairsPerRank) {
   // One 16-token text sequence on ring 2 x ulysses 2: chunks of 4.
-  const ModelConventions c = default_conventions(ModelFamily::llava);
+  const ModelConventions c = testing::released("llava");
   Batch batch;
   batch.sequences.push_back(SeqBuilder(c).text(16).build());
   PlanOptions o;
@@ -233,7 +232,7 @@ TEST(StepPlanGolden, LoadReportCountsCausalPairsPerRank) {
 
 TEST(StepPlanGolden, VisionCostAndRoutesOfOneImage) {
   // An image whose 4 rows straddle two ranks: encoded by the rank holding most of them.
-  const ModelConventions c = default_conventions(ModelFamily::qwen2_vl);
+  const ModelConventions c = testing::released("qwen2_vl");
   Batch batch;
   batch.sequences.push_back(SeqBuilder(c).text(3).image({1, 4, 4}).text(7).build());  // 16 tokens
   PlanOptions o;
@@ -265,7 +264,7 @@ TEST(StepPlanGolden, VisionCostAndRoutesOfOneImage) {
 }
 
 TEST(StepPlanErrors, BadInputsNameTheValue) {
-  const ModelConventions c = default_conventions(ModelFamily::qwen2_vl);
+  const ModelConventions c = testing::released("qwen2_vl");
   PlanOptions o;
   o.mesh = {1, 2, 2};
   EXPECT_THAT(error_of([&] { make_step_plan(Batch{}, c, o, 0); }), HasSubstr("batch is empty"));
@@ -291,7 +290,7 @@ TEST(PlanJson, BatchRoundTripAndPlanFields) {
   const Batch batch = batch_from_json(j);
   ASSERT_EQ(batch.sequences.size(), 2u);
   EXPECT_EQ(batch.sequences[0].image_grid_thw[0], (Grid{1, 4, 4}));
-  const ModelConventions c = default_conventions(ModelFamily::qwen2_vl);
+  const ModelConventions c = testing::released("qwen2_vl");
   PlanOptions o;
   o.mesh = {1, 2, 1};
   const StepPlan plan = make_step_plan(batch, c, o, 1);

@@ -15,6 +15,7 @@
 #include "mmsp/model/families/internvl/internvl_config.h"
 #include "mmsp/model/text_config.h"
 #include "mmsp/model/vision_config.h"
+#include "mmsp/model/model_family.h"
 #include "mmsp/plan/model_conventions.h"
 
 namespace mmsp::model {
@@ -23,7 +24,7 @@ struct ModelConfig {
   // model_type of the file: "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava" or "internvl"
   std::string model_type;
   // the planner's family (qwen3_5 plans as qwen3_vl: the same positions and placeholders)
-  plan::ModelFamily family = plan::ModelFamily::qwen2_vl;
+  ModelFamily family = ModelFamily::qwen2_vl;
   // token ids, spatial merge, mRoPE sections and interleaving, as the planner reads them
   plan::ModelConventions conventions;
   // the language decoder

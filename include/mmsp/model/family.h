@@ -21,6 +21,11 @@ namespace mmsp::model {
 
 class Vlm;
 
+// How the family's processor writes its vision tokens as text (empty: no such token).
+struct VisionTokenWords {
+  std::string image, video, start, end;
+};
+
 class Family {
  public:
   virtual ~Family() = default;
@@ -44,6 +49,9 @@ class Family {
 
   // Which checkpoint names feed which parameters (legacy and current layouts).
   virtual CheckpointNaming checkpoint_naming(const ModelConfig& c) const = 0;
+
+  // Its vision tokens as text ("<|image_pad|>", "<image>", ...).
+  virtual VisionTokenWords token_words() const = 0;
 };
 
 // The family serving `model_type`; an unknown one is an error listing the supported.

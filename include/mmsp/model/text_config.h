@@ -11,6 +11,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "mmsp/model/model_family.h"
 #include "mmsp/plan/model_conventions.h"
 
 namespace mmsp::model {
@@ -90,13 +91,13 @@ struct TextConfig {
 };
 
 // Hugging Face's defaults for the decoder of `family` (the values above are Qwen2-VL's).
-TextConfig default_text_config(plan::ModelFamily family);
+TextConfig default_text_config(ModelFamily family);
 
 // Reads the decoder fields of `text` (the top-level object for Qwen2/2.5-VL files without
 // text_config, else text_config). `where` prefixes field names in errors ("text_config.").
 // Checks the fields and the rules between them (heads divide hidden_size when head_dim is
 // derived, kv heads divide heads, head_dim even for RoPE); ModelConfig checks mRoPE.
-TextConfig parse_text_config(const nlohmann::json& text, plan::ModelFamily family,
+TextConfig parse_text_config(const nlohmann::json& text, ModelFamily family,
                              const std::string& where);
 
 // The hybrid decoder of a qwen3_5 config (text_config.model_type "qwen3_5_text", or

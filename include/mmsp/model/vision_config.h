@@ -9,6 +9,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "mmsp/model/model_family.h"
 #include "mmsp/plan/model_conventions.h"
 
 namespace mmsp::model {
@@ -97,14 +98,14 @@ struct LlavaProjectorConfig {
   int64_t image_seq_length = 576;
 };
 
-QwenVisionConfig default_qwen_vision_config(plan::ModelFamily family);
+QwenVisionConfig default_qwen_vision_config(ModelFamily family);
 ClipVisionConfig default_clip_vision_config();
 // LLaVA without a vision_config: transformers builds CLIP ViT-L/14 at 336 px.
 ClipVisionConfig default_llava_vision_config();
 
 // Read one vision_config object (missing keys keep the defaults); errors name
 // "vision_config.<field>" and the value. Each checks its own fields against each other.
-QwenVisionConfig parse_qwen_vision_config(const nlohmann::json& vision, plan::ModelFamily family);
+QwenVisionConfig parse_qwen_vision_config(const nlohmann::json& vision, ModelFamily family);
 ClipVisionConfig parse_clip_vision_config(const nlohmann::json& vision);
 // Reads the LLaVA fields of the top-level object and checks them against `vision`.
 LlavaProjectorConfig parse_llava_projector_config(const nlohmann::json& config,

@@ -6,11 +6,11 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "mmsp/dist/group.h"
+#include "mmsp/model/routed_rows.h"
 #include "mmsp/plan/step_plan.h"
 
 namespace mmsp::model {
@@ -23,18 +23,11 @@ enum class VisionMode { routed, gather, replicate };
 VisionMode parse_vision_mode(const std::string& name);
 const char* to_string(VisionMode mode);
 
-// Encodes the given items (indices into the row's items) and returns their rows in
-// item order, [Σ rows, width]. Called with an empty list it must still return a
-// [0, width] tensor that is part of the autograd graph (the rank then still takes
-// part in the collectives' backward).
-using EncodeItems = std::function<at::Tensor(const std::vector<int64_t>& items)>;
-
-struct RoutedRows {
-  at::Tensor rows;   // [V, width], the rows this rank's placeholder slots receive
-  at::Tensor slots;  // int64 [V], the local slot of each row
-};
-
 RoutedRows route_vision_rows(const plan::StepPlan& plan, const EncodeItems& encode,
                              const dist::GroupPtr& context, VisionMode mode);
+
+// route_vision_rows bound to this step's plan, group and mode: what the VLM step takes
+// (vlm.h). Holds a reference to `plan`, which must outlive it.
+VisionRouter vision_router(const plan::StepPlan& plan, dist::GroupPtr context, VisionMode mode);
 
 }  // namespace mmsp::model

@@ -1,46 +1,38 @@
-// The one interface every vision-language model family implements: the forward of a
-// step on this rank's shard, the vision rows alone (benchmarks, tests), the activation
-// checkpointing setting, and the parameters by checkpoint name (torch::nn::Module's
-// named_parameters()). The trainer, the benchmarks and the tests hold a Vlm and never
-// ask which family it is; a family is built by its registry entry (family.h).
+// The vision-language model every family builds: a decoder and a vision tower
+// (vision_tower.h), joined by the one copy of the step. The step never sees a process
+// group: the decoder's attention (planned once per step from this rank's shares) and the
+// router of the vision rows come in from outside as StepParallelism (made by
+// step_parallelism.h for the trainer, the benchmarks and the tests). A family is built by
+// its registry entry (family.h), which names the parameters as its checkpoints do
+// (torch::nn::Module's named_parameters()); the trainer never asks which family it is.
 #pragma once
 
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <vector>
 
-#include "mmsp/attention/local_attention.h"
-#include "mmsp/dist/group.h"
+#include "mmsp/attention/step_attention.h"
 #include "mmsp/model/config.h"
 #include "mmsp/model/decoder.h"
 #include "mmsp/model/hooked_blocks.h"
+#include "mmsp/model/pixel_inputs.h"
+#include "mmsp/model/rank_inputs.h"
 #include "mmsp/model/recompute.h"
-#include "mmsp/model/vision_routing.h"
+#include "mmsp/model/routed_rows.h"
+#include "mmsp/model/vision_tower.h"
 #include "mmsp/plan/step_plan.h"
 
 namespace mmsp::model {
 
-// Pixels in the family's layout (PixelGeometry, pixel_geometry.h): items in batch order
-// (image_grid_thw order), each item's rows one after the other along dim 0. Qwen-VL:
-// rows of flattened patches [Σ patches, C·tp·p·p]; LLaVA: whole images [N, C, S, S].
-// Either the whole batch (the offset lists empty: an item starts at the row the caller
-// computes from the batch) or only some items, as a rank under Vision DP holds the items
-// it encodes (train::load_pixels): then image_offsets[batch_index] is where the image's
-// rows start, -1 for an image not held here; videos likewise.
-struct PixelInputs {
-  at::Tensor images;
-  at::Tensor videos;  // undefined where the family takes no video or the batch has none
-  std::vector<int64_t> image_offsets, video_offsets;
-
-  // First row of `item` in images / videos; `whole_batch_row` is where it starts when the
-  // whole batch is held. Throws when the item is not held here.
-  int64_t first_row(const plan::VisionItem& item, int64_t whole_batch_row) const;
-};
-
-// The groups a step runs on: context (vision routing), ring and ulysses (attention).
-struct StepGroups {
-  dist::GroupPtr context, ring, ulysses;
+// How this rank's step is spread over the mesh, made outside the model once per step.
+struct StepParallelism {
+  // The decoder's attention (every layer's), planned when the decoder is about to run:
+  // after the vision part, so that its masks do not add to the vision phase's peak.
+  std::function<std::shared_ptr<const attention::StepAttention>()> plan_attention;
+  VisionRouter route_vision;  // Vision DP encoding and routing
 };
 
 // What the loss needs for plan.mine's slots: the final hidden states [L, hidden] and
@@ -52,36 +44,58 @@ struct StepOutput {
   at::Tensor logits() const;  // [L, vocab], all at once (tests, benchmarks)
 };
 
+// Rules a family adds to the step.
+struct VlmRules {
+  // Refuse sequences longer than text max_position_embeddings (InternVL: transformers'
+  // "dynamic" RoPE changes its frequencies beyond it).
+  bool positions_within_max = false;
+};
+
 class Vlm : public torch::nn::Module {
  public:
-  // This rank's step: Vision DP encoding of its items, routing of the rows to their
-  // placeholder slots in `mode`, splice, decoder on the shard.
-  virtual StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan, const PixelInputs& pixels,
-                             const StepGroups& groups, VisionMode mode,
-                             const attention::AttentionOptions& attention = {}) const = 0;
+  // Registers nothing: the family names the tower's and the decoder's modules as its
+  // checkpoints do (register_module), in the order it built them.
+  Vlm(ModelConfig config, std::shared_ptr<Decoder> decoder, std::shared_ptr<VisionTower> tower,
+      VlmRules rules = {});
+
+  // This rank's step: embed its tokens; the tower encodes the items the router gives this
+  // rank and the router brings each placeholder slot its row; splice; the decoder on the
+  // shard (Qwen3-VL's deepstack rows added after its first layers). Every check runs
+  // before the first collective, alike on every rank.
+  StepOutput forward(const RankInputs& inputs, const plan::StepPlan& plan, const PixelInputs& pixels,
+                     const StepParallelism& parallelism) const;
 
   // The vision part alone: for this rank's placeholder slots, in arrival order
   // (routes.recv from rank 0 first), the rows that replace them [V, row width].
-  virtual at::Tensor vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels,
-                                 const StepGroups& groups, VisionMode mode) const = 0;
+  at::Tensor vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels, const VisionRouter& route) const;
 
   // none: keep every activation; decoder: recompute decoder layers in the backward;
   // all: the vision tower's blocks too.
   void set_activation_checkpointing(ActivationCheckpointing mode);
 
-  virtual const ModelConfig& config() const = 0;
-
-  // The language decoder.
-  virtual Decoder& decoder() const = 0;
-
-  // The vision tower's blocks (hooked_blocks.h).
-  virtual HookedBlocks& vision_blocks() const = 0;
+  const ModelConfig& config() const { return config_; }
+  Decoder& decoder() const { return *decoder_; }
+  VisionTower& tower() const { return *tower_; }
+  HookedBlocks& vision_blocks() const { return tower_->blocks(); }
 
   // The units --shard gradients|parameters gathers, frees and reduces one at a time
   // (layer_hooks.h): the decoder's (Decoder::hook_units), then the vision blocks.
   // set_layer_hooks gives the hooks to all of them.
   std::vector<HookUnit> hook_units() const;
   void set_layer_hooks(std::shared_ptr<LayerHooks> hooks);
+
+ private:
+  // The rows of items `which` of this dp row (the router's EncodeItems). No items: rows
+  // [0, width] still in the graph (the rank takes part in the routing's backward) and,
+  // with hooked blocks, run through them on the tower's empty input.
+  at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
+                    const PixelInputs& pixels) const;
+  void check(const RankInputs& inputs) const;
+
+  ModelConfig config_;
+  std::shared_ptr<Decoder> decoder_;
+  std::shared_ptr<VisionTower> tower_;
+  VlmRules rules_;
 };
 
 }  // namespace mmsp::model

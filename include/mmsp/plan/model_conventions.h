@@ -1,6 +1,6 @@
 // Model conventions the planner needs from a Hugging Face config.json: which token ids
 // mark vision placeholders, the spatial merge size, and how positions are computed.
-// Parsing only; no weights, no tensors. Missing fields take the family's released value.
+// Parsing only; no weights, no tensors. The values come from the model families.
 #pragma once
 
 #include <array>
@@ -17,10 +17,24 @@ namespace mmsp::plan {
 constexpr double kMaxSecondsPerGrid = 1e4;
 constexpr double kMaxTokensPerSecond = 1e4;
 
-enum class ModelFamily { qwen2_vl, qwen2_5_vl, qwen3_vl, llava, internvl };
+// How a model gives its tokens positions: 3-D mRoPE (the Qwen family: t, h, w) or 1-D RoPE.
+enum class PositionKind { mrope, rope_1d };
 
+// What the planner knows of a model. The planner never asks which family a model is: each
+// family (model/families/*, through the model layer's registry) fills these fields from
+// its released values and its config.json.
 struct ModelConventions {
-  ModelFamily family = ModelFamily::qwen2_vl;
+  // The conventions' name in messages and plan JSON ("qwen2_vl", "qwen2_5_vl", "qwen3_vl",
+  // "llava", "internvl"; Qwen3.5 plans as "qwen3_vl").
+  std::string name = "qwen2_vl";
+  // Capabilities.
+  PositionKind positions = PositionKind::mrope;
+  // Qwen3-VL writes each temporal patch of a video as its own vision block (t = 1 each).
+  bool frames_as_blocks = false;
+  // Qwen2.5-VL scales a video's t positions by second_per_grid_ts · tokens_per_second,
+  // and only it reads second_per_grid_ts.
+  bool video_time_scaled = false;
+
   // token repeated once per embedding row of an image (<|image_pad|>, <image>, <IMG_CONTEXT>)
   int64_t image_token_id = 151655;
   // token repeated once per embedding row of a video (<|video_pad|>); -1 where videos are unsupported
@@ -41,27 +55,29 @@ struct ModelConventions {
   // Qwen3-VL interleaves t/h/w frequencies instead of splitting them in chunks
   bool mrope_interleaved = false;
 
-  // 3-D mRoPE positions (Qwen family) instead of 1-D positions (LLaVA, InternVL).
-  bool uses_mrope() const;
-  // Qwen3-VL writes each temporal patch of a video as its own vision block.
-  bool video_frames_as_blocks() const;
+  bool uses_mrope() const { return positions == PositionKind::mrope; }
+  bool video_frames_as_blocks() const { return frames_as_blocks; }
+  bool scales_video_time() const { return video_time_scaled; }
   bool supports_video() const { return video_token_id >= 0; }
-  // Qwen2.5-VL scales a video's t positions by second_per_grid_ts · tokens_per_second.
-  bool scales_video_time() const { return family == ModelFamily::qwen2_5_vl; }
   bool has_block_markers() const { return vision_start_token_id >= 0; }
 };
 
-// The planner's name of a convention family ("qwen2_vl", ...). Which Hugging Face
-// model_type has which conventions is the model layer's registry (model/family.h).
-std::string to_string(ModelFamily family);
+// Readers the families' conventions parsers share (model/families/*/): errors name the
+// field as config.json spells it.
+namespace conventions_fields {
 
-// The released models' values (Qwen2-VL-7B, Qwen2.5-VL-7B, Qwen3-VL, llava-1.5-hf, InternVL3-hf).
-ModelConventions default_conventions(ModelFamily family);
+// Throws unless `config` is a JSON object.
+void check_object(const nlohmann::json& config);
+// config[key] as a token id >= 0; `fallback` where absent or null.
+int64_t token_id(const nlohmann::json& config, const char* key, int64_t fallback);
+// config[key] when it is an object, else null.
+const nlohmann::json* object(const nlohmann::json& config, const char* key);
+// rope_scaling's mrope_section and mrope_interleaved, at the top (Qwen2/2.5-VL) and then in
+// text_config (Qwen3-VL, newer files); rope_parameters (newer transformers) counts as rope_scaling.
+void read_mrope(const nlohmann::json& config, ModelConventions& c);
+// Image, video, vision start and vision end token ids must differ.
+void check_distinct_token_ids(const ModelConventions& c);
 
-// Reads the fields above from a parsed config.json of the conventions of
-// `defaults.family`, keeping `defaults` where the file is silent (a model family passes
-// its released values); model_type is not read. Errors name the field.
-// rope_parameters (newer transformers) counts as rope_scaling.
-ModelConventions conventions_from_config(const nlohmann::json& config, const ModelConventions& defaults);
+}  // namespace conventions_fields
 
 }  // namespace mmsp::plan

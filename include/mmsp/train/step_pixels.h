@@ -11,7 +11,8 @@
 #include <ATen/ATen.h>
 
 #include "mmsp/model/config.h"
-#include "mmsp/model/vlm.h"
+#include "mmsp/model/pixel_inputs.h"
+#include "mmsp/model/vision_routing.h"
 #include "mmsp/plan/sequence.h"
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/dataset.h"

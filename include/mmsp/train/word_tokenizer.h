@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mmsp/model/config.h"
+#include "mmsp/model/family.h"
 
 namespace mmsp::train {
 
@@ -26,7 +27,8 @@ class WordTokenizer {
   int64_t id(const std::string& word) const;
 
   // Words joined by spaces; the conventions' vision tokens print as <|vision_start|>,
-  // <|image_pad|>, <|video_pad|>, <|vision_end|> (LLaVA <image>); any other id is an error.
+  // <|image_pad|>, <|video_pad|>, <|vision_end|> (the family's words: LLaVA <image>, InternVL
+  // <img> <IMG_CONTEXT> </img>); any other id is an error.
   std::string decode(const std::vector<int64_t>& ids) const;
 
   int64_t size() const { return static_cast<int64_t>(words_.size()); }
@@ -39,6 +41,7 @@ class WordTokenizer {
   std::vector<std::string> words_;
   std::unordered_map<std::string, int64_t> ids_;
   plan::ModelConventions conventions_;
+  model::VisionTokenWords vision_words_;  // the family's (family.h)
 };
 
 }  // namespace mmsp::train

@@ -1,8 +1,10 @@
 // The InternVL family's registry entry; see internvl_family.h. Reads the nested
 // text_config (qwen2 or qwen3), the InternViT vision_config and the fields joining them,
-// builds InternVLModel, and gives the processor's geometry (dynamic tiling of each image
+// builds the InternVL model (internvl_model.h), and gives the processor's geometry (dynamic tiling of each image
 // at its own size, ImageNet normalisation) and the checkpoints' names.
 #include "mmsp/model/families/internvl/internvl_family.h"
+
+#include <cmath>
 
 #include <nlohmann/json.hpp>
 
@@ -18,7 +20,6 @@ namespace mmsp::model {
 namespace {
 
 using json_fields::JsonFields;
-using plan::ModelFamily;
 
 // InternVL's image processor (GotOcr2's crop_to_patches): an image becomes
 // tile_count(height, width) tiles of image_size, each image_size / patch_size patches a
@@ -78,8 +79,31 @@ class InternVLFamily : public Family {
  public:
   std::vector<std::string> model_types() const override { return {"internvl"}; }
 
+  VisionTokenWords token_words() const override { return {"<IMG_CONTEXT>", "", "<img>", "</img>"}; }
+
+  // InternVL3-hf: <img> 151665, </img> 151666, <IMG_CONTEXT> 151667, 1-D positions, no video,
+  // pixel shuffle with downsample_ratio 0.5 (two patches a side per row).
   plan::ModelConventions conventions(const nlohmann::json& config) const override {
-    return plan::conventions_from_config(config, plan::default_conventions(ModelFamily::internvl));
+    namespace fields = plan::conventions_fields;
+    fields::check_object(config);
+    plan::ModelConventions c;
+    c.name = "internvl";
+    c.positions = plan::PositionKind::rope_1d;
+    c.image_token_id = fields::token_id(config, "image_token_id", 151667);
+    c.video_token_id = -1;
+    c.vision_start_token_id = fields::token_id(config, "image_start_token_id", 151665);
+    c.vision_end_token_id = fields::token_id(config, "image_end_token_id", 151666);
+    c.spatial_merge_size = 2;
+    if (config.contains("downsample_ratio")) {
+      const auto& r = config.at("downsample_ratio");
+      MMSP_CHECK(r.is_number() && r.get<double>() > 0 && r.get<double>() <= 1,
+                 "config.json: downsample_ratio must be in (0, 1], got ", r.dump());
+      const double inv = 1.0 / r.get<double>();
+      MMSP_CHECK(std::fabs(inv - std::round(inv)) < 1e-6 && inv <= 64, "config.json: downsample_ratio ",
+                 r.get<double>(), " must be 1/k for an integer k in 1..64 (pixel shuffle)");
+      c.spatial_merge_size = static_cast<int64_t>(std::round(inv));
+    }
+    return c;
   }
 
   void read_config(const nlohmann::json& config, ModelConfig& c) const override {
@@ -90,7 +114,7 @@ class InternVLFamily : public Family {
     const nlohmann::json& text_json = nested ? *nested : kEmpty;
     const JsonFields text(text_json, "text_config.");
     c.text = parse_text_config(text_json, c.family, "text_config.");
-    c.conventions = config_parts::read_conventions(config, plan::default_conventions(ModelFamily::internvl));
+    c.conventions = config_parts::read_conventions(*this, config);
     c.tie_word_embeddings = config_parts::read_tie(top, text);
     const nlohmann::json* vision = top.object("vision_config");
     c.intern_vision = parse_intern_vision_config(vision ? *vision : kEmpty);
@@ -100,7 +124,7 @@ class InternVLFamily : public Family {
     config_parts::check_token_ids(c, "image_token_id");
   }
 
-  std::shared_ptr<Vlm> build(const ModelConfig& c) const override { return std::make_shared<InternVLModel>(c); }
+  std::shared_ptr<Vlm> build(const ModelConfig& c) const override { return build_internvl(c); }
 
   std::shared_ptr<const PixelGeometry> geometry(const ModelConfig& c) const override {
     MMSP_ASSERT(c.intern_vision.has_value() && c.internvl.has_value());

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "mmsp/attention/local_attention.h"
@@ -12,7 +13,6 @@
 #include "mmsp/model/phase_marker.h"
 #include "mmsp/model/activation.h"
 #include "mmsp/model/parameter_init.h"
-#include "mmsp/model/rank_inputs.h"
 
 namespace mmsp::model {
 ClipVisionTower::Layer::Layer(const ClipVisionConfig& c) {
@@ -98,67 +98,46 @@ at::Tensor ClipVisionTower::layer_forward(const Layer& l, const at::Tensor& x,
   return y + l.fc2->forward(activation(vision_.hidden_act, l.fc1->forward(l.layer_norm2->forward(y))));
 }
 
-LlavaModel::LlavaModel(const ModelConfig& config) : config_(config) {
+LlavaTower::LlavaTower(const ClipVisionConfig& vision, const LlavaProjectorConfig& llava, int64_t text_hidden)
+    : vision_(vision), llava_(llava), text_hidden_(text_hidden) {
+  clip = std::make_shared<ClipVisionTower>(vision, llava);
+  projector = std::make_shared<torch::nn::Module>();
+  const bool bias = llava.multimodal_projector_bias;
+  linear_1_ = projector->register_module("linear_1", std::make_shared<Linear>(vision.hidden_size, text_hidden, bias, 0.02));
+  linear_2_ = projector->register_module("linear_2", std::make_shared<Linear>(text_hidden, text_hidden, bias, 0.02));
+}
+
+TowerInput LlavaTower::gather(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels) const {
+  std::vector<int64_t> rows;
+  for (const plan::VisionItem& item : items) {
+    MMSP_CHECK(item.kind == plan::VisionKind::image, "LLaVA takes images only");
+    rows.push_back(pixels.first_row(item, item.batch_index));
+  }
+  const int64_t last = *std::max_element(rows.begin(), rows.end());
+  MMSP_CHECK(pixels.images.defined() && pixels.images.size(0) > last, "LLaVA needs pixel values at row ", last);
+  return {pixels.images.index_select(0, at::tensor(at::ArrayRef<int64_t>(rows), at::kLong).clone()), {}};
+}
+
+TowerInput LlavaTower::no_items(const at::TensorOptions& options) const {
+  return {at::zeros({0, vision_.num_channels, vision_.image_size, vision_.image_size}, options), {}};
+}
+
+at::Tensor LlavaTower::encode(const TowerInput& input) const {
+  at::Tensor features = clip->forward(input.pixels);  // [n, rows, D]
+  at::Tensor rows = linear_2_->forward(activation(llava_.projector_hidden_act, linear_1_->forward(features)));
+  return rows.reshape({-1, text_hidden_});
+}
+
+std::shared_ptr<Vlm> build_llava(const ModelConfig& config) {
   MMSP_CHECK(config.clip_vision && config.llava, "model_type ", config.model_type,
              " is not LLaVA (no CLIP vision_config)");
-  tower_ = register_module("vision_tower", std::make_shared<ClipVisionTower>(*config.clip_vision, *config.llava));
-  auto projector = register_module("multi_modal_projector", std::make_shared<torch::nn::Module>());
-  const bool bias = config.llava->multimodal_projector_bias;
-  linear_1_ = projector->register_module(
-      "linear_1", std::make_shared<Linear>(config.clip_vision->hidden_size, config.text.hidden_size, bias, 0.02));
-  linear_2_ = projector->register_module(
-      "linear_2", std::make_shared<Linear>(config.text.hidden_size, config.text.hidden_size, bias, 0.02));
-  decoder_ = register_module("language_model", std::make_shared<Decoder>(config.text, config.tie_word_embeddings));
-}
-
-at::Tensor LlavaModel::encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
-                              const PixelInputs& pixels) const {
-  const at::Tensor& w = decoder_->model->embed_tokens->weight;
-  if (which.empty() && !tower_->layers().hooked())  // still in the graph: this rank joins the routing backward
-    return at::zeros({0, config_.text.hidden_size}, w.options()).requires_grad_();
-  PhaseScope vision(Phase::vision);
-  at::Tensor images;  // [n, C, S, S]
-  if (which.empty()) {
-    // Hooked layers (--shard gradients|parameters) gather, free and reduce with
-    // collectives: this rank runs them on no images, calling their hooks as the others do.
-    const ClipVisionConfig& c = *config_.clip_vision;
-    images = at::zeros({0, c.num_channels, c.image_size, c.image_size}, w.options());
-  } else {
-    std::vector<int64_t> rows;
-    for (int64_t i : which) {
-      MMSP_CHECK(items.at(i).kind == plan::VisionKind::image, "LLaVA takes images only");
-      rows.push_back(pixels.first_row(items.at(i), items.at(i).batch_index));
-    }
-    MMSP_CHECK(pixels.images.defined() && pixels.images.size(0) > *std::max_element(rows.begin(), rows.end()),
-               "LLaVA needs pixel values at row ", *std::max_element(rows.begin(), rows.end()));
-    images = pixels.images.index_select(0, at::tensor(at::ArrayRef<int64_t>(rows), at::kLong).clone());
-  }
-  at::Tensor features = tower_->forward(images);  // [n, rows, D]
-  at::Tensor rows = linear_2_->forward(activation(config_.llava->projector_hidden_act, linear_1_->forward(features)));
-  return enter_phase_in_backward(rows.reshape({-1, config_.text.hidden_size}), Phase::vision);
-}
-
-at::Tensor LlavaModel::vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels,
-                                   const StepGroups& groups, VisionMode mode) const {
-  const auto& items = plan.rows.at(plan.mine.coords.dp).items;
-  return route_vision_rows(plan, [&](const std::vector<int64_t>& which) { return encode(items, which, pixels); },
-                           groups.context, mode)
-      .rows;
-}
-
-StepOutput LlavaModel::forward(const plan::Batch& batch, const plan::StepPlan& plan,
-                                            const PixelInputs& pixels, const StepGroups& groups,
-                                            VisionMode mode, const attention::AttentionOptions& attention) const {
-  RankInputs in = rank_inputs(batch, plan);
-  at::Tensor embeds = decoder_->embed(in.token_ids);
-  const auto& items = plan.rows.at(plan.mine.coords.dp).items;
-  RoutedRows routed = route_vision_rows(
-      plan, [&](const std::vector<int64_t>& which) { return encode(items, which, pixels); },
-      groups.context, mode);
-  embeds = embeds.index_copy(0, routed.slots, routed.rows.to(embeds.scalar_type()));
-  const DecoderContext ctx = decoder_context(in, config_.text, config_.conventions,
-                                             {groups.ring, groups.ulysses}, attention, embeds);
-  return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels, in.label_count};
+  auto tower = std::make_shared<LlavaTower>(*config.clip_vision, *config.llava, config.text.hidden_size);
+  auto decoder = std::make_shared<Decoder>(config.text, config.tie_word_embeddings);
+  auto vlm = std::make_shared<Vlm>(config, decoder, tower);
+  vlm->register_module("vision_tower", tower->clip);
+  vlm->register_module("multi_modal_projector", tower->projector);
+  vlm->register_module("language_model", decoder);
+  return vlm;
 }
 
 }  // namespace mmsp::model

@@ -1,5 +1,5 @@
 // The LLaVA family's registry entry; see llava_family.h. Reads the nested text_config,
-// the CLIP vision_config and the projector fields, builds LlavaModel, and gives the
+// the CLIP vision_config and the projector fields, builds the LLaVA model (llava.h), and gives the
 // processor's geometry (each image resized to image_size, normalised, whole) and the
 // checkpoints' names.
 #include "mmsp/model/families/llava/llava_family.h"
@@ -17,7 +17,6 @@ namespace mmsp::model {
 namespace {
 
 using json_fields::JsonFields;
-using plan::ModelFamily;
 
 // CLIPImageProcessor as llava-1.5 ships it: resized to the square side, CLIP's normalisation.
 class LlavaPixelGeometry : public PixelGeometry {
@@ -61,8 +60,31 @@ class LlavaFamily : public Family {
  public:
   std::vector<std::string> model_types() const override { return {"llava"}; }
 
+  VisionTokenWords token_words() const override { return {"<image>", "", "", ""}; }
+
+  // llava-hf/llava-1.5-7b-hf: <image> = 32000, 1-D positions, no blocks, no merge, no video.
   plan::ModelConventions conventions(const nlohmann::json& config) const override {
-    return plan::conventions_from_config(config, plan::default_conventions(ModelFamily::llava));
+    namespace fields = plan::conventions_fields;
+    fields::check_object(config);
+    plan::ModelConventions c;
+    c.name = "llava";
+    c.positions = plan::PositionKind::rope_1d;
+    c.image_token_id = 32000;
+    c.video_token_id = -1;
+    c.vision_start_token_id = -1;
+    c.vision_end_token_id = -1;
+    c.spatial_merge_size = 1;
+    // transformers renamed image_token_index to image_token_id; accept both.
+    c.image_token_id = fields::token_id(config, "image_token_index", c.image_token_id);
+    c.image_token_id = fields::token_id(config, "image_token_id", c.image_token_id);
+    // "full" keeps the class token: 1 + patches placeholder rows per image.
+    if (config.contains("vision_feature_select_strategy")) {
+      const auto& strategy = config.at("vision_feature_select_strategy");
+      MMSP_CHECK(strategy == "default" || strategy == "full", "config.json: vision_feature_select_strategy ",
+                 strategy.dump(), " is not supported; supported: \"default\" (drop the class token), \"full\"");
+      c.class_rows = strategy == "full" ? 1 : 0;
+    }
+    return c;
   }
 
   void read_config(const nlohmann::json& config, ModelConfig& c) const override {
@@ -73,7 +95,7 @@ class LlavaFamily : public Family {
     const nlohmann::json& text_json = nested ? *nested : kEmpty;
     const JsonFields text(text_json, "text_config.");
     c.text = parse_text_config(text_json, c.family, "text_config.");
-    c.conventions = config_parts::read_conventions(config, plan::default_conventions(ModelFamily::llava));
+    c.conventions = config_parts::read_conventions(*this, config);
     c.tie_word_embeddings = config_parts::read_tie(top, text);
     const nlohmann::json* vision = top.object("vision_config");
     c.clip_vision = vision ? parse_clip_vision_config(*vision) : default_llava_vision_config();
@@ -81,7 +103,7 @@ class LlavaFamily : public Family {
     config_parts::check_token_ids(c, "image_token_index");  // the released files' name
   }
 
-  std::shared_ptr<Vlm> build(const ModelConfig& c) const override { return std::make_shared<LlavaModel>(c); }
+  std::shared_ptr<Vlm> build(const ModelConfig& c) const override { return build_llava(c); }
 
   std::shared_ptr<const PixelGeometry> geometry(const ModelConfig& c) const override {
     MMSP_ASSERT(c.clip_vision.has_value() && c.llava.has_value());

@@ -85,11 +85,11 @@ at::Tensor QwenVisionEncoder::Merger::forward(const at::Tensor& x, int64_t merge
   return fc2->forward(at::gelu(fc1->forward(merged)));
 }
 
-QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c, plan::ModelFamily family)
-    : config_(c), qwen3_(family == plan::ModelFamily::qwen3_vl) {
-  MMSP_CHECK(family == plan::ModelFamily::qwen2_vl || family == plan::ModelFamily::qwen2_5_vl || qwen3_,
-             "the Qwen vision encoder serves qwen2_vl, qwen2_5_vl and qwen3_vl, not ", plan::to_string(family));
-  variant_ = qwen3_ ? Variant::qwen3 : family == plan::ModelFamily::qwen2_5_vl ? Variant::qwen2_5 : Variant::qwen2;
+QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c, ModelFamily family)
+    : config_(c), qwen3_(family == ModelFamily::qwen3_vl) {
+  MMSP_CHECK(family == ModelFamily::qwen2_vl || family == ModelFamily::qwen2_5_vl || qwen3_,
+             "the Qwen vision encoder serves qwen2_vl, qwen2_5_vl and qwen3_vl, not ", to_string(family));
+  variant_ = qwen3_ ? Variant::qwen3 : family == ModelFamily::qwen2_5_vl ? Variant::qwen2_5 : Variant::qwen2;
   const int64_t unit = c.patch_size * c.spatial_merge_size;
   MMSP_CHECK(variant_ != Variant::qwen2_5 || (c.window_size >= unit && c.window_size % unit == 0),
              "vision_config.window_size ", c.window_size, " must be a positive multiple of patch_size * ",
@@ -257,6 +257,36 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
   out.rows = merger_->forward(x, width);
   if (restore.defined()) out.rows = out.rows.index_select(0, restore.to(out.rows.device()));
   return out;
+}
+
+TowerInput QwenVisionEncoder::gather(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels) const {
+  TowerInput input;
+  std::vector<at::Tensor> rows;
+  for (const plan::VisionItem& item : items) {
+    const at::Tensor& source = item.kind == plan::VisionKind::image ? pixels.images : pixels.videos;
+    const int64_t first = pixels.first_row(item, item.patch_offset);
+    MMSP_CHECK(source.defined() && source.size(0) >= first + item.patches,
+               "pixel rows of ", plan::to_string(item.kind), " ", item.batch_index, " (rows ",
+               first, "..", first + item.patches, ") are missing: got ",
+               source.defined() ? source.size(0) : 0, " rows");
+    rows.push_back(source.narrow(0, first, item.patches));
+    input.grids.push_back(item.grid);
+  }
+  input.pixels = at::cat(rows);
+  return input;
+}
+
+TowerInput QwenVisionEncoder::no_items(const at::TensorOptions& options) const {
+  return {at::zeros({0, config_.patch_row()}, options), {}};
+}
+
+at::Tensor QwenVisionEncoder::encode(const TowerInput& input) const {
+  VisionOutput out = forward(input.pixels, input.grids);
+  if (out.deepstack.empty()) return out.rows;
+  // One row per placeholder: the merger's features, then each deepstack level's, so
+  // one message carries them all along the same route.
+  out.deepstack.insert(out.deepstack.begin(), out.rows);
+  return at::cat(out.deepstack, 1);
 }
 
 }  // namespace mmsp::model

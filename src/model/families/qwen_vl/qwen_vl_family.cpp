@@ -1,6 +1,6 @@
 // The Qwen-VL family's registry entry; see qwen_vl_family.h. Reads the config (decoder
 // fields at the top for Qwen2/2.5-VL, nested for Qwen3-VL; Qwen3.5's hybrid decoder and
-// its Qwen3-VL tower without deepstack), builds QwenVLModel, and gives the processor's
+// its Qwen3-VL tower without deepstack), builds the Qwen-VL model (qwen_vl.h), and gives the processor's
 // geometry (qwen_patches.h) and the checkpoints' names.
 #include "mmsp/model/families/qwen_vl/qwen_vl_family.h"
 
@@ -18,7 +18,6 @@ namespace {
 
 using json_fields::join;
 using json_fields::JsonFields;
-using plan::ModelFamily;
 
 ModelFamily conventions_family(const std::string& model_type) {
   if (model_type == "qwen2_vl") return ModelFamily::qwen2_vl;
@@ -26,10 +25,29 @@ ModelFamily conventions_family(const std::string& model_type) {
   return ModelFamily::qwen3_vl;  // qwen3_vl, qwen3_5
 }
 
-// The released values; Qwen3.5 plans as Qwen3-VL with its own token ids and mRoPE
-// sections (Qwen3_5Config's defaults).
+// The released values (Qwen2-VL-7B-Instruct, Qwen2.5-VL-7B-Instruct, Qwen3-VL); Qwen3.5
+// plans as Qwen3-VL with its own token ids and mRoPE sections (Qwen3_5Config's defaults).
 plan::ModelConventions released_conventions(const std::string& model_type) {
-  plan::ModelConventions c = plan::default_conventions(conventions_family(model_type));
+  const ModelFamily family = conventions_family(model_type);
+  plan::ModelConventions c;  // 3-D mRoPE, Qwen's token ids, merge 2
+  c.name = to_string(family);
+  switch (family) {
+    case ModelFamily::qwen2_vl:
+      c.mrope_section = {16, 24, 24};
+      c.tokens_per_second = 1.0;  // unused: Qwen2-VL's t index is the frame
+      break;
+    case ModelFamily::qwen2_5_vl:  // vision_config.tokens_per_second = 2
+      c.mrope_section = {16, 24, 24};
+      c.tokens_per_second = 2.0;
+      c.video_time_scaled = true;
+      break;
+    default:  // Qwen3-VL: interleaved mRoPE, text_config.rope_scaling; each frame its own block
+      c.mrope_section = {24, 20, 20};
+      c.mrope_interleaved = true;
+      c.tokens_per_second = 1.0;  // unused: timestamps are text
+      c.frames_as_blocks = true;
+      break;
+  }
   if (model_type == "qwen3_5") {
     c.image_token_id = 248056;
     c.video_token_id = 248057;
@@ -98,11 +116,11 @@ nlohmann::json qwen3_5_vision(const nlohmann::json* vision) {
 // The Qwen2-VL image processor: frames resized to the grid, patch rows per merge window.
 class QwenPixelGeometry : public PixelGeometry {
  public:
-  QwenPixelGeometry(const QwenVisionConfig& v, const plan::ModelConventions& c) : v_(v) {
+  QwenPixelGeometry(const QwenVisionConfig& v, const plan::ModelConventions& c, ModelFamily family) : v_(v) {
     takes_videos_ = c.supports_video();
     // OpenAI CLIP's values (Qwen2-VL, Qwen2.5-VL), 0.5 / 0.5 for Qwen3-VL and Qwen3.5
     // (their preprocessor_config.json).
-    if (c.family == ModelFamily::qwen3_vl) norm_.mean = norm_.std = {0.5, 0.5, 0.5};
+    if (family == ModelFamily::qwen3_vl) norm_.mean = norm_.std = {0.5, 0.5, 0.5};
   }
   int64_t channels() const override { return v_.in_channels; }
   bool takes_videos() const override { return takes_videos_; }
@@ -153,8 +171,36 @@ class QwenVLFamily : public Family {
  public:
   std::vector<std::string> model_types() const override { return {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"}; }
 
+  VisionTokenWords token_words() const override {
+    return {"<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"};
+  }
+
   plan::ModelConventions conventions(const nlohmann::json& config) const override {
-    return plan::conventions_from_config(config, released_conventions(config.at("model_type").get<std::string>()));
+    namespace fields = plan::conventions_fields;
+    fields::check_object(config);
+    plan::ModelConventions c = released_conventions(config.at("model_type").get<std::string>());
+    c.image_token_id = fields::token_id(config, "image_token_id", c.image_token_id);
+    c.video_token_id = fields::token_id(config, "video_token_id", c.video_token_id);
+    c.vision_start_token_id = fields::token_id(config, "vision_start_token_id", c.vision_start_token_id);
+    c.vision_end_token_id = fields::token_id(config, "vision_end_token_id", c.vision_end_token_id);
+    if (const nlohmann::json* vision = fields::object(config, "vision_config")) {
+      if (vision->contains("spatial_merge_size")) {
+        const auto& m = vision->at("spatial_merge_size");
+        MMSP_CHECK(m.is_number_integer() && m.get<int64_t>() >= 1,
+                   "config.json: vision_config.spatial_merge_size must be an integer >= 1, got ", m.dump());
+        c.spatial_merge_size = m.get<int64_t>();
+      }
+      if (c.scales_video_time() && vision->contains("tokens_per_second")) {
+        const auto& t = vision->at("tokens_per_second");
+        MMSP_CHECK(t.is_number() && t.get<double>() >= 0 && t.get<double>() <= plan::kMaxTokensPerSecond,
+                   "config.json: vision_config.tokens_per_second must be a number in [0, ",
+                   plan::kMaxTokensPerSecond, "], got ", t.dump(), " (it scales video positions)");
+        c.tokens_per_second = t.get<double>();
+      }
+    }
+    fields::read_mrope(config, c);
+    fields::check_distinct_token_ids(c);
+    return c;
   }
 
   void read_config(const nlohmann::json& config, ModelConfig& c) const override {
@@ -171,7 +217,7 @@ class QwenVLFamily : public Family {
     const bool hybrid = c.model_type == "qwen3_5";
     c.text = hybrid ? parse_hybrid_text_config(text_json, "text_config.")
                     : parse_text_config(text_json, c.family, text_prefix);
-    c.conventions = config_parts::read_conventions(config, released_conventions(c.model_type));
+    c.conventions = config_parts::read_conventions(*this, config);
     c.tie_word_embeddings = config_parts::read_tie(top, text);
 
     const nlohmann::json* vision = top.object("vision_config");
@@ -192,11 +238,11 @@ class QwenVLFamily : public Family {
     config_parts::check_token_ids(c, "image_token_id");
   }
 
-  std::shared_ptr<Vlm> build(const ModelConfig& c) const override { return std::make_shared<QwenVLModel>(c); }
+  std::shared_ptr<Vlm> build(const ModelConfig& c) const override { return build_qwen_vl(c); }
 
   std::shared_ptr<const PixelGeometry> geometry(const ModelConfig& c) const override {
     MMSP_ASSERT(c.qwen_vision.has_value());
-    return std::make_shared<QwenPixelGeometry>(*c.qwen_vision, c.conventions);
+    return std::make_shared<QwenPixelGeometry>(*c.qwen_vision, c.conventions, c.family);
   }
 
   CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {

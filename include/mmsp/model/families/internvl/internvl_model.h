@@ -17,39 +17,35 @@
 
 namespace mmsp::model {
 
-class InternVLModel : public Vlm {
+// InternViT, pixel shuffle and the projector as the VLM's vision tower (vision_tower.h).
+// pixels.images: the tiles [Σ tiles, C, S, S] of the images held here (PixelInputs), in
+// batch order, each image's tiles in the processor's order (grid row-major, then the
+// thumbnail); an image's grid is [tiles, S/p, S/p].
+class InternVLTower : public VisionTower {
  public:
-  explicit InternVLModel(const ModelConfig& config);
-
-  // pixels.images: the tiles [Σ tiles, C, S, S] of the images held here (PixelInputs), in batch order, each
-  // image's tiles in the processor's order (grid row-major, then the thumbnail); an
-  // image's grid is [tiles, S/p, S/p].
-  StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan, const PixelInputs& pixels,
-                     const StepGroups& groups, VisionMode mode,
-                     const attention::AttentionOptions& attention = {}) const override;
-  Decoder& decoder() const override { return *decoder_; }
-  HookedBlocks& vision_blocks() const override { return tower_->layers(); }
-  const ModelConfig& config() const override { return config_; }
-
-  // Rows [V, hidden]: the projector's output.
-  at::Tensor vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels, const StepGroups& groups,
-                         VisionMode mode) const override;
-
+  // Parameters drawn in this order: the tower, then the projector.
+  InternVLTower(const InternVisionConfig& vision, const InternVLProjectorConfig& internvl, const TextConfig& text);
+  TowerInput gather(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels) const override;
+  TowerInput no_items(const at::TensorOptions& options) const override;
   // tiles [N, C, S, S] -> rows [N · image_seq_length, text hidden]: tower, pixel shuffle, projector.
-  at::Tensor encode_tiles(const at::Tensor& tiles) const;
+  at::Tensor encode(const TowerInput& input) const override;
+  int64_t row_width() const override { return text_hidden_; }
+  HookedBlocks& blocks() override { return vit->layers(); }
+  // No videos, grids of whole tiles, the tiles' shape and count, over every dp row's
+  // items (the whole batch), before any collective.
+  void check(const plan::StepPlan& plan, const PixelInputs& pixels) const override;
+
+  std::shared_ptr<InternVisionTower> vit;
+  std::shared_ptr<InternVLProjector> projector;
 
  private:
-  // What every rank can check alike before any collective, from the plan (every dp row's
-  // items, so the whole batch): no videos, grids of whole tiles, the tiles' shape and count.
-  void check_tiles(const plan::StepPlan& plan, const PixelInputs& pixels) const;
-  // Sequences within max_position_embeddings (forward only: vision_rows has no decoder).
-  void check_lengths(const plan::Batch& batch) const;
-  at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
-                    const PixelInputs& pixels) const;
-  ModelConfig config_;
-  std::shared_ptr<InternVisionTower> tower_;
-  std::shared_ptr<InternVLProjector> projector_;
-  std::shared_ptr<Decoder> decoder_;
+  InternVisionConfig vision_;
+  int64_t scale_;  // pixel shuffle's k = 1 / downsample_ratio
+  int64_t text_hidden_;
 };
+
+// vision_tower.*, multi_modal_projector.*, language_model.* (the decoder), in that order;
+// sequences longer than text max_position_embeddings refused (VlmRules).
+std::shared_ptr<Vlm> build_internvl(const ModelConfig& config);
 
 }  // namespace mmsp::model

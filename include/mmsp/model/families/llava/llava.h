@@ -16,6 +16,7 @@
 #include "mmsp/model/decoder.h"
 #include "mmsp/model/hooked_blocks.h"
 #include "mmsp/model/linear.h"
+#include "mmsp/model/vision_tower.h"
 #include "mmsp/model/vlm.h"
 
 namespace mmsp::model {
@@ -51,28 +52,30 @@ class ClipVisionTower : public torch::nn::Module {
   std::vector<std::shared_ptr<Layer>> layers_;
 };
 
-class LlavaModel : public Vlm {
+// The CLIP tower and the multi-modal projector as the VLM's vision tower
+// (vision_tower.h): pixels.images [N_images, C, S, S] in batch order -> rows
+// [Σ rows, text hidden], the projector's output.
+class LlavaTower : public VisionTower {
  public:
-  explicit LlavaModel(const ModelConfig& config);
+  // Parameters drawn in this order: the CLIP tower, projector linear_1, linear_2.
+  LlavaTower(const ClipVisionConfig& vision, const LlavaProjectorConfig& llava, int64_t text_hidden);
+  TowerInput gather(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels) const override;
+  TowerInput no_items(const at::TensorOptions& options) const override;
+  at::Tensor encode(const TowerInput& input) const override;
+  int64_t row_width() const override { return text_hidden_; }
+  HookedBlocks& blocks() override { return clip->layers(); }
 
-  // pixels.images: [N_images, C, S, S], in batch order.
-  StepOutput forward(const plan::Batch& batch, const plan::StepPlan& plan, const PixelInputs& pixels,
-                     const StepGroups& groups, VisionMode mode,
-                     const attention::AttentionOptions& attention = {}) const override;
-  // Rows [V, hidden]: the projector's output.
-  at::Tensor vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels, const StepGroups& groups,
-                         VisionMode mode) const override;
-  const ModelConfig& config() const override { return config_; }
-  Decoder& decoder() const override { return *decoder_; }
-  HookedBlocks& vision_blocks() const override { return tower_->layers(); }
+  std::shared_ptr<ClipVisionTower> clip;
+  std::shared_ptr<torch::nn::Module> projector;  // multi_modal_projector.{linear_1, linear_2}
 
  private:
-  at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
-                    const PixelInputs& pixels) const;
-  ModelConfig config_;
-  std::shared_ptr<ClipVisionTower> tower_;
+  ClipVisionConfig vision_;
+  LlavaProjectorConfig llava_;
+  int64_t text_hidden_;
   std::shared_ptr<Linear> linear_1_, linear_2_;
-  std::shared_ptr<Decoder> decoder_;
 };
+
+// vision_tower.*, multi_modal_projector.*, language_model.* (the decoder), in that order.
+std::shared_ptr<Vlm> build_llava(const ModelConfig& config);
 
 }  // namespace mmsp::model

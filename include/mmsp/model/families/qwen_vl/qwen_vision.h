@@ -22,6 +22,7 @@
 #include "mmsp/model/linear.h"
 #include "mmsp/model/rotary.h"
 #include "mmsp/model/vision_config.h"
+#include "mmsp/model/vision_tower.h"
 #include "mmsp/plan/sequence.h"
 
 namespace mmsp::model {
@@ -33,19 +34,26 @@ struct VisionOutput {
   std::vector<at::Tensor> deepstack;
 };
 
-class QwenVisionEncoder : public torch::nn::Module {
+class QwenVisionEncoder : public torch::nn::Module, public VisionTower {
  public:
   // family: qwen2_vl, qwen2_5_vl or qwen3_vl (names and parts differ); others are an error.
-  QwenVisionEncoder(const QwenVisionConfig& config, plan::ModelFamily family);
+  QwenVisionEncoder(const QwenVisionConfig& config, ModelFamily family);
 
   // pixel_values [N_patches, C·tp·p·p] of the given items (grids in patches, rows in
   // the processor's order). No items (N_patches = 0) is only for hooked blocks: it runs
   // each block on no rows, so that its hooks are called as on a rank with items.
   VisionOutput forward(const at::Tensor& pixel_values, const std::vector<plan::Grid>& grids) const;
 
-  int deepstack_levels() const { return static_cast<int>(deepstack_.size()); }
+  int deepstack_levels() const override { return static_cast<int>(deepstack_.size()); }
   // The blocks as hook units, recomputed in the backward when set (hooked_blocks.h).
-  HookedBlocks& blocks() { return hooked_blocks_; }
+  HookedBlocks& blocks() override { return hooked_blocks_; }
+
+  // As a VisionTower (vision_tower.h): the items' patch rows and grids; rows
+  // [V, out_hidden_size · (1 + deepstack levels)], the merger's row, then each level's.
+  TowerInput gather(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels) const override;
+  TowerInput no_items(const at::TensorOptions& options) const override;
+  at::Tensor encode(const TowerInput& input) const override;
+  int64_t row_width() const override { return config_.out_hidden_size * (1 + deepstack_levels()); }
 
   const QwenVisionConfig& config() const { return config_; }
 

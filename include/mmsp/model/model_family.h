@@ -1,0 +1,16 @@
+// The families whose shared config readers still differ by family: transformers' text
+// defaults (text_config.h) and the Qwen vision variants (vision_config.h). The planner
+// never sees it (it reads plan::ModelConventions' fields); the family registry
+// (family.h) maps a config's model_type to its family.
+#pragma once
+
+#include <string>
+
+namespace mmsp::model {
+
+enum class ModelFamily { qwen2_vl, qwen2_5_vl, qwen3_vl, llava, internvl };
+
+// "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "internvl"
+std::string to_string(ModelFamily family);
+
+}  // namespace mmsp::model
