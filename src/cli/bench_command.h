@@ -1,4 +1,4 @@
-// `mmsp bench ...`: benchmarks that print JSON (see docs/benchmarks.md).
+// `mmsp bench ...`: benchmarks that print JSON (see docs/bench/README.md).
 #pragma once
 
 #include "command.h"

@@ -2,7 +2,7 @@
 //
 // The heap policy (heap_policy.h) maps every block of 1 MiB or more on its own so that
 // resident memory follows the live tensors; each such allocation then page-faults its
-// pages in afresh, which made a training step 1.8× slower (docs/train.md). A step asks
+// pages in afresh, which made a training step 1.8× slower (docs/bench/headline.md). A step asks
 // for the same sizes over and over (each layer, each vocabulary block), so a block
 // freed by one use is kept, already resident, for the next: LibTorch's CUDA caching
 // allocator does the same on GPUs. What is kept is bounded by `capacity` bytes; beyond

@@ -62,7 +62,8 @@ Subcommand add_train_command(CLI::App& parent) {
   app->add_option("--clip", o->clip, "clip gradients to this global norm (0: off)")->capture_default_str();
   app->add_option("--shard", o->shard,
                   "none; optimizer: fp32 masters and AdamW moments split over every rank (ZeRO-1); "
-                  "gradients: and the gradients (ZeRO-2); parameters: and the decoder layers' weights (ZeRO-3)")
+                  "gradients: and the gradients (ZeRO-2); parameters: and the weights of the decoder layers, "
+                  "LM head, embedding and vision blocks (ZeRO-3)")
       ->capture_default_str();
   app->add_option("--seed", o->seed, "parameters and data order")->capture_default_str();
   app->add_flag("!--no-shuffle", o->shuffle, "read samples in file order");

@@ -295,7 +295,7 @@ void check_memory_fits(const MemoryEstimate& e, int64_t limit, const std::string
              ") but ", source, " allows ", format_bytes(limit),
              ". To shrink it: parameters, gradients and optimizer state scale with the model "
              "(--dtype bfloat16 halves the parameters; --shard optimizer splits the masters and "
-             "optimizer state over the ranks, gradients the gradients too, parameters the decoder weights too; a smaller config); activations, working "
+             "optimizer state over the ranks, gradients the gradients too, parameters the weights too; a smaller config); activations, working "
              "set and logits scale with --tokens-per-rank (--checkpoint-activations decoder keeps one "
              "hidden vector per token and layer; --loss-chunk bounds the logits; "
              "more ranks in --ring/--ulysses "

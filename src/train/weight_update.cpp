@@ -165,7 +165,7 @@ class ShardedUpdate : public WeightUpdate {
   }
   NamedParams weights() const override { return sharded_.model_params(); }
   std::string describe() const override {
-    const char* what = sharded_.level() == ShardLevel::parameters ? "optimizer state, gradients and decoder weights"
+    const char* what = sharded_.level() == ShardLevel::parameters ? "optimizer state, gradients and weights"
                        : sharded_.level() == ShardLevel::gradients  ? "optimizer state and gradients"
                                                                     : "optimizer state";
     return std::string(mixed_ ? "fp32 master weights; " : "") + what + " sharded over " + std::to_string(world_) +

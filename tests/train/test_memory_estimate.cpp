@@ -255,7 +255,7 @@ TEST(MemoryEstimate, EveryTowersBlocksAreUnitsOfTheModelAndTheEstimate) {
 }
 
 // Checkpointing keeps each layer's input and one layer's activations; a loss chunk of n
-// tokens holds n tokens' logits instead of T's (docs/train.md, "Memory flags").
+// tokens holds n tokens' logits instead of T's (docs/train.md, "Memory: activation checkpointing and the chunked loss").
 TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {
   const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
   const Shapes shapes = skeleton("configs/tiny-qwen3-vl.json");

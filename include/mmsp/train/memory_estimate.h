@@ -12,7 +12,7 @@
 // autograd keeps per token and decoder layer). The transients of each moment were
 // found by measuring the peak of the backward and of the update apart (bench memory's
 // update_peak_bytes) on the released Qwen3.5-0.8B and Qwen2-VL-7B at every level;
-// docs/finetune.md has every part's formula, docs/train.md the measured rows.
+// docs/finetune.md has every part's formula, docs/bench/sharding.md the measured rows.
 // The vision encoder's activations are not counted (small next to the decoder's).
 #pragma once
 

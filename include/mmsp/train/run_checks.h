@@ -1,7 +1,7 @@
 // Checks of a training run that need no model and no peer: the numeric limits of the
 // flags, the --out directory, and a resume's flags against the checkpoint's. Each
 // throws mmsp::Error naming the flag, the value and the rule; every rank runs them
-// before the first collective (docs/train.md, "What is checked before a step").
+// before the first collective (docs/train.md, "What a step does": the checks table).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,7 @@
 // `--shard`: what of the training state is split over every rank of the world, each
-// level adding to the one before (the ZeRO stages): see sharded_adamw.h.
+// level adding to the one before (the ZeRO stages): see sharded_adamw.h. `parameters`
+// shards and gathers the weights of every hooked unit, not only the decoder layers: the
+// layers, the LM head, the untied token embedding and the vision blocks (Vlm::hook_units).
 #pragma once
 
 #include <string>
@@ -10,7 +12,8 @@ enum class ShardLevel {
   none,        // every rank holds everything
   optimizer,   // ZeRO-1: fp32 master weights and AdamW moments
   gradients,   // ZeRO-2: and the gradients, reduce-scattered layer by layer in the backward
-  parameters,  // ZeRO-3: and the decoder layers' weights, gathered just before each use
+  parameters,  // ZeRO-3: and the weights of every hooked unit (decoder layers, LM head, embedding,
+               // vision blocks), gathered just before each use
 };
 
 ShardLevel parse_shard_level(const std::string& name);  // "none" | "optimizer" | "gradients" | "parameters"

@@ -48,7 +48,7 @@ class WeightUpdate {
                     const std::string& config_json, CheckpointOptions options, const dist::Mesh& mesh,
                     std::ostream& log) = 0;
   // The training weights by name (the masters where they are whole; else the model's).
-  // With --shard parameters the decoder layers' memory is empty between uses: call
+  // With --shard parameters the hooked units' weights are empty between uses: call
   // gather_weights() (every rank) before reading their values.
   virtual NamedParams weights() const = 0;
   virtual void gather_weights() {}
