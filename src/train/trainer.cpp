@@ -15,7 +15,6 @@
 #include <memory>
 #include <optional>
 #include <ostream>
-#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -44,13 +43,13 @@
 #include "mmsp/train/step_fingerprint.h"
 #include "mmsp/train/step_packer.h"
 #include "mmsp/train/step_pixels.h"
+#include "mmsp/train/step_watch.h"
 #include "mmsp/train/train_state.h"
 #include "mmsp/train/weight_update.h"
 
 namespace mmsp::train {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 
 at::ScalarType parse_dtype(const std::string& name) {
   if (name == "float32" || name == "fp32") return at::kFloat;
@@ -97,15 +96,16 @@ model::ExpectedShapes parameter_shapes(const model::ModelConfig& config) {
 
 // This rank's memory for the run; refused (naming every part) when over the limit.
 MemoryEstimate preflight_memory(const model::ModelConfig& config, const model::ExpectedShapes& shapes,
-                                const TrainOptions& o, at::ScalarType dtype, int world) {
+                                const TrainOptions& o, const ParsedTrainOptions& parsed, int64_t loss_chunk,
+                                int world) {
   MemoryEstimateInputs in;
-  in.compute_dtype = dtype;
-  in.master_dtype = master_dtype_of(dtype);
+  in.compute_dtype = parsed.dtype;
+  in.master_dtype = master_dtype_of(parsed.dtype);
   in.tokens_per_rank = o.tokens_per_rank;
   in.attention_block = o.attention_block;
-  in.loss_chunk = o.loss_chunk > 0 ? o.loss_chunk : default_loss_chunk(config.text.vocab_size);
+  in.loss_chunk = loss_chunk;
   in.checkpointing = o.checkpoint_activations;
-  in.shard_level = parse_shard_level(o.shard);
+  in.shard_level = parsed.shard_level;
   if (in.shard_level != ShardLevel::none) in.shard_world = world;
   const MemoryEstimate memory = estimate_memory(config, shapes, in);
   check_memory_fits(memory, o.memory_limit_bytes, o.memory_limit_source);
@@ -145,11 +145,12 @@ Reduced reduce_metrics(double local_loss, const std::vector<double>& mine, const
 
 }  // namespace
 
-void check_train_options(const TrainOptions& o, const plan::Mesh& mesh) {
+ParsedTrainOptions check_train_options(const TrainOptions& o, const plan::Mesh& mesh) {
   check_train_limits(o);  // upper bounds first: nothing below may overflow
-  parse_dtype(o.dtype);
-  parse_save_dtype(o.save_dtype);
-  parse_shard_level(o.shard);
+  ParsedTrainOptions parsed;
+  parsed.dtype = parse_dtype(o.dtype);
+  parsed.save_dtype = parse_save_dtype(o.save_dtype);
+  parsed.shard_level = parse_shard_level(o.shard);
   MMSP_CHECK(o.save_shard_bytes > 0, "--save-shard-size ", o.save_shard_bytes, " must be positive");
   MMSP_CHECK(o.memory_limit_bytes >= 0, "--memory-limit ", o.memory_limit_bytes, " must be ≥ 0 (0: no check)");
   MMSP_CHECK(o.steps > 0, "--steps ", o.steps, " must be positive");
@@ -170,6 +171,7 @@ void check_train_options(const TrainOptions& o, const plan::Mesh& mesh) {
   MMSP_CHECK(o.keep >= 0, "--keep ", o.keep, " must be ≥ 0");
   MMSP_CHECK(o.stop_after >= 0, "--stop-after ", o.stop_after, " must be ≥ 0");
   MMSP_CHECK(o.weight_decay >= 0, "--weight-decay ", o.weight_decay, " must be ≥ 0");
+  return parsed;
 }
 
 namespace {
@@ -180,6 +182,8 @@ struct RunInputs {
   ResolvedModel resolved;
   at::ScalarType dtype = at::kFloat;
   std::optional<at::ScalarType> save_dtype;  // hf/ of the checkpoints
+  ShardLevel shard_level = ShardLevel::none;
+  int64_t loss_chunk = 0;  // tokens per chunk of the LM head and loss (the default resolved)
   model::CheckpointNaming naming;
   MemoryEstimate memory;
   std::unique_ptr<Dataset> data;
@@ -190,12 +194,14 @@ struct RunInputs {
 // Everything that can be wrong with the options, the model or the data fails here, on
 // every rank alike, before the first collective.
 RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
-  check_train_options(o, mesh.shape());
+  const ParsedTrainOptions parsed = check_train_options(o, mesh.shape());
   RunInputs in;
-  in.dtype = parse_dtype(o.dtype);
+  in.dtype = parsed.dtype;
+  in.shard_level = parsed.shard_level;
   const at::ScalarType master_dtype = master_dtype_of(in.dtype);
   in.resolved = resolve_model(o.model);
   const model::ModelConfig& config = in.resolved.config;
+  in.loss_chunk = o.loss_chunk > 0 ? o.loss_chunk : default_loss_chunk(config.text.vocab_size);
   const plan::Mesh& shape = mesh.shape();
   MMSP_CHECK(config.text.num_attention_heads % shape.ulysses == 0, o.model, ": ",
              config.text.num_attention_heads, " attention heads cannot be split over ulysses ", shape.ulysses,
@@ -205,9 +211,9 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   const model::ExpectedShapes shapes = parameter_shapes(config);
   in.naming = model::checkpoint_naming(config);
   if (in.resolved.weights) model::match_hf_tensors(*in.resolved.weights, shapes, in.naming);
-  in.memory = preflight_memory(config, shapes, o, in.dtype, mesh.world_size());
+  in.memory = preflight_memory(config, shapes, o, parsed, in.loss_chunk, mesh.world_size());
   // hf/ of the checkpoints: as asked, else as the weights came, else the masters' dtype.
-  in.save_dtype = parse_save_dtype(o.save_dtype);
+  in.save_dtype = parsed.save_dtype;
   if (!in.save_dtype) in.save_dtype = in.resolved.weights ? in.resolved.weights->dominant_dtype() : master_dtype;
   in.data = make_dataset(o, config);
   // Rows of the packer = the budget split data_rows ways (see TrainOptions::data_rows).
@@ -246,7 +252,7 @@ Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist
   adamw.eps = o.eps;
   adamw.weight_decay = o.weight_decay;
   const NamedParams model_params = named_parameters(*t.vlm);
-  t.update = make_weight_update(parse_shard_level(o.shard), model_params, master_dtype_of(in.dtype), adamw, mesh,
+  t.update = make_weight_update(in.shard_level, model_params, master_dtype_of(in.dtype), adamw, mesh,
                                 t.vlm->hook_units());
   t.vlm->set_layer_hooks(t.update->layer_hooks());
   if (in.resolved.weights && o.resume.empty())  // a resume reads the checkpoint's weights instead
@@ -293,38 +299,18 @@ void print_run_header(const TrainOptions& o, const RunInputs& in, const WeightUp
   log << in.memory.table() << std::endl;
 }
 
-// Bytes this rank has sent, by purpose, told apart by the mesh group that sent them:
-// attention = the ring and Ulysses groups (ring K/V exchange, Ulysses all-to-alls, the
-// Gated DeltaNet halo and state gathers), vision = the context group (vision rows
-// routed to their tokens), grad = the world and dp groups (within a step: gradient
-// sync, the sharded optimizer's reduce-scatter, weight all-gather and norm).
-struct SentBytes {
-  int64_t attention = 0, vision = 0, grad = 0;
-  int64_t total() const { return attention + vision + grad; }
-  SentBytes operator-(const SentBytes& earlier) const {
-    return {attention - earlier.attention, vision - earlier.vision, grad - earlier.grad};
-  }
-};
-SentBytes sent_bytes(const dist::Mesh& mesh) {
-  const dist::MeshStats& s = mesh.stats();
-  auto bytes = [&](plan::MeshAxis axis) { return s.snapshot(axis).total_bytes(); };
-  return {bytes(plan::MeshAxis::ring) + bytes(plan::MeshAxis::ulysses), bytes(plan::MeshAxis::context),
-          bytes(plan::MeshAxis::world) + bytes(plan::MeshAxis::dp)};
-}
-
 // One step's figures as every rank agrees on them: the loss summed over the world, the
 // slowest rank's time and its split (a partition of it), the largest memory, and the
 // busiest sender's bytes and their split (a partition of them).
 StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double grad_norm, const plan::Batch& batch,
-                           const plan::StepPlan& plan, double seconds, const PhaseTimes& phases, int64_t peak_bytes,
-                           int64_t update_peak_bytes, const SentBytes& sent, const dist::Mesh& mesh) {
+                           const plan::StepPlan& plan, const StepAccount& a, const dist::Mesh& mesh) {
   // Byte counts travel as doubles: exact below 2^53.
   const Reduced r = reduce_metrics(local_loss,
-                                   {seconds, phases.vision_s, phases.attention_s, phases.communication_s,
-                                    static_cast<double>(peak_bytes),
-                                    static_cast<double>(sent.total()), static_cast<double>(sent.attention),
-                                    static_cast<double>(sent.vision), static_cast<double>(sent.grad),
-                                    static_cast<double>(update_peak_bytes)},
+                                   {a.seconds, a.phases.vision_s, a.phases.attention_s, a.phases.communication_s,
+                                    static_cast<double>(a.peak_bytes),
+                                    static_cast<double>(a.sent.total()), static_cast<double>(a.sent.attention),
+                                    static_cast<double>(a.sent.vision), static_cast<double>(a.sent.grad),
+                                    static_cast<double>(a.update_peak_bytes)},
                                    mesh);
   StepMetrics m;
   m.step = step;
@@ -388,65 +374,47 @@ struct StepLoop {
 };
 
 // One step: data (the same on every rank) → plan → the step agreed → this rank's
-// pixels → forward/backward on its shard → weight update → the agreed figures.
+// pixels → forward/backward on its shard → weight update → the agreed figures. The
+// heartbeat, the test hooks and the accounting are the StepWatch's (step_watch.h).
 // `held_bytes`: what this rank holds as the forward begins (the training state).
 StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, int64_t& held_bytes) {
-  const TrainOptions& o = run.o;
   const dist::Mesh& mesh = run.mesh;
   const model::ModelConfig& config = run.in.resolved.config;
-  const auto t0 = Clock::now();
-  run.phases.reset();
-  run.memory.reset_peak();
-  const SentBytes sent0 = sent_bytes(mesh);
+  StepWatch watch(step, mesh, run.doing, run.phases, run.memory, run.o.test);
 
-  run.doing.set(step, "data");
-  std::vector<int64_t> samples = run.in.packer->next_step(position);
-  if (o.test.skew_batch_rank == mesh.rank() && o.test.skew_batch_step == step && samples.size() > 1)
-    samples.pop_back();
+  const std::vector<int64_t> samples = watch.samples(run.in.packer->next_step(position));
   const plan::Batch batch = make_batch(*run.in.data, samples);
-  run.doing.set_phase("plan");
+  watch.phase("plan");
   const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, run.plan_options, mesh.rank());
   // Every rank must be about to run the same step before the first collective.
-  run.doing.set_phase("step agreement");
+  watch.phase("step agreement");
   if (mesh.store())
     agree_on_step(*mesh.store(), run.fingerprint_prefix, step, step_fingerprint(samples, batch, plan), mesh.rank(),
                   mesh.world_size(), mesh.world()->timeout());
-  run.doing.set_phase("pixels");
+  watch.phase("pixels");
   const model::PixelInputs pixels =
-      load_pixels(*run.in.data, samples, batch, config, pixels_encoded_here(plan, o.vision), run.in.dtype);
+      load_pixels(*run.in.data, samples, batch, config, pixels_encoded_here(plan, run.o.vision), run.in.dtype);
 
   const double lr = run.schedule.at(step - 1);
   run.update.set_lr(lr);
   run.update.zero_grad();
-  held_bytes = run.memory.current_bytes();
+  held_bytes = watch.held_bytes();
   run.update.begin_step();
-  run.doing.set_phase("forward");
-  if (o.test.sleep_rank == mesh.rank() && o.test.sleep_step == step)
-    std::this_thread::sleep_for(std::chrono::duration<double>(o.test.sleep_seconds));
-  auto out = model::forward_step(run.vlm, batch, plan, pixels, run.groups, o.vision, run.attention);
+  watch.phase("forward");
+  auto out = model::forward_step(run.vlm, batch, plan, pixels, run.groups, run.o.vision, run.attention);
   // The head through the decoder: --shard parameters gathers its weight around the loss.
   at::Tensor loss = run.vlm.decoder().apply_head(
       [&](const at::Tensor& hidden, const at::Tensor& weight) {
         return chunked_lm_loss(hidden, weight, out.labels, out.label_count, run.loss_chunk);
       },
       out.hidden);
-  run.doing.set_phase("backward");
+  watch.phase("backward");
   loss.backward();
-  // The update's own peak besides the step's: the preflight estimates it as a moment
-  // of its own (memory_estimate.h).
-  const int64_t backward_peak = run.memory.peak_bytes();
-  run.memory.reset_peak();
-  const double grad_norm = run.update.step(o.clip, run.doing);
-  const int64_t update_peak = run.memory.peak_bytes();
-  run.doing.set_phase("metrics");
+  watch.backward_done();
+  const double grad_norm = run.update.step(run.o.clip, run.doing);
+  const StepAccount account = watch.finish();
   const double local_loss = loss.detach().to(at::kDouble).item<double>();
-  const SentBytes sent = sent_bytes(mesh) - sent0;
-  MMSP_ASSERT(sent.total() == (mesh.stats().snapshot().total_bytes() - sent0.total()),
-              "the bytes split by purpose miss a mesh group");
-  const PhaseTimes phases = run.phases.times();
-  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  return agreed_metrics(step, local_loss, lr, grad_norm, batch, plan, seconds, phases,
-                        std::max(backward_peak, run.memory.peak_bytes()), update_peak, sent, mesh);
+  return agreed_metrics(step, local_loss, lr, grad_norm, batch, plan, account, mesh);
 }
 
 }  // namespace
@@ -456,7 +424,6 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   dist::RankActivity no_heartbeat;
   dist::RankActivity& doing = activity ? *activity : no_heartbeat;
   const RunInputs in = check_run(o, mesh);
-  const model::ModelConfig& config = in.resolved.config;
   const bool rank0 = mesh.rank() == 0;
 
   // This run's own counters: the tensors it allocates from here on, and its time split
@@ -501,7 +468,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
                      {mesh.context(), mesh.ring(), mesh.ulysses()},
                      plan_options,
                      blocks,
-                     o.loss_chunk > 0 ? o.loss_chunk : default_loss_chunk(config.text.vocab_size),
+                     in.loss_chunk,
                      mesh.store() ? fingerprint_key_prefix(*mesh.store(), mesh.rank()) : ""};
 
   TrainReport report;

@@ -1,14 +1,15 @@
 // The training loop: every step, every rank reads the same sample indices, plans the
 // step (plan/), loads only the pixels it encodes, runs the VLM on its shard, and after
-// backward synchronises gradients over the whole world (every parameter is replicated)
-// before one AdamW step. Losses and parameters equal a one-process run of the same
-// batches (tests/train), whatever the mesh.
+// backward reduces the gradients over the world and takes one AdamW step (weight_update.h:
+// every parameter replicated, or with --shard, ZeRO-1/2/3, each rank steps its shard).
+// Losses and parameters equal one process's on the same batches, whatever the mesh (tests/train).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "mmsp/plan/mesh.h"
 #include "mmsp/train/memory_estimate.h"
 #include "mmsp/train/metrics.h"
+#include "mmsp/train/shard_level.h"
 
 namespace mmsp::train {
 
@@ -66,8 +68,10 @@ struct TrainOptions {
   double clip = 1.0;       // global gradient norm to clip to; ≤ 0: no clipping
   // "none": every rank holds the whole optimizer state; "optimizer": the masters and
   // AdamW moments split over the world (ZeRO-1, weight_update.h); "gradients": and the
-  // gradients (ZeRO-2); "parameters": and the decoder layers' weights (ZeRO-3). Any
-  // value may resume a checkpoint saved with any other, on any number of ranks.
+  // gradients (ZeRO-2); "parameters": and the weights of every hooked unit, gathered
+  // around each use: the decoder layers, the LM head, the untied token embedding and the
+  // vision blocks (ZeRO-3; model::Vlm::hook_units). Any value may resume a checkpoint
+  // saved with any other, on any number of ranks.
   std::string shard = "none";
 
   // output
@@ -127,8 +131,16 @@ struct TrainReport {
   int64_t state_bytes = 0;
 };
 
-// Checks the options (clear errors, on every rank, before any collective).
-void check_train_options(const TrainOptions& options, const plan::Mesh& mesh);
+// The options that name a value of their own (--dtype, --save-dtype, --shard), parsed once.
+struct ParsedTrainOptions {
+  at::ScalarType dtype = at::kFloat;             // the compute dtype
+  std::optional<at::ScalarType> save_dtype;      // hf/ of the checkpoints; unset: as the weights came
+  ShardLevel shard_level = ShardLevel::none;
+};
+
+// Checks the options (clear errors, on every rank, before any collective) and gives the
+// values they name.
+ParsedTrainOptions check_train_options(const TrainOptions& options, const plan::Mesh& mesh);
 
 // Runs the loop on this rank; rank 0 writes metrics and checkpoints and prints to `log`.
 // `activity` (optional) is told the step and phase, for the rank's heartbeat.

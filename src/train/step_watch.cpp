@@ -1,0 +1,61 @@
+// A step's heartbeat, test hooks and accounting; see step_watch.h.
+#include "mmsp/train/step_watch.h"
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "mmsp/core/check.h"
+
+namespace mmsp::train {
+
+SentBytes sent_bytes(const dist::Mesh& mesh) {
+  const dist::MeshStats& s = mesh.stats();
+  auto bytes = [&](plan::MeshAxis axis) { return s.snapshot(axis).total_bytes(); };
+  return {bytes(plan::MeshAxis::ring) + bytes(plan::MeshAxis::ulysses), bytes(plan::MeshAxis::context),
+          bytes(plan::MeshAxis::world) + bytes(plan::MeshAxis::dp)};
+}
+
+StepWatch::StepWatch(int64_t step, const dist::Mesh& mesh, dist::RankActivity& doing, PhaseTimer& phases,
+                     MemoryCounter& memory, const TrainOptions::TestHooks& test)
+    : step_(step), mesh_(mesh), doing_(doing), phases_(phases), memory_(memory), test_(test),
+      start_(std::chrono::steady_clock::now()) {
+  phases_.reset();
+  memory_.reset_peak();
+  sent_at_start_ = sent_bytes(mesh_);
+  doing_.set(step_, "data");
+}
+
+std::vector<int64_t> StepWatch::samples(std::vector<int64_t> samples) const {
+  if (test_.skew_batch_rank == mesh_.rank() && test_.skew_batch_step == step_ && samples.size() > 1)
+    samples.pop_back();
+  return samples;
+}
+
+void StepWatch::phase(const char* phase) {
+  doing_.set_phase(phase);
+  if (std::strcmp(phase, "forward") == 0 && test_.sleep_rank == mesh_.rank() && test_.sleep_step == step_)
+    std::this_thread::sleep_for(std::chrono::duration<double>(test_.sleep_seconds));
+}
+
+void StepWatch::backward_done() {
+  // The update's own peak besides the step's: the preflight estimates it as a moment
+  // of its own (memory_estimate.h).
+  backward_peak_ = memory_.peak_bytes();
+  memory_.reset_peak();
+}
+
+StepAccount StepWatch::finish() {
+  doing_.set_phase("metrics");
+  StepAccount a;
+  a.update_peak_bytes = memory_.peak_bytes();
+  a.peak_bytes = std::max(backward_peak_, a.update_peak_bytes);
+  a.sent = sent_bytes(mesh_) - sent_at_start_;
+  MMSP_ASSERT(a.sent.total() == (mesh_.stats().snapshot().total_bytes() - sent_at_start_.total()),
+              "the bytes split by purpose miss a mesh group");
+  a.phases = phases_.times();
+  a.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  return a;
+}
+
+}  // namespace mmsp::train
