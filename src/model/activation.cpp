@@ -18,4 +18,8 @@ at::Tensor activation(const std::string& name, const at::Tensor& x) {
   return x;
 }
 
+bool is_supported_activation(const std::string& name) {
+  return name == "silu" || name == "gelu" || name == "gelu_pytorch_tanh" || name == "quick_gelu" || name == "relu";
+}
+
 }  // namespace mmsp::model

@@ -11,6 +11,7 @@
 #include "json_fields.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
+#include "mmsp/model/activation.h"
 #include "mmsp/model/family.h"
 
 namespace mmsp::model {
@@ -30,6 +31,11 @@ plan::ModelConventions read_conventions(const Family& family, const nlohmann::js
 
 bool read_tie(const json_fields::JsonFields& top, const json_fields::JsonFields& text) {
   return top.boolean("tie_word_embeddings", false) || text.boolean("tie_word_embeddings", false);
+}
+
+void check_activation(const json_fields::JsonFields& f, const std::string& key, const std::string& value) {
+  MMSP_CHECK(is_supported_activation(value), f.name(key), " \"", value,
+             "\" is not supported; supported: silu, gelu, gelu_pytorch_tanh, quick_gelu, relu");
 }
 
 void check_token_ids(const ModelConfig& c, const char* image_token_field) {

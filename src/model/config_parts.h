@@ -22,4 +22,7 @@ bool read_tie(const json_fields::JsonFields& top, const json_fields::JsonFields&
 // `image_token_field` names the image token as the family's files do.
 void check_token_ids(const ModelConfig& c, const char* image_token_field);
 
+// Throws unless activation() implements `value`, naming the field f.name(key).
+void check_activation(const json_fields::JsonFields& f, const std::string& key, const std::string& value);
+
 }  // namespace mmsp::model::config_parts

@@ -4,7 +4,7 @@
 
 #include "json_fields.h"
 #include "mmsp/core/check.h"
-#include "mmsp/model/vision_config.h"
+#include "mmsp/model/activation.h"
 
 namespace mmsp::model {
 

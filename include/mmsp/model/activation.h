@@ -11,4 +11,7 @@ namespace mmsp::model {
 // is an error naming it.
 at::Tensor activation(const std::string& name, const at::Tensor& x);
 
+// Whether activation() implements `name`.
+bool is_supported_activation(const std::string& name);
+
 }  // namespace mmsp::model

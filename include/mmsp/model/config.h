@@ -12,10 +12,12 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+// Each family's vision fields are declared in its folder; ModelConfig holds them side by side.
 #include "mmsp/model/families/internvl/internvl_config.h"
-#include "mmsp/model/text_config.h"
-#include "mmsp/model/vision_config.h"
+#include "mmsp/model/families/llava/clip_config.h"
+#include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/model/model_family.h"
+#include "mmsp/model/text_config.h"
 #include "mmsp/plan/model_conventions.h"
 
 namespace mmsp::model {

@@ -1,7 +1,8 @@
-// The families whose shared config readers still differ by family: transformers' text
-// defaults (text_config.h) and the Qwen vision variants (vision_config.h). The planner
-// never sees it (it reads plan::ModelConventions' fields); the family registry
-// (family.h) maps a config's model_type to its family.
+// The model families by name, for the readers that still differ by family: transformers'
+// text defaults (text_config.h, shared) and the Qwen vision variants
+// (families/qwen_vl/qwen_vision_config.h). The planner never sees it (it reads
+// plan::ModelConventions' fields); the family registry (family.h) maps a config's
+// model_type to its family.
 #pragma once
 
 #include <string>

@@ -21,7 +21,7 @@
 #include "mmsp/model/hooked_blocks.h"
 #include "mmsp/model/linear.h"
 #include "mmsp/model/rotary.h"
-#include "mmsp/model/vision_config.h"
+#include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/model/vision_tower.h"
 #include "mmsp/plan/sequence.h"
 
