@@ -18,7 +18,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/model/hf_directory.h"
-#include "mmsp/train/memory_counter.h"
+#include "mmsp/train/memory/memory_counter.h"
 
 namespace mmsp::bench {
 namespace {

@@ -11,7 +11,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
-#include "mmsp/train/shard_level.h"
+#include "mmsp/train/optim/shard_level.h"
 #include "mmsp/train/trainer.h"
 
 namespace mmsp::bench {

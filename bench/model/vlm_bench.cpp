@@ -14,10 +14,10 @@
 #include "mmsp/model/family.h"
 #include "mmsp/model/step_parallelism.h"
 #include "mmsp/model/vlm.h"
-#include "mmsp/train/causal_lm_loss.h"
-#include "mmsp/train/memory_counter.h"
-#include "mmsp/train/dataset.h"
-#include "mmsp/train/step_pixels.h"
+#include "mmsp/train/loss/causal_lm_loss.h"
+#include "mmsp/train/memory/memory_counter.h"
+#include "mmsp/train/data/dataset.h"
+#include "mmsp/train/data/step_pixels.h"
 
 namespace mmsp::bench {
 namespace {

@@ -25,7 +25,7 @@ png("move_0.png", 56, 56, circle(17, 28, 6, (255, 255, 0)))       # small yellow
 png("move_1.png", 56, 56, circle(28, 28, 6, (255, 255, 0)))
 png("move_2.png", 56, 56, circle(39, 28, 6, (255, 255, 0)))
 
-# the built-in word tokenizer's vocabulary (src/train/word_tokenizer.cpp), ids 0..N-1
+# the built-in word tokenizer's vocabulary (src/train/data/word_tokenizer.cpp), ids 0..N-1
 vocab = ["<pad>", "<bos>", "<eos>", "a", "and", "small", "big", "red", "green", "blue", "yellow",
          "white", "magenta", "circle", "square", "triangle", "cross", "on", "at", "in", "the",
          "left", "right", "top", "bottom", "centre", "moves", "up", "down"]

@@ -12,7 +12,7 @@
 
 #include "gated_delta_reference.h"
 #include "mmsp/attention/gated_delta_rule.h"
-#include "mmsp/train/memory_counter.h"
+#include "mmsp/train/memory/memory_counter.h"
 #include "packed_batch.h"
 
 using namespace mmsp;

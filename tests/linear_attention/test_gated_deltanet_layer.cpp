@@ -19,7 +19,7 @@
 #include "mmsp/model/gated_deltanet_layer.h"
 #include "mmsp/plan/placement.h"
 #include "mmsp/plan/shard_map.h"
-#include "mmsp/train/memory_counter.h"
+#include "mmsp/train/memory/memory_counter.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
 #include "multirank.h"

@@ -12,7 +12,7 @@
 #include "mmsp/model/config.h"
 #include "mmsp/model/decoder.h"
 #include "mmsp/model/rank_inputs.h"
-#include "mmsp/train/causal_lm_loss.h"
+#include "mmsp/train/loss/causal_lm_loss.h"
 #include "multirank.h"
 #include "sp_compare.h"
 

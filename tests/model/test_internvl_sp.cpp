@@ -24,7 +24,7 @@
 #include "mmsp/model/family.h"
 #include "mmsp/model/step_parallelism.h"
 #include "mmsp/model/rank_inputs.h"
-#include "mmsp/train/causal_lm_loss.h"
+#include "mmsp/train/loss/causal_lm_loss.h"
 #include "multirank.h"
 #include "sp_compare.h"
 

@@ -14,10 +14,10 @@
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
 #if FUZZ_INPUT == 1
-#include "mmsp/train/train_state.h"
+#include "mmsp/train/checkpoint/train_state.h"
 #else
 #include "mmsp/model/config.h"
-#include "mmsp/train/jsonl_dataset.h"
+#include "mmsp/train/data/jsonl_dataset.h"
 #endif
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

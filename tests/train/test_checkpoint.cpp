@@ -23,9 +23,9 @@
 #include "../support/json_mutants.h"
 #include "mmsp/model/hf_directory.h"
 #include "mmsp/model/safetensors.h"
-#include "mmsp/train/checkpoint.h"
+#include "mmsp/train/checkpoint/checkpoint.h"
 #include "mmsp/train/run_checks.h"
-#include "mmsp/train/optimizer.h"
+#include "mmsp/train/optim/optimizer.h"
 
 namespace mmsp::train {
 namespace {

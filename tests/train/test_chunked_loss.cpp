@@ -7,8 +7,8 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "mmsp/core/check.h"
-#include "mmsp/train/causal_lm_loss.h"
-#include "mmsp/train/chunked_loss.h"
+#include "mmsp/train/loss/causal_lm_loss.h"
+#include "mmsp/train/loss/chunked_loss.h"
 
 namespace mmsp::train {
 namespace {

@@ -13,8 +13,8 @@
 #include "mmsp/plan/sequence.h"
 #include "mmsp/model/families/qwen_vl/qwen_patches.h"
 #include "mmsp/model/family.h"
-#include "mmsp/train/shapes_dataset.h"
-#include "mmsp/train/word_tokenizer.h"
+#include "mmsp/train/data/shapes_dataset.h"
+#include "mmsp/train/data/word_tokenizer.h"
 
 namespace mmsp::train {
 namespace {

@@ -11,7 +11,7 @@
 #include "data_test_util.h"
 #include "../support/json_mutants.h"
 #include "mmsp/model/safetensors.h"
-#include "mmsp/train/jsonl_dataset.h"
+#include "mmsp/train/data/jsonl_dataset.h"
 #include "mmsp/model/pixel_geometry.h"
 
 namespace mmsp::train {

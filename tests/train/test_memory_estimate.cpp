@@ -13,10 +13,10 @@
 #include "mmsp/model/family.h"
 #include "mmsp/model/parameter_init.h"
 #include "mmsp/model/vlm.h"
-#include "mmsp/train/grad_sync.h"
-#include "mmsp/train/master_weights.h"
-#include "mmsp/train/memory_estimate.h"
-#include "mmsp/train/sharded_adamw.h"
+#include "mmsp/train/optim/grad_sync.h"
+#include "mmsp/train/optim/master_weights.h"
+#include "mmsp/train/memory/memory_estimate.h"
+#include "mmsp/train/optim/sharded_adamw.h"
 
 namespace mmsp::train {
 namespace {

@@ -11,7 +11,7 @@
 #include <fstream>
 #include <memory>
 
-#include "mmsp/train/memory_counter.h"
+#include "mmsp/train/memory/memory_counter.h"
 #include "mmsp/train/metrics.h"
 
 namespace mmsp::train {

@@ -13,11 +13,11 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
-#include "mmsp/train/grad_clip.h"
-#include "mmsp/train/grad_sync.h"
-#include "mmsp/train/lr_schedule.h"
-#include "mmsp/train/optimizer.h"
-#include "mmsp/train/sharded_adamw.h"
+#include "mmsp/train/optim/grad_clip.h"
+#include "mmsp/train/optim/grad_sync.h"
+#include "mmsp/train/optim/lr_schedule.h"
+#include "mmsp/train/optim/optimizer.h"
+#include "mmsp/train/optim/sharded_adamw.h"
 
 namespace mmsp::train {
 namespace {

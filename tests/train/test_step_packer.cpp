@@ -9,11 +9,11 @@
 #include "data_test_util.h"
 #include "mmsp/plan/packing.h"
 #include "mmsp/plan/step_plan.h"
-#include "mmsp/train/shapes_dataset.h"
-#include "mmsp/train/splitmix64.h"
+#include "mmsp/train/data/shapes_dataset.h"
+#include "mmsp/train/data/splitmix64.h"
 #include "mmsp/train/step_fingerprint.h"
-#include "mmsp/train/step_packer.h"
-#include "mmsp/train/step_pixels.h"
+#include "mmsp/train/data/step_packer.h"
+#include "mmsp/train/data/step_pixels.h"
 
 namespace mmsp::train {
 namespace {

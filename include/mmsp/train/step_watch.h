@@ -12,7 +12,7 @@
 #include "mmsp/core/phase_timer.h"
 #include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/mesh.h"
-#include "mmsp/train/memory_counter.h"
+#include "mmsp/train/memory/memory_counter.h"
 #include "mmsp/train/trainer.h"
 
 namespace mmsp::train {

@@ -19,9 +19,9 @@
 #include "mmsp/model/recompute.h"
 #include "mmsp/model/vision_routing.h"
 #include "mmsp/plan/mesh.h"
-#include "mmsp/train/memory_estimate.h"
+#include "mmsp/train/memory/memory_estimate.h"
 #include "mmsp/train/metrics.h"
-#include "mmsp/train/shard_level.h"
+#include "mmsp/train/optim/shard_level.h"
 
 namespace mmsp::train {
 

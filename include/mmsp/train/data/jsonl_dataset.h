@@ -1,0 +1,87 @@
+// Real data: one JSON object per line, tokens already expanded as the model's processor
+// writes them, pixels from image files (stb_image) or pre-patchified safetensors.
+// The constructor reads and checks the whole file, so every rank fails the same way
+// before any collective; pixels are decoded only when a rank asks (nothing big cached).
+// The format is in docs/data.md.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "mmsp/model/config.h"
+#include "mmsp/model/pixel_geometry.h"
+#include "mmsp/train/data/dataset.h"
+
+namespace mmsp::train {
+
+class JsonlDataset : public Dataset {
+ public:
+  // Errors name the file and line, the field and the value; relative pixel paths are
+  // relative to the directory of `path`. Image files whose header gives more than
+  // `max_image_pixels` (width × height) are refused here, before any decoding.
+  JsonlDataset(const std::string& path, const model::ModelConfig& config,
+               int64_t max_image_pixels = int64_t{1} << 24);
+
+  // Refuses the first sample longer than `row_limit` tokens (one row of a step), naming
+  // its line: called with the packer's limit before the first step.
+  void check_lengths(int64_t row_limit) const;
+
+  int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
+  plan::Sequence sequence(int64_t index) const override;
+  at::Tensor image_pixels(int64_t index, int64_t image) const override;
+  at::Tensor video_pixels(int64_t index, int64_t video) const override;
+  std::string describe() const override;
+
+  // "file.jsonl:7": where sample `index` came from.
+  std::string location(int64_t index) const;
+
+ private:
+  // One image or video: image files (one for an image, the frames of a video), or a
+  // tensor of a safetensors file (paths resolved against the jsonl's directory).
+  struct Source {
+    std::vector<std::string> files;
+    std::string safetensors, tensor;
+    // The first file's size from its header, read again when decoding: a family's
+    // grid need not record it (InternVL's tile count; PixelGeometry::frame_size).
+    int64_t width = 0, height = 0;
+  };
+  struct Sample {
+    int64_t line = 0;
+    plan::Sequence sequence;
+    std::vector<Source> images, videos;
+  };
+
+  // An image's or video's files and the first one's size (W x H).
+  struct ItemFiles {
+    Source source;
+    int64_t width = 0, height = 0;
+  };
+  struct Line;  // the line being read (jsonl_dataset.cpp)
+
+  // The constructor's steps, one line at a time.
+  Sample read_sample(const std::string& text, int64_t number) const;
+  void read_tokens(const Line& line, plan::Sequence& seq) const;
+  void read_seconds(const Line& line, plan::Sequence& seq) const;
+  void read_items(const Line& line, bool video, Sample& s) const;
+  Source read_tensor_source(const Line& line, const nlohmann::json& item, const std::string& name,
+                            const plan::Grid& grid) const;
+  ItemFiles read_files(const Line& line, const nlohmann::json& item, bool video, const std::string& name,
+                       bool given) const;
+
+  const Sample& sample(int64_t index) const;
+  at::Tensor pixels(const Sample& s, const Source& source, const plan::Grid& grid, bool video,
+                    int64_t item) const;
+
+  std::string path_;
+  std::string dir_;  // relative pixel paths start here
+  model::ModelConfig config_;
+  std::shared_ptr<const model::PixelGeometry> geometry_;  // the family's processor
+  int64_t max_image_pixels_ = 0;
+  std::vector<Sample> samples_;
+};
+
+}  // namespace mmsp::train

@@ -1,0 +1,90 @@
+// The memory preflight: each rank's bytes for one training step, estimated from the
+// config, the parameter shapes (counted on a meta-device skeleton, nothing allocated),
+// the mesh and the flags, so that a run that cannot fit stops before it allocates.
+//
+// A step is a sequence of moments, each holding different things: the parameters,
+// masters and AdamW moments are held throughout; the forward adds the activations and
+// a layer's working set; the loss one chunk's logits and the head's gradient; the
+// backward through the layers the gradients; the update the gradients it steps with
+// and its temporaries. The estimate is what is held plus the largest moment (each
+// moment's parts summed: an upper bound within it). Parameters, masters, gradients and
+// AdamW state are exact; activations follow the formula in docs/finetune.md (what
+// autograd keeps per token and decoder layer). The transients of each moment were
+// found by measuring the peak of the backward and of the update apart (bench memory's
+// update_peak_bytes) on the released Qwen3.5-0.8B and Qwen2-VL-7B at every level;
+// docs/finetune.md has every part's formula, docs/bench/sharding.md the measured rows.
+// The vision encoder's activations are not counted (small next to the decoder's).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mmsp/model/config.h"
+#include "mmsp/model/recompute.h"
+#include "mmsp/train/optim/shard_level.h"
+
+namespace mmsp::train {
+
+struct MemoryEstimateInputs {
+  at::ScalarType compute_dtype = at::kFloat;  // the model's parameters and activations
+  at::ScalarType master_dtype = at::kFloat;   // optimizer-side weights (= compute unless mixed)
+  int64_t tokens_per_rank = 0;                // T: this rank's tokens of a step
+  int64_t attention_block = 256;              // query/key block of the attention kernel
+  int64_t loss_chunk = 0;                     // tokens per chunk of the LM head (0: all T at once)
+  model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::none;
+  ShardLevel shard_level = ShardLevel::none;  // --shard
+  int shard_world = 1;                         // ... over this many ranks
+};
+
+// Every part is what one rank holds at some moment of a step. The parameters, masters
+// and moments are held throughout; each moment of the step (the forward, the loss, the
+// backward through the layers, the weight update) adds its own parts, and the step
+// needs the held part plus the largest moment.
+struct MemoryEstimate {
+  int64_t parameter_count = 0;
+  // Held through the step.
+  int64_t parameters = 0;      // the model's weights in the compute dtype (stage 3: outside the units)
+  int64_t master_weights = 0;  // the optimizer's copies (mixed precision, or sharded)
+  int64_t optimizer = 0;       // AdamW's two moments in the master dtype
+  // Stage 3's units gathered besides: in the forward, the loss and the backward.
+  int64_t gathered_forward = 0, gathered_loss = 0, gathered_backward = 0;
+  int64_t activations = 0;     // kept for backward by the decoder layers
+  int64_t working_set = 0;     // the largest transient of one layer (MLP or attention block)
+  int64_t logits = 0;          // one chunk's logits, the loss's fp32 copies, the hidden state's gradient
+  int64_t head_gradient = 0;   // the LM head's gradient, made whole by the loss's backward
+  int64_t gradients = 0;       // the backward's (stages 2, 3: one unit's, and the reduced shards)
+  int64_t update_gradients = 0;    // what the update steps with (the masters', or the shards)
+  int64_t update_working_set = 0;  // its largest transients (reductions, AdamW's, gathers)
+
+  struct Moment {
+    std::string name;
+    std::vector<std::string> parts;  // names in parts()
+  };
+  // "parameters" … "update working set": every part by name, for the print and the benchmark.
+  std::vector<std::pair<std::string, int64_t>> parts() const;
+  std::vector<Moment> moments() const;
+  int64_t bytes_of(const std::vector<std::string>& part_names) const;
+  int64_t held() const;
+  int64_t total() const;  // held() + the largest moment
+  // What a rank holds once the update is done: the held part and the gradients.
+  int64_t training_state() const;
+  std::string table() const;
+};
+
+// `shapes`: every parameter's shape (model::ExpectedShapes from a meta skeleton).
+MemoryEstimate estimate_memory(const model::ModelConfig& config,
+                               const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+                               const MemoryEstimateInputs& inputs);
+
+// "1.50 GiB", "312.0 MiB", "4.0 KiB", "17 B".
+std::string format_bytes(int64_t bytes);
+
+// Throws mmsp::Error when estimate.total() > limit_bytes (> 0), naming every part, the
+// limit and where it came from, and the flags that shrink each part. limit ≤ 0: no check.
+void check_memory_fits(const MemoryEstimate& estimate, int64_t limit_bytes, const std::string& limit_source);
+
+}  // namespace mmsp::train

@@ -1,0 +1,71 @@
+// What the trainer does between a backward and the next forward, and what it saves:
+// the gradients summed over the world, clipped, AdamW, the new weights in the model.
+// Two ways, chosen by --shard:
+//   none       every rank holds the whole optimizer state: GradSync's bucketed
+//              all-reduce, clip_grad_norm, torch's AdamW over the (fp32 master) weights;
+//   optimizer, gradients, parameters
+//              ZeRO-1/2/3: ShardedAdamW (sharded_adamw.h) over a P-th of it per rank.
+// Both take the same flags and give the same training (fp64: equal to round-off).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "mmsp/dist/heartbeat.h"
+#include "mmsp/dist/mesh.h"
+#include "mmsp/model/hf_directory.h"
+#include "mmsp/model/layer_hooks.h"
+#include "mmsp/train/checkpoint/checkpoint.h"
+#include "mmsp/train/optim/named_params.h"
+#include "mmsp/train/optim/optimizer.h"
+#include "mmsp/train/optim/sharded_adamw.h"
+
+namespace mmsp::train {
+
+class WeightUpdate {
+ public:
+  virtual ~WeightUpdate() = default;
+  // Before the first step: the weights of a model directory, exactly as stored where
+  // the training weights' dtype allows.
+  virtual void load_weights(const model::HfDirectory& dir, const model::CheckpointNaming& naming) = 0;
+  // The weights, optimizer state and RNG of a checkpoint (any world size, either layout).
+  virtual void restore(const Checkpoint& checkpoint) = 0;
+  virtual void set_lr(double lr) = 0;
+  // Every rank, before the forward (--shard parameters gathers what the step keeps whole).
+  virtual void begin_step() {}
+  virtual void zero_grad() = 0;
+  // After the backward; returns the gradient norm before clipping (≤ 0: no clipping).
+  // `doing` learns the phases (gradient sync, optimizer) for the heartbeat.
+  virtual double step(double clip_norm, dist::RankActivity& doing) = 0;
+  // Every rank calls; the checkpoint is complete when it returns on any rank, and a
+  // failure on one rank is an error on all.
+  virtual void save(const std::string& dir, int64_t step, const nlohmann::json& state,
+                    const std::string& config_json, CheckpointOptions options, const dist::Mesh& mesh,
+                    std::ostream& log) = 0;
+  // The training weights by name (the masters where they are whole; else the model's).
+  // With --shard parameters the hooked units' weights are empty between uses: call
+  // gather_weights() (every rank) before reading their values.
+  virtual NamedParams weights() const = 0;
+  virtual void gather_weights() {}
+  // What the decoder calls around each layer (--shard gradients|parameters), or null.
+  virtual std::shared_ptr<model::LayerHooks> layer_hooks() { return nullptr; }
+  // For the start-up line: "fp32 master weights", "optimizer state sharded over 4 ranks".
+  virtual std::string describe() const = 0;
+};
+
+// `model_params`: the model's parameters in its compute dtype; master_dtype: the
+// optimizer's (fp32 for a bf16 model: mixed precision); units: the model's hooked units
+// (Decoder::hook_units), needed by --shard gradients|parameters.
+std::unique_ptr<WeightUpdate> make_weight_update(ShardLevel level, NamedParams model_params,
+                                                 at::ScalarType master_dtype, const AdamWOptions& options,
+                                                 const dist::Mesh& mesh, const std::vector<model::HookUnit>& units = {});
+
+// For each of `params`, the index of the entry of `units` that holds it, or −1.
+std::vector<int> unit_index_of(const NamedParams& params, const std::vector<model::HookUnit>& units);
+
+}  // namespace mmsp::train

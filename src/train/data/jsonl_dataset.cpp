@@ -1,0 +1,394 @@
+// Reading and checking a .jsonl dataset, and decoding its pixels on demand.
+#include "mmsp/train/data/jsonl_dataset.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include <nlohmann/json.hpp>
+#include <stb/stb_image.h>
+#include <stb/stb_image_resize.h>
+
+#include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
+#include "mmsp/model/family.h"
+#include "mmsp/model/safetensors.h"
+
+namespace mmsp::train {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+const std::array<std::string, 7> kFieldNames = {"input_ids", "loss_mask", "images", "image_grid_thw",
+                                                "videos", "video_grid_thw", "second_per_grid_ts"};
+const char* const kFields = "input_ids, loss_mask, images, image_grid_thw, videos, video_grid_thw, "
+                            "second_per_grid_ts";
+
+std::string grid_text(const plan::Grid& g) {
+  return detail::concat("[", g[0], ", ", g[1], ", ", g[2], "]");
+}
+
+// One line's parsing: every message starts with "file:line: ".
+struct LineReader {
+  const std::string& where;  // "file.jsonl:7"
+  const json& object;
+
+  template <typename... Args>
+  [[noreturn]] void fail(Args&&... args) const {
+    throw Error(detail::concat(where, ": ", std::forward<Args>(args)...));
+  }
+
+  int64_t integer(const json& v, const std::string& name) const {
+    const bool fits = v.is_number_integer() &&
+                      (!v.is_number_unsigned() ||
+                       v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+    if (!fits) fail(name, " is ", v.dump(), ", expected an integer");
+    return v.get<int64_t>();
+  }
+
+  const json* find(const char* key) const {
+    const auto it = object.find(key);
+    return it == object.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  const json& array(const json& v, const std::string& name) const {
+    if (!v.is_array()) fail(name, " must be a list, got ", v.dump());
+    return v;
+  }
+
+  std::vector<int64_t> integers(const char* key) const {
+    std::vector<int64_t> out;
+    if (const json* v = find(key)) {
+      const json& a = array(*v, key);
+      out.reserve(a.size());
+      for (size_t k = 0; k < a.size(); ++k) out.push_back(integer(a[k], detail::concat(key, "[", k, "]")));
+    }
+    return out;
+  }
+
+  std::vector<plan::Grid> grids(const char* key) const {
+    std::vector<plan::Grid> out;
+    if (const json* v = find(key)) {
+      const json& a = array(*v, key);
+      for (size_t k = 0; k < a.size(); ++k) {
+        const std::string name = detail::concat(key, "[", k, "]");
+        if (!a[k].is_array() || a[k].size() != 3) fail(name, " is ", a[k].dump(), ", expected [t, h, w]");
+        out.push_back({integer(a[k][0], name + "[0]"), integer(a[k][1], name + "[1]"),
+                       integer(a[k][2], name + "[2]")});
+      }
+    }
+    return out;
+  }
+
+  std::string text(const json& v, const std::string& name) const {
+    if (!v.is_string() || v.get<std::string>().empty()) fail(name, " must be a non-empty string, got ", v.dump());
+    return v.get<std::string>();
+  }
+};
+
+fs::path resolve(const std::string& dir, const std::string& file) {
+  const fs::path p(file);
+  return p.is_absolute() ? p : fs::path(dir) / p;
+}
+
+// Width and height of an image file from its header (stbi_info reads no pixels).
+// Width and height are checked against `max_pixels` here, before anything is decoded.
+std::pair<int64_t, int64_t> image_size(const LineReader& r, const std::string& name, const fs::path& file,
+                                       int64_t max_pixels) {
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec))
+    r.fail(name, " file \"", file.string(), "\" does not exist (or is not a regular file)");
+  int w = 0, h = 0, n = 0;
+  if (!stbi_info(file.string().c_str(), &w, &h, &n))
+    r.fail(name, " file \"", file.string(), "\" is not an image stb_image can read (",
+           stbi_failure_reason(), ")");
+  if (int64_t{w} * h > max_pixels)
+    r.fail(name, " file \"", file.string(), "\" is ", w, " x ", h, " = ", int64_t{w} * h,
+           " pixels, more than --max-image-pixels ", max_pixels, " (decoded it would take ",
+           int64_t{w} * h * 3 / (1 << 20), " MiB as RGB); shrink it or raise the limit");
+  return {w, h};
+}
+
+// The whole image, RGB (or grey for 1 channel), resized to width x height, as [C, H, W] in 0..1.
+at::Tensor load_image(const std::string& where, const fs::path& file, int64_t channels, int64_t width,
+                      int64_t height) {
+  int w = 0, h = 0, n = 0;
+  std::unique_ptr<unsigned char, void (*)(void*)> data(
+      stbi_load(file.string().c_str(), &w, &h, &n, static_cast<int>(channels)), stbi_image_free);
+  MMSP_CHECK(data != nullptr, where, ": cannot decode \"", file.string(), "\": ", stbi_failure_reason());
+  at::Tensor out = at::empty({height, width, channels}, at::kByte);
+  if (w == width && h == height) {
+    std::memcpy(out.data_ptr<uint8_t>(), data.get(), static_cast<size_t>(w) * h * channels);
+  } else {
+    const int ok = stbir_resize_uint8(data.get(), w, h, 0, out.data_ptr<uint8_t>(), static_cast<int>(width),
+                                      static_cast<int>(height), 0, static_cast<int>(channels));
+    MMSP_CHECK(ok, where, ": resizing \"", file.string(), "\" from ", w, " x ", h, " to ", width, " x ",
+               height, " failed");
+  }
+  return out.permute({2, 0, 1}).to(at::kFloat).div_(255.0f).contiguous();
+}
+
+}  // namespace
+
+// Everything one line needs while it is read.
+struct JsonlDataset::Line {
+  LineReader r;
+  const std::string& where;  // "file.jsonl:7"
+};
+
+JsonlDataset::JsonlDataset(const std::string& path, const model::ModelConfig& config, int64_t max_image_pixels)
+    : path_(path),
+      dir_(fs::path(path).parent_path().string()),
+      config_(config),
+      geometry_(model::pixel_geometry(config)),
+      max_image_pixels_(max_image_pixels) {
+  std::ifstream in(path);
+  MMSP_CHECK(in.good(), "jsonl dataset: cannot open \"", path, "\"");
+  std::string text;
+  for (int64_t number = 1; std::getline(in, text); ++number) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are allowed
+    samples_.push_back(read_sample(text, number));
+  }
+  MMSP_CHECK(!samples_.empty(), "jsonl dataset: \"", path, "\" holds no sample");
+}
+
+JsonlDataset::Sample JsonlDataset::read_sample(const std::string& text, int64_t number) const {
+  const std::string where = detail::concat(path_, ":", number);
+  json object = parse_json_text(text, where);
+  MMSP_CHECK(object.is_object(), where, ": expected a JSON object, got ", object.type_name());
+  for (const auto& item : object.items())
+    MMSP_CHECK(std::find(kFieldNames.begin(), kFieldNames.end(), item.key()) != kFieldNames.end(), where,
+               ": unknown field \"", item.key(), "\" (fields: ", kFields, ")");
+  const Line line{LineReader{where, object}, where};
+  Sample s;
+  s.line = number;
+  read_tokens(line, s.sequence);
+  read_seconds(line, s.sequence);
+  for (const bool video : {false, true}) read_items(line, video, s);
+  try {
+    plan::parse_sequence(s.sequence, config_.conventions, static_cast<int64_t>(samples_.size()));
+  } catch (const Error& e) {
+    MMSP_CHECK(false, where, ": ", e.what());
+  }
+  return s;
+}
+
+void JsonlDataset::read_tokens(const Line& line, plan::Sequence& seq) const {
+  const std::string& where = line.where;
+  const int64_t vocab = config_.text.vocab_size;
+  MMSP_CHECK(line.r.find("input_ids") != nullptr, where, ": input_ids is missing");
+  seq.input_ids = line.r.integers("input_ids");
+  MMSP_CHECK(!seq.input_ids.empty(), where, ": input_ids is empty");
+  for (size_t k = 0; k < seq.input_ids.size(); ++k)
+    MMSP_CHECK(seq.input_ids[k] >= 0 && seq.input_ids[k] < vocab, where, ": input_ids[", k, "] = ",
+               seq.input_ids[k], " is outside the model's vocabulary 0..", vocab - 1);
+  if (line.r.find("loss_mask") == nullptr) return;
+  seq.loss_mask = line.r.integers("loss_mask");
+  MMSP_CHECK(seq.loss_mask.size() == seq.input_ids.size(), where, ": loss_mask has ", seq.loss_mask.size(),
+             " entries but input_ids has ", seq.input_ids.size());
+  for (size_t k = 0; k < seq.loss_mask.size(); ++k)
+    MMSP_CHECK(seq.loss_mask[k] == 0 || seq.loss_mask[k] == 1, where, ": loss_mask[", k, "] = ",
+               seq.loss_mask[k], ", expected 0 or 1");
+}
+
+void JsonlDataset::read_seconds(const Line& line, plan::Sequence& seq) const {
+  const json* v = line.r.find("second_per_grid_ts");
+  if (!v) return;
+  for (size_t k = 0; k < line.r.array(*v, "second_per_grid_ts").size(); ++k) {
+    MMSP_CHECK((*v)[k].is_number() && (*v)[k].get<double>() >= 0 &&
+                   (*v)[k].get<double>() <= plan::kMaxSecondsPerGrid,
+               line.where, ": second_per_grid_ts[", k, "] is ", (*v)[k].dump(),
+               ", expected a number of seconds in [0, ", plan::kMaxSecondsPerGrid, "]");
+    seq.second_per_grid_ts.push_back((*v)[k].get<double>());
+  }
+}
+
+// The pixel sources of the line's images (or videos) and their grids: as given, else
+// derived from the files by the family's geometry.
+void JsonlDataset::read_items(const Line& line, bool video, Sample& s) const {
+  const std::string& where = line.where;
+  const char* items_key = video ? "videos" : "images";
+  const char* grid_key = video ? "video_grid_thw" : "image_grid_thw";
+  std::vector<plan::Grid> grids = line.r.grids(grid_key);
+  const bool given = line.r.find(grid_key) != nullptr;
+  const json* v = line.r.find(items_key);
+  if (!v) {
+    MMSP_CHECK(grids.empty(), where, ": ", grid_key, " has ", grids.size(), " entries but there is no ",
+               items_key, " list to take their pixels from");
+    (video ? s.sequence.video_grid_thw : s.sequence.image_grid_thw) = std::move(grids);
+    return;
+  }
+  const json& list = line.r.array(*v, items_key);
+  MMSP_CHECK(!video || geometry_->takes_videos(), where, ": videos are not supported by ", config_.model_type,
+             " (it has no video placeholder token)");
+  MMSP_CHECK(!given || grids.size() == list.size(), where, ": ", grid_key, " has ", grids.size(),
+             " entries but ", items_key, " has ", list.size());
+  std::vector<Source>& sources = video ? s.videos : s.images;
+  for (size_t k = 0; k < list.size(); ++k) {
+    const std::string name = detail::concat(video ? "video " : "image ", k);
+    const json& item = list[k];
+    MMSP_CHECK(item.is_object(), where, ": ", name, " is ", item.dump(), ", expected an object with \"",
+               video ? "frames" : "path", "\" or \"safetensors\" and \"tensor\"");
+    const std::string grid_name = detail::concat(grid_key, "[", k, "]");
+    if (item.contains("safetensors")) {
+      // A tensor has no pixel size: its grid is the data's, unless the family fixes it.
+      const int64_t side = geometry_->fixed_side();
+      MMSP_CHECK(given || side > 0, where, ": ", name, " comes from safetensors, so ", grid_key,
+                 " must give its grid");
+      if (!given) grids.push_back(geometry_->grid_for(1, side, side, name));
+      sources.push_back(read_tensor_source(line, item, name, grids[k]));
+      continue;
+    }
+    ItemFiles files = read_files(line, item, video, name, given);
+    const int64_t frames = static_cast<int64_t>(files.source.files.size());
+    if (given) {
+      const std::string mismatch = geometry_->grid_mismatch(grids[k], frames, files.width, files.height, name);
+      MMSP_CHECK(mismatch.empty(), where, ": ", grid_name, " = ", grid_text(grids[k]), " ", mismatch);
+    } else {
+      try {
+        grids.push_back(geometry_->grid_for(frames, files.width, files.height,
+                                            detail::concat(where, ": ", name, " \"", files.source.files[0], "\"")));
+      } catch (const Error& e) {
+        throw Error(detail::concat(e.what(), "; resize the file or give ", grid_key, " to resize it on load"));
+      }
+    }
+    sources.push_back(std::move(files.source));
+  }
+  (video ? s.sequence.video_grid_thw : s.sequence.image_grid_thw) = std::move(grids);
+}
+
+// A pre-processed tensor: checked against the grid now (header only), read on demand.
+JsonlDataset::Source JsonlDataset::read_tensor_source(const Line& line, const json& item, const std::string& name,
+                                                      const plan::Grid& grid) const {
+  const std::string& where = line.where;
+  Source src;
+  src.safetensors = resolve(dir_, line.r.text(item["safetensors"], name + " safetensors")).string();
+  MMSP_CHECK(item.contains("tensor"), where, ": ", name, " names safetensors file \"", src.safetensors,
+             "\" but no \"tensor\"");
+  src.tensor = line.r.text(item["tensor"], name + " tensor");
+  std::error_code ec;
+  MMSP_CHECK(fs::is_regular_file(src.safetensors, ec), where, ": ", name, " file \"", src.safetensors,
+             "\" does not exist (or is not a regular file)");
+  model::SafetensorsHeader header;
+  try {
+    header = model::read_safetensors_header(src.safetensors);
+  } catch (const Error& e) {
+    MMSP_CHECK(false, where, ": ", name, ": ", e.what());
+  }
+  const auto t = header.tensors.find(src.tensor);
+  MMSP_CHECK(t != header.tensors.end(), where, ": ", name, ": tensor \"", src.tensor, "\" is not in \"",
+             src.safetensors, "\"");
+  MMSP_CHECK(at::isFloatingType(t->second.scalar_type), where, ": ", name, ": tensor \"", src.tensor, "\" is ",
+             t->second.dtype, ", expected a float dtype (F32, F64, F16, BF16)");
+  const std::vector<int64_t> want = geometry_->item_shape(grid);
+  MMSP_CHECK(t->second.shape == want, where, ": ", name, ": tensor \"", src.tensor, "\" has shape ",
+             at::IntArrayRef(t->second.shape), " but grid ", grid_text(grid), " needs ", at::IntArrayRef(want),
+             " (", geometry_->item_layout(), ")");
+  return src;
+}
+
+// Image files: one for an image, the frames of a video; sizes from their headers.
+JsonlDataset::ItemFiles JsonlDataset::read_files(const Line& line, const json& item, bool video,
+                                                 const std::string& name, bool given) const {
+  const std::string& where = line.where;
+  std::vector<std::string> files;
+  if (video) {
+    MMSP_CHECK(item.contains("frames") && item["frames"].is_array() && !item["frames"].empty(), where, ": ",
+               name, " is ", item.dump(),
+               ", expected {\"frames\": [paths...]} or {\"safetensors\": ..., \"tensor\": ...}");
+    for (size_t f = 0; f < item["frames"].size(); ++f)
+      files.push_back(item["frames"][f].is_string() ? item["frames"][f].get<std::string>() : "");
+  } else {
+    MMSP_CHECK(item.contains("path"), where, ": ", name, " is ", item.dump(),
+               ", expected {\"path\": ...} or {\"safetensors\": ..., \"tensor\": ...}");
+    files.push_back(line.r.text(item["path"], name + " path"));
+  }
+  ItemFiles out;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string fname = video ? detail::concat(name, " frame ", f) : name;
+    MMSP_CHECK(!files[f].empty(), where, ": ", fname, " path must be a non-empty string");
+    out.source.files.push_back(resolve(dir_, files[f]).string());
+    const auto [w, h] = image_size(line.r, fname, out.source.files.back(), max_image_pixels_);
+    if (f == 0) out.width = out.source.width = w, out.height = out.source.height = h;
+    // Without a grid the first frame's size sets it: every frame must share it.
+    MMSP_CHECK(given || (w == out.width && h == out.height), where, ": ", fname, " \"", out.source.files.back(),
+               "\" is ", w, " x ", h, " but frame 0 is ", out.width, " x ", out.height,
+               "; frames of a video without video_grid_thw must have one size");
+  }
+  return out;
+}
+
+const JsonlDataset::Sample& JsonlDataset::sample(int64_t index) const {
+  MMSP_CHECK(index >= 0 && index < size(), "jsonl dataset \"", path_, "\": sample index ", index,
+             " is outside 0..", size() - 1);
+  return samples_[index];
+}
+
+void JsonlDataset::check_lengths(int64_t row_limit) const {
+  for (const Sample& s : samples_) {
+    const auto length = static_cast<int64_t>(s.sequence.input_ids.size());
+    MMSP_CHECK(length <= row_limit, path_, ":", s.line, ": the sample has ", length,
+               " tokens, more than one row of a step holds (", row_limit,
+               " = --tokens-per-rank × world / rows); raise --tokens-per-rank or shorten the sample");
+  }
+}
+
+std::string JsonlDataset::location(int64_t index) const {
+  return detail::concat(path_, ":", sample(index).line);
+}
+
+plan::Sequence JsonlDataset::sequence(int64_t index) const { return sample(index).sequence; }
+
+at::Tensor JsonlDataset::pixels(const Sample& s, const Source& src, const plan::Grid& g, bool video,
+                                int64_t item) const {
+  const std::string where = detail::concat(path_, ":", s.line, ": ", video ? "video " : "image ", item);
+  if (!src.safetensors.empty()) {
+    std::map<std::string, at::Tensor> tensors = model::load_safetensors(src.safetensors);
+    const auto it = tensors.find(src.tensor);
+    MMSP_CHECK(it != tensors.end(), where, ": tensor \"", src.tensor, "\" is no longer in \"",
+               src.safetensors, "\"");
+    return it->second.to(at::kFloat).contiguous();
+  }
+  const auto [width, height] = geometry_->frame_size(g, src.width, src.height);
+  std::vector<at::Tensor> frames;
+  for (const std::string& f : src.files) frames.push_back(load_image(where, f, geometry_->channels(), width, height));
+  at::Tensor out = geometry_->item_pixels(at::stack(frames));
+  MMSP_ASSERT(out.sizes() == at::IntArrayRef(geometry_->item_shape(g)), where, ": pixels ", out.sizes(),
+              " for grid ", grid_text(g));
+  return out;
+}
+
+at::Tensor JsonlDataset::image_pixels(int64_t index, int64_t image) const {
+  const Sample& s = sample(index);
+  MMSP_CHECK(image >= 0 && image < static_cast<int64_t>(s.images.size()), location(index), ": sample ",
+             index, " has ", s.images.size(), " images, no image ", image);
+  return pixels(s, s.images[image], s.sequence.image_grid_thw[image], false, image);
+}
+
+at::Tensor JsonlDataset::video_pixels(int64_t index, int64_t video) const {
+  const Sample& s = sample(index);
+  MMSP_CHECK(video >= 0 && video < static_cast<int64_t>(s.videos.size()), location(index), ": sample ",
+             index, " has ", s.videos.size(), " videos, no video ", video);
+  return pixels(s, s.videos[video], s.sequence.video_grid_thw[video], true, video);
+}
+
+std::string JsonlDataset::describe() const {
+  int64_t images = 0, videos = 0, tokens = 0;
+  for (const Sample& s : samples_) {
+    images += static_cast<int64_t>(s.images.size());
+    videos += static_cast<int64_t>(s.videos.size());
+    tokens += static_cast<int64_t>(s.sequence.input_ids.size());
+  }
+  return detail::concat("jsonl: ", path_, ", ", size(), " samples, ", tokens, " tokens, ", images,
+                        " images, ", videos, " videos");
+}
+
+}  // namespace mmsp::train

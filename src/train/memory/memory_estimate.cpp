@@ -1,0 +1,306 @@
+// Memory preflight; see memory_estimate.h and docs/finetune.md for the formulas.
+#include "mmsp/train/memory/memory_estimate.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <sstream>
+
+#include "mmsp/core/check.h"
+#include "mmsp/train/optim/grad_sync.h"
+#include "mmsp/train/optim/sharded_adamw.h"
+
+namespace mmsp::train {
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int u = 0;
+  while (value >= 1024 && u < 4) value /= 1024, ++u;
+  char text[32];
+  if (u == 0)
+    std::snprintf(text, sizeof text, "%lld B", static_cast<long long>(bytes));
+  else
+    std::snprintf(text, sizeof text, "%.2f %s", value, units[u]);
+  return text;
+}
+
+std::vector<std::pair<std::string, int64_t>> MemoryEstimate::parts() const {
+  return {{"parameters", parameters},
+          {"master weights", master_weights},
+          {"optimizer", optimizer},
+          {"gathered forward", gathered_forward},
+          {"gathered loss", gathered_loss},
+          {"gathered backward", gathered_backward},
+          {"activations", activations},
+          {"working set", working_set},
+          {"logits", logits},
+          {"head gradient", head_gradient},
+          {"gradients", gradients},
+          {"update gradients", update_gradients},
+          {"update working set", update_working_set}};
+}
+
+std::vector<MemoryEstimate::Moment> MemoryEstimate::moments() const {
+  return {{"forward", {"gathered forward", "activations", "working set"}},
+          {"loss", {"gathered loss", "activations", "logits", "head gradient"}},
+          {"backward", {"gathered backward", "activations", "working set", "gradients"}},
+          {"update", {"update gradients", "update working set"}}};
+}
+
+int64_t MemoryEstimate::bytes_of(const std::vector<std::string>& names) const {
+  int64_t sum = 0;
+  for (const auto& [name, bytes] : parts())
+    if (std::find(names.begin(), names.end(), name) != names.end()) sum += bytes;
+  return sum;
+}
+
+int64_t MemoryEstimate::held() const { return bytes_of({"parameters", "master weights", "optimizer"}); }
+
+int64_t MemoryEstimate::total() const {
+  int64_t most = 0;
+  for (const Moment& moment : moments()) most = std::max(most, bytes_of(moment.parts));
+  return held() + most;
+}
+
+int64_t MemoryEstimate::training_state() const { return held() + update_gradients; }
+
+namespace {
+
+// "name 1.50 GiB, name 2.00 MiB" for the parts in `names` that are not zero.
+std::string list_parts(const MemoryEstimate& e, const std::vector<std::string>& names) {
+  std::ostringstream out;
+  for (const auto& [name, bytes] : e.parts())
+    if (bytes > 0 && std::find(names.begin(), names.end(), name) != names.end())
+      out << (out.tellp() > 0 ? ", " : "") << name << " " << format_bytes(bytes);
+  return out.str();
+}
+
+const std::vector<std::string> kHeld = {"parameters", "master weights", "optimizer"};
+
+}  // namespace
+
+std::string MemoryEstimate::table() const {
+  std::ostringstream out;
+  out << "memory per rank (estimate, " << parameter_count << " parameters):";
+  auto row = [&](const std::string& name, int64_t bytes) {
+    out << "\n  " << name << std::string(16 - std::min<size_t>(name.size(), 15), ' ') << format_bytes(bytes);
+  };
+  row("held", held());
+  out << "  (" << list_parts(*this, kHeld) << ")";
+  for (const Moment& moment : moments()) {
+    if (bytes_of(moment.parts) == 0) continue;
+    row("+ " + moment.name, bytes_of(moment.parts));
+    out << "  (" << list_parts(*this, moment.parts) << ")";
+  }
+  row("total", total());
+  out << "  (held + the largest moment)";
+  return out.str();
+}
+
+namespace {
+
+// The index i of "<key>i." in a name ("…layers.3.mlp…" → 3 for "layers."), or −1.
+// The key must start the name or follow a dot.
+int index_after(const std::string& name, const std::string& key) {
+  const size_t found = name.find(key);
+  if (found == std::string::npos || (found > 0 && name[found - 1] != '.')) return -1;
+  const size_t digits = found + key.size(), end = name.find('.', digits);
+  if (end == std::string::npos || end == digits) return -1;
+  for (size_t i = digits; i < end; ++i)
+    if (name[i] < '0' || name[i] > '9') return -1;
+  return std::stoi(name.substr(digits, end - digits));
+}
+
+// The decoder layer a parameter name belongs to ("…layers.<i>.…" outside the vision
+// tower), or −1.
+int decoder_layer_of(const std::string& name) {
+  if (name.find("visual") != std::string::npos || name.find("vision") != std::string::npos) return -1;
+  return index_after(name, "layers.");
+}
+
+// The vision block a parameter name belongs to, or −1: every tower's blocks are hook
+// units (model::HookedBlocks): Qwen's "…visual.blocks.<i>.…", CLIP's
+// "vision_tower.vision_model.encoder.layers.<i>.…", InternViT's "vision_tower.encoder.layer.<i>.…".
+int vision_block_of(const std::string& name) {
+  for (const char* chain : {"visual.blocks.", "vision_model.encoder.layers.", "vision_tower.encoder.layer."})
+    if (const int block = index_after(name, chain); block >= 0) return block;
+  return -1;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const model::ModelConfig& config,
+                               const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+                               const MemoryEstimateInputs& in) {
+  const int64_t b = static_cast<int64_t>(c10::elementSize(in.compute_dtype));
+  const int64_t m = static_cast<int64_t>(c10::elementSize(in.master_dtype));
+  const bool mixed = in.compute_dtype != in.master_dtype;
+  MemoryEstimate e;
+  std::vector<int64_t> layer_count, block_count;  // per decoder layer, per hooked vision block
+  for (const auto& [name, shape] : shapes) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    e.parameter_count += n;
+    const int layer = decoder_layer_of(name), block = vision_block_of(name);
+    std::vector<int64_t>& count = layer >= 0 ? layer_count : block_count;
+    const int unit = layer >= 0 ? layer : block;
+    if (unit >= 0) {
+      if (count.size() <= static_cast<size_t>(unit)) count.resize(unit + 1, 0);
+      count[unit] += n;
+    }
+  }
+  const int64_t P = e.parameter_count;
+  // Units: the decoder layers and the hooked vision blocks (N_l: the largest of them,
+  // N_l2 the next largest: the most a neighbour of the largest can hold).
+  std::vector<int64_t> units = layer_count;
+  units.insert(units.end(), block_count.begin(), block_count.end());
+  std::sort(units.begin(), units.end(), std::greater<>());
+  int64_t in_layers = 0;
+  for (int64_t n : units) in_layers += n;
+  const int64_t largest_layer = units.empty() ? 0 : units[0], next_layer = units.size() > 1 ? units[1] : 0;
+  // The LM head (lm_head, or the embedding it is tied to) and an untied embedding: the
+  // units ZeRO-3 gathers around their uses besides the layers (Decoder::hook_units).
+  int64_t head = 0, embedding = 0, largest = 0;
+  for (const auto& [name, shape] : shapes) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    largest = std::max(largest, n);
+    const bool is_embedding = ends_with(name, "embed_tokens.weight"), is_head = ends_with(name, "lm_head.weight");
+    if (!is_embedding && !is_head) continue;
+    (is_head ? head : embedding) += n;
+  }
+  const bool tied = head == 0;
+  if (tied) std::swap(head, embedding);  // tied: the embedding is the head's unit
+  // Kept whole for the step under ZeRO-2/3: everything outside those units.
+  const int64_t kept = P - in_layers - head - embedding;
+  const int64_t lookup_rows = in.tokens_per_rank * config.text.hidden_size;
+  e.parameters = P * b;
+  // The loss's backward makes the head's whole gradient, at every level. Unhooked (no
+  // --shard, or optimizer), a tied embedding's lookup makes a dense gradient of the
+  // head's size, then its sum with the head's: measured, both live beside the model's
+  // gradients at the end of the backward.
+  e.head_gradient = head * b;
+  const int64_t tied_lookup = tied ? 2 * head * b : 0;
+  if (in.shard_level != ShardLevel::none) {
+    // sharded_adamw.h: a W-th of masters and moments (+ < W elements of padding per
+    // 25 MiB bucket, ignored), and of the reduced gradients from their reduction to
+    // the update. Reductions and gathers go in rounds of at most 2·B bytes (at most a
+    // bucket's: the largest parameter's, or B's worth): a round packed, the
+    // all-to-all's output and the summed shard, or a round gathered, its shard and
+    // Gloo's flat copy of it.
+    const int64_t W = std::max(in.shard_world, 1), shard = (P + W - 1) / W;
+    const int64_t bucket = std::min(P, std::max(largest, kDefaultBucketBytes / b));
+    const int64_t rounds = 3 * std::min(bucket * m, 2 * kDefaultBucketBytes);
+    const int64_t slices = 2 * std::min(shard, ShardedAdamW::kUpdateSlice) * m;  // the update's sqrt, denominator
+    e.master_weights = shard * m;
+    e.optimizer = 2 * shard * m;
+    if (in.shard_level == ShardLevel::optimizer) {
+      // Stage 1: the model's gradients whole through the backward (and a tied
+      // embedding's lookup gradient); after it every bucket is reduced: the
+      // model's gradients go as their shards come (N·max(b, m/W)), a bucket's shard
+      // made before its gradients go (the largest parameter's: N_max/W).
+      e.gradients = P * b + tied_lookup;
+      e.update_gradients = std::max(P * b, shard * m);
+      e.update_working_set = (largest + W - 1) / W * m + rounds + slices;
+    } else {
+      // Stages 2 and 3, in the layers' backward: the kept gradients, one layer's (each
+      // unit's are reduced at its after_backward: the head's before the layers'), the
+      // token lookup's T rows of h (no dense [V, h] gradient for the embedding), and
+      // the shards reduced so far. The update reduces the kept ones and adds every
+      // rank's lookup rows (gathered, and a copy cat together).
+      e.gradients = (kept + largest_layer + lookup_rows) * b + shard * m + rounds;
+      e.head_gradient += (head + W - 1) / W * m + rounds;  // its shard, made as its hook reduces it
+      e.update_gradients = shard * m + kept * b;
+      e.update_working_set = 2 * W * lookup_rows * b + rounds + slices;
+    }
+    if (in.shard_level == ShardLevel::parameters) {
+      // Stage 3: whole for the step only the weights outside the units; besides them a
+      // unit in use and the next one's gather in flight, which holds its buffer and,
+      // under Gloo, a flat copy of it until it lands (2 units' bytes). In the forward
+      // a layer or vision block and the next (the last layer: the head); in the loss
+      // the head and the last layer; in the backward a layer and the one before. A
+      // unit not prefetched (the embedding, vision block 0) is gathered in rounds.
+      const int64_t U = largest_layer, U2 = next_layer;
+      e.parameters = kept * b;
+      e.gathered_forward = std::max(U + 2 * std::max(U2, head), embedding) * b;
+      e.gathered_loss = (head + 2 * U) * b;
+      e.gathered_backward = (U + 2 * U2) * b;
+    }
+  } else {
+    e.master_weights = mixed ? P * m : 0;
+    e.optimizer = 2 * P * m;
+    // The model's gradients through the backward (the masters' are released between
+    // steps), and a tied embedding's lookup gradient. The update holds the masters' (or,
+    // unmixed, the model's own), and at most: the largest parameter's bucket in the
+    // all-reduce, its gradient in the model's dtype until handed over, or torch's
+    // AdamW's two temporaries of it (the square root and the denominator).
+    e.gradients = P * b + tied_lookup;
+    e.update_gradients = P * m;
+    e.update_working_set =
+        std::max({std::min(P * m, kDefaultBucketBytes), largest * m, mixed ? largest * b : 0, 2 * largest * m});
+  }
+
+  // Kept per token and decoder layer (elements): the residual input, the two norms'
+  // inputs and fp32 normalised copies (6h), q/k/v before and after rotary, the
+  // attention output and its input to o_proj ((5H + 4H_kv)·d), and the MLP's gate,
+  // up, activation and product (4I).
+  const model::TextConfig& t = config.text;
+  const int64_t T = in.tokens_per_rank, h = t.hidden_size, d = t.head_dim;
+  const int64_t per_token_layer =
+      6 * h + (5 * t.num_attention_heads + 4 * t.num_key_value_heads) * d + 4 * t.intermediate_size;
+  const int64_t one_layer = T * per_token_layer * b;
+  e.activations = in.checkpointing == model::ActivationCheckpointing::none
+                      ? t.num_hidden_layers * one_layer
+                      : t.num_hidden_layers * T * h * b + one_layer;  // layer inputs + one recomputed layer
+  // The largest transient of one layer: the MLP's intermediate in the backward
+  // (3 tensors of T×I), one attention block's fp32 scores, probabilities and their
+  // gradients (4 × H × block_q × block_k), or a Gated DeltaNet layer's (below).
+  const int64_t mlp = 3 * T * t.intermediate_size * b;
+  const int64_t block = std::min(in.attention_block, std::max<int64_t>(T, 1));
+  const int64_t attention = 4 * t.num_attention_heads * block * block * 4;
+  // A Gated DeltaNet layer's recompute and backward (hybrid configs): its rule keeps the
+  // chunked q, k (repeated to the value heads) and v in its compute dtype (fp32 under
+  // 16-bit) and makes their gradients in chunk slots and in token order, and its conv
+  // keeps its input, pre-activation and output. T·H_v is this rank's token-head pairs
+  // under any split of the context group (Ulysses trades tokens for heads).
+  int64_t gated_delta = 0;
+  if (t.is_hybrid()) {
+    const int64_t w = std::max<int64_t>(b, 4), Hk = t.linear_num_key_heads, Hv = t.linear_num_value_heads;
+    const int64_t K = t.linear_key_head_dim, V = t.linear_value_head_dim;
+    gated_delta = 3 * T * Hv * (2 * K + V) * w + 3 * T * (2 * Hk * K + Hv * V) * b;
+  }
+  e.working_set = std::max({mlp, attention, gated_delta});
+  // One chunk's logits in the compute dtype, their fp32 copy, exp and gradient; the
+  // per-token log-sum-exp; the hidden state's gradient summed over vocabulary blocks in
+  // the wide dtype (fp32 under bf16).
+  const int64_t n = in.loss_chunk > 0 ? std::min(in.loss_chunk, T) : T;
+  e.logits = n * t.vocab_size * (b + 4 + 4 + 4) + 4 * T + std::max<int64_t>(b, 4) * T * h;
+  return e;
+}
+
+void check_memory_fits(const MemoryEstimate& e, int64_t limit, const std::string& source) {
+  if (limit <= 0 || e.total() <= limit) return;
+  std::ostringstream moments;
+  for (const MemoryEstimate::Moment& moment : e.moments())
+    if (e.bytes_of(moment.parts) > 0)
+      moments << "; " << moment.name << " " << format_bytes(e.bytes_of(moment.parts)) << ": "
+              << list_parts(e, moment.parts);
+  MMSP_CHECK(false, "this run needs about ", format_bytes(e.total()), " per rank (held through the step ",
+             format_bytes(e.held()), ": ", list_parts(e, kHeld), ", plus the largest of its moments", moments.str(),
+             ") but ", source, " allows ", format_bytes(limit),
+             ". To shrink it: parameters, gradients and optimizer state scale with the model "
+             "(--dtype bfloat16 halves the parameters; --shard optimizer splits the masters and "
+             "optimizer state over the ranks, gradients the gradients too, parameters the weights too; a smaller config); activations, working "
+             "set and logits scale with --tokens-per-rank (--checkpoint-activations decoder keeps one "
+             "hidden vector per token and layer; --loss-chunk bounds the logits; "
+             "more ranks in --ring/--ulysses "
+             "carry a long sequence in smaller pieces). --memory-limit BYTES sets the limit "
+             "(0: no check).");
+}
+
+}  // namespace mmsp::train

@@ -1,0 +1,496 @@
+// ZeRO-1 AdamW over shards of the gradient buckets; see sharded_adamw.h.
+#include "mmsp/train/optim/sharded_adamw.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+
+#include "mmsp/core/check.h"
+#include "mmsp/dist/all_gather_v.h"
+#include "mmsp/dist/all_reduce.h"
+#include "mmsp/dist/shard_collectives.h"
+#include "mmsp/train/optim/grad_clip.h"
+
+namespace mmsp::train {
+
+namespace {
+
+// Stage 3 frees a weight's memory in place and refills it later: the tensor, and every
+// view autograd saved of it, keep pointing at the same storage (what FSDP does with
+// storage().resize_(0)). So a parameter must be its storage's only tenant.
+void check_owns_storage(const std::string& name, const at::Tensor& p) {
+  const size_t bytes = static_cast<size_t>(p.numel()) * p.element_size();
+  MMSP_CHECK(p.is_contiguous() && p.storage_offset() == 0 && p.storage().nbytes() == bytes, "--shard parameters: \"",
+             name, "\" shares its memory with other tensors (", p.storage().nbytes(), " bytes of storage for ",
+             bytes, "); it cannot be freed between uses");
+}
+
+void free_storage(const at::Tensor& p) {
+  c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
+  storage->set_nbytes(0);
+}
+
+void allocate_storage(const at::Tensor& p) {
+  c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() > 0) return;
+  const size_t bytes = static_cast<size_t>(p.numel()) * p.element_size();
+  at::Allocator* allocator = storage->allocator() ? storage->allocator() : c10::GetAllocator(storage->device_type());
+  storage->set_data_ptr_noswap(allocator->allocate(bytes));
+  storage->set_nbytes(bytes);
+}
+
+}  // namespace
+
+std::vector<ShardUnitUse> shard_unit_uses(const std::vector<model::HookUnit>& units) {
+  std::vector<ShardUnitUse> uses;
+  for (const model::HookUnit& u : units)
+    uses.push_back(ShardUnitUse{u.forward_uses + (u.backward_hooks ? 1 : 0), u.backward_hooks, u.prefetched,
+                                u.lookup_rows});
+  return uses;
+}
+
+// The model's hooks for stages 2 and 3 (see the top of sharded_adamw.h).
+class ShardedLayerHooks : public model::LayerHooks {
+ public:
+  explicit ShardedLayerHooks(ShardedAdamW& sharded) : sharded_(sharded) {}
+  // A chain of units i, i+1, ... (each one `prefetched` but the first) runs forward in
+  // that order and backward in the reverse one: each unit prefetches the next one.
+  void before_forward(size_t unit) override {
+    sharded_.gather_unit(static_cast<int>(unit));
+    sharded_.prefetch_unit(static_cast<int>(unit) + 1);
+  }
+  void after_forward(size_t unit) override { sharded_.release_unit(static_cast<int>(unit)); }
+  void before_backward(size_t unit) override {
+    sharded_.gather_unit(static_cast<int>(unit));
+    if (sharded_.use_of(static_cast<int>(unit)).prefetched) sharded_.prefetch_unit(static_cast<int>(unit) - 1);
+  }
+  void after_backward(size_t unit) override {
+    sharded_.reduce_unit(static_cast<int>(unit));
+    sharded_.release_unit(static_cast<int>(unit));
+  }
+  void lookup_backward(size_t unit, const at::Tensor& token_ids, const at::Tensor& grad_rows) override {
+    sharded_.keep_lookup_rows(static_cast<int>(unit), token_ids, grad_rows);
+  }
+
+ private:
+  ShardedAdamW& sharded_;
+};
+
+ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
+                           dist::GroupPtr world, int64_t bucket_bytes, ShardLevel level, std::vector<int> unit_of,
+                           std::vector<ShardUnitUse> uses)
+    : model_(std::move(model_params)), options_(options), world_(std::move(world)), master_dtype_(master_dtype),
+      uses_(std::move(uses)), level_(level), round_bytes_(2 * bucket_bytes) {
+  MMSP_CHECK(world_, "ShardedAdamW: the world group is null");
+  MMSP_CHECK(level_ != ShardLevel::none, "ShardedAdamW: shard level none is the replicated update");
+  check_named_params(model_, "ShardedAdamW");
+  check_adamw_options(options_);
+  MMSP_CHECK(at::isFloatingType(master_dtype_), "ShardedAdamW: master dtype ", master_dtype_,
+             " is not floating point");
+  if (level_ == ShardLevel::optimizer) unit_of.clear();  // stage 1 reduces after the backward, in any buckets
+  MMSP_CHECK(unit_of.empty() || unit_of.size() == model_.size(), "ShardedAdamW: ", unit_of.size(),
+             " unit indices for ", model_.size(), " parameters");
+  const int64_t P = world_->size(), r = world_->rank();
+  at::NoGradGuard no_grad;
+  for (const GradBucket& bucket : make_grad_buckets(model_, bucket_bytes, unit_of)) {
+    Shard s;
+    s.bucket = bucket;
+    s.shard = (bucket.numel + P - 1) / P;
+    const auto options = at::TensorOptions().dtype(master_dtype_).device(bucket.device);
+    s.master = at::zeros({s.shard}, options);
+    s.exp_avg = at::zeros({s.shard}, options);
+    s.exp_avg_sq = at::zeros({s.shard}, options);
+    const int64_t begin = r * s.shard, end = begin + s.shard;  // my elements of the bucket
+    int64_t offset = 0;
+    for (size_t i : bucket.params) {
+      const at::Tensor& p = model_[i].second;
+      if (frees_weights()) check_owns_storage(model_[i].first, p);
+      const int64_t first = std::max(begin, offset), last = std::min(end, offset + p.numel());
+      if (first < last) {
+        ShardPiece piece{i, first - offset, last - first, shards_.size(), first - begin};
+        s.master.narrow(0, piece.shard_offset, piece.length)
+            .copy_(p.detach().reshape({-1}).narrow(0, piece.param_offset, piece.length));
+        pieces_.push_back(piece);
+      }
+      offset += p.numel();
+    }
+    if (bucket.unit >= 0) {
+      if (unit_buckets_.size() <= static_cast<size_t>(bucket.unit)) unit_buckets_.resize(bucket.unit + 1);
+      unit_buckets_[bucket.unit].push_back(shards_.size());
+    }
+    release(s);  // stage 3: the whole weights go as their shards are taken, not all at the end
+    shards_.push_back(std::move(s));
+  }
+}
+
+std::shared_ptr<model::LayerHooks> ShardedAdamW::layer_hooks() {
+  if (level_ == ShardLevel::optimizer) return nullptr;
+  return std::make_shared<ShardedLayerHooks>(*this);
+}
+
+void ShardedAdamW::set_lr(double lr) {
+  MMSP_CHECK(std::isfinite(lr) && lr >= 0, "set_lr: lr (", lr, ") must be a finite number ≥ 0");
+  options_.lr = lr;
+}
+
+void ShardedAdamW::copy_from_model() {
+  at::NoGradGuard no_grad;
+  for (const ShardPiece& piece : pieces_)
+    this->piece(piece, ShardTensor::master)
+        .copy_(model_[piece.param].second.detach().reshape({-1}).narrow(0, piece.param_offset, piece.length));
+}
+
+void ShardedAdamW::zero_grad() {
+  for (auto& [name, p] : model_) p.mutable_grad().reset();
+  for (Shard& s : shards_) s.grad.reset();
+  lookup_rows_.clear();
+}
+
+at::Tensor ShardedAdamW::piece(const ShardPiece& piece, ShardTensor which) const {
+  const Shard& s = shards_.at(piece.bucket);
+  const at::Tensor& t = which == ShardTensor::master ? s.master : which == ShardTensor::exp_avg ? s.exp_avg : s.exp_avg_sq;
+  return t.narrow(0, piece.shard_offset, piece.length);
+}
+
+at::Tensor ShardedAdamW::pack_grad_round(const Shard& s, int64_t first, int64_t n) const {
+  const int64_t P = world_->size();
+  at::Tensor rows = at::empty({P, n}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
+  for (int64_t r = 0; r < P; ++r) pack_bucket_range(model_, s.bucket, r * s.shard + first, rows[r], "ShardedAdamW");
+  return rows.view({-1});
+}
+
+double ShardedAdamW::global_norm(const std::vector<at::Tensor>& grads) const {
+  // Summed where the shards live, then read once (not one device-to-host copy a bucket).
+  at::Tensor local;
+  for (const at::Tensor& g : grads) local = local.defined() ? local + sum_of_squares(g) : sum_of_squares(g);
+  at::Tensor sum = local.defined() ? local.cpu() : at::zeros({1}, at::kDouble);
+  dist::all_reduce_(sum, *world_);
+  const double norm = std::sqrt(sum.item<double>());
+  if (std::isfinite(norm)) return norm;
+  std::string culprit = "(none in this rank's shards)";
+  for (const ShardPiece& piece : pieces_)
+    if (!grads[piece.bucket].narrow(0, piece.shard_offset, piece.length).isfinite().all().item<bool>()) {
+      culprit = "\"" + model_[piece.param].first + "\"";
+      break;
+    }
+  MMSP_CHECK(false, "gradient norm is ", norm, " (not finite); first parameter with a non-finite gradient ",
+             "in rank ", world_->rank(), "'s shard: ", culprit, ". Lower the learning rate or check the data");
+  return norm;
+}
+
+int64_t ShardedAdamW::elements_per_round(at::ScalarType dtype) const {
+  const int64_t per_rank = static_cast<int64_t>(world_->size()) * static_cast<int64_t>(c10::elementSize(dtype));
+  return std::max<int64_t>(1, round_bytes_ / per_rank);
+}
+
+void ShardedAdamW::reduce_bucket(Shard& s) {
+  at::NoGradGuard no_grad;
+  // In rounds of at most round_bytes_ packed per rank: a bucket far larger than the
+  // others (one parameter, such as a 248,320-row embedding) is never packed or received
+  // whole, which would hold two more copies of its gradient. The bytes are those of one
+  // reduce-scatter of the whole bucket.
+  const int64_t per_round = elements_per_round(master_dtype_);
+  ensure_grad(s);
+  for (int64_t first = 0; first < s.shard; first += per_round) {
+    const int64_t n = std::min(per_round, s.shard - first);
+    s.grad.narrow(0, first, n).add_(dist::reduce_scatter(pack_grad_round(s, first, n), *world_));
+  }
+  for (size_t i : s.bucket.params) model_[i].second.mutable_grad().reset();  // reduced: the memory goes back now
+}
+
+const std::vector<size_t>& ShardedAdamW::unit_shards(int unit) const {
+  static const std::vector<size_t> none;
+  return unit >= 0 && static_cast<size_t>(unit) < unit_buckets_.size() ? unit_buckets_[unit] : none;
+}
+
+const ShardUnitUse& ShardedAdamW::use_of(int unit) const {
+  static const ShardUnitUse layer;
+  return unit >= 0 && static_cast<size_t>(unit) < uses_.size() ? uses_[unit] : layer;
+}
+
+void ShardedAdamW::reduce_unit(int unit) {
+  if (!use_of(unit).dense_gradient) return;
+  for (size_t b : unit_shards(unit)) reduce_bucket(shards_[b]);
+}
+
+void ShardedAdamW::ensure_grad(Shard& s) const {
+  if (!s.grad.defined()) s.grad = at::zeros({s.shard}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
+}
+
+bool ShardedAdamW::is_lookup_unit(int unit) const {
+  return level_ != ShardLevel::optimizer && use_of(unit).lookup_rows && !unit_shards(unit).empty();
+}
+
+const at::Tensor& ShardedAdamW::lookup_table(int unit) const {
+  return model_[shards_[unit_shards(unit).front()].bucket.params.front()].second;
+}
+
+void ShardedAdamW::keep_lookup_rows(int unit, const at::Tensor& token_ids, const at::Tensor& rows) {
+  MMSP_CHECK(is_lookup_unit(unit),
+             "ShardedAdamW: unit ", unit, " handed over lookup gradient rows, but it is not a lookup unit");
+  MMSP_CHECK(token_ids.dim() == 1 && rows.dim() == 2 && rows.size(0) == token_ids.size(0),
+             "ShardedAdamW: lookup rows ", rows.sizes(), " for token ids ", token_ids.sizes(),
+             " (want [n, h] and [n])");
+  if (lookup_rows_.size() <= static_cast<size_t>(unit)) lookup_rows_.resize(unit + 1);
+  lookup_rows_[unit].push_back(LookupRows{token_ids.to(at::kLong), rows.detach()});
+}
+
+namespace {
+
+// Adds rows[k] to row ids[k] of a [V, h] matrix whose flattened elements [first,
+// first + piece.numel()) are `piece` (a shard may start or end inside a row).
+void add_rows_to_piece(at::Tensor piece, int64_t first, int64_t h, const at::Tensor& ids, const at::Tensor& rows) {
+  const int64_t last = first + piece.numel();
+  const int64_t whole_begin = (first + h - 1) / h, whole_end = last / h;  // rows wholly inside
+  if (whole_begin < whole_end) {
+    const at::Tensor in = ((ids >= whole_begin) & (ids < whole_end)).nonzero().squeeze(1);
+    piece.narrow(0, whole_begin * h - first, (whole_end - whole_begin) * h)
+        .view({whole_end - whole_begin, h})
+        .index_add_(0, ids.index_select(0, in) - whole_begin, rows.index_select(0, in).to(piece.scalar_type()));
+  }
+  // The rows cut by the piece's ends: their part inside it.
+  std::vector<int64_t> cut;
+  if (first % h != 0) cut.push_back(first / h);
+  if (last % h != 0 && (cut.empty() || cut[0] != last / h)) cut.push_back(last / h);
+  for (int64_t row : cut) {
+    const int64_t begin = std::max(first, row * h), end = std::min(last, (row + 1) * h);
+    if (begin >= end) continue;
+    const at::Tensor in = (ids == row).nonzero().squeeze(1);
+    if (in.numel() == 0) continue;
+    const at::Tensor sum = rows.index_select(0, in).to(piece.scalar_type()).sum(0);
+    piece.narrow(0, begin - first, end - begin).add_(sum.narrow(0, begin - row * h, end - begin));
+  }
+}
+
+}  // namespace
+
+void ShardedAdamW::add_lookup_rows(int unit) {
+  at::NoGradGuard no_grad;
+  const std::vector<size_t>& buckets = unit_shards(unit);
+  const at::Tensor& weight = lookup_table(unit);
+  MMSP_CHECK(weight.dim() == 2, "ShardedAdamW: lookup unit ", unit, " has a ", weight.dim(),
+             "-d weight; a token lookup reads a [V, h] table");
+  const int64_t h = weight.size(1);
+  std::vector<LookupRows> mine = unit < static_cast<int>(lookup_rows_.size()) ? std::move(lookup_rows_[unit])
+                                                                               : std::vector<LookupRows>{};
+  at::Tensor ids = at::empty({0}, at::kLong), rows = at::empty({0, h}, weight.options().requires_grad(false));
+  if (!mine.empty()) {
+    std::vector<at::Tensor> all_ids, all_rows;
+    for (const LookupRows& l : mine) all_ids.push_back(l.ids), all_rows.push_back(l.rows.to(weight.scalar_type()));
+    ids = at::cat(all_ids), rows = at::cat(all_rows);
+  }
+  MMSP_CHECK(rows.size(1) == h, "ShardedAdamW: lookup rows of width ", rows.size(1), " for a table of width ", h);
+  // Every rank's rows: the counts first (they may differ), then ids and rows.
+  const std::vector<int64_t> ones(world_->size(), 1);
+  const at::Tensor counts_t = dist::all_gather_v(at::full({1}, ids.size(0), at::kLong), ones, world_);
+  const std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + counts_t.numel());
+  const at::Tensor world_ids = dist::all_gather_v(ids, counts, world_);
+  const at::Tensor world_rows = dist::all_gather_v(rows, counts, world_);
+  for (size_t b : buckets) ensure_grad(shards_[b]);
+  for (const ShardPiece& piece : pieces_)
+    if (shards_[piece.bucket].bucket.unit == unit && model_[piece.param].second.is_same(weight))
+      add_rows_to_piece(shards_[piece.bucket].grad.narrow(0, piece.shard_offset, piece.length), piece.param_offset,
+                        h, world_ids, world_rows);
+}
+
+void ShardedAdamW::gather_unit(int unit) {
+  for (size_t b : unit_shards(unit)) gather_into_model(shards_[b]);
+}
+
+void ShardedAdamW::prefetch_unit(int unit) {
+  if (!frees_weights() || !use_of(unit).prefetched) return;
+  for (size_t b : unit_shards(unit)) start_gather(shards_[b]);
+}
+
+void ShardedAdamW::release_unit(int unit) {
+  for (size_t b : unit_shards(unit)) release(shards_[b]);
+}
+
+void ShardedAdamW::start_gather(Shard& s) {
+  if (s.gathered || s.prefetch.in_flight()) return;
+  at::NoGradGuard no_grad;
+  s.incoming = at::empty({s.shard * world_->size()},
+                         at::TensorOptions().dtype(s.bucket.dtype).device(s.bucket.device));
+  s.prefetch = dist::all_gather_into_async(s.master.to(s.bucket.dtype), s.incoming, world_);
+}
+
+void ShardedAdamW::gather_into_model(Shard& s) {
+  if (s.gathered) return;
+  at::NoGradGuard no_grad;
+  for (size_t i : s.bucket.params) allocate_storage(model_[i].second);
+  if (!s.incoming.defined()) {
+    gather_in_rounds(s);  // not prefetched: gather now
+  } else {
+    s.prefetch.wait();
+    unpack_bucket_range(model_, s.bucket, 0, s.incoming);  // the padding past the bucket's end dropped
+    s.incoming = at::Tensor();
+  }
+  s.gathered = true;
+}
+
+void ShardedAdamW::gather_in_rounds(Shard& s) {
+  // At most round_bytes_ gathered per round, straight into the model: neither the whole
+  // bucket, nor its shard in the model's dtype, nor the flat copy Gloo's all-gather
+  // makes of its whole output is held at once (each would be a lone 248,320-row
+  // embedding's 485 MiB in bf16, or a share of it). The bytes are those of one gather.
+  const int64_t P = world_->size(), per_round = elements_per_round(s.bucket.dtype);
+  for (int64_t first = 0; first < s.shard; first += per_round) {
+    const int64_t n = std::min(per_round, s.shard - first);
+    at::Tensor rows = at::empty({P * n}, at::TensorOptions().dtype(s.bucket.dtype).device(s.bucket.device));
+    dist::all_gather_into(s.master.narrow(0, first, n).to(s.bucket.dtype), rows, *world_);
+    for (int64_t r = 0; r < P; ++r)
+      unpack_bucket_range(model_, s.bucket, r * s.shard + first, rows.narrow(0, r * n, n));
+  }
+}
+
+void ShardedAdamW::release(Shard& s) {
+  if (!frees_weights() || !s.gathered) return;
+  for (size_t i : s.bucket.params) free_storage(model_[i].second);
+  s.gathered = false;
+}
+
+void ShardedAdamW::refresh_model(Shard& s) {
+  // The model's copy of the bucket is stale: stages 1 and 2 gather it now; stage 3
+  // frees it (if it was not) and gathers it before its next use. A prefetched gather
+  // not consumed (a step that failed midway) holds the old weights: dropped.
+  s.prefetch.wait();
+  s.incoming = at::Tensor();
+  if (frees_weights()) {
+    release(s);
+    return;
+  }
+  s.gathered = false;
+  gather_into_model(s);
+}
+
+void ShardedAdamW::gather_step_weights() {
+  for (Shard& s : shards_)
+    if (s.bucket.unit < 0) gather_into_model(s);
+}
+
+void ShardedAdamW::gather_all() {
+  for (Shard& s : shards_) gather_into_model(s);
+}
+
+void ShardedAdamW::release_gathered() {
+  for (Shard& s : shards_) release(s);
+}
+
+double ShardedAdamW::step(double max_norm) {
+  at::NoGradGuard no_grad;
+  // What the backward's hooks did not reduce yet (stage 1: everything), in bucket order
+  // on every rank; a gradient that reached a layer after its hook is a bug in the hooks.
+  std::vector<at::Tensor> grads;  // [shard] per bucket: the world's sum
+  for (Shard& s : shards_) {
+    const bool dense = level_ == ShardLevel::optimizer || use_of(s.bucket.unit).dense_gradient;
+    if (!s.grad.defined() && dense)
+      reduce_bucket(s);
+    else
+      for (size_t i : s.bucket.params)
+        MMSP_CHECK(!model_[i].second.grad().defined(), "ShardedAdamW: the gradient of \"", model_[i].first, "\" ",
+                   dense ? "arrived after its unit's gradients were reduced"
+                         : "is dense, but its unit's only gradient is the token lookup's rows");
+  }
+  // The lookups' rows, in unit order on every rank (each rank takes part, with or
+  // without rows of its own).
+  if (level_ != ShardLevel::optimizer)
+    for (size_t unit = 0; unit < uses_.size(); ++unit)
+      if (is_lookup_unit(static_cast<int>(unit))) add_lookup_rows(static_cast<int>(unit));
+  lookup_rows_.clear();
+  for (Shard& s : shards_) {
+    ensure_grad(s);  // a unit without a dense gradient, and no lookup
+    grads.push_back(s.grad);
+  }
+  const double norm = global_norm(grads);
+  if (max_norm > 0 && norm > max_norm)
+    for (at::Tensor& g : grads) g.mul_(max_norm / (norm + 1e-6));  // clip_grad_norm's scale
+  ++steps_;
+  // torch::optim::AdamW's update, element for element.
+  const double lr = options_.lr, beta1 = options_.beta1, beta2 = options_.beta2;
+  const double correction1 = 1 - std::pow(beta1, static_cast<double>(steps_));
+  const double correction2 = 1 - std::pow(beta2, static_cast<double>(steps_));
+  // Decoupled decay, on the matrices only: piece by piece (no per-element mask: it was
+  // one more byte per parameter of state).
+  if (options_.weight_decay != 0)
+    for (const ShardPiece& piece : pieces_)
+      if (model_[piece.param].second.dim() >= 2)
+        shards_[piece.bucket].master.narrow(0, piece.shard_offset, piece.length).mul_(1 - lr * options_.weight_decay);
+  for (size_t b = 0; b < shards_.size(); ++b) {
+    Shard& s = shards_[b];
+    // Elementwise, so a slice at a time gives the numbers of one pass.
+    for (int64_t first = 0; first < s.shard; first += kUpdateSlice) {
+      const int64_t n = std::min(kUpdateSlice, s.shard - first);
+      at::Tensor master = s.master.narrow(0, first, n), exp_avg = s.exp_avg.narrow(0, first, n),
+                 exp_avg_sq = s.exp_avg_sq.narrow(0, first, n);
+      const at::Tensor g = grads[b].narrow(0, first, n);
+      exp_avg.mul_(beta1).add_(g, 1 - beta1);
+      exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2);
+      const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(correction2)).add_(options_.eps);
+      master.addcdiv_(exp_avg, denom, -lr / correction1);
+    }
+    refresh_model(s);
+  }
+  return norm;
+}
+
+void ShardedAdamW::load(int64_t steps_taken, const StateReader& read) {
+  MMSP_CHECK(steps_taken >= 0, "ShardedAdamW::load: steps_taken ", steps_taken, " must be ≥ 0");
+  at::NoGradGuard no_grad;
+  // Read everything first: a refused piece leaves the state as it was.
+  std::vector<std::array<at::Tensor, 3>> loaded;
+  for (const ShardPiece& piece : pieces_) {
+    std::array<at::Tensor, 3> three;
+    for (ShardTensor which : {ShardTensor::master, ShardTensor::exp_avg, ShardTensor::exp_avg_sq}) {
+      at::Tensor t = read(model_[piece.param].first, which, piece.param_offset, piece.length);
+      MMSP_CHECK(t.defined() && t.numel() == piece.length, "ShardedAdamW::load: \"", model_[piece.param].first,
+                 "\" elements [", piece.param_offset, ", ", piece.param_offset + piece.length, "): got ",
+                 t.defined() ? t.numel() : 0, " values");
+      three[static_cast<int>(which)] = t.reshape({-1});
+    }
+    loaded.push_back(three);
+  }
+  for (size_t k = 0; k < pieces_.size(); ++k)
+    for (ShardTensor which : {ShardTensor::master, ShardTensor::exp_avg, ShardTensor::exp_avg_sq})
+      piece(pieces_[k], which).copy_(loaded[k][static_cast<int>(which)]);
+  steps_ = steps_taken;
+  for (Shard& s : shards_) refresh_model(s);
+}
+
+int64_t ShardedAdamW::state_bytes() const {
+  int64_t bytes = 0;
+  for (const Shard& s : shards_) bytes += 3 * s.master.numel() * static_cast<int64_t>(s.master.element_size());
+  return bytes;
+}
+
+int64_t ShardedAdamW::step_bytes() const {
+  const int P = world_->size();
+  int64_t bytes = 0;
+  for (const Shard& s : shards_) {
+    const int64_t padded = s.shard * P;
+    if (level_ == ShardLevel::optimizer || use_of(s.bucket.unit).dense_gradient)
+      bytes += dist::shard_collective_bytes(padded * static_cast<int64_t>(s.master.element_size()), P);
+    const int64_t gather = dist::shard_collective_bytes(padded * static_cast<int64_t>(c10::elementSize(s.bucket.dtype)), P);
+    // stage 3 gathers a unit before each use: a decoder layer before its forward and
+    // before its backward, the head likewise (tied: and before the lookup), the untied
+    // embedding before its lookup
+    bytes += (level_ == ShardLevel::parameters && s.bucket.unit >= 0 ? use_of(s.bucket.unit).gathers : 1) * gather;
+  }
+  return bytes;
+}
+
+int64_t ShardedAdamW::lookup_row_bytes(int64_t max_tokens) const {
+  const int64_t P = world_->size();
+  int64_t bytes = 0;
+  for (size_t unit = 0; unit < uses_.size(); ++unit) {
+    if (!is_lookup_unit(static_cast<int>(unit))) continue;
+    const at::Tensor& weight = lookup_table(static_cast<int>(unit));
+    // all_gather_v sends its (padded) piece to each other rank: a count, then ids and rows
+    bytes += (P - 1) * (8 + max_tokens * (8 + weight.size(1) * static_cast<int64_t>(weight.element_size())));
+  }
+  return bytes;
+}
+
+}  // namespace mmsp::train

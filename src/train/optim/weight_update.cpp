@@ -1,0 +1,206 @@
+// The replicated and the sharded weight update; see weight_update.h.
+#include "mmsp/train/optim/weight_update.h"
+
+#include <ATen/ATen.h>
+#include <torch/optim/adamw.h>
+
+#include <filesystem>
+#include <unordered_map>
+#include <vector>
+
+#include "checkpoint/checkpoint_io.h"
+#include "mmsp/core/check.h"
+#include "mmsp/dist/all_reduce.h"
+#include "mmsp/train/optim/grad_clip.h"
+#include "mmsp/train/optim/grad_sync.h"
+#include "mmsp/train/optim/master_weights.h"
+#include "mmsp/train/checkpoint/sharded_checkpoint.h"
+
+namespace mmsp::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Every rank learns whether any failed; the error names the failing ranks. (The flag's
+// all-reduce has the group's timeout: no rank waits on a dead one for ever.)
+void agree_on_success(const std::string& error, const std::string& what, const dist::Mesh& mesh) {
+  const int world = mesh.world_size();
+  at::Tensor failed = at::zeros({world}, at::kDouble);
+  failed[mesh.rank()] = error.empty() ? 0.0 : 1.0;
+  dist::all_reduce_(failed, *mesh.world());
+  std::string ranks;
+  for (int r = 0; r < world; ++r)
+    if (failed[r].item<double>() != 0) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  MMSP_CHECK(ranks.empty(), what, " failed on rank ", ranks, error.empty() ? std::string() : ": " + error);
+}
+
+class ReplicatedUpdate : public WeightUpdate {
+ public:
+  ReplicatedUpdate(NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
+                   const dist::Mesh& mesh)
+      : masters_(std::move(model_params), master_dtype),
+        opt_(make_adamw(masters_.params(), options)),
+        sync_(masters_.params(), mesh.world()) {}
+
+  void load_weights(const model::HfDirectory& dir, const model::CheckpointNaming& naming) override {
+    model::load_hf_weights(dir, masters_.params(), naming);
+    masters_.copy_to_model();
+  }
+  void restore(const Checkpoint& checkpoint) override {
+    train::restore(checkpoint, masters_.params(), *opt_);
+    masters_.copy_to_model();
+  }
+  void set_lr(double lr) override { train::set_lr(*opt_, lr); }
+  void zero_grad() override { opt_->zero_grad(); }
+  double step(double clip_norm, dist::RankActivity& doing) override {
+    masters_.take_grads();
+    doing.set_phase("gradient sync");
+    sync_.all_reduce();
+    doing.set_phase("optimizer");
+    const double norm = clip_grad_norm(masters_.params(), clip_norm);
+    opt_->step();
+    masters_.copy_to_model();
+    return norm;
+  }
+  // Rank 0 writes the whole checkpoint.
+  void save(const std::string& dir, int64_t step, const nlohmann::json& state, const std::string& config_json,
+            CheckpointOptions options, const dist::Mesh& mesh, std::ostream& log) override {
+    std::string error;
+    if (mesh.rank() == 0) {
+      try {
+        save_checkpoint(dir, step, masters_.params(), *opt_, state, config_json, options);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    agree_on_success(error, "saving the checkpoint of step " + std::to_string(step) + " in " + dir, mesh);
+    if (mesh.rank() == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
+  }
+  NamedParams weights() const override { return masters_.params(); }
+  std::string describe() const override { return masters_.mixed() ? "fp32 master weights" : ""; }
+
+ private:
+  MasterWeights masters_;
+  std::unique_ptr<torch::optim::AdamW> opt_;
+  GradSync sync_;
+};
+
+class ShardedUpdate : public WeightUpdate {
+ public:
+  ShardedUpdate(ShardLevel level, NamedParams model_params, at::ScalarType master_dtype,
+                const AdamWOptions& options, const dist::Mesh& mesh, std::vector<int> unit_of,
+                std::vector<ShardUnitUse> uses)
+      : sharded_(std::move(model_params), master_dtype, options, mesh.world(), kDefaultBucketBytes, level,
+                 std::move(unit_of), std::move(uses)),
+        mixed_(master_dtype != sharded_.model_params().front().second.scalar_type()),
+        world_(mesh.world_size()) {}
+
+  void load_weights(const model::HfDirectory& dir, const model::CheckpointNaming& naming) override {
+    // Into the model, then its shards into the masters: exact when the file's dtype is
+    // the model's (Qwen's bf16 releases into a bf16 run), else rounded to the model's.
+    sharded_.gather_all();  // stage 3: memory to load into (the gathered values are overwritten)
+    model::load_hf_weights(dir, sharded_.model_params(), naming);
+    sharded_.copy_from_model();
+    sharded_.release_gathered();
+  }
+  std::shared_ptr<model::LayerHooks> layer_hooks() override { return sharded_.layer_hooks(); }
+  void gather_weights() override { sharded_.gather_all(); }
+  void restore(const Checkpoint& checkpoint) override { train::restore(checkpoint, sharded_); }
+  void set_lr(double lr) override { sharded_.set_lr(lr); }
+  void begin_step() override { sharded_.gather_step_weights(); }
+  void zero_grad() override { sharded_.zero_grad(); }
+  double step(double clip_norm, dist::RankActivity& doing) override {
+    doing.set_phase("optimizer (sharded)");
+    return sharded_.step(clip_norm);
+  }
+  // Each rank writes its shards into a staging dir; rank 0 then writes the rest and
+  // moves them into the step dir, under one checksums.json.
+  void save(const std::string& dir, int64_t step, const nlohmann::json& state, const std::string& config_json,
+            CheckpointOptions options, const dist::Mesh& mesh, std::ostream& log) override {
+    const std::string what = "saving the checkpoint of step " + std::to_string(step) + " in " + dir;
+    const std::string staging = shard_staging_dir(dir, step);
+    std::string error;
+    if (mesh.rank() == 0) {
+      try {
+        fs::create_directories(dir);
+        fs::remove_all(staging);
+        fs::create_directory(staging);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    agree_on_success(error, what, mesh);
+    sharded_.gather_all();  // stage 3: the hf/ weights go out whole (rank 0 writes them)
+    const int rank = mesh.rank(), world = mesh.world_size();
+    model::FileChecksum mine;
+    try {
+      checkpoint_io::DurableWriter writer(-1, kCheckpointCrashExitCode);
+      const std::string path = staging + "/" + optimizer_shard_file(rank, world);
+      writer.write_safetensors(path, optimizer_shard_tensors(sharded_),
+                               optimizer_shard_metadata(sharded_, rank, world));
+      mine = writer.checksums().at(path);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    agree_on_success(error, what, mesh);
+    // Every rank's checksum to rank 0: slot r is rank r's (the others add zeros).
+    at::Tensor sums = at::zeros({2 * world}, at::kLong);
+    sums[2 * rank] = static_cast<int64_t>(mine.size);
+    sums[2 * rank + 1] = static_cast<int64_t>(mine.xxh64);  // the bits, as int64
+    dist::all_reduce_(sums, *mesh.world());
+    if (rank == 0) {
+      options.optimizer_shards_staged = staging;
+      for (int r = 0; r < world; ++r)
+        options.optimizer_shard_checksums[optimizer_shard_file(r, world)] = {
+            static_cast<uint64_t>(sums[2 * r].item<int64_t>()), static_cast<uint64_t>(sums[2 * r + 1].item<int64_t>())};
+      try {
+        save_checkpoint(dir, step, sharded_.model_params(), state, config_json, options);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    sharded_.release_gathered();
+    agree_on_success(error, what, mesh);
+    if (rank == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
+  }
+  NamedParams weights() const override { return sharded_.model_params(); }
+  std::string describe() const override {
+    const char* what = sharded_.level() == ShardLevel::parameters ? "optimizer state, gradients and weights"
+                       : sharded_.level() == ShardLevel::gradients  ? "optimizer state and gradients"
+                                                                    : "optimizer state";
+    return std::string(mixed_ ? "fp32 master weights; " : "") + what + " sharded over " + std::to_string(world_) +
+           " ranks";
+  }
+
+ private:
+  ShardedAdamW sharded_;
+  bool mixed_;
+  int world_;
+};
+
+}  // namespace
+
+std::vector<int> unit_index_of(const NamedParams& params, const std::vector<model::HookUnit>& units) {
+  std::unordered_map<const c10::TensorImpl*, int> unit_of;
+  for (size_t unit = 0; unit < units.size(); ++unit)
+    for (const at::Tensor& t : units[unit].parameters) unit_of[t.unsafeGetTensorImpl()] = static_cast<int>(unit);
+  std::vector<int> out;
+  for (const auto& [name, p] : params) {
+    const auto it = unit_of.find(p.unsafeGetTensorImpl());
+    out.push_back(it == unit_of.end() ? -1 : it->second);
+  }
+  return out;
+}
+
+std::unique_ptr<WeightUpdate> make_weight_update(ShardLevel level, NamedParams model_params,
+                                                 at::ScalarType master_dtype, const AdamWOptions& options,
+                                                 const dist::Mesh& mesh, const std::vector<model::HookUnit>& units) {
+  if (level != ShardLevel::none) {
+    std::vector<int> unit_of = unit_index_of(model_params, units);
+    return std::make_unique<ShardedUpdate>(level, std::move(model_params), master_dtype, options, mesh,
+                                           std::move(unit_of), shard_unit_uses(units));
+  }
+  return std::make_unique<ReplicatedUpdate>(std::move(model_params), master_dtype, options, mesh);
+}
+
+}  // namespace mmsp::train
