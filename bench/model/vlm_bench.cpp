@@ -12,7 +12,7 @@
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/model/family.h"
-#include "mmsp/model/step_parallelism.h"
+#include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/model/vlm.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
 #include "mmsp/train/memory/memory_counter.h"
@@ -129,7 +129,7 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
     po.mesh = {1, shape.ring, shape.ulysses};
     const int context_rank = mesh.coords().ring * shape.ulysses + mesh.coords().ulysses;
     const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, po, context_rank);
-    const model::StepGroups groups{mesh.context(), mesh.ring(), mesh.ulysses()};
+    const parallel::StepGroups groups{mesh.context(), mesh.ring(), mesh.ulysses()};
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
       double seconds = 0;
       int64_t peak = 0;
@@ -144,10 +144,10 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
         const model::PixelInputs pixels = train::load_pixels(images, samples, batch, config,
                                                              train::pixels_encoded_here(plan, mode), at::kFloat);
         if (o.step) {
-          auto out = model::forward_step(vlm, batch, plan, pixels, groups, mode);
+          auto out = parallel::forward_step(vlm, batch, plan, pixels, groups, mode);
           train::causal_lm_loss(out.logits(), out.labels, out.label_count).backward();
         } else {
-          vlm.vision_rows(plan, pixels, model::vision_router(plan, groups.context, mode)).sum().backward();
+          vlm.vision_rows(plan, pixels, parallel::vision_router(plan, groups.context, mode)).sum().backward();
         }
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         seconds = run == 0 ? s : std::min(seconds, s);

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/vision_routing.h"
+#include "mmsp/model/vision_mode.h"
 
 namespace mmsp::train {
 namespace {

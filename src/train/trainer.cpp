@@ -24,7 +24,7 @@
 #include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/parameter_init.h"
 #include "mmsp/model/family.h"
-#include "mmsp/model/step_parallelism.h"
+#include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/model/vlm.h"
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/builtin_models.h"
@@ -366,7 +366,7 @@ struct StepLoop {
   dist::RankActivity& doing;
   PhaseTimer& phases;      // this run's time split, active on this thread
   MemoryCounter& memory;   // this run's tensor bytes
-  model::StepGroups groups;
+  parallel::StepGroups groups;
   plan::PlanOptions plan_options;
   attention::AttentionOptions attention;
   int64_t loss_chunk = 0;
@@ -401,7 +401,7 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   held_bytes = watch.held_bytes();
   run.update.begin_step();
   watch.phase("forward");
-  auto out = model::forward_step(run.vlm, batch, plan, pixels, run.groups, run.o.vision, run.attention);
+  auto out = parallel::forward_step(run.vlm, batch, plan, pixels, run.groups, run.o.vision, run.attention);
   // The head through the decoder: --shard parameters gathers its weight around the loss.
   at::Tensor loss = run.vlm.decoder().apply_head(
       [&](const at::Tensor& hidden, const at::Tensor& weight) {

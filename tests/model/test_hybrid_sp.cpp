@@ -16,7 +16,7 @@
 #include "gated_delta_reference.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/family.h"
-#include "mmsp/model/step_parallelism.h"
+#include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
 #include "multirank.h"
@@ -77,7 +77,7 @@ plan::Batch vision_batch() {
 using Result = test::StepResult;
 
 Result run_vlm(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
-               const model::StepGroups& groups, const dist::GroupPtr& world) {
+               const parallel::StepGroups& groups, const dist::GroupPtr& world) {
   at::manual_seed(7);  // the batch's pixels, identical everywhere
   const model::PixelInputs pixels{at::randn({16 + 12, 24}, at::kDouble), at::randn({16, 24}, at::kDouble)};
   at::manual_seed(42);
@@ -86,7 +86,7 @@ Result run_vlm(const model::ModelConfig& config, const plan::Batch& batch, const
   attention::AttentionOptions attn;
   attn.block_q = 8;
   attn.block_k = 8;
-  auto out = model::forward_step(*vlm, batch, plan, pixels, groups, model::VisionMode::routed, attn);
+  auto out = parallel::forward_step(*vlm, batch, plan, pixels, groups, model::VisionMode::routed, attn);
   Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);
   loss.backward();
   return test::summed_over(*vlm, loss, world);

@@ -22,7 +22,7 @@
 #include "mmsp/model/families/internvl/internvl_projector.h"
 #include "mmsp/model/families/internvl/pixel_shuffle.h"
 #include "mmsp/model/family.h"
-#include "mmsp/model/step_parallelism.h"
+#include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
 #include "multirank.h"
@@ -360,7 +360,7 @@ TEST(InternVLModel, OneProcessLossAndEveryGradientEqualTransformers) {
         item.value().add_(at::randn_like(item.value()));
       }
     const Tensor tiles = at::randn({kTiles, 3, 8, 8}, at::kDouble);
-    auto out = model::forward_step(vlm, batch, whole, {tiles, {}}, {solo, solo, solo}, model::VisionMode::routed);
+    auto out = parallel::forward_step(vlm, batch, whole, {tiles, {}}, {solo, solo, solo}, model::VisionMode::routed);
     const Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);
     loss.backward();
     Params ref;
@@ -437,14 +437,14 @@ TEST(InternVLBadInput, TileCountsThatDoNotMatchThePlaceholdersAreRefusedBeforeAn
   auto built = model::build_vlm(config);
   model::Vlm& vlm = *built;
   try {
-    model::forward_step(vlm, good, whole, {at::randn({kTiles, 3, 16, 16}), {}}, {solo, solo, solo}, model::VisionMode::routed);
+    parallel::forward_step(vlm, good, whole, {at::randn({kTiles, 3, 16, 16}), {}}, {solo, solo, solo}, model::VisionMode::routed);
     ADD_FAILURE() << "16-pixel tiles were accepted by an 8-pixel tower";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("InternVL tiles must be [N, 3, 8, 8] with N = 6 (the image_grid_thw tile counts of the images held here), got [6, 3, 16, 16]"));
   }
   // The vision part alone checks the same from the plan (the Vlm interface passes no batch).
   try {
-    vlm.vision_rows(whole, {at::randn({kTiles - 1, 3, 8, 8}), {}}, model::vision_router(whole, solo, model::VisionMode::routed));
+    vlm.vision_rows(whole, {at::randn({kTiles - 1, 3, 8, 8}), {}}, parallel::vision_router(whole, solo, model::VisionMode::routed));
     ADD_FAILURE() << "5 tiles were accepted for 6";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("InternVL tiles must be [N, 3, 8, 8] with N = 6 (the image_grid_thw tile counts of the images held here), got [5, 3, 8, 8]"));
@@ -454,7 +454,7 @@ TEST(InternVLBadInput, TileCountsThatDoNotMatchThePlaceholdersAreRefusedBeforeAn
 namespace {
 
 test::StepResult run_internvl(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
-                              const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
+                              const parallel::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
                               at::ScalarType dtype) {
   at::manual_seed(13);  // the tiles, identical everywhere
   const model::PixelInputs pixels{at::randn({kTiles, 3, 8, 8}, dtype), {}};
@@ -464,7 +464,7 @@ test::StepResult run_internvl(const model::ModelConfig& config, const plan::Batc
   attention::AttentionOptions attn;
   attn.block_q = 8;
   attn.block_k = 8;
-  auto out = model::forward_step(*vlm, batch, plan, pixels, groups, mode, attn);
+  auto out = parallel::forward_step(*vlm, batch, plan, pixels, groups, mode, attn);
   Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);
   loss.backward();
   return test::summed_over(*vlm, loss, world);

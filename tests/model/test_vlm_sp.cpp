@@ -13,7 +13,7 @@
 
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/family.h"
-#include "mmsp/model/step_parallelism.h"
+#include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
 #include "mmsp/model/safetensors.h"
@@ -153,7 +153,7 @@ std::pair<int, int> whole_and_split(const plan::StepPlan& plan) {
 // One step of Model on this rank with the same seeds everywhere; loss and every
 // parameter gradient summed over `world`.
 Result run_model(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
-                 const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
+                 const parallel::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
                  const model::PixelInputs& pixels, at::ScalarType dtype) {
   at::manual_seed(42);
   auto vlm = model::build_vlm(config);
@@ -161,14 +161,14 @@ Result run_model(const model::ModelConfig& config, const plan::Batch& batch, con
   attention::AttentionOptions attn;
   attn.block_q = 8;
   attn.block_k = 8;
-  auto out = model::forward_step(*vlm, batch, plan, pixels, groups, mode, attn);
+  auto out = parallel::forward_step(*vlm, batch, plan, pixels, groups, mode, attn);
   Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);
   loss.backward();
   return test::summed_over(*vlm, loss, world);
 }
 
 Result run(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
-           const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
+           const parallel::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
            at::ScalarType dtype = at::kDouble) {
   int64_t image_patches = 0, video_patches = 0;
   for (const plan::Sequence& s : batch.sequences) {
@@ -316,7 +316,7 @@ TEST(QwenVlWeights, RoundTripGivesIdenticalOutputs) {
   at::manual_seed(7);
   model::PixelInputs pixels{at::randn({16 + 12, 24}), at::randn({16, 24})};
   auto logits_of = [&](const model::Vlm& m) {
-    return model::forward_step(m, batch, plan, pixels, {solo, solo, solo}, model::VisionMode::routed).logits().detach();
+    return parallel::forward_step(m, batch, plan, pixels, {solo, solo, solo}, model::VisionMode::routed).logits().detach();
   };
   at::manual_seed(1);
   auto a_ptr = model::build_vlm(config);
@@ -375,7 +375,7 @@ plan::Batch llava_batch(int rows = 16) {
 }
 
 Result run_llava(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
-                 const model::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
+                 const parallel::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
                  at::ScalarType dtype = at::kDouble) {
   at::manual_seed(9);
   const model::PixelInputs pixels{at::randn({4, 3, 8, 8}, dtype), {}};
@@ -452,7 +452,7 @@ TEST(LlavaFull, ClassTokenRowThenTheDefaultRows) {
     llava->to(at::kDouble);
     at::manual_seed(9);
     const model::PixelInputs pixels{at::randn({4, 3, 8, 8}, at::kDouble), {}};
-    return llava->vision_rows(plan, pixels, model::vision_router(plan, solo, model::VisionMode::routed)).detach();
+    return llava->vision_rows(plan, pixels, parallel::vision_router(plan, solo, model::VisionMode::routed)).detach();
   };
   const at::Tensor def = rows_of("default", 16), full = rows_of("full", 17);
   ASSERT_EQ(def.size(0), 4 * 16);

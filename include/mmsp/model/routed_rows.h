@@ -1,6 +1,6 @@
 // The contract between the VLM step and the vision routing, without the routing itself:
 // the step hands the router a way to encode items, the router (made outside the model,
-// vision_routing.h) decides which items this rank encodes, moves the rows over the
+// parallel/vision_routing.h) decides which items this rank encodes, moves the rows over the
 // context group and returns the rows this rank's placeholder slots receive.
 #pragma once
 

@@ -2,7 +2,7 @@
 // (vision_tower.h), joined by the one copy of the step. The step never sees a process
 // group: the decoder's attention (planned once per step from this rank's shares) and the
 // router of the vision rows come in from outside as StepParallelism (made by
-// step_parallelism.h for the trainer, the benchmarks and the tests). A family is built by
+// parallel/step_parallelism.h for the trainer, the benchmarks and the tests). A family is built by
 // its registry entry (family.h), which names the parameters as its checkpoints do
 // (torch::nn::Module's named_parameters()); the trainer never asks which family it is.
 #pragma once

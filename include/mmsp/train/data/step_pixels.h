@@ -12,7 +12,7 @@
 
 #include "mmsp/model/config.h"
 #include "mmsp/model/pixel_inputs.h"
-#include "mmsp/model/vision_routing.h"
+#include "mmsp/model/vision_mode.h"
 #include "mmsp/plan/sequence.h"
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/data/dataset.h"

@@ -1,6 +1,6 @@
 // The three vision modes; see vision_routing.h. Where rows go is read off the plan's
 // routes: nothing here searches token ids.
-#include "mmsp/model/vision_routing.h"
+#include "mmsp/parallel/vision_routing.h"
 
 #include <ATen/ATen.h>
 
@@ -8,7 +8,13 @@
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/all_to_all_v.h"
 
-namespace mmsp::model {
+namespace mmsp::parallel {
+
+using model::EncodeItems;
+using model::RoutedRows;
+using model::VisionMode;
+using model::VisionRouter;
+
 namespace {
 
 at::Tensor index_tensor(const std::vector<int64_t>& values) {
@@ -16,23 +22,6 @@ at::Tensor index_tensor(const std::vector<int64_t>& values) {
 }
 
 }  // namespace
-
-VisionMode parse_vision_mode(const std::string& name) {
-  if (name == "routed") return VisionMode::routed;
-  if (name == "gather") return VisionMode::gather;
-  if (name == "replicate") return VisionMode::replicate;
-  MMSP_CHECK(false, "vision mode '", name, "' must be routed, gather or replicate");
-  return VisionMode::routed;
-}
-
-const char* to_string(VisionMode mode) {
-  switch (mode) {
-    case VisionMode::routed: return "routed";
-    case VisionMode::gather: return "gather";
-    case VisionMode::replicate: return "replicate";
-  }
-  return "?";
-}
 
 RoutedRows route_vision_rows(const plan::StepPlan& plan, const EncodeItems& encode,
                              const dist::GroupPtr& context, VisionMode mode) {
@@ -90,4 +79,4 @@ VisionRouter vision_router(const plan::StepPlan& plan, dist::GroupPtr context, V
   };
 }
 
-}  // namespace mmsp::model
+}  // namespace mmsp::parallel
