@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "mmsp/core/check.h"
+#include "mmsp/dist/flag_agreement.h"
 #include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/mesh.h"
 
@@ -17,7 +18,7 @@ struct MeshFlags {
   int ring = 1;
   int ulysses = 0;  // 0: whatever the world size leaves after dp × ring
   double timeout_s = 300;
-  double heartbeat_timeout_s = 30;
+  double heartbeat_timeout_s = 10;
 
   void add_to(CLI::App& app) {
     // Ranges are checked in check() with messages that state the rule.
@@ -54,9 +55,15 @@ struct MeshFlags {
     return s;
   }
 
-  dist::MeshOptions options() const {
+  // The mesh's options; `agreed`: the command's own flags that every rank must share
+  // (the mesh's shape, timeouts and mmsp's build are added here).
+  dist::MeshOptions options(dist::AgreedFlags agreed = {}) const {
     dist::MeshOptions o;
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    o.agreed = {{"mmsp build", MMSP_BUILD_ID},
+                {"--timeout", dist::exact_number(timeout_s)},
+                {"--heartbeat-timeout", dist::exact_number(heartbeat_timeout_s)}};
+    o.agreed.insert(o.agreed.end(), agreed.begin(), agreed.end());
     return o;
   }
 

@@ -13,6 +13,7 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/dist/rendezvous.h"
+#include "mmsp/dist/startup_deadline.h"
 
 namespace mmsp::dist {
 namespace {
@@ -46,16 +47,27 @@ std::string group_name(MeshAxis axis, const plan::RankCoords& c) {
 }  // namespace
 
 c10::intrusive_ptr<c10d::Store> Mesh::open_store(const RankEnv& env,
-                                                 std::chrono::milliseconds timeout) {
-  return join_rendezvous(env, timeout);
+                                                 std::chrono::milliseconds timeout,
+                                                 const AgreedFlags& agreed) {
+  StartupDeadline deadline(env.rank, timeout,
+                           env.master_addr + ":" + std::to_string(env.master_port), "opening the rendezvous");
+  return join_rendezvous(env, timeout, agreed, &deadline);
 }
 
 Mesh Mesh::connect(const RankEnv& env, const plan::Mesh& shape, const MeshOptions& options) {
   plan::validate_mesh(shape, env.world_size);  // before any connection, on every rank
   // One rank has no peer to meet: no store, no port (two single-rank jobs on one host
   // would otherwise fight over MASTER_PORT's default).
+  MMSP_CHECK(env.world_size > 1 || options.refusal.empty(), options.refusal);
   if (env.world_size == 1) return create(c10::intrusive_ptr<c10d::Store>(), env, shape, options, "mesh");
-  return create(open_store(env, options.timeout), env, shape, options, "mesh");
+  // One deadline for the whole start-up: the rendezvous, then the groups' connections.
+  StartupDeadline deadline(env.rank, options.timeout,
+                           env.master_addr + ":" + std::to_string(env.master_port), "opening the rendezvous");
+  AgreedFlags agreed = options.agreed;
+  agreed.emplace_back("--dp × --ring × --ulysses (the mesh)", shape.str());
+  auto store = join_rendezvous(env, options.timeout, agreed, &deadline, options.refusal);
+  deadline.stage("connecting the process groups");
+  return create(store, env, shape, options, "mesh");
 }
 
 Mesh Mesh::create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env,

@@ -13,6 +13,7 @@
 
 #include "mmsp/compat/quiet_c10_log.h"
 #include "mmsp/core/check.h"
+#include "mmsp/dist/startup_deadline.h"
 
 namespace mmsp::dist {
 namespace {
@@ -53,8 +54,13 @@ std::string run_id_of(const RankEnv& env) {
   return concat(env.master_addr, ":", env.master_port, "/", env.world_size);
 }
 
-c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono::milliseconds timeout,
+                                                const AgreedFlags& flags, StartupDeadline* watchdog,
+                                                const std::string& refusal) {
   const auto deadline = Clock::now() + timeout;
+  const auto stage = [watchdog](const char* what) {
+    if (watchdog) watchdog->stage(what);
+  };
   const std::string where = concat(env.master_addr, ":", env.master_port);
   const std::string id = run_id_of(env);
   c10d::TCPStoreOptions opts;
@@ -64,6 +70,7 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono:
   opts.waitWorkers = false;  // we wait ourselves, with a deadline and the names of the missing
   opts.timeout = timeout;
   c10::intrusive_ptr<c10d::Store> store;
+  stage(env.rank == 0 ? "opening the job's store" : StartupDeadline::kConnecting);
   try {
     const compat::QuietC10Log quiet;  // the failure is reported below, in one line
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
@@ -79,6 +86,7 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono:
   const std::string mine = "mmsp/" + id + "/";
   try {
     // The run id: rank 0 writes it, every other rank must find its own there.
+    stage("reading the run id from rank 0's store");
     if (env.rank == 0) {
       store->set("mmsp/run_id", bytes(id));
     } else {
@@ -97,7 +105,10 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono:
     MMSP_CHECK(seen == 1, "rank ", env.rank, " joined run '", id, "' at ", where,
                " a second time: two processes were started as RANK ", env.rank,
                " (two jobs with one MASTER_PORT and run id? give each its own port or MMSP_RUN_ID)");
+    store->set(mine + "flags/" + std::to_string(env.rank), bytes(encode_flags(flags)));
+    store->set(mine + "refusal/" + std::to_string(env.rank), bytes(refusal));
     store->add(mine + "joined", 1);
+    stage("waiting for every rank to join");
     while (store->add(mine + "joined", 0) < env.world_size) {
       if (store->check({mine + "failed"})) {
         const std::string verdict = text(store->get(mine + "failed"));
@@ -118,6 +129,27 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono:
         throw Error(verdict);
       }
       std::this_thread::sleep_for(kPoll);
+    }
+    // Every rank has posted its flags: each compares them all and reaches the same verdict.
+    stage("comparing the ranks' flags");
+    std::vector<AgreedFlags> all(env.world_size);
+    for (int r = 0; r < env.world_size; ++r)
+      if (!decode_flags(text(store->get(mine + "flags/" + std::to_string(r))), all[r])) all[r] = {{"(unreadable)", ""}};
+    std::string disagreement;
+    for (int r = 0; r < env.world_size && disagreement.empty(); ++r) {
+      const std::string theirs = text(store->get(mine + "refusal/" + std::to_string(r)));
+      if (!theirs.empty()) disagreement = concat("rank ", r, " cannot start: ", theirs);
+    }
+    store->add(mine + "flags_read", 1);
+    if (disagreement.empty()) disagreement = flag_disagreement(all);
+    if (!disagreement.empty()) {
+      // Rank 0 serves the store until every rank has read the flags (bounded).
+      if (env.rank == 0) {
+        const auto until = Clock::now() + std::chrono::seconds(2);
+        while (store->add(mine + "flags_read", 0) < env.world_size && Clock::now() < until)
+          std::this_thread::sleep_for(kPoll);
+      }
+      throw Error(disagreement);
     }
   } catch (const Error&) {
     throw;

@@ -3,7 +3,11 @@
 #  1. a rank that never starts: the others end within --timeout + 5 s (+ 5 s for a loaded
 #     machine, counted from their launch), exit 2, naming it;
 #  2. mmsp-run killed by SIGKILL during a --quiet train: every rank is gone within 5 s;
-#  3. two jobs on one MASTER_PORT: each ends 0 or with a clear error, never crossed.
+#  3. two jobs on one MASTER_PORT: each ends 0 or with a clear error, never crossed;
+#  4. MASTER_PORT held by a process that accepts and never answers: the rank ends within
+#     --timeout + 5 s, exit 2, naming what it waited for;
+#  5. rank 0 stopped (SIGSTOP) while it serves the rendezvous: ranks 1-3 end within
+#     --timeout + 5 s, exit 2; rank 0, continued later, ends at once.
 # Usage: reliability.sh BUILD_DIR
 set -u
 build=$1
@@ -119,6 +123,61 @@ wait $b1; sb=$?
 grep -q "rank 1 of run 'job-B' reached the rendezvous of run 'job-A'" "$work/jobB.1.log" ||
   fail "job B's rank 1 did not name the other run: $(tail -3 "$work/jobB.1.log")"
 kill $a0 2>/dev/null; wait $a0 2>/dev/null
+
+# --- 4. a silent listener on MASTER_PORT ------------------------------------------------
+port=$(free_port)
+python3 -c "import socket,time,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen(8); time.sleep(60)" "$port" &
+listener=$!
+pids+=($listener)
+sleep 0.5
+start=$(now)
+start_rank silent "$port" 1 2 train --ring 2 --steps 2 --timeout $timeout_s
+wait $!
+status=$?
+took=$(elapsed "$start")
+echo "silent listener: rank 1 exited $status after $took s: $(tail -1 "$work/silent.1.log")"
+[ $status = 2 ] || fail "silent listener: exit $status, not 2: $(tail -2 "$work/silent.1.log")"
+grep -q "rank 0 did not join within $timeout_s s: rank 1 is still connecting to rank 0's store at 127.0.0.1:$port" \
+  "$work/silent.1.log" || fail "silent listener: no clear message: $(tail -2 "$work/silent.1.log")"
+[ "$(echo "$took < $timeout_s + 5 + 5" | bc)" = 1 ] || fail "silent listener: took $took s"
+kill $listener 2>/dev/null
+
+# --- 5. rank 0 stopped while serving the rendezvous ------------------------------------
+port=$(free_port)
+start_rank stopped0 "$port" 0 4 selftest --timeout $timeout_s
+rank0=$!
+for _ in $(seq 100); do  # until rank 0 listens
+  (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
+  sleep 0.1
+done
+rank0_mmsp=$(pgrep -P $rank0 -x mmsp)  # start_rank runs it under timeout(1)
+[ -n "$rank0_mmsp" ] || fail "rank 0 stopped: no mmsp process under $rank0"
+kill -STOP $rank0_mmsp
+start=$(now)
+started=()
+for r in 1 2 3; do
+  start_rank stopped0 "$port" $r 4 selftest --timeout $timeout_s
+  started+=("$r:$!")
+done
+for entry in "${started[@]}"; do
+  r=${entry%%:*} pid=${entry#*:}
+  wait "$pid"
+  status=$?
+  took=$(elapsed "$start")
+  log="$work/stopped0.$r.log"
+  echo "rank 0 stopped: rank $r exited $status after $took s: $(tail -1 "$log")"
+  [ $status = 2 ] || fail "rank 0 stopped: rank $r exited $status: $(tail -2 "$log")"
+  grep -q "rank 0 did not join within $timeout_s s" "$log" ||
+    fail "rank 0 stopped: rank $r gave no clear message: $(tail -2 "$log")"
+  [ "$(echo "$took < $timeout_s + 5 + 5" | bc)" = 1 ] || fail "rank 0 stopped: rank $r took $took s"
+done
+kill -CONT $rank0_mmsp
+start=$(now)
+wait $rank0
+status=$?
+echo "rank 0 continued: exited $status after $(elapsed "$start") s: $(tail -1 "$work/stopped0.0.log")"
+[ $status = 2 ] || fail "rank 0, continued, exited $status: $(tail -2 "$work/stopped0.0.log")"
+[ "$(echo "$(elapsed "$start") < 5" | bc)" = 1 ] || fail "rank 0, continued, took $(elapsed "$start") s"
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "reliability: all checks passed"

@@ -6,9 +6,12 @@
 #include <ATen/ATen.h>
 
 #include <set>
+#include <thread>
 
 #include "mmsp/core/check.h"
 #include "mmsp/dist/comm_stats.h"
+#include "mmsp/dist/flag_agreement.h"
+#include "mmsp/dist/startup_deadline.h"
 #include "mmsp/dist/group.h"
 #include "mmsp/plan/mesh.h"
 #include "mmsp/dist/rank_env.h"
@@ -18,6 +21,7 @@ using namespace mmsp;
 using namespace mmsp::dist;
 using mmsp::plan::MeshAxis;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Expects `fn` to throw mmsp::Error whose message contains `text`.
 template <typename Fn>
@@ -176,4 +180,74 @@ TEST(RingExchangeTest, ProtocolRefusesMisuse) {
     EXPECT_TRUE(got[0].equal(at::ones({2})));
     expect_error([&] { exchange.wait(); }, "wait() called twice");
   }
+}
+
+// --- the flags every rank must share (flag_agreement.h) -------------------------------
+
+TEST(FlagAgreement, EncodingRoundTripsAnyBytes) {
+  const AgreedFlags flags = {{"--lr", "0.001"}, {"--data", "a:b 3:c\n\t;=x"}, {"--save-dtype", ""}, {"", "7"}};
+  AgreedFlags back;
+  ASSERT_TRUE(decode_flags(encode_flags(flags), back));
+  EXPECT_EQ(back, flags);
+  ASSERT_TRUE(decode_flags("", back));
+  EXPECT_TRUE(back.empty());
+}
+
+TEST(FlagAgreement, MalformedTextIsRefusedNotRead) {
+  AgreedFlags out;
+  for (const std::string bad : {"4:--lr", "x:--lr5:0.001", "3:abc", "3:abc9999999999:x", ":a", "5:--lr5:0.001", "2:ab3"})
+    EXPECT_FALSE(decode_flags(bad, out)) << bad;
+}
+
+TEST(FlagAgreement, NamesEachDifferingFlagWithTheRanksOfEachValue) {
+  const AgreedFlags a = {{"--lr", "0.001"}, {"--dtype", "float32"}, {"--seed", "0"}};
+  AgreedFlags b = a, c = a;
+  b[0].second = "0.01";
+  c[1].second = "float64";
+  EXPECT_EQ(flag_disagreement({a, a, a}), "");
+  const std::string m = flag_disagreement({a, b, a, c});
+  EXPECT_THAT(m, HasSubstr("different flags: --lr is 0.001 on ranks 0, 2, 3 and 0.01 on rank 1; "
+                           "--dtype is float32 on ranks 0, 1, 2 and float64 on rank 3."));
+  EXPECT_THAT(m, Not(HasSubstr("--seed")));
+  EXPECT_THAT(m, HasSubstr("stopped before the first collective"));
+  AgreedFlags unset = a;
+  unset[2].second = "";
+  EXPECT_THAT(flag_disagreement({a, unset}), HasSubstr("--seed is 0 on rank 0 and (unset) on rank 1"));
+  // another mmsp build sends another list: named as such, not compared field by field
+  AgreedFlags shorter = {a[0]};
+  EXPECT_THAT(flag_disagreement({a, a, shorter}), HasSubstr("rank 2 sent another list of flags than rank 0"));
+}
+
+TEST(FlagAgreement, NumbersAreExactAndShort) {
+  EXPECT_EQ(exact_number(0.001), "0.001");
+  EXPECT_EQ(exact_number(1e-3), exact_number(0.001));
+  EXPECT_EQ(exact_number(0.1 + 0.2), "0.30000000000000004");
+  EXPECT_EQ(std::stod(exact_number(1.0 / 3.0)), 1.0 / 3.0);
+  EXPECT_EQ(exact_number(300), "300");
+}
+
+TEST(StartupDeadlineTest, MessagesNameTheRankTheStageAndThePlace) {
+  EXPECT_EQ(StartupDeadline::message(1, 5, StartupDeadline::kConnecting, "h:29500").substr(0, 87),
+            "rank 0 did not join within 5 s: rank 1 is still connecting to rank 0's store at h:29500");
+  EXPECT_THAT(StartupDeadline::message(2, 7.5, "waiting for every rank to join", "h:1"),
+              HasSubstr("rank 2: start-up did not finish within 7.5 s: still waiting for every rank to join at h:1"));
+}
+
+TEST(StartupDeadlineTest, ADisarmedDeadlineNeverFires) {
+  // Armed for 50 ms (+ the slack) and disarmed at once: the process goes on (were it to
+  // fire, it would end this test binary with status 2).
+  { StartupDeadline d(0, std::chrono::milliseconds(50), "h:1", "testing"); }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  SUCCEED();
+}
+
+TEST(StartupDeadlineDeathTest, StillArmedAtItsDeadlineItEndsTheProcessNamingTheStage) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        StartupDeadline d(3, std::chrono::milliseconds(100), "h:1", "testing the deadline");
+        std::this_thread::sleep_for(std::chrono::seconds(20));  // a call that never returns
+      },
+      ::testing::ExitedWithCode(kStartupExitCode),
+      "rank 3: start-up did not finish within 0.1 s: still testing the deadline at h:1");
 }

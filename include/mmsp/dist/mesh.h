@@ -8,6 +8,7 @@
 #include <string>
 
 #include "mmsp/dist/comm_stats.h"
+#include "mmsp/dist/flag_agreement.h"
 #include "mmsp/dist/group.h"
 #include "mmsp/dist/rank_env.h"
 #include "mmsp/plan/mesh.h"
@@ -25,6 +26,13 @@ struct MeshOptions {
   // Limit for the rendezvous and for every collective; a dead or stuck peer ends
   // the job with an error after at most this long instead of hanging.
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};
+  // What every rank must share, compared at the rendezvous before any group exists
+  // (flag_agreement.h); the mesh's shape is added by connect().
+  AgreedFlags agreed;
+  // Non-empty: this rank cannot start (a check only it can make failed, e.g. rank 0's
+  // --out lock). It still meets the others, so that every rank ends at once with this
+  // message instead of waiting for it until the timeout.
+  std::string refusal;
 };
 
 // The byte counters of a mesh: one CommStats per axis group, so what a step sent can
@@ -43,7 +51,8 @@ class MeshStats {
 class Mesh {
  public:
   // Rendezvous through a c10d TCPStore at env.master_addr:env.master_port that
-  // rank 0 hosts, then builds the groups.
+  // rank 0 hosts, then builds the groups; all within options.timeout (+ 2 s), whatever
+  // the peers do (startup_deadline.h), or the process ends naming what it waited for.
   static Mesh connect(const RankEnv& env, const plan::Mesh& shape, const MeshOptions& options = {});
 
   // Builds the groups over an existing store. `prefix` keeps meshes that share
@@ -59,7 +68,8 @@ class Mesh {
   // Opens the job's TCPStore (rank 0 serves it) and waits for every rank of the
   // same run (join_rendezvous in rendezvous.h).
   static c10::intrusive_ptr<c10d::Store> open_store(const RankEnv& env,
-                                                    std::chrono::milliseconds timeout);
+                                                    std::chrono::milliseconds timeout,
+                                                    const AgreedFlags& agreed = {});
 
   const plan::Mesh& shape() const { return shape_; }
   const plan::RankCoords& coords() const { return coords_; }

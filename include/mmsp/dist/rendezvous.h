@@ -9,6 +9,7 @@
 
 #include <c10/util/intrusive_ptr.h>
 
+#include "mmsp/dist/flag_agreement.h"
 #include "mmsp/dist/rank_env.h"
 
 namespace c10d {
@@ -16,6 +17,8 @@ class Store;
 }
 
 namespace mmsp::dist {
+
+class StartupDeadline;
 
 // The run id this rank joins with: env.run_id (MMSP_RUN_ID, which mmsp-run sets), else
 // "MASTER_ADDR:MASTER_PORT/WORLD_SIZE".
@@ -27,7 +30,15 @@ std::string run_id_of(const RankEnv& env);
 // the call (plus a second on rank 0, so that the others read the verdict):
 //   "rank 3 did not join within 10 s (3 of 4 ranks joined run '...' at host:port) ..."
 //   "rank 1 of run 'A' reached the rendezvous of run 'B' at host:port ..."
-// as mmsp::Error, never a c10 backtrace.
-c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono::milliseconds timeout);
+// as mmsp::Error, never a c10 backtrace. Each rank also posts `flags`; once all have
+// joined, every rank compares them and, when they differ, every rank throws the same
+// error naming each differing flag and its values by rank (flag_agreement.h).
+// `deadline` (optional) is told each stage, for its message if the store stops answering.
+// A non-empty `refusal` (this rank cannot start) ends every rank, once all have joined,
+// with "rank R cannot start: <refusal>" (the lowest such rank's).
+c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono::milliseconds timeout,
+                                                const AgreedFlags& flags = {},
+                                                StartupDeadline* deadline = nullptr,
+                                                const std::string& refusal = "");
 
 }  // namespace mmsp::dist

@@ -1,0 +1,31 @@
+// The flags every rank of a job must share (the resolved options that change the
+// numerics or the collectives' schedule: dtype, learning rate, mesh, sharding, ...),
+// compared once at the rendezvous, before any process group exists. A wrapper that
+// adds a flag on one rank would otherwise train replicas that silently diverge, or
+// send collectives of other sizes until the timeout.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mmsp::dist {
+
+// (flag, resolved value) in a fixed order, e.g. {"--lr", "0.001"}.
+using AgreedFlags = std::vector<std::pair<std::string, std::string>>;
+
+// Length-prefixed ("3:--lr5:0.001"), exact for any bytes; decode gives false on
+// anything malformed.
+std::string encode_flags(const AgreedFlags& flags);
+bool decode_flags(const std::string& text, AgreedFlags& out);
+
+// "" when every rank's flags are equal; otherwise the disagreement, the same text on
+// every rank: "the ranks were started with different flags: --lr is 0.001 on ranks 0,
+// 2, 3 and 0.01 on rank 1; ...". A rank whose list is unreadable or shaped otherwise
+// (another mmsp build) is named as such.
+std::string flag_disagreement(const std::vector<AgreedFlags>& per_rank);
+
+// A value for AgreedFlags: the shortest text that reads back as the same double.
+std::string exact_number(double value);
+
+}  // namespace mmsp::dist
