@@ -26,6 +26,7 @@
 #include <optional>
 
 #include "mmsp/core/check.h"
+#include "mmsp/dist/heartbeat.h"  // kHeartbeatExitCode (a constant: no LibTorch here)
 
 extern char** environ;
 
@@ -283,8 +284,23 @@ struct Rank {
   bool running = false;
   int status = 0;               // waitpid() status once it has exited
   bool signalled_by_us = false;  // so the summary can tell a victim from the cause
+  bool killed_stopped = false;   // it was stopped (SIGSTOP, a debugger) when the job ended
   std::vector<Stream> streams;
 };
+
+// Is the process stopped (state T or t in /proc/PID/stat)? It cannot act on SIGTERM.
+bool is_stopped(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char buffer[512] = {};
+  const ssize_t n = ::read(fd, buffer, sizeof buffer - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  const char* paren = std::strrchr(buffer, ')');  // the name may hold spaces and parentheses
+  return paren != nullptr && paren[1] == ' ' && (paren[2] == 'T' || paren[2] == 't');
+}
 
 class Supervisor {
  public:
@@ -449,8 +465,21 @@ class Supervisor {
       first_failure_ = &r;
       say(concat("rank ", r.rank, " failed: ", describe_wait_status(status)));
       if (!kill_at_) term_at_ = after_seconds(options_.grace_s);
+      kill_stopped_ranks();
     }
     if (!any_running()) drain_until_ = Clock::now() + kDrainTime;
+  }
+
+  // A stopped rank (the hung one, typically) would sit out the grace and the SIGTERM:
+  // it is killed at once, and the summary says it was stopped.
+  void kill_stopped_ranks() {
+    for (auto& r : ranks_)
+      if (r.running && is_stopped(r.pid)) {
+        say(concat("rank ", r.rank, " is stopped (it cannot act on SIGTERM): killing it"));
+        ::kill(-r.pid, SIGKILL);
+        r.signalled_by_us = true;
+        r.killed_stopped = true;
+      }
   }
 
   void apply_deadlines() {
@@ -482,7 +511,11 @@ class Supervisor {
   void print_summary() const {
     for (const auto& r : ranks_) {
       if (succeeded(r.status)) continue;
-      const char* why = &r == first_failure_ ? " (first failure)"
+      const bool saw_hang = WIFEXITED(r.status) && WEXITSTATUS(r.status) == dist::kHeartbeatExitCode;
+      const char* why = r.killed_stopped ? " (it was stopped: the hung rank; killed by mmsp-run)"
+                        : &r == first_failure_ && saw_hang
+                            ? " (first to end: it found a peer hung; its message names the rank)"
+                        : &r == first_failure_ ? " (first failure)"
                         : r.signalled_by_us   ? " (stopped by mmsp-run)"
                                               : "";
       say(concat("summary: rank ", r.rank, " ", describe_wait_status(r.status), why));

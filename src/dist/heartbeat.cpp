@@ -12,10 +12,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <vector>
 
 #include "mmsp/core/check.h"
+#include "mmsp/dist/startup_deadline.h"
 
 namespace mmsp::dist {
 namespace {
@@ -24,6 +26,11 @@ using Clock = std::chrono::steady_clock;
 const char* const kKeyPrefix = "mmsp/heartbeat/";
 const char* const kAbortKey = "mmsp/heartbeat/abort";
 const char* const kAckKey = "mmsp/heartbeat/informed";  // ranks that know the job is ending
+// A rank that ended with an error of its own (Heartbeat::report_error). The others give
+// their own main thread kPeerErrorGrace to fail with its own message (the same bad
+// batch fails every rank) before they end with this one.
+const char* const kErrorKey = "mmsp/heartbeat/error";
+constexpr auto kPeerErrorGrace = std::chrono::milliseconds(2000);
 const char* const kDone = "done";
 
 std::string key_of(int rank) { return kKeyPrefix + std::to_string(rank); }
@@ -76,8 +83,11 @@ struct Heartbeat::State {
   std::atomic<bool> failed{false};
   // when `watch` last completed a round of store calls (steady clock, ns)
   std::atomic<int64_t> last_round_ns{0};
+  // the longest time any peer's key stood still before it changed (ns): the false-alarm margin
+  std::atomic<int64_t> largest_gap_ns{0};
   std::vector<HeartbeatValue> last;            // per rank, under mutex
   std::vector<Clock::time_point> changed;      // per rank, under mutex
+  std::optional<Clock::time_point> peer_error_seen;  // watch thread only
 
   // Sleeps one interval; false when stopping.
   bool pause(std::chrono::milliseconds d) {
@@ -160,6 +170,14 @@ struct Heartbeat::State {
         fail(text(watch_store->get(kAbortKey)), false);
         return true;
       }
+      if (watch_store->check({kErrorKey})) {
+        const auto now = Clock::now();
+        if (!peer_error_seen) peer_error_seen = now;
+        if (now - *peer_error_seen >= kPeerErrorGrace) {
+          fail(text(watch_store->get(kErrorKey)), false);
+          return true;
+        }
+      }
       for (int r = 0; r < env.world_size; ++r) {
         if (r == env.rank || !watch_store->check({key_of(r)})) continue;
         seen.emplace_back(r, decode_heartbeat(text(watch_store->get(key_of(r)))));
@@ -174,7 +192,13 @@ struct Heartbeat::State {
       std::lock_guard<std::mutex> lock(mutex);
       const auto now = Clock::now();
       for (const auto& [r, v] : seen)
-        if (v.beats >= 0 && v.beats != last[r].beats) last[r] = v, changed[r] = now;
+        if (v.beats >= 0 && v.beats != last[r].beats) {
+          if (last[r].beats > 0) {  // gaps between two beats, not the wait for the first
+            const int64_t gap = std::chrono::duration_cast<std::chrono::nanoseconds>(now - changed[r]).count();
+            if (gap > largest_gap_ns.load()) largest_gap_ns.store(gap);
+          }
+          last[r] = v, changed[r] = now;
+        }
       for (int r = 0; r < env.world_size && failure.empty(); ++r) {
         if (r == env.rank || last[r].phase == kDone) continue;
         const double age = std::chrono::duration<double>(now - changed[r]).count();
@@ -235,6 +259,10 @@ Heartbeat::Heartbeat(const RankEnv& env, const HeartbeatOptions& options,
   opts.timeout = options.timeout;
   s->store_options = opts;
   try {
+    // The store host may stop right after the rendezvous: the connections are bounded too.
+    StartupDeadline deadline(env.rank, options.timeout,
+                             env.master_addr + ":" + std::to_string(env.master_port),
+                             "opening the heartbeat's connections to rank 0's store");
     s->beat_store = s->connect();
     s->watch_store = s->connect();
   } catch (const std::exception& e) {
@@ -249,6 +277,70 @@ Heartbeat::Heartbeat(const RankEnv& env, const HeartbeatOptions& options,
   beat_ = std::thread([s] { s->beat_loop(); });
   watch_ = std::thread([s] { s->watch_loop(); });
   judge_ = std::thread([s] { s->judge_loop(); });
+}
+
+void Heartbeat::report_error(const std::string& message) {
+  if (!state_ || state_->failed.exchange(true)) return;
+  State& s = *state_;
+  const std::string posted = "rank " + std::to_string(s.env.rank) + " stopped with an error: " + message;
+  const int64_t others = s.env.world_size - 1;
+  const bool host = s.env.rank == 0;  // its exit takes the store: it waits until the others have read
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  const std::string addr = s.env.master_addr;
+  const c10d::TCPStoreOptions opts = s.store_options;
+  // Store calls may block (the store host stopped): on a thread of their own, bounded below.
+  std::thread([addr, opts, posted, host, others, finished] {
+    try {
+      auto store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
+      if (!store->check({kErrorKey})) store->set(kErrorKey, bytes(posted));
+      // Until every other rank has read it (acknowledged) or ended on its own ("done").
+      const auto settled = [&] {
+        int64_t n = store->add(kAckKey, 0);
+        for (int r = 1; r <= others; ++r)
+          if (store->check({key_of(r)}) && decode_heartbeat(text(store->get(key_of(r)))).phase == kDone) ++n;
+        return n >= others;
+      };
+      while (host && !settled()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    } catch (...) {
+    }
+    finished->store(true);
+  }).detach();
+  const auto deadline = Clock::now() + (host ? kPeerErrorGrace + s.interval + std::chrono::milliseconds(1000)
+                                             : std::chrono::milliseconds(500));
+  while (!finished->load() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
+std::string Heartbeat::peer_failure() const {
+  if (!state_) return "";
+  const State& s = *state_;
+  auto found = std::make_shared<std::string>();
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  const std::string addr = s.env.master_addr;
+  const c10d::TCPStoreOptions opts = s.store_options;
+  const std::string mine = "rank " + std::to_string(s.env.rank) + " ";
+  std::thread([addr, opts, mine, found, finished] {
+    try {
+      auto store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
+      for (const char* key : {kErrorKey, kAbortKey})
+        if (found->empty() && store->check({key})) {
+          std::string t = text(store->get(key));
+          if (t.rfind(mine, 0) != 0) *found = std::move(t);  // another rank's, not this one's
+        }
+    } catch (...) {
+    }
+    finished->store(true);
+  }).detach();
+  const auto deadline = Clock::now() + std::chrono::milliseconds(1000);
+  while (!finished->load() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return finished->load() ? *found : "";
+}
+
+double Heartbeat::largest_gap_seconds() const {
+  return state_ ? static_cast<double>(state_->largest_gap_ns.load()) / 1e9 : 0.0;
+}
+
+double Heartbeat::timeout_seconds() const {
+  return state_ ? static_cast<double>(state_->timeout.count()) / 1000.0 : 0.0;
 }
 
 Heartbeat::~Heartbeat() {

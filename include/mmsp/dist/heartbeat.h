@@ -39,8 +39,9 @@ class RankActivity {
 };
 
 struct HeartbeatOptions {
-  // A rank whose heartbeat is older than this ends the job (--heartbeat-timeout).
-  std::chrono::milliseconds timeout{std::chrono::seconds(30)};
+  // A rank whose heartbeat is older than this ends the job (--heartbeat-timeout). Beats
+  // come from a thread of their own every timeout / 10, which compute does not block.
+  std::chrono::milliseconds timeout{std::chrono::seconds(10)};
   // How often a rank beats and reads the others' beats; 0: timeout / 10, within
   // [50 ms, 1 s].
   std::chrono::milliseconds interval{0};
@@ -75,6 +76,19 @@ class Heartbeat {
   // (its message is in the store), prints that message too.
   ~Heartbeat();
   Heartbeat(const Heartbeat&) = delete;
+  // This rank is ending with an error (bad data, a file it cannot read): the message is
+  // posted where every other rank's watcher reads it within one interval, so they end
+  // too (exit kHeartbeatExitCode) naming this rank, instead of waiting in a collective
+  // until --timeout. Rank 0 (the store's host) waits up to 2 s for them to read it.
+  void report_error(const std::string& message);
+  // What another rank posted as the job's end (its own error, or a hang it saw), or ""
+  // (none, or the store does not answer within 1 s): the cause to name when this rank's
+  // own failure is only its consequence (a collective whose peer has exited).
+  std::string peer_failure() const;
+  // The longest a peer's heartbeat stood still, as this rank saw it (seconds; 0 for
+  // one rank): timeout_seconds() / this is the margin before a false alarm.
+  double largest_gap_seconds() const;
+  double timeout_seconds() const;
   Heartbeat& operator=(const Heartbeat&) = delete;
 
  private:
