@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -14,6 +15,7 @@
 #include "byte_size.h"
 #include "mesh_options.h"
 #include "mmsp/core/check.h"
+#include "mmsp/train/checkpoint/run_directory.h"
 #include "mmsp/train/run_checks.h"
 #include "mmsp/train/trainer.h"
 
@@ -83,6 +85,8 @@ Subcommand add_train_command(CLI::App& parent) {
   app->add_option("--checkpoint-every", o->checkpoint_every, "save every N steps (and at the end)")->capture_default_str();
   app->add_option("--keep", o->keep, "checkpoints to keep (0: all)")->capture_default_str();
   app->add_option("--resume", o->resume, "continue from this checkpoint or run directory");
+  app->add_flag("--overwrite", o->overwrite,
+                "start afresh in an --out that holds another run: its metrics and checkpoints are deleted first");
   app->add_flag("--allow-changed-flags", o->allow_changed_flags,
                 "resume although flags that change the batches or the numerics differ from the checkpoint's");
   app->add_flag("--quiet", o->quiet, "no per-step lines (the summary still prints)");
@@ -125,11 +129,41 @@ Subcommand add_train_command(CLI::App& parent) {
             const plan::Mesh shape = flags->shape(env.world_size);
             train::check_train_options(*o, shape);
             train::probe_out_dir(o->out);  // every rank, before the rendezvous
-            dist::Mesh mesh = dist::Mesh::connect(env, shape, flags->options());
+            // Rank 0 writes --out and holds its lock for the run; a refusal reaches every
+            // rank through the rendezvous (no rank waits for it until the timeout).
+            dist::MeshOptions mesh_options = flags->options(train::agreed_flags(*o));
+            train::RunDirectoryLock out_lock;
+            if (env.rank == 0) {
+              try {
+                out_lock = train::RunDirectoryLock::claim(o->out, o->resume, o->overwrite);
+              } catch (const Error& e) {
+                mesh_options.refusal = e.what();
+              }
+            }
+            dist::Mesh mesh = dist::Mesh::connect(env, shape, mesh_options);
             auto activity = std::make_shared<dist::RankActivity>();
             const auto heartbeat = flags->start_heartbeat(env, activity);
             o->report_parameters = false;  // the checkpoint holds them; a copy per rank would not fit
-            train::train(*o, mesh, std::cout, activity.get());
+            try {
+              train::train(*o, mesh, std::cout, activity.get());
+            } catch (const std::exception& e) {
+              // Said first (the launcher may stop this rank while rank 0 waits below),
+              // then posted for the other ranks, which may sit in a collective.
+              const bool ours = dynamic_cast<const Error*>(&e) != nullptr;
+              std::string what = e.what();
+              // A collective that failed because a peer ended: the peer's reason first.
+              if (const std::string cause = heartbeat ? heartbeat->peer_failure() : "";
+                  !cause.empty() && cause.find(what) == std::string::npos)
+                what = cause + " (then on this rank: " + what.substr(0, what.find('\n')) + ")";
+              std::cerr << "mmsp train: " << (ours ? "error: " : "failed: ") << what << std::endl;
+              if (heartbeat) heartbeat->report_error(what);
+              return ours ? 2 : 1;
+            }
+            if (env.rank == 0 && heartbeat && heartbeat->largest_gap_seconds() > 0)
+              std::cout << std::fixed << std::setprecision(2) << "heartbeat: longest silence of a peer "
+                        << heartbeat->largest_gap_seconds() << " s of the " << heartbeat->timeout_seconds()
+                        << " s allowed (margin " << std::setprecision(1)
+                        << heartbeat->timeout_seconds() / heartbeat->largest_gap_seconds() << "x)" << std::endl;
             return 0;
           }};
 }
@@ -146,6 +180,12 @@ std::map<int64_t, double> read_losses(const std::string& path) {
       const auto j = nlohmann::json::parse(line);
       losses[j.at("step").get<int64_t>()] = j.at("loss").get<double>();
     } catch (const nlohmann::json::exception& e) {
+      // The last line without its newline is a write a crash cut short (the next
+      // resume removes it): skipped with a note; anywhere else the file is damaged.
+      if (in.eof()) {  // getline reached the end without a newline
+        std::cerr << "note: " << path << ":" << n << ": skipped the torn last line (a crash mid-write)" << std::endl;
+        break;
+      }
       MMSP_CHECK(false, path, ":", n, ": not a metrics line: ", e.what());
     }
   }

@@ -33,6 +33,12 @@ bool read_tie(const json_fields::JsonFields& top, const json_fields::JsonFields&
   return top.boolean("tie_word_embeddings", false) || text.boolean("tie_word_embeddings", false);
 }
 
+void check_size_limits(const json_fields::JsonFields& f, std::initializer_list<SizeLimit> limits) {
+  for (const SizeLimit& l : limits)
+    MMSP_CHECK(l.value <= l.max, f.name(l.key), " ", l.value, " is beyond what mmsp builds: at most ", l.max,
+               " (released models stay far below; the bound keeps a typo from exhausting the host)");
+}
+
 void check_activation(const json_fields::JsonFields& f, const std::string& key, const std::string& value) {
   MMSP_CHECK(is_supported_activation(value), f.name(key), " \"", value,
              "\" is not supported; supported: silu, gelu, gelu_pytorch_tanh, quick_gelu, relu");

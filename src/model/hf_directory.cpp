@@ -224,7 +224,9 @@ HfDirectory open_hf_directory(const std::string& dir) {
 
   const std::string index_path = join(dir, kHfIndexFile);
   std::optional<Index> index;
-  if (is_regular_file(index_path)) {
+  // Both a single file and an index: transformers loads model.safetensors, so does mmsp
+  // (reading the index would load other weights than transformers from one directory).
+  if (is_regular_file(index_path) && !is_regular_file(join(dir, kHfSingleFile))) {
     index = parse_index(index_path);
     std::set<std::string> files;
     for (const auto& [name, file] : index->weight_map) files.insert(file);
@@ -240,8 +242,12 @@ HfDirectory open_hf_directory(const std::string& dir) {
   std::map<std::string, std::string> first_file;  // tensor name -> first shard holding it
   for (const std::string& file : out.files) {
     const std::string path = join(dir, file);
-    MMSP_CHECK(is_regular_file(path), dir, ": shard file ", file, " is missing (",
-               kHfIndexFile, " lists it)");
+    struct stat shard {};
+    const bool exists = ::stat(path.c_str(), &shard) == 0;
+    MMSP_CHECK(exists, dir, ": shard file ", file, " is missing (", kHfIndexFile, " lists it)");
+    MMSP_CHECK(S_ISREG(shard.st_mode), dir, ": shard file ", file, " is not a regular file (",
+               S_ISDIR(shard.st_mode) ? "a directory" : S_ISFIFO(shard.st_mode) ? "a FIFO" : "a device or socket",
+               "); a shard must be a safetensors file");
     const SafetensorsHeader header = read_safetensors_header(path);
     for (const auto& [name, entry] : header.tensors) {
       const auto [it, fresh] = first_file.emplace(name, file);
@@ -420,6 +426,19 @@ void load_hf_weights(const HfDirectory& dir,
       pread_exact(fd, buffer.data_ptr(), static_cast<uint64_t>(n * element),
                   t.file_offset + static_cast<uint64_t>(begin * element), path);
       convert(buffer, flat, begin, n);
+      // Non-finite weights would surface only as a NaN loss in step 1, blamed on the
+      // learning rate: refused here, naming the file (a converted value that overflows
+      // the parameter's dtype counts too).
+      const at::Tensor loaded = flat.narrow(0, begin, n);
+      if (!loaded.isfinite().all().item<bool>()) {
+        const int64_t first = begin + loaded.isfinite().logical_not().nonzero()[0][0].item<int64_t>();
+        std::string file_name = name;
+        for (const auto& [n, entry] : dir.tensors)
+          if (&entry == &t) file_name = n;
+        MMSP_CHECK(false, path, ": tensor \"", file_name, "\" (parameter ", name,
+                   ") holds a NaN or infinite value at element ", first, " (as ", c10::toString(param.scalar_type()),
+                   "): the file is damaged or was saved from a run that diverged; mmsp trains only from finite weights");
+      }
     }
   }
 }

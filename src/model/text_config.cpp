@@ -2,6 +2,8 @@
 // Qwen3VLTextConfig, LlamaConfig) and the checks a decoder needs before any weight exists.
 #include "mmsp/model/text_config.h"
 
+#include "config_parts.h"
+
 #include "json_fields.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/activation.h"
@@ -143,6 +145,11 @@ TextConfig parse_text_config(const nlohmann::json& text, ModelFamily family,
   t.intermediate_size = f.integer("intermediate_size", t.intermediate_size);
   t.num_hidden_layers = f.integer("num_hidden_layers", t.num_hidden_layers);
   t.num_attention_heads = f.integer("num_attention_heads", t.num_attention_heads);
+  config_parts::check_size_limits(f, {{"vocab_size", t.vocab_size, config_parts::kMaxVocab},
+                                      {"hidden_size", t.hidden_size, config_parts::kMaxWidth},
+                                      {"intermediate_size", t.intermediate_size, config_parts::kMaxWidth},
+                                      {"num_hidden_layers", t.num_hidden_layers, config_parts::kMaxLayers},
+                                      {"num_attention_heads", t.num_attention_heads, config_parts::kMaxWidth}});
   // Llama's default is "as many as the query heads"; every family reads null that way.
   const bool kv_is_heads = family == ModelFamily::llava ||
                            (text.is_object() && text.contains("num_key_value_heads") &&

@@ -1,6 +1,8 @@
 // Step metrics as text and JSON lines; see metrics.h.
 #include "mmsp/train/metrics.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdarg>
@@ -92,17 +94,39 @@ std::string format_step_line(const StepMetrics& m) {
       static_cast<double>(m.grad_bytes) / kMiB);
 }
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  file_ = std::fopen(path.c_str(), "a");
-  MMSP_CHECK(file_ != nullptr, path, ": cannot open the metrics file for appending: ",
-             std::strerror(errno));
-}
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {}
 
 MetricsWriter::~MetricsWriter() {
   if (file_) std::fclose(file_);
 }
 
+// Opened at the first line, so a run that fails before its first step leaves no empty
+// file. A last line without its newline (a crash mid-write) is cut off first: the step
+// it belonged to is repeated by the resumed run, and every reader then sees whole lines.
+void MetricsWriter::open() {
+  file_ = std::fopen(path_.c_str(), "a+");
+  MMSP_CHECK(file_ != nullptr, path_, ": cannot open the metrics file for appending: ", std::strerror(errno));
+  MMSP_CHECK(std::fseek(file_, 0, SEEK_END) == 0, path_, ": cannot seek: ", std::strerror(errno));
+  long size = std::ftell(file_);
+  if (size <= 0) return;
+  long keep = size;
+  char c = 0;
+  while (keep > 0) {
+    MMSP_CHECK(std::fseek(file_, keep - 1, SEEK_SET) == 0 && std::fread(&c, 1, 1, file_) == 1, path_,
+               ": cannot read: ", std::strerror(errno));
+    if (c == '\n') break;
+    --keep;
+  }
+  if (keep < size) {
+    MMSP_CHECK(::ftruncate(::fileno(file_), keep) == 0, path_, ": cannot cut its torn last line: ",
+               std::strerror(errno));
+    repaired_bytes_ = size - keep;
+  }
+  std::fseek(file_, 0, SEEK_END);  // from reading to appending
+}
+
 void MetricsWriter::write(const StepMetrics& m) {
+  if (!file_) open();
   const std::string line = json(m).dump() + "\n";
   MMSP_CHECK(std::fwrite(line.data(), 1, line.size(), file_) == line.size() &&
                  std::fflush(file_) == 0,

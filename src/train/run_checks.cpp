@@ -103,6 +103,45 @@ void probe_out_dir(const std::string& dir) {
   MMSP_CHECK(wrote, "--out ", dir, " is not writable: ", std::strerror(write_error));
 }
 
+dist::AgreedFlags agreed_flags(const TrainOptions& o) {
+  using dist::exact_number;
+  const auto n = [](int64_t v) { return std::to_string(v); };
+  const auto& t = o.test;
+  return {{"--model", o.model},
+          {"--data", o.data},
+          {"--shapes-samples", n(o.shapes_samples)},
+          {"--blank-images", o.blank_images ? "yes" : "no"},
+          {"--max-image-pixels", n(o.max_image_pixels)},
+          {"--dtype", o.dtype},
+          {"--save-dtype", o.save_dtype},
+          {"--save-shard-size", n(o.save_shard_bytes)},
+          {"--seed", std::to_string(o.seed)},
+          {"--no-shuffle", o.shuffle ? "no" : "yes"},
+          {"--vision", model::to_string(o.vision)},
+          {"--layout", plan::to_string(o.layout)},
+          {"--placement", plan::to_string(o.placement)},
+          {"--attention-block", n(o.attention_block)},
+          {"--loss-chunk", n(o.loss_chunk)},
+          {"--checkpoint-activations", model::to_string(o.checkpoint_activations)},
+          {"--steps", n(o.steps)},
+          {"--stop-after", n(o.stop_after)},
+          {"--tokens-per-rank", n(o.tokens_per_rank)},
+          {"--data-rows", n(o.data_rows)},
+          {"--lr", exact_number(o.lr)},
+          {"--min-lr", exact_number(o.min_lr)},
+          {"--warmup", n(o.warmup)},
+          {"--weight-decay", exact_number(o.weight_decay)},
+          {"--clip", exact_number(o.clip)},
+          {"--shard", o.shard},
+          {"--checkpoint-every", n(o.checkpoint_every)},
+          {"--keep", n(o.keep)},
+          {"--overwrite", o.overwrite ? "yes" : "no"},
+          {"--allow-changed-flags", o.allow_changed_flags ? "yes" : "no"},
+          {"test hooks", detail::concat(t.sleep_rank, ":", t.sleep_step, ":", exact_number(t.sleep_seconds), " ",
+                                        t.skew_batch_rank, ":", t.skew_batch_step, " ", t.crash_checkpoint_step, ":",
+                                        t.crash_checkpoint_after_bytes)}};
+}
+
 json run_flags(const TrainOptions& o, const plan::Mesh& mesh, int data_rows) {
   json run = {{"model", o.model},
               {"data", o.data},

@@ -112,7 +112,9 @@ MemoryEstimate preflight_memory(const model::ModelConfig& config, const model::E
   return memory;
 }
 
-std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const model::ModelConfig& config) {
+// `row_tokens`: the most tokens one row of a step holds; a data line too long to hold a
+// sample that fits is refused before it is parsed (JsonlDataset's max_line_bytes).
+std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const model::ModelConfig& config, int64_t row_tokens) {
   if (o.data == "shapes") {
     ShapesOptions shapes;
     shapes.seed = o.seed;
@@ -121,7 +123,8 @@ std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const model::ModelC
     return std::make_unique<ShapesDataset>(shapes, config);
   }
   MMSP_CHECK(!o.blank_images, "--blank-images applies to the built-in shapes dataset only, not '", o.data, "'");
-  return std::make_unique<JsonlDataset>(o.data, config, o.max_image_pixels);
+  return std::make_unique<JsonlDataset>(o.data, config, o.max_image_pixels,
+                                        JsonlDataset::line_bytes_for(row_tokens));
 }
 
 // The loss summed over the world, and each figure of every rank ([figure][rank]).
@@ -171,6 +174,14 @@ ParsedTrainOptions check_train_options(const TrainOptions& o, const plan::Mesh& 
   MMSP_CHECK(o.keep >= 0, "--keep ", o.keep, " must be ≥ 0");
   MMSP_CHECK(o.stop_after >= 0, "--stop-after ", o.stop_after, " must be ≥ 0");
   MMSP_CHECK(o.weight_decay >= 0, "--weight-decay ", o.weight_decay, " must be ≥ 0");
+  // AdamW moves each weight by about lr per step: above 1 a step outweighs the weights
+  // themselves (1e308 overflowed only after step 1). Decoupled decay scales the weights
+  // by 1 − lr × weight_decay: above 1 it flips their sign.
+  MMSP_CHECK(o.lr <= kMaxLr, "--lr ", o.lr, " is beyond ", kMaxLr,
+             ": AdamW moves every weight by about lr per step (fine-tuning uses 1e-6 to 1e-3)");
+  MMSP_CHECK(o.lr * o.weight_decay <= 1, "--lr ", o.lr, " × --weight-decay ", o.weight_decay,
+             " must be ≤ 1: decoupled weight decay multiplies the weights by 1 − lr × weight_decay");
+  MMSP_CHECK(o.clip >= 0, "--clip ", o.clip, " must be ≥ 0 (the global gradient norm to clip to; 0: off)");
   return parsed;
 }
 
@@ -215,9 +226,9 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   // hf/ of the checkpoints: as asked, else as the weights came, else the masters' dtype.
   in.save_dtype = parsed.save_dtype;
   if (!in.save_dtype) in.save_dtype = in.resolved.weights ? in.resolved.weights->dominant_dtype() : master_dtype;
-  in.data = make_dataset(o, config);
   // Rows of the packer = the budget split data_rows ways (see TrainOptions::data_rows).
   in.rows = o.data_rows > 0 ? o.data_rows : shape.dp;
+  in.data = make_dataset(o, config, o.tokens_per_rank * mesh.world_size() / in.rows);
   PackerOptions packing;
   packing.tokens_per_row = o.tokens_per_rank * mesh.world_size() / in.rows;
   packing.rows = in.rows;
@@ -438,8 +449,18 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   const LrSchedule schedule{o.lr, o.min_lr, std::min(o.warmup, o.steps), o.steps};
   schedule.validate();
   ResumePoint resumed = resume_run(o, in, update, mesh, log);
-  MMSP_CHECK(resumed.done < o.steps, "nothing to do: the checkpoint is at step ", resumed.done, " and --steps is ",
-             o.steps);
+  TrainReport report;
+  report.first_step = resumed.done + 1;
+  report.memory_estimate = in.memory;
+  if (resumed.done >= o.steps) {
+    // A requeue loop that always passes --resume meets a finished run: nothing to do is
+    // a success, said once.
+    if (rank0)
+      log << "note: nothing to do: the run in " << o.resume << " is complete at step " << resumed.done
+          << " of --steps " << o.steps << std::endl;
+    vlm.set_layer_hooks(nullptr);
+    return report;
+  }
 
   std::unique_ptr<MetricsWriter> metrics;
   if (rank0 && !o.out.empty()) {
@@ -471,16 +492,18 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
                      in.loss_chunk,
                      mesh.store() ? fingerprint_key_prefix(*mesh.store(), mesh.rank()) : ""};
 
-  TrainReport report;
-  report.first_step = resumed.done + 1;
-  report.memory_estimate = in.memory;
   const int64_t last_step = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
   for (int64_t step = resumed.done + 1; step <= last_step; ++step) {
     const StepMetrics m = run_step(run, step, resumed.position, report.held_bytes);
     report.state_bytes = memory.current_bytes();
     report.steps.push_back(m);
     if (rank0 && !o.quiet) log << format_step_line(m) << std::endl;
-    if (metrics) metrics->write(m);
+    if (metrics) {
+      metrics->write(m);
+      if (metrics->repaired_bytes() > 0 && step == report.first_step)
+        log << "note: " << metrics->path() << ": cut the torn last line (" << metrics->repaired_bytes()
+            << " bytes) a crash had left" << std::endl;
+    }
     if (!o.out.empty() && (step == last_step || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0))) {
       doing.set_phase("checkpoint");
       save_step(o, in, update, step, resumed.position, mesh, log);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -24,6 +25,7 @@
 #include "mmsp/model/hf_directory.h"
 #include "mmsp/model/safetensors.h"
 #include "mmsp/train/checkpoint/checkpoint.h"
+#include "mmsp/train/checkpoint/run_directory.h"
 #include "mmsp/train/run_checks.h"
 #include "mmsp/train/optim/optimizer.h"
 
@@ -647,6 +649,70 @@ TEST_F(CheckpointTest, StateJsonMutantsEndInAResultOrAnError) {
               r.seconds);
   EXPECT_TRUE(r.failures.empty()) << r.failures.size() << " failures, first: " << r.failures.front();
   EXPECT_LT(r.seconds, 20.0);
+}
+
+// --- one job per --out (run_directory.h) --------------------------------------------
+
+TEST_F(CheckpointTest, RunDirectoryLockAdmitsOneOwnerAndNamesIt) {
+  const std::string out = dir_ + "/run";
+  {
+    RunDirectoryLock first = RunDirectoryLock::claim(out, "", false);
+    EXPECT_TRUE(first.held());
+    // flock is per open file: a second claim, even in this process, is another job.
+    try {
+      RunDirectoryLock::claim(out, "", false);
+      ADD_FAILURE() << "a second claim was admitted";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("--out " + out + " is in use by another job (pid " +
+                                                 std::to_string(::getpid()) + " on "));
+    }
+    RunDirectoryLock moved = std::move(first);
+    EXPECT_TRUE(moved.held());
+    EXPECT_FALSE(first.held());
+  }
+  // the owner gone, the next job claims it at once
+  EXPECT_TRUE(RunDirectoryLock::claim(out, "", false).held());
+  EXPECT_FALSE(RunDirectoryLock::claim("", "", false).held());  // no --out: nothing to lock
+}
+
+TEST_F(CheckpointTest, RunDirectoryLockDiesWithItsOwnerProcess) {
+  const std::string out = dir_ + "/run";
+  const pid_t child = ::fork();
+  if (child == 0) {
+    RunDirectoryLock held = RunDirectoryLock::claim(out, "", false);
+    ::kill(::getpid(), SIGKILL);  // dies holding it
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_TRUE(RunDirectoryLock::claim(out, "", false).held());
+}
+
+TEST_F(CheckpointTest, AFreshRunRefusesAnotherRunsDirectoryUnlessToldToOverwrite) {
+  const std::string out = dir_ + "/run";
+  Trained a = trained(2);
+  save_checkpoint(out, 2, *a.model, *a.opt, state_json(1, 17), kConfig);
+  std::ofstream(out + "/metrics.jsonl") << "{\"step\": 1}\n{\"step\": 2}\n";
+  std::ofstream(out + "/notes.txt") << "the user's own file\n";
+  EXPECT_THAT(previous_run_files(out),
+              ::testing::ElementsAre("metrics.jsonl (2 lines)", "step-000002", "latest"));
+  for (const std::string& elsewhere : std::vector<std::string>{"", dir_ + "/other"}) {
+    try {
+      RunDirectoryLock::claim(out, elsewhere, false);
+      ADD_FAILURE() << "a run into a used --out was admitted (resume '" << elsewhere << "')";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("already holds a run (metrics.jsonl (2 lines), step-000002, latest)"));
+      EXPECT_THAT(e.what(), ::testing::HasSubstr("--overwrite"));
+    }
+  }
+  // continuing it: the directory itself or a checkpoint in it
+  EXPECT_TRUE(RunDirectoryLock::claim(out, out, false).held());
+  EXPECT_TRUE(RunDirectoryLock::claim(out, out + "/step-000002", false).held());
+  EXPECT_TRUE(fs::exists(out + "/step-000002"));
+  // --overwrite: the run's files go, the user's own stay
+  EXPECT_TRUE(RunDirectoryLock::claim(out, "", true).held());
+  EXPECT_TRUE(previous_run_files(out).empty());
+  EXPECT_TRUE(fs::exists(out + "/notes.txt"));
 }
 
 }  // namespace

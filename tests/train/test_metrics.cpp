@@ -133,7 +133,28 @@ TEST(Metrics, WriterAppendsOneFlushedLinePerStep) {
     EXPECT_THAT(e.what(), HasSubstr(std::string(name) + ":4: not a metrics line"));
   }
   std::filesystem::remove(name);
-  EXPECT_THROW(MetricsWriter("/nonexistent-dir/metrics.jsonl"), std::exception);
+  // The file is opened at the first line: no empty file for a run that fails before it.
+  MetricsWriter never_written("/nonexistent-dir/metrics.jsonl");
+  EXPECT_THROW(never_written.write(sample(1, 3.0, 2.0)), std::exception);
+  { MetricsWriter unused(name); }
+  EXPECT_FALSE(std::filesystem::exists(name));
+}
+
+TEST(Metrics, ATornLastLineIsCutWhenTheFileIsOpenedAgain) {
+  const std::string name = testing::TempDir() + "mmsp-torn-metrics.jsonl";
+  std::filesystem::remove(name);
+  MetricsWriter(name).write(sample(1, 3.0, 2.0));
+  std::ofstream(name, std::ios::app) << "{\"step\": 2, \"lo";  // a crash mid-write
+  MetricsWriter resumed(name);
+  resumed.write(sample(2, 2.5, 1.0));
+  EXPECT_EQ(resumed.repaired_bytes(), 15);
+  const std::vector<StepMetrics> back = read_metrics(name);
+  ASSERT_EQ(back.size(), 2u);
+  expect_equal(back[1], sample(2, 2.5, 1.0));
+  MetricsWriter again(name);  // whole lines: nothing to cut
+  again.write(sample(3, 2.0, 1.0));
+  EXPECT_EQ(again.repaired_bytes(), 0);
+  std::filesystem::remove(name);
 }
 
 TEST(Metrics, SummaryExcludesTheFirstStepFromTheMeans) {

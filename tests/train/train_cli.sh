@@ -117,7 +117,8 @@ $run $mmsp "${short[@]:0:${#short[@]}-1}" --model "$hf" --out "$work/finetune" >
 grep -q "weights loaded" "$work/finetune.log" || fail "the fine-tune did not say it loaded weights"
 
 expect_exit2() {  # expect_exit2 NAME PATTERN ARGS...: exit 2, the message on both ranks, no file in --out
-  # (every rank probes --out before anything else, so the directory itself may exist)
+  # (every rank probes --out before anything else, so the directory itself may exist, and
+  # rank 0 locks it: .mmsp-lock, which names the owner, is no output)
   local name=$1 pattern=$2
   shift 2
   timeout 120 $run $mmsp "$@" --out "$work/out-$name" > "$work/$name.log" 2>&1
@@ -127,7 +128,7 @@ expect_exit2() {  # expect_exit2 NAME PATTERN ARGS...: exit 2, the message on bo
     grep -q "\[rank $r\] .*error: " "$work/$name.log" && grep -q "\[rank $r\] .*$pattern" "$work/$name.log" \
       || fail "$name: rank $r did not say /$pattern/: $(tail -4 "$work/$name.log")"
   done
-  [ -n "$(find "$work/out-$name" -type f 2>/dev/null)" ] && fail "$name: wrote $(find "$work/out-$name" -type f)"
+  [ -n "$(find "$work/out-$name" -type f ! -name .mmsp-lock 2>/dev/null)" ] && fail "$name: wrote $(find "$work/out-$name" -type f ! -name .mmsp-lock)"
 }
 damaged() {  # a fresh copy of the sharded directory to damage, without its checksums.json
   rm -rf "$work/bad" && cp -r "$hf" "$work/bad" && rm "$work/bad/checksums.json"  # (as a released model)

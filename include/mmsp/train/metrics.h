@@ -52,12 +52,17 @@ class MetricsWriter {
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;
 
+  // Appends one line (the file is opened, and a torn last line cut, at the first).
   void write(const StepMetrics& m);
   const std::string& path() const { return path_; }
+  // Bytes of a torn last line cut when the file was opened (0: none).
+  long repaired_bytes() const { return repaired_bytes_; }
 
  private:
+  void open();
   std::string path_;
   std::FILE* file_ = nullptr;
+  long repaired_bytes_ = 0;
 };
 
 // Reads a file written by MetricsWriter (one StepMetrics per line); errors name the

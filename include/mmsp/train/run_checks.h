@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mmsp/dist/flag_agreement.h"
 #include "mmsp/plan/mesh.h"
 #include "mmsp/train/trainer.h"
 
@@ -20,6 +21,7 @@ constexpr int64_t kMaxSteps = 1'000'000'000;          // --steps --stop-after --
 constexpr int64_t kMaxTokensPerRank = 1 << 20;         // --tokens-per-rank (1 Mi tokens per rank)
 constexpr int64_t kMaxShapesSamples = 10'000'000;      // --shapes-samples (an epoch order of 80 MB)
 constexpr int64_t kMaxAttentionBlock = 1 << 16;        // --attention-block
+constexpr double kMaxLr = 1.0;                          // --lr
 constexpr int64_t kMaxImagePixelsBound = int64_t{1} << 31;  // --max-image-pixels (stb's own limit)
 
 // Ranges and finiteness of the numeric flags (the lower bounds are check_train_options's).
@@ -28,6 +30,12 @@ void check_train_limits(const TrainOptions& options);
 // --out DIR: creates it and writes and removes a probe file, so that a file in the
 // way, a read-only file system or missing permissions fail now, on this rank.
 void probe_out_dir(const std::string& dir);
+
+// The resolved options every rank must share, for the rendezvous' comparison: all that
+// changes the batches, the numerics, the collectives' schedule or when a rank saves.
+// Left out, as they may differ by host: --out and --resume (node-local copies),
+// --memory-limit (auto is per host) and --quiet.
+dist::AgreedFlags agreed_flags(const TrainOptions& options);
 
 // The "run" object of a checkpoint's state.json: the flags that decide the batches and
 // the numerics, and the mesh (informative).

@@ -80,6 +80,10 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;   // 0: only at the end (when out is set)
   int keep = 2;                   // checkpoints to keep; 0: all
   std::string resume;             // a checkpoint directory (or a run directory) to continue
+  // A fresh run into an --out that holds another run's metrics or checkpoints: refused,
+  // unless this is set (they are deleted first). The CLI checks it with --out's lock
+  // (checkpoint/run_directory.h); train() itself takes no lock.
+  bool overwrite = false;
   bool allow_changed_flags = false;  // resume even if flags that change batches or numerics differ
   bool quiet = false;             // rank 0 prints no per-step line (the summary always)
   // TrainReport::parameters: every rank gathers the whole model at the end and copies it

@@ -111,8 +111,15 @@ void apply_keep_last(const std::string& dir, int64_t step, int keep_last) {
   std::sort(steps.begin(), steps.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
   int kept = 0;
   for (const auto& [s, path] : steps) {
-    if (kept >= keep_last) fs::remove_all(path);
-    else if (looks_complete(path, s)) ++kept;
+    if (kept >= keep_last) {
+      // Renamed first, deleted after: a crash in between leaves a hidden temporary
+      // (removed with the next save's leftovers), never a half-deleted step dir.
+      const fs::path doomed = path.parent_path() / ("." + path.filename().string() + kTmpMark + "deleting");
+      fs::rename(path, doomed);
+      fs::remove_all(doomed);
+    } else if (looks_complete(path, s)) {
+      ++kept;
+    }
   }
   checkpoint_io::sync_dir(dir);
 }

@@ -99,6 +99,20 @@ fs::path resolve(const std::string& dir, const std::string& file) {
   return p.is_absolute() ? p : fs::path(dir) / p;
 }
 
+// Width and height from a PNG file's IHDR chunk (signature, length, "IHDR", two
+// big-endian 32-bit numbers), or nothing when the file is no PNG.
+std::optional<std::pair<int64_t, int64_t>> png_header_size(const fs::path& file) {
+  unsigned char b[24] = {};
+  std::ifstream in(file, std::ios::binary);
+  if (!in.read(reinterpret_cast<char*>(b), sizeof b)) return std::nullopt;
+  static const unsigned char kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (std::memcmp(b, kSignature, 8) != 0 || std::memcmp(b + 12, "IHDR", 4) != 0) return std::nullopt;
+  const auto be32 = [&](int at) {
+    return (int64_t{b[at]} << 24) | (int64_t{b[at + 1]} << 16) | (int64_t{b[at + 2]} << 8) | int64_t{b[at + 3]};
+  };
+  return std::make_pair(be32(16), be32(20));
+}
+
 // Width and height of an image file from its header (stbi_info reads no pixels).
 // Width and height are checked against `max_pixels` here, before anything is decoded.
 std::pair<int64_t, int64_t> image_size(const LineReader& r, const std::string& name, const fs::path& file,
@@ -107,9 +121,17 @@ std::pair<int64_t, int64_t> image_size(const LineReader& r, const std::string& n
   if (!fs::is_regular_file(file, ec))
     r.fail(name, " file \"", file.string(), "\" does not exist (or is not a regular file)");
   int w = 0, h = 0, n = 0;
-  if (!stbi_info(file.string().c_str(), &w, &h, &n))
-    r.fail(name, " file \"", file.string(), "\" is not an image stb_image can read (",
-           stbi_failure_reason(), ")");
+  if (!stbi_info(file.string().c_str(), &w, &h, &n)) {
+    // stb_image gives up on PNGs beyond its own limits with "unknown image type": the
+    // size from the PNG header says what is wrong.
+    const auto png = png_header_size(file);
+    if (png && png->first * png->second > max_pixels)
+      r.fail(name, " file \"", file.string(), "\" is a PNG of ", png->first, " x ", png->second, " = ",
+             png->first * png->second, " pixels, more than --max-image-pixels ", max_pixels,
+             "; shrink it or raise the limit");
+    r.fail(name, " file \"", file.string(), "\" is not an image stb_image can read (", stbi_failure_reason(),
+           png ? detail::concat("; its PNG header says ", png->first, " x ", png->second) : std::string(), ")");
+  }
   if (int64_t{w} * h > max_pixels)
     r.fail(name, " file \"", file.string(), "\" is ", w, " x ", h, " = ", int64_t{w} * h,
            " pixels, more than --max-image-pixels ", max_pixels, " (decoded it would take ",
@@ -144,7 +166,8 @@ struct JsonlDataset::Line {
   const std::string& where;  // "file.jsonl:7"
 };
 
-JsonlDataset::JsonlDataset(const std::string& path, const model::ModelConfig& config, int64_t max_image_pixels)
+JsonlDataset::JsonlDataset(const std::string& path, const model::ModelConfig& config, int64_t max_image_pixels,
+                           int64_t max_line_bytes)
     : path_(path),
       dir_(fs::path(path).parent_path().string()),
       config_(config),
@@ -155,6 +178,9 @@ JsonlDataset::JsonlDataset(const std::string& path, const model::ModelConfig& co
   std::string text;
   for (int64_t number = 1; std::getline(in, text); ++number) {
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank lines are allowed
+    MMSP_CHECK(max_line_bytes <= 0 || static_cast<int64_t>(text.size()) <= max_line_bytes, path, ":", number,
+               ": the line is ", text.size(), " bytes, more than a sample that fits one row of a step needs (at most ",
+               max_line_bytes, " bytes); split the sample, or raise --tokens-per-rank if it is meant to fit");
     samples_.push_back(read_sample(text, number));
   }
   MMSP_CHECK(!samples_.empty(), "jsonl dataset: \"", path, "\" holds no sample");
@@ -355,7 +381,13 @@ at::Tensor JsonlDataset::pixels(const Sample& s, const Source& src, const plan::
     const auto it = tensors.find(src.tensor);
     MMSP_CHECK(it != tensors.end(), where, ": tensor \"", src.tensor, "\" is no longer in \"",
                src.safetensors, "\"");
-    return it->second.to(at::kFloat).contiguous();
+    at::Tensor values = it->second.to(at::kFloat).contiguous();
+    // NaN or Inf would show only as a NaN loss, blamed on a weight: refused, naming the file.
+    const at::Tensor finite = values.isfinite();
+    MMSP_CHECK(finite.all().item<bool>(), where, ": tensor \"", src.tensor, "\" in \"", src.safetensors,
+               "\" holds a NaN or infinite value at element ",
+               finite.view({-1}).logical_not().nonzero()[0][0].item<int64_t>(), "; pixel values must be finite");
+    return values;
   }
   const auto [width, height] = geometry_->frame_size(g, src.width, src.height);
   std::vector<at::Tensor> frames;

@@ -129,7 +129,18 @@ class ShardedUpdate : public WeightUpdate {
         error = e.what();
       }
     }
-    agree_on_success(error, what, mesh);
+    // A failed save (no space, ...) leaves no staged shards behind: the disk is freed
+    // and the next save or --resume finds the directory as before.
+    const auto agree = [&](const std::string& failure) {
+      try {
+        agree_on_success(failure, what, mesh);
+      } catch (...) {
+        std::error_code ignored;
+        if (mesh.rank() == 0) fs::remove_all(staging, ignored);
+        throw;
+      }
+    };
+    agree(error);
     sharded_.gather_all();  // stage 3: the hf/ weights go out whole (rank 0 writes them)
     const int rank = mesh.rank(), world = mesh.world_size();
     model::FileChecksum mine;
@@ -142,7 +153,7 @@ class ShardedUpdate : public WeightUpdate {
     } catch (const std::exception& e) {
       error = e.what();
     }
-    agree_on_success(error, what, mesh);
+    agree(error);
     // Every rank's checksum to rank 0: slot r is rank r's (the others add zeros).
     at::Tensor sums = at::zeros({2 * world}, at::kLong);
     sums[2 * rank] = static_cast<int64_t>(mine.size);
@@ -160,7 +171,7 @@ class ShardedUpdate : public WeightUpdate {
       }
     }
     sharded_.release_gathered();
-    agree_on_success(error, what, mesh);
+    agree(error);
     if (rank == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
   }
   NamedParams weights() const override { return sharded_.model_params(); }

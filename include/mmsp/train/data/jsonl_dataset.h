@@ -23,8 +23,15 @@ class JsonlDataset : public Dataset {
   // Errors name the file and line, the field and the value; relative pixel paths are
   // relative to the directory of `path`. Image files whose header gives more than
   // `max_image_pixels` (width × height) are refused here, before any decoding.
+  // A line longer than `max_line_bytes` (0: no limit) is refused before it is parsed:
+  // a parsed JSON line takes ~24× its bytes (a 200 MB line of ids took 4.9 GB).
   JsonlDataset(const std::string& path, const model::ModelConfig& config,
-               int64_t max_image_pixels = int64_t{1} << 24);
+               int64_t max_image_pixels = int64_t{1} << 24, int64_t max_line_bytes = 0);
+
+  // The longest line a sample of `row_tokens` tokens can need: 32 bytes per token (its
+  // id, its loss-mask entry, separators and spacing: ~10 in practice) and 1 MiB for
+  // the pixel sources and grids.
+  static int64_t line_bytes_for(int64_t row_tokens) { return 32 * row_tokens + (int64_t{1} << 20); }
 
   // Refuses the first sample longer than `row_limit` tokens (one row of a step), naming
   // its line: called with the packer's limit before the first step.

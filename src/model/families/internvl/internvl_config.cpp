@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "../../config_parts.h"
 #include "../../json_fields.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/activation.h"
@@ -46,6 +47,10 @@ InternVisionConfig parse_intern_vision_config(const nlohmann::json& vision) {
   v.hidden_size = f.integer("hidden_size", v.hidden_size);
   v.num_attention_heads = f.integer("num_attention_heads", v.num_attention_heads);
   v.intermediate_size = f.integer("intermediate_size", v.intermediate_size);
+  config_parts::check_size_limits(f, {{"num_hidden_layers", v.num_hidden_layers, config_parts::kMaxLayers},
+                                      {"hidden_size", v.hidden_size, config_parts::kMaxWidth},
+                                      {"intermediate_size", v.intermediate_size, config_parts::kMaxWidth},
+                                      {"num_attention_heads", v.num_attention_heads, config_parts::kMaxWidth}});
   v.hidden_act = f.string("hidden_act", v.hidden_act);
   check_activation(f.name("hidden_act"), v.hidden_act);
   v.attention_bias = f.boolean("attention_bias", v.attention_bias);

@@ -78,6 +78,11 @@ QwenVisionConfig parse_qwen_vision_config(const nlohmann::json& vision, ModelFam
     v.out_hidden_size = f.integer("out_hidden_size", v.out_hidden_size);
   }
   v.num_heads = f.integer("num_heads", v.num_heads);
+  config_parts::check_size_limits(f, {{"depth", v.depth, config_parts::kMaxLayers},
+                                      {width_key.c_str(), v.hidden_size, config_parts::kMaxWidth},
+                                      {"intermediate_size", v.intermediate_size, config_parts::kMaxWidth},
+                                      {"out_hidden_size", v.out_hidden_size, config_parts::kMaxWidth},
+                                      {"num_heads", v.num_heads, config_parts::kMaxWidth}});
   v.hidden_act = f.string("hidden_act", v.hidden_act);
   check_activation(f, "hidden_act", v.hidden_act);
   // transformers renamed in_chans (still in Qwen2/2.5-VL files) to in_channels.
