@@ -152,9 +152,20 @@ Subcommand add_train_command(CLI::App& parent) {
               const bool ours = dynamic_cast<const Error*>(&e) != nullptr;
               std::string what = e.what();
               // A collective that failed because a peer ended: the peer's reason first.
-              if (const std::string cause = heartbeat ? heartbeat->peer_failure() : "";
-                  !cause.empty() && cause.find(what) == std::string::npos)
+              const std::string cause = heartbeat ? heartbeat->peer_failure() : "";
+              if (!cause.empty() && cause.find(what) == std::string::npos) {
                 what = cause + " (then on this rank: " + what.substr(0, what.find('\n')) + ")";
+              } else if (cause.empty() && heartbeat && (!ours || what.find("a peer rank died") != std::string::npos)) {
+                // A peer gone without a word (SIGKILL, a crash) and no launcher to say which:
+                // the rank whose heartbeat stays still is the one.
+                const std::vector<int> gone = heartbeat->silent_peers(std::chrono::milliseconds(2500));
+                std::string ranks;
+                for (int r : gone) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+                if (!gone.empty())
+                  what = (gone.size() == 1 ? "rank " : "ranks ") + ranks +
+                         " stopped answering (died or hung: its heartbeat stands still) (then on this rank: " +
+                         what.substr(0, what.find('\n')) + ")";
+              }
               std::cerr << "mmsp train: " << (ours ? "error: " : "failed: ") << what << std::endl;
               if (heartbeat) heartbeat->report_error(what);
               return ours ? 2 : 1;

@@ -335,6 +335,18 @@ std::string Heartbeat::peer_failure() const {
   return finished->load() ? *found : "";
 }
 
+std::vector<int> Heartbeat::silent_peers(std::chrono::milliseconds window) const {
+  std::vector<int> silent;
+  if (!state_) return silent;
+  State& s = *state_;
+  const auto since = Clock::now();
+  std::this_thread::sleep_for(window);
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (int r = 0; r < s.env.world_size; ++r)
+    if (r != s.env.rank && s.last[r].phase != kDone && s.changed[r] <= since) silent.push_back(r);
+  return silent;
+}
+
 double Heartbeat::largest_gap_seconds() const {
   return state_ ? static_cast<double>(state_->largest_gap_ns.load()) / 1e9 : 0.0;
 }

@@ -15,7 +15,8 @@
 #  5. --clip -1 and --lr 1e308 refused at the start; a sharded save that fails for lack
 #     of space (a file-size limit) leaves no staged shards behind;
 #  6. a stopped rank at the default --heartbeat-timeout (10 s) and mmsp-run's defaults:
-#     the job is over in < 15 s, the stopped rank named by the others and in the summary.
+#     the job is over in < 15 s, the stopped rank named by the others and in the summary;
+#  7. a rank killed (SIGKILL) with no launcher: the survivors name it within 15 s.
 # Usage: operator_cli.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1
@@ -223,6 +224,36 @@ else
   grep -q "summary: rank 1 .*(it was stopped: the hung rank" "$work/stop.log" ||
     fail "stop: the summary did not mark rank 1 as the stopped one: $(grep summary "$work/stop.log")"
   grep -q "summary: rank 0 .*(first failure)" "$work/stop.log" && fail "stop: the healthy rank 0 is marked the first failure"
+fi
+
+# --- 7. a rank killed without a launcher: the survivors name it ----------------------
+port=$($build/mmsp-run -n 1 --no-prefix -- sh -c 'echo $MASTER_PORT')
+survivors=()
+for r in 0 1 2; do
+  env RANK=$r WORLD_SIZE=3 LOCAL_RANK=$r LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    timeout 120 $mmsp train --ring 3 --ulysses 1 --tokens-per-rank 64 --attention-block 32 --steps 100000 \
+    > "$work/kill.$r.log" 2>&1 &
+  pids_to_kill+=($!)
+  [ $r = 2 ] || survivors+=($!)
+done
+for _ in $(seq 600); do grep -q "step 3 |" "$work/kill.0.log" && break; sleep 0.1; done
+victim=$(for p in $(pgrep -x mmsp); do
+  tr '\0' '\n' < /proc/$p/environ 2>/dev/null | grep -qx "MASTER_PORT=$port" &&
+    tr '\0' '\n' < /proc/$p/environ | grep -qx "RANK=2" && echo $p
+done | head -1)
+if [ -z "$victim" ]; then
+  fail "kill: no rank 2 process: $(tail -2 "$work/kill.0.log")"
+else
+  t0=$(now)
+  kill -KILL "$victim"
+  for p in "${survivors[@]}"; do wait "$p"; done
+  secs=$(since "$t0")
+  echo "rank 2 killed, no launcher: survivors ended after $secs s"
+  lt "$secs" 15 || fail "kill: the survivors took $secs s"
+  for r in 0 1; do
+    grep -q "rank 2 stopped answering (died or hung" "$work/kill.$r.log" ||
+      fail "kill: rank $r did not name rank 2: $(grep -v '^frame' "$work/kill.$r.log" | tail -2)"
+  done
 fi
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "mmsp/dist/rank_env.h"
 
@@ -85,6 +86,10 @@ class Heartbeat {
   // (none, or the store does not answer within 1 s): the cause to name when this rank's
   // own failure is only its consequence (a collective whose peer has exited).
   std::string peer_failure() const;
+  // The peers whose heartbeat did not change during the next `window` (waited here) and
+  // that did not return: the ones that died (SIGKILL, a crash) or hung, to name when a
+  // collective failed because a peer is gone and no launcher says which.
+  std::vector<int> silent_peers(std::chrono::milliseconds window) const;
   // The longest a peer's heartbeat stood still, as this rank saw it (seconds; 0 for
   // one rank): timeout_seconds() / this is the margin before a false alarm.
   double largest_gap_seconds() const;
