@@ -339,6 +339,10 @@ std::vector<int> Heartbeat::silent_peers(std::chrono::milliseconds window) const
   std::vector<int> silent;
   if (!state_) return silent;
   State& s = *state_;
+  // The watcher reads the keys once per interval: a beat a peer posted just before it
+  // died may be seen only now. One interval first, so that such a beat is not taken
+  // for a sign of life.
+  std::this_thread::sleep_for(s.interval + std::chrono::milliseconds(200));
   const auto since = Clock::now();
   std::this_thread::sleep_for(window);
   std::lock_guard<std::mutex> lock(s.mutex);

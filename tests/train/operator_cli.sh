@@ -8,7 +8,7 @@
 #     last metrics line is cut by the resume and compare-losses reads the file;
 #  3. NaN in a model's weights or in a pixel tensor: exit 2 naming the file, nothing in
 #     --out; a shard that is a directory is named as one; a directory without
-#     config.json says so;
+#     config.json says so; a 20000² PNG is named with its size;
 #  4. num_hidden_layers 10^9 and 10^5, vision embed_dim 2^30: refused in < 10 s naming
 #     the field, before anything is built; a 2.7 MB data line for 128-token rows: refused
 #     before it is parsed;
@@ -157,6 +157,19 @@ echo "{\"input_ids\": [1, 151652, 151655, 151655, 151653, 3, 2], \"images\": [{\
 expect2 nan_pixels "px.safetensors\" holds a NaN or infinite value at element 7" 30 \
   "${base[@]}" --steps 2 --model "$cfg" --data "$work/px.jsonl" --out "$work/px-out"
 [ -f "$work/px-out/metrics.jsonl" ] && fail "nan_pixels: left a metrics.jsonl"
+
+# an RGB PNG of 20000 x 20000 (header only): stb_image gives up on it ("unknown image
+# type"); the message gives the size from the PNG header
+python3 - "$work/huge.png" <<'EOF' || fail "could not write the PNG header"
+import struct, sys, zlib
+def chunk(kind, data): return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+ihdr = struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0)
+open(sys.argv[1], "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+EOF
+echo '{"input_ids": [1, 151652, 151655, 151655, 151653, 3, 2], "images": [{"path": "huge.png"}], "image_grid_thw": [[1, 2, 4]]}' \
+  > "$work/huge.jsonl"
+expect2 huge_png "huge.png\" is a PNG of 20000 x 20000 = 400000000 pixels, more than --max-image-pixels" 10 \
+  "${base[@]}" --model "$cfg" --data "$work/huge.jsonl"
 
 $mmsp train --model "$cfg" --steps 1 --tokens-per-rank 64 --attention-block 32 --warmup 1 --quiet \
   --save-shard-size 20KB --out "$work/s" > "$work/s.log" 2>&1 || fail "could not write a sharded directory"

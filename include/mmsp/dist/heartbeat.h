@@ -86,7 +86,8 @@ class Heartbeat {
   // (none, or the store does not answer within 1 s): the cause to name when this rank's
   // own failure is only its consequence (a collective whose peer has exited).
   std::string peer_failure() const;
-  // The peers whose heartbeat did not change during the next `window` (waited here) and
+  // The peers whose heartbeat did not change during `window` (waited here, after one
+  // interval for the watcher to catch up with beats posted before a death) and
   // that did not return: the ones that died (SIGKILL, a crash) or hung, to name when a
   // collective failed because a peer is gone and no launcher says which.
   std::vector<int> silent_peers(std::chrono::milliseconds window) const;
