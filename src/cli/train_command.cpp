@@ -110,6 +110,9 @@ Subcommand add_train_command(CLI::App& parent) {
               MMSP_CHECK(std::sscanf(crash, "%ld:%ld", &o->test.crash_checkpoint_step,
                                      &o->test.crash_checkpoint_after_bytes) == 2,
                          "MMSP_TEST_CRASH_CHECKPOINT '", crash, "' must be STEP:BYTES");
+            if (const char* crash = std::getenv("MMSP_TEST_CRASH_IN_KEEP"))  // "STEP": see TestHooks
+              MMSP_CHECK(std::sscanf(crash, "%ld", &o->test.crash_keep_step) == 1,
+                         "MMSP_TEST_CRASH_IN_KEEP '", crash, "' must be a step");
             o->vision = model::parse_vision_mode(*vision);
             o->layout = plan::parse_layout(*layout);
             o->placement = plan::parse_placement(*placement);

@@ -139,7 +139,7 @@ dist::AgreedFlags agreed_flags(const TrainOptions& o) {
           {"--allow-changed-flags", o.allow_changed_flags ? "yes" : "no"},
           {"test hooks", detail::concat(t.sleep_rank, ":", t.sleep_step, ":", exact_number(t.sleep_seconds), " ",
                                         t.skew_batch_rank, ":", t.skew_batch_step, " ", t.crash_checkpoint_step, ":",
-                                        t.crash_checkpoint_after_bytes)}};
+                                        t.crash_checkpoint_after_bytes, " ", t.crash_keep_step)}};
 }
 
 json run_flags(const TrainOptions& o, const plan::Mesh& mesh, int data_rows) {

@@ -363,6 +363,7 @@ void save_step(const TrainOptions& o, const RunInputs& in, WeightUpdate& update,
   ckpt.save_dtype = in.save_dtype;
   ckpt.max_shard_bytes = static_cast<uint64_t>(o.save_shard_bytes);
   if (o.test.crash_checkpoint_step == step) ckpt.crash_after_bytes = o.test.crash_checkpoint_after_bytes;
+  ckpt.crash_in_keep = o.test.crash_keep_step == step;
   update.save(o.out, step, state, in.resolved.config_json, ckpt, mesh, log);
 }
 

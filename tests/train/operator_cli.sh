@@ -5,7 +5,8 @@
 #  2. --out: a second job on a running job's --out is refused and the first ends 0 with
 #     only its own checkpoints and metrics; a fresh run into a finished run is refused,
 #     --overwrite replaces it; --resume of a finished run exits 0 with a note; a torn
-#     last metrics line is cut by the resume and compare-losses reads the file;
+#     last metrics line is cut by the resume and compare-losses reads the file; a kill
+#     inside the --keep rotation leaves no half-deleted step dir;
 #  3. NaN in a model's weights or in a pixel tensor: exit 2 naming the file, nothing in
 #     --out; a shard that is a directory is named as one; a directory without
 #     config.json says so; a 20000² PNG is named with its size;
@@ -120,6 +121,19 @@ $run $mmsp "${base[@]}" --steps 4 --out "$out" --overwrite > "$work/overwrite.lo
   fail "--overwrite failed: $(tail -3 "$work/overwrite.log")"
 [ "$(wc -l < "$out/metrics.jsonl")" -eq 4 ] || fail "after --overwrite metrics.jsonl has $(wc -l < "$out/metrics.jsonl") lines"
 ls "$out" | grep -q step-000020 && fail "--overwrite left the old run's step-000020"
+
+# a kill inside the --keep rotation (after its rename, before the deletion): no
+# half-deleted step dir; the resume continues and the next save clears the leftover
+MMSP_TEST_CRASH_IN_KEEP=3 $run $mmsp "${base[@]}" --steps 4 --checkpoint-every 1 --keep 1 --out "$work/keep" \
+  > "$work/keep.log" 2>&1
+grep -q "rank 0 .*status 86" "$work/keep.log" || fail "keep: the rotation hook did not fire: $(tail -3 "$work/keep.log")"
+[ "$(ls "$work/keep" | grep step- | tr '\n' ' ')" = "step-000003 " ] ||
+  fail "keep: visible step dirs after the kill: $(ls "$work/keep" | tr '\n' ' ')"
+ls -a "$work/keep" | grep -q '^\.step-000002\.tmp-deleting$' || fail "keep: no renamed step-000002: $(ls -a "$work/keep" | tr '\n' ' ')"
+$run $mmsp "${base[@]}" --steps 4 --checkpoint-every 1 --keep 1 --resume "$work/keep" --out "$work/keep" \
+  > "$work/keep-resume.log" 2>&1 || fail "keep: the resume failed: $(tail -3 "$work/keep-resume.log")"
+grep -q "resumed from .* after step 3" "$work/keep-resume.log" || fail "keep: the resume did not start after step 3"
+ls -a "$work/keep" | grep -q tmp && fail "keep: the next save left $(ls -a "$work/keep" | grep tmp)"
 
 # --- 3. non-finite weights and pixels; shards and config files that are not files ---
 cfg="$src/configs/tiny-qwen2-vl.json"

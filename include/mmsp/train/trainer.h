@@ -117,6 +117,7 @@ struct TrainOptions {
     int64_t skew_batch_step = 0;
     int64_t crash_checkpoint_step = -1;
     int64_t crash_checkpoint_after_bytes = -1;
+    int64_t crash_keep_step = -1;  // the --keep rotation of this step's save exits after its first rename
   } test;
 };
 

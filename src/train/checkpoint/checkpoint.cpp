@@ -101,7 +101,7 @@ bool looks_complete(const fs::path& step_dir, int64_t step) {
 // ones, complete or not. Incomplete dirs newer than the oldest kept one are left for
 // inspection, and never count: a corrupt newer dir cannot push out the last good one.
 // Step dirs after `step` are left alone (a run that went further before a resume).
-void apply_keep_last(const std::string& dir, int64_t step, int keep_last) {
+void apply_keep_last(const std::string& dir, int64_t step, int keep_last, bool crash_after_rename) {
   if (keep_last <= 0) return;
   std::vector<std::pair<int64_t, fs::path>> steps;
   for (const auto& entry : fs::directory_iterator(dir)) {
@@ -116,6 +116,7 @@ void apply_keep_last(const std::string& dir, int64_t step, int keep_last) {
       // (removed with the next save's leftovers), never a half-deleted step dir.
       const fs::path doomed = path.parent_path() / ("." + path.filename().string() + kTmpMark + "deleting");
       fs::rename(path, doomed);
+      if (crash_after_rename) std::_Exit(kCheckpointCrashExitCode);
       fs::remove_all(doomed);
     } else if (looks_complete(path, s)) {
       ++kept;
@@ -242,7 +243,7 @@ void save_step(const std::string& dir, int64_t step, const NamedParams& weights,
   writer.write_text(latest_tmp, name + "\n");
   checkpoint_io::replace_file(latest_tmp, dir + "/" + kLatest);
   checkpoint_io::sync_dir(dir);
-  apply_keep_last(dir, step, options.keep_last);
+  apply_keep_last(dir, step, options.keep_last, options.crash_in_keep);
 }
 
 }  // namespace

@@ -67,6 +67,10 @@ struct CheckpointOptions {
   // the index), master/ likewise, optimizer.safetensors, state.json, latest),
   // usually mid-file.
   int64_t crash_after_bytes = -1;
+  // TEST HOOK (crash tests only): the --keep rotation exits the process
+  // (kCheckpointCrashExitCode) right after it has renamed the first step dir it deletes,
+  // as a kill between the rename and the deletion would.
+  bool crash_in_keep = false;
   // Sharded optimizer state (--shard optimizer): every rank has written its file
   // (optimizer_shard_file) into this directory, with these checksums by file name. The
   // save moves the directory into the step dir as optimizer/ instead of writing
