@@ -24,13 +24,13 @@ bool take(const std::string& text, size_t& at, std::string& out) {
   return true;
 }
 
+}  // namespace
+
 std::string rank_list(const std::vector<int>& ranks) {
   std::string out = ranks.size() == 1 ? "rank " : "ranks ";
   for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
   return out;
 }
-
-}  // namespace
 
 std::string encode_flags(const AgreedFlags& flags) {
   std::string out;

@@ -47,11 +47,10 @@ std::string group_name(MeshAxis axis, const plan::RankCoords& c) {
 }  // namespace
 
 c10::intrusive_ptr<c10d::Store> Mesh::open_store(const RankEnv& env,
-                                                 std::chrono::milliseconds timeout,
-                                                 const AgreedFlags& agreed) {
+                                                 std::chrono::milliseconds timeout) {
   StartupDeadline deadline(env.rank, timeout,
                            env.master_addr + ":" + std::to_string(env.master_port), "opening the rendezvous");
-  return join_rendezvous(env, timeout, agreed, &deadline);
+  return join_rendezvous(env, timeout, {}, &deadline);
 }
 
 Mesh Mesh::connect(const RankEnv& env, const plan::Mesh& shape, const MeshOptions& options) {

@@ -41,12 +41,6 @@ std::string seconds(std::chrono::milliseconds t) {
   return out.str();
 }
 
-std::string rank_list(const std::vector<int>& ranks) {
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
-  return out;
-}
-
 }  // namespace
 
 std::string run_id_of(const RankEnv& env) {

@@ -25,6 +25,9 @@ bool decode_flags(const std::string& text, AgreedFlags& out);
 // (another mmsp build) is named as such.
 std::string flag_disagreement(const std::vector<AgreedFlags>& per_rank);
 
+// "rank 3" or "ranks 0, 2, 3": the start-up's messages name ranks this way.
+std::string rank_list(const std::vector<int>& ranks);
+
 // A value for AgreedFlags: the shortest text that reads back as the same double.
 std::string exact_number(double value);
 

@@ -68,8 +68,7 @@ class Mesh {
   // Opens the job's TCPStore (rank 0 serves it) and waits for every rank of the
   // same run (join_rendezvous in rendezvous.h).
   static c10::intrusive_ptr<c10d::Store> open_store(const RankEnv& env,
-                                                    std::chrono::milliseconds timeout,
-                                                    const AgreedFlags& agreed = {});
+                                                    std::chrono::milliseconds timeout);
 
   const plan::Mesh& shape() const { return shape_; }
   const plan::RankCoords& coords() const { return coords_; }
