@@ -494,6 +494,25 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// transformers 5 writes LLaVA's CLIP tower without CLIPVisionModel's vision_model level:
+// vision_tower.embeddings.* (seen from transformers 5.17's save_pretrained; tests/hf
+// checks it against transformers itself). The other names stay llava-1.5-hf's.
+TEST(HfDirectory, LlavaLoadsTheLayoutTransformers5Writes) {
+  const nlohmann::json json = tiny_config("tiny-llava.json");
+  const ModelConfig config = parse_model_config(json, "tiny-llava.json");
+  const auto model = build(config);
+  const Named own = parameters_of(*model);
+  const Named v5 = renamed(own, {{"vision_tower.vision_model.", "vision_tower."}});
+  ASSERT_NE(v5.front().first, own.front().first);  // the tower comes first
+  const std::string dir = temp_dir() + "/v5";
+  save_hf_directory(dir, v5, json.dump());
+  expect_loads(dir, config, own);
+  // and transformers 5's names in memory (model.vision_tower.*), as a user's own save may hold them
+  const std::string memory_dir = temp_dir() + "/v5-memory";
+  save_hf_directory(memory_dir, renamed(v5, {{"vision_tower.", "model.vision_tower."}}), json.dump());
+  expect_loads(memory_dir, config, own);
+}
+
 // Qwen2.5-VL's model is not built yet (windowed vision blocks); its files are named as
 // Qwen2-VL's, and so is its naming.
 TEST(HfDirectory, Qwen2_5VlNamesAsQwen2Vl) {

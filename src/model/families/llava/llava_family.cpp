@@ -110,8 +110,19 @@ class LlavaFamily : public Family {
     return std::make_shared<LlavaPixelGeometry>(*c.clip_vision, *c.llava);
   }
 
+  // The CLIP tower's names: llava-1.5-*-hf and mmsp vision_tower.vision_model.*;
+  // transformers 4.52 to 4.57 model.vision_tower.vision_model.*; transformers 5 keeps
+  // no CLIPVisionModel wrapper and writes vision_tower.{embeddings,pre_layrnorm,encoder,
+  // post_layernorm}.* (model.vision_tower.* in memory). First match wins: the full
+  // prefixes go before the shorter ones, and before the layout's generic pairs.
   CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
-    return llava_layout_naming(c.tie_word_embeddings);  // llava-1.5-*-hf and mmsp
+    CheckpointNaming naming = llava_layout_naming(c.tie_word_embeddings);
+    const std::string tower = "vision_tower.vision_model.";
+    naming.prefix_aliases.insert(naming.prefix_aliases.begin(), {{tower, tower},
+                                                                 {"model." + tower, tower},
+                                                                 {"model.vision_tower.", tower},
+                                                                 {"vision_tower.", tower}});
+    return naming;
   }
 };
 
