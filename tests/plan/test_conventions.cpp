@@ -82,6 +82,19 @@ TEST(Conventions, InternVLDefaultsAndDownsample) {
   // 1/k beyond any real merge (and beyond int64 for tiny ratios) is refused, not cast.
   j["downsample_ratio"] = 1e-300;
   EXPECT_THAT(error_of([&] { read(j, "internvl"); }), HasSubstr("must be 1/k for an integer k in 1..64"));
+  // <img> / </img> are the tokenizer's: left out of a config whose vocabulary cannot
+  // hold InternVL3's ids, there are none to look for (images are placeholder runs);
+  // given, they are read (and the model layer checks them against the vocabulary).
+  nlohmann::json small = {{"model_type", "internvl"}, {"image_token_id", 603}, {"text_config", {{"vocab_size", 640}}}};
+  ModelConventions s = read(small, "internvl");
+  EXPECT_EQ(s.vision_start_token_id, -1);
+  EXPECT_EQ(s.vision_end_token_id, -1);
+  EXPECT_FALSE(s.has_block_markers());
+  small["image_start_token_id"] = 600;
+  small["image_end_token_id"] = 601;
+  s = read(small, "internvl");
+  EXPECT_EQ(s.vision_start_token_id, 600);
+  EXPECT_EQ(s.vision_end_token_id, 601);
 }
 
 TEST(Conventions, DefaultsWhenFieldsMissing) {

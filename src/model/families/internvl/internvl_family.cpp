@@ -4,6 +4,7 @@
 // at its own size, ImageNet normalisation) and the checkpoints' names.
 #include "mmsp/model/families/internvl/internvl_family.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -75,6 +76,16 @@ class InternVLPixelGeometry : public PixelGeometry {
   PixelNorm norm_;
 };
 
+// text_config.vocab_size, or transformers' default for InternVL's Qwen2 decoder.
+int64_t declared_vocab_size(const nlohmann::json& config) {
+  const auto text = config.find("text_config");
+  if (text != config.end() && text->is_object()) {
+    const auto v = text->find("vocab_size");
+    if (v != text->end() && v->is_number_integer()) return v->get<int64_t>();
+  }
+  return 151936;
+}
+
 class InternVLFamily : public Family {
  public:
   std::vector<std::string> model_types() const override { return {"internvl"}; }
@@ -93,6 +104,16 @@ class InternVLFamily : public Family {
     c.video_token_id = -1;
     c.vision_start_token_id = fields::token_id(config, "image_start_token_id", 151665);
     c.vision_end_token_id = fields::token_id(config, "image_end_token_id", 151666);
+    // <img> and </img> are the tokenizer's words, not the model's: transformers'
+    // InternVLConfig has no field for them and the released configs leave them out, so
+    // 151665/151666 are InternVL3's tokenizer, assumed. A vocabulary too small to hold
+    // them has other ids for its markers, which are then text like any other: images
+    // are found by their placeholder runs, as LLaVA's (transformers does the same).
+    if (!config.contains("image_start_token_id") && !config.contains("image_end_token_id") &&
+        std::max(c.vision_start_token_id, c.vision_end_token_id) >= declared_vocab_size(config)) {
+      c.vision_start_token_id = -1;
+      c.vision_end_token_id = -1;
+    }
     c.spatial_merge_size = 2;
     if (config.contains("downsample_ratio")) {
       const auto& r = config.at("downsample_ratio");
