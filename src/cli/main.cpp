@@ -8,7 +8,6 @@
 #include "command.h"
 #include "heap_policy.h"
 #include "mmsp/core/check.h"
-#include "mmsp/model/config.h"
 #include "plan_command.h"
 #include "selftest_command.h"
 #include "thread_policy.h"
@@ -30,9 +29,7 @@ int main(int argc, char** argv) {
   commands.push_back(mmsp::cli::add_compare_losses_command(app));
   commands.push_back(mmsp::cli::add_selftest_command(app));
   commands.push_back(mmsp::cli::add_bench_command(app));
-  commands.push_back(mmsp::cli::add_plan_command(app, [](const nlohmann::json& config, const std::string& path) {
-    return mmsp::model::parse_model_config(config, path).text.vocab_size;
-  }));
+  commands.push_back(mmsp::cli::add_plan_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

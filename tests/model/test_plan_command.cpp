@@ -26,9 +26,9 @@ struct Result {
   std::string out, err;
 };
 
-Result run_plan(std::vector<std::string> args, mmsp::cli::ConfigValidator validate = {}) {
+Result run_plan(std::vector<std::string> args) {
   CLI::App app{"mmsp"};
-  auto command = mmsp::cli::add_plan_command(app, std::move(validate));
+  auto command = mmsp::cli::add_plan_command(app);
   args.insert(args.begin(), "plan");
   std::vector<const char*> argv{"mmsp"};
   for (const auto& a : args) argv.push_back(a.c_str());
@@ -219,14 +219,44 @@ TEST(PlanCommand, DuplicateKeysDeepNestingAndTokenIdsAreRefused) {
                                                                     std::string(1000000, '[') + "}]}")});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("deep.json: JSON nests deeper than 64 levels"));
-  // with the model layer's check (as the mmsp tool has it): token ids against vocab_size
+  // token ids against the config's vocab_size
   const std::string ids = write("ids.json", R"({"sequences": [{"input_ids": [1, 2, 151936]}]})");
-  r = run_plan({"--config", config, "--batch", ids}, [](const nlohmann::json&, const std::string&) { return int64_t{151936}; });
-  EXPECT_EQ(r.status, 2);
-  EXPECT_THAT(r.err, HasSubstr("ids.json: sequence 0: input_ids[2] = 151936 is outside the vocabulary 0..151935"));
-  r = run_plan({"--config", config, "--batch", ids});  // the planner alone reads the config's vocab_size
+  r = run_plan({"--config", config, "--batch", ids});
   EXPECT_EQ(r.status, 2) << r.err;
   EXPECT_THAT(r.err, HasSubstr("ids.json: sequence 0: input_ids[2] = 151936 is outside the vocabulary 0..151935"));
+  std::filesystem::remove_all(dir);
+}
+
+// A config with only what planning reads plans: transformers' defaults for the rest
+// (Qwen2-VL's text hidden size 8192 against its vision merger's 3584; LLaVA's vocab_size
+// 32000, which equals its image_token_index) are not checked as if they had been read.
+// A declared vocabulary still bounds the config's own token ids.
+TEST(PlanCommand, AConfigWithOnlyWhatPlanningUsesPlans) {
+  char name[] = "/tmp/mmsp-plan-min-XXXXXX";
+  ASSERT_NE(::mkdtemp(name), nullptr);
+  const std::string dir = name;
+  auto write = [&](const std::string& file, const std::string& text) {
+    std::ofstream(dir + "/" + file) << text;
+    return dir + "/" + file;
+  };
+  const std::string qwen = write("qwen.json", R"({"model_type": "qwen2_vl", "image_token_id": 151655,
+      "video_token_id": 151656, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+      "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "vision_config": {"spatial_merge_size": 2}})");
+  const std::string qwen_batch = write("qb.json", R"({"sequences": [{"input_ids": [1, 151652, 151655, 151653, 2],
+      "image_grid_thw": [[1, 2, 2]]}]})");
+  Result r = run_plan({"--config", qwen, "--batch", qwen_batch, "--ring", "2"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("rank 1"));
+  const std::string llava = write("llava.json", R"({"model_type": "llava", "image_token_index": 32000})");
+  const std::string llava_batch = write("lb.json", R"({"sequences": [{"input_ids": [1, 32000, 32000, 32000, 32000, 2],
+      "image_grid_thw": [[1, 2, 2]]}]})");
+  r = run_plan({"--config", llava, "--batch", llava_batch});
+  EXPECT_EQ(r.status, 0) << r.err;
+  const std::string small = write("small.json", R"({"model_type": "llava", "image_token_index": 32000,
+      "text_config": {"vocab_size": 1000}})");
+  r = run_plan({"--config", small, "--batch", llava_batch});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("small.json: the image token id 32000 is outside the vocabulary 0..999 that vocab_size declares"));
   std::filesystem::remove_all(dir);
 }
 
