@@ -87,6 +87,9 @@ Subcommand add_train_command(CLI::App& parent) {
   app->add_option("--resume", o->resume, "continue from this checkpoint or run directory");
   app->add_flag("--overwrite", o->overwrite,
                 "start afresh in an --out that holds another run: its metrics and checkpoints are deleted first");
+  app->add_option("--save-gradients", o->save_gradients,
+                  "write the first step's gradients (summed over the ranks, before --clip) as a model directory "
+                  "here, to compare with a reference (--shard none)");
   app->add_flag("--allow-changed-flags", o->allow_changed_flags,
                 "resume although flags that change the batches or the numerics differ from the checkpoint's");
   app->add_flag("--quiet", o->quiet, "no per-step lines (the summary still prints)");

@@ -136,6 +136,7 @@ dist::AgreedFlags agreed_flags(const TrainOptions& o) {
           {"--checkpoint-every", n(o.checkpoint_every)},
           {"--keep", n(o.keep)},
           {"--overwrite", o.overwrite ? "yes" : "no"},
+          {"--save-gradients", o.save_gradients},
           {"--allow-changed-flags", o.allow_changed_flags ? "yes" : "no"},
           {"test hooks", detail::concat(t.sleep_rank, ":", t.sleep_step, ":", exact_number(t.sleep_seconds), " ",
                                         t.skew_batch_rank, ":", t.skew_batch_step, " ", t.crash_checkpoint_step, ":",

@@ -182,6 +182,13 @@ ParsedTrainOptions check_train_options(const TrainOptions& o, const plan::Mesh& 
   MMSP_CHECK(o.lr * o.weight_decay <= 1, "--lr ", o.lr, " × --weight-decay ", o.weight_decay,
              " must be ≤ 1: decoupled weight decay multiplies the weights by 1 − lr × weight_decay");
   MMSP_CHECK(o.clip >= 0, "--clip ", o.clip, " must be ≥ 0 (the global gradient norm to clip to; 0: off)");
+  MMSP_CHECK(o.save_gradients.empty() || parsed.shard_level == ShardLevel::none, "--save-gradients needs --shard none (",
+             "with --shard ", o.shard, " no rank holds the whole gradient)");
+  if (!o.save_gradients.empty()) {
+    std::error_code ec;
+    MMSP_CHECK(!std::filesystem::exists(o.save_gradients, ec) || std::filesystem::is_empty(o.save_gradients, ec),
+               "--save-gradients ", o.save_gradients, " exists and is not empty (nothing in it is overwritten)");
+  }
   return parsed;
 }
 
@@ -494,6 +501,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
                      mesh.store() ? fingerprint_key_prefix(*mesh.store(), mesh.rank()) : ""};
 
   const int64_t last_step = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
+  if (!o.save_gradients.empty()) update.save_next_gradients(o.save_gradients, in.resolved.config_json, mesh, log);
   for (int64_t step = resumed.done + 1; step <= last_step; ++step) {
     const StepMetrics m = run_step(run, step, resumed.position, report.held_bytes);
     report.state_bytes = memory.current_bytes();

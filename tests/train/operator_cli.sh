@@ -13,7 +13,8 @@
 #  4. num_hidden_layers 10^9 and 10^5, vision embed_dim 2^30: refused in < 10 s naming
 #     the field, before anything is built; a 2.7 MB data line for 128-token rows: refused
 #     before it is parsed;
-#  5. --clip -1 and --lr 1e308 refused at the start; a sharded save that fails for lack
+#  5. --clip -1, --lr 1e308 and --save-gradients with --shard or into a non-empty
+#     directory refused at the start; a sharded save that fails for lack
 #     of space (a file-size limit) leaves no staged shards behind;
 #  6. a stopped rank at the default --heartbeat-timeout (10 s) and mmsp-run's defaults:
 #     the job is over in < 15 s, the stopped rank named by the others and in the summary;
@@ -213,6 +214,13 @@ expect2 long_line "long.jsonl:1: the line is [0-9]* bytes, more than a sample th
 # --- 5. flags refused at the start --------------------------------------------------
 expect2 clip_negative "--clip -1 must be ≥ 0" 10 "${base[@]}" --clip -1
 expect2 lr_huge "--lr 1e+308 is beyond 1" 10 "${base[@]}" --lr 1e308
+# --save-gradients: only where a rank holds the whole gradient, never over a user's files
+expect2 grads_sharded "--save-gradients needs --shard none" 10 "${base[@]}" --shard optimizer \
+  --save-gradients "$work/grads"
+mkdir -p "$work/grads-full" && touch "$work/grads-full/mine"
+expect2 grads_not_empty "--save-gradients $work/grads-full exists and is not empty" 10 "${base[@]}" \
+  --save-gradients "$work/grads-full"
+[ -f "$work/grads-full/mine" ] || fail "--save-gradients removed a file of the user's"
 
 # --- 5b. a sharded save that runs out of space leaves no staged shards behind ----------
 # (a file-size limit stands in for a full disk: writes past it fail with EFBIG)

@@ -84,6 +84,10 @@ struct TrainOptions {
   // unless this is set (they are deleted first). The CLI checks it with --out's lock
   // (checkpoint/run_directory.h); train() itself takes no lock.
   bool overwrite = false;
+  // The first step's gradients (summed over the world, before clipping) written as a
+  // Hugging Face model directory here (rank 0; must not exist or be empty); the run goes
+  // on. For comparing a run with a reference such as transformers. --shard none only.
+  std::string save_gradients;
   bool allow_changed_flags = false;  // resume even if flags that change batches or numerics differ
   bool quiet = false;             // rank 0 prints no per-step line (the summary always)
   // TrainReport::parameters: every rank gathers the whole model at the end and copies it

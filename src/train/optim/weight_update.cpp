@@ -56,6 +56,7 @@ class ReplicatedUpdate : public WeightUpdate {
     masters_.take_grads();
     doing.set_phase("gradient sync");
     sync_.all_reduce();
+    if (gradients_.mesh) write_gradients();
     doing.set_phase("optimizer");
     const double norm = clip_grad_norm(masters_.params(), clip_norm);
     opt_->step();
@@ -76,10 +77,40 @@ class ReplicatedUpdate : public WeightUpdate {
     agree_on_success(error, "saving the checkpoint of step " + std::to_string(step) + " in " + dir, mesh);
     if (mesh.rank() == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
   }
+  void save_next_gradients(const std::string& dir, const std::string& config_json, const dist::Mesh& mesh,
+                           std::ostream& log) override {
+    gradients_ = {dir, config_json, &mesh, &log};
+  }
   NamedParams weights() const override { return masters_.params(); }
   std::string describe() const override { return masters_.mixed() ? "fp32 master weights" : ""; }
 
  private:
+  // The synced gradients as a model directory; a parameter the step did not reach
+  // (no gradient) is written as zeros, as the reference's would read.
+  void write_gradients() {
+    const GradientRequest request = gradients_;
+    gradients_ = {};
+    std::string error;
+    if (request.mesh->rank() == 0) {
+      try {
+        std::vector<std::pair<std::string, at::Tensor>> grads;
+        for (const auto& [name, p] : masters_.params())
+          grads.emplace_back(name, p.grad().defined() ? p.grad().detach() : at::zeros_like(p));
+        model::save_hf_directory(request.dir, grads, request.config_json);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    }
+    agree_on_success(error, "--save-gradients " + request.dir, *request.mesh);
+    if (request.mesh->rank() == 0) *request.log << "gradients: saved in " << request.dir << std::endl;
+  }
+
+  struct GradientRequest {
+    std::string dir, config_json;
+    const dist::Mesh* mesh = nullptr;  // set: the next step writes
+    std::ostream* log = nullptr;
+  };
+  GradientRequest gradients_;
   MasterWeights masters_;
   std::unique_ptr<torch::optim::AdamW> opt_;
   GradSync sync_;
@@ -173,6 +204,9 @@ class ShardedUpdate : public WeightUpdate {
     sharded_.release_gathered();
     agree(error);
     if (rank == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
+  }
+  void save_next_gradients(const std::string&, const std::string&, const dist::Mesh&, std::ostream&) override {
+    MMSP_CHECK(false, "--save-gradients needs --shard none: a sharded update holds no whole gradient");
   }
   NamedParams weights() const override { return sharded_.model_params(); }
   std::string describe() const override {

@@ -42,6 +42,13 @@ class WeightUpdate {
   // After the backward; returns the gradient norm before clipping (≤ 0: no clipping).
   // `doing` learns the phases (gradient sync, optimizer) for the heartbeat.
   virtual double step(double clip_norm, dist::RankActivity& doing) = 0;
+  // The next step() writes the gradients it syncs — summed over the world, before
+  // clipping — as a Hugging Face model directory `dir` (the training weights' names and
+  // dtype, `config_json` as its config.json): rank 0 writes, every rank learns of a
+  // failure. For a comparison against a reference (transformers). The replicated
+  // update only: a sharded one holds no whole gradient (refused before it is built).
+  virtual void save_next_gradients(const std::string& dir, const std::string& config_json,
+                                   const dist::Mesh& mesh, std::ostream& log) = 0;
   // Every rank calls; the checkpoint is complete when it returns on any rank, and a
   // failure on one rank is an error on all.
   virtual void save(const std::string& dir, int64_t step, const nlohmann::json& state,
