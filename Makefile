@@ -2,8 +2,11 @@
 # Each installs what is missing, configures CMake and builds: Debian 12 packages (the
 # compiler, CMake, the header-only and test libraries) and LibTorch, which comes from the
 # pinned `torch` wheel (requirements/torch.txt) installed into a project-local virtual
-# environment (.venv; `make clean` keeps it). See docs/building.md.
+# environment (.venv; `make clean` keeps it) with the pinned transformers, tokenizers and
+# pytest (requirements/hf.txt) that the suite compares against and `mmsp prepare` runs.
+# See docs/building.md.
 # Another LibTorch (>= 2.11, e.g. the GPU machine's):  make test Torch_DIR=/path/to/share/cmake/Torch
+# (then the Python tests use $(PYTHON), which must have requirements/hf.txt's packages).
 
 BUILD      ?= build
 BUILD_TYPE ?= Release
@@ -25,12 +28,14 @@ CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DMMSP_WERROR=$(WERROR)
 
 # The venv is (re)made when the pins change; its stamp records the pins it holds.
 TORCH_STAMP := $(VENV)/.mmsp-requirements
+REQUIREMENTS := requirements/torch.txt requirements/hf.txt
 ifeq ($(Torch_DIR),)
 TORCH_DEP := $(TORCH_STAMP)
-TORCH_DIR_ARG = -DTorch_DIR=$$(echo $(CURDIR)/$(VENV)/lib/python3*/site-packages/torch/share/cmake/Torch)
+TORCH_DIR_ARG = -DTorch_DIR=$$(echo $(CURDIR)/$(VENV)/lib/python3*/site-packages/torch/share/cmake/Torch) \
+                -DMMSP_PYTHON=$(CURDIR)/$(VENV)/bin/python
 else
 TORCH_DEP :=
-TORCH_DIR_ARG = -DTorch_DIR=$(Torch_DIR)
+TORCH_DIR_ARG = -DTorch_DIR=$(Torch_DIR) -DMMSP_PYTHON=$$(command -v $(PYTHON))
 endif
 
 .PHONY: all deps torch configure build tools test demo clean install print-deb-packages
@@ -45,12 +50,12 @@ deps:
 	fi
 
 # pip's own download and install; the time and size are in docs/building.md.
-$(TORCH_STAMP): requirements/torch.txt | deps
+$(TORCH_STAMP): $(REQUIREMENTS) | deps
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --disable-pip-version-check --no-input --progress-bar off \
-	  --only-binary :all: -r requirements/torch.txt
-	cp requirements/torch.txt $@
+	  --only-binary :all: $(addprefix -r ,$(REQUIREMENTS))
+	cat $(REQUIREMENTS) > $@
 
 torch: $(TORCH_DEP)
 
