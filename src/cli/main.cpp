@@ -8,6 +8,7 @@
 #include "command.h"
 #include "heap_policy.h"
 #include "mmsp/core/check.h"
+#include "pixels_command.h"
 #include "plan_command.h"
 #include "selftest_command.h"
 #include "thread_policy.h"
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   commands.push_back(mmsp::cli::add_selftest_command(app));
   commands.push_back(mmsp::cli::add_bench_command(app));
   commands.push_back(mmsp::cli::add_plan_command(app));
+  commands.push_back(mmsp::cli::add_pixels_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

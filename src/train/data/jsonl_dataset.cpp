@@ -13,11 +13,11 @@
 
 #include <nlohmann/json.hpp>
 #include <stb/stb_image.h>
-#include <stb/stb_image_resize.h>
 
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
 #include "mmsp/model/family.h"
+#include "mmsp/model/image_resize.h"
 #include "mmsp/model/safetensors.h"
 
 namespace mmsp::train {
@@ -150,10 +150,9 @@ at::Tensor load_image(const std::string& where, const fs::path& file, int64_t ch
   if (w == width && h == height) {
     std::memcpy(out.data_ptr<uint8_t>(), data.get(), static_cast<size_t>(w) * h * channels);
   } else {
-    const int ok = stbir_resize_uint8(data.get(), w, h, 0, out.data_ptr<uint8_t>(), static_cast<int>(width),
-                                      static_cast<int>(height), 0, static_cast<int>(channels));
-    MMSP_CHECK(ok, where, ": resizing \"", file.string(), "\" from ", w, " x ", h, " to ", width, " x ",
-               height, " failed");
+    // As the Hugging Face processors resize (PIL's bicubic on the 8-bit image).
+    const at::Tensor decoded = at::from_blob(data.get(), {h, w, channels}, at::kByte);
+    out = model::resize_bicubic_like_pil(decoded, height, width);
   }
   return out.permute({2, 0, 1}).to(at::kFloat).div_(255.0f).contiguous();
 }

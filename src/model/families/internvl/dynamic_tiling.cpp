@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/image_resize.h"
 
 namespace mmsp::model {
 
@@ -59,12 +60,9 @@ at::Tensor cut_tiles(const at::Tensor& canvas, const TileGrid& grid, int64_t S) 
 
 namespace {
 
-// [C, H, W] -> [C, height, width]
+// [C, H, W] -> [C, height, width], as the processor resizes: PIL's bicubic on the 8-bit image.
 at::Tensor resize(const at::Tensor& image, int64_t height, int64_t width) {
-  if (image.size(1) == height && image.size(2) == width) return image;
-  return at::_upsample_bicubic2d_aa(image.unsqueeze(0), {height, width}, /*align_corners=*/false)
-      .squeeze(0)
-      .clamp(0, 1);
+  return resize_unit_float_like_pil(image, height, width);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // checkpoints' names.
 #include "mmsp/model/families/llava/llava_family.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "config_parts.h"
@@ -18,7 +20,9 @@ namespace {
 
 using json_fields::JsonFields;
 
-// CLIPImageProcessor as llava-1.5 ships it: resized to the square side, CLIP's normalisation.
+// CLIPImageProcessor as llava-1.5 ships it: the shorter side resized to image_size (the
+// longer one in proportion, truncated as transformers' get_resize_output_image_size
+// does), the centre image_size square cut out, CLIP's normalisation.
 class LlavaPixelGeometry : public PixelGeometry {
  public:
   LlavaPixelGeometry(const ClipVisionConfig& v, const LlavaProjectorConfig& p)
@@ -35,8 +39,12 @@ class LlavaPixelGeometry : public PixelGeometry {
     return detail::concat("but llava images of ", v_.image_size, " px have grid [1, ", grid()[1], ", ",
                           grid()[2], "]");
   }
-  std::pair<int64_t, int64_t> frame_size(const plan::Grid&, int64_t, int64_t) const override {
-    return {v_.image_size, v_.image_size};
+  std::pair<int64_t, int64_t> frame_size(const plan::Grid&, int64_t width, int64_t height) const override {
+    const int64_t S = v_.image_size;
+    if (width <= 0 || height <= 0) return {S, S};
+    const int64_t shorter = std::min(width, height), longer = std::max(width, height);
+    const auto scaled = static_cast<int64_t>(static_cast<double>(S * longer) / static_cast<double>(shorter));
+    return width <= height ? std::pair<int64_t, int64_t>{S, scaled} : std::pair<int64_t, int64_t>{scaled, S};
   }
   int64_t placeholder_rows(const plan::Grid& g) const override { return class_row_ + g[0] * g[1] * g[2]; }
   std::vector<int64_t> item_shape(const plan::Grid&) const override { return row_shape(); }
@@ -46,7 +54,11 @@ class LlavaPixelGeometry : public PixelGeometry {
   at::Tensor item_pixels(const at::Tensor& frames) const override {
     MMSP_CHECK(frames.dim() == 4 && frames.size(0) == 1, "LLaVA takes one frame per image, got frames ",
                frames.sizes());
-    return normalize_pixels(frames[0], 0, norm_).contiguous();
+    // The centre square, its corner rounded down (transformers' center_crop).
+    const int64_t S = v_.image_size, top = (frames.size(2) - S) / 2, left = (frames.size(3) - S) / 2;
+    MMSP_CHECK(top >= 0 && left >= 0, "LLaVA frame ", frames.size(3), " x ", frames.size(2), " is smaller than ", S,
+               " x ", S);
+    return normalize_pixels(frames[0].slice(1, top, top + S).slice(2, left, left + S), 0, norm_).contiguous();
   }
 
  private:
