@@ -6,7 +6,8 @@
 #  2. a rank that computes longer than the heartbeat timeout inside a step is not killed;
 #  3. a rank given another batch is named within 2 s, before the step's first collective;
 #  4. a flipped bit in a checkpoint makes --resume refuse it, naming the file;
-#  5. `mmsp plan` refuses the configs and batches `mmsp train` refuses.
+#  5. `mmsp plan` refuses bad token ids, vocab sizes and duplicate keys; a config only the
+#     model refuses (mrope_section against head_dim) plans, and `mmsp train` refuses it.
 # Usage: reliability_cli.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1
@@ -138,7 +139,7 @@ done
 $build/mmsp-run -n 2 -- $mmsp "${short[@]}" --steps 3 --allow-changed-flags --resume "$work/ckpt" > "$work/resume.log" 2>&1 \
   || fail "resume of the repaired checkpoint: $(tail -3 "$work/resume.log")"
 
-# --- 5. mmsp plan checks the config as mmsp train does -------------------------------------
+# --- 5. mmsp plan checks what planning uses; mmsp train checks the model --------------------
 cfg=$src/configs/tiny-qwen2-vl.json
 batch=$src/examples/batch-qwen2-vl.json
 plan_refuses() {  # plan_refuses NAME PATTERN CONFIG BATCH
@@ -147,8 +148,16 @@ plan_refuses() {  # plan_refuses NAME PATTERN CONFIG BATCH
   [ $status = 2 ] || fail "plan $1: exit $status, not 2: $(tail -2 "$work/$1.log")"
   grep -q -- "$2" "$work/$1.log" || fail "plan $1: no /$2/: $(tail -2 "$work/$1.log")"
 }
+# mrope_section against head_dim / 2 is the model's rule (the planner knows no head size):
+# plan plans, train refuses before anything is built.
 sed 's/"mrope_section": \[2, 3, 3\]/"mrope_section": [2, 3, 4]/' "$cfg" > "$work/mrope.json"
-plan_refuses mrope "mrope_section" "$work/mrope.json" "$batch"
+$mmsp plan --config "$work/mrope.json" --batch "$batch" > "$work/mrope-plan.log" 2>&1 ||
+  fail "plan mrope: exit $?, not 0: $(tail -2 "$work/mrope-plan.log")"
+$mmsp train --model "$work/mrope.json" --steps 1 --quiet > "$work/mrope-train.log" 2>&1
+status=$?
+[ $status = 2 ] || fail "train mrope: exit $status, not 2: $(tail -2 "$work/mrope-train.log")"
+grep -q "mrope_section \[2, 3, 4\] sums to 9 but must be head_dim / 2 = 16 / 2" "$work/mrope-train.log" ||
+  fail "train mrope: no message: $(tail -2 "$work/mrope-train.log")"
 sed 's/"vocab_size": 151936/"vocab_size": -1/' "$cfg" > "$work/vocab.json"
 plan_refuses vocab "vocab_size" "$work/vocab.json" "$batch"
 sed 's/"input_ids": \[/"input_ids": [151936, /' "$batch" > "$work/ids.json"
