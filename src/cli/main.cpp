@@ -10,6 +10,7 @@
 #include "mmsp/core/check.h"
 #include "pixels_command.h"
 #include "plan_command.h"
+#include "prepare_command.h"
 #include "selftest_command.h"
 #include "thread_policy.h"
 #include "train_command.h"
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
   commands.push_back(mmsp::cli::add_bench_command(app));
   commands.push_back(mmsp::cli::add_plan_command(app));
   commands.push_back(mmsp::cli::add_pixels_command(app));
+  commands.push_back(mmsp::cli::add_prepare_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

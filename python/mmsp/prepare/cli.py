@@ -1,0 +1,72 @@
+"""`python -m mmsp.prepare` (and `mmsp prepare`, which runs it): flags, messages, exit codes.
+
+Exit 0 with a one-line summary on stderr; exit 2 with `mmsp prepare: error: ...` on stderr for
+any user error (a bad record: `FILE:LINE: ...`), leaving no output file.
+"""
+import argparse
+import sys
+
+from . import formats, overflow
+from .errors import PrepareError
+from .run import Options, prepare
+
+PROG = "mmsp prepare"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise PrepareError(message)
+
+
+def parser():
+    p = _Parser(prog=PROG, description="Turn conversation data into mmsp's .jsonl with a model directory's "
+                                       "own processor (docs/prepare.md).")
+    p.add_argument("--model", required=True, metavar="DIR",
+                   help="Hugging Face model directory: config.json, the tokenizer, chat template and processor")
+    p.add_argument("--input", required=True, metavar="FILE", help="a JSON list or JSON lines of records")
+    p.add_argument("--output", metavar="OUT.jsonl", help="default: beside the input, NAME.prepared.jsonl")
+    p.add_argument("--max-length", type=int, metavar="N", help="the most tokens a sample may have")
+    p.add_argument("--overflow", choices=overflow.OVERFLOW, default="refuse",
+                   help="a sample over --max-length: refuse it (an error) or truncate it (default refuse)")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip bad records, listing them on stderr, instead of stopping at the first")
+    p.add_argument("--format", choices=formats.FORMATS, default="auto",
+                   help="the records' format (default: told from each record's fields)")
+    p.add_argument("--image-root", metavar="DIR",
+                   help="relative image and video paths are under DIR (default: the input's folder)")
+    p.add_argument("--video-fps", type=float, default=2.0, metavar="FPS",
+                   help="frames per second of the videos' frames (Qwen timestamps; default 2)")
+    return p
+
+
+def main(argv=None):
+    def report(message):
+        print(f"{message} (skipped)", file=sys.stderr, flush=True)
+
+    try:
+        args = parser().parse_args(argv)
+        _quiet_transformers()
+        options = Options(model=args.model, input=args.input, output=args.output, max_length=args.max_length,
+                          overflow=args.overflow, skip_bad=args.skip_bad, format=args.format,
+                          image_root=args.image_root, video_fps=args.video_fps)
+        summary = prepare(options, report)
+    except PrepareError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; no output written", file=sys.stderr)
+        return 130
+    print(f"{PROG}: wrote {_count(summary.samples, 'sample')} ({summary.tokens:,} tokens, {summary.targets:,} "
+          f"targets) to {summary.output}; skipped {_count(len(summary.skipped), 'bad record')}", file=sys.stderr)
+    return 0
+
+
+def _count(n, noun):
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def _quiet_transformers():
+    # Its notices (the PIL fallback when torchvision is missing, ...) would drown our messages.
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()

@@ -1,0 +1,163 @@
+"""Which tokens are targets: the assistant turns' tokens, found in the chat template's output.
+
+The released templates mostly have no `{% generation %}` markers (Qwen2-VL's, Qwen3-VL's,
+InternVL's), so the assistant spans are found from the template itself, by rendering:
+
+- a turn starts where the conversation up to it, rendered with the generation prompt, stops
+  agreeing with the whole conversation rendered: what the model would be asked to write from
+  there on is what it learns (so a thinking template's `</think>` after its `<think>` prompt is
+  learnt too, as the model must write it);
+- it ends after the template's end-of-turn marker (`<|im_end|>`), found once by rendering a
+  probe conversation: the text that follows an assistant answer up to the next whitespace.
+  A template with no such marker (LLaVA-1.5's) ends the turn where the conversation rendered up
+  to it ends, which needs the turn to render the same whether or not it is last.
+
+A template with `{% generation %}` markers is trusted instead: its marked spans are the targets.
+
+Spans are character ranges of the rendered prompt; `token_mask` moves them past the processor's
+placeholder expansion and marks every token that overlaps one.
+"""
+import bisect
+import re
+
+from .errors import BadSample, PrepareError
+
+_GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+_PROBE_QUESTION = "mmsp probe question"
+_PROBE_ANSWER = "mmsp probe answer"
+
+
+class AssistantSpans:
+    def __init__(self, processor):
+        self.processor = processor
+        template = processor.chat_template
+        if isinstance(template, dict):
+            template = template.get("default")
+        if not template:
+            raise PrepareError("the model directory's processor has no chat template (chat_template.jinja or "
+                               "chat_template.json), so conversations cannot be rendered")
+        self.template = template
+        self.marked = bool(_GENERATION.search(template))
+        self._closer = None
+
+    def render(self, messages, add_generation_prompt=False):
+        try:
+            return self.processor.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt)
+        except Exception as e:  # the template's raise_exception on a prefix of the conversation
+            raise BadSample(f"the chat template refused the conversation's first {len(messages)} turns: "
+                            f"{type(e).__name__}: {e}") from None
+
+    @property
+    def closer(self):
+        """The template's end-of-turn marker after an assistant turn ('' if it has none)."""
+        if self._closer is None:
+            question = [{"role": "user", "content": [{"type": "text", "text": _PROBE_QUESTION}]}]
+            answer = {"role": "assistant", "content": [{"type": "text", "text": _PROBE_ANSWER}]}
+            try:
+                prompt = self.render(question, add_generation_prompt=True)
+                whole = self.render(question + [answer])
+            except BadSample:  # a template that wants more than a question and an answer
+                prompt = whole = ""
+            tail = whole[_common_prefix(prompt, whole):]
+            at = tail.find(_PROBE_ANSWER)
+            rest = tail[at + len(_PROBE_ANSWER):].split() if at >= 0 else []
+            self._closer = rest[0] if rest else ""
+        return self._closer
+
+    def spans(self, messages, text):
+        """Character spans of `text` (the whole conversation rendered) that are assistant output."""
+        if self.marked:
+            return self._marked_spans(messages, text)
+        return self._rendered_spans(messages, text)
+
+    def _marked_spans(self, messages, text):
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        rendered, indices = render_jinja_template(
+            conversations=[messages], chat_template=self.template, return_assistant_tokens_mask=True,
+            **self.processor.tokenizer.special_tokens_map)
+        if rendered[0] != text:
+            raise PrepareError("the chat template renders the same conversation differently twice")
+        return [(s, e) for s, e in indices[0] if e > s]
+
+    def _rendered_spans(self, messages, text):
+        closer = self.closer
+        spans = []
+        floor = 1
+        for k, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            if closer and any(closer in p.get("text", "") for p in message["content"]):
+                raise BadSample(f"turn {k} (assistant) contains the template's end-of-turn marker {closer}")
+            prompt = self.render(messages[:k], add_generation_prompt=True)
+            start = _common_prefix(prompt, text)
+            if start < floor:
+                raise BadSample(f"cannot find where assistant turn {k} starts in the chat template's output "
+                                "(it renders the turns before it differently when they are followed by more)")
+            if closer:
+                end = text.find(closer, start)
+                if end < 0:
+                    raise BadSample(f"cannot find the end-of-turn marker {closer} after assistant turn {k} in "
+                                    "the chat template's output")
+                end += len(closer)
+            else:
+                upto = self.render(messages[:k + 1])
+                if not text.startswith(upto):
+                    raise BadSample(f"the chat template renders assistant turn {k} differently when it is not "
+                                    "the last turn and has no end-of-turn marker, so its end cannot be found: "
+                                    "add {% generation %} markers around assistant output in the template")
+                end = len(upto.rstrip())
+            spans.append((start, end))
+            floor = end
+        return spans
+
+
+def token_mask(spans, offsets, replacements, prompt):
+    """1 for every token of a span, else 0.
+
+    `spans` are in the rendered `prompt`; `offsets` (each token's characters) are in the text the
+    processor tokenized, where every vision placeholder was replaced by its expansion
+    (`replacements`: transformers' `text_replacement_offsets`, in order). A token that lies
+    partly outside a span is in it when it shares a non-blank character with it: Llama's "▁A"
+    starts on the blank before an answer and is the answer's, but "▁USER" after a span that
+    ends on a blank ("A cat. ", LLaVA's) is the next turn's."""
+    shifts = []  # (position in the prompt, total growth of the text before it)
+    growth = 0
+    for r in replacements:
+        growth += (r["new_span"][1] - r["new_span"][0]) - (r["span"][1] - r["span"][0])
+        shifts.append((r["span"][1], growth))
+    ends = [p for p, _ in shifts]
+
+    def shift(x):
+        i = bisect.bisect_right(ends, x)
+        return shifts[i - 1][1] if i else 0
+
+    # (start, end, growth) in the tokenized text; no placeholder is inside an assistant span.
+    moved = sorted((s + shift(s), e + shift(s), shift(s)) for s, e in spans)
+    mask = [0] * len(offsets)
+    j = 0
+    for i, (a, b) in enumerate(offsets):
+        if b <= a:  # a token added by the tokenizer's post-processor (<s>): no characters
+            continue
+        while j < len(moved) and moved[j][1] <= a:
+            j += 1
+        if j == len(moved) or moved[j][0] >= b:
+            continue
+        s, e, g = moved[j]
+        if s <= a and b <= e or prompt[max(a, s) - g:min(b, e) - g].strip():
+            mask[i] = 1
+    return mask
+
+
+def _common_prefix(a, b):
+    n = min(len(a), len(b))
+    i = 0
+    # Compare in blocks first: the prompts are long and mostly equal.
+    step = 1024
+    while i + step <= n and a[i:i + step] == b[i:i + step]:
+        i += step
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,72 @@
+"""The output `.jsonl` (docs/data.md's format), written whole or not at all.
+
+Lines go to a temporary file beside the output, renamed over it only when every record went
+through: a failure (a bad line without `--skip-bad`, an interrupt) leaves no output file, and
+an existing one untouched.
+
+Media paths are written relative to the output's folder when the file is inside it (the
+dataset moves with its folder), absolute otherwise; mmsp resolves relative paths against the
+`.jsonl`'s folder.
+"""
+import json
+import os
+import tempfile
+
+
+class Output:
+    def __init__(self, path):
+        self.path = os.path.abspath(path)
+        self.folder = os.path.dirname(self.path)
+        fd, self.temporary = tempfile.mkstemp(dir=self.folder, prefix=f".{os.path.basename(path)}.",
+                                              suffix=".partial")
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(self.temporary, 0o666 & ~umask)  # mkstemp's 0600 would stay on the output
+        self.file = os.fdopen(fd, "w", encoding="utf-8")
+        self.samples = 0
+        self.tokens = 0
+        self.targets = 0
+
+    def path_for(self, path):
+        relative = os.path.relpath(path, self.folder)
+        return path if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
+
+    def write(self, row):
+        self.file.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
+        self.file.write("\n")
+        self.samples += 1
+        self.tokens += len(row["input_ids"])
+        self.targets += sum(row["loss_mask"])
+
+    def commit(self):
+        self.file.close()
+        os.replace(self.temporary, self.path)
+
+    def abort(self):
+        self.file.close()
+        if os.path.exists(self.temporary):
+            os.unlink(self.temporary)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if kind is not None:
+            self.abort()
+        return False
+
+
+def row(out, model, ids, mask, blocks, images, videos, enc):
+    """One output line: tokens, targets, and the items whose blocks are still in the tokens."""
+    line = {"input_ids": ids, "loss_mask": mask}
+    kept = [b for b in blocks if b.kind == "image"]
+    if kept:
+        line["images"] = [{"path": out.path_for(images[b.index])} for b in kept]
+        line["image_grid_thw"] = [b.grid for b in kept]
+    kept = [b for b in blocks if b.kind == "video"]
+    if kept:
+        line["videos"] = [{"frames": [out.path_for(f) for f in videos[b.index]]} for b in kept]
+        line["video_grid_thw"] = [b.grid for b in kept]
+        if model.model_type == "qwen2_5_vl" and enc.second_per_grid_ts:
+            line["second_per_grid_ts"] = [float(enc.second_per_grid_ts[b.index]) for b in kept]
+    return line

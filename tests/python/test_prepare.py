@@ -1,0 +1,448 @@
+"""`mmsp prepare` against transformers' own processors, for every family mmsp trains.
+
+The reference is the processor the test builds in memory (tiny_models.py): its
+`apply_chat_template(messages, tokenize=True)` on the same conversation, given the image
+paths to load itself. mmsp prepare reads the saved model directory and the input records.
+"""
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from transformers.utils import is_torchvision_available
+
+import tiny_models
+from conftest import IMAGES
+from mmsp.prepare import cli
+
+QWEN = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+def run(capsys, model, folder, records, *flags, name="in.jsonl", output="out.jsonl"):
+    """Writes `records` (objects, or raw text lines) to FOLDER/NAME and runs mmsp prepare in this
+    process; returns (exit code, the output's rows (None when it failed), stderr, input path)."""
+    path = folder / name
+    path.write_text("".join(r if isinstance(r, str) else json.dumps(r) + "\n" for r in records))
+    out = folder / output
+    rc = cli.main(["--model", model, "--input", str(path), "--output", str(out), *flags])
+    err = capsys.readouterr().err
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if rc == 0 else None
+    return rc, rows, err, path
+
+
+def text(t):
+    return {"type": "text", "text": t}
+
+
+def image(folder, name):
+    return {"type": "image", "image": str(folder / name)}
+
+
+def user(*parts):
+    return {"role": "user", "content": list(parts)}
+
+
+def assistant(t):
+    return {"role": "assistant", "content": [text(t)]}
+
+
+def runs(ids, mask):
+    """The masked tokens, as runs of consecutive targets."""
+    out, current = [], []
+    for t, m in zip(ids, mask):
+        if m:
+            current.append(t)
+        elif current:
+            out.append(current)
+            current = []
+    return out + ([current] if current else [])
+
+
+def cases(folder):
+    """(input record, the same conversation as transformers' messages, image files in order)."""
+    return [
+        # LLaVA format, one image.
+        ({"conversations": [{"from": "human", "value": "<image>\nWhat is this?"}, {"from": "gpt", "value": "A cat."}],
+          "image": "cat.png"},
+         [user(image(folder, "cat.png"), text("What is this?")), assistant("A cat.")],
+         ["cat.png"]),
+        # OpenAI messages: a system turn, two images in one turn, two rounds.
+        ({"messages": [{"role": "system", "content": "You are a helpful assistant."},
+                       {"role": "user", "content": [{"type": "text", "text": "Compare the two images."},
+                                                    {"type": "image", "image": "dog.png"},
+                                                    {"type": "image", "image": "big.png"}]},
+                       {"role": "assistant", "content": "The first is larger than the second."},
+                       {"role": "user", "content": [{"type": "text", "text": "Hello there"},
+                                                    {"type": "image", "image": "small.png"}]},
+                       {"role": "assistant", "content": [{"type": "text", "text": "Fine, thanks."}]}]},
+         [{"role": "system", "content": [text("You are a helpful assistant.")]},
+          user(text("Compare the two images."), image(folder, "dog.png"), image(folder, "big.png")),
+          assistant("The first is larger than the second."),
+          user(text("Hello there"), image(folder, "small.png")), assistant("Fine, thanks.")],
+         ["dog.png", "big.png", "small.png"]),
+        # ShareGPT: string contents with markers, the images at the top level.
+        ({"messages": [{"role": "user", "content": "<image>Describe the picture."},
+                       {"role": "assistant", "content": "A red square on a grey background."}],
+          "images": ["tall.png"]},
+         [user(image(folder, "tall.png"), text("Describe the picture.")),
+          assistant("A red square on a grey background.")],
+         ["tall.png"]),
+        # No image.
+        ({"conversations": [{"from": "human", "value": "Hello there, how are you today?"},
+                            {"from": "gpt", "value": "Fine, thanks."}]},
+         [user(text("Hello there, how are you today?")), assistant("Fine, thanks.")],
+         []),
+    ]
+
+
+def expected_targets(family, messages):
+    """What each assistant turn's targets decode to, written out per template."""
+    answers = [m["content"][0]["text"] for m in messages if m["role"] == "assistant"]
+    if family == "llava":
+        # Its {% generation %} block is content['text'] + ' ', and Llama's tokenizer puts a
+        # blank with the word after it: only the last turn's, at the end, is a token of its own.
+        return answers[:-1] + [answers[-1] + " "]
+    if family == "qwen3_5":
+        # The last turn follows the last user turn, so it carries the think block; the
+        # generation prompt ends with "<think>\n", so the model writes the rest.
+        return [a + "<|im_end|>" for a in answers[:-1]] + ["\n</think>\n\n" + answers[-1] + "<|im_end|>"]
+    return [a + "<|im_end|>" for a in answers]
+
+
+def expected_grids(family, processor, model_dir, reference, paths):
+    if family in QWEN:
+        return reference["image_grid_thw"].tolist()
+    config = json.load(open(os.path.join(model_dir, "config.json")))
+    vision = config["vision_config"]
+    if family == "llava":
+        size = vision["image_size"]
+        # The processor's crop is the vision tower's image size, so [1, S/p, S/p] is its grid.
+        assert [list(p.shape) for p in reference["pixel_values"]] == [[3, size, size]] * len(paths)
+        return [[1, size // vision["patch_size"], size // vision["patch_size"]]] * len(paths)
+    from transformers.image_utils import load_image
+
+    side = vision["image_size"][0] // vision["patch_size"][0]
+    tiles = processor.image_processor([load_image(p) for p in paths], crop_to_patches=True)["num_patches"]
+    assert any(t > 1 for t in tiles), "the test images should give InternVL several tiles"
+    return [[int(t), side, side] for t in tiles]
+
+
+# --- every family: token ids, loss mask, grids -------------------------------------------------
+
+@pytest.mark.parametrize("family", tiny_models.FAMILIES)
+def test_tokens_grids_and_targets_match_the_processor(capsys, models, folder, family):
+    model_dir, processor = models[family]
+    records = cases(folder)
+    rc, rows, err, _ = run(capsys, model_dir, folder, [r for r, _, _ in records])
+    assert rc == 0, err
+    assert len(rows) == len(records)
+    tokenizer = processor.tokenizer
+    for row, (_, messages, names) in zip(rows, records):
+        reference = processor.apply_chat_template(copy.deepcopy(messages), tokenize=True, return_dict=True)
+        assert row["input_ids"] == list(reference["input_ids"][0])
+        assert len(row["loss_mask"]) == len(row["input_ids"])
+        targets = [tokenizer.decode(r, skip_special_tokens=False) for r in runs(row["input_ids"], row["loss_mask"])]
+        assert targets == expected_targets(family, messages)
+        if names:
+            paths = [str(folder / n) for n in names]
+            assert row["images"] == [{"path": n} for n in names]  # relative to the output's folder
+            assert row["image_grid_thw"] == expected_grids(family, processor, model_dir, reference, paths)
+        else:
+            assert "images" not in row and "image_grid_thw" not in row
+    assert "wrote 4 samples" in err and "skipped 0 bad records" in err
+
+
+# A ChatML template with {% generation %} markers around each assistant turn's output: on a
+# text-only conversation it renders what the released template renders, so transformers' own
+# assistant mask (return_assistant_tokens_mask, which needs markers) is a second reference for
+# the spans mmsp prepare finds without them. (Not for LLaVA: transformers' mask misses a span
+# whose first token starts before it, as Llama's "▁A" does; nor Qwen3.5's thinking template.)
+# transformers renders with trim_blocks: a newline right after a block tag goes, hence {{ '\n' }}.
+MARKED = ("{% for message in messages %}{% if loop.first and message['role'] != 'system' and default_system %}"
+          "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+          "<|im_start|>{{ message['role'] }}\n{% if message['role'] == 'assistant' %}{% generation %}"
+          "{{ message['content'][0]['text'] }}<|im_end|>{% endgeneration %}{{ '\\n' }}{% else %}"
+          "{{ message['content'][0]['text'] }}<|im_end|>\n{% endif %}{% endfor %}")
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "internvl"])
+def test_targets_match_transformers_assistant_mask(capsys, models, folder, family):
+    model_dir, processor = models[family]
+    conversation = [{"role": "system", "content": [text("You are a helpful assistant.")]},
+                    user(text("What is this?")), assistant("A cat."),
+                    user(text("Hello there, how are you today?")), assistant("Fine, thanks."),
+                    user(text("Describe the picture.")), assistant("A red square on a grey background.")]
+    record = {"messages": [{"role": m["role"], "content": m["content"][0]["text"]} for m in conversation]}
+    rc, rows, err, _ = run(capsys, model_dir, folder, [record])
+    assert rc == 0, err
+    default_system = family in ("qwen2_vl", "qwen2_5_vl")
+    for messages in (conversation, conversation[1:]):  # with and without the system turn
+        marked = processor.apply_chat_template(copy.deepcopy(messages), chat_template=MARKED, tokenize=False,
+                                               default_system=default_system)
+        assert marked == processor.apply_chat_template(copy.deepcopy(messages), tokenize=False)
+    reference = processor.apply_chat_template(copy.deepcopy(conversation), chat_template=MARKED, tokenize=True,
+                                              return_dict=True, return_assistant_tokens_mask=True,
+                                              default_system=default_system)
+    assert rows[0]["input_ids"] == list(reference["input_ids"][0])
+    assert rows[0]["loss_mask"] == list(reference["assistant_masks"][0])
+    assert sum(rows[0]["loss_mask"]) > 0
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+def test_plain_text_is_all_targets(capsys, models, folder, family):
+    model_dir, processor = models[family]
+    line = "Hello there, how are you today? Fine, thanks."
+    rc, rows, err, _ = run(capsys, model_dir, folder, [{"text": line}], "--format", "text")
+    assert rc == 0, err
+    assert rows == [{"input_ids": processor.tokenizer(line)["input_ids"],
+                     "loss_mask": [1] * len(processor.tokenizer(line)["input_ids"])}]
+    if family == "llava":
+        assert rows[0]["input_ids"][0] == processor.tokenizer.bos_token_id  # the tokenizer's own <s>
+
+
+# --- bad records -------------------------------------------------------------------------------
+
+def bad_records(folder):
+    """(record or raw line, what the error must say); line k + 1 of the input is entry k."""
+    from PIL import Image
+
+    (folder / "broken.png").write_bytes(b"this is not a PNG file")
+    Image.new("RGB", (64, 64)).save(folder / "photo.webp")
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90° on display
+    Image.new("RGB", (60, 100)).save(folder / "rotated.jpg", exif=exif)
+
+    def one(value, **media):
+        return {"conversations": [{"from": "human", "value": value}, {"from": "gpt", "value": "A cat."}], **media}
+
+    missing = folder / "nothere.png"
+    return [
+        (one("<image>\nWhat is this?", image="cat.png"), None),
+        (one("<image>\nWhat is this?", image="nothere.png"), f'image 0 file "{missing}" does not exist'),
+        (one("<image><image>\nWhat is this?", image="cat.png"), "2 <image> markers but 1 image in the record"),
+        (one("What is this?", images=["cat.png", "dog.png"]), "0 <image> markers but 2 images in the record"),
+        ({"conversations": [{"from": "human", "value": "Hi"}, {"from": "tool", "value": "x"}]},
+         'turn 1: unknown role "tool"'),
+        (one("<image>\nWhat is this?", image="broken.png"), f'image 0 file "{folder / "broken.png"}" cannot be decoded'),
+        ('{"conversations": [{"from": "human", "value": "Hi"}\n', "invalid JSON"),
+        ("\n", None),  # a blank line is no record
+        (one("Hello there"), None),
+        (one("<image>\nWhat is this?", image="photo.webp"), "is WEBP, which mmsp's image reader (stb_image) cannot"),
+        (one("<image>\nWhat is this?", image="rotated.jpg"), "has EXIF orientation 6"),
+        ({"messages": [{"role": "assistant", "content": "A cat."}]},
+         "the first turn after the system turns is an assistant turn"),
+        ({"messages": [{"role": "user", "content": "Hi <|vision_start|>"}, {"role": "assistant", "content": "A cat."}]},
+         "vision token <|vision_start|> outside any image or video block"),
+        ([1, 2, 3], "a record must be a JSON object, not a list"),
+    ]
+
+
+def test_bad_records_are_named_by_line_and_nothing_is_written(capsys, models, folder):
+    model_dir, _ = models["qwen2_vl"]
+    entries = bad_records(folder)
+    rc, rows, err, path = run(capsys, model_dir, folder, [r for r, _ in entries])
+    assert rc == 2
+    assert not os.path.exists(folder / "out.jsonl")
+    assert err.strip() == f"mmsp prepare: error: {path}:2: {entries[1][1]}"
+    assert not [n for n in os.listdir(folder) if n.startswith(".out.jsonl")]  # no temporary file left
+
+
+def test_skip_bad_lists_every_bad_record(capsys, models, folder):
+    model_dir, _ = models["qwen2_vl"]
+    entries = bad_records(folder)
+    rc, rows, err, path = run(capsys, model_dir, folder, [r for r, _ in entries], "--skip-bad")
+    assert rc == 0, err
+    bad = {k + 1: want for k, (_, want) in enumerate(entries) if want}
+    assert len(rows) == len(entries) - len(bad) - 1  # the blank line is no record
+    listed = dict(re.findall(rf"^{re.escape(str(path))}:(\d+): (.*) \(skipped\)$", err, re.M))
+    assert sorted(int(k) for k in listed) == sorted(bad)
+    for line, want in bad.items():
+        assert want in listed[str(line)], (line, listed[str(line)])
+    assert f"wrote {len(rows)} samples" in err and f"skipped {len(bad)} bad records" in err
+
+
+def test_a_json_list_names_the_line_each_record_starts_on(capsys, models, folder):
+    model_dir, _ = models["llava"]
+    good = {"conversations": [{"from": "human", "value": "<image>\nWhat is this?"}, {"from": "gpt", "value": "A cat."}],
+            "image": "cat.png"}
+    text_ = ("[\n  " + json.dumps(good, indent=2).replace("\n", "\n  ") + ",\n"
+             '  {"conversations": [\n     {"from": "human", "value": "Hi"},\n     {"from": "robot", "value": "x"}]}\n]\n')
+    line = text_.splitlines().index('  {"conversations": [') + 1
+    rc, rows, err, path = run(capsys, model_dir, folder, [text_], "--skip-bad", name="in.json")
+    assert rc == 0, err
+    assert len(rows) == 1 and rows[0]["images"] == [{"path": "cat.png"}]
+    assert (f'{path}:{line}: turn 1: unknown role "robot" (expected user/human, assistant/gpt or system) '
+            "(skipped)") in err
+
+
+def test_a_failure_leaves_an_existing_output_untouched(capsys, models, folder):
+    model_dir, _ = models["qwen3_vl"]
+    (folder / "out.jsonl").write_text("old\n")
+    good = {"text": "Hello there"}
+    rc, _, err, path = run(capsys, model_dir, folder, [good, good, {"txt": "x"}])
+    assert rc == 2
+    assert f"{path}:3: cannot tell the format" in err
+    assert (folder / "out.jsonl").read_text() == "old\n"
+    assert sorted(os.listdir(folder)) == sorted(["out.jsonl", "in.jsonl"] + list(IMAGES))
+
+
+def test_model_directory_checks(capsys, models, folder, tmp_path_factory):
+    model_dir, processor = models["qwen2_vl"]
+    broken = tmp_path_factory.mktemp("broken") / "model"
+    shutil.copytree(model_dir, broken)
+    config = json.load(open(broken / "config.json"))
+    config["image_token_id"] += 1
+    (broken / "config.json").write_text(json.dumps(config))
+    rc, rows, err, _ = run(capsys, str(broken), folder, [{"text": "Hi"}])
+    assert rc == 2 and not os.path.exists(folder / "out.jsonl")
+    image_id = processor.image_token_id
+    assert (f"config.json's image token id is {image_id + 1} but the processor's image token <|image_pad|> is id "
+            f"{image_id}") in err
+    config["model_type"] = "mistral"
+    (broken / "config.json").write_text(json.dumps(config))
+    rc, _, err, _ = run(capsys, str(broken), folder, [{"text": "Hi"}])
+    assert rc == 2 and 'model_type "mistral" is not one mmsp trains' in err
+
+
+# --- --max-length ------------------------------------------------------------------------------
+
+def long_record():
+    # An answer before the image, so that a cut inside the image block still leaves targets.
+    return {"conversations": [{"from": "human", "value": "Hello there, how are you today?"},
+                              {"from": "gpt", "value": "Fine, thanks."},
+                              {"from": "human", "value": "<image>\nWhat is this?"},
+                              {"from": "gpt", "value": "A cat."}],
+            "image": "big.png"}
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava", "internvl"])
+def test_truncate_never_cuts_inside_an_image_block(capsys, models, folder, family):
+    model_dir, processor = models[family]
+    rc, rows, err, _ = run(capsys, model_dir, folder, [long_record()])
+    assert rc == 0, err
+    full = rows[0]
+    image_id = processor.image_token_id
+    pads = [i for i, t in enumerate(full["input_ids"]) if t == image_id]
+    # The block: Qwen's <|vision_start|> before the pads and <|vision_end|> after, InternVL's
+    # <img> and </img>, LLaVA's pads alone.
+    framed = family != "llava"
+    first, last = pads[0] - framed, pads[-1] + framed
+    assert pads == list(range(pads[0], pads[-1] + 1))
+    for n in [first, first + 1, (first + last) // 2, last, last + 1, len(full["input_ids"]) - 1]:
+        rc, rows, err, _ = run(capsys, model_dir, folder, [long_record()], "--max-length", str(n),
+                               "--overflow", "truncate")
+        assert rc == 0, err
+        row = rows[0]
+        ids = row["input_ids"]
+        assert ids == full["input_ids"][:len(ids)] and row["loss_mask"] == full["loss_mask"][:len(ids)]
+        if n <= last:  # the cut falls in the block (or just before it): the block goes
+            assert len(ids) == first and "images" not in row and image_id not in ids
+        else:
+            assert len(ids) == n and row["images"] == full["images"]
+            assert row["image_grid_thw"] == full["image_grid_thw"]
+
+
+def test_refuse_names_the_line_and_its_length(capsys, models, folder):
+    model_dir, _ = models["qwen2_5_vl"]
+    rc, rows, _, _ = run(capsys, model_dir, folder, [long_record()])
+    length = len(rows[0]["input_ids"])
+    os.unlink(folder / "out.jsonl")
+    rc, rows, err, path = run(capsys, model_dir, folder, [{"text": "Hi"}, long_record()], "--max-length", "20")
+    assert rc == 2 and not os.path.exists(folder / "out.jsonl")
+    assert f"{path}:2: {length} tokens, more than --max-length 20 (--overflow truncate cuts it)" in err
+    rc, rows, err, _ = run(capsys, model_dir, folder, [long_record()], "--max-length", "5", "--overflow", "truncate")
+    assert rc == 2 and "leave no target token" in err
+
+
+# --- paths -------------------------------------------------------------------------------------
+
+def test_media_paths_relative_to_the_output_or_absolute(capsys, models, folder):
+    model_dir, _ = models["qwen3_5"]
+    (folder / "imgs").mkdir()
+    shutil.copy(folder / "cat.png", folder / "imgs" / "cat.png")
+    record = {"conversations": [{"from": "human", "value": "<image>\nWhat is this?"}, {"from": "gpt", "value": "A cat."}],
+              "image": "cat.png"}
+    rc, rows, err, _ = run(capsys, model_dir, folder, [record], "--image-root", str(folder / "imgs"))
+    assert rc == 0, err
+    assert rows[0]["images"] == [{"path": os.path.join("imgs", "cat.png")}]
+    (folder / "elsewhere").mkdir()
+    rc, rows, err, _ = run(capsys, model_dir, folder, [record], output="elsewhere/out.jsonl")
+    assert rc == 0, err
+    assert rows[0]["images"] == [{"path": str(folder / "cat.png")}]
+
+
+# --- videos ------------------------------------------------------------------------------------
+
+def video_record(folder):
+    from PIL import Image
+
+    frames = []
+    for k in range(3):
+        Image.new("RGB", (64, 64), (80 * k, 0, 0)).save(folder / f"frame_{k}.png")
+        frames.append(f"frame_{k}.png")
+    return {"messages": [{"role": "user", "content": [{"type": "video", "video": frames},
+                                                      {"type": "text", "text": "What moves?"}]},
+                         {"role": "assistant", "content": "A dog."}]}
+
+
+@pytest.mark.skipif(is_torchvision_available(), reason="transformers can process videos here")
+def test_videos_without_torchvision_are_refused_by_name(capsys, models, folder):
+    model_dir, _ = models["qwen3_vl"]
+    rc, _, err, path = run(capsys, model_dir, folder, [video_record(folder)])
+    assert rc == 2
+    assert f"{path}:1: video 0: videos need transformers' video processor, which needs torchvision" in err
+
+
+@pytest.mark.skipif(not is_torchvision_available(), reason="transformers' video processors need torchvision")
+@pytest.mark.parametrize("family", QWEN)
+def test_videos_match_the_processor(capsys, models, folder, family):
+    from transformers.image_utils import load_image
+
+    model_dir, processor = models[family]
+    record = video_record(folder)
+    rc, rows, err, _ = run(capsys, model_dir, folder, [record])
+    assert rc == 0, err
+    frames = [load_image(str(folder / f)) for f in record["messages"][0]["content"][0]["video"]]
+    messages = [user({"type": "video", "video": frames}, text("What moves?")), assistant("A dog.")]
+    reference = processor.apply_chat_template(
+        messages, tokenize=True, return_dict=True,
+        processor_kwargs={"do_sample_frames": False, "fps": 2.0, "video_metadata": [
+            {"total_num_frames": 3, "fps": 2.0, "frames_indices": [0, 1, 2], "duration": 1.5}]})
+    assert rows[0]["input_ids"] == list(reference["input_ids"][0])
+    assert rows[0]["video_grid_thw"] == reference["video_grid_thw"].tolist()
+    assert rows[0]["videos"] == [{"frames": record["messages"][0]["content"][0]["video"]}]
+
+
+# --- the command -------------------------------------------------------------------------------
+
+def test_the_command_exit_codes_and_messages(models, folder):
+    model_dir, _ = models["internvl"]
+    env = dict(os.environ, PYTHONPATH=os.path.join(tiny_models.REPO, "python"), PYTHONDONTWRITEBYTECODE="1")
+    good = {"conversations": [{"from": "human", "value": "<image>\nWhat is this?"}, {"from": "gpt", "value": "A cat."}],
+            "image": "cat.png"}
+    (folder / "in.jsonl").write_text(json.dumps(good) + "\n" + json.dumps({"text": 3}) + "\n")
+
+    def command(*flags):
+        return subprocess.run([sys.executable, "-m", "mmsp.prepare", "--model", model_dir, "--input",
+                               str(folder / "in.jsonl"), *flags], env=env, capture_output=True, text=True)
+
+    done = command()
+    assert done.returncode == 2 and not os.path.exists(folder / "in.prepared.jsonl")
+    assert done.stderr.strip() == f'mmsp prepare: error: {folder / "in.jsonl"}:2: "text" must be a string, not a number'
+    done = command("--skip-bad")
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in open(folder / "in.prepared.jsonl")]
+    assert len(rows) == 1 and rows[0]["image_grid_thw"][0][1:] == [4, 4]
+    assert done.stderr.splitlines()[-1] == (
+        f"mmsp prepare: wrote 1 sample ({len(rows[0]['input_ids'])} tokens, {sum(rows[0]['loss_mask'])} targets) "
+        f"to {folder / 'in.prepared.jsonl'}; skipped 1 bad record")
+    done = command("--max-length", "0")
+    assert done.returncode == 2 and done.stderr.strip() == "mmsp prepare: error: --max-length 0 must be at least 1"
+    done = command("--overflow", "drop")
+    assert done.returncode == 2 and "argument --overflow: invalid choice: 'drop'" in done.stderr
