@@ -1,8 +1,7 @@
-// The model families by name, for the readers that still differ by family: transformers'
-// text defaults (text_config.h, shared) and the Qwen vision variants
-// (families/qwen_vl/qwen_vision_config.h). The planner never sees it (it reads
-// plan::ModelConventions' fields); the family registry (family.h) maps a config's
-// model_type to its family.
+// The model families by name, for the family folders that still tell variants apart (the
+// Qwen vision and text variants, families/qwen_vl/). Shared code reads what a family
+// declares instead (its TextDialect, conventions, geometry: family.h), never this enum; the
+// planner never sees it; the family registry maps a config's model_type to its family.
 #pragma once
 
 #include <string>

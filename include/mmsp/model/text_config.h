@@ -11,7 +11,6 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "mmsp/model/model_family.h"
 #include "mmsp/plan/model_conventions.h"
 
 namespace mmsp::model {
@@ -90,15 +89,43 @@ struct TextConfig {
   bool is_hybrid() const { return !layer_types.empty(); }
 };
 
-// Hugging Face's defaults for the decoder of `family` (the values above are Qwen2-VL's).
-TextConfig default_text_config(ModelFamily family);
+// One decoder class a family's text_config may be: transformers' defaults for it (its
+// model_type among them) and the two rules in which the classes differ.
+struct TextVariant {
+  TextConfig defaults;
+  // head_dim left out: defaults.head_dim (Qwen3's 128, whatever the width); else
+  // hidden_size / num_attention_heads
+  bool head_dim_fixed = false;
+  // Qwen2's attention: biases wired on q/k/v and none on o (attention_bias is not read),
+  // no sliding window (use_sliding_window refused). Else attention_bias sets all four.
+  bool qwen2_attention = false;
+};
+
+// How a family's decoder config reads. Each family declares its own, in its folder
+// (model/families/<name>/), and hands it to parse_text_config: this file knows no family.
+struct TextDialect {
+  std::string family;  // for messages: "qwen2_vl", "llava", ...
+  // chosen by text_config.model_type; the first when the config names none
+  std::vector<TextVariant> variants;
+  // num_key_value_heads left out: as many as the query heads (LlamaConfig); else the
+  // variant's default. A null value means the same in every family.
+  bool kv_heads_default_to_heads = false;
+  // rope_scaling / rope_parameters "type" / "rope_type" values accepted, and the rule for
+  // the message ("Llama decoders use plain RoPE (\"default\")")
+  std::vector<std::string> rope_types;
+  std::string rope_rule;
+  // rope keys refused, and why ("InternVL's decoder uses 1-D RoPE")
+  std::vector<std::string> refused_rope_keys;
+  std::string refused_rope_reason;
+  bool reads_mlp_bias = false;  // LlamaConfig's mlp_bias
+};
 
 // Reads the decoder fields of `text` (the top-level object for Qwen2/2.5-VL files without
-// text_config, else text_config). `where` prefixes field names in errors ("text_config.").
-// Checks the fields and the rules between them (heads divide hidden_size when head_dim is
-// derived, kv heads divide heads, head_dim even for RoPE); ModelConfig checks mRoPE.
-TextConfig parse_text_config(const nlohmann::json& text, ModelFamily family,
-                             const std::string& where);
+// text_config, else text_config) in the family's dialect. `where` prefixes field names in
+// errors ("text_config."). Checks the fields and the rules between them (heads divide
+// hidden_size when head_dim is derived, kv heads divide heads, head_dim even for RoPE);
+// ModelConfig checks mRoPE.
+TextConfig parse_text_config(const nlohmann::json& text, const TextDialect& dialect, const std::string& where);
 
 // The hybrid decoder of a qwen3_5 config (text_config.model_type "qwen3_5_text", or
 // "qwen3_next" for Qwen3-Next's layout), with transformers' defaults (Qwen3_5TextConfig,

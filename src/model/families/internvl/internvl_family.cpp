@@ -86,6 +86,42 @@ int64_t declared_vocab_size(const nlohmann::json& config) {
   return 151936;
 }
 
+// InternVL's decoder fields: transformers' Qwen2Config (InternVLConfig's default
+// text_config), or Qwen3Config for InternVL3.5 (no q/k/v bias, RMSNorm on each query and
+// key head, head_dim 128 whatever the width).
+TextDialect internvl_text_dialect() {
+  TextVariant qwen2;
+  TextConfig& t = qwen2.defaults;
+  t.model_type = "qwen2";
+  t.vocab_size = 151936;
+  t.hidden_size = 4096;
+  t.intermediate_size = 22016;
+  t.num_hidden_layers = 32;
+  t.num_attention_heads = 32;
+  t.num_key_value_heads = 32;
+  t.head_dim = 128;
+  t.rms_norm_eps = 1e-6;
+  t.rope_theta = 10000.0;
+  t.max_position_embeddings = 32768;
+  qwen2.qwen2_attention = true;
+  TextVariant qwen3 = qwen2;
+  qwen3.defaults.model_type = "qwen3";
+  qwen3.defaults.qkv_bias = false;
+  qwen3.defaults.qk_norm = true;
+  qwen3.qwen2_attention = false;
+  qwen3.head_dim_fixed = true;
+  TextDialect d;
+  d.family = "internvl";
+  d.variants = {qwen2, qwen3};
+  // InternVL3's Qwen2 decoders say "dynamic" (NTK scaling): transformers changes the
+  // frequencies only beyond max_position_embeddings, which InternVLModel refuses.
+  d.rope_types = {"default", "dynamic"};
+  d.rope_rule = "InternVL decoders use \"default\" or \"dynamic\"";
+  d.refused_rope_keys = {"mrope_section"};
+  d.refused_rope_reason = "InternVL's decoder uses 1-D RoPE";
+  return d;
+}
+
 class InternVLFamily : public Family {
  public:
   std::vector<std::string> model_types() const override { return {"internvl"}; }
@@ -134,7 +170,7 @@ class InternVLFamily : public Family {
     const nlohmann::json* nested = top.object("text_config");
     const nlohmann::json& text_json = nested ? *nested : kEmpty;
     const JsonFields text(text_json, "text_config.");
-    c.text = parse_text_config(text_json, c.family, "text_config.");
+    c.text = parse_text_config(text_json, internvl_text_dialect(), "text_config.");
     c.conventions = config_parts::read_conventions(*this, config);
     c.tie_word_embeddings = config_parts::read_tie(top, text);
     const nlohmann::json* vision = top.object("vision_config");

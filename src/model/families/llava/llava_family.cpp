@@ -68,6 +68,34 @@ class LlavaPixelGeometry : public PixelGeometry {
   int64_t class_row_ = 0;
 };
 
+// LLaVA's decoder fields: transformers' LlamaConfig, its default text_config.
+TextDialect llama_text_dialect() {
+  TextDialect d;
+  d.family = "llava";
+  TextVariant v;
+  TextConfig& t = v.defaults;
+  t.model_type = "llama";
+  t.vocab_size = 32000;
+  t.hidden_size = 4096;
+  t.intermediate_size = 11008;
+  t.num_hidden_layers = 32;
+  t.num_attention_heads = 32;
+  t.num_key_value_heads = 32;
+  t.head_dim = 128;
+  t.rms_norm_eps = 1e-6;
+  t.rope_theta = 10000.0;
+  t.max_position_embeddings = 2048;
+  t.qkv_bias = false;
+  d.variants = {v};
+  d.kv_heads_default_to_heads = true;
+  d.rope_types = {"default"};
+  d.rope_rule = "Llama decoders use plain RoPE (\"default\")";
+  d.refused_rope_keys = {"factor", "mrope_section"};
+  d.refused_rope_reason = "scaled or multimodal RoPE is not supported for llava";
+  d.reads_mlp_bias = true;
+  return d;
+}
+
 class LlavaFamily : public Family {
  public:
   std::vector<std::string> model_types() const override { return {"llava"}; }
@@ -106,7 +134,7 @@ class LlavaFamily : public Family {
     const nlohmann::json* nested = top.object("text_config");
     const nlohmann::json& text_json = nested ? *nested : kEmpty;
     const JsonFields text(text_json, "text_config.");
-    c.text = parse_text_config(text_json, c.family, "text_config.");
+    c.text = parse_text_config(text_json, llama_text_dialect(), "text_config.");
     c.conventions = config_parts::read_conventions(*this, config);
     c.tie_word_embeddings = config_parts::read_tie(top, text);
     const nlohmann::json* vision = top.object("vision_config");

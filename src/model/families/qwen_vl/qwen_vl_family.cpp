@@ -19,6 +19,38 @@ namespace {
 using json_fields::join;
 using json_fields::JsonFields;
 
+// The decoder fields of a Qwen-VL config: transformers' Qwen2VLTextConfig (TextConfig's own
+// defaults), Qwen2_5_VLTextConfig (the same numbers) or Qwen3VLTextConfig.
+TextDialect qwen_text_dialect(ModelFamily family) {
+  TextDialect d;
+  d.family = to_string(family);
+  d.rope_types = {"default", "mrope"};
+  d.rope_rule = "Qwen-VL decoders use \"mrope\" or \"default\"";
+  TextVariant v;
+  if (family == ModelFamily::qwen3_vl) {
+    TextConfig& t = v.defaults;
+    t.model_type = "qwen3_vl_text";
+    t.vocab_size = 151936;
+    t.hidden_size = 4096;
+    t.intermediate_size = 22016;
+    t.num_hidden_layers = 32;
+    t.num_attention_heads = 32;
+    t.num_key_value_heads = 32;
+    t.head_dim = 128;
+    t.rms_norm_eps = 1e-6;
+    t.rope_theta = 5000000.0;
+    t.max_position_embeddings = 128000;
+    t.qkv_bias = false;
+    t.qk_norm = true;
+    v.head_dim_fixed = true;
+  } else {
+    if (family == ModelFamily::qwen2_5_vl) v.defaults.model_type = "qwen2_5_vl_text";
+    v.qwen2_attention = true;
+  }
+  d.variants = {v};
+  return d;
+}
+
 ModelFamily conventions_family(const std::string& model_type) {
   if (model_type == "qwen2_vl") return ModelFamily::qwen2_vl;
   if (model_type == "qwen2_5_vl") return ModelFamily::qwen2_5_vl;
@@ -216,7 +248,7 @@ class QwenVLFamily : public Family {
     const JsonFields text(text_json, text_prefix);
     const bool hybrid = c.model_type == "qwen3_5";
     c.text = hybrid ? parse_hybrid_text_config(text_json, "text_config.")
-                    : parse_text_config(text_json, c.family, text_prefix);
+                    : parse_text_config(text_json, qwen_text_dialect(c.family), text_prefix);
     c.conventions = config_parts::read_conventions(*this, config);
     c.tie_word_embeddings = config_parts::read_tie(top, text);
 
