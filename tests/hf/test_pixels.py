@@ -24,7 +24,7 @@ import families as F
 import processors as P
 
 # (width, height) of the test images
-SIZES = [(120, 90), (57, 200), (300, 301), (40, 40), (113, 61), (17, 250), (640, 33), (56, 56)]
+SIZES = [(120, 90), (57, 200), (300, 301), (40, 40), (113, 61), (17, 250), (640, 33), (56, 56), (1, 1), (3, 500)]
 FAMILY_NAMES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "internvl"]
 BOUND = 1e-5
 
