@@ -156,7 +156,10 @@ def _rename(src, dst, pairs):
 
 def test_every_naming_layout_reads_the_same(case, mmsp_bin, mmsp_run):
     """Each layout is one transformers reads (no missing or unexpected key, the same
-    weights), and mmsp's loss from it is bitwise the loss from transformers' own files."""
+    weights, bitwise), and mmsp's loss from it is the loss from transformers' own files to
+    round-off. (Not bitwise: two runs of the same step were seen 5e-15 apart once, under a
+    loaded ctest on a clean clone; the cause is not pinned down. A weight read into the
+    wrong tensor moves the loss by 1e-3 or more.)"""
     layouts = LAYOUTS.get(case.name)
     if not layouts:
         pytest.skip(f"{case.name} has had one naming layout (the one transformers writes)")
@@ -170,4 +173,4 @@ def test_every_naming_layout_reads_the_same(case, mmsp_bin, mmsp_run):
         for name, p in loaded.named_parameters():
             assert torch.equal(p, ref[name]), f"{what}: {name} differs"
         loss, _, _ = case.train(mmsp_bin, mmsp_run, 1, f"layout-{i}", model_dir=dst)
-        assert loss == base, f"{what}: loss {loss!r} != {base!r}"
+        assert abs(loss - base) <= 1e-12 * abs(base), f"{what}: loss {loss!r} != {base!r}"
