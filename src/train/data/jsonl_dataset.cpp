@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -146,14 +145,10 @@ at::Tensor load_image(const std::string& where, const fs::path& file, int64_t ch
   std::unique_ptr<unsigned char, void (*)(void*)> data(
       stbi_load(file.string().c_str(), &w, &h, &n, static_cast<int>(channels)), stbi_image_free);
   MMSP_CHECK(data != nullptr, where, ": cannot decode \"", file.string(), "\": ", stbi_failure_reason());
-  at::Tensor out = at::empty({height, width, channels}, at::kByte);
-  if (w == width && h == height) {
-    std::memcpy(out.data_ptr<uint8_t>(), data.get(), static_cast<size_t>(w) * h * channels);
-  } else {
-    // As the Hugging Face processors resize (PIL's bicubic on the 8-bit image).
-    const at::Tensor decoded = at::from_blob(data.get(), {h, w, channels}, at::kByte);
-    out = model::resize_bicubic_like_pil(decoded, height, width);
-  }
+  // As the Hugging Face processors resize (PIL's bicubic on the 8-bit image; a copy when the
+  // file already has the size).
+  const at::Tensor decoded = at::from_blob(data.get(), {h, w, channels}, at::kByte);
+  const at::Tensor out = model::resize_bicubic_like_pil(decoded, height, width);
   return out.permute({2, 0, 1}).to(at::kFloat).div_(255.0f).contiguous();
 }
 
