@@ -10,13 +10,15 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/model/config.h"
+#include "mmsp/model/families/internvl/internvl_config.h"
+#include "mmsp/model/families/llava/clip_config.h"
+#include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 
 namespace mmsp::model {
 namespace {
 
 using ::testing::HasSubstr;
 using nlohmann::json;
-using model::ModelFamily;
 
 const std::string kConfigs = std::string(MMSP_SOURCE_DIR) + "/configs/";
 
@@ -52,7 +54,7 @@ json without(json base, const std::string& pointer) {
 TEST(Config, TinyQwen2VL) {
   const ModelConfig c = load_model_config(kConfigs + "tiny-qwen2-vl.json");
   EXPECT_EQ(c.model_type, "qwen2_vl");
-  EXPECT_EQ(c.family, ModelFamily::qwen2_vl);
+  EXPECT_EQ(c.conventions.name, "qwen2_vl");
   EXPECT_EQ(c.text.hidden_size, 64);
   EXPECT_EQ(c.text.num_hidden_layers, 2);
   EXPECT_EQ(c.text.num_attention_heads, 4);
@@ -63,9 +65,9 @@ TEST(Config, TinyQwen2VL) {
   EXPECT_TRUE(c.text.qkv_bias);
   EXPECT_FALSE(c.text.o_bias);
   EXPECT_FALSE(c.text.qk_norm);
-  ASSERT_TRUE(c.qwen_vision.has_value());
-  EXPECT_FALSE(c.clip_vision.has_value());
-  const QwenVisionConfig& v = *c.qwen_vision;
+  ASSERT_TRUE((qwen_vision_of(c) != nullptr));
+  EXPECT_FALSE((clip_vision_of(c) != nullptr));
+  const QwenVisionConfig& v = *qwen_vision_of(c);
   EXPECT_EQ(v.depth, 2);
   EXPECT_EQ(v.hidden_size, 32);         // embed_dim
   EXPECT_EQ(v.intermediate_size, 64);   // embed_dim * mlp_ratio
@@ -79,8 +81,8 @@ TEST(Config, TinyQwen2VL) {
 
 TEST(Config, TinyQwen2_5VL) {
   const ModelConfig c = load_model_config(kConfigs + "tiny-qwen2_5-vl.json");
-  EXPECT_EQ(c.family, ModelFamily::qwen2_5_vl);
-  const QwenVisionConfig& v = *c.qwen_vision;
+  EXPECT_EQ(c.conventions.name, "qwen2_5_vl");
+  const QwenVisionConfig& v = *qwen_vision_of(c);
   EXPECT_EQ(v.hidden_size, 32);
   EXPECT_EQ(v.intermediate_size, 64);
   EXPECT_EQ(v.out_hidden_size, 64);
@@ -92,7 +94,7 @@ TEST(Config, TinyQwen2_5VL) {
 
 TEST(Config, TinyQwen3VL) {
   const ModelConfig c = load_model_config(kConfigs + "tiny-qwen3-vl.json");
-  EXPECT_EQ(c.family, ModelFamily::qwen3_vl);
+  EXPECT_EQ(c.conventions.name, "qwen3_vl");
   EXPECT_EQ(c.text.model_type, "qwen3_vl_text");
   EXPECT_EQ(c.text.hidden_size, 64);
   EXPECT_EQ(c.text.head_dim, 16);
@@ -100,7 +102,7 @@ TEST(Config, TinyQwen3VL) {
   EXPECT_TRUE(c.text.qk_norm);
   EXPECT_FALSE(c.text.qkv_bias);
   EXPECT_TRUE(c.conventions.mrope_interleaved);
-  const QwenVisionConfig& v = *c.qwen_vision;
+  const QwenVisionConfig& v = *qwen_vision_of(c);
   EXPECT_EQ(v.depth, 3);
   EXPECT_EQ(v.in_channels, 3);
   EXPECT_EQ(v.patch_size, 16);
@@ -111,37 +113,37 @@ TEST(Config, TinyQwen3VL) {
 
 TEST(Config, TinyLlava) {
   const ModelConfig c = load_model_config(kConfigs + "tiny-llava.json");
-  EXPECT_EQ(c.family, ModelFamily::llava);
+  EXPECT_EQ(c.conventions.name, "llava");
   EXPECT_EQ(c.text.model_type, "llama");
   EXPECT_EQ(c.text.hidden_size, 64);
   EXPECT_EQ(c.text.num_key_value_heads, 4);
   EXPECT_EQ(c.text.rms_norm_eps, 1e-5);
   EXPECT_EQ(c.text.rope_theta, 10000.0);
   EXPECT_FALSE(c.text.qkv_bias);
-  EXPECT_FALSE(c.qwen_vision.has_value());
-  ASSERT_TRUE(c.clip_vision.has_value() && c.llava.has_value());
-  EXPECT_EQ(c.clip_vision->hidden_size, 32);
-  EXPECT_EQ(c.clip_vision->num_patches(), 16);
-  EXPECT_EQ(c.clip_vision->hidden_act, "quick_gelu");
-  EXPECT_EQ(c.llava->vision_feature_layer, -2);
-  EXPECT_EQ(c.llava->image_seq_length, 16);
+  EXPECT_FALSE((qwen_vision_of(c) != nullptr));
+  ASSERT_TRUE((clip_vision_of(c) != nullptr) && (llava_projector_of(c) != nullptr));
+  EXPECT_EQ(clip_vision_of(c)->hidden_size, 32);
+  EXPECT_EQ(clip_vision_of(c)->num_patches(), 16);
+  EXPECT_EQ(clip_vision_of(c)->hidden_act, "quick_gelu");
+  EXPECT_EQ(llava_projector_of(c)->vision_feature_layer, -2);
+  EXPECT_EQ(llava_projector_of(c)->image_seq_length, 16);
   EXPECT_EQ(c.conventions.image_token_id, 32000);
 }
 
 TEST(Config, TinyInternVL) {
   const ModelConfig c = load_model_config(kConfigs + "tiny-internvl.json");
-  EXPECT_EQ(c.family, ModelFamily::internvl);
+  EXPECT_EQ(c.conventions.name, "internvl");
   EXPECT_EQ(c.text.model_type, "qwen2");
   EXPECT_EQ(c.text.hidden_size, 64);
   EXPECT_EQ(c.text.head_dim, 16);
   EXPECT_TRUE(c.text.qkv_bias);  // Qwen2: q/k/v biases hard-wired
   EXPECT_FALSE(c.text.qk_norm);
-  ASSERT_TRUE(c.intern_vision.has_value() && c.internvl.has_value());
-  EXPECT_EQ(c.intern_vision->image_size, 56);
-  EXPECT_EQ(c.intern_vision->patches_per_side(), 4);
-  EXPECT_TRUE(c.intern_vision->attention_bias);
-  EXPECT_EQ(c.internvl->scale(), 2);
-  EXPECT_EQ(c.internvl->image_seq_length, 4);
+  ASSERT_TRUE((intern_vision_of(c) != nullptr) && (internvl_projector_of(c) != nullptr));
+  EXPECT_EQ(intern_vision_of(c)->image_size, 56);
+  EXPECT_EQ(intern_vision_of(c)->patches_per_side(), 4);
+  EXPECT_TRUE(intern_vision_of(c)->attention_bias);
+  EXPECT_EQ(internvl_projector_of(c)->scale(), 2);
+  EXPECT_EQ(internvl_projector_of(c)->image_seq_length, 4);
   EXPECT_EQ(c.conventions.spatial_merge_size, 2);
   EXPECT_EQ(c.conventions.image_token_id, 151667);
   EXPECT_EQ(c.conventions.vision_start_token_id, 151665);
@@ -157,14 +159,14 @@ TEST(Config, InternVL3_8BAndAQwen3DecoderForInternVL3_5) {
   EXPECT_EQ(c.text.vocab_size, 151674);
   EXPECT_EQ(c.text.rope_theta, 1000000.0);
   EXPECT_FALSE(c.tie_word_embeddings);
-  const InternVisionConfig& v = *c.intern_vision;
+  const InternVisionConfig& v = *intern_vision_of(c);
   EXPECT_EQ(v.hidden_size, 1024);
   EXPECT_EQ(v.num_hidden_layers, 24);
   EXPECT_EQ(v.image_size, 448);
   EXPECT_EQ(v.patch_size, 14);
   EXPECT_TRUE(v.attention_bias);
   EXPECT_EQ(v.norm_type, "layer_norm");
-  EXPECT_EQ(c.internvl->image_seq_length, 256);  // (448 / 14 · 0.5)²
+  EXPECT_EQ(internvl_projector_of(c)->image_seq_length, 256);  // (448 / 14 · 0.5)²
   // InternVL3.5: a qwen3 text_config takes Qwen3Config's defaults (head_dim 128, q/k norm, no bias).
   json j = read_json(kConfigs + "tiny-internvl.json");
   j["text_config"]["model_type"] = "qwen3";
@@ -211,7 +213,7 @@ TEST(Config, Qwen2VL7BInstruct) {
   EXPECT_EQ(c.text.head_dim, 128);
   EXPECT_EQ(c.text.max_position_embeddings, 32768);
   EXPECT_FALSE(c.tie_word_embeddings);
-  const QwenVisionConfig& v = *c.qwen_vision;
+  const QwenVisionConfig& v = *qwen_vision_of(c);
   EXPECT_EQ(v.depth, 32);
   EXPECT_EQ(v.hidden_size, 1280);
   EXPECT_EQ(v.intermediate_size, 5120);
@@ -225,7 +227,7 @@ TEST(Config, Qwen2VL7BInstruct) {
 TEST(Config, Qwen2_5VL7BInstruct) {
   const ModelConfig c = load_model_config(kConfigs + "hf/Qwen2.5-VL-7B-Instruct.json");
   EXPECT_EQ(c.text.max_position_embeddings, 128000);
-  const QwenVisionConfig& v = *c.qwen_vision;
+  const QwenVisionConfig& v = *qwen_vision_of(c);
   EXPECT_EQ(v.hidden_size, 1280);
   EXPECT_EQ(v.intermediate_size, 3420);
   EXPECT_EQ(v.out_hidden_size, 3584);
@@ -245,7 +247,7 @@ TEST(Config, Qwen3VL8BInstruct) {
   EXPECT_EQ(c.text.max_position_embeddings, 262144);
   EXPECT_EQ(c.conventions.mrope_section, (std::array<int64_t, 3>{24, 20, 20}));
   EXPECT_TRUE(c.conventions.mrope_interleaved);
-  const QwenVisionConfig& v = *c.qwen_vision;
+  const QwenVisionConfig& v = *qwen_vision_of(c);
   EXPECT_EQ(v.depth, 27);
   EXPECT_EQ(v.hidden_size, 1152);
   EXPECT_EQ(v.head_dim(), 72);
@@ -267,16 +269,16 @@ TEST(Config, Llava15With7BDefaultsFromTransformers) {
   EXPECT_EQ(c.text.rms_norm_eps, 1e-5);
   EXPECT_EQ(c.text.max_position_embeddings, 4096);
   EXPECT_EQ(c.text.rope_theta, 10000.0);
-  const ClipVisionConfig& v = *c.clip_vision;
+  const ClipVisionConfig& v = *clip_vision_of(c);
   EXPECT_EQ(v.num_hidden_layers, 24);
   EXPECT_EQ(v.hidden_size, 1024);
   EXPECT_EQ(v.image_size, 336);
   EXPECT_EQ(v.patch_size, 14);
   EXPECT_EQ(v.hidden_act, "quick_gelu");
   EXPECT_EQ(v.layer_norm_eps, 1e-5);
-  EXPECT_EQ(c.llava->image_seq_length, 576);
-  EXPECT_EQ(c.llava->projector_hidden_act, "gelu");
-  EXPECT_TRUE(c.llava->multimodal_projector_bias);
+  EXPECT_EQ(llava_projector_of(c)->image_seq_length, 576);
+  EXPECT_EQ(llava_projector_of(c)->projector_hidden_act, "gelu");
+  EXPECT_TRUE(llava_projector_of(c)->multimodal_projector_bias);
 }
 
 // ---------- hybrid decoders (qwen3_5) ----------
@@ -290,7 +292,7 @@ std::vector<LayerKind> kinds(const std::string& pattern) {  // "LLLF" -> linear 
 TEST(Config, TinyQwen3_5VL) {
   const ModelConfig c = load_model_config(kConfigs + "tiny-qwen3_5-vl.json");
   EXPECT_EQ(c.model_type, "qwen3_5");
-  EXPECT_EQ(c.family, ModelFamily::qwen3_vl);  // planned as Qwen3-VL: positions, placeholders
+  EXPECT_EQ(c.conventions.name, "qwen3_vl");  // planned as Qwen3-VL: positions, placeholders
   EXPECT_EQ(c.text.model_type, "qwen3_5_text");
   EXPECT_EQ(c.text.layer_types, kinds("LLLF"));
   EXPECT_TRUE(c.text.is_hybrid());
@@ -311,7 +313,7 @@ TEST(Config, TinyQwen3_5VL) {
   EXPECT_TRUE(c.conventions.mrope_interleaved);
   EXPECT_EQ(c.conventions.image_token_id, 248056);
   EXPECT_EQ(c.conventions.vision_start_token_id, 248053);
-  const QwenVisionConfig& v = *c.qwen_vision;
+  const QwenVisionConfig& v = *qwen_vision_of(c);
   EXPECT_EQ(v.depth, 2);
   EXPECT_EQ(v.num_position_embeddings, 64);
   EXPECT_TRUE(v.deepstack_visual_indexes.empty());
@@ -333,9 +335,9 @@ TEST(Config, Qwen3_5_08B) {
   EXPECT_TRUE(c.tie_word_embeddings);
   EXPECT_EQ(c.conventions.mrope_section, (std::array<int64_t, 3>{11, 11, 10}));
   EXPECT_EQ(c.conventions.video_token_id, 248057);
-  EXPECT_EQ(c.qwen_vision->depth, 12);
-  EXPECT_EQ(c.qwen_vision->out_hidden_size, 1024);
-  EXPECT_TRUE(c.qwen_vision->deepstack_visual_indexes.empty());
+  EXPECT_EQ(qwen_vision_of(c)->depth, 12);
+  EXPECT_EQ(qwen_vision_of(c)->out_hidden_size, 1024);
+  EXPECT_TRUE(qwen_vision_of(c)->deepstack_visual_indexes.empty());
 }
 
 TEST(ConfigDefaults, Qwen3_5TakesQwen3_5TextConfigDefaults) {
@@ -358,8 +360,8 @@ TEST(ConfigDefaults, Qwen3_5TakesQwen3_5TextConfigDefaults) {
   EXPECT_EQ(c.conventions.image_token_id, 248056);
   EXPECT_EQ(c.conventions.video_token_id, 248057);
   EXPECT_EQ(c.conventions.vision_end_token_id, 248054);
-  EXPECT_EQ(c.qwen_vision->depth, 27);
-  EXPECT_TRUE(c.qwen_vision->deepstack_visual_indexes.empty());  // Qwen3.5 has no deepstack
+  EXPECT_EQ(qwen_vision_of(c)->depth, 27);
+  EXPECT_TRUE(qwen_vision_of(c)->deepstack_visual_indexes.empty());  // Qwen3.5 has no deepstack
 }
 
 TEST(ConfigDefaults, HybridLayerKinds) {
@@ -398,9 +400,9 @@ TEST(ConfigDefaults, MissingFieldsTakeTransformersDefaults) {
   EXPECT_EQ(q2.text.vocab_size, 152064);
   EXPECT_EQ(q2.text.num_hidden_layers, 80);
   EXPECT_EQ(q2.text.rms_norm_eps, 1e-5);
-  EXPECT_EQ(q2.qwen_vision->depth, 32);
-  EXPECT_EQ(q2.qwen_vision->hidden_size, 1280);
-  EXPECT_EQ(q2.qwen_vision->intermediate_size, 5120);
+  EXPECT_EQ(qwen_vision_of(q2)->depth, 32);
+  EXPECT_EQ(qwen_vision_of(q2)->hidden_size, 1280);
+  EXPECT_EQ(qwen_vision_of(q2)->intermediate_size, 5120);
 
   const ModelConfig q3 = parse_model_config({{"model_type", "qwen3_vl"},
                                              {"vision_config", {{"out_hidden_size", 4096}}}});
@@ -408,8 +410,8 @@ TEST(ConfigDefaults, MissingFieldsTakeTransformersDefaults) {
   EXPECT_EQ(q3.text.num_key_value_heads, 32);
   EXPECT_EQ(q3.text.head_dim, 128);
   EXPECT_EQ(q3.text.max_position_embeddings, 128000);
-  EXPECT_EQ(q3.qwen_vision->depth, 27);
-  EXPECT_EQ(q3.qwen_vision->num_position_embeddings, 2304);
+  EXPECT_EQ(qwen_vision_of(q3)->depth, 27);
+  EXPECT_EQ(qwen_vision_of(q3)->num_position_embeddings, 2304);
   EXPECT_EQ(q3.conventions.mrope_section, (std::array<int64_t, 3>{24, 20, 20}));
 
   // LLaVA with neither sub-config: Llama-7B and CLIP ViT-L/14 at 336 px. Llama's 32000-row
@@ -420,14 +422,14 @@ TEST(ConfigDefaults, MissingFieldsTakeTransformersDefaults) {
       parse_model_config({{"model_type", "llava"}, {"text_config", {{"vocab_size", 32064}}}});
   EXPECT_EQ(l.text.hidden_size, 4096);
   EXPECT_EQ(l.text.max_position_embeddings, 2048);
-  EXPECT_EQ(l.clip_vision->hidden_size, 1024);
-  EXPECT_EQ(l.clip_vision->num_patches(), 576);
+  EXPECT_EQ(clip_vision_of(l)->hidden_size, 1024);
+  EXPECT_EQ(clip_vision_of(l)->num_patches(), 576);
   // A vision_config that is present takes CLIPVisionConfig's own defaults for missing keys.
   const ModelConfig l2 = parse_model_config({{"model_type", "llava"},
                                              {"text_config", {{"vocab_size", 32064}}},
                                              {"vision_config", json::object()}});
-  EXPECT_EQ(l2.clip_vision->hidden_size, 768);
-  EXPECT_EQ(l2.clip_vision->patch_size, 32);
+  EXPECT_EQ(clip_vision_of(l2)->hidden_size, 768);
+  EXPECT_EQ(clip_vision_of(l2)->patch_size, 32);
 }
 
 TEST(ConfigDefaults, NullMeansDefaultAndNullKvHeadsMeansMha) {

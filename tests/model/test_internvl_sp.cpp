@@ -18,6 +18,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/model/families/internvl/dynamic_tiling.h"
 #include "mmsp/model/families/internvl/intern_vit.h"
+#include "mmsp/model/families/internvl/internvl_config.h"
 #include "mmsp/model/families/internvl/internvl_model.h"
 #include "mmsp/model/families/internvl/internvl_projector.h"
 #include "mmsp/model/families/internvl/pixel_shuffle.h"
@@ -180,7 +181,7 @@ Tensor qwen2_logits_ref(const Params& p, const model::TextConfig& c, Tensor x) {
 // into <IMG_CONTEXT> tokens in batch order, labels shifted, placeholders not targets,
 // the sum over every kept label divided by their count.
 Tensor internvl_loss_ref(const Params& p, const model::ModelConfig& c, const plan::Batch& batch, const Tensor& tiles) {
-  const Tensor features = tower_ref(p, *c.intern_vision, tiles, "vision_tower.");
+  const Tensor features = tower_ref(p, *intern_vision_of(c), tiles, "vision_tower.");
   const Tensor rows = projector_ref(p, "multi_modal_projector.", pixel_shuffle_ref(features, 2)).reshape({-1, c.text.hidden_size});
   int64_t next_row = 0, count = 0;
   Tensor total = at::zeros({}, at::kDouble);
@@ -230,7 +231,7 @@ TEST(InternVLTower, EqualsTransformersInternVLVisionModelWithEveryGradient) {
   for (bool v2 : {false, true}) {
     const model::ModelConfig config = tiny_internvl(v2);
     at::manual_seed(3);
-    model::InternVisionTower tower(*config.intern_vision);
+    model::InternVisionTower tower(*intern_vision_of(config));
     tower.to(at::kDouble);
     for (auto& item : tower.named_parameters())  // layer scales and norms away from their initial constants
       if (item.key().find("lambda") != std::string::npos || item.key().find("norm") != std::string::npos) {
@@ -242,7 +243,7 @@ TEST(InternVLTower, EqualsTransformersInternVLVisionModelWithEveryGradient) {
     (tower.forward(tiles) * probe).sum().backward();
     Params ref;
     for (const auto& [name, t] : params_of(tower)) ref[name] = t.detach().clone().requires_grad_();
-    const Tensor got = tower.forward(tiles), want = tower_ref(ref, *config.intern_vision, tiles, "");
+    const Tensor got = tower.forward(tiles), want = tower_ref(ref, *intern_vision_of(config), tiles, "");
     EXPECT_TRUE(at::allclose(got, want, 1e-12, 1e-12)) << "v2 " << v2 << ": " << (got - want).abs().max().item<double>();
     (want * probe).sum().backward();
     for (const auto& [name, t] : params_of(tower)) {

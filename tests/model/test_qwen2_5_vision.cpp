@@ -15,6 +15,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/model/config.h"
 #include "mmsp/model/families/qwen_vl/qwen_vision.h"
+#include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/model/families/qwen_vl/window_index.h"
 
 using namespace mmsp;
@@ -38,7 +39,7 @@ nlohmann::json tiny_qwen2_5_json() {
 }
 
 model::QwenVisionConfig vision_of(const nlohmann::json& j) {
-  return *model::parse_model_config(j, "tiny qwen2_5_vl").qwen_vision;
+  return *model::qwen_vision_of(model::parse_model_config(j, "tiny qwen2_5_vl"));
 }
 
 // transformers' get_window_index, tensor for tensor.
@@ -171,7 +172,7 @@ TEST(Qwen2_5WindowIndex, MatchesTransformersAndInverts) {
 TEST(Qwen2_5Vision, EqualsTransformersFormulas) {
   const model::QwenVisionConfig c = vision_of(tiny_qwen2_5_json());
   at::manual_seed(3);
-  model::QwenVisionEncoder tower(c, model::ModelFamily::qwen2_5_vl);
+  model::QwenVisionEncoder tower(c, model::QwenVariant::qwen2_5_vl);
   tower.to(at::kDouble);
   for (auto& p : tower.parameters()) {  // off the trivial init (RMSNorm weights 1, biases 0)
     at::NoGradGuard no_grad;
@@ -206,7 +207,7 @@ TEST(Qwen2_5Vision, WindowedBlockVsFullAttentionBlock) {
   full["vision_config"]["fullatt_block_indexes"] = {0, 1};
   auto rows_of = [](const nlohmann::json& j, const std::vector<plan::Grid>& grids) {
     at::manual_seed(5);
-    model::QwenVisionEncoder tower(vision_of(j), model::ModelFamily::qwen2_5_vl);
+    model::QwenVisionEncoder tower(vision_of(j), model::QwenVariant::qwen2_5_vl);
     tower.to(at::kDouble);
     at::manual_seed(6);
     return tower.forward(at::randn({patches_of(grids), 24}, at::kDouble), grids).rows.detach();

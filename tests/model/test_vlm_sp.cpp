@@ -12,6 +12,7 @@
 #include <set>
 
 #include "mmsp/dist/all_reduce.h"
+#include "mmsp/model/families/qwen_vl/qwen_variant.h"
 #include "mmsp/model/family.h"
 #include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/model/rank_inputs.h"
@@ -82,9 +83,9 @@ model::ModelConfig tiny_qwen2_5_vl() {
   return model::parse_model_config(c, "tiny qwen2_5_vl");
 }
 
-model::ModelConfig tiny_config(model::ModelFamily family) {
-  if (family == model::ModelFamily::qwen3_vl) return tiny_qwen3_vl();
-  if (family == model::ModelFamily::qwen2_5_vl) return tiny_qwen2_5_vl();
+model::ModelConfig tiny_config(model::QwenVariant family) {
+  if (family == model::QwenVariant::qwen3_vl) return tiny_qwen3_vl();
+  if (family == model::QwenVariant::qwen2_5_vl) return tiny_qwen2_5_vl();
   return tiny_qwen2_vl();
 }
 
@@ -108,13 +109,13 @@ plan::Batch qwen2_5_batch() {
 // Two images and a video over three sequences (and a text-only one); the 16-token
 // image sits where shard borders cut it on most meshes. Qwen3-VL writes each video
 // frame as its own block after its timestamp text.
-plan::Batch vision_batch(model::ModelFamily family = model::ModelFamily::qwen2_vl) {
-  if (family == model::ModelFamily::qwen2_5_vl) return qwen2_5_batch();
+plan::Batch vision_batch(model::QwenVariant family = model::QwenVariant::qwen2_vl) {
+  if (family == model::QwenVariant::qwen2_5_vl) return qwen2_5_batch();
   plan::Sequence a, b, c, d;
   text(a, 3, 1), block(a, kImage, 4), text(a, 6, 2);
   a.image_grid_thw = {{1, 4, 4}};
   text(b, 5, 3), block(b, kImage, 3), text(b, 3, 4);
-  if (family == model::ModelFamily::qwen3_vl) {
+  if (family == model::QwenVariant::qwen3_vl) {
     text(b, 2, 8), block(b, kVideo, 2), text(b, 2, 9), block(b, kVideo, 2);
   } else {
     block(b, kVideo, 4);
@@ -182,7 +183,7 @@ Result run(const model::ModelConfig& config, const plan::Batch& batch, const pla
 
 }  // namespace
 
-class QwenVlFamily : public ::testing::TestWithParam<model::ModelFamily> {};
+class QwenVlFamily : public ::testing::TestWithParam<model::QwenVariant> {};
 
 TEST_P(QwenVlFamily, MultiRankEqualsOneProcessInEveryVisionMode) {
   const model::ModelConfig config = tiny_config(GetParam());
@@ -260,8 +261,8 @@ TEST_P(QwenVlFamily, MultiRankFp32EqualsOneProcessInEveryVisionMode) {
 
 // Named MultiRank* so that the multi-rank runs pick it up.
 INSTANTIATE_TEST_SUITE_P(MultiRank, QwenVlFamily,
-                         ::testing::Values(model::ModelFamily::qwen2_vl, model::ModelFamily::qwen2_5_vl,
-                                           model::ModelFamily::qwen3_vl),
+                         ::testing::Values(model::QwenVariant::qwen2_vl, model::QwenVariant::qwen2_5_vl,
+                                           model::QwenVariant::qwen3_vl),
                          [](const auto& info) { return model::to_string(info.param); });
 
 // The batch exercises the hard cases of routing: on 4 ranks some rank encodes nothing

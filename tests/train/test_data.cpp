@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data_test_util.h"
+#include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/plan/sequence.h"
 #include "mmsp/model/families/qwen_vl/qwen_patches.h"
 #include "mmsp/model/family.h"
@@ -318,7 +319,7 @@ TEST(Shapes, PixelRowsMatchTheGrid) {
   for (const std::string name : {"tiny-qwen2-vl", "tiny-qwen3-vl"}) {
     SCOPED_TRACE(name);
     const auto config = tiny_config(name);
-    const auto& v = *config.qwen_vision;
+    const auto& v = *qwen_vision_of(config);
     const int64_t width = 3 * v.temporal_patch_size * v.patch_size * v.patch_size;
     const ShapesDataset data(options(), config);
     for (int64_t i = 0; i < 30; ++i) {

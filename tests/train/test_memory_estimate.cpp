@@ -10,6 +10,8 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/model/config.h"
+#include "mmsp/model/families/llava/clip_config.h"
+#include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/model/family.h"
 #include "mmsp/model/parameter_init.h"
 #include "mmsp/model/vlm.h"
@@ -152,7 +154,7 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
     in_layers += k;
     if (name.find(".layers.0.") != std::string::npos) layer0 += k;
   }
-  ASSERT_EQ(in_blocks, block0 * config.qwen_vision->depth) << "the tiny tower's blocks are alike";
+  ASSERT_EQ(in_blocks, block0 * qwen_vision_of(config)->depth) << "the tiny tower's blocks are alike";
   ASSERT_GT(in_layers, 0);
   ASSERT_GT(embedding, 0);
   ASSERT_EQ(head, embedding) << "tiny-qwen2-vl's head is untied, of the embedding's shape";
@@ -238,7 +240,7 @@ TEST(MemoryEstimate, EveryTowersBlocksAreUnitsOfTheModelAndTheEstimate) {
     }
     EXPECT_EQ(in_vision_units, in_chain) << "every parameter of the chain is in a unit";
     EXPECT_FALSE(units[first_block].prefetched) << "block 0 follows a unit that is not a block";
-    const bool llava = config.clip_vision.has_value();
+    const bool llava = (clip_vision_of(config) != nullptr);
     for (size_t u = first_block + 1; u < units.size(); ++u) {
       const bool runs = !llava || u + 1 < units.size();  // tiny-llava: 2 layers, the features are layer 1's
       EXPECT_EQ(units[u].forward_uses, runs ? 1 : 0) << "vision unit " << u - first_block;

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/family.h"
 #include "mmsp/train/optim/grad_sync.h"
 #include "mmsp/train/optim/sharded_adamw.h"
 
@@ -119,15 +120,6 @@ int decoder_layer_of(const std::string& name) {
   return index_after(name, "layers.");
 }
 
-// The vision block a parameter name belongs to, or −1: every tower's blocks are hook
-// units (model::HookedBlocks): Qwen's "…visual.blocks.<i>.…", CLIP's
-// "vision_tower.vision_model.encoder.layers.<i>.…", InternViT's "vision_tower.encoder.layer.<i>.…".
-int vision_block_of(const std::string& name) {
-  for (const char* chain : {"visual.blocks.", "vision_model.encoder.layers.", "vision_tower.encoder.layer."})
-    if (const int block = index_after(name, chain); block >= 0) return block;
-  return -1;
-}
-
 bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
@@ -142,11 +134,13 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   const bool mixed = in.compute_dtype != in.master_dtype;
   MemoryEstimate e;
   std::vector<int64_t> layer_count, block_count;  // per decoder layer, per hooked vision block
+  // Every tower's blocks are hook units (model::HookedBlocks), named as its family says.
+  const std::string vision_blocks = model::family_for(config.model_type).vision_block_names();
   for (const auto& [name, shape] : shapes) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     e.parameter_count += n;
-    const int layer = decoder_layer_of(name), block = vision_block_of(name);
+    const int layer = decoder_layer_of(name), block = index_after(name, vision_blocks);
     std::vector<int64_t>& count = layer >= 0 ? layer_count : block_count;
     const int unit = layer >= 0 ? layer : block;
     if (unit >= 0) {

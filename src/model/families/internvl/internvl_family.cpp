@@ -14,6 +14,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/families/internvl/dynamic_tiling.h"
+#include "mmsp/model/families/internvl/internvl_config.h"
 #include "mmsp/model/families/internvl/internvl_model.h"
 
 namespace mmsp::model {
@@ -128,6 +129,8 @@ class InternVLFamily : public Family {
 
   VisionTokenWords token_words() const override { return {"<IMG_CONTEXT>", "", "<img>", "</img>"}; }
 
+  std::string vision_block_names() const override { return "vision_tower.encoder.layer."; }
+
   // InternVL3-hf: <img> 151665, </img> 151666, <IMG_CONTEXT> 151667, 1-D positions, no video,
   // pixel shuffle with downsample_ratio 0.5 (two patches a side per row).
   plan::ModelConventions conventions(const nlohmann::json& config) const override {
@@ -164,7 +167,6 @@ class InternVLFamily : public Family {
   }
 
   void read_config(const nlohmann::json& config, ModelConfig& c) const override {
-    c.family = ModelFamily::internvl;
     const JsonFields top(config, "");
     static const nlohmann::json kEmpty = nlohmann::json::object();
     const nlohmann::json* nested = top.object("text_config");
@@ -174,18 +176,20 @@ class InternVLFamily : public Family {
     c.conventions = config_parts::read_conventions(*this, config);
     c.tie_word_embeddings = config_parts::read_tie(top, text);
     const nlohmann::json* vision = top.object("vision_config");
-    c.intern_vision = parse_intern_vision_config(vision ? *vision : kEmpty);
-    c.internvl = parse_internvl_projector_config(config, *c.intern_vision);
+    auto fields = std::make_shared<InternVLFields>();
+    fields->vision = parse_intern_vision_config(vision ? *vision : kEmpty);
+    fields->projector = parse_internvl_projector_config(config, fields->vision);
+    c.family_fields = fields;
     // The planner read the same downsample_ratio: one merge factor for placeholders and rows.
-    MMSP_ASSERT(c.internvl->scale() == c.conventions.spatial_merge_size);
+    MMSP_ASSERT(internvl_projector_of(c)->scale() == c.conventions.spatial_merge_size);
     config_parts::check_token_ids(c, "image_token_id");
   }
 
   std::shared_ptr<Vlm> build(const ModelConfig& c) const override { return build_internvl(c); }
 
   std::shared_ptr<const PixelGeometry> geometry(const ModelConfig& c) const override {
-    MMSP_ASSERT(c.intern_vision.has_value() && c.internvl.has_value());
-    return std::make_shared<InternVLPixelGeometry>(*c.intern_vision, *c.internvl);
+    MMSP_ASSERT(intern_vision_of(c) && internvl_projector_of(c));
+    return std::make_shared<InternVLPixelGeometry>(*intern_vision_of(c), *internvl_projector_of(c));
   }
 
   CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {

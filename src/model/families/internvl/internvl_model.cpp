@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/families/internvl/internvl_config.h"
 #include "mmsp/model/families/internvl/pixel_shuffle.h"
 
 namespace mmsp::model {
@@ -72,9 +73,9 @@ void InternVLTower::check(const plan::StepPlan& plan, const PixelInputs& pixels)
 }
 
 std::shared_ptr<Vlm> build_internvl(const ModelConfig& config) {
-  MMSP_CHECK(config.intern_vision && config.internvl, "model_type ", config.model_type,
+  MMSP_CHECK(intern_vision_of(config) && internvl_projector_of(config), "model_type ", config.model_type,
              " is not InternVL (no internvl_vision vision_config)");
-  auto tower = std::make_shared<InternVLTower>(*config.intern_vision, *config.internvl, config.text);
+  auto tower = std::make_shared<InternVLTower>(*intern_vision_of(config), *internvl_projector_of(config), config.text);
   auto decoder = std::make_shared<Decoder>(config.text, config.tie_word_embeddings);
   // transformers' "dynamic" RoPE (InternVL3's decoders) moves its frequencies beyond max_position_embeddings.
   auto vlm = std::make_shared<Vlm>(config, decoder, tower, VlmRules{/*positions_within_max=*/true});

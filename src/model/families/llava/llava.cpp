@@ -10,6 +10,7 @@
 
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/core/check.h"
+#include "mmsp/model/families/llava/clip_config.h"
 #include "mmsp/model/phase_marker.h"
 #include "mmsp/model/activation.h"
 #include "mmsp/model/parameter_init.h"
@@ -129,9 +130,9 @@ at::Tensor LlavaTower::encode(const TowerInput& input) const {
 }
 
 std::shared_ptr<Vlm> build_llava(const ModelConfig& config) {
-  MMSP_CHECK(config.clip_vision && config.llava, "model_type ", config.model_type,
+  MMSP_CHECK(clip_vision_of(config) && llava_projector_of(config), "model_type ", config.model_type,
              " is not LLaVA (no CLIP vision_config)");
-  auto tower = std::make_shared<LlavaTower>(*config.clip_vision, *config.llava, config.text.hidden_size);
+  auto tower = std::make_shared<LlavaTower>(*clip_vision_of(config), *llava_projector_of(config), config.text.hidden_size);
   auto decoder = std::make_shared<Decoder>(config.text, config.tie_word_embeddings);
   auto vlm = std::make_shared<Vlm>(config, decoder, tower);
   vlm->register_module("vision_tower", tower->clip);

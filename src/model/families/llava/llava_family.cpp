@@ -12,6 +12,7 @@
 #include "json_fields.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/checkpoint_naming.h"
+#include "mmsp/model/families/llava/clip_config.h"
 #include "mmsp/model/families/llava/llava.h"
 
 namespace mmsp::model {
@@ -102,6 +103,8 @@ class LlavaFamily : public Family {
 
   VisionTokenWords token_words() const override { return {"<image>", "", "", ""}; }
 
+  std::string vision_block_names() const override { return "vision_model.encoder.layers."; }
+
   // llava-hf/llava-1.5-7b-hf: <image> = 32000, 1-D positions, no blocks, no merge, no video.
   plan::ModelConventions conventions(const nlohmann::json& config) const override {
     namespace fields = plan::conventions_fields;
@@ -128,7 +131,6 @@ class LlavaFamily : public Family {
   }
 
   void read_config(const nlohmann::json& config, ModelConfig& c) const override {
-    c.family = ModelFamily::llava;
     const JsonFields top(config, "");
     static const nlohmann::json kEmpty = nlohmann::json::object();
     const nlohmann::json* nested = top.object("text_config");
@@ -138,16 +140,18 @@ class LlavaFamily : public Family {
     c.conventions = config_parts::read_conventions(*this, config);
     c.tie_word_embeddings = config_parts::read_tie(top, text);
     const nlohmann::json* vision = top.object("vision_config");
-    c.clip_vision = vision ? parse_clip_vision_config(*vision) : default_llava_vision_config();
-    c.llava = parse_llava_projector_config(config, *c.clip_vision);
+    auto fields = std::make_shared<LlavaFields>();
+    fields->vision = vision ? parse_clip_vision_config(*vision) : default_llava_vision_config();
+    fields->projector = parse_llava_projector_config(config, fields->vision);
+    c.family_fields = fields;
     config_parts::check_token_ids(c, "image_token_index");  // the released files' name
   }
 
   std::shared_ptr<Vlm> build(const ModelConfig& c) const override { return build_llava(c); }
 
   std::shared_ptr<const PixelGeometry> geometry(const ModelConfig& c) const override {
-    MMSP_ASSERT(c.clip_vision.has_value() && c.llava.has_value());
-    return std::make_shared<LlavaPixelGeometry>(*c.clip_vision, *c.llava);
+    MMSP_ASSERT(clip_vision_of(c) && llava_projector_of(c));
+    return std::make_shared<LlavaPixelGeometry>(*clip_vision_of(c), *llava_projector_of(c));
   }
 
   // The CLIP tower's names: llava-1.5-*-hf and mmsp vision_tower.vision_model.*;

@@ -3,6 +3,7 @@
 #include "mmsp/model/families/qwen_vl/qwen_patches.h"
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 
 namespace mmsp::model {
 

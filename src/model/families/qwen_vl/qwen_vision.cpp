@@ -12,6 +12,8 @@
 
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/core/check.h"
+#include "mmsp/model/families/qwen_vl/qwen_variant.h"
+#include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/model/phase_marker.h"
 #include "mmsp/model/activation.h"
 #include "mmsp/model/parameter_init.h"
@@ -85,11 +87,9 @@ at::Tensor QwenVisionEncoder::Merger::forward(const at::Tensor& x, int64_t merge
   return fc2->forward(at::gelu(fc1->forward(merged)));
 }
 
-QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c, ModelFamily family)
-    : config_(c), qwen3_(family == ModelFamily::qwen3_vl) {
-  MMSP_CHECK(family == ModelFamily::qwen2_vl || family == ModelFamily::qwen2_5_vl || qwen3_,
-             "the Qwen vision encoder serves qwen2_vl, qwen2_5_vl and qwen3_vl, not ", to_string(family));
-  variant_ = qwen3_ ? Variant::qwen3 : family == ModelFamily::qwen2_5_vl ? Variant::qwen2_5 : Variant::qwen2;
+QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c, QwenVariant variant)
+    : config_(c), qwen3_(variant == QwenVariant::qwen3_vl) {
+  variant_ = qwen3_ ? Variant::qwen3 : variant == QwenVariant::qwen2_5_vl ? Variant::qwen2_5 : Variant::qwen2;
   const int64_t unit = c.patch_size * c.spatial_merge_size;
   MMSP_CHECK(variant_ != Variant::qwen2_5 || (c.window_size >= unit && c.window_size % unit == 0),
              "vision_config.window_size ", c.window_size, " must be a positive multiple of patch_size * ",

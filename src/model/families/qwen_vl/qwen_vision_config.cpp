@@ -6,6 +6,7 @@
 #include "config_parts.h"
 #include "json_fields.h"
 #include "mmsp/core/check.h"
+#include "mmsp/model/families/qwen_vl/qwen_variant.h"
 
 namespace mmsp::model {
 
@@ -28,19 +29,19 @@ void check_block_list(const JsonFields& f, const std::string& key,
 
 }  // namespace
 
-QwenVisionConfig default_qwen_vision_config(ModelFamily family) {
+QwenVisionConfig default_qwen_vision_config(QwenVariant variant) {
   QwenVisionConfig v;  // Qwen2VLVisionConfig
-  switch (family) {
-    case ModelFamily::qwen2_vl:
+  switch (variant) {
+    case QwenVariant::qwen2_vl:
       break;
-    case ModelFamily::qwen2_5_vl:  // Qwen2_5_VLVisionConfig (its hidden_size default is 3584)
+    case QwenVariant::qwen2_5_vl:  // Qwen2_5_VLVisionConfig (its hidden_size default is 3584)
       v.hidden_size = 3584;
       v.intermediate_size = 3420;
       v.hidden_act = "silu";
       v.window_size = 112;
       v.fullatt_block_indexes = {7, 15, 23, 31};
       break;
-    case ModelFamily::qwen3_vl:  // Qwen3VLVisionConfig
+    case QwenVariant::qwen3_vl:  // Qwen3VLVisionConfig
       v.depth = 27;
       v.hidden_size = 1152;
       v.intermediate_size = 4304;
@@ -49,20 +50,16 @@ QwenVisionConfig default_qwen_vision_config(ModelFamily family) {
       v.num_position_embeddings = 2304;
       v.deepstack_visual_indexes = {8, 16, 24};
       break;
-    case ModelFamily::llava:
-    case ModelFamily::internvl:
-      MMSP_CHECK(false, "no Qwen-VL vision encoder for model_type \"", to_string(family),
-                 "\"");
   }
   return v;
 }
 
-QwenVisionConfig parse_qwen_vision_config(const nlohmann::json& vision, ModelFamily family) {
-  QwenVisionConfig v = default_qwen_vision_config(family);
+QwenVisionConfig parse_qwen_vision_config(const nlohmann::json& vision, QwenVariant variant) {
+  QwenVisionConfig v = default_qwen_vision_config(variant);
   const JsonFields f(vision, "vision_config.");
   v.depth = f.integer("depth", v.depth);
   std::string width_key = "hidden_size";
-  if (family == ModelFamily::qwen2_vl) {
+  if (variant == QwenVariant::qwen2_vl) {
     // Qwen2-VL: embed_dim is the width, hidden_size the merger's output, MLP = width * ratio.
     width_key = "embed_dim";
     v.hidden_size = f.integer("embed_dim", v.hidden_size);
@@ -112,7 +109,7 @@ QwenVisionConfig parse_qwen_vision_config(const nlohmann::json& vision, ModelFam
              f.name("num_heads"), " = ", v.hidden_size, " / ", v.num_heads, " = ", v.head_dim(),
              " must be a multiple of 4 for the 2-D rotary embedding");
 
-  if (family == ModelFamily::qwen2_5_vl) {
+  if (variant == QwenVariant::qwen2_5_vl) {
     v.window_size = f.integer("window_size", v.window_size);
     const int64_t unit = v.patch_size * v.spatial_merge_size;
     MMSP_CHECK(v.window_size % unit == 0, f.name("window_size"), " (", v.window_size,
@@ -121,7 +118,7 @@ QwenVisionConfig parse_qwen_vision_config(const nlohmann::json& vision, ModelFam
     v.fullatt_block_indexes = f.integers("fullatt_block_indexes", v.fullatt_block_indexes);
     check_block_list(f, "fullatt_block_indexes", v.fullatt_block_indexes, v.depth);
   }
-  if (family == ModelFamily::qwen3_vl) {
+  if (variant == QwenVariant::qwen3_vl) {
     v.num_position_embeddings = f.integer("num_position_embeddings", v.num_position_embeddings);
     const auto side = static_cast<int64_t>(std::llround(std::sqrt(
         static_cast<double>(v.num_position_embeddings))));

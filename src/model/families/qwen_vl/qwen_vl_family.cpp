@@ -10,6 +10,8 @@
 #include "json_fields.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/families/qwen_vl/qwen_patches.h"
+#include "mmsp/model/families/qwen_vl/qwen_variant.h"
+#include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/model/families/qwen_vl/qwen_vl.h"
 
 namespace mmsp::model {
@@ -21,13 +23,13 @@ using json_fields::JsonFields;
 
 // The decoder fields of a Qwen-VL config: transformers' Qwen2VLTextConfig (TextConfig's own
 // defaults), Qwen2_5_VLTextConfig (the same numbers) or Qwen3VLTextConfig.
-TextDialect qwen_text_dialect(ModelFamily family) {
+TextDialect qwen_text_dialect(QwenVariant variant) {
   TextDialect d;
-  d.family = to_string(family);
+  d.family = to_string(variant);
   d.rope_types = {"default", "mrope"};
   d.rope_rule = "Qwen-VL decoders use \"mrope\" or \"default\"";
   TextVariant v;
-  if (family == ModelFamily::qwen3_vl) {
+  if (variant == QwenVariant::qwen3_vl) {
     TextConfig& t = v.defaults;
     t.model_type = "qwen3_vl_text";
     t.vocab_size = 151936;
@@ -44,31 +46,25 @@ TextDialect qwen_text_dialect(ModelFamily family) {
     t.qk_norm = true;
     v.head_dim_fixed = true;
   } else {
-    if (family == ModelFamily::qwen2_5_vl) v.defaults.model_type = "qwen2_5_vl_text";
+    if (variant == QwenVariant::qwen2_5_vl) v.defaults.model_type = "qwen2_5_vl_text";
     v.qwen2_attention = true;
   }
   d.variants = {v};
   return d;
 }
 
-ModelFamily conventions_family(const std::string& model_type) {
-  if (model_type == "qwen2_vl") return ModelFamily::qwen2_vl;
-  if (model_type == "qwen2_5_vl") return ModelFamily::qwen2_5_vl;
-  return ModelFamily::qwen3_vl;  // qwen3_vl, qwen3_5
-}
-
 // The released values (Qwen2-VL-7B-Instruct, Qwen2.5-VL-7B-Instruct, Qwen3-VL); Qwen3.5
 // plans as Qwen3-VL with its own token ids and mRoPE sections (Qwen3_5Config's defaults).
 plan::ModelConventions released_conventions(const std::string& model_type) {
-  const ModelFamily family = conventions_family(model_type);
+  const QwenVariant variant = qwen_variant_of(model_type);
   plan::ModelConventions c;  // 3-D mRoPE, Qwen's token ids, merge 2
-  c.name = to_string(family);
-  switch (family) {
-    case ModelFamily::qwen2_vl:
+  c.name = to_string(variant);
+  switch (variant) {
+    case QwenVariant::qwen2_vl:
       c.mrope_section = {16, 24, 24};
       c.tokens_per_second = 1.0;  // unused: Qwen2-VL's t index is the frame
       break;
-    case ModelFamily::qwen2_5_vl:  // vision_config.tokens_per_second = 2
+    case QwenVariant::qwen2_5_vl:  // vision_config.tokens_per_second = 2
       c.mrope_section = {16, 24, 24};
       c.tokens_per_second = 2.0;
       c.video_time_scaled = true;
@@ -114,7 +110,7 @@ void check_mrope(const ModelConfig& c, const JsonFields& text) {
                            std::to_string(c.text.rotary_dim()) + " / 2"
                      : " but must be head_dim / 2 = " + std::to_string(c.text.head_dim) + " / 2",
              " (t, h and w share the head's rotary frequencies)");
-  const bool interleave = c.family == ModelFamily::qwen3_vl;
+  const bool interleave = qwen_variant_of(c) == QwenVariant::qwen3_vl;
   MMSP_CHECK(c.conventions.mrope_interleaved == interleave, text.name("rope_scaling"),
              ".mrope_interleaved is ", c.conventions.mrope_interleaved ? "true" : "false",
              ", but ", c.model_type, " always ", interleave ? "interleaves" : "splits",
@@ -148,11 +144,11 @@ nlohmann::json qwen3_5_vision(const nlohmann::json* vision) {
 // The Qwen2-VL image processor: frames resized to the grid, patch rows per merge window.
 class QwenPixelGeometry : public PixelGeometry {
  public:
-  QwenPixelGeometry(const QwenVisionConfig& v, const plan::ModelConventions& c, ModelFamily family) : v_(v) {
+  QwenPixelGeometry(const QwenVisionConfig& v, const plan::ModelConventions& c, QwenVariant variant) : v_(v) {
     takes_videos_ = c.supports_video();
     // OpenAI CLIP's values (Qwen2-VL, Qwen2.5-VL), 0.5 / 0.5 for Qwen3-VL and Qwen3.5
     // (their preprocessor_config.json).
-    if (family == ModelFamily::qwen3_vl) norm_.mean = norm_.std = {0.5, 0.5, 0.5};
+    if (variant == QwenVariant::qwen3_vl) norm_.mean = norm_.std = {0.5, 0.5, 0.5};
   }
   int64_t channels() const override { return v_.in_channels; }
   bool takes_videos() const override { return takes_videos_; }
@@ -207,6 +203,9 @@ class QwenVLFamily : public Family {
     return {"<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"};
   }
 
+  // visual.blocks.<i> (Qwen2/2.5-VL) and model.visual.blocks.<i> (Qwen3-VL, Qwen3.5)
+  std::string vision_block_names() const override { return "visual.blocks."; }
+
   plan::ModelConventions conventions(const nlohmann::json& config) const override {
     namespace fields = plan::conventions_fields;
     fields::check_object(config);
@@ -236,30 +235,32 @@ class QwenVLFamily : public Family {
   }
 
   void read_config(const nlohmann::json& config, ModelConfig& c) const override {
-    c.family = conventions_family(c.model_type);
+    const QwenVariant variant = qwen_variant_of(c.model_type);
     const JsonFields top(config, "");
     // Qwen2/2.5-VL files keep decoder fields at the top (newer transformers nest them in
     // text_config, which then wins, as in transformers); Qwen3-VL always nests them.
     const nlohmann::json* nested = top.object("text_config");
-    const bool qwen2 = c.family == ModelFamily::qwen2_vl || c.family == ModelFamily::qwen2_5_vl;
+    const bool qwen2 = variant == QwenVariant::qwen2_vl || variant == QwenVariant::qwen2_5_vl;
     static const nlohmann::json kEmpty = nlohmann::json::object();
     const nlohmann::json& text_json = nested ? *nested : qwen2 ? config : kEmpty;
     const std::string text_prefix = nested || !qwen2 ? "text_config." : "";
     const JsonFields text(text_json, text_prefix);
     const bool hybrid = c.model_type == "qwen3_5";
     c.text = hybrid ? parse_hybrid_text_config(text_json, "text_config.")
-                    : parse_text_config(text_json, qwen_text_dialect(c.family), text_prefix);
+                    : parse_text_config(text_json, qwen_text_dialect(variant), text_prefix);
     c.conventions = config_parts::read_conventions(*this, config);
     c.tie_word_embeddings = config_parts::read_tie(top, text);
 
     const nlohmann::json* vision = top.object("vision_config");
-    c.qwen_vision = hybrid ? parse_qwen_vision_config(qwen3_5_vision(vision), c.family)
-                           : parse_qwen_vision_config(vision ? *vision : kEmpty, c.family);
-    const QwenVisionConfig& v = *c.qwen_vision;
+    auto fields = std::make_shared<QwenFields>();
+    fields->vision = hybrid ? parse_qwen_vision_config(qwen3_5_vision(vision), variant)
+                            : parse_qwen_vision_config(vision ? *vision : kEmpty, variant);
+    c.family_fields = fields;
+    const QwenVisionConfig& v = fields->vision;
     MMSP_ASSERT(v.spatial_merge_size == c.conventions.spatial_merge_size);
     check_mrope(c, text);
     const char* out_key =
-        c.family == ModelFamily::qwen2_vl ? "vision_config.hidden_size" : "vision_config.out_hidden_size";
+        variant == QwenVariant::qwen2_vl ? "vision_config.hidden_size" : "vision_config.out_hidden_size";
     MMSP_CHECK(v.out_hidden_size == c.text.hidden_size, out_key, " (", v.out_hidden_size,
                ") must equal the decoder's ", text.name("hidden_size"), " (", c.text.hidden_size,
                "): merged vision rows replace token embeddings");
@@ -273,14 +274,14 @@ class QwenVLFamily : public Family {
   std::shared_ptr<Vlm> build(const ModelConfig& c) const override { return build_qwen_vl(c); }
 
   std::shared_ptr<const PixelGeometry> geometry(const ModelConfig& c) const override {
-    MMSP_ASSERT(c.qwen_vision.has_value());
-    return std::make_shared<QwenPixelGeometry>(*c.qwen_vision, c.conventions, c.family);
+    MMSP_ASSERT(qwen_vision_of(c));
+    return std::make_shared<QwenPixelGeometry>(*qwen_vision_of(c), c.conventions, qwen_variant_of(c));
   }
 
   CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
     CheckpointNaming naming;
     std::string embedding;
-    if (c.family != ModelFamily::qwen3_vl) {
+    if (qwen_variant_of(c) != QwenVariant::qwen3_vl) {
       // mmsp: visual.*, model.*, lm_head.* (the released files' layout). transformers
       // >= 4.52 names them model.visual.*, model.language_model.*, lm_head.* and maps
       // the released layout in through

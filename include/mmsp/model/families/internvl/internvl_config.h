@@ -10,6 +10,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "mmsp/model/config.h"
+
 namespace mmsp::model {
 
 // vision_config of model_type internvl_vision (InternViT-300M-448px-V2.5 by default).
@@ -72,5 +74,20 @@ InternVisionConfig parse_intern_vision_config(const nlohmann::json& vision);
 // divide by 1/downsample_ratio and image_seq_length must equal the rows per tile.
 InternVLProjectorConfig parse_internvl_projector_config(const nlohmann::json& config,
                                                         const InternVisionConfig& vision);
+
+// The InternVL family's part of a ModelConfig (ModelConfig::family_fields).
+struct InternVLFields : FamilyFields {
+  InternVisionConfig vision;
+  InternVLProjectorConfig projector;
+};
+// The config's InternViT tower and projector; null for a config of another family.
+inline const InternVisionConfig* intern_vision_of(const ModelConfig& c) {
+  const InternVLFields* f = family_fields_as<InternVLFields>(c);
+  return f ? &f->vision : nullptr;
+}
+inline const InternVLProjectorConfig* internvl_projector_of(const ModelConfig& c) {
+  const InternVLFields* f = family_fields_as<InternVLFields>(c);
+  return f ? &f->projector : nullptr;
+}
 
 }  // namespace mmsp::model

@@ -12,6 +12,7 @@
 #include "mmsp/model/config.h"
 #include "mmsp/model/decoder.h"
 #include "mmsp/model/families/internvl/intern_vit.h"
+#include "mmsp/model/families/internvl/internvl_config.h"
 #include "mmsp/model/families/internvl/internvl_projector.h"
 #include "mmsp/model/vlm.h"
 

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "mmsp/model/config.h"
+
 namespace mmsp::model {
 
 // LLaVA's vision_config (model_type clip_vision_model). Defaults are CLIPVisionConfig's;
@@ -64,5 +66,20 @@ ClipVisionConfig parse_clip_vision_config(const nlohmann::json& vision);
 // Reads the LLaVA fields of the top-level object and checks them against `vision`.
 LlavaProjectorConfig parse_llava_projector_config(const nlohmann::json& config,
                                                   const ClipVisionConfig& vision);
+
+// The LLaVA family's part of a ModelConfig (ModelConfig::family_fields).
+struct LlavaFields : FamilyFields {
+  ClipVisionConfig vision;
+  LlavaProjectorConfig projector;
+};
+// The config's CLIP tower and projector; null for a config of another family.
+inline const ClipVisionConfig* clip_vision_of(const ModelConfig& c) {
+  const LlavaFields* f = family_fields_as<LlavaFields>(c);
+  return f ? &f->vision : nullptr;
+}
+inline const LlavaProjectorConfig* llava_projector_of(const ModelConfig& c) {
+  const LlavaFields* f = family_fields_as<LlavaFields>(c);
+  return f ? &f->projector : nullptr;
+}
 
 }  // namespace mmsp::model

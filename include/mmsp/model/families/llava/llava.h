@@ -14,6 +14,7 @@
 #include "mmsp/attention/token_layout.h"
 #include "mmsp/model/config.h"
 #include "mmsp/model/decoder.h"
+#include "mmsp/model/families/llava/clip_config.h"
 #include "mmsp/model/hooked_blocks.h"
 #include "mmsp/model/linear.h"
 #include "mmsp/model/vision_tower.h"

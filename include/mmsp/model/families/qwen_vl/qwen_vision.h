@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "mmsp/attention/token_layout.h"
+#include "mmsp/model/families/qwen_vl/qwen_variant.h"
 #include "mmsp/model/hooked_blocks.h"
 #include "mmsp/model/linear.h"
 #include "mmsp/model/rotary.h"
@@ -36,8 +37,8 @@ struct VisionOutput {
 
 class QwenVisionEncoder : public torch::nn::Module, public VisionTower {
  public:
-  // family: qwen2_vl, qwen2_5_vl or qwen3_vl (names and parts differ); others are an error.
-  QwenVisionEncoder(const QwenVisionConfig& config, ModelFamily family);
+  // variant: qwen2_vl, qwen2_5_vl or qwen3_vl (names and parts differ).
+  QwenVisionEncoder(const QwenVisionConfig& config, QwenVariant variant);
 
   // pixel_values [N_patches, C·tp·p·p] of the given items (grids in patches, rows in
   // the processor's order). No items (N_patches = 0) is only for hooked blocks: it runs

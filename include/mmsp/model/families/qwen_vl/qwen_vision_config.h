@@ -10,7 +10,9 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "mmsp/model/model_family.h"
+#include "mmsp/model/config.h"
+
+#include "mmsp/model/families/qwen_vl/qwen_variant.h"
 
 namespace mmsp::model {
 
@@ -54,10 +56,20 @@ struct QwenVisionConfig {
   int64_t patch_row() const { return in_channels * temporal_patch_size * patch_size * patch_size; }
 };
 
-QwenVisionConfig default_qwen_vision_config(ModelFamily family);
+QwenVisionConfig default_qwen_vision_config(QwenVariant variant);
 
 // Reads one vision_config object (missing keys keep the defaults); errors name
 // "vision_config.<field>" and the value; the fields are checked against each other.
-QwenVisionConfig parse_qwen_vision_config(const nlohmann::json& vision, ModelFamily family);
+QwenVisionConfig parse_qwen_vision_config(const nlohmann::json& vision, QwenVariant variant);
+
+// The Qwen-VL family's part of a ModelConfig (ModelConfig::family_fields).
+struct QwenFields : FamilyFields {
+  QwenVisionConfig vision;
+};
+// The config's Qwen vision encoder; null for a config of another family.
+inline const QwenVisionConfig* qwen_vision_of(const ModelConfig& c) {
+  const QwenFields* f = family_fields_as<QwenFields>(c);
+  return f ? &f->vision : nullptr;
+}
 
 }  // namespace mmsp::model
