@@ -80,7 +80,7 @@ GatedDeltaNetWeights GatedDeltaNet::weights() const {
   return w;
 }
 
-at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const GatedDeltaContext& context,
+at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const attention::GatedDeltaContext& context,
                                   int64_t chunk) const {
   return gated_deltanet_forward(weights(), gated_deltanet_config(config_, chunk), x, context);
 }

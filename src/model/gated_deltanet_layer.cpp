@@ -1,18 +1,13 @@
 // The Gated DeltaNet layer; see gated_deltanet_layer.h. The algorithm (conv, gates,
-// norm) is written once; Ulysses changes which heads a rank holds, the ring which
-// tokens, and gated_delta_ring supplies what lives on other ring ranks.
+// norm) is written once; attention/gated_delta_context places it on the mesh (which heads
+// a rank holds, which tokens) and gated_delta_ring supplies what lives on other ring ranks.
 #include "mmsp/model/gated_deltanet_layer.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-#include <optional>
 
-#include "mmsp/attention/gated_delta_ring.h"
 #include "mmsp/core/check.h"
-#include "mmsp/attention/step_attention.h"
-#include "mmsp/attention/ulysses_attention.h"
-#include "mmsp/dist/all_to_all.h"
 
 namespace mmsp::model {
 
@@ -24,12 +19,6 @@ void GatedDeltaNetConfig::check() const {
   MMSP_CHECK(key_head_dim > 0 && value_head_dim > 0 && hidden_size > 0 && conv_kernel > 0,
              "gated DeltaNet sizes must be positive: hidden ", hidden_size, ", K ", key_head_dim, ", V ",
              value_head_dim, ", conv kernel ", conv_kernel);
-}
-
-void check_gated_delta_heads(int64_t key_heads, int64_t value_heads, int ulysses) {
-  MMSP_CHECK(key_heads % ulysses == 0 && value_heads % ulysses == 0, "ulysses degree ", ulysses,
-             " must divide the linear-attention key heads (", key_heads, ") and value heads (", value_heads,
-             "); use a degree that divides ", key_heads, " and put the rest in --ring (state passing)");
 }
 
 GatedDeltaNetWeights GatedDeltaNetWeights::random(const GatedDeltaNetConfig& c, const at::TensorOptions& options,
@@ -92,9 +81,6 @@ int64_t gated_delta_ulysses_bytes(const GatedDeltaNetConfig& c, const std::vecto
 
 namespace {
 
-int size_of(const dist::GroupPtr& g) { return g ? g->size() : 1; }
-int rank_in(const dist::GroupPtr& g) { return g ? g->rank() : 0; }
-
 at::Tensor l2norm(const at::Tensor& x) { return x * at::rsqrt(x.pow(2).sum(-1, true) + 1e-6); }
 
 }  // namespace
@@ -103,10 +89,9 @@ namespace {
 
 // The conv and the gated delta rule of key heads [first, first + heads) and their value
 // heads, on tokens in `index`'s layout: mixed [T, heads, F] (per key head q K | k K | v
-// rep·V | b rep | a rep) -> o [T, heads·rep, V]. ring: null or one rank for none.
+// rep·V | b rep | a rep) -> o [T, heads·rep, V].
 at::Tensor rule_of_heads(const GatedDeltaNetWeights& w, const GatedDeltaNetConfig& c, const at::Tensor& mixed,
-                         int64_t first, int64_t heads, const attention::RingRunIndex& index,
-                         const dist::GroupPtr& ring, at::ScalarType wide) {
+                         int64_t first, int64_t heads, const attention::GatedDeltaRun& run, at::ScalarType wide) {
   const int64_t K = c.key_head_dim, V = c.value_head_dim, rep = c.num_value_heads / c.num_key_heads;
   const int64_t T = mixed.size(0), Hv = heads * rep;
   at::Tensor q = mixed.narrow(-1, 0, K), k = mixed.narrow(-1, K, K);
@@ -120,7 +105,7 @@ at::Tensor rule_of_heads(const GatedDeltaNetWeights& w, const GatedDeltaNetConfi
                                 conv_w.narrow(0, c.key_dim() + first * K, heads * K),
                                 conv_w.narrow(0, 2 * c.key_dim() + first * rep * V, Hv * V)});
   at::Tensor qkv = at::cat({q.reshape({T, -1}), k.reshape({T, -1}), v.reshape({T, -1})}, -1);
-  qkv = attention::gated_delta_conv(qkv, w_heads, index, ring);  // [T, channels of these heads]
+  qkv = attention::gated_delta_conv(qkv, w_heads, run);  // [T, channels of these heads]
   q = l2norm(qkv.narrow(-1, 0, heads * K).view({T, heads, K})).repeat_interleave(rep, 1);
   k = l2norm(qkv.narrow(-1, heads * K, heads * K).view({T, heads, K})).repeat_interleave(rep, 1);
   v = qkv.narrow(-1, 2 * heads * K, Hv * V).view({T, Hv, V});
@@ -128,53 +113,21 @@ at::Tensor rule_of_heads(const GatedDeltaNetWeights& w, const GatedDeltaNetConfi
   at::Tensor beta = at::sigmoid(b);
   at::Tensor g = -w.A_log.narrow(0, first * rep, Hv).to(wide).exp() *
                  at::softplus(a.to(wide) + w.dt_bias.narrow(0, first * rep, Hv).to(wide));
-  return attention::gated_delta_ring_rule(q, k, v, g, beta, index, ring);  // [T, Hv, V]
+  return attention::gated_delta_ring_rule(q, k, v, g, beta, run);  // [T, Hv, V]
 }
 
 }  // namespace
 
 at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetConfig& c,
-                                  const at::Tensor& x, const GatedDeltaContext& context) {
-  // Every check before the first collective.
+                                  const at::Tensor& x, const attention::GatedDeltaContext& context) {
+  // Every check before the first collective (the context's in gated_delta_context_rule).
   c.check();
   w.check(c);
-  const int U = size_of(context.groups.ulysses), R = size_of(context.groups.ring);
-  const int u = rank_in(context.groups.ulysses), r = rank_in(context.groups.ring);
-  check_gated_delta_heads(c.num_key_heads, c.num_value_heads, U);
-  MMSP_CHECK(static_cast<int>(context.ring_shares.size()) == R, "gated DeltaNet: ",
-             context.ring_shares.size(), " ring share layouts for a ring of ", R);
   MMSP_CHECK(x.dim() == 2 && x.size(1) == c.hidden_size, "gated DeltaNet: x must be [T, ", c.hidden_size,
              "], got ", x.sizes());
-  const int64_t T_l = x.size(0), T_r = context.ring_shares[r].size();
-  MMSP_CHECK(T_l * U == T_r, "gated DeltaNet: ", T_l, " local tokens × ulysses ", U, " != ", T_r,
-             " tokens in ring rank ", r, "'s share");
-  const bool mixed_placement = !context.split_slots.empty();
-  MMSP_CHECK(!mixed_placement || static_cast<int>(context.split_slots.size()) == R * U, "gated DeltaNet: ",
-             context.split_slots.size(), " split-slot counts for a context group of ", R, " x ", U, " ranks");
-  // The index over what this rank's rule sees (the shares, or the split shares), and, mixed,
-  // over its whole slots; made here only when the step did not plan them.
-  std::optional<attention::RingRunIndex> made, made_whole;
-  const int64_t a = mixed_placement ? context.split_slots[r * U + u] : T_l;
-  const std::vector<attention::TokenLayout> shares =
-      mixed_placement ? attention::split_shares(context.ring_shares, context.split_slots, U) : context.ring_shares;
-  const bool exchanged = shares[r].size() > 0;  // mixed: any split segment in the row
-  if (!context.index && (exchanged || !mixed_placement))
-    made = attention::RingRunIndex::make(shares, r, c.conv_kernel, c.chunk, x.device());
-  if (!context.whole && a < T_l)
-    made_whole = attention::RingRunIndex::make(
-        {attention::whole_slots(context.ring_shares, context.split_slots, U, r, u)}, 0, c.conv_kernel, c.chunk,
-        x.device());
-  const attention::RingRunIndex* index = context.index ? context.index.get() : made ? &*made : nullptr;
-  const attention::RingRunIndex* whole = context.whole ? context.whole.get() : made_whole ? &*made_whole : nullptr;
-  for (const attention::RingRunIndex* i : {index, whole})
-    MMSP_CHECK(!i || (i->conv_kernel == c.conv_kernel && i->chunks.chunk == c.chunk),
-               "gated DeltaNet: the step planned its index for conv kernel ", i->conv_kernel, " and chunk ",
-               i->chunks.chunk, ", but the layer has conv kernel ", c.conv_kernel, " and chunk ", c.chunk);
-  MMSP_CHECK(!exchanged || (index && index->tokens == shares[r].size()), "gated DeltaNet: the step's index is for ",
-             index ? index->tokens : 0, " tokens of ring rank ", r, "'s share, which holds ", shares[r].size());
-
+  const int64_t T_l = x.size(0);
   const int64_t Hk = c.num_key_heads, Hv = c.num_value_heads, K = c.key_head_dim, V = c.value_head_dim;
-  const int64_t rep = Hv / Hk, Hk_l = Hk / U;
+  const int64_t rep = Hv / Hk;
   // Per key head: [q K | k K | v rep·V | z rep·V] and [b rep | a rep].
   at::Tensor qkvz = at::matmul(x, w.in_proj_qkvz.t()).view({T_l, Hk, 2 * K + 2 * rep * V});
   at::Tensor ba = at::matmul(x, w.in_proj_ba.t()).view({T_l, Hk, 2 * rep});
@@ -184,25 +137,12 @@ at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDelt
   // As in HF: the decay and the norm in fp32 for 16-bit inputs.
   const at::ScalarType wide = c10::elementSize(x.scalar_type()) < 4 ? at::kFloat : x.scalar_type();
 
-  std::vector<at::Tensor> parts;  // o of the exchanged slots [0, a), then of the whole ones
-  if (!mixed_placement) {
-    at::Tensor m = mixed;
-    // [T_l, U, Hk/U·F] -> [T_r, 1, Hk/U·F]: scatter key-head groups, gather tokens
-    if (U > 1) m = dist::all_to_all(m.reshape({T_l, U, Hk_l * m.size(-1)}), 1, 0, context.groups.ulysses);
-    at::Tensor o = rule_of_heads(w, c, m.reshape({T_r, Hk_l, -1}), u * Hk_l, Hk_l, *index, context.groups.ring, wide);
-    if (U > 1) o = dist::all_to_all(o, 0, 1, context.groups.ulysses);  // [T_l, Hv, V]
-    parts.push_back(o);
-  } else {
-    if (exchanged) {  // every ulysses rank takes part, even one with no split slot of its own
-      const std::vector<int64_t> tokens(context.split_slots.begin() + r * U, context.split_slots.begin() + (r + 1) * U);
-      at::Tensor m = attention::ulysses_scatter_heads(mixed.narrow(0, 0, a), tokens, context.groups.ulysses);
-      at::Tensor o = rule_of_heads(w, c, m, u * Hk_l, Hk_l, *index, context.groups.ring, wide);
-      parts.push_back(attention::ulysses_gather_heads(o, tokens, context.groups.ulysses));  // [a, Hv, V]
-    }
-    if (whole)  // a whole segment starts at home: no state, no conv context, every head
-      parts.push_back(rule_of_heads(w, c, mixed.narrow(0, a, T_l - a), 0, Hk, *whole, dist::GroupPtr(), wide));
-  }
-  at::Tensor o = parts.empty() ? at::zeros({T_l, Hv, V}, x.options()) : parts.size() == 1 ? parts[0] : at::cat(parts, 0);
+  const attention::GatedDeltaHeads heads{Hk, Hv, V, c.conv_kernel, c.chunk};
+  at::Tensor o = attention::gated_delta_context_rule(
+      mixed, heads, context,
+      [&](const at::Tensor& m, int64_t first, int64_t n, const attention::GatedDeltaRun& run) {
+        return rule_of_heads(w, c, m, first, n, run, wide);
+      });
 
   // Gated RMSNorm per value head, then the output projection.
   at::Tensor ow = o.to(wide);

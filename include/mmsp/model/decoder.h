@@ -31,7 +31,7 @@ namespace mmsp::model {
 // groups and shares with their ring runs (Ulysses over heads, state passing across the ring).
 struct DecoderContext {
   attention::AttentionFunction attend;
-  model::GatedDeltaContext linear;
+  attention::GatedDeltaContext linear;
   RotaryTable rotary;
   // chunk of the Gated DeltaNet kernel (hybrid decoders), the one `linear` was planned for
   int64_t linear_chunk = attention::kGatedDeltaChunk;

@@ -27,7 +27,7 @@ class GatedDeltaNet : public torch::nn::Module {
   explicit GatedDeltaNet(const TextConfig& config);
 
   // x [T/S, hidden] (this rank's slots) -> [T/S, hidden]; chunk: the kernel's chunk.
-  at::Tensor forward(const at::Tensor& x, const GatedDeltaContext& context,
+  at::Tensor forward(const at::Tensor& x, const attention::GatedDeltaContext& context,
                      int64_t chunk = attention::kGatedDeltaChunk) const;
 
   // The weights in the layer's (Qwen3-Next) layout. Qwen3.5's separate projections are

@@ -3,8 +3,9 @@
 // all-to-all of q|k|v|b|a in, one of the output back), ring state passing on the
 // zigzag layout (attention/gated_delta_ring.h), or both (Ulysses inside each ring
 // rank), and under a mixed placement only the split segments exchanged (whole ones at
-// home). The algorithm (the chunked rule, its ring) is in attention/; the module that
-// owns the parameters is gated_deltanet.h.
+// home). The algorithm (the chunked rule, its ring) and the placement on the mesh
+// (gated_delta_context.h) are in attention/; the module that owns the parameters is
+// gated_deltanet.h.
 //
 //   x [T/S, hidden] -> in_proj_qkvz, in_proj_ba -> causal depthwise conv1d + SiLU over
 //   q|k|v -> L2-norm q, k; β = sigmoid(b); g = −exp(A_log)·softplus(a + dt_bias)
@@ -19,9 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "mmsp/attention/context_attention.h"
-#include "mmsp/attention/gated_delta_ring.h"
-#include "mmsp/attention/token_layout.h"
+#include "mmsp/attention/gated_delta_context.h"
 
 namespace mmsp::model {
 
@@ -62,27 +61,11 @@ struct GatedDeltaNetWeights {
   void check(const GatedDeltaNetConfig& config) const;
 };
 
-// What the layer needs of the mesh and the plan: the context groups (null or
-// one-member groups for none), the layout of every ring rank's share, and their runs and
-// index tensors (planned once per step, step_attention.h; null: the layer makes them).
-// A mixed placement (split_slots not empty, as attention::StepAttention): only the split
-// slots go through Ulysses (all-to-all-v) and the ring, `index` then being over the split
-// shares; the whole slots run the rule at home with every head, over `whole`.
-struct GatedDeltaContext {
-  attention::ContextGroups groups;
-  std::vector<attention::TokenLayout> ring_shares;
-  std::shared_ptr<const attention::RingRunIndex> index;
-  std::vector<int64_t> split_slots;  // [context rank]; empty: every slot is exchanged
-  std::shared_ptr<const attention::RingRunIndex> whole;
-};
-
 // x [T/S, hidden]: this rank's slots (its ulysses slice of its ring share) -> [T/S, hidden].
 // Padding slots give zero. Every check runs before the first collective.
 at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& weights, const GatedDeltaNetConfig& config,
-                                  const at::Tensor& x, const GatedDeltaContext& context);
+                                  const at::Tensor& x, const attention::GatedDeltaContext& context);
 
-// Throws unless the ulysses degree divides both head counts (names the values).
-void check_gated_delta_heads(int64_t key_heads, int64_t value_heads, int ulysses);
 
 // Bytes this rank sends per layer forward for Ulysses: two all-to-alls,
 // (U−1)/U·(T/S)·[(2·H_k·K + H_v·V + 2·H_v) + H_v·V]·b.
