@@ -15,35 +15,6 @@
 
 namespace mmsp::train {
 
-namespace {
-
-// Stage 3 frees a weight's memory in place and refills it later: the tensor, and every
-// view autograd saved of it, keep pointing at the same storage (what FSDP does with
-// storage().resize_(0)). So a parameter must be its storage's only tenant.
-void check_owns_storage(const std::string& name, const at::Tensor& p) {
-  const size_t bytes = static_cast<size_t>(p.numel()) * p.element_size();
-  MMSP_CHECK(p.is_contiguous() && p.storage_offset() == 0 && p.storage().nbytes() == bytes, "--shard parameters: \"",
-             name, "\" shares its memory with other tensors (", p.storage().nbytes(), " bytes of storage for ",
-             bytes, "); it cannot be freed between uses");
-}
-
-void free_storage(const at::Tensor& p) {
-  c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, storage->device()));
-  storage->set_nbytes(0);
-}
-
-void allocate_storage(const at::Tensor& p) {
-  c10::StorageImpl* storage = p.storage().unsafeGetStorageImpl();
-  if (storage->nbytes() > 0) return;
-  const size_t bytes = static_cast<size_t>(p.numel()) * p.element_size();
-  at::Allocator* allocator = storage->allocator() ? storage->allocator() : c10::GetAllocator(storage->device_type());
-  storage->set_data_ptr_noswap(allocator->allocate(bytes));
-  storage->set_nbytes(bytes);
-}
-
-}  // namespace
-
 std::vector<ShardUnitUse> shard_unit_uses(const std::vector<model::HookUnit>& units) {
   std::vector<ShardUnitUse> uses;
   for (const model::HookUnit& u : units)
@@ -59,17 +30,17 @@ class ShardedLayerHooks : public model::LayerHooks {
   // A chain of units i, i+1, ... (each one `prefetched` but the first) runs forward in
   // that order and backward in the reverse one: each unit prefetches the next one.
   void before_forward(size_t unit) override {
-    sharded_.gather_unit(static_cast<int>(unit));
-    sharded_.prefetch_unit(static_cast<int>(unit) + 1);
+    sharded_.weights_.gather_unit(static_cast<int>(unit));
+    sharded_.weights_.prefetch_unit(static_cast<int>(unit) + 1);
   }
-  void after_forward(size_t unit) override { sharded_.release_unit(static_cast<int>(unit)); }
+  void after_forward(size_t unit) override { sharded_.weights_.release_unit(static_cast<int>(unit)); }
   void before_backward(size_t unit) override {
-    sharded_.gather_unit(static_cast<int>(unit));
-    if (sharded_.use_of(static_cast<int>(unit)).prefetched) sharded_.prefetch_unit(static_cast<int>(unit) - 1);
+    sharded_.weights_.gather_unit(static_cast<int>(unit));
+    if (sharded_.use_of(static_cast<int>(unit)).prefetched) sharded_.weights_.prefetch_unit(static_cast<int>(unit) - 1);
   }
   void after_backward(size_t unit) override {
     sharded_.reduce_unit(static_cast<int>(unit));
-    sharded_.release_unit(static_cast<int>(unit));
+    sharded_.weights_.release_unit(static_cast<int>(unit));
   }
   void lookup_backward(size_t unit, const at::Tensor& token_ids, const at::Tensor& grad_rows) override {
     sharded_.keep_lookup_rows(static_cast<int>(unit), token_ids, grad_rows);
@@ -83,7 +54,8 @@ ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype
                            dist::GroupPtr world, int64_t bucket_bytes, ShardLevel level, std::vector<int> unit_of,
                            std::vector<ShardUnitUse> uses)
     : model_(std::move(model_params)), options_(options), world_(std::move(world)), master_dtype_(master_dtype),
-      uses_(std::move(uses)), level_(level), round_bytes_(2 * bucket_bytes) {
+      uses_(std::move(uses)), level_(level),
+      weights_(model_, world_, level == ShardLevel::parameters, 2 * bucket_bytes) {
   MMSP_CHECK(world_, "ShardedAdamW: the world group is null");
   MMSP_CHECK(level_ != ShardLevel::none, "ShardedAdamW: shard level none is the replicated update");
   check_named_params(model_, "ShardedAdamW");
@@ -107,7 +79,6 @@ ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype
     int64_t offset = 0;
     for (size_t i : bucket.params) {
       const at::Tensor& p = model_[i].second;
-      if (frees_weights()) check_owns_storage(model_[i].first, p);
       const int64_t first = std::max(begin, offset), last = std::min(end, offset + p.numel());
       if (first < last) {
         ShardPiece piece{i, first - offset, last - first, shards_.size(), first - begin};
@@ -121,7 +92,7 @@ ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype
       if (unit_buckets_.size() <= static_cast<size_t>(bucket.unit)) unit_buckets_.resize(bucket.unit + 1);
       unit_buckets_[bucket.unit].push_back(shards_.size());
     }
-    release(s);  // stage 3: the whole weights go as their shards are taken, not all at the end
+    weights_.add_bucket(bucket, s.shard, s.master, use_of(bucket.unit).prefetched);
     shards_.push_back(std::move(s));
   }
 }
@@ -181,18 +152,13 @@ double ShardedAdamW::global_norm(const std::vector<at::Tensor>& grads) const {
   return norm;
 }
 
-int64_t ShardedAdamW::elements_per_round(at::ScalarType dtype) const {
-  const int64_t per_rank = static_cast<int64_t>(world_->size()) * static_cast<int64_t>(c10::elementSize(dtype));
-  return std::max<int64_t>(1, round_bytes_ / per_rank);
-}
-
 void ShardedAdamW::reduce_bucket(Shard& s) {
   at::NoGradGuard no_grad;
   // In rounds of at most round_bytes_ packed per rank: a bucket far larger than the
   // others (one parameter, such as a 248,320-row embedding) is never packed or received
   // whole, which would hold two more copies of its gradient. The bytes are those of one
   // reduce-scatter of the whole bucket.
-  const int64_t per_round = elements_per_round(master_dtype_);
+  const int64_t per_round = weights_.elements_per_round(master_dtype_);
   ensure_grad(s);
   for (int64_t first = 0; first < s.shard; first += per_round) {
     const int64_t n = std::min(per_round, s.shard - first);
@@ -296,88 +262,11 @@ void ShardedAdamW::add_lookup_rows(int unit) {
                         h, world_ids, world_rows);
 }
 
-void ShardedAdamW::gather_unit(int unit) {
-  for (size_t b : unit_shards(unit)) gather_into_model(shards_[b]);
-}
+void ShardedAdamW::gather_step_weights() { weights_.gather_outside_units(); }
 
-void ShardedAdamW::prefetch_unit(int unit) {
-  if (!frees_weights() || !use_of(unit).prefetched) return;
-  for (size_t b : unit_shards(unit)) start_gather(shards_[b]);
-}
+void ShardedAdamW::gather_all() { weights_.gather_all(); }
 
-void ShardedAdamW::release_unit(int unit) {
-  for (size_t b : unit_shards(unit)) release(shards_[b]);
-}
-
-void ShardedAdamW::start_gather(Shard& s) {
-  if (s.gathered || s.prefetch.in_flight()) return;
-  at::NoGradGuard no_grad;
-  s.incoming = at::empty({s.shard * world_->size()},
-                         at::TensorOptions().dtype(s.bucket.dtype).device(s.bucket.device));
-  s.prefetch = dist::all_gather_into_async(s.master.to(s.bucket.dtype), s.incoming, world_);
-}
-
-void ShardedAdamW::gather_into_model(Shard& s) {
-  if (s.gathered) return;
-  at::NoGradGuard no_grad;
-  for (size_t i : s.bucket.params) allocate_storage(model_[i].second);
-  if (!s.incoming.defined()) {
-    gather_in_rounds(s);  // not prefetched: gather now
-  } else {
-    s.prefetch.wait();
-    unpack_bucket_range(model_, s.bucket, 0, s.incoming);  // the padding past the bucket's end dropped
-    s.incoming = at::Tensor();
-  }
-  s.gathered = true;
-}
-
-void ShardedAdamW::gather_in_rounds(Shard& s) {
-  // At most round_bytes_ gathered per round, straight into the model: neither the whole
-  // bucket, nor its shard in the model's dtype, nor the flat copy Gloo's all-gather
-  // makes of its whole output is held at once (each would be a lone 248,320-row
-  // embedding's 485 MiB in bf16, or a share of it). The bytes are those of one gather.
-  const int64_t P = world_->size(), per_round = elements_per_round(s.bucket.dtype);
-  for (int64_t first = 0; first < s.shard; first += per_round) {
-    const int64_t n = std::min(per_round, s.shard - first);
-    at::Tensor rows = at::empty({P * n}, at::TensorOptions().dtype(s.bucket.dtype).device(s.bucket.device));
-    dist::all_gather_into(s.master.narrow(0, first, n).to(s.bucket.dtype), rows, *world_);
-    for (int64_t r = 0; r < P; ++r)
-      unpack_bucket_range(model_, s.bucket, r * s.shard + first, rows.narrow(0, r * n, n));
-  }
-}
-
-void ShardedAdamW::release(Shard& s) {
-  if (!frees_weights() || !s.gathered) return;
-  for (size_t i : s.bucket.params) free_storage(model_[i].second);
-  s.gathered = false;
-}
-
-void ShardedAdamW::refresh_model(Shard& s) {
-  // The model's copy of the bucket is stale: stages 1 and 2 gather it now; stage 3
-  // frees it (if it was not) and gathers it before its next use. A prefetched gather
-  // not consumed (a step that failed midway) holds the old weights: dropped.
-  s.prefetch.wait();
-  s.incoming = at::Tensor();
-  if (frees_weights()) {
-    release(s);
-    return;
-  }
-  s.gathered = false;
-  gather_into_model(s);
-}
-
-void ShardedAdamW::gather_step_weights() {
-  for (Shard& s : shards_)
-    if (s.bucket.unit < 0) gather_into_model(s);
-}
-
-void ShardedAdamW::gather_all() {
-  for (Shard& s : shards_) gather_into_model(s);
-}
-
-void ShardedAdamW::release_gathered() {
-  for (Shard& s : shards_) release(s);
-}
+void ShardedAdamW::release_gathered() { weights_.release_all(); }
 
 double ShardedAdamW::step(double max_norm) {
   at::NoGradGuard no_grad;
@@ -431,7 +320,7 @@ double ShardedAdamW::step(double max_norm) {
       const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(correction2)).add_(options_.eps);
       master.addcdiv_(exp_avg, denom, -lr / correction1);
     }
-    refresh_model(s);
+    weights_.refresh(b);
   }
   return norm;
 }
@@ -456,7 +345,7 @@ void ShardedAdamW::load(int64_t steps_taken, const StateReader& read) {
     for (ShardTensor which : {ShardTensor::master, ShardTensor::exp_avg, ShardTensor::exp_avg_sq})
       piece(pieces_[k], which).copy_(loaded[k][static_cast<int>(which)]);
   steps_ = steps_taken;
-  for (Shard& s : shards_) refresh_model(s);
+  for (size_t b = 0; b < shards_.size(); ++b) weights_.refresh(b);
 }
 
 int64_t ShardedAdamW::state_bytes() const {

@@ -23,7 +23,8 @@
 //      all-reduce), clipping as clip_grad_norm does;
 //   3. AdamW on the shards, with torch::optim::AdamW's arithmetic (decoupled decay on
 //      matrices only, as make_adamw's groups);
-//   4. all-gather the updated shards, rounded to the model's dtype, into the model, in
+//   4. (ShardedWeights, sharded_weights.h) all-gather the updated shards, rounded to
+//      the model's dtype, into the model, in
 //      rounds of at most 2·bucket_bytes written straight into the weights (Gloo's
 //      all-gather copies its whole output into a flat buffer of its own first: a lone
 //      embedding gathered whole was held twice besides the model).
@@ -72,6 +73,7 @@
 #include "mmsp/train/optim/named_params.h"
 #include "mmsp/train/optim/optimizer.h"
 #include "mmsp/train/optim/shard_level.h"
+#include "mmsp/train/optim/sharded_weights.h"
 
 namespace mmsp::train {
 
@@ -171,9 +173,6 @@ class ShardedAdamW {
     int64_t shard = 0;      // elements per rank: padded numel / P
     at::Tensor master, exp_avg, exp_avg_sq;  // [shard], master dtype
     at::Tensor grad;        // [shard]: this step's reduced gradient (undefined until reduced)
-    bool gathered = true;   // its weights are in the model now
-    at::Tensor incoming;    // [P·S]: a prefetched gather's buffer while it is in flight
-    dist::PendingGather prefetch;
   };
   friend class ShardedLayerHooks;
   // Row r: elements [r·S + first, r·S + first + n) of the bucket's gradient, in the
@@ -188,21 +187,6 @@ class ShardedAdamW {
   bool is_lookup_unit(int unit) const;             // stages 2, 3: its gradient comes as rows
   const at::Tensor& lookup_table(int unit) const;  // a lookup unit's [V, h] weight
   void ensure_grad(Shard& s) const;                // s.grad, zeros until something is added
-  void gather_unit(int unit);
-  // Stage 3: issues the unit's gathers without waiting (no-op for a unit out of range,
-  // not prefetched, or already gathered); gather_unit finishes them.
-  void prefetch_unit(int unit);
-  void release_unit(int unit);
-  void start_gather(Shard& s);
-  void gather_in_rounds(Shard& s);
-  // Elements of `dtype` a rank contributes per round so that a round's P rows hold at
-  // most round_bytes_ (at least 1).
-  int64_t elements_per_round(at::ScalarType dtype) const;
-  void gather_into_model(Shard& s);
-  void release(Shard& s);
-  void refresh_model(Shard& s);
-  // Stage 3: every bucket's weights are freed between uses.
-  bool frees_weights() const { return level_ == ShardLevel::parameters; }
   const std::vector<size_t>& unit_shards(int unit) const;  // empty for a unit without buckets
   const ShardUnitUse& use_of(int unit) const;
   double global_norm(const std::vector<at::Tensor>& grads) const;
@@ -220,7 +204,7 @@ class ShardedAdamW {
   };
   std::vector<std::vector<LookupRows>> lookup_rows_;  // by unit: this step's, until step()
   ShardLevel level_;
-  int64_t round_bytes_;  // most bytes of a reduce-scatter or all-gather round
+  ShardedWeights weights_;  // the model's weights from the masters: gathered, prefetched, freed
   int64_t steps_ = 0;
 };
 
