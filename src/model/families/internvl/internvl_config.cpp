@@ -5,10 +5,9 @@
 
 #include <cmath>
 
-#include "../../config_parts.h"
-#include "../../json_fields.h"
+#include "config_parts.h"
+#include "json_fields.h"
 #include "mmsp/core/check.h"
-#include "mmsp/model/activation.h"
 
 namespace mmsp::model {
 
@@ -24,11 +23,6 @@ int64_t square_side(const JsonFields& f, const std::string& key, int64_t fallbac
   MMSP_CHECK(sides.size() == 2 && sides[0] == sides[1], f.name(key), " ", f.at(key).dump(),
              " must be one side or [side, side]: tiles and patches are square");
   return sides[0];
-}
-
-void check_activation(const std::string& field, const std::string& value) {
-  MMSP_CHECK(is_supported_activation(value), field, " \"", value,
-             "\" is not supported; supported: silu, gelu, gelu_pytorch_tanh, quick_gelu, relu");
 }
 
 }  // namespace
@@ -52,7 +46,7 @@ InternVisionConfig parse_intern_vision_config(const nlohmann::json& vision) {
                                       {"intermediate_size", v.intermediate_size, config_parts::kMaxWidth},
                                       {"num_attention_heads", v.num_attention_heads, config_parts::kMaxWidth}});
   v.hidden_act = f.string("hidden_act", v.hidden_act);
-  check_activation(f.name("hidden_act"), v.hidden_act);
+  config_parts::check_activation(f, "hidden_act", v.hidden_act);
   v.attention_bias = f.boolean("attention_bias", v.attention_bias);
   v.use_qk_norm = f.boolean("use_qk_norm", v.use_qk_norm);
   v.norm_type = f.string("norm_type", v.norm_type);
@@ -98,7 +92,7 @@ InternVLProjectorConfig parse_internvl_projector_config(const nlohmann::json& co
              ") must equal the rows a tile yields: (image_size / patch_size · downsample_ratio)² = (",
              side, " / ", k, ")² = ", rows);
   p.projector_hidden_act = f.string("projector_hidden_act", p.projector_hidden_act);
-  check_activation("projector_hidden_act", p.projector_hidden_act);
+  config_parts::check_activation(f, "projector_hidden_act", p.projector_hidden_act);
   if (f.has("vision_feature_layer")) {
     MMSP_CHECK(!f.at("vision_feature_layer").is_array(), "vision_feature_layer ",
                f.at("vision_feature_layer").dump(), ": a list of layers is not supported");
