@@ -17,9 +17,10 @@ VENV       ?= .venv
 
 # Debian 12 packages the project builds and runs with. libgloo-dev: c10d's Gloo header
 # includes Gloo's, which the wheel does not ship. python3-venv: Debian's python3 makes
-# no venv without it.
+# no venv without it. python3-dev: Python's headers, for the `mmsp` package's extension.
 DEB_PACKAGES := cmake ninja-build g++ ccache libgloo-dev nlohmann-json3-dev \
-                libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libstb-dev python3-venv
+                libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libstb-dev python3-venv \
+                python3-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # WERROR=OFF builds with a compiler whose new warnings the code has not met yet.
@@ -38,7 +39,7 @@ TORCH_DEP :=
 TORCH_DIR_ARG = -DTorch_DIR=$(Torch_DIR) -DMMSP_PYTHON=$$(command -v $(PYTHON))
 endif
 
-.PHONY: all deps torch configure build tools test demo clean install print-deb-packages
+.PHONY: all deps torch configure build tools python test demo clean install print-deb-packages
 
 all: build
 
@@ -95,6 +96,14 @@ demo: tools
 	  --out $(DEMO_DIR)/1-rank --quiet
 	$(BUILD)/mmsp compare-losses $(DEMO_DIR)/4-ranks/metrics.jsonl $(DEMO_DIR)/1-rank/metrics.jsonl \
 	  --max-rel $(DEMO_MAX_REL)
+
+# `import mmsp` from .venv's Python: builds the package (<build>/python/mmsp: the Python
+# files and the mmsp._C extension, against .venv's torch) and puts it on that Python's path
+# with a .pth file. With Torch_DIR=..., PYTHON's site-packages get the .pth instead.
+python: configure
+	cmake --build $(BUILD) -j $(JOBS) --target mmsp_python
+	site=$$($(if $(Torch_DIR),$(PYTHON),$(VENV)/bin/python) -c 'import site; print(site.getsitepackages()[0])') && \
+	  echo "$(CURDIR)/$(BUILD)/python" > "$$site/mmsp-build.pth" && echo "mmsp: $$site/mmsp-build.pth -> $(CURDIR)/$(BUILD)/python"
 
 install: build
 	cmake --install $(BUILD)

@@ -1,5 +1,29 @@
-"""mmsp's Python side: tools that run beside the C++ library (no C++ extension here).
+"""mmsp from Python: exact sequence parallelism for vision-language models on torch.distributed.
 
-`mmsp.prepare` turns conversation data into mmsp's `.jsonl` training format with a model
-directory's own processor (docs/prepare.md).
+    import torch.distributed as dist, mmsp
+    dist.init_process_group("gloo")                        # or "nccl"; launched by torchrun
+    mesh = mmsp.Mesh(ring=2, ulysses=2)                    # the context group of every rank
+    shard = mmsp.plan("config.json", batch, mesh)          # this rank's tokens, positions, labels, layout
+    out = mmsp.ops.attention(q, k, v, shard, mesh)         # equal to one process, forward and backward
+
+`mmsp.ops` holds the sequence-parallel ops (attention: local, Ulysses, zigzag ring, hybrid;
+Gated DeltaNet's conv and rule with ring state passing; Ulysses' head exchange), `mmsp.plan`
+the planner, `mmsp.Mesh` the process groups. `mmsp.prepare` turns conversation data into
+mmsp's training format. The ops and the planner are mmsp's C++ (mmsp._C, built by
+`make python`); `mmsp.prepare` needs no build. docs/python.md has the API and its rules.
 """
+
+from importlib import import_module as _import_module
+
+__all__ = ["Mesh", "Shard", "plan", "ops"]
+
+
+def __getattr__(name):
+    # The C++ parts load on first use, so `python -m mmsp.prepare` runs without the extension.
+    if name == "Mesh":
+        return _import_module("mmsp.mesh").Mesh
+    if name in ("Shard", "plan"):
+        return getattr(_import_module("mmsp.planner"), name)
+    if name == "ops":
+        return _import_module("mmsp.ops")
+    raise AttributeError(f"module 'mmsp' has no attribute {name!r}")

@@ -8,7 +8,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing on a hub is reachable or wanted
 sys.dont_write_bytecode = True  # no __pycache__ folders in the checkout
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
+# The package: the build's (with mmsp._C) when CTest says where, else the checkout's
+# (mmsp.prepare alone needs no build).
+sys.path.insert(0, os.environ.get("MMSP_PACKAGE_PATH") or os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
 
 import tiny_models  # noqa: E402
 

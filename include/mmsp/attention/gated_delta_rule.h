@@ -5,7 +5,7 @@
 // intermediates. It works on runs:
 // contiguous token ranges that each start from their own state (a packed segment,
 // or the piece of one that a ring rank holds). Communication is left to
-// gated_delta_ring (state passing) and gated_deltanet_layer (Ulysses).
+// gated_delta_ring (state passing) and gated_delta_context (Ulysses).
 //
 //   S_t = exp(g_t) (I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,   o_t = S_tᵀ (q_t / √K)
 //

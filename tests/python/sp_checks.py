@@ -1,0 +1,232 @@
+"""What each rank runs in test_torch_api.py: mmsp's ops and planner on this rank's shard,
+and the single-process computation of the whole batch that they must equal (fp64)."""
+import json
+import math
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIG = os.path.join(ROOT, "configs", "tiny-qwen2-vl.json")
+BATCH = os.path.join(ROOT, "examples", "batch-qwen2-vl.json")
+TOL = 1e-9
+
+
+def batch():
+    with open(BATCH, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def meshes(world):
+    """Every dp=1 mesh of the world: (ring, ulysses)."""
+    return [(world // u, u) for u in range(1, world + 1) if world % u == 0]
+
+
+def per_sequence(lengths, *shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn((n,) + shape, generator=g, dtype=torch.float64) for n in lengths]
+
+
+def reference_attention(q, k, v):
+    """One sequence, causal, GQA: q [n, H, D], k/v [n, H_kv, D] -> [n, H, D]."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
+    return out.transpose(0, 1)
+
+
+def assert_close(got, want, what):
+    err = (got - want).abs().max().item()
+    scale = max(want.abs().max().item(), 1e-30)
+    assert err <= TOL * scale, f"{what}: max |difference| {err:.3e} > {TOL} x {scale:.3e}"
+
+
+def summed_over_ranks(shard, local_grad, lengths, trailing):
+    """Per-sequence gradients from every rank's slots, summed over ranks (dp = 1)."""
+    full = [torch.zeros((n,) + trailing, dtype=torch.float64) for n in lengths]
+    for slot, (s, i) in enumerate(zip(shard.sequence.tolist(), shard.index_in_sequence.tolist())):
+        if s >= 0:
+            full[s][i] += local_grad[slot]
+    flat = torch.cat([f.reshape(-1) for f in full])
+    dist.all_reduce(flat)
+    out, at = [], 0
+    for f in full:
+        out.append(flat[at:at + f.numel()].view_as(f))
+        at += f.numel()
+    return out
+
+
+def attention_equals_one_process(rank, world):
+    import mmsp
+
+    b = batch()
+    lengths = [len(s["input_ids"]) for s in b["sequences"]]
+    H_kv = max(world, 2)  # GQA with heads every Ulysses degree of the world divides
+    H, D = 2 * H_kv, 8
+    q_all = per_sequence(lengths, H, D, seed=1)
+    k_all = per_sequence(lengths, H_kv, D, seed=2)
+    v_all = per_sequence(lengths, H_kv, D, seed=3)
+    w_all = per_sequence(lengths, H, D, seed=4)  # the loss: sum(out · w)
+    # The reference: each sequence alone, on this process.
+    ref_q = [t.clone().requires_grad_() for t in q_all]
+    ref_k = [t.clone().requires_grad_() for t in k_all]
+    ref_v = [t.clone().requires_grad_() for t in v_all]
+    ref_out = [reference_attention(q, k, v) for q, k, v in zip(ref_q, ref_k, ref_v)]
+    sum((o * w).sum() for o, w in zip(ref_out, w_all)).backward()
+    for ring, ulysses in meshes(world):
+        for placement in ("zigzag", "adaptive"):
+            mesh = mmsp.Mesh(ring=ring, ulysses=ulysses)
+            shard = mmsp.plan(CONFIG, b, mesh, placement=placement)
+            what = f"{world} ranks, ring {ring} x ulysses {ulysses}, {placement}, rank {rank}"
+            q = shard.gather(q_all).requires_grad_()
+            k = shard.gather(k_all).requires_grad_()
+            v = shard.gather(v_all).requires_grad_()
+            out = mmsp.ops.attention(q, k, v, shard, mesh)
+            (out * shard.gather(w_all)).sum().backward()
+            for slot, (s, i) in enumerate(zip(shard.sequence.tolist(), shard.index_in_sequence.tolist())):
+                if s >= 0:
+                    assert_close(out[slot], ref_out[s][i].detach(), f"{what}: output of sequence {s} token {i}")
+            for name, grad, ref, shape in (("q", q.grad, ref_q, (H, D)), ("k", k.grad, ref_k, (H_kv, D)),
+                                           ("v", v.grad, ref_v, (H_kv, D))):
+                got = summed_over_ranks(shard, grad, lengths, shape)
+                for s in range(len(lengths)):
+                    assert_close(got[s], ref[s].grad, f"{what}: d{name} of sequence {s}")
+
+
+def reference_conv(x, weight):
+    """One sequence: causal depthwise conv then SiLU. x [n, C], weight [C, W]."""
+    W = weight.shape[1]
+    padded = F.pad(x.t().unsqueeze(0), (W - 1, 0))
+    return F.silu(F.conv1d(padded, weight.unsqueeze(1), groups=x.shape[1])[0].t())
+
+
+def reference_rule(q, k, v, g, beta):
+    """One sequence, token by token: S_t = e^{g_t}(I - b_t k_t k_t^T) S_{t-1} + b_t k_t v_t^T,
+    o_t = S_t^T q_t / sqrt(K)."""
+    n, H, K = q.shape
+    S = q.new_zeros(H, K, v.shape[2])
+    out = []
+    for t in range(n):
+        kt, vt, bt = k[t], v[t], beta[t][:, None, None]
+        S = torch.exp(g[t])[:, None, None] * (S - bt * kt[:, :, None] * torch.einsum("hk,hkv->hv", kt, S)[:, None, :])
+        S = S + bt * kt[:, :, None] * vt[:, None, :]
+        out.append(torch.einsum("hkv,hk->hv", S, q[t]) / math.sqrt(K))
+    return torch.stack(out)
+
+
+def gated_delta_equals_one_process(rank, world):
+    import mmsp
+
+    b = batch()
+    lengths = [len(s["input_ids"]) for s in b["sequences"]]
+    H, K, V, C, W = 2, 8, 4, 6, 4
+    x_all = per_sequence(lengths, C, seed=5)
+    w_conv = torch.randn(C, W, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    q_all = [F.normalize(t, dim=-1) for t in per_sequence(lengths, H, K, seed=7)]
+    k_all = [F.normalize(t, dim=-1) for t in per_sequence(lengths, H, K, seed=8)]
+    v_all = per_sequence(lengths, H, V, seed=9)
+    g_all = [-torch.rand(n, H, generator=torch.Generator().manual_seed(10 + n), dtype=torch.float64) for n in lengths]
+    beta_all = [torch.rand(n, H, generator=torch.Generator().manual_seed(20 + n), dtype=torch.float64)
+                for n in lengths]
+    w_out = per_sequence(lengths, H, V, seed=11)
+    w_cout = per_sequence(lengths, C, seed=12)
+
+    ref = {n: [t.clone().requires_grad_() for t in a]
+           for n, a in (("q", q_all), ("k", k_all), ("v", v_all), ("g", g_all), ("beta", beta_all), ("x", x_all))}
+    ref_w = w_conv.clone().requires_grad_()
+    loss = 0
+    ref_rule, ref_conv = [], []
+    for s in range(len(lengths)):
+        o = reference_rule(ref["q"][s], ref["k"][s], ref["v"][s], ref["g"][s], ref["beta"][s])
+        c = reference_conv(ref["x"][s], ref_w)
+        ref_rule.append(o.detach())
+        ref_conv.append(c.detach())
+        loss = loss + (o * w_out[s]).sum() + (c * w_cout[s]).sum()
+    loss.backward()
+
+    mesh = mmsp.Mesh(ring=world)
+    shard = mmsp.plan(CONFIG, b, mesh)
+    what = f"ring of {world}, rank {rank}"
+    local = {n: shard.gather(a).requires_grad_() for n, a in
+             (("q", q_all), ("k", k_all), ("v", v_all), ("g", g_all), ("beta", beta_all), ("x", x_all))}
+    w = w_conv.clone().requires_grad_()
+    o = mmsp.ops.gated_delta_rule(local["q"], local["k"], local["v"], local["g"], local["beta"], shard, mesh)
+    c = mmsp.ops.gated_delta_conv(local["x"], w, shard, mesh)
+    ((o * shard.gather(w_out)).sum() + (c * shard.gather(w_cout)).sum()).backward()
+    for slot, (s, i) in enumerate(zip(shard.sequence.tolist(), shard.index_in_sequence.tolist())):
+        if s >= 0:
+            assert_close(o[slot], ref_rule[s][i], f"{what}: rule output of sequence {s} token {i}")
+            assert_close(c[slot], ref_conv[s][i], f"{what}: conv output of sequence {s} token {i}")
+    for n, trailing in (("q", (H, K)), ("k", (H, K)), ("v", (H, V)), ("g", (H,)), ("beta", (H,)), ("x", (C,))):
+        got = summed_over_ranks(shard, local[n].grad, lengths, trailing)
+        for s in range(len(lengths)):
+            assert_close(got[s], ref[n][s].grad, f"{what}: d{n} of sequence {s}")
+    dist.all_reduce(w.grad)
+    assert_close(w.grad, ref_w.grad, f"{what}: d(conv weight)")
+
+
+def plan_equals_mmsp_plan(rank, world, binary):
+    """mmsp.plan's shard is `mmsp plan`'s, for every rank of every mesh."""
+    import subprocess
+
+    import mmsp
+
+    for ring, ulysses in meshes(world):
+        mesh = mmsp.Mesh(ring=ring, ulysses=ulysses)
+        shard = mmsp.plan(CONFIG, batch(), mesh)
+        cli = subprocess.run([binary, "plan", "--config", CONFIG, "--batch", BATCH, "--ring", str(ring),
+                              "--ulysses", str(ulysses), "--rank", str(rank), "--format", "json"],
+                             check=True, capture_output=True, text=True)
+        assert shard.plan_json == json.loads(cli.stdout), f"ring {ring} x ulysses {ulysses}, rank {rank}"
+        # ... and the tensors are the plan's.
+        want = shard.plan_json["ranks"][0]
+        assert shard.labels.tolist() == want["labels"]
+        assert shard.positions.tolist() == want["positions"]
+        assert shard.packed_index == want["tokens"]
+
+
+def bad_input_is_a_value_error(rank, world):
+    """Each mistake is a ValueError naming the value on every rank, before any collective:
+    the ranks then still agree (a correct call after it works)."""
+    import mmsp
+
+    b = batch()
+    try:
+        mmsp.Mesh(ring=world + 1)
+        raise AssertionError("a mesh larger than the world was accepted")
+    except ValueError as e:
+        assert f"world size {world}" in str(e) and f"ring({world + 1})" in str(e), str(e)
+    mesh = mmsp.Mesh(ulysses=world)
+    shard = mmsp.plan(CONFIG, b, mesh)
+    T = len(shard.token_ids)
+    q = torch.randn(T, 3, 8, dtype=torch.float64)  # 3 heads: ulysses 2 cannot split them
+    kv = torch.randn(T, 3, 8, dtype=torch.float64)
+    try:
+        mmsp.ops.attention(q, kv, kv, shard, mesh)
+        raise AssertionError("3 heads over ulysses 2 were accepted")
+    except ValueError as e:
+        assert "ulysses degree 2" in str(e) and "(3)" in str(e), str(e)
+    # A shard planned for a ring of 2 on a mesh whose ring has 1 rank: the group is the wrong size.
+    other = mmsp.plan(CONFIG, b, rank=rank, ring=world)
+    mesh_u = mesh
+    q = torch.randn(T, 4, 8, dtype=torch.float64)
+    try:
+        mmsp.ops.attention(q, q, q, other, mesh_u)
+        raise AssertionError("a shard of another mesh was accepted")
+    except ValueError as e:
+        assert f"{world} ring shares for a ring group of 1" in str(e), str(e)
+    try:
+        mmsp.ops.attention(q.to("meta"), q.to("meta"), q.to("meta"), shard, mesh)
+        raise AssertionError("meta tensors were accepted")
+    except ValueError as e:
+        assert "meta" in str(e), str(e)
+    try:
+        mmsp.plan(CONFIG, b, rank=world, dp=1, ring=world)
+        raise AssertionError("a rank outside the mesh was accepted")
+    except ValueError as e:
+        assert f"rank {world} is outside" in str(e), str(e)
+    # Still in step: a correct call after the refused ones.
+    out = mmsp.ops.attention(q, q, q, shard, mesh)
+    assert out.shape == q.shape
