@@ -6,6 +6,7 @@
     shard = mmsp.plan("config.json", batch, mesh)          # this rank's tokens, positions, labels, layout
     out = mmsp.ops.attention(q, k, v, shard, mesh)         # equal to one process, forward and backward
 
+`mmsp.patch(model, mesh)` makes a transformers VLM train on the mesh with the loop unchanged;
 `mmsp.ops` holds the sequence-parallel ops (attention: local, Ulysses, zigzag ring, hybrid;
 Gated DeltaNet's conv and rule with ring state passing; Ulysses' head exchange), `mmsp.plan`
 the planner, `mmsp.Mesh` the process groups. `mmsp.prepare` turns conversation data into
@@ -15,7 +16,7 @@ mmsp's training format. The ops and the planner are mmsp's C++ (mmsp._C, built b
 
 from importlib import import_module as _import_module
 
-__all__ = ["Mesh", "Shard", "plan", "ops"]
+__all__ = ["Mesh", "Shard", "plan", "ops", "patch"]
 
 
 def __getattr__(name):
@@ -26,4 +27,6 @@ def __getattr__(name):
         return getattr(_import_module("mmsp.planner"), name)
     if name == "ops":
         return _import_module("mmsp.ops")
+    if name == "patch":
+        return _import_module("mmsp.transformers_patch").patch
     raise AttributeError(f"module 'mmsp' has no attribute {name!r}")

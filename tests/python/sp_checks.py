@@ -227,6 +227,82 @@ def bad_input_is_a_value_error(rank, world):
         raise AssertionError("a rank outside the mesh was accepted")
     except ValueError as e:
         assert f"rank {world} is outside" in str(e), str(e)
+    # mmsp.patch refuses what it cannot train exactly, before any collective.
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    import families
+
+    model = families.build_model(families.FAMILIES["qwen2_vl"])
+    model.config.text_config.num_attention_heads = 3  # as a config whose heads ulysses 2 cannot split
+    try:
+        mmsp.patch(model, mesh)
+        raise AssertionError("3 heads over ulysses 2 were patched")
+    except ValueError as e:
+        assert "ulysses degree 2" in str(e) and "(3)" in str(e), str(e)
+    hybrid = families.build_model(families.FAMILIES["qwen3_5"])
+    try:
+        mmsp.patch(hybrid, mesh)
+        raise AssertionError("qwen3_5 was patched")
+    except ValueError as e:
+        assert "'qwen3_5' is not supported" in str(e), str(e)
     # Still in step: a correct call after the refused ones.
     out = mmsp.ops.attention(q, q, q, shard, mesh)
     assert out.shape == q.shape
+
+
+def hf_batch(family, samples):
+    """What a transformers collator gives: input_ids [B, T] right-padded, attention_mask,
+    labels (-100 where no loss is taken), the batch's pixels and grids."""
+    T = max(len(s.input_ids) for s in samples)
+    ids = torch.zeros(len(samples), T, dtype=torch.long)
+    mask = torch.zeros(len(samples), T, dtype=torch.long)
+    labels = torch.full((len(samples), T), -100, dtype=torch.long)
+    for b, s in enumerate(samples):
+        n = len(s.input_ids)
+        ids[b, :n] = torch.tensor(s.input_ids)
+        mask[b, :n] = 1
+        keep = torch.tensor(s.loss_mask, dtype=torch.bool)
+        labels[b, :n] = torch.where(keep, ids[b, :n], torch.full_like(ids[b, :n], -100))
+    images = [img for s in samples for img in s.images]
+    out = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+    if family.kind == "qwen":
+        out["pixel_values"] = torch.cat([img.pixels for img in images])
+        out["image_grid_thw"] = torch.tensor([img.grid for img in images])
+    elif family.kind == "llava":
+        out["pixel_values"] = torch.stack([img.pixels for img in images])
+    else:
+        out["pixel_values"] = torch.cat([img.pixels for img in images])
+    return out
+
+
+def patch_equals_one_process(rank, world, family_name, ring, ulysses, placement):
+    """transformers' model patched by mmsp on ring x ulysses (dp fills the rest) = the
+    unpatched model on one process: the loss and every parameter's gradient, fp64."""
+    import copy
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    import families
+    import mmsp
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    family = families.FAMILIES[family_name]
+    model = families.build_model(family).train()
+    reference = copy.deepcopy(model)
+    samples = families.make_samples(family)
+    want = families.reference_loss(reference, family, samples)
+    want.backward()
+    mesh = mmsp.Mesh(dp=world // (ring * ulysses), ring=ring, ulysses=ulysses)
+    mmsp.patch(model, mesh, placement=placement)
+    loss = model(**hf_batch(family, samples)).loss
+    loss.backward()
+    what = f"{family_name} on dp {mesh.dp} x ring {ring} x ulysses {ulysses} ({placement}), rank {rank}"
+    assert abs(loss.item() - want.item()) <= 1e-12 * abs(want.item()), f"{what}: loss {loss.item()!r} != {want.item()!r}"
+    ref = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        r = ref[name].grad
+        r = torch.zeros_like(p) if r is None else r
+        err, scale = (p.grad - r).norm().item(), r.norm().item()
+        assert err <= 1e-9 * scale + 1e-15, f"{what}: gradient of {name}: |difference| {err:.3e}, |reference| {scale:.3e}"

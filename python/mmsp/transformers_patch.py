@@ -1,0 +1,252 @@
+"""mmsp.patch: a transformers VLM trained with mmsp's sequence parallelism, loop unchanged.
+
+    model = AutoModelForImageTextToText.from_pretrained(path)
+    mesh = mmsp.Mesh(ring=2, ulysses=2)
+    mmsp.patch(model, mesh)
+    loss = model(**batch).loss          # every rank passes the same whole batch
+    loss.backward(); optimizer.step()   # = one process on the whole batch
+
+After the patch, the model's forward takes the batch a transformers collator makes
+(input_ids [B, T] right-padded, attention_mask, labels with -100, pixel_values,
+image_grid_thw) on every rank, plans it with mmsp's planner (packing, zigzag or adaptive
+placement, mRoPE positions), keeps this rank's slots, and runs the decoder on them with
+mmsp's context attention (Ulysses, ring or both) in place of transformers' attention. The
+returned loss is the whole batch's (mean over its target tokens, as transformers' own);
+its backward gives this rank's part of every gradient, and at the end of the backward the
+patch sums the gradients over the world (one all-reduce per dtype), so every rank holds
+the gradients one process would. The vision tower runs on every rank over the whole
+batch's images (replicated; Vision DP through the plan's routes is not in the patch yet)
+and each rank keeps the rows of its placeholder slots.
+
+Rules: every rank calls forward and backward on the same batch in the same order; one
+backward per forward, starting from zeroed gradients (set_to_none; accumulate micro-batches
+by summing their losses before one backward); labels are input_ids with -100 where no loss
+is taken (transformers' causal LM convention). Families: qwen2_vl, qwen2_5_vl, qwen3_vl
+(deepstack rows sharded with their slots), llava, internvl. qwen3_5 (Gated DeltaNet
+layers) is refused: its linear-attention layers are not patched yet.
+"""
+
+import types
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from mmsp.planner import plan as _plan
+from mmsp import ops as _ops
+
+_SUPPORTED = {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "qwen3_vl": "qwen3", "llava": "llava", "internvl": "internvl"}
+_ATTENTION = "mmsp"
+_current = {}  # the step being computed: {"shard": Shard, "mesh": Mesh}; read by the attention
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' attention interface -> mmsp.ops.attention on this rank's slots.
+    query [1, H, L, D], key/value [1, H_kv, L, D] -> ([1, L, H, D], None)."""
+    if query.shape[0] != 1:
+        raise ValueError(f"mmsp.patch: attention got a batch of {query.shape[0]} rows; the patched forward "
+                         "packs the batch into one row per rank")
+    if dropout:
+        raise ValueError(f"mmsp.patch: attention dropout {dropout} is not supported (training is exact)")
+    step = _current.get("step")
+    if step is None:
+        raise ValueError("mmsp.patch: the decoder's attention ran outside the patched forward")
+    out = _ops.attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), step["shard"],
+                         step["mesh"], causal=True, scale=scaling)
+    return out.unsqueeze(0), None
+
+
+def _register_attention():
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(_ATTENTION, _attention)
+
+
+def _sequences(config, kind, input_ids, attention_mask, labels, image_grid_thw):
+    """The collator's padded batch -> mmsp's batch {"sequences": [...]}, checked."""
+    B, T = input_ids.shape
+    if labels is None or tuple(labels.shape) != (B, T):
+        raise ValueError(f"mmsp.patch: labels {None if labels is None else tuple(labels.shape)} must be given, "
+                         f"shaped as input_ids {(B, T)} (-100 where no loss is taken)")
+    lengths = [T] * B
+    if attention_mask is not None:
+        for b in range(B):
+            row = attention_mask[b].tolist()
+            n = int(sum(row))
+            if row != [1] * n + [0] * (T - n):
+                raise ValueError(f"mmsp.patch: attention_mask row {b} is not right padding (ones, then zeros); "
+                                 "pad on the right")
+            lengths[b] = n
+    image_token = config.image_token_id if hasattr(config, "image_token_id") else config.image_token_index
+    merge = getattr(config.vision_config, "spatial_merge_size", 1) ** 2
+    grids = image_grid_thw.tolist() if image_grid_thw is not None else []
+    per_image = getattr(config, "image_seq_length", None)
+    g, sequences = 0, []
+    for b in range(B):
+        n = lengths[b]
+        ids, lab = input_ids[b, :n].tolist(), labels[b, :n].tolist()
+        for t, (i, l) in enumerate(zip(ids, lab)):
+            if l != -100 and l != i:
+                raise ValueError(f"mmsp.patch: labels[{b}, {t}] = {l} differs from input_ids {i}; mmsp trains the "
+                                 "next token of the input (labels = input_ids, -100 where no loss is taken)")
+        seq = {"input_ids": ids, "loss_mask": [0] + [int(l != -100) for l in lab[1:]]}
+        placeholders = sum(1 for i in ids if i == image_token)
+        if kind in ("qwen", "qwen3"):
+            mine = []
+            while placeholders > 0 and g < len(grids):
+                t_, h, w = grids[g]
+                mine.append(grids[g])
+                placeholders -= t_ * h * w // merge
+                g += 1
+            if placeholders != 0:
+                raise ValueError(f"mmsp.patch: sequence {b}'s image tokens do not match image_grid_thw's rows")
+            if mine:
+                seq["image_grid_thw"] = mine
+        elif placeholders:
+            side = config.vision_config.image_size
+            side = side[0] if isinstance(side, (list, tuple)) else side
+            patch = config.vision_config.patch_size
+            patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+            if kind == "llava":
+                if placeholders % per_image:
+                    raise ValueError(f"mmsp.patch: sequence {b} has {placeholders} image tokens, not a multiple of "
+                                     f"image_seq_length {per_image}")
+                seq["image_grid_thw"] = [[1, side // patch, side // patch]] * (placeholders // per_image)
+            else:  # internvl: each run of image tokens is one image of run / image_seq_length tiles
+                runs, run = [], 0
+                for i in ids + [None]:
+                    if i == image_token:
+                        run += 1
+                    elif run:
+                        runs.append(run)
+                        run = 0
+                seq["image_grid_thw"] = [[r // per_image, side // patch, side // patch] for r in runs]
+        sequences.append(seq)
+    if kind in ("qwen", "qwen3") and g != len(grids):
+        raise ValueError(f"mmsp.patch: image_grid_thw has {len(grids)} rows but the sequences' image tokens use {g}")
+    return {"sequences": sequences}
+
+
+def _image_rows(model, kind, pixel_values, image_grid_thw):
+    """Every image's placeholder rows, in the order of the batch's image tokens: [N, h], and
+    Qwen3-VL's deepstack rows (a list of [N, h]) or None."""
+    inner = model.model
+    if kind in ("qwen", "qwen3"):
+        out = inner.get_image_features(pixel_values, image_grid_thw)
+        rows = torch.cat(list(out.pooler_output), dim=0)
+        return rows, (list(out.deepstack_features) if kind == "qwen3" else None)
+    cfg = model.config
+    out = inner.get_image_features(pixel_values=pixel_values, vision_feature_layer=cfg.vision_feature_layer,
+                                   vision_feature_select_strategy=cfg.vision_feature_select_strategy,
+                                   return_dict=True).pooler_output
+    if isinstance(out, (list, tuple)):
+        out = torch.cat([o.reshape(-1, o.shape[-1]) for o in out], dim=0)
+    return out.reshape(-1, out.shape[-1]), None
+
+
+def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
+             **ignored):
+    state = self._mmsp
+    kind, mesh = state["kind"], state["mesh"]
+    for p in state["params"]:
+        if p.grad is not None:
+            raise ValueError("mmsp.patch: a parameter still holds a gradient from an earlier backward; mmsp sums "
+                             "each backward's gradients over the mesh, so zero them (set_to_none) before the next "
+                             "forward, and accumulate micro-batches by summing their losses before one backward")
+    batch = _sequences(self.config, kind, input_ids, attention_mask, labels, image_grid_thw)
+    shard = _plan(state["config"], batch, mesh, layout=state["layout"], placement=state["placement"])
+    device = input_ids.device
+    embed = self.get_input_embeddings()
+    x = embed(shard.token_ids.to(device))
+    image_token = state["image_token"]
+    slots = [k for k, i in enumerate(shard.token_ids.tolist()) if i == image_token and shard.sequence[k] >= 0]
+    deepstack = None
+    if pixel_values is not None:
+        rows, deep = _image_rows(self, kind, pixel_values, image_grid_thw)
+        # The k-th image token of the batch (b-major) has row k.
+        before, total = [], 0
+        for seq in batch["sequences"]:
+            before.append(total)
+            total += sum(1 for i in seq["input_ids"] if i == image_token)
+        if total != rows.shape[0]:
+            raise ValueError(f"mmsp.patch: {rows.shape[0]} image rows from the vision tower for {total} image tokens")
+        ordinal = {}
+        for s, seq in enumerate(batch["sequences"]):
+            c = before[s]
+            for t, i in enumerate(seq["input_ids"]):
+                if i == image_token:
+                    ordinal[(s, t)] = c
+                    c += 1
+        index = torch.tensor([ordinal[(int(shard.sequence[k]), int(shard.index_in_sequence[k]))] for k in slots],
+                             dtype=torch.long, device=device)
+        where = torch.tensor(slots, dtype=torch.long, device=device)
+        x = x.index_put((where,), rows.to(x.dtype).index_select(0, index))
+        if deep is not None:
+            deepstack = [d.to(x.dtype).index_select(0, index) for d in deep]
+    positions = shard.positions.to(device)
+    kwargs = {}
+    if kind in ("qwen", "qwen3"):
+        positions = positions[:, None, :]  # [3, 1, L]
+    if kind == "qwen3":
+        mask = torch.zeros(1, x.shape[0], dtype=torch.bool, device=device)
+        mask[0, slots] = True
+        kwargs = {"visual_pos_masks": mask, "deepstack_visual_embeds": deepstack}
+    _current["step"] = {"shard": shard, "mesh": mesh}
+    hidden = self.model.language_model(inputs_embeds=x[None], position_ids=positions, attention_mask=None,
+                                       use_cache=False, **kwargs).last_hidden_state[0]
+    logits = self.lm_head(hidden)
+    local = F.cross_entropy(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits,
+                            shard.labels.to(device), ignore_index=-100, reduction="sum") / max(shard.label_count, 1)
+    whole = local.detach().clone()
+    dist.all_reduce(whole)
+    loss = local + (whole - local.detach())  # the batch's loss; its gradient is this rank's part
+    if loss.requires_grad:
+        loss.register_hook(lambda grad: _sum_gradients_after_backward(state) or grad)
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    out = CausalLMOutputWithPast(loss=loss, logits=logits[None])
+    out.mmsp_shard = shard
+    return out
+
+
+def _sum_gradients_after_backward(state):
+    def reduce():
+        params = state["params"]
+        for p in params:
+            if p.grad is None:  # a weight this rank's slots never reached (e.g. no image here)
+                p.grad = torch.zeros_like(p)
+        by_dtype = {}
+        for p in params:
+            by_dtype.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+        for group in by_dtype.values():
+            flat = torch.cat([p.grad.reshape(-1) for p in group])
+            dist.all_reduce(flat)
+            at = 0
+            for p in group:
+                n = p.grad.numel()
+                p.grad.copy_(flat[at:at + n].view_as(p.grad))
+                at += n
+
+    torch.autograd.Variable._execution_engine.queue_callback(reduce)
+
+
+def patch(model, mesh, *, layout="zigzag", placement="zigzag"):
+    """Patches a transformers VLM (in place) to train on `mesh`; returns it. See the module doc."""
+    config = model.config
+    model_type = getattr(config, "model_type", None)
+    if model_type not in _SUPPORTED:
+        raise ValueError(f"mmsp.patch: model_type {model_type!r} is not supported "
+                         f"(supported: {', '.join(_SUPPORTED)}; qwen3_5's Gated DeltaNet layers are not patched yet)")
+    kind = _SUPPORTED[model_type]
+    text = config.text_config
+    heads, kv_heads = text.num_attention_heads, text.num_key_value_heads
+    from mmsp._extension import C
+
+    C.check_ulysses_heads(heads, kv_heads, mesh.ulysses_size)  # before any collective
+    _register_attention()
+    text._attn_implementation = _ATTENTION  # the decoder only; the vision tower keeps its own
+    image_token = config.image_token_id if hasattr(config, "image_token_id") else config.image_token_index
+    model._mmsp = {"kind": kind, "mesh": mesh, "config": config.to_dict(), "layout": layout, "placement": placement,
+                   "image_token": image_token, "params": [p for p in model.parameters() if p.requires_grad]}
+    model.forward = types.MethodType(_forward, model)
+    return model

@@ -1,0 +1,24 @@
+"""mmsp.patch on transformers' own models: every family, patched and run on 1-4 Gloo
+processes, equals the unpatched model on one process (loss and every gradient, fp64).
+The tiny random models and the data (two sequences, three images, images across shard
+borders) are tests/hf/families.py's."""
+import pytest
+
+import sp_checks
+import sp_ranks
+
+CASES = [  # (world, ring, ulysses, placement): every scheme, uneven splits, a dp axis
+    (1, 1, 1, "zigzag"),
+    (2, 2, 1, "zigzag"),
+    (2, 1, 2, "zigzag"),
+    (3, 3, 1, "adaptive"),
+    (4, 2, 2, "zigzag"),
+    (4, 2, 1, "zigzag"),  # dp 2
+]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "internvl"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("world,ring,ulysses,placement", CASES)
+def test_patched_model_equals_one_process(family, world, ring, ulysses, placement, tmp_path):
+    sp_ranks.run(world, sp_checks.patch_equals_one_process, family, ring, ulysses, placement, tmp_path=tmp_path)
