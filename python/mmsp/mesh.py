@@ -27,7 +27,8 @@ def _positive(name, value):
 
 
 class Mesh:
-    """The ring and Ulysses groups of this rank (None where that axis has one rank)."""
+    """The ring, Ulysses and context (ring x Ulysses: one dp row) groups of this rank
+    (None where that group has one rank)."""
 
     def __init__(self, dp=1, ring=1, ulysses=1, *, timeout=timedelta(minutes=10)):
         for name, value in (("dp", dp), ("ring", ring), ("ulysses", ulysses)):
@@ -48,6 +49,7 @@ class Mesh:
                              ulysses=self.rank % ulysses)
         self.ring = None
         self.ulysses = None
+        self.context = None
         # Every rank creates every subgroup, in one order (torch.distributed.new_group's rule).
         for d in range(dp):
             for u in range(ulysses):
@@ -60,6 +62,10 @@ class Mesh:
                 group = self._new_group(members, f"ulysses[dp={d},r={i}]", seconds) if ulysses > 1 else None
                 if (d, i) == (self.coords.dp, self.coords.ring):
                     self.ulysses = group
+            members = [self.global_rank(d, i, u) for i in range(ring) for u in range(ulysses)]
+            group = self._new_group(members, f"context[dp={d}]", seconds) if ring * ulysses > 1 else None
+            if d == self.coords.dp:
+                self.context = group
 
     def global_rank(self, dp, ring, ulysses):
         return (dp * self.ring_size + ring) * self.ulysses_size + ulysses

@@ -62,3 +62,17 @@ def ulysses_gather_heads(y, tokens, mesh):
     if mesh.ulysses is None:
         return y
     return C.ulysses_gather_heads(y, list(tokens), mesh.ulysses)
+
+
+def route_rows(rows, shard, mesh):
+    """Vision DP's exchange: `rows` [encoder_rows, F] are this rank's encoder output for
+    shard.encoder_items (in that order); returns (the rows this rank's placeholder slots
+    receive [V, F], their slots [V]) over the context group, by the plan's routes."""
+    import torch
+
+    send = [r["src_row"] for dst in shard.send for r in dst]
+    slots = torch.tensor([r["slot"] for src in shard.recv for r in src], dtype=torch.long)
+    picked = rows.index_select(0, torch.tensor(send, dtype=torch.long, device=rows.device))
+    if mesh.context is None:
+        return picked, slots
+    return C.all_to_all_v(picked, [len(d) for d in shard.send], [len(s) for s in shard.recv], mesh.context), slots

@@ -14,9 +14,9 @@ mmsp's context attention (Ulysses, ring or both) in place of transformers' atten
 returned loss is the whole batch's (mean over its target tokens, as transformers' own);
 its backward gives this rank's part of every gradient, and at the end of the backward the
 patch sums the gradients over the world (one all-reduce per dtype), so every rank holds
-the gradients one process would. The vision tower runs on every rank over the whole
-batch's images (replicated; Vision DP through the plan's routes is not in the patch yet)
-and each rank keeps the rows of its placeholder slots.
+the gradients one process would. The vision tower runs by Vision DP: each rank encodes
+the whole images the plan assigns it (mmsp.ops.route_rows), and their rows travel over
+the context group to the ranks whose slots hold their placeholders.
 
 Rules: every rank calls forward and backward on the same batch in the same order; one
 backward per forward, starting from zeroed gradients (set_to_none; accumulate micro-batches
@@ -127,9 +127,9 @@ def _sequences(config, kind, input_ids, attention_mask, labels, image_grid_thw):
     return {"sequences": sequences}
 
 
-def _image_rows(model, kind, pixel_values, image_grid_thw):
-    """Every image's placeholder rows, in the order of the batch's image tokens: [N, h], and
-    Qwen3-VL's deepstack rows (a list of [N, h]) or None."""
+def _encode(model, kind, pixel_values, image_grid_thw):
+    """The tower on some images: their placeholder rows in image order [N, h], and Qwen3-VL's
+    deepstack rows (a list of [N, h]) or None."""
     inner = model.model
     if kind in ("qwen", "qwen3"):
         out = inner.get_image_features(pixel_values, image_grid_thw)
@@ -142,6 +142,47 @@ def _image_rows(model, kind, pixel_values, image_grid_thw):
     if isinstance(out, (list, tuple)):
         out = torch.cat([o.reshape(-1, o.shape[-1]) for o in out], dim=0)
     return out.reshape(-1, out.shape[-1]), None
+
+
+def _vision_rows(model, kind, shard, mesh, batch, pixel_values, image_grid_thw, dtype):
+    """Vision DP: this rank encodes the whole images the plan gives it (shard.encoder_items),
+    and the rows travel over the context group to the ranks holding their placeholders.
+    Returns (rows [V, h], deepstack rows or None, their slots [V])."""
+    items = sorted((it for it in shard.plan_json["vision_items"] if it["dp"] == shard.coords["dp"]),
+                   key=lambda it: it["item"])
+    if any(it["kind"] != "image" for it in items):
+        raise ValueError("mmsp.patch: videos are not supported yet; pass images")
+    # Where each image of the batch is in pixel_values (b-major, as the collator concatenates).
+    first_image, n = [], 0
+    for seq in batch["sequences"]:
+        first_image.append(n)
+        n += len(seq.get("image_grid_thw", []))
+    grids = [g for seq in batch["sequences"] for g in seq.get("image_grid_thw", [])]
+    if kind in ("qwen", "qwen3"):
+        sizes = [t * h * w for t, h, w in grids]  # pixel rows (patches) per image
+    elif kind == "internvl":
+        sizes = [t for t, _, _ in grids]  # tiles per image
+    else:
+        sizes = [1] * len(grids)  # one [C, S, S] image each
+    offset = [sum(sizes[:g]) for g in range(len(sizes))]
+    if sum(sizes) != pixel_values.shape[0]:
+        raise ValueError(f"mmsp.patch: pixel_values has {pixel_values.shape[0]} rows but the batch's images need "
+                         f"{sum(sizes)}")
+    mine = [first_image[items[j]["sequence"]] + items[j]["index"] for j in shard.encoder_items]
+    width = model.config.text_config.hidden_size
+    levels = len(getattr(model.config.vision_config, "deepstack_visual_indexes", []) or []) if kind == "qwen3" else 0
+    if mine:
+        pixels = torch.cat([pixel_values[offset[g]:offset[g] + sizes[g]] for g in mine])
+        grid = image_grid_thw[mine] if image_grid_thw is not None else None
+        rows, deep = _encode(model, kind, pixels, grid)
+        rows = rows.to(dtype)
+        deep = [d.to(dtype) for d in deep] if deep is not None else []
+    else:  # no image here: still a part of the graph, so the exchange's backward runs here too
+        rows = torch.zeros(0, width, dtype=dtype, device=pixel_values.device, requires_grad=True)
+        deep = [rows] * levels
+    got, slots = _ops.route_rows(torch.cat([rows] + list(deep), dim=1), shard, mesh)
+    parts = got.split(width, dim=1)
+    return parts[0], (list(parts[1:]) if kind == "qwen3" else None), slots
 
 
 def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
@@ -158,31 +199,14 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
     device = input_ids.device
     embed = self.get_input_embeddings()
     x = embed(shard.token_ids.to(device))
-    image_token = state["image_token"]
-    slots = [k for k, i in enumerate(shard.token_ids.tolist()) if i == image_token and shard.sequence[k] >= 0]
-    deepstack = None
+    slots, deepstack = [], None
     if pixel_values is not None:
-        rows, deep = _image_rows(self, kind, pixel_values, image_grid_thw)
-        # The k-th image token of the batch (b-major) has row k.
-        before, total = [], 0
-        for seq in batch["sequences"]:
-            before.append(total)
-            total += sum(1 for i in seq["input_ids"] if i == image_token)
-        if total != rows.shape[0]:
-            raise ValueError(f"mmsp.patch: {rows.shape[0]} image rows from the vision tower for {total} image tokens")
-        ordinal = {}
-        for s, seq in enumerate(batch["sequences"]):
-            c = before[s]
-            for t, i in enumerate(seq["input_ids"]):
-                if i == image_token:
-                    ordinal[(s, t)] = c
-                    c += 1
-        index = torch.tensor([ordinal[(int(shard.sequence[k]), int(shard.index_in_sequence[k]))] for k in slots],
-                             dtype=torch.long, device=device)
-        where = torch.tensor(slots, dtype=torch.long, device=device)
-        x = x.index_put((where,), rows.to(x.dtype).index_select(0, index))
-        if deep is not None:
-            deepstack = [d.to(x.dtype).index_select(0, index) for d in deep]
+        rows, deep, slots = _vision_rows(self, kind, shard, mesh, batch, pixel_values, image_grid_thw, x.dtype)
+        x = x.index_put((slots.to(device),), rows)
+        if deep is not None:  # transformers adds them at the masked slots in ascending order
+            order = torch.argsort(slots)
+            deepstack = [d.index_select(0, order.to(device)) for d in deep]
+        slots = slots.tolist()
     positions = shard.positions.to(device)
     kwargs = {}
     if kind in ("qwen", "qwen3"):

@@ -14,6 +14,7 @@
 #include "mmsp/attention/gated_delta_ring.h"
 #include "mmsp/attention/ulysses_attention.h"
 #include "mmsp/core/check.h"
+#include "mmsp/dist/all_to_all_v.h"
 
 namespace mmsp::python {
 
@@ -126,6 +127,21 @@ at::Tensor gather_heads_op(const at::Tensor& y, const std::vector<int64_t>& toke
   return attention::ulysses_gather_heads(y, tokens, ulysses);
 }
 
+// Rows to the ranks of a group by per-rank counts (Vision DP's routes); differentiable.
+at::Tensor all_to_all_v_op(const at::Tensor& rows, const std::vector<int64_t>& send_counts,
+                           const std::vector<int64_t>& recv_counts, const c10::intrusive_ptr<dist::Group>& group) {
+  check_devices({rows}, {group}, "mmsp.ops.all_to_all_v");
+  const size_t P = static_cast<size_t>(group->size());
+  MMSP_CHECK(send_counts.size() == P && recv_counts.size() == P, "mmsp.ops.all_to_all_v: ", send_counts.size(),
+             " send and ", recv_counts.size(), " receive counts for a group of ", P);
+  int64_t sent = 0;
+  for (int64_t c : send_counts) sent += c;
+  MMSP_CHECK(rows.dim() >= 1 && rows.size(0) == sent, "mmsp.ops.all_to_all_v: ", rows.dim() ? rows.size(0) : 0,
+             " rows for send counts summing to ", sent);
+  py::gil_scoped_release no_gil;
+  return dist::all_to_all_v(rows, send_counts, recv_counts, group);
+}
+
 }  // namespace
 
 void bind_ops(py::module_& m) {
@@ -139,6 +155,8 @@ void bind_ops(py::module_& m) {
         py::arg("chunk") = 64);
   m.def("ulysses_scatter_heads", &scatter_heads_op, py::arg("x"), py::arg("tokens"), py::arg("ulysses"));
   m.def("ulysses_gather_heads", &gather_heads_op, py::arg("y"), py::arg("tokens"), py::arg("ulysses"));
+  m.def("all_to_all_v", &all_to_all_v_op, py::arg("rows"), py::arg("send_counts"), py::arg("recv_counts"),
+        py::arg("group"));
   m.def("check_ulysses_heads", &attention::check_ulysses_heads, py::arg("heads"), py::arg("kv_heads"),
         py::arg("ulysses"));
   m.def("check_gated_delta_heads", &attention::check_gated_delta_heads, py::arg("key_heads"),

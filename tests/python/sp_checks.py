@@ -276,18 +276,25 @@ def hf_batch(family, samples):
     return out
 
 
-def patch_equals_one_process(rank, world, family_name, ring, ulysses, placement):
-    """transformers' model patched by mmsp on ring x ulysses (dp fills the rest) = the
-    unpatched model on one process: the loss and every parameter's gradient, fp64."""
-    import copy
+def patch_equals_one_process(rank, world, family_names, ring, ulysses, placement):
+    """transformers' model of each family patched by mmsp on ring x ulysses (dp fills the
+    rest) = the unpatched model on one process: the loss and every parameter's gradient, fp64."""
     import sys
 
     sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
-    import families
-    import mmsp
     from transformers.utils import logging
 
     logging.set_verbosity_error()
+    for name in family_names:
+        _patched_family_equals_one_process(rank, world, name, ring, ulysses, placement)
+
+
+def _patched_family_equals_one_process(rank, world, family_name, ring, ulysses, placement):
+    import copy
+
+    import families
+    import mmsp
+
     family = families.FAMILIES[family_name]
     model = families.build_model(family).train()
     reference = copy.deepcopy(model)
@@ -296,9 +303,15 @@ def patch_equals_one_process(rank, world, family_name, ring, ulysses, placement)
     want.backward()
     mesh = mmsp.Mesh(dp=world // (ring * ulysses), ring=ring, ulysses=ulysses)
     mmsp.patch(model, mesh, placement=placement)
-    loss = model(**hf_batch(family, samples)).loss
+    out = model(**hf_batch(family, samples))
+    loss = out.loss
     loss.backward()
     what = f"{family_name} on dp {mesh.dp} x ring {ring} x ulysses {ulysses} ({placement}), rank {rank}"
+    # Vision DP: every image encoded once, by one rank of its dp row.
+    encoded = torch.tensor([len(out.mmsp_shard.encoder_items)])
+    dist.all_reduce(encoded)
+    images = sum(len(s.images) for s in samples)
+    assert encoded.item() == images, f"{what}: {encoded.item()} encodings of {images} images over the world"
     assert abs(loss.item() - want.item()) <= 1e-12 * abs(want.item()), f"{what}: loss {loss.item()!r} != {want.item()!r}"
     ref = dict(reference.named_parameters())
     for name, p in model.named_parameters():
