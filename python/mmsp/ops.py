@@ -28,25 +28,19 @@ def attention(q, k, v, shard, mesh, *, causal=True, scale=None):
                                0.0 if scale is None else float(scale), _split_slots(shard))
 
 
-def _ring_only(mesh, what):
-    if mesh.ulysses_size != 1:
-        raise ValueError(f"mmsp.ops.{what}: mesh ulysses = {mesh.ulysses_size}; this op runs on a ring rank's "
-                         "whole share: exchange heads first with ulysses_scatter_heads")
-
-
 def gated_delta_conv(x, weight, shard, mesh):
-    """Gated DeltaNet's causal depthwise conv + SiLU over each segment: x [T, C], weight [C, W].
+    """Gated DeltaNet's causal depthwise conv + SiLU over each segment: x [T_r, C] is this
+    ring rank's whole share (with Ulysses > 1: after ulysses_scatter_heads), weight [C, W].
 
     The W - 1 tokens before a ring rank's first token of a segment come from the rank that
     holds them (the ring's conv context)."""
-    _ring_only(mesh, "gated_delta_conv")
     return C.gated_delta_conv(x, weight, shard.segments, shard.orders, mesh.ring)
 
 
 def gated_delta_rule(q, k, v, g, beta, shard, mesh, *, chunk=64):
-    """The gated delta rule, chunked, with ring state passing: q, k [T, H, K] (L2-normalised),
-    v [T, H, V], g (log decay <= 0) and beta [T, H] -> o [T, H, V]."""
-    _ring_only(mesh, "gated_delta_rule")
+    """The gated delta rule, chunked, with ring state passing, on this ring rank's whole share
+    (with Ulysses > 1: after ulysses_scatter_heads): q, k [T_r, H, K] (L2-normalised),
+    v [T_r, H, V], g (log decay <= 0) and beta [T_r, H] -> o [T_r, H, V]."""
     return C.gated_delta_rule(q, k, v, g, beta, shard.segments, shard.orders, mesh.ring, chunk)
 
 

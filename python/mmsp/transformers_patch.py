@@ -18,12 +18,14 @@ the gradients one process would. The vision tower runs by Vision DP: each rank e
 the whole images the plan assigns it (mmsp.ops.route_rows), and their rows travel over
 the context group to the ranks whose slots hold their placeholders.
 
+Qwen3.5's Gated DeltaNet layers run sequence-parallel too (their key heads over Ulysses, the
+conv and the rule over the ring with state passing; zigzag placement).
+
 Rules: every rank calls forward and backward on the same batch in the same order; one
 backward per forward, starting from zeroed gradients (set_to_none; accumulate micro-batches
 by summing their losses before one backward); labels are input_ids with -100 where no loss
 is taken (transformers' causal LM convention). Families: qwen2_vl, qwen2_5_vl, qwen3_vl
-(deepstack rows sharded with their slots), llava, internvl. qwen3_5 (Gated DeltaNet
-layers) is refused: its linear-attention layers are not patched yet.
+(deepstack rows sharded with their slots), qwen3_5, llava, internvl.
 """
 
 import types
@@ -35,7 +37,8 @@ import torch.nn.functional as F
 from mmsp.planner import plan as _plan
 from mmsp import ops as _ops
 
-_SUPPORTED = {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "qwen3_vl": "qwen3", "llava": "llava", "internvl": "internvl"}
+_SUPPORTED = {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "qwen3_vl": "qwen3", "qwen3_5": "qwen", "llava": "llava",
+              "internvl": "internvl"}
 _ATTENTION = "mmsp"
 _current = {}  # the step being computed: {"shard": Shard, "mesh": Mesh}; read by the attention
 
@@ -54,6 +57,51 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     out = _ops.attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), step["shard"],
                          step["mesh"], causal=True, scale=scaling)
     return out.unsqueeze(0), None
+
+
+def _gated_deltanet(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
+    """transformers' Qwen3_5GatedDeltaNet.forward on this rank's slots, sequence-parallel:
+    the projections here; the key heads spread over Ulysses (mmsp.ops.ulysses_scatter_heads),
+    the conv and the gated delta rule over the ring share with state passing (mmsp.ops),
+    the heads gathered back, then the gated norm and the output projection."""
+    step = _current.get("step")
+    if step is None:
+        raise ValueError("mmsp.patch: a Gated DeltaNet layer ran outside the patched forward")
+    shard, mesh = step["shard"], step["mesh"]
+    x = hidden_states[0]  # [L, hidden]
+    L = x.shape[0]
+    Hk, Hv, K, V = self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim
+    rep, U = Hv // Hk, mesh.ulysses_size
+    q, k, v = torch.split(self.in_proj_qkv(x), [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+    b, a = self.in_proj_b(x), self.in_proj_a(x)
+    # Per key head, what travels: [q K | k K | v rep·V | b rep | a rep] (value heads h·rep.. belong to key head h).
+    mixed = torch.cat([q.view(L, Hk, K), k.view(L, Hk, K), v.view(L, Hk, rep * V), b.view(L, Hk, rep),
+                       a.view(L, Hk, rep)], dim=-1)
+    heads = Hk // U
+    first = mesh.coords.ulysses * heads
+    m = _ops.ulysses_scatter_heads(mixed, [L] * U, mesh)  # [T_r, Hk/U, F]: the ring rank's share
+    T = m.shape[0]
+    q, k, v, b, a = torch.split(m, [K, K, rep * V, rep, rep], dim=-1)
+    w = self.conv1d.weight.squeeze(1)  # [q | k | v channels, W]
+    w_heads = torch.cat([w[first * K:(first + heads) * K], w[self.key_dim + first * K:self.key_dim + (first + heads) * K],
+                         w[2 * self.key_dim + first * rep * V:2 * self.key_dim + (first + heads) * rep * V]])
+    qkv = _ops.gated_delta_conv(torch.cat([q.reshape(T, -1), k.reshape(T, -1), v.reshape(T, -1)], dim=-1), w_heads,
+                                shard, mesh)
+    q = _l2norm(qkv[:, :heads * K].reshape(T, heads, K)).repeat_interleave(rep, 1)
+    k = _l2norm(qkv[:, heads * K:2 * heads * K].reshape(T, heads, K)).repeat_interleave(rep, 1)
+    v = qkv[:, 2 * heads * K:].reshape(T, heads * rep, V)
+    hv = slice(first * rep, (first + heads) * rep)
+    beta = b.reshape(T, heads * rep).sigmoid()
+    g = -self.A_log[hv].float().exp() * F.softplus(a.reshape(T, heads * rep).float() + self.dt_bias[hv])
+    o = _ops.gated_delta_rule(q, k, v, g.to(q.dtype), beta, shard, mesh)  # [T_r, Hv/U, V]
+    o = _ops.ulysses_gather_heads(o, [L] * U, mesh)  # [L, Hv, V]
+    z = self.in_proj_z(x).reshape(-1, V)
+    o = self.norm(o.reshape(-1, V), z).reshape(1, L, -1)
+    return self.out_proj(o)
+
+
+def _l2norm(x):
+    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)  # fla's and transformers' l2norm
 
 
 def _register_attention():
@@ -260,13 +308,21 @@ def patch(model, mesh, *, layout="zigzag", placement="zigzag"):
     model_type = getattr(config, "model_type", None)
     if model_type not in _SUPPORTED:
         raise ValueError(f"mmsp.patch: model_type {model_type!r} is not supported "
-                         f"(supported: {', '.join(_SUPPORTED)}; qwen3_5's Gated DeltaNet layers are not patched yet)")
+                         f"(supported: {', '.join(_SUPPORTED)})")
     kind = _SUPPORTED[model_type]
     text = config.text_config
     heads, kv_heads = text.num_attention_heads, text.num_key_value_heads
     from mmsp._extension import C
 
     C.check_ulysses_heads(heads, kv_heads, mesh.ulysses_size)  # before any collective
+    linear = [m for m in model.modules() if type(m).__name__ == "Qwen3_5GatedDeltaNet"]
+    if linear:
+        C.check_gated_delta_heads(linear[0].num_k_heads, linear[0].num_v_heads, mesh.ulysses_size)
+        if placement != "zigzag":
+            raise ValueError(f"mmsp.patch: placement {placement!r} with Gated DeltaNet layers is not supported by the "
+                             "patch yet (whole segments at home); use placement='zigzag'")
+        for m in linear:
+            m.forward = types.MethodType(_gated_deltanet, m)
     _register_attention()
     text._attn_implementation = _ATTENTION  # the decoder only; the vision tower keeps its own
     image_token = config.image_token_id if hasattr(config, "image_token_id") else config.image_token_index

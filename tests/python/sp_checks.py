@@ -242,10 +242,10 @@ def bad_input_is_a_value_error(rank, world):
         assert "ulysses degree 2" in str(e) and "(3)" in str(e), str(e)
     hybrid = families.build_model(families.FAMILIES["qwen3_5"])
     try:
-        mmsp.patch(hybrid, mesh)
-        raise AssertionError("qwen3_5 was patched")
+        mmsp.patch(hybrid, mesh, placement="adaptive")
+        raise AssertionError("qwen3_5 was patched for the adaptive placement")
     except ValueError as e:
-        assert "'qwen3_5' is not supported" in str(e), str(e)
+        assert "placement 'adaptive' with Gated DeltaNet layers" in str(e), str(e)
     # Still in step: a correct call after the refused ones.
     out = mmsp.ops.attention(q, q, q, shard, mesh)
     assert out.shape == q.shape
@@ -312,10 +312,15 @@ def _patched_family_equals_one_process(rank, world, family_name, ring, ulysses, 
     dist.all_reduce(encoded)
     images = sum(len(s.images) for s in samples)
     assert encoded.item() == images, f"{what}: {encoded.item()} encodings of {images} images over the world"
-    assert abs(loss.item() - want.item()) <= 1e-12 * abs(want.item()), f"{what}: loss {loss.item()!r} != {want.item()!r}"
+    # transformers runs Qwen3.5's Gated DeltaNet in float32 whatever the model's dtype (mmsp in
+    # fp64): that family is compared as tests/hf/test_reference.py compares it.
+    loss_rtol, grad_rtol = (5e-9, 1e-4) if family_name == "qwen3_5" else (1e-12, 1e-9)
+    assert abs(loss.item() - want.item()) <= loss_rtol * abs(want.item()), \
+        f"{what}: loss {loss.item()!r} != {want.item()!r}"
     ref = dict(reference.named_parameters())
     for name, p in model.named_parameters():
         r = ref[name].grad
         r = torch.zeros_like(p) if r is None else r
         err, scale = (p.grad - r).norm().item(), r.norm().item()
-        assert err <= 1e-9 * scale + 1e-15, f"{what}: gradient of {name}: |difference| {err:.3e}, |reference| {scale:.3e}"
+        assert err <= grad_rtol * scale + 1e-15, \
+            f"{what}: gradient of {name}: |difference| {err:.3e}, |reference| {scale:.3e}"

@@ -15,11 +15,13 @@ CASES = [  # (world, ring, ulysses, placement): every scheme, uneven splits, a d
     (4, 2, 2, "zigzag"),
     (4, 2, 1, "zigzag"),  # dp 2
 ]
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "internvl"]
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "internvl"]
 
 
 @pytest.mark.parametrize("world,ring,ulysses,placement", CASES)
 def test_patched_model_equals_one_process(world, ring, ulysses, placement, tmp_path):
     # Every family in one launch of the ranks: starting processes (torch, transformers) costs
     # more than a tiny model's step.
-    sp_ranks.run(world, sp_checks.patch_equals_one_process, FAMILIES, ring, ulysses, placement, tmp_path=tmp_path)
+    # Qwen3.5's Gated DeltaNet layers are patched for the zigzag placement only.
+    families = [f for f in FAMILIES if placement == "zigzag" or f != "qwen3_5"]
+    sp_ranks.run(world, sp_checks.patch_equals_one_process, families, ring, ulysses, placement, tmp_path=tmp_path)
