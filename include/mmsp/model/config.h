@@ -51,4 +51,11 @@ const Fields* family_fields_as(const ModelConfig& c) {
   return dynamic_cast<const Fields*>(c.family_fields.get());
 }
 
+// One member of the family part (family_field(c, &QwenFields::vision)); null for another family.
+template <class Fields, class T>
+const T* family_field(const ModelConfig& c, T Fields::*member) {
+  const Fields* f = family_fields_as<Fields>(c);
+  return f ? &(f->*member) : nullptr;
+}
+
 }  // namespace mmsp::model

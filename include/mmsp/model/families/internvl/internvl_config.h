@@ -81,13 +81,7 @@ struct InternVLFields : FamilyFields {
   InternVLProjectorConfig projector;
 };
 // The config's InternViT tower and projector; null for a config of another family.
-inline const InternVisionConfig* intern_vision_of(const ModelConfig& c) {
-  const InternVLFields* f = family_fields_as<InternVLFields>(c);
-  return f ? &f->vision : nullptr;
-}
-inline const InternVLProjectorConfig* internvl_projector_of(const ModelConfig& c) {
-  const InternVLFields* f = family_fields_as<InternVLFields>(c);
-  return f ? &f->projector : nullptr;
-}
+inline const InternVisionConfig* intern_vision_of(const ModelConfig& c) { return family_field(c, &InternVLFields::vision); }
+inline const InternVLProjectorConfig* internvl_projector_of(const ModelConfig& c) { return family_field(c, &InternVLFields::projector); }
 
 }  // namespace mmsp::model

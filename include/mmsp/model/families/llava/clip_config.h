@@ -73,13 +73,7 @@ struct LlavaFields : FamilyFields {
   LlavaProjectorConfig projector;
 };
 // The config's CLIP tower and projector; null for a config of another family.
-inline const ClipVisionConfig* clip_vision_of(const ModelConfig& c) {
-  const LlavaFields* f = family_fields_as<LlavaFields>(c);
-  return f ? &f->vision : nullptr;
-}
-inline const LlavaProjectorConfig* llava_projector_of(const ModelConfig& c) {
-  const LlavaFields* f = family_fields_as<LlavaFields>(c);
-  return f ? &f->projector : nullptr;
-}
+inline const ClipVisionConfig* clip_vision_of(const ModelConfig& c) { return family_field(c, &LlavaFields::vision); }
+inline const LlavaProjectorConfig* llava_projector_of(const ModelConfig& c) { return family_field(c, &LlavaFields::projector); }
 
 }  // namespace mmsp::model

@@ -67,9 +67,6 @@ struct QwenFields : FamilyFields {
   QwenVisionConfig vision;
 };
 // The config's Qwen vision encoder; null for a config of another family.
-inline const QwenVisionConfig* qwen_vision_of(const ModelConfig& c) {
-  const QwenFields* f = family_fields_as<QwenFields>(c);
-  return f ? &f->vision : nullptr;
-}
+inline const QwenVisionConfig* qwen_vision_of(const ModelConfig& c) { return family_field(c, &QwenFields::vision); }
 
 }  // namespace mmsp::model
