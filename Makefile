@@ -50,11 +50,12 @@ deps:
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-# pip's own download and install; the time and size are in docs/building.md.
+# pip's own download and install; the time and size are in docs/building.md. No pip cache:
+# the wheels (3.0 GB) would otherwise sit twice on the disk (a CI run failed on a full disk).
 $(TORCH_STAMP): $(REQUIREMENTS) | deps
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --disable-pip-version-check --no-input --progress-bar off \
+	$(VENV)/bin/pip install --disable-pip-version-check --no-input --progress-bar off --no-cache-dir \
 	  --only-binary :all: $(addprefix -r ,$(REQUIREMENTS))
 	cat $(REQUIREMENTS) > $@
 
