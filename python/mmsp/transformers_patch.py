@@ -21,10 +21,11 @@ the context group to the ranks whose slots hold their placeholders.
 Qwen3.5's Gated DeltaNet layers run sequence-parallel too (their key heads over Ulysses, the
 conv and the rule over the ring with state passing; zigzag placement).
 
-Rules: every rank calls forward and backward on the same batch in the same order; one
-backward per forward, starting from zeroed gradients (set_to_none; accumulate micro-batches
-by summing their losses before one backward); labels are input_ids with -100 where no loss
-is taken (transformers' causal LM convention). Families: qwen2_vl, qwen2_5_vl, qwen3_vl
+Rules: every rank calls forward and backward on the same batch in the same order; labels
+are input_ids with -100 where no loss is taken (transformers' causal LM convention).
+Gradient accumulation works both ways a loop does it: a backward per micro-batch, or the
+micro-batches' losses summed before one backward (each backward's parts are summed over
+the mesh once, then added to the gradients the earlier backwards left). Families: qwen2_vl, qwen2_5_vl, qwen3_vl
 (deepstack rows sharded with their slots), qwen3_5, llava, internvl.
 """
 
@@ -237,11 +238,7 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
              **ignored):
     state = self._mmsp
     kind, mesh = state["kind"], state["mesh"]
-    for p in state["params"]:
-        if p.grad is not None:
-            raise ValueError("mmsp.patch: a parameter still holds a gradient from an earlier backward; mmsp sums "
-                             "each backward's gradients over the mesh, so zero them (set_to_none) before the next "
-                             "forward, and accumulate micro-batches by summing their losses before one backward")
+    _recover_from_failed_backward(state)
     batch = _sequences(self.config, kind, input_ids, attention_mask, labels, image_grid_thw)
     shard = _plan(state["config"], batch, mesh, layout=state["layout"], placement=state["placement"])
     device = input_ids.device
@@ -273,7 +270,7 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
     dist.all_reduce(whole)
     loss = local + (whole - local.detach())  # the batch's loss; its gradient is this rank's part
     if loss.requires_grad:
-        loss.register_hook(lambda grad: _sum_gradients_after_backward(state) or grad)
+        loss.register_hook(lambda grad: _at_backward_start(state) or grad)
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     out = CausalLMOutputWithPast(loss=loss, logits=logits[None])
@@ -281,25 +278,51 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
     return out
 
 
-def _sum_gradients_after_backward(state):
-    def reduce():
-        params = state["params"]
-        for p in params:
-            if p.grad is None:  # a weight this rank's slots never reached (e.g. no image here)
-                p.grad = torch.zeros_like(p)
-        by_dtype = {}
-        for p in params:
-            by_dtype.setdefault((p.grad.dtype, p.grad.device), []).append(p)
-        for group in by_dtype.values():
-            flat = torch.cat([p.grad.reshape(-1) for p in group])
-            dist.all_reduce(flat)
-            at = 0
-            for p in group:
-                n = p.grad.numel()
-                p.grad.copy_(flat[at:at + n].view_as(p.grad))
-                at += n
+def _at_backward_start(state):
+    """Runs when a backward reaches the first patched loss, before any of its gradients
+    accumulate (every path to a weight passes through a loss). The gradients earlier
+    backwards left (accumulation) step aside, so that the sum over the mesh at the end of this
+    backward adds this backward's parts only, each once; then they are added back. A backward
+    through several patched losses (summed micro-batches) does this once."""
+    if state["backward"] is not None:
+        return
+    state["backward"] = [p.grad for p in state["params"]]
+    for p in state["params"]:
+        p.grad = None
+    torch.autograd.Variable._execution_engine.queue_callback(lambda: _sum_gradients(state))
 
-    torch.autograd.Variable._execution_engine.queue_callback(reduce)
+
+def _sum_gradients(state):
+    """At the end of the backward: this backward's parts summed over the world (one
+    all-reduce per dtype), plus what the earlier backwards held."""
+    held, state["backward"] = state["backward"], None
+    params = state["params"]
+    for p in params:
+        if p.grad is None:  # a weight this rank's slots never reached (e.g. no image here)
+            p.grad = torch.zeros_like(p)
+    by_dtype = {}
+    for p in params:
+        by_dtype.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+    for group in by_dtype.values():
+        flat = torch.cat([p.grad.reshape(-1) for p in group])
+        dist.all_reduce(flat)
+        at = 0
+        for p in group:
+            n = p.grad.numel()
+            p.grad.copy_(flat[at:at + n].view_as(p.grad))
+            at += n
+    for p, h in zip(params, held):
+        if h is not None:
+            p.grad.add_(h)
+
+
+def _recover_from_failed_backward(state):
+    """A backward that raised never reached its end: its held gradients go back (with
+    whatever it had accumulated, as after any failed backward) and the next one starts anew."""
+    held, state["backward"] = state["backward"], None
+    for p, h in zip(state["params"], held or []):
+        if h is not None:
+            p.grad = h if p.grad is None else p.grad.add_(h)
 
 
 def patch(model, mesh, *, layout="zigzag", placement="zigzag"):
@@ -327,6 +350,7 @@ def patch(model, mesh, *, layout="zigzag", placement="zigzag"):
     text._attn_implementation = _ATTENTION  # the decoder only; the vision tower keeps its own
     image_token = config.image_token_id if hasattr(config, "image_token_id") else config.image_token_index
     model._mmsp = {"kind": kind, "mesh": mesh, "config": config.to_dict(), "layout": layout, "placement": placement,
-                   "image_token": image_token, "params": [p for p in model.parameters() if p.requires_grad]}
+                   "image_token": image_token, "params": [p for p in model.parameters() if p.requires_grad],
+                   "backward": None}  # while a backward runs: the gradients held from before it
     model.forward = types.MethodType(_forward, model)
     return model

@@ -324,3 +324,45 @@ def _patched_family_equals_one_process(rank, world, family_name, ring, ulysses, 
         err, scale = (p.grad - r).norm().item(), r.norm().item()
         assert err <= grad_rtol * scale + 1e-15, \
             f"{what}: gradient of {name}: |difference| {err:.3e}, |reference| {scale:.3e}"
+
+
+def patch_accumulates_gradients(rank, world, ring, ulysses):
+    """Gradient accumulation through mmsp.patch, both ways a loop does it — a backward per
+    micro-batch, and the micro-batches' losses summed before one backward — equals one
+    process accumulating the same micro-batches (fp64, every gradient). The micro-batches:
+    tests/hf's two sequences, one each (so some ranks hold no image in each)."""
+    import copy
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    from transformers.utils import logging
+
+    import families
+    import mmsp
+
+    logging.set_verbosity_error()
+    family = families.FAMILIES["qwen2_vl"]
+    model = families.build_model(family).train()
+    reference = copy.deepcopy(model)
+    samples = families.make_samples(family)
+    micro = [samples[:1], samples[1:]]
+    for m in micro:
+        families.reference_loss(reference, family, m).backward()
+    mmsp.patch(model, mmsp.Mesh(dp=world // (ring * ulysses), ring=ring, ulysses=ulysses))
+    ref = dict(reference.named_parameters())
+
+    def check(how):
+        what = f"{how} on ring {ring} x ulysses {ulysses}, rank {rank}"
+        for name, p in model.named_parameters():
+            r = ref[name].grad
+            r = torch.zeros_like(p) if r is None else r
+            err, scale = (p.grad - r).norm().item(), r.norm().item()
+            assert err <= 1e-9 * scale + 1e-15, \
+                f"{what}: gradient of {name}: |difference| {err:.3e}, |reference| {scale:.3e}"
+        model.zero_grad(set_to_none=True)
+
+    for m in micro:
+        model(**hf_batch(family, m)).loss.backward()
+    check("a backward per micro-batch")
+    sum(model(**hf_batch(family, m)).loss for m in micro).backward()
+    check("micro-batch losses summed, one backward")
