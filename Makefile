@@ -39,7 +39,7 @@ TORCH_DEP :=
 TORCH_DIR_ARG = -DTorch_DIR=$(Torch_DIR) -DMMSP_PYTHON=$$(command -v $(PYTHON))
 endif
 
-.PHONY: all deps torch configure build tools python test demo clean install print-deb-packages
+.PHONY: all deps torch configure build tools python peers test demo clean install print-deb-packages
 
 all: build
 
@@ -105,6 +105,21 @@ python: configure
 	cmake --build $(BUILD) -j $(JOBS) --target mmsp_python
 	site=$$($(if $(Torch_DIR),$(PYTHON),$(VENV)/bin/python) -c 'import site; print(site.getsitepackages()[0])') && \
 	  echo "$(CURDIR)/$(BUILD)/python" > "$$site/mmsp-build.pth" && echo "mmsp: $$site/mmsp-build.pth -> $(CURDIR)/$(BUILD)/python"
+
+# The peers benchmark (bench/peers, docs/bench/peers.md): transformers alone, with DeepSpeed's
+# Ulysses, patched by mmsp, and mmsp train, on one model, batch and 4-rank CPU mesh.
+# DeepSpeed is built from its pinned source package (requirements/peers.txt says why).
+PEERS_STAMP := $(VENV)/.mmsp-peers
+PEERS_OUT   ?= $(BUILD)/peers.json
+$(PEERS_STAMP): requirements/peers.txt $(TORCH_STAMP)
+	DS_BUILD_OPS=0 $(VENV)/bin/pip install --disable-pip-version-check --no-input --progress-bar off \
+	  --no-cache-dir --only-binary :all: --no-binary deepspeed --no-build-isolation \
+	  -r requirements/peers.txt $(addprefix -c ,$(REQUIREMENTS))
+	cp requirements/peers.txt $@
+
+peers: python $(PEERS_STAMP)
+	cmake --build $(BUILD) -j $(JOBS) --target mmsp mmsp-run
+	$(VENV)/bin/python bench/peers/peers.py --build $(BUILD) --out $(PEERS_OUT)
 
 install: build
 	cmake --install $(BUILD)

@@ -1,12 +1,11 @@
 """The peers benchmark: one model, one batch, one CPU mesh, the ways a user would train it.
 
-    .venv/bin/python bench/peers/peers.py --build build [--ranks 4] [--tokens 4096] \
-        [--width 256] [--layers 4] [--steps 3] [--out result.json]
+    make peers        (or: .venv/bin/python bench/peers/peers.py --build build [--ranks 4] [--tokens 4096] \
+        [--width 256] [--layers 4] [--steps 3] [--out result.json])
 
   (a) transformers on one process (each sequence through the unpatched model);
-  (b) transformers + DeepSpeed's Ulysses (deepspeed.sequence.layer.DistributedAttention),
-      measured only where deepspeed imports (it is not in requirements: PyPI has no wheel of
-      it for this torch, only a source package);
+  (b) transformers + DeepSpeed's Ulysses (UlyssesSPAttentionHF) on --ranks processes, where
+      deepspeed imports (`make peers` installs it: requirements/peers.txt);
   (c) transformers patched by mmsp.patch on --ranks processes (ring 2 x ulysses ranks/2);
   (d) `mmsp train` on the same mesh, from the same weights and data.
 Each setup runs in processes of its own (peak memory is each process's ru_maxrss, the
@@ -63,6 +62,12 @@ def samples_for(cfg, tokens):
     return out
 
 
+def grad_norm(model):
+    """The gradient's 2-norm over every parameter (float64): rows that compute the same
+    step agree on it to rounding, a check that the gradients, not only the loss, are equal."""
+    return math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.grad is not None))
+
+
 def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -100,7 +105,8 @@ def one_process(model_dir, samples, steps, out):
         if step:
             times.append(time.perf_counter() - t)
     json.dump({"step_seconds": statistics.median(times), "peak_rss_bytes": [peak_rss_bytes()],
-               "baseline_rss_bytes": [baseline], "sent_bytes_per_rank": [0], "loss": loss.item()}, open(out, "w"))
+               "baseline_rss_bytes": [baseline], "sent_bytes_per_rank": [0], "loss": loss.item(),
+               "grad_norm": grad_norm(model)}, open(out, "w"))
 
 
 def patched_rank(rank, world, model_dir, samples, steps, out):
@@ -136,23 +142,124 @@ def patched_rank(rank, world, model_dir, samples, steps, out):
     grad_bytes = int(2 * (world - 1) / world * n_params * 4)
     result = {"rank": rank, "step_seconds": statistics.median(times), "peak_rss_bytes": peak_rss_bytes(),
               "baseline_rss_bytes": baseline, "sent_bytes": sent + grad_bytes, "sp_bytes": sent,
-              "gradient_bytes": grad_bytes, "loss": loss.item()}
+              "gradient_bytes": grad_bytes, "loss": loss.item(), "grad_norm": grad_norm(model)}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
 
 
-def patched(model_dir, samples, steps, world, out, tmp):
+class _SentBytes:
+    """What this rank hands to torch.distributed's all-to-all and all-gather (DeepSpeed's
+    exchanges go through them): an all-to-all of n bytes sends n (P - 1) / P, an all-gather
+    of n bytes sends n to each of the P - 1 others."""
+
+    def __init__(self, dist, world):
+        self.count, self.world = 0, world
+        a2a, gather = dist.all_to_all_single, dist.all_gather
+
+        def all_to_all_single(output, input, *args, **kwargs):
+            self.count += input.numel() * input.element_size() * (world - 1) // world
+            return a2a(output, input, *args, **kwargs)
+
+        def all_gather(tensor_list, tensor, *args, **kwargs):
+            self.count += tensor.numel() * tensor.element_size() * (world - 1)
+            return gather(tensor_list, tensor, *args, **kwargs)
+
+        dist.all_to_all_single, dist.all_gather = all_to_all_single, all_gather
+
+
+def deepspeed_rank(rank, world, model_dir, samples, steps, out):
+    """DeepSpeed's Ulysses for transformers (ALST: UlyssesSPAttentionHF, which replaces the
+    model's attention function), the way its docs use it, on a VLM. What DeepSpeed leaves to
+    the user is written here as a user would: it splits the decoder's sequence only, so every
+    rank runs the vision tower on every image (no Vision DP) and the whole sequence's
+    embeddings and mRoPE positions before taking its contiguous slice; the vision tower's
+    own attention must bypass the replaced function; the loss is summed over the slices."""
+    import contextlib
+
+    import deepspeed
+    import torch.distributed as dist
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    import sp_checks
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    model = load(model_dir)
+    baseline = peak_rss_bytes()
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    UlyssesSPAttentionHF.register_with_transformers(model, "sdpa", world, micro_batch_size=len(samples),
+                                                    seq_length_is_variable=True)
+    ulysses_sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    @contextlib.contextmanager
+    def whole_sequence_attention():  # the vision tower: each image whole on every rank
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa
+        try:
+            yield
+        finally:
+            ALL_ATTENTION_FUNCTIONS["sdpa"] = ulysses_sdpa
+
+    family = families.FAMILIES["qwen2_vl"]
+    batch = sp_checks.hf_batch(family, samples)
+    ids, grid = batch["input_ids"], batch["image_grid_thw"]
+    T = ids.shape[1]
+    if T % world:
+        raise SystemExit(f"DeepSpeed's Ulysses needs the sequence ({T}) divisible by the ranks ({world})")
+    local = slice(rank * T // world, (rank + 1) * T // world)
+    targets = torch.cat([batch["labels"][:, 1:], torch.full_like(ids[:, :1], -100)], dim=1)
+    n_targets = int((targets != -100).sum())
+    inner = model.model
+    mrope, _ = inner.get_rope_index(ids, mm_token_type_ids=(ids == family.image_token).int(), image_grid_thw=grid)
+    text = torch.arange(T).view(1, 1, T).expand(1, ids.shape[0], T)
+    positions = torch.cat([text, mrope])[:, :, local]  # [4, B, T/P]: 1-D text positions, then t, h, w
+    sent = _SentBytes(dist, world)
+    n_params = sum(p.numel() for p in model.parameters())
+    times, loss = [], None
+    for step in range(steps + 1):
+        model.zero_grad(set_to_none=True)
+        sent.count = 0
+        dist.barrier()
+        t = time.perf_counter()
+        embeds = inner.get_input_embeddings()(ids)
+        with whole_sequence_attention():
+            images = torch.cat(inner.get_image_features(batch["pixel_values"], grid).pooler_output)
+        embeds = embeds.masked_scatter((ids == family.image_token).unsqueeze(-1).expand_as(embeds), images)
+        hidden = inner.language_model(inputs_embeds=embeds[:, local], position_ids=positions,
+                                      use_cache=False).last_hidden_state
+        logits = model.lm_head(hidden)
+        ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets[:, local].flatten(),
+                                               ignore_index=-100, reduction="sum")
+        (ce / n_targets).backward()
+        sp_bytes = sent.count
+        for p in model.parameters():  # each rank's gradient is its slice's part: their sum is the step's
+            if p.grad is not None:
+                dist.all_reduce(p.grad)
+        total = ce.detach().clone()
+        dist.all_reduce(total)
+        dist.barrier()
+        if step:
+            times.append(time.perf_counter() - t)
+        loss = total.item() / n_targets
+    grad_bytes = int(2 * (world - 1) / world * n_params * 4)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"rank": rank, "step_seconds": statistics.median(times), "peak_rss_bytes": peak_rss_bytes(),
+                   "baseline_rss_bytes": baseline, "sent_bytes": sp_bytes + grad_bytes, "sp_bytes": sp_bytes,
+                   "gradient_bytes": grad_bytes, "loss": loss, "grad_norm": grad_norm(model)}, f)
+
+
+def on_ranks(rank_fn, model_dir, samples, steps, world, out, tmp):
     import sp_ranks
 
     os.environ.setdefault("MMSP_PACKAGE_PATH", os.path.join(os.environ["MMSP_BUILD"], "python"))
-    sp_ranks.run(world, patched_rank, model_dir, samples, steps, out, tmp_path=tmp)
+    sp_ranks.run(world, rank_fn, model_dir, samples, steps, out, tmp_path=tmp)
     ranks = [json.load(open(f"{out}.{r}")) for r in range(world)]
     json.dump({"step_seconds": max(r["step_seconds"] for r in ranks),
                "peak_rss_bytes": [r["peak_rss_bytes"] for r in ranks],
                "baseline_rss_bytes": [r["baseline_rss_bytes"] for r in ranks],
                "sent_bytes_per_rank": [r["sent_bytes"] for r in ranks],
                "sequence_parallel_bytes_per_rank": [r["sp_bytes"] for r in ranks],
-               "loss": ranks[0]["loss"]}, open(out, "w"))
+               "loss": ranks[0]["loss"], "grad_norm": ranks[0]["grad_norm"]}, open(out, "w"))
 
 
 def mmsp_train(build_dir, model_dir, data, samples, steps, world, out_dir):
@@ -191,18 +298,19 @@ def main():
     rows["transformers, 1 process"] = json.load(open(os.path.join(tmp, "a.json")))
     try:
         import deepspeed  # noqa: F401
-
-        rows["transformers + DeepSpeed Ulysses"] = {"skipped": "deepspeed imports, but this setup is not written yet"}
     except ImportError as e:
-        rows["transformers + DeepSpeed Ulysses"] = {"skipped": f"deepspeed is not installed ({e})"}
-    patched(model_dir, samples, a.steps, a.ranks, os.path.join(tmp, "c.json"), tmp)
+        rows["transformers + DeepSpeed Ulysses"] = {"skipped": f"deepspeed is not installed ({e}): make peers"}
+    else:
+        on_ranks(deepspeed_rank, model_dir, samples, a.steps, a.ranks, os.path.join(tmp, "b.json"), tmp)
+        rows[f"transformers + DeepSpeed Ulysses, {a.ranks} ranks"] = json.load(open(os.path.join(tmp, "b.json")))
+    on_ranks(patched_rank, model_dir, samples, a.steps, a.ranks, os.path.join(tmp, "c.json"), tmp)
     rows[f"transformers + mmsp.patch, {a.ranks} ranks"] = json.load(open(os.path.join(tmp, "c.json")))
     lines, summary = mmsp_train(a.build, model_dir, data, samples, a.steps, a.ranks, os.path.join(tmp, "d"))
     rows[f"mmsp train, {a.ranks} ranks"] = {
         "step_seconds": statistics.median(l["seconds"] for l in lines[1:]),
         "sent_bytes_per_rank": [lines[-1]["comm_bytes"]], "sequence_parallel_bytes_per_rank":
         [lines[-1]["attention_bytes"] + lines[-1]["vision_bytes"]], "peak_tensor_bytes": lines[-1]["peak_bytes"],
-        "loss": lines[0]["loss"], "summary": summary, "metrics": lines[1:]}
+        "loss": lines[0]["loss"], "grad_norm": lines[0]["grad_norm"], "summary": summary, "metrics": lines[1:]}
     result = {"benchmark": "peers", "ranks": a.ranks, "tokens": sum(len(s.input_ids) for s in samples),
               "width": a.width, "layers": a.layers, "steps": a.steps, "rows": rows,
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
