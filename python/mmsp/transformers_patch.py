@@ -23,10 +23,18 @@ conv and the rule over the ring with state passing; zigzag placement).
 
 Rules: every rank calls forward and backward on the same batch in the same order; labels
 are input_ids with -100 where no loss is taken (transformers' causal LM convention).
+With batch="per_rank", each rank passes its own batch instead (what a data-parallel loader,
+transformers.Trainer's included, gives) and the step is the union of the ranks' batches,
+rank 0's first: one process with a batch of world x per-rank samples (mmsp/rank_batches.py).
+Under transformers.Trainer the patch keeps accelerate from wrapping the model in DDP and
+the Trainer from rescaling its loss.
+
 Gradient accumulation works both ways a loop does it: a backward per micro-batch, or the
 micro-batches' losses summed before one backward (each backward's parts are summed over
-the mesh once, then added to the gradients the earlier backwards left). Families: qwen2_vl, qwen2_5_vl, qwen3_vl
-(deepstack rows sharded with their slots), qwen3_5, llava, internvl.
+the mesh once, then added to the gradients the earlier backwards left).
+
+Families: qwen2_vl, qwen2_5_vl, qwen3_vl (deepstack rows sharded with their slots), qwen3_5,
+llava, internvl.
 """
 
 import types
@@ -37,6 +45,7 @@ import torch.nn.functional as F
 
 from mmsp.planner import plan as _plan
 from mmsp import ops as _ops
+from mmsp import rank_batches as _rank_batches
 
 _SUPPORTED = {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "qwen3_vl": "qwen3", "qwen3_5": "qwen", "llava": "llava",
               "internvl": "internvl"}
@@ -193,41 +202,32 @@ def _encode(model, kind, pixel_values, image_grid_thw):
     return out.reshape(-1, out.shape[-1]), None
 
 
-def _vision_rows(model, kind, shard, mesh, batch, pixel_values, image_grid_thw, dtype):
+def _vision_rows(model, kind, shard, mesh, batch, pixels, grid_rows, dtype, device):
     """Vision DP: this rank encodes the whole images the plan gives it (shard.encoder_items),
     and the rows travel over the context group to the ranks holding their placeholders.
-    Returns (rows [V, h], deepstack rows or None, their slots [V])."""
+    `pixels.rows(images)` gives those images' pixel rows (LocalPixels, or RoutedPixels for
+    per-rank batches, where it is collective). Returns (rows [V, h], deepstack rows or None,
+    their slots [V])."""
     items = sorted((it for it in shard.plan_json["vision_items"] if it["dp"] == shard.coords["dp"]),
                    key=lambda it: it["item"])
     if any(it["kind"] != "image" for it in items):
         raise ValueError("mmsp.patch: videos are not supported yet; pass images")
-    # Where each image of the batch is in pixel_values (b-major, as the collator concatenates).
+    # The batch's images are numbered sequence by sequence (as the collator concatenates them).
     first_image, n = [], 0
     for seq in batch["sequences"]:
         first_image.append(n)
         n += len(seq.get("image_grid_thw", []))
-    grids = [g for seq in batch["sequences"] for g in seq.get("image_grid_thw", [])]
-    if kind in ("qwen", "qwen3"):
-        sizes = [t * h * w for t, h, w in grids]  # pixel rows (patches) per image
-    elif kind == "internvl":
-        sizes = [t for t, _, _ in grids]  # tiles per image
-    else:
-        sizes = [1] * len(grids)  # one [C, S, S] image each
-    offset = [sum(sizes[:g]) for g in range(len(sizes))]
-    if sum(sizes) != pixel_values.shape[0]:
-        raise ValueError(f"mmsp.patch: pixel_values has {pixel_values.shape[0]} rows but the batch's images need "
-                         f"{sum(sizes)}")
     mine = [first_image[items[j]["sequence"]] + items[j]["index"] for j in shard.encoder_items]
     width = model.config.text_config.hidden_size
     levels = len(getattr(model.config.vision_config, "deepstack_visual_indexes", []) or []) if kind == "qwen3" else 0
+    mine_pixels = pixels.rows(mine)
     if mine:
-        pixels = torch.cat([pixel_values[offset[g]:offset[g] + sizes[g]] for g in mine])
-        grid = image_grid_thw[mine] if image_grid_thw is not None else None
-        rows, deep = _encode(model, kind, pixels, grid)
+        grid = grid_rows[mine] if grid_rows is not None else None
+        rows, deep = _encode(model, kind, mine_pixels, grid)
         rows = rows.to(dtype)
         deep = [d.to(dtype) for d in deep] if deep is not None else []
     else:  # no image here: still a part of the graph, so the exchange's backward runs here too
-        rows = torch.zeros(0, width, dtype=dtype, device=pixel_values.device, requires_grad=True)
+        rows = torch.zeros(0, width, dtype=dtype, device=device, requires_grad=True)
         deep = [rows] * levels
     got, slots = _ops.route_rows(torch.cat([rows] + list(deep), dim=1), shard, mesh)
     parts = got.split(width, dim=1)
@@ -239,14 +239,28 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
     state = self._mmsp
     kind, mesh = state["kind"], state["mesh"]
     _recover_from_failed_backward(state)
-    batch = _sequences(self.config, kind, input_ids, attention_mask, labels, image_grid_thw)
-    shard = _plan(state["config"], batch, mesh, layout=state["layout"], placement=state["placement"])
     device = input_ids.device
+    if state["batch"] == "per_rank":  # the step is the union of every rank's batch
+        try:
+            mine = _sequences(self.config, kind, input_ids, attention_mask, labels, image_grid_thw)
+            _rank_batches.LocalPixels(kind, [g for q in mine["sequences"] for g in q.get("image_grid_thw", [])],
+                                      pixel_values)
+            error = None
+        except ValueError as e:
+            mine, error = None, str(e).removeprefix("mmsp.patch: ")
+        batch, pixels, grid_rows, has_images = _rank_batches.gather(kind, mine, error, pixel_values, image_grid_thw,
+                                                                    device)
+    else:
+        batch = _sequences(self.config, kind, input_ids, attention_mask, labels, image_grid_thw)
+        grids = [g for q in batch["sequences"] for g in q.get("image_grid_thw", [])]
+        pixels = _rank_batches.LocalPixels(kind, grids, pixel_values)
+        grid_rows, has_images = image_grid_thw, pixel_values is not None
+    shard = _plan(state["config"], batch, mesh, layout=state["layout"], placement=state["placement"])
     embed = self.get_input_embeddings()
     x = embed(shard.token_ids.to(device))
     slots, deepstack = [], None
-    if pixel_values is not None:
-        rows, deep, slots = _vision_rows(self, kind, shard, mesh, batch, pixel_values, image_grid_thw, x.dtype)
+    if has_images:
+        rows, deep, slots = _vision_rows(self, kind, shard, mesh, batch, pixels, grid_rows, x.dtype, device)
         x = x.index_put((slots.to(device),), rows)
         if deep is not None:  # transformers adds them at the masked slots in ascending order
             order = torch.argsort(slots)
@@ -325,8 +339,15 @@ def _recover_from_failed_backward(state):
             p.grad = h if p.grad is None else p.grad.add_(h)
 
 
-def patch(model, mesh, *, layout="zigzag", placement="zigzag"):
-    """Patches a transformers VLM (in place) to train on `mesh`; returns it. See the module doc."""
+_BATCH = ("shared", "per_rank")
+
+
+def patch(model, mesh, *, layout="zigzag", placement="zigzag", batch="shared"):
+    """Patches a transformers VLM (in place) to train on `mesh`; returns it. See the module doc.
+    batch="shared": every rank passes the step's whole batch; "per_rank": each rank passes its
+    own (a data-parallel loader's, transformers.Trainer's) and the step is their union."""
+    if batch not in _BATCH:
+        raise ValueError(f"mmsp.patch: batch={batch!r} is not one of {', '.join(map(repr, _BATCH))}")
     config = model.config
     model_type = getattr(config, "model_type", None)
     if model_type not in _SUPPORTED:
@@ -351,6 +372,14 @@ def patch(model, mesh, *, layout="zigzag", placement="zigzag"):
     image_token = config.image_token_id if hasattr(config, "image_token_id") else config.image_token_index
     model._mmsp = {"kind": kind, "mesh": mesh, "config": config.to_dict(), "layout": layout, "placement": placement,
                    "image_token": image_token, "params": [p for p in model.parameters() if p.requires_grad],
-                   "backward": None}  # while a backward runs: the gradients held from before it
+                   "backward": None,  # while a backward runs: the gradients held from before it
+                   "batch": batch}
     model.forward = types.MethodType(_forward, model)
+    # For transformers.Trainer (through accelerate): the patch sums the gradients itself, so
+    # accelerate must not wrap the model in DDP (whose average would come on top: accelerate
+    # leaves a model marked prepared as it is), and the loss it returns is already the step's
+    # mean, so the Trainer must not rescale it by the token count it passes
+    # (accepts_loss_kwargs = False: it divides by the accumulation steps instead).
+    model._is_accelerate_prepared = True
+    model.accepts_loss_kwargs = False
     return model

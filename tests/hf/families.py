@@ -183,7 +183,9 @@ def reference_loss(model, family: Family, samples: list) -> torch.Tensor:
     for s in samples:
         ids = torch.tensor([s.input_ids])
         kwargs = {}
-        if family.kind == "qwen":
+        if not s.images:
+            pass
+        elif family.kind == "qwen":
             kwargs["pixel_values"] = torch.cat([img.pixels for img in s.images])
             kwargs["image_grid_thw"] = torch.tensor([img.grid for img in s.images])
             # What the processor returns beside input_ids (1: image token), from which

@@ -266,9 +266,12 @@ def hf_batch(family, samples):
         labels[b, :n] = torch.where(keep, ids[b, :n], torch.full_like(ids[b, :n], -100))
     images = [img for s in samples for img in s.images]
     out = {"input_ids": ids, "attention_mask": mask, "labels": labels}
-    if family.kind == "qwen":
+    if not images:
+        pass
+    elif family.kind == "qwen":
         out["pixel_values"] = torch.cat([img.pixels for img in images])
         out["image_grid_thw"] = torch.tensor([img.grid for img in images])
+        out["mm_token_type_ids"] = (ids == family.image_token).int()  # the processor's (1: image token)
     elif family.kind == "llava":
         out["pixel_values"] = torch.stack([img.pixels for img in images])
     else:
@@ -366,3 +369,145 @@ def patch_accumulates_gradients(rank, world, ring, ulysses):
     check("a backward per micro-batch")
     sum(model(**hf_batch(family, m)).loss for m in micro).backward()
     check("micro-batch losses summed, one backward")
+
+
+def text_sample(seed, n=12):
+    """A sequence with no image (a rank whose batch holds only such has no pixels at all)."""
+    import families
+
+    gen = torch.Generator().manual_seed(seed)
+    words = torch.randint(*families.TEXT_RANGE, (n,), generator=gen).tolist()
+    return families.Sample([1] + words + [2], [0] + [1] * (n + 1), [])
+
+
+def patch_per_rank_batches_equal_one_process(rank, world, ring, ulysses, family_names, per_rank):
+    """mmsp.patch(..., batch="per_rank"): rank r passes its own batch per_rank[r] (indices into
+    [sample 0, sample 1, a text-only sample]); the loss and every gradient equal the unpatched
+    model on one process over the union, rank 0's sequences first (fp64)."""
+    import copy
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    from transformers.utils import logging
+
+    import families
+    import mmsp
+
+    logging.set_verbosity_error()
+    for name in family_names:
+        family = families.FAMILIES[name]
+        model = families.build_model(family).train()
+        reference = copy.deepcopy(model)
+        pool = families.make_samples(family) + [text_sample(5)]
+        union = [pool[i] for mine in per_rank for i in mine]
+        want = families.reference_loss(reference, family, union)
+        want.backward()
+        mesh = mmsp.Mesh(dp=world // (ring * ulysses), ring=ring, ulysses=ulysses)
+        mmsp.patch(model, mesh, batch="per_rank")
+        loss = model(**hf_batch(family, [pool[i] for i in per_rank[rank]])).loss
+        loss.backward()
+        what = f"{name}, per-rank batches {per_rank} on ring {ring} x ulysses {ulysses}, rank {rank}"
+        assert abs(loss.item() - want.item()) <= 1e-12 * abs(want.item()), \
+            f"{what}: loss {loss.item()!r} != {want.item()!r}"
+        ref = dict(reference.named_parameters())
+        for pname, p in model.named_parameters():
+            r = ref[pname].grad
+            r = torch.zeros_like(p) if r is None else r
+            err, scale = (p.grad - r).norm().item(), r.norm().item()
+            assert err <= 1e-9 * scale + 1e-15, \
+                f"{what}: gradient of {pname}: |difference| {err:.3e}, |reference| {scale:.3e}"
+
+
+def _fp64_loss_forward(model):
+    """The unpatched model's forward with the loss taken in float64 from its logits (the mean
+    over target tokens; transformers' own loss upcasts only to float32): the one-process
+    reference, with mmsp's loss definition, at fp64's precision."""
+    import types
+
+    import torch.nn.functional as F
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    forward = model.forward
+
+    def fp64(self, labels=None, **batch):
+        logits = forward(**batch).logits
+        targets = labels[:, 1:]
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
+                               reduction="sum") / (targets != -100).sum()
+        return CausalLMOutputWithPast(loss=loss, logits=logits)
+
+    model.forward = types.MethodType(fp64, model)
+
+
+def trainer_run(rank, world, ring, ulysses, per_device, out):
+    """transformers.Trainer, unmodified, on `world` processes: with world > 1 the model is
+    patched by mmsp on ring x ulysses with batch="per_rank" (the Trainer's loader gives each
+    rank its own micro-batch); with world 1, the unpatched model. Two optimizer steps of two
+    accumulated micro-batches each (SGD, so a gradient's error shows in the weights as it is).
+    Rank 0 saves the weights before and after and the logged losses to `out`."""
+    import sys
+    import tempfile
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    from transformers import Trainer, TrainingArguments
+    from transformers.utils import logging
+
+    import families
+    import mmsp
+
+    logging.set_verbosity_error()
+    # What torchrun sets, for accelerate to see the processes this test started.
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world)})
+    family = families.FAMILIES["qwen2_vl"]
+    model = families.build_model(family).train()
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    pool = [s for seed in (1, 2, 3) for s in families.make_samples(family, seed)] + [text_sample(5), text_sample(6)]
+    if world > 1:
+        mmsp.patch(model, mmsp.Mesh(ring=ring, ulysses=ulysses), batch="per_rank")
+    else:
+        _fp64_loss_forward(model)
+        model.accepts_loss_kwargs = False  # as the patch: the loss is each micro-batch's mean
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=per_device,
+                             gradient_accumulation_steps=2, max_steps=2, learning_rate=0.5, optim="sgd",
+                             lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[],
+                             use_cpu=True, remove_unused_columns=False, seed=0, data_seed=0, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=pool,
+                      data_collator=lambda samples: hf_batch(family, samples))
+    trainer.train()
+    if rank == 0:
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        torch.save({"before": before, "after": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                    "losses": losses, "wrapped": type(trainer.model_wrapped).__name__}, out)
+
+
+def per_rank_bad_batch_named_on_every_rank(rank, world):
+    """A bad batch on one rank (batch="per_rank") is a ValueError on every rank naming that
+    rank and the rule, and the ranks are still in step after it; a bad batch= is refused."""
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    from transformers.utils import logging
+
+    import families
+    import mmsp
+
+    logging.set_verbosity_error()
+    family = families.FAMILIES["qwen2_vl"]
+    model = families.build_model(family).train()
+    mesh = mmsp.Mesh(ring=world)
+    try:
+        mmsp.patch(model, mesh, batch="every_rank")
+        raise AssertionError("batch='every_rank' was accepted")
+    except ValueError as e:
+        assert "batch='every_rank'" in str(e) and "'per_rank'" in str(e), str(e)
+    mmsp.patch(model, mesh, batch="per_rank")
+    batch = hf_batch(family, families.make_samples(family)[rank % 2:rank % 2 + 1])
+    if rank == 1:
+        batch["labels"][0, 3] = batch["input_ids"][0, 3] + 1  # a label that is not the next input
+    try:
+        model(**batch)
+        raise AssertionError(f"rank {rank}: rank 1's bad labels were accepted")
+    except ValueError as e:
+        assert "rank 1's batch: labels[0, 3]" in str(e), f"rank {rank}: {e}"
+    dist.barrier()  # still in step

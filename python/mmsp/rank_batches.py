@@ -1,0 +1,121 @@
+"""A step made of every rank's own batch (mmsp.patch(..., batch="per_rank")).
+
+Data loaders built for data parallelism (transformers.Trainer's, accelerate's, a
+DistributedSampler) give each rank a different micro-batch. Sequence parallelism wants one
+batch split over the ranks. Here the step's batch is the union of all ranks' batches, rank 0's
+sequences first: the same samples, in the same order, that one process with a batch of
+world × per-rank samples sees. What every rank needs to plan it — token ids, labels, image
+grids — travels to every rank (one all_gather_object of lists of ints); pixels travel only
+from the rank that loaded an image to the rank that encodes it (one all-to-all), so each
+image's pixels cross the network at most once.
+
+A rank's bad batch is an error on every rank: the checks run before the gather, and their
+message is what the gather carries.
+"""
+import torch
+import torch.distributed as dist
+
+
+def image_sizes(kind, grids):
+    """Rows of pixel_values per image: patches (Qwen), tiles (InternVL), one image (LLaVA)."""
+    if kind in ("qwen", "qwen3"):
+        return [t * h * w for t, h, w in grids]
+    if kind == "internvl":
+        return [t for t, _, _ in grids]
+    return [1] * len(grids)
+
+
+class LocalPixels:
+    """A shared batch's pixel_values: every image's rows are here."""
+
+    def __init__(self, kind, grids, pixel_values):
+        self.sizes = image_sizes(kind, grids)
+        rows = 0 if pixel_values is None else pixel_values.shape[0]
+        if sum(self.sizes) != rows:
+            raise ValueError(f"mmsp.patch: pixel_values has {rows} rows but the batch's images need "
+                             f"{sum(self.sizes)}")
+        self.offsets = [sum(self.sizes[:g]) for g in range(len(self.sizes))]
+        self.pixel_values = pixel_values
+
+    def rows(self, images):
+        if not images:
+            return None
+        return torch.cat([self.pixel_values[self.offsets[g]:self.offsets[g] + self.sizes[g]] for g in images])
+
+
+class RoutedPixels:
+    """The union's images, each on the rank that loaded it. rows(images) is collective: every
+    rank calls it once a step with the images it encodes (possibly none)."""
+
+    def __init__(self, kind, parts, rank, pixel_values, device):
+        self.rank, self.device = rank, device
+        self.owner = []  # union image -> (rank, its first pixel row there, rows)
+        for r, part in enumerate(parts):
+            sizes, at = image_sizes(kind, part["grids"]), 0
+            for n in sizes:
+                self.owner.append((r, at, n))
+                at += n
+        shapes = {tuple(p["row_shape"]) for p in parts if p["row_shape"] is not None}
+        dtypes = {p["dtype"] for p in parts if p["dtype"] is not None}
+        if len(shapes) > 1 or len(dtypes) > 1:
+            raise ValueError(f"mmsp.patch: the ranks' pixel_values differ in row shape {sorted(shapes)} or dtype "
+                             f"{sorted(dtypes)}; every rank's processor must make the same kind of pixels")
+        self.row_shape = next(iter(shapes), None)
+        self.dtype = getattr(torch, next(iter(dtypes)).split(".")[-1]) if dtypes else None
+        self.row_numel = 1
+        for d in self.row_shape or ():
+            self.row_numel *= d
+        self.pixel_values = pixel_values
+
+    def rows(self, images):
+        world = dist.get_world_size()
+        wants = [None] * world
+        dist.all_gather_object(wants, list(images))
+        if self.dtype is None:  # no rank loaded an image (every rank knows): nothing to send
+            return None
+        send, send_counts = [], []
+        for q in range(world):  # what q encodes and this rank loaded, in q's order
+            mine = [self._local_rows(g) for g in wants[q] if self.owner[g][0] == self.rank]
+            send += mine
+            send_counts.append(sum(t.numel() for t in mine))
+        recv_counts = [sum(self.owner[g][2] for g in images if self.owner[g][0] == q) * self.row_numel
+                       for q in range(world)]
+        out = torch.empty(sum(recv_counts), dtype=self.dtype, device=self.device)
+        inp = torch.cat(send) if send else torch.empty(0, dtype=self.dtype, device=self.device)
+        dist.all_to_all_single(out, inp, recv_counts, send_counts)
+        if not images:
+            return None
+        # Back into `images` order: from each source rank they came in the order asked.
+        by_source, taken, rows = list(out.split(recv_counts)), [0] * world, []
+        for g in images:
+            source, _, n = self.owner[g]
+            rows.append(by_source[source][taken[source]:taken[source] + n * self.row_numel])
+            taken[source] += n * self.row_numel
+        return torch.cat(rows).view(-1, *self.row_shape)
+
+    def _local_rows(self, g):
+        _, first, n = self.owner[g]
+        return self.pixel_values[first:first + n].reshape(-1)
+
+
+def gather(kind, local, error, pixel_values, image_grid_thw, device):
+    """Every rank's batch -> (the union batch, its pixels as RoutedPixels, its image_grid_thw
+    tensor or None). `local` is this rank's batch in mmsp's format, or None with `error` set."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    part = {"error": error, "sequences": None, "grids": [], "row_shape": None, "dtype": None}
+    if error is None:
+        part["sequences"] = local["sequences"]
+        part["grids"] = [g for s in local["sequences"] for g in s.get("image_grid_thw", [])]
+        if pixel_values is not None and pixel_values.shape[0]:
+            part["row_shape"] = list(pixel_values.shape[1:])
+            part["dtype"] = str(pixel_values.dtype)
+    parts = [None] * world
+    dist.all_gather_object(parts, part)
+    bad = [(r, p["error"]) for r, p in enumerate(parts) if p["error"] is not None]
+    if bad:
+        raise ValueError("mmsp.patch (batch='per_rank'): " +
+                         "; ".join(f"rank {r}'s batch: {e}" for r, e in bad))
+    batch = {"sequences": [s for p in parts for s in p["sequences"]]}
+    grids = [g for p in parts for g in p["grids"]]
+    grid_rows = torch.tensor(grids, dtype=torch.long) if kind in ("qwen", "qwen3") and grids else None
+    return batch, RoutedPixels(kind, parts, rank, pixel_values, device), grid_rows, bool(grids)
