@@ -26,14 +26,13 @@ def image_sizes(kind, grids):
 
 
 class LocalPixels:
-    """A shared batch's pixel_values: every image's rows are here."""
+    """A shared batch's pixel_values (or pixel_values_videos): every item's rows are here."""
 
-    def __init__(self, kind, grids, pixel_values):
+    def __init__(self, kind, grids, pixel_values, name="pixel_values", items="images"):
         self.sizes = image_sizes(kind, grids)
         rows = 0 if pixel_values is None else pixel_values.shape[0]
         if sum(self.sizes) != rows:
-            raise ValueError(f"mmsp.patch: pixel_values has {rows} rows but the batch's images need "
-                             f"{sum(self.sizes)}")
+            raise ValueError(f"mmsp.patch: {name} has {rows} rows but the batch's {items} need {sum(self.sizes)}")
         self.offsets = [sum(self.sizes[:g]) for g in range(len(self.sizes))]
         self.pixel_values = pixel_values
 

@@ -8,14 +8,14 @@
 
 After the patch, the model's forward takes the batch a transformers collator makes
 (input_ids [B, T] right-padded, attention_mask, labels with -100, pixel_values,
-image_grid_thw) on every rank, plans it with mmsp's planner (packing, zigzag or adaptive
+image_grid_thw; Qwen: pixel_values_videos, video_grid_thw, second_per_grid_ts) on every rank, plans it with mmsp's planner (packing, zigzag or adaptive
 placement, mRoPE positions), keeps this rank's slots, and runs the decoder on them with
 mmsp's context attention (Ulysses, ring or both) in place of transformers' attention. The
 returned loss is the whole batch's (mean over its target tokens, as transformers' own);
 its backward gives this rank's part of every gradient, and at the end of the backward the
 patch sums the gradients over the world (one all-reduce per dtype), so every rank holds
 the gradients one process would. The vision tower runs by Vision DP: each rank encodes
-the whole images the plan assigns it (mmsp.ops.route_rows), and their rows travel over
+the whole images and videos the plan assigns it (mmsp.ops.route_rows), and their rows travel over
 the context group to the ranks whose slots hold their placeholders.
 
 Qwen3.5's Gated DeltaNet layers run sequence-parallel too (their key heads over Ulysses, the
@@ -49,6 +49,7 @@ from mmsp import rank_batches as _rank_batches
 
 _SUPPORTED = {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "qwen3_vl": "qwen3", "qwen3_5": "qwen", "llava": "llava",
               "internvl": "internvl"}
+_FRAMES_AS_BLOCKS = ("qwen3_vl", "qwen3_5")  # each temporal patch of a video its own vision block
 _ATTENTION = "mmsp"
 _current = {}  # the step being computed: {"shard": Shard, "mesh": Mesh}; read by the attention
 
@@ -120,7 +121,34 @@ def _register_attention():
     AttentionInterface.register(_ATTENTION, _attention)
 
 
-def _sequences(config, kind, input_ids, attention_mask, labels, image_grid_thw):
+def _video_blocks(config, video_grid_thw, second_per_grid_ts):
+    """A batch's videos as the planner's vision blocks, in order: (grid, seconds or None).
+    Qwen3-VL and Qwen3.5 put each temporal patch in its own block (after its timestamp
+    text), so a video of t temporal patches is t blocks of grid [1, h, w]."""
+    grids = video_grid_thw.tolist() if video_grid_thw is not None else []
+    seconds = second_per_grid_ts.tolist() if second_per_grid_ts is not None else [None] * len(grids)
+    if len(seconds) != len(grids):
+        raise ValueError(f"mmsp.patch: second_per_grid_ts has {len(seconds)} entries for {len(grids)} videos")
+    if config.model_type in _FRAMES_AS_BLOCKS:
+        return [([1, h, w], None) for t, h, w in grids for _ in range(t)]
+    return list(zip(grids, seconds))
+
+
+def _take_blocks(blocks, at, placeholders, merge, what, b):
+    """The vision blocks (from `at`) whose placeholder tokens sequence b holds."""
+    mine = []
+    while placeholders > 0 and at < len(blocks):
+        t, h, w = blocks[at][0]
+        mine.append(blocks[at])
+        placeholders -= t * h * w // merge
+        at += 1
+    if placeholders != 0:
+        raise ValueError(f"mmsp.patch: sequence {b}'s {what} tokens do not match {what}_grid_thw's rows")
+    return mine, at
+
+
+def _sequences(config, kind, input_ids, attention_mask, labels, image_grid_thw, video_grid_thw=None,
+               second_per_grid_ts=None):
     """The collator's padded batch -> mmsp's batch {"sequences": [...]}, checked."""
     B, T = input_ids.shape
     if labels is None or tuple(labels.shape) != (B, T):
@@ -139,7 +167,11 @@ def _sequences(config, kind, input_ids, attention_mask, labels, image_grid_thw):
     merge = getattr(config.vision_config, "spatial_merge_size", 1) ** 2
     grids = image_grid_thw.tolist() if image_grid_thw is not None else []
     per_image = getattr(config, "image_seq_length", None)
-    g, sequences = 0, []
+    video_token = getattr(config, "video_token_id", None)
+    videos = _video_blocks(config, video_grid_thw, second_per_grid_ts)
+    if videos and kind not in ("qwen", "qwen3"):
+        raise ValueError(f"mmsp.patch: video_grid_thw given to a {kind} model, which takes no videos")
+    g, v, sequences = 0, 0, []
     for b in range(B):
         n = lengths[b]
         ids, lab = input_ids[b, :n].tolist(), labels[b, :n].tolist()
@@ -150,16 +182,14 @@ def _sequences(config, kind, input_ids, attention_mask, labels, image_grid_thw):
         seq = {"input_ids": ids, "loss_mask": [0] + [int(l != -100) for l in lab[1:]]}
         placeholders = sum(1 for i in ids if i == image_token)
         if kind in ("qwen", "qwen3"):
-            mine = []
-            while placeholders > 0 and g < len(grids):
-                t_, h, w = grids[g]
-                mine.append(grids[g])
-                placeholders -= t_ * h * w // merge
-                g += 1
-            if placeholders != 0:
-                raise ValueError(f"mmsp.patch: sequence {b}'s image tokens do not match image_grid_thw's rows")
+            mine, g = _take_blocks([(grid, None) for grid in grids], g, placeholders, merge, "image", b)
             if mine:
-                seq["image_grid_thw"] = mine
+                seq["image_grid_thw"] = [grid for grid, _ in mine]
+            frames, v = _take_blocks(videos, v, sum(1 for i in ids if i == video_token), merge, "video", b)
+            if frames:
+                seq["video_grid_thw"] = [grid for grid, _ in frames]
+                if any(sec is not None for _, sec in frames):
+                    seq["second_per_grid_ts"] = [sec for _, sec in frames]
         elif placeholders:
             side = config.vision_config.image_size
             side = side[0] if isinstance(side, (list, tuple)) else side
@@ -182,15 +212,18 @@ def _sequences(config, kind, input_ids, attention_mask, labels, image_grid_thw):
         sequences.append(seq)
     if kind in ("qwen", "qwen3") and g != len(grids):
         raise ValueError(f"mmsp.patch: image_grid_thw has {len(grids)} rows but the sequences' image tokens use {g}")
+    if v != len(videos):
+        raise ValueError(f"mmsp.patch: video_grid_thw describes {len(videos)} vision blocks but the sequences' "
+                         f"video tokens use {v}")
     return {"sequences": sequences}
 
 
-def _encode(model, kind, pixel_values, image_grid_thw):
-    """The tower on some images: their placeholder rows in image order [N, h], and Qwen3-VL's
-    deepstack rows (a list of [N, h]) or None."""
+def _encode(model, kind, pixel_values, grid_thw, video=False):
+    """The tower on some images (or Qwen videos' vision blocks): their placeholder rows in
+    order [N, h], and Qwen3-VL's deepstack rows (a list of [N, h]) or None."""
     inner = model.model
     if kind in ("qwen", "qwen3"):
-        out = inner.get_image_features(pixel_values, image_grid_thw)
+        out = (inner.get_video_features if video else inner.get_image_features)(pixel_values, grid_thw)
         rows = torch.cat(list(out.pooler_output), dim=0)
         return rows, (list(out.deepstack_features) if kind == "qwen3" else None)
     cfg = model.config
@@ -202,31 +235,38 @@ def _encode(model, kind, pixel_values, image_grid_thw):
     return out.reshape(-1, out.shape[-1]), None
 
 
-def _vision_rows(model, kind, shard, mesh, batch, pixels, grid_rows, dtype, device):
-    """Vision DP: this rank encodes the whole images the plan gives it (shard.encoder_items),
-    and the rows travel over the context group to the ranks holding their placeholders.
-    `pixels.rows(images)` gives those images' pixel rows (LocalPixels, or RoutedPixels for
-    per-rank batches, where it is collective). Returns (rows [V, h], deepstack rows or None,
-    their slots [V])."""
+def _vision_rows(model, kind, shard, mesh, sources, dtype, device):
+    """Vision DP: this rank encodes the whole images and videos the plan gives it
+    (shard.encoder_items), and the rows travel over the context group to the ranks holding
+    their placeholders. `sources[kind]` = (pixels, grid rows [n, 3] or None) for "image" and
+    "video": `pixels.rows(items)` gives those items' pixel rows (LocalPixels, or RoutedPixels
+    for per-rank batches, where it is collective). Returns (rows [V, h], deepstack rows or
+    None, their slots [V])."""
     items = sorted((it for it in shard.plan_json["vision_items"] if it["dp"] == shard.coords["dp"]),
                    key=lambda it: it["item"])
-    if any(it["kind"] != "image" for it in items):
-        raise ValueError("mmsp.patch: videos are not supported yet; pass images")
-    # The batch's images are numbered sequence by sequence (as the collator concatenates them).
-    first_image, n = [], 0
-    for seq in batch["sequences"]:
-        first_image.append(n)
-        n += len(seq.get("image_grid_thw", []))
-    mine = [first_image[items[j]["sequence"]] + items[j]["index"] for j in shard.encoder_items]
+    mine = [items[j] for j in shard.encoder_items]
     width = model.config.text_config.hidden_size
     levels = len(getattr(model.config.vision_config, "deepstack_visual_indexes", []) or []) if kind == "qwen3" else 0
-    mine_pixels = pixels.rows(mine)
+    encoded = {}  # (kind, batch_index) -> (rows, [deepstack rows])
+    for what in ("image", "video"):
+        chosen = [it for it in mine if it["kind"] == what]
+        if what not in sources:
+            continue
+        pixels, grid_rows = sources[what]
+        picked = pixels.rows([it["batch_index"] for it in chosen])
+        if not chosen:
+            continue
+        grid = grid_rows[[it["batch_index"] for it in chosen]] if grid_rows is not None else None
+        rows, deep = _encode(model, kind, picked, grid, video=what == "video")
+        sizes = [it["rows"] for it in chosen]
+        per_level = [d.split(sizes) for d in deep] if deep is not None else []
+        for k, (it, r) in enumerate(zip(chosen, rows.split(sizes))):
+            encoded[(what, it["batch_index"])] = (r, [lv[k] for lv in per_level])
     if mine:
-        grid = grid_rows[mine] if grid_rows is not None else None
-        rows, deep = _encode(model, kind, mine_pixels, grid)
-        rows = rows.to(dtype)
-        deep = [d.to(dtype) for d in deep] if deep is not None else []
-    else:  # no image here: still a part of the graph, so the exchange's backward runs here too
+        rows = torch.cat([encoded[(it["kind"], it["batch_index"])][0] for it in mine]).to(dtype)
+        deep = [torch.cat([encoded[(it["kind"], it["batch_index"])][1][lv] for it in mine]).to(dtype)
+                for lv in range(levels)]
+    else:  # nothing to encode here: still a part of the graph, so the exchange's backward runs here too
         rows = torch.zeros(0, width, dtype=dtype, device=device, requires_grad=True)
         deep = [rows] * levels
     got, slots = _ops.route_rows(torch.cat([rows] + list(deep), dim=1), shard, mesh)
@@ -235,13 +275,15 @@ def _vision_rows(model, kind, shard, mesh, batch, pixels, grid_rows, dtype, devi
 
 
 def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
-             **ignored):
+             pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, **ignored):
     state = self._mmsp
     kind, mesh = state["kind"], state["mesh"]
     _recover_from_failed_backward(state)
     device = input_ids.device
     if state["batch"] == "per_rank":  # the step is the union of every rank's batch
         try:
+            if video_grid_thw is not None or pixel_values_videos is not None:
+                raise ValueError("videos with batch='per_rank' are not supported yet")
             mine = _sequences(self.config, kind, input_ids, attention_mask, labels, image_grid_thw)
             _rank_batches.LocalPixels(kind, [g for q in mine["sequences"] for g in q.get("image_grid_thw", [])],
                                       pixel_values)
@@ -250,17 +292,24 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
             mine, error = None, str(e).removeprefix("mmsp.patch: ")
         batch, pixels, grid_rows, has_images = _rank_batches.gather(kind, mine, error, pixel_values, image_grid_thw,
                                                                     device)
+        sources = {"image": (pixels, grid_rows)}
     else:
-        batch = _sequences(self.config, kind, input_ids, attention_mask, labels, image_grid_thw)
+        batch = _sequences(self.config, kind, input_ids, attention_mask, labels, image_grid_thw, video_grid_thw,
+                           second_per_grid_ts)
         grids = [g for q in batch["sequences"] for g in q.get("image_grid_thw", [])]
-        pixels = _rank_batches.LocalPixels(kind, grids, pixel_values)
-        grid_rows, has_images = image_grid_thw, pixel_values is not None
+        blocks = [g for q in batch["sequences"] for g in q.get("video_grid_thw", [])]
+        sources = {"image": (_rank_batches.LocalPixels(kind, grids, pixel_values), image_grid_thw)}
+        if blocks:
+            sources["video"] = (_rank_batches.LocalPixels(kind, blocks, pixel_values_videos, "pixel_values_videos",
+                                                          "videos"),
+                                torch.tensor(blocks, dtype=torch.long))
+        has_images = pixel_values is not None or bool(blocks)
     shard = _plan(state["config"], batch, mesh, layout=state["layout"], placement=state["placement"])
     embed = self.get_input_embeddings()
     x = embed(shard.token_ids.to(device))
     slots, deepstack = [], None
     if has_images:
-        rows, deep, slots = _vision_rows(self, kind, shard, mesh, batch, pixels, grid_rows, x.dtype, device)
+        rows, deep, slots = _vision_rows(self, kind, shard, mesh, sources, x.dtype, device)
         x = x.index_put((slots.to(device),), rows)
         if deep is not None:  # transformers adds them at the masked slots in ascending order
             order = torch.argsort(slots)

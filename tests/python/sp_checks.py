@@ -511,3 +511,136 @@ def per_rank_bad_batch_named_on_every_rank(rank, world):
     except ValueError as e:
         assert "rank 1's batch: labels[0, 3]" in str(e), f"rank {rank}: {e}"
     dist.barrier()  # still in step
+
+
+def video_samples(family_name, seed=7):
+    """Two sequences mixing images and videos (2 temporal patches each): text, image, text,
+    video, text; text, video, text, image, text. Qwen3-VL puts each temporal patch of a video
+    in its own block after a timestamp (here two text tokens), as its processor does. The
+    videos' temporal positions stay below max(h, w)/m, where transformers 5.17 and mmsp place
+    the following text alike (docs/plan.md). Returns [(input_ids, loss_mask, images, videos)],
+    videos as (pixel rows, [t, h, w])."""
+    import families
+
+    family = families.FAMILIES[family_name]
+    cfg = families.config_dict(family)
+    v = cfg["vision_config"]
+    p, tp, m = v["patch_size"], v["temporal_patch_size"], v["spatial_merge_size"]
+    gen = torch.Generator().manual_seed(seed)
+    words = lambda n: torch.randint(*families.TEXT_RANGE, (n,), generator=gen).tolist()
+    start, end, pad = family.start_token, family.end_token, families.FAMILIES[family_name].overrides.get(
+        "video_token_id", 604)
+    out = []
+    for layout in (["text", "image", "text", "video", "text"], ["text", "video", "text", "image", "text"]):
+        ids, mask, images, videos = [1], [0], [], []
+        for part in layout:
+            if part == "text":
+                t = words(5)
+                ids, mask = ids + t, mask + [1] * len(t)
+            elif part == "image":
+                img = families.make_image(family, cfg, (4, 4), gen)
+                block = [start] + [family.image_token] * img.placeholders + [end]
+                ids, mask = ids + block, mask + [0] * len(block)
+                images.append(img)
+            else:
+                t, h, w = 2, 8, 4
+                videos.append((families._pixels((t * h * w, 3 * tp * p * p), gen), [t, h, w]))
+                frames = [[start] + [pad] * (t * h * w // (m * m)) + [end]]
+                if family_name in ("qwen3_vl", "qwen3_5"):  # a timestamp, then one block, per temporal patch
+                    frames = [words(2) + [start] + [pad] * (h * w // (m * m)) + [end] for _ in range(t)]
+                    for f in frames:
+                        ids, mask = ids + f, mask + [1, 1] + [0] * (len(f) - 2)
+                else:
+                    ids, mask = ids + frames[0], mask + [0] * len(frames[0])
+        ids, mask = ids + [2], mask + [1]
+        out.append((ids, mask, images, videos))
+    return out
+
+
+def _video_batch(family, seqs, pad_token):
+    """transformers' inputs for sequences with videos: ids, mask, labels, the pixels and grids
+    of images and videos, mm_token_type_ids (1 image, 2 video), second_per_grid_ts (1 s)."""
+    T = max(len(ids) for ids, *_ in seqs)
+    ids_t = torch.zeros(len(seqs), T, dtype=torch.long)
+    attn = torch.zeros(len(seqs), T, dtype=torch.long)
+    labels = torch.full((len(seqs), T), -100, dtype=torch.long)
+    for b, (ids, mask, _, _) in enumerate(seqs):
+        n = len(ids)
+        ids_t[b, :n] = torch.tensor(ids)
+        attn[b, :n] = 1
+        keep = torch.tensor(mask, dtype=torch.bool)
+        labels[b, :n] = torch.where(keep, ids_t[b, :n], torch.full_like(ids_t[b, :n], -100))
+    images = [img for _, _, imgs, _ in seqs for img in imgs]
+    videos = [vid for *_, vids in seqs for vid in vids]
+    out = {"input_ids": ids_t, "attention_mask": attn, "labels": labels,
+           "mm_token_type_ids": (ids_t == family.image_token).int() + 2 * (ids_t == pad_token).int()}
+    if images:
+        out["pixel_values"] = torch.cat([img.pixels for img in images])
+        out["image_grid_thw"] = torch.tensor([img.grid for img in images])
+    if videos:
+        out["pixel_values_videos"] = torch.cat([px for px, _ in videos])
+        out["video_grid_thw"] = torch.tensor([grid for _, grid in videos])
+        out["second_per_grid_ts"] = torch.ones(len(videos), dtype=torch.float64)
+    return out
+
+
+def patch_videos_equal_one_process(rank, world, ring, ulysses, family_names):
+    """mmsp.patch on Qwen batches with videos (and images) = the unpatched model on one process,
+    each sequence through transformers' forward on its own: loss to 1e-12 and every gradient
+    to 1e-9 (fp64); each image and video block encoded once over the world."""
+    import copy
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    import torch.nn.functional as F
+    from transformers.utils import logging
+
+    import families
+    import mmsp
+
+    logging.set_verbosity_error()
+    for name in family_names:
+        family = families.FAMILIES[name]
+        pad = family.overrides.get("video_token_id", 604)
+        model = families.build_model(family).train()
+        reference = copy.deepcopy(model)
+        seqs = video_samples(name)
+        total, count = None, 0
+        for seq in seqs:
+            inputs = _video_batch(family, [seq], pad)
+            labels = inputs.pop("labels")[0]
+            inputs.pop("attention_mask")
+            if name != "qwen2_5_vl":
+                inputs.pop("second_per_grid_ts", None)
+            logits = reference(**inputs).logits[0]
+            keep = labels[1:] != -100
+            ce = F.cross_entropy(logits[:-1][keep], labels[1:][keep], reduction="sum")
+            total, count = (ce if total is None else total + ce), count + int(keep.sum())
+        want = total / count
+        want.backward()
+        mesh = mmsp.Mesh(dp=world // (ring * ulysses), ring=ring, ulysses=ulysses)
+        mmsp.patch(model, mesh)
+        batch = _video_batch(family, seqs, pad)
+        if name != "qwen2_5_vl":
+            batch.pop("second_per_grid_ts")
+        out = model(**batch)
+        out.loss.backward()
+        what = f"{name} with videos on ring {ring} x ulysses {ulysses}, rank {rank}"
+        encoded = torch.tensor([len(out.mmsp_shard.encoder_items)])
+        dist.all_reduce(encoded)
+        blocks = sum(len(imgs) + sum(vid[1][0] if name in ("qwen3_vl", "qwen3_5") else 1 for vid in vids)
+                     for _, _, imgs, vids in seqs)
+        assert encoded.item() == blocks, f"{what}: {encoded.item()} encodings of {blocks} vision blocks"
+        # transformers runs Qwen3.5's Gated DeltaNet in float32 (as patch_equals_one_process says):
+        # relative 1e-4, and an absolute floor at float32's rounding for gradients that are
+        # small themselves (measured: dt_bias, |reference| 1.2e-4, differs by 1.6e-8).
+        loss_rtol, grad_rtol, grad_atol = (5e-9, 1e-4, 1e-7) if name == "qwen3_5" else (1e-12, 1e-9, 1e-15)
+        assert abs(out.loss.item() - want.item()) <= loss_rtol * abs(want.item()), \
+            f"{what}: loss {out.loss.item()!r} != {want.item()!r}"
+        ref = dict(reference.named_parameters())
+        for pname, p in model.named_parameters():
+            r = ref[pname].grad
+            r = torch.zeros_like(p) if r is None else r
+            err, scale = (p.grad - r).norm().item(), r.norm().item()
+            assert err <= grad_rtol * scale + grad_atol, \
+                f"{what}: gradient of {pname}: |difference| {err:.3e}, |reference| {scale:.3e}"

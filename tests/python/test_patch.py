@@ -26,3 +26,10 @@ def test_patched_model_equals_one_process(world, ring, ulysses, placement, tmp_p
     families = [f for f in FAMILIES if placement == "zigzag" or f != "qwen3_5"]
     sp_ranks.run(world, sp_checks.patch_equals_one_process, families, ring, ulysses, placement, tmp_path=tmp_path)
 
+
+
+@pytest.mark.parametrize("world,ring,ulysses", [(1, 1, 1), (4, 2, 2)])
+def test_patched_videos_equal_one_process(world, ring, ulysses, tmp_path):
+    # Qwen batches with videos and images (Qwen3-VL, Qwen3.5: one block per temporal patch).
+    sp_ranks.run(world, sp_checks.patch_videos_equal_one_process, ring, ulysses,
+                 ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"], tmp_path=tmp_path)
