@@ -290,7 +290,7 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
             error = None
         except ValueError as e:
             mine, error = None, str(e).removeprefix("mmsp.patch: ")
-        batch, pixels, grid_rows, has_images = _rank_batches.gather(kind, mine, error, pixel_values, image_grid_thw,
+        batch, pixels, grid_rows, has_vision = _rank_batches.gather(kind, mine, error, pixel_values, image_grid_thw,
                                                                     device)
         sources = {"image": (pixels, grid_rows)}
     else:
@@ -303,12 +303,12 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
             sources["video"] = (_rank_batches.LocalPixels(kind, blocks, pixel_values_videos, "pixel_values_videos",
                                                           "videos"),
                                 torch.tensor(blocks, dtype=torch.long))
-        has_images = pixel_values is not None or bool(blocks)
+        has_vision = pixel_values is not None or bool(blocks)
     shard = _plan(state["config"], batch, mesh, layout=state["layout"], placement=state["placement"])
     embed = self.get_input_embeddings()
     x = embed(shard.token_ids.to(device))
     slots, deepstack = [], None
-    if has_images:
+    if has_vision:
         rows, deep, slots = _vision_rows(self, kind, shard, mesh, sources, x.dtype, device)
         x = x.index_put((slots.to(device),), rows)
         if deep is not None:  # transformers adds them at the masked slots in ascending order
