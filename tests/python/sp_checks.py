@@ -279,6 +279,18 @@ def hf_batch(family, samples):
     return out
 
 
+def assert_gradients_equal(model, reference, what, rtol=1e-9, atol=1e-15):
+    """Every parameter's gradient in `model` equals `reference`'s (same names), norm-wise:
+    |difference| <= rtol |reference| + atol; a gradient the reference lacks counts as zero."""
+    ref = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        r = ref[name].grad
+        r = torch.zeros_like(p) if r is None else r
+        err, scale = (p.grad - r).norm().item(), r.norm().item()
+        assert err <= rtol * scale + atol, \
+            f"{what}: gradient of {name}: |difference| {err:.3e}, |reference| {scale:.3e}"
+
+
 def patch_equals_one_process(rank, world, family_names, ring, ulysses, placement):
     """transformers' model of each family patched by mmsp on ring x ulysses (dp fills the
     rest) = the unpatched model on one process: the loss and every parameter's gradient, fp64."""
@@ -320,13 +332,7 @@ def _patched_family_equals_one_process(rank, world, family_name, ring, ulysses, 
     loss_rtol, grad_rtol = (5e-9, 1e-4) if family_name == "qwen3_5" else (1e-12, 1e-9)
     assert abs(loss.item() - want.item()) <= loss_rtol * abs(want.item()), \
         f"{what}: loss {loss.item()!r} != {want.item()!r}"
-    ref = dict(reference.named_parameters())
-    for name, p in model.named_parameters():
-        r = ref[name].grad
-        r = torch.zeros_like(p) if r is None else r
-        err, scale = (p.grad - r).norm().item(), r.norm().item()
-        assert err <= grad_rtol * scale + 1e-15, \
-            f"{what}: gradient of {name}: |difference| {err:.3e}, |reference| {scale:.3e}"
+    assert_gradients_equal(model, reference, what, grad_rtol)
 
 
 def patch_accumulates_gradients(rank, world, ring, ulysses):
@@ -352,16 +358,9 @@ def patch_accumulates_gradients(rank, world, ring, ulysses):
     for m in micro:
         families.reference_loss(reference, family, m).backward()
     mmsp.patch(model, mmsp.Mesh(dp=world // (ring * ulysses), ring=ring, ulysses=ulysses))
-    ref = dict(reference.named_parameters())
 
     def check(how):
-        what = f"{how} on ring {ring} x ulysses {ulysses}, rank {rank}"
-        for name, p in model.named_parameters():
-            r = ref[name].grad
-            r = torch.zeros_like(p) if r is None else r
-            err, scale = (p.grad - r).norm().item(), r.norm().item()
-            assert err <= 1e-9 * scale + 1e-15, \
-                f"{what}: gradient of {name}: |difference| {err:.3e}, |reference| {scale:.3e}"
+        assert_gradients_equal(model, reference, f"{how} on ring {ring} x ulysses {ulysses}, rank {rank}")
         model.zero_grad(set_to_none=True)
 
     for m in micro:
@@ -409,13 +408,7 @@ def patch_per_rank_batches_equal_one_process(rank, world, ring, ulysses, family_
         what = f"{name}, per-rank batches {per_rank} on ring {ring} x ulysses {ulysses}, rank {rank}"
         assert abs(loss.item() - want.item()) <= 1e-12 * abs(want.item()), \
             f"{what}: loss {loss.item()!r} != {want.item()!r}"
-        ref = dict(reference.named_parameters())
-        for pname, p in model.named_parameters():
-            r = ref[pname].grad
-            r = torch.zeros_like(p) if r is None else r
-            err, scale = (p.grad - r).norm().item(), r.norm().item()
-            assert err <= 1e-9 * scale + 1e-15, \
-                f"{what}: gradient of {pname}: |difference| {err:.3e}, |reference| {scale:.3e}"
+        assert_gradients_equal(model, reference, what)
 
 
 def _fp64_loss_forward(model):
@@ -637,10 +630,4 @@ def patch_videos_equal_one_process(rank, world, ring, ulysses, family_names):
         loss_rtol, grad_rtol, grad_atol = (5e-9, 1e-4, 1e-7) if name == "qwen3_5" else (1e-12, 1e-9, 1e-15)
         assert abs(out.loss.item() - want.item()) <= loss_rtol * abs(want.item()), \
             f"{what}: loss {out.loss.item()!r} != {want.item()!r}"
-        ref = dict(reference.named_parameters())
-        for pname, p in model.named_parameters():
-            r = ref[pname].grad
-            r = torch.zeros_like(p) if r is None else r
-            err, scale = (p.grad - r).norm().item(), r.norm().item()
-            assert err <= grad_rtol * scale + grad_atol, \
-                f"{what}: gradient of {pname}: |difference| {err:.3e}, |reference| {scale:.3e}"
+        assert_gradients_equal(model, reference, what, grad_rtol, grad_atol)
