@@ -28,9 +28,9 @@ void Vlm::check(const RankInputs& in) const {
 }
 
 at::Tensor Vlm::encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
-                       const PixelInputs& pixels) const {
+                       const SplitEncoding& split, const PixelInputs& pixels) const {
   const at::TensorOptions options = decoder_->model->embed_tokens->weight.options();
-  if (which.empty() && !tower_->blocks().hooked())
+  if (which.empty() && split.empty() && !tower_->blocks().hooked())
     return at::zeros({0, tower_->row_width()}, options).requires_grad_();
   PhaseScope vision(Phase::vision);
   TowerInput input;
@@ -43,13 +43,20 @@ at::Tensor Vlm::encode(const std::vector<plan::VisionItem>& items, const std::ve
     for (int64_t i : which) mine.push_back(items.at(i));
     input = tower_->gather(mine, pixels);
   }
+  if (!split.empty()) {
+    std::vector<plan::VisionItem> shared;
+    for (int64_t i : split.items) shared.push_back(items.at(i));
+    tower_->add_split(shared, pixels, split, input);
+  }
   return enter_phase_in_backward(tower_->encode(input), Phase::vision);
 }
 
 at::Tensor Vlm::vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels, const VisionRouter& route) const {
   tower_->check(plan, pixels);
   const auto& items = plan.rows.at(plan.mine.coords.dp).items;
-  return route([&](const std::vector<int64_t>& which) { return encode(items, which, pixels); }).rows;
+  return route([&](const std::vector<int64_t>& which, const SplitEncoding& split) {
+           return encode(items, which, split, pixels);
+         }).rows;
 }
 
 StepOutput Vlm::forward(const RankInputs& in, const plan::StepPlan& plan, const PixelInputs& pixels,
@@ -59,8 +66,8 @@ StepOutput Vlm::forward(const RankInputs& in, const plan::StepPlan& plan, const 
   tower_->check(plan, pixels);
   at::Tensor embeds = decoder_->embed(in.token_ids);  // [L, hidden]
   const auto& items = plan.rows.at(plan.mine.coords.dp).items;
-  const RoutedRows routed =
-      parallelism.route_vision([&](const std::vector<int64_t>& which) { return encode(items, which, pixels); });
+  const RoutedRows routed = parallelism.route_vision(
+      [&](const std::vector<int64_t>& which, const SplitEncoding& split) { return encode(items, which, split, pixels); });
   const int64_t hidden = config_.text.hidden_size;
   const at::Tensor rows = routed.rows.to(embeds.scalar_type());  // [V, hidden · (1 + levels)]
   embeds = embeds.index_copy(0, routed.slots, rows.narrow(1, 0, hidden));

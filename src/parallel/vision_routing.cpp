@@ -7,11 +7,13 @@
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/all_to_all_v.h"
+#include "mmsp/attention/ulysses_attention.h"
 
 namespace mmsp::parallel {
 
 using model::EncodeItems;
 using model::RoutedRows;
+using model::SplitEncoding;
 using model::VisionMode;
 using model::VisionRouter;
 
@@ -19,6 +21,21 @@ namespace {
 
 at::Tensor index_tensor(const std::vector<int64_t>& values) {
   return at::tensor(at::ArrayRef<int64_t>(values), at::kLong).clone();
+}
+
+// The split items' attention goes over the context group: Ulysses' all-to-all-v from
+// patches to heads and back (the item's patches are this group's tokens).
+SplitEncoding split_encoding(const plan::StepPlan& plan, const dist::GroupPtr& context) {
+  SplitEncoding split;
+  split.items = plan.mine.routes.split_items;
+  split.rank = plan.mine.coords.context_rank(plan.options.mesh);
+  MMSP_CHECK(split.items.empty() || context->rank() == split.rank, "the context group's rank ", context->rank(),
+             " is not the plan's context rank ", split.rank);
+  split.exchange = [context](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const std::vector<int64_t>& tokens, const model::AttendGathered& inner) {
+    return attention::ulysses_attention_v(q, k, v, context, tokens, inner);
+  };
+  return split;
 }
 
 }  // namespace
@@ -38,7 +55,7 @@ RoutedRows route_vision_rows(const plan::StepPlan& plan, const EncodeItems& enco
   out.slots = index_tensor(slots);
 
   if (mode == VisionMode::routed) {
-    at::Tensor mine = encode(routes.encoder_items);
+    at::Tensor mine = encode(routes.encoder_items, split_encoding(plan, context));
     std::vector<int64_t> send_rows, send_counts(S), recv_counts(S);
     for (int dst = 0; dst < S; ++dst) {
       send_counts[dst] = static_cast<int64_t>(routes.send[dst].size());
@@ -50,9 +67,10 @@ RoutedRows route_vision_rows(const plan::StepPlan& plan, const EncodeItems& enco
     return out;
   }
   if (mode == VisionMode::gather) {
-    at::Tensor mine = encode(routes.encoder_items);
+    at::Tensor mine = encode(routes.encoder_items, split_encoding(plan, context));
     std::vector<int64_t> counts(S, 0), offset(S, 0);
-    for (const plan::VisionItem& item : items) counts.at(item.encoder_rank) += item.rows;
+    for (const plan::VisionItem& item : items)
+      for (int r = 0; r < S; ++r) counts[r] += item.rows_encoded_by(r);
     for (int r = 1; r < S; ++r) offset[r] = offset[r - 1] + counts[r - 1];
     at::Tensor all = dist::all_gather_v(mine, counts, context);
     for (int src = 0; src < S; ++src)
@@ -60,13 +78,13 @@ RoutedRows route_vision_rows(const plan::StepPlan& plan, const EncodeItems& enco
     out.rows = all.index_select(0, index_tensor(pick));
     return out;
   }
-  // replicate: every item of the row, in item order
+  // replicate: every item of the row, whole (split ones too), in item order
   std::vector<int64_t> every(items.size()), first_row(items.size(), 0);
   for (size_t i = 0; i < items.size(); ++i) {
     every[i] = static_cast<int64_t>(i);
     if (i > 0) first_row[i] = first_row[i - 1] + items[i - 1].rows;
   }
-  at::Tensor all = encode(every);
+  at::Tensor all = encode(every, SplitEncoding{});
   for (int src = 0; src < S; ++src)
     for (const plan::RouteRow& r : routes.recv[src]) pick.push_back(first_row.at(r.item) + r.row);
   out.rows = all.index_select(0, index_tensor(pick));

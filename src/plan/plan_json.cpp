@@ -176,12 +176,14 @@ json step_plan_to_json(const Batch& batch, const StepPlan& plan, const std::vect
                        {"patch_offset", it.patch_offset}, {"cost", it.cost},
                        {"encoder_rank", it.encoder_rank}, {"greedy_rank", row.greedy_rank[i]},
                        {"preferred_rank", it.preferred_rank}});
+      if (it.split()) items.back()["shard_rows"] = it.shard_rows;  // vision-tower SP
     }
     const LoadReport& l = row.load;
     balance.push_back({{"dp", row.dp}, {"tokens", l.tokens}, {"padding", l.padding},
                        {"attention_pairs", l.pairs}, {"ulysses_bytes", l.ulysses_bytes},
                        {"ring_bytes", l.ring_bytes}, {"whole_segments", l.whole_segments},
                        {"split_segments", l.split_segments},
+                       {"split_vision_items", l.split_items},
                        {"vision_cost", l.vision_cost},
                        {"greedy_vision_cost", l.greedy_vision_cost},
                        {"tokens_max_over_mean", l.tokens_ratio},
@@ -224,7 +226,8 @@ std::string step_plan_summary(const StepPlan& plan) {
                   "tokens", "vis_items", "attn_pairs", "vision_cost", "greedy_cost");
     out << line;
     std::vector<int64_t> count(mesh.context(), 0);
-    for (const VisionItem& it : row.items) ++count[it.encoder_rank];
+    for (const VisionItem& it : row.items)
+      for (int c = 0; c < mesh.context(); ++c) count[c] += it.rows_encoded_by(c) > 0;  // a split item counts on each
     for (int c = 0; c < mesh.context(); ++c) {
       RankCoords rc{row.dp, c / mesh.ulysses, c % mesh.ulysses};
       std::snprintf(line, sizeof line, "  %6d %5d %8lld %10lld %16.0f %14.1f %14.1f\n",
@@ -240,6 +243,9 @@ std::string step_plan_summary(const StepPlan& plan) {
                   row.load.greedy_vision_ratio,
                   row.used_greedy_fallback ? " [greedy kept: it was better here]" : "");
     out << line;
+    if (row.load.split_items > 0)
+      out << "  " << row.load.split_items << " vision item(s) split over the context group (vision-tower SP, "
+          << to_string(plan.options.vision_split) << ")\n";
   }
   return out.str();
 }

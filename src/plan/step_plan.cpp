@@ -108,13 +108,17 @@ LoadReport load_report(const RowPlan& row, int S, const AttentionShape& shape) {
     r.ulysses_bytes.push_back(ulysses_bytes(shape, exchanged, c % U));
     r.ring_bytes.push_back(ring_bytes(shape, R, U, all ? L * U : share));
   }
-  std::vector<int> ours(row.items.size());
   std::vector<double> costs(row.items.size());
+  r.vision_cost.assign(S, 0.0);
   for (size_t i = 0; i < row.items.size(); ++i) {
-    ours[i] = row.items[i].encoder_rank;
-    costs[i] = row.items[i].cost;
+    const VisionItem& it = row.items[i];
+    costs[i] = it.cost;
+    r.split_items += it.split();
+    // A split item's cost falls on the ranks by their rows (Ulysses: all of its patches,
+    // 1/S of the heads, on each).
+    if (it.rows > 0)
+      for (int c = 0; c < S; ++c) r.vision_cost[c] += it.cost * double(it.rows_encoded_by(c)) / double(it.rows);
   }
-  r.vision_cost = evaluate_assignment(ours, costs, S).load;
   r.greedy_vision_cost = evaluate_assignment(row.greedy_rank, costs, S).load;
   auto ratio = [](const std::vector<int64_t>& v) {
     return max_over_mean(std::vector<double>(v.begin(), v.end()));
@@ -126,32 +130,59 @@ LoadReport load_report(const RowPlan& row, int S, const AttentionShape& shape) {
   return r;
 }
 
-void plan_vision(RowPlan& row, int S, const VisionCostModel& model) {
-  const size_t n = row.items.size();
+// Vision-tower SP first (the items the options split, vision_split.h), then Vision DP over
+// the items left whole. A rank's encoder output holds its whole items' rows, then its
+// shard of each split item.
+void plan_vision(RowPlan& row, int S, const PlanOptions& options, int64_t vision_heads) {
+  const VisionCostModel& model = options.vision_cost;
+  const std::vector<bool> split = choose_split_items(row.items, S, vision_heads, options.vision_split);
+  std::vector<size_t> whole;
+  for (size_t i = 0; i < row.items.size(); ++i)
+    if (!split[i]) whole.push_back(i);
+  const size_t n = whole.size();
   std::vector<double> costs(n);
-  std::vector<int64_t> patches(n);
+  std::vector<int64_t> patches(n), all_patches;
   std::vector<int> preferred(n);
   std::vector<HeldRows> held(n);
-  for (size_t i = 0; i < n; ++i) {
-    VisionItem& it = row.items[i];
-    held[i] = held_rows(it, row.shards);
-    it.preferred_rank = holder_rank(held[i]);
-    costs[i] = it.cost;
-    patches[i] = it.patches;
-    preferred[i] = it.preferred_rank;
+  for (size_t k = 0; k < n; ++k) {
+    VisionItem& it = row.items[whole[k]];
+    held[k] = held_rows(it, row.shards);
+    it.preferred_rank = holder_rank(held[k]);
+    costs[k] = it.cost;
+    patches[k] = it.patches;
+    preferred[k] = it.preferred_rank;
   }
   VisionAssignment a = assign_vision_balanced(costs, patches, preferred, S, model);
   keep_rows_home(a, costs, held, S, model);
   check_encoder_patches(patches, a.rank_of_item, S, row.dp);
   row.used_greedy_fallback = a.used_greedy_fallback;
-  row.greedy_rank = assign_greedy_contiguous(patches, S);
+  for (const VisionItem& it : row.items) all_patches.push_back(it.patches);
+  row.greedy_rank = assign_greedy_contiguous(all_patches, S);  // every item whole, for comparison
   std::vector<int64_t> encoder_rows(S, 0);
-  for (size_t i = 0; i < n; ++i) {
-    VisionItem& it = row.items[i];
-    it.encoder_rank = a.rank_of_item[i];
+  for (size_t k = 0; k < n; ++k) {
+    VisionItem& it = row.items[whole[k]];
+    it.encoder_rank = a.rank_of_item[k];
     it.encoder_row = encoder_rows[it.encoder_rank];
     encoder_rows[it.encoder_rank] += it.rows;
   }
+  int64_t split_patches = 0;  // every split item's patches meet in one attention call per rank
+  for (size_t i = 0; i < row.items.size(); ++i) {
+    if (!split[i]) continue;
+    VisionItem& it = row.items[i];
+    it.preferred_rank = holder_rank(held_rows(it, row.shards));
+    it.encoder_rank = -1;
+    it.encoder_row = 0;
+    it.shard_rows = shard_boundaries(it.rows, S);
+    it.shard_encoder_row.resize(S);
+    for (int r = 0; r < S; ++r) {
+      it.shard_encoder_row[r] = encoder_rows[r];
+      encoder_rows[r] += it.shard_rows[r + 1] - it.shard_rows[r];
+    }
+    split_patches += it.patches;
+  }
+  MMSP_CHECK(split_patches <= std::numeric_limits<int32_t>::max(), "dp row ", row.dp, ": the split items' ",
+             split_patches, " patches meet in one vision attention call whose cu_seqlens are int32 (at most ",
+             std::numeric_limits<int32_t>::max(), "): split fewer items per step");
 }
 
 }  // namespace
@@ -216,7 +247,7 @@ StepPlan make_step_plan(const Batch& batch, const ModelConventions& conventions,
     MMSP_CHECK(row.shards.local_length() <= std::numeric_limits<int32_t>::max(),
                "dp rank ", d, ": ", row.shards.local_length(), " slots per rank is beyond int32");
     row.items = collect_items(batch, plan, row.packing, offsets);
-    plan_vision(row, S, options.vision_cost);
+    plan_vision(row, S, options, conventions.vision_heads);
     row.pieces = flatten_pieces(row.items);
     row.load = load_report(row, S, options.attention_shape);
   }

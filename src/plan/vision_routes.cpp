@@ -38,6 +38,18 @@ int holder_rank(const VisionItem& item, const ShardMap& shards) {
   return holder_rank(held_rows(item, shards));
 }
 
+std::pair<int, int64_t> VisionItem::source_of(int64_t row) const {
+  if (!split()) return {encoder_rank, encoder_row + row};
+  MMSP_ASSERT(row >= 0 && row < rows);
+  const int r = static_cast<int>(std::upper_bound(shard_rows.begin(), shard_rows.end(), row) - shard_rows.begin()) - 1;
+  return {r, shard_encoder_row[r] + row - shard_rows[r]};
+}
+
+int64_t VisionItem::rows_encoded_by(int rank) const {
+  if (split()) return shard_rows.at(rank + 1) - shard_rows.at(rank);
+  return encoder_rank == rank ? rows : 0;
+}
+
 int holder_rank(const HeldRows& held) {
   int best = 0;
   int64_t most = -1;
@@ -54,19 +66,24 @@ RankRoutes make_rank_routes(const std::vector<VisionItem>& items,
   out.send.resize(S);
   out.recv.resize(S);
 
-  // Send: every row of the items this rank encodes, to the rank holding its placeholder.
+  // Send: every row this rank encodes (whole items, then its shards of split items), to
+  // the rank holding its placeholder.
   for (size_t i = 0; i < items.size(); ++i) {
     const VisionItem& item = items[i];
-    if (item.encoder_rank != me) continue;
-    out.encoder_items.push_back(static_cast<int64_t>(i));
-    out.encoder_rows += item.rows;
+    const int64_t mine = item.rows_encoded_by(me);
+    if (item.split()) out.split_items.push_back(static_cast<int64_t>(i));
+    else if (item.encoder_rank == me) out.encoder_items.push_back(static_cast<int64_t>(i));
+    if (mine == 0) continue;
+    out.encoder_rows += mine;
     for (const VisionPiece& piece : item.pieces) {
       for (int64_t p = piece.packed, row = piece.first_row, left = piece.length; left > 0;) {
         const SlotLocation loc = shards.locate(p);
         const int64_t n = std::min(left, loc.contiguous);
         auto& dst = out.send[loc.context_rank];
-        for (int64_t k = 0; k < n; ++k)
-          dst.push_back({static_cast<int64_t>(i), row + k, item.encoder_row + row + k, loc.slot + k});
+        for (int64_t k = 0; k < n; ++k) {
+          const auto [src, src_row] = item.source_of(row + k);
+          if (src == me) dst.push_back({static_cast<int64_t>(i), row + k, src_row, loc.slot + k});
+        }
         p += n;
         row += n;
         left -= n;
@@ -89,11 +106,11 @@ RankRoutes make_rank_routes(const std::vector<VisionItem>& items,
       const int64_t b = std::min(hi, it->piece.packed + it->piece.length);
       if (a >= b) continue;
       const VisionItem& item = items[it->item];
-      auto& src = out.recv[item.encoder_rank];
       for (int64_t p = a; p < b; ++p) {
         const int64_t row = it->piece.first_row + (p - it->piece.packed);
         const int64_t slot = run.slot + (p - run.packed);
-        src.push_back({it->item, row, item.encoder_row + row, slot});
+        const auto [src, src_row] = item.source_of(row);
+        out.recv[src].push_back({it->item, row, src_row, slot});
         out.visual_slots.push_back(slot);
       }
     }

@@ -42,7 +42,10 @@ StepFingerprint step_fingerprint(const std::vector<int64_t>& samples, const plan
     add_all(packing, row.packing.cu_seqlens);
     packing.add(row.shards.local_length());
     for (const auto& item : row.items)
+    {
       routes.add(static_cast<int>(item.kind)).add(item.rows).add(item.patches).add(item.encoder_rank);
+      for (int64_t b : item.shard_rows) routes.add(b);
+    }
     // Per row, in the order the step runs them: the vision rows each context rank
     // sends to each other (all_to_all_v), the attention exchanges over the shard
     // (all_to_all over ulysses, ring passes: both sized by the local length).
@@ -51,7 +54,7 @@ StepFingerprint step_fingerprint(const std::vector<int64_t>& samples, const plan
     for (const auto& item : row.items)
       for (const auto& piece : item.pieces) {
         const auto where = row.shards.locate(piece.packed);
-        sent[{item.encoder_rank, where.context_rank}] += piece.length;
+        sent[{item.source_of(piece.first_row).first, where.context_rank}] += piece.length;
       }
     collectives.add(int{1}).add(context);
     for (const auto& [pair, n] : sent) collectives.add(pair.first).add(pair.second).add(n);

@@ -51,8 +51,8 @@ model::ModelConfig tiny_qwen2_vl() { return model::parse_model_config(tiny_qwen2
 
 // Qwen3-VL: nested text_config, q/k norms, interleaved mRoPE, patch-embedding bias, a
 // 4 × 4 position table, deepstack from both vision blocks into decoder layers 0 and 1.
-model::ModelConfig tiny_qwen3_vl() {
-  nlohmann::json c = {
+nlohmann::json tiny_qwen3_vl_json() {
+  return {
       {"model_type", "qwen3_vl"}, {"tie_word_embeddings", false},
       {"vision_start_token_id", kStart}, {"vision_end_token_id", kEnd},
       {"image_token_id", kImage}, {"video_token_id", kVideo},
@@ -67,21 +67,24 @@ model::ModelConfig tiny_qwen3_vl() {
                          {"patch_size", 2}, {"temporal_patch_size", 2}, {"spatial_merge_size", 2},
                          {"out_hidden_size", 96}, {"num_position_embeddings", 16},
                          {"deepstack_visual_indexes", {0, 1}}, {"hidden_act", "gelu_pytorch_tanh"}}}};
-  return model::parse_model_config(c, "tiny qwen3_vl");
 }
+
+model::ModelConfig tiny_qwen3_vl() { return model::parse_model_config(tiny_qwen3_vl_json(), "tiny qwen3_vl"); }
 
 // Qwen2.5-VL: RMSNorm and gated SiLU MLP in the vision blocks, windows of 2 × 2 merged
 // patches (8 px) in block 0, whole frames in block 1; video times scaled by
 // second_per_grid_ts · tokens_per_second.
-model::ModelConfig tiny_qwen2_5_vl() {
+nlohmann::json tiny_qwen2_5_vl_json() {
   nlohmann::json c = tiny_qwen2_vl_json();
   c["model_type"] = "qwen2_5_vl";
   c["vision_config"] = {{"depth", 2}, {"hidden_size", 16}, {"intermediate_size", 24}, {"num_heads", 2},
                         {"out_hidden_size", 96}, {"patch_size", 2}, {"spatial_merge_size", 2},
                         {"temporal_patch_size", 2}, {"in_chans", 3}, {"hidden_act", "silu"},
                         {"window_size", 8}, {"fullatt_block_indexes", {1}}, {"tokens_per_second", 2}};
-  return model::parse_model_config(c, "tiny qwen2_5_vl");
+  return c;
 }
+
+model::ModelConfig tiny_qwen2_5_vl() { return model::parse_model_config(tiny_qwen2_5_vl_json(), "tiny qwen2_5_vl"); }
 
 model::ModelConfig tiny_config(model::QwenVariant family) {
   if (family == model::QwenVariant::qwen3_vl) return tiny_qwen3_vl();
@@ -255,6 +258,70 @@ TEST_P(QwenVlFamily, MultiRankFp32EqualsOneProcessInEveryVisionMode) {
       const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
                              mesh.world(), mode, at::kFloat);
       test::expect_same_step(got, ref, 1e-4, mesh.shape().str() + " fp32 " + model::to_string(mode));
+    }
+  }
+}
+
+// Vision-tower SP: the tiny towers with 12 heads (4 wide), which divide by 2, 3 and 4
+// context ranks, so that an item can be split over any context group of the meshes.
+model::ModelConfig twelve_vision_heads(model::QwenVariant family) {
+  nlohmann::json c = family == model::QwenVariant::qwen3_vl     ? tiny_qwen3_vl_json()
+                     : family == model::QwenVariant::qwen2_5_vl ? tiny_qwen2_5_vl_json()
+                                                                : tiny_qwen2_vl_json();
+  c["vision_config"][family == model::QwenVariant::qwen2_vl ? "embed_dim" : "hidden_size"] = 48;
+  c["vision_config"]["num_heads"] = 12;
+  return model::parse_model_config(c, "tiny " + model::to_string(family) + " with 12 vision heads");
+}
+
+// An image of 6 × 10 patches (15 merged rows: uneven over 2 and 4 ranks; Qwen2.5-VL's
+// 2 × 2-unit windows cut short at its edge) and a two-frame video of 4 × 4 (8 rows; Qwen3-VL:
+// two items of 4) to split, a 2 × 6 image (3 rows) to keep whole, text around them and two
+// text-only sequences (one per dp rank on 4).
+plan::Batch split_batch(model::QwenVariant family) {
+  plan::Sequence a, b, c, d;
+  text(a, 3, 1), block(a, kImage, 15), text(a, 6, 2);
+  a.image_grid_thw = {{1, 6, 10}};
+  text(b, 5, 3), block(b, kImage, 3), text(b, 3, 4);
+  if (family == model::QwenVariant::qwen3_vl) {
+    text(b, 2, 8), block(b, kVideo, 4), text(b, 2, 9), block(b, kVideo, 4);
+  } else {
+    block(b, kVideo, 8);
+  }
+  text(b, 2, 5);
+  b.image_grid_thw = {{1, 2, 6}};
+  b.video_grid_thw = {{2, 4, 4}};
+  if (family == model::QwenVariant::qwen2_5_vl) b.second_per_grid_ts = {0.5};
+  text(c, 17, 6);
+  text(d, 11, 7);
+  return {{a, b, c, d}};
+}
+
+// Items split over the context group (--vision-split 16: every item of 16 patches or more)
+// beside an item encoded whole, on every mesh: the loss and every gradient equal one
+// process's (fp64 1e-9) in each vision mode (replicate encodes every item whole).
+TEST_P(QwenVlFamily, MultiRankSplitItemsEqualOneProcess) {
+  const model::ModelConfig config = twelve_vision_heads(GetParam());
+  const plan::Batch batch = split_batch(GetParam());
+  const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
+  const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
+  const Result ref = run(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    if (mesh.shape().ulysses == 3) continue;  // the decoder's 2 K/V heads cannot be split 3 ways
+    plan::PlanOptions options;
+    options.mesh = mesh.shape();
+    options.vision_split = plan::parse_vision_split("16");
+    const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
+    int64_t split = 0, kept = 0;
+    for (const plan::RowPlan& row : mine.rows)
+      for (const plan::VisionItem& it : row.items) ++(it.split() ? split : kept);
+    if (mesh.shape().context() > 1) {
+      EXPECT_GE(split, 2) << mesh.shape().str();
+      EXPECT_GE(kept, 1) << mesh.shape().str();
+    }
+    for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
+      const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(), mode);
+      test::expect_same_step(got, ref, 1e-9,
+                             mesh.shape().str() + " split " + std::to_string(split) + " " + model::to_string(mode));
     }
   }
 }

@@ -12,11 +12,29 @@
 
 namespace mmsp::model {
 
-// Encodes the given items (indices into this dp row's items) and returns their rows in
-// item order, [Σ rows, width]. Called with an empty list it must still return a
+// The attention exchange of vision-tower SP (plan/vision_split.h): q, k, v [this rank's
+// patches of the split items, H, D] -> the same shape, where `inner` runs on every
+// context rank's patches joined in rank order (tokens[p] of them from rank p) for
+// H / ranks heads. Differentiable: the backward runs the mirrored exchanges on every rank.
+using AttendGathered = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+using SplitExchange = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                               const std::vector<int64_t>& tokens, const AttendGathered& inner)>;
+
+// This rank's part in the items split over its context group: which items (indices into
+// the dp row's items, ascending) and the exchange their attention runs through.
+struct SplitEncoding {
+  std::vector<int64_t> items;
+  int rank = 0;  // this context rank
+  SplitExchange exchange;
+  bool empty() const { return items.empty(); }
+};
+
+// Encodes the items `whole` (indices into this dp row's items) and this rank's shard of
+// every split item; returns their rows, the whole items' in item order and then the
+// shards', [Σ rows, width]. Called with nothing to encode it must still return a
 // [0, width] tensor that is part of the autograd graph (the rank then still takes
 // part in the collectives' backward).
-using EncodeItems = std::function<at::Tensor(const std::vector<int64_t>& items)>;
+using EncodeItems = std::function<at::Tensor(const std::vector<int64_t>& whole, const SplitEncoding& split)>;
 
 struct RoutedRows {
   at::Tensor rows;   // [V, width], the rows this rank's placeholder slots receive

@@ -13,15 +13,37 @@
 
 #include "mmsp/model/hooked_blocks.h"
 #include "mmsp/model/pixel_inputs.h"
+#include "mmsp/model/routed_rows.h"
 #include "mmsp/plan/step_plan.h"
 
 namespace mmsp::model {
 
+// This rank's shard of the items split over the context group (vision-tower SP): each
+// item's whole grid and row boundaries over the ranks (plan::VisionItem::shard_rows), and
+// the exchange that lets the tower's attention see the whole items.
+struct SplitShards {
+  std::vector<plan::Grid> grids;
+  std::vector<std::vector<int64_t>> shard_rows;
+  std::vector<int64_t> patches_per_row;  // patches of one embedding row (Qwen: m²)
+  int rank = 0;
+  int64_t patches = 0;  // this rank's patches of them, in TowerInput::pixels after the whole items'
+  SplitExchange exchange;
+  bool empty() const { return grids.empty(); }
+  int ranks() const { return shard_rows.empty() ? 1 : static_cast<int>(shard_rows[0].size()) - 1; }
+  // Patches [first, first + count) of split item j that context rank r encodes.
+  int64_t first_patch(size_t j, int r) const { return shard_rows[j][r] * patches_per_row[j]; }
+  int64_t patch_count(size_t j, int r) const {
+    return (shard_rows[j][r + 1] - shard_rows[j][r]) * patches_per_row[j];
+  }
+};
+
 // A tower's input for some items: pixels in its layout and, where its encoder needs
-// them (Qwen's rotary positions and windows), the items' grids.
+// them (Qwen's rotary positions and windows), the items' grids; then this rank's shards
+// of the split items, their pixels after the whole items'.
 struct TowerInput {
   at::Tensor pixels;
   std::vector<plan::Grid> grids;
+  SplitShards split;
 };
 
 class VisionTower {
@@ -30,6 +52,12 @@ class VisionTower {
 
   // The pixels of `items` (held here, PixelInputs) in item order. Errors name the item.
   virtual TowerInput gather(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels) const = 0;
+
+  // Adds this rank's shard of the split `items` (vision-tower SP) to `input`: their pixels
+  // after the whole items' and what encode() needs to attend over them whole. Towers that
+  // cannot split refuse (the planner splits nothing for them: ModelConventions::vision_heads).
+  virtual void add_split(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels,
+                         const SplitEncoding& split, TowerInput& input) const;
 
   // The input of no items ([0, ...] in the tower's layout) a rank without items runs
   // through hooked blocks, so that it calls their hooks as the others do.

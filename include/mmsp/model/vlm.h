@@ -85,11 +85,12 @@ class Vlm : public torch::nn::Module {
   void set_layer_hooks(std::shared_ptr<LayerHooks> hooks);
 
  private:
-  // The rows of items `which` of this dp row (the router's EncodeItems). No items: rows
-  // [0, width] still in the graph (the rank takes part in the routing's backward) and,
-  // with hooked blocks, run through them on the tower's empty input.
+  // The rows of items `which` of this dp row and of this rank's shards of the split ones
+  // (the router's EncodeItems). No items: rows [0, width] still in the graph (the rank
+  // takes part in the routing's backward) and, with hooked blocks, run through them on the
+  // tower's empty input.
   at::Tensor encode(const std::vector<plan::VisionItem>& items, const std::vector<int64_t>& which,
-                    const PixelInputs& pixels) const;
+                    const SplitEncoding& split, const PixelInputs& pixels) const;
   void check(const RankInputs& inputs) const;
 
   ModelConfig config_;

@@ -54,6 +54,9 @@ struct ModelConventions {
   std::array<int64_t, 3> mrope_section{16, 24, 24};
   // Qwen3-VL interleaves t/h/w frequencies instead of splitting them in chunks
   bool mrope_interleaved = false;
+  // The vision tower's attention heads where it can encode one item over several ranks
+  // (vision-tower SP, vision_split.h); 0 where the family encodes items whole.
+  int64_t vision_heads = 0;
 
   bool uses_mrope() const { return positions == PositionKind::mrope; }
   bool video_frames_as_blocks() const { return frames_as_blocks; }

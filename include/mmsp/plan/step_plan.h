@@ -17,6 +17,7 @@
 #include "mmsp/plan/shard_map.h"
 #include "mmsp/plan/vision_assignment.h"
 #include "mmsp/plan/vision_routes.h"
+#include "mmsp/plan/vision_split.h"
 
 namespace mmsp::plan {
 
@@ -26,6 +27,7 @@ struct PlanOptions {
   Placement placement = Placement::zigzag;  // adaptive needs layout zigzag
   PlacementOptions placement_balance;
   VisionCostModel vision_cost;
+  VisionSplitOptions vision_split;  // vision-tower SP: off unless asked (the CLI asks auto)
   AttentionShape attention_shape;  // for the load report's planned bytes only
 };
 
@@ -42,7 +44,8 @@ struct LoadReport {
   // only split segments' (all-to-all-v, and a ring that carries only split K/V)
   std::vector<double> ulysses_bytes, ring_bytes;
   int64_t whole_segments = 0, split_segments = 0;
-  std::vector<double> vision_cost;    // Vision DP (ours)
+  std::vector<double> vision_cost;    // Vision DP (ours), split items' shares included
+  int64_t split_items = 0;            // items encoded by the whole context group
   std::vector<double> greedy_vision_cost;  // greedy contiguous rule, same cost model
   double tokens_ratio = 1.0, pairs_ratio = 1.0, vision_ratio = 1.0, greedy_vision_ratio = 1.0;
   int64_t padding_total() const;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "mmsp/plan/sequence.h"
@@ -32,9 +33,20 @@ struct VisionItem {
   int64_t patch_offset = 0; // first patch row among the batch's pixel rows of its kind
   double cost = 0.0;        // estimated encoder cost
   int preferred_rank = 0;   // context rank holding most of its placeholder tokens
-  int encoder_rank = 0;     // context rank that encodes it (Vision DP)
+  int encoder_rank = 0;     // context rank that encodes it (Vision DP); -1 when split
   int64_t encoder_row = 0;  // first row of its embeddings in that rank's encoder output
   std::vector<VisionPiece> pieces;
+  // Vision-tower SP (vision_split.h): an item split over the context group has
+  // shard_rows [S + 1], context rank r encoding its rows [shard_rows[r], shard_rows[r + 1])
+  // at shard_encoder_row[r] of r's encoder output (after r's whole items). Empty when
+  // the item is encoded whole by encoder_rank.
+  std::vector<int64_t> shard_rows, shard_encoder_row;
+
+  bool split() const { return !shard_rows.empty(); }
+  // The context rank that encodes embedding row `row`, and the row's place in its output.
+  std::pair<int, int64_t> source_of(int64_t row) const;
+  // Rows context rank r encodes: all of them (its encoder), its shard (split), or none.
+  int64_t rows_encoded_by(int rank) const;
 };
 
 // One routed row. Slots and rows are local to the two ranks; ranks are context ranks.
@@ -49,8 +61,9 @@ struct RankRoutes {
   std::vector<std::vector<RouteRow>> send;  // [dst context rank], in the dst's slot order
   std::vector<std::vector<RouteRow>> recv;  // [src context rank], in arrival (= slot) order
   std::vector<int64_t> visual_slots;        // every placeholder slot of this rank, ascending
-  std::vector<int64_t> encoder_items;       // items this rank encodes, in encoder order
-  int64_t encoder_rows = 0;                 // rows its encoder outputs
+  std::vector<int64_t> encoder_items;       // items this rank encodes whole, in encoder order
+  std::vector<int64_t> split_items;         // items every context rank encodes a shard of, in order
+  int64_t encoder_rows = 0;                 // rows its encoder outputs: whole items', then its shards'
 };
 
 // Placeholder pieces of all items in packed order: (piece, item) pairs.

@@ -25,6 +25,8 @@ PixelsNeeded pixels_encoded_here(const plan::StepPlan& plan, model::VisionMode m
     for (const auto& item : items) wanted.emplace_back(item.kind, item.batch_index);
   } else {
     for (int64_t i : plan.mine.routes.encoder_items) wanted.emplace_back(items.at(i).kind, items.at(i).batch_index);
+    // Vision-tower SP: every context rank reads a split item's pixels (and encodes its shard).
+    for (int64_t i : plan.mine.routes.split_items) wanted.emplace_back(items.at(i).kind, items.at(i).batch_index);
   }
   std::sort(wanted.begin(), wanted.end());
   return [wanted = std::move(wanted)](plan::VisionKind kind, int64_t item) {

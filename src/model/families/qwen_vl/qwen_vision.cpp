@@ -138,34 +138,98 @@ at::Tensor vision_patch_positions(const std::vector<plan::Grid>& grids, int64_t 
   return parts.empty() ? at::zeros({0, 2}, at::kLong) : at::cat(parts);
 }
 
-// Qwen3-VL: the side × side position table, bilinearly interpolated to each h × w grid
-// (corners on a linspace, weights computed in fp32 as Hugging Face does), repeated per
-// frame and put in merge-window order.
-at::Tensor QwenVisionEncoder::interpolated_positions(const std::vector<plan::Grid>& grids) const {
+// Qwen3-VL: the side × side position table, bilinearly interpolated to an h × w grid
+// (corners on a linspace, weights computed in fp32 as Hugging Face does), at the patches
+// whose (h, w) are given (vision_patch_positions: merge-window order, frames repeated).
+at::Tensor QwenVisionEncoder::interpolated_positions(const plan::Grid& g, const at::Tensor& hw) const {
   const int64_t side = static_cast<int64_t>(std::llround(std::sqrt(double(config_.num_position_embeddings))));
-  const int64_t m = config_.spatial_merge_size;
   const at::Tensor& table = pos_embed_->weight;
-  std::vector<at::Tensor> parts;
-  for (const plan::Grid& g : grids) {
-    at::Tensor hs = at::linspace(0, double(side - 1), g[1], at::kFloat);
-    at::Tensor ws = at::linspace(0, double(side - 1), g[2], at::kFloat);
-    at::Tensor h0 = hs.to(at::kInt).to(at::kLong), w0 = ws.to(at::kInt).to(at::kLong);
-    at::Tensor h1 = (h0 + 1).clamp_max(side - 1), w1 = (w0 + 1).clamp_max(side - 1);
-    at::Tensor dh = (hs - h0.to(at::kFloat)).unsqueeze(1), dw = (ws - w0.to(at::kFloat)).unsqueeze(0);
-    auto corner = [&](const at::Tensor& hi, const at::Tensor& wi, const at::Tensor& weight) {
-      at::Tensor index = (hi.unsqueeze(1) * side + wi.unsqueeze(0)).flatten();
-      return table.index_select(0, index) * weight.flatten().to(table.scalar_type()).unsqueeze(1);
-    };
-    at::Tensor pos = corner(h0, w0, (1 - dh) * (1 - dw)) + corner(h0, w1, (1 - dh) * dw) +
-                     corner(h1, w0, dh * (1 - dw)) + corner(h1, w1, dh * dw);  // [h·w, hidden]
-    pos = pos.view({g[1] / m, m, g[2] / m, m, -1}).permute({0, 2, 1, 3, 4}).reshape({g[1] * g[2], -1});
-    parts.push_back(pos.repeat({g[0], 1}));
+  at::Tensor hs = at::linspace(0, double(side - 1), g[1], at::kFloat);
+  at::Tensor ws = at::linspace(0, double(side - 1), g[2], at::kFloat);
+  at::Tensor h0 = hs.to(at::kInt).to(at::kLong), w0 = ws.to(at::kInt).to(at::kLong);
+  at::Tensor h1 = (h0 + 1).clamp_max(side - 1), w1 = (w0 + 1).clamp_max(side - 1);
+  at::Tensor dh = hs - h0.to(at::kFloat), dw = ws - w0.to(at::kFloat);
+  const at::Tensor h = hw.select(1, 0), w = hw.select(1, 1);  // per patch
+  const at::Tensor ph = dh.index_select(0, h), pw = dw.index_select(0, w);
+  auto corner = [&](const at::Tensor& hi, const at::Tensor& wi, const at::Tensor& weight) {
+    at::Tensor index = hi.index_select(0, h) * side + wi.index_select(0, w);
+    return table.index_select(0, index) * weight.to(table.scalar_type()).unsqueeze(1);
+  };
+  return corner(h0, w0, (1 - ph) * (1 - pw)) + corner(h0, w1, (1 - ph) * pw) + corner(h1, w0, ph * (1 - pw)) +
+         corner(h1, w1, ph * pw);  // [patches, hidden]
+}
+
+// The split items' patches as the exchange gathers them (rank by rank, each rank's
+// shards in item order) put in the order one process attends them: item by item in the
+// processor's order, a segment per frame (full blocks), or in Qwen2.5-VL's window order,
+// a segment per window (windowed blocks). Built once per step, shared by every block.
+QwenVisionEncoder::SplitAttention QwenVisionEncoder::split_attention(const SplitShards& s) const {
+  const int S = s.ranks();
+  const size_t n = s.grids.size();
+  const int64_t m = config_.spatial_merge_size;
+  SplitAttention out;
+  out.exchange = s.exchange;
+  out.tokens.assign(S, 0);
+  std::vector<std::vector<int64_t>> base(S, std::vector<int64_t>(n, 0));  // gathered index of (rank, item)
+  int64_t at = 0;
+  for (int r = 0; r < S; ++r)
+    for (size_t j = 0; j < n; ++j) {
+      base[r][j] = at;
+      at += s.patch_count(j, r);
+      out.tokens[r] += s.patch_count(j, r);
+    }
+  auto gathered = [&](size_t j, int64_t patch) {
+    const int64_t row = patch / s.patches_per_row[j];
+    const auto& b = s.shard_rows[j];
+    const int r = static_cast<int>(std::upper_bound(b.begin(), b.end(), row) - b.begin()) - 1;
+    return base[r][j] + patch - s.first_patch(j, r);
+  };
+  auto finish = [](Order& o, std::vector<int64_t>& perm, std::vector<int64_t>& seg, std::vector<int64_t>& ord) {
+    bool identity = true;
+    for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
+    if (!identity) {
+      o.perm = at::tensor(at::ArrayRef<int64_t>(perm), at::kLong).clone();
+      o.inverse = at::empty_like(o.perm);
+      o.inverse.index_put_({o.perm}, at::arange(o.perm.size(0), at::kLong));
+    }
+    o.layout = {at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
+                at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
+  };
+  std::vector<int64_t> perm, seg, ord;
+  int64_t frame = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const plan::Grid& g = s.grids[j];
+    for (int64_t p = 0; p < g[0] * g[1] * g[2]; ++p) {
+      perm.push_back(gathered(j, p));
+      seg.push_back(frame + p / (g[1] * g[2]));
+      ord.push_back(p % (g[1] * g[2]));
+    }
+    frame += g[0];
   }
-  return at::cat(parts);
+  finish(out.frames, perm, seg, ord);
+  if (variant_ != Variant::qwen2_5) return out;
+  perm.clear(), seg.clear(), ord.clear();
+  int64_t window = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const WindowIndex wi = window_index({s.grids[j]}, m, config_.window_size / (config_.patch_size * m));
+    size_t k = 0;
+    for (int64_t units : wi.window_units) {
+      for (int64_t u = 0; u < units; ++u, ++k)
+        for (int64_t q = 0; q < m * m; ++q) {
+          perm.push_back(gathered(j, wi.order[k] * m * m + q));
+          seg.push_back(window);
+          ord.push_back(u * m * m + q);
+        }
+      ++window;
+    }
+  }
+  finish(out.windows, perm, seg, ord);
+  return out;
 }
 
 at::Tensor QwenVisionEncoder::block_forward(const Block& b, const at::Tensor& x, const RotaryTable& rotary,
-                                            const attention::TokenLayout& segments) const {
+                                            const attention::TokenLayout& segments, const SplitAttention& split,
+                                            bool full) const {
   const int64_t N = x.size(0), H = config_.num_heads, D = config_.head_dim();
   at::Tensor qkv = b.qkv->forward(b.norm1->forward(x)).view({N, 3, H, D});
   at::Tensor q = qkv.select(1, 0), k = qkv.select(1, 1), v = qkv.select(1, 2);  // [N, H, D]
@@ -174,13 +238,29 @@ at::Tensor QwenVisionEncoder::block_forward(const Block& b, const at::Tensor& x,
   k = apply_rotary(k.to(wide), rotary).to(x.scalar_type());
   attention::AttentionOptions options;
   options.causal = false;  // bidirectional; a segment (frame or window) keeps it inside
-  at::Tensor attn = attention::local_attention(q, k, v, segments, segments, options);
+  const int64_t whole = segments.size();  // rows of whole items; this rank's shards follow
+  at::Tensor attn = attention::local_attention(q.narrow(0, 0, whole), k.narrow(0, 0, whole), v.narrow(0, 0, whole),
+                                               segments, segments, options);
+  if (split.active()) {
+    const Order& order = full ? split.frames : split.windows;
+    auto inner = [&order, options](const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv) {
+      if (!order.perm.defined()) return attention::local_attention(gq, gk, gv, order.layout, order.layout, options);
+      const at::Tensor perm = order.perm.to(gq.device());
+      at::Tensor o = attention::local_attention(gq.index_select(0, perm), gk.index_select(0, perm),
+                                                gv.index_select(0, perm), order.layout, order.layout, options);
+      return o.index_select(0, order.inverse.to(o.device()));
+    };
+    const int64_t mine = N - whole;
+    at::Tensor shards = split.exchange(q.narrow(0, whole, mine), k.narrow(0, whole, mine), v.narrow(0, whole, mine),
+                                       split.tokens, inner);
+    attn = at::cat({attn, shards});
+  }
   at::Tensor h = x + b.proj->forward(attn.reshape({N, H * D}));
   return h + b.mlp_forward(b.norm2->forward(h), config_.hidden_act);
 }
 
-VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
-                                        const std::vector<plan::Grid>& grids) const {
+VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values, const std::vector<plan::Grid>& grids,
+                                        const SplitShards& split) const {
   const QwenVisionConfig& c = config_;
   const int64_t m = c.spatial_merge_size;
   int64_t patches = 0;
@@ -194,28 +274,44 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
     patches += g[0] * g[1] * g[2];
   }
   const int64_t patch_dim = c.patch_row();
-  MMSP_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == patches && pixel_values.size(1) == patch_dim,
-             "pixel_values ", pixel_values.sizes(), " must be [", patches, ", ", patch_dim,
+  MMSP_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == patches + split.patches &&
+                 pixel_values.size(1) == patch_dim,
+             "pixel_values ", pixel_values.sizes(), " must be [", patches + split.patches, ", ", patch_dim,
              "] for these grids (C·tp·p·p = ", patch_dim, ")");
-  MMSP_CHECK(patches > 0 || hooked_blocks_.hooked(), "the vision encoder needs at least one item");
+  MMSP_CHECK(patches + split.patches > 0 || hooked_blocks_.hooked(), "the vision encoder needs at least one item");
+  // The split items' patches this rank encodes (vision-tower SP): their (h, w), for the
+  // rotary angles and Qwen3-VL's position table.
+  std::vector<at::Tensor> split_hw;
+  for (size_t j = 0; j < split.grids.size(); ++j)
+    split_hw.push_back(vision_patch_positions({split.grids[j]}, m)
+                           .narrow(0, split.first_patch(j, split.rank), split.patch_count(j, split.rank)));
   // The Conv3d with stride = kernel is a matmul over flattened patches.
   const at::Tensor w = patch_embed_->proj_weight.reshape({c.hidden_size, patch_dim});
   at::Tensor x = patch_embed_->proj_bias.defined() ? at::linear(pixel_values, w, patch_embed_->proj_bias)
                                                    : at::linear(pixel_values, w);
-  if (qwen3_ && patches > 0) x = x + interpolated_positions(grids);
+  if (qwen3_ && patches + split.patches > 0) {
+    std::vector<at::Tensor> pos;
+    for (const plan::Grid& g : grids) pos.push_back(interpolated_positions(g, vision_patch_positions({g}, m)));
+    for (size_t j = 0; j < split.grids.size(); ++j) pos.push_back(interpolated_positions(split.grids[j], split_hw[j]));
+    x = x + at::cat(pos);
+  }
   x = leave_phase_in_backward(x, Phase::vision);  // the encoder's backward ends here
 
   // 2-D rotary: head_dim/4 frequencies for h, as many for w, then doubled.
   const int64_t quarter = c.head_dim() / 4;
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   at::Tensor inv_freq = at::pow(10000.0, at::arange(0, 2 * quarter, 2, f64) / double(2 * quarter)).reciprocal();
-  at::Tensor pos = vision_patch_positions(grids, m).to(at::kDouble);             // [N, 2]
-  at::Tensor freqs = (pos.unsqueeze(-1) * inv_freq).flatten(1);                  // [N, head_dim/2]
-  at::Tensor emb = at::cat({freqs, freqs}, -1);                                  // [N, head_dim]
+  auto angles = [&](const at::Tensor& hw) {  // [N, 2] -> [N, head_dim]
+    at::Tensor freqs = (hw.to(at::kDouble).unsqueeze(-1) * inv_freq).flatten(1);
+    return at::cat({freqs, freqs}, -1);
+  };
+  at::Tensor emb = angles(vision_patch_positions(grids, m));  // the whole items'
   const attention::TokenLayout frames{at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
                                       at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
-  // Qwen2.5-VL: patches (and their rotary angles) in window order, a segment per window;
-  // a window never leaves its frame, so the frames stay contiguous segments.
+  // Qwen2.5-VL: the whole items' patches (and their rotary angles) in window order, a
+  // segment per window; a window never leaves its frame, so the frames stay contiguous
+  // segments. A split item's patches stay in the processor's order here: its attention
+  // puts the gathered item in window order (split_attention).
   attention::TokenLayout windows;
   at::Tensor restore;  // merged rows back to the processor's order
   if (variant_ == Variant::qwen2_5 && patches == 0) {
@@ -228,15 +324,21 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
     auto by_window = [&](const at::Tensor& t) {  // [N, ...] in groups of m² rows per merged unit
       return t.view({-1, m * m, t.size(1)}).index_select(0, order.to(t.device())).view({t.size(0), t.size(1)});
     };
-    x = by_window(x);
+    x = split.empty() ? by_window(x) : at::cat({by_window(x.narrow(0, 0, patches)), x.narrow(0, patches, split.patches)});
     emb = by_window(emb);
     const at::Tensor lengths = at::tensor(at::ArrayRef<int64_t>(wi.window_units), at::kLong) * (m * m);
     const at::Tensor window_of = at::arange(lengths.size(0), at::kLong).repeat_interleave(lengths);
     const at::Tensor starts = (lengths.cumsum(0) - lengths).repeat_interleave(lengths);
     windows = {window_of, at::arange(window_of.size(0), at::kLong) - starts};
   }
+  if (!split.empty()) {
+    std::vector<at::Tensor> parts{emb};
+    for (const at::Tensor& hw : split_hw) parts.push_back(angles(hw));
+    emb = at::cat(parts);
+  }
   const at::ScalarType wide = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const RotaryTable rotary{emb.cos().to(wide).to(x.device()), emb.sin().to(wide).to(x.device())};
+  const SplitAttention shared = split.empty() ? SplitAttention{} : split_attention(split);
 
   VisionOutput out;
   const int64_t width = c.hidden_size * m * m;
@@ -246,16 +348,24 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values,
                                 static_cast<int64_t>(i)) != c.fullatt_block_indexes.end();
     const attention::TokenLayout& segments = full ? frames : windows;
     std::shared_ptr<Block> block = block_list_[i];
-    // By value: a recomputed block runs again after this frame (the encoder outlives the step).
+    // By value: a recomputed block runs again after this frame (the encoder outlives the
+    // step), its split items' exchanges with it, in the same order on every rank.
     x = hooked_blocks_.run(
-        i, [this, block, rotary, segments](const at::Tensor& in) { return block_forward(*block, in, rotary, segments); },
+        i,
+        [this, block, rotary, segments, shared, full](const at::Tensor& in) {
+          return block_forward(*block, in, rotary, segments, shared, full);
+        },
         x);
     for (size_t k = 0; k < deepstack_.size(); ++k)
       if (c.deepstack_visual_indexes[k] == static_cast<int64_t>(i))
         out.deepstack.push_back(deepstack_[k]->forward(x, width));
   }
   out.rows = merger_->forward(x, width);
-  if (restore.defined()) out.rows = out.rows.index_select(0, restore.to(out.rows.device()));
+  if (restore.defined()) {
+    const at::Tensor whole_rows = out.rows.narrow(0, 0, patches / (m * m));
+    out.rows = at::cat({whole_rows.index_select(0, restore.to(out.rows.device())),
+                        out.rows.narrow(0, whole_rows.size(0), out.rows.size(0) - whole_rows.size(0))});
+  }
   return out;
 }
 
@@ -276,12 +386,36 @@ TowerInput QwenVisionEncoder::gather(const std::vector<plan::VisionItem>& items,
   return input;
 }
 
+void QwenVisionEncoder::add_split(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels,
+                                  const SplitEncoding& split, TowerInput& input) const {
+  SplitShards& s = input.split;
+  s.rank = split.rank;
+  s.exchange = split.exchange;
+  std::vector<at::Tensor> rows{input.pixels};
+  for (const plan::VisionItem& item : items) {
+    MMSP_ASSERT(item.split() && item.rows > 0 && item.patches % item.rows == 0);
+    s.grids.push_back(item.grid);
+    s.shard_rows.push_back(item.shard_rows);
+    s.patches_per_row.push_back(item.patches / item.rows);
+    const size_t j = s.grids.size() - 1;
+    const int64_t first = s.first_patch(j, s.rank), count = s.patch_count(j, s.rank);
+    const at::Tensor& source = item.kind == plan::VisionKind::image ? pixels.images : pixels.videos;
+    const int64_t at_row = pixels.first_row(item, item.patch_offset) + first;
+    MMSP_CHECK(source.defined() && source.size(0) >= at_row + count, "pixel rows of ", plan::to_string(item.kind),
+               " ", item.batch_index, " (rows ", at_row, "..", at_row + count, " of its shard) are missing: got ",
+               source.defined() ? source.size(0) : 0, " rows");
+    rows.push_back(source.narrow(0, at_row, count).to(input.pixels.scalar_type()));
+    s.patches += count;
+  }
+  input.pixels = at::cat(rows);
+}
+
 TowerInput QwenVisionEncoder::no_items(const at::TensorOptions& options) const {
   return {at::zeros({0, config_.patch_row()}, options), {}};
 }
 
 at::Tensor QwenVisionEncoder::encode(const TowerInput& input) const {
-  VisionOutput out = forward(input.pixels, input.grids);
+  VisionOutput out = forward(input.pixels, input.grids, input.split);
   if (out.deepstack.empty()) return out.rows;
   // One row per placeholder: the merger's features, then each deepstack level's, so
   // one message carries them all along the same route.

@@ -231,6 +231,14 @@ class QwenVLFamily : public Family {
     }
     fields::read_mrope(config, c);
     fields::check_distinct_token_ids(c);
+    // The tower can split one item over the context group (vision-tower SP) when its heads
+    // divide by the group: the planner needs their number.
+    const nlohmann::json* vision = fields::object(config, "vision_config");
+    static const nlohmann::json kNone = nlohmann::json::object();
+    const QwenVariant variant = qwen_variant_of(config.at("model_type").get<std::string>());
+    c.vision_heads = config.at("model_type") == "qwen3_5"
+                         ? parse_qwen_vision_config(qwen3_5_vision(vision), variant).num_heads
+                         : parse_qwen_vision_config(vision ? *vision : kNone, variant).num_heads;
     return c;
   }
 

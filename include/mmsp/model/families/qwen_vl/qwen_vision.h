@@ -43,7 +43,10 @@ class QwenVisionEncoder : public torch::nn::Module, public VisionTower {
   // pixel_values [N_patches, C·tp·p·p] of the given items (grids in patches, rows in
   // the processor's order). No items (N_patches = 0) is only for hooked blocks: it runs
   // each block on no rows, so that its hooks are called as on a rank with items.
-  VisionOutput forward(const at::Tensor& pixel_values, const std::vector<plan::Grid>& grids) const;
+  // `split`: this rank's shards of items split over the context group (vision-tower SP),
+  // their pixel rows after the whole items'; their rows follow the whole items' rows.
+  VisionOutput forward(const at::Tensor& pixel_values, const std::vector<plan::Grid>& grids,
+                       const SplitShards& split = {}) const;
 
   int deepstack_levels() const override { return static_cast<int>(deepstack_.size()); }
   // The blocks as hook units, recomputed in the backward when set (hooked_blocks.h).
@@ -52,6 +55,8 @@ class QwenVisionEncoder : public torch::nn::Module, public VisionTower {
   // As a VisionTower (vision_tower.h): the items' patch rows and grids; rows
   // [V, out_hidden_size · (1 + deepstack levels)], the merger's row, then each level's.
   TowerInput gather(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels) const override;
+  void add_split(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels, const SplitEncoding& split,
+                 TowerInput& input) const override;
   TowerInput no_items(const at::TensorOptions& options) const override;
   at::Tensor encode(const TowerInput& input) const override;
   int64_t row_width() const override { return config_.out_hidden_size * (1 + deepstack_levels()); }
@@ -91,9 +96,26 @@ class QwenVisionEncoder : public torch::nn::Module, public VisionTower {
     std::shared_ptr<Linear> fc1, fc2;
     bool postshuffle_norm;
   };
+  // A gathered order of the split items' patches (split_attention): perm from the
+  // exchange's order to one process's (undefined: the same), its inverse, the segments.
+  struct Order {
+    at::Tensor perm, inverse;
+    attention::TokenLayout layout;
+  };
+  // What every block's attention over the split items shares (one step).
+  struct SplitAttention {
+    SplitExchange exchange;
+    std::vector<int64_t> tokens;  // patches each context rank exchanges
+    Order frames, windows;        // full blocks; Qwen2.5-VL's windowed blocks
+    bool active() const { return static_cast<bool>(exchange); }
+  };
+  SplitAttention split_attention(const SplitShards& split) const;
+  // Rows [0, segments.size()) are whole items' (local attention); the rest this rank's
+  // shards of the split items (the exchange). `full`: a full-attention block.
   at::Tensor block_forward(const Block& b, const at::Tensor& x, const RotaryTable& rotary,
-                           const attention::TokenLayout& segments) const;
-  at::Tensor interpolated_positions(const std::vector<plan::Grid>& grids) const;
+                           const attention::TokenLayout& segments, const SplitAttention& split, bool full) const;
+  // Qwen3-VL's interpolated position rows for patches (h, w) [N, 2] of grid g.
+  at::Tensor interpolated_positions(const plan::Grid& g, const at::Tensor& hw) const;
 
   QwenVisionConfig config_;
   Variant variant_ = Variant::qwen2;

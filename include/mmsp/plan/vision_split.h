@@ -1,0 +1,53 @@
+// Vision-tower sequence parallelism: an item too large for one rank (a 4K page, a long
+// video) is encoded by every rank of its context group together. Each rank takes a
+// contiguous range of the item's embedding rows — whole spatial-merge windows, so the
+// merger and the routing stay local — and the tower's attention sees the whole item
+// through an all-to-all from patches to heads (model/vision_tower.h). Small items stay
+// whole on one rank (Vision DP, vision_assignment.h); one plan mixes both.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mmsp/plan/vision_routes.h"
+
+namespace mmsp::plan {
+
+struct VisionSplitOptions {
+  enum class Mode {
+    off,        // every item whole (Vision DP alone)
+    automatic,  // the cost model decides (split_by_cost)
+    forced,     // every item of at least min_patches patches
+  };
+  Mode mode = Mode::off;
+  int64_t min_patches = 0;  // forced only; >= 1
+  // automatic never splits an item below this many patches (a 896 × 896 image at 14 px):
+  // for smaller items the exchanges cost more than the memory they spread.
+  static constexpr int64_t kAutomaticFloor = 4096;
+};
+
+// "off", "auto" or a patch count (>= 1): the command-line spelling. Throws naming the value.
+VisionSplitOptions parse_vision_split(const std::string& text);
+std::string to_string(const VisionSplitOptions& options);
+
+// Why `item` cannot be split over `ranks` ranks of a tower with `vision_heads` attention
+// heads (0: the family's tower cannot split); empty when it can. Rules: the heads divide
+// by the ranks (the all-to-all gives each rank H / ranks heads), and every rank gets at
+// least one embedding row (a whole merge window).
+std::string unsplittable_reason(const VisionItem& item, int ranks, int64_t vision_heads);
+
+// The automatic rule: an item is split when its estimated encoder cost is more than a
+// rank's fair share of the row's (total / ranks) — no assignment of whole items can then
+// balance the group — and it has at least kAutomaticFloor patches.
+bool split_by_cost(const VisionItem& item, double total_cost, int ranks);
+
+// Which items of one dp row the options split (and can be split): one flag per item.
+std::vector<bool> choose_split_items(const std::vector<VisionItem>& items, int ranks, int64_t vision_heads,
+                                     const VisionSplitOptions& options);
+
+// `rows` over `ranks` as evenly as whole rows allow, the first ranks taking one more:
+// boundaries [ranks + 1], from 0 to rows.
+std::vector<int64_t> shard_boundaries(int64_t rows, int ranks);
+
+}  // namespace mmsp::plan

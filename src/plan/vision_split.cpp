@@ -1,0 +1,75 @@
+// Which items vision-tower SP splits, and each rank's rows of them; see vision_split.h.
+#include "mmsp/plan/vision_split.h"
+
+#include <cctype>
+#include <limits>
+
+#include "mmsp/core/check.h"
+
+namespace mmsp::plan {
+
+VisionSplitOptions parse_vision_split(const std::string& text) {
+  VisionSplitOptions o;
+  if (text == "off") return o;
+  if (text == "auto") {
+    o.mode = VisionSplitOptions::Mode::automatic;
+    return o;
+  }
+  bool digits = !text.empty() && text.size() <= 18;
+  for (char ch : text) digits = digits && std::isdigit(static_cast<unsigned char>(ch));
+  MMSP_CHECK(digits && std::stoll(text) >= 1, "--vision-split \"", text,
+             "\" must be off, auto or a patch count >= 1 (items of at least that many patches are split)");
+  o.mode = VisionSplitOptions::Mode::forced;
+  o.min_patches = std::stoll(text);
+  return o;
+}
+
+std::string to_string(const VisionSplitOptions& o) {
+  switch (o.mode) {
+    case VisionSplitOptions::Mode::off: return "off";
+    case VisionSplitOptions::Mode::automatic: return "auto";
+    case VisionSplitOptions::Mode::forced: return std::to_string(o.min_patches);
+  }
+  return "off";
+}
+
+std::string unsplittable_reason(const VisionItem& item, int ranks, int64_t vision_heads) {
+  if (ranks <= 1) return "the context group has one rank";
+  if (vision_heads <= 0) return "this family's vision tower encodes items whole";
+  if (vision_heads % ranks != 0)
+    return detail::concat("its tower's ", vision_heads, " attention heads do not divide by the context group's ",
+                          ranks, " ranks");
+  if (item.rows < ranks)
+    return detail::concat("it has ", item.rows, " merge windows (embedding rows), fewer than the context group's ",
+                          ranks, " ranks");
+  return {};
+}
+
+bool split_by_cost(const VisionItem& item, double total_cost, int ranks) {
+  return item.patches >= VisionSplitOptions::kAutomaticFloor && item.cost > total_cost / ranks;
+}
+
+std::vector<bool> choose_split_items(const std::vector<VisionItem>& items, int ranks, int64_t vision_heads,
+                                     const VisionSplitOptions& options) {
+  std::vector<bool> split(items.size(), false);
+  if (options.mode == VisionSplitOptions::Mode::off || ranks <= 1) return split;
+  double total = 0;
+  for (const VisionItem& it : items) total += it.cost;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const VisionItem& it = items[i];
+    const bool wanted = options.mode == VisionSplitOptions::Mode::forced ? it.patches >= options.min_patches
+                                                                         : split_by_cost(it, total, ranks);
+    split[i] = wanted && unsplittable_reason(it, ranks, vision_heads).empty();
+  }
+  return split;
+}
+
+std::vector<int64_t> shard_boundaries(int64_t rows, int ranks) {
+  MMSP_ASSERT(ranks >= 1 && rows >= 0);
+  std::vector<int64_t> b(ranks + 1, 0);
+  const int64_t base = rows / ranks, extra = rows % ranks;
+  for (int r = 0; r < ranks; ++r) b[r + 1] = b[r] + base + (r < extra ? 1 : 0);
+  return b;
+}
+
+}  // namespace mmsp::plan
