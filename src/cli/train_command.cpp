@@ -27,6 +27,7 @@ Subcommand add_train_command(CLI::App& parent) {
   auto vision = std::make_shared<std::string>("routed");
   auto layout = std::make_shared<std::string>("zigzag");
   auto placement = std::make_shared<std::string>("zigzag");
+  auto vision_split = std::make_shared<std::string>("auto");
   auto save_shard_size = std::make_shared<std::string>("5GB");
   auto memory_limit = std::make_shared<std::string>("auto");
   auto checkpointing = std::make_shared<std::string>("none");
@@ -38,6 +39,10 @@ Subcommand add_train_command(CLI::App& parent) {
   app->add_option("--layout", *layout, "zigzag or contiguous")->capture_default_str();
   app->add_option("--placement", *placement,
                   "zigzag (every segment split over the context group) or adaptive (short ones whole on one rank)")
+      ->capture_default_str();
+  app->add_option("--vision-split", *vision_split,
+                  "encode an image or video over the whole context group: auto (one costing more than a rank's "
+                  "share, of at least 4096 patches), off, or a patch count (every item of at least that many)")
       ->capture_default_str();
   app->add_option("--steps", o->steps, "optimizer steps")->capture_default_str();
   app->add_option("--stop-after", o->stop_after, "stop after this step (checkpointed), resume later")
@@ -98,7 +103,7 @@ Subcommand add_train_command(CLI::App& parent) {
   auto test_skew = std::make_shared<std::string>();
   app->add_option("--test-sleep-in-step", *test_sleep)->group("");
   app->add_option("--test-skew-batch", *test_skew)->group("");
-  return {app, [flags, o, vision, layout, placement, save_shard_size, memory_limit, checkpointing, test_sleep, test_skew]() {
+  return {app, [flags, o, vision, layout, placement, vision_split, save_shard_size, memory_limit, checkpointing, test_sleep, test_skew]() {
             if (!test_sleep->empty())
               MMSP_CHECK(std::sscanf(test_sleep->c_str(), "%d:%ld:%lf", &o->test.sleep_rank, &o->test.sleep_step,
                                      &o->test.sleep_seconds) == 3,
@@ -119,6 +124,7 @@ Subcommand add_train_command(CLI::App& parent) {
             o->vision = model::parse_vision_mode(*vision);
             o->layout = plan::parse_layout(*layout);
             o->placement = plan::parse_placement(*placement);
+            o->vision_split = plan::parse_vision_split(*vision_split);
             MMSP_CHECK(o->placement == plan::Placement::zigzag || o->layout == plan::Layout::zigzag,
                        "--placement adaptive splits long segments in zigzag order; it needs --layout zigzag, not ",
                        plan::to_string(o->layout));

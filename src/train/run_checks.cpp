@@ -120,6 +120,7 @@ dist::AgreedFlags agreed_flags(const TrainOptions& o) {
           {"--vision", model::to_string(o.vision)},
           {"--layout", plan::to_string(o.layout)},
           {"--placement", plan::to_string(o.placement)},
+          {"--vision-split", plan::to_string(o.vision_split)},
           {"--attention-block", n(o.attention_block)},
           {"--loss-chunk", n(o.loss_chunk)},
           {"--checkpoint-activations", model::to_string(o.checkpoint_activations)},

@@ -482,6 +482,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   plan_options.layout = o.layout;
   plan_options.placement = o.placement;
   plan_options.placement_balance = o.placement_balance;
+  plan_options.vision_split = o.vision_split;
   attention::AttentionOptions blocks;
   blocks.block_q = o.attention_block;
   blocks.block_k = o.attention_block;

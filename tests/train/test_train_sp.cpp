@@ -574,6 +574,78 @@ TEST(MultiRankTrain, HookedVisionBlocksRunOnRanksWithoutImages) {
   }
 }
 
+// Vision-tower SP in training: an image of 8 × 12 patches (24 merged rows; Qwen2.5-VL: a
+// 4 × 4-unit window and one cut short) in every other sample is encoded by the whole
+// context group (--vision-split 16), the small 2 × 2 images beside it whole, with the
+// towers' 12 heads over 2-4 ranks. Under --shard gradients|parameters (the blocks gathered
+// and reduced around the split item's exchanges) and --checkpoint-activations all (the
+// exchanges recomputed in the backward, in the same order on every rank), three steps
+// train the model one process trains (fp64, rtol 1e-9), for each Qwen tower.
+TEST(MultiRankTrain, SplitVisionItemsTrainTheModelOneProcessTrains) {
+  const int world = test::rank_env().world_size;
+  if (world == 1) GTEST_SKIP() << "one rank: nothing to split over";
+  const bool checker = test::rank_env().rank == 0;
+  std::ostringstream log;
+  for (const char* file : {"tiny-qwen2-vl.json", "tiny-qwen2_5-vl.json", "tiny-qwen3-vl.json", "tiny-qwen3_5-vl.json"}) {
+    std::string config_path = small_vocab_config(file, false);
+    {
+      std::ifstream in(config_path);
+      nlohmann::json config = nlohmann::json::parse(in);
+      const bool qwen2 = config["model_type"] == "qwen2_vl";
+      config["vision_config"][qwen2 ? "embed_dim" : "hidden_size"] = 48;
+      config["vision_config"]["num_heads"] = 12;
+      std::ofstream(config_path) << config.dump(2);
+    }
+    const std::string data = shared_dir("split-images") + "-" + std::to_string(::getpid()) + ".jsonl";  // per rank
+    {
+      std::ofstream out(data);
+      for (int line = 0; line < 8; ++line) {
+        nlohmann::json sample;
+        std::vector<int64_t> ids = {1};
+        const int rows = line % 2 == 1 ? 24 : line % 4 == 0 ? 1 : 0;
+        if (rows > 0) {
+          ids.push_back(120);
+          ids.insert(ids.end(), rows, 123);
+          ids.push_back(121);
+        }
+        for (int k = 0; k < 20 + 7 * (line % 5); ++k) ids.push_back(3 + (line * 13 + k * 5) % 110);
+        ids.push_back(2);
+        sample["input_ids"] = ids;
+        if (rows > 0) {
+          sample["images"] = {{{"path", std::string(MMSP_SOURCE_DIR) + "/examples/data/circle.png"}}};
+          sample["image_grid_thw"] = rows == 24 ? nlohmann::json{{1, 8, 12}} : nlohmann::json{{1, 2, 2}};
+        }
+        out << sample.dump() << "\n";
+      }
+    }
+    const plan::Mesh shape = context_shape(world).ulysses == 3 ? plan::Mesh{1, world, 1} : context_shape(world);
+    train::TrainReport ref;
+    if (checker) {
+      train::TrainOptions o = tiny_options(128 * world);
+      o.model = config_path;
+      o.data = data;
+      ref = train::train(o, dist::Mesh::solo(), log);
+    }
+    const dist::Mesh mesh = test::make_mesh(shape);
+    for (const char* level : {"none", "gradients", "parameters"})
+      for (auto mode : {model::ActivationCheckpointing::none, model::ActivationCheckpointing::all}) {
+        train::TrainOptions o = tiny_options(128);
+        o.model = config_path;
+        o.data = data;
+        o.shard = level;
+        o.checkpoint_activations = mode;
+        o.vision_split = plan::parse_vision_split("16");
+        const train::TrainReport got = train::train(o, mesh, log);
+        if (checker)
+          expect_same_run(got, ref, 1e-9,
+                          std::string(file) + " split images --shard " + level + " " + shape.str() + " " +
+                              model::to_string(mode));
+      }
+    std::filesystem::remove(config_path);
+    std::filesystem::remove(data);
+  }
+}
+
 // Saved with --shard parameters on this world (one optimizer file per rank; the decoder
 // layers gathered to write hf/), the checkpoint resumes on one rank at every shard
 // level, and on this world unsharded; an unsharded checkpoint resumes sharded. Every

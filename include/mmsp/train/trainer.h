@@ -20,11 +20,18 @@
 #include "mmsp/model/vision_mode.h"
 #include "mmsp/plan/mesh.h"
 #include "mmsp/plan/placement.h"
+#include "mmsp/plan/vision_split.h"
 #include "mmsp/train/memory/memory_estimate.h"
 #include "mmsp/train/metrics.h"
 #include "mmsp/train/optim/shard_level.h"
 
 namespace mmsp::train {
+
+inline plan::VisionSplitOptions automatic_vision_split() {
+  plan::VisionSplitOptions o;
+  o.mode = plan::VisionSplitOptions::Mode::automatic;
+  return o;
+}
 
 struct TrainOptions {
   // model and data
@@ -47,6 +54,9 @@ struct TrainOptions {
   // same numerics as zigzag (the attention masks follow the plan's layouts)
   plan::Placement placement = plan::Placement::zigzag;
   plan::PlacementOptions placement_balance;  // the balance adaptive must reach (tests loosen it)
+  // vision-tower SP (plan/vision_split.h): items the rule picks are encoded by the whole
+  // context group; the same numerics as whole items
+  plan::VisionSplitOptions vision_split = automatic_vision_split();
   int64_t attention_block = 256;  // query and key block of the attention kernel
 
   // memory (neither changes the numerics)
