@@ -1,5 +1,5 @@
 // `mmsp plan --config config.json --batch batch.json --dp D --ring R --ulysses U
-//  [--layout zigzag|contiguous] [--placement zigzag|adaptive] [--rank K] [--format text|json]`:
+//  [--layout zigzag|contiguous] [--placement zigzag|adaptive] [--vision-split auto|off|N] [--rank K] [--format text|json]`:
 // builds the StepPlan exactly as every rank would and prints it; the text form also sets
 // zigzag and adaptive placement side by side. Uses only mmsp_plan, CLI11 and nlohmann_json.
 #include "plan_command.h"
@@ -28,6 +28,7 @@ struct PlanFlags {
   int world = -1;  // when given, must equal dp * ring * ulysses
   std::string layout = "zigzag";
   std::string placement = "zigzag";
+  std::string vision_split = "auto";  // as mmsp train
   int rank = -1;   // -1: every rank
   std::string format = "text";
   int indent = -1;
@@ -105,6 +106,7 @@ int run_plan(const PlanFlags& f) {
     options.mesh = {f.dp, f.ring, f.ulysses};
     options.layout = plan::parse_layout(f.layout);
     options.placement = plan::parse_placement(f.placement);
+    options.vision_split = plan::parse_vision_split(f.vision_split);
     plan::validate_mesh(options.mesh, f.world);
     MMSP_CHECK(f.format == "text" || f.format == "json", "--format \"", f.format,
                "\" is unknown; use text or json");
@@ -153,6 +155,8 @@ Subcommand add_plan_command(CLI::App& parent) {
   app->add_option("--layout", flags->layout, "zigzag (default) or contiguous");
   app->add_option("--placement", flags->placement,
                   "zigzag (default: every segment split) or adaptive (short segments whole on one rank)");
+  app->add_option("--vision-split", flags->vision_split,
+                  "auto (default, as mmsp train), off, or a patch count: items encoded by the whole context group");
   app->add_option("--rank", flags->rank, "show only this rank (default: every rank)");
   app->add_option("--format", flags->format, "text (default) or json");
   app->add_option("--indent", flags->indent, "JSON indent (default: compact)");

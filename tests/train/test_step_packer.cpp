@@ -183,9 +183,10 @@ TEST(StepPixels, HoldsOnlyNeededItems) {
       if (!shapes.sequence(i).video_grid_thw.empty() && ++videos) samples.push_back(i);
     const plan::Batch batch = make_batch(data, samples);
     // odd images and even videos of the batch
-    auto needed = [](plan::VisionKind kind, int64_t item) {
+    auto wanted = [](plan::VisionKind kind, int64_t item) {
       return kind == plan::VisionKind::image ? item % 2 == 1 : item % 2 == 0;
     };
+    auto needed = [&](plan::VisionKind kind, int64_t item) { return HeldPart{wanted(kind, item), true, 0, 0}; };
     const model::PixelInputs px = load_pixels(data, samples, batch, config, needed, at::kDouble);
     EXPECT_EQ(px.images.scalar_type(), at::kDouble);
     // the planner's items (of either dp row) name each item by its batch index
@@ -200,7 +201,7 @@ TEST(StepPixels, HoldsOnlyNeededItems) {
       (image ? images : videos) += 1;
       const int64_t sample = samples[item.sequence];
       const int64_t offset = (image ? px.image_offsets : px.video_offsets).at(item.batch_index);
-      if (needed(item.kind, item.batch_index)) {
+      if (wanted(item.kind, item.batch_index)) {
         ++expected_decodes;
         (image ? image_rows : video_rows) += item.patches;
         ASSERT_EQ(offset, px.first_row(item, -1));
@@ -223,6 +224,36 @@ TEST(StepPixels, HoldsOnlyNeededItems) {
   }
 }
 
+// Vision-tower SP: a rank holds only its shard of a split item's rows (and decodes the
+// item once); reading rows outside the shard is an error naming them.
+TEST(StepPixels, HoldsOnlyItsShardOfASplitItem) {
+  const auto config = tiny_config("tiny-qwen2-vl");
+  ShapesOptions o;
+  o.samples = 16;
+  o.seed = 5;
+  const ShapesDataset shapes(o, config);
+  const CountingDataset data(shapes);
+  const std::vector<int64_t> samples = {0, 1, 2, 3};
+  const plan::Batch batch = make_batch(data, samples);
+  auto needed = [](plan::VisionKind kind, int64_t item) {
+    return kind == plan::VisionKind::image && item == 0 ? HeldPart{true, false, 4, 8} : HeldPart{};
+  };
+  const model::PixelInputs px = load_pixels(data, samples, batch, config, needed, at::kFloat);
+  ASSERT_EQ(px.images.size(0), 8) << "room for the shard only";
+  const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, {}, 0);
+  const plan::VisionItem* first = nullptr;
+  for (const plan::VisionItem& item : plan.rows[0].items)
+    if (item.kind == plan::VisionKind::image && item.batch_index == 0) first = &item;
+  ASSERT_NE(first, nullptr);
+  ASSERT_GE(first->patches, 12);
+  EXPECT_EQ(px.row_of(*first, -1, 4, 8), 0);
+  EXPECT_EQ(px.row_of(*first, -1, 6, 2), 2);
+  const at::Tensor want = shapes.image_pixels(samples[first->sequence], first->index).narrow(0, 4, 8);
+  EXPECT_TRUE(at::equal(px.images, want));
+  EXPECT_THAT(error_of([&] { px.row_of(*first, -1, 0, 4); }), HasSubstr("rows 0..4 of image 0 are not held on this rank (it holds rows 4..12)"));
+  EXPECT_EQ(data.decoded.size(), 1u);
+}
+
 TEST(StepPixels, Llava) {
   const auto config = tiny_config("tiny-llava");
   ShapesOptions o;
@@ -233,7 +264,8 @@ TEST(StepPixels, Llava) {
   int64_t n = 0;
   for (const auto& s : batch.sequences) n += static_cast<int64_t>(s.image_grid_thw.size());
   const model::PixelInputs px =
-      load_pixels(data, samples, batch, config, [](plan::VisionKind, int64_t item) { return item == 1; }, at::kFloat);
+      load_pixels(data, samples, batch, config,
+                  [](plan::VisionKind, int64_t item) { return HeldPart{item == 1, true, 0, 0}; }, at::kFloat);
   ASSERT_EQ(px.images.sizes(), (std::vector<int64_t>{1, 3, 56, 56})) << "the needed image only";
   EXPECT_FALSE(px.videos.defined());
   std::vector<int64_t> offsets(n, -1);

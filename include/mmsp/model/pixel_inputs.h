@@ -21,10 +21,16 @@ struct PixelInputs {
   at::Tensor images;
   at::Tensor videos;  // undefined where the family takes no video or the batch has none
   std::vector<int64_t> image_offsets, video_offsets;
+  // Vision-tower SP: a rank holds only its shard of a split item's rows. held_from[i] is
+  // the item's first row held, held_rows[i] how many (empty lists: every held item whole).
+  std::vector<int64_t> image_held_from, image_held_rows, video_held_from, video_held_rows;
 
   // First row of `item` in images / videos; `whole_batch_row` is where it starts when the
   // whole batch is held. Throws when the item is not held here.
   int64_t first_row(const plan::VisionItem& item, int64_t whole_batch_row) const;
+  // Where rows [row, row + count) of `item` (counted within the item) start; throws
+  // unless they are held here.
+  int64_t row_of(const plan::VisionItem& item, int64_t whole_batch_row, int64_t row, int64_t count) const;
 };
 
 }  // namespace mmsp::model

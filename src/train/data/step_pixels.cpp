@@ -3,6 +3,7 @@
 #include "mmsp/train/data/step_pixels.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "mmsp/core/check.h"
@@ -20,17 +21,24 @@ std::string grid_text(const plan::Grid& g) {
 
 PixelsNeeded pixels_encoded_here(const plan::StepPlan& plan, model::VisionMode mode) {
   const auto& items = plan.rows.at(plan.mine.coords.dp).items;
-  std::vector<std::pair<plan::VisionKind, int64_t>> wanted;
+  std::map<std::pair<plan::VisionKind, int64_t>, HeldPart> wanted;
+  const HeldPart whole{true, true, 0, 0};
   if (mode == model::VisionMode::replicate) {
-    for (const auto& item : items) wanted.emplace_back(item.kind, item.batch_index);
+    for (const auto& item : items) wanted[{item.kind, item.batch_index}] = whole;
   } else {
-    for (int64_t i : plan.mine.routes.encoder_items) wanted.emplace_back(items.at(i).kind, items.at(i).batch_index);
-    // Vision-tower SP: every context rank reads a split item's pixels (and encodes its shard).
-    for (int64_t i : plan.mine.routes.split_items) wanted.emplace_back(items.at(i).kind, items.at(i).batch_index);
+    for (int64_t i : plan.mine.routes.encoder_items) wanted[{items.at(i).kind, items.at(i).batch_index}] = whole;
+    // Vision-tower SP: each context rank reads only its shard's rows of a split item.
+    const int me = plan.mine.coords.context_rank(plan.options.mesh);
+    for (int64_t i : plan.mine.routes.split_items) {
+      const plan::VisionItem& item = items.at(i);
+      const int64_t per_row = item.patches / item.rows;
+      wanted[{item.kind, item.batch_index}] = {true, false, item.shard_rows.at(me) * per_row,
+                                               item.rows_encoded_by(me) * per_row};
+    }
   }
-  std::sort(wanted.begin(), wanted.end());
   return [wanted = std::move(wanted)](plan::VisionKind kind, int64_t item) {
-    return std::binary_search(wanted.begin(), wanted.end(), std::make_pair(kind, item));
+    const auto it = wanted.find({kind, item});
+    return it == wanted.end() ? HeldPart{} : it->second;
   };
 }
 
@@ -44,16 +52,29 @@ model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t
   for (const plan::VisionKind kind : {plan::VisionKind::image, plan::VisionKind::video}) {
     const bool video = kind == plan::VisionKind::video;
     std::vector<int64_t>& offsets = video ? out.video_offsets : out.image_offsets;
+    std::vector<HeldPart> parts;
+    bool partial = false;
     int64_t rows = 0;  // the held items' rows, in batch order
     for (const plan::Sequence& s : batch.sequences) {
       MMSP_CHECK(!video || s.video_grid_thw.empty() || geometry->takes_videos(), "load_pixels: ",
                  config.model_type, " takes no videos");
       for (const plan::Grid& g : video ? s.video_grid_thw : s.image_grid_thw) {
-        const bool mine = needed(kind, static_cast<int64_t>(offsets.size()));
-        offsets.push_back(mine ? rows : -1);
-        if (mine) rows += geometry->batch_rows(g);
+        HeldPart part = needed(kind, static_cast<int64_t>(offsets.size()));
+        if (part.any && part.whole) part.rows = geometry->batch_rows(g);
+        MMSP_CHECK(!part.any || (part.first >= 0 && part.first + part.rows <= geometry->batch_rows(g)),
+                   "load_pixels: rows ", part.first, "..", part.first + part.rows, " of ", plan::to_string(kind), " ",
+                   offsets.size(), " are beyond its ", geometry->batch_rows(g), " rows");
+        partial = partial || (part.any && !part.whole);
+        offsets.push_back(part.any ? rows : -1);
+        if (part.any) rows += part.rows;
+        parts.push_back(part);
       }
     }
+    if (partial)
+      for (const HeldPart& part : parts) {
+        (video ? out.video_held_from : out.image_held_from).push_back(part.first);
+        (video ? out.video_held_rows : out.image_held_rows).push_back(part.rows);
+      }
     if (video && !geometry->takes_videos()) break;  // videos stay undefined
     std::vector<int64_t> shape = geometry->row_shape();
     shape.insert(shape.begin(), rows);
@@ -70,8 +91,10 @@ model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t
         MMSP_CHECK(px.sizes() == at::IntArrayRef(want), "load_pixels: sample ", samples[b], " ",
                    plan::to_string(kind), " ", k, " has pixels ", px.sizes(), " but grid ", grid_text(g),
                    " needs ", at::IntArrayRef(want), " (", geometry->item_layout(), ")");
-        at::Tensor rows_of_item = held.narrow(0, offsets[item], geometry->batch_rows(g));
-        rows_of_item.copy_(px.view(rows_of_item.sizes()));
+        const HeldPart& part = parts[item];
+        std::vector<int64_t> all_rows = geometry->row_shape();
+        all_rows.insert(all_rows.begin(), geometry->batch_rows(g));
+        held.narrow(0, offsets[item], part.rows).copy_(px.view(all_rows).narrow(0, part.first, part.rows));
       }
     }
     (video ? out.videos : out.images) = held;

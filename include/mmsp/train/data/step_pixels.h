@@ -19,12 +19,20 @@
 
 namespace mmsp::train {
 
-// `needed(kind, item)`: whether this rank encodes item `item` (index among the batch's
+// What a rank holds of one item: nothing, all of it, or (vision-tower SP) rows
+// [first, first + rows) of its batch rows.
+struct HeldPart {
+  bool any = false, whole = true;
+  int64_t first = 0, rows = 0;
+};
+
+// `needed(kind, item)`: what this rank holds of item `item` (index among the batch's
 // images, resp. videos, in batch order: plan::VisionItem::batch_index).
-using PixelsNeeded = std::function<bool(plan::VisionKind kind, int64_t item)>;
+using PixelsNeeded = std::function<HeldPart(plan::VisionKind kind, int64_t item)>;
 
 // The items this rank's vision encoder reads in `mode`: those the plan assigns it
-// (routed, gather), or every item of its dp row (replicate).
+// (routed, gather) and its shard of each split item, or every item of its dp row whole
+// (replicate).
 PixelsNeeded pixels_encoded_here(const plan::StepPlan& plan, model::VisionMode mode);
 
 // Only the needed items, in batch order, in the family's layout (model::PixelGeometry:

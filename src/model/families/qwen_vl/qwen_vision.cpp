@@ -400,7 +400,7 @@ void QwenVisionEncoder::add_split(const std::vector<plan::VisionItem>& items, co
     const size_t j = s.grids.size() - 1;
     const int64_t first = s.first_patch(j, s.rank), count = s.patch_count(j, s.rank);
     const at::Tensor& source = item.kind == plan::VisionKind::image ? pixels.images : pixels.videos;
-    const int64_t at_row = pixels.first_row(item, item.patch_offset) + first;
+    const int64_t at_row = pixels.row_of(item, item.patch_offset, first, count);
     MMSP_CHECK(source.defined() && source.size(0) >= at_row + count, "pixel rows of ", plan::to_string(item.kind),
                " ", item.batch_index, " (rows ", at_row, "..", at_row + count, " of its shard) are missing: got ",
                source.defined() ? source.size(0) : 0, " rows");
