@@ -3,7 +3,8 @@
 // job (mmsp-run -n 2 or 4) and rank 0 writes the result. `mmsp bench linear-attention`
 // likewise: the Gated DeltaNet kernel alone, its bytes per layer under several ranks.
 // `mmsp bench vision` / `mmsp bench step`: peak memory and bytes of the VLM's vision
-// part / whole step in the three vision modes on 1, 2 and 4 ranks (mmsp-run -n 4).
+// part / whole step in the three vision modes on 1, 2 and 4 ranks (mmsp-run -n 4);
+// `mmsp bench vision-split`: one large item on one rank, by Vision DP, and split.
 // `mmsp bench load`: a Hugging Face directory loaded on every rank, against cat.
 // `mmsp bench memory`: a training step's memory per rank under the memory flags.
 // `mmsp bench placement`: zigzag vs adaptive placement, planned figures (one process);
@@ -20,6 +21,7 @@
 #include "memory_bench.h"
 #include "placement_bench.h"
 #include "placement_measure.h"
+#include "vision_split_bench.h"
 #include "vlm_bench.h"
 #include "mmsp/core/check.h"
 
@@ -30,6 +32,7 @@ Subcommand add_bench_command(CLI::App& parent) {
     bench::AttentionBenchOptions attention;
     bench::LinearAttentionBenchOptions linear;
     bench::VlmBenchOptions vlm;
+    bench::VisionSplitBenchOptions vision_split;
     bench::LoadBenchOptions load;
     bench::MemoryBenchOptions memory;
     bench::PlacementBenchOptions placement;
@@ -80,6 +83,18 @@ Subcommand add_bench_command(CLI::App& parent) {
         ->capture_default_str();
     sub->add_option("--out", flags->out, "write the JSON here instead of stdout");
   }
+  CLI::App* vision_split = app->add_subcommand(
+      "vision-split", "vision-tower SP: one large item encoded on one rank, by Vision DP, and split over the ranks: "
+                      "peak memory, bytes against the formula, seconds (run under mmsp-run -n 4)");
+  vision_split->add_option("--patches", flags->vision_split.patches,
+                           "item sizes in patches (square images up to 128², else videos of 64 × 64 frames)")
+      ->capture_default_str();
+  vision_split->add_option("--small-items", flags->vision_split.small_items,
+                           "small 32 × 32 images beside the first item in the planned mixed batch")
+      ->capture_default_str();
+  vision_split->add_option("--repeats", flags->vision_split.repeats, "runs of each row; seconds are the fastest run's")
+      ->capture_default_str();
+  vision_split->add_option("--out", flags->out, "write the JSON here instead of stdout");
   CLI::App* load = app->add_subcommand(
       "load", "write a sharded HF directory, load it on every rank into fp32 and bf16 params; time vs cat, peak memory");
   load->add_option("--bytes", flags->load.bytes, "bytes of bf16 tensor data to write (default 1e9)");
@@ -129,7 +144,7 @@ Subcommand add_bench_command(CLI::App& parent) {
   placement->add_option("--repeats", flags->placement_measure.repeats, "--measure: runs per row (median)")
       ->capture_default_str();
   placement->add_option("--out", flags->out, "write the JSON here instead of stdout");
-  return {app, [flags, lin, vision, step, load, memory, placement]() {
+  return {app, [flags, lin, vision, step, vision_split, load, memory, placement]() {
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
             std::string part = flags->part;
             nlohmann::json result;
@@ -159,6 +174,8 @@ Subcommand add_bench_command(CLI::App& parent) {
                 if (!out.empty()) std::ofstream(out) << partial.dump(2) << std::endl;
               };
               result = bench::bench_memory(env, flags->memory);
+            } else if (vision_split->parsed()) {
+              result = bench::bench_vision_split(env, flags->vision_split);
             } else if (vision->parsed() || step->parsed()) {
               flags->vlm.step = step->parsed();
               result = bench::bench_vlm(env, flags->vlm);
