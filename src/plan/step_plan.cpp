@@ -133,9 +133,9 @@ LoadReport load_report(const RowPlan& row, int S, const AttentionShape& shape) {
 // Vision-tower SP first (the items the options split, vision_split.h), then Vision DP over
 // the items left whole. A rank's encoder output holds its whole items' rows, then its
 // shard of each split item.
-void plan_vision(RowPlan& row, int S, const PlanOptions& options, int64_t vision_heads) {
+void plan_vision(RowPlan& row, int S, const PlanOptions& options, const ModelConventions& conventions) {
   const VisionCostModel& model = options.vision_cost;
-  const std::vector<bool> split = choose_split_items(row.items, S, vision_heads, options.vision_split);
+  const std::vector<bool> split = choose_split_items(row.items, S, conventions, options.vision_split);
   std::vector<size_t> whole;
   for (size_t i = 0; i < row.items.size(); ++i)
     if (!split[i]) whole.push_back(i);
@@ -172,7 +172,7 @@ void plan_vision(RowPlan& row, int S, const PlanOptions& options, int64_t vision
     it.preferred_rank = holder_rank(held_rows(it, row.shards));
     it.encoder_rank = -1;
     it.encoder_row = 0;
-    it.shard_rows = shard_boundaries(it.rows, S);
+    it.shard_rows = split_item_rows(it, S, conventions);
     it.shard_encoder_row.resize(S);
     for (int r = 0; r < S; ++r) {
       it.shard_encoder_row[r] = encoder_rows[r];
@@ -247,7 +247,7 @@ StepPlan make_step_plan(const Batch& batch, const ModelConventions& conventions,
     MMSP_CHECK(row.shards.local_length() <= std::numeric_limits<int32_t>::max(),
                "dp rank ", d, ": ", row.shards.local_length(), " slots per rank is beyond int32");
     row.items = collect_items(batch, plan, row.packing, offsets);
-    plan_vision(row, S, options, conventions.vision_heads);
+    plan_vision(row, S, options, conventions);
     row.pieces = flatten_pieces(row.items);
     row.load = load_report(row, S, options.attention_shape);
   }

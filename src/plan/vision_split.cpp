@@ -33,23 +33,44 @@ std::string to_string(const VisionSplitOptions& o) {
   return "off";
 }
 
-std::string unsplittable_reason(const VisionItem& item, int ranks, int64_t vision_heads) {
+int64_t split_unit_rows(const VisionItem& item, const ModelConventions& c) {
+  if (c.vision_split_by_frames && c.vision_heads <= 0 && item.grid[0] > 0 && item.rows % item.grid[0] == 0)
+    return item.rows / item.grid[0];
+  return 1;
+}
+
+std::string unsplittable_reason(const VisionItem& item, int ranks, const ModelConventions& c) {
   if (ranks <= 1) return "the context group has one rank";
-  if (vision_heads <= 0) return "this family's vision tower encodes items whole";
-  if (vision_heads % ranks != 0)
-    return detail::concat("its tower's ", vision_heads, " attention heads do not divide by the context group's ",
-                          ranks, " ranks");
-  if (item.rows < ranks)
-    return detail::concat("it has ", item.rows, " merge windows (embedding rows), fewer than the context group's ",
-                          ranks, " ranks");
-  return {};
+  if (c.vision_heads > 0) {
+    if (c.vision_heads % ranks != 0)
+      return detail::concat("its tower's ", c.vision_heads, " attention heads do not divide by the context group's ",
+                            ranks, " ranks");
+    if (item.rows < ranks)
+      return detail::concat("it has ", item.rows, " merge windows (embedding rows), fewer than the context group's ",
+                            ranks, " ranks");
+    return {};
+  }
+  if (c.vision_split_by_frames) {
+    if (item.grid[0] < ranks || item.rows % item.grid[0] != 0)
+      return detail::concat("it has ", item.grid[0], " tiles (frames), fewer than the context group's ", ranks,
+                            " ranks");
+    return {};
+  }
+  return "this family's vision tower encodes items whole";
+}
+
+std::vector<int64_t> split_item_rows(const VisionItem& item, int ranks, const ModelConventions& c) {
+  const int64_t unit = split_unit_rows(item, c);
+  std::vector<int64_t> b = shard_boundaries(item.rows / unit, ranks);
+  for (int64_t& x : b) x *= unit;
+  return b;
 }
 
 bool split_by_cost(const VisionItem& item, double total_cost, int ranks) {
   return item.patches >= VisionSplitOptions::kAutomaticFloor && item.cost > total_cost / ranks;
 }
 
-std::vector<bool> choose_split_items(const std::vector<VisionItem>& items, int ranks, int64_t vision_heads,
+std::vector<bool> choose_split_items(const std::vector<VisionItem>& items, int ranks, const ModelConventions& c,
                                      const VisionSplitOptions& options) {
   std::vector<bool> split(items.size(), false);
   if (options.mode == VisionSplitOptions::Mode::off || ranks <= 1) return split;
@@ -59,7 +80,7 @@ std::vector<bool> choose_split_items(const std::vector<VisionItem>& items, int r
     const VisionItem& it = items[i];
     const bool wanted = options.mode == VisionSplitOptions::Mode::forced ? it.patches >= options.min_patches
                                                                          : split_by_cost(it, total, ranks);
-    split[i] = wanted && unsplittable_reason(it, ranks, vision_heads).empty();
+    split[i] = wanted && unsplittable_reason(it, ranks, c).empty();
   }
   return split;
 }

@@ -456,9 +456,9 @@ namespace {
 
 test::StepResult run_internvl(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
                               const parallel::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
-                              at::ScalarType dtype) {
+                              at::ScalarType dtype, int64_t tiles = kTiles) {
   at::manual_seed(13);  // the tiles, identical everywhere
-  const model::PixelInputs pixels{at::randn({kTiles, 3, 8, 8}, dtype), {}};
+  const model::PixelInputs pixels{at::randn({tiles, 3, 8, 8}, dtype), {}};
   at::manual_seed(42);
   auto vlm = model::build_vlm(config);
   vlm->to(dtype);
@@ -505,3 +505,38 @@ INSTANTIATE_TEST_SUITE_P(MultiRank, InternVLMesh,
                            return std::string(std::get<0>(info.param) ? "v2_" : "v300m_") +
                                   (std::get<1>(info.param) == at::kDouble ? "fp64" : "fp32");
                          });
+
+// Vision-tower SP by tiles: InternViT encodes each tile alone, so a large image's tiles
+// spread over the context group with nothing exchanged. An image of 5 tiles split in whole
+// tiles (uneven: 3 + 2 on 2 ranks, 2 + 2 + 1 on 3, 2 + 1 + 1 + 1 on 4) beside a 1-tile image
+// kept whole (--vision-split 32: it has 16 patches), on every mesh and vision mode: the loss
+// and every gradient equal one process's (fp64 1e-9).
+TEST(MultiRankInternVLSplit, TilesSpreadOverTheContextGroupEqualOneProcess) {
+  const model::ModelConfig config = tiny_internvl();
+  plan::Sequence a, b, c, d;
+  text(a, 3, 1), image(a, 5), text(a, 6, 2);
+  text(b, 5, 3), image(b, 1), text(b, 3, 4);
+  text(c, 9, 6);
+  text(d, 21, 7);
+  const plan::Batch batch{{a, b, c, d}};
+  const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
+  const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
+  const test::StepResult ref =
+      run_internvl(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed, at::kDouble, 6);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    if (mesh.shape().ulysses == 3) continue;  // 2 K/V heads
+    plan::PlanOptions options;
+    options.mesh = mesh.shape();
+    options.vision_split = plan::parse_vision_split("32");
+    const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
+    int split = 0;
+    for (const plan::RowPlan& row : mine.rows)
+      for (const plan::VisionItem& it : row.items) split += it.split();
+    EXPECT_EQ(split, mesh.shape().context() > 1 ? 1 : 0) << mesh.shape().str();
+    for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
+      const test::StepResult got = run_internvl(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
+                                                mesh.world(), mode, at::kDouble, 6);
+      test::expect_same_step(got, ref, 1e-9, mesh.shape().str() + " split tiles " + model::to_string(mode));
+    }
+  }
+}

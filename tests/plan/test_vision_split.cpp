@@ -35,10 +35,23 @@ TEST(VisionSplit, ShardsAreWholeRowsAsEvenAsTheyGo) {
 TEST(VisionSplit, ReasonsAnItemStaysWhole) {
   VisionItem item;
   item.rows = 2;
-  EXPECT_THAT(unsplittable_reason(item, 3, 16), ::testing::HasSubstr("16 attention heads do not divide by the context group's 3 ranks"));
-  EXPECT_THAT(unsplittable_reason(item, 4, 16), ::testing::HasSubstr("it has 2 merge windows (embedding rows), fewer than the context group's 4 ranks"));
-  EXPECT_THAT(unsplittable_reason(item, 2, 0), ::testing::HasSubstr("encodes items whole"));
-  EXPECT_EQ(unsplittable_reason(item, 2, 16), "");
+  ModelConventions qwen;
+  qwen.vision_heads = 16;
+  EXPECT_THAT(unsplittable_reason(item, 3, qwen), ::testing::HasSubstr("16 attention heads do not divide by the context group's 3 ranks"));
+  EXPECT_THAT(unsplittable_reason(item, 4, qwen), ::testing::HasSubstr("it has 2 merge windows (embedding rows), fewer than the context group's 4 ranks"));
+  EXPECT_EQ(unsplittable_reason(item, 2, qwen), "");
+  ModelConventions none;
+  EXPECT_THAT(unsplittable_reason(item, 2, none), ::testing::HasSubstr("encodes items whole"));
+  // InternVL: whole tiles, any number of ranks up to the tiles
+  ModelConventions tiles;
+  tiles.vision_split_by_frames = true;
+  VisionItem tiled;
+  tiled.grid = {5, 16, 16};
+  tiled.rows = 5 * 64;
+  EXPECT_EQ(unsplittable_reason(tiled, 3, tiles), "");
+  EXPECT_EQ(split_unit_rows(tiled, tiles), 64);
+  EXPECT_EQ(split_item_rows(tiled, 3, tiles), (std::vector<int64_t>{0, 128, 256, 320}));
+  EXPECT_THAT(unsplittable_reason(tiled, 6, tiles), ::testing::HasSubstr("it has 5 tiles (frames), fewer than the context group's 6 ranks"));
 }
 
 // Every rank's routes: each placeholder slot of the row receives exactly one row, every

@@ -224,8 +224,8 @@ TEST(StepPixels, HoldsOnlyNeededItems) {
   }
 }
 
-// Vision-tower SP: a rank holds only its shard of a split item's rows (and decodes the
-// item once); reading rows outside the shard is an error naming them.
+// Vision-tower SP: a rank holds only the pixel rows of its shard of a split item (and
+// decodes the item once); reading rows outside the shard is an error naming them.
 TEST(StepPixels, HoldsOnlyItsShardOfASplitItem) {
   const auto config = tiny_config("tiny-qwen2-vl");
   ShapesOptions o;
@@ -236,7 +236,8 @@ TEST(StepPixels, HoldsOnlyItsShardOfASplitItem) {
   const std::vector<int64_t> samples = {0, 1, 2, 3};
   const plan::Batch batch = make_batch(data, samples);
   auto needed = [](plan::VisionKind kind, int64_t item) {
-    return kind == plan::VisionKind::image && item == 0 ? HeldPart{true, false, 4, 8} : HeldPart{};
+    // embedding rows 1..3 of image 0: its patch rows 4..12 (2 × 2 patches a row)
+    return kind == plan::VisionKind::image && item == 0 ? HeldPart{true, false, 1, 2} : HeldPart{};
   };
   const model::PixelInputs px = load_pixels(data, samples, batch, config, needed, at::kFloat);
   ASSERT_EQ(px.images.size(0), 8) << "room for the shard only";

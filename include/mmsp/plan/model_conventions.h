@@ -54,9 +54,13 @@ struct ModelConventions {
   std::array<int64_t, 3> mrope_section{16, 24, 24};
   // Qwen3-VL interleaves t/h/w frequencies instead of splitting them in chunks
   bool mrope_interleaved = false;
-  // The vision tower's attention heads where it can encode one item over several ranks
-  // (vision-tower SP, vision_split.h); 0 where the family encodes items whole.
+  // Vision-tower SP (vision_split.h): how the tower can encode one item over several ranks.
+  // vision_heads > 0: in whole merge windows, the blocks' attention exchanged between the
+  // ranks (Qwen: the heads must divide by them). vision_split_by_frames: in whole frames
+  // (InternVL's tiles), which the tower encodes independently: nothing exchanged. Neither:
+  // items are encoded whole.
   int64_t vision_heads = 0;
+  bool vision_split_by_frames = false;
 
   bool uses_mrope() const { return positions == PositionKind::mrope; }
   bool video_frames_as_blocks() const { return frames_as_blocks; }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "mmsp/plan/model_conventions.h"
 #include "mmsp/plan/vision_routes.h"
 
 namespace mmsp::plan {
@@ -31,11 +32,16 @@ struct VisionSplitOptions {
 VisionSplitOptions parse_vision_split(const std::string& text);
 std::string to_string(const VisionSplitOptions& options);
 
-// Why `item` cannot be split over `ranks` ranks of a tower with `vision_heads` attention
-// heads (0: the family's tower cannot split); empty when it can. Rules: the heads divide
-// by the ranks (the all-to-all gives each rank H / ranks heads), and every rank gets at
-// least one embedding row (a whole merge window).
-std::string unsplittable_reason(const VisionItem& item, int ranks, int64_t vision_heads);
+// Embedding rows of the smallest piece a rank can take of `item`: one merge window (1 row),
+// or a whole frame (InternVL's tiles: rows / t).
+int64_t split_unit_rows(const VisionItem& item, const ModelConventions& conventions);
+
+// Why `item` cannot be split over `ranks` ranks of this family's tower; empty when it
+// can. Rules: the family's tower splits at all (ModelConventions::vision_heads,
+// vision_split_by_frames); with the attention exchanged, the heads divide by the ranks
+// (the all-to-all gives each rank H / ranks heads); every rank gets at least one unit
+// (a merge window, or a frame).
+std::string unsplittable_reason(const VisionItem& item, int ranks, const ModelConventions& conventions);
 
 // The automatic rule: an item is split when its estimated encoder cost is more than a
 // rank's fair share of the row's (total / ranks) — no assignment of whole items can then
@@ -43,8 +49,12 @@ std::string unsplittable_reason(const VisionItem& item, int ranks, int64_t visio
 bool split_by_cost(const VisionItem& item, double total_cost, int ranks);
 
 // Which items of one dp row the options split (and can be split): one flag per item.
-std::vector<bool> choose_split_items(const std::vector<VisionItem>& items, int ranks, int64_t vision_heads,
-                                     const VisionSplitOptions& options);
+std::vector<bool> choose_split_items(const std::vector<VisionItem>& items, int ranks,
+                                     const ModelConventions& conventions, const VisionSplitOptions& options);
+
+// Each rank's rows of a split item: its units as evenly as they go (shard_boundaries),
+// in embedding rows.
+std::vector<int64_t> split_item_rows(const VisionItem& item, int ranks, const ModelConventions& conventions);
 
 // `rows` over `ranks` as evenly as whole rows allow, the first ranks taking one more:
 // boundaries [ranks + 1], from 0 to rows.

@@ -31,9 +31,7 @@ PixelsNeeded pixels_encoded_here(const plan::StepPlan& plan, model::VisionMode m
     const int me = plan.mine.coords.context_rank(plan.options.mesh);
     for (int64_t i : plan.mine.routes.split_items) {
       const plan::VisionItem& item = items.at(i);
-      const int64_t per_row = item.patches / item.rows;
-      wanted[{item.kind, item.batch_index}] = {true, false, item.shard_rows.at(me) * per_row,
-                                               item.rows_encoded_by(me) * per_row};
+      wanted[{item.kind, item.batch_index}] = {true, false, item.shard_rows.at(me), item.rows_encoded_by(me)};
     }
   }
   return [wanted = std::move(wanted)](plan::VisionKind kind, int64_t item) {
@@ -60,7 +58,16 @@ model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t
                  config.model_type, " takes no videos");
       for (const plan::Grid& g : video ? s.video_grid_thw : s.image_grid_thw) {
         HeldPart part = needed(kind, static_cast<int64_t>(offsets.size()));
-        if (part.any && part.whole) part.rows = geometry->batch_rows(g);
+        // A shard's embedding rows as pixel rows, where they map exactly; else the whole item.
+        const int64_t pixel_rows = geometry->batch_rows(g), rows_of_item = geometry->placeholder_rows(g);
+        if (part.any && !part.whole && rows_of_item > 0 && (part.first * pixel_rows) % rows_of_item == 0 &&
+            (part.rows * pixel_rows) % rows_of_item == 0) {
+          part.first = part.first * pixel_rows / rows_of_item;
+          part.rows = part.rows * pixel_rows / rows_of_item;
+        } else {
+          part.whole = true;
+        }
+        if (part.any && part.whole) part.first = 0, part.rows = pixel_rows;
         MMSP_CHECK(!part.any || (part.first >= 0 && part.first + part.rows <= geometry->batch_rows(g)),
                    "load_pixels: rows ", part.first, "..", part.first + part.rows, " of ", plan::to_string(kind), " ",
                    offsets.size(), " are beyond its ", geometry->batch_rows(g), " rows");

@@ -19,8 +19,9 @@
 
 namespace mmsp::train {
 
-// What a rank holds of one item: nothing, all of it, or (vision-tower SP) rows
-// [first, first + rows) of its batch rows.
+// What a rank holds of one item: nothing, all of it, or (vision-tower SP) the pixels of its
+// embedding rows [first, first + rows) — whole pixel rows where the family's layout maps
+// them exactly (Qwen's m² patches a row, InternVL's tiles), else the whole item.
 struct HeldPart {
   bool any = false, whole = true;
   int64_t first = 0, rows = 0;

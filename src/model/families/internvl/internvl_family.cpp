@@ -163,6 +163,9 @@ class InternVLFamily : public Family {
                  r.get<double>(), " must be 1/k for an integer k in 1..64 (pixel shuffle)");
       c.spatial_merge_size = static_cast<int64_t>(std::round(inv));
     }
+    // InternViT encodes each tile alone: a large image's tiles can be spread over the
+    // context group with nothing exchanged (vision-tower SP by frames).
+    c.vision_split_by_frames = true;
     return c;
   }
 

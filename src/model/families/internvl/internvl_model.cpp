@@ -47,6 +47,21 @@ TowerInput InternVLTower::gather(const std::vector<plan::VisionItem>& items, con
   return {at::cat(tiles, 0), {}};  // [Σ tiles, C, S, S]
 }
 
+void InternVLTower::add_split(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels,
+                              const SplitEncoding& split, TowerInput& input) const {
+  const int64_t side = vision_.patches_per_side();
+  std::vector<at::Tensor> tiles{input.pixels};
+  for (const plan::VisionItem& item : items) {
+    MMSP_ASSERT(item.split() && item.grid[0] > 0 && item.rows % item.grid[0] == 0);
+    const int64_t per_tile = item.rows / item.grid[0];
+    const int64_t first = item.shard_rows.at(split.rank), rows = item.rows_encoded_by(split.rank);
+    MMSP_ASSERT(first % per_tile == 0 && rows % per_tile == 0, "InternVL shards are whole tiles");
+    const int64_t at = pixels.row_of(item, item.patch_offset / (side * side), first / per_tile, rows / per_tile);
+    tiles.push_back(pixels.images.narrow(0, at, rows / per_tile));
+  }
+  input.pixels = at::cat(tiles, 0);
+}
+
 void InternVLTower::check(const plan::StepPlan& plan, const PixelInputs& pixels) const {
   const InternVisionConfig& v = vision_;
   const int64_t side = v.patches_per_side();
@@ -62,7 +77,9 @@ void InternVLTower::check(const plan::StepPlan& plan, const PixelInputs& pixels)
       const bool held = pixels.image_offsets.empty() ||
                         (item.batch_index < static_cast<int64_t>(pixels.image_offsets.size()) &&
                          pixels.image_offsets[item.batch_index] >= 0);
-      if (held) tiles += g[0];
+      // A split image's tiles: only this rank's shard of them is held (pixel_inputs.h).
+      const bool partial = held && !pixels.image_held_rows.empty();
+      if (held) tiles += partial ? pixels.image_held_rows.at(item.batch_index) : g[0];
     }
   const at::Tensor& px = pixels.images;
   MMSP_CHECK(tiles == 0 || (px.defined() && px.dim() == 4 && px.size(0) == tiles && px.size(1) == v.num_channels &&

@@ -28,6 +28,10 @@ class InternVLTower : public VisionTower {
   InternVLTower(const InternVisionConfig& vision, const InternVLProjectorConfig& internvl, const TextConfig& text);
   TowerInput gather(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels) const override;
   TowerInput no_items(const at::TensorOptions& options) const override;
+  // Vision-tower SP: this rank's tiles of each split image, after the whole images' (a
+  // tile is encoded alone: nothing is exchanged).
+  void add_split(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels, const SplitEncoding& split,
+                 TowerInput& input) const override;
   // tiles [N, C, S, S] -> rows [N · image_seq_length, text hidden]: tower, pixel shuffle, projector.
   at::Tensor encode(const TowerInput& input) const override;
   int64_t row_width() const override { return text_hidden_; }
