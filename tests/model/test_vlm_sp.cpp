@@ -412,8 +412,8 @@ namespace {
 
 // strategy "default" drops the vision tower's class token (16 rows per image), "full"
 // keeps it (17 rows).
-model::ModelConfig tiny_llava(const std::string& strategy = "default") {
-  nlohmann::json c = {
+nlohmann::json tiny_llava_json(const std::string& strategy = "default") {
+  return {
       {"model_type", "llava"}, {"image_token_index", kImage}, {"image_seq_length", strategy == "full" ? 17 : 16},
       {"projector_hidden_act", "gelu"}, {"vision_feature_layer", -2},
       {"vision_feature_select_strategy", strategy}, {"tie_word_embeddings", false},
@@ -424,7 +424,10 @@ model::ModelConfig tiny_llava(const std::string& strategy = "default") {
                          {"num_hidden_layers", 3}, {"num_attention_heads", 2}, {"image_size", 8},
                          {"patch_size", 2}, {"projection_dim", 16}, {"hidden_act", "quick_gelu"},
                          {"layer_norm_eps", 1e-5}}}};
-  return model::parse_model_config(c, "tiny llava");
+}
+
+model::ModelConfig tiny_llava(const std::string& strategy = "default") {
+  return model::parse_model_config(tiny_llava_json(strategy), "tiny llava");
 }
 
 // Four images of `rows` placeholder tokens (bare runs of <image>) in four sequences;
@@ -477,6 +480,39 @@ TEST_P(LlavaDtype, MultiRankEqualsOneProcessInEveryVisionMode) {
                                      mesh.world(), mode, dtype);
         test::expect_same_step(got, ref, rtol, mesh.shape().str() + " " + model::to_string(mode) + " " +
                                         (dtype == at::kDouble ? "fp64 " : "fp32 ") + strategy);
+      }
+    }
+  }
+}
+
+// Vision-tower SP for CLIP: each image (17 tokens: the class token and 16 patches) split
+// over the context group, its class token on rank 0 alone — attended by every rank's
+// patches through the exchange, dropped once ("default") or routed once as the image's
+// first row ("full") — with 12 heads (48 wide) over 2, 3 or 4 ranks; the four images at
+// once, so the gathered tokens are put image by image. Every mesh and vision mode: the
+// loss and every gradient equal one process's (fp64 1e-9).
+TEST(MultiRankLlava, SplitImagesEqualOneProcess) {
+  for (const std::string strategy : {"default", "full"}) {
+    nlohmann::json c = tiny_llava_json(strategy);
+    c["vision_config"]["hidden_size"] = 48;
+    c["vision_config"]["num_attention_heads"] = 12;
+    const model::ModelConfig config = model::parse_model_config(c, "tiny llava with 12 vision heads");
+    const plan::Batch batch = llava_batch(strategy == "full" ? 17 : 16);
+    const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
+    const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
+    const Result ref = run_llava(config, batch, whole, {solo, solo, solo}, solo, model::VisionMode::routed);
+    for (const dist::Mesh& mesh : test::all_meshes()) {
+      if (mesh.shape().ulysses == 3) continue;  // the decoder's 2 K/V heads
+      plan::PlanOptions options;
+      options.mesh = mesh.shape();
+      options.vision_split = plan::parse_vision_split("16");
+      const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
+      for (const plan::RowPlan& row : mine.rows)
+        for (const plan::VisionItem& it : row.items) EXPECT_EQ(it.split(), mesh.shape().context() > 1);
+      for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
+        const Result got = run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
+                                     mesh.world(), mode);
+        test::expect_same_step(got, ref, 1e-9, mesh.shape().str() + " split " + strategy + " " + model::to_string(mode));
       }
     }
   }

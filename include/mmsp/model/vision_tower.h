@@ -26,7 +26,9 @@ struct SplitShards {
   std::vector<std::vector<int64_t>> shard_rows;
   std::vector<int64_t> patches_per_row;  // patches of one embedding row (Qwen: m²)
   int rank = 0;
-  int64_t patches = 0;  // this rank's patches of them, in TowerInput::pixels after the whole items'
+  // this rank's pixel rows of them (Qwen: its patches; LLaVA: the split images whole), in
+  // TowerInput::pixels after the whole items'
+  int64_t pixel_rows = 0;
   SplitExchange exchange;
   bool empty() const { return grids.empty(); }
   int ranks() const { return shard_rows.empty() ? 1 : static_cast<int>(shard_rows[0].size()) - 1; }

@@ -58,44 +58,146 @@ int64_t ClipVisionTower::feature_layer() const {
 }
 
 at::Tensor ClipVisionTower::forward(const at::Tensor& images) const {
-  const ClipVisionConfig& c = vision_;
-  MMSP_CHECK(images.dim() == 4 && images.size(1) == c.num_channels && images.size(2) == c.image_size &&
-                 images.size(3) == c.image_size,
-             "LLaVA images must be [N, ", c.num_channels, ", ", c.image_size, ", ", c.image_size,
-             "], got ", images.sizes());
-  const int64_t N = images.size(0), side = c.patches_per_side(), P = side * side, D = c.hidden_size;
-  // Conv2d with stride = kernel: patches [N, P, C·p·p] @ weightᵀ, patches row-major.
-  at::Tensor patches = images.reshape({N, c.num_channels, side, c.patch_size, side, c.patch_size})
-                           .permute({0, 2, 4, 1, 3, 5})
-                           .reshape({N, P, c.num_channels * c.patch_size * c.patch_size});
-  at::Tensor x = at::linear(patches, patch_weight.reshape({D, -1}));               // [N, P, D]
-  x = at::cat({class_embedding.expand({N, 1, D}), x}, 1) + position_weight;        // [N, P+1, D]
-  x = leave_phase_in_backward(pre_layrnorm_->forward(x), Phase::vision);  // the tower's backward ends here
-  // Each image is one bidirectional segment: the local kernel over all images at once.
-  const attention::TokenLayout layout{at::arange(N, at::kLong).repeat_interleave(P + 1),
-                                      at::arange(P + 1, at::kLong).repeat({N})};
-  MMSP_CHECK(N > 0 || hooked_layers_.hooked(), "the CLIP tower needs at least one image");
-  for (int64_t i = 0; i < feature_layer(); ++i) {
-    // By value: a recomputed layer runs again after this frame (the tower outlives the step).
-    std::shared_ptr<Layer> layer = layers_[i];
-    x = hooked_layers_.run(
-        i, [this, layer, layout](const at::Tensor& in) { return layer_forward(*layer, in, layout); }, x);
-  }
-  return llava_.vision_feature_select_strategy == "default" ? x.narrow(1, 1, P) : x;
+  const int64_t P = vision_.patches_per_side() * vision_.patches_per_side();
+  const int64_t rows = llava_.vision_feature_select_strategy == "default" ? P : P + 1;
+  return forward(images, SplitShards{}, {}).view({images.size(0), rows, vision_.hidden_size});
 }
 
-at::Tensor ClipVisionTower::layer_forward(const Layer& l, const at::Tensor& x,
-                                          const attention::TokenLayout& layout) const {
-  const int64_t N = x.size(0), S = x.size(1), D = x.size(2), T = N * S;
+std::pair<int64_t, int64_t> ClipVisionTower::split_tokens(const SplitShards& split, size_t j, int r) const {
+  // Row k is token k + 1 ("default": the class token is no row) or token k ("full"); the
+  // class token goes with rank 0's rows either way.
+  const bool drop = llava_.vision_feature_select_strategy == "default";
+  const std::vector<int64_t>& b = split.shard_rows.at(j);
+  auto token = [&](int s) { return s == 0 ? int64_t{0} : b[s] + (drop ? 1 : 0); };
+  return {token(r), token(r + 1)};
+}
+
+ClipVisionTower::SplitAttention ClipVisionTower::split_attention(const SplitShards& split) const {
+  const int S = split.ranks();
+  const size_t n = split.grids.size();
+  SplitAttention out;
+  out.exchange = split.exchange;
+  out.tokens.assign(S, 0);
+  // The exchange joins the ranks' tokens in rank order, each rank's images in order; one
+  // process attends image by image.
+  std::vector<std::vector<int64_t>> base(S, std::vector<int64_t>(n));
+  int64_t next = 0;
+  for (int r = 0; r < S; ++r)
+    for (size_t j = 0; j < n; ++j) {
+      const auto [t0, t1] = split_tokens(split, j, r);
+      base[r][j] = next;
+      next += t1 - t0;
+      out.tokens[r] += t1 - t0;
+    }
+  std::vector<int64_t> perm, seg, ord;
+  for (size_t j = 0; j < n; ++j)
+    for (int r = 0; r < S; ++r) {
+      const auto [t0, t1] = split_tokens(split, j, r);
+      for (int64_t t = t0; t < t1; ++t) {
+        perm.push_back(base[r][j] + t - t0);
+        seg.push_back(static_cast<int64_t>(j));
+        ord.push_back(t);
+      }
+    }
+  bool identity = true;
+  for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
+  if (!identity) {
+    out.perm = at::tensor(at::ArrayRef<int64_t>(perm), at::kLong).clone();
+    out.inverse = at::empty_like(out.perm);
+    out.inverse.index_put_({out.perm}, at::arange(out.perm.size(0), at::kLong));
+  }
+  out.layout = {at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
+                at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
+  return out;
+}
+
+at::Tensor ClipVisionTower::forward(const at::Tensor& images, const SplitShards& split,
+                                    const at::Tensor& split_images) const {
+  const ClipVisionConfig& c = vision_;
+  auto check_images = [&](const at::Tensor& t) {
+    MMSP_CHECK(t.dim() == 4 && t.size(1) == c.num_channels && t.size(2) == c.image_size && t.size(3) == c.image_size,
+               "LLaVA images must be [N, ", c.num_channels, ", ", c.image_size, ", ", c.image_size, "], got ",
+               t.sizes());
+  };
+  check_images(images);
+  const int64_t N = images.size(0), side = c.patches_per_side(), P = side * side, D = c.hidden_size;
+  MMSP_CHECK(split.empty() || (split_images.defined() && split_images.size(0) == int64_t(split.grids.size())),
+             "LLaVA: the split images' pixels are missing");
+  // Conv2d with stride = kernel: patches [N, P, C·p·p] @ weightᵀ, patches row-major.
+  auto patchify = [&](const at::Tensor& t) {
+    return t.reshape({t.size(0), c.num_channels, side, c.patch_size, side, c.patch_size})
+        .permute({0, 2, 4, 1, 3, 5})
+        .reshape({t.size(0), P, c.num_channels * c.patch_size * c.patch_size});
+  };
+  const at::Tensor w = patch_weight.reshape({D, -1});
+  at::Tensor x = at::linear(patchify(images), w);                                  // [N, P, D]
+  x = (at::cat({class_embedding.expand({N, 1, D}), x}, 1) + position_weight).reshape({N * (P + 1), D});
+  // This rank's tokens of each split image: the class token (rank 0) and its patches.
+  std::vector<at::Tensor> parts{x};
+  if (!split.empty()) check_images(split_images);
+  for (size_t j = 0; j < split.grids.size(); ++j) {
+    const auto [t0, t1] = split_tokens(split, j, split.rank);
+    const int64_t first = std::max<int64_t>(t0, 1) - 1, count = t1 - std::max<int64_t>(t0, 1);
+    at::Tensor tokens = at::linear(patchify(split_images.narrow(0, j, 1)).select(0, 0).narrow(0, first, count), w);
+    if (t0 == 0) tokens = at::cat({class_embedding.unsqueeze(0), tokens});
+    parts.push_back(tokens + position_weight.narrow(0, t0, t1 - t0));
+  }
+  if (parts.size() > 1) x = at::cat(parts);
+  x = leave_phase_in_backward(pre_layrnorm_->forward(x), Phase::vision);  // the tower's backward ends here
+  // Each whole image is one bidirectional segment: the local kernel over all of them at once.
+  const attention::TokenLayout layout{at::arange(N, at::kLong).repeat_interleave(P + 1),
+                                      at::arange(P + 1, at::kLong).repeat({N})};
+  MMSP_CHECK(x.size(0) > 0 || hooked_layers_.hooked(), "the CLIP tower needs at least one image");
+  const SplitAttention shared = split.empty() ? SplitAttention{} : split_attention(split);
+  for (int64_t i = 0; i < feature_layer(); ++i) {
+    // By value: a recomputed layer runs again after this frame (the tower outlives the
+    // step), its split images' exchanges with it, in the same order on every rank.
+    std::shared_ptr<Layer> layer = layers_[i];
+    x = hooked_layers_.run(
+        i, [this, layer, layout, shared](const at::Tensor& in) { return layer_forward(*layer, in, layout, shared); },
+        x);
+  }
+  // The selected rows: "default" drops each image's class token (a split image's: on rank 0).
+  const bool drop = llava_.vision_feature_select_strategy == "default";
+  at::Tensor whole = x.narrow(0, 0, N * (P + 1));
+  if (drop) whole = whole.view({N, P + 1, D}).narrow(1, 1, P).reshape({N * P, D});
+  if (split.empty()) return whole;
+  std::vector<at::Tensor> rows{whole};
+  int64_t next = N * (P + 1);
+  for (size_t j = 0; j < split.grids.size(); ++j) {
+    const auto [t0, t1] = split_tokens(split, j, split.rank);
+    const int64_t skip = drop && t0 == 0 ? 1 : 0;
+    rows.push_back(x.narrow(0, next + skip, t1 - t0 - skip));
+    next += t1 - t0;
+  }
+  return at::cat(rows);
+}
+
+at::Tensor ClipVisionTower::layer_forward(const Layer& l, const at::Tensor& x, const attention::TokenLayout& layout,
+                                          const SplitAttention& split) const {
+  const int64_t T = x.size(0), D = x.size(1), whole = layout.size();
   const int64_t heads = vision_.num_attention_heads, hd = D / heads;
   attention::AttentionOptions options;
   options.causal = false;
-  at::Tensor h = l.layer_norm1->forward(x).reshape({T, D});
+  at::Tensor h = l.layer_norm1->forward(x);
   at::Tensor q = l.q_proj->forward(h).view({T, heads, hd});
   at::Tensor k = l.k_proj->forward(h).view({T, heads, hd});
   at::Tensor v = l.v_proj->forward(h).view({T, heads, hd});
-  at::Tensor a = attention::local_attention(q, k, v, layout, layout, options).reshape({N, S, D});
-  at::Tensor y = x + l.out_proj->forward(a);
+  at::Tensor a = attention::local_attention(q.narrow(0, 0, whole), k.narrow(0, 0, whole), v.narrow(0, 0, whole),
+                                            layout, layout, options);
+  if (split.exchange) {
+    auto inner = [&split, options](const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv) {
+      if (!split.perm.defined()) return attention::local_attention(gq, gk, gv, split.layout, split.layout, options);
+      const at::Tensor perm = split.perm.to(gq.device());
+      at::Tensor o = attention::local_attention(gq.index_select(0, perm), gk.index_select(0, perm),
+                                                gv.index_select(0, perm), split.layout, split.layout, options);
+      return o.index_select(0, split.inverse.to(o.device()));
+    };
+    const int64_t mine = T - whole;
+    a = at::cat({a, split.exchange(q.narrow(0, whole, mine), k.narrow(0, whole, mine), v.narrow(0, whole, mine),
+                                   split.tokens, inner)});
+  }
+  at::Tensor y = x + l.out_proj->forward(a.reshape({T, D}));
   return y + l.fc2->forward(activation(vision_.hidden_act, l.fc1->forward(l.layer_norm2->forward(y))));
 }
 
@@ -123,8 +225,31 @@ TowerInput LlavaTower::no_items(const at::TensorOptions& options) const {
   return {at::zeros({0, vision_.num_channels, vision_.image_size, vision_.image_size}, options), {}};
 }
 
+void LlavaTower::add_split(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels,
+                           const SplitEncoding& split, TowerInput& input) const {
+  SplitShards& s = input.split;
+  s.rank = split.rank;
+  s.exchange = split.exchange;
+  std::vector<at::Tensor> images{input.pixels};
+  for (const plan::VisionItem& item : items) {
+    MMSP_CHECK(item.kind == plan::VisionKind::image, "LLaVA takes images only");
+    s.grids.push_back(item.grid);
+    s.shard_rows.push_back(item.shard_rows);
+    s.patches_per_row.push_back(1);
+    // The image whole: each rank embeds only its tokens of it.
+    const int64_t row = pixels.row_of(item, item.batch_index, 0, 1);
+    MMSP_CHECK(pixels.images.defined() && pixels.images.size(0) > row, "LLaVA needs pixel values at row ", row);
+    images.push_back(pixels.images.narrow(0, row, 1));
+    s.pixel_rows += 1;
+  }
+  input.pixels = at::cat(images);
+}
+
 at::Tensor LlavaTower::encode(const TowerInput& input) const {
-  at::Tensor features = clip->forward(input.pixels);  // [n, rows, D]
+  const int64_t whole = input.pixels.size(0) - input.split.pixel_rows;
+  at::Tensor features = clip->forward(input.pixels.narrow(0, 0, whole), input.split,
+                                      input.split.pixel_rows > 0 ? input.pixels.narrow(0, whole, input.split.pixel_rows)
+                                                                 : at::Tensor());  // [rows, D]
   at::Tensor rows = linear_2_->forward(activation(llava_.projector_hidden_act, linear_1_->forward(features)));
   return rows.reshape({-1, text_hidden_});
 }

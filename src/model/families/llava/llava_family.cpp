@@ -127,6 +127,10 @@ class LlavaFamily : public Family {
                  strategy.dump(), " is not supported; supported: \"default\" (drop the class token), \"full\"");
       c.class_rows = strategy == "full" ? 1 : 0;
     }
+    // The CLIP tower can encode one large image over the context group (its heads split
+    // over the ranks): the planner needs their number.
+    const nlohmann::json* vision = fields::object(config, "vision_config");
+    c.vision_heads = (vision ? parse_clip_vision_config(*vision) : default_llava_vision_config()).num_attention_heads;
     return c;
   }
 

@@ -274,11 +274,11 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values, const st
     patches += g[0] * g[1] * g[2];
   }
   const int64_t patch_dim = c.patch_row();
-  MMSP_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == patches + split.patches &&
+  MMSP_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == patches + split.pixel_rows &&
                  pixel_values.size(1) == patch_dim,
-             "pixel_values ", pixel_values.sizes(), " must be [", patches + split.patches, ", ", patch_dim,
+             "pixel_values ", pixel_values.sizes(), " must be [", patches + split.pixel_rows, ", ", patch_dim,
              "] for these grids (C·tp·p·p = ", patch_dim, ")");
-  MMSP_CHECK(patches + split.patches > 0 || hooked_blocks_.hooked(), "the vision encoder needs at least one item");
+  MMSP_CHECK(patches + split.pixel_rows > 0 || hooked_blocks_.hooked(), "the vision encoder needs at least one item");
   // The split items' patches this rank encodes (vision-tower SP): their (h, w), for the
   // rotary angles and Qwen3-VL's position table.
   std::vector<at::Tensor> split_hw;
@@ -289,7 +289,7 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values, const st
   const at::Tensor w = patch_embed_->proj_weight.reshape({c.hidden_size, patch_dim});
   at::Tensor x = patch_embed_->proj_bias.defined() ? at::linear(pixel_values, w, patch_embed_->proj_bias)
                                                    : at::linear(pixel_values, w);
-  if (qwen3_ && patches + split.patches > 0) {
+  if (qwen3_ && patches + split.pixel_rows > 0) {
     std::vector<at::Tensor> pos;
     for (const plan::Grid& g : grids) pos.push_back(interpolated_positions(g, vision_patch_positions({g}, m)));
     for (size_t j = 0; j < split.grids.size(); ++j) pos.push_back(interpolated_positions(split.grids[j], split_hw[j]));
@@ -324,7 +324,7 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values, const st
     auto by_window = [&](const at::Tensor& t) {  // [N, ...] in groups of m² rows per merged unit
       return t.view({-1, m * m, t.size(1)}).index_select(0, order.to(t.device())).view({t.size(0), t.size(1)});
     };
-    x = split.empty() ? by_window(x) : at::cat({by_window(x.narrow(0, 0, patches)), x.narrow(0, patches, split.patches)});
+    x = split.empty() ? by_window(x) : at::cat({by_window(x.narrow(0, 0, patches)), x.narrow(0, patches, split.pixel_rows)});
     emb = by_window(emb);
     const at::Tensor lengths = at::tensor(at::ArrayRef<int64_t>(wi.window_units), at::kLong) * (m * m);
     const at::Tensor window_of = at::arange(lengths.size(0), at::kLong).repeat_interleave(lengths);
@@ -405,7 +405,7 @@ void QwenVisionEncoder::add_split(const std::vector<plan::VisionItem>& items, co
                " ", item.batch_index, " (rows ", at_row, "..", at_row + count, " of its shard) are missing: got ",
                source.defined() ? source.size(0) : 0, " rows");
     rows.push_back(source.narrow(0, at_row, count).to(input.pixels.scalar_type()));
-    s.patches += count;
+    s.pixel_rows += count;
   }
   input.pixels = at::cat(rows);
 }

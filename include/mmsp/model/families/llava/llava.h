@@ -30,6 +30,11 @@ class ClipVisionTower : public torch::nn::Module {
   // No images (N = 0) is only for hooked layers: it runs each layer on no rows, so that
   // its hooks are called as on a rank with images.
   at::Tensor forward(const at::Tensor& images) const;
+  // The same for the whole images, then this rank's token ranges of the split ones
+  // (vision-tower SP): rows [N·rows + this rank's rows of the split images, hidden]. The
+  // class token of a split image lives on context rank 0 alone, attended by every rank's
+  // patches through the exchange, and counted once.
+  at::Tensor forward(const at::Tensor& images, const SplitShards& split, const at::Tensor& split_images) const;
   // The encoder layers as hook units, recomputed in the backward when set
   // (hooked_blocks.h); the layers above vision_feature_layer never run.
   HookedBlocks& layers() { return hooked_layers_; }
@@ -40,8 +45,22 @@ class ClipVisionTower : public torch::nn::Module {
     std::shared_ptr<LayerNorm> layer_norm1, layer_norm2;
     std::shared_ptr<Linear> q_proj, k_proj, v_proj, out_proj, fc1, fc2;
   };
-  // x [N, P+1, D] -> [N, P+1, D]; `layout`: one bidirectional segment per image.
-  at::Tensor layer_forward(const Layer& l, const at::Tensor& x, const attention::TokenLayout& layout) const;
+  // What every layer's attention over the split images shares (one step): the exchange,
+  // each rank's token count, the gathered tokens put image by image (perm; undefined: they
+  // already are) and their segments.
+  struct SplitAttention {
+    SplitExchange exchange;
+    std::vector<int64_t> tokens;
+    at::Tensor perm, inverse;
+    attention::TokenLayout layout;
+  };
+  // Tokens [t0, t1) of image j (0 is the class token) that context rank r holds.
+  std::pair<int64_t, int64_t> split_tokens(const SplitShards& split, size_t j, int r) const;
+  SplitAttention split_attention(const SplitShards& split) const;
+  // x [T, D] -> [T, D]: the first layout.size() tokens are whole images' (`layout`: one
+  // bidirectional segment per image), the rest this rank's tokens of the split images.
+  at::Tensor layer_forward(const Layer& l, const at::Tensor& x, const attention::TokenLayout& layout,
+                           const SplitAttention& split) const;
   // hidden_states = [embeddings, layer 1, ..., layer L]: vision_feature_layer's index,
   // the number of layers that run.
   int64_t feature_layer() const;
@@ -63,6 +82,9 @@ class LlavaTower : public VisionTower {
   TowerInput gather(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels) const override;
   TowerInput no_items(const at::TensorOptions& options) const override;
   at::Tensor encode(const TowerInput& input) const override;
+  // Vision-tower SP: the split images whole (a rank embeds only its tokens of each).
+  void add_split(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels, const SplitEncoding& split,
+                 TowerInput& input) const override;
   int64_t row_width() const override { return text_hidden_; }
   HookedBlocks& blocks() override { return clip->layers(); }
 
