@@ -184,6 +184,7 @@ json step_plan_to_json(const Batch& batch, const StepPlan& plan, const std::vect
                        {"ring_bytes", l.ring_bytes}, {"whole_segments", l.whole_segments},
                        {"split_segments", l.split_segments},
                        {"split_vision_items", l.split_items},
+                       {"vision_kept_whole", row.vision_kept_whole},
                        {"vision_cost", l.vision_cost},
                        {"greedy_vision_cost", l.greedy_vision_cost},
                        {"tokens_max_over_mean", l.tokens_ratio},
@@ -246,6 +247,7 @@ std::string step_plan_summary(const StepPlan& plan) {
     if (row.load.split_items > 0)
       out << "  " << row.load.split_items << " vision item(s) split over the context group (vision-tower SP, "
           << to_string(plan.options.vision_split) << ")\n";
+    for (const std::string& why : row.vision_kept_whole) out << "  " << why << "\n";
   }
   return out.str();
 }

@@ -135,7 +135,7 @@ LoadReport load_report(const RowPlan& row, int S, const AttentionShape& shape) {
 // shard of each split item.
 void plan_vision(RowPlan& row, int S, const PlanOptions& options, const ModelConventions& conventions) {
   const VisionCostModel& model = options.vision_cost;
-  const std::vector<bool> split = choose_split_items(row.items, S, conventions, options.vision_split);
+  const std::vector<bool> split = choose_split_items(row.items, S, conventions, options.vision_split, &row.vision_kept_whole);
   std::vector<size_t> whole;
   for (size_t i = 0; i < row.items.size(); ++i)
     if (!split[i]) whole.push_back(i);

@@ -71,7 +71,7 @@ bool split_by_cost(const VisionItem& item, double total_cost, int ranks) {
 }
 
 std::vector<bool> choose_split_items(const std::vector<VisionItem>& items, int ranks, const ModelConventions& c,
-                                     const VisionSplitOptions& options) {
+                                     const VisionSplitOptions& options, std::vector<std::string>* kept_whole) {
   std::vector<bool> split(items.size(), false);
   if (options.mode == VisionSplitOptions::Mode::off || ranks <= 1) return split;
   double total = 0;
@@ -80,7 +80,12 @@ std::vector<bool> choose_split_items(const std::vector<VisionItem>& items, int r
     const VisionItem& it = items[i];
     const bool wanted = options.mode == VisionSplitOptions::Mode::forced ? it.patches >= options.min_patches
                                                                          : split_by_cost(it, total, ranks);
-    split[i] = wanted && unsplittable_reason(it, ranks, c).empty();
+    if (!wanted) continue;
+    const std::string why = unsplittable_reason(it, ranks, c);
+    split[i] = why.empty();
+    if (!split[i] && kept_whole)
+      kept_whole->push_back(detail::concat(to_string(it.kind), " ", it.batch_index, " (", it.patches,
+                                           " patches) stays whole: ", why));
   }
   return split;
 }

@@ -131,8 +131,15 @@ TEST(VisionSplit, ForcedSplitsWhatCanBeSplitAndKeepsTheRestWhole) {
   EXPECT_EQ(p.rows[0].items[0].shard_rows, (std::vector<int64_t>{0, 5, 10, 15}));
   EXPECT_EQ(p.rows[0].items[2].shard_rows, (std::vector<int64_t>{0, 3, 6, 8}));
   expect_routes_cover(batch, p);
+  ASSERT_EQ(p.rows[0].vision_kept_whole.size(), 1u);
+  EXPECT_EQ(p.rows[0].vision_kept_whole[0], "image 1 (8 patches) stays whole: it has 2 merge windows (embedding "
+                                            "rows), fewer than the context group's 3 ranks");
   c.vision_heads = 16;
-  for (const VisionItem& it : make_step_plan(batch, c, options, 0).rows[0].items) EXPECT_FALSE(it.split());
+  const StepPlan none = make_step_plan(batch, c, options, 0);
+  for (const VisionItem& it : none.rows[0].items) EXPECT_FALSE(it.split());
+  ASSERT_EQ(none.rows[0].vision_kept_whole.size(), 3u);
+  EXPECT_EQ(none.rows[0].vision_kept_whole[0],
+            "image 0 (60 patches) stays whole: its tower's 16 attention heads do not divide by the context group's 3 ranks");
 }
 
 }  // namespace

@@ -577,23 +577,43 @@ TEST(MultiRankTrain, HookedVisionBlocksRunOnRanksWithoutImages) {
 // Vision-tower SP in training: an image of 8 × 12 patches (24 merged rows; Qwen2.5-VL: a
 // 4 × 4-unit window and one cut short) in every other sample is encoded by the whole
 // context group (--vision-split 16), the small 2 × 2 images beside it whole, with the
-// towers' 12 heads over 2-4 ranks. Under --shard gradients|parameters (the blocks gathered
-// and reduced around the split item's exchanges) and --checkpoint-activations all (the
-// exchanges recomputed in the backward, in the same order on every rank), three steps
-// train the model one process trains (fp64, rtol 1e-9), for each Qwen tower.
+// towers' 12 heads over 2-4 ranks; LLaVA's 4 × 4-patch images are all split (the class
+// token on rank 0). Unsharded, and under --shard gradients|parameters (the blocks gathered
+// and reduced around the split item's exchanges) with and without
+// --checkpoint-activations all (the exchanges recomputed in the backward, in the same
+// order on every rank), three steps train the model one process trains (fp64, rtol 1e-9),
+// for each tower that splits by exchange.
 TEST(MultiRankTrain, SplitVisionItemsTrainTheModelOneProcessTrains) {
   const int world = test::rank_env().world_size;
   if (world == 1) GTEST_SKIP() << "one rank: nothing to split over";
   const bool checker = test::rank_env().rank == 0;
   std::ostringstream log;
-  for (const char* file : {"tiny-qwen2-vl.json", "tiny-qwen2_5-vl.json", "tiny-qwen3-vl.json", "tiny-qwen3_5-vl.json"}) {
-    std::string config_path = small_vocab_config(file, false);
+  struct SplitCase {
+    const char* file;
+    std::vector<int64_t> big, small;  // an image's tokens (small_vocab_config's ids)
+    nlohmann::json big_grid, small_grid;  // image_grid_thw, or null: the family's from the file
+  };
+  auto qwen_block = [](int rows) {
+    std::vector<int64_t> ids = {120};
+    ids.insert(ids.end(), rows, 123);
+    ids.push_back(121);
+    return ids;
+  };
+  const nlohmann::json big = {{1, 8, 12}}, small = {{1, 2, 2}};
+  const std::vector<SplitCase> cases = {
+      {"tiny-qwen2-vl.json", qwen_block(24), qwen_block(1), big, small},
+      {"tiny-qwen2_5-vl.json", qwen_block(24), qwen_block(1), big, small},
+      {"tiny-qwen3-vl.json", qwen_block(24), qwen_block(1), big, small},
+      {"tiny-qwen3_5-vl.json", qwen_block(24), qwen_block(1), big, small},
+      {"tiny-llava.json", std::vector<int64_t>(16, 123), std::vector<int64_t>(16, 123), nullptr, nullptr}};
+  for (const SplitCase& c : cases) {
+    std::string config_path = small_vocab_config(c.file, false);
     {
       std::ifstream in(config_path);
       nlohmann::json config = nlohmann::json::parse(in);
-      const bool qwen2 = config["model_type"] == "qwen2_vl";
+      const bool qwen2 = config["model_type"] == "qwen2_vl", llava = config["model_type"] == "llava";
       config["vision_config"][qwen2 ? "embed_dim" : "hidden_size"] = 48;
-      config["vision_config"]["num_heads"] = 12;
+      config["vision_config"][llava ? "num_attention_heads" : "num_heads"] = 12;
       std::ofstream(config_path) << config.dump(2);
     }
     const std::string data = shared_dir("split-images") + "-" + std::to_string(::getpid()) + ".jsonl";  // per rank
@@ -602,18 +622,15 @@ TEST(MultiRankTrain, SplitVisionItemsTrainTheModelOneProcessTrains) {
       for (int line = 0; line < 8; ++line) {
         nlohmann::json sample;
         std::vector<int64_t> ids = {1};
-        const int rows = line % 2 == 1 ? 24 : line % 4 == 0 ? 1 : 0;
-        if (rows > 0) {
-          ids.push_back(120);
-          ids.insert(ids.end(), rows, 123);
-          ids.push_back(121);
-        }
+        const bool large = line % 2 == 1, tiny = line % 4 == 0;
+        if (large || tiny) ids.insert(ids.end(), (large ? c.big : c.small).begin(), (large ? c.big : c.small).end());
         for (int k = 0; k < 20 + 7 * (line % 5); ++k) ids.push_back(3 + (line * 13 + k * 5) % 110);
         ids.push_back(2);
         sample["input_ids"] = ids;
-        if (rows > 0) {
+        if (large || tiny) {
           sample["images"] = {{{"path", std::string(MMSP_SOURCE_DIR) + "/examples/data/circle.png"}}};
-          sample["image_grid_thw"] = rows == 24 ? nlohmann::json{{1, 8, 12}} : nlohmann::json{{1, 2, 2}};
+          const nlohmann::json& grid = large ? c.big_grid : c.small_grid;
+          if (!grid.is_null()) sample["image_grid_thw"] = grid;
         }
         out << sample.dump() << "\n";
       }
@@ -627,8 +644,10 @@ TEST(MultiRankTrain, SplitVisionItemsTrainTheModelOneProcessTrains) {
       ref = train::train(o, dist::Mesh::solo(), log);
     }
     const dist::Mesh mesh = test::make_mesh(shape);
-    for (const char* level : {"none", "gradients", "parameters"})
-      for (auto mode : {model::ActivationCheckpointing::none, model::ActivationCheckpointing::all}) {
+    using AC = model::ActivationCheckpointing;
+    const std::pair<const char*, AC> runs[] = {
+        {"none", AC::none}, {"gradients", AC::all}, {"parameters", AC::none}, {"parameters", AC::all}};
+    for (const auto& [level, mode] : runs) {
         train::TrainOptions o = tiny_options(128);
         o.model = config_path;
         o.data = data;
@@ -638,7 +657,7 @@ TEST(MultiRankTrain, SplitVisionItemsTrainTheModelOneProcessTrains) {
         const train::TrainReport got = train::train(o, mesh, log);
         if (checker)
           expect_same_run(got, ref, 1e-9,
-                          std::string(file) + " split images --shard " + level + " " + shape.str() + " " +
+                          std::string(c.file) + " split images --shard " + level + " " + shape.str() + " " +
                               model::to_string(mode));
       }
     std::filesystem::remove(config_path);

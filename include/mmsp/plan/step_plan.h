@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "mmsp/plan/attention_cost.h"
@@ -61,6 +62,9 @@ struct RowPlan {
   std::vector<FlatPiece> pieces;      // placeholder pieces in packed order
   std::vector<int> greedy_rank;       // the Python patches' assignment, for comparison
   bool used_greedy_fallback = false;
+  // Items the --vision-split rule picked that cannot be split, and why (vision_split.h):
+  // "image 3 (batch index): <reason>". They are planned whole.
+  std::vector<std::string> vision_kept_whole;
   LoadReport load;
 };
 

@@ -48,9 +48,11 @@ std::string unsplittable_reason(const VisionItem& item, int ranks, const ModelCo
 // balance the group — and it has at least kAutomaticFloor patches.
 bool split_by_cost(const VisionItem& item, double total_cost, int ranks);
 
-// Which items of one dp row the options split (and can be split): one flag per item.
+// Which items of one dp row the options split (and can be split): one flag per item. The
+// items the rule picks but that cannot be split are named in `kept_whole` with the reason.
 std::vector<bool> choose_split_items(const std::vector<VisionItem>& items, int ranks,
-                                     const ModelConventions& conventions, const VisionSplitOptions& options);
+                                     const ModelConventions& conventions, const VisionSplitOptions& options,
+                                     std::vector<std::string>* kept_whole = nullptr);
 
 // Each rank's rows of a split item: its units as evenly as they go (shard_boundaries),
 // in embedding rows.
