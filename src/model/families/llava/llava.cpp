@@ -99,15 +99,7 @@ ClipVisionTower::SplitAttention ClipVisionTower::split_attention(const SplitShar
         ord.push_back(t);
       }
     }
-  bool identity = true;
-  for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
-  if (!identity) {
-    out.perm = at::tensor(at::ArrayRef<int64_t>(perm), at::kLong).clone();
-    out.inverse = at::empty_like(out.perm);
-    out.inverse.index_put_({out.perm}, at::arange(out.perm.size(0), at::kLong));
-  }
-  out.layout = {at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
-                at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
+  out.order = GatheredOrder::make(perm, seg, ord);
   return out;
 }
 
@@ -186,12 +178,8 @@ at::Tensor ClipVisionTower::layer_forward(const Layer& l, const at::Tensor& x, c
   at::Tensor a = attention::local_attention(q.narrow(0, 0, whole), k.narrow(0, 0, whole), v.narrow(0, 0, whole),
                                             layout, layout, options);
   if (split.exchange) {
-    auto inner = [&split, options](const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv) {
-      if (!split.perm.defined()) return attention::local_attention(gq, gk, gv, split.layout, split.layout, options);
-      const at::Tensor perm = split.perm.to(gq.device());
-      at::Tensor o = attention::local_attention(gq.index_select(0, perm), gk.index_select(0, perm),
-                                                gv.index_select(0, perm), split.layout, split.layout, options);
-      return o.index_select(0, split.inverse.to(o.device()));
+    auto inner = [&split](const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv) {
+      return split.order.attend(gq, gk, gv);
     };
     const int64_t mine = T - whole;
     a = at::cat({a, split.exchange(q.narrow(0, whole, mine), k.narrow(0, whole, mine), v.narrow(0, whole, mine),

@@ -171,11 +171,11 @@ QwenVisionEncoder::SplitAttention QwenVisionEncoder::split_attention(const Split
   out.exchange = s.exchange;
   out.tokens.assign(S, 0);
   std::vector<std::vector<int64_t>> base(S, std::vector<int64_t>(n, 0));  // gathered index of (rank, item)
-  int64_t at = 0;
+  int64_t next = 0;
   for (int r = 0; r < S; ++r)
     for (size_t j = 0; j < n; ++j) {
-      base[r][j] = at;
-      at += s.patch_count(j, r);
+      base[r][j] = next;
+      next += s.patch_count(j, r);
       out.tokens[r] += s.patch_count(j, r);
     }
   auto gathered = [&](size_t j, int64_t patch) {
@@ -183,17 +183,6 @@ QwenVisionEncoder::SplitAttention QwenVisionEncoder::split_attention(const Split
     const auto& b = s.shard_rows[j];
     const int r = static_cast<int>(std::upper_bound(b.begin(), b.end(), row) - b.begin()) - 1;
     return base[r][j] + patch - s.first_patch(j, r);
-  };
-  auto finish = [](Order& o, std::vector<int64_t>& perm, std::vector<int64_t>& seg, std::vector<int64_t>& ord) {
-    bool identity = true;
-    for (size_t i = 0; i < perm.size(); ++i) identity = identity && perm[i] == static_cast<int64_t>(i);
-    if (!identity) {
-      o.perm = at::tensor(at::ArrayRef<int64_t>(perm), at::kLong).clone();
-      o.inverse = at::empty_like(o.perm);
-      o.inverse.index_put_({o.perm}, at::arange(o.perm.size(0), at::kLong));
-    }
-    o.layout = {at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
-                at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
   };
   std::vector<int64_t> perm, seg, ord;
   int64_t frame = 0;
@@ -206,7 +195,7 @@ QwenVisionEncoder::SplitAttention QwenVisionEncoder::split_attention(const Split
     }
     frame += g[0];
   }
-  finish(out.frames, perm, seg, ord);
+  out.frames = GatheredOrder::make(perm, seg, ord);
   if (variant_ != Variant::qwen2_5) return out;
   perm.clear(), seg.clear(), ord.clear();
   int64_t window = 0;
@@ -223,7 +212,7 @@ QwenVisionEncoder::SplitAttention QwenVisionEncoder::split_attention(const Split
       ++window;
     }
   }
-  finish(out.windows, perm, seg, ord);
+  out.windows = GatheredOrder::make(perm, seg, ord);
   return out;
 }
 
@@ -242,13 +231,9 @@ at::Tensor QwenVisionEncoder::block_forward(const Block& b, const at::Tensor& x,
   at::Tensor attn = attention::local_attention(q.narrow(0, 0, whole), k.narrow(0, 0, whole), v.narrow(0, 0, whole),
                                                segments, segments, options);
   if (split.active()) {
-    const Order& order = full ? split.frames : split.windows;
-    auto inner = [&order, options](const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv) {
-      if (!order.perm.defined()) return attention::local_attention(gq, gk, gv, order.layout, order.layout, options);
-      const at::Tensor perm = order.perm.to(gq.device());
-      at::Tensor o = attention::local_attention(gq.index_select(0, perm), gk.index_select(0, perm),
-                                                gv.index_select(0, perm), order.layout, order.layout, options);
-      return o.index_select(0, order.inverse.to(o.device()));
+    const GatheredOrder& order = full ? split.frames : split.windows;
+    auto inner = [&order](const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv) {
+      return order.attend(gq, gk, gv);
     };
     const int64_t mine = N - whole;
     at::Tensor shards = split.exchange(q.narrow(0, whole, mine), k.narrow(0, whole, mine), v.narrow(0, whole, mine),

@@ -17,6 +17,7 @@
 #include "mmsp/model/families/llava/clip_config.h"
 #include "mmsp/model/hooked_blocks.h"
 #include "mmsp/model/linear.h"
+#include "mmsp/model/gathered_order.h"
 #include "mmsp/model/vision_tower.h"
 #include "mmsp/model/vlm.h"
 
@@ -51,8 +52,7 @@ class ClipVisionTower : public torch::nn::Module {
   struct SplitAttention {
     SplitExchange exchange;
     std::vector<int64_t> tokens;
-    at::Tensor perm, inverse;
-    attention::TokenLayout layout;
+    GatheredOrder order;
   };
   // Tokens [t0, t1) of image j (0 is the class token) that context rank r holds.
   std::pair<int64_t, int64_t> split_tokens(const SplitShards& split, size_t j, int r) const;

@@ -19,6 +19,7 @@
 
 #include "mmsp/attention/token_layout.h"
 #include "mmsp/model/families/qwen_vl/qwen_variant.h"
+#include "mmsp/model/gathered_order.h"
 #include "mmsp/model/hooked_blocks.h"
 #include "mmsp/model/linear.h"
 #include "mmsp/model/rotary.h"
@@ -96,17 +97,11 @@ class QwenVisionEncoder : public torch::nn::Module, public VisionTower {
     std::shared_ptr<Linear> fc1, fc2;
     bool postshuffle_norm;
   };
-  // A gathered order of the split items' patches (split_attention): perm from the
-  // exchange's order to one process's (undefined: the same), its inverse, the segments.
-  struct Order {
-    at::Tensor perm, inverse;
-    attention::TokenLayout layout;
-  };
   // What every block's attention over the split items shares (one step).
   struct SplitAttention {
     SplitExchange exchange;
-    std::vector<int64_t> tokens;  // patches each context rank exchanges
-    Order frames, windows;        // full blocks; Qwen2.5-VL's windowed blocks
+    std::vector<int64_t> tokens;         // patches each context rank exchanges
+    GatheredOrder frames, windows;       // full blocks; Qwen2.5-VL's windowed blocks
     bool active() const { return static_cast<bool>(exchange); }
   };
   SplitAttention split_attention(const SplitShards& split) const;
