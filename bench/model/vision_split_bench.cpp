@@ -18,26 +18,12 @@
 #include "mmsp/train/data/dataset.h"
 #include "mmsp/train/data/step_pixels.h"
 #include "mmsp/train/memory/memory_counter.h"
+#include "vlm_bench.h"
 
 namespace mmsp::bench {
 namespace {
 
 using nlohmann::json;
-
-// The Qwen2-VL shape of `mmsp bench vision` (docs/model.md): a vision tower 64 wide with
-// 4 heads (they divide by 2 and 4 ranks), 2 blocks.
-model::ModelConfig split_bench_config() {
-  json c = {{"model_type", "qwen2_vl"}, {"vocab_size", 1000}, {"hidden_size", 128},
-            {"intermediate_size", 256}, {"num_hidden_layers", 2}, {"num_attention_heads", 8},
-            {"num_key_value_heads", 2}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
-            {"vision_start_token_id", 990}, {"vision_end_token_id", 991}, {"vision_token_id", 992},
-            {"image_token_id", 993}, {"video_token_id", 994},
-            {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {4, 2, 2}}}},
-            {"vision_config", {{"depth", 2}, {"embed_dim", 64}, {"hidden_size", 128}, {"num_heads", 4},
-                               {"mlp_ratio", 4}, {"patch_size", 14}, {"spatial_merge_size", 2},
-                               {"temporal_patch_size", 2}, {"in_chans", 3}}}};
-  return model::parse_model_config(c, "bench qwen2_vl");
-}
 
 // A square image up to 128 × 128 patches; beyond, a video of 64 × 64-patch frames.
 plan::Grid grid_of(int64_t patches) {
@@ -107,7 +93,7 @@ json bench_vision_split(const dist::RankEnv& env, const VisionSplitBenchOptions&
   MMSP_CHECK(!o.patches.empty(), "bench vision-split: give at least one --patches");
   train::MemoryCounter memory;
   at::set_num_threads(1);
-  const model::ModelConfig config = split_bench_config();
+  const model::ModelConfig config = bench_qwen2_vl_config();  // its vision heads, 4, divide by 2 and 4 ranks
   const model::QwenVisionConfig& vision = *model::qwen_vision_of(config);
   at::manual_seed(42);
   const std::shared_ptr<model::Vlm> built = model::build_vlm(config);

@@ -24,7 +24,9 @@ namespace {
 
 using nlohmann::json;
 
-model::ModelConfig bench_config() {
+}  // namespace
+
+model::ModelConfig bench_qwen2_vl_config() {
   json c = {{"model_type", "qwen2_vl"}, {"vocab_size", 1000}, {"hidden_size", 128},
             {"intermediate_size", 256}, {"num_hidden_layers", 2}, {"num_attention_heads", 8},
             {"num_key_value_heads", 2}, {"rope_theta", 10000.0}, {"tie_word_embeddings", false},
@@ -36,6 +38,8 @@ model::ModelConfig bench_config() {
                                {"temporal_patch_size", 2}, {"in_chans", 3}}}};
   return model::parse_model_config(c, "bench qwen2_vl");
 }
+
+namespace {
 
 // One image per sequence between text, laid out as the family's processor writes it
 // (its grid for the image size, its placeholder rows and markers). The size: --image-width
@@ -103,7 +107,7 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
   MMSP_CHECK(o.repeats >= 1, "bench vision/step: --repeats must be >= 1, got ", o.repeats);
   train::MemoryCounter memory;  // this benchmark's tensors, from here on
   at::set_num_threads(1);
-  const model::ModelConfig config = o.model.empty() ? bench_config() : model::load_model_config(o.model);
+  const model::ModelConfig config = o.model.empty() ? bench_qwen2_vl_config() : model::load_model_config(o.model);
   const std::shared_ptr<const model::PixelGeometry> geometry = model::pixel_geometry(config);
   const plan::Batch batch = bench_batch(o, config, *geometry);
   const BenchImages images(batch, geometry);

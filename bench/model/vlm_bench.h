@@ -10,6 +10,7 @@
 #include <string>
 
 #include "mmsp/dist/rank_env.h"
+#include "mmsp/model/config.h"
 
 namespace mmsp::bench {
 
@@ -26,6 +27,10 @@ struct VlmBenchOptions {
   int64_t image_width = 0, image_height = 0;
   int repeats = 1;  // runs of each row; its seconds are the fastest run's
 };
+
+// The built-in Qwen2-VL of the figures in docs/model.md: vision 64 wide (4 heads, 2
+// blocks), decoder 128 wide (2 layers); `mmsp bench vision-split` uses it too.
+model::ModelConfig bench_qwen2_vl_config();
 
 // Every rank calls it; rank 0's result holds the table.
 nlohmann::json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& options);

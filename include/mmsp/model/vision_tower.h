@@ -31,6 +31,14 @@ struct SplitShards {
   int64_t pixel_rows = 0;
   SplitExchange exchange;
   bool empty() const { return grids.empty(); }
+  // Starts this rank's shards (its rank and exchange); add() appends a split item.
+  SplitShards() = default;
+  explicit SplitShards(const SplitEncoding& split) : rank(split.rank), exchange(split.exchange) {}
+  void add(const plan::VisionItem& item, int64_t per_row) {
+    grids.push_back(item.grid);
+    shard_rows.push_back(item.shard_rows);
+    patches_per_row.push_back(per_row);
+  }
   int ranks() const { return shard_rows.empty() ? 1 : static_cast<int>(shard_rows[0].size()) - 1; }
   // Patches [first, first + count) of split item j that context rank r encodes.
   int64_t first_patch(size_t j, int r) const { return shard_rows[j][r] * patches_per_row[j]; }

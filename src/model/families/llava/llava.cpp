@@ -215,15 +215,11 @@ TowerInput LlavaTower::no_items(const at::TensorOptions& options) const {
 
 void LlavaTower::add_split(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels,
                            const SplitEncoding& split, TowerInput& input) const {
-  SplitShards& s = input.split;
-  s.rank = split.rank;
-  s.exchange = split.exchange;
+  SplitShards& s = input.split = SplitShards(split);
   std::vector<at::Tensor> images{input.pixels};
   for (const plan::VisionItem& item : items) {
     MMSP_CHECK(item.kind == plan::VisionKind::image, "LLaVA takes images only");
-    s.grids.push_back(item.grid);
-    s.shard_rows.push_back(item.shard_rows);
-    s.patches_per_row.push_back(1);
+    s.add(item, 1);
     // The image whole: each rank embeds only its tokens of it.
     const int64_t row = pixels.row_of(item, item.batch_index, 0, 1);
     MMSP_CHECK(pixels.images.defined() && pixels.images.size(0) > row, "LLaVA needs pixel values at row ", row);

@@ -274,9 +274,15 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values, const st
   const at::Tensor w = patch_embed_->proj_weight.reshape({c.hidden_size, patch_dim});
   at::Tensor x = patch_embed_->proj_bias.defined() ? at::linear(pixel_values, w, patch_embed_->proj_bias)
                                                    : at::linear(pixel_values, w);
+  const at::Tensor whole_hw = vision_patch_positions(grids, m);  // [patches, 2]
   if (qwen3_ && patches + split.pixel_rows > 0) {
     std::vector<at::Tensor> pos;
-    for (const plan::Grid& g : grids) pos.push_back(interpolated_positions(g, vision_patch_positions({g}, m)));
+    int64_t first = 0;
+    for (const plan::Grid& g : grids) {
+      const int64_t n = g[0] * g[1] * g[2];
+      pos.push_back(interpolated_positions(g, whole_hw.narrow(0, first, n)));
+      first += n;
+    }
     for (size_t j = 0; j < split.grids.size(); ++j) pos.push_back(interpolated_positions(split.grids[j], split_hw[j]));
     x = x + at::cat(pos);
   }
@@ -290,7 +296,7 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values, const st
     at::Tensor freqs = (hw.to(at::kDouble).unsqueeze(-1) * inv_freq).flatten(1);
     return at::cat({freqs, freqs}, -1);
   };
-  at::Tensor emb = angles(vision_patch_positions(grids, m));  // the whole items'
+  at::Tensor emb = angles(whole_hw);  // the whole items'
   const attention::TokenLayout frames{at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
                                       at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
   // Qwen2.5-VL: the whole items' patches (and their rotary angles) in window order, a
@@ -373,15 +379,11 @@ TowerInput QwenVisionEncoder::gather(const std::vector<plan::VisionItem>& items,
 
 void QwenVisionEncoder::add_split(const std::vector<plan::VisionItem>& items, const PixelInputs& pixels,
                                   const SplitEncoding& split, TowerInput& input) const {
-  SplitShards& s = input.split;
-  s.rank = split.rank;
-  s.exchange = split.exchange;
+  SplitShards& s = input.split = SplitShards(split);
   std::vector<at::Tensor> rows{input.pixels};
   for (const plan::VisionItem& item : items) {
     MMSP_ASSERT(item.split() && item.rows > 0 && item.patches % item.rows == 0);
-    s.grids.push_back(item.grid);
-    s.shard_rows.push_back(item.shard_rows);
-    s.patches_per_row.push_back(item.patches / item.rows);
+    s.add(item, item.patches / item.rows);
     const size_t j = s.grids.size() - 1;
     const int64_t first = s.first_patch(j, s.rank), count = s.patch_count(j, s.rank);
     const at::Tensor& source = item.kind == plan::VisionKind::image ? pixels.images : pixels.videos;
