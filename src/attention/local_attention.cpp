@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 #include "mmsp/core/check.h"
 #include "mmsp/core/phase_timer.h"
@@ -80,7 +81,15 @@ KernelPlanPtr plan_kernel(const TokenLayout& q_layout, const TokenLayout& k_layo
   plan->queries = q_layout.size();
   plan->keys = k_layout.size();
   plan->options = options;
+  if (options.kernel == AttentionKernel::fused ||
+      (options.kernel == AttentionKernel::automatic && device.is_cuda())) {
+    std::string why_not;
+    auto fused = plan_fused(q_layout, k_layout, options.causal, device, &why_not);
+    MMSP_CHECK(fused || options.kernel != AttentionKernel::fused, "local_attention: the fused kernel was asked for, but ", why_not);
+    if (fused) plan->fused = std::make_shared<const FusedPlan>(std::move(*fused));
+  }
   plan->schedule = BlockSchedule::make(q_layout, k_layout, options.causal, options.block_q, options.block_k);
+  if (options.kernel == AttentionKernel::fused) return plan;
   plan->masks.resize(plan->schedule.key_blocks.size());
   for (size_t qb = 0; qb < plan->schedule.key_blocks.size(); ++qb) {
     const int64_t i = static_cast<int64_t>(qb) * options.block_q;
@@ -91,6 +100,27 @@ KernelPlanPtr plan_kernel(const TokenLayout& q_layout, const TokenLayout& k_layo
   }
   return plan;
 }
+
+const char* kernel_in_use(const KernelPlan& plan, const at::Tensor& q) {
+  if (plan.options.kernel == AttentionKernel::blockwise || !plan.fused) return "blockwise";
+  std::string why_not;
+  const char* fused = fused_kernel_for(q, &why_not);
+  if (plan.options.kernel == AttentionKernel::fused) {
+    MMSP_CHECK(fused != nullptr, "local_attention: the fused kernel was asked for, but ", why_not);
+    return fused;
+  }
+  // automatic: mmsp's blockwise kernel on the CPU (measured faster there), fused on CUDA.
+  return fused != nullptr && q.is_cuda() ? fused : "blockwise";
+}
+
+namespace {
+bool runs_fused(const KernelPlan& plan, const at::Tensor& q) {
+  return std::string_view(kernel_in_use(plan, q)) != "blockwise";
+}
+double scale_of(const at::Tensor& q, const AttentionOptions& o) {
+  return o.scale != 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(2)));
+}
+}  // namespace
 
 at::ScalarType accumulation_type(at::ScalarType type) {
   return type == at::kDouble ? at::kDouble : at::kFloat;
@@ -127,6 +157,7 @@ PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& 
   PhaseScope timed(Phase::attention);
   check_attention_inputs(q, k, v, "local_attention");
   check_plan_fits(plan, q, k);
+  if (runs_fused(plan, q)) return fused_attention_forward(q, k, v, *plan.fused, scale_of(q, plan.options));
   const Shapes s = shapes_of(q, k, plan.options);
   const at::ScalarType acc = accumulation_type(q.scalar_type());
   // [H_kv, Tq, G, D], pre-scaled so the scores need no extra pass
@@ -181,6 +212,8 @@ AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor
                                         const KernelPlan& plan) {
   PhaseScope timed(Phase::attention);
   check_plan_fits(plan, q, k);
+  if (runs_fused(plan, q))
+    return fused_attention_backward(dout, q, k, v, out, lse, *plan.fused, scale_of(q, plan.options));
   const Shapes s = shapes_of(q, k, plan.options);
   const at::ScalarType acc = accumulation_type(q.scalar_type());
   const at::Tensor qh = group_queries(q, s, acc).mul(s.scale);  // pre-scaled, as in forward

@@ -34,6 +34,7 @@ constexpr int64_t kHeads = 12, kDim = 8;
 struct SchemeCase {
   int64_t kv_heads;
   bool causal, zigzag;
+  AttentionKernel kernel = AttentionKernel::blockwise;
 };
 
 // The scheme the mesh selects on this rank's slots `mine` (global token per slot, -1 for
@@ -48,7 +49,9 @@ void expect_scheme_equals_kernel(const dist::Mesh& mesh, const TokenLayout& glob
   Tensor k = at::randn({T, kv_heads, kDim}, kF64).requires_grad_();
   Tensor v = at::randn({T, kv_heads, kDim}, kF64).requires_grad_();
   Tensor w = at::randn({T, kHeads, kDim}, kF64);
-  Tensor ref = local_attention(q, k, v, global, global, options);
+  AttentionOptions reference = options;  // the blockwise kernel, whatever the scheme runs
+  reference.kernel = AttentionKernel::blockwise;
+  Tensor ref = local_attention(q, k, v, global, global, reference);
   (ref * w).sum().backward();
 
   Tensor ql = gather_rows(q.detach(), mine).requires_grad_();
@@ -67,13 +70,14 @@ void run_case(const dist::Mesh& mesh, const SchemeCase& c, std::mt19937& rng) {
   const int r = mesh.ring()->rank(), u = mesh.ulysses()->rank();
   const std::string where = mesh.shape().str() + " kv" + std::to_string(c.kv_heads) +
                             (c.causal ? " causal" : " bidirectional") +
-                            (c.zigzag ? " zigzag" : " contiguous");
+                            (c.zigzag ? " zigzag" : " contiguous") + " " + attention_kernel_name(c.kernel);
   // Segment lengths 1..45 (some shorter than 2R), padded to a multiple of 2R.
   TokenLayout global = test::packed_layout(test::random_lengths(rng, 5, 45), 2 * R);
   AttentionOptions options;
   options.causal = c.causal;
   options.block_q = 16;
   options.block_k = 24;
+  options.kernel = c.kernel;
   const test::ContextSlots sharded = test::context_slots(global, R, U, r, u, c.zigzag);
   expect_scheme_equals_kernel(mesh, global, sharded.shares, sharded.mine, c.kv_heads, options, where);
 }
@@ -91,6 +95,19 @@ TEST(MultiRank, EverySchemeEqualsTheSingleProcessKernel) {
           if (kv % U != 0 && U % kv != 0) continue;  // covered by the error test below
           run_case(mesh, {kv, causal, zigzag}, rng);
         }
+  }
+}
+
+// The fused kernel's plan (ATen's CPU flash kernel here, FlashAttention-2 varlen on CUDA)
+// under every scheme: zigzag shares give each query run several key runs, merged by lse
+// across calls like ring steps; the backward takes the ring's final out and lse.
+TEST(MultiRank, FusedKernelUnderEverySchemeEqualsTheSingleProcessKernel) {
+  std::mt19937 rng(2025);
+  at::manual_seed(2025);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    const int64_t kv = mesh.ulysses()->size() == 3 ? 3 : 2;  // GQA that every degree divides
+    for (bool causal : {true, false})
+      for (bool zigzag : {true, false}) run_case(mesh, {kv, causal, zigzag, AttentionKernel::fused}, rng);
   }
 }
 

@@ -44,6 +44,7 @@ struct KernelCase {
   int64_t kv_heads;
   int64_t block_q, block_k;
   bool shuffle;
+  AttentionKernel kernel = AttentionKernel::blockwise;  // fused: ATen's CPU flash kernel, same plan as CUDA's
 };
 
 class LocalAttentionTest : public ::testing::TestWithParam<KernelCase> {};
@@ -70,6 +71,7 @@ TEST_P(LocalAttentionTest, MatchesNaiveForwardAndEveryGradient) {
     options.causal = c.causal;
     options.block_q = c.block_q;
     options.block_k = c.block_k;
+    options.kernel = c.kernel;
     PartialAttention raw = local_attention_forward(q.detach(), k.detach(), v.detach(), ql, layout, options);
     EXPECT_LT(max_rel_diff(raw.lse, ref.lse.detach()), 1e-12) << "lse, trial " << trial;
     Tensor out = local_attention(q, k, v, ql, layout, options);
@@ -85,12 +87,17 @@ INSTANTIATE_TEST_SUITE_P(
     Kernel, LocalAttentionTest,
     ::testing::Values(KernelCase{true, 4, 256, 512, false}, KernelCase{true, 2, 5, 7, false},
                       KernelCase{true, 1, 8, 16, true}, KernelCase{false, 2, 8, 8, false},
-                      KernelCase{false, 1, 16, 4, true}, KernelCase{true, 4, 16, 16, true}),
+                      KernelCase{false, 1, 16, 4, true}, KernelCase{true, 4, 16, 16, true},
+                      KernelCase{true, 4, 512, 512, false, AttentionKernel::fused},
+                      KernelCase{true, 2, 512, 512, true, AttentionKernel::fused},
+                      KernelCase{false, 1, 512, 512, false, AttentionKernel::fused},
+                      KernelCase{false, 2, 512, 512, true, AttentionKernel::fused}),
     [](const auto& info) {
       const KernelCase& c = info.param;
       return std::string(c.causal ? "causal" : "bidirectional") + "_kv" +
              std::to_string(c.kv_heads) + "_bq" + std::to_string(c.block_q) + "_bk" +
-             std::to_string(c.block_k) + (c.shuffle ? "_shuffled" : "");
+             std::to_string(c.block_k) + (c.shuffle ? "_shuffled" : "") +
+             (c.kernel == AttentionKernel::fused ? "_fused" : "");
     });
 
 // A block is skipped only if the mask empties it, and marked full only if every
@@ -178,6 +185,61 @@ TEST(LocalAttentionErrorsTest, BadInputsNameTheValue) {
   EXPECT_THROW(local_attention_forward(q4, k, k, test::packed_layout({7}, 1), l, {}), Error);
   EXPECT_THROW(local_attention_forward(q4.to(at::kLong), k.to(at::kLong), k.to(at::kLong), l, l, {}), Error);
   EXPECT_THROW(local_attention_forward(q4, k, at::zeros({8, 2, 5}, kF64), l, l, {}), Error);
+}
+
+// A packed row attending itself is one varlen call over its segments, read in place; a
+// zigzag share's late chunk sees the early chunk fully and itself causally: two calls.
+TEST(FusedPlanTest, PackedRowsAreOneCallAndZigzagSharesTwo) {
+  const TokenLayout packed = test::packed_layout({5, 3, 8}, 4);  // 8 + 4 + 8 rows, padding after each
+  std::string why;
+  auto plan = plan_fused(packed, packed, true, at::kCPU, &why);
+  ASSERT_TRUE(plan) << why;
+  ASSERT_EQ(plan->calls.size(), 1u);
+  const VarlenCall& call = plan->calls[0];
+  EXPECT_TRUE(call.causal);
+  EXPECT_TRUE(call.q_rows.defined());  // padding rows are left out
+  EXPECT_TRUE(call.cum_q.equal(at::tensor({0, 5, 8, 16}, at::kInt)));
+  EXPECT_EQ(call.max_q, 8);
+  const TokenLayout exact = test::packed_layout({4, 8}, 4);
+  auto in_place = plan_fused(exact, exact, false, at::kCPU, &why);
+  ASSERT_TRUE(in_place);
+  EXPECT_FALSE(in_place->calls[0].q_rows.defined());  // every row, in order: no gather
+  EXPECT_FALSE(in_place->calls[0].causal);
+
+  // One segment of 8 on 2 ring ranks, zigzag: rank 0 holds orders 0,1 and 6,7.
+  const TokenLayout share{at::tensor({0, 0, 0, 0}, at::kLong), at::tensor({0, 1, 6, 7}, at::kLong)};
+  auto zigzag = plan_fused(share, share, true, at::kCPU, &why);
+  ASSERT_TRUE(zigzag);
+  ASSERT_EQ(zigzag->calls.size(), 2u);
+  EXPECT_TRUE(zigzag->calls[0].causal);   // each chunk with itself
+  EXPECT_FALSE(zigzag->calls[1].causal);  // the late chunk with the early one
+  EXPECT_EQ(zigzag->calls[0].pieces.size(), 2u);
+  EXPECT_EQ(zigzag->calls[1].pieces.size(), 1u);
+
+  const TokenLayout shuffled_layout{at::tensor({0, 1, 0, 1, 0, 1}, at::kLong), at::tensor({0, 0, 1, 1, 2, 2}, at::kLong)};
+  EXPECT_FALSE(plan_fused(shuffled_layout, shuffled_layout, true, at::kCPU, &why, 4));
+  EXPECT_THAT(why, ::testing::HasSubstr("more than 4 (query run, key run) pieces"));
+}
+
+TEST(FusedPlanTest, KernelChoiceIsNamed) {
+  EXPECT_EQ(parse_attention_kernel("fused"), AttentionKernel::fused);
+  EXPECT_EQ(parse_attention_kernel("auto"), AttentionKernel::automatic);
+  try {
+    parse_attention_kernel("flash");
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("attention kernel 'flash' is not one of auto, blockwise, fused"));
+  }
+  const TokenLayout l = test::packed_layout({6}, 1);
+  const Tensor q = at::zeros({6, 2, 8}, kF64);
+  AttentionOptions options;  // automatic: mmsp's kernel on the CPU
+  EXPECT_STREQ(kernel_in_use(*plan_kernel(l, l, options, at::kCPU), q), "blockwise");
+  options.kernel = AttentionKernel::fused;
+  EXPECT_STREQ(kernel_in_use(*plan_kernel(l, l, options, at::kCPU), q), "cpu-flash");
+  std::string why;
+  const Tensor bad = at::zeros({6, 2, 8}, kF64).to(at::Device("meta"));
+  EXPECT_EQ(fused_kernel_for(bad, &why), nullptr);
+  EXPECT_THAT(why, ::testing::HasSubstr("no fused kernel for tensors on meta"));
 }
 
 // The plan's zigzag shard map gives the layouts docs/design.md#sharding-layout's rule gives.

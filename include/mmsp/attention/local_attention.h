@@ -9,8 +9,10 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
 
+#include <memory>
 #include <vector>
 
+#include "mmsp/attention/fused_attention.h"
 #include "mmsp/attention/token_layout.h"
 
 namespace mmsp::attention {
@@ -20,6 +22,7 @@ struct AttentionOptions {
   double scale = 0;       // softmax scale; 0 means 1/sqrt(D)
   int64_t block_q = 512;  // query tokens per block
   int64_t block_k = 512;  // key tokens per block
+  AttentionKernel kernel = AttentionKernel::automatic;  // fused_attention.h
 };
 
 // q [Tq, H, D], k/v [Tk, H_kv, D] with H a multiple of H_kv; fp64, fp32 or bf16/fp16.
@@ -45,7 +48,10 @@ struct KernelPlan : torch::CustomClassHolder {
   AttentionOptions options;
   BlockSchedule schedule;
   // [query block][its key block]: disallowed pairs [bq, 1, bk] bool; undefined for a full block
+  // (not made when options.kernel is fused: the blockwise kernel never runs then)
   std::vector<std::vector<at::Tensor>> masks;
+  // The fused kernel's varlen calls: planned for CUDA (automatic) or when asked for (fused).
+  std::shared_ptr<const FusedPlan> fused;
 };
 using KernelPlanPtr = c10::intrusive_ptr<KernelPlan>;
 
@@ -72,6 +78,10 @@ AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor
                                         const at::Tensor& k, const at::Tensor& v,
                                         const at::Tensor& out, const at::Tensor& lse,
                                         const KernelPlan& plan);
+
+// The kernel that runs for these tensors: "flash-varlen", "cpu-flash" or "blockwise".
+// With options.kernel fused and no fused kernel serving them, an error naming why.
+const char* kernel_in_use(const KernelPlan& plan, const at::Tensor& q);
 
 // Differentiable form (autograd Function over the two above); its backward reuses the plan.
 at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
