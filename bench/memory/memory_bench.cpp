@@ -11,6 +11,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
+#include "mmsp/model/config.h"
 #include "mmsp/train/optim/shard_level.h"
 #include "mmsp/train/trainer.h"
 
@@ -55,10 +56,13 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
   auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
   dist::MeshOptions mesh_options;
   mesh_options.timeout = std::chrono::seconds(600);
+  mesh_options.gpu_collectives = o.gpu_collectives;
   // All ranks in one ring (zigzag): the sequence split world ways.
   const dist::Mesh mesh = dist::Mesh::create(store, env, plan::Mesh{1, env.world_size, 1}, mesh_options, "memory-bench");
   auto wanted = [&](const Setting& s) {
-    return o.shards.empty() || std::find(o.shards.begin(), o.shards.end(), s.shard) != o.shards.end();
+    const std::string mode = model::to_string(s.checkpointing);
+    return (o.shards.empty() || std::find(o.shards.begin(), o.shards.end(), s.shard) != o.shards.end()) &&
+           (o.checkpointing.empty() || std::find(o.checkpointing.begin(), o.checkpointing.end(), mode) != o.checkpointing.end());
   };
   json rows = json::array();
   for (size_t i = 0; i < o.models.size(); ++i) {
@@ -77,6 +81,8 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
       t.memory_limit_bytes = 0;
       t.quiet = true;
       t.report_parameters = false;
+      t.device = o.device;
+      t.attention_kernel = o.attention_kernel;
       std::ostringstream log;
       const train::TrainReport report = train::train(t, mesh, log);
       const train::StepMetrics& last = report.steps.back();
@@ -108,6 +114,26 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
       for (const auto& [name, bytes] : e.parts()) row["estimate"][name] = bytes;
       row["estimate"]["total"] = e.total();
       row["estimate"]["training_state"] = e.training_state();
+      row["device"] = o.device.str();
+      row["measured_over_estimate"] = e.total() > 0 ? double(last.peak_bytes) / double(e.total()) : 0.0;
+      // Model FLOPs of the step: 6 · N · tokens (forward and backward of every weight) +
+      // 12 · H · D · pairs per full-attention layer (QKᵀ and PV, forward and backward).
+      const model::ModelConfig config = model::load_model_config(path);
+      int64_t full_layers = config.text.num_hidden_layers;
+      if (!config.text.layer_types.empty())
+        full_layers = std::count(config.text.layer_types.begin(), config.text.layer_types.end(),
+                                 model::LayerKind::full_attention);
+      const double model_flops = 6.0 * double(e.parameter_count) * double(last.tokens) +
+                                 12.0 * double(full_layers * config.text.num_attention_heads * config.text.head_dim) *
+                                     last.attention_pairs;
+      row["model_flops_per_step"] = model_flops;
+      row["flops_formula"] = "6 · parameters · tokens + 12 · full-attention layers · heads · head_dim · Σ n(n+1)/2";
+      row["tokens_per_second"] = double(last.tokens) / last.seconds;
+      row["achieved_tflops_per_rank"] = model_flops / last.seconds / 1e12 / env.world_size;
+      if (o.device.is_cuda()) {
+        row["peak_tflops"] = o.peak_tflops;
+        row["mfu"] = model_flops / last.seconds / 1e12 / env.world_size / o.peak_tflops;
+      }
       rows.push_back(row);
       if (env.rank == 0 && o.on_row) o.on_row({{"benchmark", "memory"}, {"rows", rows}});
     }

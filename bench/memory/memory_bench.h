@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include <c10/core/Device.h>
+
+#include "mmsp/dist/rank_device.h"
 #include "mmsp/dist/rank_env.h"
 #include "scaled_config.h"
 
@@ -29,6 +32,14 @@ struct MemoryBenchOptions {
   // Only the rows of these --shard levels (empty: every row). A released config that
   // cannot start unsharded on this machine is measured with `parameters` alone.
   std::vector<std::string> shards;
+  // Only the rows of these --checkpoint-activations modes (empty: every row).
+  std::vector<std::string> checkpointing;
+  // Where every rank trains (cli: --device; rank_device.h): on CUDA the rows also give
+  // tokens/s and the model FLOPs utilisation against `peak_tflops`.
+  c10::Device device{c10::kCPU};
+  dist::GpuCollectives gpu_collectives = dist::GpuCollectives::none;
+  double peak_tflops = 989;  // dense bf16 of an H100/H200 SXM (NVIDIA's datasheet)
+  std::string attention_kernel = "auto";
   // Called on rank 0 with the rows so far, after each row: a run cut short keeps them.
   std::function<void(const nlohmann::json& result)> on_row;
 };

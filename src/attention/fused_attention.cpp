@@ -123,9 +123,12 @@ PartialAttention cpu_call(const at::Tensor& q, const at::Tensor& k, const at::Te
     const at::Tensor qi = q.narrow(0, qo, p.q_length).permute({1, 0, 2}).unsqueeze(0);
     const at::Tensor ki = heads_expanded(k.narrow(0, ko, p.k_length), G);
     const at::Tensor vi = heads_expanded(v.narrow(0, ko, p.k_length), G);
+    // A square causal piece is the kernel's own causal mask (top-left and bottom-right
+    // alignment agree); others take an additive bias.
+    const bool square = call.causal && p.q_length == p.k_length;
     std::optional<at::Tensor> bias;
-    if (call.causal) bias = causal_bias(p.q_length, p.k_length, q.options());
-    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(qi, ki, vi, 0.0, false, bias, scale);
+    if (call.causal && !square) bias = causal_bias(p.q_length, p.k_length, q.options());
+    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(qi, ki, vi, 0.0, square, bias, scale);
     outs.push_back(o.squeeze(0).permute({1, 0, 2}));
     lses.push_back(lse.squeeze(0).t());
     qo += p.q_length, ko += p.k_length;
@@ -150,13 +153,14 @@ CallGrads cpu_call_backward(const at::Tensor& dout, const at::Tensor& q, const a
   for (const VarlenPiece& p : call.pieces) {
     const at::Tensor ki = heads_expanded(k.narrow(0, ko, p.k_length), G);
     const at::Tensor vi = heads_expanded(v.narrow(0, ko, p.k_length), G);
+    const bool square = call.causal && p.q_length == p.k_length;
     std::optional<at::Tensor> bias;
-    if (call.causal) bias = causal_bias(p.q_length, p.k_length, q.options());
+    if (call.causal && !square) bias = causal_bias(p.q_length, p.k_length, q.options());
     auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
         heads_first(dout.narrow(0, qo, p.q_length)).contiguous(),
         heads_first(q.narrow(0, qo, p.q_length)), ki, vi,
         heads_first(out.narrow(0, qo, p.q_length)).contiguous(),
-        lse.narrow(0, qo, p.q_length).t().unsqueeze(0).contiguous(), 0.0, false, bias, scale);
+        lse.narrow(0, qo, p.q_length).t().unsqueeze(0).contiguous(), 0.0, square, bias, scale);
     dqs.push_back(dq.squeeze(0).permute({1, 0, 2}));
     dks.push_back(grouped(dk, p.k_length));
     dvs.push_back(grouped(dv, p.k_length));

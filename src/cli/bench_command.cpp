@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "attention_bench.h"
+#include "fused_attention_bench.h"
 #include "linear_attention_bench.h"
 #include "load_bench.h"
 #include "memory_bench.h"
@@ -24,12 +25,15 @@
 #include "vision_split_bench.h"
 #include "vlm_bench.h"
 #include "mmsp/core/check.h"
+#include "mmsp/dist/rank_device.h"
 
 namespace mmsp::cli {
 
 Subcommand add_bench_command(CLI::App& parent) {
   struct Flags {
     bench::AttentionBenchOptions attention;
+    bench::FusedAttentionBenchOptions fused;
+    std::string device = "auto";
     bench::LinearAttentionBenchOptions linear;
     bench::VlmBenchOptions vlm;
     bench::VisionSplitBenchOptions vision_split;
@@ -48,8 +52,9 @@ Subcommand add_bench_command(CLI::App& parent) {
   CLI::App* attn = app->add_subcommand(
       "attention", "local kernel vs torch::mm and naive; zigzag balance; bytes per layer per scheme");
   attn->add_option("--part", flags->part,
-                   "kernel | balance | comm | all; auto: kernel+balance alone, comm under several ranks")
-      ->check(CLI::IsMember({"auto", "kernel", "balance", "comm", "all"}));
+                   "kernel | balance | comm | all | fused; auto: kernel+balance alone, comm under several ranks; "
+                   "fused: mmsp's local attention against torch's SDPA backends (--device cuda on a GPU)")
+      ->check(CLI::IsMember({"auto", "kernel", "balance", "comm", "all", "fused"}));
   attn->add_option("--tokens", flags->attention.tokens, "kernel benchmark sequence length");
   attn->add_option("--heads", flags->attention.heads, "query heads");
   attn->add_option("--kv-heads", flags->attention.kv_heads, "key/value heads");
@@ -60,6 +65,15 @@ Subcommand add_bench_command(CLI::App& parent) {
   attn->add_option("--min-time", flags->attention.min_time, "seconds per measurement");
   attn->add_option("--comm-tokens", flags->attention.comm_tokens, "context-group tokens (comm part)");
   attn->add_option("--out", flags->out, "write the JSON here instead of stdout");
+  attn->add_option("--device", flags->device, "auto | cpu | cuda (the fused part)")->capture_default_str();
+  attn->add_option("--fused-tokens", flags->fused.tokens, "fused part: causal sequence lengths")->capture_default_str();
+  attn->add_option("--segments", flags->fused.segments, "fused part: packed segment lengths (cycled)")
+      ->capture_default_str();
+  attn->add_option("--dtype", flags->fused.dtype, "fused part: bfloat16 | float16 | float32 | float64")
+      ->capture_default_str();
+  attn->add_option("--repeats", flags->fused.repeats, "fused part: timed runs (median)")->capture_default_str();
+  attn->add_option("--attention-kernel", flags->fused.kernel, "fused part: auto | blockwise | fused")
+      ->capture_default_str();
   CLI::App* lin = app->add_subcommand(
       "linear-attention", "Gated DeltaNet: chunked kernel vs recurrence; bytes per layer, Ulysses and state passing");
   lin->add_option("--part", flags->part, "kernel | comm; auto: kernel alone, comm under several ranks")
@@ -122,6 +136,13 @@ Subcommand add_bench_command(CLI::App& parent) {
                      "only the rows of these --shard levels: none | optimizer | gradients | parameters (repeatable; "
                      "default every row)");
   memory->add_option("--out", flags->out, "write the JSON here instead of stdout (rewritten after each row)");
+  memory->add_option("--checkpoint-activations", flags->memory.checkpointing,
+                     "only the rows of these modes: none | decoder | all (repeatable; default every row)");
+  memory->add_option("--device", flags->device, "auto | cpu | cuda (rank_device.h)")->capture_default_str();
+  memory->add_option("--peak-tflops", flags->memory.peak_tflops, "the card's dense peak, for MFU on CUDA")
+      ->capture_default_str();
+  memory->add_option("--attention-kernel", flags->memory.attention_kernel, "auto | blockwise | fused")
+      ->capture_default_str();
   CLI::App* placement = app->add_subcommand(
       "placement", "zigzag vs adaptive placement, planned: attention bytes, padding, work and token max/mean on "
                    "three workloads at 2..64 ranks; planning time of 1,000,000 tokens on 64");
@@ -144,7 +165,7 @@ Subcommand add_bench_command(CLI::App& parent) {
   placement->add_option("--repeats", flags->placement_measure.repeats, "--measure: runs per row (median)")
       ->capture_default_str();
   placement->add_option("--out", flags->out, "write the JSON here instead of stdout");
-  return {app, [flags, lin, vision, step, vision_split, load, memory, placement]() {
+  return {app, [flags, attn, lin, vision, step, vision_split, load, memory, placement]() {
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
             std::string part = flags->part;
             nlohmann::json result;
@@ -173,6 +194,9 @@ Subcommand add_bench_command(CLI::App& parent) {
                           << " B, step " << row["measured"]["step_seconds"] << " s" << std::endl;
                 if (!out.empty()) std::ofstream(out) << partial.dump(2) << std::endl;
               };
+              const dist::RankDevice rank = dist::use_rank_device(dist::parse_device_request(flags->device), env);
+              flags->memory.device = rank.device;
+              flags->memory.gpu_collectives = rank.collectives;
               result = bench::bench_memory(env, flags->memory);
             } else if (vision_split->parsed()) {
               result = bench::bench_vision_split(env, flags->vision_split);
@@ -188,6 +212,15 @@ Subcommand add_bench_command(CLI::App& parent) {
               }
             } else {
               if (part == "auto") part = env.world_size > 1 ? "comm" : "local";
+              if (part == "fused") {
+                // The fused part's shapes are the (16 heads of 128) unless given.
+                if (attn->get_option("--heads")->count() > 0) flags->fused.heads = flags->attention.heads;
+                flags->fused.kv_heads = attn->get_option("--kv-heads")->count() > 0 ? flags->attention.kv_heads
+                                                                                      : flags->fused.heads;
+                if (attn->get_option("--dim")->count() > 0) flags->fused.dim = flags->attention.dim;
+                flags->fused.device = dist::use_rank_device(dist::parse_device_request(flags->device), env).device;
+                result["fused"] = bench::bench_fused_attention(flags->fused);
+              }
               if (part == "kernel" || part == "local" || part == "all")
                 result["kernel"] = bench::bench_attention_kernel(flags->attention);
               if (part == "balance" || part == "local" || part == "all")

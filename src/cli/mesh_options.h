@@ -19,6 +19,7 @@ struct MeshFlags {
   int ulysses = 0;  // 0: whatever the world size leaves after dp × ring
   double timeout_s = 300;
   double heartbeat_timeout_s = 10;
+  std::string device = "auto";
 
   void add_to(CLI::App& app) {
     // Ranges are checked in check() with messages that state the rule.
@@ -29,6 +30,15 @@ struct MeshFlags {
                    "seconds the start-up and every collective may wait for a peer (0 < T <= 1e6)");
     app.add_option("--heartbeat-timeout", heartbeat_timeout_s,
                    "seconds without a heartbeat after which a rank counts as hung and the job ends");
+    app.add_option("--device", device,
+                   "auto | cpu | cuda: where each rank computes (auto: cuda:LOCAL_RANK when the machine has a "
+                   "GPU per local rank, else cpu; docs/gpu.md)");
+  }
+
+  // This rank's device (the GPU made current); an error names a bad --device or a rank
+  // without its GPU, before the mesh connects.
+  dist::RankDevice rank_device(const dist::RankEnv& env) const {
+    return dist::use_rank_device(dist::parse_device_request(device), env);
   }
 
   // Longest --timeout: 11.6 days, far below what milliseconds in int64 can hold.
@@ -57,12 +67,14 @@ struct MeshFlags {
 
   // The mesh's options; `agreed`: the command's own flags that every rank must share
   // (the mesh's shape, timeouts and mmsp's build are added here).
-  dist::MeshOptions options(dist::AgreedFlags agreed = {}) const {
+  dist::MeshOptions options(dist::AgreedFlags agreed = {}, const dist::RankDevice& rank = {}) const {
     dist::MeshOptions o;
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+    o.gpu_collectives = rank.collectives;
     o.agreed = {{"mmsp build", MMSP_BUILD_ID},
                 {"--timeout", dist::exact_number(timeout_s)},
-                {"--heartbeat-timeout", dist::exact_number(heartbeat_timeout_s)}};
+                {"--heartbeat-timeout", dist::exact_number(heartbeat_timeout_s)},
+                {"--device", device + " (" + c10::DeviceTypeName(rank.device.type(), /*lower_case=*/true) + ")"}};
     o.agreed.insert(o.agreed.end(), agreed.begin(), agreed.end());
     return o;
   }

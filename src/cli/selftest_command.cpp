@@ -21,11 +21,12 @@ Subcommand add_selftest_command(CLI::App& parent) {
   return {app, [flags]() {
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
             const plan::Mesh shape = flags->shape(env.world_size);
-            dist::Mesh mesh = dist::Mesh::connect(env, shape, flags->options());
+            const dist::RankDevice rank_device = flags->rank_device(env);
+            dist::Mesh mesh = dist::Mesh::connect(env, shape, flags->options({}, rank_device));
             auto activity = std::make_shared<dist::RankActivity>();
             activity->set(0, "selftest");
             const auto heartbeat = flags->start_heartbeat(env, activity);
-            const auto results = dist::run_selftest(mesh);
+            const auto results = dist::run_selftest(mesh, rank_device.device);
 
             int64_t failures = 0;
             for (const auto& r : results) failures += r.ok() ? 0 : 1;
@@ -34,8 +35,11 @@ Subcommand add_selftest_command(CLI::App& parent) {
             failures = all_failures.item<int64_t>();
 
             if (env.rank == 0) {
-              std::printf("mmsp selftest: %d ranks, mesh %s\n", env.world_size,
-                          shape.str().c_str());
+              std::printf("mmsp selftest: %d ranks, mesh %s, tensors on %s (%s)\n", env.world_size,
+                          shape.str().c_str(), rank_device.device.str().c_str(),
+                          rank_device.collectives == dist::GpuCollectives::nccl          ? "NCCL"
+                          : rank_device.collectives == dist::GpuCollectives::host_staged ? "Gloo through host memory"
+                                                                                         : "Gloo");
               std::printf("%-14s %-20s %5s %12s %10s %10s  %s\n", "collective", "group (rank 0)",
                           "size", "bytes sent", "fwd err", "bwd err", "result");
               for (const auto& r : results)

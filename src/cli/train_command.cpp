@@ -16,6 +16,7 @@
 #include "mesh_options.h"
 #include "mmsp/core/check.h"
 #include "mmsp/train/checkpoint/run_directory.h"
+#include "mmsp/train/memory/cuda_memory.h"
 #include "mmsp/train/run_checks.h"
 #include "mmsp/train/trainer.h"
 
@@ -80,6 +81,10 @@ Subcommand add_train_command(CLI::App& parent) {
                   "refuse image files larger than this (width × height, read from the header at load)")
       ->capture_default_str();
   app->add_option("--attention-block", o->attention_block, "query/key block of the attention kernel")->capture_default_str();
+  app->add_option("--attention-kernel", o->attention_kernel,
+                  "auto | blockwise | fused: the local attention kernel (auto: FlashAttention-2 varlen on CUDA "
+                  "where it serves, mmsp's blockwise kernel elsewhere)")
+      ->capture_default_str();
   app->add_option("--loss-chunk", o->loss_chunk,
                   "tokens per chunk of the LM head and loss (0: as many as fit 256 MiB of fp32 logits)")
       ->capture_default_str();
@@ -131,7 +136,12 @@ Subcommand add_train_command(CLI::App& parent) {
             o->checkpoint_activations = model::parse_activation_checkpointing(*checkpointing);
             o->save_shard_bytes = parse_byte_size(*save_shard_size, "--save-shard-size");
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
-            if (*memory_limit == "auto") {
+            const dist::RankDevice rank_device = flags->rank_device(env);  // names a rank without its GPU
+            o->device = rank_device.device;
+            if (*memory_limit == "auto" && o->device.is_cuda()) {
+              o->memory_limit_bytes = train::cuda_free_bytes(o->device.index());
+              o->memory_limit_source = "the free memory of " + o->device.str();
+            } else if (*memory_limit == "auto") {
               o->memory_limit_bytes = host_available_memory() / std::max(1, env.local_world_size);
               o->memory_limit_source = "this host's available memory divided by its " +
                                        std::to_string(env.local_world_size) + " rank(s)";
@@ -143,7 +153,7 @@ Subcommand add_train_command(CLI::App& parent) {
             train::probe_out_dir(o->out);  // every rank, before the rendezvous
             // Rank 0 writes --out and holds its lock for the run; a refusal reaches every
             // rank through the rendezvous (no rank waits for it until the timeout).
-            dist::MeshOptions mesh_options = flags->options(train::agreed_flags(*o));
+            dist::MeshOptions mesh_options = flags->options(train::agreed_flags(*o), rank_device);
             train::RunDirectoryLock out_lock;
             if (env.rank == 0) {
               try {

@@ -30,6 +30,7 @@ at::Tensor all_gather_v_forward(const at::Tensor& rows, const std::vector<int64_
                                 Group& group) {
   const int P = group.size();
   if (P == 1) return rows;
+  if (group.stages(rows)) return all_gather_v_forward(rows.cpu(), counts, group).to(rows.device());
   const int64_t max_count = *std::max_element(counts.begin(), counts.end());
   std::vector<int64_t> out_shape = rows.sizes().vec();
   out_shape[0] = c10::sum_integers(counts);

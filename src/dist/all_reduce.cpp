@@ -11,6 +11,7 @@ namespace {
 
 at::Tensor summed(const at::Tensor& x, Group& group, Pass pass) {
   if (group.size() == 1) return x;
+  if (group.stages(x)) return summed(x.cpu(), group, pass).to(x.device());
   const bool gloo = group.uses_gloo(x);
   const at::ScalarType type = x.scalar_type();
   const bool widen = gloo && type == at::kBFloat16;

@@ -13,6 +13,7 @@ at::Tensor all_to_all_raw(const at::Tensor& x, int64_t scatter_dim, int64_t gath
                           Group& group, Pass pass) {
   const int64_t P = group.size();
   if (P == 1) return x;
+  if (group.stages(x)) return all_to_all_raw(x.cpu(), scatter_dim, gather_dim, group, pass).to(x.device());
   const int64_t S = x.size(scatter_dim);
   MMSP_CHECK(S % P == 0, "all_to_all on group ", group.name(), ": dim ", scatter_dim,
              " of size ", S, " must divide by the group size ", P);

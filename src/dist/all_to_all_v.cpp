@@ -43,6 +43,8 @@ at::Tensor all_to_all_v_raw(const at::Tensor& rows, const std::vector<int64_t>& 
   std::vector<int64_t> out_shape = rows.sizes().vec();
   out_shape[0] = total_recv;
   if (group.size() == 1) return rows;
+  if (group.stages(rows))
+    return all_to_all_v_raw(rows.cpu(), send_counts, recv_counts, group, pass, kind).to(rows.device());
 
   at::Tensor send = rows.contiguous();
   at::Tensor recv = at::empty(out_shape, rows.options());

@@ -10,9 +10,10 @@ namespace mmsp::dist {
 
 Group::Group(std::string name, std::vector<int> members, int rank,
              c10::intrusive_ptr<Backend> cpu, c10::intrusive_ptr<Backend> gpu,
-             std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout)
+             std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout,
+             bool stage_cuda_through_host)
     : name_(std::move(name)), members_(std::move(members)), rank_(rank), cpu_(std::move(cpu)),
-      gpu_(std::move(gpu)), stats_(std::move(stats)), timeout_(timeout) {
+      gpu_(std::move(gpu)), stats_(std::move(stats)), timeout_(timeout), stage_(stage_cuda_through_host) {
   MMSP_ASSERT(rank_ >= 0 && rank_ < size(), "group ", name_, " rank ", rank_);
   MMSP_ASSERT(size() == 1 || cpu_, "group ", name_, " of size ", size(), " has no backend");
 }
@@ -20,7 +21,8 @@ Group::Group(std::string name, std::vector<int> members, int rank,
 Backend& Group::backend_for(const at::Tensor& tensor) const {
   if (tensor.device().is_cpu()) return *cpu_;
   MMSP_CHECK(tensor.device().is_cuda() && gpu_, "group ", name_, " cannot move tensors on ",
-             tensor.device().str(), ": this LibTorch has no NCCL backend (CPU tensors use Gloo)");
+             tensor.device().str(), ": it has no NCCL backend (ranks on --device cpu, or a LibTorch without NCCL; "
+             "CPU tensors use Gloo)");
   return *gpu_;
 }
 

@@ -83,8 +83,15 @@ Mesh Mesh::create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& e
 
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
   if (env.world_size > 1) gloo_options->devices.push_back(make_gloo_device(env));
+  const bool stage = options.gpu_collectives == GpuCollectives::host_staged;
 #ifdef MMSP_WITH_NCCL
-  const bool with_nccl = at::globalContext().hasCUDA();
+  const bool with_nccl = options.gpu_collectives == GpuCollectives::nccl;
+  // A failed or timed-out NCCL collective aborts its communicator and raises in wait()
+  // (which names the group) instead of hanging; the user's own setting wins.
+  if (with_nccl) ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", /*overwrite=*/0);
+#else
+  MMSP_CHECK(options.gpu_collectives != GpuCollectives::nccl,
+             "NCCL collectives were asked for, but this mmsp was built against a LibTorch without NCCL");
 #endif
 
   // Every rank builds its groups in the same axis order; a group's members meet
@@ -112,7 +119,7 @@ Mesh Mesh::create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& e
 #endif
     }
     mesh.groups_[static_cast<int>(axis)] = c10::make_intrusive<Group>(
-        name, std::move(members), group_rank, cpu, gpu, mesh.stats_.of(axis), options.timeout);
+        name, std::move(members), group_rank, cpu, gpu, mesh.stats_.of(axis), options.timeout, stage);
   }
   return mesh;
 }

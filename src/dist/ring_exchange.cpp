@@ -31,7 +31,9 @@ void RingExchange::start(const std::vector<at::Tensor>& send) {
     for (const at::Tensor& t : send) received_.push_back(t.clone());
     return;
   }
-  for (const at::Tensor& t : send) {
+  for (const at::Tensor& given : send) {
+    devices_.push_back(given.device());
+    const at::Tensor t = group_->stages(given) ? given.cpu() : given;  // shared-GPU test mode
     const bool gloo = group_->uses_gloo(t);
     sent_.push_back(wire_view(t.contiguous(), gloo));
     received_.push_back(at::empty_like(t, at::MemoryFormat::Contiguous));
@@ -54,6 +56,8 @@ std::vector<at::Tensor> RingExchange::wait() {
   for (auto& w : work_) group_->wait(w, "ring_exchange");
   work_.clear();
   sent_.clear();
+  for (size_t i = 0; i < received_.size() && i < devices_.size(); ++i)
+    if (received_[i].device() != devices_[i]) received_[i] = received_[i].to(devices_[i]);
   return std::move(received_);
 }
 

@@ -16,6 +16,9 @@ namespace mmsp::dist {
 namespace {
 
 const auto kF64 = at::TensorOptions().dtype(at::kDouble);
+// Where the collectives' inputs live (--device of `mmsp selftest`): the expected values are
+// made on the host, the inputs and weights moved here, the results compared on the host.
+thread_local at::Device input_device = at::kCPU;
 
 // The value rank a puts at (b, c, d), and the loss weight of element (b, c, d) on rank a.
 double enc(int a, int64_t b, int64_t c, int64_t d) { return a * 1000.0 + b * 100 + c * 10 + d; }
@@ -36,7 +39,7 @@ at::Tensor tensor3(int64_t n0, int64_t n1, int64_t n2,
 double max_error(const at::Tensor& got, const at::Tensor& expected) {
   if (!got.defined() || got.sizes() != expected.sizes()) return INFINITY;
   if (got.numel() == 0) return 0;
-  return (got - expected).abs().max().item<double>();
+  return (got.cpu() - expected).abs().max().item<double>();
 }
 
 struct Case {
@@ -49,10 +52,10 @@ Case all_to_all_case(const GroupPtr& group) {
   const int P = group->size(), g = group->rank();
   const int64_t T = 2 * P;
   at::Tensor x = tensor3(T, P, 2, [&](auto t, auto h, auto d) { return enc(g, t, h, d); })
-                     .requires_grad_();
+                     .to(input_device).requires_grad_();
   at::Tensor y = all_to_all(x, /*scatter_dim=*/1, /*gather_dim=*/0, group);
   at::Tensor w = tensor3(P * T, 1, 2, [&](auto t, auto, auto d) { return weight(g, t, 0, d); });
-  (y * w).sum().backward();
+  (y * w.to(y.device())).sum().backward();
   return {y, tensor3(P * T, 1, 2, [&](auto st, auto, auto d) { return enc(st / T, st % T, g, d); }),
           x.grad(),
           tensor3(T, P, 2, [&](auto t, auto h, auto d) { return weight(h, g * T + t, 0, d); })};
@@ -76,9 +79,9 @@ Case all_to_all_v_case(const GroupPtr& group) {
     expected_grad.push_back(
         tensor3(send[p], 1, 2, [&](auto k, auto, auto d) { return weight(p, g, k, d); }));
   }
-  at::Tensor x = at::cat(rows).requires_grad_();
+  at::Tensor x = at::cat(rows).to(input_device).requires_grad_();
   at::Tensor y = all_to_all_v(x, send, recv, group);
-  (y * at::cat(w)).sum().backward();
+  (y * at::cat(w).to(y.device())).sum().backward();
   return {y, at::cat(expected_rows), x.grad(), at::cat(expected_grad)};
 }
 
@@ -94,9 +97,9 @@ Case all_gather_v_case(const GroupPtr& group) {
     w.push_back(tensor3(counts[p], 1, 2, [&](auto k, auto, auto d) { return weight(g, p, k, d); }));
   }
   at::Tensor x = tensor3(counts[g], 1, 2, [&](auto k, auto, auto d) { return enc(g, 0, k, d); })
-                     .requires_grad_();
+                     .to(input_device).requires_grad_();
   at::Tensor y = all_gather_v(x, counts, group);
-  (y * at::cat(w)).sum().backward();
+  (y * at::cat(w).to(y.device())).sum().backward();
   at::Tensor grad = tensor3(counts[g], 1, 2, [&](auto k, auto, auto d) {
     double sum = 0;
     for (int h = 0; h < P; ++h) sum += weight(h, g, k, d);
@@ -115,9 +118,9 @@ Case all_reduce_case(const GroupPtr& group) {
     });
   };
   at::Tensor x = tensor3(3, 1, 2, [&](auto i, auto, auto d) { return enc(g, i, 0, d); })
-                     .requires_grad_();
+                     .to(input_device).requires_grad_();
   at::Tensor y = all_reduce(x, group);
-  (y * tensor3(3, 1, 2, [&](auto i, auto, auto d) { return weight(g, i, 0, d); })).sum().backward();
+  (y * tensor3(3, 1, 2, [&](auto i, auto, auto d) { return weight(g, i, 0, d); }).to(y.device())).sum().backward();
   return {y, sum_over_ranks([](int s, int64_t i, int64_t d) { return enc(s, i, 0, d); }),
           x.grad(), sum_over_ranks([](int s, int64_t i, int64_t d) { return weight(s, i, 0, d); })};
 }
@@ -127,13 +130,13 @@ Case ring_exchange_case(const GroupPtr& group) {
   const int P = group->size(), g = group->rank();
   const int prev = (g + P - 1) % P, next = (g + 1) % P;
   at::Tensor k = tensor3(2, 3, 1, [&](auto i, auto j, auto) { return enc(g, i, j, 0); })
-                     .requires_grad_();
+                     .to(input_device).requires_grad_();
   at::Tensor v = tensor3(1, 2, 2, [&](auto i, auto j, auto d) { return enc(g, i, j, d) + 0.5; })
-                     .requires_grad_();
+                     .to(input_device).requires_grad_();
   auto got = ring_exchange({k, v}, group, 1);
   auto wk = [](int r) { return tensor3(2, 3, 1, [&](auto i, auto j, auto) { return weight(r, i, j, 0); }); };
   auto wv = [](int r) { return tensor3(1, 2, 2, [&](auto i, auto j, auto d) { return weight(r, i, j, d); }); };
-  ((got[0] * wk(g)).sum() + (got[1] * wv(g)).sum()).backward();
+  ((got[0] * wk(g).to(got[0].device())).sum() + (got[1] * wv(g).to(got[1].device())).sum()).backward();
   at::Tensor expected_k = tensor3(2, 3, 1, [&](auto i, auto j, auto) { return enc(prev, i, j, 0); });
   at::Tensor expected_v =
       tensor3(1, 2, 2, [&](auto i, auto j, auto d) { return enc(prev, i, j, d) + 0.5; });
@@ -145,7 +148,8 @@ Case ring_exchange_case(const GroupPtr& group) {
 
 }  // namespace
 
-std::vector<SelftestResult> run_selftest(const Mesh& mesh) {
+std::vector<SelftestResult> run_selftest(const Mesh& mesh, const at::Device& device) {
+  input_device = device;
   const std::pair<const char*, Case (*)(const GroupPtr&)> cases[] = {
       {"all_to_all", all_to_all_case},     {"all_to_all_v", all_to_all_v_case},
       {"all_gather_v", all_gather_v_case}, {"all_reduce", all_reduce_case},

@@ -28,6 +28,7 @@ at::Tensor reduce_scatter(const at::Tensor& flat, Group& group) {
   const int64_t shard = shard_numel(flat, group, "reduce_scatter");
   const int64_t P = group.size();
   if (P == 1) return flat.clone();
+  if (group.stages(flat)) return reduce_scatter(flat.cpu(), group).to(flat.device());
   at::Tensor recv = at::empty_like(flat);
   const bool gloo = group.uses_gloo(flat);
   at::Tensor send_wire = wire_view(flat, gloo), recv_wire = wire_view(recv, gloo);
@@ -58,6 +59,12 @@ c10::intrusive_ptr<c10d::Work> issue_all_gather(const at::Tensor& shard, at::Ten
   const int64_t P = group.size();
   if (P == 1) {
     flat.copy_(shard);
+    return {};
+  }
+  if (group.stages(flat)) {  // shared-GPU test mode: synchronous through host memory
+    at::Tensor host = flat.cpu();
+    all_gather_into(shard.cpu(), host, group);
+    flat.copy_(host);
     return {};
   }
   const bool gloo = group.uses_gloo(flat);

@@ -27,4 +27,11 @@ int64_t PixelInputs::row_of(const plan::VisionItem& item, int64_t whole_batch_ro
   return first + row - lo;
 }
 
+PixelInputs PixelInputs::to(const c10::Device& device) const {
+  PixelInputs moved = *this;
+  if (images.defined()) moved.images = images.to(device);
+  if (videos.defined()) moved.videos = videos.to(device);
+  return moved;
+}
+
 }  // namespace mmsp::model

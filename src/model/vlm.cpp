@@ -64,18 +64,21 @@ StepOutput Vlm::forward(const RankInputs& in, const plan::StepPlan& plan, const 
   MMSP_CHECK(parallelism.plan_attention && parallelism.route_vision, "the step needs its attention and vision router");
   check(in);
   tower_->check(plan, pixels);
-  at::Tensor embeds = decoder_->embed(in.token_ids);  // [L, hidden]
+  // The plan's tensors are made on the host; they meet the activations on the model's device.
+  const at::Device device = decoder_->model->embed_tokens->weight.device();
+  at::Tensor embeds = decoder_->embed(in.token_ids.to(device));  // [L, hidden]
   const auto& items = plan.rows.at(plan.mine.coords.dp).items;
   const RoutedRows routed = parallelism.route_vision(
       [&](const std::vector<int64_t>& which, const SplitEncoding& split) { return encode(items, which, split, pixels); });
   const int64_t hidden = config_.text.hidden_size;
   const at::Tensor rows = routed.rows.to(embeds.scalar_type());  // [V, hidden · (1 + levels)]
-  embeds = embeds.index_copy(0, routed.slots, rows.narrow(1, 0, hidden));
+  const at::Tensor slots = routed.slots.to(device);
+  embeds = embeds.index_copy(0, slots, rows.narrow(1, 0, hidden));
 
   DecoderContext ctx = decoder_context(in, config_.text, config_.conventions, parallelism.plan_attention(), embeds);
-  ctx.visual_slots = routed.slots;
+  ctx.visual_slots = slots;
   for (int k = 0; k < tower_->deepstack_levels(); ++k) ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
-  return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels, in.label_count};
+  return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels.to(device), in.label_count};
 }
 
 void Vlm::set_activation_checkpointing(ActivationCheckpointing mode) {

@@ -22,6 +22,10 @@ namespace {
 at::Tensor index_tensor(const std::vector<int64_t>& values) {
   return at::tensor(at::ArrayRef<int64_t>(values), at::kLong).clone();
 }
+// The same rows as an index on `rows`' device (the plan is made on the host).
+at::Tensor index_on(const std::vector<int64_t>& values, const at::Tensor& rows) {
+  return index_tensor(values).to(rows.device());
+}
 
 // The split items' attention goes over the context group: Ulysses' all-to-all-v from
 // patches to heads and back (the item's patches are this group's tokens).
@@ -62,7 +66,7 @@ RoutedRows route_vision_rows(const plan::StepPlan& plan, const EncodeItems& enco
       for (const plan::RouteRow& r : routes.send[dst]) send_rows.push_back(r.src_row);
     }
     for (int src = 0; src < S; ++src) recv_counts[src] = static_cast<int64_t>(routes.recv[src].size());
-    out.rows = dist::all_to_all_v(mine.index_select(0, index_tensor(send_rows)), send_counts,
+    out.rows = dist::all_to_all_v(mine.index_select(0, index_on(send_rows, mine)), send_counts,
                                   recv_counts, context);
     return out;
   }
@@ -75,7 +79,7 @@ RoutedRows route_vision_rows(const plan::StepPlan& plan, const EncodeItems& enco
     at::Tensor all = dist::all_gather_v(mine, counts, context);
     for (int src = 0; src < S; ++src)
       for (const plan::RouteRow& r : routes.recv[src]) pick.push_back(offset[src] + r.src_row);
-    out.rows = all.index_select(0, index_tensor(pick));
+    out.rows = all.index_select(0, index_on(pick, all));
     return out;
   }
   // replicate: every item of the row, whole (split ones too), in item order
@@ -87,7 +91,7 @@ RoutedRows route_vision_rows(const plan::StepPlan& plan, const EncodeItems& enco
   at::Tensor all = encode(every, SplitEncoding{});
   for (int src = 0; src < S; ++src)
     for (const plan::RouteRow& r : routes.recv[src]) pick.push_back(first_row.at(r.item) + r.row);
-  out.rows = all.index_select(0, index_tensor(pick));
+  out.rows = all.index_select(0, index_on(pick, all));
   return out;
 }
 

@@ -47,6 +47,7 @@ void to_json(json& j, const StepMetrics& m) {
            {"grad_norm", m.grad_norm},
            {"tokens", m.tokens},
            {"label_tokens", m.label_tokens},
+           {"attention_pairs", m.attention_pairs},
            {"seconds", m.seconds},
            {"vision_s", m.vision_s},
            {"attention_s", m.attention_s},
@@ -76,6 +77,7 @@ void from_json(const json& j, StepMetrics& m) {
   m.comm_bytes = j.at("comm_bytes").get<int64_t>();
   // Files written before the split by purpose (and by phase) lack these.
   m.update_peak_bytes = j.value("update_peak_bytes", int64_t{0});
+  m.attention_pairs = j.value("attention_pairs", 0.0);
   m.attention_bytes = j.value("attention_bytes", int64_t{0});
   m.vision_bytes = j.value("vision_bytes", int64_t{0});
   m.grad_bytes = j.value("grad_bytes", int64_t{0});

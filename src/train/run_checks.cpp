@@ -122,6 +122,7 @@ dist::AgreedFlags agreed_flags(const TrainOptions& o) {
           {"--placement", plan::to_string(o.placement)},
           {"--vision-split", plan::to_string(o.vision_split)},
           {"--attention-block", n(o.attention_block)},
+          {"--attention-kernel", o.attention_kernel},
           {"--loss-chunk", n(o.loss_chunk)},
           {"--checkpoint-activations", model::to_string(o.checkpoint_activations)},
           {"--steps", n(o.steps)},

@@ -164,6 +164,7 @@ ParsedTrainOptions check_train_options(const TrainOptions& o, const plan::Mesh& 
              mesh.world(), " must divide into --data-rows ", rows, " equal rows");
   MMSP_CHECK(o.shapes_samples > 0, "--shapes-samples ", o.shapes_samples, " must be positive");
   MMSP_CHECK(o.attention_block > 0, "--attention-block ", o.attention_block, " must be positive");
+  attention::parse_attention_kernel(o.attention_kernel);  // names a bad --attention-kernel before anything runs
   MMSP_CHECK(o.loss_chunk >= 0, "--loss-chunk ", o.loss_chunk,
              " must be ≥ 0 (tokens per chunk of the LM head and loss; 0: the default, ≤ 256 MiB of logits)");
   MMSP_CHECK(o.lr > 0 && o.min_lr >= 0 && o.min_lr <= o.lr, "--lr ", o.lr, " and --min-lr ", o.min_lr,
@@ -261,7 +262,9 @@ Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist
   Trainable t;
   t.vlm = build_vlm(in.resolved.config, loading ? model::ParameterInit::uninitialised : model::ParameterInit::random,
                     in.dtype);
-  t.vlm->to(in.dtype);  // the buffers (rotary tables); the parameters already are
+  // The buffers (rotary tables) into the dtype, everything onto the rank's device; the
+  // masters and optimizer state below follow the parameters there.
+  t.vlm->to(o.device, in.dtype);
   t.vlm->set_activation_checkpointing(o.checkpoint_activations);
   AdamWOptions adamw;
   adamw.lr = o.lr;
@@ -335,7 +338,11 @@ StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double gr
   m.loss = r.loss;
   m.lr = lr;
   m.grad_norm = grad_norm;
-  for (const auto& s : batch.sequences) m.tokens += static_cast<int64_t>(s.input_ids.size());
+  for (const auto& s : batch.sequences) {
+    const double n = static_cast<double>(s.input_ids.size());
+    m.tokens += static_cast<int64_t>(s.input_ids.size());
+    m.attention_pairs += 0.5 * n * (n + 1);
+  }
   m.label_tokens = plan.label_count;
   const auto& times = r.per_rank[0];
   const size_t slowest = std::max_element(times.begin(), times.end()) - times.begin();
@@ -412,7 +419,8 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
                   mesh.world_size(), mesh.world()->timeout());
   watch.phase("pixels");
   const model::PixelInputs pixels =
-      load_pixels(*run.in.data, samples, batch, config, pixels_encoded_here(plan, run.o.vision), run.in.dtype);
+      load_pixels(*run.in.data, samples, batch, config, pixels_encoded_here(plan, run.o.vision), run.in.dtype)
+          .to(run.o.device);
 
   const double lr = run.schedule.at(step - 1);
   run.update.set_lr(lr);
@@ -447,7 +455,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
 
   // This run's own counters: the tensors it allocates from here on, and its time split
   // (the phases marked on this thread while it runs).
-  MemoryCounter memory;
+  MemoryCounter memory(o.device);  // on CUDA: the caching allocator's statistics
   PhaseTimer phases;
   const ActivePhaseTimer timing(phases);
   const Trainable trainable = build_trainable(o, in, mesh);
@@ -486,6 +494,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   attention::AttentionOptions blocks;
   blocks.block_q = o.attention_block;
   blocks.block_k = o.attention_block;
+  blocks.kernel = attention::parse_attention_kernel(o.attention_kernel);
   const StepLoop run{o,
                      in,
                      vlm,

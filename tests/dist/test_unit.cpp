@@ -14,6 +14,7 @@
 #include "mmsp/dist/startup_deadline.h"
 #include "mmsp/dist/group.h"
 #include "mmsp/plan/mesh.h"
+#include "mmsp/dist/rank_device.h"
 #include "mmsp/dist/rank_env.h"
 #include "mmsp/dist/ring_exchange.h"
 
@@ -88,6 +89,32 @@ TEST(RankEnvTest, BadValuesNameTheVariable) {
                "MASTER_PORT=70000");
   expect_error([] { rank_env_from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}); },
                "MASTER_ADDR must name rank 0's host");
+}
+
+// The rank's device from --device, the GPUs seen and LOCAL_RANK (pure: no GPU needed).
+TEST(RankDeviceTest, AutoCpuCudaAndTheRankWithoutAGpu) {
+  RankEnv env;
+  env.local_rank = 1;
+  env.local_world_size = 2;
+  const DeviceFacts none{true, 0, ""}, one{true, 1, "0"}, two{true, 2, ""};
+  EXPECT_TRUE(choose_rank_device(DeviceRequest::automatic, none, env, false).device.is_cpu());
+  // auto: a GPU for each local rank or none at all (never a job partly on the CPU)
+  EXPECT_TRUE(choose_rank_device(DeviceRequest::automatic, one, env, false).device.is_cpu());
+  const RankDevice cuda = choose_rank_device(DeviceRequest::automatic, two, env, false);
+  EXPECT_EQ(cuda.device, c10::Device(c10::kCUDA, 1));
+  EXPECT_EQ(cuda.collectives, GpuCollectives::nccl);
+  EXPECT_TRUE(choose_rank_device(DeviceRequest::cpu, two, env, false).device.is_cpu());
+  EXPECT_EQ(choose_rank_device(DeviceRequest::cpu, two, env, false).collectives, GpuCollectives::none);
+  expect_error([&] { choose_rank_device(DeviceRequest::cuda, none, env, false); },
+               "--device cuda: this process sees no CUDA device (LibTorch built with CUDA: yes, CUDA_VISIBLE_DEVICES=unset)");
+  expect_error([&] { choose_rank_device(DeviceRequest::cuda, one, env, false); },
+               "LOCAL_RANK 1 needs GPU 1, but this process sees 1: start at most 1 ranks per machine");
+  // the test-only shared mode: rank 1 on GPU 0, collectives through host memory
+  const RankDevice shared = choose_rank_device(DeviceRequest::cuda, one, env, true);
+  EXPECT_EQ(shared.device, c10::Device(c10::kCUDA, 0));
+  EXPECT_EQ(shared.collectives, GpuCollectives::host_staged);
+  expect_error([] { parse_device_request("gpu"); }, "--device 'gpu' is not one of auto, cpu, cuda");
+  EXPECT_EQ(parse_device_request("cuda"), DeviceRequest::cuda);
 }
 
 TEST(MeshTest, WorldMustBeTheProduct) {

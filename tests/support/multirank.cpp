@@ -21,8 +21,9 @@ void init_multirank() {
 
 const dist::RankEnv& rank_env() { return g_env; }
 
-dist::Mesh make_mesh(const plan::Mesh& shape) {
+dist::Mesh make_mesh(const plan::Mesh& shape, dist::GpuCollectives gpu) {
   dist::MeshOptions options;
+  options.gpu_collectives = gpu;
   options.timeout = std::chrono::seconds(60);
   return dist::Mesh::create(g_store, g_env, shape, options,
                             "test-mesh-" + std::to_string(g_mesh_counter++));

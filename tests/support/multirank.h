@@ -15,7 +15,8 @@ const dist::RankEnv& rank_env();
 
 // A new mesh of `shape` over the job's store; every rank must ask for the same
 // meshes in the same order. Collective timeout 60 s (tests fail, never hang).
-dist::Mesh make_mesh(const plan::Mesh& shape);
+// gpu: how CUDA tensors cross ranks (the gpu tests share one GPU: host_staged).
+dist::Mesh make_mesh(const plan::Mesh& shape, dist::GpuCollectives gpu = dist::GpuCollectives::none);
 
 // Every mesh shape of the world, built once, in the same order on every rank.
 const std::vector<dist::Mesh>& all_meshes();

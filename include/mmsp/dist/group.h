@@ -24,7 +24,8 @@ class Group : public torch::CustomClassHolder {
   // cpu: Gloo backend (null for a one-member group); gpu: NCCL backend or null.
   Group(std::string name, std::vector<int> members, int rank,
         c10::intrusive_ptr<Backend> cpu, c10::intrusive_ptr<Backend> gpu,
-        std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout);
+        std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout,
+        bool stage_cuda_through_host = false);
 
   const std::string& name() const { return name_; }  // e.g. "ring[dp=0,u=1]"
   int rank() const { return rank_; }                 // this process's rank in the group
@@ -37,6 +38,10 @@ class Group : public torch::CustomClassHolder {
   Backend& backend_for(const at::Tensor& tensor) const;
   // True when `tensor` goes through Gloo, which lacks bf16 and some integer types.
   bool uses_gloo(const at::Tensor& tensor) const;
+  // True when `tensor` is on a GPU this group moves through host memory (the test-only
+  // shared-GPU mode, rank_device.h): the collective copies it to the CPU, runs on Gloo and
+  // copies the result back. The bytes counted are the same.
+  bool stages(const at::Tensor& tensor) const { return stage_ && tensor.is_cuda(); }
 
   // Waits for `work`; a failure (dead peer, timeout) becomes an mmsp::Error that
   // names the collective, this group and its timeout.
@@ -53,6 +58,7 @@ class Group : public torch::CustomClassHolder {
   c10::intrusive_ptr<Backend> gpu_;
   std::shared_ptr<CommStats> stats_;
   std::chrono::milliseconds timeout_;
+  bool stage_ = false;
   int tag_ = 0;
 };
 

@@ -10,6 +10,7 @@
 #include "mmsp/dist/comm_stats.h"
 #include "mmsp/dist/flag_agreement.h"
 #include "mmsp/dist/group.h"
+#include "mmsp/dist/rank_device.h"
 #include "mmsp/dist/rank_env.h"
 #include "mmsp/plan/mesh.h"
 
@@ -33,6 +34,10 @@ struct MeshOptions {
   // --out lock). It still meets the others, so that every rank ends at once with this
   // message instead of waiting for it until the timeout.
   std::string refusal;
+  // How CUDA tensors cross ranks (rank_device.h): none makes no NCCL group; nccl one per
+  // group (with NCCL's async error handling on, and the same timeout); host_staged copies
+  // them through Gloo (tests that share one GPU between ranks).
+  GpuCollectives gpu_collectives = GpuCollectives::none;
 };
 
 // The byte counters of a mesh: one CommStats per axis group, so what a step sent can

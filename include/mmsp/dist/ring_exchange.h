@@ -36,6 +36,7 @@ class RingExchange {
   int to_, from_;
   enum class State { idle, started, done } state_ = State::idle;
   std::vector<at::Tensor> sent_, received_;
+  std::vector<c10::Device> devices_;  // of the tensors given (received ones return there)
   std::vector<c10::intrusive_ptr<c10d::Work>> work_;
 };
 

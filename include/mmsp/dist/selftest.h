@@ -22,6 +22,8 @@ struct SelftestResult {
 };
 
 // Runs on every rank of `mesh` (collectively); fp64, exact comparisons.
-std::vector<SelftestResult> run_selftest(const Mesh& mesh);
+// `device`: where the collectives' tensors live (CUDA: NCCL, or Gloo through host memory
+// in the shared-GPU test mode).
+std::vector<SelftestResult> run_selftest(const Mesh& mesh, const at::Device& device = at::kCPU);
 
 }  // namespace mmsp::dist

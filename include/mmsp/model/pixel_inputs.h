@@ -31,6 +31,8 @@ struct PixelInputs {
   // Where rows [row, row + count) of `item` (counted within the item) start; throws
   // unless they are held here.
   int64_t row_of(const plan::VisionItem& item, int64_t whole_batch_row, int64_t row, int64_t count) const;
+  // The same pixels on `device` (read from the files on the host, encoded there).
+  PixelInputs to(const c10::Device& device) const;
 };
 
 }  // namespace mmsp::model

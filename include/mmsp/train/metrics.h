@@ -18,6 +18,7 @@ struct StepMetrics {
   double grad_norm = 0.0;       // before clipping
   int64_t tokens = 0;           // real (unpadded) tokens in the global batch
   int64_t label_tokens = 0;     // tokens with a label in the global batch
+  double attention_pairs = 0;   // causal (query, key) pairs of its sequences, Σ n(n+1)/2: attention's work
   double seconds = 0.0;         // the whole step, wall clock
   double vision_s = 0.0;        // parts of `seconds`: vision encoder,
   double attention_s = 0.0;     //   attention (local + its collectives),

@@ -58,6 +58,12 @@ struct TrainOptions {
   // context group; the same numerics as whole items
   plan::VisionSplitOptions vision_split = automatic_vision_split();
   int64_t attention_block = 256;  // query and key block of the attention kernel
+  // auto | blockwise | fused (attention/fused_attention.h): auto runs FlashAttention-2's
+  // varlen kernel on CUDA where it serves the dtype and head size, mmsp's kernel elsewhere
+  std::string attention_kernel = "auto";
+  // Where this rank computes: parameters, masters, optimizer state, activations, pixels
+  // and the loss; the plan and the files stay on the host (cli: --device, rank_device.h).
+  c10::Device device{c10::kCPU};
 
   // memory (neither changes the numerics)
   // tokens per chunk of the LM head + loss (0: default_loss_chunk, ≤ 256 MiB of fp32 logits)

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "mmsp/compat/cpu_allocator.h"
+#include "mmsp/train/memory/cuda_memory.h"
 
 namespace mmsp::train {
 namespace {
@@ -89,7 +90,12 @@ void install_counting_allocator() {
 
 }  // namespace
 
-MemoryCounter::MemoryCounter() {
+MemoryCounter::MemoryCounter(c10::Device device) : device_(device) {
+  if (device_.is_cuda()) {
+    const int index = device_.has_index() ? device_.index() : 0;
+    reset_cuda_peak(index);
+    cuda_baseline_ = cuda_memory(index).allocated;
+  }
   install_counting_allocator();
   Counters& c = counters();
   std::unique_lock lock(c.mutex);
@@ -110,8 +116,19 @@ void MemoryCounter::count(int64_t delta) {
   }
 }
 
-// CPU tensors only. For CUDA tensors, read c10::cuda::CUDACachingAllocator's
-// getDeviceStats(device): allocated_bytes[StatType::AGGREGATE].current / .peak
-// (and resetPeakStats(device) for reset_peak) where LibTorch has CUDA.
+int64_t MemoryCounter::current_bytes() const {
+  if (device_.is_cuda()) return cuda_memory(device_.has_index() ? device_.index() : 0).allocated - cuda_baseline_;
+  return current_.load();
+}
+
+int64_t MemoryCounter::peak_bytes() const {
+  if (device_.is_cuda()) return cuda_memory(device_.has_index() ? device_.index() : 0).peak - cuda_baseline_;
+  return peak_.load();
+}
+
+void MemoryCounter::reset_peak() {
+  if (device_.is_cuda()) return reset_cuda_peak(device_.has_index() ? device_.index() : 0);
+  peak_.store(current_.load());
+}
 
 }  // namespace mmsp::train

@@ -242,10 +242,14 @@ void ShardedAdamW::add_lookup_rows(int unit) {
   const int64_t h = weight.size(1);
   std::vector<LookupRows> mine = unit < static_cast<int>(lookup_rows_.size()) ? std::move(lookup_rows_[unit])
                                                                                : std::vector<LookupRows>{};
-  at::Tensor ids = at::empty({0}, at::kLong), rows = at::empty({0, h}, weight.options().requires_grad(false));
+  // ids and rows on the table's device on every rank (a rank without rows too), so that
+  // every rank's gather takes the same backend.
+  at::Tensor ids = at::empty({0}, weight.options().dtype(at::kLong).requires_grad(false)),
+             rows = at::empty({0, h}, weight.options().requires_grad(false));
   if (!mine.empty()) {
     std::vector<at::Tensor> all_ids, all_rows;
-    for (const LookupRows& l : mine) all_ids.push_back(l.ids), all_rows.push_back(l.rows.to(weight.scalar_type()));
+    for (const LookupRows& l : mine)
+      all_ids.push_back(l.ids.to(weight.device())), all_rows.push_back(l.rows.to(weight.scalar_type()));
     ids = at::cat(all_ids), rows = at::cat(all_rows);
   }
   MMSP_CHECK(rows.size(1) == h, "ShardedAdamW: lookup rows of width ", rows.size(1), " for a table of width ", h);

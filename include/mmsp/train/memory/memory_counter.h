@@ -9,8 +9,12 @@
 // it (Gloo's threads included, not oneDNN's scratch or from_blob memory). Two counters
 // keep separate counts from their own start, but two models running at the same time in
 // one process see each other's tensors: run them one after the other to tell them apart.
-// CUDA tensors are not counted here: see the note in memory_counter.cpp.
+// A counter made for a CUDA device reads the CUDA caching allocator's statistics instead
+// (cuda_memory.h: bytes of live tensors on that device from the counter's start, and their
+// peak); the CPU machinery above plays no part for CUDA tensors.
 #pragma once
+
+#include <c10/core/Device.h>
 
 #include <atomic>
 #include <cstdint>
@@ -19,18 +23,20 @@ namespace mmsp::train {
 
 class MemoryCounter {
  public:
-  // Starts counting (installing the counting allocator on first use).
-  MemoryCounter();
+  // Starts counting (installing the counting allocator on first use); on a CUDA device,
+  // from what that device holds now, with its peak reset.
+  explicit MemoryCounter(c10::Device device = c10::Device(c10::kCPU));
   ~MemoryCounter();
   MemoryCounter(const MemoryCounter&) = delete;
   MemoryCounter& operator=(const MemoryCounter&) = delete;
 
   // Bytes of the tensors allocated since this counter began and not yet freed.
-  int64_t current_bytes() const { return current_.load(); }
+  int64_t current_bytes() const;
   // The highest current_bytes() since this counter began or the last reset_peak().
-  int64_t peak_bytes() const { return peak_.load(); }
+  int64_t peak_bytes() const;
   // Starts a new peak from what is held now.
-  void reset_peak() { peak_.store(current_.load()); }
+  void reset_peak();
+  const c10::Device& device() const { return device_; }
 
   // Called by the counting allocator for an allocation (positive) or a free (negative).
   void count(int64_t delta);
@@ -40,6 +46,8 @@ class MemoryCounter {
  private:
   std::atomic<int64_t> current_{0}, peak_{0};
   uint64_t first_allocation_ = 0;
+  c10::Device device_;
+  int64_t cuda_baseline_ = 0;  // the device's allocated bytes when this counter began
 };
 
 }  // namespace mmsp::train

@@ -206,7 +206,8 @@ TowerInput LlavaTower::gather(const std::vector<plan::VisionItem>& items, const 
   }
   const int64_t last = *std::max_element(rows.begin(), rows.end());
   MMSP_CHECK(pixels.images.defined() && pixels.images.size(0) > last, "LLaVA needs pixel values at row ", last);
-  return {pixels.images.index_select(0, at::tensor(at::ArrayRef<int64_t>(rows), at::kLong).clone()), {}};
+  return {pixels.images.index_select(0, at::tensor(at::ArrayRef<int64_t>(rows), at::kLong).to(pixels.images.device())),
+          {}};
 }
 
 TowerInput LlavaTower::no_items(const at::TensorOptions& options) const {

@@ -149,11 +149,12 @@ at::Tensor QwenVisionEncoder::interpolated_positions(const plan::Grid& g, const 
   at::Tensor h0 = hs.to(at::kInt).to(at::kLong), w0 = ws.to(at::kInt).to(at::kLong);
   at::Tensor h1 = (h0 + 1).clamp_max(side - 1), w1 = (w0 + 1).clamp_max(side - 1);
   at::Tensor dh = hs - h0.to(at::kFloat), dw = ws - w0.to(at::kFloat);
-  const at::Tensor h = hw.select(1, 0), w = hw.select(1, 1);  // per patch
+  const at::Tensor h = hw.select(1, 0), w = hw.select(1, 1);  // per patch (host indices)
   const at::Tensor ph = dh.index_select(0, h), pw = dw.index_select(0, w);
   auto corner = [&](const at::Tensor& hi, const at::Tensor& wi, const at::Tensor& weight) {
     at::Tensor index = hi.index_select(0, h) * side + wi.index_select(0, w);
-    return table.index_select(0, index) * weight.to(table.scalar_type()).unsqueeze(1);
+    return table.index_select(0, index.to(table.device())) *
+           weight.to(table.device(), table.scalar_type()).unsqueeze(1);
   };
   return corner(h0, w0, (1 - ph) * (1 - pw)) + corner(h0, w1, (1 - ph) * pw) + corner(h1, w0, ph * (1 - pw)) +
          corner(h1, w1, ph * pw);  // [patches, hidden]

@@ -1,0 +1,205 @@
+// The fused attention benchmark; see fused_attention_bench.h. Time is host wall time
+// around each call with the device synchronised, median of the repeats. FLOPs count the
+// useful work: causal forward 2·2·H·D·(allowed pairs), backward 2.5× forward (the
+// FlashAttention papers' convention), so TFLOP/s compare across kernels of one shape.
+#include "fused_attention_bench.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+
+#include "mmsp/attention/local_attention.h"
+#include "mmsp/core/check.h"
+
+namespace mmsp::bench {
+namespace {
+
+void synchronize(const c10::Device& device) {
+  if (device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::kCUDA)->synchronizeDevice(device.index());
+}
+
+double median_seconds(const std::function<void()>& run, const c10::Device& device, int repeats) {
+  for (int i = 0; i < 2; ++i) run();
+  synchronize(device);
+  std::vector<double> s;
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    synchronize(device);
+    s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(s.begin(), s.end());
+  return s[s.size() / 2];
+}
+
+at::ScalarType dtype_of(const std::string& name) {
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  if (name == "float32") return at::kFloat;
+  if (name == "float64") return at::kDouble;
+  MMSP_CHECK(false, "--dtype '", name, "' must be bfloat16, float16, float32 or float64");
+  return at::kFloat;
+}
+
+attention::TokenLayout layout_of(const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> seg, ord;
+  for (size_t s = 0; s < lengths.size(); ++s)
+    for (int64_t i = 0; i < lengths[s]; ++i) seg.push_back(static_cast<int64_t>(s)), ord.push_back(i);
+  return {at::tensor(seg, at::kLong), at::tensor(ord, at::kLong)};
+}
+
+double causal_pairs(const std::vector<int64_t>& lengths) {
+  double pairs = 0;
+  for (int64_t n : lengths) pairs += 0.5 * double(n) * double(n + 1);
+  return pairs;
+}
+
+// Forward + backward FLOPs of causal attention over `pairs` allowed (query, key) pairs.
+double flops(double pairs, int64_t heads, int64_t dim) { return 3.5 * 4.0 * pairs * double(heads * dim); }
+
+struct Inputs {
+  at::Tensor q, k, v, dout;  // [T, H, D] / [T, Hkv, D]
+};
+
+Inputs make_inputs(int64_t T, const FusedAttentionBenchOptions& o, at::ScalarType type) {
+  const auto opts = at::TensorOptions().dtype(type).device(o.device);
+  return {at::randn({T, o.heads, o.dim}, opts).requires_grad_(), at::randn({T, o.kv_heads, o.dim}, opts).requires_grad_(),
+          at::randn({T, o.kv_heads, o.dim}, opts).requires_grad_(), at::randn({T, o.heads, o.dim}, opts)};
+}
+
+// mmsp's local attention, forward + backward, on the layout of `lengths`.
+nlohmann::json time_mmsp(const std::vector<int64_t>& lengths, const FusedAttentionBenchOptions& o, at::ScalarType type) {
+  int64_t T = 0;
+  for (int64_t n : lengths) T += n;
+  Inputs in = make_inputs(T, o, type);
+  attention::AttentionOptions options;
+  options.kernel = attention::parse_attention_kernel(o.kernel);
+  const attention::TokenLayout layout = layout_of(lengths);
+  const attention::KernelPlanPtr plan = attention::plan_kernel(layout, layout, options, o.device);
+  const double s = median_seconds(
+      [&] {
+        at::Tensor out = attention::local_attention(in.q, in.k, in.v, plan);
+        out.backward(in.dout);
+      },
+      o.device, o.repeats);
+  const double pairs = causal_pairs(lengths);
+  return {{"kernel", attention::kernel_in_use(*plan, in.q)}, {"seconds", s},
+          {"tflops", flops(pairs, o.heads, o.dim) / s / 1e12}};
+}
+
+// torch's SDPA on [B, H, L, D] with one backend enabled at a time.
+struct Backend {
+  const char* name;
+  bool flash, efficient, cudnn, math;
+};
+
+nlohmann::json time_sdpa(int64_t batch, int64_t L, double pairs, const FusedAttentionBenchOptions& o,
+                         at::ScalarType type) {
+  const std::vector<Backend> backends =
+      o.device.is_cuda()
+          ? std::vector<Backend>{{"cudnn", false, false, true, false},
+                                 {"flash", true, false, false, false},
+                                 {"efficient", false, true, false, false}}
+          : std::vector<Backend>{{"cpu-flash", true, false, false, false}};
+  at::Context& ctx = at::globalContext();
+  const bool was[] = {ctx.userEnabledFlashSDP(), ctx.userEnabledMemEfficientSDP(), ctx.userEnabledCuDNNSDP(),
+                      ctx.userEnabledMathSDP()};
+  const auto opts = at::TensorOptions().dtype(type).device(o.device);
+  at::Tensor q = at::randn({batch, o.heads, L, o.dim}, opts).requires_grad_();
+  at::Tensor k = at::randn({batch, o.kv_heads, L, o.dim}, opts).requires_grad_();
+  at::Tensor v = at::randn({batch, o.kv_heads, L, o.dim}, opts).requires_grad_();
+  at::Tensor dout = at::randn({batch, o.heads, L, o.dim}, opts);
+  nlohmann::json rows = nlohmann::json::array();
+  for (const Backend& b : backends) {
+    ctx.setSDPUseFlash(b.flash);
+    ctx.setSDPUseMemEfficient(b.efficient);
+    ctx.setSDPUseCuDNN(b.cudnn);
+    ctx.setSDPUseMath(b.math);
+    nlohmann::json row{{"backend", b.name}};
+    try {
+      const double s = median_seconds(
+          [&] {
+            at::Tensor out = at::scaled_dot_product_attention(q, k, v, std::nullopt, 0.0, /*is_causal=*/true,
+                                                              std::nullopt, /*enable_gqa=*/o.kv_heads != o.heads);
+            out.backward(dout);
+          },
+          o.device, o.repeats);
+      row["seconds"] = s;
+      row["tflops"] = flops(pairs, o.heads, o.dim) / s / 1e12;
+    } catch (const std::exception& e) {
+      row["error"] = std::string(e.what()).substr(0, 200);
+    }
+    rows.push_back(row);
+  }
+  ctx.setSDPUseFlash(was[0]);
+  ctx.setSDPUseMemEfficient(was[1]);
+  ctx.setSDPUseCuDNN(was[2]);
+  ctx.setSDPUseMath(was[3]);
+  return rows;
+}
+
+double best_seconds(const nlohmann::json& rows, std::string* which) {
+  double best = 0;
+  for (const auto& r : rows)
+    if (r.contains("seconds") && (best == 0 || r["seconds"].get<double>() < best)) {
+      best = r["seconds"].get<double>();
+      *which = r["backend"].get<std::string>();
+    }
+  return best;
+}
+
+}  // namespace
+
+nlohmann::json bench_fused_attention(const FusedAttentionBenchOptions& o) {
+  MMSP_CHECK(!o.tokens.empty() && o.heads > 0 && o.kv_heads > 0 && o.heads % o.kv_heads == 0 && o.dim > 0,
+             "bench attention --part fused: --tokens must be given, --heads a multiple of --kv-heads");
+  MMSP_CHECK(o.repeats > 0, "--repeats ", o.repeats, " must be positive");
+  const at::ScalarType type = dtype_of(o.dtype);
+  nlohmann::json result{{"device", o.device.str()}, {"dtype", o.dtype}, {"heads", o.heads},
+                        {"kv_heads", o.kv_heads}, {"dim", o.dim}, {"kernel_flag", o.kernel},
+                        {"flops", "causal forward + backward: 3.5 · 4 · H · D · allowed pairs"}};
+  nlohmann::json whole = nlohmann::json::array();
+  for (int64_t T : o.tokens) {
+    MMSP_CHECK(T > 0, "--tokens ", T, " must be positive");
+    nlohmann::json row{{"tokens", T}};
+    row["mmsp"] = time_mmsp({T}, o, type);
+    row["sdpa"] = time_sdpa(1, T, causal_pairs({T}), o, type);
+    std::string which;
+    const double best = best_seconds(row["sdpa"], &which);
+    if (best > 0) {
+      row["best_sdpa"] = which;
+      row["mmsp_tflops_over_best_sdpa"] = best / row["mmsp"]["seconds"].get<double>();
+    }
+    whole.push_back(row);
+  }
+  result["whole"] = whole;
+
+  // Packed segments filling the longest row, against the padded batch [segments, longest].
+  const int64_t T = *std::max_element(o.tokens.begin(), o.tokens.end());
+  std::vector<int64_t> lengths;
+  int64_t used = 0;
+  for (size_t i = 0; used < T && !o.segments.empty(); ++i) {
+    const int64_t n = std::min(o.segments[i % o.segments.size()], T - used);
+    MMSP_CHECK(n > 0, "--segments must be positive lengths");
+    lengths.push_back(n);
+    used += n;
+  }
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+  nlohmann::json packed{{"tokens", T}, {"segments", lengths.size()}, {"longest", longest}};
+  packed["mmsp"] = time_mmsp(lengths, o, type);
+  packed["sdpa_padded"] = time_sdpa(static_cast<int64_t>(lengths.size()), longest, causal_pairs(lengths), o, type);
+  std::string which;
+  const double best = best_seconds(packed["sdpa_padded"], &which);
+  if (best > 0) {
+    packed["best_sdpa_padded"] = which;
+    packed["mmsp_seconds_over_padded"] = packed["mmsp"]["seconds"].get<double>() / best;
+  }
+  result["packed"] = packed;
+  return result;
+}
+
+}  // namespace mmsp::bench
