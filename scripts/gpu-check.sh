@@ -51,8 +51,16 @@ print(json.dumps(result["stages"]))
 PY
   say "done in $(elapsed) s: $out/gpu-check.json"
 }
+budget=${GPU_CHECK_BUDGET:-470}  # seconds for everything: the 8 minutes, less the JSON
 stage() {  # stage <name> <seconds> <command...>: runs it under its limit, logs, records
   local name=$1 limit=$2; shift 2
+  local left=$(( budget - $(elapsed) ))
+  if [ $left -lt 15 ]; then
+    status+=("$name:skipped (out of the ${budget} s budget)")
+    say "stage $name skipped: out of time"
+    return 1
+  fi
+  [ $limit -gt $left ] && limit=$left
   say "stage $name (limit ${limit} s, at $(elapsed) s)"
   timeout --kill-after=10 "$limit" "$@" > "$out/$name.log" 2>&1
   local rc=$?
@@ -105,16 +113,31 @@ bin=$build
 stage gpu-tests 240 ctest --test-dir "$build" -L gpu --output-on-failure
 if [ "$gpus" != 0 ]; then
   tokens=(8192 32768); segments=(512 1024 2048 4096 256); dtype=bfloat16; device=cuda
-  mem_model=configs/hf/Qwen2-VL-7B-Instruct.json; mem_tokens=32768; mem_layers=4
+  mem_model=configs/hf/Qwen2-VL-7B-Instruct.json; mem_tokens=32768; mem_layers=4; linear_tokens=8192
 else  # dry run: the same code on small shapes
   tokens=(256 512); segments=(64 128 32); dtype=float32; device=cpu
-  mem_model=configs/tiny-qwen2-vl.json; mem_tokens=256; mem_layers=0
+  mem_model=configs/tiny-qwen2-vl.json; mem_tokens=256; mem_layers=0; linear_tokens=512
 fi
 stage bench-attention 120 "$bin/mmsp" bench attention --part fused --device $device --dtype $dtype \
   --fused-tokens "${tokens[@]}" --segments "${segments[@]}" --out "$out/attention.bench.json"
+stage bench-linear 60 "$bin/mmsp" bench linear-attention --part kernel --device $device \
+  --kernel-tokens $linear_tokens --out "$out/linear.bench.json"
 stage bench-step 180 "$bin/mmsp" bench memory --device $device --model $mem_model --layers $mem_layers \
   --tokens-per-rank $mem_tokens --dtype $dtype --shard none --checkpoint-activations decoder --steps 2 \
   --out "$out/step.bench.json"
+# The longest sequence one device holds for Qwen2-VL-7B (the whole model), by the preflight:
+# this GPU's memory (dry run: an H100's nominal 80 GB and an H200's 141 GB).
+if [ "$gpus" != 0 ]; then
+  capacity=$("$PYTHON" -c 'import torch; print(torch.cuda.mem_get_info()[1])')
+else
+  capacity="80000000000 141000000000"  # the cards' nominal 80 GB and 141 GB
+fi
+# One GPU cannot hold its training state (8.3 B parameters × 18 bytes), so also per GPU of an
+# 8-GPU job with the state sharded (--shard parameters).
+stage bench-longest 60 "$bin/mmsp" bench memory --model configs/hf/Qwen2-VL-7B-Instruct.json --dtype bfloat16 \
+  --shard none --longest $capacity --out "$out/longest.bench.json"
+stage bench-longest-8 60 "$bin/mmsp" bench memory --model configs/hf/Qwen2-VL-7B-Instruct.json --dtype bfloat16 \
+  --shard parameters --longest $capacity --longest-ranks 8 --out "$out/longest-8.bench.json"
 MMSP_SHARE_GPU=1 stage selftest-shared 60 "$bin/mmsp-run" -n 2 -- "$bin/mmsp" selftest --device $device --ulysses 2
 finish
 failed=0

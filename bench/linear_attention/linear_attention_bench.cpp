@@ -4,6 +4,7 @@
 #include "linear_attention_bench.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/Parallel.h>
 
 #include <chrono>
@@ -23,11 +24,17 @@ using attention::TokenLayout;
 using nlohmann::json;
 
 template <typename F>
-double seconds_of(F&& f, int repeats) {
+double seconds_of(F&& f, int repeats, const c10::Device& device = c10::kCPU) {
+  // On CUDA the host returns at launch: wait for the device on both sides of the timing.
+  auto sync = [&] {
+    if (device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::kCUDA)->synchronizeDevice(device.index());
+  };
   double best = 1e30;
   for (int i = 0; i < repeats; ++i) {
+    sync();
     const auto t0 = std::chrono::steady_clock::now();
     f();
+    sync();
     best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
@@ -81,16 +88,19 @@ json bench_linear_attention_kernel(const LinearAttentionBenchOptions& o) {
   const std::vector<attention::TokenRun> runs = attention::token_runs(layout);
   for (at::ScalarType type : {at::kFloat, at::kDouble}) {
     at::manual_seed(0);
-    auto opts = at::TensorOptions().dtype(type);
+    auto opts = at::TensorOptions().dtype(type).device(o.device);
     auto l2 = [](const at::Tensor& x) { return x / x.pow(2).sum(-1, true).sqrt(); };
     at::Tensor q = l2(at::randn({T, H, K}, opts)), k = l2(at::randn({T, H, K}, opts));
     at::Tensor v = at::randn({T, H, V}, opts), g = -0.2 * at::rand({T, H}, opts), beta = at::rand({T, H}, opts);
     at::Tensor out;
-    const double chunked = seconds_of([&] { out = attention::gated_delta_rule(q, k, v, g, beta, runs).out; }, 3);
+    const double chunked =
+        seconds_of([&] { out = attention::gated_delta_rule(q, k, v, g, beta, runs).out; }, 3, o.device);
     at::Tensor ref;
-    const double recurrent = seconds_of([&] { ref = attention::gated_delta_recurrence(q, k, v, g, beta, layout); }, 1);
+    const double recurrent =
+        seconds_of([&] { ref = attention::gated_delta_recurrence(q, k, v, g, beta, layout); }, 1, o.device);
     const double diff = (out - ref).abs().max().item<double>() / (1 + ref.abs().max().item<double>());
-    rows.push_back({{"dtype", type == at::kFloat ? "float32" : "float64"}, {"tokens", T}, {"heads", H},
+    rows.push_back({{"device", o.device.str()}, {"dtype", type == at::kFloat ? "float32" : "float64"},
+                    {"tokens", T}, {"heads", H},
                     {"key_dim", K}, {"value_dim", V}, {"chunk", attention::kGatedDeltaChunk},
                     {"threads", o.threads},
                     {"chunked_tokens_per_s", T / chunked}, {"recurrence_tokens_per_s", T / recurrent},

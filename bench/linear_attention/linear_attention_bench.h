@@ -4,6 +4,7 @@
 // beside their formulas, over sequence lengths (real ranks).
 #pragma once
 
+#include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -22,6 +23,7 @@ struct LinearAttentionBenchOptions {
   int64_t key_dim = 32;
   int64_t value_dim = 32;
   int threads = 1;  // ATen intra-op threads
+  c10::Device device{c10::kCPU};  // kernel part: where the tensors live (cli: --device)
 };
 
 // One process: chunked kernel vs recurrence, fp32 and fp64, forward.

@@ -47,11 +47,52 @@ std::vector<int64_t> every_rank(int64_t mine, const dist::Mesh& mesh) {
 
 }  // namespace
 
+// The longest sequence a device of each capacity holds, by the preflight's estimate.
+json longest_sequences(const std::vector<std::string>& models, const std::vector<std::string>& paths,
+                       const MemoryBenchOptions& o, int world, const std::function<bool(const Setting&)>& wanted) {
+  json rows = json::array();
+  for (size_t i = 0; i < models.size(); ++i) {
+    const model::ModelConfig config = model::load_model_config(paths[i]);
+    for (int64_t capacity : o.longest_bytes)
+      for (const Setting& setting : kSettings) {
+        if (!wanted(setting)) continue;
+        train::TrainOptions t;
+        t.dtype = o.dtype;
+        t.shard = setting.shard;
+        t.checkpoint_activations = setting.checkpointing;
+        t.loss_chunk = setting.chunked ? o.loss_chunk : -1;  // unchunked: one chunk of all T
+        rows.push_back({{"model", models[i]},
+                        {"layers", o.scale.layers},
+                        {"ranks", world},
+                        {"dtype", o.dtype},
+                        {"shard", setting.shard},
+                        {"checkpoint_activations", model::to_string(setting.checkpointing)},
+                        {"loss_chunk", setting.chunked ? "default" : "off"},
+                        {"capacity_bytes", capacity},
+                        {"longest_tokens_per_rank", train::longest_tokens_per_rank(config, t, world, capacity)}});
+      }
+  }
+  return {{"benchmark", "memory-longest"},
+          {"note", "the preflight's estimate (blockwise attention's working set), not a measurement"},
+          {"rows", rows}};
+}
+
 json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
   for (const std::string& level : o.shards) train::parse_shard_level(level);  // names the bad one
   std::vector<std::string> paths;  // scaled before the first collective: a bad scale fails every rank alike
   for (size_t i = 0; i < o.models.size(); ++i)
     paths.push_back(scaled_config(o.models[i], o.scale, std::to_string(env.rank) + "-" + std::to_string(i)));
+  auto wanted = [&](const Setting& s) {
+    const std::string mode = model::to_string(s.checkpointing);
+    return (o.shards.empty() || std::find(o.shards.begin(), o.shards.end(), s.shard) != o.shards.end()) &&
+           (o.checkpointing.empty() || std::find(o.checkpointing.begin(), o.checkpointing.end(), mode) != o.checkpointing.end());
+  };
+  if (!o.longest_bytes.empty()) {
+    json result = longest_sequences(o.models, paths, o, o.longest_ranks > 0 ? o.longest_ranks : env.world_size, wanted);
+    for (size_t i = 0; i < o.models.size(); ++i)
+      if (paths[i] != o.models[i]) std::filesystem::remove(paths[i]);
+    return result;
+  }
   at::set_num_threads(1);
   auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
   dist::MeshOptions mesh_options;
@@ -59,11 +100,6 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
   mesh_options.gpu_collectives = o.gpu_collectives;
   // All ranks in one ring (zigzag): the sequence split world ways.
   const dist::Mesh mesh = dist::Mesh::create(store, env, plan::Mesh{1, env.world_size, 1}, mesh_options, "memory-bench");
-  auto wanted = [&](const Setting& s) {
-    const std::string mode = model::to_string(s.checkpointing);
-    return (o.shards.empty() || std::find(o.shards.begin(), o.shards.end(), s.shard) != o.shards.end()) &&
-           (o.checkpointing.empty() || std::find(o.checkpointing.begin(), o.checkpointing.end(), mode) != o.checkpointing.end());
-  };
   json rows = json::array();
   for (size_t i = 0; i < o.models.size(); ++i) {
     const std::string& model = o.models[i];

@@ -40,6 +40,10 @@ struct MemoryBenchOptions {
   dist::GpuCollectives gpu_collectives = dist::GpuCollectives::none;
   double peak_tflops = 989;  // dense bf16 of an H100/H200 SXM (NVIDIA's datasheet)
   std::string attention_kernel = "auto";
+  // Non-empty: no training; for each capacity (bytes of one device), model and row, the most
+  // tokens per rank whose preflight estimate fits (train::longest_tokens_per_rank).
+  std::vector<int64_t> longest_bytes;
+  int longest_ranks = 0;  // the ranks the state is sharded over in those figures (0: this job's)
   // Called on rank 0 with the rows so far, after each row: a run cut short keeps them.
   std::function<void(const nlohmann::json& result)> on_row;
 };

@@ -81,6 +81,7 @@ Subcommand add_bench_command(CLI::App& parent) {
   lin->add_option("--tokens", flags->linear.tokens, "context-group sequence lengths (comm part)");
   lin->add_option("--kernel-tokens", flags->linear.kernel_tokens, "sequence length (kernel part)");
   lin->add_option("--threads", flags->linear.threads, "ATen threads");
+  lin->add_option("--device", flags->device, "auto | cpu | cuda (kernel part)")->capture_default_str();
   lin->add_option("--out", flags->out, "write the JSON here instead of stdout");
   CLI::App* vision = app->add_subcommand(
       "vision", "VLM vision part: peak memory per rank and bytes, routed vs gather vs replicate, 1/2/4 ranks");
@@ -143,6 +144,11 @@ Subcommand add_bench_command(CLI::App& parent) {
       ->capture_default_str();
   memory->add_option("--attention-kernel", flags->memory.attention_kernel, "auto | blockwise | fused")
       ->capture_default_str();
+  memory->add_option("--longest", flags->memory.longest_bytes,
+                     "device capacities in bytes: no training, the most tokens per rank each holds by the "
+                     "preflight's estimate, per row (repeatable)");
+  memory->add_option("--longest-ranks", flags->memory.longest_ranks,
+                     "--longest: ranks the state is sharded over (default: this job's)");
   CLI::App* placement = app->add_subcommand(
       "placement", "zigzag vs adaptive placement, planned: attention bytes, padding, work and token max/mean on "
                    "three workloads at 2..64 ranks; planning time of 1,000,000 tokens on 64");
@@ -205,7 +211,10 @@ Subcommand add_bench_command(CLI::App& parent) {
               result = bench::bench_vlm(env, flags->vlm);
             } else if (lin->parsed()) {
               if (part == "auto") part = env.world_size > 1 ? "comm" : "kernel";
-              if (part == "kernel") result["kernel"] = bench::bench_linear_attention_kernel(flags->linear);
+              if (part == "kernel") {
+                flags->linear.device = dist::use_rank_device(dist::parse_device_request(flags->device), env).device;
+                result["kernel"] = bench::bench_linear_attention_kernel(flags->linear);
+              }
               if (part == "comm") {
                 MMSP_CHECK(env.world_size > 1, "the comm part needs several ranks: mmsp-run -n 4 -- mmsp bench linear-attention");
                 result["comm"] = bench::bench_linear_attention_comm(env, flags->linear);

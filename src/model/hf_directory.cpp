@@ -381,13 +381,28 @@ at::Tensor read_hf_elements(const HfDirectory& dir, const std::string& name, int
 void load_hf_weights(const HfDirectory& dir,
                      const std::vector<std::pair<std::string, at::Tensor>>& params,
                      const CheckpointNaming& naming) {
+  // Parameters on a GPU: read into host tensors of their shape and dtype, then copy over
+  // (the reads below write through data pointers, which must be host memory).
+  bool on_device = false;
+  for (const auto& [name, p] : params) on_device = on_device || (p.defined() && !p.device().is_cpu());
+  if (on_device) {
+    std::vector<std::pair<std::string, at::Tensor>> host;
+    for (const auto& [name, p] : params)
+      host.emplace_back(name, p.defined() && !p.device().is_cpu() ? at::empty(p.sizes(), p.options().device(at::kCPU))
+                                                                   : p);
+    load_hf_weights(dir, host, naming);
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!params[i].second.device().is_cpu()) params[i].second.detach().copy_(host[i].second);
+    return;
+  }
   ExpectedShapes expected;
   std::set<std::string> seen;
   for (const auto& [name, p] : params) {
     MMSP_CHECK(seen.insert(name).second, "load_hf_weights: parameter \"", name, "\" is given twice");
     MMSP_CHECK(p.defined() && p.device().is_cpu() && p.is_contiguous() && loadable_dtype(p.scalar_type()),
                "load_hf_weights: parameter \"", name,
-               "\" must be a defined, contiguous CPU tensor of float32/float64/bfloat16/float16, got ",
+               "\" must be a defined, contiguous tensor of float32/float64/bfloat16/float16, got ",
                p.defined() ? p.toString() : "undefined", p.defined() && !p.is_contiguous() ? " (not contiguous)" : "");
     expected.emplace_back(name, p.sizes().vec());
   }

@@ -94,10 +94,8 @@ model::ExpectedShapes parameter_shapes(const model::ModelConfig& config) {
   return shapes;
 }
 
-// This rank's memory for the run; refused (naming every part) when over the limit.
-MemoryEstimate preflight_memory(const model::ModelConfig& config, const model::ExpectedShapes& shapes,
-                                const TrainOptions& o, const ParsedTrainOptions& parsed, int64_t loss_chunk,
-                                int world) {
+MemoryEstimate estimate_for(const model::ModelConfig& config, const model::ExpectedShapes& shapes,
+                            const TrainOptions& o, const ParsedTrainOptions& parsed, int64_t loss_chunk, int world) {
   MemoryEstimateInputs in;
   in.compute_dtype = parsed.dtype;
   in.master_dtype = master_dtype_of(parsed.dtype);
@@ -107,7 +105,14 @@ MemoryEstimate preflight_memory(const model::ModelConfig& config, const model::E
   in.checkpointing = o.checkpoint_activations;
   in.shard_level = parsed.shard_level;
   if (in.shard_level != ShardLevel::none) in.shard_world = world;
-  const MemoryEstimate memory = estimate_memory(config, shapes, in);
+  return estimate_memory(config, shapes, in);
+}
+
+// This rank's memory for the run; refused (naming every part) when over the limit.
+MemoryEstimate preflight_memory(const model::ModelConfig& config, const model::ExpectedShapes& shapes,
+                                const TrainOptions& o, const ParsedTrainOptions& parsed, int64_t loss_chunk,
+                                int world) {
+  const MemoryEstimate memory = estimate_for(config, shapes, o, parsed, loss_chunk, world);
   check_memory_fits(memory, o.memory_limit_bytes, o.memory_limit_source);
   return memory;
 }
@@ -445,6 +450,35 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
 }
 
 }  // namespace
+
+int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOptions& o, int world,
+                                int64_t capacity_bytes, int64_t step) {
+  MMSP_CHECK(capacity_bytes > 0 && step > 0, "longest_tokens_per_rank: capacity ", capacity_bytes, " and step ", step,
+             " must be positive");
+  ParsedTrainOptions parsed;
+  parsed.dtype = parse_dtype(o.dtype);
+  parsed.shard_level = parse_shard_level(o.shard);
+  const model::ExpectedShapes shapes = parameter_shapes(config);
+  auto fits = [&](int64_t tokens) {
+    TrainOptions t = o;
+    t.tokens_per_rank = tokens;
+    // --loss-chunk 0 is the default chunk; a negative one stands for "one chunk of all T"
+    const int64_t chunk = o.loss_chunk > 0 ? o.loss_chunk : o.loss_chunk < 0 ? tokens : default_loss_chunk(config.text.vocab_size);
+    return estimate_for(config, shapes, t, parsed, chunk, world).total() <= capacity_bytes;
+  };
+  if (!fits(step)) return 0;
+  int64_t lo = step, hi = 2 * step;  // fits(lo); grow hi until it does not
+  while (fits(hi)) {
+    lo = hi;
+    MMSP_CHECK(hi < (int64_t{1} << 40), "longest_tokens_per_rank: no limit below 2^40 tokens");
+    hi *= 2;
+  }
+  while (hi - lo > step) {
+    const int64_t mid = (lo + hi) / 2 / step * step;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
 
 TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& log,
                   dist::RankActivity* activity) {

@@ -19,6 +19,8 @@
 #include "mmsp/train/optim/master_weights.h"
 #include "mmsp/train/memory/memory_estimate.h"
 #include "mmsp/train/optim/sharded_adamw.h"
+#include "mmsp/train/loss/chunked_loss.h"
+#include "mmsp/train/trainer.h"
 
 namespace mmsp::train {
 namespace {
@@ -343,6 +345,46 @@ TEST(MemoryEstimate, OverTheLimitIsRefusedNamingEveryPartAndTheFlags) {
   }
   EXPECT_EQ(format_bytes(17), "17 B");
   EXPECT_EQ(format_bytes(3 << 20), "3.00 MiB");
+}
+
+// The longest sequence a device holds by the estimate: T fits, T + step does not; more
+// memory or recompute never shortens it.
+TEST(MemoryEstimate, LongestTokensPerRankIsTheLastThatFits) {
+  const model::ModelConfig config =
+      model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/hf/Qwen2-VL-7B-Instruct.json");
+  TrainOptions o;
+  o.dtype = "bfloat16";
+  // 8.3 B parameters at 18 bytes each (bf16 weights, fp32 masters and moments) need ~150 GB
+  // before any activation: one 80 GB device holds none, 200 GB some.
+  const int64_t capacity = 200'000'000'000, step = 256;
+  const model::ExpectedShapes shapes = [&] {
+    model::ExpectedShapes out;
+    for (const auto& [name, dims] : skeleton("configs/hf/Qwen2-VL-7B-Instruct.json")) out.emplace_back(name, dims);
+    return out;
+  }();
+  auto total = [&](const TrainOptions& t, int64_t tokens) {
+    MemoryEstimateInputs in;
+    in.compute_dtype = at::kBFloat16;
+    in.master_dtype = at::kFloat;
+    in.tokens_per_rank = tokens;
+    in.attention_block = t.attention_block;
+    in.loss_chunk = default_loss_chunk(config.text.vocab_size);
+    in.checkpointing = t.checkpoint_activations;
+    return estimate_memory(config, shapes, in).total();
+  };
+  const int64_t plain = longest_tokens_per_rank(config, o, 1, capacity, step);
+  ASSERT_GT(plain, 0);
+  EXPECT_EQ(plain % step, 0);
+  EXPECT_LE(total(o, plain), capacity);
+  EXPECT_GT(total(o, plain + step), capacity);
+  TrainOptions recompute = o;
+  recompute.checkpoint_activations = model::ActivationCheckpointing::decoder;
+  EXPECT_GE(longest_tokens_per_rank(config, recompute, 1, capacity, step), plain);
+  EXPECT_GE(longest_tokens_per_rank(config, o, 1, 2 * capacity, step), plain);
+  EXPECT_EQ(longest_tokens_per_rank(config, o, 1, 80'000'000'000, step), 0);  // not even the training state
+  TrainOptions sharded = o;  // the state split over 8 ranks: 80 GB each holds a long sequence
+  sharded.shard = "parameters";
+  EXPECT_GT(longest_tokens_per_rank(config, sharded, 8, 80'000'000'000, step), 0);
 }
 
 TEST(MasterWeights, Fp32MastersTakeGradsAndRoundBackToBf16) {

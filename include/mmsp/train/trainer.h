@@ -168,6 +168,12 @@ struct ParsedTrainOptions {
 // values they name.
 ParsedTrainOptions check_train_options(const TrainOptions& options, const plan::Mesh& mesh);
 
+// The most tokens per rank (a multiple of `step`) for which the memory preflight's estimate
+// of a run of `options` on `world` ranks fits in `capacity_bytes`; 0 when even `step` does
+// not. Arithmetic only: nothing is allocated. options.loss_chunk < 0: one chunk of all T.
+int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOptions& options, int world,
+                                int64_t capacity_bytes, int64_t step = 256);
+
 // Runs the loop on this rank; rank 0 writes metrics and checkpoints and prints to `log`.
 // `activity` (optional) is told the step and phase, for the rank's heartbeat.
 TrainReport train(const TrainOptions& options, const dist::Mesh& mesh, std::ostream& log,
