@@ -181,6 +181,8 @@ TEST(GpuTrain, OneProcessOnTheGpuEqualsTheCpuForEveryFamily) {
     const train::TrainReport got = one_step(config, "float64", kCuda, gpu, dist::Mesh::solo());
     EXPECT_NEAR(got.steps[0].loss, want.steps[0].loss, 1e-9 * want.steps[0].loss) << config;
     expect_same_gradients(gpu, cpu, 1e-9, config);
+    std::filesystem::remove_all(cpu);
+    std::filesystem::remove_all(gpu);
     const train::TrainReport fp32 = one_step(config, "float32", at::kCPU, cpu, dist::Mesh::solo());
     const train::TrainReport bf16 = one_step(config, "bfloat16", kCuda, gpu, dist::Mesh::solo());
     EXPECT_NEAR(bf16.steps[0].loss, fp32.steps[0].loss, 1e-2 * fp32.steps[0].loss) << config << " bf16";
