@@ -376,6 +376,36 @@ TEST(MultiRankTrain, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
   }
 }
 
+// --attention-kernel fused: the fused kernel's plan (on the CPU, ATen's flash kernel; on
+// CUDA, FlashAttention-2 varlen) in every attention of a training run — the decoder's
+// ring and Ulysses steps and the vision towers — against one process on mmsp's blockwise
+// kernel: the same losses and parameters (fp64, 1e-9), for a plain and a hybrid decoder.
+TEST(MultiRankTrain, FusedAttentionKernelTrainsAsTheBlockwiseOne) {
+  const int world = test::rank_env().world_size;
+  const bool checker = test::rank_env().rank == 0;
+  const plan::Mesh widest = context_shape(world);
+  std::ostringstream log;
+  for (const FamilyCase& c : {FamilyCase{"tiny-qwen2-vl.json", false, 4}, FamilyCase{"tiny-qwen3_5-vl.json", true, 2}}) {
+    const std::string config_path = small_vocab_config(c.file, c.tie);
+    train::TrainReport ref;
+    if (checker) {
+      train::TrainOptions o = tiny_options(96 * world);
+      o.model = config_path;
+      o.attention_kernel = "blockwise";
+      ref = train::train(o, dist::Mesh::solo(), log);
+    }
+    for (const dist::Mesh& mesh : test::all_meshes()) {
+      if (mesh.shape().str() != widest.str() || widest.ulysses > c.max_ulysses) continue;
+      train::TrainOptions o = tiny_options(96);
+      o.model = config_path;
+      o.attention_kernel = "fused";
+      const train::TrainReport got = train::train(o, mesh, log);
+      if (checker) expect_same_run(got, ref, 1e-9, std::string(c.file) + " fused " + mesh.shape().str());
+    }
+    std::filesystem::remove(config_path);
+  }
+}
+
 // Mixed precision with both flags on the widest context mesh: within bf16's bounds of
 // the same run without them (recomputation repeats the bf16 forward exactly; the chunked
 // loss sums the head's gradient in fp32 instead of one bf16 matmul).
