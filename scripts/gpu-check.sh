@@ -120,6 +120,10 @@ else  # dry run: the same code on small shapes
 fi
 stage bench-attention 120 "$bin/mmsp" bench attention --part fused --device $device --dtype $dtype \
   --fused-tokens "${tokens[@]}" --segments "${segments[@]}" --out "$out/attention.bench.json"
+# The zigzag ring over 2 ranks sharing the GPU (host-staged collectives: the test mode, so
+# this is the ring's cost through host memory, not NCCL's) ÷ one rank's kernel on the whole.
+MMSP_SHARE_GPU=1 stage bench-ring 90 "$bin/mmsp-run" -n 2 -- "$bin/mmsp" bench attention --part ring \
+  --device $device --dtype $dtype --fused-tokens "${tokens[0]}" --out "$out/ring.bench.json"
 stage bench-linear 60 "$bin/mmsp" bench linear-attention --part kernel --device $device \
   --kernel-tokens $linear_tokens --out "$out/linear.bench.json"
 stage bench-step 180 "$bin/mmsp" bench memory --device $device --model $mem_model --layers $mem_layers \

@@ -13,7 +13,13 @@
 #include <functional>
 
 #include "mmsp/attention/local_attention.h"
+#include "mmsp/attention/plan_layout.h"
+#include "mmsp/attention/step_attention.h"
 #include "mmsp/core/check.h"
+#include "mmsp/dist/all_reduce.h"
+#include "mmsp/dist/mesh.h"
+#include "mmsp/plan/packing.h"
+#include "mmsp/plan/shard_map.h"
 
 namespace mmsp::bench {
 namespace {
@@ -199,6 +205,57 @@ nlohmann::json bench_fused_attention(const FusedAttentionBenchOptions& o) {
     packed["mmsp_seconds_over_padded"] = packed["mmsp"]["seconds"].get<double>() / best;
   }
   result["packed"] = packed;
+  return result;
+}
+
+nlohmann::json bench_ring_attention(const dist::RankEnv& env, const FusedAttentionBenchOptions& o,
+                                    dist::GpuCollectives collectives) {
+  MMSP_CHECK(env.world_size > 1, "bench attention --part ring needs several ranks: mmsp-run -n 2 -- mmsp bench ...");
+  const at::ScalarType type = dtype_of(o.dtype);
+  const int R = env.world_size;
+  const int64_t T = *std::max_element(o.tokens.begin(), o.tokens.end());
+  MMSP_CHECK(T % (2 * R) == 0, "--fused-tokens ", T, " must divide into 2 × ", R, " zigzag chunks");
+  auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
+  dist::MeshOptions mesh_options;
+  mesh_options.timeout = std::chrono::seconds(300);
+  mesh_options.gpu_collectives = collectives;
+  const dist::Mesh mesh = dist::Mesh::create(store, env, plan::Mesh{1, R, 1}, mesh_options, "ring-bench");
+  const plan::PackedRow row = plan::pack_row({0}, {T}, R);
+  const plan::ShardMap map(row, R, 1, plan::Layout::zigzag);
+  const std::vector<attention::TokenLayout> shares = attention::ring_shares(map);
+  attention::AttentionOptions options;
+  options.kernel = attention::parse_attention_kernel(o.kernel);
+  const attention::ContextGroups groups{mesh.ring(), mesh.ulysses()};
+  const auto step = attention::plan_step_attention(groups, shares, options, o.device);
+  const attention::AttentionFunction attend = attention::attention_function(step);
+  Inputs in = make_inputs(T / R, o, type);
+  const double ring = median_seconds(
+      [&] {
+        at::Tensor out = attend(in.q, in.k, in.v);
+        out.backward(in.dout);
+      },
+      o.device, o.repeats);
+  // Every rank's time (a sum of one-hot rows); the slowest rank's is the ring's.
+  std::vector<double> per_rank(R, 0.0);
+  {
+    at::Tensor mine = at::zeros({R}, at::kDouble);
+    mine[env.rank] = ring;
+    dist::all_reduce_(mine, *mesh.world());
+    for (int r = 0; r < R; ++r) per_rank[r] = mine[r].item<double>();
+  }
+  const double ring_s = *std::max_element(per_rank.begin(), per_rank.end());
+  nlohmann::json result{{"device", o.device.str()}, {"dtype", o.dtype}, {"ranks", R}, {"tokens", T},
+                        {"heads", o.heads}, {"kv_heads", o.kv_heads}, {"dim", o.dim},
+                        {"collectives", collectives == dist::GpuCollectives::nccl          ? "nccl"
+                                        : collectives == dist::GpuCollectives::host_staged ? "host-staged gloo"
+                                                                                           : "gloo"},
+                        {"ring_seconds_per_rank", per_rank}};
+  if (env.rank == 0) {
+    const nlohmann::json whole = time_mmsp({T}, o, type);
+    result["whole_local"] = whole;
+    result["ring_kernel"] = attention::kernel_in_use(*step->kernels->from[0], in.q);
+    result["ring_seconds_over_whole_local"] = ring_s / whole["seconds"].get<double>();
+  }
   return result;
 }
 

@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "mmsp/dist/rank_device.h"
+#include "mmsp/dist/rank_env.h"
+
 namespace mmsp::bench {
 
 struct FusedAttentionBenchOptions {
@@ -25,5 +28,12 @@ struct FusedAttentionBenchOptions {
 };
 
 nlohmann::json bench_fused_attention(const FusedAttentionBenchOptions& options);
+
+// Every rank of the job (mmsp-run -n R; on one GPU with MMSP_SHARE_GPU=1): the zigzag ring
+// over the job's ranks on one causal sequence of the longest --fused-tokens, forward +
+// backward, against one rank's local kernel on the whole sequence (rank 0's result).
+// `collectives`: how the ring's CUDA tensors travel (rank_device.h).
+nlohmann::json bench_ring_attention(const dist::RankEnv& env, const FusedAttentionBenchOptions& options,
+                                    dist::GpuCollectives collectives);
 
 }  // namespace mmsp::bench

@@ -53,8 +53,9 @@ Subcommand add_bench_command(CLI::App& parent) {
       "attention", "local kernel vs torch::mm and naive; zigzag balance; bytes per layer per scheme");
   attn->add_option("--part", flags->part,
                    "kernel | balance | comm | all | fused; auto: kernel+balance alone, comm under several ranks; "
-                   "fused: mmsp's local attention against torch's SDPA backends (--device cuda on a GPU)")
-      ->check(CLI::IsMember({"auto", "kernel", "balance", "comm", "all", "fused"}));
+                   "fused: mmsp's local attention against torch's SDPA backends (--device cuda on a GPU); "
+                   "ring: the zigzag ring over this job's ranks against one rank's kernel on the whole sequence")
+      ->check(CLI::IsMember({"auto", "kernel", "balance", "comm", "all", "fused", "ring"}));
   attn->add_option("--tokens", flags->attention.tokens, "kernel benchmark sequence length");
   attn->add_option("--heads", flags->attention.heads, "query heads");
   attn->add_option("--kv-heads", flags->attention.kv_heads, "key/value heads");
@@ -221,14 +222,22 @@ Subcommand add_bench_command(CLI::App& parent) {
               }
             } else {
               if (part == "auto") part = env.world_size > 1 ? "comm" : "local";
-              if (part == "fused") {
-                // The fused part's shapes are the (16 heads of 128) unless given.
+              // The fused and ring parts' shapes are the (16 heads of 128) unless given.
+              auto fused_shapes = [&] {
                 if (attn->get_option("--heads")->count() > 0) flags->fused.heads = flags->attention.heads;
                 flags->fused.kv_heads = attn->get_option("--kv-heads")->count() > 0 ? flags->attention.kv_heads
                                                                                       : flags->fused.heads;
                 if (attn->get_option("--dim")->count() > 0) flags->fused.dim = flags->attention.dim;
-                flags->fused.device = dist::use_rank_device(dist::parse_device_request(flags->device), env).device;
+                return dist::use_rank_device(dist::parse_device_request(flags->device), env);
+              };
+              if (part == "fused") {
+                flags->fused.device = fused_shapes().device;
                 result["fused"] = bench::bench_fused_attention(flags->fused);
+              }
+              if (part == "ring") {
+                const dist::RankDevice rank = fused_shapes();
+                flags->fused.device = rank.device;
+                result["ring"] = bench::bench_ring_attention(env, flags->fused, rank.collectives);
               }
               if (part == "kernel" || part == "local" || part == "all")
                 result["kernel"] = bench::bench_attention_kernel(flags->attention);
