@@ -103,10 +103,19 @@ at::Tensor gather(const at::Tensor& x, const at::Tensor& rows) {
   return rows.defined() ? x.index_select(0, rows) : x;
 }
 
-// Bottom-right aligned causal mask as an additive bias (the CPU kernel's form).
-at::Tensor causal_bias(int64_t nq, int64_t nk, const at::TensorOptions& options) {
-  const at::Tensor i = at::arange(nq, at::kLong).unsqueeze(1), j = at::arange(nk, at::kLong).unsqueeze(0);
-  return at::zeros({nq, nk}, options).masked_fill_(j.gt(i + (nk - nq)).to(options.device()), -kInf);
+// A piece's mask in the CPU kernel's terms: a square causal piece is the kernel's own
+// causal flag (top-left and bottom-right alignment agree); a wider one an additive bias,
+// bottom-right aligned; a full piece neither.
+struct CpuMask {
+  bool is_causal = false;
+  std::optional<at::Tensor> bias;
+};
+CpuMask cpu_mask(const VarlenCall& call, const VarlenPiece& p, const at::TensorOptions& options) {
+  if (!call.causal) return {};
+  if (p.q_length == p.k_length) return {true, std::nullopt};
+  const at::Tensor i = at::arange(p.q_length, at::kLong).unsqueeze(1), j = at::arange(p.k_length, at::kLong).unsqueeze(0);
+  return {false, at::zeros({p.q_length, p.k_length}, options)
+                     .masked_fill_(j.gt(i + (p.k_length - p.q_length)).to(options.device()), -kInf)};
 }
 
 at::Tensor heads_expanded(const at::Tensor& kv, int64_t groups) {  // [n, Hkv, D] -> [1, H, n, D]
@@ -123,12 +132,8 @@ PartialAttention cpu_call(const at::Tensor& q, const at::Tensor& k, const at::Te
     const at::Tensor qi = q.narrow(0, qo, p.q_length).permute({1, 0, 2}).unsqueeze(0);
     const at::Tensor ki = heads_expanded(k.narrow(0, ko, p.k_length), G);
     const at::Tensor vi = heads_expanded(v.narrow(0, ko, p.k_length), G);
-    // A square causal piece is the kernel's own causal mask (top-left and bottom-right
-    // alignment agree); others take an additive bias.
-    const bool square = call.causal && p.q_length == p.k_length;
-    std::optional<at::Tensor> bias;
-    if (call.causal && !square) bias = causal_bias(p.q_length, p.k_length, q.options());
-    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(qi, ki, vi, 0.0, square, bias, scale);
+    const CpuMask mask = cpu_mask(call, p, q.options());
+    auto [o, lse] = at::_scaled_dot_product_flash_attention_for_cpu(qi, ki, vi, 0.0, mask.is_causal, mask.bias, scale);
     outs.push_back(o.squeeze(0).permute({1, 0, 2}));
     lses.push_back(lse.squeeze(0).t());
     qo += p.q_length, ko += p.k_length;
@@ -153,14 +158,12 @@ CallGrads cpu_call_backward(const at::Tensor& dout, const at::Tensor& q, const a
   for (const VarlenPiece& p : call.pieces) {
     const at::Tensor ki = heads_expanded(k.narrow(0, ko, p.k_length), G);
     const at::Tensor vi = heads_expanded(v.narrow(0, ko, p.k_length), G);
-    const bool square = call.causal && p.q_length == p.k_length;
-    std::optional<at::Tensor> bias;
-    if (call.causal && !square) bias = causal_bias(p.q_length, p.k_length, q.options());
+    const CpuMask mask = cpu_mask(call, p, q.options());
     auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
         heads_first(dout.narrow(0, qo, p.q_length)).contiguous(),
         heads_first(q.narrow(0, qo, p.q_length)), ki, vi,
         heads_first(out.narrow(0, qo, p.q_length)).contiguous(),
-        lse.narrow(0, qo, p.q_length).t().unsqueeze(0).contiguous(), 0.0, square, bias, scale);
+        lse.narrow(0, qo, p.q_length).t().unsqueeze(0).contiguous(), 0.0, mask.is_causal, mask.bias, scale);
     dqs.push_back(dq.squeeze(0).permute({1, 0, 2}));
     dks.push_back(grouped(dk, p.k_length));
     dvs.push_back(grouped(dv, p.k_length));

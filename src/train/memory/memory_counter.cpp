@@ -92,9 +92,8 @@ void install_counting_allocator() {
 
 MemoryCounter::MemoryCounter(c10::Device device) : device_(device) {
   if (device_.is_cuda()) {
-    const int index = device_.has_index() ? device_.index() : 0;
-    reset_cuda_peak(index);
-    cuda_baseline_ = cuda_memory(index).allocated;
+    reset_cuda_peak(cuda_index());
+    cuda_baseline_ = cuda_memory(cuda_index()).allocated;
   }
   install_counting_allocator();
   Counters& c = counters();
@@ -117,17 +116,17 @@ void MemoryCounter::count(int64_t delta) {
 }
 
 int64_t MemoryCounter::current_bytes() const {
-  if (device_.is_cuda()) return cuda_memory(device_.has_index() ? device_.index() : 0).allocated - cuda_baseline_;
+  if (device_.is_cuda()) return cuda_memory(cuda_index()).allocated - cuda_baseline_;
   return current_.load();
 }
 
 int64_t MemoryCounter::peak_bytes() const {
-  if (device_.is_cuda()) return cuda_memory(device_.has_index() ? device_.index() : 0).peak - cuda_baseline_;
+  if (device_.is_cuda()) return cuda_memory(cuda_index()).peak - cuda_baseline_;
   return peak_.load();
 }
 
 void MemoryCounter::reset_peak() {
-  if (device_.is_cuda()) return reset_cuda_peak(device_.has_index() ? device_.index() : 0);
+  if (device_.is_cuda()) return reset_cuda_peak(cuda_index());
   peak_.store(current_.load());
 }
 

@@ -47,6 +47,7 @@ class MemoryCounter {
   std::atomic<int64_t> current_{0}, peak_{0};
   uint64_t first_allocation_ = 0;
   c10::Device device_;
+  int cuda_index() const { return device_.has_index() ? device_.index() : 0; }
   int64_t cuda_baseline_ = 0;  // the device's allocated bytes when this counter began
 };
 
