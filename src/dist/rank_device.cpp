@@ -19,15 +19,6 @@ DeviceRequest parse_device_request(const std::string& text) {
   return DeviceRequest::automatic;
 }
 
-const char* device_request_name(DeviceRequest request) {
-  switch (request) {
-    case DeviceRequest::automatic: return "auto";
-    case DeviceRequest::cpu: return "cpu";
-    case DeviceRequest::cuda: return "cuda";
-  }
-  return "?";
-}
-
 DeviceFacts device_facts() {
   DeviceFacts facts;
   facts.cuda_built = at::detail::getCUDAHooks().isBuilt();

@@ -15,7 +15,6 @@ enum class DeviceRequest { automatic, cpu, cuda };
 
 // "auto" | "cpu" | "cuda"; anything else is an error naming the value.
 DeviceRequest parse_device_request(const std::string& text);
-const char* device_request_name(DeviceRequest request);
 
 // What this process can use: a LibTorch built with CUDA, and how many GPUs it sees.
 struct DeviceFacts {

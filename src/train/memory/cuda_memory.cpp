@@ -18,8 +18,6 @@ namespace {
 constexpr size_t kAll = 0;  // StatType::AGGREGATE: both pools (its namespace moved between releases)
 }  // namespace
 
-bool cuda_memory_available() { return c10::cuda::device_count() > 0; }
-
 CudaMemory cuda_memory(int device) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device));
   return {stats.allocated_bytes[kAll].current, stats.allocated_bytes[kAll].peak, stats.reserved_bytes[kAll].current};
@@ -46,7 +44,6 @@ namespace {
 }
 }  // namespace
 
-bool cuda_memory_available() { return false; }
 CudaMemory cuda_memory(int) { no_cuda(); }
 void reset_cuda_peak(int) { no_cuda(); }
 int64_t cuda_free_bytes(int) { no_cuda(); }

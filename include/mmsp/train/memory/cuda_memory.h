@@ -13,7 +13,6 @@ struct CudaMemory {
   int64_t reserved = 0;   // held by the caching allocator (allocated + cached)
 };
 
-bool cuda_memory_available();             // built with CUDA and a device present
 CudaMemory cuda_memory(int device);
 void reset_cuda_peak(int device);         // the peak restarts from what is allocated now
 int64_t cuda_free_bytes(int device);      // free on the device (cudaMemGetInfo) + the cache's spare
