@@ -1,14 +1,19 @@
 """`python -m mmsp.prepare` (and `mmsp prepare`, which runs it): flags, messages, exit codes.
 
 Exit 0 with a one-line summary on stderr; exit 2 with `mmsp prepare: error: ...` on stderr for
-any user error (a bad record: `FILE:LINE: ...`), leaving no output file.
+any user error (a bad record: `FILE:LINE: ...`), leaving no output file. SIGTERM, SIGINT and
+SIGHUP end it with 128 + the signal's number, leaving no output file either (the temporary one
+is removed in the handler itself).
 """
 import argparse
+import signal
 import sys
+import threading
 
-from . import formats, overflow
+from . import formats, overflow, writer
 from .errors import PrepareError
-from .run import Options, prepare
+from .run import MAX_RECORD_BYTES, Options, prepare
+from .train_bounds import MAX_IMAGE_PIXELS
 
 PROG = "mmsp prepare"
 
@@ -36,26 +41,56 @@ def parser():
                    help="relative image and video paths are under DIR (default: the input's folder)")
     p.add_argument("--video-fps", type=float, default=2.0, metavar="FPS",
                    help="frames per second of the videos' frames (Qwen timestamps; default 2)")
+    p.add_argument("--max-record-bytes", type=int, default=MAX_RECORD_BYTES, metavar="N",
+                   help="a longer record is a bad record, never read whole: the memory bound "
+                        f"(default {MAX_RECORD_BYTES}: 8 MiB, which peaks at about 2.4 GB)")
+    p.add_argument("--max-image-pixels", type=int, default=MAX_IMAGE_PIXELS, metavar="N",
+                   help="width x height of one image file at most, from its header before decoding; mmsp train's "
+                        f"flag, the same default ({MAX_IMAGE_PIXELS})")
     return p
+
+
+class Interrupted(BaseException):
+    """A signal that ends the run (a BaseException: no `except Exception` on the way swallows it)."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def _on_signal(signum, frame):
+    writer.remove_temporaries()  # now: wherever the exception lands, nothing is left behind
+    raise Interrupted(signum)
 
 
 def main(argv=None):
     def report(message):
         print(f"{message} (skipped)", file=sys.stderr, flush=True)
 
+    # (Handlers can be set in the main thread only: `main` called elsewhere keeps the process's own.)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {s: signal.signal(s, _on_signal) for s in _SIGNALS} if main_thread else {}
     try:
         args = parser().parse_args(argv)
         _quiet_transformers()
         options = Options(model=args.model, input=args.input, output=args.output, max_length=args.max_length,
                           overflow=args.overflow, skip_bad=args.skip_bad, format=args.format,
-                          image_root=args.image_root, video_fps=args.video_fps)
+                          image_root=args.image_root, video_fps=args.video_fps,
+                          max_record_bytes=args.max_record_bytes, max_image_pixels=args.max_image_pixels)
         summary = prepare(options, report)
     except PrepareError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; no output written", file=sys.stderr)
-        return 130
+    except (Interrupted, KeyboardInterrupt) as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(f"{PROG}: interrupted by {signal.Signals(signum).name}; the output is not written", file=sys.stderr)
+        return 128 + signum
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
     print(f"{PROG}: wrote {_count(summary.samples, 'sample')} ({summary.tokens:,} tokens, {summary.targets:,} "
           f"targets) to {summary.output}; skipped {_count(len(summary.skipped), 'bad record')}", file=sys.stderr)
     return 0

@@ -24,9 +24,10 @@ class Encoded:
     second_per_grid_ts: list
 
 
-def hf_messages(chat, root, model):
-    """`Chat` → the messages transformers' processors take, every file decoded and checked;
-    returns them with the absolute paths of the images and the frames of the videos."""
+def hf_messages(chat, root, model, max_pixels):
+    """`Chat` → the messages transformers' processors take, every file decoded and checked (an
+    image file at most `max_pixels` pixels); returns them with the absolute paths of the images
+    and the frames of the videos."""
     images, videos, messages = [], [], []
     for message in chat.messages:
         content = []
@@ -35,13 +36,13 @@ def hf_messages(chat, root, model):
                 content.append({"type": "text", "text": part.text})
             elif part.kind == "image":
                 path = media.resolve(part.source, root, part.where)
-                content.append({"type": "image", "image": media.load_image(path, part.where)})
+                content.append({"type": "image", "image": media.load_image(path, part.where, max_pixels)})
                 images.append(path)
             else:
                 if model.family != "qwen" or not model.videos:
                     raise BadSample(f"{part.where}: {_no_video_reason(model)}")
                 frames = media.video_frames(part.source, root, part.where)
-                decoded = [media.load_image(f, f"{part.where} frame {k}") for k, f in enumerate(frames)]
+                decoded = [media.load_image(f, f"{part.where} frame {k}", max_pixels) for k, f in enumerate(frames)]
                 if len({im.size for im in decoded}) > 1:
                     raise BadSample(f"{part.where}: its frames differ in size: "
                                     f"{sorted({f'{w} x {h}' for w, h in (im.size for im in decoded)})}")

@@ -4,11 +4,19 @@ mmsp's trainer decodes the files named in the output with stb_image, which reads
 BMP, GIF, TGA, PSD, HDR, PIC and PNM, and ignores EXIF orientation. The processor here decodes
 them with PIL, which reads more formats and applies EXIF orientation. So a file is refused
 when the two would not see the same pixels' size: another format, or an EXIF rotation.
+
+A file's width and height are read from its header and checked before anything is decoded, by
+the trainer's rule (`--max-image-pixels`, the same default): a small file that declares huge
+dimensions (a decompression bomb) is refused by its size, never decoded. PIL's own bomb check
+(a warning above 89 M pixels, an error above twice that) is off meanwhile, as this one takes
+its place with the trainer's number; should it fire anyway, that is a bad record too.
 """
 import os
 import re
+import warnings
 
 from .errors import BadSample
+from .train_bounds import STB_MAX_DIMENSION
 
 # PIL's names for the formats stb_image reads too (MPO: a JPEG with extra pictures, the
 # first one being what both read; PPM: PIL's name for PNM).
@@ -31,31 +39,57 @@ def resolve(source, root, what):
     return os.path.normpath(os.path.join(root, os.path.expanduser(source)))
 
 
-def load_image(path, what):
-    """Decodes one image file the way transformers' processors load a path (EXIF-transposed RGB)."""
+def load_image(path, what, max_pixels):
+    """Decodes one image file the way transformers' processors load a path (EXIF-transposed RGB),
+    once its header says it has at most `max_pixels` pixels."""
     from PIL import Image, UnidentifiedImageError
     from transformers.image_utils import load_image as hf_load_image
 
     if not os.path.isfile(path):
         raise BadSample(f'{what} file "{path}" does not exist' if not os.path.exists(path)
                         else f'{what} "{path}" is not a file')
+    limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None  # PIL's bomb check: _check_size instead
     try:
-        with Image.open(path) as probe:
-            fmt = probe.format
-            orientation = probe.getexif().get(_EXIF_ORIENTATION, 1)
-        if fmt not in STB_FORMATS:
-            raise BadSample(f'{what} file "{path}" is {fmt}, which mmsp\'s image reader (stb_image) cannot read: '
-                            "convert it to PNG or JPEG")
-        if orientation not in (1, None):
-            raise BadSample(f'{what} file "{path}" has EXIF orientation {orientation}: the processor would rotate '
-                            "it but mmsp's image reader does not, so rotate the pixels in the file")
-        image = hf_load_image(path)
-        image.load()
-        return image
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as probe:  # reads the header, decodes nothing
+                _check_size(path, what, *probe.size, max_pixels)
+                fmt = probe.format
+                # (After the size check: a PNG's getexif decodes the image to reach a trailing eXIf.)
+                orientation = probe.getexif().get(_EXIF_ORIENTATION, 1)
+            if fmt not in STB_FORMATS:
+                raise BadSample(f'{what} file "{path}" is {fmt}, which mmsp\'s image reader (stb_image) cannot '
+                                "read: convert it to PNG or JPEG")
+            if orientation not in (1, None):
+                raise BadSample(f'{what} file "{path}" has EXIF orientation {orientation}: the processor would '
+                                "rotate it but mmsp's image reader does not, so rotate the pixels in the file")
+            image = hf_load_image(path)
+            image.load()
+            return image
     except BadSample:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as e:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        raise BadSample(f'{what} file "{path}" is refused by PIL as a decompression bomb: {e}') from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as e:
         raise BadSample(f'{what} file "{path}" cannot be decoded: {e}') from None
+    except MemoryError:
+        raise BadSample(f'{what} file "{path}" does not fit in memory when decoded') from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = limit
+
+
+def _check_size(path, what, width, height, max_pixels):
+    """mmsp train's rule (src/train/data/jsonl_dataset.cpp image_size), with its message."""
+    pixels = width * height
+    if pixels > max_pixels:
+        raise BadSample(f'{what} file "{path}" is {width} x {height} = {pixels} pixels, more than '
+                        f"--max-image-pixels {max_pixels} (decoded it would take {pixels * 3 // (1 << 20)} MiB as "
+                        "RGB); shrink it or raise the limit (mmsp train needs the same --max-image-pixels)")
+    if max(width, height) > STB_MAX_DIMENSION:
+        raise BadSample(f'{what} file "{path}" is {width} x {height} pixels: a side over {STB_MAX_DIMENSION} is '
+                        "more than mmsp's image reader (stb_image) reads")
+    if not width or not height:
+        raise BadSample(f'{what} file "{path}" is {width} x {height} pixels: it holds no pixel')
 
 
 def video_frames(source, root, what):

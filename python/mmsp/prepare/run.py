@@ -8,6 +8,13 @@ from dataclasses import dataclass, field
 
 from . import conversation, formats, grids, loss_mask, model as model_dir, overflow, reader, writer
 from .errors import BadSample, PrepareError
+from .train_bounds import INT32_MAX, MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_BOUND, MAX_SECONDS_PER_GRID
+
+# A record's bytes at most (--max-record-bytes): about 2 M tokens of text. prepare holds a record
+# whole while the template renders it and the tokenizer cuts it, at ~180 times its size (measured:
+# a text record of 8 MiB peaks at 2.4 GB, 16 MiB at 3.7 GB, with --max-length 1000 --overflow
+# truncate; one of 100 MB passed 16 GB before this bound), so this is the memory bound.
+MAX_RECORD_BYTES = 8 << 20
 
 
 @dataclass
@@ -21,6 +28,8 @@ class Options:
     format: str = "auto"
     image_root: str = None  # default: the input's folder
     video_fps: float = 2.0
+    max_record_bytes: int = MAX_RECORD_BYTES
+    max_image_pixels: int = MAX_IMAGE_PIXELS
 
 
 @dataclass
@@ -48,8 +57,13 @@ def check(options):
         raise PrepareError(f"--overflow {options.overflow} is not one of {', '.join(overflow.OVERFLOW)}")
     if options.max_length is not None and options.max_length < 1:
         raise PrepareError(f"--max-length {options.max_length} must be at least 1")
-    if not options.video_fps > 0:
-        raise PrepareError(f"--video-fps {options.video_fps} must be above 0")
+    if not options.video_fps > 0 or options.video_fps == float("inf"):
+        raise PrepareError(f"--video-fps {options.video_fps} must be a finite number above 0")
+    if options.max_record_bytes < 1:
+        raise PrepareError(f"--max-record-bytes {options.max_record_bytes} must be at least 1")
+    if not 1 <= options.max_image_pixels <= MAX_IMAGE_PIXELS_BOUND:
+        raise PrepareError(f"--max-image-pixels {options.max_image_pixels} must be in [1, {MAX_IMAGE_PIXELS_BOUND}] "
+                           "(width x height of one image; mmsp train's range)")
     if not os.path.isfile(options.input):
         raise PrepareError(f'--input "{options.input}" ' + ("is not a file" if os.path.exists(options.input)
                                                             else "does not exist"))
@@ -77,7 +91,7 @@ def prepare(options, report):
         raise PrepareError(f'cannot write beside --output "{options.output}": {e.strerror}') from None
     with output as out:
         summary = Summary(out.path)
-        for line, record in reader.read_records(options.input):
+        for line, record in reader.read_records(options.input, options.max_record_bytes):
             try:
                 if isinstance(record, BadSample):
                     raise record
@@ -104,7 +118,7 @@ def _row(out, model, sample, spans, root, options):
         ids = conversation.encode_text(model, sample.text)
         mask, blocks, images, videos, enc = [1] * len(ids), [], [], [], None
     else:
-        messages, images, videos = conversation.hf_messages(sample, root, model)
+        messages, images, videos = conversation.hf_messages(sample, root, model, options.max_image_pixels)
         enc = conversation.encode(model, messages, videos, options.video_fps)
         mask = loss_mask.token_mask(spans.spans(messages, enc.prompt), enc.offsets, enc.replacements, enc.prompt)
         if not any(mask):
@@ -114,4 +128,27 @@ def _row(out, model, sample, spans, root, options):
     if ids and max(ids) >= model.vocab_size:
         raise BadSample(f"token id {max(ids)} is outside config.json's vocabulary 0..{model.vocab_size - 1}")
     ids, mask, blocks = overflow.fit(ids, mask, blocks, options.max_length, options.overflow)
-    return writer.row(out, model, ids, mask, blocks, images, videos, enc)
+    line = writer.row(out, model, ids, mask, blocks, images, videos, enc)
+    _check_train_bounds(model, line)
+    return line
+
+
+def _check_train_bounds(model, line):
+    """What mmsp train refuses in a line beyond the checks made on the way here (vocabulary, vision
+    blocks, image files), with its numbers (train_bounds.py names the C++ of each)."""
+    if len(line["input_ids"]) > INT32_MAX:
+        raise BadSample(f"{len(line['input_ids'])} tokens is beyond int32 ({INT32_MAX}) that mmsp's attention "
+                        "kernel indexes with")
+    merge = model.config.get("vision_config", {}).get("spatial_merge_size", 1) if model.family == "qwen" else 1
+    for key in ("image_grid_thw", "video_grid_thw"):
+        for k, (t, h, w) in enumerate(line.get(key, [])):
+            where = f"{key}[{k}] = [{t}, {h}, {w}]"
+            if min(t, h, w) < 1 or h % merge or w % merge:
+                raise BadSample(f"{where}: t, h, w must be >= 1 and h, w divisible by spatial_merge_size {merge}")
+            if t * h * w > INT32_MAX:
+                raise BadSample(f"{where} has {t * h * w} patches; mmsp's vision encoder indexes an item's patches "
+                                f"with int32, so an item holds at most {INT32_MAX}")
+    for k, seconds in enumerate(line.get("second_per_grid_ts", [])):
+        if not 0 <= seconds <= MAX_SECONDS_PER_GRID:
+            raise BadSample(f"second_per_grid_ts[{k}] is {seconds}, outside [0, {MAX_SECONDS_PER_GRID:g}] seconds that "
+                            "mmsp train reads (it scales video positions): is --video-fps too low?")

@@ -10,15 +10,35 @@ dataset moves with its folder), absolute otherwise; mmsp resolves relative paths
 """
 import json
 import os
+import signal
 import tempfile
+
+_temporaries = set()  # the temporary files being written, for remove_temporaries
+_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+def remove_temporaries():
+    """Deletes every temporary file being written (a signal handler's first act)."""
+    for path in list(_temporaries):
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        _temporaries.discard(path)
 
 
 class Output:
     def __init__(self, path):
         self.path = os.path.abspath(path)
         self.folder = os.path.dirname(self.path)
-        fd, self.temporary = tempfile.mkstemp(dir=self.folder, prefix=f".{os.path.basename(path)}.",
-                                              suffix=".partial")
+        # Signals wait while the file is made and listed: a handler always finds it to remove.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        try:
+            fd, self.temporary = tempfile.mkstemp(dir=self.folder, prefix=f".{os.path.basename(path)}.",
+                                                  suffix=".partial")
+            _temporaries.add(self.temporary)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(self.temporary, 0o666 & ~umask)  # mkstemp's 0600 would stay on the output
@@ -41,11 +61,13 @@ class Output:
     def commit(self):
         self.file.close()
         os.replace(self.temporary, self.path)
+        _temporaries.discard(self.temporary)
 
     def abort(self):
         self.file.close()
         if os.path.exists(self.temporary):
             os.unlink(self.temporary)
+        _temporaries.discard(self.temporary)
 
     def __enter__(self):
         return self
