@@ -3,15 +3,21 @@
 Rank r has coordinates ulysses = r % U, ring = (r // U) % R, dp = r // (U * R): the Ulysses
 ranks of one ring rank are neighbours, as in `mmsp train` and `mmsp plan`. Every rank must
 construct the same Mesh at the same point (it creates torch.distributed subgroups, which is
-collective); everything is checked before the first subgroup is made.
+collective). The ranks first agree on the mesh through the default group's store (each posts
+its dp, ring, ulysses and timeout, and waits at most the timeout for the others'): a rank that
+asked for another mesh, or an impossible one, is a ValueError on every rank naming it, before
+the first subgroup is made; a rank that never comes is named after the timeout.
 """
 
+import json
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch.distributed as dist
 
 from mmsp._extension import C
+
+_meshes = 0  # Mesh constructions in this process: every rank counts alike, and keys its posts by it
 
 
 @dataclass(frozen=True)
@@ -26,24 +32,35 @@ def _positive(name, value):
         raise ValueError(f"mmsp.Mesh: {name} = {value!r} must be an integer >= 1")
 
 
+def _seconds(timeout):
+    try:
+        return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    except (TypeError, ValueError):
+        return None
+
+
 class Mesh:
     """The ring, Ulysses and context (ring x Ulysses: one dp row) groups of this rank
-    (None where that group has one rank)."""
+    (None where that group has one rank), and `world`: every rank, with this mesh's timeout
+    (mmsp.patch sums the loss and the gradients over it)."""
 
     def __init__(self, dp=1, ring=1, ulysses=1, *, timeout=timedelta(minutes=10)):
-        for name, value in (("dp", dp), ("ring", ring), ("ulysses", ulysses)):
-            _positive(name, value)
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("mmsp.Mesh: torch.distributed is not initialised; call "
                              "torch.distributed.init_process_group first (torchrun sets its environment)")
+        seconds = _seconds(timeout)
+        _agree(dict(dp=dp, ring=ring, ulysses=ulysses, timeout=seconds if seconds is not None else repr(timeout)),
+               seconds if seconds is not None and seconds > 0 else 600.0)
+        for name, value in (("dp", dp), ("ring", ring), ("ulysses", ulysses)):
+            _positive(name, value)
         world = dist.get_world_size()
         if dp * ring * ulysses != world:
             raise ValueError(f"mmsp.Mesh: world size {world} is not dp({dp}) x ring({ring}) x ulysses({ulysses}) "
                              f"= {dp * ring * ulysses}; choose factors that multiply to the world size")
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        if not seconds > 0:
-            raise ValueError(f"mmsp.Mesh: timeout {timeout!r} must be positive")
+        if seconds is None or not 0 < seconds < float("inf"):
+            raise ValueError(f"mmsp.Mesh: timeout {timeout!r} must be a positive number of seconds or a timedelta")
         self.dp, self.ring_size, self.ulysses_size = dp, ring, ulysses
+        self.timeout = seconds
         self.rank = dist.get_rank()
         self.coords = Coords(dp=self.rank // (ulysses * ring), ring=(self.rank // ulysses) % ring,
                              ulysses=self.rank % ulysses)
@@ -51,6 +68,9 @@ class Mesh:
         self.ulysses = None
         self.context = None
         # Every rank creates every subgroup, in one order (torch.distributed.new_group's rule).
+        self.world_group = dist.new_group(list(range(world)), timeout=timedelta(seconds=seconds)) \
+            if world > 1 else None  # the torch group (for torch.distributed calls)
+        self.world = C.Group(self.world_group, list(range(world)), "world", seconds) if world > 1 else None
         for d in range(dp):
             for u in range(ulysses):
                 members = [self.global_rank(d, i, u) for i in range(ring)]
@@ -80,3 +100,40 @@ class Mesh:
     def __repr__(self):
         return (f"mmsp.Mesh(dp={self.dp}, ring={self.ring_size}, ulysses={self.ulysses_size}; "
                 f"rank {self.rank} at {self.coords})")
+
+
+def _agree(mine, seconds):
+    """Every rank's `mine` (the Mesh's arguments) through the default store, waiting at most
+    `seconds`; a ValueError on every rank naming the ranks that differ, or that never came."""
+    global _meshes
+    _meshes += 1
+    store = dist.distributed_c10d._get_default_store()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    keys = [f"mmsp/mesh/{_meshes}/{r}" for r in range(world)]
+    store.set(keys[rank], json.dumps(mine, default=repr))
+    try:
+        store.wait(keys, timedelta(seconds=seconds))
+    except Exception:  # the store's timeout: name who never posted
+        missing = [r for r, k in enumerate(keys) if not store.check([k])]
+        raise ValueError(f"mmsp.Mesh: {_ranks(missing)} did not construct mmsp.Mesh within {seconds:g} s (rank "
+                         f"{rank} did, as its construction number {_meshes} in this process): every rank must "
+                         "construct the same Meshes in the same order (stopped, hung or took another path?)") \
+            from None
+    every = [json.loads(v) for v in store.multi_get(keys)]
+    differ = []
+    for name in mine:
+        values = {}
+        for r, theirs in enumerate(every):
+            values.setdefault(json.dumps(theirs.get(name)), []).append(r)
+        if len(values) > 1:
+            differ.append(f"{name} is " + " but ".join(f"{v} on {_ranks(rs)}" for v, rs in values.items()))
+    if differ:
+        raise ValueError(f"mmsp.Mesh: the ranks asked for different meshes: {'; '.join(differ)}. Every rank must "
+                         "construct the same Mesh (it creates process groups together); stopped before the first")
+
+
+def _ranks(ranks):
+    ranks = list(ranks)
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"

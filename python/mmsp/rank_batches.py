@@ -10,10 +10,20 @@ from the rank that loaded an image to the rank that encodes it (one all-to-all),
 image's pixels cross the network at most once.
 
 A rank's bad batch is an error on every rank: the checks run before the gather, and their
-message is what the gather carries.
+message is what the gather carries. Both exchanges run on the mesh's world group, with the
+mesh's timeout; a failure (a stopped or dead peer) names the exchange and the group.
 """
 import torch
 import torch.distributed as dist
+
+
+def _on_world(mesh, what, call):
+    """call() (a torch.distributed collective on mesh.world_group), its failure in mmsp's words."""
+    try:
+        return call()
+    except (RuntimeError, dist.DistError) as e:
+        raise ValueError(f"{what} on group world ({dist.get_world_size()} ranks) failed: a peer rank died, hung or "
+                         f"disagreed on the call (timeout {mesh.timeout:g} s). Backend said: {e}") from None
 
 
 def image_sizes(kind, grids):
@@ -46,8 +56,8 @@ class RoutedPixels:
     """The union's images, each on the rank that loaded it. rows(images) is collective: every
     rank calls it once a step with the images it encodes (possibly none)."""
 
-    def __init__(self, kind, parts, rank, pixel_values, device):
-        self.rank, self.device = rank, device
+    def __init__(self, kind, parts, rank, pixel_values, device, mesh):
+        self.rank, self.device, self.mesh = rank, device, mesh
         self.owner = []  # union image -> (rank, its first pixel row there, rows)
         for r, part in enumerate(parts):
             sizes, at = image_sizes(kind, part["grids"]), 0
@@ -69,7 +79,8 @@ class RoutedPixels:
     def rows(self, images):
         world = dist.get_world_size()
         wants = [None] * world
-        dist.all_gather_object(wants, list(images))
+        _on_world(self.mesh, "all_gather_object (the images each rank encodes)",
+                  lambda: dist.all_gather_object(wants, list(images), group=self.mesh.world_group))
         if self.dtype is None:  # no rank loaded an image (every rank knows): nothing to send
             return None
         send, send_counts = [], []
@@ -81,7 +92,8 @@ class RoutedPixels:
                        for q in range(world)]
         out = torch.empty(sum(recv_counts), dtype=self.dtype, device=self.device)
         inp = torch.cat(send) if send else torch.empty(0, dtype=self.dtype, device=self.device)
-        dist.all_to_all_single(out, inp, recv_counts, send_counts)
+        _on_world(self.mesh, "all_to_all_single (pixels to the ranks that encode them)",
+                  lambda: dist.all_to_all_single(out, inp, recv_counts, send_counts, group=self.mesh.world_group))
         if not images:
             return None
         # Back into `images` order: from each source rank they came in the order asked.
@@ -97,7 +109,7 @@ class RoutedPixels:
         return self.pixel_values[first:first + n].reshape(-1)
 
 
-def gather(kind, local, error, pixel_values, image_grid_thw, device):
+def gather(kind, local, error, pixel_values, image_grid_thw, device, mesh):
     """Every rank's batch -> (the union batch, its pixels as RoutedPixels, its image_grid_thw
     tensor or None). `local` is this rank's batch in mmsp's format, or None with `error` set."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -109,7 +121,8 @@ def gather(kind, local, error, pixel_values, image_grid_thw, device):
             part["row_shape"] = list(pixel_values.shape[1:])
             part["dtype"] = str(pixel_values.dtype)
     parts = [None] * world
-    dist.all_gather_object(parts, part)
+    _on_world(mesh, "all_gather_object (every rank's batch)",
+              lambda: dist.all_gather_object(parts, part, group=mesh.world_group))
     bad = [(r, p["error"]) for r, p in enumerate(parts) if p["error"] is not None]
     if bad:
         raise ValueError("mmsp.patch (batch='per_rank'): " +
@@ -117,4 +130,4 @@ def gather(kind, local, error, pixel_values, image_grid_thw, device):
     batch = {"sequences": [s for p in parts for s in p["sequences"]]}
     grids = [g for p in parts for g in p["grids"]]
     grid_rows = torch.tensor(grids, dtype=torch.long) if kind in ("qwen", "qwen3") and grids else None
-    return batch, RoutedPixels(kind, parts, rank, pixel_values, device), grid_rows, bool(grids)
+    return batch, RoutedPixels(kind, parts, rank, pixel_values, device, mesh), grid_rows, bool(grids)

@@ -40,10 +40,11 @@ llava, internvl.
 import types
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
+from mmsp._extension import C as _C
 from mmsp.planner import plan as _plan
+from mmsp import batch_fingerprint as _fingerprint
 from mmsp import ops as _ops
 from mmsp import rank_batches as _rank_batches
 
@@ -280,6 +281,13 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
     kind, mesh = state["kind"], state["mesh"]
     _recover_from_failed_backward(state)
     device = input_ids.device
+    if state["batch"] == "shared" and mesh.world is not None:  # the same batch on every rank, or none runs
+        _fingerprint.check_same_batch(
+            {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels, "pixel_values": pixel_values,
+             "image_grid_thw": image_grid_thw, "pixel_values_videos": pixel_values_videos,
+             "video_grid_thw": video_grid_thw, "second_per_grid_ts": second_per_grid_ts,
+             "patch options": (state["layout"], state["placement"], state["batch"], kind)},
+            mesh.world, mesh.rank, mesh.world.size)
     if state["batch"] == "per_rank":  # the step is the union of every rank's batch
         try:
             if video_grid_thw is not None or pixel_values_videos is not None:
@@ -291,7 +299,7 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
         except ValueError as e:
             mine, error = None, str(e).removeprefix("mmsp.patch: ")
         batch, pixels, grid_rows, has_vision = _rank_batches.gather(kind, mine, error, pixel_values, image_grid_thw,
-                                                                    device)
+                                                                    device, mesh)
         sources = {"image": (pixels, grid_rows)}
     else:
         batch = _sequences(self.config, kind, input_ids, attention_mask, labels, image_grid_thw, video_grid_thw,
@@ -330,7 +338,7 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
     local = F.cross_entropy(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits,
                             shard.labels.to(device), ignore_index=-100, reduction="sum") / max(shard.label_count, 1)
     whole = local.detach().clone()
-    dist.all_reduce(whole)
+    _world_sum(whole, mesh.world, "the step's loss")
     loss = local + (whole - local.detach())  # the batch's loss; its gradient is this rank's part
     if loss.requires_grad:
         loss.register_hook(lambda grad: _at_backward_start(state) or grad)
@@ -357,9 +365,10 @@ def _at_backward_start(state):
 
 def _sum_gradients(state):
     """At the end of the backward: this backward's parts summed over the world (one
-    all-reduce per dtype), plus what the earlier backwards held."""
+    all-reduce per dtype, mmsp's, on the mesh's world group: a stopped or dead peer ends it
+    within the mesh's timeout, naming the group), plus what the earlier backwards held."""
     held, state["backward"] = state["backward"], None
-    params = state["params"]
+    params, world = state["params"], state["mesh"].world
     for p in params:
         if p.grad is None:  # a weight this rank's slots never reached (e.g. no image here)
             p.grad = torch.zeros_like(p)
@@ -368,7 +377,7 @@ def _sum_gradients(state):
         by_dtype.setdefault((p.grad.dtype, p.grad.device), []).append(p)
     for group in by_dtype.values():
         flat = torch.cat([p.grad.reshape(-1) for p in group])
-        dist.all_reduce(flat)
+        _world_sum(flat, world, f"the gradients ({flat.numel():,} {str(flat.dtype).removeprefix('torch.')} values)")
         at = 0
         for p in group:
             n = p.grad.numel()
@@ -377,6 +386,17 @@ def _sum_gradients(state):
     for p, h in zip(params, held):
         if h is not None:
             p.grad.add_(h)
+
+
+def _world_sum(x, world, what):
+    """x summed over every rank in place: mmsp's all_reduce on the mesh's world group (its
+    timeout bounds it; a failure names the group, and here what was being summed)."""
+    if world is None:
+        return
+    try:
+        _C.all_reduce_(x, world)
+    except ValueError as e:
+        raise ValueError(f"mmsp.patch: summing {what} over every rank: {e}") from None
 
 
 def _recover_from_failed_backward(state):

@@ -14,6 +14,7 @@
 #include "mmsp/attention/gated_delta_ring.h"
 #include "mmsp/attention/ulysses_attention.h"
 #include "mmsp/core/check.h"
+#include "mmsp/dist/all_reduce.h"
 #include "mmsp/dist/all_to_all_v.h"
 
 namespace mmsp::python {
@@ -142,6 +143,16 @@ at::Tensor all_to_all_v_op(const at::Tensor& rows, const std::vector<int64_t>& s
   return dist::all_to_all_v(rows, send_counts, recv_counts, group);
 }
 
+// A sum over a group, in place (the patch's loss and gradient sums, the batch fingerprints):
+// mmsp's collective, so the group's timeout bounds it and a failure names the group.
+void all_reduce_op(at::Tensor x, const c10::intrusive_ptr<dist::Group>& group) {
+  check_devices({x}, {group}, "mmsp all_reduce");
+  MMSP_CHECK(x.is_contiguous(), "mmsp all_reduce on group ", group->name(), ": the tensor ", x.sizes(),
+             " must be contiguous (it is summed in place)");
+  py::gil_scoped_release no_gil;
+  dist::all_reduce_(x, *group);
+}
+
 }  // namespace
 
 void bind_ops(py::module_& m) {
@@ -157,6 +168,7 @@ void bind_ops(py::module_& m) {
   m.def("ulysses_gather_heads", &gather_heads_op, py::arg("y"), py::arg("tokens"), py::arg("ulysses"));
   m.def("all_to_all_v", &all_to_all_v_op, py::arg("rows"), py::arg("send_counts"), py::arg("recv_counts"),
         py::arg("group"));
+  m.def("all_reduce_", &all_reduce_op, py::arg("x"), py::arg("group"));
   m.def("check_ulysses_heads", &attention::check_ulysses_heads, py::arg("heads"), py::arg("kv_heads"),
         py::arg("ulysses"));
   m.def("check_gated_delta_heads", &attention::check_gated_delta_heads, py::arg("key_heads"),
