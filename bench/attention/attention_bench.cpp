@@ -160,7 +160,7 @@ json bench_attention_balance(const AttentionBenchOptions& o) {
 
 json bench_attention_comm(const dist::RankEnv& env, const AttentionBenchOptions& o) {
   at::set_num_threads(1);
-  auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
+  const dist::Rendezvous met = dist::Mesh::rendezvous(env, std::chrono::seconds(120));
   json rows = json::array();
   const int64_t H = o.heads, Hkv = o.kv_heads, D = o.dim, T = o.comm_tokens, b = 4;
   int mesh_index = 0;
@@ -168,7 +168,7 @@ json bench_attention_comm(const dist::RankEnv& env, const AttentionBenchOptions&
     if (shape.dp != 1 || shape.context() == 1) continue;
     dist::MeshOptions mo;
     mo.timeout = std::chrono::seconds(300);
-    dist::Mesh mesh = dist::Mesh::create(store, env, shape, mo, "bench-" + std::to_string(mesh_index++));
+    dist::Mesh mesh = dist::Mesh::create(met, env, shape, mo, "bench-" + std::to_string(mesh_index++));
     const int R = shape.ring, U = shape.ulysses, S = R * U;
     MMSP_CHECK(T % (2 * S) == 0, "--comm-tokens ", T, " must divide by 2 × ring × ulysses = ", 2 * S);
     // One segment on the zigzag layout, as the planner shards it.

@@ -215,11 +215,11 @@ nlohmann::json bench_ring_attention(const dist::RankEnv& env, const FusedAttenti
   const int R = env.world_size;
   const int64_t T = *std::max_element(o.tokens.begin(), o.tokens.end());
   MMSP_CHECK(T % (2 * R) == 0, "--fused-tokens ", T, " must divide into 2 × ", R, " zigzag chunks");
-  auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
+  const dist::Rendezvous met = dist::Mesh::rendezvous(env, std::chrono::seconds(120));
   dist::MeshOptions mesh_options;
   mesh_options.timeout = std::chrono::seconds(300);
   mesh_options.gpu_collectives = collectives;
-  const dist::Mesh mesh = dist::Mesh::create(store, env, plan::Mesh{1, R, 1}, mesh_options, "ring-bench");
+  const dist::Mesh mesh = dist::Mesh::create(met, env, plan::Mesh{1, R, 1}, mesh_options, "ring-bench");
   const plan::PackedRow row = plan::pack_row({0}, {T}, R);
   const plan::ShardMap map(row, R, 1, plan::Layout::zigzag);
   const std::vector<attention::TokenLayout> shares = attention::ring_shares(map);

@@ -111,7 +111,7 @@ json bench_linear_attention_kernel(const LinearAttentionBenchOptions& o) {
 
 json bench_linear_attention_comm(const dist::RankEnv& env, const LinearAttentionBenchOptions& o) {
   at::set_num_threads(o.threads);
-  auto store = dist::Mesh::open_store(env, std::chrono::seconds(300));
+  const dist::Rendezvous met = dist::Mesh::rendezvous(env, std::chrono::seconds(300));
   const model::GatedDeltaNetConfig c = config_of(o), big = qwen3_next_config();
   json rows = json::array();
   int mesh_index = 0;
@@ -121,7 +121,7 @@ json bench_linear_attention_comm(const dist::RankEnv& env, const LinearAttention
     if (c.num_key_heads % U != 0 || c.num_value_heads % U != 0) continue;  // Ulysses cannot split the heads
     dist::MeshOptions mo;
     mo.timeout = std::chrono::seconds(600);
-    dist::Mesh mesh = dist::Mesh::create(store, env, shape, mo, "bench-gdn-" + std::to_string(mesh_index++));
+    dist::Mesh mesh = dist::Mesh::create(met, env, shape, mo, "bench-gdn-" + std::to_string(mesh_index++));
     const model::GatedDeltaNetWeights w = model::GatedDeltaNetWeights::random(c, at::kFloat, 1);
     for (int64_t T : o.tokens) {
       MMSP_CHECK(T % (2 * S) == 0, "--tokens ", T, " must divide by 2 × ring × ulysses = ", 2 * S);

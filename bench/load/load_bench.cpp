@@ -105,7 +105,7 @@ json bench_load(const dist::RankEnv& env, const LoadBenchOptions& o) {
   MMSP_CHECK(o.bytes > 0 && o.shards > 0, "bench load: --bytes and --shards must be > 0");
   train::MemoryCounter memory;  // this benchmark's tensors, from here on
   at::set_num_threads(1);
-  auto store = dist::Mesh::open_store(env, std::chrono::seconds(900));
+  auto store = dist::Mesh::rendezvous(env, std::chrono::seconds(900)).store;
   const int world = env.world_size;
 
   // Rank 0 writes the directory and tells the others where it is.

@@ -94,12 +94,12 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
     return result;
   }
   at::set_num_threads(1);
-  auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
+  const dist::Rendezvous met = dist::Mesh::rendezvous(env, std::chrono::seconds(120));
   dist::MeshOptions mesh_options;
   mesh_options.timeout = std::chrono::seconds(600);
   mesh_options.gpu_collectives = o.gpu_collectives;
   // All ranks in one ring (zigzag): the sequence split world ways.
-  const dist::Mesh mesh = dist::Mesh::create(store, env, plan::Mesh{1, env.world_size, 1}, mesh_options, "memory-bench");
+  const dist::Mesh mesh = dist::Mesh::create(met, env, plan::Mesh{1, env.world_size, 1}, mesh_options, "memory-bench");
   json rows = json::array();
   for (size_t i = 0; i < o.models.size(); ++i) {
     const std::string& model = o.models[i];

@@ -98,7 +98,7 @@ json bench_vision_split(const dist::RankEnv& env, const VisionSplitBenchOptions&
   at::manual_seed(42);
   const std::shared_ptr<model::Vlm> built = model::build_vlm(config);
   model::Vlm& vlm = *built;
-  auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
+  const dist::Rendezvous met = dist::Mesh::rendezvous(env, std::chrono::seconds(120));
   const int S = env.world_size;
   json rows = json::array();
   int mesh_index = 0;
@@ -113,7 +113,7 @@ json bench_vision_split(const dist::RankEnv& env, const VisionSplitBenchOptions&
       dist::MeshOptions mo;
       mo.timeout = std::chrono::seconds(600);
       const plan::Mesh shape{S / setup.context, setup.context, 1};  // dp replicas of the same step
-      dist::Mesh mesh = dist::Mesh::create(store, env, shape, mo, "vision-split-bench-" + std::to_string(mesh_index++));
+      dist::Mesh mesh = dist::Mesh::create(met, env, shape, mo, "vision-split-bench-" + std::to_string(mesh_index++));
       plan::PlanOptions po;
       po.mesh = {1, shape.ring, 1};
       po.vision_split = plan::parse_vision_split(setup.split);

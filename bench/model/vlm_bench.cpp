@@ -116,7 +116,7 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
   at::manual_seed(42);
   const std::shared_ptr<model::Vlm> built = model::build_vlm(config);  // the family's registry entry
   model::Vlm& vlm = *built;
-  auto store = dist::Mesh::open_store(env, std::chrono::seconds(120));
+  const dist::Rendezvous met = dist::Mesh::rendezvous(env, std::chrono::seconds(120));
   json rows = json::array();
   int mesh_index = 0;
   // Context groups of c ranks as a ring (zigzag cuts every segment in 2c chunks, so
@@ -128,7 +128,7 @@ json bench_vlm(const dist::RankEnv& env, const VlmBenchOptions& o) {
     mo.timeout = std::chrono::seconds(300);
     // Each group of c ranks runs the whole batch: dp replicas of the same step.
     const plan::Mesh shape{env.world_size / c, ring ? c : 1, ring ? 1 : c};
-    dist::Mesh mesh = dist::Mesh::create(store, env, shape, mo, "vlm-bench-" + std::to_string(mesh_index++));
+    dist::Mesh mesh = dist::Mesh::create(met, env, shape, mo, "vlm-bench-" + std::to_string(mesh_index++));
     plan::PlanOptions po;
     po.mesh = {1, shape.ring, shape.ulysses};
     const int context_rank = mesh.coords().ring * shape.ulysses + mesh.coords().ulysses;

@@ -90,7 +90,7 @@ json measure_placement(const dist::RankEnv& env, const PlacementMeasureOptions& 
              env.world_size);
   dist::MeshOptions mo;
   mo.timeout = std::chrono::seconds(300);
-  dist::Mesh mesh = dist::Mesh::create(dist::Mesh::open_store(env, std::chrono::seconds(120)), env, shape, mo,
+  dist::Mesh mesh = dist::Mesh::create(dist::Mesh::rendezvous(env, std::chrono::seconds(120)), env, shape, mo,
                                        "bench-placement");
   const plan::ModelConventions conventions =
       model::conventions_from_config(nlohmann::json{{"model_type", "qwen2_vl"}});

@@ -119,6 +119,11 @@ std::string validate(const LaunchOptions& o) {
              ") must be in [1, 65535], or 0 to pick a free one");
   MMSP_CHECK(o.nnodes == 1 || o.master_port != 0, "--master-port is required when --nnodes (",
              o.nnodes, ") > 1: every node must use the same port");
+  // Another node reaching 127.0.0.1 (the default) reaches itself, never rank 0's host.
+  MMSP_CHECK(o.nnodes == 1 || (o.master_addr != "localhost" && o.master_addr.rfind("127.", 0) != 0 &&
+                               o.master_addr != "::1"),
+             "--master-addr (", o.master_addr, ") is a loopback address, but --nnodes (", o.nnodes,
+             ") > 1: give the address or name by which every node reaches node 0 (the host of rank 0)");
   MMSP_CHECK(o.grace_s >= 0, "--grace (", o.grace_s, ") must be >= 0 seconds");
   MMSP_CHECK(o.kill_after_s >= 0, "--kill-after (", o.kill_after_s, ") must be >= 0 seconds");
   MMSP_CHECK(!o.command.empty(), "no PROGRAM given: usage is mmsp-run -n N [options] -- PROGRAM ARGS...");

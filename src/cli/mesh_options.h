@@ -74,17 +74,19 @@ struct MeshFlags {
     o.agreed = {{"mmsp build", MMSP_BUILD_ID},
                 {"--timeout", dist::exact_number(timeout_s)},
                 {"--heartbeat-timeout", dist::exact_number(heartbeat_timeout_s)},
-                {"--device", device + " (" + c10::DeviceTypeName(rank.device.type(), /*lower_case=*/true) + ")"}};
+                // as resolved: "auto" and "cpu" agree on a machine without a GPU
+                {"--device", c10::DeviceTypeName(rank.device.type(), /*lower_case=*/true)}};
     o.agreed.insert(o.agreed.end(), agreed.begin(), agreed.end());
     return o;
   }
 
   // Heartbeats of this rank over the store Mesh::connect opened (docs/reliability.md);
   // none for one rank. Keep it alive while the rank works.
-  std::unique_ptr<dist::Heartbeat> start_heartbeat(const dist::RankEnv& env,
+  std::unique_ptr<dist::Heartbeat> start_heartbeat(const dist::RankEnv& env, const dist::Mesh& mesh,
                                                    std::shared_ptr<const dist::RankActivity> activity) const {
     dist::HeartbeatOptions o;
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(heartbeat_timeout_s * 1000));
+    o.hosts = mesh.hosts();
     return std::make_unique<dist::Heartbeat>(env, o, std::move(activity));
   }
 };

@@ -23,9 +23,11 @@ Subcommand add_selftest_command(CLI::App& parent) {
             const plan::Mesh shape = flags->shape(env.world_size);
             const dist::RankDevice rank_device = flags->rank_device(env);
             dist::Mesh mesh = dist::Mesh::connect(env, shape, flags->options({}, rank_device));
+            if (env.rank == 0 && mesh.hosts().spans_hosts())
+              std::printf("mmsp selftest: %s\n", mesh.hosts().summary().c_str());
             auto activity = std::make_shared<dist::RankActivity>();
             activity->set(0, "selftest");
-            const auto heartbeat = flags->start_heartbeat(env, activity);
+            const auto heartbeat = flags->start_heartbeat(env, mesh, activity);
             const auto results = dist::run_selftest(mesh, rank_device.device);
 
             int64_t failures = 0;

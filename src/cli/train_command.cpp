@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 
+#include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
 #include "byte_size.h"
@@ -163,16 +164,31 @@ Subcommand add_train_command(CLI::App& parent) {
               }
             }
             dist::Mesh mesh = dist::Mesh::connect(env, shape, mesh_options);
+            if (env.rank == 0 && mesh.hosts().spans_hosts()) std::cout << "mmsp train: " << mesh.hosts().summary() << std::endl;
             auto activity = std::make_shared<dist::RankActivity>();
-            const auto heartbeat = flags->start_heartbeat(env, activity);
+            const auto heartbeat = flags->start_heartbeat(env, mesh, activity);
             o->report_parameters = false;  // the checkpoint holds them; a copy per rank would not fit
             try {
+              train::check_out_shared(o->out, mesh);  // one --out for every host, or no rank starts
               train::train(*o, mesh, std::cout, activity.get());
             } catch (const std::exception& e) {
               // Said first (the launcher may stop this rank while rank 0 waits below),
               // then posted for the other ranks, which may sit in a collective.
               const bool ours = dynamic_cast<const Error*>(&e) != nullptr;
               std::string what = e.what();
+              // c10's messages carry a C++ backtrace: the first line is the message.
+              if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) what = c10->what_without_backtrace();
+              const bool out_of_memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
+                                         dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
+                                         what.find("can't allocate memory") != std::string::npos;
+              if (out_of_memory) {
+                what = "out of memory on this rank (" + what.substr(0, what.find('\n')) + ")" +
+                       (o->memory_limit_bytes == 0
+                            ? ": --memory-limit 0 turned the memory preflight off; without it the run is checked "
+                              "against this host's memory before anything is allocated, naming what does not fit"
+                            : ": the preflight's estimate was below --memory-limit, so something it does not count "
+                              "took the memory; lower --tokens-per-rank or use --shard / --checkpoint-activations");
+              }
               // A collective that failed because a peer ended: the peer's reason first.
               const std::string cause = heartbeat ? heartbeat->peer_failure() : "";
               if (!cause.empty() && cause.find(what) == std::string::npos) {
@@ -180,17 +196,12 @@ Subcommand add_train_command(CLI::App& parent) {
               } else if (cause.empty() && heartbeat && (!ours || what.find("a peer rank died") != std::string::npos)) {
                 // A peer gone without a word (SIGKILL, a crash) and no launcher to say which:
                 // the rank whose heartbeat stays still is the one.
-                const std::vector<int> gone = heartbeat->silent_peers(std::chrono::milliseconds(2500));
-                std::string ranks;
-                for (int r : gone) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-                if (!gone.empty())
-                  what = (gone.size() == 1 ? "rank " : "ranks ") + ranks +
-                         " stopped answering (died or hung: its heartbeat stands still) (then on this rank: " +
-                         what.substr(0, what.find('\n')) + ")";
+                const std::string gone = heartbeat->name_silent(heartbeat->silent_peers(std::chrono::milliseconds(2500)));
+                if (!gone.empty()) what = gone + " (then on this rank: " + what.substr(0, what.find('\n')) + ")";
               }
-              std::cerr << "mmsp train: " << (ours ? "error: " : "failed: ") << what << std::endl;
+              std::cerr << "mmsp train: " << (ours || out_of_memory ? "error: " : "failed: ") << what << std::endl;
               if (heartbeat) heartbeat->report_error(what);
-              return ours ? 2 : 1;
+              return ours || out_of_memory ? 2 : 1;
             }
             if (env.rank == 0 && heartbeat && heartbeat->largest_gap_seconds() > 0)
               std::cout << std::fixed << std::setprecision(2) << "heartbeat: longest silence of a peer "

@@ -61,8 +61,9 @@ std::string exact_number(double value) {
   return buffer;
 }
 
-std::string flag_disagreement(const std::vector<AgreedFlags>& per_rank) {
+std::string value_disagreement(const std::vector<AgreedFlags>& per_rank, const RankNamer& name_ranks) {
   if (per_rank.size() < 2) return "";
+  const RankNamer name = name_ranks ? name_ranks : RankNamer(rank_list);
   // Flags that differ, each with its values and the ranks that hold them (in rank order).
   const AgreedFlags& first = per_rank[0];
   std::vector<int> shaped_otherwise;
@@ -73,7 +74,7 @@ std::string flag_disagreement(const std::vector<AgreedFlags>& per_rank) {
   }
   std::string out;
   if (!shaped_otherwise.empty()) {
-    out = rank_list(shaped_otherwise) + " sent another list of flags than rank 0 (another mmsp version?)";
+    out = name(shaped_otherwise) + " sent another list of flags than rank 0 (another mmsp version?)";
   } else {
     for (size_t i = 0; i < first.size(); ++i) {
       std::vector<std::pair<std::string, std::vector<int>>> values;  // in order of first appearance
@@ -90,9 +91,14 @@ std::string flag_disagreement(const std::vector<AgreedFlags>& per_rank) {
       for (size_t k = 0; k < values.size(); ++k)
         out += (k == 0 ? " " : k + 1 == values.size() ? " and " : ", ") +
                (values[k].first.empty() ? std::string("(unset)") : values[k].first) + " on " +
-               rank_list(values[k].second);
+               name(values[k].second);
     }
   }
+  return out;
+}
+
+std::string flag_disagreement(const std::vector<AgreedFlags>& per_rank, const RankNamer& name_ranks) {
+  const std::string out = value_disagreement(per_rank, name_ranks);
   if (out.empty()) return "";
   return "the ranks were started with different flags: " + out +
          ". Every rank must run the same command (a wrapper that adds a flag on some ranks only trains replicas "

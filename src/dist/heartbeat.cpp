@@ -16,7 +16,9 @@
 #include <sstream>
 #include <vector>
 
+#include "mmsp/compat/quiet_c10_log.h"
 #include "mmsp/core/check.h"
+#include "mmsp/dist/flag_agreement.h"
 #include "mmsp/dist/startup_deadline.h"
 
 namespace mmsp::dist {
@@ -55,16 +57,29 @@ HeartbeatValue decode_heartbeat(const std::string& s) {
 }
 
 std::string heartbeat_failure_message(int rank, double seconds, const HeartbeatValue& last) {
+  return heartbeat_failure_message(std::vector<int>{rank}, seconds, last, JobHosts{});
+}
+
+std::string heartbeat_failure_message(const std::vector<int>& ranks, double seconds, const HeartbeatValue& last,
+                                      const JobHosts& hosts) {
   char age[32];
   std::snprintf(age, sizeof age, "%.1f", seconds);
   std::string where = last.beats > 0 ? detail::concat("last seen in step ", last.step, ", phase ", last.phase)
                                      : std::string("never seen: its heartbeat did not start");
-  return detail::concat("rank ", rank, " has not answered for ", age, " s (", where,
-                        "); it is stopped, wedged or unreachable. The job is ended (--heartbeat-timeout)");
+  const bool one = ranks.size() == 1;
+  // Every rank of a host silent at once: the host is down or cut off, not one process.
+  std::string whole_host;
+  if (hosts.spans_hosts() && !ranks.empty() && hosts.ranks_on_host_of(ranks[0]) == ranks)
+    whole_host = detail::concat(" (every rank of ", hosts.name_host_of(ranks[0]),
+                                ": the host is down, stopped or cut off from the network)");
+  return detail::concat(hosts.name_ranks(ranks), one ? " has" : " have", " not answered for ", age, " s (", where,
+                        "); ", one ? "it is" : "they are", " stopped, wedged or unreachable", whole_host,
+                        ". The job is ended (--heartbeat-timeout)");
 }
 
 struct Heartbeat::State {
   RankEnv env;
+  JobHosts hosts;
   std::chrono::milliseconds timeout{0}, interval{0};
   std::shared_ptr<const RankActivity> activity;
   OnFailure on_failure;
@@ -96,7 +111,8 @@ struct Heartbeat::State {
   }
 
   // `store_answers`: false when the store itself is what failed (no acks can come).
-  void fail(const std::string& message, bool tell_others, bool store_answers = true) {
+  // `hung`: how many ranks the message blames (they cannot acknowledge it).
+  void fail(const std::string& message, bool tell_others, bool store_answers = true, int hung = 1) {
     {
       std::lock_guard<std::mutex> lock(mutex);
       if (stopping) return;  // the rank has finished: a late round blames no one
@@ -114,7 +130,7 @@ struct Heartbeat::State {
     // it, and a rank still in a collective with rank 0 would then fail on the closed
     // connection before reading the abort key, naming no rank. Store calls may block
     // (a stopped store host), so they run on a thread of their own.
-    const int64_t expected = env.world_size - 1;  // all but the hung rank
+    const int64_t expected = env.world_size - hung;  // all but the hung ranks
     const bool wait_for_all = tell_others || env.rank == 0;
     const std::string addr = env.master_addr;
     const c10d::TCPStoreOptions opts = store_options;
@@ -184,10 +200,12 @@ struct Heartbeat::State {
       }
     } catch (const std::exception&) {
       watch_store.reset();
+      compat::quiet_c10_log_from_now();  // the judge says what happened, once
       return false;
     }
     last_round_ns.store(Clock::now().time_since_epoch().count());
     std::string failure;
+    int hung_count = 1;
     {
       std::lock_guard<std::mutex> lock(mutex);
       const auto now = Clock::now();
@@ -199,13 +217,27 @@ struct Heartbeat::State {
           }
           last[r] = v, changed[r] = now;
         }
-      for (int r = 0; r < env.world_size && failure.empty(); ++r) {
+      // Once one rank is past the timeout, every rank silent for more than half of it
+      // goes into the same message: a host cut off loses all its ranks at once.
+      std::vector<int> hung;
+      double oldest = 0;
+      int first = -1;
+      for (int r = 0; r < env.world_size; ++r) {
         if (r == env.rank || last[r].phase == kDone) continue;
         const double age = std::chrono::duration<double>(now - changed[r]).count();
-        if (age * 1000 > timeout.count()) failure = heartbeat_failure_message(r, age, last[r]);
+        if (age * 1000 > timeout.count() && first < 0) first = r, oldest = age;
+      }
+      if (first >= 0) {
+        for (int r = 0; r < env.world_size; ++r) {
+          if (r == env.rank || last[r].phase == kDone) continue;
+          const double age = std::chrono::duration<double>(now - changed[r]).count();
+          if (age * 2000 > timeout.count()) hung.push_back(r);
+        }
+        failure = heartbeat_failure_message(hung, oldest, last[first], hosts);
+        hung_count = static_cast<int>(hung.size());
       }
     }
-    if (!failure.empty()) fail(failure, true);
+    if (!failure.empty()) fail(failure, true, true, hung_count);
     return true;
   }
 
@@ -231,7 +263,9 @@ struct Heartbeat::State {
         if (last[0].phase == kDone) return;
         seen = last[0];
       }
-      fail(heartbeat_failure_message(0, age, seen) + " — the job's store, which rank 0 hosts, does not respond",
+      // Across hosts the store's whole host is what stopped answering: its ranks are named.
+      const std::vector<int> gone = hosts.spans_hosts() ? hosts.ranks_on_host_of(0) : std::vector<int>{0};
+      fail(heartbeat_failure_message(gone, age, seen, hosts) + " — the job's store, which rank 0 hosts, does not respond",
            true, false);
       return;
     }
@@ -246,6 +280,7 @@ Heartbeat::Heartbeat(const RankEnv& env, const HeartbeatOptions& options,
   MMSP_ASSERT(activity, "Heartbeat needs a RankActivity");
   auto s = std::make_shared<State>();
   s->env = env;
+  s->hosts = options.hosts;
   s->timeout = options.timeout;
   s->interval = options.interval.count() > 0
                     ? options.interval
@@ -274,7 +309,10 @@ Heartbeat::Heartbeat(const RankEnv& env, const HeartbeatOptions& options,
   s->changed.assign(env.world_size, start);
   s->last_round_ns.store(start.time_since_epoch().count());
   state_ = s;
-  beat_ = std::thread([s] { s->beat_loop(); });
+  beat_ = std::thread([s, done = beat_done_] {
+    s->beat_loop();
+    done->store(true);
+  });
   watch_ = std::thread([s] { s->watch_loop(); });
   judge_ = std::thread([s] { s->judge_loop(); });
 }
@@ -310,33 +348,42 @@ void Heartbeat::report_error(const std::string& message) {
   while (!finished->load() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 
-std::string Heartbeat::peer_failure() const {
-  if (!state_) return "";
-  const State& s = *state_;
+namespace {
+// The first of `keys` in the store that does not start with `skip_prefix`, read from a
+// thread of its own within `limit` ("" when none, or when the store does not answer
+// in time: its host may be gone, and a store call waits for the client's own timeout).
+std::string read_first_key(const std::string& addr, const c10d::TCPStoreOptions& opts, std::vector<std::string> keys,
+                           const std::string& skip_prefix, std::chrono::milliseconds limit) {
   auto found = std::make_shared<std::string>();
   auto finished = std::make_shared<std::atomic<bool>>(false);
-  const std::string addr = s.env.master_addr;
-  const c10d::TCPStoreOptions opts = s.store_options;
-  const std::string mine = "rank " + std::to_string(s.env.rank) + " ";
-  std::thread([addr, opts, mine, found, finished] {
+  std::thread([addr, opts, keys, skip_prefix, found, finished] {
     try {
       auto store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
-      for (const char* key : {kErrorKey, kAbortKey})
+      for (const std::string& key : keys)
         if (found->empty() && store->check({key})) {
           std::string t = text(store->get(key));
-          if (t.rfind(mine, 0) != 0) *found = std::move(t);  // another rank's, not this one's
+          if (skip_prefix.empty() || t.rfind(skip_prefix, 0) != 0) *found = std::move(t);
         }
     } catch (...) {
     }
     finished->store(true);
   }).detach();
-  const auto deadline = Clock::now() + std::chrono::milliseconds(1000);
+  const auto deadline = Clock::now() + limit;
   while (!finished->load() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   return finished->load() ? *found : "";
 }
+}  // namespace
 
-std::vector<int> Heartbeat::silent_peers(std::chrono::milliseconds window) const {
-  std::vector<int> silent;
+std::string Heartbeat::peer_failure() const {
+  if (!state_) return "";
+  const State& s = *state_;
+  // another rank's post, not this one's
+  return read_first_key(s.env.master_addr, s.store_options, {kErrorKey, kAbortKey},
+                        "rank " + std::to_string(s.env.rank) + " ", std::chrono::milliseconds(1000));
+}
+
+SilentPeers Heartbeat::silent_peers(std::chrono::milliseconds window) const {
+  SilentPeers silent;
   if (!state_) return silent;
   State& s = *state_;
   // The watcher reads the keys once per interval: a beat a peer posted just before it
@@ -345,10 +392,30 @@ std::vector<int> Heartbeat::silent_peers(std::chrono::milliseconds window) const
   std::this_thread::sleep_for(s.interval + std::chrono::milliseconds(200));
   const auto since = Clock::now();
   std::this_thread::sleep_for(window);
+  // No round of reads finished in the window: the store is what is gone, and with it
+  // rank 0's host; the other peers cannot be judged.
+  const Clock::time_point round{Clock::duration(s.last_round_ns.load())};
+  if (round < since) {
+    silent.store_lost = true;
+    silent.ranks = s.hosts.known() ? s.hosts.ranks_on_host_of(0) : std::vector<int>{0};
+    return silent;
+  }
   std::lock_guard<std::mutex> lock(s.mutex);
   for (int r = 0; r < s.env.world_size; ++r)
-    if (r != s.env.rank && s.last[r].phase != kDone && s.changed[r] <= since) silent.push_back(r);
+    if (r != s.env.rank && s.last[r].phase != kDone && s.changed[r] <= since) silent.ranks.push_back(r);
   return silent;
+}
+
+std::string Heartbeat::name_silent(const SilentPeers& silent) const {
+  if (!state_ || silent.ranks.empty()) return "";
+  const State& s = *state_;
+  if (silent.store_lost)
+    return detail::concat(s.hosts.name_ranks(silent.ranks), silent.ranks.size() == 1 ? " is" : " are",
+                          " gone: the job's store, which rank 0 hosts, stopped answering");
+  const bool whole_host = s.hosts.spans_hosts() && s.hosts.ranks_on_host_of(silent.ranks[0]) == silent.ranks;
+  return detail::concat(s.hosts.name_ranks(silent.ranks), " stopped answering (died or hung: ",
+                        silent.ranks.size() == 1 ? "its heartbeat stands" : "their heartbeats stand", " still",
+                        whole_host ? "; every rank of that host: the host is down or cut off" : "", ")");
 }
 
 double Heartbeat::largest_gap_seconds() const {
@@ -366,15 +433,19 @@ Heartbeat::~Heartbeat() {
     state_->stopping = true;
   }
   state_->wake.notify_all();
-  // `beat` posts "done" first; `watch` may sit in a store call that cannot finish
-  // (the store host gone): it is left to end with the process, never waited on.
-  if (beat_.joinable()) beat_.join();
+  // `beat` posts "done" first, bounded: with the store's host gone the post waits for the
+  // store client's own timeout, and this rank must end now (its thread ends with the
+  // process). `watch` may sit in such a call too: it is never waited on.
+  const auto until = Clock::now() + state_->interval + std::chrono::milliseconds(1000);
+  while (!beat_done_->load() && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const bool beat_ended = beat_done_->load();
+  if (beat_.joinable()) beat_ended ? beat_.join() : beat_.detach();
   if (judge_.joinable()) judge_.join();
   // A rank that ends with an error of its own (a collective that failed because the
-  // rank another one declared hung was killed) still says what the job died of.
-  if (!state_->failed.load()) {
+  // rank another one declared hung was killed) still says what the job died of, read
+  // over `beat`'s connection (a closed one fails at once), when the store still answered it.
+  if (!state_->failed.load() && beat_ended && state_->beat_store) {
     try {
-      if (!state_->beat_store) state_->beat_store = state_->connect();
       if (state_->beat_store->check({kAbortKey})) {
         const std::string message = text(state_->beat_store->get(kAbortKey));
         std::fprintf(stderr, "mmsp: error: %s\n", message.c_str());

@@ -22,9 +22,13 @@ bool is_loopback(const std::string& addr) {
   return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
 }
 
-std::shared_ptr<::gloo::transport::Device> make_gloo_device(const RankEnv& env) {
+// Where this rank's Gloo listens: GLOO_SOCKET_IFNAME's interface when set; else the
+// address the rendezvous chose (the one that reaches rank 0's host, job_hosts.h); a mesh
+// over a bare store (tests, benches on one host) keeps c10d's own choice.
+std::shared_ptr<::gloo::transport::Device> make_gloo_device(const RankEnv& env, const JobHosts& hosts) {
   if (!env.gloo_interface.empty())
     return c10d::ProcessGroupGloo::createDeviceForInterface(env.gloo_interface);
+  if (hosts.known()) return c10d::ProcessGroupGloo::createDeviceForHostname(hosts.listen_address(env.rank).address);
   if (is_loopback(env.master_addr))
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
@@ -46,8 +50,7 @@ std::string group_name(MeshAxis axis, const plan::RankCoords& c) {
 
 }  // namespace
 
-c10::intrusive_ptr<c10d::Store> Mesh::open_store(const RankEnv& env,
-                                                 std::chrono::milliseconds timeout) {
+Rendezvous Mesh::rendezvous(const RankEnv& env, std::chrono::milliseconds timeout) {
   StartupDeadline deadline(env.rank, timeout,
                            env.master_addr + ":" + std::to_string(env.master_port), "opening the rendezvous");
   return join_rendezvous(env, timeout, {}, &deadline);
@@ -64,14 +67,24 @@ Mesh Mesh::connect(const RankEnv& env, const plan::Mesh& shape, const MeshOption
                            env.master_addr + ":" + std::to_string(env.master_port), "opening the rendezvous");
   AgreedFlags agreed = options.agreed;
   agreed.emplace_back("--dp × --ring × --ulysses (the mesh)", shape.str());
-  auto store = join_rendezvous(env, options.timeout, agreed, &deadline, options.refusal);
+  const Rendezvous met = join_rendezvous(env, options.timeout, agreed, &deadline, options.refusal);
   deadline.stage("connecting the process groups");
-  return create(store, env, shape, options, "mesh");
+  return create(met, env, shape, options, "mesh");
 }
 
 Mesh Mesh::create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env,
                   const plan::Mesh& shape, const MeshOptions& options,
                   const std::string& prefix) {
+  return build(store, env, shape, options, prefix, JobHosts{});
+}
+
+Mesh Mesh::create(const Rendezvous& met, const RankEnv& env, const plan::Mesh& shape,
+                  const MeshOptions& options, const std::string& prefix) {
+  return build(met.store, env, shape, options, prefix, met.hosts);
+}
+
+Mesh Mesh::build(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env, const plan::Mesh& shape,
+                 const MeshOptions& options, const std::string& prefix, const JobHosts& hosts) {
   plan::validate_mesh(shape, env.world_size);
   MMSP_CHECK(options.timeout.count() > 0, "collective timeout must be positive, got ",
              options.timeout.count(), " ms");
@@ -80,15 +93,21 @@ Mesh Mesh::create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& e
   mesh.rank_ = env.rank;
   mesh.coords_ = plan::rank_coords(shape, env.rank);
   mesh.store_ = store;
+  mesh.hosts_ = hosts;
 
   auto gloo_options = c10d::ProcessGroupGloo::Options::create(options.timeout);
-  if (env.world_size > 1) gloo_options->devices.push_back(make_gloo_device(env));
+  if (env.world_size > 1) gloo_options->devices.push_back(make_gloo_device(env, hosts));
   const bool stage = options.gpu_collectives == GpuCollectives::host_staged;
 #ifdef MMSP_WITH_NCCL
   const bool with_nccl = options.gpu_collectives == GpuCollectives::nccl;
   // A failed or timed-out NCCL collective aborts its communicator and raises in wait()
   // (which names the group) instead of hanging; the user's own setting wins.
   if (with_nccl) ::setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", /*overwrite=*/0);
+  // Across hosts NCCL's sockets (its bootstrap, and its data where no InfiniBand is) use
+  // the interface Gloo listens on, which reaches the other hosts; the user's
+  // NCCL_SOCKET_IFNAME wins.
+  if (with_nccl && hosts.spans_hosts() && !hosts.listen_address(env.rank).interface.empty())
+    ::setenv("NCCL_SOCKET_IFNAME", hosts.listen_address(env.rank).interface.c_str(), /*overwrite=*/0);
 #else
   MMSP_CHECK(options.gpu_collectives != GpuCollectives::nccl,
              "NCCL collectives were asked for, but this mmsp was built against a LibTorch without NCCL");

@@ -1,7 +1,8 @@
 // Rendezvous with a run id and a bounded wait for every rank; see rendezvous.h.
 // Keys: "mmsp/run_id" (rank 0), "mmsp/<id>/join/<rank>" (each rank, an add() counter
 // that exposes a rank started twice), "mmsp/<id>/joined" (the count),
-// "mmsp/<id>/failed" (the first verdict of a rank that gave up, read by the others).
+// "mmsp/<id>/failed" (the first verdict of a rank that gave up, read by the others),
+// "mmsp/<id>/host/<rank>" (each rank's host, job_hosts.h).
 #include "mmsp/dist/rendezvous.h"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -48,15 +49,29 @@ std::string run_id_of(const RankEnv& env) {
   return concat(env.master_addr, ":", env.master_port, "/", env.world_size);
 }
 
-c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono::milliseconds timeout,
-                                                const AgreedFlags& flags, StartupDeadline* watchdog,
-                                                const std::string& refusal) {
+Rendezvous join_rendezvous(const RankEnv& env, std::chrono::milliseconds timeout, const AgreedFlags& flags,
+                           StartupDeadline* watchdog, const std::string& refusal_in) {
   const auto deadline = Clock::now() + timeout;
   const auto stage = [watchdog](const char* what) {
     if (watchdog) watchdog->stage(what);
   };
   const std::string where = concat(env.master_addr, ":", env.master_port);
   const std::string id = run_id_of(env);
+  // This rank's host and route, before the store: a GLOO_SOCKET_IFNAME that names no
+  // interface here is this rank's refusal (every rank hears it); a MASTER_ADDR that does
+  // not resolve here is said instead of the store's own error, below.
+  std::string refusal = refusal_in;
+  std::string host_error;
+  RankHost host;
+  try {
+    host = describe_this_rank(env.master_addr, env.master_port, env.gloo_interface);
+  } catch (const Error& e) {
+    host_error = concat("rank ", env.rank, " (host ", this_host().hostname, "): ", e.what());
+    const HostIdentity id_here = this_host();
+    host.key = id_here.key;
+    host.hostname = id_here.hostname;
+    if (refusal.empty()) refusal = e.what();
+  }
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<std::uint16_t>(env.master_port);
   opts.isServer = env.rank == 0;
@@ -69,6 +84,7 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono:
     const compat::QuietC10Log quiet;  // the failure is reported below, in one line
     store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
   } catch (const std::exception& e) {
+    if (!host_error.empty()) throw Error(host_error);
     if (env.rank == 0)
       throw Error(concat("rank 0 could not serve the rendezvous at ", where, ": ", short_message(e),
                          " (is another job using MASTER_PORT ", env.master_port, "? give each job its own port)"));
@@ -78,6 +94,7 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono:
   }
 
   const std::string mine = "mmsp/" + id + "/";
+  Rendezvous met;
   try {
     // The run id: rank 0 writes it, every other rank must find its own there.
     stage("reading the run id from rank 0's store");
@@ -101,6 +118,7 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono:
                " (two jobs with one MASTER_PORT and run id? give each its own port or MMSP_RUN_ID)");
     store->set(mine + "flags/" + std::to_string(env.rank), bytes(encode_flags(flags)));
     store->set(mine + "refusal/" + std::to_string(env.rank), bytes(refusal));
+    store->set(mine + "host/" + std::to_string(env.rank), bytes(encode_rank_host(host)));
     store->add(mine + "joined", 1);
     stage("waiting for every rank to join");
     while (store->add(mine + "joined", 0) < env.world_size) {
@@ -134,8 +152,25 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono:
       const std::string theirs = text(store->get(mine + "refusal/" + std::to_string(r)));
       if (!theirs.empty()) disagreement = concat("rank ", r, " cannot start: ", theirs);
     }
+    // Every rank's host: the same records give the same listening addresses, or the same
+    // refusal, on every rank; the flags' message then says where each rank is.
+    std::vector<RankHost> hosts(static_cast<size_t>(env.world_size));
+    std::string host_verdict;
+    for (int r = 0; r < env.world_size && host_verdict.empty(); ++r)
+      if (!decode_rank_host(text(store->get(mine + "host/" + std::to_string(r))), hosts[static_cast<size_t>(r)]))
+        host_verdict = concat("rank ", r, " sent an unreadable host record (another mmsp version?)");
+    if (host_verdict.empty()) {
+      try {
+        met.hosts = JobHosts(std::move(hosts));
+      } catch (const Error& e) {
+        host_verdict = e.what();
+      }
+    }
+    const JobHosts& named = met.hosts;
+    if (disagreement.empty())
+      disagreement = flag_disagreement(all, [&named](const std::vector<int>& ranks) { return named.name_ranks(ranks); });
+    if (disagreement.empty()) disagreement = host_verdict;
     store->add(mine + "flags_read", 1);
-    if (disagreement.empty()) disagreement = flag_disagreement(all);
     if (!disagreement.empty()) {
       // Rank 0 serves the store until every rank has read the flags (bounded).
       if (env.rank == 0) {
@@ -151,7 +186,8 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono:
     throw Error(concat("rank ", env.rank, " lost the rendezvous at ", where,
                        " before every rank joined (rank 0 ended?): ", short_message(e)));
   }
-  return store;
+  met.store = store;
+  return met;
 }
 
 }  // namespace mmsp::dist

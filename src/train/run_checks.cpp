@@ -11,6 +11,7 @@
 #include <ostream>
 #include <vector>
 
+#include "mmsp/attention/fused_attention.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/vision_mode.h"
 
@@ -92,7 +93,9 @@ void probe_out_dir(const std::string& dir) {
   char host[128] = {};
   ::gethostname(host, sizeof host - 1);
   const std::string probe = dir + "/.out-probe-" + host + ".tmp-" + std::to_string(::getpid());
-  const int fd = ::open(probe.c_str(), O_CREAT | O_WRONLY | O_TRUNC | O_CLOEXEC, 0644);
+  // O_EXCL | O_NOFOLLOW: the name is predictable; a file or link planted there is never written through.
+  ::unlink(probe.c_str());
+  const int fd = ::open(probe.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_NOFOLLOW | O_CLOEXEC, 0644);
   const int error = errno;
   MMSP_CHECK(fd >= 0, "--out ", dir, " is not writable: ", std::strerror(error),
              " (metrics and checkpoints go there; give a directory this rank can write)");
@@ -103,11 +106,24 @@ void probe_out_dir(const std::string& dir) {
   MMSP_CHECK(wrote, "--out ", dir, " is not writable: ", std::strerror(write_error));
 }
 
+namespace {
+// --attention-kernel as it resolves: auto runs mmsp's blockwise kernel on the CPU, so
+// "auto" and "blockwise" agree there; on CUDA auto stays itself (it picks per dtype).
+std::string resolved_attention_kernel(const TrainOptions& o) {
+  const attention::AttentionKernel kernel = attention::parse_attention_kernel(o.attention_kernel);
+  if (kernel == attention::AttentionKernel::automatic && !o.device.is_cuda()) return "blockwise";
+  return attention::attention_kernel_name(kernel);
+}
+}  // namespace
+
 dist::AgreedFlags agreed_flags(const TrainOptions& o) {
   using dist::exact_number;
   const auto n = [](int64_t v) { return std::to_string(v); };
   const auto& t = o.test;
-  return {{"--model", o.model},
+  // --model and --resume are agreed by content once loaded (loaded_inputs.h): per-host
+  // copies may sit at other paths. --out by path: it must be one directory every host
+  // sees (check_out_shared), given on every rank or none.
+  return {{"--out", o.out},
           {"--data", o.data},
           {"--shapes-samples", n(o.shapes_samples)},
           {"--blank-images", o.blank_images ? "yes" : "no"},
@@ -122,7 +138,7 @@ dist::AgreedFlags agreed_flags(const TrainOptions& o) {
           {"--placement", plan::to_string(o.placement)},
           {"--vision-split", plan::to_string(o.vision_split)},
           {"--attention-block", n(o.attention_block)},
-          {"--attention-kernel", o.attention_kernel},
+          {"--attention-kernel", resolved_attention_kernel(o)},
           {"--loss-chunk", n(o.loss_chunk)},
           {"--checkpoint-activations", model::to_string(o.checkpoint_activations)},
           {"--steps", n(o.steps)},

@@ -13,6 +13,9 @@
 #include "mmsp/dist/flag_agreement.h"
 #include "mmsp/dist/startup_deadline.h"
 #include "mmsp/dist/group.h"
+#include "mmsp/dist/heartbeat.h"
+#include "mmsp/dist/host_network.h"
+#include "mmsp/dist/job_hosts.h"
 #include "mmsp/plan/mesh.h"
 #include "mmsp/dist/rank_device.h"
 #include "mmsp/dist/rank_env.h"
@@ -277,4 +280,137 @@ TEST(StartupDeadlineDeathTest, StillArmedAtItsDeadlineItEndsTheProcessNamingTheS
       },
       ::testing::ExitedWithCode(kStartupExitCode),
       "rank 3: start-up did not finish within 0.1 s: still testing the deadline at h:1");
+}
+
+// --- the job's hosts (job_hosts.h): every rank's listening address, chosen alike ---------
+
+namespace {
+InterfaceAddress address(const std::string& interface, const std::string& addr, int prefix, bool loopback = false) {
+  InterfaceAddress a;
+  a.interface = interface;
+  a.address = addr;
+  a.prefix_length = prefix;
+  a.loopback = loopback;
+  return a;
+}
+// Two ranks on host "node0" (10.9.0.1 on veth0), two on "node1" (10.9.0.2 on veth1).
+std::vector<RankHost> two_hosts() {
+  std::vector<RankHost> ranks(4);
+  for (int r = 0; r < 4; ++r) {
+    const int h = r / 2;
+    ranks[r].key = "boot/" + std::to_string(4026531840 + h);
+    ranks[r].hostname = "node" + std::to_string(h);
+    ranks[r].route = address("veth" + std::to_string(h), "10.9.0." + std::to_string(h + 1), 24);
+    ranks[r].interfaces = {address("veth" + std::to_string(h), "10.9.0." + std::to_string(h + 1), 24),
+                           address("eth0", "192.168.7." + std::to_string(h + 1), 16)};
+  }
+  return ranks;
+}
+}  // namespace
+
+TEST(JobHosts, RecordsRoundTripAnyBytesAndRefuseDamage) {
+  RankHost h = two_hosts()[3];
+  h.hostname = std::string("odd\0name:7:", 12);
+  h.interface_from_env = true;
+  RankHost back;
+  ASSERT_TRUE(decode_rank_host(encode_rank_host(h), back));
+  EXPECT_EQ(back.key, h.key);
+  EXPECT_EQ(back.hostname, h.hostname);
+  EXPECT_EQ(back.route.address, "10.9.0.2");
+  EXPECT_EQ(back.route.prefix_length, 24);
+  EXPECT_TRUE(back.interface_from_env);
+  ASSERT_EQ(back.interfaces.size(), 2u);
+  EXPECT_EQ(back.interfaces[1].address, "192.168.7.2");
+  const std::string text = encode_rank_host(h);
+  for (size_t cut = 0; cut < text.size(); ++cut) EXPECT_FALSE(decode_rank_host(text.substr(0, cut), back)) << cut;
+}
+
+TEST(JobHosts, OneHostKeepsEveryRouteLoopbackIncluded) {
+  std::vector<RankHost> ranks(3);
+  for (auto& r : ranks) r.key = "boot/1", r.hostname = "box", r.route = address("lo", "127.0.0.1", 8, true);
+  const JobHosts hosts(ranks);
+  EXPECT_FALSE(hosts.spans_hosts());
+  EXPECT_EQ(hosts.listen_address(2).address, "127.0.0.1");
+  EXPECT_EQ(hosts.name_ranks({1, 2}), "ranks 1, 2");  // one host: messages as before
+}
+
+TEST(JobHosts, TwoHostsNameEachRanksHost) {
+  const JobHosts hosts(two_hosts());
+  EXPECT_TRUE(hosts.spans_hosts());
+  EXPECT_EQ(hosts.host_count(), 2);
+  EXPECT_EQ(hosts.ranks_on_host_of(3), (std::vector<int>{2, 3}));
+  EXPECT_EQ(hosts.name_ranks({2, 3}), "ranks 2, 3 on host node1 (10.9.0.2)");
+  EXPECT_EQ(hosts.name_ranks({3, 0}), "rank 3 on host node1 (10.9.0.2) and rank 0 on host node0 (10.9.0.1)");
+  EXPECT_EQ(hosts.summary(), "2 hosts: node0 (10.9.0.1 on veth0): ranks 0, 1; node1 (10.9.0.2 on veth1): ranks 2, 3");
+}
+
+TEST(JobHosts, ALoopbackRouteAcrossHostsTakesTheInterfaceOnTheOtherHostsNetwork) {
+  // Debian's /etc/hosts maps the host's own name to 127.0.1.1: rank 0's host reaches
+  // MASTER_ADDR (its own name) over loopback. Its interface on node1's network is chosen.
+  std::vector<RankHost> ranks = two_hosts();
+  ranks[0].route = ranks[1].route = address("lo", "127.0.1.1", 8, true);
+  const JobHosts hosts(ranks);
+  EXPECT_EQ(hosts.listen_address(0).address, "10.9.0.1");
+  EXPECT_EQ(hosts.listen_address(1).interface, "veth0");
+  EXPECT_EQ(hosts.listen_address(2).address, "10.9.0.2");
+}
+
+TEST(JobHosts, ALoopbackThatCannotReachTheOtherHostsIsRefusedAlikeOnEveryRank) {
+  std::vector<RankHost> ranks = two_hosts();
+  ranks[2].route = ranks[3].route = address("lo", "127.0.0.1", 8, true);
+  ranks[2].interfaces = ranks[3].interfaces = {address("wlan0", "172.16.0.9", 24)};  // not node0's network
+  expect_error([&] { JobHosts{ranks}; },
+               "rank 2 cannot start: it reaches MASTER_ADDR over loopback (127.0.0.1: rank 0's host name resolves to "
+               "a loopback address on host node1");
+  ranks = two_hosts();
+  ranks[3].route = address("lo", "127.0.0.1", 8, true);
+  ranks[3].interface_from_env = true;
+  expect_error([&] { JobHosts{ranks}; },
+               "rank 3 cannot start: GLOO_SOCKET_IFNAME=lo is a loopback interface, but the job's ranks are on 2 hosts "
+               "(node0: ranks 0, 1; node1: ranks 2, 3), which cannot connect to another host's loopback; set "
+               "GLOO_SOCKET_IFNAME on host node1 to the interface that reaches the other hosts (here veth1, 10.9.0.2, "
+               "is on host node0's network), or unset it");
+}
+
+TEST(HostNetwork, AddressesNetworksAndThisHost) {
+  EXPECT_TRUE(is_loopback_address("127.0.1.1"));
+  EXPECT_TRUE(is_loopback_address("::1"));
+  EXPECT_FALSE(is_loopback_address("10.0.0.1"));
+  EXPECT_FALSE(is_loopback_address("node0"));  // names are not numeric addresses
+  EXPECT_TRUE(same_network(address("e", "10.9.0.1", 24), "10.9.0.200"));
+  EXPECT_FALSE(same_network(address("e", "10.9.0.1", 24), "10.9.1.2"));
+  EXPECT_TRUE(same_network(address("e", "10.9.0.1", 15), "10.8.3.4"));
+  EXPECT_FALSE(same_network(address("e", "10.9.0.1", 24), "fd00::1"));
+  EXPECT_TRUE(same_network(address("e", "fd00:1::5", 64), "fd00:1::9"));
+  const HostIdentity me = this_host();
+  EXPECT_FALSE(me.key.empty());
+  EXPECT_EQ(me.key, this_host().key);
+  // The loopback route: what a one-host job (MASTER_ADDR 127.0.0.1) listens on.
+  const InterfaceAddress lo = local_address_towards("127.0.0.1", 29500);
+  EXPECT_EQ(lo.address, "127.0.0.1");
+  EXPECT_TRUE(lo.loopback);
+  expect_error([] { address_of_interface("no-such-nic0"); },
+               "GLOO_SOCKET_IFNAME=no-such-nic0: this host has no interface of that name");
+  expect_error([] { local_address_towards("no-such-host.invalid", 1); },
+               "MASTER_ADDR 'no-such-host.invalid' does not resolve on this host");
+}
+
+TEST(HeartbeatMessage, AHostCutOffIsNamedAsOne) {
+  const JobHosts hosts(two_hosts());
+  HeartbeatValue last{12, 7, "forward"};
+  EXPECT_EQ(heartbeat_failure_message({2, 3}, 10.44, last, hosts),
+            "ranks 2, 3 on host node1 (10.9.0.2) have not answered for 10.4 s (last seen in step 7, phase forward); "
+            "they are stopped, wedged or unreachable (every rank of host node1 (10.9.0.2): the host is down, stopped "
+            "or cut off from the network). The job is ended (--heartbeat-timeout)");
+  EXPECT_EQ(heartbeat_failure_message(2, 3.25, last),
+            "rank 2 has not answered for 3.2 s (last seen in step 7, phase forward); it is stopped, wedged or "
+            "unreachable. The job is ended (--heartbeat-timeout)");
+}
+
+TEST(FlagAgreement, ValueDifferencesNameTheRanksHosts) {
+  const JobHosts hosts(two_hosts());
+  const std::vector<AgreedFlags> per_rank = {{{"--out", "runs/a"}}, {{"--out", "runs/a"}}, {{"--out", ""}}, {{"--out", ""}}};
+  EXPECT_EQ(value_disagreement(per_rank, [&](const std::vector<int>& r) { return hosts.name_ranks(r); }),
+            "--out is runs/a on ranks 0, 1 on host node0 (10.9.0.1) and (unset) on ranks 2, 3 on host node1 (10.9.0.2)");
+  EXPECT_EQ(value_disagreement(per_rank), "--out is runs/a on ranks 0, 1 and (unset) on ranks 2, 3");
 }

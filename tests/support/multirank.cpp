@@ -8,7 +8,7 @@
 namespace mmsp::test {
 namespace {
 dist::RankEnv g_env;
-c10::intrusive_ptr<c10d::Store> g_store;
+dist::Rendezvous g_met;
 int g_mesh_counter = 0;
 }  // namespace
 
@@ -16,7 +16,7 @@ void init_multirank() {
   at::set_num_threads(1);
   g_env = dist::rank_env_from(dist::process_environment());
   // Alone, the multi-rank suites run as one rank: its groups never touch a store.
-  if (g_env.world_size > 1) g_store = dist::Mesh::open_store(g_env, std::chrono::seconds(60));
+  if (g_env.world_size > 1) g_met = dist::Mesh::rendezvous(g_env, std::chrono::seconds(60));
 }
 
 const dist::RankEnv& rank_env() { return g_env; }
@@ -25,7 +25,7 @@ dist::Mesh make_mesh(const plan::Mesh& shape, dist::GpuCollectives gpu) {
   dist::MeshOptions options;
   options.gpu_collectives = gpu;
   options.timeout = std::chrono::seconds(60);
-  return dist::Mesh::create(g_store, g_env, shape, options,
+  return dist::Mesh::create(g_met, g_env, shape, options,
                             "test-mesh-" + std::to_string(g_mesh_counter++));
 }
 

@@ -32,4 +32,11 @@ class QuietC10Log {
   bool active_;
 };
 
+// For the rest of the process: a rank whose heartbeat lost the job's store reports that
+// itself (heartbeat.h); every later store call would log the same c10 warning with its
+// backtrace again. TORCH_CPP_LOG_LEVEL, when set, wins.
+inline void quiet_c10_log_from_now() {
+  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = 3;  // FATAL only
+}
+
 }  // namespace mmsp::compat

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "mmsp/dist/job_hosts.h"
 #include "mmsp/dist/rank_env.h"
 
 namespace mmsp::dist {
@@ -46,6 +47,9 @@ struct HeartbeatOptions {
   // How often a rank beats and reads the others' beats; 0: timeout / 10, within
   // [50 ms, 1 s].
   std::chrono::milliseconds interval{0};
+  // Every rank's host (Mesh::hosts()): in a job that spans hosts, messages say where the
+  // silent ranks are, and a host cut off is named as one.
+  JobHosts hosts;
 };
 
 // What a heartbeat key holds: "<beats> <step> <phase>", or "<beats> <step> done".
@@ -58,8 +62,17 @@ std::string encode_heartbeat(const HeartbeatValue& value);
 // Anything malformed gives beats = -1 (a damaged key counts as no beat).
 HeartbeatValue decode_heartbeat(const std::string& text);
 
-// "rank 2 has not answered for 3.4 s (last seen in step 7, phase forward)"
+// "rank 2 has not answered for 3.4 s (last seen in step 7, phase forward); ..."; several
+// ranks of one host: "ranks 2, 3 on host node1 (10.0.0.2) have not answered ...".
 std::string heartbeat_failure_message(int rank, double seconds, const HeartbeatValue& last);
+std::string heartbeat_failure_message(const std::vector<int>& ranks, double seconds, const HeartbeatValue& last,
+                                      const JobHosts& hosts);
+
+// What the heartbeat knows of peers that are gone (Heartbeat::silent_peers).
+struct SilentPeers {
+  std::vector<int> ranks;   // silent during the window (or, when store_lost, rank 0's host's ranks)
+  bool store_lost = false;  // the job's store (rank 0's host) did not answer during the window
+};
 
 class Heartbeat {
  public:
@@ -90,7 +103,12 @@ class Heartbeat {
   // interval for the watcher to catch up with beats posted before a death) and
   // that did not return: the ones that died (SIGKILL, a crash) or hung, to name when a
   // collective failed because a peer is gone and no launcher says which.
-  std::vector<int> silent_peers(std::chrono::milliseconds window) const;
+  // When the store itself did not answer during the window, the peers cannot be told
+  // apart: the answer is rank 0's host (its ranks), with store_lost set.
+  SilentPeers silent_peers(std::chrono::milliseconds window) const;
+  // "ranks 2, 3 stopped answering ...": the sentence naming what silent_peers found
+  // (their host in a job that spans hosts), "" when it found none.
+  std::string name_silent(const SilentPeers& silent) const;
   // The longest a peer's heartbeat stood still, as this rank saw it (seconds; 0 for
   // one rank): timeout_seconds() / this is the margin before a false alarm.
   double largest_gap_seconds() const;
@@ -101,6 +119,9 @@ class Heartbeat {
   struct State;
   std::shared_ptr<State> state_;
   std::thread beat_, watch_, judge_;
+  // Set by `beat` as it ends: the destructor waits for it a bounded time only (its last
+  // post may wait for a store whose host is gone).
+  std::shared_ptr<std::atomic<bool>> beat_done_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 }  // namespace mmsp::dist

@@ -10,8 +10,10 @@
 #include "mmsp/dist/comm_stats.h"
 #include "mmsp/dist/flag_agreement.h"
 #include "mmsp/dist/group.h"
+#include "mmsp/dist/job_hosts.h"
 #include "mmsp/dist/rank_device.h"
 #include "mmsp/dist/rank_env.h"
+#include "mmsp/dist/rendezvous.h"
 #include "mmsp/plan/mesh.h"
 
 namespace c10d {
@@ -65,6 +67,10 @@ class Mesh {
   static Mesh create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env,
                      const plan::Mesh& shape, const MeshOptions& options,
                      const std::string& prefix);
+  // The same over the ranks' rendezvous: each rank's Gloo listens on the address the
+  // rendezvous chose for it (job_hosts.h), and the mesh knows every rank's host.
+  static Mesh create(const Rendezvous& met, const RankEnv& env, const plan::Mesh& shape,
+                     const MeshOptions& options, const std::string& prefix);
 
   // A one-rank mesh (1 × 1 × 1) that needs no store: the single-process reference
   // of a distributed computation, run inside a multi-rank job.
@@ -72,8 +78,7 @@ class Mesh {
 
   // Opens the job's TCPStore (rank 0 serves it) and waits for every rank of the
   // same run (join_rendezvous in rendezvous.h).
-  static c10::intrusive_ptr<c10d::Store> open_store(const RankEnv& env,
-                                                    std::chrono::milliseconds timeout);
+  static Rendezvous rendezvous(const RankEnv& env, std::chrono::milliseconds timeout);
 
   const plan::Mesh& shape() const { return shape_; }
   const plan::RankCoords& coords() const { return coords_; }
@@ -92,13 +97,21 @@ class Mesh {
 
   const MeshStats& stats() const { return stats_; }
 
+  // Every rank's host (empty for one rank or a mesh made over a bare store): messages
+  // name a lost rank's host with it.
+  const JobHosts& hosts() const { return hosts_; }
+
  private:
+  static Mesh build(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env, const plan::Mesh& shape,
+                    const MeshOptions& options, const std::string& prefix, const JobHosts& hosts);
+
   plan::Mesh shape_;
   plan::RankCoords coords_;
   int rank_ = 0;
   MeshStats stats_;
   GroupPtr groups_[5];  // indexed by MeshAxis
   c10::intrusive_ptr<c10d::Store> store_;
+  JobHosts hosts_;
 };
 
 }  // namespace mmsp::dist

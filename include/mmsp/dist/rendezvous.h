@@ -10,6 +10,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include "mmsp/dist/flag_agreement.h"
+#include "mmsp/dist/job_hosts.h"
 #include "mmsp/dist/rank_env.h"
 
 namespace c10d {
@@ -24,6 +25,13 @@ class StartupDeadline;
 // "MASTER_ADDR:MASTER_PORT/WORLD_SIZE".
 std::string run_id_of(const RankEnv& env);
 
+// What the ranks have once they have met: rank 0's store, and every rank's host with the
+// address its Gloo listens on (job_hosts.h).
+struct Rendezvous {
+  c10::intrusive_ptr<c10d::Store> store;
+  JobHosts hosts;
+};
+
 // Opens the TCPStore at env.master_addr:env.master_port (rank 0 serves it), checks the
 // run id that rank 0 wrote there against this rank's, registers this rank, and returns
 // once all env.world_size ranks have registered. Everything ends within `timeout` of
@@ -36,7 +44,10 @@ std::string run_id_of(const RankEnv& env);
 // `deadline` (optional) is told each stage, for its message if the store stops answering.
 // A non-empty `refusal` (this rank cannot start) ends every rank, once all have joined,
 // with "rank R cannot start: <refusal>" (the lowest such rank's).
-c10::intrusive_ptr<c10d::Store> join_rendezvous(const RankEnv& env, std::chrono::milliseconds timeout,
+// Each rank also posts its host (job_hosts.h): a rank whose GLOO_SOCKET_IFNAME names no
+// interface here is refused the same way, and in a job that spans hosts a rank that
+// could listen only on loopback is refused on every rank, naming the interface to use.
+Rendezvous join_rendezvous(const RankEnv& env, std::chrono::milliseconds timeout,
                                                 const AgreedFlags& flags = {},
                                                 StartupDeadline* deadline = nullptr,
                                                 const std::string& refusal = "");

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "mmsp/core/check.h"
+#include "mmsp/dist/store_agreement.h"
 
 namespace mmsp::train {
 namespace {
@@ -66,6 +67,44 @@ std::vector<std::string> previous_run_files(const std::string& out) {
   return found;
 }
 
+bool resumes_from_nothing(const std::string& out, const std::string& resume) {
+  if (out.empty() || resume.empty()) return false;
+  std::error_code ec;
+  const fs::path o = fs::weakly_canonical(out, ec);
+  if (ec || fs::weakly_canonical(resume, ec) != o || ec) return false;
+  for (const std::string& f : previous_run_files(out))
+    if (f.rfind("metrics.jsonl", 0) != 0) return false;  // a step dir or `latest`: a checkpoint to resume
+  return true;
+}
+
+void check_out_shared(const std::string& out, const dist::Mesh& mesh) {
+  if (out.empty() || !mesh.store() || !mesh.hosts().spans_hosts()) return;
+  // What this rank finds at OUT/.mmsp-lock: rank 0's note ("pid … on host, since …").
+  std::string seen = "nothing there";
+  const std::string path = (fs::path(out) / kLockFile).string();
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) {
+    seen = owner_of(fd);
+    ::close(fd);
+  }
+  const std::vector<dist::AgreedFlags> all = dist::exchange_through_store(
+      *mesh.store(), "out-directory", mesh.rank(), mesh.world_size(), mesh.world()->timeout(),
+      {{"the lock note in --out", seen}});
+  std::vector<int> elsewhere;
+  std::string their;
+  for (int r = 1; r < mesh.world_size(); ++r)
+    if (all[static_cast<size_t>(r)] != all[0]) {
+      elsewhere.push_back(r);
+      if (their.empty() && !all[static_cast<size_t>(r)].empty()) their = all[static_cast<size_t>(r)][0].second;
+    }
+  MMSP_CHECK(elsewhere.empty(), "--out ", out, " is not one directory shared by the job's hosts: ",
+             mesh.hosts().name_ranks(elsewhere), " do not see there the lock file rank 0 wrote on ",
+             mesh.hosts().name_host_of(0), " (they find: ", their,
+             "). Checkpoints are written there by rank 0 (with --shard, every rank writes its part) and read by "
+             "every rank on --resume: give --out a directory every host mounts at that path (NFS, Lustre, a "
+             "cloud file system), or run without --out; stopped before the first collective");
+}
+
 RunDirectoryLock RunDirectoryLock::claim(const std::string& out, const std::string& resume, bool overwrite) {
   RunDirectoryLock lock;
   if (out.empty()) return lock;
@@ -73,9 +112,12 @@ RunDirectoryLock RunDirectoryLock::claim(const std::string& out, const std::stri
   fs::create_directories(out, ec);
   MMSP_CHECK(!ec, "--out ", out, ": cannot create the directory: ", ec.message());
   const std::string path = (fs::path(out) / kLockFile).string();
-  lock.fd_ = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  // O_NOFOLLOW: a symlink planted as the lock file is refused, never followed to the file
+  // it names (which the owner note below would overwrite).
+  lock.fd_ = ::open(path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0644);
   const int open_error = errno;
-  MMSP_CHECK(lock.fd_ >= 0, "--out ", out, ": cannot open its lock file ", path, ": ", std::strerror(open_error));
+  MMSP_CHECK(lock.fd_ >= 0, "--out ", out, ": cannot open its lock file ", path, ": ", std::strerror(open_error),
+             open_error == ELOOP ? " (it is a symbolic link; mmsp locks only a file of its own: remove the link)" : "");
   if (::flock(lock.fd_, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     MMSP_CHECK(error != EWOULDBLOCK, "--out ", out, " is in use by another job (", owner_of(lock.fd_),
@@ -93,6 +135,15 @@ RunDirectoryLock RunDirectoryLock::claim(const std::string& out, const std::stri
     // The lock holds without the note; only the next job's message is poorer.
   }
 
+  // The metrics file is appended to by rank 0 (opened with O_NOFOLLOW there too): a link
+  // in its place is refused now, before any step, rather than at the first line
+  // (--overwrite deletes it as a link, below).
+  const fs::path metrics = fs::path(out) / "metrics.jsonl";
+  if (fs::is_symlink(metrics, ec)) {
+    MMSP_CHECK(overwrite, "--out ", out, ": metrics.jsonl is a symbolic link; mmsp writes its metrics only to a file ",
+               "of its own (remove the link, or pass --overwrite, which removes it and never its target)");
+    fs::remove(metrics, ec);  // the link itself
+  }
   const std::vector<std::string> previous = previous_run_files(out);
   if (previous.empty() || (!resume.empty() && resumes_inside(out, resume))) return lock;
   std::string listing;

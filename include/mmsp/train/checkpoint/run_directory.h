@@ -10,10 +10,27 @@
 #include <string>
 #include <vector>
 
+#include "mmsp/dist/mesh.h"
+
 namespace mmsp::train {
 
 // What a previous run left in a directory: "metrics.jsonl (40 lines)", "step-000040", "latest".
 std::vector<std::string> previous_run_files(const std::string& out);
+
+// A requeued job (Slurm's --requeue, a retry loop) always passes --resume OUT: true when
+// `resume` is `out` itself and `out` holds no checkpoint yet (nothing, or only the lock
+// and metrics of the same job stopped before its first save): the run starts at step 1.
+// A --resume that names anything else and holds no checkpoint stays an error.
+bool resumes_from_nothing(const std::string& out, const std::string& resume);
+
+// In a job whose ranks span hosts, --out must be one directory that every host sees:
+// rank 0 writes the checkpoints there, with --shard every rank writes its optimizer part
+// there, and on --resume every rank reads them. Every rank reads the note rank 0 wrote
+// in its lock file (RunDirectoryLock::claim, before the rendezvous) and the ranks compare
+// through the store; a host that sees another note, or none, is refused on every rank,
+// naming it and the missing shared storage, before the first collective. No-op on one
+// host or without --out.
+void check_out_shared(const std::string& out, const dist::Mesh& mesh);
 
 class RunDirectoryLock {
  public:
