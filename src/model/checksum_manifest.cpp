@@ -48,10 +48,11 @@ std::string checksum_manifest_json(const ChecksumManifest& files) {
   return j.dump(2) + "\n";
 }
 
-ManifestCheck verify_checksum_manifest(const std::string& dir) {
+ManifestVerdict verify_checksum_manifest(const std::string& dir) {
+  ManifestVerdict verdict;
   const std::string path = dir + "/" + kChecksumFile;
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return ManifestCheck::absent;
+  if (::stat(path.c_str(), &st) != 0) return verdict;
   const nlohmann::json j = read_json_file(path);
   MMSP_CHECK(j.is_object(), path, ": must be a JSON object (corrupted?)");
   const int64_t version = json_int(j, "format_version", path, 1, 1'000'000);
@@ -65,6 +66,7 @@ ManifestCheck verify_checksum_manifest(const std::string& dir) {
     rest.erase("manifest_xxh64");
     MMSP_CHECK(XxHash64::hex(XxHash64::of(rest.dump())) == j["manifest_xxh64"].get<std::string>(), path,
                ": damaged: its own checksum (manifest_xxh64) does not match its content; use another checkpoint");
+    verdict.manifest_xxh64 = j["manifest_xxh64"].get<std::string>();
   }
   MMSP_CHECK(j.contains("algorithm") && j["algorithm"] == "xxh64", path, ": algorithm ",
              j.contains("algorithm") ? j["algorithm"].dump() : "(missing)", " is not \"xxh64\"");
@@ -87,8 +89,17 @@ ManifestCheck verify_checksum_manifest(const std::string& dir) {
     MMSP_CHECK(XxHash64::hex(actual.xxh64) == hex, file, ": checksum mismatch (xxh64 ", XxHash64::hex(actual.xxh64),
                ", but ", path, " records ", hex,
                "): the file is corrupted; use another checkpoint (an earlier step-*) or the original files");
+    verdict.files.insert(name);
   }
-  return ManifestCheck::verified;
+  verdict.check = ManifestCheck::verified;
+  return verdict;
+}
+
+void check_listed(const ManifestVerdict& verdict, const std::string& dir, const std::string& file) {
+  if (verdict.check != ManifestCheck::verified) return;
+  MMSP_CHECK(verdict.files.count(file) > 0, dir, "/", file, " is not listed in ", dir, "/", kChecksumFile,
+             ", which lists every file of the save: it was added or renamed afterwards and would be loaded "
+             "unverified; remove it, or restore the directory as it was saved");
 }
 
 }  // namespace mmsp::model

@@ -216,10 +216,13 @@ HfDirectory open_hf_directory(const std::string& dir) {
   out.path = dir;
   // checksums.json (mmsp writes one into every hf/; released directories have none):
   // every file it lists is verified before anything is parsed.
-  out.checksums_verified = verify_checksum_manifest(dir) == ManifestCheck::verified;
+  const ManifestVerdict manifest = verify_checksum_manifest(dir);
+  out.checksums_verified = manifest.check == ManifestCheck::verified;
+  out.checksums_xxh64 = manifest.manifest_xxh64;
   const std::string config_path = join(dir, kHfConfigFile);
   MMSP_CHECK(is_regular_file(config_path), dir, ": has no ", kHfConfigFile,
              " (not a Hugging Face model directory)");
+  check_listed(manifest, dir, kHfConfigFile);
   out.config_json = read_text(config_path);
 
   const std::string index_path = join(dir, kHfIndexFile);
@@ -227,6 +230,7 @@ HfDirectory open_hf_directory(const std::string& dir) {
   // Both a single file and an index: transformers loads model.safetensors, so does mmsp
   // (reading the index would load other weights than transformers from one directory).
   if (is_regular_file(index_path) && !is_regular_file(join(dir, kHfSingleFile))) {
+    check_listed(manifest, dir, kHfIndexFile);
     index = parse_index(index_path);
     std::set<std::string> files;
     for (const auto& [name, file] : index->weight_map) files.insert(file);
@@ -248,6 +252,7 @@ HfDirectory open_hf_directory(const std::string& dir) {
     MMSP_CHECK(S_ISREG(shard.st_mode), dir, ": shard file ", file, " is not a regular file (",
                S_ISDIR(shard.st_mode) ? "a directory" : S_ISFIFO(shard.st_mode) ? "a FIFO" : "a device or socket",
                "); a shard must be a safetensors file");
+    check_listed(manifest, dir, file);
     const SafetensorsHeader header = read_safetensors_header(path);
     for (const auto& [name, entry] : header.tensors) {
       const auto [it, fresh] = first_file.emplace(name, file);

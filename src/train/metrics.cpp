@@ -1,6 +1,7 @@
 // Step metrics as text and JSON lines; see metrics.h.
 #include "mmsp/train/metrics.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -106,7 +107,13 @@ MetricsWriter::~MetricsWriter() {
 // file. A last line without its newline (a crash mid-write) is cut off first: the step
 // it belonged to is repeated by the resumed run, and every reader then sees whole lines.
 void MetricsWriter::open() {
-  file_ = std::fopen(path_.c_str(), "a+");
+  // O_NOFOLLOW: a symlink planted at the metrics path is refused, never written through.
+  const int fd = ::open(path_.c_str(), O_RDWR | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  const int open_error = errno;
+  MMSP_CHECK(fd >= 0, path_, ": cannot open the metrics file for appending: ", std::strerror(open_error),
+             open_error == ELOOP ? " (it is a symbolic link: mmsp writes its metrics only to a file of its own)" : "");
+  file_ = ::fdopen(fd, "a+");
+  if (!file_) ::close(fd);
   MMSP_CHECK(file_ != nullptr, path_, ": cannot open the metrics file for appending: ", std::strerror(errno));
   MMSP_CHECK(std::fseek(file_, 0, SEEK_END) == 0, path_, ": cannot seek: ", std::strerror(errno));
   long size = std::ftell(file_);

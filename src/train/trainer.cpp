@@ -29,6 +29,8 @@
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/builtin_models.h"
 #include "mmsp/train/checkpoint/checkpoint.h"
+#include "mmsp/train/checkpoint/run_directory.h"
+#include "mmsp/train/loaded_inputs.h"
 #include "mmsp/train/loss/chunked_loss.h"
 #include "mmsp/train/optim/grad_clip.h"
 #include "mmsp/train/optim/grad_sync.h"
@@ -213,6 +215,10 @@ struct RunInputs {
   std::unique_ptr<Dataset> data;
   int rows = 1;  // rows of the packer (TrainOptions::data_rows)
   std::unique_ptr<StepPacker> packer;
+  // --resume's checkpoint, verified (none for a fresh run, and for a requeued job's
+  // --resume of its own --out that holds no checkpoint yet: it starts afresh).
+  std::optional<Checkpoint> checkpoint;
+  std::string resume_note;  // said by rank 0 when --resume found nothing to resume
 };
 
 // Everything that can be wrong with the options, the model or the data fails here, on
@@ -250,6 +256,14 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   in.packer = std::make_unique<StepPacker>(*in.data, packing);
   if (const auto* jsonl = dynamic_cast<const JsonlDataset*>(in.data.get()))
     jsonl->check_lengths(in.packer->row_limit());
+  if (resumes_from_nothing(o.out, o.resume)) {
+    in.resume_note = "--resume " + o.resume + " holds no checkpoint yet (the job stopped before its first save): "
+                     "this run starts from step 1";
+  } else if (!o.resume.empty()) {
+    // Every file verified before any is parsed; read before the model is built, so that
+    // the ranks can agree on what they load before the first collective.
+    in.checkpoint = load_checkpoint(o.resume);
+  }
   return in;
 }
 
@@ -263,7 +277,7 @@ struct Trainable {
 Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh) {
   at::manual_seed(static_cast<int64_t>(o.seed));  // identical replicas on every rank
   // Weights about to be loaded (a model directory, a checkpoint) need no random draw.
-  const bool loading = in.resolved.weights || !o.resume.empty();
+  const bool loading = in.resolved.weights || in.checkpoint.has_value();
   Trainable t;
   t.vlm = build_vlm(in.resolved.config, loading ? model::ParameterInit::uninitialised : model::ParameterInit::random,
                     in.dtype);
@@ -281,7 +295,7 @@ Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist
   t.update = make_weight_update(in.shard_level, model_params, master_dtype_of(in.dtype), adamw, mesh,
                                 t.vlm->hook_units());
   t.vlm->set_layer_hooks(t.update->layer_hooks());
-  if (in.resolved.weights && o.resume.empty())  // a resume reads the checkpoint's weights instead
+  if (in.resolved.weights && !in.checkpoint)  // a resume reads the checkpoint's weights instead
     t.update->load_weights(*in.resolved.weights, in.naming);
   return t;
 }
@@ -296,9 +310,10 @@ struct ResumePoint {
 ResumePoint resume_run(const TrainOptions& o, const RunInputs& in, WeightUpdate& update, const dist::Mesh& mesh,
                        std::ostream& log) {
   ResumePoint point;
-  if (o.resume.empty()) return point;
   const bool rank0 = mesh.rank() == 0;
-  const Checkpoint ckpt = load_checkpoint(o.resume);
+  if (rank0 && !in.resume_note.empty()) log << "note: " << in.resume_note << std::endl;
+  if (!in.checkpoint) return point;
+  const Checkpoint& ckpt = *in.checkpoint;
   if (rank0)
     for (const std::string& note : ckpt.notes) log << "note: " << note << std::endl;
   MMSP_CHECK(same_model_config(ckpt.config_json, in.resolved.config_json),
@@ -486,6 +501,12 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   dist::RankActivity& doing = activity ? *activity : no_heartbeat;
   const RunInputs in = check_run(o, mesh);
   const bool rank0 = mesh.rank() == 0;
+  // This run's keys in the job's store (step agreements), and the first agreement: every
+  // rank is about to load the same model and checkpoint (per-host copies may differ).
+  const std::string agreement_prefix = mesh.store() ? fingerprint_key_prefix(*mesh.store(), mesh.rank()) : "";
+  if (mesh.store())
+    agree_on_loaded_inputs(*mesh.store(), agreement_prefix, loaded_inputs(o, in.resolved, in.checkpoint ? &*in.checkpoint : nullptr),
+                           mesh.rank(), mesh.world_size(), mesh.world()->timeout(), mesh.hosts());
 
   // This run's own counters: the tensors it allocates from here on, and its time split
   // (the phases marked on this thread while it runs).
@@ -542,7 +563,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
                      plan_options,
                      blocks,
                      in.loss_chunk,
-                     mesh.store() ? fingerprint_key_prefix(*mesh.store(), mesh.rank()) : ""};
+                     agreement_prefix};
 
   const int64_t last_step = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
   if (!o.save_gradients.empty()) update.save_next_gradients(o.save_gradients, in.resolved.config_json, mesh, log);

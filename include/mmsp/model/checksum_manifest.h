@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 
 #include "mmsp/core/xxhash64.h"
@@ -45,9 +46,19 @@ FileChecksum checksum_of_file(const std::string& path);
 std::string checksum_manifest_json(const ChecksumManifest& files);
 
 enum class ManifestCheck { verified, absent };
+struct ManifestVerdict {
+  ManifestCheck check = ManifestCheck::absent;
+  std::set<std::string> files;  // what it lists, relative to its directory: every one verified
+  std::string manifest_xxh64;   // its own checksum: one value for every byte it covers
+};
 // Verifies every file `dir`/checksums.json lists (it may list files in subdirs).
 // Throws mmsp::Error naming the file on a missing file, a size or checksum mismatch,
 // an unreadable manifest, or a format version newer than kChecksumFormatVersion.
-ManifestCheck verify_checksum_manifest(const std::string& dir);
+ManifestVerdict verify_checksum_manifest(const std::string& dir);
+
+// A directory with a manifest loads only files it lists: throws mmsp::Error naming
+// `file` (relative to `dir`) when a verified manifest does not list it (a file added or
+// replaced after the save would otherwise be loaded unverified). No-op without one.
+void check_listed(const ManifestVerdict& verdict, const std::string& dir, const std::string& file);
 
 }  // namespace mmsp::model

@@ -52,6 +52,7 @@ struct HfDirectory {
   bool indexed = false;                    // has model.safetensors.index.json
   uint64_t total_bytes = 0;                // tensor data bytes, all shards
   bool checksums_verified = false;         // its checksums.json was there and matched
+  std::string checksums_xxh64;             // that manifest's own checksum ("" without one)
   // The dtype that holds the most bytes (the "dtype the model was loaded in").
   at::ScalarType dominant_dtype() const;
 };

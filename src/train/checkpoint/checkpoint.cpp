@@ -296,10 +296,13 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
   Checkpoint c;
   c.path = step_dir;
   // Every file is verified before any is parsed (hf/ and master/ by open_hf_directory).
-  if (model::verify_checksum_manifest(step_dir) == model::ManifestCheck::absent)
+  const model::ManifestVerdict manifest = model::verify_checksum_manifest(step_dir);
+  if (manifest.check == model::ManifestCheck::absent)
     c.notes.push_back(step_dir + " has no " + model::kChecksumFile +
                       " (a checkpoint of an older mmsp, before format version 1): its files are not verified");
+  c.manifest_xxh64 = manifest.manifest_xxh64;
   const std::string state_path = step_dir + "/" + kStateFile;
+  model::check_listed(manifest, step_dir, kStateFile);
   c.state = check_train_state(parse_json(read_text(state_path), state_path), state_path);
   c.step = c.state.at("step").get<int64_t>();
   const auto named_step = parse_step_dir_name(fs::path(step_dir).filename().string());
@@ -327,6 +330,8 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
   }
   const std::string shard_dir = step_dir + "/" + kOptimizerShardDir;
   if (fs::is_directory(shard_dir)) {  // a --shard optimizer run's: one file per rank
+    for (const auto& entry : fs::directory_iterator(shard_dir))
+      model::check_listed(manifest, step_dir, std::string(kOptimizerShardDir) + "/" + entry.path().filename().string());
     c.optimizer_shards = open_optimizer_shards(shard_dir, shapes);
     MMSP_CHECK(c.optimizer_shards->steps == c.step, shard_dir, ": the optimizer took ", c.optimizer_shards->steps,
                " steps but the checkpoint is of step ", c.step);
@@ -335,6 +340,7 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
   const std::string optimizer_path = step_dir + "/" + kOptimizerFile;
   MMSP_CHECK(fs::is_regular_file(optimizer_path), optimizer_path,
              ": missing (an incomplete checkpoint?)");
+  model::check_listed(manifest, step_dir, kOptimizerFile);
   c.optimizer = adamw_state_from(model::load_safetensors(optimizer_path),
                                  model::read_safetensors_header(optimizer_path).metadata,
                                  optimizer_path);

@@ -121,6 +121,7 @@ struct Checkpoint {
   AdamWState optimizer;  // optimizer.safetensors; empty when the state is sharded
   std::optional<OptimizerShards> optimizer_shards;  // optimizer/ of a sharded run
   std::vector<std::string> notes;  // for the user: e.g. an older checkpoint read unverified
+  std::string manifest_xxh64;      // checksums.json's own checksum: the whole checkpoint's identity
 };
 
 // Reads `path`: a checkpoint dir (follows its `latest`) or a step dir. Checks each
