@@ -3,6 +3,7 @@ and the single-process computation of the whole batch that they must equal (fp64
 import json
 import math
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -631,3 +632,183 @@ def patch_videos_equal_one_process(rank, world, ring, ulysses, family_names):
         assert abs(out.loss.item() - want.item()) <= loss_rtol * abs(want.item()), \
             f"{what}: loss {out.loss.item()!r} != {want.item()!r}"
         assert_gradients_equal(model, reference, what, grad_rtol, grad_atol)
+
+
+# --- reliability: the same batch, mmsp's groups and timeouts --------------------------------------
+
+def _qwen2_vl(rank):
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    from transformers.utils import logging
+
+    import families
+
+    logging.set_verbosity_error()
+    family = families.FAMILIES["qwen2_vl"]
+    return family, families.build_model(family).train(), families.make_samples(family)
+
+
+def shared_batch_differences_named_on_every_rank(rank, world):
+    """batch="shared": a rank given another batch — of the same shape (other tokens; one pixel),
+    of another shape, of another dtype — or a model patched with another placement, is a
+    ValueError on every rank naming that rank and what differs, before the step's
+    collectives; the ranks are still in step after it (the same batch then trains)."""
+    import copy
+
+    import mmsp
+
+    family, model, samples = _qwen2_vl(rank)
+    mesh = mmsp.Mesh(ring=world, timeout=timedelta(seconds=60))
+    reference = copy.deepcopy(model)
+    mmsp.patch(model, mesh)
+    good = hf_batch(family, samples)
+
+    def other_tokens(b):  # a different batch of the same shape: one text token (and its label)
+        b["input_ids"][0, 2] += 1
+        b["labels"][0, 2] = b["input_ids"][0, 2]
+
+    def one_pixel(b):
+        b["pixel_values"][5, 7] += 1e-12
+
+    def other_shape(b):  # the first sample only
+        n = len(samples[0].input_ids)
+        for key in ("input_ids", "attention_mask", "labels", "mm_token_type_ids"):
+            b[key] = b[key][:1, :n]
+        b["pixel_values"] = b["pixel_values"][:samples[0].images[0].pixels.shape[0]]
+        b["image_grid_thw"] = b["image_grid_thw"][:1]
+
+    def other_dtype(b):
+        b["pixel_values"] = b["pixel_values"].float()
+
+    cases = [  # (the rank given another batch, its change, the parts named)
+        (world - 1, other_tokens, "(input_ids, labels)"),
+        (0, one_pixel, "(pixel_values)"),
+        (1, other_shape, "(input_ids, attention_mask, labels, pixel_values, image_grid_thw)"),
+        (world - 1, other_dtype, "(pixel_values)"),
+    ]
+    for odd, change, parts in cases:
+        batch = {k: v.clone() for k, v in good.items()}
+        if rank == odd:
+            change(batch)
+        try:
+            model(**batch)
+            raise AssertionError(f"rank {rank}: rank {odd}'s other batch ({change.__name__}) was accepted")
+        except ValueError as e:
+            reference_rank = 1 if odd == 0 else 0
+            assert f"mmsp.patch (batch='shared'): rank {odd}'s batch differs from rank {reference_rank}'s {parts}" \
+                in str(e), f"rank {rank}, {change.__name__}: {e}"
+    # A model patched with another placement on one rank plans another step: named too.
+    other = copy.deepcopy(reference)
+    mmsp.patch(other, mesh, placement="adaptive" if rank == 1 else "zigzag")
+    try:
+        other(**good)
+        raise AssertionError(f"rank {rank}: a model patched with another placement on rank 1 was accepted")
+    except ValueError as e:
+        assert "rank 1's batch differs from rank 0's (patch options)" in str(e), f"rank {rank}: {e}"
+    # Still in step: the same batch trains, equal to one process.
+    loss = model(**good).loss
+    loss.backward()
+    want = families_reference_loss(reference, family, samples)
+    want.backward()
+    assert abs(loss.item() - want.item()) <= 1e-12 * abs(want.item()), (loss.item(), want.item())
+    assert_gradients_equal(model, reference, f"rank {rank} after the refusals")
+
+
+def families_reference_loss(model, family, samples):
+    import families
+
+    return families.reference_loss(model, family, samples)
+
+
+def meshes_that_differ_named_on_every_rank(rank, world):
+    """Every rank constructs mmsp.Mesh, one of them with other arguments (the ring and Ulysses
+    swapped; a mesh of another size; another timeout): a ValueError on every rank naming the
+    argument and the ranks, before any subgroup; the ranks are still in step after it."""
+    import mmsp
+
+    assert world == 3
+    for odd, theirs, want in [
+        (1, dict(ulysses=3), "ring is 3 on ranks 0 and 2 but 1 on rank 1; ulysses is 1 on ranks 0 and 2 but 3 on "
+                             "rank 1"),
+        (0, dict(ring=4), "ring is 4 on rank 0 but 3 on ranks 1 and 2."),
+        (2, dict(ring=3, timeout=timedelta(seconds=30)), "timeout is 60.0 on ranks 0 and 1 but 30.0 on rank 2."),
+    ]:
+        args = theirs if rank == odd else dict(ring=world)
+        args.setdefault("timeout", timedelta(seconds=60))
+        try:
+            mmsp.Mesh(**args)
+            raise AssertionError(f"rank {rank}: rank {odd}'s Mesh({theirs}) was accepted")
+        except ValueError as e:
+            assert "mmsp.Mesh: the ranks asked for different meshes: " in str(e) and want in str(e), \
+                f"rank {rank}: {e}"
+            assert "stopped before the first" in str(e), str(e)
+    mesh = mmsp.Mesh(ring=world, timeout=timedelta(seconds=60))  # still in step
+    x = torch.ones(3, dtype=torch.float64)
+    mmsp._extension.C.all_reduce_(x, mesh.world)
+    assert x.tolist() == [world] * 3
+
+
+def stopped_peer_named_within_the_timeout(rank, world, stop_at, out):
+    """dp = world (no context group: the world sums are the step's only collectives), the
+    Mesh's timeout 3 s against the default group's 600 s. The last rank stops itself
+    (SIGSTOP) before constructing its Mesh, before the forward or before the backward; rank 0
+    must end within the mesh's timeout (+ slack) with mmsp's message naming the group or the
+    rank; it then ends the stopped rank."""
+    import signal
+    import time
+
+    import mmsp
+
+    family, model, samples = _qwen2_vl(rank)
+    pid_file = out + ".pid"
+    if rank == world - 1:
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(pid_file + ".tmp", pid_file)
+    dist.barrier()
+    if stop_at == "mesh":  # the stopped rank never constructs its Mesh
+        if rank == world - 1:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if rank == 0:
+            start = time.monotonic()
+            try:
+                mmsp.Mesh(dp=world, timeout=timedelta(seconds=3))
+                message = None
+            except ValueError as e:
+                message = f"{type(e).__name__}: {e}"
+            _end_stopped_peer(pid_file, out, time.monotonic() - start, message)
+        return
+    mesh = mmsp.Mesh(dp=world, timeout=timedelta(seconds=3))
+    mmsp.patch(model, mesh)
+    batch = hf_batch(family, samples)
+    dist.barrier()
+    if rank == world - 1:
+        if stop_at == "forward":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        loss = model(**batch).loss
+        os.kill(os.getpid(), signal.SIGSTOP)
+        loss.backward()
+        raise AssertionError("the stopped rank ran on")
+    if rank != 0:
+        return
+    loss = model(**batch).loss if stop_at == "backward" else None
+    start = time.monotonic()
+    try:
+        if loss is None:
+            model(**batch)
+        else:
+            loss.backward()
+        message = None
+    except (ValueError, RuntimeError) as e:
+        message = f"{type(e).__name__}: {e}"
+    _end_stopped_peer(pid_file, out, time.monotonic() - start, message)
+
+
+def _end_stopped_peer(pid_file, out, elapsed, message):
+    import signal
+
+    with open(pid_file) as f:
+        os.kill(int(f.read()), signal.SIGKILL)
+    with open(out, "w") as f:
+        json.dump({"elapsed": elapsed, "message": message}, f)

@@ -28,3 +28,56 @@ def run(world, fn, *args, tmp_path):
     package_path = os.environ["MMSP_PACKAGE_PATH"]
     mp.start_processes(_entry, args=(world, store, package_path, fn, args), nprocs=world, join=True,
                        start_method="spawn")
+
+
+def _bounded_entry(rank, world, store, package_path, fn, args, default_timeout_s):
+    sys.path.insert(0, package_path)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=default_timeout_s))
+    fn(rank, world, *args)
+    # No barrier and no teardown: a check may leave a peer stopped or the groups broken.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_bounded(world, fn, *args, tmp_path, deadline_s, default_timeout_s=600):
+    """Like run, for checks of failures: the default group's timeout is long (600 s, torch's
+    own is 30 min), and every rank must have returned from `fn` within `deadline_s` of the
+    start, else the ranks are killed and the call fails naming the ranks still running (a hang
+    is what these checks look for). A rank may end another (SIGKILL) once its check is done; a
+    rank that raised fails the call with its traceback."""
+    import signal
+    import time
+
+    store = os.path.join(str(tmp_path), f"store-{world}-{fn.__name__}")
+    package_path = os.environ["MMSP_PACKAGE_PATH"]
+    context = mp.start_processes(_bounded_entry, args=(world, store, package_path, fn, args, default_timeout_s),
+                                 nprocs=world, join=False, start_method="spawn")
+    end = time.monotonic() + deadline_s
+    try:
+        while time.monotonic() < end:
+            if all(not p.is_alive() for p in context.processes):
+                break
+            time.sleep(0.1)
+        running = [r for r, p in enumerate(context.processes) if p.is_alive()]
+        codes = {r: p.exitcode for r, p in enumerate(context.processes)}
+    finally:
+        for p in context.processes:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+            p.join()
+    failed = {r: c for r, c in codes.items() if c not in (0, -signal.SIGKILL, None)}
+    if failed:
+        errors = [context.error_files[r] for r in failed]
+        texts = []
+        for r, path in zip(failed, errors):
+            try:
+                with open(path, "rb") as f:
+                    import pickle
+
+                    texts.append(f"rank {r}:\n{pickle.load(f)}")
+            except (OSError, EOFError):
+                texts.append(f"rank {r}: exit code {failed[r]}")
+        raise AssertionError("\n".join(texts))
+    assert not running, f"ranks {running} were still running {deadline_s} s after the start (a hang)"
