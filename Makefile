@@ -18,9 +18,11 @@ VENV       ?= .venv
 # Debian 12 packages the project builds and runs with. libgloo-dev: c10d's Gloo header
 # includes Gloo's, which the wheel does not ship. python3-venv: Debian's python3 makes
 # no venv without it. python3-dev: Python's headers, for the `mmsp` package's extension.
+# openmpi-bin and iproute2: the two-host tests (tests/dist/multihost.sh) start ranks with
+# OpenMPI's mpirun, as docs/launcher.md's recipe, between network namespaces.
 DEB_PACKAGES := cmake ninja-build g++ ccache libgloo-dev nlohmann-json3-dev \
                 libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libstb-dev python3-venv \
-                python3-dev
+                python3-dev openmpi-bin iproute2
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # WERROR=OFF builds with a compiler whose new warnings the code has not met yet.

@@ -8,6 +8,8 @@
 #               and resumed across the hosts too; the bytes that cross the hosts per step;
 #   torchrun    the same job started by torchrun on each host (static rendezvous; the ranks
 #               use torchrun's own store), equal too;
+#   launchers   the same job started by OpenMPI's mpirun (its daemon on host 1 started through
+#               netns_rsh.sh, as through ssh) and with the variables srun sets, equal too;
 #   lost-host   host 1's ranks killed at once / host 1's link cut / the same for host 0,
 #               which serves the store: the other host's ranks end within 15 s at the
 #               defaults, naming the lost ranks and their host, non-zero; the last complete
@@ -302,6 +304,33 @@ torchrun)
   wait "${pids[0]}" && wait "${pids[1]}" ||
     fail "torchrun on two hosts: $(tail -n 5 "$work/torchrun.0.log" "$work/torchrun.1.log")"
   losses_equal "$work/one/metrics.jsonl" "$work/two/metrics.jsonl" "torchrun on two hosts"
+  ;;
+launchers)
+  # The other launchers' two-host recipes of docs/launcher.md: OpenMPI's mpirun (its
+  # daemon started on host 1 through netns_rsh.sh, as it would through ssh), and the
+  # variables srun sets on each node (SLURM_PROCID, ...), each equal to one host.
+  names_resolve
+  on 0 "$run" -n 4 -- "$mmsp" "${train[@]}" --steps 4 --out "$work/one" > "$work/one.log" 2>&1 ||
+    fail "one host: $(tail -n 5 "$work/one.log")"
+  command -v mpirun > /dev/null || skip "no mpirun (Debian's openmpi-bin, which make installs)"
+  p=$(port)
+  MMSP_NETNS_node0=${ns[0]} MMSP_NETNS_node1=${ns[1]} on 0 timeout 300 mpirun --allow-run-as-root -np 4 \
+    -H node0:2,node1:2 --bind-to none --mca plm_rsh_agent "$src/tests/dist/netns_rsh.sh" \
+    -x MASTER_ADDR=node0 -x MASTER_PORT="$p" "$mmsp" "${train[@]}" --steps 4 --out "$work/mpi" > "$work/mpirun.log" 2>&1 ||
+    fail "mpirun on two hosts: $(tail -n 8 "$work/mpirun.log")"
+  losses_equal "$work/one/metrics.jsonl" "$work/mpi/metrics.jsonl" "mpirun on two hosts"
+  p=$(port)
+  pids=()
+  for h in 0 1; do
+    for l in 0 1; do
+      on $h env SLURM_PROCID=$((2 * h + l)) SLURM_NTASKS=4 SLURM_LOCALID=$l SLURM_NTASKS_PER_NODE=2 \
+        SLURM_JOB_NODELIST="node[0-1]" MASTER_ADDR=node0 MASTER_PORT="$p" \
+        timeout 300 "$mmsp" "${train[@]}" --steps 4 --out "$work/slurm" > "$work/slurm.$h$l.log" 2>&1 &
+      pids+=($!)
+    done
+  done
+  for q in "${pids[@]}"; do wait "$q" || fail "Slurm's variables on two hosts: $(tail -n 4 "$work"/slurm.*.log)"; done
+  losses_equal "$work/one/metrics.jsonl" "$work/slurm/metrics.jsonl" "Slurm's variables on two hosts"
   ;;
 python)
   # mmsp.patch across the hosts: torch.distributed.run with c10d rendezvous on each host.
