@@ -60,7 +60,7 @@ def _first_byte(f):
 
 def _too_long(size, limit):
     return BadSample(f"the record is {size:,} bytes, more than --max-record-bytes {limit:,} (a record is held, "
-                     "rendered and tokenized whole in memory, which takes tens of times its size): split it, or "
+                     "rendered and tokenized whole in memory, at about 180 times its size): split it, or "
                      "raise the limit")
 
 
