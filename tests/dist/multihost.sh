@@ -151,7 +151,6 @@ train)
   # One host: 4 ranks in host 0's namespace, over its loopback.
   on 0 "$run" -n 4 -- "$mmsp" "${train[@]}" --steps 6 --checkpoint-every 3 --out "$work/one" > "$work/one.log" 2>&1 ||
     fail "one host: $(tail -n 5 "$work/one.log")"
-  lo0=$(tx_bytes 0 lo)
   sent0=$(($(tx_bytes 0 "${link[0]}") + $(tx_bytes 1 "${link[1]}")))
   t0=$(now)
   job two -- "$mmsp" "${train[@]}" --steps 6 --checkpoint-every 3 --out "$work/two"
@@ -173,8 +172,6 @@ train)
   losses_equal "$work/one/metrics.jsonl" "$work/resumed/metrics.jsonl" "stopped and resumed on two hosts"
   cmp -s "$work/one/step-000006/hf/model.safetensors" "$work/resumed/step-000006/hf/model.safetensors" ||
     fail "resumed on two hosts: the saved weights differ from one host's"
-  lo=$(($(tx_bytes 0 lo) - lo0))
-  echo "one host, 6 steps: $((lo0 / 6)) bytes a step over loopback; two hosts: $((sent / 6)) over the link"
   ;;
 lost-host)
   # lost WHAT VICTIM: a long 2 x 2 job that checkpoints every 3 steps; once a checkpoint
@@ -349,6 +346,20 @@ python)
     grep -q "rank $r of 4: mmsp.patch equals one process" "$work/python.$((r / 2)).log" ||
       fail "mmsp.patch on two hosts: rank $r did not report: $(tail -n 5 "$work/python.$((r / 2)).log")"
   done
+  ;;
+bytes)
+  # Not a test (no ctest entry): the figures of docs/bench/multihost.md. Bytes a steady
+  # step moves over host 0's loopback when 4 ranks share it, and over the link when the
+  # ranks are on two hosts (both directions, TCP/IP headers, store and heartbeats
+  # included): the difference between a 12-step and a 4-step run, over 8 steps.
+  link_bytes() { echo $(($(tx_bytes 0 "${link[0]}") + $(tx_bytes 1 "${link[1]}"))); }
+  one_host() { on 0 "$run" -n 4 -- "$mmsp" "${train[@]}" --steps "$1" > "$work/one-$1.log" 2>&1; }
+  a=$(tx_bytes 0 lo); one_host 4; b=$(tx_bytes 0 lo); one_host 12; c=$(tx_bytes 0 lo)
+  lo_step=$(((c - b - (b - a)) / 8))
+  a=$(link_bytes); job two4 -- "$mmsp" "${train[@]}" --steps 4; b=$(link_bytes)
+  job two12 -- "$mmsp" "${train[@]}" --steps 12; c=$(link_bytes)
+  link_step=$(((c - b - (b - a)) / 8))
+  echo "{\"steady_step_bytes_one_host_loopback\": $lo_step, \"steady_step_bytes_two_hosts_link\": $link_step, \"ratio\": $(awk "BEGIN { printf \"%.3f\", $link_step / $lo_step }")}"
   ;;
 *)
   echo "unknown case '$case_name'"
