@@ -168,6 +168,7 @@ Subcommand add_train_command(CLI::App& parent) {
             auto activity = std::make_shared<dist::RankActivity>();
             const auto heartbeat = flags->start_heartbeat(env, mesh, activity);
             o->report_parameters = false;  // the checkpoint holds them; a copy per rank would not fit
+            o->report_steps = false;       // metrics.jsonl holds them; the summary is folded as it goes
             try {
               train::check_out_shared(o->out, mesh);  // one --out for every host, or no rank starts
               train::train(*o, mesh, std::cout, activity.get());

@@ -158,49 +158,54 @@ std::vector<StepMetrics> read_metrics(const std::string& path) {
   return out;
 }
 
-std::string summary_table(const std::vector<StepMetrics>& steps) {
-  if (steps.empty()) return "no steps recorded\n";
-  const StepMetrics* lowest = &steps.front();
-  int64_t peak = 0, sent = 0, attention_sent = 0, vision_sent = 0, grad_sent = 0;
-  for (const StepMetrics& m : steps) {
-    if (m.loss < lowest->loss) lowest = &m;
-    peak = std::max(peak, m.peak_bytes);
-    sent += m.comm_bytes;
-    attention_sent += m.attention_bytes;
-    vision_sent += m.vision_bytes;
-    grad_sent += m.grad_bytes;
-  }
-  // Means over the steady steps: all but the first, unless there is only one.
-  const size_t first = steps.size() > 1 ? 1 : 0;
-  double seconds = 0, vision = 0, attention = 0, communication = 0, other = 0;
-  int64_t tokens = 0;
-  for (size_t i = first; i < steps.size(); ++i) {
-    seconds += steps[i].seconds;
-    vision += steps[i].vision_s;
-    attention += steps[i].attention_s;
-    communication += steps[i].communication_s;
-    other += steps[i].other_s;
-    tokens += steps[i].tokens;
-  }
-  const size_t counted = steps.size() - first;
+void StepSummary::add(const StepMetrics& m) {
+  if (count_ == 0) first_ = lowest_ = m;
+  if (m.loss < lowest_.loss) lowest_ = m;
+  last_ = m;
+  ++count_;
+  peak_ = std::max(peak_, m.peak_bytes);
+  sent_ += m.comm_bytes;
+  attention_sent_ += m.attention_bytes;
+  vision_sent_ += m.vision_bytes;
+  grad_sent_ += m.grad_bytes;
+  // The first step is in the means only while it is the only one.
+  if (count_ == 2) seconds_ = vision_ = attention_ = communication_ = other_ = 0, tokens_ = 0;
+  seconds_ += m.seconds;
+  vision_ += m.vision_s;
+  attention_ += m.attention_s;
+  communication_ += m.communication_s;
+  other_ += m.other_s;
+  tokens_ += m.tokens;
+}
+
+std::string StepSummary::table() const {
+  if (count_ == 0) return "no steps recorded\n";
+  const bool first_excluded = count_ > 1;
+  const int64_t counted = first_excluded ? count_ - 1 : count_;
   std::string out;
-  out += format("steps          %zu (%lld .. %lld)\n", steps.size(),
-                static_cast<long long>(steps.front().step), static_cast<long long>(steps.back().step));
-  out += format("loss           first %.4f  last %.4f  min %.4f (step %lld)\n", steps.front().loss,
-                steps.back().loss, lowest->loss, static_cast<long long>(lowest->step));
-  out += format("tokens/s       %.0f (mean over %zu step%s%s)\n",
-                seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0, counted,
-                counted == 1 ? "" : "s", first ? ", first excluded" : "");
+  out += format("steps          %lld (%lld .. %lld)\n", static_cast<long long>(count_),
+                static_cast<long long>(first_.step), static_cast<long long>(last_.step));
+  out += format("loss           first %.4f  last %.4f  min %.4f (step %lld)\n", first_.loss, last_.loss,
+                lowest_.loss, static_cast<long long>(lowest_.step));
+  out += format("tokens/s       %.0f (mean over %lld step%s%s)\n",
+                seconds_ > 0 ? static_cast<double>(tokens_) / seconds_ : 0.0, static_cast<long long>(counted),
+                counted == 1 ? "" : "s", first_excluded ? ", first excluded" : "");
   out += format("step time      %.3f s mean = vision %.1f%%  attention %.1f%%  communication %.1f%%"
                 "  other %.1f%%\n",
-                seconds / static_cast<double>(counted), percent(vision, seconds),
-                percent(attention, seconds), percent(communication, seconds), percent(other, seconds));
-  out += format("peak memory    %.1f MiB\n", static_cast<double>(peak) / kMiB);
+                seconds_ / static_cast<double>(counted), percent(vision_, seconds_), percent(attention_, seconds_),
+                percent(communication_, seconds_), percent(other_, seconds_));
+  out += format("peak memory    %.1f MiB\n", static_cast<double>(peak_) / kMiB);
   out += format("sent           %.1f MiB total (attention %.1f, vision %.1f, grad %.1f), %.1f MiB per step\n",
-                static_cast<double>(sent) / kMiB, static_cast<double>(attention_sent) / kMiB,
-                static_cast<double>(vision_sent) / kMiB, static_cast<double>(grad_sent) / kMiB,
-                static_cast<double>(sent) / kMiB / static_cast<double>(steps.size()));
+                static_cast<double>(sent_) / kMiB, static_cast<double>(attention_sent_) / kMiB,
+                static_cast<double>(vision_sent_) / kMiB, static_cast<double>(grad_sent_) / kMiB,
+                static_cast<double>(sent_) / kMiB / static_cast<double>(count_));
   return out;
+}
+
+std::string summary_table(const std::vector<StepMetrics>& steps) {
+  StepSummary summary;
+  for (const StepMetrics& m : steps) summary.add(m);
+  return summary.table();
 }
 
 }  // namespace mmsp::train

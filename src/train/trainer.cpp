@@ -570,7 +570,8 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   for (int64_t step = resumed.done + 1; step <= last_step; ++step) {
     const StepMetrics m = run_step(run, step, resumed.position, report.held_bytes);
     report.state_bytes = memory.current_bytes();
-    report.steps.push_back(m);
+    report.summary.add(m);
+    if (o.report_steps) report.steps.push_back(m);
     if (rank0 && !o.quiet) log << format_step_line(m) << std::endl;
     if (metrics) {
       metrics->write(m);
@@ -583,7 +584,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
       save_step(o, in, update, step, resumed.position, mesh, log);
     }
   }
-  if (rank0 && !report.steps.empty()) log << summary_table(report.steps);
+  if (rank0 && report.summary.count() > 0) log << report.summary.table();
   if (o.report_parameters) {
     update.gather_weights();
     for (auto& [name, p] : update.weights()) report.parameters.emplace_back(name, p.detach().clone());

@@ -110,6 +110,9 @@ struct TrainOptions {
   // (the equivalence tests compare them). The CLI turns it off: for a released model
   // that is two more copies of it on every rank (3.4 GB for Qwen3.5-0.8B in bf16).
   bool report_parameters = true;
+  // TrainReport::steps keeps every step's metrics (tests compare them); the CLI, whose
+  // metrics.jsonl has them, keeps the summary alone, so a long run's memory stays flat.
+  bool report_steps = true;
   // hf/ of each checkpoint: its dtype (float32, float64, bfloat16, float16; empty: the
   // dtype the weights were loaded in, or the training weights' dtype for a config) and
   // its largest shard in bytes (transformers' max_shard_size).
@@ -142,7 +145,8 @@ struct TrainOptions {
 };
 
 struct TrainReport {
-  std::vector<StepMetrics> steps;  // the steps this call ran (every rank holds the same)
+  std::vector<StepMetrics> steps;  // the steps this call ran (every rank holds the same; TrainOptions::report_steps)
+  StepSummary summary;             // the same steps folded (always)
   int64_t first_step = 1;          // number of the first of them (> 1 after a resume)
   // the parameters at the end, by Hugging Face name (TrainOptions::report_parameters)
   std::vector<std::pair<std::string, at::Tensor>> parameters;
