@@ -20,7 +20,8 @@
 #   flags       --out on one host only, or another --out path, refused on every rank
 #               before the first collective, naming --out;
 #   disks       --out on each host's own disk (a mount namespace per host): refused at
-#               start-up naming the missing shared storage; without checkpoints it runs;
+#               start-up naming the missing shared storage; per-host copies of --model
+#               and --resume at one path that differ: refused naming each host's;
 #   python      mmsp.patch across the hosts under torch.distributed.run --nnodes 2 (c10d
 #               rendezvous) equals one process (needs PYTHON with the package built).
 # Skips (exit 77) with the reason where network namespaces cannot be made (not root).
@@ -89,14 +90,14 @@ on() {
   shift
   ip netns exec "${ns[$h]}" unshare --uts sh -c 'hostname "$0" && exec "$@"' "node$h" "$@"
 }
-# on_own_disk H DIR CMD...: as on, with DIR replaced by host H's own directory (a mount
-# namespace of its own): the same path, another disk on each host.
+# on_own_disk H DIR CMD...: as on, with DIR replaced by host H's own directory DIR.hostH
+# (a mount namespace of its own): the same path, another disk on each host.
 on_own_disk() {
   local h=$1 dir=$2
   shift 2
-  mkdir -p "$work/disk$h" "$dir"
+  mkdir -p "$dir.host$h" "$dir"
   ip netns exec "${ns[$h]}" unshare --uts --mount --propagation private \
-    sh -c 'hostname "$0" && mount --bind "$1" "$2" && shift 2 && exec "$@"' "node$h" "$work/disk$h" "$dir" "$@"
+    sh -c 'hostname "$0" && mount --bind "$1" "$2" && shift 2 && exec "$@"' "node$h" "$dir.host$h" "$dir" "$@"
 }
 port() { echo $((20000 + RANDOM % 20000)); }
 tx_bytes() { ip netns exec "${ns[$1]}" cat "/sys/class/net/$2/statistics/tx_bytes"; }
@@ -277,8 +278,23 @@ disks)
   # --out on each host's own disk at the same path: refused at start-up, naming it.
   expect_refused own-disks "--out $work/out is not one directory shared by the job's hosts: ranks 2, 3 on host node1 (${addr[1]}) do not see there the lock file rank 0 wrote" \
     on_own_disk "$work/out" -- "$mmsp" "${train[@]}" --steps 2 --out "$work/out"
-  ls "$work/disk1" | grep -q . && fail "host 1's disk is not empty after the refusal: $(ls -a "$work/disk1")"
-  ls "$work/disk0" | grep -q "step-\|metrics" && fail "host 0's disk holds a run after the refusal: $(ls -a "$work/disk0")"
+  ls "$work/out.host1" | grep -q . && fail "host 1's disk is not empty after the refusal: $(ls -a "$work/out.host1")"
+  ls "$work/out.host0" | grep -q "step-\|metrics" && fail "host 0's disk holds a run after the refusal: $(ls -a "$work/out.host0")"
+  # Per-host copies of --model and --resume at one path that differ (other weights, a
+  # checkpoint of another step): refused on every rank naming what each host holds,
+  # before anything is loaded (by path alone they trained diverged replicas, or waited
+  # for the collective timeout).
+  on 0 "$run" -n 4 -- "$mmsp" "${train[@]}" --steps 4 --checkpoint-every 2 --keep 0 --out "$work/src" \
+    > "$work/src.log" 2>&1 || fail "the copies' source run: $(tail -n 3 "$work/src.log")"
+  mkdir -p "$work/copies.host0" "$work/copies.host1"
+  cp -r "$work/src/step-000002/hf" "$work/copies.host0/model"
+  cp -r "$work/src/step-000004/hf" "$work/copies.host1/model"
+  cp -r "$work/src/step-000002" "$work/copies.host0/ckpt"
+  cp -r "$work/src/step-000004" "$work/copies.host1/ckpt"
+  expect_refused model-copies "the ranks loaded different inputs: --model is config xxh64 [0-9a-f]*, weights checksums.json [0-9a-f]* on ranks 0, 1 on host node0 (${addr[0]}) and config xxh64 [0-9a-f]*, weights checksums.json [0-9a-f]* on ranks 2, 3 on host node1 (${addr[1]})" \
+    on_own_disk "$work/copies" -- "$mmsp" "${train[@]}" --steps 2 --model "$work/copies/model"
+  expect_refused resume-copies "the ranks loaded different inputs: --resume is step 2, .* on ranks 0, 1 on host node0 (${addr[0]}) and step 4, .* on ranks 2, 3 on host node1 (${addr[1]})" \
+    on_own_disk "$work/copies" -- "$mmsp" "${train[@]}" --steps 4 --timeout 30 --resume "$work/copies/ckpt"
   # The same --out shared by both hosts (the train case saves and resumes there).
   job shared -- "$mmsp" "${train[@]}" --steps 2 --out "$work/shared"
   [ $status0 = 0 ] && [ $status1 = 0 ] || fail "shared --out: exit $status0 / $status1: $(tail -n 3 "$work/shared.0.log")"
