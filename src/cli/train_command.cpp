@@ -15,6 +15,7 @@
 
 #include "byte_size.h"
 #include "mesh_options.h"
+#include "mmsp/compat/quiet_c10_log.h"
 #include "mmsp/core/check.h"
 #include "mmsp/train/checkpoint/run_directory.h"
 #include "mmsp/train/memory/cuda_memory.h"
@@ -191,7 +192,17 @@ Subcommand add_train_command(CLI::App& parent) {
                               "took the memory; lower --tokens-per-rank or use --shard / --checkpoint-activations");
               }
               // A collective that failed because a peer ended: the peer's reason first.
-              const std::string cause = heartbeat ? heartbeat->peer_failure() : "";
+              // A hang this rank's heartbeat declared: the collective failed because the
+              // others are ending on it. Its message and exit status come first.
+              if (heartbeat) heartbeat->await_verdict();
+              // This rank now says what happened, once: the store calls below (and the
+              // threads still running) would log c10's warning with its backtrace again.
+              compat::quiet_c10_log_from_now();
+              const auto peer = heartbeat ? heartbeat->peer_failure() : dist::Heartbeat::PeerFailure{};
+              const std::string& cause = peer.message;
+              // A hang another rank declared, learnt from a collective that failed before this
+              // rank's watcher read the post (a loaded machine): ended on as the watcher would.
+              if (peer.hang && !cause.empty()) heartbeat->join_verdict(cause);
               if (!cause.empty() && cause.find(what) == std::string::npos) {
                 what = cause + " (then on this rank: " + what.substr(0, what.find('\n')) + ")";
               } else if (cause.empty() && heartbeat && (!ours || what.find("a peer rank died") != std::string::npos)) {

@@ -96,6 +96,8 @@ struct Heartbeat::State {
   std::condition_variable wake;
   bool stopping = false;
   std::atomic<bool> failed{false};
+  // fail() is ending the process (a verdict of the heartbeat's, not report_error's)
+  std::atomic<bool> ending{false};
   // when `watch` last completed a round of store calls (steady clock, ns)
   std::atomic<int64_t> last_round_ns{0};
   // the longest time any peer's key stood still before it changed (ns): the false-alarm margin
@@ -103,6 +105,26 @@ struct Heartbeat::State {
   std::vector<HeartbeatValue> last;            // per rank, under mutex
   std::vector<Clock::time_point> changed;      // per rank, under mutex
   std::optional<Clock::time_point> peer_error_seen;  // watch thread only
+
+  // The peers already silent for more than half the timeout when `watch` last completed a
+  // round, as a heartbeat message ("" when none). When the store then stops answering,
+  // they are what the job died of: the ranks that saw them have ended, rank 0 and its
+  // store among them, before this rank (a starved one) read their verdict.
+  std::string silent_before_store_lost() {
+    std::lock_guard<std::mutex> lock(mutex);
+    const Clock::time_point round{Clock::duration(last_round_ns.load())};
+    std::vector<int> ranks;
+    int first = -1;
+    for (int r = 0; r < env.world_size; ++r) {
+      if (r == env.rank || last[r].phase == kDone) continue;
+      if (std::chrono::duration<double>(round - changed[r]).count() * 2000 <= timeout.count()) continue;
+      ranks.push_back(r);
+      if (first < 0 || changed[r] < changed[first]) first = r;
+    }
+    if (ranks.empty()) return "";
+    return heartbeat_failure_message(ranks, seconds_since(changed[first]), last[first], hosts) +
+           " — then the job's store, which rank 0 hosts, stopped answering: the ranks that saw it have ended";
+  }
 
   // Sleeps one interval; false when stopping.
   bool pause(std::chrono::milliseconds d) {
@@ -122,6 +144,8 @@ struct Heartbeat::State {
       on_failure(message);
       return;
     }
+    ending.store(true);
+    compat::quiet_c10_log_from_now();  // this message is the rank's last word, not c10's warnings after it
     std::fprintf(stderr, "mmsp: error: %s\n", message.c_str());
     std::fflush(stderr);
     // Tell the others (the abort key) and count this rank as informed (the ack key);
@@ -263,6 +287,11 @@ struct Heartbeat::State {
         if (last[0].phase == kDone) return;
         seen = last[0];
       }
+      // Peers silent before the store went are the cause (a verdict this rank missed).
+      if (const std::string before = silent_before_store_lost(); !before.empty()) {
+        fail(before, true, false);
+        return;
+      }
       // Across hosts the store's whole host is what stopped answering: its ranks are named.
       const std::vector<int> gone = hosts.spans_hosts() ? hosts.ranks_on_host_of(0) : std::vector<int>{0};
       fail(heartbeat_failure_message(gone, age, seen, hosts) + " — the job's store, which rank 0 hosts, does not respond",
@@ -349,20 +378,22 @@ void Heartbeat::report_error(const std::string& message) {
 }
 
 namespace {
-// The first of `keys` in the store that does not start with `skip_prefix`, read from a
-// thread of its own within `limit` ("" when none, or when the store does not answer
-// in time: its host may be gone, and a store call waits for the client's own timeout).
-std::string read_first_key(const std::string& addr, const c10d::TCPStoreOptions& opts, std::vector<std::string> keys,
-                           const std::string& skip_prefix, std::chrono::milliseconds limit) {
-  auto found = std::make_shared<std::string>();
+// The first of `keys` in the store whose value does not start with `skip_prefix`, read
+// from a thread of its own within `limit`: its index and value ({-1, ""} when none, or
+// when the store does not answer in time: its host may be gone, and a store call waits
+// for the client's own timeout).
+std::pair<int, std::string> read_first_key(const std::string& addr, const c10d::TCPStoreOptions& opts,
+                                           std::vector<std::string> keys, const std::string& skip_prefix,
+                                           std::chrono::milliseconds limit) {
+  auto found = std::make_shared<std::pair<int, std::string>>(-1, "");
   auto finished = std::make_shared<std::atomic<bool>>(false);
   std::thread([addr, opts, keys, skip_prefix, found, finished] {
     try {
       auto store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
-      for (const std::string& key : keys)
-        if (found->empty() && store->check({key})) {
-          std::string t = text(store->get(key));
-          if (skip_prefix.empty() || t.rfind(skip_prefix, 0) != 0) *found = std::move(t);
+      for (size_t i = 0; i < keys.size(); ++i)
+        if (found->first < 0 && store->check({keys[i]})) {
+          std::string t = text(store->get(keys[i]));
+          if (skip_prefix.empty() || t.rfind(skip_prefix, 0) != 0) *found = {static_cast<int>(i), std::move(t)};
         }
     } catch (...) {
     }
@@ -370,16 +401,30 @@ std::string read_first_key(const std::string& addr, const c10d::TCPStoreOptions&
   }).detach();
   const auto deadline = Clock::now() + limit;
   while (!finished->load() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  return finished->load() ? *found : "";
+  return finished->load() ? *found : std::pair<int, std::string>{-1, ""};
 }
 }  // namespace
 
-std::string Heartbeat::peer_failure() const {
-  if (!state_) return "";
+Heartbeat::PeerFailure Heartbeat::peer_failure() const {
+  if (!state_) return {};
   const State& s = *state_;
   // another rank's post, not this one's
-  return read_first_key(s.env.master_addr, s.store_options, {kErrorKey, kAbortKey},
-                        "rank " + std::to_string(s.env.rank) + " ", std::chrono::milliseconds(1000));
+  auto [key, message] = read_first_key(s.env.master_addr, s.store_options, {kErrorKey, kAbortKey},
+                                       "rank " + std::to_string(s.env.rank) + " ", std::chrono::milliseconds(1000));
+  return PeerFailure{std::move(message), key == 1};
+}
+
+void Heartbeat::await_verdict() const {
+  if (!state_ || !state_->ending.load()) return;
+  // fail() waits at most 2 s for the acknowledgements, then exits
+  const auto deadline = Clock::now() + std::chrono::milliseconds(4000);
+  while (Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+}
+
+void Heartbeat::join_verdict(const std::string& message) {
+  if (!state_) return;
+  state_->fail(message, false);  // returns when the watcher got there first: it is ending the process
+  await_verdict();
 }
 
 SilentPeers Heartbeat::silent_peers(std::chrono::milliseconds window) const {
@@ -408,10 +453,12 @@ SilentPeers Heartbeat::silent_peers(std::chrono::milliseconds window) const {
 
 std::string Heartbeat::name_silent(const SilentPeers& silent) const {
   if (!state_ || silent.ranks.empty()) return "";
-  const State& s = *state_;
-  if (silent.store_lost)
+  State& s = *state_;
+  if (silent.store_lost) {
+    if (std::string before = s.silent_before_store_lost(); !before.empty()) return before;
     return detail::concat(s.hosts.name_ranks(silent.ranks), silent.ranks.size() == 1 ? " is" : " are",
                           " gone: the job's store, which rank 0 hosts, stopped answering");
+  }
   const bool whole_host = s.hosts.spans_hosts() && s.hosts.ranks_on_host_of(silent.ranks[0]) == silent.ranks;
   return detail::concat(s.hosts.name_ranks(silent.ranks), " stopped answering (died or hung: ",
                         silent.ranks.size() == 1 ? "its heartbeat stands" : "their heartbeats stand", " still",

@@ -3,6 +3,7 @@
 #  1. a SIGSTOPped rank of a 4-rank job is named on every rank and the job ends within
 #     --heartbeat-timeout (3 s) + 5 s, under mmsp-run and with ranks started by hand;
 #     no process is left;
+#     a rank starved (stopped) while the others end on the hang still names rank 2;
 #  2. a rank that computes longer than the heartbeat timeout inside a step is not killed;
 #  3. a rank given another batch is named within 2 s, before the step's first collective;
 #  4. a flipped bit in a checkpoint makes --resume refuse it, naming the file;
@@ -62,10 +63,13 @@ echo "mmsp-run, 4 ranks, rank 2 stopped: job over after $secs s (heartbeat timeo
 lt "$secs" 8 || fail "stop: the job took $secs s after the stop (limit 3 + 5)"
 grep -q "mmsp: error: rank 2 has not answered for .* s (last seen in step [0-9]*, phase " "$work/stop.log" \
   || fail "stop: no rank named rank 2: $(tail -8 "$work/stop.log")"
-for r in 0 1 3; do  # each said so, or was slower than the launcher's --grace and stopped by it
-  grep -q "\[rank $r\] mmsp: error: rank 2 has not answered" "$work/stop.log" \
+# Each said so (its watcher, or its main thread when a collective failed first because a
+# peer had ended and the store with rank 0: on a loaded machine that can come before the
+# watcher's next read), or was slower than the launcher's --grace and stopped by it.
+for r in 0 1 3; do
+  grep -q "\[rank $r\] mmsp\( train\)\?: error: rank 2 has not answered" "$work/stop.log" \
     || grep -q "summary: rank $r killed by signal 15 (Terminated) (stopped by mmsp-run)" "$work/stop.log" \
-    || fail "stop: rank $r did not name rank 2: $(tail -8 "$work/stop.log")"
+    || fail "stop: rank $r did not name rank 2: $(grep -v '\] step [0-9]* |\|frame #' "$work/stop.log" | tail -20)"
 done
 for p in $all; do alive "$p" && fail "stop: process $p is still there"; done
 
@@ -96,6 +100,35 @@ done
 kill -KILL "${pids[2]}"
 wait "${pids[2]}" 2>/dev/null
 for p in "${pids[@]}"; do alive "$p" && fail "by hand: process $p is still there"; done
+
+# --- 1c. a starved rank learns the verdict after the others (and the store) have gone ------
+# Rank 1 is stopped 2.5 s after rank 2, for 3 s: ranks 0 and 3 declare rank 2 hung, wait
+# 2 s for rank 1 to read it, and end, taking the store with rank 0. Rank 1 then finds the
+# store gone: it must still name rank 2 (silent before the store went), not rank 0.
+port=$("$build/mmsp-run" -n 1 --no-prefix -- sh -c 'echo $MASTER_PORT')
+pids=()
+for r in 0 1 2 3; do
+  env RANK=$r WORLD_SIZE=4 LOCAL_RANK=$r LOCAL_WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    $mmsp "${train[@]}" --steps 100000 > "$work/starved.$r.log" 2>&1 &
+  pids+=($!)
+done
+pids_to_kill+=("${pids[@]}")
+wait_for "$work/starved.0.log" "step 2 |" 120 || fail "starved: no step 2: $(tail -5 "$work/starved.0.log")"
+kill -STOP "${pids[2]}"
+sleep 2.5
+kill -STOP "${pids[1]}"
+sleep 3
+kill -CONT "${pids[1]}"
+for ((i = 0; i < 200; i++)); do kill -0 "${pids[1]}" 2>/dev/null || break; sleep 0.05; done
+for r in 0 1 3; do
+  wait "${pids[$r]}"
+  [ $? != 0 ] || fail "starved: rank $r exited 0"
+  grep -q "rank 2 has not answered for" "$work/starved.$r.log" \
+    || fail "starved: rank $r did not name rank 2: $(grep -v '^  \|step [0-9]* |\|frame #' "$work/starved.$r.log" | tail -4)"
+done
+echo "a rank starved for 3 s while the others ended on rank 2: named rank 2 ($(grep -c "then the job's store" "$work/starved.1.log") line(s) say the store went after)"
+kill -KILL "${pids[2]}"
+wait "${pids[2]}" 2>/dev/null
 
 # --- 2. a long step is not a hang ---------------------------------------------------------
 $build/mmsp-run -n 4 -- $mmsp "${train[@]}" --steps 3 --test-sleep-in-step 1:2:6 > "$work/slow.log" 2>&1 \

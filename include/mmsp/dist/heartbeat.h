@@ -95,10 +95,25 @@ class Heartbeat {
   // too (exit kHeartbeatExitCode) naming this rank, instead of waiting in a collective
   // until --timeout. Rank 0 (the store's host) waits up to 2 s for them to read it.
   void report_error(const std::string& message);
-  // What another rank posted as the job's end (its own error, or a hang it saw), or ""
-  // (none, or the store does not answer within 1 s): the cause to name when this rank's
-  // own failure is only its consequence (a collective whose peer has exited).
-  std::string peer_failure() const;
+  // What another rank posted as the job's end (its own error, or a hang it saw); an
+  // empty message when none (or the store does not answer within 1 s): the cause to name
+  // when this rank's own failure is only its consequence (a collective whose peer has
+  // exited because it declared a third rank hung).
+  struct PeerFailure {
+    std::string message;
+    bool hang = false;  // a rank declared others hung (this rank then ends with kHeartbeatExitCode too)
+  };
+  PeerFailure peer_failure() const;
+  // For a main thread that caught an error: when this rank's heartbeat has already
+  // declared a hang (its watcher waits for the others to read the verdict, then ends the
+  // process), waits for that, bounded, so that the verdict and its exit status come
+  // first; returns at once otherwise.
+  void await_verdict() const;
+  // This rank's failure is the consequence of a hang another rank declared
+  // (peer_failure().hang) that this rank's watcher has not read yet (a loaded machine):
+  // ends the process as the watcher would have: says `message`, acknowledges it, and
+  // exits kHeartbeatExitCode. Returns only with an OnFailure of the caller's.
+  void join_verdict(const std::string& message);
   // The peers whose heartbeat did not change during `window` (waited here, after one
   // interval for the watcher to catch up with beats posted before a death) and
   // that did not return: the ones that died (SIGKILL, a crash) or hung, to name when a
