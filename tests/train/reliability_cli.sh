@@ -46,6 +46,21 @@ wait_for() {  # wait_for FILE PATTERN SECONDS
   return 1
 }
 
+# start_by_hand NAME WHAT: 4 ranks with torchrun's variables and no launcher, logs
+# $work/NAME.R.log, pids in `pids`; returns once rank 0 has logged step 2.
+start_by_hand() {
+  local port r
+  port=$("$build/mmsp-run" -n 1 --no-prefix -- sh -c 'echo $MASTER_PORT')
+  pids=()
+  for r in 0 1 2 3; do
+    env RANK=$r WORLD_SIZE=4 LOCAL_RANK=$r LOCAL_WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      $mmsp "${train[@]}" --steps 100000 > "$work/$1.$r.log" 2>&1 &
+    pids+=($!)
+  done
+  pids_to_kill+=("${pids[@]}")
+  wait_for "$work/$1.0.log" "step 2 |" 120 || fail "$2: no step 2: $(tail -5 "$work/$1.0.log")"
+}
+
 # --- 1a. SIGSTOP under mmsp-run ---------------------------------------------------------
 $build/mmsp-run -n 4 --grace 1 --kill-after 1 -- $mmsp "${train[@]}" --steps 100000 > >(stamp > "$work/stop.log") 2>&1 &
 launcher=$!
@@ -74,15 +89,7 @@ done
 for p in $all; do alive "$p" && fail "stop: process $p is still there"; done
 
 # --- 1b. SIGSTOP without a launcher (torchrun's variables, one log per rank) --------------
-port=$("$build/mmsp-run" -n 1 --no-prefix -- sh -c 'echo $MASTER_PORT')
-pids=()
-for r in 0 1 2 3; do
-  env RANK=$r WORLD_SIZE=4 LOCAL_RANK=$r LOCAL_WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-    $mmsp "${train[@]}" --steps 100000 > "$work/hand.$r.log" 2>&1 &
-  pids+=($!)
-done
-pids_to_kill+=("${pids[@]}")
-wait_for "$work/hand.0.log" "step 2 |" 120 || fail "by hand: no step 2: $(tail -5 "$work/hand.0.log")"
+start_by_hand hand "by hand"
 kill -STOP "${pids[2]}"
 t0=$(date +%s.%N)
 for r in 0 1 3; do
@@ -105,15 +112,7 @@ for p in "${pids[@]}"; do alive "$p" && fail "by hand: process $p is still there
 # Rank 1 is stopped 2.5 s after rank 2, for 3 s: ranks 0 and 3 declare rank 2 hung, wait
 # 2 s for rank 1 to read it, and end, taking the store with rank 0. Rank 1 then finds the
 # store gone: it must still name rank 2 (silent before the store went), not rank 0.
-port=$("$build/mmsp-run" -n 1 --no-prefix -- sh -c 'echo $MASTER_PORT')
-pids=()
-for r in 0 1 2 3; do
-  env RANK=$r WORLD_SIZE=4 LOCAL_RANK=$r LOCAL_WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-    $mmsp "${train[@]}" --steps 100000 > "$work/starved.$r.log" 2>&1 &
-  pids+=($!)
-done
-pids_to_kill+=("${pids[@]}")
-wait_for "$work/starved.0.log" "step 2 |" 120 || fail "starved: no step 2: $(tail -5 "$work/starved.0.log")"
+start_by_hand starved starved
 kill -STOP "${pids[2]}"
 sleep 2.5
 kill -STOP "${pids[1]}"
