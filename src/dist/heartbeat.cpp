@@ -106,6 +106,15 @@ struct Heartbeat::State {
   std::vector<Clock::time_point> changed;      // per rank, under mutex
   std::optional<Clock::time_point> peer_error_seen;  // watch thread only
 
+  // The peers (not returned) whose key had stood still for longer than `threshold` at
+  // `at`, by rank. The caller holds `mutex`.
+  std::vector<int> silent_at(Clock::time_point at, std::chrono::nanoseconds threshold) const {
+    std::vector<int> ranks;
+    for (int r = 0; r < env.world_size; ++r)
+      if (r != env.rank && last[r].phase != kDone && at - changed[r] > threshold) ranks.push_back(r);
+    return ranks;
+  }
+
   // The peers already silent for more than half the timeout when `watch` last completed a
   // round, as a heartbeat message ("" when none). When the store then stops answering,
   // they are what the job died of: the ranks that saw them have ended, rank 0 and its
@@ -113,15 +122,9 @@ struct Heartbeat::State {
   std::string silent_before_store_lost() {
     std::lock_guard<std::mutex> lock(mutex);
     const Clock::time_point round{Clock::duration(last_round_ns.load())};
-    std::vector<int> ranks;
-    int first = -1;
-    for (int r = 0; r < env.world_size; ++r) {
-      if (r == env.rank || last[r].phase == kDone) continue;
-      if (std::chrono::duration<double>(round - changed[r]).count() * 2000 <= timeout.count()) continue;
-      ranks.push_back(r);
-      if (first < 0 || changed[r] < changed[first]) first = r;
-    }
+    const std::vector<int> ranks = silent_at(round, std::chrono::nanoseconds(timeout) / 2);
     if (ranks.empty()) return "";
+    const int first = *std::min_element(ranks.begin(), ranks.end(), [&](int a, int b) { return changed[a] < changed[b]; });
     return heartbeat_failure_message(ranks, seconds_since(changed[first]), last[first], hosts) +
            " — then the job's store, which rank 0 hosts, stopped answering: the ranks that saw it have ended";
   }
@@ -243,21 +246,12 @@ struct Heartbeat::State {
         }
       // Once one rank is past the timeout, every rank silent for more than half of it
       // goes into the same message: a host cut off loses all its ranks at once.
-      std::vector<int> hung;
-      double oldest = 0;
-      int first = -1;
-      for (int r = 0; r < env.world_size; ++r) {
-        if (r == env.rank || last[r].phase == kDone) continue;
-        const double age = std::chrono::duration<double>(now - changed[r]).count();
-        if (age * 1000 > timeout.count() && first < 0) first = r, oldest = age;
-      }
-      if (first >= 0) {
-        for (int r = 0; r < env.world_size; ++r) {
-          if (r == env.rank || last[r].phase == kDone) continue;
-          const double age = std::chrono::duration<double>(now - changed[r]).count();
-          if (age * 2000 > timeout.count()) hung.push_back(r);
-        }
-        failure = heartbeat_failure_message(hung, oldest, last[first], hosts);
+      const std::vector<int> over = silent_at(now, timeout);
+      if (!over.empty()) {
+        const int first = over.front();
+        const std::vector<int> hung = silent_at(now, std::chrono::nanoseconds(timeout) / 2);
+        failure = heartbeat_failure_message(hung, std::chrono::duration<double>(now - changed[first]).count(),
+                                            last[first], hosts);
         hung_count = static_cast<int>(hung.size());
       }
     }
