@@ -17,6 +17,7 @@
 #include "mesh_options.h"
 #include "mmsp/compat/quiet_c10_log.h"
 #include "mmsp/core/check.h"
+#include "mmsp/model/tiled_mlp.h"
 #include "mmsp/train/checkpoint/run_directory.h"
 #include "mmsp/train/memory/cuda_memory.h"
 #include "mmsp/train/run_checks.h"
@@ -34,6 +35,7 @@ Subcommand add_train_command(CLI::App& parent) {
   auto save_shard_size = std::make_shared<std::string>("5GB");
   auto memory_limit = std::make_shared<std::string>("auto");
   auto checkpointing = std::make_shared<std::string>("none");
+  auto tiled_mlp = std::make_shared<std::string>("off");
   CLI::App* app = parent.add_subcommand("train", "train a VLM with its sequences split across the ranks");
   flags->add_to(*app);
   app->add_option("--model", o->model, "built-in model name, a Hugging Face model directory (its weights) or a config.json (random weights)")->capture_default_str();
@@ -93,6 +95,13 @@ Subcommand add_train_command(CLI::App& parent) {
   app->add_option("--checkpoint-activations", *checkpointing,
                   "none, decoder (recompute each decoder layer in the backward) or all (and each vision block)")
       ->capture_default_str();
+  app->add_flag("--offload-activations", o->offload_activations,
+                "keep the recomputed layers' inputs in host memory until their backward (needs "
+                "--checkpoint-activations; on CUDA the copies overlap the compute)");
+  app->add_option("--tiled-mlp", *tiled_mlp,
+                  "off, auto (tiles of at most hidden-size tokens) or N: each decoder MLP runs over tiles of N "
+                  "tokens, forward and backward, so its [tokens, intermediate] activations exist one tile at a time")
+      ->capture_default_str();
   app->add_option("--out", o->out, "directory for metrics.jsonl and checkpoints");
   app->add_option("--checkpoint-every", o->checkpoint_every, "save every N steps (and at the end)")->capture_default_str();
   app->add_option("--keep", o->keep, "checkpoints to keep (0: all)")->capture_default_str();
@@ -110,7 +119,7 @@ Subcommand add_train_command(CLI::App& parent) {
   auto test_skew = std::make_shared<std::string>();
   app->add_option("--test-sleep-in-step", *test_sleep)->group("");
   app->add_option("--test-skew-batch", *test_skew)->group("");
-  return {app, [flags, o, vision, layout, placement, vision_split, save_shard_size, memory_limit, checkpointing, test_sleep, test_skew]() {
+  return {app, [flags, o, vision, layout, placement, vision_split, save_shard_size, memory_limit, checkpointing, tiled_mlp, test_sleep, test_skew]() {
             if (!test_sleep->empty())
               MMSP_CHECK(std::sscanf(test_sleep->c_str(), "%d:%ld:%lf", &o->test.sleep_rank, &o->test.sleep_step,
                                      &o->test.sleep_seconds) == 3,
@@ -136,6 +145,7 @@ Subcommand add_train_command(CLI::App& parent) {
                        "--placement adaptive splits long segments in zigzag order; it needs --layout zigzag, not ",
                        plan::to_string(o->layout));
             o->checkpoint_activations = model::parse_activation_checkpointing(*checkpointing);
+            o->tiled_mlp = model::parse_mlp_tile(*tiled_mlp);
             o->save_shard_bytes = parse_byte_size(*save_shard_size, "--save-shard-size");
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
             const dist::RankDevice rank_device = flags->rank_device(env);  // names a rank without its GPU

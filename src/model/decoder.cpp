@@ -9,6 +9,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/model/recompute.h"
+#include "mmsp/model/tiled_mlp.h"
 
 namespace mmsp::model {
 
@@ -76,6 +77,18 @@ DecoderLayer::Mlp::Mlp(const TextConfig& c) {
   down_proj = register_module("down_proj", std::make_shared<Linear>(c.intermediate_size, c.hidden_size, c.mlp_bias, s));
 }
 
+std::vector<at::Tensor> DecoderLayer::Mlp::weights() const {
+  return {gate_proj->weight, gate_proj->bias, up_proj->weight, up_proj->bias, down_proj->weight, down_proj->bias};
+}
+
+at::Tensor DecoderLayer::Mlp::apply(const at::Tensor& y, const std::vector<at::Tensor>& w) {
+  auto linear = [](const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+    return bias.defined() ? at::linear(x, weight, bias) : at::linear(x, weight);
+  };
+  const at::Tensor gated = at::silu(linear(y, w[0], w[1])) * linear(y, w[2], w[3]);
+  return linear(gated, w[4], w[5]);
+}
+
 DecoderLayer::DecoderLayer(const TextConfig& c, int64_t index) : config_(c), kind_(c.layer_kind(index)) {
   const bool zc = c.zero_centered_norm;
   input_layernorm_ = register_module("input_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, zc));
@@ -129,8 +142,8 @@ at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const DecoderContext&
                                   : attend(x, ctx);
   at::Tensor h = hidden + mixed;
   at::Tensor y = post_attention_layernorm_->forward(h);
-  at::Tensor gated = at::silu(mlp_->gate_proj->forward(y)) * mlp_->up_proj->forward(y);
-  return h + mlp_->down_proj->forward(gated);
+  if (ctx.mlp_tile > 0) return h + tiled_over_tokens(&Mlp::apply, y, mlp_->weights(), ctx.mlp_tile);
+  return h + Mlp::apply(y, mlp_->weights());
 }
 
 DecoderLayers::DecoderLayers(const TextConfig& c) {
@@ -206,6 +219,7 @@ at::Tensor Decoder::final_hidden(const at::Tensor& inputs_embeds, const DecoderC
   // frame); the deepstack rows are added between layers, outside it.
   DecoderContext layer_ctx = ctx;
   layer_ctx.deepstack.clear();
+  layer_ctx.mlp_tile = mlp_tile_tokens(mlp_tile_, h.size(0), config_.hidden_size);
   for (size_t i = 0; i < layers.size(); ++i) {
     std::shared_ptr<DecoderLayer> layer = layers[i];
     if (recompute_layers_) {
@@ -213,11 +227,11 @@ at::Tensor Decoder::final_hidden(const at::Tensor& inputs_embeds, const DecoderC
           layer_hooks_, i,
           [&](const at::Tensor& in) {
             return recompute_in_backward([layer, layer_ctx](const at::Tensor& x) { return layer->forward(x, layer_ctx); },
-                                         in, layer->parameters());
+                                         in, layer->parameters(), offload_);
           },
           h);
     } else {
-      h = run_hooked_layer(layer_hooks_, i, [&](const at::Tensor& in) { return layer->forward(in, ctx); }, h);
+      h = run_hooked_layer(layer_hooks_, i, [&](const at::Tensor& in) { return layer->forward(in, layer_ctx); }, h);
     }
     if (i < ctx.deepstack.size()) h = h.index_add(0, ctx.visual_slots, ctx.deepstack[i].to(h.scalar_type()));
   }

@@ -35,7 +35,7 @@ at::Tensor HookedBlocks::run(size_t i, std::function<at::Tensor(const at::Tensor
   return run_hooked_layer(
       hooks_, first_unit_ + i,
       [&](const at::Tensor& in) {
-        return recompute_ ? recompute_in_backward(block, in, blocks_[i].module->parameters()) : block(in);
+        return recompute_ ? recompute_in_backward(block, in, blocks_[i].module->parameters(), offload_) : block(in);
       },
       x);
 }

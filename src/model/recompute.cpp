@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/activation_offload.h"
 
 namespace mmsp::model {
 
@@ -37,9 +38,12 @@ using LayerFn = std::function<at::Tensor(const at::Tensor&)>;
 // The layer and its parameters, kept by the node until its backward (saved_data holds
 // IValues: a capsule carries them).
 struct Layer : torch::CustomClassHolder {
-  Layer(LayerFn fn, std::vector<at::Tensor> parameters) : fn(std::move(fn)), parameters(std::move(parameters)) {}
+  Layer(LayerFn fn, std::vector<at::Tensor> parameters, std::shared_ptr<ActivationOffload> offload)
+      : fn(std::move(fn)), parameters(std::move(parameters)), offload(std::move(offload)) {}
   LayerFn fn;
   std::vector<at::Tensor> parameters;
+  std::shared_ptr<ActivationOffload> offload;    // null: x is saved on its device
+  std::shared_ptr<ActivationOffload::Entry> x;  // with offload: x's host copy
 };
 
 struct Recompute : torch::autograd::Function<Recompute> {
@@ -47,14 +51,19 @@ struct Recompute : torch::autograd::Function<Recompute> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList parameters,
                             const c10::intrusive_ptr<Layer>& layer) {
     (void)parameters;
-    ctx->save_for_backward({x});
+    if (layer->offload)
+      layer->x = layer->offload->stash(x);
+    else
+      ctx->save_for_backward({x});
     ctx->saved_data["layer"] = c10::IValue::make_capsule(layer);
     return layer->fn(x);  // Function::apply runs this with grad off: nothing is kept
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     auto layer = c10::static_intrusive_pointer_cast<Layer>(ctx->saved_data["layer"].toCapsule());
-    const at::Tensor x = ctx->get_saved_variables()[0].detach().requires_grad_(true);
+    const at::Tensor saved = layer->offload ? layer->offload->restore(*layer->x) : ctx->get_saved_variables()[0];
+    layer->x.reset();  // the host copy is not needed again
+    const at::Tensor x = saved.detach().requires_grad_(true);
     at::Tensor y;
     {
       at::AutoGradMode with_grad(true);
@@ -72,11 +81,14 @@ struct Recompute : torch::autograd::Function<Recompute> {
 
 }  // namespace
 
-at::Tensor recompute_in_backward(LayerFn layer, const at::Tensor& x, const std::vector<at::Tensor>& parameters) {
+at::Tensor recompute_in_backward(LayerFn layer, const at::Tensor& x, const std::vector<at::Tensor>& parameters,
+                                 const std::shared_ptr<ActivationOffload>& offload) {
   std::vector<at::Tensor> trainable;
   for (const at::Tensor& p : parameters)
     if (p.requires_grad()) trainable.push_back(p);
-  auto holder = c10::make_intrusive<Layer>(std::move(layer), trainable);
+  // No backward will read x back (inference): nothing to stash.
+  const bool stash = offload && at::GradMode::is_enabled();
+  auto holder = c10::make_intrusive<Layer>(std::move(layer), trainable, stash ? offload : nullptr);
   return Recompute::apply(x, at::TensorList(trainable), holder);
 }
 

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/activation_offload.h"
 #include "mmsp/model/phase_marker.h"
 
 namespace mmsp::model {
@@ -81,9 +82,14 @@ StepOutput Vlm::forward(const RankInputs& in, const plan::StepPlan& plan, const 
   return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels.to(device), in.label_count};
 }
 
-void Vlm::set_activation_checkpointing(ActivationCheckpointing mode) {
-  decoder().set_recompute_layers(mode != ActivationCheckpointing::none);
-  vision_blocks().set_recompute(mode == ActivationCheckpointing::all);
+void Vlm::set_activation_checkpointing(ActivationCheckpointing mode, bool offload_inputs) {
+  MMSP_CHECK(!offload_inputs || mode != ActivationCheckpointing::none,
+             "--offload-activations keeps the inputs of recomputed layers in host memory: it needs "
+             "--checkpoint-activations decoder or all, not none");
+  // One store for the decoder and the tower: its prefetch follows the backward's order.
+  const auto offload = offload_inputs ? std::make_shared<ActivationOffload>() : nullptr;
+  decoder().set_recompute_layers(mode != ActivationCheckpointing::none, offload);
+  vision_blocks().set_recompute(mode == ActivationCheckpointing::all, offload);
 }
 
 std::vector<HookUnit> Vlm::hook_units() const {

@@ -13,6 +13,7 @@
 
 #include "mmsp/attention/fused_attention.h"
 #include "mmsp/core/check.h"
+#include "mmsp/model/tiled_mlp.h"
 #include "mmsp/model/vision_mode.h"
 
 namespace mmsp::train {
@@ -141,6 +142,8 @@ dist::AgreedFlags agreed_flags(const TrainOptions& o) {
           {"--attention-kernel", resolved_attention_kernel(o)},
           {"--loss-chunk", n(o.loss_chunk)},
           {"--checkpoint-activations", model::to_string(o.checkpoint_activations)},
+          {"--offload-activations", o.offload_activations ? "yes" : "no"},
+          {"--tiled-mlp", model::mlp_tile_name(o.tiled_mlp)},
           {"--steps", n(o.steps)},
           {"--stop-after", n(o.stop_after)},
           {"--tokens-per-rank", n(o.tokens_per_rank)},

@@ -23,6 +23,7 @@
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/parameter_init.h"
+#include "mmsp/model/tiled_mlp.h"
 #include "mmsp/model/family.h"
 #include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/model/vlm.h"
@@ -105,6 +106,8 @@ MemoryEstimate estimate_for(const model::ModelConfig& config, const model::Expec
   in.attention_block = o.attention_block;
   in.loss_chunk = loss_chunk;
   in.checkpointing = o.checkpoint_activations;
+  in.offload_activations = o.offload_activations && o.device.is_cuda();  // on the CPU the host is the device
+  in.mlp_tile = model::mlp_tile_tokens(o.tiled_mlp, o.tokens_per_rank, config.text.hidden_size);
   in.shard_level = parsed.shard_level;
   if (in.shard_level != ShardLevel::none) in.shard_world = world;
   return estimate_memory(config, shapes, in);
@@ -172,6 +175,11 @@ ParsedTrainOptions check_train_options(const TrainOptions& o, const plan::Mesh& 
   MMSP_CHECK(o.shapes_samples > 0, "--shapes-samples ", o.shapes_samples, " must be positive");
   MMSP_CHECK(o.attention_block > 0, "--attention-block ", o.attention_block, " must be positive");
   attention::parse_attention_kernel(o.attention_kernel);  // names a bad --attention-kernel before anything runs
+  MMSP_CHECK(!o.offload_activations || o.checkpoint_activations != model::ActivationCheckpointing::none,
+             "--offload-activations keeps the inputs of recomputed layers in host memory: it needs "
+             "--checkpoint-activations decoder or all, not none");
+  MMSP_CHECK(o.tiled_mlp >= model::kAutoMlpTile, "--tiled-mlp ", o.tiled_mlp,
+             " must be off (0), auto or a number of tokens per tile >= 1");
   MMSP_CHECK(o.loss_chunk >= 0, "--loss-chunk ", o.loss_chunk,
              " must be ≥ 0 (tokens per chunk of the LM head and loss; 0: the default, ≤ 256 MiB of logits)");
   MMSP_CHECK(o.lr > 0 && o.min_lr >= 0 && o.min_lr <= o.lr, "--lr ", o.lr, " and --min-lr ", o.min_lr,
@@ -284,7 +292,8 @@ Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist
   // The buffers (rotary tables) into the dtype, everything onto the rank's device; the
   // masters and optimizer state below follow the parameters there.
   t.vlm->to(o.device, in.dtype);
-  t.vlm->set_activation_checkpointing(o.checkpoint_activations);
+  t.vlm->set_activation_checkpointing(o.checkpoint_activations, o.offload_activations);
+  t.vlm->set_mlp_tile(o.tiled_mlp);
   AdamWOptions adamw;
   adamw.lr = o.lr;
   adamw.beta1 = o.beta1;

@@ -20,6 +20,7 @@
 
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/hf_directory.h"
+#include "mmsp/model/tiled_mlp.h"
 #include "mmsp/core/check.h"
 #include "mmsp/train/trainer.h"
 #include "multirank.h"
@@ -366,10 +367,16 @@ TEST(MultiRankTrain, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
         o.model = config_path;
         o.checkpoint_activations = mode;
         o.loss_chunk = 7;
+        // decoder on the widest mesh: with the memory layers too (MLPs in tiles of 3, offload)
+        if (mode == model::ActivationCheckpointing::decoder) {
+          o.tiled_mlp = 3;
+          o.offload_activations = true;
+        }
         const train::TrainReport got = train::train(o, mesh, log);
         if (checker)
           expect_same_run(got, refs[shape.dp], 1e-9,
-                          std::string(c.file) + " " + shape.str() + " " + model::to_string(mode));
+                          std::string(c.file) + " " + shape.str() + " " + model::to_string(mode) +
+                              (o.offload_activations ? " offloaded, tiled MLP" : ""));
       }
     }
     std::filesystem::remove(config_path);
@@ -526,6 +533,20 @@ TEST(MultiRankTrain, ShardedGradientsAndParametersEqualOneProcess) {
                             std::string(c.file) + " --shard " + level + " " + shape.str() + " " +
                                 model::to_string(mode));
         }
+      }
+      // The memory layers under ZeRO-3: MLPs in tiles of 5 tokens (the last one of a
+      // rank short), recomputed layers' inputs offloaded (on the CPU, the copy path).
+      if (shape.dp == 1) {
+        train::TrainOptions o = tiny_options(per_rank);
+        o.model = config_path;
+        o.shard = "parameters";
+        o.checkpoint_activations = model::ActivationCheckpointing::all;
+        o.offload_activations = true;
+        o.tiled_mlp = 5;
+        const train::TrainReport got = train::train(o, mesh, log);
+        if (checker)
+          expect_same_run(got, ref, 1e-9, std::string(c.file) + " --shard parameters --tiled-mlp 5 "
+                                          "--offload-activations " + shape.str());
       }
     }
     std::filesystem::remove(config_path);

@@ -56,6 +56,9 @@ expect_error model "'nope' is neither a built-in model" train --model nope
 expect_error vision "vision mode 'x'" train --vision x
 expect_error checkpointing "--checkpoint-activations 'layers' must be none, decoder" train --checkpoint-activations layers
 expect_error loss_chunk "--loss-chunk -3 must be ≥ 0" train --loss-chunk -3
+expect_error offload "--offload-activations keeps the inputs of recomputed layers in host memory: it needs" \
+  train --offload-activations
+expect_error tiled_mlp "--tiled-mlp '0' must be off, auto" train --tiled-mlp 0
 expect_error data_file "missing.jsonl" train --data "$work/missing.jsonl" --model "$src/configs/tiny-qwen2-vl.json"
 
 cfg="$src/configs/tiny-qwen2-vl.json"

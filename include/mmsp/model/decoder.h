@@ -19,6 +19,7 @@
 #include "mmsp/model/gated_deltanet.h"
 #include "mmsp/model/layer_hooks.h"
 #include "mmsp/model/linear.h"
+#include "mmsp/model/recompute.h"
 #include "mmsp/model/rotary.h"
 #include "mmsp/model/text_config.h"
 #include "mmsp/plan/model_conventions.h"
@@ -35,6 +36,9 @@ struct DecoderContext {
   RotaryTable rotary;
   // chunk of the Gated DeltaNet kernel (hybrid decoders), the one `linear` was planned for
   int64_t linear_chunk = attention::kGatedDeltaChunk;
+  // tokens per tile of the MLP (tiled_mlp.h); 0: untiled. Decoder::final_hidden sets it
+  // from the decoder's --tiled-mlp setting and this rank's tokens.
+  int64_t mlp_tile = 0;
   // Qwen3-VL deepstack: after decoder layer k, deepstack[k] [V, hidden] is added at
   // the local slots visual_slots [V] (the same slots the vision rows were spliced into).
   at::Tensor visual_slots;
@@ -87,6 +91,10 @@ class DecoderLayer : public torch::nn::Module {
   struct Mlp : torch::nn::Module {
     explicit Mlp(const TextConfig& config);
     std::shared_ptr<Linear> gate_proj, up_proj, down_proj;
+    // {gate, up, down} × {weight, bias} (undefined biases included), what apply() reads
+    std::vector<at::Tensor> weights() const;
+    // down(silu(gate(y)) · up(y)) with these weights: token-wise, so it can run in tiles
+    static at::Tensor apply(const at::Tensor& y, const std::vector<at::Tensor>& weights);
   };
   TextConfig config_;
   LayerKind kind_ = LayerKind::full_attention;
@@ -124,8 +132,14 @@ class Decoder : public torch::nn::Module {
   at::Tensor final_hidden(const at::Tensor& inputs_embeds, const DecoderContext& context) const;
   // The LM head's weight [vocab, hidden]: lm_head.weight, or the embedding when tied.
   const at::Tensor& head_weight() const { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
-  // Recompute each layer in the backward instead of keeping its activations.
-  void set_recompute_layers(bool on) { recompute_layers_ = on; }
+  // Recompute each layer in the backward instead of keeping its activations; `offload`
+  // (non-null) keeps each layer's input in host memory meanwhile (activation_offload.h).
+  void set_recompute_layers(bool on, std::shared_ptr<ActivationOffload> offload = nullptr) {
+    recompute_layers_ = on;
+    offload_ = std::move(offload);
+  }
+  // Every layer's MLP over tiles of tokens (tiled_mlp.h): 0 off, kAutoMlpTile, or tokens.
+  void set_mlp_tile(int64_t setting) { mlp_tile_ = setting; }
   // Called around every hooked unit's use (null: none); see layer_hooks.h.
   void set_layer_hooks(std::shared_ptr<LayerHooks> hooks) { layer_hooks_ = std::move(hooks); }
   // Each layer's parameters, in layer order.
@@ -152,6 +166,8 @@ class Decoder : public torch::nn::Module {
   size_t embedding_unit() const { return head_unit() + (lm_head ? 1 : 0); }
   TextConfig config_;
   bool recompute_layers_ = false;
+  std::shared_ptr<ActivationOffload> offload_;
+  int64_t mlp_tile_ = 0;
   std::shared_ptr<LayerHooks> layer_hooks_;
 };
 

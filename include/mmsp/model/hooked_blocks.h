@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mmsp/model/layer_hooks.h"
+#include "mmsp/model/recompute.h"
 
 namespace mmsp::model {
 
@@ -32,7 +33,10 @@ class HookedBlocks {
   // Hooked blocks gather, free and reduce with collectives: a rank without images must
   // still run them (on no rows), as the others do.
   bool hooked() const { return hooks_ != nullptr; }
-  void set_recompute(bool on) { recompute_ = on; }
+  void set_recompute(bool on, std::shared_ptr<ActivationOffload> offload = nullptr) {
+    recompute_ = on;
+    offload_ = std::move(offload);
+  }
 
   // y = block(x) for block i, between its hooks, recomputed in the backward when set.
   // `block` must capture by value what it reads: it may run again in the backward.
@@ -47,6 +51,7 @@ class HookedBlocks {
   std::shared_ptr<LayerHooks> hooks_;
   size_t first_unit_ = 0;
   bool recompute_ = false;
+  std::shared_ptr<ActivationOffload> offload_;  // recomputed blocks' inputs in host memory
 };
 
 }  // namespace mmsp::model

@@ -9,10 +9,13 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace mmsp::model {
+
+class ActivationOffload;
 
 // Which layers recompute in the backward (--checkpoint-activations).
 enum class ActivationCheckpointing { none, decoder, all };  // all: decoder layers and vision blocks
@@ -24,8 +27,10 @@ const char* to_string(ActivationCheckpointing mode);
 // backward. `parameters` are every tensor `layer` reads that needs a gradient (the
 // layer's weights): their gradients accumulate into .grad exactly as without
 // recomputation. `layer` must be deterministic (no dropout) and must capture by value
-// what it needs: it runs again after the caller's frame is gone.
+// what it needs: it runs again after the caller's frame is gone. `offload` (non-null:
+// --offload-activations) keeps x in host memory until the backward (activation_offload.h).
 at::Tensor recompute_in_backward(std::function<at::Tensor(const at::Tensor&)> layer, const at::Tensor& x,
-                                 const std::vector<at::Tensor>& parameters);
+                                 const std::vector<at::Tensor>& parameters,
+                                 const std::shared_ptr<ActivationOffload>& offload = nullptr);
 
 }  // namespace mmsp::model

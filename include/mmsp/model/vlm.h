@@ -70,8 +70,11 @@ class Vlm : public torch::nn::Module {
   at::Tensor vision_rows(const plan::StepPlan& plan, const PixelInputs& pixels, const VisionRouter& route) const;
 
   // none: keep every activation; decoder: recompute decoder layers in the backward;
-  // all: the vision tower's blocks too.
-  void set_activation_checkpointing(ActivationCheckpointing mode);
+  // all: the vision tower's blocks too. `offload_inputs`: the recomputed layers' and
+  // blocks' inputs wait in host memory for the backward (--offload-activations).
+  void set_activation_checkpointing(ActivationCheckpointing mode, bool offload_inputs = false);
+  // The decoder's MLPs over tiles of tokens (--tiled-mlp; tiled_mlp.h).
+  void set_mlp_tile(int64_t setting) { decoder_->set_mlp_tile(setting); }
 
   const ModelConfig& config() const { return config_; }
   Decoder& decoder() const { return *decoder_; }

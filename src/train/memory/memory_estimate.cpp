@@ -96,6 +96,10 @@ std::string MemoryEstimate::table() const {
   }
   row("total", total());
   out << "  (held + the largest moment)";
+  if (offloaded > 0) {
+    row("host", offloaded);
+    out << "  (the recomputed layers' inputs, offloaded: not on the device)";
+  }
   return out.str();
 }
 
@@ -245,16 +249,31 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   // up, activation and product (4I).
   const model::TextConfig& t = config.text;
   const int64_t T = in.tokens_per_rank, h = t.hidden_size, d = t.head_dim;
+  // A tiled MLP (--tiled-mlp) keeps none of the 4I: it keeps its input alone (the second
+  // norm's output, among the 6h) and makes the rest again in its backward, a tile at a time.
+  const bool tiled = in.mlp_tile > 0;
+  const int64_t I = t.intermediate_size;
   const int64_t per_token_layer =
-      6 * h + (5 * t.num_attention_heads + 4 * t.num_key_value_heads) * d + 4 * t.intermediate_size;
+      6 * h + (5 * t.num_attention_heads + 4 * t.num_key_value_heads) * d + (tiled ? 0 : 4 * I);
   const int64_t one_layer = T * per_token_layer * b;
-  e.activations = in.checkpointing == model::ActivationCheckpointing::none
-                      ? t.num_hidden_layers * one_layer
-                      : t.num_hidden_layers * T * h * b + one_layer;  // layer inputs + one recomputed layer
+  const int64_t layer_inputs = t.num_hidden_layers * T * h * b;
+  if (in.checkpointing == model::ActivationCheckpointing::none) {
+    e.activations = t.num_hidden_layers * one_layer;
+  } else if (in.offload_activations) {
+    // The inputs in host memory; on the device one recomputed layer, the input it was
+    // brought back for, and the next one on its way back.
+    e.activations = 2 * T * h * b + one_layer;
+    e.offloaded = layer_inputs;
+  } else {
+    e.activations = layer_inputs + one_layer;  // layer inputs + one recomputed layer
+  }
   // The largest transient of one layer: the MLP's intermediate in the backward
-  // (3 tensors of T×I), one attention block's fp32 scores, probabilities and their
-  // gradients (4 × H × block_q × block_k), or a Gated DeltaNet layer's (below).
-  const int64_t mlp = 3 * T * t.intermediate_size * b;
+  // (3 tensors of T×I; tiled: the 4 a tile's forward keeps and its backward's 3, plus
+  // one weight's gradient of the tile before it is summed and the input's gradient,
+  // filled a tile at a time: tests/model/test_memory_layers.cpp measures them), one
+  // attention block's fp32 scores, probabilities and their gradients (4 × H × block_q ×
+  // block_k), or a Gated DeltaNet layer's (below).
+  const int64_t mlp = tiled ? (7 * std::min(in.mlp_tile, T) * I + h * I + T * h) * b : 3 * T * I * b;
   const int64_t block = std::min(in.attention_block, std::max<int64_t>(T, 1));
   const int64_t attention = 4 * t.num_attention_heads * block * block * 4;
   // A Gated DeltaNet layer's recompute and backward (hybrid configs): its rule keeps the

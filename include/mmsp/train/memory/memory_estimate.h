@@ -14,6 +14,8 @@
 // update_peak_bytes) on the released Qwen3.5-0.8B and Qwen2-VL-7B at every level;
 // docs/finetune.md has every part's formula, docs/bench/sharding.md the measured rows.
 // The vision encoder's activations are not counted (small next to the decoder's).
+// --tiled-mlp and --offload-activations change the activations and the working set
+// (docs/finetune.md has the formulas).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -36,6 +38,10 @@ struct MemoryEstimateInputs {
   int64_t attention_block = 256;              // query/key block of the attention kernel
   int64_t loss_chunk = 0;                     // tokens per chunk of the LM head (0: all T at once)
   model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::none;
+  // --offload-activations on a device that is not the host: the recomputed layers'
+  // inputs wait in host memory (on the CPU they stay where they are: pass false).
+  bool offload_activations = false;
+  int64_t mlp_tile = 0;                       // tokens per tile of the MLP (--tiled-mlp resolved); 0: untiled
   ShardLevel shard_level = ShardLevel::none;  // --shard
   int shard_world = 1;                         // ... over this many ranks
 };
@@ -52,7 +58,8 @@ struct MemoryEstimate {
   int64_t optimizer = 0;       // AdamW's two moments in the master dtype
   // Stage 3's units gathered besides: in the forward, the loss and the backward.
   int64_t gathered_forward = 0, gathered_loss = 0, gathered_backward = 0;
-  int64_t activations = 0;     // kept for backward by the decoder layers
+  int64_t activations = 0;     // kept for backward by the decoder layers (on the device)
+  int64_t offloaded = 0;       // ... and in host memory (--offload-activations): not in total()
   int64_t working_set = 0;     // the largest transient of one layer (MLP or attention block)
   int64_t logits = 0;          // one chunk's logits, the loss's fp32 copies, the hidden state's gradient
   int64_t head_gradient = 0;   // the LM head's gradient, made whole by the loss's backward
