@@ -12,6 +12,7 @@
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/model/config.h"
+#include "mmsp/model/tiled_mlp.h"
 #include "mmsp/train/optim/shard_level.h"
 #include "mmsp/train/trainer.h"
 
@@ -25,6 +26,8 @@ struct Setting {
   const char* shard;
   model::ActivationCheckpointing checkpointing;
   bool chunked;
+  bool tiled_mlp = false;  // --tiled-mlp auto
+  bool offload = false;    // --offload-activations (saves device memory only off the host)
 };
 constexpr Setting kSettings[] = {
     {"none", model::ActivationCheckpointing::none, false},
@@ -34,7 +37,24 @@ constexpr Setting kSettings[] = {
     {"gradients", model::ActivationCheckpointing::decoder, true},
     {"parameters", model::ActivationCheckpointing::decoder, true},
     {"parameters", model::ActivationCheckpointing::all, true},
+    {"parameters", model::ActivationCheckpointing::all, true, true},
+    {"parameters", model::ActivationCheckpointing::all, true, true, true},
 };
+
+// A row's flags on a run's options.
+void apply(const Setting& setting, train::TrainOptions& t) {
+  t.shard = setting.shard;
+  t.checkpoint_activations = setting.checkpointing;
+  t.tiled_mlp = setting.tiled_mlp ? model::kAutoMlpTile : 0;
+  t.offload_activations = setting.offload;
+}
+
+json setting_fields(const Setting& setting) {
+  return {{"shard", setting.shard},
+          {"checkpoint_activations", model::to_string(setting.checkpointing)},
+          {"tiled_mlp", setting.tiled_mlp ? "auto" : "off"},
+          {"offload_activations", setting.offload}};
+}
 
 // Each rank's value, on every rank.
 std::vector<int64_t> every_rank(int64_t mine, const dist::Mesh& mesh) {
@@ -58,18 +78,18 @@ json longest_sequences(const std::vector<std::string>& models, const std::vector
         if (!wanted(setting)) continue;
         train::TrainOptions t;
         t.dtype = o.dtype;
-        t.shard = setting.shard;
-        t.checkpoint_activations = setting.checkpointing;
+        apply(setting, t);
+        t.device = c10::Device(c10::kCUDA, 0);  // the capacities are a GPU's: offloaded inputs leave it
         t.loss_chunk = setting.chunked ? o.loss_chunk : -1;  // unchunked: one chunk of all T
-        rows.push_back({{"model", models[i]},
-                        {"layers", o.scale.layers},
-                        {"ranks", world},
-                        {"dtype", o.dtype},
-                        {"shard", setting.shard},
-                        {"checkpoint_activations", model::to_string(setting.checkpointing)},
-                        {"loss_chunk", setting.chunked ? "default" : "off"},
-                        {"capacity_bytes", capacity},
-                        {"longest_tokens_per_rank", train::longest_tokens_per_rank(config, t, world, capacity)}});
+        json row = {{"model", models[i]},
+                    {"layers", o.scale.layers},
+                    {"ranks", world},
+                    {"dtype", o.dtype},
+                    {"loss_chunk", setting.chunked ? "default" : "off"},
+                    {"capacity_bytes", capacity},
+                    {"longest_tokens_per_rank", train::longest_tokens_per_rank(config, t, world, capacity)}};
+        row.update(setting_fields(setting));
+        rows.push_back(row);
       }
   }
   return {{"benchmark", "memory-longest"},
@@ -111,8 +131,7 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
       t.dtype = o.dtype;
       t.steps = o.steps;
       t.tokens_per_rank = o.tokens_per_rank;
-      t.shard = setting.shard;
-      t.checkpoint_activations = setting.checkpointing;
+      apply(setting, t);
       t.loss_chunk = setting.chunked ? o.loss_chunk : o.tokens_per_rank;  // unchunked: one chunk of all T
       t.memory_limit_bytes = 0;
       t.quiet = true;
@@ -130,8 +149,6 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
                   {"ranks", env.world_size},
                   {"tokens_per_rank", o.tokens_per_rank},
                   {"dtype", o.dtype},
-                  {"shard", setting.shard},
-                  {"checkpoint_activations", model::to_string(setting.checkpointing)},
                   {"loss_chunk", setting.chunked ? (o.loss_chunk > 0 ? std::to_string(o.loss_chunk) : "default") : "off"},
                   {"parameters", e.parameter_count},
                   {"measured",
@@ -147,7 +164,9 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
                       {"other", last.other_s}}},
                     {"sent_bytes", last.comm_bytes}}},
                   {"estimate", json::object()}};
+      row.update(setting_fields(setting));
       for (const auto& [name, bytes] : e.parts()) row["estimate"][name] = bytes;
+      row["estimate"]["offloaded_to_host"] = e.offloaded;
       row["estimate"]["total"] = e.total();
       row["estimate"]["training_state"] = e.training_state();
       row["device"] = o.device.str();

@@ -197,7 +197,9 @@ Subcommand add_bench_command(CLI::App& parent) {
                 const nlohmann::json& row = partial["rows"].back();
                 std::cerr << "bench memory: row " << partial["rows"].size() << ": shard " << row["shard"].get<std::string>()
                           << ", checkpoint " << row["checkpoint_activations"].get<std::string>() << ", loss chunk "
-                          << row["loss_chunk"].get<std::string>() << ": peak " << row["measured"]["step_peak_bytes"]
+                          << row["loss_chunk"].get<std::string>() << ", tiled MLP "
+                          << row["tiled_mlp"].get<std::string>() << (row["offload_activations"].get<bool>() ? ", offload" : "")
+                          << ": peak " << row["measured"]["step_peak_bytes"]
                           << " B, step " << row["measured"]["step_seconds"] << " s" << std::endl;
                 if (!out.empty()) std::ofstream(out) << partial.dump(2) << std::endl;
               };

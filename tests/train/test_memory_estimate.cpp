@@ -14,6 +14,7 @@
 #include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/model/family.h"
 #include "mmsp/model/parameter_init.h"
+#include "mmsp/model/tiled_mlp.h"
 #include "mmsp/model/vlm.h"
 #include "mmsp/train/optim/grad_sync.h"
 #include "mmsp/train/optim/master_weights.h"
@@ -287,6 +288,41 @@ TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {
   in.loss_chunk = 7;
   in.compute_dtype = at::kBFloat16;  // + the head weight's fp32 gradient sum
   EXPECT_EQ(estimate_memory(config, shapes, in).logits, 7 * V * (2 + 12) + 4 * T + 4 * T * h);
+}
+
+// --tiled-mlp drops the MLP's 4I per token and layer from what the layers keep and
+// bounds its working set by a tile (the tile's 7 intermediates, one weight's gradient,
+// the input's gradient); --offload-activations, off the host, moves the recomputed
+// layers' inputs to host memory and leaves 2 on the device (one back, one coming).
+TEST(MemoryEstimate, TiledMlpAndOffloadFollowTheirFormulas) {
+  const std::string file = "configs/hf/Qwen2-VL-7B-Instruct.json";
+  const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/" + file);
+  const Shapes shapes = skeleton(file);
+  const model::TextConfig& t = config.text;
+  const int64_t T = 32768, L = t.num_hidden_layers, h = t.hidden_size, I = t.intermediate_size, b = 2;
+  MemoryEstimateInputs in;
+  in.compute_dtype = at::kBFloat16;
+  in.tokens_per_rank = T;
+  in.shard_level = ShardLevel::parameters;
+  in.shard_world = 8;
+  in.loss_chunk = 1024;
+  const MemoryEstimate plain = estimate_memory(config, shapes, in);
+  EXPECT_EQ(plain.working_set, 3 * T * I * b);  // the MLP's, 3.7 GB: the largest transient
+  in.mlp_tile = model::mlp_tile_tokens(model::kAutoMlpTile, T, h);
+  EXPECT_EQ(in.mlp_tile, 3277);  // 10 tiles: ceil(32768 / 3584) = 10
+  const MemoryEstimate tiled = estimate_memory(config, shapes, in);
+  EXPECT_EQ(plain.activations - tiled.activations, L * T * 4 * I * b);
+  EXPECT_EQ(tiled.working_set, (7 * in.mlp_tile * I + h * I + T * h) * b);
+  in.checkpointing = model::ActivationCheckpointing::decoder;
+  const MemoryEstimate recomputed = estimate_memory(config, shapes, in);
+  in.offload_activations = true;
+  const MemoryEstimate offloaded = estimate_memory(config, shapes, in);
+  EXPECT_EQ(offloaded.offloaded, L * T * h * b);
+  EXPECT_EQ(recomputed.activations - offloaded.activations, (L - 2) * T * h * b);
+  EXPECT_EQ(offloaded.total() + (L - 2) * T * h * b, recomputed.total());
+  EXPECT_THAT(offloaded.table(), HasSubstr("host"));
+  for (size_t k = 0; k < offloaded.parts().size(); ++k)  // nothing else moves
+    if (offloaded.parts()[k].first != "activations") { EXPECT_EQ(offloaded.parts()[k], recomputed.parts()[k]); }
 }
 
 // A hybrid model's working set is its Gated DeltaNet layer's when that is the largest:
