@@ -192,7 +192,9 @@ $run $mmsp bench memory --model "$src/configs/tiny-qwen2-vl.json" --tokens-per-r
 python3 - "$work/bench-memory.json" <<'PY' || fail "bench memory --shard parameters: wrong rows"
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
-assert [(r["shard"], r["checkpoint_activations"]) for r in rows] == [("parameters", "decoder"), ("parameters", "all")], rows
+assert [(r["shard"], r["checkpoint_activations"], r["tiled_mlp"], r["offload_activations"]) for r in rows] == [
+    ("parameters", "decoder", "off", False), ("parameters", "all", "off", False),
+    ("parameters", "all", "auto", False), ("parameters", "all", "auto", True)], rows
 assert all(r["measured"]["step_peak_bytes"] > 0 and r["estimate"]["total"] > 0 for r in rows)
 PY
 grep -q "bench memory: row 2: shard parameters, checkpoint all" "$work/bench-memory.log" ||
