@@ -174,6 +174,7 @@ std::vector<HookUnit> Decoder::hook_units() const {
   std::vector<HookUnit> units;
   for (const auto& layer : model->layers->list) units.push_back(HookUnit{layer->parameters()});
   HookUnit head{{head_weight()}};
+  head.vocab_rows = true;
   if (!lm_head) {
     head.forward_uses = 2;  // the lookup, then the loss
     head.lookup_rows = true;
@@ -184,6 +185,7 @@ std::vector<HookUnit> Decoder::hook_units() const {
     embedding.backward_hooks = false;  // its only gradient is the lookup's rows
     embedding.lookup_rows = true;
     embedding.prefetched = false;  // used first, not after the head
+    embedding.vocab_rows = true;
     units.push_back(embedding);
   }
   return units;
@@ -199,9 +201,14 @@ at::Tensor Decoder::embed(const at::Tensor& token_ids) const {
 }
 
 at::Tensor Decoder::apply_head(const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& head,
-                               const at::Tensor& hidden) const {
+                               const at::Tensor& hidden, const RowsHead& by_rows) const {
   const at::Tensor& weight = head_weight();
-  return run_hooked_layer(layer_hooks_, head_unit(), [&](const at::Tensor& h) { return head(h, weight); }, hidden);
+  const std::shared_ptr<RowShardedWeight> rows = layer_hooks_ ? layer_hooks_->row_sharded(head_unit()) : nullptr;
+  if (rows)
+    MMSP_CHECK(by_rows != nullptr, "the LM head is row-sharded (--shard parameters) but its reader needs it whole");
+  return run_hooked_layer(
+      layer_hooks_, head_unit(),
+      [&](const at::Tensor& h) { return rows ? by_rows(h, *rows) : head(h, weight); }, hidden);
 }
 
 std::vector<std::vector<at::Tensor>> Decoder::layer_parameters() const {

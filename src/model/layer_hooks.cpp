@@ -44,10 +44,12 @@ at::Tensor on_backward(const std::shared_ptr<LayerHooks>& hooks, size_t index, b
 // hands the output's gradient to the hooks as rows. `anchor` is an empty leaf that
 // requires a gradient, so that the engine runs this backward at all; it gets none.
 struct LookupRows : torch::autograd::Function<LookupRows> {
+  // A row-sharded unit's rows are looked up where they are kept (`weight` is not read).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& anchor, const at::Tensor& weight,
                             const at::Tensor& token_ids, const c10::intrusive_ptr<HookHolder>& hook) {
     ctx->saved_data["hook"] = c10::IValue::make_capsule(hook);
     ctx->saved_data["ids"] = token_ids;
+    if (const auto rows = hook->hooks->row_sharded(hook->index)) return rows->lookup(token_ids);
     return at::embedding(weight, token_ids);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -63,7 +65,11 @@ struct LookupRows : torch::autograd::Function<LookupRows> {
 
 at::Tensor hooked_lookup(const std::shared_ptr<LayerHooks>& hooks, size_t unit, const at::Tensor& weight,
                          const at::Tensor& token_ids) {
-  if (!hooks || !weight.requires_grad() || !at::GradMode::is_enabled()) return at::embedding(weight, token_ids);
+  const std::shared_ptr<RowShardedWeight> rows = hooks ? hooks->row_sharded(unit) : nullptr;
+  if (!hooks || !weight.requires_grad() || !at::GradMode::is_enabled()) {
+    if (rows) return rows->lookup(token_ids);  // the table is never whole here
+    return at::embedding(weight, token_ids);
+  }
   const at::Tensor anchor = at::empty({0}, weight.options()).requires_grad_();
   return LookupRows::apply(anchor, weight.detach(), token_ids, c10::make_intrusive<HookHolder>(hooks, unit, false));
 }

@@ -459,11 +459,17 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   watch.phase("forward");
   auto out = parallel::forward_step(run.vlm, batch, plan, pixels, run.groups, run.o.vision, run.attention);
   // The head through the decoder: --shard parameters gathers its weight around the loss.
+  // Under it the head is row-sharded: read in rounds of rows, never whole.
   at::Tensor loss = run.vlm.decoder().apply_head(
       [&](const at::Tensor& hidden, const at::Tensor& weight) {
         return chunked_lm_loss(hidden, weight, out.labels, out.label_count, run.loss_chunk);
       },
-      out.hidden);
+      out.hidden,
+      [&](const at::Tensor& hidden, model::RowShardedWeight& head) {
+        return chunked_lm_loss(hidden, head, out.labels, out.label_count,
+                               row_sharded_block(run.loss_chunk, run.o.tokens_per_rank, head.vocab(),
+                                                 static_cast<int>(head.ranks())));
+      });
   watch.phase("backward");
   loss.backward();
   watch.backward_done();

@@ -177,10 +177,24 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(stage2.optimizer, sharded.optimizer);
   in.shard_level = ShardLevel::parameters;
   const MemoryEstimate stage3 = estimate_memory(config, shapes, in);
+  // The head by rounds of rows (row_sharded_table.h): 4 ranks give B rows each a round,
+  // B such that a round's logits over the 64 tokens are one chunk of the whole vocabulary.
+  const int64_t V = config.text.vocab_size, h = config.text.hidden_size;
+  const int64_t block = row_sharded_block(64, 64, V, 4), round = 4 * block * h;
+  ASSERT_EQ(block, (V + 3) / 4);  // one chunk of all T: one round of every rank's rows
   EXPECT_EQ(stage3.parameters, 2 * kept);
-  EXPECT_EQ(stage3.gathered_forward, 2 * (unit + 2 * head));  // the last layer, the head in flight
-  EXPECT_EQ(stage3.gathered_loss, 2 * (head + 2 * unit));     // the head, the last layer in flight
+  EXPECT_EQ(stage3.gathered_forward, 2 * (unit + 2 * unit));  // a layer, the next in flight (never the head)
+  EXPECT_EQ(stage3.gathered_loss, 2 * (3 * round + 2 * unit));  // rounds of rows, the last layer in flight
   EXPECT_EQ(stage3.gathered_backward, 2 * 3 * unit);          // a layer, the one before in flight
+  EXPECT_EQ(stage3.head_gradient, round * (2 + 2 * 4) + (V + 3) / 4 * h * 4);  // a round's, the head's shard
+  // With chunks of 8 tokens: rounds of an eighth of the vocabulary, a quarter from each rank.
+  {
+    MemoryEstimateInputs chunked = in;
+    chunked.loss_chunk = 8;
+    const int64_t b8 = row_sharded_block(8, 64, V, 4);
+    EXPECT_EQ(b8, (V / 8 + 3) / 4);
+    EXPECT_EQ(estimate_memory(config, shapes, chunked).gathered_loss, 2 * (3 * 4 * b8 * h + 2 * unit));
+  }
   // One decoder layer larger than any vision block: its neighbour in flight is a block.
   {
     Shapes one_layer;
@@ -189,7 +203,7 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
     ASSERT_GT(layer0, block0);
     const MemoryEstimate cut = estimate_memory(config, one_layer, in);
     EXPECT_EQ(cut.gathered_backward, 2 * (layer0 + 2 * block0));
-    EXPECT_EQ(cut.gathered_forward, 2 * (layer0 + 2 * head));
+    EXPECT_EQ(cut.gathered_forward, 2 * (layer0 + 2 * block0));
   }
   EXPECT_EQ(stage3.gradients, stage2.gradients);
 }

@@ -152,9 +152,12 @@ class Decoder : public torch::nn::Module {
   // token_ids [L] -> [L, hidden], the embedding's hooks around the read.
   at::Tensor embed(const at::Tensor& token_ids) const;
   // head(hidden, head_weight()) with the head's hooks around it, forward and backward:
-  // `head` is what reads the weight (logits, or the chunked loss).
+  // `head` is what reads the weight (logits, or the chunked loss). When the hooks keep
+  // the head row-sharded (ZeRO-3, layer_hooks.h), by_rows(hidden, its rows) runs instead:
+  // the chunked loss reads it by rounds; a reader without one (logits) is refused.
+  using RowsHead = std::function<at::Tensor(const at::Tensor& hidden, RowShardedWeight& rows)>;
   at::Tensor apply_head(const std::function<at::Tensor(const at::Tensor& hidden, const at::Tensor& weight)>& head,
-                        const at::Tensor& hidden) const;
+                        const at::Tensor& hidden, const RowsHead& by_rows = nullptr) const;
 
   const TextConfig& config() const { return config_; }
   std::shared_ptr<DecoderBody> model;

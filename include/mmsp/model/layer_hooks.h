@@ -19,6 +19,8 @@
 #include <memory>
 #include <vector>
 
+#include "mmsp/model/row_sharded_weight.h"
+
 namespace mmsp::model {
 
 class LayerHooks {
@@ -34,6 +36,10 @@ class LayerHooks {
   // thousand tokens. Called inside the backward: it must not run collectives (ranks
   // without images reach it at another point of the backward than ranks with them).
   virtual void lookup_backward(size_t unit, const at::Tensor& token_ids, const at::Tensor& grad_rows) = 0;
+  // A unit whose table is read by rows, not whole (HookUnit::vocab_rows, under ZeRO-3):
+  // the head's loss reads it in rounds, the lookup the rows of its tokens; its other
+  // hooks neither gather nor reduce it. Null: the unit is gathered whole around its uses.
+  virtual std::shared_ptr<RowShardedWeight> row_sharded(size_t /*unit*/) { return nullptr; }
 };
 
 // One hooked unit and how a step uses it, so that ZeRO knows how often its weights are
@@ -45,6 +51,8 @@ struct HookUnit {
                                 // and its dense gradient is complete at after_backward
   bool lookup_rows = false;     // the token lookup reads it: that gradient comes as rows
                                 // (LayerHooks::lookup_backward), after the backward
+  bool vocab_rows = false;      // a [V, h] table (the head, the embedding) that may be read by rows
+                                // (LayerHooks::row_sharded) instead of whole
   bool prefetched = true;       // the forward reaches it right after unit − 1 (and the backward
                                 // unit − 1 right after it), so that one may issue its gather early
                                 // (false: the first of a chain, such as vision block 0)
@@ -62,7 +70,8 @@ at::Tensor run_hooked_layer(const std::shared_ptr<LayerHooks>& hooks, size_t ind
 
 // weight[token_ids] whose backward gives the output's gradient to hooks->lookup_backward
 // as rows, and nothing to `weight`'s dense gradient. Without hooks (or without a
-// gradient to take) it is at::embedding.
+// gradient to take) it is at::embedding. A row-sharded unit's rows come from its
+// RowShardedWeight (hooks->row_sharded): `weight` is not read then.
 at::Tensor hooked_lookup(const std::shared_ptr<LayerHooks>& hooks, size_t unit, const at::Tensor& weight,
                          const at::Tensor& token_ids);
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "mmsp/core/check.h"
 
@@ -101,7 +102,122 @@ struct ChunkedLmLoss : torch::autograd::Function<ChunkedLmLoss> {
   }
 };
 
+// The head by rounds of rows (row_sharded_weight.h): round k holds, at row r·B + j, the
+// table's row r·R + k·B + j when that is a row of rank r's (j < R − k·B) and of the
+// table (< V); the other rows are padding, their logits −∞ (no probability, no gradient).
+struct Round {
+  at::Tensor ids;    // [P·B] the table row of each gathered row (long)
+  at::Tensor valid;  // [P·B] bool
+};
+
+Round round_rows(const model::RowShardedWeight& head, int64_t k, int64_t block, const at::Device& device) {
+  const int64_t P = head.ranks(), R = head.rows_per_rank();
+  const at::Tensor j = at::arange(block, at::TensorOptions().dtype(at::kLong).device(device));
+  const at::Tensor r = at::arange(P, at::TensorOptions().dtype(at::kLong).device(device));
+  const at::Tensor offset = (j + k * block).unsqueeze(0).expand({P, block});  // within a rank's rows
+  const at::Tensor ids = (r.unsqueeze(1) * R + offset).reshape({-1});
+  return {ids, ((offset < R).reshape({-1}) & (ids < head.vocab()))};
+}
+
+// Where each token's label sits in round k ([T, 1], clamped), and whether it is there.
+std::pair<at::Tensor, at::Tensor> label_in_round(const at::Tensor& label, const model::RowShardedWeight& head,
+                                                  int64_t k, int64_t block) {
+  const int64_t R = head.rows_per_rank();
+  const at::Tensor owner = at::floor_divide(label, R), offset = label - owner * R - k * block;
+  const at::Tensor here = (offset >= 0) & (offset < block);
+  return {(owner * block + offset).clamp(0, head.ranks() * block - 1), here};
+}
+
+// The table the node reads again in its backward (it outlives the step: the optimizer owns it).
+struct HeadRef : torch::CustomClassHolder {
+  explicit HeadRef(model::RowShardedWeight& head) : head(head) {}
+  model::RowShardedWeight& head;
+};
+
+struct RowShardedLmLoss : torch::autograd::Function<RowShardedLmLoss> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& labels,
+                            int64_t label_count, int64_t block, const c10::intrusive_ptr<HeadRef>& ref) {
+    model::RowShardedWeight* head = &ref->head;
+    const int64_t T = hidden.size(0);
+    const at::ScalarType wide = wide_of(hidden);
+    const auto options = hidden.options().dtype(wide);
+    const double inf = std::numeric_limits<double>::infinity();
+    at::Tensor top = at::full({T}, -inf, options), total = at::zeros({T}, options), target = at::zeros({T}, options);
+    const at::Tensor label = labels.clamp_min(0).unsqueeze(1);  // [T, 1]
+    for (int64_t k = 0; k < head->rounds(block); ++k) {
+      const at::Tensor w = head->gather_round(k, block);  // [P·B, h]
+      const Round round = round_rows(*head, k, block, hidden.device());
+      const at::Tensor logits = at::linear(hidden, w).to(wide).masked_fill_(round.valid.logical_not(), -inf);
+      const at::Tensor next = at::maximum(top, std::get<0>(logits.max(1)));
+      // exp(−∞ − next) = 0 for padding; next is finite: round 0 holds rank 0's first rows.
+      total = total * (top - next).exp() + (logits - next.unsqueeze(1)).exp().sum(1);
+      top = next;
+      const auto [at_label, here] = label_in_round(label, *head, k, block);
+      const at::Tensor picked = logits.gather(1, at_label);
+      target += at::where(here, picked, at::zeros_like(picked)).squeeze(1);
+    }
+    const at::Tensor lse = top + total.log();
+    const at::Tensor valid = labels != kIgnore;
+    const at::Tensor sum = at::where(valid, lse - target, at::zeros_like(lse)).sum();
+    ctx->save_for_backward({hidden, labels, lse});
+    ctx->saved_data["label_count"] = label_count;
+    ctx->saved_data["block"] = block;
+    ctx->saved_data["head"] = c10::IValue::make_capsule(ref);
+    return sum / static_cast<double>(label_count);
+  }
+
+  // chunked_lm_loss's backward, a round at a time: each round's rows gathered again, the
+  // hidden state's gradient summed over rounds, each round's weight gradient sent to its
+  // rows' owners before the next round.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &hidden = saved[0], &labels = saved[1], &lse = saved[2];
+    const int64_t block = ctx->saved_data["block"].toInt();
+    model::RowShardedWeight* head =
+        &c10::static_intrusive_pointer_cast<HeadRef>(ctx->saved_data["head"].toCapsule())->head;
+    const at::ScalarType wide = lse.scalar_type();
+    const at::Tensor scale = grads[0].to(wide) / static_cast<double>(ctx->saved_data["label_count"].toInt());
+    const at::Tensor valid = (labels != kIgnore).to(wide).unsqueeze(1) * scale;
+    const at::Tensor label = labels.clamp_min(0).unsqueeze(1);
+    const at::Tensor lse_t = lse.unsqueeze(1);
+    const bool narrow = hidden.scalar_type() != wide;
+    at::Tensor grad_hidden = at::zeros(hidden.sizes(), hidden.options().dtype(wide));
+    const double inf = std::numeric_limits<double>::infinity();
+    for (int64_t k = 0; k < head->rounds(block); ++k) {
+      const at::Tensor w = head->gather_round(k, block);
+      const Round round = round_rows(*head, k, block, hidden.device());
+      at::Tensor d = (at::linear(hidden, w).to(wide).masked_fill_(round.valid.logical_not(), -inf) - lse_t).exp_();
+      const auto [at_label, here] = label_in_round(label, *head, k, block);
+      d.scatter_add_(1, at_label, -here.to(wide));
+      d.mul_(valid);
+      const at::Tensor dd = narrow ? d.to(hidden.scalar_type()) : d;
+      grad_hidden.add_(at::matmul(dd, w));
+      head->reduce_round(k, block, at::matmul(dd.t(), hidden));
+    }
+    return {grad_hidden.to(hidden.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+int64_t row_sharded_block(int64_t chunk, int64_t tokens_per_rank, int64_t vocab, int ranks) {
+  MMSP_CHECK(chunk > 0 && tokens_per_rank > 0 && vocab > 0 && ranks > 0, "row_sharded_block: chunk ", chunk,
+             ", tokens ", tokens_per_rank, ", vocab ", vocab, " and ranks ", ranks, " must be positive");
+  const int64_t per_round = block_rows(chunk, tokens_per_rank, vocab);  // rows of the whole table a round
+  const int64_t R = (vocab + ranks - 1) / ranks;
+  return std::clamp<int64_t>((per_round + ranks - 1) / ranks, 1, R);
+}
+
+at::Tensor chunked_lm_loss(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
+                           int64_t label_count, int64_t block) {
+  MMSP_CHECK(label_count > 0, "the batch has no label tokens: nothing to learn from (check loss_mask)");
+  MMSP_CHECK(block > 0, "a row-sharded head is read in rounds of at least one row, not ", block);
+  MMSP_CHECK(hidden.dim() == 2 && hidden.size(1) == head.width(), "hidden ", hidden.sizes(),
+             " must be [T, ", head.width(), "] for the LM head");
+  MMSP_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0), "labels ", labels.sizes(),
+             " must be [", hidden.size(0), "] (one per token)");
+  return RowShardedLmLoss::apply(hidden, labels, label_count, block, c10::make_intrusive<HeadRef>(head));
+}
 
 at::Tensor chunked_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
                            int64_t label_count, int64_t chunk) {

@@ -8,6 +8,7 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/model/family.h"
+#include "mmsp/train/loss/chunked_loss.h"
 #include "mmsp/train/optim/grad_sync.h"
 #include "mmsp/train/optim/sharded_adamw.h"
 
@@ -220,14 +221,24 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
       // Stage 3: whole for the step only the weights outside the units; besides them a
       // unit in use and the next one's gather in flight, which holds its buffer and,
       // under Gloo, a flat copy of it until it lands (2 units' bytes). In the forward
-      // a layer or vision block and the next (the last layer: the head); in the loss
-      // the head and the last layer; in the backward a layer and the one before. A
-      // unit not prefetched (the embedding, vision block 0) is gathered in rounds.
+      // a layer or vision block and the next, or the embedding's looked-up rows (T·h,
+      // and their copy on the way); in the loss a round of the head's rows (P·B of
+      // them, row_sharded_table.h) and the next one in flight, and the last layer's
+      // gather issued by the head's backward; in the backward a layer and the one
+      // before. The head is never whole, nor is its gradient: a round's (in the
+      // model's dtype, in the master dtype, and the P pieces its reduce-scatter
+      // receives) and the head's own shard of it.
       const int64_t U = largest_layer, U2 = next_layer;
+      const int64_t h_head = config.text.hidden_size, V = std::max<int64_t>(1, head / std::max<int64_t>(h_head, 1));
+      const int64_t chunk = in.loss_chunk > 0 ? std::min(in.loss_chunk, in.tokens_per_rank) : in.tokens_per_rank;
+      const int64_t B = row_sharded_block(std::max<int64_t>(chunk, 1), std::max<int64_t>(in.tokens_per_rank, 1), V,
+                                          static_cast<int>(W));
+      const int64_t round = W * B * h_head, head_shard = (V + W - 1) / W * h_head;
       e.parameters = kept * b;
-      e.gathered_forward = std::max(U + 2 * std::max(U2, head), embedding) * b;
-      e.gathered_loss = (head + 2 * U) * b;
+      e.gathered_forward = std::max(U + 2 * U2, 2 * lookup_rows) * b;
+      e.gathered_loss = 3 * round * b + 2 * U * b;
       e.gathered_backward = (U + 2 * U2) * b;
+      e.head_gradient = round * (b + 2 * m) + head_shard * m;
     }
   } else {
     e.master_weights = mixed ? P * m : 0;

@@ -19,7 +19,7 @@ std::vector<ShardUnitUse> shard_unit_uses(const std::vector<model::HookUnit>& un
   std::vector<ShardUnitUse> uses;
   for (const model::HookUnit& u : units)
     uses.push_back(ShardUnitUse{u.forward_uses + (u.backward_hooks ? 1 : 0), u.backward_hooks, u.prefetched,
-                                u.lookup_rows});
+                                u.lookup_rows, u.vocab_rows});
   return uses;
 }
 
@@ -41,6 +41,9 @@ class ShardedLayerHooks : public model::LayerHooks {
   void after_backward(size_t unit) override {
     sharded_.reduce_unit(static_cast<int>(unit));
     sharded_.weights_.release_unit(static_cast<int>(unit));
+  }
+  std::shared_ptr<model::RowShardedWeight> row_sharded(size_t unit) override {
+    return sharded_.row_table(static_cast<int>(unit));
   }
   void lookup_backward(size_t unit, const at::Tensor& token_ids, const at::Tensor& grad_rows) override {
     sharded_.keep_lookup_rows(static_cast<int>(unit), token_ids, grad_rows);
@@ -71,6 +74,11 @@ ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype
     Shard s;
     s.bucket = bucket;
     s.shard = (bucket.numel + P - 1) / P;
+    // Stage 3's [V, h] tables alone in their bucket: row-aligned shards, read by rows.
+    const at::Tensor& first_param = model_[bucket.params.front()].second;
+    const bool by_rows = level_ == ShardLevel::parameters && bucket.unit >= 0 && use_of(bucket.unit).by_rows &&
+                         bucket.params.size() == 1 && first_param.dim() == 2;
+    if (by_rows) s.shard = RowShardedTable::rows_per_rank(first_param.size(0), static_cast<int>(P)) * first_param.size(1);
     const auto options = at::TensorOptions().dtype(master_dtype_).device(bucket.device);
     s.master = at::zeros({s.shard}, options);
     s.exp_avg = at::zeros({s.shard}, options);
@@ -92,7 +100,18 @@ ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype
       if (unit_buckets_.size() <= static_cast<size_t>(bucket.unit)) unit_buckets_.resize(bucket.unit + 1);
       unit_buckets_[bucket.unit].push_back(shards_.size());
     }
-    weights_.add_bucket(bucket, s.shard, s.master, use_of(bucket.unit).prefetched);
+    weights_.add_bucket(bucket, s.shard, s.master, use_of(bucket.unit).prefetched, by_rows);
+    if (by_rows) {
+      if (row_tables_.size() <= static_cast<size_t>(bucket.unit)) row_tables_.resize(bucket.unit + 1);
+      const size_t index = shards_.size();
+      row_tables_[bucket.unit] = std::make_shared<RowShardedTable>(
+          first_param.size(0), first_param.size(1), s.master,
+          [this, index] {
+            ensure_grad(shards_[index]);
+            return shards_[index].grad;
+          },
+          bucket.dtype, world_);
+    }
     shards_.push_back(std::move(s));
   }
 }
@@ -177,8 +196,14 @@ const ShardUnitUse& ShardedAdamW::use_of(int unit) const {
   return unit >= 0 && static_cast<size_t>(unit) < uses_.size() ? uses_[unit] : layer;
 }
 
+std::shared_ptr<RowShardedTable> ShardedAdamW::row_table(int unit) const {
+  return unit >= 0 && static_cast<size_t>(unit) < row_tables_.size() ? row_tables_[unit] : nullptr;
+}
+
+bool ShardedAdamW::dense_gradient(int unit) const { return use_of(unit).dense_gradient && !row_table(unit); }
+
 void ShardedAdamW::reduce_unit(int unit) {
-  if (!use_of(unit).dense_gradient) return;
+  if (!dense_gradient(unit)) return;
   for (size_t b : unit_shards(unit)) reduce_bucket(shards_[b]);
 }
 
@@ -278,7 +303,7 @@ double ShardedAdamW::step(double max_norm) {
   // on every rank; a gradient that reached a layer after its hook is a bug in the hooks.
   std::vector<at::Tensor> grads;  // [shard] per bucket: the world's sum
   for (Shard& s : shards_) {
-    const bool dense = level_ == ShardLevel::optimizer || use_of(s.bucket.unit).dense_gradient;
+    const bool dense = level_ == ShardLevel::optimizer || dense_gradient(s.bucket.unit);
     if (!s.grad.defined() && dense)
       reduce_bucket(s);
     else
@@ -363,13 +388,18 @@ int64_t ShardedAdamW::step_bytes() const {
   int64_t bytes = 0;
   for (const Shard& s : shards_) {
     const int64_t padded = s.shard * P;
+    // (a row-sharded head's rounds reduce-scatter as much, and gather it twice, in rounds
+    // that pad to a multiple of their block; its lookups' rows are not counted here)
     if (level_ == ShardLevel::optimizer || use_of(s.bucket.unit).dense_gradient)
       bytes += dist::shard_collective_bytes(padded * static_cast<int64_t>(s.master.element_size()), P);
     const int64_t gather = dist::shard_collective_bytes(padded * static_cast<int64_t>(c10::elementSize(s.bucket.dtype)), P);
     // stage 3 gathers a unit before each use: a decoder layer before its forward and
     // before its backward, the head likewise (tied: and before the lookup), the untied
     // embedding before its lookup
-    bytes += (level_ == ShardLevel::parameters && s.bucket.unit >= 0 ? use_of(s.bucket.unit).gathers : 1) * gather;
+    const int gathers = row_table(s.bucket.unit) ? (use_of(s.bucket.unit).dense_gradient ? 2 : 0)
+                        : level_ == ShardLevel::parameters && s.bucket.unit >= 0 ? use_of(s.bucket.unit).gathers
+                                                                                 : 1;
+    bytes += gathers * gather;
   }
   return bytes;
 }

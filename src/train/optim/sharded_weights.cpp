@@ -38,7 +38,8 @@ void allocate_storage(const at::Tensor& p) {
 ShardedWeights::ShardedWeights(NamedParams model, dist::GroupPtr world, bool frees, int64_t round_bytes)
     : model_(std::move(model)), world_(std::move(world)), frees_(frees), round_bytes_(round_bytes) {}
 
-void ShardedWeights::add_bucket(const GradBucket& layout, int64_t shard, at::Tensor master, bool prefetched) {
+void ShardedWeights::add_bucket(const GradBucket& layout, int64_t shard, at::Tensor master, bool prefetched,
+                                bool by_rows) {
   if (frees_)
     for (size_t i : layout.params) check_owns_storage(model_[i].first, model_[i].second);
   if (layout.unit >= 0) {
@@ -50,6 +51,7 @@ void ShardedWeights::add_bucket(const GradBucket& layout, int64_t shard, at::Ten
   b.shard = shard;
   b.master = std::move(master);
   b.prefetched = prefetched;
+  b.by_rows = by_rows && frees_;
   release(b);  // stage 3: the whole weights go as their shards are taken, not all at the end
   buckets_.push_back(std::move(b));
 }
@@ -65,7 +67,8 @@ int64_t ShardedWeights::elements_per_round(at::ScalarType dtype) const {
 }
 
 void ShardedWeights::gather_unit(int unit) {
-  for (size_t b : unit_buckets(unit)) gather(buckets_[b]);
+  for (size_t b : unit_buckets(unit))
+    if (!buckets_[b].by_rows) gather(buckets_[b]);
 }
 
 void ShardedWeights::release_unit(int unit) {
@@ -74,7 +77,7 @@ void ShardedWeights::release_unit(int unit) {
 
 void ShardedWeights::prefetch_unit(int unit) {
   for (size_t b : unit_buckets(unit))
-    if (frees_ && buckets_[b].prefetched) start_gather(buckets_[b]);
+    if (frees_ && buckets_[b].prefetched && !buckets_[b].by_rows) start_gather(buckets_[b]);
 }
 
 void ShardedWeights::gather_outside_units() {

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "mmsp/model/row_sharded_weight.h"
+
 namespace mmsp::train {
 
 // Tokens per chunk such that one chunk's fp32 logits take at most 256 MiB:
@@ -28,5 +30,19 @@ int64_t default_loss_chunk(int64_t vocab_size);
 // bf16, as they make the logits). Returns a 0-dim tensor in that width.
 at::Tensor chunked_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
                            int64_t label_count, int64_t chunk);
+
+// The same loss with the head row-sharded over the ranks (ZeRO-3, model/row_sharded_weight.h):
+// its rows come in rounds of `block` rows from every rank, the next round's gather in
+// flight while this one computes, forward and again in the backward, whose round
+// gradients go back to their owners at once; the weight and its gradient are never
+// whole on any rank. Collective: every rank calls it, with the same `block`. The value
+// and the hidden state's gradient equal chunked_lm_loss's (the blocks differ: rounding).
+at::Tensor chunked_lm_loss(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
+                           int64_t label_count, int64_t block);
+
+// Rows a rank gives each round so that a round's logits over `tokens_per_rank` tokens
+// hold about as many as `chunk` tokens of the whole vocabulary (chunked_lm_loss's
+// blocks); the same on every rank (from the options, not this rank's tokens).
+int64_t row_sharded_block(int64_t chunk, int64_t tokens_per_rank, int64_t vocab, int ranks);
 
 }  // namespace mmsp::train

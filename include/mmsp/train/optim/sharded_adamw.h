@@ -44,6 +44,11 @@
 //      blocks on no rows, so every rank gathers them alike. A unit the step never reads
 //      (LLaVA's CLIP layers above vision_feature_layer) is never gathered, and its
 //      gradient is zero without a reduce-scatter.
+// Under stage 3 the LM head and the token embedding (HookUnit::vocab_rows, alone in
+// their buckets) are never gathered whole: their shards are row-aligned, the loss reads
+// the head by rounds of rows and reduce-scatters each round's gradient at once, the
+// lookup asks the owners for its tokens' rows (row_sharded_table.h); a tied head's lookup
+// gradient still comes as rows, added at step().
 // Memory per rank, for N parameters (N_r outside the units, N_l the largest layer or
 // vision block, N_h the head, N_e an untied embedding), model dtype of b bytes and
 // masters of m bytes:
@@ -73,6 +78,7 @@
 #include "mmsp/train/optim/named_params.h"
 #include "mmsp/train/optim/optimizer.h"
 #include "mmsp/train/optim/shard_level.h"
+#include "mmsp/train/optim/row_sharded_table.h"
 #include "mmsp/train/optim/sharded_weights.h"
 
 namespace mmsp::train {
@@ -94,6 +100,8 @@ struct ShardUnitUse {
   bool prefetched = true;          // stage 3: unit − 1's forward hook issues its gather early, and its
                                    // backward hook unit − 1's (false: the first unit of a chain)
   bool lookup_rows = false;        // stages 2, 3: the token lookup's gradient comes as rows
+  bool by_rows = false;            // stage 3: a [V, h] table read by rows (row_sharded_table.h):
+                                   // never gathered whole for a use, its gradient reduced by rounds
 };
 std::vector<ShardUnitUse> shard_unit_uses(const std::vector<model::HookUnit>& units);
 
@@ -187,6 +195,9 @@ class ShardedAdamW {
   bool is_lookup_unit(int unit) const;             // stages 2, 3: its gradient comes as rows
   const at::Tensor& lookup_table(int unit) const;  // a lookup unit's [V, h] weight
   void ensure_grad(Shard& s) const;                // s.grad, zeros until something is added
+  // Stage 3: the unit's table read by rows, or null (a unit gathered whole).
+  std::shared_ptr<RowShardedTable> row_table(int unit) const;
+  bool dense_gradient(int unit) const;  // reduced from the model's gradients at after_backward / step
   const std::vector<size_t>& unit_shards(int unit) const;  // empty for a unit without buckets
   const ShardUnitUse& use_of(int unit) const;
   double global_norm(const std::vector<at::Tensor>& grads) const;
@@ -199,6 +210,7 @@ class ShardedAdamW {
   std::vector<ShardPiece> pieces_;
   std::vector<std::vector<size_t>> unit_buckets_;  // hooked unit → its buckets
   std::vector<ShardUnitUse> uses_;                 // by unit
+  std::vector<std::shared_ptr<RowShardedTable>> row_tables_;  // by unit (null: gathered whole)
   struct LookupRows {
     at::Tensor ids, rows;  // [n] int64, [n, h] in the model's dtype
   };

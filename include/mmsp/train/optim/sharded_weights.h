@@ -35,8 +35,9 @@ class ShardedWeights {
   // Bucket b (the next index): its parameters, elements per rank, and this rank's [shard]
   // of the masters, which the optimizer updates in place. Stage 3: the bucket's weights
   // are freed now. `unit`: its hooked unit (−1: none); `prefetched`: a neighbour issues
-  // the unit's gather early (model::HookUnit::prefetched).
-  void add_bucket(const GradBucket& bucket, int64_t shard, at::Tensor master, bool prefetched);
+  // the unit's gather early (model::HookUnit::prefetched); `by_rows`: the unit is read
+  // by rows (row_sharded_table.h), so its uses gather nothing whole (gather_all still does).
+  void add_bucket(const GradBucket& bucket, int64_t shard, at::Tensor master, bool prefetched, bool by_rows = false);
 
   // Stage 3: the unit's weights into the model (waiting for a prefetch), and freed again.
   void gather_unit(int unit);
@@ -65,6 +66,7 @@ class ShardedWeights {
     int64_t shard = 0;
     at::Tensor master;      // [shard], the optimizer's
     bool prefetched = true;
+    bool by_rows = false;   // stage 3: read by rows, never gathered for a unit's use
     bool gathered = true;   // its weights are in the model now
     at::Tensor incoming;    // [P·S]: a prefetched gather's buffer while it is in flight
     dist::PendingGather prefetch;
