@@ -468,7 +468,9 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
       [&](const at::Tensor& hidden, model::RowShardedWeight& head) {
         return chunked_lm_loss(hidden, head, out.labels, out.label_count,
                                row_sharded_block(run.loss_chunk, run.o.tokens_per_rank, head.vocab(),
-                                                 static_cast<int>(head.ranks())));
+                                                 static_cast<int>(head.ranks()),
+                                                 head.width() * static_cast<int64_t>(hidden.element_size()),
+                                                 static_cast<int64_t>(hidden.element_size()) + 12));
       });
   watch.phase("backward");
   loss.backward();

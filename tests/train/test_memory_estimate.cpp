@@ -178,10 +178,13 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   in.shard_level = ShardLevel::parameters;
   const MemoryEstimate stage3 = estimate_memory(config, shapes, in);
   // The head by rounds of rows (row_sharded_table.h): 4 ranks give B rows each a round,
-  // B such that a round's logits over the 64 tokens are one chunk of the whole vocabulary.
+  // B rows each (row_sharded_block).
   const int64_t V = config.text.vocab_size, h = config.text.hidden_size;
-  const int64_t block = row_sharded_block(64, 64, V, 4), round = 4 * block * h;
-  ASSERT_EQ(block, (V + 3) / 4);  // one chunk of all T: one round of every rank's rows
+  const int64_t block = row_sharded_block(64, 64, V, 4, h * 2, 14), round = 4 * block * h;
+  // One chunk of all T would be every rank's rows at once; a round's rows and logits
+  // stay within 128 MiB instead.
+  ASSERT_EQ(block, std::min<int64_t>((V + 3) / 4, (int64_t{128} << 20) / (4 * (2 * h + 64 * 14))));
+  EXPECT_LT(block, (V + 3) / 4);
   EXPECT_EQ(stage3.parameters, 2 * kept);
   EXPECT_EQ(stage3.gathered_forward, 2 * (unit + 2 * unit));  // a layer, the next in flight (never the head)
   EXPECT_EQ(stage3.gathered_loss, 2 * (3 * round + 2 * unit));  // rounds of rows, the last layer in flight
@@ -191,9 +194,12 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   {
     MemoryEstimateInputs chunked = in;
     chunked.loss_chunk = 8;
-    const int64_t b8 = row_sharded_block(8, 64, V, 4);
+    const int64_t b8 = row_sharded_block(8, 64, V, 4, h * 2, 14);
     EXPECT_EQ(b8, (V / 8 + 3) / 4);
     EXPECT_EQ(estimate_memory(config, shapes, chunked).gathered_loss, 2 * (3 * 4 * b8 * h + 2 * unit));
+    // Qwen2-VL-7B's rows (3,584 in bf16: 7 KB) over 8 ranks at 32k tokens: a round's rows
+    // and their logits (14 B each) within 128 MiB, fewer rows than a chunk of 441 tokens.
+    EXPECT_EQ(row_sharded_block(441, 32768, 152064, 8, 3584 * 2, 14), (128 << 20) / (8 * (3584 * 2 + 32768 * 14)));
   }
   // One decoder layer larger than any vision block: its neighbour in flight is a block.
   {

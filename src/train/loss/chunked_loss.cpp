@@ -200,12 +200,15 @@ struct RowShardedLmLoss : torch::autograd::Function<RowShardedLmLoss> {
 
 }  // namespace
 
-int64_t row_sharded_block(int64_t chunk, int64_t tokens_per_rank, int64_t vocab, int ranks) {
-  MMSP_CHECK(chunk > 0 && tokens_per_rank > 0 && vocab > 0 && ranks > 0, "row_sharded_block: chunk ", chunk,
-             ", tokens ", tokens_per_rank, ", vocab ", vocab, " and ranks ", ranks, " must be positive");
+int64_t row_sharded_block(int64_t chunk, int64_t tokens_per_rank, int64_t vocab, int ranks, int64_t row_bytes,
+                          int64_t logit_bytes) {
+  MMSP_CHECK(chunk > 0 && tokens_per_rank > 0 && vocab > 0 && ranks > 0 && row_bytes > 0 && logit_bytes > 0,
+             "row_sharded_block: chunk ", chunk, ", tokens ", tokens_per_rank, ", vocab ", vocab, ", ranks ", ranks,
+             ", row bytes ", row_bytes, " and logit bytes ", logit_bytes, " must be positive");
   const int64_t per_round = block_rows(chunk, tokens_per_rank, vocab);  // rows of the whole table a round
+  const int64_t by_bytes = kRowRoundBytes / (ranks * (row_bytes + tokens_per_rank * logit_bytes));
   const int64_t R = (vocab + ranks - 1) / ranks;
-  return std::clamp<int64_t>((per_round + ranks - 1) / ranks, 1, R);
+  return std::clamp<int64_t>(std::min((per_round + ranks - 1) / ranks, by_bytes), 1, R);
 }
 
 at::Tensor chunked_lm_loss(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,

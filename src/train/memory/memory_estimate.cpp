@@ -165,6 +165,7 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   // The LM head (lm_head, or the embedding it is tied to) and an untied embedding: the
   // units ZeRO-3 gathers around their uses besides the layers (Decoder::hook_units).
   int64_t head = 0, embedding = 0, largest = 0;
+  int64_t row_round_logits = 0;  // --shard parameters: logits of one round of the head's rows
   for (const auto& [name, shape] : shapes) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
@@ -232,13 +233,14 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
       const int64_t h_head = config.text.hidden_size, V = std::max<int64_t>(1, head / std::max<int64_t>(h_head, 1));
       const int64_t chunk = in.loss_chunk > 0 ? std::min(in.loss_chunk, in.tokens_per_rank) : in.tokens_per_rank;
       const int64_t B = row_sharded_block(std::max<int64_t>(chunk, 1), std::max<int64_t>(in.tokens_per_rank, 1), V,
-                                          static_cast<int>(W));
+                                          static_cast<int>(W), h_head * b, b + 12);
       const int64_t round = W * B * h_head, head_shard = (V + W - 1) / W * h_head;
       e.parameters = kept * b;
       e.gathered_forward = std::max(U + 2 * U2, 2 * lookup_rows) * b;
       e.gathered_loss = 3 * round * b + 2 * U * b;
       e.gathered_backward = (U + 2 * U2) * b;
       e.head_gradient = round * (b + 2 * m) + head_shard * m;
+      row_round_logits = in.tokens_per_rank * W * B;  // the loss's logits are a round's (below)
     }
   } else {
     e.master_weights = mixed ? P * m : 0;
@@ -303,7 +305,8 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   // per-token log-sum-exp; the hidden state's gradient summed over vocabulary blocks in
   // the wide dtype (fp32 under bf16).
   const int64_t n = in.loss_chunk > 0 ? std::min(in.loss_chunk, T) : T;
-  e.logits = n * t.vocab_size * (b + 4 + 4 + 4) + 4 * T + std::max<int64_t>(b, 4) * T * h;
+  const int64_t block_logits = row_round_logits > 0 ? row_round_logits : n * t.vocab_size;
+  e.logits = block_logits * (b + 4 + 4 + 4) + 4 * T + std::max<int64_t>(b, 4) * T * h;
   return e;
 }
 

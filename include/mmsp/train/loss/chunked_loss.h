@@ -40,9 +40,15 @@ at::Tensor chunked_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, c
 at::Tensor chunked_lm_loss(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
                            int64_t label_count, int64_t block);
 
-// Rows a rank gives each round so that a round's logits over `tokens_per_rank` tokens
-// hold about as many as `chunk` tokens of the whole vocabulary (chunked_lm_loss's
-// blocks); the same on every rank (from the options, not this rank's tokens).
-int64_t row_sharded_block(int64_t chunk, int64_t tokens_per_rank, int64_t vocab, int ranks);
+// Rows a rank gives each round: so that a round's logits over `tokens_per_rank` tokens
+// hold at most as many as `chunk` tokens of the whole vocabulary (chunked_lm_loss's
+// blocks), and a round's rows from every rank (`row_bytes` each) and their logits'
+// transients (`logit_bytes` per logit: the compute dtype's copy, the fp32 one, exp and
+// gradient) take at most kRowRoundBytes together: with few tokens a chunk would be the
+// whole vocabulary, and the loss, not the model, would set the step's peak. The same on
+// every rank (from the options, not this rank's tokens).
+constexpr int64_t kRowRoundBytes = int64_t{128} << 20;
+int64_t row_sharded_block(int64_t chunk, int64_t tokens_per_rank, int64_t vocab, int ranks, int64_t row_bytes,
+                          int64_t logit_bytes);
 
 }  // namespace mmsp::train
