@@ -129,6 +129,12 @@ stage bench-linear 60 "$bin/mmsp" bench linear-attention --part kernel --device 
 stage bench-step 180 "$bin/mmsp" bench memory --device $device --model $mem_model --layers $mem_layers \
   --tokens-per-rank $mem_tokens --dtype $dtype --shard none --checkpoint-activations decoder --steps 2 \
   --out "$out/step.bench.json"
+# The memory layers on the device: --shard parameters with recomputation, then --tiled-mlp
+# auto, then --offload-activations (layer inputs to pinned host memory on a side stream):
+# the peak each leaves on the GPU against the preflight, and the offload's step time.
+stage bench-memory-layers 150 "$bin/mmsp" bench memory --device $device --model $mem_model --layers $mem_layers \
+  --tokens-per-rank $mem_tokens --dtype $dtype --shard parameters --checkpoint-activations all --steps 2 \
+  --out "$out/memory-layers.bench.json"
 # The longest sequence one device holds for Qwen2-VL-7B (the whole model), by the preflight:
 # this GPU's memory (dry run: an H100's nominal 80 GB and an H200's 141 GB).
 if [ "$gpus" != 0 ]; then
