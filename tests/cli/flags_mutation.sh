@@ -36,7 +36,7 @@ check() {
 
 train_flags=(--dp --ring --ulysses --timeout --steps --stop-after --tokens-per-rank --data-rows --lr --min-lr
              --warmup --weight-decay --clip --seed --shapes-samples --attention-block --checkpoint-every --keep
-             --max-image-pixels --loss-chunk)
+             --max-image-pixels --loss-chunk --tiled-mlp)
 for flag in "${train_flags[@]}"; do
   for v in "${values[@]}"; do
     check "mmsp train $flag '$v'" env -u RANK -u WORLD_SIZE "$mmsp" train "$flag" "$v" --out "$work/a-file"
