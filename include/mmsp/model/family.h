@@ -15,6 +15,7 @@
 #include "mmsp/model/config.h"
 #include "mmsp/model/hf_directory.h"
 #include "mmsp/model/pixel_geometry.h"
+#include "mmsp/model/vision_memory.h"
 #include "mmsp/plan/model_conventions.h"
 
 namespace mmsp::model {
@@ -57,6 +58,9 @@ class Family {
   // ("visual.blocks." in "visual.blocks.3.mlp.fc1.weight"): each block is a hooked unit
   // (HookedBlocks), which the memory estimate counts as ZeRO-3 gathers it.
   virtual std::string vision_block_names() const = 0;
+
+  // What its tower keeps per token it encodes (vision_memory.h), for the preflight.
+  virtual VisionMemoryShape vision_memory(const ModelConfig& c) const = 0;
 };
 
 // The family serving `model_type`; an unknown one is an error listing the supported.

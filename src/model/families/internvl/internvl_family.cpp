@@ -131,6 +131,28 @@ class InternVLFamily : public Family {
 
   std::string vision_block_names() const override { return "vision_tower.encoder.layer."; }
 
+  // Per patch (intern_vit.cpp): the layer's input and first norm's output, q, k, v (and
+  // their norms' outputs), the attention's output, its projection and that scaled by
+  // lambda_1, the residual sum, the second norm's output, fc2's output and that scaled by
+  // lambda_2 (12D), the norms' statistics and the attention's log-sum-exp (4 + H); fc1's
+  // output and the activation's (2I). Outside the layers: the pixels three times (the
+  // step's, the tower's gathered copy and their patches in row order), the patch
+  // embedding and the position sum (2D), the pixel shuffle and the projector's norm, its
+  // two hidden activations (2D + 2h).
+  VisionMemoryShape vision_memory(const ModelConfig& c) const override {
+    const InternVisionConfig& v = *intern_vision_of(c);
+    const int64_t D = v.hidden_size, I = v.intermediate_size, h = c.text.hidden_size;
+    VisionMemoryShape s;
+    s.blocks = v.num_hidden_layers;
+    s.width = D;
+    s.kept_per_block = 12 * D + 4 + v.num_attention_heads + (v.use_qk_norm ? 2 * D : 0) + 2 * I;
+    s.block_transient = 2 * I;
+    s.kept_outside = 4 * D + 2 * h;
+    s.pixels_per_token = 3 * v.num_channels * v.patch_size * v.patch_size;
+    s.row_width = h;
+    return s;
+  }
+
   // InternVL3-hf: <img> 151665, </img> 151666, <IMG_CONTEXT> 151667, 1-D positions, no video,
   // pixel shuffle with downsample_ratio 0.5 (two patches a side per row).
   plan::ModelConventions conventions(const nlohmann::json& config) const override {

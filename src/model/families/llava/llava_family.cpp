@@ -105,6 +105,28 @@ class LlavaFamily : public Family {
 
   std::string vision_block_names() const override { return "vision_model.encoder.layers."; }
 
+  // Per patch (llava.cpp's layer_forward), in each layer up to the feature layer: the
+  // layer's input and first norm's output, q, k, v, the attention's output, the residual
+  // sum and the second norm's output (8D), the norms' statistics and the attention's
+  // log-sum-exp (4 + H); fc1's output, the activation's output and (quick_gelu) its
+  // sigmoid. Outside the layers: the pixels three times (the step's, the tower's
+  // gathered copy and their patches in row order), the patch embedding, the position sum
+  // and the pre-norm (3D), the projector's two hidden activations (2h).
+  VisionMemoryShape vision_memory(const ModelConfig& c) const override {
+    const ClipVisionConfig& v = *clip_vision_of(c);
+    const LlavaProjectorConfig& p = *llava_projector_of(c);
+    const int64_t D = v.hidden_size, I = v.intermediate_size, h = c.text.hidden_size;
+    VisionMemoryShape s;
+    s.blocks = p.vision_feature_layer < 0 ? v.num_hidden_layers + 1 + p.vision_feature_layer : p.vision_feature_layer;
+    s.width = D;
+    s.kept_per_block = 8 * D + 4 + v.num_attention_heads + (v.hidden_act == "quick_gelu" ? 3 : 2) * I;
+    s.block_transient = 2 * I;
+    s.kept_outside = 3 * D + 2 * h;
+    s.pixels_per_token = 3 * v.num_channels * v.patch_size * v.patch_size;
+    s.row_width = h;
+    return s;
+  }
+
   // llava-hf/llava-1.5-7b-hf: <image> = 32000, 1-D positions, no blocks, no merge, no video.
   plan::ModelConventions conventions(const nlohmann::json& config) const override {
     namespace fields = plan::conventions_fields;

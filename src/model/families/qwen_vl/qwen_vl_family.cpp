@@ -206,6 +206,30 @@ class QwenVLFamily : public Family {
   // visual.blocks.<i> (Qwen2/2.5-VL) and model.visual.blocks.<i> (Qwen3-VL, Qwen3.5)
   std::string vision_block_names() const override { return "visual.blocks."; }
 
+  // Per patch (qwen_vision.cpp's block_forward): the block's input and its first norm's
+  // output, qkv (3D), the two rotated halves and q, k rotated (4D), the attention's
+  // output and the residual sum, the second norm's output (12D); the MLP's fc1 output,
+  // the activation's output and (quick_gelu) its sigmoid, or Qwen2.5-VL's gate, up, SiLU
+  // and product (4I) with its RMS norms' normalised inputs (2D). Outside the blocks: the
+  // patch embedding (D), the rotary tables (2·head_dim), Qwen2.5-VL's window order (D),
+  // Qwen3-VL's interpolated positions (3D), and each merger's norm, fc1 and GELU (4D).
+  VisionMemoryShape vision_memory(const ModelConfig& c) const override {
+    const QwenVisionConfig& v = *qwen_vision_of(c);
+    const QwenVariant variant = qwen_variant_of(c);
+    const bool gated = variant == QwenVariant::qwen2_5_vl, qwen3 = !gated && variant != QwenVariant::qwen2_vl;
+    const int64_t D = v.hidden_size, I = v.intermediate_size;
+    const int64_t levels = static_cast<int64_t>(v.deepstack_visual_indexes.size());
+    VisionMemoryShape s;
+    s.blocks = v.depth;
+    s.width = D;
+    s.kept_per_block = 12 * D + (gated ? 2 * D + 4 * I : (v.hidden_act == "quick_gelu" ? 3 : 2) * I);
+    s.block_transient = (gated ? 3 : 2) * I;
+    s.kept_outside = D + 2 * v.head_dim() + (gated ? D : 0) + (qwen3 ? 3 * D : 0) + 4 * D * (1 + levels);
+    s.pixels_per_token = 2 * v.patch_row();  // the step's pixels and the tower's gathered copy
+    s.row_width = c.text.hidden_size * (1 + levels);
+    return s;
+  }
+
   plan::ModelConventions conventions(const nlohmann::json& config) const override {
     namespace fields = plan::conventions_fields;
     fields::check_object(config);
