@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <ostream>
 
 #include <nlohmann/json.hpp>
@@ -39,6 +40,7 @@
 #include "mmsp/train/optim/lr_schedule.h"
 #include "mmsp/train/optim/master_weights.h"
 #include "mmsp/train/memory/memory_estimate.h"
+#include "mmsp/train/memory/vision_load.h"
 #include "mmsp/train/memory/memory_counter.h"
 #include "mmsp/train/optim/optimizer.h"
 #include "mmsp/train/run_checks.h"
@@ -428,11 +430,38 @@ struct StepLoop {
   std::string fingerprint_prefix;  // this job's step-agreement keys
 };
 
+// The run's estimate with this step's vision tower: the busiest rank's, which every rank
+// computes alike from the plan, so that a step too large for the limit (a long video
+// encoded whole) fails on every rank before its first collective. `largest` keeps the
+// largest estimate of the run (the figure bench memory compares with the peak).
+void check_step_memory(const StepLoop& run, int64_t step, const std::vector<int64_t>& samples,
+                       const plan::StepPlan& plan, MemoryEstimate& largest) {
+  const TrainOptions& o = run.o;
+  const BusiestVision busiest = busiest_vision(run.in.resolved.config, vision_loads(plan, o.vision),
+                                               o.checkpoint_activations, run.in.dtype);
+  MemoryEstimate estimate = run.in.memory;
+  estimate.vision = busiest.bytes.kept;
+  estimate.vision_working_set = busiest.bytes.transient;
+  if (estimate.total() > largest.total()) largest = estimate;
+  if (o.memory_limit_bytes <= 0 || estimate.total() <= o.memory_limit_bytes) return;
+  std::ostringstream what;
+  what << "step " << step << " (samples";
+  for (size_t i = 0; i < samples.size() && i < 8; ++i) what << " " << samples[i];
+  if (samples.size() > 8) what << " …";
+  const VisionLoad& l = busiest.load;
+  what << "): the vision tower of dp rank " << l.dp << ", context rank " << l.context_rank << " encodes "
+       << l.tokens << " patches (its largest item " << l.largest_item << " patches; vision " << format_bytes(busiest.bytes.kept)
+       << " kept + " << format_bytes(busiest.bytes.transient) << " in its backward, --vision-split "
+       << plan::to_string(o.vision_split) << ")";
+  check_memory_fits(estimate, o.memory_limit_bytes, o.memory_limit_source, what.str());
+}
+
 // One step: data (the same on every rank) → plan → the step agreed → this rank's
 // pixels → forward/backward on its shard → weight update → the agreed figures. The
 // heartbeat, the test hooks and the accounting are the StepWatch's (step_watch.h).
 // `held_bytes`: what this rank holds as the forward begins (the training state).
-StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, int64_t& held_bytes) {
+StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, int64_t& held_bytes,
+                     MemoryEstimate& largest_estimate) {
   const dist::Mesh& mesh = run.mesh;
   const model::ModelConfig& config = run.in.resolved.config;
   StepWatch watch(step, mesh, run.doing, run.phases, run.memory, run.o.test);
@@ -441,6 +470,7 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   const plan::Batch batch = make_batch(*run.in.data, samples);
   watch.phase("plan");
   const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, run.plan_options, mesh.rank());
+  check_step_memory(run, step, samples, plan, largest_estimate);
   // Every rank must be about to run the same step before the first collective.
   watch.phase("step agreement");
   if (mesh.store())
@@ -585,7 +615,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   const int64_t last_step = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
   if (!o.save_gradients.empty()) update.save_next_gradients(o.save_gradients, in.resolved.config_json, mesh, log);
   for (int64_t step = resumed.done + 1; step <= last_step; ++step) {
-    const StepMetrics m = run_step(run, step, resumed.position, report.held_bytes);
+    const StepMetrics m = run_step(run, step, resumed.position, report.held_bytes, report.memory_estimate);
     report.state_bytes = memory.current_bytes();
     report.summary.add(m);
     if (o.report_steps) report.steps.push_back(m);

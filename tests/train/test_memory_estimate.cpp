@@ -81,7 +81,10 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(fp32.gradients, 4 * P);
   EXPECT_EQ(fp32.optimizer, 8 * P);
   EXPECT_EQ(fp32.head_gradient, 4 * largest);
-  EXPECT_EQ(fp32.logits, 64 * config.text.vocab_size * (4 + 12) + 4 * 64 + 4 * 64 * config.text.hidden_size);  // one chunk of all T, lse, the hidden state's gradient
+  // The loss's forward: one block of all T's logits, their shift and exp, the lse; its
+  // backward: the logits, the softmax, the lse and the hidden state's gradient.
+  EXPECT_EQ(fp32.logits, 64 * config.text.vocab_size * (4 + 8) + 4 * 64);
+  EXPECT_EQ(fp32.logits_backward, 64 * config.text.vocab_size * (4 + 4) + 4 * 64 + 4 * 64 * config.text.hidden_size);
   // The update: the gradients, and torch's AdamW's two temporaries of the largest
   // parameter (more than a 25 MiB all-reduce bucket here).
   EXPECT_EQ(fp32.update_gradients, 4 * P);
@@ -168,10 +171,23 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   const int64_t rows = 64 * config.text.hidden_size;
   in.shard_level = ShardLevel::gradients;
   const MemoryEstimate stage2 = estimate_memory(config, shapes, in);
-  EXPECT_EQ(stage2.gradients, 2 * (kept + unit + rows) + 4 * quarter + rounds);
-  EXPECT_EQ(stage2.head_gradient, 2 * head + (head + 3) / 4 * 4 + rounds);  // and its shard as its hook reduces it
+  // Each unit's buckets hold its parameters alone (sharded_weights.cpp): the backward's
+  // rounds are at most the largest unit's, the update's at most the kept weights'.
+  int64_t largest_kept = 0;
+  for (const auto& [name, shape] : shapes)
+    if (name.rfind("visual.blocks.", 0) != 0 && name.find(".layers.") == std::string::npos &&
+        name.find("embed_tokens") == std::string::npos && name != "lm_head.weight")
+      largest_kept = std::max(largest_kept, count({{name, shape}}));
+  auto rounds_of = [&](int64_t elements, int64_t largest_one) {
+    return 3 * std::min(4 * std::min(elements, std::max(largest_one, B / 2)), 2 * B);
+  };
+  EXPECT_EQ(stage2.gradients, 2 * (kept + unit + rows) + 4 * quarter + rounds_of(unit, unit));
+  EXPECT_EQ(stage2.head_gradient, 2 * head);  // whole, from the loss's backward
+  // ... then its hook reduces it, the logits gone: its shard and a round.
+  EXPECT_EQ(stage2.head_reduction, (head + 3) / 4 * 4 + rounds_of(head, head));
   EXPECT_EQ(stage2.update_gradients, 4 * quarter + 2 * kept);
-  EXPECT_EQ(stage2.update_working_set, 2 * 4 * rows * 2 + rounds + slices);  // every rank's rows, and their cat
+  // every rank's rows, and their cat; the kept weights' rounds
+  EXPECT_EQ(stage2.update_working_set, 2 * 4 * rows * 2 + rounds_of(kept, largest_kept) + slices);
   EXPECT_EQ(stage2.parameters, 2 * P);
   EXPECT_EQ(stage2.gathered_forward + stage2.gathered_loss + stage2.gathered_backward, 0);
   EXPECT_EQ(stage2.optimizer, sharded.optimizer);
@@ -302,12 +318,14 @@ TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {
   }
   in.checkpointing = model::ActivationCheckpointing::none;
   in.loss_chunk = 7;
-  EXPECT_EQ(estimate_memory(config, shapes, in).logits, 7 * V * 16 + 4 * T + 4 * T * h);
+  EXPECT_EQ(estimate_memory(config, shapes, in).logits, 7 * V * 12 + 4 * T);  // fp32: no wide copy
+  EXPECT_EQ(estimate_memory(config, shapes, in).logits_backward, 7 * V * 8 + 4 * T + 4 * T * h);
   in.loss_chunk = 5000;  // more than T: all T at once
   EXPECT_EQ(estimate_memory(config, shapes, in).logits, plain.logits);
   in.loss_chunk = 7;
   in.compute_dtype = at::kBFloat16;  // + the head weight's fp32 gradient sum
-  EXPECT_EQ(estimate_memory(config, shapes, in).logits, 7 * V * (2 + 12) + 4 * T + 4 * T * h);
+  EXPECT_EQ(estimate_memory(config, shapes, in).logits, 7 * V * (2 + 4 + 8) + 4 * T);  // + the fp32 copy
+  EXPECT_EQ(estimate_memory(config, shapes, in).logits_backward, 7 * V * (2 + 4 + 4) + 4 * T + 4 * T * h);
 }
 
 // --tiled-mlp drops the MLP's 4I per token and layer from what the layers keep and
@@ -380,7 +398,7 @@ TEST(MemoryEstimate, OverTheLimitIsRefusedNamingEveryPartAndTheFlags) {
   e.head_gradient = 1LL << 30;
   e.update_gradients = 2LL << 30;
   EXPECT_EQ(e.held(), 9LL << 30);
-  EXPECT_EQ(e.total(), 12LL << 30);  // the backward's 3 GiB, more than the loss's 1.5 and the update's 2
+  EXPECT_EQ(e.total(), 12LL << 30);  // the backward's 3 GiB, more than the loss's 0.5 and 1 and the update's 2
   e.update_working_set = 2LL << 30;
   EXPECT_EQ(e.total(), 13LL << 30);  // now the update's 4 GiB
   EXPECT_EQ(e.training_state(), 11LL << 30);
@@ -393,11 +411,26 @@ TEST(MemoryEstimate, OverTheLimitIsRefusedNamingEveryPartAndTheFlags) {
     const std::string what = error.what();
     EXPECT_THAT(what, HasSubstr("needs about 13.00 GiB per rank (held through the step 9.00 GiB: parameters "
                                 "3.00 GiB, optimizer 6.00 GiB, plus the largest of its moments; loss "
-                                "1.50 GiB: logits 512.00 MiB, head gradient 1.00 GiB; backward 3.00 GiB: "
-                                "gradients 3.00 GiB; update 4.00 GiB: update gradients 2.00 GiB, update working "
+                                "512.00 MiB: logits 512.00 MiB; loss backward 1.00 GiB: head gradient 1.00 GiB; "
+                                "backward 3.00 GiB: gradients 3.00 GiB; update 4.00 GiB: update gradients 2.00 GiB, update working "
                                 "set 2.00 GiB) but --memory-limit allows 8.00 GiB"));
     EXPECT_THAT(what, HasSubstr("--tokens-per-rank"));
     EXPECT_THAT(what, HasSubstr("--dtype bfloat16"));
+  }
+  // A step's vision tower (vision_load.h) is held through the forward, the loss and the
+  // backward, and its own backward (the decoder's activations freed) adds its transients.
+  e.vision = 1LL << 30;
+  EXPECT_EQ(e.total(), 13LL << 30);  // the backward's 3 + 1 GiB: the update's 4 still the largest
+  e.vision_working_set = 2LL << 30;
+  EXPECT_EQ(e.total(), 15LL << 30);  // the vision backward's 1 + 2 + 3 (gradients) GiB
+  try {
+    check_memory_fits(e, 8LL << 30, "--memory-limit", "step 3 (samples 1 2)");
+    FAIL() << "no error";
+  } catch (const Error& error) {
+    EXPECT_THAT(error.what(), HasSubstr("step 3 (samples 1 2): it needs about 15.00 GiB per rank"));
+    EXPECT_THAT(error.what(), HasSubstr("vision backward 6.00 GiB: gradients 3.00 GiB, vision 1.00 GiB, "
+                                        "vision working set 2.00 GiB"));
+    EXPECT_THAT(error.what(), HasSubstr("--vision-split auto spreads a large image or video"));
   }
   EXPECT_EQ(format_bytes(17), "17 B");
   EXPECT_EQ(format_bytes(3 << 20), "3.00 MiB");

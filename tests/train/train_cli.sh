@@ -107,6 +107,24 @@ expect_error missing_image "no-such.png" train --data "$work/noimage.jsonl" --mo
 echo "{\"input_ids\": [1, $vs, $ip, $ip, $ip, $ve, 2], \"images\": [{\"path\": \"$img\"}], \"image_grid_thw\": [[1, 2, 2]]}" > "$work/count.jsonl"
 expect_error placeholders "placeholder" train --data "$work/count.jsonl" --model "$cfg"
 
+# A step's vision tower is priced from its plan before the step (train/memory/vision_load.h):
+# one video of 200 frames (1,600 patches) encoded whole on one rank is refused on every
+# rank under a limit 1 MiB above the run's preflight, naming the step, the busiest rank
+# and its patches; split over the two ranks (--vision-split 1) each encodes 800.
+frames=$(for i in $(seq 200); do printf '"move_%d.png",' $((i % 3)); done)
+pads=$(for i in $(seq 400); do printf '151656,'; done)
+echo "{\"input_ids\": [1, $vs, ${pads%,}, $ve, 2], \"videos\": [{\"frames\": [${frames%,}]}]}" > "$work/video.jsonl"
+video=(train --data "$work/video.jsonl" --model "$cfg" --steps 1 --tokens-per-rank 256)
+$run $mmsp "${video[@]}" --memory-limit 0 > "$work/video.log" 2>&1 || fail "the long video run: $(tail -5 "$work/video.log")"
+mib=$(grep -o 'total *[0-9.]* MiB' "$work/video.log" | head -1 | grep -o '[0-9.]*')
+[ -n "$mib" ] || fail "the video run printed no estimate in MiB: $(grep total "$work/video.log")"
+limit=$(python3 -c "print(int(($mib + 1) * 2**20))")
+expect_error video_whole "step 1 (samples 0): the vision tower of dp rank 0, context rank [01] encodes 1600 patches" \
+  "${video[@]}" --memory-limit "$limit"
+grep -q "vision-split auto spreads" "$work/video_whole.log" || fail "the refused step did not name --vision-split"
+expect_error video_split "encodes 800 patches (its largest item 1600 patches" \
+  "${video[@]}" --memory-limit "$limit" --vision-split 1
+
 # --- 3. Hugging Face model directories in and out; the memory preflight -------------
 # Two fp64 steps saved with small shards, as released models are, then fine-tuned.
 short=(train --steps 2 --tokens-per-rank 128 --dtype float64 --warmup 1 --attention-block 32 --quiet)

@@ -157,7 +157,8 @@ struct TrainReport {
   int64_t first_step = 1;          // number of the first of them (> 1 after a resume)
   // the parameters at the end, by Hugging Face name (TrainOptions::report_parameters)
   std::vector<std::pair<std::string, at::Tensor>> parameters;
-  // Memory of this rank: the preflight's estimate, and what was allocated when the last
+  // Memory of this rank: the preflight's estimate (with the vision tower of the run's
+  // largest step, memory/vision_load.h), and what was allocated when the last
   // step's forward began (the training state held between steps, and the step's batch):
   // the CPU tensor bytes allocated since train() began and still held (train/memory_counter.h).
   MemoryEstimate memory_estimate;

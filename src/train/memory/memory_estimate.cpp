@@ -37,16 +37,23 @@ std::vector<std::pair<std::string, int64_t>> MemoryEstimate::parts() const {
           {"activations", activations},
           {"working set", working_set},
           {"logits", logits},
+          {"logits backward", logits_backward},
           {"head gradient", head_gradient},
+          {"head reduction", head_reduction},
           {"gradients", gradients},
           {"update gradients", update_gradients},
-          {"update working set", update_working_set}};
+          {"update working set", update_working_set},
+          {"vision", vision},
+          {"vision working set", vision_working_set}};
 }
 
 std::vector<MemoryEstimate::Moment> MemoryEstimate::moments() const {
-  return {{"forward", {"gathered forward", "activations", "working set"}},
-          {"loss", {"gathered loss", "activations", "logits", "head gradient"}},
-          {"backward", {"gathered backward", "activations", "working set", "gradients"}},
+  return {{"forward", {"gathered forward", "vision", "activations", "working set"}},
+          {"loss", {"gathered loss", "vision", "activations", "logits"}},
+          {"loss backward", {"gathered loss", "vision", "activations", "logits backward", "head gradient"}},
+          {"head reduction", {"vision", "activations", "head gradient", "head reduction"}},
+          {"backward", {"gathered backward", "vision", "activations", "working set", "gradients"}},
+          {"vision backward", {"gathered backward", "vision", "vision working set", "gradients"}},
           {"update", {"update gradients", "update working set"}}};
 }
 
@@ -80,6 +87,15 @@ std::string list_parts(const MemoryEstimate& e, const std::vector<std::string>& 
 
 const std::vector<std::string> kHeld = {"parameters", "master weights", "optimizer"};
 
+// The moments that exist only with their own part (the vision tower's backward, the
+// head's reduction under --shard gradients) are not said without it: the others hold
+// the rest of their parts.
+bool shown(const MemoryEstimate& e, const MemoryEstimate::Moment& moment) {
+  if (moment.name == "vision backward") return e.vision > 0;
+  if (moment.name == "head reduction") return e.head_reduction > 0;
+  return true;
+}
+
 }  // namespace
 
 std::string MemoryEstimate::table() const {
@@ -91,7 +107,7 @@ std::string MemoryEstimate::table() const {
   row("held", held());
   out << "  (" << list_parts(*this, kHeld) << ")";
   for (const Moment& moment : moments()) {
-    if (bytes_of(moment.parts) == 0) continue;
+    if (bytes_of(moment.parts) == 0 || !shown(*this, moment)) continue;
     row("+ " + moment.name, bytes_of(moment.parts));
     out << "  (" << list_parts(*this, moment.parts) << ")";
   }
@@ -165,12 +181,15 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   // The LM head (lm_head, or the embedding it is tied to) and an untied embedding: the
   // units ZeRO-3 gathers around their uses besides the layers (Decoder::hook_units).
   int64_t head = 0, embedding = 0, largest = 0;
+  int64_t largest_kept = 0;  // the largest parameter outside every unit
   int64_t row_round_logits = 0;  // --shard parameters: logits of one round of the head's rows
   for (const auto& [name, shape] : shapes) {
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     largest = std::max(largest, n);
     const bool is_embedding = ends_with(name, "embed_tokens.weight"), is_head = ends_with(name, "lm_head.weight");
+    if (!is_embedding && !is_head && decoder_layer_of(name) < 0 && index_after(name, vision_blocks) < 0)
+      largest_kept = std::max(largest_kept, n);
     if (!is_embedding && !is_head) continue;
     (is_head ? head : embedding) += n;
   }
@@ -193,9 +212,13 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
     // bucket's: the largest parameter's, or B's worth): a round packed, the
     // all-to-all's output and the summed shard, or a round gathered, its shard and
     // Gloo's flat copy of it.
+    // Stages 2 and 3 bucket each unit's parameters apart (sharded_weights.cpp): a unit's
+    // rounds are at most its bucket's, the kept weights' at most theirs.
     const int64_t W = std::max(in.shard_world, 1), shard = (P + W - 1) / W;
-    const int64_t bucket = std::min(P, std::max(largest, kDefaultBucketBytes / b));
-    const int64_t rounds = 3 * std::min(bucket * m, 2 * kDefaultBucketBytes);
+    auto rounds_of = [&](int64_t elements, int64_t largest_one) {
+      return 3 * std::min(std::min(elements, std::max(largest_one, kDefaultBucketBytes / b)) * m, 2 * kDefaultBucketBytes);
+    };
+    const int64_t rounds = rounds_of(P, largest);
     const int64_t slices = 2 * std::min(shard, ShardedAdamW::kUpdateSlice) * m;  // the update's sqrt, denominator
     e.master_weights = shard * m;
     e.optimizer = 2 * shard * m;
@@ -213,10 +236,12 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
       // token lookup's T rows of h (no dense [V, h] gradient for the embedding), and
       // the shards reduced so far. The update reduces the kept ones and adds every
       // rank's lookup rows (gathered, and a copy cat together).
-      e.gradients = (kept + largest_layer + lookup_rows) * b + shard * m + rounds;
-      e.head_gradient += (head + W - 1) / W * m + rounds;  // its shard, made as its hook reduces it
+      // The head's hook reduces its gradient after the loss's backward, its logits gone:
+      // its shard and a round, beside the whole gradient (a moment of its own).
+      e.gradients = (kept + largest_layer + lookup_rows) * b + shard * m + rounds_of(largest_layer, largest_layer);
+      e.head_reduction = (head + W - 1) / W * m + rounds_of(head, head);
       e.update_gradients = shard * m + kept * b;
-      e.update_working_set = 2 * W * lookup_rows * b + rounds + slices;
+      e.update_working_set = 2 * W * lookup_rows * b + rounds_of(kept, largest_kept) + slices;
     }
     if (in.shard_level == ShardLevel::parameters) {
       // Stage 3: whole for the step only the weights outside the units; besides them a
@@ -240,6 +265,7 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
       e.gathered_loss = 3 * round * b + 2 * U * b;
       e.gathered_backward = (U + 2 * U2) * b;
       e.head_gradient = round * (b + 2 * m) + head_shard * m;
+      e.head_reduction = 0;  // by rounds, inside the loss's backward (head gradient)
       row_round_logits = in.tokens_per_rank * W * B;  // the loss's logits are a round's (below)
     }
   } else {
@@ -301,23 +327,34 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
     gated_delta = 3 * T * Hv * (2 * K + V) * w + 3 * T * (2 * Hk * K + Hv * V) * b;
   }
   e.working_set = std::max({mlp, attention, gated_delta});
-  // One chunk's logits in the compute dtype, their fp32 copy, exp and gradient; the
-  // per-token log-sum-exp; the hidden state's gradient summed over vocabulary blocks in
-  // the wide dtype (fp32 under bf16).
+  // The loss's forward: one block's logits in the compute dtype, their copy in the wide
+  // dtype (none when the compute dtype is fp32 or fp64 already: chunked_loss.cpp's .to()
+  // is then the same tensor), their shifted values and exp; the per-token running
+  // log-sum-exp. Its backward: a block's logits again, their wide copy, the softmax (the
+  // shift's output, exponentiated in place; cast back under 16-bit, after the logits
+  // are freed), the log-sum-exp and the hidden state's gradient summed over the blocks in
+  // the wide dtype, beside the head's gradient.
   const int64_t n = in.loss_chunk > 0 ? std::min(in.loss_chunk, T) : T;
   const int64_t block_logits = row_round_logits > 0 ? row_round_logits : n * t.vocab_size;
-  e.logits = block_logits * (b + 4 + 4 + 4) + 4 * T + std::max<int64_t>(b, 4) * T * h;
+  const int64_t wide = std::max<int64_t>(b, 4), copy = b < 4 ? 4 : 0;
+  e.logits = block_logits * (b + copy + 2 * wide) + wide * T;
+  e.logits_backward = block_logits * (b + copy + wide) + wide * T + wide * T * h;
   return e;
 }
 
-void check_memory_fits(const MemoryEstimate& e, int64_t limit, const std::string& source) {
+void check_memory_fits(const MemoryEstimate& e, int64_t limit, const std::string& source, const std::string& what) {
   if (limit <= 0 || e.total() <= limit) return;
   std::ostringstream moments;
   for (const MemoryEstimate::Moment& moment : e.moments())
-    if (e.bytes_of(moment.parts) > 0)
+    if (e.bytes_of(moment.parts) > 0 && shown(e, moment))
       moments << "; " << moment.name << " " << format_bytes(e.bytes_of(moment.parts)) << ": "
               << list_parts(e, moment.parts);
-  MMSP_CHECK(false, "this run needs about ", format_bytes(e.total()), " per rank (held through the step ",
+  const std::string vision_hint =
+      e.vision > 0 ? "; the vision part scales with the patches one rank encodes (--vision-split auto spreads a "
+                     "large image or video over the context group; --checkpoint-activations all keeps one "
+                     "input per vision block; smaller images or fewer frames)"
+                   : "";
+  MMSP_CHECK(false, what, what.empty() ? "" : ": ", what.empty() ? "this run" : "it", " needs about ", format_bytes(e.total()), " per rank (held through the step ",
              format_bytes(e.held()), ": ", list_parts(e, kHeld), ", plus the largest of its moments", moments.str(),
              ") but ", source, " allows ", format_bytes(limit),
              ". To shrink it: parameters, gradients and optimizer state scale with the model "
@@ -326,7 +363,7 @@ void check_memory_fits(const MemoryEstimate& e, int64_t limit, const std::string
              "set and logits scale with --tokens-per-rank (--checkpoint-activations decoder keeps one "
              "hidden vector per token and layer; --loss-chunk bounds the logits; "
              "more ranks in --ring/--ulysses "
-             "carry a long sequence in smaller pieces). --memory-limit BYTES sets the limit "
+             "carry a long sequence in smaller pieces)", vision_hint, ". --memory-limit BYTES sets the limit "
              "(0: no check).");
 }
 

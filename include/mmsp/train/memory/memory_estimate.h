@@ -4,16 +4,18 @@
 //
 // A step is a sequence of moments, each holding different things: the parameters,
 // masters and AdamW moments are held throughout; the forward adds the activations and
-// a layer's working set; the loss one chunk's logits and the head's gradient; the
-// backward through the layers the gradients; the update the gradients it steps with
-// and its temporaries. The estimate is what is held plus the largest moment (each
+// a layer's working set; the loss's forward a block's logits, its backward their
+// softmax and the head's gradient; the backward through the layers the gradients; the
+// update the gradients it steps with and its temporaries. The estimate is what is held plus the largest moment (each
 // moment's parts summed: an upper bound within it). Parameters, masters, gradients and
 // AdamW state are exact; activations follow the formula in docs/finetune.md (what
 // autograd keeps per token and decoder layer). The transients of each moment were
 // found by measuring the peak of the backward and of the update apart (bench memory's
 // update_peak_bytes) on the released Qwen3.5-0.8B and Qwen2-VL-7B at every level;
 // docs/finetune.md has every part's formula, docs/bench/sharding.md the measured rows.
-// The vision encoder's activations are not counted (small next to the decoder's).
+// The vision tower's part depends on each step's items and who encodes them: the run's
+// preflight leaves it at zero and each step adds its busiest rank's (vision_load.h)
+// before the step's first collective.
 // --tiled-mlp and --offload-activations change the activations and the working set
 // (docs/finetune.md has the formulas).
 #pragma once
@@ -61,11 +63,17 @@ struct MemoryEstimate {
   int64_t activations = 0;     // kept for backward by the decoder layers (on the device)
   int64_t offloaded = 0;       // ... and in host memory (--offload-activations): not in total()
   int64_t working_set = 0;     // the largest transient of one layer (MLP or attention block)
-  int64_t logits = 0;          // one chunk's logits, the loss's fp32 copies, the hidden state's gradient
+  int64_t logits = 0;           // the loss's forward: one block's logits, their wide copy, shift and exp
+  int64_t logits_backward = 0;  // its backward: a block's logits and softmax, the hidden state's gradient
   int64_t head_gradient = 0;   // the LM head's gradient, made whole by the loss's backward
+  int64_t head_reduction = 0;  // --shard gradients: its shard and a round as its hook reduces it
   int64_t gradients = 0;       // the backward's (stages 2, 3: one unit's, and the reduced shards)
   int64_t update_gradients = 0;    // what the update steps with (the masters', or the shards)
   int64_t update_working_set = 0;  // its largest transients (reductions, AdamW's, gathers)
+  // The busiest rank's vision tower in a step (vision_load.h): its pixels, blocks'
+  // activations and rows, kept from its forward to its backward, and one block's
+  // transients in its backward (which runs last, the decoder's activations freed).
+  int64_t vision = 0, vision_working_set = 0;
 
   struct Moment {
     std::string name;
@@ -92,6 +100,8 @@ std::string format_bytes(int64_t bytes);
 
 // Throws mmsp::Error when estimate.total() > limit_bytes (> 0), naming every part, the
 // limit and where it came from, and the flags that shrink each part. limit ≤ 0: no check.
-void check_memory_fits(const MemoryEstimate& estimate, int64_t limit_bytes, const std::string& limit_source);
+// `what` opens the message ("step 3: ..."), when given.
+void check_memory_fits(const MemoryEstimate& estimate, int64_t limit_bytes, const std::string& limit_source,
+                       const std::string& what = "");
 
 }  // namespace mmsp::train
