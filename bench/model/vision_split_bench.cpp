@@ -18,6 +18,7 @@
 #include "mmsp/train/data/dataset.h"
 #include "mmsp/train/data/step_pixels.h"
 #include "mmsp/train/memory/memory_counter.h"
+#include "mmsp/train/memory/vision_load.h"
 #include "vlm_bench.h"
 
 namespace mmsp::bench {
@@ -151,8 +152,16 @@ json bench_vision_split(const dist::RankEnv& env, const VisionSplitBenchOptions&
         if (other != context_rank)
           formula += double(plan.mine.routes.send[other].size() + plan.mine.routes.recv[other].size()) *
                      double(vlm.tower().row_width()) * 4;
-      at::Tensor mine = at::tensor({double(peak), double(d.total_bytes()), formula, seconds, double(held_pixels)},
-                                   at::kDouble).view({1, 5});
+      // The preflight's figure for this rank's load (train/memory/vision_load.h), less the
+      // step's own pixels, which are held before the measured window.
+      const std::vector<train::VisionLoad> loads = train::vision_loads(plan, mode);
+      const train::VisionLoad& load = loads.at(static_cast<size_t>(context_rank));  // one dp row planned
+      const double estimate =
+          double(train::vision_bytes(config, load, model::ActivationCheckpointing::none, at::kFloat).total() -
+                 held_pixels * 4);
+      at::Tensor mine = at::tensor({double(peak), double(d.total_bytes()), formula, seconds, double(held_pixels),
+                                    estimate},
+                                   at::kDouble).view({1, 6});
       at::Tensor all = dist::all_gather_v(mine, std::vector<int64_t>(S, 1), mesh.world());
       at::Tensor max = std::get<0>(all.max(0));
       json per_rank = json::array();
@@ -161,12 +170,15 @@ json bench_vision_split(const dist::RankEnv& env, const VisionSplitBenchOptions&
                             {"bytes_sent", int64_t(all[r][1].item<double>())},
                             {"bytes_formula", int64_t(all[r][2].item<double>())},
                             {"seconds", all[r][3].item<double>()},
-                            {"pixel_values_held", int64_t(all[r][4].item<double>())}});
+                            {"pixel_values_held", int64_t(all[r][4].item<double>())},
+                            {"estimate_bytes", int64_t(all[r][5].item<double>())}});
       bool bytes_equal = true;
       for (const json& r : per_rank) bytes_equal = bytes_equal && r["bytes_sent"] == r["bytes_formula"];
       rows.push_back({{"patches", patches}, {"grid_thw", {grid[0], grid[1], grid[2]}}, {"setup", setup.name},
                       {"context_ranks", setup.context}, {"split", item.split()},
                       {"peak_bytes_max_rank", int64_t(max[0].item<double>())},
+                      {"estimate_bytes_max_rank", int64_t(max[5].item<double>())},
+                      {"estimate_over_peak", max[5].item<double>() / std::max(1.0, max[0].item<double>())},
                       {"seconds_max_rank", max[3].item<double>()}, {"bytes_equal_formula", bytes_equal},
                       {"ranks", per_rank}});
       if (env.rank == 0)
@@ -180,7 +192,9 @@ json bench_vision_split(const dist::RankEnv& env, const VisionSplitBenchOptions&
                  {"bytes_formula", "per split item and rank r: depth · 4 · (N_r · W · (S−1)/S + (N − N_r) · W/S) · 4 B "
                                    "(q, k, v to the others' heads and the output back, forward and backward), plus "
                                    "(rows sent to other ranks + rows received from them) · row width · 4 B (the rows "
-                                   "forward, their gradients backward)"}};
+                                   "forward, their gradients backward)"},
+                 {"estimate", "the preflight's vision part for the rank's load (train/memory/vision_load.h: kept + "
+                              "one block's transient), less the step's pixels, held before the measured window"}};
   json ratios = json::object();
   for (const int64_t patches : o.patches) {
     const json *one = nullptr, *whole = nullptr, *split = nullptr;
