@@ -31,6 +31,43 @@ int64_t block_rows(int64_t chunk, int64_t T, int64_t V) {
   return std::max<int64_t>(1, std::min(V, chunk * V / std::max<int64_t>(T, 1)));
 }
 
+// Both losses' forward: the log-sum-exp over vocabulary blocks as a running maximum and
+// sum of exp(logit − maximum), and each token's label logit, folded a block at a time.
+struct RunningLse {
+  at::Tensor top, total, target;  // [T] each
+  RunningLse(int64_t T, const at::TensorOptions& options)
+      : top(at::full({T}, -std::numeric_limits<double>::infinity(), options)),
+        total(at::zeros({T}, options)),
+        target(at::zeros({T}, options)) {}
+  // `logits` [T, n] in the wide dtype (−∞ where a row is padding); `at_label` [T, 1] each
+  // token's label column in the block (clamped), `here` whether it is in the block.
+  void fold(const at::Tensor& logits, const at::Tensor& at_label, const at::Tensor& here) {
+    const at::Tensor next = at::maximum(top, std::get<0>(logits.max(1)));
+    total = total * (top - next).exp() + (logits - next.unsqueeze(1)).exp().sum(1);
+    top = next;
+    const at::Tensor picked = logits.gather(1, at_label);
+    target += at::where(here, picked, at::zeros_like(picked)).squeeze(1);
+  }
+  // The log-sum-exp per token, and Σ (lse − label logit) over the labelled tokens.
+  std::pair<at::Tensor, at::Tensor> finish(const at::Tensor& labels) const {
+    const at::Tensor lse = top + total.log();
+    return {lse, at::where(labels != kIgnore, lse - target, at::zeros_like(lse)).sum()};
+  }
+};
+
+// Both losses' backward, one block: d loss / d logits = (softmax − onehot(label)) · the
+// token's weight (`valid`: g / label_count on labelled rows, 0 elsewhere). `logits` [T, n]
+// in the wide dtype is overwritten by the softmax; the result is in `dtype` (bf16 / fp16
+// runs multiply it in the compute dtype: oneDNN, several times fp32's speed, one rounding
+// per block, as the logits were made; fp32 and fp64 stay in their own width).
+at::Tensor block_gradient(const at::Tensor& logits, const at::Tensor& lse_t, const at::Tensor& at_label,
+                          const at::Tensor& here, const at::Tensor& valid, at::ScalarType dtype) {
+  at::Tensor d = (logits - lse_t).exp_();  // [T, n]: softmax
+  d.scatter_add_(1, at_label, -here.to(d.scalar_type()));  // − 1 at each token's label in this block
+  d.mul_(valid);
+  return dtype != d.scalar_type() ? d.to(dtype) : d;
+}
+
 struct ChunkedLmLoss : torch::autograd::Function<ChunkedLmLoss> {
   // By blocks of vocabulary rows over all T tokens, the log-sum-exp kept as a running
   // maximum and sum (the weight is read once, not once per token chunk).
@@ -38,25 +75,15 @@ struct ChunkedLmLoss : torch::autograd::Function<ChunkedLmLoss> {
                             const at::Tensor& labels, int64_t label_count, int64_t chunk) {
     const int64_t T = hidden.size(0), V = weight.size(0);
     const at::ScalarType wide = wide_of(hidden);
-    const auto options = hidden.options().dtype(wide);
-    at::Tensor top = at::full({T}, -std::numeric_limits<double>::infinity(), options);  // running max
-    at::Tensor total = at::zeros({T}, options);   // Σ exp(logit − top)
-    at::Tensor target = at::zeros({T}, options);  // the label's logit
+    RunningLse running(T, hidden.options().dtype(wide));
     const at::Tensor label = labels.clamp_min(0).unsqueeze(1);  // [T, 1]
     const int64_t rows = block_rows(chunk, T, V);
     for (int64_t first = 0; first < V; first += rows) {
       const int64_t n = std::min(rows, V - first);
       const at::Tensor logits = at::linear(hidden, weight.narrow(0, first, n)).to(wide);  // [T, n]
-      const at::Tensor next = at::maximum(top, std::get<0>(logits.max(1)));
-      total = total * (top - next).exp() + (logits - next.unsqueeze(1)).exp().sum(1);
-      top = next;
-      const at::Tensor in_block = (label >= first) & (label < first + n);
-      const at::Tensor picked = logits.gather(1, (label - first).clamp(0, n - 1));
-      target += at::where(in_block, picked, at::zeros_like(picked)).squeeze(1);
+      running.fold(logits, (label - first).clamp(0, n - 1), (label >= first) & (label < first + n));
     }
-    const at::Tensor lse = top + total.log();  // [T]
-    const at::Tensor valid = labels != kIgnore;
-    const at::Tensor sum = at::where(valid, lse - target, at::zeros_like(lse)).sum();
+    const auto [lse, sum] = running.finish(labels);
     ctx->save_for_backward({hidden, weight, labels, lse});
     ctx->saved_data["label_count"] = label_count;
     ctx->saved_data["chunk"] = chunk;
@@ -80,21 +107,13 @@ struct ChunkedLmLoss : torch::autograd::Function<ChunkedLmLoss> {
     const at::Tensor valid = (labels != kIgnore).to(wide).unsqueeze(1) * scale;  // [T, 1]: the loss's weight
     const at::Tensor target = labels.clamp_min(0).unsqueeze(1);                    // [T, 1]
     const at::Tensor lse_t = lse.unsqueeze(1);
-    // bf16 / fp16 runs multiply d in the compute dtype (oneDNN, several times fp32's
-    // speed; the products accumulate in fp32 inside, one rounding per block), as the
-    // logits were made; fp32 and fp64 runs stay in their own width.
-    const bool narrow = hidden.scalar_type() != wide;
     at::Tensor grad_hidden = at::zeros(hidden.sizes(), hidden.options().dtype(wide));
     at::Tensor grad_weight = at::empty_like(weight);
     for (int64_t first = 0; first < V; first += rows) {
       const int64_t n = std::min(rows, V - first);
       const at::Tensor w = weight.narrow(0, first, n);
-      at::Tensor d = (at::linear(hidden, w).to(wide) - lse_t).exp_();  // [T, n]: softmax
-      // − 1 at each token's label when it falls in this block
-      const at::Tensor in_block = (target >= first) & (target < first + n);
-      d.scatter_add_(1, (target - first).clamp(0, n - 1), -in_block.to(wide));
-      d.mul_(valid);
-      const at::Tensor dd = narrow ? d.to(hidden.scalar_type()) : d;
+      const at::Tensor dd = block_gradient(at::linear(hidden, w).to(wide), lse_t, (target - first).clamp(0, n - 1),
+                                           (target >= first) & (target < first + n), valid, hidden.scalar_type());
       grad_hidden.add_(at::matmul(dd, w));
       grad_weight.narrow(0, first, n).copy_(at::matmul(dd.t(), hidden));
     }
@@ -138,27 +157,19 @@ struct RowShardedLmLoss : torch::autograd::Function<RowShardedLmLoss> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& labels,
                             int64_t label_count, int64_t block, const c10::intrusive_ptr<HeadRef>& ref) {
     model::RowShardedWeight* head = &ref->head;
-    const int64_t T = hidden.size(0);
     const at::ScalarType wide = wide_of(hidden);
-    const auto options = hidden.options().dtype(wide);
-    const double inf = std::numeric_limits<double>::infinity();
-    at::Tensor top = at::full({T}, -inf, options), total = at::zeros({T}, options), target = at::zeros({T}, options);
+    RunningLse running(hidden.size(0), hidden.options().dtype(wide));
     const at::Tensor label = labels.clamp_min(0).unsqueeze(1);  // [T, 1]
+    const double inf = std::numeric_limits<double>::infinity();
     for (int64_t k = 0; k < head->rounds(block); ++k) {
       const at::Tensor w = head->gather_round(k, block);  // [P·B, h]
       const Round round = round_rows(*head, k, block, hidden.device());
+      // exp(−∞ − max) = 0 for padding; the maximum is finite: round 0 holds rank 0's first rows.
       const at::Tensor logits = at::linear(hidden, w).to(wide).masked_fill_(round.valid.logical_not(), -inf);
-      const at::Tensor next = at::maximum(top, std::get<0>(logits.max(1)));
-      // exp(−∞ − next) = 0 for padding; next is finite: round 0 holds rank 0's first rows.
-      total = total * (top - next).exp() + (logits - next.unsqueeze(1)).exp().sum(1);
-      top = next;
       const auto [at_label, here] = label_in_round(label, *head, k, block);
-      const at::Tensor picked = logits.gather(1, at_label);
-      target += at::where(here, picked, at::zeros_like(picked)).squeeze(1);
+      running.fold(logits, at_label, here);
     }
-    const at::Tensor lse = top + total.log();
-    const at::Tensor valid = labels != kIgnore;
-    const at::Tensor sum = at::where(valid, lse - target, at::zeros_like(lse)).sum();
+    const auto [lse, sum] = running.finish(labels);
     ctx->save_for_backward({hidden, labels, lse});
     ctx->saved_data["label_count"] = label_count;
     ctx->saved_data["block"] = block;
@@ -180,17 +191,15 @@ struct RowShardedLmLoss : torch::autograd::Function<RowShardedLmLoss> {
     const at::Tensor valid = (labels != kIgnore).to(wide).unsqueeze(1) * scale;
     const at::Tensor label = labels.clamp_min(0).unsqueeze(1);
     const at::Tensor lse_t = lse.unsqueeze(1);
-    const bool narrow = hidden.scalar_type() != wide;
     at::Tensor grad_hidden = at::zeros(hidden.sizes(), hidden.options().dtype(wide));
     const double inf = std::numeric_limits<double>::infinity();
     for (int64_t k = 0; k < head->rounds(block); ++k) {
       const at::Tensor w = head->gather_round(k, block);
       const Round round = round_rows(*head, k, block, hidden.device());
-      at::Tensor d = (at::linear(hidden, w).to(wide).masked_fill_(round.valid.logical_not(), -inf) - lse_t).exp_();
       const auto [at_label, here] = label_in_round(label, *head, k, block);
-      d.scatter_add_(1, at_label, -here.to(wide));
-      d.mul_(valid);
-      const at::Tensor dd = narrow ? d.to(hidden.scalar_type()) : d;
+      const at::Tensor dd =
+          block_gradient(at::linear(hidden, w).to(wide).masked_fill_(round.valid.logical_not(), -inf), lse_t,
+                         at_label, here, valid, hidden.scalar_type());
       grad_hidden.add_(at::matmul(dd, w));
       head->reduce_round(k, block, at::matmul(dd.t(), hidden));
     }
