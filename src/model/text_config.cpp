@@ -120,4 +120,15 @@ TextConfig parse_text_config(const nlohmann::json& text, const TextDialect& dial
   return t;
 }
 
+plan::AttentionShape attention_shape(const TextConfig& t, int64_t element_bytes) {
+  plan::AttentionShape a;
+  a.heads = t.num_attention_heads;
+  a.kv_heads = t.num_key_value_heads;
+  a.head_dim = t.head_dim;
+  a.element_bytes = element_bytes;
+  a.layers = t.is_hybrid() ? std::count(t.layer_types.begin(), t.layer_types.end(), LayerKind::full_attention)
+                           : t.num_hidden_layers;
+  return a;
+}
+
 }  // namespace mmsp::model

@@ -593,6 +593,8 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   plan_options.placement = o.placement;
   plan_options.placement_balance = o.placement_balance;
   plan_options.vision_split = o.vision_split;
+  plan_options.attention_shape =  // the load report's bytes priced for this model and dtype
+      model::attention_shape(in.resolved.config.text, static_cast<int64_t>(c10::elementSize(in.dtype)));
   attention::AttentionOptions blocks;
   blocks.block_q = o.attention_block;
   blocks.block_k = o.attention_block;

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <unistd.h>
 
@@ -20,6 +21,7 @@ namespace mmsp::plan {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 struct Result {
   int status = -1;
@@ -55,7 +57,11 @@ TEST(PlanCommand, TextSummaryOfTheExample) {
   EXPECT_THAT(r.out, HasSubstr("max/mean"));
   EXPECT_THAT(r.out, HasSubstr("rank 3 (dp 0, ring 1, ulysses 1)"));
   EXPECT_THAT(r.out, HasSubstr("placement, zigzag | adaptive"));
+  // The bytes are priced for the model planned (4 heads, 2 K/V heads of 16, 2 layers), not Qwen2-VL-7B's.
+  EXPECT_THAT(r.out, HasSubstr("attention bytes per step: H 4, H_kv 2, D 16, 2 bytes, 2 layers)"));
+  EXPECT_THAT(r.out, Not(HasSubstr("note: attention bytes priced at")));
 }
+
 
 TEST(PlanCommand, PlacementFlag) {
   const std::vector<std::string> base{"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch",
@@ -258,6 +264,23 @@ TEST(PlanCommand, AConfigWithOnlyWhatPlanningUsesPlans) {
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("small.json: the image token id 32000 is outside the vocabulary 0..999 that vocab_size declares"));
   std::filesystem::remove_all(dir);
+}
+
+
+// A config the planner reads but the model refuses (mrope_section against head_dim) still
+// plans; its bytes are priced at the default shape, and the note says why.
+TEST(PlanCommand, AConfigTheModelRefusesIsPricedAtTheDefaultShapeWithANote) {
+  std::ifstream in(kDir + "/configs/tiny-qwen2-vl.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string from = "\"mrope_section\": [2, 3, 3]";
+  ASSERT_NE(text.find(from), std::string::npos);
+  text.replace(text.find(from), from.size(), "\"mrope_section\": [2, 3, 4]");
+  const Result r = run_plan({"--config", write_temp("mrope.json", text), "--batch",
+                             kDir + "/examples/batch-qwen2-vl.json", "--ring", "2"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("note: attention bytes priced at Qwen2-VL-7B's shape: "));
+  EXPECT_THAT(r.out, HasSubstr("mrope_section [2, 3, 4] sums to 9"));
+  EXPECT_THAT(r.out, HasSubstr("H 28, H_kv 4, D 128, 2 bytes, 28 layers"));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "mmsp/plan/attention_cost.h"
 #include "mmsp/plan/model_conventions.h"
 
 namespace mmsp::model {
@@ -133,6 +134,10 @@ TextConfig parse_text_config(const nlohmann::json& text, const TextDialect& dial
 // partial_rotary_factor; checks them (layer kinds, head counts dividing, silu, no
 // mixture-of-experts MLP) with errors naming the key and the value.
 TextConfig parse_hybrid_text_config(const nlohmann::json& text, const std::string& where);
+
+// The decoder's attention as the planner prices its bytes (plan/attention_cost.h): its
+// heads, K/V heads, head size and full-attention layers, at `element_bytes` an element.
+plan::AttentionShape attention_shape(const TextConfig& text, int64_t element_bytes);
 
 
 }  // namespace mmsp::model
