@@ -99,17 +99,20 @@ model::ExpectedShapes parameter_shapes(const model::ModelConfig& config) {
   return shapes;
 }
 
+// `local_length`: a step's padded slots a rank holds, when known (0: --tokens-per-rank).
 MemoryEstimate estimate_for(const model::ModelConfig& config, const model::ExpectedShapes& shapes,
-                            const TrainOptions& o, const ParsedTrainOptions& parsed, int64_t loss_chunk, int world) {
+                            const TrainOptions& o, const ParsedTrainOptions& parsed, int64_t loss_chunk, int world,
+                            int64_t local_length = 0) {
   MemoryEstimateInputs in;
   in.compute_dtype = parsed.dtype;
   in.master_dtype = master_dtype_of(parsed.dtype);
   in.tokens_per_rank = o.tokens_per_rank;
+  in.local_length = local_length;
   in.attention_block = o.attention_block;
   in.loss_chunk = loss_chunk;
   in.checkpointing = o.checkpoint_activations;
   in.offload_activations = o.offload_activations && o.device.is_cuda();  // on the CPU the host is the device
-  in.mlp_tile = model::mlp_tile_tokens(o.tiled_mlp, o.tokens_per_rank, config.text.hidden_size);
+  in.mlp_tile = model::mlp_tile_tokens(o.tiled_mlp, std::max(o.tokens_per_rank, local_length), config.text.hidden_size);
   in.shard_level = parsed.shard_level;
   if (in.shard_level != ShardLevel::none) in.shard_world = world;
   return estimate_memory(config, shapes, in);
@@ -221,6 +224,8 @@ struct RunInputs {
   ShardLevel shard_level = ShardLevel::none;
   int64_t loss_chunk = 0;  // tokens per chunk of the LM head and loss (the default resolved)
   model::CheckpointNaming naming;
+  ParsedTrainOptions parsed;
+  model::ExpectedShapes shapes;  // every parameter's, from the skeleton (each step's estimate reads them)
   MemoryEstimate memory;
   std::unique_ptr<Dataset> data;
   int rows = 1;  // rows of the packer (TrainOptions::data_rows)
@@ -248,10 +253,11 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
              " (the degree must divide the head count)");
   // The weights' names and shapes, the checkpoint's mapping and the memory this run
   // needs are all checked on a skeleton, before a parameter is allocated.
-  const model::ExpectedShapes shapes = parameter_shapes(config);
+  in.parsed = parsed;
+  in.shapes = parameter_shapes(config);
   in.naming = model::checkpoint_naming(config);
-  if (in.resolved.weights) model::match_hf_tensors(*in.resolved.weights, shapes, in.naming);
-  in.memory = preflight_memory(config, shapes, o, parsed, in.loss_chunk, mesh.world_size());
+  if (in.resolved.weights) model::match_hf_tensors(*in.resolved.weights, in.shapes, in.naming);
+  in.memory = preflight_memory(config, in.shapes, o, parsed, in.loss_chunk, mesh.world_size());
   // hf/ of the checkpoints: as asked, else as the weights came, else the masters' dtype.
   in.save_dtype = parsed.save_dtype;
   if (!in.save_dtype) in.save_dtype = in.resolved.weights ? in.resolved.weights->dominant_dtype() : master_dtype;
@@ -439,7 +445,13 @@ void check_step_memory(const StepLoop& run, int64_t step, const std::vector<int6
   const TrainOptions& o = run.o;
   const BusiestVision busiest = busiest_vision(run.in.resolved.config, vision_loads(plan, o.vision),
                                                o.checkpoint_activations, run.in.dtype);
-  MemoryEstimate estimate = run.in.memory;
+  // The decoder's part again when padding gives a rank more slots than --tokens-per-rank.
+  int64_t slots = 0;
+  for (const plan::RowPlan& row : plan.rows) slots = std::max(slots, row.shards.local_length());
+  MemoryEstimate estimate = slots > o.tokens_per_rank
+                                ? estimate_for(run.in.resolved.config, run.in.shapes, o, run.in.parsed, run.loss_chunk,
+                                               run.mesh.world_size(), slots)
+                                : run.in.memory;
   estimate.vision = busiest.bytes.kept;
   estimate.vision_working_set = busiest.bytes.transient;
   if (estimate.total() > largest.total()) largest = estimate;

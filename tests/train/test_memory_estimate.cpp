@@ -295,6 +295,29 @@ TEST(MemoryEstimate, EveryTowersBlocksAreUnitsOfTheModelAndTheEstimate) {
   }
 }
 
+// A step whose padding gives a rank more slots than --tokens-per-rank (zigzag pads each
+// sequence to whole ring chunks) is priced for its slots; fewer change nothing.
+TEST(MemoryEstimate, PaddedSlotsArePricedAsTokens) {
+  const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
+  const Shapes shapes = skeleton("configs/tiny-qwen3-vl.json");
+  MemoryEstimateInputs in;
+  in.tokens_per_rank = 300;
+  const MemoryEstimate nominal = estimate_memory(config, shapes, in);
+  in.local_length = 200;
+  EXPECT_EQ(estimate_memory(config, shapes, in).total(), nominal.total());
+  in.local_length = 360;
+  const MemoryEstimate padded = estimate_memory(config, shapes, in);
+  in.tokens_per_rank = 360, in.local_length = 0;
+  const MemoryEstimate longer = estimate_memory(config, shapes, in);
+  EXPECT_GT(padded.total(), nominal.total());
+  const auto longer_parts = longer.parts();
+  for (const auto& [name, bytes] : padded.parts()) {
+    const auto it = std::find_if(longer_parts.begin(), longer_parts.end(), [&](const auto& p) { return p.first == name; });
+    ASSERT_NE(it, longer_parts.end());
+    EXPECT_EQ(bytes, it->second) << name;
+  }
+}
+
 // Checkpointing keeps each layer's input and one layer's activations; a loss chunk of n
 // tokens holds n tokens' logits instead of T's (docs/train.md, "Memory: activation checkpointing and the chunked loss").
 TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {

@@ -197,7 +197,10 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   if (tied) std::swap(head, embedding);  // tied: the embedding is the head's unit
   // Kept whole for the step under ZeRO-2/3: everything outside those units.
   const int64_t kept = P - in_layers - head - embedding;
-  const int64_t lookup_rows = in.tokens_per_rank * config.text.hidden_size;
+  // The slots a rank holds: --tokens-per-rank, or a step's padded local length when more
+  // (zigzag pads each sequence to whole chunks of the ring).
+  const int64_t slots = std::max(in.tokens_per_rank, in.local_length);
+  const int64_t lookup_rows = slots * config.text.hidden_size;
   e.parameters = P * b;
   // The loss's backward makes the head's whole gradient, at every level. Unhooked (no
   // --shard, or optimizer), a tied embedding's lookup makes a dense gradient of the
@@ -266,7 +269,7 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
       e.gathered_backward = (U + 2 * U2) * b;
       e.head_gradient = round * (b + 2 * m) + head_shard * m;
       e.head_reduction = 0;  // by rounds, inside the loss's backward (head gradient)
-      row_round_logits = in.tokens_per_rank * W * B;  // the loss's logits are a round's (below)
+      row_round_logits = slots * W * B;  // the loss's logits are a round's (below); B as the trainer sizes it
     }
   } else {
     e.master_weights = mixed ? P * m : 0;
@@ -287,7 +290,7 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   // attention output and its input to o_proj ((5H + 4H_kv)·d), and the MLP's gate,
   // up, activation and product (4I).
   const model::TextConfig& t = config.text;
-  const int64_t T = in.tokens_per_rank, h = t.hidden_size, d = t.head_dim;
+  const int64_t T = slots, h = t.hidden_size, d = t.head_dim;
   // A tiled MLP (--tiled-mlp) keeps none of the 4I: it keeps its input alone (the second
   // norm's output, among the 6h) and makes the rest again in its backward, a tile at a time.
   const bool tiled = in.mlp_tile > 0;

@@ -37,6 +37,9 @@ struct MemoryEstimateInputs {
   at::ScalarType compute_dtype = at::kFloat;  // the model's parameters and activations
   at::ScalarType master_dtype = at::kFloat;   // optimizer-side weights (= compute unless mixed)
   int64_t tokens_per_rank = 0;                // T: this rank's tokens of a step
+  // A step's slots a rank holds, padding included (plan::ShardMap::local_length), when
+  // known and more than tokens_per_rank: the activations and logits are the slots'.
+  int64_t local_length = 0;
   int64_t attention_block = 256;              // query/key block of the attention kernel
   int64_t loss_chunk = 0;                     // tokens per chunk of the LM head (0: all T at once)
   model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::none;
