@@ -459,12 +459,16 @@ void check_step_memory(const StepLoop& run, int64_t step, const std::vector<int6
   std::ostringstream what;
   what << "step " << step << " (samples";
   for (size_t i = 0; i < samples.size() && i < 8; ++i) what << " " << samples[i];
-  if (samples.size() > 8) what << " …";
+  what << (samples.size() > 8 ? " …)" : ")");
   const VisionLoad& l = busiest.load;
-  what << "): the vision tower of dp rank " << l.dp << ", context rank " << l.context_rank << " encodes "
-       << l.tokens << " patches (its largest item " << l.largest_item << " patches; vision " << format_bytes(busiest.bytes.kept)
-       << " kept + " << format_bytes(busiest.bytes.transient) << " in its backward, --vision-split "
-       << plan::to_string(o.vision_split) << ")";
+  if (l.tokens > 0)
+    what << ": the vision tower of dp rank " << l.dp << ", context rank " << l.context_rank << " encodes " << l.tokens
+         << " patches (its largest item " << l.largest_item << " patches; vision " << format_bytes(busiest.bytes.kept)
+         << " kept + " << format_bytes(busiest.bytes.transient) << " in its backward, --vision-split "
+         << plan::to_string(o.vision_split) << ")";
+  if (slots > o.tokens_per_rank)
+    what << (l.tokens > 0 ? "; " : ": ") << "a rank holds " << slots << " slots, padding included, for --tokens-per-rank "
+         << o.tokens_per_rank;
   check_memory_fits(estimate, o.memory_limit_bytes, o.memory_limit_source, what.str());
 }
 

@@ -212,11 +212,10 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
     // sharded_adamw.h: a W-th of masters and moments (+ < W elements of padding per
     // 25 MiB bucket, ignored), and of the reduced gradients from their reduction to
     // the update. Reductions and gathers go in rounds of at most 2·B bytes (at most a
-    // bucket's: the largest parameter's, or B's worth): a round packed, the
-    // all-to-all's output and the summed shard, or a round gathered, its shard and
-    // Gloo's flat copy of it.
-    // Stages 2 and 3 bucket each unit's parameters apart (sharded_weights.cpp): a unit's
-    // rounds are at most its bucket's, the kept weights' at most theirs.
+    // bucket's: a round packed, the all-to-all's output and the summed shard, or a round
+    // gathered, its shard and Gloo's flat copy of it). A bucket holds the largest
+    // parameter or B's worth; stages 2 and 3 bucket each unit's parameters apart
+    // (sharded_weights.cpp), so a unit's rounds are at most its own bytes.
     const int64_t W = std::max(in.shard_world, 1), shard = (P + W - 1) / W;
     auto rounds_of = [&](int64_t elements, int64_t largest_one) {
       return 3 * std::min(std::min(elements, std::max(largest_one, kDefaultBucketBytes / b)) * m, 2 * kDefaultBucketBytes);
@@ -357,7 +356,8 @@ void check_memory_fits(const MemoryEstimate& e, int64_t limit, const std::string
                      "large image or video over the context group; --checkpoint-activations all keeps one "
                      "input per vision block; smaller images or fewer frames)"
                    : "";
-  MMSP_CHECK(false, what, what.empty() ? "" : ": ", what.empty() ? "this run" : "it", " needs about ", format_bytes(e.total()), " per rank (held through the step ",
+  MMSP_CHECK(false, what, what.empty() ? "this run" : ": it", " needs about ", format_bytes(e.total()),
+             " per rank (held through the step ",
              format_bytes(e.held()), ": ", list_parts(e, kHeld), ", plus the largest of its moments", moments.str(),
              ") but ", source, " allows ", format_bytes(limit),
              ". To shrink it: parameters, gradients and optimizer state scale with the model "
