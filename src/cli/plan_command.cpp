@@ -67,18 +67,6 @@ int64_t vocab_size(const nlohmann::json& config) {
   return -1;
 }
 
-// The decoder's attention of the config, for the planned bytes: the model's own when
-// the config parses as one (bf16 elements, as released models train); else Qwen2-VL-7B's
-// and, in `why`, the reason (the planner reads less of a config than the model does).
-plan::AttentionShape attention_shape_of(const nlohmann::json& config, const std::string& path, std::string& why) {
-  try {
-    return model::attention_shape(model::parse_model_config(config, path).text, 2);
-  } catch (const Error& error) {
-    why = std::string("attention bytes priced at Qwen2-VL-7B's shape: ") + error.what();
-    return plan::AttentionShape{};
-  }
-}
-
 void check_token_ids(const plan::Batch& batch, int64_t vocab, const std::string& batch_path,
                      const std::string& config) {
   if (vocab < 0) return;
@@ -117,7 +105,7 @@ int run_plan(const PlanFlags& f) {
     plan::PlanOptions options;
     options.mesh = {f.dp, f.ring, f.ulysses};
     std::string priced;  // why the attention bytes are not the config's own, when they are not
-    options.attention_shape = attention_shape_of(config, f.config, priced);
+    options.attention_shape = model::planned_attention_shape(config, f.config, priced);
     options.layout = plan::parse_layout(f.layout);
     options.placement = plan::parse_placement(f.placement);
     options.vision_split = plan::parse_vision_split(f.vision_split);

@@ -84,4 +84,14 @@ ModelConfig load_model_config(const std::string& path) {
   return parse_model_config(read_json_file(path), path);
 }
 
+plan::AttentionShape planned_attention_shape(const nlohmann::json& config, const std::string& source,
+                                             std::string& why) {
+  try {
+    return attention_shape(parse_model_config(config, source).text, 2);
+  } catch (const Error& error) {
+    why = std::string("attention bytes priced at Qwen2-VL-7B's shape: ") + error.what();
+    return plan::AttentionShape{};
+  }
+}
+
 }  // namespace mmsp::model

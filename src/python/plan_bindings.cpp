@@ -48,6 +48,8 @@ py::dict plan_step(const std::string& config_json, const std::string& batch_json
   options.mesh = {dp, ring, ulysses};
   options.layout = plan::parse_layout(layout);
   options.placement = plan::parse_placement(placement);
+  std::string priced;  // the load report's bytes as `mmsp plan` prices them (its note is the CLI's)
+  options.attention_shape = model::planned_attention_shape(config, "config", priced);
   plan::validate_mesh(options.mesh);
   MMSP_CHECK(rank >= 0 && rank < options.mesh.world(), "mmsp.plan: rank ", rank, " is outside the mesh ",
              options.mesh.str(), " of ", options.mesh.world(), " ranks");

@@ -45,6 +45,13 @@ ModelConfig parse_model_config(const nlohmann::json& config,
 // Reads and parses a config.json file; errors name the path.
 ModelConfig load_model_config(const std::string& path);
 
+// The decoder's attention of a config.json as the planner prices its bytes (`mmsp plan`,
+// mmsp.plan): the model's own when the config parses as one (bf16 elements, as released
+// models train), else Qwen2-VL-7B's default shape with `why` saying why (the planner
+// reads configs the model refuses, e.g. an mrope_section against head_dim).
+plan::AttentionShape planned_attention_shape(const nlohmann::json& config, const std::string& source,
+                                             std::string& why);
+
 // The config's family part as the family's own type; null for a config of another family.
 template <class Fields>
 const Fields* family_fields_as(const ModelConfig& c) {
