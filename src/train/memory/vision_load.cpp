@@ -37,9 +37,11 @@ std::vector<VisionLoad> vision_loads(const plan::StepPlan& plan, model::VisionMo
   return loads;
 }
 
-VisionBytes vision_bytes(const model::ModelConfig& config, const VisionLoad& load,
-                         model::ActivationCheckpointing checkpointing, at::ScalarType dtype) {
-  const model::VisionMemoryShape s = model::family_for(config.model_type).vision_memory(config);
+namespace {
+
+// `load`'s bytes under the family's per-patch shape `s` (read once per step by busiest_vision).
+VisionBytes bytes_of(const model::VisionMemoryShape& s, const VisionLoad& load,
+                     model::ActivationCheckpointing checkpointing, at::ScalarType dtype) {
   const int64_t b = static_cast<int64_t>(c10::elementSize(dtype)), N = load.tokens;
   const bool recomputed = checkpointing == model::ActivationCheckpointing::all;
   VisionBytes out;
@@ -53,11 +55,23 @@ VisionBytes vision_bytes(const model::ModelConfig& config, const VisionLoad& loa
   return out;
 }
 
+model::VisionMemoryShape shape_of(const model::ModelConfig& config) {
+  return model::family_for(config.model_type).vision_memory(config);
+}
+
+}  // namespace
+
+VisionBytes vision_bytes(const model::ModelConfig& config, const VisionLoad& load,
+                         model::ActivationCheckpointing checkpointing, at::ScalarType dtype) {
+  return bytes_of(shape_of(config), load, checkpointing, dtype);
+}
+
 BusiestVision busiest_vision(const model::ModelConfig& config, const std::vector<VisionLoad>& loads,
                              model::ActivationCheckpointing checkpointing, at::ScalarType dtype) {
+  const model::VisionMemoryShape shape = shape_of(config);
   BusiestVision busiest;
   for (const VisionLoad& load : loads) {
-    const VisionBytes bytes = vision_bytes(config, load, checkpointing, dtype);
+    const VisionBytes bytes = bytes_of(shape, load, checkpointing, dtype);
     if (bytes.total() > busiest.bytes.total()) busiest = {load, bytes};
   }
   return busiest;
