@@ -203,8 +203,7 @@ AttentionKernel parse_attention_kernel(const std::string& text) {
   if (text == "auto") return AttentionKernel::automatic;
   if (text == "blockwise") return AttentionKernel::blockwise;
   if (text == "fused") return AttentionKernel::fused;
-  MMSP_CHECK(false, "attention kernel '", text, "' is not one of auto, blockwise, fused");
-  return AttentionKernel::automatic;
+  MMSP_FAIL("attention kernel '", text, "' is not one of auto, blockwise, fused");
 }
 
 const char* attention_kernel_name(AttentionKernel kernel) {

@@ -252,7 +252,7 @@ std::map<int64_t, double> read_losses(const std::string& path) {
         std::cerr << "note: " << path << ":" << n << ": skipped the torn last line (a crash mid-write)" << std::endl;
         break;
       }
-      MMSP_CHECK(false, path, ":", n, ": not a metrics line: ", e.what());
+      MMSP_FAIL(path, ":", n, ": not a metrics line: ", e.what());
     }
   }
   return losses;

@@ -68,8 +68,8 @@ at::Tensor wire_view(const at::Tensor& tensor, bool gloo) {
     case 4: return tensor.view(at::kInt);
     case 8: return tensor.view(at::kLong);
     default:
-      MMSP_CHECK(false, "dtype ", tensor.scalar_type(), " (", tensor.element_size(),
-                 " bytes) cannot be sent over Gloo");
+      MMSP_FAIL("dtype ", tensor.scalar_type(), " (", tensor.element_size(),
+                " bytes) cannot be sent over Gloo");
   }
   return tensor;
 }

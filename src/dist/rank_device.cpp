@@ -15,8 +15,7 @@ DeviceRequest parse_device_request(const std::string& text) {
   if (text == "auto") return DeviceRequest::automatic;
   if (text == "cpu") return DeviceRequest::cpu;
   if (text == "cuda") return DeviceRequest::cuda;
-  MMSP_CHECK(false, "--device '", text, "' is not one of auto, cpu, cuda");
-  return DeviceRequest::automatic;
+  MMSP_FAIL("--device '", text, "' is not one of auto, cpu, cuda");
 }
 
 DeviceFacts device_facts() {

@@ -72,7 +72,7 @@ std::shared_ptr<ActivationOffload::Entry> ActivationOffload::stash(const at::Ten
     c10::cuda::CUDACachingAllocator::recordStream(source.storage().data_ptr(), side);
     e->side = side;
 #else
-    MMSP_CHECK(false, "--offload-activations on ", x.device(), ": this mmsp was built without CUDA");
+    MMSP_FAIL("--offload-activations on ", x.device(), ": this mmsp was built without CUDA");
 #endif
   } else {
     MMSP_CHECK(x.device().is_cpu(), "--offload-activations serves CUDA and CPU tensors, not ", x.device());

@@ -39,8 +39,8 @@ const Family& family_for(const std::string& model_type) {
   MMSP_CHECK(model_type != "qwen3_next", "model_type \"qwen3_next\" is a text-only checkpoint; the ",
              "model layer builds vision-language models: use model_type \"qwen3_5\" with a text_config ",
              "of model_type \"qwen3_next\" and a vision_config");
-  MMSP_CHECK(false, "model_type \"", model_type, "\" is not supported by the model layer; supported: ",
-             supported_model_types());
+  MMSP_FAIL("model_type \"", model_type, "\" is not supported by the model layer; supported: ",
+            supported_model_types());
   throw Error("unreachable");
 }
 

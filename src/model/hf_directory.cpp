@@ -455,9 +455,9 @@ void load_hf_weights(const HfDirectory& dir,
         std::string file_name = name;
         for (const auto& [n, entry] : dir.tensors)
           if (&entry == &t) file_name = n;
-        MMSP_CHECK(false, path, ": tensor \"", file_name, "\" (parameter ", name,
-                   ") holds a NaN or infinite value at element ", first, " (as ", c10::toString(param.scalar_type()),
-                   "): the file is damaged or was saved from a run that diverged; mmsp trains only from finite weights");
+        MMSP_FAIL(path, ": tensor \"", file_name, "\" (parameter ", name,
+                  ") holds a NaN or infinite value at element ", first, " (as ", c10::toString(param.scalar_type()),
+                  "): the file is damaged or was saved from a run that diverged; mmsp trains only from finite weights");
       }
     }
   }

@@ -44,9 +44,8 @@ LayerKind layer_kind_of(const JsonFields& f, const nlohmann::json& list, size_t 
   const std::string name = e.is_string() ? e.get<std::string>() : e.dump();
   if (e.is_string() && (name == "linear_attention" || name == "mamba")) return LayerKind::linear_attention;
   if (e.is_string() && (name == "full_attention" || name == "attention")) return LayerKind::full_attention;
-  MMSP_CHECK(false, f.name("layer_types"), "[", i, "] is ", e.is_string() ? "\"" + name + "\"" : name,
-             "; supported layer kinds: \"linear_attention\" (Gated DeltaNet), \"full_attention\"");
-  return LayerKind::full_attention;
+  MMSP_FAIL(f.name("layer_types"), "[", i, "] is ", e.is_string() ? "\"" + name + "\"" : name,
+            "; supported layer kinds: \"linear_attention\" (Gated DeltaNet), \"full_attention\"");
 }
 
 std::vector<LayerKind> read_layer_types(const JsonFields& f, int64_t layers) {

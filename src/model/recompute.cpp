@@ -15,9 +15,8 @@ ActivationCheckpointing parse_activation_checkpointing(const std::string& name) 
   if (name == "none") return ActivationCheckpointing::none;
   if (name == "decoder") return ActivationCheckpointing::decoder;
   if (name == "all") return ActivationCheckpointing::all;
-  MMSP_CHECK(false, "--checkpoint-activations '", name,
-             "' must be none, decoder (recompute each decoder layer) or all (and each vision block)");
-  return ActivationCheckpointing::none;
+  MMSP_FAIL("--checkpoint-activations '", name,
+            "' must be none, decoder (recompute each decoder layer) or all (and each vision block)");
 }
 
 const char* to_string(ActivationCheckpointing mode) {

@@ -57,7 +57,7 @@ const TextVariant& variant_of(const JsonFields& f, const TextDialect& d, bool ne
     if (v.defaults.model_type == type) return v;
     expected += (expected.empty() ? "\"" : " or \"") + v.defaults.model_type + "\"";
   }
-  MMSP_CHECK(false, f.name("model_type"), " \"", type, "\" is not supported for ", d.family, "; expected ", expected);
+  MMSP_FAIL(f.name("model_type"), " \"", type, "\" is not supported for ", d.family, "; expected ", expected);
   return d.variants.front();  // not reached
 }
 

@@ -9,8 +9,7 @@ VisionMode parse_vision_mode(const std::string& name) {
   if (name == "routed") return VisionMode::routed;
   if (name == "gather") return VisionMode::gather;
   if (name == "replicate") return VisionMode::replicate;
-  MMSP_CHECK(false, "vision mode '", name, "' must be routed, gather or replicate");
-  return VisionMode::routed;
+  MMSP_FAIL("vision mode '", name, "' must be routed, gather or replicate");
 }
 
 const char* to_string(VisionMode mode) {

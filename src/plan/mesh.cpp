@@ -11,8 +11,7 @@ namespace mmsp::plan {
 Layout parse_layout(const std::string& name) {
   if (name == "zigzag") return Layout::zigzag;
   if (name == "contiguous") return Layout::contiguous;
-  MMSP_CHECK(false, "layout \"", name, "\" is unknown; use zigzag or contiguous");
-  return Layout::zigzag;
+  MMSP_FAIL("layout \"", name, "\" is unknown; use zigzag or contiguous");
 }
 
 const char* to_string(Layout layout) {

@@ -11,8 +11,7 @@ namespace mmsp::plan {
 Placement parse_placement(const std::string& name) {
   if (name == "zigzag") return Placement::zigzag;
   if (name == "adaptive") return Placement::adaptive;
-  MMSP_CHECK(false, "placement \"", name, "\" is unknown; use zigzag or adaptive");
-  return Placement::zigzag;
+  MMSP_FAIL("placement \"", name, "\" is unknown; use zigzag or adaptive");
 }
 
 const char* to_string(Placement placement) {

@@ -240,10 +240,10 @@ ParsedSequence parse_sequence(const Sequence& seq, const ModelConventions& conv,
              ": image_grid_thw has ", seq.image_grid_thw.size(),
              " entries but the sequence has placeholders for ", s.next_image, " images");
   if (conv.video_frames_as_blocks() && s.next_frame != 0)
-    MMSP_CHECK(false, "sequence ", si, ": video ", s.next_video, " grid ",
-               grid_text(seq.video_grid_thw[s.next_video]), " has ",
-               seq.video_grid_thw[s.next_video][0], " frames but the sequence has blocks for ",
-               s.next_frame);
+    MMSP_FAIL("sequence ", si, ": video ", s.next_video, " grid ",
+              grid_text(seq.video_grid_thw[s.next_video]), " has ",
+              seq.video_grid_thw[s.next_video][0], " frames but the sequence has blocks for ",
+              s.next_frame);
   MMSP_CHECK(s.next_video == static_cast<int64_t>(seq.video_grid_thw.size()), "sequence ", si,
              ": video_grid_thw has ", seq.video_grid_thw.size(),
              " entries but the sequence has placeholders for ", s.next_video, " videos");

@@ -22,7 +22,7 @@ nlohmann::json parse(const std::string& text, const char* what) {
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    MMSP_CHECK(false, "mmsp.plan: the ", what, " is not JSON: ", e.what());
+    MMSP_FAIL("mmsp.plan: the ", what, " is not JSON: ", e.what());
   }
   return {};
 }

@@ -30,8 +30,8 @@ dist::GroupPtr group_from_torch(const py::object& process_group, std::vector<int
   try {
     pg = process_group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
   } catch (const py::cast_error&) {
-    MMSP_CHECK(false, "mmsp.Group: ", std::string(py::str(py::type::of(process_group))),
-               " is not a torch.distributed ProcessGroup");
+    MMSP_FAIL("mmsp.Group: ", std::string(py::str(py::type::of(process_group))),
+              " is not a torch.distributed ProcessGroup");
   }
   const int size = pg->getSize(), rank = pg->getRank();
   MMSP_CHECK(static_cast<int>(members.size()) == size, "mmsp.Group: ", members.size(),

@@ -114,9 +114,9 @@ void check_same_step(int64_t step, const std::vector<StepFingerprint>& per_rank)
         field = f[i].name == ref[i].name ? f[i].name : f[i].name + " / " + ref[i].name;
         break;
       }
-    MMSP_CHECK(false, "step ", step, ": rank ", r, " is about to run another step than rank",
-               best > 1 ? "s " : " ", agree, " (first difference: ", field, "): the ranks read different data or options; every rank must "
-               "be started with the same flags, data files and checkpoint. Stopped before the step's first collective");
+    MMSP_FAIL("step ", step, ": rank ", r, " is about to run another step than rank",
+              best > 1 ? "s " : " ", agree, " (first difference: ", field, "): the ranks read different data or options; every rank must "
+              "be started with the same flags, data files and checkpoint. Stopped before the step's first collective");
   }
 }
 

@@ -60,8 +60,7 @@ at::ScalarType parse_dtype(const std::string& name) {
   if (name == "float32" || name == "fp32") return at::kFloat;
   if (name == "float64" || name == "fp64") return at::kDouble;
   if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
-  MMSP_CHECK(false, "--dtype '", name, "' must be float32, float64 or bfloat16");
-  return at::kFloat;
+  MMSP_FAIL("--dtype '", name, "' must be float32, float64 or bfloat16");
 }
 
 // The optimizer side of a compute dtype: bf16 trains with fp32 masters.
@@ -73,8 +72,7 @@ std::optional<at::ScalarType> parse_save_dtype(const std::string& name) {
   if (name == "float32" || name == "fp32") return at::kFloat;
   if (name == "float64" || name == "fp64") return at::kDouble;
   if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
-  MMSP_CHECK(false, "--save-dtype '", name, "' must be bfloat16, float16, float32 or float64");
-  return std::nullopt;
+  MMSP_FAIL("--save-dtype '", name, "' must be bfloat16, float16, float32 or float64");
 }
 
 NamedParams named_parameters(torch::nn::Module& module) {

@@ -1,6 +1,7 @@
 // Errors. MMSP_CHECK is for what a user can fix: the message names the value, the
-// rule and, where useful, a hint. MMSP_ASSERT is for mmsp's own bugs.
-// Both throw mmsp::Error so that a rank reports and exits instead of aborting.
+// rule and, where useful, a hint; MMSP_FAIL is the same where the code has already
+// decided that the input is wrong (a branch, a catch). MMSP_ASSERT is for mmsp's own bugs.
+// All throw mmsp::Error so that a rank reports and exits instead of aborting.
 #pragma once
 
 #include <sstream>
@@ -30,6 +31,9 @@ std::string concat(Args&&... args) {
   do {                                                             \
     if (!(cond)) throw ::mmsp::Error(::mmsp::detail::concat(__VA_ARGS__)); \
   } while (0)
+
+// [[noreturn]] in effect: a throw expression, so the compiler knows control ends here.
+#define MMSP_FAIL(...) throw ::mmsp::Error(::mmsp::detail::concat(__VA_ARGS__))
 
 #define MMSP_ASSERT(cond, ...)                                                 \
   do {                                                                         \

@@ -122,7 +122,7 @@ RunDirectoryLock RunDirectoryLock::claim(const std::string& out, const std::stri
     const int error = errno;
     MMSP_CHECK(error != EWOULDBLOCK, "--out ", out, " is in use by another job (", owner_of(lock.fd_),
                "): one job per run directory; wait for it to end, or give this job another --out");
-    MMSP_CHECK(false, "--out ", out, ": cannot lock ", path, ": ", std::strerror(error));
+    MMSP_FAIL("--out ", out, ": cannot lock ", path, ": ", std::strerror(error));
   }
   // Who holds it, for the message of the next job that tries.
   char host[128] = {};
@@ -149,11 +149,11 @@ RunDirectoryLock RunDirectoryLock::claim(const std::string& out, const std::stri
   std::string listing;
   for (const auto& f : previous) listing += (listing.empty() ? "" : ", ") + f;
   if (!overwrite) {
-    MMSP_CHECK(false, "--out ", out, " already holds a run (", listing, ") and this run ",
-               resume.empty() ? "starts fresh" : "resumes from " + resume + ", outside it",
-               ": its checkpoints would be rotated away and the metrics mixed. Pass --resume ", out,
-               " to continue that run, --overwrite to replace it (its metrics and checkpoints are deleted), "
-               "or another --out");
+    MMSP_FAIL("--out ", out, " already holds a run (", listing, ") and this run ",
+              resume.empty() ? "starts fresh" : "resumes from " + resume + ", outside it",
+              ": its checkpoints would be rotated away and the metrics mixed. Pass --resume ", out,
+              " to continue that run, --overwrite to replace it (its metrics and checkpoints are deleted), "
+              "or another --out");
   }
   // --overwrite: the previous run's files go before this run writes any.
   for (const auto& entry : fs::directory_iterator(out)) {

@@ -221,9 +221,8 @@ at::Tensor ShapesDataset::item_pixels(int64_t index, bool video, int64_t which) 
     if (d.video != video || seen++ != which) continue;
     return geometry_->item_pixels(render(d));
   }
-  MMSP_CHECK(false, "shapes dataset: sample ", index, " has ", seen, video ? " videos" : " images",
-             ", no ", video ? "video " : "image ", which);
-  return {};
+  MMSP_FAIL("shapes dataset: sample ", index, " has ", seen, video ? " videos" : " images",
+            ", no ", video ? "video " : "image ", which);
 }
 
 at::Tensor ShapesDataset::image_pixels(int64_t index, int64_t image) const {

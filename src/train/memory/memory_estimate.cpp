@@ -356,18 +356,18 @@ void check_memory_fits(const MemoryEstimate& e, int64_t limit, const std::string
                      "large image or video over the context group; --checkpoint-activations all keeps one "
                      "input per vision block; smaller images or fewer frames)"
                    : "";
-  MMSP_CHECK(false, what, what.empty() ? "this run" : ": it", " needs about ", format_bytes(e.total()),
-             " per rank (held through the step ",
-             format_bytes(e.held()), ": ", list_parts(e, kHeld), ", plus the largest of its moments", moments.str(),
-             ") but ", source, " allows ", format_bytes(limit),
-             ". To shrink it: parameters, gradients and optimizer state scale with the model "
-             "(--dtype bfloat16 halves the parameters; --shard optimizer splits the masters and "
-             "optimizer state over the ranks, gradients the gradients too, parameters the weights too; a smaller config); activations, working "
-             "set and logits scale with --tokens-per-rank (--checkpoint-activations decoder keeps one "
-             "hidden vector per token and layer; --loss-chunk bounds the logits; "
-             "more ranks in --ring/--ulysses "
-             "carry a long sequence in smaller pieces)", vision_hint, ". --memory-limit BYTES sets the limit "
-             "(0: no check).");
+  MMSP_FAIL(what, what.empty() ? "this run" : ": it", " needs about ", format_bytes(e.total()),
+            " per rank (held through the step ",
+            format_bytes(e.held()), ": ", list_parts(e, kHeld), ", plus the largest of its moments", moments.str(),
+            ") but ", source, " allows ", format_bytes(limit),
+            ". To shrink it: parameters, gradients and optimizer state scale with the model "
+            "(--dtype bfloat16 halves the parameters; --shard optimizer splits the masters and "
+            "optimizer state over the ranks, gradients the gradients too, parameters the weights too; a smaller config); activations, working "
+            "set and logits scale with --tokens-per-rank (--checkpoint-activations decoder keeps one "
+            "hidden vector per token and layer; --loss-chunk bounds the logits; "
+            "more ranks in --ring/--ulysses "
+            "carry a long sequence in smaller pieces)", vision_hint, ". --memory-limit BYTES sets the limit "
+            "(0: no check).");
 }
 
 }  // namespace mmsp::train

@@ -46,8 +46,8 @@ double clip_grad_norm(const NamedParams& named_params, double max_norm) {
         culprit = "\"" + named_params[i].first + "\"";
         break;
       }
-    MMSP_CHECK(false, "gradient norm is ", total, " (not finite); first parameter with a ",
-               "non-finite gradient: ", culprit, ". Lower the learning rate or check the data");
+    MMSP_FAIL("gradient norm is ", total, " (not finite); first parameter with a ",
+              "non-finite gradient: ", culprit, ". Lower the learning rate or check the data");
   }
   if (max_norm > 0 && total > max_norm) {
     const double scale = max_norm / (total + 1e-6);

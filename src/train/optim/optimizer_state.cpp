@@ -205,7 +205,7 @@ AdamWState adamw_state_from(const std::map<std::string, at::Tensor>& tensors,
     if (moment == kMoments[0]) it->second.exp_avg = tensor;
     else if (moment == kMoments[1]) it->second.exp_avg_sq = tensor;
     else if (moment == kMoments[2]) it->second.max_exp_avg_sq = tensor;
-    else MMSP_CHECK(false, source, ": tensor ", key, " is not exp_avg, exp_avg_sq or max_exp_avg_sq");
+    else MMSP_FAIL(source, ": tensor ", key, " is not exp_avg, exp_avg_sq or max_exp_avg_sq");
   }
   for (const auto& [name, m] : out.params) {
     MMSP_CHECK(m.exp_avg.defined() && m.exp_avg_sq.defined(), source, ": parameter ", name,

@@ -10,9 +10,8 @@ ShardLevel parse_shard_level(const std::string& name) {
   if (name == "optimizer") return ShardLevel::optimizer;
   if (name == "gradients") return ShardLevel::gradients;
   if (name == "parameters") return ShardLevel::parameters;
-  MMSP_CHECK(false, "--shard \"", name, "\" is unknown; use none, optimizer (ZeRO-1), gradients (ZeRO-2) or ",
-             "parameters (ZeRO-3)");
-  return ShardLevel::none;
+  MMSP_FAIL("--shard \"", name, "\" is unknown; use none, optimizer (ZeRO-1), gradients (ZeRO-2) or ",
+            "parameters (ZeRO-3)");
 }
 
 const char* to_string(ShardLevel level) {

@@ -166,9 +166,8 @@ double ShardedAdamW::global_norm(const std::vector<at::Tensor>& grads) const {
       culprit = "\"" + model_[piece.param].first + "\"";
       break;
     }
-  MMSP_CHECK(false, "gradient norm is ", norm, " (not finite); first parameter with a non-finite gradient ",
-             "in rank ", world_->rank(), "'s shard: ", culprit, ". Lower the learning rate or check the data");
-  return norm;
+  MMSP_FAIL("gradient norm is ", norm, " (not finite); first parameter with a non-finite gradient ",
+            "in rank ", world_->rank(), "'s shard: ", culprit, ". Lower the learning rate or check the data");
 }
 
 void ShardedAdamW::reduce_bucket(Shard& s) {

@@ -206,7 +206,7 @@ class ShardedUpdate : public WeightUpdate {
     if (rank == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
   }
   void save_next_gradients(const std::string&, const std::string&, const dist::Mesh&, std::ostream&) override {
-    MMSP_CHECK(false, "--save-gradients needs --shard none: a sharded update holds no whole gradient");
+    MMSP_FAIL("--save-gradients needs --shard none: a sharded update holds no whole gradient");
   }
   NamedParams weights() const override { return sharded_.model_params(); }
   std::string describe() const override {
