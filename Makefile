@@ -21,7 +21,7 @@ VENV       ?= .venv
 # openmpi-bin and iproute2: the two-host tests (tests/dist/multihost.sh) start ranks with
 # OpenMPI's mpirun, as docs/launcher.md's recipe, between network namespaces.
 DEB_PACKAGES := cmake ninja-build g++ ccache libgloo-dev nlohmann-json3-dev \
-                libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libstb-dev python3-venv \
+                libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libstb-dev libjpeg-dev python3-venv \
                 python3-dev openmpi-bin iproute2
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

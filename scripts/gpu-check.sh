@@ -95,6 +95,9 @@ prefix="$torch_prefix"
 [ -d "$carry/headers/usr" ] && prefix="$prefix;$carry/headers/usr"
 cxx_flags=""
 [ -d "$carry/headers/usr/include" ] && cxx_flags="-isystem $carry/headers/usr/include"
+# libjpeg's jconfig.h sits in the multiarch folder: the carried one, not the machine's.
+multiarch=$carry/headers/usr/include/$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)
+[ -d "$multiarch" ] && cxx_flags="$cxx_flags -isystem $multiarch"
 configure() {  # configure [extra prefix]: the machine's gtest/benchmark first, carried ones as a fallback
   cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMMSP_WERROR=OFF \
     -DCMAKE_PREFIX_PATH="$prefix${1:+;$1}" -DCMAKE_CXX_FLAGS="$cxx_flags" -DMMSP_PYTHON=  # the gpu tests need no Python

@@ -217,6 +217,9 @@ def bad_records(folder):
     exif = Image.Exif()
     exif[0x0112] = 6  # rotate 90° on display
     Image.new("RGB", (60, 100)).save(folder / "rotated.jpg", exif=exif)
+    # The two modes whose PIL pixels mmsp's reader does not reproduce (src/train/data/image_file.h).
+    Image.new("I;16", (56, 56), 40000).save(folder / "grey16.png")
+    Image.new("CMYK", (56, 56), (10, 20, 30, 40)).save(folder / "cmyk.jpg")
 
     def one(value, **media):
         return {"conversations": [{"from": "human", "value": value}, {"from": "gpt", "value": "A cat."}], **media}
@@ -233,8 +236,11 @@ def bad_records(folder):
         ('{"conversations": [{"from": "human", "value": "Hi"}\n', "invalid JSON"),
         ("\n", None),  # a blank line is no record
         (one("Hello there"), None),
-        (one("<image>\nWhat is this?", image="photo.webp"), "is WEBP, which mmsp's image reader (stb_image) cannot"),
+        (one("<image>\nWhat is this?", image="photo.webp"), "is WEBP, which mmsp's image reader cannot"),
         (one("<image>\nWhat is this?", image="rotated.jpg"), "has EXIF orientation 6"),
+        (one("<image>\nWhat is this?", image="grey16.png"),
+         "is a 16-bit grey image: transformers' processors (PIL's I;16 → RGB) clip each value at 255"),
+        (one("<image>\nWhat is this?", image="cmyk.jpg"), "is a JPEG of 4 components in CMYK or YCCK"),
         ({"messages": [{"role": "assistant", "content": "A cat."}]},
          "the first turn after the system turns is an assistant turn"),
         ({"messages": [{"role": "user", "content": "Hi <|vision_start|>"}, {"role": "assistant", "content": "A cat."}]},

@@ -289,7 +289,7 @@ def test_the_bounds_are_the_trainers_numbers():
                                                        r"kMaxSecondsPerGrid = ([^;]+);")
     assert train_bounds.INT32_MAX == 2 ** 31 - 1 and "std::numeric_limits<int32_t>::max()" in source(
         "src/plan/sequence.cpp")
-    assert "STBI_MAX_DIMENSIONS" not in source("src/train/data/jsonl_dataset.cpp")  # stb's default, then:
+    assert "STBI_MAX_DIMENSIONS" not in source("src/train/data/image_file.cpp")  # stb's default, then:
     stb = "/usr/include/stb/stb_image.h"
     if os.path.exists(stb):
         assert train_bounds.STB_MAX_DIMENSION == number(stb, r"#define STBI_MAX_DIMENSIONS \(([^)]+)\)")

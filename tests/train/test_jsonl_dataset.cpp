@@ -91,16 +91,23 @@ TEST_F(JsonlTest, ShippedExampleLoads) {
 TEST_F(JsonlTest, SafetensorsPixels) {
   at::manual_seed(3);
   const at::Tensor rows = at::randn({16, 1176});
-  model::save_safetensors((dir_ / "px.safetensors").string(), {{"img", rows}, {"bad", at::zeros({4, 1176})}});
+  model::save_safetensors((dir_ / "px.safetensors").string(),
+                          {{"img", rows}, {"bad", at::zeros({4, 1176})}, {"batched", rows.unsqueeze(0)}});
   const std::string ids = R"("input_ids": [1, 151652, 151655, 151655, 151655, 151655, 151653, 2])";
   const std::string path = write({"{" + ids + R"(, "images": [{"safetensors": "px.safetensors", "tensor": "img"}],)"
                                   R"( "image_grid_thw": [[1, 4, 4]]})"},
                                  "ok.jsonl");
   const JsonlDataset data(path, tiny_config("tiny-qwen2-vl"));
   EXPECT_TRUE(at::equal(data.image_pixels(0, 0), rows));
+  // A processor's batch dimension of one item (LLaVA's [1, C, S, S]) is taken as it is.
+  const JsonlDataset batched(write({"{" + ids + R"(, "images": [{"safetensors": "px.safetensors", "tensor": )"
+                                    R"("batched"}], "image_grid_thw": [[1, 4, 4]]})"},
+                                   "batched.jsonl"),
+                             tiny_config("tiny-qwen2-vl"));
+  EXPECT_TRUE(at::equal(batched.image_pixels(0, 0), rows));
   EXPECT_THAT(error_for({"{" + ids + R"(, "images": [{"safetensors": "px.safetensors", "tensor": "bad"}],)"
                          R"( "image_grid_thw": [[1, 4, 4]]})"}),
-              HasSubstr("bad.jsonl:1: image 0: tensor \"bad\" has shape [4, 1176] but grid [1, 4, 4] needs [16, 1176]"));
+              HasSubstr("bad.jsonl:1: image 0: tensor \"bad\" has shape [4, 1176] but grid [1, 4, 4] needs [16, 1176] (patches x channels*temporal_patch_size*patch_size^2), or [1, 16, 1176]"));
   EXPECT_THAT(error_for({"{" + ids + R"(, "images": [{"safetensors": "px.safetensors", "tensor": "img"}]})"}),
               HasSubstr("bad.jsonl:1: image 0 comes from safetensors, so image_grid_thw must give its grid"));
   EXPECT_THAT(error_for({"{" + ids + R"(, "images": [{"safetensors": "px.safetensors", "tensor": "nope"}],)"

@@ -1,9 +1,12 @@
 """Image and video files: resolved, checked against what mmsp's C++ reader can read, decoded.
 
-mmsp's trainer decodes the files named in the output with stb_image, which reads PNG, JPEG,
-BMP, GIF, TGA, PSD, HDR, PIC and PNM, and ignores EXIF orientation. The processor here decodes
-them with PIL, which reads more formats and applies EXIF orientation. So a file is refused
-when the two would not see the same pixels' size: another format, or an EXIF rotation.
+mmsp's trainer decodes the files named in the output as PIL does (src/train/data/image_file.cpp:
+JPEG by libjpeg-turbo with PIL's settings, PNG, BMP, GIF, TGA, PSD and PNM by stb_image) and
+ignores EXIF orientation. The processor here decodes them with PIL, which reads more formats
+and applies EXIF orientation. So a file is refused when the two would not see the same pixels:
+another format, an EXIF rotation, and the two modes whose PIL conversion to RGB mmsp does not
+reproduce (16-bit grey, which PIL clips at 255, and CMYK JPEG); the trainer refuses those two
+with the same words.
 
 A file's width and height are read from its header and checked before anything is decoded, by
 the trainer's rule (`--max-image-pixels`, the same default): a small file that declares huge
@@ -55,11 +58,15 @@ def load_image(path, what, max_pixels):
             with Image.open(path) as probe:  # reads the header, decodes nothing
                 _check_size(path, what, *probe.size, max_pixels)
                 fmt = probe.format
+                mode = probe.mode
                 # (After the size check: a PNG's getexif decodes the image to reach a trailing eXIf.)
                 orientation = probe.getexif().get(_EXIF_ORIENTATION, 1)
             if fmt not in STB_FORMATS:
-                raise BadSample(f'{what} file "{path}" is {fmt}, which mmsp\'s image reader (stb_image) cannot '
-                                "read: convert it to PNG or JPEG")
+                raise BadSample(f'{what} file "{path}" is {fmt}, which mmsp\'s image reader cannot read: convert '
+                                "it to PNG or JPEG")
+            problem = _unmatched_mode(fmt, mode)
+            if problem:
+                raise BadSample(f'{what} file "{path}" is {problem}')
             if orientation not in (1, None):
                 raise BadSample(f'{what} file "{path}" has EXIF orientation {orientation}: the processor would '
                                 "rotate it but mmsp's image reader does not, so rotate the pixels in the file")
@@ -76,6 +83,19 @@ def load_image(path, what, max_pixels):
         raise BadSample(f'{what} file "{path}" does not fit in memory when decoded') from None
     finally:
         Image.MAX_IMAGE_PIXELS = limit
+
+
+def _unmatched_mode(fmt, mode):
+    """Why mmsp's reader would not give the pixels PIL's convert("RGB") gives for a file of this
+    format and mode, or None; the words of src/train/data/image_file.cpp."""
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        return ("a 16-bit grey image: transformers' processors (PIL's I;16 → RGB) clip each value at 255, so all "
+                "but the darkest 256 of its 65,536 levels turn white; save it with 8 bits a value (the high "
+                "byte) first")
+    if fmt in ("JPEG", "MPO") and mode == "CMYK":
+        return ("a JPEG of 4 components in CMYK or YCCK: transformers' processors convert it to RGB by PIL's own "
+                "formula, which mmsp does not reproduce; save it as an RGB JPEG or a PNG")
+    return None
 
 
 def _check_size(path, what, width, height, max_pixels):

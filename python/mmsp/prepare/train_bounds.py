@@ -17,7 +17,7 @@ MAX_IMAGE_PIXELS = 16777216
 # include/mmsp/train/run_checks.h kMaxImagePixelsBound: the largest --max-image-pixels train takes.
 MAX_IMAGE_PIXELS_BOUND = 1 << 31
 
-# stb_image.h STBI_MAX_DIMENSIONS (mmsp's image reader: src/train/data/jsonl_dataset.cpp uses the
+# stb_image.h STBI_MAX_DIMENSIONS (mmsp's image reader: src/train/data/image_file.cpp uses the
 # default): a wider or taller image is one stb_image does not read.
 STB_MAX_DIMENSION = 1 << 24
 

@@ -11,13 +11,13 @@
 #include <optional>
 
 #include <nlohmann/json.hpp>
-#include <stb/stb_image.h>
 
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
 #include "mmsp/model/family.h"
 #include "mmsp/model/image_resize.h"
 #include "mmsp/model/safetensors.h"
+#include "mmsp/train/data/image_file.h"
 
 namespace mmsp::train {
 
@@ -98,56 +98,34 @@ fs::path resolve(const std::string& dir, const std::string& file) {
   return p.is_absolute() ? p : fs::path(dir) / p;
 }
 
-// Width and height from a PNG file's IHDR chunk (signature, length, "IHDR", two
-// big-endian 32-bit numbers), or nothing when the file is no PNG.
-std::optional<std::pair<int64_t, int64_t>> png_header_size(const fs::path& file) {
-  unsigned char b[24] = {};
-  std::ifstream in(file, std::ios::binary);
-  if (!in.read(reinterpret_cast<char*>(b), sizeof b)) return std::nullopt;
-  static const unsigned char kSignature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-  if (std::memcmp(b, kSignature, 8) != 0 || std::memcmp(b + 12, "IHDR", 4) != 0) return std::nullopt;
-  const auto be32 = [&](int at) {
-    return (int64_t{b[at]} << 24) | (int64_t{b[at + 1]} << 16) | (int64_t{b[at + 2]} << 8) | int64_t{b[at + 3]};
-  };
-  return std::make_pair(be32(16), be32(20));
-}
-
-// Width and height of an image file from its header (stbi_info reads no pixels).
-// Width and height are checked against `max_pixels` here, before anything is decoded.
+// Width and height of an image file from its header (image_file.h: nothing is decoded),
+// checked against `max_pixels` before anything is, and refused when mmsp would not read its
+// pixels as transformers' processors (PIL) do.
 std::pair<int64_t, int64_t> image_size(const LineReader& r, const std::string& name, const fs::path& file,
                                        int64_t max_pixels) {
   std::error_code ec;
   if (!fs::is_regular_file(file, ec))
     r.fail(name, " file \"", file.string(), "\" does not exist (or is not a regular file)");
-  int w = 0, h = 0, n = 0;
-  if (!stbi_info(file.string().c_str(), &w, &h, &n)) {
-    // stb_image gives up on PNGs beyond its own limits with "unknown image type": the
-    // size from the PNG header says what is wrong.
-    const auto png = png_header_size(file);
-    if (png && png->first * png->second > max_pixels)
-      r.fail(name, " file \"", file.string(), "\" is a PNG of ", png->first, " x ", png->second, " = ",
-             png->first * png->second, " pixels, more than --max-image-pixels ", max_pixels,
-             "; shrink it or raise the limit");
-    r.fail(name, " file \"", file.string(), "\" is not an image stb_image can read (", stbi_failure_reason(),
-           png ? detail::concat("; its PNG header says ", png->first, " x ", png->second) : std::string(), ")");
-  }
-  if (int64_t{w} * h > max_pixels)
-    r.fail(name, " file \"", file.string(), "\" is ", w, " x ", h, " = ", int64_t{w} * h,
+  const ImageFileHeader h = read_image_header(file);
+  if (h.width * h.height > max_pixels)
+    r.fail(name, " file \"", file.string(), "\" is ", h.width, " x ", h.height, " = ", h.width * h.height,
            " pixels, more than --max-image-pixels ", max_pixels, " (decoded it would take ",
-           int64_t{w} * h * 3 / (1 << 20), " MiB as RGB); shrink it or raise the limit");
-  return {w, h};
+           h.width * h.height * 3 / (1 << 20), " MiB as RGB); shrink it or raise the limit");
+  if (!h.problem.empty()) r.fail(name, " file \"", file.string(), "\" is ", h.problem);
+  return {h.width, h.height};
 }
 
 // The whole image, RGB (or grey for 1 channel), resized to width x height, as [C, H, W] in 0..1.
 at::Tensor load_image(const std::string& where, const fs::path& file, int64_t channels, int64_t width,
                       int64_t height) {
-  int w = 0, h = 0, n = 0;
-  std::unique_ptr<unsigned char, void (*)(void*)> data(
-      stbi_load(file.string().c_str(), &w, &h, &n, static_cast<int>(channels)), stbi_image_free);
-  MMSP_CHECK(data != nullptr, where, ": cannot decode \"", file.string(), "\": ", stbi_failure_reason());
+  at::Tensor decoded;
+  try {
+    decoded = decode_image_file(file, channels);
+  } catch (const Error& e) {
+    MMSP_FAIL(where, ": ", e.what());
+  }
   // As the Hugging Face processors resize (PIL's bicubic on the 8-bit image; a copy when the
   // file already has the size).
-  const at::Tensor decoded = at::from_blob(data.get(), {h, w, channels}, at::kByte);
   const at::Tensor out = model::resize_bicubic_like_pil(decoded, height, width);
   return out.permute({2, 0, 1}).to(at::kFloat).div_(255.0f).contiguous();
 }
@@ -196,7 +174,7 @@ JsonlDataset::Sample JsonlDataset::read_sample(const std::string& text, int64_t 
   try {
     plan::parse_sequence(s.sequence, config_.conventions, static_cast<int64_t>(samples_.size()));
   } catch (const Error& e) {
-    MMSP_CHECK(false, where, ": ", e.what());
+    MMSP_FAIL(where, ": ", e.what());
   }
   return s;
 }
@@ -301,7 +279,7 @@ JsonlDataset::Source JsonlDataset::read_tensor_source(const Line& line, const js
   try {
     header = model::read_safetensors_header(src.safetensors);
   } catch (const Error& e) {
-    MMSP_CHECK(false, where, ": ", name, ": ", e.what());
+    MMSP_FAIL(where, ": ", name, ": ", e.what());
   }
   const auto t = header.tensors.find(src.tensor);
   MMSP_CHECK(t != header.tensors.end(), where, ": ", name, ": tensor \"", src.tensor, "\" is not in \"",
@@ -309,9 +287,14 @@ JsonlDataset::Source JsonlDataset::read_tensor_source(const Line& line, const js
   MMSP_CHECK(at::isFloatingType(t->second.scalar_type), where, ": ", name, ": tensor \"", src.tensor, "\" is ",
              t->second.dtype, ", expected a float dtype (F32, F64, F16, BF16)");
   const std::vector<int64_t> want = geometry_->item_shape(grid);
-  MMSP_CHECK(t->second.shape == want, where, ": ", name, ": tensor \"", src.tensor, "\" has shape ",
-             at::IntArrayRef(t->second.shape), " but grid ", grid_text(grid), " needs ", at::IntArrayRef(want),
-             " (", geometry_->item_layout(), ")");
+  // A processor's output for one item may keep its batch dimension of 1 (LLaVA's
+  // pixel_values [1, C, S, S]): the same values, taken as they are.
+  std::vector<int64_t> batched{1};
+  batched.insert(batched.end(), want.begin(), want.end());
+  MMSP_CHECK(t->second.shape == want || t->second.shape == batched, where, ": ", name, ": tensor \"", src.tensor,
+             "\" has shape ", at::IntArrayRef(t->second.shape), " but grid ", grid_text(grid), " needs ",
+             at::IntArrayRef(want), " (", geometry_->item_layout(), "), or ", at::IntArrayRef(batched),
+             " as a processor returns one item");
   return src;
 }
 
@@ -331,6 +314,10 @@ JsonlDataset::ItemFiles JsonlDataset::read_files(const Line& line, const json& i
                ", expected {\"path\": ...} or {\"safetensors\": ..., \"tensor\": ...}");
     files.push_back(line.r.text(item["path"], name + " path"));
   }
+  const int64_t channels = geometry_->channels();
+  MMSP_CHECK(channels == 1 || channels == 3, where, ": ", name, " is read from image files, which give 1 (grey) or 3 "
+             "(RGB) channels, but the model's vision tower takes ", channels, "; give its pixels as "
+             "{\"safetensors\": ..., \"tensor\": ...}");
   ItemFiles out;
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string fname = video ? detail::concat(name, " frame ", f) : name;
@@ -375,7 +362,11 @@ at::Tensor JsonlDataset::pixels(const Sample& s, const Source& src, const plan::
     const auto it = tensors.find(src.tensor);
     MMSP_CHECK(it != tensors.end(), where, ": tensor \"", src.tensor, "\" is no longer in \"",
                src.safetensors, "\"");
-    at::Tensor values = it->second.to(at::kFloat).contiguous();
+    const std::vector<int64_t> want = geometry_->item_shape(g);
+    MMSP_CHECK(it->second.numel() == c10::multiply_integers(want), where, ": tensor \"", src.tensor, "\" in \"",
+               src.safetensors, "\" is now ", it->second.sizes(), ", not the ", at::IntArrayRef(want),
+               " it was when the data was read");
+    at::Tensor values = it->second.to(at::kFloat).reshape(want).contiguous();
     // NaN or Inf would show only as a NaN loss, blamed on a weight: refused, naming the file.
     const at::Tensor finite = values.isfinite();
     MMSP_CHECK(finite.all().item<bool>(), where, ": tensor \"", src.tensor, "\" in \"", src.safetensors,
