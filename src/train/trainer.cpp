@@ -50,7 +50,7 @@
 #include "mmsp/train/data/step_pixels.h"
 #include "mmsp/train/step_watch.h"
 #include "mmsp/train/checkpoint/train_state.h"
-#include "mmsp/train/optim/weight_update.h"
+#include "mmsp/train/weight_update.h"
 
 namespace mmsp::train {
 namespace {

@@ -1,5 +1,5 @@
 // The replicated and the sharded weight update; see weight_update.h.
-#include "mmsp/train/optim/weight_update.h"
+#include "mmsp/train/weight_update.h"
 
 #include <ATen/ATen.h>
 #include <torch/optim/adamw.h>
