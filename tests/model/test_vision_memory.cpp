@@ -87,6 +87,24 @@ TEST_P(VisionMemory, EstimateIsWithinTheMeasuredBytesOfEachFamilysTower) {
   }
 }
 
+// A rank with no items runs the tower on none (its hooks must fire as on the others); the
+// tower does so whether or not its blocks are hooked, and a backward runs through it.
+TEST_P(VisionMemory, EveryTowerEncodesNoItems) {
+  const model::ModelConfig config =
+      model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/" + GetParam() + ".json");
+  const std::shared_ptr<model::Vlm> vlm = model::build_vlm(config);
+  model::VisionTower& tower = vlm->tower();
+  ASSERT_FALSE(tower.blocks().hooked());
+  const at::Tensor rows = tower.encode(tower.no_items(at::TensorOptions().dtype(at::kFloat)));
+  EXPECT_EQ(rows.sizes(), at::IntArrayRef({0, tower.row_width()}));
+  rows.sum().backward();
+  int64_t reached = 0;
+  for (const auto& p : vlm->named_parameters())
+    if (p.key().find("visual") != std::string::npos || p.key().find("vision") != std::string::npos)
+      reached += p.value().grad().defined() ? 1 : 0;
+  EXPECT_GT(reached, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryFamily, VisionMemory,
                          ::testing::Values("tiny-qwen2-vl", "tiny-qwen2_5-vl", "tiny-qwen3-vl", "tiny-qwen3_5-vl",
                                            "tiny-llava", "tiny-internvl"),

@@ -70,7 +70,8 @@ class VisionTower {
                          const SplitEncoding& split, TowerInput& input) const;
 
   // The input of no items ([0, ...] in the tower's layout) a rank without items runs
-  // through hooked blocks, so that it calls their hooks as the others do.
+  // through hooked blocks, so that it calls their hooks as the others do. Every tower
+  // encodes it, hooked or not, to [0, row_width()] rows: no tower checks who asks.
   virtual TowerInput no_items(const at::TensorOptions& options) const = 0;
 
   // input -> rows [Σ rows, row_width()], one row per placeholder slot; a tower with

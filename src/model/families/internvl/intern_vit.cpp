@@ -86,7 +86,6 @@ at::Tensor InternVisionTower::forward(const at::Tensor& tiles) const {
   x = leave_phase_in_backward(x, Phase::vision);  // the tower's backward ends here
   const attention::TokenLayout layout{at::arange(N, at::kLong).repeat_interleave(P + 1),
                                       at::arange(P + 1, at::kLong).repeat({N})};
-  MMSP_CHECK(N > 0 || hooked_layers_.hooked(), "the InternViT tower needs at least one tile");
   for (size_t i = 0; i < layers_.size(); ++i) {
     // By value: a recomputed layer runs again after this frame (the tower outlives the step).
     std::shared_ptr<Layer> layer = layers_[i];

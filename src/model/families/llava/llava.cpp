@@ -139,7 +139,6 @@ at::Tensor ClipVisionTower::forward(const at::Tensor& images, const SplitShards&
   // Each whole image is one bidirectional segment: the local kernel over all of them at once.
   const attention::TokenLayout layout{at::arange(N, at::kLong).repeat_interleave(P + 1),
                                       at::arange(P + 1, at::kLong).repeat({N})};
-  MMSP_CHECK(x.size(0) > 0 || hooked_layers_.hooked(), "the CLIP tower needs at least one image");
   const SplitAttention shared = split.empty() ? SplitAttention{} : split_attention(split);
   for (int64_t i = 0; i < feature_layer(); ++i) {
     // By value: a recomputed layer runs again after this frame (the tower outlives the

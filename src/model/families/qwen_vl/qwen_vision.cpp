@@ -264,7 +264,6 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values, const st
                  pixel_values.size(1) == patch_dim,
              "pixel_values ", pixel_values.sizes(), " must be [", patches + split.pixel_rows, ", ", patch_dim,
              "] for these grids (C·tp·p·p = ", patch_dim, ")");
-  MMSP_CHECK(patches + split.pixel_rows > 0 || hooked_blocks_.hooked(), "the vision encoder needs at least one item");
   // The split items' patches this rank encodes (vision-tower SP): their (h, w), for the
   // rotary angles and Qwen3-VL's position table.
   std::vector<at::Tensor> split_hw;
