@@ -19,6 +19,7 @@
 #include "fused_attention_bench.h"
 #include "linear_attention_bench.h"
 #include "load_bench.h"
+#include "mesh_options.h"
 #include "memory_bench.h"
 #include "placement_bench.h"
 #include "placement_measure.h"
@@ -203,7 +204,8 @@ Subcommand add_bench_command(CLI::App& parent) {
                           << " B, step " << row["measured"]["step_seconds"] << " s" << std::endl;
                 if (!out.empty()) std::ofstream(out) << partial.dump(2) << std::endl;
               };
-              const dist::RankDevice rank = dist::use_rank_device(dist::parse_device_request(flags->device), env);
+              const dist::RankDevice rank = dist::use_rank_device(dist::parse_device_request(flags->device), env,
+                                                                  MeshFlags::device_env());
               flags->memory.device = rank.device;
               flags->memory.gpu_collectives = rank.collectives;
               result = bench::bench_memory(env, flags->memory);
@@ -215,7 +217,9 @@ Subcommand add_bench_command(CLI::App& parent) {
             } else if (lin->parsed()) {
               if (part == "auto") part = env.world_size > 1 ? "comm" : "kernel";
               if (part == "kernel") {
-                flags->linear.device = dist::use_rank_device(dist::parse_device_request(flags->device), env).device;
+                flags->linear.device =
+                    dist::use_rank_device(dist::parse_device_request(flags->device), env, MeshFlags::device_env())
+                        .device;
                 result["kernel"] = bench::bench_linear_attention_kernel(flags->linear);
               }
               if (part == "comm") {
@@ -230,7 +234,8 @@ Subcommand add_bench_command(CLI::App& parent) {
                 flags->fused.kv_heads = attn->get_option("--kv-heads")->count() > 0 ? flags->attention.kv_heads
                                                                                       : flags->fused.heads;
                 if (attn->get_option("--dim")->count() > 0) flags->fused.dim = flags->attention.dim;
-                return dist::use_rank_device(dist::parse_device_request(flags->device), env);
+                return dist::use_rank_device(dist::parse_device_request(flags->device), env,
+                                             MeshFlags::device_env());
               };
               if (part == "fused") {
                 flags->fused.device = fused_shapes().device;

@@ -1,5 +1,6 @@
 // `mmsp`: the command-line tool. Each subcommand lives in its own *_command.cpp;
 // this file only parses and dispatches, and turns errors into exit statuses.
+#include <cstdlib>
 #include <iostream>
 #include <vector>
 
@@ -7,6 +8,7 @@
 #include "block_cache.h"
 #include "command.h"
 #include "heap_policy.h"
+#include "mmsp/compat/quiet_c10_log.h"
 #include "mmsp/core/check.h"
 #include "pixels_command.h"
 #include "plan_command.h"
@@ -24,6 +26,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   mmsp::cli::set_rank_threads();  // before any kernel: see thread_policy.h
+  // The user's TORCH_CPP_LOG_LEVEL wins over mmsp's quieting of c10 (compat/quiet_c10_log.h).
+  mmsp::compat::c10_log_level_chosen_by_user() = std::getenv("TORCH_CPP_LOG_LEVEL") != nullptr;
   CLI::App app{"mmsp: sequence-parallel training of vision-language models"};
   app.require_subcommand(1);
   std::vector<mmsp::cli::Subcommand> commands;

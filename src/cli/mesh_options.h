@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 
 #include "mmsp/core/check.h"
@@ -38,7 +39,16 @@ struct MeshFlags {
   // This rank's device (the GPU made current); an error names a bad --device or a rank
   // without its GPU, before the mesh connects.
   dist::RankDevice rank_device(const dist::RankEnv& env) const {
-    return dist::use_rank_device(dist::parse_device_request(device), env);
+    return dist::use_rank_device(dist::parse_device_request(device), env, device_env());
+  }
+
+  // MMSP_SHARE_GPU and CUDA_VISIBLE_DEVICES: cli/ reads the environment, the library is told.
+  static dist::DeviceEnv device_env() {
+    dist::DeviceEnv e;
+    const char* share = std::getenv("MMSP_SHARE_GPU");
+    e.share_gpu = share != nullptr && std::string(share) == "1";
+    if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) e.visible_devices = v;
+    return e;
   }
 
   // Longest --timeout: 11.6 days, far below what milliseconds in int64 can hold.

@@ -5,8 +5,6 @@
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
-#include <cstdlib>
-
 #include "mmsp/core/check.h"
 
 namespace mmsp::dist {
@@ -18,11 +16,11 @@ DeviceRequest parse_device_request(const std::string& text) {
   MMSP_FAIL("--device '", text, "' is not one of auto, cpu, cuda");
 }
 
-DeviceFacts device_facts() {
+DeviceFacts device_facts(const std::string& visible) {
   DeviceFacts facts;
   facts.cuda_built = at::detail::getCUDAHooks().isBuilt();
   facts.gpus = at::globalContext().hasCUDA() ? static_cast<int>(at::detail::getCUDAHooks().deviceCount()) : 0;
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES")) facts.visible = v;
+  facts.visible = visible;
   return facts;
 }
 
@@ -47,10 +45,9 @@ RankDevice choose_rank_device(DeviceRequest request, const DeviceFacts& facts, c
   return chosen;
 }
 
-RankDevice use_rank_device(DeviceRequest request, const RankEnv& env) {
-  const char* share = std::getenv("MMSP_SHARE_GPU");
-  const bool share_gpu = share != nullptr && std::string(share) == "1";
-  const RankDevice chosen = choose_rank_device(request, device_facts(), env, share_gpu);
+RankDevice use_rank_device(DeviceRequest request, const RankEnv& env, const DeviceEnv& device_env) {
+  const RankDevice chosen =
+      choose_rank_device(request, device_facts(device_env.visible_devices), env, device_env.share_gpu);
   if (chosen.device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(chosen.device);
   return chosen;
 }

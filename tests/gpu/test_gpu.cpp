@@ -220,7 +220,9 @@ TEST(GpuTrain, OffloadedAndTiledLayersOnTheGpuEqualTheCpu) {
 TEST(MultiRankGpu, SequenceParallelOnTheGpuEqualsOneProcess) {
   MMSP_REQUIRE_GPU();
   const int world = test::rank_env().world_size;
-  const dist::RankDevice rank = dist::use_rank_device(dist::DeviceRequest::cuda, test::rank_env());
+  dist::DeviceEnv shared;  // the launch sets MMSP_SHARE_GPU=1; the library reads no environment
+  shared.share_gpu = std::getenv("MMSP_SHARE_GPU") != nullptr && std::string(std::getenv("MMSP_SHARE_GPU")) == "1";
+  const dist::RankDevice rank = dist::use_rank_device(dist::DeviceRequest::cuda, test::rank_env(), shared);
   for (const char* config : {"tiny-qwen2-vl.json", "tiny-qwen3_5-vl.json"}) {
     const std::string ref_dir = scratch(std::string("ref-") + std::to_string(test::rank_env().rank));
     const train::TrainReport want = one_step(config, "float64", rank.device, ref_dir, dist::Mesh::solo());

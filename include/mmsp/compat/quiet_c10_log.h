@@ -11,13 +11,19 @@
 
 #include <c10/util/Logging.h>
 
-#include <cstdlib>
-
 namespace mmsp::compat {
+
+// Whether the user chose c10's log level (TORCH_CPP_LOG_LEVEL set; c10 reads it itself):
+// then mmsp leaves the level alone. The entry point (cli/main.cpp) reads the environment
+// and sets this once at start-up; the library reads no environment.
+inline bool& c10_log_level_chosen_by_user() {
+  static bool chosen = false;
+  return chosen;
+}
 
 class QuietC10Log {
  public:
-  QuietC10Log() : saved_(FLAGS_caffe2_log_level), active_(std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) {
+  QuietC10Log() : saved_(FLAGS_caffe2_log_level), active_(!c10_log_level_chosen_by_user()) {
     if (active_) FLAGS_caffe2_log_level = kFatal;
   }
   ~QuietC10Log() {
@@ -36,7 +42,7 @@ class QuietC10Log {
 // itself (heartbeat.h); every later store call would log the same c10 warning with its
 // backtrace again. TORCH_CPP_LOG_LEVEL, when set, wins.
 inline void quiet_c10_log_from_now() {
-  if (std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = 3;  // FATAL only
+  if (!c10_log_level_chosen_by_user()) FLAGS_caffe2_log_level = 3;  // FATAL only
 }
 
 }  // namespace mmsp::compat

@@ -22,7 +22,15 @@ struct DeviceFacts {
   int gpus = 0;
   std::string visible;  // CUDA_VISIBLE_DEVICES as set ("" when unset), for messages
 };
-DeviceFacts device_facts();
+// `visible`: CUDA_VISIBLE_DEVICES as the caller read it (cli/ reads the environment).
+DeviceFacts device_facts(const std::string& visible = {});
+
+// What the environment says of devices, read by cli/ (DeviceEnv::from_environment in
+// cli/mesh_options.h), so that no library code reads it.
+struct DeviceEnv {
+  bool share_gpu = false;       // MMSP_SHARE_GPU=1 (tests only)
+  std::string visible_devices;  // CUDA_VISIBLE_DEVICES, for messages
+};
 
 // How CUDA tensors cross ranks.
 enum class GpuCollectives {
@@ -41,8 +49,8 @@ struct RankDevice {
 // past the GPUs (unless `share_gpu`), is an error that names the value and the rule.
 RankDevice choose_rank_device(DeviceRequest request, const DeviceFacts& facts, const RankEnv& env, bool share_gpu);
 
-// choose_rank_device with this process's facts and MMSP_SHARE_GPU, and the chosen GPU made
+// choose_rank_device with this process's facts and `device_env`, and the chosen GPU made
 // the current one (NCCL's communicators and the caching allocator use it).
-RankDevice use_rank_device(DeviceRequest request, const RankEnv& env);
+RankDevice use_rank_device(DeviceRequest request, const RankEnv& env, const DeviceEnv& device_env);
 
 }  // namespace mmsp::dist
