@@ -13,6 +13,7 @@
 #include "mmsp/model/families/internvl/internvl_config.h"
 #include "mmsp/model/families/llava/clip_config.h"
 #include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
+#include "error_of.h"
 
 namespace mmsp::model {
 namespace {
@@ -29,12 +30,7 @@ json read_json(const std::string& path) {
 }
 
 std::string error_of(const json& config) {
-  try {
-    parse_model_config(config);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return test::error_of([&] { parse_model_config(config); });
 }
 
 // A copy of `base` with the JSON-pointer path set to `value` (or removed when null_out).

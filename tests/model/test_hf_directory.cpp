@@ -24,6 +24,7 @@
 #include "mmsp/model/hf_directory.h"
 #include "mmsp/model/family.h"
 #include "mmsp/model/vlm.h"
+#include "error_of.h"
 
 namespace mmsp::model {
 namespace {
@@ -51,15 +52,7 @@ void write_text(const std::string& path, const std::string& text) {
 
 bool exists(const std::string& path) { return ::access(path.c_str(), F_OK) == 0; }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&

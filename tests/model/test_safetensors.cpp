@@ -17,6 +17,7 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/model/safetensors.h"
+#include "error_of.h"
 
 namespace mmsp::model {
 namespace {
@@ -56,12 +57,7 @@ std::string file_bytes(const std::string& header, const std::string& data = "") 
 }
 
 std::string error_of(const std::string& bytes) {
-  try {
-    parse_safetensors(bytes.data(), bytes.size(), "test.safetensors");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
+  return test::error_of([&] { parse_safetensors(bytes.data(), bytes.size(), "test.safetensors"); });
 }
 
 // Same data on both sides, element for element and bit for bit.

@@ -16,6 +16,7 @@
 #include "mmsp/model/family.h"
 #include "mmsp/plan/model_conventions.h"
 #include "mmsp/plan/sequence.h"
+#include "error_of.h"
 
 namespace mmsp::plan::testing {
 
@@ -24,16 +25,7 @@ inline ModelConventions released(const std::string& model_type) {
   return model::conventions_from_config(nlohmann::json{{"model_type", model_type}});
 }
 
-// Runs `f` and returns the mmsp::Error message ("" when nothing was thrown).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const mmsp::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using ::mmsp::test::error_of;  // tests/support/error_of.h
 
 // Builds one sequence: text tokens are ids 10..999 so they never collide with markers.
 class SeqBuilder {

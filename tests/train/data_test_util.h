@@ -7,6 +7,7 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/model/config.h"
+#include "error_of.h"
 
 namespace mmsp::train::testing {
 
@@ -19,15 +20,6 @@ inline std::string source_path(const std::string& relative) {
   return std::string(MMSP_SOURCE_DIR) + "/" + relative;
 }
 
-// Runs `f` and returns the mmsp::Error message ("" when nothing was thrown).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const mmsp::Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using ::mmsp::test::error_of;  // tests/support/error_of.h
 
 }  // namespace mmsp::train::testing

@@ -28,6 +28,7 @@
 #include "mmsp/train/checkpoint/run_directory.h"
 #include "mmsp/train/run_checks.h"
 #include "mmsp/train/optim/optimizer.h"
+#include "error_of.h"
 
 namespace mmsp::train {
 namespace {
@@ -105,14 +106,7 @@ void write_file(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
 }
 
-std::string what(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 void expect_same_training_state(Tiny& a, torch::optim::AdamW& oa, Tiny& b, torch::optim::AdamW& ob) {
   for (const auto& [name, p] : named(a)) {
@@ -344,7 +338,7 @@ TEST(ResumeFlags, NamesWhatChangesTheBatchesOrNumericsAndIgnoresTheMesh) {
   changed.dtype = "float64";
   changed.tokens_per_rank = 128;
   const std::string message =
-      what([&] { check_resume_flags(then, run_flags(changed, {1, 1, 2}, 1), false, "ckpt", nullptr); });
+      error_of([&] { check_resume_flags(then, run_flags(changed, {1, 1, 2}, 1), false, "ckpt", nullptr); });
   EXPECT_THAT(message, ::testing::HasSubstr("--resume ckpt: this run changes 3 flags"));
   EXPECT_THAT(message, ::testing::HasSubstr("--seed 0 -> 1: another data order"));
   EXPECT_THAT(message, ::testing::HasSubstr("--dtype \"float32\" -> \"float64\": another precision"));
@@ -442,40 +436,40 @@ TEST_F(CheckpointTest, MissingOrCorruptedFilesGiveClearErrors) {
   fs::remove(step + "/hf/checksums.json");
   EXPECT_THAT(load_checkpoint(dir_).notes.at(0), HasSubstr("has no checksums.json"));
 
-  EXPECT_THAT(what([&] { load_checkpoint(dir_ + "/nope"); }), HasSubstr("no such checkpoint directory"));
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_ + "/nope"); }), HasSubstr("no such checkpoint directory"));
   fs::create_directories(dir_ + "/empty");
-  EXPECT_THAT(what([&] { load_checkpoint(dir_ + "/empty"); }), HasSubstr("not a checkpoint"));
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_ + "/empty"); }), HasSubstr("not a checkpoint"));
 
   write_file(step + "/hf/model.safetensors", model.substr(0, 20));
-  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr(step + "/hf/model.safetensors"));
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }), HasSubstr(step + "/hf/model.safetensors"));
   write_file(step + "/hf/model.safetensors", model);
   fs::rename(step + "/hf", step + "/hf.bak");
-  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr(step + "/hf: missing"));
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }), HasSubstr(step + "/hf: missing"));
   fs::rename(step + "/hf.bak", step + "/hf");
 
   fs::rename(step + "/optimizer.safetensors", step + "/optimizer.bak");
-  EXPECT_THAT(what([&] { load_checkpoint(dir_); }),
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }),
               HasSubstr(step + "/optimizer.safetensors: missing"));
   fs::rename(step + "/optimizer.bak", step + "/optimizer.safetensors");
 
   const std::string state = read_file(step + "/state.json");
   write_file(step + "/state.json", state.substr(0, state.size() / 2));
-  EXPECT_THAT(what([&] { load_checkpoint(dir_); }),
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }),
               HasSubstr(step + "/state.json: not valid JSON"));
   json bad = json::parse(state);
   bad["data"].erase("offset");
   write_file(step + "/state.json", bad.dump());
-  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr("data.offset is missing"));
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }), HasSubstr("data.offset is missing"));
   bad = json::parse(state);
   bad["step"] = 2;
   write_file(step + "/state.json", bad.dump());
-  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr("does not match the directory name"));
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }), HasSubstr("does not match the directory name"));
   write_file(step + "/state.json", state);
 
   write_file(dir_ + "/latest", "../../etc\n");
-  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr("expected a step dir name"));
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }), HasSubstr("expected a step dir name"));
   write_file(dir_ + "/latest", "step-000009\n");
-  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr("names step-000009, which is not"));
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }), HasSubstr("names step-000009, which is not"));
   write_file(dir_ + "/latest", "step-000001\n");
   EXPECT_EQ(load_checkpoint(dir_).step, 1);
 }
@@ -496,12 +490,12 @@ TEST_F(CheckpointTest, MismatchedModelOrOptimizerIsNamedAndChangesNothing) {
 
   Wider wider;
   auto ow = make_adamw(named(wider), {});
-  EXPECT_THAT(what([&] { restore(c, wider, *ow); }),
+  EXPECT_THAT(error_of([&] { restore(c, wider, *ow); }),
               HasSubstr("\"proj.weight\" is [4,3] in model.safetensors, the model's \"proj.weight\" is [5,3]"));
 
   Extra extra;
   auto oe = make_adamw(named(extra), {});
-  EXPECT_THAT(what([&] { restore(c, extra, *oe); }), HasSubstr("1 missing from the files, e.g. \"extra\""));
+  EXPECT_THAT(error_of([&] { restore(c, extra, *oe); }), HasSubstr("1 missing from the files, e.g. \"extra\""));
 
   // The same model, but an optimizer over only some of its parameters.
   at::manual_seed(4);
@@ -509,26 +503,26 @@ TEST_F(CheckpointTest, MismatchedModelOrOptimizerIsNamedAndChangesNothing) {
   const at::Tensor before = tiny.proj->weight.clone();
   const at::Tensor rng_before = at::detail::getDefaultCPUGenerator().get_state();
   auto partial = make_adamw({{"proj.weight", tiny.proj->weight}}, {});
-  EXPECT_THAT(what([&] { restore(c, tiny, *partial); }), HasSubstr("optimizer group 0 holds [proj.weight]"));
+  EXPECT_THAT(error_of([&] { restore(c, tiny, *partial); }), HasSubstr("optimizer group 0 holds [proj.weight]"));
   EXPECT_TRUE(at::equal(tiny.proj->weight, before));  // nothing changed
   EXPECT_TRUE(at::equal(at::detail::getDefaultCPUGenerator().get_state(), rng_before));
 }
 
 TEST_F(CheckpointTest, SaveRefusesBadInputBeforeWritingAnything) {
   Trained a = trained(1);
-  EXPECT_THAT(what([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, state_json(0, 1), "{oops"); }),
+  EXPECT_THAT(error_of([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, state_json(0, 1), "{oops"); }),
               HasSubstr("config_json: not valid JSON"));
-  EXPECT_THAT(what([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, json{{"run", json::object()}}, kConfig); }),
+  EXPECT_THAT(error_of([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, json{{"run", json::object()}}, kConfig); }),
               HasSubstr("data must be an object"));
   json with_step = state_json(0, 1);
   with_step["step"] = 2;
-  EXPECT_THAT(what([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, with_step, kConfig); }),
+  EXPECT_THAT(error_of([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, with_step, kConfig); }),
               HasSubstr("state.step (2) differs from the step being saved (1)"));
   json unknown = state_json(0, 1);
   unknown["lr"] = 0.1;
-  EXPECT_THAT(what([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, unknown, kConfig); }),
+  EXPECT_THAT(error_of([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, unknown, kConfig); }),
               HasSubstr("unknown train-state field \"lr\""));
-  EXPECT_THAT(what([&] { save_checkpoint(dir_, -1, *a.model, *a.opt, state_json(0, 1), kConfig); }),
+  EXPECT_THAT(error_of([&] { save_checkpoint(dir_, -1, *a.model, *a.opt, state_json(0, 1), kConfig); }),
               HasSubstr("step (-1) must be ≥ 0"));
   EXPECT_TRUE(fs::is_empty(dir_));
 }
@@ -579,7 +573,7 @@ TEST_F(CheckpointTest, AFlippedBitAnywhereIsRefusedNamingTheFile) {
       std::string damaged = original;
       damaged[bit / 8] = static_cast<char>(damaged[bit / 8] ^ (1 << (bit % 8)));
       write_file(path, damaged);
-      const std::string error = what([&] { load_checkpoint(dir_); });
+      const std::string error = error_of([&] { load_checkpoint(dir_); });
       ++flips;
       if (error.find(path) == std::string::npos) {
         ADD_FAILURE() << "bit " << bit << " of " << path << ": " << error;
@@ -609,7 +603,7 @@ TEST_F(CheckpointTest, ManifestVersionsOlderReadNewerRefused) {
   j.erase("manifest_xxh64");
   j["manifest_xxh64"] = XxHash64::hex(XxHash64::of(j.dump()));
   write_file(step + "/checksums.json", j.dump(2));
-  EXPECT_THAT(what([&] { load_checkpoint(dir_); }),
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }),
               HasSubstr(step + "/checksums.json: format version 2 is newer than this mmsp reads (version 1)"));
   // an older checkpoint (no manifest): read, with a note
   fs::remove(step + "/checksums.json");
@@ -619,7 +613,7 @@ TEST_F(CheckpointTest, ManifestVersionsOlderReadNewerRefused) {
   // a file the manifest lists, gone
   write_file(step + "/checksums.json", manifest);
   fs::remove(step + "/hf/checksums.json");
-  EXPECT_THAT(what([&] { load_checkpoint(dir_); }), HasSubstr(step + "/hf/checksums.json: missing, but listed"));
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }), HasSubstr(step + "/hf/checksums.json: missing, but listed"));
 }
 
 TEST_F(CheckpointTest, HfDirectoryChecksumsVerifiedWhenPresent) {
@@ -629,7 +623,7 @@ TEST_F(CheckpointTest, HfDirectoryChecksumsVerifiedWhenPresent) {
   std::string data = read_file(hf + "/model.safetensors");
   data[data.size() - 3] ^= 0x40;  // tensor data
   write_file(hf + "/model.safetensors", data);
-  EXPECT_THAT(what([&] { model::open_hf_directory(hf); }),
+  EXPECT_THAT(error_of([&] { model::open_hf_directory(hf); }),
               HasSubstr(hf + "/model.safetensors: checksum mismatch"));
   // a released model directory has no checksums.json: read as it is
   fs::remove(hf + "/checksums.json");

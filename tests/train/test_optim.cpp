@@ -18,6 +18,7 @@
 #include "mmsp/train/optim/lr_schedule.h"
 #include "mmsp/train/optim/optimizer.h"
 #include "mmsp/train/optim/sharded_adamw.h"
+#include "error_of.h"
 
 namespace mmsp::train {
 namespace {
@@ -34,14 +35,7 @@ void set_coded_grad(at::Tensor& p, int i) {
       (at::arange(p.numel(), at::kDouble) + 1000.0 * (i + 1)).to(p.scalar_type()).view(p.sizes());
 }
 
-std::string what(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::error_of;
 
 TEST(GradSync, BucketsByDtypeInOrderAndOversizedParamsAlone) {
   // bytes: a 16, b 24, c 40, d 8, e 160, f 10.
@@ -95,13 +89,13 @@ TEST(GradSync, SoloGroupCopiesBackEveryGradAndZerosTheMissing) {
 TEST(GradSync, RefusesBadParameters) {
   at::Tensor w = param({2, 2}, at::kFloat);
   auto solo = dist::make_solo_group("world", 0);
-  EXPECT_THAT(what([&] { GradSync({{"w", w}, {"tied", w}}, solo); }),
+  EXPECT_THAT(error_of([&] { GradSync({{"w", w}, {"tied", w}}, solo); }),
               HasSubstr("\"tied\" is the same tensor as \"w\""));
-  EXPECT_THAT(what([&] { GradSync({{"w", w}, {"w", param({1}, at::kFloat)}}, solo); }),
+  EXPECT_THAT(error_of([&] { GradSync({{"w", w}, {"w", param({1}, at::kFloat)}}, solo); }),
               HasSubstr("\"w\" appears twice"));
-  EXPECT_THAT(what([&] { GradSync({{"i", at::zeros({2}, at::kLong)}}, solo); }),
+  EXPECT_THAT(error_of([&] { GradSync({{"i", at::zeros({2}, at::kLong)}}, solo); }),
               HasSubstr("only floating-point"));
-  EXPECT_THAT(what([&] { GradSync({{"w", w}}, solo, 0); }), HasSubstr("bucket_bytes (0)"));
+  EXPECT_THAT(error_of([&] { GradSync({{"w", w}}, solo, 0); }), HasSubstr("bucket_bytes (0)"));
 }
 
 // Two Gloo ranks as two threads of this process: sums and byte counts.
@@ -186,13 +180,13 @@ TEST(LrSchedule, WarmupThenCosineToTheFloor) {
 }
 
 TEST(LrSchedule, RefusesBadValues) {
-  EXPECT_THAT(what([] { LrSchedule{0.0, 0.0, 0, 10}.validate(); }), HasSubstr("lr (0)"));
-  EXPECT_THAT(what([] { LrSchedule{1e-3, 2e-3, 0, 10}.validate(); }),
+  EXPECT_THAT(error_of([] { LrSchedule{0.0, 0.0, 0, 10}.validate(); }), HasSubstr("lr (0)"));
+  EXPECT_THAT(error_of([] { LrSchedule{1e-3, 2e-3, 0, 10}.validate(); }),
               HasSubstr("min_lr (0.002) must be in [0, lr (0.001)]"));
-  EXPECT_THAT(what([] { LrSchedule{1e-3, 0.0, 11, 10}.validate(); }),
+  EXPECT_THAT(error_of([] { LrSchedule{1e-3, 0.0, 11, 10}.validate(); }),
               HasSubstr("warmup_steps (11) must be in [0, total_steps (10)]"));
-  EXPECT_THAT(what([] { LrSchedule{1e-3, 0.0, 0, 0}.validate(); }), HasSubstr("total_steps (0)"));
-  EXPECT_THAT(what([] { LrSchedule{1e-3, 0.0, 0, 10}.at(-1); }), HasSubstr("step (-1)"));
+  EXPECT_THAT(error_of([] { LrSchedule{1e-3, 0.0, 0, 0}.validate(); }), HasSubstr("total_steps (0)"));
+  EXPECT_THAT(error_of([] { LrSchedule{1e-3, 0.0, 0, 10}.at(-1); }), HasSubstr("step (-1)"));
 }
 
 TEST(ClipGradNorm, GlobalNormInFp64AndScaling) {
@@ -220,7 +214,7 @@ TEST(ClipGradNorm, NonFiniteNormNamesTheParameter) {
   at::Tensor a = param({2}, at::kFloat), b = param({2}, at::kFloat);
   a.mutable_grad() = at::ones({2});
   b.mutable_grad() = at::tensor({1.0f, std::nanf("")});
-  const std::string message = what([&] { clip_grad_norm({{"a", a}, {"b.weight", b}}, 1.0); });
+  const std::string message = error_of([&] { clip_grad_norm({{"a", a}, {"b.weight", b}}, 1.0); });
   EXPECT_THAT(message, HasSubstr("gradient norm is nan (not finite)"));
   EXPECT_THAT(message, HasSubstr("\"b.weight\""));
   EXPECT_TRUE(at::equal(a.grad(), at::ones({2})));  // nothing scaled
@@ -265,16 +259,16 @@ TEST(AdamW, DecayOnMatricesOnlyAndSetLr) {
 
 TEST(AdamW, RefusesBadOptions) {
   NamedParams ps = {{"w", param({2, 2}, at::kFloat)}};
-  EXPECT_THAT(what([&] { make_adamw(ps, {1e-3, 0.9, 1.0, 1e-8, 0.0}); }),
+  EXPECT_THAT(error_of([&] { make_adamw(ps, {1e-3, 0.9, 1.0, 1e-8, 0.0}); }),
               HasSubstr("betas (0.9, 1) must each be in [0, 1)"));
-  EXPECT_THAT(what([&] { make_adamw(ps, {-1.0, 0.9, 0.99, 1e-8, 0.0}); }), HasSubstr("lr (-1)"));
-  EXPECT_THAT(what([&] { make_adamw(ps, {1e-3, 0.9, 0.99, 0.0, 0.0}); }), HasSubstr("eps (0)"));
-  EXPECT_THAT(what([&] { make_adamw(ps, {1e-3, 0.9, 0.99, 1e-8, -0.1}); }),
+  EXPECT_THAT(error_of([&] { make_adamw(ps, {-1.0, 0.9, 0.99, 1e-8, 0.0}); }), HasSubstr("lr (-1)"));
+  EXPECT_THAT(error_of([&] { make_adamw(ps, {1e-3, 0.9, 0.99, 0.0, 0.0}); }), HasSubstr("eps (0)"));
+  EXPECT_THAT(error_of([&] { make_adamw(ps, {1e-3, 0.9, 0.99, 1e-8, -0.1}); }),
               HasSubstr("weight_decay (-0.1)"));
-  EXPECT_THAT(what([&] { make_adamw({{"w", ps[0].second}, {"v", ps[0].second}}, {}); }),
+  EXPECT_THAT(error_of([&] { make_adamw({{"w", ps[0].second}, {"v", ps[0].second}}, {}); }),
               HasSubstr("same tensor"));
   auto opt = make_adamw(ps, {});
-  EXPECT_THAT(what([&] { set_lr(*opt, std::nan("")); }), HasSubstr("set_lr: lr (nan)"));
+  EXPECT_THAT(error_of([&] { set_lr(*opt, std::nan("")); }), HasSubstr("set_lr: lr (nan)"));
 }
 
 // ---- ShardedAdamW (--shard optimizer) ----------------------------------------------
@@ -641,7 +635,7 @@ TEST(ShardedAdamW, NonFiniteGradientNamesTheParameterOnEveryRank) {
     const at::Tensor before = model[4].second.detach().clone();
     for (auto& [name, p] : model) p.mutable_grad() = at::ones_like(p);
     model[4].second.mutable_grad()[3][1] = std::nan("");
-    errors[r] = what([&] { sharded.step(1.0); });
+    errors[r] = error_of([&] { sharded.step(1.0); });
     EXPECT_TRUE(at::equal(model[4].second.detach(), before)) << "nothing is updated";
   }, stats);
   for (int r = 0; r < 2; ++r) EXPECT_THAT(errors[r], HasSubstr("gradient norm is nan (not finite)")) << r;
@@ -653,7 +647,7 @@ TEST(ShardedAdamW, RefusesUnknownLevels) {
   EXPECT_EQ(parse_shard_level("optimizer"), ShardLevel::optimizer);
   EXPECT_EQ(parse_shard_level("gradients"), ShardLevel::gradients);
   EXPECT_EQ(parse_shard_level("parameters"), ShardLevel::parameters);
-  EXPECT_THAT(what([] { parse_shard_level("weights"); }),
+  EXPECT_THAT(error_of([] { parse_shard_level("weights"); }),
               HasSubstr("--shard \"weights\" is unknown; use none, optimizer (ZeRO-1), gradients (ZeRO-2) or "
                         "parameters (ZeRO-3)"));
 }
