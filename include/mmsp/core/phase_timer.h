@@ -15,7 +15,9 @@
 // counts nothing.
 //
 // Host wall time: on CPU that is the work itself; on CUDA it is launch time unless the
-// caller synchronises, so the split is only meaningful on CPU today.
+// caller synchronises, so the split is only meaningful on CPU today. The clock is the
+// timer's (steady_clock unless its owner gives another: the tests drive a fake one, so
+// they assert exact totals instead of sleeping).
 #pragma once
 
 #include <array>
@@ -39,7 +41,14 @@ class ActivePhaseTimer;
 // was active.
 class PhaseTimer {
  public:
-  PhaseTimer() = default;
+  // Nanoseconds on some monotonic clock; a plain function, as it runs at every phase mark.
+  using Clock = int64_t (*)();
+  static int64_t steady_nanos() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  explicit PhaseTimer(Clock clock = &steady_nanos) : clock_(clock) {}
   PhaseTimer(const PhaseTimer&) = delete;
   PhaseTimer& operator=(const PhaseTimer&) = delete;
 
@@ -50,6 +59,7 @@ class PhaseTimer {
 
  private:
   friend class ActivePhaseTimer;
+  Clock clock_;
   std::array<std::atomic<int64_t>, kPhaseCount> nanos_{};
 };
 
@@ -74,7 +84,6 @@ class ActivePhaseTimer {
   static ActivePhaseTimer* on_this_thread() { return current(); }
 
  private:
-  using Clock = std::chrono::steady_clock;
   struct Frame {
     Phase phase;
     bool counting;  // false when shadowed by an enclosing phase of higher precedence
@@ -89,21 +98,21 @@ class ActivePhaseTimer {
       if (it->counting) return static_cast<int>(it->phase);
     return -1;
   }
+  int64_t now() const { return timer_.clock_(); }
   // Charges the time since the last switch to the phase that owned it.
-  void charge_until(Clock::time_point now) {
+  void charge_until(int64_t now) {
     const int owner = counting_phase();
-    if (owner >= 0)
-      timer_.nanos_[owner] += std::chrono::duration_cast<std::chrono::nanoseconds>(now - since_).count();
+    if (owner >= 0) timer_.nanos_[owner] += now - since_;
     since_ = now;
   }
 
   PhaseTimer& timer_;
   ActivePhaseTimer* previous_;
   std::vector<Frame> stack_;
-  Clock::time_point since_ = Clock::now();
+  int64_t since_;
 };
 
-ActivePhaseTimer::ActivePhaseTimer(PhaseTimer& timer) : timer_(timer), previous_(current()) {
+ActivePhaseTimer::ActivePhaseTimer(PhaseTimer& timer) : timer_(timer), previous_(current()), since_(now()) {
   if (previous_) previous_->charge_until_now();  // the time from now on is this timer's
   current() = this;
 }
@@ -111,11 +120,11 @@ ActivePhaseTimer::ActivePhaseTimer(PhaseTimer& timer) : timer_(timer), previous_
 ActivePhaseTimer::~ActivePhaseTimer() {
   charge_until_now();
   current() = previous_;
-  if (previous_) previous_->since_ = Clock::now();  // the time under this one was not the previous one's
+  if (previous_) previous_->since_ = previous_->now();  // the time under this one was not the previous one's
 }
 
 void ActivePhaseTimer::enter(Phase phase) {
-  charge_until(Clock::now());
+  charge_until(now());
   const int owner = counting_phase();
   const bool counting = phase == Phase::communication || owner < 0 || static_cast<int>(phase) >= owner;
   stack_.push_back({phase, counting});
@@ -126,17 +135,17 @@ void ActivePhaseTimer::enter(Phase phase) {
 void ActivePhaseTimer::leave(Phase phase) {
   for (auto it = stack_.rbegin(); it != stack_.rend(); ++it) {
     if (it->phase != phase) continue;
-    charge_until(Clock::now());
+    charge_until(now());
     stack_.erase(std::next(it).base());
     return;
   }
 }
 
-void ActivePhaseTimer::charge_until_now() { charge_until(Clock::now()); }
+void ActivePhaseTimer::charge_until_now() { charge_until(now()); }
 
 void ActivePhaseTimer::forget_open_phases() {
   stack_.clear();
-  since_ = Clock::now();
+  since_ = now();
 }
 
 PhaseTimes PhaseTimer::times() {
