@@ -183,7 +183,7 @@ open(sys.argv[1], "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chun
 EOF
 echo '{"input_ids": [1, 151652, 151655, 151655, 151653, 3, 2], "images": [{"path": "huge.png"}], "image_grid_thw": [[1, 2, 4]]}' \
   > "$work/huge.jsonl"
-expect2 huge_png "huge.png\" is a PNG of 20000 x 20000 = 400000000 pixels, more than --max-image-pixels" 10 \
+expect2 huge_png "huge.png\" is 20000 x 20000 = 400000000 pixels, more than --max-image-pixels" 10 \
   "${base[@]}" --model "$cfg" --data "$work/huge.jsonl"
 
 $mmsp train --model "$cfg" --steps 1 --tokens-per-rank 64 --attention-block 32 --warmup 1 --quiet \
