@@ -1,0 +1,169 @@
+// `mmsp train`'s flags; see train_flags.h.
+#include "train_flags.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "byte_size.h"
+#include "mmsp/core/check.h"
+#include "mmsp/model/recompute.h"
+#include "mmsp/model/tiled_mlp.h"
+#include "mmsp/model/vision_mode.h"
+#include "mmsp/plan/mesh.h"
+#include "mmsp/plan/placement.h"
+#include "mmsp/plan/vision_split.h"
+#include "mmsp/train/memory/cuda_memory.h"
+
+namespace mmsp::cli {
+
+void TrainFlags::add_to(CLI::App& app) {
+  add_model_and_data(app);
+  add_schedule(app);
+  add_memory(app);
+  add_run_directory(app);
+  app.add_option("--test-sleep-in-step", test_sleep)->group("");
+  app.add_option("--test-skew-batch", test_skew)->group("");
+}
+
+// The model, the data and how a step is cut: what the batches and the numerics are.
+void TrainFlags::add_model_and_data(CLI::App& app) {
+  app.add_option("--model", options.model, "built-in model name, a Hugging Face model directory (its weights) or a config.json (random weights)")->capture_default_str();
+  app.add_option("--data", options.data, "'shapes' (built in) or a JSON-lines file (docs/data.md)")->capture_default_str();
+  app.add_option("--vision", vision, "routed, gather or replicate")->capture_default_str();
+  app.add_option("--layout", layout, "zigzag or contiguous")->capture_default_str();
+  app.add_option("--placement", placement,
+                  "zigzag (every segment split over the context group) or adaptive (short ones whole on one rank)")
+      ->capture_default_str();
+  app.add_option("--vision-split", vision_split,
+                  "encode an image or video over the whole context group: auto (one costing more than a rank's "
+                  "share, of at least 4096 patches), off, or a patch count (every item of at least that many)")
+      ->capture_default_str();
+  app.add_option("--tokens-per-rank", options.tokens_per_rank, "tokens per rank and step (a step holds at most this × world tokens)")
+      ->capture_default_str();
+  app.add_option("--data-rows", options.data_rows,
+                  "pack each step for this many dp rows (default: --dp); same value, same batches on any mesh")
+      ->capture_default_str();
+  app.add_option("--dtype", options.dtype, "float32, float64 or bfloat16 (mixed: bf16 compute, fp32 master weights)")
+      ->capture_default_str();
+  app.add_option("--seed", options.seed, "parameters and data order")->capture_default_str();
+  app.add_flag("!--no-shuffle", options.shuffle, "read samples in file order");
+  app.add_option("--shapes-samples", options.shapes_samples, "samples per epoch of the shapes dataset")->capture_default_str();
+  app.add_flag("--blank-images", options.blank_images, "shapes with constant images (the text-only baseline)");
+  app.add_option("--max-image-pixels", options.max_image_pixels,
+                  "refuse image files larger than this (width × height, read from the header at load)")
+      ->capture_default_str();
+  app.add_option("--attention-block", options.attention_block, "query/key block of the attention kernel")->capture_default_str();
+  app.add_option("--attention-kernel", options.attention_kernel,
+                  "auto | blockwise | fused: the local attention kernel (auto: FlashAttention-2 varlen on CUDA "
+                  "where it serves, mmsp's blockwise kernel elsewhere)")
+      ->capture_default_str();
+}
+
+// Steps and the optimizer.
+void TrainFlags::add_schedule(CLI::App& app) {
+  app.add_option("--steps", options.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--stop-after", options.stop_after, "stop after this step (checkpointed), resume later")
+      ->capture_default_str();
+  app.add_option("--lr", options.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--min-lr", options.min_lr, "learning rate at the end of the cosine")->capture_default_str();
+  app.add_option("--warmup", options.warmup, "linear warm-up steps")->capture_default_str();
+  app.add_option("--weight-decay", options.weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
+  app.add_option("--clip", options.clip, "clip gradients to this global norm (0: off)")->capture_default_str();
+  app.add_option("--shard", options.shard,
+                  "none; optimizer: fp32 masters and AdamW moments split over every rank (ZeRO-1); "
+                  "gradients: and the gradients (ZeRO-2); parameters: and the weights of the decoder layers, "
+                  "LM head, embedding and vision blocks (ZeRO-3)")
+      ->capture_default_str();
+}
+
+// What trades compute or bytes for memory, and the preflight's limit.
+void TrainFlags::add_memory(CLI::App& app) {
+  app.add_option("--memory-limit", memory_limit,
+                  "stop before allocating if the per-rank estimate exceeds this (e.g. 20GiB; 0: off; "
+                  "auto: available memory / ranks on this host)")
+      ->capture_default_str();
+  app.add_option("--loss-chunk", options.loss_chunk,
+                  "tokens per chunk of the LM head and loss (0: as many as fit 256 MiB of fp32 logits)")
+      ->capture_default_str();
+  app.add_option("--checkpoint-activations", checkpointing,
+                  "none, decoder (recompute each decoder layer in the backward) or all (and each vision block)")
+      ->capture_default_str();
+  app.add_flag("--offload-activations", options.offload_activations,
+                "keep the recomputed layers' inputs in host memory until their backward (needs "
+                "--checkpoint-activations; on CUDA the copies overlap the compute)");
+  app.add_option("--tiled-mlp", tiled_mlp,
+                  "off, auto (tiles of at most hidden-size tokens) or N: each decoder MLP runs over tiles of N "
+                  "tokens, forward and backward, so its [tokens, intermediate] activations exist one tile at a time")
+      ->capture_default_str();
+}
+
+// --out: metrics, checkpoints, resume, the hf/ directories a checkpoint holds.
+void TrainFlags::add_run_directory(CLI::App& app) {
+  app.add_option("--save-dtype", options.save_dtype,
+                  "dtype of each checkpoint's hf/ directory (default: as the weights were loaded)");
+  app.add_option("--save-shard-size", save_shard_size, "largest safetensors shard of hf/ (e.g. 5GB, 500MB)")
+      ->capture_default_str();
+  app.add_option("--out", options.out, "directory for metrics.jsonl and checkpoints");
+  app.add_option("--checkpoint-every", options.checkpoint_every, "save every N steps (and at the end)")->capture_default_str();
+  app.add_option("--keep", options.keep, "checkpoints to keep (0: all)")->capture_default_str();
+  app.add_option("--resume", options.resume, "continue from this checkpoint or run directory");
+  app.add_flag("--overwrite", options.overwrite,
+                "start afresh in an --out that holds another run: its metrics and checkpoints are deleted first");
+  app.add_option("--save-gradients", options.save_gradients,
+                  "write the first step's gradients (summed over the ranks, before --clip) as a model directory "
+                  "here, to compare with a reference (--shard none)");
+  app.add_flag("--allow-changed-flags", options.allow_changed_flags,
+                "resume although flags that change the batches or the numerics differ from the checkpoint's");
+  app.add_flag("--quiet", options.quiet, "no per-step lines (the summary still prints)");
+}
+
+void TrainFlags::read_test_hooks() {
+  auto& t = options.test;
+  if (!test_sleep.empty())
+    MMSP_CHECK(std::sscanf(test_sleep.c_str(), "%d:%ld:%lf", &t.sleep_rank, &t.sleep_step, &t.sleep_seconds) == 3,
+               "--test-sleep-in-step '", test_sleep, "' must be RANK:STEP:SECONDS");
+  if (!test_skew.empty())
+    MMSP_CHECK(std::sscanf(test_skew.c_str(), "%d:%ld", &t.skew_batch_rank, &t.skew_batch_step) == 2,
+               "--test-skew-batch '", test_skew, "' must be RANK:STEP");
+  // The crash test (tests/train/train_cli.sh) sets "STEP:BYTES" in the environment,
+  // which mmsp-run hands to every rank: the save of step STEP dies after BYTES bytes.
+  if (const char* crash = std::getenv("MMSP_TEST_CRASH_CHECKPOINT"))
+    MMSP_CHECK(std::sscanf(crash, "%ld:%ld", &t.crash_checkpoint_step, &t.crash_checkpoint_after_bytes) == 2,
+               "MMSP_TEST_CRASH_CHECKPOINT '", crash, "' must be STEP:BYTES");
+  if (const char* crash = std::getenv("MMSP_TEST_CRASH_IN_KEEP"))  // "STEP": see TestHooks
+    MMSP_CHECK(std::sscanf(crash, "%ld", &t.crash_keep_step) == 1, "MMSP_TEST_CRASH_IN_KEEP '", crash,
+               "' must be a step");
+}
+
+void TrainFlags::parse() {
+  read_test_hooks();
+  train::TrainOptions& o = options;
+  o.vision = model::parse_vision_mode(vision);
+  o.layout = plan::parse_layout(layout);
+  o.placement = plan::parse_placement(placement);
+  o.vision_split = plan::parse_vision_split(vision_split);
+  MMSP_CHECK(o.placement == plan::Placement::zigzag || o.layout == plan::Layout::zigzag,
+             "--placement adaptive splits long segments in zigzag order; it needs --layout zigzag, not ",
+             plan::to_string(o.layout));
+  o.checkpoint_activations = model::parse_activation_checkpointing(checkpointing);
+  o.tiled_mlp = model::parse_mlp_tile(tiled_mlp);
+  o.save_shard_bytes = parse_byte_size(save_shard_size, "--save-shard-size");
+}
+
+void TrainFlags::place(const dist::RankEnv& env, const c10::Device& device) {
+  train::TrainOptions& o = options;
+  o.device = device;
+  if (memory_limit == "auto" && device.is_cuda()) {
+    o.memory_limit_bytes = train::cuda_free_bytes(device.index());
+    o.memory_limit_source = "the free memory of " + device.str();
+  } else if (memory_limit == "auto") {
+    o.memory_limit_bytes = host_available_memory() / std::max(1, env.local_world_size);
+    o.memory_limit_source =
+        "this host's available memory divided by its " + std::to_string(env.local_world_size) + " rank(s)";
+  } else {
+    o.memory_limit_bytes = parse_byte_size(memory_limit, "--memory-limit");
+  }
+}
+
+}  // namespace mmsp::cli
