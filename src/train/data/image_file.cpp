@@ -168,7 +168,7 @@ ImageFileHeader jpeg_header(const fs::path& file) {
   const File f = open_file(file);
   JpegReader r;
   ImageFileHeader h;
-  h.problem = f ? r.read_header(f.get()) : std::string("cannot be opened");
+  h.problem = f ? r.read_header(f.get()) : std::string("a file that cannot be opened");
   if (r.created && h.problem.find("not a JPEG") == std::string::npos)
     h.width = r.info.image_width, h.height = r.info.image_height;
   return h;
