@@ -75,6 +75,7 @@ struct JpegReader {
   jpeg_decompress_struct info{};
   JpegErrors errors{};
   bool created = false;
+  bool header_read = false;  // image_width, image_height and jpeg_color_space are set
 
   JpegReader() {
     info.err = jpeg_std_error(&errors.mgr);
@@ -102,6 +103,7 @@ struct JpegReader {
           created = true;
           jpeg_stdio_src(&info, file);
           jpeg_read_header(&info, TRUE);
+          header_read = true;
         }))
       return detail::concat("not a JPEG libjpeg can read (", errors.message, ")");
     switch (info.jpeg_color_space) {
@@ -169,8 +171,7 @@ ImageFileHeader jpeg_header(const fs::path& file) {
   JpegReader r;
   ImageFileHeader h;
   h.problem = f ? r.read_header(f.get()) : std::string("a file that cannot be opened");
-  if (r.created && h.problem.find("not a JPEG") == std::string::npos)
-    h.width = r.info.image_width, h.height = r.info.image_height;
+  if (r.header_read) h.width = r.info.image_width, h.height = r.info.image_height;
   return h;
 }
 
@@ -217,9 +218,10 @@ ImageFileHeader read_image_header(const fs::path& file) {
 at::Tensor decode_image_file(const fs::path& file, int64_t channels) {
   MMSP_CHECK(channels == 1 || channels == 3, "decode_image_file: ", channels,
              " channels asked of \"", file.string(), "\"; an image file gives 1 (grey) or 3 (RGB)");
-  const ImageFileHeader header = read_image_header(file);
+  if (is_jpeg(file)) return decode_jpeg(file, channels);  // which reads and checks its header once
+  const ImageFileHeader header = stb_header(file);
   MMSP_CHECK(header.problem.empty(), "cannot decode \"", file.string(), "\": ", header.problem);
-  return is_jpeg(file) ? decode_jpeg(file, channels) : decode_stb(file, channels);
+  return decode_stb(file, channels);
 }
 
 }  // namespace mmsp::train
