@@ -15,11 +15,20 @@ mmsp's training format. The ops and the planner are mmsp's C++ (mmsp._C, built b
 """
 
 from importlib import import_module as _import_module
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Mesh", "Shard", "plan", "ops", "patch"]
+from mmsp._version import __version__
+
+__all__ = ["Mesh", "Shard", "plan", "ops", "patch", "__version__"]
+
+if TYPE_CHECKING:  # what the lazy names below are, for type checkers
+    from mmsp import ops
+    from mmsp.mesh import Mesh
+    from mmsp.planner import Shard, plan
+    from mmsp.transformers_patch import patch
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     # The C++ parts load on first use, so `python -m mmsp.prepare` runs without the extension.
     if name == "Mesh":
         return _import_module("mmsp.mesh").Mesh
