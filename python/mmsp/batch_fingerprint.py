@@ -34,7 +34,7 @@ PARTS = ("input_ids", "attention_mask", "labels", "pixel_values", "image_grid_th
          "video_grid_thw", "second_per_grid_ts", "patch options")
 _INTEGER_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CHUNK = 1 << 22  # elements reduced at a time on a GPU (at most 64 MiB beside them)
-_weights = {}  # (columns, device) -> int64 [columns], odd
+_weights: dict[tuple[int, str], torch.Tensor] = {}  # (columns, device) -> int64 [columns], odd
 
 
 def _column_weights(columns, device):

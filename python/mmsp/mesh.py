@@ -12,6 +12,7 @@ the first subgroup is made; a rank that never comes is named after the timeout.
 import json
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any, Iterable, Optional, Union
 
 import torch.distributed as dist
 
@@ -27,14 +28,14 @@ class Coords:
     ulysses: int
 
 
-def _positive(name, value):
+def _positive(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"mmsp.Mesh: {name} = {value!r} must be an integer >= 1")
 
 
-def _seconds(timeout):
+def _seconds(timeout: object) -> Optional[float]:
     try:
-        return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        return timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
 
@@ -44,7 +45,13 @@ class Mesh:
     (None where that group has one rank), and `world`: every rank, with this mesh's timeout
     (mmsp.patch sums the loss and the gradients over it)."""
 
-    def __init__(self, dp=1, ring=1, ulysses=1, *, timeout=timedelta(minutes=10)):
+    ring: Optional[C.Group]      # this rank's ring group (None: ring size 1)
+    ulysses: Optional[C.Group]   # its Ulysses group (None: Ulysses size 1)
+    context: Optional[C.Group]   # its context group, ring x Ulysses (None: one rank)
+    world: Optional[C.Group]     # every rank (None: a world of one)
+
+    def __init__(self, dp: int = 1, ring: int = 1, ulysses: int = 1, *,
+                 timeout: Union[timedelta, float] = timedelta(minutes=10)) -> None:
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("mmsp.Mesh: torch.distributed is not initialised; call "
                              "torch.distributed.init_process_group first (torchrun sets its environment)")
@@ -60,17 +67,19 @@ class Mesh:
         if seconds is None or not 0 < seconds < float("inf"):
             raise ValueError(f"mmsp.Mesh: timeout {timeout!r} must be a positive number of seconds or a timedelta")
         self.dp, self.ring_size, self.ulysses_size = dp, ring, ulysses
-        self.timeout = seconds
+        self.timeout: float = seconds
         self.rank = dist.get_rank()
         self.coords = Coords(dp=self.rank // (ulysses * ring), ring=(self.rank // ulysses) % ring,
                              ulysses=self.rank % ulysses)
-        self.ring = None
-        self.ulysses = None
-        self.context = None
+        self.ring = self.ulysses = self.context = None
         # Every rank creates every subgroup, in one order (torch.distributed.new_group's rule).
-        self.world_group = dist.new_group(list(range(world)), timeout=timedelta(seconds=seconds)) \
-            if world > 1 else None  # the torch group (for torch.distributed calls)
-        self.world = C.Group(self.world_group, list(range(world)), "world", seconds) if world > 1 else None
+        self.world_group: Optional[dist.ProcessGroup] = None  # the torch group (for torch.distributed calls)
+        self.world = None
+        if world > 1:
+            pg = dist.new_group(list(range(world)), timeout=timedelta(seconds=seconds))
+            assert isinstance(pg, dist.ProcessGroup), "every rank is a member of the world group"
+            self.world_group = pg
+            self.world = C.Group(pg, list(range(world)), "world", seconds)
         for d in range(dp):
             for u in range(ulysses):
                 members = [self.global_rank(d, i, u) for i in range(ring)]
@@ -87,22 +96,23 @@ class Mesh:
             if d == self.coords.dp:
                 self.context = group
 
-    def global_rank(self, dp, ring, ulysses):
+    def global_rank(self, dp: int, ring: int, ulysses: int) -> int:
+        """The rank at these coordinates."""
         return (dp * self.ring_size + ring) * self.ulysses_size + ulysses
 
     @staticmethod
-    def _new_group(members, name, seconds):
+    def _new_group(members: list[int], name: str, seconds: float) -> Optional[C.Group]:
         pg = dist.new_group(members, timeout=timedelta(seconds=seconds))
-        if pg is None or pg == dist.GroupMember.NON_GROUP_MEMBER:
-            return None  # not a member: this rank never uses it
+        if not isinstance(pg, dist.ProcessGroup):
+            return None  # not a member (None or GroupMember.NON_GROUP_MEMBER): this rank never uses it
         return C.Group(pg, members, name, seconds)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"mmsp.Mesh(dp={self.dp}, ring={self.ring_size}, ulysses={self.ulysses_size}; "
                 f"rank {self.rank} at {self.coords})")
 
 
-def _agree(mine, seconds):
+def _agree(mine: dict[str, Any], seconds: float) -> None:
     """Every rank's `mine` (the Mesh's arguments) through the default store, waiting at most
     `seconds`; a ValueError on every rank naming the ranks that differ, or that never came."""
     global _meshes
@@ -122,7 +132,7 @@ def _agree(mine, seconds):
     every = [json.loads(v) for v in store.multi_get(keys)]
     differ = []
     for name in mine:
-        values = {}
+        values: dict[str, list[int]] = {}
         for r, theirs in enumerate(every):
             values.setdefault(json.dumps(theirs.get(name)), []).append(r)
         if len(values) > 1:
@@ -132,8 +142,8 @@ def _agree(mine, seconds):
                          "construct the same Mesh (it creates process groups together); stopped before the first")
 
 
-def _ranks(ranks):
-    ranks = list(ranks)
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+def _ranks(ranks: Iterable[int]) -> str:
+    listed = list(ranks)
+    if len(listed) == 1:
+        return f"rank {listed[0]}"
+    return "ranks " + ", ".join(map(str, listed[:-1])) + f" and {listed[-1]}"

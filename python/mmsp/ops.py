@@ -6,14 +6,23 @@ the backward, which autograd does for you. Inputs are checked before the first c
 a wrong input is a ValueError naming the value and the rule.
 """
 
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import torch
+
 from mmsp._extension import C
 
+if TYPE_CHECKING:
+    from mmsp.mesh import Mesh
+    from mmsp.planner import Shard
 
-def _split_slots(shard):
+
+def _split_slots(shard: "Shard") -> list[int]:
     return list(shard.split_slots) if shard.split_slots else []
 
 
-def attention(q, k, v, shard, mesh, *, causal=True, scale=None):
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shard: "Shard", mesh: "Mesh", *,
+              causal: bool = True, scale: Optional[float] = None) -> torch.Tensor:
     """Attention over the context group: q [T, H, D], k/v [T, H_kv, D] of this rank's slots.
 
     The scheme follows the mesh: local (one rank), Ulysses (heads exchanged), zigzag ring
@@ -28,7 +37,7 @@ def attention(q, k, v, shard, mesh, *, causal=True, scale=None):
                                0.0 if scale is None else float(scale), _split_slots(shard))
 
 
-def gated_delta_conv(x, weight, shard, mesh):
+def gated_delta_conv(x: torch.Tensor, weight: torch.Tensor, shard: "Shard", mesh: "Mesh") -> torch.Tensor:
     """Gated DeltaNet's causal depthwise conv + SiLU over each segment: x [T_r, C] is this
     ring rank's whole share (with Ulysses > 1: after ulysses_scatter_heads), weight [C, W].
 
@@ -37,33 +46,32 @@ def gated_delta_conv(x, weight, shard, mesh):
     return C.gated_delta_conv(x, weight, shard.segments, shard.orders, mesh.ring)
 
 
-def gated_delta_rule(q, k, v, g, beta, shard, mesh, *, chunk=64):
+def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     shard: "Shard", mesh: "Mesh", *, chunk: int = 64) -> torch.Tensor:
     """The gated delta rule, chunked, with ring state passing, on this ring rank's whole share
     (with Ulysses > 1: after ulysses_scatter_heads): q, k [T_r, H, K] (L2-normalised),
     v [T_r, H, V], g (log decay <= 0) and beta [T_r, H] -> o [T_r, H, V]."""
     return C.gated_delta_rule(q, k, v, g, beta, shard.segments, shard.orders, mesh.ring, chunk)
 
 
-def ulysses_scatter_heads(x, tokens, mesh):
+def ulysses_scatter_heads(x: torch.Tensor, tokens: Sequence[int], mesh: "Mesh") -> torch.Tensor:
     """[tokens[u], H, F] -> [sum(tokens), H/U, F]: head group p of my tokens to Ulysses rank p."""
     if mesh.ulysses is None:
         return x
     return C.ulysses_scatter_heads(x, list(tokens), mesh.ulysses)
 
 
-def ulysses_gather_heads(y, tokens, mesh):
+def ulysses_gather_heads(y: torch.Tensor, tokens: Sequence[int], mesh: "Mesh") -> torch.Tensor:
     """The inverse of ulysses_scatter_heads."""
     if mesh.ulysses is None:
         return y
     return C.ulysses_gather_heads(y, list(tokens), mesh.ulysses)
 
 
-def route_rows(rows, shard, mesh):
+def route_rows(rows: torch.Tensor, shard: "Shard", mesh: "Mesh") -> tuple[torch.Tensor, torch.Tensor]:
     """Vision DP's exchange: `rows` [encoder_rows, F] are this rank's encoder output for
     shard.encoder_items (in that order); returns (the rows this rank's placeholder slots
     receive [V, F], their slots [V]) over the context group, by the plan's routes."""
-    import torch
-
     send = [r["src_row"] for dst in shard.send for r in dst]
     slots = torch.tensor([r["slot"] for src in shard.recv for r in src], dtype=torch.long)
     picked = rows.index_select(0, torch.tensor(send, dtype=torch.long, device=rows.device))

@@ -38,6 +38,7 @@ llava, internvl.
 """
 
 import types
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -48,11 +49,16 @@ from mmsp import batch_fingerprint as _fingerprint
 from mmsp import ops as _ops
 from mmsp import rank_batches as _rank_batches
 
+if TYPE_CHECKING:
+    from mmsp.mesh import Mesh
+
+Model = TypeVar("Model", bound=torch.nn.Module)
+
 _SUPPORTED = {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "qwen3_vl": "qwen3", "qwen3_5": "qwen", "llava": "llava",
               "internvl": "internvl"}
 _FRAMES_AS_BLOCKS = ("qwen3_vl", "qwen3_5")  # each temporal patch of a video its own vision block
 _ATTENTION = "mmsp"
-_current = {}  # the step being computed: {"shard": Shard, "mesh": Mesh}; read by the attention
+_current: dict[str, Any] = {}  # the step being computed: {"shard": Shard, "mesh": Mesh}; read by the attention
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -411,13 +417,14 @@ def _recover_from_failed_backward(state):
 _BATCH = ("shared", "per_rank")
 
 
-def patch(model, mesh, *, layout="zigzag", placement="zigzag", batch="shared"):
+def patch(model: Model, mesh: "Mesh", *, layout: str = "zigzag", placement: str = "zigzag",
+          batch: Literal["shared", "per_rank"] = "shared") -> Model:
     """Patches a transformers VLM (in place) to train on `mesh`; returns it. See the module doc.
     batch="shared": every rank passes the step's whole batch; "per_rank": each rank passes its
     own (a data-parallel loader's, transformers.Trainer's) and the step is their union."""
     if batch not in _BATCH:
         raise ValueError(f"mmsp.patch: batch={batch!r} is not one of {', '.join(map(repr, _BATCH))}")
-    config = model.config
+    config: Any = model.config
     model_type = getattr(config, "model_type", None)
     if model_type not in _SUPPORTED:
         raise ValueError(f"mmsp.patch: model_type {model_type!r} is not supported "
@@ -428,7 +435,7 @@ def patch(model, mesh, *, layout="zigzag", placement="zigzag", batch="shared"):
     from mmsp._extension import C
 
     C.check_ulysses_heads(heads, kv_heads, mesh.ulysses_size)  # before any collective
-    linear = [m for m in model.modules() if type(m).__name__ == "Qwen3_5GatedDeltaNet"]
+    linear: list[Any] = [m for m in model.modules() if type(m).__name__ == "Qwen3_5GatedDeltaNet"]
     if linear:
         C.check_gated_delta_heads(linear[0].num_k_heads, linear[0].num_v_heads, mesh.ulysses_size)
         if placement != "zigzag":
@@ -439,16 +446,17 @@ def patch(model, mesh, *, layout="zigzag", placement="zigzag", batch="shared"):
     _register_attention()
     text._attn_implementation = _ATTENTION  # the decoder only; the vision tower keeps its own
     image_token = config.image_token_id if hasattr(config, "image_token_id") else config.image_token_index
-    model._mmsp = {"kind": kind, "mesh": mesh, "config": config.to_dict(), "layout": layout, "placement": placement,
+    hooked: Any = model  # the attributes below are mmsp's and accelerate's, not nn.Module's
+    hooked._mmsp = {"kind": kind, "mesh": mesh, "config": config.to_dict(), "layout": layout, "placement": placement,
                    "image_token": image_token, "params": [p for p in model.parameters() if p.requires_grad],
                    "backward": None,  # while a backward runs: the gradients held from before it
                    "batch": batch}
-    model.forward = types.MethodType(_forward, model)
+    hooked.forward = types.MethodType(_forward, model)
     # For transformers.Trainer (through accelerate): the patch sums the gradients itself, so
     # accelerate must not wrap the model in DDP (whose average would come on top: accelerate
     # leaves a model marked prepared as it is), and the loss it returns is already the step's
     # mean, so the Trainer must not rescale it by the token count it passes
     # (accepts_loss_kwargs = False: it divides by the accumulation steps instead).
-    model._is_accelerate_prepared = True
-    model.accepts_loss_kwargs = False
+    hooked._is_accelerate_prepared = True
+    hooked.accepts_loss_kwargs = False
     return model

@@ -5,6 +5,7 @@ front when a record was bad and `--skip-bad` was not given; no output is left th
 """
 import os
 from dataclasses import dataclass, field
+from typing import Optional
 
 from . import conversation, formats, grids, loss_mask, model as model_dir, overflow, reader, writer
 from .errors import BadSample, PrepareError
@@ -21,12 +22,12 @@ MAX_RECORD_BYTES = 8 << 20
 class Options:
     model: str
     input: str
-    output: str = None  # default: beside the input, <name>.prepared.jsonl
-    max_length: int = None
+    output: Optional[str] = None  # default: beside the input, <name>.prepared.jsonl
+    max_length: Optional[int] = None
     overflow: str = "refuse"
     skip_bad: bool = False
     format: str = "auto"
-    image_root: str = None  # default: the input's folder
+    image_root: Optional[str] = None  # default: the input's folder
     video_fps: float = 2.0
     max_record_bytes: int = MAX_RECORD_BYTES
     max_image_pixels: int = MAX_IMAGE_PIXELS

@@ -13,7 +13,7 @@ import os
 import signal
 import tempfile
 
-_temporaries = set()  # the temporary files being written, for remove_temporaries
+_temporaries: set[str] = set()  # the temporary files being written, for remove_temporaries
 _SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
