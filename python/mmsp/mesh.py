@@ -12,11 +12,14 @@ the first subgroup is made; a rank that never comes is named after the timeout.
 import json
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
 
 import torch.distributed as dist
 
 from mmsp._extension import C
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 _meshes = 0  # Mesh constructions in this process: every rank counts alike, and keys its posts by it
 
@@ -72,6 +75,9 @@ class Mesh:
         self.coords = Coords(dp=self.rank // (ulysses * ring), ring=(self.rank // ulysses) % ring,
                              ulysses=self.rank % ulysses)
         self.ring = self.ulysses = self.context = None
+        self.device_mesh: Optional["DeviceMesh"] = None  # the torch DeviceMesh it came from, if any
+        self._dp_dims: tuple[str, ...] = ()
+        self._fsdp: Optional["DeviceMesh"] = None
         # Every rank creates every subgroup, in one order (torch.distributed.new_group's rule).
         self.world_group: Optional[dist.ProcessGroup] = None  # the torch group (for torch.distributed calls)
         self.world = None
@@ -95,6 +101,77 @@ class Mesh:
             group = self._new_group(members, f"context[dp={d}]", seconds) if ring * ulysses > 1 else None
             if d == self.coords.dp:
                 self.context = group
+
+    @classmethod
+    def from_device_mesh(cls, device_mesh: "DeviceMesh", *, ring: Optional[str] = "ring",
+                         ulysses: Optional[str] = "ulysses",
+                         timeout: Union[timedelta, float] = timedelta(minutes=10)) -> "Mesh":
+        """The Mesh of a torch DeviceMesh that spans every rank: its dimension named `ring` is
+        the ring, `ulysses` Ulysses (either may be absent: size 1), every other dimension
+        (dp_replicate, dp_shard, ...) folds into dp. One mesh for FSDP2, mmsp and the user's
+        code: `init_device_mesh("cuda", (dp_shard, ring, ulysses), mesh_dim_names=("dp_shard",
+        "ring", "ulysses"))`. The layout must be mmsp's (ulysses fastest, then ring, then the
+        dp dimensions), which init_device_mesh gives when the SP dimensions come last."""
+        names = tuple(device_mesh.mesh_dim_names or ())
+        if not names:
+            raise ValueError("mmsp.Mesh.from_device_mesh: the DeviceMesh has no mesh_dim_names; name its "
+                             "dimensions (init_device_mesh(..., mesh_dim_names=...)) so mmsp can find ring and ulysses")
+        for role, name, default in (("ring", ring, "ring"), ("ulysses", ulysses, "ulysses")):
+            if name is not None and name != default and name not in names:
+                raise ValueError(f"mmsp.Mesh.from_device_mesh: {role}={name!r} is not a dimension of the DeviceMesh "
+                                 f"(its dimensions: {', '.join(names)})")
+        sp = [n for n in (ring, ulysses) if n is not None and n in names]
+        if len(set(sp)) != len(sp):
+            raise ValueError(f"mmsp.Mesh.from_device_mesh: ring and ulysses are both {sp[0]!r}; name two dimensions")
+        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
+        if device_mesh.size() != world:
+            raise ValueError(f"mmsp.Mesh.from_device_mesh: the DeviceMesh holds {device_mesh.size()} ranks but the "
+                             f"world has {world}; mmsp's mesh spans every rank")
+        size = dict(zip(names, device_mesh.mesh.shape))
+        others = [n for n in names if n not in sp]
+        order = [names.index(n) for n in others + sp]
+        laid = device_mesh.mesh.permute(order).reshape(-1).tolist()
+        if laid != list(range(world)):
+            raise ValueError(f"mmsp.Mesh.from_device_mesh: ranks laid out as {device_mesh.mesh.tolist()} over "
+                             f"({', '.join(names)}) are not mmsp's layout: rank = (dp x ring + ring_index) x ulysses "
+                             "+ ulysses_index, the dp dimensions first; put the ring and ulysses dimensions last, "
+                             "ulysses innermost (as init_device_mesh lays out (..., ring, ulysses))")
+        R = size[ring] if ring in sp else 1
+        U = size[ulysses] if ulysses in sp else 1
+        mesh = cls(dp=world // (R * U), ring=R, ulysses=U, timeout=timeout)
+        mesh.device_mesh = device_mesh
+        mesh._dp_dims = tuple(others)
+        return mesh
+
+    def fsdp_mesh(self, replicate: Optional[str] = "dp_replicate") -> "DeviceMesh":
+        """The DeviceMesh to give FSDP2's fully_shard: every dimension folded into one,
+        "dp_shard_sp" (dp_shard x ring x ulysses), so the parameters are sharded over every rank
+        whose tokens make gradients for them; with a dimension named `replicate` in the
+        DeviceMesh, 2-D (replicate, dp_shard_sp): HSDP. mmsp.patch makes FSDP2 sum, not average,
+        over it (each rank's gradient is its tokens' part of the step's mean)."""
+        if self._fsdp is not None:
+            return self._fsdp
+        from torch.distributed.device_mesh import init_device_mesh
+
+        dm = self.device_mesh
+        if dm is None:
+            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+            self._fsdp = init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("dp_shard_sp",))
+            return self._fsdp
+        names: tuple[str, ...] = tuple(dm.mesh_dim_names or ())
+        shard = tuple(n for n in names if n != replicate)
+        # DeviceMesh._flatten: the folded dimension, as torchtitan makes its dp_shard_cp (no public API yet).
+        folded = shard[0] if len(shard) == 1 else "dp_shard_sp"
+        if len(shard) > 1:
+            dm[shard]._flatten(folded)
+        if replicate is None or replicate not in names:
+            self._fsdp = dm[folded]
+        elif names.index(replicate) != 0:
+            raise ValueError(f"mmsp.Mesh.fsdp_mesh: {replicate!r} must be the DeviceMesh's first dimension "
+                             f"for HSDP (its dimensions: {', '.join(names)})")
+        else:
+            self._fsdp = dm[(replicate, folded)]
+        return self._fsdp
 
     def global_rank(self, dp: int, ring: int, ulysses: int) -> int:
         """The rank at these coordinates."""
