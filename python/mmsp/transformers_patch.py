@@ -242,24 +242,40 @@ def _encode(model, kind, pixel_values, grid_thw, video=False):
     return out.reshape(-1, out.shape[-1]), None
 
 
-def _vision_rows(model, kind, shard, mesh, sources, dtype, device):
+def _vision_rows(model, kind, shard, mesh, sources, dtype, device, every_rank_encodes=False):
     """Vision DP: this rank encodes the whole images and videos the plan gives it
     (shard.encoder_items), and the rows travel over the context group to the ranks holding
     their placeholders. `sources[kind]` = (pixels, grid rows [n, 3] or None) for "image" and
     "video": `pixels.rows(items)` gives those items' pixel rows (LocalPixels, or RoutedPixels
     for per-rank batches, where it is collective). Returns (rows [V, h], deepstack rows or
-    None, their slots [V])."""
+    None, their slots [V]).
+
+    every_rank_encodes (under FSDP2, whose sharded tower gathers its weights with collectives in
+    the forward and reduce-scatters their gradients in the backward): a rank that encodes no
+    item of a kind the step holds encodes that kind's first item anyway and adds its output
+    times zero, so every rank runs the tower as often and its gradients are zeros, not None."""
     items = sorted((it for it in shard.plan_json["vision_items"] if it["dp"] == shard.coords["dp"]),
                    key=lambda it: it["item"])
     mine = [items[j] for j in shard.encoder_items]
     width = model.config.text_config.hidden_size
     levels = len(getattr(model.config.vision_config, "deepstack_visual_indexes", []) or []) if kind == "qwen3" else 0
     encoded = {}  # (kind, batch_index) -> (rows, [deepstack rows])
+    stand_in = None  # zero: the stand-in encodings' outputs times 0 (every_rank_encodes)
     for what in ("image", "video"):
         chosen = [it for it in mine if it["kind"] == what]
         if what not in sources:
             continue
         pixels, grid_rows = sources[what]
+        if not chosen and every_rank_encodes:
+            anywhere = [it for it in shard.plan_json["vision_items"] if it["kind"] == what]
+            if anywhere:
+                first = min(anywhere, key=lambda it: it["batch_index"])
+                picked = pixels.rows([first["batch_index"]])
+                grid = grid_rows[[first["batch_index"]]] if grid_rows is not None else None
+                rows, deep = _encode(model, kind, picked, grid, video=what == "video")
+                zero = sum((t.sum() for t in [rows] + list(deep or [])), torch.zeros((), device=device)) * 0
+                stand_in = zero if stand_in is None else stand_in + zero
+                continue
         picked = pixels.rows([it["batch_index"] for it in chosen])
         if not chosen:
             continue
@@ -276,6 +292,8 @@ def _vision_rows(model, kind, shard, mesh, sources, dtype, device):
     else:  # nothing to encode here: still a part of the graph, so the exchange's backward runs here too
         rows = torch.zeros(0, width, dtype=dtype, device=device, requires_grad=True)
         deep = [rows] * levels
+    if stand_in is not None:  # no value changes; the tower's backward runs here too
+        rows = rows + stand_in.to(dtype)
     got, slots = _ops.route_rows(torch.cat([rows] + list(deep), dim=1), shard, mesh)
     parts = got.split(width, dim=1)
     return parts[0], (list(parts[1:]) if kind == "qwen3" else None), slots
@@ -285,7 +303,13 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
              pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, **ignored):
     state = self._mmsp
     kind, mesh = state["kind"], state["mesh"]
+    fsdp = _under_fsdp(self)
     _recover_from_failed_backward(state)
+    if state["pending"] and getattr(self, "is_gradient_checkpointing", False) and torch.is_grad_enabled():
+        raise ValueError("mmsp.patch: a forward began before the previous forward's backward, with activation "
+                         "checkpointing on: the recompute in that backward would run mmsp's ops on this step's "
+                         "layout. Call backward after each forward (gradients still accumulate), or turn "
+                         "checkpointing off")
     device = input_ids.device
     if state["batch"] == "shared" and mesh.world is not None:  # the same batch on every rank, or none runs
         _fingerprint.check_same_batch(
@@ -323,7 +347,8 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
     x = embed(shard.token_ids.to(device))
     slots, deepstack = [], None
     if has_vision:
-        rows, deep, slots = _vision_rows(self, kind, shard, mesh, sources, x.dtype, device)
+        rows, deep, slots = _vision_rows(self, kind, shard, mesh, sources, x.dtype, device,
+                                         every_rank_encodes=fsdp)
         x = x.index_put((slots.to(device),), rows)
         if deep is not None:  # transformers adds them at the masked slots in ascending order
             order = torch.argsort(slots)
@@ -347,7 +372,12 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
     _world_sum(whole, mesh.world, "the step's loss")
     loss = local + (whole - local.detach())  # the batch's loss; its gradient is this rank's part
     if loss.requires_grad:
-        loss.register_hook(lambda grad: _at_backward_start(state) or grad)
+        state["pending"] = True
+        if fsdp:  # FSDP2 sums the gradients (its reduce-scatter, set to a sum by _under_fsdp)
+            loss.register_hook(lambda grad: state.update(pending=False) or grad)
+        else:
+            state["params"] = [p for p in self.parameters() if p.requires_grad]
+            loss.register_hook(lambda grad: _at_backward_start(state) or grad)
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     out = CausalLMOutputWithPast(loss=loss, logits=logits[None])
@@ -361,6 +391,7 @@ def _at_backward_start(state):
     backwards left (accumulation) step aside, so that the sum over the mesh at the end of this
     backward adds this backward's parts only, each once; then they are added back. A backward
     through several patched losses (summed micro-batches) does this once."""
+    state["pending"] = False
     if state["backward"] is not None:
         return
     state["backward"] = [p.grad for p in state["params"]]
@@ -375,6 +406,7 @@ def _sum_gradients(state):
     within the mesh's timeout, naming the group), plus what the earlier backwards held."""
     held, state["backward"] = state["backward"], None
     params, world = state["params"], state["mesh"].world
+    state["params"] = []  # not held between steps: FSDP2 may replace them
     for p in params:
         if p.grad is None:  # a weight this rank's slots never reached (e.g. no image here)
             p.grad = torch.zeros_like(p)
@@ -392,6 +424,26 @@ def _sum_gradients(state):
     for p, h in zip(params, held):
         if h is not None:
             p.grad.add_(h)
+
+
+def _under_fsdp(model) -> bool:
+    """Whether FSDP2 (fully_shard) manages some of the model's parameters; if so, every FSDP
+    module of it is set to sum its gradients over its mesh, not average them: a rank's gradient
+    is its tokens' part of the step's mean loss (whose denominator counts the whole step's
+    target tokens, every rank's), so the step's gradient is the plain sum over every rank:
+    over sp, dp_shard and dp_replicate alike. Gloo has no PREMUL_SUM, hence the forced sum.
+    Checked at every forward: fully_shard may come before or after mmsp.patch."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    found = False
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+            found = True
+    return found
 
 
 def _world_sum(x, world, what):
@@ -448,15 +500,55 @@ def patch(model: Model, mesh: "Mesh", *, layout: str = "zigzag", placement: str 
     image_token = config.image_token_id if hasattr(config, "image_token_id") else config.image_token_index
     hooked: Any = model  # the attributes below are mmsp's and accelerate's, not nn.Module's
     hooked._mmsp = {"kind": kind, "mesh": mesh, "config": config.to_dict(), "layout": layout, "placement": placement,
-                   "image_token": image_token, "params": [p for p in model.parameters() if p.requires_grad],
+                   "image_token": image_token,
+                   "params": [],  # from a forward to its backward's end: the weights whose gradients mmsp sums
                    "backward": None,  # while a backward runs: the gradients held from before it
-                   "batch": batch}
+                   "batch": batch,
+                   "pending": False}  # a forward with a graph whose backward has not begun
     hooked.forward = types.MethodType(_forward, model)
     # For transformers.Trainer (through accelerate): the patch sums the gradients itself, so
     # accelerate must not wrap the model in DDP (whose average would come on top: accelerate
-    # leaves a model marked prepared as it is), and the loss it returns is already the step's
+    # leaves a model marked prepared as it is), but may shard it with FSDP2 (its plugin), whose
+    # reduction the patch then sets to a sum; and the loss it returns is already the step's
     # mean, so the Trainer must not rescale it by the token count it passes
     # (accepts_loss_kwargs = False: it divides by the accumulation steps instead).
-    hooked._is_accelerate_prepared = True
+    _mark_prepared_unless_fsdp(model)
     hooked.accepts_loss_kwargs = False
     return model
+
+
+def _accelerate_shards_with_fsdp() -> bool:
+    """Whether accelerate's state (made by transformers.Trainer) is set up for FSDP."""
+    try:
+        from accelerate.state import AcceleratorState
+        from accelerate.utils import DistributedType
+    except ImportError:
+        return False
+    shared = AcceleratorState._shared_state
+    if not shared or shared.get("distributed_type") != DistributedType.FSDP:
+        return False
+    version = getattr(shared.get("fsdp_plugin"), "fsdp_version", None)
+    if version != 2:
+        raise ValueError(f"mmsp.patch: accelerate is set up for FSDP version {version}; the patch composes with FSDP2 "
+                         "only (fully_shard, whose gradient reduction it sets to a sum): pass "
+                         "fsdp_config={'version': 2} to TrainingArguments")
+    return True
+
+
+def _mark_prepared_unless_fsdp(model: torch.nn.Module) -> None:
+    """model._is_accelerate_prepared reads True (accelerate leaves the model as it is: no DDP)
+    unless accelerate is set up for FSDP, which then prepares it (fully_shard); accelerate's
+    own assignment after that is kept. A property needs the class: the model's class becomes a
+    subclass of the same name (as fully_shard does), so save_pretrained writes the same
+    architecture."""
+    cls = type(model)
+    if not getattr(cls, "_mmsp_patched_class", False):
+        def get(self: Any) -> bool:
+            return self.__dict__.get("_mmsp_prepared", False) or not _accelerate_shards_with_fsdp()
+
+        def set_(self: Any, value: bool) -> None:
+            self.__dict__["_mmsp_prepared"] = value
+
+        model.__class__ = type(cls.__name__, (cls,), {"_is_accelerate_prepared": property(get, set_),
+                                                      "_mmsp_patched_class": True, "__module__": cls.__module__,
+                                                      "__qualname__": cls.__qualname__})

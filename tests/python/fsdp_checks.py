@@ -1,0 +1,237 @@
+"""What each rank runs in test_fsdp.py: mmsp.patch composed with FSDP2 (fully_shard on the
+folded dp_shard x sp DeviceMesh) and with activation checkpointing, two optimizer steps,
+against transformers' unpatched model on one process (fp64)."""
+import copy
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from sp_checks import ROOT, hf_batch
+
+LR = 0.5  # SGD: an error in a gradient shows in the weights as it is
+
+
+def _full(t):
+    """A DTensor (FSDP2's sharded parameter or gradient) gathered whole; a tensor as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def shard_with_fsdp2(model, fsdp_mesh, mp_policy=None):
+    """fully_shard as torchtitan and VeOmni apply it: each vision block, each decoder layer,
+    then the root (the embedding, the head, the mergers and the rest)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kwargs = {"mesh": fsdp_mesh, "mp_policy": mp_policy or MixedPrecisionPolicy()}
+    inner = model.model
+    tower = getattr(inner, "visual", None) or inner.vision_tower
+    blocks = getattr(tower, "blocks", None)
+    if blocks is None:  # LLaVA's CLIP, InternVL's encoder
+        blocks = tower.vision_model.encoder.layers if hasattr(tower, "vision_model") else tower.encoder.layer
+    for block in blocks:
+        fully_shard(block, **kwargs)
+    for layer in inner.language_model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def _train(model, step_loss, steps):
+    """`steps` SGD steps, each on step_loss(model); returns (the losses, every weight and the
+    last step's gradients, whole, by name)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = step_loss(model)
+        loss.backward()
+        losses.append(loss.item())
+        optimizer.step()
+    weights = {n: _full(p.detach()).clone() for n, p in model.named_parameters()}
+    grads = {n: _full(p.grad).clone() for n, p in model.named_parameters() if p.grad is not None}
+    return losses, weights, grads
+
+
+def _assert_equal(got, want, what, rtol):
+    for name, w in want.items():
+        g = got.get(name, torch.zeros_like(w))
+        err, scale = (g - w).norm().item(), w.norm().item()
+        assert err <= rtol * scale + 1e-15, f"{what}: {name}: |difference| {err:.3e}, |reference| {scale:.3e}"
+
+
+def fsdp_equals_one_process(rank, world, family_names, shape, names, combos, steps=2):
+    """For each family and each (fsdp, checkpointing) in combos: the model patched by mmsp on
+    the DeviceMesh `shape` (dimension `names`), two SGD steps = transformers' model on one
+    process (every weight, the last step's gradients and the losses). Qwen3.5's Gated DeltaNet
+    runs in float32 inside transformers (mmsp: fp64), so that family's reference is mmsp
+    without FSDP2 and checkpointing on the same mesh (itself = transformers to 1e-4:
+    test_patch.py), and every other combination equals it to 1e-9."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers.utils import logging
+
+    import families
+    import mmsp
+
+    logging.set_verbosity_error()
+    mesh = mmsp.Mesh.from_device_mesh(init_device_mesh("cpu", shape, mesh_dim_names=names))
+    fsdp_mesh = mesh.fsdp_mesh()
+    assert fsdp_mesh.ndim == (2 if "dp_replicate" in names else 1), f"fsdp_mesh {fsdp_mesh} on {names}"
+    assert fsdp_mesh.size() == world, f"fsdp_mesh {fsdp_mesh} does not span the {world} ranks"
+    for name in family_names:
+        family = families.FAMILIES[name]
+        samples = families.make_samples(family)
+        want = _train(families.build_model(family).train(),
+                      lambda m: families.reference_loss(m, family, samples), steps)
+        baseline = None
+        for fsdp, checkpointing in combos:
+            model = families.build_model(family).train()
+            mmsp.patch(model, mesh)
+            if checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if fsdp:
+                shard_with_fsdp2(model, fsdp_mesh)
+                sharded = next(model.parameters())
+                assert type(sharded).__name__ == "DTensor", f"{name}: fully_shard left {type(sharded).__name__}"
+            got = _train(model, lambda m: m(**hf_batch(family, samples)).loss, steps)
+            what = (f"{name} on {dict(zip(names, shape))}, FSDP2 {'on' if fsdp else 'off'}, checkpointing "
+                    f"{'on' if checkpointing else 'off'}, rank {rank}")
+            if name == "qwen3_5":
+                if baseline is None:
+                    assert not fsdp and not checkpointing, "the first combination is the baseline"
+                    _assert_equal(got[1], want[1], what + " (weights, vs transformers' float32 rule)", 1e-4)
+                    baseline = got
+                    continue
+                ref, rtol = baseline, 1e-9
+            else:
+                ref, rtol = want, 1e-9
+            assert all(abs(g - w) <= 1e-12 * abs(w) for g, w in zip(got[0], ref[0])), \
+                f"{what}: losses {got[0]} != {ref[0]}"
+            _assert_equal(got[1], ref[1], what + " (weights after the steps)", rtol)
+            _assert_equal(got[2], ref[2], what + " (the last step's gradients)", rtol)
+            del model
+
+
+def fsdp_mixed_precision_trains(rank, world, family_name, shape, names):
+    """FSDP2's MixedPrecisionPolicy (bf16 compute, fp32 reduce) under mmsp.patch on fp32
+    weights: two steps run, the gradients are reduced and held in fp32, and the losses and
+    gradients stay within bf16's precision of the fp32 run without FSDP2 on the same mesh."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from transformers.utils import logging
+
+    import families
+    import mmsp
+
+    logging.set_verbosity_error()
+    mesh = mmsp.Mesh.from_device_mesh(init_device_mesh("cpu", shape, mesh_dim_names=names))
+    family = families.FAMILIES[family_name]
+    samples = families.make_samples(family)
+    runs = []
+    for policy in (None, MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)):
+        model = families.build_model(family).float().train()
+        mmsp.patch(model, mesh)
+        if policy is not None:
+            shard_with_fsdp2(model, mesh.fsdp_mesh(), policy)
+        runs.append(_train(model, lambda m: m(**hf_batch(family, samples)).loss, 2))
+    (want_losses, _, want_grads), (losses, _, grads) = runs
+    what = f"{family_name} on {dict(zip(names, shape))}, bf16 compute under FSDP2, rank {rank}"
+    assert all(g.dtype == torch.float32 for g in grads.values()), f"{what}: gradients not fp32"
+    assert all(abs(g - w) <= 2e-3 * abs(w) for g, w in zip(losses, want_losses)), f"{what}: {losses} vs {want_losses}"
+    for name, w in want_grads.items():
+        g = grads[name]
+        cosine = (g.double() * w.double()).sum() / (g.double().norm() * w.double().norm() + 1e-30)
+        assert w.norm() == 0 or cosine > 0.98, f"{what}: {name}'s gradient points elsewhere (cosine {cosine:.4f})"
+
+
+def device_mesh_mistakes_named(rank, world):
+    """A DeviceMesh mmsp cannot use, and a second forward before the backward with
+    checkpointing on: a ValueError on every rank naming the rule, before any collective."""
+    import pytest
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers.utils import logging
+
+    import families
+    import mmsp
+
+    logging.set_verbosity_error()
+    swapped = init_device_mesh("cpu", (2, 2), mesh_dim_names=("ulysses", "ring"))
+    with pytest.raises(ValueError, match=r"are not mmsp's layout: .*ulysses innermost"):
+        mmsp.Mesh.from_device_mesh(swapped)
+    with pytest.raises(ValueError, match=r"ring='cp' is not a dimension of the DeviceMesh \(its dimensions: "
+                                         r"ulysses, ring\)"):
+        mmsp.Mesh.from_device_mesh(swapped, ring="cp")
+    with pytest.raises(ValueError, match="has no mesh_dim_names"):
+        mmsp.Mesh.from_device_mesh(init_device_mesh("cpu", (world,)))
+    hsdp = mmsp.Mesh.from_device_mesh(init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("dp_replicate", "dp_shard",
+                                                                                           "ulysses")))
+    assert (hsdp.dp, hsdp.ring_size, hsdp.ulysses_size) == (2, 1, 2), hsdp
+    folded = hsdp.fsdp_mesh()
+    assert folded.mesh_dim_names == ("dp_replicate", "dp_shard_sp") and tuple(folded.mesh.shape) == (2, 2), folded
+    with pytest.raises(ValueError, match="'dp_replicate' must be the DeviceMesh's first dimension for HSDP"):
+        mmsp.Mesh.from_device_mesh(init_device_mesh("cpu", (2, 2), mesh_dim_names=("ring", "dp_replicate")),
+                                   ring=None).fsdp_mesh()
+    mesh = mmsp.Mesh.from_device_mesh(init_device_mesh("cpu", (2, 2), mesh_dim_names=("ring", "ulysses")))
+    assert (mesh.dp, mesh.ring_size, mesh.ulysses_size) == (1, 2, 2), mesh
+    family = families.FAMILIES["qwen2_5_vl"]
+    samples = families.make_samples(family)
+    model = mmsp.patch(families.build_model(family).train(), mesh)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    first = model(**hf_batch(family, samples[:1])).loss
+    with pytest.raises(ValueError, match="a forward began before the previous forward's backward, with activation "
+                                         "checkpointing on"):
+        model(**hf_batch(family, samples[1:]))
+    first.backward()  # then the loop goes on
+    model(**hf_batch(family, samples[1:])).loss.backward()
+
+
+def trainer_fsdp2_run(rank, world, ring, ulysses, out):
+    """transformers.Trainer, unmodified, on the model patched by mmsp on ring x ulysses
+    (batch="per_rank") and sharded with FSDP2 by the user before the Trainer sees it (each
+    vision block, decoder layer, the root, on mesh.fsdp_mesh()); with world 1 the unpatched,
+    unsharded model. (accelerate's own FSDP plugin needs a GPU per process: on CPU processes
+    it is never enabled.) Two optimizer steps of two accumulated micro-batches each (SGD,
+    gradient clipping on, as by default). Rank 0 saves the weights before and after (whole)
+    and the logged losses to `out`."""
+    import tempfile
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    from transformers import Trainer, TrainingArguments
+    from transformers.utils import logging
+
+    import families
+    import mmsp
+    from sp_checks import _fp64_loss_forward, text_sample
+
+    logging.set_verbosity_error()
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                       "LOCAL_WORLD_SIZE": str(world)})
+    family = families.FAMILIES["qwen2_5_vl"]
+    model = families.build_model(family).train()
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    pool = [s for seed in (1, 2, 3) for s in families.make_samples(family, seed)] + [text_sample(5), text_sample(6)]
+    if world > 1:
+        mesh = mmsp.Mesh(ring=ring, ulysses=ulysses)
+        mmsp.patch(model, mesh, batch="per_rank")
+        shard_with_fsdp2(model, mesh.fsdp_mesh())
+    else:
+        _fp64_loss_forward(model)
+        model.accepts_loss_kwargs = False
+    args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4 // world,
+                             gradient_accumulation_steps=2, max_steps=2, learning_rate=0.5, optim="sgd",
+                             lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[],
+                             use_cpu=True, remove_unused_columns=False, seed=0, data_seed=0, disable_tqdm=True,
+                             max_grad_norm=0.05)
+    trainer = Trainer(model=model, args=args, train_dataset=pool,
+                      data_collator=lambda samples: hf_batch(family, samples))
+    trainer.train()
+    after = {k: _full(v.detach()).clone() for k, v in trainer.model.state_dict().items()}
+    if rank == 0:
+        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+        norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+        torch.save({"before": before, "after": after, "losses": losses, "grad_norms": norms,
+                    "sharded": type(next(model.parameters())).__name__,
+                    "wrapped": type(trainer.model_wrapped).__name__}, out)

@@ -1,0 +1,54 @@
+"""mmsp.patch composed with FSDP2 and activation checkpointing on real Gloo ranks: one
+DeviceMesh (mmsp.Mesh.from_device_mesh), fully_shard per vision block and decoder layer on
+its folded dp_shard x sp mesh, two SGD steps = one process (fp64, every weight and
+gradient to 1e-9; Qwen3.5: see fsdp_checks)."""
+import pytest
+
+import fsdp_checks
+import sp_ranks
+
+COMBOS = [(False, False), (True, False), (False, True), (True, True)]  # (FSDP2, checkpointing)
+MESHES = [  # (DeviceMesh shape, its dimension names): dp 2 x sp 2 and sp 4
+    ((2, 2), ("dp_shard", "ulysses")),
+    ((2, 2), ("dp_shard", "ring")),
+    ((4,), ("ring",)),
+    ((2, 2), ("ring", "ulysses")),
+    ((2, 2), ("dp_replicate", "ring")),  # HSDP: fully_shard on (dp_replicate, ring)
+]
+
+
+@pytest.mark.parametrize("shape,names", MESHES)
+def test_fsdp2_and_checkpointing_equal_one_process(shape, names, tmp_path):
+    sp_ranks.run(4, fsdp_checks.fsdp_equals_one_process, ["qwen2_5_vl", "qwen3_5"], shape, names, COMBOS,
+                 tmp_path=tmp_path)
+
+
+def test_fsdp2_mixed_precision_trains(tmp_path):
+    sp_ranks.run(4, fsdp_checks.fsdp_mixed_precision_trains, "qwen2_5_vl", (2, 2), ("ring", "ulysses"),
+                 tmp_path=tmp_path)
+
+
+def test_device_mesh_mistakes_are_named(tmp_path):
+    sp_ranks.run(4, fsdp_checks.device_mesh_mistakes_named, tmp_path=tmp_path)
+
+
+def test_trainer_on_a_model_sharded_with_fsdp2_equals_one_process(tmp_path):
+    """transformers.Trainer on the patched model sharded with FSDP2 (ring 2 x ulysses 2) = the
+    Trainer on one process: every weight after two steps of two accumulated micro-batches,
+    gradients clipped, to 1e-9 of its change (fp64)."""
+    import torch
+
+    sp_ranks.run(4, fsdp_checks.trainer_fsdp2_run, 2, 2, str(tmp_path / "mmsp.pt"), tmp_path=tmp_path)
+    sp_ranks.run(1, fsdp_checks.trainer_fsdp2_run, 1, 1, str(tmp_path / "one.pt"), tmp_path=tmp_path)
+    got, want = torch.load(tmp_path / "mmsp.pt"), torch.load(tmp_path / "one.pt")
+    assert got["sharded"] == "DTensor", f"the Trainer trained {got['sharded']} parameters, not FSDP2's"
+    assert got["wrapped"] != "DistributedDataParallel", "accelerate wrapped the patched model in DDP"
+    assert got["losses"] == pytest.approx(want["losses"], rel=1e-3), (got["losses"], want["losses"])
+    assert got["grad_norms"] == pytest.approx(want["grad_norms"], rel=1e-9), (got["grad_norms"], want["grad_norms"])
+    assert all(n > 0.05 for n in want["grad_norms"]), f"clipping at 0.05 never acted: {want['grad_norms']}"
+    for name, before in want["before"].items():
+        assert torch.equal(before, got["before"][name]), f"{name}: the two runs started from different weights"
+        step, step_got = want["after"][name] - before, got["after"][name] - before
+        err, scale = (step_got - step).norm().item(), step.norm().item()
+        assert err <= 1e-9 * scale + 1e-15, f"{name}: its change differs by {err:.3e} (the change: {scale:.3e})"
+    assert any((want["after"][n] - b).norm() > 0 for n, b in want["before"].items()), "nothing trained"
