@@ -37,7 +37,9 @@ Families: qwen2_vl, qwen2_5_vl, qwen3_vl (deepstack rows sharded with their slot
 llava, internvl.
 """
 
+import json
 import types
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
@@ -54,9 +56,6 @@ if TYPE_CHECKING:
 
 Model = TypeVar("Model", bound=torch.nn.Module)
 
-_SUPPORTED = {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "qwen3_vl": "qwen3", "qwen3_5": "qwen", "llava": "llava",
-              "internvl": "internvl"}
-_FRAMES_AS_BLOCKS = ("qwen3_vl", "qwen3_5")  # each temporal patch of a video its own vision block
 _ATTENTION = "mmsp"
 _current: dict[str, Any] = {}  # the step being computed: {"shard": Shard, "mesh": Mesh}; read by the attention
 
@@ -128,7 +127,37 @@ def _register_attention():
     AttentionInterface.register(_ATTENTION, _attention)
 
 
-def _video_blocks(config, video_grid_thw, second_per_grid_ts):
+@dataclass(frozen=True)
+class _Family:
+    """What the patch needs of a model's family. `kind` is how its pixels and placeholders
+    are laid out: "qwen" (mRoPE, grids), "qwen3" (and deepstack rows), "llava", "internvl"."""
+    kind: str
+    frames_as_blocks: bool  # each temporal patch of a video its own vision block (Qwen3-VL, Qwen3.5)
+    image_token: int
+    video_token: int        # -1: the family takes no videos
+    merge: int              # patches merged into one placeholder row (Qwen: spatial_merge_size²)
+
+
+def _family(config: Any) -> _Family:
+    """The model's family from the model layer's registry (mmsp._C: the one table of
+    families, which `mmsp train` and the planner read), plus what transformers' own config
+    says of deepstack. An unsupported model_type is a ValueError listing the supported."""
+    try:
+        conv = _C.model_conventions(json.dumps(config.to_dict()))
+    except ValueError as e:
+        raise ValueError(f"mmsp.patch: {e}") from None
+    if conv["mrope"]:
+        kind = "qwen3" if getattr(config.vision_config, "deepstack_visual_indexes", None) else "qwen"
+    elif conv["name"] in ("llava", "internvl"):
+        kind = conv["name"]
+    else:
+        raise ValueError(f"mmsp.patch: model_type {config.model_type!r} ({conv['name']} conventions) is supported by "
+                         "mmsp's model layer but not by mmsp.patch yet")
+    return _Family(kind, bool(conv["frames_as_blocks"]), int(conv["image_token_id"]), int(conv["video_token_id"]),
+                   int(conv["spatial_merge_size"]) ** 2 if conv["mrope"] else 1)
+
+
+def _video_blocks(family, video_grid_thw, second_per_grid_ts):
     """A batch's videos as the planner's vision blocks, in order: (grid, seconds or None).
     Qwen3-VL and Qwen3.5 put each temporal patch in its own block (after its timestamp
     text), so a video of t temporal patches is t blocks of grid [1, h, w]."""
@@ -136,7 +165,7 @@ def _video_blocks(config, video_grid_thw, second_per_grid_ts):
     seconds = second_per_grid_ts.tolist() if second_per_grid_ts is not None else [None] * len(grids)
     if len(seconds) != len(grids):
         raise ValueError(f"mmsp.patch: second_per_grid_ts has {len(seconds)} entries for {len(grids)} videos")
-    if config.model_type in _FRAMES_AS_BLOCKS:
+    if family.frames_as_blocks:
         return [([1, h, w], None) for t, h, w in grids for _ in range(t)]
     return list(zip(grids, seconds))
 
@@ -154,9 +183,10 @@ def _take_blocks(blocks, at, placeholders, merge, what, b):
     return mine, at
 
 
-def _sequences(config, kind, input_ids, attention_mask, labels, image_grid_thw, video_grid_thw=None,
+def _sequences(config, family, input_ids, attention_mask, labels, image_grid_thw, video_grid_thw=None,
                second_per_grid_ts=None):
     """The collator's padded batch -> mmsp's batch {"sequences": [...]}, checked."""
+    kind = family.kind
     B, T = input_ids.shape
     if labels is None or tuple(labels.shape) != (B, T):
         raise ValueError(f"mmsp.patch: labels {None if labels is None else tuple(labels.shape)} must be given, "
@@ -170,12 +200,10 @@ def _sequences(config, kind, input_ids, attention_mask, labels, image_grid_thw, 
                 raise ValueError(f"mmsp.patch: attention_mask row {b} is not right padding (ones, then zeros); "
                                  "pad on the right")
             lengths[b] = n
-    image_token = config.image_token_id if hasattr(config, "image_token_id") else config.image_token_index
-    merge = getattr(config.vision_config, "spatial_merge_size", 1) ** 2
+    image_token, video_token, merge = family.image_token, family.video_token, family.merge
     grids = image_grid_thw.tolist() if image_grid_thw is not None else []
     per_image = getattr(config, "image_seq_length", None)
-    video_token = getattr(config, "video_token_id", None)
-    videos = _video_blocks(config, video_grid_thw, second_per_grid_ts)
+    videos = _video_blocks(family, video_grid_thw, second_per_grid_ts)
     if videos and kind not in ("qwen", "qwen3"):
         raise ValueError(f"mmsp.patch: video_grid_thw given to a {kind} model, which takes no videos")
     g, v, sequences = 0, 0, []
@@ -322,7 +350,7 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
         try:
             if video_grid_thw is not None or pixel_values_videos is not None:
                 raise ValueError("videos with batch='per_rank' are not supported yet")
-            mine = _sequences(self.config, kind, input_ids, attention_mask, labels, image_grid_thw)
+            mine = _sequences(self.config, state["family"], input_ids, attention_mask, labels, image_grid_thw)
             _rank_batches.LocalPixels(kind, [g for q in mine["sequences"] for g in q.get("image_grid_thw", [])],
                                       pixel_values)
             error = None
@@ -332,7 +360,7 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
                                                                     device, mesh)
         sources = {"image": (pixels, grid_rows)}
     else:
-        batch = _sequences(self.config, kind, input_ids, attention_mask, labels, image_grid_thw, video_grid_thw,
+        batch = _sequences(self.config, state["family"], input_ids, attention_mask, labels, image_grid_thw, video_grid_thw,
                            second_per_grid_ts)
         grids = [g for q in batch["sequences"] for g in q.get("image_grid_thw", [])]
         blocks = [g for q in batch["sequences"] for g in q.get("video_grid_thw", [])]
@@ -477,11 +505,7 @@ def patch(model: Model, mesh: "Mesh", *, layout: str = "zigzag", placement: str 
     if batch not in _BATCH:
         raise ValueError(f"mmsp.patch: batch={batch!r} is not one of {', '.join(map(repr, _BATCH))}")
     config: Any = model.config
-    model_type = getattr(config, "model_type", None)
-    if model_type not in _SUPPORTED:
-        raise ValueError(f"mmsp.patch: model_type {model_type!r} is not supported "
-                         f"(supported: {', '.join(_SUPPORTED)})")
-    kind = _SUPPORTED[model_type]
+    family = _family(config)
     text = config.text_config
     heads, kv_heads = text.num_attention_heads, text.num_key_value_heads
     from mmsp._extension import C
@@ -497,10 +521,9 @@ def patch(model: Model, mesh: "Mesh", *, layout: str = "zigzag", placement: str 
             m.forward = types.MethodType(_gated_deltanet, m)
     _register_attention()
     text._attn_implementation = _ATTENTION  # the decoder only; the vision tower keeps its own
-    image_token = config.image_token_id if hasattr(config, "image_token_id") else config.image_token_index
     hooked: Any = model  # the attributes below are mmsp's and accelerate's, not nn.Module's
-    hooked._mmsp = {"kind": kind, "mesh": mesh, "config": config.to_dict(), "layout": layout, "placement": placement,
-                   "image_token": image_token,
+    hooked._mmsp = {"kind": family.kind, "family": family, "mesh": mesh, "config": config.to_dict(), "layout": layout,
+                   "placement": placement,
                    "params": [],  # from a forward to its backward's end: the weights whose gradients mmsp sums
                    "backward": None,  # while a backward runs: the gradients held from before it
                    "batch": batch,

@@ -95,9 +95,30 @@ py::dict plan_step(const std::string& config_json, const std::string& batch_json
   return d;
 }
 
+// What mmsp.patch needs to know of a family, from the model layer's registry (the one
+// table of families, shared with `mmsp train` and the planner): the conventions a
+// config.json gives. An unsupported model_type is an error listing the supported ones.
+py::dict model_conventions(const std::string& config_json) {
+  const plan::ModelConventions c = model::conventions_from_config(parse(config_json, "config"));
+  py::dict d;
+  d["name"] = c.name;
+  d["mrope"] = c.uses_mrope();
+  d["frames_as_blocks"] = c.frames_as_blocks;
+  d["video_time_scaled"] = c.video_time_scaled;
+  d["image_token_id"] = c.image_token_id;
+  d["video_token_id"] = c.video_token_id;
+  d["vision_start_token_id"] = c.vision_start_token_id;
+  d["vision_end_token_id"] = c.vision_end_token_id;
+  d["class_rows"] = c.class_rows;
+  d["spatial_merge_size"] = c.spatial_merge_size;
+  return d;
+}
+
 }  // namespace
 
 void bind_plan(py::module_& m) {
+  m.def("model_conventions", &model_conventions, py::arg("config_json"));
+  m.def("supported_model_types", &model::supported_model_types);
   m.def("plan_step", &plan_step, py::arg("config_json"), py::arg("batch_json"), py::arg("dp"), py::arg("ring"),
         py::arg("ulysses"), py::arg("rank"), py::arg("layout") = "zigzag", py::arg("placement") = "zigzag");
 }

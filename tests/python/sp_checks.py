@@ -247,6 +247,17 @@ def bad_input_is_a_value_error(rank, world):
         raise AssertionError("qwen3_5 was patched for the adaptive placement")
     except ValueError as e:
         assert "placement 'adaptive' with Gated DeltaNet layers" in str(e), str(e)
+    # A family mmsp does not know: named by the model layer's registry (the one family table).
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    text_only = LlamaForCausalLM(LlamaConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=2))
+    try:
+        mmsp.patch(text_only, mesh)
+        raise AssertionError("a llama model was patched")
+    except ValueError as e:
+        assert str(e).startswith("mmsp.patch: ") and 'model_type "llama" is not supported' in str(e) and \
+            "qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, llava, internvl" in str(e), str(e)
     # Still in step: a correct call after the refused ones.
     out = mmsp.ops.attention(q, q, q, shard, mesh)
     assert out.shape == q.shape
@@ -286,8 +297,9 @@ def assert_gradients_equal(model, reference, what, rtol=1e-9, atol=1e-15):
     ref = dict(reference.named_parameters())
     for name, p in model.named_parameters():
         r = ref[name].grad
-        r = torch.zeros_like(p) if r is None else r
-        err, scale = (p.grad - r).norm().item(), r.norm().item()
+        r = torch.zeros_like(ref[name]) if r is None else r
+        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # FSDP2's shards, whole
+        err, scale = (g - r).norm().item(), r.norm().item()
         assert err <= rtol * scale + atol, \
             f"{what}: gradient of {name}: |difference| {err:.3e}, |reference| {scale:.3e}"
 
@@ -578,10 +590,11 @@ def _video_batch(family, seqs, pad_token):
     return out
 
 
-def patch_videos_equal_one_process(rank, world, ring, ulysses, family_names):
+def patch_videos_equal_one_process(rank, world, ring, ulysses, family_names, fsdp=False):
     """mmsp.patch on Qwen batches with videos (and images) = the unpatched model on one process,
     each sequence through transformers' forward on its own: loss to 1e-12 and every gradient
-    to 1e-9 (fp64); each image and video block encoded once over the world."""
+    to 1e-9 (fp64); each image and video block encoded once over the world. fsdp: sharded
+    with FSDP2 (mmsp.fully_shard) after the patch."""
     import copy
     import sys
 
@@ -614,12 +627,14 @@ def patch_videos_equal_one_process(rank, world, ring, ulysses, family_names):
         want.backward()
         mesh = mmsp.Mesh(dp=world // (ring * ulysses), ring=ring, ulysses=ulysses)
         mmsp.patch(model, mesh)
+        if fsdp:
+            mmsp.fully_shard(model, mesh)
         batch = _video_batch(family, seqs, pad)
         if name != "qwen2_5_vl":
             batch.pop("second_per_grid_ts")
         out = model(**batch)
         out.loss.backward()
-        what = f"{name} with videos on ring {ring} x ulysses {ulysses}, rank {rank}"
+        what = f"{name} with videos on ring {ring} x ulysses {ulysses}{', FSDP2' if fsdp else ''}, rank {rank}"
         encoded = torch.tensor([len(out.mmsp_shard.encoder_items)])
         dist.all_reduce(encoded)
         blocks = sum(len(imgs) + sum(vid[1][0] if name in ("qwen3_vl", "qwen3_5") else 1 for vid in vids)
