@@ -6,7 +6,8 @@
     shard = mmsp.plan("config.json", batch, mesh)          # this rank's tokens, positions, labels, layout
     out = mmsp.ops.attention(q, k, v, shard, mesh)         # equal to one process, forward and backward
 
-`mmsp.patch(model, mesh)` makes a transformers VLM train on the mesh with the loop unchanged;
+`mmsp.patch(model, mesh)` makes a transformers VLM train on the mesh with the loop unchanged
+(`mmsp.fully_shard(model, mesh)` shards it with FSDP2 on the same mesh);
 `mmsp.ops` holds the sequence-parallel ops (attention: local, Ulysses, zigzag ring, hybrid;
 Gated DeltaNet's conv and rule with ring state passing; Ulysses' head exchange), `mmsp.plan`
 the planner, `mmsp.Mesh` the process groups. `mmsp.prepare` turns conversation data into
@@ -19,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 from mmsp._version import __version__
 
-__all__ = ["Mesh", "Shard", "plan", "ops", "patch", "__version__"]
+__all__ = ["Mesh", "Shard", "plan", "ops", "patch", "fully_shard", "__version__"]
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from mmsp import ops
     from mmsp.mesh import Mesh
     from mmsp.planner import Shard, plan
     from mmsp.transformers_patch import patch
+    from mmsp.fsdp import fully_shard
 
 
 def __getattr__(name: str) -> Any:
@@ -38,4 +40,6 @@ def __getattr__(name: str) -> Any:
         return _import_module("mmsp.ops")
     if name == "patch":
         return _import_module("mmsp.transformers_patch").patch
+    if name == "fully_shard":
+        return _import_module("mmsp.fsdp").fully_shard
     raise AttributeError(f"module 'mmsp' has no attribute {name!r}")

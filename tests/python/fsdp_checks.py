@@ -18,22 +18,12 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def shard_with_fsdp2(model, fsdp_mesh, mp_policy=None):
-    """fully_shard as torchtitan and VeOmni apply it: each vision block, each decoder layer,
-    then the root (the embedding, the head, the mergers and the rest)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+def shard_with_fsdp2(model, mesh, mp_policy=None):
+    """mmsp.fully_shard: each decoder layer and vision block (transformers' _no_split_modules),
+    then the root, over mesh.fsdp_mesh()."""
+    import mmsp
 
-    kwargs = {"mesh": fsdp_mesh, "mp_policy": mp_policy or MixedPrecisionPolicy()}
-    inner = model.model
-    tower = getattr(inner, "visual", None) or inner.vision_tower
-    blocks = getattr(tower, "blocks", None)
-    if blocks is None:  # LLaVA's CLIP, InternVL's encoder
-        blocks = tower.vision_model.encoder.layers if hasattr(tower, "vision_model") else tower.encoder.layer
-    for block in blocks:
-        fully_shard(block, **kwargs)
-    for layer in inner.language_model.layers:
-        fully_shard(layer, **kwargs)
-    fully_shard(model, **kwargs)
+    mmsp.fully_shard(model, mesh, **({"mp_policy": mp_policy} if mp_policy is not None else {}))
 
 
 def _train(model, step_loss, steps):
@@ -59,7 +49,18 @@ def _assert_equal(got, want, what, rtol):
         assert err <= rtol * scale + 1e-15, f"{what}: {name}: |difference| {err:.3e}, |reference| {scale:.3e}"
 
 
-def fsdp_equals_one_process(rank, world, family_names, shape, names, combos, steps=2):
+def _with_kv_heads(family, kv_heads):
+    """The family with kv_heads K/V heads (and, for Qwen3.5, Gated DeltaNet key heads), so
+    that Ulysses over 4 ranks splits them (mmsp does not replicate K/V heads)."""
+    import dataclasses
+
+    if family.text_overrides:  # a nested text_config (Qwen3.5)
+        return dataclasses.replace(family, text_overrides={**family.text_overrides, "num_key_value_heads": kv_heads,
+                                                           "linear_num_key_heads": kv_heads})
+    return dataclasses.replace(family, overrides={**family.overrides, "num_key_value_heads": kv_heads})
+
+
+def fsdp_equals_one_process(rank, world, family_names, shape, names, combos, steps=2, kv_heads=None):
     """For each family and each (fsdp, checkpointing) in combos: the model patched by mmsp on
     the DeviceMesh `shape` (dimension `names`), two SGD steps = transformers' model on one
     process (every weight, the last step's gradients and the losses). Qwen3.5's Gated DeltaNet
@@ -76,10 +77,13 @@ def fsdp_equals_one_process(rank, world, family_names, shape, names, combos, ste
     logging.set_verbosity_error()
     mesh = mmsp.Mesh.from_device_mesh(init_device_mesh("cpu", shape, mesh_dim_names=names))
     fsdp_mesh = mesh.fsdp_mesh()
+    assert fsdp_mesh is mesh.fsdp_mesh(), "fsdp_mesh() makes its DeviceMesh once"
     assert fsdp_mesh.ndim == (2 if "dp_replicate" in names else 1), f"fsdp_mesh {fsdp_mesh} on {names}"
     assert fsdp_mesh.size() == world, f"fsdp_mesh {fsdp_mesh} does not span the {world} ranks"
     for name in family_names:
         family = families.FAMILIES[name]
+        if kv_heads is not None:
+            family = _with_kv_heads(family, kv_heads)
         samples = families.make_samples(family)
         want = _train(families.build_model(family).train(),
                       lambda m: families.reference_loss(m, family, samples), steps)
@@ -90,7 +94,7 @@ def fsdp_equals_one_process(rank, world, family_names, shape, names, combos, ste
             if checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if fsdp:
-                shard_with_fsdp2(model, fsdp_mesh)
+                shard_with_fsdp2(model, mesh)
                 sharded = next(model.parameters())
                 assert type(sharded).__name__ == "DTensor", f"{name}: fully_shard left {type(sharded).__name__}"
             got = _train(model, lambda m: m(**hf_batch(family, samples)).loss, steps)
@@ -133,7 +137,7 @@ def fsdp_mixed_precision_trains(rank, world, family_name, shape, names):
         model = families.build_model(family).float().train()
         mmsp.patch(model, mesh)
         if policy is not None:
-            shard_with_fsdp2(model, mesh.fsdp_mesh(), policy)
+            shard_with_fsdp2(model, mesh, policy)
         runs.append(_train(model, lambda m: m(**hf_batch(family, samples)).loss, 2))
     (want_losses, _, want_grads), (losses, _, grads) = runs
     what = f"{family_name} on {dict(zip(names, shape))}, bf16 compute under FSDP2, rank {rank}"
@@ -216,7 +220,7 @@ def trainer_fsdp2_run(rank, world, ring, ulysses, out):
     if world > 1:
         mesh = mmsp.Mesh(ring=ring, ulysses=ulysses)
         mmsp.patch(model, mesh, batch="per_rank")
-        shard_with_fsdp2(model, mesh.fsdp_mesh())
+        shard_with_fsdp2(model, mesh)
     else:
         _fp64_loss_forward(model)
         model.accepts_loss_kwargs = False

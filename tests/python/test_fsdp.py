@@ -23,6 +23,26 @@ def test_fsdp2_and_checkpointing_equal_one_process(shape, names, tmp_path):
                  tmp_path=tmp_path)
 
 
+def test_every_family_under_fsdp2_and_checkpointing_equals_one_process(tmp_path):
+    # mmsp.fully_shard finds each family's layers and vision blocks in transformers' classes.
+    sp_ranks.run(4, fsdp_checks.fsdp_equals_one_process, ["qwen2_vl", "qwen3_vl", "llava", "internvl"], (2, 2),
+                 ("ring", "ulysses"), [(True, True)], tmp_path=tmp_path)
+
+
+def test_videos_under_fsdp2_equal_one_process(tmp_path):
+    # A rank the plan gives no video still runs the tower on one (times zero): FSDP2's collectives.
+    import sp_checks
+
+    sp_ranks.run(4, sp_checks.patch_videos_equal_one_process, 2, 2, ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"],
+                 True, tmp_path=tmp_path)
+
+
+def test_fsdp2_on_ulysses_4_equals_one_process(tmp_path):
+    # Ulysses over 4 ranks needs 4 K/V heads (the tiny models have 2): the same families with 4.
+    sp_ranks.run(4, fsdp_checks.fsdp_equals_one_process, ["qwen2_5_vl", "qwen3_5"], (4,), ("ulysses",), COMBOS,
+                 2, 4, tmp_path=tmp_path)
+
+
 def test_fsdp2_mixed_precision_trains(tmp_path):
     sp_ranks.run(4, fsdp_checks.fsdp_mixed_precision_trains, "qwen2_5_vl", (2, 2), ("ring", "ulysses"),
                  tmp_path=tmp_path)
