@@ -7,7 +7,13 @@
   (b) transformers + DeepSpeed's Ulysses (UlyssesSPAttentionHF) on --ranks processes, where
       deepspeed imports (`make peers` installs it: requirements/peers.txt);
   (c) transformers patched by mmsp.patch on --ranks processes (ring 2 x ulysses ranks/2);
-  (d) `mmsp train` on the same mesh, from the same weights and data.
+  (d) `mmsp train` on the same mesh, from the same weights and data;
+  (e) (c) sharded with FSDP2 (fully_shard per vision block and decoder layer, then the root,
+      over the --ranks processes: mmsp.Mesh.fsdp_mesh());
+  (f) transformers + FSDP2 without sequence parallelism (whole sequences on each rank).
+(c), (e), (f) also count each rank's training state after one AdamW step (weights, gradients,
+moments: the local parts of its tensors) and the bytes autograd saves for the backward in the
+forward (the activations, weights excluded).
 Each setup runs in processes of its own (peak memory is each process's ru_maxrss, the
 libraries' resident pages included: see "baseline"), on a Qwen2-VL-architecture model of
 --width and --layers (transformers writes it, random, float32) and two sequences of
@@ -15,6 +21,7 @@ libraries' resident pages included: see "baseline"), on a Qwen2-VL-architecture 
 warm-up step, the slowest rank's. Bytes: what a rank sends per step.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -68,6 +75,48 @@ def grad_norm(model):
     return math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in model.parameters() if p.grad is not None))
 
 
+def _local(t):
+    """The part of a tensor this rank holds: a DTensor's (FSDP2's shard) local tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def state_bytes(model, optimizer):
+    """The training state this rank holds, counted from its tensors: the weights, their
+    gradients and the optimizer's state (AdamW: two moments a weight), each its local part."""
+    weights = sum(_local(p).numel() * p.element_size() for p in model.parameters())
+    grads = sum(_local(p.grad).numel() * p.grad.element_size() for p in model.parameters() if p.grad is not None)
+    moments = sum(_local(v).numel() * v.element_size() for st in optimizer.state.values() for v in st.values()
+                  if torch.is_tensor(v) and v.dim() > 0)
+    return {"weights": weights, "gradients": grads, "optimizer": moments, "total": weights + grads + moments}
+
+
+class SavedActivations:
+    """The bytes autograd saves for the backward during a forward (what activation memory is),
+    counted once per storage, weights excluded: a tensor sharing a storage with one of the
+    model's parameters at that moment (views such as W.t() included; under FSDP2 the
+    gathered weights of the running layer). Costs a scan of the parameters per saved tensor:
+    used on the untimed warm-up step."""
+
+    def __init__(self, model):
+        self.model, self.bytes, self._seen = model, 0, set()
+
+    def __enter__(self):
+        def pack(t):
+            ptr = t.untyped_storage().data_ptr()
+            weights = {_local(p).untyped_storage().data_ptr() for p in self.model.parameters()}
+            if ptr not in self._seen and ptr not in weights:
+                self._seen.add(ptr)
+                self.bytes += t.untyped_storage().nbytes()
+            return t
+
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+
+
 def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
@@ -109,7 +158,9 @@ def one_process(model_dir, samples, steps, out):
                "grad_norm": grad_norm(model)}, open(out, "w"))
 
 
-def patched_rank(rank, world, model_dir, samples, steps, out):
+def patched_rank(rank, world, model_dir, samples, steps, out, fsdp=False):
+    """(c) transformers + mmsp.patch on ring 2 x Ulysses P/2; with fsdp, (e): the same,
+    sharded with FSDP2 over the 4 ranks (each vision block, decoder layer, the root)."""
     import torch.distributed as dist
 
     import mmsp
@@ -122,29 +173,114 @@ def patched_rank(rank, world, model_dir, samples, steps, out):
     baseline = peak_rss_bytes()
     mesh = mmsp.Mesh(ring=2, ulysses=world // 2)
     mmsp.patch(model, mesh)
+    n_params = sum(p.numel() for p in model.parameters())
+    if fsdp:
+        mmsp.fully_shard(model, mesh)
     batch = sp_checks.hf_batch(families.FAMILIES["qwen2_vl"], samples)
     groups = [g for g in (mesh.ring, mesh.ulysses, mesh.context) if g is not None]
-    n_params = sum(p.numel() for p in model.parameters())
-    times, loss, sent = [], None, 0
+    times, loss, sent, saved = [], None, 0, None
     for step in range(steps + 1):
         model.zero_grad(set_to_none=True)
         for g in groups:
             g.reset_bytes()
         dist.barrier()
         t = time.perf_counter()
-        loss = model(**batch).loss
+        with SavedActivations(model) if step == 0 else contextlib.nullcontext() as counted:
+            loss = model(**batch).loss
+        saved = counted or saved
         loss.backward()
         dist.barrier()
         if step:
             times.append(time.perf_counter() - t)
         sent = sum(g.bytes_sent() for g in groups)
-    # The gradient sum: Gloo's ring all-reduce sends 2 (P - 1) / P of the gradients (float32).
-    grad_bytes = int(2 * (world - 1) / world * n_params * 4)
-    result = {"rank": rank, "step_seconds": statistics.median(times), "peak_rss_bytes": peak_rss_bytes(),
+    peak = peak_rss_bytes()
+    norm = grad_norm_whole(model)
+    state = optimizer_state(model)
+    # The gradient sum: Gloo's ring all-reduce sends 2 (P - 1) / P of the gradients (float32);
+    # FSDP2 per step: an all-gather of the weights in the forward and again in the backward
+    # (reshard after forward), a reduce-scatter of the gradients: each (P - 1) / P of them.
+    grad_bytes = int((3 if fsdp else 2) * (world - 1) / world * n_params * 4)
+    result = {"rank": rank, "step_seconds": statistics.median(times), "peak_rss_bytes": peak,
               "baseline_rss_bytes": baseline, "sent_bytes": sent + grad_bytes, "sp_bytes": sent,
-              "gradient_bytes": grad_bytes, "loss": loss.item(), "grad_norm": grad_norm(model)}
+              "gradient_bytes": grad_bytes, "loss": loss.item(), "grad_norm": norm, "state_bytes": state,
+              "saved_activation_bytes": saved.bytes}
     with open(f"{out}.{rank}", "w") as f:
         json.dump(result, f)
+
+
+def patched_fsdp_rank(rank, world, model_dir, samples, steps, out):
+    patched_rank(rank, world, model_dir, samples, steps, out, fsdp=True)
+
+
+def fsdp_rank(rank, world, model_dir, samples, steps, out):
+    """(f) transformers + FSDP2, no sequence parallelism: each rank runs whole sequences (rank
+    r the batch's sequence r mod 2, each sequence on P/2 ranks, its loss weighted 2/P, so
+    the summed gradient is the step's), sharded over the P ranks as (e) is."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    model = load(model_dir)
+    baseline = peak_rss_bytes()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
+    n_params = sum(p.numel() for p in model.parameters())
+    layers = set(model._no_split_modules)  # as accelerate's FSDP2 plugin wraps: transformers' layer classes
+    for m in reversed([m for m in model.modules() if type(m).__name__ in layers]):
+        fully_shard(m, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    for m in model.modules():  # each rank's loss is its part of the step's mean: sum, not average
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    family = families.FAMILIES["qwen2_vl"]
+    mine = [samples[rank % len(samples)]]
+    n_targets = sum(sum(s.loss_mask[1:]) for s in samples)
+    times, loss, saved = [], None, None
+    for step in range(steps + 1):
+        model.zero_grad(set_to_none=True)
+        dist.barrier()
+        t = time.perf_counter()
+        with SavedActivations(model) if step == 0 else contextlib.nullcontext() as counted:
+            # reference_loss: the mean over this rank's targets
+            local = families.reference_loss(model, family, mine) * sum(mine[0].loss_mask[1:])
+        saved = counted or saved
+        (local * len(samples) / world / n_targets).backward()
+        total = local.detach().clone()
+        dist.all_reduce(total)
+        dist.barrier()
+        if step:
+            times.append(time.perf_counter() - t)
+        loss = total.item() * len(samples) / world / n_targets
+    peak = peak_rss_bytes()
+    norm = grad_norm_whole(model)
+    state = optimizer_state(model)
+    grad_bytes = int(3 * (world - 1) / world * n_params * 4)
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump({"rank": rank, "step_seconds": statistics.median(times), "peak_rss_bytes": peak,
+                   "baseline_rss_bytes": baseline, "sent_bytes": grad_bytes, "sp_bytes": 0,
+                   "gradient_bytes": grad_bytes, "loss": loss, "grad_norm": norm, "state_bytes": state,
+                   "saved_activation_bytes": saved.bytes}, f)
+
+
+def grad_norm_whole(model):
+    """grad_norm over the whole gradients: FSDP2's shards gathered (collective: every rank)."""
+    sq = sum(float(_local(p.grad).double().pow(2).sum()) for p in model.parameters() if p.grad is not None)
+    if any(hasattr(p, "to_local") for p in model.parameters()):
+        import torch.distributed as dist
+
+        t = torch.tensor([sq], dtype=torch.float64)
+        dist.all_reduce(t)
+        sq = t.item()
+    return math.sqrt(sq)
+
+
+def optimizer_state(model):
+    """One AdamW step after the timed steps (outside the time and the peak): the training
+    state a rank then holds."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    optimizer.step()
+    return state_bytes(model, optimizer)
 
 
 class _SentBytes:
@@ -259,7 +395,9 @@ def on_ranks(rank_fn, model_dir, samples, steps, world, out, tmp):
                "baseline_rss_bytes": [r["baseline_rss_bytes"] for r in ranks],
                "sent_bytes_per_rank": [r["sent_bytes"] for r in ranks],
                "sequence_parallel_bytes_per_rank": [r["sp_bytes"] for r in ranks],
-               "loss": ranks[0]["loss"], "grad_norm": ranks[0]["grad_norm"]}, open(out, "w"))
+               "loss": ranks[0]["loss"], "grad_norm": ranks[0]["grad_norm"],
+               **{k: [r[k] for r in ranks] for k in ("state_bytes", "saved_activation_bytes") if k in ranks[0]}},
+              open(out, "w"))
 
 
 def mmsp_train(build_dir, model_dir, data, samples, steps, world, out_dir):
@@ -305,6 +443,18 @@ def main():
         rows[f"transformers + DeepSpeed Ulysses, {a.ranks} ranks"] = json.load(open(os.path.join(tmp, "b.json")))
     on_ranks(patched_rank, model_dir, samples, a.steps, a.ranks, os.path.join(tmp, "c.json"), tmp)
     rows[f"transformers + mmsp.patch, {a.ranks} ranks"] = json.load(open(os.path.join(tmp, "c.json")))
+    on_ranks(patched_fsdp_rank, model_dir, samples, a.steps, a.ranks, os.path.join(tmp, "e.json"), tmp)
+    rows[f"transformers + mmsp.patch + FSDP2, {a.ranks} ranks"] = json.load(open(os.path.join(tmp, "e.json")))
+    on_ranks(fsdp_rank, model_dir, samples, a.steps, a.ranks, os.path.join(tmp, "f.json"), tmp)
+    rows[f"transformers + FSDP2 (no SP), {a.ranks} ranks"] = json.load(open(os.path.join(tmp, "f.json")))
+    unsharded = max(r["total"] for r in rows[f"transformers + mmsp.patch, {a.ranks} ranks"]["state_bytes"])
+    sharded = max(r["total"] for r in rows[f"transformers + mmsp.patch + FSDP2, {a.ranks} ranks"]["state_bytes"])
+    ratios = {"state_fsdp2_over_unsharded_patch": sharded / unsharded}
+    for name, row in (("fsdp2_patch", "transformers + mmsp.patch + FSDP2"),
+                      ("fsdp2_no_sp", "transformers + FSDP2 (no SP)")):
+        ratios[f"saved_activations_{name}_over_patch"] = (
+            max(rows[f"{row}, {a.ranks} ranks"]["saved_activation_bytes"]) /
+            max(rows[f"transformers + mmsp.patch, {a.ranks} ranks"]["saved_activation_bytes"]))
     lines, summary = mmsp_train(a.build, model_dir, data, samples, a.steps, a.ranks, os.path.join(tmp, "d"))
     rows[f"mmsp train, {a.ranks} ranks"] = {
         "step_seconds": statistics.median(l["seconds"] for l in lines[1:]),
@@ -312,7 +462,7 @@ def main():
         [lines[-1]["attention_bytes"] + lines[-1]["vision_bytes"]], "peak_tensor_bytes": lines[-1]["peak_bytes"],
         "loss": lines[0]["loss"], "grad_norm": lines[0]["grad_norm"], "summary": summary, "metrics": lines[1:]}
     result = {"benchmark": "peers", "ranks": a.ranks, "tokens": sum(len(s.input_ids) for s in samples),
-              "width": a.width, "layers": a.layers, "steps": a.steps, "rows": rows,
+              "width": a.width, "layers": a.layers, "steps": a.steps, "rows": rows, "ratios": ratios,
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     text = json.dumps(result, indent=1)
     if a.out:

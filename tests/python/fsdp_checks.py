@@ -60,13 +60,15 @@ def _with_kv_heads(family, kv_heads):
     return dataclasses.replace(family, overrides={**family.overrides, "num_key_value_heads": kv_heads})
 
 
-def fsdp_equals_one_process(rank, world, family_names, shape, names, combos, steps=2, kv_heads=None):
+def fsdp_equals_one_process(rank, world, family_names, shape, names, combos, steps=2, kv_heads=None,
+                            shard_first=False):
     """For each family and each (fsdp, checkpointing) in combos: the model patched by mmsp on
     the DeviceMesh `shape` (dimension `names`), two SGD steps = transformers' model on one
     process (every weight, the last step's gradients and the losses). Qwen3.5's Gated DeltaNet
     runs in float32 inside transformers (mmsp: fp64), so that family's reference is mmsp
     without FSDP2 and checkpointing on the same mesh (itself = transformers to 1e-4:
-    test_patch.py), and every other combination equals it to 1e-9."""
+    test_patch.py), and every other combination equals it to 1e-9. shard_first: fully_shard
+    before mmsp.patch (and checkpointing last), the other order a user may take."""
     sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
     from torch.distributed.device_mesh import init_device_mesh
     from transformers.utils import logging
@@ -90,10 +92,12 @@ def fsdp_equals_one_process(rank, world, family_names, shape, names, combos, ste
         baseline = None
         for fsdp, checkpointing in combos:
             model = families.build_model(family).train()
+            if fsdp and shard_first:
+                shard_with_fsdp2(model, mesh)
             mmsp.patch(model, mesh)
             if checkpointing:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            if fsdp:
+            if fsdp and not shard_first:
                 shard_with_fsdp2(model, mesh)
                 sharded = next(model.parameters())
                 assert type(sharded).__name__ == "DTensor", f"{name}: fully_shard left {type(sharded).__name__}"
@@ -190,52 +194,3 @@ def device_mesh_mistakes_named(rank, world):
         model(**hf_batch(family, samples[1:]))
     first.backward()  # then the loop goes on
     model(**hf_batch(family, samples[1:])).loss.backward()
-
-
-def trainer_fsdp2_run(rank, world, ring, ulysses, out):
-    """transformers.Trainer, unmodified, on the model patched by mmsp on ring x ulysses
-    (batch="per_rank") and sharded with FSDP2 by the user before the Trainer sees it (each
-    vision block, decoder layer, the root, on mesh.fsdp_mesh()); with world 1 the unpatched,
-    unsharded model. (accelerate's own FSDP plugin needs a GPU per process: on CPU processes
-    it is never enabled.) Two optimizer steps of two accumulated micro-batches each (SGD,
-    gradient clipping on, as by default). Rank 0 saves the weights before and after (whole)
-    and the logged losses to `out`."""
-    import tempfile
-
-    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
-    from transformers import Trainer, TrainingArguments
-    from transformers.utils import logging
-
-    import families
-    import mmsp
-    from sp_checks import _fp64_loss_forward, text_sample
-
-    logging.set_verbosity_error()
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(world)})
-    family = families.FAMILIES["qwen2_5_vl"]
-    model = families.build_model(family).train()
-    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    pool = [s for seed in (1, 2, 3) for s in families.make_samples(family, seed)] + [text_sample(5), text_sample(6)]
-    if world > 1:
-        mesh = mmsp.Mesh(ring=ring, ulysses=ulysses)
-        mmsp.patch(model, mesh, batch="per_rank")
-        shard_with_fsdp2(model, mesh)
-    else:
-        _fp64_loss_forward(model)
-        model.accepts_loss_kwargs = False
-    args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4 // world,
-                             gradient_accumulation_steps=2, max_steps=2, learning_rate=0.5, optim="sgd",
-                             lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[],
-                             use_cpu=True, remove_unused_columns=False, seed=0, data_seed=0, disable_tqdm=True,
-                             max_grad_norm=0.05)
-    trainer = Trainer(model=model, args=args, train_dataset=pool,
-                      data_collator=lambda samples: hf_batch(family, samples))
-    trainer.train()
-    after = {k: _full(v.detach()).clone() for k, v in trainer.model.state_dict().items()}
-    if rank == 0:
-        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-        norms = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
-        torch.save({"before": before, "after": after, "losses": losses, "grad_norms": norms,
-                    "sharded": type(next(model.parameters())).__name__,
-                    "wrapped": type(trainer.model_wrapped).__name__}, out)

@@ -445,12 +445,15 @@ def _fp64_loss_forward(model):
     model.forward = types.MethodType(fp64, model)
 
 
-def trainer_run(rank, world, ring, ulysses, per_device, out):
+def trainer_run(rank, world, ring, ulysses, per_device, out, family_name="qwen2_vl", fsdp=False,
+                max_grad_norm=1.0):
     """transformers.Trainer, unmodified, on `world` processes: with world > 1 the model is
     patched by mmsp on ring x ulysses with batch="per_rank" (the Trainer's loader gives each
-    rank its own micro-batch); with world 1, the unpatched model. Two optimizer steps of two
-    accumulated micro-batches each (SGD, so a gradient's error shows in the weights as it is).
-    Rank 0 saves the weights before and after and the logged losses to `out`."""
+    rank its own micro-batch), and with fsdp sharded by mmsp.fully_shard before the Trainer
+    sees it; with world 1, the unpatched model. Two optimizer steps of two accumulated
+    micro-batches each (SGD, so a gradient's error shows in the weights as it is), gradients
+    clipped at max_grad_norm. Rank 0 saves the weights before and after (whole), the logged
+    losses and gradient norms to `out`."""
     import sys
     import tempfile
 
@@ -465,26 +468,50 @@ def trainer_run(rank, world, ring, ulysses, per_device, out):
     # What torchrun sets, for accelerate to see the processes this test started.
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(world)})
-    family = families.FAMILIES["qwen2_vl"]
+    family = families.FAMILIES[family_name]
     model = families.build_model(family).train()
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
     pool = [s for seed in (1, 2, 3) for s in families.make_samples(family, seed)] + [text_sample(5), text_sample(6)]
     if world > 1:
-        mmsp.patch(model, mmsp.Mesh(ring=ring, ulysses=ulysses), batch="per_rank")
+        mesh = mmsp.Mesh(ring=ring, ulysses=ulysses)
+        mmsp.patch(model, mesh, batch="per_rank")
+        if fsdp:
+            mmsp.fully_shard(model, mesh)
     else:
         _fp64_loss_forward(model)
         model.accepts_loss_kwargs = False  # as the patch: the loss is each micro-batch's mean
     args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=per_device,
                              gradient_accumulation_steps=2, max_steps=2, learning_rate=0.5, optim="sgd",
                              lr_scheduler_type="constant", logging_steps=1, save_strategy="no", report_to=[],
-                             use_cpu=True, remove_unused_columns=False, seed=0, data_seed=0, disable_tqdm=True)
+                             use_cpu=True, remove_unused_columns=False, seed=0, data_seed=0, disable_tqdm=True,
+                             max_grad_norm=max_grad_norm)
     trainer = Trainer(model=model, args=args, train_dataset=pool,
                       data_collator=lambda samples: hf_batch(family, samples))
     trainer.train()
+    whole = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t  # noqa: E731 (FSDP2's shards: collective)
+    after = {k: whole(v.detach()).clone() for k, v in trainer.model.state_dict().items()}
     if rank == 0:
-        losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-        torch.save({"before": before, "after": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                    "losses": losses, "wrapped": type(trainer.model_wrapped).__name__}, out)
+        log = trainer.state.log_history
+        torch.save({"before": before, "after": after, "losses": [h["loss"] for h in log if "loss" in h],
+                    "grad_norms": [h["grad_norm"] for h in log if "grad_norm" in h],
+                    "sharded": type(next(model.parameters())).__name__,
+                    "wrapped": type(trainer.model_wrapped).__name__}, out)
+
+
+def assert_trainer_runs_equal(got, want):
+    """Two trainer_run results: the same start, every weight's change to 1e-9 of the change,
+    the logged losses as logged (rounded), something trained, no DDP around the patched model."""
+    import pytest
+
+    assert got["wrapped"] != "DistributedDataParallel", "accelerate wrapped the patched model in DDP"
+    assert len(got["losses"]) == len(want["losses"]) == 2, (got["losses"], want["losses"])
+    assert got["losses"] == pytest.approx(want["losses"], rel=1e-3), (got["losses"], want["losses"])
+    for name, before in want["before"].items():
+        assert torch.equal(before, got["before"][name]), f"{name}: the two runs started from different weights"
+        step, step_got = want["after"][name] - before, got["after"][name] - before
+        err, scale = (step_got - step).norm().item(), step.norm().item()
+        assert err <= 1e-9 * scale + 1e-15, f"{name}: its change differs by {err:.3e} (the change: {scale:.3e})"
+    assert any((want["after"][n] - b).norm() > 0 for n, b in want["before"].items()), "nothing trained"
 
 
 def per_rank_bad_batch_named_on_every_rank(rank, world):

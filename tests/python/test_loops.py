@@ -36,16 +36,7 @@ def test_trainer_equals_one_process(tmp_path):
 
     sp_ranks.run(4, sp_checks.trainer_run, 2, 2, 1, str(tmp_path / "mmsp.pt"), tmp_path=tmp_path)
     sp_ranks.run(1, sp_checks.trainer_run, 1, 1, 4, str(tmp_path / "one.pt"), tmp_path=tmp_path)
-    got, want = torch.load(tmp_path / "mmsp.pt"), torch.load(tmp_path / "one.pt")
-    assert got["wrapped"] != "DistributedDataParallel", "accelerate wrapped the patched model in DDP"
-    assert len(got["losses"]) == len(want["losses"]) == 2, (got["losses"], want["losses"])
-    assert got["losses"] == pytest.approx(want["losses"], rel=1e-3), (got["losses"], want["losses"])
-    for name, before in want["before"].items():
-        assert torch.equal(before, got["before"][name]), f"{name}: the two runs started from different weights"
-        step, step_got = want["after"][name] - before, got["after"][name] - before
-        err, scale = (step_got - step).norm().item(), step.norm().item()
-        assert err <= 1e-9 * scale + 1e-15, f"{name}: its change differs by {err:.3e} (the change: {scale:.3e})"
-    assert any((want["after"][n] - b).norm() > 0 for n, b in want["before"].items()), "nothing trained"
+    sp_checks.assert_trainer_runs_equal(torch.load(tmp_path / "mmsp.pt"), torch.load(tmp_path / "one.pt"))
 
 
 def test_a_bad_per_rank_batch_is_an_error_on_every_rank(tmp_path):
