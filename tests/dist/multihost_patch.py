@@ -4,6 +4,7 @@ ring 2 x ulysses 2 equals the unpatched model on one process, the loss and every
 (fp64); the check is tests/python/sp_checks.py's, run here over ranks on two hosts."""
 import os
 import sys
+import traceback
 
 import torch.distributed as dist
 
@@ -19,5 +20,14 @@ try:
     sp_checks.patch_equals_one_process(rank, world, ["qwen2_vl"], ring=2, ulysses=2, placement="zigzag")
     dist.barrier()
     print(f"rank {rank} of {world}: mmsp.patch equals one process", flush=True)
-finally:
-    dist.destroy_process_group()
+except BaseException:
+    traceback.print_exc()
+    code = 1
+else:
+    code = 0
+# No teardown: destroy_process_group raced the peers' own exits once in ten runs (a rank
+# SIGABRT in Gloo after the check had passed everywhere); the barrier above already joined
+# every rank, and the process's end closes the connections.
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(code)
