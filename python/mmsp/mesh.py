@@ -76,7 +76,6 @@ class Mesh:
                              ulysses=self.rank % ulysses)
         self.ring = self.ulysses = self.context = None
         self.device_mesh: Optional["DeviceMesh"] = None  # the torch DeviceMesh it came from, if any
-        self._dp_dims: tuple[str, ...] = ()
         self._fsdp: Optional["DeviceMesh"] = None
         # Every rank creates every subgroup, in one order (torch.distributed.new_group's rule).
         self.world_group: Optional[dist.ProcessGroup] = None  # the torch group (for torch.distributed calls)
@@ -140,7 +139,6 @@ class Mesh:
         U = size[ulysses] if ulysses in sp else 1
         mesh = cls(dp=world // (R * U), ring=R, ulysses=U, timeout=timeout)
         mesh.device_mesh = device_mesh
-        mesh._dp_dims = tuple(others)
         return mesh
 
     def fsdp_mesh(self, replicate: Optional[str] = "dp_replicate") -> "DeviceMesh":
@@ -159,18 +157,16 @@ class Mesh:
             self._fsdp = init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("dp_shard_sp",))
             return self._fsdp
         names: tuple[str, ...] = tuple(dm.mesh_dim_names or ())
+        hsdp = replicate is not None and replicate in names
+        if hsdp and names.index(replicate) != 0:
+            raise ValueError(f"mmsp.Mesh.fsdp_mesh: {replicate!r} must be the DeviceMesh's first dimension "
+                             f"for HSDP (its dimensions: {', '.join(names)})")
         shard = tuple(n for n in names if n != replicate)
         # DeviceMesh._flatten: the folded dimension, as torchtitan makes its dp_shard_cp (no public API yet).
         folded = shard[0] if len(shard) == 1 else "dp_shard_sp"
         if len(shard) > 1:
             dm[shard]._flatten(folded)
-        if replicate is None or replicate not in names:
-            self._fsdp = dm[folded]
-        elif names.index(replicate) != 0:
-            raise ValueError(f"mmsp.Mesh.fsdp_mesh: {replicate!r} must be the DeviceMesh's first dimension "
-                             f"for HSDP (its dimensions: {', '.join(names)})")
-        else:
-            self._fsdp = dm[(replicate, folded)]
+        self._fsdp = dm[(replicate, folded)] if hsdp else dm[folded]  # type: ignore[index]
         return self._fsdp
 
     def global_rank(self, dp: int, ring: int, ulysses: int) -> int:
