@@ -5,7 +5,8 @@
 
   (a) transformers on one process (each sequence through the unpatched model);
   (b) transformers + DeepSpeed's Ulysses (UlyssesSPAttentionHF) on --ranks processes, where
-      deepspeed imports (`make peers` installs it: requirements/peers.txt);
+      deepspeed imports (`make peers` installs it: requirements/peers.txt); (g) the same
+      under ZeRO-3 (deepspeed.initialize), its training state counted;
   (c) transformers patched by mmsp.patch on --ranks processes (ring 2 x ulysses ranks/2);
   (d) `mmsp train` on the same mesh, from the same weights and data;
   (e) (c) sharded with FSDP2 (fully_shard per vision block and decoder layer, then the root,
@@ -173,7 +174,7 @@ def patched_rank(rank, world, model_dir, samples, steps, out, fsdp=False):
     baseline = peak_rss_bytes()
     mesh = mmsp.Mesh(ring=2, ulysses=world // 2)
     mmsp.patch(model, mesh)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 empties p itself
     if fsdp:
         mmsp.fully_shard(model, mesh)
     batch = sp_checks.hf_batch(families.FAMILIES["qwen2_vl"], samples)
@@ -224,7 +225,7 @@ def fsdp_rank(rank, world, model_dir, samples, steps, out):
     model = load(model_dir)
     baseline = peak_rss_bytes()
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 empties p itself
     layers = set(model._no_split_modules)  # as accelerate's FSDP2 plugin wraps: transformers' layer classes
     for m in reversed([m for m in model.modules() if type(m).__name__ in layers]):
         fully_shard(m, mesh=mesh)
@@ -303,13 +304,16 @@ class _SentBytes:
         dist.all_to_all_single, dist.all_gather = all_to_all_single, all_gather
 
 
-def deepspeed_rank(rank, world, model_dir, samples, steps, out):
+def deepspeed_rank(rank, world, model_dir, samples, steps, out, zero3=False):
     """DeepSpeed's Ulysses for transformers (ALST: UlyssesSPAttentionHF, which replaces the
     model's attention function), the way its docs use it, on a VLM. What DeepSpeed leaves to
     the user is written here as a user would: it splits the decoder's sequence only, so every
     rank runs the vision tower on every image (no Vision DP) and the whole sequence's
     embeddings and mRoPE positions before taking its contiguous slice; the vision tower's
-    own attention must bypass the replaced function; the loss is summed over the slices."""
+    own attention must bypass the replaced function; the loss is summed over the slices.
+    zero3: (g) the same under ZeRO-3 (deepspeed.initialize with its sequence-parallel mpu:
+    parameters, gradients and AdamW state partitioned over the ranks), whose reduction
+    averages, so each rank's loss is scaled by the ranks to make the step's sum."""
     import contextlib
 
     import deepspeed
@@ -324,9 +328,18 @@ def deepspeed_rank(rank, world, model_dir, samples, steps, out):
     model = load(model_dir)
     baseline = peak_rss_bytes()
     sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
-    UlyssesSPAttentionHF.register_with_transformers(model, "sdpa", world, micro_batch_size=len(samples),
-                                                    seq_length_is_variable=True)
+    mpu = UlyssesSPAttentionHF.register_with_transformers(model, "sdpa", world, micro_batch_size=len(samples),
+                                                          seq_length_is_variable=True)
     ulysses_sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    engine = None
+    if zero3:
+        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+                           "LOCAL_WORLD_SIZE": str(world)})
+        config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "torch_adam": True}},
+                  "sequence_parallel_size": world}
+        engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters(),
+                                               mpu=mpu)
 
     @contextlib.contextmanager
     def whole_sequence_attention():  # the vision tower: each image whole on every rank
@@ -350,7 +363,7 @@ def deepspeed_rank(rank, world, model_dir, samples, steps, out):
     text = torch.arange(T).view(1, 1, T).expand(1, ids.shape[0], T)
     positions = torch.cat([text, mrope])[:, :, local]  # [4, B, T/P]: 1-D text positions, then t, h, w
     sent = _SentBytes(dist, world)
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())  # ZeRO-3 empties p itself
     times, loss = [], None
     for step in range(steps + 1):
         model.zero_grad(set_to_none=True)
@@ -366,22 +379,65 @@ def deepspeed_rank(rank, world, model_dir, samples, steps, out):
         logits = model.lm_head(hidden)
         ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets[:, local].flatten(),
                                                ignore_index=-100, reduction="sum")
-        (ce / n_targets).backward()
+        if engine is not None:  # ZeRO-3 reduce-scatters the gradients, averaged over the ranks
+            engine.backward(ce / n_targets * world)
+        else:
+            (ce / n_targets).backward()
         sp_bytes = sent.count
-        for p in model.parameters():  # each rank's gradient is its slice's part: their sum is the step's
-            if p.grad is not None:
-                dist.all_reduce(p.grad)
+        if engine is None:
+            for p in model.parameters():  # each rank's gradient is its slice's part: their sum is the step's
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
         total = ce.detach().clone()
         dist.all_reduce(total)
         dist.barrier()
         if step:
             times.append(time.perf_counter() - t)
         loss = total.item() / n_targets
-    grad_bytes = int(2 * (world - 1) / world * n_params * 4)
+        if engine is not None and step < steps:  # no optimizer step in the timed steps (as the other rows)
+            engine.zero_grad()
+    grad_bytes = int((3 if zero3 else 2) * (world - 1) / world * n_params * 4)
+    extra = {}
+    if engine is not None:
+        peak = peak_rss_bytes()
+        norm = zero3_grad_norm(model)
+        engine.step()  # AdamW's state now exists
+        extra = {"state_bytes": zero3_state_bytes(model, engine.optimizer)}
+    else:
+        peak, norm = peak_rss_bytes(), grad_norm(model)
     with open(f"{out}.{rank}", "w") as f:
-        json.dump({"rank": rank, "step_seconds": statistics.median(times), "peak_rss_bytes": peak_rss_bytes(),
+        json.dump({"rank": rank, "step_seconds": statistics.median(times), "peak_rss_bytes": peak,
                    "baseline_rss_bytes": baseline, "sent_bytes": sp_bytes + grad_bytes, "sp_bytes": sp_bytes,
-                   "gradient_bytes": grad_bytes, "loss": loss, "grad_norm": grad_norm(model)}, f)
+                   "gradient_bytes": grad_bytes, "loss": loss, "grad_norm": norm, **extra}, f)
+
+
+def deepspeed_zero3_rank(rank, world, model_dir, samples, steps, out):
+    deepspeed_rank(rank, world, model_dir, samples, steps, out, zero3=True)
+
+
+def zero3_grad_norm(model):
+    """The whole gradient's norm under ZeRO-3 (each parameter's gradient gathered: collective)."""
+    from deepspeed.utils import safe_get_full_grad
+
+    return math.sqrt(sum(float(g.double().pow(2).sum()) for g in (safe_get_full_grad(p) for p in model.parameters())
+                         if g is not None))
+
+
+def zero3_state_bytes(model, optimizer):
+    """What ZeRO-3 holds on a rank: each parameter's partition, the optimizer's fp32 copy of
+    the partitions (kept even when the model is fp32), the gradients' partitions (a flat
+    buffer it keeps between steps) and AdamW's moments."""
+    weights = sum(p.ds_tensor.numel() * p.ds_tensor.element_size() for p in model.parameters())
+    flat = getattr(optimizer, "fp32_partitioned_groups_flat", [])
+    master = sum(f.numel() * f.element_size() for f in flat)
+    buffer = getattr(optimizer, "grad_partitions_flat_buffer", None)  # the gradients' partitions, held throughout
+    grads = buffer.numel() * buffer.element_size() if buffer is not None else \
+        sum(f.grad.numel() * f.grad.element_size() for f in flat if f.grad is not None)
+    inner = getattr(optimizer, "optimizer", optimizer)
+    moments = sum(v.numel() * v.element_size() for st in inner.state.values() for v in st.values()
+                  if torch.is_tensor(v) and v.dim() > 0)
+    return {"weights": weights + master, "gradients": grads, "optimizer": moments,
+            "total": weights + master + grads + moments}
 
 
 def on_ranks(rank_fn, model_dir, samples, steps, world, out, tmp):
@@ -441,6 +497,9 @@ def main():
     else:
         on_ranks(deepspeed_rank, model_dir, samples, a.steps, a.ranks, os.path.join(tmp, "b.json"), tmp)
         rows[f"transformers + DeepSpeed Ulysses, {a.ranks} ranks"] = json.load(open(os.path.join(tmp, "b.json")))
+        on_ranks(deepspeed_zero3_rank, model_dir, samples, a.steps, a.ranks, os.path.join(tmp, "g.json"), tmp)
+        rows[f"transformers + DeepSpeed Ulysses + ZeRO-3, {a.ranks} ranks"] = json.load(
+            open(os.path.join(tmp, "g.json")))
     on_ranks(patched_rank, model_dir, samples, a.steps, a.ranks, os.path.join(tmp, "c.json"), tmp)
     rows[f"transformers + mmsp.patch, {a.ranks} ranks"] = json.load(open(os.path.join(tmp, "c.json")))
     on_ranks(patched_fsdp_rank, model_dir, samples, a.steps, a.ranks, os.path.join(tmp, "e.json"), tmp)
