@@ -330,7 +330,7 @@ def _vision_rows(model, kind, shard, mesh, sources, dtype, device, every_rank_en
 def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
              pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, **ignored):
     state = self._mmsp
-    kind, mesh = state["kind"], state["mesh"]
+    kind, mesh = state["family"].kind, state["mesh"]
     fsdp = _under_fsdp(self)
     _recover_from_failed_backward(state)
     if state["pending"] and getattr(self, "is_gradient_checkpointing", False) and torch.is_grad_enabled():
@@ -522,7 +522,7 @@ def patch(model: Model, mesh: "Mesh", *, layout: str = "zigzag", placement: str 
     _register_attention()
     text._attn_implementation = _ATTENTION  # the decoder only; the vision tower keeps its own
     hooked: Any = model  # the attributes below are mmsp's and accelerate's, not nn.Module's
-    hooked._mmsp = {"kind": family.kind, "family": family, "mesh": mesh, "config": config.to_dict(), "layout": layout,
+    hooked._mmsp = {"family": family, "mesh": mesh, "config": config.to_dict(), "layout": layout,
                    "placement": placement,
                    "params": [],  # from a forward to its backward's end: the weights whose gradients mmsp sums
                    "backward": None,  # while a backward runs: the gradients held from before it
