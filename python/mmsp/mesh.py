@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
 
 import torch.distributed as dist
 
+from mmsp import library
 from mmsp._extension import C
 
 if TYPE_CHECKING:
@@ -100,6 +101,9 @@ class Mesh:
             group = self._new_group(members, f"context[dp={d}]", seconds) if ring * ulysses > 1 else None
             if d == self.coords.dp:
                 self.context = group
+        # The names torch.ops.mmsp's ops take for these groups (a compiled graph holds strings, not groups).
+        self.op_groups: dict[str, str] = {axis: library.group_key(getattr(self, axis))
+                                          for axis in ("ring", "ulysses", "context")}
 
     @classmethod
     def from_device_mesh(cls, device_mesh: "DeviceMesh", *, ring: Optional[str] = "ring",

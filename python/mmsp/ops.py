@@ -4,12 +4,18 @@ Every op takes this rank's slots of a step (a Shard's layout) and the Mesh; ever
 the context group must call the same ops in the same order (they run collectives), also in
 the backward, which autograd does for you. Inputs are checked before the first collective;
 a wrong input is a ValueError naming the value and the rule.
+
+Eager, each op is one LibTorch autograd call. Under torch.compile (dynamo tracing), each goes
+through its torch.library custom op instead (mmsp.library, `torch.ops.mmsp.*`): one node of
+the graph with a fake implementation, whose backward recomputes the attention and Gated
+DeltaNet ops' forward (the results are equal; the compiled step does that work twice).
 """
 
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 
+from mmsp import library  # noqa: F401  (registers torch.ops.mmsp)
 from mmsp._extension import C
 
 if TYPE_CHECKING:
@@ -19,6 +25,10 @@ if TYPE_CHECKING:
 
 def _split_slots(shard: "Shard") -> list[int]:
     return list(shard.split_slots) if shard.split_slots else []
+
+
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shard: "Shard", mesh: "Mesh", *,
@@ -32,6 +42,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shard: "Shard",
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError(f"mmsp.ops.attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
                          "must be [tokens, heads, head_dim]")
+    if _compiling():
+        return torch.ops.mmsp.context_attention(q, k, v, list(shard.segments), list(shard.orders),
+                                                mesh.op_groups["ring"], mesh.op_groups["ulysses"], causal,
+                                                0.0 if scale is None else float(scale), _split_slots(shard))
     C.check_ulysses_heads(q.shape[1], k.shape[1], mesh.ulysses_size)
     return C.context_attention(q, k, v, shard.segments, shard.orders, mesh.ring, mesh.ulysses, causal,
                                0.0 if scale is None else float(scale), _split_slots(shard))
@@ -43,6 +57,9 @@ def gated_delta_conv(x: torch.Tensor, weight: torch.Tensor, shard: "Shard", mesh
 
     The W - 1 tokens before a ring rank's first token of a segment come from the rank that
     holds them (the ring's conv context)."""
+    if _compiling():
+        return torch.ops.mmsp.gated_delta_conv(x, weight, list(shard.segments), list(shard.orders),
+                                               mesh.op_groups["ring"])
     return C.gated_delta_conv(x, weight, shard.segments, shard.orders, mesh.ring)
 
 
@@ -51,20 +68,27 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     """The gated delta rule, chunked, with ring state passing, on this ring rank's whole share
     (with Ulysses > 1: after ulysses_scatter_heads): q, k [T_r, H, K] (L2-normalised),
     v [T_r, H, V], g (log decay <= 0) and beta [T_r, H] -> o [T_r, H, V]."""
+    if _compiling():
+        return torch.ops.mmsp.gated_delta_rule(q, k, v, g, beta, list(shard.segments), list(shard.orders),
+                                               mesh.op_groups["ring"], chunk)
     return C.gated_delta_rule(q, k, v, g, beta, shard.segments, shard.orders, mesh.ring, chunk)
 
 
 def ulysses_scatter_heads(x: torch.Tensor, tokens: Sequence[int], mesh: "Mesh") -> torch.Tensor:
     """[tokens[u], H, F] -> [sum(tokens), H/U, F]: head group p of my tokens to Ulysses rank p."""
-    if mesh.ulysses is None:
+    if mesh.ulysses_size == 1:
         return x
+    if _compiling():
+        return torch.ops.mmsp.ulysses_scatter_heads(x, list(tokens), mesh.op_groups["ulysses"])
     return C.ulysses_scatter_heads(x, list(tokens), mesh.ulysses)
 
 
 def ulysses_gather_heads(y: torch.Tensor, tokens: Sequence[int], mesh: "Mesh") -> torch.Tensor:
     """The inverse of ulysses_scatter_heads."""
-    if mesh.ulysses is None:
+    if mesh.ulysses_size == 1:
         return y
+    if _compiling():
+        return torch.ops.mmsp.ulysses_gather_heads(y, list(tokens), mesh.op_groups["ulysses"])
     return C.ulysses_gather_heads(y, list(tokens), mesh.ulysses)
 
 
@@ -77,4 +101,7 @@ def route_rows(rows: torch.Tensor, shard: "Shard", mesh: "Mesh") -> tuple[torch.
     picked = rows.index_select(0, torch.tensor(send, dtype=torch.long, device=rows.device))
     if mesh.context is None:
         return picked, slots
+    if _compiling():
+        return torch.ops.mmsp.all_to_all_v(picked, [len(d) for d in shard.send], [len(s) for s in shard.recv],
+                                           mesh.op_groups["context"]), slots
     return C.all_to_all_v(picked, [len(d) for d in shard.send], [len(s) for s in shard.recv], mesh.context), slots
