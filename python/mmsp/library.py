@@ -223,7 +223,8 @@ def gated_delta_rule_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tens
                                                    torch.Tensor]:
     """(dq, dk, dv, dg, dbeta) of gated_delta_rule by recomputing it."""
     dq, dk, dv, dg, dbeta = _recomputed_grads(
-        lambda *x: C.gated_delta_rule(*x, segments, orders, _group(ring), chunk), (q, k, v, g, beta), grad)
+        lambda q_, k_, v_, g_, b_: C.gated_delta_rule(q_, k_, v_, g_, b_, segments, orders, _group(ring), chunk),
+        (q, k, v, g, beta), grad)
     return dq, dk, dv, dg, dbeta
 
 

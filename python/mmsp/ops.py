@@ -80,6 +80,7 @@ def ulysses_scatter_heads(x: torch.Tensor, tokens: Sequence[int], mesh: "Mesh") 
         return x
     if _compiling():
         return torch.ops.mmsp.ulysses_scatter_heads(x, list(tokens), mesh.op_groups["ulysses"])
+    assert mesh.ulysses is not None, "a Mesh of Ulysses size > 1 holds its Ulysses group"
     return C.ulysses_scatter_heads(x, list(tokens), mesh.ulysses)
 
 
@@ -89,6 +90,7 @@ def ulysses_gather_heads(y: torch.Tensor, tokens: Sequence[int], mesh: "Mesh") -
         return y
     if _compiling():
         return torch.ops.mmsp.ulysses_gather_heads(y, list(tokens), mesh.op_groups["ulysses"])
+    assert mesh.ulysses is not None, "a Mesh of Ulysses size > 1 holds its Ulysses group"
     return C.ulysses_gather_heads(y, list(tokens), mesh.ulysses)
 
 

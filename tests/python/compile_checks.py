@@ -19,6 +19,21 @@ def _opcheck(op, args, what):
         raise AssertionError(f"{what}: opcheck of {op}: {error}") from error
 
 
+def _same_as_eager(custom, eager, inputs, what):
+    """The custom op and mmsp's eager C++ autograd give the same output and input gradients
+    (its backward recomputes the forward: the same arithmetic, so to the last bit here)."""
+    results = []
+    for call in (custom, eager):
+        leaves = [x.detach().clone().requires_grad_() for x in inputs]
+        out = call(*leaves)
+        weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(99), dtype=out.dtype)
+        (out * weight).sum().backward()
+        results.append([out.detach()] + [x.grad for x in leaves])
+    for i, (a, b) in enumerate(zip(*results)):
+        assert torch.equal(a, b), f"{what}: {'output' if i == 0 else f'gradient of input {i - 1}'} differs " \
+                                  f"from eager mmsp.ops by {(a - b).abs().max().item():.3e}"
+
+
 def ops_pass_opcheck(rank, world):
     """Every op of torch.ops.mmsp passes torch.library.opcheck (schema, fake implementation,
     autograd registration, AOT dispatch with dynamic shapes) on every dp = 1 mesh of the world,
@@ -45,6 +60,10 @@ def ops_pass_opcheck(rank, world):
         split = list(shard.split_slots) if shard.split_slots else []
         _opcheck(torch.ops.mmsp.context_attention.default,
                  (q, k, v, seg, order, names["ring"], names["ulysses"], True, 0.0, split), what)
+        _same_as_eager(lambda q_, k_, v_: torch.ops.mmsp.context_attention(q_, k_, v_, seg, order, names["ring"],
+                                                                           names["ulysses"], True, 0.0, split),
+                       lambda q_, k_, v_: mmsp.ops.attention(q_, k_, v_, shard, mesh), (q, k, v),
+                       f"{what}: context_attention")
         _opcheck(torch.ops.mmsp.context_attention_backward.default,
                  (torch.randn_like(q), q.detach(), k.detach(), v.detach(), seg, order, names["ring"],
                   names["ulysses"], True, 0.0, split), what)
@@ -53,6 +72,8 @@ def ops_pass_opcheck(rank, world):
         tokens = [L] * ulysses
         x = grad(torch.randn(L, 2 * ulysses, 3, dtype=torch.float64))
         _opcheck(torch.ops.mmsp.ulysses_scatter_heads.default, (x, tokens, names["ulysses"]), what)
+        _same_as_eager(lambda x_: torch.ops.mmsp.ulysses_scatter_heads(x_, tokens, names["ulysses"]),
+                       lambda x_: mmsp.ops.ulysses_scatter_heads(x_, tokens, mesh), (x,), f"{what}: scatter_heads")
         y = grad(torch.randn(L * ulysses, 2, 3, dtype=torch.float64))
         _opcheck(torch.ops.mmsp.ulysses_gather_heads.default, (y, tokens, names["ulysses"]), what)
         # Vision DP's rows: rank p sends p + 1 rows to each rank (uneven, none to itself on ring 1).
@@ -67,6 +88,9 @@ def ops_pass_opcheck(rank, world):
             xc = grad(shard.gather(per_sequence(lengths, Ch, seed=5)))
             wc = grad(torch.randn(Ch, W, dtype=torch.float64))
             _opcheck(torch.ops.mmsp.gated_delta_conv.default, (xc, wc, seg, order, names["ring"]), what)
+            _same_as_eager(lambda x_, w_: torch.ops.mmsp.gated_delta_conv(x_, w_, seg, order, names["ring"]),
+                           lambda x_, w_: mmsp.ops.gated_delta_conv(x_, w_, shard, mesh), (xc, wc),
+                           f"{what}: gated_delta_conv")
             qg = grad(F.normalize(shard.gather(per_sequence(lengths, Hg, K, seed=7)), dim=-1))
             kg = grad(F.normalize(shard.gather(per_sequence(lengths, Hg, K, seed=8)), dim=-1))
             vg = grad(shard.gather(per_sequence(lengths, Hg, V, seed=9)))
@@ -74,6 +98,9 @@ def ops_pass_opcheck(rank, world):
             beta = grad(torch.rand(qg.shape[0], Hg, dtype=torch.float64))
             _opcheck(torch.ops.mmsp.gated_delta_rule.default, (qg, kg, vg, g, beta, seg, order, names["ring"], 64),
                      what)
+            _same_as_eager(lambda *x: torch.ops.mmsp.gated_delta_rule(*x, seg, order, names["ring"], 64),
+                           lambda *x: mmsp.ops.gated_delta_rule(*x, shard, mesh), (qg, kg, vg, g, beta),
+                           f"{what}: gated_delta_rule")
 
 
 def compiled_patch_equals_eager(rank, world, family_name, ring, ulysses, backend):
