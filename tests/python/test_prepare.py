@@ -452,3 +452,20 @@ def test_the_command_exit_codes_and_messages(models, folder):
     assert done.returncode == 2 and done.stderr.strip() == "mmsp prepare: error: --max-length 0 must be at least 1"
     done = command("--overflow", "drop")
     assert done.returncode == 2 and "argument --overflow: invalid choice: 'drop'" in done.stderr
+
+
+# --- reasoning traces (Qwen3.5's released template) --------------------------------------------
+
+def test_the_released_qwen3_5_templates_are_unchanged():
+    """tests/python/data/README.md: the chat_template.jinja of Qwen3.5-4B and larger and of
+    Qwen3.5-2B and smaller, as huggingface/trl keeps them (trl/chat_templates/qwen3_5_think.jinja
+    and qwen3_5_nothink.jinja at f2cd57710ae345ea6428ae95363267fcf38a3dc8), byte for byte."""
+    import hashlib
+
+    for name, sha256 in [("qwen3_5_chat_template.jinja",
+                          "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"),
+                         ("qwen3_5_2b_chat_template.jinja",
+                          "273d8e0e683b885071fb17e08d71e5f2a5ddfb5309756181681de4f5a1822d80")]:
+        with open(os.path.join(tiny_models.DATA, name), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == sha256, name
+    assert tiny_models.TEMPLATES["qwen3_5"] == tiny_models.QWEN3_5_TEMPLATE
