@@ -589,6 +589,8 @@ def bad_reasoning():
         (one("<think>x</think>A</think> cat."), 'turn 1: 1 "<think>" and 2 "</think>" in the text'),
         (one("<think>x A cat."), 'turn 1: 1 "<think>" and 0 "</think>" in the text'),
         (one("x</think>A <think>cat."), 'turn 1: "<think>" after "</think>" in the text'),
+        (one("A cat.", reasoning_content="It purrs.<|im_end|>"),
+         "turn 1 (assistant) contains the template's end-of-turn marker <|im_end|>"),
     ]
 
 

@@ -101,7 +101,8 @@ class AssistantSpans:
         for k, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            if closer and any(closer in p.get("text", "") for p in message["content"]):
+            texts = [p.get("text", "") for p in message["content"]] + [message.get("reasoning_content") or ""]
+            if closer and any(closer in t for t in texts):
                 raise BadSample(f"turn {k} (assistant) contains the template's end-of-turn marker {closer}")
             prompt = self.render(messages[:k], add_generation_prompt=True)
             start = _common_prefix(prompt, text)
