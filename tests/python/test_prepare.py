@@ -108,10 +108,8 @@ def expected_targets(family, messages):
         # Its {% generation %} block is content['text'] + ' ', and Llama's tokenizer puts a
         # blank with the word after it: only the last turn's, at the end, is a token of its own.
         return answers[:-1] + [answers[-1] + " "]
-    if family == "qwen3_5":
-        # The last turn follows the last user turn, so it carries the think block; the
-        # generation prompt ends with "<think>\n", so the model writes the rest.
-        return [a + "<|im_end|>" for a in answers[:-1]] + ["\n</think>\n\n" + answers[-1] + "<|im_end|>"]
+    # (Qwen3.5's last turn follows the last user turn, so its template writes an empty think
+    # block there, which --empty-think mask, the default, leaves out of the targets.)
     return [a + "<|im_end|>" for a in answers]
 
 
@@ -452,3 +450,174 @@ def test_the_command_exit_codes_and_messages(models, folder):
     assert done.returncode == 2 and done.stderr.strip() == "mmsp prepare: error: --max-length 0 must be at least 1"
     done = command("--overflow", "drop")
     assert done.returncode == 2 and "argument --overflow: invalid choice: 'drop'" in done.stderr
+
+
+# --- reasoning traces (Qwen3.5's released template) --------------------------------------------
+
+def test_the_released_qwen3_5_templates_are_unchanged():
+    """tests/python/data/README.md: the chat_template.jinja of Qwen3.5-4B and larger and of
+    Qwen3.5-2B and smaller, as huggingface/trl keeps them (trl/chat_templates/qwen3_5_think.jinja
+    and qwen3_5_nothink.jinja at f2cd57710ae345ea6428ae95363267fcf38a3dc8), byte for byte."""
+    import hashlib
+
+    for name, sha256 in [("qwen3_5_chat_template.jinja",
+                          "a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715"),
+                         ("qwen3_5_2b_chat_template.jinja",
+                          "273d8e0e683b885071fb17e08d71e5f2a5ddfb5309756181681de4f5a1822d80")]:
+        with open(os.path.join(tiny_models.DATA, name), "rb") as f:
+            assert hashlib.sha256(f.read()).hexdigest() == sha256, name
+    assert tiny_models.TEMPLATES["qwen3_5"] == tiny_models.QWEN3_5_TEMPLATE
+
+
+def with_reasoning(question, answer, reasoning):
+    """A record's turn pair and transformers' messages for it: reasoning given as
+    "reasoning_content"."""
+    return ([{"role": "user", "content": question},
+             {"role": "assistant", "content": answer, "reasoning_content": reasoning}],
+            [user(text(question)), dict(assistant(answer), reasoning_content=reasoning)])
+
+
+def reasoning_cases():
+    """(record, transformers' messages, what the targets decode to, reasoning the template drops)."""
+    q, a, r = "What is this?", "A cat.", "It purrs."
+    block = f"<think>\n{r}\n</think>\n\n{a}"
+    last = f"{r}\n</think>\n\n{a}<|im_end|>"  # the generation prompt ends with "<think>\n"
+    turns, messages = with_reasoning(q, a, r)
+    later, later_messages = with_reasoning("And this?", "A dog.", "It barks.")
+    return [
+        # "reasoning_content", as OpenAI-style exports and ms-swift / LLaMA-Factory data carry it.
+        ({"messages": turns}, messages, [last], None),
+        # The same reasoning inline: the template renders both alike.
+        ({"messages": [turns[0], {"role": "assistant", "content": block}]},
+         [user(text(q)), assistant(block)], [last], None),
+        # A model's raw output, whose "<think>" was the prompt's.
+        ({"messages": [turns[0], {"role": "assistant", "content": f"{r}\n</think>\n\n{a}"}]},
+         [user(text(q)), assistant(f"{r}\n</think>\n\n{a}")], [last], None),
+        # LLaVA format: inline, and as "reasoning_content" beside "value".
+        ({"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": block}]},
+         [user(text(q)), assistant(block)], [last], None),
+        ({"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a, "reasoning_content": r}]},
+         messages, [last], None),
+        # Two rounds: the template drops the first answer's reasoning (it precedes the last user
+        # turn), so only the answer is learnt there.
+        ({"messages": turns + later}, messages + later_messages,
+         [f"{a}<|im_end|>", "It barks.\n</think>\n\nA dog.<|im_end|>"], r),
+        # Two answers after the last user turn: both keep their reasoning.
+        ({"messages": turns + later[1:]}, messages + later_messages[1:],
+         [last, "It barks.\n</think>\n\nA dog.<|im_end|>"], None),
+    ]
+
+
+@pytest.mark.parametrize("flags", [(), ("--enable-thinking", "on"), ("--enable-thinking", "off")])
+def test_reasoning_tokens_and_targets_match_the_released_template(capsys, models, folder, flags):
+    """Token ids: apply_chat_template(..., tokenize=True) of the released Qwen3.5 template, with
+    enable_thinking when the flag is given. Targets: the reasoning and answer of every turn the
+    template keeps reasoning for, the answer alone of earlier turns, whatever --enable-thinking
+    (it changes only the generation prompt, which ends in "<think>\n" both ways once a turn
+    has reasoning)."""
+    model_dir, processor = models["qwen3_5"]
+    kwargs = {"enable_thinking": flags[1] == "on"} if flags else {}
+    entries = reasoning_cases()
+    rc, rows, err, _ = run(capsys, model_dir, folder, [r for r, _, _, _ in entries], *flags)
+    assert rc == 0, err
+    for k, (row, (_, messages, expected, dropped)) in enumerate(zip(rows, entries)):
+        reference = processor.apply_chat_template(copy.deepcopy(messages), tokenize=True, return_dict=True, **kwargs)
+        assert row["input_ids"] == list(reference["input_ids"][0]), k
+        rendered = processor.apply_chat_template(copy.deepcopy(messages), tokenize=False, **kwargs)
+        targets = [processor.tokenizer.decode(r) for r in runs(row["input_ids"], row["loss_mask"])]
+        assert targets == expected, k
+        assert all(t in rendered for t in targets)  # nothing learnt that is not in the sequence
+        if dropped:
+            assert dropped not in rendered and not any(dropped in t for t in targets)
+    # Inline or beside, the same sample.
+    assert rows[0] == rows[1] == rows[2] == rows[3] == rows[4]
+
+
+@pytest.mark.parametrize("size", ["4b", "2b"])
+def test_empty_think_blocks(capsys, models, folder, tmp_path, size):
+    """A turn without reasoning gets the template's empty think block. --empty-think mask (the
+    default) leaves it out of the targets; train teaches the model to close it at once, save
+    what the generation prompt holds: with enable_thinking false (Qwen3.5-2B's default) the
+    prompt holds the whole block, so it is never a target."""
+    if size == "4b":
+        model_dir, processor = models["qwen3_5"]
+        thinking_by_default = True
+    else:
+        model_dir = str(tmp_path / "qwen3_5-2b")
+        processor = tiny_models.build("qwen3_5", model_dir, tiny_models.QWEN3_5_SMALL_TEMPLATE)
+        thinking_by_default = False
+    record = {"messages": [{"role": "user", "content": "What is this?"}, {"role": "assistant", "content": "A cat."},
+                           {"role": "user", "content": "And this?"}, {"role": "assistant", "content": "A dog."}]}
+    messages = [user(text("What is this?")), assistant("A cat."), user(text("And this?")), assistant("A dog.")]
+    rendered = processor.apply_chat_template(copy.deepcopy(messages), tokenize=False)
+    assert rendered.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\nA dog.<|im_end|>\n")
+    reference = list(processor.apply_chat_template(copy.deepcopy(messages), tokenize=True)[0])
+    for empty, thinking, last in [
+            (None, None, "A dog.<|im_end|>"),
+            ("mask", "on", "A dog.<|im_end|>"),
+            ("mask", "off", "A dog.<|im_end|>"),
+            ("train", None, "\n</think>\n\nA dog.<|im_end|>" if thinking_by_default else "A dog.<|im_end|>"),
+            ("train", "on", "\n</think>\n\nA dog.<|im_end|>"),
+            ("train", "off", "A dog.<|im_end|>")]:
+        flags = (("--empty-think", empty) if empty else ()) + (("--enable-thinking", thinking) if thinking else ())
+        rc, rows, err, _ = run(capsys, model_dir, folder, [record], *flags)
+        assert rc == 0, err
+        assert rows[0]["input_ids"] == reference, flags  # the full render ignores enable_thinking
+        targets = [processor.tokenizer.decode(r) for r in runs(rows[0]["input_ids"], rows[0]["loss_mask"])]
+        assert targets == ["A cat.<|im_end|>", last], flags
+
+
+def bad_reasoning():
+    """(record, what the error must say)."""
+    def one(answer, **fields):
+        return {"messages": [{"role": "user", "content": "What is this?"},
+                             {"role": "assistant", "content": answer, **fields}]}
+
+    return [
+        ({"messages": [{"role": "user", "content": "Hi", "reasoning_content": "x"},
+                       {"role": "assistant", "content": "A."}]},
+         'turn 0 (user): "reasoning_content" belongs in assistant turns'),
+        ({"conversations": [{"from": "system", "value": "Be brief.", "reasoning_content": "x"},
+                            {"from": "human", "value": "Hi"}, {"from": "gpt", "value": "A."}]},
+         'turn 0 (system): "reasoning_content" belongs in assistant turns'),
+        (one("A cat.", reasoning_content=3), 'turn 1: "reasoning_content" must be a string, not a number'),
+        (one("A cat.", reasoning_content=["x"]), 'turn 1: "reasoning_content" must be a string, not a list'),
+        (one("<think>x</think>A cat.", reasoning_content="y"),
+         'turn 1: both "reasoning_content" and <think> in the text: give the reasoning once'),
+        (one("A cat.", reasoning_content="<think>x"), 'turn 1: "reasoning_content" contains "<think>"'),
+        (one("Sure. <think>x</think>A cat."), 'turn 1: text before "<think>" ("Sure."): the template drops it'),
+        (one("<think>x</think>A</think> cat."), 'turn 1: 1 "<think>" and 2 "</think>" in the text'),
+        (one("<think>x A cat."), 'turn 1: 1 "<think>" and 0 "</think>" in the text'),
+        (one("x</think>A <think>cat."), 'turn 1: "<think>" after "</think>" in the text'),
+        (one("A cat.", reasoning_content="It purrs.<|im_end|>"),
+         "turn 1 (assistant) contains the template's end-of-turn marker <|im_end|>"),
+    ]
+
+
+def test_bad_reasoning_is_named_by_line_turn_and_value(capsys, models, folder):
+    model_dir, _ = models["qwen3_5"]
+    entries = bad_reasoning()
+    for record, message in entries:
+        rc, _, err, path = run(capsys, model_dir, folder, [record])
+        assert rc == 2 and not os.path.exists(folder / "out.jsonl"), message
+        assert err.startswith(f"mmsp prepare: error: {path}:1: {message}"), err
+    # Null is no reasoning (OpenAI-style exports write it so).
+    good = {"messages": [{"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": "A.", "reasoning_content": None}]}
+    rc, rows, err, path = run(capsys, model_dir, folder, [good] + [r for r, _ in entries], "--skip-bad")
+    assert rc == 0 and len(rows) == 1, err
+    for line, (_, message) in enumerate(entries, start=2):
+        assert f"{path}:{line}: {message}" in err
+
+
+def test_enable_thinking_needs_a_template_that_reads_it(capsys, models, folder):
+    model_dir, _ = models["qwen3_vl"]
+    record = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "A."}]}
+    rc, _, err, _ = run(capsys, model_dir, folder, [record], "--enable-thinking", "off")
+    assert rc == 2 and err.strip() == (
+        "mmsp prepare: error: --enable-thinking off: the model directory's chat template does not read "
+        "enable_thinking, so the flag would change nothing; leave it out")
+    # --empty-think changes nothing for a template that writes no think block.
+    _, plain, _, _ = run(capsys, model_dir, folder, [record])
+    _, trained, _, _ = run(capsys, model_dir, folder, [record], "--empty-think", "train")
+    assert plain == trained

@@ -2,8 +2,9 @@
 
 Each family gets what a released model directory holds for its processor: a tokenizer trained
 here in milliseconds (the family's special tokens, ids as the trainer gives them), the family's
-image processor with small sizes, a chat template modelled on the released one, and a
-config.json from configs/tiny-<family>.json with the token ids rewritten to the tokenizer's.
+image processor with small sizes, a chat template (Qwen3.5's: the released text, in data/; the
+others modelled on the released ones), and a config.json from configs/tiny-<family>.json with
+the token ids rewritten to the tokenizer's.
 
 `build(family, folder)` returns the in-memory processor: the tests' reference. It is
 transformers' own processor class; only when torchvision is missing (transformers' video
@@ -105,52 +106,21 @@ QWEN3_VL_TEMPLATE = (
 """
 )
 
-# Qwen/Qwen3.5 (a thinking model; tools left out): assistant turns after the last user
-# turn carry a <think> block, earlier ones do not, and the generation prompt opens one. So a
-# turn renders differently depending on what follows it: the hard case for finding the
-# assistant spans without markers.
-QWEN3_5_TEMPLATE = (
-    "{%- set image_count = namespace(value=0) %}\n{%- set video_count = namespace(value=0) %}\n"
-    + _QWEN3_RENDER_CONTENT
-    + """{%- if messages[0].role == 'system' %}
-    {{- '<|im_start|>system\\n' + render_content(messages[0].content, false) + '<|im_end|>\\n' }}
-{%- endif %}
-{%- set ns = namespace(found=false, last_query_index=messages|length - 1) %}
-{%- for message in messages[::-1] %}
-    {%- set index = (messages|length - 1) - loop.index0 %}
-    {%- if not ns.found and message.role == "user" %}
-        {%- set ns.found = true %}
-        {%- set ns.last_query_index = index %}
-    {%- endif %}
-{%- endfor %}
-{%- for message in messages %}
-    {%- set content = render_content(message.content, true) %}
-    {%- if message.role == "user" or (message.role == "system" and not loop.first) %}
-        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>' + '\\n' }}
-    {%- elif message.role == "assistant" %}
-        {%- set reasoning_content = '' %}
-        {%- if '</think>' in content %}
-            {%- set reasoning_content = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
-            {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
-        {%- endif %}
-        {%- if loop.index0 > ns.last_query_index %}
-            {{- '<|im_start|>' + message.role + '\\n<think>\\n' + reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
-        {%- else %}
-            {{- '<|im_start|>' + message.role + '\\n' + content }}
-        {%- endif %}
-        {{- '<|im_end|>\\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' }}
-    {%- if enable_thinking is defined and enable_thinking is false %}
-        {{- '<think>\\n\\n</think>\\n\\n' }}
-    {%- else %}
-        {{- '<think>\\n' }}
-    {%- endif %}
-{%- endif %}
-"""
-)
+# Qwen/Qwen3.5: the released template itself, not a model of it (a thinking model: assistant
+# turns after the last user turn carry a <think> block, earlier ones do not, and the generation
+# prompt opens one; so a turn renders differently depending on what follows it, the hard case for
+# finding the assistant spans without markers). data/README.md says where the two files come from.
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+
+
+def released_template(name):
+    with open(os.path.join(DATA, name), encoding="utf-8") as f:
+        return f.read()
+
+
+# Qwen3.5-4B and larger: thinking by default; Qwen3.5-2B and smaller: not (enable_thinking=true turns it on).
+QWEN3_5_TEMPLATE = released_template("qwen3_5_chat_template.jinja")
+QWEN3_5_SMALL_TEMPLATE = released_template("qwen3_5_2b_chat_template.jinja")
 
 # llava-hf/llava-1.5-7b-hf: images first, then text; assistant text inside generation markers.
 LLAVA_TEMPLATE = (
@@ -253,7 +223,7 @@ def _image_only(cls):
     return type(cls.__name__, (cls,), {"get_attributes": get_attributes, "__module__": cls.__module__})
 
 
-def _qwen_processor(family, tokenizer):
+def _qwen_processor(family, tokenizer, template):
     import transformers
     patch = 16 if family in ("qwen3_vl", "qwen3_5") else 14
     factor = patch * 2
@@ -273,8 +243,8 @@ def _qwen_processor(family, tokenizer):
                      else transformers.Qwen2VLVideoProcessor)
         video_processor = video_cls(**kwargs)
         return cls(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
-                   chat_template=TEMPLATES[family])
-    return cls(image_processor=image_processor, tokenizer=tokenizer, chat_template=TEMPLATES[family])
+                   chat_template=template)
+    return cls(image_processor=image_processor, tokenizer=tokenizer, chat_template=template)
 
 
 def _llava_processor(tokenizer, config):
@@ -329,8 +299,9 @@ def _config(family, tokenizer):
     return config
 
 
-def build(family, folder):
-    """Writes a tiny model directory for `family` into `folder`; returns the in-memory processor."""
+def build(family, folder, template=None):
+    """Writes a tiny model directory for `family` into `folder`; returns the in-memory processor.
+    `template`: a Qwen family's chat template other than its own."""
     tokenizer = _tokenizer(family)
     config = _config(family, tokenizer)
     if family == "llava":
@@ -338,7 +309,7 @@ def build(family, folder):
     elif family == "internvl":
         processor = _internvl_processor(tokenizer, config)
     else:
-        processor = _qwen_processor(family, tokenizer)
+        processor = _qwen_processor(family, tokenizer, template or TEMPLATES[family])
     os.makedirs(folder, exist_ok=True)
     processor.save_pretrained(folder)
     with open(os.path.join(folder, "config.json"), "w") as f:

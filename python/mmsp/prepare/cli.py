@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 
-from . import formats, overflow, writer
+from . import formats, overflow, reasoning, writer
 from .errors import PrepareError
 from .run import MAX_RECORD_BYTES, Options, prepare
 from .train_bounds import MAX_IMAGE_PIXELS
@@ -47,6 +47,12 @@ def parser():
     p.add_argument("--max-image-pixels", type=int, default=MAX_IMAGE_PIXELS, metavar="N",
                    help="width x height of one image file at most, from its header before decoding; mmsp train's "
                         f"flag, the same default ({MAX_IMAGE_PIXELS})")
+    p.add_argument("--enable-thinking", choices=("on", "off"),
+                   help="passed to the chat template as enable_thinking (default: the template's own default); "
+                        "an error for a template that does not read it")
+    p.add_argument("--empty-think", choices=reasoning.EMPTY_THINK, default="mask",
+                   help="a turn rendered with an empty think block (no reasoning): mask leaves the block out of the "
+                        "targets, train makes the model learn to close it at once (default mask)")
     return p
 
 
@@ -79,7 +85,9 @@ def main(argv=None):
         options = Options(model=args.model, input=args.input, output=args.output, max_length=args.max_length,
                           overflow=args.overflow, skip_bad=args.skip_bad, format=args.format,
                           image_root=args.image_root, video_fps=args.video_fps,
-                          max_record_bytes=args.max_record_bytes, max_image_pixels=args.max_image_pixels)
+                          max_record_bytes=args.max_record_bytes, max_image_pixels=args.max_image_pixels,
+                          enable_thinking=None if args.enable_thinking is None else args.enable_thinking == "on",
+                          empty_think=args.empty_think)
         summary = prepare(options, report)
     except PrepareError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

@@ -1,11 +1,12 @@
 """One sample through transformers' processor: a `Chat` (media decoded) → token ids, each token's
 characters, the rendered prompt and where each vision placeholder went.
 
-The token ids are exactly `processor.apply_chat_template(messages, tokenize=True)`'s: the
-processor renders the template, expands every image / video placeholder to the count its
-image processor gives for that item's size, and tokenizes. Only two things are asked of it on
-top: each token's characters (`return_offsets_mapping`) and each expansion's place
-(`return_text_replacement_offsets`), which the loss mask and the vision blocks need.
+The token ids are exactly `processor.apply_chat_template(messages, tokenize=True)`'s (with
+`enable_thinking=` when --enable-thinking is given): the processor renders the template, expands
+every image / video placeholder to the count its image processor gives for that item's size,
+and tokenizes. Only two things are asked of it on top: each token's characters
+(`return_offsets_mapping`) and each expansion's place (`return_text_replacement_offsets`), which
+the loss mask and the vision blocks need.
 """
 from dataclasses import dataclass
 
@@ -49,11 +50,15 @@ def hf_messages(chat, root, model, max_pixels):
                 content.append({"type": "video", "video": decoded})
                 videos.append(frames)
         messages.append({"role": message.role, "content": content})
+        if message.reasoning is not None:
+            messages[-1]["reasoning_content"] = message.reasoning  # the key the released templates read
     return messages, images, videos
 
 
-def encode(model, messages, videos, video_fps):
-    """Tokenizes a conversation with the processor; `videos` (frame lists) only sizes the metadata."""
+def encode(model, messages, videos, video_fps, template_kwargs=None):
+    """Tokenizes a conversation with the processor; `videos` (frame lists) only sizes the metadata;
+    `template_kwargs` go to the chat template (enable_thinking)."""
+    template_kwargs = template_kwargs or {}
     kwargs = {"return_offsets_mapping": True, "return_text_replacement_offsets": True}
     if videos:
         # The frames are the video as the user cut it: no resampling, and they were taken at
@@ -62,9 +67,9 @@ def encode(model, messages, videos, video_fps):
             {"total_num_frames": len(f), "fps": video_fps, "frames_indices": list(range(len(f))),
              "duration": len(f) / video_fps} for f in videos])
     try:
-        prompt = model.processor.apply_chat_template(messages, tokenize=False)
+        prompt = model.processor.apply_chat_template(messages, tokenize=False, **template_kwargs)
         out = model.processor.apply_chat_template(messages, tokenize=True, return_dict=True,
-                                                  processor_kwargs=kwargs)
+                                                  processor_kwargs=kwargs, **template_kwargs)
     except PrepareError:
         raise
     except Exception as e:  # the template's raise_exception, a size the image processor refuses...

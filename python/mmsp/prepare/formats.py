@@ -9,12 +9,17 @@ Formats (docs/prepare.md):
   `<image>` / `<video>` markers and top-level `"images"` / `"videos"`;
 - `text`: `{"text": "..."}`, every token a target.
 
+An assistant turn may carry its reasoning: `"reasoning_content"` beside its text, or a
+`<think>...</think>` block opening the text (reasoning.py checks both).
+
 Nothing here touches a file: media sources stay as the record gives them (media.py resolves
 and loads them).
 """
 import re
 from dataclasses import dataclass, field
+from typing import Optional
 
+from . import reasoning
 from .errors import BadSample
 
 FORMATS = ("auto", "llava", "messages", "text")
@@ -39,6 +44,7 @@ class Part:
 class Message:
     role: str
     parts: list = field(default_factory=list)
+    reasoning: Optional[str] = None  # "reasoning_content", passed to the template as it is
 
 
 @dataclass
@@ -123,7 +129,7 @@ def _llava_turn(i, turn):
     value = turn.get("value", turn.get("content"))
     if not isinstance(value, str):
         raise BadSample(f'turn {i}: "value" must be a string, not {_type(value)}')
-    return Message(role, _with_markers(value))
+    return Message(role, _with_markers(value), reasoning.read(i, role, turn, value))
 
 
 def _message(i, message):
@@ -132,7 +138,7 @@ def _message(i, message):
     role = _role(i, message.get("role"))
     content = message.get("content")
     if isinstance(content, str):
-        return Message(role, _with_markers(content))
+        return Message(role, _with_markers(content), reasoning.read(i, role, message, content))
     if not isinstance(content, list):
         raise BadSample(f'turn {i}: "content" must be a string or a list of parts, not {_type(content)}')
     parts = []
@@ -157,7 +163,8 @@ def _message(i, message):
             parts.append(Part("video", source=part.get("video", part.get("path"))))
         else:
             raise BadSample(f"turn {i} part {j}: unknown content type {_show(kind)} (expected text, image or video)")
-    return Message(role, parts)
+    text = "".join(p.text for p in parts if p.kind == "text")  # what the template joins and reads
+    return Message(role, parts, reasoning.read(i, role, message, text))
 
 
 def _with_markers(text):

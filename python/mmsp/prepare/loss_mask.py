@@ -5,14 +5,19 @@ InternVL's), so the assistant spans are found from the template itself, by rende
 
 - a turn starts where the conversation up to it, rendered with the generation prompt, stops
   agreeing with the whole conversation rendered: what the model would be asked to write from
-  there on is what it learns (so a thinking template's `</think>` after its `<think>` prompt is
-  learnt too, as the model must write it);
+  there on is what it learns. For a thinking template (Qwen3.5's), whose generation prompt ends
+  in `<think>\\n`, that is the reasoning, `</think>` and the answer of a turn the template renders
+  with its think block; with `enable_thinking=False` the prompt holds an empty block;
+- a turn the template renders with an empty think block (no reasoning) starts after the block
+  with `--empty-think mask` (the default): the block is no target; with `train` the part of it
+  past the generation prompt is (`\\n</think>\\n\\n`: the model learns to close the block at once);
 - it ends after the template's end-of-turn marker (`<|im_end|>`), found once by rendering a
   probe conversation: the text that follows an assistant answer up to the next whitespace.
   A template with no such marker (LLaVA-1.5's) ends the turn where the conversation rendered up
   to it ends, which needs the turn to render the same whether or not it is last.
 
-A template with `{% generation %}` markers is trusted instead: its marked spans are the targets.
+A template with `{% generation %}` markers is trusted instead: its marked spans are the targets
+(less an empty think block with `--empty-think mask`).
 
 Spans are character ranges of the rendered prompt; `token_mask` moves them past the processor's
 placeholder expansion and marks every token that overlaps one.
@@ -27,10 +32,15 @@ _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _PROBE_QUESTION = "mmsp probe question"
 _PROBE_ANSWER = "mmsp probe answer"
 
+# The think block a template writes for a turn without reasoning (Qwen3.5's "<think>\n\n</think>\n\n").
+_EMPTY_THINK = re.compile(r"<think>\s*</think>\s*")
+
 
 class AssistantSpans:
-    def __init__(self, processor):
+    def __init__(self, processor, template_kwargs=None, empty_think="mask"):
         self.processor = processor
+        self.template_kwargs = template_kwargs or {}  # enable_thinking, for every rendering
+        self.empty_think = empty_think
         template = processor.chat_template
         if isinstance(template, dict):
             template = template.get("default")
@@ -44,7 +54,8 @@ class AssistantSpans:
     def render(self, messages, add_generation_prompt=False):
         try:
             return self.processor.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt)
+                                                      add_generation_prompt=add_generation_prompt,
+                                                      **self.template_kwargs)
         except Exception as e:  # the template's raise_exception on a prefix of the conversation
             raise BadSample(f"the chat template refused the conversation's first {len(messages)} turns: "
                             f"{type(e).__name__}: {e}") from None
@@ -68,16 +79,17 @@ class AssistantSpans:
 
     def spans(self, messages, text):
         """Character spans of `text` (the whole conversation rendered) that are assistant output."""
-        if self.marked:
-            return self._marked_spans(messages, text)
-        return self._rendered_spans(messages, text)
+        spans = self._marked_spans(messages, text) if self.marked else self._rendered_spans(messages, text)
+        if self.empty_think == "mask":
+            spans = [(_past_empty_think(text, s, e), e) for s, e in spans]
+        return [(s, e) for s, e in spans if e > s]
 
     def _marked_spans(self, messages, text):
         from transformers.utils.chat_template_utils import render_jinja_template
 
         rendered, indices = render_jinja_template(
             conversations=[messages], chat_template=self.template, return_assistant_tokens_mask=True,
-            **self.processor.tokenizer.special_tokens_map)
+            **self.processor.tokenizer.special_tokens_map, **self.template_kwargs)
         if rendered[0] != text:
             raise PrepareError("the chat template renders the same conversation differently twice")
         return [(s, e) for s, e in indices[0] if e > s]
@@ -89,7 +101,8 @@ class AssistantSpans:
         for k, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            if closer and any(closer in p.get("text", "") for p in message["content"]):
+            texts = [p.get("text", "") for p in message["content"]] + [message.get("reasoning_content") or ""]
+            if closer and any(closer in t for t in texts):
                 raise BadSample(f"turn {k} (assistant) contains the template's end-of-turn marker {closer}")
             prompt = self.render(messages[:k], add_generation_prompt=True)
             start = _common_prefix(prompt, text)
@@ -149,6 +162,16 @@ def token_mask(spans, offsets, replacements, prompt):
         if s <= a and b <= e or prompt[max(a, s) - g:min(b, e) - g].strip():
             mask[i] = 1
     return mask
+
+
+def _past_empty_think(text, start, end):
+    """`start` moved past the empty think block it lies in (or opens), if any, but not past `end`."""
+    at = text.rfind("<think>", 0, start + len("<think>"))
+    if at >= 0:
+        block = _EMPTY_THINK.match(text, at)
+        if block and at <= start < block.end():
+            return min(block.end(), end)
+    return start
 
 
 def _common_prefix(a, b):

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import conversation, formats, grids, loss_mask, model as model_dir, overflow, reader, writer
+from . import conversation, formats, grids, loss_mask, model as model_dir, overflow, reader, reasoning, writer
 from .errors import BadSample, PrepareError
 from .train_bounds import INT32_MAX, MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_BOUND, MAX_SECONDS_PER_GRID
 
@@ -31,6 +31,8 @@ class Options:
     video_fps: float = 2.0
     max_record_bytes: int = MAX_RECORD_BYTES
     max_image_pixels: int = MAX_IMAGE_PIXELS
+    enable_thinking: Optional[bool] = None  # None: the chat template's own default
+    empty_think: str = "mask"
 
 
 @dataclass
@@ -60,6 +62,8 @@ def check(options):
         raise PrepareError(f"--max-length {options.max_length} must be at least 1")
     if not options.video_fps > 0 or options.video_fps == float("inf"):
         raise PrepareError(f"--video-fps {options.video_fps} must be a finite number above 0")
+    if options.empty_think not in reasoning.EMPTY_THINK:
+        raise PrepareError(f"--empty-think {options.empty_think} is not one of {', '.join(reasoning.EMPTY_THINK)}")
     if options.max_record_bytes < 1:
         raise PrepareError(f"--max-record-bytes {options.max_record_bytes} must be at least 1")
     if not 1 <= options.max_image_pixels <= MAX_IMAGE_PIXELS_BOUND:
@@ -84,6 +88,7 @@ def prepare(options, report):
     """`report(message)` is told each skipped record as it is skipped."""
     check(options)
     model = model_dir.load(options.model)
+    reasoning.check_template(model.processor, options.enable_thinking)
     root = os.path.abspath(options.image_root or os.path.dirname(os.path.abspath(options.input)))
     spans = None  # the chat template's assistant spans, made at the first conversation
     try:
@@ -98,7 +103,8 @@ def prepare(options, report):
                     raise record
                 sample = formats.parse(record, options.format)
                 if isinstance(sample, formats.Chat) and spans is None:
-                    spans = loss_mask.AssistantSpans(model.processor)
+                    spans = loss_mask.AssistantSpans(
+                        model.processor, reasoning.template_kwargs(options.enable_thinking), options.empty_think)
                 out.write(_row(out, model, sample, spans, root, options))
             except BadSample as e:
                 message = f"{options.input}:{line}: {e}"
@@ -120,7 +126,8 @@ def _row(out, model, sample, spans, root, options):
         mask, blocks, images, videos, enc = [1] * len(ids), [], [], [], None
     else:
         messages, images, videos = conversation.hf_messages(sample, root, model, options.max_image_pixels)
-        enc = conversation.encode(model, messages, videos, options.video_fps)
+        enc = conversation.encode(model, messages, videos, options.video_fps,
+                                  reasoning.template_kwargs(options.enable_thinking))
         mask = loss_mask.token_mask(spans.spans(messages, enc.prompt), enc.offsets, enc.replacements, enc.prompt)
         if not any(mask):
             raise BadSample("no target token: the assistant turns are empty")
