@@ -19,10 +19,12 @@ VENV       ?= .venv
 # includes Gloo's, which the wheel does not ship. python3-venv: Debian's python3 makes
 # no venv without it. python3-dev: Python's headers, for the `mmsp` package's extension.
 # openmpi-bin and iproute2: the two-host tests (tests/dist/multihost.sh) start ranks with
-# OpenMPI's mpirun, as docs/launcher.md's recipe, between network namespaces.
+# OpenMPI's mpirun, as docs/launcher.md's recipe, between network namespaces. FFmpeg's -dev
+# packages (found by pkg-config): mmsp train decodes video files (train/data/video_file.h).
 DEB_PACKAGES := cmake ninja-build g++ ccache libgloo-dev nlohmann-json3-dev \
                 libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libstb-dev libjpeg-dev python3-venv \
-                python3-dev openmpi-bin iproute2
+                python3-dev openmpi-bin iproute2 \
+                pkg-config libavformat-dev libavcodec-dev libavfilter-dev libswscale-dev libavutil-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # WERROR=OFF builds with a compiler whose new warnings the code has not met yet.

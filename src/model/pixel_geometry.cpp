@@ -18,4 +18,21 @@ at::Tensor normalize_pixels(const at::Tensor& x, int64_t channel_dim, const Pixe
   return (x.to(at::kFloat) - mean) / std;
 }
 
+at::Tensor normalize_pixels_fused(const at::Tensor& x, int64_t channel_dim, const PixelNorm& norm) {
+  const int64_t c = x.size(channel_dim);
+  MMSP_CHECK(c >= 1 && c <= 3, "normalize_pixels_fused: ", c, " channels in dim ", channel_dim, " of ", x.sizes(),
+             " (mmsp's pixel pipeline handles 1 to 3 channels)");
+  std::vector<int64_t> shape(x.dim(), 1);
+  shape[channel_dim] = c;
+  // torch.tensor(mean) (float32) * (1 / rescale_factor): a float32 product with 255.
+  const auto scaled = [&](const std::array<double, 3>& v) {
+    return (at::tensor(std::vector<double>(v.begin(), v.begin() + c)).to(at::kFloat) * 255.0f).view(shape);
+  };
+  return (x.to(at::kFloat) - scaled(norm.mean)) / scaled(norm.std);
+}
+
+at::Tensor PixelGeometry::video_pixels(const at::Tensor& frames) const {
+  MMSP_FAIL("this model takes no videos (frames ", frames.sizes(), ")");
+}
+
 }  // namespace mmsp::model

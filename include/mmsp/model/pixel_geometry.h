@@ -25,6 +25,12 @@ struct PixelNorm {
 // x normalised over dim `channel_dim` (its size at most 3), in float32.
 at::Tensor normalize_pixels(const at::Tensor& x, int64_t channel_dim, const PixelNorm& norm);
 
+// uint8 x (0..255) normalised as transformers' torchvision-backend processors (its video
+// processors) do, rescale fused into the normalisation: (x - mean·255) / (std·255), the
+// products taken in float32 as torch takes them: equal to normalize_pixels(x / 255) only to
+// float32 rounding, so the videos' pixels use this one.
+at::Tensor normalize_pixels_fused(const at::Tensor& x, int64_t channel_dim, const PixelNorm& norm);
+
 class PixelGeometry {
  public:
   virtual ~PixelGeometry() = default;
@@ -69,6 +75,10 @@ class PixelGeometry {
 
   // frames [T, C, H, W] in 0..1, each frame_size(grid) -> the item's tensor (float32).
   virtual at::Tensor item_pixels(const at::Tensor& frames) const = 0;
+  // A video's frames [T, C, H, W] uint8, each frame_size(grid), resized as the video
+  // processors resize (torchvision) -> the item's tensor (float32), normalised as they
+  // normalise. Families without videos throw.
+  virtual at::Tensor video_pixels(const at::Tensor& frames) const;
 };
 
 }  // namespace mmsp::model

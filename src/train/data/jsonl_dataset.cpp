@@ -18,6 +18,7 @@
 #include "mmsp/model/image_resize.h"
 #include "mmsp/model/safetensors.h"
 #include "mmsp/train/data/image_file.h"
+#include "mmsp/train/data/video_file.h"
 
 namespace mmsp::train {
 
@@ -128,6 +129,32 @@ at::Tensor load_image(const std::string& where, const fs::path& file, int64_t ch
   // file already has the size).
   const at::Tensor out = model::resize_bicubic_like_pil(decoded, height, width);
   return out.permute({2, 0, 1}).to(at::kFloat).div_(255.0f).contiguous();
+}
+
+// A video's frames as transformers' video processors take them: decoded to uint8 (a video
+// file by video_file.h's torchcodec-equal decoder, a frame folder's files as PIL reads them),
+// resized by ATen's antialiased bicubic on the uint8 frames (what torchvision's resize calls
+// on the CPU), [T, C, H, W] uint8.
+at::Tensor video_frames(const std::string& where, const std::vector<std::string>& files,
+                        const std::vector<int64_t>& frame_indices, int64_t channels, int64_t width, int64_t height) {
+  at::Tensor frames;  // [T, H, W, C]
+  try {
+    if (!frame_indices.empty()) {
+      MMSP_CHECK(channels == 3, where, ": video files give RGB frames, but the vision tower takes ", channels,
+                 " channels");
+      frames = decode_video_frames(files[0], frame_indices);
+    } else {
+      std::vector<at::Tensor> decoded;
+      for (const std::string& f : files) decoded.push_back(decode_image_file(f, channels));
+      frames = at::stack(decoded);
+    }
+  } catch (const Error& e) {
+    MMSP_FAIL(where, ": ", e.what());
+  }
+  at::Tensor x = frames.permute({0, 3, 1, 2});  // channels last in memory, as torchcodec gives them
+  if (x.size(2) != height || x.size(3) != width)
+    x = at::_upsample_bicubic2d_aa(x, {height, width}, /*align_corners=*/false, std::nullopt, std::nullopt);
+  return x;
 }
 
 }  // namespace
@@ -246,7 +273,7 @@ void JsonlDataset::read_items(const Line& line, bool video, Sample& s) const {
       continue;
     }
     ItemFiles files = read_files(line, item, video, name, given);
-    const int64_t frames = static_cast<int64_t>(files.source.files.size());
+    const int64_t frames = files.frames;
     if (given) {
       const std::string mismatch = geometry_->grid_mismatch(grids[k], frames, files.width, files.height, name);
       MMSP_CHECK(mismatch.empty(), where, ": ", grid_name, " = ", grid_text(grids[k]), " ", mismatch);
@@ -303,10 +330,12 @@ JsonlDataset::ItemFiles JsonlDataset::read_files(const Line& line, const json& i
                                                  const std::string& name, bool given) const {
   const std::string& where = line.where;
   std::vector<std::string> files;
+  if (video && item.contains("path")) return read_video_file(line, item, name);
   if (video) {
     MMSP_CHECK(item.contains("frames") && item["frames"].is_array() && !item["frames"].empty(), where, ": ",
                name, " is ", item.dump(),
-               ", expected {\"frames\": [paths...]} or {\"safetensors\": ..., \"tensor\": ...}");
+               ", expected {\"frames\": [paths...]}, {\"path\": video file, \"frame_indices\": [...]} or "
+               "{\"safetensors\": ..., \"tensor\": ...}");
     for (size_t f = 0; f < item["frames"].size(); ++f)
       files.push_back(item["frames"][f].is_string() ? item["frames"][f].get<std::string>() : "");
   } else {
@@ -330,6 +359,43 @@ JsonlDataset::ItemFiles JsonlDataset::read_files(const Line& line, const json& i
                "\" is ", w, " x ", h, " but frame 0 is ", out.width, " x ", out.height,
                "; frames of a video without video_grid_thw must have one size");
   }
+  out.frames = static_cast<int64_t>(out.source.files.size());
+  return out;
+}
+
+// A video file and the frames to decode from it (mmsp prepare's choice: the processor's
+// sampling); its size from the container, nothing decoded.
+JsonlDataset::ItemFiles JsonlDataset::read_video_file(const Line& line, const json& item,
+                                                      const std::string& name) const {
+  const std::string& where = line.where;
+  ItemFiles out;
+  const std::string file = line.r.text(item["path"], name + " path");
+  MMSP_CHECK(!file.empty(), where, ": ", name, " path must be a non-empty string");
+  out.source.files.push_back(resolve(dir_, file).string());
+  const std::string& path = out.source.files.back();
+  MMSP_CHECK(item.contains("frame_indices") && item["frame_indices"].is_array() && !item["frame_indices"].empty(),
+             where, ": ", name, " is the video file \"", file, "\" without \"frame_indices\": give the frames to "
+             "decode (mmsp prepare writes the ones the processor sampled)");
+  for (const json& i : item["frame_indices"]) {
+    MMSP_CHECK(i.is_number_integer() && i.get<int64_t>() >= 0, where, ": ", name, " frame_indices holds ", i.dump(),
+               "; frame indices are integers >= 0");
+    out.source.frame_indices.push_back(i.get<int64_t>());
+  }
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    line.r.fail(name, " file \"", path, "\" does not exist (or is not a regular file)");
+  const VideoFileHeader h = read_video_header(path);
+  if (!h.problem.empty()) line.r.fail(name, " file \"", path, "\" is ", h.problem);
+  const int64_t last = *std::max_element(out.source.frame_indices.begin(), out.source.frame_indices.end());
+  if (h.frames > 0 && last >= h.frames)
+    line.r.fail(name, " frame index ", last, " is past the end of \"", path, "\", whose header counts ", h.frames,
+                " frames");
+  if (h.width * h.height > max_image_pixels_)
+    line.r.fail(name, " file \"", path, "\" has frames of ", h.width, " x ", h.height, " = ", h.width * h.height,
+                " pixels, more than --max-image-pixels ", max_image_pixels_);
+  out.width = out.source.width = h.width;
+  out.height = out.source.height = h.height;
+  out.frames = static_cast<int64_t>(out.source.frame_indices.size());
   return out;
 }
 
@@ -375,9 +441,13 @@ at::Tensor JsonlDataset::pixels(const Sample& s, const Source& src, const plan::
     return values;
   }
   const auto [width, height] = geometry_->frame_size(g, src.width, src.height);
-  std::vector<at::Tensor> frames;
-  for (const std::string& f : src.files) frames.push_back(load_image(where, f, geometry_->channels(), width, height));
-  at::Tensor out = geometry_->item_pixels(at::stack(frames));
+  at::Tensor out;
+  if (video) {
+    out = geometry_->video_pixels(video_frames(where, src.files, src.frame_indices, geometry_->channels(), width,
+                                               height));
+  } else {
+    out = geometry_->item_pixels(load_image(where, src.files[0], geometry_->channels(), width, height).unsqueeze(0));
+  }
   MMSP_ASSERT(out.sizes() == at::IntArrayRef(geometry_->item_shape(g)), where, ": pixels ", out.sizes(),
               " for grid ", grid_text(g));
   return out;

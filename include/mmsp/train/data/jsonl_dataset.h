@@ -50,7 +50,8 @@ class JsonlDataset : public Dataset {
   // One image or video: image files (one for an image, the frames of a video), or a
   // tensor of a safetensors file (paths resolved against the jsonl's directory).
   struct Source {
-    std::vector<std::string> files;
+    std::vector<std::string> files;  // an image's file, a frame folder's frames, or a video file
+    std::vector<int64_t> frame_indices;  // a video file's frames to decode (empty: not a video file)
     std::string safetensors, tensor;
     // The first file's size from its header, read again when decoding: a family's
     // grid need not record it (InternVL's tile count; PixelGeometry::frame_size).
@@ -66,6 +67,7 @@ class JsonlDataset : public Dataset {
   struct ItemFiles {
     Source source;
     int64_t width = 0, height = 0;
+    int64_t frames = 0;  // the item's frames (an image: 1)
   };
   struct Line;  // the line being read (jsonl_dataset.cpp)
 
@@ -78,6 +80,7 @@ class JsonlDataset : public Dataset {
                             const plan::Grid& grid) const;
   ItemFiles read_files(const Line& line, const nlohmann::json& item, bool video, const std::string& name,
                        bool given) const;
+  ItemFiles read_video_file(const Line& line, const nlohmann::json& item, const std::string& name) const;
 
   const Sample& sample(int64_t index) const;
   at::Tensor pixels(const Sample& s, const Source& source, const plan::Grid& grid, bool video,

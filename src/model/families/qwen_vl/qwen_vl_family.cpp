@@ -185,6 +185,9 @@ class QwenPixelGeometry : public PixelGeometry {
   }
   std::string item_layout() const override { return "patches x channels*temporal_patch_size*patch_size^2"; }
   at::Tensor item_pixels(const at::Tensor& frames) const override { return qwen_patches(frames, v_, norm_).rows; }
+  at::Tensor video_pixels(const at::Tensor& frames) const override {
+    return qwen_video_patches(frames, v_, norm_).rows;
+  }
 
  private:
   int64_t temporal_patches(int64_t frames) const {

@@ -25,4 +25,8 @@ struct QwenPatches {
 // windows, t-major: the order the encoder's merger and the placeholders expect.
 QwenPatches qwen_patches(const at::Tensor& frames, const QwenVisionConfig& vision, const PixelNorm& norm);
 
+// The same from uint8 frames [T, C, H, W] (0..255) normalised as transformers' video
+// processors do (normalize_pixels_fused): the videos' rows.
+QwenPatches qwen_video_patches(const at::Tensor& frames, const QwenVisionConfig& vision, const PixelNorm& norm);
+
 }  // namespace mmsp::model

@@ -1,0 +1,135 @@
+"""mmsp's pixels of videos against transformers' own video processors (Qwen2VLVideoProcessor,
+Qwen3VLVideoProcessor: torchvision backend), value for value, for the four Qwen families.
+
+Video files: an .mp4 written by torchcodec's encoder (h264), its frames chosen by a data line's
+`frame_indices`; the reference decodes the same indices with torchcodec (what transformers'
+fetch_videos calls) and hands the frames to the processor. mmsp decodes with FFmpeg and
+converts to RGB as torchcodec does (train/data/video_file.h), then resizes and normalises as
+the processor does (ATen's antialiased bicubic on uint8, the fused normalisation). Widths
+that are a multiple of 32 (torchcodec's swscale path) and not (its filter graph), frames
+resized and not. Frame folders: the same frames as PNG files, the processor given the images.
+Bad video files are refused when the data is read, naming the line and the rule.
+"""
+import json
+import subprocess
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+import families as F
+import processors as P
+
+torchcodec = pytest.importorskip("torchcodec", reason="requirements/hf.txt pins torchcodec")
+
+FAMILY_NAMES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
+# (width, height): 128 a multiple of 32 (swscale), 140 and 58 not (filter graph); sizes the
+# processor resizes (every one of them here: min_pixels) and odd sides.
+SIZES = [(128, 96), (140, 112), (58, 202)]
+INDICES = [0, 2, 5, 6, 9]  # 5 frames: the last repeated to fill the temporal patch
+FRAMES = 12
+
+
+def _video_processor(name, pre):
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
+
+    cls = Qwen2VLVideoProcessor if name in ("qwen2_vl", "qwen2_5_vl") else Qwen3VLVideoProcessor
+    keys = ("patch_size", "temporal_patch_size", "merge_size", "image_mean", "image_std", "size")
+    return cls(**{k: pre[k] for k in keys if k in pre}, cap_pixels_per_frame=False)
+
+
+def _write_video(path, width, height, seed):
+    frames = torch.stack([torch.from_numpy(P.smooth_image(width, height, seed=seed * 100 + i)).permute(2, 0, 1)
+                          for i in range(FRAMES)])
+    torchcodec.encoders.VideoEncoder(frames, frame_rate=8).to_file(str(path))
+
+
+def _line(name, family, cfg, grid, video):
+    """A data line with one video of `grid` (Qwen3-VL / Qwen3.5: a block per temporal patch)."""
+    m = cfg["vision_config"]["spatial_merge_size"]
+    t, h, w = grid
+    pad = family.overrides["video_token_id"]
+    if name in ("qwen3_vl", "qwen3_5"):
+        ids = [tok for _ in range(t) for tok in (5, 6, family.start_token, *[pad] * (h * w // (m * m)),
+                                                  family.end_token)]
+    else:
+        ids = [family.start_token, *[pad] * (t * h * w // (m * m)), family.end_token]
+    return {"input_ids": [1, *ids, 2], "videos": [video], "video_grid_thw": [grid]}
+
+
+def _mmsp_pixels(mmsp_bin, model_dir, tmp_path, lines):
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out_file = tmp_path / "pixels.safetensors"
+    r = subprocess.run([mmsp_bin, "pixels", "--model", str(model_dir / "config.json"), "--data", str(data),
+                        "--out", str(out_file)], capture_output=True, text=True, timeout=300)
+    return r.returncode, r.stderr, (load_file(str(out_file)) if r.returncode == 0 else {})
+
+
+def _model(name, tmp_path):
+    family = F.FAMILIES[name]
+    cfg = F.config_dict(family)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(cfg))
+    pre = P.preprocessor_config(name, cfg)
+    return family, cfg, model_dir, _video_processor(name, pre)
+
+
+@pytest.mark.parametrize("name", FAMILY_NAMES)
+def test_video_pixels_equal_the_video_processor(name, tmp_path, mmsp_bin):
+    from torchcodec.decoders import VideoDecoder
+
+    family, cfg, model_dir, processor = _model(name, tmp_path)
+    lines, expected = [], []
+    for k, (w, h) in enumerate(SIZES):
+        path = tmp_path / f"clip{k}.mp4"
+        _write_video(path, w, h, seed=k)
+        frames = VideoDecoder(str(path)).get_frames_at(INDICES).data  # [N, 3, H, W] uint8
+        out = processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
+        grid = out["video_grid_thw"][0].tolist()
+        lines.append(_line(name, family, cfg, grid, {"path": path.name, "frame_indices": INDICES}))
+        expected.append(out["pixel_values_videos"])
+        # The same frames as a folder of PNG files (lossless): the processor given the images.
+        names = []
+        for i, frame in enumerate(frames):
+            names.append(f"clip{k}_{i}.png")
+            Image.fromarray(frame.permute(1, 2, 0).numpy()).save(tmp_path / names[-1])
+        images = [Image.open(tmp_path / n) for n in names]
+        out = processor(videos=[images], do_sample_frames=False, return_tensors="pt")
+        assert out["video_grid_thw"][0].tolist() == grid
+        lines.append(_line(name, family, cfg, grid, {"frames": names}))
+        expected.append(out["pixel_values_videos"])
+    rc, err, got = _mmsp_pixels(mmsp_bin, model_dir, tmp_path, lines)
+    assert rc == 0, err
+    for i, ref in enumerate(expected):
+        mine = got[f"sample{i}.video0"]
+        what = f"{name} {'file' if i % 2 == 0 else 'frame folder'} {SIZES[i // 2]}"
+        assert mine.shape == ref.shape, f"{what}: mmsp {tuple(mine.shape)} vs processor {tuple(ref.shape)}"
+        diff = (mine - ref).abs().max().item()
+        assert torch.equal(mine, ref), f"{what}: off by up to {diff:.3e} (normalised units)"
+
+
+def test_bad_video_files_are_refused_by_line(tmp_path, mmsp_bin):
+    family, cfg, model_dir, processor = _model("qwen2_vl", tmp_path)
+    _write_video(tmp_path / "clip.mp4", 128, 96, seed=0)
+    whole = (tmp_path / "clip.mp4").read_bytes()
+    (tmp_path / "cut.mp4").write_bytes(whole[: len(whole) // 3])
+    (tmp_path / "text.mp4").write_text("not a video\n")
+    grid = [3, 8, 10]
+    cases = [
+        ({"path": "clip.mp4", "frame_indices": [0, 12]}, "frame index 12 is past the end of"),
+        ({"path": "text.mp4", "frame_indices": [0]}, "is not a video FFmpeg can open"),
+        ({"path": "none.mp4", "frame_indices": [0]}, "does not exist"),
+        ({"path": "clip.mp4"}, "without \"frame_indices\""),
+        ({"path": "clip.mp4", "frame_indices": [0, -1]}, "frame indices are integers >= 0"),
+    ]
+    for video, message in cases:
+        rc, err, _ = _mmsp_pixels(mmsp_bin, model_dir, tmp_path, [_line("qwen2_vl", family, cfg, grid, video)])
+        assert rc != 0 and "data.jsonl:1" in err and message in err, f"{video}: rc {rc}, {err}"
+    # A file cut short: its header may still be whole, so it is found when decoded, named by file.
+    rc, err, _ = _mmsp_pixels(mmsp_bin, model_dir, tmp_path,
+                              [_line("qwen2_vl", family, cfg, grid, {"path": "cut.mp4", "frame_indices": [0, 11]})])
+    assert rc != 0 and "cut.mp4" in err, err
