@@ -109,17 +109,28 @@ class RoutedPixels:
         return self.pixel_values[first:first + n].reshape(-1)
 
 
-def gather(kind, local, error, pixel_values, image_grid_thw, device, mesh):
-    """Every rank's batch -> (the union batch, its pixels as RoutedPixels, its image_grid_thw
-    tensor or None). `local` is this rank's batch in mmsp's format, or None with `error` set."""
+def _pixels_part(grids, pixel_values):
+    """What the other ranks need of this rank's images (or videos): their grids, and the row
+    shape and dtype of its pixels (None when it loaded none)."""
+    part = {"grids": grids, "row_shape": None, "dtype": None}
+    if pixel_values is not None and pixel_values.shape[0]:
+        part["row_shape"] = list(pixel_values.shape[1:])
+        part["dtype"] = str(pixel_values.dtype)
+    return part
+
+
+def gather(kind, local, error, pixel_values, pixel_values_videos, device, mesh):
+    """Every rank's batch -> (the union batch, its pixel sources {"image": (RoutedPixels, grid
+    rows or None)[, "video": ...]}, whether it holds any image or video). `local` is this rank's
+    batch in mmsp's format, or None with `error` set. Videos are the union's video blocks
+    (mmsp's items: a Qwen3-VL video's temporal patches each its own), each on the rank that
+    loaded it, as images are."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    part = {"error": error, "sequences": None, "grids": [], "row_shape": None, "dtype": None}
+    part = {"error": error, "sequences": None, "image": _pixels_part([], None), "video": _pixels_part([], None)}
     if error is None:
         part["sequences"] = local["sequences"]
-        part["grids"] = [g for s in local["sequences"] for g in s.get("image_grid_thw", [])]
-        if pixel_values is not None and pixel_values.shape[0]:
-            part["row_shape"] = list(pixel_values.shape[1:])
-            part["dtype"] = str(pixel_values.dtype)
+        for what, values in (("image", pixel_values), ("video", pixel_values_videos)):
+            part[what] = _pixels_part([g for s in local["sequences"] for g in s.get(f"{what}_grid_thw", [])], values)
     parts = [None] * world
     _on_world(mesh, "all_gather_object (every rank's batch)",
               lambda: dist.all_gather_object(parts, part, group=mesh.world_group))
@@ -128,6 +139,12 @@ def gather(kind, local, error, pixel_values, image_grid_thw, device, mesh):
         raise ValueError("mmsp.patch (batch='per_rank'): " +
                          "; ".join(f"rank {r}'s batch: {e}" for r, e in bad))
     batch = {"sequences": [s for p in parts for s in p["sequences"]]}
-    grids = [g for p in parts for g in p["grids"]]
-    grid_rows = torch.tensor(grids, dtype=torch.long) if kind in ("qwen", "qwen3") and grids else None
-    return batch, RoutedPixels(kind, parts, rank, pixel_values, device, mesh), grid_rows, bool(grids)
+    sources, any_item = {}, False
+    for what, values in (("image", pixel_values), ("video", pixel_values_videos)):
+        grids = [g for p in parts for g in p[what]["grids"]]
+        if what == "video" and not grids:
+            continue  # every rank knows: no rank calls the videos' (collective) rows
+        rows = torch.tensor(grids, dtype=torch.long) if kind in ("qwen", "qwen3") and grids else None
+        sources[what] = (RoutedPixels(kind, [p[what] for p in parts], rank, values, device, mesh), rows)
+        any_item = any_item or bool(grids)
+    return batch, sources, any_item

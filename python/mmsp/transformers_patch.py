@@ -348,17 +348,17 @@ def _forward(self, input_ids=None, attention_mask=None, labels=None, pixel_value
             mesh.world, mesh.rank, mesh.world.size)
     if state["batch"] == "per_rank":  # the step is the union of every rank's batch
         try:
-            if video_grid_thw is not None or pixel_values_videos is not None:
-                raise ValueError("videos with batch='per_rank' are not supported yet")
-            mine = _sequences(self.config, state["family"], input_ids, attention_mask, labels, image_grid_thw)
+            mine = _sequences(self.config, state["family"], input_ids, attention_mask, labels, image_grid_thw,
+                              video_grid_thw, second_per_grid_ts)
             _rank_batches.LocalPixels(kind, [g for q in mine["sequences"] for g in q.get("image_grid_thw", [])],
                                       pixel_values)
+            _rank_batches.LocalPixels(kind, [g for q in mine["sequences"] for g in q.get("video_grid_thw", [])],
+                                      pixel_values_videos, "pixel_values_videos", "videos")
             error = None
         except ValueError as e:
             mine, error = None, str(e).removeprefix("mmsp.patch: ")
-        batch, pixels, grid_rows, has_vision = _rank_batches.gather(kind, mine, error, pixel_values, image_grid_thw,
-                                                                    device, mesh)
-        sources = {"image": (pixels, grid_rows)}
+        batch, sources, has_vision = _rank_batches.gather(kind, mine, error, pixel_values, pixel_values_videos,
+                                                          device, mesh)
     else:
         batch = _sequences(self.config, state["family"], input_ids, attention_mask, labels, image_grid_thw, video_grid_thw,
                            second_per_grid_ts)

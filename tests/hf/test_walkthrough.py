@@ -44,8 +44,33 @@ RECORDS = [
 ]
 
 
-@pytest.mark.parametrize("family", tiny_models.FAMILIES)
-def test_readme_walkthrough(family, tmp_path, mmsp_bin, mmsp_run):
+# The README's video variant: the same block, conversations holding .mp4 files.
+VIDEO_RECORDS = [
+    {"messages": [{"role": "user", "content": [{"type": "video", "video": "clip.mp4"},
+                                               {"type": "text", "text": "What happens?"}]},
+                  {"role": "assistant", "content": "The colours drift."}]},
+    {"conversations": [{"from": "human", "value": "<video>\nDescribe the clip."},
+                       {"from": "gpt", "value": "Soft shapes move slowly."}], "video": "clip.mp4"},
+    {"messages": [{"role": "user", "content": [{"type": "image", "image": "a.png"},
+                                               {"type": "video", "video": "clip.mp4"},
+                                               {"type": "text", "text": "Is the picture in the clip?"}]},
+                  {"role": "assistant", "content": "No."}]},
+]
+
+
+def _write_clip(path):
+    """A 3-second 8 fps h264 clip of smooth moving colour, written by torchcodec's encoder."""
+    from torchcodec.encoders import VideoEncoder
+
+    frames = torch.stack([torch.from_numpy(P.smooth_image(96, 64, seed=100 + i)).permute(2, 0, 1) for i in range(24)])
+    VideoEncoder(frames, frame_rate=8).to_file(str(path))
+
+
+CASES = [(f, "images") for f in tiny_models.FAMILIES] + [(f, "video") for f in ("qwen2_5_vl", "qwen3_vl")]
+
+
+@pytest.mark.parametrize("family,data", CASES)
+def test_readme_walkthrough(family, data, tmp_path, mmsp_bin, mmsp_run):
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     work = tmp_path
@@ -58,7 +83,9 @@ def test_readme_walkthrough(family, tmp_path, mmsp_bin, mmsp_run):
     (work / "data").mkdir()
     for i, name in enumerate(["a.png", "b.png"]):
         Image.fromarray(P.smooth_image(90 + 20 * i, 70, seed=i)).save(work / "data" / name)
-    (work / "data" / "train.json").write_text(json.dumps(RECORDS, indent=1))
+    if data == "video":
+        _write_clip(work / "data" / "clip.mp4")
+    (work / "data" / "train.json").write_text(json.dumps(RECORDS if data == "images" else VIDEO_RECORDS, indent=1))
     # build/ and .venv/ as in a checkout
     (work / "build").mkdir()
     os.symlink(mmsp_bin, work / "build" / "mmsp")
@@ -76,6 +103,8 @@ def test_readme_walkthrough(family, tmp_path, mmsp_bin, mmsp_run):
     assert "mmsp prepare: wrote 3 samples" in r.stderr, r.stderr[-2000:]
     lines = [json.loads(l) for l in (work / "data" / "train.jsonl").read_text().splitlines()]
     assert len(lines) == 3 and all(sum(l["loss_mask"]) > 0 for l in lines)
+    if data == "video":  # the processor's frames, kept for training to decode
+        assert all(l["videos"][0].get("frame_indices") for l in lines), lines[0].get("videos")
     steps = [json.loads(l) for l in (work / "runs" / "ft" / "metrics.jsonl").read_text().splitlines()]
     assert len(steps) == 20 and all(s["loss"] == s["loss"] for s in steps)
     print(f"{family}: loss {steps[0]['loss']:.4f} -> {steps[-1]['loss']:.4f} over 20 steps")

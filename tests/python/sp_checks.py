@@ -617,11 +617,12 @@ def _video_batch(family, seqs, pad_token):
     return out
 
 
-def patch_videos_equal_one_process(rank, world, ring, ulysses, family_names, fsdp=False):
+def patch_videos_equal_one_process(rank, world, ring, ulysses, family_names, fsdp=False, per_rank=None):
     """mmsp.patch on Qwen batches with videos (and images) = the unpatched model on one process,
     each sequence through transformers' forward on its own: loss to 1e-12 and every gradient
     to 1e-9 (fp64); each image and video block encoded once over the world. fsdp: sharded
-    with FSDP2 (mmsp.fully_shard) after the patch."""
+    with FSDP2 (mmsp.fully_shard) after the patch. per_rank: batch="per_rank", rank r passing
+    the sequences per_rank[r] (indices into the two), the step their union in rank order."""
     import copy
     import sys
 
@@ -639,6 +640,8 @@ def patch_videos_equal_one_process(rank, world, ring, ulysses, family_names, fsd
         model = families.build_model(family).train()
         reference = copy.deepcopy(model)
         seqs = video_samples(name)
+        if per_rank is not None:
+            seqs = [seqs[i] for mine in per_rank for i in mine]
         total, count = None, 0
         for seq in seqs:
             inputs = _video_batch(family, [seq], pad)
@@ -653,15 +656,17 @@ def patch_videos_equal_one_process(rank, world, ring, ulysses, family_names, fsd
         want = total / count
         want.backward()
         mesh = mmsp.Mesh(dp=world // (ring * ulysses), ring=ring, ulysses=ulysses)
-        mmsp.patch(model, mesh)
+        mmsp.patch(model, mesh, batch="shared" if per_rank is None else "per_rank")
         if fsdp:
             mmsp.fully_shard(model, mesh)
-        batch = _video_batch(family, seqs, pad)
+        batch = _video_batch(family, seqs if per_rank is None else [video_samples(name)[i] for i in per_rank[rank]],
+                             pad)
         if name != "qwen2_5_vl":
             batch.pop("second_per_grid_ts")
         out = model(**batch)
         out.loss.backward()
-        what = f"{name} with videos on ring {ring} x ulysses {ulysses}{', FSDP2' if fsdp else ''}, rank {rank}"
+        what = (f"{name} with videos on ring {ring} x ulysses {ulysses}{', FSDP2' if fsdp else ''}"
+                f"{f', per-rank batches {per_rank}' if per_rank else ''}, rank {rank}")
         encoded = torch.tensor([len(out.mmsp_shard.encoder_items)])
         dist.all_reduce(encoded)
         blocks = sum(len(imgs) + sum(vid[1][0] if name in ("qwen3_vl", "qwen3_5") else 1 for vid in vids)

@@ -27,6 +27,14 @@ def test_per_rank_batches_equal_one_process(world, ring, ulysses, per_rank, tmp_
                  ["qwen2_vl", "qwen3_vl", "llava", "internvl"], per_rank, tmp_path=tmp_path)
 
 
+# Videos with batch="per_rank": each rank's own sequences (videos and images), every video
+# block's pixels routed from the rank that loaded it to the rank that encodes it.
+@pytest.mark.parametrize("world,ring,ulysses,per_rank", [(2, 2, 1, [[1], [0]]), (4, 2, 2, [[0], [1], [1], [0]])])
+def test_per_rank_videos_equal_one_process(world, ring, ulysses, per_rank, tmp_path):
+    sp_ranks.run(world, sp_checks.patch_videos_equal_one_process, ring, ulysses, ["qwen2_5_vl", "qwen3_vl"],
+                 False, per_rank, tmp_path=tmp_path)
+
+
 def test_trainer_equals_one_process(tmp_path):
     """transformers.Trainer on 4 processes (ring 2 x ulysses 2, one sample a rank a micro-step,
     its own loader and sampler) with the patched model = the Trainer on one process with 4
