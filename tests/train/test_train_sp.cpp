@@ -777,5 +777,90 @@ TEST(MultiRankTrain, ShardedCheckpointsResumeOnAnyWorldEitherWay) {
   }
 }
 
+// Long video under SP (docs/train.md): one video of 128 frames at 448 x 448 (grid [64, 32, 32]:
+// 65,536 patches, 16,384 placeholder rows) in a sample of 16,410 tokens, beside short samples
+// with small images, on ring 2 x Ulysses 2 with the tower split over the context group
+// (--vision-split auto): two steps train the model one process trains (fp64, rtol 1e-9),
+// unsharded (Qwen2-VL) and under --shard parameters with --checkpoint-activations all (both
+// families). Qwen2-VL's tower
+// attends within each temporal patch; Qwen2.5-VL's within windows, some whole-frame layers.
+// The frames are examples/data's circle.png, resized by the grid as the video processors do.
+// The one-process references run last, on rank 0 alone: each takes longer than the mesh's
+// 60 s rendezvous would wait.
+TEST(LongVideo, SplitOverTheContextGroupTrainsTheModelOneProcessTrains) {
+  const int world = test::rank_env().world_size;
+  if (world != 4) GTEST_SKIP() << "ring 2 x Ulysses 2 only";
+  const bool checker = test::rank_env().rank == 0;
+  std::ostringstream log;
+  const int64_t t = 64, h = 32, w = 32, m = 2;
+  const int64_t per_rank = 4224;  // a step of 16,896 slots: the video's sample and short ones
+  auto options = [&](const std::string& config_path, const std::string& data, int64_t tokens_per_rank) {
+    train::TrainOptions o = tiny_options(tokens_per_rank);
+    o.model = config_path;
+    o.data = data;
+    o.steps = 2;
+    o.attention_block = 256;
+    return o;
+  };
+  struct Run {
+    std::string file, config_path, data, what;
+    train::TrainReport got;
+  };
+  std::vector<Run> runs;
+  const dist::Mesh mesh = test::make_mesh(plan::Mesh{1, 2, 2});
+  using AC = model::ActivationCheckpointing;
+  for (const char* file : {"tiny-qwen2-vl.json", "tiny-qwen2_5-vl.json"}) {
+    const std::string config_path = small_vocab_config(file, false);
+    const std::string data = shared_dir("long-video") + "-" + std::to_string(::getpid()) + "-" + file + ".jsonl";
+    {
+      std::ofstream out(data);
+      const std::string circle = std::string(MMSP_SOURCE_DIR) + "/examples/data/circle.png";
+      for (int line = 0; line < 6; ++line) {
+        nlohmann::json sample;
+        std::vector<int64_t> ids = {1};
+        if (line == 0) {  // the long video
+          ids.push_back(120);
+          ids.insert(ids.end(), t * h * w / (m * m), 124);
+          ids.push_back(121);
+          sample["videos"] = {{{"frames", std::vector<std::string>(2 * t, circle)}}};
+          sample["video_grid_thw"] = {{t, h, w}};
+        } else if (line % 2 == 1) {  // a small image, whole on one rank (Vision DP)
+          ids.insert(ids.end(), {120, 123, 121});
+          sample["images"] = {{{"path", circle}}};
+          sample["image_grid_thw"] = {{1, 2, 2}};
+        }
+        for (int k = 0; k < 20 + 7 * line; ++k) ids.push_back(3 + (line * 13 + k * 5) % 110);
+        ids.push_back(2);
+        sample["input_ids"] = ids;
+        out << sample.dump() << "\n";
+      }
+    }
+    for (const auto& [level, mode] : {std::pair<const char*, AC>{"none", AC::none}, {"parameters", AC::all}}) {
+      if (std::string(file) != "tiny-qwen2-vl.json" && mode == AC::none) continue;  // CI's time: one run
+      train::TrainOptions o = options(config_path, data, per_rank);
+      o.shard = level;
+      o.checkpoint_activations = mode;
+      o.vision_split = plan::parse_vision_split("auto");
+      runs.push_back({file, config_path, data,
+                      std::string(file) + " long video --shard " + level + " " + model::to_string(mode),
+                      train::train(o, mesh, log)});
+    }
+  }
+  if (checker) {
+    std::map<std::string, train::TrainReport> refs;
+    for (const Run& r : runs) {
+      if (!refs.count(r.file)) {
+        refs[r.file] = train::train(options(r.config_path, r.data, per_rank * world), dist::Mesh::solo(), log);
+        ASSERT_GE(refs[r.file].steps[0].tokens, 16410) << "the long video's sample trains in the first step";
+      }
+      expect_same_run(r.got, refs[r.file], 1e-9, r.what);
+    }
+  }
+  for (const Run& r : runs) {
+    std::filesystem::remove(r.config_path);
+    std::filesystem::remove(r.data);
+  }
+}
+
 }  // namespace
 }  // namespace mmsp
