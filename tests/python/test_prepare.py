@@ -156,6 +156,39 @@ def test_tokens_grids_and_targets_match_the_processor(capsys, models, folder, fa
     assert "wrote 4 samples" in err and "skipped 0 bad records" in err
 
 
+def test_either_image_backend_gives_the_same_tokens_and_grids(capsys, models, folder):
+    """mmsp prepare loads the processor as a user does (AutoProcessor: with torchvision installed,
+    the torchvision image backend, whose pixels are up to 2/255 off the PIL backend's) and keeps
+    only its tokens and grids: those must not depend on the backend. The reference is the PIL
+    backend (tiny_models builds it by name), on sizes that scale up, down, tile and crop."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    pytest.importorskip("torchvision")
+    sizes = [(1, 1), (3, 500), (17, 250), (57, 200), (113, 61), (300, 301), (640, 33), (56, 56)]
+    for k, (w, h) in enumerate(sizes):
+        Image.new("RGB", (w, h), (30 * k, 100, 200 - 20 * k)).save(folder / f"s{k}.png")
+    messages = [user(*[image(folder, f"s{k}.png") for k in range(len(sizes))], text("What is this?")),
+                assistant("A cat.")]
+    record = {"messages": [{"role": "user", "content": [{"type": "image", "image": f"s{k}.png"}
+                                                        for k in range(len(sizes))] + [text("What is this?")]},
+                           {"role": "assistant", "content": "A cat."}]}
+    for family in tiny_models.FAMILIES:
+        model_dir, pil = models[family]
+        assert type(pil.image_processor).__name__.endswith("Pil")
+        default = AutoProcessor.from_pretrained(model_dir, local_files_only=True)
+        assert not type(default.image_processor).__name__.endswith("Pil"), type(default.image_processor).__name__
+        rc, rows, err, _ = run(capsys, model_dir, folder, [record])
+        assert rc == 0, err
+        want = pil.apply_chat_template(copy.deepcopy(messages), tokenize=True, return_dict=True)
+        other = default.apply_chat_template(copy.deepcopy(messages), tokenize=True, return_dict=True)
+        assert list(other["input_ids"][0]) == list(want["input_ids"][0]) == rows[0]["input_ids"], family
+        if family in QWEN:
+            assert other["image_grid_thw"].tolist() == want["image_grid_thw"].tolist() == rows[0]["image_grid_thw"]
+        if family == "internvl":
+            assert len(rows[0]["image_grid_thw"]) == len(sizes)
+
+
 # A ChatML template with {% generation %} markers around each assistant turn's output: on a
 # text-only conversation it renders what the released template renders, so transformers' own
 # assistant mask (return_assistant_tokens_mask, which needs markers) is a second reference for
