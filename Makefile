@@ -20,14 +20,18 @@ VENV       ?= .venv
 # no venv without it. python3-dev: Python's headers, for the `mmsp` package's extension.
 # openmpi-bin and iproute2: the two-host tests (tests/dist/multihost.sh) start ranks with
 # OpenMPI's mpirun, as docs/launcher.md's recipe, between network namespaces.
-# The FFmpeg 5.1 runtime libraries: torchcodec's libtorchcodec_core5.so (requirements/hf.txt)
-# links all seven (ldd), and `mmsp prepare` and transformers decode video files with it.
 DEB_PACKAGES := cmake ninja-build g++ ccache libgloo-dev nlohmann-json3-dev \
                 libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libstb-dev libjpeg-dev python3-venv \
-                python3-dev openmpi-bin iproute2 \
-                libavcodec59 libavformat59 libavutil57 libswscale6 libswresample4 libavfilter8 libavdevice59
+                python3-dev openmpi-bin iproute2
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# Debian 12's FFmpeg 5.1 runtime libraries: torchcodec's libtorchcodec_core5.so
+# (requirements/hf.txt) links all seven, and transformers and `mmsp prepare` decode video
+# files with it. A line of its own, apart from the list above, which the C++ decoder's -dev
+# packages extend.
+DEB_PACKAGES += libavcodec59 libavformat59 libavutil57 libswscale6 libswresample4 libavfilter8 libavdevice59
+
 # WERROR=OFF builds with a compiler whose new warnings the code has not met yet.
 WERROR    ?= ON
 CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DMMSP_WERROR=$(WERROR)
