@@ -27,6 +27,13 @@ DEB_PACKAGES := cmake ninja-build g++ ccache libgloo-dev nlohmann-json3-dev \
                 pkg-config libavformat-dev libavcodec-dev libavfilter-dev libswscale-dev libavutil-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+# Debian 12's FFmpeg 5.1 runtime libraries: torchcodec's libtorchcodec_core5.so
+# (requirements/hf.txt) links all seven, and transformers and `mmsp prepare` decode video
+# files with it. A line of its own, apart from the list above, which the C++ decoder's -dev
+# packages extend.
+DEB_PACKAGES += libavcodec59 libavformat59 libavutil57 libswscale6 libswresample4 libavfilter8 libavdevice59
+
 # WERROR=OFF builds with a compiler whose new warnings the code has not met yet.
 WERROR    ?= ON
 CMAKE_ARGS := -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DMMSP_WERROR=$(WERROR)

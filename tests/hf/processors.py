@@ -1,6 +1,7 @@
-"""The image processor transformers picks for each family (AutoImageProcessor, which
-without torchvision is the PIL backend), configured as the released model's
-preprocessor_config.json is, at the tiny models' sizes (configs/tiny-*.json)."""
+"""The image processor transformers loads for each family (AutoImageProcessor; test_pixels.py
+names the backend: PIL, whose pixels mmsp's are, or torchvision, which transformers picks when
+it is installed), configured as the released model's preprocessor_config.json is, at the tiny
+models' sizes (configs/tiny-*.json)."""
 import json
 import os
 

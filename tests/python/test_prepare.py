@@ -2,7 +2,8 @@
 
 The reference is the processor the test builds in memory (tiny_models.py): its
 `apply_chat_template(messages, tokenize=True)` on the same conversation, given the image
-paths to load itself. mmsp prepare reads the saved model directory and the input records.
+and video file paths to load itself (videos: mp4s written here by torchcodec's encoder).
+mmsp prepare reads the saved model directory and the input records.
 """
 import copy
 import json
@@ -154,6 +155,39 @@ def test_tokens_grids_and_targets_match_the_processor(capsys, models, folder, fa
         else:
             assert "images" not in row and "image_grid_thw" not in row
     assert "wrote 4 samples" in err and "skipped 0 bad records" in err
+
+
+def test_either_image_backend_gives_the_same_tokens_and_grids(capsys, models, folder):
+    """mmsp prepare loads the processor as a user does (AutoProcessor: with torchvision installed,
+    the torchvision image backend, whose pixels are up to 2/255 off the PIL backend's) and keeps
+    only its tokens and grids: those must not depend on the backend. The reference is the PIL
+    backend (tiny_models builds it by name), on sizes that scale up, down, tile and crop."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    pytest.importorskip("torchvision")
+    sizes = [(1, 1), (3, 500), (17, 250), (57, 200), (113, 61), (300, 301), (640, 33), (56, 56)]
+    for k, (w, h) in enumerate(sizes):
+        Image.new("RGB", (w, h), (30 * k, 100, 200 - 20 * k)).save(folder / f"s{k}.png")
+    messages = [user(*[image(folder, f"s{k}.png") for k in range(len(sizes))], text("What is this?")),
+                assistant("A cat.")]
+    record = {"messages": [{"role": "user", "content": [{"type": "image", "image": f"s{k}.png"}
+                                                        for k in range(len(sizes))] + [text("What is this?")]},
+                           {"role": "assistant", "content": "A cat."}]}
+    for family in tiny_models.FAMILIES:
+        model_dir, pil = models[family]
+        assert type(pil.image_processor).__name__.endswith("Pil")
+        default = AutoProcessor.from_pretrained(model_dir, local_files_only=True)
+        assert not type(default.image_processor).__name__.endswith("Pil"), type(default.image_processor).__name__
+        rc, rows, err, _ = run(capsys, model_dir, folder, [record])
+        assert rc == 0, err
+        want = pil.apply_chat_template(copy.deepcopy(messages), tokenize=True, return_dict=True)
+        other = default.apply_chat_template(copy.deepcopy(messages), tokenize=True, return_dict=True)
+        assert list(other["input_ids"][0]) == list(want["input_ids"][0]) == rows[0]["input_ids"], family
+        if family in QWEN:
+            assert other["image_grid_thw"].tolist() == want["image_grid_thw"].tolist() == rows[0]["image_grid_thw"]
+        if family == "internvl":
+            assert len(rows[0]["image_grid_thw"]) == len(sizes)
 
 
 # A ChatML template with {% generation %} markers around each assistant turn's output: on a
@@ -395,6 +429,65 @@ def video_record(folder):
                          {"role": "assistant", "content": "A dog."}]}
 
 
+def write_clip(path, frames=20, width=64, height=48, fps=8):
+    """A short h264 mp4 written by torchcodec's encoder (no binary fixture): a moving pattern, so
+    every frame differs."""
+    import torch
+    from torchcodec.encoders import VideoEncoder
+
+    t = torch.arange(frames).view(-1, 1, 1, 1)
+    y, x = torch.arange(height).view(1, 1, -1, 1), torch.arange(width).view(1, 1, 1, -1)
+    video = torch.cat([(x * 4 + t * 8 + 0 * y) % 256, (y * 5 + t * 3 + 0 * x) % 256, ((x + y + t * 10) * 2) % 256], 1)
+    VideoEncoder(video.to(torch.uint8), frame_rate=fps).to_file(str(path))
+    return path
+
+
+def framed(model_dir, processor, ids):
+    """transformers 5.17's token ids for a Qwen3-VL / Qwen3.5 video less the template's
+    <|vision_start|> / <|vision_end|> around its timestamped blocks, which mmsp prepare drops
+    (conversation._unwrap_framed_videos); checked to be exactly where that says, so this fails
+    if transformers changes. Other families: the ids as they are."""
+    ids = list(ids)
+    if type(processor).__name__ != "Qwen3VLProcessor":
+        return ids
+    start, end, pad = (processor.tokenizer.convert_tokens_to_ids(t)
+                       for t in ("<|vision_start|>", "<|vision_end|>", "<|video_pad|>"))
+    seconds = processor.tokenizer.encode("<")[0]
+    out, i = [], 0
+    while i < len(ids):
+        if ids[i] == start and ids[i + 1] == seconds:  # the template's start, then "<0.3 seconds>"
+            depth, j = 0, i
+            while True:  # its end: where the nesting closes
+                depth += {start: 1, end: -1}.get(ids[j], 0)
+                if depth == 0:
+                    break
+                j += 1
+            inner = ids[i + 1:j]
+            assert inner.count(start) == inner.count(end) >= 1 and pad in inner
+            out += inner
+            i = j + 1
+            continue
+        out.append(ids[i])
+        i += 1
+    return out
+
+
+def reference_video(processor, messages, **processor_kwargs):
+    """transformers given the video file's path itself, as a user would: token ids, grids and the
+    frames its own sampling chose (video_metadata's frames_indices)."""
+    return processor.apply_chat_template(copy.deepcopy(messages), tokenize=True, return_dict=True,
+                                         processor_kwargs={"return_metadata": True, **processor_kwargs})
+
+
+def clip_records(folder):
+    """The same conversation as a messages part and LLaVA-style with a <video> marker."""
+    return [{"messages": [{"role": "user", "content": [{"type": "video", "video": "clip.mp4"},
+                                                       {"type": "text", "text": "What moves?"}]},
+                          {"role": "assistant", "content": "A dog."}]},
+            {"conversations": [{"from": "human", "value": "<video>\nWhat moves?"}, {"from": "gpt", "value": "A dog."}],
+             "video": "clip.mp4"}]
+
+
 @pytest.mark.skipif(is_torchvision_available(), reason="transformers can process videos here")
 def test_videos_without_torchvision_are_refused_by_name(capsys, models, folder):
     model_dir, _ = models["qwen3_vl"]
@@ -403,9 +496,13 @@ def test_videos_without_torchvision_are_refused_by_name(capsys, models, folder):
     assert f"{path}:1: video 0: videos need transformers' video processor, which needs torchvision" in err
 
 
-@pytest.mark.skipif(not is_torchvision_available(), reason="transformers' video processors need torchvision")
+needs_video = pytest.mark.skipif(not is_torchvision_available(), reason="transformers' video processors need "
+                                                                        "torchvision (requirements/hf.txt)")
+
+
+@needs_video
 @pytest.mark.parametrize("family", QWEN)
-def test_videos_match_the_processor(capsys, models, folder, family):
+def test_frame_folders_match_the_processor(capsys, models, folder, family):
     from transformers.image_utils import load_image
 
     model_dir, processor = models[family]
@@ -418,9 +515,154 @@ def test_videos_match_the_processor(capsys, models, folder, family):
         messages, tokenize=True, return_dict=True,
         processor_kwargs={"do_sample_frames": False, "fps": 2.0, "video_metadata": [
             {"total_num_frames": 3, "fps": 2.0, "frames_indices": [0, 1, 2], "duration": 1.5}]})
-    assert rows[0]["input_ids"] == list(reference["input_ids"][0])
+    assert rows[0]["input_ids"] == framed(model_dir, processor, reference["input_ids"][0])
     assert rows[0]["video_grid_thw"] == reference["video_grid_thw"].tolist()
     assert rows[0]["videos"] == [{"frames": record["messages"][0]["content"][0]["video"]}]
+    if family == "qwen2_5_vl":
+        assert rows[0]["second_per_grid_ts"] == reference["second_per_grid_ts"] == [1.0]
+
+
+@needs_video
+@pytest.mark.parametrize("family", QWEN)
+def test_video_files_match_the_processor(capsys, models, folder, family):
+    """Token ids, targets, grids, second_per_grid_ts, Qwen3-VL's timestamps and the sampled frames
+    of an mp4: what transformers gives for the same file, from the model directory's video
+    processor config (Qwen2-VL's tiny config decodes every frame; Qwen3-VL's samples 2 fps)."""
+    model_dir, processor = models[family]
+    write_clip(folder / "clip.mp4")
+    rc, rows, err, _ = run(capsys, model_dir, folder, clip_records(folder))
+    assert rc == 0, err
+    messages = [user({"type": "video", "video": str(folder / "clip.mp4")}, text("What moves?")), assistant("A dog.")]
+    reference = reference_video(processor, messages)
+    indices = [int(i) for i in reference["video_metadata"][0].frames_indices]
+    assert len(indices) == (20 if family in ("qwen2_vl", "qwen2_5_vl") else 5)
+    grid = reference["video_grid_thw"].tolist()
+    assert grid[0][0] == -(-len(indices) // 2)  # ceil(count / temporal_patch_size)
+    for row in rows:  # the messages part and the LLaVA-style record alike
+        assert row["input_ids"] == framed(model_dir, processor, reference["input_ids"][0])
+        assert row["videos"] == [{"path": "clip.mp4", "frame_indices": indices}]
+        assert row["video_grid_thw"] == grid
+        targets = [processor.tokenizer.decode(r) for r in runs(row["input_ids"], row["loss_mask"])]
+        assert targets == expected_targets(family, messages)
+        if family == "qwen2_5_vl":
+            assert row["second_per_grid_ts"] == reference["second_per_grid_ts"] == [0.25]  # 2 frames / 8 fps
+        else:
+            assert "second_per_grid_ts" not in row
+    if family in ("qwen3_vl", "qwen3_5"):  # frames 0, 5 | 10, 14 | 19 (19 again) at 8 fps
+        shown = processor.tokenizer.decode(rows[0]["input_ids"])
+        assert re.findall(r"<[\d.]+ seconds>", shown) == ["<0.3 seconds>", "<1.5 seconds>", "<2.4 seconds>"]
+        assert processor.tokenizer.decode(reference["input_ids"][0]).count("<|vision_start|><0.3 seconds>") == 1
+
+
+@needs_video
+@pytest.mark.parametrize("family,flags,config", [
+    ("qwen2_5_vl", ["--video-fps", "4"], {"do_sample_frames": True, "fps": 4}),
+    ("qwen2_vl", ["--video-num-frames", "6"], {"do_sample_frames": True, "num_frames": 6}),
+    ("qwen3_vl", ["--video-num-frames", "8"], {"num_frames": 8, "fps": None}),
+    ("qwen3_vl", ["--video-min-frames", "7"], {"min_frames": 7}),
+    ("qwen3_5", ["--video-fps", "1", "--video-max-frames", "3"], {"fps": 1, "max_frames": 3}),
+    ("qwen3_vl", ["--video-sample-frames", "off"], {"do_sample_frames": False}),
+])
+def test_video_sampling_flags_are_the_configs(capsys, models, folder, family, flags, config):
+    """Each --video-* flag samples as the video processor config with that value would: the
+    reference is transformers with the same attributes set on its video processor."""
+    model_dir, processor = models[family]
+    write_clip(folder / "clip.mp4")
+    rc, rows, err, _ = run(capsys, model_dir, folder, clip_records(folder)[:1], *flags)
+    assert rc == 0, err
+    processor = copy.deepcopy(processor)
+    for name, value in config.items():
+        setattr(processor.video_processor, name, value)
+    messages = [user({"type": "video", "video": str(folder / "clip.mp4")}, text("What moves?")), assistant("A dog.")]
+    reference = reference_video(processor, messages)
+    indices = [int(i) for i in reference["video_metadata"][0].frames_indices]
+    assert rows[0]["videos"] == [{"path": "clip.mp4", "frame_indices": indices}]
+    assert rows[0]["input_ids"] == framed(model_dir, processor, reference["input_ids"][0])
+    assert rows[0]["video_grid_thw"] == reference["video_grid_thw"].tolist()
+    if family == "qwen2_5_vl":
+        assert rows[0]["second_per_grid_ts"] == reference["second_per_grid_ts"]
+    print(family, flags, indices)
+
+
+@needs_video
+def test_frame_folders_and_video_files_in_one_sample(capsys, models, folder):
+    """Both kinds go to the processor together (one decoded layout): each keeps its own entry,
+    grid and second_per_grid_ts, as transformers gives them for each alone."""
+    model_dir, processor = models["qwen2_5_vl"]
+    write_clip(folder / "clip.mp4", frames=12, fps=6)
+    frames = video_record(folder)["messages"][0]["content"][0]["video"]
+    record = {"messages": [{"role": "user", "content": [{"type": "video", "video": frames},
+                                                        {"type": "video", "video": "clip.mp4"},
+                                                        {"type": "text", "text": "What moves?"}]},
+                           {"role": "assistant", "content": "A dog."}]}
+    rc, rows, err, _ = run(capsys, model_dir, folder, [record])
+    assert rc == 0, err
+    alone = reference_video(processor, [user({"type": "video", "video": str(folder / "clip.mp4")}), assistant("A.")])
+    assert rows[0]["videos"] == [{"frames": frames}, {"path": "clip.mp4", "frame_indices": list(range(12))}]
+    assert rows[0]["video_grid_thw"] == [[2, 4, 4]] + alone["video_grid_thw"].tolist()
+    assert rows[0]["second_per_grid_ts"] == [1.0] + alone["second_per_grid_ts"]
+
+
+@needs_video
+def test_bad_video_files_are_named_by_line_and_nothing_is_written(capsys, models, folder):
+    from PIL import Image
+    import torch
+    from torchcodec.encoders import AudioEncoder, VideoEncoder
+
+    model_dir, _ = models["qwen3_vl"]
+    whole = write_clip(folder / "clip.mp4").read_bytes()
+    (folder / "truncated.mp4").write_bytes(whole[: len(whole) // 2])  # the mp4 index (moov) is at its end
+    (folder / "text.mp4").write_text("hello, not a video\n")
+    VideoEncoder(torch.zeros(0, 3, 48, 64, dtype=torch.uint8), frame_rate=8).to_file(str(folder / "empty.mp4"))
+    AudioEncoder(torch.zeros(1, 8000), sample_rate=8000).to_file(str(folder / "sound.mp3"))
+    (folder / "sizes").mkdir()
+    Image.new("RGB", (64, 64)).save(folder / "sizes" / "0.png")
+    Image.new("RGB", (64, 32)).save(folder / "sizes" / "1.png")
+
+    def record(video):
+        return {"conversations": [{"from": "human", "value": "<video>\nWhat moves?"}, {"from": "gpt", "value": "A."}],
+                "video": video}
+
+    cases = [
+        ("truncated.mp4", [], r'video 0 file "{}" cannot be read as a video: Could not open input file: .*'
+                              r"Invalid data found when processing input"),
+        ("text.mp4", [], r'video 0 file "{}" cannot be read as a video: Could not open input file'),
+        ("empty.mp4", [], r'video 0 file "{}" holds no video stream \(no frame to decode\)'),
+        ("sound.mp3", [], r'video 0 file "{}" holds no video stream \(no frame to decode\)'),
+        ("missing.mp4", [], r'video 0 "{}" is neither a video file nor a folder of frames \(it does not exist\)'),
+        ("sizes", [], r"video 0: its frames differ in size: \['64 x 32', '64 x 64'\]"),
+        ("clip.mp4", ["--max-image-pixels", "1000"],
+         r'video 0 file "{}" has frames of 64 x 48 = 3072 pixels, more than --max-image-pixels 1000'),
+        # (Qwen2-VL's sampling refuses more frames than the file has; Qwen3-VL's repeats frames.)
+        ("clip.mp4", ["--video-num-frames", "40", "--model", models["qwen2_vl"][0]],
+         r'video 0 file "{}" \(20 frames at 8 fps\): the video processor\'s sampling refused it: .*num_frames=40'),
+    ]
+    for name, flags, words in cases:
+        out = folder / "out.jsonl"
+        rc, _, err, path = run(capsys, model_dir, folder, [{"text": "Hello there"}, record(name)], *flags)
+        assert rc == 2 and not out.exists(), (name, err)
+        assert re.search(f"^mmsp prepare: error: {re.escape(str(path))}:2: " + words.format(re.escape(str(folder / name))),
+                         err.strip()), (name, err)
+    for family in ("llava", "internvl"):  # a family mmsp trains no video for
+        rc, _, err, path = run(capsys, models[family][0], folder, [record("clip.mp4")])
+        assert rc == 2 and f"{path}:1: video 0: mmsp trains videos for the Qwen families only, not {family}" in err
+
+
+@needs_video
+def test_video_flags_are_checked(capsys, models, folder):
+    model_dir, _ = models["qwen2_vl"]
+    write_clip(folder / "clip.mp4")
+    for flags, words in [
+        (["--video-fps", "0"], "--video-fps 0.0 must be a finite number above 0"),
+        (["--video-num-frames", "0"], "--video-num-frames 0 must be at least 1"),
+        (["--video-fps", "2", "--video-num-frames", "4"], "--video-fps 2 and --video-num-frames 4 are exclusive"),
+        (["--video-min-frames", "5", "--video-max-frames", "4"], "--video-min-frames 5 is above --video-max-frames 4"),
+        (["--video-num-frames", "4", "--video-sample-frames", "off"], "--video-sample-frames off decodes every frame"),
+        (["--video-max-frames", "4"], "--video-max-frames bound the frames sampled, but the video processor of "
+                                      f'--model "{model_dir}" does not sample (do_sample_frames false)'),
+    ]:
+        rc, _, err, _ = run(capsys, model_dir, folder, clip_records(folder)[:1], *flags)
+        assert rc == 2 and words in err, (flags, err)
 
 
 # --- the command -------------------------------------------------------------------------------

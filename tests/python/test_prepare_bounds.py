@@ -265,6 +265,37 @@ def test_what_prepare_writes_mmsp_train_reads(capsys, models, folder, tmp_path):
     assert rc == 0, out
 
 
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+def test_video_files_prepare_writes_mmsp_train_decodes_as_transformers(capsys, models, folder, tmp_path, family):
+    """A video file through the whole chain: prepare's {"path", "frame_indices"} line, decoded by
+    mmsp train's reader (`mmsp pixels`), gives the pixel_values_videos transformers gives for the
+    same file with its own sampling (the in-memory processor, given the path)."""
+    import copy
+
+    import torch
+    from safetensors.torch import load_file
+
+    from test_prepare import clip_records, reference_video, text, user, assistant, write_clip
+
+    pytest.importorskip("torchcodec")
+    binary = os.environ.get("MMSP_BINARY")
+    if not binary:
+        pytest.skip("MMSP_BINARY (the build's mmsp) is not set: ctest sets it")
+    model_dir, processor = models[family]
+    write_clip(folder / "clip.mp4", width=70, height=58)  # sides no multiple of 32: FFmpeg's filter graph
+    rc, rows, err, _ = run(capsys, model_dir, folder, clip_records(folder)[:1], output="video.jsonl")
+    assert rc == 0, err
+    done = subprocess.run([binary, "pixels", "--model", os.path.join(model_dir, "config.json"), "--data",
+                           str(folder / "video.jsonl"), "--out", str(tmp_path / "px.safetensors")],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, f"mmsp train refuses what mmsp prepare wrote: {done.stdout + done.stderr}"
+    messages = [user({"type": "video", "video": str(folder / "clip.mp4")}, text("What moves?")), assistant("A dog.")]
+    want = reference_video(processor, copy.deepcopy(messages))["pixel_values_videos"]
+    got = load_file(str(tmp_path / "px.safetensors"))["sample0.video0"]
+    assert got.shape == want.shape, (tuple(got.shape), tuple(want.shape))
+    assert torch.equal(got, want.to(got.dtype)), f"off by up to {(got - want).abs().max().item():.3e}"
+
+
 def test_the_bounds_are_the_trainers_numbers():
     """train_bounds.py restates the C++ constants (prepare runs without the build): each equals its source."""
     from mmsp.prepare import train_bounds

@@ -39,8 +39,18 @@ def parser():
                    help="the records' format (default: told from each record's fields)")
     p.add_argument("--image-root", metavar="DIR",
                    help="relative image and video paths are under DIR (default: the input's folder)")
-    p.add_argument("--video-fps", type=float, default=2.0, metavar="FPS",
-                   help="frames per second of the videos' frames (Qwen timestamps; default 2)")
+    p.add_argument("--video-fps", type=float, metavar="FPS",
+                   help="frames per second the model sees: video files are sampled at FPS, frame folders were taken at "
+                        "FPS (Qwen timestamps; default: the video processor config's for files, 2 for folders)")
+    p.add_argument("--video-num-frames", type=int, metavar="N",
+                   help="video files: sample N frames each instead of a rate (the config's num_frames)")
+    p.add_argument("--video-min-frames", type=int, metavar="N",
+                   help="video files: sample at least N frames (the config's min_frames)")
+    p.add_argument("--video-max-frames", type=int, metavar="N",
+                   help="video files: sample at most N frames (the config's max_frames)")
+    p.add_argument("--video-sample-frames", choices=("on", "off"),
+                   help="video files: sample frames (on) or decode every frame (off); default: the config's "
+                        "do_sample_frames, on when --video-fps or --video-num-frames is given")
     p.add_argument("--max-record-bytes", type=int, default=MAX_RECORD_BYTES, metavar="N",
                    help="a longer record is a bad record, never read whole: the memory bound "
                         f"(default {MAX_RECORD_BYTES}: 8 MiB, which peaks at about 2.4 GB)")
@@ -85,6 +95,10 @@ def main(argv=None):
         options = Options(model=args.model, input=args.input, output=args.output, max_length=args.max_length,
                           overflow=args.overflow, skip_bad=args.skip_bad, format=args.format,
                           image_root=args.image_root, video_fps=args.video_fps,
+                          video_num_frames=args.video_num_frames, video_min_frames=args.video_min_frames,
+                          video_max_frames=args.video_max_frames,
+                          video_sample_frames=None if args.video_sample_frames is None
+                          else args.video_sample_frames == "on",
                           max_record_bytes=args.max_record_bytes, max_image_pixels=args.max_image_pixels,
                           enable_thinking=None if args.enable_thinking is None else args.enable_thinking == "on",
                           empty_think=args.empty_think)

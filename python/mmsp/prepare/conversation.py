@@ -6,11 +6,14 @@ The token ids are exactly `processor.apply_chat_template(messages, tokenize=True
 every image / video placeholder to the count its image processor gives for that item's size,
 and tokenizes. Only two things are asked of it on top: each token's characters
 (`return_offsets_mapping`) and each expansion's place (`return_text_replacement_offsets`), which
-the loss mask and the vision blocks need.
+the loss mask and the vision blocks need. One change is made to them: a Qwen3-VL / Qwen3.5
+video loses the template's `<|vision_start|>` / `<|vision_end|>` around its timestamped blocks
+(`_unwrap_framed_videos` says why).
 """
+import bisect
 from dataclasses import dataclass
 
-from . import media
+from . import media, video_file
 from .errors import BadSample, PrepareError
 
 
@@ -25,10 +28,16 @@ class Encoded:
     second_per_grid_ts: list
 
 
+@dataclass
+class Video:
+    frames: list  # frame folders and lists: the frame files; a video file: []
+    file: object = None  # a video file: video_file.VideoFile (its path, sampled indices, frames)
+
+
 def hf_messages(chat, root, model, max_pixels):
     """`Chat` → the messages transformers' processors take, every file decoded and checked (an
-    image file at most `max_pixels` pixels); returns them with the absolute paths of the images
-    and the frames of the videos."""
+    image file, a video frame at most `max_pixels` pixels); returns them with the absolute paths
+    of the images and the videos (`Video`s)."""
     images, videos, messages = [], [], []
     for message in chat.messages:
         content = []
@@ -42,30 +51,47 @@ def hf_messages(chat, root, model, max_pixels):
             else:
                 if model.family != "qwen" or not model.videos:
                     raise BadSample(f"{part.where}: {_no_video_reason(model)}")
-                frames = media.video_frames(part.source, root, part.where)
-                decoded = [media.load_image(f, f"{part.where} frame {k}", max_pixels) for k, f in enumerate(frames)]
-                if len({im.size for im in decoded}) > 1:
-                    raise BadSample(f"{part.where}: its frames differ in size: "
-                                    f"{sorted({f'{w} x {h}' for w, h in (im.size for im in decoded)})}")
-                content.append({"type": "video", "video": decoded})
-                videos.append(frames)
+                kind, source = media.video_source(part.source, root, part.where)
+                if kind == "file":
+                    video = Video([], video_file.load(source, part.where, model, max_pixels))
+                    content.append({"type": "video", "video": video.file.frames})
+                else:
+                    content.append({"type": "video", "video": _folder_video(source, part.where, max_pixels)})
+                    video = Video(source)
+                videos.append(video)
         messages.append({"role": message.role, "content": content})
         if message.reasoning is not None:
             messages[-1]["reasoning_content"] = message.reasoning  # the key the released templates read
     return messages, images, videos
 
 
+def _folder_video(frames, where, max_pixels):
+    """A frame folder's (or list's) frames decoded, as one uint8 [T, C, H, W] tensor: the layout
+    torchcodec gives a video file's, so that both kinds can go to the processor together."""
+    import numpy as np
+    import torch
+
+    decoded = [media.load_image(f, f"{where} frame {k}", max_pixels) for k, f in enumerate(frames)]
+    if len({im.size for im in decoded}) > 1:
+        raise BadSample(f"{where}: its frames differ in size: "
+                        f"{sorted({f'{w} x {h}' for w, h in (im.size for im in decoded)})}")
+    return torch.from_numpy(np.stack([np.asarray(im.convert("RGB")) for im in decoded])).permute(0, 3, 1, 2)
+
+
 def encode(model, messages, videos, video_fps, template_kwargs=None):
-    """Tokenizes a conversation with the processor; `videos` (frame lists) only sizes the metadata;
+    """Tokenizes a conversation with the processor; `videos` (`Video`s) give the metadata;
     `template_kwargs` go to the chat template (enable_thinking)."""
     template_kwargs = template_kwargs or {}
     kwargs = {"return_offsets_mapping": True, "return_text_replacement_offsets": True}
     if videos:
-        # The frames are the video as the user cut it: no resampling, and they were taken at
-        # --video-fps (Qwen3-VL's timestamps, Qwen2.5-VL's second_per_grid_ts come from it).
-        kwargs.update(do_sample_frames=False, fps=video_fps, video_metadata=[
-            {"total_num_frames": len(f), "fps": video_fps, "frames_indices": list(range(len(f))),
-             "duration": len(f) / video_fps} for f in videos])
+        # Every video arrives decoded and sampled: a video file's frames at the indices its video
+        # processor's own sampling chose (video_file.py), with the metadata transformers' decoder
+        # would give it; a frame folder as the user cut it, taken at --video-fps. Qwen3-VL's
+        # timestamps and Qwen2.5-VL's second_per_grid_ts come from that metadata.
+        kwargs.update(do_sample_frames=False, video_metadata=[
+            v.file.metadata if v.file else
+            {"total_num_frames": len(v.frames), "fps": video_fps, "frames_indices": list(range(len(v.frames))),
+             "duration": len(v.frames) / video_fps} for v in videos])
     try:
         prompt = model.processor.apply_chat_template(messages, tokenize=False, **template_kwargs)
         out = model.processor.apply_chat_template(messages, tokenize=True, return_dict=True,
@@ -78,15 +104,42 @@ def encode(model, messages, videos, video_fps, template_kwargs=None):
     if replacements is None:
         raise PrepareError(f"{type(model.processor).__name__} does not report where it expands placeholders "
                            "(return_text_replacement_offsets): mmsp prepare needs transformers 5.17 or newer")
+    ids, offsets = [int(t) for t in out["input_ids"][0]], [(int(a), int(b)) for a, b in out["offset_mapping"][0]]
+    replacements = list(replacements[0])
+    if model.family == "qwen":
+        _unwrap_framed_videos(model, ids, offsets, replacements)
     return Encoded(
-        input_ids=[int(t) for t in out["input_ids"][0]],
-        offsets=[(int(a), int(b)) for a, b in out["offset_mapping"][0]],
+        input_ids=ids,
+        offsets=offsets,
         prompt=prompt,
-        replacements=list(replacements[0]),
+        replacements=replacements,
         image_grid_thw=_rows(out.get("image_grid_thw")),
         video_grid_thw=_rows(out.get("video_grid_thw")),
         second_per_grid_ts=_rows(out.get("second_per_grid_ts")),
     )
+
+
+def _unwrap_framed_videos(model, ids, offsets, replacements):
+    """Qwen3-VL / Qwen3.5: the processor expands a video into its own blocks, one per temporal
+    patch, each after its timestamp (`<0.3 seconds><|vision_start|>...<|vision_end|>`), but
+    transformers 5.17 replaces only the template's `<|video_pad|>`, leaving the template's
+    `<|vision_start|>` / `<|vision_end|>` around them: nested blocks. Qwen's own processor (the
+    one the models were released with, transformers 4.57) replaced the template's three tokens
+    whole, as vLLM does, as transformers' get_rope_index documents, and as mmsp's trainer parses
+    (docs/data.md): so the template's pair around such an expansion is dropped here (in place)."""
+    start_token = getattr(model.processor, "vision_start_token", None)
+    if not start_token:
+        return
+    starts = [a for a, _ in offsets]
+    for r in reversed(replacements):
+        if r["type"] != "video" or start_token not in r.get("replacement", ""):
+            continue
+        lo, hi = r["new_span"]
+        first, after = bisect.bisect_left(starts, lo), bisect.bisect_left(starts, hi)
+        if 0 < first and after < len(ids) and ids[first - 1] == model.vision_start_id \
+                and ids[after] == model.vision_end_id:
+            for i in (after, first - 1):
+                del ids[i], offsets[i], starts[i]
 
 
 def encode_text(model, text):

@@ -1,4 +1,5 @@
-"""Image and video files: resolved, checked against what mmsp's C++ reader can read, decoded.
+"""Image files and video frames: resolved, checked against what mmsp's C++ reader can read,
+decoded (video files: video_file.py).
 
 mmsp's trainer decodes the files named in the output as PIL does (src/train/data/image_file.cpp:
 JPEG by libjpeg-turbo with PIL's settings, PNG, BMP, GIF, TGA, PSD and PNM by stb_image) and
@@ -112,17 +113,24 @@ def _check_size(path, what, width, height, max_pixels):
         raise BadSample(f'{what} file "{path}" is {width} x {height} pixels: it holds no pixel')
 
 
-def video_frames(source, root, what):
-    """A video → its frame files: a list of paths, or a folder whose image files are the frames
-    in natural order of their names (frame_2 before frame_10)."""
+def video_source(source, root, what):
+    """A video as the record gives it → ("frames", its frame files) for a list of frame paths or a
+    folder of them, or ("file", its absolute path) for a video file (video_file.py decodes it)."""
     if isinstance(source, list):
         if not source:
             raise BadSample(f"{what}: the list of frames is empty")
-        return [resolve(s, root, f"{what} frame {k}") for k, s in enumerate(source)]
-    folder = resolve(source, root, what)
+        return "frames", [resolve(s, root, f"{what} frame {k}") for k, s in enumerate(source)]
+    path = resolve(source, root, what)
+    if os.path.isfile(path):
+        return "file", path
+    return "frames", _folder_frames(path, what)
+
+
+def _folder_frames(folder, what):
+    """A folder's image files, the frames, in natural order of their names (frame_2 before frame_10)."""
     if not os.path.isdir(folder):
-        raise BadSample(f'{what} "{folder}" is not a folder of frames' + ("" if os.path.exists(folder)
-                                                                          else " (it does not exist)"))
+        raise BadSample(f'{what} "{folder}" is neither a video file nor a folder of frames'
+                        + ("" if os.path.exists(folder) else " (it does not exist)"))
     names = [n for n in os.listdir(folder) if n.lower().endswith(IMAGE_SUFFIXES)]
     if not names:
         raise BadSample(f'{what} folder "{folder}" holds no image files')

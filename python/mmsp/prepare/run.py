@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from . import conversation, formats, grids, loss_mask, model as model_dir, overflow, reader, reasoning, writer
+from . import conversation, formats, grids, loss_mask, model as model_dir, overflow, reader, reasoning, video_file, writer
 from .errors import BadSample, PrepareError
 from .train_bounds import INT32_MAX, MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_BOUND, MAX_SECONDS_PER_GRID
 
@@ -16,6 +16,9 @@ from .train_bounds import INT32_MAX, MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_BOUND, M
 # a text record of 8 MiB peaks at 2.4 GB, 16 MiB at 3.7 GB, with --max-length 1000 --overflow
 # truncate; one of 100 MB passed 16 GB before this bound), so this is the memory bound.
 MAX_RECORD_BYTES = 8 << 20
+
+# Frame folders were taken at --video-fps, else at this rate (Qwen's released sampling rate).
+FOLDER_FPS = 2.0
 
 
 @dataclass
@@ -28,7 +31,11 @@ class Options:
     skip_bad: bool = False
     format: str = "auto"
     image_root: Optional[str] = None  # default: the input's folder
-    video_fps: float = 2.0
+    video_fps: Optional[float] = None  # frame folders' rate (default FOLDER_FPS) and video files' sampling rate
+    video_num_frames: Optional[int] = None  # video files: the video processor config's, unless given
+    video_min_frames: Optional[int] = None
+    video_max_frames: Optional[int] = None
+    video_sample_frames: Optional[bool] = None
     max_record_bytes: int = MAX_RECORD_BYTES
     max_image_pixels: int = MAX_IMAGE_PIXELS
     enable_thinking: Optional[bool] = None  # None: the chat template's own default
@@ -60,8 +67,7 @@ def check(options):
         raise PrepareError(f"--overflow {options.overflow} is not one of {', '.join(overflow.OVERFLOW)}")
     if options.max_length is not None and options.max_length < 1:
         raise PrepareError(f"--max-length {options.max_length} must be at least 1")
-    if not options.video_fps > 0 or options.video_fps == float("inf"):
-        raise PrepareError(f"--video-fps {options.video_fps} must be a finite number above 0")
+    video_file.check(sampling(options))
     if options.empty_think not in reasoning.EMPTY_THINK:
         raise PrepareError(f"--empty-think {options.empty_think} is not one of {', '.join(reasoning.EMPTY_THINK)}")
     if options.max_record_bytes < 1:
@@ -84,10 +90,17 @@ def check(options):
         raise PrepareError(f'--image-root "{options.image_root}" is not a folder')
 
 
+def sampling(options):
+    return video_file.Sampling(fps=options.video_fps, num_frames=options.video_num_frames,
+                               min_frames=options.video_min_frames, max_frames=options.video_max_frames,
+                               sample_frames=options.video_sample_frames)
+
+
 def prepare(options, report):
     """`report(message)` is told each skipped record as it is skipped."""
     check(options)
     model = model_dir.load(options.model)
+    video_file.configure(model, sampling(options))
     reasoning.check_template(model.processor, options.enable_thinking)
     root = os.path.abspath(options.image_root or os.path.dirname(os.path.abspath(options.input)))
     spans = None  # the chat template's assistant spans, made at the first conversation
@@ -126,7 +139,7 @@ def _row(out, model, sample, spans, root, options):
         mask, blocks, images, videos, enc = [1] * len(ids), [], [], [], None
     else:
         messages, images, videos = conversation.hf_messages(sample, root, model, options.max_image_pixels)
-        enc = conversation.encode(model, messages, videos, options.video_fps,
+        enc = conversation.encode(model, messages, videos, options.video_fps or FOLDER_FPS,
                                   reasoning.template_kwargs(options.enable_thinking))
         mask = loss_mask.token_mask(spans.spans(messages, enc.prompt), enc.offsets, enc.replacements, enc.prompt)
         if not any(mask):
@@ -159,4 +172,4 @@ def _check_train_bounds(model, line):
     for k, seconds in enumerate(line.get("second_per_grid_ts", [])):
         if not 0 <= seconds <= MAX_SECONDS_PER_GRID:
             raise BadSample(f"second_per_grid_ts[{k}] is {seconds}, outside [0, {MAX_SECONDS_PER_GRID:g}] seconds that "
-                            "mmsp train reads (it scales video positions): is --video-fps too low?")
+                            "mmsp train reads (it scales video positions): is the video's frame rate or --video-fps too low?")

@@ -87,8 +87,16 @@ def row(out, model, ids, mask, blocks, images, videos, enc):
         line["image_grid_thw"] = [b.grid for b in kept]
     kept = [b for b in blocks if b.kind == "video"]
     if kept:
-        line["videos"] = [{"frames": [out.path_for(f) for f in videos[b.index]]} for b in kept]
+        line["videos"] = [_video(out, videos[b.index]) for b in kept]
         line["video_grid_thw"] = [b.grid for b in kept]
         if model.model_type == "qwen2_5_vl" and enc.second_per_grid_ts:
             line["second_per_grid_ts"] = [float(enc.second_per_grid_ts[b.index]) for b in kept]
     return line
+
+
+def _video(out, video):
+    """A frame folder or list: its frame files; a video file: its path and the frames sampled
+    from it, which training decodes (docs/data.md)."""
+    if video.file is None:
+        return {"frames": [out.path_for(f) for f in video.frames]}
+    return {"path": out.path_for(video.file.path), "frame_indices": list(video.file.frame_indices)}
