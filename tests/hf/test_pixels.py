@@ -133,7 +133,6 @@ def test_the_torchvision_backend_is_within_two_levels(name, tmp_path, mmsp_bin):
     """The processor transformers picks by default when torchvision is installed: the same grids
     (so `mmsp prepare`'s tokens are the same with either backend) and pixels at most 2/255 off
     mmsp's, most of them equal: the bound docs/data.md states."""
-    pytest.importorskip("torchvision")
     family, cfg, model_dir, pre, processor = _model(name, tmp_path, backend="torchvision")
     pil = _auto_image_processor(str(model_dir), "pil")
     lines, expected = [], []

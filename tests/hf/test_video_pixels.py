@@ -18,10 +18,10 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
+import torchcodec.encoders  # requirements/hf.txt pins it: never skipped
+
 import families as F
 import processors as P
-
-torchcodec = pytest.importorskip("torchcodec", reason="requirements/hf.txt pins torchcodec")
 
 FAMILY_NAMES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
 # (width, height): 128 a multiple of 32 (swscale), 140 and 58 not (filter graph); sizes the

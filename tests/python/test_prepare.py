@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-from transformers.utils import is_torchvision_available
 
 import tiny_models
 from conftest import IMAGES
@@ -165,7 +164,6 @@ def test_either_image_backend_gives_the_same_tokens_and_grids(capsys, models, fo
     from PIL import Image
     from transformers import AutoProcessor
 
-    pytest.importorskip("torchvision")
     sizes = [(1, 1), (3, 500), (17, 250), (57, 200), (113, 61), (300, 301), (640, 33), (56, 56)]
     for k, (w, h) in enumerate(sizes):
         Image.new("RGB", (w, h), (30 * k, 100, 200 - 20 * k)).save(folder / f"s{k}.png")
@@ -488,19 +486,6 @@ def clip_records(folder):
              "video": "clip.mp4"}]
 
 
-@pytest.mark.skipif(is_torchvision_available(), reason="transformers can process videos here")
-def test_videos_without_torchvision_are_refused_by_name(capsys, models, folder):
-    model_dir, _ = models["qwen3_vl"]
-    rc, _, err, path = run(capsys, model_dir, folder, [video_record(folder)])
-    assert rc == 2
-    assert f"{path}:1: video 0: videos need transformers' video processor, which needs torchvision" in err
-
-
-needs_video = pytest.mark.skipif(not is_torchvision_available(), reason="transformers' video processors need "
-                                                                        "torchvision (requirements/hf.txt)")
-
-
-@needs_video
 @pytest.mark.parametrize("family", QWEN)
 def test_frame_folders_match_the_processor(capsys, models, folder, family):
     from transformers.image_utils import load_image
@@ -522,7 +507,6 @@ def test_frame_folders_match_the_processor(capsys, models, folder, family):
         assert rows[0]["second_per_grid_ts"] == reference["second_per_grid_ts"] == [1.0]
 
 
-@needs_video
 @pytest.mark.parametrize("family", QWEN)
 def test_video_files_match_the_processor(capsys, models, folder, family):
     """Token ids, targets, grids, second_per_grid_ts, Qwen3-VL's timestamps and the sampled frames
@@ -554,7 +538,6 @@ def test_video_files_match_the_processor(capsys, models, folder, family):
         assert processor.tokenizer.decode(reference["input_ids"][0]).count("<|vision_start|><0.3 seconds>") == 1
 
 
-@needs_video
 @pytest.mark.parametrize("family,flags,config", [
     ("qwen2_5_vl", ["--video-fps", "4"], {"do_sample_frames": True, "fps": 4}),
     ("qwen2_vl", ["--video-num-frames", "6"], {"do_sample_frames": True, "num_frames": 6}),
@@ -584,7 +567,6 @@ def test_video_sampling_flags_are_the_configs(capsys, models, folder, family, fl
     print(family, flags, indices)
 
 
-@needs_video
 def test_frame_folders_and_video_files_in_one_sample(capsys, models, folder):
     """Both kinds go to the processor together (one decoded layout): each keeps its own entry,
     grid and second_per_grid_ts, as transformers gives them for each alone."""
@@ -603,7 +585,6 @@ def test_frame_folders_and_video_files_in_one_sample(capsys, models, folder):
     assert rows[0]["second_per_grid_ts"] == [1.0] + alone["second_per_grid_ts"]
 
 
-@needs_video
 def test_bad_video_files_are_named_by_line_and_nothing_is_written(capsys, models, folder):
     from PIL import Image
     import torch
@@ -648,7 +629,6 @@ def test_bad_video_files_are_named_by_line_and_nothing_is_written(capsys, models
         assert rc == 2 and f"{path}:1: video 0: mmsp trains videos for the Qwen families only, not {family}" in err
 
 
-@needs_video
 def test_video_flags_are_checked(capsys, models, folder):
     model_dir, _ = models["qwen2_vl"]
     write_clip(folder / "clip.mp4")

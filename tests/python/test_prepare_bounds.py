@@ -277,7 +277,6 @@ def test_video_files_prepare_writes_mmsp_train_decodes_as_transformers(capsys, m
 
     from test_prepare import clip_records, reference_video, text, user, assistant, write_clip
 
-    pytest.importorskip("torchcodec")
     binary = os.environ.get("MMSP_BINARY")
     if not binary:
         pytest.skip("MMSP_BINARY (the build's mmsp) is not set: ctest sets it")
