@@ -28,7 +28,8 @@ at::Tensor normalize_pixels_fused(const at::Tensor& x, int64_t channel_dim, cons
   const auto scaled = [&](const std::array<double, 3>& v) {
     return (at::tensor(std::vector<double>(v.begin(), v.begin() + c)).to(at::kFloat) * 255.0f).view(shape);
   };
-  return (x.to(at::kFloat) - scaled(norm.mean)) / scaled(norm.std);
+  // In place on the float copy (one frame-sized buffer, not three): the same two roundings.
+  return x.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).sub_(scaled(norm.mean)).div_(scaled(norm.std));
 }
 
 at::Tensor PixelGeometry::video_pixels(const at::Tensor& frames) const {

@@ -79,6 +79,11 @@ class PixelGeometry {
   // processors resize (torchvision) -> the item's tensor (float32), normalised as they
   // normalise. Families without videos throw.
   virtual at::Tensor video_pixels(const at::Tensor& frames) const;
+  // A video's rows in groups of frames, in order: the frames each group is made of and the
+  // rows each group gives (Qwen: temporal patches of temporal_patch_size frames, h·w rows each,
+  // t-major), so that rows of a video can be made from their frames alone. 0: not grouped.
+  virtual int64_t video_frames_per_group() const { return 0; }
+  virtual int64_t video_rows_per_group(const plan::Grid& g) const { return 0; }
 };
 
 }  // namespace mmsp::model

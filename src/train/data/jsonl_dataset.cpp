@@ -467,6 +467,35 @@ at::Tensor JsonlDataset::video_pixels(int64_t index, int64_t video) const {
   return pixels(s, s.videos[video], s.sequence.video_grid_thw[video], true, video);
 }
 
+at::Tensor JsonlDataset::video_pixel_rows(int64_t index, int64_t video, int64_t first, int64_t rows) const {
+  const Sample& s = sample(index);
+  MMSP_CHECK(video >= 0 && video < static_cast<int64_t>(s.videos.size()), location(index), ": sample ", index,
+             " has ", s.videos.size(), " videos, no video ", video);
+  const Source& src = s.videos[video];
+  const plan::Grid& g = s.sequence.video_grid_thw[video];
+  const int64_t per_group = geometry_->video_frames_per_group(), group_rows = geometry_->video_rows_per_group(g);
+  const int64_t frames = static_cast<int64_t>(src.frame_indices.empty() ? src.files.size() : src.frame_indices.size());
+  MMSP_CHECK(rows > 0 && first >= 0 && first + rows <= geometry_->batch_rows(g), location(index), ": rows ", first,
+             "..", first + rows, " of video ", video, " are beyond its ", geometry_->batch_rows(g), " rows");
+  if (!src.safetensors.empty() || per_group <= 0 || group_rows <= 0)
+    return video_pixels(index, video).narrow(0, first, rows);
+  // The temporal groups [g0, g1] the rows fall in, and their frames (the last group's padding,
+  // the last frame repeated, is made by the geometry as for the whole video).
+  const int64_t g0 = first / group_rows, g1 = (first + rows - 1) / group_rows;
+  const int64_t f0 = g0 * per_group, f1 = std::min((g1 + 1) * per_group, frames);
+  Source part = src;
+  if (src.frame_indices.empty()) {
+    part.files.assign(src.files.begin() + f0, src.files.begin() + f1);
+  } else {
+    part.frame_indices.assign(src.frame_indices.begin() + f0, src.frame_indices.begin() + f1);
+  }
+  const std::string where = detail::concat(path_, ":", s.line, ": video ", video);
+  const auto [width, height] = geometry_->frame_size(g, src.width, src.height);
+  const at::Tensor px =
+      geometry_->video_pixels(video_frames(where, part.files, part.frame_indices, geometry_->channels(), width, height));
+  return px.narrow(0, first - g0 * group_rows, rows);
+}
+
 std::string JsonlDataset::describe() const {
   int64_t images = 0, videos = 0, tokens = 0;
   for (const Sample& s : samples_) {

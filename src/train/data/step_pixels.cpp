@@ -92,13 +92,23 @@ model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t
       for (size_t k = 0; k < grids.size(); ++k, ++item) {
         if (offsets[item] < 0) continue;
         const plan::Grid& g = grids[k];
+        const HeldPart& part = parts[item];
+        if (video && !part.whole) {  // a share of a split video: only its frames are decoded
+          const at::Tensor px = dataset.video_pixel_rows(samples[b], static_cast<int64_t>(k), part.first, part.rows);
+          std::vector<int64_t> want = geometry->row_shape();
+          want.insert(want.begin(), part.rows);
+          MMSP_CHECK(px.sizes() == at::IntArrayRef(want), "load_pixels: sample ", samples[b], " video ", k,
+                     " rows ", part.first, "..", part.first + part.rows, " have pixels ", px.sizes(), ", not ",
+                     at::IntArrayRef(want));
+          held.narrow(0, offsets[item], part.rows).copy_(px);
+          continue;
+        }
         const at::Tensor px = video ? dataset.video_pixels(samples[b], static_cast<int64_t>(k))
                                     : dataset.image_pixels(samples[b], static_cast<int64_t>(k));
         const std::vector<int64_t> want = geometry->item_shape(g);
         MMSP_CHECK(px.sizes() == at::IntArrayRef(want), "load_pixels: sample ", samples[b], " ",
                    plan::to_string(kind), " ", k, " has pixels ", px.sizes(), " but grid ", grid_text(g),
                    " needs ", at::IntArrayRef(want), " (", geometry->item_layout(), ")");
-        const HeldPart& part = parts[item];
         std::vector<int64_t> all_rows = geometry->row_shape();
         all_rows.insert(all_rows.begin(), geometry->batch_rows(g));
         held.narrow(0, offsets[item], part.rows).copy_(px.view(all_rows).narrow(0, part.first, part.rows));

@@ -32,6 +32,12 @@ class Dataset {
 
   // Pixels of video `video` of sample `index`: Qwen-VL [t·h·w, C·tp·p·p].
   virtual at::Tensor video_pixels(int64_t index, int64_t video) const = 0;
+  // Rows [first, first + rows) of them: what a rank holds of a video split over its context
+  // group (--vision-split). A dataset that can decode only the frames those rows come from
+  // overrides this; by default the whole video, cut.
+  virtual at::Tensor video_pixel_rows(int64_t index, int64_t video, int64_t first, int64_t rows) const {
+    return video_pixels(index, video).narrow(0, first, rows);
+  }
 
   // One line for logs: kind, source, sample count.
   virtual std::string describe() const = 0;

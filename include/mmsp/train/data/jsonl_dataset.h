@@ -41,6 +41,8 @@ class JsonlDataset : public Dataset {
   plan::Sequence sequence(int64_t index) const override;
   at::Tensor image_pixels(int64_t index, int64_t image) const override;
   at::Tensor video_pixels(int64_t index, int64_t video) const override;
+  // Decodes only the frames of the temporal groups the rows come from.
+  at::Tensor video_pixel_rows(int64_t index, int64_t video, int64_t first, int64_t rows) const override;
   std::string describe() const override;
 
   // "file.jsonl:7": where sample `index` came from.

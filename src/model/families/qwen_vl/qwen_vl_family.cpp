@@ -188,6 +188,8 @@ class QwenPixelGeometry : public PixelGeometry {
   at::Tensor video_pixels(const at::Tensor& frames) const override {
     return qwen_video_patches(frames, v_, norm_).rows;
   }
+  int64_t video_frames_per_group() const override { return v_.temporal_patch_size; }
+  int64_t video_rows_per_group(const plan::Grid& g) const override { return g[1] * g[2]; }
 
  private:
   int64_t temporal_patches(int64_t frames) const {
