@@ -7,6 +7,7 @@ indices: the loss and every gradient (tolerances: test_reference.py's, float32 i
 float64 transformers model). So the decoder, the resize, the normalisation, the rows' layout,
 the positions after a video and the tower's split are all checked at once.
 """
+import dataclasses
 import json
 import os
 import subprocess
@@ -48,6 +49,8 @@ def test_a_video_file_trains_as_transformers_computes(name, tmp_path, mmsp_bin, 
     from torchcodec.decoders import VideoDecoder
 
     family = F.FAMILIES[name]
+    vision = dict(F.config_dict(family)["vision_config"], num_heads=4)  # heads the 4 ranks divide: the tower splits
+    family = dataclasses.replace(family, overrides={**family.overrides, "vision_config": vision})
     cfg = F.config_dict(family)
     m = cfg["vision_config"]["spatial_merge_size"]
     model = F.build_model(family)
@@ -79,6 +82,12 @@ def test_a_video_file_trains_as_transformers_computes(name, tmp_path, mmsp_bin, 
         line["second_per_grid_ts"] = [1.0]
     (tmp_path / "data.jsonl").write_text(json.dumps(line) + "\n")
     rtol = GRAD_RTOL.get(name, GRAD_RTOL_DEFAULT)
+    # The 4-rank run splits the video's tower over the context group (mmsp plan says so).
+    (tmp_path / "batch.json").write_text(json.dumps({"sequences": [{"input_ids": ids, "video_grid_thw": [grid]}]}))
+    plan = subprocess.run([mmsp_bin, "plan", "--config", os.path.join(model_dir, "config.json"), "--batch",
+                           str(tmp_path / "batch.json"), "--ring", "2", "--ulysses", "2", "--vision-split", "64"],
+                          capture_output=True, text=True, timeout=60)
+    assert "split over the context group" in plan.stdout, plan.stdout + plan.stderr
     for ranks in (1, 4):
         run, grads = str(tmp_path / f"run{ranks}"), str(tmp_path / f"grads{ranks}")
         cmd = [mmsp_bin, "train", "--model", model_dir, "--data", str(tmp_path / "data.jsonl"), "--steps", "1",
