@@ -115,17 +115,25 @@ def test_pixels_equal_the_image_processor(name, tmp_path, mmsp_bin):
         line, pixels = _line(family, cfg, processor, path)
         lines.append(line)
         expected.append(pixels)
+    worst, equal, per_image = _compare(mmsp_bin, model_dir, tmp_path, lines, family, pre, expected)
+    for i, off in enumerate(per_image):
+        assert off <= BOUND, f"{name} image {SIZES[i]}: off by {off * 255:.3f}/255"
+    print(f"{name}: {len(SIZES)} images, worst {worst * 255:.4f}/255, {100.0 * equal:.1f}% of values equal")
+
+
+def _compare(mmsp_bin, model_dir, tmp_path, lines, family, pre, expected):
+    """`mmsp pixels` on `lines` against the processor's `expected`: (the worst difference, the
+    fraction of values equal, each image's worst), in 0..1 units."""
     rc, err, got = _mmsp_pixels(mmsp_bin, model_dir, tmp_path, lines)
     assert rc == 0, err
-
-    worst, equal, total = 0.0, 0, 0
+    worst, equal, total, per_image = 0.0, 0, 0, []
     for i, ref in enumerate(expected):
         diff = _levels_off(family, pre, got[f"sample{i}.image0"], ref)
-        worst = max(worst, diff.max().item())
+        per_image.append(diff.max().item())
+        worst = max(worst, per_image[-1])
         equal += int((diff < 1e-5).sum())
         total += diff.numel()
-        assert diff.max().item() <= BOUND, f"{name} image {SIZES[i]}: off by {diff.max().item() * 255:.3f}/255"
-    print(f"{name}: {len(SIZES)} images, worst {worst * 255:.4f}/255, {100.0 * equal / total:.1f}% of values equal")
+    return worst, equal / total, per_image
 
 
 @pytest.mark.parametrize("name", FAMILY_NAMES)
@@ -143,17 +151,10 @@ def test_the_torchvision_backend_is_within_two_levels(name, tmp_path, mmsp_bin):
         assert line == _line(family, cfg, pil, path)[0], f"{name} image {SIZES[i]}: the backends' grids differ"
         lines.append(line)
         expected.append(pixels)
-    rc, err, got = _mmsp_pixels(mmsp_bin, model_dir, tmp_path, lines)
-    assert rc == 0, err
-    worst, equal, total = 0.0, 0, 0
-    for i, ref in enumerate(expected):
-        diff = _levels_off(family, pre, got[f"sample{i}.image0"], ref)
-        worst = max(worst, diff.max().item())
-        equal += int((diff < 1e-5).sum())
-        total += diff.numel()
-    print(f"{name} (torchvision backend): worst {worst * 255:.4f}/255, {100.0 * equal / total:.1f}% of values equal")
+    worst, equal, _ = _compare(mmsp_bin, model_dir, tmp_path, lines, family, pre, expected)
+    print(f"{name} (torchvision backend): worst {worst * 255:.4f}/255, {100.0 * equal:.1f}% of values equal")
     assert worst <= TORCHVISION_BOUND, f"{name}: the torchvision backend is {worst * 255:.3f}/255 off mmsp's pixels"
-    assert equal / total >= TORCHVISION_MIN_EQUAL, f"{name}: only {100.0 * equal / total:.1f}% of values equal"
+    assert equal >= TORCHVISION_MIN_EQUAL, f"{name}: only {100.0 * equal:.1f}% of values equal"
 
 
 def _png16(path, values, color_type):

@@ -22,6 +22,7 @@ import torchcodec.encoders  # requirements/hf.txt pins it: never skipped
 
 import families as F
 import processors as P
+from test_pixels import _mmsp_pixels
 
 FAMILY_NAMES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
 # (width, height): 128 a multiple of 32 (swscale), 140 and 58 not (filter graph); sizes the
@@ -57,15 +58,6 @@ def _line(name, family, cfg, grid, video):
     else:
         ids = [family.start_token, *[pad] * (t * h * w // (m * m)), family.end_token]
     return {"input_ids": [1, *ids, 2], "videos": [video], "video_grid_thw": [grid]}
-
-
-def _mmsp_pixels(mmsp_bin, model_dir, tmp_path, lines):
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    out_file = tmp_path / "pixels.safetensors"
-    r = subprocess.run([mmsp_bin, "pixels", "--model", str(model_dir / "config.json"), "--data", str(data),
-                        "--out", str(out_file)], capture_output=True, text=True, timeout=300)
-    return r.returncode, r.stderr, (load_file(str(out_file)) if r.returncode == 0 else {})
 
 
 def _model(name, tmp_path):
