@@ -272,7 +272,7 @@ void JsonlDataset::read_items(const Line& line, bool video, Sample& s) const {
       sources.push_back(read_tensor_source(line, item, name, grids[k]));
       continue;
     }
-    ItemFiles files = read_files(line, item, video, name, given);
+    ItemFiles files = read_files(line, item, video, name);
     const int64_t frames = files.frames;
     if (given) {
       const std::string mismatch = geometry_->grid_mismatch(grids[k], frames, files.width, files.height, name);
@@ -327,7 +327,7 @@ JsonlDataset::Source JsonlDataset::read_tensor_source(const Line& line, const js
 
 // Image files: one for an image, the frames of a video; sizes from their headers.
 JsonlDataset::ItemFiles JsonlDataset::read_files(const Line& line, const json& item, bool video,
-                                                 const std::string& name, bool given) const {
+                                                 const std::string& name) const {
   const std::string& where = line.where;
   std::vector<std::string> files;
   if (video && item.contains("path")) return read_video_file(line, item, name);
@@ -354,10 +354,10 @@ JsonlDataset::ItemFiles JsonlDataset::read_files(const Line& line, const json& i
     out.source.files.push_back(resolve(dir_, files[f]).string());
     const auto [w, h] = image_size(line.r, fname, out.source.files.back(), max_image_pixels_);
     if (f == 0) out.width = out.source.width = w, out.height = out.source.height = h;
-    // Without a grid the first frame's size sets it: every frame must share it.
-    MMSP_CHECK(given || (w == out.width && h == out.height), where, ": ", fname, " \"", out.source.files.back(),
-               "\" is ", w, " x ", h, " but frame 0 is ", out.width, " x ", out.height,
-               "; frames of a video without video_grid_thw must have one size");
+    // A video's frames are one tensor to the video processors (they resize it whole): every
+    // frame must have the first one's size, grid or not.
+    MMSP_CHECK(w == out.width && h == out.height, where, ": ", fname, " \"", out.source.files.back(), "\" is ", w,
+               " x ", h, " but frame 0 is ", out.width, " x ", out.height, "; a video's frames must have one size");
   }
   out.frames = static_cast<int64_t>(out.source.files.size());
   return out;

@@ -80,8 +80,7 @@ class JsonlDataset : public Dataset {
   void read_items(const Line& line, bool video, Sample& s) const;
   Source read_tensor_source(const Line& line, const nlohmann::json& item, const std::string& name,
                             const plan::Grid& grid) const;
-  ItemFiles read_files(const Line& line, const nlohmann::json& item, bool video, const std::string& name,
-                       bool given) const;
+  ItemFiles read_files(const Line& line, const nlohmann::json& item, bool video, const std::string& name) const;
   ItemFiles read_video_file(const Line& line, const nlohmann::json& item, const std::string& name) const;
 
   const Sample& sample(int64_t index) const;
