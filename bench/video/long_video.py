@@ -13,7 +13,8 @@ with a short text tail, for configs/tiny-qwen2-vl.json (its vocabulary cut to 1,
   --vision-split auto: the tower split over the context group): each step's seconds, the
   busiest rank's peak and the vision routing bytes (metrics.jsonl), median over the steps
   after the first.
-The ratios: 4 ranks / one rank (step time, peak) and decode / step.
+The ratios: 4 ranks / one rank (step time, peak), decode / step, and each with
+--prefetch-pixels (the next step's video decoded on a thread during this one) / without.
 """
 import argparse
 import json
@@ -78,10 +79,12 @@ def timed(cmd, cwd):
     return time.perf_counter() - start
 
 
-def train(build, folder, name, ranks, tokens_per_rank, steps):
+def train(build, folder, name, ranks, tokens_per_rank, steps, prefetch=False):
     out = os.path.join(folder, name)
     cmd = [os.path.join(build, "mmsp"), "train", "--model", os.path.join(folder, "config.json"), "--data", "long.jsonl", "--dtype", "float32",
            "--steps", str(steps), "--tokens-per-rank", str(tokens_per_rank), "--out", out]
+    if prefetch:
+        cmd.append("--prefetch-pixels")
     if ranks > 1:
         cmd = [os.path.join(build, "mmsp-run"), "-n", str(ranks), "--"] + cmd + [
             "--ring", "2", "--ulysses", str(ranks // 2), "--vision-split", "auto"]
@@ -116,8 +119,13 @@ def main():
         per_rank = -(-tokens // 4 // 64) * 64 + 64
         one = train(build, folder, "one", 1, 4 * per_rank, args.steps)
         four = train(build, folder, "four", 4, per_rank, args.steps)
+        one_prefetch = train(build, folder, "one-prefetch", 1, 4 * per_rank, args.steps, prefetch=True)
+        four_prefetch = train(build, folder, "four-prefetch", 4, per_rank, args.steps, prefetch=True)
     result = {"frames": args.frames, "side": args.side, "patches": patches, "tokens": tokens,
               "decode_seconds": decode, "one_rank": one, "four_ranks": four,
+              "one_rank_prefetch": one_prefetch, "four_ranks_prefetch": four_prefetch,
+              "prefetch_step_ratio_one_rank": one_prefetch["step_seconds"] / one["step_seconds"],
+              "prefetch_step_ratio_four_ranks": four_prefetch["step_seconds"] / four["step_seconds"],
               "step_ratio": four["step_seconds"] / one["step_seconds"],
               "peak_ratio": four["peak_bytes"] / one["peak_bytes"],
               "decode_to_step_four_ranks": decode / four["step_seconds"],

@@ -92,6 +92,9 @@ void TrainFlags::add_memory(CLI::App& app) {
   app.add_flag("--offload-activations", options.offload_activations,
                 "keep the recomputed layers' inputs in host memory until their backward (needs "
                 "--checkpoint-activations; on CUDA the copies overlap the compute)");
+  app.add_flag("--prefetch-pixels", options.prefetch_pixels,
+                "decode the next step's images and videos on a thread while this step trains (the same pixels, "
+                "held one step early; not in the memory preflight)");
   app.add_option("--tiled-mlp", tiled_mlp,
                   "off, auto (tiles of at most hidden-size tokens) or N: each decoder MLP runs over tiles of N "
                   "tokens, forward and backward, so its [tokens, intermediate] activations exist one tile at a time")

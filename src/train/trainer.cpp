@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <functional>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -416,6 +417,15 @@ void save_step(const TrainOptions& o, const RunInputs& in, WeightUpdate& update,
   update.save(o.out, step, state, in.resolved.config_json, ckpt, mesh, log);
 }
 
+// The next step's pixels on a thread of their own (--prefetch-pixels), started when this
+// step's are in hand: that step's samples, batch and plan come from the data and the plan
+// options alone (no collective), so its pixels are those the step would load itself. The
+// step takes them only if its samples are those (a test hook may change a rank's).
+struct PixelPrefetch {
+  std::vector<int64_t> samples;
+  std::future<model::PixelInputs> pixels;
+};
+
 // What every step of the loop reads, fixed for the run.
 struct StepLoop {
   const TrainOptions& o;
@@ -432,7 +442,41 @@ struct StepLoop {
   attention::AttentionOptions attention;
   int64_t loss_chunk = 0;
   std::string fingerprint_prefix;  // this job's step-agreement keys
+  int64_t last_step = 0;
+  std::optional<PixelPrefetch>* prefetch = nullptr;  // --prefetch-pixels: the next step's, if started
 };
+
+// This step's pixels: the prefetched ones when they are this step's, else loaded now.
+model::PixelInputs step_pixels(const StepLoop& run, const std::vector<int64_t>& samples, const plan::Batch& batch,
+                               const plan::StepPlan& plan) {
+  if (run.prefetch && run.prefetch->has_value()) {
+    PixelPrefetch ahead = std::move(**run.prefetch);
+    run.prefetch->reset();
+    model::PixelInputs pixels = ahead.pixels.get();  // a decode error surfaces here, in its own step
+    if (ahead.samples == samples) return pixels;
+  }
+  return load_pixels(*run.in.data, samples, batch, run.in.resolved.config, pixels_encoded_here(plan, run.o.vision),
+                     run.in.dtype);
+}
+
+// Starts decoding the pixels of the step after `step`, whose data starts at `position`.
+void prefetch_pixels(const StepLoop& run, int64_t step, const DataPosition& position) {
+  if (!run.prefetch || step >= run.last_step) return;
+  DataPosition next = position;
+  PixelPrefetch ahead;
+  ahead.samples = run.in.packer->next_step(next);
+  const plan::PlanOptions options = run.plan_options;
+  const int rank = run.mesh.rank();
+  // The run's inputs outlive the thread (the loop's PixelPrefetch, which joins it, goes first).
+  const RunInputs* in = &run.in;
+  const model::VisionMode vision = run.o.vision;
+  ahead.pixels = std::async(std::launch::async, [in, vision, samples = ahead.samples, options, rank] {
+    const plan::Batch batch = make_batch(*in->data, samples);
+    const plan::StepPlan plan = plan::make_step_plan(batch, in->resolved.config.conventions, options, rank);
+    return load_pixels(*in->data, samples, batch, in->resolved.config, pixels_encoded_here(plan, vision), in->dtype);
+  });
+  *run.prefetch = std::move(ahead);
+}
 
 // The run's estimate with this step's vision tower: the busiest rank's, which every rank
 // computes alike from the plan, so that a step too large for the limit (a long video
@@ -491,9 +535,8 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
     agree_on_step(*mesh.store(), run.fingerprint_prefix, step, step_fingerprint(samples, batch, plan), mesh.rank(),
                   mesh.world_size(), mesh.world()->timeout());
   watch.phase("pixels");
-  const model::PixelInputs pixels =
-      load_pixels(*run.in.data, samples, batch, config, pixels_encoded_here(plan, run.o.vision), run.in.dtype)
-          .to(run.o.device);
+  const model::PixelInputs pixels = step_pixels(run, samples, batch, plan).to(run.o.device);
+  prefetch_pixels(run, step, position);
 
   const double lr = run.schedule.at(step - 1);
   run.update.set_lr(lr);
@@ -613,6 +656,8 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   blocks.block_q = o.attention_block;
   blocks.block_k = o.attention_block;
   blocks.kernel = attention::parse_attention_kernel(o.attention_kernel);
+  const int64_t last_step = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
+  std::optional<PixelPrefetch> prefetched;  // joined before the model goes (declared after it)
   const StepLoop run{o,
                      in,
                      vlm,
@@ -626,9 +671,10 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
                      plan_options,
                      blocks,
                      in.loss_chunk,
-                     agreement_prefix};
+                     agreement_prefix,
+                     last_step,
+                     o.prefetch_pixels ? &prefetched : nullptr};
 
-  const int64_t last_step = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
   if (!o.save_gradients.empty()) update.save_next_gradients(o.save_gradients, in.resolved.config_json, mesh, log);
   for (int64_t step = resumed.done + 1; step <= last_step; ++step) {
     const StepMetrics m = run_step(run, step, resumed.position, report.held_bytes, report.memory_estimate);

@@ -777,6 +777,24 @@ TEST(MultiRankTrain, ShardedCheckpointsResumeOnAnyWorldEitherWay) {
   }
 }
 
+// --prefetch-pixels: the next step's images and videos decoded on a thread while this step
+// trains are the pixels the step would load itself: four steps of examples/data (images,
+// a frame-folder video) train the same model bit for bit with it on and off (2 ranks).
+TEST(MultiRankTrain, PrefetchedPixelsTrainTheSameModel) {
+  const int world = test::rank_env().world_size;
+  if (world != 2) GTEST_SKIP() << "one mesh is enough: the pixels are each rank's own";
+  const dist::Mesh mesh = test::make_mesh(context_shape(world));
+  std::ostringstream log;
+  train::TrainOptions o = tiny_options(96);
+  o.model = std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen2-vl.json";
+  o.data = std::string(MMSP_SOURCE_DIR) + "/examples/data/data.jsonl";
+  o.steps = 4;
+  const train::TrainReport off = train::train(o, mesh, log);
+  o.prefetch_pixels = true;
+  const train::TrainReport on = train::train(o, mesh, log);
+  if (mesh.rank() == 0) expect_same_run(on, off, 0.0, "--prefetch-pixels on " + mesh.shape().str());
+}
+
 // Long video under SP (docs/train.md): one video of 128 frames at 448 x 448 (grid [64, 32, 32]:
 // 65,536 patches, 16,384 placeholder rows) in a sample of 16,410 tokens, beside short samples
 // with small images, on ring 2 x Ulysses 2 with the tower split over the context group

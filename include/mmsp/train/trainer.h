@@ -76,6 +76,10 @@ struct TrainOptions {
   // model::kAutoMlpTile (tiles of at most hidden_size tokens). Exact up to the order in
   // which the weights' gradients are summed.
   int64_t tiled_mlp = 0;
+  // Decode the next step's images and videos on a thread of their own while this step
+  // trains (the same pixels, made from the data and the plan alone; they are held one step
+  // early). Off by default: the preflight does not count them yet.
+  bool prefetch_pixels = false;
 
   // schedule
   int64_t steps = 100;       // length of the schedule
