@@ -452,8 +452,10 @@ model::PixelInputs step_pixels(const StepLoop& run, const std::vector<int64_t>& 
   if (run.prefetch && run.prefetch->has_value()) {
     PixelPrefetch ahead = std::move(**run.prefetch);
     run.prefetch->reset();
-    model::PixelInputs pixels = ahead.pixels.get();  // a decode error surfaces here, in its own step
-    if (ahead.samples == samples) return pixels;
+    // This step's: a decode error surfaces here, in its own step. Another step's (a test
+    // hook changed this rank's samples): waited for and dropped, its errors with it.
+    if (ahead.samples == samples) return ahead.pixels.get();
+    ahead.pixels.wait();
   }
   return load_pixels(*run.in.data, samples, batch, run.in.resolved.config, pixels_encoded_here(plan, run.o.vision),
                      run.in.dtype);

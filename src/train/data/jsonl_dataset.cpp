@@ -440,12 +440,11 @@ at::Tensor JsonlDataset::pixels(const Sample& s, const Source& src, const plan::
                finite.view({-1}).logical_not().nonzero()[0][0].item<int64_t>(), "; pixel values must be finite");
     return values;
   }
-  const auto [width, height] = geometry_->frame_size(g, src.width, src.height);
   at::Tensor out;
   if (video) {
-    out = geometry_->video_pixels(video_frames(where, src.files, src.frame_indices, geometry_->channels(), width,
-                                               height));
+    out = video_rows(where, src, g);
   } else {
+    const auto [width, height] = geometry_->frame_size(g, src.width, src.height);
     out = geometry_->item_pixels(load_image(where, src.files[0], geometry_->channels(), width, height).unsqueeze(0));
   }
   MMSP_ASSERT(out.sizes() == at::IntArrayRef(geometry_->item_shape(g)), where, ": pixels ", out.sizes(),
@@ -489,11 +488,16 @@ at::Tensor JsonlDataset::video_pixel_rows(int64_t index, int64_t video, int64_t 
   } else {
     part.frame_indices.assign(src.frame_indices.begin() + f0, src.frame_indices.begin() + f1);
   }
-  const std::string where = detail::concat(path_, ":", s.line, ": video ", video);
+  return video_rows(detail::concat(path_, ":", s.line, ": video ", video), part, g).narrow(0, first - g0 * group_rows,
+                                                                                       rows);
+}
+
+// The rows of a video's frames (all of src's, or a share's): decoded, resized to the grid's
+// frame size and cut as the family's video processor does.
+at::Tensor JsonlDataset::video_rows(const std::string& where, const Source& src, const plan::Grid& g) const {
   const auto [width, height] = geometry_->frame_size(g, src.width, src.height);
-  const at::Tensor px =
-      geometry_->video_pixels(video_frames(where, part.files, part.frame_indices, geometry_->channels(), width, height));
-  return px.narrow(0, first - g0 * group_rows, rows);
+  return geometry_->video_pixels(
+      video_frames(where, src.files, src.frame_indices, geometry_->channels(), width, height));
 }
 
 std::string JsonlDataset::describe() const {

@@ -86,6 +86,7 @@ class JsonlDataset : public Dataset {
   const Sample& sample(int64_t index) const;
   at::Tensor pixels(const Sample& s, const Source& source, const plan::Grid& grid, bool video,
                     int64_t item) const;
+  at::Tensor video_rows(const std::string& where, const Source& source, const plan::Grid& grid) const;
 
   std::string path_;
   std::string dir_;  // relative pixel paths start here
