@@ -12,7 +12,7 @@
 #include "mmsp/attention/gated_delta_recurrence.h"
 #include "mmsp/attention/gated_delta_ring.h"
 #include "mmsp/attention/gated_delta_rule.h"
-#include "mmsp/model/gated_deltanet_layer.h"
+#include "mmsp/model/layers/gated_deltanet_layer.h"
 #include "mmsp/core/check.h"
 #include "mmsp/attention/plan_layout.h"
 #include "mmsp/dist/mesh.h"

@@ -17,7 +17,7 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/dist/mesh.h"
-#include "mmsp/model/hf_directory.h"
+#include "mmsp/hf/hf_directory.h"
 #include "mmsp/train/memory/memory_counter.h"
 
 namespace mmsp::bench {
@@ -90,7 +90,7 @@ uint64_t vm_hwm_bytes() {
 }
 
 // `cat` of the shards to /dev/null, in seconds.
-double time_cat(const model::HfDirectory& dir) {
+double time_cat(const hf::HfDirectory& dir) {
   std::string command = "cat";
   for (const std::string& f : dir.files) command += " '" + dir.path + "/" + f + "'";
   command += " > /dev/null";
@@ -122,12 +122,12 @@ json bench_load(const dist::RankEnv& env, const LoadBenchOptions& o) {
     std::sort(by_name.begin(), by_name.end());
     std::vector<uint64_t> sizes;
     for (const auto& [name, n] : by_name) sizes.push_back(n);
-    model::HfSaveOptions save;
+    hf::HfSaveOptions save;
     save.max_shard_bytes = (bytes + o.shards - 1) / o.shards;
-    while (model::plan_hf_shards(sizes, save.max_shard_bytes).size() > static_cast<size_t>(o.shards))
+    while (hf::plan_hf_shards(sizes, save.max_shard_bytes).size() > static_cast<size_t>(o.shards))
       save.max_shard_bytes += save.max_shard_bytes / 100 + 1;
     const Clock::time_point start = Clock::now();
-    model::save_hf_directory(dir, tensors, R"({"model_type": "qwen2_vl"})", save);
+    hf::save_hf_directory(dir, tensors, R"({"model_type": "qwen2_vl"})", save);
     written = {{"dir", dir}, {"tensors", tensors.size()}, {"tensor_bytes", bytes},
                {"max_shard_bytes", save.max_shard_bytes}, {"save_s", seconds_since(start)}};
     put(*store, "bench-load/dir", dir);
@@ -139,7 +139,7 @@ json bench_load(const dist::RankEnv& env, const LoadBenchOptions& o) {
   rank["rank"] = env.rank;
   barrier(*store, "bench-load/open", world);
   Clock::time_point start = Clock::now();
-  const model::HfDirectory hf = model::open_hf_directory(dir);
+  const hf::HfDirectory hf = hf::open_hf_directory(dir);
   rank["open_s"] = seconds_since(start);
   rank["files"] = hf.files.size();
 
@@ -158,7 +158,7 @@ json bench_load(const dist::RankEnv& env, const LoadBenchOptions& o) {
     const int64_t before = memory.current_bytes();
     memory.reset_peak();
     start = Clock::now();
-    model::load_hf_weights(hf, params, {});
+    hf::load_hf_weights(hf, params, {});
     const double load_s = seconds_since(start);
     const int64_t extra = memory.peak_bytes() - before;
     // The same load into the same parameters again: what the read costs once the pages
@@ -167,7 +167,7 @@ json bench_load(const dist::RankEnv& env, const LoadBenchOptions& o) {
     const double cat2_s = time_cat(hf);
     barrier(*store, "bench-load/reload-" + label, world);
     start = Clock::now();
-    model::load_hf_weights(hf, params, {});
+    hf::load_hf_weights(hf, params, {});
     const double reload_s = seconds_since(start);
     rank[label] = {{"load_s", load_s},
                    {"cat_s", cat_s},

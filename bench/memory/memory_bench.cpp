@@ -11,8 +11,8 @@
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/mesh.h"
-#include "mmsp/model/config.h"
-#include "mmsp/model/tiled_mlp.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/train/optim/shard_level.h"
 #include "mmsp/train/trainer.h"
 

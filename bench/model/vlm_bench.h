@@ -10,7 +10,7 @@
 #include <string>
 
 #include "mmsp/dist/rank_env.h"
-#include "mmsp/model/config.h"
+#include "mmsp/model/config/config.h"
 
 namespace mmsp::bench {
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/safetensors.h"
+#include "mmsp/hf/safetensors.h"
 #include "mmsp/train/builtin_models.h"
 #include "mmsp/train/data/jsonl_dataset.h"
 
@@ -41,7 +41,7 @@ int run_pixels(const PixelsFlags& f) {
     for (size_t v = 0; v < seq.video_grid_thw.size(); ++v, ++videos)
       tensors[prefix + ".video" + std::to_string(v)] = data.video_pixels(s, static_cast<int64_t>(v)).contiguous();
   }
-  model::save_safetensors(f.out, tensors, {{"format", "pt"}, {"model", f.model}, {"data", f.data}});
+  hf::save_safetensors(f.out, tensors, {{"format", "pt"}, {"model", f.model}, {"data", f.data}});
   std::printf("mmsp pixels: %lld images and %lld videos of samples %lld..%lld of %s written to %s\n",
               static_cast<long long>(images), static_cast<long long>(videos), static_cast<long long>(f.first),
               static_cast<long long>(end - 1), data.describe().c_str(), f.out.c_str());

@@ -7,9 +7,9 @@
 
 #include "byte_size.h"
 #include "mmsp/core/check.h"
-#include "mmsp/model/recompute.h"
-#include "mmsp/model/tiled_mlp.h"
-#include "mmsp/model/vision_mode.h"
+#include "mmsp/model/hooks/recompute.h"
+#include "mmsp/model/layers/tiled_mlp.h"
+#include "mmsp/model/vision/vision_mode.h"
 #include "mmsp/plan/mesh.h"
 #include "mmsp/plan/placement.h"
 #include "mmsp/plan/vision_split.h"

@@ -6,12 +6,12 @@
 
 namespace mmsp::model {
 
-CheckpointNaming checkpoint_naming(const ModelConfig& config) {
+hf::CheckpointNaming checkpoint_naming(const ModelConfig& config) {
   return family_for(config.model_type).checkpoint_naming(config);
 }
 
-CheckpointNaming llava_layout_naming(bool tie_word_embeddings) {
-  CheckpointNaming naming;
+hf::CheckpointNaming llava_layout_naming(bool tie_word_embeddings) {
+  hf::CheckpointNaming naming;
   naming.prefix_aliases = {{"model.language_model.", "language_model.model."},
                            {"model.vision_tower.", "vision_tower."},
                            {"model.multi_modal_projector.", "multi_modal_projector."},

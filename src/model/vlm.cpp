@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/activation_offload.h"
+#include "mmsp/model/hooks/activation_offload.h"
 #include "mmsp/model/phase_marker.h"
 
 namespace mmsp::model {

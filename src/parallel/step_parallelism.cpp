@@ -1,7 +1,7 @@
 // A step's groups made into the Vlm's StepParallelism; see step_parallelism.h.
 #include "mmsp/parallel/step_parallelism.h"
 
-#include "mmsp/model/decoder.h"
+#include "mmsp/model/layers/decoder.h"
 #include "mmsp/model/rank_inputs.h"
 
 namespace mmsp::parallel {

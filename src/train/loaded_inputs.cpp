@@ -4,7 +4,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/core/xxhash64.h"
 #include "mmsp/dist/store_agreement.h"
-#include "mmsp/model/checksum_manifest.h"
+#include "mmsp/hf/checksum_manifest.h"
 
 namespace mmsp::train {
 
@@ -18,7 +18,7 @@ dist::AgreedFlags loaded_inputs(const TrainOptions& o, const ResolvedModel& mode
       // A released directory: its weight files' bytes, file by file in name order.
       XxHash64 files;
       for (const std::string& file : model.weights->files) {
-        const model::FileChecksum one = model::checksum_of_file(model.weights->path + "/" + file);
+        const hf::FileChecksum one = hf::checksum_of_file(model.weights->path + "/" + file);
         files.update(file.data(), file.size());
         files.update(&one.size, sizeof one.size);
         files.update(&one.xxh64, sizeof one.xxh64);

@@ -13,8 +13,8 @@
 
 #include "mmsp/attention/fused_attention.h"
 #include "mmsp/core/check.h"
-#include "mmsp/model/tiled_mlp.h"
-#include "mmsp/model/vision_mode.h"
+#include "mmsp/model/layers/tiled_mlp.h"
+#include "mmsp/model/vision/vision_mode.h"
 
 namespace mmsp::train {
 namespace {

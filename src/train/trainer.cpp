@@ -24,8 +24,8 @@
 #include "mmsp/core/phase_timer.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/checkpoint_naming.h"
-#include "mmsp/model/parameter_init.h"
-#include "mmsp/model/tiled_mlp.h"
+#include "mmsp/model/layers/parameter_init.h"
+#include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/model/family.h"
 #include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/model/vlm.h"
@@ -90,16 +90,16 @@ std::shared_ptr<model::Vlm> build_vlm(const model::ModelConfig& config, model::P
 }
 
 // Every parameter's name and shape, from a skeleton of meta tensors: nothing allocated.
-model::ExpectedShapes parameter_shapes(const model::ModelConfig& config) {
+hf::ExpectedShapes parameter_shapes(const model::ModelConfig& config) {
   const std::shared_ptr<model::Vlm> skeleton = build_vlm(config, model::ParameterInit::meta);
-  model::ExpectedShapes shapes;
+  hf::ExpectedShapes shapes;
   for (const auto& item : skeleton->named_parameters())
     shapes.emplace_back(item.key(), item.value().sizes().vec());
   return shapes;
 }
 
 // `local_length`: a step's padded slots a rank holds, when known (0: --tokens-per-rank).
-MemoryEstimate estimate_for(const model::ModelConfig& config, const model::ExpectedShapes& shapes,
+MemoryEstimate estimate_for(const model::ModelConfig& config, const hf::ExpectedShapes& shapes,
                             const TrainOptions& o, const ParsedTrainOptions& parsed, int64_t loss_chunk, int world,
                             int64_t local_length = 0) {
   MemoryEstimateInputs in;
@@ -118,7 +118,7 @@ MemoryEstimate estimate_for(const model::ModelConfig& config, const model::Expec
 }
 
 // This rank's memory for the run; refused (naming every part) when over the limit.
-MemoryEstimate preflight_memory(const model::ModelConfig& config, const model::ExpectedShapes& shapes,
+MemoryEstimate preflight_memory(const model::ModelConfig& config, const hf::ExpectedShapes& shapes,
                                 const TrainOptions& o, const ParsedTrainOptions& parsed, int64_t loss_chunk,
                                 int world) {
   const MemoryEstimate memory = estimate_for(config, shapes, o, parsed, loss_chunk, world);
@@ -222,9 +222,9 @@ struct RunInputs {
   std::optional<at::ScalarType> save_dtype;  // hf/ of the checkpoints
   ShardLevel shard_level = ShardLevel::none;
   int64_t loss_chunk = 0;  // tokens per chunk of the LM head and loss (the default resolved)
-  model::CheckpointNaming naming;
+  hf::CheckpointNaming naming;
   ParsedTrainOptions parsed;
-  model::ExpectedShapes shapes;  // every parameter's, from the skeleton (each step's estimate reads them)
+  hf::ExpectedShapes shapes;  // every parameter's, from the skeleton (each step's estimate reads them)
   MemoryEstimate memory;
   std::unique_ptr<Dataset> data;
   int rows = 1;  // rows of the packer (TrainOptions::data_rows)
@@ -255,7 +255,7 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   in.parsed = parsed;
   in.shapes = parameter_shapes(config);
   in.naming = model::checkpoint_naming(config);
-  if (in.resolved.weights) model::match_hf_tensors(*in.resolved.weights, in.shapes, in.naming);
+  if (in.resolved.weights) hf::match_hf_tensors(*in.resolved.weights, in.shapes, in.naming);
   in.memory = preflight_memory(config, in.shapes, o, parsed, in.loss_chunk, mesh.world_size());
   // hf/ of the checkpoints: as asked, else as the weights came, else the masters' dtype.
   in.save_dtype = parsed.save_dtype;
@@ -579,7 +579,7 @@ int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOpt
   ParsedTrainOptions parsed;
   parsed.dtype = parse_dtype(o.dtype);
   parsed.shard_level = parse_shard_level(o.shard);
-  const model::ExpectedShapes shapes = parameter_shapes(config);
+  const hf::ExpectedShapes shapes = parameter_shapes(config);
   auto fits = [&](int64_t tokens) {
     TrainOptions t = o;
     t.tokens_per_rank = tokens;

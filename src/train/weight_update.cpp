@@ -42,8 +42,8 @@ class ReplicatedUpdate : public WeightUpdate {
         opt_(make_adamw(masters_.params(), options)),
         sync_(masters_.params(), mesh.world()) {}
 
-  void load_weights(const model::HfDirectory& dir, const model::CheckpointNaming& naming) override {
-    model::load_hf_weights(dir, masters_.params(), naming);
+  void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) override {
+    hf::load_hf_weights(dir, masters_.params(), naming);
     masters_.copy_to_model();
   }
   void restore(const Checkpoint& checkpoint) override {
@@ -96,7 +96,7 @@ class ReplicatedUpdate : public WeightUpdate {
         std::vector<std::pair<std::string, at::Tensor>> grads;
         for (const auto& [name, p] : masters_.params())
           grads.emplace_back(name, p.grad().defined() ? p.grad().detach() : at::zeros_like(p));
-        model::save_hf_directory(request.dir, grads, request.config_json);
+        hf::save_hf_directory(request.dir, grads, request.config_json);
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -126,11 +126,11 @@ class ShardedUpdate : public WeightUpdate {
         mixed_(master_dtype != sharded_.model_params().front().second.scalar_type()),
         world_(mesh.world_size()) {}
 
-  void load_weights(const model::HfDirectory& dir, const model::CheckpointNaming& naming) override {
+  void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) override {
     // Into the model, then its shards into the masters: exact when the file's dtype is
     // the model's (Qwen's bf16 releases into a bf16 run), else rounded to the model's.
     sharded_.gather_all();  // stage 3: memory to load into (the gathered values are overwritten)
-    model::load_hf_weights(dir, sharded_.model_params(), naming);
+    hf::load_hf_weights(dir, sharded_.model_params(), naming);
     sharded_.copy_from_model();
     sharded_.release_gathered();
   }
@@ -174,7 +174,7 @@ class ShardedUpdate : public WeightUpdate {
     agree(error);
     sharded_.gather_all();  // stage 3: the hf/ weights go out whole (rank 0 writes them)
     const int rank = mesh.rank(), world = mesh.world_size();
-    model::FileChecksum mine;
+    hf::FileChecksum mine;
     try {
       checkpoint_io::DurableWriter writer(-1, kCheckpointCrashExitCode);
       const std::string path = staging + "/" + optimizer_shard_file(rank, world);

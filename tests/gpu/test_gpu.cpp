@@ -22,7 +22,7 @@
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/dist/rank_device.h"
-#include "mmsp/model/hf_directory.h"
+#include "mmsp/hf/hf_directory.h"
 #include "mmsp/train/trainer.h"
 #include "multirank.h"
 
@@ -145,12 +145,12 @@ train::TrainReport one_step(const std::string& config, const std::string& dtype,
 }
 
 std::map<std::string, at::Tensor> read_dir(const std::string& dir) {
-  const model::HfDirectory d = model::open_hf_directory(dir);
+  const hf::HfDirectory d = hf::open_hf_directory(dir);
   std::map<std::string, at::Tensor> out;
   for (const auto& [name, t] : d.tensors) {
     int64_t n = 1;
     for (int64_t s : t.entry.shape) n *= s;
-    out[name] = model::read_hf_elements(d, name, 0, n).to(at::kDouble);
+    out[name] = hf::read_hf_elements(d, name, 0, n).to(at::kDouble);
   }
   return out;
 }

@@ -6,7 +6,7 @@ shrunk and enlarged, extreme aspect ratios, Qwen's min/max pixels and merge-size
 rounding, LLaVA's shortest-edge resize and centre crop, InternVL's tiles and thumbnail.
 
 mmsp resizes with PIL's own bicubic arithmetic, in Pillow 13's pass order
-(model/image_resize.h), so every 8-bit value is the processor's: the bound is float32's
+(model/vision/image_resize.h), so every 8-bit value is the processor's: the bound is float32's
 rounding of the normalisation (1e-5 in 0..1 units), far below one level (1/255 = 3.9e-3).
 Measured 2026-11-27 (transformers 5.17.0, Pillow 13.0.0): every value equal. With
 stb_image_resize (mmsp before) the worst was 4/255, with PIL's pass order fixed to

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "mmsp/attention/gated_delta_recurrence.h"
-#include "mmsp/model/gated_deltanet_layer.h"
+#include "mmsp/model/layers/gated_deltanet_layer.h"
 #include "mmsp/attention/token_layout.h"
 
 namespace mmsp::test {

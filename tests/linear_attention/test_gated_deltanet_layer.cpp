@@ -16,7 +16,7 @@
 #include "mmsp/attention/gated_delta_ring.h"
 #include "mmsp/attention/plan_layout.h"
 #include "mmsp/attention/step_attention.h"
-#include "mmsp/model/gated_deltanet_layer.h"
+#include "mmsp/model/layers/gated_deltanet_layer.h"
 #include "mmsp/plan/placement.h"
 #include "mmsp/plan/shard_map.h"
 #include "mmsp/train/memory/memory_counter.h"

@@ -1,6 +1,6 @@
 // libFuzzer entries for the model layer's JSON inputs (one binary per input, chosen at
 // compile time by FUZZ_INPUT): 1 = config.json (parse_model_config), 2 = the HF index
-// (open_hf_directory over two fixed shards). Any bytes must end in a result or an
+// (hf::open_hf_directory over two fixed shards). Any bytes must end in a result or an
 // mmsp::Error. Built only with clang; see tests/model/CMakeLists.txt.
 #include <unistd.h>
 
@@ -13,12 +13,12 @@
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
 #if FUZZ_INPUT == 1
-#include "mmsp/model/config.h"
+#include "mmsp/model/config/config.h"
 #else
 #include <ATen/ATen.h>
 
-#include "mmsp/model/hf_directory.h"
-#include "mmsp/model/safetensors.h"
+#include "mmsp/hf/hf_directory.h"
+#include "mmsp/hf/safetensors.h"
 #endif
 
 #if FUZZ_INPUT == 2
@@ -29,8 +29,8 @@ std::string make_dir() {
   if (!::mkdtemp(name)) std::abort();
   const std::string dir = name;
   std::ofstream(dir + "/config.json") << "{\"model_type\": \"tiny\"}";
-  mmsp::model::save_safetensors(dir + "/s1.safetensors", {{"a", at::ones({4})}}, {{"format", "pt"}});
-  mmsp::model::save_safetensors(dir + "/s2.safetensors", {{"b", at::ones({4})}}, {{"format", "pt"}});
+  mmsp::hf::save_safetensors(dir + "/s1.safetensors", {{"a", at::ones({4})}}, {{"format", "pt"}});
+  mmsp::hf::save_safetensors(dir + "/s2.safetensors", {{"b", at::ones({4})}}, {{"format", "pt"}});
   return dir;
 }
 }  // namespace
@@ -44,7 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 #else
     static const std::string dir = make_dir();
     std::ofstream(dir + "/model.safetensors.index.json", std::ios::trunc | std::ios::binary) << text;
-    mmsp::model::open_hf_directory(dir);
+    mmsp::hf::open_hf_directory(dir);
 #endif
   } catch (const mmsp::Error&) {
   }

@@ -6,14 +6,14 @@
 #include <cstring>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/safetensors.h"
+#include "mmsp/hf/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
-    const auto tensors = mmsp::model::parse_safetensors(data, size, "fuzz");
+    const auto tensors = mmsp::hf::parse_safetensors(data, size, "fuzz");
     // A file that parses must write back to bytes that parse to the same tensors.
-    const std::string again = mmsp::model::serialize_safetensors(tensors);
-    const auto reread = mmsp::model::parse_safetensors(again.data(), again.size(), "fuzz-again");
+    const std::string again = mmsp::hf::serialize_safetensors(tensors);
+    const auto reread = mmsp::hf::parse_safetensors(again.data(), again.size(), "fuzz-again");
     if (reread.size() != tensors.size()) __builtin_trap();
     for (const auto& [name, t] : tensors) {
       const at::Tensor& u = reread.at(name);

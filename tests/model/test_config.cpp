@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/config.h"
+#include "mmsp/model/config/config.h"
 #include "mmsp/model/families/internvl/internvl_config.h"
 #include "mmsp/model/families/llava/clip_config.h"
 #include "mmsp/model/families/qwen_vl/qwen_vision_config.h"

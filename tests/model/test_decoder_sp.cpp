@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "mmsp/model/config.h"
-#include "mmsp/model/decoder.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/model/layers/decoder.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
 #include "multirank.h"

@@ -20,8 +20,8 @@
 #include "mmsp/core/json_read.h"
 #include "../support/json_mutants.h"
 #include "mmsp/model/checkpoint_naming.h"
-#include "mmsp/model/config.h"
-#include "mmsp/model/hf_directory.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/hf/hf_directory.h"
 #include "mmsp/model/family.h"
 #include "mmsp/model/vlm.h"
 #include "error_of.h"
@@ -63,18 +63,18 @@ const char* kConfig = R"({"model_type": "test", "hidden_size": 8})";
 
 // ---- the shard plan ----
 
-TEST(HfDirectory, PlanShardsAsHubSplitsThem) {
-  EXPECT_EQ(plan_hf_shards({}, 10), Plan{});
-  EXPECT_EQ(plan_hf_shards({1, 2, 3}, 10), (Plan{{0, 1, 2}}));     // all fit one
-  EXPECT_EQ(plan_hf_shards({4, 6, 5}, 10), (Plan{{0, 1}, {2}}));   // 4 + 6 is exactly the limit
-  EXPECT_EQ(plan_hf_shards({10}, 10), (Plan{{0}}));                // at the limit is not over it
+TEST(hf::HfDirectory, PlanShardsAsHubSplitsThem) {
+  EXPECT_EQ(hf::plan_hf_shards({}, 10), Plan{});
+  EXPECT_EQ(hf::plan_hf_shards({1, 2, 3}, 10), (Plan{{0, 1, 2}}));     // all fit one
+  EXPECT_EQ(hf::plan_hf_shards({4, 6, 5}, 10), (Plan{{0, 1}, {2}}));   // 4 + 6 is exactly the limit
+  EXPECT_EQ(hf::plan_hf_shards({10}, 10), (Plan{{0}}));                // at the limit is not over it
   // hub's docstring: [6, 6, 2, 6, 2, 2] under 10 -> [6], [6+2], [6+2+2]
-  EXPECT_EQ(plan_hf_shards({6, 6, 2, 6, 2, 2}, 10), (Plan{{0}, {1, 2}, {3, 4, 5}}));
+  EXPECT_EQ(hf::plan_hf_shards({6, 6, 2, 6, 2, 2}, 10), (Plan{{0}, {1, 2}, {3, 4, 5}}));
   // 12 > 10 in the middle is appended at once, before the shard in progress [3, 4]
   // closes; that shard then takes 2 more and closes when 5 does not fit.
-  EXPECT_EQ(plan_hf_shards({3, 4, 12, 2, 5}, 10), (Plan{{2}, {0, 1, 3}, {4}}));
+  EXPECT_EQ(hf::plan_hf_shards({3, 4, 12, 2, 5}, 10), (Plan{{2}, {0, 1, 3}, {4}}));
   // oversized first and last, zero-size tensors ride along
-  EXPECT_EQ(plan_hf_shards({11, 0, 5, 5, 0, 11}, 10), (Plan{{0}, {5}, {1, 2, 3, 4}}));
+  EXPECT_EQ(hf::plan_hf_shards({11, 0, 5, 5, 0, 11}, 10), (Plan{{0}, {5}, {1, 2, 3, 4}}));
 }
 
 // ---- save -> open -> load ----
@@ -109,17 +109,17 @@ TEST_P(HfDirectoryRoundTrip, ShardedSaveOpenLoadIsBitwise) {
   const at::ScalarType type = GetParam();
   const Named tensors = sample_tensors(type, 1);
   const std::string dir = temp_dir() + "/out";
-  HfSaveOptions options;
+  hf::HfSaveOptions options;
   options.max_shard_bytes = 50 * c10::elementSize(type);
   uint64_t progressed = 0;
   options.progress = [&](uint64_t n) { progressed += n; };
-  save_hf_directory(dir, tensors, kConfig, options);
+  hf::save_hf_directory(dir, tensors, kConfig, options);
 
   const std::string first = "model-00001-of-00002.safetensors", second = "model-00002-of-00002.safetensors";
   EXPECT_FALSE(exists(dir + "/model.safetensors"));
-  EXPECT_EQ(slurp(dir + "/" + first), serialize_safetensors(subset(tensors, {"c.weight"}), {{"format", "pt"}}));
+  EXPECT_EQ(slurp(dir + "/" + first), hf::serialize_safetensors(subset(tensors, {"c.weight"}), {{"format", "pt"}}));
   EXPECT_EQ(slurp(dir + "/" + second),
-            serialize_safetensors(subset(tensors, {"a.weight", "b.bias", "d"}), {{"format", "pt"}}));
+            hf::serialize_safetensors(subset(tensors, {"a.weight", "b.bias", "d"}), {{"format", "pt"}}));
   const uint64_t bytes = 113 * c10::elementSize(type);
   const std::string index = slurp(dir + "/model.safetensors.index.json");
   EXPECT_EQ(index, "{\n  \"metadata\": {\n    \"total_parameters\": 113,\n    \"total_size\": " +
@@ -138,7 +138,7 @@ TEST_P(HfDirectoryRoundTrip, ShardedSaveOpenLoadIsBitwise) {
                             slurp(dir + "/" + second).size() + slurp(dir + "/checksums.json").size());
   EXPECT_FALSE(exists(dir + "/" + first + ".tmp"));
 
-  const HfDirectory opened = open_hf_directory(dir);
+  const hf::HfDirectory opened = hf::open_hf_directory(dir);
   EXPECT_TRUE(opened.checksums_verified);
   EXPECT_TRUE(opened.indexed);
   EXPECT_EQ(opened.files, (std::vector<std::string>{first, second}));
@@ -147,7 +147,7 @@ TEST_P(HfDirectoryRoundTrip, ShardedSaveOpenLoadIsBitwise) {
   EXPECT_EQ(opened.config_json, config);
   EXPECT_EQ(opened.tensors.at("c.weight").file, first);
   const Named params = zeros_like(tensors);
-  load_hf_weights(opened, params, {});
+  hf::load_hf_weights(opened, params, {});
   for (size_t i = 0; i < params.size(); ++i)
     EXPECT_TRUE(bitwise_equal(params[i].second, tensors[i].second)) << params[i].first;
 }
@@ -156,15 +156,15 @@ TEST_P(HfDirectoryRoundTrip, SingleFileSaveOpenLoadIsBitwise) {
   const at::ScalarType type = GetParam();
   const Named tensors = sample_tensors(type, 2);
   const std::string dir = temp_dir();  // exists and is empty: allowed
-  save_hf_directory(dir, tensors, kConfig);
+  hf::save_hf_directory(dir, tensors, kConfig);
   EXPECT_FALSE(exists(dir + "/model.safetensors.index.json"));
   std::map<std::string, at::Tensor> all(tensors.begin(), tensors.end());
-  EXPECT_EQ(slurp(dir + "/model.safetensors"), serialize_safetensors(all, {{"format", "pt"}}));
-  const HfDirectory opened = open_hf_directory(dir);
+  EXPECT_EQ(slurp(dir + "/model.safetensors"), hf::serialize_safetensors(all, {{"format", "pt"}}));
+  const hf::HfDirectory opened = hf::open_hf_directory(dir);
   EXPECT_FALSE(opened.indexed);
   EXPECT_EQ(opened.files, std::vector<std::string>{"model.safetensors"});
   const Named params = zeros_like(tensors);
-  load_hf_weights(opened, params, {});
+  hf::load_hf_weights(opened, params, {});
   for (size_t i = 0; i < params.size(); ++i)
     EXPECT_TRUE(bitwise_equal(params[i].second, tensors[i].second)) << params[i].first;
 }
@@ -173,41 +173,41 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, HfDirectoryRoundTrip,
                          testing::Values(at::kFloat, at::kDouble, at::kBFloat16, at::kHalf),
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
 
-TEST(HfDirectory, SaveConvertsToTheRequestedDtypeAndNamesIt) {
+TEST(hf::HfDirectory, SaveConvertsToTheRequestedDtypeAndNamesIt) {
   const Named tensors = sample_tensors(at::kFloat, 3);
   const std::string dir = temp_dir() + "/bf16";
-  HfSaveOptions options;
+  hf::HfSaveOptions options;
   options.dtype = at::kBFloat16;
-  save_hf_directory(dir, tensors, kConfig, options);
+  hf::save_hf_directory(dir, tensors, kConfig, options);
   EXPECT_THAT(slurp(dir + "/config.json"), HasSubstr("\"torch_dtype\": \"bfloat16\""));
-  const HfDirectory opened = open_hf_directory(dir);
+  const hf::HfDirectory opened = hf::open_hf_directory(dir);
   EXPECT_EQ(opened.tensors.at("d").entry.dtype, "BF16");
   const Named params = zeros_like(tensors);  // fp32 parameters from a bf16 file
-  load_hf_weights(opened, params, {});
+  hf::load_hf_weights(opened, params, {});
   for (size_t i = 0; i < params.size(); ++i)
     EXPECT_TRUE(params[i].second.equal(tensors[i].second.to(at::kBFloat16).to(at::kFloat)));
 }
 
-TEST(HfDirectory, SaveWithoutDtypeNamesTheDtypeHoldingMostBytes) {
+TEST(hf::HfDirectory, SaveWithoutDtypeNamesTheDtypeHoldingMostBytes) {
   const Named mixed = {{"big", at::ones({64}, at::kBFloat16)}, {"small", at::ones({8}, at::kFloat)},
                        {"ids", at::arange(100)}};
   const std::string dir = temp_dir() + "/mixed";
-  save_hf_directory(dir, mixed, kConfig);
+  hf::save_hf_directory(dir, mixed, kConfig);
   EXPECT_THAT(slurp(dir + "/config.json"), HasSubstr("\"torch_dtype\": \"bfloat16\""));
 }
 
-TEST(HfDirectory, SaveWithNoTensorsWritesAnEmptyFile) {
+TEST(hf::HfDirectory, SaveWithNoTensorsWritesAnEmptyFile) {
   const std::string dir = temp_dir() + "/empty";
-  save_hf_directory(dir, {}, kConfig);
-  const HfDirectory opened = open_hf_directory(dir);
+  hf::save_hf_directory(dir, {}, kConfig);
+  const hf::HfDirectory opened = hf::open_hf_directory(dir);
   EXPECT_TRUE(opened.tensors.empty());
   EXPECT_EQ(opened.files, std::vector<std::string>{"model.safetensors"});
 }
 
-TEST(HfDirectory, SaveRefusesANonEmptyDirectory) {
+TEST(hf::HfDirectory, SaveRefusesANonEmptyDirectory) {
   const std::string dir = temp_dir();
   write_text(dir + "/notes.txt", "mine");
-  EXPECT_THAT(error_of([&] { save_hf_directory(dir, sample_tensors(at::kFloat, 4), kConfig); }),
+  EXPECT_THAT(error_of([&] { hf::save_hf_directory(dir, sample_tensors(at::kFloat, 4), kConfig); }),
               HasSubstr(dir + ": exists and is not empty"));
   EXPECT_FALSE(exists(dir + "/config.json"));
   EXPECT_FALSE(exists(dir + "/model.safetensors"));
@@ -215,33 +215,33 @@ TEST(HfDirectory, SaveRefusesANonEmptyDirectory) {
 
 // ---- dtype conversion on load ----
 
-TEST(HfDirectory, LoadConvertsDtypes) {
+TEST(hf::HfDirectory, LoadConvertsDtypes) {
   const Named bf16 = sample_tensors(at::kBFloat16, 5);
   const std::string bf16_dir = temp_dir() + "/bf16";
-  save_hf_directory(bf16_dir, bf16, kConfig);
+  hf::save_hf_directory(bf16_dir, bf16, kConfig);
   const Named fp32_params = zeros_like(bf16, at::kFloat);
-  load_hf_weights(open_hf_directory(bf16_dir), fp32_params, {});
+  hf::load_hf_weights(hf::open_hf_directory(bf16_dir), fp32_params, {});
   for (size_t i = 0; i < bf16.size(); ++i)
     EXPECT_TRUE(fp32_params[i].second.equal(bf16[i].second.to(at::kFloat))) << bf16[i].first;
 
   const Named fp32 = sample_tensors(at::kFloat, 6);
   const std::string fp32_dir = temp_dir() + "/fp32";
-  save_hf_directory(fp32_dir, fp32, kConfig);
+  hf::save_hf_directory(fp32_dir, fp32, kConfig);
   const Named bf16_params = zeros_like(fp32, at::kBFloat16);
-  load_hf_weights(open_hf_directory(fp32_dir), bf16_params, {});
+  hf::load_hf_weights(hf::open_hf_directory(fp32_dir), bf16_params, {});
   for (size_t i = 0; i < fp32.size(); ++i)
     EXPECT_TRUE(bf16_params[i].second.equal(fp32[i].second.to(at::kBFloat16))) << fp32[i].first;
 }
 
-TEST(HfDirectory, LoadConvertsATensorLargerThanOnePiece) {
+TEST(hf::HfDirectory, LoadConvertsATensorLargerThanOnePiece) {
   // One full piece of bf16 and a partial one: 8 Mi + 1000 elements (16 MiB + 2000 bytes).
-  const int64_t piece = static_cast<int64_t>(kHfLoadPieceBytes / 2);
+  const int64_t piece = static_cast<int64_t>(hf::kHfLoadPieceBytes / 2);
   at::manual_seed(7);
   const Named big = {{"w", at::randn({piece + 1000}).to(at::kBFloat16)}};
   const std::string dir = temp_dir() + "/big";
-  save_hf_directory(dir, big, kConfig);
+  hf::save_hf_directory(dir, big, kConfig);
   const Named params = zeros_like(big, at::kFloat);
-  load_hf_weights(open_hf_directory(dir), params, {});
+  hf::load_hf_weights(hf::open_hf_directory(dir), params, {});
   EXPECT_TRUE(params[0].second.equal(big[0].second.to(at::kFloat)));
 }
 
@@ -252,13 +252,13 @@ std::string hand_made(const std::map<std::string, std::map<std::string, at::Tens
                       const std::string& index = "") {
   const std::string dir = temp_dir();
   write_text(dir + "/config.json", kConfig);
-  for (const auto& [file, tensors] : files) save_safetensors(dir + "/" + file, tensors, {{"format", "pt"}});
+  for (const auto& [file, tensors] : files) hf::save_safetensors(dir + "/" + file, tensors, {{"format", "pt"}});
   if (!index.empty()) write_text(dir + "/model.safetensors.index.json", index);
   return dir;
 }
 
 std::string open_error(const std::string& dir) {
-  return error_of([&] { open_hf_directory(dir); });
+  return error_of([&] { hf::open_hf_directory(dir); });
 }
 
 const at::Tensor kFour = at::ones({4});  // 16 bytes of F32
@@ -304,8 +304,8 @@ TEST(HfDirectoryErrors, NoWeightsFileNoConfig) {
   EXPECT_THAT(open_error(dir), HasSubstr(dir + ": has neither model.safetensors.index.json nor model.safetensors"));
   const std::string bare = temp_dir();
   EXPECT_THAT(open_error(bare), HasSubstr(bare + ": has no config.json"));
-  EXPECT_FALSE(is_hf_directory(bare));
-  EXPECT_TRUE(is_hf_directory(dir));
+  EXPECT_FALSE(hf::is_hf_directory(bare));
+  EXPECT_TRUE(hf::is_hf_directory(dir));
 }
 
 TEST(HfDirectoryErrors, MalformedIndex) {
@@ -325,9 +325,9 @@ TEST(HfDirectoryErrors, MalformedIndex) {
 
 TEST(HfDirectoryErrors, MatchListsMissingUnexpectedAndMisshapedAndWritesNothing) {
   const std::string dir = hand_made({{"model.safetensors", {{"a", kFour}, {"b", kFour}, {"stray", kFour}}}});
-  const HfDirectory opened = open_hf_directory(dir);
+  const hf::HfDirectory opened = hf::open_hf_directory(dir);
   const Named params = {{"a", at::full({4}, 7.0)}, {"b", at::full({2, 2}, 7.0)}, {"c", at::full({4}, 7.0)}};
-  const std::string error = error_of([&] { load_hf_weights(opened, params, {}); });
+  const std::string error = error_of([&] { hf::load_hf_weights(opened, params, {}); });
   EXPECT_THAT(error, HasSubstr(dir + ": the weights do not match the model"));
   EXPECT_THAT(error, HasSubstr("1 missing from the files, e.g. \"c\" [4]"));
   EXPECT_THAT(error, HasSubstr("1 unexpected (the model has no such parameter), e.g. \"stray\" in model.safetensors"));
@@ -337,23 +337,23 @@ TEST(HfDirectoryErrors, MatchListsMissingUnexpectedAndMisshapedAndWritesNothing)
 
 TEST(HfDirectoryErrors, MatchListsTheFirstFiveAndTheCount) {
   const std::string dir = hand_made({{"model.safetensors", {{"a", kFour}}}});
-  ExpectedShapes expected = {{"a", {4}}};
+  hf::ExpectedShapes expected = {{"a", {4}}};
   for (int i = 0; i < 12; ++i) expected.emplace_back("m" + std::to_string(i), std::vector<int64_t>{1});
-  const std::string error = error_of([&] { match_hf_tensors(open_hf_directory(dir), expected, {}); });
+  const std::string error = error_of([&] { hf::match_hf_tensors(hf::open_hf_directory(dir), expected, {}); });
   EXPECT_THAT(error, HasSubstr("12 missing from the files, e.g. \"m0\" [1], \"m1\" [1], \"m2\" [1], \"m3\" [1], \"m4\" [1], ..."));
 }
 
 // ---- tied embeddings ----
 
-TEST(HfDirectory, TiedEmbeddings) {
-  CheckpointNaming tied;
+TEST(hf::HfDirectory, TiedEmbeddings) {
+  hf::CheckpointNaming tied;
   tied.tied_output = "lm_head.weight";
   tied.tied_input = "model.embed_tokens.weight";
   const at::Tensor embed = at::arange(8, at::kFloat).reshape({2, 4});
   const at::Tensor head = -embed;
   auto load_embed = [&](const std::map<std::string, at::Tensor>& file) {
     const Named params = {{"model.embed_tokens.weight", at::zeros({2, 4})}};
-    load_hf_weights(open_hf_directory(hand_made({{"model.safetensors", file}})), params, tied);
+    hf::load_hf_weights(hf::open_hf_directory(hand_made({{"model.safetensors", file}})), params, tied);
     return params[0].second;
   };
   EXPECT_TRUE(load_embed({{"model.embed_tokens.weight", embed}}).equal(embed));  // no lm_head
@@ -361,7 +361,7 @@ TEST(HfDirectory, TiedEmbeddings) {
   EXPECT_TRUE(load_embed({{"lm_head.weight", head}}).equal(head));  // only the output: feeds the embedding
   // untied, the same lm_head is a tensor the model lacks
   EXPECT_THAT(error_of([&] {
-                load_hf_weights(open_hf_directory(hand_made({{"model.safetensors", {{"model.embed_tokens.weight", embed}, {"lm_head.weight", head}}}})),
+                hf::load_hf_weights(hf::open_hf_directory(hand_made({{"model.safetensors", {{"model.embed_tokens.weight", embed}, {"lm_head.weight", head}}}})),
                                 {{"model.embed_tokens.weight", at::zeros({2, 4})}}, {});
               }),
               HasSubstr("1 unexpected"));
@@ -433,7 +433,7 @@ void expect_loads(const std::string& dir, const ModelConfig& config, const Named
     at::NoGradGuard no_grad;
     p.zero_();
   }
-  load_hf_weights(open_hf_directory(dir), params, checkpoint_naming(config));
+  hf::load_hf_weights(hf::open_hf_directory(dir), params, checkpoint_naming(config));
   ASSERT_EQ(params.size(), source.size());
   for (size_t i = 0; i < params.size(); ++i)
     EXPECT_TRUE(params[i].second.equal(source[i].second)) << params[i].first;
@@ -447,16 +447,16 @@ TEST_P(HfDirectoryNaming, OwnAndOtherLayoutLoad) {
   const Named own = parameters_of(*model);
 
   const std::string own_dir = temp_dir() + "/own";
-  save_hf_directory(own_dir, own, json.dump());
+  hf::save_hf_directory(own_dir, own, json.dump());
   expect_loads(own_dir, config, own);
 
   Named other = renamed(own, c.other_layout);
   if (config.model_type == "qwen3_5") other.emplace_back("mtp.fc.weight", at::ones({4, 4}));  // dropped
   const std::string other_dir = temp_dir() + "/other";
-  HfSaveOptions sharded;
+  hf::HfSaveOptions sharded;
   sharded.max_shard_bytes = 4096;
-  save_hf_directory(other_dir, other, json.dump(), sharded);
-  EXPECT_TRUE(open_hf_directory(other_dir).indexed);
+  hf::save_hf_directory(other_dir, other, json.dump(), sharded);
+  EXPECT_TRUE(hf::open_hf_directory(other_dir).indexed);
   expect_loads(other_dir, config, own);
 }
 
@@ -490,7 +490,7 @@ INSTANTIATE_TEST_SUITE_P(
 // transformers 5 writes LLaVA's CLIP tower without CLIPVisionModel's vision_model level:
 // vision_tower.embeddings.* (seen from transformers 5.17's save_pretrained; tests/hf
 // checks it against transformers itself). The other names stay llava-1.5-hf's.
-TEST(HfDirectory, LlavaLoadsTheLayoutTransformers5Writes) {
+TEST(hf::HfDirectory, LlavaLoadsTheLayoutTransformers5Writes) {
   const nlohmann::json json = tiny_config("tiny-llava.json");
   const ModelConfig config = parse_model_config(json, "tiny-llava.json");
   const auto model = build(config);
@@ -498,36 +498,36 @@ TEST(HfDirectory, LlavaLoadsTheLayoutTransformers5Writes) {
   const Named v5 = renamed(own, {{"vision_tower.vision_model.", "vision_tower."}});
   ASSERT_NE(v5.front().first, own.front().first);  // the tower comes first
   const std::string dir = temp_dir() + "/v5";
-  save_hf_directory(dir, v5, json.dump());
+  hf::save_hf_directory(dir, v5, json.dump());
   expect_loads(dir, config, own);
   // and transformers 5's names in memory (model.vision_tower.*), as a user's own save may hold them
   const std::string memory_dir = temp_dir() + "/v5-memory";
-  save_hf_directory(memory_dir, renamed(v5, {{"vision_tower.", "model.vision_tower."}}), json.dump());
+  hf::save_hf_directory(memory_dir, renamed(v5, {{"vision_tower.", "model.vision_tower."}}), json.dump());
   expect_loads(memory_dir, config, own);
 }
 
 // Qwen2.5-VL's model is not built yet (windowed vision blocks); its files are named as
 // Qwen2-VL's, and so is its naming.
-TEST(HfDirectory, Qwen2_5VlNamesAsQwen2Vl) {
-  const CheckpointNaming qwen2 = checkpoint_naming(parse_model_config(tiny_config("tiny-qwen2-vl.json")));
-  const CheckpointNaming qwen2_5 = checkpoint_naming(parse_model_config(tiny_config("tiny-qwen2_5-vl.json")));
+TEST(hf::HfDirectory, Qwen2_5VlNamesAsQwen2Vl) {
+  const hf::CheckpointNaming qwen2 = checkpoint_naming(parse_model_config(tiny_config("tiny-qwen2-vl.json")));
+  const hf::CheckpointNaming qwen2_5 = checkpoint_naming(parse_model_config(tiny_config("tiny-qwen2_5-vl.json")));
   EXPECT_EQ(qwen2_5.prefix_aliases, qwen2.prefix_aliases);
   EXPECT_TRUE(qwen2_5.ignored_prefixes.empty() && qwen2_5.tied_output.empty());
-  const CheckpointNaming tied = checkpoint_naming(parse_model_config(tiny_config("tiny-qwen2_5-vl.json", true)));
+  const hf::CheckpointNaming tied = checkpoint_naming(parse_model_config(tiny_config("tiny-qwen2_5-vl.json", true)));
   EXPECT_EQ(tied.tied_output, "lm_head.weight");
   EXPECT_EQ(tied.tied_input, "model.embed_tokens.weight");
 }
 
-TEST(HfDirectory, TiedTinyModelLoadsWithOrWithoutLmHead) {
+TEST(hf::HfDirectory, TiedTinyModelLoadsWithOrWithoutLmHead) {
   for (const std::string file : {"tiny-qwen2-vl.json", "tiny-qwen3-vl.json", "tiny-llava.json"}) {
     const nlohmann::json json = tiny_config(file, /*tied=*/true);
     const ModelConfig config = parse_model_config(json, file);
-    const CheckpointNaming naming = checkpoint_naming(config);
+    const hf::CheckpointNaming naming = checkpoint_naming(config);
     const auto model = build(config);
     const Named own = parameters_of(*model);
     for (const auto& [name, t] : own) EXPECT_NE(name, naming.tied_output) << file;
     const std::string without = temp_dir() + "/without";
-    save_hf_directory(without, own, json.dump());
+    hf::save_hf_directory(without, own, json.dump());
     expect_loads(without, config, own);
     Named with = own;
     at::Tensor embed;
@@ -536,7 +536,7 @@ TEST(HfDirectory, TiedTinyModelLoadsWithOrWithoutLmHead) {
     ASSERT_TRUE(embed.defined()) << file << ": no " << naming.tied_input;
     with.emplace_back(naming.tied_output, embed.detach() + 1);  // ignored: the embedding is there
     const std::string with_dir = temp_dir() + "/with";
-    save_hf_directory(with_dir, with, json.dump());
+    hf::save_hf_directory(with_dir, with, json.dump());
     expect_loads(with_dir, config, own);
   }
 }
@@ -551,7 +551,7 @@ TEST(HfDirectoryErrors, IndexMutantsEndInAResultOrAnError) {
   const std::string text = slurp(index);
   const test::MutantReport r = test::check_mutants(text, 7, 300, [&](const std::string& mutant) {
     write_text(index, mutant);
-    open_hf_directory(dir);
+    hf::open_hf_directory(dir);
   });
   std::printf("HF index: %d mutants, %d accepted, %d refused, %.2f s\n", r.mutants, r.accepted, r.refused, r.seconds);
   EXPECT_TRUE(r.failures.empty()) << r.failures.size() << " failures, first: " << r.failures.front();

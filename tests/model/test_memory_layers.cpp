@@ -14,12 +14,12 @@
 #include <random>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/activation_offload.h"
-#include "mmsp/model/config.h"
-#include "mmsp/model/decoder.h"
+#include "mmsp/model/hooks/activation_offload.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/model/layers/decoder.h"
 #include "mmsp/model/rank_inputs.h"
-#include "mmsp/model/recompute.h"
-#include "mmsp/model/tiled_mlp.h"
+#include "mmsp/model/hooks/recompute.h"
+#include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
 #include "mmsp/train/memory/memory_counter.h"
 

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/config.h"
+#include "mmsp/model/config/config.h"
 #include "mmsp/model/families/qwen_vl/qwen_vision.h"
 #include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/model/families/qwen_vl/window_index.h"

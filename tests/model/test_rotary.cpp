@@ -10,7 +10,7 @@
 #include <cmath>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/rotary.h"
+#include "mmsp/model/layers/rotary.h"
 
 using namespace mmsp;
 using namespace mmsp::model;

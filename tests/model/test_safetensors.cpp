@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/safetensors.h"
+#include "mmsp/hf/safetensors.h"
 #include "error_of.h"
 
 namespace mmsp::model {
@@ -57,7 +57,7 @@ std::string file_bytes(const std::string& header, const std::string& data = "") 
 }
 
 std::string error_of(const std::string& bytes) {
-  return test::error_of([&] { parse_safetensors(bytes.data(), bytes.size(), "test.safetensors"); });
+  return test::error_of([&] { hf::parse_safetensors(bytes.data(), bytes.size(), "test.safetensors"); });
 }
 
 // Same data on both sides, element for element and bit for bit.
@@ -93,37 +93,37 @@ TEST(Safetensors, RoundTripEveryDtypeAndShapeBitExact) {
   const std::vector<std::vector<int64_t>> shapes = {{3, 5}, {}, {0}, {2, 0, 3}, {7}, {1, 1, 2, 3}};
   for (at::ScalarType type : kAllTypes)
     for (size_t s = 0; s < shapes.size(); ++s)
-      tensors[safetensors_dtype_name(type) + ".shape" + std::to_string(s)] =
+      tensors[hf::safetensors_dtype_name(type) + ".shape" + std::to_string(s)] =
           random_bits(type, shapes[s], rng);
   const std::string dir = temp_dir();
   const std::string path = dir + "/all.safetensors";
-  save_safetensors(path, tensors);
-  const auto loaded = load_safetensors(path);
+  hf::save_safetensors(path, tensors);
+  const auto loaded = hf::load_safetensors(path);
   ASSERT_EQ(loaded.size(), tensors.size());
   for (const auto& [name, t] : tensors) expect_identical(loaded.at(name), t, name);
   // The in-memory reader agrees with the file reader.
   const std::string bytes = read_file(path);
-  const auto parsed = parse_safetensors(bytes.data(), bytes.size());
+  const auto parsed = hf::parse_safetensors(bytes.data(), bytes.size());
   for (const auto& [name, t] : tensors) expect_identical(parsed.at(name), t, name);
-  EXPECT_EQ(serialize_safetensors(tensors), bytes);
+  EXPECT_EQ(hf::serialize_safetensors(tensors), bytes);
 }
 
 TEST(Safetensors, DtypeNamesMapBothWays) {
   const std::vector<std::string> names = {"F64", "F32", "F16", "BF16", "I64",
                                           "I32", "I16", "I8",  "U8",   "BOOL"};
   for (size_t i = 0; i < names.size(); ++i) {
-    EXPECT_EQ(safetensors_dtype_name(kAllTypes[i]), names[i]);
-    EXPECT_EQ(safetensors_scalar_type(names[i]), kAllTypes[i]);
+    EXPECT_EQ(hf::safetensors_dtype_name(kAllTypes[i]), names[i]);
+    EXPECT_EQ(hf::safetensors_scalar_type(names[i]), kAllTypes[i]);
   }
-  EXPECT_THROW(safetensors_scalar_type("F8_E4M3"), Error);
-  EXPECT_THROW(safetensors_dtype_name(at::kComplexFloat), Error);
+  EXPECT_THROW(hf::safetensors_scalar_type("F8_E4M3"), Error);
+  EXPECT_THROW(hf::safetensors_dtype_name(at::kComplexFloat), Error);
 }
 
 TEST(Safetensors, NonContiguousAndViewsAreSavedByValue) {
   const at::Tensor base = at::arange(24, at::kFloat).reshape({4, 6});
   const std::map<std::string, at::Tensor> tensors = {{"t", base.t()}, {"s", base.narrow(1, 2, 3)}};
-  const std::string bytes = serialize_safetensors(tensors);
-  const auto loaded = parse_safetensors(bytes.data(), bytes.size());
+  const std::string bytes = hf::serialize_safetensors(tensors);
+  const auto loaded = hf::parse_safetensors(bytes.data(), bytes.size());
   EXPECT_TRUE(at::equal(loaded.at("t"), base.t()));
   EXPECT_TRUE(at::equal(loaded.at("s"), base.narrow(1, 2, 3)));
   EXPECT_TRUE(loaded.at("t").is_contiguous());
@@ -134,14 +134,14 @@ TEST(Safetensors, MetadataAndHeaderInspection) {
   const std::string path = dir + "/meta.safetensors";
   const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"step", "1200"},
                                                        {"note", "ünïcödé \"quoted\"\n"}};
-  save_safetensors(path, {{"w", at::ones({2, 3}, at::kBFloat16)}, {"b", at::zeros({3})}},
+  hf::save_safetensors(path, {{"w", at::ones({2, 3}, at::kBFloat16)}, {"b", at::zeros({3})}},
                    metadata);
-  const SafetensorsHeader h = read_safetensors_header(path);
+  const hf::SafetensorsHeader h = hf::read_safetensors_header(path);
   EXPECT_EQ(h.metadata, metadata);
   ASSERT_EQ(h.tensors.size(), 2u);
   EXPECT_EQ((8 + h.header_bytes) % 8, 0u) << "data must start 8-byte aligned";
   EXPECT_EQ(h.data_bytes, 2u * 3 * 2 + 3 * 4);
-  const SafetensorsEntry& w = h.tensors.at("w");
+  const hf::SafetensorsEntry& w = h.tensors.at("w");
   EXPECT_EQ(w.dtype, "BF16");
   EXPECT_EQ(w.scalar_type, at::kBFloat16);
   EXPECT_EQ(w.shape, (std::vector<int64_t>{2, 3}));
@@ -152,9 +152,9 @@ TEST(Safetensors, MetadataAndHeaderInspection) {
 }
 
 TEST(Safetensors, EmptyFileHasNoTensors) {
-  const std::string bytes = serialize_safetensors({});
+  const std::string bytes = hf::serialize_safetensors({});
   EXPECT_EQ(bytes, le64(8) + "{}      ");
-  EXPECT_TRUE(parse_safetensors(bytes.data(), bytes.size()).empty());
+  EXPECT_TRUE(hf::parse_safetensors(bytes.data(), bytes.size()).empty());
 }
 
 // ---------- the format as Python's safetensors writes it ----------
@@ -183,7 +183,7 @@ std::string python_style_file() {
 TEST(Safetensors, ReadsTheBytesPythonWrites) {
   const std::string bytes = python_style_file();
   ASSERT_EQ((bytes.size() - 20) % 8, 0u);
-  const auto t = parse_safetensors(bytes.data(), bytes.size());
+  const auto t = hf::parse_safetensors(bytes.data(), bytes.size());
   ASSERT_EQ(t.size(), 4u);
   EXPECT_EQ(t.at("a").scalar_type(), at::kLong);
   EXPECT_EQ(t.at("a").item<int64_t>(), 7);
@@ -191,7 +191,7 @@ TEST(Safetensors, ReadsTheBytesPythonWrites) {
   EXPECT_TRUE(at::equal(t.at("c"), at::tensor({1, 2, 3}, at::kByte)));
   EXPECT_EQ(t.at("flag").dim(), 0);
   EXPECT_TRUE(t.at("flag").item<bool>());
-  const SafetensorsHeader h = parse_safetensors_header(bytes.data(), bytes.size());
+  const hf::SafetensorsHeader h = hf::parse_safetensors_header(bytes.data(), bytes.size());
   EXPECT_EQ(h.metadata.at("format"), "pt");
 }
 
@@ -201,7 +201,7 @@ TEST(Safetensors, WritesTheBytesPythonWrites) {
       {"a", at::tensor({int64_t{7}})},
       {"c", at::tensor({1, 2, 3}, at::kByte)},
       {"flag", at::scalar_tensor(true, at::kBool)}};
-  EXPECT_EQ(serialize_safetensors(tensors, {{"format", "pt"}}), python_style_file());
+  EXPECT_EQ(hf::serialize_safetensors(tensors, {{"format", "pt"}}), python_style_file());
 }
 
 TEST(Safetensors, ReadsAnyKeyOrderWhitespaceAndUnpaddedHeaders) {
@@ -210,7 +210,7 @@ TEST(Safetensors, ReadsAnyKeyOrderWhitespaceAndUnpaddedHeaders) {
       "{ \"y\" : {\"data_offsets\": [4, 6], \"shape\": [1], \"dtype\": \"F16\"},\n"
       "  \"x\" : {\"shape\": [1], \"dtype\": \"I32\", \"data_offsets\": [0, 4]} }";
   const std::string bytes = file_bytes(header, std::string("\x05\0\0\0\x00\x3c", 6));
-  const auto t = parse_safetensors(bytes.data(), bytes.size());
+  const auto t = hf::parse_safetensors(bytes.data(), bytes.size());
   EXPECT_EQ(t.at("x").item<int32_t>(), 5);
   EXPECT_EQ(t.at("y").item<float>(), 1.0f);
 }
@@ -221,7 +221,7 @@ TEST(Safetensors, ZeroSizeTensorsMayShareAnOffset) {
       "\"e2\":{\"dtype\":\"I8\",\"shape\":[3,0],\"data_offsets\":[4,4]},"
       "\"x\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]}}";
   const std::string bytes = file_bytes(header, std::string(4, '\0'));
-  const auto t = parse_safetensors(bytes.data(), bytes.size());
+  const auto t = hf::parse_safetensors(bytes.data(), bytes.size());
   EXPECT_EQ(t.at("e2").sizes(), (std::vector<int64_t>{3, 0}));
 }
 
@@ -251,7 +251,7 @@ TEST(SafetensorsMalformed, HeaderLengthOverTheLimitIsRefusedBeforeReading) {
   write_file(path, le64(150'000'000) + "{}");
   ASSERT_EQ(::truncate(path.c_str(), 200'000'000), 0);
   try {
-    read_safetensors_header(path);
+    hf::read_safetensors_header(path);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr(path));
@@ -272,7 +272,7 @@ TEST(SafetensorsMalformed, TruncatedFileNamesThePath) {
   const std::string full = python_style_file();
   write_file(path, full.substr(0, full.size() - 1));
   try {
-    load_safetensors(path);
+    hf::load_safetensors(path);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr(path + ": tensor \"flag\""));
@@ -281,7 +281,7 @@ TEST(SafetensorsMalformed, TruncatedFileNamesThePath) {
 
 TEST(SafetensorsMalformed, MissingFile) {
   try {
-    load_safetensors("/nonexistent/dir/w.safetensors");
+    hf::load_safetensors("/nonexistent/dir/w.safetensors");
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("/nonexistent/dir/w.safetensors: cannot open"));
@@ -289,7 +289,7 @@ TEST(SafetensorsMalformed, MissingFile) {
   EXPECT_THAT(
       [] {
         try {
-          load_safetensors(testing::TempDir());
+          hf::load_safetensors(testing::TempDir());
         } catch (const Error& e) {
           return std::string(e.what());
         }
@@ -434,11 +434,11 @@ TEST(SafetensorsMalformed, DeepNesting) {
 TEST(SafetensorsWrite, RejectsWhatItCannotWriteAndLeavesTheOldFile) {
   const std::string dir = temp_dir();
   const std::string path = dir + "/w.safetensors";
-  save_safetensors(path, {{"a", at::ones({2})}});
+  hf::save_safetensors(path, {{"a", at::ones({2})}});
   const std::string before = read_file(path);
   auto message = [&](const std::map<std::string, at::Tensor>& t) {
     try {
-      save_safetensors(path, t);
+      hf::save_safetensors(path, t);
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -460,14 +460,14 @@ TEST(SafetensorsWrite, AtomicReplaceLeavesNoTemporary) {
   const std::string dir = temp_dir();
   const std::string path = dir + "/w.safetensors";
   write_file(path + ".tmp", "stale half-written file");
-  save_safetensors(path, {{"a", at::arange(5, at::kLong)}});
+  hf::save_safetensors(path, {{"a", at::arange(5, at::kLong)}});
   EXPECT_FALSE(exists(path + ".tmp"));
-  save_safetensors(path, {{"b", at::arange(3, at::kInt)}});
-  const auto t = load_safetensors(path);
+  hf::save_safetensors(path, {{"b", at::arange(3, at::kInt)}});
+  const auto t = hf::load_safetensors(path);
   ASSERT_EQ(t.size(), 1u);
   EXPECT_TRUE(at::equal(t.at("b"), at::arange(3, at::kInt)));
   try {
-    save_safetensors(dir + "/missing/w.safetensors", {{"a", at::ones({1})}});
+    hf::save_safetensors(dir + "/missing/w.safetensors", {{"a", at::ones({1})}});
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr(dir + "/missing/w.safetensors.tmp: cannot create"));
@@ -479,11 +479,11 @@ TEST(SafetensorsWrite, SameInputSameBytes) {
   std::map<std::string, at::Tensor> t;
   for (int i = 0; i < 20; ++i)
     t["layer." + std::to_string(i)] = random_bits(kAllTypes[i % kAllTypes.size()], {i % 4 + 1}, rng);
-  const std::string a = serialize_safetensors(t, {{"x", "1"}, {"a", "2"}});
-  const std::string b = serialize_safetensors(t, {{"a", "2"}, {"x", "1"}});
+  const std::string a = hf::serialize_safetensors(t, {{"x", "1"}, {"a", "2"}});
+  const std::string b = hf::serialize_safetensors(t, {{"a", "2"}, {"x", "1"}});
   EXPECT_EQ(a, b);
   // Every tensor starts at a multiple of its element size (the data section is 8-aligned).
-  const SafetensorsHeader h = parse_safetensors_header(a.data(), a.size());
+  const hf::SafetensorsHeader h = hf::parse_safetensors_header(a.data(), a.size());
   EXPECT_EQ((8 + h.header_bytes) % 8, 0u);
   for (const auto& [name, e] : h.tensors)
     EXPECT_EQ(e.data_begin % at::elementSize(e.scalar_type), 0u) << name;
@@ -501,13 +501,13 @@ std::string fuzz_seed_file() {
   t["empty"] = at::empty({0, 3}, at::kHalf);
   t["scalar"] = random_bits(at::kDouble, {}, rng);
   t["i8"] = random_bits(at::kChar, {3}, rng);
-  return serialize_safetensors(t, {{"format", "pt"}});
+  return hf::serialize_safetensors(t, {{"format", "pt"}});
 }
 
 // Each mutant either loads or throws mmsp::Error; nothing else escapes, nothing crashes.
 TEST(SafetensorsFuzz, RandomMutationsLoadOrThrowMmspError) {
   const std::string seed = fuzz_seed_file();
-  const size_t header_end = 8 + parse_safetensors_header(seed.data(), seed.size()).header_bytes;
+  const size_t header_end = 8 + hf::parse_safetensors_header(seed.data(), seed.size()).header_bytes;
   std::mt19937_64 rng(2024);
   int loaded = 0, rejected = 0;
   const int kIterations = 6000;
@@ -528,7 +528,7 @@ TEST(SafetensorsFuzz, RandomMutationsLoadOrThrowMmspError) {
       }
     }
     try {
-      const auto t = parse_safetensors(m.data(), m.size(), "mutant");
+      const auto t = hf::parse_safetensors(m.data(), m.size(), "mutant");
       ++loaded;
     } catch (const Error&) {
       ++rejected;
@@ -547,7 +547,7 @@ TEST(SafetensorsFuzz, EveryTruncationOfAFileOnDiskIsRejected) {
   for (size_t n = 0; n < seed.size(); ++n) {
     write_file(path, seed.substr(0, n));
     try {
-      load_safetensors(path);
+      hf::load_safetensors(path);
       FAIL() << "a file cut to " << n << " of " << seed.size() << " bytes loaded";
     } catch (const Error& e) {
       EXPECT_THAT(e.what(), HasSubstr(path)) << n;

@@ -1,4 +1,4 @@
-// The preflight's vision term (model/vision_memory.h, train/memory/memory_estimate.h)
+// The preflight's vision term (model/vision/vision_memory.h, train/memory/memory_estimate.h)
 // against the memory counter: each family's tiny tower encodes a few items (images and
 // videos of the shapes data) and the bytes it keeps for the backward, and the peak of its
 // backward, are measured; the estimate must be within 0.9–1.2 of them, and the blocks'
@@ -10,8 +10,8 @@
 #include <cstdio>
 
 #include "mmsp/model/family.h"
-#include "mmsp/model/recompute.h"
-#include "mmsp/model/vision_memory.h"
+#include "mmsp/model/hooks/recompute.h"
+#include "mmsp/model/vision/vision_memory.h"
 #include "mmsp/model/vlm.h"
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/data/shapes_dataset.h"

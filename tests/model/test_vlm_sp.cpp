@@ -17,9 +17,9 @@
 #include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
-#include "mmsp/model/safetensors.h"
+#include "mmsp/hf/safetensors.h"
 #include "mmsp/model/checkpoint_naming.h"
-#include "mmsp/model/hf_directory.h"
+#include "mmsp/hf/hf_directory.h"
 #include "mmsp/core/check.h"
 #include <cstdio>
 #include <filesystem>
@@ -396,10 +396,10 @@ TEST(QwenVlWeights, RoundTripGivesIdenticalOutputs) {
   std::vector<std::pair<std::string, Tensor>> params_a, params_b;
   for (const auto& item : a.named_parameters()) params_a.emplace_back(item.key(), item.value().detach());
   for (const auto& item : b.named_parameters()) params_b.emplace_back(item.key(), item.value());
-  model::save_hf_directory(dir, params_a, R"({"model_type": "qwen2_vl"})");
+  hf::save_hf_directory(dir, params_a, R"({"model_type": "qwen2_vl"})");
   EXPECT_FALSE(logits_of(a).equal(logits_of(b)));
-  const model::HfDirectory hf = model::open_hf_directory(dir);
-  model::load_hf_weights(hf, params_b, model::checkpoint_naming(config));
+  const hf::HfDirectory hf = hf::open_hf_directory(dir);
+  hf::load_hf_weights(hf, params_b, model::checkpoint_naming(config));
   EXPECT_TRUE(logits_of(a).equal(logits_of(b)));
   EXPECT_EQ(hf.tensors.count("visual.patch_embed.proj.weight"), 1u);
   EXPECT_EQ(hf.tensors.at("visual.patch_embed.proj.weight").entry.shape, (std::vector<int64_t>{16, 3, 2, 2, 2}));

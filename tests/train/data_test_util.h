@@ -6,7 +6,7 @@
 #include <string>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/config.h"
+#include "mmsp/model/config/config.h"
 #include "error_of.h"
 
 namespace mmsp::train::testing {

@@ -16,7 +16,7 @@
 #if FUZZ_INPUT == 1
 #include "mmsp/train/checkpoint/train_state.h"
 #else
-#include "mmsp/model/config.h"
+#include "mmsp/model/config/config.h"
 #include "mmsp/train/data/jsonl_dataset.h"
 #endif
 

@@ -20,10 +20,10 @@
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
 #include "mmsp/core/xxhash64.h"
-#include "mmsp/model/checksum_manifest.h"
+#include "mmsp/hf/checksum_manifest.h"
 #include "../support/json_mutants.h"
-#include "mmsp/model/hf_directory.h"
-#include "mmsp/model/safetensors.h"
+#include "mmsp/hf/hf_directory.h"
+#include "mmsp/hf/safetensors.h"
 #include "mmsp/train/checkpoint/checkpoint.h"
 #include "mmsp/train/checkpoint/run_directory.h"
 #include "mmsp/train/run_checks.h"
@@ -173,18 +173,18 @@ TEST_F(CheckpointTest, FilesHoldNamedTensorsInTheSafetensorsLayout) {
   Trained a = trained(2);
   save_checkpoint(dir_, 2, *a.model, *a.opt, state_json(0, 4), kConfig);
   const std::string step = dir_ + "/step-000002";
-  // hf/model.safetensors: what model::serialize_safetensors writes for the parameters
+  // hf/model.safetensors: what hf::serialize_safetensors writes for the parameters
   // (one shard: they are small), each in its own dtype.
   std::map<std::string, at::Tensor> params;
   for (const auto& [name, p] : named(*a.model)) params[name] = p.detach();
   EXPECT_EQ(read_file(step + "/hf/model.safetensors"),
-            model::serialize_safetensors(params, {{"format", "pt"}}));
+            hf::serialize_safetensors(params, {{"format", "pt"}}));
   EXPECT_FALSE(fs::exists(step + "/master"));
   // optimizer.safetensors: moments by parameter name, step counts in the metadata.
   const AdamWState s = capture_adamw_state(*a.opt, *a.model);
   EXPECT_EQ(read_file(step + "/optimizer.safetensors"),
-            model::serialize_safetensors(adamw_state_tensors(s), adamw_state_metadata(s)));
-  const auto header = model::read_safetensors_header(step + "/optimizer.safetensors");
+            hf::serialize_safetensors(adamw_state_tensors(s), adamw_state_metadata(s)));
+  const auto header = hf::read_safetensors_header(step + "/optimizer.safetensors");
   EXPECT_EQ(header.tensors.count("head.bias.exp_avg_sq"), 1u);
   EXPECT_EQ(header.tensors.at("proj.weight.exp_avg").dtype, "F64");
   const json meta = json::parse(header.metadata.at("mmsp.adamw"));
@@ -212,7 +212,7 @@ TEST_F(CheckpointTest, AnotherSaveDtypeKeepsExactMastersBeside) {
   bf16.max_shard_bytes = 16;  // a few tensors per shard
   save_checkpoint(dir_, 2, *a.model, *a.opt, state_json(0, 2), kConfig, bf16);
   const std::string step = dir_ + "/step-000002";
-  const model::HfDirectory hf = model::open_hf_directory(step + "/hf");
+  const hf::HfDirectory hf = hf::open_hf_directory(step + "/hf");
   EXPECT_TRUE(hf.indexed);
   EXPECT_GT(hf.files.size(), 1u);
   for (const auto& [name, t] : hf.tensors) EXPECT_EQ(t.entry.scalar_type, at::kBFloat16) << name;
@@ -618,16 +618,16 @@ TEST_F(CheckpointTest, ManifestVersionsOlderReadNewerRefused) {
 
 TEST_F(CheckpointTest, HfDirectoryChecksumsVerifiedWhenPresent) {
   const std::string hf = dir_ + "/hf";
-  model::save_hf_directory(hf, {{"w", at::arange(64, at::kFloat)}}, kConfig);
-  EXPECT_TRUE(model::open_hf_directory(hf).checksums_verified);
+  hf::save_hf_directory(hf, {{"w", at::arange(64, at::kFloat)}}, kConfig);
+  EXPECT_TRUE(hf::open_hf_directory(hf).checksums_verified);
   std::string data = read_file(hf + "/model.safetensors");
   data[data.size() - 3] ^= 0x40;  // tensor data
   write_file(hf + "/model.safetensors", data);
-  EXPECT_THAT(error_of([&] { model::open_hf_directory(hf); }),
+  EXPECT_THAT(error_of([&] { hf::open_hf_directory(hf); }),
               HasSubstr(hf + "/model.safetensors: checksum mismatch"));
   // a released model directory has no checksums.json: read as it is
   fs::remove(hf + "/checksums.json");
-  EXPECT_FALSE(model::open_hf_directory(hf).checksums_verified);
+  EXPECT_FALSE(hf::open_hf_directory(hf).checksums_verified);
 }
 
 // ---- parsers: state.json mutants ------------------------------------------------------

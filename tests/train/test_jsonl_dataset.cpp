@@ -10,9 +10,9 @@
 
 #include "data_test_util.h"
 #include "../support/json_mutants.h"
-#include "mmsp/model/safetensors.h"
+#include "mmsp/hf/safetensors.h"
 #include "mmsp/train/data/jsonl_dataset.h"
-#include "mmsp/model/pixel_geometry.h"
+#include "mmsp/model/vision/pixel_geometry.h"
 
 namespace mmsp::train {
 namespace {
@@ -91,7 +91,7 @@ TEST_F(JsonlTest, ShippedExampleLoads) {
 TEST_F(JsonlTest, SafetensorsPixels) {
   at::manual_seed(3);
   const at::Tensor rows = at::randn({16, 1176});
-  model::save_safetensors((dir_ / "px.safetensors").string(),
+  hf::save_safetensors((dir_ / "px.safetensors").string(),
                           {{"img", rows}, {"bad", at::zeros({4, 1176})}, {"batched", rows.unsqueeze(0)}});
   const std::string ids = R"("input_ids": [1, 151652, 151655, 151655, 151655, 151655, 151653, 2])";
   const std::string path = write({"{" + ids + R"(, "images": [{"safetensors": "px.safetensors", "tensor": "img"}],)"

@@ -9,12 +9,12 @@
 #include <string>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/config.h"
+#include "mmsp/model/config/config.h"
 #include "mmsp/model/families/llava/clip_config.h"
 #include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/model/family.h"
-#include "mmsp/model/parameter_init.h"
-#include "mmsp/model/tiled_mlp.h"
+#include "mmsp/model/layers/parameter_init.h"
+#include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/model/vlm.h"
 #include "mmsp/train/optim/grad_sync.h"
 #include "mmsp/train/optim/master_weights.h"
@@ -469,8 +469,8 @@ TEST(MemoryEstimate, LongestTokensPerRankIsTheLastThatFits) {
   // 8.3 B parameters at 18 bytes each (bf16 weights, fp32 masters and moments) need ~150 GB
   // before any activation: one 80 GB device holds none, 200 GB some.
   const int64_t capacity = 200'000'000'000, step = 256;
-  const model::ExpectedShapes shapes = [&] {
-    model::ExpectedShapes out;
+  const hf::ExpectedShapes shapes = [&] {
+    hf::ExpectedShapes out;
     for (const auto& [name, dims] : skeleton("configs/hf/Qwen2-VL-7B-Instruct.json")) out.emplace_back(name, dims);
     return out;
   }();

@@ -19,8 +19,8 @@
 #include <nlohmann/json.hpp>
 
 #include "mmsp/dist/all_reduce.h"
-#include "mmsp/model/hf_directory.h"
-#include "mmsp/model/tiled_mlp.h"
+#include "mmsp/hf/hf_directory.h"
+#include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/core/check.h"
 #include "mmsp/train/trainer.h"
 #include "multirank.h"
@@ -229,7 +229,7 @@ TEST(MultiRankTrain, MixedPrecisionResumeFromBf16CheckpointsIsExact) {
   o.save_dtype = "bfloat16";
   expect_stop_and_resume_exact(o, mesh, "train-bf16", [](const std::string& split_dir) {
     EXPECT_TRUE(std::filesystem::is_directory(split_dir + "/step-000002/master"));
-    EXPECT_EQ(model::open_hf_directory(split_dir + "/step-000002/hf").dominant_dtype(), at::kBFloat16);
+    EXPECT_EQ(hf::open_hf_directory(split_dir + "/step-000002/hf").dominant_dtype(), at::kBFloat16);
   });
 }
 
@@ -442,13 +442,13 @@ TEST(MultiRankTrain, FineTuneFromAHfDirectoryOnEveryMesh) {
   o.save_shard_bytes = 200'000;  // several shards, as a released model has
   const train::TrainReport run = train::train(o, mesh, log);
   const std::string hf = run_dir + "/step-000002/hf";
-  const model::HfDirectory dir = model::open_hf_directory(hf);
+  const hf::HfDirectory dir = hf::open_hf_directory(hf);
   EXPECT_TRUE(dir.indexed);
   EXPECT_GT(dir.files.size(), 2u);
   // The directory holds the run's parameters bit for bit.
   std::vector<std::pair<std::string, at::Tensor>> loaded;
   for (const auto& [name, p] : run.parameters) loaded.emplace_back(name, at::zeros_like(p));
-  model::load_hf_weights(dir, loaded, {});
+  hf::load_hf_weights(dir, loaded, {});
   for (size_t i = 0; i < loaded.size(); ++i)
     EXPECT_TRUE(at::equal(loaded[i].second, run.parameters[i].second)) << loaded[i].first;
   barrier(mesh);

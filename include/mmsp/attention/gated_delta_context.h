@@ -4,7 +4,7 @@
 // the inputs there, one of the outputs back), the tokens over the ring (the rule passes
 // its state, gated_delta_ring.h), or both, and under a mixed placement sends only the
 // split segments (the whole ones run at home with every head). The layer
-// (model/gated_deltanet_layer.h) never sees a group.
+// (model/layers/gated_deltanet_layer.h) never sees a group.
 #pragma once
 
 #include <ATen/core/Tensor.h>

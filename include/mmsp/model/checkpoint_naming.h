@@ -3,13 +3,13 @@
 // _checkpoint_conversion_mapping), tensors transformers drops on load, tied embeddings.
 #pragma once
 
-#include "mmsp/model/config.h"
-#include "mmsp/model/hf_directory.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/hf/hf_directory.h"
 
 namespace mmsp::model {
 
 // For the model built from `config` (names as its named_parameters() gives them).
-CheckpointNaming checkpoint_naming(const ModelConfig& config);
+hf::CheckpointNaming checkpoint_naming(const ModelConfig& config);
 
 // The layout LLaVA-style models share (LLaVA, InternVL): mmsp's and the released *-hf
 // files' vision_tower.*, multi_modal_projector.*, language_model.model.*,
@@ -17,6 +17,6 @@ CheckpointNaming checkpoint_naming(const ModelConfig& config);
 // model.multi_modal_projector.*, model.language_model.*, lm_head.*, which it maps from
 // the old names by _checkpoint_conversion_mapping (models/llava/modeling_llava.py,
 // models/internvl/modeling_internvl.py); here the reverse.
-CheckpointNaming llava_layout_naming(bool tie_word_embeddings);
+hf::CheckpointNaming llava_layout_naming(bool tie_word_embeddings);
 
 }  // namespace mmsp::model

@@ -12,10 +12,10 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "mmsp/model/config.h"
-#include "mmsp/model/hf_directory.h"
-#include "mmsp/model/pixel_geometry.h"
-#include "mmsp/model/vision_memory.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/hf/hf_directory.h"
+#include "mmsp/model/vision/pixel_geometry.h"
+#include "mmsp/model/vision/vision_memory.h"
 #include "mmsp/plan/model_conventions.h"
 
 namespace mmsp::model {
@@ -49,7 +49,7 @@ class Family {
   virtual std::shared_ptr<const PixelGeometry> geometry(const ModelConfig& c) const = 0;
 
   // Which checkpoint names feed which parameters (legacy and current layouts).
-  virtual CheckpointNaming checkpoint_naming(const ModelConfig& c) const = 0;
+  virtual hf::CheckpointNaming checkpoint_naming(const ModelConfig& c) const = 0;
 
   // Its vision tokens as text ("<|image_pad|>", "<image>", ...).
   virtual VisionTokenWords token_words() const = 0;

@@ -15,14 +15,14 @@
 #include <vector>
 
 #include "mmsp/attention/step_attention.h"
-#include "mmsp/model/config.h"
-#include "mmsp/model/decoder.h"
-#include "mmsp/model/hooked_blocks.h"
-#include "mmsp/model/pixel_inputs.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/model/layers/decoder.h"
+#include "mmsp/model/hooks/hooked_blocks.h"
+#include "mmsp/model/vision/pixel_inputs.h"
 #include "mmsp/model/rank_inputs.h"
-#include "mmsp/model/recompute.h"
-#include "mmsp/model/routed_rows.h"
-#include "mmsp/model/vision_tower.h"
+#include "mmsp/model/hooks/recompute.h"
+#include "mmsp/model/vision/routed_rows.h"
+#include "mmsp/model/vision/vision_tower.h"
 #include "mmsp/plan/step_plan.h"
 
 namespace mmsp::model {

@@ -9,7 +9,7 @@
 
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/dist/group.h"
-#include "mmsp/model/vision_mode.h"
+#include "mmsp/model/vision/vision_mode.h"
 #include "mmsp/model/vlm.h"
 #include "mmsp/parallel/vision_routing.h"
 

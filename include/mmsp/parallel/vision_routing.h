@@ -1,6 +1,6 @@
 // Vision rows to the ranks that need them: each rank encodes the whole items the plan
 // assigns it (Vision DP) and the rows travel over the context group to the ranks holding
-// their placeholder slots, by one of three exact modes (model/vision_mode.h). Shared by
+// their placeholder slots, by one of three exact modes (model/vision/vision_mode.h). Shared by
 // every VLM family; the encoder is passed in (the Vlm's), the routes come from the plan.
 #pragma once
 
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "mmsp/dist/group.h"
-#include "mmsp/model/routed_rows.h"
-#include "mmsp/model/vision_mode.h"
+#include "mmsp/model/vision/routed_rows.h"
+#include "mmsp/model/vision/vision_mode.h"
 #include "mmsp/plan/step_plan.h"
 
 namespace mmsp::parallel {

@@ -2,7 +2,7 @@
 // video) is encoded by every rank of its context group together. Each rank takes a
 // contiguous range of the item's embedding rows — whole spatial-merge windows, so the
 // merger and the routing stay local — and the tower's attention sees the whole item
-// through an all-to-all from patches to heads (model/vision_tower.h). Small items stay
+// through an all-to-all from patches to heads (model/vision/vision_tower.h). Small items stay
 // whole on one rank (Vision DP, vision_assignment.h); one plan mixes both.
 #pragma once
 

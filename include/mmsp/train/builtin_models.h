@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "mmsp/model/config.h"
-#include "mmsp/model/hf_directory.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/hf/hf_directory.h"
 
 namespace mmsp::train {
 
@@ -17,7 +17,7 @@ struct ResolvedModel {
   std::string config_json;  // the file's text (saved next to every checkpoint)
   model::ModelConfig config;
   // Set for a model directory: its checked shards (headers only; no tensor read yet).
-  std::optional<model::HfDirectory> weights;
+  std::optional<hf::HfDirectory> weights;
 };
 
 // Names of the built-in models.

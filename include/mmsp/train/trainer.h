@@ -16,8 +16,8 @@
 
 #include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/mesh.h"
-#include "mmsp/model/recompute.h"
-#include "mmsp/model/vision_mode.h"
+#include "mmsp/model/hooks/recompute.h"
+#include "mmsp/model/vision/vision_mode.h"
 #include "mmsp/plan/mesh.h"
 #include "mmsp/plan/placement.h"
 #include "mmsp/plan/vision_split.h"
@@ -69,10 +69,10 @@ struct TrainOptions {
   // tokens per chunk of the LM head + loss (0: default_loss_chunk, ≤ 256 MiB of fp32 logits)
   int64_t loss_chunk = 0;
   model::ActivationCheckpointing checkpoint_activations = model::ActivationCheckpointing::none;
-  // The recomputed layers' inputs in host memory until their backward (model/activation_offload.h);
+  // The recomputed layers' inputs in host memory until their backward (model/hooks/activation_offload.h);
   // needs checkpoint_activations decoder or all.
   bool offload_activations = false;
-  // The decoder's MLPs over tiles of this many tokens (model/tiled_mlp.h): 0 off,
+  // The decoder's MLPs over tiles of this many tokens (model/layers/tiled_mlp.h): 0 off,
   // model::kAutoMlpTile (tiles of at most hidden_size tokens). Exact up to the order in
   // which the weights' gradients are summed.
   int64_t tiled_mlp = 0;

@@ -18,8 +18,8 @@
 
 #include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/mesh.h"
-#include "mmsp/model/hf_directory.h"
-#include "mmsp/model/layer_hooks.h"
+#include "mmsp/hf/hf_directory.h"
+#include "mmsp/model/hooks/layer_hooks.h"
 #include "mmsp/train/checkpoint/checkpoint.h"
 #include "mmsp/train/optim/named_params.h"
 #include "mmsp/train/optim/optimizer.h"
@@ -32,7 +32,7 @@ class WeightUpdate {
   virtual ~WeightUpdate() = default;
   // Before the first step: the weights of a model directory, exactly as stored where
   // the training weights' dtype allows.
-  virtual void load_weights(const model::HfDirectory& dir, const model::CheckpointNaming& naming) = 0;
+  virtual void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) = 0;
   // The weights, optimizer state and RNG of a checkpoint (any world size, either layout).
   virtual void restore(const Checkpoint& checkpoint) = 0;
   virtual void set_lr(double lr) = 0;

@@ -16,9 +16,9 @@
 #include "checkpoint/checkpoint_io.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
-#include "mmsp/model/checksum_manifest.h"
-#include "mmsp/model/hf_directory.h"
-#include "mmsp/model/safetensors.h"
+#include "mmsp/hf/checksum_manifest.h"
+#include "mmsp/hf/hf_directory.h"
+#include "mmsp/hf/safetensors.h"
 
 namespace mmsp::train {
 namespace {
@@ -84,8 +84,8 @@ bool looks_complete(const fs::path& step_dir, int64_t step) {
     const fs::path shards = step_dir / kOptimizerShardDir;
     if (!non_empty(step_dir / kOptimizerFile) && !(fs::is_directory(shards) && !fs::is_empty(shards))) return false;
     if (fs::is_directory(step_dir / kHfDir)) {
-      model::open_hf_directory((step_dir / kHfDir).string());
-      if (fs::exists(step_dir / kMasterDir)) model::open_hf_directory((step_dir / kMasterDir).string());
+      hf::open_hf_directory((step_dir / kHfDir).string());
+      if (fs::exists(step_dir / kMasterDir)) hf::open_hf_directory((step_dir / kMasterDir).string());
     } else if (!non_empty(step_dir / kLegacyModelFile) || !non_empty(step_dir / kConfigFile)) {
       return false;
     }
@@ -200,18 +200,18 @@ void save_step(const std::string& dir, int64_t step, const NamedParams& weights,
   MMSP_CHECK(fs::create_directory(tmp), tmp, ": cannot create the temporary checkpoint dir");
   checkpoint_io::DurableWriter writer(options.crash_after_bytes, kCheckpointCrashExitCode);
   try {
-    model::HfSaveOptions hf;
+    hf::HfSaveOptions hf;
     hf.max_shard_bytes = options.max_shard_bytes;
     hf.progress = [&writer](uint64_t bytes) { writer.count(static_cast<int64_t>(bytes)); };
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     for (const auto& [name, w] : weights) tensors.emplace_back(name, w.detach());
     hf.dtype = options.save_dtype;
-    model::save_hf_directory(tmp + "/" + kHfDir, tensors, config_json, hf);
+    hf::save_hf_directory(tmp + "/" + kHfDir, tensors, config_json, hf);
     if (adamw && needs_master_copy(weights, options.save_dtype)) {
       hf.dtype.reset();
-      model::save_hf_directory(tmp + "/" + kMasterDir, tensors, config_json, hf);
+      hf::save_hf_directory(tmp + "/" + kMasterDir, tensors, config_json, hf);
     }
-    model::ChecksumManifest manifest;
+    hf::ChecksumManifest manifest;
     if (adamw) {
       writer.write_safetensors(tmp + "/" + kOptimizerFile, adamw_state_tensors(*adamw),
                                adamw_state_metadata(*adamw));
@@ -227,10 +227,10 @@ void save_step(const std::string& dir, int64_t step, const NamedParams& weights,
     // master/ (which cover their files), so every byte of the checkpoint is covered.
     manifest[kStateFile] = writer.checksums().at(tmp + "/" + kStateFile);
     for (const char* sub : {kHfDir, kMasterDir}) {
-      const std::string inner = std::string(sub) + "/" + model::kChecksumFile;
-      if (fs::exists(tmp + "/" + inner)) manifest[inner] = model::checksum_of_file(tmp + "/" + inner);
+      const std::string inner = std::string(sub) + "/" + hf::kChecksumFile;
+      if (fs::exists(tmp + "/" + inner)) manifest[inner] = hf::checksum_of_file(tmp + "/" + inner);
     }
-    writer.write_text(tmp + "/" + model::kChecksumFile, model::checksum_manifest_json(manifest));
+    writer.write_text(tmp + "/" + hf::kChecksumFile, hf::checksum_manifest_json(manifest));
     checkpoint_io::sync_dir(tmp);
     checkpoint_io::replace_dir(tmp, final_dir);
     checkpoint_io::sync_dir(dir);
@@ -295,14 +295,14 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
 
   Checkpoint c;
   c.path = step_dir;
-  // Every file is verified before any is parsed (hf/ and master/ by open_hf_directory).
-  const model::ManifestVerdict manifest = model::verify_checksum_manifest(step_dir);
-  if (manifest.check == model::ManifestCheck::absent)
-    c.notes.push_back(step_dir + " has no " + model::kChecksumFile +
+  // Every file is verified before any is parsed (hf/ and master/ by hf::open_hf_directory).
+  const hf::ManifestVerdict manifest = hf::verify_checksum_manifest(step_dir);
+  if (manifest.check == hf::ManifestCheck::absent)
+    c.notes.push_back(step_dir + " has no " + hf::kChecksumFile +
                       " (a checkpoint of an older mmsp, before format version 1): its files are not verified");
   c.manifest_xxh64 = manifest.manifest_xxh64;
   const std::string state_path = step_dir + "/" + kStateFile;
-  model::check_listed(manifest, step_dir, kStateFile);
+  hf::check_listed(manifest, step_dir, kStateFile);
   c.state = check_train_state(parse_json(read_text(state_path), state_path), state_path);
   c.step = c.state.at("step").get<int64_t>();
   const auto named_step = parse_step_dir_name(fs::path(step_dir).filename().string());
@@ -313,9 +313,9 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
   const std::string hf_dir = step_dir + "/" + kHfDir;
   if (fs::is_directory(hf_dir)) {
     const std::string master_dir = step_dir + "/" + kMasterDir;
-    const model::HfDirectory hf = model::open_hf_directory(hf_dir);
+    const hf::HfDirectory hf = hf::open_hf_directory(hf_dir);
     c.config_json = hf.config_json;
-    c.weights = fs::is_directory(master_dir) ? model::open_hf_directory(master_dir) : hf;
+    c.weights = fs::is_directory(master_dir) ? hf::open_hf_directory(master_dir) : hf;
     for (const auto& [name, t] : c.weights.tensors) shapes[name] = t.entry.shape;
   } else {
     // The first format: model.safetensors and config.json beside state.json.
@@ -325,13 +325,13 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
     c.config_json = read_text(config_path);
     MMSP_CHECK(parse_json(c.config_json, config_path).is_object(), config_path,
                ": must be a JSON object");
-    c.legacy_model = model::load_safetensors(step_dir + "/" + kLegacyModelFile);
+    c.legacy_model = hf::load_safetensors(step_dir + "/" + kLegacyModelFile);
     for (const auto& [name, t] : c.legacy_model) shapes[name] = t.sizes().vec();
   }
   const std::string shard_dir = step_dir + "/" + kOptimizerShardDir;
   if (fs::is_directory(shard_dir)) {  // a --shard optimizer run's: one file per rank
     for (const auto& entry : fs::directory_iterator(shard_dir))
-      model::check_listed(manifest, step_dir, std::string(kOptimizerShardDir) + "/" + entry.path().filename().string());
+      hf::check_listed(manifest, step_dir, std::string(kOptimizerShardDir) + "/" + entry.path().filename().string());
     c.optimizer_shards = open_optimizer_shards(shard_dir, shapes);
     MMSP_CHECK(c.optimizer_shards->steps == c.step, shard_dir, ": the optimizer took ", c.optimizer_shards->steps,
                " steps but the checkpoint is of step ", c.step);
@@ -340,9 +340,9 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
   const std::string optimizer_path = step_dir + "/" + kOptimizerFile;
   MMSP_CHECK(fs::is_regular_file(optimizer_path), optimizer_path,
              ": missing (an incomplete checkpoint?)");
-  model::check_listed(manifest, step_dir, kOptimizerFile);
-  c.optimizer = adamw_state_from(model::load_safetensors(optimizer_path),
-                                 model::read_safetensors_header(optimizer_path).metadata,
+  hf::check_listed(manifest, step_dir, kOptimizerFile);
+  c.optimizer = adamw_state_from(hf::load_safetensors(optimizer_path),
+                                 hf::read_safetensors_header(optimizer_path).metadata,
                                  optimizer_path);
   for (const auto& [name, moments] : c.optimizer.params) {
     auto it = shapes.find(name);
@@ -363,7 +363,7 @@ void restore(const Checkpoint& c, const NamedParams& weights, torch::optim::Adam
   const bool legacy = c.weights.tensors.empty() && !c.legacy_model.empty();
   const std::string model_path = legacy ? c.path + "/" + kLegacyModelFile : c.weights.path;
   // The checkpoint holds our own names: no aliases, nothing tied away.
-  const model::CheckpointNaming exact;
+  const hf::CheckpointNaming exact;
   if (legacy) {
     std::vector<std::string> missing, unexpected, shapes;
     std::set<std::string> ours;
@@ -384,9 +384,9 @@ void restore(const Checkpoint& c, const NamedParams& weights, torch::optim::Adam
                " are not parameters of the model (another model or config?)");
     MMSP_CHECK(shapes.empty(), model_path, ": shapes differ: ", names_list(shapes));
   } else {
-    model::ExpectedShapes expected;
+    hf::ExpectedShapes expected;
     for (const auto& [name, w] : weights) expected.emplace_back(name, w.sizes().vec());
-    model::match_hf_tensors(c.weights, expected, exact);  // throws, naming every difference
+    hf::match_hf_tensors(c.weights, expected, exact);  // throws, naming every difference
   }
   // The RNG state is checked by setting it; apply_adamw_state checks everything
   // before it changes the optimizer, and on its refusal the RNG goes back.
@@ -416,15 +416,15 @@ void restore(const Checkpoint& c, const NamedParams& weights, torch::optim::Adam
                            .view(w.sizes()));
     return;
   }
-  model::load_hf_weights(c.weights, weights, exact);
+  hf::load_hf_weights(c.weights, weights, exact);
 }
 
 void restore(const Checkpoint& c, ShardedAdamW& optimizer) {
   MMSP_CHECK(!c.weights.tensors.empty(), c.path, ": a checkpoint of the first format cannot be resumed with "
              "a sharded --shard level; resume it with --shard none once and save again");
-  model::ExpectedShapes expected;
+  hf::ExpectedShapes expected;
   for (const auto& [name, w] : optimizer.model_params()) expected.emplace_back(name, w.sizes().vec());
-  model::match_hf_tensors(c.weights, expected, model::CheckpointNaming{});  // throws, naming every difference
+  hf::match_hf_tensors(c.weights, expected, hf::CheckpointNaming{});  // throws, naming every difference
   ShardedAdamW::StateReader read;
   int64_t steps = 0;
   if (c.optimizer_shards) {
@@ -438,7 +438,7 @@ void restore(const Checkpoint& c, ShardedAdamW& optimizer) {
       MMSP_CHECK(m.step == steps, c.path, "/", kOptimizerFile, ": ", name, " took ", m.step,
                  " steps and another ", steps, "; a sharded optimizer steps every parameter alike");
     read = [&](const std::string& name, ShardTensor which, int64_t offset, int64_t length) -> at::Tensor {
-      if (which == ShardTensor::master) return model::read_hf_elements(c.weights, name, offset, length);
+      if (which == ShardTensor::master) return hf::read_hf_elements(c.weights, name, offset, length);
       auto it = c.optimizer.params.find(name);
       if (it == c.optimizer.params.end()) return at::zeros({length}, at::kDouble);  // never stepped
       const at::Tensor& t = which == ShardTensor::exp_avg ? it->second.exp_avg : it->second.exp_avg_sq;

@@ -13,7 +13,7 @@
 #include <filesystem>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/safetensors.h"
+#include "mmsp/hf/safetensors.h"
 
 namespace mmsp::train::checkpoint_io {
 namespace {
@@ -52,7 +52,7 @@ void DurableWriter::count(int64_t n) {
   if (crash_after_ >= 0 && written_ >= crash_after_) std::_Exit(exit_code_);
 }
 
-void DurableWriter::put(int fd, const void* data, size_t n, const std::string& path, model::ChecksumSink& hash) {
+void DurableWriter::put(int fd, const void* data, size_t n, const std::string& path, hf::ChecksumSink& hash) {
   size_t todo = n;
   if (crash_after_ >= 0) todo = std::min<size_t>(n, static_cast<size_t>(crash_after_ - written_));
   const char* p = static_cast<const char*>(data);
@@ -69,7 +69,7 @@ void DurableWriter::put(int fd, const void* data, size_t n, const std::string& p
 
 void DurableWriter::write_text(const std::string& path, const std::string& text) {
   File f(path);
-  model::ChecksumSink hash;
+  hf::ChecksumSink hash;
   put(f.fd(), text.data(), text.size(), path, hash);
   f.sync_and_close();
   checksums_[path] = hash.result();
@@ -79,8 +79,8 @@ void DurableWriter::write_safetensors(const std::string& path,
                                       const std::map<std::string, at::Tensor>& tensors,
                                       const std::map<std::string, std::string>& metadata) {
   File f(path);
-  model::ChecksumSink hash;
-  model::write_safetensors(tensors, metadata, [&](const void* data, uint64_t size) {
+  hf::ChecksumSink hash;
+  hf::write_safetensors(tensors, metadata, [&](const void* data, uint64_t size) {
     put(f.fd(), data, static_cast<size_t>(size), path, hash);
   });
   f.sync_and_close();

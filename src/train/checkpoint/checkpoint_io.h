@@ -10,7 +10,7 @@
 #include <map>
 #include <string>
 
-#include "mmsp/model/checksum_manifest.h"
+#include "mmsp/hf/checksum_manifest.h"
 
 namespace mmsp::train::checkpoint_io {
 
@@ -22,23 +22,23 @@ class DurableWriter {
 
   // Creates `path` (which must not exist), writes `text`, fsyncs, closes.
   void write_text(const std::string& path, const std::string& text);
-  // The same for a safetensors file, byte for byte what model::serialize_safetensors
+  // The same for a safetensors file, byte for byte what hf::serialize_safetensors
   // gives, but streamed: one tensor's CPU copy at a time, never the whole file.
   void write_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                          const std::map<std::string, std::string>& metadata);
 
-  // Counts `n` bytes written by someone else (e.g. model::save_hf_directory through
+  // Counts `n` bytes written by someone else (e.g. hf::save_hf_directory through
   // its progress hook) towards crash_after_bytes; exits once that is reached.
   void count(int64_t n);
 
   int64_t bytes_written() const { return written_; }
   // XXH64 and size of every file written through write_text / write_safetensors,
   // taken from the bytes as they went out, by path.
-  const model::ChecksumManifest& checksums() const { return checksums_; }
+  const hf::ChecksumManifest& checksums() const { return checksums_; }
 
  private:
-  void put(int fd, const void* data, size_t n, const std::string& path, model::ChecksumSink& hash);
-  model::ChecksumManifest checksums_;
+  void put(int fd, const void* data, size_t n, const std::string& path, hf::ChecksumSink& hash);
+  hf::ChecksumManifest checksums_;
 
   int64_t crash_after_;
   int exit_code_;

@@ -12,7 +12,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/core/file_descriptor.h"
 #include "mmsp/core/json_read.h"
-#include "mmsp/model/safetensors.h"
+#include "mmsp/hf/safetensors.h"
 
 namespace mmsp::train {
 namespace {
@@ -69,7 +69,7 @@ OptimizerShards open_optimizer_shards(const std::string& dir,
     MMSP_CHECK(files[rank] == want, dir, ": holds ", files[rank], " where ", want,
                " was expected (one file per rank of the saving run, nothing else)");
     const std::string path = dir + "/" + want;
-    const model::SafetensorsHeader header = model::read_safetensors_header(path);
+    const hf::SafetensorsHeader header = hf::read_safetensors_header(path);
     auto format = header.metadata.find("format");
     MMSP_CHECK(format != header.metadata.end() && format->second == kFormat && header.metadata.count(kFormat), path,
                ": not an mmsp optimizer shard (metadata \"format\" must be \"", kFormat, "\")");
@@ -101,7 +101,7 @@ OptimizerShards open_optimizer_shards(const std::string& dir,
       for (int k = 0; k < 3; ++k) {
         auto it = header.tensors.find(name + kSuffix[k]);
         MMSP_CHECK(it != header.tensors.end(), path, ": ", name + kSuffix[k], " is missing");
-        const model::SafetensorsEntry& e = it->second;
+        const hf::SafetensorsEntry& e = it->second;
         MMSP_CHECK(e.shape == std::vector<int64_t>{piece.length} && at::isFloatingType(e.scalar_type), path, ": ",
                    name + kSuffix[k], " must be a floating 1-D tensor of ", piece.length, " elements");
         MMSP_CHECK(k == 0 || e.scalar_type == piece.dtype, path, ": ", name, "'s tensors differ in dtype");
@@ -140,7 +140,7 @@ at::Tensor read_optimizer_shards(const OptimizerShards& shards, const std::strin
     FileDescriptor fd(::open(piece.path.c_str(), O_RDONLY | O_CLOEXEC));
     MMSP_CHECK(fd.get() >= 0, piece.path, ": cannot open");
     at::Tensor part = out.narrow(0, first - offset, last - first);
-    model::pread_exact(fd.get(), part.data_ptr(), static_cast<uint64_t>((last - first) * size),
+    hf::pread_exact(fd.get(), part.data_ptr(), static_cast<uint64_t>((last - first) * size),
                        piece.data_offset[static_cast<int>(which)] + static_cast<uint64_t>((first - piece.offset) * size),
                        piece.path);
   }

@@ -15,8 +15,8 @@
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
 #include "mmsp/model/family.h"
-#include "mmsp/model/image_resize.h"
-#include "mmsp/model/safetensors.h"
+#include "mmsp/model/vision/image_resize.h"
+#include "mmsp/hf/safetensors.h"
 #include "mmsp/train/data/image_file.h"
 #include "mmsp/train/data/video_file.h"
 
@@ -302,9 +302,9 @@ JsonlDataset::Source JsonlDataset::read_tensor_source(const Line& line, const js
   std::error_code ec;
   MMSP_CHECK(fs::is_regular_file(src.safetensors, ec), where, ": ", name, " file \"", src.safetensors,
              "\" does not exist (or is not a regular file)");
-  model::SafetensorsHeader header;
+  hf::SafetensorsHeader header;
   try {
-    header = model::read_safetensors_header(src.safetensors);
+    header = hf::read_safetensors_header(src.safetensors);
   } catch (const Error& e) {
     MMSP_FAIL(where, ": ", name, ": ", e.what());
   }
@@ -424,7 +424,7 @@ at::Tensor JsonlDataset::pixels(const Sample& s, const Source& src, const plan::
                                 int64_t item) const {
   const std::string where = detail::concat(path_, ":", s.line, ": ", video ? "video " : "image ", item);
   if (!src.safetensors.empty()) {
-    std::map<std::string, at::Tensor> tensors = model::load_safetensors(src.safetensors);
+    std::map<std::string, at::Tensor> tensors = hf::load_safetensors(src.safetensors);
     const auto it = tensors.find(src.tensor);
     MMSP_CHECK(it != tensors.end(), where, ": tensor \"", src.tensor, "\" is no longer in \"",
                src.safetensors, "\"");

@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "mmsp/model/family.h"
-#include "mmsp/model/vision_memory.h"
+#include "mmsp/model/vision/vision_memory.h"
 
 namespace mmsp::train {
 

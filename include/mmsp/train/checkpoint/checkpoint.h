@@ -8,7 +8,7 @@
 //   DIR/latest                  text: the newest complete step dir's name
 //   DIR/step-000042/hf/         config.json + model.safetensors, or shards
 //                               model-0000k-of-0000n.safetensors + index, in the
-//                               save dtype (model/hf_directory.h)
+//                               save dtype (hf/hf_directory.h)
 //                   master/     the same layout in the training weights' own dtype
 //                               (fp32 masters of a bf16 run); only when hf/ holds
 //                               another dtype, so a resume is always exact
@@ -23,7 +23,7 @@
 //                                           state.json, hf/checksums.json, master/checksums.json
 //                                           (which cover hf/ and master/), format version 1;
 //                                           load_checkpoint verifies every file before reading
-//                                           (model/checksum_manifest.h)
+//                                           (hf/checksum_manifest.h)
 // Checkpoints of the first format (model.safetensors + config.json beside state.json)
 // are still read.
 #pragma once
@@ -39,8 +39,8 @@
 #include <string>
 #include <vector>
 
-#include "mmsp/model/checksum_manifest.h"
-#include "mmsp/model/hf_directory.h"
+#include "mmsp/hf/checksum_manifest.h"
+#include "mmsp/hf/hf_directory.h"
 #include "mmsp/train/optim/named_params.h"
 #include "mmsp/train/optim/optimizer_state.h"
 #include "mmsp/train/optim/sharded_adamw.h"
@@ -60,7 +60,7 @@ struct CheckpointOptions {
   // hf/'s dtype (floating tensors); unset: each weight's own dtype (then no master/).
   std::optional<at::ScalarType> save_dtype;
   // Largest shard of hf/ and master/ (transformers' max_shard_size).
-  uint64_t max_shard_bytes = model::kHfDefaultShardBytes;
+  uint64_t max_shard_bytes = hf::kHfDefaultShardBytes;
   // TEST HOOK (crash tests only; −1 = off): with n ≥ 0 the save calls
   // std::_Exit(kCheckpointCrashExitCode) right after it has written n bytes in total
   // across the checkpoint's files (in write order: hf/ (config.json, the shards,
@@ -78,7 +78,7 @@ struct CheckpointOptions {
   // It must be DIR/.step-<step>.tmp-shards (shard_staging_dir), which the save's
   // clean-up of crashed saves spares.
   std::string optimizer_shards_staged;
-  model::ChecksumManifest optimizer_shard_checksums;
+  hf::ChecksumManifest optimizer_shard_checksums;
 };
 
 // Where the ranks of a sharded save write their optimizer files before rank 0's save.
@@ -116,7 +116,7 @@ struct Checkpoint {
   int64_t step = 0;      // optimiser steps taken; training resumes after this step
   nlohmann::json state;  // state.json, checked (train_state.h)
   std::string config_json;         // the model's config (hf/config.json)
-  model::HfDirectory weights;      // master/ when present, else hf/ (exact training weights)
+  hf::HfDirectory weights;      // master/ when present, else hf/ (exact training weights)
   std::map<std::string, at::Tensor> legacy_model;  // first format only: model.safetensors
   AdamWState optimizer;  // optimizer.safetensors; empty when the state is sharded
   std::optional<OptimizerShards> optimizer_shards;  // optimizer/ of a sharded run

@@ -12,8 +12,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "mmsp/model/config.h"
-#include "mmsp/model/pixel_geometry.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/model/vision/pixel_geometry.h"
 #include "mmsp/train/data/dataset.h"
 
 namespace mmsp::train {

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "mmsp/model/config.h"
+#include "mmsp/model/config/config.h"
 #include "mmsp/train/data/dataset.h"
-#include "mmsp/model/pixel_geometry.h"
+#include "mmsp/model/vision/pixel_geometry.h"
 #include "mmsp/train/data/word_tokenizer.h"
 
 namespace mmsp::train {

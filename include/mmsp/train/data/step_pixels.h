@@ -10,9 +10,9 @@
 
 #include <ATen/ATen.h>
 
-#include "mmsp/model/config.h"
-#include "mmsp/model/pixel_inputs.h"
-#include "mmsp/model/vision_mode.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/model/vision/pixel_inputs.h"
+#include "mmsp/model/vision/vision_mode.h"
 #include "mmsp/plan/sequence.h"
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/data/dataset.h"

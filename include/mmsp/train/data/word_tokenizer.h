@@ -9,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "mmsp/model/config.h"
+#include "mmsp/model/config/config.h"
 #include "mmsp/model/family.h"
 
 namespace mmsp::train {

@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "mmsp/model/row_sharded_weight.h"
+#include "mmsp/model/hooks/row_sharded_weight.h"
 
 namespace mmsp::train {
 
@@ -31,7 +31,7 @@ int64_t default_loss_chunk(int64_t vocab_size);
 at::Tensor chunked_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
                            int64_t label_count, int64_t chunk);
 
-// The same loss with the head row-sharded over the ranks (ZeRO-3, model/row_sharded_weight.h):
+// The same loss with the head row-sharded over the ranks (ZeRO-3, model/hooks/row_sharded_weight.h):
 // its rows come in rounds of `block` rows from every rank, the next round's gather in
 // flight while this one computes, forward and again in the backward, whose round
 // gradients go back to their owners at once; the weight and its gradient are never

@@ -27,8 +27,8 @@
 #include <utility>
 #include <vector>
 
-#include "mmsp/model/config.h"
-#include "mmsp/model/recompute.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/model/hooks/recompute.h"
 #include "mmsp/train/optim/shard_level.h"
 
 namespace mmsp::train {
@@ -93,7 +93,7 @@ struct MemoryEstimate {
   std::string table() const;
 };
 
-// `shapes`: every parameter's shape (model::ExpectedShapes from a meta skeleton).
+// `shapes`: every parameter's shape (hf::ExpectedShapes from a meta skeleton).
 MemoryEstimate estimate_memory(const model::ModelConfig& config,
                                const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
                                const MemoryEstimateInputs& inputs);

@@ -11,9 +11,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "mmsp/model/config.h"
-#include "mmsp/model/recompute.h"
-#include "mmsp/model/vision_mode.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/model/hooks/recompute.h"
+#include "mmsp/model/vision/vision_mode.h"
 #include "mmsp/plan/step_plan.h"
 
 namespace mmsp::train {

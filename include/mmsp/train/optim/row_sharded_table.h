@@ -1,4 +1,4 @@
-// ZeRO-3's LM head and token embedding by rows (model/row_sharded_weight.h): a [V, h]
+// ZeRO-3's LM head and token embedding by rows (model/hooks/row_sharded_weight.h): a [V, h]
 // table alone in its bucket, sharded row-aligned (rank r's shard of the masters is rows
 // [r·R, (r+1)·R), R = ceil(V / P), zero-padded past V), read by rounds of rows gathered
 // from every rank's shard and by the rows a rank's tokens look up, its rounds' gradients
@@ -13,7 +13,7 @@
 
 #include "mmsp/dist/group.h"
 #include "mmsp/dist/shard_collectives.h"
-#include "mmsp/model/row_sharded_weight.h"
+#include "mmsp/model/hooks/row_sharded_weight.h"
 
 namespace mmsp::train {
 

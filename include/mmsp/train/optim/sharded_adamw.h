@@ -4,7 +4,7 @@
 //
 // Layout: the gradient buckets of GradSync (same order, dtype groups and sizes on every
 // rank; with stages 2 and 3 a bucket never spans two hooked units: the decoder layers,
-// the LM head, the untied token embedding, the vision blocks, model/layer_hooks.h),
+// the LM head, the untied token embedding, the vision blocks, model/hooks/layer_hooks.h),
 // each padded with zeros
 // to a multiple of the world size P and cut into P equal shards; rank r owns elements
 // [r·S, (r+1)·S) of every bucket. Per step:
@@ -73,7 +73,7 @@
 
 #include "mmsp/dist/group.h"
 #include "mmsp/dist/shard_collectives.h"
-#include "mmsp/model/layer_hooks.h"
+#include "mmsp/model/hooks/layer_hooks.h"
 #include "mmsp/train/optim/grad_sync.h"
 #include "mmsp/train/optim/named_params.h"
 #include "mmsp/train/optim/optimizer.h"

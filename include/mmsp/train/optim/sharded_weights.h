@@ -1,7 +1,7 @@
 // The model's weights under `--shard`: each gradient bucket's weights are rebuilt in the
 // model from every rank's shard of the masters (an all-gather), and under
 // `--shard parameters` (ZeRO-3) freed between uses. This class is that gather, prefetch
-// and free, by bucket and by hooked unit (model/layer_hooks.h); the optimizer
+// and free, by bucket and by hooked unit (model/hooks/layer_hooks.h); the optimizer
 // (sharded_adamw.h) owns the masters and says when they changed.
 //
 // Stage 3 frees a weight's memory in place and refills it before its next use (FSDP's

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/image_resize.h"
+#include "mmsp/model/vision/image_resize.h"
 
 namespace mmsp::model {
 

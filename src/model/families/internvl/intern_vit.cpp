@@ -6,9 +6,9 @@
 
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/core/check.h"
-#include "mmsp/model/activation.h"
+#include "mmsp/model/layers/activation.h"
 #include "mmsp/model/families/internvl/internvl_config.h"
-#include "mmsp/model/parameter_init.h"
+#include "mmsp/model/layers/parameter_init.h"
 #include "mmsp/model/phase_marker.h"
 
 namespace mmsp::model {

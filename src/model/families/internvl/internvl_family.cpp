@@ -217,7 +217,7 @@ class InternVLFamily : public Family {
     return std::make_shared<InternVLPixelGeometry>(*intern_vision_of(c), *internvl_projector_of(c));
   }
 
-  CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
+  hf::CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
     return llava_layout_naming(c.tie_word_embeddings);  // the released InternVL3-*-hf files use LLaVA's layout
   }
 };

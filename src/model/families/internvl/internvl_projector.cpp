@@ -1,7 +1,7 @@
 // InternVL's projector; see internvl_projector.h.
 #include "mmsp/model/families/internvl/internvl_projector.h"
 
-#include "mmsp/model/activation.h"
+#include "mmsp/model/layers/activation.h"
 
 namespace mmsp::model {
 

@@ -12,8 +12,8 @@
 #include "mmsp/core/check.h"
 #include "mmsp/model/families/llava/clip_config.h"
 #include "mmsp/model/phase_marker.h"
-#include "mmsp/model/activation.h"
-#include "mmsp/model/parameter_init.h"
+#include "mmsp/model/layers/activation.h"
+#include "mmsp/model/layers/parameter_init.h"
 
 namespace mmsp::model {
 ClipVisionTower::Layer::Layer(const ClipVisionConfig& c) {

@@ -185,8 +185,8 @@ class LlavaFamily : public Family {
   // no CLIPVisionModel wrapper and writes vision_tower.{embeddings,pre_layrnorm,encoder,
   // post_layernorm}.* (model.vision_tower.* in memory). First match wins: the full
   // prefixes go before the shorter ones, and before the layout's generic pairs.
-  CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
-    CheckpointNaming naming = llava_layout_naming(c.tie_word_embeddings);
+  hf::CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
+    hf::CheckpointNaming naming = llava_layout_naming(c.tie_word_embeddings);
     const std::string tower = "vision_tower.vision_model.";
     naming.prefix_aliases.insert(naming.prefix_aliases.begin(), {{tower, tower},
                                                                  {"model." + tower, tower},

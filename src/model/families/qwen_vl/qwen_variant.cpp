@@ -2,7 +2,7 @@
 #include "mmsp/model/families/qwen_vl/qwen_variant.h"
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/config.h"
+#include "mmsp/model/config/config.h"
 
 namespace mmsp::model {
 

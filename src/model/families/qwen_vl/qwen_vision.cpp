@@ -15,9 +15,9 @@
 #include "mmsp/model/families/qwen_vl/qwen_variant.h"
 #include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/model/phase_marker.h"
-#include "mmsp/model/activation.h"
-#include "mmsp/model/parameter_init.h"
-#include "mmsp/model/rotary.h"
+#include "mmsp/model/layers/activation.h"
+#include "mmsp/model/layers/parameter_init.h"
+#include "mmsp/model/layers/rotary.h"
 #include "mmsp/model/families/qwen_vl/window_index.h"
 
 namespace mmsp::model {

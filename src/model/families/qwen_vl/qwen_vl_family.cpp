@@ -315,8 +315,8 @@ class QwenVLFamily : public Family {
     return std::make_shared<QwenPixelGeometry>(*qwen_vision_of(c), c.conventions, qwen_variant_of(c));
   }
 
-  CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
-    CheckpointNaming naming;
+  hf::CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
+    hf::CheckpointNaming naming;
     std::string embedding;
     if (qwen_variant_of(c) != QwenVariant::qwen3_vl) {
       // mmsp: visual.*, model.*, lm_head.* (the released files' layout). transformers

@@ -18,9 +18,9 @@
 
 #include "mmsp/attention/token_layout.h"
 #include "mmsp/model/families/internvl/internvl_config.h"
-#include "mmsp/model/hooked_blocks.h"
-#include "mmsp/model/linear.h"
-#include "mmsp/model/activation.h"
+#include "mmsp/model/hooks/hooked_blocks.h"
+#include "mmsp/model/layers/linear.h"
+#include "mmsp/model/layers/activation.h"
 
 namespace mmsp::model {
 

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "mmsp/model/config.h"
+#include "mmsp/model/config/config.h"
 
 namespace mmsp::model {
 

@@ -9,8 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "mmsp/model/config.h"
-#include "mmsp/model/decoder.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/model/layers/decoder.h"
 #include "mmsp/model/families/internvl/intern_vit.h"
 #include "mmsp/model/families/internvl/internvl_config.h"
 #include "mmsp/model/families/internvl/internvl_projector.h"

@@ -8,7 +8,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "mmsp/model/config.h"
+#include "mmsp/model/config/config.h"
 
 namespace mmsp::model {
 

@@ -12,13 +12,13 @@
 #include <memory>
 
 #include "mmsp/attention/token_layout.h"
-#include "mmsp/model/config.h"
-#include "mmsp/model/decoder.h"
+#include "mmsp/model/config/config.h"
+#include "mmsp/model/layers/decoder.h"
 #include "mmsp/model/families/llava/clip_config.h"
-#include "mmsp/model/hooked_blocks.h"
-#include "mmsp/model/linear.h"
-#include "mmsp/model/gathered_order.h"
-#include "mmsp/model/vision_tower.h"
+#include "mmsp/model/hooks/hooked_blocks.h"
+#include "mmsp/model/layers/linear.h"
+#include "mmsp/model/vision/gathered_order.h"
+#include "mmsp/model/vision/vision_tower.h"
 #include "mmsp/model/vlm.h"
 
 namespace mmsp::model {

@@ -5,7 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include "mmsp/model/pixel_geometry.h"
+#include "mmsp/model/vision/pixel_geometry.h"
 #include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/plan/sequence.h"
 

@@ -19,12 +19,12 @@
 
 #include "mmsp/attention/token_layout.h"
 #include "mmsp/model/families/qwen_vl/qwen_variant.h"
-#include "mmsp/model/gathered_order.h"
-#include "mmsp/model/hooked_blocks.h"
-#include "mmsp/model/linear.h"
-#include "mmsp/model/rotary.h"
+#include "mmsp/model/vision/gathered_order.h"
+#include "mmsp/model/hooks/hooked_blocks.h"
+#include "mmsp/model/layers/linear.h"
+#include "mmsp/model/layers/rotary.h"
 #include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
-#include "mmsp/model/vision_tower.h"
+#include "mmsp/model/vision/vision_tower.h"
 #include "mmsp/plan/sequence.h"
 
 namespace mmsp::model {

@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "mmsp/model/config.h"
+#include "mmsp/model/config/config.h"
 #include "mmsp/model/vlm.h"
 
 namespace mmsp::model {
