@@ -63,7 +63,7 @@ const char* kConfig = R"({"model_type": "test", "hidden_size": 8})";
 
 // ---- the shard plan ----
 
-TEST(hf::HfDirectory, PlanShardsAsHubSplitsThem) {
+TEST(HfDirectory, PlanShardsAsHubSplitsThem) {
   EXPECT_EQ(hf::plan_hf_shards({}, 10), Plan{});
   EXPECT_EQ(hf::plan_hf_shards({1, 2, 3}, 10), (Plan{{0, 1, 2}}));     // all fit one
   EXPECT_EQ(hf::plan_hf_shards({4, 6, 5}, 10), (Plan{{0, 1}, {2}}));   // 4 + 6 is exactly the limit
@@ -173,7 +173,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, HfDirectoryRoundTrip,
                          testing::Values(at::kFloat, at::kDouble, at::kBFloat16, at::kHalf),
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
 
-TEST(hf::HfDirectory, SaveConvertsToTheRequestedDtypeAndNamesIt) {
+TEST(HfDirectory, SaveConvertsToTheRequestedDtypeAndNamesIt) {
   const Named tensors = sample_tensors(at::kFloat, 3);
   const std::string dir = temp_dir() + "/bf16";
   hf::HfSaveOptions options;
@@ -188,7 +188,7 @@ TEST(hf::HfDirectory, SaveConvertsToTheRequestedDtypeAndNamesIt) {
     EXPECT_TRUE(params[i].second.equal(tensors[i].second.to(at::kBFloat16).to(at::kFloat)));
 }
 
-TEST(hf::HfDirectory, SaveWithoutDtypeNamesTheDtypeHoldingMostBytes) {
+TEST(HfDirectory, SaveWithoutDtypeNamesTheDtypeHoldingMostBytes) {
   const Named mixed = {{"big", at::ones({64}, at::kBFloat16)}, {"small", at::ones({8}, at::kFloat)},
                        {"ids", at::arange(100)}};
   const std::string dir = temp_dir() + "/mixed";
@@ -196,7 +196,7 @@ TEST(hf::HfDirectory, SaveWithoutDtypeNamesTheDtypeHoldingMostBytes) {
   EXPECT_THAT(slurp(dir + "/config.json"), HasSubstr("\"torch_dtype\": \"bfloat16\""));
 }
 
-TEST(hf::HfDirectory, SaveWithNoTensorsWritesAnEmptyFile) {
+TEST(HfDirectory, SaveWithNoTensorsWritesAnEmptyFile) {
   const std::string dir = temp_dir() + "/empty";
   hf::save_hf_directory(dir, {}, kConfig);
   const hf::HfDirectory opened = hf::open_hf_directory(dir);
@@ -204,7 +204,7 @@ TEST(hf::HfDirectory, SaveWithNoTensorsWritesAnEmptyFile) {
   EXPECT_EQ(opened.files, std::vector<std::string>{"model.safetensors"});
 }
 
-TEST(hf::HfDirectory, SaveRefusesANonEmptyDirectory) {
+TEST(HfDirectory, SaveRefusesANonEmptyDirectory) {
   const std::string dir = temp_dir();
   write_text(dir + "/notes.txt", "mine");
   EXPECT_THAT(error_of([&] { hf::save_hf_directory(dir, sample_tensors(at::kFloat, 4), kConfig); }),
@@ -215,7 +215,7 @@ TEST(hf::HfDirectory, SaveRefusesANonEmptyDirectory) {
 
 // ---- dtype conversion on load ----
 
-TEST(hf::HfDirectory, LoadConvertsDtypes) {
+TEST(HfDirectory, LoadConvertsDtypes) {
   const Named bf16 = sample_tensors(at::kBFloat16, 5);
   const std::string bf16_dir = temp_dir() + "/bf16";
   hf::save_hf_directory(bf16_dir, bf16, kConfig);
@@ -233,7 +233,7 @@ TEST(hf::HfDirectory, LoadConvertsDtypes) {
     EXPECT_TRUE(bf16_params[i].second.equal(fp32[i].second.to(at::kBFloat16))) << fp32[i].first;
 }
 
-TEST(hf::HfDirectory, LoadConvertsATensorLargerThanOnePiece) {
+TEST(HfDirectory, LoadConvertsATensorLargerThanOnePiece) {
   // One full piece of bf16 and a partial one: 8 Mi + 1000 elements (16 MiB + 2000 bytes).
   const int64_t piece = static_cast<int64_t>(hf::kHfLoadPieceBytes / 2);
   at::manual_seed(7);
@@ -345,7 +345,7 @@ TEST(HfDirectoryErrors, MatchListsTheFirstFiveAndTheCount) {
 
 // ---- tied embeddings ----
 
-TEST(hf::HfDirectory, TiedEmbeddings) {
+TEST(HfDirectory, TiedEmbeddings) {
   hf::CheckpointNaming tied;
   tied.tied_output = "lm_head.weight";
   tied.tied_input = "model.embed_tokens.weight";
@@ -490,7 +490,7 @@ INSTANTIATE_TEST_SUITE_P(
 // transformers 5 writes LLaVA's CLIP tower without CLIPVisionModel's vision_model level:
 // vision_tower.embeddings.* (seen from transformers 5.17's save_pretrained; tests/hf
 // checks it against transformers itself). The other names stay llava-1.5-hf's.
-TEST(hf::HfDirectory, LlavaLoadsTheLayoutTransformers5Writes) {
+TEST(HfDirectory, LlavaLoadsTheLayoutTransformers5Writes) {
   const nlohmann::json json = tiny_config("tiny-llava.json");
   const ModelConfig config = parse_model_config(json, "tiny-llava.json");
   const auto model = build(config);
@@ -508,7 +508,7 @@ TEST(hf::HfDirectory, LlavaLoadsTheLayoutTransformers5Writes) {
 
 // Qwen2.5-VL's model is not built yet (windowed vision blocks); its files are named as
 // Qwen2-VL's, and so is its naming.
-TEST(hf::HfDirectory, Qwen2_5VlNamesAsQwen2Vl) {
+TEST(HfDirectory, Qwen2_5VlNamesAsQwen2Vl) {
   const hf::CheckpointNaming qwen2 = checkpoint_naming(parse_model_config(tiny_config("tiny-qwen2-vl.json")));
   const hf::CheckpointNaming qwen2_5 = checkpoint_naming(parse_model_config(tiny_config("tiny-qwen2_5-vl.json")));
   EXPECT_EQ(qwen2_5.prefix_aliases, qwen2.prefix_aliases);
@@ -518,7 +518,7 @@ TEST(hf::HfDirectory, Qwen2_5VlNamesAsQwen2Vl) {
   EXPECT_EQ(tied.tied_input, "model.embed_tokens.weight");
 }
 
-TEST(hf::HfDirectory, TiedTinyModelLoadsWithOrWithoutLmHead) {
+TEST(HfDirectory, TiedTinyModelLoadsWithOrWithoutLmHead) {
   for (const std::string file : {"tiny-qwen2-vl.json", "tiny-qwen3-vl.json", "tiny-llava.json"}) {
     const nlohmann::json json = tiny_config(file, /*tied=*/true);
     const ModelConfig config = parse_model_config(json, file);
