@@ -490,13 +490,15 @@ std::vector<std::vector<size_t>> plan_hf_shards(const std::vector<uint64_t>& siz
   return shards;
 }
 
-void save_hf_directory(const std::string& dir,
-                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                       const std::string& config_json, const HfSaveOptions& options) {
-  // Everything checked before the directory is touched.
+namespace {
+
+using NamedTensor = std::pair<std::string, at::Tensor>;
+
+// The config as transformers writes it (std::map keys: sorted), checked with the dtype asked for.
+json config_to_save(const std::string& dir, const std::string& config_json, const HfSaveOptions& options) {
   json config;
   try {
-    config = json::parse(config_json);  // std::map keys: sorted, as transformers writes them
+    config = json::parse(config_json);
   } catch (const json::exception& e) {
     throw Error(detail::concat(dir, ": the config to save is not valid JSON (", e.what(), ")"));
   }
@@ -504,16 +506,30 @@ void save_hf_directory(const std::string& dir,
   if (options.dtype)
     MMSP_CHECK(transformers_dtype_name(*options.dtype) != nullptr, dir, ": cannot save in dtype ",
                *options.dtype, "; choose float32, float64, bfloat16 or float16");
+  return config;
+}
 
-  std::vector<const std::pair<std::string, at::Tensor>*> order;
+// The tensors in name order (the order shards are planned in), each defined and named once.
+std::vector<const NamedTensor*> sorted_by_name(const std::string& dir, const std::vector<NamedTensor>& tensors) {
+  std::vector<const NamedTensor*> order;
   for (const auto& t : tensors) {
     MMSP_CHECK(t.second.defined(), dir, ": tensor \"", t.first, "\" is undefined");
     order.push_back(&t);
   }
   std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) { return a->first < b->first; });
   for (size_t i = 1; i < order.size(); ++i)
-    MMSP_CHECK(order[i]->first != order[i - 1]->first, dir, ": tensor \"", order[i]->first,
-               "\" is given twice");
+    MMSP_CHECK(order[i]->first != order[i - 1]->first, dir, ": tensor \"", order[i]->first, "\" is given twice");
+  return order;
+}
+
+}  // namespace
+
+void save_hf_directory(const std::string& dir,
+                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                       const std::string& config_json, const HfSaveOptions& options) {
+  // Everything checked before the directory is touched.
+  json config = config_to_save(dir, config_json, options);
+  const std::vector<const NamedTensor*> order = sorted_by_name(dir, tensors);
 
   auto saved_type = [&](const at::Tensor& t) {
     return options.dtype && at::isFloatingType(t.scalar_type()) ? *options.dtype : t.scalar_type();

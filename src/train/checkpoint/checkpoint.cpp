@@ -271,7 +271,11 @@ void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& we
 }
 
 
-Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
+namespace {
+
+// The step directory a path names: a checkpoint directory's `latest` (a file naming the
+// step dir, or a link to it made by hand), or a step directory itself.
+std::string resolve_step_dir(const std::string& dir_or_step_dir) {
   std::string path = dir_or_step_dir;
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   MMSP_CHECK(fs::is_directory(path), path, ": no such checkpoint directory");
@@ -292,7 +296,13 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
                ": not a checkpoint: neither a checkpoint directory (no 'latest' file) nor a "
                "step directory (no state.json)");
   }
+  return step_dir;
+}
 
+}  // namespace
+
+Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
+  const std::string step_dir = resolve_step_dir(dir_or_step_dir);
   Checkpoint c;
   c.path = step_dir;
   // Every file is verified before any is parsed (hf/ and master/ by hf::open_hf_directory).

@@ -245,37 +245,81 @@ at::Tensor QwenVisionEncoder::block_forward(const Block& b, const at::Tensor& x,
   return h + b.mlp_forward(b.norm2->forward(h), config_.hidden_act);
 }
 
-VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values, const std::vector<plan::Grid>& grids,
-                                        const SplitShards& split) const {
-  const QwenVisionConfig& c = config_;
-  const int64_t m = c.spatial_merge_size;
+namespace {
+
+// The whole items' patches as attention segments, one per frame, in the processor's order.
+struct FrameLayout {
   int64_t patches = 0;
-  std::vector<int64_t> seg, ord;  // one attention segment per frame
+  attention::TokenLayout frames;
+};
+
+FrameLayout frame_layout(const std::vector<plan::Grid>& grids, int64_t m) {
+  FrameLayout f;
+  std::vector<int64_t> seg, ord;
   int64_t frame = 0;
   for (const plan::Grid& g : grids) {
     MMSP_CHECK(g[1] % m == 0 && g[2] % m == 0, "grid [", g[0], ", ", g[1], ", ", g[2],
                "] must divide by spatial_merge_size ", m);
     for (int64_t t = 0; t < g[0]; ++t, ++frame)
       for (int64_t i = 0; i < g[1] * g[2]; ++i) seg.push_back(frame), ord.push_back(i);
-    patches += g[0] * g[1] * g[2];
+    f.patches += g[0] * g[1] * g[2];
   }
-  const int64_t patch_dim = c.patch_row();
-  MMSP_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == patches + split.pixel_rows &&
-                 pixel_values.size(1) == patch_dim,
-             "pixel_values ", pixel_values.sizes(), " must be [", patches + split.pixel_rows, ", ", patch_dim,
-             "] for these grids (C·tp·p·p = ", patch_dim, ")");
-  // The split items' patches this rank encodes (vision-tower SP): their (h, w), for the
-  // rotary angles and Qwen3-VL's position table.
-  std::vector<at::Tensor> split_hw;
-  for (size_t j = 0; j < split.grids.size(); ++j)
-    split_hw.push_back(vision_patch_positions({split.grids[j]}, m)
-                           .narrow(0, split.first_patch(j, split.rank), split.patch_count(j, split.rank)));
+  f.frames = {at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
+              at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
+  return f;
+}
+
+// 2-D rotary: head_dim/4 frequencies for h, as many for w, then doubled.
+struct VisionAngles {
+  at::Tensor inv_freq;
+  explicit VisionAngles(int64_t head_dim) {
+    const int64_t quarter = head_dim / 4;
+    const auto f64 = at::TensorOptions().dtype(at::kDouble);
+    inv_freq = at::pow(10000.0, at::arange(0, 2 * quarter, 2, f64) / double(2 * quarter)).reciprocal();
+  }
+  at::Tensor operator()(const at::Tensor& hw) const {  // [N, 2] -> [N, head_dim]
+    at::Tensor freqs = (hw.to(at::kDouble).unsqueeze(-1) * inv_freq).flatten(1);
+    return at::cat({freqs, freqs}, -1);
+  }
+};
+
+// Qwen2.5-VL's windows: the whole items' patches in window order, a segment per window;
+// a window never leaves its frame, so the frames stay contiguous segments.
+struct WindowOrder {
+  at::Tensor order;    // merged units in window order
+  at::Tensor restore;  // merged rows back to the processor's order
+  attention::TokenLayout windows;
+  int64_t m = 1;
+  at::Tensor apply(const at::Tensor& t) const {  // [N, ...] in groups of m² rows per merged unit
+    return t.view({-1, m * m, t.size(1)}).index_select(0, order.to(t.device())).view({t.size(0), t.size(1)});
+  }
+};
+
+WindowOrder window_order(const std::vector<plan::Grid>& grids, int64_t m, int64_t window_units) {
+  const WindowIndex wi = window_index(grids, m, window_units);
+  WindowOrder w;
+  w.m = m;
+  w.order = at::tensor(at::ArrayRef<int64_t>(wi.order), at::kLong).clone();
+  const std::vector<int64_t> inverse = wi.inverse();
+  w.restore = at::tensor(at::ArrayRef<int64_t>(inverse), at::kLong).clone();
+  const at::Tensor lengths = at::tensor(at::ArrayRef<int64_t>(wi.window_units), at::kLong) * (m * m);
+  const at::Tensor window_of = at::arange(lengths.size(0), at::kLong).repeat_interleave(lengths);
+  const at::Tensor starts = (lengths.cumsum(0) - lengths).repeat_interleave(lengths);
+  w.windows = {window_of, at::arange(window_of.size(0), at::kLong) - starts};
+  return w;
+}
+
+}  // namespace
+
+at::Tensor QwenVisionEncoder::embed_patches(const at::Tensor& pixel_values, const std::vector<plan::Grid>& grids,
+                                            const at::Tensor& whole_hw, const SplitShards& split,
+                                            const std::vector<at::Tensor>& split_hw) const {
+  const QwenVisionConfig& c = config_;
   // The Conv3d with stride = kernel is a matmul over flattened patches.
-  const at::Tensor w = patch_embed_->proj_weight.reshape({c.hidden_size, patch_dim});
+  const at::Tensor w = patch_embed_->proj_weight.reshape({c.hidden_size, c.patch_row()});
   at::Tensor x = patch_embed_->proj_bias.defined() ? at::linear(pixel_values, w, patch_embed_->proj_bias)
                                                    : at::linear(pixel_values, w);
-  const at::Tensor whole_hw = vision_patch_positions(grids, m);  // [patches, 2]
-  if (qwen3_ && patches + split.pixel_rows > 0) {
+  if (qwen3_ && pixel_values.size(0) > 0) {
     std::vector<at::Tensor> pos;
     int64_t first = 0;
     for (const plan::Grid& g : grids) {
@@ -286,53 +330,14 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values, const st
     for (size_t j = 0; j < split.grids.size(); ++j) pos.push_back(interpolated_positions(split.grids[j], split_hw[j]));
     x = x + at::cat(pos);
   }
-  x = leave_phase_in_backward(x, Phase::vision);  // the encoder's backward ends here
+  return leave_phase_in_backward(x, Phase::vision);  // the encoder's backward ends here
+}
 
-  // 2-D rotary: head_dim/4 frequencies for h, as many for w, then doubled.
-  const int64_t quarter = c.head_dim() / 4;
-  const auto f64 = at::TensorOptions().dtype(at::kDouble);
-  at::Tensor inv_freq = at::pow(10000.0, at::arange(0, 2 * quarter, 2, f64) / double(2 * quarter)).reciprocal();
-  auto angles = [&](const at::Tensor& hw) {  // [N, 2] -> [N, head_dim]
-    at::Tensor freqs = (hw.to(at::kDouble).unsqueeze(-1) * inv_freq).flatten(1);
-    return at::cat({freqs, freqs}, -1);
-  };
-  at::Tensor emb = angles(whole_hw);  // the whole items'
-  const attention::TokenLayout frames{at::tensor(at::ArrayRef<int64_t>(seg), at::kLong).clone(),
-                                      at::tensor(at::ArrayRef<int64_t>(ord), at::kLong).clone()};
-  // Qwen2.5-VL: the whole items' patches (and their rotary angles) in window order, a
-  // segment per window; a window never leaves its frame, so the frames stay contiguous
-  // segments. A split item's patches stay in the processor's order here: its attention
-  // puts the gathered item in window order (split_attention).
-  attention::TokenLayout windows;
-  at::Tensor restore;  // merged rows back to the processor's order
-  if (variant_ == Variant::qwen2_5 && patches == 0) {
-    windows = frames;  // no rows: nothing to put in window order
-  } else if (variant_ == Variant::qwen2_5) {
-    const WindowIndex wi = window_index(grids, m, c.window_size / (c.patch_size * m));
-    const at::Tensor order = at::tensor(at::ArrayRef<int64_t>(wi.order), at::kLong).clone();
-    const std::vector<int64_t> inverse = wi.inverse();
-    restore = at::tensor(at::ArrayRef<int64_t>(inverse), at::kLong).clone();
-    auto by_window = [&](const at::Tensor& t) {  // [N, ...] in groups of m² rows per merged unit
-      return t.view({-1, m * m, t.size(1)}).index_select(0, order.to(t.device())).view({t.size(0), t.size(1)});
-    };
-    x = split.empty() ? by_window(x) : at::cat({by_window(x.narrow(0, 0, patches)), x.narrow(0, patches, split.pixel_rows)});
-    emb = by_window(emb);
-    const at::Tensor lengths = at::tensor(at::ArrayRef<int64_t>(wi.window_units), at::kLong) * (m * m);
-    const at::Tensor window_of = at::arange(lengths.size(0), at::kLong).repeat_interleave(lengths);
-    const at::Tensor starts = (lengths.cumsum(0) - lengths).repeat_interleave(lengths);
-    windows = {window_of, at::arange(window_of.size(0), at::kLong) - starts};
-  }
-  if (!split.empty()) {
-    std::vector<at::Tensor> parts{emb};
-    for (const at::Tensor& hw : split_hw) parts.push_back(angles(hw));
-    emb = at::cat(parts);
-  }
-  const at::ScalarType wide = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const RotaryTable rotary{emb.cos().to(wide).to(x.device()), emb.sin().to(wide).to(x.device())};
-  const SplitAttention shared = split.empty() ? SplitAttention{} : split_attention(split);
-
+VisionOutput QwenVisionEncoder::run_blocks(at::Tensor x, const RotaryTable& rotary, const attention::TokenLayout& frames,
+                                           const attention::TokenLayout& windows, const SplitAttention& shared) const {
+  const QwenVisionConfig& c = config_;
   VisionOutput out;
-  const int64_t width = c.hidden_size * m * m;
+  const int64_t width = c.hidden_size * c.spatial_merge_size * c.spatial_merge_size;
   for (size_t i = 0; i < block_list_.size(); ++i) {
     const bool full = variant_ != Variant::qwen2_5 ||
                       std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(),
@@ -352,6 +357,50 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values, const st
         out.deepstack.push_back(deepstack_[k]->forward(x, width));
   }
   out.rows = merger_->forward(x, width);
+  return out;
+}
+
+VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values, const std::vector<plan::Grid>& grids,
+                                        const SplitShards& split) const {
+  const QwenVisionConfig& c = config_;
+  const int64_t m = c.spatial_merge_size;
+  const FrameLayout layout = frame_layout(grids, m);
+  const int64_t patches = layout.patches, patch_dim = c.patch_row();
+  MMSP_CHECK(pixel_values.dim() == 2 && pixel_values.size(0) == patches + split.pixel_rows &&
+                 pixel_values.size(1) == patch_dim,
+             "pixel_values ", pixel_values.sizes(), " must be [", patches + split.pixel_rows, ", ", patch_dim,
+             "] for these grids (C·tp·p·p = ", patch_dim, ")");
+  // The split items' patches this rank encodes (vision-tower SP): their (h, w), for the
+  // rotary angles and Qwen3-VL's position table.
+  std::vector<at::Tensor> split_hw;
+  for (size_t j = 0; j < split.grids.size(); ++j)
+    split_hw.push_back(vision_patch_positions({split.grids[j]}, m)
+                           .narrow(0, split.first_patch(j, split.rank), split.patch_count(j, split.rank)));
+  const at::Tensor whole_hw = vision_patch_positions(grids, m);  // [patches, 2]
+  at::Tensor x = embed_patches(pixel_values, grids, whole_hw, split, split_hw);
+  const VisionAngles angles(c.head_dim());
+  at::Tensor emb = angles(whole_hw);  // the whole items'
+  // Qwen2.5-VL: the whole items' patches (and their rotary angles) in window order. A
+  // split item's patches stay in the processor's order here: its attention puts the
+  // gathered item in window order (split_attention).
+  attention::TokenLayout windows = layout.frames;  // no rows: nothing to put in window order
+  at::Tensor restore;
+  if (variant_ == Variant::qwen2_5 && patches > 0) {
+    const WindowOrder wo = window_order(grids, m, c.window_size / (c.patch_size * m));
+    x = split.empty() ? wo.apply(x) : at::cat({wo.apply(x.narrow(0, 0, patches)), x.narrow(0, patches, split.pixel_rows)});
+    emb = wo.apply(emb);
+    windows = wo.windows;
+    restore = wo.restore;
+  }
+  if (!split.empty()) {
+    std::vector<at::Tensor> parts{emb};
+    for (const at::Tensor& hw : split_hw) parts.push_back(angles(hw));
+    emb = at::cat(parts);
+  }
+  const at::ScalarType wide = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const RotaryTable rotary{emb.cos().to(wide).to(x.device()), emb.sin().to(wide).to(x.device())};
+  const SplitAttention shared = split.empty() ? SplitAttention{} : split_attention(split);
+  VisionOutput out = run_blocks(x, rotary, layout.frames, windows, shared);
   if (restore.defined()) {
     const at::Tensor whole_rows = out.rows.narrow(0, 0, patches / (m * m));
     out.rows = at::cat({whole_rows.index_select(0, restore.to(out.rows.device())),

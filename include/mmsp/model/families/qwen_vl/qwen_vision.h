@@ -111,6 +111,15 @@ class QwenVisionEncoder : public torch::nn::Module, public VisionTower {
                            const attention::TokenLayout& segments, const SplitAttention& split, bool full) const;
   // Qwen3-VL's interpolated position rows for patches (h, w) [N, 2] of grid g.
   at::Tensor interpolated_positions(const plan::Grid& g, const at::Tensor& hw) const;
+  // The patch embedding (and Qwen3-VL's positions) of the whole items and the split
+  // shards; `whole_hw` / `split_hw`: their patches' (h, w).
+  at::Tensor embed_patches(const at::Tensor& pixel_values, const std::vector<plan::Grid>& grids,
+                           const at::Tensor& whole_hw, const SplitShards& split,
+                           const std::vector<at::Tensor>& split_hw) const;
+  // The blocks (full ones over `frames`, Qwen2.5-VL's windowed ones over `windows`),
+  // the deepstack mergers at their indexes and the merger.
+  VisionOutput run_blocks(at::Tensor x, const RotaryTable& rotary, const attention::TokenLayout& frames,
+                          const attention::TokenLayout& windows, const SplitAttention& shared) const;
 
   QwenVisionConfig config_;
   Variant variant_ = Variant::qwen2;
