@@ -92,9 +92,18 @@ void TrainFlags::add_memory(CLI::App& app) {
   app.add_flag("--offload-activations", options.offload_activations,
                 "keep the recomputed layers' inputs in host memory until their backward (needs "
                 "--checkpoint-activations; on CUDA the copies overlap the compute)");
-  app.add_flag("--prefetch-pixels", options.prefetch_pixels,
-                "decode the next step's images and videos on a thread while this step trains (the same pixels, "
-                "held one step early; not in the memory preflight)");
+  // An optional value: a bare --prefetch-pixels is on, as it was when it was a switch.
+  app.add_option("--prefetch-pixels", prefetch_pixels,
+                 "off, on or auto (the default; on with --device cuda); bare: on. Decode "
+                 "the next step's images and videos on a thread while this step trains (the same pixels, held "
+                 "one step early; on the CPU counted in each step's memory check)")
+      ->expected(0, 1)
+      ->check(CLI::Validator(
+          [](const std::string& value) {  // empty: bare (parse() reads it as on)
+            return value.empty() || value == "off" || value == "on" || value == "auto" ? std::string()
+                                                                                       : "must be off, on or auto";
+          },
+          "{off,on,auto}"));
   app.add_option("--tiled-mlp", tiled_mlp,
                   "off, auto (tiles of at most hidden-size tokens) or N: each decoder MLP runs over tiles of N "
                   "tokens, forward and backward, so its [tokens, intermediate] activations exist one tile at a time")
@@ -151,6 +160,7 @@ void TrainFlags::parse() {
              plan::to_string(o.layout));
   o.checkpoint_activations = model::parse_activation_checkpointing(checkpointing);
   o.tiled_mlp = model::parse_mlp_tile(tiled_mlp);
+  o.prefetch_pixels = train::parse_prefetch_pixels(prefetch_pixels.empty() ? "on" : prefetch_pixels);
   o.save_shard_bytes = parse_byte_size(save_shard_size, "--save-shard-size");
 }
 

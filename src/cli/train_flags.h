@@ -18,6 +18,7 @@ struct TrainFlags {
   // Flags given as text, parsed by resolve().
   std::string vision = "routed", layout = "zigzag", placement = "zigzag", vision_split = "auto";
   std::string save_shard_size = "5GB", memory_limit = "auto", checkpointing = "none", tiled_mlp = "off";
+  std::string prefetch_pixels = "auto";
   std::string test_sleep, test_skew;  // hidden: "RANK:STEP:SECONDS", "RANK:STEP" (docs/reliability.md)
 
   void add_to(CLI::App& app);

@@ -144,7 +144,7 @@ dist::AgreedFlags agreed_flags(const TrainOptions& o) {
           {"--checkpoint-activations", model::to_string(o.checkpoint_activations)},
           {"--offload-activations", o.offload_activations ? "yes" : "no"},
           {"--tiled-mlp", model::mlp_tile_name(o.tiled_mlp)},
-          {"--prefetch-pixels", o.prefetch_pixels ? "yes" : "no"},
+          {"--prefetch-pixels", to_string(o.prefetch_pixels)},
           {"--steps", n(o.steps)},
           {"--stop-after", n(o.stop_after)},
           {"--tokens-per-rank", n(o.tokens_per_rank)},

@@ -54,6 +54,18 @@
 #include "mmsp/train/weight_update.h"
 
 namespace mmsp::train {
+
+PrefetchPixels parse_prefetch_pixels(const std::string& name) {
+  if (name == "off") return PrefetchPixels::off;
+  if (name == "on") return PrefetchPixels::on;
+  if (name == "auto") return PrefetchPixels::automatic;
+  MMSP_FAIL("--prefetch-pixels '", name, "' must be off, on or auto");
+}
+
+std::string to_string(PrefetchPixels mode) {
+  return mode == PrefetchPixels::off ? "off" : mode == PrefetchPixels::on ? "on" : "auto";
+}
+
 namespace {
 
 
@@ -426,6 +438,13 @@ struct PixelPrefetch {
   std::future<model::PixelInputs> pixels;
 };
 
+// The step after this one, planned ahead for its pixels (--prefetch-pixels).
+struct NextStep {
+  std::vector<int64_t> samples;
+  plan::Batch batch;
+  plan::StepPlan plan;
+};
+
 // What every step of the loop reads, fixed for the run.
 struct StepLoop {
   const TrainOptions& o;
@@ -461,21 +480,28 @@ model::PixelInputs step_pixels(const StepLoop& run, const std::vector<int64_t>& 
                      run.in.dtype);
 }
 
-// Starts decoding the pixels of the step after `step`, whose data starts at `position`.
-void prefetch_pixels(const StepLoop& run, int64_t step, const DataPosition& position) {
-  if (!run.prefetch || step >= run.last_step) return;
+// The step after `step`, whose data starts at `position`, when its pixels are to be
+// decoded during this one: its samples, batch and plan come from the data and the plan
+// options alone (no collective), so they are those the step will make itself.
+std::optional<NextStep> plan_next_step(const StepLoop& run, int64_t step, const DataPosition& position) {
+  if (!run.prefetch || step >= run.last_step) return std::nullopt;
   DataPosition next = position;
+  NextStep n;
+  n.samples = run.in.packer->next_step(next);
+  n.batch = make_batch(*run.in.data, n.samples);
+  n.plan = plan::make_step_plan(n.batch, run.in.resolved.config.conventions, run.plan_options, run.mesh.rank());
+  return n;
+}
+
+// Starts decoding the next step's pixels on a thread of its own.
+void prefetch_pixels(const StepLoop& run, NextStep next) {
   PixelPrefetch ahead;
-  ahead.samples = run.in.packer->next_step(next);
-  const plan::PlanOptions options = run.plan_options;
-  const int rank = run.mesh.rank();
+  ahead.samples = next.samples;
   // The run's inputs outlive the thread (the loop's PixelPrefetch, which joins it, goes first).
   const RunInputs* in = &run.in;
-  const model::VisionMode vision = run.o.vision;
-  ahead.pixels = std::async(std::launch::async, [in, vision, samples = ahead.samples, options, rank] {
-    const plan::Batch batch = make_batch(*in->data, samples);
-    const plan::StepPlan plan = plan::make_step_plan(batch, in->resolved.config.conventions, options, rank);
-    return load_pixels(*in->data, samples, batch, in->resolved.config, pixels_encoded_here(plan, vision), in->dtype);
+  const PixelsNeeded needed = pixels_encoded_here(next.plan, run.o.vision);
+  ahead.pixels = std::async(std::launch::async, [in, needed, next = std::move(next)] {
+    return load_pixels(*in->data, next.samples, next.batch, in->resolved.config, needed, in->dtype);
   });
   *run.prefetch = std::move(ahead);
 }
@@ -484,8 +510,12 @@ void prefetch_pixels(const StepLoop& run, int64_t step, const DataPosition& posi
 // computes alike from the plan, so that a step too large for the limit (a long video
 // encoded whole) fails on every rank before its first collective. `largest` keeps the
 // largest estimate of the run (the figure bench memory compares with the peak).
+//
+// `next` (--prefetch-pixels): on the CPU its pixels, decoded during this step, count
+// too (the largest any rank decodes, which every rank computes alike); when they alone
+// would take the step past the limit, `next` is dropped: the next step loads its own.
 void check_step_memory(const StepLoop& run, int64_t step, const std::vector<int64_t>& samples,
-                       const plan::StepPlan& plan, MemoryEstimate& largest) {
+                       const plan::StepPlan& plan, MemoryEstimate& largest, std::optional<NextStep>& next) {
   const TrainOptions& o = run.o;
   const BusiestVision busiest = busiest_vision(run.in.resolved.config, vision_loads(plan, o.vision),
                                                o.checkpoint_activations, run.in.dtype);
@@ -498,6 +528,15 @@ void check_step_memory(const StepLoop& run, int64_t step, const std::vector<int6
                                 : run.in.memory;
   estimate.vision = busiest.bytes.kept;
   estimate.vision_working_set = busiest.bytes.transient;
+  if (next && !o.device.is_cuda()) {  // on CUDA they wait in host memory, not on the device
+    estimate.next_pixels =
+        prefetched_pixel_bytes(run.in.resolved.config, vision_loads(next->plan, o.vision), run.in.dtype);
+    const bool fits = o.memory_limit_bytes <= 0 || estimate.total() <= o.memory_limit_bytes;
+    if (!fits) {
+      next.reset();
+      estimate.next_pixels = 0;
+    }
+  }
   if (estimate.total() > largest.total()) largest = estimate;
   if (o.memory_limit_bytes <= 0 || estimate.total() <= o.memory_limit_bytes) return;
   std::ostringstream what;
@@ -530,7 +569,8 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   const plan::Batch batch = make_batch(*run.in.data, samples);
   watch.phase("plan");
   const plan::StepPlan plan = plan::make_step_plan(batch, config.conventions, run.plan_options, mesh.rank());
-  check_step_memory(run, step, samples, plan, largest_estimate);
+  std::optional<NextStep> next = plan_next_step(run, step, position);
+  check_step_memory(run, step, samples, plan, largest_estimate, next);
   // Every rank must be about to run the same step before the first collective.
   watch.phase("step agreement");
   if (mesh.store())
@@ -538,7 +578,7 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
                   mesh.world_size(), mesh.world()->timeout());
   watch.phase("pixels");
   const model::PixelInputs pixels = step_pixels(run, samples, batch, plan).to(run.o.device);
-  prefetch_pixels(run, step, position);
+  if (next) prefetch_pixels(run, std::move(*next));
 
   const double lr = run.schedule.at(step - 1);
   run.update.set_lr(lr);
@@ -601,6 +641,61 @@ int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOpt
   return lo;
 }
 
+namespace {
+
+// --prefetch-pixels resolved: auto is on with a CUDA device.
+bool prefetches_pixels(const TrainOptions& o) {
+  return o.prefetch_pixels == PrefetchPixels::on || (o.prefetch_pixels == PrefetchPixels::automatic && o.device.is_cuda());
+}
+
+// How every step of this run is planned: the mesh, layout, placement and vision split,
+// the load report's attention bytes priced for this model and dtype.
+plan::PlanOptions plan_options_for(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh) {
+  plan::PlanOptions p;
+  p.mesh = mesh.shape();
+  p.layout = o.layout;
+  p.placement = o.placement;
+  p.placement_balance = o.placement_balance;
+  p.vision_split = o.vision_split;
+  p.attention_shape =
+      model::attention_shape(in.resolved.config.text, static_cast<int64_t>(c10::elementSize(in.dtype)));
+  return p;
+}
+
+attention::AttentionOptions attention_options_for(const TrainOptions& o) {
+  attention::AttentionOptions blocks;
+  blocks.block_q = o.attention_block;
+  blocks.block_k = o.attention_block;
+  blocks.kernel = attention::parse_attention_kernel(o.attention_kernel);
+  return blocks;
+}
+
+// metrics.jsonl in --out (rank 0 only; none without --out).
+std::unique_ptr<MetricsWriter> open_metrics(const std::string& out) {
+  if (out.empty()) return nullptr;
+  std::filesystem::create_directories(out);
+  return std::make_unique<MetricsWriter>(out + "/metrics.jsonl");
+}
+
+// A step's line in metrics.jsonl; at the run's first step, the note of a torn last line
+// a crash had left (cut when the file was opened).
+void write_metrics(MetricsWriter& metrics, const StepMetrics& m, bool first_step, std::ostream& log) {
+  metrics.write(m);
+  if (metrics.repaired_bytes() > 0 && first_step)
+    log << "note: " << metrics.path() << ": cut the torn last line (" << metrics.repaired_bytes()
+        << " bytes) a crash had left" << std::endl;
+}
+
+// The trained weights, whole and detached (TrainOptions::report_parameters: tests).
+std::vector<std::pair<std::string, at::Tensor>> final_parameters(WeightUpdate& update) {
+  update.gather_weights();  // every rank: under --shard parameters a collective
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& [name, p] : update.weights()) out.emplace_back(name, p.detach().clone());
+  return out;
+}
+
+}  // namespace
+
 TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& log,
                   dist::RankActivity* activity) {
   dist::RankActivity no_heartbeat;
@@ -639,25 +734,9 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     return report;
   }
 
-  std::unique_ptr<MetricsWriter> metrics;
-  if (rank0 && !o.out.empty()) {
-    std::filesystem::create_directories(o.out);
-    metrics = std::make_unique<MetricsWriter>(o.out + "/metrics.jsonl");
-  }
+  const std::unique_ptr<MetricsWriter> metrics = rank0 ? open_metrics(o.out) : nullptr;
   if (rank0 && !o.quiet) print_run_header(o, in, update, mesh, log);
 
-  plan::PlanOptions plan_options;
-  plan_options.mesh = mesh.shape();
-  plan_options.layout = o.layout;
-  plan_options.placement = o.placement;
-  plan_options.placement_balance = o.placement_balance;
-  plan_options.vision_split = o.vision_split;
-  plan_options.attention_shape =  // the load report's bytes priced for this model and dtype
-      model::attention_shape(in.resolved.config.text, static_cast<int64_t>(c10::elementSize(in.dtype)));
-  attention::AttentionOptions blocks;
-  blocks.block_q = o.attention_block;
-  blocks.block_k = o.attention_block;
-  blocks.kernel = attention::parse_attention_kernel(o.attention_kernel);
   const int64_t last_step = o.stop_after > 0 ? std::min(o.stop_after, o.steps) : o.steps;
   std::optional<PixelPrefetch> prefetched;  // joined before the model goes (declared after it)
   const StepLoop run{o,
@@ -670,12 +749,12 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
                      phases,
                      memory,
                      {mesh.context(), mesh.ring(), mesh.ulysses()},
-                     plan_options,
-                     blocks,
+                     plan_options_for(o, in, mesh),
+                     attention_options_for(o),
                      in.loss_chunk,
                      agreement_prefix,
                      last_step,
-                     o.prefetch_pixels ? &prefetched : nullptr};
+                     prefetches_pixels(o) ? &prefetched : nullptr};
 
   if (!o.save_gradients.empty()) update.save_next_gradients(o.save_gradients, in.resolved.config_json, mesh, log);
   for (int64_t step = resumed.done + 1; step <= last_step; ++step) {
@@ -684,22 +763,14 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     report.summary.add(m);
     if (o.report_steps) report.steps.push_back(m);
     if (rank0 && !o.quiet) log << format_step_line(m) << std::endl;
-    if (metrics) {
-      metrics->write(m);
-      if (metrics->repaired_bytes() > 0 && step == report.first_step)
-        log << "note: " << metrics->path() << ": cut the torn last line (" << metrics->repaired_bytes()
-            << " bytes) a crash had left" << std::endl;
-    }
+    if (metrics) write_metrics(*metrics, m, step == report.first_step, log);
     if (!o.out.empty() && (step == last_step || (o.checkpoint_every > 0 && step % o.checkpoint_every == 0))) {
       doing.set_phase("checkpoint");
       save_step(o, in, update, step, resumed.position, mesh, log);
     }
   }
   if (rank0 && report.summary.count() > 0) log << report.summary.table();
-  if (o.report_parameters) {
-    update.gather_weights();
-    for (auto& [name, p] : update.weights()) report.parameters.emplace_back(name, p.detach().clone());
-  }
+  if (o.report_parameters) report.parameters = final_parameters(update);
   vlm.set_layer_hooks(nullptr);  // the update goes before the model
   return report;
 }

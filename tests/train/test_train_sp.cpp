@@ -780,6 +780,10 @@ TEST(MultiRankTrain, ShardedCheckpointsResumeOnAnyWorldEitherWay) {
 // --prefetch-pixels: the next step's images and videos decoded on a thread while this step
 // trains are the pixels the step would load itself: four steps of examples/data (images,
 // a frame-folder video) train the same model bit for bit with it on and off (2 ranks).
+// On the CPU the step's memory check counts them (the largest rank's, pixels and 8-bit
+// frames: train/memory/vision_load.h), and each step's measured peak stays under its
+// estimate; under a limit that only the prefetched pixels pass, the steps load their own
+// pixels instead (the same model again) and nothing is refused.
 TEST(MultiRankTrain, PrefetchedPixelsTrainTheSameModel) {
   const int world = test::rank_env().world_size;
   if (world != 2) GTEST_SKIP() << "one mesh is enough: the pixels are each rank's own";
@@ -789,10 +793,30 @@ TEST(MultiRankTrain, PrefetchedPixelsTrainTheSameModel) {
   o.model = std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen2-vl.json";
   o.data = std::string(MMSP_SOURCE_DIR) + "/examples/data/data.jsonl";
   o.steps = 4;
+  o.report_steps = true;
   const train::TrainReport off = train::train(o, mesh, log);
-  o.prefetch_pixels = true;
+  EXPECT_EQ(off.memory_estimate.next_pixels, 0) << "auto prefetches nothing on the CPU";
+  o.prefetch_pixels = train::PrefetchPixels::on;
   const train::TrainReport on = train::train(o, mesh, log);
   if (mesh.rank() == 0) expect_same_run(on, off, 0.0, "--prefetch-pixels on " + mesh.shape().str());
+  const int64_t next = on.memory_estimate.next_pixels;
+  EXPECT_GT(next, 0) << "the next step's pixels are not in the estimate";
+  // The run's largest estimate (over its steps) grows, by at most one step's prefetch.
+  EXPECT_GT(on.memory_estimate.total(), off.memory_estimate.total());
+  EXPECT_LE(on.memory_estimate.total() - next, off.memory_estimate.total());
+  // What the prefetch adds to a step's measured peak is within what the estimate adds.
+  ASSERT_EQ(on.steps.size(), off.steps.size());
+  for (size_t i = 0; i < on.steps.size(); ++i)
+    EXPECT_LE(on.steps[i].peak_bytes - off.steps[i].peak_bytes, next)
+        << "step " << on.steps[i].step << ": peak " << on.steps[i].peak_bytes << " with the prefetch, "
+        << off.steps[i].peak_bytes << " without";
+  // Under a limit that the largest step fits only without its prefetched pixels: nothing
+  // refused, the step over the limit with them loads the next step's pixels itself.
+  o.memory_limit_bytes = off.memory_estimate.total();
+  o.memory_limit_source = "test";
+  const train::TrainReport tight = train::train(o, mesh, log);
+  EXPECT_LE(tight.memory_estimate.total(), o.memory_limit_bytes);
+  if (mesh.rank() == 0) expect_same_run(tight, off, 0.0, "--prefetch-pixels on, under a tight limit");
 }
 
 // Long video under SP (docs/train.md): one video of 128 frames at 448 x 448 (grid [64, 32, 32]:

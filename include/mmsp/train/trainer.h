@@ -33,6 +33,11 @@ inline plan::VisionSplitOptions automatic_vision_split() {
   return o;
 }
 
+// --prefetch-pixels off | on | auto.
+enum class PrefetchPixels { off, on, automatic };
+PrefetchPixels parse_prefetch_pixels(const std::string& name);
+std::string to_string(PrefetchPixels mode);
+
 struct TrainOptions {
   // model and data
   std::string model = "shapes-qwen2-vl";  // a built-in name or a config.json path
@@ -78,8 +83,11 @@ struct TrainOptions {
   int64_t tiled_mlp = 0;
   // Decode the next step's images and videos on a thread of their own while this step
   // trains (the same pixels, made from the data and the plan alone; they are held one step
-  // early). Off by default: the preflight does not count them yet.
-  bool prefetch_pixels = false;
+  // early). auto: on with a CUDA device (the pixels wait in host memory, and the host's
+  // cores are free during the step), off on the CPU (the decode shares the cores with
+  // the step). On the CPU the next step's pixels count in each step's memory check, and
+  // a step they would take past the memory limit leaves the next step to load its own.
+  PrefetchPixels prefetch_pixels = PrefetchPixels::automatic;
 
   // schedule
   int64_t steps = 100;       // length of the schedule

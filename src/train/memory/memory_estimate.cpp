@@ -44,17 +44,19 @@ std::vector<std::pair<std::string, int64_t>> MemoryEstimate::parts() const {
           {"update gradients", update_gradients},
           {"update working set", update_working_set},
           {"vision", vision},
-          {"vision working set", vision_working_set}};
+          {"vision working set", vision_working_set},
+          {"next step's pixels", next_pixels}};
 }
 
 std::vector<MemoryEstimate::Moment> MemoryEstimate::moments() const {
-  return {{"forward", {"gathered forward", "vision", "activations", "working set"}},
-          {"loss", {"gathered loss", "vision", "activations", "logits"}},
-          {"loss backward", {"gathered loss", "vision", "activations", "logits backward", "head gradient"}},
-          {"head reduction", {"vision", "activations", "head gradient", "head reduction"}},
-          {"backward", {"gathered backward", "vision", "activations", "working set", "gradients"}},
-          {"vision backward", {"gathered backward", "vision", "vision working set", "gradients"}},
-          {"update", {"update gradients", "update working set"}}};
+  const char* next = "next step's pixels";  // decoded during the step: held through all of it
+  return {{"forward", {"gathered forward", "vision", "activations", "working set", next}},
+          {"loss", {"gathered loss", "vision", "activations", "logits", next}},
+          {"loss backward", {"gathered loss", "vision", "activations", "logits backward", "head gradient", next}},
+          {"head reduction", {"vision", "activations", "head gradient", "head reduction", next}},
+          {"backward", {"gathered backward", "vision", "activations", "working set", "gradients", next}},
+          {"vision backward", {"gathered backward", "vision", "vision working set", "gradients", next}},
+          {"update", {"update gradients", "update working set", next}}};
 }
 
 int64_t MemoryEstimate::bytes_of(const std::vector<std::string>& names) const {
@@ -145,22 +147,34 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
-}  // namespace
+int64_t elements_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
 
-MemoryEstimate estimate_memory(const model::ModelConfig& config,
-                               const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
-                               const MemoryEstimateInputs& in) {
-  const int64_t b = static_cast<int64_t>(c10::elementSize(in.compute_dtype));
-  const int64_t m = static_cast<int64_t>(c10::elementSize(in.master_dtype));
-  const bool mixed = in.compute_dtype != in.master_dtype;
-  MemoryEstimate e;
+// The parameters by the units ZeRO hooks: decoder layers, hooked vision blocks, the
+// head and an untied embedding, and what stays outside them.
+struct ParameterCensus {
+  int64_t total = 0;
+  int64_t in_layers = 0;                     // in every layer and vision block
+  int64_t largest_layer = 0, next_layer = 0;  // N_l, and N_l2: the most a neighbour of the largest holds
+  int64_t head = 0, embedding = 0;           // tied: the embedding is the head's unit, embedding 0
+  int64_t largest = 0;                       // the largest parameter
+  int64_t largest_kept = 0;                  // the largest outside every unit
+  bool tied = false;
+  int64_t kept() const { return total - in_layers - head - embedding; }  // whole for the step under ZeRO-2/3
+};
+
+ParameterCensus census_of(const model::ModelConfig& config, const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes) {
+  ParameterCensus c;
   std::vector<int64_t> layer_count, block_count;  // per decoder layer, per hooked vision block
   // Every tower's blocks are hook units (model::HookedBlocks), named as its family says.
   const std::string vision_blocks = model::family_for(config.model_type).vision_block_names();
   for (const auto& [name, shape] : shapes) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    e.parameter_count += n;
+    const int64_t n = elements_of(shape);
+    c.total += n;
+    c.largest = std::max(c.largest, n);
     const int layer = decoder_layer_of(name), block = index_after(name, vision_blocks);
     std::vector<int64_t>& count = layer >= 0 ? layer_count : block_count;
     const int unit = layer >= 0 ? layer : block;
@@ -168,134 +182,125 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
       if (count.size() <= static_cast<size_t>(unit)) count.resize(unit + 1, 0);
       count[unit] += n;
     }
+    // The LM head (lm_head, or the embedding it is tied to) and an untied embedding: the
+    // units ZeRO-3 gathers around their uses besides the layers (Decoder::hook_units).
+    const bool is_embedding = ends_with(name, "embed_tokens.weight"), is_head = ends_with(name, "lm_head.weight");
+    if (!is_embedding && !is_head && unit < 0) c.largest_kept = std::max(c.largest_kept, n);
+    if (is_embedding || is_head) (is_head ? c.head : c.embedding) += n;
   }
-  const int64_t P = e.parameter_count;
-  // Units: the decoder layers and the hooked vision blocks (N_l: the largest of them,
-  // N_l2 the next largest: the most a neighbour of the largest can hold).
   std::vector<int64_t> units = layer_count;
   units.insert(units.end(), block_count.begin(), block_count.end());
   std::sort(units.begin(), units.end(), std::greater<>());
-  int64_t in_layers = 0;
-  for (int64_t n : units) in_layers += n;
-  const int64_t largest_layer = units.empty() ? 0 : units[0], next_layer = units.size() > 1 ? units[1] : 0;
-  // The LM head (lm_head, or the embedding it is tied to) and an untied embedding: the
-  // units ZeRO-3 gathers around their uses besides the layers (Decoder::hook_units).
-  int64_t head = 0, embedding = 0, largest = 0;
-  int64_t largest_kept = 0;  // the largest parameter outside every unit
-  int64_t row_round_logits = 0;  // --shard parameters: logits of one round of the head's rows
-  for (const auto& [name, shape] : shapes) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    largest = std::max(largest, n);
-    const bool is_embedding = ends_with(name, "embed_tokens.weight"), is_head = ends_with(name, "lm_head.weight");
-    if (!is_embedding && !is_head && decoder_layer_of(name) < 0 && index_after(name, vision_blocks) < 0)
-      largest_kept = std::max(largest_kept, n);
-    if (!is_embedding && !is_head) continue;
-    (is_head ? head : embedding) += n;
-  }
-  const bool tied = head == 0;
-  if (tied) std::swap(head, embedding);  // tied: the embedding is the head's unit
-  // Kept whole for the step under ZeRO-2/3: everything outside those units.
-  const int64_t kept = P - in_layers - head - embedding;
-  // The slots a rank holds: --tokens-per-rank, or a step's padded local length when more
-  // (zigzag pads each sequence to whole chunks of the ring).
-  const int64_t slots = std::max(in.tokens_per_rank, in.local_length);
-  const int64_t lookup_rows = slots * config.text.hidden_size;
-  e.parameters = P * b;
-  // The loss's backward makes the head's whole gradient, at every level. Unhooked (no
-  // --shard, or optimizer), a tied embedding's lookup makes a dense gradient of the
-  // head's size, then its sum with the head's: measured, both live beside the model's
-  // gradients at the end of the backward.
-  e.head_gradient = head * b;
-  const int64_t tied_lookup = tied ? 2 * head * b : 0;
-  if (in.shard_level != ShardLevel::none) {
-    // sharded_adamw.h: a W-th of masters and moments (+ < W elements of padding per
-    // 25 MiB bucket, ignored), and of the reduced gradients from their reduction to
-    // the update. Reductions and gathers go in rounds of at most 2·B bytes (at most a
-    // bucket's: a round packed, the all-to-all's output and the summed shard, or a round
-    // gathered, its shard and Gloo's flat copy of it). A bucket holds the largest
-    // parameter or B's worth; stages 2 and 3 bucket each unit's parameters apart
-    // (sharded_weights.cpp), so a unit's rounds are at most its own bytes.
-    const int64_t W = std::max(in.shard_world, 1), shard = (P + W - 1) / W;
-    auto rounds_of = [&](int64_t elements, int64_t largest_one) {
-      return 3 * std::min(std::min(elements, std::max(largest_one, kDefaultBucketBytes / b)) * m, 2 * kDefaultBucketBytes);
-    };
-    const int64_t rounds = rounds_of(P, largest);
-    const int64_t slices = 2 * std::min(shard, ShardedAdamW::kUpdateSlice) * m;  // the update's sqrt, denominator
-    e.master_weights = shard * m;
-    e.optimizer = 2 * shard * m;
-    if (in.shard_level == ShardLevel::optimizer) {
-      // Stage 1: the model's gradients whole through the backward (and a tied
-      // embedding's lookup gradient); after it every bucket is reduced: the
-      // model's gradients go as their shards come (N·max(b, m/W)), a bucket's shard
-      // made before its gradients go (the largest parameter's: N_max/W).
-      e.gradients = P * b + tied_lookup;
-      e.update_gradients = std::max(P * b, shard * m);
-      e.update_working_set = (largest + W - 1) / W * m + rounds + slices;
-    } else {
-      // Stages 2 and 3, in the layers' backward: the kept gradients, one layer's (each
-      // unit's are reduced at its after_backward: the head's before the layers'), the
-      // token lookup's T rows of h (no dense [V, h] gradient for the embedding), and
-      // the shards reduced so far. The update reduces the kept ones and adds every
-      // rank's lookup rows (gathered, and a copy cat together).
-      // The head's hook reduces its gradient after the loss's backward, its logits gone:
-      // its shard and a round, beside the whole gradient (a moment of its own).
-      e.gradients = (kept + largest_layer + lookup_rows) * b + shard * m + rounds_of(largest_layer, largest_layer);
-      e.head_reduction = (head + W - 1) / W * m + rounds_of(head, head);
-      e.update_gradients = shard * m + kept * b;
-      e.update_working_set = 2 * W * lookup_rows * b + rounds_of(kept, largest_kept) + slices;
-    }
-    if (in.shard_level == ShardLevel::parameters) {
-      // Stage 3: whole for the step only the weights outside the units; besides them a
-      // unit in use and the next one's gather in flight, which holds its buffer and,
-      // under Gloo, a flat copy of it until it lands (2 units' bytes). In the forward
-      // a layer or vision block and the next, or the embedding's looked-up rows (T·h,
-      // and their copy on the way); in the loss a round of the head's rows (P·B of
-      // them, row_sharded_table.h) and the next one in flight, and the last layer's
-      // gather issued by the head's backward; in the backward a layer and the one
-      // before. The head is never whole, nor is its gradient: a round's (in the
-      // model's dtype, in the master dtype, and the P pieces its reduce-scatter
-      // receives) and the head's own shard of it.
-      const int64_t U = largest_layer, U2 = next_layer;
-      const int64_t h_head = config.text.hidden_size, V = std::max<int64_t>(1, head / std::max<int64_t>(h_head, 1));
-      const int64_t chunk = in.loss_chunk > 0 ? std::min(in.loss_chunk, in.tokens_per_rank) : in.tokens_per_rank;
-      const int64_t B = row_sharded_block(std::max<int64_t>(chunk, 1), std::max<int64_t>(in.tokens_per_rank, 1), V,
-                                          static_cast<int>(W), h_head * b, b + 12);
-      const int64_t round = W * B * h_head, head_shard = (V + W - 1) / W * h_head;
-      e.parameters = kept * b;
-      e.gathered_forward = std::max(U + 2 * U2, 2 * lookup_rows) * b;
-      e.gathered_loss = 3 * round * b + 2 * U * b;
-      e.gathered_backward = (U + 2 * U2) * b;
-      e.head_gradient = round * (b + 2 * m) + head_shard * m;
-      e.head_reduction = 0;  // by rounds, inside the loss's backward (head gradient)
-      row_round_logits = slots * W * B;  // the loss's logits are a round's (below); B as the trainer sizes it
-    }
-  } else {
-    e.master_weights = mixed ? P * m : 0;
-    e.optimizer = 2 * P * m;
-    // The model's gradients through the backward (the masters' are released between
-    // steps), and a tied embedding's lookup gradient. The update holds the masters' (or,
-    // unmixed, the model's own), and at most: the largest parameter's bucket in the
-    // all-reduce, its gradient in the model's dtype until handed over, or torch's
-    // AdamW's two temporaries of it (the square root and the denominator).
-    e.gradients = P * b + tied_lookup;
-    e.update_gradients = P * m;
-    e.update_working_set =
-        std::max({std::min(P * m, kDefaultBucketBytes), largest * m, mixed ? largest * b : 0, 2 * largest * m});
-  }
+  for (int64_t n : units) c.in_layers += n;
+  c.largest_layer = units.empty() ? 0 : units[0];
+  c.next_layer = units.size() > 1 ? units[1] : 0;
+  c.tied = c.head == 0;
+  if (c.tied) std::swap(c.head, c.embedding);
+  return c;
+}
 
+// The bytes each step's sizes set, in the model's dtype b and the master dtype m.
+struct Widths {
+  int64_t b = 0, m = 0;
+  bool mixed = false;
+  int64_t slots = 0;        // a rank's token slots: --tokens-per-rank, or a step's padded length when more
+  int64_t lookup_rows = 0;  // slots × hidden: the embedding's looked-up rows
+};
+
+// Replicated training state (no --shard): masters (mixed only), moments, gradients, the update.
+void add_replicated_state(MemoryEstimate& e, const ParameterCensus& c, const Widths& w) {
+  const int64_t P = c.total, b = w.b, m = w.m, largest = c.largest;
+  e.master_weights = w.mixed ? P * m : 0;
+  e.optimizer = 2 * P * m;
+  // The model's gradients through the backward (the masters' are released between
+  // steps), and a tied embedding's lookup gradient. The update holds the masters' (or,
+  // unmixed, the model's own), and at most: the largest parameter's bucket in the
+  // all-reduce, its gradient in the model's dtype until handed over, or torch's
+  // AdamW's two temporaries of it (the square root and the denominator).
+  e.gradients = P * b + (c.tied ? 2 * c.head * b : 0);
+  e.update_gradients = P * m;
+  e.update_working_set =
+      std::max({std::min(P * m, kDefaultBucketBytes), largest * m, w.mixed ? largest * b : 0, 2 * largest * m});
+}
+
+// Sharded training state (--shard optimizer | gradients | parameters). Returns, under
+// --shard parameters, the logits of one round of the head's rows (else 0).
+int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, const ParameterCensus& c,
+                          const Widths& w, const MemoryEstimateInputs& in) {
+  const int64_t P = c.total, b = w.b, m = w.m, largest = c.largest, kept = c.kept();
+  // sharded_adamw.h: a W-th of masters and moments (+ < W elements of padding per
+  // 25 MiB bucket, ignored), and of the reduced gradients from their reduction to
+  // the update. Reductions and gathers go in rounds of at most 2·B bytes (at most a
+  // bucket's: a round packed, the all-to-all's output and the summed shard, or a round
+  // gathered, its shard and Gloo's flat copy of it). A bucket holds the largest
+  // parameter or B's worth; stages 2 and 3 bucket each unit's parameters apart
+  // (sharded_weights.cpp), so a unit's rounds are at most its own bytes.
+  const int64_t W = std::max(in.shard_world, 1), shard = (P + W - 1) / W;
+  auto rounds_of = [&](int64_t elements, int64_t largest_one) {
+    return 3 * std::min(std::min(elements, std::max(largest_one, kDefaultBucketBytes / b)) * m, 2 * kDefaultBucketBytes);
+  };
+  const int64_t rounds = rounds_of(P, largest);
+  const int64_t slices = 2 * std::min(shard, ShardedAdamW::kUpdateSlice) * m;  // the update's sqrt, denominator
+  e.master_weights = shard * m;
+  e.optimizer = 2 * shard * m;
+  if (in.shard_level == ShardLevel::optimizer) {
+    // Stage 1: the model's gradients whole through the backward (and a tied
+    // embedding's lookup gradient); after it every bucket is reduced: the
+    // model's gradients go as their shards come (N·max(b, m/W)), a bucket's shard
+    // made before its gradients go (the largest parameter's: N_max/W).
+    e.gradients = P * b + (c.tied ? 2 * c.head * b : 0);
+    e.update_gradients = std::max(P * b, shard * m);
+    e.update_working_set = (largest + W - 1) / W * m + rounds + slices;
+    return 0;
+  }
+  // Stages 2 and 3, in the layers' backward: the kept gradients, one layer's (each
+  // unit's are reduced at its after_backward: the head's before the layers'), the
+  // token lookup's T rows of h (no dense [V, h] gradient for the embedding), and
+  // the shards reduced so far. The update reduces the kept ones and adds every
+  // rank's lookup rows (gathered, and a copy cat together).
+  // The head's hook reduces its gradient after the loss's backward, its logits gone:
+  // its shard and a round, beside the whole gradient (a moment of its own).
+  e.gradients = (kept + c.largest_layer + w.lookup_rows) * b + shard * m + rounds_of(c.largest_layer, c.largest_layer);
+  e.head_reduction = (c.head + W - 1) / W * m + rounds_of(c.head, c.head);
+  e.update_gradients = shard * m + kept * b;
+  e.update_working_set = 2 * W * w.lookup_rows * b + rounds_of(kept, c.largest_kept) + slices;
+  if (in.shard_level != ShardLevel::parameters) return 0;
+  // Stage 3: whole for the step only the weights outside the units; besides them a
+  // unit in use and the next one's gather in flight, which holds its buffer and,
+  // under Gloo, a flat copy of it until it lands (2 units' bytes). In the forward
+  // a layer or vision block and the next, or the embedding's looked-up rows (T·h,
+  // and their copy on the way); in the loss a round of the head's rows (P·B of
+  // them, row_sharded_table.h) and the next one in flight, and the last layer's
+  // gather issued by the head's backward; in the backward a layer and the one
+  // before. The head is never whole, nor is its gradient: a round's (in the
+  // model's dtype, in the master dtype, and the P pieces its reduce-scatter
+  // receives) and the head's own shard of it.
+  const int64_t U = c.largest_layer, U2 = c.next_layer;
+  const int64_t h_head = config.text.hidden_size, V = std::max<int64_t>(1, c.head / std::max<int64_t>(h_head, 1));
+  const int64_t chunk = in.loss_chunk > 0 ? std::min(in.loss_chunk, in.tokens_per_rank) : in.tokens_per_rank;
+  const int64_t B = row_sharded_block(std::max<int64_t>(chunk, 1), std::max<int64_t>(in.tokens_per_rank, 1), V,
+                                      static_cast<int>(W), h_head * b, b + 12);
+  const int64_t round = W * B * h_head, head_shard = (V + W - 1) / W * h_head;
+  e.parameters = kept * b;
+  e.gathered_forward = std::max(U + 2 * U2, 2 * w.lookup_rows) * b;
+  e.gathered_loss = 3 * round * b + 2 * U * b;
+  e.gathered_backward = (U + 2 * U2) * b;
+  e.head_gradient = round * (b + 2 * m) + head_shard * m;
+  e.head_reduction = 0;  // by rounds, inside the loss's backward (head gradient)
+  return w.slots * W * B;  // the loss's logits are a round's; B as the trainer sizes it
+}
+
+// The decoder's activations: what each layer keeps for its backward, per checkpointing mode.
+void add_activations(MemoryEstimate& e, const model::TextConfig& t, const Widths& w, const MemoryEstimateInputs& in) {
   // Kept per token and decoder layer (elements): the residual input, the two norms'
   // inputs and fp32 normalised copies (6h), q/k/v before and after rotary, the
   // attention output and its input to o_proj ((5H + 4H_kv)·d), and the MLP's gate,
-  // up, activation and product (4I).
-  const model::TextConfig& t = config.text;
-  const int64_t T = slots, h = t.hidden_size, d = t.head_dim;
-  // A tiled MLP (--tiled-mlp) keeps none of the 4I: it keeps its input alone (the second
-  // norm's output, among the 6h) and makes the rest again in its backward, a tile at a time.
-  const bool tiled = in.mlp_tile > 0;
-  const int64_t I = t.intermediate_size;
-  const int64_t per_token_layer =
-      6 * h + (5 * t.num_attention_heads + 4 * t.num_key_value_heads) * d + (tiled ? 0 : 4 * I);
+  // up, activation and product (4I). A tiled MLP (--tiled-mlp) keeps none of the 4I:
+  // it keeps its input alone (the second norm's output, among the 6h) and makes the
+  // rest again in its backward, a tile at a time.
+  const int64_t T = w.slots, h = t.hidden_size, d = t.head_dim, b = w.b;
+  const int64_t per_token_layer = 6 * h + (5 * t.num_attention_heads + 4 * t.num_key_value_heads) * d +
+                                  (in.mlp_tile > 0 ? 0 : 4 * t.intermediate_size);
   const int64_t one_layer = T * per_token_layer * b;
   const int64_t layer_inputs = t.num_hidden_layers * T * h * b;
   if (in.checkpointing == model::ActivationCheckpointing::none) {
@@ -308,13 +313,17 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   } else {
     e.activations = layer_inputs + one_layer;  // layer inputs + one recomputed layer
   }
-  // The largest transient of one layer: the MLP's intermediate in the backward
-  // (3 tensors of T×I; tiled: the 4 a tile's forward keeps and its backward's 3, plus
-  // one weight's gradient of the tile before it is summed and the input's gradient,
-  // filled a tile at a time: tests/model/test_memory_layers.cpp measures them), one
-  // attention block's fp32 scores, probabilities and their gradients (4 × H × block_q ×
-  // block_k), or a Gated DeltaNet layer's (below).
-  const int64_t mlp = tiled ? (7 * std::min(in.mlp_tile, T) * I + h * I + T * h) * b : 3 * T * I * b;
+}
+
+// The largest transient of one layer: the MLP's intermediate in the backward
+// (3 tensors of T×I; tiled: the 4 a tile's forward keeps and its backward's 3, plus
+// one weight's gradient of the tile before it is summed and the input's gradient,
+// filled a tile at a time: tests/model/test_memory_layers.cpp measures them), one
+// attention block's fp32 scores, probabilities and their gradients (4 × H × block_q ×
+// block_k), or a Gated DeltaNet layer's (below).
+int64_t layer_working_set(const model::TextConfig& t, const Widths& w, const MemoryEstimateInputs& in) {
+  const int64_t T = w.slots, h = t.hidden_size, I = t.intermediate_size, b = w.b;
+  const int64_t mlp = in.mlp_tile > 0 ? (7 * std::min(in.mlp_tile, T) * I + h * I + T * h) * b : 3 * T * I * b;
   const int64_t block = std::min(in.attention_block, std::max<int64_t>(T, 1));
   const int64_t attention = 4 * t.num_attention_heads * block * block * 4;
   // A Gated DeltaNet layer's recompute and backward (hybrid configs): its rule keeps the
@@ -324,23 +333,60 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   // under any split of the context group (Ulysses trades tokens for heads).
   int64_t gated_delta = 0;
   if (t.is_hybrid()) {
-    const int64_t w = std::max<int64_t>(b, 4), Hk = t.linear_num_key_heads, Hv = t.linear_num_value_heads;
+    const int64_t wide = std::max<int64_t>(b, 4), Hk = t.linear_num_key_heads, Hv = t.linear_num_value_heads;
     const int64_t K = t.linear_key_head_dim, V = t.linear_value_head_dim;
-    gated_delta = 3 * T * Hv * (2 * K + V) * w + 3 * T * (2 * Hk * K + Hv * V) * b;
+    gated_delta = 3 * T * Hv * (2 * K + V) * wide + 3 * T * (2 * Hk * K + Hv * V) * b;
   }
-  e.working_set = std::max({mlp, attention, gated_delta});
-  // The loss's forward: one block's logits in the compute dtype, their copy in the wide
-  // dtype (none when the compute dtype is fp32 or fp64 already: chunked_loss.cpp's .to()
-  // is then the same tensor), their shifted values and exp; the per-token running
-  // log-sum-exp. Its backward: a block's logits again, their wide copy, the softmax (the
-  // shift's output, exponentiated in place; cast back under 16-bit, after the logits
-  // are freed), the log-sum-exp and the hidden state's gradient summed over the blocks in
-  // the wide dtype, beside the head's gradient.
+  return std::max({mlp, attention, gated_delta});
+}
+
+// The loss's forward: one block's logits in the compute dtype, their copy in the wide
+// dtype (none when the compute dtype is fp32 or fp64 already: chunked_loss.cpp's .to()
+// is then the same tensor), their shifted values and exp; the per-token running
+// log-sum-exp. Its backward: a block's logits again, their wide copy, the softmax (the
+// shift's output, exponentiated in place; cast back under 16-bit, after the logits
+// are freed), the log-sum-exp and the hidden state's gradient summed over the blocks in
+// the wide dtype, beside the head's gradient.
+void add_loss(MemoryEstimate& e, const model::TextConfig& t, const Widths& w, const MemoryEstimateInputs& in,
+              int64_t row_round_logits) {
+  const int64_t T = w.slots, b = w.b;
   const int64_t n = in.loss_chunk > 0 ? std::min(in.loss_chunk, T) : T;
   const int64_t block_logits = row_round_logits > 0 ? row_round_logits : n * t.vocab_size;
   const int64_t wide = std::max<int64_t>(b, 4), copy = b < 4 ? 4 : 0;
   e.logits = block_logits * (b + copy + 2 * wide) + wide * T;
-  e.logits_backward = block_logits * (b + copy + wide) + wide * T + wide * T * h;
+  e.logits_backward = block_logits * (b + copy + wide) + wide * T + wide * T * t.hidden_size;
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const model::ModelConfig& config,
+                               const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+                               const MemoryEstimateInputs& in) {
+  const ParameterCensus census = census_of(config, shapes);
+  Widths w;
+  w.b = static_cast<int64_t>(c10::elementSize(in.compute_dtype));
+  w.m = static_cast<int64_t>(c10::elementSize(in.master_dtype));
+  w.mixed = in.compute_dtype != in.master_dtype;
+  // The slots a rank holds: --tokens-per-rank, or a step's padded local length when more
+  // (zigzag pads each sequence to whole chunks of the ring).
+  w.slots = std::max(in.tokens_per_rank, in.local_length);
+  w.lookup_rows = w.slots * config.text.hidden_size;
+  MemoryEstimate e;
+  e.parameter_count = census.total;
+  e.parameters = census.total * w.b;
+  // The loss's backward makes the head's whole gradient, at every level (under
+  // --shard parameters a round's, below). Unhooked (no --shard, or optimizer), a tied
+  // embedding's lookup makes a dense gradient of the head's size, then its sum with the
+  // head's: measured, both live beside the model's gradients at the end of the backward.
+  e.head_gradient = census.head * w.b;
+  int64_t row_round_logits = 0;
+  if (in.shard_level == ShardLevel::none)
+    add_replicated_state(e, census, w);
+  else
+    row_round_logits = add_sharded_state(e, config, census, w, in);
+  add_activations(e, config.text, w, in);
+  e.working_set = layer_working_set(config.text, w, in);
+  add_loss(e, config.text, w, in, row_round_logits);
   return e;
 }
 

@@ -77,4 +77,12 @@ BusiestVision busiest_vision(const model::ModelConfig& config, const std::vector
   return busiest;
 }
 
+int64_t prefetched_pixel_bytes(const model::ModelConfig& config, const std::vector<VisionLoad>& loads,
+                               at::ScalarType dtype) {
+  const int64_t per_token = shape_of(config).pixels_per_token * (static_cast<int64_t>(c10::elementSize(dtype)) + 2);
+  int64_t most = 0;
+  for (const VisionLoad& load : loads) most = std::max(most, load.tokens * per_token);
+  return most;
+}
+
 }  // namespace mmsp::train

@@ -77,6 +77,9 @@ struct MemoryEstimate {
   // activations and rows, kept from its forward to its backward, and one block's
   // transients in its backward (which runs last, the decoder's activations freed).
   int64_t vision = 0, vision_working_set = 0;
+  // --prefetch-pixels on the CPU: the next step's pixels, decoded during this step
+  // (train/memory/vision_load.h's prefetched_pixel_bytes); held through every moment.
+  int64_t next_pixels = 0;
 
   struct Moment {
     std::string name;

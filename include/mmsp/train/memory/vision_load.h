@@ -49,4 +49,11 @@ struct BusiestVision {
 BusiestVision busiest_vision(const model::ModelConfig& config, const std::vector<VisionLoad>& loads,
                              model::ActivationCheckpointing checkpointing, at::ScalarType dtype);
 
+// --prefetch-pixels: the most bytes any rank holds while it decodes the next step's
+// pixels during this one (`loads`: the next step's): its pixels in the compute dtype,
+// and the decoded frames and their resized copy in 8 bits on the way (a long video's
+// measured cost: docs/bench/video.md).
+int64_t prefetched_pixel_bytes(const model::ModelConfig& config, const std::vector<VisionLoad>& loads,
+                               at::ScalarType dtype);
+
 }  // namespace mmsp::train
