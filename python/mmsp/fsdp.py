@@ -5,7 +5,7 @@ classes of the model (`model._no_split_modules`: the decoder layers and the visi
 every family, read from transformers, not written here), innermost first, then the root
 (embedding, head, mergers and the rest), all over `mesh.fsdp_mesh()`: the folded
 dp_shard x sp dimension, with dp_replicate for HSDP. mmsp.patch sets the modules to sum their
-gradients at each forward (docs/python.md#fsdp2-one-devicemesh-the-training-state-sharded).
+gradients at each forward (docs/python-fsdp.md#fsdp2-one-devicemesh-the-training-state-sharded).
 """
 
 from typing import TYPE_CHECKING, Any, TypeVar

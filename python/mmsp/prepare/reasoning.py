@@ -1,6 +1,6 @@
 """Reasoning traces: an assistant turn's `reasoning_content`, or the `<think>...</think>` block that
 opens its text, checked as the released Qwen3.5 template reads them; and the template arguments
-(`--enable-thinking`) and empty-think choice (`--empty-think`) that go with them (docs/prepare.md).
+(`--enable-thinking`) and empty-think choice (`--empty-think`) that go with them (docs/prepare-reasoning.md).
 
 The template renders a turn's reasoning as `<think>\\nREASONING\\n</think>\\n\\nANSWER`. It reads
 `reasoning_content` when it is a string, else splits the text at `</think>`: reasoning is what
