@@ -338,7 +338,7 @@ const std::vector<FamilyCase>& family_cases() {
 // the decoder layers as `decoder` does, and the vision blocks as well (they hold no collective), so
 // `decoder` runs on the widest context mesh only; and rank 0 alone runs the references
 // and compares (every rank holds the same losses and parameters), to keep it short.
-TEST(MultiRankTrain, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
+TEST(MultiRankEveryFamily, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh) {
   const int world = test::rank_env().world_size;
   const bool checker = test::rank_env().rank == 0;
   const plan::Mesh widest = context_shape(world);
@@ -499,7 +499,7 @@ TEST(MultiRankTrain, ShardedOptimizerEqualsOneProcess) {
 // trains with none of them (fp64, rtol 1e-9), for each model family, on the widest
 // context mesh with and without recomputed layers (the hooks then wrap the recomputing
 // node), and on a data-parallel mesh. Rank 0 runs the references and compares.
-TEST(MultiRankTrain, ShardedGradientsAndParametersEqualOneProcess) {
+TEST(MultiRankEveryFamily, ShardedGradientsAndParametersEqualOneProcess) {
   const int world = test::rank_env().world_size;
   const bool checker = test::rank_env().rank == 0;
   const int64_t per_rank = 96;
@@ -561,7 +561,7 @@ TEST(MultiRankTrain, ShardedGradientsAndParametersEqualOneProcess) {
 // and without recomputed blocks, for every tower: Qwen2-VL (tied head), Qwen2.5-VL
 // (windows), Qwen3-VL (deepstack), LLaVA (CLIP, whose last layer never runs:
 // vision_feature_layer −2) and InternVL (InternViT, pixel shuffle).
-TEST(MultiRankTrain, HookedVisionBlocksRunOnRanksWithoutImages) {
+TEST(MultiRankEveryFamily, HookedVisionBlocksRunOnRanksWithoutImages) {
   const int world = test::rank_env().world_size;
   const bool checker = test::rank_env().rank == 0;
   struct SparseCase {
@@ -634,7 +634,7 @@ TEST(MultiRankTrain, HookedVisionBlocksRunOnRanksWithoutImages) {
 // --checkpoint-activations all (the exchanges recomputed in the backward, in the same
 // order on every rank), three steps train the model one process trains (fp64, rtol 1e-9),
 // for each tower that splits by exchange.
-TEST(MultiRankTrain, SplitVisionItemsTrainTheModelOneProcessTrains) {
+TEST(MultiRankEveryFamily, SplitVisionItemsTrainTheModelOneProcessTrains) {
   const int world = test::rank_env().world_size;
   if (world == 1) GTEST_SKIP() << "one rank: nothing to split over";
   const bool checker = test::rank_env().rank == 0;

@@ -145,7 +145,7 @@ TEST(MultiRankHybrid, Qwen3_5VlmLossAndEveryGradientEqualOneProcess) {
 // Adaptive placement: a whole segment needs no Gated DeltaNet state passing and stays home;
 // split ones go through Ulysses (all-to-all-v) and the ring, on every mesh (one ring rank
 // with ulysses > 1 too: the split shares are whole segments in order). Loose balance targets so that these small batches keep segments whole (every
-// one, or a mix), as in test_vlm_sp.
+// one, or a mix), as in the Qwen family's test_qwen_vl_sp.
 TEST(MultiRankHybrid, AdaptivePlacementEqualsOneProcess) {
   const model::ModelConfig config = tiny_hybrid();
   const plan::Batch batch = vision_batch();

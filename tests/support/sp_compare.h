@@ -1,4 +1,4 @@
-// What the model's SP tests share (test_vlm_sp, test_hybrid_sp): the token ids and
+// What the model's SP tests share (tests/model, tests/model/families): the token ids and
 // builders of their batches, and the comparison of the loss and every parameter
 // gradient of one step, summed over the ranks, against one process.
 #pragma once
