@@ -3,6 +3,10 @@
 Each process is spawned fresh (torch.multiprocessing), initialises the default group from a
 file store, runs `fn(rank, world, *args)` and tears down; an exception in any rank fails the
 call with that rank's traceback. Used by the tests of `import mmsp` (test_torch_api.py).
+
+Each rank gets its share of the host's cores as torch's intra-op threads (torchrun sets
+OMP_NUM_THREADS=1 for several processes a host; mmsp-run gives each rank cores / ranks):
+4 ranks of 2 threads each on 2 cores spent most of their time in OpenMP's spinning.
 """
 import os
 import sys
@@ -12,8 +16,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
+def _share_cores(world):
+    """torch's intra-op threads: this rank's share of the cores it may run on."""
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
+
+
 def _entry(rank, world, store, package_path, fn, args):
     sys.path.insert(0, package_path)
+    _share_cores(world)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=120))
     try:
@@ -23,15 +36,25 @@ def _entry(rank, world, store, package_path, fn, args):
         dist.destroy_process_group()
 
 
+def _start_method():
+    """forkserver with torch and transformers imported once: each rank is forked from it
+    instead of importing them anew (8 s of CPU a rank on the 2-core machine)."""
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "transformers", "sp_checks"])
+    return "forkserver"
+
+
 def run(world, fn, *args, tmp_path):
     store = os.path.join(str(tmp_path), f"store-{world}-{fn.__name__}")
     package_path = os.environ["MMSP_PACKAGE_PATH"]
     mp.start_processes(_entry, args=(world, store, package_path, fn, args), nprocs=world, join=True,
-                       start_method="spawn")
+                       start_method=_start_method())
 
 
 def _bounded_entry(rank, world, store, package_path, fn, args, default_timeout_s):
     sys.path.insert(0, package_path)
+    _share_cores(world)
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=default_timeout_s))
     fn(rank, world, *args)

@@ -56,6 +56,13 @@ train::TrainOptions tiny_options(int64_t tokens_per_rank) {
 
 // Loss per step within rtol; every parameter within rtol of its tensor's scale, with
 // a floor of rtol/1000 of the model's largest parameter for tensors near zero.
+// The one-process run of a test's batches that only the checker computes, while the other
+// ranks wait for it in their next collective (or have finished): on every core.
+train::TrainReport checker_reference(const train::TrainOptions& o, std::ostream& log) {
+  test::AllCores cores;
+  return train::train(o, dist::Mesh::solo(), log);
+}
+
 void expect_same_run(const train::TrainReport& got, const train::TrainReport& ref, double rtol,
                      const std::string& where) {
   ASSERT_EQ(got.steps.size(), ref.steps.size()) << where;
@@ -358,7 +365,7 @@ TEST(MultiRankEveryFamily, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh
         train::TrainOptions o = tiny_options(per_rank * world);
         o.model = config_path;
         o.data_rows = shape.dp;
-        refs[shape.dp] = train::train(o, dist::Mesh::solo(), log);
+        refs[shape.dp] = checker_reference(o, log);
       }
       std::vector<model::ActivationCheckpointing> modes = {model::ActivationCheckpointing::all};
       if (shape.str() == widest.str()) modes.push_back(model::ActivationCheckpointing::decoder);
@@ -399,7 +406,7 @@ TEST(MultiRankTrain, FusedAttentionKernelTrainsAsTheBlockwiseOne) {
       train::TrainOptions o = tiny_options(96 * world);
       o.model = config_path;
       o.attention_kernel = "blockwise";
-      ref = train::train(o, dist::Mesh::solo(), log);
+      ref = checker_reference(o, log);
     }
     for (const dist::Mesh& mesh : test::all_meshes()) {
       if (mesh.shape().str() != widest.str() || widest.ulysses > c.max_ulysses) continue;
@@ -515,7 +522,7 @@ TEST(MultiRankEveryFamily, ShardedGradientsAndParametersEqualOneProcess) {
         train::TrainOptions o = tiny_options(per_rank * world);
         o.model = config_path;
         o.data_rows = shape.dp;
-        ref = train::train(o, dist::Mesh::solo(), log);
+        ref = checker_reference(o, log);
       }
       const dist::Mesh mesh = test::make_mesh(shape);
       for (const char* level : {"gradients", "parameters"}) {
@@ -604,7 +611,7 @@ TEST(MultiRankEveryFamily, HookedVisionBlocksRunOnRanksWithoutImages) {
       train::TrainOptions o = tiny_options(per_rank * world);
       o.model = config_path;
       o.data = data;
-      ref = train::train(o, dist::Mesh::solo(), log);
+      ref = checker_reference(o, log);
     }
     const dist::Mesh mesh = test::make_mesh(shape);
     for (const char* level : {"gradients", "parameters"})
@@ -692,7 +699,7 @@ TEST(MultiRankEveryFamily, SplitVisionItemsTrainTheModelOneProcessTrains) {
       train::TrainOptions o = tiny_options(128 * world);
       o.model = config_path;
       o.data = data;
-      ref = train::train(o, dist::Mesh::solo(), log);
+      ref = checker_reference(o, log);
     }
     const dist::Mesh mesh = test::make_mesh(shape);
     using AC = model::ActivationCheckpointing;
@@ -898,7 +905,7 @@ TEST(LongVideo, SplitOverTheContextGroupTrainsTheModelOneProcessTrains) {
     std::map<std::string, train::TrainReport> refs;
     for (const Run& r : runs) {
       if (!refs.count(r.file)) {
-        refs[r.file] = train::train(options(r.config_path, r.data, per_rank * world), dist::Mesh::solo(), log);
+        refs[r.file] = checker_reference(options(r.config_path, r.data, per_rank * world), log);
         ASSERT_GE(refs[r.file].steps[0].tokens, 16410) << "the long video's sample trains in the first step";
       }
       expect_same_run(r.got, refs[r.file], 1e-9, r.what);
