@@ -3,9 +3,7 @@
 
 #include <ATen/Parallel.h>
 
-#include <algorithm>
 #include <string>
-#include <thread>
 
 namespace mmsp::test {
 namespace {
@@ -20,12 +18,6 @@ void init_multirank() {
   // Alone, the multi-rank suites run as one rank: its groups never touch a store.
   if (g_env.world_size > 1) g_met = dist::Mesh::rendezvous(g_env, std::chrono::seconds(60));
 }
-
-AllCores::AllCores() : threads_(at::get_num_threads()) {
-  at::set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-}
-
-AllCores::~AllCores() { at::set_num_threads(threads_); }
 
 const dist::RankEnv& rank_env() { return g_env; }
 

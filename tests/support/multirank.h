@@ -7,22 +7,8 @@
 namespace mmsp::test {
 
 // Reads the rank environment and, with more than one rank, joins the job's store.
-// Called once by each test binary's main(). Each rank computes on one thread: a job's
-// ranks share the host's cores.
+// Called once by each test binary's main().
 void init_multirank();
-
-// Every core of the host for this rank, for its lifetime: for a reference that only
-// one rank computes while the others wait in their next collective (2x on 2 cores).
-class AllCores {
- public:
-  AllCores();
-  ~AllCores();
-  AllCores(const AllCores&) = delete;
-  AllCores& operator=(const AllCores&) = delete;
-
- private:
-  int threads_;
-};
 
 // The job's rank environment (one rank when started alone).
 const dist::RankEnv& rank_env();

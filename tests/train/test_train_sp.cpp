@@ -56,13 +56,6 @@ train::TrainOptions tiny_options(int64_t tokens_per_rank) {
 
 // Loss per step within rtol; every parameter within rtol of its tensor's scale, with
 // a floor of rtol/1000 of the model's largest parameter for tensors near zero.
-// The one-process run of a test's batches that only the checker computes, while the other
-// ranks wait for it in their next collective (or have finished): on every core.
-train::TrainReport checker_reference(const train::TrainOptions& o, std::ostream& log) {
-  test::AllCores cores;
-  return train::train(o, dist::Mesh::solo(), log);
-}
-
 void expect_same_run(const train::TrainReport& got, const train::TrainReport& ref, double rtol,
                      const std::string& where) {
   ASSERT_EQ(got.steps.size(), ref.steps.size()) << where;
@@ -365,7 +358,7 @@ TEST(MultiRankEveryFamily, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh
         train::TrainOptions o = tiny_options(per_rank * world);
         o.model = config_path;
         o.data_rows = shape.dp;
-        refs[shape.dp] = checker_reference(o, log);
+        refs[shape.dp] = train::train(o, dist::Mesh::solo(), log);
       }
       std::vector<model::ActivationCheckpointing> modes = {model::ActivationCheckpointing::all};
       if (shape.str() == widest.str()) modes.push_back(model::ActivationCheckpointing::decoder);
@@ -406,7 +399,7 @@ TEST(MultiRankTrain, FusedAttentionKernelTrainsAsTheBlockwiseOne) {
       train::TrainOptions o = tiny_options(96 * world);
       o.model = config_path;
       o.attention_kernel = "blockwise";
-      ref = checker_reference(o, log);
+      ref = train::train(o, dist::Mesh::solo(), log);
     }
     for (const dist::Mesh& mesh : test::all_meshes()) {
       if (mesh.shape().str() != widest.str() || widest.ulysses > c.max_ulysses) continue;
@@ -522,7 +515,7 @@ TEST(MultiRankEveryFamily, ShardedGradientsAndParametersEqualOneProcess) {
         train::TrainOptions o = tiny_options(per_rank * world);
         o.model = config_path;
         o.data_rows = shape.dp;
-        ref = checker_reference(o, log);
+        ref = train::train(o, dist::Mesh::solo(), log);
       }
       const dist::Mesh mesh = test::make_mesh(shape);
       for (const char* level : {"gradients", "parameters"}) {
@@ -611,7 +604,7 @@ TEST(MultiRankEveryFamily, HookedVisionBlocksRunOnRanksWithoutImages) {
       train::TrainOptions o = tiny_options(per_rank * world);
       o.model = config_path;
       o.data = data;
-      ref = checker_reference(o, log);
+      ref = train::train(o, dist::Mesh::solo(), log);
     }
     const dist::Mesh mesh = test::make_mesh(shape);
     for (const char* level : {"gradients", "parameters"})
@@ -699,7 +692,7 @@ TEST(MultiRankEveryFamily, SplitVisionItemsTrainTheModelOneProcessTrains) {
       train::TrainOptions o = tiny_options(128 * world);
       o.model = config_path;
       o.data = data;
-      ref = checker_reference(o, log);
+      ref = train::train(o, dist::Mesh::solo(), log);
     }
     const dist::Mesh mesh = test::make_mesh(shape);
     using AC = model::ActivationCheckpointing;
@@ -905,7 +898,7 @@ TEST(LongVideo, SplitOverTheContextGroupTrainsTheModelOneProcessTrains) {
     std::map<std::string, train::TrainReport> refs;
     for (const Run& r : runs) {
       if (!refs.count(r.file)) {
-        refs[r.file] = checker_reference(options(r.config_path, r.data, per_rank * world), log);
+        refs[r.file] = train::train(options(r.config_path, r.data, per_rank * world), dist::Mesh::solo(), log);
         ASSERT_GE(refs[r.file].steps[0].tokens, 16410) << "the long video's sample trains in the first step";
       }
       expect_same_run(r.got, refs[r.file], 1e-9, r.what);
