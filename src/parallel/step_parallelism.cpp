@@ -1,7 +1,7 @@
 // A step's groups made into the Vlm's StepParallelism; see step_parallelism.h.
 #include "mmsp/parallel/step_parallelism.h"
 
-#include "mmsp/model/layers/decoder.h"
+#include "mmsp/parallel/decoder_attention.h"
 #include "mmsp/model/rank_inputs.h"
 
 namespace mmsp::parallel {
@@ -11,7 +11,7 @@ model::StepParallelism parallelize_step(const model::Vlm& vlm, const model::Rank
                                         const attention::AttentionOptions& attention) {
   const at::Device device = vlm.decoder().model->embed_tokens->weight.device();
   auto plan_attention = [inputs, text = vlm.config().text, groups, attention, device] {
-    return model::plan_decoder_attention(inputs, text, {groups.ring, groups.ulysses}, attention, device);
+    return plan_decoder_attention(inputs, text, {groups.ring, groups.ulysses}, attention, device);
   };
   return {std::move(plan_attention), vision_router(plan, groups.context, mode)};
 }

@@ -12,6 +12,7 @@
 #include "mmsp/model/config/config.h"
 #include "mmsp/model/layers/decoder.h"
 #include "mmsp/model/rank_inputs.h"
+#include "mmsp/parallel/decoder_attention.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
 #include "multirank.h"
 #include "sp_compare.h"
@@ -70,7 +71,7 @@ test::StepResult run(const model::ModelConfig& config, const plan::Batch& batch,
   attention::AttentionOptions blocks;
   blocks.block_q = 8;
   blocks.block_k = 16;
-  const model::DecoderContext ctx = model::decoder_context(in, config.text, config.conventions, groups, blocks,
+  const model::DecoderContext ctx = parallel::decoder_context(in, config.text, config.conventions, groups, blocks,
                                                            at::empty({0}, at::kDouble));
   Tensor logits = decoder->forward(decoder->embed(in.token_ids), ctx);
   Tensor loss = train::causal_lm_loss(logits, in.labels, in.label_count);
@@ -161,7 +162,7 @@ TEST(DecoderHooks, TiedLookupGivesRowsAndTheHeadGradientIsCompleteAtItsHook) {
   const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, plan::PlanOptions{}, 0);
   const model::RankInputs in = model::rank_inputs(batch, whole);
   auto step = [&](const std::shared_ptr<RecordingHooks>& hooks, model::Decoder& decoder) {
-    const model::DecoderContext ctx = model::decoder_context(in, config.text, config.conventions, {solo, solo},
+    const model::DecoderContext ctx = parallel::decoder_context(in, config.text, config.conventions, {solo, solo},
                                                              attention::AttentionOptions{}, at::empty({0}, at::kDouble));
     decoder.set_layer_hooks(hooks);
     Tensor logits = decoder.forward(decoder.embed(in.token_ids), ctx);

@@ -18,6 +18,7 @@
 #include "mmsp/model/config/config.h"
 #include "mmsp/model/layers/decoder.h"
 #include "mmsp/model/rank_inputs.h"
+#include "mmsp/parallel/decoder_attention.h"
 #include "mmsp/model/hooks/recompute.h"
 #include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
@@ -120,7 +121,7 @@ Step run_step(const model::ModelConfig& config, const Memory& memory) {
   attention::AttentionOptions blocks;
   blocks.block_q = 8;
   blocks.block_k = 16;
-  const model::DecoderContext ctx = model::decoder_context(in, config.text, config.conventions, {solo, solo}, blocks,
+  const model::DecoderContext ctx = parallel::decoder_context(in, config.text, config.conventions, {solo, solo}, blocks,
                                                            at::empty({0}, at::kDouble), /*linear_chunk=*/8);
   Step step;
   step.tokens = in.token_ids.size(0);

@@ -3,7 +3,6 @@
 
 #include <ATen/ATen.h>
 
-#include <optional>
 #include <string>
 
 #include "mmsp/core/check.h"
@@ -24,15 +23,6 @@ RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConvention
   return o;
 }
 
-std::shared_ptr<const attention::StepAttention> plan_decoder_attention(
-    const RankInputs& in, const TextConfig& text, const attention::ContextGroups& groups,
-    const attention::AttentionOptions& attention, const at::Device& device, int64_t linear_chunk) {
-  std::optional<attention::LinearAttentionShape> linear;
-  for (int64_t i = 0; i < text.num_hidden_layers; ++i)
-    if (text.layer_kind(i) == LayerKind::linear_attention) linear = {text.linear_conv_kernel_dim, linear_chunk};
-  return attention::plan_step_attention(groups, in.ring_shares, attention, device, linear, in.split_slots);
-}
-
 DecoderContext decoder_context(const RankInputs& in, const TextConfig& text,
                                const plan::ModelConventions& conventions,
                                std::shared_ptr<const attention::StepAttention> step, const at::Tensor& like,
@@ -44,16 +34,6 @@ DecoderContext decoder_context(const RankInputs& in, const TextConfig& text,
   ctx.linear_chunk = linear_chunk;
   ctx.rotary = rotary_table(in.positions, rotary_options(text, conventions), like.scalar_type(), like.device());
   return ctx;
-}
-
-DecoderContext decoder_context(const RankInputs& in, const TextConfig& text,
-                               const plan::ModelConventions& conventions,
-                               const attention::ContextGroups& groups,
-                               const attention::AttentionOptions& attention, const at::Tensor& like,
-                               int64_t linear_chunk) {
-  return decoder_context(in, text, conventions,
-                         plan_decoder_attention(in, text, groups, attention, like.device(), linear_chunk), like,
-                         linear_chunk);
 }
 
 DecoderLayer::Attention::Attention(const TextConfig& c) {

@@ -48,26 +48,14 @@ struct DecoderContext {
 // The rotary settings of a decoder: 1-D for LLaVA, mRoPE sections for the Qwen family.
 RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConventions& conventions);
 
-// The attention of one rank's step for a decoder of `text`, planned once from its groups
-// and ring shares (and, for hybrid decoders, Gated DeltaNet's ring runs and index for
-// `linear_chunk`); masks and indices on `device`.
 struct RankInputs;
-std::shared_ptr<const attention::StepAttention> plan_decoder_attention(
-    const RankInputs& inputs, const TextConfig& text, const attention::ContextGroups& groups,
-    const attention::AttentionOptions& attention, const at::Device& device,
-    int64_t linear_chunk = attention::kGatedDeltaChunk);
 
-// The context of one rank's step: the step's attention (planned outside, above) and the
-// rotary table of its positions (from the plan), in the dtype and on the device of `like`.
+// The context of one rank's step: the step's attention (planned outside the model from
+// the step's groups: parallel::plan_decoder_attention) and the rotary table of its
+// positions (from the plan), in the dtype and on the device of `like`.
 DecoderContext decoder_context(const RankInputs& inputs, const TextConfig& text,
                                const plan::ModelConventions& conventions,
                                std::shared_ptr<const attention::StepAttention> step, const at::Tensor& like,
-                               int64_t linear_chunk = attention::kGatedDeltaChunk);
-// Both at once (decoder-only tests and benchmarks).
-DecoderContext decoder_context(const RankInputs& inputs, const TextConfig& text,
-                               const plan::ModelConventions& conventions,
-                               const attention::ContextGroups& groups,
-                               const attention::AttentionOptions& attention, const at::Tensor& like,
                                int64_t linear_chunk = attention::kGatedDeltaChunk);
 
 // Layer `index` of the decoder: its token mixer is full attention ("self_attn") or, where

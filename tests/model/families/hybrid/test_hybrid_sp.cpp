@@ -18,6 +18,7 @@
 #include "mmsp/model/family.h"
 #include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/model/rank_inputs.h"
+#include "mmsp/parallel/decoder_attention.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
 #include "multirank.h"
 #include "sp_compare.h"
@@ -104,7 +105,7 @@ Result run_decoder(const model::ModelConfig& config, const plan::Batch& batch, c
   attn.block_k = 16;
   const Tensor like = at::zeros({}, at::kDouble);
   const model::DecoderContext ctx =
-      model::decoder_context(in, config.text, config.conventions, groups, attn, like, chunk);
+      parallel::decoder_context(in, config.text, config.conventions, groups, attn, like, chunk);
   Tensor logits = decoder->forward(decoder->embed(in.token_ids), ctx);
   Tensor loss = train::causal_lm_loss(logits, in.labels, in.label_count);
   loss.backward();
@@ -319,7 +320,7 @@ TEST(HybridLayers, EachKindEqualsTransformersQwen3_5OnOneProcess) {
   const model::RankInputs in = model::rank_inputs(batch, plan);
   const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
   const Tensor like = at::zeros({}, at::kDouble);
-  const model::DecoderContext ctx = model::decoder_context(in, c, config.conventions, {solo, solo}, {}, like);
+  const model::DecoderContext ctx = parallel::decoder_context(in, c, config.conventions, {solo, solo}, {}, like);
   const int64_t T = in.token_ids.size(0);
   ASSERT_EQ(T, 70);  // one segment, no padding on one process
   for (int64_t index : {0, 1}) {
