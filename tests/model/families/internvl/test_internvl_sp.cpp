@@ -27,7 +27,7 @@
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
 #include "multirank.h"
-#include "sp_compare.h"
+#include "vlm_step.h"
 
 using namespace mmsp;
 using at::Tensor;
@@ -459,16 +459,7 @@ test::StepResult run_internvl(const model::ModelConfig& config, const plan::Batc
                               at::ScalarType dtype, int64_t tiles = kTiles) {
   at::manual_seed(13);  // the tiles, identical everywhere
   const model::PixelInputs pixels{at::randn({tiles, 3, 8, 8}, dtype), {}};
-  at::manual_seed(42);
-  auto vlm = model::build_vlm(config);
-  vlm->to(dtype);
-  attention::AttentionOptions attn;
-  attn.block_q = 8;
-  attn.block_k = 8;
-  auto out = parallel::forward_step(*vlm, batch, plan, pixels, groups, mode, attn);
-  Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);
-  loss.backward();
-  return test::summed_over(*vlm, loss, world);
+  return test::run_model(config, batch, plan, groups, world, mode, pixels, dtype);
 }
 
 }  // namespace
