@@ -1,7 +1,7 @@
 // libFuzzer entries for the train layer's JSON inputs (FUZZ_INPUT at compile time):
 // 1 = state.json (check_train_state), 2 = one JSON-lines data line (JsonlDataset over
 // a file holding it, images beside it). Any bytes must end in a result or an
-// mmsp::Error. Built only with clang; see tests/train/CMakeLists.txt.
+// mmsp::Error. Built with clang; see tests/fuzz/CMakeLists.txt.
 #include <unistd.h>
 
 #include <cstddef>

@@ -1,7 +1,7 @@
 // libFuzzer entries for the model layer's JSON inputs (one binary per input, chosen at
 // compile time by FUZZ_INPUT): 1 = config.json (parse_model_config), 2 = the HF index
 // (hf::open_hf_directory over two fixed shards). Any bytes must end in a result or an
-// mmsp::Error. Built only with clang; see tests/model/CMakeLists.txt.
+// mmsp::Error. Built with clang; see tests/fuzz/CMakeLists.txt.
 #include <unistd.h>
 
 #include <cstddef>
