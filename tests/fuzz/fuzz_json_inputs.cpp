@@ -25,8 +25,10 @@
 namespace {
 // A directory with config.json and two shards; the fuzzer writes its index.
 std::string make_dir() {
-  char name[] = "/tmp/mmsp-fuzz-index-XXXXXX";
-  if (!::mkdtemp(name)) std::abort();
+  // under $TMPDIR, which run.sh points at its scratch folder, so the folder goes with it
+  const char* tmp = std::getenv("TMPDIR");
+  std::string name = std::string(tmp && *tmp ? tmp : "/tmp") + "/mmsp-fuzz-index-XXXXXX";
+  if (!::mkdtemp(name.data())) std::abort();
   const std::string dir = name;
   std::ofstream(dir + "/config.json") << "{\"model_type\": \"tiny\"}";
   mmsp::hf::save_safetensors(dir + "/s1.safetensors", {{"a", at::ones({4})}}, {{"format", "pt"}});

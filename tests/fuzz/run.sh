@@ -36,6 +36,9 @@ seed() {  # seed <target> <corpus-dir>
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# the harnesses' own scratch folders (shards, images) go there too
+mkdir "$work/tmp"
+export TMPDIR=$work/tmp
 # halt_on_error: UBSan's reports end the run (the build's -fno-sanitize-recover says so too).
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 failed=""
