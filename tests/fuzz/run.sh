@@ -3,8 +3,9 @@
 # against <build>'s installed package and fuzzes each for a bounded time from its seeds.
 #   tests/fuzz/run.sh <build-dir> <source-dir> [fuzz-dir (default <build-dir>/fuzz)]
 # MMSP_FUZZ_SECONDS: seconds per target (default 10). MMSP_FUZZ_TARGETS: which ones
-# (default all). Fails when any target crashes, leaks, times out on one input or reports
-# to a sanitizer; the input that did it is kept under <fuzz-dir>/artifacts/<target>/.
+# (default all). MMSP_FUZZ_JOBS: parallel compiles (default 2). MMSP_FUZZ_CXX: the clang++.
+# Fails when any target crashes, leaks, times out on one input or reports to a
+# sanitizer; the input that did it is kept under <fuzz-dir>/artifacts/<target>/.
 set -euo pipefail
 build=$(cd "$1" && pwd) src=$(cd "$2" && pwd)
 fuzz=${3:-$build/fuzz}
