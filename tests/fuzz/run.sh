@@ -5,7 +5,8 @@
 # MMSP_FUZZ_SECONDS: seconds per target (default 10). MMSP_FUZZ_TARGETS: which ones
 # (default all). MMSP_FUZZ_JOBS: parallel compiles (default 2). MMSP_FUZZ_CXX: the clang++.
 # Fails when any target crashes, leaks, times out on one input or reports to a
-# sanitizer; the input that did it is kept under <fuzz-dir>/artifacts/<target>/.
+# sanitizer; the input that did it is kept under <fuzz-dir>/artifacts/<target>/ (until the
+# next run of that target).
 set -euo pipefail
 build=$(cd "$1" && pwd) src=$(cd "$2" && pwd)
 fuzz=${3:-$build/fuzz}
@@ -44,6 +45,8 @@ export TMPDIR=$work/tmp
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 failed=""
 for t in $targets; do
+  # artifacts/<target> holds this run's finding only, so the one named below is this run's
+  rm -rf "$fuzz/artifacts/$t"
   mkdir -p "$work/$t" "$fuzz/artifacts/$t"
   seed "$t" "$work/$t"
   # -timeout: one input running 20 s is a hang; -rss_limit_mb: LibTorch's libraries
