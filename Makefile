@@ -21,9 +21,12 @@ VENV       ?= .venv
 # openmpi-bin and iproute2: the two-host tests (tests/dist/multihost.sh) start ranks with
 # OpenMPI's mpirun, as docs/launcher.md's recipe, between network namespaces. FFmpeg's -dev
 # packages (found by pkg-config): mmsp train decodes video files (train/data/video_file.h).
+# clang and libclang-rt-14-dev: the test fuzz.smoke builds the parsers' libFuzzer targets
+# with clang++ (tests/fuzz); libFuzzer and the sanitizers' runtimes are in the second,
+# which clang's packages only recommend (deps installs with --no-install-recommends).
 DEB_PACKAGES := cmake ninja-build g++ ccache libgloo-dev nlohmann-json3-dev \
                 libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libstb-dev libjpeg-dev python3-venv \
-                python3-dev openmpi-bin iproute2 \
+                python3-dev openmpi-bin iproute2 clang libclang-rt-14-dev \
                 pkg-config libavformat-dev libavcodec-dev libavfilter-dev libswscale-dev libavutil-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

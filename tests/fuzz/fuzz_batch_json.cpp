@@ -1,6 +1,6 @@
 // libFuzzer entry for batch.json as `mmsp plan` reads it: any bytes must end in a plan or
 // an mmsp::Error (anything else — a crash, a sanitizer report, another exception — is a
-// bug). Built only with clang; see tests/plan/CMakeLists.txt.
+// bug). Built with clang; see tests/fuzz/CMakeLists.txt.
 #include <cstddef>
 #include <cstdint>
 #include <string>

@@ -1,7 +1,7 @@
 // libFuzzer entries for the train layer's JSON inputs (FUZZ_INPUT at compile time):
 // 1 = state.json (check_train_state), 2 = one JSON-lines data line (JsonlDataset over
 // a file holding it, images beside it). Any bytes must end in a result or an
-// mmsp::Error. Built only with clang; see tests/train/CMakeLists.txt.
+// mmsp::Error. Built with clang; see tests/fuzz/CMakeLists.txt.
 #include <unistd.h>
 
 #include <cstddef>
@@ -29,8 +29,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static const mmsp::model::ModelConfig config =
         mmsp::model::load_model_config(MMSP_SOURCE_DIR "/configs/tiny-qwen2-vl.json");
     static const std::string dir = [] {
-      char name[] = "/tmp/mmsp-fuzz-jsonl-XXXXXX";
-      if (!::mkdtemp(name)) std::abort();
+      const char* tmp = std::getenv("TMPDIR");  // run.sh's scratch folder
+      std::string name = std::string(tmp && *tmp ? tmp : "/tmp") + "/mmsp-fuzz-jsonl-XXXXXX";
+      if (!::mkdtemp(name.data())) std::abort();
       for (const char* png : {"circle.png", "square.png", "triangle.png", "move_0.png", "move_1.png", "move_2.png"})
         std::filesystem::copy_file(std::string(MMSP_SOURCE_DIR "/examples/data/") + png, std::string(name) + "/" + png);
       return std::string(name);

@@ -1,6 +1,6 @@
 // libFuzzer entry for the safetensors reader: any byte string must either parse or throw
 // mmsp::Error. Anything else (a crash, a sanitizer report, another exception escaping)
-// is a bug. Built only with clang; see tests/model/CMakeLists.txt for how to run it.
+// is a bug. Built with clang; tests/fuzz/run.sh runs it.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

@@ -1,7 +1,7 @@
 // libFuzzer entries for the model layer's JSON inputs (one binary per input, chosen at
 // compile time by FUZZ_INPUT): 1 = config.json (parse_model_config), 2 = the HF index
 // (hf::open_hf_directory over two fixed shards). Any bytes must end in a result or an
-// mmsp::Error. Built only with clang; see tests/model/CMakeLists.txt.
+// mmsp::Error. Built with clang; see tests/fuzz/CMakeLists.txt.
 #include <unistd.h>
 
 #include <cstddef>
@@ -25,8 +25,10 @@
 namespace {
 // A directory with config.json and two shards; the fuzzer writes its index.
 std::string make_dir() {
-  char name[] = "/tmp/mmsp-fuzz-index-XXXXXX";
-  if (!::mkdtemp(name)) std::abort();
+  // under $TMPDIR, which run.sh points at its scratch folder, so the folder goes with it
+  const char* tmp = std::getenv("TMPDIR");
+  std::string name = std::string(tmp && *tmp ? tmp : "/tmp") + "/mmsp-fuzz-index-XXXXXX";
+  if (!::mkdtemp(name.data())) std::abort();
   const std::string dir = name;
   std::ofstream(dir + "/config.json") << "{\"model_type\": \"tiny\"}";
   mmsp::hf::save_safetensors(dir + "/s1.safetensors", {{"a", at::ones({4})}}, {{"format", "pt"}});

@@ -1,0 +1,1 @@
+// The precompiled header's own compile (CMakeLists.txt: fuzz_pch); nothing else.
