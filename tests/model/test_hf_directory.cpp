@@ -25,6 +25,7 @@
 #include "mmsp/model/family.h"
 #include "mmsp/model/vlm.h"
 #include "error_of.h"
+#include "scratch_dir.h"
 
 namespace mmsp::model {
 namespace {
@@ -33,11 +34,7 @@ using ::testing::HasSubstr;
 using Named = std::vector<std::pair<std::string, at::Tensor>>;
 using Plan = std::vector<std::vector<size_t>>;
 
-std::string temp_dir() {
-  std::string pattern = testing::TempDir() + "mmsp_hf_XXXXXX";
-  EXPECT_NE(::mkdtemp(pattern.data()), nullptr);
-  return pattern;
-}
+std::string temp_dir() { return mmsp::test::scratch_dir("hf_"); }
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

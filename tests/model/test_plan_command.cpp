@@ -14,6 +14,7 @@
 
 #include "plan_command.h"
 #include "plan_test_util.h"
+#include "scratch_dir.h"
 #include "mmsp/core/json_read.h"
 #include "../support/json_mutants.h"
 
@@ -136,7 +137,8 @@ TEST(PlanCommand, BadInputsExitTwoWithTheMessage) {
 }
 
 std::string write_temp(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/plan_input_" + name;
+  static const std::string dir = mmsp::test::scratch_dir("plan_input_");
+  const std::string path = dir + "/" + name;
   std::ofstream(path) << text;
   return path;
 }

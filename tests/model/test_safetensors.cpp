@@ -18,18 +18,14 @@
 #include "mmsp/core/check.h"
 #include "mmsp/hf/safetensors.h"
 #include "error_of.h"
+#include "scratch_dir.h"
 
 namespace mmsp::model {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string temp_dir() {
-  std::string pattern = testing::TempDir() + "mmsp_safetensors_XXXXXX";
-  const char* dir = ::mkdtemp(pattern.data());
-  EXPECT_NE(dir, nullptr);
-  return pattern;
-}
+std::string temp_dir() { return mmsp::test::scratch_dir("safetensors_"); }
 
 void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
