@@ -13,7 +13,7 @@
 #include "mmsp/dist/mesh.h"
 #include "mmsp/model/config/config.h"
 #include "mmsp/model/layers/tiled_mlp.h"
-#include "mmsp/train/optim/shard_level.h"
+#include "mmsp/parallel/zero/shard_level.h"
 #include "mmsp/train/trainer.h"
 
 namespace mmsp::bench {
@@ -98,7 +98,7 @@ json longest_sequences(const std::vector<std::string>& models, const std::vector
 }
 
 json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
-  for (const std::string& level : o.shards) train::parse_shard_level(level);  // names the bad one
+  for (const std::string& level : o.shards) parallel::parse_shard_level(level);  // names the bad one
   std::vector<std::string> paths;  // scaled before the first collective: a bad scale fails every rank alike
   for (size_t i = 0; i < o.models.size(); ++i)
     paths.push_back(scaled_config(o.models[i], o.scale, std::to_string(env.rank) + "-" + std::to_string(i)));

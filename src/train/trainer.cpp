@@ -27,7 +27,7 @@
 #include "mmsp/model/layers/parameter_init.h"
 #include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/model/family.h"
-#include "mmsp/parallel/step_parallelism.h"
+#include "mmsp/parallel/parallelize.h"
 #include "mmsp/model/vlm.h"
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/builtin_models.h"
@@ -36,7 +36,7 @@
 #include "mmsp/train/loaded_inputs.h"
 #include "mmsp/train/loss/chunked_loss.h"
 #include "mmsp/train/optim/grad_clip.h"
-#include "mmsp/train/optim/grad_sync.h"
+#include "mmsp/parallel/grad_sync.h"
 #include "mmsp/train/data/jsonl_dataset.h"
 #include "mmsp/train/optim/lr_schedule.h"
 #include "mmsp/train/optim/master_weights.h"
@@ -88,12 +88,6 @@ std::optional<at::ScalarType> parse_save_dtype(const std::string& name) {
   MMSP_FAIL("--save-dtype '", name, "' must be bfloat16, float16, float32 or float64");
 }
 
-NamedParams named_parameters(torch::nn::Module& module) {
-  NamedParams out;
-  for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value());
-  return out;
-}
-
 // The config's family from the registry, parameters drawn as `mode` says, made in `dtype`.
 std::shared_ptr<model::Vlm> build_vlm(const model::ModelConfig& config, model::ParameterInit mode,
                                       at::ScalarType dtype = at::kFloat) {
@@ -125,7 +119,7 @@ MemoryEstimate estimate_for(const model::ModelConfig& config, const hf::Expected
   in.offload_activations = o.offload_activations && o.device.is_cuda();  // on the CPU the host is the device
   in.mlp_tile = model::mlp_tile_tokens(o.tiled_mlp, std::max(o.tokens_per_rank, local_length), config.text.hidden_size);
   in.shard_level = parsed.shard_level;
-  if (in.shard_level != ShardLevel::none) in.shard_world = world;
+  if (in.shard_level != parallel::ShardLevel::none) in.shard_world = world;
   return estimate_memory(config, shapes, in);
 }
 
@@ -179,7 +173,7 @@ ParsedTrainOptions check_train_options(const TrainOptions& o, const plan::Mesh& 
   ParsedTrainOptions parsed;
   parsed.dtype = parse_dtype(o.dtype);
   parsed.save_dtype = parse_save_dtype(o.save_dtype);
-  parsed.shard_level = parse_shard_level(o.shard);
+  parsed.shard_level = parallel::parse_shard_level(o.shard);
   MMSP_CHECK(o.save_shard_bytes > 0, "--save-shard-size ", o.save_shard_bytes, " must be positive");
   MMSP_CHECK(o.memory_limit_bytes >= 0, "--memory-limit ", o.memory_limit_bytes, " must be ≥ 0 (0: no check)");
   MMSP_CHECK(o.steps > 0, "--steps ", o.steps, " must be positive");
@@ -214,7 +208,7 @@ ParsedTrainOptions check_train_options(const TrainOptions& o, const plan::Mesh& 
   MMSP_CHECK(o.lr * o.weight_decay <= 1, "--lr ", o.lr, " × --weight-decay ", o.weight_decay,
              " must be ≤ 1: decoupled weight decay multiplies the weights by 1 − lr × weight_decay");
   MMSP_CHECK(o.clip >= 0, "--clip ", o.clip, " must be ≥ 0 (the global gradient norm to clip to; 0: off)");
-  MMSP_CHECK(o.save_gradients.empty() || parsed.shard_level == ShardLevel::none, "--save-gradients needs --shard none (",
+  MMSP_CHECK(o.save_gradients.empty() || parsed.shard_level == parallel::ShardLevel::none, "--save-gradients needs --shard none (",
              "with --shard ", o.shard, " no rank holds the whole gradient)");
   if (!o.save_gradients.empty()) {
     std::error_code ec;
@@ -232,7 +226,7 @@ struct RunInputs {
   ResolvedModel resolved;
   at::ScalarType dtype = at::kFloat;
   std::optional<at::ScalarType> save_dtype;  // hf/ of the checkpoints
-  ShardLevel shard_level = ShardLevel::none;
+  parallel::ShardLevel shard_level = parallel::ShardLevel::none;
   int64_t loss_chunk = 0;  // tokens per chunk of the LM head and loss (the default resolved)
   hf::CheckpointNaming naming;
   ParsedTrainOptions parsed;
@@ -294,10 +288,20 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   return in;
 }
 
-// The model on this rank, identical on every rank, and its weight update (AdamW over
-// the masters, replicated or sharded), with the model directory's weights when given.
+attention::AttentionOptions attention_options_for(const TrainOptions& o) {
+  attention::AttentionOptions blocks;
+  blocks.block_q = o.attention_block;
+  blocks.block_k = o.attention_block;
+  blocks.kernel = attention::parse_attention_kernel(o.attention_kernel);
+  return blocks;
+}
+
+// The model on this rank, identical on every rank, spread over the mesh
+// (parallel::parallelize), and its weight update (AdamW over the masters, replicated or
+// over ZeRO's shards), with the model directory's weights when given.
 struct Trainable {
   std::shared_ptr<model::Vlm> vlm;
+  parallel::ModelParallelism parallelism;
   std::unique_ptr<WeightUpdate> update;
 };
 
@@ -311,18 +315,24 @@ Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist
   // The buffers (rotary tables) into the dtype, everything onto the rank's device; the
   // masters and optimizer state below follow the parameters there.
   t.vlm->to(o.device, in.dtype);
-  t.vlm->set_activation_checkpointing(o.checkpoint_activations, o.offload_activations);
-  t.vlm->set_mlp_tile(o.tiled_mlp);
+  parallel::ParallelizeOptions spread;
+  spread.checkpoint_activations = o.checkpoint_activations;
+  spread.offload_activations = o.offload_activations;
+  spread.mlp_tile = o.tiled_mlp;
+  spread.shard = in.shard_level;
+  spread.master_dtype = master_dtype_of(in.dtype);
+  spread.groups = {mesh.context(), mesh.ring(), mesh.ulysses()};
+  spread.vision = o.vision;
+  spread.attention = attention_options_for(o);
+  t.parallelism = parallel::parallelize(*t.vlm, spread, mesh.world());
   AdamWOptions adamw;
   adamw.lr = o.lr;
   adamw.beta1 = o.beta1;
   adamw.beta2 = o.beta2;
   adamw.eps = o.eps;
   adamw.weight_decay = o.weight_decay;
-  const NamedParams model_params = named_parameters(*t.vlm);
-  t.update = make_weight_update(in.shard_level, model_params, master_dtype_of(in.dtype), adamw, mesh,
-                                t.vlm->hook_units());
-  t.vlm->set_layer_hooks(t.update->layer_hooks());
+  t.update = make_weight_update(model::named_parameters(*t.vlm), master_dtype_of(in.dtype), adamw, mesh,
+                                t.parallelism.zero);
   if (in.resolved.weights && !in.checkpoint)  // a resume reads the checkpoint's weights instead
     t.update->load_weights(*in.resolved.weights, in.naming);
   return t;
@@ -456,9 +466,8 @@ struct StepLoop {
   dist::RankActivity& doing;
   PhaseTimer& phases;      // this run's time split, active on this thread
   MemoryCounter& memory;   // this run's tensor bytes
-  parallel::StepGroups groups;
+  const parallel::ModelParallelism& parallelism;  // what parallelize installed
   plan::PlanOptions plan_options;
-  attention::AttentionOptions attention;
   int64_t loss_chunk = 0;
   std::string fingerprint_prefix;  // this job's step-agreement keys
   int64_t last_step = 0;
@@ -586,7 +595,7 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   held_bytes = watch.held_bytes();
   run.update.begin_step();
   watch.phase("forward");
-  auto out = parallel::forward_step(run.vlm, batch, plan, pixels, run.groups, run.o.vision, run.attention);
+  auto out = parallel::forward_step(run.vlm, batch, plan, pixels, run.parallelism);
   // The head through the decoder: --shard parameters gathers its weight around the loss.
   // Under it the head is row-sharded: read in rounds of rows, never whole.
   at::Tensor loss = run.vlm.decoder().apply_head(
@@ -618,7 +627,7 @@ int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOpt
              " must be positive");
   ParsedTrainOptions parsed;
   parsed.dtype = parse_dtype(o.dtype);
-  parsed.shard_level = parse_shard_level(o.shard);
+  parsed.shard_level = parallel::parse_shard_level(o.shard);
   const hf::ExpectedShapes shapes = parameter_shapes(config);
   auto fits = [&](int64_t tokens) {
     TrainOptions t = o;
@@ -660,14 +669,6 @@ plan::PlanOptions plan_options_for(const TrainOptions& o, const RunInputs& in, c
   p.attention_shape =
       model::attention_shape(in.resolved.config.text, static_cast<int64_t>(c10::elementSize(in.dtype)));
   return p;
-}
-
-attention::AttentionOptions attention_options_for(const TrainOptions& o) {
-  attention::AttentionOptions blocks;
-  blocks.block_q = o.attention_block;
-  blocks.block_k = o.attention_block;
-  blocks.kernel = attention::parse_attention_kernel(o.attention_kernel);
-  return blocks;
 }
 
 // metrics.jsonl in --out (rank 0 only; none without --out).
@@ -730,7 +731,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     if (rank0)
       log << "note: nothing to do: the run in " << o.resume << " is complete at step " << resumed.done
           << " of --steps " << o.steps << std::endl;
-    vlm.set_layer_hooks(nullptr);
+    parallel::unparallelize(vlm);
     return report;
   }
 
@@ -748,9 +749,8 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
                      doing,
                      phases,
                      memory,
-                     {mesh.context(), mesh.ring(), mesh.ulysses()},
+                     trainable.parallelism,
                      plan_options_for(o, in, mesh),
-                     attention_options_for(o),
                      in.loss_chunk,
                      agreement_prefix,
                      last_step,
@@ -771,7 +771,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   }
   if (rank0 && report.summary.count() > 0) log << report.summary.table();
   if (o.report_parameters) report.parameters = final_parameters(update);
-  vlm.set_layer_hooks(nullptr);  // the update goes before the model
+  parallel::unparallelize(vlm);  // the update goes before the model
   return report;
 }
 

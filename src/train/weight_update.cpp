@@ -5,14 +5,13 @@
 #include <torch/optim/adamw.h>
 
 #include <filesystem>
-#include <unordered_map>
 #include <vector>
 
 #include "checkpoint/checkpoint_io.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/train/optim/grad_clip.h"
-#include "mmsp/train/optim/grad_sync.h"
+#include "mmsp/parallel/grad_sync.h"
 #include "mmsp/train/optim/master_weights.h"
 #include "mmsp/train/checkpoint/sharded_checkpoint.h"
 
@@ -36,7 +35,7 @@ void agree_on_success(const std::string& error, const std::string& what, const d
 
 class ReplicatedUpdate : public WeightUpdate {
  public:
-  ReplicatedUpdate(NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
+  ReplicatedUpdate(model::NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
                    const dist::Mesh& mesh)
       : masters_(std::move(model_params), master_dtype),
         opt_(make_adamw(masters_.params(), options)),
@@ -81,7 +80,7 @@ class ReplicatedUpdate : public WeightUpdate {
                            std::ostream& log) override {
     gradients_ = {dir, config_json, &mesh, &log};
   }
-  NamedParams weights() const override { return masters_.params(); }
+  model::NamedParams weights() const override { return masters_.params(); }
   std::string describe() const override { return masters_.mixed() ? "fp32 master weights" : ""; }
 
  private:
@@ -113,32 +112,28 @@ class ReplicatedUpdate : public WeightUpdate {
   GradientRequest gradients_;
   MasterWeights masters_;
   std::unique_ptr<torch::optim::AdamW> opt_;
-  GradSync sync_;
+  parallel::GradSync sync_;
 };
 
 class ShardedUpdate : public WeightUpdate {
  public:
-  ShardedUpdate(ShardLevel level, NamedParams model_params, at::ScalarType master_dtype,
-                const AdamWOptions& options, const dist::Mesh& mesh, std::vector<int> unit_of,
-                std::vector<ShardUnitUse> uses)
-      : sharded_(std::move(model_params), master_dtype, options, mesh.world(), kDefaultBucketBytes, level,
-                 std::move(unit_of), std::move(uses)),
-        mixed_(master_dtype != sharded_.model_params().front().second.scalar_type()),
+  ShardedUpdate(std::shared_ptr<parallel::ShardedModel> sharded, const AdamWOptions& options, const dist::Mesh& mesh)
+      : zero_(std::move(sharded)), sharded_(zero_, options),
+        mixed_(zero_->master_dtype() != zero_->model_params().front().second.scalar_type()),
         world_(mesh.world_size()) {}
 
   void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) override {
     // Into the model, then its shards into the masters: exact when the file's dtype is
     // the model's (Qwen's bf16 releases into a bf16 run), else rounded to the model's.
-    sharded_.gather_all();  // stage 3: memory to load into (the gathered values are overwritten)
-    hf::load_hf_weights(dir, sharded_.model_params(), naming);
-    sharded_.copy_from_model();
-    sharded_.release_gathered();
+    zero_->gather_all();  // stage 3: memory to load into (the gathered values are overwritten)
+    hf::load_hf_weights(dir, zero_->model_params(), naming);
+    zero_->copy_from_model();
+    zero_->release_gathered();
   }
-  std::shared_ptr<model::LayerHooks> layer_hooks() override { return sharded_.layer_hooks(); }
-  void gather_weights() override { sharded_.gather_all(); }
+  void gather_weights() override { zero_->gather_all(); }
   void restore(const Checkpoint& checkpoint) override { train::restore(checkpoint, sharded_); }
   void set_lr(double lr) override { sharded_.set_lr(lr); }
-  void begin_step() override { sharded_.gather_step_weights(); }
+  void begin_step() override { zero_->gather_step_weights(); }
   void zero_grad() override { sharded_.zero_grad(); }
   double step(double clip_norm, dist::RankActivity& doing) override {
     doing.set_phase("optimizer (sharded)");
@@ -172,7 +167,7 @@ class ShardedUpdate : public WeightUpdate {
       }
     };
     agree(error);
-    sharded_.gather_all();  // stage 3: the hf/ weights go out whole (rank 0 writes them)
+    zero_->gather_all();  // stage 3: the hf/ weights go out whole (rank 0 writes them)
     const int rank = mesh.rank(), world = mesh.world_size();
     hf::FileChecksum mine;
     try {
@@ -201,23 +196,24 @@ class ShardedUpdate : public WeightUpdate {
         error = e.what();
       }
     }
-    sharded_.release_gathered();
+    zero_->release_gathered();
     agree(error);
     if (rank == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
   }
   void save_next_gradients(const std::string&, const std::string&, const dist::Mesh&, std::ostream&) override {
     MMSP_FAIL("--save-gradients needs --shard none: a sharded update holds no whole gradient");
   }
-  NamedParams weights() const override { return sharded_.model_params(); }
+  model::NamedParams weights() const override { return sharded_.model_params(); }
   std::string describe() const override {
-    const char* what = sharded_.level() == ShardLevel::parameters ? "optimizer state, gradients and weights"
-                       : sharded_.level() == ShardLevel::gradients  ? "optimizer state and gradients"
+    const char* what = zero_->level() == parallel::ShardLevel::parameters ? "optimizer state, gradients and weights"
+                       : zero_->level() == parallel::ShardLevel::gradients  ? "optimizer state and gradients"
                                                                     : "optimizer state";
     return std::string(mixed_ ? "fp32 master weights; " : "") + what + " sharded over " + std::to_string(world_) +
            " ranks";
   }
 
  private:
+  std::shared_ptr<parallel::ShardedModel> zero_;  // what parallelize installed
   ShardedAdamW sharded_;
   bool mixed_;
   int world_;
@@ -225,26 +221,10 @@ class ShardedUpdate : public WeightUpdate {
 
 }  // namespace
 
-std::vector<int> unit_index_of(const NamedParams& params, const std::vector<model::HookUnit>& units) {
-  std::unordered_map<const c10::TensorImpl*, int> unit_of;
-  for (size_t unit = 0; unit < units.size(); ++unit)
-    for (const at::Tensor& t : units[unit].parameters) unit_of[t.unsafeGetTensorImpl()] = static_cast<int>(unit);
-  std::vector<int> out;
-  for (const auto& [name, p] : params) {
-    const auto it = unit_of.find(p.unsafeGetTensorImpl());
-    out.push_back(it == unit_of.end() ? -1 : it->second);
-  }
-  return out;
-}
-
-std::unique_ptr<WeightUpdate> make_weight_update(ShardLevel level, NamedParams model_params,
-                                                 at::ScalarType master_dtype, const AdamWOptions& options,
-                                                 const dist::Mesh& mesh, const std::vector<model::HookUnit>& units) {
-  if (level != ShardLevel::none) {
-    std::vector<int> unit_of = unit_index_of(model_params, units);
-    return std::make_unique<ShardedUpdate>(level, std::move(model_params), master_dtype, options, mesh,
-                                           std::move(unit_of), shard_unit_uses(units));
-  }
+std::unique_ptr<WeightUpdate> make_weight_update(model::NamedParams model_params, at::ScalarType master_dtype,
+                                                 const AdamWOptions& options, const dist::Mesh& mesh,
+                                                 std::shared_ptr<parallel::ShardedModel> sharded) {
+  if (sharded) return std::make_unique<ShardedUpdate>(std::move(sharded), options, mesh);
   return std::make_unique<ReplicatedUpdate>(std::move(model_params), master_dtype, options, mesh);
 }
 

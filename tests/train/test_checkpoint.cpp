@@ -59,8 +59,8 @@ struct Tiny : torch::nn::Module {
   at::Tensor norm, unused;
 };
 
-NamedParams named(const torch::nn::Module& m) {
-  NamedParams out;
+model::NamedParams named(const torch::nn::Module& m) {
+  model::NamedParams out;
   for (const auto& item : m.named_parameters()) out.emplace_back(item.key(), item.value());
   return out;
 }

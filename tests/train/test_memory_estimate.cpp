@@ -16,7 +16,7 @@
 #include "mmsp/model/layers/parameter_init.h"
 #include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/model/vlm.h"
-#include "mmsp/train/optim/grad_sync.h"
+#include "mmsp/parallel/grad_sync.h"
 #include "mmsp/train/optim/master_weights.h"
 #include "mmsp/train/memory/memory_estimate.h"
 #include "mmsp/train/optim/sharded_adamw.h"
@@ -71,7 +71,7 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   const int64_t P = count(shapes);
   int64_t largest = 0;  // the untied embedding (and head): 151,936 × 64
   for (const auto& [name, shape] : shapes) largest = std::max(largest, count({{name, shape}}));
-  const int64_t B = kDefaultBucketBytes;
+  const int64_t B = parallel::kDefaultBucketBytes;
   MemoryEstimateInputs in;
   in.tokens_per_rank = 64;
   const MemoryEstimate fp32 = estimate_memory(config, shapes, in);
@@ -107,7 +107,7 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   // reduced fp32 shards, rounds of 2·B bytes (packed, exchanged, summed) and the sliced
   // arithmetic's two temporaries.
   in.tokens_per_rank = 64;
-  in.shard_level = ShardLevel::optimizer;
+  in.shard_level = parallel::ShardLevel::optimizer;
   in.shard_world = 4;
   const MemoryEstimate sharded = estimate_memory(config, shapes, in);
   const int64_t quarter = (P + 3) / 4;
@@ -130,9 +130,9 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
       if (name.find("embed_tokens.weight") != std::string::npos) embedding = count({{name, shape}});
     ASSERT_EQ(embedding, 248320LL * 1024);
     MemoryEstimateInputs t = in;
-    t.shard_level = ShardLevel::none;
+    t.shard_level = parallel::ShardLevel::none;
     EXPECT_EQ(estimate_memory(tied, tied_shapes, t).gradients, 2 * count(tied_shapes) + 2 * 2 * embedding);
-    t.shard_level = ShardLevel::optimizer;
+    t.shard_level = parallel::ShardLevel::optimizer;
     EXPECT_EQ(estimate_memory(tied, tied_shapes, t).gradients, 2 * count(tied_shapes) + 2 * 2 * embedding);
     EXPECT_EQ(estimate_memory(tied, tied_shapes, t).head_gradient, 2 * embedding);
   }
@@ -169,7 +169,7 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   const int64_t kept = P - in_layers - in_blocks - embedding - head;
   const int64_t unit = std::max(layer0, block0);  // the largest layer or block
   const int64_t rows = 64 * config.text.hidden_size;
-  in.shard_level = ShardLevel::gradients;
+  in.shard_level = parallel::ShardLevel::gradients;
   const MemoryEstimate stage2 = estimate_memory(config, shapes, in);
   // Each unit's buckets hold its parameters alone (sharded_weights.cpp): the backward's
   // rounds are at most the largest unit's, the update's at most the kept weights'.
@@ -191,7 +191,7 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(stage2.parameters, 2 * P);
   EXPECT_EQ(stage2.gathered_forward + stage2.gathered_loss + stage2.gathered_backward, 0);
   EXPECT_EQ(stage2.optimizer, sharded.optimizer);
-  in.shard_level = ShardLevel::parameters;
+  in.shard_level = parallel::ShardLevel::parameters;
   const MemoryEstimate stage3 = estimate_memory(config, shapes, in);
   // The head by rounds of rows (row_sharded_table.h): 4 ranks give B rows each a round,
   // B rows each (row_sharded_block).
@@ -289,7 +289,7 @@ TEST(MemoryEstimate, EveryTowersBlocksAreUnitsOfTheModelAndTheEstimate) {
     MemoryEstimateInputs in;
     in.tokens_per_rank = 64;
     in.compute_dtype = at::kBFloat16;
-    in.shard_level = ShardLevel::parameters;
+    in.shard_level = parallel::ShardLevel::parameters;
     in.shard_world = 4;
     EXPECT_EQ(estimate_memory(config, shapes, in).parameters, 2 * (P - in_units));
   }
@@ -364,7 +364,7 @@ TEST(MemoryEstimate, TiledMlpAndOffloadFollowTheirFormulas) {
   MemoryEstimateInputs in;
   in.compute_dtype = at::kBFloat16;
   in.tokens_per_rank = T;
-  in.shard_level = ShardLevel::parameters;
+  in.shard_level = parallel::ShardLevel::parameters;
   in.shard_world = 8;
   in.loss_chunk = 1024;
   const MemoryEstimate plain = estimate_memory(config, shapes, in);

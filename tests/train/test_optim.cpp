@@ -14,9 +14,10 @@
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/train/optim/grad_clip.h"
-#include "mmsp/train/optim/grad_sync.h"
+#include "mmsp/parallel/grad_sync.h"
 #include "mmsp/train/optim/lr_schedule.h"
 #include "mmsp/train/optim/optimizer.h"
+#include "mmsp/parallel/zero/zero_hooks.h"
 #include "mmsp/train/optim/sharded_adamw.h"
 #include "error_of.h"
 
@@ -39,12 +40,12 @@ using test::error_of;
 
 TEST(GradSync, BucketsByDtypeInOrderAndOversizedParamsAlone) {
   // bytes: a 16, b 24, c 40, d 8, e 160, f 10.
-  NamedParams ps = {{"a", param({4}, at::kFloat)},  {"b", param({3}, at::kDouble)},
+  model::NamedParams ps = {{"a", param({4}, at::kFloat)},  {"b", param({3}, at::kDouble)},
                     {"c", param({10}, at::kFloat)}, {"d", param({2}, at::kFloat)},
                     {"e", param({4, 5}, at::kDouble)}, {"f", param({5}, at::kBFloat16)}};
-  GradSync sync(ps, dist::make_solo_group("world", 0), /*bucket_bytes=*/48);
+  parallel::GradSync sync(ps, dist::make_solo_group("world", 0), /*bucket_bytes=*/48);
   std::vector<std::vector<size_t>> got;
-  for (const GradBucket& b : sync.buckets()) got.push_back(b.params);
+  for (const parallel::GradBucket& b : sync.buckets()) got.push_back(b.params);
   // fp32: [a] (a + c = 56 > 48), [c, d] (48 fits exactly); fp64: [b], [e] (160 > 48 alone); bf16: [f].
   EXPECT_EQ(got, (std::vector<std::vector<size_t>>{{0}, {2, 3}, {1}, {4}, {5}}));
   EXPECT_EQ(sync.buckets()[1].bytes, 48);
@@ -56,7 +57,7 @@ TEST(GradSync, BucketsByDtypeInOrderAndOversizedParamsAlone) {
 TEST(GradSync, SoloGroupCopiesBackEveryGradAndZerosTheMissing) {
   // 40 parameters of four dtypes and assorted sizes, bucket smaller than many.
   const at::ScalarType types[] = {at::kFloat, at::kDouble, at::kBFloat16, at::kHalf};
-  NamedParams ps;
+  model::NamedParams ps;
   std::vector<at::Tensor> expected;
   for (int i = 0; i < 40; ++i) {
     at::Tensor p = param({1 + i % 7, 1 + (i * 5) % 9}, types[i % 4]);
@@ -70,7 +71,7 @@ TEST(GradSync, SoloGroupCopiesBackEveryGradAndZerosTheMissing) {
     ps.emplace_back("p" + std::to_string(i), p);
   }
   auto stats = std::make_shared<dist::CommStats>();
-  GradSync sync(ps, dist::make_solo_group("world", 0, stats), /*bucket_bytes=*/64);
+  parallel::GradSync sync(ps, dist::make_solo_group("world", 0, stats), /*bucket_bytes=*/64);
   EXPECT_GT(sync.buckets().size(), 8u);
   sync.all_reduce();
   for (size_t i = 0; i < ps.size(); ++i) {
@@ -89,13 +90,13 @@ TEST(GradSync, SoloGroupCopiesBackEveryGradAndZerosTheMissing) {
 TEST(GradSync, RefusesBadParameters) {
   at::Tensor w = param({2, 2}, at::kFloat);
   auto solo = dist::make_solo_group("world", 0);
-  EXPECT_THAT(error_of([&] { GradSync({{"w", w}, {"tied", w}}, solo); }),
+  EXPECT_THAT(error_of([&] { parallel::GradSync({{"w", w}, {"tied", w}}, solo); }),
               HasSubstr("\"tied\" is the same tensor as \"w\""));
-  EXPECT_THAT(error_of([&] { GradSync({{"w", w}, {"w", param({1}, at::kFloat)}}, solo); }),
+  EXPECT_THAT(error_of([&] { parallel::GradSync({{"w", w}, {"w", param({1}, at::kFloat)}}, solo); }),
               HasSubstr("\"w\" appears twice"));
-  EXPECT_THAT(error_of([&] { GradSync({{"i", at::zeros({2}, at::kLong)}}, solo); }),
+  EXPECT_THAT(error_of([&] { parallel::GradSync({{"i", at::zeros({2}, at::kLong)}}, solo); }),
               HasSubstr("only floating-point"));
-  EXPECT_THAT(error_of([&] { GradSync({{"w", w}}, solo, 0); }), HasSubstr("bucket_bytes (0)"));
+  EXPECT_THAT(error_of([&] { parallel::GradSync({{"w", w}}, solo, 0); }), HasSubstr("bucket_bytes (0)"));
 }
 
 // Two Gloo ranks as two threads of this process: sums and byte counts.
@@ -103,7 +104,7 @@ TEST(GradSync, TwoGlooRanksSumEveryGradAndCountTheBytes) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   const at::ScalarType types[] = {at::kFloat, at::kDouble, at::kBFloat16};
   auto make_params = [&](int rank) {
-    NamedParams ps;
+    model::NamedParams ps;
     for (int i = 0; i < 12; ++i) {
       at::Tensor p = param({1 + i % 4, 3}, types[i % 3]);
       if (!(rank == 1 && i % 4 == 2)) {  // rank 1 never reached some parameters
@@ -114,7 +115,7 @@ TEST(GradSync, TwoGlooRanksSumEveryGradAndCountTheBytes) {
     }
     return ps;
   };
-  std::vector<NamedParams> params = {make_params(0), make_params(1)};
+  std::vector<model::NamedParams> params = {make_params(0), make_params(1)};
   std::vector<std::shared_ptr<dist::CommStats>> stats = {std::make_shared<dist::CommStats>(),
                                                          std::make_shared<dist::CommStats>()};
   std::vector<int64_t> grad_bytes(2), buckets(2);
@@ -127,7 +128,7 @@ TEST(GradSync, TwoGlooRanksSumEveryGradAndCountTheBytes) {
       auto world = c10::make_intrusive<dist::Group>(
           "world", std::vector<int>{0, 1}, rank, c10::intrusive_ptr<dist::Backend>(gloo),
           c10::intrusive_ptr<dist::Backend>(), stats[rank], std::chrono::milliseconds(30000));
-      GradSync sync(params[rank], world, /*bucket_bytes=*/40);
+      parallel::GradSync sync(params[rank], world, /*bucket_bytes=*/40);
       sync.all_reduce();
       grad_bytes[rank] = sync.grad_bytes();
       buckets[rank] = static_cast<int64_t>(sync.buckets().size());
@@ -193,7 +194,7 @@ TEST(ClipGradNorm, GlobalNormInFp64AndScaling) {
   at::Tensor a = param({2}, at::kFloat), b = param({1, 1}, at::kDouble), c = param({3}, at::kFloat);
   a.mutable_grad() = at::tensor({3.0f, 4.0f});
   b.mutable_grad() = at::full({1, 1}, 12.0, at::kDouble);
-  NamedParams ps = {{"a", a}, {"b", b}, {"c", c}};  // c: no grad, counts as zeros
+  model::NamedParams ps = {{"a", a}, {"b", b}, {"c", c}};  // c: no grad, counts as zeros
   EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 0.0), 13.0);  // measure only
   EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 20.0), 13.0);  // below the limit: unchanged
   EXPECT_TRUE(at::equal(a.grad(), at::tensor({3.0f, 4.0f})));
@@ -221,7 +222,7 @@ TEST(ClipGradNorm, NonFiniteNormNamesTheParameter) {
 }
 
 TEST(AdamW, DecayOnMatricesOnlyAndSetLr) {
-  NamedParams ps = {{"embed", param({10, 4}, at::kFloat)}, {"bias", param({4}, at::kFloat)},
+  model::NamedParams ps = {{"embed", param({10, 4}, at::kFloat)}, {"bias", param({4}, at::kFloat)},
                     {"proj", param({4, 4}, at::kDouble)},  {"norm", param({4}, at::kFloat)},
                     {"scale", param({}, at::kFloat)},       {"conv", param({2, 3, 2, 2}, at::kFloat)}};
   auto opt = make_adamw(ps, {3e-4, 0.9, 0.95, 1e-6, 0.1});
@@ -258,7 +259,7 @@ TEST(AdamW, DecayOnMatricesOnlyAndSetLr) {
 }
 
 TEST(AdamW, RefusesBadOptions) {
-  NamedParams ps = {{"w", param({2, 2}, at::kFloat)}};
+  model::NamedParams ps = {{"w", param({2, 2}, at::kFloat)}};
   EXPECT_THAT(error_of([&] { make_adamw(ps, {1e-3, 0.9, 1.0, 1e-8, 0.0}); }),
               HasSubstr("betas (0.9, 1) must each be in [0, 1)"));
   EXPECT_THAT(error_of([&] { make_adamw(ps, {-1.0, 0.9, 0.99, 1e-8, 0.0}); }), HasSubstr("lr (-1)"));
@@ -311,14 +312,14 @@ at::Tensor seeded_randn(at::IntArrayRef shape, uint64_t seed) {
 // Parameters of odd sizes (60 elements: no bucket divides by 3 or 4), matrices and
 // vectors, rounded to `dtype` and then held in `held` (a reference's masters).
 constexpr int64_t kOddElements = 60;
-NamedParams odd_params(at::ScalarType dtype, at::ScalarType held) {
-  NamedParams ps;
+model::NamedParams odd_params(at::ScalarType dtype, at::ScalarType held) {
+  model::NamedParams ps;
   const std::vector<std::vector<int64_t>> shapes = {{5, 3}, {7}, {2, 2, 3}, {1}, {11, 2}, {3}};
   for (size_t i = 0; i < shapes.size(); ++i)
     ps.emplace_back("p" + std::to_string(i), seeded_randn(shapes[i], 7 + i).to(dtype).to(held).requires_grad_(true));
   return ps;
 }
-NamedParams odd_params(at::ScalarType dtype) { return odd_params(dtype, dtype); }
+model::NamedParams odd_params(at::ScalarType dtype) { return odd_params(dtype, dtype); }
 
 // The gradient rank r gives parameter i at step t (rank 2 never reaches p3).
 at::Tensor rank_grad(const at::Tensor& p, int r, size_t i, int t) {
@@ -329,7 +330,7 @@ at::Tensor rank_grad(const at::Tensor& p, int r, size_t i, int t) {
 // head, an untied embedding (model::Decoder::hook_units).
 struct UnitCase {
   std::vector<int> unit_of;  // per parameter; −1: kept for the step
-  std::vector<ShardUnitUse> uses;
+  std::vector<parallel::ShardUnitUse> uses;
   int head = -1, embedding = -1;  // tied: the same unit
   int vision = -1;                // a vision block: used after the lookup, its backward after layer 0's
   int unread = -1;                // a unit the step never reads: no hooks, a zero gradient
@@ -367,12 +368,12 @@ bool holds_memory(const at::Tensor& p) { return p.storage().nbytes() > 0; }
 // unequal over the ranks, and with 4 ranks one rank without rows); stage 3 holds a
 // unit's weights only between its before and after hooks.
 void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::ScalarType master_dtype,
-                                      double rtol, ShardLevel level = ShardLevel::optimizer,
+                                      double rtol, parallel::ShardLevel level = parallel::ShardLevel::optimizer,
                                       const UnitCase& units = layers_only()) {
   const AdamWOptions adamw{0.05, 0.9, 0.95, 1e-8, 0.1};
   const double clip = 1.5;
   // Reference: the replicated path of the trainer (masters, summed grads, clip, AdamW).
-  NamedParams ref = odd_params(model_dtype, master_dtype);
+  model::NamedParams ref = odd_params(model_dtype, master_dtype);
   auto opt = make_adamw(ref, adamw);
   for (int t = 0; t < 3; ++t) {
     for (size_t i = 0; i < ref.size(); ++i) {
@@ -387,16 +388,18 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
   }
   const std::vector<int>& unit_of = units.unit_of;
   const bool tied = units.head >= 0 && units.head == units.embedding;
-  std::vector<NamedParams> got(P);
+  std::vector<model::NamedParams> got(P);
   std::vector<double> norms(P);
   std::vector<int64_t> state_bytes(P), step_bytes(P), sent(P), row_bytes(P), rows_sent(P);
   std::vector<std::shared_ptr<dist::CommStats>> stats;
   run_gloo_ranks(P, [&](int r, dist::GroupPtr world) {
-    NamedParams model = odd_params(model_dtype);
-    ShardedAdamW sharded(model, master_dtype, adamw, world, /*bucket_bytes=*/64, level, unit_of, units.uses);
-    const bool freed = level == ShardLevel::parameters;
-    const std::shared_ptr<model::LayerHooks> hooks = sharded.layer_hooks();
-    EXPECT_EQ(hooks == nullptr, level == ShardLevel::optimizer);
+    model::NamedParams model = odd_params(model_dtype);
+    const auto zero =
+        std::make_shared<parallel::ShardedModel>(model, master_dtype, world, /*bucket_bytes=*/64, level, unit_of, units.uses);
+    ShardedAdamW sharded(zero, adamw);
+    const bool freed = level == parallel::ShardLevel::parameters;
+    const std::shared_ptr<model::LayerHooks> hooks = parallel::make_zero_hooks(zero);
+    EXPECT_EQ(hooks == nullptr, level == parallel::ShardLevel::optimizer);
     // Unit `unit`'s gradients, times `scale` (added to what is there: a tied head's
     // gradient comes in two parts, each exactly half).
     auto give_grads = [&](int unit, int t, double scale = 1.0) {
@@ -452,7 +455,7 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
       } else {
         for (size_t i = 0; i < model.size(); ++i)
           EXPECT_EQ(holds_memory(model[i].second), !freed) << "between steps";
-        sharded.gather_step_weights();
+        zero->gather_step_weights();
         for (size_t i = 0; i < model.size(); ++i)
           if (unit_of[i] < 0) { EXPECT_TRUE(holds_memory(model[i].second)) << "kept for the step"; }
         if (units.embedding >= 0) use(units.embedding, false);
@@ -499,11 +502,11 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
     sent[r] = s.at(dist::CommKind::reduce_scatter, dist::Pass::forward).bytes +
               s.at(dist::CommKind::all_gather, dist::Pass::forward).bytes;
     rows_sent[r] = s.at(dist::CommKind::all_gather_v, dist::Pass::forward).bytes;
-    row_bytes[r] = units.embedding >= 0 && hooks ? sharded.lookup_row_bytes(most_rows) : 0;
-    sharded.gather_all();  // stage 3: the weights to compare (not a step's bytes)
+    row_bytes[r] = units.embedding >= 0 && hooks ? zero->lookup_row_bytes(most_rows) : 0;
+    zero->gather_all();  // stage 3: the weights to compare (not a step's bytes)
     got[r] = model;
     state_bytes[r] = sharded.state_bytes();
-    step_bytes[r] = sharded.step_bytes();
+    step_bytes[r] = zero->step_bytes();
   }, stats);
   for (int r = 0; r < P; ++r) {
     for (size_t i = 0; i < ref.size(); ++i) {
@@ -529,9 +532,9 @@ TEST(ShardedAdamW, EqualsReplicatedAdamWOnTwoThreeAndFourRanks) {
 }
 
 TEST(ShardedAdamW, GradientsAndParametersLevelsEqualReplicatedAdamW) {
-  for (ShardLevel level : {ShardLevel::gradients, ShardLevel::parameters})
+  for (parallel::ShardLevel level : {parallel::ShardLevel::gradients, parallel::ShardLevel::parameters})
     for (int P : {1, 3, 4}) expect_sharded_equals_replicated(P, at::kDouble, at::kDouble, 1e-12, level);
-  expect_sharded_equals_replicated(2, at::kBFloat16, at::kFloat, 1e-2, ShardLevel::parameters);
+  expect_sharded_equals_replicated(2, at::kBFloat16, at::kFloat, 1e-2, parallel::ShardLevel::parameters);
 }
 
 // The head and the embedding as units of their own: gathered around each use, a tied
@@ -541,9 +544,9 @@ TEST(ShardedAdamW, GradientsAndParametersLevelsEqualReplicatedAdamW) {
 // and a unit the step never reads, never gathered nor reduced.
 TEST(ShardedAdamW, HeadAndEmbeddingUnitsEqualReplicatedAdamW) {
   for (const UnitCase& units : {tied_head(), untied_head(), tied_head_and_vision_block(), unread_block()}) {
-    for (ShardLevel level : {ShardLevel::gradients, ShardLevel::parameters})
+    for (parallel::ShardLevel level : {parallel::ShardLevel::gradients, parallel::ShardLevel::parameters})
       for (int P : {1, 2, 3, 4}) expect_sharded_equals_replicated(P, at::kDouble, at::kDouble, 1e-12, level, units);
-    expect_sharded_equals_replicated(3, at::kBFloat16, at::kFloat, 1e-2, ShardLevel::parameters, units);
+    expect_sharded_equals_replicated(3, at::kBFloat16, at::kFloat, 1e-2, parallel::ShardLevel::parameters, units);
   }
 }
 
@@ -557,8 +560,9 @@ TEST(ShardedAdamW, LargeBucketsReduceInRounds) {
     std::vector<std::shared_ptr<dist::CommStats>> stats;
     std::vector<at::Tensor> got(P);
     run_gloo_ranks(P, [&](int r, dist::GroupPtr world) {
-      NamedParams model = {{"big", at::zeros({elements}, at::kDouble).requires_grad_(true)}};
-      ShardedAdamW sharded(model, at::kDouble, AdamWOptions{1.0, 0.9, 0.999, 1e-8, 0.0}, world, bucket_bytes);
+      model::NamedParams model = {{"big", at::zeros({elements}, at::kDouble).requires_grad_(true)}};
+      ShardedAdamW sharded(std::make_shared<parallel::ShardedModel>(model, at::kDouble, world, bucket_bytes),
+                           AdamWOptions{1.0, 0.9, 0.999, 1e-8, 0.0});
       model[0].second.mutable_grad() = at::arange(elements, at::kDouble) * (r + 1);
       sharded.step(0);
       const int64_t shard = (elements + P - 1) / P;
@@ -599,7 +603,7 @@ TEST(ShardedAdamW, UpdatesAShardASliceAtATime) {
   const at::Tensor start = at::linspace(-1.0, 1.0, elements, at::kDouble);
   auto grad = [&](int t) { return at::sin(at::arange(elements, at::kDouble) * (0.001 * (t + 1))); };
   for (int P : {1, 2}) {
-    NamedParams ref = {{"big.weight", start.clone().requires_grad_(true)}};
+    model::NamedParams ref = {{"big.weight", start.clone().requires_grad_(true)}};
     auto opt = make_adamw(ref, adamw);
     for (int t = 0; t < 3; ++t) {
       ref[0].second.mutable_grad() = grad(t) * P;
@@ -608,8 +612,8 @@ TEST(ShardedAdamW, UpdatesAShardASliceAtATime) {
     std::vector<at::Tensor> got(P);
     std::vector<std::shared_ptr<dist::CommStats>> stats;
     run_gloo_ranks(P, [&](int r, dist::GroupPtr world) {
-      NamedParams model = {{"big.weight", start.clone().requires_grad_(true)}};
-      ShardedAdamW sharded(model, at::kDouble, adamw, world);
+      model::NamedParams model = {{"big.weight", start.clone().requires_grad_(true)}};
+      ShardedAdamW sharded(std::make_shared<parallel::ShardedModel>(model, at::kDouble, world), adamw);
       for (int t = 0; t < 3; ++t) {
         sharded.zero_grad();
         model[0].second.mutable_grad() = grad(t);
@@ -630,8 +634,8 @@ TEST(ShardedAdamW, NonFiniteGradientNamesTheParameterOnEveryRank) {
   std::vector<std::string> errors(2);
   std::vector<std::shared_ptr<dist::CommStats>> stats;
   run_gloo_ranks(2, [&](int r, dist::GroupPtr world) {
-    NamedParams model = odd_params(at::kDouble);
-    ShardedAdamW sharded(model, at::kDouble, AdamWOptions{}, world, 64);
+    model::NamedParams model = odd_params(at::kDouble);
+    ShardedAdamW sharded(std::make_shared<parallel::ShardedModel>(model, at::kDouble, world, 64), AdamWOptions{});
     const at::Tensor before = model[4].second.detach().clone();
     for (auto& [name, p] : model) p.mutable_grad() = at::ones_like(p);
     model[4].second.mutable_grad()[3][1] = std::nan("");
@@ -644,10 +648,10 @@ TEST(ShardedAdamW, NonFiniteGradientNamesTheParameterOnEveryRank) {
 }
 
 TEST(ShardedAdamW, RefusesUnknownLevels) {
-  EXPECT_EQ(parse_shard_level("optimizer"), ShardLevel::optimizer);
-  EXPECT_EQ(parse_shard_level("gradients"), ShardLevel::gradients);
-  EXPECT_EQ(parse_shard_level("parameters"), ShardLevel::parameters);
-  EXPECT_THAT(error_of([] { parse_shard_level("weights"); }),
+  EXPECT_EQ(parallel::parse_shard_level("optimizer"), parallel::ShardLevel::optimizer);
+  EXPECT_EQ(parallel::parse_shard_level("gradients"), parallel::ShardLevel::gradients);
+  EXPECT_EQ(parallel::parse_shard_level("parameters"), parallel::ShardLevel::parameters);
+  EXPECT_THAT(error_of([] { parallel::parse_shard_level("weights"); }),
               HasSubstr("--shard \"weights\" is unknown; use none, optimizer (ZeRO-1), gradients (ZeRO-2) or "
                         "parameters (ZeRO-3)"));
 }

@@ -23,7 +23,7 @@
 #include "mmsp/plan/vision_split.h"
 #include "mmsp/train/memory/memory_estimate.h"
 #include "mmsp/train/metrics.h"
-#include "mmsp/train/optim/shard_level.h"
+#include "mmsp/parallel/zero/shard_level.h"
 
 namespace mmsp::train {
 
@@ -185,7 +185,7 @@ struct TrainReport {
 struct ParsedTrainOptions {
   at::ScalarType dtype = at::kFloat;             // the compute dtype
   std::optional<at::ScalarType> save_dtype;      // hf/ of the checkpoints; unset: as the weights came
-  ShardLevel shard_level = ShardLevel::none;
+  parallel::ShardLevel shard_level = parallel::ShardLevel::none;
 };
 
 // Checks the options (clear errors, on every rank, before any collective) and gives the

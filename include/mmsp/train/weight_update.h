@@ -1,10 +1,11 @@
 // What the trainer does between a backward and the next forward, and what it saves:
 // the gradients summed over the world, clipped, AdamW, the new weights in the model.
 // Two ways, chosen by --shard:
-//   none       every rank holds the whole optimizer state: GradSync's bucketed
+//   none       every rank holds the whole optimizer state: parallel::GradSync's bucketed
 //              all-reduce, clip_grad_norm, torch's AdamW over the (fp32 master) weights;
 //   optimizer, gradients, parameters
-//              ZeRO-1/2/3: ShardedAdamW (sharded_adamw.h) over a P-th of it per rank.
+//              ZeRO-1/2/3: ShardedAdamW (sharded_adamw.h) over the P-th of it per rank
+//              that parallelize installed (parallel/zero/sharded_model.h).
 // Both take the same flags and give the same training (fp64: equal to round-off).
 #pragma once
 
@@ -19,10 +20,10 @@
 #include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/hf/hf_directory.h"
-#include "mmsp/model/hooks/layer_hooks.h"
 #include "mmsp/train/checkpoint/checkpoint.h"
-#include "mmsp/train/optim/named_params.h"
+#include "mmsp/model/named_params.h"
 #include "mmsp/train/optim/optimizer.h"
+#include "mmsp/parallel/zero/sharded_model.h"
 #include "mmsp/train/optim/sharded_adamw.h"
 
 namespace mmsp::train {
@@ -57,22 +58,17 @@ class WeightUpdate {
   // The training weights by name (the masters where they are whole; else the model's).
   // With --shard parameters the hooked units' weights are empty between uses: call
   // gather_weights() (every rank) before reading their values.
-  virtual NamedParams weights() const = 0;
+  virtual model::NamedParams weights() const = 0;
   virtual void gather_weights() {}
-  // What the decoder calls around each layer (--shard gradients|parameters), or null.
-  virtual std::shared_ptr<model::LayerHooks> layer_hooks() { return nullptr; }
   // For the start-up line: "fp32 master weights", "optimizer state sharded over 4 ranks".
   virtual std::string describe() const = 0;
 };
 
 // `model_params`: the model's parameters in its compute dtype; master_dtype: the
-// optimizer's (fp32 for a bf16 model: mixed precision); units: the model's hooked units
-// (Decoder::hook_units), needed by --shard gradients|parameters.
-std::unique_ptr<WeightUpdate> make_weight_update(ShardLevel level, NamedParams model_params,
-                                                 at::ScalarType master_dtype, const AdamWOptions& options,
-                                                 const dist::Mesh& mesh, const std::vector<model::HookUnit>& units = {});
-
-// For each of `params`, the index of the entry of `units` that holds it, or −1.
-std::vector<int> unit_index_of(const NamedParams& params, const std::vector<model::HookUnit>& units);
+// optimizer's (fp32 for a bf16 model: mixed precision). `sharded`: the model's ZeRO
+// sharding (parallel::parallelize's), stepped by a ShardedAdamW; null: the replicated update.
+std::unique_ptr<WeightUpdate> make_weight_update(model::NamedParams model_params, at::ScalarType master_dtype,
+                                                 const AdamWOptions& options, const dist::Mesh& mesh,
+                                                 std::shared_ptr<parallel::ShardedModel> sharded = nullptr);
 
 }  // namespace mmsp::train

@@ -125,14 +125,14 @@ void apply_keep_last(const std::string& dir, int64_t step, int keep_last, bool c
   checkpoint_io::sync_dir(dir);
 }
 
-NamedParams named(const torch::nn::Module& model) {
-  NamedParams out;
+model::NamedParams named(const torch::nn::Module& model) {
+  model::NamedParams out;
   for (const auto& item : model.named_parameters()) out.emplace_back(item.key(), item.value());
   return out;
 }
 
 // Does hf/ in `save_dtype` hold every weight exactly? Else master/ is written too.
-bool needs_master_copy(const NamedParams& weights, const std::optional<at::ScalarType>& save_dtype) {
+bool needs_master_copy(const model::NamedParams& weights, const std::optional<at::ScalarType>& save_dtype) {
   if (!save_dtype) return false;
   for (const auto& [name, w] : weights)
     if (at::isFloatingType(w.scalar_type()) && w.scalar_type() != *save_dtype) return true;
@@ -176,7 +176,7 @@ bool same_model_config(const std::string& a, const std::string& b) {
 
 namespace {
 
-void save_step(const std::string& dir, int64_t step, const NamedParams& weights, const AdamWState* adamw,
+void save_step(const std::string& dir, int64_t step, const model::NamedParams& weights, const AdamWState* adamw,
                const json& state, const std::string& config_json, const CheckpointOptions& options) {
   const std::string name = step_dir_name(step);
   MMSP_CHECK(options.keep_last >= 0, "save_checkpoint: keep_last (", options.keep_last,
@@ -191,7 +191,7 @@ void save_step(const std::string& dir, int64_t step, const NamedParams& weights,
   const json train_state = check_train_state(full, "save_checkpoint: state");
   const json config = parse_json(config_json, "save_checkpoint: config_json");
   MMSP_CHECK(config.is_object(), "save_checkpoint: config_json must be a JSON object");
-  check_named_params(weights, "save_checkpoint");
+  model::check_named_params(weights, "save_checkpoint");
 
   fs::create_directories(dir);
   remove_leftovers(dir, options.optimizer_shards_staged);
@@ -252,17 +252,17 @@ std::string shard_staging_dir(const std::string& dir, int64_t step) {
   return dir + "/." + step_dir_name(step) + kTmpMark + "shards";
 }
 
-void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& weights,
+void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights,
                      const torch::optim::AdamW& optimizer, const json& state,
                      const std::string& config_json, const CheckpointOptions& options) {
   MMSP_CHECK(options.optimizer_shards_staged.empty(),
              "save_checkpoint: an AdamW optimizer and staged optimizer shards are given; use one");
-  check_named_params(weights, "save_checkpoint");
+  model::check_named_params(weights, "save_checkpoint");
   const AdamWState adamw = capture_adamw_state(optimizer, weights);
   save_step(dir, step, weights, &adamw, state, config_json, options);
 }
 
-void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& weights, const json& state,
+void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights, const json& state,
                      const std::string& config_json, const CheckpointOptions& options) {
   MMSP_CHECK(options.optimizer_shards_staged == shard_staging_dir(dir, step),
              "save_checkpoint: staged optimizer shards must be in ", shard_staging_dir(dir, step), ", not \"",
@@ -369,7 +369,7 @@ void restore(const Checkpoint& c, torch::nn::Module& model, torch::optim::AdamW&
   restore(c, named(model), optimizer);
 }
 
-void restore(const Checkpoint& c, const NamedParams& weights, torch::optim::AdamW& optimizer) {
+void restore(const Checkpoint& c, const model::NamedParams& weights, torch::optim::AdamW& optimizer) {
   const bool legacy = c.weights.tensors.empty() && !c.legacy_model.empty();
   const std::string model_path = legacy ? c.path + "/" + kLegacyModelFile : c.weights.path;
   // The checkpoint holds our own names: no aliases, nothing tied away.

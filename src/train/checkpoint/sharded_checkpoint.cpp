@@ -33,7 +33,7 @@ std::string optimizer_shard_file(int rank, int world) {
 
 std::map<std::string, at::Tensor> optimizer_shard_tensors(const ShardedAdamW& optimizer) {
   std::map<std::string, at::Tensor> tensors;
-  for (const ShardPiece& piece : optimizer.pieces()) {
+  for (const parallel::ShardPiece& piece : optimizer.pieces()) {
     const std::string& name = optimizer.model_params()[piece.param].first;
     for (ShardTensor which : {ShardTensor::master, ShardTensor::exp_avg, ShardTensor::exp_avg_sq})
       tensors[name + kSuffix[static_cast<int>(which)]] = optimizer.piece(piece, which);
@@ -43,7 +43,7 @@ std::map<std::string, at::Tensor> optimizer_shard_tensors(const ShardedAdamW& op
 
 std::map<std::string, std::string> optimizer_shard_metadata(const ShardedAdamW& optimizer, int rank, int world) {
   json pieces = json::object();
-  for (const ShardPiece& piece : optimizer.pieces())
+  for (const parallel::ShardPiece& piece : optimizer.pieces())
     pieces[optimizer.model_params()[piece.param].first] = {piece.param_offset, piece.length};
   const json meta = {{"rank", rank}, {"world", world}, {"step", optimizer.steps_taken()}, {"pieces", pieces}};
   return {{"format", kFormat}, {kFormat, meta.dump()}};
@@ -148,7 +148,7 @@ at::Tensor read_optimizer_shards(const OptimizerShards& shards, const std::strin
 }
 
 std::map<std::string, AdamWParamMoments> gather_adamw_moments(const OptimizerShards& shards,
-                                                              const NamedParams& weights) {
+                                                              const model::NamedParams& weights) {
   std::map<std::string, AdamWParamMoments> moments;
   if (shards.steps == 0) return moments;  // no step taken: no state, as AdamW keeps none
   for (const auto& [name, w] : weights) {

@@ -9,7 +9,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/model/family.h"
 #include "mmsp/train/loss/chunked_loss.h"
-#include "mmsp/train/optim/grad_sync.h"
+#include "mmsp/parallel/grad_sync.h"
 #include "mmsp/train/optim/sharded_adamw.h"
 
 namespace mmsp::train {
@@ -220,7 +220,7 @@ void add_replicated_state(MemoryEstimate& e, const ParameterCensus& c, const Wid
   e.gradients = P * b + (c.tied ? 2 * c.head * b : 0);
   e.update_gradients = P * m;
   e.update_working_set =
-      std::max({std::min(P * m, kDefaultBucketBytes), largest * m, w.mixed ? largest * b : 0, 2 * largest * m});
+      std::max({std::min(P * m, parallel::kDefaultBucketBytes), largest * m, w.mixed ? largest * b : 0, 2 * largest * m});
 }
 
 // Sharded training state (--shard optimizer | gradients | parameters). Returns, under
@@ -237,13 +237,13 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
   // (sharded_weights.cpp), so a unit's rounds are at most its own bytes.
   const int64_t W = std::max(in.shard_world, 1), shard = (P + W - 1) / W;
   auto rounds_of = [&](int64_t elements, int64_t largest_one) {
-    return 3 * std::min(std::min(elements, std::max(largest_one, kDefaultBucketBytes / b)) * m, 2 * kDefaultBucketBytes);
+    return 3 * std::min(std::min(elements, std::max(largest_one, parallel::kDefaultBucketBytes / b)) * m, 2 * parallel::kDefaultBucketBytes);
   };
   const int64_t rounds = rounds_of(P, largest);
   const int64_t slices = 2 * std::min(shard, ShardedAdamW::kUpdateSlice) * m;  // the update's sqrt, denominator
   e.master_weights = shard * m;
   e.optimizer = 2 * shard * m;
-  if (in.shard_level == ShardLevel::optimizer) {
+  if (in.shard_level == parallel::ShardLevel::optimizer) {
     // Stage 1: the model's gradients whole through the backward (and a tied
     // embedding's lookup gradient); after it every bucket is reduced: the
     // model's gradients go as their shards come (N·max(b, m/W)), a bucket's shard
@@ -264,7 +264,7 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
   e.head_reduction = (c.head + W - 1) / W * m + rounds_of(c.head, c.head);
   e.update_gradients = shard * m + kept * b;
   e.update_working_set = 2 * W * w.lookup_rows * b + rounds_of(kept, c.largest_kept) + slices;
-  if (in.shard_level != ShardLevel::parameters) return 0;
+  if (in.shard_level != parallel::ShardLevel::parameters) return 0;
   // Stage 3: whole for the step only the weights outside the units; besides them a
   // unit in use and the next one's gather in flight, which holds its buffer and,
   // under Gloo, a flat copy of it until it lands (2 units' bytes). In the forward
@@ -380,7 +380,7 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
   // head's: measured, both live beside the model's gradients at the end of the backward.
   e.head_gradient = census.head * w.b;
   int64_t row_round_logits = 0;
-  if (in.shard_level == ShardLevel::none)
+  if (in.shard_level == parallel::ShardLevel::none)
     add_replicated_state(e, census, w);
   else
     row_round_logits = add_sharded_state(e, config, census, w, in);

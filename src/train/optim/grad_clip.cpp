@@ -8,25 +8,17 @@
 #include <vector>
 
 #include "mmsp/core/check.h"
+#include "mmsp/parallel/sum_of_squares.h"
 
 namespace mmsp::train {
 
-at::Tensor sum_of_squares(const at::Tensor& x) {
-  constexpr int64_t kSlice = int64_t{1} << 18;
-  const at::Tensor flat = x.reshape({-1});
-  at::Tensor sum = at::zeros({1}, flat.options().dtype(at::kDouble));
-  for (int64_t first = 0; first < flat.numel(); first += kSlice)
-    sum.add_(flat.narrow(0, first, std::min(kSlice, flat.numel() - first)).to(at::kDouble).square().sum());
-  return sum;
-}
-
-double clip_grad_norm(const NamedParams& named_params, double max_norm) {
+double clip_grad_norm(const model::NamedParams& named_params, double max_norm) {
   at::NoGradGuard no_grad;
   // Σ g² per parameter in fp64, kept on the grads' device until one read at the end.
   std::vector<std::pair<size_t, at::Tensor>> squares;
   for (size_t i = 0; i < named_params.size(); ++i) {
     const at::Tensor& grad = named_params[i].second.grad();
-    if (grad.defined()) squares.emplace_back(i, sum_of_squares(grad));
+    if (grad.defined()) squares.emplace_back(i, parallel::sum_of_squares(grad));
   }
   std::vector<at::Tensor> per_device;  // one running sum per device: one copy each
   for (const auto& entry : squares) {

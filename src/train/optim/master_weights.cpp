@@ -7,9 +7,9 @@
 
 namespace mmsp::train {
 
-MasterWeights::MasterWeights(NamedParams model_params, at::ScalarType master_dtype)
+MasterWeights::MasterWeights(model::NamedParams model_params, at::ScalarType master_dtype)
     : model_(std::move(model_params)), dtype_(master_dtype) {
-  check_named_params(model_, "MasterWeights");
+  model::check_named_params(model_, "MasterWeights");
   for (const auto& [name, p] : model_) mixed_ = mixed_ || p.scalar_type() != master_dtype;
   if (!mixed_) {
     masters_ = model_;

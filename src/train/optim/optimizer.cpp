@@ -19,11 +19,11 @@ void check_adamw_options(const AdamWOptions& options) {
              "AdamW: weight_decay (", options.weight_decay, ") must be a finite number ≥ 0");
 }
 
-std::unique_ptr<torch::optim::AdamW> make_adamw(const NamedParams& named_params,
+std::unique_ptr<torch::optim::AdamW> make_adamw(const model::NamedParams& named_params,
                                                 const AdamWOptions& options) {
   check_adamw_options(options);
   const double beta1 = options.beta1, beta2 = options.beta2;
-  check_named_params(named_params, "AdamW");
+  model::check_named_params(named_params, "AdamW");
 
   std::vector<at::Tensor> decay, no_decay;
   for (const auto& [name, p] : named_params) (p.dim() >= 2 ? decay : no_decay).push_back(p);

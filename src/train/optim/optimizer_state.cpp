@@ -20,14 +20,14 @@ constexpr const char* kFormat = "mmsp.adamw";
 const char* const kMoments[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
 
 // TensorImpl -> the first name it is given.
-std::unordered_map<const void*, std::string> names_of(const NamedParams& params) {
+std::unordered_map<const void*, std::string> names_of(const model::NamedParams& params) {
   std::unordered_map<const void*, std::string> out;
   for (const auto& [name, p] : params) out.emplace(p.unsafeGetTensorImpl(), name);
   return out;
 }
 
-NamedParams named(const torch::nn::Module& model) {
-  NamedParams out;
+model::NamedParams named(const torch::nn::Module& model) {
+  model::NamedParams out;
   for (const auto& item : model.named_parameters()) out.emplace_back(item.key(), item.value());
   return out;
 }
@@ -52,7 +52,7 @@ AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer,
   return capture_adamw_state(optimizer, named(model));
 }
 
-AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer, const NamedParams& params) {
+AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer, const model::NamedParams& params) {
   const auto names = names_of(params);
   AdamWState out;
   for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
@@ -83,7 +83,7 @@ void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer,
 }
 
 void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer,
-                       const NamedParams& params, const std::string& source) {
+                       const model::NamedParams& params, const std::string& source) {
   const auto names = names_of(params);
   auto& groups = optimizer.param_groups();
   MMSP_CHECK(groups.size() == state.groups.size(), source, ": the optimizer has ", groups.size(),

@@ -1,4 +1,4 @@
-// ZeRO-1 AdamW over shards of the gradient buckets; see sharded_adamw.h.
+// AdamW over ZeRO's shards; see sharded_adamw.h.
 #include "mmsp/train/optim/sharded_adamw.h"
 
 #include <ATen/ATen.h>
@@ -8,117 +8,17 @@
 #include <cmath>
 
 #include "mmsp/core/check.h"
-#include "mmsp/dist/all_gather_v.h"
-#include "mmsp/dist/all_reduce.h"
-#include "mmsp/dist/shard_collectives.h"
-#include "mmsp/train/optim/grad_clip.h"
 
 namespace mmsp::train {
 
-std::vector<ShardUnitUse> shard_unit_uses(const std::vector<model::HookUnit>& units) {
-  std::vector<ShardUnitUse> uses;
-  for (const model::HookUnit& u : units)
-    uses.push_back(ShardUnitUse{u.forward_uses + (u.backward_hooks ? 1 : 0), u.backward_hooks, u.prefetched,
-                                u.lookup_rows, u.vocab_rows});
-  return uses;
-}
-
-// The model's hooks for stages 2 and 3 (see the top of sharded_adamw.h).
-class ShardedLayerHooks : public model::LayerHooks {
- public:
-  explicit ShardedLayerHooks(ShardedAdamW& sharded) : sharded_(sharded) {}
-  // A chain of units i, i+1, ... (each one `prefetched` but the first) runs forward in
-  // that order and backward in the reverse one: each unit prefetches the next one.
-  void before_forward(size_t unit) override {
-    sharded_.weights_.gather_unit(static_cast<int>(unit));
-    sharded_.weights_.prefetch_unit(static_cast<int>(unit) + 1);
-  }
-  void after_forward(size_t unit) override { sharded_.weights_.release_unit(static_cast<int>(unit)); }
-  void before_backward(size_t unit) override {
-    sharded_.weights_.gather_unit(static_cast<int>(unit));
-    if (sharded_.use_of(static_cast<int>(unit)).prefetched) sharded_.weights_.prefetch_unit(static_cast<int>(unit) - 1);
-  }
-  void after_backward(size_t unit) override {
-    sharded_.reduce_unit(static_cast<int>(unit));
-    sharded_.weights_.release_unit(static_cast<int>(unit));
-  }
-  std::shared_ptr<model::RowShardedWeight> row_sharded(size_t unit) override {
-    return sharded_.row_table(static_cast<int>(unit));
-  }
-  void lookup_backward(size_t unit, const at::Tensor& token_ids, const at::Tensor& grad_rows) override {
-    sharded_.keep_lookup_rows(static_cast<int>(unit), token_ids, grad_rows);
-  }
-
- private:
-  ShardedAdamW& sharded_;
-};
-
-ShardedAdamW::ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
-                           dist::GroupPtr world, int64_t bucket_bytes, ShardLevel level, std::vector<int> unit_of,
-                           std::vector<ShardUnitUse> uses)
-    : model_(std::move(model_params)), options_(options), world_(std::move(world)), master_dtype_(master_dtype),
-      uses_(std::move(uses)), level_(level),
-      weights_(model_, world_, level == ShardLevel::parameters, 2 * bucket_bytes) {
-  MMSP_CHECK(world_, "ShardedAdamW: the world group is null");
-  MMSP_CHECK(level_ != ShardLevel::none, "ShardedAdamW: shard level none is the replicated update");
-  check_named_params(model_, "ShardedAdamW");
+ShardedAdamW::ShardedAdamW(std::shared_ptr<parallel::ShardedModel> sharded, const AdamWOptions& options)
+    : sharded_(std::move(sharded)), options_(options) {
+  MMSP_CHECK(sharded_, "ShardedAdamW: no sharded model");
   check_adamw_options(options_);
-  MMSP_CHECK(at::isFloatingType(master_dtype_), "ShardedAdamW: master dtype ", master_dtype_,
-             " is not floating point");
-  if (level_ == ShardLevel::optimizer) unit_of.clear();  // stage 1 reduces after the backward, in any buckets
-  MMSP_CHECK(unit_of.empty() || unit_of.size() == model_.size(), "ShardedAdamW: ", unit_of.size(),
-             " unit indices for ", model_.size(), " parameters");
-  const int64_t P = world_->size(), r = world_->rank();
-  at::NoGradGuard no_grad;
-  for (const GradBucket& bucket : make_grad_buckets(model_, bucket_bytes, unit_of)) {
-    Shard s;
-    s.bucket = bucket;
-    s.shard = (bucket.numel + P - 1) / P;
-    // Stage 3's [V, h] tables alone in their bucket: row-aligned shards, read by rows.
-    const at::Tensor& first_param = model_[bucket.params.front()].second;
-    const bool by_rows = level_ == ShardLevel::parameters && bucket.unit >= 0 && use_of(bucket.unit).by_rows &&
-                         bucket.params.size() == 1 && first_param.dim() == 2;
-    if (by_rows) s.shard = RowShardedTable::rows_per_rank(first_param.size(0), static_cast<int>(P)) * first_param.size(1);
-    const auto options = at::TensorOptions().dtype(master_dtype_).device(bucket.device);
-    s.master = at::zeros({s.shard}, options);
-    s.exp_avg = at::zeros({s.shard}, options);
-    s.exp_avg_sq = at::zeros({s.shard}, options);
-    const int64_t begin = r * s.shard, end = begin + s.shard;  // my elements of the bucket
-    int64_t offset = 0;
-    for (size_t i : bucket.params) {
-      const at::Tensor& p = model_[i].second;
-      const int64_t first = std::max(begin, offset), last = std::min(end, offset + p.numel());
-      if (first < last) {
-        ShardPiece piece{i, first - offset, last - first, shards_.size(), first - begin};
-        s.master.narrow(0, piece.shard_offset, piece.length)
-            .copy_(p.detach().reshape({-1}).narrow(0, piece.param_offset, piece.length));
-        pieces_.push_back(piece);
-      }
-      offset += p.numel();
-    }
-    if (bucket.unit >= 0) {
-      if (unit_buckets_.size() <= static_cast<size_t>(bucket.unit)) unit_buckets_.resize(bucket.unit + 1);
-      unit_buckets_[bucket.unit].push_back(shards_.size());
-    }
-    weights_.add_bucket(bucket, s.shard, s.master, use_of(bucket.unit).prefetched, by_rows);
-    if (by_rows) {
-      if (row_tables_.size() <= static_cast<size_t>(bucket.unit)) row_tables_.resize(bucket.unit + 1);
-      const size_t index = shards_.size();
-      row_tables_[bucket.unit] = std::make_shared<RowShardedTable>(
-          first_param.size(0), first_param.size(1), s.master,
-          [this, index] {
-            ensure_grad(shards_[index]);
-            return shards_[index].grad;
-          },
-          bucket.dtype, world_);
-    }
-    shards_.push_back(std::move(s));
+  for (size_t b = 0; b < sharded_->bucket_count(); ++b) {
+    const at::Tensor& master = sharded_->master(b);
+    moments_.push_back(Moments{at::zeros_like(master), at::zeros_like(master)});
   }
-}
-
-std::shared_ptr<model::LayerHooks> ShardedAdamW::layer_hooks() {
-  if (level_ == ShardLevel::optimizer) return nullptr;
-  return std::make_shared<ShardedLayerHooks>(*this);
 }
 
 void ShardedAdamW::set_lr(double lr) {
@@ -126,202 +26,16 @@ void ShardedAdamW::set_lr(double lr) {
   options_.lr = lr;
 }
 
-void ShardedAdamW::copy_from_model() {
-  at::NoGradGuard no_grad;
-  for (const ShardPiece& piece : pieces_)
-    this->piece(piece, ShardTensor::master)
-        .copy_(model_[piece.param].second.detach().reshape({-1}).narrow(0, piece.param_offset, piece.length));
+at::Tensor ShardedAdamW::piece(const parallel::ShardPiece& piece, ShardTensor which) const {
+  if (which == ShardTensor::master) return sharded_->master_piece(piece);
+  const Moments& m = moments_.at(piece.bucket);
+  return (which == ShardTensor::exp_avg ? m.exp_avg : m.exp_avg_sq).narrow(0, piece.shard_offset, piece.length);
 }
-
-void ShardedAdamW::zero_grad() {
-  for (auto& [name, p] : model_) p.mutable_grad().reset();
-  for (Shard& s : shards_) s.grad.reset();
-  lookup_rows_.clear();
-}
-
-at::Tensor ShardedAdamW::piece(const ShardPiece& piece, ShardTensor which) const {
-  const Shard& s = shards_.at(piece.bucket);
-  const at::Tensor& t = which == ShardTensor::master ? s.master : which == ShardTensor::exp_avg ? s.exp_avg : s.exp_avg_sq;
-  return t.narrow(0, piece.shard_offset, piece.length);
-}
-
-at::Tensor ShardedAdamW::pack_grad_round(const Shard& s, int64_t first, int64_t n) const {
-  const int64_t P = world_->size();
-  at::Tensor rows = at::empty({P, n}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
-  for (int64_t r = 0; r < P; ++r) pack_bucket_range(model_, s.bucket, r * s.shard + first, rows[r], "ShardedAdamW");
-  return rows.view({-1});
-}
-
-double ShardedAdamW::global_norm(const std::vector<at::Tensor>& grads) const {
-  // Summed where the shards live, then read once (not one device-to-host copy a bucket).
-  at::Tensor local;
-  for (const at::Tensor& g : grads) local = local.defined() ? local + sum_of_squares(g) : sum_of_squares(g);
-  at::Tensor sum = local.defined() ? local.cpu() : at::zeros({1}, at::kDouble);
-  dist::all_reduce_(sum, *world_);
-  const double norm = std::sqrt(sum.item<double>());
-  if (std::isfinite(norm)) return norm;
-  std::string culprit = "(none in this rank's shards)";
-  for (const ShardPiece& piece : pieces_)
-    if (!grads[piece.bucket].narrow(0, piece.shard_offset, piece.length).isfinite().all().item<bool>()) {
-      culprit = "\"" + model_[piece.param].first + "\"";
-      break;
-    }
-  MMSP_FAIL("gradient norm is ", norm, " (not finite); first parameter with a non-finite gradient ",
-            "in rank ", world_->rank(), "'s shard: ", culprit, ". Lower the learning rate or check the data");
-}
-
-void ShardedAdamW::reduce_bucket(Shard& s) {
-  at::NoGradGuard no_grad;
-  // In rounds of at most round_bytes_ packed per rank: a bucket far larger than the
-  // others (one parameter, such as a 248,320-row embedding) is never packed or received
-  // whole, which would hold two more copies of its gradient. The bytes are those of one
-  // reduce-scatter of the whole bucket.
-  const int64_t per_round = weights_.elements_per_round(master_dtype_);
-  ensure_grad(s);
-  for (int64_t first = 0; first < s.shard; first += per_round) {
-    const int64_t n = std::min(per_round, s.shard - first);
-    s.grad.narrow(0, first, n).add_(dist::reduce_scatter(pack_grad_round(s, first, n), *world_));
-  }
-  for (size_t i : s.bucket.params) model_[i].second.mutable_grad().reset();  // reduced: the memory goes back now
-}
-
-const std::vector<size_t>& ShardedAdamW::unit_shards(int unit) const {
-  static const std::vector<size_t> none;
-  return unit >= 0 && static_cast<size_t>(unit) < unit_buckets_.size() ? unit_buckets_[unit] : none;
-}
-
-const ShardUnitUse& ShardedAdamW::use_of(int unit) const {
-  static const ShardUnitUse layer;
-  return unit >= 0 && static_cast<size_t>(unit) < uses_.size() ? uses_[unit] : layer;
-}
-
-std::shared_ptr<RowShardedTable> ShardedAdamW::row_table(int unit) const {
-  return unit >= 0 && static_cast<size_t>(unit) < row_tables_.size() ? row_tables_[unit] : nullptr;
-}
-
-bool ShardedAdamW::dense_gradient(int unit) const { return use_of(unit).dense_gradient && !row_table(unit); }
-
-void ShardedAdamW::reduce_unit(int unit) {
-  if (!dense_gradient(unit)) return;
-  for (size_t b : unit_shards(unit)) reduce_bucket(shards_[b]);
-}
-
-void ShardedAdamW::ensure_grad(Shard& s) const {
-  if (!s.grad.defined()) s.grad = at::zeros({s.shard}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
-}
-
-bool ShardedAdamW::is_lookup_unit(int unit) const {
-  return level_ != ShardLevel::optimizer && use_of(unit).lookup_rows && !unit_shards(unit).empty();
-}
-
-const at::Tensor& ShardedAdamW::lookup_table(int unit) const {
-  return model_[shards_[unit_shards(unit).front()].bucket.params.front()].second;
-}
-
-void ShardedAdamW::keep_lookup_rows(int unit, const at::Tensor& token_ids, const at::Tensor& rows) {
-  MMSP_CHECK(is_lookup_unit(unit),
-             "ShardedAdamW: unit ", unit, " handed over lookup gradient rows, but it is not a lookup unit");
-  MMSP_CHECK(token_ids.dim() == 1 && rows.dim() == 2 && rows.size(0) == token_ids.size(0),
-             "ShardedAdamW: lookup rows ", rows.sizes(), " for token ids ", token_ids.sizes(),
-             " (want [n, h] and [n])");
-  if (lookup_rows_.size() <= static_cast<size_t>(unit)) lookup_rows_.resize(unit + 1);
-  lookup_rows_[unit].push_back(LookupRows{token_ids.to(at::kLong), rows.detach()});
-}
-
-namespace {
-
-// Adds rows[k] to row ids[k] of a [V, h] matrix whose flattened elements [first,
-// first + piece.numel()) are `piece` (a shard may start or end inside a row).
-void add_rows_to_piece(at::Tensor piece, int64_t first, int64_t h, const at::Tensor& ids, const at::Tensor& rows) {
-  const int64_t last = first + piece.numel();
-  const int64_t whole_begin = (first + h - 1) / h, whole_end = last / h;  // rows wholly inside
-  if (whole_begin < whole_end) {
-    const at::Tensor in = ((ids >= whole_begin) & (ids < whole_end)).nonzero().squeeze(1);
-    piece.narrow(0, whole_begin * h - first, (whole_end - whole_begin) * h)
-        .view({whole_end - whole_begin, h})
-        .index_add_(0, ids.index_select(0, in) - whole_begin, rows.index_select(0, in).to(piece.scalar_type()));
-  }
-  // The rows cut by the piece's ends: their part inside it.
-  std::vector<int64_t> cut;
-  if (first % h != 0) cut.push_back(first / h);
-  if (last % h != 0 && (cut.empty() || cut[0] != last / h)) cut.push_back(last / h);
-  for (int64_t row : cut) {
-    const int64_t begin = std::max(first, row * h), end = std::min(last, (row + 1) * h);
-    if (begin >= end) continue;
-    const at::Tensor in = (ids == row).nonzero().squeeze(1);
-    if (in.numel() == 0) continue;
-    const at::Tensor sum = rows.index_select(0, in).to(piece.scalar_type()).sum(0);
-    piece.narrow(0, begin - first, end - begin).add_(sum.narrow(0, begin - row * h, end - begin));
-  }
-}
-
-}  // namespace
-
-void ShardedAdamW::add_lookup_rows(int unit) {
-  at::NoGradGuard no_grad;
-  const std::vector<size_t>& buckets = unit_shards(unit);
-  const at::Tensor& weight = lookup_table(unit);
-  MMSP_CHECK(weight.dim() == 2, "ShardedAdamW: lookup unit ", unit, " has a ", weight.dim(),
-             "-d weight; a token lookup reads a [V, h] table");
-  const int64_t h = weight.size(1);
-  std::vector<LookupRows> mine = unit < static_cast<int>(lookup_rows_.size()) ? std::move(lookup_rows_[unit])
-                                                                               : std::vector<LookupRows>{};
-  // ids and rows on the table's device on every rank (a rank without rows too), so that
-  // every rank's gather takes the same backend.
-  at::Tensor ids = at::empty({0}, weight.options().dtype(at::kLong).requires_grad(false)),
-             rows = at::empty({0, h}, weight.options().requires_grad(false));
-  if (!mine.empty()) {
-    std::vector<at::Tensor> all_ids, all_rows;
-    for (const LookupRows& l : mine)
-      all_ids.push_back(l.ids.to(weight.device())), all_rows.push_back(l.rows.to(weight.scalar_type()));
-    ids = at::cat(all_ids), rows = at::cat(all_rows);
-  }
-  MMSP_CHECK(rows.size(1) == h, "ShardedAdamW: lookup rows of width ", rows.size(1), " for a table of width ", h);
-  // Every rank's rows: the counts first (they may differ), then ids and rows.
-  const std::vector<int64_t> ones(world_->size(), 1);
-  const at::Tensor counts_t = dist::all_gather_v(at::full({1}, ids.size(0), at::kLong), ones, world_);
-  const std::vector<int64_t> counts(counts_t.data_ptr<int64_t>(), counts_t.data_ptr<int64_t>() + counts_t.numel());
-  const at::Tensor world_ids = dist::all_gather_v(ids, counts, world_);
-  const at::Tensor world_rows = dist::all_gather_v(rows, counts, world_);
-  for (size_t b : buckets) ensure_grad(shards_[b]);
-  for (const ShardPiece& piece : pieces_)
-    if (shards_[piece.bucket].bucket.unit == unit && model_[piece.param].second.is_same(weight))
-      add_rows_to_piece(shards_[piece.bucket].grad.narrow(0, piece.shard_offset, piece.length), piece.param_offset,
-                        h, world_ids, world_rows);
-}
-
-void ShardedAdamW::gather_step_weights() { weights_.gather_outside_units(); }
-
-void ShardedAdamW::gather_all() { weights_.gather_all(); }
-
-void ShardedAdamW::release_gathered() { weights_.release_all(); }
 
 double ShardedAdamW::step(double max_norm) {
   at::NoGradGuard no_grad;
-  // What the backward's hooks did not reduce yet (stage 1: everything), in bucket order
-  // on every rank; a gradient that reached a layer after its hook is a bug in the hooks.
-  std::vector<at::Tensor> grads;  // [shard] per bucket: the world's sum
-  for (Shard& s : shards_) {
-    const bool dense = level_ == ShardLevel::optimizer || dense_gradient(s.bucket.unit);
-    if (!s.grad.defined() && dense)
-      reduce_bucket(s);
-    else
-      for (size_t i : s.bucket.params)
-        MMSP_CHECK(!model_[i].second.grad().defined(), "ShardedAdamW: the gradient of \"", model_[i].first, "\" ",
-                   dense ? "arrived after its unit's gradients were reduced"
-                         : "is dense, but its unit's only gradient is the token lookup's rows");
-  }
-  // The lookups' rows, in unit order on every rank (each rank takes part, with or
-  // without rows of its own).
-  if (level_ != ShardLevel::optimizer)
-    for (size_t unit = 0; unit < uses_.size(); ++unit)
-      if (is_lookup_unit(static_cast<int>(unit))) add_lookup_rows(static_cast<int>(unit));
-  lookup_rows_.clear();
-  for (Shard& s : shards_) {
-    ensure_grad(s);  // a unit without a dense gradient, and no lookup
-    grads.push_back(s.grad);
-  }
-  const double norm = global_norm(grads);
+  std::vector<at::Tensor> grads = sharded_->reduce_gradients();
+  const double norm = sharded_->grad_norm(grads);
   if (max_norm > 0 && norm > max_norm)
     for (at::Tensor& g : grads) g.mul_(max_norm / (norm + 1e-6));  // clip_grad_norm's scale
   ++steps_;
@@ -331,24 +45,24 @@ double ShardedAdamW::step(double max_norm) {
   const double correction2 = 1 - std::pow(beta2, static_cast<double>(steps_));
   // Decoupled decay, on the matrices only: piece by piece (no per-element mask: it was
   // one more byte per parameter of state).
+  const model::NamedParams& params = sharded_->model_params();
   if (options_.weight_decay != 0)
-    for (const ShardPiece& piece : pieces_)
-      if (model_[piece.param].second.dim() >= 2)
-        shards_[piece.bucket].master.narrow(0, piece.shard_offset, piece.length).mul_(1 - lr * options_.weight_decay);
-  for (size_t b = 0; b < shards_.size(); ++b) {
-    Shard& s = shards_[b];
+    for (const parallel::ShardPiece& piece : sharded_->pieces())
+      if (params[piece.param].second.dim() >= 2) sharded_->master_piece(piece).mul_(1 - lr * options_.weight_decay);
+  for (size_t b = 0; b < moments_.size(); ++b) {
+    const int64_t shard = sharded_->shard_elements(b);
     // Elementwise, so a slice at a time gives the numbers of one pass.
-    for (int64_t first = 0; first < s.shard; first += kUpdateSlice) {
-      const int64_t n = std::min(kUpdateSlice, s.shard - first);
-      at::Tensor master = s.master.narrow(0, first, n), exp_avg = s.exp_avg.narrow(0, first, n),
-                 exp_avg_sq = s.exp_avg_sq.narrow(0, first, n);
+    for (int64_t first = 0; first < shard; first += kUpdateSlice) {
+      const int64_t n = std::min(kUpdateSlice, shard - first);
+      at::Tensor master = sharded_->master(b).narrow(0, first, n), exp_avg = moments_[b].exp_avg.narrow(0, first, n),
+                 exp_avg_sq = moments_[b].exp_avg_sq.narrow(0, first, n);
       const at::Tensor g = grads[b].narrow(0, first, n);
       exp_avg.mul_(beta1).add_(g, 1 - beta1);
       exp_avg_sq.mul_(beta2).addcmul_(g, g, 1 - beta2);
       const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(correction2)).add_(options_.eps);
       master.addcdiv_(exp_avg, denom, -lr / correction1);
     }
-    weights_.refresh(b);
+    sharded_->refresh(b);
   }
   return norm;
 }
@@ -356,62 +70,32 @@ double ShardedAdamW::step(double max_norm) {
 void ShardedAdamW::load(int64_t steps_taken, const StateReader& read) {
   MMSP_CHECK(steps_taken >= 0, "ShardedAdamW::load: steps_taken ", steps_taken, " must be ≥ 0");
   at::NoGradGuard no_grad;
+  const model::NamedParams& params = sharded_->model_params();
+  const std::vector<parallel::ShardPiece>& pieces = sharded_->pieces();
   // Read everything first: a refused piece leaves the state as it was.
   std::vector<std::array<at::Tensor, 3>> loaded;
-  for (const ShardPiece& piece : pieces_) {
+  for (const parallel::ShardPiece& piece : pieces) {
     std::array<at::Tensor, 3> three;
     for (ShardTensor which : {ShardTensor::master, ShardTensor::exp_avg, ShardTensor::exp_avg_sq}) {
-      at::Tensor t = read(model_[piece.param].first, which, piece.param_offset, piece.length);
-      MMSP_CHECK(t.defined() && t.numel() == piece.length, "ShardedAdamW::load: \"", model_[piece.param].first,
+      at::Tensor t = read(params[piece.param].first, which, piece.param_offset, piece.length);
+      MMSP_CHECK(t.defined() && t.numel() == piece.length, "ShardedAdamW::load: \"", params[piece.param].first,
                  "\" elements [", piece.param_offset, ", ", piece.param_offset + piece.length, "): got ",
                  t.defined() ? t.numel() : 0, " values");
       three[static_cast<int>(which)] = t.reshape({-1});
     }
     loaded.push_back(three);
   }
-  for (size_t k = 0; k < pieces_.size(); ++k)
+  for (size_t k = 0; k < pieces.size(); ++k)
     for (ShardTensor which : {ShardTensor::master, ShardTensor::exp_avg, ShardTensor::exp_avg_sq})
-      piece(pieces_[k], which).copy_(loaded[k][static_cast<int>(which)]);
+      piece(pieces[k], which).copy_(loaded[k][static_cast<int>(which)]);
   steps_ = steps_taken;
-  for (size_t b = 0; b < shards_.size(); ++b) weights_.refresh(b);
+  for (size_t b = 0; b < sharded_->bucket_count(); ++b) sharded_->refresh(b);
 }
 
 int64_t ShardedAdamW::state_bytes() const {
-  int64_t bytes = 0;
-  for (const Shard& s : shards_) bytes += 3 * s.master.numel() * static_cast<int64_t>(s.master.element_size());
-  return bytes;
-}
-
-int64_t ShardedAdamW::step_bytes() const {
-  const int P = world_->size();
-  int64_t bytes = 0;
-  for (const Shard& s : shards_) {
-    const int64_t padded = s.shard * P;
-    // (a row-sharded head's rounds reduce-scatter as much, and gather it twice, in rounds
-    // that pad to a multiple of their block; its lookups' rows are not counted here)
-    if (level_ == ShardLevel::optimizer || use_of(s.bucket.unit).dense_gradient)
-      bytes += dist::shard_collective_bytes(padded * static_cast<int64_t>(s.master.element_size()), P);
-    const int64_t gather = dist::shard_collective_bytes(padded * static_cast<int64_t>(c10::elementSize(s.bucket.dtype)), P);
-    // stage 3 gathers a unit before each use: a decoder layer before its forward and
-    // before its backward, the head likewise (tied: and before the lookup), the untied
-    // embedding before its lookup
-    const int gathers = row_table(s.bucket.unit) ? (use_of(s.bucket.unit).dense_gradient ? 2 : 0)
-                        : level_ == ShardLevel::parameters && s.bucket.unit >= 0 ? use_of(s.bucket.unit).gathers
-                                                                                 : 1;
-    bytes += gathers * gather;
-  }
-  return bytes;
-}
-
-int64_t ShardedAdamW::lookup_row_bytes(int64_t max_tokens) const {
-  const int64_t P = world_->size();
-  int64_t bytes = 0;
-  for (size_t unit = 0; unit < uses_.size(); ++unit) {
-    if (!is_lookup_unit(static_cast<int>(unit))) continue;
-    const at::Tensor& weight = lookup_table(static_cast<int>(unit));
-    // all_gather_v sends its (padded) piece to each other rank: a count, then ids and rows
-    bytes += (P - 1) * (8 + max_tokens * (8 + weight.size(1) * static_cast<int64_t>(weight.element_size())));
-  }
+  int64_t bytes = sharded_->master_bytes();
+  for (const Moments& m : moments_)
+    bytes += (m.exp_avg.numel() + m.exp_avg_sq.numel()) * static_cast<int64_t>(m.exp_avg.element_size());
   return bytes;
 }
 

@@ -41,7 +41,7 @@
 
 #include "mmsp/hf/checksum_manifest.h"
 #include "mmsp/hf/hf_directory.h"
-#include "mmsp/train/optim/named_params.h"
+#include "mmsp/model/named_params.h"
 #include "mmsp/train/optim/optimizer_state.h"
 #include "mmsp/train/optim/sharded_adamw.h"
 #include "mmsp/train/checkpoint/sharded_checkpoint.h"
@@ -97,11 +97,11 @@ std::string step_dir_name(int64_t step);
 // DIR/step-<step> (swapping out an existing one); fsync DIR; replace DIR/latest
 // (temp file, fsync, rename, fsync DIR); apply keep_last. A crash at any point
 // leaves `latest` naming a complete checkpoint (or absent before the first).
-void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& weights,
+void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights,
                      const torch::optim::AdamW& optimizer, const nlohmann::json& state,
                      const std::string& config_json, const CheckpointOptions& options = {});
 // A sharded save: the optimizer state is in options.optimizer_shards_staged.
-void save_checkpoint(const std::string& dir, int64_t step, const NamedParams& weights,
+void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights,
                      const nlohmann::json& state, const std::string& config_json,
                      const CheckpointOptions& options);
 // The same for every parameter of `model`.
@@ -133,7 +133,7 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir);
 // into the default CPU generator. The parameter names must match exactly: a
 // missing, extra or differently shaped tensor is an error naming it. Everything is
 // checked before anything changes.
-void restore(const Checkpoint& checkpoint, const NamedParams& weights,
+void restore(const Checkpoint& checkpoint, const model::NamedParams& weights,
              torch::optim::AdamW& optimizer);
 void restore(const Checkpoint& checkpoint, torch::nn::Module& model,
              torch::optim::AdamW& optimizer);

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "mmsp/train/optim/named_params.h"
+#include "mmsp/model/named_params.h"
 #include "mmsp/train/optim/optimizer_state.h"
 #include "mmsp/train/optim/sharded_adamw.h"
 
@@ -61,6 +61,6 @@ at::Tensor read_optimizer_shards(const OptimizerShards& shards, const std::strin
 // Every parameter's whole moments, as the replicated optimizer keeps them (a sharded
 // checkpoint resumed with --shard none); none before the first step.
 std::map<std::string, AdamWParamMoments> gather_adamw_moments(const OptimizerShards& shards,
-                                                              const NamedParams& weights);
+                                                              const model::NamedParams& weights);
 
 }  // namespace mmsp::train

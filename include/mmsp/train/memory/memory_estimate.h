@@ -29,7 +29,7 @@
 
 #include "mmsp/model/config/config.h"
 #include "mmsp/model/hooks/recompute.h"
-#include "mmsp/train/optim/shard_level.h"
+#include "mmsp/parallel/zero/shard_level.h"
 
 namespace mmsp::train {
 
@@ -47,7 +47,7 @@ struct MemoryEstimateInputs {
   // inputs wait in host memory (on the CPU they stay where they are: pass false).
   bool offload_activations = false;
   int64_t mlp_tile = 0;                       // tokens per tile of the MLP (--tiled-mlp resolved); 0: untiled
-  ShardLevel shard_level = ShardLevel::none;  // --shard
+  parallel::ShardLevel shard_level = parallel::ShardLevel::none;  // --shard
   int shard_world = 1;                         // ... over this many ranks
 };
 

@@ -7,7 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "mmsp/train/optim/named_params.h"
+#include "mmsp/model/named_params.h"
 
 namespace mmsp::train {
 
@@ -18,16 +18,16 @@ class MasterWeights {
   // `model_params`: the model's parameters (names unique, tensors distinct). With
   // master_dtype equal to their dtype the masters are those tensors; otherwise each
   // master is a detached copy converted to master_dtype, under the same name.
-  MasterWeights(NamedParams model_params, at::ScalarType master_dtype);
+  MasterWeights(model::NamedParams model_params, at::ScalarType master_dtype);
 
   bool mixed() const { return mixed_; }
   at::ScalarType dtype() const { return dtype_; }
   // What the optimizer, gradient sync, clipping and checkpoints see.
-  const NamedParams& params() const { return masters_; }
-  const NamedParams& model_params() const { return model_; }
+  const model::NamedParams& params() const { return masters_; }
+  const model::NamedParams& model_params() const { return model_; }
 
   // After backward: each master's grad = its parameter's grad converted (an undefined
-  // grad stays undefined, so GradSync's zero-filling applies as for one dtype); the
+  // grad stays undefined, so parallel::GradSync's zero-filling applies as for one dtype); the
   // model's low-precision grads are released.
   void take_grads();
   // After the optimizer step (or a load into the masters): every model parameter =
@@ -35,7 +35,7 @@ class MasterWeights {
   void copy_to_model();
 
  private:
-  NamedParams model_, masters_;
+  model::NamedParams model_, masters_;
   at::ScalarType dtype_;
   bool mixed_ = false;
 };

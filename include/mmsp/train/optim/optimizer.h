@@ -6,7 +6,7 @@
 
 #include <memory>
 
-#include "mmsp/train/optim/named_params.h"
+#include "mmsp/model/named_params.h"
 
 namespace mmsp::train {
 
@@ -26,7 +26,7 @@ void check_adamw_options(const AdamWOptions& options);
 // weight_decay 0. Both groups always exist (possibly empty), in that order, with
 // parameters in the order given, so a checkpoint's groups line up. Names must be
 // unique and tensors distinct (a tied weight is passed once).
-std::unique_ptr<torch::optim::AdamW> make_adamw(const NamedParams& named_params,
+std::unique_ptr<torch::optim::AdamW> make_adamw(const model::NamedParams& named_params,
                                                 const AdamWOptions& options);
 
 // Sets the learning rate of every group (the schedule's value for this step).

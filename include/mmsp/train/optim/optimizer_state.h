@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "mmsp/train/optim/named_params.h"
+#include "mmsp/model/named_params.h"
 
 namespace mmsp::train {
 
@@ -43,7 +43,7 @@ struct AdamWState {
 // copies). Every optimised parameter must be a parameter of `model`.
 AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer,
                                const torch::nn::Module& model);
-AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer, const NamedParams& params);
+AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer, const model::NamedParams& params);
 
 // Puts `state` into `optimizer` (whose parameters are `model`'s): replaces all of its
 // per-parameter state and sets each group's options. The groups must list the same
@@ -52,7 +52,7 @@ AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer, const Named
 void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer,
                        const torch::nn::Module& model, const std::string& source);
 void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer,
-                       const NamedParams& params, const std::string& source);
+                       const model::NamedParams& params, const std::string& source);
 
 // As safetensors contents: tensors "<param>.exp_avg", "<param>.exp_avg_sq" (and
 // "<param>.max_exp_avg_sq"); metadata "format": "mmsp.adamw" and "mmsp.adamw": JSON

@@ -1,109 +1,26 @@
-// `--shard optimizer|gradients|parameters` (ZeRO stages 1, 2, 3): the AdamW state and
-// the master weights (1), the gradients too (2), and the model's weights too (3) split
-// over every rank of the world instead of held whole by each.
-//
-// Layout: the gradient buckets of GradSync (same order, dtype groups and sizes on every
-// rank; with stages 2 and 3 a bucket never spans two hooked units: the decoder layers,
-// the LM head, the untied token embedding, the vision blocks, model/hooks/layer_hooks.h),
-// each padded with zeros
-// to a multiple of the world size P and cut into P equal shards; rank r owns elements
-// [r·S, (r+1)·S) of every bucket. Per step:
-//   1. pack the model's gradients into a bucket (converted to the master dtype) and
-//      release them; reduce-scatter the bucket: rank r gets the world sum of its shard.
-//      Stage 1 does this after the backward; stages 2 and 3 do it for a unit's buckets
-//      as soon as its backward is done (layer_hooks()), so at most one layer's
-//      gradients are whole at a time; the rest (norms, patch embedding, mergers,
-//      projectors) after the backward. The token lookup's gradient (of the untied embedding, or of the head
-//      tied to it) never becomes a dense [V, h] tensor there: the lookup hands over its
-//      T·h gradient rows (model::hooked_lookup), and after the backward every rank
-//      all-gathers every rank's token ids and rows and adds those that fall in its
-//      shards (a tied head's dense part was reduced at its own after_backward, an
-//      untied embedding has none: no reduce-scatter of its V·h elements);
-//   2. the global gradient norm from each rank's Σ g² of its shards (one fp64
-//      all-reduce), clipping as clip_grad_norm does;
-//   3. AdamW on the shards, with torch::optim::AdamW's arithmetic (decoupled decay on
-//      matrices only, as make_adamw's groups);
-//   4. (ShardedWeights, sharded_weights.h) all-gather the updated shards, rounded to
-//      the model's dtype, into the model, in
-//      rounds of at most 2·bucket_bytes written straight into the weights (Gloo's
-//      all-gather copies its whole output into a flat buffer of its own first: a lone
-//      embedding gathered whole was held twice besides the model).
-//      Stage 3 instead frees every weight after the step: the weights outside the
-//      units (norms, patch embedding, mergers, projector) are all-gathered before the
-//      forward (gather_step_weights) and kept for the step; each unit is all-gathered
-//      just before each use and freed after it: a decoder layer or vision block before
-//      its forward and again before its backward, the head before the loss and again
-//      before its backward, the embedding before its lookup (a tied one is the head's
-//      unit: three gathers). The next unit's gather (forward: unit i+1, backward: unit
-//      i−1) is issued as a unit begins, without waiting, so it moves while the unit
-//      computes (FSDP's prefetch); it lands in a buffer the model reads only once the
-//      gather is waited for. The last layer prefetches the head and the head's backward
-//      the last layer; the embedding, used first, and vision block 0, whose neighbours
-//      in unit order are not its neighbours in time, are not prefetched, nor do they
-//      prefetch (ShardUnitUse::prefetched). A rank without images runs the vision
-//      blocks on no rows, so every rank gathers them alike. A unit the step never reads
-//      (LLaVA's CLIP layers above vision_feature_layer) is never gathered, and its
-//      gradient is zero without a reduce-scatter.
-// Under stage 3 the LM head and the token embedding (HookUnit::vocab_rows, alone in
-// their buckets) are never gathered whole: their shards are row-aligned, the loss reads
-// the head by rounds of rows and reduce-scatters each round's gradient at once, the
-// lookup asks the owners for its tokens' rows (row_sharded_table.h); a tied head's lookup
-// gradient still comes as rows, added at step().
-// Memory per rank, for N parameters (N_r outside the units, N_l the largest layer or
-// vision block, N_h the head, N_e an untied embedding), model dtype of b bytes and
-// masters of m bytes:
-// masters + 2 moments 3·m·N/P (+ padding, < P per bucket); model N·b (stage 3: none
-// between steps, and during one N_r·b plus at most 2·max(N_l, N_h, N_e)·b: a unit in
-// use and the next one's gather in flight, or a unit and the buffer it is gathered
-// into); grads N·b until packed (stages 2 and 3: at most (N_r + max(N_l, N_h))·b, and
-// the lookup's T·h·b rows; after the backward every rank's rows, T_world·h·b).
-// Bytes sent per step: (P−1)/P · N'·m (reduce-scatter; N' = N, less an untied embedding
-// at stages 2, 3) + (P−1)/P · Σ_units g_u·N_u·b (all-gathers; g_u = 1 below stage 3, the
-// unit's gathers at stage 3), against 2 (P−1)/P · N·m for the replicated all-reduce;
-// stages 2, 3 add (P−1)·(8 + n·(8 + h·b)) for the lookup's rows, n the most tokens a
-// rank looked up (lookup_row_bytes).
+// AdamW over ZeRO's shards (`--shard optimizer|gradients|parameters`): the two moments
+// of this rank's shard of every bucket, and the update of the masters there with
+// torch::optim::AdamW's arithmetic (decoupled decay on matrices only, as make_adamw's
+// groups). Everything else, the shards and their gradients, the hooks, the
+// reduce-scatter, the lookup rows and the weights' gathers, is the model's sharding
+// (parallel/zero/sharded_model.h), which this optimizer only steps.
+// Memory per rank, for N parameters and masters of m bytes: 2·m·N/P for the moments
+// (+ padding, < P per bucket), beside the masters' m·N/P.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
-#include "mmsp/dist/group.h"
-#include "mmsp/dist/shard_collectives.h"
-#include "mmsp/model/hooks/layer_hooks.h"
-#include "mmsp/train/optim/grad_sync.h"
-#include "mmsp/train/optim/named_params.h"
+#include "mmsp/model/named_params.h"
+#include "mmsp/parallel/zero/sharded_model.h"
 #include "mmsp/train/optim/optimizer.h"
-#include "mmsp/train/optim/shard_level.h"
-#include "mmsp/train/optim/row_sharded_table.h"
-#include "mmsp/train/optim/sharded_weights.h"
 
 namespace mmsp::train {
-
-// The part of one parameter inside this rank's shard of its bucket (at most one per
-// parameter: a bucket holds its parameters contiguously).
-struct ShardPiece {
-  size_t param = 0;          // index into the model's parameters
-  int64_t param_offset = 0;  // first element, in the flattened parameter
-  int64_t length = 0;
-  size_t bucket = 0;
-  int64_t shard_offset = 0;  // first element within this rank's shard of the bucket
-};
-
-// How a step uses one unit of `unit_of` (model::HookUnit without its tensors).
-struct ShardUnitUse {
-  int gathers = 2;                 // stage 3: all-gathers per step (each forward use, and the backward)
-  bool dense_gradient = true;      // stages 2, 3: has one, reduced at its after_backward hook
-  bool prefetched = true;          // stage 3: unit − 1's forward hook issues its gather early, and its
-                                   // backward hook unit − 1's (false: the first unit of a chain)
-  bool lookup_rows = false;        // stages 2, 3: the token lookup's gradient comes as rows
-  bool by_rows = false;            // stage 3: a [V, h] table read by rows (row_sharded_table.h):
-                                   // never gathered whole for a use, its gradient reduced by rounds
-};
-std::vector<ShardUnitUse> shard_unit_uses(const std::vector<model::HookUnit>& units);
 
 // The three tensors a checkpoint keeps per piece.
 enum class ShardTensor { master, exp_avg, exp_avg_sq };
@@ -115,50 +32,25 @@ class ShardedAdamW {
   // shard's size each (a quarter of Qwen3.5-0.8B's embedding is 243 MiB in fp32).
   static constexpr int64_t kUpdateSlice = int64_t{1} << 20;
 
-  // `model_params`: the model's parameters (names unique, tensors distinct). The
-  // masters start as this rank's shards of them, converted to master_dtype.
-  // A bucket's reduce-scatter packs at most 2·bucket_bytes per round (a bucket of bf16
-  // gradients in fp32: one round; a larger parameter, alone in its bucket: several).
-  // `level` ≥ optimizer. For gradients and parameters, `unit_of` gives each parameter's
-  // hooked unit (−1: none): what layer_hooks() reduces, gathers and frees by unit, and
-  // `uses` how a step uses each unit (missing: as a decoder layer). With parameters,
-  // the model's memory is freed here (each parameter must own its storage); every rank
-  // must then run the same units each step.
-  ShardedAdamW(NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
-               dist::GroupPtr world, int64_t bucket_bytes = kDefaultBucketBytes,
-               ShardLevel level = ShardLevel::optimizer, std::vector<int> unit_of = {},
-               std::vector<ShardUnitUse> uses = {});
+  // Moments of zeros beside each of `sharded`'s master shards.
+  ShardedAdamW(std::shared_ptr<parallel::ShardedModel> sharded, const AdamWOptions& options);
 
   void set_lr(double lr);
-  // The masters become this rank's shards of the model's weights again (after the
-  // model was loaded from a file).
-  void copy_from_model();
-  // The model's gradients are released (undefined); a parameter without a gradient
-  // counts as zeros.
-  void zero_grad();
-  // Stages 2 and 3: the decoder's hooks (null for stage 1); see the top of this file.
-  std::shared_ptr<model::LayerHooks> layer_hooks();
-  ShardLevel level() const { return level_; }
-  // Stage 3, every rank, before the forward: the weights outside the units (vision
-  // tower, norms, projector) into the model, for the whole step.
-  void gather_step_weights();
-  // Stage 3: every weight into the model (all-gathered where freed), and back. Every
-  // rank calls; between the two the model is whole (to save it, or read it).
-  void gather_all();
-  void release_gathered();
-
-  // Steps 1–4 above after the backward; returns the gradient norm before clipping
-  // (max_norm ≤ 0 only measures). A non-finite norm is an mmsp::Error on every rank
-  // naming the first parameter of this rank's shards with a non-finite gradient;
-  // nothing is updated then.
+  // The model's gradients and the reduced shards are released.
+  void zero_grad() { sharded_->zero_grad(); }
+  // After the backward: the gradients reduced and their global norm
+  // (parallel::ShardedModel), clipped to max_norm as clip_grad_norm does (≤ 0 only
+  // measures), AdamW on the shards, the model's weights refreshed. Returns the norm
+  // before clipping; a non-finite one is an error on every rank and updates nothing.
   double step(double max_norm);
 
-  const NamedParams& model_params() const { return model_; }
-  const std::vector<ShardPiece>& pieces() const { return pieces_; }
+  parallel::ShardedModel& sharded() const { return *sharded_; }
+  const model::NamedParams& model_params() const { return sharded_->model_params(); }
+  const std::vector<parallel::ShardPiece>& pieces() const { return sharded_->pieces(); }
   int64_t steps_taken() const { return steps_; }
   const AdamWOptions& options() const { return options_; }
   // The piece's elements of one tensor (a view of this rank's state).
-  at::Tensor piece(const ShardPiece& piece, ShardTensor which) const;
+  at::Tensor piece(const parallel::ShardPiece& piece, ShardTensor which) const;
 
   // Puts a checkpoint's state into this rank's shards: `read(name, which, offset,
   // length)` returns those elements of the named parameter's tensor (the masters: the
@@ -167,56 +59,17 @@ class ShardedAdamW {
       std::function<at::Tensor(const std::string& name, ShardTensor which, int64_t offset, int64_t length)>;
   void load(int64_t steps_taken, const StateReader& read);
 
-  // Bytes of the sharded state this rank holds (masters and both moments, padding
-  // included), and what one step sends (reduce-scatter + all-gathers) besides the
-  // lookup's rows; those are lookup_row_bytes(n) for each lookup unit, n the most
-  // tokens a rank looked up in the step (0 for stage 1, which has no hooks).
+  // Bytes of the sharded state this rank holds: masters and both moments, padding
+  // included.
   int64_t state_bytes() const;
-  int64_t step_bytes() const;
-  int64_t lookup_row_bytes(int64_t max_tokens) const;
 
  private:
-  struct Shard {
-    GradBucket bucket;      // in the model's dtype; bucket.unit: its hooked unit or −1
-    int64_t shard = 0;      // elements per rank: padded numel / P
-    at::Tensor master, exp_avg, exp_avg_sq;  // [shard], master dtype
-    at::Tensor grad;        // [shard]: this step's reduced gradient (undefined until reduced)
+  struct Moments {
+    at::Tensor exp_avg, exp_avg_sq;  // [shard], master dtype
   };
-  friend class ShardedLayerHooks;
-  // Row r: elements [r·S + first, r·S + first + n) of the bucket's gradient, in the
-  // master dtype, as [P·n] (what one reduce-scatter round sends).
-  at::Tensor pack_grad_round(const Shard& s, int64_t first, int64_t n) const;
-  void reduce_bucket(Shard& s);
-  void reduce_unit(int unit);  // no-op for a unit without a dense gradient
-  // The lookup's gradient rows (LayerHooks::lookup_backward), kept until step(), which
-  // all-gathers every rank's and adds those in this rank's shards.
-  void keep_lookup_rows(int unit, const at::Tensor& token_ids, const at::Tensor& rows);
-  void add_lookup_rows(int unit);
-  bool is_lookup_unit(int unit) const;             // stages 2, 3: its gradient comes as rows
-  const at::Tensor& lookup_table(int unit) const;  // a lookup unit's [V, h] weight
-  void ensure_grad(Shard& s) const;                // s.grad, zeros until something is added
-  // Stage 3: the unit's table read by rows, or null (a unit gathered whole).
-  std::shared_ptr<RowShardedTable> row_table(int unit) const;
-  bool dense_gradient(int unit) const;  // reduced from the model's gradients at after_backward / step
-  const std::vector<size_t>& unit_shards(int unit) const;  // empty for a unit without buckets
-  const ShardUnitUse& use_of(int unit) const;
-  double global_norm(const std::vector<at::Tensor>& grads) const;
-
-  NamedParams model_;
+  std::shared_ptr<parallel::ShardedModel> sharded_;
   AdamWOptions options_;
-  dist::GroupPtr world_;
-  at::ScalarType master_dtype_;
-  std::vector<Shard> shards_;
-  std::vector<ShardPiece> pieces_;
-  std::vector<std::vector<size_t>> unit_buckets_;  // hooked unit → its buckets
-  std::vector<ShardUnitUse> uses_;                 // by unit
-  std::vector<std::shared_ptr<RowShardedTable>> row_tables_;  // by unit (null: gathered whole)
-  struct LookupRows {
-    at::Tensor ids, rows;  // [n] int64, [n, h] in the model's dtype
-  };
-  std::vector<std::vector<LookupRows>> lookup_rows_;  // by unit: this step's, until step()
-  ShardLevel level_;
-  ShardedWeights weights_;  // the model's weights from the masters: gathered, prefetched, freed
+  std::vector<Moments> moments_;  // by bucket
   int64_t steps_ = 0;
 };
 

@@ -1,5 +1,5 @@
 // ZeRO's gather, prefetch and free of the model's weights; see sharded_weights.h.
-#include "mmsp/train/optim/sharded_weights.h"
+#include "mmsp/parallel/zero/sharded_weights.h"
 
 #include <ATen/ATen.h>
 
@@ -7,7 +7,7 @@
 
 #include "mmsp/core/check.h"
 
-namespace mmsp::train {
+namespace mmsp::parallel {
 
 namespace {
 
@@ -35,7 +35,7 @@ void allocate_storage(const at::Tensor& p) {
 
 }  // namespace
 
-ShardedWeights::ShardedWeights(NamedParams model, dist::GroupPtr world, bool frees, int64_t round_bytes)
+ShardedWeights::ShardedWeights(model::NamedParams model, dist::GroupPtr world, bool frees, int64_t round_bytes)
     : model_(std::move(model)), world_(std::move(world)), frees_(frees), round_bytes_(round_bytes) {}
 
 void ShardedWeights::add_bucket(const GradBucket& layout, int64_t shard, at::Tensor master, bool prefetched,
@@ -148,4 +148,4 @@ void ShardedWeights::release(Bucket& b) {
   b.gathered = false;
 }
 
-}  // namespace mmsp::train
+}  // namespace mmsp::parallel

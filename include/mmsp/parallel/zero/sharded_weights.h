@@ -21,16 +21,16 @@
 
 #include "mmsp/dist/group.h"
 #include "mmsp/dist/shard_collectives.h"
-#include "mmsp/train/optim/grad_sync.h"
-#include "mmsp/train/optim/named_params.h"
+#include "mmsp/parallel/grad_sync.h"
+#include "mmsp/model/named_params.h"
 
-namespace mmsp::train {
+namespace mmsp::parallel {
 
 class ShardedWeights {
  public:
   // `frees`: stage 3 (weights freed between uses). A gather or reduction round moves at
   // most round_bytes per rank.
-  ShardedWeights(NamedParams model, dist::GroupPtr world, bool frees, int64_t round_bytes);
+  ShardedWeights(model::NamedParams model, dist::GroupPtr world, bool frees, int64_t round_bytes);
 
   // Bucket b (the next index): its parameters, elements per rank, and this rank's [shard]
   // of the masters, which the optimizer updates in place. Stage 3: the bucket's weights
@@ -77,7 +77,7 @@ class ShardedWeights {
   void start_gather(Bucket& b);
   void release(Bucket& b);
 
-  NamedParams model_;  // the same tensors as the optimizer's
+  model::NamedParams model_;  // the same tensors as the optimizer's
   dist::GroupPtr world_;
   bool frees_;
   int64_t round_bytes_;
@@ -85,4 +85,4 @@ class ShardedWeights {
   std::vector<std::vector<size_t>> unit_buckets_;  // hooked unit → its buckets
 };
 
-}  // namespace mmsp::train
+}  // namespace mmsp::parallel

@@ -1,5 +1,5 @@
 // The LM head and the embedding by rows under ZeRO-3; see row_sharded_table.h.
-#include "mmsp/train/optim/row_sharded_table.h"
+#include "mmsp/parallel/zero/row_sharded_table.h"
 
 #include <ATen/ATen.h>
 
@@ -10,7 +10,7 @@
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/all_to_all_v.h"
 
-namespace mmsp::train {
+namespace mmsp::parallel {
 
 RowShardedTable::RowShardedTable(int64_t vocab, int64_t width, at::Tensor master, std::function<at::Tensor()> grad,
                                  at::ScalarType model_dtype, dist::GroupPtr world)
@@ -78,4 +78,4 @@ at::Tensor RowShardedTable::lookup(const at::Tensor& ids) {
   return back.index_select(0, inverse).view(shape);
 }
 
-}  // namespace mmsp::train
+}  // namespace mmsp::parallel

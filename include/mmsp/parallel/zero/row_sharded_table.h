@@ -15,7 +15,7 @@
 #include "mmsp/dist/shard_collectives.h"
 #include "mmsp/model/hooks/row_sharded_weight.h"
 
-namespace mmsp::train {
+namespace mmsp::parallel {
 
 class RowShardedTable : public model::RowShardedWeight {
  public:
@@ -52,4 +52,4 @@ class RowShardedTable : public model::RowShardedWeight {
   dist::PendingGather pending_;
 };
 
-}  // namespace mmsp::train
+}  // namespace mmsp::parallel

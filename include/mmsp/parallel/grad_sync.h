@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "mmsp/dist/group.h"
-#include "mmsp/train/optim/named_params.h"
+#include "mmsp/model/named_params.h"
 
-namespace mmsp::train {
+namespace mmsp::parallel {
 
 constexpr int64_t kDefaultBucketBytes = 25 * 1024 * 1024;
 
@@ -30,21 +30,21 @@ struct GradBucket {
 // dtypes, devices and sizes only, so every rank builds the same ones.
 // `unit_of` (empty, or one value per parameter) keeps apart what is gathered and reduced
 // at different times (ZeRO-3's decoder layers): a bucket never holds two units.
-std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t bucket_bytes,
+std::vector<GradBucket> make_grad_buckets(const model::NamedParams& params, int64_t bucket_bytes,
                                           const std::vector<int>& unit_of = {});
 
 // Writes each gradient of `bucket`'s parameters (zeros for an undefined one) into its
 // slice of `flat` ([≥ bucket.numel], any floating dtype: converted on the way), in bucket
 // order. A gradient of another shape is an error naming the parameter, prefixed `who`.
-void pack_bucket_grads(const NamedParams& params, const GradBucket& bucket, at::Tensor& flat, const char* who);
+void pack_bucket_grads(const model::NamedParams& params, const GradBucket& bucket, at::Tensor& flat, const char* who);
 // The same for elements [first, first + out.numel()) of the bucket's gradient, into
 // `out` (1-D); elements past the bucket's end are zeros.
-void pack_bucket_range(const NamedParams& params, const GradBucket& bucket, int64_t first, at::Tensor out,
+void pack_bucket_range(const model::NamedParams& params, const GradBucket& bucket, int64_t first, at::Tensor out,
                        const char* who);
 // The other way, for weights: elements [first, first + in.numel()) of the bucket's
 // parameters become `in` (1-D; elements past the bucket's end are dropped), written
 // without bumping the parameters' versions (autograd may hold views of them).
-void unpack_bucket_range(const NamedParams& params, const GradBucket& bucket, int64_t first, const at::Tensor& in);
+void unpack_bucket_range(const model::NamedParams& params, const GradBucket& bucket, int64_t first, const at::Tensor& in);
 
 // Usage: GradSync sync(named_params, mesh.world());  ...backward...;  sync.all_reduce();
 class GradSync {
@@ -55,7 +55,7 @@ class GradSync {
   // consecutive parameters fill a bucket up to `bucket_bytes`; a parameter larger
   // than that is a bucket of its own. Names must be unique, tensors distinct
   // (a tied weight is passed once) and floating point.
-  GradSync(NamedParams named_params, dist::GroupPtr world,
+  GradSync(model::NamedParams named_params, dist::GroupPtr world,
            int64_t bucket_bytes = kDefaultBucketBytes);
 
   // In place: every parameter's .grad() becomes the sum over the group. An
@@ -66,14 +66,14 @@ class GradSync {
   void all_reduce();
 
   const std::vector<GradBucket>& buckets() const { return buckets_; }
-  const NamedParams& params() const { return params_; }
+  const model::NamedParams& params() const { return params_; }
   // Sum of the gradients' bytes (the payload of one all_reduce(), all buckets).
   int64_t grad_bytes() const;
 
  private:
-  NamedParams params_;
+  model::NamedParams params_;
   dist::GroupPtr world_;
   std::vector<GradBucket> buckets_;
 };
 
-}  // namespace mmsp::train
+}  // namespace mmsp::parallel

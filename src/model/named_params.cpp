@@ -1,12 +1,20 @@
 // Checks on named parameter lists; see named_params.h.
-#include "mmsp/train/optim/named_params.h"
+#include "mmsp/model/named_params.h"
+
+#include <torch/nn/module.h>
 
 #include <map>
 #include <set>
 
 #include "mmsp/core/check.h"
 
-namespace mmsp::train {
+namespace mmsp::model {
+
+NamedParams named_parameters(const torch::nn::Module& module) {
+  NamedParams out;
+  for (const auto& item : module.named_parameters()) out.emplace_back(item.key(), item.value());
+  return out;
+}
 
 void check_named_params(const NamedParams& named_params, const char* who) {
   std::set<std::string> names;
@@ -23,4 +31,4 @@ void check_named_params(const NamedParams& named_params, const char* who) {
   }
 }
 
-}  // namespace mmsp::train
+}  // namespace mmsp::model

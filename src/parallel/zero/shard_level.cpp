@@ -1,9 +1,9 @@
 // --shard's names; see shard_level.h.
-#include "mmsp/train/optim/shard_level.h"
+#include "mmsp/parallel/zero/shard_level.h"
 
 #include "mmsp/core/check.h"
 
-namespace mmsp::train {
+namespace mmsp::parallel {
 
 ShardLevel parse_shard_level(const std::string& name) {
   if (name == "none") return ShardLevel::none;
@@ -24,4 +24,4 @@ const char* to_string(ShardLevel level) {
   return "?";
 }
 
-}  // namespace mmsp::train
+}  // namespace mmsp::parallel

@@ -6,7 +6,7 @@
 
 #include <string>
 
-namespace mmsp::train {
+namespace mmsp::parallel {
 
 enum class ShardLevel {
   none,        // every rank holds everything
@@ -19,4 +19,4 @@ enum class ShardLevel {
 ShardLevel parse_shard_level(const std::string& name);  // "none" | "optimizer" | "gradients" | "parameters"
 const char* to_string(ShardLevel level);
 
-}  // namespace mmsp::train
+}  // namespace mmsp::parallel

@@ -1,5 +1,5 @@
 // Bucketed gradient all-reduce; see grad_sync.h.
-#include "mmsp/train/optim/grad_sync.h"
+#include "mmsp/parallel/grad_sync.h"
 
 #include <ATen/ATen.h>
 
@@ -9,9 +9,9 @@
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
 
-namespace mmsp::train {
+namespace mmsp::parallel {
 
-std::vector<GradBucket> make_grad_buckets(const NamedParams& params, int64_t bucket_bytes,
+std::vector<GradBucket> make_grad_buckets(const model::NamedParams& params, int64_t bucket_bytes,
                                           const std::vector<int>& unit_of) {
   MMSP_CHECK(unit_of.empty() || unit_of.size() == params.size(), "make_grad_buckets: ", unit_of.size(),
              " unit indices for ", params.size(), " parameters");
@@ -54,7 +54,7 @@ namespace {
 // elements [first, last) of the bucket: n elements from the parameter's element
 // in_param, which are the range's elements from in_range. Returns the bucket's numel.
 template <typename Visit>
-int64_t for_each_overlap(const NamedParams& params, const GradBucket& bucket, int64_t first, int64_t last,
+int64_t for_each_overlap(const model::NamedParams& params, const GradBucket& bucket, int64_t first, int64_t last,
                          Visit visit) {
   int64_t offset = 0;  // the parameter's first element in the bucket
   for (size_t i : bucket.params) {
@@ -68,7 +68,7 @@ int64_t for_each_overlap(const NamedParams& params, const GradBucket& bucket, in
 
 }  // namespace
 
-void pack_bucket_range(const NamedParams& params, const GradBucket& bucket, int64_t first, at::Tensor out,
+void pack_bucket_range(const model::NamedParams& params, const GradBucket& bucket, int64_t first, at::Tensor out,
                        const char* who) {
   at::NoGradGuard no_grad;
   const int64_t last = first + out.numel();
@@ -88,7 +88,7 @@ void pack_bucket_range(const NamedParams& params, const GradBucket& bucket, int6
   if (last > end) out.narrow(0, std::max<int64_t>(0, end - first), last - std::max(first, end)).zero_();
 }
 
-void unpack_bucket_range(const NamedParams& params, const GradBucket& bucket, int64_t first, const at::Tensor& in) {
+void unpack_bucket_range(const model::NamedParams& params, const GradBucket& bucket, int64_t first, const at::Tensor& in) {
   at::NoGradGuard no_grad;
   auto unpack = [&](size_t i, int64_t in_param, int64_t in_range, int64_t n) {
     params[i].second.variable_data().view({-1}).narrow(0, in_param, n).copy_(in.narrow(0, in_range, n));
@@ -96,15 +96,15 @@ void unpack_bucket_range(const NamedParams& params, const GradBucket& bucket, in
   for_each_overlap(params, bucket, first, first + in.numel(), unpack);
 }
 
-void pack_bucket_grads(const NamedParams& params, const GradBucket& bucket, at::Tensor& flat, const char* who) {
+void pack_bucket_grads(const model::NamedParams& params, const GradBucket& bucket, at::Tensor& flat, const char* who) {
   pack_bucket_range(params, bucket, 0, flat.narrow(0, 0, bucket.numel), who);
 }
 
-GradSync::GradSync(NamedParams named_params, dist::GroupPtr world, int64_t bucket_bytes)
+GradSync::GradSync(model::NamedParams named_params, dist::GroupPtr world, int64_t bucket_bytes)
     : params_(std::move(named_params)), world_(std::move(world)) {
   MMSP_CHECK(world_, "GradSync: the world group is null");
   MMSP_CHECK(bucket_bytes > 0, "GradSync: bucket_bytes (", bucket_bytes, ") must be positive");
-  check_named_params(params_, "GradSync");
+  model::check_named_params(params_, "GradSync");
   for (const auto& [name, p] : params_)
     MMSP_CHECK(at::isFloatingType(p.scalar_type()), "GradSync: parameter \"", name,
                "\" has dtype ", p.scalar_type(), "; only floating-point gradients are summed");
@@ -138,4 +138,4 @@ void GradSync::all_reduce() {
   }
 }
 
-}  // namespace mmsp::train
+}  // namespace mmsp::parallel

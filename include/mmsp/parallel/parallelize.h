@@ -1,0 +1,72 @@
+// The one place that spreads a model over the mesh (torchtitan's parallelize_*): the
+// model names no parallelism, and parallelize installs every one on it, once, before
+// the first step:
+//   - activation checkpointing (recomputed decoder layers, and vision blocks with `all`;
+//     their inputs offloaded to host memory if asked) and the tiled MLP;
+//   - ZeRO 1-3 over the world (zero/sharded_model.h): the masters sharded, and from
+//     stage 2 the hooks that reduce-scatter each unit's gradients as its backward ends
+//     and, at stage 3, gather and free its weights around each use (zero/zero_hooks.h);
+//   - sequence parallelism, whose plan changes with each step's batch: the groups, the
+//     vision mode and the attention options it runs with, from which forward_step makes
+//     each step's decoder attention and vision router (step_parallelism.h).
+// The trainer, the benchmarks and the tests call this; nothing else installs hooks.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "mmsp/attention/local_attention.h"
+#include "mmsp/dist/group.h"
+#include "mmsp/model/hooks/recompute.h"
+#include "mmsp/model/vision/vision_mode.h"
+#include "mmsp/model/vlm.h"
+#include "mmsp/parallel/grad_sync.h"
+#include "mmsp/parallel/step_parallelism.h"
+#include "mmsp/parallel/zero/shard_level.h"
+#include "mmsp/parallel/zero/sharded_model.h"
+
+namespace mmsp::parallel {
+
+struct ParallelizeOptions {
+  // Activation checkpointing (--checkpoint-activations, --offload-activations).
+  model::ActivationCheckpointing checkpoint_activations = model::ActivationCheckpointing::none;
+  bool offload_activations = false;
+  int64_t mlp_tile = 0;  // --tiled-mlp: 0 off, model::kAutoMlpTile, or tokens per tile
+  // ZeRO (--shard) over `world`: the masters in master_dtype, buckets of bucket_bytes.
+  ShardLevel shard = ShardLevel::none;
+  at::ScalarType master_dtype = at::kFloat;
+  int64_t bucket_bytes = kDefaultBucketBytes;
+  // Sequence parallelism: the groups of the step, how the vision rows are placed, the
+  // attention kernel's options.
+  StepGroups groups;
+  model::VisionMode vision = model::VisionMode::routed;
+  attention::AttentionOptions attention;
+};
+
+// What parallelize installed on a model: what its steps and its weight update need.
+struct ModelParallelism {
+  StepGroups groups;
+  model::VisionMode vision = model::VisionMode::routed;
+  attention::AttentionOptions attention;
+  // The model's parameters sharded over the world; null for --shard none (every rank
+  // holds them whole and a replicated update syncs their gradients).
+  std::shared_ptr<ShardedModel> zero;
+};
+
+// Installs the options' parallelisms on `vlm` (its parameters on their device and in
+// their dtype already). Under --shard parameters the model's weights are freed here and
+// gathered around their uses from then on. `world`: the ranks ZeRO shards over.
+ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options, const dist::GroupPtr& world);
+
+// Takes off what parallelize installed that outlives a run (the hooks hold the sharded
+// model): call before the model or the update goes.
+void unparallelize(model::Vlm& vlm);
+
+// This step of `vlm` under `parallelism`: model::rank_inputs, parallelize_step and
+// Vlm::forward in one call.
+model::StepOutput forward_step(const model::Vlm& vlm, const plan::Batch& batch, const plan::StepPlan& plan,
+                               const model::PixelInputs& pixels, const ModelParallelism& parallelism);
+
+}  // namespace mmsp::parallel

@@ -1,0 +1,18 @@
+// ZeRO-2/3's points around each hooked unit (model/hooks/layer_hooks.h): gather a unit's
+// weights before each use and free them after it (stage 3), prefetch the next unit's,
+// reduce-scatter its gradients once its backward is done, and take the token lookup's
+// gradient as rows. The model calls them; the ShardedModel does the work.
+#pragma once
+
+#include <memory>
+
+#include "mmsp/model/hooks/layer_hooks.h"
+#include "mmsp/parallel/zero/sharded_model.h"
+
+namespace mmsp::parallel {
+
+// The hooks of `sharded` for the model's units; null at stage 1 (which reduces after the
+// backward and keeps every weight). The hooks keep `sharded` alive.
+std::shared_ptr<model::LayerHooks> make_zero_hooks(const std::shared_ptr<ShardedModel>& sharded);
+
+}  // namespace mmsp::parallel

@@ -1,0 +1,32 @@
+// Every parallelism installed on a model in one place; see parallelize.h.
+#include "mmsp/parallel/parallelize.h"
+
+#include "mmsp/core/check.h"
+#include "mmsp/model/named_params.h"
+#include "mmsp/parallel/zero/zero_hooks.h"
+
+namespace mmsp::parallel {
+
+ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options, const dist::GroupPtr& world) {
+  vlm.set_activation_checkpointing(options.checkpoint_activations, options.offload_activations);
+  vlm.set_mlp_tile(options.mlp_tile);
+  ModelParallelism out{options.groups, options.vision, options.attention, nullptr};
+  if (options.shard != ShardLevel::none) {
+    MMSP_CHECK(world, "parallelize: --shard ", to_string(options.shard), " needs the world group");
+    const model::NamedParams params = model::named_parameters(vlm);
+    const std::vector<model::HookUnit> units = vlm.hook_units();
+    out.zero = std::make_shared<ShardedModel>(params, options.master_dtype, world, options.bucket_bytes,
+                                              options.shard, unit_index_of(params, units), shard_unit_uses(units));
+  }
+  vlm.set_layer_hooks(make_zero_hooks(out.zero));
+  return out;
+}
+
+void unparallelize(model::Vlm& vlm) { vlm.set_layer_hooks(nullptr); }
+
+model::StepOutput forward_step(const model::Vlm& vlm, const plan::Batch& batch, const plan::StepPlan& plan,
+                               const model::PixelInputs& pixels, const ModelParallelism& parallelism) {
+  return forward_step(vlm, batch, plan, pixels, parallelism.groups, parallelism.vision, parallelism.attention);
+}
+
+}  // namespace mmsp::parallel
