@@ -95,17 +95,14 @@ std::shared_ptr<model::Vlm> build_vlm(const model::ModelConfig& config, model::P
   return model::build_vlm(config);
 }
 
-// Every parameter's name and shape, from a skeleton of meta tensors: nothing allocated.
-hf::ExpectedShapes parameter_shapes(const model::ModelConfig& config) {
-  const std::shared_ptr<model::Vlm> skeleton = build_vlm(config, model::ParameterInit::meta);
-  hf::ExpectedShapes shapes;
-  for (const auto& item : skeleton->named_parameters())
-    shapes.emplace_back(item.key(), item.value().sizes().vec());
-  return shapes;
+// Every parameter's name and shape and its hooked unit, from a skeleton of meta
+// tensors: nothing allocated.
+ParameterLayout layout_of(const model::ModelConfig& config) {
+  return parameter_layout(*build_vlm(config, model::ParameterInit::meta));
 }
 
 // `local_length`: a step's padded slots a rank holds, when known (0: --tokens-per-rank).
-MemoryEstimate estimate_for(const model::ModelConfig& config, const hf::ExpectedShapes& shapes,
+MemoryEstimate estimate_for(const model::ModelConfig& config, const ParameterLayout& layout,
                             const TrainOptions& o, const ParsedTrainOptions& parsed, int64_t loss_chunk, int world,
                             int64_t local_length = 0) {
   MemoryEstimateInputs in;
@@ -120,14 +117,14 @@ MemoryEstimate estimate_for(const model::ModelConfig& config, const hf::Expected
   in.mlp_tile = model::mlp_tile_tokens(o.tiled_mlp, std::max(o.tokens_per_rank, local_length), config.text.hidden_size);
   in.shard_level = parsed.shard_level;
   if (in.shard_level != parallel::ShardLevel::none) in.shard_world = world;
-  return estimate_memory(config, shapes, in);
+  return estimate_memory(config, layout, in);
 }
 
 // This rank's memory for the run; refused (naming every part) when over the limit.
-MemoryEstimate preflight_memory(const model::ModelConfig& config, const hf::ExpectedShapes& shapes,
+MemoryEstimate preflight_memory(const model::ModelConfig& config, const ParameterLayout& layout,
                                 const TrainOptions& o, const ParsedTrainOptions& parsed, int64_t loss_chunk,
                                 int world) {
-  const MemoryEstimate memory = estimate_for(config, shapes, o, parsed, loss_chunk, world);
+  const MemoryEstimate memory = estimate_for(config, layout, o, parsed, loss_chunk, world);
   check_memory_fits(memory, o.memory_limit_bytes, o.memory_limit_source);
   return memory;
 }
@@ -230,7 +227,7 @@ struct RunInputs {
   int64_t loss_chunk = 0;  // tokens per chunk of the LM head and loss (the default resolved)
   hf::CheckpointNaming naming;
   ParsedTrainOptions parsed;
-  hf::ExpectedShapes shapes;  // every parameter's, from the skeleton (each step's estimate reads them)
+  ParameterLayout layout;  // every parameter's shape and unit, from the skeleton (each step's estimate reads them)
   MemoryEstimate memory;
   std::unique_ptr<Dataset> data;
   int rows = 1;  // rows of the packer (TrainOptions::data_rows)
@@ -259,10 +256,10 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   // The weights' names and shapes, the checkpoint's mapping and the memory this run
   // needs are all checked on a skeleton, before a parameter is allocated.
   in.parsed = parsed;
-  in.shapes = parameter_shapes(config);
+  in.layout = layout_of(config);
   in.naming = model::checkpoint_naming(config);
-  if (in.resolved.weights) hf::match_hf_tensors(*in.resolved.weights, in.shapes, in.naming);
-  in.memory = preflight_memory(config, in.shapes, o, parsed, in.loss_chunk, mesh.world_size());
+  if (in.resolved.weights) hf::match_hf_tensors(*in.resolved.weights, in.layout.shapes, in.naming);
+  in.memory = preflight_memory(config, in.layout, o, parsed, in.loss_chunk, mesh.world_size());
   // hf/ of the checkpoints: as asked, else as the weights came, else the masters' dtype.
   in.save_dtype = parsed.save_dtype;
   if (!in.save_dtype) in.save_dtype = in.resolved.weights ? in.resolved.weights->dominant_dtype() : master_dtype;
@@ -532,7 +529,7 @@ void check_step_memory(const StepLoop& run, int64_t step, const std::vector<int6
   int64_t slots = 0;
   for (const plan::RowPlan& row : plan.rows) slots = std::max(slots, row.shards.local_length());
   MemoryEstimate estimate = slots > o.tokens_per_rank
-                                ? estimate_for(run.in.resolved.config, run.in.shapes, o, run.in.parsed, run.loss_chunk,
+                                ? estimate_for(run.in.resolved.config, run.in.layout, o, run.in.parsed, run.loss_chunk,
                                                run.mesh.world_size(), slots)
                                 : run.in.memory;
   estimate.vision = busiest.bytes.kept;
@@ -628,13 +625,13 @@ int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOpt
   ParsedTrainOptions parsed;
   parsed.dtype = parse_dtype(o.dtype);
   parsed.shard_level = parallel::parse_shard_level(o.shard);
-  const hf::ExpectedShapes shapes = parameter_shapes(config);
+  const ParameterLayout layout = layout_of(config);
   auto fits = [&](int64_t tokens) {
     TrainOptions t = o;
     t.tokens_per_rank = tokens;
     // --loss-chunk 0 is the default chunk; a negative one stands for "one chunk of all T"
     const int64_t chunk = o.loss_chunk > 0 ? o.loss_chunk : o.loss_chunk < 0 ? tokens : default_loss_chunk(config.text.vocab_size);
-    return estimate_for(config, shapes, t, parsed, chunk, world).total() <= capacity_bytes;
+    return estimate_for(config, layout, t, parsed, chunk, world).total() <= capacity_bytes;
   };
   if (!fits(step)) return 0;
   int64_t lo = step, hi = 2 * step;  // fits(lo); grow hi until it does not

@@ -29,20 +29,20 @@ namespace {
 using ::testing::HasSubstr;
 using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
-// Names and shapes of the model `config_file` builds, from meta tensors.
-Shapes skeleton(const std::string& config_file, bool* all_meta = nullptr) {
+// Names, shapes and hooked units of the model `config_file` builds, from meta tensors.
+ParameterLayout skeleton(const std::string& config_file, bool* all_meta = nullptr) {
   const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/" + config_file);
   model::ParameterInitScope meta(model::ParameterInit::meta);
-  const std::shared_ptr<torch::nn::Module> m = model::build_vlm(config);
-  Shapes out;
-  if (all_meta) *all_meta = true;
-  for (const auto& item : m->named_parameters()) {
-    out.emplace_back(item.key(), item.value().sizes().vec());
-    if (all_meta) *all_meta = *all_meta && item.value().device().is_meta();
+  const std::shared_ptr<model::Vlm> m = model::build_vlm(config);
+  if (all_meta) {
+    *all_meta = true;
+    for (const auto& item : m->named_parameters()) *all_meta = *all_meta && item.value().device().is_meta();
   }
-  return out;
+  return parameter_layout(*m);
 }
 
+int64_t count(const Shapes& shapes);
+int64_t count(const ParameterLayout& layout) { return count(layout.shapes); }
 int64_t count(const Shapes& shapes) {
   int64_t n = 0;
   for (const auto& [name, shape] : shapes) {
@@ -67,10 +67,10 @@ TEST(MemoryEstimate, MetaSkeletonsCountTheReleasedModelsWithoutAllocating) {
 
 TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen2-vl.json");
-  const Shapes shapes = skeleton("configs/tiny-qwen2-vl.json");
+  const ParameterLayout shapes = skeleton("configs/tiny-qwen2-vl.json");
   const int64_t P = count(shapes);
   int64_t largest = 0;  // the untied embedding (and head): 151,936 × 64
-  for (const auto& [name, shape] : shapes) largest = std::max(largest, count({{name, shape}}));
+  for (const auto& [name, shape] : shapes.shapes) largest = std::max(largest, count({{name, shape}}));
   const int64_t B = parallel::kDefaultBucketBytes;
   MemoryEstimateInputs in;
   in.tokens_per_rank = 64;
@@ -124,9 +124,9 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   {
     const std::string file = "configs/hf/Qwen3.5-0.8B.json";
     const model::ModelConfig tied = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/" + file);
-    const Shapes tied_shapes = skeleton(file);
+    const ParameterLayout tied_shapes = skeleton(file);
     int64_t embedding = 0;
-    for (const auto& [name, shape] : tied_shapes)
+    for (const auto& [name, shape] : tied_shapes.shapes)
       if (name.find("embed_tokens.weight") != std::string::npos) embedding = count({{name, shape}});
     ASSERT_EQ(embedding, 248320LL * 1024);
     MemoryEstimateInputs t = in;
@@ -147,7 +147,7 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   // and the shards reduced so far; stage 3 one unit in use plus the next one's gather
   // and its flat copy under Gloo.
   int64_t in_layers = 0, layer0 = 0, in_blocks = 0, block0 = 0, embedding = 0, head = 0;
-  for (const auto& [name, shape] : shapes) {
+  for (const auto& [name, shape] : shapes.shapes) {
     int64_t k = 1;
     for (int64_t d : shape) k *= d;
     if (name == "model.language_model.embed_tokens.weight" || name == "model.embed_tokens.weight") embedding += k;
@@ -174,7 +174,7 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   // Each unit's buckets hold its parameters alone (sharded_weights.cpp): the backward's
   // rounds are at most the largest unit's, the update's at most the kept weights'.
   int64_t largest_kept = 0;
-  for (const auto& [name, shape] : shapes)
+  for (const auto& [name, shape] : shapes.shapes)
     if (name.rfind("visual.blocks.", 0) != 0 && name.find(".layers.") == std::string::npos &&
         name.find("embed_tokens") == std::string::npos && name != "lm_head.weight")
       largest_kept = std::max(largest_kept, count({{name, shape}}));
@@ -219,9 +219,13 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   }
   // One decoder layer larger than any vision block: its neighbour in flight is a block.
   {
-    Shapes one_layer;
-    for (const auto& [name, shape] : shapes)
-      if (name.find(".layers.1.") == std::string::npos) one_layer.emplace_back(name, shape);
+    ParameterLayout one_layer;  // layer 1's unit left empty
+    one_layer.uses = shapes.uses;
+    for (size_t i = 0; i < shapes.shapes.size(); ++i)
+      if (shapes.shapes[i].first.find(".layers.1.") == std::string::npos) {
+        one_layer.shapes.push_back(shapes.shapes[i]);
+        one_layer.unit_of.push_back(shapes.unit_of[i]);
+      }
     ASSERT_GT(layer0, block0);
     const MemoryEstimate cut = estimate_memory(config, one_layer, in);
     EXPECT_EQ(cut.gathered_backward, 2 * (layer0 + 2 * block0));
@@ -254,9 +258,8 @@ TEST(MemoryEstimate, EveryTowersBlocksAreUnitsOfTheModelAndTheEstimate) {
       return std::string("?");
     };
     int64_t depth = 0, in_units = 0, largest = 0, P = 0, in_chain = 0, in_vision_units = 0;
-    Shapes shapes;
+    const ParameterLayout shapes = parameter_layout(*vlm);
     for (const auto& item : vlm->named_parameters()) {
-      shapes.emplace_back(item.key(), item.value().sizes().vec());
       P += item.value().numel();
       if (item.key().rfind(chain, 0) != 0) continue;
       depth = std::max<int64_t>(depth, std::stoll(item.key().substr(chain.size())) + 1);
@@ -299,7 +302,7 @@ TEST(MemoryEstimate, EveryTowersBlocksAreUnitsOfTheModelAndTheEstimate) {
 // sequence to whole ring chunks) is priced for its slots; fewer change nothing.
 TEST(MemoryEstimate, PaddedSlotsArePricedAsTokens) {
   const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
-  const Shapes shapes = skeleton("configs/tiny-qwen3-vl.json");
+  const ParameterLayout shapes = skeleton("configs/tiny-qwen3-vl.json");
   MemoryEstimateInputs in;
   in.tokens_per_rank = 300;
   const MemoryEstimate nominal = estimate_memory(config, shapes, in);
@@ -322,7 +325,7 @@ TEST(MemoryEstimate, PaddedSlotsArePricedAsTokens) {
 // tokens holds n tokens' logits instead of T's (docs/train.md, "Memory: activation checkpointing and the chunked loss").
 TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {
   const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
-  const Shapes shapes = skeleton("configs/tiny-qwen3-vl.json");
+  const ParameterLayout shapes = skeleton("configs/tiny-qwen3-vl.json");
   const model::TextConfig& t = config.text;
   const int64_t T = 1000, L = t.num_hidden_layers, h = t.hidden_size, V = t.vocab_size;
   MemoryEstimateInputs in;
@@ -358,7 +361,7 @@ TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {
 TEST(MemoryEstimate, TiledMlpAndOffloadFollowTheirFormulas) {
   const std::string file = "configs/hf/Qwen2-VL-7B-Instruct.json";
   const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/" + file);
-  const Shapes shapes = skeleton(file);
+  const ParameterLayout shapes = skeleton(file);
   const model::TextConfig& t = config.text;
   const int64_t T = 32768, L = t.num_hidden_layers, h = t.hidden_size, I = t.intermediate_size, b = 2;
   MemoryEstimateInputs in;
@@ -392,7 +395,7 @@ TEST(MemoryEstimate, TiledMlpAndOffloadFollowTheirFormulas) {
 TEST(MemoryEstimate, GatedDeltaNetWorkingSetFollowsItsFormula) {
   const std::string file = "configs/hf/Qwen3.5-0.8B.json";
   const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/" + file);
-  const Shapes shapes = skeleton(file);
+  const ParameterLayout shapes = skeleton(file);
   const model::TextConfig& t = config.text;
   ASSERT_TRUE(t.is_hybrid());
   MemoryEstimateInputs in;
@@ -469,11 +472,7 @@ TEST(MemoryEstimate, LongestTokensPerRankIsTheLastThatFits) {
   // 8.3 B parameters at 18 bytes each (bf16 weights, fp32 masters and moments) need ~150 GB
   // before any activation: one 80 GB device holds none, 200 GB some.
   const int64_t capacity = 200'000'000'000, step = 256;
-  const hf::ExpectedShapes shapes = [&] {
-    hf::ExpectedShapes out;
-    for (const auto& [name, dims] : skeleton("configs/hf/Qwen2-VL-7B-Instruct.json")) out.emplace_back(name, dims);
-    return out;
-  }();
+  const ParameterLayout shapes = skeleton("configs/hf/Qwen2-VL-7B-Instruct.json");
   auto total = [&](const TrainOptions& t, int64_t tokens) {
     MemoryEstimateInputs in;
     in.compute_dtype = at::kBFloat16;

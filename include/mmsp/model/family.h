@@ -54,11 +54,6 @@ class Family {
   // Its vision tokens as text ("<|image_pad|>", "<image>", ...).
   virtual VisionTokenWords token_words() const = 0;
 
-  // What comes before a vision block's index in the model's parameter names
-  // ("visual.blocks." in "visual.blocks.3.mlp.fc1.weight"): each block is a hooked unit
-  // (HookedBlocks), which the memory estimate counts as ZeRO-3 gathers it.
-  virtual std::string vision_block_names() const = 0;
-
   // What its tower keeps per token it encodes (vision_memory.h), for the preflight.
   virtual VisionMemoryShape vision_memory(const ModelConfig& c) const = 0;
 };

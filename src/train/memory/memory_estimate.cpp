@@ -7,7 +7,8 @@
 #include <sstream>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/family.h"
+#include "mmsp/model/named_params.h"
+#include "mmsp/model/vlm.h"
 #include "mmsp/train/loss/chunked_loss.h"
 #include "mmsp/parallel/grad_sync.h"
 #include "mmsp/train/optim/sharded_adamw.h"
@@ -124,29 +125,6 @@ std::string MemoryEstimate::table() const {
 
 namespace {
 
-// The index i of "<key>i." in a name ("…layers.3.mlp…" → 3 for "layers."), or −1.
-// The key must start the name or follow a dot.
-int index_after(const std::string& name, const std::string& key) {
-  const size_t found = name.find(key);
-  if (found == std::string::npos || (found > 0 && name[found - 1] != '.')) return -1;
-  const size_t digits = found + key.size(), end = name.find('.', digits);
-  if (end == std::string::npos || end == digits) return -1;
-  for (size_t i = digits; i < end; ++i)
-    if (name[i] < '0' || name[i] > '9') return -1;
-  return std::stoi(name.substr(digits, end - digits));
-}
-
-// The decoder layer a parameter name belongs to ("…layers.<i>.…" outside the vision
-// tower), or −1.
-int decoder_layer_of(const std::string& name) {
-  if (name.find("visual") != std::string::npos || name.find("vision") != std::string::npos) return -1;
-  return index_after(name, "layers.");
-}
-
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 int64_t elements_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -166,36 +144,43 @@ struct ParameterCensus {
   int64_t kept() const { return total - in_layers - head - embedding; }  // whole for the step under ZeRO-2/3
 };
 
-ParameterCensus census_of(const model::ModelConfig& config, const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes) {
+// Counted from the units parallelize installs (the layout's, parallel::ShardUnitUse):
+// a [V, h] table read by rows is the head when it has a dense gradient (tied when the
+// lookup reads it too), else the untied embedding; every other unit is a layer or a
+// vision block.
+ParameterCensus census_of(const ParameterLayout& layout) {
+  MMSP_CHECK(layout.unit_of.size() == layout.shapes.size(), "estimate_memory: ", layout.unit_of.size(),
+             " unit indices for ", layout.shapes.size(), " parameters");
   ParameterCensus c;
-  std::vector<int64_t> layer_count, block_count;  // per decoder layer, per hooked vision block
-  // Every tower's blocks are hook units (model::HookedBlocks), named as its family says.
-  const std::string vision_blocks = model::family_for(config.model_type).vision_block_names();
-  for (const auto& [name, shape] : shapes) {
-    const int64_t n = elements_of(shape);
+  std::vector<int64_t> per_unit(layout.uses.size(), 0);
+  for (size_t i = 0; i < layout.shapes.size(); ++i) {
+    const int64_t n = elements_of(layout.shapes[i].second);
+    const int unit = layout.unit_of[i];
+    MMSP_CHECK(unit < static_cast<int>(per_unit.size()), "estimate_memory: parameter \"", layout.shapes[i].first,
+               "\" is in unit ", unit, " of ", per_unit.size());
     c.total += n;
     c.largest = std::max(c.largest, n);
-    const int layer = decoder_layer_of(name), block = index_after(name, vision_blocks);
-    std::vector<int64_t>& count = layer >= 0 ? layer_count : block_count;
-    const int unit = layer >= 0 ? layer : block;
-    if (unit >= 0) {
-      if (count.size() <= static_cast<size_t>(unit)) count.resize(unit + 1, 0);
-      count[unit] += n;
-    }
-    // The LM head (lm_head, or the embedding it is tied to) and an untied embedding: the
-    // units ZeRO-3 gathers around their uses besides the layers (Decoder::hook_units).
-    const bool is_embedding = ends_with(name, "embed_tokens.weight"), is_head = ends_with(name, "lm_head.weight");
-    if (!is_embedding && !is_head && unit < 0) c.largest_kept = std::max(c.largest_kept, n);
-    if (is_embedding || is_head) (is_head ? c.head : c.embedding) += n;
+    if (unit >= 0)
+      per_unit[unit] += n;
+    else
+      c.largest_kept = std::max(c.largest_kept, n);
   }
-  std::vector<int64_t> units = layer_count;
-  units.insert(units.end(), block_count.begin(), block_count.end());
-  std::sort(units.begin(), units.end(), std::greater<>());
-  for (int64_t n : units) c.in_layers += n;
-  c.largest_layer = units.empty() ? 0 : units[0];
-  c.next_layer = units.size() > 1 ? units[1] : 0;
-  c.tied = c.head == 0;
-  if (c.tied) std::swap(c.head, c.embedding);
+  std::vector<int64_t> layers;  // decoder layers and vision blocks
+  for (size_t u = 0; u < per_unit.size(); ++u) {
+    const parallel::ShardUnitUse& use = layout.uses[u];
+    if (!use.by_rows) {
+      if (per_unit[u] > 0) layers.push_back(per_unit[u]);
+    } else if (use.dense_gradient) {
+      c.head += per_unit[u];
+      c.tied = c.tied || use.lookup_rows;
+    } else {
+      c.embedding += per_unit[u];
+    }
+  }
+  std::sort(layers.begin(), layers.end(), std::greater<>());
+  for (int64_t n : layers) c.in_layers += n;
+  c.largest_layer = layers.empty() ? 0 : layers[0];
+  c.next_layer = layers.size() > 1 ? layers[1] : 0;
   return c;
 }
 
@@ -359,10 +344,20 @@ void add_loss(MemoryEstimate& e, const model::TextConfig& t, const Widths& w, co
 
 }  // namespace
 
+ParameterLayout parameter_layout(const model::Vlm& skeleton) {
+  ParameterLayout layout;
+  const model::NamedParams params = model::named_parameters(skeleton);
+  for (const auto& [name, p] : params) layout.shapes.emplace_back(name, p.sizes().vec());
+  const std::vector<model::HookUnit> units = skeleton.hook_units();
+  layout.unit_of = parallel::unit_index_of(params, units);
+  layout.uses = parallel::shard_unit_uses(units);
+  return layout;
+}
+
 MemoryEstimate estimate_memory(const model::ModelConfig& config,
-                               const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+                               const ParameterLayout& layout,
                                const MemoryEstimateInputs& in) {
-  const ParameterCensus census = census_of(config, shapes);
+  const ParameterCensus census = census_of(layout);
   Widths w;
   w.b = static_cast<int64_t>(c10::elementSize(in.compute_dtype));
   w.m = static_cast<int64_t>(c10::elementSize(in.master_dtype));

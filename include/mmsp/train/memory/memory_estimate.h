@@ -1,5 +1,6 @@
 // The memory preflight: each rank's bytes for one training step, estimated from the
-// config, the parameter shapes (counted on a meta-device skeleton, nothing allocated),
+// config, the parameters and their hooked units (counted on a meta-device skeleton,
+// nothing allocated),
 // the mesh and the flags, so that a run that cannot fit stops before it allocates.
 //
 // A step is a sequence of moments, each holding different things: the parameters,
@@ -30,6 +31,11 @@
 #include "mmsp/model/config/config.h"
 #include "mmsp/model/hooks/recompute.h"
 #include "mmsp/parallel/zero/shard_level.h"
+#include "mmsp/parallel/zero/shard_unit_use.h"
+
+namespace mmsp::model {
+class Vlm;
+}  // namespace mmsp::model
 
 namespace mmsp::train {
 
@@ -96,9 +102,17 @@ struct MemoryEstimate {
   std::string table() const;
 };
 
-// `shapes`: every parameter's shape (hf::ExpectedShapes from a meta skeleton).
-MemoryEstimate estimate_memory(const model::ModelConfig& config,
-                               const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+// The parameters a run holds, as ZeRO would hold them: what the preflight prices,
+// counted from a model built on the meta device (nothing allocated) and the units
+// parallel::parallelize would hook on it, not from parameter names.
+struct ParameterLayout {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;  // every parameter, in the model's order
+  std::vector<int> unit_of;                   // per parameter: its hooked unit (parallel::unit_index_of), −1: none
+  std::vector<parallel::ShardUnitUse> uses;   // per unit (parallel::shard_unit_uses)
+};
+ParameterLayout parameter_layout(const model::Vlm& skeleton);
+
+MemoryEstimate estimate_memory(const model::ModelConfig& config, const ParameterLayout& layout,
                                const MemoryEstimateInputs& inputs);
 
 // "1.50 GiB", "312.0 MiB", "4.0 KiB", "17 B".

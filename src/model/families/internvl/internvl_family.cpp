@@ -129,7 +129,6 @@ class InternVLFamily : public Family {
 
   VisionTokenWords token_words() const override { return {"<IMG_CONTEXT>", "", "<img>", "</img>"}; }
 
-  std::string vision_block_names() const override { return "vision_tower.encoder.layer."; }
 
   // Per patch (intern_vit.cpp): the layer's input and first norm's output, q, k, v (and
   // their norms' outputs), the attention's output, its projection and that scaled by

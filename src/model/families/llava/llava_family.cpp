@@ -103,7 +103,6 @@ class LlavaFamily : public Family {
 
   VisionTokenWords token_words() const override { return {"<image>", "", "", ""}; }
 
-  std::string vision_block_names() const override { return "vision_model.encoder.layers."; }
 
   // Per patch (llava.cpp's layer_forward), in each layer up to the feature layer: the
   // layer's input and first norm's output, q, k, v, the attention's output, the residual

@@ -209,7 +209,6 @@ class QwenVLFamily : public Family {
   }
 
   // visual.blocks.<i> (Qwen2/2.5-VL) and model.visual.blocks.<i> (Qwen3-VL, Qwen3.5)
-  std::string vision_block_names() const override { return "visual.blocks."; }
 
   // Per patch (qwen_vision.cpp's block_forward): the block's input and its first norm's
   // output, qkv (3D), the two rotated halves and q, k rotated (4D), the attention's
