@@ -24,6 +24,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/train/trainer.h"
 #include "multirank.h"
+#include "scratch_dir.h"
 
 namespace mmsp {
 namespace {
@@ -308,7 +309,7 @@ std::string small_vocab_config(const std::string& file, bool tie) {
     config["image_end_token_id"] = 121;
   }
   config["tie_word_embeddings"] = tie;
-  const std::string path = shared_dir(file + "-" + std::to_string(::getpid()));  // one file per rank
+  const std::string path = test::scratch_dir("config-") + "/" + file;  // one file per rank
   std::ofstream(path) << config.dump(2);
   return path;
 }
@@ -579,7 +580,7 @@ TEST(MultiRankEveryFamily, HookedVisionBlocksRunOnRanksWithoutImages) {
       {{"tiny-internvl.json", false, 4, 96}, {120, 123, 123, 123, 123, 121}, nullptr}};
   std::ostringstream log;
   for (const SparseCase& c : cases) {
-    const std::string data = shared_dir("sparse-images") + "-" + std::to_string(::getpid()) + ".jsonl";  // per rank
+    const std::string data = test::scratch_dir("sparse-images-") + "/data.jsonl";  // per rank
     {
       std::ofstream out(data);
       for (int line = 0; line < 12; ++line) {
@@ -667,7 +668,7 @@ TEST(MultiRankEveryFamily, SplitVisionItemsTrainTheModelOneProcessTrains) {
       config["vision_config"][llava ? "num_attention_heads" : "num_heads"] = 12;
       std::ofstream(config_path) << config.dump(2);
     }
-    const std::string data = shared_dir("split-images") + "-" + std::to_string(::getpid()) + ".jsonl";  // per rank
+    const std::string data = test::scratch_dir("split-images-") + "/data.jsonl";  // per rank
     {
       std::ofstream out(data);
       for (int line = 0; line < 8; ++line) {
@@ -859,7 +860,7 @@ TEST(LongVideo, SplitOverTheContextGroupTrainsTheModelOneProcessTrains) {
       config["vision_config"]["num_heads"] = 4;
       std::ofstream(config_path) << config.dump(2);
     }
-    const std::string data = shared_dir("long-video") + "-" + std::to_string(::getpid()) + "-" + file + ".jsonl";
+    const std::string data = test::scratch_dir("long-video-") + "/data.jsonl";  // per rank
     {
       std::ofstream out(data);
       const std::string circle = std::string(MMSP_SOURCE_DIR) + "/examples/data/circle.png";
