@@ -1,7 +1,7 @@
 // What happens around each use of a hooked unit's weights besides its computation: the
-// points where ZeRO-2/3 (train/sharded_adamw.h) gathers the unit's weights, frees them
+// points where ZeRO-2/3 (parallel/zero/zero_hooks.h) gathers the unit's weights, frees them
 // and reduce-scatters its gradients, and where the token lookup hands over its gradient
-// as rows. The model calls them; train/ decides what they do.
+// as rows. The model calls them; parallel/ decides what they do.
 // The units are the model's (Vlm::hook_units): the decoder's layers 0 … L−1, the LM
 // head (L), the token embedding (L + 1) when it is not tied to the head, then the vision
 // tower's blocks (HookedBlocks: Qwen's blocks, CLIP's and InternViT's encoder layers).

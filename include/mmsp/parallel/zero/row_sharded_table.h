@@ -3,7 +3,7 @@
 // [r·R, (r+1)·R), R = ceil(V / P), zero-padded past V), read by rounds of rows gathered
 // from every rank's shard and by the rows a rank's tokens look up, its rounds' gradients
 // reduce-scattered straight into the owners' shards of the reduced gradient. Built and
-// owned by ShardedAdamW; the masters and gradient are its tensors.
+// owned by ShardedModel (sharded_model.h); the masters and gradient are its tensors.
 #pragma once
 
 #include <ATen/core/Tensor.h>

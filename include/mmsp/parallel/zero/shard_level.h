@@ -1,5 +1,5 @@
 // `--shard`: what of the training state is split over every rank of the world, each
-// level adding to the one before (the ZeRO stages): see sharded_adamw.h. `parameters`
+// level adding to the one before (the ZeRO stages): see sharded_model.h. `parameters`
 // shards and gathers the weights of every hooked unit, not only the decoder layers: the
 // layers, the LM head, the untied token embedding and the vision blocks (Vlm::hook_units).
 #pragma once

@@ -13,7 +13,7 @@
 //   1. pack the model's gradients into a bucket (converted to the master dtype) and
 //      release them; reduce-scatter the bucket: rank r gets the world sum of its shard.
 //      Stage 1 does this after the backward; stages 2 and 3 do it for a unit's buckets
-//      as soon as its backward is done (layer_hooks()), so at most one layer's
+//      as soon as its backward is done (zero_hooks.h), so at most one layer's
 //      gradients are whole at a time; the rest (norms, patch embedding, mergers,
 //      projectors) after the backward. The token lookup's gradient (of the untied embedding, or of the head
 //      tied to it) never becomes a dense [V, h] tensor there: the lookup hands over its

@@ -1,8 +1,8 @@
 // The model's weights under `--shard`: each gradient bucket's weights are rebuilt in the
 // model from every rank's shard of the masters (an all-gather), and under
 // `--shard parameters` (ZeRO-3) freed between uses. This class is that gather, prefetch
-// and free, by bucket and by hooked unit (model/hooks/layer_hooks.h); the optimizer
-// (sharded_adamw.h) owns the masters and says when they changed.
+// and free, by bucket and by hooked unit (model/hooks/layer_hooks.h); the sharded model
+// (sharded_model.h) owns the masters and says when the optimizer changed them.
 //
 // Stage 3 frees a weight's memory in place and refills it before its next use (FSDP's
 // storage().resize_(0)): the tensor, and every view autograd saved of it, keep pointing at
@@ -64,7 +64,7 @@ class ShardedWeights {
   struct Bucket {
     GradBucket layout;
     int64_t shard = 0;
-    at::Tensor master;      // [shard], the optimizer's
+    at::Tensor master;      // [shard], the sharded model's
     bool prefetched = true;
     bool by_rows = false;   // stage 3: read by rows, never gathered for a unit's use
     bool gathered = true;   // its weights are in the model now
@@ -77,7 +77,7 @@ class ShardedWeights {
   void start_gather(Bucket& b);
   void release(Bucket& b);
 
-  model::NamedParams model_;  // the same tensors as the optimizer's
+  model::NamedParams model_;  // the same tensors as the sharded model's
   dist::GroupPtr world_;
   bool frees_;
   int64_t round_bytes_;
