@@ -118,22 +118,22 @@ class ReplicatedUpdate : public WeightUpdate {
 class ShardedUpdate : public WeightUpdate {
  public:
   ShardedUpdate(std::shared_ptr<parallel::ShardedModel> sharded, const AdamWOptions& options, const dist::Mesh& mesh)
-      : zero_(std::move(sharded)), sharded_(zero_, options),
-        mixed_(zero_->master_dtype() != zero_->model_params().front().second.scalar_type()),
+      : sharded_(std::move(sharded), options),
+        mixed_(zero().master_dtype() != zero().model_params().front().second.scalar_type()),
         world_(mesh.world_size()) {}
 
   void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) override {
     // Into the model, then its shards into the masters: exact when the file's dtype is
     // the model's (Qwen's bf16 releases into a bf16 run), else rounded to the model's.
-    zero_->gather_all();  // stage 3: memory to load into (the gathered values are overwritten)
-    hf::load_hf_weights(dir, zero_->model_params(), naming);
-    zero_->copy_from_model();
-    zero_->release_gathered();
+    zero().gather_all();  // stage 3: memory to load into (the gathered values are overwritten)
+    hf::load_hf_weights(dir, zero().model_params(), naming);
+    zero().copy_from_model();
+    zero().release_gathered();
   }
-  void gather_weights() override { zero_->gather_all(); }
+  void gather_weights() override { zero().gather_all(); }
   void restore(const Checkpoint& checkpoint) override { train::restore(checkpoint, sharded_); }
   void set_lr(double lr) override { sharded_.set_lr(lr); }
-  void begin_step() override { zero_->gather_step_weights(); }
+  void begin_step() override { zero().gather_step_weights(); }
   void zero_grad() override { sharded_.zero_grad(); }
   double step(double clip_norm, dist::RankActivity& doing) override {
     doing.set_phase("optimizer (sharded)");
@@ -167,7 +167,7 @@ class ShardedUpdate : public WeightUpdate {
       }
     };
     agree(error);
-    zero_->gather_all();  // stage 3: the hf/ weights go out whole (rank 0 writes them)
+    zero().gather_all();  // stage 3: the hf/ weights go out whole (rank 0 writes them)
     const int rank = mesh.rank(), world = mesh.world_size();
     hf::FileChecksum mine;
     try {
@@ -196,7 +196,7 @@ class ShardedUpdate : public WeightUpdate {
         error = e.what();
       }
     }
-    zero_->release_gathered();
+    zero().release_gathered();
     agree(error);
     if (rank == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
   }
@@ -205,15 +205,15 @@ class ShardedUpdate : public WeightUpdate {
   }
   model::NamedParams weights() const override { return sharded_.model_params(); }
   std::string describe() const override {
-    const char* what = zero_->level() == parallel::ShardLevel::parameters ? "optimizer state, gradients and weights"
-                       : zero_->level() == parallel::ShardLevel::gradients  ? "optimizer state and gradients"
+    const char* what = zero().level() == parallel::ShardLevel::parameters ? "optimizer state, gradients and weights"
+                       : zero().level() == parallel::ShardLevel::gradients  ? "optimizer state and gradients"
                                                                     : "optimizer state";
     return std::string(mixed_ ? "fp32 master weights; " : "") + what + " sharded over " + std::to_string(world_) +
            " ranks";
   }
 
  private:
-  std::shared_ptr<parallel::ShardedModel> zero_;  // what parallelize installed
+  parallel::ShardedModel& zero() const { return sharded_.sharded(); }  // what parallelize installed
   ShardedAdamW sharded_;
   bool mixed_;
   int world_;
