@@ -72,15 +72,6 @@ std::vector<TokenRun> token_runs(const TokenLayout& layout) {
 
 namespace {
 
-// x [T, H, ...] -> [N, H, C, ...] in chunk order, zero rows for the padding slots.
-at::Tensor to_chunks(const at::Tensor& x, const RunChunks& plan, int64_t C) {
-  at::Tensor padded = at::cat({x, at::zeros_like(x.narrow(0, 0, 1))}, 0);
-  at::Tensor rows = padded.index_select(0, plan.slot_token.to(x.device()));
-  std::vector<int64_t> shape{plan.chunks, C};
-  for (int64_t d = 1; d < x.dim(); ++d) shape.push_back(x.size(d));
-  return rows.reshape(shape).transpose(1, 2);
-}
-
 // Shapes of the rule's inputs (names the bad value).
 void check_rule_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                        const at::Tensor& beta, int64_t n_runs, const at::Tensor& initial) {
@@ -206,117 +197,185 @@ GroupChain chain_group(const at::Tensor& Q, const at::Tensor& Kc, const at::Tens
 // 64k tokens would not), and the backward's working set is one group's graph.
 int64_t chunks_per_group(int64_t H, int64_t C) { return std::max<int64_t>(1, (int64_t{1} << 18) / (H * C * C)); }
 
-// The chunked rule over all chunks as one autograd node that keeps only its inputs and
-// the state entering each group of chunks; its backward recomputes one group at a time
-// from that state, last group first, and backpropagates through it (carrying the state's
-// gradient to the group before). Plain autograd over the whole sequence would keep every
-// chunk's intermediates: ~60 bytes per token·head·dim, 2 GiB for a 32k-token layer of 4
-// heads of 128, where this keeps the inputs and one group.
-//   inputs:  Q, Kc, Vc [N, H, C, ·], Gc, Bc [N, H, C], initial (0 or 1 tensors [runs, H, K, V])
-//   outputs: O [N, H, C, V], final [runs, H, K, width], q_eff [N, H, C, K] ([0] without transitions)
+// How the chain runs: the chunk → run map, the runs, the chunks a group holds (what the
+// backward recomputes at once), and whether it carries the transitions.
+struct ChainPlan {
+  ChunkRuns chunk_runs;
+  int64_t runs = 0, group = 1;
+  bool transitions = false;
+};
+
+// The token rows of chunk slots [c0·C, (c0 + n)·C) and which of them are padding (no token).
+struct SlotRows {
+  at::Tensor token;    // int64 [n·C]: the slot's token, or T for padding
+  at::Tensor padding;  // bool [n·C]
+};
+
+SlotRows slot_rows(const RunChunks& plan, int64_t c0, int64_t n) {
+  SlotRows s;
+  s.token = plan.slot_token.narrow(0, c0 * plan.chunk, n * plan.chunk);
+  s.padding = s.token.ge(plan.tokens);
+  return s;
+}
+
+// x [T, H, ...] -> its rows of a group of n chunks, [n, H, C, ...] in dtype `type`, zero
+// for the padding slots. Reads the group's rows only: no copy of the whole x.
+at::Tensor gather_chunks(const at::Tensor& x, const SlotRows& rows, int64_t n, int64_t C, at::ScalarType type) {
+  at::Tensor r = x.index_select(0, rows.token.clamp_max(std::max<int64_t>(x.size(0) - 1, 0))).to(type);
+  std::vector<int64_t> mask_shape{n * C};
+  for (int64_t d = 1; d < x.dim(); ++d) mask_shape.push_back(1);
+  r = r.masked_fill(rows.padding.view(mask_shape), 0);
+  std::vector<int64_t> shape{n, C};
+  for (int64_t d = 1; d < x.dim(); ++d) shape.push_back(x.size(d));
+  return r.reshape(shape).transpose(1, 2);
+}
+
+// The reverse: a group's chunk rows [n, H, C, ...] written to their tokens of x_padded
+// [T + 1, H, ...] in its dtype (padding slots all land on row T, which the caller drops).
+// Each token has one slot, so this is a copy, as exact as a sum into zeros.
+void scatter_chunks(at::Tensor& x_padded, const at::Tensor& chunks, const SlotRows& rows) {
+  const int64_t n = chunks.size(0), H = chunks.size(1), C = chunks.size(2);
+  std::vector<int64_t> shape{n * C, H};
+  for (int64_t d = 3; d < chunks.dim(); ++d) shape.push_back(chunks.size(d));
+  x_padded.index_copy_(0, rows.token, chunks.transpose(1, 2).reshape(shape).to(x_padded.scalar_type()));
+}
+
+// A group of chunks' raw inputs in chunk slots and the compute dtype.
+struct GroupInputs {
+  at::Tensor q, k, v, g, beta;  // [n, H, C, ·], g and beta [n, H, C]
+  std::vector<at::Tensor> all() const { return {q, k, v, g, beta}; }
+};
+
+GroupInputs gather_group(const std::vector<at::Tensor>& inputs, const SlotRows& rows, int64_t n, int64_t C,
+                         at::ScalarType type) {
+  return {gather_chunks(inputs[0], rows, n, C, type), gather_chunks(inputs[1], rows, n, C, type),
+          gather_chunks(inputs[2], rows, n, C, type), gather_chunks(inputs[3], rows, n, C, type),
+          gather_chunks(inputs[4], rows, n, C, type)};
+}
+
+// The chain over a group from its raw inputs: Q scaled by 1/√K, G cumulated over each chunk.
+GroupChain chain_from_inputs(const GroupInputs& x, int64_t c0, const ChainPlan& plan, const at::Tensor& state_in,
+                             const at::Tensor& initial) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(x.q.size(3)));
+  return chain_group(x.q * scale, x.k, x.v, x.g.cumsum(-1), x.beta, c0, plan.chunk_runs, state_in, initial,
+                     plan.transitions);
+}
+
+// The chunked rule as one autograd node over the token-order inputs, a group of chunks at
+// a time: each group's rows are gathered into chunk slots in the compute dtype, chained
+// from the state entering it, and its outputs written back to their tokens. Between
+// forward and backward it keeps the inputs as they came (the caller's tensors, no copy),
+// its outputs and the state entering each group; its backward gathers a group again,
+// last group first, recomputes it from its entering state, backpropagates through it
+// (carrying the state's gradient to the group before) and writes the gradients to their
+// tokens. So no [T, H, ·] tensor in chunk slots or in the compute dtype exists at all
+// (but q_eff's, with transitions): plain autograd would keep every chunk's intermediates,
+// ~60 bytes per token·head·dim (2 GiB for a 32k-token layer of 4 heads of 128).
+//   inputs:  q, k [T, H, K], v [T, H, V], g, beta [T, H], initial (0 or 1 tensors [runs, H, K, V])
+//   outputs: out [T, H, V] in q's dtype, final [runs, H, K, width] and q_eff [T, H, K]
+//            ([0, H, K] without transitions) in the compute dtype
 struct ChunkedDeltaRule : torch::autograd::Function<ChunkedDeltaRule> {
   struct Plan : torch::CustomClassHolder {
-    ChunkRuns chunk_runs;
-    int64_t runs = 0, group = 1;
-    bool transitions = false;
+    RunChunks chunks;
+    ChainPlan chain;
+    at::ScalarType type = at::kFloat;
   };
 
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& Q,
-                                                const at::Tensor& Kc, const at::Tensor& Vc, const at::Tensor& Gc,
-                                                const at::Tensor& Bc, at::TensorList initial,
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
+                                                const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                                const at::Tensor& beta, at::TensorList initial,
                                                 const c10::intrusive_ptr<Plan>& plan) {
-    const int64_t N = Q.size(0), H = Q.size(1), C = Q.size(2), K = Q.size(3), V = Vc.size(3);
-    const int64_t width = plan->transitions ? V + K : V;
+    const int64_t T = q.size(0), H = q.size(1), K = q.size(2), V = v.size(2);
+    const ChainPlan& chain = plan->chain;
+    const int64_t N = plan->chunks.chunks, C = plan->chunks.chunk, width = chain.transitions ? V + K : V;
+    const auto wide = q.options().dtype(plan->type);
     const at::Tensor init = initial.empty() ? at::Tensor() : initial[0];
-    at::Tensor O = at::empty({N, H, C, V}, Q.options());
-    at::Tensor q_eff = at::empty({plan->transitions ? N : 0, H, C, K}, Q.options());
-    at::Tensor final = at::zeros({plan->runs, H, K, width}, Q.options());
-    std::vector<at::Tensor> entering;  // per group: the state entering it (zeros at a run start)
+    const std::vector<at::Tensor> inputs{q, k, v, g, beta};
+    at::Tensor out = at::zeros({T + 1, H, V}, q.options());  // row T: the padding slots'
+    at::Tensor q_eff = at::zeros({chain.transitions ? T + 1 : 1, H, K}, wide);
+    at::Tensor final = at::zeros({chain.runs, H, K, width}, wide);
+    std::vector<at::Tensor> entering;  // zeros at a run start
     at::Tensor state;
-    for (int64_t c0 = 0; c0 < N; c0 += plan->group) {
-      const int64_t n = std::min(plan->group, N - c0);
-      entering.push_back(state.defined() ? state : at::zeros({H, K, width}, Q.options()));
-      GroupChain g = chain_group(Q.narrow(0, c0, n), Kc.narrow(0, c0, n), Vc.narrow(0, c0, n), Gc.narrow(0, c0, n),
-                                 Bc.narrow(0, c0, n), c0, plan->chunk_runs, state, init, plan->transitions);
-      O.narrow(0, c0, n).copy_(g.O);
-      if (plan->transitions) q_eff.narrow(0, c0, n).copy_(g.q_eff);
-      for (const auto& [r, s] : g.finals) final[r].copy_(s);
-      state = plan->chunk_runs.continues_into(c0 + n) ? g.state : at::Tensor();
+    for (int64_t c0 = 0; c0 < N; c0 += chain.group) {
+      const int64_t n = std::min(chain.group, N - c0);
+      const SlotRows rows = slot_rows(plan->chunks, c0, n);
+      entering.push_back(state.defined() ? state : at::zeros({H, K, width}, wide));
+      GroupChain gc = chain_from_inputs(gather_group(inputs, rows, n, C, plan->type), c0, chain, state, init);
+      scatter_chunks(out, gc.O, rows);
+      if (chain.transitions) scatter_chunks(q_eff, gc.q_eff, rows);
+      for (const auto& [r, s] : gc.finals) final[r].copy_(s);
+      state = chain.chunk_runs.continues_into(c0 + n) ? gc.state : at::Tensor();
     }
-    std::vector<at::Tensor> saved{Q, Kc, Vc, Gc, Bc, at::stack(entering)};
+    std::vector<at::Tensor> saved{q, k, v, g, beta, at::stack(entering)};
     if (init.defined()) saved.push_back(init);
     ctx->save_for_backward(saved);
     ctx->saved_data["plan"] = c10::IValue::make_capsule(plan);
-    return {O, final, q_eff};
+    return {out.narrow(0, 0, T), final, q_eff.narrow(0, 0, chain.transitions ? T : 0)};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto plan = c10::static_intrusive_pointer_cast<Plan>(ctx->saved_data["plan"].toCapsule());
+    const ChainPlan& chain = plan->chain;
     const torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &Q = saved[0], &Kc = saved[1], &Vc = saved[2], &Gc = saved[3], &Bc = saved[4];
+    const std::vector<at::Tensor> inputs(saved.begin(), saved.begin() + 5);  // q, k, v, g, beta
     const at::Tensor& entering = saved[5];
     const bool has_initial = saved.size() > 6;
-    const at::Tensor& dO = grads[0];
-    const at::Tensor& dfinal = grads[1];
-    const at::Tensor& dq_eff = grads[2];
-    const int64_t N = Q.size(0);
-    std::vector<at::Tensor> d{at::zeros_like(Q), at::zeros_like(Kc), at::zeros_like(Vc), at::zeros_like(Gc),
-                              at::zeros_like(Bc)};
+    const at::Tensor &d_out = grads[0], &d_final = grads[1], &d_q_eff = grads[2];
+    const int64_t T = inputs[0].size(0), N = plan->chunks.chunks, C = plan->chunks.chunk;
+    std::vector<at::Tensor> d;  // [T + 1, ...]: row T takes the padding slots'
+    for (const at::Tensor& x : inputs) {
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape[0] = T + 1;
+      d.push_back(at::zeros(shape, x.options()));
+    }
     at::Tensor d_initial = has_initial ? at::zeros_like(saved[6]) : at::Tensor();
     at::Tensor d_leaving;  // gradient of the state leaving the group (from the group after it)
-    const int64_t groups = (N + plan->group - 1) / plan->group;
+    const int64_t groups = (N + chain.group - 1) / chain.group;
     for (int64_t gi = groups - 1; gi >= 0; --gi) {
-      const int64_t c0 = gi * plan->group, n = std::min(plan->group, N - c0);
-      std::vector<at::Tensor> inputs;
-      for (const at::Tensor& x : {Q, Kc, Vc, Gc, Bc}) inputs.push_back(x.narrow(0, c0, n).detach().requires_grad_());
-      const bool continued = plan->chunk_runs.continues_into(c0);  // the group starts mid-run
+      const int64_t c0 = gi * chain.group, n = std::min(chain.group, N - c0);
+      const SlotRows rows = slot_rows(plan->chunks, c0, n);
+      GroupInputs x = gather_group(inputs, rows, n, C, plan->type);
+      std::vector<at::Tensor> leaves;
+      for (at::Tensor* t : {&x.q, &x.k, &x.v, &x.g, &x.beta}) leaves.push_back(t->requires_grad_());
+      const bool continued = chain.chunk_runs.continues_into(c0);  // the group starts mid-run
       at::Tensor state_in = continued ? entering[gi].detach().requires_grad_() : at::Tensor();
       at::Tensor init = has_initial ? saved[6].detach().requires_grad_() : at::Tensor();
-      GroupChain g;
+      GroupChain gc;
       {
         at::AutoGradMode with_grad(true);
-        g = chain_group(inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], c0, plan->chunk_runs, state_in, init,
-                        plan->transitions);
+        gc = chain_from_inputs(x, c0, chain, state_in, init);
       }
-      torch::autograd::variable_list outputs{g.O}, grad_outputs{dO.narrow(0, c0, n)};
-      if (plan->transitions) {
-        outputs.push_back(g.q_eff);
-        grad_outputs.push_back(dq_eff.narrow(0, c0, n));
+      torch::autograd::variable_list outputs{gc.O}, grad_outputs{gather_chunks(d_out, rows, n, C, plan->type)};
+      if (chain.transitions) {
+        outputs.push_back(gc.q_eff);
+        grad_outputs.push_back(gather_chunks(d_q_eff, rows, n, C, plan->type));
       }
-      for (const auto& [r, s] : g.finals) {
+      for (const auto& [r, s] : gc.finals) {
         outputs.push_back(s);
-        grad_outputs.push_back(dfinal[r]);
+        grad_outputs.push_back(d_final[r]);
       }
-      if (plan->chunk_runs.continues_into(c0 + n) && d_leaving.defined()) {  // the state goes on
-        outputs.push_back(g.state);
+      if (chain.chunk_runs.continues_into(c0 + n) && d_leaving.defined()) {  // the state goes on
+        outputs.push_back(gc.state);
         grad_outputs.push_back(d_leaving);
       }
-      if (continued) inputs.push_back(state_in);
-      if (has_initial) inputs.push_back(init);
-      const torch::autograd::variable_list got = torch::autograd::grad(outputs, inputs, grad_outputs,
+      if (continued) leaves.push_back(state_in);
+      if (has_initial) leaves.push_back(init);
+      const torch::autograd::variable_list got = torch::autograd::grad(outputs, leaves, grad_outputs,
                                                                        /*retain_graph=*/false,
                                                                        /*create_graph=*/false, /*allow_unused=*/true);
       for (size_t i = 0; i < d.size(); ++i)
-        if (got[i].defined()) d[i].narrow(0, c0, n).copy_(got[i]);
+        if (got[i].defined()) scatter_chunks(d[i], got[i], rows);
       d_leaving = continued && got[5].defined() ? got[5] : at::Tensor();
       if (has_initial && got.back().defined()) d_initial += got.back();
     }
-    torch::autograd::variable_list result(d.begin(), d.end());
+    torch::autograd::variable_list result;
+    for (const at::Tensor& x : d) result.push_back(x.narrow(0, 0, T));
     if (has_initial) result.push_back(d_initial);
     result.emplace_back();  // the plan capsule
     return result;
   }
 };
-
-// x [N, H, C, width] back from chunk slots to tokens [T, H, width]: slot s of the
-// flattened chunks holds token slot_token[s]; padding slots are dropped.
-at::Tensor from_chunks(const at::Tensor& x, const RunChunks& plan) {
-  const int64_t N = x.size(0), H = x.size(1), C = x.size(2), width = x.size(3);
-  at::Tensor rows = x.transpose(1, 2).reshape({N * C, H, width});
-  rows = at::cat({rows, at::zeros({1, H, width}, rows.options())}, 0);
-  return rows.index_select(0, plan.token_slot.to(rows.device()));
-}
 
 }  // namespace
 
@@ -341,26 +400,24 @@ GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, cons
   const at::ScalarType type = c10::elementSize(in_type) < 4 ? at::kFloat : in_type;
   if (n_runs == 0) return result_without_runs(q, k, v, g, beta, type);
 
-  // [N, H, C, ·]
-  const at::Tensor Q = to_chunks(q.to(type), plan, C) * (1.0 / std::sqrt(static_cast<double>(K)));
-  const at::Tensor Gc = to_chunks(g.to(type), plan, C).cumsum(-1);  // [N, H, C]
   auto rule = c10::make_intrusive<ChunkedDeltaRule::Plan>();
-  rule->chunk_runs = {plan.chunk_run, plan.run_start};
-  rule->runs = n_runs;
-  rule->group = group_chunks > 0 ? group_chunks : chunks_per_group(q.size(1), C);
-  rule->transitions = transitions;
+  rule->chunks = plan;
+  rule->type = type;
+  rule->chain.chunk_runs = {plan.chunk_run, plan.run_start};
+  rule->chain.runs = n_runs;
+  rule->chain.group = group_chunks > 0 ? group_chunks : chunks_per_group(q.size(1), C);
+  rule->chain.transitions = transitions;
   std::vector<at::Tensor> init;
   if (initial.defined()) init.push_back(initial.to(type));
   const torch::autograd::variable_list got =
-      ChunkedDeltaRule::apply(Q, to_chunks(k.to(type), plan, C), to_chunks(v.to(type), plan, C), Gc,
-                              to_chunks(beta.to(type), plan, C), at::TensorList(init), rule);
+      ChunkedDeltaRule::apply(q, k, v, g, beta, at::TensorList(init), rule);
 
   GatedDeltaResult result;
-  result.out = from_chunks(got[0], plan).to(in_type);  // [T, H, V]
+  result.out = got[0];  // [T, H, V]
   result.final = got[1].narrow(-1, 0, V);
   if (transitions) {
     result.transition = got[1].narrow(-1, V, K);
-    result.q_eff = from_chunks(got[2], plan);  // [T, H, K]
+    result.q_eff = got[2];  // [T, H, K]
   }
   return result;
 }

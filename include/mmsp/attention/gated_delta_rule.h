@@ -1,8 +1,8 @@
 // The gated delta rule, computed chunk-wise (chunks of 64, WY form) in plain ATen
-// ops, so it runs on any device. Its backward recomputes groups of chunks from the
-// states saved at their starts and backpropagates through them with autograd: the
-// graph between forward and backward holds the inputs, not every chunk's
-// intermediates. It works on runs:
+// ops, so it runs on any device, a group of chunks at a time, read from and written to
+// token order. Its backward recomputes each group from the state saved at its start and
+// backpropagates through it with autograd: the graph between forward and backward holds
+// the inputs as given, not every chunk's intermediates nor copies in chunk slots. It works on runs:
 // contiguous token ranges that each start from their own state (a packed segment,
 // or the piece of one that a ring rank holds). Communication is left to
 // gated_delta_ring (state passing) and gated_delta_context (Ulysses).
@@ -56,6 +56,7 @@ struct GatedDeltaOptions {
   // intermediates stay cache-sized). Tests set it to cross many group borders.
   int64_t group_chunks = 0;
 };
+
 
 struct GatedDeltaResult {
   at::Tensor out;         // [T, H, V], zero for tokens in no run; input dtype
