@@ -103,8 +103,8 @@ ParameterLayout layout_of(const model::ModelConfig& config) {
 
 // `local_length`: a step's padded slots a rank holds, when known (0: --tokens-per-rank).
 MemoryEstimate estimate_for(const model::ModelConfig& config, const ParameterLayout& layout,
-                            const TrainOptions& o, const ParsedTrainOptions& parsed, int64_t loss_chunk, int world,
-                            int64_t local_length = 0) {
+                            const TrainOptions& o, const ParsedTrainOptions& parsed, int64_t loss_chunk,
+                            const plan::Mesh& mesh, int64_t local_length = 0) {
   MemoryEstimateInputs in;
   in.compute_dtype = parsed.dtype;
   in.master_dtype = master_dtype_of(parsed.dtype);
@@ -116,15 +116,16 @@ MemoryEstimate estimate_for(const model::ModelConfig& config, const ParameterLay
   in.offload_activations = o.offload_activations && o.device.is_cuda();  // on the CPU the host is the device
   in.mlp_tile = model::mlp_tile_tokens(o.tiled_mlp, std::max(o.tokens_per_rank, local_length), config.text.hidden_size);
   in.shard_level = parsed.shard_level;
-  if (in.shard_level != parallel::ShardLevel::none) in.shard_world = world;
+  if (in.shard_level != parallel::ShardLevel::none) in.shard_world = mesh.world();
+  in.ring = mesh.ring;
   return estimate_memory(config, layout, in);
 }
 
 // This rank's memory for the run; refused (naming every part) when over the limit.
 MemoryEstimate preflight_memory(const model::ModelConfig& config, const ParameterLayout& layout,
                                 const TrainOptions& o, const ParsedTrainOptions& parsed, int64_t loss_chunk,
-                                int world) {
-  const MemoryEstimate memory = estimate_for(config, layout, o, parsed, loss_chunk, world);
+                                const plan::Mesh& mesh) {
+  const MemoryEstimate memory = estimate_for(config, layout, o, parsed, loss_chunk, mesh);
   check_memory_fits(memory, o.memory_limit_bytes, o.memory_limit_source);
   return memory;
 }
@@ -259,7 +260,7 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   in.layout = layout_of(config);
   in.naming = model::checkpoint_naming(config);
   if (in.resolved.weights) hf::match_hf_tensors(*in.resolved.weights, in.layout.shapes, in.naming);
-  in.memory = preflight_memory(config, in.layout, o, parsed, in.loss_chunk, mesh.world_size());
+  in.memory = preflight_memory(config, in.layout, o, parsed, in.loss_chunk, shape);
   // hf/ of the checkpoints: as asked, else as the weights came, else the masters' dtype.
   in.save_dtype = parsed.save_dtype;
   if (!in.save_dtype) in.save_dtype = in.resolved.weights ? in.resolved.weights->dominant_dtype() : master_dtype;
@@ -530,7 +531,7 @@ void check_step_memory(const StepLoop& run, int64_t step, const std::vector<int6
   for (const plan::RowPlan& row : plan.rows) slots = std::max(slots, row.shards.local_length());
   MemoryEstimate estimate = slots > o.tokens_per_rank
                                 ? estimate_for(run.in.resolved.config, run.in.layout, o, run.in.parsed, run.loss_chunk,
-                                               run.mesh.world_size(), slots)
+                                               run.mesh.shape(), slots)
                                 : run.in.memory;
   estimate.vision = busiest.bytes.kept;
   estimate.vision_working_set = busiest.bytes.transient;
@@ -631,7 +632,8 @@ int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOpt
     t.tokens_per_rank = tokens;
     // --loss-chunk 0 is the default chunk; a negative one stands for "one chunk of all T"
     const int64_t chunk = o.loss_chunk > 0 ? o.loss_chunk : o.loss_chunk < 0 ? tokens : default_loss_chunk(config.text.vocab_size);
-    return estimate_for(config, layout, t, parsed, chunk, world).total() <= capacity_bytes;
+    // all ranks one ring, as `bench memory` runs (a ring's Gated DeltaNet holds the most)
+    return estimate_for(config, layout, t, parsed, chunk, plan::Mesh{1, world, 1}).total() <= capacity_bytes;
   };
   if (!fits(step)) return 0;
   int64_t lo = step, hi = 2 * step;  // fits(lo); grow hi until it does not

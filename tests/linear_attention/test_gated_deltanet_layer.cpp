@@ -20,6 +20,7 @@
 #include "mmsp/plan/placement.h"
 #include "mmsp/plan/shard_map.h"
 #include "mmsp/train/memory/memory_counter.h"
+#include "mmsp/train/memory/memory_estimate.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
 #include "multirank.h"
@@ -372,4 +373,43 @@ TEST(MultiRank, Bf16ActivationsWithFp32States) {
     EXPECT_TRUE(xl.grad().isfinite().all().item<bool>()) << mesh.shape().str();
     EXPECT_TRUE(w.A_log.grad().isfinite().all().item<bool>()) << mesh.shape().str();
   }
+}
+
+// The layer at Qwen3.5-0.8B's linear-attention shapes (hidden 1,024, 16 key and value
+// heads of 128) on one process: what its forward keeps and its step's peak above its
+// input and weights, against the preflight's formula (gated_delta_layer_bytes: kept and
+// backward per token). fp32 here: a bf16 step of 2,048 tokens takes 96 s on this CPU's
+// bf16 matmul (MMSP_TEST_GDN_BF16=1 runs it: kept 92.6 KB a token against the formula's
+// 94.2, peak 151.8 against 155.6).
+TEST(GatedDeltaNetLayer, ReleasedShapesStepPeakWithinItsEstimate) {
+  at::manual_seed(13);
+  GatedDeltaNetConfig c;
+  c.hidden_size = 1024;
+  c.num_key_heads = c.num_value_heads = 16;
+  c.key_head_dim = c.value_head_dim = 128;
+  c.conv_kernel = 4;
+  model::TextConfig text;
+  text.linear_num_key_heads = text.linear_num_value_heads = 16;
+  text.linear_key_head_dim = text.linear_value_head_dim = 128;
+  const char* dtype = std::getenv("MMSP_TEST_GDN_BF16");
+  const at::ScalarType type = dtype && std::string(dtype) == "1" ? at::kBFloat16 : at::kFloat;
+  const int64_t T = 2048;
+  GatedDeltaNetWeights w = with_grad(GatedDeltaNetWeights::random(c, type, 5));
+  Tensor x = (0.5 * at::randn({T, c.hidden_size}, kF64)).to(type).requires_grad_();
+  const TokenLayout layout = test::packed_layout({T}, 1);
+  train::MemoryCounter counter;
+  Tensor out = gated_deltanet_forward(w, c, x, {{}, {layout}});
+  const int64_t kept = counter.current_bytes() - out.nbytes();
+  std::vector<Tensor> inputs = params_of(w);
+  inputs.push_back(x);
+  std::vector<Tensor> got = torch::autograd::grad({out.to(at::kFloat).pow(2).sum()}, inputs);
+  const int64_t peak = counter.peak_bytes();
+  const train::GatedDeltaLayerBytes formula =
+      train::gated_delta_layer_bytes(text, static_cast<int64_t>(c10::elementSize(type)), /*ring=*/1);
+  std::cout << "[ " << c10::toString(type) << ": kept " << kept / T << " B a token (formula " << formula.kept
+            << "), step peak " << peak / T << " B a token (formula " << formula.kept + formula.backward << ") ]\n";
+  EXPECT_LE(kept, formula.kept * T);
+  EXPECT_GE(kept, formula.kept * T * 9 / 10);  // not loose
+  EXPECT_LE(peak, (formula.kept + formula.backward) * T);
+  EXPECT_GE(peak, (formula.kept + formula.backward) * T * 9 / 10);
 }

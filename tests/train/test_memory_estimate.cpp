@@ -389,9 +389,10 @@ TEST(MemoryEstimate, TiledMlpAndOffloadFollowTheirFormulas) {
     if (offloaded.parts()[k].first != "activations") { EXPECT_EQ(offloaded.parts()[k], recomputed.parts()[k]); }
 }
 
-// A hybrid model's working set is its Gated DeltaNet layer's when that is the largest:
-// the rule's chunked q, k, v and their gradients (fp32 under bf16) and the conv's
-// input, pre-activation and output, per this rank's token-head pairs.
+// A hybrid model's working set is its Gated DeltaNet layer's backward when that is the
+// largest, and the recomputed layer is its Gated DeltaNet layer when that keeps more than
+// its attention layer (gated_delta_layer_bytes: measured by test_linear_attention);
+// under a ring the layer also keeps its q_eff maps. Per this rank's token-head pairs.
 TEST(MemoryEstimate, GatedDeltaNetWorkingSetFollowsItsFormula) {
   const std::string file = "configs/hf/Qwen3.5-0.8B.json";
   const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/" + file);
@@ -401,11 +402,19 @@ TEST(MemoryEstimate, GatedDeltaNetWorkingSetFollowsItsFormula) {
   MemoryEstimateInputs in;
   in.tokens_per_rank = 8192;
   in.compute_dtype = at::kBFloat16;
+  in.checkpointing = model::ActivationCheckpointing::all;
   const int64_t T = in.tokens_per_rank, Hk = t.linear_num_key_heads, Hv = t.linear_num_value_heads;
-  const int64_t K = t.linear_key_head_dim, V = t.linear_value_head_dim;
-  const int64_t gated_delta = 3 * T * Hv * (2 * K + V) * 4 + 3 * T * (2 * Hk * K + Hv * V) * 2;
-  EXPECT_EQ(estimate_memory(config, shapes, in).working_set, gated_delta);
-  EXPECT_GT(gated_delta, 3 * T * t.intermediate_size * 2);  // larger than the MLP's at this size
+  const int64_t K = t.linear_key_head_dim, V = t.linear_value_head_dim, b = 2, conv = (2 * Hk * K + Hv * V) * b;
+  const GatedDeltaLayerBytes layer = gated_delta_layer_bytes(t, b, 1);
+  EXPECT_EQ(layer.kept, 3 * conv + Hv * (2 * K + V) * b + Hv * V * (2 * 4 + 7 * b));
+  EXPECT_EQ(layer.backward, Hv * (2 * K + V) * b + 3 * Hv * V * 4 + 2 * conv);
+  const MemoryEstimate e = estimate_memory(config, shapes, in);
+  EXPECT_EQ(e.working_set, T * layer.backward);
+  EXPECT_GT(e.working_set, 3 * T * t.intermediate_size * 2);  // larger than the MLP's at this size
+  const int64_t h = t.hidden_size, norms_and_mlp = (6 * h + 4 * t.intermediate_size) * b;
+  EXPECT_EQ(e.activations, t.num_hidden_layers * T * h * b + T * (norms_and_mlp + layer.kept));
+  in.ring = 4;
+  EXPECT_EQ(estimate_memory(config, shapes, in).working_set, T * (layer.backward + 2 * Hv * K * 4));
   // A model without linear-attention layers keeps the MLP / attention-block term.
   const model::ModelConfig dense = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
   in.compute_dtype = at::kFloat;

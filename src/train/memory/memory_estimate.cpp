@@ -282,14 +282,21 @@ void add_activations(MemoryEstimate& e, const model::TextConfig& t, const Widths
   // attention output and its input to o_proj ((5H + 4H_kv)·d), and the MLP's gate,
   // up, activation and product (4I). A tiled MLP (--tiled-mlp) keeps none of the 4I:
   // it keeps its input alone (the second norm's output, among the 6h) and makes the
-  // rest again in its backward, a tile at a time.
+  // rest again in its backward, a tile at a time. A hybrid model's Gated DeltaNet
+  // layers keep their token mixer's bytes (gated_delta_layer_bytes) instead of the
+  // attention's.
   const int64_t T = w.slots, h = t.hidden_size, d = t.head_dim, b = w.b;
-  const int64_t per_token_layer = 6 * h + (5 * t.num_attention_heads + 4 * t.num_key_value_heads) * d +
-                                  (in.mlp_tile > 0 ? 0 : 4 * t.intermediate_size);
-  const int64_t one_layer = T * per_token_layer * b;
+  const int64_t norms_and_mlp = (6 * h + (in.mlp_tile > 0 ? 0 : 4 * t.intermediate_size)) * b;
+  const int64_t attention_layer = T * (norms_and_mlp + (5 * t.num_attention_heads + 4 * t.num_key_value_heads) * d * b);
+  int64_t linear_layers = 0, linear_layer = 0;
+  if (t.is_hybrid()) {
+    linear_layers = std::count(t.layer_types.begin(), t.layer_types.end(), model::LayerKind::linear_attention);
+    linear_layer = T * (norms_and_mlp + gated_delta_layer_bytes(t, b, in.ring).kept);
+  }
+  const int64_t one_layer = std::max(attention_layer, linear_layer);  // the one being recomputed
   const int64_t layer_inputs = t.num_hidden_layers * T * h * b;
   if (in.checkpointing == model::ActivationCheckpointing::none) {
-    e.activations = t.num_hidden_layers * one_layer;
+    e.activations = (t.num_hidden_layers - linear_layers) * attention_layer + linear_layers * linear_layer;
   } else if (in.offload_activations) {
     // The inputs in host memory; on the device one recomputed layer, the input it was
     // brought back for, and the next one on its way back.
@@ -311,17 +318,9 @@ int64_t layer_working_set(const model::TextConfig& t, const Widths& w, const Mem
   const int64_t mlp = in.mlp_tile > 0 ? (7 * std::min(in.mlp_tile, T) * I + h * I + T * h) * b : 3 * T * I * b;
   const int64_t block = std::min(in.attention_block, std::max<int64_t>(T, 1));
   const int64_t attention = 4 * t.num_attention_heads * block * block * 4;
-  // A Gated DeltaNet layer's recompute and backward (hybrid configs): its rule keeps the
-  // chunked q, k (repeated to the value heads) and v in its compute dtype (fp32 under
-  // 16-bit) and makes their gradients in chunk slots and in token order, and its conv
-  // keeps its input, pre-activation and output. T·H_v is this rank's token-head pairs
-  // under any split of the context group (Ulysses trades tokens for heads).
-  int64_t gated_delta = 0;
-  if (t.is_hybrid()) {
-    const int64_t wide = std::max<int64_t>(b, 4), Hk = t.linear_num_key_heads, Hv = t.linear_num_value_heads;
-    const int64_t K = t.linear_key_head_dim, V = t.linear_value_head_dim;
-    gated_delta = 3 * T * Hv * (2 * K + V) * wide + 3 * T * (2 * Hk * K + Hv * V) * b;
-  }
+  // A Gated DeltaNet layer's backward transients (hybrid configs; what it keeps is in
+  // the activations).
+  const int64_t gated_delta = t.is_hybrid() ? T * gated_delta_layer_bytes(t, b, in.ring).backward : 0;
   return std::max({mlp, attention, gated_delta});
 }
 
@@ -343,6 +342,18 @@ void add_loss(MemoryEstimate& e, const model::TextConfig& t, const Widths& w, co
 }
 
 }  // namespace
+
+GatedDeltaLayerBytes gated_delta_layer_bytes(const model::TextConfig& t, int64_t b, int ring) {
+  const int64_t wide = std::max<int64_t>(b, 4), Hk = t.linear_num_key_heads, Hv = t.linear_num_value_heads;
+  const int64_t K = t.linear_key_head_dim, V = t.linear_value_head_dim;
+  const int64_t conv = (2 * Hk * K + Hv * V) * b;
+  GatedDeltaLayerBytes bytes;
+  bytes.kept = 3 * conv + Hv * (2 * K + V) * b + Hv * V * (2 * wide + 7 * b);
+  const int64_t rule_gradients = Hv * (2 * K + V) * b;
+  bytes.backward = (b < 4 ? rule_gradients + 3 * Hv * V * wide + 2 * conv : rule_gradients + Hv * V * b) +
+                   (ring > 1 ? 2 * Hv * K * wide : 0);
+  return bytes;
+}
 
 ParameterLayout parameter_layout(const model::Vlm& skeleton) {
   ParameterLayout layout;

@@ -55,7 +55,29 @@ struct MemoryEstimateInputs {
   int64_t mlp_tile = 0;                       // tokens per tile of the MLP (--tiled-mlp resolved); 0: untiled
   parallel::ShardLevel shard_level = parallel::ShardLevel::none;  // --shard
   int shard_world = 1;                         // ... over this many ranks
+  // The context group's ring degree: with a ring, a Gated DeltaNet layer also keeps the
+  // map from each run's initial state to its outputs (state passing, gated_delta_ring.h).
+  int ring = 1;
 };
+
+// A Gated DeltaNet token mixer's bytes per token (this rank's token-head pairs: Ulysses
+// trades tokens for heads), b the model's dtype and `wide` fp32 under 16-bit (else b):
+//  kept (forward to backward): the conv's input, pre-activation and output
+//    (3·(2·H_k·K + H_v·V)·b); the rule's normalised q and k and its output
+//    (H_v·(2K + V)·b: it keeps no copy in chunk slots, gated_delta_rule.h); the gate z and
+//    the gated norm's tensors (H_v·V·(2·wide + 7·b), casts included);
+//  backward (its transients at the step's peak): in 16-bit the peak comes in the gated
+//    norm's fp32 backward, beside the rule's three gradients in token order and the conv's
+//    two (H_v·(2K + V)·b + 3·H_v·V·wide + 2·(2·H_k·K + H_v·V)·b); without casts, at the
+//    rule's gradients and the output's (H_v·(2K + V)·b + H_v·V·b); under a ring (ring > 1)
+//    also each token's map q_eff from its run's initial state and its gradient (2·H_v·K·wide).
+// Measured at Qwen3.5-0.8B's shapes, 2,048 tokens (GatedDeltaNetLayer.ReleasedShapesStep…
+// in test_linear_attention): bf16 kept 92.6 KB a token (formula 94.2), peak 151.8 (155.6);
+// fp32 kept 168.5 (172.0), peak 197.4 (204.8).
+struct GatedDeltaLayerBytes {
+  int64_t kept = 0, backward = 0;  // per token
+};
+GatedDeltaLayerBytes gated_delta_layer_bytes(const model::TextConfig& text, int64_t element_size, int ring);
 
 // Every part is what one rank holds at some moment of a step. The parameters, masters
 // and moments are held throughout; each moment of the step (the forward, the loss, the
