@@ -41,11 +41,9 @@ RunChunks RunChunks::make(const std::vector<TokenRun>& runs, int64_t tokens, int
     }
   }
   plan.chunks = static_cast<int64_t>(plan.chunk_run.size());
-  std::vector<int64_t> token_slot(tokens, plan.chunks * chunk);
-  for (size_t s = 0; s < slots.size(); ++s)
-    if (slots[s] < tokens) token_slot[slots[s]] = static_cast<int64_t>(s);
-  plan.token_slot = at::tensor(at::ArrayRef<int64_t>(token_slot), at::kLong).to(device);
   plan.slot_token = at::tensor(at::ArrayRef<int64_t>(slots), at::kLong).to(device);
+  plan.slot_padding = plan.slot_token.ge(tokens);
+  plan.slot_row = plan.slot_token.masked_fill(plan.slot_padding, 0);
   return plan;
 }
 
@@ -205,23 +203,23 @@ struct ChainPlan {
   bool transitions = false;
 };
 
-// The token rows of chunk slots [c0·C, (c0 + n)·C) and which of them are padding (no token).
+// The planned indices of chunk slots [c0·C, (c0 + n)·C) (views: nothing computed per layer).
 struct SlotRows {
   at::Tensor token;    // int64 [n·C]: the slot's token, or T for padding
+  at::Tensor row;      // int64 [n·C]: the row the slot reads
   at::Tensor padding;  // bool [n·C]
 };
 
 SlotRows slot_rows(const RunChunks& plan, int64_t c0, int64_t n) {
-  SlotRows s;
-  s.token = plan.slot_token.narrow(0, c0 * plan.chunk, n * plan.chunk);
-  s.padding = s.token.ge(plan.tokens);
-  return s;
+  const int64_t first = c0 * plan.chunk, count = n * plan.chunk;
+  return {plan.slot_token.narrow(0, first, count), plan.slot_row.narrow(0, first, count),
+          plan.slot_padding.narrow(0, first, count)};
 }
 
 // x [T, H, ...] -> its rows of a group of n chunks, [n, H, C, ...] in dtype `type`, zero
 // for the padding slots. Reads the group's rows only: no copy of the whole x.
 at::Tensor gather_chunks(const at::Tensor& x, const SlotRows& rows, int64_t n, int64_t C, at::ScalarType type) {
-  at::Tensor r = x.index_select(0, rows.token.clamp_max(std::max<int64_t>(x.size(0) - 1, 0))).to(type);
+  at::Tensor r = x.index_select(0, rows.row).to(type);
   std::vector<int64_t> mask_shape{n * C};
   for (int64_t d = 1; d < x.dim(); ++d) mask_shape.push_back(1);
   r = r.masked_fill(rows.padding.view(mask_shape), 0);
@@ -248,9 +246,9 @@ struct GroupInputs {
 
 GroupInputs gather_group(const std::vector<at::Tensor>& inputs, const SlotRows& rows, int64_t n, int64_t C,
                          at::ScalarType type) {
-  return {gather_chunks(inputs[0], rows, n, C, type), gather_chunks(inputs[1], rows, n, C, type),
-          gather_chunks(inputs[2], rows, n, C, type), gather_chunks(inputs[3], rows, n, C, type),
-          gather_chunks(inputs[4], rows, n, C, type)};
+  std::vector<at::Tensor> x;
+  for (const at::Tensor& input : inputs) x.push_back(gather_chunks(input, rows, n, C, type));
+  return {x[0], x[1], x[2], x[3], x[4]};
 }
 
 // The chain over a group from its raw inputs: Q scaled by 1/√K, G cumulated over each chunk.

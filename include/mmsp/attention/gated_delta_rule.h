@@ -40,8 +40,9 @@ std::vector<TokenRun> token_runs(const TokenLayout& layout);
 // (gated_delta_ring.h's RingRunIndex) instead of every layer making it again.
 struct RunChunks {
   int64_t tokens = 0, chunk = 0, chunks = 0, runs = 0;
-  at::Tensor slot_token;           // int64 [chunks·chunk]: token of each slot; `tokens` (a zero row) pads a run
-  at::Tensor token_slot;           // int64 [tokens]: slot of each token; chunks·chunk (a zero row) for none
+  at::Tensor slot_token;           // int64 [chunks·chunk]: token of each slot; `tokens` for a padding slot
+  at::Tensor slot_row;             // int64 [chunks·chunk]: the row a slot reads (a padding slot: row 0, masked)
+  at::Tensor slot_padding;         // bool [chunks·chunk]: the slot pads a run
   std::vector<int64_t> chunk_run;  // [chunks]: the run of each chunk
   std::vector<bool> run_start;     // [chunks]: first chunk of its run
   static RunChunks make(const std::vector<TokenRun>& runs, int64_t tokens, int64_t chunk, const at::Device& device);
