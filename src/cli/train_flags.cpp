@@ -106,7 +106,8 @@ void TrainFlags::add_memory(CLI::App& app) {
           "{off,on,auto}"));
   app.add_option("--tiled-mlp", tiled_mlp,
                   "off, auto (tiles of at most hidden-size tokens) or N: each decoder MLP runs over tiles of N "
-                  "tokens, forward and backward, so its [tokens, intermediate] activations exist one tile at a time")
+                  "tokens, forward and backward, so its [tokens, intermediate] activations exist one tile at a time; "
+                  "a hybrid model's Gated DeltaNet token mixers run over sequence tiles too (where no --ring is)")
       ->capture_default_str();
 }
 

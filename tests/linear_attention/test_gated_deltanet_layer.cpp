@@ -21,6 +21,8 @@
 #include "mmsp/plan/shard_map.h"
 #include "mmsp/train/memory/memory_counter.h"
 #include "mmsp/train/memory/memory_estimate.h"
+#include "mmsp/attention/gated_delta_tiles.h"
+#include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
 #include "multirank.h"
@@ -177,6 +179,73 @@ TEST(GatedDeltaNetLayer, OneProcessEqualsTheReference) {
   }
 }
 
+// Over sequence tiles (--tiled-mlp on a hybrid model): segments that cross tile borders,
+// start and end on them, are shorter than a tile or than the conv's context; tiles of
+// fewer rows than the conv reads back (chunk 2: tiles of 2 rows). Equal to the untiled
+// layer (fp64, 1e-12) and to the token recurrence, output and every gradient. Tiles of 5
+// with chunks of 8: tile borders inside chunks.
+TEST(GatedDeltaNetLayer, SequenceTilesEqualTheWholeLayer) {
+  struct Case {
+    int64_t chunk, tile;
+  };
+  for (const Case& tc : {Case{8, 16}, Case{8, 5}, Case{2, 2}, Case{64, 64}, Case{8, kAutoMlpTile}}) {
+    at::manual_seed(5);
+    GatedDeltaNetConfig c = small_config(tc.chunk);
+    GatedDeltaNetWeights w = with_grad(GatedDeltaNetWeights::random(c, kF64, 17));
+    GatedDeltaNetWeights wt = with_grad(w), wr = with_grad(w);
+    TokenLayout layout = test::packed_layout({90, 3, 41, 1, 70, 16}, 4);
+    const int64_t T = layout.size();
+    Tensor x = at::randn({T, c.hidden_size}, kF64), dy = at::randn({T, c.hidden_size}, kF64);
+    Tensor xw = x.clone().requires_grad_(), xt = x.clone().requires_grad_(), xr = x.clone().requires_grad_();
+    GatedDeltaNetConfig ct = c;
+    ct.tile = tc.tile;
+    const std::string where = "chunk " + std::to_string(tc.chunk) + " tile " + std::to_string(tc.tile);
+    Tensor whole = gated_deltanet_forward(w, c, xw, {{}, {layout}});
+    Tensor tiled = gated_deltanet_forward(wt, ct, xt, {{}, {layout}});
+    Tensor ref = test::gated_deltanet_reference(wr, c, xr, layout);
+    EXPECT_LE((tiled - whole).abs().max().item<double>(), 1e-12) << where << " output";
+    expect_close(tiled, ref, where + " output against the recurrence");
+    std::vector<Tensor> in_w = params_of(w), in_t = params_of(wt), in_r = params_of(wr);
+    in_w.push_back(xw);
+    in_t.push_back(xt);
+    in_r.push_back(xr);
+    std::vector<Tensor> gw = torch::autograd::grad({(whole * dy).sum()}, in_w);
+    std::vector<Tensor> gt = torch::autograd::grad({(tiled * dy).sum()}, in_t);
+    std::vector<Tensor> gr = torch::autograd::grad({(ref * dy).sum()}, in_r);
+    auto named = w.named();
+    for (size_t i = 0; i < gt.size(); ++i) {
+      const std::string what = where + " d" + (i < named.size() ? named[i].first : std::string("x"));
+      EXPECT_LE((gt[i] - gw[i]).abs().max().item<double>(), 1e-12 * (1 + gw[i].abs().max().item<double>())) << what;
+      expect_close(gt[i], gr[i], what + " against the recurrence");
+    }
+  }
+}
+
+// The tiles of a share: borders, the conv's context rows, which run goes on across a
+// border; a run that starts mid-segment (a ring's share) is refused, naming it.
+TEST(GatedDeltaNetLayer, SequenceTilePlan) {
+  const std::vector<TokenRun> runs{{0, 10, 0, 0}, {10, 3, 1, 0}, {14, 6, 2, 0}};  // row 13: padding
+  const auto tiles = plan_sequence_tiles(runs, 20, 8, 4, 8, at::kCPU);
+  ASSERT_EQ(tiles.size(), 3u);
+  EXPECT_EQ(tiles[0].context, 0);
+  EXPECT_EQ(tiles[1].context, 3);
+  EXPECT_EQ(tiles[2].length, 4);
+  EXPECT_TRUE(tiles[0].carries);
+  EXPECT_TRUE(tiles[1].continues);  // segment 0's rows 8, 9
+  EXPECT_EQ(tiles[1].runs, 3);      // 8–9, 10–12, 14–15
+  EXPECT_TRUE(tiles[1].carries);    // segment 2 goes on
+  EXPECT_TRUE(tiles[2].continues);
+  EXPECT_FALSE(tiles[2].carries);
+  EXPECT_EQ(sequence_tile_rows(5, 100, 64, 8), 5);
+  EXPECT_EQ(sequence_tile_rows(kAutoSequenceTile, 100, 64, 8), 56);  // 2 tiles of 50, whole chunks
+  try {
+    plan_sequence_tiles({{0, 4, 3, 7}}, 4, 2, 4, 8, at::kCPU);
+    ADD_FAILURE() << "a run starting at order 7 must be refused";
+  } catch (const std::exception& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("starts at order 7"));
+  }
+}
+
 namespace {
 
 struct MeshCase {
@@ -184,14 +253,16 @@ struct MeshCase {
   bool zigzag;
   std::vector<int64_t> lengths;  // empty: random
   bool adaptive = false;         // the planner's adaptive placement (loose targets: short ones whole)
+  int64_t tile = 0;              // GatedDeltaNetConfig::tile (sequence tiles where no ring is)
 };
 
 void run_mesh_case(const dist::Mesh& mesh, const MeshCase& mc, std::mt19937& rng) {
   const int R = mesh.ring()->size(), U = mesh.ulysses()->size();
   const int r = mesh.ring()->rank(), u = mesh.ulysses()->rank();
   const std::string where = mesh.shape().str() + " chunk " + std::to_string(mc.chunk) +
-                            (mc.zigzag ? " zigzag" : " contiguous");
+                            (mc.zigzag ? " zigzag" : " contiguous") + (mc.tile ? " tiles" : "");
   GatedDeltaNetConfig c = small_config(mc.chunk);
+  c.tile = mc.tile;
   // Random segment lengths 1..90 (some shorter than 2R, than the conv, than a chunk).
   const std::vector<int64_t> lengths = mc.lengths.empty() ? test::random_lengths(rng, 4, 90) : mc.lengths;
   TokenLayout global;
@@ -268,6 +339,20 @@ TEST(MultiRank, EveryMeshEqualsTheTokenRecurrence) {
         if (!zigzag && mesh.ring()->size() == 1) continue;  // the same layout
         run_mesh_case(mesh, {chunk, zigzag, {}}, rng);
       }
+  }
+}
+
+// Sequence tiles (--tiled-mlp on a hybrid model) on every mesh: tiled where a share is
+// whole (one rank, Ulysses), whole under a ring (state passing), and under a mixed
+// placement the slots held whole tiled at home. Same bytes sent as untiled.
+TEST(MultiRank, SequenceTilesOnEveryMeshEqualTheTokenRecurrence) {
+  std::mt19937 rng(78);
+  at::manual_seed(78);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    if (small_config(8).num_key_heads % mesh.ulysses()->size() != 0) continue;
+    run_mesh_case(mesh, {8, true, {}, false, 16}, rng);
+    run_mesh_case(mesh, {8, true, {200, 3, 70, 5, 1}, false, 8}, rng);
+    if (mesh.context()->size() > 1) run_mesh_case(mesh, {8, true, {190, 3, 5, 2, 4, 9, 60}, true, 8}, rng);
   }
 }
 
@@ -375,12 +460,55 @@ TEST(MultiRank, Bf16ActivationsWithFp32States) {
   }
 }
 
-// The layer at Qwen3.5-0.8B's linear-attention shapes (hidden 1,024, 16 key and value
-// heads of 128) on one process: what its forward keeps and its step's peak above its
-// input and weights, against the preflight's formula (gated_delta_layer_bytes: kept and
-// backward per token). fp32 here: a bf16 step of 2,048 tokens takes 96 s on this CPU's
-// bf16 matmul (MMSP_TEST_GDN_BF16=1 runs it: kept 92.6 KB a token against the formula's
-// 94.2, peak 151.8 against 155.6).
+// The same shapes over sequence tiles of 256 rows: what the layer keeps and its step's
+// peak grow by what gated_delta_layer_bytes says a token (kept: what travels, o | z, a
+// state per tile border; peak: those and their gradients), measured as the growth from
+// 1,024 to 2,048 tokens (the weights' copies and gradients do not grow); the peak at
+// 2,048 within the formula with one tile's work and three copies of the weights.
+TEST(GatedDeltaNetLayer, ReleasedShapesTiledStepGrowsByItsEstimate) {
+  at::manual_seed(13);
+  GatedDeltaNetConfig c;
+  c.hidden_size = 1024;
+  c.num_key_heads = c.num_value_heads = 16;
+  c.key_head_dim = c.value_head_dim = 128;
+  c.conv_kernel = 4;
+  c.tile = 256;
+  model::TextConfig text;
+  text.linear_num_key_heads = text.linear_num_value_heads = 16;
+  text.linear_key_head_dim = text.linear_value_head_dim = 128;
+  const char* dtype = std::getenv("MMSP_TEST_GDN_BF16");
+  const at::ScalarType type = dtype && std::string(dtype) == "1" ? at::kBFloat16 : at::kFloat;
+  const int64_t b = static_cast<int64_t>(c10::elementSize(type));
+  const train::GatedDeltaLayerBytes formula = train::gated_delta_layer_bytes(text, b, /*ring=*/1, c.tile);
+  GatedDeltaNetWeights w = with_grad(GatedDeltaNetWeights::random(c, type, 5));
+  int64_t weight_bytes = 0;
+  for (const Tensor& p : params_of(w)) weight_bytes += p.nbytes();
+  std::vector<int64_t> kept, peak;
+  for (int64_t T : {int64_t{1024}, int64_t{2048}}) {
+    Tensor x = (0.5 * at::randn({T, c.hidden_size}, kF64)).to(type).requires_grad_();
+    Tensor dy = at::randn({T, c.hidden_size}, kF64).to(type);  // the output's gradient, made before counting
+    train::MemoryCounter counter;
+    Tensor out = gated_deltanet_forward(w, c, x, {{}, {test::packed_layout({T}, 1)}});
+    kept.push_back(counter.current_bytes() - out.nbytes());
+    std::vector<Tensor> inputs = params_of(w);
+    inputs.push_back(x);
+    std::vector<Tensor> got = torch::autograd::grad({out}, inputs, {dy});
+    peak.push_back(counter.peak_bytes());
+  }
+  const int64_t kept_growth = (kept[1] - kept[0]) / 1024, peak_growth = (peak[1] - peak[0]) / 1024;
+  std::cout << "[ " << c10::toString(type) << ", tiles of 256: kept grows " << kept_growth
+            << " B a token (formula " << formula.kept << "), the step's peak " << peak_growth << " (formula "
+            << formula.kept + formula.backward << "); peak at 2,048: " << peak[1] / 2048 << " B a token ]\n";
+  EXPECT_LE(kept_growth, formula.kept * 11 / 10);
+  EXPECT_GE(kept_growth, formula.kept * 9 / 10);
+  EXPECT_LE(peak_growth, formula.kept + formula.backward);
+  EXPECT_GE(peak_growth, (formula.kept + formula.backward) * 85 / 100);
+  EXPECT_LE(peak[1], 2048 * (formula.kept + formula.backward) + formula.tile + 3 * weight_bytes);
+  // Far below the whole layer's (the test above: ~194 KB a token in fp32).
+  const train::GatedDeltaLayerBytes whole = train::gated_delta_layer_bytes(text, b, 1);
+  EXPECT_LT(peak_growth, (whole.kept + whole.backward) / 2);
+}
+
 TEST(GatedDeltaNetLayer, ReleasedShapesStepPeakWithinItsEstimate) {
   at::manual_seed(13);
   GatedDeltaNetConfig c;

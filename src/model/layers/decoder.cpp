@@ -118,7 +118,7 @@ at::Tensor DecoderLayer::attend(const at::Tensor& x, const DecoderContext& ctx) 
 
 at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const DecoderContext& ctx) const {
   at::Tensor x = input_layernorm_->forward(hidden);
-  at::Tensor mixed = linear_attn_ ? linear_attn_->forward(x, ctx.linear, ctx.linear_chunk)
+  at::Tensor mixed = linear_attn_ ? linear_attn_->forward(x, ctx.linear, ctx.linear_chunk, ctx.linear_tile)
                                   : attend(x, ctx);
   at::Tensor h = hidden + mixed;
   at::Tensor y = post_attention_layernorm_->forward(h);
@@ -207,6 +207,7 @@ at::Tensor Decoder::final_hidden(const at::Tensor& inputs_embeds, const DecoderC
   DecoderContext layer_ctx = ctx;
   layer_ctx.deepstack.clear();
   layer_ctx.mlp_tile = mlp_tile_tokens(mlp_tile_, h.size(0), config_.hidden_size);
+  layer_ctx.linear_tile = mlp_tile_;
   for (size_t i = 0; i < layers.size(); ++i) {
     std::shared_ptr<DecoderLayer> layer = layers[i];
     if (recompute_layers_) {

@@ -81,8 +81,10 @@ GatedDeltaNetWeights GatedDeltaNet::weights() const {
 }
 
 at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const attention::GatedDeltaContext& context,
-                                  int64_t chunk) const {
-  return gated_deltanet_forward(weights(), gated_deltanet_config(config_, chunk), x, context);
+                                  int64_t chunk, int64_t tile) const {
+  GatedDeltaNetConfig c = gated_deltanet_config(config_, chunk);
+  c.tile = tile;
+  return gated_deltanet_forward(weights(), c, x, context);
 }
 
 }  // namespace mmsp::model

@@ -291,7 +291,7 @@ void add_activations(MemoryEstimate& e, const model::TextConfig& t, const Widths
   int64_t linear_layers = 0, linear_layer = 0;
   if (t.is_hybrid()) {
     linear_layers = std::count(t.layer_types.begin(), t.layer_types.end(), model::LayerKind::linear_attention);
-    linear_layer = T * (norms_and_mlp + gated_delta_layer_bytes(t, b, in.ring).kept);
+    linear_layer = T * (norms_and_mlp + gated_delta_layer_bytes(t, b, in.ring, in.mlp_tile).kept);
   }
   const int64_t one_layer = std::max(attention_layer, linear_layer);  // the one being recomputed
   const int64_t layer_inputs = t.num_hidden_layers * T * h * b;
@@ -320,7 +320,11 @@ int64_t layer_working_set(const model::TextConfig& t, const Widths& w, const Mem
   const int64_t attention = 4 * t.num_attention_heads * block * block * 4;
   // A Gated DeltaNet layer's backward transients (hybrid configs; what it keeps is in
   // the activations).
-  const int64_t gated_delta = t.is_hybrid() ? T * gated_delta_layer_bytes(t, b, in.ring).backward : 0;
+  int64_t gated_delta = 0;
+  if (t.is_hybrid()) {
+    const GatedDeltaLayerBytes layer = gated_delta_layer_bytes(t, b, in.ring, std::min(in.mlp_tile, T));
+    gated_delta = T * layer.backward + layer.tile;
+  }
   return std::max({mlp, attention, gated_delta});
 }
 
@@ -343,7 +347,7 @@ void add_loss(MemoryEstimate& e, const model::TextConfig& t, const Widths& w, co
 
 }  // namespace
 
-GatedDeltaLayerBytes gated_delta_layer_bytes(const model::TextConfig& t, int64_t b, int ring) {
+GatedDeltaLayerBytes gated_delta_layer_bytes(const model::TextConfig& t, int64_t b, int ring, int64_t tile) {
   const int64_t wide = std::max<int64_t>(b, 4), Hk = t.linear_num_key_heads, Hv = t.linear_num_value_heads;
   const int64_t K = t.linear_key_head_dim, V = t.linear_value_head_dim;
   const int64_t conv = (2 * Hk * K + Hv * V) * b;
@@ -352,6 +356,12 @@ GatedDeltaLayerBytes gated_delta_layer_bytes(const model::TextConfig& t, int64_t
   const int64_t rule_gradients = Hv * (2 * K + V) * b;
   bytes.backward = (b < 4 ? rule_gradients + 3 * Hv * V * wide + 2 * conv : rule_gradients + Hv * V * b) +
                    (ring > 1 ? 2 * Hv * K * wide : 0);
+  if (tile > 0 && ring <= 1) {  // sequence tiles (gated_delta_tiles.h)
+    const int64_t mixed = (2 * Hk * K + Hv * V + 2 * Hv) * b, oz = 2 * Hv * V * b;
+    bytes.tile = tile * (bytes.kept + bytes.backward);
+    bytes.kept = mixed + oz + (Hv * K * V * wide + tile - 1) / tile;
+    bytes.backward = mixed + oz;
+  }
   return bytes;
 }
 

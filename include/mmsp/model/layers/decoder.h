@@ -39,6 +39,9 @@ struct DecoderContext {
   // tokens per tile of the MLP (tiled_mlp.h); 0: untiled. Decoder::final_hidden sets it
   // from the decoder's --tiled-mlp setting and this rank's tokens.
   int64_t mlp_tile = 0;
+  // --tiled-mlp's setting (0 off, kAutoMlpTile, or tokens) for the Gated DeltaNet token
+  // mixer, which resolves it against its own rows (gated_deltanet_layer.h).
+  int64_t linear_tile = 0;
   // Qwen3-VL deepstack: after decoder layer k, deepstack[k] [V, hidden] is added at
   // the local slots visual_slots [V] (the same slots the vision rows were spliced into).
   at::Tensor visual_slots;

@@ -26,9 +26,10 @@ class GatedDeltaNet : public torch::nn::Module {
   // Parameters are drawn from the current ATen generator (seed it for replicas).
   explicit GatedDeltaNet(const TextConfig& config);
 
-  // x [T/S, hidden] (this rank's slots) -> [T/S, hidden]; chunk: the kernel's chunk.
+  // x [T/S, hidden] (this rank's slots) -> [T/S, hidden]; chunk: the kernel's chunk;
+  // tile: --tiled-mlp's setting (GatedDeltaNetConfig::tile).
   at::Tensor forward(const at::Tensor& x, const attention::GatedDeltaContext& context,
-                     int64_t chunk = attention::kGatedDeltaChunk) const;
+                     int64_t chunk = attention::kGatedDeltaChunk, int64_t tile = 0) const;
 
   // The weights in the layer's (Qwen3-Next) layout. Qwen3.5's separate projections are
   // regrouped by key head, [q K | k K | v n·V | z n·V] and [b n | a n] (n = H_v / H_k), by

@@ -33,6 +33,10 @@ struct GatedDeltaNetConfig {
   int64_t conv_kernel = 4;      // linear_conv_kernel_dim (W)
   double rms_norm_eps = 1e-6;
   int64_t chunk = 64;           // the kernel's chunk (mmsp's, not a config.json field)
+  // --tiled-mlp's setting, which also tiles the token mixer (mmsp's): 0 whole, -1 auto,
+  // or rows a tile. The conv and rule run over sequence tiles of the share where it is
+  // whole (attention/gated_delta_tiles.h), the gated norm and out_proj over token tiles.
+  int64_t tile = 0;
 
   int64_t key_dim() const { return num_key_heads * key_head_dim; }
   int64_t value_dim() const { return num_value_heads * value_head_dim; }

@@ -74,10 +74,20 @@ struct MemoryEstimateInputs {
 // Measured at Qwen3.5-0.8B's shapes, 2,048 tokens (GatedDeltaNetLayer.ReleasedShapesStep…
 // in test_linear_attention): bf16 kept 92.6 KB a token (formula 94.2), peak 151.8 (155.6);
 // fp32 kept 168.5 (172.0), peak 197.4 (204.8).
+//
+// Over sequence tiles (tile > 0: --tiled-mlp's rows, where no ring is: gated_delta_tiles.h)
+// the layer keeps its inputs to the rule and to the gated norm, what travels
+// ((2·H_k·K + H_v·V + 2·H_v)·b) and o | z (2·H_v·V·b), and one state per tile border
+// (H_v·K·V·wide / tile); its backward adds their gradients, and one tile's whole work
+// (tile · (kept + backward) untiled) at a time. Measured fp32 at the same shapes, tiles of
+// 256, from the growth of 2,048 to 4,096 tokens: kept 45.3 KB a token (formula 45.2), the
+// step's peak 74.1 (86.3).
 struct GatedDeltaLayerBytes {
   int64_t kept = 0, backward = 0;  // per token
+  int64_t tile = 0;                // bytes: one tile's work, tiled
 };
-GatedDeltaLayerBytes gated_delta_layer_bytes(const model::TextConfig& text, int64_t element_size, int ring);
+GatedDeltaLayerBytes gated_delta_layer_bytes(const model::TextConfig& text, int64_t element_size, int ring,
+                                             int64_t tile = 0);
 
 // Every part is what one rank holds at some moment of a step. The parameters, masters
 // and moments are held throughout; each moment of the step (the forward, the loss, the
