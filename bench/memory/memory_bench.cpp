@@ -87,7 +87,9 @@ json longest_sequences(const std::vector<std::string>& models, const std::vector
                     {"dtype", o.dtype},
                     {"loss_chunk", setting.chunked ? "default" : "off"},
                     {"capacity_bytes", capacity},
-                    {"longest_tokens_per_rank", train::longest_tokens_per_rank(config, t, world, capacity)}};
+                    {"ring", o.longest_ring > 0 ? o.longest_ring : world},
+                    {"longest_tokens_per_rank",
+                     train::longest_tokens_per_rank(config, t, world, capacity, 256, o.longest_ring)}};
         row.update(setting_fields(setting));
         rows.push_back(row);
       }

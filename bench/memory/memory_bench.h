@@ -44,6 +44,7 @@ struct MemoryBenchOptions {
   // tokens per rank whose preflight estimate fits (train::longest_tokens_per_rank).
   std::vector<int64_t> longest_bytes;
   int longest_ranks = 0;  // the ranks the state is sharded over in those figures (0: this job's)
+  int longest_ring = 0;   // ... of which the context group's ring (0: all; the rest Ulysses)
   // Called on rank 0 with the rows so far, after each row: a run cut short keeps them.
   std::function<void(const nlohmann::json& result)> on_row;
 };

@@ -620,9 +620,12 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
 }  // namespace
 
 int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOptions& o, int world,
-                                int64_t capacity_bytes, int64_t step) {
+                                int64_t capacity_bytes, int64_t step, int ring) {
   MMSP_CHECK(capacity_bytes > 0 && step > 0, "longest_tokens_per_rank: capacity ", capacity_bytes, " and step ", step,
              " must be positive");
+  MMSP_CHECK(ring >= 0 && ring <= world && (ring == 0 || world % ring == 0), "longest_tokens_per_rank: a ring of ",
+             ring, " must divide the ", world, " ranks (0: all of them)");
+  const plan::Mesh mesh = ring == 0 ? plan::Mesh{1, world, 1} : plan::Mesh{1, ring, world / ring};
   ParsedTrainOptions parsed;
   parsed.dtype = parse_dtype(o.dtype);
   parsed.shard_level = parallel::parse_shard_level(o.shard);
@@ -632,8 +635,7 @@ int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOpt
     t.tokens_per_rank = tokens;
     // --loss-chunk 0 is the default chunk; a negative one stands for "one chunk of all T"
     const int64_t chunk = o.loss_chunk > 0 ? o.loss_chunk : o.loss_chunk < 0 ? tokens : default_loss_chunk(config.text.vocab_size);
-    // all ranks one ring, as `bench memory` runs (a ring's Gated DeltaNet holds the most)
-    return estimate_for(config, layout, t, parsed, chunk, plan::Mesh{1, world, 1}).total() <= capacity_bytes;
+    return estimate_for(config, layout, t, parsed, chunk, mesh).total() <= capacity_bytes;
   };
   if (!fits(step)) return 0;
   int64_t lo = step, hi = 2 * step;  // fits(lo); grow hi until it does not

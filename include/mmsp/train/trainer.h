@@ -195,8 +195,10 @@ ParsedTrainOptions check_train_options(const TrainOptions& options, const plan::
 // The most tokens per rank (a multiple of `step`) for which the memory preflight's estimate
 // of a run of `options` on `world` ranks fits in `capacity_bytes`; 0 when even `step` does
 // not. Arithmetic only: nothing is allocated. options.loss_chunk < 0: one chunk of all T.
+// ring: the ranks of the context group's ring (0: all of them, the most a Gated DeltaNet
+// layer holds; 1: Ulysses over all, where its token mixer runs over sequence tiles).
 int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOptions& options, int world,
-                                int64_t capacity_bytes, int64_t step = 256);
+                                int64_t capacity_bytes, int64_t step = 256, int ring = 0);
 
 // Runs the loop on this rank; rank 0 writes metrics and checkpoints and prints to `log`.
 // `activity` (optional) is told the step and phase, for the rank's heartbeat.

@@ -39,6 +39,8 @@ void add_row_flags(CLI::App& app, bench::MemoryBenchOptions& o, std::string& dev
                  "device capacities in bytes: no training, the most tokens per rank each holds by the "
                  "preflight's estimate, per row (repeatable)");
   app.add_option("--longest-ranks", o.longest_ranks, "--longest: ranks the state is sharded over (default: this job's)");
+  app.add_option("--longest-ring", o.longest_ring,
+                 "--longest: ranks of the context group's ring, the rest Ulysses (default: all one ring)");
 }
 
 // Each row on stderr as it ends, and --out rewritten, so a run cut short keeps its rows.
