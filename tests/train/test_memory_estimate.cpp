@@ -415,6 +415,23 @@ TEST(MemoryEstimate, GatedDeltaNetWorkingSetFollowsItsFormula) {
   EXPECT_EQ(e.activations, t.num_hidden_layers * T * h * b + T * (norms_and_mlp + layer.kept));
   in.ring = 4;
   EXPECT_EQ(estimate_memory(config, shapes, in).working_set, T * (layer.backward + 2 * Hv * K * 4));
+  // Over sequence tiles (--tiled-mlp; no ring): what travels, o | z and a state per tile
+  // border kept; their gradients and one tile's whole work in the working set.
+  in.ring = 1;
+  in.mlp_tile = 1024;
+  const GatedDeltaLayerBytes tiled = gated_delta_layer_bytes(t, b, 1, in.mlp_tile);
+  const int64_t mixed = (2 * Hk * K + Hv * V + 2 * Hv) * b;
+  EXPECT_EQ(tiled.kept, mixed + 2 * Hv * V * b + Hv * K * V * 4 / in.mlp_tile);
+  EXPECT_EQ(tiled.backward, mixed + 2 * Hv * V * b);
+  EXPECT_EQ(tiled.tile, in.mlp_tile * (layer.kept + layer.backward));
+  const MemoryEstimate e_tiled = estimate_memory(config, shapes, in);
+  EXPECT_EQ(e_tiled.working_set, T * tiled.backward + tiled.tile);
+  EXPECT_LT(e_tiled.working_set, e.working_set);
+  EXPECT_LT(e_tiled.total(), e.total());
+  in.ring = 4;  // a ring's share runs whole
+  EXPECT_EQ(gated_delta_layer_bytes(t, b, 4, in.mlp_tile).kept, layer.kept);
+  EXPECT_EQ(estimate_memory(config, shapes, in).working_set, T * (layer.backward + 2 * Hv * K * 4));
+  in.mlp_tile = 0;
   // A model without linear-attention layers keeps the MLP / attention-block term.
   const model::ModelConfig dense = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
   in.compute_dtype = at::kFloat;
@@ -505,6 +522,25 @@ TEST(MemoryEstimate, LongestTokensPerRankIsTheLastThatFits) {
   TrainOptions sharded = o;  // the state split over 8 ranks: 80 GB each holds a long sequence
   sharded.shard = "parameters";
   EXPECT_GT(longest_tokens_per_rank(config, sharded, 8, 80'000'000'000, step), 0);
+  EXPECT_THROW(longest_tokens_per_rank(config, sharded, 8, 80'000'000'000, step, 3), Error);  // 3 ∤ 8
+}
+
+// A hybrid model holds longer sequences under Ulysses (ring 1), where its Gated DeltaNet
+// token mixers run over sequence tiles with --tiled-mlp, than with all ranks one ring.
+TEST(MemoryEstimate, LongestUnderUlyssesTilesTheHybridsTokenMixer) {
+  const model::ModelConfig config =
+      model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/hf/Qwen3.5-0.8B.json");
+  TrainOptions o;
+  o.dtype = "bfloat16";
+  o.shard = "parameters";
+  o.checkpoint_activations = model::ActivationCheckpointing::all;
+  o.tiled_mlp = model::kAutoMlpTile;
+  const int64_t six = int64_t{6} << 30;
+  const int64_t ring = longest_tokens_per_rank(config, o, 4, six, 256, 0);
+  const int64_t ulysses = longest_tokens_per_rank(config, o, 4, six, 256, 1);
+  EXPECT_GT(ulysses, 2 * ring) << "ring " << ring << ", ulysses " << ulysses;
+  o.tiled_mlp = 0;
+  EXPECT_LT(longest_tokens_per_rank(config, o, 4, six, 256, 1), ulysses / 2);
 }
 
 TEST(MasterWeights, Fp32MastersTakeGradsAndRoundBackToBf16) {
