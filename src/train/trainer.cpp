@@ -118,6 +118,7 @@ MemoryEstimate estimate_for(const model::ModelConfig& config, const ParameterLay
   in.shard_level = parsed.shard_level;
   if (in.shard_level != parallel::ShardLevel::none) in.shard_world = mesh.world();
   in.ring = mesh.ring;
+  in.ulysses = mesh.ulysses;
   return estimate_memory(config, layout, in);
 }
 

@@ -423,7 +423,9 @@ TEST(MemoryEstimate, GatedDeltaNetWorkingSetFollowsItsFormula) {
   const int64_t mixed = (2 * Hk * K + Hv * V + 2 * Hv) * b;
   EXPECT_EQ(tiled.kept, mixed + 2 * Hv * V * b + Hv * K * V * 4 / in.mlp_tile);
   EXPECT_EQ(tiled.backward, mixed + 2 * Hv * V * b);
-  EXPECT_EQ(tiled.tile, in.mlp_tile * (layer.kept + layer.backward));
+  const int64_t rule_work = 3 * conv + 2 * Hv * (2 * K + V) * b + 2 * conv, norm_work = Hv * V * (8 + 7 * b + 12);
+  EXPECT_EQ(tiled.tile, in.mlp_tile * std::max(rule_work, norm_work));
+  EXPECT_EQ(gated_delta_layer_bytes(t, b, 1, in.mlp_tile, 4).tile, in.mlp_tile * std::max(rule_work / 4, norm_work));
   const MemoryEstimate e_tiled = estimate_memory(config, shapes, in);
   EXPECT_EQ(e_tiled.working_set, T * tiled.backward + tiled.tile);
   EXPECT_LT(e_tiled.working_set, e.working_set);

@@ -291,7 +291,7 @@ void add_activations(MemoryEstimate& e, const model::TextConfig& t, const Widths
   int64_t linear_layers = 0, linear_layer = 0;
   if (t.is_hybrid()) {
     linear_layers = std::count(t.layer_types.begin(), t.layer_types.end(), model::LayerKind::linear_attention);
-    linear_layer = T * (norms_and_mlp + gated_delta_layer_bytes(t, b, in.ring, in.mlp_tile).kept);
+    linear_layer = T * (norms_and_mlp + gated_delta_layer_bytes(t, b, in.ring, in.mlp_tile, in.ulysses).kept);
   }
   const int64_t one_layer = std::max(attention_layer, linear_layer);  // the one being recomputed
   const int64_t layer_inputs = t.num_hidden_layers * T * h * b;
@@ -322,7 +322,7 @@ int64_t layer_working_set(const model::TextConfig& t, const Widths& w, const Mem
   // the activations).
   int64_t gated_delta = 0;
   if (t.is_hybrid()) {
-    const GatedDeltaLayerBytes layer = gated_delta_layer_bytes(t, b, in.ring, std::min(in.mlp_tile, T));
+    const GatedDeltaLayerBytes layer = gated_delta_layer_bytes(t, b, in.ring, std::min(in.mlp_tile, T), in.ulysses);
     gated_delta = T * layer.backward + layer.tile;
   }
   return std::max({mlp, attention, gated_delta});
@@ -347,18 +347,24 @@ void add_loss(MemoryEstimate& e, const model::TextConfig& t, const Widths& w, co
 
 }  // namespace
 
-GatedDeltaLayerBytes gated_delta_layer_bytes(const model::TextConfig& t, int64_t b, int ring, int64_t tile) {
+GatedDeltaLayerBytes gated_delta_layer_bytes(const model::TextConfig& t, int64_t b, int ring, int64_t tile,
+                                             int ulysses) {
   const int64_t wide = std::max<int64_t>(b, 4), Hk = t.linear_num_key_heads, Hv = t.linear_num_value_heads;
   const int64_t K = t.linear_key_head_dim, V = t.linear_value_head_dim;
   const int64_t conv = (2 * Hk * K + Hv * V) * b;
-  GatedDeltaLayerBytes bytes;
-  bytes.kept = 3 * conv + Hv * (2 * K + V) * b + Hv * V * (2 * wide + 7 * b);
+  // The conv and rule's part, and the gated norm's.
   const int64_t rule_gradients = Hv * (2 * K + V) * b;
-  bytes.backward = (b < 4 ? rule_gradients + 3 * Hv * V * wide + 2 * conv : rule_gradients + Hv * V * b) +
-                   (ring > 1 ? 2 * Hv * K * wide : 0);
+  const int64_t rule_kept = 3 * conv + Hv * (2 * K + V) * b, norm_kept = Hv * V * (2 * wide + 7 * b);
+  const int64_t rule_backward = b < 4 ? rule_gradients + 2 * conv : rule_gradients;
+  const int64_t norm_backward = b < 4 ? 3 * Hv * V * wide : Hv * V * b;
+  GatedDeltaLayerBytes bytes;
+  bytes.kept = rule_kept + norm_kept;
+  bytes.backward = rule_backward + norm_backward + (ring > 1 ? 2 * Hv * K * wide : 0);
   if (tile > 0 && ring <= 1) {  // sequence tiles (gated_delta_tiles.h)
     const int64_t mixed = (2 * Hk * K + Hv * V + 2 * Hv) * b, oz = 2 * Hv * V * b;
-    bytes.tile = tile * (bytes.kept + bytes.backward);
+    // One tile's work at a time: the rule's over rows of the share, each of H/U heads
+    // under Ulysses, or the gated norm's over this rank's tokens.
+    bytes.tile = std::max(tile * (rule_kept + rule_backward) / std::max(ulysses, 1), tile * (norm_kept + norm_backward));
     bytes.kept = mixed + oz + (Hv * K * V * wide + tile - 1) / tile;
     bytes.backward = mixed + oz;
   }

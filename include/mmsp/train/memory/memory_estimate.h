@@ -58,6 +58,7 @@ struct MemoryEstimateInputs {
   // The context group's ring degree: with a ring, a Gated DeltaNet layer also keeps the
   // map from each run's initial state to its outputs (state passing, gated_delta_ring.h).
   int ring = 1;
+  int ulysses = 1;  // ... and its Ulysses degree: a sequence tile of the mixer holds H/U heads
 };
 
 // A Gated DeltaNet token mixer's bytes per token (this rank's token-head pairs: Ulysses
@@ -78,8 +79,9 @@ struct MemoryEstimateInputs {
 // Over sequence tiles (tile > 0: --tiled-mlp's rows, where no ring is: gated_delta_tiles.h)
 // the layer keeps its inputs to the rule and to the gated norm, what travels
 // ((2·H_k·K + H_v·V + 2·H_v)·b) and o | z (2·H_v·V·b), and one state per tile border
-// (H_v·K·V·wide / tile); its backward adds their gradients, and one tile's whole work
-// (tile · (kept + backward) untiled) at a time. Measured fp32 at the same shapes, tiles of
+// (H_v·K·V·wide / tile); its backward adds their gradients, and one tile's work at a time:
+// the larger of the conv and rule's (their untiled kept + backward bytes, ÷ the Ulysses
+// degree: a share row holds H/U heads) and the gated norm's, per row of the tile. Measured fp32 at the same shapes, tiles of
 // 256, from the growth of 2,048 to 4,096 tokens: kept 45.3 KB a token (formula 45.2), the
 // step's peak 74.1 (86.3).
 struct GatedDeltaLayerBytes {
@@ -87,7 +89,7 @@ struct GatedDeltaLayerBytes {
   int64_t tile = 0;                // bytes: one tile's work, tiled
 };
 GatedDeltaLayerBytes gated_delta_layer_bytes(const model::TextConfig& text, int64_t element_size, int ring,
-                                             int64_t tile = 0);
+                                             int64_t tile = 0, int ulysses = 1);
 
 // Every part is what one rank holds at some moment of a step. The parameters, masters
 // and moments are held throughout; each moment of the step (the forward, the loss, the
