@@ -73,8 +73,9 @@ struct MemoryEstimateInputs {
 //    rule's gradients and the output's (H_v·(2K + V)·b + H_v·V·b); under a ring (ring > 1)
 //    also each token's map q_eff from its run's initial state and its gradient (2·H_v·K·wide).
 // Measured at Qwen3.5-0.8B's shapes, 2,048 tokens (GatedDeltaNetLayer.ReleasedShapesStep…
-// in test_linear_attention): bf16 kept 92.6 KB a token (formula 94.2), peak 151.8 (155.6);
-// fp32 kept 168.5 (172.0), peak 197.4 (204.8).
+// in test_linear_attention; the input projection's weight rows, copied once a forward, not
+// counted): bf16 kept 90.5 KB a token (formula 94.2), peak 151.8 (155.6); fp32 kept 143.9
+// (172.0), peak 177.4 (204.8).
 //
 // Over sequence tiles (tile > 0: --tiled-mlp's rows, where no ring is: gated_delta_tiles.h)
 // the layer keeps its inputs to the rule and to the gated norm, what travels
