@@ -238,6 +238,9 @@ TEST(GatedDeltaNetLayer, SequenceTilePlan) {
   EXPECT_FALSE(tiles[2].carries);
   EXPECT_EQ(sequence_tile_rows(5, 100, 64, 8), 5);
   EXPECT_EQ(sequence_tile_rows(kAutoSequenceTile, 100, 64, 8), 56);  // 2 tiles of 50, whole chunks
+  GatedDeltaNetConfig bad = small_config(8);  // refused by the layer's first check, before any exchange
+  bad.tile = -2;
+  EXPECT_THROW(bad.check(), Error);
   try {
     plan_sequence_tiles({{0, 4, 3, 7}}, 4, 2, 4, 8, at::kCPU);
     ADD_FAILURE() << "a run starting at order 7 must be refused";

@@ -21,6 +21,7 @@ void GatedDeltaNetConfig::check() const {
   MMSP_CHECK(key_head_dim > 0 && value_head_dim > 0 && hidden_size > 0 && conv_kernel > 0,
              "gated DeltaNet sizes must be positive: hidden ", hidden_size, ", K ", key_head_dim, ", V ",
              value_head_dim, ", conv kernel ", conv_kernel);
+  MMSP_CHECK(tile >= -1, "gated DeltaNet tile ", tile, " is neither 0 (whole), -1 (auto) nor a number of rows");
 }
 
 GatedDeltaNetWeights GatedDeltaNetWeights::random(const GatedDeltaNetConfig& c, const at::TensorOptions& options,
