@@ -50,7 +50,6 @@ std::vector<SequenceTile> plan_sequence_tiles(const std::vector<TokenRun>& runs,
     }
     t.conv = RingRunIndex::make({TokenLayout{segment, order}}, 0, conv_kernel, chunk, device);
     t.chunks = RunChunks::make(own, t.length, chunk, device);
-    t.runs = static_cast<int64_t>(own.size());
     tiles.push_back(std::move(t));
   }
   return tiles;

@@ -232,7 +232,7 @@ TEST(GatedDeltaNetLayer, SequenceTilePlan) {
   EXPECT_EQ(tiles[2].length, 4);
   EXPECT_TRUE(tiles[0].carries);
   EXPECT_TRUE(tiles[1].continues);  // segment 0's rows 8, 9
-  EXPECT_EQ(tiles[1].runs, 3);      // 8–9, 10–12, 14–15
+  EXPECT_EQ(tiles[1].chunks.runs, 3);      // 8–9, 10–12, 14–15
   EXPECT_TRUE(tiles[1].carries);    // segment 2 goes on
   EXPECT_TRUE(tiles[2].continues);
   EXPECT_FALSE(tiles[2].carries);

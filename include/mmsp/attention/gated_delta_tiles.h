@@ -30,8 +30,7 @@ struct SequenceTile {
   int64_t begin = 0, length = 0;
   int64_t context = 0;     // rows before `begin` the conv reads (W − 1, fewer at the share's start)
   RingRunIndex conv;       // over rows [begin − context, begin + length), as one rank with no ring
-  RunChunks chunks;        // the rule's chunk slots over the tile's own rows
-  int64_t runs = 0;        // runs of the tile's own rows
+  RunChunks chunks;        // the rule's chunk slots over the tile's own rows (chunks.runs: its runs)
   bool continues = false;  // its first run goes on from the tile before (starts from that state)
   bool carries = false;    // its last run goes on into the next tile (hands over its final state)
 };

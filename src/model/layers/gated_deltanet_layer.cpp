@@ -139,15 +139,16 @@ at::Tensor rule_of_heads(const GatedDeltaNetWeights& w, const GatedDeltaNetConfi
                                              const attention::SequenceTile& tile, const at::Tensor& initial) {
       RuleInputs in = rule_inputs(ws[0], ws[1], ws[2], c, m, first, heads, tile.conv, dist::GroupPtr(),
                                   tile.context, wide);
+      const int64_t runs = tile.chunks.runs;
       at::Tensor init;  // [runs, H, K, V]: the first run's from the tile before, the others' zero
-      if (initial.defined())
-        init = tile.runs == 1 ? initial.unsqueeze(0)
-                              : at::cat({initial.unsqueeze(0),
-                                         at::zeros({tile.runs - 1, initial.size(0), initial.size(1), initial.size(2)},
-                                                   initial.options())});
+      if (initial.defined()) {
+        std::vector<int64_t> rest = initial.sizes().vec();
+        rest.insert(rest.begin(), runs - 1);
+        init = at::cat({initial.unsqueeze(0), at::zeros(rest, initial.options())});
+      }
       attention::GatedDeltaResult r =
           attention::gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, tile.chunks, init, /*transitions=*/false);
-      return std::make_pair(r.out, tile.carries ? r.final[tile.runs - 1] : at::Tensor());
+      return std::make_pair(r.out, tile.carries ? r.final[runs - 1] : at::Tensor());
     };
     return attention::sequence_tiled(tile_rule, mixed, {w.conv1d_weight, w.A_log, w.dt_bias}, tiles);
   }
