@@ -98,16 +98,17 @@ cxx_flags=""
 # libjpeg's jconfig.h sits in the multiarch folder: the carried one, not the machine's.
 multiarch=$carry/headers/usr/include/$(gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)
 [ -d "$multiarch" ] && cxx_flags="$cxx_flags -isystem $multiarch"
-configure() {  # configure [extra prefix]: the machine's gtest/benchmark first, carried ones as a fallback
-  cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMMSP_WERROR=OFF \
-    -DCMAKE_PREFIX_PATH="$prefix${1:+;$1}" -DCMAKE_CXX_FLAGS="$cxx_flags" -DMMSP_PYTHON=  # the gpu tests need no Python
-}
+# The machine's gtest/benchmark first, carried ones as a fallback. A command, not a shell
+# function: `stage` runs it under timeout(1), which can only start programs.
+configure=(cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMMSP_WERROR=OFF
+           -DCMAKE_CXX_FLAGS="$cxx_flags" -DMMSP_PYTHON=)  # the gpu tests need no Python
 if [ -n "$given_build" ]; then
   [ -f "$build/CMakeCache.txt" ] || { say "--build $build is not a configured build tree"; exit 2; }
   status+=("configure:given $build")
-elif ! stage configure 120 configure; then
+elif ! stage configure 120 "${configure[@]}" -DCMAKE_PREFIX_PATH="$prefix"; then
   rm -rf "$build"
-  stage configure-carried 120 configure "$carry/gtest/usr;$carry/benchmark/usr" || { finish; exit 1; }
+  stage configure-carried 120 "${configure[@]}" -DCMAKE_PREFIX_PATH="$prefix;$carry/gtest/usr;$carry/benchmark/usr" \
+    || { finish; exit 1; }
 fi
 jobs=$(nproc)
 stage build 300 cmake --build "$build" -j "$jobs" --target mmsp mmsp-run test_gpu || { finish; exit 1; }
