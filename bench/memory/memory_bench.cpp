@@ -155,7 +155,9 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
                   {"parameters", e.parameter_count},
                   {"measured",
                    {{"step_peak_bytes", last.peak_bytes},  // largest of any rank
-                    {"update_peak_bytes", last.update_peak_bytes},  // the same, in the weight update
+                    {"update_peak_bytes", last.update_peak_bytes},  // the same, in the weight update,
+                    {"forward_peak_bytes", last.forward_peak_bytes},  // up to the loss,
+                    {"backward_peak_bytes", last.backward_peak_bytes},  // and in the backward alone
                     {"held_bytes_per_rank", every_rank(report.held_bytes, mesh)},
                     {"state_bytes_per_rank", every_rank(report.state_bytes, mesh)},
                     {"step_seconds", last.seconds},
@@ -171,6 +173,8 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
       row["estimate"]["offloaded_to_host"] = e.offloaded;
       row["estimate"]["total"] = e.total();
       row["estimate"]["training_state"] = e.training_state();
+      for (const train::MemoryEstimate::Moment& moment : e.moments())  // held + each moment
+        row["estimate"]["moments"][moment.name] = e.held() + e.bytes_of(moment.parts);
       row["device"] = o.device.str();
       row["measured_over_estimate"] = e.total() > 0 ? double(last.peak_bytes) / double(e.total()) : 0.0;
       // Model FLOPs of the step: 6 · N · tokens (forward and backward of every weight) +

@@ -56,6 +56,8 @@ void to_json(json& j, const StepMetrics& m) {
            {"other_s", m.other_s},
            {"peak_bytes", m.peak_bytes},
            {"update_peak_bytes", m.update_peak_bytes},
+           {"forward_peak_bytes", m.forward_peak_bytes},
+           {"backward_peak_bytes", m.backward_peak_bytes},
            {"comm_bytes", m.comm_bytes},
            {"attention_bytes", m.attention_bytes},
            {"vision_bytes", m.vision_bytes},
@@ -78,6 +80,8 @@ void from_json(const json& j, StepMetrics& m) {
   m.comm_bytes = j.at("comm_bytes").get<int64_t>();
   // Files written before the split by purpose (and by phase) lack these.
   m.update_peak_bytes = j.value("update_peak_bytes", int64_t{0});
+  m.forward_peak_bytes = j.value("forward_peak_bytes", int64_t{0});
+  m.backward_peak_bytes = j.value("backward_peak_bytes", int64_t{0});
   m.attention_pairs = j.value("attention_pairs", 0.0);
   m.attention_bytes = j.value("attention_bytes", int64_t{0});
   m.vision_bytes = j.value("vision_bytes", int64_t{0});

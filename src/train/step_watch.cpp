@@ -38,9 +38,14 @@ void StepWatch::phase(const char* phase) {
     std::this_thread::sleep_for(std::chrono::duration<double>(test_.sleep_seconds));
 }
 
+void StepWatch::forward_done() {
+  // The forward's and the loss's peak apart from the backward's: the preflight
+  // estimates them as moments of their own (memory_estimate.h).
+  forward_peak_ = memory_.peak_bytes();
+  memory_.reset_peak();
+}
+
 void StepWatch::backward_done() {
-  // The update's own peak besides the step's: the preflight estimates it as a moment
-  // of its own (memory_estimate.h).
   backward_peak_ = memory_.peak_bytes();
   memory_.reset_peak();
 }
@@ -49,7 +54,9 @@ StepAccount StepWatch::finish() {
   doing_.set_phase("metrics");
   StepAccount a;
   a.update_peak_bytes = memory_.peak_bytes();
-  a.peak_bytes = std::max(backward_peak_, a.update_peak_bytes);
+  a.forward_peak_bytes = forward_peak_;
+  a.backward_peak_bytes = backward_peak_;
+  a.peak_bytes = std::max({forward_peak_, backward_peak_, a.update_peak_bytes});
   a.sent = sent_bytes(mesh_) - sent_at_start_;
   MMSP_ASSERT(a.sent.total() == (mesh_.stats().snapshot().total_bytes() - sent_at_start_.total()),
               "the bytes split by purpose miss a mesh group");

@@ -388,7 +388,9 @@ StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double gr
                                     static_cast<double>(a.peak_bytes),
                                     static_cast<double>(a.sent.total()), static_cast<double>(a.sent.attention),
                                     static_cast<double>(a.sent.vision), static_cast<double>(a.sent.grad),
-                                    static_cast<double>(a.update_peak_bytes)},
+                                    static_cast<double>(a.update_peak_bytes),
+                                    static_cast<double>(a.forward_peak_bytes),
+                                    static_cast<double>(a.backward_peak_bytes)},
                                    mesh);
   StepMetrics m;
   m.step = step;
@@ -410,6 +412,8 @@ StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double gr
   m.other_s = std::max(0.0, m.seconds - m.vision_s - m.attention_s - m.communication_s);
   m.peak_bytes = static_cast<int64_t>(r.max(4));
   m.update_peak_bytes = static_cast<int64_t>(r.max(9));
+  m.forward_peak_bytes = static_cast<int64_t>(r.max(10));
+  m.backward_peak_bytes = static_cast<int64_t>(r.max(11));
   // The busiest sender's bytes and their parts, so the parts add up to comm_bytes
   // (first such rank on a tie), as the time split is the slowest rank's.
   const auto& sent_by = r.per_rank[5];
@@ -610,6 +614,7 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
                                                  static_cast<int64_t>(hidden.element_size()) + 12));
       });
   watch.phase("backward");
+  watch.forward_done();
   loss.backward();
   watch.backward_done();
   const double grad_norm = run.update.step(run.o.clip, run.doing);

@@ -35,6 +35,8 @@ StepMetrics sample(int64_t step, double loss, double seconds) {
   m.other_s = 0.2 * seconds;
   m.peak_bytes = 3 * 1024 * 1024 / 2;
   m.update_peak_bytes = 1024 * 1024 + step;
+  m.forward_peak_bytes = 1024 * 1024 + 2 * step;
+  m.backward_peak_bytes = m.peak_bytes;
   m.attention_bytes = 1024 * 1024 / 8;
   m.vision_bytes = 1024 * 1024 / 32 + step;
   m.grad_bytes = 1024 * 1024 / 4 - m.attention_bytes - 1024 * 1024 / 32;
@@ -56,6 +58,8 @@ void expect_equal(const StepMetrics& a, const StepMetrics& b) {
   EXPECT_EQ(a.other_s, b.other_s);
   EXPECT_EQ(a.peak_bytes, b.peak_bytes);
   EXPECT_EQ(a.update_peak_bytes, b.update_peak_bytes);
+  EXPECT_EQ(a.forward_peak_bytes, b.forward_peak_bytes);
+  EXPECT_EQ(a.backward_peak_bytes, b.backward_peak_bytes);
   EXPECT_EQ(a.comm_bytes, b.comm_bytes);
   EXPECT_EQ(a.attention_bytes, b.attention_bytes);
   EXPECT_EQ(a.vision_bytes, b.vision_bytes);
@@ -100,6 +104,8 @@ TEST(Metrics, ReadsALineWithoutTheBytesByPurpose) {
   EXPECT_EQ(m.vision_bytes, 0);
   EXPECT_EQ(m.grad_bytes, 0);
   EXPECT_EQ(m.update_peak_bytes, 0);
+  EXPECT_EQ(m.forward_peak_bytes, 0);
+  EXPECT_EQ(m.backward_peak_bytes, 0);
 }
 
 TEST(Metrics, WriterAppendsOneFlushedLinePerStep) {

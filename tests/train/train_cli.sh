@@ -236,13 +236,19 @@ for r in vocab:
     assert all(0 <= s - 16 * r["parameters"] < 1024 for s in r["measured"]["state_bytes_per_rank"]), r
 assert whole[0]["parameters"] - vocab[0]["parameters"] == (151936 - 256) * 64 * 2, (whole[0]["parameters"], vocab[0]["parameters"])
 assert (depth[0]["layers"], depth[0]["vision_layers"]) == (1, 1) and depth[0]["measured"]["step_peak_bytes"] > 0, depth[0]
-# The update's peak is a part of the step's; the preflight (what is held and the largest
-# of the step's moments) is not below the measured peak by more than 10 % (on these tiny
-# models it is 1.14-1.44x the measured peak).
+# The step's peak is the largest of its three phases' (forward and loss, backward, update);
+# the preflight (what is held and the largest of the step's moments) is not below the
+# measured peak by more than 10 % (on these tiny models it is 1.14-1.44x the measured
+# peak), nor are its forward's and backward's moments below those phases' peaks.
 for r in whole + vocab + depth:
     m, e = r["measured"], r["estimate"]
-    assert 0 < m["update_peak_bytes"] <= m["step_peak_bytes"], r
+    phases = [m["forward_peak_bytes"], m["backward_peak_bytes"], m["update_peak_bytes"]]
+    assert min(phases) > 0 and m["step_peak_bytes"] == max(phases), r
     assert m["step_peak_bytes"] <= 1.1 * e["total"], r
+    moments = e["moments"]
+    assert m["forward_peak_bytes"] <= 1.1 * max(moments["forward"], moments["loss"]), r
+    backward = [v for k, v in moments.items() if "backward" in k or "reduction" in k]
+    assert m["backward_peak_bytes"] <= 1.1 * max(backward), r
 PY
 $mmsp bench memory --model "$src/configs/tiny-qwen2-vl.json" --vocab 5 > "$work/bench-bad.log" 2>&1 && fail "bench memory --vocab 5 exited 0"
 grep -q "vocab 5 cannot hold its 7 special token ids" "$work/bench-bad.log" ||

@@ -26,7 +26,9 @@ struct StepMetrics {
   double other_s = 0.0;         //   everything else
   int64_t peak_bytes = 0;       // the largest rank's peak tensor memory during the step,
   int64_t update_peak_bytes = 0;  //   and during its weight update alone (gradient sync,
-                                  //   clipping, AdamW, the model's copy)
+                                  //   clipping, AdamW, the model's copy);
+  int64_t forward_peak_bytes = 0;   //   the same up to the loss (forward and loss),
+  int64_t backward_peak_bytes = 0;  //   and in the backward alone: the preflight's moments
   int64_t comm_bytes = 0;       // bytes sent during the step by the rank that sent the most;
   int64_t attention_bytes = 0;  //   its parts by purpose: attention (ring and Ulysses groups),
   int64_t vision_bytes = 0;     //   vision routing (context group),

@@ -35,8 +35,10 @@ SentBytes sent_bytes(const dist::Mesh& mesh);
 struct StepAccount {
   double seconds = 0;
   PhaseTimes phases;
-  int64_t peak_bytes = 0;         // the step's peak up to the update (forward and backward)
-  int64_t update_peak_bytes = 0;  // the update's own peak
+  int64_t peak_bytes = 0;           // the step's peak: the largest of the three below
+  int64_t forward_peak_bytes = 0;   // the forward's and the loss's peak
+  int64_t backward_peak_bytes = 0;  // the backward's own peak
+  int64_t update_peak_bytes = 0;    // the update's own peak
   SentBytes sent;
 };
 
@@ -52,6 +54,8 @@ class StepWatch {
   void phase(const char* phase);
   // What this rank holds now (the training state and the step's batch).
   int64_t held_bytes() const { return memory_.current_bytes(); }
+  // The forward and the loss are done: their peak is kept, the backward's is measured apart.
+  void forward_done();
   // The backward is done: its peak is kept, the update's is measured apart.
   void backward_done();
   // The heartbeat enters "metrics"; the step's account.
@@ -66,7 +70,7 @@ class StepWatch {
   const TrainOptions::TestHooks& test_;
   std::chrono::steady_clock::time_point start_;
   SentBytes sent_at_start_;
-  int64_t backward_peak_ = 0;
+  int64_t forward_peak_ = 0, backward_peak_ = 0;
 };
 
 }  // namespace mmsp::train
