@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "mmsp/core/check.h"
@@ -142,10 +143,11 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   in.shard_world = 4;
   // --shard gradients / parameters: whole for the step only what lies outside the
   // decoder layers, the vision blocks, the embedding and the head (patch embedding,
-  // merger, norms); in the layers' backward besides it one layer's or block's
-  // gradients, the lookup's T rows of h (the embedding never has a dense gradient)
-  // and the shards reduced so far; stage 3 one unit in use plus the next one's gather
-  // and its flat copy under Gloo.
+  // merger, norms); at the backward's end besides it one layer's or block's
+  // gradients, the lookup's T rows of h (the embedding never has a dense gradient),
+  // every shard and a unit's rounds; in the decoder's layers the shards reduced so far,
+  // at the last layer or the first (add_backward); stage 3 one unit in use plus the
+  // next one's gather and its flat copy under Gloo.
   int64_t in_layers = 0, layer0 = 0, in_blocks = 0, block0 = 0, embedding = 0, head = 0;
   for (const auto& [name, shape] : shapes.shapes) {
     int64_t k = 1;
@@ -181,7 +183,30 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   auto rounds_of = [&](int64_t elements, int64_t largest_one) {
     return 3 * std::min(4 * std::min(elements, std::max(largest_one, B / 2)), 2 * B);
   };
-  EXPECT_EQ(stage2.gradients, 2 * (kept + unit + rows) + 4 * quarter + rounds_of(unit, unit));
+  EXPECT_EQ(stage2.gradients, 2 * (kept + block0 + rows) + 4 * quarter + rounds_of(block0, block0));  // the end: a block's
+  {
+    // The decoder's backward: each layer frees its activations (no recompute here) and
+    // adds its shard; priced where the two sum highest. 64 tokens a rank keep more
+    // than a layer's shard: at the last layer, every layer's activations and the head's
+    // shard. One token keeps less: at the first, its activations and every later
+    // layer's shard beside the head's.
+    const int64_t L = config.text.num_hidden_layers, head_shard = (head + 3) / 4 * 4;
+    const int64_t layers_shard = (in_layers + 3) / 4 * 4, one_layer = stage2.activations / L;
+    ASSERT_EQ(stage2.activations % L, 0) << "the tiny decoder's layers are alike";
+    ASSERT_LT(layers_shard / L, one_layer);
+    EXPECT_EQ(stage2.recomputed_layer, 0);
+    EXPECT_EQ(stage2.inputs_left, stage2.activations);
+    EXPECT_EQ(stage2.backward_gradients, 2 * (kept + unit + rows) + head_shard);
+    EXPECT_EQ(stage2.reduction_rounds, rounds_of(unit, unit));  // after the layer's backward, a moment of its own
+    MemoryEstimateInputs one = in;
+    one.tokens_per_rank = 1;
+    const MemoryEstimate short_step = estimate_memory(config, shapes, one);
+    ASSERT_GT(layers_shard / L, one_layer / 64);
+    EXPECT_EQ(short_step.inputs_left, one_layer / 64);
+    EXPECT_EQ(short_step.backward_gradients, 2 * (kept + unit + config.text.hidden_size) + head_shard +
+                                                 layers_shard * (L - 1) / L);
+    EXPECT_LT(short_step.inputs_left + short_step.backward_gradients, short_step.activations + short_step.gradients);
+  }
   EXPECT_EQ(stage2.head_gradient, 2 * head);  // whole, from the loss's backward
   // ... then its hook reduces it, the logits gone: its shard and a round.
   EXPECT_EQ(stage2.head_reduction, (head + 3) / 4 * 4 + rounds_of(head, head));
@@ -205,6 +230,8 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(stage3.gathered_forward, 2 * (unit + 2 * unit));  // a layer, the next in flight (never the head)
   EXPECT_EQ(stage3.gathered_loss, 2 * (3 * round + 2 * unit));  // rounds of rows, the last layer in flight
   EXPECT_EQ(stage3.gathered_backward, 2 * 3 * unit);          // a layer, the one before in flight
+  EXPECT_EQ(stage3.gathered_vision, 2 * 3 * block0);          // the tower's: a block, the one before in flight
+  EXPECT_EQ(stage2.gathered_vision, 0);
   EXPECT_EQ(stage3.head_gradient, round * (2 + 2 * 4) + (V + 3) / 4 * h * 4);  // a round's, the head's shard
   // With chunks of 8 tokens: rounds of an eighth of the vocabulary, a quarter from each rank.
   {
@@ -339,8 +366,15 @@ TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {
     const MemoryEstimate e = estimate_memory(config, shapes, in);
     EXPECT_EQ(e.activations, L * T * h * 4 + T * a * 4) << model::to_string(mode);
     EXPECT_LT(e.activations, plain.activations);
+    // Unsharded, the backward starts with every input and the whole gradients.
+    EXPECT_EQ(e.recomputed_layer, T * a * 4);
+    EXPECT_EQ(e.inputs_left, L * T * h * 4);
+    EXPECT_EQ(e.backward_gradients, e.gradients);
+    const std::vector<std::string> moved = {"activations", "inputs left", "recomputed layer"};
     for (size_t k = 0; k < e.parts().size(); ++k)  // nothing else moves
-      if (e.parts()[k].first != "activations") { EXPECT_EQ(e.parts()[k], plain.parts()[k]); }
+      if (std::find(moved.begin(), moved.end(), e.parts()[k].first) == moved.end()) {
+        EXPECT_EQ(e.parts()[k], plain.parts()[k]);
+      }
   }
   in.checkpointing = model::ActivationCheckpointing::none;
   in.loss_chunk = 7;
@@ -383,10 +417,28 @@ TEST(MemoryEstimate, TiledMlpAndOffloadFollowTheirFormulas) {
   const MemoryEstimate offloaded = estimate_memory(config, shapes, in);
   EXPECT_EQ(offloaded.offloaded, L * T * h * b);
   EXPECT_EQ(recomputed.activations - offloaded.activations, (L - 2) * T * h * b);
-  EXPECT_EQ(offloaded.total() + (L - 2) * T * h * b, recomputed.total());
   EXPECT_THAT(offloaded.table(), HasSubstr("host"));
+  // The backward: on the device the inputs are the most at its last layer (6.6 GB beside
+  // the head's shard), so it is priced there; offloaded they are 2 at every layer, so
+  // at its first, with every later layer's shard reduced.
+  int64_t decoder_layers = 0;
+  for (size_t i = 0; i < shapes.shapes.size(); ++i)
+    if (shapes.unit_of[i] >= 0 && shapes.unit_of[i] < L) decoder_layers += count({shapes.shapes[i]});
+  const int64_t layers_shard = (decoder_layers + 7) / 8 * 4;
+  EXPECT_EQ(recomputed.inputs_left, L * T * h * b);
+  EXPECT_EQ(offloaded.inputs_left, 2 * T * h * b);
+  EXPECT_EQ(offloaded.backward_gradients - recomputed.backward_gradients, layers_shard * (L - 1) / L);
+  auto backward = [](const MemoryEstimate& e) {
+    const auto moments = e.moments();
+    return e.bytes_of(std::find_if(moments.begin(), moments.end(), [](const auto& m) { return m.name == "backward"; })->parts);
+  };
+  EXPECT_EQ(backward(offloaded) + (L - 2) * T * h * b - layers_shard * (L - 1) / L, backward(recomputed));
+  EXPECT_LT(offloaded.total(), recomputed.total());
+  const std::vector<std::string> moved = {"activations", "inputs left", "backward gradients"};
   for (size_t k = 0; k < offloaded.parts().size(); ++k)  // nothing else moves
-    if (offloaded.parts()[k].first != "activations") { EXPECT_EQ(offloaded.parts()[k], recomputed.parts()[k]); }
+    if (std::find(moved.begin(), moved.end(), offloaded.parts()[k].first) == moved.end()) {
+      EXPECT_EQ(offloaded.parts()[k], recomputed.parts()[k]);
+    }
 }
 
 // A hybrid model's working set is its Gated DeltaNet layer's backward when that is the
@@ -447,7 +499,7 @@ TEST(MemoryEstimate, OverTheLimitIsRefusedNamingEveryPartAndTheFlags) {
   MemoryEstimate e;
   e.parameters = 3LL << 30;
   e.optimizer = 6LL << 30;
-  e.gradients = 3LL << 30;
+  e.gradients = e.backward_gradients = 3LL << 30;
   e.logits = 512LL << 20;
   e.head_gradient = 1LL << 30;
   e.update_gradients = 2LL << 30;
@@ -466,7 +518,7 @@ TEST(MemoryEstimate, OverTheLimitIsRefusedNamingEveryPartAndTheFlags) {
     EXPECT_THAT(what, HasSubstr("needs about 13.00 GiB per rank (held through the step 9.00 GiB: parameters "
                                 "3.00 GiB, optimizer 6.00 GiB, plus the largest of its moments; loss "
                                 "512.00 MiB: logits 512.00 MiB; loss backward 1.00 GiB: head gradient 1.00 GiB; "
-                                "backward 3.00 GiB: gradients 3.00 GiB; update 4.00 GiB: update gradients 2.00 GiB, update working "
+                                "backward 3.00 GiB: backward gradients 3.00 GiB; update 4.00 GiB: update gradients 2.00 GiB, update working "
                                 "set 2.00 GiB) but --memory-limit allows 8.00 GiB"));
     EXPECT_THAT(what, HasSubstr("--tokens-per-rank"));
     EXPECT_THAT(what, HasSubstr("--dtype bfloat16"));

@@ -35,6 +35,7 @@ std::vector<std::pair<std::string, int64_t>> MemoryEstimate::parts() const {
           {"gathered forward", gathered_forward},
           {"gathered loss", gathered_loss},
           {"gathered backward", gathered_backward},
+          {"gathered vision", gathered_vision},
           {"activations", activations},
           {"working set", working_set},
           {"logits", logits},
@@ -42,6 +43,10 @@ std::vector<std::pair<std::string, int64_t>> MemoryEstimate::parts() const {
           {"head gradient", head_gradient},
           {"head reduction", head_reduction},
           {"gradients", gradients},
+          {"inputs left", inputs_left},
+          {"recomputed layer", recomputed_layer},
+          {"backward gradients", backward_gradients},
+          {"reduction rounds", reduction_rounds},
           {"update gradients", update_gradients},
           {"update working set", update_working_set},
           {"vision", vision},
@@ -55,8 +60,10 @@ std::vector<MemoryEstimate::Moment> MemoryEstimate::moments() const {
           {"loss", {"gathered loss", "vision", "activations", "logits", next}},
           {"loss backward", {"gathered loss", "vision", "activations", "logits backward", "head gradient", next}},
           {"head reduction", {"vision", "activations", "head gradient", "head reduction", next}},
-          {"backward", {"gathered backward", "vision", "activations", "working set", "gradients", next}},
-          {"vision backward", {"gathered backward", "vision", "vision working set", "gradients", next}},
+          {"backward", {"gathered backward", "vision", "inputs left", "recomputed layer", "working set",
+                        "backward gradients", next}},
+          {"layer reduction", {"gathered backward", "vision", "inputs left", "backward gradients", "reduction rounds", next}},
+          {"vision backward", {"gathered vision", "vision", "vision working set", "gradients", next}},
           {"update", {"update gradients", "update working set", next}}};
 }
 
@@ -94,8 +101,10 @@ const std::vector<std::string> kHeld = {"parameters", "master weights", "optimiz
 // head's reduction under --shard gradients) are not said without it: the others hold
 // the rest of their parts.
 bool shown(const MemoryEstimate& e, const MemoryEstimate::Moment& moment) {
-  if (moment.name == "vision backward") return e.vision > 0;
+  // The backward's end holds every shard with or without a tower: said when it is the largest.
+  if (moment.name == "vision backward") return e.vision > 0 || e.held() + e.bytes_of(moment.parts) == e.total();
   if (moment.name == "head reduction") return e.head_reduction > 0;
+  if (moment.name == "layer reduction") return e.reduction_rounds > 0;
   return true;
 }
 
@@ -136,7 +145,9 @@ int64_t elements_of(const std::vector<int64_t>& shape) {
 struct ParameterCensus {
   int64_t total = 0;
   int64_t in_layers = 0;                     // in every layer and vision block
+  int64_t in_decoder_layers = 0;             // ... of them in the decoder's layers
   int64_t largest_layer = 0, next_layer = 0;  // N_l, and N_l2: the most a neighbour of the largest holds
+  int64_t largest_block = 0, next_block = 0;  // the same among the vision blocks alone
   int64_t head = 0, embedding = 0;           // tied: the embedding is the head's unit, embedding 0
   int64_t largest = 0;                       // the largest parameter
   int64_t largest_kept = 0;                  // the largest outside every unit
@@ -148,7 +159,7 @@ struct ParameterCensus {
 // a [V, h] table read by rows is the head when it has a dense gradient (tied when the
 // lookup reads it too), else the untied embedding; every other unit is a layer or a
 // vision block.
-ParameterCensus census_of(const ParameterLayout& layout) {
+ParameterCensus census_of(const ParameterLayout& layout, int64_t decoder_layers) {
   MMSP_CHECK(layout.unit_of.size() == layout.shapes.size(), "estimate_memory: ", layout.unit_of.size(),
              " unit indices for ", layout.shapes.size(), " parameters");
   ParameterCensus c;
@@ -165,11 +176,20 @@ ParameterCensus census_of(const ParameterLayout& layout) {
     else
       c.largest_kept = std::max(c.largest_kept, n);
   }
-  std::vector<int64_t> layers;  // decoder layers and vision blocks
+  std::vector<int64_t> layers, blocks;  // decoder layers and vision blocks; the blocks alone
+  // The decoder's layers are the first units (model::Vlm::hook_units: the decoder's layers,
+  // its head and embedding, then the vision blocks).
+  MMSP_CHECK(decoder_layers <= static_cast<int64_t>(per_unit.size()), "estimate_memory: ", decoder_layers,
+             " decoder layers but ", per_unit.size(), " units");
   for (size_t u = 0; u < per_unit.size(); ++u) {
     const parallel::ShardUnitUse& use = layout.uses[u];
+    if (static_cast<int64_t>(u) < decoder_layers) {
+      MMSP_CHECK(!use.by_rows, "estimate_memory: unit ", u, " is read by rows, not a decoder layer");
+      c.in_decoder_layers += per_unit[u];
+    }
     if (!use.by_rows) {
       if (per_unit[u] > 0) layers.push_back(per_unit[u]);
+      if (per_unit[u] > 0 && static_cast<int64_t>(u) >= decoder_layers) blocks.push_back(per_unit[u]);
     } else if (use.dense_gradient) {
       c.head += per_unit[u];
       c.tied = c.tied || use.lookup_rows;
@@ -178,6 +198,9 @@ ParameterCensus census_of(const ParameterLayout& layout) {
     }
   }
   std::sort(layers.begin(), layers.end(), std::greater<>());
+  std::sort(blocks.begin(), blocks.end(), std::greater<>());
+  c.largest_block = blocks.empty() ? 0 : blocks[0];
+  c.next_block = blocks.size() > 1 ? blocks[1] : 0;
   for (int64_t n : layers) c.in_layers += n;
   c.largest_layer = layers.empty() ? 0 : layers[0];
   c.next_layer = layers.size() > 1 ? layers[1] : 0;
@@ -208,6 +231,16 @@ void add_replicated_state(MemoryEstimate& e, const ParameterCensus& c, const Wid
       std::max({std::min(P * m, parallel::kDefaultBucketBytes), largest * m, w.mixed ? largest * b : 0, 2 * largest * m});
 }
 
+// Reductions and gathers go in rounds of at most 2·B bytes (at most a bucket's: a round
+// packed, the all-to-all's output and the summed shard, or a round gathered, its shard
+// and Gloo's flat copy of it). A bucket holds the largest parameter or B's worth; stages
+// 2 and 3 bucket each unit's parameters apart (sharded_weights.cpp), so a unit's rounds
+// are at most its own bytes.
+int64_t rounds_of(int64_t elements, int64_t largest_one, const Widths& w) {
+  return 3 * std::min(std::min(elements, std::max(largest_one, parallel::kDefaultBucketBytes / w.b)) * w.m,
+                      2 * parallel::kDefaultBucketBytes);
+}
+
 // Sharded training state (--shard optimizer | gradients | parameters). Returns, under
 // --shard parameters, the logits of one round of the head's rows (else 0).
 int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, const ParameterCensus& c,
@@ -215,16 +248,9 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
   const int64_t P = c.total, b = w.b, m = w.m, largest = c.largest, kept = c.kept();
   // sharded_adamw.h: a W-th of masters and moments (+ < W elements of padding per
   // 25 MiB bucket, ignored), and of the reduced gradients from their reduction to
-  // the update. Reductions and gathers go in rounds of at most 2·B bytes (at most a
-  // bucket's: a round packed, the all-to-all's output and the summed shard, or a round
-  // gathered, its shard and Gloo's flat copy of it). A bucket holds the largest
-  // parameter or B's worth; stages 2 and 3 bucket each unit's parameters apart
-  // (sharded_weights.cpp), so a unit's rounds are at most its own bytes.
+  // the update, reduced in rounds (rounds_of).
   const int64_t W = std::max(in.shard_world, 1), shard = (P + W - 1) / W;
-  auto rounds_of = [&](int64_t elements, int64_t largest_one) {
-    return 3 * std::min(std::min(elements, std::max(largest_one, parallel::kDefaultBucketBytes / b)) * m, 2 * parallel::kDefaultBucketBytes);
-  };
-  const int64_t rounds = rounds_of(P, largest);
+  const int64_t rounds = rounds_of(P, largest, w);
   const int64_t slices = 2 * std::min(shard, ShardedAdamW::kUpdateSlice) * m;  // the update's sqrt, denominator
   e.master_weights = shard * m;
   e.optimizer = 2 * shard * m;
@@ -238,17 +264,18 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
     e.update_working_set = (largest + W - 1) / W * m + rounds + slices;
     return 0;
   }
-  // Stages 2 and 3, in the layers' backward: the kept gradients, one layer's (each
-  // unit's are reduced at its after_backward: the head's before the layers'), the
-  // token lookup's T rows of h (no dense [V, h] gradient for the embedding), and
-  // the shards reduced so far. The update reduces the kept ones and adds every
+  // Stages 2 and 3, at the backward's end (the vision tower's backward, last): the kept
+  // gradients, one block's (each unit's are reduced at its after_backward: the head's
+  // before the layers', the layers' before the blocks'), the token lookup's T rows of h
+  // (no dense [V, h] gradient for the embedding), every shard and a block's rounds; the
+  // decoder's layers hold fewer shards (add_backward). The update reduces the kept ones and adds every
   // rank's lookup rows (gathered, and a copy cat together).
   // The head's hook reduces its gradient after the loss's backward, its logits gone:
   // its shard and a round, beside the whole gradient (a moment of its own).
-  e.gradients = (kept + c.largest_layer + w.lookup_rows) * b + shard * m + rounds_of(c.largest_layer, c.largest_layer);
-  e.head_reduction = (c.head + W - 1) / W * m + rounds_of(c.head, c.head);
+  e.gradients = (kept + c.largest_block + w.lookup_rows) * b + shard * m + rounds_of(c.largest_block, c.largest_block, w);
+  e.head_reduction = (c.head + W - 1) / W * m + rounds_of(c.head, c.head, w);
   e.update_gradients = shard * m + kept * b;
-  e.update_working_set = 2 * W * w.lookup_rows * b + rounds_of(kept, c.largest_kept) + slices;
+  e.update_working_set = 2 * W * w.lookup_rows * b + rounds_of(kept, c.largest_kept, w) + slices;
   if (in.shard_level != parallel::ShardLevel::parameters) return 0;
   // Stage 3: whole for the step only the weights outside the units; besides them a
   // unit in use and the next one's gather in flight, which holds its buffer and,
@@ -270,13 +297,16 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
   e.gathered_forward = std::max(U + 2 * U2, 2 * w.lookup_rows) * b;
   e.gathered_loss = 3 * round * b + 2 * U * b;
   e.gathered_backward = (U + 2 * U2) * b;
+  e.gathered_vision = (c.largest_block + 2 * c.next_block) * b;  // the tower's backward: a block, the next in flight
   e.head_gradient = round * (b + 2 * m) + head_shard * m;
   e.head_reduction = 0;  // by rounds, inside the loss's backward (head gradient)
   return w.slots * W * B;  // the loss's logits are a round's; B as the trainer sizes it
 }
 
-// The decoder's activations: what each layer keeps for its backward, per checkpointing mode.
-void add_activations(MemoryEstimate& e, const model::TextConfig& t, const Widths& w, const MemoryEstimateInputs& in) {
+// The decoder's activations: what each layer keeps for its backward, per checkpointing
+// mode. Returns what the backward's first layer keeps (its input, or without
+// checkpointing its activations): the inputs left at the backward's end.
+int64_t add_activations(MemoryEstimate& e, const model::TextConfig& t, const Widths& w, const MemoryEstimateInputs& in) {
   // Kept per token and decoder layer (elements): the residual input, the two norms'
   // inputs and fp32 normalised copies (6h), q/k/v before and after rotary, the
   // attention output and its input to o_proj ((5H + 4H_kv)·d), and the MLP's gate,
@@ -297,14 +327,43 @@ void add_activations(MemoryEstimate& e, const model::TextConfig& t, const Widths
   const int64_t layer_inputs = t.num_hidden_layers * T * h * b;
   if (in.checkpointing == model::ActivationCheckpointing::none) {
     e.activations = (t.num_hidden_layers - linear_layers) * attention_layer + linear_layers * linear_layer;
-  } else if (in.offload_activations) {
+    return one_layer;
+  }
+  e.recomputed_layer = one_layer;
+  if (in.offload_activations) {
     // The inputs in host memory; on the device one recomputed layer, the input it was
     // brought back for, and the next one on its way back.
     e.activations = 2 * T * h * b + one_layer;
     e.offloaded = layer_inputs;
-  } else {
-    e.activations = layer_inputs + one_layer;  // layer inputs + one recomputed layer
+    return 2 * T * h * b;
   }
+  e.activations = layer_inputs + one_layer;  // layer inputs + one recomputed layer
+  return T * h * b;
+}
+
+// The decoder's backward (MemoryEstimate::inputs_left …). Under --shard gradients and
+// parameters each layer's gradients are reduced to a shard at its after_backward hook
+// (zero_hooks.cpp), so the shards grow as the inputs go: at the last layer all inputs
+// and the head's shard, at the first one input and every later layer's shard. Measured
+// (Qwen3.5-0.8B cut to 4 layers, 4 ranks, fp32, 1,024 tokens a rank, the hooks probed):
+// the peak came in the second layer's backward, and each earlier layer's backward
+// peaked 16 MiB higher, its shard (20.5) less its input (4).
+void add_backward(MemoryEstimate& e, const model::TextConfig& t, const ParameterCensus& c, const Widths& w,
+                  const MemoryEstimateInputs& in, int64_t first_layer_keeps) {
+  const bool hooked = in.shard_level == parallel::ShardLevel::gradients || in.shard_level == parallel::ShardLevel::parameters;
+  e.inputs_left = e.activations - e.recomputed_layer;  // at the last layer: every input
+  if (!hooked) {  // the gradients whole through the backward, reduced after it
+    e.backward_gradients = e.gradients;
+    return;
+  }
+  const int64_t W = std::max(in.shard_world, 1), L = std::max<int64_t>(t.num_hidden_layers, 1);
+  const int64_t head_shard = (c.head + W - 1) / W * w.m, layers_shard = (c.in_decoder_layers + W - 1) / W * w.m;
+  const int64_t at_last = e.inputs_left + head_shard;
+  const int64_t at_first = first_layer_keeps + head_shard + layers_shard * (L - 1) / L;
+  const bool first = at_first > at_last;
+  if (first) e.inputs_left = first_layer_keeps;
+  e.backward_gradients = (c.kept() + c.largest_layer + w.lookup_rows) * w.b + (first ? at_first : at_last) - e.inputs_left;
+  e.reduction_rounds = rounds_of(c.largest_layer, c.largest_layer, w);
 }
 
 // The largest transient of one layer: the MLP's intermediate in the backward
@@ -384,7 +443,7 @@ ParameterLayout parameter_layout(const model::Vlm& skeleton) {
 MemoryEstimate estimate_memory(const model::ModelConfig& config,
                                const ParameterLayout& layout,
                                const MemoryEstimateInputs& in) {
-  const ParameterCensus census = census_of(layout);
+  const ParameterCensus census = census_of(layout, config.text.num_hidden_layers);
   Widths w;
   w.b = static_cast<int64_t>(c10::elementSize(in.compute_dtype));
   w.m = static_cast<int64_t>(c10::elementSize(in.master_dtype));
@@ -406,7 +465,8 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
     add_replicated_state(e, census, w);
   else
     row_round_logits = add_sharded_state(e, config, census, w, in);
-  add_activations(e, config.text, w, in);
+  const int64_t first_layer_keeps = add_activations(e, config.text, w, in);
+  add_backward(e, config.text, census, w, in, first_layer_keeps);
   e.working_set = layer_working_set(config.text, w, in);
   add_loss(e, config.text, w, in, row_round_logits);
   return e;

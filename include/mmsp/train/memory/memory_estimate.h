@@ -104,6 +104,7 @@ struct MemoryEstimate {
   int64_t optimizer = 0;       // AdamW's two moments in the master dtype
   // Stage 3's units gathered besides: in the forward, the loss and the backward.
   int64_t gathered_forward = 0, gathered_loss = 0, gathered_backward = 0;
+  int64_t gathered_vision = 0;  // ... and in the vision tower's backward (a block and the next)
   int64_t activations = 0;     // kept for backward by the decoder layers (on the device)
   int64_t offloaded = 0;       // ... and in host memory (--offload-activations): not in total()
   int64_t working_set = 0;     // the largest transient of one layer (MLP or attention block)
@@ -111,7 +112,15 @@ struct MemoryEstimate {
   int64_t logits_backward = 0;  // its backward: a block's logits and softmax, the hidden state's gradient
   int64_t head_gradient = 0;   // the LM head's gradient, made whole by the loss's backward
   int64_t head_reduction = 0;  // --shard gradients: its shard and a round as its hook reduces it
-  int64_t gradients = 0;       // the backward's (stages 2, 3: one unit's, and the reduced shards)
+  int64_t gradients = 0;       // the backward's end (stages 2, 3: one unit's, and every reduced shard)
+  // The decoder's backward runs its layers last to first: each frees its input (or its
+  // activations) and adds its reduced shard (stages 2, 3). Its moment is priced where
+  // the two sum highest, at the last layer or at the first: the inputs still kept there,
+  // the layer recomputed, and the gradients so far: the kept weights', one layer's, the
+  // lookup's rows and the shards reduced by then. A layer's reduce-scatter rounds come
+  // after its recomputed activations are gone (a moment of their own). Without a shard
+  // level above optimizer these are the activations and the whole gradients.
+  int64_t inputs_left = 0, recomputed_layer = 0, backward_gradients = 0, reduction_rounds = 0;
   int64_t update_gradients = 0;    // what the update steps with (the masters', or the shards)
   int64_t update_working_set = 0;  // its largest transients (reductions, AdamW's, gathers)
   // The busiest rank's vision tower in a step (vision_load.h): its pixels, blocks'
