@@ -196,15 +196,16 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
     ASSERT_LT(layers_shard / L, one_layer);
     EXPECT_EQ(stage2.recomputed_layer, 0);
     EXPECT_EQ(stage2.inputs_left, stage2.activations);
-    EXPECT_EQ(stage2.backward_gradients, 2 * (kept + unit + rows) + head_shard);
+    // no lookup rows yet; the hidden state's gradient from the layer above
+    EXPECT_EQ(stage2.backward_gradients, 2 * (kept + unit) + 2 * rows + head_shard);
     EXPECT_EQ(stage2.reduction_rounds, rounds_of(unit, unit));  // after the layer's backward, a moment of its own
     MemoryEstimateInputs one = in;
     one.tokens_per_rank = 1;
     const MemoryEstimate short_step = estimate_memory(config, shapes, one);
     ASSERT_GT(layers_shard / L, one_layer / 64);
     EXPECT_EQ(short_step.inputs_left, one_layer / 64);
-    EXPECT_EQ(short_step.backward_gradients, 2 * (kept + unit + config.text.hidden_size) + head_shard +
-                                                 layers_shard * (L - 1) / L);
+    EXPECT_EQ(short_step.backward_gradients,
+              2 * (kept + unit + config.text.hidden_size) + head_shard + layers_shard * (L - 1) / L);
     EXPECT_LT(short_step.inputs_left + short_step.backward_gradients, short_step.activations + short_step.gradients);
   }
   EXPECT_EQ(stage2.head_gradient, 2 * head);  // whole, from the loss's backward
@@ -366,10 +367,11 @@ TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {
     const MemoryEstimate e = estimate_memory(config, shapes, in);
     EXPECT_EQ(e.activations, L * T * h * 4 + T * a * 4) << model::to_string(mode);
     EXPECT_LT(e.activations, plain.activations);
-    // Unsharded, the backward starts with every input and the whole gradients.
+    // Unsharded, the backward starts with every input and the whole gradients, and the
+    // hidden state's gradient from the layer above.
     EXPECT_EQ(e.recomputed_layer, T * a * 4);
     EXPECT_EQ(e.inputs_left, L * T * h * 4);
-    EXPECT_EQ(e.backward_gradients, e.gradients);
+    EXPECT_EQ(e.backward_gradients, e.gradients + T * h * 4);
     const std::vector<std::string> moved = {"activations", "inputs left", "recomputed layer"};
     for (size_t k = 0; k < e.parts().size(); ++k)  // nothing else moves
       if (std::find(moved.begin(), moved.end(), e.parts()[k].first) == moved.end()) {
@@ -468,13 +470,14 @@ TEST(MemoryEstimate, GatedDeltaNetWorkingSetFollowsItsFormula) {
   in.ring = 4;
   EXPECT_EQ(estimate_memory(config, shapes, in).working_set, T * (layer.backward + 2 * Hv * K * 4));
   // Over sequence tiles (--tiled-mlp; no ring): what travels, o | z and a state per tile
-  // border kept; their gradients and one tile's whole work in the working set.
+  // border kept; the gradients of what travels and of the layer's input (o | z's replaces
+  // o | z) and one tile's whole work in the working set.
   in.ring = 1;
   in.mlp_tile = 1024;
   const GatedDeltaLayerBytes tiled = gated_delta_layer_bytes(t, b, 1, in.mlp_tile);
   const int64_t mixed = (2 * Hk * K + Hv * V + 2 * Hv) * b;
   EXPECT_EQ(tiled.kept, mixed + 2 * Hv * V * b + Hv * K * V * 4 / in.mlp_tile);
-  EXPECT_EQ(tiled.backward, mixed + 2 * Hv * V * b);
+  EXPECT_EQ(tiled.backward, mixed + t.hidden_size * b);
   const int64_t rule_work = 3 * conv + 2 * Hv * (2 * K + V) * b + 2 * conv, norm_work = Hv * V * (8 + 7 * b + 12);
   EXPECT_EQ(tiled.tile, in.mlp_tile * std::max(rule_work, norm_work));
   EXPECT_EQ(gated_delta_layer_bytes(t, b, 1, in.mlp_tile, 4).tile, in.mlp_tile * std::max(rule_work / 4, norm_work));

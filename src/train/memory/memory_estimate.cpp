@@ -303,10 +303,36 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
   return w.slots * W * B;  // the loss's logits are a round's; B as the trainer sizes it
 }
 
+// The largest transient of one layer, per kind: an attention layer's is the MLP's
+// intermediate in the backward (3 tensors of T×I; tiled: the 4 a tile's forward keeps
+// and its backward's 3, plus one weight's gradient of the tile before it is summed and
+// the input's gradient, filled a tile at a time: tests/model/test_memory_layers.cpp
+// measures them) or one attention block's fp32 scores, probabilities and their gradients
+// (4 × H × block_q × block_k); a hybrid model's Gated DeltaNet layer's is the MLP's or
+// its token mixer's backward (below).
+struct LayerWork {
+  int64_t attention = 0, linear = 0;
+};
+LayerWork layer_working_sets(const model::TextConfig& t, const Widths& w, const MemoryEstimateInputs& in) {
+  const int64_t T = w.slots, h = t.hidden_size, I = t.intermediate_size, b = w.b;
+  const int64_t mlp = in.mlp_tile > 0 ? (7 * std::min(in.mlp_tile, T) * I + h * I + T * h) * b : 3 * T * I * b;
+  const int64_t block = std::min(in.attention_block, std::max<int64_t>(T, 1));
+  const int64_t attention = 4 * t.num_attention_heads * block * block * 4;
+  // A Gated DeltaNet layer's backward transients (hybrid configs; what it keeps is in
+  // the activations).
+  int64_t gated_delta = 0;
+  if (t.is_hybrid()) {
+    const GatedDeltaLayerBytes layer = gated_delta_layer_bytes(t, b, in.ring, std::min(in.mlp_tile, T), in.ulysses);
+    gated_delta = T * layer.backward + layer.tile;
+  }
+  return {std::max(mlp, attention), t.is_hybrid() ? std::max(mlp, gated_delta) : 0};
+}
+
 // The decoder's activations: what each layer keeps for its backward, per checkpointing
 // mode. Returns what the backward's first layer keeps (its input, or without
 // checkpointing its activations): the inputs left at the backward's end.
-int64_t add_activations(MemoryEstimate& e, const model::TextConfig& t, const Widths& w, const MemoryEstimateInputs& in) {
+int64_t add_activations(MemoryEstimate& e, const model::TextConfig& t, const Widths& w, const MemoryEstimateInputs& in,
+                        const LayerWork& work) {
   // Kept per token and decoder layer (elements): the residual input, the two norms'
   // inputs and fp32 normalised copies (6h), q/k/v before and after rotary, the
   // attention output and its input to o_proj ((5H + 4H_kv)·d), and the MLP's gate,
@@ -323,7 +349,15 @@ int64_t add_activations(MemoryEstimate& e, const model::TextConfig& t, const Wid
     linear_layers = std::count(t.layer_types.begin(), t.layer_types.end(), model::LayerKind::linear_attention);
     linear_layer = T * (norms_and_mlp + gated_delta_layer_bytes(t, b, in.ring, in.mlp_tile, in.ulysses).kept);
   }
-  const int64_t one_layer = std::max(attention_layer, linear_layer);  // the one being recomputed
+  // The layer being recomputed and its transients are one layer's: the kind whose kept
+  // bytes and working set sum highest (in Qwen3.5 the attention layer keeps more, the
+  // Gated DeltaNet layer's backward adds more). Without recompute, any layer's working
+  // set beside every layer's activations.
+  const bool linear_heavier = t.is_hybrid() && linear_layer + work.linear > attention_layer + work.attention;
+  const int64_t one_layer = linear_heavier ? linear_layer : attention_layer;
+  e.working_set = in.checkpointing == model::ActivationCheckpointing::none ? std::max(work.attention, work.linear)
+                  : linear_heavier                                          ? work.linear
+                                                                            : work.attention;
   const int64_t layer_inputs = t.num_hidden_layers * T * h * b;
   if (in.checkpointing == model::ActivationCheckpointing::none) {
     e.activations = (t.num_hidden_layers - linear_layers) * attention_layer + linear_layers * linear_layer;
@@ -347,13 +381,17 @@ int64_t add_activations(MemoryEstimate& e, const model::TextConfig& t, const Wid
 // and the head's shard, at the first one input and every later layer's shard. Measured
 // (Qwen3.5-0.8B cut to 4 layers, 4 ranks, fp32, 1,024 tokens a rank, the hooks probed):
 // the peak came in the second layer's backward, and each earlier layer's backward
-// peaked 16 MiB higher, its shard (20.5) less its input (4).
+// peaked 16 MiB higher, its shard (20.5) less its input (4). The token lookup's rows
+// come after the first layer, so none are in it.
 void add_backward(MemoryEstimate& e, const model::TextConfig& t, const ParameterCensus& c, const Widths& w,
                   const MemoryEstimateInputs& in, int64_t first_layer_keeps) {
   const bool hooked = in.shard_level == parallel::ShardLevel::gradients || in.shard_level == parallel::ShardLevel::parameters;
   e.inputs_left = e.activations - e.recomputed_layer;  // at the last layer: every input
+  // The hidden state's gradient from the layer above: the layer's input gradient is
+  // summed into it (its own, in the working set, is the layer's branch).
+  const int64_t hidden_gradient = w.slots * t.hidden_size * w.b;
   if (!hooked) {  // the gradients whole through the backward, reduced after it
-    e.backward_gradients = e.gradients;
+    e.backward_gradients = e.gradients + hidden_gradient;
     return;
   }
   const int64_t W = std::max(in.shard_world, 1), L = std::max<int64_t>(t.num_hidden_layers, 1);
@@ -362,29 +400,9 @@ void add_backward(MemoryEstimate& e, const model::TextConfig& t, const Parameter
   const int64_t at_first = first_layer_keeps + head_shard + layers_shard * (L - 1) / L;
   const bool first = at_first > at_last;
   if (first) e.inputs_left = first_layer_keeps;
-  e.backward_gradients = (c.kept() + c.largest_layer + w.lookup_rows) * w.b + (first ? at_first : at_last) - e.inputs_left;
+  // (the lookup's rows come after the first layer's backward: not yet)
+  e.backward_gradients = (c.kept() + c.largest_layer) * w.b + hidden_gradient + (first ? at_first : at_last) - e.inputs_left;
   e.reduction_rounds = rounds_of(c.largest_layer, c.largest_layer, w);
-}
-
-// The largest transient of one layer: the MLP's intermediate in the backward
-// (3 tensors of T×I; tiled: the 4 a tile's forward keeps and its backward's 3, plus
-// one weight's gradient of the tile before it is summed and the input's gradient,
-// filled a tile at a time: tests/model/test_memory_layers.cpp measures them), one
-// attention block's fp32 scores, probabilities and their gradients (4 × H × block_q ×
-// block_k), or a Gated DeltaNet layer's (below).
-int64_t layer_working_set(const model::TextConfig& t, const Widths& w, const MemoryEstimateInputs& in) {
-  const int64_t T = w.slots, h = t.hidden_size, I = t.intermediate_size, b = w.b;
-  const int64_t mlp = in.mlp_tile > 0 ? (7 * std::min(in.mlp_tile, T) * I + h * I + T * h) * b : 3 * T * I * b;
-  const int64_t block = std::min(in.attention_block, std::max<int64_t>(T, 1));
-  const int64_t attention = 4 * t.num_attention_heads * block * block * 4;
-  // A Gated DeltaNet layer's backward transients (hybrid configs; what it keeps is in
-  // the activations).
-  int64_t gated_delta = 0;
-  if (t.is_hybrid()) {
-    const GatedDeltaLayerBytes layer = gated_delta_layer_bytes(t, b, in.ring, std::min(in.mlp_tile, T), in.ulysses);
-    gated_delta = T * layer.backward + layer.tile;
-  }
-  return std::max({mlp, attention, gated_delta});
 }
 
 // The loss's forward: one block's logits in the compute dtype, their copy in the wide
@@ -425,7 +443,7 @@ GatedDeltaLayerBytes gated_delta_layer_bytes(const model::TextConfig& t, int64_t
     // under Ulysses, or the gated norm's over this rank's tokens.
     bytes.tile = std::max(tile * (rule_kept + rule_backward) / std::max(ulysses, 1), tile * (norm_kept + norm_backward));
     bytes.kept = mixed + oz + (Hv * K * V * wide + tile - 1) / tile;
-    bytes.backward = mixed + oz;
+    bytes.backward = mixed + t.hidden_size * b;  // o | z's gradient replaces o | z (freed)
   }
   return bytes;
 }
@@ -465,9 +483,8 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config,
     add_replicated_state(e, census, w);
   else
     row_round_logits = add_sharded_state(e, config, census, w, in);
-  const int64_t first_layer_keeps = add_activations(e, config.text, w, in);
+  const int64_t first_layer_keeps = add_activations(e, config.text, w, in, layer_working_sets(config.text, w, in));
   add_backward(e, config.text, census, w, in, first_layer_keeps);
-  e.working_set = layer_working_set(config.text, w, in);
   add_loss(e, config.text, w, in, row_round_logits);
   return e;
 }

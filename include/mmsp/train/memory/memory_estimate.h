@@ -80,11 +80,14 @@ struct MemoryEstimateInputs {
 // Over sequence tiles (tile > 0: --tiled-mlp's rows, where no ring is: gated_delta_tiles.h)
 // the layer keeps its inputs to the rule and to the gated norm, what travels
 // ((2·H_k·K + H_v·V + 2·H_v)·b) and o | z (2·H_v·V·b), and one state per tile border
-// (H_v·K·V·wide / tile); its backward adds their gradients, and one tile's work at a time:
-// the larger of the conv and rule's (their untiled kept + backward bytes, ÷ the Ulysses
-// degree: a share row holds H/U heads) and the gated norm's, per row of the tile. Measured fp32 at the same shapes, tiles of
-// 256, from the growth of 2,048 to 4,096 tokens: kept 45.3 KB a token (formula 45.2), the
-// step's peak 74.1 (86.3).
+// (H_v·K·V·wide / tile); its backward adds the gradient of what travels and the layer
+// input's (h·b): o | z's gradient takes the place of o | z, which the norm's tiles free as
+// they hand it over. And one tile's work at a time: the larger of the conv and rule's
+// (their untiled kept + backward bytes, ÷ the Ulysses degree: a share row holds H/U heads)
+// and the gated norm's, per row of the tile. Measured fp32 at the same shapes, tiles of
+// 256, from the growth of 1,024 to 2,048 tokens: kept 45,254 B a token (formula 45,184),
+// the backward above it 28,800 (formula 28,800; 41,088 when it counted o | z's gradient
+// beside o | z); bf16 kept 24.7 KB, backward 14.4 (14.4).
 struct GatedDeltaLayerBytes {
   int64_t kept = 0, backward = 0;  // per token
   int64_t tile = 0;                // bytes: one tile's work, tiled
@@ -107,7 +110,7 @@ struct MemoryEstimate {
   int64_t gathered_vision = 0;  // ... and in the vision tower's backward (a block and the next)
   int64_t activations = 0;     // kept for backward by the decoder layers (on the device)
   int64_t offloaded = 0;       // ... and in host memory (--offload-activations): not in total()
-  int64_t working_set = 0;     // the largest transient of one layer (MLP or attention block)
+  int64_t working_set = 0;     // the largest transient of the layer being computed (MLP, attention block, token mixer)
   int64_t logits = 0;           // the loss's forward: one block's logits, their wide copy, shift and exp
   int64_t logits_backward = 0;  // its backward: a block's logits and softmax, the hidden state's gradient
   int64_t head_gradient = 0;   // the LM head's gradient, made whole by the loss's backward
@@ -116,8 +119,8 @@ struct MemoryEstimate {
   // The decoder's backward runs its layers last to first: each frees its input (or its
   // activations) and adds its reduced shard (stages 2, 3). Its moment is priced where
   // the two sum highest, at the last layer or at the first: the inputs still kept there,
-  // the layer recomputed, and the gradients so far: the kept weights', one layer's, the
-  // lookup's rows and the shards reduced by then. A layer's reduce-scatter rounds come
+  // the layer recomputed, and the gradients so far: the kept weights', one layer's and
+  // the shards reduced by then (the token lookup's rows come after the layers). A layer's reduce-scatter rounds come
   // after its recomputed activations are gone (a moment of their own). Without a shard
   // level above optimizer these are the activations and the whole gradients.
   int64_t inputs_left = 0, recomputed_layer = 0, backward_gradients = 0, reduction_rounds = 0;
