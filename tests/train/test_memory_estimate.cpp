@@ -213,7 +213,8 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   EXPECT_EQ(stage2.head_reduction, (head + 3) / 4 * 4 + rounds_of(head, head));
   EXPECT_EQ(stage2.update_gradients, 4 * quarter + 2 * kept);
   // every rank's rows, and their cat; the kept weights' rounds
-  EXPECT_EQ(stage2.update_working_set, 2 * 4 * rows * 2 + rounds_of(kept, largest_kept) + slices);
+  // stage 2 gathers every bucket back into the whole weights after the update: a round of any
+  EXPECT_EQ(stage2.update_working_set, 2 * 4 * rows * 2 + rounds + slices);
   EXPECT_EQ(stage2.parameters, 2 * P);
   EXPECT_EQ(stage2.gathered_forward + stage2.gathered_loss + stage2.gathered_backward, 0);
   EXPECT_EQ(stage2.optimizer, sharded.optimizer);
@@ -260,6 +261,8 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
     EXPECT_EQ(cut.gathered_forward, 2 * (layer0 + 2 * block0));
   }
   EXPECT_EQ(stage3.gradients, stage2.gradients);
+  // stage 3 only releases the weights after the update: the kept weights' rounds alone
+  EXPECT_EQ(stage3.update_working_set, 2 * 4 * rows * 2 + rounds_of(kept, largest_kept) + slices);
 }
 
 // Every family's vision tower is a chain of hook units after the decoder's (Qwen's
