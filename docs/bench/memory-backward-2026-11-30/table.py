@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""The estimate ÷ measured table of ../memory-estimate.md from the JSON beside this file,
-and the same by phase: the forward and loss, the backward, the update (each phase's
-measured peak against the largest of its moments, held part included)."""
+"""The estimate ÷ measured table of ../memory-estimate.md from the tiny-*-np*.json in a
+folder (this file's, or the one named as the argument), and, where the rows carry them,
+the same by phase: the forward and loss, the backward, the update (each phase's measured
+peak against the largest of its moments, held part included)."""
 import json
 import pathlib
+import sys
 
-here = pathlib.Path(__file__).parent
+here = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else pathlib.Path(__file__).parent
 families = ["qwen2-vl", "qwen2_5-vl", "qwen3-vl", "qwen3_5-vl", "llava", "internvl"]
 phases = {
     "forward": (lambda m: max(m["forward"], m["loss"]), "forward_peak_bytes"),
@@ -26,6 +28,8 @@ for family in families:
             names.append(name)
             table[(family, n, name)] = r["estimate"]["total"] / r["measured"]["step_peak_bytes"]
             for phase, (estimate, measured) in phases.items():
+                if "moments" not in r["estimate"]:  # rows of before 2026-11-30
+                    continue
                 by_phase[phase].append((estimate(r["estimate"]["moments"]) / r["measured"][measured], family, n, name))
         rows = rows or names
 print("| --shard, --checkpoint-activations, loss chunk | " + " | ".join(f"{f} 1 · 2 · 4" for f in families) + " |")
@@ -36,5 +40,7 @@ for name in rows:
 ratios = list(table.values())
 print(f"\n{len(ratios)} rows: {min(ratios):.3f} – {max(ratios):.3f}")
 for phase, values in by_phase.items():
+    if not values:
+        continue
     lo, hi = min(values), max(values)
     print(f"{phase}: {lo[0]:.3f} ({lo[1]} np{lo[2]}, {lo[3]}) – {hi[0]:.3f} ({hi[1]} np{hi[2]}, {hi[3]})")
