@@ -7,7 +7,9 @@ fetch_videos calls) and hands the frames to the processor. mmsp decodes with FFm
 converts to RGB as torchcodec does (train/data/video_file.h), then resizes and normalises as
 the processor does (ATen's antialiased bicubic on uint8, the fused normalisation). Widths
 that are a multiple of 32 (torchcodec's swscale path) and not (its filter graph), frames
-resized and not. Frame folders: the same frames as PNG files, the processor given the images.
+resized and not; untagged streams (FFmpeg's BT.601 default) and streams tagged BT.709, in
+limited and in full range (the colour matrix the conversion takes from each frame). Frame
+folders: the same frames as PNG files, the processor given the images.
 Bad video files are refused when the data is read, naming the line and the rule.
 """
 import json
@@ -25,9 +27,13 @@ import processors as P
 from test_pixels import _mmsp_pixels
 
 FAMILY_NAMES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
-# (width, height): 128 a multiple of 32 (swscale), 140 and 58 not (filter graph); sizes the
-# processor resizes (every one of them here: min_pixels) and odd sides.
-SIZES = [(128, 96), (140, 112), (58, 202)]
+# (width, height, colour tags): 128 a multiple of 32 (swscale), 140 and 58 not (filter graph);
+# sizes the processor resizes (every one of them here: min_pixels) and odd sides. Tagged
+# BT.709 on both paths, one of them full range: decoded untagged, they differ by up to 20
+# levels, so a conversion that ignored the tags would fail here.
+BT709 = {"colorspace": "bt709", "color_primaries": "bt709", "color_trc": "bt709"}
+CLIPS = [(128, 96, {}), (140, 112, {}), (58, 202, {}), (128, 96, BT709),
+         (140, 112, {**BT709, "color_range": "pc"})]
 INDICES = [0, 2, 5, 6, 9]  # 5 frames: the last repeated to fill the temporal patch
 FRAMES = 12
 
@@ -41,10 +47,11 @@ def _video_processor(name, pre):
     return cls(**{k: pre[k] for k in keys if k in pre}, cap_pixels_per_frame=False)
 
 
-def _write_video(path, width, height, seed):
+def _write_video(path, width, height, seed, tags=None):
+    """An h264 clip of smooth frames; `tags`: the encoder's colour options (written in the stream)."""
     frames = torch.stack([torch.from_numpy(P.smooth_image(width, height, seed=seed * 100 + i)).permute(2, 0, 1)
                           for i in range(FRAMES)])
-    torchcodec.encoders.VideoEncoder(frames, frame_rate=8).to_file(str(path))
+    torchcodec.encoders.VideoEncoder(frames, frame_rate=8).to_file(str(path), extra_options=tags or None)
 
 
 def _line(name, family, cfg, grid, video):
@@ -76,10 +83,12 @@ def test_video_pixels_equal_the_video_processor(name, tmp_path, mmsp_bin):
 
     family, cfg, model_dir, processor = _model(name, tmp_path)
     lines, expected = [], []
-    for k, (w, h) in enumerate(SIZES):
+    for k, (w, h, tags) in enumerate(CLIPS):
         path = tmp_path / f"clip{k}.mp4"
-        _write_video(path, w, h, seed=k)
-        frames = VideoDecoder(str(path)).get_frames_at(INDICES).data  # [N, 3, H, W] uint8
+        _write_video(path, w, h, seed=k, tags=tags)
+        decoder = VideoDecoder(str(path))
+        assert decoder.metadata.color_space == tags.get("colorspace"), decoder.metadata
+        frames = decoder.get_frames_at(INDICES).data  # [N, 3, H, W] uint8
         out = processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
         grid = out["video_grid_thw"][0].tolist()
         lines.append(_line(name, family, cfg, grid, {"path": path.name, "frame_indices": INDICES}))
@@ -98,7 +107,7 @@ def test_video_pixels_equal_the_video_processor(name, tmp_path, mmsp_bin):
     assert rc == 0, err
     for i, ref in enumerate(expected):
         mine = got[f"sample{i}.video0"]
-        what = f"{name} {'file' if i % 2 == 0 else 'frame folder'} {SIZES[i // 2]}"
+        what = f"{name} {'file' if i % 2 == 0 else 'frame folder'} {CLIPS[i // 2]}"
         assert mine.shape == ref.shape, f"{what}: mmsp {tuple(mine.shape)} vs processor {tuple(ref.shape)}"
         diff = (mine - ref).abs().max().item()
         assert torch.equal(mine, ref), f"{what}: off by up to {diff:.3e} (normalised units)"
