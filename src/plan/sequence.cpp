@@ -108,6 +108,43 @@ struct Scanner {
     out.blocks.push_back(b);
   }
 
+  // Qwen3-VL and Qwen3.5 as transformers 5.x writes them: the chat template's own start and
+  // end markers left around a video's timestamped frame blocks, `<start><0.3 seconds><start>
+  // <video>...<end><1.5 seconds>...<end>`. transformers 5.17 gives those two markers text
+  // positions (they are not placeholders), so they are text here too; the released
+  // processor (4.57) and vLLM write the frames without them. A wrapper holds whole videos'
+  // frame blocks and their timestamps, nothing else. (One video as a processor writes it;
+  // mmsp.patch hands each temporal patch over as a video of its own, as get_rope_index
+  // splits them.)
+  int64_t wrapper_open = -1;     // index of the open wrapper's start marker, or -1
+  int64_t wrapper_frames = 0;    // frame blocks inside it so far
+
+  void open_wrapper(int64_t i, int64_t next_token) {
+    MMSP_CHECK(conv.video_frames_as_blocks() && conv.supports_video(), "sequence ", si,
+               ": vision start token ", conv.vision_start_token_id, " at index ", i,
+               " is followed by token ", next_token, ", expected image placeholder ",
+               conv.image_token_id,
+               (conv.supports_video() ? detail::concat(" or video placeholder ", conv.video_token_id) : ""));
+    MMSP_CHECK(wrapper_open < 0, "sequence ", si, ": vision start token ", conv.vision_start_token_id,
+               " at index ", i, " is followed by token ", next_token,
+               " inside the video wrapper opened at index ", wrapper_open,
+               "; a wrapper holds one video's timestamped frame blocks and does not nest");
+    MMSP_CHECK(next_frame == 0, "sequence ", si, ": a video wrapper opens at index ", i, " but video ",
+               next_video, " has blocks for ", next_frame, " of its frames before it");
+    wrapper_open = i;
+    wrapper_frames = 0;
+  }
+
+  void close_wrapper(int64_t i) {
+    MMSP_CHECK(wrapper_frames > 0, "sequence ", si, ": the video wrapper opened at index ", wrapper_open,
+               " and closed at index ", i, " holds no video frame block");
+    MMSP_CHECK(next_frame == 0, "sequence ", si, ": the video wrapper opened at index ", wrapper_open,
+               " closes at index ", i, " after ", next_frame, " frames of video ", next_video,
+               " (grid ", grid_text(seq.video_grid_thw[next_video]),
+               "); a wrapper holds whole videos' frames");
+    wrapper_open = -1;
+  }
+
   // Qwen and InternVL: start marker, placeholders, end marker.
   void scan_marked() {
     const auto& ids = seq.input_ids;
@@ -128,18 +165,32 @@ struct Scanner {
         const int64_t pad = ids[i + 1];
         const bool image = pad == image_id;
         const bool video = video_id >= 0 && pad == video_id;
-        MMSP_CHECK(image || video, "sequence ", si, ": vision start token ", start_id, " at index ",
-                   i, " is followed by token ", pad, ", expected image placeholder ", image_id,
-                   (video_id >= 0 ? detail::concat(" or video placeholder ", video_id) : ""));
+        if (!image && !video) {
+          open_wrapper(i, pad);
+          ++i;
+          continue;
+        }
+        MMSP_CHECK(!(image && wrapper_open >= 0), "sequence ", si, ": an image block at index ", i,
+                   " is inside the video wrapper opened at index ", wrapper_open,
+                   "; a wrapper holds one video's timestamped frame blocks");
         const int64_t j = skip_equal(ids.data(), i + 1, n, pad);
         MMSP_CHECK(j < n && ids[j] == end_id, "sequence ", si, ": vision block opened at index ",
                    i, " is not closed by end token ", end_id, " after its ", j - i - 1,
                    " placeholder tokens (found ",
                    (j < n ? detail::concat("token ", ids[j], " at index ", j) : std::string("the end of the sequence")),
                    ")");
-        if (image) add_image(i + 1, j - i - 1);
-        else add_video(i + 1, j - i - 1);
+        if (image) {
+          add_image(i + 1, j - i - 1);
+        } else {
+          if (wrapper_open >= 0) ++wrapper_frames;
+          add_video(i + 1, j - i - 1);
+        }
         i = j + 1;
+        continue;
+      }
+      if (tok == end_id && wrapper_open >= 0) {
+        close_wrapper(i);
+        ++i;
         continue;
       }
       MMSP_CHECK(tok != end_id, "sequence ", si, ": vision end token ", end_id, " at index ", i,
@@ -235,6 +286,9 @@ ParsedSequence parse_sequence(const Sequence& seq, const ModelConventions& conv,
   s.out.length = n;
   if (conv.has_block_markers()) s.scan_marked();
   else s.scan_runs();
+  MMSP_CHECK(s.wrapper_open < 0, "sequence ", si, ": the video wrapper opened by vision start token ",
+             conv.vision_start_token_id, " at index ", s.wrapper_open, " is not closed by end token ",
+             conv.vision_end_token_id);
 
   MMSP_CHECK(s.next_image == static_cast<int64_t>(seq.image_grid_thw.size()), "sequence ", si,
              ": image_grid_thw has ", seq.image_grid_thw.size(),

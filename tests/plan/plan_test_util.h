@@ -57,6 +57,14 @@ class SeqBuilder {
     }
     return *this;
   }
+  // Qwen3-VL as transformers 5.x writes a video: the template's start and end markers left
+  // around the timestamped frame blocks (text to get_rope_index).
+  SeqBuilder& wrapped_video(Grid g) {
+    s_.input_ids.push_back(c_.vision_start_token_id);
+    video(g);
+    s_.input_ids.push_back(c_.vision_end_token_id);
+    return *this;
+  }
   SeqBuilder& mask_first(int64_t n) {  // loss_mask 0 on the first n tokens (a prompt)
     s_.loss_mask.assign(s_.input_ids.size(), 1);
     for (int64_t i = 0; i < n && i < static_cast<int64_t>(s_.loss_mask.size()); ++i) s_.loss_mask[i] = 0;

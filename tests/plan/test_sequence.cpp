@@ -44,6 +44,29 @@ TEST(Sequence, Qwen3VideoFramesAreBlocks) {
   EXPECT_EQ(p.blocks[1].start, 2 + 9 + 3 + 1);
 }
 
+TEST(Sequence, Qwen3TransformersWrapperIsText) {
+  // transformers 5.x leaves the template's markers around a video's frame blocks: the same
+  // blocks, one token later; the wrapper's two markers are text.
+  const Sequence flat = SeqBuilder(kQwen3).text(2).video({3, 4, 4}).text(1).image({1, 4, 4}).build();
+  const Sequence wrapped = SeqBuilder(kQwen3).text(2).wrapped_video({3, 4, 4}).text(1).image({1, 4, 4}).build();
+  ASSERT_EQ(wrapped.input_ids.size(), flat.input_ids.size() + 2);
+  const ParsedSequence a = parse_sequence(flat, kQwen3, 0), b = parse_sequence(wrapped, kQwen3, 0);
+  ASSERT_EQ(b.blocks.size(), a.blocks.size());
+  for (size_t k = 0; k < a.blocks.size(); ++k) {
+    EXPECT_EQ(b.blocks[k].start, a.blocks[k].start + (a.blocks[k].kind == VisionKind::video ? 1 : 2));
+    EXPECT_EQ(b.blocks[k].first_frame, a.blocks[k].first_frame);
+    EXPECT_EQ(b.blocks[k].item, a.blocks[k].item);
+  }
+  // Two wrapped videos in a row, and a bare one after them.
+  const Sequence two = SeqBuilder(kQwen3).wrapped_video({2, 4, 4}).wrapped_video({1, 2, 2}).video({2, 2, 2}).build();
+  EXPECT_EQ(parse_sequence(two, kQwen3, 0).blocks.size(), 5u);
+  // mmsp.patch hands a video's temporal patches over as videos of t = 1 (get_rope_index
+  // splits them so): one wrapper then holds several.
+  Sequence split = SeqBuilder(kQwen3).wrapped_video({2, 4, 4}).build();
+  split.video_grid_thw = {{1, 4, 4}, {1, 4, 4}};
+  EXPECT_EQ(parse_sequence(split, kQwen3, 0).blocks.size(), 2u);
+}
+
 TEST(Sequence, LlavaSplitsAdjacentImagesByGrid) {
   const Sequence s = SeqBuilder(kLlava).text(2).image({1, 2, 3}).image({1, 2, 2}).text(1).build();
   const ParsedSequence p = parse_sequence(s, kLlava, 0);
@@ -171,6 +194,50 @@ TEST(SequenceErrors, Qwen3FrameCounts) {
   EXPECT_THAT(error_of([&] { parse_sequence(wrong, kQwen3, 1); }),
               HasSubstr("sequence 1: video 0 frame 0 has 4 placeholder tokens but grid [3, 4, 8] "
                         "with spatial_merge_size 2 needs 8 per frame"));
+}
+
+TEST(SequenceErrors, Qwen3WrapperHoldsOneWholeVideo) {
+  const int64_t start = kQwen3.vision_start_token_id, end = kQwen3.vision_end_token_id;
+  // Not closed.
+  Sequence open = SeqBuilder(kQwen3).text(2).wrapped_video({2, 4, 4}).build();
+  open.input_ids.back() = 500;
+  EXPECT_THAT(error_of([&] { parse_sequence(open, kQwen3, 2); }),
+              HasSubstr("sequence 2: the video wrapper opened by vision start token 151652 at index 2 is not "
+                        "closed by end token 151653"));
+  // Empty.
+  Sequence empty = SeqBuilder(kQwen3).text(2).build();
+  empty.input_ids.insert(empty.input_ids.end(), {start, 500, 501, end});
+  EXPECT_THAT(error_of([&] { parse_sequence(empty, kQwen3, 0); }),
+              HasSubstr("sequence 0: the video wrapper opened at index 2 and closed at index 5 holds no video "
+                        "frame block"));
+  // Closed after 1 of 2 frames.
+  Sequence half = SeqBuilder(kQwen3).wrapped_video({2, 4, 4}).build();
+  const int64_t per_frame = 3 + 1 + 4 + 1;
+  half.input_ids.insert(half.input_ids.begin() + 1 + per_frame, end);
+  half.input_ids.pop_back();
+  EXPECT_THAT(error_of([&] { parse_sequence(half, kQwen3, 0); }),
+              HasSubstr("closes at index 10 after 1 frames of video 0 (grid [2, 4, 4])"));
+  // An image inside.
+  Sequence image = SeqBuilder(kQwen3).text(1).build();
+  image.input_ids.push_back(start);
+  const Sequence img = SeqBuilder(kQwen3).image({1, 2, 2}).build();
+  image.input_ids.insert(image.input_ids.end(), img.input_ids.begin(), img.input_ids.end());
+  image.input_ids.push_back(end);
+  image.image_grid_thw = img.image_grid_thw;
+  EXPECT_THAT(error_of([&] { parse_sequence(image, kQwen3, 0); }),
+              HasSubstr("an image block at index 2 is inside the video wrapper opened at index 1"));
+  // Nested wrappers.
+  Sequence nested = SeqBuilder(kQwen3).wrapped_video({1, 4, 4}).build();
+  nested.input_ids.insert(nested.input_ids.begin(), {start, 500});
+  nested.input_ids.push_back(end);
+  EXPECT_THAT(error_of([&] { parse_sequence(nested, kQwen3, 0); }),
+              HasSubstr("inside the video wrapper opened at index 0; a wrapper holds one video's timestamped frame "
+                        "blocks and does not nest"));
+  // Qwen2-VL writes no wrapper: a start marker before text is still an error there.
+  Sequence q2 = SeqBuilder(kQwen2).text(2).build();
+  q2.input_ids.insert(q2.input_ids.begin(), start);
+  EXPECT_THAT(error_of([&] { parse_sequence(q2, kQwen2, 0); }),
+              HasSubstr("sequence 0: vision start token 151652 at index 0 is followed by token"));
 }
 
 TEST(SequenceErrors, LlavaRuns) {

@@ -549,7 +549,9 @@ def per_rank_bad_batch_named_on_every_rank(rank, world):
 def video_samples(family_name, seed=7):
     """Two sequences mixing images and videos (2 temporal patches each): text, image, text,
     video, text; text, video, text, image, text. Qwen3-VL puts each temporal patch of a video
-    in its own block after a timestamp (here two text tokens), as its processor does. The
+    in its own block after a timestamp (here two text tokens), as its processor does; the
+    first sequence as transformers 5.x writes it, the chat template's <|vision_start|> and
+    <|vision_end|> left around those blocks, the second as the released processor did. The
     videos' temporal positions stay below max(h, w)/m, where transformers 5.17 and mmsp place
     the following text alike (docs/plan.md). Returns [(input_ids, loss_mask, images, videos)],
     videos as (pixel rows, [t, h, w])."""
@@ -564,7 +566,7 @@ def video_samples(family_name, seed=7):
     start, end, pad = family.start_token, family.end_token, families.FAMILIES[family_name].overrides.get(
         "video_token_id", 604)
     out = []
-    for layout in (["text", "image", "text", "video", "text"], ["text", "video", "text", "image", "text"]):
+    for s, layout in enumerate((["text", "image", "text", "video", "text"], ["text", "video", "text", "image", "text"])):
         ids, mask, images, videos = [1], [0], [], []
         for part in layout:
             if part == "text":
@@ -581,8 +583,11 @@ def video_samples(family_name, seed=7):
                 frames = [[start] + [pad] * (t * h * w // (m * m)) + [end]]
                 if family_name in ("qwen3_vl", "qwen3_5"):  # a timestamp, then one block, per temporal patch
                     frames = [words(2) + [start] + [pad] * (h * w // (m * m)) + [end] for _ in range(t)]
+                    wrapped = s == 0  # transformers 5.x: the template's pair around the blocks
+                    ids, mask = ids + [start] * wrapped, mask + [0] * wrapped
                     for f in frames:
                         ids, mask = ids + f, mask + [1, 1] + [0] * (len(f) - 2)
+                    ids, mask = ids + [end] * wrapped, mask + [0] * wrapped
                 else:
                     ids, mask = ids + frames[0], mask + [0] * len(frames[0])
         ids, mask = ids + [2], mask + [1]
