@@ -5,7 +5,9 @@ split over the context group), against transformers' forward and backward on the
 with the video processor's pixel_values_videos for the frames torchcodec decodes at those
 indices: the loss and every gradient (tolerances: test_reference.py's, float32 inside a
 float64 transformers model). So the decoder, the resize, the normalisation, the rows' layout,
-the positions after a video and the tower's split are all checked at once.
+the positions after a video and the tower's split are all checked at once. Qwen3-VL twice:
+its frame blocks as the released processor wrote them (prepare's default), and inside the
+wrapper transformers 5.x leaves (`--video-wrapper keep`), whose two markers are text.
 """
 import dataclasses
 import json
@@ -20,23 +22,26 @@ import processors as P
 from test_reference import GRAD_RTOL, GRAD_RTOL_DEFAULT, LOSS_RTOL, LR, _load_reference
 from test_video_pixels import _video_processor, _write_video
 
-FAMILY_NAMES = ["qwen2_5_vl", "qwen3_vl"]
+CASES = [("qwen2_5_vl", False), ("qwen3_vl", False), ("qwen3_vl", True)]  # (family, wrapped)
 INDICES = [0, 3, 5, 8, 10, 11]  # 3 temporal patches
 SIZE = (140, 112)  # resized by the processor; the filter graph's path of the RGB conversion
 
 
-def _tokens(name, family, grid, m):
+def _tokens(name, family, grid, m, wrapped=False):
     """[start, video rows, end] (Qwen2.5-VL) or per temporal patch [timestamp, start, rows, end]
-    (Qwen3-VL: prepare's layout), between text; and its loss mask."""
+    (Qwen3-VL: prepare's layout; `wrapped`: inside [start, ..., end], as transformers 5.x
+    writes it), between text; and its loss mask."""
     t, h, w = grid
     pad = family.overrides["video_token_id"]
     gen = torch.Generator().manual_seed(3)
     words = lambda n: torch.randint(*F.TEXT_RANGE, (n,), generator=gen).tolist()
     ids, mask = [1] + words(6), [0] + [1] * 6
     if name in ("qwen3_vl", "qwen3_5"):
+        ids, mask = ids + [family.start_token] * wrapped, mask + [0] * wrapped
         for _ in range(t):
             block = words(2) + [family.start_token] + [pad] * (h * w // (m * m)) + [family.end_token]
             ids, mask = ids + block, mask + [1, 1] + [0] * (len(block) - 2)
+        ids, mask = ids + [family.end_token] * wrapped, mask + [0] * wrapped
     else:
         block = [family.start_token] + [pad] * (t * h * w // (m * m)) + [family.end_token]
         ids, mask = ids + block, mask + [0] * len(block)
@@ -44,8 +49,8 @@ def _tokens(name, family, grid, m):
     return ids + tail, mask + [1] * len(tail)
 
 
-@pytest.mark.parametrize("name", FAMILY_NAMES)
-def test_a_video_file_trains_as_transformers_computes(name, tmp_path, mmsp_bin, mmsp_run):
+@pytest.mark.parametrize("name,wrapped", CASES)
+def test_a_video_file_trains_as_transformers_computes(name, wrapped, tmp_path, mmsp_bin, mmsp_run):
     from torchcodec.decoders import VideoDecoder
 
     family = F.FAMILIES[name]
@@ -62,7 +67,7 @@ def test_a_video_file_trains_as_transformers_computes(name, tmp_path, mmsp_bin, 
     frames = VideoDecoder(str(clip)).get_frames_at(INDICES).data
     out = processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
     grid = out["video_grid_thw"][0].tolist()
-    ids, mask = _tokens(name, family, grid, m)
+    ids, mask = _tokens(name, family, grid, m, wrapped)
 
     # transformers: forward and backward on the sequence, the loss as mmsp defines it
     model.zero_grad()
@@ -99,7 +104,7 @@ def test_a_video_file_trains_as_transformers_computes(name, tmp_path, mmsp_bin, 
         assert r.returncode == 0, f"{' '.join(cmd)}\nexit {r.returncode}\n{r.stderr[-3000:]}"
         with open(os.path.join(run, "metrics.jsonl")) as f:
             loss = json.loads(f.readline())["loss"]
-        what = f"{name} video file on {ranks} rank(s)"
+        what = f"{name} video file{' (wrapped)' if wrapped else ''} on {ranks} rank(s)"
         print(f"{what}: loss {loss!r} vs transformers {ref.item()!r}")
         assert abs(loss - ref.item()) <= LOSS_RTOL * ref.item(), f"{what}: loss {loss!r} != {ref.item()!r}"
         got, info = _load_reference(grads)

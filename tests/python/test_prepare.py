@@ -538,6 +538,31 @@ def test_video_files_match_the_processor(capsys, models, folder, family):
         assert processor.tokenizer.decode(reference["input_ids"][0]).count("<|vision_start|><0.3 seconds>") == 1
 
 
+@pytest.mark.parametrize("family", QWEN)
+def test_video_wrapper_keep_writes_transformers_ids(capsys, models, folder, family):
+    """--video-wrapper keep: transformers 5.x's token ids exactly, the template's pair around a
+    Qwen3-VL video's frame blocks included (mmsp train reads it as text: hf.video_reference);
+    the same targets as the default. Qwen2-VL and Qwen2.5-VL write no wrapper: the same ids."""
+    model_dir, processor = models[family]
+    write_clip(folder / "clip.mp4")
+    rc, rows, err, _ = run(capsys, model_dir, folder, clip_records(folder)[:1], "--video-wrapper", "keep",
+                           output="keep.jsonl")
+    assert rc == 0, err
+    rc, dropped, err, _ = run(capsys, model_dir, folder, clip_records(folder)[:1])
+    assert rc == 0, err
+    messages = [user({"type": "video", "video": str(folder / "clip.mp4")}, text("What moves?")), assistant("A dog.")]
+    reference = reference_video(processor, messages)
+    want = [int(t) for t in reference["input_ids"][0]]
+    assert rows[0]["input_ids"] == want
+    assert rows[0]["video_grid_thw"] == dropped[0]["video_grid_thw"] == reference["video_grid_thw"].tolist()
+    assert runs(rows[0]["input_ids"], rows[0]["loss_mask"]) == runs(dropped[0]["input_ids"], dropped[0]["loss_mask"])
+    wrapped = family in ("qwen3_vl", "qwen3_5")
+    assert len(rows[0]["input_ids"]) == len(dropped[0]["input_ids"]) + 2 * wrapped
+    if wrapped:
+        shown = processor.tokenizer.decode(rows[0]["input_ids"])
+        assert shown.count("<|vision_start|><0.3 seconds><|vision_start|>") == 1, shown
+
+
 @pytest.mark.parametrize("family,flags,config", [
     ("qwen2_5_vl", ["--video-fps", "4"], {"do_sample_frames": True, "fps": 4}),
     ("qwen2_vl", ["--video-num-frames", "6"], {"do_sample_frames": True, "num_frames": 6}),

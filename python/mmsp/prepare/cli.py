@@ -10,7 +10,7 @@ import signal
 import sys
 import threading
 
-from . import formats, overflow, reasoning, writer
+from . import conversation, formats, overflow, reasoning, writer
 from .errors import PrepareError
 from .run import MAX_RECORD_BYTES, Options, prepare
 from .train_bounds import MAX_IMAGE_PIXELS
@@ -51,6 +51,10 @@ def parser():
     p.add_argument("--video-sample-frames", choices=("on", "off"),
                    help="video files: sample frames (on) or decode every frame (off); default: the config's "
                         "do_sample_frames, on when --video-fps or --video-num-frames is given")
+    p.add_argument("--video-wrapper", choices=conversation.VIDEO_WRAPPER, default="drop",
+                   help="Qwen3-VL / Qwen3.5 videos: the chat template's <|vision_start|> / <|vision_end|> that "
+                        "transformers 5.x leaves around a video's timestamped frame blocks; drop: the released "
+                        "processor's and vLLM's tokens (default), keep: transformers 5.x's tokens exactly")
     p.add_argument("--max-record-bytes", type=int, default=MAX_RECORD_BYTES, metavar="N",
                    help="a longer record is a bad record, never read whole: the memory bound "
                         f"(default {MAX_RECORD_BYTES}: 8 MiB, which peaks at about 2.4 GB)")
@@ -101,7 +105,7 @@ def main(argv=None):
                           else args.video_sample_frames == "on",
                           max_record_bytes=args.max_record_bytes, max_image_pixels=args.max_image_pixels,
                           enable_thinking=None if args.enable_thinking is None else args.enable_thinking == "on",
-                          empty_think=args.empty_think)
+                          empty_think=args.empty_think, video_wrapper=args.video_wrapper)
         summary = prepare(options, report)
     except PrepareError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

@@ -6,15 +6,19 @@ The token ids are exactly `processor.apply_chat_template(messages, tokenize=True
 every image / video placeholder to the count its image processor gives for that item's size,
 and tokenizes. Only two things are asked of it on top: each token's characters
 (`return_offsets_mapping`) and each expansion's place (`return_text_replacement_offsets`), which
-the loss mask and the vision blocks need. One change is made to them: a Qwen3-VL / Qwen3.5
-video loses the template's `<|vision_start|>` / `<|vision_end|>` around its timestamped blocks
-(`_unwrap_framed_videos` says why).
+the loss mask and the vision blocks need. One change is made to them by default: a Qwen3-VL /
+Qwen3.5 video loses the template's `<|vision_start|>` / `<|vision_end|>` around its timestamped
+blocks (`_unwrap_framed_videos` says why); `--video-wrapper keep` keeps them.
 """
 import bisect
 from dataclasses import dataclass
 
 from . import media, video_file
 from .errors import BadSample, PrepareError
+
+
+# --video-wrapper: drop the template's pair around a Qwen3-VL video's frame blocks, or keep it.
+VIDEO_WRAPPER = ("drop", "keep")
 
 
 @dataclass
@@ -78,9 +82,10 @@ def _folder_video(frames, where, max_pixels):
     return torch.from_numpy(np.stack([np.asarray(im.convert("RGB")) for im in decoded])).permute(0, 3, 1, 2)
 
 
-def encode(model, messages, videos, video_fps, template_kwargs=None):
+def encode(model, messages, videos, video_fps, template_kwargs=None, keep_video_wrapper=False):
     """Tokenizes a conversation with the processor; `videos` (`Video`s) give the metadata;
-    `template_kwargs` go to the chat template (enable_thinking)."""
+    `template_kwargs` go to the chat template (enable_thinking); `keep_video_wrapper`: leave a
+    Qwen3-VL video's wrapper as transformers wrote it."""
     template_kwargs = template_kwargs or {}
     kwargs = {"return_offsets_mapping": True, "return_text_replacement_offsets": True}
     if videos:
@@ -106,7 +111,7 @@ def encode(model, messages, videos, video_fps, template_kwargs=None):
                            "(return_text_replacement_offsets): mmsp prepare needs transformers 5.17 or newer")
     ids, offsets = [int(t) for t in out["input_ids"][0]], [(int(a), int(b)) for a, b in out["offset_mapping"][0]]
     replacements = list(replacements[0])
-    if model.family == "qwen":
+    if model.family == "qwen" and not keep_video_wrapper:
         _unwrap_framed_videos(model, ids, offsets, replacements)
     return Encoded(
         input_ids=ids,
@@ -125,8 +130,10 @@ def _unwrap_framed_videos(model, ids, offsets, replacements):
     transformers 5.17 replaces only the template's `<|video_pad|>`, leaving the template's
     `<|vision_start|>` / `<|vision_end|>` around them: nested blocks. Qwen's own processor (the
     one the models were released with, transformers 4.57) replaced the template's three tokens
-    whole, as vLLM does, as transformers' get_rope_index documents, and as mmsp's trainer parses
-    (docs/data.md): so the template's pair around such an expansion is dropped here (in place)."""
+    whole, as vLLM does and as ms-swift's template got from it: the models learnt videos without
+    the pair. So by default the template's pair around such an expansion is dropped here (in
+    place). transformers 5.x's model gives the pair text positions, and so does mmsp's trainer
+    (docs/prepare-videos.md), so `--video-wrapper keep` trains on transformers' ids as they are."""
     start_token = getattr(model.processor, "vision_start_token", None)
     if not start_token:
         return

@@ -41,11 +41,19 @@ def vision_blocks(model, enc):
         block = Block(kind, index, start, end, _grid(model, enc, kind, index, enc.input_ids[start:end]))
         if model.family == "qwen":
             # The template's <|vision_start|> / <|vision_end|> around the placeholders.
+            inner = (block.start, block.end)
             if block.start > 0 and enc.input_ids[block.start - 1] == model.vision_start_id:
                 block.start -= 1
             if block.end < len(enc.input_ids) and enc.input_ids[block.end] == model.vision_end_id:
                 block.end += 1
-            _check_nesting(model, enc.input_ids[block.start:block.end], f"{kind} {index}")
+            # A Qwen3-VL video's frame blocks (`<0.3 seconds><|vision_start|>...`) with the
+            # template's pair kept around them (--video-wrapper keep): a wrapper the trainer reads
+            # as text; the frames inside are checked as blocks.
+            tokens = enc.input_ids[block.start:block.end]
+            if kind == "video" and enc.input_ids[inner[0]:inner[1]].count(model.vision_start_id) \
+                    and (block.start, block.end) == (inner[0] - 1, inner[1] + 1):
+                tokens = enc.input_ids[inner[0]:inner[1]]
+            _check_nesting(model, tokens, f"{kind} {index}")
         blocks.append(block)
     _check_outside(model, enc.input_ids, blocks)
     return blocks

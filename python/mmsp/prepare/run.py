@@ -40,6 +40,7 @@ class Options:
     max_image_pixels: int = MAX_IMAGE_PIXELS
     enable_thinking: Optional[bool] = None  # None: the chat template's own default
     empty_think: str = "mask"
+    video_wrapper: str = "drop"  # Qwen3-VL / Qwen3.5: the template's pair around a video's blocks
 
 
 @dataclass
@@ -140,7 +141,8 @@ def _row(out, model, sample, spans, root, options):
     else:
         messages, images, videos = conversation.hf_messages(sample, root, model, options.max_image_pixels)
         enc = conversation.encode(model, messages, videos, options.video_fps or FOLDER_FPS,
-                                  reasoning.template_kwargs(options.enable_thinking))
+                                  reasoning.template_kwargs(options.enable_thinking),
+                                  keep_video_wrapper=options.video_wrapper == "keep")
         mask = loss_mask.token_mask(spans.spans(messages, enc.prompt), enc.offsets, enc.replacements, enc.prompt)
         if not any(mask):
             raise BadSample("no target token: the assistant turns are empty")
