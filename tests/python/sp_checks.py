@@ -686,6 +686,48 @@ def patch_videos_equal_one_process(rank, world, ring, ulysses, family_names, fsd
         assert_gradients_equal(model, reference, what, grad_rtol, grad_atol)
 
 
+def patch_processor_video_equals_one_process(rank, world, ring, ulysses, model_dir, clip):
+    """As a user would: transformers' own processor (a tiny Qwen3-VL directory) given a
+    conversation with a video file, its batch (`apply_chat_template(..., return_tensors="pt")`:
+    the template's <|vision_start|> / <|vision_end|> left around the video's timestamped
+    frame blocks, as transformers 5.x writes them) into a patched model = the unpatched model
+    on one process: loss to 1e-12 and every gradient to 1e-9 (fp64)."""
+    import copy
+
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+    from transformers.utils import logging
+
+    import mmsp
+
+    logging.set_verbosity_error()
+    processor = AutoProcessor.from_pretrained(model_dir)
+    messages = [{"role": "user", "content": [{"type": "video", "video": clip},
+                                             {"type": "text", "text": "What moves?"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "A dog."}]}]
+    batch = dict(processor.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt"))
+    ids = batch["input_ids"][0].tolist()
+    start = processor.tokenizer.convert_tokens_to_ids("<|vision_start|>")
+    frames = batch["video_grid_thw"][0, 0].item()
+    assert ids.count(start) == frames + 1, f"rank {rank}: expected transformers 5.x's wrapper, got {ids}"
+    batch["pixel_values_videos"] = batch["pixel_values_videos"].double()
+    labels = batch["input_ids"].masked_fill(batch["mm_token_type_ids"] != 0, -100)
+    torch.manual_seed(0)
+    model = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(model_dir), dtype=torch.float64)
+    model.train()
+    reference = copy.deepcopy(model)
+    logits = reference(**batch).logits[0]
+    keep = labels[0, 1:] != -100
+    want = F.cross_entropy(logits[:-1][keep], labels[0, 1:][keep])
+    want.backward()
+    mmsp.patch(model, mmsp.Mesh(dp=world // (ring * ulysses), ring=ring, ulysses=ulysses))
+    out = model(**batch, labels=labels)
+    out.loss.backward()
+    what = f"qwen3_vl, the processor's video batch, ring {ring} x ulysses {ulysses}, rank {rank}"
+    assert abs(out.loss.item() - want.item()) <= 1e-12 * abs(want.item()), \
+        f"{what}: loss {out.loss.item()!r} != {want.item()!r}"
+    assert_gradients_equal(model, reference, what)
+
+
 # --- reliability: the same batch, mmsp's groups and timeouts --------------------------------------
 
 def _qwen2_vl(rank):

@@ -28,6 +28,20 @@ def test_patched_model_equals_one_process(world, ring, ulysses, placement, tmp_p
 
 
 
+def test_a_processors_video_batch_equals_one_process(tmp_path):
+    # transformers 5.x's Qwen3-VL processor given an mp4, its batch straight into the patch.
+    import tiny_models
+    from test_prepare import write_clip
+
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    tiny_models.build("qwen3_vl", str(tmp_path / "qwen3_vl"))
+    clip = str(write_clip(tmp_path / "clip.mp4"))
+    sp_ranks.run(2, sp_checks.patch_processor_video_equals_one_process, 2, 1, str(tmp_path / "qwen3_vl"), clip,
+                 tmp_path=tmp_path)
+
+
 @pytest.mark.parametrize("world,ring,ulysses", [(1, 1, 1), (4, 2, 2)])
 def test_patched_videos_equal_one_process(world, ring, ulysses, tmp_path):
     # Qwen batches with videos and images (Qwen3-VL, Qwen3.5: one block per temporal patch).
