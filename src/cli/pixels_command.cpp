@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -33,6 +34,7 @@ int run_pixels(const PixelsFlags& f) {
              " samples of ", f.data);
   std::map<std::string, at::Tensor> tensors;
   int64_t images = 0, videos = 0;
+  const auto start = std::chrono::steady_clock::now();
   for (int64_t s = f.first; s < end; ++s) {
     const plan::Sequence seq = data.sequence(s);
     const std::string prefix = "sample" + std::to_string(s);
@@ -41,10 +43,14 @@ int run_pixels(const PixelsFlags& f) {
     for (size_t v = 0; v < seq.video_grid_thw.size(); ++v, ++videos)
       tensors[prefix + ".video" + std::to_string(v)] = data.video_pixels(s, static_cast<int64_t>(v)).contiguous();
   }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   hf::save_safetensors(f.out, tensors, {{"format", "pt"}, {"model", f.model}, {"data", f.data}});
-  std::printf("mmsp pixels: %lld images and %lld videos of samples %lld..%lld of %s written to %s\n",
+  const train::VideoDecodeCounts decoded = data.video_decode_counts();
+  std::printf("mmsp pixels: %lld images and %lld videos of samples %lld..%lld of %s written to %s "
+              "(pixels made in %.3f s; video files: %lld frames decoded, %lld seeks)\n",
               static_cast<long long>(images), static_cast<long long>(videos), static_cast<long long>(f.first),
-              static_cast<long long>(end - 1), data.describe().c_str(), f.out.c_str());
+              static_cast<long long>(end - 1), data.describe().c_str(), f.out.c_str(), seconds,
+              static_cast<long long>(decoded.frames_decoded), static_cast<long long>(decoded.seeks));
   return 0;
 }
 

@@ -13,6 +13,7 @@ folders: the same frames as PNG files, the processor given the images.
 Bad video files are refused when the data is read, naming the line and the rule.
 """
 import json
+import re
 import subprocess
 
 import pytest
@@ -111,6 +112,47 @@ def test_video_pixels_equal_the_video_processor(name, tmp_path, mmsp_bin):
         assert mine.shape == ref.shape, f"{what}: mmsp {tuple(mine.shape)} vs processor {tuple(ref.shape)}"
         diff = (mine - ref).abs().max().item()
         assert torch.equal(mine, ref), f"{what}: off by up to {diff:.3e} (normalised units)"
+
+
+# Clips of several groups of pictures (x264 options, through torchcodec's encoder): key frames
+# every 4 frames; every 6 with open groups (leading B-frames that refer to the group before);
+# every 6 with 2 B-frames. Frames asked out of order, twice, across groups and within one.
+GOP_CLIPS = {"gop4": {"g": "4"}, "open_gop6": {"x264-params": "keyint=6:min-keyint=6:open-gop=1:bframes=3"},
+             "gop6_b2": {"g": "6", "bf": "2"}}
+GOP_INDICES = [17, 3, 9, 10, 24, 30, 31, 39, 39]
+
+
+def test_video_files_seek_as_torchcodec(tmp_path, mmsp_bin):
+    """mmsp seeks to the key frame before each frame asked (decoding on where that is shorter),
+    as torchcodec's get_frames_at does: the same pixels as the processor given torchcodec's
+    frames, for a fraction of the decoding. Without seeking, every clip would decode all 40
+    frames up to the last asked."""
+    from torchcodec.decoders import VideoDecoder
+
+    name = "qwen2_vl"
+    family, cfg, model_dir, processor = _model(name, tmp_path)
+    for clip, options in GOP_CLIPS.items():
+        frames = torch.stack([torch.from_numpy(P.smooth_image(128, 96, seed=500 + i)).permute(2, 0, 1)
+                              for i in range(40)])
+        torchcodec.encoders.VideoEncoder(frames, frame_rate=8).to_file(str(tmp_path / f"{clip}.mp4"),
+                                                                       extra_options=options)
+        decoded = VideoDecoder(str(tmp_path / f"{clip}.mp4")).get_frames_at(GOP_INDICES).data
+        out = processor(videos=[decoded], do_sample_frames=False, return_tensors="pt")
+        line = _line(name, family, cfg, out["video_grid_thw"][0].tolist(),
+                     {"path": f"{clip}.mp4", "frame_indices": GOP_INDICES})
+        (tmp_path / "data.jsonl").write_text(json.dumps(line) + "\n")
+        r = subprocess.run([mmsp_bin, "pixels", "--model", str(model_dir / "config.json"), "--data",
+                            str(tmp_path / "data.jsonl"), "--out", str(tmp_path / "pixels.safetensors")],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        mine = load_file(str(tmp_path / "pixels.safetensors"))["sample0.video0"]
+        assert torch.equal(mine, out["pixel_values_videos"]), \
+            f"{clip}: off by up to {(mine - out['pixel_values_videos']).abs().max().item():.3e}"
+        counts = re.search(r"video files: (\d+) frames decoded, (\d+) seeks", r.stdout)
+        assert counts, r.stdout
+        decoded_frames, seeks = int(counts[1]), int(counts[2])
+        print(f"{clip}: {decoded_frames} frames decoded, {seeks} seeks")
+        assert seeks >= 4 and decoded_frames <= 26, f"{clip}: {decoded_frames} frames decoded in {seeks} seeks"
 
 
 def test_bad_video_files_are_refused_by_line(tmp_path, mmsp_bin):

@@ -136,13 +136,14 @@ at::Tensor load_image(const std::string& where, const fs::path& file, int64_t ch
 // resized by ATen's antialiased bicubic on the uint8 frames (what torchvision's resize calls
 // on the CPU), [T, C, H, W] uint8.
 at::Tensor video_frames(const std::string& where, const std::vector<std::string>& files,
-                        const std::vector<int64_t>& frame_indices, int64_t channels, int64_t width, int64_t height) {
+                        const std::vector<int64_t>& frame_indices, int64_t channels, int64_t width, int64_t height,
+                        VideoDecodeCounts& counts) {
   at::Tensor frames;  // [T, H, W, C]
   try {
     if (!frame_indices.empty()) {
       MMSP_CHECK(channels == 3, where, ": video files give RGB frames, but the vision tower takes ", channels,
                  " channels");
-      frames = decode_video_frames(files[0], frame_indices);
+      frames = decode_video_frames(files[0], frame_indices, &counts);
     } else {
       std::vector<at::Tensor> decoded;
       for (const std::string& f : files) decoded.push_back(decode_image_file(f, channels));
@@ -496,8 +497,18 @@ at::Tensor JsonlDataset::video_pixel_rows(int64_t index, int64_t video, int64_t 
 // frame size and cut as the family's video processor does.
 at::Tensor JsonlDataset::video_rows(const std::string& where, const Source& src, const plan::Grid& g) const {
   const auto [width, height] = geometry_->frame_size(g, src.width, src.height);
-  return geometry_->video_pixels(
-      video_frames(where, src.files, src.frame_indices, geometry_->channels(), width, height));
+  VideoDecodeCounts counts;
+  at::Tensor frames = video_frames(where, src.files, src.frame_indices, geometry_->channels(), width, height, counts);
+  frames_decoded_ += counts.frames_decoded;
+  seeks_ += counts.seeks;
+  return geometry_->video_pixels(frames);
+}
+
+VideoDecodeCounts JsonlDataset::video_decode_counts() const {
+  VideoDecodeCounts c;
+  c.frames_decoded = frames_decoded_.load();
+  c.seeks = seeks_.load();
+  return c;
 }
 
 std::string JsonlDataset::describe() const {

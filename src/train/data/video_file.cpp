@@ -15,6 +15,7 @@ extern "C" {
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "mmsp/core/check.h"
 
@@ -190,6 +191,120 @@ class RgbConverter {
   AVFilterContext* sink_ = nullptr;
 };
 
+// A frame's timestamp as torchcodec reads it: its pts, its packet's dts where it has none.
+int64_t pts_or_dts(const AVFrame& f) { return f.pts == AV_NOPTS_VALUE ? f.pkt_dts : f.pts; }
+
+// The stream's frames as torchcodec's exact seek mode numbers them, from one pass over its
+// packets that decodes nothing: frame i is the packet with the i-th smallest timestamp (pts,
+// dts where a packet has none), and the key frames' timestamps are where a decode can start.
+struct FrameTimes {
+  std::vector<int64_t> pts;      // ascending: frame i's timestamp
+  std::vector<int64_t> key_pts;  // ascending
+  // Every frame has a timestamp of its own: frames can be found by it after a seek.
+  bool seekable() const {
+    if (pts.empty() || pts.front() == AV_NOPTS_VALUE) return false;
+    return std::adjacent_find(pts.begin(), pts.end()) == pts.end();
+  }
+  // Index into key_pts of the last key frame at or before `t`; -1 when none is.
+  int64_t key_before(int64_t t) const {
+    return static_cast<int64_t>(std::upper_bound(key_pts.begin(), key_pts.end(), t) - key_pts.begin()) - 1;
+  }
+};
+
+FrameTimes scan_frame_times(AVFormatContext* input, int stream, const std::string& where) {
+  FrameTimes times;
+  Packet packet(av_packet_alloc());
+  MMSP_CHECK(packet != nullptr, where, ": cannot allocate a packet");
+  while (true) {
+    const int ret = av_read_frame(input, packet.get());
+    if (ret == AVERROR_EOF) break;
+    MMSP_CHECK(ret >= 0, where, ": reading its packets: ", av_error(ret));
+    if (packet->stream_index == stream && !(packet->flags & AV_PKT_FLAG_DISCARD)) {
+      const int64_t t = packet->pts == AV_NOPTS_VALUE ? packet->dts : packet->pts;
+      times.pts.push_back(t);
+      if (packet->flags & AV_PKT_FLAG_KEY) times.key_pts.push_back(t);
+    }
+    av_packet_unref(packet.get());
+  }
+  std::sort(times.pts.begin(), times.pts.end());
+  std::sort(times.key_pts.begin(), times.key_pts.end());
+  return times;
+}
+
+// The stream's decoder, fed packet by packet: the next frame it gives, from wherever the
+// file was last sought.
+class FrameReader {
+ public:
+  FrameReader(AVFormatContext* input, int stream, AVCodecContext* codec, const std::string& where,
+              VideoDecodeCounts& counts)
+      : input_(input), stream_(stream), codec_(codec), where_(where), counts_(counts),
+        packet_(av_packet_alloc()), frame_(av_frame_alloc()) {
+    MMSP_CHECK(packet_ != nullptr && frame_ != nullptr, where, ": cannot allocate a packet and a frame");
+  }
+
+  // Starts decoding again at `t` (a key frame's timestamp), as torchcodec seeks: the
+  // container's seek to at most `t`, the decoder flushed.
+  void seek(int64_t t) {
+    const int ret = avformat_seek_file(input_, stream_, INT64_MIN, t, t, 0);
+    MMSP_CHECK(ret >= 0, where_, ": seeking to timestamp ", t, ": ", av_error(ret));
+    avcodec_flush_buffers(codec_);
+    draining_ = false;
+    ++counts_.seeks;
+  }
+
+  // The next decoded frame, or nullptr at the end of the stream. Every frame has the size of
+  // the first this reader gave.
+  const AVFrame* next() {
+    av_frame_unref(frame_.get());
+    while (true) {
+      const int got = avcodec_receive_frame(codec_, frame_.get());
+      if (got >= 0) break;
+      if (got == AVERROR_EOF) return nullptr;
+      MMSP_CHECK(got == AVERROR(EAGAIN), where_, ": decoding a frame: ", av_error(got));
+      MMSP_CHECK(!draining_, where_, ": the decoder asks for packets after the end of the file");
+      feed();
+    }
+    ++counts_.frames_decoded;
+    if (width_ < 0) width_ = frame_->width, height_ = frame_->height;
+    MMSP_CHECK(frame_->width == width_ && frame_->height == height_, where_, ": a frame at timestamp ",
+               pts_or_dts(*frame_), " is ", frame_->width, " x ", frame_->height, " but the frames before it are ",
+               width_, " x ", height_, "; a video's frames must have one size");
+    return frame_.get();
+  }
+
+ private:
+  // Sends the stream's next packet to the decoder, or at the end of the file the end.
+  void feed() {
+    while (true) {
+      const int ret = av_read_frame(input_, packet_.get());
+      if (ret == AVERROR_EOF) {
+        avcodec_send_packet(codec_, nullptr);
+        draining_ = true;
+        return;
+      }
+      MMSP_CHECK(ret >= 0, where_, ": reading a packet: ", av_error(ret));
+      if (packet_->stream_index != stream_) {
+        av_packet_unref(packet_.get());
+        continue;
+      }
+      const int sent = avcodec_send_packet(codec_, packet_.get());
+      av_packet_unref(packet_.get());
+      MMSP_CHECK(sent >= 0 || sent == AVERROR_INVALIDDATA, where_, ": decoding a packet: ", av_error(sent));
+      return;
+    }
+  }
+
+  AVFormatContext* input_;
+  int stream_;
+  AVCodecContext* codec_;
+  const std::string& where_;
+  VideoDecodeCounts& counts_;
+  Packet packet_;
+  Frame frame_;
+  bool draining_ = false;
+  int64_t width_ = -1, height_ = -1;
+};
+
 }  // namespace
 
 VideoFileHeader read_video_header(const std::filesystem::path& file) {
@@ -208,7 +323,8 @@ VideoFileHeader read_video_header(const std::filesystem::path& file) {
   return h;
 }
 
-at::Tensor decode_video_frames(const std::filesystem::path& file, const std::vector<int64_t>& indices) {
+at::Tensor decode_video_frames(const std::filesystem::path& file, const std::vector<int64_t>& indices,
+                              VideoDecodeCounts* counts) {
   const std::string where = detail::concat("video file \"", file.string(), "\"");
   MMSP_CHECK(!indices.empty(), where, ": no frame indices to decode");
   for (const int64_t i : indices) MMSP_CHECK(i >= 0, where, ": frame index ", i, " is negative");
@@ -227,47 +343,53 @@ at::Tensor decode_video_frames(const std::filesystem::path& file, const std::vec
   std::map<int64_t, std::vector<size_t>> wanted;
   for (size_t k = 0; k < indices.size(); ++k) wanted[indices[k]].push_back(k);
   const int64_t last = wanted.rbegin()->first;
+  FrameTimes times;
+  {  // on a file of its own, so that `v` stays at the start
+    OpenedVideo scan = open_video(file);
+    MMSP_CHECK(scan.problem.empty(), where, " is ", scan.problem);
+    times = scan_frame_times(scan.input.get(), scan.stream, where);
+  }
+  const int64_t frames = static_cast<int64_t>(times.pts.size());
+  MMSP_CHECK(last < frames, where, " has ", frames, " frames, so frame index ", last, " is past its end");
+
   std::vector<at::Tensor> out(indices.size());
   RgbConverter rgb(stream->time_base);
-  Packet packet(av_packet_alloc());
-  Frame frame(av_frame_alloc());
-  int64_t next = 0;  // the index of the next frame the decoder gives
-  int64_t width = -1, height = -1;
-  auto take_frames = [&]() {
-    while (next <= last) {
-      const int got = avcodec_receive_frame(codec.get(), frame.get());
-      if (got == AVERROR(EAGAIN) || got == AVERROR_EOF) return;
-      MMSP_CHECK(got >= 0, where, ": decoding frame ", next, ": ", av_error(got));
-      if (width < 0) width = frame->width, height = frame->height;
-      MMSP_CHECK(frame->width == width && frame->height == height, where, ": frame ", next, " is ", frame->width,
-                 " x ", frame->height, " but frame 0 is ", width, " x ", height,
-                 "; a video's frames must have one size");
-      if (const auto it = wanted.find(next); it != wanted.end()) {
-        const at::Tensor pixels = rgb.convert(*frame, where);
-        for (const size_t k : it->second) out[k] = pixels;
-      }
-      av_frame_unref(frame.get());
-      ++next;
-    }
+  VideoDecodeCounts local;
+  FrameReader reader(v.input.get(), v.stream, codec.get(), where, counts ? *counts : local);
+  auto take = [&](const AVFrame& f, int64_t index) {
+    const at::Tensor pixels = rgb.convert(f, where);
+    for (const size_t k : wanted.at(index)) out[k] = pixels;
   };
-  while (next <= last) {
-    ret = av_read_frame(v.input.get(), packet.get());
-    if (ret == AVERROR_EOF) break;
-    MMSP_CHECK(ret >= 0, where, ": reading frame ", next, ": ", av_error(ret));
-    if (packet->stream_index == v.stream) {
-      ret = avcodec_send_packet(codec.get(), packet.get());
-      av_packet_unref(packet.get());
-      MMSP_CHECK(ret >= 0 || ret == AVERROR_INVALIDDATA, where, ": decoding near frame ", next, ": ", av_error(ret));
-      take_frames();
-    } else {
-      av_packet_unref(packet.get());
+  if (times.seekable()) {
+    // As torchcodec's get_frames_at: the frames in ascending order, each the first decoded at
+    // or after its timestamp; a seek to the key frame before it unless the last frame given
+    // and it share their key frame (then decoding on is shorter). So a frame far into a
+    // file, or a share of a split video, costs its own group of pictures, not the frames
+    // before it.
+    int64_t given = AV_NOPTS_VALUE;  // the timestamp of the last frame given
+    for (const auto& entry : wanted) {
+      const int64_t index = entry.first;
+      const int64_t t = times.pts[index];
+      const int64_t key = times.key_before(t);
+      const bool decode_on = given != AV_NOPTS_VALUE && t > given && key >= 0 && key == times.key_before(given);
+      if (!decode_on) reader.seek(times.key_pts.empty() ? t : times.key_pts[std::max<int64_t>(key, 0)]);
+      const AVFrame* f = nullptr;
+      while ((f = reader.next()) != nullptr && pts_or_dts(*f) < t) {
+      }
+      MMSP_CHECK(f != nullptr, where, ": frame ", index, " (timestamp ", t, ") did not decode: the decoder ended ",
+                 "before it");
+      given = pts_or_dts(*f);
+      take(*f, index);
+    }
+  } else {
+    // Frames without timestamps of their own cannot be found after a seek: decode from the
+    // start, frame i the i-th the decoder gives (presentation order).
+    for (int64_t next = 0; next <= last; ++next) {
+      const AVFrame* f = reader.next();
+      MMSP_CHECK(f != nullptr, where, " has ", next, " frames, so frame index ", last, " is past its end");
+      if (wanted.count(next)) take(*f, next);
     }
   }
-  if (next <= last) {  // the end of the file: the decoder's delayed frames
-    avcodec_send_packet(codec.get(), nullptr);
-    take_frames();
-  }
-  MMSP_CHECK(next > last, where, " has ", next, " frames, so frame index ", last, " is past its end");
   return at::stack(out);
 }
 

@@ -18,7 +18,7 @@ VideoFileHeader read_video_header(const std::filesystem::path&) {
   return h;
 }
 
-at::Tensor decode_video_frames(const std::filesystem::path& file, const std::vector<int64_t>&) {
+at::Tensor decode_video_frames(const std::filesystem::path& file, const std::vector<int64_t>&, VideoDecodeCounts*) {
   MMSP_FAIL("video file \"", file.string(), "\" is ", kWhy);
 }
 

@@ -5,6 +5,7 @@
 // The format is in docs/data.md.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 #include "mmsp/model/config/config.h"
 #include "mmsp/model/vision/pixel_geometry.h"
 #include "mmsp/train/data/dataset.h"
+#include "mmsp/train/data/video_file.h"
 
 namespace mmsp::train {
 
@@ -47,6 +49,9 @@ class JsonlDataset : public Dataset {
 
   // "file.jsonl:7": where sample `index` came from.
   std::string location(int64_t index) const;
+
+  // What decoding its video files has cost so far (every thread's calls together).
+  VideoDecodeCounts video_decode_counts() const;
 
  private:
   // One image or video: image files (one for an image, the frames of a video), or a
@@ -94,6 +99,8 @@ class JsonlDataset : public Dataset {
   std::shared_ptr<const model::PixelGeometry> geometry_;  // the family's processor
   int64_t max_image_pixels_ = 0;
   std::vector<Sample> samples_;
+  // video_decode_counts(): pixels are read from the prefetch thread and the step's alike.
+  mutable std::atomic<int64_t> frames_decoded_{0}, seeks_{0};
 };
 
 }  // namespace mmsp::train

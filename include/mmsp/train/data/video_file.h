@@ -6,9 +6,10 @@
 // frame to RGB24 as torchcodec 0.17 does on the CPU: libswscale with no scaler flags and the
 // frame's colour matrix when the width is a multiple of 32, else a filter graph
 // (buffer -> copy -> buffersink of rgb24), whose automatic scale filter does the conversion.
-// Frame i is the i-th frame the decoder gives, in presentation order, which is how
-// torchcodec numbers frames in its exact seek mode. tests/hf/test_video_pixels.py compares
-// them with torchcodec's.
+// Frame i is the stream's packet with the i-th smallest timestamp, which is how torchcodec
+// numbers frames in its exact seek mode, and frames are found as it finds them: a seek to the
+// key frame before each, then decoding on to it. tests/hf/test_video_pixels.py compares them
+// with torchcodec's.
 #pragma once
 
 #include <cstdint>
@@ -31,10 +32,20 @@ struct VideoFileHeader {
 
 VideoFileHeader read_video_header(const std::filesystem::path& file);
 
+// What a decode cost: frames the decoder gave (the ones asked for and those decoded on the
+// way to them) and seeks, added to by each call given it.
+struct VideoDecodeCounts {
+  int64_t frames_decoded = 0;
+  int64_t seeks = 0;
+};
+
 // Frames `indices` (any order, repeats allowed) as [N, H, W, 3] uint8 RGB, in the order
-// asked. Decodes from the start up to the last frame asked. Throws Error naming the file
-// and the rule: no video stream, a frame index past the stream's end (naming its frame
-// count), frames of different sizes, a decode failure.
-at::Tensor decode_video_frames(const std::filesystem::path& file, const std::vector<int64_t>& indices);
+// asked. Reads the file's packets once to number its frames, then decodes from the key frame
+// before each frame asked (decoding on instead where that is shorter, as torchcodec does); a
+// stream whose frames lack timestamps of their own is decoded from its start. Throws Error
+// naming the file and the rule: no video stream, a frame index past the stream's end (naming
+// its frame count), frames of different sizes, a decode failure.
+at::Tensor decode_video_frames(const std::filesystem::path& file, const std::vector<int64_t>& indices,
+                               VideoDecodeCounts* counts = nullptr);
 
 }  // namespace mmsp::train
