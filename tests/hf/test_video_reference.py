@@ -6,8 +6,8 @@ with the video processor's pixel_values_videos for the frames torchcodec decodes
 indices: the loss and every gradient (tolerances: test_reference.py's, float32 inside a
 float64 transformers model). So the decoder, the resize, the normalisation, the rows' layout,
 the positions after a video and the tower's split are all checked at once. Qwen3-VL twice:
-its frame blocks as the released processor wrote them (prepare's default), and inside the
-wrapper transformers 5.x leaves (`--video-wrapper keep`), whose two markers are text.
+its frame blocks inside the wrapper transformers 5.x leaves (prepare's default), whose two
+markers are text, and as the released processor wrote them (`--video-wrapper drop`).
 """
 import dataclasses
 import json

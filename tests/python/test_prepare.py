@@ -443,8 +443,8 @@ def write_clip(path, frames=20, width=64, height=48, fps=8):
 def framed(model_dir, processor, ids):
     """transformers 5.17's token ids for a Qwen3-VL / Qwen3.5 video less the template's
     <|vision_start|> / <|vision_end|> around its timestamped blocks, which mmsp prepare drops
-    (conversation._unwrap_framed_videos); checked to be exactly where that says, so this fails
-    if transformers changes. Other families: the ids as they are."""
+    with --video-wrapper drop (conversation._unwrap_framed_videos); checked to be exactly
+    where that says, so this fails if transformers changes. Other families: the ids as they are."""
     ids = list(ids)
     if type(processor).__name__ != "Qwen3VLProcessor":
         return ids
@@ -500,7 +500,7 @@ def test_frame_folders_match_the_processor(capsys, models, folder, family):
         messages, tokenize=True, return_dict=True,
         processor_kwargs={"do_sample_frames": False, "fps": 2.0, "video_metadata": [
             {"total_num_frames": 3, "fps": 2.0, "frames_indices": [0, 1, 2], "duration": 1.5}]})
-    assert rows[0]["input_ids"] == framed(model_dir, processor, reference["input_ids"][0])
+    assert rows[0]["input_ids"] == list(reference["input_ids"][0])
     assert rows[0]["video_grid_thw"] == reference["video_grid_thw"].tolist()
     assert rows[0]["videos"] == [{"frames": record["messages"][0]["content"][0]["video"]}]
     if family == "qwen2_5_vl":
@@ -523,7 +523,7 @@ def test_video_files_match_the_processor(capsys, models, folder, family):
     grid = reference["video_grid_thw"].tolist()
     assert grid[0][0] == -(-len(indices) // 2)  # ceil(count / temporal_patch_size)
     for row in rows:  # the messages part and the LLaVA-style record alike
-        assert row["input_ids"] == framed(model_dir, processor, reference["input_ids"][0])
+        assert row["input_ids"] == list(reference["input_ids"][0])
         assert row["videos"] == [{"path": "clip.mp4", "frame_indices": indices}]
         assert row["video_grid_thw"] == grid
         targets = [processor.tokenizer.decode(r) for r in runs(row["input_ids"], row["loss_mask"])]
@@ -539,28 +539,30 @@ def test_video_files_match_the_processor(capsys, models, folder, family):
 
 
 @pytest.mark.parametrize("family", QWEN)
-def test_video_wrapper_keep_writes_transformers_ids(capsys, models, folder, family):
-    """--video-wrapper keep: transformers 5.x's token ids exactly, the template's pair around a
-    Qwen3-VL video's frame blocks included (mmsp train reads it as text: hf.video_reference);
-    the same targets as the default. Qwen2-VL and Qwen2.5-VL write no wrapper: the same ids."""
+def test_video_wrapper_drop_writes_the_released_processors_ids(capsys, models, folder, family):
+    """--video-wrapper drop: transformers 5.x's ids (the default's) less the template's pair
+    around a Qwen3-VL video's frame blocks, as the released processor wrote them (mmsp train
+    reads both forms: hf.video_reference); the same grids and targets. Qwen2-VL and Qwen2.5-VL
+    write no wrapper: the same ids."""
     model_dir, processor = models[family]
     write_clip(folder / "clip.mp4")
-    rc, rows, err, _ = run(capsys, model_dir, folder, clip_records(folder)[:1], "--video-wrapper", "keep",
-                           output="keep.jsonl")
+    rc, kept, err, _ = run(capsys, model_dir, folder, clip_records(folder)[:1])
     assert rc == 0, err
-    rc, dropped, err, _ = run(capsys, model_dir, folder, clip_records(folder)[:1])
+    rc, rows, err, _ = run(capsys, model_dir, folder, clip_records(folder)[:1], "--video-wrapper", "drop",
+                           output="drop.jsonl")
     assert rc == 0, err
     messages = [user({"type": "video", "video": str(folder / "clip.mp4")}, text("What moves?")), assistant("A dog.")]
     reference = reference_video(processor, messages)
-    want = [int(t) for t in reference["input_ids"][0]]
-    assert rows[0]["input_ids"] == want
-    assert rows[0]["video_grid_thw"] == dropped[0]["video_grid_thw"] == reference["video_grid_thw"].tolist()
-    assert runs(rows[0]["input_ids"], rows[0]["loss_mask"]) == runs(dropped[0]["input_ids"], dropped[0]["loss_mask"])
+    assert kept[0]["input_ids"] == list(reference["input_ids"][0])
+    assert rows[0]["input_ids"] == framed(model_dir, processor, reference["input_ids"][0])
+    assert rows[0]["video_grid_thw"] == kept[0]["video_grid_thw"] == reference["video_grid_thw"].tolist()
+    assert runs(rows[0]["input_ids"], rows[0]["loss_mask"]) == runs(kept[0]["input_ids"], kept[0]["loss_mask"])
     wrapped = family in ("qwen3_vl", "qwen3_5")
-    assert len(rows[0]["input_ids"]) == len(dropped[0]["input_ids"]) + 2 * wrapped
+    assert len(kept[0]["input_ids"]) == len(rows[0]["input_ids"]) + 2 * wrapped
     if wrapped:
-        shown = processor.tokenizer.decode(rows[0]["input_ids"])
+        shown = processor.tokenizer.decode(kept[0]["input_ids"])
         assert shown.count("<|vision_start|><0.3 seconds><|vision_start|>") == 1, shown
+        assert "<|vision_start|><0.3 seconds>" not in processor.tokenizer.decode(rows[0]["input_ids"])
 
 
 @pytest.mark.parametrize("family,flags,config", [
@@ -585,7 +587,7 @@ def test_video_sampling_flags_are_the_configs(capsys, models, folder, family, fl
     reference = reference_video(processor, messages)
     indices = [int(i) for i in reference["video_metadata"][0].frames_indices]
     assert rows[0]["videos"] == [{"path": "clip.mp4", "frame_indices": indices}]
-    assert rows[0]["input_ids"] == framed(model_dir, processor, reference["input_ids"][0])
+    assert rows[0]["input_ids"] == list(reference["input_ids"][0])
     assert rows[0]["video_grid_thw"] == reference["video_grid_thw"].tolist()
     if family == "qwen2_5_vl":
         assert rows[0]["second_per_grid_ts"] == reference["second_per_grid_ts"]

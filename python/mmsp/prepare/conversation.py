@@ -6,9 +6,9 @@ The token ids are exactly `processor.apply_chat_template(messages, tokenize=True
 every image / video placeholder to the count its image processor gives for that item's size,
 and tokenizes. Only two things are asked of it on top: each token's characters
 (`return_offsets_mapping`) and each expansion's place (`return_text_replacement_offsets`), which
-the loss mask and the vision blocks need. One change is made to them by default: a Qwen3-VL /
-Qwen3.5 video loses the template's `<|vision_start|>` / `<|vision_end|>` around its timestamped
-blocks (`_unwrap_framed_videos` says why); `--video-wrapper keep` keeps them.
+the loss mask and the vision blocks need. With `--video-wrapper drop` one change is made to
+them: a Qwen3-VL / Qwen3.5 video loses the template's `<|vision_start|>` / `<|vision_end|>`
+around its timestamped blocks (`_unwrap_framed_videos` says why).
 """
 import bisect
 from dataclasses import dataclass
@@ -17,8 +17,8 @@ from . import media, video_file
 from .errors import BadSample, PrepareError
 
 
-# --video-wrapper: drop the template's pair around a Qwen3-VL video's frame blocks, or keep it.
-VIDEO_WRAPPER = ("drop", "keep")
+# --video-wrapper: keep the template's pair around a Qwen3-VL video's frame blocks, or drop it.
+VIDEO_WRAPPER = ("keep", "drop")
 
 
 @dataclass
@@ -82,7 +82,7 @@ def _folder_video(frames, where, max_pixels):
     return torch.from_numpy(np.stack([np.asarray(im.convert("RGB")) for im in decoded])).permute(0, 3, 1, 2)
 
 
-def encode(model, messages, videos, video_fps, template_kwargs=None, keep_video_wrapper=False):
+def encode(model, messages, videos, video_fps, template_kwargs=None, keep_video_wrapper=True):
     """Tokenizes a conversation with the processor; `videos` (`Video`s) give the metadata;
     `template_kwargs` go to the chat template (enable_thinking); `keep_video_wrapper`: leave a
     Qwen3-VL video's wrapper as transformers wrote it."""
@@ -131,9 +131,10 @@ def _unwrap_framed_videos(model, ids, offsets, replacements):
     `<|vision_start|>` / `<|vision_end|>` around them: nested blocks. Qwen's own processor (the
     one the models were released with, transformers 4.57) replaced the template's three tokens
     whole, as vLLM does and as ms-swift's template got from it: the models learnt videos without
-    the pair. So by default the template's pair around such an expansion is dropped here (in
-    place). transformers 5.x's model gives the pair text positions, and so does mmsp's trainer
-    (docs/prepare-videos.md), so `--video-wrapper keep` trains on transformers' ids as they are."""
+    the pair. `--video-wrapper drop` writes that form: the template's pair around such an
+    expansion is dropped here (in place). transformers 5.x's model gives the pair text
+    positions, and so does mmsp's trainer (docs/prepare-videos.md), so the default keeps
+    transformers' ids as they are."""
     start_token = getattr(model.processor, "vision_start_token", None)
     if not start_token:
         return

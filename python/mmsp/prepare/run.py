@@ -40,7 +40,7 @@ class Options:
     max_image_pixels: int = MAX_IMAGE_PIXELS
     enable_thinking: Optional[bool] = None  # None: the chat template's own default
     empty_think: str = "mask"
-    video_wrapper: str = "drop"  # Qwen3-VL / Qwen3.5: the template's pair around a video's blocks
+    video_wrapper: str = "keep"  # Qwen3-VL / Qwen3.5: the template's pair around a video's blocks
 
 
 @dataclass
