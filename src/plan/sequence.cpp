@@ -128,7 +128,7 @@ struct Scanner {
     MMSP_CHECK(wrapper_open < 0, "sequence ", si, ": vision start token ", conv.vision_start_token_id,
                " at index ", i, " is followed by token ", next_token,
                " inside the video wrapper opened at index ", wrapper_open,
-               "; a wrapper holds one video's timestamped frame blocks and does not nest");
+               "; a wrapper holds whole videos' timestamped frame blocks and does not nest");
     MMSP_CHECK(next_frame == 0, "sequence ", si, ": a video wrapper opens at index ", i, " but video ",
                next_video, " has blocks for ", next_frame, " of its frames before it");
     wrapper_open = i;
@@ -172,7 +172,7 @@ struct Scanner {
         }
         MMSP_CHECK(!(image && wrapper_open >= 0), "sequence ", si, ": an image block at index ", i,
                    " is inside the video wrapper opened at index ", wrapper_open,
-                   "; a wrapper holds one video's timestamped frame blocks");
+                   "; a wrapper holds whole videos' timestamped frame blocks");
         const int64_t j = skip_equal(ids.data(), i + 1, n, pad);
         MMSP_CHECK(j < n && ids[j] == end_id, "sequence ", si, ": vision block opened at index ",
                    i, " is not closed by end token ", end_id, " after its ", j - i - 1,

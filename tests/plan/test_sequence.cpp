@@ -231,7 +231,7 @@ TEST(SequenceErrors, Qwen3WrapperHoldsOneWholeVideo) {
   nested.input_ids.insert(nested.input_ids.begin(), {start, 500});
   nested.input_ids.push_back(end);
   EXPECT_THAT(error_of([&] { parse_sequence(nested, kQwen3, 0); }),
-              HasSubstr("inside the video wrapper opened at index 0; a wrapper holds one video's timestamped frame "
+              HasSubstr("inside the video wrapper opened at index 0; a wrapper holds whole videos' timestamped frame "
                         "blocks and does not nest"));
   // Qwen2-VL writes no wrapper: a start marker before text is still an error there.
   Sequence q2 = SeqBuilder(kQwen2).text(2).build();
