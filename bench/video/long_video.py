@@ -51,12 +51,13 @@ def write_config(folder):
     return path
 
 
-def write_clip(path, frames, side):
+def write_clip(path, frames, side, fps=8, x264=None):
+    """`x264`: the encoder's x264-params (the group of pictures), its defaults when None."""
     from torchcodec.encoders import VideoEncoder
 
     base = torch.from_numpy(P.smooth_image(side + frames, side, seed=1)).permute(2, 0, 1)
     clip = torch.stack([base[:, :, i:i + side] for i in range(frames)])  # the picture pans right
-    VideoEncoder(clip, frame_rate=8).to_file(str(path))
+    VideoEncoder(clip, frame_rate=fps).to_file(str(path), extra_options={"x264-params": x264} if x264 else None)
 
 
 def write_data(folder, frames, side):

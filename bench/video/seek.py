@@ -30,25 +30,14 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 
-import processors as P  # noqa: E402
-from long_video import END, START, VIDEO, write_config  # noqa: E402
+from long_video import END, START, VIDEO, write_clip, write_config  # noqa: E402
 
 CLIPS = {"key every second": "keyint=24:min-keyint=24:scenecut=0",
          "one key frame": "keyint=infinite:scenecut=0"}
-
-
-def write_clip(path, frames, side, x264):
-    from torchcodec.encoders import VideoEncoder
-
-    base = torch.from_numpy(P.smooth_image(side + frames, side, seed=1)).permute(2, 0, 1)
-    clip = torch.stack([base[:, :, i:i + side] for i in range(frames)])  # the picture pans right
-    VideoEncoder(clip, frame_rate=24).to_file(str(path), extra_options={"x264-params": x264})
 
 
 def frame_sets(frames):
@@ -102,7 +91,7 @@ def main():
         write_config(folder)
         for clip, x264 in CLIPS.items():
             name = "gop.mp4" if "second" in clip else "one_key.mp4"
-            write_clip(os.path.join(folder, name), a.frames, a.side, x264)
+            write_clip(os.path.join(folder, name), a.frames, a.side, fps=24, x264=x264)
             for what, indices in frame_sets(a.frames).items():
                 write_line(folder, name, indices, a.side)
                 runs = [pixels(build, folder, "line.jsonl") for _ in range(3)]

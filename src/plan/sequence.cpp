@@ -116,8 +116,8 @@ struct Scanner {
   // frame blocks and their timestamps, nothing else. (One video as a processor writes it;
   // mmsp.patch hands each temporal patch over as a video of its own, as get_rope_index
   // splits them.)
-  int64_t wrapper_open = -1;     // index of the open wrapper's start marker, or -1
-  int64_t wrapper_frames = 0;    // frame blocks inside it so far
+  int64_t wrapper_open = -1;         // index of the open wrapper's start marker, or -1
+  size_t wrapper_first_block = 0;    // out.blocks' size when it opened: its blocks follow
 
   void open_wrapper(int64_t i, int64_t next_token) {
     MMSP_CHECK(conv.video_frames_as_blocks() && conv.supports_video(), "sequence ", si,
@@ -132,11 +132,11 @@ struct Scanner {
     MMSP_CHECK(next_frame == 0, "sequence ", si, ": a video wrapper opens at index ", i, " but video ",
                next_video, " has blocks for ", next_frame, " of its frames before it");
     wrapper_open = i;
-    wrapper_frames = 0;
+    wrapper_first_block = out.blocks.size();
   }
 
   void close_wrapper(int64_t i) {
-    MMSP_CHECK(wrapper_frames > 0, "sequence ", si, ": the video wrapper opened at index ", wrapper_open,
+    MMSP_CHECK(out.blocks.size() > wrapper_first_block, "sequence ", si, ": the video wrapper opened at index ", wrapper_open,
                " and closed at index ", i, " holds no video frame block");
     MMSP_CHECK(next_frame == 0, "sequence ", si, ": the video wrapper opened at index ", wrapper_open,
                " closes at index ", i, " after ", next_frame, " frames of video ", next_video,
@@ -179,12 +179,8 @@ struct Scanner {
                    " placeholder tokens (found ",
                    (j < n ? detail::concat("token ", ids[j], " at index ", j) : std::string("the end of the sequence")),
                    ")");
-        if (image) {
-          add_image(i + 1, j - i - 1);
-        } else {
-          if (wrapper_open >= 0) ++wrapper_frames;
-          add_video(i + 1, j - i - 1);
-        }
+        if (image) add_image(i + 1, j - i - 1);
+        else add_video(i + 1, j - i - 1);
         i = j + 1;
         continue;
       }

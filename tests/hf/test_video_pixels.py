@@ -48,11 +48,12 @@ def _video_processor(name, pre):
     return cls(**{k: pre[k] for k in keys if k in pre}, cap_pixels_per_frame=False)
 
 
-def _write_video(path, width, height, seed, tags=None):
-    """An h264 clip of smooth frames; `tags`: the encoder's colour options (written in the stream)."""
-    frames = torch.stack([torch.from_numpy(P.smooth_image(width, height, seed=seed * 100 + i)).permute(2, 0, 1)
-                          for i in range(FRAMES)])
-    torchcodec.encoders.VideoEncoder(frames, frame_rate=8).to_file(str(path), extra_options=tags or None)
+def _write_video(path, width, height, seed, tags=None, frames=FRAMES):
+    """An h264 clip of `frames` smooth frames; `tags`: encoder options (colour tags written in the
+    stream, the group of pictures)."""
+    clip = torch.stack([torch.from_numpy(P.smooth_image(width, height, seed=seed * 100 + i)).permute(2, 0, 1)
+                        for i in range(frames)])
+    torchcodec.encoders.VideoEncoder(clip, frame_rate=8).to_file(str(path), extra_options=tags or None)
 
 
 def _line(name, family, cfg, grid, video):
@@ -132,10 +133,7 @@ def test_video_files_seek_as_torchcodec(tmp_path, mmsp_bin):
     name = "qwen2_vl"
     family, cfg, model_dir, processor = _model(name, tmp_path)
     for clip, options in GOP_CLIPS.items():
-        frames = torch.stack([torch.from_numpy(P.smooth_image(128, 96, seed=500 + i)).permute(2, 0, 1)
-                              for i in range(40)])
-        torchcodec.encoders.VideoEncoder(frames, frame_rate=8).to_file(str(tmp_path / f"{clip}.mp4"),
-                                                                       extra_options=options)
+        _write_video(tmp_path / f"{clip}.mp4", 128, 96, seed=5, tags=options, frames=40)
         decoded = VideoDecoder(str(tmp_path / f"{clip}.mp4")).get_frames_at(GOP_INDICES).data
         out = processor(videos=[decoded], do_sample_frames=False, return_tensors="pt")
         line = _line(name, family, cfg, out["video_grid_thw"][0].tolist(),
