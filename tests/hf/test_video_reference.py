@@ -3,8 +3,9 @@ data line as `mmsp prepare` writes it ({"path", "frame_indices"}), trained one s
 train` from a checkpoint transformers wrote, on 1 rank and on 4 (ring 2 x Ulysses 2, the tower
 split over the context group), against transformers' forward and backward on the same tokens
 with the video processor's pixel_values_videos for the frames torchcodec decodes at those
-indices: the loss and every gradient (tolerances: test_reference.py's, float32 inside a
-float64 transformers model). So the decoder, the resize, the normalisation, the rows' layout,
+indices (the clip has a key frame every 3 frames, so each rank's share of the split video is
+decoded from the key frame before it): the loss and every gradient (tolerances:
+test_reference.py's, float32 inside a float64 transformers model). So the decoder, the resize, the normalisation, the rows' layout,
 the positions after a video and the tower's split are all checked at once. Qwen3-VL twice:
 its frame blocks inside the wrapper transformers 5.x leaves (prepare's default), whose two
 markers are text, and as the released processor wrote them (`--video-wrapper drop`).
@@ -62,7 +63,7 @@ def test_a_video_file_trains_as_transformers_computes(name, wrapped, tmp_path, m
     model_dir = str(tmp_path / "model")
     F.save_model(model, model_dir)
     clip = tmp_path / "clip.mp4"
-    _write_video(clip, *SIZE, seed=4)
+    _write_video(clip, *SIZE, seed=4, tags={"g": "4"})  # key frames every few: each share seeks to its own
     processor = _video_processor(name, P.preprocessor_config(name, cfg))
     frames = VideoDecoder(str(clip)).get_frames_at(INDICES).data
     out = processor(videos=[frames], do_sample_frames=False, return_tensors="pt")
