@@ -52,7 +52,7 @@ def test_the_batch_fingerprint_sees_every_element(how):
     integer arithmetic is the same)."""
     import torch
 
-    from mmsp import batch_fingerprint
+    from mmsp.transformers_patch import batch_fingerprint
 
     word = batch_fingerprint.tensor_word if how == "cpu" else batch_fingerprint.row_sums_word
     g = torch.Generator().manual_seed(0)

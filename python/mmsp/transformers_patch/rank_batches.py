@@ -16,6 +16,8 @@ mesh's timeout; a failure (a stopped or dead peer) names the exchange and the gr
 import torch
 import torch.distributed as dist
 
+from mmsp.transformers_patch.families import KINDS
+
 
 def _on_world(mesh, what, call):
     """call() (a torch.distributed collective on mesh.world_group), its failure in mmsp's words."""
@@ -28,11 +30,7 @@ def _on_world(mesh, what, call):
 
 def image_sizes(kind, grids):
     """Rows of pixel_values per image: patches (Qwen), tiles (InternVL), one image (LLaVA)."""
-    if kind in ("qwen", "qwen3"):
-        return [t * h * w for t, h, w in grids]
-    if kind == "internvl":
-        return [t for t, _, _ in grids]
-    return [1] * len(grids)
+    return KINDS[kind].pixel_rows(grids)
 
 
 class LocalPixels:
@@ -144,7 +142,7 @@ def gather(kind, local, error, pixel_values, pixel_values_videos, device, mesh):
         grids = [g for p in parts for g in p[what]["grids"]]
         if what == "video" and not grids:
             continue  # every rank knows: no rank calls the videos' (collective) rows
-        rows = torch.tensor(grids, dtype=torch.long) if kind in ("qwen", "qwen3") and grids else None
+        rows = torch.tensor(grids, dtype=torch.long) if KINDS[kind].encodes_with_grids and grids else None
         sources[what] = (RoutedPixels(kind, [p[what] for p in parts], rank, values, device, mesh), rows)
         any_item = any_item or bool(grids)
     return batch, sources, any_item

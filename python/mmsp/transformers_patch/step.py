@@ -1,0 +1,120 @@
+"""The patched forward: the collator's batch planned by mmsp (packing, placement, mRoPE
+positions), this rank's slots embedded, the vision rows routed in, the decoder run on the
+slots with mmsp's attention, and the batch's loss whose backward gives this rank's part of
+every gradient (summed over the world by gradients.py or FSDP2)."""
+
+import torch
+import torch.nn.functional as F
+
+from mmsp.planner import plan as _plan
+from mmsp.transformers_patch import batch as _batch
+from mmsp.transformers_patch import batch_fingerprint as _fingerprint
+from mmsp.transformers_patch import gradients as _gradients
+from mmsp.transformers_patch import rank_batches as _rank_batches
+from mmsp.transformers_patch.state import PatchState, Step, set_step
+from mmsp.transformers_patch.vision import vision_rows
+
+
+def _check_no_pending_recompute(model, state: PatchState) -> None:
+    if state.pending and getattr(model, "is_gradient_checkpointing", False) and torch.is_grad_enabled():
+        raise ValueError("mmsp.patch: a forward began before the previous forward's backward, with activation "
+                         "checkpointing on: the recompute in that backward would run mmsp's ops on this step's "
+                         "layout. Call backward after each forward (gradients still accumulate), or turn "
+                         "checkpointing off")
+
+
+def _shared_batch(model, state: PatchState, inputs: dict):
+    """Every rank passed the step's whole batch: checked alike (its fingerprint agreed first)."""
+    kind, mesh = state.family.kind, state.mesh
+    if mesh.world is not None:  # the same batch on every rank, or none runs
+        _fingerprint.check_same_batch(
+            {**inputs, "patch options": (state.layout, state.placement, state.batch, kind)},
+            mesh.world, mesh.rank, mesh.world.size)
+    batch = _batch.sequences(model.config, state.family, **inputs)
+    grids = [g for q in batch["sequences"] for g in q.get("image_grid_thw", [])]
+    blocks = [g for q in batch["sequences"] for g in q.get("video_grid_thw", [])]
+    sources = {"image": (_rank_batches.LocalPixels(kind, grids, inputs["pixel_values"]), inputs["image_grid_thw"])}
+    if blocks:
+        sources["video"] = (_rank_batches.LocalPixels(kind, blocks, inputs["pixel_values_videos"],
+                                                      "pixel_values_videos", "videos"),
+                            torch.tensor(blocks, dtype=torch.long))
+    return batch, sources, inputs["pixel_values"] is not None or bool(blocks)
+
+
+def _per_rank_batch(model, state: PatchState, inputs: dict, device):
+    """Each rank passed its own batch: the step is their union (rank_batches.py)."""
+    kind = state.family.kind
+    try:
+        mine = _batch.sequences(model.config, state.family, **inputs)
+        _rank_batches.LocalPixels(kind, [g for q in mine["sequences"] for g in q.get("image_grid_thw", [])],
+                                  inputs["pixel_values"])
+        _rank_batches.LocalPixels(kind, [g for q in mine["sequences"] for g in q.get("video_grid_thw", [])],
+                                  inputs["pixel_values_videos"], "pixel_values_videos", "videos")
+        error = None
+    except ValueError as e:
+        mine, error = None, str(e).removeprefix("mmsp.patch: ")
+    return _rank_batches.gather(kind, mine, error, inputs["pixel_values"], inputs["pixel_values_videos"], device,
+                                state.mesh)
+
+
+def _batch_loss(local: torch.Tensor, state: PatchState, model, fsdp: bool) -> torch.Tensor:
+    """This rank's part of the mean loss -> the batch's loss, whose gradient is this rank's part."""
+    whole = local.detach().clone()
+    _gradients.world_sum(whole, state.mesh.world, "the step's loss")
+    loss = local + (whole - local.detach())
+    if loss.requires_grad:
+        state.pending = True
+        if not fsdp:  # else FSDP2 sums the gradients (its reduce-scatter, set to a sum by under_fsdp)
+            state.params = [p for p in model.parameters() if p.requires_grad]
+
+        def backward_begins(grad: torch.Tensor) -> torch.Tensor:
+            if fsdp:
+                state.pending = False
+            else:
+                _gradients.at_backward_start(state)
+            return grad
+
+        loss.register_hook(backward_begins)
+    return loss
+
+
+def forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
+            pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, **ignored):
+    state: PatchState = self._mmsp
+    kind, mesh, rules = state.family.kind, state.mesh, state.family.rules
+    fsdp = _gradients.under_fsdp(self)
+    _gradients.recover_from_failed_backward(state)
+    _check_no_pending_recompute(self, state)
+    device = input_ids.device
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
+              "pixel_values": pixel_values, "image_grid_thw": image_grid_thw,
+              "pixel_values_videos": pixel_values_videos, "video_grid_thw": video_grid_thw,
+              "second_per_grid_ts": second_per_grid_ts}
+    if state.batch == "per_rank":
+        batch, sources, has_vision = _per_rank_batch(self, state, inputs, device)
+    else:
+        batch, sources, has_vision = _shared_batch(self, state, inputs)
+    shard = _plan(state.config, batch, mesh, layout=state.layout, placement=state.placement)
+    x = self.get_input_embeddings()(shard.token_ids.to(device))
+    slots, deepstack = [], None
+    if has_vision:
+        rows, deep, slot_tensor = vision_rows(self, kind, shard, mesh, sources, x.dtype, device,
+                                              every_rank_encodes=fsdp)
+        x = x.index_put((slot_tensor.to(device),), rows)
+        if deep is not None:  # transformers adds them at the masked slots in ascending order
+            order = torch.argsort(slot_tensor)
+            deepstack = [d.index_select(0, order.to(device)) for d in deep]
+        slots = slot_tensor.tolist()
+    positions, kwargs = rules.decoder_inputs(shard.positions.to(device), slots, x.shape[0], deepstack, device)
+    set_step(Step(shard, mesh))
+    hidden = self.model.language_model(inputs_embeds=x[None], position_ids=positions, attention_mask=None,
+                                       use_cache=False, **kwargs).last_hidden_state[0]
+    logits = self.lm_head(hidden)
+    local = F.cross_entropy(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits,
+                            shard.labels.to(device), ignore_index=-100, reduction="sum") / max(shard.label_count, 1)
+    loss = _batch_loss(local, state, self, fsdp)
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    out = CausalLMOutputWithPast(loss=loss, logits=logits[None])
+    out.mmsp_shard = shard
+    return out
