@@ -1,15 +1,20 @@
-"""The mesh of ranks as mmsp lays it out: dp x ring x ulysses on torch.distributed.
+"""The mesh of ranks as mmsp lays it out on torch.distributed, its axes read from mmsp's one
+table of them (mmsp._C.mesh_axes(): the C++ plan::mesh_axes()).
 
-Rank r has coordinates ulysses = r % U, ring = (r // U) % R, dp = r // (U * R): the Ulysses
-ranks of one ring rank are neighbours, as in `mmsp train` and `mmsp plan`. Every rank must
-construct the same Mesh at the same point (it creates torch.distributed subgroups, which is
-collective). The ranks first agree on the mesh through the default group's store (each posts
-its dp, ring, ulysses and timeout, and waits at most the timeout for the others'): a rank that
-asked for another mesh, or an impossible one, is a ValueError on every rank naming it, before
-the first subgroup is made; a rank that never comes is named after the timeout.
+The dimensions dp x ring x ulysses multiply to the world: rank r has coordinates
+ulysses = r % U, ring = (r // U) % R, dp = r // (U * R), so the Ulysses ranks of one ring rank
+are neighbours, as in `mmsp train` and `mmsp plan`; the flattened axes (context = ring x
+ulysses, world) and the folded ones (expert: blocks of `expert` consecutive ranks, adding none)
+come with them. Every rank must construct the same Mesh at the same point (it creates
+torch.distributed subgroups, which is collective). The ranks first agree on the mesh through
+the default group's store (each posts its axes' sizes and timeout, and waits at most the
+timeout for the others'): a rank that asked for another mesh, or an impossible one, is a
+ValueError on every rank naming it, before the first subgroup is made; a rank that never comes
+is named after the timeout.
 """
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
@@ -27,6 +32,7 @@ _meshes = 0  # Mesh constructions in this process: every rank counts alike, and 
 
 @dataclass(frozen=True)
 class Coords:
+    """A rank's coordinate on each dimension of the mesh."""
     dp: int
     ring: int
     ulysses: int
@@ -49,61 +55,72 @@ class Mesh:
     (None where that group has one rank), and `world`: every rank, with this mesh's timeout
     (mmsp.patch sums the loss and the gradients over it)."""
 
-    ring: Optional[C.Group]      # this rank's ring group (None: ring size 1)
-    ulysses: Optional[C.Group]   # its Ulysses group (None: Ulysses size 1)
-    context: Optional[C.Group]   # its context group, ring x Ulysses (None: one rank)
-    world: Optional[C.Group]     # every rank (None: a world of one)
+    # mesh.ring, .ulysses, .context, .world: this rank's group of that axis (None: one rank);
+    # mesh.groups holds every axis's, by name.
 
     def __init__(self, dp: int = 1, ring: int = 1, ulysses: int = 1, *,
-                 timeout: Union[timedelta, float] = timedelta(minutes=10)) -> None:
+                 timeout: Union[timedelta, float] = timedelta(minutes=10), **axes: int) -> None:
+        """`axes`: the sizes of the table's other axes (expert=E); an axis not given is 1."""
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("mmsp.Mesh: torch.distributed is not initialised; call "
                              "torch.distributed.init_process_group first (torchrun sets its environment)")
+        table = C.mesh_axes()
+        sized = [a["name"] for a in table if a["has_size"]]
+        dimensions = [a["name"] for a in table if a["kind"] == "dimension"]
+        sizes = {name: 1 for name in sized}
+        sizes.update(dp=dp, ring=ring, ulysses=ulysses)
+        unknown = sorted(set(axes) - set(sized))
+        if unknown:
+            raise ValueError(f"mmsp.Mesh: {', '.join(unknown)} is not a mesh axis with a size (the axes: "
+                             f"{', '.join(sized)})")
+        sizes.update(axes)
         seconds = _seconds(timeout)
-        _agree(dict(dp=dp, ring=ring, ulysses=ulysses, timeout=seconds if seconds is not None else repr(timeout)),
+        _agree(dict(sizes, timeout=seconds if seconds is not None else repr(timeout)),
                seconds if seconds is not None and seconds > 0 else 600.0)
-        for name, value in (("dp", dp), ("ring", ring), ("ulysses", ulysses)):
+        for name, value in sizes.items():
             _positive(name, value)
         world = dist.get_world_size()
-        if dp * ring * ulysses != world:
-            raise ValueError(f"mmsp.Mesh: world size {world} is not dp({dp}) x ring({ring}) x ulysses({ulysses}) "
-                             f"= {dp * ring * ulysses}; choose factors that multiply to the world size")
+        product = math.prod(sizes[d] for d in dimensions)
+        if product != world:
+            shape = " x ".join(f"{d}({sizes[d]})" for d in dimensions)
+            raise ValueError(f"mmsp.Mesh: world size {world} is not {shape} = {product}; choose factors that "
+                             "multiply to the world size")
         if seconds is None or not 0 < seconds < float("inf"):
             raise ValueError(f"mmsp.Mesh: timeout {timeout!r} must be a positive number of seconds or a timedelta")
+        try:
+            C.mesh_group_members(sizes, "world", 0)  # the table's own checks (an expert degree that divides)
+        except ValueError as e:
+            raise ValueError(f"mmsp.Mesh: {e}") from None
         self.dp, self.ring_size, self.ulysses_size = dp, ring, ulysses
+        self.sizes: dict[str, int] = sizes  # by mesh axis name
         self.timeout: float = seconds
         self.rank = dist.get_rank()
-        self.coords = Coords(dp=self.rank // (ulysses * ring), ring=(self.rank // ulysses) % ring,
-                             ulysses=self.rank % ulysses)
-        self.ring = self.ulysses = self.context = None
+        self.coords = Coords(**C.mesh_rank_coords(sizes, self.rank))
         self.device_mesh: Optional["DeviceMesh"] = None  # the torch DeviceMesh it came from, if any
         self._fsdp: Optional["DeviceMesh"] = None
-        # Every rank creates every subgroup, in one order (torch.distributed.new_group's rule).
         self.world_group: Optional[dist.ProcessGroup] = None  # the torch group (for torch.distributed calls)
-        self.world = None
-        if world > 1:
-            pg = dist.new_group(list(range(world)), timeout=timedelta(seconds=seconds))
-            assert isinstance(pg, dist.ProcessGroup), "every rank is a member of the world group"
-            self.world_group = pg
-            self.world = C.Group(pg, list(range(world)), "world", seconds)
-        for d in range(dp):
-            for u in range(ulysses):
-                members = [self.global_rank(d, i, u) for i in range(ring)]
-                group = self._new_group(members, f"ring[dp={d},u={u}]", seconds) if ring > 1 else None
-                if (d, u) == (self.coords.dp, self.coords.ulysses):
-                    self.ring = group
-            for i in range(ring):
-                members = [self.global_rank(d, i, u) for u in range(ulysses)]
-                group = self._new_group(members, f"ulysses[dp={d},r={i}]", seconds) if ulysses > 1 else None
-                if (d, i) == (self.coords.dp, self.coords.ring):
-                    self.ulysses = group
-            members = [self.global_rank(d, i, u) for i in range(ring) for u in range(ulysses)]
-            group = self._new_group(members, f"context[dp={d}]", seconds) if ring * ulysses > 1 else None
-            if d == self.coords.dp:
-                self.context = group
+        # This rank's group of every axis (None where it has one rank), every rank making every
+        # group in the table's order (torch.distributed.new_group's rule).
+        self.groups: dict[str, Optional[C.Group]] = _make_groups(sizes, world, self.rank, seconds, self)
         # The names torch.ops.mmsp's ops take for these groups (a compiled graph holds strings, not groups).
-        self.op_groups: dict[str, str] = {axis: library.group_key(getattr(self, axis))
-                                          for axis in ("ring", "ulysses", "context")}
+        self.op_groups: dict[str, str] = {axis: library.group_key(group) for axis, group in self.groups.items()}
+
+    @property
+    def world(self) -> Optional[C.Group]:
+        """Every rank, with this mesh's timeout (mmsp.patch sums the loss and the gradients over it)."""
+        return self.groups["world"]
+
+    @property
+    def ring(self) -> Optional[C.Group]:
+        return self.groups["ring"]
+
+    @property
+    def ulysses(self) -> Optional[C.Group]:
+        return self.groups["ulysses"]
+
+    @property
+    def context(self) -> Optional[C.Group]:
+        return self.groups["context"]
 
     @classmethod
     def from_device_mesh(cls, device_mesh: "DeviceMesh", *, ring: Optional[str] = "ring",
@@ -177,16 +194,38 @@ class Mesh:
         """The rank at these coordinates."""
         return (dp * self.ring_size + ring) * self.ulysses_size + ulysses
 
-    @staticmethod
-    def _new_group(members: list[int], name: str, seconds: float) -> Optional[C.Group]:
-        pg = dist.new_group(members, timeout=timedelta(seconds=seconds))
-        if not isinstance(pg, dist.ProcessGroup):
-            return None  # not a member (None or GroupMember.NON_GROUP_MEMBER): this rank never uses it
-        return C.Group(pg, members, name, seconds)
-
     def __repr__(self) -> str:
-        return (f"mmsp.Mesh(dp={self.dp}, ring={self.ring_size}, ulysses={self.ulysses_size}; "
+        others = "".join(f", {name}={size}" for name, size in self.sizes.items()
+                         if name not in ("dp", "ring", "ulysses") and size != 1)
+        return (f"mmsp.Mesh(dp={self.dp}, ring={self.ring_size}, ulysses={self.ulysses_size}{others}; "
                 f"rank {self.rank} at {self.coords})")
+
+
+def _make_groups(sizes: dict[str, int], world: int, rank: int, seconds: float,
+                 mesh: Mesh) -> dict[str, Optional[C.Group]]:
+    """Every axis's groups, made by every rank in the table's order; this rank's of each."""
+    mine: dict[str, Optional[C.Group]] = {}
+    for axis in C.mesh_axes():
+        name = axis["name"]
+        groups = []  # every group of the axis, by first member, each once
+        for r in range(world):
+            members = C.mesh_group_members(sizes, name, r)
+            if members not in groups:
+                groups.append(members)
+        if axis["kind"] == "folded" and groups == [list(range(world))] and name != "world":
+            mine[name] = mine["world"]  # expert 1: the ranks holding the same experts are the world
+            continue
+        mine[name] = None
+        for members in groups:
+            if len(members) == 1:
+                continue  # a one-rank group: no process group (its collectives move nothing)
+            pg = dist.new_group(members, timeout=timedelta(seconds=seconds))
+            if rank in members:
+                assert isinstance(pg, dist.ProcessGroup), "a member gets its group"
+                mine[name] = C.Group(pg, members, C.mesh_group_name(sizes, name, rank), seconds)
+                if name == "world":
+                    mesh.world_group = pg
+    return mine
 
 
 def _agree(mine: dict[str, Any], seconds: float) -> None:

@@ -72,13 +72,14 @@ def plan(config: Config, batch: Union[dict[str, Any], str], mesh: Optional["Mesh
          ulysses: Optional[int] = None, layout: str = "zigzag", placement: str = "zigzag") -> Shard:
     """This rank's Shard of `batch` on `mesh` (an mmsp.Mesh), or on dp x ring x ulysses for `rank`."""
     if mesh is not None:
-        dp, ring, ulysses = mesh.dp, mesh.ring_size, mesh.ulysses_size
+        sizes = dict(mesh.sizes)
         rank = mesh.rank if rank is None else rank
-    dp, ring, ulysses = dp or 1, ring or 1, ulysses or 1
+    else:
+        sizes = {"dp": dp or 1, "ring": ring or 1, "ulysses": ulysses or 1}
     if rank is None:
         raise ValueError("mmsp.plan: give a mesh, or rank= with dp=, ring=, ulysses=")
     batch_json = json.dumps(batch) if isinstance(batch, dict) else str(batch)
-    d = C.plan_step(_config_json(config), batch_json, dp, ring, ulysses, rank, layout, placement)
+    d = C.plan_step(_config_json(config), batch_json, sizes, rank, layout, placement)
     d["sequence"] = torch.tensor(d["sequence"], dtype=torch.long)
     d["index_in_sequence"] = torch.tensor(d["index_in_sequence"], dtype=torch.long)
     d["plan_json"] = json.loads(d["plan_json"])

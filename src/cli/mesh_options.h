@@ -1,5 +1,5 @@
-// Mesh flags shared by the commands that join ranks (--dp --ring --ulysses --timeout
-// --heartbeat-timeout) and the one place that reads the launcher's environment.
+// Mesh flags shared by the commands that join ranks (the axes' sizes, --timeout
+// --heartbeat-timeout --device) and the one place that reads the launcher's environment.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -11,22 +11,19 @@
 #include "mmsp/dist/flag_agreement.h"
 #include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/mesh.h"
+#include "mesh_size_flags.h"
 
 namespace mmsp::cli {
 
 struct MeshFlags {
-  int dp = 1;
-  int ring = 1;
-  int ulysses = 0;  // 0: whatever the world size leaves after dp × ring
+  MeshSizeFlags sizes{/*infer_fastest=*/true};  // --dp --ring --ulysses (0: what the world leaves) --expert
   double timeout_s = 300;
   double heartbeat_timeout_s = 10;
   std::string device = "auto";
 
   void add_to(CLI::App& app) {
     // Ranges are checked in check() with messages that state the rule.
-    app.add_option("--dp", dp, "data-parallel replicas");
-    app.add_option("--ring", ring, "ring-attention degree");
-    app.add_option("--ulysses", ulysses, "Ulysses degree (default: world / (dp * ring))");
+    sizes.add_to(app);
     app.add_option("--timeout", timeout_s,
                    "seconds the start-up and every collective may wait for a peer (0 < T <= 1e6)");
     app.add_option("--heartbeat-timeout", heartbeat_timeout_s,
@@ -55,10 +52,7 @@ struct MeshFlags {
   static constexpr double kMaxTimeoutS = 1e6;
 
   void check() const {
-    MMSP_CHECK(dp >= 1, "--dp ", dp, " must be at least 1 (world = dp × ring × ulysses)");
-    MMSP_CHECK(ring >= 1, "--ring ", ring, " must be at least 1 (world = dp × ring × ulysses)");
-    MMSP_CHECK(ulysses >= 0, "--ulysses ", ulysses,
-               " must be at least 1 (or 0: whatever the world leaves after dp × ring)");
+    sizes.check();
     MMSP_CHECK(std::isfinite(timeout_s) && timeout_s > 0 && timeout_s <= kMaxTimeoutS, "--timeout ",
                timeout_s, " must be a number of seconds in (0, ", kMaxTimeoutS, "]");
     MMSP_CHECK(std::isfinite(heartbeat_timeout_s) && heartbeat_timeout_s > 0 &&
@@ -69,10 +63,7 @@ struct MeshFlags {
 
   plan::Mesh shape(int world_size) const {
     check();
-    plan::Mesh s{dp, ring, ulysses};
-    if (ulysses == 0) s.ulysses = std::max(1, world_size / std::max(1, dp * ring));
-    plan::validate_mesh(s, world_size);
-    return s;
+    return sizes.shape(world_size);
   }
 
   // The mesh's options; `agreed`: the command's own flags that every rank must share

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "mesh_size_flags.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
 #include "mmsp/model/family.h"
@@ -24,7 +25,7 @@ namespace {
 struct PlanFlags {
   std::string config;
   std::string batch;
-  int dp = 1, ring = 1, ulysses = 1;
+  MeshSizeFlags mesh{/*infer_fastest=*/false};  // --dp --ring --ulysses --expert
   int world = -1;  // when given, must equal dp * ring * ulysses
   std::string layout = "zigzag";
   std::string placement = "zigzag";
@@ -103,7 +104,7 @@ int run_plan(const PlanFlags& f) {
     check_special_ids(conventions, vocab, f.config);
     check_token_ids(batch, vocab, f.batch, f.config);
     plan::PlanOptions options;
-    options.mesh = {f.dp, f.ring, f.ulysses};
+    options.mesh = f.mesh.shape(-1);
     std::string priced;  // why the attention bytes are not the config's own, when they are not
     options.attention_shape = model::planned_attention_shape(config, f.config, priced);
     options.layout = plan::parse_layout(f.layout);
@@ -151,9 +152,7 @@ Subcommand add_plan_command(CLI::App& parent) {
   app->add_option("--config", flags->config, "Hugging Face config.json of the model")->required();
   app->add_option("--batch", flags->batch, "batch.json: {\"sequences\": [{\"input_ids\": ...}]}")
       ->required();
-  app->add_option("--dp", flags->dp, "data-parallel replicas");
-  app->add_option("--ring", flags->ring, "ring-attention degree");
-  app->add_option("--ulysses", flags->ulysses, "Ulysses degree");
+  flags->mesh.add_to(*app);
   app->add_option("--world", flags->world, "world size to check dp * ring * ulysses against");
   app->add_option("--layout", flags->layout, "zigzag (default) or contiguous");
   app->add_option("--placement", flags->placement,

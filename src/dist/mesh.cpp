@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <sstream>
 
 #include "mmsp/core/check.h"
@@ -34,18 +35,14 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const RankEnv& env, 
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
-// "ring[dp=0,u=1]": the axis and the coordinates that every member shares.
-std::string group_name(MeshAxis axis, const plan::RankCoords& c) {
-  std::ostringstream out;
-  out << plan::axis_name(axis);
-  switch (axis) {
-    case MeshAxis::world: break;
-    case MeshAxis::dp: out << "[r=" << c.ring << ",u=" << c.ulysses << "]"; break;
-    case MeshAxis::ring: out << "[dp=" << c.dp << ",u=" << c.ulysses << "]"; break;
-    case MeshAxis::ulysses: out << "[dp=" << c.dp << ",r=" << c.ring << "]"; break;
-    case MeshAxis::context: out << "[dp=" << c.dp << "]"; break;
+// "--dp × --ring × --ulysses, --expert": the flags that set the mesh, for messages.
+std::string mesh_flags() {
+  std::string dims, folded;
+  for (const plan::AxisSpec& spec : plan::mesh_axes()) {
+    if (spec.kind == plan::AxisKind::dimension) dims += (dims.empty() ? "--" : " × --") + std::string(spec.name);
+    if (spec.kind == plan::AxisKind::folded && spec.size) folded += ", --" + std::string(spec.name);
   }
-  return out.str();
+  return dims + folded;
 }
 
 }  // namespace
@@ -66,7 +63,7 @@ Mesh Mesh::connect(const RankEnv& env, const plan::Mesh& shape, const MeshOption
   StartupDeadline deadline(env.rank, options.timeout,
                            env.master_addr + ":" + std::to_string(env.master_port), "opening the rendezvous");
   AgreedFlags agreed = options.agreed;
-  agreed.emplace_back("--dp × --ring × --ulysses (the mesh)", shape.str());
+  agreed.emplace_back("the mesh (" + mesh_flags() + ")", shape.str());
   const Rendezvous met = join_rendezvous(env, options.timeout, agreed, &deadline, options.refusal);
   deadline.stage("connecting the process groups");
   return create(met, env, shape, options, "mesh");
@@ -113,14 +110,19 @@ Mesh Mesh::build(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& en
              "NCCL collectives were asked for, but this mmsp was built against a LibTorch without NCCL");
 #endif
 
-  // Every rank builds its groups in the same axis order; a group's members meet
-  // in its own store namespace, so disjoint groups connect independently.
-  for (MeshAxis axis : {MeshAxis::world, MeshAxis::dp, MeshAxis::ring, MeshAxis::ulysses,
-                        MeshAxis::context}) {
+  // Every rank builds its groups in the same axis order (plan::mesh_axes()); a group's
+  // members meet in its own store namespace, so disjoint groups connect independently.
+  for (const plan::AxisSpec& spec : plan::mesh_axes()) {
+    const MeshAxis axis = spec.axis;
     std::vector<int> members = plan::group_members(shape, axis, env.rank);
+    if (spec.kind == plan::AxisKind::folded && static_cast<int>(members.size()) == shape.world()) {
+      // expert 1: the ranks holding the same experts are the world; its group serves (no second connection)
+      mesh.groups_[static_cast<int>(axis)] = mesh.groups_[static_cast<int>(MeshAxis::world)];
+      continue;
+    }
     const int group_rank = static_cast<int>(
         std::find(members.begin(), members.end(), env.rank) - members.begin());
-    const std::string name = group_name(axis, mesh.coords_);
+    const std::string name = plan::group_name(shape, axis, env.rank);
     const int size = static_cast<int>(members.size());
     c10::intrusive_ptr<Backend> cpu, gpu;
     if (size > 1) {
@@ -167,6 +169,12 @@ Mesh Mesh::solo() {
   env.rank = 0;
   env.world_size = 1;
   return create(c10::intrusive_ptr<c10d::Store>(), env, plan::Mesh{1, 1, 1}, MeshOptions{}, "solo");
+}
+
+const GroupPtr& Mesh::group(std::string_view axis_name) const {
+  const std::optional<MeshAxis> axis = plan::axis_named(axis_name);
+  MMSP_CHECK(axis.has_value(), "the mesh has no axis named '", axis_name, "'");
+  return group(*axis);
 }
 
 const GroupPtr& Mesh::group(MeshAxis axis) const {

@@ -1,11 +1,13 @@
-// The device mesh: dp × ring × ulysses ranks joined by c10d, with one process group
-// per axis (ulysses, ring, context = ring × ulysses, dp) and the world. Built once by
-// cli/ or train/ and passed down; validated on every rank before any connection.
+// The device mesh: its ranks joined by c10d, with one process group per named axis of
+// plan::mesh_axes() (the world, dp, ring, ulysses, context = ring × ulysses, and the folded
+// expert axes), found by name or by axis. Built once by cli/ or train/ and passed down;
+// validated on every rank before any connection.
 #pragma once
 
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "mmsp/dist/comm_stats.h"
 #include "mmsp/dist/flag_agreement.h"
@@ -52,7 +54,7 @@ class MeshStats {
   const std::shared_ptr<CommStats>& of(MeshAxis axis) const { return axes_[static_cast<int>(axis)]; }
 
  private:
-  std::shared_ptr<CommStats> axes_[5];  // indexed by MeshAxis
+  std::shared_ptr<CommStats> axes_[plan::kMeshAxes];  // indexed by MeshAxis
 };
 
 class Mesh {
@@ -86,11 +88,16 @@ class Mesh {
   int world_size() const { return shape_.world(); }
 
   const GroupPtr& group(MeshAxis axis) const;
+  const GroupPtr& group(std::string_view axis_name) const;  // by plan::mesh_axes()'s name; throws if unknown
   const GroupPtr& world() const { return group(MeshAxis::world); }
   const GroupPtr& dp() const { return group(MeshAxis::dp); }
   const GroupPtr& ring() const { return group(MeshAxis::ring); }
   const GroupPtr& ulysses() const { return group(MeshAxis::ulysses); }
   const GroupPtr& context() const { return group(MeshAxis::context); }
+  // the ranks that split each MoE layer's experts, and those holding the same experts (whose
+  // expert gradients sum); with expert 1, a one-rank group and the world
+  const GroupPtr& expert() const { return group(MeshAxis::expert); }
+  const GroupPtr& expert_replica() const { return group(MeshAxis::expert_replica); }
 
   // The job's store (null for one rank): heartbeats and step fingerprints use it.
   const c10::intrusive_ptr<c10d::Store>& store() const { return store_; }
@@ -109,7 +116,7 @@ class Mesh {
   plan::RankCoords coords_;
   int rank_ = 0;
   MeshStats stats_;
-  GroupPtr groups_[5];  // indexed by MeshAxis
+  GroupPtr groups_[plan::kMeshAxes];  // indexed by MeshAxis
   c10::intrusive_ptr<c10d::Store> store_;
   JobHosts hosts_;
 };
