@@ -43,10 +43,10 @@ constexpr Setting kSettings[] = {
 
 // A row's flags on a run's options.
 void apply(const Setting& setting, train::TrainOptions& t) {
-  t.shard = setting.shard;
-  t.checkpoint_activations = setting.checkpointing;
-  t.tiled_mlp = setting.tiled_mlp ? model::kAutoMlpTile : 0;
-  t.offload_activations = setting.offload;
+  t.parallel.shard = parallel::parse_shard_level(setting.shard);
+  t.memory.checkpoint_activations = setting.checkpointing;
+  t.memory.tiled_mlp = setting.tiled_mlp ? model::kAutoMlpTile : 0;
+  t.memory.offload_activations = setting.offload;
 }
 
 json setting_fields(const Setting& setting) {
@@ -77,10 +77,10 @@ json longest_sequences(const std::vector<std::string>& models, const std::vector
       for (const Setting& setting : kSettings) {
         if (!wanted(setting)) continue;
         train::TrainOptions t;
-        t.dtype = o.dtype;
+        t.inputs.dtype = train::parse_compute_dtype(o.dtype);
         apply(setting, t);
-        t.device = c10::Device(c10::kCUDA, 0);  // the capacities are a GPU's: offloaded inputs leave it
-        t.loss_chunk = setting.chunked ? o.loss_chunk : -1;  // unchunked: one chunk of all T
+        t.parallel.device = c10::Device(c10::kCUDA, 0);  // the capacities are a GPU's: offloaded inputs leave it
+        t.memory.loss_chunk = setting.chunked ? o.loss_chunk : -1;  // unchunked: one chunk of all T
         json row = {{"model", models[i]},
                     {"layers", o.scale.layers},
                     {"ranks", world},
@@ -129,17 +129,17 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
     for (const Setting& setting : kSettings) {
       if (!wanted(setting)) continue;
       train::TrainOptions t;
-      t.model = path;
-      t.dtype = o.dtype;
-      t.steps = o.steps;
-      t.tokens_per_rank = o.tokens_per_rank;
+      t.inputs.model = path;
+      t.inputs.dtype = train::parse_compute_dtype(o.dtype);
+      t.schedule.steps = o.steps;
+      t.inputs.tokens_per_rank = o.tokens_per_rank;
       apply(setting, t);
-      t.loss_chunk = setting.chunked ? o.loss_chunk : o.tokens_per_rank;  // unchunked: one chunk of all T
-      t.memory_limit_bytes = 0;
-      t.quiet = true;
-      t.report_parameters = false;
-      t.device = o.device;
-      t.attention_kernel = o.attention_kernel;
+      t.memory.loss_chunk = setting.chunked ? o.loss_chunk : o.tokens_per_rank;  // unchunked: one chunk of all T
+      t.memory.limit_bytes = 0;
+      t.output.quiet = true;
+      t.output.report_parameters = false;
+      t.parallel.device = o.device;
+      t.parallel.attention_kernel = attention::parse_attention_kernel(o.attention_kernel);
       std::ostringstream log;
       const train::TrainReport report = train::train(t, mesh, log);
       const train::StepMetrics& last = report.steps.back();

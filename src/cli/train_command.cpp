@@ -41,7 +41,7 @@ int report_failure(const std::exception& e, const train::TrainOptions& o, dist::
                              what.find("can't allocate memory") != std::string::npos;
   if (out_of_memory) {
     what = "out of memory on this rank (" + what.substr(0, what.find('\n')) + ")" +
-           (o.memory_limit_bytes == 0
+           (o.memory.limit_bytes == 0
                 ? ": --memory-limit 0 turned the memory preflight off; without it the run is checked "
                   "against this host's memory before anything is allocated, naming what does not fit"
                 : ": the preflight's estimate was below --memory-limit, so something it does not count "
@@ -80,14 +80,14 @@ int run_train(const MeshFlags& flags, TrainFlags& train_flags) {
   train::TrainOptions& o = train_flags.options;
   const plan::Mesh shape = flags.shape(env.world_size);
   train::check_train_options(o, shape);
-  train::probe_out_dir(o.out);  // every rank, before the rendezvous
+  train::probe_out_dir(o.output.out);  // every rank, before the rendezvous
   // Rank 0 writes --out and holds its lock for the run; a refusal reaches every
   // rank through the rendezvous (no rank waits for it until the timeout).
   dist::MeshOptions mesh_options = flags.options(train::agreed_flags(o), rank_device);
   train::RunDirectoryLock out_lock;
   if (env.rank == 0) {
     try {
-      out_lock = train::RunDirectoryLock::claim(o.out, o.resume, o.overwrite);
+      out_lock = train::RunDirectoryLock::claim(o.output.out, o.output.resume, o.output.overwrite);
     } catch (const Error& e) {
       mesh_options.refusal = e.what();
     }
@@ -96,10 +96,10 @@ int run_train(const MeshFlags& flags, TrainFlags& train_flags) {
   if (env.rank == 0 && mesh.hosts().spans_hosts()) std::cout << "mmsp train: " << mesh.hosts().summary() << std::endl;
   auto activity = std::make_shared<dist::RankActivity>();
   const auto heartbeat = flags.start_heartbeat(env, mesh, activity);
-  o.report_parameters = false;  // the checkpoint holds them; a copy per rank would not fit
-  o.report_steps = false;       // metrics.jsonl holds them; the summary is folded as it goes
+  o.output.report_parameters = false;  // the checkpoint holds them; a copy per rank would not fit
+  o.output.report_steps = false;       // metrics.jsonl holds them; the summary is folded as it goes
   try {
-    train::check_out_shared(o.out, mesh);  // one --out for every host, or no rank starts
+    train::check_out_shared(o.output.out, mesh);  // one --out for every host, or no rank starts
     train::train(o, mesh, std::cout, activity.get());
   } catch (const std::exception& e) {
     return report_failure(e, o, heartbeat.get());

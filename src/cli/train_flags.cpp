@@ -28,8 +28,8 @@ void TrainFlags::add_to(CLI::App& app) {
 
 // The model, the data and how a step is cut: what the batches and the numerics are.
 void TrainFlags::add_model_and_data(CLI::App& app) {
-  app.add_option("--model", options.model, "built-in model name, a Hugging Face model directory (its weights) or a config.json (random weights)")->capture_default_str();
-  app.add_option("--data", options.data, "'shapes' (built in) or a JSON-lines file (docs/data.md)")->capture_default_str();
+  app.add_option("--model", options.inputs.model, "built-in model name, a Hugging Face model directory (its weights) or a config.json (random weights)")->capture_default_str();
+  app.add_option("--data", options.inputs.data, "'shapes' (built in) or a JSON-lines file (docs/data.md)")->capture_default_str();
   app.add_option("--vision", vision, "routed, gather or replicate")->capture_default_str();
   app.add_option("--layout", layout, "zigzag or contiguous")->capture_default_str();
   app.add_option("--placement", placement,
@@ -39,22 +39,22 @@ void TrainFlags::add_model_and_data(CLI::App& app) {
                   "encode an image or video over the whole context group: auto (one costing more than a rank's "
                   "share, of at least 4096 patches), off, or a patch count (every item of at least that many)")
       ->capture_default_str();
-  app.add_option("--tokens-per-rank", options.tokens_per_rank, "tokens per rank and step (a step holds at most this × world tokens)")
+  app.add_option("--tokens-per-rank", options.inputs.tokens_per_rank, "tokens per rank and step (a step holds at most this × world tokens)")
       ->capture_default_str();
-  app.add_option("--data-rows", options.data_rows,
+  app.add_option("--data-rows", options.inputs.data_rows,
                   "pack each step for this many dp rows (default: --dp); same value, same batches on any mesh")
       ->capture_default_str();
-  app.add_option("--dtype", options.dtype, "float32, float64 or bfloat16 (mixed: bf16 compute, fp32 master weights)")
+  app.add_option("--dtype", dtype, "float32, float64 or bfloat16 (mixed: bf16 compute, fp32 master weights)")
       ->capture_default_str();
-  app.add_option("--seed", options.seed, "parameters and data order")->capture_default_str();
-  app.add_flag("!--no-shuffle", options.shuffle, "read samples in file order");
-  app.add_option("--shapes-samples", options.shapes_samples, "samples per epoch of the shapes dataset")->capture_default_str();
-  app.add_flag("--blank-images", options.blank_images, "shapes with constant images (the text-only baseline)");
-  app.add_option("--max-image-pixels", options.max_image_pixels,
+  app.add_option("--seed", options.inputs.seed, "parameters and data order")->capture_default_str();
+  app.add_flag("!--no-shuffle", options.inputs.shuffle, "read samples in file order");
+  app.add_option("--shapes-samples", options.inputs.shapes_samples, "samples per epoch of the shapes dataset")->capture_default_str();
+  app.add_flag("--blank-images", options.inputs.blank_images, "shapes with constant images (the text-only baseline)");
+  app.add_option("--max-image-pixels", options.inputs.max_image_pixels,
                   "refuse image files larger than this (width × height, read from the header at load)")
       ->capture_default_str();
-  app.add_option("--attention-block", options.attention_block, "query/key block of the attention kernel")->capture_default_str();
-  app.add_option("--attention-kernel", options.attention_kernel,
+  app.add_option("--attention-block", options.parallel.attention_block, "query/key block of the attention kernel")->capture_default_str();
+  app.add_option("--attention-kernel", attention_kernel,
                   "auto | blockwise | fused: the local attention kernel (auto: FlashAttention-2 varlen on CUDA "
                   "where it serves, mmsp's blockwise kernel elsewhere)")
       ->capture_default_str();
@@ -62,15 +62,15 @@ void TrainFlags::add_model_and_data(CLI::App& app) {
 
 // Steps and the optimizer.
 void TrainFlags::add_schedule(CLI::App& app) {
-  app.add_option("--steps", options.steps, "optimizer steps")->capture_default_str();
-  app.add_option("--stop-after", options.stop_after, "stop after this step (checkpointed), resume later")
+  app.add_option("--steps", options.schedule.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--stop-after", options.schedule.stop_after, "stop after this step (checkpointed), resume later")
       ->capture_default_str();
-  app.add_option("--lr", options.lr, "peak learning rate")->capture_default_str();
-  app.add_option("--min-lr", options.min_lr, "learning rate at the end of the cosine")->capture_default_str();
-  app.add_option("--warmup", options.warmup, "linear warm-up steps")->capture_default_str();
-  app.add_option("--weight-decay", options.weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
-  app.add_option("--clip", options.clip, "clip gradients to this global norm (0: off)")->capture_default_str();
-  app.add_option("--shard", options.shard,
+  app.add_option("--lr", options.schedule.lr, "peak learning rate")->capture_default_str();
+  app.add_option("--min-lr", options.schedule.min_lr, "learning rate at the end of the cosine")->capture_default_str();
+  app.add_option("--warmup", options.schedule.warmup, "linear warm-up steps")->capture_default_str();
+  app.add_option("--weight-decay", options.schedule.weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
+  app.add_option("--clip", options.schedule.clip, "clip gradients to this global norm (0: off)")->capture_default_str();
+  app.add_option("--shard", shard,
                   "none; optimizer: fp32 masters and AdamW moments split over every rank (ZeRO-1); "
                   "gradients: and the gradients (ZeRO-2); parameters: and the weights of the decoder layers, "
                   "LM head, embedding and vision blocks (ZeRO-3)")
@@ -83,13 +83,13 @@ void TrainFlags::add_memory(CLI::App& app) {
                   "stop before allocating if the per-rank estimate exceeds this (e.g. 20GiB; 0: off; "
                   "auto: available memory / ranks on this host)")
       ->capture_default_str();
-  app.add_option("--loss-chunk", options.loss_chunk,
+  app.add_option("--loss-chunk", options.memory.loss_chunk,
                   "tokens per chunk of the LM head and loss (0: as many as fit 256 MiB of fp32 logits)")
       ->capture_default_str();
   app.add_option("--checkpoint-activations", checkpointing,
                   "none, decoder (recompute each decoder layer in the backward) or all (and each vision block)")
       ->capture_default_str();
-  app.add_flag("--offload-activations", options.offload_activations,
+  app.add_flag("--offload-activations", options.memory.offload_activations,
                 "keep the recomputed layers' inputs in host memory until their backward (needs "
                 "--checkpoint-activations; on CUDA the copies overlap the compute)");
   // An optional value: a bare --prefetch-pixels is on, as it was when it was a switch.
@@ -113,22 +113,22 @@ void TrainFlags::add_memory(CLI::App& app) {
 
 // --out: metrics, checkpoints, resume, the hf/ directories a checkpoint holds.
 void TrainFlags::add_run_directory(CLI::App& app) {
-  app.add_option("--save-dtype", options.save_dtype,
+  app.add_option("--save-dtype", save_dtype,
                   "dtype of each checkpoint's hf/ directory (default: as the weights were loaded)");
   app.add_option("--save-shard-size", save_shard_size, "largest safetensors shard of hf/ (e.g. 5GB, 500MB)")
       ->capture_default_str();
-  app.add_option("--out", options.out, "directory for metrics.jsonl and checkpoints");
-  app.add_option("--checkpoint-every", options.checkpoint_every, "save every N steps (and at the end)")->capture_default_str();
-  app.add_option("--keep", options.keep, "checkpoints to keep (0: all)")->capture_default_str();
-  app.add_option("--resume", options.resume, "continue from this checkpoint or run directory");
-  app.add_flag("--overwrite", options.overwrite,
+  app.add_option("--out", options.output.out, "directory for metrics.jsonl and checkpoints");
+  app.add_option("--checkpoint-every", options.output.checkpoint_every, "save every N steps (and at the end)")->capture_default_str();
+  app.add_option("--keep", options.output.keep, "checkpoints to keep (0: all)")->capture_default_str();
+  app.add_option("--resume", options.output.resume, "continue from this checkpoint or run directory");
+  app.add_flag("--overwrite", options.output.overwrite,
                 "start afresh in an --out that holds another run: its metrics and checkpoints are deleted first");
-  app.add_option("--save-gradients", options.save_gradients,
+  app.add_option("--save-gradients", options.output.save_gradients,
                   "write the first step's gradients (summed over the ranks, before --clip) as a model directory "
                   "here, to compare with a reference (--shard none)");
-  app.add_flag("--allow-changed-flags", options.allow_changed_flags,
+  app.add_flag("--allow-changed-flags", options.output.allow_changed_flags,
                 "resume although flags that change the batches or the numerics differ from the checkpoint's");
-  app.add_flag("--quiet", options.quiet, "no per-step lines (the summary still prints)");
+  app.add_flag("--quiet", options.output.quiet, "no per-step lines (the summary still prints)");
 }
 
 void TrainFlags::read_test_hooks() {
@@ -152,31 +152,35 @@ void TrainFlags::read_test_hooks() {
 void TrainFlags::parse() {
   read_test_hooks();
   train::TrainOptions& o = options;
-  o.vision = model::parse_vision_mode(vision);
-  o.layout = plan::parse_layout(layout);
-  o.placement = plan::parse_placement(placement);
-  o.vision_split = plan::parse_vision_split(vision_split);
-  MMSP_CHECK(o.placement == plan::Placement::zigzag || o.layout == plan::Layout::zigzag,
+  o.parallel.vision = model::parse_vision_mode(vision);
+  o.parallel.layout = plan::parse_layout(layout);
+  o.parallel.placement = plan::parse_placement(placement);
+  o.parallel.vision_split = plan::parse_vision_split(vision_split);
+  MMSP_CHECK(o.parallel.placement == plan::Placement::zigzag || o.parallel.layout == plan::Layout::zigzag,
              "--placement adaptive splits long segments in zigzag order; it needs --layout zigzag, not ",
-             plan::to_string(o.layout));
-  o.checkpoint_activations = model::parse_activation_checkpointing(checkpointing);
-  o.tiled_mlp = model::parse_mlp_tile(tiled_mlp);
-  o.prefetch_pixels = train::parse_prefetch_pixels(prefetch_pixels.empty() ? "on" : prefetch_pixels);
-  o.save_shard_bytes = parse_byte_size(save_shard_size, "--save-shard-size");
+             plan::to_string(o.parallel.layout));
+  o.memory.checkpoint_activations = model::parse_activation_checkpointing(checkpointing);
+  o.memory.tiled_mlp = model::parse_mlp_tile(tiled_mlp);
+  o.memory.prefetch_pixels = train::parse_prefetch_pixels(prefetch_pixels.empty() ? "on" : prefetch_pixels);
+  o.output.save_shard_bytes = parse_byte_size(save_shard_size, "--save-shard-size");
+  o.inputs.dtype = train::parse_compute_dtype(dtype);
+  o.output.save_dtype = train::parse_save_dtype(save_dtype);
+  o.parallel.shard = parallel::parse_shard_level(shard);
+  o.parallel.attention_kernel = attention::parse_attention_kernel(attention_kernel);
 }
 
 void TrainFlags::place(const dist::RankEnv& env, const c10::Device& device) {
   train::TrainOptions& o = options;
-  o.device = device;
+  o.parallel.device = device;
   if (memory_limit == "auto" && device.is_cuda()) {
-    o.memory_limit_bytes = train::cuda_free_bytes(device.index());
-    o.memory_limit_source = "the free memory of " + device.str();
+    o.memory.limit_bytes = train::cuda_free_bytes(device.index());
+    o.memory.limit_source = "the free memory of " + device.str();
   } else if (memory_limit == "auto") {
-    o.memory_limit_bytes = host_available_memory() / std::max(1, env.local_world_size);
-    o.memory_limit_source =
+    o.memory.limit_bytes = host_available_memory() / std::max(1, env.local_world_size);
+    o.memory.limit_source =
         "this host's available memory divided by its " + std::to_string(env.local_world_size) + " rank(s)";
   } else {
-    o.memory_limit_bytes = parse_byte_size(memory_limit, "--memory-limit");
+    o.memory.limit_bytes = parse_byte_size(memory_limit, "--memory-limit");
   }
 }
 

@@ -7,15 +7,16 @@
 
 namespace mmsp::parallel {
 
-ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options, const dist::GroupPtr& world) {
+ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options) {
   vlm.set_activation_checkpointing(options.checkpoint_activations, options.offload_activations);
   vlm.set_mlp_tile(options.mlp_tile);
-  ModelParallelism out{options.groups, options.vision, options.attention, nullptr};
+  ModelParallelism out{options.groups, options.vision, options.attention, options.data, nullptr};
   if (options.shard != ShardLevel::none) {
-    MMSP_CHECK(world, "parallelize: --shard ", to_string(options.shard), " needs the world group");
+    MMSP_CHECK(options.data, "parallelize: --shard ", to_string(options.shard),
+               " needs the group the gradients sum over (ParallelizeOptions::data)");
     const model::NamedParams params = model::named_parameters(vlm);
     const std::vector<model::HookUnit> units = vlm.hook_units();
-    out.zero = std::make_shared<ShardedModel>(params, options.master_dtype, world, options.bucket_bytes,
+    out.zero = std::make_shared<ShardedModel>(params, options.master_dtype, options.data, options.bucket_bytes,
                                               options.shard, unit_index_of(params, units), shard_unit_uses(units));
   }
   vlm.set_layer_hooks(make_zero_hooks(out.zero));

@@ -32,7 +32,7 @@ dist::AgreedFlags loaded_inputs(const TrainOptions& o, const ResolvedModel& mode
                                                 checkpoint->manifest_xxh64.empty()
                                                     ? "without checksums.json"
                                                     : "checksums.json " + checkpoint->manifest_xxh64));
-  else if (!o.resume.empty())
+  else if (!o.output.resume.empty())
     out.emplace_back("--resume", "(nothing to resume: starts afresh)");
   else
     out.emplace_back("--resume", "(none)");

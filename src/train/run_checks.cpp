@@ -11,7 +11,7 @@
 #include <ostream>
 #include <vector>
 
-#include "mmsp/attention/fused_attention.h"
+#include "mmsp/attention/kernel_registry.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/model/vision/vision_mode.h"
@@ -54,8 +54,16 @@ constexpr Consequential kConsequential[] = {
     {"clip", "--clip", "another gradient clip: the updates differ"},
 };
 
-// The budget of a checkpoint written before "tokens_per_step" was stored.
-json with_tokens_per_step(json run) {
+// The budget of a checkpoint written before "tokens_per_step" was stored, and its dtype by
+// the name --dtype's parse gives (a run given "fp32" recorded it so).
+json normalised_run(json run) {
+  if (run.contains("dtype") && run["dtype"].is_string()) {
+    try {
+      run["dtype"] = dtype_name(parse_compute_dtype(run["dtype"].get<std::string>()));
+    } catch (const Error&) {
+      // not a dtype: compared as it is
+    }
+  }
   if (!run.contains("tokens_per_step") && run.contains("tokens_per_rank") && run.contains("world_size") &&
       run["tokens_per_rank"].is_number_integer() && run["world_size"].is_number_integer())
     run["tokens_per_step"] = run["tokens_per_rank"].get<int64_t>() * run["world_size"].get<int64_t>();
@@ -65,22 +73,22 @@ json with_tokens_per_step(json run) {
 }  // namespace
 
 void check_train_limits(const TrainOptions& o) {
-  check_count("--steps", o.steps, kMaxSteps, "optimizer steps of the schedule");
-  check_count("--stop-after", o.stop_after, kMaxSteps, "a step of the schedule");
-  check_count("--warmup", o.warmup, kMaxSteps, "steps");
-  check_count("--checkpoint-every", o.checkpoint_every, kMaxSteps, "steps");
-  check_count("--tokens-per-rank", o.tokens_per_rank, kMaxTokensPerRank,
+  check_count("--steps", o.schedule.steps, kMaxSteps, "optimizer steps of the schedule");
+  check_count("--stop-after", o.schedule.stop_after, kMaxSteps, "a step of the schedule");
+  check_count("--warmup", o.schedule.warmup, kMaxSteps, "steps");
+  check_count("--checkpoint-every", o.output.checkpoint_every, kMaxSteps, "steps");
+  check_count("--tokens-per-rank", o.inputs.tokens_per_rank, kMaxTokensPerRank,
               "tokens of one rank per step; a step holds this × world");
-  check_count("--data-rows", o.data_rows, kMaxTokensPerRank, "rows of a step");
-  check_count("--shapes-samples", o.shapes_samples, kMaxShapesSamples, "samples of one shapes epoch");
-  check_count("--attention-block", o.attention_block, kMaxAttentionBlock, "query/key block of the kernel");
-  check_count("--loss-chunk", o.loss_chunk, kMaxTokensPerRank, "tokens per chunk of the LM head and loss");
-  MMSP_CHECK(o.max_image_pixels >= 1 && o.max_image_pixels <= kMaxImagePixelsBound, "--max-image-pixels ",
-             o.max_image_pixels, " must be in [1, ", kMaxImagePixelsBound, "] (width × height of one image)");
-  check_finite("--lr", o.lr);
-  check_finite("--min-lr", o.min_lr);
-  check_finite("--weight-decay", o.weight_decay);
-  check_finite("--clip", o.clip);
+  check_count("--data-rows", o.inputs.data_rows, kMaxTokensPerRank, "rows of a step");
+  check_count("--shapes-samples", o.inputs.shapes_samples, kMaxShapesSamples, "samples of one shapes epoch");
+  check_count("--attention-block", o.parallel.attention_block, kMaxAttentionBlock, "query/key block of the kernel");
+  check_count("--loss-chunk", o.memory.loss_chunk, kMaxTokensPerRank, "tokens per chunk of the LM head and loss");
+  MMSP_CHECK(o.inputs.max_image_pixels >= 1 && o.inputs.max_image_pixels <= kMaxImagePixelsBound, "--max-image-pixels ",
+             o.inputs.max_image_pixels, " must be in [1, ", kMaxImagePixelsBound, "] (width × height of one image)");
+  check_finite("--lr", o.schedule.lr);
+  check_finite("--min-lr", o.schedule.min_lr);
+  check_finite("--weight-decay", o.schedule.weight_decay);
+  check_finite("--clip", o.schedule.clip);
 }
 
 void probe_out_dir(const std::string& dir) {
@@ -111,8 +119,8 @@ namespace {
 // --attention-kernel as it resolves: auto runs mmsp's blockwise kernel on the CPU, so
 // "auto" and "blockwise" agree there; on CUDA auto stays itself (it picks per dtype).
 std::string resolved_attention_kernel(const TrainOptions& o) {
-  const attention::AttentionKernel kernel = attention::parse_attention_kernel(o.attention_kernel);
-  if (kernel == attention::AttentionKernel::automatic && !o.device.is_cuda()) return "blockwise";
+  const attention::AttentionKernel kernel = o.parallel.attention_kernel;
+  if (kernel.automatic() && !o.parallel.device.is_cuda()) return "blockwise";
   return attention::attention_kernel_name(kernel);
 }
 }  // namespace
@@ -124,75 +132,75 @@ dist::AgreedFlags agreed_flags(const TrainOptions& o) {
   // --model and --resume are agreed by content once loaded (loaded_inputs.h): per-host
   // copies may sit at other paths. --out by path: it must be one directory every host
   // sees (check_out_shared), given on every rank or none.
-  return {{"--out", o.out},
-          {"--data", o.data},
-          {"--shapes-samples", n(o.shapes_samples)},
-          {"--blank-images", o.blank_images ? "yes" : "no"},
-          {"--max-image-pixels", n(o.max_image_pixels)},
-          {"--dtype", o.dtype},
-          {"--save-dtype", o.save_dtype},
-          {"--save-shard-size", n(o.save_shard_bytes)},
-          {"--seed", std::to_string(o.seed)},
-          {"--no-shuffle", o.shuffle ? "no" : "yes"},
-          {"--vision", model::to_string(o.vision)},
-          {"--layout", plan::to_string(o.layout)},
-          {"--placement", plan::to_string(o.placement)},
-          {"--vision-split", plan::to_string(o.vision_split)},
-          {"--attention-block", n(o.attention_block)},
+  return {{"--out", o.output.out},
+          {"--data", o.inputs.data},
+          {"--shapes-samples", n(o.inputs.shapes_samples)},
+          {"--blank-images", o.inputs.blank_images ? "yes" : "no"},
+          {"--max-image-pixels", n(o.inputs.max_image_pixels)},
+          {"--dtype", dtype_name(o.inputs.dtype)},
+          {"--save-dtype", o.output.save_dtype ? dtype_name(*o.output.save_dtype) : ""},
+          {"--save-shard-size", n(o.output.save_shard_bytes)},
+          {"--seed", std::to_string(o.inputs.seed)},
+          {"--no-shuffle", o.inputs.shuffle ? "no" : "yes"},
+          {"--vision", model::to_string(o.parallel.vision)},
+          {"--layout", plan::to_string(o.parallel.layout)},
+          {"--placement", plan::to_string(o.parallel.placement)},
+          {"--vision-split", plan::to_string(o.parallel.vision_split)},
+          {"--attention-block", n(o.parallel.attention_block)},
           {"--attention-kernel", resolved_attention_kernel(o)},
-          {"--loss-chunk", n(o.loss_chunk)},
-          {"--checkpoint-activations", model::to_string(o.checkpoint_activations)},
-          {"--offload-activations", o.offload_activations ? "yes" : "no"},
-          {"--tiled-mlp", model::mlp_tile_name(o.tiled_mlp)},
-          {"--prefetch-pixels", to_string(o.prefetch_pixels)},
-          {"--steps", n(o.steps)},
-          {"--stop-after", n(o.stop_after)},
-          {"--tokens-per-rank", n(o.tokens_per_rank)},
-          {"--data-rows", n(o.data_rows)},
-          {"--lr", exact_number(o.lr)},
-          {"--min-lr", exact_number(o.min_lr)},
-          {"--warmup", n(o.warmup)},
-          {"--weight-decay", exact_number(o.weight_decay)},
-          {"--clip", exact_number(o.clip)},
-          {"--shard", o.shard},
-          {"--checkpoint-every", n(o.checkpoint_every)},
-          {"--keep", n(o.keep)},
-          {"--overwrite", o.overwrite ? "yes" : "no"},
-          {"--save-gradients", o.save_gradients},
-          {"--allow-changed-flags", o.allow_changed_flags ? "yes" : "no"},
+          {"--loss-chunk", n(o.memory.loss_chunk)},
+          {"--checkpoint-activations", model::to_string(o.memory.checkpoint_activations)},
+          {"--offload-activations", o.memory.offload_activations ? "yes" : "no"},
+          {"--tiled-mlp", model::mlp_tile_name(o.memory.tiled_mlp)},
+          {"--prefetch-pixels", to_string(o.memory.prefetch_pixels)},
+          {"--steps", n(o.schedule.steps)},
+          {"--stop-after", n(o.schedule.stop_after)},
+          {"--tokens-per-rank", n(o.inputs.tokens_per_rank)},
+          {"--data-rows", n(o.inputs.data_rows)},
+          {"--lr", exact_number(o.schedule.lr)},
+          {"--min-lr", exact_number(o.schedule.min_lr)},
+          {"--warmup", n(o.schedule.warmup)},
+          {"--weight-decay", exact_number(o.schedule.weight_decay)},
+          {"--clip", exact_number(o.schedule.clip)},
+          {"--shard", parallel::to_string(o.parallel.shard)},
+          {"--checkpoint-every", n(o.output.checkpoint_every)},
+          {"--keep", n(o.output.keep)},
+          {"--overwrite", o.output.overwrite ? "yes" : "no"},
+          {"--save-gradients", o.output.save_gradients},
+          {"--allow-changed-flags", o.output.allow_changed_flags ? "yes" : "no"},
           {"test hooks", detail::concat(t.sleep_rank, ":", t.sleep_step, ":", exact_number(t.sleep_seconds), " ",
                                         t.skew_batch_rank, ":", t.skew_batch_step, " ", t.crash_checkpoint_step, ":",
                                         t.crash_checkpoint_after_bytes, " ", t.crash_keep_step)}};
 }
 
 json run_flags(const TrainOptions& o, const plan::Mesh& mesh, int data_rows) {
-  json run = {{"model", o.model},
-              {"data", o.data},
-              {"dtype", o.dtype},
-              {"seed", o.seed},
-              {"shuffle", o.shuffle},
-              {"tokens_per_rank", o.tokens_per_rank},
+  json run = {{"model", o.inputs.model},
+              {"data", o.inputs.data},
+              {"dtype", dtype_name(o.inputs.dtype)},
+              {"seed", o.inputs.seed},
+              {"shuffle", o.inputs.shuffle},
+              {"tokens_per_rank", o.inputs.tokens_per_rank},
               {"world_size", mesh.world()},
-              {"tokens_per_step", o.tokens_per_rank * mesh.world()},
+              {"tokens_per_step", o.inputs.tokens_per_rank * mesh.world()},
               {"data_rows", data_rows},
               {"mesh", mesh.str()},
-              {"vision", model::to_string(o.vision)},
-              {"steps", o.steps},
-              {"warmup", o.warmup},
-              {"lr", o.lr},
-              {"min_lr", o.min_lr},
-              {"weight_decay", o.weight_decay},
-              {"clip", o.clip}};
-  if (o.data == "shapes") {
-    run["shapes_samples"] = o.shapes_samples;
-    run["blank_images"] = o.blank_images;
+              {"vision", model::to_string(o.parallel.vision)},
+              {"steps", o.schedule.steps},
+              {"warmup", o.schedule.warmup},
+              {"lr", o.schedule.lr},
+              {"min_lr", o.schedule.min_lr},
+              {"weight_decay", o.schedule.weight_decay},
+              {"clip", o.schedule.clip}};
+  if (o.inputs.data == "shapes") {
+    run["shapes_samples"] = o.inputs.shapes_samples;
+    run["blank_images"] = o.inputs.blank_images;
   }
   return run;
 }
 
 void check_resume_flags(const json& then_in, const json& now_in, bool allow, const std::string& resume,
                         std::ostream* notes) {
-  const json then = with_tokens_per_step(then_in), now = with_tokens_per_step(now_in);
+  const json then = normalised_run(then_in), now = normalised_run(now_in);
   std::vector<std::string> changes;
   for (const auto& c : kConsequential) {
     if (!then.contains(c.key) || !now.contains(c.key) || then[c.key] == now[c.key]) continue;

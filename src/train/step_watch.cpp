@@ -17,7 +17,7 @@ SentBytes sent_bytes(const dist::Mesh& mesh) {
 }
 
 StepWatch::StepWatch(int64_t step, const dist::Mesh& mesh, dist::RankActivity& doing, PhaseTimer& phases,
-                     MemoryCounter& memory, const TrainOptions::TestHooks& test)
+                     MemoryCounter& memory, const TestHooks& test)
     : step_(step), mesh_(mesh), doing_(doing), phases_(phases), memory_(memory), test_(test),
       start_(std::chrono::steady_clock::now()) {
   phases_.reset();

@@ -36,10 +36,10 @@ void agree_on_success(const std::string& error, const std::string& what, const d
 class ReplicatedUpdate : public WeightUpdate {
  public:
   ReplicatedUpdate(model::NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
-                   const dist::Mesh& mesh)
+                   const dist::GroupPtr& data)
       : masters_(std::move(model_params), master_dtype),
         opt_(make_adamw(masters_.params(), options)),
-        sync_(masters_.params(), mesh.world()) {}
+        sync_(masters_.params(), data) {}
 
   void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) override {
     hf::load_hf_weights(dir, masters_.params(), naming);
@@ -223,9 +223,10 @@ class ShardedUpdate : public WeightUpdate {
 
 std::unique_ptr<WeightUpdate> make_weight_update(model::NamedParams model_params, at::ScalarType master_dtype,
                                                  const AdamWOptions& options, const dist::Mesh& mesh,
-                                                 std::shared_ptr<parallel::ShardedModel> sharded) {
-  if (sharded) return std::make_unique<ShardedUpdate>(std::move(sharded), options, mesh);
-  return std::make_unique<ReplicatedUpdate>(std::move(model_params), master_dtype, options, mesh);
+                                                 const parallel::ModelParallelism& parallelism) {
+  if (parallelism.zero) return std::make_unique<ShardedUpdate>(parallelism.zero, options, mesh);
+  MMSP_CHECK(parallelism.data, "make_weight_update: the replicated update needs the group its gradients sum over");
+  return std::make_unique<ReplicatedUpdate>(std::move(model_params), master_dtype, options, parallelism.data);
 }
 
 }  // namespace mmsp::train

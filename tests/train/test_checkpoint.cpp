@@ -330,13 +330,13 @@ TEST(ResumeFlags, NamesWhatChangesTheBatchesOrNumericsAndIgnoresTheMesh) {
   TrainOptions o;
   const json then = run_flags(o, {1, 1, 2}, 1);
   TrainOptions other_mesh = o;
-  other_mesh.vision = model::VisionMode::gather;
-  other_mesh.checkpoint_every = 7;
+  other_mesh.parallel.vision = model::VisionMode::gather;
+  other_mesh.output.checkpoint_every = 7;
   EXPECT_NO_THROW(check_resume_flags(then, run_flags(other_mesh, {1, 2, 1}, 1), false, "ckpt", nullptr));
   TrainOptions changed = o;
-  changed.seed = 1;
-  changed.dtype = "float64";
-  changed.tokens_per_rank = 128;
+  changed.inputs.seed = 1;
+  changed.inputs.dtype = train::parse_compute_dtype("float64");
+  changed.inputs.tokens_per_rank = 128;
   const std::string message =
       error_of([&] { check_resume_flags(then, run_flags(changed, {1, 1, 2}, 1), false, "ckpt", nullptr); });
   EXPECT_THAT(message, ::testing::HasSubstr("--resume ckpt: this run changes 3 flags"));
@@ -351,7 +351,7 @@ TEST(ResumeFlags, NamesWhatChangesTheBatchesOrNumericsAndIgnoresTheMesh) {
   old.erase("tokens_per_step");
   old.erase("shuffle");
   TrainOptions unshuffled = o;
-  unshuffled.shuffle = false;
+  unshuffled.inputs.shuffle = false;
   EXPECT_NO_THROW(check_resume_flags(old, run_flags(unshuffled, {1, 1, 2}, 1), false, "ckpt", nullptr));
 }
 

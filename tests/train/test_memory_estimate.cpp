@@ -554,7 +554,7 @@ TEST(MemoryEstimate, LongestTokensPerRankIsTheLastThatFits) {
   const model::ModelConfig config =
       model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/hf/Qwen2-VL-7B-Instruct.json");
   TrainOptions o;
-  o.dtype = "bfloat16";
+  o.inputs.dtype = parse_compute_dtype("bfloat16");
   // 8.3 B parameters at 18 bytes each (bf16 weights, fp32 masters and moments) need ~150 GB
   // before any activation: one 80 GB device holds none, 200 GB some.
   const int64_t capacity = 200'000'000'000, step = 256;
@@ -564,9 +564,9 @@ TEST(MemoryEstimate, LongestTokensPerRankIsTheLastThatFits) {
     in.compute_dtype = at::kBFloat16;
     in.master_dtype = at::kFloat;
     in.tokens_per_rank = tokens;
-    in.attention_block = t.attention_block;
+    in.attention_block = t.parallel.attention_block;
     in.loss_chunk = default_loss_chunk(config.text.vocab_size);
-    in.checkpointing = t.checkpoint_activations;
+    in.checkpointing = t.memory.checkpoint_activations;
     return estimate_memory(config, shapes, in).total();
   };
   const int64_t plain = longest_tokens_per_rank(config, o, 1, capacity, step);
@@ -575,12 +575,12 @@ TEST(MemoryEstimate, LongestTokensPerRankIsTheLastThatFits) {
   EXPECT_LE(total(o, plain), capacity);
   EXPECT_GT(total(o, plain + step), capacity);
   TrainOptions recompute = o;
-  recompute.checkpoint_activations = model::ActivationCheckpointing::decoder;
+  recompute.memory.checkpoint_activations = model::ActivationCheckpointing::decoder;
   EXPECT_GE(longest_tokens_per_rank(config, recompute, 1, capacity, step), plain);
   EXPECT_GE(longest_tokens_per_rank(config, o, 1, 2 * capacity, step), plain);
   EXPECT_EQ(longest_tokens_per_rank(config, o, 1, 80'000'000'000, step), 0);  // not even the training state
   TrainOptions sharded = o;  // the state split over 8 ranks: 80 GB each holds a long sequence
-  sharded.shard = "parameters";
+  sharded.parallel.shard = parallel::parse_shard_level("parameters");
   EXPECT_GT(longest_tokens_per_rank(config, sharded, 8, 80'000'000'000, step), 0);
   EXPECT_THROW(longest_tokens_per_rank(config, sharded, 8, 80'000'000'000, step, 3), Error);  // 3 ∤ 8
 }
@@ -591,15 +591,15 @@ TEST(MemoryEstimate, LongestUnderUlyssesTilesTheHybridsTokenMixer) {
   const model::ModelConfig config =
       model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/hf/Qwen3.5-0.8B.json");
   TrainOptions o;
-  o.dtype = "bfloat16";
-  o.shard = "parameters";
-  o.checkpoint_activations = model::ActivationCheckpointing::all;
-  o.tiled_mlp = model::kAutoMlpTile;
+  o.inputs.dtype = parse_compute_dtype("bfloat16");
+  o.parallel.shard = parallel::parse_shard_level("parameters");
+  o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
+  o.memory.tiled_mlp = model::kAutoMlpTile;
   const int64_t six = int64_t{6} << 30;
   const int64_t ring = longest_tokens_per_rank(config, o, 4, six, 256, 0);
   const int64_t ulysses = longest_tokens_per_rank(config, o, 4, six, 256, 1);
   EXPECT_GT(ulysses, 2 * ring) << "ring " << ring << ", ulysses " << ulysses;
-  o.tiled_mlp = 0;
+  o.memory.tiled_mlp = 0;
   EXPECT_LT(longest_tokens_per_rank(config, o, 4, six, 256, 1), ulysses / 2);
 }
 

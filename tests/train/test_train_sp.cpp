@@ -43,15 +43,15 @@ constexpr double kMixedLossRtol = 5e-4;
 // A few small steps of the built-in model on the shapes dataset, in fp64.
 train::TrainOptions tiny_options(int64_t tokens_per_rank) {
   train::TrainOptions o;
-  o.model = "shapes-qwen2-vl";
-  o.dtype = "float64";
-  o.steps = 3;
-  o.tokens_per_rank = tokens_per_rank;
-  o.warmup = 1;
-  o.lr = 1e-2;
-  o.min_lr = 1e-3;
-  o.attention_block = 16;
-  o.quiet = true;
+  o.inputs.model = "shapes-qwen2-vl";
+  o.inputs.dtype = train::parse_compute_dtype("float64");
+  o.schedule.steps = 3;
+  o.inputs.tokens_per_rank = tokens_per_rank;
+  o.schedule.warmup = 1;
+  o.schedule.lr = 1e-2;
+  o.schedule.min_lr = 1e-3;
+  o.parallel.attention_block = 16;
+  o.output.quiet = true;
   return o;
 }
 
@@ -122,7 +122,7 @@ TEST(MultiRankTrain, LossesAndParametersEqualOneProcessOnEveryMesh) {
   auto reference = [&](int dp) -> const train::TrainReport& {
     if (!refs.count(dp)) {
       train::TrainOptions o = tiny_options(per_rank * world);
-      o.data_rows = dp;
+      o.inputs.data_rows = dp;
       refs[dp] = train::train(o, dist::Mesh::solo(), log);
       EXPECT_EQ(refs[dp].steps.size(), 3u);
       for (const auto& s : refs[dp].steps) EXPECT_GT(s.tokens, per_rank * world / 2) << "steps should be well filled";
@@ -133,7 +133,7 @@ TEST(MultiRankTrain, LossesAndParametersEqualOneProcessOnEveryMesh) {
     if (mesh.shape().ulysses == 3) continue;  // 2 K/V heads cannot be split 3 ways
     const train::TrainReport got = train::train(tiny_options(per_rank), mesh, log);
     expect_same_run(got, reference(mesh.shape().dp), 1e-9, mesh.shape().str());
-    expect_bytes_split(got, mesh.shape(), tiny_options(per_rank).vision, mesh.shape().str());
+    expect_bytes_split(got, mesh.shape(), tiny_options(per_rank).parallel.vision, mesh.shape().str());
   }
 }
 
@@ -150,13 +150,13 @@ TEST(MultiRankTrain, AdaptivePlacementEqualsOneProcessOnEveryMesh) {
     const int dp = mesh.shape().dp;
     if (!refs.count(dp)) {
       train::TrainOptions o = tiny_options(per_rank * world);
-      o.data_rows = dp;
+      o.inputs.data_rows = dp;
       refs[dp] = train::train(o, dist::Mesh::solo(), log);
     }
     for (const plan::PlacementOptions balance : {plan::PlacementOptions{}, plan::PlacementOptions{1.0, 100.0}}) {
       train::TrainOptions o = tiny_options(per_rank);
-      o.placement = plan::Placement::adaptive;
-      o.placement_balance = balance;
+      o.parallel.placement = plan::Placement::adaptive;
+      o.parallel.placement_balance = balance;
       expect_same_run(train::train(o, mesh, log), refs[dp], 1e-9,
                       mesh.shape().str() + " adaptive, padding up to " + std::to_string(balance.max_padding));
     }
@@ -172,7 +172,7 @@ TEST(MultiRankTrain, EveryVisionModeTrainsTheSameModel) {
   const dist::Mesh mesh = test::make_mesh(context_shape(world));
   for (auto mode : {model::VisionMode::gather, model::VisionMode::replicate}) {
     train::TrainOptions o = tiny_options(per_rank);
-    o.vision = mode;
+    o.parallel.vision = mode;
     const train::TrainReport got = train::train(o, mesh, log);
     expect_same_run(got, ref, 1e-9, mesh.shape().str() + " " + model::to_string(mode));
     expect_bytes_split(got, mesh.shape(), mode, mesh.shape().str() + " " + model::to_string(mode));
@@ -186,18 +186,18 @@ void expect_stop_and_resume_exact(train::TrainOptions o, const dist::Mesh& mesh,
                                   const std::function<void(const std::string&)>& inspect = {}) {
   const std::string whole_dir = shared_dir(name + "-whole"), split_dir = shared_dir(name + "-split");
   std::ostringstream log;
-  o.steps = 4;
-  o.checkpoint_every = 2;
-  o.out = whole_dir;
+  o.schedule.steps = 4;
+  o.output.checkpoint_every = 2;
+  o.output.out = whole_dir;
   const train::TrainReport whole = train::train(o, mesh, log);
 
-  o.out = split_dir;
-  o.stop_after = 2;
+  o.output.out = split_dir;
+  o.schedule.stop_after = 2;
   const train::TrainReport first = train::train(o, mesh, log);
   ASSERT_EQ(first.steps.size(), 2u);
   if (inspect) inspect(split_dir);
-  o.stop_after = 0;
-  o.resume = split_dir;
+  o.schedule.stop_after = 0;
+  o.output.resume = split_dir;
   const train::TrainReport rest = train::train(o, mesh, log);
   ASSERT_EQ(rest.first_step, 3);
   ASSERT_EQ(rest.steps.size(), 2u);
@@ -226,8 +226,8 @@ TEST(MultiRankTrain, StopAndResumeEqualsAnUninterruptedRun) {
 TEST(MultiRankTrain, MixedPrecisionResumeFromBf16CheckpointsIsExact) {
   const dist::Mesh mesh = test::make_mesh(context_shape(test::rank_env().world_size));
   train::TrainOptions o = tiny_options(96);
-  o.dtype = "bfloat16";
-  o.save_dtype = "bfloat16";
+  o.inputs.dtype = train::parse_compute_dtype("bfloat16");
+  o.output.save_dtype = train::parse_save_dtype("bfloat16");
   expect_stop_and_resume_exact(o, mesh, "train-bf16", [](const std::string& split_dir) {
     EXPECT_TRUE(std::filesystem::is_directory(split_dir + "/step-000002/master"));
     EXPECT_EQ(hf::open_hf_directory(split_dir + "/step-000002/hf").dominant_dtype(), at::kBFloat16);
@@ -271,9 +271,9 @@ TEST(MultiRankTrain, MixedPrecisionEqualsOneProcessOnEveryMesh) {
   std::ostringstream log;
   auto options = [](int64_t tokens) {
     train::TrainOptions o = tiny_options(tokens);
-    o.dtype = "bfloat16";
-    o.lr = 1e-3;
-    o.min_lr = 1e-4;
+    o.inputs.dtype = train::parse_compute_dtype("bfloat16");
+    o.schedule.lr = 1e-3;
+    o.schedule.min_lr = 1e-4;
     return o;
   };
   std::map<int, train::TrainReport> refs;
@@ -282,7 +282,7 @@ TEST(MultiRankTrain, MixedPrecisionEqualsOneProcessOnEveryMesh) {
     const int dp = mesh.shape().dp;
     if (!refs.count(dp)) {
       train::TrainOptions o = options(per_rank * world);
-      o.data_rows = dp;
+      o.inputs.data_rows = dp;
       refs[dp] = train::train(o, dist::Mesh::solo(), log);
     }
     expect_mixed_close(train::train(options(per_rank), mesh, log), refs[dp], mesh, mesh.shape().str());
@@ -357,27 +357,27 @@ TEST(MultiRankEveryFamily, CheckpointingAndChunkedLossEqualOneProcessOnEveryMesh
       if (shape.ulysses == 3 || shape.ulysses > c.max_ulysses) continue;  // heads cannot be split so
       if (checker && !refs.count(shape.dp)) {
         train::TrainOptions o = tiny_options(per_rank * world);
-        o.model = config_path;
-        o.data_rows = shape.dp;
+        o.inputs.model = config_path;
+        o.inputs.data_rows = shape.dp;
         refs[shape.dp] = train::train(o, dist::Mesh::solo(), log);
       }
       std::vector<model::ActivationCheckpointing> modes = {model::ActivationCheckpointing::all};
       if (shape.str() == widest.str()) modes.push_back(model::ActivationCheckpointing::decoder);
       for (auto mode : modes) {
         train::TrainOptions o = tiny_options(per_rank);
-        o.model = config_path;
-        o.checkpoint_activations = mode;
-        o.loss_chunk = 7;
+        o.inputs.model = config_path;
+        o.memory.checkpoint_activations = mode;
+        o.memory.loss_chunk = 7;
         // decoder on the widest mesh: with the memory layers too (MLPs in tiles of 3, offload)
         if (mode == model::ActivationCheckpointing::decoder) {
-          o.tiled_mlp = 3;
-          o.offload_activations = true;
+          o.memory.tiled_mlp = 3;
+          o.memory.offload_activations = true;
         }
         const train::TrainReport got = train::train(o, mesh, log);
         if (checker)
           expect_same_run(got, refs[shape.dp], 1e-9,
                           std::string(c.file) + " " + shape.str() + " " + model::to_string(mode) +
-                              (o.offload_activations ? " offloaded, tiled MLP" : ""));
+                              (o.memory.offload_activations ? " offloaded, tiled MLP" : ""));
       }
     }
     std::filesystem::remove(config_path);
@@ -398,15 +398,15 @@ TEST(MultiRankTrain, FusedAttentionKernelTrainsAsTheBlockwiseOne) {
     train::TrainReport ref;
     if (checker) {
       train::TrainOptions o = tiny_options(96 * world);
-      o.model = config_path;
-      o.attention_kernel = "blockwise";
+      o.inputs.model = config_path;
+      o.parallel.attention_kernel = attention::parse_attention_kernel("blockwise");
       ref = train::train(o, dist::Mesh::solo(), log);
     }
     for (const dist::Mesh& mesh : test::all_meshes()) {
       if (mesh.shape().str() != widest.str() || widest.ulysses > c.max_ulysses) continue;
       train::TrainOptions o = tiny_options(96);
-      o.model = config_path;
-      o.attention_kernel = "fused";
+      o.inputs.model = config_path;
+      o.parallel.attention_kernel = attention::parse_attention_kernel("fused");
       const train::TrainReport got = train::train(o, mesh, log);
       if (checker) expect_same_run(got, ref, 1e-9, std::string(c.file) + " fused " + mesh.shape().str());
     }
@@ -421,12 +421,12 @@ TEST(MultiRankTrain, MixedPrecisionWithCheckpointingAndChunkedLoss) {
   const dist::Mesh mesh = test::make_mesh(context_shape(test::rank_env().world_size));
   std::ostringstream log;
   train::TrainOptions o = tiny_options(96);
-  o.dtype = "bfloat16";
-  o.lr = 1e-3;
-  o.min_lr = 1e-4;
+  o.inputs.dtype = train::parse_compute_dtype("bfloat16");
+  o.schedule.lr = 1e-3;
+  o.schedule.min_lr = 1e-4;
   const train::TrainReport ref = train::train(o, mesh, log);
-  o.checkpoint_activations = model::ActivationCheckpointing::all;
-  o.loss_chunk = 7;
+  o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
+  o.memory.loss_chunk = 7;
   expect_mixed_close(train::train(o, mesh, log), ref, mesh, mesh.shape().str() + " all, chunk 7");
 }
 
@@ -438,9 +438,9 @@ TEST(MultiRankTrain, FineTuneFromAHfDirectoryOnEveryMesh) {
   const std::string run_dir = shared_dir("train-hf");
   std::ostringstream log;
   train::TrainOptions o = tiny_options(96);
-  o.steps = 2;
-  o.out = run_dir;
-  o.save_shard_bytes = 200'000;  // several shards, as a released model has
+  o.schedule.steps = 2;
+  o.output.out = run_dir;
+  o.output.save_shard_bytes = 200'000;  // several shards, as a released model has
   const train::TrainReport run = train::train(o, mesh, log);
   const std::string hf = run_dir + "/step-000002/hf";
   const hf::HfDirectory dir = hf::open_hf_directory(hf);
@@ -455,11 +455,11 @@ TEST(MultiRankTrain, FineTuneFromAHfDirectoryOnEveryMesh) {
   barrier(mesh);
 
   train::TrainOptions fine = tiny_options(96);
-  fine.model = hf;
-  fine.seed = 7;  // other data order: the weights, not the seed, carry the run over
+  fine.inputs.model = hf;
+  fine.inputs.seed = 7;  // other data order: the weights, not the seed, carry the run over
   const train::TrainReport ref = [&] {
     train::TrainOptions one = fine;
-    one.tokens_per_rank = 96 * world;
+    one.inputs.tokens_per_rank = 96 * world;
     return train::train(one, dist::Mesh::solo(), log);
   }();
   for (const dist::Mesh& m : test::all_meshes()) {
@@ -481,16 +481,16 @@ TEST(MultiRankTrain, ShardedOptimizerEqualsOneProcess) {
   for (const plan::Mesh& shape : {context_shape(world), plan::Mesh{world, 1, 1}}) {
     if (shape.ulysses == 3) continue;  // 2 K/V heads cannot be split 3 ways
     train::TrainOptions one = tiny_options(per_rank * world);
-    one.data_rows = shape.dp;
+    one.inputs.data_rows = shape.dp;
     const train::TrainReport ref = train::train(one, dist::Mesh::solo(), log);
     train::TrainOptions o = tiny_options(per_rank);
-    o.shard = "optimizer";
+    o.parallel.shard = parallel::parse_shard_level("optimizer");
     const dist::Mesh mesh = test::make_mesh(shape);
     expect_same_run(train::train(o, mesh, log), ref, 1e-9, "--shard optimizer " + shape.str());
     if (shape.dp != 1) continue;
     // with the other two memory flags: recomputed layers and a loss in chunks of 7 tokens
-    o.checkpoint_activations = model::ActivationCheckpointing::all;
-    o.loss_chunk = 7;
+    o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
+    o.memory.loss_chunk = 7;
     expect_same_run(train::train(o, mesh, log), ref, 1e-9, "--shard optimizer, checkpointing, chunks " + shape.str());
   }
 }
@@ -514,8 +514,8 @@ TEST(MultiRankEveryFamily, ShardedGradientsAndParametersEqualOneProcess) {
       train::TrainReport ref;
       if (checker) {
         train::TrainOptions o = tiny_options(per_rank * world);
-        o.model = config_path;
-        o.data_rows = shape.dp;
+        o.inputs.model = config_path;
+        o.inputs.data_rows = shape.dp;
         ref = train::train(o, dist::Mesh::solo(), log);
       }
       const dist::Mesh mesh = test::make_mesh(shape);
@@ -524,10 +524,10 @@ TEST(MultiRankEveryFamily, ShardedGradientsAndParametersEqualOneProcess) {
           if (shape.dp != 1 && (mode != model::ActivationCheckpointing::none || std::string(level) == "gradients"))
             continue;  // data parallel: stage 3 alone
           train::TrainOptions o = tiny_options(per_rank);
-          o.model = config_path;
-          o.shard = level;
-          o.checkpoint_activations = mode;
-          if (mode != model::ActivationCheckpointing::none) o.loss_chunk = 7;
+          o.inputs.model = config_path;
+          o.parallel.shard = parallel::parse_shard_level(level);
+          o.memory.checkpoint_activations = mode;
+          if (mode != model::ActivationCheckpointing::none) o.memory.loss_chunk = 7;
           const train::TrainReport got = train::train(o, mesh, log);
           if (checker)
             expect_same_run(got, ref, 1e-9,
@@ -539,11 +539,11 @@ TEST(MultiRankEveryFamily, ShardedGradientsAndParametersEqualOneProcess) {
       // rank short), recomputed layers' inputs offloaded (on the CPU, the copy path).
       if (shape.dp == 1) {
         train::TrainOptions o = tiny_options(per_rank);
-        o.model = config_path;
-        o.shard = "parameters";
-        o.checkpoint_activations = model::ActivationCheckpointing::all;
-        o.offload_activations = true;
-        o.tiled_mlp = 5;
+        o.inputs.model = config_path;
+        o.parallel.shard = parallel::parse_shard_level("parameters");
+        o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
+        o.memory.offload_activations = true;
+        o.memory.tiled_mlp = 5;
         const train::TrainReport got = train::train(o, mesh, log);
         if (checker)
           expect_same_run(got, ref, 1e-9, std::string(c.file) + " --shard parameters --tiled-mlp 5 "
@@ -603,18 +603,18 @@ TEST(MultiRankEveryFamily, HookedVisionBlocksRunOnRanksWithoutImages) {
     train::TrainReport ref;
     if (checker) {
       train::TrainOptions o = tiny_options(per_rank * world);
-      o.model = config_path;
-      o.data = data;
+      o.inputs.model = config_path;
+      o.inputs.data = data;
       ref = train::train(o, dist::Mesh::solo(), log);
     }
     const dist::Mesh mesh = test::make_mesh(shape);
     for (const char* level : {"gradients", "parameters"})
       for (auto mode : {model::ActivationCheckpointing::none, model::ActivationCheckpointing::all}) {
         train::TrainOptions o = tiny_options(per_rank);
-        o.model = config_path;
-        o.data = data;
-        o.shard = level;
-        o.checkpoint_activations = mode;
+        o.inputs.model = config_path;
+        o.inputs.data = data;
+        o.parallel.shard = parallel::parse_shard_level(level);
+        o.memory.checkpoint_activations = mode;
         const train::TrainReport got = train::train(o, mesh, log);
         if (checker)
           expect_same_run(got, ref, 1e-9,
@@ -691,8 +691,8 @@ TEST(MultiRankEveryFamily, SplitVisionItemsTrainTheModelOneProcessTrains) {
     train::TrainReport ref;
     if (checker) {
       train::TrainOptions o = tiny_options(128 * world);
-      o.model = config_path;
-      o.data = data;
+      o.inputs.model = config_path;
+      o.inputs.data = data;
       ref = train::train(o, dist::Mesh::solo(), log);
     }
     const dist::Mesh mesh = test::make_mesh(shape);
@@ -701,11 +701,11 @@ TEST(MultiRankEveryFamily, SplitVisionItemsTrainTheModelOneProcessTrains) {
         {"none", AC::none}, {"gradients", AC::all}, {"parameters", AC::none}, {"parameters", AC::all}};
     for (const auto& [level, mode] : runs) {
         train::TrainOptions o = tiny_options(128);
-        o.model = config_path;
-        o.data = data;
-        o.shard = level;
-        o.checkpoint_activations = mode;
-        o.vision_split = plan::parse_vision_split("16");
+        o.inputs.model = config_path;
+        o.inputs.data = data;
+        o.parallel.shard = parallel::parse_shard_level(level);
+        o.memory.checkpoint_activations = mode;
+        o.parallel.vision_split = plan::parse_vision_split("16");
         const train::TrainReport got = train::train(o, mesh, log);
         if (checker)
           expect_same_run(got, ref, 1e-9,
@@ -727,14 +727,14 @@ TEST(MultiRankTrain, ShardedCheckpointsResumeOnAnyWorldEitherWay) {
   const std::string sharded_dir = shared_dir("shard-saved"), replicated_dir = shared_dir("shard-replicated");
   std::ostringstream log;
   train::TrainOptions o = tiny_options(96);
-  o.steps = 4;
-  o.shard = "optimizer";
+  o.schedule.steps = 4;
+  o.parallel.shard = parallel::parse_shard_level("optimizer");
   const train::TrainReport whole = train::train(o, mesh, log);
   auto save_two = [&](const std::string& shard, const std::string& dir) {
     train::TrainOptions first = o;
-    first.shard = shard;
-    first.out = dir;
-    first.stop_after = 2;
+    first.parallel.shard = parallel::parse_shard_level(shard);
+    first.output.out = dir;
+    first.schedule.stop_after = 2;
     train::train(first, mesh, log);
   };
   save_two("parameters", sharded_dir);  // ZeRO-3 gathers the decoder layers to save hf/
@@ -759,17 +759,17 @@ TEST(MultiRankTrain, ShardedCheckpointsResumeOnAnyWorldEitherWay) {
   };
   for (const char* shard : {"none", "optimizer", "parameters"}) {
     train::TrainOptions one = o;
-    one.tokens_per_rank = 96 * world;
-    one.shard = shard;
-    one.resume = sharded_dir;
+    one.inputs.tokens_per_rank = 96 * world;
+    one.parallel.shard = parallel::parse_shard_level(shard);
+    one.output.resume = sharded_dir;
     expect_continues(train::train(one, dist::Mesh::solo(), log), std::string("1 rank, --shard ") + shard);
   }
   train::TrainOptions again = o;
-  again.shard = "none";
-  again.resume = sharded_dir;
+  again.parallel.shard = parallel::parse_shard_level("none");
+  again.output.resume = sharded_dir;
   expect_continues(train::train(again, mesh, log), "this world, --shard none");
-  again.shard = "gradients";
-  again.resume = replicated_dir;
+  again.parallel.shard = parallel::parse_shard_level("gradients");
+  again.output.resume = replicated_dir;
   expect_continues(train::train(again, mesh, log), "this world from an unsharded checkpoint, --shard gradients");
   barrier(mesh);
   if (mesh.rank() == 0) {
@@ -791,13 +791,13 @@ TEST(MultiRankTrain, PrefetchedPixelsTrainTheSameModel) {
   const dist::Mesh mesh = test::make_mesh(context_shape(world));
   std::ostringstream log;
   train::TrainOptions o = tiny_options(96);
-  o.model = std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen2-vl.json";
-  o.data = std::string(MMSP_SOURCE_DIR) + "/examples/data/data.jsonl";
-  o.steps = 4;
-  o.report_steps = true;
+  o.inputs.model = std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen2-vl.json";
+  o.inputs.data = std::string(MMSP_SOURCE_DIR) + "/examples/data/data.jsonl";
+  o.schedule.steps = 4;
+  o.output.report_steps = true;
   const train::TrainReport off = train::train(o, mesh, log);
   EXPECT_EQ(off.memory_estimate.next_pixels, 0) << "auto prefetches nothing on the CPU";
-  o.prefetch_pixels = train::PrefetchPixels::on;
+  o.memory.prefetch_pixels = train::PrefetchPixels::on;
   const train::TrainReport on = train::train(o, mesh, log);
   if (mesh.rank() == 0) expect_same_run(on, off, 0.0, "--prefetch-pixels on " + mesh.shape().str());
   const int64_t next = on.memory_estimate.next_pixels;
@@ -813,10 +813,10 @@ TEST(MultiRankTrain, PrefetchedPixelsTrainTheSameModel) {
         << off.steps[i].peak_bytes << " without";
   // Under a limit that the largest step fits only without its prefetched pixels: nothing
   // refused, the step over the limit with them loads the next step's pixels itself.
-  o.memory_limit_bytes = off.memory_estimate.total();
-  o.memory_limit_source = "test";
+  o.memory.limit_bytes = off.memory_estimate.total();
+  o.memory.limit_source = "test";
   const train::TrainReport tight = train::train(o, mesh, log);
-  EXPECT_LE(tight.memory_estimate.total(), o.memory_limit_bytes);
+  EXPECT_LE(tight.memory_estimate.total(), o.memory.limit_bytes);
   if (mesh.rank() == 0) expect_same_run(tight, off, 0.0, "--prefetch-pixels on, under a tight limit");
 }
 
@@ -839,10 +839,10 @@ TEST(LongVideo, SplitOverTheContextGroupTrainsTheModelOneProcessTrains) {
   const int64_t per_rank = 4224;  // a step of 16,896 slots: the video's sample and short ones
   auto options = [&](const std::string& config_path, const std::string& data, int64_t tokens_per_rank) {
     train::TrainOptions o = tiny_options(tokens_per_rank);
-    o.model = config_path;
-    o.data = data;
-    o.steps = 2;
-    o.attention_block = 256;
+    o.inputs.model = config_path;
+    o.inputs.data = data;
+    o.schedule.steps = 2;
+    o.parallel.attention_block = 256;
     return o;
   };
   struct Run {
@@ -887,9 +887,9 @@ TEST(LongVideo, SplitOverTheContextGroupTrainsTheModelOneProcessTrains) {
     for (const auto& [level, mode] : {std::pair<const char*, AC>{"none", AC::none}, {"parameters", AC::all}}) {
       if (std::string(file) != "tiny-qwen2-vl.json" && mode == AC::none) continue;  // CI's time: one run
       train::TrainOptions o = options(config_path, data, per_rank);
-      o.shard = level;
-      o.checkpoint_activations = mode;
-      o.vision_split = plan::parse_vision_split("auto");
+      o.parallel.shard = parallel::parse_shard_level(level);
+      o.memory.checkpoint_activations = mode;
+      o.parallel.vision_split = plan::parse_vision_split("auto");
       runs.push_back({file, config_path, data,
                       std::string(file) + " long video --shard " + level + " " + model::to_string(mode),
                       train::train(o, mesh, log)});

@@ -3,7 +3,7 @@
 // the first step:
 //   - activation checkpointing (recomputed decoder layers, and vision blocks with `all`;
 //     their inputs offloaded to host memory if asked) and the tiled MLP;
-//   - ZeRO 1-3 over the world (zero/sharded_model.h): the masters sharded, and from
+//   - ZeRO 1-3 over the data group (zero/sharded_model.h): the masters sharded, and from
 //     stage 2 the hooks that reduce-scatter each unit's gradients as its backward ends
 //     and, at stage 3, gather and free its weights around each use (zero/zero_hooks.h);
 //   - sequence parallelism, whose plan changes with each step's batch: the groups, the
@@ -34,7 +34,12 @@ struct ParallelizeOptions {
   model::ActivationCheckpointing checkpoint_activations = model::ActivationCheckpointing::none;
   bool offload_activations = false;
   int64_t mlp_tile = 0;  // --tiled-mlp: 0 off, model::kAutoMlpTile, or tokens per tile
-  // ZeRO (--shard) over `world`: the masters in master_dtype, buckets of bucket_bytes.
+  // The ranks over which each weight's gradient sums, and ZeRO shards it: every rank whose
+  // tokens reach it (dp × context: the mesh's world). The caller names the group, so that
+  // an axis of its own (expert weights summed over their replicas) is a group here, not a
+  // world assumed below.
+  dist::GroupPtr data;
+  // ZeRO (--shard) over `data`: the masters in master_dtype, buckets of bucket_bytes.
   ShardLevel shard = ShardLevel::none;
   at::ScalarType master_dtype = at::kFloat;
   int64_t bucket_bytes = kDefaultBucketBytes;
@@ -50,15 +55,16 @@ struct ModelParallelism {
   StepGroups groups;
   model::VisionMode vision = model::VisionMode::routed;
   attention::AttentionOptions attention;
-  // The model's parameters sharded over the world; null for --shard none (every rank
-  // holds them whole and a replicated update syncs their gradients).
+  dist::GroupPtr data;  // the group each weight's gradient sums over (ParallelizeOptions::data)
+  // The model's parameters sharded over `data`; null for --shard none (every rank holds
+  // them whole and a replicated update sums their gradients over `data`).
   std::shared_ptr<ShardedModel> zero;
 };
 
 // Installs the options' parallelisms on `vlm` (its parameters on their device and in
 // their dtype already). Under --shard parameters the model's weights are freed here and
-// gathered around their uses from then on. `world`: the ranks ZeRO shards over.
-ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options, const dist::GroupPtr& world);
+// gathered around their uses from then on.
+ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options);
 
 // Takes off what parallelize installed that outlives a run (the hooks hold the sharded
 // model): call before the model or the update goes.

@@ -1,6 +1,6 @@
 // The bookkeeping around one training step, kept out of the step itself (trainer.cpp's
 // run_step): the rank's heartbeat phase (what a hung rank was doing, dist/heartbeat.h),
-// the test hooks that perturb one rank (TrainOptions::TestHooks), and the step's
+// the test hooks that perturb one rank (TestHooks), and the step's
 // accounting: its time and the time split, the bytes this rank sent by purpose, the
 // peaks of the backward and of the update.
 #pragma once
@@ -46,7 +46,7 @@ class StepWatch {
  public:
   // Starts the step's clock and counters; the heartbeat enters (step, "data").
   StepWatch(int64_t step, const dist::Mesh& mesh, dist::RankActivity& doing, PhaseTimer& phases,
-            MemoryCounter& memory, const TrainOptions::TestHooks& test);
+            MemoryCounter& memory, const TestHooks& test);
 
   // The samples this rank reads: the skew hook drops one on its rank and step.
   std::vector<int64_t> samples(std::vector<int64_t> samples) const;
@@ -67,7 +67,7 @@ class StepWatch {
   dist::RankActivity& doing_;
   PhaseTimer& phases_;
   MemoryCounter& memory_;
-  const TrainOptions::TestHooks& test_;
+  const TestHooks& test_;
   std::chrono::steady_clock::time_point start_;
   SentBytes sent_at_start_;
   int64_t forward_peak_ = 0, backward_peak_ = 0;

@@ -23,6 +23,7 @@
 #include "mmsp/train/checkpoint/checkpoint.h"
 #include "mmsp/model/named_params.h"
 #include "mmsp/train/optim/optimizer.h"
+#include "mmsp/parallel/parallelize.h"
 #include "mmsp/parallel/zero/sharded_model.h"
 #include "mmsp/train/optim/sharded_adamw.h"
 
@@ -65,10 +66,11 @@ class WeightUpdate {
 };
 
 // `model_params`: the model's parameters in its compute dtype; master_dtype: the
-// optimizer's (fp32 for a bf16 model: mixed precision). `sharded`: the model's ZeRO
-// sharding (parallel::parallelize's), stepped by a ShardedAdamW; null: the replicated update.
+// optimizer's (fp32 for a bf16 model: mixed precision). `parallelism`: what
+// parallel::parallelize installed: its ZeRO sharding, stepped by a ShardedAdamW, or none
+// (the replicated update, whose gradients sum over parallelism.data).
 std::unique_ptr<WeightUpdate> make_weight_update(model::NamedParams model_params, at::ScalarType master_dtype,
                                                  const AdamWOptions& options, const dist::Mesh& mesh,
-                                                 std::shared_ptr<parallel::ShardedModel> sharded = nullptr);
+                                                 const parallel::ModelParallelism& parallelism);
 
 }  // namespace mmsp::train

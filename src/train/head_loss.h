@@ -1,0 +1,16 @@
+// The step's loss through the LM head, as the head is held: whole (chunks of the head and
+// the cross-entropy, never [T, V] whole), or row-sharded under --shard parameters (read in
+// rounds of rows, never gathered whole). Private to train/.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include "mmsp/model/vlm.h"
+
+namespace mmsp::train {
+
+// The loss of `out` (the decoder's hidden states, labels and the global label count) on
+// `vlm`'s head: this rank's part of the step's mean, ready for backward.
+at::Tensor head_loss(const model::Vlm& vlm, const model::StepOutput& out, int64_t loss_chunk, int64_t tokens_per_rank);
+
+}  // namespace mmsp::train

@@ -1,0 +1,58 @@
+// The model parts and their update; see trainable.h.
+#include "trainable.h"
+
+#include <ATen/ATen.h>
+
+#include "mmsp/core/check.h"
+#include "mmsp/model/named_params.h"
+
+namespace mmsp::train {
+
+parallel::ParallelizeOptions parallelize_options(const TrainOptions& o, const dist::Mesh& mesh) {
+  parallel::ParallelizeOptions spread;
+  spread.checkpoint_activations = o.memory.checkpoint_activations;
+  spread.offload_activations = o.memory.offload_activations;
+  spread.mlp_tile = o.memory.tiled_mlp;
+  spread.shard = o.parallel.shard;
+  spread.master_dtype = master_dtype_of(o.inputs.dtype);
+  spread.data = mesh.world();
+  spread.groups = {mesh.context(), mesh.ring(), mesh.ulysses()};
+  spread.vision = o.parallel.vision;
+  spread.attention.block_q = o.parallel.attention_block;
+  spread.attention.block_k = o.parallel.attention_block;
+  spread.attention.kernel = o.parallel.attention_kernel;
+  return spread;
+}
+
+Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh) {
+  at::manual_seed(static_cast<int64_t>(o.inputs.seed));  // identical replicas on every rank
+  // Weights about to be loaded (a model directory, a checkpoint) need no random draw.
+  const bool loading = in.resolved.weights || in.checkpoint.has_value();
+  Trainable t;
+  t.model_parts.push_back(build_vlm(in.resolved.config,
+                                    loading ? model::ParameterInit::uninitialised : model::ParameterInit::random,
+                                    o.inputs.dtype));
+  const parallel::ParallelizeOptions spread = parallelize_options(o, mesh);
+  model::NamedParams params;
+  for (const std::shared_ptr<model::Vlm>& part : t.model_parts) {
+    // The buffers (rotary tables) into the dtype, everything onto the rank's device; the
+    // masters and optimizer state below follow the parameters there.
+    part->to(o.parallel.device, o.inputs.dtype);
+    t.parallelisms.push_back(parallel::parallelize(*part, spread));
+    t.installed.emplace_back(part);
+    for (auto& named : model::named_parameters(*part)) params.push_back(named);
+  }
+  MMSP_ASSERT(t.model_parts.size() == 1, "a run is one model part until pipeline stages exist");
+  AdamWOptions adamw;
+  adamw.lr = o.schedule.lr;
+  adamw.beta1 = o.schedule.beta1;
+  adamw.beta2 = o.schedule.beta2;
+  adamw.eps = o.schedule.eps;
+  adamw.weight_decay = o.schedule.weight_decay;
+  t.update = make_weight_update(std::move(params), master_dtype_of(o.inputs.dtype), adamw, mesh, t.parallelism());
+  if (in.resolved.weights && !in.checkpoint)  // a resume reads the checkpoint's weights instead
+    t.update->load_weights(*in.resolved.weights, in.naming);
+  return t;
+}
+
+}  // namespace mmsp::train
