@@ -9,9 +9,9 @@
 
 #include <chrono>
 
-#include "mmsp/attention/gated_delta_recurrence.h"
-#include "mmsp/attention/gated_delta_ring.h"
-#include "mmsp/attention/gated_delta_rule.h"
+#include "mmsp/attention/linear/gated_delta_recurrence.h"
+#include "mmsp/attention/linear/gated_delta_ring.h"
+#include "mmsp/attention/linear/gated_delta_rule.h"
 #include "mmsp/model/layers/gated_deltanet_layer.h"
 #include "mmsp/core/check.h"
 #include "mmsp/attention/plan_layout.h"

@@ -28,66 +28,75 @@ struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> 
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
                             const at::Tensor& k, const at::Tensor& v,
                             const dist::GroupPtr& ring, const c10::intrusive_ptr<RingKernels>& kernels) {
-    const int R = ring->size(), r = ring->rank();
-    PartialAttention acc;
-    std::vector<at::Tensor> kv{k, v};
-    for (int step = 0; step < R; ++step) {
-      const int src = (r - step + R) % R;
-      std::optional<RingExchange> next;
-      if (step + 1 < R) {  // pass the block on while we attend to it
-        next.emplace(ring, 1, Pass::forward);
-        next->start(kv);
-      }
-      merge_partial(acc, local_attention_forward(q, kv[0], kv[1], *kernels->from[src]));
-      if (next) kv = next->wait();
-    }
-    at::Tensor out = acc.out.to(q.scalar_type());
-    ctx->save_for_backward({q, k, v, out, acc.lse});
+    PartialAttention r = ring_attention_forward(q, k, v, ring, *kernels);
+    ctx->save_for_backward({q, k, v, r.out, r.lse});
     ctx->saved_data["group"] = dist::group_to_ivalue(ring);
     ctx->saved_data["kernels"] = at::IValue::make_capsule(kernels);
-    return out;
+    return r.out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     dist::GroupPtr ring = dist::group_from_ivalue(ctx->saved_data["group"]);
     c10::intrusive_ptr<torch::CustomClassHolder> holder;
     const RingKernels& kernels = kernels_from(ctx->saved_data["kernels"], holder);
-
-    const int R = ring->size(), r = ring->rank();
-    const at::Tensor& dout = grads[0];
-    at::Tensor dq;
-    std::vector<at::Tensor> kv{k, v}, dkv;  // dkv: gradient so far of the block in hand
-    for (int step = 0; step < R; ++step) {
-      const int src = (r - step + R) % R;
-      std::optional<RingExchange> next_kv;
-      if (step + 1 < R) {
-        next_kv.emplace(ring, 1, Pass::backward);
-        next_kv->start(kv);
-      }
-      AttentionGrads g = local_attention_backward(dout, q, kv[0], kv[1], out, lse, *kernels.from[src]);
-      dq = dq.defined() ? dq.add_(g.dq) : g.dq;
-      // Add our share to the block's gradient and pass it on; after R hops (the
-      // last from rank r − 1 carrying block r) each block's gradient is home.
-      std::vector<at::Tensor> mine{g.dk.contiguous(), g.dv.contiguous()};
-      if (step > 0) mine[0].add_(dkv[0]), mine[1].add_(dkv[1]);
-      if (R > 1) {
-        RingExchange home(ring, 1, Pass::backward);
-        home.start(mine);
-        dkv = home.wait();
-      } else {
-        dkv = mine;
-      }
-      if (next_kv) kv = next_kv->wait();
-    }
-    const auto type = q.scalar_type();
-    return {dq.to(type), dkv[0].to(type), dkv[1].to(type), at::Tensor(), at::Tensor()};
+    AttentionGrads g = ring_attention_backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], ring, kernels);
+    const auto type = saved[0].scalar_type();
+    return {g.dq.to(type), g.dk.to(type), g.dv.to(type), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
+
+PartialAttention ring_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const dist::GroupPtr& ring, const RingKernels& kernels) {
+  const int R = ring->size(), r = ring->rank();
+  PartialAttention acc;
+  std::vector<at::Tensor> kv{k, v};
+  for (int step = 0; step < R; ++step) {
+    const int src = (r - step + R) % R;
+    std::optional<RingExchange> next;
+    if (step + 1 < R) {  // pass the block on while we attend to it
+      next.emplace(ring, 1, Pass::forward);
+      next->start(kv);
+    }
+    merge_partial(acc, local_attention_forward(q, kv[0], kv[1], *kernels.from[src]));
+    if (next) kv = next->wait();
+  }
+  return {acc.out.to(q.scalar_type()), acc.lse};
+}
+
+AttentionGrads ring_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                       const dist::GroupPtr& ring, const RingKernels& kernels) {
+  const int R = ring->size(), r = ring->rank();
+  at::Tensor dq;
+  std::vector<at::Tensor> kv{k, v}, dkv;  // dkv: gradient so far of the block in hand
+  for (int step = 0; step < R; ++step) {
+    const int src = (r - step + R) % R;
+    std::optional<RingExchange> next_kv;
+    if (step + 1 < R) {
+      next_kv.emplace(ring, 1, Pass::backward);
+      next_kv->start(kv);
+    }
+    AttentionGrads g = local_attention_backward(dout, q, kv[0], kv[1], out, lse, *kernels.from[src]);
+    dq = dq.defined() ? dq.add_(g.dq) : g.dq;
+    // Add our share to the block's gradient and pass it on; after R hops (the
+    // last from rank r − 1 carrying block r) each block's gradient is home.
+    std::vector<at::Tensor> mine{g.dk.contiguous(), g.dv.contiguous()};
+    if (step > 0) mine[0].add_(dkv[0]), mine[1].add_(dkv[1]);
+    if (R > 1) {
+      RingExchange home(ring, 1, Pass::backward);
+      home.start(mine);
+      dkv = home.wait();
+    } else {
+      dkv = mine;
+    }
+    if (next_kv) kv = next_kv->wait();
+  }
+  return {dq, dkv[0], dkv[1]};
+}
 
 c10::intrusive_ptr<RingKernels> plan_ring_kernels(const std::vector<TokenLayout>& shares, int ring_rank,
                                                   const AttentionOptions& options, const at::Device& device) {

@@ -106,49 +106,4 @@ std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& gr
   return step;
 }
 
-namespace {
-
-// The gathered tokens' attention: the local kernel on one ring rank, else the ring.
-InnerAttention inner_attention(const StepAttention& s) {
-  return [&s](const at::Tensor& qg, const at::Tensor& kg, const at::Tensor& vg) {
-    if (s.groups.ring->size() == 1) return local_attention(qg, kg, vg, s.kernels->from[0]);
-    return ring_attention(qg, kg, vg, s.groups.ring, s.kernels);
-  };
-}
-
-// A mixed placement: the split slots [0, a) through Ulysses (all-to-all-v) and the ring of
-// split shares, the whole slots [a, L) by the local kernel at home; outputs in slot order.
-at::Tensor mixed_attention(const StepAttention& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  const int U = s.groups.ulysses->size(), r = s.groups.ring->rank();
-  const int64_t L = s.ring_shares[0].size() / U, a = s.split_slots[r * U + s.groups.ulysses->rank()];
-  MMSP_CHECK(q.size(0) == L, "context_attention: this rank holds ", q.size(0), " tokens but the plan gives it ", L,
-             " slots");
-  std::vector<at::Tensor> parts;
-  if (s.kernels) {  // every ulysses rank takes part, even one with no split slot of its own
-    const std::vector<int64_t> tokens(s.split_slots.begin() + r * U, s.split_slots.begin() + (r + 1) * U);
-    parts.push_back(ulysses_attention_v(q.narrow(0, 0, a), k.narrow(0, 0, a), v.narrow(0, 0, a), s.groups.ulysses,
-                                        tokens, inner_attention(s)));
-  }
-  if (s.whole) parts.push_back(local_attention(q.narrow(0, a, L - a), k.narrow(0, a, L - a), v.narrow(0, a, L - a), s.whole));
-  if (parts.empty()) return at::zeros_like(q);  // no slot at all
-  return parts.size() == 1 ? parts[0] : at::cat(parts, 0);
-}
-
-}  // namespace
-
-AttentionFunction attention_function(std::shared_ptr<const StepAttention> step) {
-  return [step = std::move(step)](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    const StepAttention& s = *step;
-    check_attention_inputs(q, k, v, "context_attention");
-    const int U = s.groups.ulysses->size();
-    check_ulysses_heads(q.size(1), k.size(1), U);
-    if (s.mixed()) return mixed_attention(s, q, k, v);
-    const int64_t share = s.kernels->from[0]->queries;
-    MMSP_CHECK(share == q.size(0) * U, "context_attention: this rank holds ", q.size(0),
-               " tokens, but its ring share of ", share, " tokens split over ", U, " ulysses ranks gives ",
-               share / U, " (pad the share to a multiple of ", U, ")");
-    return ulysses_attention(q, k, v, s.groups.ulysses, inner_attention(s));
-  };
-}
-
 }  // namespace mmsp::attention

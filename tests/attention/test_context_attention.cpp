@@ -34,7 +34,7 @@ constexpr int64_t kHeads = 12, kDim = 8;
 struct SchemeCase {
   int64_t kv_heads;
   bool causal, zigzag;
-  AttentionKernel kernel = AttentionKernel::blockwise;
+  AttentionKernel kernel = parse_attention_kernel("blockwise");
 };
 
 // The scheme the mesh selects on this rank's slots `mine` (global token per slot, -1 for
@@ -50,7 +50,7 @@ void expect_scheme_equals_kernel(const dist::Mesh& mesh, const TokenLayout& glob
   Tensor v = at::randn({T, kv_heads, kDim}, kF64).requires_grad_();
   Tensor w = at::randn({T, kHeads, kDim}, kF64);
   AttentionOptions reference = options;  // the blockwise kernel, whatever the scheme runs
-  reference.kernel = AttentionKernel::blockwise;
+  reference.kernel = parse_attention_kernel("blockwise");
   Tensor ref = local_attention(q, k, v, global, global, reference);
   (ref * w).sum().backward();
 
@@ -107,7 +107,7 @@ TEST(MultiRank, FusedKernelUnderEverySchemeEqualsTheSingleProcessKernel) {
   for (const dist::Mesh& mesh : test::all_meshes()) {
     const int64_t kv = mesh.ulysses()->size() == 3 ? 3 : 2;  // GQA that every degree divides
     for (bool causal : {true, false})
-      for (bool zigzag : {true, false}) run_case(mesh, {kv, causal, zigzag, AttentionKernel::fused}, rng);
+      for (bool zigzag : {true, false}) run_case(mesh, {kv, causal, zigzag, parse_attention_kernel("fused")}, rng);
   }
 }
 

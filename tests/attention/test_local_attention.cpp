@@ -8,6 +8,7 @@
 
 #include <random>
 
+#include "mmsp/attention/kernels/fused_attention.h"
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/attention/naive_attention.h"
 #include "mmsp/attention/plan_layout.h"
@@ -44,13 +45,17 @@ struct KernelCase {
   int64_t kv_heads;
   int64_t block_q, block_k;
   bool shuffle;
-  AttentionKernel kernel = AttentionKernel::blockwise;  // fused: ATen's CPU flash kernel, same plan as CUDA's
 };
 
-class LocalAttentionTest : public ::testing::TestWithParam<KernelCase> {};
+// Every kernel of the registry (a new one is tested here as it is added) on every case, where
+// it serves CPU fp64 tensors (fused: ATen's CPU flash kernel, the same plan as CUDA's).
+class LocalAttentionTest : public ::testing::TestWithParam<std::tuple<const LocalKernel*, KernelCase>> {};
 
 TEST_P(LocalAttentionTest, MatchesNaiveForwardAndEveryGradient) {
-  const KernelCase c = GetParam();
+  const auto& [kernel, c] = GetParam();
+  std::string why_not;
+  if (kernel->serves(at::zeros({1, 1, 8}, kF64), &why_not) == nullptr)
+    GTEST_SKIP() << kernel->name() << " does not serve CPU fp64 tensors: " << why_not;
   std::mt19937 rng(7);
   for (int trial = 0; trial < 3; ++trial) {
     TokenLayout layout = test::packed_layout(test::random_lengths(rng, 4, 40), 6);
@@ -71,7 +76,7 @@ TEST_P(LocalAttentionTest, MatchesNaiveForwardAndEveryGradient) {
     options.causal = c.causal;
     options.block_q = c.block_q;
     options.block_k = c.block_k;
-    options.kernel = c.kernel;
+    options.kernel = AttentionKernel{kernel};
     PartialAttention raw = local_attention_forward(q.detach(), k.detach(), v.detach(), ql, layout, options);
     EXPECT_LT(max_rel_diff(raw.lse, ref.lse.detach()), 1e-12) << "lse, trial " << trial;
     Tensor out = local_attention(q, k, v, ql, layout, options);
@@ -85,19 +90,16 @@ TEST_P(LocalAttentionTest, MatchesNaiveForwardAndEveryGradient) {
 
 INSTANTIATE_TEST_SUITE_P(
     Kernel, LocalAttentionTest,
-    ::testing::Values(KernelCase{true, 4, 256, 512, false}, KernelCase{true, 2, 5, 7, false},
-                      KernelCase{true, 1, 8, 16, true}, KernelCase{false, 2, 8, 8, false},
-                      KernelCase{false, 1, 16, 4, true}, KernelCase{true, 4, 16, 16, true},
-                      KernelCase{true, 4, 512, 512, false, AttentionKernel::fused},
-                      KernelCase{true, 2, 512, 512, true, AttentionKernel::fused},
-                      KernelCase{false, 1, 512, 512, false, AttentionKernel::fused},
-                      KernelCase{false, 2, 512, 512, true, AttentionKernel::fused}),
+    ::testing::Combine(::testing::ValuesIn(local_kernels()),
+                       ::testing::Values(KernelCase{true, 4, 256, 512, false}, KernelCase{true, 2, 5, 7, false},
+                                         KernelCase{true, 1, 8, 16, true}, KernelCase{false, 2, 8, 8, false},
+                                         KernelCase{false, 1, 16, 4, true}, KernelCase{true, 4, 16, 16, true})),
     [](const auto& info) {
-      const KernelCase& c = info.param;
-      return std::string(c.causal ? "causal" : "bidirectional") + "_kv" +
+      const LocalKernel* kernel = std::get<0>(info.param);
+      const KernelCase& c = std::get<1>(info.param);
+      return std::string(kernel->name()) + "_" + (c.causal ? "causal" : "bidirectional") + "_kv" +
              std::to_string(c.kv_heads) + "_bq" + std::to_string(c.block_q) + "_bk" +
-             std::to_string(c.block_k) + (c.shuffle ? "_shuffled" : "") +
-             (c.kernel == AttentionKernel::fused ? "_fused" : "");
+             std::to_string(c.block_k) + (c.shuffle ? "_shuffled" : "");
     });
 
 // A block is skipped only if the mask empties it, and marked full only if every
@@ -221,20 +223,29 @@ TEST(FusedPlanTest, PackedRowsAreOneCallAndZigzagSharesTwo) {
   EXPECT_THAT(why, ::testing::HasSubstr("more than 4 (query run, key run) pieces"));
 }
 
-TEST(FusedPlanTest, KernelChoiceIsNamed) {
-  EXPECT_EQ(parse_attention_kernel("fused"), AttentionKernel::fused);
-  EXPECT_EQ(parse_attention_kernel("auto"), AttentionKernel::automatic);
+// The registry: every entry is chosen by its name; auto is none of them; the blockwise
+// kernel closes the table (auto's fallback, serving every tensor).
+TEST(KernelRegistryTest, KernelChoiceIsNamedFromTheTable) {
+  std::vector<std::string> names;
+  for (const LocalKernel* k : local_kernels()) {
+    names.push_back(k->name());
+    EXPECT_EQ(parse_attention_kernel(k->name()).pinned, k);
+    EXPECT_STREQ(attention_kernel_name(parse_attention_kernel(k->name())), k->name());
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"fused", "blockwise"}));
+  EXPECT_TRUE(parse_attention_kernel("auto").automatic());
+  EXPECT_STREQ(attention_kernel_name(parse_attention_kernel("auto")), "auto");
   try {
     parse_attention_kernel("flash");
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("attention kernel 'flash' is not one of auto, blockwise, fused"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("attention kernel 'flash' is not one of auto, fused, blockwise"));
   }
   const TokenLayout l = test::packed_layout({6}, 1);
   const Tensor q = at::zeros({6, 2, 8}, kF64);
   AttentionOptions options;  // automatic: mmsp's kernel on the CPU
   EXPECT_STREQ(kernel_in_use(*plan_kernel(l, l, options, at::kCPU), q), "blockwise");
-  options.kernel = AttentionKernel::fused;
+  options.kernel = parse_attention_kernel("fused");
   EXPECT_STREQ(kernel_in_use(*plan_kernel(l, l, options, at::kCPU), q), "cpu-flash");
   std::string why;
   const Tensor bad = at::zeros({6, 2, 8}, kF64).to(at::Device("meta"));

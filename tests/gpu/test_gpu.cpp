@@ -76,14 +76,14 @@ void expect_fused_equals_blockwise(const attention::TokenLayout& ql, const atten
              v = at::randn({kl.size(), kv_heads, dim}, bf16), dout = at::randn({ql.size(), heads, dim}, bf16);
   attention::AttentionOptions fused;
   fused.causal = causal;
-  fused.kernel = attention::AttentionKernel::fused;
+  fused.kernel = attention::parse_attention_kernel("fused");
   const attention::KernelPlanPtr plan = attention::plan_kernel(ql, kl, fused, kCuda);
   ASSERT_STREQ(attention::kernel_in_use(*plan, q), "flash-varlen") << where;
   const attention::PartialAttention got = attention::local_attention_forward(q, k, v, *plan);
   const attention::AttentionGrads gg = attention::local_attention_backward(dout, q, k, v, got.out, got.lse, *plan);
 
   attention::AttentionOptions blockwise = fused;
-  blockwise.kernel = attention::AttentionKernel::blockwise;
+  blockwise.kernel = attention::parse_attention_kernel("blockwise");
   const at::Tensor qf = q.cpu().to(at::kFloat), kf = k.cpu().to(at::kFloat), vf = v.cpu().to(at::kFloat);
   const attention::KernelPlanPtr ref_plan = attention::plan_kernel(ql, kl, blockwise, at::kCPU);
   const attention::PartialAttention want = attention::local_attention_forward(qf, kf, vf, *ref_plan);
@@ -130,15 +130,15 @@ train::TrainReport one_step(const std::string& config, const std::string& dtype,
                             const std::string& dir, const dist::Mesh& mesh,
                             const std::function<void(train::TrainOptions&)>& more = nullptr) {
   train::TrainOptions o;
-  o.model = std::string(MMSP_SOURCE_DIR) + "/configs/" + config;
-  o.dtype = dtype;
-  o.steps = 1;
-  o.tokens_per_rank = 192 / mesh.world_size();
-  o.attention_block = 32;
-  o.quiet = true;
-  o.device = device;
-  o.save_gradients = dir;
-  o.report_parameters = false;
+  o.inputs.model = std::string(MMSP_SOURCE_DIR) + "/configs/" + config;
+  o.inputs.dtype = train::parse_compute_dtype(dtype);
+  o.schedule.steps = 1;
+  o.inputs.tokens_per_rank = 192 / mesh.world_size();
+  o.parallel.attention_block = 32;
+  o.output.quiet = true;
+  o.parallel.device = device;
+  o.output.save_gradients = dir;
+  o.output.report_parameters = false;
   if (more) more(o);
   std::ostringstream log;
   return train::train(o, mesh, log);
@@ -204,9 +204,9 @@ TEST(GpuTrain, OffloadedAndTiledLayersOnTheGpuEqualTheCpu) {
     const std::string cpu = scratch("cpu-mem"), gpu = scratch("gpu-mem");
     const train::TrainReport want = one_step(config, "float64", at::kCPU, cpu, dist::Mesh::solo());
     const train::TrainReport got = one_step(config, "float64", kCuda, gpu, dist::Mesh::solo(), [](train::TrainOptions& o) {
-      o.checkpoint_activations = model::ActivationCheckpointing::all;
-      o.offload_activations = true;
-      o.tiled_mlp = 7;
+      o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
+      o.memory.offload_activations = true;
+      o.memory.tiled_mlp = 7;
     });
     EXPECT_NEAR(got.steps[0].loss, want.steps[0].loss, 1e-9 * want.steps[0].loss) << config;
     expect_same_gradients(gpu, cpu, 1e-9, config);

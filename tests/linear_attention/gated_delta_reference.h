@@ -9,7 +9,7 @@
 #include <cmath>
 #include <vector>
 
-#include "mmsp/attention/gated_delta_recurrence.h"
+#include "mmsp/attention/linear/gated_delta_recurrence.h"
 #include "mmsp/model/layers/gated_deltanet_layer.h"
 #include "mmsp/attention/token_layout.h"
 

@@ -11,7 +11,7 @@
 #include <random>
 
 #include "gated_delta_reference.h"
-#include "mmsp/attention/gated_delta_rule.h"
+#include "mmsp/attention/linear/gated_delta_rule.h"
 #include "mmsp/train/memory/memory_counter.h"
 #include "packed_batch.h"
 

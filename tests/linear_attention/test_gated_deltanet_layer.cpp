@@ -13,7 +13,7 @@
 #include <random>
 
 #include "gated_delta_reference.h"
-#include "mmsp/attention/gated_delta_ring.h"
+#include "mmsp/attention/linear/gated_delta_ring.h"
 #include "mmsp/attention/plan_layout.h"
 #include "mmsp/attention/step_attention.h"
 #include "mmsp/model/layers/gated_deltanet_layer.h"
@@ -21,7 +21,7 @@
 #include "mmsp/plan/shard_map.h"
 #include "mmsp/train/memory/memory_counter.h"
 #include "mmsp/train/memory/memory_estimate.h"
-#include "mmsp/attention/gated_delta_tiles.h"
+#include "mmsp/attention/linear/gated_delta_tiles.h"
 #include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"

@@ -1,9 +1,8 @@
-// The local attention kernel every distributed scheme is built from: blockwise,
-// segment- and order-masked, GQA, causal or bidirectional. Never materialises the
-// full score matrix; returns the output and the log-sum-exp so partial results
-// over different key sets merge exactly (merge_partial). Backward recomputes the
-// scores from the saved log-sum-exp (flash-attention style). LibTorch tensor ops
-// only, so it runs on the tensors' device.
+// The local attention every distributed scheme is built from: segment- and order-masked,
+// GQA, causal or bidirectional, run by a kernel of the registry (kernel_registry.h: the
+// blockwise kernel, the fused one, ...). Returns the output and the log-sum-exp so partial
+// results over different key sets merge exactly (merge_partial); the backward takes the
+// final output and lse.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -12,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "mmsp/attention/fused_attention.h"
+#include "mmsp/attention/kernel_registry.h"
 #include "mmsp/attention/token_layout.h"
 
 namespace mmsp::attention {
@@ -22,7 +21,7 @@ struct AttentionOptions {
   double scale = 0;       // softmax scale; 0 means 1/sqrt(D)
   int64_t block_q = 512;  // query tokens per block
   int64_t block_k = 512;  // key tokens per block
-  AttentionKernel kernel = AttentionKernel::automatic;  // fused_attention.h
+  AttentionKernel kernel;  // automatic, or a registry entry (kernel_registry.h)
 };
 
 // q [Tq, H, D], k/v [Tk, H_kv, D] with H a multiple of H_kv; fp64, fp32 or bf16/fp16.
@@ -38,20 +37,20 @@ PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& 
                                          const TokenLayout& k_layout,
                                          const AttentionOptions& options);
 
-// The kernel's index work for one pair of layouts: which key blocks each query block
-// attends (BlockSchedule) and, for each partial block, its disallowed (query, key)
-// pairs on the tensors' device. A pure function of the layouts and the options, so a
-// step plans it once and every layer, forward and backward, reuses it
-// (step_attention.h); the layout-taking forms below plan it on every call.
+// The kernels that may run one pair of layouts, each with its plan: the pinned kernel
+// alone, or (auto) every registry entry automatic on the device whose plan succeeded, in
+// the registry's order, the blockwise kernel last. A pure function of the layouts and the
+// options, so a step plans it once and every layer, forward and backward, reuses it
+// (step_attention.h); the layout-taking forms below plan it on every call. Which one runs
+// is decided per call by the tensors (kernel_in_use).
+struct PlannedKernel {
+  const LocalKernel* kernel = nullptr;
+  std::shared_ptr<const KernelPart> part;
+};
 struct KernelPlan : torch::CustomClassHolder {
   int64_t queries = 0, keys = 0;  // tokens of the query and key layouts
   AttentionOptions options;
-  BlockSchedule schedule;
-  // [query block][its key block]: disallowed pairs [bq, 1, bk] bool; undefined for a full block
-  // (not made when options.kernel is fused: the blockwise kernel never runs then)
-  std::vector<std::vector<at::Tensor>> masks;
-  // The fused kernel's varlen calls: planned for CUDA (automatic) or when asked for (fused).
-  std::shared_ptr<const FusedPlan> fused;
+  std::vector<PlannedKernel> candidates;
 };
 using KernelPlanPtr = c10::intrusive_ptr<KernelPlan>;
 
@@ -79,8 +78,9 @@ AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor
                                         const at::Tensor& out, const at::Tensor& lse,
                                         const KernelPlan& plan);
 
-// The kernel that runs for these tensors: "flash-varlen", "cpu-flash" or "blockwise".
-// With options.kernel fused and no fused kernel serving them, an error naming why.
+// The kernel that runs for these tensors, by its implementation's name ("flash-varlen",
+// "cpu-flash", "blockwise"): the first candidate that serves them. With a pinned kernel
+// that does not serve them, an error naming why.
 const char* kernel_in_use(const KernelPlan& plan, const at::Tensor& q);
 
 // Differentiable form (autograd Function over the two above); its backward reuses the plan.

@@ -31,6 +31,15 @@ struct RingKernels : torch::CustomClassHolder {
 c10::intrusive_ptr<RingKernels> plan_ring_kernels(const std::vector<TokenLayout>& shares, int ring_rank,
                                                   const AttentionOptions& options, const at::Device& device);
 
+// The ring's forward and its backward apart, without autograd: the forward's out (q's
+// dtype) and lse, and the backward's dq, dk, dv (the accumulation dtype) from the final
+// out and lse. The autograd form below and the step's attention (step_attention.h) use them.
+PartialAttention ring_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                        const dist::GroupPtr& ring, const RingKernels& kernels);
+AttentionGrads ring_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                       const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                       const dist::GroupPtr& ring, const RingKernels& kernels);
+
 // The same with the plans made beforehand; forward and backward reuse them.
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const dist::GroupPtr& ring, const c10::intrusive_ptr<RingKernels>& kernels);

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "mmsp/attention/context_attention.h"
-#include "mmsp/attention/gated_delta_ring.h"
+#include "mmsp/attention/linear/gated_delta_ring.h"
 #include "mmsp/attention/ring_attention.h"
 
 namespace mmsp::attention {
@@ -63,9 +63,23 @@ std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& gr
                                                          std::optional<LinearAttentionShape> linear = std::nullopt,
                                                          std::vector<int64_t> split_slots = {});
 
-// q [T/S, H, D], k/v [T/S, H_kv, D] -> [T/S, H, D], the mesh's scheme over the step's plans.
+// q [T/S, H, D], k/v [T/S, H_kv, D] -> [T/S, H, D], the mesh's scheme over the step's plans:
+// one autograd function over step_attention_forward and _backward below.
 using AttentionFunction =
     std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
 AttentionFunction attention_function(std::shared_ptr<const StepAttention> step);
+
+// The same forward and backward apart, without autograd (the torch.library op, whose backward
+// must not run the forward again): the forward's output and the tensors its backward reads
+// (10 for a mixed placement, 5 otherwise; empty ones where a part is absent); the backward's
+// dq, dk, dv in the inputs' dtype. kv_heads: k's heads (the Ulysses repeats fold back to them).
+struct AttentionForward {
+  at::Tensor out;
+  std::vector<at::Tensor> saved;
+};
+AttentionForward step_attention_forward(const StepAttention& step, const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v);
+AttentionGrads step_attention_backward(const StepAttention& step, const at::Tensor& dout,
+                                       const std::vector<at::Tensor>& saved, int64_t kv_heads);
 
 }  // namespace mmsp::attention

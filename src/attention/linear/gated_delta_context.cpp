@@ -1,5 +1,5 @@
 // Gated DeltaNet's placement on the context mesh; see gated_delta_context.h.
-#include "mmsp/attention/gated_delta_context.h"
+#include "mmsp/attention/linear/gated_delta_context.h"
 
 #include <ATen/ATen.h>
 

@@ -1,5 +1,5 @@
 // The token-by-token Gated DeltaNet recurrence; see gated_delta_recurrence.h.
-#include "mmsp/attention/gated_delta_recurrence.h"
+#include "mmsp/attention/linear/gated_delta_recurrence.h"
 
 #include <ATen/ATen.h>
 

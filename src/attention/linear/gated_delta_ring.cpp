@@ -2,7 +2,7 @@
 // A run that starts mid-segment has its initial state folded from the runs before it:
 //   S0(run) = M(pred) S0(pred) + F(pred),  S0 = 0 at the segment start,
 // and its outputs corrected by out_t += q_eff_t S0(run) (linear in S0).
-#include "mmsp/attention/gated_delta_ring.h"
+#include "mmsp/attention/linear/gated_delta_ring.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>

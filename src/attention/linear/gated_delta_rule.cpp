@@ -5,7 +5,7 @@
 //   O = (QKᵀ⊙Γ) Ũ + Q' S0,          Q' = γ⊙Q − (QKᵀ⊙Γ) W
 //   S_C = D S0 + B,                  D = γ_C I − K̂ᵀW,  B = K̂ᵀŨ,  K̂ = (γ_C/γ)⊙K
 // so everything but the short chain S ← D S + B over chunks is batched.
-#include "mmsp/attention/gated_delta_rule.h"
+#include "mmsp/attention/linear/gated_delta_rule.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>

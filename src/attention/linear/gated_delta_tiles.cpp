@@ -1,5 +1,5 @@
 // Gated DeltaNet over sequence tiles; see gated_delta_tiles.h.
-#include "mmsp/attention/gated_delta_tiles.h"
+#include "mmsp/attention/linear/gated_delta_tiles.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>

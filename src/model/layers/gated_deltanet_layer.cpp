@@ -7,7 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 
-#include "mmsp/attention/gated_delta_tiles.h"
+#include "mmsp/attention/linear/gated_delta_tiles.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/layers/tiled_mlp.h"
 
@@ -98,8 +98,7 @@ struct RuleInputs {
 };
 RuleInputs rule_inputs(const at::Tensor& conv1d_weight, const at::Tensor& A_log, const at::Tensor& dt_bias,
                        const GatedDeltaNetConfig& c, const at::Tensor& mixed, int64_t first, int64_t heads,
-                       const attention::RingRunIndex& conv, const dist::GroupPtr& ring, int64_t skip,
-                       at::ScalarType wide) {
+                       const attention::GatedDeltaRun& conv, int64_t skip, at::ScalarType wide) {
   const int64_t K = c.key_head_dim, V = c.value_head_dim, rep = c.num_value_heads / c.num_key_heads;
   const int64_t T = mixed.size(0), Hv = heads * rep, n = T - skip;
   at::Tensor q = mixed.narrow(-1, 0, K), k = mixed.narrow(-1, K, K);
@@ -113,7 +112,7 @@ RuleInputs rule_inputs(const at::Tensor& conv1d_weight, const at::Tensor& A_log,
                                 conv_w.narrow(0, c.key_dim() + first * K, heads * K),
                                 conv_w.narrow(0, 2 * c.key_dim() + first * rep * V, Hv * V)});
   at::Tensor qkv = at::cat({q.reshape({T, -1}), k.reshape({T, -1}), v.reshape({T, -1})}, -1);
-  qkv = attention::gated_delta_conv(qkv, w_heads, conv, ring).narrow(0, skip, n);  // [n, channels]
+  qkv = attention::gated_delta_conv(qkv, w_heads, conv).narrow(0, skip, n);  // [n, channels]
   RuleInputs in;
   in.q = l2norm(qkv.narrow(-1, 0, heads * K).view({n, heads, K})).repeat_interleave(rep, 1);
   in.k = l2norm(qkv.narrow(-1, heads * K, heads * K).view({n, heads, K})).repeat_interleave(rep, 1);
@@ -137,7 +136,7 @@ at::Tensor rule_of_heads(const GatedDeltaNetWeights& w, const GatedDeltaNetConfi
         run.index.runs.runs[0], T, rows, c.conv_kernel, c.chunk, mixed.device()));
     auto tile_rule = [c, first, heads, wide](const at::Tensor& m, const std::vector<at::Tensor>& ws,
                                              const attention::SequenceTile& tile, const at::Tensor& initial) {
-      RuleInputs in = rule_inputs(ws[0], ws[1], ws[2], c, m, first, heads, tile.conv, dist::GroupPtr(),
+      RuleInputs in = rule_inputs(ws[0], ws[1], ws[2], c, m, first, heads, attention::local_run(tile.conv),
                                   tile.context, wide);
       const int64_t runs = tile.chunks.runs;
       at::Tensor init;  // [runs, H, K, V]: the first run's from the tile before, the others' zero
@@ -152,8 +151,7 @@ at::Tensor rule_of_heads(const GatedDeltaNetWeights& w, const GatedDeltaNetConfi
     };
     return attention::sequence_tiled(tile_rule, mixed, {w.conv1d_weight, w.A_log, w.dt_bias}, tiles);
   }
-  RuleInputs in = rule_inputs(w.conv1d_weight, w.A_log, w.dt_bias, c, mixed, first, heads, run.index, run.ring,
-                              0, wide);
+  RuleInputs in = rule_inputs(w.conv1d_weight, w.A_log, w.dt_bias, c, mixed, first, heads, run, 0, wide);
   return attention::gated_delta_ring_rule(in.q, in.k, in.v, in.g, in.beta, run);  // [T, Hv, V]
 }
 

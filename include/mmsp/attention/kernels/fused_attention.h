@@ -1,6 +1,6 @@
-// Local attention through a fused kernel: ATen's FlashAttention-2 varlen kernel for CUDA
-// tensors (bf16/fp16), ATen's CPU flash kernel for CPU tensors (used when asked for: it
-// proves the same plan on machines without a GPU). The layouts are turned, once per
+// The registry's "fused" kernel (kernels/fused/): local attention through ATen's
+// FlashAttention-2 varlen kernel for CUDA tensors (bf16/fp16), ATen's CPU flash kernel for
+// CPU tensors (used when asked for: it proves the same plan on machines without a GPU). The layouts are turned, once per
 // step, into a few varlen calls whose segments never attend across and whose causal
 // masks are the kernels' own (bottom-right aligned); the result is the same
 // PartialAttention (out, fp32/fp64 log-sum-exp) the blockwise kernel gives, so the ring
@@ -19,16 +19,6 @@ namespace mmsp::attention {
 
 struct PartialAttention;
 struct AttentionGrads;
-
-// Which kernel runs the local attention. automatic: the fused kernel where one serves
-// the tensors (CUDA, bf16/fp16, a supported head size) and the layouts allow it, else
-// mmsp's blockwise kernel; blockwise: always mmsp's; fused: the fused kernel or an error
-// naming why none serves (tests and benchmarks pin it).
-enum class AttentionKernel { automatic, blockwise, fused };
-
-// "auto" | "blockwise" | "fused"; anything else is an error naming the value.
-AttentionKernel parse_attention_kernel(const std::string& text);
-const char* attention_kernel_name(AttentionKernel kernel);
 
 // One varlen kernel call: pieces of (query rows, key rows) packed one after another.
 // A piece's queries attend its keys fully, or causally with the last query seeing every

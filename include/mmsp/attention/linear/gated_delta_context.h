@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "mmsp/attention/context_attention.h"
-#include "mmsp/attention/gated_delta_ring.h"
+#include "mmsp/attention/linear/gated_delta_ring.h"
 #include "mmsp/attention/token_layout.h"
 
 namespace mmsp::attention {
@@ -39,6 +39,8 @@ struct GatedDeltaRun {
   const RingRunIndex& index;
   dist::GroupPtr ring;
 };
+// A run on this rank alone, no ring (a sequence tile of a whole share).
+inline GatedDeltaRun local_run(const RingRunIndex& index) { return {index, dist::GroupPtr()}; }
 inline at::Tensor gated_delta_conv(const at::Tensor& x, const at::Tensor& weight, const GatedDeltaRun& run) {
   return gated_delta_conv(x, weight, run.index, run.ring);
 }

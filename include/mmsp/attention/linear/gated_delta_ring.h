@@ -12,7 +12,7 @@
 
 #include <vector>
 
-#include "mmsp/attention/gated_delta_rule.h"
+#include "mmsp/attention/linear/gated_delta_rule.h"
 #include "mmsp/attention/token_layout.h"
 #include "mmsp/dist/group.h"
 

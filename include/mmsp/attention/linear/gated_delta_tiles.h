@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "mmsp/attention/gated_delta_ring.h"
+#include "mmsp/attention/linear/gated_delta_ring.h"
 
 namespace mmsp::attention {
 

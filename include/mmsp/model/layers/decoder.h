@@ -13,7 +13,7 @@
 #include <memory>
 #include <vector>
 
-#include "mmsp/attention/gated_delta_rule.h"
+#include "mmsp/attention/linear/gated_delta_rule.h"
 #include "mmsp/model/layers/gated_deltanet_layer.h"
 #include "mmsp/attention/step_attention.h"
 #include "mmsp/model/layers/gated_deltanet.h"

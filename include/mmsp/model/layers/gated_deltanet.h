@@ -10,7 +10,7 @@
 
 #include <memory>
 
-#include "mmsp/attention/gated_delta_rule.h"
+#include "mmsp/attention/linear/gated_delta_rule.h"
 #include "mmsp/model/layers/gated_deltanet_layer.h"
 #include "mmsp/model/layers/linear.h"
 #include "mmsp/model/config/text_config.h"

@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "mmsp/attention/gated_delta_context.h"
+#include "mmsp/attention/linear/gated_delta_context.h"
 
 namespace mmsp::model {
 

@@ -6,7 +6,7 @@
 // prefix of the keys (bottom-right aligned causal) and queries that see them all (full) —
 // and one full piece without. Pieces go into calls so that no query row repeats within
 // a call; calls of one query row cover disjoint keys and merge by lse like ring steps.
-#include "mmsp/attention/fused_attention.h"
+#include "mmsp/attention/kernels/fused_attention.h"
 
 #include <ATen/ATen.h>
 
@@ -198,22 +198,6 @@ CallGrads cuda_call_backward(const at::Tensor& dout, const at::Tensor& q, const 
 }
 
 }  // namespace
-
-AttentionKernel parse_attention_kernel(const std::string& text) {
-  if (text == "auto") return AttentionKernel::automatic;
-  if (text == "blockwise") return AttentionKernel::blockwise;
-  if (text == "fused") return AttentionKernel::fused;
-  MMSP_FAIL("attention kernel '", text, "' is not one of auto, blockwise, fused");
-}
-
-const char* attention_kernel_name(AttentionKernel kernel) {
-  switch (kernel) {
-    case AttentionKernel::automatic: return "auto";
-    case AttentionKernel::blockwise: return "blockwise";
-    case AttentionKernel::fused: return "fused";
-  }
-  return "?";
-}
 
 std::optional<FusedPlan> plan_fused(const TokenLayout& q_layout, const TokenLayout& k_layout,
                                     bool causal, const at::Device& device, std::string* why_not,
