@@ -5,13 +5,14 @@ graph break.
 Each op has a fake (meta) implementation, which gives its output's shape from its inputs'
 alone, and autograd. The exchanges are linear, so their backward is the reverse exchange
 (Ulysses' head scatter <-> gather, an all-to-all-v with the counts swapped). The context
-attention and Gated DeltaNet's conv and rule are LibTorch autograd functions whose graph a
-custom op cannot carry from its forward to its backward; their backward op runs the forward
-again with autograd on (the same collectives, in the same order on every rank, exactly as
-checkpointing recomputes a layer) and backpropagates through it. So a compiled step costs
-one more forward of these three ops (and their exchanges) than eager mmsp, which calls the
-C++ autograd directly (mmsp.ops); the results are the same to the last bit of the op's own
-arithmetic.
+attention's forward and backward are apart (attention/step_attention.h): its forward op
+returns what its backward reads, and its backward op runs the kernels' and the ring's own
+backward, the same code eager mmsp runs, once. Gated DeltaNet's conv and rule are LibTorch
+autograd functions whose graph a custom op cannot carry from its forward to its backward;
+their backward op runs the forward again with autograd on (the same collectives, in the
+same order on every rank, exactly as checkpointing recomputes a layer) and backpropagates
+through it: a compiled hybrid step costs one more forward of those two ops than eager. The
+results are the same to the last bit of each op's own arithmetic.
 
 Process groups are not values a graph can hold; an op names its groups by a string that
 mmsp.Mesh registers here (`group_key`), as torch's functional collectives name theirs.
@@ -50,6 +51,12 @@ def _group(key: str) -> Optional[C.Group]:
 def _size(key: str) -> int:
     group = _group(key)
     return 1 if group is None else group.size
+
+
+def _coords(key: str) -> int:
+    """This rank's place in the group named `key` (0 for a one-rank axis)."""
+    group = _group(key)
+    return 0 if group is None else group.rank
 
 
 class _WithAutograd:
@@ -103,51 +110,87 @@ def _no_context(ctx: object, inputs: tuple, output: object) -> None:
 
 
 # ---- context attention -------------------------------------------------------------------
+# Forward and backward apart (mmsp's step attention, attention/step_attention.h): the forward
+# op returns the output and what the backward reads (the gathered q, k, v, the inner output
+# and its log-sum-exp: what eager autograd saves), the backward op computes the gradients from
+# them. A compiled step runs the same kernels and exchanges as eager, once each.
 
 @custom_op("mmsp::context_attention", mutates_args=())
 def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: list[torch.Tensor],
                       orders: list[torch.Tensor], ring: str, ulysses: str, causal: bool, scale: float,
-                      split_slots: list[int]) -> torch.Tensor:
-    """mmsp.ops.attention's op: q [T, H, D], k/v [T, H_kv, D] -> [T, H, D_v]."""
+                      split_slots: list[int]) -> list[torch.Tensor]:
+    """mmsp.ops.attention's op: q [T, H, D], k/v [T, H_kv, D] -> [out [T, H, D], saved...]."""
     C.check_ulysses_heads(q.shape[1], k.shape[1], _size(ulysses))
-    return C.context_attention(q, k, v, segments, orders, _group(ring), _group(ulysses), causal, scale,
-                               split_slots).contiguous()
+    return C.context_attention_forward(q, k, v, segments, orders, _group(ring), _group(ulysses), causal, scale,
+                                       split_slots)
+
+
+def _saved_shapes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: list[torch.Tensor], ring: str,
+                  ulysses: str, split_slots: list[int]) -> list[torch.Tensor]:
+    """The saved tensors' fake shapes (as step_attention_forward makes them)."""
+    U = _size(ulysses)
+    rep = U // k.shape[1] if k.shape[1] < U else 1
+
+    def part(tokens: int) -> list[torch.Tensor]:  # gathered q, k, v, the inner out and lse
+        lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        return [q.new_empty(tokens, q.shape[1] // U, q.shape[2]),
+                k.new_empty(tokens, k.shape[1] * rep // U, k.shape[2]),
+                v.new_empty(tokens, v.shape[1] * rep // U, v.shape[2]),
+                q.new_empty(tokens, q.shape[1] // U, v.shape[2]),
+                q.new_empty(tokens, q.shape[1] // U, dtype=lse_dtype)]
+
+    if not split_slots:
+        return part(q.shape[0] * U)
+    r, u = _coords(ring), _coords(ulysses)
+    split = sum(split_slots[r * U:(r + 1) * U])
+    a = split_slots[r * U + u]
+    whole = q.shape[0] - a
+    empty = [q.new_empty(0)] * 5
+    return (part(split) if split else empty) + \
+        ([q.new_empty(whole, *q.shape[1:]), k.new_empty(whole, *k.shape[1:]), v.new_empty(whole, *v.shape[1:]),
+          q.new_empty(whole, q.shape[1], v.shape[2]),
+          q.new_empty(whole, q.shape[1], dtype=torch.float64 if q.dtype == torch.float64 else torch.float32)]
+         if whole else empty)
 
 
 @context_attention.register_fake
 def _(q, k, v, segments, orders, ring, ulysses, causal, scale, split_slots):
-    return q.new_empty(q.shape[0], q.shape[1], v.shape[2])
+    return [q.new_empty(q.shape[0], q.shape[1], v.shape[2])] + _saved_shapes(q, k, v, segments, ring, ulysses,
+                                                                              split_slots)
 
 
 @custom_op("mmsp::context_attention_backward", mutates_args=())
-def context_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               segments: list[torch.Tensor], orders: list[torch.Tensor], ring: str,
-                               ulysses: str, causal: bool, scale: float,
+def context_attention_backward(grad: torch.Tensor, saved: list[torch.Tensor], kv_heads: int,
+                               segments: list[torch.Tensor], orders: list[torch.Tensor], ring: str, ulysses: str,
+                               causal: bool, scale: float,
                                split_slots: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of context_attention by recomputing it (see the module's note)."""
-    dq, dk, dv = _recomputed_grads(
-        lambda q_, k_, v_: C.context_attention(q_, k_, v_, segments, orders, _group(ring), _group(ulysses), causal,
-                                               scale, split_slots), (q, k, v), grad)
+    """(dq, dk, dv) of context_attention from what its forward saved: no forward again."""
+    dq, dk, dv = C.context_attention_backward(grad, saved, kv_heads, segments, orders, _group(ring),
+                                              _group(ulysses), causal, scale, split_slots)
     return dq, dk, dv
 
 
 @context_attention_backward.register_fake
-def _(grad, q, k, v, segments, orders, ring, ulysses, causal, scale, split_slots):
-    return _empty(q), _empty(k), _empty(v)
+def _(grad, saved, kv_heads, segments, orders, ring, ulysses, causal, scale, split_slots):
+    # q, k and v share the head size (mmsp's attention checks it)
+    return grad.new_empty(grad.shape), grad.new_empty(grad.shape[0], kv_heads, grad.shape[2]), \
+        grad.new_empty(grad.shape[0], kv_heads, grad.shape[2])
 
 
 def _attention_context(ctx, inputs, output):
     q, k, v, segments, orders, *rest = inputs
-    ctx.save_for_backward(q, k, v, *segments, *orders)
-    ctx.shares = len(segments)
+    ctx.save_for_backward(*output[1:], *segments, *orders)
+    ctx.saved_count, ctx.shares, ctx.kv_heads = len(output) - 1, len(segments), k.shape[1]
     ctx.rest = rest
     ctx.nones = _none_like(inputs[3:])
 
 
-def _attention_backward(ctx, grad):
-    q, k, v, *layouts = ctx.saved_tensors
-    n = ctx.shares
-    dq, dk, dv = torch.ops.mmsp.context_attention_backward(grad, q, k, v, layouts[:n], layouts[n:], *ctx.rest)
+def _attention_backward(ctx, grad, *saved_grads):
+    tensors = ctx.saved_tensors
+    n, s = ctx.saved_count, ctx.shares
+    saved, layouts = list(tensors[:n]), tensors[n:]
+    dq, dk, dv = torch.ops.mmsp.context_attention_backward(grad, saved, ctx.kv_heads, layouts[:s], layouts[s:],
+                                                           *ctx.rest)
     return dq, dk, dv, *ctx.nones
 
 

@@ -45,7 +45,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shard: "Shard",
     if _compiling():
         return torch.ops.mmsp.context_attention(q, k, v, list(shard.segments), list(shard.orders),
                                                 mesh.op_groups["ring"], mesh.op_groups["ulysses"], causal,
-                                                0.0 if scale is None else float(scale), _split_slots(shard))
+                                                0.0 if scale is None else float(scale), _split_slots(shard))[0]
     C.check_ulysses_heads(q.shape[1], k.shape[1], mesh.ulysses_size)
     return C.context_attention(q, k, v, shard.segments, shard.orders, mesh.ring, mesh.ulysses, causal,
                                0.0 if scale is None else float(scale), _split_slots(shard))

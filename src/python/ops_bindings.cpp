@@ -10,8 +10,9 @@
 
 #include "bindings.h"
 #include "mmsp/attention/context_attention.h"
-#include "mmsp/attention/gated_delta_context.h"
-#include "mmsp/attention/gated_delta_ring.h"
+#include "mmsp/attention/step_attention.h"
+#include "mmsp/attention/linear/gated_delta_context.h"
+#include "mmsp/attention/linear/gated_delta_ring.h"
 #include "mmsp/attention/ulysses_attention.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
@@ -71,6 +72,62 @@ at::Tensor context_attention_op(const at::Tensor& q, const at::Tensor& k, const 
   py::gil_scoped_release no_gil;
   return attention::context_attention(q, k, v, {ring, ulysses}, layouts(segments, orders, "mmsp.ops.attention"),
                                       options, split_slots);
+}
+
+// The step's attention of one op call, planned (the op's forward and its backward each plan it:
+// pure index work, no collective).
+std::shared_ptr<const attention::StepAttention> planned_step(
+    const at::Tensor& q, const std::vector<at::Tensor>& segments, const std::vector<at::Tensor>& orders,
+    const dist::GroupPtr& ring, const dist::GroupPtr& ulysses, bool causal, double scale,
+    const std::vector<int64_t>& split_slots) {
+  MMSP_CHECK(static_cast<int>(segments.size()) == size_of(ring), "mmsp.ops.attention: ", segments.size(),
+             " ring shares for a ring group of ", size_of(ring), " ranks; give every ring rank's share");
+  attention::AttentionOptions options;
+  options.causal = causal;
+  options.scale = scale;
+  return attention::plan_step_attention({ring, ulysses}, layouts(segments, orders, "mmsp.ops.attention"), options,
+                                        q.device(), std::nullopt, split_slots);
+}
+
+// The op's forward: [out, what its backward reads...] (step_attention.h).
+std::vector<at::Tensor> context_attention_forward_op(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::vector<at::Tensor>& segments,
+    const std::vector<at::Tensor>& orders, const std::optional<c10::intrusive_ptr<dist::Group>>& ring_group,
+    const std::optional<c10::intrusive_ptr<dist::Group>>& ulysses_group, bool causal, double scale,
+    const std::vector<int64_t>& split_slots) {
+  const dist::GroupPtr ring = group_or_solo(ring_group, "ring"), ulysses = group_or_solo(ulysses_group, "ulysses");
+  check_devices({q, k, v}, {ring, ulysses}, "mmsp.ops.attention");
+  attention::check_attention_inputs(q, k, v, "mmsp.ops.attention");
+  const auto step = planned_step(q, segments, orders, ring, ulysses, causal, scale, split_slots);
+  py::gil_scoped_release no_gil;
+  attention::AttentionForward f = attention::step_attention_forward(*step, q, k, v);
+  // A custom op's outputs may not alias its inputs or each other: a saved tensor that is an
+  // input (one Ulysses rank: the gathered q is q) or the output is copied.
+  auto shares = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.numel() > 0 && b.numel() > 0 && a.storage().is_alias_of(b.storage());
+  };
+  std::vector<at::Tensor> out{f.out.contiguous()};
+  for (const at::Tensor& t : f.saved) {
+    const bool aliased = shares(t, q) || shares(t, k) || shares(t, v) || shares(t, out.front());
+    out.push_back(aliased ? t.clone(at::MemoryFormat::Contiguous) : t.contiguous());
+  }
+  return out;
+}
+
+// The op's backward from the forward's saved tensors: [dq, dk, dv]; runs no forward.
+std::vector<at::Tensor> context_attention_backward_op(
+    const at::Tensor& dout, const std::vector<at::Tensor>& saved, int64_t kv_heads,
+    const std::vector<at::Tensor>& segments, const std::vector<at::Tensor>& orders,
+    const std::optional<c10::intrusive_ptr<dist::Group>>& ring_group,
+    const std::optional<c10::intrusive_ptr<dist::Group>>& ulysses_group, bool causal, double scale,
+    const std::vector<int64_t>& split_slots) {
+  const dist::GroupPtr ring = group_or_solo(ring_group, "ring"), ulysses = group_or_solo(ulysses_group, "ulysses");
+  const auto step = planned_step(dout, segments, orders, ring, ulysses, causal, scale, split_slots);
+  MMSP_CHECK(saved.size() == (step->mixed() ? 10u : 5u), "mmsp.ops.attention's backward: ", saved.size(),
+             " saved tensors, not the forward's");
+  py::gil_scoped_release no_gil;
+  attention::AttentionGrads g = attention::step_attention_backward(*step, dout.contiguous(), saved, kv_heads);
+  return {g.dq.contiguous(), g.dk.contiguous(), g.dv.contiguous()};
 }
 
 attention::RingRunIndex ring_index(const std::vector<at::Tensor>& segments, const std::vector<at::Tensor>& orders,
@@ -159,6 +216,13 @@ void bind_ops(py::module_& m) {
   m.def("context_attention", &context_attention_op, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("segments"), py::arg("orders"), py::arg("ring") = py::none(), py::arg("ulysses") = py::none(),
         py::arg("causal") = true, py::arg("scale") = 0.0, py::arg("split_slots") = std::vector<int64_t>{});
+  m.def("context_attention_forward", &context_attention_forward_op, py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("segments"), py::arg("orders"), py::arg("ring") = py::none(), py::arg("ulysses") = py::none(),
+        py::arg("causal") = true, py::arg("scale") = 0.0, py::arg("split_slots") = std::vector<int64_t>{});
+  m.def("context_attention_backward", &context_attention_backward_op, py::arg("dout"), py::arg("saved"),
+        py::arg("kv_heads"), py::arg("segments"), py::arg("orders"), py::arg("ring") = py::none(),
+        py::arg("ulysses") = py::none(), py::arg("causal") = true, py::arg("scale") = 0.0,
+        py::arg("split_slots") = std::vector<int64_t>{});
   m.def("gated_delta_conv", &gated_delta_conv_op, py::arg("x"), py::arg("weight"), py::arg("segments"),
         py::arg("orders"), py::arg("ring") = py::none());
   m.def("gated_delta_rule", &gated_delta_rule_op, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"),
