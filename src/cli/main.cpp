@@ -14,6 +14,7 @@
 #include "plan_command.h"
 #include "prepare_command.h"
 #include "selftest_command.h"
+#include "families_command.h"
 #include "thread_policy.h"
 #include "train_command.h"
 
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
   commands.push_back(mmsp::cli::add_plan_command(app));
   commands.push_back(mmsp::cli::add_pixels_command(app));
   commands.push_back(mmsp::cli::add_prepare_command(app));
+  commands.push_back(mmsp::cli::add_families_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

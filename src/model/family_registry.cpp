@@ -32,6 +32,13 @@ std::string supported_model_types() {
   return out;
 }
 
+std::vector<FamilyEntry> family_table() {
+  std::vector<FamilyEntry> out;
+  for (const Family* f : registered())
+    for (const std::string& type : f->model_types()) out.push_back({type, f->name(), f->token_words()});
+  return out;
+}
+
 const Family& family_for(const std::string& model_type) {
   for (const Family* f : registered())
     for (const std::string& type : f->model_types())

@@ -45,7 +45,7 @@ def _qwen(name, nested):
                   text_overrides=text if nested else {})
 
 
-FAMILIES = {
+BUILDERS = {
     "qwen2_vl": _qwen("qwen2-vl", nested=False),
     "qwen2_5_vl": _qwen("qwen2_5-vl", nested=False),
     "qwen3_vl": _qwen("qwen3-vl", nested=True),
@@ -57,6 +57,11 @@ FAMILIES = {
     "internvl": Family("internvl", "internvl", image_token=603, overrides={"image_token_id": 603},
                        text_overrides={"vocab_size": VOCAB}),
 }
+
+# Every model_type mmsp trains, from the C++ registry's table (python/mmsp/families.json): a
+# type without a builder above is an error here, not a family the comparisons skip.
+with open(os.path.join(REPO, "python", "mmsp", "families.json"), encoding="utf-8") as _table:
+    FAMILIES = {model_type: BUILDERS[model_type] for model_type in json.load(_table)["model_types"]}
 
 
 def config_dict(family: Family) -> dict:

@@ -20,7 +20,10 @@ from transformers.utils import is_torchvision_available
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "internvl"]
+# Every model_type mmsp trains: the C++ registry's table (python/mmsp/families.json); a type
+# this file builds no model for fails here (CONFIG_FILE and the builders below are keyed by it).
+with open(os.path.join(REPO, "python", "mmsp", "families.json"), encoding="utf-8") as _table:
+    FAMILIES = list(json.load(_table)["model_types"])
 
 CONFIG_FILE = {
     "qwen2_vl": "tiny-qwen2-vl.json",

@@ -31,6 +31,10 @@ class Family {
  public:
   virtual ~Family() = default;
 
+  // Its folder under model/families/ ("qwen_vl", "llava", "internvl"): its name in
+  // the family table (family_table(), python/mmsp/families.json) and the tests' labels.
+  virtual const char* name() const = 0;
+
   // The model_type values it serves ("qwen2_vl", "llava", ...).
   virtual std::vector<std::string> model_types() const = 0;
 
@@ -63,6 +67,16 @@ const Family& family_for(const std::string& model_type);
 
 // "qwen2_vl, qwen2_5_vl, ...": every model_type of every registered family.
 std::string supported_model_types();
+
+// The registry as data, for the Python side (`mmsp families --json` writes it to
+// python/mmsp/families.json, which `mmsp prepare` and the tests read; a test holds the
+// committed file equal to it): one entry per model_type, in the registry's order.
+struct FamilyEntry {
+  std::string model_type;
+  std::string family;  // Family::name()
+  VisionTokenWords words;
+};
+std::vector<FamilyEntry> family_table();
 
 // Shorthands: the family of c.model_type asked for its model / geometry.
 std::shared_ptr<Vlm> build_vlm(const ModelConfig& c);

@@ -53,7 +53,7 @@ def hf_messages(chat, root, model, max_pixels):
                 content.append({"type": "image", "image": media.load_image(path, part.where, max_pixels)})
                 images.append(path)
             else:
-                if model.family != "qwen" or not model.videos:
+                if model.family != "qwen_vl" or not model.videos:
                     raise BadSample(f"{part.where}: {_no_video_reason(model)}")
                 kind, source = media.video_source(part.source, root, part.where)
                 if kind == "file":
@@ -111,7 +111,7 @@ def encode(model, messages, videos, video_fps, template_kwargs=None, keep_video_
                            "(return_text_replacement_offsets): mmsp prepare needs transformers 5.17 or newer")
     ids, offsets = [int(t) for t in out["input_ids"][0]], [(int(a), int(b)) for a, b in out["offset_mapping"][0]]
     replacements = list(replacements[0])
-    if model.family == "qwen" and not keep_video_wrapper:
+    if model.family == "qwen_vl" and not keep_video_wrapper:
         _unwrap_framed_videos(model, ids, offsets, replacements)
     return Encoded(
         input_ids=ids,
@@ -162,7 +162,7 @@ def _rows(value):
 
 
 def _no_video_reason(model):
-    if model.family != "qwen":
+    if model.family != "qwen_vl":
         return f"mmsp trains videos for the Qwen families only, not {model.model_type}"
     return ("videos need transformers' video processor, which needs torchvision, and torchvision is not "
             "installed here")

@@ -39,7 +39,7 @@ def vision_blocks(model, enc):
         start = bisect.bisect_left(starts, lo)
         end = bisect.bisect_left(starts, hi)
         block = Block(kind, index, start, end, _grid(model, enc, kind, index, enc.input_ids[start:end]))
-        if model.family == "qwen":
+        if model.family == "qwen_vl":
             # The template's <|vision_start|> / <|vision_end|> around the placeholders.
             inner = (block.start, block.end)
             if block.start > 0 and enc.input_ids[block.start - 1] == model.vision_start_id:
@@ -61,7 +61,7 @@ def vision_blocks(model, enc):
 
 def _grid(model, enc, kind, index, tokens):
     where = f"{kind} {index}"
-    if model.family == "qwen":
+    if model.family == "qwen_vl":
         grids = enc.image_grid_thw if kind == "image" else enc.video_grid_thw
         if index >= len(grids):
             raise BadSample(f"{where}: the processor returned {len(grids)} {kind} grids")

@@ -11,9 +11,17 @@ from dataclasses import dataclass
 
 from .errors import PrepareError
 
-# model_type → the family whose placeholder layout and grid rule apply (docs/plan.md).
-FAMILIES = {"qwen2_vl": "qwen", "qwen2_5_vl": "qwen", "qwen3_vl": "qwen", "qwen3_5": "qwen",
-            "llava": "llava", "internvl": "internvl"}
+
+def _families() -> dict[str, str]:
+    """model_type → the family whose placeholder layout and grid rule apply (docs/plan.md):
+    mmsp's C++ registry as data (python/mmsp/families.json, written by `mmsp families
+    --json`), read here because `mmsp prepare` runs without the extension."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "families.json")
+    with open(path, encoding="utf-8") as f:
+        return {model_type: entry["family"] for model_type, entry in json.load(f)["model_types"].items()}
+
+
+FAMILIES = _families()
 
 
 @dataclass
@@ -65,7 +73,7 @@ def load(folder):
     model = Model(folder, model_type, FAMILIES[model_type], config, processor, videos, vocab,
                   image_token_id=_config_id(config, config_path, "image_token_id", "image_token_index"))
     _check_token(model, "image", model.image_token_id, processor.image_token_id)
-    if model.family == "qwen":
+    if model.family == "qwen_vl":
         model.video_token_id = _config_id(config, config_path, "video_token_id")
         _check_token(model, "video", model.video_token_id, processor.video_token_id)
         model.vision_start_id = _config_id(config, config_path, "vision_start_token_id")

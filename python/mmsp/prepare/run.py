@@ -162,7 +162,7 @@ def _check_train_bounds(model, line):
     if len(line["input_ids"]) > INT32_MAX:
         raise BadSample(f"{len(line['input_ids'])} tokens is beyond int32 ({INT32_MAX}) that mmsp's attention "
                         "kernel indexes with")
-    merge = model.config.get("vision_config", {}).get("spatial_merge_size", 1) if model.family == "qwen" else 1
+    merge = model.config.get("vision_config", {}).get("spatial_merge_size", 1) if model.family == "qwen_vl" else 1
     for key in ("image_grid_thw", "video_grid_thw"):
         for k, (t, h, w) in enumerate(line.get(key, [])):
             where = f"{key}[{k}] = [{t}, {h}, {w}]"

@@ -125,6 +125,7 @@ TextDialect internvl_text_dialect() {
 
 class InternVLFamily : public Family {
  public:
+  const char* name() const override { return "internvl"; }
   std::vector<std::string> model_types() const override { return {"internvl"}; }
 
   VisionTokenWords token_words() const override { return {"<IMG_CONTEXT>", "", "<img>", "</img>"}; }

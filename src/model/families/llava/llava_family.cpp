@@ -99,6 +99,7 @@ TextDialect llama_text_dialect() {
 
 class LlavaFamily : public Family {
  public:
+  const char* name() const override { return "llava"; }
   std::vector<std::string> model_types() const override { return {"llava"}; }
 
   VisionTokenWords token_words() const override { return {"<image>", "", "", ""}; }

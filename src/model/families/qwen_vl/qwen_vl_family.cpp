@@ -202,6 +202,7 @@ class QwenPixelGeometry : public PixelGeometry {
 
 class QwenVLFamily : public Family {
  public:
+  const char* name() const override { return "qwen_vl"; }
   std::vector<std::string> model_types() const override { return {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"}; }
 
   VisionTokenWords token_words() const override {
