@@ -267,3 +267,28 @@ def test_damaged_video_files_are_refused_as_torchcodec_refuses_them(tmp_path, mm
     assert rc == 0, err
     for i, ref in enumerate(spared_pixels):
         assert torch.equal(got[f"sample{i}.video0"], ref), f"spared frames of line {i + 1} differ"
+
+
+def test_pixels_out_of_memory_ends_in_one_line(tmp_path, mmsp_bin):
+    """An allocation `mmsp pixels` cannot make ends it with one line and status 2, as `mmsp train`
+    ends (docs/reliability.md): here the frames of a line that asks one frame of a 640 x 480 clip
+    ~11,000 times, 4 GiB past the address space the process may use (RLIMIT_AS: this process's
+    size, which holds LibTorch as mmsp does, + 2 GiB). Before: c10's enforce message and its
+    26-frame backtrace, status 1."""
+    import resource
+
+    family, cfg, model_dir, _ = _model("qwen2_vl", tmp_path)
+    _write_video(tmp_path / "big.mp4", 640, 480, seed=2, frames=1)
+    size = int(re.search(r"VmSize:\s+(\d+) kB", open("/proc/self/status").read())[1]) * 1024
+    limit = max(size, 3 << 30) + (2 << 30)
+    n = 2 * ((limit + (4 << 30)) // (640 * 480 * 3 * 2) + 1)
+    line = _line("qwen2_vl", family, cfg, [n // 2, 2, 2], {"path": "big.mp4", "frame_indices": [0] * n})
+    (tmp_path / "data.jsonl").write_text(json.dumps(line) + "\n")
+    r = subprocess.run([mmsp_bin, "pixels", "--model", str(model_dir / "config.json"), "--data",
+                        str(tmp_path / "data.jsonl"), "--out", str(tmp_path / "pixels.safetensors")],
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and re.match(r"mmsp pixels: error: out of memory \(an allocation of \d+ bytes \(\d+ MiB\) "
+                                        r"failed\): .* give it less at once", lines[0]), r.stderr[-3000:]
