@@ -66,8 +66,12 @@ def mkv_packets(data):
 
 
 def overwrite_packet(data, packets, k, fill):
-    """`data` with packet k's bytes replaced: fill "zero" (a hole a copy left) or "noise" (seeded)."""
+    """`data` with packet k's bytes replaced: fill "zero" (a hole a copy left), "noise" (seeded), or
+    "tail": noise over its second half only (its NAL headers whole: the decoder takes the packet
+    and conceals what it cannot decode)."""
     offset, size = packets[k]
+    if fill == "tail":
+        offset, size = offset + size // 2, size - size // 2
     new = bytes(size) if fill == "zero" else random.Random(k).randbytes(size)
     return data[:offset] + new + data[offset + size:]
 
