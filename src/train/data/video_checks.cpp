@@ -36,6 +36,9 @@ const char* const kNoTransform =
     ", which mmsp's decoder does not do (torchcodec 0.17 rotates such frames, so the pixels would differ from "
     "the processor's): rotate the pixels in the file (mmsp prepare refuses it too)";
 
+const char* const kConcealed =
+    ": the file is damaged (torchcodec would hand on the frame FFmpeg patched up): replace it with a good copy";
+
 const uint8_t* stream_display_matrix(const AVStream& s, size_t& size) {
 #if LIBAVCODEC_VERSION_INT >= AV_VERSION_INT(60, 29, 100)
   // FFmpeg 6.1 moved the stream's side data into its codec parameters.
@@ -79,9 +82,10 @@ std::string frame_problem(const AVFrame& frame) {
     for (const auto& [bit, name] : names)
       if (frame.decode_error_flags & bit) kinds += kinds.empty() ? name : detail::concat(", ", name);
     return detail::concat("the decoder concealed errors in it (decode_error_flags ", frame.decode_error_flags, ": ",
-                          kinds, ")");
+                          kinds, ")", kConcealed);
   }
-  if (frame.flags & AV_FRAME_FLAG_CORRUPT) return "the decoder flags it corrupt (AV_FRAME_FLAG_CORRUPT)";
+  if (frame.flags & AV_FRAME_FLAG_CORRUPT)
+    return detail::concat("the decoder flags it corrupt (AV_FRAME_FLAG_CORRUPT)", kConcealed);
   const AVFrameSideData* d = av_frame_get_side_data(&frame, AV_FRAME_DATA_DISPLAYMATRIX);
   if (d && d->size >= 9 * sizeof(int32_t)) {
     const std::string transform = transform_of(reinterpret_cast<const int32_t*>(d->data));

@@ -310,8 +310,8 @@ class FrameReader {
       const int ret = av_read_frame(input_, packet_.get());
       if (ret == AVERROR_EOF) {
         const int sent = avcodec_send_packet(codec_, nullptr);
-        // The decoder's last frames are decoded now: a damaged packet's error may come here
-        // (frame threads), as torchcodec's "Could not flush decoder".
+        // The frames the decoder held back (reordering) come out now, and with them an error
+        // it met: torchcodec's "Could not flush decoder".
         if (sent < 0 && sent != AVERROR_EOF)
           refuse(detail::concat("the ", codec_->codec->name, " decoder failed at the end of the stream (",
                                 av_error(sent), ")", kDamaged));
