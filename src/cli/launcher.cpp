@@ -283,6 +283,20 @@ struct Stream {
   LinePrefixer lines;
 };
 
+// The rank that whole lines of a rank's output name as the one whose error ended the job
+// ("rank 2 stopped with an error: ...": the heartbeat's post, which every rank that ends on
+// it prints); -1 when they name none.
+int rank_named_as_cause(const std::string& lines) {
+  static const std::string kMark = " stopped with an error: ";
+  for (size_t at = lines.find(kMark); at != std::string::npos; at = lines.find(kMark, at + 1)) {
+    size_t begin = at;
+    while (begin > 0 && lines[begin - 1] >= '0' && lines[begin - 1] <= '9') --begin;
+    if (begin == at || begin < 5 || lines.compare(begin - 5, 5, "rank ") != 0 || at - begin > 9) continue;
+    return std::stoi(lines.substr(begin, at - begin));
+  }
+  return -1;
+}
+
 struct Rank {
   int rank = 0;  // global rank, as the prefix shows it
   pid_t pid = -1;
@@ -431,7 +445,9 @@ class Supervisor {
       s.fd = -1;
       return false;
     }
-    write_all(s.target, s.lines.feed({buffer, static_cast<size_t>(n)}));
+    const std::string lines = s.lines.feed({buffer, static_cast<size_t>(n)});
+    if (named_cause_ < 0) named_cause_ = rank_named_as_cause(lines);
+    write_all(s.target, lines);
     return true;
   }
 
@@ -471,8 +487,21 @@ class Supervisor {
       say(concat("rank ", r.rank, " failed: ", describe_wait_status(status)));
       if (!kill_at_) term_at_ = after_seconds(options_.grace_s);
       kill_stopped_ranks();
+    } else if (!succeeded(status) && !r.signalled_by_us && r.rank == named_cause_) {
+      // The first to end ended on this rank's error (a rank with an error waits for the
+      // others to read it before it exits): the job's failure is this one.
+      say(concat("rank ", r.rank, " failed: ", describe_wait_status(status),
+                 " (its error is the one the other ranks ended on)"));
     }
     if (!any_running()) drain_until_ = Clock::now() + kDrainTime;
+  }
+
+  // The rank whose failure the job ended on: the one the ranks' messages name as stopped
+  // with an error, when it failed on its own; else the first to fail.
+  const Rank* cause() const {
+    for (const auto& r : ranks_)
+      if (r.rank == named_cause_ && !succeeded(r.status) && !r.signalled_by_us) return &r;
+    return first_failure_;
   }
 
   // A stopped rank (the hung one, typically) would sit out the grace and the SIGTERM:
@@ -509,20 +538,26 @@ class Supervisor {
         }
     print_summary();
     if (start_failed_) return 1;  // the others' failures are our SIGTERM, not the cause
-    if (first_failure_ != nullptr) return exit_code(first_failure_->status);
+    if (first_failure_ != nullptr) return exit_code(cause()->status);
     return received_signal_ != 0 ? 128 + received_signal_ : 0;
   }
 
   void print_summary() const {
+    const Rank* cause = this->cause();
     for (const auto& r : ranks_) {
       if (succeeded(r.status)) continue;
       const bool saw_hang = WIFEXITED(r.status) && WEXITSTATUS(r.status) == dist::kHeartbeatExitCode;
-      const char* why = r.killed_stopped ? " (it was stopped: the hung rank; killed by mmsp-run)"
-                        : &r == first_failure_ && saw_hang
-                            ? " (first to end: it found a peer hung; its message names the rank)"
-                        : &r == first_failure_ ? " (first failure)"
-                        : r.signalled_by_us   ? " (stopped by mmsp-run)"
-                                              : "";
+      const std::string ended_on =
+          cause != first_failure_ ? concat(" (first to end: it ended on rank ", cause->rank, "'s error)") : "";
+      const std::string why = r.killed_stopped ? " (it was stopped: the hung rank; killed by mmsp-run)"
+                              : &r == cause && cause != first_failure_
+                                  ? " (the failure: the other ranks ended on its error)"
+                              : &r == first_failure_ && !ended_on.empty() ? ended_on
+                              : &r == first_failure_ && saw_hang
+                                  ? " (first to end: it found a peer hung; its message names the rank)"
+                              : &r == first_failure_ ? " (first failure)"
+                              : r.signalled_by_us    ? " (stopped by mmsp-run)"
+                                                     : "";
       say(concat("summary: rank ", r.rank, " ", describe_wait_status(r.status), why));
     }
   }
@@ -533,6 +568,7 @@ class Supervisor {
   int null_fd_ = -1;
   std::vector<Rank> ranks_;
   const Rank* first_failure_ = nullptr;
+  int named_cause_ = -1;  // the rank the ranks' output names as stopped with an error (rank_named_as_cause)
   bool start_failed_ = false;
   int received_signal_ = 0;
   std::optional<Clock::time_point> term_at_, kill_at_, drain_until_;

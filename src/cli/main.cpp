@@ -2,11 +2,13 @@
 // this file only parses and dispatches, and turns errors into exit statuses.
 #include <cstdlib>
 #include <iostream>
+#include <string>
 #include <vector>
 
 #include "bench_command.h"
 #include "block_cache.h"
 #include "command.h"
+#include "failure_text.h"
 #include "heap_policy.h"
 #include "mmsp/compat/quiet_c10_log.h"
 #include "mmsp/core/check.h"
@@ -56,7 +58,23 @@ int main(int argc, char** argv) {
       std::cerr << "mmsp " << command.app->get_name() << ": error: " << e.what() << std::endl;
       return 2;
     } catch (const std::exception& e) {
-      std::cerr << "mmsp " << command.app->get_name() << ": failed: " << e.what() << std::endl;
+      // Another layer's exception: c10's backtrace cut; an allocation that failed is a
+      // limit of this host or process the user can act on (status 2), named as one.
+      const mmsp::cli::FailureText failure = mmsp::cli::failure_text(e);
+      if (failure.out_of_memory) {
+        const std::string what =
+            failure.bytes_asked >= 0
+                ? "an allocation of " + std::to_string(failure.bytes_asked) + " bytes (" +
+                      std::to_string(failure.bytes_asked >> 20) + " MiB) failed"
+                : failure.what.substr(0, failure.what.find('\n'));
+        std::cerr << "mmsp " << command.app->get_name() << ": error: out of memory (" << what
+                  << "): what this command holds at once did not fit in the memory this process may use "
+                     "(the host's, or a limit such as ulimit -v); give it less at once (mmsp pixels: --first "
+                     "and --count) or run it where more memory is free"
+                  << std::endl;
+        return 2;
+      }
+      std::cerr << "mmsp " << command.app->get_name() << ": failed: " << failure.what << std::endl;
       return 1;
     }
   }

@@ -10,10 +10,10 @@
 #include <map>
 #include <memory>
 
-#include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
 #include "byte_size.h"
+#include "failure_text.h"
 #include "mesh_options.h"
 #include "train_flags.h"
 #include "mmsp/compat/quiet_c10_log.h"
@@ -32,13 +32,9 @@ namespace {
 int report_failure(const std::exception& e, const train::TrainOptions& o, dist::Heartbeat* heartbeat) {
   // Said first (the launcher may stop this rank while rank 0 waits below),
   // then posted for the other ranks, which may sit in a collective.
-  const bool ours = dynamic_cast<const Error*>(&e) != nullptr;
-  std::string what = e.what();
-  // c10's messages carry a C++ backtrace: the first line is the message.
-  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) what = c10->what_without_backtrace();
-  const bool out_of_memory = dynamic_cast<const std::bad_alloc*>(&e) != nullptr ||
-                             dynamic_cast<const c10::OutOfMemoryError*>(&e) != nullptr ||
-                             what.find("can't allocate memory") != std::string::npos;
+  const FailureText failure = failure_text(e);
+  const bool ours = failure.ours, out_of_memory = failure.out_of_memory;
+  std::string what = failure.what;
   if (out_of_memory) {
     what = "out of memory on this rank (" + what.substr(0, what.find('\n')) + ")" +
            (o.memory.limit_bytes == 0

@@ -189,6 +189,7 @@ struct Heartbeat::State {
       v.step = activity->step();
       v.phase = activity->phase();
       try {
+        const compat::QuietC10Log quiet;  // a store gone is the watcher's to report, once
         if (!beat_store) beat_store = connect();
         beat_store->set(key_of(env.rank), bytes(encode_heartbeat(v)));
       } catch (const std::exception&) {
@@ -198,6 +199,7 @@ struct Heartbeat::State {
     ++v.beats;
     v.phase = kDone;
     try {
+      const compat::QuietC10Log quiet;
       if (!beat_store) beat_store = connect();
       beat_store->set(key_of(env.rank), bytes(encode_heartbeat(v)));
     } catch (const std::exception&) {
@@ -207,28 +209,37 @@ struct Heartbeat::State {
   // One round: the abort key, then every other rank's key. False when the store failed.
   bool watch_round() {
     std::vector<std::pair<int, HeartbeatValue>> seen;
+    std::optional<std::string> abort, error;
     try {
+      // A failed call (the store's host died) is reported by this rank, once: not c10's
+      // warning with its backtrace, which it logs before it throws.
+      const compat::QuietC10Log quiet;
       if (!watch_store) watch_store = connect();
       if (watch_store->check({kAbortKey})) {
-        fail(text(watch_store->get(kAbortKey)), false);
-        return true;
-      }
-      if (watch_store->check({kErrorKey})) {
-        const auto now = Clock::now();
-        if (!peer_error_seen) peer_error_seen = now;
-        if (now - *peer_error_seen >= kPeerErrorGrace) {
-          fail(text(watch_store->get(kErrorKey)), false);
-          return true;
+        abort = text(watch_store->get(kAbortKey));
+      } else {
+        if (watch_store->check({kErrorKey})) error = text(watch_store->get(kErrorKey));
+        for (int r = 0; r < env.world_size; ++r) {
+          if (r == env.rank || !watch_store->check({key_of(r)})) continue;
+          seen.emplace_back(r, decode_heartbeat(text(watch_store->get(key_of(r)))));
         }
-      }
-      for (int r = 0; r < env.world_size; ++r) {
-        if (r == env.rank || !watch_store->check({key_of(r)})) continue;
-        seen.emplace_back(r, decode_heartbeat(text(watch_store->get(key_of(r)))));
       }
     } catch (const std::exception&) {
       watch_store.reset();
       compat::quiet_c10_log_from_now();  // the judge says what happened, once
       return false;
+    }
+    if (abort) {
+      fail(*abort, false);
+      return true;
+    }
+    if (error) {
+      const auto now = Clock::now();
+      if (!peer_error_seen) peer_error_seen = now;
+      if (now - *peer_error_seen >= kPeerErrorGrace) {
+        fail(*error, false);
+        return true;
+      }
     }
     last_round_ns.store(Clock::now().time_since_epoch().count());
     std::string failure;
@@ -352,6 +363,7 @@ void Heartbeat::report_error(const std::string& message) {
   // Store calls may block (the store host stopped): on a thread of their own, bounded below.
   std::thread([addr, opts, posted, host, others, finished] {
     try {
+      const compat::QuietC10Log quiet;  // the store may be gone: this rank has said what happened
       auto store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
       if (!store->check({kErrorKey})) store->set(kErrorKey, bytes(posted));
       // Until every other rank has read it (acknowledged) or ended on its own ("done").
@@ -383,6 +395,7 @@ std::pair<int, std::string> read_first_key(const std::string& addr, const c10d::
   auto finished = std::make_shared<std::atomic<bool>>(false);
   std::thread([addr, opts, keys, skip_prefix, found, finished] {
     try {
+      const compat::QuietC10Log quiet;  // a store gone means "no post": the caller says what happened
       auto store = c10::make_intrusive<c10d::TCPStore>(addr, opts);
       for (size_t i = 0; i < keys.size(); ++i)
         if (found->first < 0 && store->check({keys[i]})) {

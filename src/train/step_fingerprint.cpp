@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "mmsp/compat/quiet_c10_log.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/xxhash64.h"
 
@@ -128,6 +129,9 @@ std::string fingerprint_key_prefix(c10d::Store& store, int rank) {
 void agree_on_step(c10d::Store& store, const std::string& prefix, int64_t step, const StepFingerprint& mine,
                    int rank, int world_size, std::chrono::milliseconds timeout) {
   if (world_size <= 1) return;
+  // A store whose host has died fails the calls below: the error says so, in one line, and
+  // names the rank; c10 would log each failure first with its backtrace.
+  const compat::QuietC10Log quiet;
   const std::string text = encode_fingerprint(mine);
   store.set(key_of(prefix, step, rank), std::vector<uint8_t>(text.begin(), text.end()));
   std::vector<std::string> keys;

@@ -331,6 +331,31 @@ TEST(MmspRun, Rank1Exit3StopsTheOthersAfterGraceWithin15s) {
   EXPECT_NE(r.err.find("rank 2 killed by signal 15"), std::string::npos) << r.err;
 }
 
+// Rank 0 has an error of its own and waits until the others have read it (its exit takes
+// the store); rank 1 ends first, on it (status 3), naming rank 0 as mmsp's ranks do. The
+// job's failure, its status and the summary are rank 0's, not the first to end's.
+TEST(MmspRun, TheRankWhoseErrorTheOthersEndedOnIsNamedNotTheFirstToEnd) {
+  Outcome r = run_launcher(
+      "-n 3 -- sh -c 'if [ $RANK = 1 ]; then sleep 0.2; "
+      "echo \"mmsp: error: rank 0 stopped with an error: data.jsonl:1: video 0: bad\" >&2; exit 3; fi; "
+      "if [ $RANK = 0 ]; then echo \"mmsp train: error: data.jsonl:1: video 0: bad\" >&2; sleep 0.8; exit 2; fi; "
+      "sleep 60'");
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("mmsp-run: rank 1 failed: exited with status 3\n"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("mmsp-run: rank 0 failed: exited with status 2 (its error is the one the other ranks ended "
+                       "on)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("summary: rank 0 exited with status 2 (the failure: the other ranks ended on its error)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("summary: rank 1 exited with status 3 (first to end: it ended on rank 0's error)"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("(first failure)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("rank 2 killed by signal 15 (Terminated) (stopped by mmsp-run)"), std::string::npos) << r.err;
+}
+
 TEST(MmspRun, RankKilledBySignal9IsReportedAndExitIs137) {
   Outcome r = run_launcher(
       "-n 2 --grace 0.2 -- sh -c 'if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60'");

@@ -23,6 +23,8 @@ namespace {
 // 60 s collective timeout: only the heartbeat (3 s) can end the job in seconds.
 // "slow:K": rank K computes for 6 s between two collectives (twice the heartbeat
 // timeout): the job must finish normally.
+// "gone:0": rank 0, which serves the job's store, is killed (SIGKILL); the others compute
+// 1 s while their heartbeats call the dead store every 0.3 s, then end.
 int run_heartbeat_child(const std::string& mode) {
   using namespace mmsp::dist;
   const RankEnv env = rank_env_from(process_environment());
@@ -40,6 +42,12 @@ int run_heartbeat_child(const std::string& mode) {
   std::printf("rank %d: joined, pid %d\n", env.rank, static_cast<int>(::getpid()));
   std::fflush(stdout);
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  if (mode.rfind("gone", 0) == 0) {
+    if (env.rank == culprit) ::raise(SIGKILL);
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    std::printf("rank %d: computed 1 s after the store's host died\n", env.rank);
+    return 0;
+  }
   if (env.rank == culprit) {
     if (mode.rfind("stop", 0) == 0) {
       std::printf("rank %d: stopping\n", env.rank);
@@ -63,7 +71,8 @@ int run_heartbeat_child(const std::string& mode) {
 
 int run_fault_child(const std::string& mode) {
   using namespace mmsp::dist;
-  if (mode.rfind("stop:", 0) == 0 || mode.rfind("slow:", 0) == 0) return run_heartbeat_child(mode);
+  if (mode.rfind("stop:", 0) == 0 || mode.rfind("slow:", 0) == 0 || mode.rfind("gone:", 0) == 0)
+    return run_heartbeat_child(mode);
   const RankEnv env = rank_env_from(process_environment());
   MeshOptions options;
   options.timeout = std::chrono::seconds(mode == "hang" ? 2 : 30);

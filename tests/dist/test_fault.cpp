@@ -150,6 +150,18 @@ TEST(FaultTest, HeartbeatLeavesALongComputationAlone) {
   EXPECT_THAT(t.outcome.output, HasSubstr("rank 1: finished")) << t.outcome.output;
 }
 
+TEST(FaultTest, AStoreHostsDeathLeavesNoRawStoreWarnings) {
+  // rank 0 is killed; rank 1's heartbeat calls its dead store for 1 s. Each failed call
+  // is mmsp's to report: c10d's "[c10d] recvValue failed on SocketImpl(...)" warning and
+  // its backtrace used to be printed as the first call failed.
+  Outcome out = run("-n 2 --grace 5", "gone:0");
+  EXPECT_THAT(out.output, HasSubstr("rank 0 failed: killed by signal 9")) << out.output;
+  EXPECT_THAT(out.output, HasSubstr("rank 1: computed 1 s after the store's host died")) << out.output;
+  EXPECT_THAT(out.output, Not(HasSubstr("recvValue"))) << out.output;
+  EXPECT_THAT(out.output, Not(HasSubstr("[c10d]"))) << out.output;
+  EXPECT_THAT(out.output, Not(HasSubstr("Exception raised from"))) << out.output;
+}
+
 TEST(FaultTest, HeartbeatNamesAStoppedRankWithoutTheLauncher) {
   // Four ranks started as torchrun starts them (its variables, no mmsp-run), each
   // with its own log file; rank 2 stops itself.

@@ -10,10 +10,13 @@ that are a multiple of 32 (torchcodec's swscale path) and not (its filter graph)
 resized and not; untagged streams (FFmpeg's BT.601 default) and streams tagged BT.709, in
 limited and in full range (the colour matrix the conversion takes from each frame). Frame
 folders: the same frames as PNG files, the processor given the images.
-Bad video files are refused when the data is read, naming the line and the rule.
+Bad video files are refused when the data is read, naming the line and the rule; damaged ones
+(a packet overwritten, a header that lies) when decoded, as torchcodec refuses them, naming the
+line, the file and the frame.
 """
 import json
 import re
+import struct
 import subprocess
 
 import pytest
@@ -25,6 +28,7 @@ import torchcodec.encoders  # requirements/hf.txt pins it: never skipped
 
 import families as F
 import processors as P
+import video_bytes as V
 from test_pixels import _mmsp_pixels
 
 FAMILY_NAMES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
@@ -48,12 +52,18 @@ def _video_processor(name, pre):
     return cls(**{k: pre[k] for k in keys if k in pre}, cap_pixels_per_frame=False)
 
 
-def _write_video(path, width, height, seed, tags=None, frames=FRAMES):
-    """An h264 clip of `frames` smooth frames; `tags`: encoder options (colour tags written in the
-    stream, the group of pictures)."""
-    clip = torch.stack([torch.from_numpy(P.smooth_image(width, height, seed=seed * 100 + i)).permute(2, 0, 1)
+def _clip(width, height, seed, frames=FRAMES):
+    """`frames` smooth frames, [N, 3, H, W] uint8."""
+    return torch.stack([torch.from_numpy(P.smooth_image(width, height, seed=seed * 100 + i)).permute(2, 0, 1)
                         for i in range(frames)])
-    torchcodec.encoders.VideoEncoder(clip, frame_rate=8).to_file(str(path), extra_options=tags or None)
+
+
+def _write_video(path, width, height, seed, tags=None, frames=FRAMES, codec=None):
+    """An h264 clip (the container's default codec where `codec` is given: its name) of `frames` smooth
+    frames, in the container the file's extension names; `tags`: encoder options (colour tags written
+    in the stream, the group of pictures)."""
+    torchcodec.encoders.VideoEncoder(_clip(width, height, seed, frames), frame_rate=8).to_file(
+        str(path), codec=codec, extra_options=tags or None)
 
 
 def _line(name, family, cfg, grid, video):
@@ -167,10 +177,130 @@ def test_bad_video_files_are_refused_by_line(tmp_path, mmsp_bin):
         ({"path": "clip.mp4"}, "without \"frame_indices\""),
         ({"path": "clip.mp4", "frame_indices": [0, -1]}, "frame indices are integers >= 0"),
     ]
+    # Shown rotated (its display matrix, as a phone writes it): torchcodec turns the frames,
+    # mmsp's decoder does not, so the file is refused when the line is read.
+    (tmp_path / "rotated.mp4").write_bytes(V.rotated_mp4(whole, -90))
+    from torchcodec.decoders import VideoDecoder
+    turned = VideoDecoder(str(tmp_path / "rotated.mp4"))
+    assert turned.metadata.rotation == -90 and turned.get_frames_at([0]).data.shape[-2:] == (128, 96)
+    cases.append(({"path": "rotated.mp4", "frame_indices": INDICES},
+                  "is a video whose stream asks to be shown rotated by -90 degrees, which mmsp's decoder does not "
+                  "do"))
     for video, message in cases:
         rc, err, _ = _mmsp_pixels(mmsp_bin, model_dir, tmp_path, [_line("qwen2_vl", family, cfg, grid, video)])
-        assert rc != 0 and "data.jsonl:1" in err and message in err, f"{video}: rc {rc}, {err}"
+        assert rc == 2 and "data.jsonl:1" in err and message in err, f"{video}: rc {rc}, {err}"
     # A file cut short: its header may still be whole, so it is found when decoded, named by file.
     rc, err, _ = _mmsp_pixels(mmsp_bin, model_dir, tmp_path,
                               [_line("qwen2_vl", family, cfg, grid, {"path": "cut.mp4", "frame_indices": [0, 11]})])
     assert rc != 0 and "cut.mp4" in err, err
+    # A raw h264 stream (no timestamps: decoded from its start) whose frames change size: named
+    # by frame, without a timestamp (AV_NOPTS_VALUE was printed as one).
+    raw = [torchcodec.encoders.VideoEncoder(_clip(w, h, seed=1, frames=3), frame_rate=8).to_tensor("h264")
+           for w, h in ((128, 96), (64, 48))]
+    (tmp_path / "sizes.h264").write_bytes(torch.cat(raw).numpy().tobytes())
+    rc, err, _ = _mmsp_pixels(mmsp_bin, model_dir, tmp_path, [
+        _line("qwen2_vl", family, cfg, [1, 8, 10], {"path": "sizes.h264", "frame_indices": [0, 4]})])
+    assert rc == 2 and "sizes.h264\": frame 3 cannot be decoded: its frame (no timestamp) is 64 x 48 but the " \
+        "stream's header says 128 x 96" in err and "-9223372036854775808" not in err, err
+
+
+# Damaged files, as bit rot or a partial copy leaves them: one packet (the 35th of 40; key frames
+# every 4) zeroed in an MP4 and overwritten with noise in a Matroska file, and an MJPEG AVI
+# whose header says 1024 x 768 (its frames are 128 x 96). torchcodec's verdict on each set of
+# frames is mmsp's: where it refuses them (the damage is on their way from their key frame),
+# mmsp refuses, naming the line, the file and a frame asked; where it decodes them (the damage
+# is in a later group), mmsp's pixels equal the processor's on torchcodec's frames. Before,
+# FFmpeg's concealment handed mmsp a garbage frame, or the next frame in its place. And one
+# case where mmsp is stricter: the second half of the 34th packet overwritten, which the
+# decoder conceals (decode_error_flags): torchcodec hands on a frame 97 % wrong, mmsp refuses.
+DAMAGED = {"damaged.mp4": ("zero", 34, [33, 34, 35]), "damaged.mkv": ("noise", 34, [32, 34, 36, 39]),
+           "header.avi": (None, None, [0, 1]), "concealed.mp4": ("tail", 33, [32, 33, 34])}
+SPARED = [0, 1, 2, 6]
+
+
+def _damaged_files(tmp_path):
+    """The files of DAMAGED, and the good file each was made from."""
+    for name, (fill, packet, _) in DAMAGED.items():
+        good = tmp_path / f"good.{name.split('.')[1]}"
+        if fill and not good.exists():
+            _write_video(good, 128, 96, seed=6, tags={"g": "4"}, frames=40)
+        if fill:
+            data = good.read_bytes()
+            packets = (V.mp4_packets if name.endswith(".mp4") else V.mkv_packets)(data)
+            assert len(packets) == 40, f"{name}: {len(packets)} packets found"
+            (tmp_path / name).write_bytes(V.overwrite_packet(data, packets, packet, fill))
+        else:
+            _write_video(good, 128, 96, seed=6, codec="mjpeg", frames=4)
+            data = bytearray(good.read_bytes())
+            for box, at in ((b"avih", 32), (b"strf", 4)):  # the main header's and the stream's sizes
+                offset = data.index(box) + 8 + at
+                data[offset:offset + 8] = struct.pack("<ii", 1024, 768)
+            (tmp_path / name).write_bytes(bytes(data))
+
+
+def test_damaged_video_files_are_refused_as_torchcodec_refuses_them(tmp_path, mmsp_bin):
+    from torchcodec.decoders import VideoDecoder
+
+    family, cfg, model_dir, processor = _model("qwen2_vl", tmp_path)
+    _damaged_files(tmp_path)
+
+    def verdict(path, indices):
+        """torchcodec's frames (read as transformers' read_video_torchcodec reads them), or its error."""
+        try:
+            return VideoDecoder(str(path), seek_mode="exact", num_ffmpeg_threads=0).get_frames_at(indices).data
+        except RuntimeError as e:
+            return str(e).splitlines()[-1]
+
+    spared_lines, spared_pixels = [], []
+    for name, (fill, _, indices) in DAMAGED.items():
+        good = verdict(tmp_path / f"good.{name.split('.')[1]}", indices)
+        grid = processor(videos=[good], do_sample_frames=False, return_tensors="pt")["video_grid_thw"][0].tolist()
+        for asked in (indices, SPARED) if fill else (indices,):
+            theirs = verdict(tmp_path / name, asked)
+            line = _line("qwen2_vl", family, cfg, grid, {"path": name, "frame_indices": asked})
+            if asked is SPARED:
+                assert isinstance(theirs, torch.Tensor), f"{name} {asked}: torchcodec refused: {theirs}"
+                spared_lines.append(line)
+                spared_pixels.append(processor(videos=[theirs], do_sample_frames=False,
+                                               return_tensors="pt")["pixel_values_videos"])
+                continue
+            if fill == "tail":  # torchcodec takes the concealed frame
+                wrong = (theirs.int() - good.int()).abs().gt(2).flatten(1).float().mean(1).max().item()
+                assert wrong > 0.5, f"{name}: torchcodec's worst frame is {wrong:.0%} off the good file's"
+            else:
+                assert "Invalid data found when processing input" in theirs, f"{name} {asked}: torchcodec: {theirs}"
+            rc, err, _ = _mmsp_pixels(mmsp_bin, model_dir, tmp_path, [line])
+            said = re.search(r'data\.jsonl:1: video 0: video file "[^"]*/' + re.escape(name) +
+                             r'": frame (\d+)( \(timestamp -?\d+\))? cannot be decoded: ', err)
+            assert rc == 2 and said and int(said[1]) in asked, f"{name} {asked}: rc {rc}: {err}"
+            assert ("concealed errors" if fill == "tail" else "the file is damaged") in err, err
+            print(f"{name} {asked}: torchcodec: {theirs if isinstance(theirs, str) else 'frames'}; mmsp: {err.strip()}")
+    rc, err, got = _mmsp_pixels(mmsp_bin, model_dir, tmp_path, spared_lines)
+    assert rc == 0, err
+    for i, ref in enumerate(spared_pixels):
+        assert torch.equal(got[f"sample{i}.video0"], ref), f"spared frames of line {i + 1} differ"
+
+
+def test_pixels_out_of_memory_ends_in_one_line(tmp_path, mmsp_bin):
+    """An allocation `mmsp pixels` cannot make ends it with one line and status 2, as `mmsp train`
+    ends (docs/reliability.md): here the frames of a line that asks one frame of a 640 x 480 clip
+    ~11,000 times, 4 GiB past the address space the process may use (RLIMIT_AS: this process's
+    size, which holds LibTorch as mmsp does, + 2 GiB). Before: c10's enforce message and its
+    26-frame backtrace, status 1."""
+    import resource
+
+    family, cfg, model_dir, _ = _model("qwen2_vl", tmp_path)
+    _write_video(tmp_path / "big.mp4", 640, 480, seed=2, frames=1)
+    size = int(re.search(r"VmSize:\s+(\d+) kB", open("/proc/self/status").read())[1]) * 1024
+    limit = max(size, 3 << 30) + (2 << 30)
+    n = 2 * ((limit + (4 << 30)) // (640 * 480 * 3 * 2) + 1)
+    line = _line("qwen2_vl", family, cfg, [n // 2, 2, 2], {"path": "big.mp4", "frame_indices": [0] * n})
+    (tmp_path / "data.jsonl").write_text(json.dumps(line) + "\n")
+    r = subprocess.run([mmsp_bin, "pixels", "--model", str(model_dir / "config.json"), "--data",
+                        str(tmp_path / "data.jsonl"), "--out", str(tmp_path / "pixels.safetensors")],
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and re.match(r"mmsp pixels: error: out of memory \(an allocation of \d+ bytes \(\d+ MiB\) "
+                                        r"failed\): .* give it less at once", lines[0]), r.stderr[-3000:]

@@ -9,11 +9,14 @@ test_reference.py's, float32 inside a float64 transformers model). So the decode
 the positions after a video and the tower's split are all checked at once. Qwen3-VL twice:
 its frame blocks inside the wrapper transformers 5.x leaves (prepare's default), whose two
 markers are text, and as the released processor wrote them (`--video-wrapper drop`).
+A clip damaged after prepare ends the job on every rank, naming the line, the file and the frame.
 """
 import dataclasses
 import json
 import os
+import re
 import subprocess
+import time
 
 import pytest
 import torch
@@ -21,7 +24,8 @@ import torch
 import families as F
 import processors as P
 from test_reference import GRAD_RTOL, GRAD_RTOL_DEFAULT, LOSS_RTOL, LR, _load_reference
-from test_video_pixels import _video_processor, _write_video
+from test_video_pixels import _line, _video_processor, _write_video
+import video_bytes as V
 
 CASES = [("qwen2_5_vl", False), ("qwen3_vl", False), ("qwen3_vl", True)]  # (family, wrapped)
 INDICES = [0, 3, 5, 8, 10, 11]  # 3 temporal patches
@@ -118,3 +122,44 @@ def test_a_video_file_trains_as_transformers_computes(name, wrapped, tmp_path, m
         print(f"{what}: {len(errors)} gradients, worst {worst} at {errors[worst]:.3g}")
         bad = {n: e for n, e in errors.items() if e > rtol}
         assert not bad, f"{what}: {len(bad)} gradients differ beyond {rtol:g}: {dict(list(bad.items())[:5])}"
+
+
+def test_a_damaged_video_file_ends_the_job_on_every_rank(tmp_path, mmsp_bin, mmsp_run):
+    """A clip whose packet is damaged after prepare (zeroed: a partial copy to one node), in
+    the sample dp rank 0 of 2 trains (the longer one: packed first): rank 0's decoder refuses
+    it naming the line, the file and the frame; rank 1 ends on rank 0's error, naming them
+    too; mmsp-run names rank 0 (not rank 1, which ends first) and exits 2. Before, the frame
+    came out concealed (or its neighbour in its place) and the job trained."""
+    from torchcodec.decoders import VideoDecoder
+
+    family = F.FAMILIES["qwen2_vl"]
+    cfg = F.config_dict(family)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(cfg))  # random weights
+    _write_video(tmp_path / "good.mp4", 128, 96, seed=6, tags={"g": "4"}, frames=40)
+    data = (tmp_path / "good.mp4").read_bytes()
+    (tmp_path / "damaged.mp4").write_bytes(V.overwrite_packet(data, V.mp4_packets(data), 34, "zero"))
+    asked = [33, 34, 35]
+    frames = VideoDecoder(str(tmp_path / "good.mp4")).get_frames_at(asked).data
+    processor = _video_processor("qwen2_vl", P.preprocessor_config("qwen2_vl", cfg))
+    grid = processor(videos=[frames], do_sample_frames=False, return_tensors="pt")["video_grid_thw"][0].tolist()
+    bad = _line("qwen2_vl", family, cfg, grid, {"path": "damaged.mp4", "frame_indices": asked})
+    bad["input_ids"][-1:] = [20] * 10 + [2]
+    good = _line("qwen2_vl", family, cfg, grid, {"path": "good.mp4", "frame_indices": asked})
+    (tmp_path / "data.jsonl").write_text(json.dumps(bad) + "\n" + json.dumps(good) + "\n")
+    cmd = [mmsp_run, "-n", "2", "--", mmsp_bin, "train", "--model", str(tmp_path / "model" / "config.json"),
+           "--data", str(tmp_path / "data.jsonl"), "--steps", "2", "--dp", "2", "--no-shuffle",
+           "--tokens-per-rank", "64", "--out", str(tmp_path / "run")]
+    start = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    seconds = time.monotonic() - start
+    print(f"damaged video on dp rank 0 of 2: job over after {seconds:.1f} s, exit {r.returncode}")
+    what = (r'data\.jsonl:1: video 0: video file "[^"]*/damaged\.mp4": frame 3[345] \(timestamp \d+\) cannot be '
+            r'decoded: .*the file is damaged')
+    assert r.returncode == 2 and seconds < 30, f"exit {r.returncode} after {seconds:.1f} s: {r.stderr[-3000:]}"
+    assert re.search(r"\[rank 0\] mmsp train: error: \S*" + what, r.stderr), r.stderr[-3000:]
+    assert re.search(r"\[rank 1\] mmsp(?: train)?: error: rank 0 stopped with an error: \S*" + what, r.stderr), \
+        r.stderr[-3000:]
+    assert "summary: rank 0 exited with status 2 (the failure" in r.stderr or \
+        "summary: rank 0 exited with status 2 (first failure)" in r.stderr, r.stderr[-3000:]
+    assert not os.path.exists(os.path.join(tmp_path, "run", "step-000001")), "a step was saved"

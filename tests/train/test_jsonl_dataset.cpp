@@ -122,6 +122,45 @@ TEST_F(JsonlTest, MissingImageFile) {
   EXPECT_THAT(e, HasSubstr("nothere.png\" does not exist"));
 }
 
+// A path with a NUL in it, an entry with keys of two forms or of none, a path that loops:
+// each refused by name (before, the NUL cut the path to another file that was read, the
+// extra keys were ignored or silently won, and a loop was "does not exist").
+TEST_F(JsonlTest, EntriesAndPathsAreReadWhole) {
+  const std::string image = R"({"input_ids": [1, 151652, 151655, 151655, 151655, 151655, 151653, 2], "images": [)";
+  const std::string video = R"({"input_ids": [1, 151652, 151656, 151656, 151656, 151656, 151653, 2], "videos": [)";
+  EXPECT_THAT(error_for({image + R"({"path": "circle.png\u0000.jpg"}]})"}),
+              HasSubstr(R"(bad.jsonl:1: image 0 path "circle.png\u0000.jpg" holds a NUL character (at byte 10); )"
+                        "a path cannot hold one"));
+  EXPECT_THAT(error_for({video + R"({"frames": ["circle.png", "circle.png\u0000"]}]})"}),
+              HasSubstr("bad.jsonl:1: video 0 frame 1 path \"circle.png\\u0000\" holds a NUL character"));
+  EXPECT_THAT(error_for({video + R"({"path": "circle.png\u0000.mp4", "frame_indices": [0]}]})"}),
+              HasSubstr("bad.jsonl:1: video 0 path \"circle.png\\u0000.mp4\" holds a NUL character"));
+  const std::string forms = R"(({"path": video file, "frame_indices": [...]}, {"frames": [paths...]} or )"
+                            R"({"safetensors": ..., "tensor": ...}))";
+  EXPECT_THAT(error_for({video + R"({"path": "a.mp4", "frame_indices": [0], "frames": ["circle.png"]}]})"}),
+              HasSubstr("bad.jsonl:1: video 0 has both \"path\" and \"frames\": an entry is one of"));
+  EXPECT_THAT(error_for({video + R"({"frames": ["circle.png"], "fps": 2}]})"}),
+              HasSubstr("bad.jsonl:1: video 0 has the key \"fps\", which an entry with \"frames\" does not take " +
+                        forms));
+  EXPECT_THAT(error_for({video + R"({"frames": ["circle.png"], "frame_indices": [0]}]})"}),
+              HasSubstr("video 0 has the key \"frame_indices\", which an entry with \"frames\" does not take"));
+  EXPECT_THAT(error_for({image + R"({"path": "circle.png", "safetensors": "px.safetensors", "tensor": "t"}]})"}),
+              HasSubstr("bad.jsonl:1: image 0 has both \"path\" and \"safetensors\""));
+  EXPECT_THAT(error_for({image + R"({"path": "circle.png", "grid": [1, 4, 4]}]})"}),
+              HasSubstr("image 0 has the key \"grid\", which an entry with \"path\" does not take"));
+  fs::create_symlink("loop.png", dir_ / "loop.png");
+  fs::create_symlink("loop.mp4", dir_ / "loop.mp4");
+  EXPECT_THAT(error_for({image + R"({"path": "loop.png"}]})"}),
+              HasSubstr("loop.png\" is a loop of symbolic links (Too many levels of symbolic links)"));
+  EXPECT_THAT(error_for({video + R"({"path": "loop.mp4", "frame_indices": [0]}]})"}),
+              HasSubstr("bad.jsonl:1: video 0 file \"" + (dir_ / "loop.mp4").string() + "\" is a loop of symbolic links"));
+  fs::create_directory(dir_ / "folder.png");
+  EXPECT_THAT(error_for({image + R"({"path": "folder.png"}]})"}), HasSubstr("folder.png\" is a directory, not a file"));
+  // The forms themselves still load.
+  EXPECT_NO_THROW(JsonlDataset(write({video + R"({"frames": ["circle.png", "circle.png"]}]})"}, "ok.jsonl"),
+                               tiny_config("tiny-qwen2-vl")));
+}
+
 TEST_F(JsonlTest, PlaceholderCountMismatch) {
   EXPECT_THAT(error_for({kGood, R"({"input_ids": [1, 151652, 151655, 151655, 151655, 151653, 2],)"
                                 R"( "images": [{"path": "circle.png"}]})"}),

@@ -92,7 +92,48 @@ struct LineReader {
     if (!v.is_string() || v.get<std::string>().empty()) fail(name, " must be a non-empty string, got ", v.dump());
     return v.get<std::string>();
   }
+
+  // A file's path: text without a NUL, where the system would cut it (and open another file).
+  std::string path(const json& v, const std::string& name) const {
+    std::string p = text(v, name);
+    if (const size_t nul = p.find('\0'); nul != std::string::npos)
+      fail(name, " ", v.dump(), " holds a NUL character (at byte ", nul, "); a path cannot hold one");
+    return p;
+  }
 };
+
+// Why `file` is not a file to read ("" when it is one), in words after its name.
+std::string not_a_file(const fs::path& file) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(file, ec);
+  if (fs::is_regular_file(st)) return "";
+  if (st.type() == fs::file_type::not_found) return "does not exist";
+  if (ec == std::errc::too_many_symbolic_link_levels)
+    return detail::concat("is a loop of symbolic links (", ec.message(), ")");
+  if (ec) return detail::concat("cannot be reached (", ec.message(), ")");
+  return fs::is_directory(st) ? "is a directory, not a file" : "is not a regular file";
+}
+
+// An image or video entry is one of the forms docs/data.md lists, whole: a key of two forms,
+// or of none, is refused (a typo or a leftover would otherwise be ignored, or win silently).
+void check_entry_keys(const LineReader& r, const json& item, bool video, const std::string& name) {
+  using Form = std::vector<std::string>;
+  static const std::vector<Form> kImage = {{"path"}, {"safetensors", "tensor"}};
+  static const std::vector<Form> kVideo = {{"path", "frame_indices"}, {"frames"}, {"safetensors", "tensor"}};
+  const char* forms = video ? "{\"path\": video file, \"frame_indices\": [...]}, {\"frames\": [paths...]} or "
+                              "{\"safetensors\": ..., \"tensor\": ...}"
+                            : "{\"path\": ...} or {\"safetensors\": ..., \"tensor\": ...}";
+  const Form* form = nullptr;
+  for (const Form& f : video ? kVideo : kImage) {
+    if (!item.contains(f[0])) continue;
+    if (form) r.fail(name, " has both \"", (*form)[0], "\" and \"", f[0], "\": an entry is one of ", forms);
+    form = &f;
+  }
+  for (const auto& key : item.items())
+    if (form && std::find(form->begin(), form->end(), key.key()) == form->end())
+      r.fail(name, " has the key \"", key.key(), "\", which an entry with \"", (*form)[0], "\" does not take (",
+             forms, ")");
+}
 
 fs::path resolve(const std::string& dir, const std::string& file) {
   const fs::path p(file);
@@ -104,9 +145,7 @@ fs::path resolve(const std::string& dir, const std::string& file) {
 // pixels as transformers' processors (PIL) do.
 std::pair<int64_t, int64_t> image_size(const LineReader& r, const std::string& name, const fs::path& file,
                                        int64_t max_pixels) {
-  std::error_code ec;
-  if (!fs::is_regular_file(file, ec))
-    r.fail(name, " file \"", file.string(), "\" does not exist (or is not a regular file)");
+  if (const std::string why = not_a_file(file); !why.empty()) r.fail(name, " file \"", file.string(), "\" ", why);
   const ImageFileHeader h = read_image_header(file);
   if (h.width * h.height > max_pixels)
     r.fail(name, " file \"", file.string(), "\" is ", h.width, " x ", h.height, " = ", h.width * h.height,
@@ -263,6 +302,7 @@ void JsonlDataset::read_items(const Line& line, bool video, Sample& s) const {
     const json& item = list[k];
     MMSP_CHECK(item.is_object(), where, ": ", name, " is ", item.dump(), ", expected an object with \"",
                video ? "frames" : "path", "\" or \"safetensors\" and \"tensor\"");
+    check_entry_keys(line.r, item, video, name);
     const std::string grid_name = detail::concat(grid_key, "[", k, "]");
     if (item.contains("safetensors")) {
       // A tensor has no pixel size: its grid is the data's, unless the family fixes it.
@@ -296,13 +336,12 @@ JsonlDataset::Source JsonlDataset::read_tensor_source(const Line& line, const js
                                                       const plan::Grid& grid) const {
   const std::string& where = line.where;
   Source src;
-  src.safetensors = resolve(dir_, line.r.text(item["safetensors"], name + " safetensors")).string();
+  src.safetensors = resolve(dir_, line.r.path(item["safetensors"], name + " safetensors")).string();
   MMSP_CHECK(item.contains("tensor"), where, ": ", name, " names safetensors file \"", src.safetensors,
              "\" but no \"tensor\"");
   src.tensor = line.r.text(item["tensor"], name + " tensor");
-  std::error_code ec;
-  MMSP_CHECK(fs::is_regular_file(src.safetensors, ec), where, ": ", name, " file \"", src.safetensors,
-             "\" does not exist (or is not a regular file)");
+  if (const std::string why = not_a_file(src.safetensors); !why.empty())
+    line.r.fail(name, " file \"", src.safetensors, "\" ", why);
   hf::SafetensorsHeader header;
   try {
     header = hf::read_safetensors_header(src.safetensors);
@@ -338,11 +377,11 @@ JsonlDataset::ItemFiles JsonlDataset::read_files(const Line& line, const json& i
                ", expected {\"frames\": [paths...]}, {\"path\": video file, \"frame_indices\": [...]} or "
                "{\"safetensors\": ..., \"tensor\": ...}");
     for (size_t f = 0; f < item["frames"].size(); ++f)
-      files.push_back(item["frames"][f].is_string() ? item["frames"][f].get<std::string>() : "");
+      files.push_back(line.r.path(item["frames"][f], detail::concat(name, " frame ", f, " path")));
   } else {
     MMSP_CHECK(item.contains("path"), where, ": ", name, " is ", item.dump(),
                ", expected {\"path\": ...} or {\"safetensors\": ..., \"tensor\": ...}");
-    files.push_back(line.r.text(item["path"], name + " path"));
+    files.push_back(line.r.path(item["path"], name + " path"));
   }
   const int64_t channels = geometry_->channels();
   MMSP_CHECK(channels == 1 || channels == 3, where, ": ", name, " is read from image files, which give 1 (grey) or 3 "
@@ -351,7 +390,6 @@ JsonlDataset::ItemFiles JsonlDataset::read_files(const Line& line, const json& i
   ItemFiles out;
   for (size_t f = 0; f < files.size(); ++f) {
     const std::string fname = video ? detail::concat(name, " frame ", f) : name;
-    MMSP_CHECK(!files[f].empty(), where, ": ", fname, " path must be a non-empty string");
     out.source.files.push_back(resolve(dir_, files[f]).string());
     const auto [w, h] = image_size(line.r, fname, out.source.files.back(), max_image_pixels_);
     if (f == 0) out.width = out.source.width = w, out.height = out.source.height = h;
@@ -370,8 +408,7 @@ JsonlDataset::ItemFiles JsonlDataset::read_video_file(const Line& line, const js
                                                       const std::string& name) const {
   const std::string& where = line.where;
   ItemFiles out;
-  const std::string file = line.r.text(item["path"], name + " path");
-  MMSP_CHECK(!file.empty(), where, ": ", name, " path must be a non-empty string");
+  const std::string file = line.r.path(item["path"], name + " path");
   out.source.files.push_back(resolve(dir_, file).string());
   const std::string& path = out.source.files.back();
   MMSP_CHECK(item.contains("frame_indices") && item["frame_indices"].is_array() && !item["frame_indices"].empty(),
@@ -382,9 +419,7 @@ JsonlDataset::ItemFiles JsonlDataset::read_video_file(const Line& line, const js
                "; frame indices are integers >= 0");
     out.source.frame_indices.push_back(i.get<int64_t>());
   }
-  std::error_code ec;
-  if (!fs::is_regular_file(path, ec))
-    line.r.fail(name, " file \"", path, "\" does not exist (or is not a regular file)");
+  if (const std::string why = not_a_file(path); !why.empty()) line.r.fail(name, " file \"", path, "\" ", why);
   const VideoFileHeader h = read_video_header(path);
   if (!h.problem.empty()) line.r.fail(name, " file \"", path, "\" is ", h.problem);
   const int64_t last = *std::max_element(out.source.frame_indices.begin(), out.source.frame_indices.end());

@@ -17,17 +17,19 @@ extern "C" {
 #include <memory>
 #include <vector>
 
+#include "data/video_checks.h"
 #include "mmsp/core/check.h"
 
 namespace mmsp::train {
 
 namespace {
 
-std::string av_error(int code) {
-  char text[AV_ERROR_MAX_STRING_SIZE] = {0};
-  av_strerror(code, text, sizeof(text));
-  return text;
-}
+using video::av_error;
+using video::timestamp_text;
+
+// What follows an error that shows the file's data is damaged (or not what its header says).
+const char* const kDamaged = ": the file is damaged (FFmpeg would conceal it and train on wrong pixels; torchcodec "
+                             "refuses what its decoder refuses): replace it with a good copy";
 
 struct InputCloser {
   void operator()(AVFormatContext* c) const { avformat_close_input(&c); }
@@ -84,6 +86,7 @@ OpenedVideo open_video(const std::filesystem::path& file) {
     v.problem = detail::concat("a file FFmpeg finds no video stream in (", av_error(ret), ")");
   } else {
     v.stream = ret;
+    v.problem = video::display_problem(*raw->streams[ret]);
   }
   return v;
 }
@@ -232,44 +235,72 @@ FrameTimes scan_frame_times(AVFormatContext* input, int stream, const std::strin
 }
 
 // The stream's decoder, fed packet by packet: the next frame it gives, from wherever the
-// file was last sought.
+// file was last sought. Every error the decoder returns is refused, as torchcodec refuses it
+// (FFmpeg's concealment would otherwise hand on a damaged frame, or none), and so is a frame
+// on the way to the one asked that the decoder says it concealed errors in (stricter than
+// torchcodec, which takes such a frame): each error names the frame asked.
 class FrameReader {
  public:
   FrameReader(AVFormatContext* input, int stream, AVCodecContext* codec, const std::string& where,
               VideoDecodeCounts& counts)
       : input_(input), stream_(stream), codec_(codec), where_(where), counts_(counts),
-        packet_(av_packet_alloc()), frame_(av_frame_alloc()) {
+        packet_(av_packet_alloc()), frame_(av_frame_alloc()), width_(input->streams[stream]->codecpar->width),
+        height_(input->streams[stream]->codecpar->height) {
     MMSP_CHECK(packet_ != nullptr && frame_ != nullptr, where, ": cannot allocate a packet and a frame");
   }
 
+  // The frame the caller is after: frame `index` at timestamp `t` (AV_NOPTS_VALUE: none).
+  void aim(int64_t index, int64_t t) {
+    target_ = t == AV_NOPTS_VALUE ? detail::concat("frame ", index)
+                                  : detail::concat("frame ", index, " (", timestamp_text(t), ")");
+    target_t_ = t;
+  }
+
   // Starts decoding again at `t` (a key frame's timestamp), as torchcodec seeks: the
-  // container's seek to at most `t`, the decoder flushed.
+  // container's seek to at most `t`, the decoder flushed. Frames before `t` that the decoder
+  // still gives (an open group's leading frames, whose references precede the key frame)
+  // are not checked: nothing asked is decoded from them.
   void seek(int64_t t) {
     const int ret = avformat_seek_file(input_, stream_, INT64_MIN, t, t, 0);
-    MMSP_CHECK(ret >= 0, where_, ": seeking to timestamp ", t, ": ", av_error(ret));
+    MMSP_CHECK(ret >= 0, where_, ": seeking to ", timestamp_text(t), ": ", av_error(ret));
     avcodec_flush_buffers(codec_);
     draining_ = false;
+    checked_from_ = t;
     ++counts_.seeks;
   }
 
-  // The next decoded frame, or nullptr at the end of the stream. Every frame has the size of
-  // the first this reader gave.
+  // The next decoded frame, or nullptr at the end of the stream. Every frame has the size the
+  // stream's header gives (the size its grid was made from when the data was read).
   const AVFrame* next() {
     av_frame_unref(frame_.get());
     while (true) {
       const int got = avcodec_receive_frame(codec_, frame_.get());
       if (got >= 0) break;
       if (got == AVERROR_EOF) return nullptr;
-      MMSP_CHECK(got == AVERROR(EAGAIN), where_, ": decoding a frame: ", av_error(got));
+      if (got != AVERROR(EAGAIN))
+        refuse(detail::concat("the ", codec_->codec->name, " decoder failed (", av_error(got), ")", kDamaged));
       MMSP_CHECK(!draining_, where_, ": the decoder asks for packets after the end of the file");
       feed();
     }
     ++counts_.frames_decoded;
-    if (width_ < 0) width_ = frame_->width, height_ = frame_->height;
-    MMSP_CHECK(frame_->width == width_ && frame_->height == height_, where_, ": a frame at timestamp ",
-               pts_or_dts(*frame_), " is ", frame_->width, " x ", frame_->height, " but the frames before it are ",
-               width_, " x ", height_, "; a video's frames must have one size");
+    const int64_t t = pts_or_dts(*frame_);
+    if (t == AV_NOPTS_VALUE || t >= checked_from_) {
+      const std::string problem = video::frame_problem(*frame_);
+      if (!problem.empty())
+        refuse(detail::concat(t == target_t_ ? std::string("the frame itself: ")
+                                             : detail::concat("its frame (", timestamp_text(t), "), decoded on the way: "),
+                              problem));
+    }
+    if (frame_->width != width_ || frame_->height != height_)
+      refuse(detail::concat("its frame (", timestamp_text(t), ") is ", frame_->width, " x ", frame_->height,
+                            " but the stream's header says ", width_, " x ", height_,
+                            "; a video's frames must all have the size of its header"));
     return frame_.get();
+  }
+
+  // Ends with the frame asked and the reason it cannot be had.
+  [[noreturn]] void refuse(const std::string& why) const {
+    MMSP_FAIL(where_, ": ", target_, " cannot be decoded: ", why);
   }
 
  private:
@@ -278,18 +309,28 @@ class FrameReader {
     while (true) {
       const int ret = av_read_frame(input_, packet_.get());
       if (ret == AVERROR_EOF) {
-        avcodec_send_packet(codec_, nullptr);
+        const int sent = avcodec_send_packet(codec_, nullptr);
+        // The frames the decoder held back (reordering) come out now, and with them an error
+        // it met: torchcodec's "Could not flush decoder".
+        if (sent < 0 && sent != AVERROR_EOF)
+          refuse(detail::concat("the ", codec_->codec->name, " decoder failed at the end of the stream (",
+                                av_error(sent), ")", kDamaged));
         draining_ = true;
         return;
       }
-      MMSP_CHECK(ret >= 0, where_, ": reading a packet: ", av_error(ret));
+      if (ret < 0) refuse(detail::concat("reading a packet failed (", av_error(ret), ")", kDamaged));
       if (packet_->stream_index != stream_) {
         av_packet_unref(packet_.get());
         continue;
       }
+      const int64_t t = packet_->pts == AV_NOPTS_VALUE ? packet_->dts : packet_->pts;
+      const std::string problem = video::packet_problem(*packet_);
+      if (!problem.empty()) refuse(detail::concat("its packet at ", timestamp_text(t), ": ", problem, kDamaged));
       const int sent = avcodec_send_packet(codec_, packet_.get());
       av_packet_unref(packet_.get());
-      MMSP_CHECK(sent >= 0 || sent == AVERROR_INVALIDDATA, where_, ": decoding a packet: ", av_error(sent));
+      if (sent < 0)
+        refuse(detail::concat("the ", codec_->codec->name, " decoder refused the packet at ", timestamp_text(t), " (",
+                              av_error(sent), ")", kDamaged));
       return;
     }
   }
@@ -302,8 +343,58 @@ class FrameReader {
   Packet packet_;
   Frame frame_;
   bool draining_ = false;
-  int64_t width_ = -1, height_ = -1;
+  int width_, height_;  // the stream's, from its header
+  std::string target_ = "a frame";
+  int64_t target_t_ = AV_NOPTS_VALUE;
+  int64_t checked_from_ = INT64_MIN;  // frames from this timestamp on are checked
 };
+
+// The stream's decoder, opened as torchcodec opens it.
+Codec open_decoder(const OpenedVideo& v, const std::string& where) {
+  Codec codec(avcodec_alloc_context3(v.decoder));
+  MMSP_CHECK(codec != nullptr, where, ": cannot allocate a decoder");
+  int ret = avcodec_parameters_to_context(codec.get(), v.input->streams[v.stream]->codecpar);
+  MMSP_CHECK(ret >= 0, where, ": decoder parameters: ", av_error(ret));
+  // Threads within a frame only (FFmpeg's count): the frames are the same with any threading
+  // (torchcodec's default is one thread, transformers' read_video_torchcodec takes FFmpeg's
+  // choice), but with frame threads a damaged packet's error comes back packets later, or not
+  // at all when the decode stops first, and a concealed frame's decode_error_flags are set
+  // after it is handed out, or not: measured, the same damaged file was refused in 2 runs of
+  // 3. Within a frame, each error and flag belongs to the packet and the frame it came from.
+  codec->thread_count = 0;
+  codec->thread_type = FF_THREAD_SLICE;
+  ret = avcodec_open2(codec.get(), v.decoder, nullptr);
+  MMSP_CHECK(ret >= 0, where, ": cannot open the ", v.decoder->name, " decoder: ", av_error(ret));
+  return codec;
+}
+
+// As torchcodec's get_frames_at: the frames in ascending order, each the first decoded at or
+// after its timestamp; a seek to the key frame before it unless the last frame given and it
+// share their key frame (then decoding on is shorter). So a frame far into a file, or a share
+// of a split video, costs its own group of pictures, not the frames before it.
+template <typename Take>
+void decode_seeking(FrameReader& reader, const FrameTimes& times, const std::map<int64_t, std::vector<size_t>>& wanted,
+                    Take take) {
+  int64_t given = AV_NOPTS_VALUE;  // the timestamp of the last frame given
+  for (const auto& entry : wanted) {
+    const int64_t index = entry.first;
+    const int64_t t = times.pts[index];
+    const int64_t key = times.key_before(t);
+    const bool decode_on = given != AV_NOPTS_VALUE && t > given && key >= 0 && key == times.key_before(given);
+    reader.aim(index, t);
+    if (!decode_on) reader.seek(times.key_pts.empty() ? t : times.key_pts[std::max<int64_t>(key, 0)]);
+    const AVFrame* f = nullptr;
+    while ((f = reader.next()) != nullptr && pts_or_dts(*f) < t) {
+    }
+    if (f == nullptr) reader.refuse("the decoder ended before it");
+    // A packet (or frame) the decoder dropped gives the next frame in its place: taken, it
+    // would shift every frame after it.
+    if (f->pts != AV_NOPTS_VALUE && f->pts != t)
+      reader.refuse(detail::concat("the decoder gave the frame (", timestamp_text(f->pts), ") in its place", kDamaged));
+    given = pts_or_dts(*f);
+    take(*f, index);
+  }
+}
 
 }  // namespace
 
@@ -331,13 +422,7 @@ at::Tensor decode_video_frames(const std::filesystem::path& file, const std::vec
   OpenedVideo v = open_video(file);
   MMSP_CHECK(v.problem.empty(), where, " is ", v.problem);
   AVStream* stream = v.input->streams[v.stream];
-  Codec codec(avcodec_alloc_context3(v.decoder));
-  MMSP_CHECK(codec != nullptr, where, ": cannot allocate a decoder");
-  int ret = avcodec_parameters_to_context(codec.get(), stream->codecpar);
-  MMSP_CHECK(ret >= 0, where, ": decoder parameters: ", av_error(ret));
-  codec->thread_count = 0;  // FFmpeg's choice, as torchcodec's default (the frames do not depend on it)
-  ret = avcodec_open2(codec.get(), v.decoder, nullptr);
-  MMSP_CHECK(ret >= 0, where, ": cannot open the ", v.decoder->name, " decoder: ", av_error(ret));
+  Codec codec = open_decoder(v, where);
 
   // Each wanted frame's places in the output (indices may repeat or come in any order).
   std::map<int64_t, std::vector<size_t>> wanted;
@@ -361,30 +446,12 @@ at::Tensor decode_video_frames(const std::filesystem::path& file, const std::vec
     for (const size_t k : wanted.at(index)) out[k] = pixels;
   };
   if (times.seekable()) {
-    // As torchcodec's get_frames_at: the frames in ascending order, each the first decoded at
-    // or after its timestamp; a seek to the key frame before it unless the last frame given
-    // and it share their key frame (then decoding on is shorter). So a frame far into a
-    // file, or a share of a split video, costs its own group of pictures, not the frames
-    // before it.
-    int64_t given = AV_NOPTS_VALUE;  // the timestamp of the last frame given
-    for (const auto& entry : wanted) {
-      const int64_t index = entry.first;
-      const int64_t t = times.pts[index];
-      const int64_t key = times.key_before(t);
-      const bool decode_on = given != AV_NOPTS_VALUE && t > given && key >= 0 && key == times.key_before(given);
-      if (!decode_on) reader.seek(times.key_pts.empty() ? t : times.key_pts[std::max<int64_t>(key, 0)]);
-      const AVFrame* f = nullptr;
-      while ((f = reader.next()) != nullptr && pts_or_dts(*f) < t) {
-      }
-      MMSP_CHECK(f != nullptr, where, ": frame ", index, " (timestamp ", t, ") did not decode: the decoder ended ",
-                 "before it");
-      given = pts_or_dts(*f);
-      take(*f, index);
-    }
+    decode_seeking(reader, times, wanted, take);
   } else {
     // Frames without timestamps of their own cannot be found after a seek: decode from the
     // start, frame i the i-th the decoder gives (presentation order).
     for (int64_t next = 0; next <= last; ++next) {
+      reader.aim(next, AV_NOPTS_VALUE);
       const AVFrame* f = reader.next();
       MMSP_CHECK(f != nullptr, where, " has ", next, " frames, so frame index ", last, " is past its end");
       if (wanted.count(next)) take(*f, next);

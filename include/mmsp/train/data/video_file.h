@@ -10,6 +10,14 @@
 // numbers frames in its exact seek mode, and frames are found as it finds them: a seek to the
 // key frame before each, then decoding on to it. tests/hf/test_video_pixels.py compares them
 // with torchcodec's.
+//
+// What torchcodec refuses is refused, and more: every error the decoder returns (a damaged
+// packet: torchcodec's "Invalid data found when processing input"), a frame on the way to one
+// asked that the decoder concealed errors in (decode_error_flags, AV_FRAME_FLAG_CORRUPT),
+// which torchcodec hands on, a packet the container flags corrupt, a frame that does not come
+// out where asked (a packet dropped), a frame of another size than the header's, and a stream
+// or frame that asks to be shown rotated or flipped (torchcodec 0.17 rotates it; mmsp does
+// not transform frames). Each names the frame asked (video_checks.h).
 #pragma once
 
 #include <cstdint>
@@ -44,7 +52,8 @@ struct VideoDecodeCounts {
 // before each frame asked (decoding on instead where that is shorter, as torchcodec does); a
 // stream whose frames lack timestamps of their own is decoded from its start. Throws Error
 // naming the file and the rule: no video stream, a frame index past the stream's end (naming
-// its frame count), frames of different sizes, a decode failure.
+// its frame count), a display matrix; and naming the frame asked: a frame of another size
+// than the header's, an error or concealment of the decoder, a frame that did not come out.
 at::Tensor decode_video_frames(const std::filesystem::path& file, const std::vector<int64_t>& indices,
                                VideoDecodeCounts* counts = nullptr);
 
