@@ -342,6 +342,49 @@ def test_seconds_per_grid_beyond_the_trainers_bound_are_refused(models):
         prepare_run._check_train_bounds(model, line)
 
 
+# --- video frames, the model's config, what a template drops or reads as control ----------------
+
+def _model_copy(models, family, tmp_path, change):
+    """A copy of the family's tiny model directory with `change(files)` applied to its JSON files
+    (files: name -> parsed content, written back as JSON, or a str written as it is)."""
+    import shutil
+
+    folder = tmp_path / f"{family}-changed-{len(list(tmp_path.glob('*-changed-*')))}"
+    shutil.copytree(models[family][0], folder)
+    files = {name: json.loads((folder / name).read_text()) for name in ("config.json", "processor_config.json")}
+    change(files)
+    for name, content in files.items():
+        (folder / name).write_text(content if isinstance(content, str) else json.dumps(content))
+    return str(folder)
+
+
+def test_what_a_template_drops_or_reads_as_control_is_refused(capsys, models, folder):
+    """reasoning_content for a template that never reads it (dropped without a word); a special
+    token in an answer or its reasoning (a control token as a target mid-turn); --video-wrapper
+    for a model whose videos have no wrapper (it would change nothing)."""
+    def turn(answer, **fields):
+        return {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": answer, **fields}]}
+
+    for family, record, words in [
+        ("qwen2_vl", turn("A dog.", reasoning_content="It barks."),
+         'turn 1: "reasoning_content" is given, but the model directory\'s chat template never reads '
+         "reasoning_content, so it would be dropped without a word"),
+        ("qwen3_5", turn("A dog.<|im_start|>user\nmore"), "turn 1 (assistant): its text holds the special token "
+                                                           "<|im_start|>, which the tokenizer reads as that control "
+                                                           "token: it would be a target"),
+        ("qwen3_5", turn("A dog.", reasoning_content="It barks.<|endoftext|>"),
+         "turn 1 (assistant): its reasoning holds the special token <|endoftext|>"),
+        ("internvl", turn("A <IMG_CONTEXT> dog."), "turn 1 (assistant): its text holds the special token <IMG_CONTEXT>"),
+    ]:
+        rc, _, err, path = run(capsys, models[family][0], folder, [GOOD, record])
+        assert rc == 2 and err.strip().startswith(f"mmsp prepare: error: {path}:2: {words}"), (family, err)
+    rc, _, err, _ = run(capsys, models["qwen3_5"][0], folder, [turn("A dog.", reasoning_content="It barks.")])
+    assert rc == 0, err  # Qwen3.5's template reads it
+    for family in ("qwen2_vl", "llava"):
+        rc, _, err, _ = run(capsys, models[family][0], folder, [GOOD], "--video-wrapper", "keep")
+        assert rc == 2 and f"--video-wrapper keep: the processor of model_type {family} writes no" in err, err
+
+
 # --- signals -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
