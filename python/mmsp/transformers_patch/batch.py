@@ -29,7 +29,9 @@ def _check_labels(b: int, ids: list[int], lab: list[int]) -> None:
 
 
 def sequences(config: Any, family: Family, input_ids, attention_mask, labels, image_grid_thw, video_grid_thw=None,
-              second_per_grid_ts=None) -> dict[str, Any]:
+              second_per_grid_ts=None, **pixels: Any) -> dict[str, Any]:
+    """The batch in mmsp's format; `pixels` (pixel_values, pixel_values_videos) are the caller's:
+    not read here."""
     B, T = input_ids.shape
     if labels is None or tuple(labels.shape) != (B, T):
         raise ValueError(f"mmsp.patch: labels {None if labels is None else tuple(labels.shape)} must be given, "
