@@ -78,3 +78,10 @@ def test_the_batch_fingerprint_sees_every_element(how):
         assert word(x.flip(0)) != base  # the order of rows
         if x.dim() > 1:
             assert word(x.flip(-1)) != base  # the order within a row
+
+
+def test_a_model_or_token_ids_the_ranks_disagree_on_are_named_on_every_rank(tmp_path):
+    import reliability_checks
+
+    sp_ranks.run_bounded(2, reliability_checks.model_and_token_ids_named_on_every_rank, tmp_path=tmp_path,
+                         deadline_s=120)

@@ -23,14 +23,20 @@ def _check_no_pending_recompute(model, state: PatchState) -> None:
                          "checkpointing off")
 
 
-def _shared_batch(model, state: PatchState, inputs: dict):
-    """Every rank passed the step's whole batch: checked alike (its fingerprint agreed first)."""
+def _vocabulary(model) -> int:
+    return model.get_input_embeddings().num_embeddings
+
+
+def _shared_batch(model, state: PatchState, inputs: dict, fsdp: bool):
+    """Every rank passed the step's whole batch: checked alike (its fingerprint agreed first,
+    with the model's and the patch options', so every check after it fails on every rank)."""
     kind, mesh = state.family.kind, state.mesh
     if mesh.world is not None:  # the same batch on every rank, or none runs
         _fingerprint.check_same_batch(
-            {**inputs, "patch options": (state.layout, state.placement, state.batch, kind)},
+            {**inputs, "patch options": (state.layout, state.placement, state.batch, kind),
+             "model": _fingerprint.model_word(model, fsdp)},
             mesh.world, mesh.rank, mesh.world.size)
-    batch = _batch.sequences(model.config, state.family, **inputs)
+    batch = _batch.sequences(model.config, state.family, _vocabulary(model), **inputs)
     grids = [g for q in batch["sequences"] for g in q.get("image_grid_thw", [])]
     blocks = [g for q in batch["sequences"] for g in q.get("video_grid_thw", [])]
     sources = {"image": (_rank_batches.LocalPixels(kind, grids, inputs["pixel_values"]), inputs["image_grid_thw"])}
@@ -41,11 +47,12 @@ def _shared_batch(model, state: PatchState, inputs: dict):
     return batch, sources, inputs["pixel_values"] is not None or bool(blocks)
 
 
-def _per_rank_batch(model, state: PatchState, inputs: dict, device):
-    """Each rank passed its own batch: the step is their union (rank_batches.py)."""
+def _per_rank_batch(model, state: PatchState, inputs: dict, device, fsdp: bool):
+    """Each rank passed its own batch: the step is their union (rank_batches.py); the ranks'
+    models and patch options are compared there too."""
     kind = state.family.kind
     try:
-        mine = _batch.sequences(model.config, state.family, **inputs)
+        mine = _batch.sequences(model.config, state.family, _vocabulary(model), **inputs)
         _rank_batches.LocalPixels(kind, [g for q in mine["sequences"] for g in q.get("image_grid_thw", [])],
                                   inputs["pixel_values"])
         _rank_batches.LocalPixels(kind, [g for q in mine["sequences"] for g in q.get("video_grid_thw", [])],
@@ -53,8 +60,9 @@ def _per_rank_batch(model, state: PatchState, inputs: dict, device):
         error = None
     except ValueError as e:
         mine, error = None, str(e).removeprefix("mmsp.patch: ")
+    model_word = _fingerprint.model_word(model, fsdp) ^ _fingerprint.word((state.layout, state.placement, kind))
     return _rank_batches.gather(kind, mine, error, inputs["pixel_values"], inputs["pixel_values_videos"], device,
-                                state.mesh)
+                                state.mesh, model_word)
 
 
 def _batch_loss(local: torch.Tensor, state: PatchState, model, fsdp: bool) -> torch.Tensor:
@@ -91,9 +99,9 @@ def forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values
               "pixel_values_videos": pixel_values_videos, "video_grid_thw": video_grid_thw,
               "second_per_grid_ts": second_per_grid_ts}
     if state.batch == "per_rank":
-        batch, sources, has_vision = _per_rank_batch(self, state, inputs, device)
+        batch, sources, has_vision = _per_rank_batch(self, state, inputs, device, fsdp)
     else:
-        batch, sources, has_vision = _shared_batch(self, state, inputs)
+        batch, sources, has_vision = _shared_batch(self, state, inputs, fsdp)
     shard = _plan(state.config, batch, mesh, layout=state.layout, placement=state.placement)
     x = self.get_input_embeddings()(shard.token_ids.to(device))
     slots, deepstack = [], None
