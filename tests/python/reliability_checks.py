@@ -69,3 +69,57 @@ def model_and_token_ids_named_on_every_rank(rank, world):
     loss = model(**good).loss  # still in step
     want = families_reference_loss(reference, family, samples)
     assert abs(loss.item() - want.item()) <= 1e-12 * abs(want.item()), (loss.item(), want.item())
+
+
+# --- the ops' calls --------------------------------------------------------------------------------
+
+def op_calls_that_differ_named_on_every_rank(rank, world):
+    """mmsp.ops and torch.ops.mmsp with calls the ranks disagree on: Ulysses' scatter refused by
+    rank 1 only (the others entered the exchange alone before), gather in another dtype on rank 1,
+    all_to_all_v counts that do not fit (SIGABRT in Gloo before), attention in another dtype,
+    different ops on the two ranks. Each a ValueError on every rank naming the ranks; a correct
+    exchange after them works."""
+    import mmsp
+
+    assert world == 2
+    mesh = mmsp.Mesh(ulysses=world, timeout=timedelta(seconds=60))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 4, 3, generator=g, dtype=torch.float64)
+    where = "mmsp.ops.ulysses_scatter_heads on group ulysses[dp=0,r=0]"
+    _refused_on_every_rank(lambda: mmsp.ops.ulysses_scatter_heads(x if rank == 0 else x[:3], [4, 4], mesh),
+                           {0: f"{where} (2 ranks): rank 1 refused its inputs (its own error says why); stopped "
+                               "before the exchange, on every rank of the group",
+                            1: f"{where}: the tensor has 3 tokens but tokens[1] (this rank's) is 4 (on rank 1; "
+                               "stopped before the exchange"}, rank)
+    y = torch.randn(8, 2, 3, generator=g, dtype=torch.float64)
+    _refused_on_every_rank(lambda: mmsp.ops.ulysses_gather_heads(y if rank == 0 else y.float(), [4, 4], mesh),
+                           "mmsp.ops.ulysses_gather_heads on group ulysses[dp=0,r=0] (2 ranks): the ranks' dtypes, "
+                           "trailing shapes or tokens lists differ (rank 0 / rank 1 hold different ones)", rank)
+    send, recv = ([2, 3], [2, 2]) if rank == 0 else ([2, 2], [1, 2])
+    rows = torch.randn(sum(send), 5, generator=g, dtype=torch.float64)
+    _refused_on_every_rank(lambda: torch.ops.mmsp.all_to_all_v(rows, send, recv, mesh.op_groups["context"]),
+                           "mmsp.ops.all_to_all_v on group context[dp=0] (2 ranks): rank 0 sends rank 1 3 rows but "
+                           "rank 1 expects 1 from it", rank)
+    shard = mmsp.plan(_tiny_config(), _one_sequence(), mesh)
+    T = len(shard.token_ids)
+    q = torch.randn(T, 4, 8, generator=g, dtype=torch.float64)
+    _refused_on_every_rank(lambda: mmsp.ops.attention(q if rank == 0 else q.float(), q if rank == 0 else q.float(),
+                                                      q if rank == 0 else q.float(), shard, mesh),
+                           "mmsp.ops.context_attention on group context[dp=0] (2 ranks): the ranks' dtypes, trailing "
+                           "shapes, layouts or options differ", rank)
+    _refused_on_every_rank(lambda: mmsp.ops.ulysses_scatter_heads(x, [4, 4], mesh) if rank == 0 else
+                           mmsp.ops.ulysses_gather_heads(y, [4, 4], mesh),
+                           "the ranks called different ops here (rank 0 called ulysses_scatter_heads; rank 1 called "
+                           "ulysses_gather_heads)", rank)
+    back = mmsp.ops.ulysses_gather_heads(mmsp.ops.ulysses_scatter_heads(x, [4, 4], mesh), [4, 4], mesh)
+    assert torch.equal(back, x), "the round trip after the refusals"
+
+
+def _tiny_config():
+    from sp_checks import CONFIG
+
+    return CONFIG
+
+
+def _one_sequence():
+    return {"sequences": [{"input_ids": list(range(10, 42)), "loss_mask": [0] + [1] * 31}]}

@@ -85,3 +85,10 @@ def test_a_model_or_token_ids_the_ranks_disagree_on_are_named_on_every_rank(tmp_
 
     sp_ranks.run_bounded(2, reliability_checks.model_and_token_ids_named_on_every_rank, tmp_path=tmp_path,
                          deadline_s=120)
+
+
+def test_op_calls_the_ranks_disagree_on_are_named_on_every_rank(tmp_path):
+    import reliability_checks
+
+    sp_ranks.run_bounded(2, reliability_checks.op_calls_that_differ_named_on_every_rank, tmp_path=tmp_path,
+                         deadline_s=120)

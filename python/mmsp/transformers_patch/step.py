@@ -6,6 +6,7 @@ every gradient (summed over the world by gradients.py or FSDP2)."""
 import torch
 import torch.nn.functional as F
 
+from mmsp import op_agreement as _agreement
 from mmsp.planner import plan as _plan
 from mmsp.transformers_patch import batch as _batch
 from mmsp.transformers_patch import batch_fingerprint as _fingerprint
@@ -86,10 +87,30 @@ def _batch_loss(local: torch.Tensor, state: PatchState, model, fsdp: bool) -> to
     return loss
 
 
+def _decoder_logits(model, state: PatchState, shard, sources, has_vision: bool, device, fsdp: bool):
+    """This rank's slots embedded, the vision rows routed in, the decoder and the head: logits [L, V]."""
+    kind, mesh, rules = state.family.kind, state.mesh, state.family.rules
+    x = model.get_input_embeddings()(shard.token_ids.to(device))
+    slots, deepstack = [], None
+    if has_vision:
+        rows, deep, slot_tensor = vision_rows(model, kind, shard, mesh, sources, x.dtype, device,
+                                              every_rank_encodes=fsdp)
+        x = x.index_put((slot_tensor.to(device),), rows)
+        if deep is not None:  # transformers adds them at the masked slots in ascending order
+            order = torch.argsort(slot_tensor)
+            deepstack = [d.index_select(0, order.to(device)) for d in deep]
+        slots = slot_tensor.tolist()
+    positions, kwargs = rules.decoder_inputs(shard.positions.to(device), slots, x.shape[0], deepstack, device)
+    set_step(Step(shard, mesh))
+    hidden = model.model.language_model(inputs_embeds=x[None], position_ids=positions, attention_mask=None,
+                                        use_cache=False, **kwargs).last_hidden_state[0]
+    return model.lm_head(hidden)
+
+
 def forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
             pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, **ignored):
     state: PatchState = self._mmsp
-    kind, mesh, rules = state.family.kind, state.mesh, state.family.rules
+    mesh = state.mesh
     fsdp = _gradients.under_fsdp(self)
     _gradients.recover_from_failed_backward(state)
     _check_no_pending_recompute(self, state)
@@ -103,21 +124,8 @@ def forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values
     else:
         batch, sources, has_vision = _shared_batch(self, state, inputs, fsdp)
     shard = _plan(state.config, batch, mesh, layout=state.layout, placement=state.placement)
-    x = self.get_input_embeddings()(shard.token_ids.to(device))
-    slots, deepstack = [], None
-    if has_vision:
-        rows, deep, slot_tensor = vision_rows(self, kind, shard, mesh, sources, x.dtype, device,
-                                              every_rank_encodes=fsdp)
-        x = x.index_put((slot_tensor.to(device),), rows)
-        if deep is not None:  # transformers adds them at the masked slots in ascending order
-            order = torch.argsort(slot_tensor)
-            deepstack = [d.index_select(0, order.to(device)) for d in deep]
-        slots = slot_tensor.tolist()
-    positions, kwargs = rules.decoder_inputs(shard.positions.to(device), slots, x.shape[0], deepstack, device)
-    set_step(Step(shard, mesh))
-    hidden = self.model.language_model(inputs_embeds=x[None], position_ids=positions, attention_mask=None,
-                                       use_cache=False, **kwargs).last_hidden_state[0]
-    logits = self.lm_head(hidden)
+    with _agreement.agreed():  # agreed once for the step (the batch check): its ops skip their own
+        logits = _decoder_logits(self, state, shard, sources, has_vision, device, fsdp)
     local = F.cross_entropy(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits,
                             shard.labels.to(device), ignore_index=-100, reduction="sum") / max(shard.label_count, 1)
     loss = _batch_loss(local, state, self, fsdp)
