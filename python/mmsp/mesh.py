@@ -201,12 +201,17 @@ def _agree(mine: dict[str, Any], seconds: float) -> None:
     try:
         store.wait(keys, timedelta(seconds=seconds))
     except Exception:  # the store's timeout: name who never posted
-        missing = [r for r, k in enumerate(keys) if not store.check([k])]
-        raise ValueError(f"mmsp.Mesh: {_ranks(missing)} did not construct mmsp.Mesh within {seconds:g} s (rank "
-                         f"{rank} did, as its construction number {_meshes} in this process): every rank must "
-                         "construct the same Meshes in the same order (stopped, hung or took another path?)") \
-            from None
-    every = [json.loads(v) for v in store.multi_get(keys)]
+        missing = _missing(store, keys)
+        _release(store, rank, [r for r in range(world) if r not in missing], seconds)
+        raise ValueError(f"mmsp.Mesh: {_ranks(missing) if missing else 'a rank'} did not construct mmsp.Mesh within "
+                         f"{seconds:g} s (rank {rank} did, as its construction number {_meshes} in this process): "
+                         "every rank must construct the same Meshes in the same order (stopped, hung or took "
+                         "another path?)") from None
+    try:
+        every = [json.loads(v) for v in store.multi_get(keys)]
+    except Exception as e:  # rank 0, which hosts the store without torchrun, ended before this rank read it
+        raise ValueError(f"mmsp.Mesh: the default group's store stopped answering while the ranks compared their "
+                         f"meshes (did rank 0 end?): {type(e).__name__}: {e}") from None
     differ = []
     for name in mine:
         values: dict[str, list[int]] = {}
@@ -215,8 +220,30 @@ def _agree(mine: dict[str, Any], seconds: float) -> None:
         if len(values) > 1:
             differ.append(f"{name} is " + " but ".join(f"{v} on {_ranks(rs)}" for v, rs in values.items()))
     if differ:
+        _release(store, rank, list(range(world)), seconds)
         raise ValueError(f"mmsp.Mesh: the ranks asked for different meshes: {'; '.join(differ)}. Every rank must "
                          "construct the same Mesh (it creates process groups together); stopped before the first")
+
+
+def _missing(store: Any, keys: list[str]) -> list[int]:
+    try:
+        return [r for r, k in enumerate(keys) if not store.check([k])]
+    except Exception:  # the store itself is gone: no one to name
+        return []
+
+
+def _release(store: Any, rank: int, readers: list[int], seconds: float) -> None:
+    """Before a ValueError ends the program: each rank says it has read the store, and rank 0
+    (which hosts the store unless torchrun's agent does) waits for the `readers` to say so (at
+    most the timeout, 10 s at most), so that its exit does not take the store from a rank still
+    reading it (whose error would be the store's DistNetworkError instead of this one)."""
+    read = [f"mmsp/mesh/{_meshes}/read/{r}" for r in readers]
+    try:
+        store.set(f"mmsp/mesh/{_meshes}/read/{rank}", "1")
+        if rank == 0:
+            store.wait(read, timedelta(seconds=min(seconds, 10.0)))
+    except Exception:  # a reader that never reads (stopped, dead): the error goes out all the same
+        pass
 
 
 def _ranks(ranks: Iterable[int]) -> str:

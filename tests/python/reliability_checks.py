@@ -123,3 +123,33 @@ def _tiny_config():
 
 def _one_sequence():
     return {"sequences": [{"input_ids": list(range(10, 42)), "loss_mask": [0] + [1] * 31}]}
+
+
+# --- a Mesh disagreement while rank 0 ends at once -------------------------------------------------
+
+def _spin():
+    while True:
+        pass
+
+
+def mesh_disagreement_reaches_ranks_while_rank_0_exits(rank, world, out):
+    """The ranks ask for different meshes and each ends its program on the ValueError; rank 0,
+    which hosts the default group's TCPStore, ends at once (os._exit). Rank 1 is slow (a busy
+    thread holds the GIL for 1 s at a time, as on a loaded host): before, it read the store
+    after rank 0 had taken it away and got torch's DistNetworkError; now rank 0 waits (at most
+    the timeout) until every rank has read, so every rank gets mmsp's ValueError."""
+    import mmsp
+
+    Mesh = mmsp.Mesh  # imported before the spinning starts: each file read would wait for the GIL
+    if rank == 1:
+        sys.setswitchinterval(1.0)
+        threading.Thread(target=_spin, daemon=True).start()
+    try:
+        Mesh(ring=world if rank == 0 else 1, dp=1 if rank == 0 else world, timeout=timedelta(seconds=20))
+        message = "(no error)"
+    except Exception as e:
+        message = f"{type(e).__name__}: {e}"
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(message)
+    if rank == 0:
+        os._exit(0)

@@ -92,3 +92,16 @@ def test_op_calls_the_ranks_disagree_on_are_named_on_every_rank(tmp_path):
 
     sp_ranks.run_bounded(2, reliability_checks.op_calls_that_differ_named_on_every_rank, tmp_path=tmp_path,
                          deadline_s=120)
+
+
+def test_a_mesh_disagreement_reaches_every_rank_though_rank_0_exits_at_once(tmp_path):
+    """Rank 0 hosts the TCPStore (as under mmsp-run) and exits on its ValueError at once."""
+    import reliability_checks
+
+    out = str(tmp_path / "message")
+    sp_ranks.run_bounded(2, reliability_checks.mesh_disagreement_reaches_ranks_while_rank_0_exits, out,
+                         tmp_path=tmp_path, deadline_s=60, store="tcp")
+    for rank in range(2):
+        with open(f"{out}.{rank}") as f:
+            message = f.read()
+        assert message.startswith("ValueError: mmsp.Mesh: the ranks asked for different meshes: "), (rank, message)
