@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
 
+import torch
 import torch.distributed as dist
 
 from mmsp import library
@@ -150,27 +151,34 @@ class Mesh:
         "dp_shard_sp" (dp_shard x ring x ulysses), so the parameters are sharded over every rank
         whose tokens make gradients for them; with a dimension named `replicate` in the
         DeviceMesh, 2-D (replicate, dp_shard_sp): HSDP. mmsp.patch makes FSDP2 sum, not average,
-        over it (each rank's gradient is its tokens' part of the step's mean)."""
+        over it (each rank's gradient is its tokens' part of the step's mean). Its groups are made
+        here with the Mesh's timeout, so a stopped or dead peer ends FSDP2's collectives within it."""
         if self._fsdp is not None:
             return self._fsdp
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
         dm = self.device_mesh
-        if dm is None:
-            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-            self._fsdp = init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("dp_shard_sp",))
-            return self._fsdp
-        names: tuple[str, ...] = tuple(dm.mesh_dim_names or ())
+        names: tuple[str, ...] = tuple(dm.mesh_dim_names or ()) if dm is not None else ()
         hsdp = replicate is not None and replicate in names
         if hsdp and names.index(replicate) != 0:
             raise ValueError(f"mmsp.Mesh.fsdp_mesh: {replicate!r} must be the DeviceMesh's first dimension "
                              f"for HSDP (its dimensions: {', '.join(names)})")
-        shard = tuple(n for n in names if n != replicate)
-        # DeviceMesh._flatten: the folded dimension, as torchtitan makes its dp_shard_cp (no public API yet).
-        folded = shard[0] if len(shard) == 1 else "dp_shard_sp"
-        if len(shard) > 1:
-            dm[shard]._flatten(folded)
-        self._fsdp = dm[(replicate, folded)] if hsdp else dm[folded]  # type: ignore[index]
+        device = dm.device_type if dm is not None else "cuda" if dist.get_backend() == "nccl" else "cpu"
+        world = dist.get_world_size()
+        if self.world_group is None:  # one rank: nothing to time out
+            self._fsdp = init_device_mesh(device, (world,), mesh_dim_names=("dp_shard_sp",))
+            return self._fsdp
+        # FSDP2's collectives run on these groups: made here with the mesh's timeout (the
+        # DeviceMesh's own, init_device_mesh's, have the default group's: 30 min for Gloo).
+        if not hsdp:
+            self._fsdp = DeviceMesh.from_group(self.world_group, device, mesh_dim_names=("dp_shard_sp",))
+            return self._fsdp
+        assert dm is not None and replicate is not None, "HSDP comes from a DeviceMesh with a replicate dimension"
+        ranks = torch.arange(world).reshape(dm.mesh.shape[0], -1)  # mmsp's layout: replicate outermost
+        shard = _member_group([row.tolist() for row in ranks], self.timeout)
+        replicas = _member_group([column.tolist() for column in ranks.T], self.timeout)
+        self._fsdp = DeviceMesh.from_group([replicas, shard], device, mesh=ranks,
+                                           mesh_dim_names=(replicate, "dp_shard_sp"))
         return self._fsdp
 
     def global_rank(self, dp: int, ring: int, ulysses: int) -> int:
@@ -187,6 +195,17 @@ class Mesh:
     def __repr__(self) -> str:
         return (f"mmsp.Mesh(dp={self.dp}, ring={self.ring_size}, ulysses={self.ulysses_size}; "
                 f"rank {self.rank} at {self.coords})")
+
+
+def _member_group(partition: list[list[int]], seconds: float) -> dist.ProcessGroup:
+    """This rank's group of a partition of the world, with the timeout; every rank makes every group."""
+    mine = None
+    for members in partition:
+        pg = dist.new_group(members, timeout=timedelta(seconds=seconds))
+        if dist.get_rank() in members:
+            mine = pg
+    assert isinstance(mine, dist.ProcessGroup), "every rank is in one group of the partition"
+    return mine
 
 
 def _agree(mine: dict[str, Any], seconds: float) -> None:

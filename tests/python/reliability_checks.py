@@ -153,3 +153,46 @@ def mesh_disagreement_reaches_ranks_while_rank_0_exits(rank, world, out):
         f.write(message)
     if rank == 0:
         os._exit(0)
+
+
+# --- a peer stopped or killed under FSDP2 ------------------------------------------------------------
+
+def fsdp_peer_lost(rank, world, how, out):
+    """dp = world, FSDP2 over mesh.fsdp_mesh() (mmsp.fully_shard), the mesh's timeout 3 s against
+    the default group's 600 s (run_bounded). After a first step, the last rank stops (SIGSTOP)
+    before the forward or dies (SIGKILL) before the backward; rank 0 records how long its step ran
+    and its error, then ends the stopped rank."""
+    import mmsp
+
+    family, model, samples = _qwen2_vl(rank)
+    mesh = mmsp.Mesh(dp=world, timeout=timedelta(seconds=3))
+    mmsp.patch(model, mesh)
+    mmsp.fully_shard(model, mesh)
+    batch = hf_batch(family, samples)
+    model(**batch).loss.backward()  # FSDP2's lazy start and a whole step, every rank
+    if rank == world - 1:
+        with open(out + ".pid", "w") as f:
+            f.write(str(os.getpid()))
+    dist.barrier()
+    if rank == world - 1:
+        if how == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
+        loss = model(**batch).loss
+        os.kill(os.getpid(), signal.SIGKILL)
+        loss.backward()
+        raise AssertionError("the killed rank ran on")
+    if rank != 0:
+        return
+    loss = None if how == "stop" else model(**batch).loss
+    start = time.monotonic()
+    try:
+        (model(**batch).loss if loss is None else loss).backward()
+        message = None
+    except Exception as e:
+        message = f"{type(e).__name__}: {e}"
+    elapsed = time.monotonic() - start
+    if how == "stop":
+        with open(out + ".pid") as f:
+            os.kill(int(f.read()), signal.SIGKILL)
+    with open(out, "w") as f:
+        json.dump({"elapsed": elapsed, "message": message}, f)

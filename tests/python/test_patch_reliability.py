@@ -105,3 +105,23 @@ def test_a_mesh_disagreement_reaches_every_rank_though_rank_0_exits_at_once(tmp_
         with open(f"{out}.{rank}") as f:
             message = f.read()
         assert message.startswith("ValueError: mmsp.Mesh: the ranks asked for different meshes: "), (rank, message)
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_peer_lost_under_fsdp2_ends_the_step_within_the_mesh_timeout(tmp_path, how):
+    """FSDP2's collectives run on mesh.fsdp_mesh()'s groups, made with the mesh's 3 s (not the
+    default group's 600 s here, 30 min for Gloo by default), and fail with mmsp's words: a
+    stopped peer after 3 s, a killed one at once."""
+    import reliability_checks
+
+    out = str(tmp_path / "result.json")
+    sp_ranks.run_bounded(2, reliability_checks.fsdp_peer_lost, how, out, tmp_path=tmp_path, deadline_s=90)
+    with open(out) as f:
+        result = json.load(f)
+    assert result["message"] is not None, "rank 0's step ended without an error"
+    assert result["message"].startswith("ValueError: mmsp.fully_shard: FSDP2's "), result
+    assert "on group dp_shard_sp (2 ranks) failed: a peer rank died, hung or disagreed on the call (timeout 3 s)" \
+        in result["message"], result
+    low, high = (2.5, 3 + 5) if how == "stop" else (0, 3 + 2)
+    assert low <= result["elapsed"] <= high, result
+    print(how, result)

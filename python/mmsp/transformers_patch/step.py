@@ -111,7 +111,7 @@ def forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values
             pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, **ignored):
     state: PatchState = self._mmsp
     mesh = state.mesh
-    fsdp = _gradients.under_fsdp(self)
+    fsdp = _gradients.under_fsdp(self, mesh.timeout)
     _gradients.recover_from_failed_backward(state)
     _check_no_pending_recompute(self, state)
     device = input_ids.device
