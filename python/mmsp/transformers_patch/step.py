@@ -66,6 +66,7 @@ def _per_rank_batch(model, state: PatchState, inputs: dict, device, fsdp: bool):
                                 state.mesh, model_word)
 
 
+@torch.compiler.disable  # mmsp's all-reduce and a backward hook: eager under torch.compile(model)
 def _batch_loss(local: torch.Tensor, state: PatchState, model, fsdp: bool) -> torch.Tensor:
     """This rank's part of the mean loss -> the batch's loss, whose gradient is this rank's part."""
     whole = local.detach().clone()
@@ -85,6 +86,18 @@ def _batch_loss(local: torch.Tensor, state: PatchState, model, fsdp: bool) -> to
 
         loss.register_hook(backward_begins)
     return loss
+
+
+@torch.compiler.disable  # host work on the batch (checks, hashes, the plan): eager under torch.compile(model)
+def _planned_step(model, state: PatchState, inputs: dict, device, fsdp: bool):
+    """The step's batch checked (agreed across the ranks) and planned: (this rank's shard, the
+    pixel sources, whether the step holds images or videos)."""
+    if state.batch == "per_rank":
+        batch, sources, has_vision = _per_rank_batch(model, state, inputs, device, fsdp)
+    else:
+        batch, sources, has_vision = _shared_batch(model, state, inputs, fsdp)
+    shard = _plan(state.config, batch, state.mesh, layout=state.layout, placement=state.placement)
+    return shard, sources, has_vision
 
 
 def _decoder_logits(model, state: PatchState, shard, sources, has_vision: bool, device, fsdp: bool):
@@ -119,11 +132,7 @@ def forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values
               "pixel_values": pixel_values, "image_grid_thw": image_grid_thw,
               "pixel_values_videos": pixel_values_videos, "video_grid_thw": video_grid_thw,
               "second_per_grid_ts": second_per_grid_ts}
-    if state.batch == "per_rank":
-        batch, sources, has_vision = _per_rank_batch(self, state, inputs, device, fsdp)
-    else:
-        batch, sources, has_vision = _shared_batch(self, state, inputs, fsdp)
-    shard = _plan(state.config, batch, mesh, layout=state.layout, placement=state.placement)
+    shard, sources, has_vision = _planned_step(self, state, inputs, device, fsdp)
     with _agreement.agreed():  # agreed once for the step (the batch check): its ops skip their own
         logits = _decoder_logits(self, state, shard, sources, has_vision, device, fsdp)
     local = F.cross_entropy(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits,
