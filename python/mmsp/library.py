@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 import torch
 from torch.library import custom_op
 
+from mmsp import op_agreement as _agreement
 from mmsp._extension import C
 
 _groups: dict[str, C.Group] = {}
@@ -46,6 +47,17 @@ def _group(key: str) -> Optional[C.Group]:
     except KeyError:
         raise ValueError(f"mmsp ops: no process group is registered as {key!r}; give the names a "
                          "mmsp.Mesh holds (mesh.op_groups)") from None
+
+
+def _context(ring: Optional[C.Group], ulysses: Optional[C.Group]) -> list[Optional[C.Group]]:
+    """The groups a context op agrees over: the context group (ring x Ulysses) that the Mesh
+    registered beside them, so that one verdict holds for every rank the op's exchanges join."""
+    if ring is None or ulysses is None:
+        return [ring if ulysses is None else ulysses]
+    members = set(ring.members) | set(ulysses.members)
+    found: list[Optional[C.Group]] = [g for g in _groups.values()
+                                      if g.size == len(members) and set(g.members) == members]
+    return found[:1] or [ring, ulysses]
 
 
 def _size(key: str) -> int:
@@ -120,7 +132,13 @@ def context_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segment
                       orders: list[torch.Tensor], ring: str, ulysses: str, causal: bool, scale: float,
                       split_slots: list[int]) -> list[torch.Tensor]:
     """mmsp.ops.attention's op: q [T, H, D], k/v [T, H_kv, D] -> [out [T, H, D], saved...]."""
-    C.check_ulysses_heads(q.shape[1], k.shape[1], _size(ulysses))
+    try:
+        C.check_ulysses_heads(q.shape[1], k.shape[1], _size(ulysses))
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    _agreement.layout("context_attention", (q, k, v), segments, orders, _context(_group(ring), _group(ulysses)),
+                      (causal, scale, split_slots), refused)
     return C.context_attention_forward(q, k, v, segments, orders, _group(ring), _group(ulysses), causal, scale,
                                        split_slots)
 
@@ -204,6 +222,8 @@ context_attention_backward.register_autograd(_no_double_backward, setup_context=
 def gated_delta_conv(x: torch.Tensor, weight: torch.Tensor, segments: list[torch.Tensor],
                      orders: list[torch.Tensor], ring: str) -> torch.Tensor:
     """mmsp.ops.gated_delta_conv's op: x [T_r, C], weight [C, W] -> [T_r, C]."""
+    _agreement.layout("gated_delta_conv", (x, weight), segments, orders, [_group(ring)], (),
+                      _agreement.share_tokens("gated_delta_conv", x.shape[0], segments, _group(ring)))
     return C.gated_delta_conv(x, weight, segments, orders, _group(ring)).contiguous()
 
 
@@ -250,6 +270,8 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
                      segments: list[torch.Tensor], orders: list[torch.Tensor], ring: str,
                      chunk: int) -> torch.Tensor:
     """mmsp.ops.gated_delta_rule's op: q, k [T_r, H, K], v [T_r, H, V], g, beta [T_r, H] -> [T_r, H, V]."""
+    _agreement.layout("gated_delta_rule", (q, k, v, g, beta), segments, orders, [_group(ring)], (chunk,),
+                      _agreement.share_tokens("gated_delta_rule", q.shape[0], segments, _group(ring)))
     return C.gated_delta_rule(q, k, v, g, beta, segments, orders, _group(ring), chunk).contiguous()
 
 
@@ -301,6 +323,8 @@ gated_delta_rule_backward.register_autograd(_no_double_backward, setup_context=_
 def ulysses_scatter_heads(x: torch.Tensor, tokens: list[int], ulysses: str) -> torch.Tensor:
     """[tokens[u], H, F] -> [sum(tokens), H/U, F] (mmsp.ops.ulysses_scatter_heads)."""
     group = _group(ulysses)
+    if group is not None:
+        _agreement.heads("ulysses_scatter_heads", x, tokens, group)
     return (x.clone() if group is None else C.ulysses_scatter_heads(x, tokens, group)).contiguous()
 
 
@@ -313,6 +337,8 @@ def _(x, tokens, ulysses):
 def ulysses_gather_heads(y: torch.Tensor, tokens: list[int], ulysses: str) -> torch.Tensor:
     """The inverse of ulysses_scatter_heads: [sum(tokens), H/U, F] -> [tokens[u], H, F]."""
     group = _group(ulysses)
+    if group is not None:
+        _agreement.heads("ulysses_gather_heads", y, tokens, group)
     return (y.clone() if group is None else C.ulysses_gather_heads(y, tokens, group)).contiguous()
 
 
@@ -340,6 +366,8 @@ ulysses_gather_heads.register_autograd(
 def all_to_all_v(rows: torch.Tensor, send_counts: list[int], recv_counts: list[int], group: str) -> torch.Tensor:
     """Rows to the group's ranks by counts (Vision DP's routes, mmsp.ops.route_rows)."""
     g = _group(group)
+    if g is not None:
+        _agreement.rows(rows, send_counts, recv_counts, g)
     return (rows.clone() if g is None else C.all_to_all_v(rows, send_counts, recv_counts, g)).contiguous()
 
 

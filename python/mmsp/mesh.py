@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
 
+import torch
 import torch.distributed as dist
 
 from mmsp import library
@@ -167,27 +168,34 @@ class Mesh:
         "dp_shard_sp" (dp_shard x ring x ulysses), so the parameters are sharded over every rank
         whose tokens make gradients for them; with a dimension named `replicate` in the
         DeviceMesh, 2-D (replicate, dp_shard_sp): HSDP. mmsp.patch makes FSDP2 sum, not average,
-        over it (each rank's gradient is its tokens' part of the step's mean)."""
+        over it (each rank's gradient is its tokens' part of the step's mean). Its groups are made
+        here with the Mesh's timeout, so a stopped or dead peer ends FSDP2's collectives within it."""
         if self._fsdp is not None:
             return self._fsdp
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
         dm = self.device_mesh
-        if dm is None:
-            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-            self._fsdp = init_device_mesh(device, (dist.get_world_size(),), mesh_dim_names=("dp_shard_sp",))
-            return self._fsdp
-        names: tuple[str, ...] = tuple(dm.mesh_dim_names or ())
+        names: tuple[str, ...] = tuple(dm.mesh_dim_names or ()) if dm is not None else ()
         hsdp = replicate is not None and replicate in names
         if hsdp and names.index(replicate) != 0:
             raise ValueError(f"mmsp.Mesh.fsdp_mesh: {replicate!r} must be the DeviceMesh's first dimension "
                              f"for HSDP (its dimensions: {', '.join(names)})")
-        shard = tuple(n for n in names if n != replicate)
-        # DeviceMesh._flatten: the folded dimension, as torchtitan makes its dp_shard_cp (no public API yet).
-        folded = shard[0] if len(shard) == 1 else "dp_shard_sp"
-        if len(shard) > 1:
-            dm[shard]._flatten(folded)
-        self._fsdp = dm[(replicate, folded)] if hsdp else dm[folded]  # type: ignore[index]
+        device = dm.device_type if dm is not None else "cuda" if dist.get_backend() == "nccl" else "cpu"
+        world = dist.get_world_size()
+        if self.world_group is None:  # one rank: nothing to time out
+            self._fsdp = init_device_mesh(device, (world,), mesh_dim_names=("dp_shard_sp",))
+            return self._fsdp
+        # FSDP2's collectives run on these groups: made here with the mesh's timeout (the
+        # DeviceMesh's own, init_device_mesh's, have the default group's: 30 min for Gloo).
+        if not hsdp:
+            self._fsdp = DeviceMesh.from_group(self.world_group, device, mesh_dim_names=("dp_shard_sp",))
+            return self._fsdp
+        assert dm is not None and replicate is not None, "HSDP comes from a DeviceMesh with a replicate dimension"
+        ranks = torch.arange(world).reshape(dm.mesh.shape[0], -1)  # mmsp's layout: replicate outermost
+        shard = _member_group([row.tolist() for row in ranks], self.timeout)
+        replicas = _member_group([column.tolist() for column in ranks.T], self.timeout)
+        self._fsdp = DeviceMesh.from_group([replicas, shard], device, mesh=ranks,
+                                           mesh_dim_names=(replicate, "dp_shard_sp"))
         return self._fsdp
 
     def global_rank(self, dp: int, ring: int, ulysses: int) -> int:
@@ -228,6 +236,17 @@ def _make_groups(sizes: dict[str, int], world: int, rank: int, seconds: float,
     return mine
 
 
+def _member_group(partition: list[list[int]], seconds: float) -> dist.ProcessGroup:
+    """This rank's group of a partition of the world, with the timeout; every rank makes every group."""
+    mine = None
+    for members in partition:
+        pg = dist.new_group(members, timeout=timedelta(seconds=seconds))
+        if dist.get_rank() in members:
+            mine = pg
+    assert isinstance(mine, dist.ProcessGroup), "every rank is in one group of the partition"
+    return mine
+
+
 def _agree(mine: dict[str, Any], seconds: float) -> None:
     """Every rank's `mine` (the Mesh's arguments) through the default store, waiting at most
     `seconds`; a ValueError on every rank naming the ranks that differ, or that never came."""
@@ -240,12 +259,17 @@ def _agree(mine: dict[str, Any], seconds: float) -> None:
     try:
         store.wait(keys, timedelta(seconds=seconds))
     except Exception:  # the store's timeout: name who never posted
-        missing = [r for r, k in enumerate(keys) if not store.check([k])]
-        raise ValueError(f"mmsp.Mesh: {_ranks(missing)} did not construct mmsp.Mesh within {seconds:g} s (rank "
-                         f"{rank} did, as its construction number {_meshes} in this process): every rank must "
-                         "construct the same Meshes in the same order (stopped, hung or took another path?)") \
-            from None
-    every = [json.loads(v) for v in store.multi_get(keys)]
+        missing = _missing(store, keys)
+        _release(store, rank, [r for r in range(world) if r not in missing], seconds)
+        raise ValueError(f"mmsp.Mesh: {_ranks(missing) if missing else 'a rank'} did not construct mmsp.Mesh within "
+                         f"{seconds:g} s (rank {rank} did, as its construction number {_meshes} in this process): "
+                         "every rank must construct the same Meshes in the same order (stopped, hung or took "
+                         "another path?)") from None
+    try:
+        every = [json.loads(v) for v in store.multi_get(keys)]
+    except Exception as e:  # rank 0, which hosts the store without torchrun, ended before this rank read it
+        raise ValueError(f"mmsp.Mesh: the default group's store stopped answering while the ranks compared their "
+                         f"meshes (did rank 0 end?): {type(e).__name__}: {e}") from None
     differ = []
     for name in mine:
         values: dict[str, list[int]] = {}
@@ -254,8 +278,30 @@ def _agree(mine: dict[str, Any], seconds: float) -> None:
         if len(values) > 1:
             differ.append(f"{name} is " + " but ".join(f"{v} on {_ranks(rs)}" for v, rs in values.items()))
     if differ:
+        _release(store, rank, list(range(world)), seconds)
         raise ValueError(f"mmsp.Mesh: the ranks asked for different meshes: {'; '.join(differ)}. Every rank must "
                          "construct the same Mesh (it creates process groups together); stopped before the first")
+
+
+def _missing(store: Any, keys: list[str]) -> list[int]:
+    try:
+        return [r for r, k in enumerate(keys) if not store.check([k])]
+    except Exception:  # the store itself is gone: no one to name
+        return []
+
+
+def _release(store: Any, rank: int, readers: list[int], seconds: float) -> None:
+    """Before a ValueError ends the program: each rank says it has read the store, and rank 0
+    (which hosts the store unless torchrun's agent does) waits for the `readers` to say so (at
+    most the timeout, 10 s at most), so that its exit does not take the store from a rank still
+    reading it (whose error would be the store's DistNetworkError instead of this one)."""
+    read = [f"mmsp/mesh/{_meshes}/read/{r}" for r in readers]
+    try:
+        store.set(f"mmsp/mesh/{_meshes}/read/{rank}", "1")
+        if rank == 0:
+            store.wait(read, timedelta(seconds=min(seconds, 10.0)))
+    except Exception:  # a reader that never reads (stopped, dead): the error goes out all the same
+        pass
 
 
 def _ranks(ranks: Iterable[int]) -> str:

@@ -3,7 +3,9 @@
 Every op takes this rank's slots of a step (a Shard's layout) and the Mesh; every rank of
 the context group must call the same ops in the same order (they run collectives), also in
 the backward, which autograd does for you. Inputs are checked before the first collective;
-a wrong input is a ValueError naming the value and the rule.
+a wrong input is a ValueError naming the value and the rule, on every rank of the op's group:
+the ranks agree on each call first (mmsp.op_agreement: one small all-reduce a call), so a rank
+whose call differs or whose input is refused stops every rank, never one alone.
 
 Eager, each op is one LibTorch autograd call. Under torch.compile (dynamo tracing), each goes
 through its torch.library custom op instead (mmsp.library, `torch.ops.mmsp.*`): one node of
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 
 from mmsp import library  # noqa: F401  (registers torch.ops.mmsp)
+from mmsp import op_agreement as _agreement
 from mmsp._extension import C
 
 if TYPE_CHECKING:
@@ -46,9 +49,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shard: "Shard",
         return torch.ops.mmsp.context_attention(q, k, v, list(shard.segments), list(shard.orders),
                                                 mesh.op_groups["ring"], mesh.op_groups["ulysses"], causal,
                                                 0.0 if scale is None else float(scale), _split_slots(shard))[0]
-    C.check_ulysses_heads(q.shape[1], k.shape[1], mesh.ulysses_size)
+    _agree_attention(q, k, v, shard.segments, shard.orders, mesh.ulysses_size, [mesh.context],
+                     (causal, scale, _split_slots(shard)))
     return C.context_attention(q, k, v, shard.segments, shard.orders, mesh.ring, mesh.ulysses, causal,
                                0.0 if scale is None else float(scale), _split_slots(shard))
+
+
+def _agree_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments: Sequence[torch.Tensor],
+                     orders: Sequence[torch.Tensor], ulysses: int, groups: Sequence[Optional[C.Group]],
+                     options: tuple) -> None:
+    """The attention's own checks (this rank's), then the call agreed over its context group."""
+    try:
+        C.check_ulysses_heads(q.shape[1], k.shape[1], ulysses)
+        refused = None
+    except ValueError as e:
+        refused = str(e)
+    _agreement.layout("context_attention", (q, k, v), segments, orders, groups, options, refused)
 
 
 def gated_delta_conv(x: torch.Tensor, weight: torch.Tensor, shard: "Shard", mesh: "Mesh") -> torch.Tensor:
@@ -60,6 +76,8 @@ def gated_delta_conv(x: torch.Tensor, weight: torch.Tensor, shard: "Shard", mesh
     if _compiling():
         return torch.ops.mmsp.gated_delta_conv(x, weight, list(shard.segments), list(shard.orders),
                                                mesh.op_groups["ring"])
+    refused = _agreement.share_tokens("gated_delta_conv", x.shape[0], shard.segments, mesh.ring)
+    _agreement.layout("gated_delta_conv", (x, weight), shard.segments, shard.orders, [mesh.ring], (), refused)
     return C.gated_delta_conv(x, weight, shard.segments, shard.orders, mesh.ring)
 
 
@@ -71,6 +89,9 @@ def gated_delta_rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch
     if _compiling():
         return torch.ops.mmsp.gated_delta_rule(q, k, v, g, beta, list(shard.segments), list(shard.orders),
                                                mesh.op_groups["ring"], chunk)
+    refused = _agreement.share_tokens("gated_delta_rule", q.shape[0], shard.segments, mesh.ring)
+    _agreement.layout("gated_delta_rule", (q, k, v, g, beta), shard.segments, shard.orders, [mesh.ring], (chunk,),
+                      refused)
     return C.gated_delta_rule(q, k, v, g, beta, shard.segments, shard.orders, mesh.ring, chunk)
 
 
@@ -81,6 +102,7 @@ def ulysses_scatter_heads(x: torch.Tensor, tokens: Sequence[int], mesh: "Mesh") 
     if _compiling():
         return torch.ops.mmsp.ulysses_scatter_heads(x, list(tokens), mesh.op_groups["ulysses"])
     assert mesh.ulysses is not None, "a Mesh of Ulysses size > 1 holds its Ulysses group"
+    _agreement.heads("ulysses_scatter_heads", x, tokens, mesh.ulysses)
     return C.ulysses_scatter_heads(x, list(tokens), mesh.ulysses)
 
 
@@ -91,6 +113,7 @@ def ulysses_gather_heads(y: torch.Tensor, tokens: Sequence[int], mesh: "Mesh") -
     if _compiling():
         return torch.ops.mmsp.ulysses_gather_heads(y, list(tokens), mesh.op_groups["ulysses"])
     assert mesh.ulysses is not None, "a Mesh of Ulysses size > 1 holds its Ulysses group"
+    _agreement.heads("ulysses_gather_heads", y, tokens, mesh.ulysses)
     return C.ulysses_gather_heads(y, list(tokens), mesh.ulysses)
 
 
@@ -106,4 +129,6 @@ def route_rows(rows: torch.Tensor, shard: "Shard", mesh: "Mesh") -> tuple[torch.
     if _compiling():
         return torch.ops.mmsp.all_to_all_v(picked, [len(d) for d in shard.send], [len(s) for s in shard.recv],
                                            mesh.op_groups["context"]), slots
-    return C.all_to_all_v(picked, [len(d) for d in shard.send], [len(s) for s in shard.recv], mesh.context), slots
+    send, recv = [len(d) for d in shard.send], [len(s) for s in shard.recv]
+    _agreement.rows(picked, send, recv, mesh.context)
+    return C.all_to_all_v(picked, send, recv, mesh.context), slots

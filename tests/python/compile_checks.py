@@ -103,10 +103,12 @@ def ops_pass_opcheck(rank, world):
                            f"{what}: gated_delta_rule")
 
 
-def compiled_patch_equals_eager(rank, world, family_name, ring, ulysses, backend):
+def compiled_patch_equals_eager(rank, world, family_name, ring, ulysses, backend, whole=False):
     """A patched model whose decoder layers are compiled (torch.compile, `backend`) = the same
     patched model eager: the loss and every parameter's gradient after one step, fp64. The
-    compiled layers run mmsp's attention (and Qwen3.5's Gated DeltaNet) as torch.ops.mmsp nodes."""
+    compiled layers run mmsp's attention (and Qwen3.5's Gated DeltaNet) as torch.ops.mmsp nodes.
+    whole: then torch.compile(model) of the whole patched model too, in the same processes (the
+    batch's checks and plan run eagerly inside it: torch.compiler.disable)."""
     sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
     import families
     import mmsp
@@ -118,20 +120,27 @@ def compiled_patch_equals_eager(rank, world, family_name, ring, ulysses, backend
     # the wider value unless told to emulate the casts, which eager rounds.
     torch._inductor.config.emulate_precision_casts = True
     family = families.FAMILIES[family_name]
-    eager = families.build_model(family).train()
-    compiled = copy.deepcopy(eager)
+    base = families.build_model(family).train()
+    eager = copy.deepcopy(base)
     mesh = mmsp.Mesh(dp=world // (ring * ulysses), ring=ring, ulysses=ulysses)
     mmsp.patch(eager, mesh)
-    mmsp.patch(compiled, mesh)
-    seen = set()
-    for layer in _decoder_layers(compiled):  # in place: the parameters keep their names
-        layer.compile(backend=_recording(backend, seen), dynamic=False)
     samples = families.make_samples(family)
-    what = f"{family_name} compiled ({backend}) on ring {ring} x ulysses {ulysses}, rank {rank}"
     want = eager(**hf_batch(family, samples)).loss
     want.backward()
-    got = compiled(**hf_batch(family, samples)).loss
-    got.backward()
+    for form in ("layers", "whole") if whole else ("layers",):
+        compiled = mmsp.patch(copy.deepcopy(base), mesh)
+        seen = set()
+        run = torch.compile(compiled, backend=_recording(backend, seen), dynamic=False) if form == "whole" \
+            else compiled
+        for layer in _decoder_layers(compiled) if form == "layers" else []:  # in place: names unchanged
+            layer.compile(backend=_recording(backend, seen), dynamic=False)
+        what = (f"{family_name} compiled ({backend}, {form}) on ring {ring} x ulysses {ulysses}, rank {rank}")
+        got = run(**hf_batch(family, samples)).loss
+        got.backward()
+        _assert_compiled_equal(compiled, eager, got, want, seen, backend, family_name, what)
+
+
+def _assert_compiled_equal(compiled, eager, got, want, seen, backend, family_name, what):
     # aot_eager runs the traced graph's ops as eager does: equal to rounding. Inductor generates
     # its own kernels; transformers' norms compute in fp32 even in an fp64 model, where its
     # vectorised fp32 math may round a last bit apart from eager's, so it is held to fp32's scale.

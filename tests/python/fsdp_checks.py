@@ -194,3 +194,8 @@ def device_mesh_mistakes_named(rank, world):
         model(**hf_batch(family, samples[1:]))
     first.backward()  # then the loop goes on
     model(**hf_batch(family, samples[1:])).loss.backward()
+    model.zero_grad(set_to_none=True)
+    mmsp.fully_shard(model, mesh)  # a second fully_shard: a short ValueError, not FSDP2's AssertionError
+    with pytest.raises(ValueError, match=r"^mmsp.fully_shard: the model is already sharded by FSDP2 \(\w+\); shard it "
+                                         r"once$"):
+        mmsp.fully_shard(model, mesh)

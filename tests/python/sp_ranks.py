@@ -41,7 +41,8 @@ def _start_method():
     instead of importing them anew (8 s of CPU a rank on the 2-core machine)."""
     import multiprocessing
 
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "transformers", "sp_checks"])
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "transformers", "sp_checks",
+                                            "reliability_checks"])
     return "forkserver"
 
 
@@ -55,8 +56,10 @@ def run(world, fn, *args, tmp_path):
 def _bounded_entry(rank, world, store, package_path, fn, args, default_timeout_s):
     sys.path.insert(0, package_path)
     _share_cores(world)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=default_timeout_s))
+    # store: a file (a FileStore every rank opens), or tcp://host:port (rank 0 hosts the TCPStore,
+    # as under mmsp-run or a launcher without an agent: its exit takes the store with it)
+    dist.init_process_group("gloo", init_method=store if store.startswith("tcp://") else f"file://{store}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=default_timeout_s))
     fn(rank, world, *args)
     # No barrier and no teardown: a check may leave a peer stopped or the groups broken.
     sys.stdout.flush()
@@ -64,19 +67,29 @@ def _bounded_entry(rank, world, store, package_path, fn, args, default_timeout_s
     os._exit(0)
 
 
-def run_bounded(world, fn, *args, tmp_path, deadline_s, default_timeout_s=600):
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_bounded(world, fn, *args, tmp_path, deadline_s, default_timeout_s=600, store="file"):
     """Like run, for checks of failures: the default group's timeout is long (600 s, torch's
     own is 30 min), and every rank must have returned from `fn` within `deadline_s` of the
     start, else the ranks are killed and the call fails naming the ranks still running (a hang
     is what these checks look for). A rank may end another (SIGKILL) once its check is done; a
-    rank that raised fails the call with its traceback."""
+    rank that raised fails the call with its traceback. store="tcp": rank 0 hosts the default
+    group's store (a TCPStore), else a file holds it."""
     import signal
     import time
 
-    store = os.path.join(str(tmp_path), f"store-{world}-{fn.__name__}")
+    store = (f"tcp://127.0.0.1:{_free_port()}" if store == "tcp" else
+             os.path.join(str(tmp_path), f"store-{world}-{fn.__name__}"))
     package_path = os.environ["MMSP_PACKAGE_PATH"]
     context = mp.start_processes(_bounded_entry, args=(world, store, package_path, fn, args, default_timeout_s),
-                                 nprocs=world, join=False, start_method="spawn")
+                                 nprocs=world, join=False, start_method=_start_method())
     end = time.monotonic() + deadline_s
     try:
         while time.monotonic() < end:

@@ -15,11 +15,14 @@ def test_ops_pass_opcheck_and_equal_eager(world, tmp_path):
 
 
 # aot_eager: the traced graph's ops as eager runs them (equal to rounding); inductor: its own
-# generated kernels (held to fp32's scale: transformers' norms compute in fp32).
-@pytest.mark.parametrize("family,world,ring,ulysses,backend", [
-    ("qwen2_5_vl", 2, 2, 1, "aot_eager"),
-    ("qwen3_5", 4, 2, 2, "aot_eager"),
-    ("qwen2_5_vl", 2, 2, 1, "inductor"),
+# generated kernels (held to fp32's scale: transformers' norms compute in fp32). The first case
+# also compiles the whole patched model, torch.compile(model) (a storage error before issue 68:
+# the batch's fingerprint was traced), in the same processes.
+@pytest.mark.parametrize("family,world,ring,ulysses,backend,whole", [
+    ("qwen2_5_vl", 2, 2, 1, "aot_eager", True),
+    ("qwen3_5", 4, 2, 2, "aot_eager", False),
+    ("qwen2_5_vl", 2, 2, 1, "inductor", False),
 ])
-def test_compiled_patch_equals_eager(family, world, ring, ulysses, backend, tmp_path):
-    sp_ranks.run(world, compile_checks.compiled_patch_equals_eager, family, ring, ulysses, backend, tmp_path=tmp_path)
+def test_compiled_patch_equals_eager(family, world, ring, ulysses, backend, whole, tmp_path):
+    sp_ranks.run(world, compile_checks.compiled_patch_equals_eager, family, ring, ulysses, backend, whole,
+                 tmp_path=tmp_path)

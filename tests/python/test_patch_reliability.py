@@ -78,3 +78,50 @@ def test_the_batch_fingerprint_sees_every_element(how):
         assert word(x.flip(0)) != base  # the order of rows
         if x.dim() > 1:
             assert word(x.flip(-1)) != base  # the order within a row
+
+
+def test_a_model_or_token_ids_the_ranks_disagree_on_are_named_on_every_rank(tmp_path):
+    import reliability_checks
+
+    sp_ranks.run_bounded(2, reliability_checks.model_and_token_ids_named_on_every_rank, tmp_path=tmp_path,
+                         deadline_s=120)
+
+
+def test_op_calls_the_ranks_disagree_on_are_named_on_every_rank(tmp_path):
+    import reliability_checks
+
+    sp_ranks.run_bounded(2, reliability_checks.op_calls_that_differ_named_on_every_rank, tmp_path=tmp_path,
+                         deadline_s=120)
+
+
+def test_a_mesh_disagreement_reaches_every_rank_though_rank_0_exits_at_once(tmp_path):
+    """Rank 0 hosts the TCPStore (as under mmsp-run) and exits on its ValueError at once."""
+    import reliability_checks
+
+    out = str(tmp_path / "message")
+    sp_ranks.run_bounded(2, reliability_checks.mesh_disagreement_reaches_ranks_while_rank_0_exits, out,
+                         tmp_path=tmp_path, deadline_s=60, store="tcp")
+    for rank in range(2):
+        with open(f"{out}.{rank}") as f:
+            message = f.read()
+        assert message.startswith("ValueError: mmsp.Mesh: the ranks asked for different meshes: "), (rank, message)
+
+
+@pytest.mark.parametrize("how", ["stop", "kill"])
+def test_a_peer_lost_under_fsdp2_ends_the_step_within_the_mesh_timeout(tmp_path, how):
+    """FSDP2's collectives run on mesh.fsdp_mesh()'s groups, made with the mesh's 3 s (not the
+    default group's 600 s here, 30 min for Gloo by default), and fail with mmsp's words: a
+    stopped peer after 3 s, a killed one at once."""
+    import reliability_checks
+
+    out = str(tmp_path / "result.json")
+    sp_ranks.run_bounded(2, reliability_checks.fsdp_peer_lost, how, out, tmp_path=tmp_path, deadline_s=90)
+    with open(out) as f:
+        result = json.load(f)
+    assert result["message"] is not None, "rank 0's step ended without an error"
+    assert result["message"].startswith("ValueError: mmsp.fully_shard: FSDP2's "), result
+    assert "on group dp_shard_sp (2 ranks) failed: a peer rank died, hung or disagreed on the call (timeout 3 s)" \
+        in result["message"], result
+    low, high = (2.5, 3 + 5) if how == "stop" else (0, 3 + 2)
+    assert low <= result["elapsed"] <= high, result
+    print(how, result)

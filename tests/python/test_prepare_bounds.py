@@ -342,6 +342,102 @@ def test_seconds_per_grid_beyond_the_trainers_bound_are_refused(models):
         prepare_run._check_train_bounds(model, line)
 
 
+# --- video frames, the model's config, what a template drops or reads as control ----------------
+
+def _model_copy(models, family, tmp_path, change):
+    """A copy of the family's tiny model directory with `change(files)` applied to its JSON files
+    (files: name -> parsed content, written back as JSON, or a str written as it is)."""
+    import shutil
+
+    folder = tmp_path / f"{family}-changed-{len(list(tmp_path.glob('*-changed-*')))}"
+    shutil.copytree(models[family][0], folder)
+    files = {name: json.loads((folder / name).read_text()) for name in ("config.json", "processor_config.json")}
+    change(files)
+    for name, content in files.items():
+        (folder / name).write_text(content if isinstance(content, str) else json.dumps(content))
+    return str(folder)
+
+
+def test_video_frame_counts_are_bounded_before_any_record(capsys, models, folder, tmp_path):
+    """--video-num-frames (or the config's num_frames) at most max_frames (the flag's or the
+    config's), and at most 2^31 - 1: refused before any record is read. Qwen3-VL's sampler makes
+    num_frames indices whatever the file holds (10^9 grew to 6 GB in 21 s; 2^63 was a traceback)."""
+    from test_prepare import clip_records, write_clip
+
+    write_clip(folder / "clip.mp4")
+    qwen3 = models["qwen3_vl"][0]
+
+    def video_config(**fields):
+        return _model_copy(models, "qwen3_vl", tmp_path, lambda f: f["processor_config.json"]["video_processor"]
+                           .update(fields))
+
+    cases = [
+        (qwen3, ["--video-num-frames", "1000000000"],
+         f'--video-num-frames 1000000000 is above max_frames 768 in the video processor config of --model "{qwen3}": '
+         "a video is sampled to at most max_frames frames"),
+        (qwen3, ["--video-num-frames", str(2 ** 63)],
+         f"--video-num-frames {2 ** 63} is more frames than one video of mmsp train holds: at most 2147483647"),
+        (qwen3, ["--video-num-frames", "100", "--video-max-frames", "50"],
+         "--video-num-frames 100 is above --video-max-frames 50: a video is sampled to at most max_frames frames"),
+        (video_config(num_frames=10 ** 9, fps=None), [], "num_frames 1000000000 in the video processor config of "
+                                                         "--model"),
+        (video_config(max_frames=None), ["--video-num-frames", "8"], "sets no max_frames, which bounds the frames a "
+                                                                     "video is sampled to; give --video-max-frames"),
+    ]
+    for model_dir, flags, words in cases:
+        rc, _, err, _ = run(capsys, model_dir, folder, clip_records(folder)[:1], *flags)
+        assert rc == 2 and err.startswith("mmsp prepare: error: ") and words in err, (flags, err)
+    rc, rows, err, _ = run(capsys, qwen3, folder, clip_records(folder)[:1], "--video-num-frames", "50",
+                           "--video-max-frames", "50")
+    assert rc == 0 and len(rows[0]["videos"][0]["frame_indices"]) == 50, err  # raised: Qwen3-VL repeats frames
+
+
+def test_a_hostile_model_config_is_refused_without_a_traceback(capsys, models, folder, tmp_path):
+    """The model's config.json is read by the records' JSON rules (depth, repeated keys, size)."""
+    def deep(f):
+        f["config.json"] = json.dumps(f["config.json"])[:-1] + ', "x": ' + "[" * DEEP + "]" * DEEP + "}"
+
+    def repeated(f):
+        f["config.json"] = json.dumps(f["config.json"])[:-1] + ', "model_type": "llava"}'
+
+    def text_config_list(f):
+        f["config.json"]["text_config"] = [1]
+
+    for change, words in [(deep, "config.json: JSON nests deeper than 64 levels"),
+                          (repeated, 'config.json: the key "model_type" appears twice in one object'),
+                          (text_config_list, "config.json: text_config must be an object, not list")]:
+        rc, _, err, _ = run(capsys, _model_copy(models, "qwen2_vl", tmp_path / change.__name__, change), folder,
+                            [GOOD])
+        assert rc == 2 and err.startswith("mmsp prepare: error: ") and words in err, (change.__name__, err)
+
+
+def test_what_a_template_drops_or_reads_as_control_is_refused(capsys, models, folder):
+    """reasoning_content for a template that never reads it (dropped without a word); a special
+    token in an answer or its reasoning (a control token as a target mid-turn); --video-wrapper
+    for a model whose videos have no wrapper (it would change nothing)."""
+    def turn(answer, **fields):
+        return {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": answer, **fields}]}
+
+    for family, record, words in [
+        ("qwen2_vl", turn("A dog.", reasoning_content="It barks."),
+         'turn 1: "reasoning_content" is given, but the model directory\'s chat template never reads '
+         "reasoning_content, so it would be dropped without a word"),
+        ("qwen3_5", turn("A dog.<|im_start|>user\nmore"), "turn 1 (assistant): its text holds the special token "
+                                                           "<|im_start|>, which the tokenizer reads as that control "
+                                                           "token: it would be a target"),
+        ("qwen3_5", turn("A dog.", reasoning_content="It barks.<|endoftext|>"),
+         "turn 1 (assistant): its reasoning holds the special token <|endoftext|>"),
+        ("internvl", turn("A <IMG_CONTEXT> dog."), "turn 1 (assistant): its text holds the special token <IMG_CONTEXT>"),
+    ]:
+        rc, _, err, path = run(capsys, models[family][0], folder, [GOOD, record])
+        assert rc == 2 and err.strip().startswith(f"mmsp prepare: error: {path}:2: {words}"), (family, err)
+    rc, _, err, _ = run(capsys, models["qwen3_5"][0], folder, [turn("A dog.", reasoning_content="It barks.")])
+    assert rc == 0, err  # Qwen3.5's template reads it
+    for family in ("qwen2_vl", "llava"):
+        rc, _, err, _ = run(capsys, models[family][0], folder, [GOOD], "--video-wrapper", "keep")
+        assert rc == 2 and f"--video-wrapper keep: the processor of model_type {family} writes no" in err, err
+
+
 # --- signals -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])

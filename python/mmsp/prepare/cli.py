@@ -51,10 +51,11 @@ def parser():
     p.add_argument("--video-sample-frames", choices=("on", "off"),
                    help="video files: sample frames (on) or decode every frame (off); default: the config's "
                         "do_sample_frames, on when --video-fps or --video-num-frames is given")
-    p.add_argument("--video-wrapper", choices=conversation.VIDEO_WRAPPER, default="keep",
+    p.add_argument("--video-wrapper", choices=conversation.VIDEO_WRAPPER,
                    help="Qwen3-VL / Qwen3.5 videos: the chat template's <|vision_start|> / <|vision_end|> that "
                         "transformers 5.x leaves around a video's timestamped frame blocks; keep: transformers 5.x's "
-                        "tokens exactly (default), drop: the released processor's and vLLM's tokens")
+                        "tokens exactly (default), drop: the released processor's and vLLM's tokens; an error for "
+                        "another model_type, whose videos have no such pair")
     p.add_argument("--max-record-bytes", type=int, default=MAX_RECORD_BYTES, metavar="N",
                    help="a longer record is a bad record, never read whole: the memory bound "
                         f"(default {MAX_RECORD_BYTES}: 8 MiB, which peaks at about 2.4 GB)")

@@ -19,6 +19,16 @@ from .errors import BadSample, PrepareError
 
 # --video-wrapper: keep the template's pair around a Qwen3-VL video's frame blocks, or drop it.
 VIDEO_WRAPPER = ("keep", "drop")
+# The model types whose processor leaves that pair (each temporal patch its own timestamped block).
+WRAPPED_VIDEOS = ("qwen3_vl", "qwen3_5")
+
+
+def check_video_wrapper(model, choice):
+    """--video-wrapper given for a model whose videos have no wrapper would change nothing."""
+    if choice is not None and model.model_type not in WRAPPED_VIDEOS:
+        raise PrepareError(f"--video-wrapper {choice}: the processor of model_type {model.model_type} writes no "
+                           "<|vision_start|> / <|vision_end|> pair around a video's frame blocks (only "
+                           f"{' and '.join(WRAPPED_VIDEOS)} do), so the flag would change nothing; leave it out")
 
 
 @dataclass

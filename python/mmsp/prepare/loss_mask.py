@@ -50,6 +50,7 @@ class AssistantSpans:
         self.template = template
         self.marked = bool(_GENERATION.search(template))
         self._closer = None
+        self._specials = None  # the tokenizer's special tokens, sorted
 
     def render(self, messages, add_generation_prompt=False):
         try:
@@ -77,6 +78,30 @@ class AssistantSpans:
             self._closer = rest[0] if rest else ""
         return self._closer
 
+    def check_special_tokens(self, messages):
+        """An assistant turn's text or reasoning holding a special token of the tokenizer
+        (<|im_start|>, <|endoftext|>, a vision placeholder, the end-of-turn marker): the tokenizer
+        reads it as that control token, which would be a target mid-turn. A bad record."""
+        if self._specials is None:
+            tokenizer = self.processor.tokenizer
+            added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+            found = set(tokenizer.all_special_tokens) | {t.content for t in added if getattr(t, "special", False)}
+            self._specials = sorted(t for t in found if t)
+        closer = self.closer
+        for k, message in enumerate(messages):
+            if message["role"] != "assistant":
+                continue
+            texts = [("text", p.get("text", "")) for p in message["content"]]
+            texts.append(("reasoning", message.get("reasoning_content") or ""))
+            for where, t in texts:
+                if closer and closer in t:
+                    raise BadSample(f"turn {k} (assistant) contains the template's end-of-turn marker {closer}")
+                token = next((s for s in self._specials if s in t), None)
+                if token is not None:
+                    raise BadSample(f"turn {k} (assistant): its {where} holds the special token {token}, which the "
+                                    "tokenizer reads as that control token: it would be a target in the middle of a "
+                                    "turn (the model would learn to write it); leave it out of the text")
+
     def spans(self, messages, text):
         """Character spans of `text` (the whole conversation rendered) that are assistant output."""
         spans = self._marked_spans(messages, text) if self.marked else self._rendered_spans(messages, text)
@@ -101,9 +126,6 @@ class AssistantSpans:
         for k, message in enumerate(messages):
             if message["role"] != "assistant":
                 continue
-            texts = [p.get("text", "") for p in message["content"]] + [message.get("reasoning_content") or ""]
-            if closer and any(closer in t for t in texts):
-                raise BadSample(f"turn {k} (assistant) contains the template's end-of-turn marker {closer}")
             prompt = self.render(messages[:k], add_generation_prompt=True)
             start = _common_prefix(prompt, text)
             if start < floor:

@@ -10,6 +10,11 @@ import os
 from dataclasses import dataclass
 
 from .errors import PrepareError
+from .reader import read_json_file
+
+# config.json's bytes at most, read before parsing (released configs are a few KiB): the
+# records' own default bound (--max-record-bytes).
+MAX_CONFIG_BYTES = 8 << 20
 
 
 def _families() -> dict[str, str]:
@@ -50,13 +55,10 @@ def load(folder):
     config_path = os.path.join(folder, "config.json")
     if not os.path.isdir(folder):
         raise PrepareError(f'--model "{folder}" is not a folder')
-    try:
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
-    except OSError as e:
-        raise PrepareError(f'cannot read "{config_path}": {e.strerror}') from None
-    except json.JSONDecodeError as e:
-        raise PrepareError(f"{config_path}:{e.lineno}: invalid JSON: {e.msg}") from None
+    config = read_json_file(config_path, "a config.json", MAX_CONFIG_BYTES)
+    for key in ("text_config", "vision_config"):
+        if config.get(key) is not None and not isinstance(config[key], dict):
+            raise PrepareError(f"{config_path}: {key} must be an object, not {type(config[key]).__name__}")
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
         raise PrepareError(f"{config_path}: model_type {json.dumps(model_type)} is not one mmsp trains "
@@ -118,8 +120,7 @@ def _processor_class(folder, model_type):
     name = None
     path = os.path.join(folder, "processor_config.json")
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            name = json.load(f).get("processor_class")
+        name = read_json_file(path, "a processor_config.json", MAX_CONFIG_BYTES).get("processor_class")
     name = name or PROCESSOR_MAPPING_NAMES.get(model_type)
     cls = getattr(transformers, name, None) if name else None
     if cls is None:

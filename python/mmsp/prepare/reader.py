@@ -45,6 +45,25 @@ def read_records(path, max_record_bytes):
             yield from _json_lines(f, max_record_bytes)
 
 
+def read_json_file(path, what, limit):
+    """A whole JSON file of the model directory (config.json), by the records' rules: at most
+    `limit` bytes, read before parsing; then the depth, repeated keys, constants and surrogates
+    of `_record`. A PrepareError names the file and the rule."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise PrepareError(f'cannot read "{path}": {e.strerror}') from None
+    if len(data) > limit:
+        raise PrepareError(f"{path}: more than {limit:,} bytes; no {what} is that large")
+    if data.startswith(_BOM):
+        data = data[len(_BOM):]
+    value = _record(data, 1, fatal_path=path)
+    if isinstance(value, BadSample):
+        raise PrepareError(f"{path}: {str(value).replace('a record must', f'{what} must')}")
+    return value
+
+
 def _first_byte(f):
     """The first byte after a BOM and white space (the file is rewound)."""
     head = f.read(len(_BOM))

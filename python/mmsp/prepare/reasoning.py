@@ -54,6 +54,18 @@ def read(i, role, turn, text):
     return value
 
 
+def check_rendered(messages, template):
+    """`reasoning_content` on a turn of a template that never reads it (Qwen2-VL's, Qwen3-VL's,
+    ...) would be dropped without a word: a bad record naming the turn."""
+    if "reasoning_content" in template:
+        return
+    for i, message in enumerate(messages):
+        if message.reasoning is not None:
+            raise BadSample(f'turn {i}: "reasoning_content" is given, but the model directory\'s chat template never '
+                            "reads reasoning_content, so it would be dropped without a word: put the reasoning in the "
+                            "turn's text, or leave it out")
+
+
 def template_kwargs(enable_thinking):
     """What `--enable-thinking` passes to every rendering of the chat template (nothing when not
     given: the template's own default)."""

@@ -40,7 +40,7 @@ class Options:
     max_image_pixels: int = MAX_IMAGE_PIXELS
     enable_thinking: Optional[bool] = None  # None: the chat template's own default
     empty_think: str = "mask"
-    video_wrapper: str = "keep"  # Qwen3-VL / Qwen3.5: the template's pair around a video's blocks
+    video_wrapper: Optional[str] = None  # Qwen3-VL / Qwen3.5: the template's pair around a video's blocks (keep)
 
 
 @dataclass
@@ -69,6 +69,9 @@ def check(options):
     if options.max_length is not None and options.max_length < 1:
         raise PrepareError(f"--max-length {options.max_length} must be at least 1")
     video_file.check(sampling(options))
+    if options.video_wrapper not in (None,) + conversation.VIDEO_WRAPPER:
+        raise PrepareError(f"--video-wrapper {options.video_wrapper} is not one of "
+                           f"{', '.join(conversation.VIDEO_WRAPPER)}")
     if options.empty_think not in reasoning.EMPTY_THINK:
         raise PrepareError(f"--empty-think {options.empty_think} is not one of {', '.join(reasoning.EMPTY_THINK)}")
     if options.max_record_bytes < 1:
@@ -103,6 +106,7 @@ def prepare(options, report):
     model = model_dir.load(options.model)
     video_file.configure(model, sampling(options))
     reasoning.check_template(model.processor, options.enable_thinking)
+    conversation.check_video_wrapper(model, options.video_wrapper)
     root = os.path.abspath(options.image_root or os.path.dirname(os.path.abspath(options.input)))
     spans = None  # the chat template's assistant spans, made at the first conversation
     try:
@@ -139,10 +143,12 @@ def _row(out, model, sample, spans, root, options):
         ids = conversation.encode_text(model, sample.text)
         mask, blocks, images, videos, enc = [1] * len(ids), [], [], [], None
     else:
+        reasoning.check_rendered(sample.messages, spans.template)
         messages, images, videos = conversation.hf_messages(sample, root, model, options.max_image_pixels)
+        spans.check_special_tokens(messages)  # before the processor reads them as control tokens
         enc = conversation.encode(model, messages, videos, options.video_fps or FOLDER_FPS,
                                   reasoning.template_kwargs(options.enable_thinking),
-                                  keep_video_wrapper=options.video_wrapper == "keep")
+                                  keep_video_wrapper=options.video_wrapper != "drop")
         mask = loss_mask.token_mask(spans.spans(messages, enc.prompt), enc.offsets, enc.replacements, enc.prompt)
         if not any(mask):
             raise BadSample("no target token: the assistant turns are empty")

@@ -22,6 +22,7 @@ from functools import partial
 from typing import Optional
 
 from .errors import BadSample, PrepareError
+from .train_bounds import INT32_MAX
 
 
 @dataclass
@@ -50,11 +51,18 @@ def check(sampling):
                         ("--video-max-frames", sampling.max_frames)):
         if value is not None and value < 1:
             raise PrepareError(f"{flag} {value} must be at least 1")
+        if value is not None and value > INT32_MAX:
+            raise PrepareError(f"{flag} {value} is more frames than one video of mmsp train holds: at most "
+                               f"{INT32_MAX} (an item's patches are int32-indexed, and each frame is a patch or more)")
     if sampling.fps is not None and sampling.num_frames is not None:
         raise PrepareError(f"--video-fps {sampling.fps:g} and --video-num-frames {sampling.num_frames} are exclusive "
                            "(transformers samples by one or the other): give one")
     if None not in (sampling.min_frames, sampling.max_frames) and sampling.min_frames > sampling.max_frames:
         raise PrepareError(f"--video-min-frames {sampling.min_frames} is above --video-max-frames {sampling.max_frames}")
+    if None not in (sampling.num_frames, sampling.max_frames) and sampling.num_frames > sampling.max_frames:
+        raise PrepareError(f"--video-num-frames {sampling.num_frames} is above --video-max-frames "
+                           f"{sampling.max_frames}: a video is sampled to at most max_frames frames (Qwen3-VL's sampler takes num_frames as "
+                           "given, repeating frames, and holds them all in memory)")
     if sampling.sample_frames is False and sampling.num_frames is not None:
         raise PrepareError(f"--video-num-frames {sampling.num_frames} samples frames but --video-sample-frames off "
                            "decodes every frame")
@@ -82,6 +90,28 @@ def configure(model, sampling):
         raise PrepareError(f"{' and '.join(bounds)} bound the frames sampled, but the video processor of --model "
                            f'"{model.folder}" does not sample (do_sample_frames false): add --video-fps, '
                            "--video-num-frames or --video-sample-frames on")
+    _check_frame_bound(model, sampling)
+
+
+def _check_frame_bound(model, sampling):
+    """The frames a video is sampled to, num_frames, at most max_frames, whichever gave them (a
+    flag or the video processor config): before any record, so that no video is sampled to an
+    unbounded count (Qwen3-VL's sampler makes num_frames indices whatever the file holds)."""
+    kwargs = _sampling_kwargs(model.processor)
+    num, most = kwargs.get("num_frames"), kwargs.get("max_frames")
+    if not kwargs.get("do_sample_frames") or num is None:
+        return
+    config = f'the video processor config of --model "{model.folder}"'
+    named = f"--video-num-frames {num}" if sampling.num_frames is not None else f"num_frames {num} in {config}"
+    if not isinstance(num, int) or isinstance(num, bool) or not 1 <= num <= INT32_MAX:
+        raise PrepareError(f"{named} must be an integer in [1, {INT32_MAX}]")
+    if most is None:
+        raise PrepareError(f"{named}: {config} sets no max_frames, which bounds the frames a video is sampled to; "
+                           "give --video-max-frames")
+    if isinstance(most, int) and num > most:
+        bound = f"--video-max-frames {most}" if sampling.max_frames is not None else f"max_frames {most} in {config}"
+        raise PrepareError(f"{named} is above {bound}: a video is sampled to at most max_frames frames (raise "
+                           "--video-max-frames to sample more)")
 
 
 def load(path, what, model, max_pixels):
@@ -134,12 +164,9 @@ def load(path, what, model, max_pixels):
     return VideoFile(path, indices, frames, {k: metadata[k] for k in metadata})
 
 
-def _sample_indices_fn(processor):
-    """The function transformers' `preprocess` would hand `fetch_videos`: the video processor's
-    `sample_frames` with the processor's merged video kwargs (defaults from the video processor's
-    attributes) when it samples, else `default_sample_indices_fn` with nothing (every frame)."""
-    from transformers.video_utils import default_sample_indices_fn
-
+def _sampling_kwargs(processor):
+    """The processor's merged video kwargs (defaults from the video processor's attributes): what
+    transformers' `preprocess` samples with."""
     video = processor.video_processor
     kwargs = dict(processor._merge_kwargs(processor.valid_processor_kwargs,
                                           tokenizer_init_kwargs=processor.tokenizer.init_kwargs)["videos_kwargs"])
@@ -147,9 +174,19 @@ def _sample_indices_fn(processor):
         kwargs.setdefault(name, getattr(video, name, None))
     for name in ("input_data_format", "device", "video_metadata", "return_tensors"):
         kwargs.pop(name, None)
+    return kwargs
+
+
+def _sample_indices_fn(processor):
+    """The function transformers' `preprocess` would hand `fetch_videos`: the video processor's
+    `sample_frames` with the processor's merged video kwargs when it samples, else
+    `default_sample_indices_fn` with nothing (every frame)."""
+    from transformers.video_utils import default_sample_indices_fn
+
+    kwargs = _sampling_kwargs(processor)
     if not kwargs.pop("do_sample_frames"):
         return default_sample_indices_fn
-    return partial(video.sample_frames, **kwargs)
+    return partial(processor.video_processor.sample_frames, **kwargs)
 
 
 def _why_not_open(VideoDecoder, path, error):

@@ -1,6 +1,9 @@
 """The decoder's attention under mmsp.patch: transformers' attention interface, registered as
 "mmsp", runs mmsp.ops.attention (local, Ulysses, ring or hybrid) on this rank's slots."""
 
+import torch
+
+from mmsp import op_agreement as _agreement
 from mmsp import ops as _ops
 from mmsp.transformers_patch.state import current_step
 
@@ -15,8 +18,12 @@ def attention(module, query, key, value, attention_mask, scaling=None, dropout=0
     if dropout:
         raise ValueError(f"mmsp.patch: attention dropout {dropout} is not supported (training is exact)")
     step = current_step("the decoder's attention")
-    out = _ops.attention(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), step.shard,
-                         step.mesh, causal=True, scale=scaling)
+    q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)
+    if torch.compiler.is_compiling():  # the op's kernel reads the step's agreement at run time
+        out = _ops.attention(q, k, v, step.shard, step.mesh, causal=True, scale=scaling)
+    else:
+        with _agreement.agreed():  # the patched step was agreed once (its batch check); also in a recompute
+            out = _ops.attention(q, k, v, step.shard, step.mesh, causal=True, scale=scaling)
     return out.unsqueeze(0), None
 
 

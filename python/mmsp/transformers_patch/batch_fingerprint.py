@@ -8,7 +8,9 @@ and the ranks exchange their words: one all_reduce of a [world, parts] int64 tab
 mesh's world group, each rank filling its own row (so the sum is every row). The table has
 the same size whatever the batches are, so ranks whose batches differ in shape or dtype still
 exchange alike, within the mesh's timeout. A rank whose words differ from the most common
-ones (ties: the lowest rank's) is a ValueError on every rank naming it and the parts.
+ones (ties: the lowest rank's) is a ValueError on every rank naming it and the parts. The model
+is a part too (model_word): a model in another dtype, with other shapes, sharded, checkpointed
+or in grad mode on one rank only would run other collectives than its peers.
 
 What a word covers: a tensor's dtype, shape and every byte of its elements. On the CPU the
 word is a 64-bit BLAKE2b hash of the dtype, the shape and the elements' bytes, read in place.
@@ -31,7 +33,9 @@ import torch
 from mmsp._extension import C
 
 PARTS = ("input_ids", "attention_mask", "labels", "pixel_values", "image_grid_thw", "pixel_values_videos",
-         "video_grid_thw", "second_per_grid_ts", "patch options")
+         "video_grid_thw", "second_per_grid_ts", "patch options", "model")
+# How a message names a part whose word differs, where its name alone would not say.
+_SHOWN = {"model": "model: its parameters' names, dtypes and shapes, FSDP2, checkpointing or grad mode"}
 _INTEGER_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 _CHUNK = 1 << 22  # elements reduced at a time on a GPU (at most 64 MiB beside them)
 _weights: dict[tuple[int, str], torch.Tensor] = {}  # (columns, device) -> int64 [columns], odd
@@ -80,6 +84,14 @@ def row_sums_word(t):
     return _hash(str(t.dtype), tuple(t.shape), t.device.type, summary.numpy().tobytes())
 
 
+def model_word(model, fsdp):
+    """The model's word: what every rank's model must hold alike for the step's collectives to
+    meet (each parameter's name, dtype, shape and requires_grad; FSDP2; activation
+    checkpointing; grad mode). A parameter sharded by FSDP2 shows its whole shape."""
+    params = [(n, str(p.dtype), tuple(p.shape), p.requires_grad) for n, p in model.named_parameters()]
+    return _hash(params, fsdp, bool(getattr(model, "is_gradient_checkpointing", False)), torch.is_grad_enabled())
+
+
 def word(value):
     """A part's word: a tensor's, or that of a value's repr (None, a list of seconds, options)."""
     if isinstance(value, torch.Tensor):
@@ -88,10 +100,12 @@ def word(value):
 
 
 def check_same_batch(parts, group, rank, world):
-    """Exchanges this rank's words (`parts`: part name -> value, PARTS' names) over `group`
-    (every rank, mmsp's world group) and raises ValueError on every rank when they differ."""
+    """Exchanges this rank's words (`parts`: part name -> value, PARTS' names; "model": its
+    model_word) over `group` (every rank, mmsp's world group) and raises ValueError on every
+    rank when they differ."""
     table = torch.zeros(world, len(PARTS), dtype=torch.int64)
-    table[rank] = torch.tensor([word(parts.get(name)) for name in PARTS], dtype=torch.int64)
+    table[rank] = torch.tensor([parts[name] if name == "model" else word(parts.get(name)) for name in PARTS],
+                               dtype=torch.int64)
     try:
         C.all_reduce_(table, group)
     except ValueError as e:
@@ -108,7 +122,7 @@ def check_same_batch(parts, group, rank, world):
     for row, ranks in sorted(counts.items(), key=lambda item: item[1][0]):
         if row == reference:
             continue
-        names = [PARTS[k] for k in range(len(PARTS)) if row[k] != reference[k]]
+        names = [_SHOWN.get(PARTS[k], PARTS[k]) for k in range(len(PARTS)) if row[k] != reference[k]]
         who = f"rank {ranks[0]}'s batch differs" if len(ranks) == 1 else \
             f"ranks {', '.join(map(str, ranks))} have batches that differ"
         differ.append(f"{who} from rank {first}'s ({', '.join(names)})")

@@ -57,13 +57,15 @@ def recover_from_failed_backward(state: PatchState) -> None:
             p.grad = h if p.grad is None else p.grad.add_(h)
 
 
-def under_fsdp(model: torch.nn.Module) -> bool:
+def under_fsdp(model: torch.nn.Module, timeout: float) -> bool:
     """Whether FSDP2 (fully_shard) manages some of the model's parameters; if so, every FSDP
     module of it is set to sum its gradients over its mesh, not average them: a rank's gradient
     is its tokens' part of the step's mean loss (whose denominator counts the whole step's
     target tokens, every rank's), so the step's gradient is the plain sum over every rank:
     over sp, dp_shard and dp_replicate alike. Gloo has no PREMUL_SUM, hence the forced sum.
-    Checked at every forward: fully_shard may come before or after mmsp.patch."""
+    Checked at every forward: fully_shard may come before or after mmsp.patch. Its all-gathers
+    and reduce-scatters are named as mmsp's own collectives are (mmsp.fsdp.named_collectives),
+    for a model torch's fully_shard sharded as for mmsp.fully_shard's."""
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
@@ -74,6 +76,10 @@ def under_fsdp(model: torch.nn.Module) -> bool:
             m.set_gradient_divide_factor(1.0)
             m.set_force_sum_reduction_for_comms(True)
             found = True
+    if found:
+        from mmsp.fsdp import named_collectives
+
+        named_collectives(model, timeout)
     return found
 
 

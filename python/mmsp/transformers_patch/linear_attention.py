@@ -10,6 +10,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from mmsp import op_agreement as _agreement
 from mmsp import ops as _ops
 from mmsp.transformers_patch.state import current_step
 
@@ -26,6 +27,13 @@ def install(layers: list[Any]) -> None:
 
 
 def gated_deltanet_forward(self, hidden_states, cache_params=None, attention_mask=None, **kwargs):
+    if torch.compiler.is_compiling():  # the ops' kernels read the step's agreement at run time
+        return _forward(self, hidden_states)
+    with _agreement.agreed():  # the patched step was agreed once (its batch check); also in a recompute
+        return _forward(self, hidden_states)
+
+
+def _forward(self, hidden_states):
     step = current_step("a Gated DeltaNet layer")
     shard, mesh = step.shard, step.mesh
     x = hidden_states[0]  # [L, hidden]

@@ -117,14 +117,16 @@ def _pixels_part(grids, pixel_values):
     return part
 
 
-def gather(kind, local, error, pixel_values, pixel_values_videos, device, mesh):
+def gather(kind, local, error, pixel_values, pixel_values_videos, device, mesh, model_word=0):
     """Every rank's batch -> (the union batch, its pixel sources {"image": (RoutedPixels, grid
     rows or None)[, "video": ...]}, whether it holds any image or video). `local` is this rank's
     batch in mmsp's format, or None with `error` set. Videos are the union's video blocks
     (mmsp's items: a Qwen3-VL video's temporal patches each its own), each on the rank that
-    loaded it, as images are."""
+    loaded it, as images are. `model_word`: this rank's model and patch options (batch_fingerprint.model_word),
+    which must be every rank's."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    part = {"error": error, "sequences": None, "image": _pixels_part([], None), "video": _pixels_part([], None)}
+    part = {"error": error, "sequences": None, "image": _pixels_part([], None), "video": _pixels_part([], None),
+            "model": model_word}
     if error is None:
         part["sequences"] = local["sequences"]
         for what, values in (("image", pixel_values), ("video", pixel_values_videos)):
@@ -136,6 +138,13 @@ def gather(kind, local, error, pixel_values, pixel_values_videos, device, mesh):
     if bad:
         raise ValueError("mmsp.patch (batch='per_rank'): " +
                          "; ".join(f"rank {r}'s batch: {e}" for r, e in bad))
+    others = [r for r, p in enumerate(parts) if p["model"] != parts[0]["model"]]
+    if others:
+        raise ValueError(f"mmsp.patch (batch='per_rank'): rank{'s' if len(others) > 1 else ''} "
+                         f"{', '.join(map(str, others))} hold{'' if len(others) > 1 else 's'} another model or patch "
+                         "options than rank 0 (its parameters' names, dtypes or shapes, FSDP2, checkpointing, grad "
+                         "mode, layout or placement); every rank must patch the same model alike. Stopped before the "
+                         "step's collectives, on every rank")
     batch = {"sequences": [s for p in parts for s in p["sequences"]]}
     sources, any_item = {}, False
     for what, values in (("image", pixel_values), ("video", pixel_values_videos)):

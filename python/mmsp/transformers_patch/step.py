@@ -6,6 +6,7 @@ every gradient (summed over the world by gradients.py or FSDP2)."""
 import torch
 import torch.nn.functional as F
 
+from mmsp import op_agreement as _agreement
 from mmsp.planner import plan as _plan
 from mmsp.transformers_patch import batch as _batch
 from mmsp.transformers_patch import batch_fingerprint as _fingerprint
@@ -23,14 +24,20 @@ def _check_no_pending_recompute(model, state: PatchState) -> None:
                          "checkpointing off")
 
 
-def _shared_batch(model, state: PatchState, inputs: dict):
-    """Every rank passed the step's whole batch: checked alike (its fingerprint agreed first)."""
+def _vocabulary(model) -> int:
+    return model.get_input_embeddings().num_embeddings
+
+
+def _shared_batch(model, state: PatchState, inputs: dict, fsdp: bool):
+    """Every rank passed the step's whole batch: checked alike (its fingerprint agreed first,
+    with the model's and the patch options', so every check after it fails on every rank)."""
     kind, mesh = state.family.kind, state.mesh
     if mesh.world is not None:  # the same batch on every rank, or none runs
         _fingerprint.check_same_batch(
-            {**inputs, "patch options": (state.layout, state.placement, state.batch, kind)},
+            {**inputs, "patch options": (state.layout, state.placement, state.batch, kind),
+             "model": _fingerprint.model_word(model, fsdp)},
             mesh.world, mesh.rank, mesh.world.size)
-    batch = _batch.sequences(model.config, state.family, **inputs)
+    batch = _batch.sequences(model.config, state.family, _vocabulary(model), **inputs)
     grids = [g for q in batch["sequences"] for g in q.get("image_grid_thw", [])]
     blocks = [g for q in batch["sequences"] for g in q.get("video_grid_thw", [])]
     sources = {"image": (_rank_batches.LocalPixels(kind, grids, inputs["pixel_values"]), inputs["image_grid_thw"])}
@@ -41,11 +48,12 @@ def _shared_batch(model, state: PatchState, inputs: dict):
     return batch, sources, inputs["pixel_values"] is not None or bool(blocks)
 
 
-def _per_rank_batch(model, state: PatchState, inputs: dict, device):
-    """Each rank passed its own batch: the step is their union (rank_batches.py)."""
+def _per_rank_batch(model, state: PatchState, inputs: dict, device, fsdp: bool):
+    """Each rank passed its own batch: the step is their union (rank_batches.py); the ranks'
+    models and patch options are compared there too."""
     kind = state.family.kind
     try:
-        mine = _batch.sequences(model.config, state.family, **inputs)
+        mine = _batch.sequences(model.config, state.family, _vocabulary(model), **inputs)
         _rank_batches.LocalPixels(kind, [g for q in mine["sequences"] for g in q.get("image_grid_thw", [])],
                                   inputs["pixel_values"])
         _rank_batches.LocalPixels(kind, [g for q in mine["sequences"] for g in q.get("video_grid_thw", [])],
@@ -53,10 +61,12 @@ def _per_rank_batch(model, state: PatchState, inputs: dict, device):
         error = None
     except ValueError as e:
         mine, error = None, str(e).removeprefix("mmsp.patch: ")
+    model_word = _fingerprint.model_word(model, fsdp) ^ _fingerprint.word((state.layout, state.placement, kind))
     return _rank_batches.gather(kind, mine, error, inputs["pixel_values"], inputs["pixel_values_videos"], device,
-                                state.mesh)
+                                state.mesh, model_word)
 
 
+@torch.compiler.disable  # mmsp's all-reduce and a backward hook: eager under torch.compile(model)
 def _batch_loss(local: torch.Tensor, state: PatchState, model, fsdp: bool) -> torch.Tensor:
     """This rank's part of the mean loss -> the batch's loss, whose gradient is this rank's part."""
     whole = local.detach().clone()
@@ -78,27 +88,25 @@ def _batch_loss(local: torch.Tensor, state: PatchState, model, fsdp: bool) -> to
     return loss
 
 
-def forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
-            pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, **ignored):
-    state: PatchState = self._mmsp
-    kind, mesh, rules = state.family.kind, state.mesh, state.family.rules
-    fsdp = _gradients.under_fsdp(self)
-    _gradients.recover_from_failed_backward(state)
-    _check_no_pending_recompute(self, state)
-    device = input_ids.device
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
-              "pixel_values": pixel_values, "image_grid_thw": image_grid_thw,
-              "pixel_values_videos": pixel_values_videos, "video_grid_thw": video_grid_thw,
-              "second_per_grid_ts": second_per_grid_ts}
+@torch.compiler.disable  # host work on the batch (checks, hashes, the plan): eager under torch.compile(model)
+def _planned_step(model, state: PatchState, inputs: dict, device, fsdp: bool):
+    """The step's batch checked (agreed across the ranks) and planned: (this rank's shard, the
+    pixel sources, whether the step holds images or videos)."""
     if state.batch == "per_rank":
-        batch, sources, has_vision = _per_rank_batch(self, state, inputs, device)
+        batch, sources, has_vision = _per_rank_batch(model, state, inputs, device, fsdp)
     else:
-        batch, sources, has_vision = _shared_batch(self, state, inputs)
-    shard = _plan(state.config, batch, mesh, layout=state.layout, placement=state.placement)
-    x = self.get_input_embeddings()(shard.token_ids.to(device))
+        batch, sources, has_vision = _shared_batch(model, state, inputs, fsdp)
+    shard = _plan(state.config, batch, state.mesh, layout=state.layout, placement=state.placement)
+    return shard, sources, has_vision
+
+
+def _decoder_logits(model, state: PatchState, shard, sources, has_vision: bool, device, fsdp: bool):
+    """This rank's slots embedded, the vision rows routed in, the decoder and the head: logits [L, V]."""
+    kind, mesh, rules = state.family.kind, state.mesh, state.family.rules
+    x = model.get_input_embeddings()(shard.token_ids.to(device))
     slots, deepstack = [], None
     if has_vision:
-        rows, deep, slot_tensor = vision_rows(self, kind, shard, mesh, sources, x.dtype, device,
+        rows, deep, slot_tensor = vision_rows(model, kind, shard, mesh, sources, x.dtype, device,
                                               every_rank_encodes=fsdp)
         x = x.index_put((slot_tensor.to(device),), rows)
         if deep is not None:  # transformers adds them at the masked slots in ascending order
@@ -107,9 +115,26 @@ def forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values
         slots = slot_tensor.tolist()
     positions, kwargs = rules.decoder_inputs(shard.positions.to(device), slots, x.shape[0], deepstack, device)
     set_step(Step(shard, mesh))
-    hidden = self.model.language_model(inputs_embeds=x[None], position_ids=positions, attention_mask=None,
-                                       use_cache=False, **kwargs).last_hidden_state[0]
-    logits = self.lm_head(hidden)
+    hidden = model.model.language_model(inputs_embeds=x[None], position_ids=positions, attention_mask=None,
+                                        use_cache=False, **kwargs).last_hidden_state[0]
+    return model.lm_head(hidden)
+
+
+def forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
+            pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, **ignored):
+    state: PatchState = self._mmsp
+    mesh = state.mesh
+    fsdp = _gradients.under_fsdp(self, mesh.timeout)
+    _gradients.recover_from_failed_backward(state)
+    _check_no_pending_recompute(self, state)
+    device = input_ids.device
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels,
+              "pixel_values": pixel_values, "image_grid_thw": image_grid_thw,
+              "pixel_values_videos": pixel_values_videos, "video_grid_thw": video_grid_thw,
+              "second_per_grid_ts": second_per_grid_ts}
+    shard, sources, has_vision = _planned_step(self, state, inputs, device, fsdp)
+    with _agreement.agreed():  # agreed once for the step (the batch check): its ops skip their own
+        logits = _decoder_logits(self, state, shard, sources, has_vision, device, fsdp)
     local = F.cross_entropy(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits,
                             shard.labels.to(device), ignore_index=-100, reduction="sum") / max(shard.label_count, 1)
     loss = _batch_loss(local, state, self, fsdp)
