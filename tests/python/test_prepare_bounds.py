@@ -309,7 +309,7 @@ def test_the_bounds_are_the_trainers_numbers():
         return eval(m.group(1).replace("int64_t{1}", "1"))  # "1 << 24", "int64_t{1} << 31", "1e4"
 
     assert train_bounds.MAX_JSON_DEPTH == number("include/mmsp/core/json_read.h", r"kMaxJsonDepth = (\d+);")
-    assert train_bounds.MAX_IMAGE_PIXELS == number("include/mmsp/train/trainer.h",
+    assert train_bounds.MAX_IMAGE_PIXELS == number("include/mmsp/train/train_options.h",
                                                    r"int64_t max_image_pixels = (\d+);")
     assert train_bounds.MAX_IMAGE_PIXELS == number("src/cli/pixels_command.cpp",
                                                    r"int64_t max_image_pixels = ([^;]+);")

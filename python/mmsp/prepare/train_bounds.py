@@ -9,7 +9,7 @@ fails when one changes without the other.
 # include/mmsp/core/json_read.h kMaxJsonDepth: mmsp's JSON reader refuses deeper nesting.
 MAX_JSON_DEPTH = 64
 
-# include/mmsp/train/trainer.h TrainOptions::max_image_pixels (`mmsp train --max-image-pixels`'s
+# include/mmsp/train/train_options.h InputOptions::max_image_pixels (`mmsp train --max-image-pixels`'s
 # default; `mmsp pixels` has the same): width x height of one image file at most, read from the
 # file's header before anything is decoded (src/train/data/jsonl_dataset.cpp image_size).
 MAX_IMAGE_PIXELS = 16777216
