@@ -64,8 +64,9 @@ deps:
 	  $(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-# pip's own download and install; the time and size are in docs/building.md. No pip cache:
-# the wheels (3.0 GB) would otherwise sit twice on the disk (a CI run failed on a full disk).
+# pip's own download and install; the size is in docs/building.md, the time in
+# docs/bench/libtorch.md. No pip cache: the wheels (3.0 GB) would otherwise sit twice on the
+# disk (a CI run failed on a full disk).
 $(TORCH_STAMP): $(REQUIREMENTS) | deps
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)

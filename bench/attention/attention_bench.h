@@ -1,7 +1,7 @@
 // `mmsp bench attention`: the local kernel's throughput against torch::mm and the
 // naive full-matrix attention (Google Benchmark, one process), the causal-work
 // balance of zigzag vs contiguous shards (pure arithmetic), and per-scheme bytes
-// per layer measured by the byte counters beside the docs/design.md formulas (real ranks).
+// per layer measured by the byte counters beside the docs/runtime.md formulas (real ranks).
 #pragma once
 
 #include <nlohmann/json.hpp>

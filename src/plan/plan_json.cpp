@@ -1,4 +1,4 @@
-// batch.json in, plan JSON and text summary out (schemas in docs/plan.md).
+// batch.json in, plan JSON and text summary out (schemas in docs/plan-command.md).
 #include "mmsp/plan/plan_json.h"
 
 #include <cstdio>

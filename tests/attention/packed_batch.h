@@ -36,7 +36,7 @@ inline std::vector<int64_t> random_lengths(std::mt19937& rng, int count, int max
 }
 
 // Global token index of each slot of ring rank p's share (−1: padding added so the
-// share splits over U ulysses ranks), written from docs/design.md#sharding-layout's rule independently
+// share splits over U ulysses ranks), written from docs/runtime.md#sharding-layout's rule independently
 // of plan/. Segments are already padded to 2R. zigzag: chunks p and 2R−1−p of each
 // segment; otherwise chunk p of R per segment (any layout is valid for attention).
 inline std::vector<int64_t> share_of(const attention::TokenLayout& global, int R, int U, int p, bool zigzag) {

@@ -253,7 +253,7 @@ TEST(KernelRegistryTest, KernelChoiceIsNamedFromTheTable) {
   EXPECT_THAT(why, ::testing::HasSubstr("no fused kernel for tensors on meta"));
 }
 
-// The plan's zigzag shard map gives the layouts docs/design.md#sharding-layout's rule gives.
+// The plan's zigzag shard map gives the layouts docs/runtime.md#sharding-layout's rule gives.
 TEST(PlanLayoutTest, RingSharesFollowTheZigzagRule) {
   std::mt19937 rng(17);
   for (int trial = 0; trial < 30; ++trial) {

@@ -195,7 +195,7 @@ TEST(MultiRank, RingExchangeEveryOffsetMatchesReference) {
   });
 }
 
-// The counters must show exactly the traffic the formulas of docs/design.md#communication-volumes predict.
+// The counters must show exactly the traffic the formulas of docs/runtime.md#communication-volumes predict.
 TEST(MultiRank, ByteCountersMatchFormulas) {
   for_each_group([&](const GroupPtr& g, const std::string& where) {
     const int64_t P = g->size(), r = g->rank();

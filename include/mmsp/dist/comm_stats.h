@@ -1,6 +1,6 @@
 // Byte accounting: every collective adds the bytes this rank sends to other ranks,
 // per kind and per pass (forward / backward), so benchmarks and training metrics
-// can compare measured traffic with the formulas in docs/design.md#communication-volumes.
+// can compare measured traffic with the formulas in docs/runtime.md#communication-volumes.
 #pragma once
 
 #include <array>

@@ -1,6 +1,6 @@
 // Planned attention communication of one context rank, from the plan alone: the bytes its
 // Ulysses all-to-alls and its ring K/V passes send per training step for a given attention
-// shape. The formulas (docs/plan.md "Placement", docs/design.md "Communication volumes")
+// shape. The formulas (docs/plan.md "Placement", docs/runtime.md "Communication volumes")
 // are what the byte counters of dist/ count; the counters themselves stay in dist/.
 #pragma once
 

@@ -1,5 +1,5 @@
 // JSON forms: batch.json in (Hugging Face field names) and the plan out
-// (docs/plan.md documents both), plus the text summary of `mmsp plan`.
+// (docs/plan-command.md documents both), plus the text summary of `mmsp plan`.
 #pragma once
 
 #include <string>
