@@ -203,7 +203,10 @@ def _attention_context(ctx, inputs, output):
     ctx.nones = _none_like(inputs[3:])
 
 
-def _attention_backward(ctx, grad, *saved_grads):
+def _attention_backward(ctx, grads):
+    # The op returns a list (the output, then what the backward reads): its gradients come as one
+    # list; the saved tensors' are not the model's (they feed nothing but this backward).
+    grad = grads[0]
     tensors = ctx.saved_tensors
     n, s = ctx.saved_count, ctx.shares
     saved, layouts = list(tensors[:n]), tensors[n:]

@@ -20,8 +20,9 @@ def _opcheck(op, args, what):
 
 
 def _same_as_eager(custom, eager, inputs, what):
-    """The custom op and mmsp's eager C++ autograd give the same output and input gradients
-    (its backward recomputes the forward: the same arithmetic, so to the last bit here)."""
+    """The custom op and mmsp's eager C++ autograd give the same output and input gradients, to the
+    last bit (the attention's backward op runs eager's backward; the others recompute the forward:
+    the same arithmetic)."""
     results = []
     for call in (custom, eager):
         leaves = [x.detach().clone().requires_grad_() for x in inputs]
@@ -60,13 +61,16 @@ def ops_pass_opcheck(rank, world):
         split = list(shard.split_slots) if shard.split_slots else []
         _opcheck(torch.ops.mmsp.context_attention.default,
                  (q, k, v, seg, order, names["ring"], names["ulysses"], True, 0.0, split), what)
+        # the op's first output is the attention's; the rest are what its backward reads
         _same_as_eager(lambda q_, k_, v_: torch.ops.mmsp.context_attention(q_, k_, v_, seg, order, names["ring"],
-                                                                           names["ulysses"], True, 0.0, split),
+                                                                           names["ulysses"], True, 0.0, split)[0],
                        lambda q_, k_, v_: mmsp.ops.attention(q_, k_, v_, shard, mesh), (q, k, v),
                        f"{what}: context_attention")
+        saved = torch.ops.mmsp.context_attention(q.detach(), k.detach(), v.detach(), seg, order, names["ring"],
+                                                 names["ulysses"], True, 0.0, split)[1:]
         _opcheck(torch.ops.mmsp.context_attention_backward.default,
-                 (torch.randn_like(q), q.detach(), k.detach(), v.detach(), seg, order, names["ring"],
-                  names["ulysses"], True, 0.0, split), what)
+                 (torch.randn_like(q), list(saved), k.shape[1], seg, order, names["ring"], names["ulysses"], True,
+                  0.0, split), what)
         # Ulysses' exchanges on this rank's slots: [T_u, H, F] <-> [sum(T), H/U, F].
         L = q.shape[0]
         tokens = [L] * ulysses
