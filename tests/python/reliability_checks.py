@@ -165,6 +165,9 @@ def fsdp_peer_lost(rank, world, how, out):
     import mmsp
 
     family, model, samples = _qwen2_vl(rank)
+    # Building the model takes each rank its own time (seconds on a loaded machine): the ranks
+    # meet first, so that the mesh's 3 s bounds the collectives, not the start-up's skew.
+    dist.barrier()
     mesh = mmsp.Mesh(dp=world, timeout=timedelta(seconds=3))
     mmsp.patch(model, mesh)
     mmsp.fully_shard(model, mesh)
