@@ -17,10 +17,11 @@ and loads them).
 """
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional, Union
 
 from . import reasoning
 from .errors import BadSample
+from .reader import Record
 
 FORMATS = ("auto", "llava", "messages", "text")
 
@@ -43,15 +44,15 @@ class Part:
 @dataclass
 class Message:
     role: str
-    parts: list = field(default_factory=list)
+    parts: list[Part] = field(default_factory=list)
     reasoning: Optional[str] = None  # "reasoning_content", passed to the template as it is
 
 
 @dataclass
 class Chat:
-    messages: list
+    messages: list[Message]
 
-    def media(self, kind):
+    def media(self, kind: str) -> list[Part]:
         return [p for m in self.messages for p in m.parts if p.kind == kind]
 
 
@@ -60,7 +61,7 @@ class Text:
     text: str
 
 
-def detect(record):
+def detect(record: Record) -> str:
     keys = [k for k in ("conversations", "messages") if k in record]
     if len(keys) == 2:
         raise BadSample('the record has both "conversations" and "messages": pick one with --format')
@@ -73,7 +74,7 @@ def detect(record):
                     f'"text" (its keys: {shown})')
 
 
-def parse(record, fmt="auto"):
+def parse(record: Record, fmt: str = "auto") -> Union[Chat, Text]:
     """One record → `Chat` or `Text`; raises `BadSample` naming the value and the rule."""
     if fmt == "auto":
         fmt = detect(record)
@@ -92,7 +93,7 @@ def parse(record, fmt="auto"):
     return chat
 
 
-def _text(record):
+def _text(record: Record) -> Text:
     if "text" not in record:
         raise BadSample('--format text needs a "text" field')
     text = record["text"]
@@ -107,7 +108,7 @@ def _text(record):
     return Text(text)
 
 
-def _list_field(record, key):
+def _list_field(record: Record, key: str) -> list[Any]:
     if key not in record:
         raise BadSample(f'--format {"llava" if key == "conversations" else "messages"} needs a "{key}" field')
     value = record[key]
@@ -116,13 +117,13 @@ def _list_field(record, key):
     return value
 
 
-def _role(i, value):
+def _role(i: int, value: object) -> str:
     if not isinstance(value, str) or value.lower() not in ROLES:
         raise BadSample(f"turn {i}: unknown role {_show(value)} (expected user/human, assistant/gpt or system)")
     return ROLES[value.lower()]
 
 
-def _llava_turn(i, turn):
+def _llava_turn(i: int, turn: object) -> Message:
     if not isinstance(turn, dict):
         raise BadSample(f"turn {i}: a turn must be an object, not {_type(turn)}")
     role = _role(i, turn.get("from", turn.get("role")))
@@ -132,7 +133,7 @@ def _llava_turn(i, turn):
     return Message(role, _with_markers(value), reasoning.read(i, role, turn, value))
 
 
-def _message(i, message):
+def _message(i: int, message: object) -> Message:
     if not isinstance(message, dict):
         raise BadSample(f"turn {i}: a message must be an object, not {_type(message)}")
     role = _role(i, message.get("role"))
@@ -141,7 +142,7 @@ def _message(i, message):
         return Message(role, _with_markers(content), reasoning.read(i, role, message, content))
     if not isinstance(content, list):
         raise BadSample(f'turn {i}: "content" must be a string or a list of parts, not {_type(content)}')
-    parts = []
+    parts: list[Part] = []
     for j, part in enumerate(content):
         if isinstance(part, str):
             parts += _with_markers(part)
@@ -167,8 +168,8 @@ def _message(i, message):
     return Message(role, parts, reasoning.read(i, role, message, text))
 
 
-def _with_markers(text):
-    parts = []
+def _with_markers(text: str) -> list[Part]:
+    parts: list[Part] = []
     pos = 0
     for m in _MARKER.finditer(text):
         if m.start() > pos:
@@ -180,7 +181,7 @@ def _with_markers(text):
     return parts
 
 
-def _top_level(record, one, many):
+def _top_level(record: Record, one: str, many: str) -> list[Any]:
     if one in record and many in record:
         raise BadSample(f'the record has both "{one}" and "{many}": give one list')
     if many in record:
@@ -197,7 +198,7 @@ def _top_level(record, one, many):
     return []
 
 
-def _assign_media(chat, kind, pool):
+def _assign_media(chat: Chat, kind: str, pool: list[Any]) -> None:
     parts = chat.media(kind)
     from_pool = [p for p in parts if p.source is None]
     if len(from_pool) != len(pool):
@@ -210,7 +211,7 @@ def _assign_media(chat, kind, pool):
         part.where = f"{kind} {n}"
 
 
-def _check_turns(chat):
+def _check_turns(chat: Chat) -> None:
     for i, m in enumerate(chat.messages):
         if m.role == "assistant" and any(p.kind != "text" for p in m.parts):
             raise BadSample(f"turn {i} (assistant): images and videos belong in user or system turns")
@@ -221,14 +222,14 @@ def _check_turns(chat):
         raise BadSample("the first turn after the system turns is an assistant turn: a user turn must come first")
 
 
-def _count(n, noun):
+def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
-def _type(value):
+def _type(value: object) -> str:
     return {list: "a list", dict: "an object", str: "a string", bool: "a boolean", type(None): "null",
             int: "a number", float: "a number"}.get(type(value), type(value).__name__)
 
 
-def _show(value):
+def _show(value: object) -> str:
     return f'"{value}"' if isinstance(value, str) else _type(value)

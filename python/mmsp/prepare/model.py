@@ -8,6 +8,7 @@ file and the value: a config.json and a processor that disagree would otherwise 
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import PrepareError
 from .reader import read_json_file
@@ -15,6 +16,10 @@ from .reader import read_json_file
 # config.json's bytes at most, read before parsing (released configs are a few KiB): the
 # records' own default bound (--max-record-bytes).
 MAX_CONFIG_BYTES = 8 << 20
+
+# transformers' objects, loaded from the model directory: duck-typed here.
+Processor = Any  # transformers' ProcessorMixin (AutoProcessor's class for the model_type)
+Tokenizer = Any  # transformers' PreTrainedTokenizerBase, the processor's `tokenizer`
 
 
 def _families() -> dict[str, str]:
@@ -34,8 +39,8 @@ class Model:
     folder: str
     model_type: str
     family: str
-    config: dict
-    processor: object
+    config: dict[str, Any]
+    processor: Processor
     videos: bool  # whether the processor can process videos (transformers' needs torchvision)
     vocab_size: int
     image_token_id: int
@@ -47,11 +52,11 @@ class Model:
     tokens_per_tile: int = 0  # InternVL: placeholders per tile
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         return self.processor.tokenizer
 
 
-def load(folder):
+def load(folder: str) -> Model:
     config_path = os.path.join(folder, "config.json")
     if not os.path.isdir(folder):
         raise PrepareError(f'--model "{folder}" is not a folder')
@@ -97,7 +102,7 @@ def load(folder):
     return model
 
 
-def _load_processor(folder, model_type):
+def _load_processor(folder: str, model_type: str) -> tuple[Processor, bool]:
     import transformers
     from transformers.utils import is_torchvision_available
 
@@ -113,7 +118,7 @@ def _load_processor(folder, model_type):
         raise PrepareError(f'cannot load the processor of --model "{folder}": {type(e).__name__}: {e}') from None
 
 
-def _processor_class(folder, model_type):
+def _processor_class(folder: str, model_type: str) -> type[Processor]:
     import transformers
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
@@ -129,21 +134,20 @@ def _processor_class(folder, model_type):
     return cls
 
 
-def _image_only(cls):
+def _image_only(cls: type[Processor]) -> type[Processor]:
     """transformers' video processors need torchvision, and the Qwen and InternVL processors refuse
     to be built without one. Without torchvision, the same class minus its video processor
     (images and text go through the class's own code; a video is refused per sample)."""
     if "video_processor" not in cls.get_attributes():
         return cls
 
-    @classmethod
-    def get_attributes(klass):
+    def get_attributes(klass: type[Processor]) -> list[str]:
         return [a for a in cls.get_attributes() if a != "video_processor"]
 
-    return type(cls.__name__, (cls,), {"get_attributes": get_attributes, "__module__": cls.__module__})
+    return type(cls.__name__, (cls,), {"get_attributes": classmethod(get_attributes), "__module__": cls.__module__})
 
 
-def _config_id(config, path, *names):
+def _config_id(config: dict[str, Any], path: str, *names: str) -> int:
     for holder in (config, config.get("text_config") or {}):
         for name in names:
             if isinstance(holder.get(name), int):
@@ -151,14 +155,14 @@ def _config_id(config, path, *names):
     raise PrepareError(f"{path}: no {' or '.join(names)}")
 
 
-def _check_token(model, kind, config_id, processor_id):
+def _check_token(model: Model, kind: str, config_id: int, processor_id: int) -> None:
     if config_id != processor_id:
         token = model.tokenizer.convert_ids_to_tokens(processor_id)
         raise PrepareError(f"{model.folder}: config.json's {kind} token id is {config_id} but the processor's {kind} "
                            f"token {token} is id {processor_id}: they are not the same model")
 
 
-def _side(config, path):
+def _side(config: dict[str, Any], path: str) -> int:
     vision = config.get("vision_config") or {}
     size, patch = vision.get("image_size"), vision.get("patch_size")
     size = size[0] if isinstance(size, list) else size

@@ -14,6 +14,8 @@ no NaN or Infinity; and, as valid Unicode text, no lone UTF-16 surrogate escape 
 """
 import json
 import re
+from collections.abc import Iterable, Iterator
+from typing import Any, BinaryIO, NoReturn, Optional, Union
 
 from .errors import BadSample, PrepareError
 from .train_bounds import MAX_JSON_DEPTH
@@ -31,8 +33,13 @@ _QUOTE, _BACKSLASH, _COMMA, _OPEN = ord('"'), ord("\\"), ord(","), b"[{"
 _IN_STRING = re.compile(rb'["\\]')
 _NOT_SPACE = re.compile(rb'[^ \t\r\n]')
 
+# A record: a JSON object as the decoder gives it (its values any JSON value).
+Record = dict[str, Any]
+# What read_records yields per record: its first line, and the record or why it is none.
+Numbered = tuple[int, Union[Record, BadSample]]
 
-def read_records(path, max_record_bytes):
+
+def read_records(path: str, max_record_bytes: int) -> Iterator[Numbered]:
     try:
         f = open(path, "rb")
     except OSError as e:
@@ -45,7 +52,7 @@ def read_records(path, max_record_bytes):
             yield from _json_lines(f, max_record_bytes)
 
 
-def read_json_file(path, what, limit):
+def read_json_file(path: str, what: str, limit: int) -> Record:
     """A whole JSON file of the model directory (config.json), by the records' rules: at most
     `limit` bytes, read before parsing; then the depth, repeated keys, constants and surrogates
     of `_record`. A PrepareError names the file and the rule."""
@@ -64,7 +71,7 @@ def read_json_file(path, what, limit):
     return value
 
 
-def _first_byte(f):
+def _first_byte(f: BinaryIO) -> bytes:
     """The first byte after a BOM and white space (the file is rewound)."""
     head = f.read(len(_BOM))
     if not head.startswith(_BOM):
@@ -77,13 +84,13 @@ def _first_byte(f):
             return stripped[:1]
 
 
-def _too_long(size, limit):
+def _too_long(size: int, limit: int) -> BadSample:
     return BadSample(f"the record is {size:,} bytes, more than --max-record-bytes {limit:,} (a record is held, "
                      "rendered and tokenized whole in memory, at about 180 times its size): split it, or "
                      "raise the limit")
 
 
-def _json_lines(f, limit):
+def _json_lines(f: BinaryIO, limit: int) -> Iterator[Numbered]:
     number = 0
     while True:
         raw = f.readline(limit + 3)  # the line, its \r\n, and one byte to tell it is longer
@@ -111,7 +118,7 @@ def _json_lines(f, limit):
         yield number, _record(line, 1)
 
 
-def _record(data, first_line, fatal_path=None):
+def _record(data: bytes, first_line: int, fatal_path: Optional[str] = None) -> Union[Record, BadSample]:
     """One record's bytes → its dict, or a BadSample. With `fatal_path` (a record of a JSON list,
     where a syntax error leaves nothing to resync on), invalid JSON is a PrepareError."""
     try:
@@ -144,10 +151,10 @@ class _Refused(Exception):
     pass
 
 
-def _object_without_repeats(pairs):
+def _object_without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out = dict(pairs)
     if len(out) < len(pairs):
-        seen = set()
+        seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
                 shown = key if len(key) <= 80 else key[:77] + "..."
@@ -157,26 +164,26 @@ def _object_without_repeats(pairs):
     return out
 
 
-def _no_constant(name):
+def _no_constant(name: str) -> NoReturn:
     raise _Refused(f"invalid JSON: {name} is not a JSON number")
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_object_without_repeats, parse_constant=_no_constant)
 
 
-def _too_deep():
+def _too_deep() -> BadSample:
     return BadSample(f"JSON nests deeper than {MAX_JSON_DEPTH} levels; no mmsp input needs that many")
 
 
-def _check_values(record):
+def _check_values(record: object) -> Optional[BadSample]:
     """Nesting and strings, without recursion: a BadSample or None."""
-    stack = [(record, 1, "")]
+    stack: list[tuple[object, int, str]] = [(record, 1, "")]
     while stack:
         value, depth, where = stack.pop()
         if isinstance(value, (dict, list)):
             if depth > MAX_JSON_DEPTH:
                 return _too_deep()
-            items = value.items() if isinstance(value, dict) else enumerate(value)
+            items: Iterable[tuple[object, object]] = value.items() if isinstance(value, dict) else enumerate(value)
             for key, item in items:
                 if isinstance(key, str):
                     bad = _lone_surrogate(key, f"a key in {where or 'the record'}")
@@ -192,7 +199,7 @@ def _check_values(record):
     return None
 
 
-def _lone_surrogate(text, where):
+def _lone_surrogate(text: str, where: str) -> Optional[BadSample]:
     m = _SURROGATE.search(text)
     if m is None:
         return None
@@ -208,12 +215,12 @@ class _ListScanner:
     at the list's own level. Each item is then parsed on its own (`_record`), so that a bad item
     is named by its line and `--skip-bad` goes past it; a broken structure is a PrepareError."""
 
-    def __init__(self, path, f, limit):
+    def __init__(self, path: str, f: BinaryIO, limit: int) -> None:
         self.path, self.f, self.limit = path, f, limit
         self.chunk, self.pos = b"", 0
         self.line, self.counted = 1, 0  # the line at self.chunk[self.counted]
 
-    def _fill(self):
+    def _fill(self) -> bool:
         """Bytes at self.pos, reading the next chunk when this one is done; False at the end."""
         if self.pos < len(self.chunk):
             return True
@@ -221,13 +228,13 @@ class _ListScanner:
         self.chunk, self.pos, self.counted = self.f.read(_CHUNK), 0, 0
         return bool(self.chunk)
 
-    def line_at(self, pos):
+    def line_at(self, pos: int) -> int:
         """The line of self.chunk[pos] (pos never goes back)."""
         self.line += self.chunk.count(b"\n", self.counted, pos)
         self.counted = pos
         return self.line
 
-    def next_byte(self):
+    def next_byte(self) -> bytes:
         """The next byte that is not white space (self.pos moves to it), or b"" at the end."""
         while self._fill():
             m = _NOT_SPACE.search(self.chunk, self.pos)
@@ -237,10 +244,10 @@ class _ListScanner:
             self.pos = len(self.chunk)
         return b""
 
-    def where(self):
+    def where(self) -> str:
         return f"{self.path}:{self.line_at(self.pos)}"
 
-    def open(self):
+    def open(self) -> bool:
         if not self.f.read(len(_BOM)).startswith(_BOM):
             self.f.seek(0)
         if self.next_byte() != b"[":
@@ -251,16 +258,18 @@ class _ListScanner:
             return False
         return True
 
-    def item(self):
+    def item(self) -> tuple[int, Optional[bytes], int, int, bool]:
         """The next item: (its first line, its bytes or None when over the limit, its size, its
         deepest nesting, and whether the list goes on after it)."""
         if not self.next_byte():
             raise PrepareError(f"{self.where()}: invalid JSON: the list is not closed with ]")
         first_line = self.line_at(self.pos)
-        parts, size, depth, deepest = [], 0, 0, 0
+        parts: Optional[list[bytes]] = []  # None once the item is over the limit
+        size, depth, deepest = 0, 0, 0
         in_string = escaped = False  # inside a string that does not end in the chunk at hand
         while self._fill():
-            chunk, at, end = self.chunk, self.pos, None
+            chunk, at = self.chunk, self.pos
+            end: Optional[int] = None
             while end is None:
                 while in_string:  # byte by byte (a string across chunks): to its end, or the chunk's
                     if escaped:
@@ -314,18 +323,18 @@ class _ListScanner:
         raise PrepareError(f"{self.path}:{first_line}: invalid JSON: the list is not closed with ] (this record "
                            "runs to the end of the file)")
 
-    def tail(self):
+    def tail(self) -> None:
         """Nothing but white space after the closing ]."""
         if self.next_byte():
             raise PrepareError(f"{self.where()}: invalid JSON: text after the closing ]")
 
 
-def _json_list(path, f, limit):
+def _json_list(path: str, f: BinaryIO, limit: int) -> Iterator[Numbered]:
     scan = _ListScanner(path, f, limit)
     more = scan.open()
     while more:
         line, data, size, deepest, more = scan.item()
-        if size > limit:
+        if data is None or size > limit:  # (no bytes: the item was over the limit)
             yield line, _too_long(size, limit)
         elif deepest > MAX_JSON_DEPTH:
             yield line, _too_deep()
@@ -334,6 +343,6 @@ def _json_list(path, f, limit):
     scan.tail()
 
 
-def _json_type(value):
+def _json_type(value: object) -> str:
     return {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
         type(value), "a number")

@@ -8,7 +8,14 @@ lies between `<think>` and the first `</think>`, the answer what follows the las
 those places is dropped without a word, so such a turn is a bad record here, as are reasoning on
 a user or system turn and a turn that gives its reasoning twice.
 """
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Optional
+
 from .errors import BadSample, PrepareError
+from .model import Processor
+
+if TYPE_CHECKING:  # formats imports this module
+    from .formats import Message
 
 OPEN, CLOSE = "<think>", "</think>"
 
@@ -18,7 +25,7 @@ OPEN, CLOSE = "<think>", "</think>"
 EMPTY_THINK = ("mask", "train")
 
 
-def read(i, role, turn, text):
+def read(i: int, role: str, turn: dict[str, Any], text: str) -> Optional[str]:
     """The turn's `reasoning_content` (None when it has none) after checking the turn's reasoning;
     `text` is the turn's text as the template sees it."""
     value = turn.get("reasoning_content")
@@ -54,7 +61,7 @@ def read(i, role, turn, text):
     return value
 
 
-def check_rendered(messages, template):
+def check_rendered(messages: Sequence["Message"], template: str) -> None:
     """`reasoning_content` on a turn of a template that never reads it (Qwen2-VL's, Qwen3-VL's,
     ...) would be dropped without a word: a bad record naming the turn."""
     if "reasoning_content" in template:
@@ -66,13 +73,13 @@ def check_rendered(messages, template):
                             "turn's text, or leave it out")
 
 
-def template_kwargs(enable_thinking):
+def template_kwargs(enable_thinking: Optional[bool]) -> dict[str, bool]:
     """What `--enable-thinking` passes to every rendering of the chat template (nothing when not
     given: the template's own default)."""
     return {} if enable_thinking is None else {"enable_thinking": enable_thinking}
 
 
-def check_template(processor, enable_thinking):
+def check_template(processor: Processor, enable_thinking: Optional[bool]) -> None:
     """`--enable-thinking` on a template that never reads enable_thinking would change nothing."""
     if enable_thinking is None:
         return
@@ -84,10 +91,10 @@ def check_template(processor, enable_thinking):
                            "template does not read enable_thinking, so the flag would change nothing; leave it out")
 
 
-def _excerpt(text, n=40):
+def _excerpt(text: str, n: int = 40) -> str:
     return f'"{text}"' if len(text) <= n else f'"{text[:n]}..."'
 
 
-def _type(value):
+def _type(value: object) -> str:
     return {list: "a list", dict: "an object", bool: "a boolean", int: "a number", float: "a number"}.get(
         type(value), type(value).__name__)
