@@ -12,9 +12,15 @@ around its timestamped blocks (`_unwrap_framed_videos` says why).
 """
 import bisect
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
 
 from . import media, video_file
 from .errors import BadSample, PrepareError
+from .formats import Chat
+from .model import Model
+
+if TYPE_CHECKING:  # imported where frames are stacked
+    import torch
 
 
 # --video-wrapper: keep the template's pair around a Qwen3-VL video's frame blocks, or drop it.
@@ -22,8 +28,11 @@ VIDEO_WRAPPER = ("keep", "drop")
 # The model types whose processor leaves that pair (each temporal patch its own timestamped block).
 WRAPPED_VIDEOS = ("qwen3_vl", "qwen3_5")
 
+# A message as transformers' processors take it: {"role", "content": [{"type", ...}], "reasoning_content"?}.
+HFMessage = dict[str, Any]
 
-def check_video_wrapper(model, choice):
+
+def check_video_wrapper(model: Model, choice: Optional[str]) -> None:
     """--video-wrapper given for a model whose videos have no wrapper would change nothing."""
     if choice is not None and model.model_type not in WRAPPED_VIDEOS:
         raise PrepareError(f"--video-wrapper {choice}: the processor of model_type {model.model_type} writes no "
@@ -33,28 +42,31 @@ def check_video_wrapper(model, choice):
 
 @dataclass
 class Encoded:
-    input_ids: list
-    offsets: list  # per token: (start, end) characters of the text the processor tokenized
+    input_ids: list[int]
+    offsets: list[tuple[int, int]]  # per token: (start, end) characters of the text the processor tokenized
     prompt: str  # the chat template's output, before placeholder expansion
-    replacements: list  # per vision item, in order: {"type", "span", "new_span", ...}
-    image_grid_thw: list
-    video_grid_thw: list
-    second_per_grid_ts: list
+    replacements: list[dict[str, Any]]  # per vision item, in order: {"type", "span", "new_span", ...}
+    image_grid_thw: list[list[int]]
+    video_grid_thw: list[list[int]]
+    second_per_grid_ts: list[float]
 
 
 @dataclass
 class Video:
-    frames: list  # frame folders and lists: the frame files; a video file: []
-    file: object = None  # a video file: video_file.VideoFile (its path, sampled indices, frames)
+    frames: list[str]  # frame folders and lists: the frame files; a video file: []
+    file: Optional[video_file.VideoFile] = None  # a video file: its path, sampled indices, frames
 
 
-def hf_messages(chat, root, model, max_pixels):
+def hf_messages(chat: Chat, root: str, model: Model,
+                max_pixels: int) -> tuple[list[HFMessage], list[str], list[Video]]:
     """`Chat` → the messages transformers' processors take, every file decoded and checked (an
     image file, a video frame at most `max_pixels` pixels); returns them with the absolute paths
     of the images and the videos (`Video`s)."""
-    images, videos, messages = [], [], []
+    images: list[str] = []
+    videos: list[Video] = []
+    messages: list[HFMessage] = []
     for message in chat.messages:
-        content = []
+        content: list[dict[str, Any]] = []
         for part in message.parts:
             if part.kind == "text":
                 content.append({"type": "text", "text": part.text})
@@ -65,10 +77,11 @@ def hf_messages(chat, root, model, max_pixels):
             else:
                 if model.family != "qwen_vl" or not model.videos:
                     raise BadSample(f"{part.where}: {_no_video_reason(model)}")
-                kind, source = media.video_source(part.source, root, part.where)
-                if kind == "file":
-                    video = Video([], video_file.load(source, part.where, model, max_pixels))
-                    content.append({"type": "video", "video": video.file.frames})
+                _, source = media.video_source(part.source, root, part.where)
+                if isinstance(source, str):  # "file": a video file's path (else "frames": its frame files)
+                    loaded = video_file.load(source, part.where, model, max_pixels)
+                    content.append({"type": "video", "video": loaded.frames})
+                    video = Video([], loaded)
                 else:
                     content.append({"type": "video", "video": _folder_video(source, part.where, max_pixels)})
                     video = Video(source)
@@ -79,7 +92,7 @@ def hf_messages(chat, root, model, max_pixels):
     return messages, images, videos
 
 
-def _folder_video(frames, where, max_pixels):
+def _folder_video(frames: list[str], where: str, max_pixels: int) -> "torch.Tensor":
     """A frame folder's (or list's) frames decoded, as one uint8 [T, C, H, W] tensor: the layout
     torchcodec gives a video file's, so that both kinds can go to the processor together."""
     import numpy as np
@@ -92,12 +105,13 @@ def _folder_video(frames, where, max_pixels):
     return torch.from_numpy(np.stack([np.asarray(im.convert("RGB")) for im in decoded])).permute(0, 3, 1, 2)
 
 
-def encode(model, messages, videos, video_fps, template_kwargs=None, keep_video_wrapper=True):
+def encode(model: Model, messages: list[HFMessage], videos: list[Video], video_fps: float,
+           template_kwargs: Optional[dict[str, Any]] = None, keep_video_wrapper: bool = True) -> Encoded:
     """Tokenizes a conversation with the processor; `videos` (`Video`s) give the metadata;
     `template_kwargs` go to the chat template (enable_thinking); `keep_video_wrapper`: leave a
     Qwen3-VL video's wrapper as transformers wrote it."""
     template_kwargs = template_kwargs or {}
-    kwargs = {"return_offsets_mapping": True, "return_text_replacement_offsets": True}
+    kwargs: dict[str, Any] = {"return_offsets_mapping": True, "return_text_replacement_offsets": True}
     if videos:
         # Every video arrives decoded and sampled: a video file's frames at the indices its video
         # processor's own sampling chose (video_file.py), with the metadata transformers' decoder
@@ -134,7 +148,8 @@ def encode(model, messages, videos, video_fps, template_kwargs=None, keep_video_
     )
 
 
-def _unwrap_framed_videos(model, ids, offsets, replacements):
+def _unwrap_framed_videos(model: Model, ids: list[int], offsets: list[tuple[int, int]],
+                          replacements: list[dict[str, Any]]) -> None:
     """Qwen3-VL / Qwen3.5: the processor expands a video into its own blocks, one per temporal
     patch, each after its timestamp (`<0.3 seconds><|vision_start|>...<|vision_end|>`), but
     transformers 5.17 replaces only the template's `<|video_pad|>`, leaving the template's
@@ -160,18 +175,18 @@ def _unwrap_framed_videos(model, ids, offsets, replacements):
                 del ids[i], offsets[i], starts[i]
 
 
-def encode_text(model, text):
+def encode_text(model: Model, text: str) -> list[int]:
     """A plain-text sample: the tokenizer's ids (with its own special tokens, e.g. LLaVA's <s>)."""
     return [int(t) for t in model.tokenizer(text)["input_ids"]]
 
 
-def _rows(value):
+def _rows(value: Any) -> list[Any]:
     if value is None:
         return []
     return value.tolist() if hasattr(value, "tolist") else list(value)
 
 
-def _no_video_reason(model):
+def _no_video_reason(model: Model) -> str:
     if model.family != "qwen_vl":
         return f"mmsp trains videos for the Qwen families only, not {model.model_type}"
     return ("videos need transformers' video processor, which needs torchvision, and torchvision is not "

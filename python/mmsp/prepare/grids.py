@@ -15,7 +15,9 @@ Each count is checked against the tokens, and so is every vision token outside a
 import bisect
 from dataclasses import dataclass
 
+from .conversation import Encoded
 from .errors import BadSample
+from .model import Model
 
 
 @dataclass
@@ -24,12 +26,12 @@ class Block:
     index: int  # among the sample's items of its kind
     start: int  # tokens [start, end): the placeholders and the tokens that frame them
     end: int
-    grid: list
+    grid: list[int]
 
 
-def vision_blocks(model, enc):
+def vision_blocks(model: Model, enc: Encoded) -> list[Block]:
     starts = [a for a, _ in enc.offsets]
-    blocks = []
+    blocks: list[Block] = []
     counts = {"image": 0, "video": 0}
     for r in enc.replacements:
         kind = r["type"]
@@ -59,7 +61,7 @@ def vision_blocks(model, enc):
     return blocks
 
 
-def _grid(model, enc, kind, index, tokens):
+def _grid(model: Model, enc: Encoded, kind: str, index: int, tokens: list[int]) -> list[int]:
     where = f"{kind} {index}"
     if model.family == "qwen_vl":
         grids = enc.image_grid_thw if kind == "image" else enc.video_grid_thw
@@ -84,7 +86,7 @@ def _grid(model, enc, kind, index, tokens):
     return [tiles, model.side, model.side]
 
 
-def _check_nesting(model, tokens, where):
+def _check_nesting(model: Model, tokens: list[int], where: str) -> None:
     """Qwen: each <|vision_start|> closed by a <|vision_end|> before the next opens, as the trainer
     parses them. (Qwen3-VL's processor writes a <|vision_start|> per temporal patch; around a
     template's own <|vision_start|><|video_pad|><|vision_end|> that would nest.)"""
@@ -102,12 +104,12 @@ def _check_nesting(model, tokens, where):
         raise BadSample(f"{where}: a {model.tokenizer.convert_ids_to_tokens(model.vision_start_id)} is not closed")
 
 
-def _check_count(where, have, need, rule):
+def _check_count(where: str, have: int, need: int, rule: str) -> None:
     if have != need:
         raise BadSample(f"{where}: the processor wrote {have} placeholders but {rule} needs {need}")
 
 
-def _check_outside(model, ids, blocks):
+def _check_outside(model: Model, ids: list[int], blocks: list[Block]) -> None:
     vision = {model.image_token_id: None, model.video_token_id: None, model.vision_start_id: None,
               model.vision_end_id: None}
     for name in ("start_image_token_id", "end_image_token_id"):  # InternVL's <img>, </img>

@@ -24,8 +24,11 @@ placeholder expansion and marks every token that overlaps one.
 """
 import bisect
 import re
+from typing import Any, Optional, cast
 
+from .conversation import HFMessage
 from .errors import BadSample, PrepareError
+from .model import Processor
 
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -35,9 +38,12 @@ _PROBE_ANSWER = "mmsp probe answer"
 # The think block a template writes for a turn without reasoning (Qwen3.5's "<think>\n\n</think>\n\n").
 _EMPTY_THINK = re.compile(r"<think>\s*</think>\s*")
 
+Span = tuple[int, int]  # characters [start, end)
+
 
 class AssistantSpans:
-    def __init__(self, processor, template_kwargs=None, empty_think="mask"):
+    def __init__(self, processor: Processor, template_kwargs: Optional[dict[str, Any]] = None,
+                 empty_think: str = "mask") -> None:
         self.processor = processor
         self.template_kwargs = template_kwargs or {}  # enable_thinking, for every rendering
         self.empty_think = empty_think
@@ -47,12 +53,12 @@ class AssistantSpans:
         if not template:
             raise PrepareError("the model directory's processor has no chat template (chat_template.jinja or "
                                "chat_template.json), so conversations cannot be rendered")
-        self.template = template
+        self.template: str = template
         self.marked = bool(_GENERATION.search(template))
-        self._closer = None
-        self._specials = None  # the tokenizer's special tokens, sorted
+        self._closer: Optional[str] = None
+        self._specials: Optional[list[str]] = None  # the tokenizer's special tokens, sorted
 
-    def render(self, messages, add_generation_prompt=False):
+    def render(self, messages: list[HFMessage], add_generation_prompt: bool = False) -> str:
         try:
             return self.processor.apply_chat_template(messages, tokenize=False,
                                                       add_generation_prompt=add_generation_prompt,
@@ -62,7 +68,7 @@ class AssistantSpans:
                             f"{type(e).__name__}: {e}") from None
 
     @property
-    def closer(self):
+    def closer(self) -> str:
         """The template's end-of-turn marker after an assistant turn ('' if it has none)."""
         if self._closer is None:
             question = [{"role": "user", "content": [{"type": "text", "text": _PROBE_QUESTION}]}]
@@ -78,7 +84,7 @@ class AssistantSpans:
             self._closer = rest[0] if rest else ""
         return self._closer
 
-    def check_special_tokens(self, messages):
+    def check_special_tokens(self, messages: list[HFMessage]) -> None:
         """An assistant turn's text or reasoning holding a special token of the tokenizer
         (<|im_start|>, <|endoftext|>, a vision placeholder, the end-of-turn marker): the tokenizer
         reads it as that control token, which would be a target mid-turn. A bad record."""
@@ -102,26 +108,28 @@ class AssistantSpans:
                                     "tokenizer reads as that control token: it would be a target in the middle of a "
                                     "turn (the model would learn to write it); leave it out of the text")
 
-    def spans(self, messages, text):
+    def spans(self, messages: list[HFMessage], text: str) -> list[Span]:
         """Character spans of `text` (the whole conversation rendered) that are assistant output."""
         spans = self._marked_spans(messages, text) if self.marked else self._rendered_spans(messages, text)
         if self.empty_think == "mask":
             spans = [(_past_empty_think(text, s, e), e) for s, e in spans]
         return [(s, e) for s, e in spans if e > s]
 
-    def _marked_spans(self, messages, text):
+    def _marked_spans(self, messages: list[HFMessage], text: str) -> list[Span]:
         from transformers.utils.chat_template_utils import render_jinja_template
 
-        rendered, indices = render_jinja_template(
+        # (transformers annotates it `-> str`; with return_assistant_tokens_mask it returns the renderings
+        # and, per conversation, the generation spans.)
+        rendered, indices = cast(tuple[list[str], list[list[Span]]], render_jinja_template(
             conversations=[messages], chat_template=self.template, return_assistant_tokens_mask=True,
-            **self.processor.tokenizer.special_tokens_map, **self.template_kwargs)
+            **self.processor.tokenizer.special_tokens_map, **self.template_kwargs))
         if rendered[0] != text:
             raise PrepareError("the chat template renders the same conversation differently twice")
         return [(s, e) for s, e in indices[0] if e > s]
 
-    def _rendered_spans(self, messages, text):
+    def _rendered_spans(self, messages: list[HFMessage], text: str) -> list[Span]:
         closer = self.closer
-        spans = []
+        spans: list[Span] = []
         floor = 1
         for k, message in enumerate(messages):
             if message["role"] != "assistant":
@@ -149,7 +157,7 @@ class AssistantSpans:
         return spans
 
 
-def token_mask(spans, offsets, replacements, prompt):
+def token_mask(spans: list[Span], offsets: list[Span], replacements: list[dict[str, Any]], prompt: str) -> list[int]:
     """1 for every token of a span, else 0.
 
     `spans` are in the rendered `prompt`; `offsets` (each token's characters) are in the text the
@@ -158,14 +166,14 @@ def token_mask(spans, offsets, replacements, prompt):
     partly outside a span is in it when it shares a non-blank character with it: Llama's "▁A"
     starts on the blank before an answer and is the answer's, but "▁USER" after a span that
     ends on a blank ("A cat. ", LLaVA's) is the next turn's."""
-    shifts = []  # (position in the prompt, total growth of the text before it)
+    shifts: list[tuple[int, int]] = []  # (position in the prompt, total growth of the text before it)
     growth = 0
     for r in replacements:
         growth += (r["new_span"][1] - r["new_span"][0]) - (r["span"][1] - r["span"][0])
         shifts.append((r["span"][1], growth))
     ends = [p for p, _ in shifts]
 
-    def shift(x):
+    def shift(x: int) -> int:
         i = bisect.bisect_right(ends, x)
         return shifts[i - 1][1] if i else 0
 
@@ -186,7 +194,7 @@ def token_mask(spans, offsets, replacements, prompt):
     return mask
 
 
-def _past_empty_think(text, start, end):
+def _past_empty_think(text: str, start: int, end: int) -> int:
     """`start` moved past the empty think block it lies in (or opens), if any, but not past `end`."""
     at = text.rfind("<think>", 0, start + len("<think>"))
     if at >= 0:
@@ -196,7 +204,7 @@ def _past_empty_think(text, start, end):
     return start
 
 
-def _common_prefix(a, b):
+def _common_prefix(a: str, b: str) -> int:
     n = min(len(a), len(b))
     i = 0
     # Compare in blocks first: the prompts are long and mostly equal.

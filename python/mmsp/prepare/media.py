@@ -18,9 +18,13 @@ its place with the trainer's number; should it fire anyway, that is a bad record
 import os
 import re
 import warnings
+from typing import TYPE_CHECKING, Optional, Union
 
 from .errors import BadSample
 from .train_bounds import STB_MAX_DIMENSION
+
+if TYPE_CHECKING:  # imported where an image is decoded
+    import PIL.Image
 
 # PIL's names for the formats stb_image reads too (MPO: a JPEG with extra pictures, the
 # first one being what both read; PPM: PIL's name for PNM).
@@ -31,7 +35,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tga", ".psd", ".ppm
 _EXIF_ORIENTATION = 0x0112
 
 
-def resolve(source, root, what):
+def resolve(source: object, root: str, what: str) -> str:
     """A path as the record gives it → an absolute path (relative ones are under `root`)."""
     if not isinstance(source, str) or not source:
         raise BadSample(f"{what}: a path must be a non-empty string, not {source!r}")
@@ -43,7 +47,7 @@ def resolve(source, root, what):
     return os.path.normpath(os.path.join(root, os.path.expanduser(source)))
 
 
-def load_image(path, what, max_pixels):
+def load_image(path: str, what: str, max_pixels: int) -> "PIL.Image.Image":
     """Decodes one image file the way transformers' processors load a path (EXIF-transposed RGB),
     once its header says it has at most `max_pixels` pixels."""
     from PIL import Image, UnidentifiedImageError
@@ -86,7 +90,7 @@ def load_image(path, what, max_pixels):
         Image.MAX_IMAGE_PIXELS = limit
 
 
-def _unmatched_mode(fmt, mode):
+def _unmatched_mode(fmt: Optional[str], mode: str) -> Optional[str]:
     """Why mmsp's reader would not give the pixels PIL's convert("RGB") gives for a file of this
     format and mode, or None; the words of src/train/data/image_file.cpp."""
     if mode.startswith("I;16") or mode in ("I", "F"):
@@ -99,7 +103,7 @@ def _unmatched_mode(fmt, mode):
     return None
 
 
-def _check_size(path, what, width, height, max_pixels):
+def _check_size(path: str, what: str, width: int, height: int, max_pixels: int) -> None:
     """mmsp train's rule (src/train/data/jsonl_dataset.cpp image_size), with its message."""
     pixels = width * height
     if pixels > max_pixels:
@@ -113,7 +117,7 @@ def _check_size(path, what, width, height, max_pixels):
         raise BadSample(f'{what} file "{path}" is {width} x {height} pixels: it holds no pixel')
 
 
-def video_source(source, root, what):
+def video_source(source: object, root: str, what: str) -> tuple[str, Union[list[str], str]]:
     """A video as the record gives it → ("frames", its frame files) for a list of frame paths or a
     folder of them, or ("file", its absolute path) for a video file (video_file.py decodes it)."""
     if isinstance(source, list):
@@ -126,7 +130,7 @@ def video_source(source, root, what):
     return "frames", _folder_frames(path, what)
 
 
-def _folder_frames(folder, what):
+def _folder_frames(folder: str, what: str) -> list[str]:
     """A folder's image files, the frames, in natural order of their names (frame_2 before frame_10)."""
     if not os.path.isdir(folder):
         raise BadSample(f'{what} "{folder}" is neither a video file nor a folder of frames'

@@ -5,12 +5,16 @@ fall in: a block is whole or gone (the trainer checks each block's placeholders 
 grid), and the items whose blocks are gone leave the sample. Whole trailing turns, and the tail
 of the turn that crosses N, go with it.
 """
+from typing import Optional
+
 from .errors import BadSample
+from .grids import Block
 
 OVERFLOW = ("refuse", "truncate")
 
 
-def fit(ids, mask, blocks, max_length, overflow):
+def fit(ids: list[int], mask: list[int], blocks: list[Block], max_length: Optional[int],
+        overflow: str) -> tuple[list[int], list[int], list[Block]]:
     """Returns (ids, mask, blocks) within `max_length` tokens, or raises `BadSample`."""
     if max_length is None or len(ids) <= max_length:
         return ids, mask, blocks

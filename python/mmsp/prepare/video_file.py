@@ -17,12 +17,18 @@ attributes on the loaded processor, as if the config said so.
 import math
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from .errors import BadSample, PrepareError
+from .model import Model, Processor
 from .train_bounds import INT32_MAX
+
+if TYPE_CHECKING:  # imported where a video is decoded
+    import torch
+    from torchcodec.decoders import VideoDecoder
 
 
 @dataclass
@@ -38,12 +44,12 @@ class Sampling:
 @dataclass
 class VideoFile:
     path: str  # absolute
-    frame_indices: list  # into the decoded stream, in order: what get_frames_at was given
-    frames: object  # uint8 [T, C, H, W], the decoded frames at those indices
-    metadata: dict  # transformers' VideoMetadata fields, frames_indices included
+    frame_indices: list[int]  # into the decoded stream, in order: what get_frames_at was given
+    frames: "torch.Tensor"  # uint8 [T, C, H, W], the decoded frames at those indices
+    metadata: dict[str, Any]  # transformers' VideoMetadata fields, frames_indices included
 
 
-def check(sampling):
+def check(sampling: Sampling) -> None:
     """The flags on their own (before a model is loaded)."""
     if sampling.fps is not None and not (0 < sampling.fps < math.inf):
         raise PrepareError(f"--video-fps {sampling.fps} must be a finite number above 0")
@@ -57,9 +63,11 @@ def check(sampling):
     if sampling.fps is not None and sampling.num_frames is not None:
         raise PrepareError(f"--video-fps {sampling.fps:g} and --video-num-frames {sampling.num_frames} are exclusive "
                            "(transformers samples by one or the other): give one")
-    if None not in (sampling.min_frames, sampling.max_frames) and sampling.min_frames > sampling.max_frames:
+    if sampling.min_frames is not None and sampling.max_frames is not None \
+            and sampling.min_frames > sampling.max_frames:
         raise PrepareError(f"--video-min-frames {sampling.min_frames} is above --video-max-frames {sampling.max_frames}")
-    if None not in (sampling.num_frames, sampling.max_frames) and sampling.num_frames > sampling.max_frames:
+    if sampling.num_frames is not None and sampling.max_frames is not None \
+            and sampling.num_frames > sampling.max_frames:
         raise PrepareError(f"--video-num-frames {sampling.num_frames} is above --video-max-frames "
                            f"{sampling.max_frames}: a video is sampled to at most max_frames frames (Qwen3-VL's sampler takes num_frames as "
                            "given, repeating frames, and holds them all in memory)")
@@ -68,7 +76,7 @@ def check(sampling):
                            "decodes every frame")
 
 
-def configure(model, sampling):
+def configure(model: Model, sampling: Sampling) -> None:
     """Sets the flags on the loaded video processor (the attributes transformers reads as the
     config's). --video-fps or --video-num-frames turn sampling on, and each clears the other
     (transformers refuses both); --video-min-frames / --video-max-frames need sampling on."""
@@ -93,7 +101,7 @@ def configure(model, sampling):
     _check_frame_bound(model, sampling)
 
 
-def _check_frame_bound(model, sampling):
+def _check_frame_bound(model: Model, sampling: Sampling) -> None:
     """The frames a video is sampled to, num_frames, at most max_frames, whichever gave them (a
     flag or the video processor config): before any record, so that no video is sampled to an
     unbounded count (Qwen3-VL's sampler makes num_frames indices whatever the file holds)."""
@@ -114,7 +122,7 @@ def _check_frame_bound(model, sampling):
                            "--video-max-frames to sample more)")
 
 
-def load(path, what, model, max_pixels):
+def load(path: str, what: str, model: Model, max_pixels: int) -> VideoFile:
     """Opens, samples and decodes one video file as transformers' processor would; a file that cannot
     give every sampled frame is a bad sample, named with its reason."""
     if not os.path.isfile(path):
@@ -164,7 +172,7 @@ def load(path, what, model, max_pixels):
     return VideoFile(path, indices, frames, {k: metadata[k] for k in metadata})
 
 
-def _sampling_kwargs(processor):
+def _sampling_kwargs(processor: Processor) -> dict[str, Any]:
     """The processor's merged video kwargs (defaults from the video processor's attributes): what
     transformers' `preprocess` samples with."""
     video = processor.video_processor
@@ -177,7 +185,7 @@ def _sampling_kwargs(processor):
     return kwargs
 
 
-def _sample_indices_fn(processor):
+def _sample_indices_fn(processor: Processor) -> Callable[..., Any]:
     """The function transformers' `preprocess` would hand `fetch_videos`: the video processor's
     `sample_frames` with the processor's merged video kwargs when it samples, else
     `default_sample_indices_fn` with nothing (every frame)."""
@@ -189,7 +197,7 @@ def _sample_indices_fn(processor):
     return partial(processor.video_processor.sample_frames, **kwargs)
 
 
-def _why_not_open(VideoDecoder, path, error):
+def _why_not_open(VideoDecoder: "type[VideoDecoder]", path: str, error: Exception) -> str:
     """Why the decoder refused a file, in words: no video stream (an audio file, a video of zero
     frames: torchcodec's encoder writes those without one), or FFmpeg's reason (not a video,
     truncated before its index, a codec this FFmpeg lacks)."""
@@ -203,11 +211,11 @@ def _why_not_open(VideoDecoder, path, error):
     return f"cannot be read as a video: {_first_line(error)}"
 
 
-def _span(indices):
+def _span(indices: list[int]) -> str:
     return f"{indices[0]}..{indices[-1]}" if len(indices) > 1 else str(indices[0])
 
 
-def _first_line(error):
+def _first_line(error: BaseException) -> str:
     """torchcodec's message without its source location ("SingleStreamDecoder, /.../x.cpp:41, ")."""
     text = str(error).strip().splitlines()
     return re.sub(r"^\w+, \S+\.cpp:\d+, ", "", text[0]) if text else type(error).__name__
