@@ -9,6 +9,9 @@ import argparse
 import signal
 import sys
 import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import NoReturn, Optional
 
 from . import conversation, formats, overflow, reasoning, writer
 from .errors import PrepareError
@@ -19,11 +22,11 @@ PROG = "mmsp prepare"
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):
+    def error(self, message: str) -> NoReturn:
         raise PrepareError(message)
 
 
-def parser():
+def parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="Turn conversation data into mmsp's .jsonl with a model directory's "
                                        "own processor (docs/prepare.md).")
     p.add_argument("--model", required=True, metavar="DIR",
@@ -74,7 +77,7 @@ def parser():
 class Interrupted(BaseException):
     """A signal that ends the run (a BaseException: no `except Exception` on the way swallows it)."""
 
-    def __init__(self, signum):
+    def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
 
@@ -82,13 +85,13 @@ class Interrupted(BaseException):
 _SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _on_signal(signum, frame):
+def _on_signal(signum: int, frame: Optional[FrameType]) -> NoReturn:
     writer.remove_temporaries()  # now: wherever the exception lands, nothing is left behind
     raise Interrupted(signum)
 
 
-def main(argv=None):
-    def report(message):
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    def report(message: str) -> None:
         print(f"{message} (skipped)", file=sys.stderr, flush=True)
 
     # (Handlers can be set in the main thread only: `main` called elsewhere keeps the process's own.)
@@ -123,11 +126,11 @@ def main(argv=None):
     return 0
 
 
-def _count(n, noun):
+def _count(n: int, noun: str) -> str:
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
-def _quiet_transformers():
+def _quiet_transformers() -> None:
     # Its notices (the PIL fallback when torchvision is missing, ...) would drown our messages.
     from transformers.utils import logging
 

@@ -4,8 +4,9 @@
 front when a record was bad and `--skip-bad` was not given; no output is left then).
 """
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Union
 
 from . import conversation, formats, grids, loss_mask, model as model_dir, overflow, reader, reasoning, video_file, writer
 from .errors import BadSample, PrepareError
@@ -49,10 +50,10 @@ class Summary:
     samples: int = 0
     tokens: int = 0
     targets: int = 0
-    skipped: list = field(default_factory=list)  # the messages of the skipped records
+    skipped: list[str] = field(default_factory=list)  # the messages of the skipped records
 
 
-def default_output(input_path):
+def default_output(input_path: str) -> str:
     stem = os.path.basename(input_path)
     for suffix in (".jsonl", ".json"):
         if stem.endswith(suffix):
@@ -61,7 +62,7 @@ def default_output(input_path):
     return os.path.join(os.path.dirname(os.path.abspath(input_path)), stem + ".prepared.jsonl")
 
 
-def check(options):
+def check(options: Options) -> None:
     if options.format not in formats.FORMATS:
         raise PrepareError(f"--format {options.format} is not one of {', '.join(formats.FORMATS)}")
     if options.overflow not in overflow.OVERFLOW:
@@ -94,13 +95,13 @@ def check(options):
         raise PrepareError(f'--image-root "{options.image_root}" is not a folder')
 
 
-def sampling(options):
+def sampling(options: Options) -> video_file.Sampling:
     return video_file.Sampling(fps=options.video_fps, num_frames=options.video_num_frames,
                                min_frames=options.video_min_frames, max_frames=options.video_max_frames,
                                sample_frames=options.video_sample_frames)
 
 
-def prepare(options, report):
+def prepare(options: Options, report: Callable[[str], None]) -> Summary:
     """`report(message)` is told each skipped record as it is skipped."""
     check(options)
     model = model_dir.load(options.model)
@@ -108,7 +109,9 @@ def prepare(options, report):
     reasoning.check_template(model.processor, options.enable_thinking)
     conversation.check_video_wrapper(model, options.video_wrapper)
     root = os.path.abspath(options.image_root or os.path.dirname(os.path.abspath(options.input)))
-    spans = None  # the chat template's assistant spans, made at the first conversation
+    # The chat template's assistant spans, made at the first conversation.
+    spans: Optional[loss_mask.AssistantSpans] = None
+    assert options.output is not None  # check() set it
     try:
         output = writer.Output(options.output)
     except OSError as e:
@@ -138,11 +141,17 @@ def prepare(options, report):
     return summary
 
 
-def _row(out, model, sample, spans, root, options):
+def _row(out: writer.Output, model: model_dir.Model, sample: Union[formats.Chat, formats.Text],
+         spans: Optional[loss_mask.AssistantSpans], root: str, options: Options) -> writer.Row:
+    blocks: list[grids.Block]
+    images: list[str]
+    videos: list[conversation.Video]
+    enc: Optional[conversation.Encoded]
     if isinstance(sample, formats.Text):
         ids = conversation.encode_text(model, sample.text)
         mask, blocks, images, videos, enc = [1] * len(ids), [], [], [], None
     else:
+        assert spans is not None  # prepare made them for the first conversation
         reasoning.check_rendered(sample.messages, spans.template)
         messages, images, videos = conversation.hf_messages(sample, root, model, options.max_image_pixels)
         spans.check_special_tokens(messages)  # before the processor reads them as control tokens
@@ -162,7 +171,7 @@ def _row(out, model, sample, spans, root, options):
     return line
 
 
-def _check_train_bounds(model, line):
+def _check_train_bounds(model: model_dir.Model, line: writer.Row) -> None:
     """What mmsp train refuses in a line beyond the checks made on the way here (vocabulary, vision
     blocks, image files), with its numbers (train_bounds.py names the C++ of each)."""
     if len(line["input_ids"]) > INT32_MAX:

@@ -12,12 +12,21 @@ import json
 import os
 import signal
 import tempfile
+from types import TracebackType
+from typing import Any, Literal, Optional, Self, Union
+
+from .conversation import Encoded, Video
+from .grids import Block
+from .model import Model
+
+# One output line: a JSON object (docs/data.md).
+Row = dict[str, Any]
 
 _temporaries: set[str] = set()  # the temporary files being written, for remove_temporaries
 _SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
 
 
-def remove_temporaries():
+def remove_temporaries() -> None:
     """Deletes every temporary file being written (a signal handler's first act)."""
     for path in list(_temporaries):
         try:
@@ -28,7 +37,7 @@ def remove_temporaries():
 
 
 class Output:
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
         self.folder = os.path.dirname(self.path)
         # Signals wait while the file is made and listed: a handler always finds it to remove.
@@ -47,40 +56,42 @@ class Output:
         self.tokens = 0
         self.targets = 0
 
-    def path_for(self, path):
+    def path_for(self, path: str) -> str:
         relative = os.path.relpath(path, self.folder)
         return path if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
 
-    def write(self, row):
+    def write(self, row: Row) -> None:
         self.file.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
         self.file.write("\n")
         self.samples += 1
         self.tokens += len(row["input_ids"])
         self.targets += sum(row["loss_mask"])
 
-    def commit(self):
+    def commit(self) -> None:
         self.file.close()
         os.replace(self.temporary, self.path)
         _temporaries.discard(self.temporary)
 
-    def abort(self):
+    def abort(self) -> None:
         self.file.close()
         if os.path.exists(self.temporary):
             os.unlink(self.temporary)
         _temporaries.discard(self.temporary)
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, kind, value, traceback):
+    def __exit__(self, kind: Optional[type[BaseException]], value: Optional[BaseException],
+                 traceback: Optional[TracebackType]) -> Literal[False]:
         if kind is not None:
             self.abort()
         return False
 
 
-def row(out, model, ids, mask, blocks, images, videos, enc):
+def row(out: Output, model: Model, ids: list[int], mask: list[int], blocks: list[Block], images: list[str],
+        videos: list[Video], enc: Optional[Encoded]) -> Row:
     """One output line: tokens, targets, and the items whose blocks are still in the tokens."""
-    line = {"input_ids": ids, "loss_mask": mask}
+    line: Row = {"input_ids": ids, "loss_mask": mask}
     kept = [b for b in blocks if b.kind == "image"]
     if kept:
         line["images"] = [{"path": out.path_for(images[b.index])} for b in kept]
@@ -89,12 +100,12 @@ def row(out, model, ids, mask, blocks, images, videos, enc):
     if kept:
         line["videos"] = [_video(out, videos[b.index]) for b in kept]
         line["video_grid_thw"] = [b.grid for b in kept]
-        if model.model_type == "qwen2_5_vl" and enc.second_per_grid_ts:
+        if model.model_type == "qwen2_5_vl" and enc is not None and enc.second_per_grid_ts:  # (videos: enc given)
             line["second_per_grid_ts"] = [float(enc.second_per_grid_ts[b.index]) for b in kept]
     return line
 
 
-def _video(out, video):
+def _video(out: Output, video: Video) -> dict[str, Union[str, list[str], list[int]]]:
     """A frame folder or list: its frame files; a video file: its path and the frames sampled
     from it, which training decodes (docs/data.md)."""
     if video.file is None:
