@@ -1,15 +1,17 @@
 """torch.compile of a patched model: step time eager vs compiled, on the peers benchmark's model.
 
     .venv/bin/python bench/peers/compile.py --build build [--ranks 2] [--tokens 4096] [--width 256] \
-        [--layers 4] [--steps 3] [--modes eager,aot_eager,inductor] [--out result.json]
+        [--layers 4] [--steps 3] [--modes eager,aot_eager,inductor] [--rounds 1] [--out result.json]
 
 transformers' Qwen2-VL-architecture model (peers.py's, float32) patched by mmsp.patch on ring 2 x
 Ulysses ranks/2; in the compiled modes every decoder layer is torch.compile'd (Module.compile, the
 mmsp ops become torch.ops.mmsp nodes: mmsp.library). Per mode, in fresh processes: the first step
 (compilation included) and the median of --steps steps after it (the slowest rank's), the loss
 and the gradient norm (the modes compute the same step: they must agree), and graph breaks.
-A compiled step recomputes the attention's forward in its backward (mmsp.library's note), so
-its attention costs one more forward than eager's.
+--rounds N runs the modes in turn N times (fresh processes each) and keeps each mode's median
+step: a machine whose load drifts then weighs on every mode alike. The attention op's backward
+continues from what its forward saved (mmsp.library), so a compiled step runs the same
+attention work as an eager one.
 """
 import argparse
 import json
@@ -56,10 +58,11 @@ def compiled_rank(rank, world, model_dir, samples, steps, out, mode):
                    "loss": loss.item(), "grad_norm": peers.grad_norm_whole(model), "graph_breaks": breaks}, f)
 
 
-def run_mode(mode, model_dir, samples, steps, world, tmp):
+def run_mode(mode, model_dir, samples, steps, world, tmp, round_):
     import sp_ranks
 
-    run_dir = os.path.join(tmp, mode)  # a store file of its own: a used one would stall the next ranks
+    # a store file of its own: a used one would stall the next ranks
+    run_dir = os.path.join(tmp, f"{mode}.{round_}")
     os.makedirs(run_dir)
     out = os.path.join(run_dir, "result.json")
     sp_ranks.run(world, compiled_rank, model_dir, samples, steps, out, mode, tmp_path=run_dir)
@@ -78,6 +81,7 @@ def main():
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--modes", default="eager,aot_eager,inductor")
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.ranks < 2 or args.ranks % 2:
@@ -86,12 +90,22 @@ def main():
     os.environ.setdefault("MMSP_PACKAGE_PATH", os.path.join(os.environ["MMSP_BUILD"], "python"))
     sys.path.insert(0, os.environ["MMSP_PACKAGE_PATH"])
     result = {"ranks": args.ranks, "tokens": args.tokens, "width": args.width, "layers": args.layers,
-              "steps": args.steps, "torch": torch.__version__, "cpus": os.cpu_count(), "modes": {}}
+              "steps": args.steps, "rounds": args.rounds, "torch": torch.__version__, "cpus": os.cpu_count(),
+              "modes": {}}
+    modes = args.modes.split(",")
+    runs = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, _, samples = peers.build(tmp, args.width, args.layers, args.tokens)
-        for mode in args.modes.split(","):
-            result["modes"][mode] = run_mode(mode, model_dir, samples, args.steps, args.ranks, tmp)
-            print(mode, json.dumps(result["modes"][mode]), flush=True)
+        for round_ in range(args.rounds):
+            for mode in modes:
+                runs[mode].append(run_mode(mode, model_dir, samples, args.steps, args.ranks, tmp, round_))
+                print(mode, round_, json.dumps(runs[mode][-1]), flush=True)
+    for mode in modes:
+        r = dict(runs[mode][-1])
+        r["first_step_seconds"] = statistics.median(x["first_step_seconds"] for x in runs[mode])
+        r["step_seconds"] = statistics.median(x["step_seconds"] for x in runs[mode])
+        r["step_seconds_per_round"] = [x["step_seconds"] for x in runs[mode]]
+        result["modes"][mode] = r
     eager = result["modes"].get("eager")
     if eager:
         for mode, r in result["modes"].items():
