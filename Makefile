@@ -24,9 +24,10 @@ VENV       ?= .venv
 # clang and libclang-rt-14-dev: the test fuzz.smoke builds the parsers' libFuzzer targets
 # with clang++ (tests/fuzz); libFuzzer and the sanitizers' runtimes are in the second,
 # which clang's packages only recommend (deps installs with --no-install-recommends).
+# clang-format (14 on Debian 12): the suite's design.style holds the C++ to .clang-format.
 DEB_PACKAGES := cmake ninja-build g++ ccache libgloo-dev nlohmann-json3-dev \
                 libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev libstb-dev libjpeg-dev python3-venv \
-                python3-dev openmpi-bin iproute2 clang libclang-rt-14-dev \
+                python3-dev openmpi-bin iproute2 clang clang-format libclang-rt-14-dev \
                 pkg-config libavformat-dev libavcodec-dev libavfilter-dev libswscale-dev libavutil-dev
 
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
