@@ -94,13 +94,16 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
                 agg: str = "token-mean", clip_ratio: float = 0.2, clip_ratio_low: Optional[float] = None,
                 clip_ratio_high: Optional[float] = None, clip_ratio_c: Optional[float] = None,
                 ref_logprobs: Optional[torch.Tensor] = None, kl_coef: float = 0.0, kl_type: str = "k3",
-                entropy: Optional[torch.Tensor] = None, entropy_coef: float = 0.0,
-                scale_factor: Optional[float] = None, mesh: Optional[Any] = None) -> PolicyLoss:
+                kl_bias_correction: bool = False, entropy: Optional[torch.Tensor] = None,
+                entropy_coef: float = 0.0, scale_factor: Optional[float] = None,
+                mesh: Optional[Any] = None) -> PolicyLoss:
     """verl's actor loss (dp_actor.update_policy): agg(clipped surrogate) + kl_coef · agg(KL to
     the reference) − entropy_coef · agg(entropy), every agg by `agg` over `mask` [B, T] (the
     labelled tokens: labels != -100). logprobs, old_logprobs, ref_logprobs, entropy: [B, T];
-    advantages [B] or [B, T]. Inputs are checked first (shapes, finite values where read), on
-    every rank of `mesh` when given (then a bad input on one rank is an error on all)."""
+    advantages [B] or [B, T]. kl_bias_correction: the per-token KL times the importance ratio
+    p / p_old (TRL's GRPO use_bias_correction_kl, on by default there; verl has none). Inputs
+    are checked first (shapes, finite values where read), on every rank of `mesh` when given
+    (then a bad input on one rank is an error on all)."""
     shape = tuple(logprobs.shape)
     errors = [check_per_token("old_logprobs", old_logprobs, shape, mask),
               check_per_token("advantages", advantages, shape, mask, per_row_ok=True),
@@ -120,7 +123,10 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     kl = ent = None
     if kl_coef != 0.0:
         assert ref_logprobs is not None
-        kl = agg_loss(kl_penalty(logprobs, ref_logprobs, kl_type), mask, agg, scale_factor=scale_factor)
+        per_token_kl = kl_penalty(logprobs, ref_logprobs, kl_type)
+        if kl_bias_correction:
+            per_token_kl = per_token_kl * torch.clamp(logprobs - old_logprobs, min=-20.0, max=20.0).exp()
+        kl = agg_loss(per_token_kl, mask, agg, scale_factor=scale_factor)
         loss = loss + kl_coef * kl
     if entropy_coef != 0.0:
         assert entropy is not None
