@@ -10,7 +10,8 @@
 (`mmsp.fully_shard(model, mesh)` shards it with FSDP2 on the same mesh);
 `mmsp.ops` holds the sequence-parallel ops (attention: local, Ulysses, zigzag ring, hybrid;
 Gated DeltaNet's conv and rule with ring state passing; Ulysses' head exchange), `mmsp.plan`
-the planner, `mmsp.Mesh` the process groups. `mmsp.prepare` turns conversation data into
+the planner, `mmsp.Mesh` the process groups, `mmsp.rl` the RL and preference losses on the
+patched model's per-token log-probs. `mmsp.prepare` turns conversation data into
 mmsp's training format. The ops and the planner are mmsp's C++ (mmsp._C, built by
 `make python`); `mmsp.prepare` needs no build. docs/python.md has the API and its rules.
 """
@@ -20,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from mmsp._version import __version__
 
-__all__ = ["Mesh", "Shard", "plan", "ops", "patch", "fully_shard", "__version__"]
+__all__ = ["Mesh", "Shard", "plan", "ops", "patch", "fully_shard", "rl", "__version__"]
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
-    from mmsp import ops
+    from mmsp import ops, rl
     from mmsp.mesh import Mesh
     from mmsp.planner import Shard, plan
     from mmsp.transformers_patch import patch
@@ -40,6 +41,8 @@ def __getattr__(name: str) -> Any:
         return _import_module("mmsp.ops")
     if name == "patch":
         return _import_module("mmsp.transformers_patch").patch
+    if name == "rl":
+        return _import_module("mmsp.rl")
     if name == "fully_shard":
         return _import_module("mmsp.fsdp").fully_shard
     raise AttributeError(f"module 'mmsp' has no attribute {name!r}")

@@ -179,6 +179,25 @@ def write_jsonl(samples: list, folder: str) -> str:
 
 # --- transformers' side ---------------------------------------------------------------------
 
+def sequence_logits(model, family: Family, s: Sample) -> torch.Tensor:
+    """transformers' logits [n, V] of one sequence run on its own."""
+    ids = torch.tensor([s.input_ids])
+    kwargs = {}
+    if not s.images:
+        pass
+    elif family.kind == "qwen":
+        kwargs["pixel_values"] = torch.cat([img.pixels for img in s.images])
+        kwargs["image_grid_thw"] = torch.tensor([img.grid for img in s.images])
+        # What the processor returns beside input_ids (1: image token), from which
+        # transformers >= 5.x computes the mRoPE positions.
+        kwargs["mm_token_type_ids"] = (ids == family.image_token).int()
+    elif family.kind == "llava":
+        kwargs["pixel_values"] = torch.stack([img.pixels for img in s.images])
+    else:
+        kwargs["pixel_values"] = torch.cat([img.pixels for img in s.images])
+    return model(input_ids=ids, **kwargs).logits[0]
+
+
 def reference_loss(model, family: Family, samples: list) -> torch.Tensor:
     """The step's loss as mmsp defines it: the mean over every target token of the step
     (token i is a target when loss_mask[i] = 1, predicted at i − 1), each sequence run
@@ -186,21 +205,7 @@ def reference_loss(model, family: Family, samples: list) -> torch.Tensor:
     float64 from transformers' logits (transformers' own loss upcasts to float32)."""
     total, count = None, 0
     for s in samples:
-        ids = torch.tensor([s.input_ids])
-        kwargs = {}
-        if not s.images:
-            pass
-        elif family.kind == "qwen":
-            kwargs["pixel_values"] = torch.cat([img.pixels for img in s.images])
-            kwargs["image_grid_thw"] = torch.tensor([img.grid for img in s.images])
-            # What the processor returns beside input_ids (1: image token), from which
-            # transformers >= 5.x computes the mRoPE positions.
-            kwargs["mm_token_type_ids"] = (ids == family.image_token).int()
-        elif family.kind == "llava":
-            kwargs["pixel_values"] = torch.stack([img.pixels for img in s.images])
-        else:
-            kwargs["pixel_values"] = torch.cat([img.pixels for img in s.images])
-        logits = model(input_ids=ids, **kwargs).logits[0]
+        logits = sequence_logits(model, family, s)
         labels = torch.tensor(s.input_ids[1:])
         keep = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
         ce = torch.nn.functional.cross_entropy(logits[:-1][keep], labels[keep], reduction="sum")

@@ -41,7 +41,7 @@ def _start_method():
     instead of importing them anew (8 s of CPU a rank on the 2-core machine)."""
     import multiprocessing
 
-    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "transformers", "sp_checks",
+    multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "transformers", "sp_checks", "rl_checks",
                                             "reliability_checks"])
     return "forkserver"
 

@@ -63,6 +63,7 @@ def patch(model: Model, mesh: "Mesh", *, layout: str = "zigzag", placement: str 
     from mmsp.transformers_patch.accelerate_hooks import mark_prepared_unless_fsdp
     from mmsp.transformers_patch.families import family_of
     from mmsp.transformers_patch.state import PatchState
+    from mmsp.transformers_patch.token_values import fused_head_temperature
 
     if batch not in _BATCH:
         raise ValueError(f"mmsp.patch: batch={batch!r} is not one of {', '.join(map(repr, _BATCH))}")
@@ -81,7 +82,7 @@ def patch(model: Model, mesh: "Mesh", *, layout: str = "zigzag", placement: str 
     text._attn_implementation = attention.NAME  # the decoder only; the vision tower keeps its own
     hooked: Any = model  # the attributes below are mmsp's and accelerate's, not nn.Module's
     hooked._mmsp = PatchState(family=family, mesh=mesh, config=config.to_dict(), layout=layout, placement=placement,
-                              batch=batch)
+                              batch=batch, temperature=fused_head_temperature(model.forward))
     hooked.forward = types.MethodType(step.forward, model)
     # For transformers.Trainer (accelerate_hooks.py); and the loss the patch returns is already
     # the step's mean, so the Trainer must not rescale it by the token count it passes

@@ -1,24 +1,26 @@
-"""The collator's padded batch -> mmsp's batch {"sequences": [...]}, checked: right padding,
-token ids inside the model's vocabulary, labels that are the input's next tokens (or -100),
-and placeholders that match the grids (read by the family's kind)."""
+"""The collator's padded batch -> mmsp's batch {"sequences": [...]}, checked: token ids inside
+the model's vocabulary, labels that are the input's next tokens (or -100), and placeholders that
+match the grids (read by the family's kind). A row's tokens are its columns whose
+attention_mask is 1: right padding (a collator's) or left padding (TRL's and verl's prompts)."""
 
 from typing import Any
 
 from mmsp.transformers_patch.families import Family
 
 
-def _lengths(attention_mask, B: int, T: int) -> list[int]:
-    lengths = [T] * B
+def _columns(attention_mask, B: int, T: int) -> list:
+    """Each row's token columns: a slice for ones then zeros (right padding), else the list of
+    the columns whose mask is 1 (left padding, or both)."""
     if attention_mask is None:
-        return lengths
+        return [slice(0, T)] * B
+    out: list = []
     for b in range(B):
         row = attention_mask[b].tolist()
+        if any(m not in (0, 1) for m in row):
+            raise ValueError(f"mmsp.patch: attention_mask row {b} holds values other than 0 and 1")
         n = int(sum(row))
-        if row != [1] * n + [0] * (T - n):
-            raise ValueError(f"mmsp.patch: attention_mask row {b} is not right padding (ones, then zeros); "
-                             "pad on the right")
-        lengths[b] = n
-    return lengths
+        out.append(slice(0, n) if row == [1] * n + [0] * (T - n) else [t for t, m in enumerate(row) if m])
+    return out
 
 
 def _check_labels(b: int, ids: list[int], lab: list[int]) -> None:
@@ -44,12 +46,11 @@ def sequences(config: Any, family: Family, vocab: int, input_ids, attention_mask
     if labels is None or tuple(labels.shape) != (B, T):
         raise ValueError(f"mmsp.patch: labels {None if labels is None else tuple(labels.shape)} must be given, "
                          f"shaped as input_ids {(B, T)} (-100 where no loss is taken)")
-    lengths = _lengths(attention_mask, B, T)
+    columns = _columns(attention_mask, B, T)
     reader = family.rules.reader(config, family, image_grid_thw, video_grid_thw, second_per_grid_ts)
     out = []
     for b in range(B):
-        n = lengths[b]
-        ids, lab = input_ids[b, :n].tolist(), labels[b, :n].tolist()
+        ids, lab = input_ids[b, columns[b]].tolist(), labels[b, columns[b]].tolist()
         _check_vocabulary(b, ids, vocab)
         _check_labels(b, ids, lab)
         seq = {"input_ids": ids, "loss_mask": [0] + [int(l != -100) for l in lab[1:]]}

@@ -145,7 +145,9 @@ def gather(kind, local, error, pixel_values, pixel_values_videos, device, mesh, 
                          "options than rank 0 (its parameters' names, dtypes or shapes, FSDP2, checkpointing, grad "
                          "mode, layout or placement); every rank must patch the same model alike. Stopped before the "
                          "step's collectives, on every rank")
-    batch = {"sequences": [s for p in parts for s in p["sequences"]]}
+    # rows_of_ranks: which of the union's sequences are whose (the per-token values' rows)
+    batch = {"sequences": [s for p in parts for s in p["sequences"]],
+             "rows_of_ranks": [len(p["sequences"]) for p in parts]}
     sources, any_item = {}, False
     for what, values in (("image", pixel_values), ("video", pixel_values_videos)):
         grids = [g for p in parts for g in p[what]["grids"]]

@@ -29,6 +29,9 @@ class PatchState:
     # while a backward runs: the gradients held from before it (accumulation)
     backward: Optional[list[Optional[torch.Tensor]]] = None
     pending: bool = False  # a forward with a graph whose backward has not begun
+    # the step's sequences and this rank's rows of them (token_values.StepLayout), set by each forward
+    step_layout: Any = None
+    temperature: float = 1.0  # of the per-token values when the call gives none (TRL's fused head's)
 
 
 @dataclass(frozen=True)

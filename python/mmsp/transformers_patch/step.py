@@ -12,6 +12,7 @@ from mmsp.transformers_patch import batch as _batch
 from mmsp.transformers_patch import batch_fingerprint as _fingerprint
 from mmsp.transformers_patch import gradients as _gradients
 from mmsp.transformers_patch import rank_batches as _rank_batches
+from mmsp.transformers_patch import token_values as _token_values
 from mmsp.transformers_patch.state import PatchState, Step, set_step
 from mmsp.transformers_patch.vision import vision_rows
 
@@ -97,11 +98,14 @@ def _planned_step(model, state: PatchState, inputs: dict, device, fsdp: bool):
     else:
         batch, sources, has_vision = _shared_batch(model, state, inputs, fsdp)
     shard = _plan(state.config, batch, state.mesh, layout=state.layout, placement=state.placement)
+    state.step_layout = _token_values.StepLayout.of(batch, state.mesh.rank)
     return shard, sources, has_vision
 
 
-def _decoder_logits(model, state: PatchState, shard, sources, has_vision: bool, device, fsdp: bool):
-    """This rank's slots embedded, the vision rows routed in, the decoder and the head: logits [L, V]."""
+def _decoder_logits(model, state: PatchState, shard, sources, has_vision: bool, device, fsdp: bool,
+                    head: bool = True):
+    """This rank's slots embedded, the vision rows routed in, the decoder and the head: logits [L, V]
+    (head=False: the final hidden states [L, h], for token_values.py's chunked head)."""
     kind, mesh, rules = state.family.kind, state.mesh, state.family.rules
     x = model.get_input_embeddings()(shard.token_ids.to(device))
     slots, deepstack = [], None
@@ -117,11 +121,12 @@ def _decoder_logits(model, state: PatchState, shard, sources, has_vision: bool, 
     set_step(Step(shard, mesh))
     hidden = model.model.language_model(inputs_embeds=x[None], position_ids=positions, attention_mask=None,
                                         use_cache=False, **kwargs).last_hidden_state[0]
-    return model.lm_head(hidden)
+    return model.lm_head(hidden) if head else hidden
 
 
 def forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
-            pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, **ignored):
+            pixel_values_videos=None, video_grid_thw=None, second_per_grid_ts=None, return_token_logprobs=False,
+            return_token_entropy=False, temperature=None, fused_lm_head=False, **ignored):
     state: PatchState = self._mmsp
     mesh = state.mesh
     fsdp = _gradients.under_fsdp(self, mesh.timeout)
@@ -133,6 +138,13 @@ def forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values
               "pixel_values_videos": pixel_values_videos, "video_grid_thw": video_grid_thw,
               "second_per_grid_ts": second_per_grid_ts}
     shard, sources, has_vision = _planned_step(self, state, inputs, device, fsdp)
+    if return_token_logprobs or return_token_entropy or fused_lm_head:  # per-token values (token_values.py)
+        with _agreement.agreed():
+            hidden = _decoder_logits(self, state, shard, sources, has_vision, device, fsdp, head=False)
+        return _token_values.token_values(
+            self, state, shard, hidden, labels, attention_mask, fsdp=fsdp, batch_loss=_batch_loss,
+            temperature=state.temperature if temperature is None else temperature,
+            entropy=return_token_entropy, fused=fused_lm_head)
     with _agreement.agreed():  # agreed once for the step (the batch check): its ops skip their own
         logits = _decoder_logits(self, state, shard, sources, has_vision, device, fsdp)
     local = F.cross_entropy(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits,
