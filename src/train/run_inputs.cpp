@@ -57,6 +57,7 @@ std::unique_ptr<Dataset> make_dataset(const TrainOptions& o, const model::ModelC
     shapes.seed = i.seed;
     shapes.samples = i.shapes_samples;
     shapes.blank_images = i.blank_images;
+    shapes.max_sequence_tokens = row_tokens;  // so a long run never meets a sample no row holds
     return std::make_unique<ShapesDataset>(shapes, config);
   }
   MMSP_CHECK(!i.blank_images, "--blank-images applies to the built-in shapes dataset only, not '", i.data, "'");

@@ -192,6 +192,34 @@ TEST(Shapes, DeterministicPerIndex) {
   EXPECT_THAT(a.describe(), HasSubstr("shapes: 400 samples per epoch, seed 7, qwen2_vl"));
 }
 
+// max_sequence_tokens bounds every sample (a soak of the defaults, 2 ranks of 64 tokens, met
+// a 133-token sample no row held at its 32,073rd); the samples that fit are the unbounded ones.
+TEST(Shapes, SamplesFitTheRowTheyAreBoundedBy) {
+  for (const char* family : {"tiny-qwen2-vl", "tiny-qwen3-vl", "tiny-llava"}) {
+    SCOPED_TRACE(family);
+    const auto config = tiny_config(family);
+    ShapesOptions bounded_options = options();
+    bounded_options.samples = 4000;
+    ShapesOptions unbounded_options = bounded_options;
+    bounded_options.max_sequence_tokens = 64;
+    const ShapesDataset bounded(bounded_options, config), unbounded(unbounded_options, config);
+    int64_t trimmed = 0;
+    for (int64_t i = 0; i < bounded.size(); ++i) {
+      const plan::Sequence b = bounded.sequence(i), u = unbounded.sequence(i);
+      ASSERT_LE(b.input_ids.size(), 64u) << "sample " << i;
+      if (u.input_ids.size() <= 64) {
+        ASSERT_EQ(b.input_ids, u.input_ids) << "sample " << i << " fits: drawn as without a bound";
+        ASSERT_EQ(bounded.caption(i), unbounded.caption(i));
+      } else {
+        ++trimmed;
+        plan::parse_sequence(b, config.conventions, i);  // still a well-formed sample
+        ASSERT_EQ(b.image_grid_thw.size() + b.video_grid_thw.size(), bounded.items(i).size());
+      }
+    }
+    EXPECT_GT(trimmed, 0) << "the bound is met at 64 tokens: the test checks something";
+  }
+}
+
 // Every sample parses through the planner; loss_mask is 1 exactly on the caption and <eos>.
 void check_family(const std::string& name, bool videos) {
   SCOPED_TRACE(name);

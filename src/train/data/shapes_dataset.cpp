@@ -71,7 +71,7 @@ ShapesDataset::ShapesDataset(const ShapesOptions& options, const model::ModelCon
   }
 }
 
-std::vector<ShapesDataset::Draw> ShapesDataset::draw(int64_t index) const {
+std::vector<ShapesDataset::Draw> ShapesDataset::draw_unbounded(int64_t index) const {
   MMSP_CHECK(index >= 0 && index < options_.samples, "shapes dataset: sample index ", index,
              " is outside 0..", options_.samples - 1);
   SplitMix64 rng(options_.seed, static_cast<uint64_t>(index));
@@ -102,9 +102,28 @@ std::vector<ShapesDataset::Draw> ShapesDataset::draw(int64_t index) const {
   return out;
 }
 
-std::vector<ShapesItem> ShapesDataset::items(int64_t index) const {
+// A sample longer than max_sequence_tokens loses its last items, then (one item left) is
+// drawn at the smallest sides and frames: the same sample on every run, and a run's
+// samples that fit are the ones an unbounded dataset draws (it would stop at the others).
+std::vector<ShapesDataset::Draw> ShapesDataset::draw(int64_t index) const {
+  std::vector<Draw> out = draw_unbounded(index);
+  const int64_t limit = options_.max_sequence_tokens;
+  auto too_long = [&] { return limit > 0 && static_cast<int64_t>(sequence_of(out).input_ids.size()) > limit; };
+  while (out.size() > 1 && too_long()) out.pop_back();
+  if (too_long()) {
+    Draw& d = out.front();
+    if (geometry_->fixed_side() == 0)
+      d.height = d.width = geometry_->side_unit() * options_.min_tokens_per_side;
+    if (d.video) d.frames = options_.min_frames;
+  }
+  return out;
+}
+
+std::vector<ShapesItem> ShapesDataset::items(int64_t index) const { return items_of(draw(index)); }
+
+std::vector<ShapesItem> ShapesDataset::items_of(const std::vector<Draw>& draws) {
   std::vector<ShapesItem> out;
-  for (const Draw& d : draw(index)) {
+  for (const Draw& d : draws) {
     ShapesItem it;
     it.video = d.video;
     it.height = d.height;
@@ -119,13 +138,17 @@ std::vector<ShapesItem> ShapesDataset::items(int64_t index) const {
   return out;
 }
 
-std::string ShapesDataset::caption(int64_t index) const {
+std::string ShapesDataset::caption(int64_t index) const { return caption_of(draw(index)); }
+
+std::string ShapesDataset::caption_of(const std::vector<Draw>& draws) {
   std::string out;
-  for (const ShapesItem& it : items(index)) out += (out.empty() ? "" : " and ") + it.caption();
+  for (const ShapesItem& it : items_of(draws)) out += (out.empty() ? "" : " and ") + it.caption();
   return out;
 }
 
-plan::Sequence ShapesDataset::sequence(int64_t index) const {
+plan::Sequence ShapesDataset::sequence(int64_t index) const { return sequence_of(draw(index)); }
+
+plan::Sequence ShapesDataset::sequence_of(const std::vector<Draw>& draws) const {
   const plan::ModelConventions& c = config_.conventions;
   plan::Sequence s;
   s.input_ids.push_back(WordTokenizer::kBos);
@@ -134,7 +157,7 @@ plan::Sequence ShapesDataset::sequence(int64_t index) const {
     s.input_ids.insert(s.input_ids.end(), n, pad);
     if (c.has_block_markers()) s.input_ids.push_back(c.vision_end_token_id);
   };
-  for (const Draw& d : draw(index)) {
+  for (const Draw& d : draws) {
     const plan::Grid g = geometry_->grid_for(d.frames, d.width, d.height, "a shapes image");
     const int64_t rows = geometry_->placeholder_rows(g);
     if (!d.video) {
@@ -156,7 +179,7 @@ plan::Sequence ShapesDataset::sequence(int64_t index) const {
     }
   }
   const int64_t prompt = static_cast<int64_t>(s.input_ids.size());
-  for (int64_t w : tokenizer_.encode(caption(index))) s.input_ids.push_back(w);
+  for (int64_t w : tokenizer_.encode(caption_of(draws))) s.input_ids.push_back(w);
   s.input_ids.push_back(WordTokenizer::kEos);
   s.loss_mask.assign(s.input_ids.size(), 1);
   std::fill(s.loss_mask.begin(), s.loss_mask.begin() + prompt, 0);

@@ -34,6 +34,9 @@ struct ShapesOptions {
   // every pixel the per-channel mean (all zeros after normalisation): the "images
   // blanked" baseline, whose loss shows what the text alone predicts
   bool blank_images = false;
+  // the longest sample (tokens; 0: unbounded): a longer draw loses its last images, or is
+  // drawn small, so that it fits a step's row (the trainer passes its row's tokens)
+  int64_t max_sequence_tokens = 0;
 };
 
 // What one image or video of a sample shows, in caption words.
@@ -68,7 +71,11 @@ class ShapesDataset : public Dataset {
 
  private:
   struct Draw;  // every random value of one item
-  std::vector<Draw> draw(int64_t index) const;
+  std::vector<Draw> draw(int64_t index) const;            // bounded by max_sequence_tokens
+  std::vector<Draw> draw_unbounded(int64_t index) const;  // every draw from (seed, index)
+  static std::vector<ShapesItem> items_of(const std::vector<Draw>& draws);
+  static std::string caption_of(const std::vector<Draw>& draws);
+  plan::Sequence sequence_of(const std::vector<Draw>& draws) const;
   at::Tensor render(const Draw& d) const;
   at::Tensor item_pixels(int64_t index, bool video, int64_t which) const;
 
