@@ -6,6 +6,7 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 #include <nlohmann/json.hpp>
 
 #include <string>
@@ -29,9 +30,15 @@ struct FusedAttentionBenchOptions {
 
 nlohmann::json bench_fused_attention(const FusedAttentionBenchOptions& options);
 
+// --dtype's value as a type; anything else is an error naming it.
+at::ScalarType bench_dtype(const std::string& name);
+
 // Every rank of the job (mmsp-run -n R; on one GPU with MMSP_SHARE_GPU=1): the zigzag ring
 // over the job's ranks on one causal sequence of the longest --fused-tokens, forward +
-// backward, against one rank's local kernel on the whole sequence (rank 0's result).
+// backward, with the communication overlapped and not (AttentionOptions::overlap): the
+// seconds, the exposed communication (the phase timer's time waiting in the exchanges) and
+// the communication the overlap hid (off − on); against one rank's local kernel on the whole
+// sequence, whose time ÷ R is the ring's ideal (rank 0's result).
 // `collectives`: how the ring's CUDA tensors travel (rank_device.h).
 nlohmann::json bench_ring_attention(const dist::RankEnv& env, const FusedAttentionBenchOptions& options,
                                     dist::GpuCollectives collectives);

@@ -57,11 +57,14 @@ PartialAttention ring_attention_forward(const at::Tensor& q, const at::Tensor& k
   for (int step = 0; step < R; ++step) {
     const int src = (r - step + R) % R;
     std::optional<RingExchange> next;
-    if (step + 1 < R) {  // pass the block on while we attend to it
+    auto pass_on = [&] {
+      if (step + 1 == R) return;
       next.emplace(ring, 1, Pass::forward);
       next->start(kv);
-    }
+    };
+    if (kernels.overlap) pass_on();  // the block travels on while we attend to it
     merge_partial(acc, local_attention_forward(q, kv[0], kv[1], *kernels.from[src]));
+    if (!kernels.overlap) pass_on();
     if (next) kv = next->wait();
   }
   return {acc.out.to(q.scalar_type()), acc.lse};
@@ -73,28 +76,35 @@ AttentionGrads ring_attention_backward(const at::Tensor& dout, const at::Tensor&
   const int R = ring->size(), r = ring->rank();
   at::Tensor dq;
   std::vector<at::Tensor> kv{k, v}, dkv;  // dkv: gradient so far of the block in hand
+  std::optional<RingExchange> home;       // the last block's dK/dV on its way to the next rank
   for (int step = 0; step < R; ++step) {
     const int src = (r - step + R) % R;
     std::optional<RingExchange> next_kv;
-    if (step + 1 < R) {
+    auto pass_on = [&] {
+      if (step + 1 == R) return;
       next_kv.emplace(ring, 1, Pass::backward);
       next_kv->start(kv);
-    }
+    };
+    if (kernels.overlap) pass_on();
     AttentionGrads g = local_attention_backward(dout, q, kv[0], kv[1], out, lse, *kernels.from[src]);
     dq = dq.defined() ? dq.add_(g.dq) : g.dq;
-    // Add our share to the block's gradient and pass it on; after R hops (the
-    // last from rank r − 1 carrying block r) each block's gradient is home.
+    // Add our share to the block's gradient and pass it on; after R hops (the last from
+    // rank r − 1 carrying block r) each block's gradient is home. With overlap the hop of
+    // step s is waited for here, at step s + 1, after this block's backward.
     std::vector<at::Tensor> mine{g.dk.contiguous(), g.dv.contiguous()};
+    if (home) dkv = home->wait(), home.reset();
     if (step > 0) mine[0].add_(dkv[0]), mine[1].add_(dkv[1]);
     if (R > 1) {
-      RingExchange home(ring, 1, Pass::backward);
-      home.start(mine);
-      dkv = home.wait();
+      home.emplace(ring, 1, Pass::backward);
+      home->start(mine);
+      if (!kernels.overlap) dkv = home->wait(), home.reset();
     } else {
       dkv = mine;
     }
+    if (!kernels.overlap) pass_on();
     if (next_kv) kv = next_kv->wait();
   }
+  if (home) dkv = home->wait();
   return {dq, dkv[0], dkv[1]};
 }
 
@@ -109,6 +119,7 @@ c10::intrusive_ptr<RingKernels> plan_ring_kernels(const std::vector<TokenLayout>
                "; every ring rank must hold the same number (pad each segment to 2 × ring)");
   }
   auto kernels = c10::make_intrusive<RingKernels>();
+  kernels->overlap = options.overlap;
   for (const TokenLayout& keys : shares) kernels->from.push_back(plan_kernel(shares[ring_rank], keys, options, device));
   return kernels;
 }

@@ -55,8 +55,15 @@ void TrainFlags::add_model_and_data(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--attention-block", options.parallel.attention_block, "query/key block of the attention kernel")->capture_default_str();
   app.add_option("--attention-kernel", attention_kernel,
-                  "auto | blockwise | fused: the local attention kernel (auto: FlashAttention-2 varlen on CUDA "
-                  "where it serves, mmsp's blockwise kernel elsewhere)")
+                  "auto | fused | cudnn | blockwise: the local attention kernel (auto: on CUDA the fastest kernel "
+                  "that passes an exactness probe against the blockwise one, measured before the first step; "
+                  "mmsp's blockwise kernel on the CPU)")
+      ->capture_default_str();
+  app.add_option("--overlap-communication", overlap_communication,
+                  "on: the ring's next K/V and dK/dV and ZeRO-3's next gather issued before the compute that "
+                  "hides them; off: each waited for where it is issued (for measuring; the same results, bit "
+                  "for bit)")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
 }
 
@@ -167,6 +174,7 @@ void TrainFlags::parse() {
   o.output.save_dtype = train::parse_save_dtype(save_dtype);
   o.parallel.shard = parallel::parse_shard_level(shard);
   o.parallel.attention_kernel = attention::parse_attention_kernel(attention_kernel);
+  o.parallel.overlap_communication = overlap_communication == "on";
 }
 
 void TrainFlags::place(const dist::RankEnv& env, const c10::Device& device) {

@@ -20,6 +20,7 @@ struct TrainFlags {
   std::string save_shard_size = "5GB", memory_limit = "auto", checkpointing = "none", tiled_mlp = "off";
   std::string prefetch_pixels = "auto";
   std::string dtype = "float32", save_dtype, shard = "none", attention_kernel = "auto";
+  std::string overlap_communication = "on";
   std::string test_sleep, test_skew;  // hidden: "RANK:STEP:SECONDS", "RANK:STEP" (docs/reliability.md)
 
   void add_to(CLI::App& app);

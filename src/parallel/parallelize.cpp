@@ -11,6 +11,7 @@ ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options)
   vlm.set_activation_checkpointing(options.checkpoint_activations, options.offload_activations);
   vlm.set_mlp_tile(options.mlp_tile);
   ModelParallelism out{options.groups, options.vision, options.attention, options.data, nullptr};
+  out.attention.overlap = options.overlap_communication;
   if (options.shard != ShardLevel::none) {
     MMSP_CHECK(options.data, "parallelize: --shard ", to_string(options.shard),
                " needs the group the gradients sum over (ParallelizeOptions::data)");
@@ -19,7 +20,7 @@ ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options)
     out.zero = std::make_shared<ShardedModel>(params, options.master_dtype, options.data, options.bucket_bytes,
                                               options.shard, unit_index_of(params, units), shard_unit_uses(units));
   }
-  vlm.set_layer_hooks(make_zero_hooks(out.zero));
+  vlm.set_layer_hooks(make_zero_hooks(out.zero, options.overlap_communication));
   return out;
 }
 

@@ -148,6 +148,7 @@ dist::AgreedFlags agreed_flags(const TrainOptions& o) {
           {"--vision-split", plan::to_string(o.parallel.vision_split)},
           {"--attention-block", n(o.parallel.attention_block)},
           {"--attention-kernel", resolved_attention_kernel(o)},
+          {"--overlap-communication", o.parallel.overlap_communication ? "on" : "off"},
           {"--loss-chunk", n(o.memory.loss_chunk)},
           {"--checkpoint-activations", model::to_string(o.memory.checkpoint_activations)},
           {"--offload-activations", o.memory.offload_activations ? "yes" : "no"},

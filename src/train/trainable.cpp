@@ -21,10 +21,12 @@ parallel::ParallelizeOptions parallelize_options(const TrainOptions& o, const di
   spread.attention.block_q = o.parallel.attention_block;
   spread.attention.block_k = o.parallel.attention_block;
   spread.attention.kernel = o.parallel.attention_kernel;
+  spread.overlap_communication = o.parallel.overlap_communication;
   return spread;
 }
 
-Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh) {
+Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh,
+                          std::optional<attention::AttentionKernel> decoder_kernel) {
   at::manual_seed(static_cast<int64_t>(o.inputs.seed));  // identical replicas on every rank
   // Weights about to be loaded (a model directory, a checkpoint) need no random draw.
   const bool loading = in.resolved.weights || in.checkpoint.has_value();
@@ -32,7 +34,8 @@ Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist
   t.model_parts.push_back(build_vlm(in.resolved.config,
                                     loading ? model::ParameterInit::uninitialised : model::ParameterInit::random,
                                     o.inputs.dtype));
-  const parallel::ParallelizeOptions spread = parallelize_options(o, mesh);
+  parallel::ParallelizeOptions spread = parallelize_options(o, mesh);
+  if (decoder_kernel) spread.attention.kernel = *decoder_kernel;
   model::NamedParams params;
   for (const std::shared_ptr<model::Vlm>& part : t.model_parts) {
     // The buffers (rotary tables) into the dtype, everything onto the rank's device; the

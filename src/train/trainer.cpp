@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agreed_metrics.h"
+#include "attention_choice.h"
 #include "head_loss.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/phase_timer.h"
@@ -242,7 +243,9 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   MemoryCounter memory(o.parallel.device);  // on CUDA: the caching allocator's statistics
   PhaseTimer phases;
   const ActivePhaseTimer timing(phases);
-  const Trainable trainable = build_trainable(o, in, mesh);  // takes its parallelisms off as it goes
+  // auto on CUDA: measured before the first step, every rank agreeing (attention_choice.h)
+  const attention::AttentionKernel decoder_kernel = decoder_attention_kernel(o, in, mesh, log);
+  const Trainable trainable = build_trainable(o, in, mesh, decoder_kernel);  // takes its parallelisms off as it goes
   WeightUpdate& update = *trainable.update;
   // A warm-up longer than the run is the run (short test runs keep the default).
   const ScheduleOptions& s = o.schedule;

@@ -232,14 +232,14 @@ TEST(KernelRegistryTest, KernelChoiceIsNamedFromTheTable) {
     EXPECT_EQ(parse_attention_kernel(k->name()).pinned, k);
     EXPECT_STREQ(attention_kernel_name(parse_attention_kernel(k->name())), k->name());
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"fused", "blockwise"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"fused", "cudnn", "blockwise"}));
   EXPECT_TRUE(parse_attention_kernel("auto").automatic());
   EXPECT_STREQ(attention_kernel_name(parse_attention_kernel("auto")), "auto");
   try {
     parse_attention_kernel("flash");
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("attention kernel 'flash' is not one of auto, fused, blockwise"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("attention kernel 'flash' is not one of auto, fused, cudnn, blockwise"));
   }
   const TokenLayout l = test::packed_layout({6}, 1);
   const Tensor q = at::zeros({6, 2, 8}, kF64);

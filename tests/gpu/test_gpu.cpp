@@ -15,10 +15,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <random>
 #include <sstream>
 #include <string>
 
+#include "mmsp/attention/kernel_choice.h"
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/dist/rank_device.h"
@@ -68,17 +70,20 @@ double rel(const at::Tensor& got, const at::Tensor& want) {
 // kernel (fp32 over the same bf16 values) does not; measured differences are ~4e-3.
 constexpr double kBf16Out = 2e-2, kBf16Lse = 1e-2, kBf16Grad = 4e-2;
 
-void expect_fused_equals_blockwise(const attention::TokenLayout& ql, const attention::TokenLayout& kl, bool causal,
-                                   int64_t heads, int64_t kv_heads, int64_t dim, const std::string& where) {
+// `kernel` (a registry name, running `implementation`) on bf16 CUDA tensors against the
+// blockwise kernel in fp32 on the CPU over the same values.
+void expect_kernel_equals_blockwise(const char* kernel, const char* implementation, const attention::TokenLayout& ql,
+                                    const attention::TokenLayout& kl, bool causal, int64_t heads, int64_t kv_heads,
+                                    int64_t dim, const std::string& where) {
   at::manual_seed(7);
   const auto bf16 = at::TensorOptions().dtype(at::kBFloat16).device(kCuda);
   at::Tensor q = at::randn({ql.size(), heads, dim}, bf16), k = at::randn({kl.size(), kv_heads, dim}, bf16),
              v = at::randn({kl.size(), kv_heads, dim}, bf16), dout = at::randn({ql.size(), heads, dim}, bf16);
   attention::AttentionOptions fused;
   fused.causal = causal;
-  fused.kernel = attention::parse_attention_kernel("fused");
+  fused.kernel = attention::parse_attention_kernel(kernel);
   const attention::KernelPlanPtr plan = attention::plan_kernel(ql, kl, fused, kCuda);
-  ASSERT_STREQ(attention::kernel_in_use(*plan, q), "flash-varlen") << where;
+  ASSERT_STREQ(attention::kernel_in_use(*plan, q), implementation) << where;
   const attention::PartialAttention got = attention::local_attention_forward(q, k, v, *plan);
   const attention::AttentionGrads gg = attention::local_attention_backward(dout, q, k, v, got.out, got.lse, *plan);
 
@@ -96,6 +101,11 @@ void expect_fused_equals_blockwise(const attention::TokenLayout& ql, const atten
   EXPECT_LT(rel(gg.dv, gw.dv), kBf16Grad) << where << " dv";
 }
 
+void expect_fused_equals_blockwise(const attention::TokenLayout& ql, const attention::TokenLayout& kl, bool causal,
+                                   int64_t heads, int64_t kv_heads, int64_t dim, const std::string& where) {
+  expect_kernel_equals_blockwise("fused", "flash-varlen", ql, kl, causal, heads, kv_heads, dim, where);
+}
+
 TEST(GpuFusedAttention, FlashVarlenEqualsBlockwiseOnPackedSegmentsAndShares) {
   MMSP_REQUIRE_GPU();
   const std::vector<int64_t> lengths{512, 96, 1000, 8, 384};
@@ -109,6 +119,47 @@ TEST(GpuFusedAttention, FlashVarlenEqualsBlockwiseOnPackedSegmentsAndShares) {
   for (int src = 0; src < 2; ++src)
     expect_fused_equals_blockwise(zigzag_share(even, 2, 0), zigzag_share(even, 2, src), true, 8, 2, 128,
                                   "zigzag share 0 against share " + std::to_string(src));
+}
+
+// cuDNN's packed-sequence attention (square causal pieces) on the same cases, and a query
+// slice against a whole segment (a causal piece wider than tall: a full piece and a square one).
+TEST(GpuCudnnAttention, CudnnVarlenEqualsBlockwiseOnPackedSegmentsAndShares) {
+  MMSP_REQUIRE_GPU();
+  std::string why;
+  if (!attention::parse_attention_kernel("cudnn").pinned->serves(
+          at::empty({1, 16, 128}, at::TensorOptions().dtype(at::kBFloat16).device(kCuda)), &why))
+    GTEST_SKIP() << "cuDNN attention does not serve this GPU: " << why;
+  const std::vector<int64_t> lengths{512, 96, 1000, 8, 384};
+  for (bool causal : {true, false}) {
+    const attention::TokenLayout row = packed(lengths);
+    const std::string c = causal ? " causal" : " bidirectional";
+    expect_kernel_equals_blockwise("cudnn", "cudnn-varlen", row, row, causal, 16, 16, 128, "packed" + c);
+    expect_kernel_equals_blockwise("cudnn", "cudnn-varlen", row, row, causal, 16, 4, 64, "packed GQA" + c);
+  }
+  const std::vector<int64_t> even{512, 128, 1024};
+  for (int src = 0; src < 2; ++src)
+    expect_kernel_equals_blockwise("cudnn", "cudnn-varlen", zigzag_share(even, 2, 0), zigzag_share(even, 2, src), true,
+                                   8, 2, 128, "zigzag share 0 against share " + std::to_string(src));
+  const attention::TokenLayout whole = packed({1024});
+  const attention::TokenLayout slice = whole.slice(256, 512);  // orders 256..767 against 0..1023
+  expect_kernel_equals_blockwise("cudnn", "cudnn-varlen", slice, whole, true, 8, 8, 128, "a slice against its segment");
+}
+
+// auto's measured choice on this GPU: the kernel chosen passed its probe and every kernel
+// that serves bf16 here was timed (the table is printed for the log).
+TEST(GpuKernelChoice, TheChosenKernelPassedItsProbe) {
+  MMSP_REQUIRE_GPU();
+  attention::ChoiceInputs in;
+  in.device = kCuda;
+  const attention::KernelChoice c =
+      attention::choose_kernel(attention::choice_key(at::kBFloat16, 16, 4, 128, 4096, true), in);
+  std::cout << c.table_text();
+  bool chosen_passed = false;
+  for (const attention::CandidateRow& r : c.table)
+    if (r.kernel == c.chosen->name()) chosen_passed = r.passed && r.seconds > 0;
+  EXPECT_TRUE(chosen_passed) << c.table_text();
+  EXPECT_STRNE(c.chosen->name(), "blockwise") << "a fused kernel should beat the blockwise one on a GPU:\n"
+                                              << c.table_text();
 }
 
 TEST(GpuFusedAttention, Fp64OnCudaRunsTheBlockwiseKernelExactly) {

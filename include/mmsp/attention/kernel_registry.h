@@ -57,7 +57,7 @@ class LocalKernel {
 
 // Every kernel, in auto's order of preference; the last is the blockwise kernel.
 const std::vector<const LocalKernel*>& local_kernels();
-// "fused, blockwise": the names --attention-kernel takes besides auto.
+// "fused, cudnn, blockwise": the names --attention-kernel takes besides auto.
 std::string kernel_names();
 
 // Which kernel runs the local attention: automatic (null), or one entry pinned by name

@@ -22,6 +22,12 @@ struct AttentionOptions {
   int64_t block_q = 512;  // query tokens per block
   int64_t block_k = 512;  // key tokens per block
   AttentionKernel kernel;  // automatic, or a registry entry (kernel_registry.h)
+  // The ring's exchanges hidden behind the block in hand: the next K/V posted before the
+  // block computes, and the dK/dV sent home waited for only after the next block's
+  // backward. Off: each exchange posted after the compute and waited for at once (for
+  // measuring the hidden communication; the sums and their order are the same, so the
+  // results are bitwise equal).
+  bool overlap = true;
 };
 
 // q [Tq, H, D], k/v [Tk, H_kv, D] with H a multiple of H_kv; fp64, fp32 or bf16/fp16.

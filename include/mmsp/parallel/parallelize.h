@@ -48,6 +48,10 @@ struct ParallelizeOptions {
   StepGroups groups;
   model::VisionMode vision = model::VisionMode::routed;
   attention::AttentionOptions attention;
+  // Communication issued ahead of the compute that hides it (--overlap-communication): the
+  // ring's next K/V and its dK/dV home, ZeRO-3's next unit's gather. Off: each waited for
+  // where it is issued; the results are bitwise the same.
+  bool overlap_communication = true;
 };
 
 // What parallelize installed on a model: what its steps and its weight update need.

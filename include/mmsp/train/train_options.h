@@ -75,9 +75,13 @@ struct ParallelOptions {
   // context group; the same numerics as whole items
   plan::VisionSplitOptions vision_split = automatic_vision_split();
   int64_t attention_block = 256;  // query and key block of the attention kernel
-  // auto or a kernel of the registry (attention/kernel_registry.h): auto runs FlashAttention-2's
-  // varlen kernel on CUDA where it serves the dtype and head size, mmsp's kernel elsewhere
+  // auto or a kernel of the registry (attention/kernel_registry.h): auto on CUDA runs the
+  // fastest kernel that passes an exactness probe (attention/kernel_choice.h), mmsp's
+  // blockwise kernel on the CPU
   attention::AttentionKernel attention_kernel;  // automatic
+  // The ring's exchanges and ZeRO-3's gathers issued before the compute that hides them
+  // (parallel::ParallelizeOptions::overlap_communication); off for measuring, same bits.
+  bool overlap_communication = true;
   // Where this rank computes: parameters, masters, optimizer state, activations, pixels
   // and the loss; the plan and the files stay on the host (cli: --device, rank_device.h).
   c10::Device device{c10::kCPU};

@@ -52,7 +52,7 @@ struct Piece {
 };
 
 // The pieces of one (query run, key run) pair of the same segment.
-void pieces_of(const Run& q, const Run& k, bool causal, std::vector<Piece>& out) {
+void pieces_of(const Run& q, const Run& k, bool causal, CausalAlignment alignment, std::vector<Piece>& out) {
   if (!causal) {
     out.push_back({false, {q.row, q.length, k.row, k.length}});
     return;
@@ -66,7 +66,13 @@ void pieces_of(const Run& q, const Run& k, bool causal, std::vector<Piece>& out)
   const int64_t p0 = std::max(q.order, k.order), p1 = std::min(q_end, k_end);  // prefix queries
   if (p1 > p0) {
     const int64_t keys = p1 - k.order;  // the last prefix query (order p1 - 1) sees these
-    out.push_back({true, {q.row + (p0 - q.order), p1 - p0, k.row, keys}});
+    const int64_t queries = p1 - p0, first = q.row + (p0 - q.order), before = keys - queries;
+    if (alignment == CausalAlignment::square_only && before > 0) {  // keys >= queries always
+      out.push_back({false, {first, queries, k.row, before}});         // keys every one of them sees
+      out.push_back({true, {first, queries, k.row + before, queries}});  // a square causal piece
+    } else {
+      out.push_back({true, {first, queries, k.row, keys}});
+    }
   }
   const int64_t f0 = std::max(q.order, k_end);  // queries past every key of the run
   if (q_end > f0) out.push_back({false, {q.row + (f0 - q.order), q_end - f0, k.row, k.length}});
@@ -141,11 +147,7 @@ PartialAttention cpu_call(const at::Tensor& q, const at::Tensor& k, const at::Te
   return {at::cat(outs), at::cat(lses)};
 }
 
-struct CallGrads {
-  at::Tensor dq, dk, dv;  // packed rows
-};
-
-CallGrads cpu_call_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+AttentionGrads cpu_call_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                             const VarlenCall& call, double scale) {
   const int64_t Hkv = k.size(1), G = q.size(1) / Hkv, D = q.size(2);
@@ -185,7 +187,7 @@ PartialAttention cuda_call(const at::Tensor& q, const at::Tensor& k, const at::T
   return {std::get<0>(r), lse.t()};
 }
 
-CallGrads cuda_call_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+AttentionGrads cuda_call_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                              const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                              const VarlenCall& call, double scale) {
   // No dropout: the kernel never reads the philox state.
@@ -201,7 +203,7 @@ CallGrads cuda_call_backward(const at::Tensor& dout, const at::Tensor& q, const 
 
 std::optional<FusedPlan> plan_fused(const TokenLayout& q_layout, const TokenLayout& k_layout,
                                     bool causal, const at::Device& device, std::string* why_not,
-                                    int64_t max_pieces) {
+                                    int64_t max_pieces, CausalAlignment alignment) {
   q_layout.check("fused attention (queries)");
   k_layout.check("fused attention (keys)");
   const std::vector<Run> q_runs = order_runs(q_layout), k_runs = order_runs(k_layout);
@@ -211,7 +213,7 @@ std::optional<FusedPlan> plan_fused(const TokenLayout& q_layout, const TokenLayo
   for (const Run& q : q_runs) {
     auto it = keys_of.find(q.segment);
     if (it == keys_of.end()) continue;
-    for (const Run* k : it->second) pieces_of(q, *k, causal, pieces);
+    for (const Run* k : it->second) pieces_of(q, *k, causal, alignment, pieces);
     if (static_cast<int64_t>(pieces.size()) > max_pieces) {
       if (why_not)
         *why_not = "the layouts fall into more than " + std::to_string(max_pieces) +
@@ -264,16 +266,14 @@ const char* fused_kernel_for(const at::Tensor& q, std::string* why_not) {
   return nullptr;
 }
 
-PartialAttention fused_attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                         const at::Tensor& v, const FusedPlan& plan, double scale) {
+PartialAttention varlen_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          const FusedPlan& plan, double scale, const VarlenForward& run) {
   PhaseScope timed(Phase::attention);
   const at::ScalarType acc = accumulation_type(q.scalar_type());
-  const bool cuda = q.is_cuda();
   PartialAttention total;
   for (const VarlenCall& call : plan.calls) {
     const at::Tensor qp = gather(q, call.q_rows), kp = gather(k, call.k_rows), vp = gather(v, call.k_rows);
-    PartialAttention part = cuda ? cuda_call(qp.contiguous(), kp.contiguous(), vp.contiguous(), call, scale)
-                                 : cpu_call(qp, kp, vp, call, scale);
+    PartialAttention part = run(qp, kp, vp, call, scale);
     part.lse = part.lse.to(acc);
     if (plan.calls.size() == 1 && !call.q_rows.defined()) return part;  // every row, once
     PartialAttention full{at::zeros({plan.queries, q.size(1), q.size(2)}, q.options().dtype(acc)),
@@ -288,24 +288,18 @@ PartialAttention fused_attention_forward(const at::Tensor& q, const at::Tensor& 
   return {total.out.to(q.scalar_type()), total.lse};
 }
 
-AttentionGrads fused_attention_backward(const at::Tensor& dout, const at::Tensor& q,
-                                        const at::Tensor& k, const at::Tensor& v,
-                                        const at::Tensor& out, const at::Tensor& lse,
-                                        const FusedPlan& plan, double scale) {
+AttentionGrads varlen_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                         const FusedPlan& plan, double scale, const VarlenBackward& run) {
   PhaseScope timed(Phase::attention);
   const at::ScalarType acc = accumulation_type(q.scalar_type());
-  const bool cuda = q.is_cuda();
   at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(acc));
   at::Tensor dk = at::zeros(k.sizes(), k.options().dtype(acc)), dv = at::zeros(v.sizes(), v.options().dtype(acc));
   const at::Tensor out_q = out.to(q.scalar_type()), dout_q = dout.to(q.scalar_type());
   for (const VarlenCall& call : plan.calls) {
     const at::Tensor qp = gather(q, call.q_rows), kp = gather(k, call.k_rows), vp = gather(v, call.k_rows);
     const at::Tensor dop = gather(dout_q, call.q_rows), op = gather(out_q, call.q_rows);
-    const at::Tensor lp = gather(lse, call.q_rows);
-    CallGrads g = cuda ? cuda_call_backward(dop, qp.contiguous(), kp.contiguous(), vp.contiguous(), op,
-                                            lp.to(at::kFloat), call, scale)
-                       : cpu_call_backward(dop, qp, kp, vp, op, lp.to(q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat),
-                                           call, scale);
+    AttentionGrads g = run(dop, qp, kp, vp, op, gather(lse, call.q_rows).to(acc), call, scale);
     if (call.q_rows.defined()) dq.index_add_(0, call.q_rows, g.dq.to(acc));
     else dq.add_(g.dq.to(acc));
     if (call.k_rows.defined()) {
@@ -317,6 +311,31 @@ AttentionGrads fused_attention_backward(const at::Tensor& dout, const at::Tensor
     }
   }
   return {dq, dk, dv};
+}
+
+PartialAttention fused_attention_forward(const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const FusedPlan& plan, double scale) {
+  const bool cuda = q.is_cuda();
+  return varlen_attention_forward(q, k, v, plan, scale,
+                                  [cuda](const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp,
+                                         const VarlenCall& call, double s) {
+                                    return cuda ? cuda_call(qp.contiguous(), kp.contiguous(), vp.contiguous(), call, s)
+                                                : cpu_call(qp, kp, vp, call, s);
+                                  });
+}
+
+AttentionGrads fused_attention_backward(const at::Tensor& dout, const at::Tensor& q,
+                                        const at::Tensor& k, const at::Tensor& v,
+                                        const at::Tensor& out, const at::Tensor& lse,
+                                        const FusedPlan& plan, double scale) {
+  const bool cuda = q.is_cuda();
+  return varlen_attention_backward(
+      dout, q, k, v, out, lse, plan, scale,
+      [cuda](const at::Tensor& dop, const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp,
+             const at::Tensor& op, const at::Tensor& lp, const VarlenCall& call, double s) {
+        return cuda ? cuda_call_backward(dop, qp.contiguous(), kp.contiguous(), vp.contiguous(), op, lp, call, s)
+                    : cpu_call_backward(dop, qp, kp, vp, op, lp, call, s);
+      });
 }
 
 }  // namespace mmsp::attention
