@@ -41,16 +41,20 @@ constexpr Setting kSettings[] = {
     {"parameters", model::ActivationCheckpointing::all, true, true, true},
 };
 
-// A row's flags on a run's options.
-void apply(const Setting& setting, train::TrainOptions& t) {
+// A row's flags on a run's options (and the fine-tuning flags every row shares).
+void apply(const Setting& setting, train::TrainOptions& t, const MemoryBenchOptions& o) {
+  t.finetune.freeze = model::parse_model_parts(o.freeze, "--freeze");
+  t.finetune.lora.rank = o.lora_rank;
   t.parallel.shard = parallel::parse_shard_level(setting.shard);
   t.memory.checkpoint_activations = setting.checkpointing;
   t.memory.tiled_mlp = setting.tiled_mlp ? model::kAutoMlpTile : 0;
   t.memory.offload_activations = setting.offload;
 }
 
-json setting_fields(const Setting& setting) {
-  return {{"shard", setting.shard},
+json setting_fields(const Setting& setting, const MemoryBenchOptions& o) {
+  return {{"freeze", o.freeze},
+          {"lora_rank", o.lora_rank},
+          {"shard", setting.shard},
           {"checkpoint_activations", model::to_string(setting.checkpointing)},
           {"tiled_mlp", setting.tiled_mlp ? "auto" : "off"},
           {"offload_activations", setting.offload}};
@@ -78,7 +82,7 @@ json longest_sequences(const std::vector<std::string>& models, const std::vector
         if (!wanted(setting)) continue;
         train::TrainOptions t;
         t.inputs.dtype = train::parse_compute_dtype(o.dtype);
-        apply(setting, t);
+        apply(setting, t, o);
         t.parallel.device = c10::Device(c10::kCUDA, 0);  // the capacities are a GPU's: offloaded inputs leave it
         t.memory.loss_chunk = setting.chunked ? o.loss_chunk : -1;  // unchunked: one chunk of all T
         json row = {{"model", models[i]},
@@ -90,7 +94,7 @@ json longest_sequences(const std::vector<std::string>& models, const std::vector
                     {"ring", o.longest_ring > 0 ? o.longest_ring : world},
                     {"longest_tokens_per_rank",
                      train::longest_tokens_per_rank(config, t, world, capacity, 256, o.longest_ring)}};
-        row.update(setting_fields(setting));
+        row.update(setting_fields(setting, o));
         rows.push_back(row);
       }
   }
@@ -133,7 +137,7 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
       t.inputs.dtype = train::parse_compute_dtype(o.dtype);
       t.schedule.steps = o.steps;
       t.inputs.tokens_per_rank = o.tokens_per_rank;
-      apply(setting, t);
+      apply(setting, t, o);
       t.memory.loss_chunk = setting.chunked ? o.loss_chunk : o.tokens_per_rank;  // unchunked: one chunk of all T
       t.memory.limit_bytes = 0;
       t.output.quiet = true;
@@ -168,7 +172,7 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
                       {"other", last.other_s}}},
                     {"sent_bytes", last.comm_bytes}}},
                   {"estimate", json::object()}};
-      row.update(setting_fields(setting));
+      row.update(setting_fields(setting, o));
       for (const auto& [name, bytes] : e.parts()) row["estimate"][name] = bytes;
       row["estimate"]["offloaded_to_host"] = e.offloaded;
       row["estimate"]["total"] = e.total();

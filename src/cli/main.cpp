@@ -15,6 +15,7 @@
 #include "pixels_command.h"
 #include "plan_command.h"
 #include "prepare_command.h"
+#include "report_command.h"
 #include "selftest_command.h"
 #include "families_command.h"
 #include "thread_policy.h"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   commands.push_back(mmsp::cli::add_pixels_command(app));
   commands.push_back(mmsp::cli::add_prepare_command(app));
   commands.push_back(mmsp::cli::add_families_command(app));
+  commands.push_back(mmsp::cli::add_report_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -9,6 +9,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/model/hooks/recompute.h"
 #include "mmsp/model/layers/tiled_mlp.h"
+#include "mmsp/model/model_parts.h"
 #include "mmsp/model/vision/vision_mode.h"
 #include "mmsp/plan/mesh.h"
 #include "mmsp/plan/placement.h"
@@ -22,6 +23,7 @@ void TrainFlags::add_to(CLI::App& app) {
   add_schedule(app);
   add_memory(app);
   add_run_directory(app);
+  add_finetune(app);
   app.add_option("--test-sleep-in-step", test_sleep)->group("");
   app.add_option("--test-skew-batch", test_skew)->group("");
 }
@@ -138,6 +140,28 @@ void TrainFlags::add_run_directory(CLI::App& app) {
   app.add_flag("--quiet", options.output.quiet, "no per-step lines (the summary still prints)");
 }
 
+// What a fine-tuning recipe sets: the parts that train, micro-steps, the held-out set.
+void TrainFlags::add_finetune(CLI::App& app) {
+  app.add_option("--freeze", freeze,
+                 "parts that do not train, comma-separated: vision, merger, llm, embeddings (docs/finetune.md)");
+  app.add_option("--accumulate", options.schedule.accumulate,
+                 "micro-steps per optimizer step: K batches, gradients summed, normalised over all K's labels")
+      ->capture_default_str();
+  lora_rank_flag = app.add_option("--lora-rank", options.finetune.lora.rank,
+                 "train LoRA adapters of this rank (every other weight frozen); checkpoints hold adapter/ (peft) "
+                 "and hf/ merged");
+  app.add_option("--lora-alpha", options.finetune.lora.alpha, "LoRA's alpha: the adapters' scale is alpha / rank")
+      ->capture_default_str();
+  app.add_option("--lora-targets", lora_targets,
+                 "maps to adapt, by module name (default q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; "
+                 "vision.NAME: the tower's)");
+  app.add_option("--peak-tflops", options.output.peak_tflops,
+                 "the device's peak TFLOP/s: the step line then shows the estimated MFU");
+  app.add_option("--eval-data", options.eval.data, "a held-out JSON-lines file: its loss after --eval-every steps and at the end");
+  app.add_option("--eval-every", options.eval.every, "evaluate after every N steps (0: only at the end)")
+      ->capture_default_str();
+}
+
 void TrainFlags::read_test_hooks() {
   auto& t = options.test;
   if (!test_sleep.empty())
@@ -175,6 +199,12 @@ void TrainFlags::parse() {
   o.parallel.shard = parallel::parse_shard_level(shard);
   o.parallel.attention_kernel = attention::parse_attention_kernel(attention_kernel);
   o.parallel.overlap_communication = overlap_communication == "on";
+  o.finetune.freeze = model::parse_model_parts(freeze, "--freeze");
+  if (!lora_targets.empty()) o.finetune.lora.targets = model::parse_lora_targets(lora_targets);
+  MMSP_CHECK(!lora_rank_flag || lora_rank_flag->count() == 0 || o.finetune.lora.rank >= 1, "--lora-rank ",
+             o.finetune.lora.rank, " must be ≥ 1 (the adapters' rank; leave the flag out to train every weight)");
+  MMSP_CHECK(o.finetune.lora.rank != 0 || lora_targets.empty(), "--lora-targets ", lora_targets,
+             " needs --lora-rank R (the adapters' rank)");
 }
 
 void TrainFlags::place(const dist::RankEnv& env, const c10::Device& device) {

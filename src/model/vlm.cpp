@@ -4,11 +4,27 @@
 
 #include <ATen/ATen.h>
 
+#include <unordered_set>
+
 #include "mmsp/core/check.h"
 #include "mmsp/model/hooks/activation_offload.h"
 #include "mmsp/model/phase_marker.h"
 
 namespace mmsp::model {
+namespace {
+
+// Whether a parameter outside the decoder (the tower, its merger or projector) trains: then
+// the rows the encoding ranks send carry a gradient, and a rank with no items must take part
+// in the routing's backward too. A frozen tower's routing (--freeze) has no backward on any rank.
+bool vision_trains(const Vlm& vlm) {
+  std::unordered_set<const void*> decoder;
+  for (const at::Tensor& p : vlm.decoder().parameters()) decoder.insert(p.unsafeGetTensorImpl());
+  for (const at::Tensor& p : vlm.parameters())
+    if (p.requires_grad() && !decoder.count(p.unsafeGetTensorImpl())) return true;
+  return false;
+}
+
+}  // namespace
 
 at::Tensor StepOutput::logits() const { return at::linear(hidden, head_weight); }
 
@@ -32,7 +48,7 @@ at::Tensor Vlm::encode(const std::vector<plan::VisionItem>& items, const std::ve
                        const SplitEncoding& split, const PixelInputs& pixels) const {
   const at::TensorOptions options = decoder_->model->embed_tokens->weight.options();
   if (which.empty() && split.empty() && !tower_->blocks().hooked())
-    return at::zeros({0, tower_->row_width()}, options).requires_grad_();
+    return at::zeros({0, tower_->row_width()}, options).requires_grad_(vision_trains(*this));
   PhaseScope vision(Phase::vision);
   TowerInput input;
   if (which.empty()) {

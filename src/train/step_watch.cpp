@@ -40,13 +40,14 @@ void StepWatch::phase(const char* phase) {
 
 void StepWatch::forward_done() {
   // The forward's and the loss's peak apart from the backward's: the preflight
-  // estimates them as moments of their own (memory_estimate.h).
-  forward_peak_ = memory_.peak_bytes();
+  // estimates them as moments of their own (memory_estimate.h). With --accumulate, the
+  // largest of the micro-steps'.
+  forward_peak_ = std::max(forward_peak_, memory_.peak_bytes());
   memory_.reset_peak();
 }
 
 void StepWatch::backward_done() {
-  backward_peak_ = memory_.peak_bytes();
+  backward_peak_ = std::max(backward_peak_, memory_.peak_bytes());
   memory_.reset_peak();
 }
 

@@ -10,6 +10,7 @@
 #include "checkpoint/checkpoint_io.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
+#include "mmsp/model/lora.h"
 #include "mmsp/train/optim/grad_clip.h"
 #include "mmsp/parallel/grad_sync.h"
 #include "mmsp/train/optim/master_weights.h"
@@ -33,20 +34,41 @@ void agree_on_success(const std::string& error, const std::string& what, const d
   MMSP_CHECK(ranks.empty(), what, " failed on rank ", ranks, error.empty() ? std::string() : ": " + error);
 }
 
+// ", 12 frozen tensors" for the start-up line (`after`: a note precedes it).
+std::string frozen_note(const model::NamedParams& frozen, bool after) {
+  if (frozen.empty()) return "";
+  return std::string(after ? ", " : "") + std::to_string(frozen.size()) + " frozen tensors";
+}
+
+// The trained weights, then the frozen ones: what a checkpoint holds and a resume reads.
+model::NamedParams with_frozen(model::NamedParams weights, const model::NamedParams& frozen) {
+  weights.insert(weights.end(), frozen.begin(), frozen.end());
+  return weights;
+}
+
+// What a model directory feeds: every weight but LoRA's adapters (drawn, never in a base model).
+model::NamedParams loaded_from_model(const model::NamedParams& weights, const model::NamedParams& frozen) {
+  model::NamedParams out;
+  for (const auto& named : with_frozen(weights, frozen))
+    if (!model::is_lora_parameter(named.first)) out.push_back(named);
+  return out;
+}
+
 class ReplicatedUpdate : public WeightUpdate {
  public:
   ReplicatedUpdate(model::NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
-                   const dist::GroupPtr& data)
+                   const dist::GroupPtr& data, model::NamedParams frozen)
       : masters_(std::move(model_params), master_dtype),
         opt_(make_adamw(masters_.params(), options)),
-        sync_(masters_.params(), data) {}
+        sync_(masters_.params(), data),
+        frozen_(std::move(frozen)) {}
 
   void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) override {
-    hf::load_hf_weights(dir, masters_.params(), naming);
+    hf::load_hf_weights(dir, loaded_from_model(masters_.params(), frozen_), naming);
     masters_.copy_to_model();
   }
   void restore(const Checkpoint& checkpoint) override {
-    train::restore(checkpoint, masters_.params(), *opt_);
+    train::restore(checkpoint, with_frozen(masters_.params(), frozen_), *opt_);
     masters_.copy_to_model();
   }
   void set_lr(double lr) override { train::set_lr(*opt_, lr); }
@@ -68,7 +90,7 @@ class ReplicatedUpdate : public WeightUpdate {
     std::string error;
     if (mesh.rank() == 0) {
       try {
-        save_checkpoint(dir, step, masters_.params(), *opt_, state, config_json, options);
+        save_checkpoint(dir, step, with_frozen(masters_.params(), frozen_), *opt_, state, config_json, options);
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -80,8 +102,10 @@ class ReplicatedUpdate : public WeightUpdate {
                            std::ostream& log) override {
     gradients_ = {dir, config_json, &mesh, &log};
   }
-  model::NamedParams weights() const override { return masters_.params(); }
-  std::string describe() const override { return masters_.mixed() ? "fp32 master weights" : ""; }
+  model::NamedParams weights() const override { return with_frozen(masters_.params(), frozen_); }
+  std::string describe() const override {
+    return std::string(masters_.mixed() ? "fp32 master weights" : "") + frozen_note(frozen_, masters_.mixed());
+  }
 
  private:
   // The synced gradients as a model directory; a parameter the step did not reach
@@ -113,25 +137,28 @@ class ReplicatedUpdate : public WeightUpdate {
   MasterWeights masters_;
   std::unique_ptr<torch::optim::AdamW> opt_;
   parallel::GradSync sync_;
+  model::NamedParams frozen_;  // the model's own tensors: no master, no state, no sum
 };
 
 class ShardedUpdate : public WeightUpdate {
  public:
-  ShardedUpdate(std::shared_ptr<parallel::ShardedModel> sharded, const AdamWOptions& options, const dist::Mesh& mesh)
+  ShardedUpdate(std::shared_ptr<parallel::ShardedModel> sharded, const AdamWOptions& options, const dist::Mesh& mesh,
+                model::NamedParams frozen)
       : sharded_(std::move(sharded), options),
         mixed_(zero().master_dtype() != zero().model_params().front().second.scalar_type()),
-        world_(mesh.world_size()) {}
+        world_(mesh.world_size()),
+        frozen_(std::move(frozen)) {}
 
   void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) override {
     // Into the model, then its shards into the masters: exact when the file's dtype is
     // the model's (Qwen's bf16 releases into a bf16 run), else rounded to the model's.
     zero().gather_all();  // stage 3: memory to load into (the gathered values are overwritten)
-    hf::load_hf_weights(dir, zero().model_params(), naming);
+    hf::load_hf_weights(dir, loaded_from_model(zero().model_params(), frozen_), naming);
     zero().copy_from_model();
     zero().release_gathered();
   }
   void gather_weights() override { zero().gather_all(); }
-  void restore(const Checkpoint& checkpoint) override { train::restore(checkpoint, sharded_); }
+  void restore(const Checkpoint& checkpoint) override { train::restore(checkpoint, sharded_, frozen_); }
   void set_lr(double lr) override { sharded_.set_lr(lr); }
   void begin_step() override { zero().gather_step_weights(); }
   void zero_grad() override { sharded_.zero_grad(); }
@@ -191,7 +218,7 @@ class ShardedUpdate : public WeightUpdate {
         options.optimizer_shard_checksums[optimizer_shard_file(r, world)] = {
             static_cast<uint64_t>(sums[2 * r].item<int64_t>()), static_cast<uint64_t>(sums[2 * r + 1].item<int64_t>())};
       try {
-        save_checkpoint(dir, step, sharded_.model_params(), state, config_json, options);
+        save_checkpoint(dir, step, with_frozen(sharded_.model_params(), frozen_), state, config_json, options);
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -203,13 +230,13 @@ class ShardedUpdate : public WeightUpdate {
   void save_next_gradients(const std::string&, const std::string&, const dist::Mesh&, std::ostream&) override {
     MMSP_FAIL("--save-gradients needs --shard none: a sharded update holds no whole gradient");
   }
-  model::NamedParams weights() const override { return sharded_.model_params(); }
+  model::NamedParams weights() const override { return with_frozen(sharded_.model_params(), frozen_); }
   std::string describe() const override {
     const char* what = zero().level() == parallel::ShardLevel::parameters ? "optimizer state, gradients and weights"
                        : zero().level() == parallel::ShardLevel::gradients  ? "optimizer state and gradients"
                                                                     : "optimizer state";
     return std::string(mixed_ ? "fp32 master weights; " : "") + what + " sharded over " + std::to_string(world_) +
-           " ranks";
+           " ranks" + frozen_note(frozen_, true);
   }
 
  private:
@@ -217,16 +244,20 @@ class ShardedUpdate : public WeightUpdate {
   ShardedAdamW sharded_;
   bool mixed_;
   int world_;
+  model::NamedParams frozen_;  // whole on every rank, outside the shards
 };
 
 }  // namespace
 
 std::unique_ptr<WeightUpdate> make_weight_update(model::NamedParams model_params, at::ScalarType master_dtype,
                                                  const AdamWOptions& options, const dist::Mesh& mesh,
-                                                 const parallel::ModelParallelism& parallelism) {
-  if (parallelism.zero) return std::make_unique<ShardedUpdate>(parallelism.zero, options, mesh);
+                                                 const parallel::ModelParallelism& parallelism,
+                                                 model::NamedParams frozen) {
+  MMSP_CHECK(!model_params.empty(), "make_weight_update: nothing to train (every parameter is frozen)");
+  if (parallelism.zero) return std::make_unique<ShardedUpdate>(parallelism.zero, options, mesh, std::move(frozen));
   MMSP_CHECK(parallelism.data, "make_weight_update: the replicated update needs the group its gradients sum over");
-  return std::make_unique<ReplicatedUpdate>(std::move(model_params), master_dtype, options, parallelism.data);
+  return std::make_unique<ReplicatedUpdate>(std::move(model_params), master_dtype, options, parallelism.data,
+                                            std::move(frozen));
 }
 
 }  // namespace mmsp::train

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace mmsp::train {
@@ -46,6 +47,21 @@ void from_json(const nlohmann::json& j, StepMetrics& m);
 //  sent 56.7 MiB (attn 40.1, vision 1.2, grad 15.4)"
 std::string format_step_line(const StepMetrics& m);
 
+// The step's figures as TensorBoard scalars (train/loss, train/lr, train/grad_norm,
+// train/tokens_per_s, train/peak_mib, train/sent_mib, train/step_s), and an evaluation's
+// (eval/loss).
+std::vector<std::pair<std::string, float>> tensorboard_scalars(const StepMetrics& m);
+
+// " | 3/100 | ETA 4m10s | 0.31 TFLOP/s, MFU 12.0%": where the run is, when it should end at
+// the mean step time so far, and the model FLOPs the step's time achieves (an estimate: 2
+// FLOPs a parameter a token forward, 4 backward of which 2 only where weights train, and
+// causal attention's 12·h a layer a (query, key) pair); MFU against `peak_tflops` when given.
+std::string format_progress(int64_t step, int64_t last_step, double mean_step_seconds, double step_flops,
+                            double step_seconds, double peak_tflops);
+// That estimate for a step of `tokens` tokens and `attention_pairs` pairs.
+double step_flops(int64_t parameters, int64_t trained_parameters, int64_t layers, int64_t hidden, int64_t tokens,
+                  double attention_pairs);
+
 // Appends one JSON object per line to `path` (created if missing), flushed to the
 // OS after each line, so every line written before a crash is in the file.
 class MetricsWriter {
@@ -57,6 +73,8 @@ class MetricsWriter {
 
   // Appends one line (the file is opened, and a torn last line cut, at the first).
   void write(const StepMetrics& m);
+  // Appends another kind of row (an evaluation's: EvalMetrics), the same way.
+  void write(const nlohmann::json& row);
   const std::string& path() const { return path_; }
   // Bytes of a torn last line cut when the file was opened (0: none).
   long repaired_bytes() const { return repaired_bytes_; }
@@ -68,9 +86,24 @@ class MetricsWriter {
   long repaired_bytes_ = 0;
 };
 
-// Reads a file written by MetricsWriter (one StepMetrics per line); errors name the
-// file and the line.
+// The held-out set's loss after a step (--eval-data): a row of its own in metrics.jsonl,
+// told from the steps' rows by its "eval_loss" key.
+struct EvalMetrics {
+  int64_t step = 0;          // the optimizer steps done when it was measured
+  double loss = 0.0;         // mean cross-entropy over every label token of the file
+  int64_t tokens = 0, label_tokens = 0;
+  double seconds = 0.0;
+};
+void to_json(nlohmann::json& j, const EvalMetrics& m);
+void from_json(const nlohmann::json& j, EvalMetrics& m);
+// "eval after step 42 | loss 2.3456 | 123 label tokens | 0.812 s"
+std::string format_eval_line(const EvalMetrics& m);
+std::vector<std::pair<std::string, float>> tensorboard_scalars(const EvalMetrics& m);  // eval/loss
+
+// Reads a file written by MetricsWriter (one StepMetrics per line; the evaluation rows are
+// skipped: read_eval_metrics reads them); errors name the file and the line.
 std::vector<StepMetrics> read_metrics(const std::string& path);
+std::vector<EvalMetrics> read_eval_metrics(const std::string& path);
 
 // A few lines for the end of a run: steps, loss (first / last / min), mean tokens/s
 // and the mean time split over the steps after the first (the first pays for

@@ -21,6 +21,7 @@ constexpr int64_t kMaxSteps = 1'000'000'000;          // --steps --stop-after --
 constexpr int64_t kMaxTokensPerRank = 1 << 20;         // --tokens-per-rank (1 Mi tokens per rank)
 constexpr int64_t kMaxShapesSamples = 10'000'000;      // --shapes-samples (an epoch order of 80 MB)
 constexpr int64_t kMaxAttentionBlock = 1 << 16;        // --attention-block
+constexpr int64_t kMaxAccumulate = 1 << 16;            // --accumulate (micro-steps per step)
 constexpr double kMaxLr = 1.0;                          // --lr
 constexpr int64_t kMaxImagePixelsBound = int64_t{1} << 31;  // --max-image-pixels (stb's own limit)
 

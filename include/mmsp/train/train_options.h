@@ -9,9 +9,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "mmsp/attention/kernel_registry.h"
 #include "mmsp/model/hooks/recompute.h"
+#include "mmsp/model/lora.h"
+#include "mmsp/model/model_parts.h"
 #include "mmsp/model/vision/vision_mode.h"
 #include "mmsp/parallel/zero/shard_level.h"
 #include "mmsp/plan/mesh.h"
@@ -127,6 +130,10 @@ struct ScheduleOptions {
   int64_t warmup = 10;     // linear warm-up steps
   double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip = 1.0;       // global gradient norm to clip to; ≤ 0: no clipping
+  // Micro-steps per optimizer step (--accumulate): the step's K batches, each planned and
+  // run forward and backward in turn, their gradients summed and normalised by the label
+  // tokens of all K: one process's step on their union, at the memory of one.
+  int64_t accumulate = 1;
 };
 
 // What the run writes and reports.
@@ -145,6 +152,9 @@ struct OutputOptions {
   std::string save_gradients;
   bool allow_changed_flags = false;  // resume even if flags that change batches or numerics differ
   bool quiet = false;             // rank 0 prints no per-step line (the summary always)
+  // The device's peak FLOP/s in TFLOP/s (--peak-tflops): the step line's MFU is the model
+  // FLOPs a step achieves against it (0: no MFU, the achieved TFLOP/s alone).
+  double peak_tflops = 0;
   // TrainReport::parameters: every rank gathers the whole model at the end and copies it
   // (the equivalence tests compare them). The CLI turns it off: for a released model
   // that is two more copies of it on every rank (3.4 GB for Qwen3.5-0.8B in bf16).
@@ -178,6 +188,23 @@ struct TestHooks {
   int64_t crash_keep_step = -1;  // the --keep rotation of this step's save exits after its first rename
 };
 
+// What a fine-tuning run trains (docs/finetune.md#freezing-parts---freeze).
+struct FinetuneOptions {
+  // Parts that do not train: no gradient, no master, no optimizer state, no reduction; a
+  // frozen tower's backward is not run (nothing below it trains).
+  std::vector<model::ModelPart> freeze;
+  // LoRA (--lora-rank R, --lora-alpha A, --lora-targets): adapters on the targeted maps
+  // (model/lora.h), drawn from the seed, and every other weight frozen. Each checkpoint
+  // then holds adapter/ (peft's directory) and hf/ the merged model.
+  model::LoraOptions lora;
+};
+
+// A held-out set's loss, on the mesh, without gradients (docs/finetune.md#evaluation).
+struct EvalOptions {
+  std::string data;    // a .jsonl file of the --data format; empty: no evaluation
+  int64_t every = 0;   // after every N optimizer steps (0: only after the last step)
+};
+
 struct TrainOptions {
   InputOptions inputs;
   ParallelOptions parallel;
@@ -185,6 +212,8 @@ struct TrainOptions {
   ScheduleOptions schedule;
   OutputOptions output;
   TestHooks test;
+  FinetuneOptions finetune;
+  EvalOptions eval;
 };
 
 }  // namespace mmsp::train

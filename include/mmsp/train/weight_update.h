@@ -69,8 +69,13 @@ class WeightUpdate {
 // optimizer's (fp32 for a bf16 model: mixed precision). `parallelism`: what
 // parallel::parallelize installed: its ZeRO sharding, stepped by a ShardedAdamW, or none
 // (the replicated update, whose gradients sum over parallelism.data).
+// `frozen`: the model's parameters that do not train (--freeze): no master, no optimizer
+// state, no gradient sum; the update loads them, saves them into every checkpoint's hf/
+// (a whole model directory) beside the trained ones and restores them, and weights()
+// lists them after the trained ones.
 std::unique_ptr<WeightUpdate> make_weight_update(model::NamedParams model_params, at::ScalarType master_dtype,
                                                  const AdamWOptions& options, const dist::Mesh& mesh,
-                                                 const parallel::ModelParallelism& parallelism);
+                                                 const parallel::ModelParallelism& parallelism,
+                                                 model::NamedParams frozen = {});
 
 }  // namespace mmsp::train

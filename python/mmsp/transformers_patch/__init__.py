@@ -33,6 +33,10 @@ Gradient accumulation works both ways a loop does it: a backward per micro-batch
 micro-batches' losses summed before one backward (each backward's parts are summed over
 the mesh once, then added to the gradients the earlier backwards left).
 
+Frozen parts (`requires_grad_(False)`) and PEFT models (`peft.get_peft_model(model, config)`,
+then `mmsp.patch(peft_model, mesh)`) train exactly as one process: only the parameters that
+require a gradient are summed over the mesh, and a frozen vision tower's rows carry none.
+
 Families: qwen2_vl, qwen2_5_vl, qwen3_vl (deepstack rows sharded with their slots), qwen3_5,
 llava, internvl.
 """
@@ -55,7 +59,22 @@ def patch(model: Model, mesh: "Mesh", *, layout: str = "zigzag", placement: str 
           batch: Literal["shared", "per_rank"] = "shared") -> Model:
     """Patches a transformers VLM (in place) to train on `mesh`; returns it. See the module doc.
     batch="shared": every rank passes the step's whole batch; "per_rank": each rank passes its
-    own (a data-parallel loader's, transformers.Trainer's) and the step is their union."""
+    own (a data-parallel loader's, transformers.Trainer's) and the step is their union.
+    `model` may be a peft.PeftModel (LoRA adapters): the transformers model inside it is patched,
+    and parameters with requires_grad False (frozen parts, a LoRA base) stay out of the sums."""
+    if batch not in _BATCH:
+        raise ValueError(f"mmsp.patch: batch={batch!r} is not one of {', '.join(map(repr, _BATCH))}")
+    wrapper: Any = model
+    if callable(getattr(wrapper, "get_base_model", None)):
+        # A peft.PeftModel: its forward reaches the transformers model's, which the patch
+        # replaces; the LoRA layers sit inside that model's modules and run as they are.
+        _patch_model(wrapper.get_base_model(), mesh, layout, placement, batch)
+        return model
+    _patch_model(model, mesh, layout, placement, batch)
+    return model
+
+
+def _patch_model(model: torch.nn.Module, mesh: "Mesh", layout: str, placement: str, batch: str) -> None:
     import types
 
     from mmsp._extension import C
@@ -65,8 +84,6 @@ def patch(model: Model, mesh: "Mesh", *, layout: str = "zigzag", placement: str 
     from mmsp.transformers_patch.state import PatchState
     from mmsp.transformers_patch.token_values import fused_head_temperature
 
-    if batch not in _BATCH:
-        raise ValueError(f"mmsp.patch: batch={batch!r} is not one of {', '.join(map(repr, _BATCH))}")
     config: Any = model.config
     family = family_of(config)
     text = config.text_config
@@ -89,4 +106,3 @@ def patch(model: Model, mesh: "Mesh", *, layout: str = "zigzag", placement: str 
     # (accepts_loss_kwargs = False: it divides by the accumulation steps instead).
     mark_prepared_unless_fsdp(model)
     hooked.accepts_loss_kwargs = False
-    return model

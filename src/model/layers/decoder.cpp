@@ -58,7 +58,10 @@ DecoderLayer::Mlp::Mlp(const TextConfig& c) {
 }
 
 std::vector<at::Tensor> DecoderLayer::Mlp::weights() const {
-  return {gate_proj->weight, gate_proj->bias, up_proj->weight, up_proj->bias, down_proj->weight, down_proj->bias};
+  // With LoRA adapters, each map's weight + scale · B A, made once a forward (and its
+  // gradient flows to A and B): the tiles then read one matrix per map.
+  return {gate_proj->effective_weight(), gate_proj->bias, up_proj->effective_weight(), up_proj->bias,
+          down_proj->effective_weight(), down_proj->bias};
 }
 
 at::Tensor DecoderLayer::Mlp::apply(const at::Tensor& y, const std::vector<at::Tensor>& w) {

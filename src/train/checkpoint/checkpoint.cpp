@@ -203,15 +203,18 @@ void save_step(const std::string& dir, int64_t step, const model::NamedParams& w
     hf::HfSaveOptions hf;
     hf.max_shard_bytes = options.max_shard_bytes;
     hf.progress = [&writer](uint64_t bytes) { writer.count(static_cast<int64_t>(bytes)); };
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    std::vector<std::pair<std::string, at::Tensor>> tensors, hf_tensors;
     for (const auto& [name, w] : weights) tensors.emplace_back(name, w.detach());
+    for (const auto& [name, w] : options.hf_weights ? *options.hf_weights : weights) hf_tensors.emplace_back(name, w.detach());
     hf.dtype = options.save_dtype;
-    hf::save_hf_directory(tmp + "/" + kHfDir, tensors, config_json, hf);
-    if (adamw && needs_master_copy(weights, options.save_dtype)) {
+    hf::save_hf_directory(tmp + "/" + kHfDir, hf_tensors, config_json, hf);
+    if (options.hf_weights || (adamw && needs_master_copy(weights, options.save_dtype))) {
       hf.dtype.reset();
       hf::save_hf_directory(tmp + "/" + kMasterDir, tensors, config_json, hf);
     }
     hf::ChecksumManifest manifest;
+    if (options.extra)
+      for (const auto& [file, sum] : options.extra(tmp)) manifest[file] = sum;
     if (adamw) {
       writer.write_safetensors(tmp + "/" + kOptimizerFile, adamw_state_tensors(*adamw),
                                adamw_state_metadata(*adamw));
@@ -365,6 +368,18 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
   return c;
 }
 
+namespace {
+
+// The weights no optimizer steps (--freeze), from the checkpoint's own names: whole tensors
+// of hf/ (or master/), converted to each weight's dtype.
+void restore_frozen(const Checkpoint& c, const model::NamedParams& frozen) {
+  at::NoGradGuard no_grad;
+  for (const auto& [name, w] : frozen)
+    w.detach().copy_(hf::read_hf_elements(c.weights, name, 0, w.numel()).view(w.sizes()));
+}
+
+}  // namespace
+
 void restore(const Checkpoint& c, torch::nn::Module& model, torch::optim::AdamW& optimizer) {
   restore(c, named(model), optimizer);
 }
@@ -402,10 +417,18 @@ void restore(const Checkpoint& c, const model::NamedParams& weights, torch::opti
   // before it changes the optimizer, and on its refusal the RNG goes back.
   const std::string before = capture_cpu_rng();
   restore_cpu_rng(c.state.at("cpu_rng").get<std::string>(), c.path + "/" + kStateFile);
+  // A frozen weight (--freeze) is in the checkpoint's weights but not in the optimizer.
+  model::NamedParams stepped, frozen;
+  {
+    std::set<const void*> in_optimizer;
+    for (const auto& group : optimizer.param_groups())
+      for (const at::Tensor& p : group.params()) in_optimizer.insert(p.unsafeGetTensorImpl());
+    for (const auto& named : weights) (in_optimizer.count(named.second.unsafeGetTensorImpl()) ? stepped : frozen).push_back(named);
+  }
   try {
     if (c.optimizer_shards) {
       AdamWState state = capture_adamw_state(optimizer, weights);  // the groups as this run built them
-      state.params = gather_adamw_moments(*c.optimizer_shards, weights);
+      state.params = gather_adamw_moments(*c.optimizer_shards, stepped);
       apply_adamw_state(state, optimizer, weights, c.optimizer_shards->dir);
     } else {
       apply_adamw_state(c.optimizer, optimizer, weights, c.path + "/" + kOptimizerFile);
@@ -421,19 +444,21 @@ void restore(const Checkpoint& c, const model::NamedParams& weights, torch::opti
   }
   if (c.optimizer_shards) {  // the exact masters are in the shards, hf/ may be rounded
     at::NoGradGuard no_grad;
-    for (const auto& [name, w] : weights)
+    for (const auto& [name, w] : stepped)
       w.detach().copy_(read_optimizer_shards(*c.optimizer_shards, name, ShardTensor::master, 0, w.numel())
                            .view(w.sizes()));
+    restore_frozen(c, frozen);
     return;
   }
   hf::load_hf_weights(c.weights, weights, exact);
 }
 
-void restore(const Checkpoint& c, ShardedAdamW& optimizer) {
+void restore(const Checkpoint& c, ShardedAdamW& optimizer, const model::NamedParams& frozen) {
   MMSP_CHECK(!c.weights.tensors.empty(), c.path, ": a checkpoint of the first format cannot be resumed with "
              "a sharded --shard level; resume it with --shard none once and save again");
   hf::ExpectedShapes expected;
   for (const auto& [name, w] : optimizer.model_params()) expected.emplace_back(name, w.sizes().vec());
+  for (const auto& [name, w] : frozen) expected.emplace_back(name, w.sizes().vec());
   hf::match_hf_tensors(c.weights, expected, hf::CheckpointNaming{});  // throws, naming every difference
   ShardedAdamW::StateReader read;
   int64_t steps = 0;
@@ -463,6 +488,7 @@ void restore(const Checkpoint& c, ShardedAdamW& optimizer) {
     restore_cpu_rng(before, "the generator state before restore");
     throw;
   }
+  restore_frozen(c, frozen);
 }
 
 }  // namespace mmsp::train

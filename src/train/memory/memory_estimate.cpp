@@ -152,7 +152,9 @@ struct ParameterCensus {
   int64_t largest = 0;                       // the largest parameter
   int64_t largest_kept = 0;                  // the largest outside every unit
   bool tied = false;
+  int64_t frozen = 0, frozen_kept = 0;  // --freeze: in all, and outside every unit
   int64_t kept() const { return total - in_layers - head - embedding; }  // whole for the step under ZeRO-2/3
+  int64_t trained() const { return total - frozen; }  // what has masters, moments and gradients
 };
 
 // Counted from the units parallelize installs (the layout's, parallel::ShardUnitUse):
@@ -164,9 +166,15 @@ ParameterCensus census_of(const ParameterLayout& layout, int64_t decoder_layers)
              " unit indices for ", layout.shapes.size(), " parameters");
   ParameterCensus c;
   std::vector<int64_t> per_unit(layout.uses.size(), 0);
+  MMSP_CHECK(layout.frozen.empty() || layout.frozen.size() == layout.shapes.size(), "estimate_memory: ",
+             layout.frozen.size(), " frozen flags for ", layout.shapes.size(), " parameters");
   for (size_t i = 0; i < layout.shapes.size(); ++i) {
     const int64_t n = elements_of(layout.shapes[i].second);
     const int unit = layout.unit_of[i];
+    if (!layout.frozen.empty() && layout.frozen[i]) {
+      c.frozen += n;
+      if (unit < 0) c.frozen_kept += n;
+    }
     MMSP_CHECK(unit < static_cast<int>(per_unit.size()), "estimate_memory: parameter \"", layout.shapes[i].first,
                "\" is in unit ", unit, " of ", per_unit.size());
     c.total += n;
@@ -217,7 +225,7 @@ struct Widths {
 
 // Replicated training state (no --shard): masters (mixed only), moments, gradients, the update.
 void add_replicated_state(MemoryEstimate& e, const ParameterCensus& c, const Widths& w) {
-  const int64_t P = c.total, b = w.b, m = w.m, largest = c.largest;
+  const int64_t P = c.trained(), b = w.b, m = w.m, largest = c.largest;
   e.master_weights = w.mixed ? P * m : 0;
   e.optimizer = 2 * P * m;
   // The model's gradients through the backward (the masters' are released between
@@ -245,7 +253,8 @@ int64_t rounds_of(int64_t elements, int64_t largest_one, const Widths& w) {
 // --shard parameters, the logits of one round of the head's rows (else 0).
 int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, const ParameterCensus& c,
                           const Widths& w, const MemoryEstimateInputs& in) {
-  const int64_t P = c.total, b = w.b, m = w.m, largest = c.largest, kept = c.kept();
+  // A frozen parameter is not sharded: whole on every rank, without gradient or state.
+  const int64_t P = c.trained(), b = w.b, m = w.m, largest = c.largest, kept = c.kept() - c.frozen_kept;
   // sharded_adamw.h: a W-th of masters and moments (+ < W elements of padding per
   // 25 MiB bucket, ignored), and of the reduced gradients from their reduction to
   // the update, reduced in rounds (rounds_of).
@@ -299,7 +308,7 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
   const int64_t B = row_sharded_block(std::max<int64_t>(chunk, 1), std::max<int64_t>(in.tokens_per_rank, 1), V,
                                       static_cast<int>(W), h_head * b, b + 12);
   const int64_t round = W * B * h_head, head_shard = (V + W - 1) / W * h_head;
-  e.parameters = kept * b;
+  e.parameters = (kept + c.frozen) * b;
   e.gathered_forward = std::max(U + 2 * U2, 2 * w.lookup_rows) * b;
   e.gathered_loss = 3 * round * b + 2 * U * b;
   e.gathered_backward = (U + 2 * U2) * b;

@@ -34,6 +34,7 @@
 #include <torch/optim/adamw.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -79,6 +80,13 @@ struct CheckpointOptions {
   // clean-up of crashed saves spares.
   std::string optimizer_shards_staged;
   hf::ChecksumManifest optimizer_shard_checksums;
+  // LoRA (--lora-rank): hf/ holds these instead (the merged model transformers reads, by the
+  // base's names), master/ then always holds the weights (the base and the adapters, exact,
+  // for --resume), and `extra` writes more into the step dir before its checksums (adapter/:
+  // peft's directory), each file it writes listed in the manifest it returns (paths relative
+  // to the step dir).
+  std::optional<model::NamedParams> hf_weights;
+  std::function<hf::ChecksumManifest(const std::string& step_dir)> extra;
 };
 
 // Where the ranks of a sharded save write their optimizer files before rank 0's save.
@@ -140,8 +148,10 @@ void restore(const Checkpoint& checkpoint, torch::nn::Module& model,
 
 // The same into a sharded optimizer over the model's parameters: each rank reads only
 // the ranges it owns (masters from the shards, or from the weights of an unsharded
-// checkpoint), whatever the world size of the saving run.
-void restore(const Checkpoint& checkpoint, ShardedAdamW& optimizer);
+// checkpoint), whatever the world size of the saving run. `frozen`: weights outside the
+// optimizer (--freeze), read whole from the checkpoint's weights. (The replicated restore
+// above takes them among `weights`: those its optimizer does not hold.)
+void restore(const Checkpoint& checkpoint, ShardedAdamW& optimizer, const model::NamedParams& frozen = {});
 
 // Two configs are the same model when equal as JSON apart from "torch_dtype" (which
 // a save rewrites).

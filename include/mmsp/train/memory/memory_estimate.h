@@ -156,6 +156,9 @@ struct ParameterLayout {
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;  // every parameter, in the model's order
   std::vector<int> unit_of;                   // per parameter: its hooked unit (parallel::unit_index_of), −1: none
   std::vector<parallel::ShardUnitUse> uses;   // per unit (parallel::shard_unit_uses)
+  // per parameter: frozen (--freeze: no master, optimizer state or gradient; whole on every
+  // rank at every --shard level); empty: every parameter trains
+  std::vector<bool> frozen;
 };
 ParameterLayout parameter_layout(const model::Vlm& skeleton);
 
