@@ -20,7 +20,7 @@ from .errors import BadSample, PrepareError
 # --video-wrapper: keep the template's pair around a Qwen3-VL video's frame blocks, or drop it.
 VIDEO_WRAPPER = ("keep", "drop")
 # The model types whose processor leaves that pair (each temporal patch its own timestamped block).
-WRAPPED_VIDEOS = ("qwen3_vl", "qwen3_5")
+WRAPPED_VIDEOS = ("qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe")
 
 
 def check_video_wrapper(model, choice):
