@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agreed_metrics.h"
+#include "expert_load.h"
 #include "head_loss.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/phase_timer.h"
@@ -148,8 +149,12 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   watch.backward_done();
   const double grad_norm = update.step(run.o.schedule.clip, run.doing);
   const StepAccount account = watch.finish();
-  const double local_loss = loss.detach().to(at::kDouble).item<double>();
-  return agreed_metrics(step, local_loss, lr, grad_norm, batch, plan, account, mesh);
+  // The auxiliary load-balancing loss (mixture of experts): its value is added here, its
+  // gradient entered through the layers in the backward (model/layers/router_load.h).
+  const double local_loss = loss.detach().to(at::kDouble).item<double>() + out.aux_loss;
+  StepMetrics m = agreed_metrics(step, local_loss, lr, grad_norm, batch, plan, account, mesh);
+  if (out.expert_counts.defined()) add_expert_load(m, out.expert_counts, mesh.shape().expert);
+  return m;
 }
 
 // How every step of this run is planned: the mesh, layout, placement and vision split,
@@ -186,7 +191,7 @@ void write_metrics(MetricsWriter& metrics, const StepMetrics& m, bool first_step
 std::vector<std::pair<std::string, at::Tensor>> final_parameters(WeightUpdate& update) {
   update.gather_weights();  // every rank: under --shard parameters a collective
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (auto& [name, p] : update.weights()) out.emplace_back(name, p.detach().clone());
+  for (auto& [name, p] : update.whole_weights()) out.emplace_back(name, p.detach().clone());
   return out;
 }
 
