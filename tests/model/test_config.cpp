@@ -378,6 +378,12 @@ TEST(Config, Qwen3VL30BA3BAndMoeDefaults) {
                              {"text_config", {{"num_local_experts", 8}, {"num_experts_per_tok", 2}}},
                              {"vision_config", {{"out_hidden_size", 2048}}}};
   EXPECT_EQ(parse_model_config(v5).text.moe.num_experts, 8);
+  // ... and text_config.tie_word_embeddings true (its class default) beside the top-level
+  // false that transformers ties by
+  nlohmann::json tied_text = v5;
+  tied_text["text_config"]["tie_word_embeddings"] = true;
+  tied_text["tie_word_embeddings"] = false;
+  EXPECT_FALSE(parse_model_config(tied_text).tie_word_embeddings);
   nlohmann::json both = v5;
   both["text_config"]["num_experts"] = 16;
   EXPECT_THAT(error_of(both), HasSubstr("text_config.num_local_experts (8) differs from text_config.num_experts (16)"));

@@ -318,7 +318,10 @@ class QwenVLFamily : public Family {
       c.text.moe = parse_moe_config(text_json, "text_config.", {60, 4, 1408, 0, ExpertLayout::fused, true},
                                     c.text.num_hidden_layers);
     c.conventions = config_parts::read_conventions(*this, config);
-    c.tie_word_embeddings = config_parts::read_tie(top, text);
+    // transformers ties by the top-level config's key; Qwen3VLMoeTextConfig defaults its own
+    // to true and transformers 5 writes it so beside a top-level false: the top wins there.
+    const bool top_tie = (moe || c.model_type == "qwen3_5_moe") && config.contains("tie_word_embeddings");
+    c.tie_word_embeddings = top_tie ? top.boolean("tie_word_embeddings", false) : config_parts::read_tie(top, text);
 
     const nlohmann::json* vision = top.object("vision_config");
     auto fields = std::make_shared<QwenFields>();
