@@ -564,6 +564,8 @@ TEST(MultiRankEveryFamily, ShardedGradientsAndParametersEqualOneProcess) {
 // the exchange's bytes, which only an expert group of more than one rank sends.
 TEST(MultiRankEveryFamily, MixtureOfExpertsTrainAsOneProcessWithExpertParallelism) {
   const int world = test::rank_env().world_size;
+  // One rank is the reference itself; 2, 3 (uneven, expert 1) and 4 ranks run (CI's time).
+  if (world == 1) GTEST_SKIP() << "MoE training runs on 2-4 ranks";
   const bool checker = test::rank_env().rank == 0;
   const plan::Mesh widest = context_shape(world);
   std::ostringstream log;
