@@ -76,10 +76,11 @@ json longest_sequences(const std::vector<std::string>& models, const std::vector
                        const MemoryBenchOptions& o, int world, const std::function<bool(const Setting&)>& wanted) {
   json rows = json::array();
   for (size_t i = 0; i < models.size(); ++i) {
-    const model::ModelConfig config = model::load_model_config(paths[i]);
+    model::ModelConfig config = model::load_model_config(paths[i]);
+    model::set_expert_shard(config.text.moe, o.expert, 0);  // a rank's experts (every block holds as many)
     for (int64_t capacity : o.longest_bytes)
       for (const Setting& setting : kSettings) {
-        if (!wanted(setting)) continue;
+        if (!wanted(setting) || (config.text.moe.any() && setting.tiled_mlp)) continue;  // MoE layers: untiled
         train::TrainOptions t;
         t.inputs.dtype = train::parse_compute_dtype(o.dtype);
         apply(setting, t, o);
@@ -92,6 +93,7 @@ json longest_sequences(const std::vector<std::string>& models, const std::vector
                     {"loss_chunk", setting.chunked ? "default" : "off"},
                     {"capacity_bytes", capacity},
                     {"ring", o.longest_ring > 0 ? o.longest_ring : world},
+                    {"expert", o.expert},
                     {"longest_tokens_per_rank",
                      train::longest_tokens_per_rank(config, t, world, capacity, 256, o.longest_ring)}};
         row.update(setting_fields(setting, o));
@@ -110,6 +112,7 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
     paths.push_back(scaled_config(o.models[i], o.scale, std::to_string(env.rank) + "-" + std::to_string(i)));
   auto wanted = [&](const Setting& s) {
     const std::string mode = model::to_string(s.checkpointing);
+    if (o.expert > 1 && std::string(s.shard) != "none") return false;  // expert parallelism: --shard none
     return (o.shards.empty() || std::find(o.shards.begin(), o.shards.end(), s.shard) != o.shards.end()) &&
            (o.checkpointing.empty() || std::find(o.checkpointing.begin(), o.checkpointing.end(), mode) != o.checkpointing.end());
   };
@@ -125,13 +128,15 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
   mesh_options.timeout = std::chrono::seconds(600);
   mesh_options.gpu_collectives = o.gpu_collectives;
   // All ranks in one ring (zigzag): the sequence split world ways.
-  const dist::Mesh mesh = dist::Mesh::create(met, env, plan::Mesh{1, env.world_size, 1}, mesh_options, "memory-bench");
+  const dist::Mesh mesh =
+      dist::Mesh::create(met, env, plan::Mesh{1, env.world_size, 1, o.expert}, mesh_options, "memory-bench");
   json rows = json::array();
   for (size_t i = 0; i < o.models.size(); ++i) {
     const std::string& model = o.models[i];
     const std::string& path = paths[i];
+    const bool experts = model::load_model_config(path).text.moe.any();
     for (const Setting& setting : kSettings) {
-      if (!wanted(setting)) continue;
+      if (!wanted(setting) || (experts && setting.tiled_mlp)) continue;  // MoE layers are not tiled
       train::TrainOptions t;
       t.inputs.model = path;
       t.inputs.dtype = train::parse_compute_dtype(o.dtype);
@@ -153,6 +158,7 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
                   {"vision_layers", o.scale.vision_layers},
                   {"vocab", o.scale.vocab},
                   {"ranks", env.world_size},
+                  {"expert", o.expert},
                   {"tokens_per_rank", o.tokens_per_rank},
                   {"dtype", o.dtype},
                   {"loss_chunk", setting.chunked ? (o.loss_chunk > 0 ? std::to_string(o.loss_chunk) : "default") : "off"},

@@ -50,6 +50,9 @@ struct MemoryBenchOptions {
   // fine-tuning's.
   std::string freeze;
   int64_t lora_rank = 0;
+  // Expert parallelism (mixture-of-experts models): each block of this many ranks splits
+  // every layer's experts, in the measured rows (--shard none only) and in --longest's.
+  int expert = 1;
   // Called on rank 0 with the rows so far, after each row: a run cut short keeps them.
   std::function<void(const nlohmann::json& result)> on_row;
 };

@@ -115,8 +115,10 @@ Mesh Mesh::build(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& en
   for (const plan::AxisSpec& spec : plan::mesh_axes()) {
     const MeshAxis axis = spec.axis;
     std::vector<int> members = plan::group_members(shape, axis, env.rank);
-    if (spec.kind == plan::AxisKind::folded && static_cast<int>(members.size()) == shape.world()) {
-      // expert 1: the ranks holding the same experts are the world; its group serves (no second connection)
+    if (axis == MeshAxis::expert_replica && static_cast<int>(members.size()) == shape.world()) {
+      // expert 1: the ranks holding the same experts are the world; its group serves (no second
+      // connection). An expert group of the whole world gets its own, so that its bytes (the
+      // tokens' exchange) are counted apart from the world's (the gradients').
       mesh.groups_[static_cast<int>(axis)] = mesh.groups_[static_cast<int>(MeshAxis::world)];
       continue;
     }

@@ -79,6 +79,8 @@ at::Tensor Vlm::vision_rows(const plan::StepPlan& plan, const PixelInputs& pixel
 StepOutput Vlm::forward(const RankInputs& in, const plan::StepPlan& plan, const PixelInputs& pixels,
                         const StepParallelism& parallelism) const {
   MMSP_CHECK(parallelism.plan_attention && parallelism.route_vision, "the step needs its attention and vision router");
+  MMSP_CHECK(!config_.text.moe.any() || parallelism.sum_over_batch,
+             "a mixture-of-experts step needs the sum over the batch's ranks of its routing counts");
   check(in);
   tower_->check(plan, pixels);
   // The plan's tensors are made on the host; they meet the activations on the model's device.
@@ -95,7 +97,19 @@ StepOutput Vlm::forward(const RankInputs& in, const plan::StepPlan& plan, const 
   DecoderContext ctx = decoder_context(in, config_.text, config_.conventions, parallelism.plan_attention(), embeds);
   ctx.visual_slots = slots;
   for (int k = 0; k < tower_->deepstack_levels(); ++k) ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
-  return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels.to(device), in.label_count};
+  const MoeConfig& moe = config_.text.moe;
+  if (moe.any()) {
+    ctx.moe.exchange = parallelism.experts;
+    ctx.moe.real = in.real.to(device);
+    ctx.moe.load = std::make_shared<RouterLoad>(moe.num_experts, sparse_layer_count(config_.text),
+                                                moe.aux_loss() ? moe.router_aux_loss_coef : 0.0, in.real.numel());
+  }
+  StepOutput out{decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels.to(device), in.label_count};
+  if (ctx.moe.load) {
+    out.aux_loss = ctx.moe.load->finish(parallelism.sum_over_batch);
+    out.expert_counts = ctx.moe.load->counts();
+  }
+  return out;
 }
 
 void Vlm::set_activation_checkpointing(ActivationCheckpointing mode, bool offload_inputs) {

@@ -25,6 +25,16 @@ ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options)
   vlm.set_mlp_tile(options.mlp_tile);
   ModelParallelism out{options.groups, options.vision, options.attention, options.data, nullptr};
   out.attention.overlap = options.overlap_communication;
+  if (options.groups.expert && options.groups.expert->size() > 1) {
+    MMSP_CHECK(options.expert_data, "parallelize: expert parallelism over ", options.groups.expert->size(),
+               " ranks needs the group the expert weights' gradients sum over (ParallelizeOptions::expert_data)");
+    MMSP_CHECK(options.shard == ShardLevel::none, "--expert ", options.groups.expert->size(), " with --shard ",
+               to_string(options.shard), " is not supported yet: the expert weights would need their own shards ",
+               "over the ranks holding the same experts; use --shard none");
+    out.expert_data = options.expert_data;
+    out.experts = options.groups.expert;
+    out.moe = vlm.config().text.moe;
+  }
   if (options.shard != ShardLevel::none) {
     MMSP_CHECK(options.data, "parallelize: --shard ", to_string(options.shard),
                " needs the group the gradients sum over (ParallelizeOptions::data)");

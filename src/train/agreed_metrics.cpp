@@ -41,7 +41,8 @@ StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double gr
                                     static_cast<double>(a.sent.vision), static_cast<double>(a.sent.grad),
                                     static_cast<double>(a.update_peak_bytes),
                                     static_cast<double>(a.forward_peak_bytes),
-                                    static_cast<double>(a.backward_peak_bytes)},
+                                    static_cast<double>(a.backward_peak_bytes),
+                                    static_cast<double>(a.sent.experts)},
                                    mesh);
   StepMetrics m;
   m.step = step;
@@ -73,6 +74,7 @@ StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double gr
   m.attention_bytes = static_cast<int64_t>(r.per_rank[6][busiest]);
   m.vision_bytes = static_cast<int64_t>(r.per_rank[7][busiest]);
   m.grad_bytes = static_cast<int64_t>(r.per_rank[8][busiest]);
+  m.expert_bytes = static_cast<int64_t>(r.per_rank[12][busiest]);
   return m;
 }
 

@@ -62,6 +62,12 @@ void to_json(json& j, const StepMetrics& m) {
            {"attention_bytes", m.attention_bytes},
            {"vision_bytes", m.vision_bytes},
            {"grad_bytes", m.grad_bytes}};
+  if (m.expert_bytes) j["expert_bytes"] = m.expert_bytes;
+  if (!m.expert_tokens.empty()) {
+    j["expert_tokens"] = m.expert_tokens;
+    j["expert_imbalance"] = m.expert_imbalance;
+    j["hot_expert"] = m.hot_expert;
+  }
 }
 
 void from_json(const json& j, StepMetrics& m) {
@@ -86,6 +92,10 @@ void from_json(const json& j, StepMetrics& m) {
   m.attention_bytes = j.value("attention_bytes", int64_t{0});
   m.vision_bytes = j.value("vision_bytes", int64_t{0});
   m.grad_bytes = j.value("grad_bytes", int64_t{0});
+  m.expert_bytes = j.value("expert_bytes", int64_t{0});  // mixture-of-experts runs only
+  m.expert_tokens = j.value("expert_tokens", std::vector<int64_t>{});
+  m.expert_imbalance = j.value("expert_imbalance", 0.0);
+  m.hot_expert = j.value("hot_expert", 0.0);
 }
 
 std::string format_step_line(const StepMetrics& m) {

@@ -201,14 +201,36 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   MMSP_CHECK(config.text.num_attention_heads % shape.ulysses == 0, o.inputs.model, ": ",
              config.text.num_attention_heads, " attention heads cannot be split over ulysses ", shape.ulysses,
              " (the degree must divide the head count)");
-  MMSP_CHECK(shape.expert == 1, "--expert ", shape.expert, " splits the experts of a mixture-of-experts model; ",
-             o.inputs.model, " (", config.model_type, ") has none: leave --expert at 1");
+  MMSP_CHECK(shape.expert == 1 || config.text.moe.any(), "--expert ", shape.expert,
+             " splits the experts of a mixture-of-experts model; ", o.inputs.model, " (", config.model_type,
+             ") has none: leave --expert at 1");
+  MMSP_CHECK(shape.expert == 1 || o.parallel.shard == parallel::ShardLevel::none, "--expert ", shape.expert,
+             " with --shard ", parallel::to_string(o.parallel.shard),
+             " is not supported yet (the expert weights would need shards of their own over the ranks holding the "
+             "same experts): use --shard none with --expert, or --expert 1");
+  MMSP_CHECK(shape.expert == 1 || (o.finetune.freeze.empty() && o.finetune.lora.rank == 0), "--expert ", shape.expert,
+             " with --freeze or --lora-rank is not supported yet (frozen and adapted weights are not split over the "
+             "expert groups): use --expert 1 to fine-tune parts of a mixture-of-experts model");
+  MMSP_CHECK(shape.expert == 1 || o.output.resume.empty(), "--resume with --expert ", shape.expert,
+             " is not supported yet (a checkpoint holds every expert; a rank would restore its share of the "
+             "optimizer state): resume with --expert 1");
+  // This rank builds, loads and steps its block's experts only (expert parallelism).
+  model::set_expert_shard(in.resolved.config.text.moe, shape.expert, mesh.rank() % shape.expert);
+  MMSP_CHECK(o.schedule.accumulate == 1 || !config.text.moe.any(), "--accumulate ", o.schedule.accumulate,
+             " is not supported yet for ", o.inputs.model, " (", config.model_type,
+             "): the load-balancing loss of a mixture-of-experts model is taken over the whole step's tokens, "
+             "not summed over micro-batches; use --accumulate 1");
+  MMSP_CHECK(o.memory.tiled_mlp == 0 || !config.text.moe.any(), "--tiled-mlp is not supported for ", o.inputs.model,
+             " (", config.model_type, "): its mixture-of-experts layers route every token at once");
   // The weights' names and shapes, the checkpoint's mapping and the memory this run
   // needs are all checked on a skeleton, before a parameter is allocated.
   in.layout = layout_of(config, o.finetune);
   check_freeze(o, config, in.layout);
   in.naming = model::checkpoint_naming(config);
-  if (in.resolved.weights) hf::match_hf_tensors(*in.resolved.weights, base_shapes(in.layout), in.naming);
+  if (in.resolved.weights) {
+    model::check_expert_count(*in.resolved.weights, config);
+    hf::match_hf_tensors(*in.resolved.weights, base_shapes(in.layout), in.naming);
+  }
   in.memory = preflight_memory(config, in.layout, o, in.loss_chunk, shape);
   // hf/ of the checkpoints: as asked, else as the weights came, else the masters' dtype.
   in.save_dtype = o.output.save_dtype;

@@ -13,7 +13,8 @@ SentBytes sent_bytes(const dist::Mesh& mesh) {
   const dist::MeshStats& s = mesh.stats();
   auto bytes = [&](plan::MeshAxis axis) { return s.snapshot(axis).total_bytes(); };
   return {bytes(plan::MeshAxis::ring) + bytes(plan::MeshAxis::ulysses), bytes(plan::MeshAxis::context),
-          bytes(plan::MeshAxis::world) + bytes(plan::MeshAxis::dp)};
+          bytes(plan::MeshAxis::world) + bytes(plan::MeshAxis::dp) + bytes(plan::MeshAxis::expert_replica),
+          bytes(plan::MeshAxis::expert)};
 }
 
 StepWatch::StepWatch(int64_t step, const dist::Mesh& mesh, dist::RankActivity& doing, PhaseTimer& phases,

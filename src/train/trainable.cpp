@@ -21,7 +21,8 @@ parallel::ParallelizeOptions parallelize_options(const TrainOptions& o, const di
   spread.shard = o.parallel.shard;
   spread.master_dtype = master_dtype_of(o.inputs.dtype);
   spread.data = mesh.world();
-  spread.groups = {mesh.context(), mesh.ring(), mesh.ulysses()};
+  spread.expert_data = mesh.expert_replica();
+  spread.groups = {mesh.context(), mesh.ring(), mesh.ulysses(), mesh.world(), mesh.expert()};
   spread.vision = o.parallel.vision;
   spread.attention.block_q = o.parallel.attention_block;
   spread.attention.block_k = o.parallel.attention_block;

@@ -19,6 +19,7 @@
 #include "attention_choice.h"
 #include "eval_run.h"
 #include "lora_export.h"
+#include "expert_load.h"
 #include "head_loss.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/phase_timer.h"
@@ -143,6 +144,7 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   held_bytes = watch.held_bytes();
   update.begin_step();
   double local_loss = 0;
+  at::Tensor expert_counts;  // tokens each expert took (mixture of experts)
   for (size_t k = 0; k < batches.micro.size(); ++k) {
     const MicroBatch& micro = batches.micro[k];
     watch.phase("pixels");
@@ -157,13 +159,17 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
     watch.forward_done();
     loss.backward();
     watch.backward_done();
-    local_loss += loss.detach().to(at::kDouble).item<double>();
+    // The auxiliary load-balancing loss (mixture of experts): its value is added here, its
+    // gradient entered through the layers in the backward (model/layers/router_load.h).
+    local_loss += loss.detach().to(at::kDouble).item<double>() + out.aux_loss;
+    if (out.expert_counts.defined()) expert_counts = out.expert_counts;  // one micro-batch: --accumulate 1
   }
   const double grad_norm = update.step(run.o.schedule.clip, run.doing);
   const StepAccount account = watch.finish();
   const MicroBatch& last = batches.micro.back();
   StepMetrics m = agreed_metrics(step, local_loss, lr, grad_norm, last.batch, last.plan, account, mesh);
   count_step_batches(m, batches);
+  if (expert_counts.defined()) add_expert_load(m, expert_counts, mesh.shape().expert);
   return m;
 }
 
@@ -185,7 +191,7 @@ plan::PlanOptions plan_options_for(const TrainOptions& o, const RunInputs& in, c
 std::vector<std::pair<std::string, at::Tensor>> final_parameters(WeightUpdate& update) {
   update.gather_weights();  // every rank: under --shard parameters a collective
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (auto& [name, p] : update.weights()) out.emplace_back(name, p.detach().clone());
+  for (auto& [name, p] : update.whole_weights()) out.emplace_back(name, p.detach().clone());
   return out;
 }
 

@@ -5,13 +5,16 @@
 #include <torch/optim/adamw.h>
 
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "checkpoint/checkpoint_io.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/lora.h"
+#include "mmsp/model/layers/expert_names.h"
 #include "mmsp/train/optim/grad_clip.h"
+#include "mmsp/parallel/expert_gather.h"
 #include "mmsp/parallel/grad_sync.h"
 #include "mmsp/train/optim/master_weights.h"
 #include "mmsp/train/checkpoint/sharded_checkpoint.h"
@@ -54,14 +57,28 @@ model::NamedParams loaded_from_model(const model::NamedParams& weights, const mo
   return out;
 }
 
+// The parameters whose gradients sum over the data group, or (expert parallelism) the
+// expert ones, which sum over the ranks holding the same experts.
+model::NamedParams select(const model::NamedParams& params, bool split, bool experts) {
+  model::NamedParams out;
+  for (const auto& named : params)
+    if (!split || model::is_expert_parameter(named.first) == experts) out.push_back(named);
+  return out;
+}
+
 class ReplicatedUpdate : public WeightUpdate {
  public:
   ReplicatedUpdate(model::NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
-                   const dist::GroupPtr& data, model::NamedParams frozen)
+                   const parallel::ModelParallelism& parallelism, model::NamedParams frozen)
       : masters_(std::move(model_params), master_dtype),
         opt_(make_adamw(masters_.params(), options)),
-        sync_(masters_.params(), data),
-        frozen_(std::move(frozen)) {}
+        split_(parallelism.experts != nullptr),
+        sync_(select(masters_.params(), split_, false), parallelism.data),
+        experts_(parallelism.experts),
+        moe_(parallelism.moe),
+        frozen_(std::move(frozen)) {
+    if (split_) expert_sync_.emplace(select(masters_.params(), true, true), parallelism.expert_data);
+  }
 
   void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) override {
     hf::load_hf_weights(dir, loaded_from_model(masters_.params(), frozen_), naming);
@@ -77,9 +94,12 @@ class ReplicatedUpdate : public WeightUpdate {
     masters_.take_grads();
     doing.set_phase("gradient sync");
     sync_.all_reduce();
+    if (expert_sync_) expert_sync_->all_reduce();
     if (gradients_.mesh) write_gradients();
     doing.set_phase("optimizer");
-    const double norm = clip_grad_norm(masters_.params(), clip_norm);
+    const double norm = split_ ? clip_grad_norm(sync_.params(), expert_sync_->params(), clip_norm,
+                                                [this](double local) { return sum_over_experts(local); })
+                               : clip_grad_norm(masters_.params(), clip_norm);
     opt_->step();
     masters_.copy_to_model();
     return norm;
@@ -88,9 +108,15 @@ class ReplicatedUpdate : public WeightUpdate {
   void save(const std::string& dir, int64_t step, const nlohmann::json& state, const std::string& config_json,
             CheckpointOptions options, const dist::Mesh& mesh, std::ostream& log) override {
     std::string error;
+    // Expert parallelism: every rank gathers the other experts' weights and moments (a
+    // collective); rank 0 writes the whole model.
+    const WholeState whole = split_ ? whole_state() : WholeState{};
     if (mesh.rank() == 0) {
       try {
-        save_checkpoint(dir, step, with_frozen(masters_.params(), frozen_), *opt_, state, config_json, options);
+        if (split_)
+          save_checkpoint(dir, step, with_frozen(whole.weights, frozen_), whole.adamw, state, config_json, options);
+        else
+          save_checkpoint(dir, step, with_frozen(masters_.params(), frozen_), *opt_, state, config_json, options);
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -103,22 +129,65 @@ class ReplicatedUpdate : public WeightUpdate {
     gradients_ = {dir, config_json, &mesh, &log};
   }
   model::NamedParams weights() const override { return with_frozen(masters_.params(), frozen_); }
+  model::NamedParams whole_weights() override {
+    return with_frozen(parallel::gather_experts(masters_.params(), moe_, experts_), frozen_);
+  }
   std::string describe() const override {
-    return std::string(masters_.mixed() ? "fp32 master weights" : "") + frozen_note(frozen_, masters_.mixed());
+    return std::string(masters_.mixed() ? "fp32 master weights" : "") +
+           (split_ ? std::string(masters_.mixed() ? "; " : "") + "experts split over " +
+                         std::to_string(experts_->size()) + " ranks"
+                   : "") +
+           frozen_note(frozen_, masters_.mixed() || split_);
   }
 
  private:
+  // The whole model's weights and AdamW state, every rank's experts gathered.
+  struct WholeState {
+    model::NamedParams weights;
+    AdamWState adamw;
+  };
+  WholeState whole_state() const {
+    const model::NamedParams& mine = masters_.params();
+    const AdamWState local = capture_adamw_state(*opt_, mine);
+    model::NamedParams avg, avg_sq;
+    for (const auto& [name, p] : mine) {
+      const auto it = local.params.find(name);
+      MMSP_CHECK(it != local.params.end(), "saving with --expert: \"", name, "\" has not taken a step");
+      avg.emplace_back(name, it->second.exp_avg);
+      avg_sq.emplace_back(name, it->second.exp_avg_sq);
+    }
+    WholeState whole{parallel::gather_experts(mine, moe_, experts_), {}};
+    const model::NamedParams avgs = parallel::gather_experts(avg, moe_, experts_);
+    const model::NamedParams sqs = parallel::gather_experts(avg_sq, moe_, experts_);
+    const int64_t steps = local.params.begin()->second.step;  // every parameter steps every step
+    for (size_t i = 0; i < avgs.size(); ++i)
+      whole.adamw.params[avgs[i].first] = {steps, avgs[i].second, sqs[i].second, {}};
+    // The groups (decay: matrices, no decay: the rest) as make_adamw forms them.
+    whole.adamw.groups = local.groups;
+    for (AdamWGroupState& g : whole.adamw.groups) g.params.clear();
+    for (const auto& [name, w] : whole.weights) whole.adamw.groups[w.dim() >= 2 ? 0 : 1].params.push_back(name);
+    return whole;
+  }
+
+  // Σ over the expert group (each rank holds its experts' share of Σ g²).
+  double sum_over_experts(double local) const {
+    at::Tensor t = at::full({1}, local, at::kDouble);
+    dist::all_reduce_(t, *experts_);
+    return t.item<double>();
+  }
+
   // The synced gradients as a model directory; a parameter the step did not reach
   // (no gradient) is written as zeros, as the reference's would read.
   void write_gradients() {
     const GradientRequest request = gradients_;
     gradients_ = {};
     std::string error;
+    model::NamedParams grads;
+    for (const auto& [name, p] : masters_.params())
+      grads.emplace_back(name, p.grad().defined() ? p.grad().detach() : at::zeros_like(p));
+    grads = parallel::gather_experts(grads, moe_, experts_);  // every rank: the other experts' (expert parallelism)
     if (request.mesh->rank() == 0) {
       try {
-        std::vector<std::pair<std::string, at::Tensor>> grads;
-        for (const auto& [name, p] : masters_.params())
-          grads.emplace_back(name, p.grad().defined() ? p.grad().detach() : at::zeros_like(p));
         hf::save_hf_directory(request.dir, grads, request.config_json);
       } catch (const std::exception& e) {
         error = e.what();
@@ -136,7 +205,11 @@ class ReplicatedUpdate : public WeightUpdate {
   GradientRequest gradients_;
   MasterWeights masters_;
   std::unique_ptr<torch::optim::AdamW> opt_;
-  parallel::GradSync sync_;
+  bool split_;                                       // expert parallelism
+  parallel::GradSync sync_;                          // every parameter, or (split) the non-expert ones
+  std::optional<parallel::GradSync> expert_sync_;    // split: the experts', over their replicas
+  dist::GroupPtr experts_;
+  model::MoeConfig moe_;
   model::NamedParams frozen_;  // the model's own tensors: no master, no state, no sum
 };
 
@@ -256,7 +329,7 @@ std::unique_ptr<WeightUpdate> make_weight_update(model::NamedParams model_params
   MMSP_CHECK(!model_params.empty(), "make_weight_update: nothing to train (every parameter is frozen)");
   if (parallelism.zero) return std::make_unique<ShardedUpdate>(parallelism.zero, options, mesh, std::move(frozen));
   MMSP_CHECK(parallelism.data, "make_weight_update: the replicated update needs the group its gradients sum over");
-  return std::make_unique<ReplicatedUpdate>(std::move(model_params), master_dtype, options, parallelism.data,
+  return std::make_unique<ReplicatedUpdate>(std::move(model_params), master_dtype, options, parallelism,
                                             std::move(frozen));
 }
 

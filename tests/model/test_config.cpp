@@ -315,6 +315,101 @@ TEST(Config, TinyQwen3_5VL) {
   EXPECT_TRUE(v.deepstack_visual_indexes.empty());
 }
 
+// ---------- mixture of experts (qwen3_vl_moe, qwen3_5_moe) ----------
+
+TEST(Config, TinyQwen3VLMoe) {
+  const ModelConfig c = load_model_config(kConfigs + "tiny-qwen3-vl-moe.json");
+  EXPECT_EQ(c.model_type, "qwen3_vl_moe");
+  EXPECT_EQ(c.conventions.name, "qwen3_vl");  // planned as Qwen3-VL
+  EXPECT_EQ(c.text.model_type, "qwen3_vl_moe_text");
+  const MoeConfig& m = c.text.moe;
+  EXPECT_EQ(m.num_experts, 8);
+  EXPECT_EQ(m.num_experts_per_tok, 2);
+  EXPECT_EQ(m.moe_intermediate_size, 24);
+  EXPECT_EQ(m.shared_expert_intermediate_size, 0);
+  EXPECT_EQ(m.layout, ExpertLayout::fused);
+  EXPECT_TRUE(m.aux_loss());
+  EXPECT_EQ(m.router_aux_loss_coef, 0.01);
+  // mlp_only_layers [1]: layer 1 dense, the others sparse
+  EXPECT_TRUE(m.sparse(0));
+  EXPECT_FALSE(m.sparse(1));
+  EXPECT_TRUE(m.sparse(2));
+  EXPECT_TRUE(m.sparse(3));
+  EXPECT_EQ(c.text.intermediate_size, 128);  // the dense layer's MLP
+  EXPECT_EQ(qwen_vision_of(c)->deepstack_visual_indexes, (std::vector<int64_t>{0, 1}));
+}
+
+TEST(Config, TinyQwen3_5Moe) {
+  const ModelConfig c = load_model_config(kConfigs + "tiny-qwen3_5-moe.json");
+  EXPECT_EQ(c.model_type, "qwen3_5_moe");
+  EXPECT_EQ(c.conventions.name, "qwen3_vl");
+  EXPECT_EQ(c.conventions.image_token_id, 248056);
+  EXPECT_EQ(c.text.model_type, "qwen3_5_moe_text");
+  EXPECT_EQ(c.text.layer_types, kinds("LLLF"));
+  const MoeConfig& m = c.text.moe;
+  EXPECT_EQ(m.num_experts, 8);
+  EXPECT_EQ(m.shared_expert_intermediate_size, 48);
+  EXPECT_EQ(m.layout, ExpertLayout::per_expert);
+  for (int64_t i = 0; i < 4; ++i) EXPECT_TRUE(m.sparse(i)) << i;
+}
+
+// The released Qwen3-VL-30B-A3B-Instruct config.json, and Qwen3_5MoeTextConfig's and
+// Qwen3VLMoeTextConfig's defaults where a file is silent.
+TEST(Config, Qwen3VL30BA3BAndMoeDefaults) {
+  const ModelConfig c = load_model_config(kConfigs + "hf/Qwen3-VL-30B-A3B-Instruct.json");
+  EXPECT_EQ(c.text.num_hidden_layers, 48);
+  EXPECT_EQ(c.text.hidden_size, 2048);
+  EXPECT_EQ(c.text.moe.num_experts, 128);
+  EXPECT_EQ(c.text.moe.num_experts_per_tok, 8);
+  EXPECT_EQ(c.text.moe.moe_intermediate_size, 768);
+  EXPECT_FALSE(c.text.moe.aux_loss());  // output_router_logits: not set, false
+  EXPECT_EQ(c.text.moe.router_aux_loss_coef, 0.001);
+  EXPECT_EQ(c.text.num_key_value_heads, 4);
+  EXPECT_EQ(qwen_vision_of(c)->depth, 27);
+  const ModelConfig vl = parse_model_config({{"model_type", "qwen3_vl_moe"}, {"vision_config", {{"out_hidden_size", 2048}}}});
+  EXPECT_EQ(vl.text.moe.num_experts, 60);
+  EXPECT_EQ(vl.text.moe.num_experts_per_tok, 4);
+  EXPECT_EQ(vl.text.moe.moe_intermediate_size, 1408);
+  EXPECT_EQ(vl.text.num_hidden_layers, 24);
+  EXPECT_EQ(vl.text.head_dim, 128);  // hidden_size 2048 / 16 heads
+  EXPECT_EQ(vl.text.rope_theta, 500000.0);
+  // transformers 5 writes Qwen3-VL-MoE's num_experts as num_local_experts (its attribute_map)
+  const nlohmann::json v5 = {{"model_type", "qwen3_vl_moe"},
+                             {"text_config", {{"num_local_experts", 8}, {"num_experts_per_tok", 2}}},
+                             {"vision_config", {{"out_hidden_size", 2048}}}};
+  EXPECT_EQ(parse_model_config(v5).text.moe.num_experts, 8);
+  // ... and text_config.tie_word_embeddings true (its class default) beside the top-level
+  // false that transformers ties by
+  nlohmann::json tied_text = v5;
+  tied_text["text_config"]["tie_word_embeddings"] = true;
+  tied_text["tie_word_embeddings"] = false;
+  EXPECT_FALSE(parse_model_config(tied_text).tie_word_embeddings);
+  nlohmann::json both = v5;
+  both["text_config"]["num_experts"] = 16;
+  EXPECT_THAT(error_of(both), HasSubstr("text_config.num_local_experts (8) differs from text_config.num_experts (16)"));
+  const ModelConfig q = parse_model_config({{"model_type", "qwen3_5_moe"}, {"vision_config", {{"out_hidden_size", 2048}}}});
+  EXPECT_EQ(q.text.moe.num_experts, 256);
+  EXPECT_EQ(q.text.moe.num_experts_per_tok, 8);
+  EXPECT_EQ(q.text.moe.moe_intermediate_size, 512);
+  EXPECT_EQ(q.text.moe.shared_expert_intermediate_size, 512);
+  EXPECT_EQ(q.text.num_hidden_layers, 40);
+  EXPECT_EQ(q.text.num_key_value_heads, 2);
+  EXPECT_EQ(q.conventions.image_token_id, 248056);
+}
+
+TEST(Config, ExpertShardsSplitTheExperts) {
+  MoeConfig m = load_model_config(kConfigs + "tiny-qwen3-vl-moe.json").text.moe;
+  set_expert_shard(m, 4, 3);
+  EXPECT_EQ(m.local_experts(), 2);
+  EXPECT_EQ(m.first_local_expert(), 6);
+  try {
+    set_expert_shard(m, 3, 0);
+    FAIL() << "--expert 3 does not divide 8 experts";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--expert 3 must divide num_experts (8)"));
+  }
+}
+
 TEST(Config, Qwen3_5_08B) {
   const ModelConfig c = load_model_config(kConfigs + "hf/Qwen3.5-0.8B.json");
   EXPECT_EQ(c.text.vocab_size, 248320);
@@ -601,7 +696,32 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/num_key_value_heads", 3,
                  "text_config.num_key_value_heads (3) must divide text_config.num_attention_heads (4)"},
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/model_type", "qwen3_5_moe_text",
-                 "text_config.model_type \"qwen3_5_moe_text\" is not supported for qwen3_5; expected \"qwen3_5_text\" or \"qwen3_next\" (mixture-of-experts"},
+                 "text_config.model_type \"qwen3_5_moe_text\" is not supported for qwen3_5; expected \"qwen3_5_text\" or \"qwen3_next\" (a mixture-of-experts decoder: model_type qwen3_5_moe)"},
+        // ---- mixture of experts (qwen3_vl_moe, qwen3_5_moe) ----
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/num_experts_per_tok", 9,
+                 "text_config.num_experts_per_tok (9) must be at most text_config.num_experts (8)"},
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/num_experts", 0,
+                 "text_config.num_experts must be an integer >= 1, got 0"},
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/mlp_only_layers", json({1, 4}),
+                 "text_config.mlp_only_layers lists layer 4, but the decoder has 4 layers (0 to 3)"},
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/decoder_sparse_step", 0,
+                 "text_config.decoder_sparse_step must be an integer >= 1, got 0"},
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/norm_topk_prob", false,
+                 "text_config.norm_topk_prob is false, but transformers' router always renormalises"},
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/router_aux_loss_coef", -1,
+                 "text_config.router_aux_loss_coef must be a number >= 0, got -1"},
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/model_type", "qwen3_vl_text",
+                 "text_config.model_type \"qwen3_vl_text\" is not supported for qwen3_vl_moe; expected \"qwen3_vl_moe_text\""},
+        BadValue{"tiny-qwen3_5-moe.json", "/text_config/mlp_only_layers", json({0}),
+                 "text_config.mlp_only_layers lists 1 layer(s), but every layer of this model is a mixture of experts"},
+        BadValue{"tiny-qwen3_5-moe.json", "/text_config/decoder_sparse_step", 2,
+                 "text_config.decoder_sparse_step is 2, but every layer of this model is a mixture of experts"},
+        BadValue{"tiny-qwen3_5-moe.json", "/text_config/shared_expert_intermediate_size", 0,
+                 "text_config.shared_expert_intermediate_size must be an integer >= 1, got 0"},
+        BadValue{"tiny-qwen3_5-moe.json", "/text_config/model_type", "qwen3_5_text",
+                 "text_config.model_type \"qwen3_5_text\" is not supported for qwen3_5_moe; expected \"qwen3_5_moe_text\""},
+        BadValue{"tiny-qwen3_5-moe.json", "/vision_config/model_type", "qwen3_vl",
+                 "vision_config.model_type \"qwen3_vl\" is not supported for qwen3_5"},
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/model_type", "qwen3_next",
                  "text_config.num_experts is 512 (not set; default), so layer 0's MLP is a mixture of experts, which is not supported"},
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/hidden_act", "gelu",
@@ -640,11 +760,11 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ConfigErrorsTop, ModelTypeAndShape) {
   EXPECT_THAT(error_of(json::array()), HasSubstr("config.json: the top level must be a JSON object, got array"));
   EXPECT_THAT(error_of(json::object()), HasSubstr("config.json: model_type is missing"));
-  EXPECT_THAT(error_of({{"model_type", "qwen3_5_moe"}}),
-              HasSubstr("config.json: model_type \"qwen3_5_moe\" is not supported by the model layer"));
+  EXPECT_THAT(error_of({{"model_type", "qwen3_moe"}}),
+              HasSubstr("config.json: model_type \"qwen3_moe\" is not supported by the model layer"));
   // The family registry's one table lists every model_type, InternVL's among them.
-  EXPECT_THAT(error_of({{"model_type", "qwen3_5_moe"}}),
-              HasSubstr("supported: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, llava, internvl"));
+  EXPECT_THAT(error_of({{"model_type", "qwen3_moe"}}),
+              HasSubstr("supported: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, qwen3_vl_moe, qwen3_5_moe, llava, internvl"));
   EXPECT_THAT(error_of({{"model_type", "qwen3_next"}}),
               HasSubstr("config.json: model_type \"qwen3_next\" is a text-only checkpoint"));
   EXPECT_THAT(error_of({{"model_type", 3}}), HasSubstr("model_type must be a string, got 3"));

@@ -448,7 +448,8 @@ TEST_P(HfDirectoryNaming, OwnAndOtherLayoutLoad) {
   expect_loads(own_dir, config, own);
 
   Named other = renamed(own, c.other_layout);
-  if (config.model_type == "qwen3_5") other.emplace_back("mtp.fc.weight", at::ones({4, 4}));  // dropped
+  if (config.model_type == "qwen3_5" || config.model_type == "qwen3_5_moe")
+    other.emplace_back("mtp.fc.weight", at::ones({4, 4}));  // dropped
   const std::string other_dir = temp_dir() + "/other";
   hf::HfSaveOptions sharded;
   sharded.max_shard_bytes = 4096;
@@ -465,6 +466,8 @@ INSTANTIATE_TEST_SUITE_P(
         // Qwen3-VL / Qwen3.5 files are new; the other layout is the legacy one.
         FamilyCase{"tiny-qwen3-vl.json", {{"model.visual.", "visual."}, {"model.language_model.", "model."}}},
         FamilyCase{"tiny-qwen3_5-vl.json", {{"model.visual.", "visual."}, {"model.language_model.", "model."}}},
+        FamilyCase{"tiny-qwen3-vl-moe.json", {{"model.visual.", "visual."}, {"model.language_model.", "model."}}},
+        FamilyCase{"tiny-qwen3_5-moe.json", {{"model.visual.", "visual."}, {"model.language_model.", "model."}}},
         // llava-1.5-*-hf files are legacy; the other layout is transformers >= 4.52's.
         FamilyCase{"tiny-llava.json",
                    {{"language_model.model.", "model.language_model."},
@@ -483,6 +486,83 @@ INSTANTIATE_TEST_SUITE_P(
         if (ch == '-' || ch == '.') ch = '_';
       return name;
     });
+
+// ---- mixture-of-experts layouts, and expert parallelism's share of them ----
+
+// Each tensor as `f` has it (the expert tensors of a fused layout transposed: what
+// transformers >= 5 writes for Qwen3-VL-MoE).
+Named transposed_experts(const Named& tensors) {
+  Named out;
+  for (const auto& [name, t] : tensors)
+    out.emplace_back(name, name.find(".mlp.experts.") != std::string::npos ? t.transpose(1, 2).contiguous() : t);
+  return out;
+}
+
+// A rank's model under expert parallelism reads its experts from the whole model's files
+// (the released layout, and transformers 5's transposed one for the fused experts): its
+// block's rows of each fused tensor, its block's experts of the per-expert layout (the
+// others skipped, not unexpected), everything else whole.
+TEST(HfDirectory, ExpertsLoadInEveryLayoutAndAsARanksShare) {
+  for (const std::string file : {"tiny-qwen3-vl-moe.json", "tiny-qwen3_5-moe.json"}) {
+    const nlohmann::json json = tiny_config(file);
+    const ModelConfig config = parse_model_config(json, file);
+    const Named own = parameters_of(*build(config));
+    const std::string dir = temp_dir() + "/own";
+    hf::save_hf_directory(dir, own, json.dump());
+    std::vector<std::string> dirs = {dir};
+    if (config.text.moe.layout == ExpertLayout::fused) {
+      dirs.push_back(temp_dir() + "/transformers5");
+      hf::save_hf_directory(dirs.back(), transposed_experts(own), json.dump());
+      expect_loads(dirs.back(), config, own);
+    }
+    std::map<std::string, at::Tensor> whole(own.begin(), own.end());
+    ModelConfig shard = config;
+    set_expert_shard(shard.text.moe, 4, 1);  // experts 2 and 3 of 8
+    for (const std::string& from : dirs) {
+      const Named params = parameters_of(*build(shard));
+      hf::load_hf_weights(hf::open_hf_directory(from), params, checkpoint_naming(shard));
+      int experts = 0;
+      for (const auto& [name, p] : params) {
+        at::Tensor want = whole.at(name);
+        if (name.find(".mlp.experts.gate_up_proj") != std::string::npos ||
+            name.find(".mlp.experts.down_proj") != std::string::npos)
+          want = want.narrow(0, 2, 2);
+        experts += name.find(".mlp.experts.") != std::string::npos;
+        EXPECT_TRUE(p.equal(want)) << file << " from " << from << ": " << name;
+      }
+      EXPECT_GT(experts, 0);
+      if (config.text.moe.layout == ExpertLayout::per_expert) {
+        EXPECT_LT(params.size(), own.size());
+      }
+    }
+  }
+}
+
+// A checkpoint of 8 experts under a config of 16 (and one whose expert 8 lies beyond a
+// config of 8): refused naming the tensor, both counts and the rule, before any weight is read.
+TEST(HfDirectoryErrors, ExpertCountDiffersFromTheConfig) {
+  for (const std::string file : {"tiny-qwen3-vl-moe.json", "tiny-qwen3_5-moe.json"}) {
+    nlohmann::json json = tiny_config(file);
+    const ModelConfig config = parse_model_config(json, file);
+    const std::string dir = temp_dir() + "/eight";
+    hf::save_hf_directory(dir, parameters_of(*build(config)), json.dump());
+    json["text_config"]["num_experts"] = 16;
+    const std::string error =
+        error_of([&] { check_expert_count(hf::open_hf_directory(dir), parse_model_config(json, file)); });
+    EXPECT_THAT(error, HasSubstr("but config.json's num_experts is 16: the checkpoint and the config must describe "
+                                 "the same experts"));
+    EXPECT_THAT(error, HasSubstr(config.text.moe.layout == ExpertLayout::fused ? "holds 8 experts" : "is expert 7"));
+  }
+  const nlohmann::json json = tiny_config("tiny-qwen3_5-moe.json");
+  const ModelConfig config = parse_model_config(json, "tiny-qwen3_5-moe.json");
+  Named extra = parameters_of(*build(config));
+  extra.emplace_back("model.language_model.layers.0.mlp.experts.8.up_proj.weight", at::ones({24, 64}));
+  const std::string dir = temp_dir() + "/nine";
+  hf::save_hf_directory(dir, extra, json.dump());
+  EXPECT_THAT(error_of([&] { check_expert_count(hf::open_hf_directory(dir), config); }),
+              HasSubstr("\"model.language_model.layers.0.mlp.experts.8.up_proj.weight\" is expert 8, but "
+                        "config.json's num_experts is 8"));
+}
 
 // transformers 5 writes LLaVA's CLIP tower without CLIPVisionModel's vision_model level:
 // vision_tower.embeddings.* (seen from transformers 5.17's save_pretrained; tests/hf

@@ -42,6 +42,13 @@ def test_a_processors_video_batch_equals_one_process(tmp_path):
                  tmp_path=tmp_path)
 
 
+def test_mixture_of_experts_equal_one_process(tmp_path):
+    # Qwen3-VL-MoE and Qwen3.5-MoE on ring 2 x ulysses 2: without and with expert parallelism
+    # (over 2 and 4 of the ranks), and with mmsp.fully_shard; one set of ranks for all (CI time).
+    sp_ranks.run(4, sp_checks.patch_moe_equals_one_process, ["qwen3_vl_moe", "qwen3_5_moe"], 2, 2,
+                 [(1, False), (2, False), (4, False), (4, True)], tmp_path=tmp_path)
+
+
 @pytest.mark.parametrize("world,ring,ulysses", [(1, 1, 1), (4, 2, 2)])
 def test_patched_videos_equal_one_process(world, ring, ulysses, tmp_path):
     # Qwen batches with videos and images (Qwen3-VL, Qwen3.5: one block per temporal patch).

@@ -79,12 +79,28 @@ struct CheckpointNaming {
   // ("model.embed_tokens.weight") is in the file, and read into it when it is not.
   // Empty: not tied.
   std::string tied_output, tied_input;
+  // File tensors of rank 3 that may come with their last two dimensions swapped: model names
+  // ending in one of these read either layout, transposed on load into the model's
+  // (transformers >= 5 writes Qwen3-VL-MoE's fused experts as [E, 2I, h] where the released
+  // files hold [E, h, 2I], and reads both). A shape that is the same both ways reads as the model's.
+  std::vector<std::string> transposable_suffixes;
+  // Parameters holding rows [first, first + rows) of their file tensor's first dimension,
+  // which has `total` rows (expert parallelism: a rank's experts of a fused expert tensor),
+  // by the end of their model names.
+  struct RowSlice {
+    int64_t first = 0, rows = 0, total = 0;
+  };
+  std::vector<std::pair<std::string, RowSlice>> row_slices;
+  // Tensors of parameters other ranks hold (expert parallelism: the other experts' weights),
+  // by model name: skipped rather than unexpected. Unset: none.
+  std::function<bool(const std::string& model_name)> held_elsewhere;
 };
 
 // The model's parameters by name with their shapes (values unused: meta tensors do).
 using ExpectedShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
-// For every expected parameter, the directory's tensor that feeds it. Throws one
+// For every expected parameter, the directory's tensor that feeds it (whole, or its rows
+// and layout as the naming's row_slices and transposable_suffixes say). Throws one
 // mmsp::Error that lists every missing tensor, every unexpected one and every shape
 // mismatch (the first few of each, with counts), naming the directory.
 std::map<std::string, const HfTensor*> match_hf_tensors(const HfDirectory& dir,

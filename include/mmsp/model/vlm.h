@@ -33,6 +33,11 @@ struct StepParallelism {
   // after the vision part, so that its masks do not add to the vision phase's peak.
   std::function<std::shared_ptr<const attention::StepAttention>()> plan_attention;
   VisionRouter route_vision;  // Vision DP encoding and routing
+  // Mixture-of-experts decoders: how each sparse layer's tokens reach their experts (unset:
+  // every expert here), and the sum over every rank of the step's batch, in place, of the
+  // routing counts (once, after the decoder; required for such a decoder).
+  ExpertExchange experts;
+  std::function<void(at::Tensor&)> sum_over_batch;
 };
 
 // What the loss needs for plan.mine's slots: the final hidden states [L, hidden] and
@@ -42,6 +47,11 @@ struct StepOutput {
   at::Tensor hidden, head_weight, labels;
   int64_t label_count = 0;
   at::Tensor logits() const;  // [L, vocab], all at once (tests, benchmarks)
+  // Mixture-of-experts decoders (router_load.h): this rank's share of router_aux_loss_coef
+  // times the auxiliary loss (a value: its gradient enters through the layers), to add
+  // to the loss; and [sparse layers, E] the step's picks of each expert, every rank's.
+  double aux_loss = 0;
+  at::Tensor expert_counts;
 };
 
 // Rules a family adds to the step.

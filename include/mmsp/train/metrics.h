@@ -33,7 +33,15 @@ struct StepMetrics {
   int64_t comm_bytes = 0;       // bytes sent during the step by the rank that sent the most;
   int64_t attention_bytes = 0;  //   its parts by purpose: attention (ring and Ulysses groups),
   int64_t vision_bytes = 0;     //   vision routing (context group),
-  int64_t grad_bytes = 0;       //   gradient sync and weight update (world and dp groups)
+  int64_t grad_bytes = 0;       //   gradient sync and weight update (world and dp groups),
+  int64_t expert_bytes = 0;     //   tokens to their experts' ranks and back (expert group)
+  // Mixture-of-experts models: the (token, expert) rows each rank of the expert group ran
+  // through its experts this step, summed over the sparse layers; the busiest rank's rows
+  // over the mean, in the layer where that is largest (1: even); the same for the busiest
+  // single expert. Empty / 0 for a dense model.
+  std::vector<int64_t> expert_tokens;
+  double expert_imbalance = 0;
+  double hot_expert = 0;
 };
 
 // JSON with the field names above; a non-finite double is written as null and read

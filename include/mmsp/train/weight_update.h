@@ -61,6 +61,9 @@ class WeightUpdate {
   // gather_weights() (every rank) before reading their values.
   virtual model::NamedParams weights() const = 0;
   virtual void gather_weights() {}
+  // Every rank: the whole model's training weights, the other ranks' experts gathered
+  // under expert parallelism (else weights()).
+  virtual model::NamedParams whole_weights() { return weights(); }
   // For the start-up line: "fp32 master weights", "optimizer state sharded over 4 ranks".
   virtual std::string describe() const = 0;
 };

@@ -37,8 +37,13 @@ Frozen parts (`requires_grad_(False)`) and PEFT models (`peft.get_peft_model(mod
 then `mmsp.patch(peft_model, mesh)`) train exactly as one process: only the parameters that
 require a gradient are summed over the mesh, and a frozen vision tower's rows carry none.
 
+Mixture-of-experts models (qwen3_vl_moe, qwen3_5_moe): transformers' sparse blocks on this
+rank's slots; with mmsp.Mesh(..., expert=E) each rank of an expert group runs its block of
+the experts on the group's tokens (all-to-all-v each way); the auxiliary load-balancing loss
+over the whole step when the config's output_router_logits is on (transformers_patch/experts.py).
+
 Families: qwen2_vl, qwen2_5_vl, qwen3_vl (deepstack rows sharded with their slots), qwen3_5,
-llava, internvl.
+qwen3_vl_moe, qwen3_5_moe, llava, internvl.
 """
 
 from typing import TYPE_CHECKING, Literal, TypeVar, Any
@@ -78,7 +83,7 @@ def _patch_model(model: torch.nn.Module, mesh: "Mesh", layout: str, placement: s
     import types
 
     from mmsp._extension import C
-    from mmsp.transformers_patch import attention, linear_attention, step
+    from mmsp.transformers_patch import attention, experts, linear_attention, step
     from mmsp.transformers_patch.accelerate_hooks import mark_prepared_unless_fsdp
     from mmsp.transformers_patch.families import family_of
     from mmsp.transformers_patch.state import PatchState
@@ -95,11 +100,12 @@ def _patch_model(model: torch.nn.Module, mesh: "Mesh", layout: str, placement: s
             raise ValueError(f"mmsp.patch: placement {placement!r} with Gated DeltaNet layers is not supported by the "
                              "patch yet (whole segments at home); use placement='zigzag'")
         linear_attention.install(linear)
+    has_experts = experts.install(model, mesh)
     attention.register()
     text._attn_implementation = attention.NAME  # the decoder only; the vision tower keeps its own
     hooked: Any = model  # the attributes below are mmsp's and accelerate's, not nn.Module's
     hooked._mmsp = PatchState(family=family, mesh=mesh, config=config.to_dict(), layout=layout, placement=placement,
-                              batch=batch, temperature=fused_head_temperature(model.forward))
+                              batch=batch, temperature=fused_head_temperature(model.forward), experts=has_experts)
     hooked.forward = types.MethodType(step.forward, model)
     # For transformers.Trainer (accelerate_hooks.py); and the loss the patch returns is already
     # the step's mean, so the Trainer must not rescale it by the token count it passes

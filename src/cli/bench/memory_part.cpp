@@ -41,6 +41,10 @@ void add_row_flags(CLI::App& app, bench::MemoryBenchOptions& o, std::string& dev
   app.add_option("--freeze", o.freeze, "every row with these parts frozen: vision, merger, llm, embeddings");
   app.add_option("--lora-rank", o.lora_rank, "every row with LoRA adapters of this rank (the decoder's projections)");
   app.add_option("--longest-ranks", o.longest_ranks, "--longest: ranks the state is sharded over (default: this job's)");
+  app.add_option("--expert", o.expert,
+                 "expert-parallel degree (mixture-of-experts models): each block of this many ranks splits the "
+                 "experts; the measured rows run --shard none")
+      ->capture_default_str();
   app.add_option("--longest-ring", o.longest_ring,
                  "--longest: ranks of the context group's ring, the rest Ulysses (default: all one ring)");
 }

@@ -14,17 +14,17 @@ using json_fields::JsonFields;
 
 namespace {
 
-// Qwen3_5TextConfig, or Qwen3NextConfig for "qwen3_next".
+// Qwen3_5TextConfig, Qwen3NextConfig for "qwen3_next", Qwen3_5MoeTextConfig for "qwen3_5_moe_text".
 TextConfig default_hybrid_text_config(const std::string& model_type) {
   TextConfig t;
   t.model_type = model_type;
-  const bool next = model_type == "qwen3_next";
+  const bool next = model_type == "qwen3_next", moe = model_type == "qwen3_5_moe_text";
   t.vocab_size = next ? 151936 : 248320;
-  t.hidden_size = next ? 2048 : 4096;
-  t.intermediate_size = next ? 5632 : 12288;
-  t.num_hidden_layers = next ? 48 : 32;
+  t.hidden_size = next || moe ? 2048 : 4096;
+  t.intermediate_size = next ? 5632 : 12288;  // Qwen3.5-MoE has no dense MLP
+  t.num_hidden_layers = next ? 48 : moe ? 40 : 32;
   t.num_attention_heads = 16;
-  t.num_key_value_heads = next ? 2 : 4;
+  t.num_key_value_heads = next || moe ? 2 : 4;
   t.head_dim = 256;
   t.rms_norm_eps = 1e-6;
   t.rope_theta = 10000.0;  // transformers' default when the file gives none
@@ -123,13 +123,18 @@ void refuse_experts(const JsonFields& f, const TextConfig& t) {
 
 }  // namespace
 
-TextConfig parse_hybrid_text_config(const nlohmann::json& text, const std::string& where) {
+TextConfig parse_hybrid_text_config(const nlohmann::json& text, const std::string& where, bool moe) {
   const JsonFields f(text, where);
-  std::string type = f.string("model_type", "qwen3_5_text");
-  if (type == "qwen3_5") type = "qwen3_5_text";  // older files name the text config like the model
-  MMSP_CHECK(type == "qwen3_5_text" || type == "qwen3_next", f.name("model_type"), " \"", type,
-             "\" is not supported for qwen3_5; expected \"qwen3_5_text\" or \"qwen3_next\"",
-             type.find("moe") != std::string::npos ? " (mixture-of-experts decoders are not built)" : "");
+  std::string type = f.string("model_type", moe ? "qwen3_5_moe_text" : "qwen3_5_text");
+  if (type == "qwen3_5" || type == "qwen3_5_moe") type += "_text";  // older files name it like the model
+  if (moe)
+    MMSP_CHECK(type == "qwen3_5_moe_text", f.name("model_type"), " \"", type,
+               "\" is not supported for qwen3_5_moe; expected \"qwen3_5_moe_text\"");
+  else
+    MMSP_CHECK(type == "qwen3_5_text" || type == "qwen3_next", f.name("model_type"), " \"", type,
+               "\" is not supported for qwen3_5; expected \"qwen3_5_text\" or \"qwen3_next\"",
+               type.find("moe") != std::string::npos ? " (a mixture-of-experts decoder: model_type qwen3_5_moe)"
+                                                     : "");
   TextConfig t = default_hybrid_text_config(type);
   t.vocab_size = f.integer("vocab_size", t.vocab_size);
   t.hidden_size = f.integer("hidden_size", t.hidden_size);
@@ -156,6 +161,9 @@ TextConfig parse_hybrid_text_config(const nlohmann::json& text, const std::strin
   t.layer_types = read_layer_types(f, t.num_hidden_layers);
   read_linear_attention(f, t);
   if (type == "qwen3_next") refuse_experts(f, t);
+  // Qwen3_5MoeTextConfig: 256 experts, 8 a token, width 512, a shared expert of 512.
+  if (moe) t.moe = parse_moe_config(text, where, {256, 8, 512, 512, ExpertLayout::per_expert, false},
+                                    t.num_hidden_layers);
   return t;
 }
 

@@ -81,7 +81,19 @@ DecoderLayer::DecoderLayer(const TextConfig& c, int64_t index) : config_(c), kin
     self_attn_ = register_module("self_attn", std::make_shared<Attention>(c));
   post_attention_layernorm_ =
       register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, zc));
-  mlp_ = register_module("mlp", std::make_shared<Mlp>(c));
+  if (c.moe.sparse(index)) {
+    moe_ = register_module("mlp", std::make_shared<SparseMoeBlock>(c));
+    sparse_index_ = 0;
+    for (int64_t i = 0; i < index; ++i) sparse_index_ += c.moe.sparse(i) ? 1 : 0;
+  } else {
+    mlp_ = register_module("mlp", std::make_shared<Mlp>(c));
+  }
+}
+
+int64_t sparse_layer_count(const TextConfig& c) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) n += c.moe.sparse(i) ? 1 : 0;
+  return n;
 }
 
 namespace {
@@ -125,6 +137,7 @@ at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const DecoderContext&
                                   : attend(x, ctx);
   at::Tensor h = hidden + mixed;
   at::Tensor y = post_attention_layernorm_->forward(h);
+  if (moe_) return h + moe_->forward(y, ctx.moe, sparse_index_);
   if (ctx.mlp_tile > 0) return h + tiled_over_tokens(&Mlp::apply, y, mlp_->weights(), ctx.mlp_tile);
   return h + Mlp::apply(y, mlp_->weights());
 }
@@ -146,6 +159,12 @@ Decoder::Decoder(const TextConfig& c, bool tie_word_embeddings) : config_(c) {
   if (!tie_word_embeddings)
     lm_head = register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size, false,
                                                                   c.initializer_range));
+}
+
+void Decoder::set_mlp_tile(int64_t setting) {
+  MMSP_CHECK(setting == 0 || !config_.moe.any(), "--tiled-mlp is not supported for a mixture-of-experts decoder (",
+             config_.moe.num_experts, " experts a sparse layer): its tokens are routed to their experts all at once");
+  mlp_tile_ = setting;
 }
 
 at::Tensor Decoder::forward(const at::Tensor& inputs_embeds, const DecoderContext& ctx) const {

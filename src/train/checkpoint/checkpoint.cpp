@@ -265,6 +265,15 @@ void save_checkpoint(const std::string& dir, int64_t step, const model::NamedPar
   save_step(dir, step, weights, &adamw, state, config_json, options);
 }
 
+void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights,
+                     const AdamWState& adamw, const json& state, const std::string& config_json,
+                     const CheckpointOptions& options) {
+  MMSP_CHECK(options.optimizer_shards_staged.empty(),
+             "save_checkpoint: an AdamW state and staged optimizer shards are given; use one");
+  model::check_named_params(weights, "save_checkpoint");
+  save_step(dir, step, weights, &adamw, state, config_json, options);
+}
+
 void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights, const json& state,
                      const std::string& config_json, const CheckpointOptions& options) {
   MMSP_CHECK(options.optimizer_shards_staged == shard_staging_dir(dir, step),

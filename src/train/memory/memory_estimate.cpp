@@ -328,9 +328,26 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
 struct LayerWork {
   int64_t attention = 0, linear = 0;
 };
+// A mixture-of-experts MLP per token, elements (Qwen3-VL-MoE, Qwen3.5-MoE; moe_block.cpp), with
+// the picks spread evenly over the experts' ranks: kept, the router's logits (and their fp32
+// probabilities, 4 bytes each: `router_bytes`), and for each of the k picks its row sent,
+// received, the expert's gate|up (2I), activation and product (2I), its output, the output
+// back and weighted (5h + 4I); the shared expert's 4 I_s. Its backward's transients: the
+// picks' 3I and the rows exchanged back (2h) each.
+struct MoeTokenElements {
+  int64_t kept = 0, router_bytes = 0, backward = 0;
+};
+MoeTokenElements moe_token_elements(const model::TextConfig& t) {
+  const model::MoeConfig& m = t.moe;
+  const int64_t k = m.num_experts_per_tok, h = t.hidden_size, I = m.moe_intermediate_size;
+  return {m.num_experts + k * (5 * h + 4 * I) + 4 * m.shared_expert_intermediate_size, 4 * m.num_experts,
+          k * (3 * I + 2 * h)};
+}
+
 LayerWork layer_working_sets(const model::TextConfig& t, const Widths& w, const MemoryEstimateInputs& in) {
   const int64_t T = w.slots, h = t.hidden_size, I = t.intermediate_size, b = w.b;
-  const int64_t mlp = in.mlp_tile > 0 ? (7 * std::min(in.mlp_tile, T) * I + h * I + T * h) * b : 3 * T * I * b;
+  int64_t mlp = in.mlp_tile > 0 ? (7 * std::min(in.mlp_tile, T) * I + h * I + T * h) * b : 3 * T * I * b;
+  if (t.moe.any()) mlp = std::max(mlp, T * moe_token_elements(t).backward * b);
   const int64_t block = std::min(in.attention_block, std::max<int64_t>(T, 1));
   const int64_t attention = 4 * t.num_attention_heads * block * block * 4;
   // A Gated DeltaNet layer's backward transients (hybrid configs; what it keeps is in
@@ -356,14 +373,23 @@ int64_t add_activations(MemoryEstimate& e, const model::TextConfig& t, const Wid
   // rest again in its backward, a tile at a time. A hybrid model's Gated DeltaNet
   // layers keep their token mixer's bytes (gated_delta_layer_bytes) instead of the
   // attention's.
+  // A mixture-of-experts decoder's sparse layers keep their routed rows instead of the 4I
+  // (moe_token_elements); the layers are priced as the larger MLP, all but the exact sum below.
   const int64_t T = w.slots, h = t.hidden_size, d = t.head_dim, b = w.b;
-  const int64_t norms_and_mlp = (6 * h + (in.mlp_tile > 0 ? 0 : 4 * t.intermediate_size)) * b;
+  const int64_t dense_mlp = (in.mlp_tile > 0 ? 0 : 4 * t.intermediate_size) * b;
+  const int64_t sparse_mlp = t.moe.any() ? moe_token_elements(t).kept * b + moe_token_elements(t).router_bytes : 0;
+  const int64_t sparse_layers = model::sparse_layer_count(t), dense_layers = t.num_hidden_layers - sparse_layers;
+  const int64_t norms_and_mlp = 6 * h * b + (sparse_layers > 0 ? std::max(sparse_mlp, dense_layers ? dense_mlp : 0)
+                                                                  : dense_mlp);
   const int64_t attention_layer = T * (norms_and_mlp + (5 * t.num_attention_heads + 4 * t.num_key_value_heads) * d * b);
   int64_t linear_layers = 0, linear_layer = 0;
   if (t.is_hybrid()) {
     linear_layers = std::count(t.layer_types.begin(), t.layer_types.end(), model::LayerKind::linear_attention);
     linear_layer = T * (norms_and_mlp + gated_delta_layer_bytes(t, b, in.ring, in.mlp_tile, in.ulysses).kept);
   }
+  // Each layer's own MLP in the sum (the larger one priced above where layers differ).
+  const int64_t mlp_correction = T * (sparse_layers * (sparse_mlp - (norms_and_mlp - 6 * h * b)) +
+                                      (sparse_layers ? dense_layers * (dense_mlp - (norms_and_mlp - 6 * h * b)) : 0));
   // The layer being recomputed and its transients are one layer's: the kind whose kept
   // bytes and working set sum highest (in Qwen3.5 the attention layer keeps more, the
   // Gated DeltaNet layer's backward adds more). Without recompute, any layer's working
@@ -375,7 +401,8 @@ int64_t add_activations(MemoryEstimate& e, const model::TextConfig& t, const Wid
                                                                             : work.attention;
   const int64_t layer_inputs = t.num_hidden_layers * T * h * b;
   if (in.checkpointing == model::ActivationCheckpointing::none) {
-    e.activations = (t.num_hidden_layers - linear_layers) * attention_layer + linear_layers * linear_layer;
+    e.activations = (t.num_hidden_layers - linear_layers) * attention_layer + linear_layers * linear_layer +
+                    mlp_correction;
     return one_layer;
   }
   e.recomputed_layer = one_layer;

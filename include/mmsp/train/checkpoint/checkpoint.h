@@ -108,6 +108,11 @@ std::string step_dir_name(int64_t step);
 void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights,
                      const torch::optim::AdamW& optimizer, const nlohmann::json& state,
                      const std::string& config_json, const CheckpointOptions& options = {});
+// The same from AdamW's state by name (expert parallelism: the experts of every rank
+// gathered into one state).
+void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights,
+                     const AdamWState& adamw, const nlohmann::json& state, const std::string& config_json,
+                     const CheckpointOptions& options = {});
 // A sharded save: the optimizer state is in options.optimizer_shards_staged.
 void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights,
                      const nlohmann::json& state, const std::string& config_json,

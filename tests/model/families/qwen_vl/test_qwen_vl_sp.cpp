@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <unistd.h>
 #include "multirank.h"
+#include "moe_step.h"
 #include "vlm_step.h"
 
 using namespace mmsp;
@@ -71,6 +72,25 @@ nlohmann::json tiny_qwen3_vl_json() {
 }
 
 model::ModelConfig tiny_qwen3_vl() { return model::parse_model_config(tiny_qwen3_vl_json(), "tiny qwen3_vl"); }
+
+// Qwen3-VL-MoE: Qwen3-VL with 3 decoder layers of 8 experts (top 2, renormalised) but layer
+// 1's dense MLP (mlp_only_layers), and the auxiliary loss at 0.1, so that its gradient is
+// far above the tolerance.
+model::ModelConfig tiny_qwen3_vl_moe() {
+  nlohmann::json c = tiny_qwen3_vl_json();
+  c["model_type"] = "qwen3_vl_moe";
+  nlohmann::json& t = c["text_config"];
+  t["model_type"] = "qwen3_vl_moe_text";
+  t["num_hidden_layers"] = 3;
+  t["moe_intermediate_size"] = 20;
+  t["num_experts"] = 8;
+  t["num_experts_per_tok"] = 2;
+  t["mlp_only_layers"] = {1};
+  t["output_router_logits"] = true;
+  t["router_aux_loss_coef"] = 0.1;
+  c["vision_config"]["model_type"] = "qwen3_vl_moe";
+  return model::parse_model_config(c, "tiny qwen3_vl_moe");
+}
 
 // Qwen2.5-VL: RMSNorm and gated SiLU MLP in the vision blocks, windows of 2 × 2 merged
 // patches (8 px) in block 0, whole frames in block 1; video times scaled by
@@ -147,6 +167,41 @@ Result run(const model::ModelConfig& config, const plan::Batch& batch, const pla
 }
 
 }  // namespace
+
+// Qwen3-VL-MoE on 2 and 4 ranks (moe_meshes), with expert parallelism over 1, 2 and 4
+// ranks (folded into the ring × Ulysses and the data-parallel ranks): the loss (the auxiliary loss included)
+// and every gradient equal one process (fp64 1e-9), and so do the router's picks; and with
+// recomputed decoder layers (the exchange runs again in the backward; the aux loss's
+// gradient enters the recomputed layer).
+TEST(MultiRankQwenVlMoe, LossAndEveryGradientEqualOneProcessWithExpertParallelism) {
+  if (!test::moe_world_tested()) GTEST_SKIP() << "MoE cases run on 2 and 4 ranks";
+  const model::ModelConfig config = tiny_qwen3_vl_moe();
+  const plan::Batch batch = vision_batch(model::QwenVariant::qwen3_vl);
+  at::manual_seed(7);
+  const model::PixelInputs pixels{at::randn({16 + 12, 24}, at::kDouble), at::randn({16, 24}, at::kDouble)};
+  const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
+  const test::MoeStep ref = test::run_moe_model(config, batch, whole, nullptr, pixels);
+  EXPECT_GT(ref.aux, 0.05) << "the auxiliary loss (coefficient 0.1 × E · Σ f·P >= 0.1 · 1) is missing";
+  int64_t reached = 0;
+  for (const auto& [name, g] : ref.result.grads)
+    if (name.find("mlp.experts.gate_up_proj") != std::string::npos)
+      for (int64_t e = 0; e < g.size(0); ++e) reached += g[e].abs().max().item<double>() > 0;
+  EXPECT_GE(reached, 8) << "too few experts got tokens for the test to test the routing";
+  for (const dist::Mesh* mesh : test::moe_meshes(8)) {
+    if (mesh->shape().ulysses == 3) continue;  // 2 K/V heads cannot be split 3 ways
+    plan::PlanOptions options;
+    options.mesh = mesh->shape();
+    const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh->rank());
+    const test::MoeStep got = test::run_moe_model(config, batch, mine, mesh, pixels);
+    test::expect_same_step(got.result, ref.result, 1e-9, "qwen3_vl_moe " + mesh->shape().str());
+    EXPECT_TRUE(got.expert_counts.equal(ref.expert_counts)) << mesh->shape().str() << ": other picks";
+    if (mesh->shape().expert > 1 && mesh->shape().dp == 1) {
+      const test::MoeStep recomputed =
+          test::run_moe_model(config, batch, mine, mesh, pixels, model::ActivationCheckpointing::decoder);
+      test::expect_same_step(recomputed.result, ref.result, 1e-9, "recomputed " + mesh->shape().str());
+    }
+  }
+}
 
 class QwenVlFamily : public ::testing::TestWithParam<model::QwenVariant> {};
 
