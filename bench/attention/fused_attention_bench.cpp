@@ -67,7 +67,8 @@ struct Inputs {
 
 Inputs make_inputs(int64_t T, const FusedAttentionBenchOptions& o, at::ScalarType type) {
   const auto opts = at::TensorOptions().dtype(type).device(o.device);
-  return {at::randn({T, o.heads, o.dim}, opts).requires_grad_(), at::randn({T, o.kv_heads, o.dim}, opts).requires_grad_(),
+  return {at::randn({T, o.heads, o.dim}, opts).requires_grad_(),
+          at::randn({T, o.kv_heads, o.dim}, opts).requires_grad_(),
           at::randn({T, o.kv_heads, o.dim}, opts).requires_grad_(), at::randn({T, o.heads, o.dim}, opts)};
 }
 
@@ -89,7 +90,8 @@ nlohmann::json time_mmsp(const std::vector<int64_t>& lengths, const FusedAttenti
       },
       o.device, o.repeats);
   const double pairs = causal_pairs(lengths);
-  return {{"kernel", attention::kernel_in_use(*plan, in.q)}, {"seconds", s},
+  return {{"kernel", attention::kernel_in_use(*plan, in.q)},
+          {"seconds", s},
           {"tflops", flops(pairs, o.heads, o.dim) / s / 1e12}};
 }
 
@@ -108,9 +110,7 @@ nlohmann::json time_each_kernel(const std::vector<int64_t>& lengths, const Fused
     }
     try {
       rows[k->name()] = time_mmsp(lengths, o, type, k->name());
-    } catch (const std::exception& e) {
-      rows[k->name()] = {{"error", std::string(e.what()).substr(0, 300)}};
-    }
+    } catch (const std::exception& e) { rows[k->name()] = {{"error", std::string(e.what()).substr(0, 300)}}; }
   }
   return rows;
 }
@@ -121,7 +121,8 @@ void add_kernel_ratios(nlohmann::json& row, double best) {
   for (auto& [name, k] : row["kernels"].items())
     if (k.contains("seconds")) {
       k["over_best_sdpa"] = best / k["seconds"].get<double>();
-      if (fastest == 0 || k["seconds"].get<double>() < fastest) fastest = k["seconds"].get<double>(), row["fastest_kernel"] = name;
+      if (fastest == 0 || k["seconds"].get<double>() < fastest)
+        fastest = k["seconds"].get<double>(), row["fastest_kernel"] = name;
     }
   if (fastest > 0) row["fastest_kernel_over_best_sdpa"] = best / fastest;
 }
@@ -134,12 +135,11 @@ struct Backend {
 
 nlohmann::json time_sdpa(int64_t batch, int64_t L, double pairs, const FusedAttentionBenchOptions& o,
                          at::ScalarType type) {
-  const std::vector<Backend> backends =
-      o.device.is_cuda()
-          ? std::vector<Backend>{{"cudnn", false, false, true, false},
-                                 {"flash", true, false, false, false},
-                                 {"efficient", false, true, false, false}}
-          : std::vector<Backend>{{"cpu-flash", true, false, false, false}};
+  const std::vector<Backend> backends = o.device.is_cuda()
+                                            ? std::vector<Backend>{{"cudnn", false, false, true, false},
+                                                                   {"flash", true, false, false, false},
+                                                                   {"efficient", false, true, false, false}}
+                                            : std::vector<Backend>{{"cpu-flash", true, false, false, false}};
   at::Context& ctx = at::globalContext();
   const bool was[] = {ctx.userEnabledFlashSDP(), ctx.userEnabledMemEfficientSDP(), ctx.userEnabledCuDNNSDP(),
                       ctx.userEnabledMathSDP()};
@@ -165,9 +165,7 @@ nlohmann::json time_sdpa(int64_t batch, int64_t L, double pairs, const FusedAtte
           o.device, o.repeats);
       row["seconds"] = s;
       row["tflops"] = flops(pairs, o.heads, o.dim) / s / 1e12;
-    } catch (const std::exception& e) {
-      row["error"] = std::string(e.what()).substr(0, 200);
-    }
+    } catch (const std::exception& e) { row["error"] = std::string(e.what()).substr(0, 200); }
     rows.push_back(row);
   }
   ctx.setSDPUseFlash(was[0]);
@@ -194,8 +192,12 @@ nlohmann::json bench_fused_attention(const FusedAttentionBenchOptions& o) {
              "bench attention --part fused: --tokens must be given, --heads a multiple of --kv-heads");
   MMSP_CHECK(o.repeats > 0, "--repeats ", o.repeats, " must be positive");
   const at::ScalarType type = dtype_of(o.dtype);
-  nlohmann::json result{{"device", o.device.str()}, {"dtype", o.dtype}, {"heads", o.heads},
-                        {"kv_heads", o.kv_heads}, {"dim", o.dim}, {"kernel_flag", o.kernel},
+  nlohmann::json result{{"device", o.device.str()},
+                        {"dtype", o.dtype},
+                        {"heads", o.heads},
+                        {"kv_heads", o.kv_heads},
+                        {"dim", o.dim},
+                        {"kernel_flag", o.kernel},
                         {"flops", "causal forward + backward: 3.5 · 4 · H · D · allowed pairs"}};
   nlohmann::json whole = nlohmann::json::array();
   for (int64_t T : o.tokens) {
@@ -272,8 +274,10 @@ nlohmann::json time_ring(const dist::Mesh& mesh, const std::vector<attention::To
   *kernel = attention::kernel_in_use(*step->kernels->from[0], in.q);
   const std::vector<double> s = per_rank(seconds, mesh), c = per_rank(t.communication_s / o.repeats, mesh),
                             a = per_rank(t.attention_s / o.repeats, mesh);
-  return {{"seconds", *std::max_element(s.begin(), s.end())}, {"seconds_per_rank", s},
-          {"exposed_communication_seconds_per_rank", c}, {"attention_kernel_seconds_per_rank", a},
+  return {{"seconds", *std::max_element(s.begin(), s.end())},
+          {"seconds_per_rank", s},
+          {"exposed_communication_seconds_per_rank", c},
+          {"attention_kernel_seconds_per_rank", a},
           {"exposed_communication_seconds", *std::max_element(c.begin(), c.end())}};
 }
 
@@ -299,12 +303,19 @@ nlohmann::json bench_ring_attention(const dist::RankEnv& env, const FusedAttenti
   // Off first, then on: the machine's state (caches, clocks) favours neither.
   const nlohmann::json off = time_ring(mesh, shares, false, o, in, &kernel);
   const nlohmann::json on = time_ring(mesh, shares, true, o, in, &kernel);
-  nlohmann::json result{{"device", o.device.str()}, {"dtype", o.dtype}, {"ranks", R}, {"tokens", T},
-                        {"heads", o.heads}, {"kv_heads", o.kv_heads}, {"dim", o.dim}, {"ring_kernel", kernel},
+  nlohmann::json result{{"device", o.device.str()},
+                        {"dtype", o.dtype},
+                        {"ranks", R},
+                        {"tokens", T},
+                        {"heads", o.heads},
+                        {"kv_heads", o.kv_heads},
+                        {"dim", o.dim},
+                        {"ring_kernel", kernel},
                         {"collectives", collectives == dist::GpuCollectives::nccl          ? "nccl"
                                         : collectives == dist::GpuCollectives::host_staged ? "host-staged gloo"
                                                                                            : "gloo"},
-                        {"overlap_on", on}, {"overlap_off", off}};
+                        {"overlap_on", on},
+                        {"overlap_off", off}};
   const double exposed_off = off["exposed_communication_seconds"].get<double>();
   const double hidden = exposed_off - on["exposed_communication_seconds"].get<double>();
   result["hidden_communication_seconds"] = hidden;

@@ -20,11 +20,11 @@ namespace mmsp::bench {
 struct FusedAttentionBenchOptions {
   std::vector<int64_t> tokens{8192, 32768};  // one causal sequence each
   int64_t heads = 16, kv_heads = 16, dim = 128;
-  std::string dtype = "bfloat16";            // bfloat16 | float16 | float32 | float64
+  std::string dtype = "bfloat16";  // bfloat16 | float16 | float32 | float64
   // packed rows: segment lengths (cycled) filling the longest --tokens
   std::vector<int64_t> segments{512, 1024, 2048, 4096, 256};
-  int repeats = 5;                            // timed runs after 2 warm-ups; the median is kept
-  std::string kernel = "auto";                // mmsp's --attention-kernel
+  int repeats = 5;              // timed runs after 2 warm-ups; the median is kept
+  std::string kernel = "auto";  // mmsp's --attention-kernel
   c10::Device device{c10::kCPU};
 };
 

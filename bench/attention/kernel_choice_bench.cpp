@@ -19,10 +19,18 @@ nlohmann::json bench_kernel_choice(const FusedAttentionBenchOptions& o) {
     const attention::KernelChoice c = attention::choose_kernel(key, in);
     nlohmann::json rows = nlohmann::json::array();
     for (const attention::CandidateRow& r : c.table)
-      rows.push_back({{"kernel", r.kernel}, {"implementation", r.implementation}, {"passed", r.passed},
-                      {"reason", r.reason}, {"out_error", r.out_error}, {"lse_error", r.lse_error},
-                      {"grad_error", r.grad_error}, {"seconds", r.seconds}});
-    choices.push_back({{"tokens", T}, {"key", key.text()}, {"chosen", c.chosen->name()}, {"table", rows},
+      rows.push_back({{"kernel", r.kernel},
+                      {"implementation", r.implementation},
+                      {"passed", r.passed},
+                      {"reason", r.reason},
+                      {"out_error", r.out_error},
+                      {"lse_error", r.lse_error},
+                      {"grad_error", r.grad_error},
+                      {"seconds", r.seconds}});
+    choices.push_back({{"tokens", T},
+                       {"key", key.text()},
+                       {"chosen", c.chosen->name()},
+                       {"table", rows},
                        {"table_text", c.table_text()}});
   }
   return {{"device", o.device.str()}, {"dtype", o.dtype}, {"choices", choices}};

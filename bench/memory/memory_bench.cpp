@@ -114,7 +114,8 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
     const std::string mode = model::to_string(s.checkpointing);
     if (o.expert > 1 && std::string(s.shard) != "none") return false;  // expert parallelism: --shard none
     return (o.shards.empty() || std::find(o.shards.begin(), o.shards.end(), s.shard) != o.shards.end()) &&
-           (o.checkpointing.empty() || std::find(o.checkpointing.begin(), o.checkpointing.end(), mode) != o.checkpointing.end());
+           (o.checkpointing.empty() ||
+            std::find(o.checkpointing.begin(), o.checkpointing.end(), mode) != o.checkpointing.end());
   };
   if (!o.longest_bytes.empty()) {
     json result = longest_sequences(o.models, paths, o, o.longest_ranks > 0 ? o.longest_ranks : env.world_size, wanted);
@@ -153,31 +154,32 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
       const train::TrainReport report = train::train(t, mesh, log);
       const train::StepMetrics& last = report.steps.back();
       const train::MemoryEstimate& e = report.memory_estimate;
-      json row = {{"model", model},
-                  {"layers", o.scale.layers},
-                  {"vision_layers", o.scale.vision_layers},
-                  {"vocab", o.scale.vocab},
-                  {"ranks", env.world_size},
-                  {"expert", o.expert},
-                  {"tokens_per_rank", o.tokens_per_rank},
-                  {"dtype", o.dtype},
-                  {"loss_chunk", setting.chunked ? (o.loss_chunk > 0 ? std::to_string(o.loss_chunk) : "default") : "off"},
-                  {"parameters", e.parameter_count},
-                  {"measured",
-                   {{"step_peak_bytes", last.peak_bytes},  // largest of any rank
-                    {"update_peak_bytes", last.update_peak_bytes},  // the same, in the weight update,
-                    {"forward_peak_bytes", last.forward_peak_bytes},  // up to the loss,
-                    {"backward_peak_bytes", last.backward_peak_bytes},  // and in the backward alone
-                    {"held_bytes_per_rank", every_rank(report.held_bytes, mesh)},
-                    {"state_bytes_per_rank", every_rank(report.state_bytes, mesh)},
-                    {"step_seconds", last.seconds},
-                    {"step_parts_seconds",  // rank 0's
-                     {{"vision", last.vision_s},
-                      {"attention", last.attention_s},
-                      {"communication", last.communication_s},
-                      {"other", last.other_s}}},
-                    {"sent_bytes", last.comm_bytes}}},
-                  {"estimate", json::object()}};
+      json row = {
+          {"model", model},
+          {"layers", o.scale.layers},
+          {"vision_layers", o.scale.vision_layers},
+          {"vocab", o.scale.vocab},
+          {"ranks", env.world_size},
+          {"expert", o.expert},
+          {"tokens_per_rank", o.tokens_per_rank},
+          {"dtype", o.dtype},
+          {"loss_chunk", setting.chunked ? (o.loss_chunk > 0 ? std::to_string(o.loss_chunk) : "default") : "off"},
+          {"parameters", e.parameter_count},
+          {"measured",
+           {{"step_peak_bytes", last.peak_bytes},               // largest of any rank
+            {"update_peak_bytes", last.update_peak_bytes},      // the same, in the weight update,
+            {"forward_peak_bytes", last.forward_peak_bytes},    // up to the loss,
+            {"backward_peak_bytes", last.backward_peak_bytes},  // and in the backward alone
+            {"held_bytes_per_rank", every_rank(report.held_bytes, mesh)},
+            {"state_bytes_per_rank", every_rank(report.state_bytes, mesh)},
+            {"step_seconds", last.seconds},
+            {"step_parts_seconds",  // rank 0's
+             {{"vision", last.vision_s},
+              {"attention", last.attention_s},
+              {"communication", last.communication_s},
+              {"other", last.other_s}}},
+            {"sent_bytes", last.comm_bytes}}},
+          {"estimate", json::object()}};
       row.update(setting_fields(setting, o));
       for (const auto& [name, bytes] : e.parts()) row["estimate"][name] = bytes;
       row["estimate"]["offloaded_to_host"] = e.offloaded;
@@ -194,9 +196,9 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
       if (!config.text.layer_types.empty())
         full_layers = std::count(config.text.layer_types.begin(), config.text.layer_types.end(),
                                  model::LayerKind::full_attention);
-      const double model_flops = 6.0 * double(e.parameter_count) * double(last.tokens) +
-                                 12.0 * double(full_layers * config.text.num_attention_heads * config.text.head_dim) *
-                                     last.attention_pairs;
+      const double model_flops =
+          6.0 * double(e.parameter_count) * double(last.tokens) +
+          12.0 * double(full_layers * config.text.num_attention_heads * config.text.head_dim) * last.attention_pairs;
       row["model_flops_per_step"] = model_flops;
       row["flops_formula"] = "6 · parameters · tokens + 12 · full-attention layers · heads · head_dim · Σ n(n+1)/2";
       row["tokens_per_second"] = double(last.tokens) / last.seconds;

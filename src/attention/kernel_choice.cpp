@@ -95,9 +95,8 @@ Result run_once(const KernelPlan& plan, const Tensors& x) {
 
 // The probe of one candidate against the blockwise references (one per case): fills the
 // row's errors, or its reason when it fails or does not plan.
-void probe(const LocalKernel& kernel, const ChoiceKey& key, const ChoiceInputs& in,
-           const std::vector<ProbeCase>& cases, const std::vector<Tensors>& inputs,
-           const std::vector<Result>& reference, CandidateRow& row) {
+void probe(const LocalKernel& kernel, const ChoiceKey& key, const ChoiceInputs& in, const std::vector<ProbeCase>& cases,
+           const std::vector<Tensors>& inputs, const std::vector<Result>& reference, CandidateRow& row) {
   row.out_error = row.lse_error = row.grad_error = 0;
   for (size_t c = 0; c < cases.size(); ++c) {
     std::string why_not;
@@ -115,9 +114,9 @@ void probe(const LocalKernel& kernel, const ChoiceKey& key, const ChoiceInputs& 
       row.grad_error = std::max(row.grad_error, relative_error(got, want));
   }
   const ProbeTolerance tol = probe_tolerance(key.dtype);
-  for (const auto& [name, error, limit] : {std::tuple{"out", row.out_error, tol.out},
-                                           std::tuple{"lse", row.lse_error, tol.lse},
-                                           std::tuple{"gradient", row.grad_error, tol.grad}})
+  for (const auto& [name, error, limit] :
+       {std::tuple{"out", row.out_error, tol.out}, std::tuple{"lse", row.lse_error, tol.lse},
+        std::tuple{"gradient", row.grad_error, tol.grad}})
     if (!(error <= limit)) {
       row.reason = std::string("failed the probe: ") + name + " error " + scientific(error) + " > " + scientific(limit);
       return;
@@ -195,16 +194,17 @@ CandidateRow measure(const LocalKernel& kernel, const ChoiceKey& key, const Choi
 
 std::string ChoiceKey::text() const {
   std::ostringstream out;
-  out << c10::toString(dtype) << ", " << heads << " heads of " << head_dim << ", GQA " << heads / std::max<int64_t>(1, kv_heads)
-      << ", " << tokens << " tokens, " << (causal ? "causal" : "bidirectional");
+  out << c10::toString(dtype) << ", " << heads << " heads of " << head_dim << ", GQA "
+      << heads / std::max<int64_t>(1, kv_heads) << ", " << tokens << " tokens, "
+      << (causal ? "causal" : "bidirectional");
   return out.str();
 }
 
 ChoiceKey choice_key(at::ScalarType dtype, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t tokens,
                      bool causal) {
-  MMSP_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0 && tokens > 0,
-             "kernel choice: heads ", heads, " must be a positive multiple of K/V heads ", kv_heads,
-             ", head size ", head_dim, " and tokens ", tokens, " positive");
+  MMSP_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0 && head_dim > 0 && tokens > 0, "kernel choice: heads ",
+             heads, " must be a positive multiple of K/V heads ", kv_heads, ", head size ", head_dim, " and tokens ",
+             tokens, " positive");
   int64_t bucket = 256;
   while (bucket < tokens) bucket *= 2;
   return {dtype, head_dim, heads, kv_heads, bucket, causal};
@@ -212,10 +212,14 @@ ChoiceKey choice_key(at::ScalarType dtype, int64_t heads, int64_t kv_heads, int6
 
 ProbeTolerance probe_tolerance(at::ScalarType dtype) {
   switch (dtype) {
-    case at::kBFloat16: return {2e-2, 1e-2, 4e-2};
-    case at::kHalf: return {4e-3, 2e-3, 1e-2};
-    case at::kFloat: return {1e-4, 1e-4, 1e-3};
-    default: return {1e-10, 1e-10, 1e-9};
+    case at::kBFloat16:
+      return {2e-2, 1e-2, 4e-2};
+    case at::kHalf:
+      return {4e-3, 2e-3, 1e-2};
+    case at::kFloat:
+      return {1e-4, 1e-4, 1e-3};
+    default:
+      return {1e-10, 1e-10, 1e-9};
   }
 }
 
@@ -265,7 +269,8 @@ KernelChoice choose_kernel(const ChoiceKey& key, const ChoiceInputs& in) {
   }
   double best = kInf;
   for (int64_t i = 0; i < n; ++i)
-    if (choice.table[i].passed && choice.table[i].seconds < best) best = choice.table[i].seconds, choice.chosen = candidates[i];
+    if (choice.table[i].passed && choice.table[i].seconds < best)
+      best = choice.table[i].seconds, choice.chosen = candidates[i];
   MMSP_CHECK(choice.chosen, "kernel choice for ", key.text(), ": no kernel passed its probe:\n", choice.table_text());
   return choice;
 }

@@ -25,9 +25,9 @@ const RingKernels& kernels_from(const at::IValue& capsule_value, c10::intrusive_
 }
 
 struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
-                            const at::Tensor& k, const at::Tensor& v,
-                            const dist::GroupPtr& ring, const c10::intrusive_ptr<RingKernels>& kernels) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const dist::GroupPtr& ring,
+                            const c10::intrusive_ptr<RingKernels>& kernels) {
     PartialAttention r = ring_attention_forward(q, k, v, ring, *kernels);
     ctx->save_for_backward({q, k, v, r.out, r.lse});
     ctx->saved_data["group"] = dist::group_to_ivalue(ring);
@@ -41,7 +41,8 @@ struct RingAttentionFunction : torch::autograd::Function<RingAttentionFunction> 
     dist::GroupPtr ring = dist::group_from_ivalue(ctx->saved_data["group"]);
     c10::intrusive_ptr<torch::CustomClassHolder> holder;
     const RingKernels& kernels = kernels_from(ctx->saved_data["kernels"], holder);
-    AttentionGrads g = ring_attention_backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], ring, kernels);
+    AttentionGrads g =
+        ring_attention_backward(grads[0], saved[0], saved[1], saved[2], saved[3], saved[4], ring, kernels);
     const auto type = saved[0].scalar_type();
     return {g.dq.to(type), g.dk.to(type), g.dv.to(type), at::Tensor(), at::Tensor()};
   }
@@ -110,8 +111,8 @@ AttentionGrads ring_attention_backward(const at::Tensor& dout, const at::Tensor&
 
 c10::intrusive_ptr<RingKernels> plan_ring_kernels(const std::vector<TokenLayout>& shares, int ring_rank,
                                                   const AttentionOptions& options, const at::Device& device) {
-  MMSP_CHECK(ring_rank >= 0 && ring_rank < static_cast<int>(shares.size()), "ring_attention: ring rank ",
-             ring_rank, " has no share among ", shares.size());
+  MMSP_CHECK(ring_rank >= 0 && ring_rank < static_cast<int>(shares.size()), "ring_attention: ring rank ", ring_rank,
+             " has no share among ", shares.size());
   for (size_t p = 0; p < shares.size(); ++p) {
     shares[p].check("ring_attention");
     MMSP_CHECK(shares[p].size() == shares[ring_rank].size(), "ring_attention: ring rank ", p, " holds ",
@@ -124,27 +125,26 @@ c10::intrusive_ptr<RingKernels> plan_ring_kernels(const std::vector<TokenLayout>
   return kernels;
 }
 
-at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const dist::GroupPtr& ring, const c10::intrusive_ptr<RingKernels>& kernels) {
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const dist::GroupPtr& ring,
+                          const c10::intrusive_ptr<RingKernels>& kernels) {
   check_attention_inputs(q, k, v, "ring_attention");
-  MMSP_CHECK(static_cast<int>(kernels->from.size()) == ring->size(), "ring_attention: ",
-             kernels->from.size(), " share layouts given for a ring of ", ring->size(), " ranks");
+  MMSP_CHECK(static_cast<int>(kernels->from.size()) == ring->size(), "ring_attention: ", kernels->from.size(),
+             " share layouts given for a ring of ", ring->size(), " ranks");
   MMSP_CHECK(kernels->from[0]->queries == q.size(0), "ring_attention: this rank's share holds ",
              kernels->from[0]->queries, " tokens but this rank has ", q.size(0),
              "; every ring rank must hold the same number (pad each segment to 2 × ring)");
   return RingAttentionFunction::apply(q, k, v, ring, kernels);
 }
 
-at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const dist::GroupPtr& ring, const std::vector<TokenLayout>& shares,
-                          const AttentionOptions& options) {
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const dist::GroupPtr& ring,
+                          const std::vector<TokenLayout>& shares, const AttentionOptions& options) {
   check_attention_inputs(q, k, v, "ring_attention");
-  MMSP_CHECK(static_cast<int>(shares.size()) == ring->size(), "ring_attention: ",
-             shares.size(), " share layouts given for a ring of ", ring->size(), " ranks");
+  MMSP_CHECK(static_cast<int>(shares.size()) == ring->size(), "ring_attention: ", shares.size(),
+             " share layouts given for a ring of ", ring->size(), " ranks");
   for (size_t p = 0; p < shares.size(); ++p) {
     shares[p].check("ring_attention");
-    MMSP_CHECK(shares[p].size() == q.size(0), "ring_attention: ring rank ", p, " holds ",
-               shares[p].size(), " tokens but this rank has ", q.size(0),
+    MMSP_CHECK(shares[p].size() == q.size(0), "ring_attention: ring rank ", p, " holds ", shares[p].size(),
+               " tokens but this rank has ", q.size(0),
                "; every ring rank must hold the same number (pad each segment to 2 × ring)");
   }
   return ring_attention(q, k, v, ring, plan_ring_kernels(shares, ring->rank(), options, q.device()));

@@ -7,8 +7,9 @@ namespace mmsp::cli {
 
 Subcommand add_prepare_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand(
-      "prepare", "turn conversation data into mmsp's JSON lines with the model's own tokenizer and processors "
-                 "(mmsp prepare --help; docs/prepare.md)");
+      "prepare",
+      "turn conversation data into mmsp's JSON lines with the model's own tokenizer and processors "
+      "(mmsp prepare --help; docs/prepare.md)");
   // Every argument, --help included, is the Python tool's.
   app->prefix_command();
   app->set_help_flag();

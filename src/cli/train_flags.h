@@ -21,9 +21,9 @@ struct TrainFlags {
   std::string prefetch_pixels = "auto";
   std::string dtype = "float32", save_dtype, shard = "none", attention_kernel = "auto";
   std::string overlap_communication = "on";
-  std::string test_sleep, test_skew;  // hidden: "RANK:STEP:SECONDS", "RANK:STEP" (docs/reliability.md)
-  std::string freeze;                 // --freeze vision,merger,llm,embeddings
-  std::string lora_targets;           // --lora-targets q_proj,v_proj (empty: the default)
+  std::string test_sleep, test_skew;      // hidden: "RANK:STEP:SECONDS", "RANK:STEP" (docs/reliability.md)
+  std::string freeze;                     // --freeze vision,merger,llm,embeddings
+  std::string lora_targets;               // --lora-targets q_proj,v_proj (empty: the default)
   CLI::Option* lora_rank_flag = nullptr;  // given: a rank of 0 is refused (not "no LoRA")
 
   void add_to(CLI::App& app);

@@ -20,20 +20,20 @@
 #include <c10/core/GradMode.h>
 #include <nlohmann/json.hpp>
 
+#include "hf_io.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/file_descriptor.h"
-#include "mmsp/hf/checksum_manifest.h"
 #include "mmsp/core/json_read.h"
-#include "hf_io.h"
+#include "mmsp/hf/checksum_manifest.h"
 
 namespace mmsp::hf {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
 using io::errno_text;
 using io::join;
 using io::loadable_dtype;
+using nlohmann::json;
 
 using Fd = FileDescriptor;
 
@@ -83,8 +83,7 @@ Index parse_index(const std::string& path) {
   }
   MMSP_CHECK(j.contains("weight_map"), path, ": has no \"weight_map\" {tensor name: shard file}");
   const json& w = j.at("weight_map");
-  MMSP_CHECK(w.is_object(), path, ": \"weight_map\" must be an object {tensor name: shard file}, got ",
-             w.type_name());
+  MMSP_CHECK(w.is_object(), path, ": \"weight_map\" must be an object {tensor name: shard file}, got ", w.type_name());
   for (const auto& item : w.items()) {
     MMSP_CHECK(item.value().is_string(), path, ": weight_map[\"", item.key(),
                "\"] must be a shard file name (string), got ", item.value().dump());
@@ -99,11 +98,16 @@ Index parse_index(const std::string& path) {
 
 const char* transformers_dtype_name(at::ScalarType t) {
   switch (t) {
-    case at::kBFloat16: return "bfloat16";
-    case at::kHalf: return "float16";
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    default: return nullptr;
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    default:
+      return nullptr;
   }
 }
 
@@ -125,8 +129,7 @@ void write_file_atomically(const std::string& dir, const std::string& name,
     });
     MMSP_CHECK(::fsync(fd.get()) == 0, tmp, ": fsync failed: ", errno_text());
     MMSP_CHECK(::close(fd.release()) == 0, tmp, ": close failed: ", errno_text());
-    MMSP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename ", tmp, " to ", path, ": ",
-               errno_text());
+    MMSP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename ", tmp, " to ", path, ": ", errno_text());
     if (checksums) (*checksums)[name] = hash.result();
   } catch (...) {
     ::unlink(tmp.c_str());
@@ -174,8 +177,7 @@ at::ScalarType HfDirectory::dominant_dtype() const {
 
 bool is_hf_directory(const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
-         is_regular_file(join(path, kHfConfigFile));
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && is_regular_file(join(path, kHfConfigFile));
 }
 
 HfDirectory open_hf_directory(const std::string& dir) {
@@ -190,8 +192,7 @@ HfDirectory open_hf_directory(const std::string& dir) {
   out.checksums_verified = manifest.check == ManifestCheck::verified;
   out.checksums_xxh64 = manifest.manifest_xxh64;
   const std::string config_path = join(dir, kHfConfigFile);
-  MMSP_CHECK(is_regular_file(config_path), dir, ": has no ", kHfConfigFile,
-             " (not a Hugging Face model directory)");
+  MMSP_CHECK(is_regular_file(config_path), dir, ": has no ", kHfConfigFile, " (not a Hugging Face model directory)");
   check_listed(manifest, dir, kHfConfigFile);
   out.config_json = read_text(config_path);
 
@@ -207,8 +208,8 @@ HfDirectory open_hf_directory(const std::string& dir) {
     out.files.assign(files.begin(), files.end());
     out.indexed = true;
   } else {
-    MMSP_CHECK(is_regular_file(join(dir, kHfSingleFile)), dir, ": has neither ", kHfIndexFile,
-               " nor ", kHfSingleFile, "; a Hugging Face model directory needs one of them");
+    MMSP_CHECK(is_regular_file(join(dir, kHfSingleFile)), dir, ": has neither ", kHfIndexFile, " nor ", kHfSingleFile,
+               "; a Hugging Face model directory needs one of them");
     out.files = {kHfSingleFile};
   }
 
@@ -220,7 +221,9 @@ HfDirectory open_hf_directory(const std::string& dir) {
     const bool exists = ::stat(path.c_str(), &shard) == 0;
     MMSP_CHECK(exists, dir, ": shard file ", file, " is missing (", kHfIndexFile, " lists it)");
     MMSP_CHECK(S_ISREG(shard.st_mode), dir, ": shard file ", file, " is not a regular file (",
-               S_ISDIR(shard.st_mode) ? "a directory" : S_ISFIFO(shard.st_mode) ? "a FIFO" : "a device or socket",
+               S_ISDIR(shard.st_mode)    ? "a directory"
+               : S_ISFIFO(shard.st_mode) ? "a FIFO"
+                                         : "a device or socket",
                "); a shard must be a safetensors file");
     check_listed(manifest, dir, file);
     const SafetensorsHeader header = read_safetensors_header(path);
@@ -228,8 +231,8 @@ HfDirectory open_hf_directory(const std::string& dir) {
       const auto [it, fresh] = first_file.emplace(name, file);
       MMSP_CHECK(fresh, dir, ": tensor \"", name, "\" is in two shards, ", it->second, " and ", file,
                  "; each tensor must be in exactly one");
-      MMSP_CHECK(loadable_dtype(entry.scalar_type), dir, "/", file, ": tensor \"", name,
-                 "\" has dtype ", entry.dtype, "; a model loads from F32, F16, BF16 or F64 only");
+      MMSP_CHECK(loadable_dtype(entry.scalar_type), dir, "/", file, ": tensor \"", name, "\" has dtype ", entry.dtype,
+                 "; a model loads from F32, F16, BF16 or F64 only");
       out.tensors.emplace(name, HfTensor{file, entry, 8 + header.header_bytes + entry.data_begin});
       out.total_bytes += entry.data_end - entry.data_begin;
     }
@@ -238,14 +241,14 @@ HfDirectory open_hf_directory(const std::string& dir) {
 
   for (const auto& [name, t] : out.tensors) {
     const auto listed = index->weight_map.find(name);
-    MMSP_CHECK(listed != index->weight_map.end(), dir, ": ", t.file, " holds tensor \"", name,
-               "\", which ", kHfIndexFile, " does not list");
-    MMSP_CHECK(listed->second == t.file, dir, ": ", kHfIndexFile, " puts tensor \"", name, "\" in ",
-               listed->second, " but it is in ", t.file);
+    MMSP_CHECK(listed != index->weight_map.end(), dir, ": ", t.file, " holds tensor \"", name, "\", which ",
+               kHfIndexFile, " does not list");
+    MMSP_CHECK(listed->second == t.file, dir, ": ", kHfIndexFile, " puts tensor \"", name, "\" in ", listed->second,
+               " but it is in ", t.file);
   }
   for (const auto& [name, file] : index->weight_map)
-    MMSP_CHECK(out.tensors.count(name) == 1, dir, ": ", kHfIndexFile, " lists tensor \"", name,
-               "\" in ", file, ", which does not hold it");
+    MMSP_CHECK(out.tensors.count(name) == 1, dir, ": ", kHfIndexFile, " lists tensor \"", name, "\" in ", file,
+               ", which does not hold it");
   if (index->total_size)
     MMSP_CHECK(*index->total_size == out.total_bytes, dir, ": ", kHfIndexFile, " metadata.total_size is ",
                *index->total_size, " but the shards' tensors hold ", out.total_bytes, " bytes");
@@ -254,8 +257,7 @@ HfDirectory open_hf_directory(const std::string& dir) {
 
 // ---- saving ----
 
-std::vector<std::vector<size_t>> plan_hf_shards(const std::vector<uint64_t>& sizes,
-                                                uint64_t max_shard_bytes) {
+std::vector<std::vector<size_t>> plan_hf_shards(const std::vector<uint64_t>& sizes, uint64_t max_shard_bytes) {
   // huggingface_hub's split_state_dict_into_shards_factory (serialization/_base.py):
   // an oversized tensor becomes a shard of its own at once, ahead of the shard still
   // being filled, which is closed only when a later tensor does not fit it.
@@ -293,8 +295,8 @@ json config_to_save(const std::string& dir, const std::string& config_json, cons
   }
   MMSP_CHECK(config.is_object(), dir, ": the config to save must be a JSON object, got ", config.type_name());
   if (options.dtype)
-    MMSP_CHECK(transformers_dtype_name(*options.dtype) != nullptr, dir, ": cannot save in dtype ",
-               *options.dtype, "; choose float32, float64, bfloat16 or float16");
+    MMSP_CHECK(transformers_dtype_name(*options.dtype) != nullptr, dir, ": cannot save in dtype ", *options.dtype,
+               "; choose float32, float64, bfloat16 or float16");
   return config;
 }
 
@@ -313,8 +315,7 @@ std::vector<const NamedTensor*> sorted_by_name(const std::string& dir, const std
 
 }  // namespace
 
-void save_hf_directory(const std::string& dir,
-                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+void save_hf_directory(const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::string& config_json, const HfSaveOptions& options) {
   // Everything checked before the directory is touched.
   json config = config_to_save(dir, config_json, options);
@@ -364,7 +365,10 @@ void save_hf_directory(const std::string& dir,
       weight_map[name] = file;
     }
     write_file_atomically(
-        dir, file, [&](const auto& sink) { write_safetensors(shard, {{"format", "pt"}}, sink); },
+        dir, file,
+        [&](const auto& sink) {
+          write_safetensors(shard, {{"format", "pt"}}, sink);
+        },
         options.progress, &checksums);
   }
   if (shards.size() > 1) {

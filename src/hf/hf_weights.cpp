@@ -67,8 +67,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 // The file's tensors under the model's names (aliases applied, tied output folded in);
 // ambiguous names are listed.
 std::map<std::string, std::pair<std::string, const HfTensor*>> by_model_name(const HfDirectory& dir,
-                                                                            const CheckpointNaming& naming,
-                                                                            std::vector<std::string>& ambiguous) {
+                                                                             const CheckpointNaming& naming,
+                                                                             std::vector<std::string>& ambiguous) {
   std::map<std::string, std::pair<std::string, const HfTensor*>> out;  // -> (file name, tensor)
   for (const auto& [file_name, tensor] : dir.tensors) {
     const bool ignored =
@@ -85,8 +85,8 @@ std::map<std::string, std::pair<std::string, const HfTensor*>> by_model_name(con
     if (naming.held_elsewhere && naming.held_elsewhere(name)) continue;
     const auto [it, fresh] = out.emplace(name, std::make_pair(file_name, &tensor));
     if (!fresh)
-      ambiguous.push_back(detail::concat("\"", it->second.first, "\" and \"", file_name,
-                                         "\" both name \"", name, "\""));
+      ambiguous.push_back(
+          detail::concat("\"", it->second.first, "\" and \"", file_name, "\" both name \"", name, "\""));
   }
   if (!naming.tied_output.empty()) {
     const auto output = out.find(naming.tied_output);
@@ -157,8 +157,8 @@ std::map<std::string, Source> match_sources(const HfDirectory& dir, const Expect
 
   if (missing.empty() && unexpected.empty() && mismatched.empty() && ambiguous.empty()) return out;
   std::ostringstream message;
-  message << dir.path << ": the weights do not match the model (" << expected.size()
-          << " parameters, " << dir.tensors.size() << " tensors in the files):";
+  message << dir.path << ": the weights do not match the model (" << expected.size() << " parameters, "
+          << dir.tensors.size() << " tensors in the files):";
   list_some(message, missing, "missing from the files");
   list_some(message, unexpected, "unexpected (the model has no such parameter)");
   list_some(message, mismatched, "with the wrong shape");
@@ -214,9 +214,8 @@ void load_one(int fd, const std::string& path, const Source& s, const at::Tensor
 
 }  // namespace
 
-std::map<std::string, const HfTensor*> match_hf_tensors(const HfDirectory& dir,
-                                                       const ExpectedShapes& expected,
-                                                       const CheckpointNaming& naming) {
+std::map<std::string, const HfTensor*> match_hf_tensors(const HfDirectory& dir, const ExpectedShapes& expected,
+                                                        const CheckpointNaming& naming) {
   std::map<std::string, const HfTensor*> out;
   for (const auto& [name, source] : match_sources(dir, expected, naming)) out.emplace(name, source.tensor);
   return out;
@@ -241,8 +240,7 @@ at::Tensor read_hf_elements(const HfDirectory& dir, const std::string& name, int
   return out;
 }
 
-void load_hf_weights(const HfDirectory& dir,
-                     const std::vector<std::pair<std::string, at::Tensor>>& params,
+void load_hf_weights(const HfDirectory& dir, const std::vector<std::pair<std::string, at::Tensor>>& params,
                      const CheckpointNaming& naming) {
   // Parameters on a GPU: read into host tensors of their shape and dtype, then copy over
   // (the reads below write through data pointers, which must be host memory).
@@ -251,8 +249,8 @@ void load_hf_weights(const HfDirectory& dir,
   if (on_device) {
     std::vector<std::pair<std::string, at::Tensor>> host;
     for (const auto& [name, p] : params)
-      host.emplace_back(name, p.defined() && !p.device().is_cpu() ? at::empty(p.sizes(), p.options().device(at::kCPU))
-                                                                   : p);
+      host.emplace_back(name,
+                        p.defined() && !p.device().is_cpu() ? at::empty(p.sizes(), p.options().device(at::kCPU)) : p);
     load_hf_weights(dir, host, naming);
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i)

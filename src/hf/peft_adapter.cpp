@@ -64,8 +64,9 @@ void save_peft_adapter(const std::string& dir, const PeftAdapter& a, std::option
   MMSP_CHECK(a.rank >= 1 && !a.modules.empty(), "save_peft_adapter: ", dir, ": no adapter to write");
   std::map<std::string, at::Tensor> tensors;
   for (const auto& [module, A, B] : a.modules) {
-    MMSP_CHECK(A.dim() == 2 && B.dim() == 2 && A.size(0) == a.rank && B.size(1) == a.rank, "save_peft_adapter: ",
-               module, ": lora_A ", A.sizes(), " and lora_B ", B.sizes(), " are not of rank ", a.rank);
+    MMSP_CHECK(A.dim() == 2 && B.dim() == 2 && A.size(0) == a.rank && B.size(1) == a.rank,
+               "save_peft_adapter: ", module, ": lora_A ", A.sizes(), " and lora_B ", B.sizes(), " are not of rank ",
+               a.rank);
     const std::string key = "base_model.model." + module;
     tensors[key + ".lora_A.weight"] = (dtype ? A.to(*dtype) : A).detach().contiguous().cpu();
     tensors[key + ".lora_B.weight"] = (dtype ? B.to(*dtype) : B).detach().contiguous().cpu();

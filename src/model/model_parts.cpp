@@ -12,9 +12,10 @@ namespace mmsp::model {
 namespace {
 
 const std::vector<std::pair<ModelPart, const char*>>& part_names() {
-  static const std::vector<std::pair<ModelPart, const char*>> names = {
-      {ModelPart::vision, "vision"}, {ModelPart::merger, "merger"}, {ModelPart::llm, "llm"},
-      {ModelPart::embeddings, "embeddings"}};
+  static const std::vector<std::pair<ModelPart, const char*>> names = {{ModelPart::vision, "vision"},
+                                                                       {ModelPart::merger, "merger"},
+                                                                       {ModelPart::llm, "llm"},
+                                                                       {ModelPart::embeddings, "embeddings"}};
   return names;
 }
 
@@ -65,7 +66,7 @@ std::vector<ModelPart> parameter_parts(const Vlm& vlm, const NamedParams& params
   out.reserve(params.size());
   for (const auto& [name, p] : params) {
     const void* impl = p.unsafeGetTensorImpl();
-    out.push_back(impl == embedding   ? ModelPart::embeddings
+    out.push_back(impl == embedding     ? ModelPart::embeddings
                   : decoder.count(impl) ? ModelPart::llm
                   : is_projector(name)  ? ModelPart::merger
                                         : ModelPart::vision);

@@ -73,7 +73,8 @@ at::Tensor Vlm::vision_rows(const plan::StepPlan& plan, const PixelInputs& pixel
   const auto& items = plan.rows.at(plan.mine.coords.dp).items;
   return route([&](const std::vector<int64_t>& which, const SplitEncoding& split) {
            return encode(items, which, split, pixels);
-         }).rows;
+         })
+      .rows;
 }
 
 StepOutput Vlm::forward(const RankInputs& in, const plan::StepPlan& plan, const PixelInputs& pixels,
@@ -87,8 +88,10 @@ StepOutput Vlm::forward(const RankInputs& in, const plan::StepPlan& plan, const 
   const at::Device device = decoder_->model->embed_tokens->weight.device();
   at::Tensor embeds = decoder_->embed(in.token_ids.to(device));  // [L, hidden]
   const auto& items = plan.rows.at(plan.mine.coords.dp).items;
-  const RoutedRows routed = parallelism.route_vision(
-      [&](const std::vector<int64_t>& which, const SplitEncoding& split) { return encode(items, which, split, pixels); });
+  const RoutedRows routed =
+      parallelism.route_vision([&](const std::vector<int64_t>& which, const SplitEncoding& split) {
+        return encode(items, which, split, pixels);
+      });
   const int64_t hidden = config_.text.hidden_size;
   const at::Tensor rows = routed.rows.to(embeds.scalar_type());  // [V, hidden · (1 + levels)]
   const at::Tensor slots = routed.slots.to(device);
@@ -96,7 +99,8 @@ StepOutput Vlm::forward(const RankInputs& in, const plan::StepPlan& plan, const 
 
   DecoderContext ctx = decoder_context(in, config_.text, config_.conventions, parallelism.plan_attention(), embeds);
   ctx.visual_slots = slots;
-  for (int k = 0; k < tower_->deepstack_levels(); ++k) ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
+  for (int k = 0; k < tower_->deepstack_levels(); ++k)
+    ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
   const MoeConfig& moe = config_.text.moe;
   if (moe.any()) {
     ctx.moe.exchange = parallelism.experts;

@@ -39,7 +39,8 @@ ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options)
     MMSP_CHECK(options.data, "parallelize: --shard ", to_string(options.shard),
                " needs the group the gradients sum over (ParallelizeOptions::data)");
     const model::NamedParams params = trainable_parameters(vlm);
-    MMSP_CHECK(!params.empty(), "parallelize: --shard ", to_string(options.shard), " over a model with nothing to train");
+    MMSP_CHECK(!params.empty(), "parallelize: --shard ", to_string(options.shard),
+               " over a model with nothing to train");
     const std::vector<model::HookUnit> units = vlm.hook_units();
     out.zero = std::make_shared<ShardedModel>(params, options.master_dtype, options.data, options.bucket_bytes,
                                               options.shard, unit_index_of(params, units), shard_unit_uses(units));

@@ -3,9 +3,9 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
+#include "mmsp/model/rank_inputs.h"
 #include "mmsp/parallel/decoder_attention.h"
 #include "mmsp/parallel/expert_parallel.h"
-#include "mmsp/model/rank_inputs.h"
 
 namespace mmsp::parallel {
 

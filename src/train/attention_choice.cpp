@@ -5,8 +5,8 @@
 
 namespace mmsp::train {
 
-attention::AttentionKernel decoder_attention_kernel(const TrainOptions& o, const RunInputs& in,
-                                                    const dist::Mesh& mesh, std::ostream& log) {
+attention::AttentionKernel decoder_attention_kernel(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh,
+                                                    std::ostream& log) {
   if (!o.parallel.attention_kernel.automatic() || !o.parallel.device.is_cuda()) return o.parallel.attention_kernel;
   const model::TextConfig& t = in.resolved.config.text;
   // What the local kernel sees: Ulysses gives each rank H/U query heads and its K/V heads

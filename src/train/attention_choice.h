@@ -16,7 +16,7 @@
 
 namespace mmsp::train {
 
-attention::AttentionKernel decoder_attention_kernel(const TrainOptions& o, const RunInputs& in,
-                                                    const dist::Mesh& mesh, std::ostream& log);
+attention::AttentionKernel decoder_attention_kernel(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh,
+                                                    std::ostream& log);
 
 }  // namespace mmsp::train

@@ -37,12 +37,13 @@ EvalSet open_eval_set(const TrainOptions& o, const model::ModelConfig& config, i
   MMSP_CHECK(e.every == 0 || !e.data.empty(), "--eval-every ", e.every, " needs --eval-data FILE");
   EvalSet set;
   if (e.data.empty()) return set;
-  MMSP_CHECK(e.data != "shapes", "--eval-data shapes: the held-out set is a JSON-lines file (the shapes dataset "
+  MMSP_CHECK(e.data != "shapes",
+             "--eval-data shapes: the held-out set is a JSON-lines file (the shapes dataset "
              "has no held-out part)");
   set.data = std::make_unique<JsonlDataset>(e.data, config, o.inputs.max_image_pixels,
                                             JsonlDataset::line_bytes_for(tokens_per_row));
-  MMSP_CHECK(set.data->size() >= rows, "--eval-data ", e.data, " holds ", set.data->size(),
-             " samples, fewer than the ", rows, " rows of a step");
+  MMSP_CHECK(set.data->size() >= rows, "--eval-data ", e.data, " holds ", set.data->size(), " samples, fewer than the ",
+             rows, " rows of a step");
   PackerOptions packing;
   packing.tokens_per_row = tokens_per_row;
   packing.rows = rows;
@@ -78,10 +79,9 @@ EvalMetrics evaluate(int64_t step, const TrainOptions& o, const RunInputs& in, c
   for (const std::vector<int64_t>& samples : steps) {
     const plan::Batch batch = make_batch(*set.data, samples);
     const plan::StepPlan plan = plan::make_step_plan(batch, conventions, plan_options, mesh.rank());
-    const model::PixelInputs pixels =
-        load_pixels(*set.data, samples, batch, in.resolved.config, pixels_encoded_here(plan, o.parallel.vision),
-                    o.inputs.dtype)
-            .to(o.parallel.device);
+    const model::PixelInputs pixels = load_pixels(*set.data, samples, batch, in.resolved.config,
+                                                  pixels_encoded_here(plan, o.parallel.vision), o.inputs.dtype)
+                                          .to(o.parallel.device);
     model::StepOutput out = parallel::forward_step(vlm, batch, plan, pixels, parallelism);
     out.label_count = m.label_tokens;
     local += head_loss(vlm, out, in.loss_chunk, o.inputs.tokens_per_rank).to(at::kDouble).item<double>();

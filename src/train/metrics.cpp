@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdarg>
 #include <cmath>
+#include <cstdarg>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -103,9 +103,8 @@ std::string format_step_line(const StepMetrics& m) {
   return format(
       "step %lld | loss %.4f | lr %.2e | gnorm %.3g | %.0f tok/s | %.3f s = vision %.0f%% "
       "attn %.0f%% comm %.0f%% other %.0f%% | peak %.1f MiB | sent %.1f MiB (attn %.1f, vision %.1f, grad %.1f)",
-      static_cast<long long>(m.step), m.loss, m.lr, m.grad_norm, tok_s, m.seconds,
-      percent(m.vision_s, m.seconds), percent(m.attention_s, m.seconds),
-      percent(m.communication_s, m.seconds), percent(m.other_s, m.seconds),
+      static_cast<long long>(m.step), m.loss, m.lr, m.grad_norm, tok_s, m.seconds, percent(m.vision_s, m.seconds),
+      percent(m.attention_s, m.seconds), percent(m.communication_s, m.seconds), percent(m.other_s, m.seconds),
       static_cast<double>(m.peak_bytes) / kMiB, static_cast<double>(m.comm_bytes) / kMiB,
       static_cast<double>(m.attention_bytes) / kMiB, static_cast<double>(m.vision_bytes) / kMiB,
       static_cast<double>(m.grad_bytes) / kMiB);
@@ -128,17 +127,18 @@ std::vector<std::pair<std::string, float>> tensorboard_scalars(const EvalMetrics
 
 double step_flops(int64_t parameters, int64_t trained_parameters, int64_t layers, int64_t hidden, int64_t tokens,
                   double attention_pairs) {
-  return static_cast<double>(tokens) * (4.0 * static_cast<double>(parameters) + 2.0 * static_cast<double>(trained_parameters)) +
+  return static_cast<double>(tokens) *
+             (4.0 * static_cast<double>(parameters) + 2.0 * static_cast<double>(trained_parameters)) +
          12.0 * static_cast<double>(layers) * static_cast<double>(hidden) * attention_pairs;
 }
 
 std::string format_progress(int64_t step, int64_t last_step, double mean_step_seconds, double flops,
                             double step_seconds, double peak_tflops) {
   const auto left = static_cast<int64_t>(mean_step_seconds * static_cast<double>(last_step - step) + 0.5);
-  std::string eta = left >= 3600 ? format("%lldh%02lldm", static_cast<long long>(left / 3600),
-                                          static_cast<long long>(left % 3600 / 60))
-                                 : format("%lldm%02llds", static_cast<long long>(left / 60),
-                                          static_cast<long long>(left % 60));
+  std::string eta =
+      left >= 3600
+          ? format("%lldh%02lldm", static_cast<long long>(left / 3600), static_cast<long long>(left % 3600 / 60))
+          : format("%lldm%02llds", static_cast<long long>(left / 60), static_cast<long long>(left % 60));
   const double tflops = step_seconds > 0 ? flops / step_seconds / 1e12 : 0.0;
   std::string out = format(" | %lld/%lld | ETA %s | %.3g TFLOP/s", static_cast<long long>(step),
                            static_cast<long long>(last_step), eta.c_str(), tflops);
@@ -176,8 +176,8 @@ void MetricsWriter::open() {
     --keep;
   }
   if (keep < size) {
-    MMSP_CHECK(::ftruncate(::fileno(file_), keep) == 0, path_, ": cannot cut its torn last line: ",
-               std::strerror(errno));
+    MMSP_CHECK(::ftruncate(::fileno(file_), keep) == 0, path_,
+               ": cannot cut its torn last line: ", std::strerror(errno));
     repaired_bytes_ = size - keep;
   }
   std::fseek(file_, 0, SEEK_END);  // from reading to appending
@@ -188,9 +188,8 @@ void MetricsWriter::write(const StepMetrics& m) { write(json(m)); }
 void MetricsWriter::write(const json& row) {
   if (!file_) open();
   const std::string line = row.dump() + "\n";
-  MMSP_CHECK(std::fwrite(line.data(), 1, line.size(), file_) == line.size() &&
-                 std::fflush(file_) == 0,
-             path_, ": cannot write metrics of step ", row.value("step", int64_t{0}), ": ", std::strerror(errno));
+  MMSP_CHECK(std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0, path_,
+             ": cannot write metrics of step ", row.value("step", int64_t{0}), ": ", std::strerror(errno));
 }
 
 void to_json(json& j, const EvalMetrics& m) {
@@ -210,8 +209,8 @@ void from_json(const json& j, EvalMetrics& m) {
 }
 
 std::string format_eval_line(const EvalMetrics& m) {
-  return format("eval after step %lld | loss %.4f | %lld label tokens | %.3f s", static_cast<long long>(m.step),
-                m.loss, static_cast<long long>(m.label_tokens), m.seconds);
+  return format("eval after step %lld | loss %.4f | %lld label tokens | %.3f s", static_cast<long long>(m.step), m.loss,
+                static_cast<long long>(m.label_tokens), m.seconds);
 }
 
 std::vector<EvalMetrics> read_eval_metrics(const std::string& path) {
@@ -276,15 +275,16 @@ std::string StepSummary::table() const {
   std::string out;
   out += format("steps          %lld (%lld .. %lld)\n", static_cast<long long>(count_),
                 static_cast<long long>(first_.step), static_cast<long long>(last_.step));
-  out += format("loss           first %.4f  last %.4f  min %.4f (step %lld)\n", first_.loss, last_.loss,
-                lowest_.loss, static_cast<long long>(lowest_.step));
+  out += format("loss           first %.4f  last %.4f  min %.4f (step %lld)\n", first_.loss, last_.loss, lowest_.loss,
+                static_cast<long long>(lowest_.step));
   out += format("tokens/s       %.0f (mean over %lld step%s%s)\n",
                 seconds_ > 0 ? static_cast<double>(tokens_) / seconds_ : 0.0, static_cast<long long>(counted),
                 counted == 1 ? "" : "s", first_excluded ? ", first excluded" : "");
-  out += format("step time      %.3f s mean = vision %.1f%%  attention %.1f%%  communication %.1f%%"
-                "  other %.1f%%\n",
-                seconds_ / static_cast<double>(counted), percent(vision_, seconds_), percent(attention_, seconds_),
-                percent(communication_, seconds_), percent(other_, seconds_));
+  out += format(
+      "step time      %.3f s mean = vision %.1f%%  attention %.1f%%  communication %.1f%%"
+      "  other %.1f%%\n",
+      seconds_ / static_cast<double>(counted), percent(vision_, seconds_), percent(attention_, seconds_),
+      percent(communication_, seconds_), percent(other_, seconds_));
   out += format("peak memory    %.1f MiB\n", static_cast<double>(peak_) / kMiB);
   out += format("sent           %.1f MiB total (attention %.1f, vision %.1f, grad %.1f), %.1f MiB per step\n",
                 static_cast<double>(sent_) / kMiB, static_cast<double>(attention_sent_) / kMiB,

@@ -53,8 +53,8 @@ namespace {
 
 // --freeze must leave something to train.
 void check_freeze(const TrainOptions& o, const model::ModelConfig& config, const ParameterLayout& layout) {
-  MMSP_CHECK(o.finetune.lora.rank == 0 || o.finetune.freeze.empty(), "--freeze ",
-             model::to_string(o.finetune.freeze), " with --lora-rank ", o.finetune.lora.rank,
+  MMSP_CHECK(o.finetune.lora.rank == 0 || o.finetune.freeze.empty(), "--freeze ", model::to_string(o.finetune.freeze),
+             " with --lora-rank ", o.finetune.lora.rank,
              ": LoRA freezes every weight but its adapters already; leave --freeze out (adapt the vision tower "
              "with --lora-targets vision.NAME)");
   if (o.finetune.freeze.empty()) return;
@@ -76,7 +76,8 @@ MemoryEstimate estimate_for(const model::ModelConfig& config, const ParameterLay
   in.attention_block = o.parallel.attention_block;
   in.loss_chunk = loss_chunk;
   in.checkpointing = o.memory.checkpoint_activations;
-  in.offload_activations = o.memory.offload_activations && o.parallel.device.is_cuda();  // on the CPU the host is the device
+  in.offload_activations =
+      o.memory.offload_activations && o.parallel.device.is_cuda();  // on the CPU the host is the device
   in.mlp_tile = model::mlp_tile_tokens(o.memory.tiled_mlp, std::max(o.inputs.tokens_per_rank, local_length),
                                        config.text.hidden_size);
   in.shard_level = o.parallel.shard;
@@ -174,7 +175,8 @@ void open_data(const TrainOptions& o, const dist::Mesh& mesh, RunInputs& in) {
   packing.seed = o.inputs.seed;
   packing.shuffle = o.inputs.shuffle;
   in.packer = std::make_unique<StepPacker>(*in.data, packing);
-  if (const auto* jsonl = dynamic_cast<const JsonlDataset*>(in.data.get())) jsonl->check_lengths(in.packer->row_limit());
+  if (const auto* jsonl = dynamic_cast<const JsonlDataset*>(in.data.get()))
+    jsonl->check_lengths(in.packer->row_limit());
   in.eval = open_eval_set(o, in.resolved.config, packing.tokens_per_row, in.rows);
 }
 
@@ -238,7 +240,8 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
     in.save_dtype = in.resolved.weights ? in.resolved.weights->dominant_dtype() : master_dtype_of(o.inputs.dtype);
   open_data(o, mesh, in);
   if (resumes_from_nothing(o.output.out, o.output.resume)) {
-    in.resume_note = "--resume " + o.output.resume + " holds no checkpoint yet (the job stopped before its first "
+    in.resume_note = "--resume " + o.output.resume +
+                     " holds no checkpoint yet (the job stopped before its first "
                      "save): this run starts from step 1";
   } else if (!o.output.resume.empty()) {
     // Every file verified before any is parsed; read before the model is built, so that

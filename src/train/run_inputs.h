@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "eval_run.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/hf/hf_directory.h"
 #include "mmsp/model/layers/parameter_init.h"
@@ -18,14 +19,13 @@
 #include "mmsp/train/data/step_packer.h"
 #include "mmsp/train/memory/memory_estimate.h"
 #include "mmsp/train/trainer.h"
-#include "eval_run.h"
 
 namespace mmsp::train {
 
 struct RunInputs {
   ResolvedModel resolved;
   std::optional<at::ScalarType> save_dtype;  // hf/ of the checkpoints: as asked, else as the weights came
-  int64_t loss_chunk = 0;  // tokens per chunk of the LM head and loss (the default resolved)
+  int64_t loss_chunk = 0;                    // tokens per chunk of the LM head and loss (the default resolved)
   hf::CheckpointNaming naming;
   ParameterLayout layout;  // every parameter's shape and unit, from the skeleton (each step's estimate reads them)
   MemoryEstimate memory;

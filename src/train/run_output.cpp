@@ -5,8 +5,8 @@
 
 namespace mmsp::train {
 
-RunOutput::RunOutput(const TrainOptions& o, const model::ModelConfig& config, const ParameterLayout& layout,
-                     bool rank0, int64_t first_step, int64_t last_step, std::ostream& log)
+RunOutput::RunOutput(const TrainOptions& o, const model::ModelConfig& config, const ParameterLayout& layout, bool rank0,
+                     int64_t first_step, int64_t last_step, std::ostream& log)
     : o_(o), log_(log), rank0_(rank0), first_step_(first_step), last_step_(last_step) {
   for (size_t i = 0; i < layout.shapes.size(); ++i) {
     int64_t n = 1;

@@ -19,7 +19,12 @@ SentBytes sent_bytes(const dist::Mesh& mesh) {
 
 StepWatch::StepWatch(int64_t step, const dist::Mesh& mesh, dist::RankActivity& doing, PhaseTimer& phases,
                      MemoryCounter& memory, const TestHooks& test)
-    : step_(step), mesh_(mesh), doing_(doing), phases_(phases), memory_(memory), test_(test),
+    : step_(step),
+      mesh_(mesh),
+      doing_(doing),
+      phases_(phases),
+      memory_(memory),
+      test_(test),
       start_(std::chrono::steady_clock::now()) {
   phases_.reset();
   memory_.reset_peak();
@@ -28,8 +33,7 @@ StepWatch::StepWatch(int64_t step, const dist::Mesh& mesh, dist::RankActivity& d
 }
 
 std::vector<int64_t> StepWatch::samples(std::vector<int64_t> samples) const {
-  if (test_.skew_batch_rank == mesh_.rank() && test_.skew_batch_step == step_ && samples.size() > 1)
-    samples.pop_back();
+  if (test_.skew_batch_rank == mesh_.rank() && test_.skew_batch_step == step_ && samples.size() > 1) samples.pop_back();
   return samples;
 }
 

@@ -78,7 +78,8 @@ std::string event_with_version(double wall_time, const std::string& version) {
   return out;
 }
 
-std::string event_with_scalars(double wall_time, int64_t step, const std::vector<std::pair<std::string, float>>& scalars) {
+std::string event_with_scalars(double wall_time, int64_t step,
+                               const std::vector<std::pair<std::string, float>>& scalars) {
   std::string out = event_head(wall_time);
   varint(out, 2 << 3 | 0);
   varint(out, static_cast<uint64_t>(step));

@@ -18,9 +18,9 @@
 #include "agreed_metrics.h"
 #include "attention_choice.h"
 #include "eval_run.h"
-#include "lora_export.h"
 #include "expert_load.h"
 #include "head_loss.h"
+#include "lora_export.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/phase_timer.h"
 #include "mmsp/parallel/parallelize.h"
@@ -57,8 +57,8 @@ ResumePoint resume_run(const TrainOptions& o, const RunInputs& in, WeightUpdate&
   const Checkpoint& ckpt = *in.checkpoint;
   if (rank0)
     for (const std::string& note : ckpt.notes) log << "note: " << note << std::endl;
-  MMSP_CHECK(same_model_config(ckpt.config_json, in.resolved.config_json),
-             "--resume ", o.output.resume, " holds a checkpoint of another model than --model ", o.inputs.model);
+  MMSP_CHECK(same_model_config(ckpt.config_json, in.resolved.config_json), "--resume ", o.output.resume,
+             " holds a checkpoint of another model than --model ", o.inputs.model);
   update.restore(ckpt);
   point.done = ckpt.step;
   point.position.epoch = ckpt.state.at("data").at("epoch").get<int64_t>();
@@ -71,13 +71,13 @@ ResumePoint resume_run(const TrainOptions& o, const RunInputs& in, WeightUpdate&
   return point;
 }
 
-void print_run_header(const TrainOptions& o, const RunInputs& in, const WeightUpdate& update,
-                      const dist::Mesh& mesh, std::ostream& log) {
+void print_run_header(const TrainOptions& o, const RunInputs& in, const WeightUpdate& update, const dist::Mesh& mesh,
+                      std::ostream& log) {
   log << "mmsp train: " << in.resolved.source << " (" << in.resolved.config.model_type
-      << (in.resolved.weights ? ", weights loaded" : ", random weights") << "), " << in.data->describe()
-      << ", mesh " << mesh.shape().str() << ", vision " << model::to_string(o.parallel.vision) << ", " << dtype_name(o.inputs.dtype)
-      << (update.describe().empty() ? "" : ", " + update.describe()) << ", " << update.weights().size()
-      << " tensors" << std::endl;
+      << (in.resolved.weights ? ", weights loaded" : ", random weights") << "), " << in.data->describe() << ", mesh "
+      << mesh.shape().str() << ", vision " << model::to_string(o.parallel.vision) << ", " << dtype_name(o.inputs.dtype)
+      << (update.describe().empty() ? "" : ", " + update.describe()) << ", " << update.weights().size() << " tensors"
+      << std::endl;
   log << in.memory.table() << std::endl;
 }
 
@@ -107,12 +107,12 @@ struct StepLoop {
   const LrSchedule& schedule;
   const dist::Mesh& mesh;
   dist::RankActivity& doing;
-  PhaseTimer& phases;      // this run's time split, active on this thread
-  MemoryCounter& memory;   // this run's tensor bytes
+  PhaseTimer& phases;     // this run's time split, active on this thread
+  MemoryCounter& memory;  // this run's tensor bytes
   plan::PlanOptions plan_options;
   std::string fingerprint_prefix;  // this job's step-agreement keys
   int64_t last_step = 0;
-  PixelPrefetch& pixels;   // this step's pixels, and the next step's ahead (--prefetch-pixels)
+  PixelPrefetch& pixels;  // this step's pixels, and the next step's ahead (--prefetch-pixels)
 };
 
 // One step: data (the same on every rank; --accumulate's K micro-batches, all planned
@@ -135,8 +135,8 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   // Every rank must be about to run the same step before the first collective.
   watch.phase("step agreement");
   if (mesh.store())
-    agree_on_step(*mesh.store(), run.fingerprint_prefix, step, batches.fingerprint(), mesh.rank(),
-                  mesh.world_size(), mesh.world()->timeout());
+    agree_on_step(*mesh.store(), run.fingerprint_prefix, step, batches.fingerprint(), mesh.rank(), mesh.world_size(),
+                  mesh.world()->timeout());
 
   const double lr = run.schedule.at(step - 1);
   update.set_lr(lr);
@@ -151,8 +151,8 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
     const model::PixelInputs pixels = run.pixels.take(micro.samples, micro.batch, micro.plan).to(run.o.parallel.device);
     if (next && k + 1 == batches.micro.size()) run.pixels.start(std::move(*next));
     watch.phase("forward");
-    model::StepOutput out = parallel::forward_step(run.model.model(), micro.batch, micro.plan, pixels,
-                                                   run.model.parallelism());
+    model::StepOutput out =
+        parallel::forward_step(run.model.model(), micro.batch, micro.plan, pixels, run.model.parallelism());
     out.label_count = batches.label_count;  // the step's: every micro-batch's labels together
     at::Tensor loss = head_loss(run.model.model(), out, run.in.loss_chunk, run.o.inputs.tokens_per_rank);
     watch.phase("backward");
@@ -228,8 +228,7 @@ int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOpt
   return lo;
 }
 
-TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& log,
-                  dist::RankActivity* activity) {
+TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& log, dist::RankActivity* activity) {
   dist::RankActivity no_heartbeat;
   dist::RankActivity& doing = activity ? *activity : no_heartbeat;
   const RunInputs in = check_run(o, mesh);
@@ -287,7 +286,8 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     output.step(m);
     if (evaluates_after(o.eval, step, last_step)) {
       doing.set_phase("evaluation");
-      report.evals.push_back(evaluate(step, o, in, trainable.model(), trainable.parallelism(), update, plan_options, mesh));
+      report.evals.push_back(
+          evaluate(step, o, in, trainable.model(), trainable.parallelism(), update, plan_options, mesh));
       output.eval(report.evals.back());
     }
     const int64_t every = o.output.checkpoint_every;

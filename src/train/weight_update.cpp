@@ -11,13 +11,13 @@
 #include "checkpoint/checkpoint_io.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
-#include "mmsp/model/lora.h"
 #include "mmsp/model/layers/expert_names.h"
-#include "mmsp/train/optim/grad_clip.h"
+#include "mmsp/model/lora.h"
 #include "mmsp/parallel/expert_gather.h"
 #include "mmsp/parallel/grad_sync.h"
-#include "mmsp/train/optim/master_weights.h"
 #include "mmsp/train/checkpoint/sharded_checkpoint.h"
+#include "mmsp/train/optim/grad_clip.h"
+#include "mmsp/train/optim/master_weights.h"
 
 namespace mmsp::train {
 namespace {
@@ -117,9 +117,7 @@ class ReplicatedUpdate : public WeightUpdate {
           save_checkpoint(dir, step, with_frozen(whole.weights, frozen_), whole.adamw, state, config_json, options);
         else
           save_checkpoint(dir, step, with_frozen(masters_.params(), frozen_), *opt_, state, config_json, options);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
+      } catch (const std::exception& e) { error = e.what(); }
     }
     agree_on_success(error, "saving the checkpoint of step " + std::to_string(step) + " in " + dir, mesh);
     if (mesh.rank() == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
@@ -189,9 +187,7 @@ class ReplicatedUpdate : public WeightUpdate {
     if (request.mesh->rank() == 0) {
       try {
         hf::save_hf_directory(request.dir, grads, request.config_json);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
+      } catch (const std::exception& e) { error = e.what(); }
     }
     agree_on_success(error, "--save-gradients " + request.dir, *request.mesh);
     if (request.mesh->rank() == 0) *request.log << "gradients: saved in " << request.dir << std::endl;
@@ -205,9 +201,9 @@ class ReplicatedUpdate : public WeightUpdate {
   GradientRequest gradients_;
   MasterWeights masters_;
   std::unique_ptr<torch::optim::AdamW> opt_;
-  bool split_;                                       // expert parallelism
-  parallel::GradSync sync_;                          // every parameter, or (split) the non-expert ones
-  std::optional<parallel::GradSync> expert_sync_;    // split: the experts', over their replicas
+  bool split_;                                     // expert parallelism
+  parallel::GradSync sync_;                        // every parameter, or (split) the non-expert ones
+  std::optional<parallel::GradSync> expert_sync_;  // split: the experts', over their replicas
   dist::GroupPtr experts_;
   model::MoeConfig moe_;
   model::NamedParams frozen_;  // the model's own tensors: no master, no state, no sum
@@ -251,9 +247,7 @@ class ShardedUpdate : public WeightUpdate {
         fs::create_directories(dir);
         fs::remove_all(staging);
         fs::create_directory(staging);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
+      } catch (const std::exception& e) { error = e.what(); }
     }
     // A failed save (no space, ...) leaves no staged shards behind: the disk is freed
     // and the next save or --resume finds the directory as before.
@@ -276,9 +270,7 @@ class ShardedUpdate : public WeightUpdate {
       writer.write_safetensors(path, optimizer_shard_tensors(sharded_),
                                optimizer_shard_metadata(sharded_, rank, world));
       mine = writer.checksums().at(path);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+    } catch (const std::exception& e) { error = e.what(); }
     agree(error);
     // Every rank's checksum to rank 0: slot r is rank r's (the others add zeros).
     at::Tensor sums = at::zeros({2 * world}, at::kLong);
@@ -292,9 +284,7 @@ class ShardedUpdate : public WeightUpdate {
             static_cast<uint64_t>(sums[2 * r].item<int64_t>()), static_cast<uint64_t>(sums[2 * r + 1].item<int64_t>())};
       try {
         save_checkpoint(dir, step, with_frozen(sharded_.model_params(), frozen_), state, config_json, options);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
+      } catch (const std::exception& e) { error = e.what(); }
     }
     zero().release_gathered();
     agree(error);
@@ -305,9 +295,9 @@ class ShardedUpdate : public WeightUpdate {
   }
   model::NamedParams weights() const override { return with_frozen(sharded_.model_params(), frozen_); }
   std::string describe() const override {
-    const char* what = zero().level() == parallel::ShardLevel::parameters ? "optimizer state, gradients and weights"
-                       : zero().level() == parallel::ShardLevel::gradients  ? "optimizer state and gradients"
-                                                                    : "optimizer state";
+    const char* what = zero().level() == parallel::ShardLevel::parameters  ? "optimizer state, gradients and weights"
+                       : zero().level() == parallel::ShardLevel::gradients ? "optimizer state and gradients"
+                                                                           : "optimizer state";
     return std::string(mixed_ ? "fp32 master weights; " : "") + what + " sharded over " + std::to_string(world_) +
            " ranks" + frozen_note(frozen_, true);
   }

@@ -2,8 +2,8 @@
 // mask on packed sequences is top-left aligned) covers exactly the allowed pairs and runs
 // exactly on ATen's CPU flash kernel; the THD offsets it would pass; its limits, each a
 // refusal naming the value and the rule; the log-sum-exp forms of the LibTorch releases.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
@@ -34,9 +34,7 @@ Tensor coverage(const FusedPlan& plan, CausalAlignment alignment) {
   for (const VarlenCall& call : plan.calls) {
     std::vector<int> rows(static_cast<size_t>(plan.queries), 0);
     for (const VarlenPiece& p : call.pieces) {
-      if (call.causal && alignment == CausalAlignment::square_only) {
-        EXPECT_EQ(p.q_length, p.k_length);
-      }
+      if (call.causal && alignment == CausalAlignment::square_only) { EXPECT_EQ(p.q_length, p.k_length); }
       for (int64_t i = 0; i < p.q_length; ++i) {
         EXPECT_EQ(rows[p.q_begin + i]++, 0) << "a query row twice in one call";
         const int64_t last = call.causal ? i + (p.k_length - p.q_length) : p.k_length - 1;
@@ -149,9 +147,11 @@ TEST(CudnnLimitsTest, EachRefusalNamesTheValueAndTheRule) {
   EXPECT_THAT(refused([](CudnnFacts& f) { f.dtype = at::kFloat; }), HasSubstr("takes bf16/fp16, got Float"));
   EXPECT_THAT(refused([](CudnnFacts& f) { f.head_dim = 256; }), HasSubstr("multiples of 8 up to 128, got 256"));
   EXPECT_THAT(refused([](CudnnFacts& f) { f.head_dim = 100; }), HasSubstr("got 100"));
-  EXPECT_THAT(refused([](CudnnFacts& f) { f.cudnn_version = 91700; }), HasSubstr("needs cuDNN >= 9.18.0, this LibTorch has 9.17.0"));
+  EXPECT_THAT(refused([](CudnnFacts& f) { f.cudnn_version = 91700; }),
+              HasSubstr("needs cuDNN >= 9.18.0, this LibTorch has 9.17.0"));
   EXPECT_THAT(refused([](CudnnFacts& f) { f.cudnn_version = 0; }), HasSubstr("this LibTorch has none"));
-  EXPECT_THAT(refused([](CudnnFacts& f) { f.sm_major = 8; }), HasSubstr("SM90/SM100 GPUs (Hopper, Blackwell), this one is SM8x"));
+  EXPECT_THAT(refused([](CudnnFacts& f) { f.sm_major = 8; }),
+              HasSubstr("SM90/SM100 GPUs (Hopper, Blackwell), this one is SM8x"));
   EXPECT_THAT(refused([](CudnnFacts& f) { f.deterministic = true; }), HasSubstr("not deterministic"));
   EXPECT_EQ(refused([](CudnnFacts& f) { f.dtype = at::kHalf, f.head_dim = 64, f.sm_major = 10; }), "");
 }

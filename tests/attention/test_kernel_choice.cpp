@@ -4,8 +4,8 @@
 // The wrong one and the erroring one must be skipped with their reasons, the fastest that
 // passes must win, a choice is measured once per key, and on several ranks every rank takes
 // the same kernel although each rank's timings and probes differ.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
@@ -95,7 +95,8 @@ TEST(KernelChoiceTest, AWrongKernelIsSkippedHoweverFast) {
   FakeTimes times{{{"wrong-scale", 0.001}, {"fused", 2.0}, {"blockwise", 3.0}}};
   for (at::ScalarType dtype : {at::kDouble, at::kBFloat16}) {
     const ChoiceKey key = choice_key(dtype, 4, 2, 16, 200, true);
-    const KernelChoice c = choose_kernel(key, cpu_inputs({&wrong, &registered("fused"), &registered("blockwise")}, times));
+    const KernelChoice c =
+        choose_kernel(key, cpu_inputs({&wrong, &registered("fused"), &registered("blockwise")}, times));
     EXPECT_STREQ(c.chosen->name(), "fused") << c.table_text();
     const CandidateRow& w = row_of(c, "wrong-scale");
     EXPECT_FALSE(w.passed);

@@ -33,8 +33,8 @@ namespace {
 
 bool have_gpu() { return dist::device_facts().gpus > 0; }
 
-#define MMSP_REQUIRE_GPU()                                                              \
-  do {                                                                                  \
+#define MMSP_REQUIRE_GPU()                                                               \
+  do {                                                                                   \
     if (!have_gpu()) GTEST_SKIP() << "no CUDA device in this process: a gpu test skips"; \
   } while (0)
 
@@ -62,7 +62,8 @@ attention::TokenLayout zigzag_share(const std::vector<int64_t>& lengths, int R, 
 double rel(const at::Tensor& got, const at::Tensor& want) {
   const at::Tensor g = got.cpu().to(at::kDouble), w = want.cpu().to(at::kDouble);
   const at::Tensor finite = w.isfinite();
-  return ((g - w).masked_fill(finite.logical_not(), 0).abs().max() / (1 + w.masked_fill(finite.logical_not(), 0).abs().max()))
+  return ((g - w).masked_fill(finite.logical_not(), 0).abs().max() /
+          (1 + w.masked_fill(finite.logical_not(), 0).abs().max()))
       .item<double>();
 }
 
@@ -92,8 +93,8 @@ void expect_kernel_equals_blockwise(const char* kernel, const char* implementati
   const at::Tensor qf = q.cpu().to(at::kFloat), kf = k.cpu().to(at::kFloat), vf = v.cpu().to(at::kFloat);
   const attention::KernelPlanPtr ref_plan = attention::plan_kernel(ql, kl, blockwise, at::kCPU);
   const attention::PartialAttention want = attention::local_attention_forward(qf, kf, vf, *ref_plan);
-  const attention::AttentionGrads gw = attention::local_attention_backward(dout.cpu().to(at::kFloat), qf, kf, vf,
-                                                                           want.out, want.lse, *ref_plan);
+  const attention::AttentionGrads gw =
+      attention::local_attention_backward(dout.cpu().to(at::kFloat), qf, kf, vf, want.out, want.lse, *ref_plan);
   EXPECT_LT(rel(got.out, want.out), kBf16Out) << where << " out";
   EXPECT_LT(rel(got.lse, want.lse), kBf16Lse) << where << " lse";
   EXPECT_LT(rel(gg.dq, gw.dq), kBf16Grad) << where << " dq";
@@ -224,8 +225,8 @@ std::string scratch(const std::string& what) {
       .string();
 }
 
-const char* kFamilies[] = {"tiny-qwen2-vl.json", "tiny-qwen2_5-vl.json", "tiny-qwen3-vl.json",
-                           "tiny-qwen3_5-vl.json", "tiny-llava.json",     "tiny-internvl.json"};
+const char* kFamilies[] = {"tiny-qwen2-vl.json",   "tiny-qwen2_5-vl.json", "tiny-qwen3-vl.json",
+                           "tiny-qwen3_5-vl.json", "tiny-llava.json",      "tiny-internvl.json"};
 
 TEST(GpuTrain, OneProcessOnTheGpuEqualsTheCpuForEveryFamily) {
   MMSP_REQUIRE_GPU();
@@ -254,11 +255,12 @@ TEST(GpuTrain, OffloadedAndTiledLayersOnTheGpuEqualTheCpu) {
   for (const char* config : {"tiny-qwen2-vl.json", "tiny-qwen3_5-vl.json"}) {
     const std::string cpu = scratch("cpu-mem"), gpu = scratch("gpu-mem");
     const train::TrainReport want = one_step(config, "float64", at::kCPU, cpu, dist::Mesh::solo());
-    const train::TrainReport got = one_step(config, "float64", kCuda, gpu, dist::Mesh::solo(), [](train::TrainOptions& o) {
-      o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
-      o.memory.offload_activations = true;
-      o.memory.tiled_mlp = 7;
-    });
+    const train::TrainReport got =
+        one_step(config, "float64", kCuda, gpu, dist::Mesh::solo(), [](train::TrainOptions& o) {
+          o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
+          o.memory.offload_activations = true;
+          o.memory.tiled_mlp = 7;
+        });
     EXPECT_NEAR(got.steps[0].loss, want.steps[0].loss, 1e-9 * want.steps[0].loss) << config;
     expect_same_gradients(gpu, cpu, 1e-9, config);
     std::filesystem::remove_all(cpu);

@@ -30,10 +30,10 @@ def test_patched_model_equals_one_process(world, ring, ulysses, placement, tmp_p
 
 def test_a_processors_video_batch_equals_one_process(tmp_path):
     # transformers 5.x's Qwen3-VL processor given an mp4, its batch straight into the patch.
+    from transformers.utils import logging
+
     import tiny_models
     from test_prepare import write_clip
-
-    from transformers.utils import logging
 
     logging.set_verbosity_error()
     tiny_models.build("qwen3_vl", str(tmp_path / "qwen3_vl"))

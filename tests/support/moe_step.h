@@ -74,9 +74,9 @@ inline MoeStep run_moe_model(model::ModelConfig config, const plan::Batch& batch
   attention::AttentionOptions attn;
   attn.block_q = 8;
   attn.block_k = 8;
-  const parallel::StepGroups groups = mesh ? parallel::StepGroups{mesh->context(), mesh->ring(), mesh->ulysses(),
-                                                                   mesh->world(), mesh->expert()}
-                                           : parallel::StepGroups{solo, solo, solo, solo, solo};
+  const parallel::StepGroups groups =
+      mesh ? parallel::StepGroups{mesh->context(), mesh->ring(), mesh->ulysses(), mesh->world(), mesh->expert()}
+           : parallel::StepGroups{solo, solo, solo, solo, solo};
   const model::StepOutput out =
       parallel::forward_step(*vlm, batch, plan, pixels, groups, model::VisionMode::routed, attn);
   const at::Tensor loss = train::causal_lm_loss(out.logits(), out.labels, out.label_count);

@@ -17,8 +17,8 @@
 namespace mmsp::train {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 StepMetrics sample(int64_t step, double loss, double seconds) {
   StepMetrics m;
@@ -93,10 +93,10 @@ TEST(Metrics, JsonRoundTripKeepsEveryFieldExactly) {
 // A line written before the bytes were split by purpose (and the update's peak apart)
 // still reads, those as 0.
 TEST(Metrics, ReadsALineWithoutTheBytesByPurpose) {
-  const json old = json::parse(
-      R"({"step":3,"loss":2.5,"lr":0.0003,"grad_norm":0.8125,"tokens":1000,"label_tokens":900,)"
-      R"("seconds":1.0,"vision_s":0.1,"attention_s":0.5,"communication_s":0.2,"other_s":0.2,)"
-      R"("peak_bytes":1572864,"comm_bytes":262147})");
+  const json old =
+      json::parse(R"({"step":3,"loss":2.5,"lr":0.0003,"grad_norm":0.8125,"tokens":1000,"label_tokens":900,)"
+                  R"("seconds":1.0,"vision_s":0.1,"attention_s":0.5,"communication_s":0.2,"other_s":0.2,)"
+                  R"("peak_bytes":1572864,"comm_bytes":262147})");
   const StepMetrics m = old.get<StepMetrics>();
   EXPECT_EQ(m.step, 3);
   EXPECT_EQ(m.comm_bytes, 262147);
@@ -135,9 +135,7 @@ TEST(Metrics, WriterAppendsOneFlushedLinePerStep) {
   try {
     read_metrics(name);
     ADD_FAILURE() << "a bad line was accepted";
-  } catch (const std::exception& e) {
-    EXPECT_THAT(e.what(), HasSubstr(std::string(name) + ":4: not a metrics line"));
-  }
+  } catch (const std::exception& e) { EXPECT_THAT(e.what(), HasSubstr(std::string(name) + ":4: not a metrics line")); }
   std::filesystem::remove(name);
   // The file is opened at the first line: no empty file for a run that fails before it.
   MetricsWriter never_written("/nonexistent-dir/metrics.jsonl");

@@ -42,7 +42,11 @@ TEST(TensorBoardWriter, EventsFollowTheWireFormat) {
   // tag "a" (field 1), simple_value 2.0f (field 2, fixed32)
   const std::string e = event_with_scalars(1.0, 3, {{"a", 2.0f}});
   const std::string want = std::string("\x09\x00\x00\x00\x00\x00\x00\xf0\x3f", 9) + "\x10\x03" +
-                           std::string("\x2a\x0a\x0a\x08\x0a\x01" "a" "\x15\x00\x00\x00\x40", 12);
+                           std::string(
+                               "\x2a\x0a\x0a\x08\x0a\x01"
+                               "a"
+                               "\x15\x00\x00\x00\x40",
+                               12);
   EXPECT_EQ(e, want);
   const std::string v = event_with_version(1.0, "brain.Event:2");
   EXPECT_EQ(v.substr(9), std::string("\x1a\x0d") + "brain.Event:2");

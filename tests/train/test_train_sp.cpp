@@ -19,6 +19,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "error_of.h"
+#include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/hf/hf_directory.h"
 #include "mmsp/hf/safetensors.h"
@@ -28,10 +30,8 @@
 #include "mmsp/model/lora.h"
 #include "mmsp/model/model_parts.h"
 #include "mmsp/model/vlm.h"
-#include "mmsp/core/check.h"
 #include "mmsp/train/builtin_models.h"
 #include "mmsp/train/trainer.h"
-#include "error_of.h"
 #include "multirank.h"
 #include "scratch_dir.h"
 
@@ -72,7 +72,8 @@ void expect_same_run(const train::TrainReport& got, const train::TrainReport& re
   for (size_t i = 0; i < ref.steps.size(); ++i) {
     EXPECT_EQ(got.steps[i].tokens, ref.steps[i].tokens) << where << " step " << ref.steps[i].step;
     EXPECT_EQ(got.steps[i].label_tokens, ref.steps[i].label_tokens) << where << " step " << ref.steps[i].step;
-    EXPECT_NEAR(got.steps[i].loss, ref.steps[i].loss, rtol * ref.steps[i].loss) << where << " step " << ref.steps[i].step;
+    EXPECT_NEAR(got.steps[i].loss, ref.steps[i].loss, rtol * ref.steps[i].loss)
+        << where << " step " << ref.steps[i].step;
   }
   ASSERT_EQ(got.parameters.size(), ref.parameters.size()) << where;
   double model_scale = 0;
@@ -115,9 +116,7 @@ void expect_bytes_split(const train::TrainReport& got, const plan::Mesh& shape, 
     EXPECT_EQ(m.attention_bytes + m.vision_bytes + m.grad_bytes + m.expert_bytes, m.comm_bytes) << at;
     EXPECT_EQ(m.grad_bytes > 0, shape.world() > 1) << at;
     EXPECT_EQ(m.attention_bytes > 0, shape.context() > 1) << at;
-    if (shape.context() == 1 || mode == model::VisionMode::replicate) {
-      EXPECT_EQ(m.vision_bytes, 0) << at;
-    }
+    if (shape.context() == 1 || mode == model::VisionMode::replicate) { EXPECT_EQ(m.vision_bytes, 0) << at; }
   }
 }
 
@@ -305,9 +304,9 @@ std::string small_vocab_config(const std::string& file, bool tie) {
   std::ifstream in(std::string(MMSP_SOURCE_DIR) + "/configs/" + file);
   nlohmann::json config = nlohmann::json::parse(in);
   const std::map<std::string, int64_t> ids = {
-      {"vocab_size", 128},           {"bos_token_id", 1},          {"eos_token_id", 2},
-      {"vision_start_token_id", 120}, {"vision_end_token_id", 121}, {"vision_token_id", 122},
-      {"image_token_id", 123},       {"image_token_index", 123},   {"video_token_id", 124}};
+      {"vocab_size", 128},          {"bos_token_id", 1},      {"eos_token_id", 2},     {"vision_start_token_id", 120},
+      {"vision_end_token_id", 121}, {"vision_token_id", 122}, {"image_token_id", 123}, {"image_token_index", 123},
+      {"video_token_id", 124}};
   for (nlohmann::json* level : {&config, config.contains("text_config") ? &config["text_config"] : nullptr}) {
     if (!level) continue;
     for (const auto& [key, id] : ids)
@@ -328,7 +327,7 @@ std::string small_vocab_config(const std::string& file, bool tie) {
 struct FamilyCase {
   const char* file;
   bool tie;
-  int max_ulysses;  // Qwen3.5: 2 linear-attention key heads
+  int max_ulysses;        // Qwen3.5: 2 linear-attention key heads
   int64_t per_rank = 96;  // tokens per rank of the checkpointing run
 };
 const std::vector<FamilyCase>& family_cases() {
@@ -402,7 +401,8 @@ TEST(MultiRankTrain, FusedAttentionKernelTrainsAsTheBlockwiseOne) {
   const bool checker = test::rank_env().rank == 0;
   const plan::Mesh widest = context_shape(world);
   std::ostringstream log;
-  for (const FamilyCase& c : {FamilyCase{"tiny-qwen2-vl.json", false, 4}, FamilyCase{"tiny-qwen3_5-vl.json", true, 2}}) {
+  for (const FamilyCase& c :
+       {FamilyCase{"tiny-qwen2-vl.json", false, 4}, FamilyCase{"tiny-qwen3_5-vl.json", true, 2}}) {
     const std::string config_path = small_vocab_config(c.file, c.tie);
     train::TrainReport ref;
     if (checker) {
@@ -568,9 +568,9 @@ TEST(MultiRankEveryFamily, ShardedGradientsAndParametersEqualOneProcess) {
           if (mode != model::ActivationCheckpointing::none) o.memory.loss_chunk = 7;
           const train::TrainReport got = train::train(o, mesh, log);
           if (checker)
-            expect_same_run(got, ref, 1e-9,
-                            std::string(c.file) + " --shard " + level + " " + shape.str() + " " +
-                                model::to_string(mode));
+            expect_same_run(
+                got, ref, 1e-9,
+                std::string(c.file) + " --shard " + level + " " + shape.str() + " " + model::to_string(mode));
         }
       }
       // The memory layers under ZeRO-3: MLPs in tiles of 5 tokens (the last one of a
@@ -584,8 +584,11 @@ TEST(MultiRankEveryFamily, ShardedGradientsAndParametersEqualOneProcess) {
         o.memory.tiled_mlp = 5;
         const train::TrainReport got = train::train(o, mesh, log);
         if (checker)
-          expect_same_run(got, ref, 1e-9, std::string(c.file) + " --shard parameters --tiled-mlp 5 "
-                                          "--offload-activations " + shape.str());
+          expect_same_run(got, ref, 1e-9,
+                          std::string(c.file) +
+                              " --shard parameters --tiled-mlp 5 "
+                              "--offload-activations " +
+                              shape.str());
       }
     }
     std::filesystem::remove(config_path);
@@ -607,7 +610,8 @@ TEST(MultiRankEveryFamily, MixtureOfExpertsTrainAsOneProcessWithExpertParallelis
   const bool checker = test::rank_env().rank == 0;
   const plan::Mesh widest = context_shape(world);
   std::ostringstream log;
-  for (const FamilyCase& c : {FamilyCase{"tiny-qwen3-vl-moe.json", false, 4}, FamilyCase{"tiny-qwen3_5-moe.json", false, 2}}) {
+  for (const FamilyCase& c :
+       {FamilyCase{"tiny-qwen3-vl-moe.json", false, 4}, FamilyCase{"tiny-qwen3_5-moe.json", false, 2}}) {
     const std::string config_path = small_vocab_config(c.file, c.tie);
     std::vector<plan::Mesh> shapes;
     for (int e = 1; e <= world; e *= 2)
@@ -625,7 +629,8 @@ TEST(MultiRankEveryFamily, MixtureOfExpertsTrainAsOneProcessWithExpertParallelis
       const dist::Mesh mesh = test::make_mesh(shape);
       std::vector<std::pair<parallel::ShardLevel, model::ActivationCheckpointing>> runs = {
           {parallel::ShardLevel::none, model::ActivationCheckpointing::none}};
-      if (shape.expert == 1) runs.push_back({parallel::ShardLevel::parameters, model::ActivationCheckpointing::decoder});
+      if (shape.expert == 1)
+        runs.push_back({parallel::ShardLevel::parameters, model::ActivationCheckpointing::decoder});
       for (const auto& [level, mode] : runs) {
         train::TrainOptions o = tiny_options(96);
         o.inputs.model = config_path;
@@ -638,7 +643,8 @@ TEST(MultiRankEveryFamily, MixtureOfExpertsTrainAsOneProcessWithExpertParallelis
           EXPECT_EQ(m.expert_tokens.size(), static_cast<size_t>(shape.expert)) << where;
           int64_t picks = 0;
           for (int64_t n : m.expert_tokens) picks += n;
-          EXPECT_EQ(picks, m.tokens * 2 * sparse_layers) << where << ": every real token's 2 picks in every sparse layer";
+          EXPECT_EQ(picks, m.tokens * 2 * sparse_layers)
+              << where << ": every real token's 2 picks in every sparse layer";
           EXPECT_GE(m.expert_imbalance, 1.0) << where;
           EXPECT_EQ(m.expert_bytes > 0, shape.expert > 1) << where;
         }
@@ -738,7 +744,7 @@ TEST(MultiRankEveryFamily, SplitVisionItemsTrainTheModelOneProcessTrains) {
   std::ostringstream log;
   struct SplitCase {
     const char* file;
-    std::vector<int64_t> big, small;  // an image's tokens (small_vocab_config's ids)
+    std::vector<int64_t> big, small;      // an image's tokens (small_vocab_config's ids)
     nlohmann::json big_grid, small_grid;  // image_grid_thw, or null: the family's from the file
   };
   auto qwen_block = [](int rows) {
@@ -796,18 +802,18 @@ TEST(MultiRankEveryFamily, SplitVisionItemsTrainTheModelOneProcessTrains) {
     const std::pair<const char*, AC> runs[] = {
         {"none", AC::none}, {"gradients", AC::all}, {"parameters", AC::none}, {"parameters", AC::all}};
     for (const auto& [level, mode] : runs) {
-        train::TrainOptions o = tiny_options(128);
-        o.inputs.model = config_path;
-        o.inputs.data = data;
-        o.parallel.shard = parallel::parse_shard_level(level);
-        o.memory.checkpoint_activations = mode;
-        o.parallel.vision_split = plan::parse_vision_split("16");
-        const train::TrainReport got = train::train(o, mesh, log);
-        if (checker)
-          expect_same_run(got, ref, 1e-9,
-                          std::string(c.file) + " split images --shard " + level + " " + shape.str() + " " +
-                              model::to_string(mode));
-      }
+      train::TrainOptions o = tiny_options(128);
+      o.inputs.model = config_path;
+      o.inputs.data = data;
+      o.parallel.shard = parallel::parse_shard_level(level);
+      o.memory.checkpoint_activations = mode;
+      o.parallel.vision_split = plan::parse_vision_split("16");
+      const train::TrainReport got = train::train(o, mesh, log);
+      if (checker)
+        expect_same_run(
+            got, ref, 1e-9,
+            std::string(c.file) + " split images --shard " + level + " " + shape.str() + " " + model::to_string(mode));
+    }
     std::filesystem::remove(config_path);
     std::filesystem::remove(data);
   }
@@ -850,7 +856,8 @@ TEST(MultiRankTrain, ShardedCheckpointsResumeOnAnyWorldEitherWay) {
       EXPECT_NEAR(rest.steps[i].loss, whole.steps[i + 2].loss, 1e-9 * whole.steps[i + 2].loss) << where;
     for (size_t i = 0; i < whole.parameters.size(); ++i) {
       const at::Tensor& want = whole.parameters[i].second;
-      EXPECT_TRUE(at::allclose(rest.parameters[i].second, want, 1e-9, 1e-12)) << where << " " << whole.parameters[i].first;
+      EXPECT_TRUE(at::allclose(rest.parameters[i].second, want, 1e-9, 1e-12))
+          << where << " " << whole.parameters[i].first;
     }
   };
   for (const char* shard : {"none", "optimizer", "parameters"}) {
@@ -1018,16 +1025,16 @@ namespace {
 // Text lines of the small vocabulary, every fourth with one image of `image` placeholder
 // tokens (the family's; grid given or the family's own), lengths 22..50 unless `length`
 // fixes them all; `offset` draws other token ids (a held-out set).
-void write_image_data(const std::string& path, const std::vector<int64_t>& image, const nlohmann::json& grid,
-                      int lines, int64_t length = 0, int offset = 0) {
+void write_image_data(const std::string& path, const std::vector<int64_t>& image, const nlohmann::json& grid, int lines,
+                      int64_t length = 0, int offset = 0) {
   std::ofstream out(path);
   for (int line = 0; line < lines; ++line) {
     nlohmann::json sample;
     std::vector<int64_t> ids = {1};
     const bool with_image = line % 4 == 1;
     if (with_image) ids.insert(ids.end(), image.begin(), image.end());
-    const int64_t words = length > 0 ? length - 2 - (with_image ? static_cast<int64_t>(image.size()) : 0)
-                                     : 20 + 7 * (line % 5);
+    const int64_t words =
+        length > 0 ? length - 2 - (with_image ? static_cast<int64_t>(image.size()) : 0) : 20 + 7 * (line % 5);
     for (int64_t k = 0; k < words; ++k) ids.push_back(3 + (line * 11 + k * 5 + offset) % 110);
     ids.push_back(2);
     sample["input_ids"] = ids;
@@ -1137,8 +1144,8 @@ TEST(Finetune, FrozenPartsTrainAsOneProcessWithThemFrozen) {
         o.parallel.shard = parallel::parse_shard_level(level);
         if (std::string(level) == "parameters") o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
         const train::TrainReport got = train::train(o, mesh, log);
-        const std::string where = std::string(c.family.file) + " --freeze " + c.freeze + " --shard " + level + " " +
-                                  shape.str();
+        const std::string where =
+            std::string(c.family.file) + " --freeze " + c.freeze + " --shard " + level + " " + shape.str();
         if (checker) {
           expect_same_run(got, ref, 1e-9, where);
           expect_frozen(got, initial, frozen, where);
@@ -1204,7 +1211,8 @@ TEST(Finetune, AccumulatedMicroStepsEqualOneProcessOnTheirUnion) {
   whole.schedule.accumulate = 1;
   whole.inputs.tokens_per_rank = 80;
   whole.inputs.data_rows = 2;
-  const train::TrainReport a = train::train(micro, dist::Mesh::solo(), log), b = train::train(whole, dist::Mesh::solo(), log);
+  const train::TrainReport a = train::train(micro, dist::Mesh::solo(), log),
+                           b = train::train(whole, dist::Mesh::solo(), log);
   expect_same_run(a, b, 1e-9, "two micro-batches against their union");
   std::filesystem::remove(config_path);
   std::filesystem::remove(data);
@@ -1314,7 +1322,8 @@ TEST(Finetune, LoraTrainsAsOneProcessAndWritesPeftAdapters) {
   }
   train::TrainOptions o = lora(tiny_options(per_rank));
   o.parallel.shard = parallel::parse_shard_level("gradients");
-  const dist::Mesh mesh = test::make_mesh(context_shape(world).ulysses == 3 ? plan::Mesh{1, world, 1} : context_shape(world));
+  const dist::Mesh mesh =
+      test::make_mesh(context_shape(world).ulysses == 3 ? plan::Mesh{1, world, 1} : context_shape(world));
   expect_stop_and_resume_exact(o, mesh, "lora", [&](const std::string& dir) {
     if (!checker) return;
     const std::string step = dir + "/step-000002";
@@ -1326,7 +1335,8 @@ TEST(Finetune, LoraTrainsAsOneProcessAndWritesPeftAdapters) {
     EXPECT_EQ(adapter.size(), 3u * 7 * 2);
     const std::string q = "base_model.model.model.language_model.layers.0.self_attn.q_proj";
     ASSERT_TRUE(adapter.count(q + ".lora_A.weight")) << "peft's names, transformers' module path";
-    const hf::HfDirectory master = hf::open_hf_directory(step + "/master"), merged = hf::open_hf_directory(step + "/hf");
+    const hf::HfDirectory master = hf::open_hf_directory(step + "/master"),
+                          merged = hf::open_hf_directory(step + "/hf");
     EXPECT_FALSE(merged.tensors.count("model.layers.0.self_attn.q_proj.lora_A.weight")) << "hf/ is merged";
     auto read = [](const hf::HfDirectory& d, const std::string& name) {
       const std::vector<int64_t>& shape = d.tensors.at(name).entry.shape;
@@ -1400,7 +1410,8 @@ TEST(Finetune, BadInputIsRefusedBeforeAnyCollective) {
   const std::string dir = test::scratch_dir("eval-vocab-");
   {
     std::ofstream out(dir + "/eval.jsonl");
-    out << R"({"input_ids": [1, 5, 151000, 2]})" << "\n";
+    out << R"({"input_ids": [1, 5, 151000, 2]})"
+        << "\n";
   }
   o = tiny_options(96);
   o.eval.data = dir + "/eval.jsonl";
@@ -1416,7 +1427,8 @@ TEST(Finetune, BadInputIsRefusedBeforeAnyCollective) {
   o = tiny_options(96);
   o.finetune.lora.rank = -1;
   expect_error(test::error_of([&] { train::train(o, solo, log); }), "--lora-rank -1 must be ≥ 1");
-  expect_error(test::error_of([] { model::parse_model_parts("vision,tower"); }), "\"tower\" is not a part of the model; the parts are vision, merger, llm and embeddings");
+  expect_error(test::error_of([] { model::parse_model_parts("vision,tower"); }),
+               "\"tower\" is not a part of the model; the parts are vision, merger, llm and embeddings");
 }
 
 }  // namespace

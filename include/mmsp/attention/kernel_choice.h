@@ -55,7 +55,7 @@ struct CandidateRow {
   bool passed = false;         // on every rank
   std::string reason;          // why it was skipped (empty for a passing one)
   double out_error = -1, lse_error = -1, grad_error = -1;  // this rank's probe; -1: not run
-  double seconds = -1;         // the slowest rank's median forward + backward; -1: not timed
+  double seconds = -1;  // the slowest rank's median forward + backward; -1: not timed
 };
 
 struct KernelChoice {
@@ -75,7 +75,7 @@ struct ChoiceInputs {
   // One causal sequence of this many tokens is timed; 0: the key's bucket, at most 32,768
   // (a short timing: past it the kernels' ratios change little and the blockwise one is slow).
   int64_t timing_tokens = 0;
-  int repeats = 3;             // timed runs after one warm-up; the median is kept
+  int repeats = 3;  // timed runs after one warm-up; the median is kept
   // Seconds of one call of `run` (a forward + backward of `kernel`); default: the wall
   // clock around it, the device synchronised before and after.
   std::function<double(const LocalKernel& kernel, const std::function<void()>& run)> time;

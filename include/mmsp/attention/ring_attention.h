@@ -20,9 +20,8 @@ namespace mmsp::attention {
 
 // q [T_r, H, D], k/v [T_r, H_kv, D]: this ring rank's share. shares[p] is ring rank
 // p's token layout (from the plan: every rank knows every share); all have T_r tokens.
-at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const dist::GroupPtr& ring, const std::vector<TokenLayout>& shares,
-                          const AttentionOptions& options = {});
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const dist::GroupPtr& ring,
+                          const std::vector<TokenLayout>& shares, const AttentionOptions& options = {});
 
 // The kernel plans of one ring rank, planned once per step: its share's queries
 // against every ring rank's keys (from[p]: keys of ring rank p's share).
@@ -44,7 +43,7 @@ AttentionGrads ring_attention_backward(const at::Tensor& dout, const at::Tensor&
                                        const dist::GroupPtr& ring, const RingKernels& kernels);
 
 // The same with the plans made beforehand; forward and backward reuse them.
-at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const dist::GroupPtr& ring, const c10::intrusive_ptr<RingKernels>& kernels);
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const dist::GroupPtr& ring,
+                          const c10::intrusive_ptr<RingKernels>& kernels);
 
 }  // namespace mmsp::attention

@@ -4,8 +4,8 @@
 // and which experts a rank reads under expert parallelism.
 #pragma once
 
-#include "mmsp/model/config/config.h"
 #include "mmsp/hf/hf_directory.h"
+#include "mmsp/model/config/config.h"
 
 namespace mmsp::model {
 

@@ -22,7 +22,7 @@ struct RankInputs {
   // [context rank] its split slots when some segment is held whole (--placement adaptive):
   // only those are exchanged; empty when every segment is split (zigzag)
   std::vector<int64_t> split_slots;
-  int64_t label_count = 0;  // labels of the whole batch (the loss normaliser)
+  int64_t label_count = 0;       // labels of the whole batch (the loss normaliser)
   int64_t longest_sequence = 0;  // tokens of the batch's longest sequence (alike on every rank)
 };
 

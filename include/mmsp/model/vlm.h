@@ -16,11 +16,11 @@
 
 #include "mmsp/attention/step_attention.h"
 #include "mmsp/model/config/config.h"
-#include "mmsp/model/layers/decoder.h"
 #include "mmsp/model/hooks/hooked_blocks.h"
-#include "mmsp/model/vision/pixel_inputs.h"
-#include "mmsp/model/rank_inputs.h"
 #include "mmsp/model/hooks/recompute.h"
+#include "mmsp/model/layers/decoder.h"
+#include "mmsp/model/rank_inputs.h"
+#include "mmsp/model/vision/pixel_inputs.h"
 #include "mmsp/model/vision/routed_rows.h"
 #include "mmsp/model/vision/vision_tower.h"
 #include "mmsp/plan/step_plan.h"
@@ -65,8 +65,7 @@ class Vlm : public torch::nn::Module {
  public:
   // Registers nothing: the family names the tower's and the decoder's modules as its
   // checkpoints do (register_module), in the order it built them.
-  Vlm(ModelConfig config, std::shared_ptr<Decoder> decoder, std::shared_ptr<VisionTower> tower,
-      VlmRules rules = {});
+  Vlm(ModelConfig config, std::shared_ptr<Decoder> decoder, std::shared_ptr<VisionTower> tower, VlmRules rules = {});
 
   // This rank's step: embed its tokens; the tower encodes the items the router gives this
   // rank and the router brings each placeholder slot its row; splice; the decoder on the

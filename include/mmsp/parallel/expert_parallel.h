@@ -20,7 +20,7 @@ model::ExpertExchange expert_exchange(const dist::GroupPtr& expert_group);
 // k experts of which a share (P−1)/P lives elsewhere when the picks are uniform:
 // 2 · T · k · (P−1)/P · hidden · element_bytes (to the experts and back), plus the counts'
 // all-to-all, 8 · (P−1) · E/P.
-int64_t expert_exchange_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t element_bytes,
-                              int64_t experts, int ranks);
+int64_t expert_exchange_bytes(int64_t tokens, int64_t top_k, int64_t hidden, int64_t element_bytes, int64_t experts,
+                              int ranks);
 
 }  // namespace mmsp::parallel

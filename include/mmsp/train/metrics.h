@@ -16,25 +16,25 @@ struct StepMetrics {
   int64_t step = 0;
   double loss = 0.0;
   double lr = 0.0;
-  double grad_norm = 0.0;       // before clipping
-  int64_t tokens = 0;           // real (unpadded) tokens in the global batch
-  int64_t label_tokens = 0;     // tokens with a label in the global batch
-  double attention_pairs = 0;   // causal (query, key) pairs of its sequences, Σ n(n+1)/2: attention's work
-  double seconds = 0.0;         // the whole step, wall clock
-  double vision_s = 0.0;        // parts of `seconds`: vision encoder,
-  double attention_s = 0.0;     //   attention (local + its collectives),
-  double communication_s = 0.0; //   other communication (routing, grad sync),
-  double other_s = 0.0;         //   everything else
-  int64_t peak_bytes = 0;       // the largest rank's peak tensor memory during the step,
-  int64_t update_peak_bytes = 0;  //   and during its weight update alone (gradient sync,
-                                  //   clipping, AdamW, the model's copy);
+  double grad_norm = 0.0;           // before clipping
+  int64_t tokens = 0;               // real (unpadded) tokens in the global batch
+  int64_t label_tokens = 0;         // tokens with a label in the global batch
+  double attention_pairs = 0;       // causal (query, key) pairs of its sequences, Σ n(n+1)/2: attention's work
+  double seconds = 0.0;             // the whole step, wall clock
+  double vision_s = 0.0;            // parts of `seconds`: vision encoder,
+  double attention_s = 0.0;         //   attention (local + its collectives),
+  double communication_s = 0.0;     //   other communication (routing, grad sync),
+  double other_s = 0.0;             //   everything else
+  int64_t peak_bytes = 0;           // the largest rank's peak tensor memory during the step,
+  int64_t update_peak_bytes = 0;    //   and during its weight update alone (gradient sync,
+                                    //   clipping, AdamW, the model's copy);
   int64_t forward_peak_bytes = 0;   //   the same up to the loss (forward and loss),
   int64_t backward_peak_bytes = 0;  //   and in the backward alone: the preflight's moments
-  int64_t comm_bytes = 0;       // bytes sent during the step by the rank that sent the most;
-  int64_t attention_bytes = 0;  //   its parts by purpose: attention (ring and Ulysses groups),
-  int64_t vision_bytes = 0;     //   vision routing (context group),
-  int64_t grad_bytes = 0;       //   gradient sync and weight update (world and dp groups),
-  int64_t expert_bytes = 0;     //   tokens to their experts' ranks and back (expert group)
+  int64_t comm_bytes = 0;           // bytes sent during the step by the rank that sent the most;
+  int64_t attention_bytes = 0;      //   its parts by purpose: attention (ring and Ulysses groups),
+  int64_t vision_bytes = 0;         //   vision routing (context group),
+  int64_t grad_bytes = 0;           //   gradient sync and weight update (world and dp groups),
+  int64_t expert_bytes = 0;         //   tokens to their experts' ranks and back (expert group)
   // Mixture-of-experts models: the (token, expert) rows each rank of the expert group ran
   // through its experts this step, summed over the sparse layers; the busiest rank's rows
   // over the mean, in the layer where that is largest (1: even); the same for the busiest
@@ -97,8 +97,8 @@ class MetricsWriter {
 // The held-out set's loss after a step (--eval-data): a row of its own in metrics.jsonl,
 // told from the steps' rows by its "eval_loss" key.
 struct EvalMetrics {
-  int64_t step = 0;          // the optimizer steps done when it was measured
-  double loss = 0.0;         // mean cross-entropy over every label token of the file
+  int64_t step = 0;   // the optimizer steps done when it was measured
+  double loss = 0.0;  // mean cross-entropy over every label token of the file
   int64_t tokens = 0, label_tokens = 0;
   double seconds = 0.0;
 };

@@ -46,8 +46,8 @@ struct StepAccount {
 class StepWatch {
  public:
   // Starts the step's clock and counters; the heartbeat enters (step, "data").
-  StepWatch(int64_t step, const dist::Mesh& mesh, dist::RankActivity& doing, PhaseTimer& phases,
-            MemoryCounter& memory, const TestHooks& test);
+  StepWatch(int64_t step, const dist::Mesh& mesh, dist::RankActivity& doing, PhaseTimer& phases, MemoryCounter& memory,
+            const TestHooks& test);
 
   // The samples this rank reads: the skew hook drops one on its rank and step.
   std::vector<int64_t> samples(std::vector<int64_t> samples) const;

@@ -56,7 +56,7 @@ struct InputOptions {
   // mixed precision (bf16 compute weights and activations, fp32 masters, gradients for
   // the reduction and AdamW moments; loss and softmax statistics in fp32).
   at::ScalarType dtype = at::kFloat;
-  uint64_t seed = 0;                      // parameters and data order
+  uint64_t seed = 0;  // parameters and data order
   bool shuffle = true;
   int64_t tokens_per_rank = 256;  // a step holds at most tokens_per_rank × world tokens
   // The step's samples are packed for this many data-parallel rows of
@@ -124,12 +124,12 @@ struct MemoryOptions {
 
 // The steps and the optimizer.
 struct ScheduleOptions {
-  int64_t steps = 100;       // length of the schedule
-  int64_t stop_after = 0;    // > 0: stop (with a checkpoint) after this step, e.g. a job's time limit
+  int64_t steps = 100;     // length of the schedule
+  int64_t stop_after = 0;  // > 0: stop (with a checkpoint) after this step, e.g. a job's time limit
   double lr = 1e-3, min_lr = 1e-4;
-  int64_t warmup = 10;     // linear warm-up steps
+  int64_t warmup = 10;  // linear warm-up steps
   double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double clip = 1.0;       // global gradient norm to clip to; ≤ 0: no clipping
+  double clip = 1.0;  // global gradient norm to clip to; ≤ 0: no clipping
   // Micro-steps per optimizer step (--accumulate): the step's K batches, each planned and
   // run forward and backward in turn, their gradients summed and normalised by the label
   // tokens of all K: one process's step on their union, at the memory of one.
@@ -138,10 +138,10 @@ struct ScheduleOptions {
 
 // What the run writes and reports.
 struct OutputOptions {
-  std::string out;                // directory of metrics.jsonl and checkpoints; empty: none
-  int64_t checkpoint_every = 0;   // 0: only at the end (when out is set)
-  int keep = 2;                   // checkpoints to keep; 0: all
-  std::string resume;             // a checkpoint directory (or a run directory) to continue
+  std::string out;               // directory of metrics.jsonl and checkpoints; empty: none
+  int64_t checkpoint_every = 0;  // 0: only at the end (when out is set)
+  int keep = 2;                  // checkpoints to keep; 0: all
+  std::string resume;            // a checkpoint directory (or a run directory) to continue
   // A fresh run into an --out that holds another run's metrics or checkpoints: refused,
   // unless this is set (they are deleted first). The CLI checks it with --out's lock
   // (checkpoint/run_directory.h); train() itself takes no lock.
@@ -151,7 +151,7 @@ struct OutputOptions {
   // on. For comparing a run with a reference such as transformers. --shard none only.
   std::string save_gradients;
   bool allow_changed_flags = false;  // resume even if flags that change batches or numerics differ
-  bool quiet = false;             // rank 0 prints no per-step line (the summary always)
+  bool quiet = false;                // rank 0 prints no per-step line (the summary always)
   // The device's peak FLOP/s in TFLOP/s (--peak-tflops): the step line's MFU is the model
   // FLOPs a step achieves against it (0: no MFU, the achieved TFLOP/s alone).
   double peak_tflops = 0;
@@ -201,8 +201,8 @@ struct FinetuneOptions {
 
 // A held-out set's loss, on the mesh, without gradients (docs/finetune.md#evaluation).
 struct EvalOptions {
-  std::string data;    // a .jsonl file of the --data format; empty: no evaluation
-  int64_t every = 0;   // after every N optimizer steps (0: only after the last step)
+  std::string data;   // a .jsonl file of the --data format; empty: no evaluation
+  int64_t every = 0;  // after every N optimizer steps (0: only after the last step)
 };
 
 struct TrainOptions {

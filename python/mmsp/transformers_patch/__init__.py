@@ -46,7 +46,7 @@ Families: qwen2_vl, qwen2_5_vl, qwen3_vl (deepstack rows sharded with their slot
 qwen3_vl_moe, qwen3_5_moe, llava, internvl.
 """
 
-from typing import TYPE_CHECKING, Literal, TypeVar, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 

@@ -2,11 +2,11 @@
 (shard.encoder_items) with the model's own tower, and the rows travel over the context group
 to the ranks whose slots hold their placeholders (mmsp.ops.route_rows)."""
 
+import torch
+
 from mmsp import ops as _ops
 from mmsp.transformers_patch.families import KINDS
 from mmsp.transformers_patch.families.qwen import deepstack_levels
-
-import torch
 
 
 def _stand_in(rules, model, pixels, grid_rows, shard, what, device):

@@ -66,7 +66,8 @@ nlohmann::json run_attention(const CLI::App& app, AttentionFlags& f, const dist:
     f.fused.device = rank.device;
     result["ring"] = bench::bench_ring_attention(env, f.fused, rank.collectives);
   }
-  if (part == "kernel" || part == "local" || part == "all") result["kernel"] = bench::bench_attention_kernel(f.attention);
+  if (part == "kernel" || part == "local" || part == "all")
+    result["kernel"] = bench::bench_attention_kernel(f.attention);
   if (part == "balance" || part == "local" || part == "all")
     result["balance"] = bench::bench_attention_balance(f.attention);
   if (part == "comm" || part == "all") {

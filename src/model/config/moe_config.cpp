@@ -55,14 +55,13 @@ MoeConfig parse_moe_config(const nlohmann::json& text, const std::string& where,
              ") must be at most ", f.name("num_experts"), " (", m.num_experts, "): each token picks that many experts");
   m.moe_intermediate_size = f.integer("moe_intermediate_size", d.moe_intermediate_size);
   if (d.shared_expert_intermediate_size > 0)
-    m.shared_expert_intermediate_size =
-        f.integer("shared_expert_intermediate_size", d.shared_expert_intermediate_size);
+    m.shared_expert_intermediate_size = f.integer("shared_expert_intermediate_size", d.shared_expert_intermediate_size);
   if (d.reads_sparse_step) {
     m.decoder_sparse_step = f.integer("decoder_sparse_step", 1);
     m.mlp_only_layers = f.integers("mlp_only_layers", {}, 0);
     for (int64_t layer : m.mlp_only_layers)
-      MMSP_CHECK(layer < num_hidden_layers, f.name("mlp_only_layers"), " lists layer ", layer,
-                 ", but the decoder has ", num_hidden_layers, " layers (0 to ", num_hidden_layers - 1, ")");
+      MMSP_CHECK(layer < num_hidden_layers, f.name("mlp_only_layers"), " lists layer ", layer, ", but the decoder has ",
+                 num_hidden_layers, " layers (0 to ", num_hidden_layers - 1, ")");
   } else {
     refuse_dense_layers(f);
   }

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/rank_inputs.h"
 #include "mmsp/model/hooks/recompute.h"
 #include "mmsp/model/layers/tiled_mlp.h"
+#include "mmsp/model/rank_inputs.h"
 
 namespace mmsp::model {
 
@@ -23,8 +23,7 @@ RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConvention
   return o;
 }
 
-DecoderContext decoder_context(const RankInputs& in, const TextConfig& text,
-                               const plan::ModelConventions& conventions,
+DecoderContext decoder_context(const RankInputs& in, const TextConfig& text, const plan::ModelConventions& conventions,
                                std::shared_ptr<const attention::StepAttention> step, const at::Tensor& like,
                                int64_t linear_chunk) {
   MMSP_CHECK(step != nullptr, "the decoder needs the step's attention");
@@ -108,8 +107,7 @@ at::Tensor rotate(const at::Tensor& x, const RotaryTable& table) {
 }  // namespace
 
 at::Tensor DecoderLayer::attend(const at::Tensor& x, const DecoderContext& ctx) const {
-  const int64_t L = x.size(0), H = config_.num_attention_heads, Hkv = config_.num_key_value_heads,
-                D = config_.head_dim;
+  const int64_t L = x.size(0), H = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
   at::Tensor q, gate;
   if (config_.attn_output_gate) {
     at::Tensor qg = self_attn_->q_proj->forward(x).view({L, H, 2 * D});  // [L, H, query D | gate D]
@@ -133,8 +131,8 @@ at::Tensor DecoderLayer::attend(const at::Tensor& x, const DecoderContext& ctx) 
 
 at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const DecoderContext& ctx) const {
   at::Tensor x = input_layernorm_->forward(hidden);
-  at::Tensor mixed = linear_attn_ ? linear_attn_->forward(x, ctx.linear, ctx.linear_chunk, ctx.linear_tile)
-                                  : attend(x, ctx);
+  at::Tensor mixed =
+      linear_attn_ ? linear_attn_->forward(x, ctx.linear, ctx.linear_chunk, ctx.linear_tile) : attend(x, ctx);
   at::Tensor h = hidden + mixed;
   at::Tensor y = post_attention_layernorm_->forward(h);
   if (moe_) return h + moe_->forward(y, ctx.moe, sparse_index_);
@@ -148,8 +146,8 @@ DecoderLayers::DecoderLayers(const TextConfig& c) {
 }
 
 DecoderBody::DecoderBody(const TextConfig& c) {
-  embed_tokens = register_module("embed_tokens",
-                                 std::make_shared<Embedding>(c.vocab_size, c.hidden_size, c.initializer_range));
+  embed_tokens =
+      register_module("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, c.initializer_range));
   layers = register_module("layers", std::make_shared<DecoderLayers>(c));
   norm = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, c.zero_centered_norm));
 }
@@ -157,8 +155,8 @@ DecoderBody::DecoderBody(const TextConfig& c) {
 Decoder::Decoder(const TextConfig& c, bool tie_word_embeddings) : config_(c) {
   model = register_module("model", std::make_shared<DecoderBody>(c));
   if (!tie_word_embeddings)
-    lm_head = register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size, false,
-                                                                  c.initializer_range));
+    lm_head =
+        register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size, false, c.initializer_range));
 }
 
 void Decoder::set_mlp_tile(int64_t setting) {
@@ -182,7 +180,7 @@ std::vector<HookUnit> Decoder::hook_units() const {
     head.lookup_rows = true;
   }
   units.push_back(head);  // head_unit()
-  if (lm_head) {  // embedding_unit()
+  if (lm_head) {          // embedding_unit()
     HookUnit embedding{{model->embed_tokens->weight}};
     embedding.backward_hooks = false;  // its only gradient is the lookup's rows
     embedding.lookup_rows = true;
@@ -209,8 +207,8 @@ at::Tensor Decoder::apply_head(const std::function<at::Tensor(const at::Tensor&,
   if (rows)
     MMSP_CHECK(by_rows != nullptr, "the LM head is row-sharded (--shard parameters) but its reader needs it whole");
   return run_hooked_layer(
-      layer_hooks_, head_unit(),
-      [&](const at::Tensor& h) { return rows ? by_rows(h, *rows) : head(h, weight); }, hidden);
+      layer_hooks_, head_unit(), [&](const at::Tensor& h) { return rows ? by_rows(h, *rows) : head(h, weight); },
+      hidden);
 }
 
 std::vector<std::vector<at::Tensor>> Decoder::layer_parameters() const {
@@ -222,8 +220,8 @@ std::vector<std::vector<at::Tensor>> Decoder::layer_parameters() const {
 at::Tensor Decoder::final_hidden(const at::Tensor& inputs_embeds, const DecoderContext& ctx) const {
   at::Tensor h = inputs_embeds;
   const auto& layers = model->layers->list;
-  MMSP_CHECK(ctx.deepstack.size() <= layers.size(), ctx.deepstack.size(),
-             " deepstack levels but only ", layers.size(), " decoder layers");
+  MMSP_CHECK(ctx.deepstack.size() <= layers.size(), ctx.deepstack.size(), " deepstack levels but only ", layers.size(),
+             " decoder layers");
   // What a recomputed layer reads, captured by value (its backward runs after this
   // frame); the deepstack rows are added between layers, outside it.
   DecoderContext layer_ctx = ctx;
@@ -236,12 +234,14 @@ at::Tensor Decoder::final_hidden(const at::Tensor& inputs_embeds, const DecoderC
       h = run_hooked_layer(
           layer_hooks_, i,
           [&](const at::Tensor& in) {
-            return recompute_in_backward([layer, layer_ctx](const at::Tensor& x) { return layer->forward(x, layer_ctx); },
-                                         in, layer->parameters(), offload_);
+            return recompute_in_backward(
+                [layer, layer_ctx](const at::Tensor& x) { return layer->forward(x, layer_ctx); }, in,
+                layer->parameters(), offload_);
           },
           h);
     } else {
-      h = run_hooked_layer(layer_hooks_, i, [&](const at::Tensor& in) { return layer->forward(in, layer_ctx); }, h);
+      h = run_hooked_layer(
+          layer_hooks_, i, [&](const at::Tensor& in) { return layer->forward(in, layer_ctx); }, h);
     }
     if (i < ctx.deepstack.size()) h = h.index_add(0, ctx.visual_slots, ctx.deepstack[i].to(h.scalar_type()));
   }

@@ -66,7 +66,9 @@ GatedDeltaNetWeights GatedDeltaNet::weights() const {
     at::Tensor v = qkv.narrow(0, 2 * Hk * K, Hk * n * V).view({Hk, n * V, hidden});
     at::Tensor z = in_proj_z_->effective_weight().view({Hk, n * V, hidden});
     w.in_proj_qkvz = at::cat({q, k, v, z}, 1).reshape({-1, hidden});
-    w.in_proj_ba = at::cat({in_proj_b_->effective_weight().view({Hk, n, hidden}), in_proj_a_->effective_weight().view({Hk, n, hidden})}, 1)
+    w.in_proj_ba = at::cat({in_proj_b_->effective_weight().view({Hk, n, hidden}),
+                            in_proj_a_->effective_weight().view({Hk, n, hidden})},
+                           1)
                        .reshape({-1, hidden});
   } else {
     w.in_proj_qkvz = in_proj_qkvz_->effective_weight();
@@ -80,8 +82,8 @@ GatedDeltaNetWeights GatedDeltaNet::weights() const {
   return w;
 }
 
-at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const attention::GatedDeltaContext& context,
-                                  int64_t chunk, int64_t tile) const {
+at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const attention::GatedDeltaContext& context, int64_t chunk,
+                                  int64_t tile) const {
   GatedDeltaNetConfig c = gated_deltanet_config(config_, chunk);
   c.tile = tile;
   return gated_deltanet_forward(weights(), c, x, context);

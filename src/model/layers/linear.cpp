@@ -48,9 +48,7 @@ LayerNorm::LayerNorm(int64_t dim, double eps_) : eps(eps_) {
   bias = register_parameter("bias", zeros_parameter({dim}));
 }
 
-at::Tensor LayerNorm::forward(const at::Tensor& x) const {
-  return at::layer_norm(x, {x.size(-1)}, weight, bias, eps);
-}
+at::Tensor LayerNorm::forward(const at::Tensor& x) const { return at::layer_norm(x, {x.size(-1)}, weight, bias, eps); }
 
 RMSNorm::RMSNorm(int64_t hidden, double eps_, bool zero_centered_) : eps(eps_), zero_centered(zero_centered_) {
   weight = register_parameter("weight", zero_centered ? zeros_parameter({hidden}) : ones_parameter({hidden}));

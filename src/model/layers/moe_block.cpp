@@ -48,8 +48,8 @@ SparseMoeBlock::SparseMoeBlock(const TextConfig& c) : moe_(c.moe), act_(c.hidden
     }
   }
   if (m.shared_expert_intermediate_size > 0) {
-    shared_expert = register_module("shared_expert",
-                                    std::make_shared<SwiGlu>(h, m.shared_expert_intermediate_size, s, act_));
+    shared_expert =
+        register_module("shared_expert", std::make_shared<SwiGlu>(h, m.shared_expert_intermediate_size, s, act_));
     shared_expert_gate = register_module("shared_expert_gate", std::make_shared<Linear>(h, 1, false, s));
   }
 }
@@ -77,8 +77,8 @@ at::Tensor SparseMoeBlock::local_experts(const at::Tensor& rows, const std::vect
   std::vector<at::Tensor> outputs;
   std::vector<int64_t> placed;
   for (int64_t j = 0; j < local; ++j) {
-    const at::Tensor mine = rows.index_select(
-        0, at::tensor(at::ArrayRef<int64_t>(index[j]), at::kLong).to(rows.device()));
+    const at::Tensor mine =
+        rows.index_select(0, at::tensor(at::ArrayRef<int64_t>(index[j]), at::kLong).to(rows.device()));
     if (gate_up.empty()) {
       outputs.push_back(experts_[j]->forward(mine));
     } else {
@@ -99,7 +99,7 @@ at::Tensor SparseMoeBlock::forward(const at::Tensor& x, const MoeStep& step, int
   MMSP_CHECK(step.exchange.run || moe_.expert_shards == 1, "this model holds ", moe_.local_experts(), " of ",
              moe_.num_experts, " experts a layer (expert parallelism) but the step has no expert exchange");
   const int64_t L = x.size(0), E = moe_.num_experts, k = moe_.num_experts_per_tok;
-  const at::Tensor logits = gate->forward(x);                  // [L, E]
+  const at::Tensor logits = gate->forward(x);                   // [L, E]
   const at::Tensor probs = at::softmax(logits, 1, at::kFloat);  // float32, as transformers' router
   const auto top = at::topk(probs, k, 1);
   const at::Tensor top_w = std::get<0>(top), top_i = std::get<1>(top);  // [L, k]

@@ -36,8 +36,12 @@ struct AuxGradient : torch::autograd::Function<AuxGradient> {
 }  // namespace
 
 RouterLoad::RouterLoad(int64_t experts, int64_t sparse_layers, double aux_coef, int64_t real_tokens)
-    : experts_(experts), layers_(sparse_layers), coef_(aux_coef), real_tokens_(real_tokens),
-      counts_(at::zeros({sparse_layers, experts}, at::kDouble)), prob_sums_(sparse_layers) {}
+    : experts_(experts),
+      layers_(sparse_layers),
+      coef_(aux_coef),
+      real_tokens_(real_tokens),
+      counts_(at::zeros({sparse_layers, experts}, at::kDouble)),
+      prob_sums_(sparse_layers) {}
 
 at::Tensor RouterLoad::record(int64_t layer, const at::Tensor& out, const at::Tensor& counts,
                               const at::Tensor& prob_sum) {

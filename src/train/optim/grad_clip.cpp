@@ -30,8 +30,10 @@ double total_of(const std::vector<std::pair<size_t, at::Tensor>>& squares) {
     const at::Tensor& s = entry.second;
     auto same = std::find_if(per_device.begin(), per_device.end(),
                              [&](const at::Tensor& t) { return t.device() == s.device(); });
-    if (same == per_device.end()) per_device.push_back(s.clone());
-    else same->add_(s);
+    if (same == per_device.end())
+      per_device.push_back(s.clone());
+    else
+      same->add_(s);
   }
   double sum = 0.0;
   for (const at::Tensor& t : per_device) sum += t.item<double>();
@@ -69,8 +71,8 @@ double clip_grad_norm(const model::NamedParams& named_params, double max_norm) {
         culprit = "\"" + named_params[i].first + "\"";
         break;
       }
-    MMSP_FAIL("gradient norm is ", total, " (not finite); first parameter with a ",
-              "non-finite gradient: ", culprit, ". Lower the learning rate or check the data");
+    MMSP_FAIL("gradient norm is ", total, " (not finite); first parameter with a ", "non-finite gradient: ", culprit,
+              ". Lower the learning rate or check the data");
   }
   if (max_norm > 0 && total > max_norm) {
     const double scale = max_norm / (total + 1e-6);

@@ -26,12 +26,12 @@ inline constexpr int64_t kCudnnMaxHeadDim = 128;        // forward and backward,
 // What decides whether cuDNN serves a query tensor.
 struct CudnnFacts {
   bool cuda = false;
-  std::string device;                  // for the message
+  std::string device;  // for the message
   at::ScalarType dtype = at::kFloat;
   int64_t head_dim = 0;
-  long cudnn_version = 0;              // the runtime's, 0 when LibTorch has no cuDNN
-  int sm_major = 0;                    // the GPU's compute capability (major)
-  bool deterministic = false;          // torch's deterministic algorithms on (not warn-only)
+  long cudnn_version = 0;      // the runtime's, 0 when LibTorch has no cuDNN
+  int sm_major = 0;            // the GPU's compute capability (major)
+  bool deterministic = false;  // torch's deterministic algorithms on (not warn-only)
 };
 
 // This process's facts for `q` (the cuDNN runtime, the GPU's capability, torch's flags).

@@ -145,5 +145,4 @@ TextConfig parse_hybrid_text_config(const nlohmann::json& text, const std::strin
 // heads, K/V heads, head size and full-attention layers, at `element_bytes` an element.
 plan::AttentionShape attention_shape(const TextConfig& text, int64_t element_bytes);
 
-
 }  // namespace mmsp::model

@@ -14,15 +14,15 @@
 #include <vector>
 
 #include "mmsp/attention/linear/gated_delta_rule.h"
-#include "mmsp/model/layers/gated_deltanet_layer.h"
 #include "mmsp/attention/step_attention.h"
-#include "mmsp/model/layers/gated_deltanet.h"
+#include "mmsp/model/config/text_config.h"
 #include "mmsp/model/hooks/layer_hooks.h"
+#include "mmsp/model/hooks/recompute.h"
+#include "mmsp/model/layers/gated_deltanet.h"
+#include "mmsp/model/layers/gated_deltanet_layer.h"
 #include "mmsp/model/layers/linear.h"
 #include "mmsp/model/layers/moe_block.h"
-#include "mmsp/model/hooks/recompute.h"
 #include "mmsp/model/layers/rotary.h"
-#include "mmsp/model/config/text_config.h"
 #include "mmsp/plan/model_conventions.h"
 
 namespace mmsp::model {
@@ -94,11 +94,11 @@ class DecoderLayer : public torch::nn::Module {
   TextConfig config_;
   LayerKind kind_ = LayerKind::full_attention;
   std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
-  std::shared_ptr<Attention> self_attn_;      // full attention layers
+  std::shared_ptr<Attention> self_attn_;        // full attention layers
   std::shared_ptr<GatedDeltaNet> linear_attn_;  // Gated DeltaNet layers
-  std::shared_ptr<Mlp> mlp_;                  // dense layers
-  std::shared_ptr<SparseMoeBlock> moe_;       // mixture-of-experts layers ("mlp" too)
-  int64_t sparse_index_ = -1;                 // its place among the sparse layers
+  std::shared_ptr<Mlp> mlp_;                    // dense layers
+  std::shared_ptr<SparseMoeBlock> moe_;         // mixture-of-experts layers ("mlp" too)
+  int64_t sparse_index_ = -1;                   // its place among the sparse layers
 };
 
 // The decoder's mixture-of-experts layers (MoeConfig::sparse), in order.

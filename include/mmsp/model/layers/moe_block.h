@@ -28,9 +28,9 @@ namespace mmsp::model {
 
 // A step's mixture-of-experts context, the same for every sparse layer.
 struct MoeStep {
-  ExpertExchange exchange;            // how tokens reach their experts' ranks
-  at::Tensor real;                    // bool [L]: slots that hold a token (padding is not counted)
-  std::shared_ptr<RouterLoad> load;   // the step's routing counts and aux loss; null: not recorded
+  ExpertExchange exchange;           // how tokens reach their experts' ranks
+  at::Tensor real;                   // bool [L]: slots that hold a token (padding is not counted)
+  std::shared_ptr<RouterLoad> load;  // the step's routing counts and aux loss; null: not recorded
 };
 
 // down(act(gate(x)) · up(x)), no biases: an expert of the per-expert layout, the shared expert.
@@ -51,8 +51,8 @@ class SparseMoeBlock : public torch::nn::Module {
   // layer's place among the decoder's sparse layers (RouterLoad's index).
   at::Tensor forward(const at::Tensor& x, const MoeStep& step, int64_t sparse_layer) const;
 
-  std::shared_ptr<Linear> gate;  // the router
-  std::shared_ptr<SwiGlu> shared_expert;      // Qwen3.5-MoE; else null
+  std::shared_ptr<Linear> gate;                // the router
+  std::shared_ptr<SwiGlu> shared_expert;       // Qwen3.5-MoE; else null
   std::shared_ptr<Linear> shared_expert_gate;  // [1, hidden] with the shared expert
 
  private:
@@ -63,7 +63,7 @@ class SparseMoeBlock : public torch::nn::Module {
 
   MoeConfig moe_;
   std::string act_;
-  at::Tensor gate_up_proj_, down_proj_;         // fused: [E_l, hidden, 2I], [E_l, I, hidden]
+  at::Tensor gate_up_proj_, down_proj_;           // fused: [E_l, hidden, 2I], [E_l, I, hidden]
   std::vector<std::shared_ptr<SwiGlu>> experts_;  // per expert: experts.<first + j>
 };
 

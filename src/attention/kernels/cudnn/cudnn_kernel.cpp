@@ -26,9 +26,8 @@ std::string version_text(long v) {
 
 // cuDNN declares its ragged offsets int32: a packed tensor's rows × row stride must fit.
 void check_offsets(const at::Tensor& x, const char* what) {
-  MMSP_CHECK(x.size(0) * x.stride(0) <= INT_MAX, "cudnn attention: the packed ", what, " hold ", x.size(0),
-             " rows of ", x.stride(0), " elements, past cuDNN's int32 offsets (", INT_MAX,
-             "); use --attention-kernel fused");
+  MMSP_CHECK(x.size(0) * x.stride(0) <= INT_MAX, "cudnn attention: the packed ", what, " hold ", x.size(0), " rows of ",
+             x.stride(0), " elements, past cuDNN's int32 offsets (", INT_MAX, "); use --attention-kernel fused");
 }
 
 // A causal call holds square pieces only: its key offsets are its query offsets (cuDNN's
@@ -96,12 +95,11 @@ class CudnnKernel : public LocalKernel {
   PartialAttention forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const KernelPart& plan,
                            const AttentionOptions& options) const override {
     const auto& part = static_cast<const CudnnPart&>(plan);
-    return varlen_attention_forward(q, k, v, part.plan, scale_of(q, options),
-                                    [&part](const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp,
-                                            const VarlenCall& call, double s) {
-                                      return cudnn_call(qp.contiguous(), kp.contiguous(), vp.contiguous(), call, s,
-                                                        part.lse_layout);
-                                    });
+    return varlen_attention_forward(
+        q, k, v, part.plan, scale_of(q, options),
+        [&part](const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp, const VarlenCall& call, double s) {
+          return cudnn_call(qp.contiguous(), kp.contiguous(), vp.contiguous(), call, s, part.lse_layout);
+        });
   }
   AttentionGrads backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& out, const at::Tensor& lse, const KernelPart& plan,
@@ -144,8 +142,8 @@ std::string cudnn_refusal(const CudnnFacts& f) {
     return "cuDNN attention (forward and backward) takes head sizes that are multiples of 8 up to " +
            std::to_string(kCudnnMaxHeadDim) + ", got " + std::to_string(f.head_dim);
   if (f.cudnn_version < kCudnnMinVersion)
-    return "cuDNN's packed-sequence attention needs cuDNN >= " + version_text(kCudnnMinVersion) + ", this LibTorch has " +
-           (f.cudnn_version == 0 ? std::string("none") : version_text(f.cudnn_version));
+    return "cuDNN's packed-sequence attention needs cuDNN >= " + version_text(kCudnnMinVersion) +
+           ", this LibTorch has " + (f.cudnn_version == 0 ? std::string("none") : version_text(f.cudnn_version));
   if (f.sm_major != 9 && f.sm_major != 10)
     return "cuDNN's packed-sequence attention runs on SM90/SM100 GPUs (Hopper, Blackwell), this one is SM" +
            std::to_string(f.sm_major) + "x";
@@ -180,8 +178,8 @@ at::Tensor cudnn_lse_rows(const at::Tensor& lse, int64_t heads, int64_t rows, Cu
     *layout = CudnnLse::rows_first;
     return lse.squeeze(-1);
   }
-  MMSP_FAIL("cudnn attention: this LibTorch returns the log-sum-exp as ", lse.sizes(), ", neither [", heads, ", ",
-            rows, "] nor [", rows, ", ", heads, ", 1]: run with --attention-kernel fused");
+  MMSP_FAIL("cudnn attention: this LibTorch returns the log-sum-exp as ", lse.sizes(), ", neither [", heads, ", ", rows,
+            "] nor [", rows, ", ", heads, ", 1]: run with --attention-kernel fused");
 }
 
 at::Tensor cudnn_lse_for_backward(const at::Tensor& lse_rows, CudnnLse layout) {

@@ -8,9 +8,12 @@ namespace mmsp::model {
 
 std::string to_string(QwenVariant variant) {
   switch (variant) {
-    case QwenVariant::qwen2_vl: return "qwen2_vl";
-    case QwenVariant::qwen2_5_vl: return "qwen2_5_vl";
-    case QwenVariant::qwen3_vl: return "qwen3_vl";
+    case QwenVariant::qwen2_vl:
+      return "qwen2_vl";
+    case QwenVariant::qwen2_5_vl:
+      return "qwen2_5_vl";
+    case QwenVariant::qwen3_vl:
+      return "qwen3_vl";
   }
   return "unknown";
 }

@@ -121,24 +121,23 @@ std::string rope_field(const JsonFields& text) {
 void check_mrope(const ModelConfig& c, const JsonFields& text) {
   const auto& s = c.conventions.mrope_section;
   int64_t sum = 0;
-  const bool overflow =
-      __builtin_add_overflow(s[0], s[1], &sum) || __builtin_add_overflow(sum, s[2], &sum);
+  const bool overflow = __builtin_add_overflow(s[0], s[1], &sum) || __builtin_add_overflow(sum, s[2], &sum);
   const std::string field = rope_field(text);
   const bool partial = c.text.rotary_dim() != c.text.head_dim;
   MMSP_CHECK(!overflow && sum == c.text.rotary_dim() / 2,
-             field.empty() ? text.name("rope_scaling.mrope_section") + " (not set; default " +
-                                 join({s[0], s[1], s[2]}) + ")"
-                           : field + " " + join({s[0], s[1], s[2]}),
+             field.empty()
+                 ? text.name("rope_scaling.mrope_section") + " (not set; default " + join({s[0], s[1], s[2]}) + ")"
+                 : field + " " + join({s[0], s[1], s[2]}),
              " sums to ", overflow ? std::string("more than 2^63") : std::to_string(sum),
              partial ? " but must be the rotary channels / 2 = int(head_dim · partial_rotary_factor) / 2 = " +
                            std::to_string(c.text.rotary_dim()) + " / 2"
                      : " but must be head_dim / 2 = " + std::to_string(c.text.head_dim) + " / 2",
              " (t, h and w share the head's rotary frequencies)");
   const bool interleave = qwen_variant_of(c) == QwenVariant::qwen3_vl;
-  MMSP_CHECK(c.conventions.mrope_interleaved == interleave, text.name("rope_scaling"),
-             ".mrope_interleaved is ", c.conventions.mrope_interleaved ? "true" : "false",
-             ", but ", c.model_type, " always ", interleave ? "interleaves" : "splits",
-             " the t/h/w frequencies", interleave ? "" : " into contiguous sections");
+  MMSP_CHECK(c.conventions.mrope_interleaved == interleave, text.name("rope_scaling"), ".mrope_interleaved is ",
+             c.conventions.mrope_interleaved ? "true" : "false", ", but ", c.model_type, " always ",
+             interleave ? "interleaves" : "splits", " the t/h/w frequencies",
+             interleave ? "" : " into contiguous sections");
 }
 
 // Qwen3.5's vision tower is Qwen3-VL's without deepstack mergers, its rotary base fixed
@@ -183,9 +182,8 @@ class QwenPixelGeometry : public PixelGeometry {
 
   plan::Grid grid_for(int64_t frames, int64_t width, int64_t height, const std::string& what) const override {
     const int64_t unit = side_unit();
-    MMSP_CHECK(width % unit == 0 && height % unit == 0 && width > 0 && height > 0, what, " is ", width, " x ",
-               height, " pixels (W x H), not a multiple of patch_size * spatial_merge_size = ", unit,
-               " on each side");
+    MMSP_CHECK(width % unit == 0 && height % unit == 0 && width > 0 && height > 0, what, " is ", width, " x ", height,
+               " pixels (W x H), not a multiple of patch_size * spatial_merge_size = ", unit, " on each side");
     return {temporal_patches(frames), height / v_.patch_size, width / v_.patch_size};
   }
   std::string grid_mismatch(const plan::Grid& g, int64_t frames, int64_t, int64_t,
@@ -201,13 +199,9 @@ class QwenPixelGeometry : public PixelGeometry {
     const int64_t m = v_.spatial_merge_size;
     return g[0] * (g[1] / m) * (g[2] / m);
   }
-  std::vector<int64_t> item_shape(const plan::Grid& g) const override {
-    return {batch_rows(g), row_shape()[0]};
-  }
+  std::vector<int64_t> item_shape(const plan::Grid& g) const override { return {batch_rows(g), row_shape()[0]}; }
   int64_t batch_rows(const plan::Grid& g) const override { return g[0] * g[1] * g[2]; }
-  std::vector<int64_t> row_shape() const override {
-    return {v_.patch_row()};
-  }
+  std::vector<int64_t> row_shape() const override { return {v_.patch_row()}; }
   std::string item_layout() const override { return "patches x channels*temporal_patch_size*patch_size^2"; }
   at::Tensor item_pixels(const at::Tensor& frames) const override { return qwen_patches(frames, v_, norm_).rows; }
   at::Tensor video_pixels(const at::Tensor& frames) const override {
@@ -280,8 +274,8 @@ class QwenVLFamily : public Family {
       if (c.scales_video_time() && vision->contains("tokens_per_second")) {
         const auto& t = vision->at("tokens_per_second");
         MMSP_CHECK(t.is_number() && t.get<double>() >= 0 && t.get<double>() <= plan::kMaxTokensPerSecond,
-                   "config.json: vision_config.tokens_per_second must be a number in [0, ",
-                   plan::kMaxTokensPerSecond, "], got ", t.dump(), " (it scales video positions)");
+                   "config.json: vision_config.tokens_per_second must be a number in [0, ", plan::kMaxTokensPerSecond,
+                   "], got ", t.dump(), " (it scales video positions)");
         c.tokens_per_second = t.get<double>();
       }
     }
@@ -333,9 +327,8 @@ class QwenVLFamily : public Family {
     check_mrope(c, text);
     const char* out_key =
         variant == QwenVariant::qwen2_vl ? "vision_config.hidden_size" : "vision_config.out_hidden_size";
-    MMSP_CHECK(v.out_hidden_size == c.text.hidden_size, out_key, " (", v.out_hidden_size,
-               ") must equal the decoder's ", text.name("hidden_size"), " (", c.text.hidden_size,
-               "): merged vision rows replace token embeddings");
+    MMSP_CHECK(v.out_hidden_size == c.text.hidden_size, out_key, " (", v.out_hidden_size, ") must equal the decoder's ",
+               text.name("hidden_size"), " (", c.text.hidden_size, "): merged vision rows replace token embeddings");
     MMSP_CHECK(static_cast<int64_t>(v.deepstack_visual_indexes.size()) <= c.text.num_hidden_layers,
                "vision_config.deepstack_visual_indexes ", join(v.deepstack_visual_indexes), " feeds ",
                v.deepstack_visual_indexes.size(), " decoder layers, but ", text.name("num_hidden_layers"), " is ",

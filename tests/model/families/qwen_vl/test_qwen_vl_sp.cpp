@@ -10,21 +10,21 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "mmsp/dist/all_reduce.h"
-#include "mmsp/model/families/qwen_vl/qwen_variant.h"
-#include "mmsp/model/family.h"
-#include "mmsp/parallel/step_parallelism.h"
-#include "mmsp/model/rank_inputs.h"
-#include "mmsp/train/loss/causal_lm_loss.h"
-#include "mmsp/hf/safetensors.h"
-#include "mmsp/model/checkpoint_naming.h"
-#include "mmsp/hf/hf_directory.h"
-#include "mmsp/core/check.h"
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
-#include <unistd.h>
-#include "multirank.h"
+#include "mmsp/core/check.h"
+#include "mmsp/dist/all_reduce.h"
+#include "mmsp/hf/hf_directory.h"
+#include "mmsp/hf/safetensors.h"
+#include "mmsp/model/checkpoint_naming.h"
+#include "mmsp/model/families/qwen_vl/qwen_variant.h"
+#include "mmsp/model/family.h"
+#include "mmsp/model/rank_inputs.h"
+#include "mmsp/parallel/step_parallelism.h"
+#include "mmsp/train/loss/causal_lm_loss.h"
 #include "moe_step.h"
+#include "multirank.h"
 #include "vlm_step.h"
 
 using namespace mmsp;
@@ -32,21 +32,39 @@ using at::Tensor;
 
 namespace {
 
-using test::kStart, test::kEnd, test::kImage, test::kVideo, test::text, test::block;
 using test::adaptive_options, test::kAdaptiveBalances, test::run_model, test::whole_and_split;
+using test::kStart, test::kEnd, test::kImage, test::kVideo, test::text, test::block;
 using Result = test::StepResult;
 
 // Qwen2-VL's top-level text fields, which Qwen2.5-VL shares.
 nlohmann::json tiny_qwen2_vl_json() {
-  return {{"model_type", "qwen2_vl"}, {"vocab_size", 128}, {"hidden_size", 96},
-          {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
-          {"num_key_value_heads", 2}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
-          {"tie_word_embeddings", false}, {"vision_start_token_id", kStart}, {"vision_end_token_id", kEnd},
-          {"vision_token_id", 119}, {"image_token_id", kImage}, {"video_token_id", kVideo},
+  return {{"model_type", "qwen2_vl"},
+          {"vocab_size", 128},
+          {"hidden_size", 96},
+          {"intermediate_size", 64},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 12},
+          {"num_key_value_heads", 2},
+          {"rope_theta", 10000.0},
+          {"rms_norm_eps", 1e-6},
+          {"tie_word_embeddings", false},
+          {"vision_start_token_id", kStart},
+          {"vision_end_token_id", kEnd},
+          {"vision_token_id", 119},
+          {"image_token_id", kImage},
+          {"video_token_id", kVideo},
           {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}}},
-          {"vision_config", {{"depth", 2}, {"embed_dim", 16}, {"hidden_size", 96}, {"num_heads", 2},
-                             {"mlp_ratio", 2}, {"patch_size", 2}, {"spatial_merge_size", 2},
-                             {"temporal_patch_size", 2}, {"in_chans", 3}, {"hidden_act", "quick_gelu"}}}};
+          {"vision_config",
+           {{"depth", 2},
+            {"embed_dim", 16},
+            {"hidden_size", 96},
+            {"num_heads", 2},
+            {"mlp_ratio", 2},
+            {"patch_size", 2},
+            {"spatial_merge_size", 2},
+            {"temporal_patch_size", 2},
+            {"in_chans", 3},
+            {"hidden_act", "quick_gelu"}}}};
 }
 
 model::ModelConfig tiny_qwen2_vl() { return model::parse_model_config(tiny_qwen2_vl_json(), "tiny qwen2_vl"); }
@@ -54,21 +72,39 @@ model::ModelConfig tiny_qwen2_vl() { return model::parse_model_config(tiny_qwen2
 // Qwen3-VL: nested text_config, q/k norms, interleaved mRoPE, patch-embedding bias, a
 // 4 × 4 position table, deepstack from both vision blocks into decoder layers 0 and 1.
 nlohmann::json tiny_qwen3_vl_json() {
-  return {
-      {"model_type", "qwen3_vl"}, {"tie_word_embeddings", false},
-      {"vision_start_token_id", kStart}, {"vision_end_token_id", kEnd},
-      {"image_token_id", kImage}, {"video_token_id", kVideo},
-      {"text_config", {{"model_type", "qwen3_vl_text"}, {"vocab_size", 128}, {"hidden_size", 96},
-                       {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
-                       {"num_key_value_heads", 2}, {"head_dim", 8}, {"attention_bias", false},
-                       {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
-                       {"rope_scaling", {{"rope_type", "default"}, {"mrope_interleaved", true},
-                                         {"mrope_section", {2, 1, 1}}}}}},
-      {"vision_config", {{"model_type", "qwen3_vl"}, {"depth", 2}, {"hidden_size", 16},
-                         {"intermediate_size", 32}, {"num_heads", 2}, {"in_channels", 3},
-                         {"patch_size", 2}, {"temporal_patch_size", 2}, {"spatial_merge_size", 2},
-                         {"out_hidden_size", 96}, {"num_position_embeddings", 16},
-                         {"deepstack_visual_indexes", {0, 1}}, {"hidden_act", "gelu_pytorch_tanh"}}}};
+  return {{"model_type", "qwen3_vl"},
+          {"tie_word_embeddings", false},
+          {"vision_start_token_id", kStart},
+          {"vision_end_token_id", kEnd},
+          {"image_token_id", kImage},
+          {"video_token_id", kVideo},
+          {"text_config",
+           {{"model_type", "qwen3_vl_text"},
+            {"vocab_size", 128},
+            {"hidden_size", 96},
+            {"intermediate_size", 64},
+            {"num_hidden_layers", 2},
+            {"num_attention_heads", 12},
+            {"num_key_value_heads", 2},
+            {"head_dim", 8},
+            {"attention_bias", false},
+            {"rope_theta", 10000.0},
+            {"rms_norm_eps", 1e-6},
+            {"rope_scaling", {{"rope_type", "default"}, {"mrope_interleaved", true}, {"mrope_section", {2, 1, 1}}}}}},
+          {"vision_config",
+           {{"model_type", "qwen3_vl"},
+            {"depth", 2},
+            {"hidden_size", 16},
+            {"intermediate_size", 32},
+            {"num_heads", 2},
+            {"in_channels", 3},
+            {"patch_size", 2},
+            {"temporal_patch_size", 2},
+            {"spatial_merge_size", 2},
+            {"out_hidden_size", 96},
+            {"num_position_embeddings", 16},
+            {"deepstack_visual_indexes", {0, 1}},
+            {"hidden_act", "gelu_pytorch_tanh"}}}};
 }
 
 model::ModelConfig tiny_qwen3_vl() { return model::parse_model_config(tiny_qwen3_vl_json(), "tiny qwen3_vl"); }
@@ -98,10 +134,19 @@ model::ModelConfig tiny_qwen3_vl_moe() {
 nlohmann::json tiny_qwen2_5_vl_json() {
   nlohmann::json c = tiny_qwen2_vl_json();
   c["model_type"] = "qwen2_5_vl";
-  c["vision_config"] = {{"depth", 2}, {"hidden_size", 16}, {"intermediate_size", 24}, {"num_heads", 2},
-                        {"out_hidden_size", 96}, {"patch_size", 2}, {"spatial_merge_size", 2},
-                        {"temporal_patch_size", 2}, {"in_chans", 3}, {"hidden_act", "silu"},
-                        {"window_size", 8}, {"fullatt_block_indexes", {1}}, {"tokens_per_second", 2}};
+  c["vision_config"] = {{"depth", 2},
+                        {"hidden_size", 16},
+                        {"intermediate_size", 24},
+                        {"num_heads", 2},
+                        {"out_hidden_size", 96},
+                        {"patch_size", 2},
+                        {"spatial_merge_size", 2},
+                        {"temporal_patch_size", 2},
+                        {"in_chans", 3},
+                        {"hidden_act", "silu"},
+                        {"window_size", 8},
+                        {"fullatt_block_indexes", {1}},
+                        {"tokens_per_second", 2}};
   return c;
 }
 
@@ -223,14 +268,12 @@ TEST_P(QwenVlFamily, MultiRankEqualsOneProcessInEveryVisionMode) {
     options.mesh = mesh.shape();
     const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
-      const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
-                             mesh.world(), mode);
+      const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(), mode);
       const std::string where = mesh.shape().str() + " " + model::to_string(mode);
       test::expect_same_step(got, ref, 1e-9, where);
     }
   }
 }
-
 
 // Adaptive placement: short segments whole on one rank, long ones split; the same loss and
 // gradients as one process (fp64 1e-9), in routed and gather mode.
@@ -249,10 +292,10 @@ TEST_P(QwenVlFamily, MultiRankAdaptivePlacementEqualsOneProcess) {
       const auto [w, sp] = whole_and_split(mine);
       mixed += w > 0 && (sp > 0 || mesh.shape().context() == 1);
       for (auto mode : {model::VisionMode::routed, model::VisionMode::gather}) {
-        const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
-                               mesh.world(), mode);
-        test::expect_same_step(got, ref, 1e-9, mesh.shape().str() + " adaptive " + std::to_string(w) + " whole " +
-                                                   std::to_string(sp) + " split " + model::to_string(mode));
+        const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(), mode);
+        test::expect_same_step(got, ref, 1e-9,
+                               mesh.shape().str() + " adaptive " + std::to_string(w) + " whole " + std::to_string(sp) +
+                                   " split " + model::to_string(mode));
       }
     }
   }
@@ -272,8 +315,8 @@ TEST_P(QwenVlFamily, MultiRankFp32EqualsOneProcessInEveryVisionMode) {
     options.mesh = mesh.shape();
     const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
-      const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
-                             mesh.world(), mode, at::kFloat);
+      const Result got =
+          run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(), mode, at::kFloat);
       test::expect_same_step(got, ref, 1e-4, mesh.shape().str() + " fp32 " + model::to_string(mode));
     }
   }
@@ -401,7 +444,9 @@ TEST(QwenVlWeights, RoundTripGivesIdenticalOutputs) {
   at::manual_seed(7);
   model::PixelInputs pixels{at::randn({16 + 12, 24}), at::randn({16, 24})};
   auto logits_of = [&](const model::Vlm& m) {
-    return parallel::forward_step(m, batch, plan, pixels, {solo, solo, solo}, model::VisionMode::routed).logits().detach();
+    return parallel::forward_step(m, batch, plan, pixels, {solo, solo, solo}, model::VisionMode::routed)
+        .logits()
+        .detach();
   };
   at::manual_seed(1);
   auto a_ptr = model::build_vlm(config);
