@@ -113,6 +113,8 @@ demo: tools
 	  --out $(DEMO_DIR)/1-rank --quiet
 	$(BUILD)/mmsp compare-losses $(DEMO_DIR)/4-ranks/metrics.jsonl $(DEMO_DIR)/1-rank/metrics.jsonl \
 	  --max-rel $(DEMO_MAX_REL)
+	@echo "== the two runs' curves, overlaid: $(DEMO_DIR)/report.png and report.html =="
+	$(BUILD)/mmsp report $(DEMO_DIR)/4-ranks $(DEMO_DIR)/1-rank --out $(DEMO_DIR)/report
 
 # `import mmsp` from .venv's Python: builds the package (<build>/python/mmsp: the Python
 # files and the mmsp._C extension, against .venv's torch) and puts it on that Python's path

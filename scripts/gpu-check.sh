@@ -122,11 +122,21 @@ else  # dry run: the same code on small shapes
   tokens=(256 512); segments=(64 128 32); dtype=float32; device=cpu
   mem_model=configs/tiny-qwen2-vl.json; mem_tokens=256; mem_layers=0; linear_tokens=512
 fi
+# Every kernel of the registry that serves the device (cudnn, fused: FlashAttention-2 varlen)
+# against the best SDPA backend, at 8k and 32k causal tokens (kernels.*.over_best_sdpa).
 stage bench-attention 120 "$bin/mmsp" bench attention --part fused --device $device --dtype $dtype \
   --fused-tokens "${tokens[@]}" --segments "${segments[@]}" --out "$out/attention.bench.json"
+# --attention-kernel auto's measured choice: each kernel's probe against the blockwise one
+# and its timing, the table and the winner, at the same lengths (16 heads of 128, and GQA 4).
+stage bench-choice 90 "$bin/mmsp" bench attention --part choice --device $device --dtype $dtype \
+  --fused-tokens "${tokens[@]}" --repeats 3 --out "$out/choice.bench.json"
+stage bench-choice-gqa 60 "$bin/mmsp" bench attention --part choice --device $device --dtype $dtype \
+  --fused-tokens "${tokens[0]}" --heads 16 --kv-heads 4 --repeats 3 --out "$out/choice-gqa.bench.json"
 # The zigzag ring over 2 ranks sharing the GPU (host-staged collectives: the test mode, so
-# this is the ring's cost through host memory, not NCCL's) ÷ one rank's kernel on the whole.
-MMSP_SHARE_GPU=1 stage bench-ring 90 "$bin/mmsp-run" -n 2 -- "$bin/mmsp" bench attention --part ring \
+# this is the ring's cost through host memory, not NCCL's), communication overlapped and
+# not: seconds, exposed and hidden communication, and ring_fraction_of_ideal (one rank's
+# kernel on the whole sequence ÷ 2, over the ring's time).
+MMSP_SHARE_GPU=1 stage bench-ring 120 "$bin/mmsp-run" -n 2 -- "$bin/mmsp" bench attention --part ring \
   --device $device --dtype $dtype --fused-tokens "${tokens[0]}" --out "$out/ring.bench.json"
 stage bench-linear 60 "$bin/mmsp" bench linear-attention --part kernel --device $device \
   --kernel-tokens $linear_tokens --out "$out/linear.bench.json"

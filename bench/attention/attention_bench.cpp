@@ -21,9 +21,7 @@ namespace {
 using attention::TokenLayout;
 using nlohmann::json;
 
-TokenLayout one_segment(int64_t T) {
-  return {at::zeros({T}, at::kLong), at::arange(T, at::kLong)};
-}
+TokenLayout one_segment(int64_t T) { return {at::zeros({T}, at::kLong), at::arange(T, at::kLong)}; }
 
 // Collects each benchmark's FLOP rate while the console reporter prints to stderr.
 class CollectingReporter : public benchmark::ConsoleReporter {
@@ -37,8 +35,7 @@ class CollectingReporter : public benchmark::ConsoleReporter {
 };
 
 void set_flops(benchmark::State& state, double flops_per_iteration) {
-  state.counters["FLOPS"] =
-      benchmark::Counter(flops_per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOPS"] = benchmark::Counter(flops_per_iteration, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 }  // namespace
@@ -48,8 +45,8 @@ json bench_attention_kernel(const AttentionBenchOptions& o) {
   const int64_t T = o.tokens, H = o.heads, Hkv = o.kv_heads, D = o.dim;
   const auto f32 = at::TensorOptions().dtype(at::kFloat);
   at::manual_seed(0);
-  const at::Tensor q = at::randn({T, H, D}, f32), k = at::randn({T, Hkv, D}, f32),
-                   v = at::randn({T, Hkv, D}, f32), dout = at::randn({T, H, D}, f32);
+  const at::Tensor q = at::randn({T, H, D}, f32), k = at::randn({T, Hkv, D}, f32), v = at::randn({T, Hkv, D}, f32),
+                   dout = at::randn({T, H, D}, f32);
   const TokenLayout layout = one_segment(T);
   attention::AttentionOptions ao;
   ao.block_q = o.block_q;
@@ -71,8 +68,8 @@ json bench_attention_kernel(const AttentionBenchOptions& o) {
   const attention::PartialAttention fwd = attention::local_attention_forward(q, k, v, layout, layout, ao);
   registered.push_back(benchmark::RegisterBenchmark("mmsp_backward", [&](benchmark::State& st) {
     for (auto _ : st)
-      benchmark::DoNotOptimize(attention::local_attention_backward(dout, q, k, v, fwd.out, fwd.lse,
-                                                                   layout, layout, ao));
+      benchmark::DoNotOptimize(
+          attention::local_attention_backward(dout, q, k, v, fwd.out, fwd.lse, layout, layout, ao));
     set_flops(st, bwd_flops);
   }));
   // The same with the kernel's plan (block schedule, masks) made once, as a step does:
@@ -98,8 +95,7 @@ json bench_attention_kernel(const AttentionBenchOptions& o) {
   registered.push_back(benchmark::RegisterBenchmark("naive_backward", [&](benchmark::State& st) {
     for (auto _ : st) {
       st.PauseTiming();
-      at::Tensor qg = q.clone().requires_grad_(), kg = k.clone().requires_grad_(),
-                 vg = v.clone().requires_grad_();
+      at::Tensor qg = q.clone().requires_grad_(), kg = k.clone().requires_grad_(), vg = v.clone().requires_grad_();
       at::Tensor out = attention::naive_attention(qg, kg, vg, layout, layout, true).out;
       st.ResumeTiming();
       out.backward(dout);
@@ -118,8 +114,15 @@ json bench_attention_kernel(const AttentionBenchOptions& o) {
   benchmark::ClearRegisteredBenchmarks();
   auto& g = reporter.gflops;
   return {{"threads", o.threads},
-          {"shape", {{"tokens", T}, {"heads", H}, {"kv_heads", Hkv}, {"dim", D}, {"causal", true},
-                     {"dtype", "float32"}, {"block_q", o.block_q}, {"block_k", o.block_k}}},
+          {"shape",
+           {{"tokens", T},
+            {"heads", H},
+            {"kv_heads", Hkv},
+            {"dim", D},
+            {"causal", true},
+            {"dtype", "float32"},
+            {"block_q", o.block_q},
+            {"block_k", o.block_k}}},
           {"gflops", g},
           {"forward_vs_mm", g["mmsp_forward"] / g["mm_2048"]},
           {"backward_vs_mm", g["mmsp_backward"] / g["mm_2048"]},
@@ -135,8 +138,7 @@ json bench_attention_balance(const AttentionBenchOptions& o) {
   // planner shards the row: one long segment, and a packed row of uneven ones.
   json rows = json::array();
   const std::vector<std::pair<std::string, std::vector<int64_t>>> batches = {
-      {"one segment of 65536", {65536}},
-      {"packed 9000+3000+17000+1000+5000", {9000, 3000, 17000, 1000, 5000}}};
+      {"one segment of 65536", {65536}}, {"packed 9000+3000+17000+1000+5000", {9000, 3000, 17000, 1000, 5000}}};
   for (const auto& [name, lengths] : batches)
     for (int R : {2, 4, 8})
       for (plan::Layout layout : {plan::Layout::zigzag, plan::Layout::contiguous}) {
@@ -152,8 +154,11 @@ json bench_attention_balance(const AttentionBenchOptions& o) {
           max = std::max<double>(max, work.back());
           sum += work.back();
         }
-        rows.push_back({{"batch", name}, {"ring", R}, {"layout", plan::to_string(layout)},
-                        {"work_per_rank", work}, {"max_over_mean", max / (sum / R)}});
+        rows.push_back({{"batch", name},
+                        {"ring", R},
+                        {"layout", plan::to_string(layout)},
+                        {"work_per_rank", work},
+                        {"max_over_mean", max / (sum / R)}});
       }
   return rows;
 }
@@ -172,8 +177,8 @@ json bench_attention_comm(const dist::RankEnv& env, const AttentionBenchOptions&
     const int R = shape.ring, U = shape.ulysses, S = R * U;
     MMSP_CHECK(T % (2 * S) == 0, "--comm-tokens ", T, " must divide by 2 × ring × ulysses = ", 2 * S);
     // One segment on the zigzag layout, as the planner shards it.
-    const std::vector<TokenLayout> shares = attention::ring_shares(
-        plan::ShardMap(plan::pack_row({0}, {T}, R), R, U, plan::Layout::zigzag));
+    const std::vector<TokenLayout> shares =
+        attention::ring_shares(plan::ShardMap(plan::pack_row({0}, {T}, R), R, U, plan::Layout::zigzag));
     const int64_t Tl = T / S;
     at::manual_seed(mesh.rank());
     at::Tensor q = at::randn({Tl, H, D}).requires_grad_(), k = at::randn({Tl, Hkv, D}).requires_grad_(),
@@ -189,13 +194,23 @@ json bench_attention_comm(const dist::RankEnv& env, const AttentionBenchOptions&
     const int64_t ring_fwd = (R - 1) * kv_block;
     const int64_t ring_bwd = R > 1 ? (R - 1) * kv_block + R * kv_block : 0;  // K/V again + dK/dV home
     auto measured = [&](dist::CommKind kind, dist::Pass pass) { return d.at(kind, pass).bytes; };
-    json row = {{"scheme", attention::scheme_name({mesh.ring(), mesh.ulysses()})},
-                {"ring", R}, {"ulysses", U}, {"tokens", T}, {"heads", H}, {"kv_heads", Hkv},
-                {"dim", D}, {"dtype", "float32"},
-                {"forward", {{"all_to_all", {{"measured", measured(dist::CommKind::all_to_all, dist::Pass::forward)}, {"formula", a2a}}},
-                             {"ring_exchange", {{"measured", measured(dist::CommKind::ring_exchange, dist::Pass::forward)}, {"formula", ring_fwd}}}}},
-                {"backward", {{"all_to_all", {{"measured", measured(dist::CommKind::all_to_all, dist::Pass::backward)}, {"formula", a2a}}},
-                              {"ring_exchange", {{"measured", measured(dist::CommKind::ring_exchange, dist::Pass::backward)}, {"formula", ring_bwd}}}}}};
+    json row = {
+        {"scheme", attention::scheme_name({mesh.ring(), mesh.ulysses()})},
+        {"ring", R},
+        {"ulysses", U},
+        {"tokens", T},
+        {"heads", H},
+        {"kv_heads", Hkv},
+        {"dim", D},
+        {"dtype", "float32"},
+        {"forward",
+         {{"all_to_all", {{"measured", measured(dist::CommKind::all_to_all, dist::Pass::forward)}, {"formula", a2a}}},
+          {"ring_exchange",
+           {{"measured", measured(dist::CommKind::ring_exchange, dist::Pass::forward)}, {"formula", ring_fwd}}}}},
+        {"backward",
+         {{"all_to_all", {{"measured", measured(dist::CommKind::all_to_all, dist::Pass::backward)}, {"formula", a2a}}},
+          {"ring_exchange",
+           {{"measured", measured(dist::CommKind::ring_exchange, dist::Pass::backward)}, {"formula", ring_bwd}}}}}};
     bool match = true;
     for (const char* pass : {"forward", "backward"})
       for (auto& [kind, fig] : row[pass].items()) match &= fig["measured"] == fig["formula"];

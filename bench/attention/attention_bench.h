@@ -19,8 +19,8 @@ struct AttentionBenchOptions {
   int64_t dim = 128;
   int64_t block_q = 512;  // kernel blocks (AttentionOptions)
   int64_t block_k = 512;
-  int threads = 1;          // ATen intra-op threads (same for mm and attention)
-  double min_time = 0.5;    // seconds per Google Benchmark measurement
+  int threads = 1;             // ATen intra-op threads (same for mm and attention)
+  double min_time = 0.5;       // seconds per Google Benchmark measurement
   int64_t comm_tokens = 8192;  // tokens of the context group in the comm benchmark
 };
 

@@ -16,6 +16,7 @@
 #include "mmsp/attention/plan_layout.h"
 #include "mmsp/attention/step_attention.h"
 #include "mmsp/core/check.h"
+#include "mmsp/core/phase_timer.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/plan/packing.h"
@@ -23,6 +24,8 @@
 
 namespace mmsp::bench {
 namespace {
+
+at::ScalarType dtype_of(const std::string& name) { return bench_dtype(name); }
 
 void synchronize(const c10::Device& device) {
   if (device.is_cuda()) c10::impl::getDeviceGuardImpl(c10::kCUDA)->synchronizeDevice(device.index());
@@ -40,15 +43,6 @@ double median_seconds(const std::function<void()>& run, const c10::Device& devic
   }
   std::sort(s.begin(), s.end());
   return s[s.size() / 2];
-}
-
-at::ScalarType dtype_of(const std::string& name) {
-  if (name == "bfloat16") return at::kBFloat16;
-  if (name == "float16") return at::kHalf;
-  if (name == "float32") return at::kFloat;
-  if (name == "float64") return at::kDouble;
-  MMSP_CHECK(false, "--dtype '", name, "' must be bfloat16, float16, float32 or float64");
-  return at::kFloat;
 }
 
 attention::TokenLayout layout_of(const std::vector<int64_t>& lengths) {
@@ -73,17 +67,20 @@ struct Inputs {
 
 Inputs make_inputs(int64_t T, const FusedAttentionBenchOptions& o, at::ScalarType type) {
   const auto opts = at::TensorOptions().dtype(type).device(o.device);
-  return {at::randn({T, o.heads, o.dim}, opts).requires_grad_(), at::randn({T, o.kv_heads, o.dim}, opts).requires_grad_(),
+  return {at::randn({T, o.heads, o.dim}, opts).requires_grad_(),
+          at::randn({T, o.kv_heads, o.dim}, opts).requires_grad_(),
           at::randn({T, o.kv_heads, o.dim}, opts).requires_grad_(), at::randn({T, o.heads, o.dim}, opts)};
 }
 
-// mmsp's local attention, forward + backward, on the layout of `lengths`.
-nlohmann::json time_mmsp(const std::vector<int64_t>& lengths, const FusedAttentionBenchOptions& o, at::ScalarType type) {
+// mmsp's local attention, forward + backward, on the layout of `lengths`; `kernel`: a
+// registry entry's name or auto (default: --attention-kernel).
+nlohmann::json time_mmsp(const std::vector<int64_t>& lengths, const FusedAttentionBenchOptions& o, at::ScalarType type,
+                         const std::string& kernel = "") {
   int64_t T = 0;
   for (int64_t n : lengths) T += n;
   Inputs in = make_inputs(T, o, type);
   attention::AttentionOptions options;
-  options.kernel = attention::parse_attention_kernel(o.kernel);
+  options.kernel = attention::parse_attention_kernel(kernel.empty() ? o.kernel : kernel);
   const attention::TokenLayout layout = layout_of(lengths);
   const attention::KernelPlanPtr plan = attention::plan_kernel(layout, layout, options, o.device);
   const double s = median_seconds(
@@ -93,8 +90,41 @@ nlohmann::json time_mmsp(const std::vector<int64_t>& lengths, const FusedAttenti
       },
       o.device, o.repeats);
   const double pairs = causal_pairs(lengths);
-  return {{"kernel", attention::kernel_in_use(*plan, in.q)}, {"seconds", s},
+  return {{"kernel", attention::kernel_in_use(*plan, in.q)},
+          {"seconds", s},
           {"tflops", flops(pairs, o.heads, o.dim) / s / 1e12}};
+}
+
+// Every registry kernel but the blockwise one (cudnn, fused, ...) on the same layout: its
+// row, or why it does not serve these tensors or failed.
+nlohmann::json time_each_kernel(const std::vector<int64_t>& lengths, const FusedAttentionBenchOptions& o,
+                                at::ScalarType type) {
+  nlohmann::json rows = nlohmann::json::object();
+  const at::Tensor probe = at::empty({1, o.heads, o.dim}, at::TensorOptions().dtype(type).device(o.device));
+  for (const attention::LocalKernel* k : attention::local_kernels()) {
+    if (std::string(k->name()) == "blockwise") continue;
+    std::string why_not;
+    if (!k->serves(probe, &why_not)) {
+      rows[k->name()] = {{"skipped", why_not}};
+      continue;
+    }
+    try {
+      rows[k->name()] = time_mmsp(lengths, o, type, k->name());
+    } catch (const std::exception& e) { rows[k->name()] = {{"error", std::string(e.what()).substr(0, 300)}}; }
+  }
+  return rows;
+}
+
+// The fastest of the kernel rows, over `best` seconds (a ratio ≥ 1: faster than it).
+void add_kernel_ratios(nlohmann::json& row, double best) {
+  double fastest = 0;
+  for (auto& [name, k] : row["kernels"].items())
+    if (k.contains("seconds")) {
+      k["over_best_sdpa"] = best / k["seconds"].get<double>();
+      if (fastest == 0 || k["seconds"].get<double>() < fastest)
+        fastest = k["seconds"].get<double>(), row["fastest_kernel"] = name;
+    }
+  if (fastest > 0) row["fastest_kernel_over_best_sdpa"] = best / fastest;
 }
 
 // torch's SDPA on [B, H, L, D] with one backend enabled at a time.
@@ -105,12 +135,11 @@ struct Backend {
 
 nlohmann::json time_sdpa(int64_t batch, int64_t L, double pairs, const FusedAttentionBenchOptions& o,
                          at::ScalarType type) {
-  const std::vector<Backend> backends =
-      o.device.is_cuda()
-          ? std::vector<Backend>{{"cudnn", false, false, true, false},
-                                 {"flash", true, false, false, false},
-                                 {"efficient", false, true, false, false}}
-          : std::vector<Backend>{{"cpu-flash", true, false, false, false}};
+  const std::vector<Backend> backends = o.device.is_cuda()
+                                            ? std::vector<Backend>{{"cudnn", false, false, true, false},
+                                                                   {"flash", true, false, false, false},
+                                                                   {"efficient", false, true, false, false}}
+                                            : std::vector<Backend>{{"cpu-flash", true, false, false, false}};
   at::Context& ctx = at::globalContext();
   const bool was[] = {ctx.userEnabledFlashSDP(), ctx.userEnabledMemEfficientSDP(), ctx.userEnabledCuDNNSDP(),
                       ctx.userEnabledMathSDP()};
@@ -136,9 +165,7 @@ nlohmann::json time_sdpa(int64_t batch, int64_t L, double pairs, const FusedAtte
           o.device, o.repeats);
       row["seconds"] = s;
       row["tflops"] = flops(pairs, o.heads, o.dim) / s / 1e12;
-    } catch (const std::exception& e) {
-      row["error"] = std::string(e.what()).substr(0, 200);
-    }
+    } catch (const std::exception& e) { row["error"] = std::string(e.what()).substr(0, 200); }
     rows.push_back(row);
   }
   ctx.setSDPUseFlash(was[0]);
@@ -165,20 +192,26 @@ nlohmann::json bench_fused_attention(const FusedAttentionBenchOptions& o) {
              "bench attention --part fused: --tokens must be given, --heads a multiple of --kv-heads");
   MMSP_CHECK(o.repeats > 0, "--repeats ", o.repeats, " must be positive");
   const at::ScalarType type = dtype_of(o.dtype);
-  nlohmann::json result{{"device", o.device.str()}, {"dtype", o.dtype}, {"heads", o.heads},
-                        {"kv_heads", o.kv_heads}, {"dim", o.dim}, {"kernel_flag", o.kernel},
+  nlohmann::json result{{"device", o.device.str()},
+                        {"dtype", o.dtype},
+                        {"heads", o.heads},
+                        {"kv_heads", o.kv_heads},
+                        {"dim", o.dim},
+                        {"kernel_flag", o.kernel},
                         {"flops", "causal forward + backward: 3.5 · 4 · H · D · allowed pairs"}};
   nlohmann::json whole = nlohmann::json::array();
   for (int64_t T : o.tokens) {
     MMSP_CHECK(T > 0, "--tokens ", T, " must be positive");
     nlohmann::json row{{"tokens", T}};
     row["mmsp"] = time_mmsp({T}, o, type);
+    row["kernels"] = time_each_kernel({T}, o, type);
     row["sdpa"] = time_sdpa(1, T, causal_pairs({T}), o, type);
     std::string which;
     const double best = best_seconds(row["sdpa"], &which);
     if (best > 0) {
       row["best_sdpa"] = which;
       row["mmsp_tflops_over_best_sdpa"] = best / row["mmsp"]["seconds"].get<double>();
+      add_kernel_ratios(row, best);
     }
     whole.push_back(row);
   }
@@ -208,6 +241,48 @@ nlohmann::json bench_fused_attention(const FusedAttentionBenchOptions& o) {
   return result;
 }
 
+namespace {
+
+// The slowest rank's value of `mine` (a sum of one-hot rows), and every rank's.
+std::vector<double> per_rank(double mine, const dist::Mesh& mesh) {
+  at::Tensor rows = at::zeros({mesh.world_size()}, at::kDouble);
+  rows[mesh.rank()] = mine;
+  dist::all_reduce_(rows, *mesh.world());
+  return std::vector<double>(rows.data_ptr<double>(), rows.data_ptr<double>() + rows.numel());
+}
+
+// One ring forward + backward with overlap on or off: the median seconds and the exposed
+// communication (time waiting in the exchanges, the phase timer's) per call, every rank's.
+nlohmann::json time_ring(const dist::Mesh& mesh, const std::vector<attention::TokenLayout>& shares, bool overlap,
+                         const FusedAttentionBenchOptions& o, const Inputs& in, std::string* kernel) {
+  attention::AttentionOptions options;
+  options.kernel = attention::parse_attention_kernel(o.kernel);
+  options.overlap = overlap;
+  const auto step = attention::plan_step_attention({mesh.ring(), mesh.ulysses()}, shares, options, o.device);
+  const attention::AttentionFunction attend = attention::attention_function(step);
+  const auto run = [&] {
+    at::Tensor out = attend(in.q, in.k, in.v);
+    out.backward(in.dout);
+  };
+  PhaseTimer phases;
+  const ActivePhaseTimer timing(phases);
+  const double seconds = median_seconds(run, o.device, o.repeats);  // warms up twice, then the repeats
+  phases.reset();
+  for (int i = 0; i < o.repeats; ++i) run();
+  synchronize(o.device);
+  const PhaseTimes t = phases.times();
+  *kernel = attention::kernel_in_use(*step->kernels->from[0], in.q);
+  const std::vector<double> s = per_rank(seconds, mesh), c = per_rank(t.communication_s / o.repeats, mesh),
+                            a = per_rank(t.attention_s / o.repeats, mesh);
+  return {{"seconds", *std::max_element(s.begin(), s.end())},
+          {"seconds_per_rank", s},
+          {"exposed_communication_seconds_per_rank", c},
+          {"attention_kernel_seconds_per_rank", a},
+          {"exposed_communication_seconds", *std::max_element(c.begin(), c.end())}};
+}
+
+}  // namespace
+
 nlohmann::json bench_ring_attention(const dist::RankEnv& env, const FusedAttentionBenchOptions& o,
                                     dist::GpuCollectives collectives) {
   MMSP_CHECK(env.world_size > 1, "bench attention --part ring needs several ranks: mmsp-run -n 2 -- mmsp bench ...");
@@ -221,42 +296,49 @@ nlohmann::json bench_ring_attention(const dist::RankEnv& env, const FusedAttenti
   mesh_options.gpu_collectives = collectives;
   const dist::Mesh mesh = dist::Mesh::create(met, env, plan::Mesh{1, R, 1}, mesh_options, "ring-bench");
   const plan::PackedRow row = plan::pack_row({0}, {T}, R);
-  const plan::ShardMap map(row, R, 1, plan::Layout::zigzag);
-  const std::vector<attention::TokenLayout> shares = attention::ring_shares(map);
-  attention::AttentionOptions options;
-  options.kernel = attention::parse_attention_kernel(o.kernel);
-  const attention::ContextGroups groups{mesh.ring(), mesh.ulysses()};
-  const auto step = attention::plan_step_attention(groups, shares, options, o.device);
-  const attention::AttentionFunction attend = attention::attention_function(step);
-  Inputs in = make_inputs(T / R, o, type);
-  const double ring = median_seconds(
-      [&] {
-        at::Tensor out = attend(in.q, in.k, in.v);
-        out.backward(in.dout);
-      },
-      o.device, o.repeats);
-  // Every rank's time (a sum of one-hot rows); the slowest rank's is the ring's.
-  std::vector<double> per_rank(R, 0.0);
-  {
-    at::Tensor mine = at::zeros({R}, at::kDouble);
-    mine[env.rank] = ring;
-    dist::all_reduce_(mine, *mesh.world());
-    for (int r = 0; r < R; ++r) per_rank[r] = mine[r].item<double>();
-  }
-  const double ring_s = *std::max_element(per_rank.begin(), per_rank.end());
-  nlohmann::json result{{"device", o.device.str()}, {"dtype", o.dtype}, {"ranks", R}, {"tokens", T},
-                        {"heads", o.heads}, {"kv_heads", o.kv_heads}, {"dim", o.dim},
+  const std::vector<attention::TokenLayout> shares =
+      attention::ring_shares(plan::ShardMap(row, R, 1, plan::Layout::zigzag));
+  const Inputs in = make_inputs(T / R, o, type);
+  std::string kernel;
+  // Off first, then on: the machine's state (caches, clocks) favours neither.
+  const nlohmann::json off = time_ring(mesh, shares, false, o, in, &kernel);
+  const nlohmann::json on = time_ring(mesh, shares, true, o, in, &kernel);
+  nlohmann::json result{{"device", o.device.str()},
+                        {"dtype", o.dtype},
+                        {"ranks", R},
+                        {"tokens", T},
+                        {"heads", o.heads},
+                        {"kv_heads", o.kv_heads},
+                        {"dim", o.dim},
+                        {"ring_kernel", kernel},
                         {"collectives", collectives == dist::GpuCollectives::nccl          ? "nccl"
                                         : collectives == dist::GpuCollectives::host_staged ? "host-staged gloo"
                                                                                            : "gloo"},
-                        {"ring_seconds_per_rank", per_rank}};
+                        {"overlap_on", on},
+                        {"overlap_off", off}};
+  const double exposed_off = off["exposed_communication_seconds"].get<double>();
+  const double hidden = exposed_off - on["exposed_communication_seconds"].get<double>();
+  result["hidden_communication_seconds"] = hidden;
+  result["hidden_communication_fraction"] = exposed_off > 0 ? hidden / exposed_off : 0.0;
+  result["overlap_speedup"] = off["seconds"].get<double>() / on["seconds"].get<double>();
   if (env.rank == 0) {
     const nlohmann::json whole = time_mmsp({T}, o, type);
+    const double ideal = whole["seconds"].get<double>() / R;  // one rank's kernel on the whole, split R ways
     result["whole_local"] = whole;
-    result["ring_kernel"] = attention::kernel_in_use(*step->kernels->from[0], in.q);
-    result["ring_seconds_over_whole_local"] = ring_s / whole["seconds"].get<double>();
+    result["ring_seconds_over_whole_local"] = on["seconds"].get<double>() / whole["seconds"].get<double>();
+    result["ideal_seconds"] = ideal;
+    result["ring_fraction_of_ideal"] = ideal / on["seconds"].get<double>();
+    result["ring_fraction_of_ideal_without_overlap"] = ideal / off["seconds"].get<double>();
   }
   return result;
+}
+
+at::ScalarType bench_dtype(const std::string& name) {
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  if (name == "float32") return at::kFloat;
+  if (name == "float64") return at::kDouble;
+  MMSP_FAIL("--dtype '", name, "' must be bfloat16, float16, float32 or float64");
 }
 
 }  // namespace mmsp::bench

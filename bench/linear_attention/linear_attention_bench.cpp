@@ -4,18 +4,18 @@
 #include "linear_attention_bench.h"
 
 #include <ATen/ATen.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <chrono>
 
 #include "mmsp/attention/linear/gated_delta_recurrence.h"
 #include "mmsp/attention/linear/gated_delta_ring.h"
 #include "mmsp/attention/linear/gated_delta_rule.h"
-#include "mmsp/model/layers/gated_deltanet_layer.h"
-#include "mmsp/core/check.h"
 #include "mmsp/attention/plan_layout.h"
+#include "mmsp/core/check.h"
 #include "mmsp/dist/mesh.h"
+#include "mmsp/model/layers/gated_deltanet_layer.h"
 
 namespace mmsp::bench {
 namespace {
@@ -70,10 +70,9 @@ std::vector<TokenLayout> zigzag_shares(int64_t T, int R, int U) {
 std::pair<int64_t, int64_t> forward_formula(const model::GatedDeltaNetConfig& c, int64_t T, int R, int U,
                                             int64_t act_bytes, int64_t state_bytes, int64_t max_runs) {
   const int64_t a2a = model::gated_delta_ulysses_bytes(c, T / (R * U), U, act_bytes);
-  const int64_t ring =
-      attention::gated_delta_ring_conv_bytes(R, max_runs, c.conv_kernel, c.conv_dim() / U, act_bytes) +
-      attention::gated_delta_ring_state_bytes(R, max_runs, c.num_value_heads / U, c.key_head_dim,
-                                              c.value_head_dim, state_bytes);
+  const int64_t ring = attention::gated_delta_ring_conv_bytes(R, max_runs, c.conv_kernel, c.conv_dim() / U, act_bytes) +
+                       attention::gated_delta_ring_state_bytes(R, max_runs, c.num_value_heads / U, c.key_head_dim,
+                                                               c.value_head_dim, state_bytes);
   return {a2a, ring};
 }
 
@@ -99,12 +98,18 @@ json bench_linear_attention_kernel(const LinearAttentionBenchOptions& o) {
     const double recurrent =
         seconds_of([&] { ref = attention::gated_delta_recurrence(q, k, v, g, beta, layout); }, 1, o.device);
     const double diff = (out - ref).abs().max().item<double>() / (1 + ref.abs().max().item<double>());
-    rows.push_back({{"device", o.device.str()}, {"dtype", type == at::kFloat ? "float32" : "float64"},
-                    {"tokens", T}, {"heads", H},
-                    {"key_dim", K}, {"value_dim", V}, {"chunk", attention::kGatedDeltaChunk},
+    rows.push_back({{"device", o.device.str()},
+                    {"dtype", type == at::kFloat ? "float32" : "float64"},
+                    {"tokens", T},
+                    {"heads", H},
+                    {"key_dim", K},
+                    {"value_dim", V},
+                    {"chunk", attention::kGatedDeltaChunk},
                     {"threads", o.threads},
-                    {"chunked_tokens_per_s", T / chunked}, {"recurrence_tokens_per_s", T / recurrent},
-                    {"ratio", recurrent / chunked}, {"max_rel_diff", diff}});
+                    {"chunked_tokens_per_s", T / chunked},
+                    {"recurrence_tokens_per_s", T / recurrent},
+                    {"ratio", recurrent / chunked},
+                    {"max_rel_diff", diff}});
   }
   return rows;
 }
@@ -142,19 +147,24 @@ json bench_linear_attention_comm(const dist::RankEnv& env, const LinearAttention
       int64_t total_runs = 0;
       for (const auto& r : runs.runs) total_runs += static_cast<int64_t>(r.size());
       const int64_t others = R > 1 ? total_runs - static_cast<int64_t>(runs.runs[mesh.ring()->rank()].size()) : 0;
-      const int64_t ring_bwd = others * ((c.conv_kernel - 1) * (c.conv_dim() / U) * 4 +
-                                         (c.num_value_heads / U) * c.key_head_dim *
-                                             (c.key_head_dim + c.value_head_dim) * 4);
+      const int64_t ring_bwd =
+          others * ((c.conv_kernel - 1) * (c.conv_dim() / U) * 4 +
+                    (c.num_value_heads / U) * c.key_head_dim * (c.key_head_dim + c.value_head_dim) * 4);
       auto measured = [&](dist::CommKind kind, dist::Pass pass) { return d.at(kind, pass).bytes; };
       using dist::CommKind;
       using dist::Pass;
       json row = {
           {"scheme", attention::scheme_name({mesh.ring(), mesh.ulysses()})},
-          {"ring", R}, {"ulysses", U}, {"tokens", T}, {"runs_max", runs.max_runs()},
-          {"forward", {{"all_to_all", {{"measured", measured(CommKind::all_to_all, Pass::forward)}, {"formula", a2a}}},
-                       {"all_gather_v", {{"measured", measured(CommKind::all_gather_v, Pass::forward)}, {"formula", ring}}}}},
-          {"backward", {{"all_to_all", {{"measured", measured(CommKind::all_to_all, Pass::backward)}, {"formula", a2a}}},
-                        {"all_gather_v", {{"measured", measured(CommKind::all_gather_v, Pass::backward)}, {"formula", ring_bwd}}}}},
+          {"ring", R},
+          {"ulysses", U},
+          {"tokens", T},
+          {"runs_max", runs.max_runs()},
+          {"forward",
+           {{"all_to_all", {{"measured", measured(CommKind::all_to_all, Pass::forward)}, {"formula", a2a}}},
+            {"all_gather_v", {{"measured", measured(CommKind::all_gather_v, Pass::forward)}, {"formula", ring}}}}},
+          {"backward",
+           {{"all_to_all", {{"measured", measured(CommKind::all_to_all, Pass::backward)}, {"formula", a2a}}},
+            {"all_gather_v", {{"measured", measured(CommKind::all_gather_v, Pass::backward)}, {"formula", ring_bwd}}}}},
           {"seconds_fwd_bwd", secs}};
       bool match = true;
       for (const char* pass : {"forward", "backward"})
@@ -165,11 +175,19 @@ json bench_linear_attention_comm(const dist::RankEnv& env, const LinearAttention
       rows.push_back(row);
     }
   }
-  return {{"sizes", {{"hidden", c.hidden_size}, {"key_heads", c.num_key_heads}, {"value_heads", c.num_value_heads},
-                     {"key_dim", c.key_head_dim}, {"value_dim", c.value_head_dim}, {"conv_kernel", c.conv_kernel},
-                     {"dtype", "float32"}}},
-          {"qwen3_next_sizes", {{"key_heads", big.num_key_heads}, {"value_heads", big.num_value_heads},
-                                {"key_dim", big.key_head_dim}, {"value_dim", big.value_head_dim}}},
+  return {{"sizes",
+           {{"hidden", c.hidden_size},
+            {"key_heads", c.num_key_heads},
+            {"value_heads", c.num_value_heads},
+            {"key_dim", c.key_head_dim},
+            {"value_dim", c.value_head_dim},
+            {"conv_kernel", c.conv_kernel},
+            {"dtype", "float32"}}},
+          {"qwen3_next_sizes",
+           {{"key_heads", big.num_key_heads},
+            {"value_heads", big.num_value_heads},
+            {"key_dim", big.key_head_dim},
+            {"value_dim", big.value_head_dim}}},
           {"rows", rows}};
 }
 

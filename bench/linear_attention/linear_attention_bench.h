@@ -16,13 +16,13 @@ namespace mmsp::bench {
 
 struct LinearAttentionBenchOptions {
   std::vector<int64_t> tokens{4096, 8192, 16384, 32768, 65536};  // comm: context-group tokens
-  int64_t kernel_tokens = 4096;  // kernel: sequence length
+  int64_t kernel_tokens = 4096;                                  // kernel: sequence length
   int64_t hidden = 64;
   int64_t key_heads = 4;
   int64_t value_heads = 8;
   int64_t key_dim = 32;
   int64_t value_dim = 32;
-  int threads = 1;  // ATen intra-op threads
+  int threads = 1;                // ATen intra-op threads
   c10::Device device{c10::kCPU};  // kernel part: where the tensors live (cli: --device)
 };
 

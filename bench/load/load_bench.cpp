@@ -26,9 +26,7 @@ namespace {
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
 
 void barrier(c10d::Store& store, const std::string& name, int world_size) {
   store.add(name, 1);
@@ -76,8 +74,7 @@ std::vector<std::pair<std::string, at::Tensor>> realistic_tensors(uint64_t bytes
   add("model.norm.weight", {h});
   std::vector<std::pair<std::string, at::Tensor>> out;
   at::manual_seed(1);
-  for (auto& [name, shape] : shapes)
-    out.emplace_back(name, at::empty(shape, at::kBFloat16).uniform_(-0.05, 0.05));
+  for (auto& [name, shape] : shapes) out.emplace_back(name, at::empty(shape, at::kBFloat16).uniform_(-0.05, 0.05));
   return out;
 }
 
@@ -128,8 +125,11 @@ json bench_load(const dist::RankEnv& env, const LoadBenchOptions& o) {
       save.max_shard_bytes += save.max_shard_bytes / 100 + 1;
     const Clock::time_point start = Clock::now();
     hf::save_hf_directory(dir, tensors, R"({"model_type": "qwen2_vl"})", save);
-    written = {{"dir", dir}, {"tensors", tensors.size()}, {"tensor_bytes", bytes},
-               {"max_shard_bytes", save.max_shard_bytes}, {"save_s", seconds_since(start)}};
+    written = {{"dir", dir},
+               {"tensors", tensors.size()},
+               {"tensor_bytes", bytes},
+               {"max_shard_bytes", save.max_shard_bytes},
+               {"save_s", seconds_since(start)}};
     put(*store, "bench-load/dir", dir);
   }
   store->wait({"bench-load/dir"});

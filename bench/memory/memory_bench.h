@@ -45,6 +45,14 @@ struct MemoryBenchOptions {
   std::vector<int64_t> longest_bytes;
   int longest_ranks = 0;  // the ranks the state is sharded over in those figures (0: this job's)
   int longest_ring = 0;   // ... of which the context group's ring (0: all; the rest Ulysses)
+  // Every row with these parts frozen (--freeze, "vision,merger") or LoRA adapters of this
+  // rank on the decoder's projections (--lora-rank; 0: none): their state beside full
+  // fine-tuning's.
+  std::string freeze;
+  int64_t lora_rank = 0;
+  // Expert parallelism (mixture-of-experts models): each block of this many ranks splits
+  // every layer's experts, in the measured rows (--shard none only) and in --longest's.
+  int expert = 1;
   // Called on rank 0 with the rows so far, after each row: a run cut short keeps them.
   std::function<void(const nlohmann::json& result)> on_row;
 };

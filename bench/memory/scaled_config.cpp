@@ -62,16 +62,18 @@ void cut_vocab(json& config, int64_t vocab, const std::string& model) {
   std::map<int64_t, int64_t> moved;  // old id -> new id
   for (json* level : levels)
     for (auto& [key, value] : level->items())
-      if (is_token_id_key(key) && value.is_number_integer() && value.get<int64_t>() >= vocab) moved[value.get<int64_t>()] = 0;
-  MMSP_CHECK(static_cast<int64_t>(moved.size()) < vocab, model, ": --vocab ", vocab, " cannot hold its ",
-             moved.size(), " special token ids");
+      if (is_token_id_key(key) && value.is_number_integer() && value.get<int64_t>() >= vocab)
+        moved[value.get<int64_t>()] = 0;
+  MMSP_CHECK(static_cast<int64_t>(moved.size()) < vocab, model, ": --vocab ", vocab, " cannot hold its ", moved.size(),
+             " special token ids");
   int64_t next = vocab - static_cast<int64_t>(moved.size());
   for (auto& [old_id, new_id] : moved) new_id = next++;
   bool found = false;
   for (json* level : levels)
     for (auto& [key, value] : level->items()) {
       if (key == "vocab_size") {
-        MMSP_CHECK(value.get<int64_t>() >= vocab, model, ": --vocab ", vocab, " is above its vocab_size ", value.dump());
+        MMSP_CHECK(value.get<int64_t>() >= vocab, model, ": --vocab ", vocab, " is above its vocab_size ",
+                   value.dump());
         value = vocab;
         found = true;
       } else if (is_token_id_key(key) && value.is_number_integer() && moved.count(value.get<int64_t>())) {
@@ -92,13 +94,13 @@ std::string scaled_config(const std::string& model, const ConfigScale& scale, co
   json& text = config.contains("text_config") ? config["text_config"] : config;
   if (scale.layers > 0) cut_decoder(text, scale.layers, model);
   if (scale.vision_layers > 0) {
-    MMSP_CHECK(config.contains("vision_config"), model, ": no vision_config to cut to ", scale.vision_layers, " blocks");
+    MMSP_CHECK(config.contains("vision_config"), model, ": no vision_config to cut to ", scale.vision_layers,
+               " blocks");
     cut_vision(config["vision_config"], scale.vision_layers, model);
   }
   if (scale.vocab > 0) cut_vocab(config, scale.vocab, model);
   const std::string path = (std::filesystem::temp_directory_path() /
-                            ("mmsp-bench-memory-" + tag + "-" +
-                             std::filesystem::path(model).filename().string()))
+                            ("mmsp-bench-memory-" + tag + "-" + std::filesystem::path(model).filename().string()))
                                .string();
   std::ofstream(path) << config.dump(2);
   return path;

@@ -108,9 +108,13 @@ json bench_vision_split(const dist::RankEnv& env, const VisionSplitBenchOptions&
     const plan::Batch batch = batch_of({grid}, config.conventions);
     const BenchItems items(batch, vision.patch_row());
     const std::vector<int64_t> samples = {0};
-    struct Setup { const char* name; int context; const char* split; };
-    for (const Setup& setup : {Setup{"one rank", 1, "off"}, Setup{"Vision DP, whole", S, "off"},
-                               Setup{"split", S, "1"}}) {
+    struct Setup {
+      const char* name;
+      int context;
+      const char* split;
+    };
+    for (const Setup& setup :
+         {Setup{"one rank", 1, "off"}, Setup{"Vision DP, whole", S, "off"}, Setup{"split", S, "1"}}) {
       dist::MeshOptions mo;
       mo.timeout = std::chrono::seconds(600);
       const plan::Mesh shape{S / setup.context, setup.context, 1};  // dp replicas of the same step
@@ -128,8 +132,8 @@ json bench_vision_split(const dist::RankEnv& env, const VisionSplitBenchOptions&
         vlm.zero_grad();
         // This rank's pixels as the trainer loads them (its shard of a split item), before
         // the measured window: the figure is the vision part's own.
-        const model::PixelInputs pixels = train::load_pixels(items, samples, batch, config,
-                                                             train::pixels_encoded_here(plan, mode), at::kFloat);
+        const model::PixelInputs pixels =
+            train::load_pixels(items, samples, batch, config, train::pixels_encoded_here(plan, mode), at::kFloat);
         held_pixels = pixels.images.numel() + (pixels.videos.defined() ? pixels.videos.numel() : 0);
         const dist::CommSnapshot before = mesh.stats().snapshot();
         memory.reset_peak();
@@ -159,9 +163,10 @@ json bench_vision_split(const dist::RankEnv& env, const VisionSplitBenchOptions&
       const double estimate =
           double(train::vision_bytes(config, load, model::ActivationCheckpointing::none, at::kFloat).total() -
                  held_pixels * 4);
-      at::Tensor mine = at::tensor({double(peak), double(d.total_bytes()), formula, seconds, double(held_pixels),
-                                    estimate},
-                                   at::kDouble).view({1, 6});
+      at::Tensor mine =
+          at::tensor({double(peak), double(d.total_bytes()), formula, seconds, double(held_pixels), estimate},
+                     at::kDouble)
+              .view({1, 6});
       at::Tensor all = dist::all_gather_v(mine, std::vector<int64_t>(S, 1), mesh.world());
       at::Tensor max = std::get<0>(all.max(0));
       json per_rank = json::array();
@@ -174,12 +179,16 @@ json bench_vision_split(const dist::RankEnv& env, const VisionSplitBenchOptions&
                             {"estimate_bytes", int64_t(all[r][5].item<double>())}});
       bool bytes_equal = true;
       for (const json& r : per_rank) bytes_equal = bytes_equal && r["bytes_sent"] == r["bytes_formula"];
-      rows.push_back({{"patches", patches}, {"grid_thw", {grid[0], grid[1], grid[2]}}, {"setup", setup.name},
-                      {"context_ranks", setup.context}, {"split", item.split()},
+      rows.push_back({{"patches", patches},
+                      {"grid_thw", {grid[0], grid[1], grid[2]}},
+                      {"setup", setup.name},
+                      {"context_ranks", setup.context},
+                      {"split", item.split()},
                       {"peak_bytes_max_rank", int64_t(max[0].item<double>())},
                       {"estimate_bytes_max_rank", int64_t(max[5].item<double>())},
                       {"estimate_over_peak", max[5].item<double>() / std::max(1.0, max[0].item<double>())},
-                      {"seconds_max_rank", max[3].item<double>()}, {"bytes_equal_formula", bytes_equal},
+                      {"seconds_max_rank", max[3].item<double>()},
+                      {"bytes_equal_formula", bytes_equal},
                       {"ranks", per_rank}});
       if (env.rank == 0)
         std::cerr << "bench vision-split: " << patches << " patches, " << setup.name << ": peak "
@@ -187,14 +196,20 @@ json bench_vision_split(const dist::RankEnv& env, const VisionSplitBenchOptions&
                   << std::endl;
     }
   }
-  json result = {{"part", "vision-split"}, {"model", "built-in qwen2_vl (vision 64 wide, 4 heads, 2 blocks)"},
-                 {"world", S}, {"dtype", "float32"}, {"repeats", o.repeats}, {"rows", rows},
-                 {"bytes_formula", "per split item and rank r: depth · 4 · (N_r · W · (S−1)/S + (N − N_r) · W/S) · 4 B "
-                                   "(q, k, v to the others' heads and the output back, forward and backward), plus "
-                                   "(rows sent to other ranks + rows received from them) · row width · 4 B (the rows "
-                                   "forward, their gradients backward)"},
-                 {"estimate", "the preflight's vision part for the rank's load (train/memory/vision_load.h: kept + "
-                              "one block's transient), less the step's pixels, held before the measured window"}};
+  json result = {{"part", "vision-split"},
+                 {"model", "built-in qwen2_vl (vision 64 wide, 4 heads, 2 blocks)"},
+                 {"world", S},
+                 {"dtype", "float32"},
+                 {"repeats", o.repeats},
+                 {"rows", rows},
+                 {"bytes_formula",
+                  "per split item and rank r: depth · 4 · (N_r · W · (S−1)/S + (N − N_r) · W/S) · 4 B "
+                  "(q, k, v to the others' heads and the output back, forward and backward), plus "
+                  "(rows sent to other ranks + rows received from them) · row width · 4 B (the rows "
+                  "forward, their gradients backward)"},
+                 {"estimate",
+                  "the preflight's vision part for the rank's load (train/memory/vision_load.h: kept + "
+                  "one block's transient), less the step's pixels, held before the measured window"}};
   json ratios = json::object();
   for (const int64_t patches : o.patches) {
     const json *one = nullptr, *whole = nullptr, *split = nullptr;
@@ -223,11 +238,13 @@ json bench_vision_split(const dist::RankEnv& env, const VisionSplitBenchOptions&
     po.vision_split = plan::parse_vision_split(rule);
     const plan::StepPlan p = plan::make_step_plan(mixed, config.conventions, po, 0);
     mixed_rows[rule] = {{"encoder_cost_max_over_mean", p.rows[0].load.vision_ratio},
-                        {"split_items", p.rows[0].load.split_items}, {"encoder_cost", p.rows[0].load.vision_cost}};
+                        {"split_items", p.rows[0].load.split_items},
+                        {"encoder_cost", p.rows[0].load.vision_cost}};
   }
   result["mixed_batch"] = {{"items", json::array({{{"grid_thw", {grids[0][0], grids[0][1], grids[0][2]}}, {"count", 1}},
                                                   {{"grid_thw", {1, 32, 32}}, {"count", o.small_items}}})},
-                           {"ranks", S}, {"planned", mixed_rows}};
+                           {"ranks", S},
+                           {"planned", mixed_rows}};
   return result;
 }
 

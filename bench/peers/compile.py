@@ -24,8 +24,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import peers  # noqa: E402  (its model, samples and rank runner)
 import torch  # noqa: E402
+
+import peers  # noqa: E402  (its model, samples and rank runner)
 
 
 def compiled_rank(rank, world, model_dir, samples, steps, out, mode):

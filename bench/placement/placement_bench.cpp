@@ -89,7 +89,6 @@ Batch long_batch(int64_t tokens, std::mt19937& rng) {
   return b;
 }
 
-
 nlohmann::json row_figures(const RowPlan& row) {
   const LoadReport& l = row.load;
   double bytes_max = 0;
@@ -97,11 +96,14 @@ nlohmann::json row_figures(const RowPlan& row) {
   const double real = static_cast<double>(row.packing.real_tokens);
   int64_t split = 0, longest_whole = 0;
   for (const Segment& seg : row.packing.segments) {
-    if (seg.home < 0) split += seg.length;
-    else longest_whole = std::max(longest_whole, seg.length);
+    if (seg.home < 0)
+      split += seg.length;
+    else
+      longest_whole = std::max(longest_whole, seg.length);
   }
   return {{"split_token_fraction", static_cast<double>(split) / real},
-          {"longest_whole", longest_whole},{"attention_bytes", l.attention_bytes_total()},
+          {"longest_whole", longest_whole},
+          {"attention_bytes", l.attention_bytes_total()},
           {"attention_bytes_rank_max", bytes_max},
           {"padding", l.padding_total()},
           {"padding_fraction", static_cast<double>(l.padding_total()) / real},
@@ -111,7 +113,6 @@ nlohmann::json row_figures(const RowPlan& row) {
           {"split_segments", l.split_segments},
           {"local_length", row.shards.local_length()}};
 }
-
 
 double median_ms(const Batch& batch, const ModelConventions& c, const PlanOptions& o, int repeats) {
   std::vector<double> ms;
@@ -166,8 +167,11 @@ nlohmann::json bench_placement(const PlacementBenchOptions& options) {
       PlanOptions o;
       o.mesh = placement_mesh(ranks);
       o.attention_shape = options.shape;
-      nlohmann::json row = {{"workload", w.name}, {"ranks", ranks}, {"ring", o.mesh.ring},
-                            {"ulysses", o.mesh.ulysses}, {"tokens", total_tokens(w.batch)},
+      nlohmann::json row = {{"workload", w.name},
+                            {"ranks", ranks},
+                            {"ring", o.mesh.ring},
+                            {"ulysses", o.mesh.ulysses},
+                            {"tokens", total_tokens(w.batch)},
                             {"sequences", w.batch.sequences.size()}};
       for (Placement p : {Placement::zigzag, Placement::adaptive}) {
         o.placement = p;
@@ -185,16 +189,23 @@ nlohmann::json bench_placement(const PlacementBenchOptions& options) {
     o.mesh = {1, 8, 8};
     for (Placement p : {Placement::zigzag, Placement::adaptive}) {
       o.placement = p;
-      timing.push_back({{"workload", w.name}, {"tokens", total_tokens(w.batch)},
-                        {"sequences", w.batch.sequences.size()}, {"ranks", 64}, {"placement", to_string(p)},
+      timing.push_back({{"workload", w.name},
+                        {"tokens", total_tokens(w.batch)},
+                        {"sequences", w.batch.sequences.size()},
+                        {"ranks", 64},
+                        {"placement", to_string(p)},
                         {"plan_ms", median_ms(w.batch, c, o, options.timing_repeats)}});
     }
   }
   const plan::AttentionShape& s = options.shape;
   return {{"planned_only", true},
           {"tokens_per_rank", options.tokens_per_rank},
-          {"attention_shape", {{"heads", s.heads}, {"kv_heads", s.kv_heads}, {"head_dim", s.head_dim},
-                               {"element_bytes", s.element_bytes}, {"layers", s.layers}}},
+          {"attention_shape",
+           {{"heads", s.heads},
+            {"kv_heads", s.kv_heads},
+            {"head_dim", s.head_dim},
+            {"element_bytes", s.element_bytes},
+            {"layers", s.layers}}},
           {"rows", rows},
           {"planning_time", timing}};
 }

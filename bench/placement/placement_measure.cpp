@@ -34,8 +34,8 @@ std::vector<double> from_every_rank(double mine, const dist::Mesh& mesh) {
 }
 
 struct Measured {
-  double seconds = 0;       // slowest rank, median of the repeats
-  double bytes_total = 0;   // every rank's attention bytes, one run
+  double seconds = 0;      // slowest rank, median of the repeats
+  double bytes_total = 0;  // every rank's attention bytes, one run
   double bytes_rank_max = 0;
 };
 
@@ -90,10 +90,9 @@ json measure_placement(const dist::RankEnv& env, const PlacementMeasureOptions& 
              env.world_size);
   dist::MeshOptions mo;
   mo.timeout = std::chrono::seconds(300);
-  dist::Mesh mesh = dist::Mesh::create(dist::Mesh::rendezvous(env, std::chrono::seconds(120)), env, shape, mo,
-                                       "bench-placement");
-  const plan::ModelConventions conventions =
-      model::conventions_from_config(nlohmann::json{{"model_type", "qwen2_vl"}});
+  dist::Mesh mesh =
+      dist::Mesh::create(dist::Mesh::rendezvous(env, std::chrono::seconds(120)), env, shape, mo, "bench-placement");
+  const plan::ModelConventions conventions = model::conventions_from_config(nlohmann::json{{"model_type", "qwen2_vl"}});
   json rows = json::array();
   for (PlacementWorkload& w : placement_workloads(o.tokens_per_rank * env.world_size, conventions)) {
     json row = {{"workload", w.name}, {"ranks", env.world_size}, {"ring", shape.ring}, {"ulysses", shape.ulysses}};
@@ -125,8 +124,12 @@ json measure_placement(const dist::RankEnv& env, const PlacementMeasureOptions& 
   return {{"measured", true},
           {"tokens_per_rank", o.tokens_per_rank},
           {"threads_per_rank", o.threads},
-          {"attention_shape", {{"heads", s.heads}, {"kv_heads", s.kv_heads}, {"head_dim", s.head_dim},
-                               {"element_bytes", s.element_bytes}, {"layers", s.layers}}},
+          {"attention_shape",
+           {{"heads", s.heads},
+            {"kv_heads", s.kv_heads},
+            {"head_dim", s.head_dim},
+            {"element_bytes", s.element_bytes},
+            {"layers", s.layers}}},
           {"rows", rows}};
 }
 

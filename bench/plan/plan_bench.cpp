@@ -82,8 +82,8 @@ void vision_dp(benchmark::State& state, int ranks, int items, int video_every) {
     for (int i = 0; i < items; ++i) {
       const int64_t h = 2 * std::uniform_int_distribution<int64_t>(4, 32)(rng);
       const int64_t w = 2 * std::uniform_int_distribution<int64_t>(4, 32)(rng);
-      const int64_t t = video_every > 0 && i % video_every == 0
-                            ? std::uniform_int_distribution<int64_t>(4, 16)(rng) : 1;
+      const int64_t t =
+          video_every > 0 && i % video_every == 0 ? std::uniform_int_distribution<int64_t>(4, 16)(rng) : 1;
       costs[b].push_back(encoder_cost({t, h, w}, model));
       patches[b].push_back(t * h * w);
     }
@@ -100,11 +100,9 @@ void vision_dp(benchmark::State& state, int ranks, int items, int video_every) {
     ours_sum = greedy_sum = ours_worst = greedy_worst = 0;
     for (int b = 0; b < 20; ++b) {
       const std::vector<int> none(costs[b].size(), -1);
-      const double ours =
-          assign_vision_balanced(costs[b], patches[b], none, ranks, model).max_over_mean;
+      const double ours = assign_vision_balanced(costs[b], patches[b], none, ranks, model).max_over_mean;
       const double greedy =
-          evaluate_assignment(assign_greedy_contiguous(patches[b], ranks), costs[b], ranks)
-              .max_over_mean;
+          evaluate_assignment(assign_greedy_contiguous(patches[b], ranks), costs[b], ranks).max_over_mean;
       ours_sum += ours;
       greedy_sum += greedy;
       ours_worst = std::max(ours_worst, ours);
@@ -124,13 +122,9 @@ BENCHMARK_CAPTURE(vision_dp, images_32_on_8, 8, 32, 0)->Unit(benchmark::kMicrose
 BENCHMARK_CAPTURE(vision_dp, mixed_64_on_8, 8, 64, 8)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(vision_dp, images_256_on_64, 64, 256, 0)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(vision_dp, mixed_512_on_64, 64, 512, 16)->Unit(benchmark::kMicrosecond);
-BENCHMARK_CAPTURE(run, qwen2_vl_zigzag_r8_u8, "qwen2_vl", Layout::zigzag, 8, 8)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(run, qwen2_vl_zigzag_r64_u1, "qwen2_vl", Layout::zigzag, 64, 1)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(run, qwen2_vl_contiguous_r8_u8, "qwen2_vl", Layout::contiguous, 8, 8)
-    ->Unit(benchmark::kMillisecond);
-BENCHMARK_CAPTURE(run, qwen3_vl_zigzag_r8_u8, "qwen3_vl", Layout::zigzag, 8, 8)
-    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(run, qwen2_vl_zigzag_r8_u8, "qwen2_vl", Layout::zigzag, 8, 8)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(run, qwen2_vl_zigzag_r64_u1, "qwen2_vl", Layout::zigzag, 64, 1)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(run, qwen2_vl_contiguous_r8_u8, "qwen2_vl", Layout::contiguous, 8, 8)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(run, qwen3_vl_zigzag_r8_u8, "qwen3_vl", Layout::zigzag, 8, 8)->Unit(benchmark::kMillisecond);
 
 BENCHMARK_MAIN();

@@ -1,6 +1,9 @@
 # Generates examples/data (run from this folder: python3 make_data.py): tiny PNGs and
 # data.jsonl for configs/tiny-qwen2-vl.json, with no dependency beyond the standard library.
-import json, struct, zlib
+import json
+import struct
+import zlib
+
 
 def png(path, w, h, pixel):
     raw = b"".join(b"\x00" + bytes(c for x in range(w) for c in pixel(x + 0.5, y + 0.5)) for y in range(h))
@@ -40,10 +43,14 @@ def sample(blocks, caption, images=None, image_grid=None, videos=None, video_gri
     s = {"input_ids": prompt + text}
     if mask:
         s["loss_mask"] = [0] * len(prompt) + [1] * len(text)
-    if images: s["images"] = images
-    if image_grid: s["image_grid_thw"] = image_grid
-    if videos: s["videos"] = videos
-    if video_grid: s["video_grid_thw"] = video_grid
+    if images:
+        s["images"] = images
+    if image_grid:
+        s["image_grid_thw"] = image_grid
+    if videos:
+        s["videos"] = videos
+    if video_grid:
+        s["video_grid_thw"] = video_grid
     return s
 
 lines = [

@@ -25,10 +25,10 @@ __all__ = ["Mesh", "Shard", "plan", "ops", "patch", "fully_shard", "rl", "__vers
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from mmsp import ops, rl
+    from mmsp.fsdp import fully_shard
     from mmsp.mesh import Mesh
     from mmsp.planner import Shard, plan
     from mmsp.transformers_patch import patch
-    from mmsp.fsdp import fully_shard
 
 
 def __getattr__(name: str) -> Any:

@@ -125,14 +125,16 @@ class Mesh:
 
     @classmethod
     def from_device_mesh(cls, device_mesh: "DeviceMesh", *, ring: Optional[str] = "ring",
-                         ulysses: Optional[str] = "ulysses",
+                         ulysses: Optional[str] = "ulysses", expert: int = 1,
                          timeout: Union[timedelta, float] = timedelta(minutes=10)) -> "Mesh":
         """The Mesh of a torch DeviceMesh that spans every rank: its dimension named `ring` is
         the ring, `ulysses` Ulysses (either may be absent: size 1), every other dimension
         (dp_replicate, dp_shard, ...) folds into dp. One mesh for FSDP2, mmsp and the user's
         code: `init_device_mesh("cuda", (dp_shard, ring, ulysses), mesh_dim_names=("dp_shard",
         "ring", "ulysses"))`. The layout must be mmsp's (ulysses fastest, then ring, then the
-        dp dimensions), which init_device_mesh gives when the SP dimensions come last."""
+        dp dimensions), which init_device_mesh gives when the SP dimensions come last. `expert`:
+        the expert-parallel degree, folded into those ranks (blocks of `expert` consecutive ranks
+        split every mixture-of-experts layer's experts; it adds no dimension)."""
         names = tuple(device_mesh.mesh_dim_names or ())
         if not names:
             raise ValueError("mmsp.Mesh.from_device_mesh: the DeviceMesh has no mesh_dim_names; name its "
@@ -159,7 +161,7 @@ class Mesh:
                              "ulysses innermost (as init_device_mesh lays out (..., ring, ulysses))")
         R = size[ring] if ring in sp else 1
         U = size[ulysses] if ulysses in sp else 1
-        mesh = cls(dp=world // (R * U), ring=R, ulysses=U, timeout=timeout)
+        mesh = cls(dp=world // (R * U), ring=R, ulysses=U, timeout=timeout, expert=expert)
         mesh.device_mesh = device_mesh
         return mesh
 

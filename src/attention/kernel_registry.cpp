@@ -7,10 +7,14 @@
 namespace mmsp::attention {
 
 const std::vector<const LocalKernel*>& local_kernels() {
-  // auto's order of preference: the first that is automatic on the device, planned the
-  // layouts and serves the tensors runs; blockwise serves every tensor, so it closes the table.
+  // auto's order of preference where nothing was measured: the first that is automatic on
+  // the device, planned the layouts and serves the tensors runs; blockwise serves every
+  // tensor, so it closes the table. FlashAttention-2 varlen comes before cuDNN: a run that
+  // did not measure (kernel_choice.h) keeps the kernel proven on GPUs; the trainer's auto on
+  // CUDA measures both.
   static const std::vector<const LocalKernel*> kernels = {
       &fused_kernel(),
+      &cudnn_kernel(),
       &blockwise_kernel(),
   };
   return kernels;

@@ -15,8 +15,8 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 void check_plan_fits(const KernelPlan& plan, const at::Tensor& q, const at::Tensor& k) {
-  MMSP_CHECK(plan.queries == q.size(0) && plan.keys == k.size(0), "local_attention: layouts cover ",
-             plan.queries, " queries and ", plan.keys, " keys, tensors have ", q.size(0), " and ", k.size(0));
+  MMSP_CHECK(plan.queries == q.size(0) && plan.keys == k.size(0), "local_attention: layouts cover ", plan.queries,
+             " queries and ", plan.keys, " keys, tensors have ", q.size(0), " and ", k.size(0));
 }
 
 // The candidate that runs for these tensors (kernel_in_use's), with its implementation's name.
@@ -34,8 +34,8 @@ const PlannedKernel& running(const KernelPlan& plan, const at::Tensor& q, const 
 
 }  // namespace
 
-KernelPlanPtr plan_kernel(const TokenLayout& q_layout, const TokenLayout& k_layout,
-                          const AttentionOptions& options, const at::Device& device) {
+KernelPlanPtr plan_kernel(const TokenLayout& q_layout, const TokenLayout& k_layout, const AttentionOptions& options,
+                          const at::Device& device) {
   q_layout.check("local_attention (queries)");
   k_layout.check("local_attention (keys)");
   auto plan = c10::make_intrusive<KernelPlan>();
@@ -60,38 +60,29 @@ const char* kernel_in_use(const KernelPlan& plan, const at::Tensor& q) {
   return implementation;
 }
 
-at::ScalarType accumulation_type(at::ScalarType type) {
-  return type == at::kDouble ? at::kDouble : at::kFloat;
-}
+at::ScalarType accumulation_type(at::ScalarType type) { return type == at::kDouble ? at::kDouble : at::kFloat; }
 
-void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const char* what) {
-  MMSP_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, what,
-             ": q, k, v must be [tokens, heads, dim], got ", q.sizes(), ", ", k.sizes(), ", ",
-             v.sizes());
-  MMSP_CHECK(k.sizes() == v.sizes(), what, ": k ", k.sizes(), " and v ", v.sizes(),
-             " must have the same shape");
-  MMSP_CHECK(q.size(2) == k.size(2), what, ": q head size ", q.size(2),
-             " differs from k head size ", k.size(2));
+void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const char* what) {
+  MMSP_CHECK(q.dim() == 3 && k.dim() == 3 && v.dim() == 3, what, ": q, k, v must be [tokens, heads, dim], got ",
+             q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  MMSP_CHECK(k.sizes() == v.sizes(), what, ": k ", k.sizes(), " and v ", v.sizes(), " must have the same shape");
+  MMSP_CHECK(q.size(2) == k.size(2), what, ": q head size ", q.size(2), " differs from k head size ", k.size(2));
   MMSP_CHECK(k.size(1) > 0 && q.size(1) % k.size(1) == 0, what, ": query heads (", q.size(1),
              ") must be a multiple of key/value heads (", k.size(1), ")");
   MMSP_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type(), what,
-             ": q, k, v dtypes differ (", q.scalar_type(), ", ", k.scalar_type(), ", ",
-             v.scalar_type(), ")");
-  MMSP_CHECK(at::isFloatingType(q.scalar_type()), what, ": dtype ", q.scalar_type(),
-             " is not a floating type");
+             ": q, k, v dtypes differ (", q.scalar_type(), ", ", k.scalar_type(), ", ", v.scalar_type(), ")");
+  MMSP_CHECK(at::isFloatingType(q.scalar_type()), what, ": dtype ", q.scalar_type(), " is not a floating type");
 }
 
-PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                         const at::Tensor& v, const TokenLayout& q_layout,
-                                         const TokenLayout& k_layout,
+PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         const TokenLayout& q_layout, const TokenLayout& k_layout,
                                          const AttentionOptions& options) {
   check_attention_inputs(q, k, v, "local_attention");
   return local_attention_forward(q, k, v, *plan_kernel(q_layout, k_layout, options, q.device()));
 }
 
-PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                         const at::Tensor& v, const KernelPlan& plan) {
+PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         const KernelPlan& plan) {
   PhaseScope timed(Phase::attention);
   check_attention_inputs(q, k, v, "local_attention");
   check_plan_fits(plan, q, k);
@@ -99,17 +90,15 @@ PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& 
   return c.kernel->forward(q, k, v, *c.part, plan.options);
 }
 
-AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor& q,
-                                        const at::Tensor& k, const at::Tensor& v,
-                                        const at::Tensor& out, const at::Tensor& lse,
+AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                         const TokenLayout& q_layout, const TokenLayout& k_layout,
                                         const AttentionOptions& options) {
   return local_attention_backward(dout, q, k, v, out, lse, *plan_kernel(q_layout, k_layout, options, q.device()));
 }
 
-AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor& q,
-                                        const at::Tensor& k, const at::Tensor& v,
-                                        const at::Tensor& out, const at::Tensor& lse,
+AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                         const KernelPlan& plan) {
   PhaseScope timed(Phase::attention);
   check_plan_fits(plan, q, k);
@@ -134,8 +123,8 @@ namespace {
 
 // The backward reads the forward's plan (kept as a capsule), so it plans nothing.
 struct LocalAttentionFunction : torch::autograd::Function<LocalAttentionFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q,
-                            const at::Tensor& k, const at::Tensor& v, const KernelPlanPtr& plan) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const KernelPlanPtr& plan) {
     PartialAttention r = local_attention_forward(q, k, v, *plan);
     ctx->save_for_backward({q, k, v, r.out, r.lse});
     ctx->saved_data["plan"] = at::IValue::make_capsule(plan);
@@ -155,14 +144,12 @@ struct LocalAttentionFunction : torch::autograd::Function<LocalAttentionFunction
 
 }  // namespace
 
-at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const KernelPlanPtr& plan) {
+at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const KernelPlanPtr& plan) {
   return LocalAttentionFunction::apply(q, k, v, plan);
 }
 
-at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const TokenLayout& q_layout, const TokenLayout& k_layout,
-                           const AttentionOptions& options) {
+at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const TokenLayout& q_layout,
+                           const TokenLayout& k_layout, const AttentionOptions& options) {
   check_attention_inputs(q, k, v, "local_attention");
   return local_attention(q, k, v, plan_kernel(q_layout, k_layout, options, q.device()));
 }

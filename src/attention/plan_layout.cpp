@@ -31,8 +31,7 @@ std::vector<TokenLayout> ring_shares(const plan::ShardMap& shards) {
   std::vector<TokenLayout> shares;
   for (int r = 0; r < shards.ring(); ++r) {
     std::vector<TokenLayout> parts;
-    for (int u = 0; u < shards.ulysses(); ++u)
-      parts.push_back(local_layout(shards, r * shards.ulysses() + u));
+    for (int u = 0; u < shards.ulysses(); ++u) parts.push_back(local_layout(shards, r * shards.ulysses() + u));
     shares.push_back(TokenLayout::concat(parts));
   }
   return shares;

@@ -33,8 +33,8 @@ void check_split_slots(const std::vector<TokenLayout>& shares, const std::vector
   auto claim = [&](int64_t segment, int owner, int c) {
     auto [it, fresh] = home.emplace(segment, owner);
     MMSP_CHECK(fresh || (it->second == owner && owner >= 0) || (it->second < 0 && owner < 0),
-               "context_attention: segment ", segment, " is held whole on context rank ",
-               std::max(owner, it->second), " but has tokens elsewhere too (context rank ", c, ")");
+               "context_attention: segment ", segment, " is held whole on context rank ", std::max(owner, it->second),
+               " but has tokens elsewhere too (context rank ", c, ")");
   };
   for (int c = 0; c < R * U; ++c) {
     const at::Tensor seg = shares[c / U].segment.narrow(0, (c % U) * L, L).contiguous();
@@ -87,8 +87,8 @@ std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& gr
     for (const TokenLayout& share : ring_shares) share.check("context_attention");
     const int64_t L = ring_shares[0].size() / U;
     for (int p = 0; p < R; ++p)
-      MMSP_CHECK(ring_shares[p].size() == L * U, "context_attention: ring rank ", p, " holds ",
-                 ring_shares[p].size(), " slots, not ", U, " ulysses ranks x ", L);
+      MMSP_CHECK(ring_shares[p].size() == L * U, "context_attention: ring rank ", p, " holds ", ring_shares[p].size(),
+                 " slots, not ", U, " ulysses ranks x ", L);
     check_split_slots(ring_shares, split_slots, U, L);
     const std::vector<TokenLayout> split = split_shares(ring_shares, split_slots, U);
     if (split[0].size() > 0) {

@@ -111,8 +111,8 @@ AttentionForward step_attention_forward(const StepAttention& s, const at::Tensor
   if (!s.mixed()) {
     const int64_t share = s.kernels->from[0]->queries;
     MMSP_CHECK(share == q.size(0) * U, "context_attention: this rank holds ", q.size(0),
-               " tokens, but its ring share of ", share, " tokens split over ", U, " ulysses ranks gives ",
-               share / U, " (pad the share to a multiple of ", U, ")");
+               " tokens, but its ring share of ", share, " tokens split over ", U, " ulysses ranks gives ", share / U,
+               " (pad the share to a multiple of ", U, ")");
     f.out = ulysses_forward(s, Exchange{s.groups.ulysses}, q, k, v, f.saved);
     return f;
   }
@@ -143,14 +143,14 @@ AttentionGrads step_attention_backward(const StepAttention& s, const at::Tensor&
   const std::vector<int64_t> tokens = split_tokens(s);
   std::vector<at::Tensor> dq, dk, dv;
   if (s.kernels) {
-    AttentionGrads g = ulysses_backward(s, Exchange{s.groups.ulysses, &tokens}, dout.narrow(0, 0, a), saved, 0,
-                                        kv_heads);
+    AttentionGrads g =
+        ulysses_backward(s, Exchange{s.groups.ulysses, &tokens}, dout.narrow(0, 0, a), saved, 0, kv_heads);
     dq.push_back(g.dq), dk.push_back(g.dk), dv.push_back(g.dv);
   }
   if (s.whole) {
     const at::ScalarType type = saved[5].scalar_type();
-    AttentionGrads g = local_attention_backward(dout.narrow(0, a, L - a), saved[5], saved[6], saved[7], saved[8],
-                                                saved[9], *s.whole);
+    AttentionGrads g =
+        local_attention_backward(dout.narrow(0, a, L - a), saved[5], saved[6], saved[7], saved[8], saved[9], *s.whole);
     dq.push_back(g.dq.to(type)), dk.push_back(g.dk.to(type)), dv.push_back(g.dv.to(type));
   }
   if (dq.empty()) {  // no slot at all

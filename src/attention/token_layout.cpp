@@ -36,14 +36,11 @@ std::vector<Run> runs_of(const int64_t* seg, const int64_t* ord, int64_t begin, 
 
 void TokenLayout::check(const char* what) const {
   MMSP_CHECK(segment.defined() && order.defined(), what, ": token layout needs segment and order");
-  MMSP_CHECK(segment.dim() == 1 && order.dim() == 1 && segment.size(0) == order.size(0), what,
-             ": segment ", segment.sizes(), " and order ", order.sizes(),
-             " must be 1-D of the same length");
+  MMSP_CHECK(segment.dim() == 1 && order.dim() == 1 && segment.size(0) == order.size(0), what, ": segment ",
+             segment.sizes(), " and order ", order.sizes(), " must be 1-D of the same length");
   MMSP_CHECK(segment.scalar_type() == at::kLong && order.scalar_type() == at::kLong, what,
-             ": segment and order must be int64, got ", segment.scalar_type(), " and ",
-             order.scalar_type());
-  MMSP_CHECK(segment.is_cpu() && order.is_cpu(), what,
-             ": the token layout is plan metadata and must be on the CPU");
+             ": segment and order must be int64, got ", segment.scalar_type(), " and ", order.scalar_type());
+  MMSP_CHECK(segment.is_cpu() && order.is_cpu(), what, ": the token layout is plan metadata and must be on the CPU");
 }
 
 TokenLayout TokenLayout::slice(int64_t begin, int64_t length) const {
@@ -56,10 +53,9 @@ TokenLayout TokenLayout::concat(const std::vector<TokenLayout>& parts) {
   return {at::cat(segs), at::cat(ords)};
 }
 
-BlockSchedule BlockSchedule::make(const TokenLayout& q, const TokenLayout& k, bool causal,
-                                  int64_t block_q, int64_t block_k) {
-  MMSP_CHECK(block_q > 0 && block_k > 0, "attention block sizes must be positive, got ", block_q,
-             " and ", block_k);
+BlockSchedule BlockSchedule::make(const TokenLayout& q, const TokenLayout& k, bool causal, int64_t block_q,
+                                  int64_t block_k) {
+  MMSP_CHECK(block_q > 0 && block_k > 0, "attention block sizes must be positive, got ", block_q, " and ", block_k);
   at::Tensor qs = q.segment.contiguous(), qo = q.order.contiguous();
   at::Tensor ks = k.segment.contiguous(), ko = k.order.contiguous();
   const int64_t *qseg = qs.data_ptr<int64_t>(), *qord = qo.data_ptr<int64_t>();
@@ -67,8 +63,7 @@ BlockSchedule BlockSchedule::make(const TokenLayout& q, const TokenLayout& k, bo
   const int64_t Tq = q.size(), Tk = k.size();
 
   std::vector<std::vector<Run>> k_runs;
-  for (int64_t j = 0; j < Tk; j += block_k)
-    k_runs.push_back(runs_of(kseg, kord, j, std::min(Tk, j + block_k)));
+  for (int64_t j = 0; j < Tk; j += block_k) k_runs.push_back(runs_of(kseg, kord, j, std::min(Tk, j + block_k)));
 
   BlockSchedule schedule;
   schedule.block_q = block_q;
@@ -83,14 +78,12 @@ BlockSchedule BlockSchedule::make(const TokenLayout& q, const TokenLayout& k, bo
       const int64_t j = static_cast<int64_t>(b) * block_k, j_end = std::min(Tk, j + block_k);
       bool any = false;
       for (const Run& qr : q_runs)
-        for (const Run& kr : k_runs[b])
-          any |= qr.segment == kr.segment && (!causal || kr.min_order <= qr.max_order);
+        for (const Run& kr : k_runs[b]) any |= qr.segment == kr.segment && (!causal || kr.min_order <= qr.max_order);
       if (!any) continue;
       const bool k_has_pad = std::any_of(kseg + j, kseg + j_end, [](int64_t s) { return s < 0; });
-      const bool one_segment = q_runs.size() == 1 && k_runs[b].size() == 1 &&
-                               q_runs[0].segment == k_runs[b][0].segment;
-      const bool full = one_segment && !q_has_pad && !k_has_pad &&
-                        (!causal || k_runs[b][0].max_order <= q_runs[0].min_order);
+      const bool one_segment = q_runs.size() == 1 && k_runs[b].size() == 1 && q_runs[0].segment == k_runs[b][0].segment;
+      const bool full =
+          one_segment && !q_has_pad && !k_has_pad && (!causal || k_runs[b][0].max_order <= q_runs[0].min_order);
       if (!full) {
         // Trim the block to its first and last key that some query attends: on
         // the causal diagonal this halves the work of the block.

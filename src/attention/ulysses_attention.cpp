@@ -10,11 +10,10 @@
 namespace mmsp::attention {
 
 void check_ulysses_heads(int64_t heads, int64_t kv_heads, int ulysses) {
-  MMSP_CHECK(heads % ulysses == 0, "ulysses degree ", ulysses, " must divide the query heads (",
-             heads, "); use a degree that divides ", heads, " and put the rest in --ring");
-  MMSP_CHECK(kv_heads % ulysses == 0 || ulysses % kv_heads == 0, "ulysses degree ", ulysses,
-             " and key/value heads (", kv_heads,
-             ") must divide one another (K/V heads are repeated when fewer than the degree)");
+  MMSP_CHECK(heads % ulysses == 0, "ulysses degree ", ulysses, " must divide the query heads (", heads,
+             "); use a degree that divides ", heads, " and put the rest in --ring");
+  MMSP_CHECK(kv_heads % ulysses == 0 || ulysses % kv_heads == 0, "ulysses degree ", ulysses, " and key/value heads (",
+             kv_heads, ") must divide one another (K/V heads are repeated when fewer than the degree)");
 }
 
 namespace {

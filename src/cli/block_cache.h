@@ -32,8 +32,8 @@ class BlockCache final : public compat::CpuAllocator {
 
   c10::DeleterFnPtr raw_deleter() const override;
 
-  size_t kept_bytes() const;   // freed and kept now
-  size_t hits() const;         // requests served from kept blocks
+  size_t kept_bytes() const;  // freed and kept now
+  size_t hits() const;        // requests served from kept blocks
 
  protected:
   c10::DataPtr allocate_block(size_t bytes) const override;

@@ -8,8 +8,8 @@
 namespace mmsp::cli {
 
 struct Subcommand {
-  CLI::App* app = nullptr;      // the parsed subcommand (options bound by the command)
-  std::function<int()> run;     // runs the command after parsing; returns the exit status
+  CLI::App* app = nullptr;   // the parsed subcommand (options bound by the command)
+  std::function<int()> run;  // runs the command after parsing; returns the exit status
 };
 
 }  // namespace mmsp::cli

@@ -37,8 +37,8 @@ Subcommand add_families_command(CLI::App& parent) {
               return 0;
             }
             for (const model::FamilyEntry& e : model::family_table())
-              std::cout << e.model_type << "\t" << e.family << "\t" << (e.words.video.empty() ? "images" : "images, videos")
-                        << "\n";
+              std::cout << e.model_type << "\t" << e.family << "\t"
+                        << (e.words.video.empty() ? "images" : "images, videos") << "\n";
             return 0;
           }};
 }

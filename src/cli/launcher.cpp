@@ -37,8 +37,8 @@ using Clock = std::chrono::steady_clock;
 using detail::concat;
 
 // Set by us for every rank; the parent's values are dropped, never duplicated.
-constexpr const char* kRankVariables[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
-                                          "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+constexpr const char* kRankVariables[] = {"RANK",        "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                          "MASTER_ADDR", "MASTER_PORT"};
 // A rank printing without newlines must not make us buffer without bound.
 constexpr size_t kMaxLine = size_t{1} << 20;
 // After the last rank exits, how long its children may keep its pipes open.
@@ -46,8 +46,7 @@ constexpr auto kDrainTime = std::chrono::seconds(1);
 
 bool is_executable_file(const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-         ::access(path.c_str(), X_OK) == 0;
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0;
 }
 
 bool is_rank_variable(std::string_view entry) {
@@ -58,13 +57,10 @@ bool is_rank_variable(std::string_view entry) {
 }
 
 Clock::time_point after_seconds(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                            std::chrono::duration<double>(seconds));
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 
-int exit_code(int status) {
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+int exit_code(int status) { return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status); }
 
 bool succeeded(int status) { return WIFEXITED(status) && WEXITSTATUS(status) == 0; }
 
@@ -110,20 +106,20 @@ std::string find_executable(const std::string& name, const std::string& path_lis
 std::string validate(const LaunchOptions& o) {
   MMSP_CHECK(o.nproc >= 1, "-n (", o.nproc, ") must be at least 1: it is the number of ranks to start");
   MMSP_CHECK(o.nnodes >= 1, "--nnodes (", o.nnodes, ") must be at least 1");
-  MMSP_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank (", o.node_rank,
-             ") must be in [0, --nnodes (", o.nnodes, "))");
-  MMSP_CHECK(static_cast<long long>(o.nnodes) * o.nproc <= INT_MAX, "--nnodes (", o.nnodes,
-             ") * -n (", o.nproc, ") is too large");
+  MMSP_CHECK(o.node_rank >= 0 && o.node_rank < o.nnodes, "--node-rank (", o.node_rank, ") must be in [0, --nnodes (",
+             o.nnodes, "))");
+  MMSP_CHECK(static_cast<long long>(o.nnodes) * o.nproc <= INT_MAX, "--nnodes (", o.nnodes, ") * -n (", o.nproc,
+             ") is too large");
   MMSP_CHECK(!o.master_addr.empty(), "--master-addr is empty");
   MMSP_CHECK(o.master_port >= 0 && o.master_port <= 65535, "--master-port (", o.master_port,
              ") must be in [1, 65535], or 0 to pick a free one");
-  MMSP_CHECK(o.nnodes == 1 || o.master_port != 0, "--master-port is required when --nnodes (",
-             o.nnodes, ") > 1: every node must use the same port");
+  MMSP_CHECK(o.nnodes == 1 || o.master_port != 0, "--master-port is required when --nnodes (", o.nnodes,
+             ") > 1: every node must use the same port");
   // Another node reaching 127.0.0.1 (the default) reaches itself, never rank 0's host.
-  MMSP_CHECK(o.nnodes == 1 || (o.master_addr != "localhost" && o.master_addr.rfind("127.", 0) != 0 &&
-                               o.master_addr != "::1"),
-             "--master-addr (", o.master_addr, ") is a loopback address, but --nnodes (", o.nnodes,
-             ") > 1: give the address or name by which every node reaches node 0 (the host of rank 0)");
+  MMSP_CHECK(
+      o.nnodes == 1 || (o.master_addr != "localhost" && o.master_addr.rfind("127.", 0) != 0 && o.master_addr != "::1"),
+      "--master-addr (", o.master_addr, ") is a loopback address, but --nnodes (", o.nnodes,
+      ") > 1: give the address or name by which every node reaches node 0 (the host of rank 0)");
   MMSP_CHECK(o.grace_s >= 0, "--grace (", o.grace_s, ") must be >= 0 seconds");
   MMSP_CHECK(o.kill_after_s >= 0, "--kill-after (", o.kill_after_s, ") must be >= 0 seconds");
   MMSP_CHECK(!o.command.empty(), "no PROGRAM given: usage is mmsp-run -n N [options] -- PROGRAM ARGS...");
@@ -161,8 +157,8 @@ int find_free_port(const std::string& addr) {
 std::string make_run_id() {
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "localhost");
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::chrono::system_clock::now().time_since_epoch());
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch());
   return concat("mmsp-run:", host, ":", ::getpid(), ":", ms.count());
 }
 
@@ -170,8 +166,7 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int local_rank
                                           const std::vector<std::string>& parent) {
   std::vector<std::string> env;
   for (const auto& entry : parent)
-    if (!is_rank_variable(entry) && (o.run_id.empty() || entry.rfind("MMSP_RUN_ID=", 0) != 0))
-      env.push_back(entry);
+    if (!is_rank_variable(entry) && (o.run_id.empty() || entry.rfind("MMSP_RUN_ID=", 0) != 0)) env.push_back(entry);
   env.push_back(concat("RANK=", o.node_rank * o.nproc + local_rank));
   env.push_back(concat("WORLD_SIZE=", o.nnodes * o.nproc));
   env.push_back(concat("LOCAL_RANK=", local_rank));
@@ -192,12 +187,10 @@ std::string describe_wait_status(int status) {
 std::string LinePrefixer::feed(std::string_view bytes) {
   size_t scanned = partial_.size();  // earlier bytes hold no newline: don't rescan them
   partial_.append(bytes);
-  if (partial_.find('\n', scanned) == std::string::npos)
-    return partial_.size() >= kMaxLine ? finish() : std::string();
+  if (partial_.find('\n', scanned) == std::string::npos) return partial_.size() >= kMaxLine ? finish() : std::string();
   std::string out;
   size_t begin = 0;
-  for (size_t newline; (newline = partial_.find('\n', begin)) != std::string::npos;
-       begin = newline + 1) {
+  for (size_t newline; (newline = partial_.find('\n', begin)) != std::string::npos; begin = newline + 1) {
     out += prefix_;
     out.append(partial_, begin, newline + 1 - begin);
   }
@@ -257,8 +250,8 @@ class SignalWake {
 // The child side of fork(): become a process-group leader, wire stdio, exec.
 // Our signals arrive blocked (see Supervisor::start) and are unblocked only once
 // the handlers that would write to our wake pipe are gone.
-[[noreturn]] void exec_rank(const char* path, char** argv, char** envp, int out_fd, int err_fd,
-                            int null_fd, const sigset_t& mask, pid_t launcher) {
+[[noreturn]] void exec_rank(const char* path, char** argv, char** envp, int out_fd, int err_fd, int null_fd,
+                            const sigset_t& mask, pid_t launcher) {
   // No orphans: the kernel kills the rank when mmsp-run dies, even by SIGKILL. The
   // setting survives exec; a launcher that died before it was made is caught by getppid.
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -301,7 +294,7 @@ struct Rank {
   int rank = 0;  // global rank, as the prefix shows it
   pid_t pid = -1;
   bool running = false;
-  int status = 0;               // waitpid() status once it has exited
+  int status = 0;                // waitpid() status once it has exited
   bool signalled_by_us = false;  // so the summary can tell a victim from the cause
   bool killed_stopped = false;   // it was stopped (SIGSTOP, a debugger) when the job ended
   std::vector<Stream> streams;
@@ -323,8 +316,7 @@ bool is_stopped(pid_t pid) {
 
 class Supervisor {
  public:
-  Supervisor(const LaunchOptions& options, std::string program)
-      : options_(options), program_(std::move(program)) {
+  Supervisor(const LaunchOptions& options, std::string program) : options_(options), program_(std::move(program)) {
     for (char** entry = environ; *entry != nullptr; ++entry) parent_env_.emplace_back(*entry);
     null_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     ranks_.reserve(options.nproc);  // first_failure_ points into it
@@ -377,8 +369,7 @@ class Supervisor {
     ::sigprocmask(SIG_BLOCK, &handled, &mask);
     const pid_t launcher = ::getpid();
     pid_t pid = piped ? ::fork() : -1;
-    if (pid == 0)
-      exec_rank(program_.c_str(), argv.data(), envp.data(), out[1], err[1], null_fd_, mask, launcher);
+    if (pid == 0) exec_rank(program_.c_str(), argv.data(), envp.data(), out[1], err[1], null_fd_, mask, launcher);
     int error = errno;
     ::sigprocmask(SIG_SETMASK, &mask, nullptr);
     for (int fd : {out[1], err[1]})
@@ -479,8 +470,7 @@ class Supervisor {
     r.status = status;
     // Print the rank's last words before our verdict on it.
     for (auto& s : r.streams)
-      while (s.fd >= 0 && read_stream(s)) {
-      }
+      while (s.fd >= 0 && read_stream(s)) {}
     // A rank we signalled is a victim of the teardown, not its cause.
     if (!succeeded(status) && !r.signalled_by_us && first_failure_ == nullptr) {
       first_failure_ = &r;
@@ -549,15 +539,14 @@ class Supervisor {
       const bool saw_hang = WIFEXITED(r.status) && WEXITSTATUS(r.status) == dist::kHeartbeatExitCode;
       const std::string ended_on =
           cause != first_failure_ ? concat(" (first to end: it ended on rank ", cause->rank, "'s error)") : "";
-      const std::string why = r.killed_stopped ? " (it was stopped: the hung rank; killed by mmsp-run)"
-                              : &r == cause && cause != first_failure_
-                                  ? " (the failure: the other ranks ended on its error)"
-                              : &r == first_failure_ && !ended_on.empty() ? ended_on
-                              : &r == first_failure_ && saw_hang
-                                  ? " (first to end: it found a peer hung; its message names the rank)"
-                              : &r == first_failure_ ? " (first failure)"
-                              : r.signalled_by_us    ? " (stopped by mmsp-run)"
-                                                     : "";
+      const std::string why =
+          r.killed_stopped                            ? " (it was stopped: the hung rank; killed by mmsp-run)"
+          : &r == cause && cause != first_failure_    ? " (the failure: the other ranks ended on its error)"
+          : &r == first_failure_ && !ended_on.empty() ? ended_on
+          : &r == first_failure_ && saw_hang ? " (first to end: it found a peer hung; its message names the rank)"
+          : &r == first_failure_             ? " (first failure)"
+          : r.signalled_by_us                ? " (stopped by mmsp-run)"
+                                             : "";
       say(concat("summary: rank ", r.rank, " ", describe_wait_status(r.status), why));
     }
   }

@@ -9,14 +9,15 @@
 #include "block_cache.h"
 #include "command.h"
 #include "failure_text.h"
+#include "families_command.h"
 #include "heap_policy.h"
 #include "mmsp/compat/quiet_c10_log.h"
 #include "mmsp/core/check.h"
 #include "pixels_command.h"
 #include "plan_command.h"
 #include "prepare_command.h"
+#include "report_command.h"
 #include "selftest_command.h"
-#include "families_command.h"
 #include "thread_policy.h"
 #include "train_command.h"
 
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   commands.push_back(mmsp::cli::add_pixels_command(app));
   commands.push_back(mmsp::cli::add_prepare_command(app));
   commands.push_back(mmsp::cli::add_families_command(app));
+  commands.push_back(mmsp::cli::add_report_command(app));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -62,11 +64,10 @@ int main(int argc, char** argv) {
       // limit of this host or process the user can act on (status 2), named as one.
       const mmsp::cli::FailureText failure = mmsp::cli::failure_text(e);
       if (failure.out_of_memory) {
-        const std::string what =
-            failure.bytes_asked >= 0
-                ? "an allocation of " + std::to_string(failure.bytes_asked) + " bytes (" +
-                      std::to_string(failure.bytes_asked >> 20) + " MiB) failed"
-                : failure.what.substr(0, failure.what.find('\n'));
+        const std::string what = failure.bytes_asked >= 0
+                                     ? "an allocation of " + std::to_string(failure.bytes_asked) + " bytes (" +
+                                           std::to_string(failure.bytes_asked >> 20) + " MiB) failed"
+                                     : failure.what.substr(0, failure.what.find('\n'));
         std::cerr << "mmsp " << command.app->get_name() << ": error: out of memory (" << what
                   << "): what this command holds at once did not fit in the memory this process may use "
                      "(the host's, or a limit such as ulimit -v); give it less at once (mmsp pixels: --first "

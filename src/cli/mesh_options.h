@@ -7,11 +7,11 @@
 #include <cstdlib>
 #include <memory>
 
+#include "mesh_size_flags.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/flag_agreement.h"
 #include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/mesh.h"
-#include "mesh_size_flags.h"
 
 namespace mmsp::cli {
 
@@ -53,12 +53,10 @@ struct MeshFlags {
 
   void check() const {
     sizes.check();
-    MMSP_CHECK(std::isfinite(timeout_s) && timeout_s > 0 && timeout_s <= kMaxTimeoutS, "--timeout ",
-               timeout_s, " must be a number of seconds in (0, ", kMaxTimeoutS, "]");
-    MMSP_CHECK(std::isfinite(heartbeat_timeout_s) && heartbeat_timeout_s > 0 &&
-                   heartbeat_timeout_s <= kMaxTimeoutS,
-               "--heartbeat-timeout ", heartbeat_timeout_s, " must be a number of seconds in (0, ",
-               kMaxTimeoutS, "]");
+    MMSP_CHECK(std::isfinite(timeout_s) && timeout_s > 0 && timeout_s <= kMaxTimeoutS, "--timeout ", timeout_s,
+               " must be a number of seconds in (0, ", kMaxTimeoutS, "]");
+    MMSP_CHECK(std::isfinite(heartbeat_timeout_s) && heartbeat_timeout_s > 0 && heartbeat_timeout_s <= kMaxTimeoutS,
+               "--heartbeat-timeout ", heartbeat_timeout_s, " must be a number of seconds in (0, ", kMaxTimeoutS, "]");
   }
 
   plan::Mesh shape(int world_size) const {

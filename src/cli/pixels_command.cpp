@@ -46,11 +46,12 @@ int run_pixels(const PixelsFlags& f) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   hf::save_safetensors(f.out, tensors, {{"format", "pt"}, {"model", f.model}, {"data", f.data}});
   const train::VideoDecodeCounts decoded = data.video_decode_counts();
-  std::printf("mmsp pixels: %lld images and %lld videos of samples %lld..%lld of %s written to %s "
-              "(pixels made in %.3f s; video files: %lld frames decoded, %lld seeks)\n",
-              static_cast<long long>(images), static_cast<long long>(videos), static_cast<long long>(f.first),
-              static_cast<long long>(end - 1), data.describe().c_str(), f.out.c_str(), seconds,
-              static_cast<long long>(decoded.frames_decoded), static_cast<long long>(decoded.seeks));
+  std::printf(
+      "mmsp pixels: %lld images and %lld videos of samples %lld..%lld of %s written to %s "
+      "(pixels made in %.3f s; video files: %lld frames decoded, %lld seeks)\n",
+      static_cast<long long>(images), static_cast<long long>(videos), static_cast<long long>(f.first),
+      static_cast<long long>(end - 1), data.describe().c_str(), f.out.c_str(), seconds,
+      static_cast<long long>(decoded.frames_decoded), static_cast<long long>(decoded.seeks));
   return 0;
 }
 
@@ -62,8 +63,7 @@ Subcommand add_pixels_command(CLI::App& parent) {
       "pixels", "write the pixels mmsp feeds the vision tower for a data file's images (a safetensors file)");
   app->add_option("--model", f->model, "built-in model name, model directory or config.json")->required();
   app->add_option("--data", f->data, "a JSON-lines data file (docs/data.md)")->required();
-  app->add_option("--out", f->out, "the safetensors file to write: sample<N>.image<i>, sample<N>.video<j>")
-      ->required();
+  app->add_option("--out", f->out, "the safetensors file to write: sample<N>.image<i>, sample<N>.video<j>")->required();
   app->add_option("--first", f->first, "first sample (0-based line of data, blank lines skipped)")
       ->capture_default_str();
   app->add_option("--count", f->count, "samples to write (-1: to the end)")->capture_default_str();

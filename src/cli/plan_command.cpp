@@ -1,5 +1,6 @@
 // `mmsp plan --config config.json --batch batch.json --dp D --ring R --ulysses U
-//  [--layout zigzag|contiguous] [--placement zigzag|adaptive] [--vision-split auto|off|N] [--rank K] [--format text|json]`:
+//  [--layout zigzag|contiguous] [--placement zigzag|adaptive] [--vision-split auto|off|N] [--rank K] [--format
+//  text|json]`:
 // builds the StepPlan exactly as every rank would and prints it; the text form also sets
 // zigzag and adaptive placement side by side. Uses only mmsp_plan, CLI11 and nlohmann_json.
 #include "plan_command.h"
@@ -26,11 +27,11 @@ struct PlanFlags {
   std::string config;
   std::string batch;
   MeshSizeFlags mesh{/*infer_fastest=*/false};  // --dp --ring --ulysses --expert
-  int world = -1;  // when given, must equal dp * ring * ulysses
+  int world = -1;                               // when given, must equal dp * ring * ulysses
   std::string layout = "zigzag";
   std::string placement = "zigzag";
   std::string vision_split = "auto";  // as mmsp train
-  int rank = -1;   // -1: every rank
+  int rank = -1;                      // -1: every rank
   std::string format = "text";
   int indent = -1;
 };
@@ -47,11 +48,10 @@ std::string rank_line(const plan::StepPlan& plan, const plan::RankPlan& rp) {
   for (const auto& v : rp.routes.send) sent += static_cast<int64_t>(v.size());
   for (const auto& v : rp.routes.recv) received += static_cast<int64_t>(v.size());
   std::ostringstream out;
-  out << "rank " << rp.rank << " (dp " << rp.coords.dp << ", ring " << rp.coords.ring
-      << ", ulysses " << rp.coords.ulysses << "): " << rp.local_length << " slots, " << real
-      << " tokens, " << labels << " labels, encodes " << rp.routes.encoder_items.size()
-      << " vision items (" << rp.routes.encoder_rows << " rows), sends " << sent
-      << " rows, receives " << received << " rows onto " << rp.routes.visual_slots.size()
+  out << "rank " << rp.rank << " (dp " << rp.coords.dp << ", ring " << rp.coords.ring << ", ulysses "
+      << rp.coords.ulysses << "): " << rp.local_length << " slots, " << real << " tokens, " << labels
+      << " labels, encodes " << rp.routes.encoder_items.size() << " vision items (" << rp.routes.encoder_rows
+      << " rows), sends " << sent << " rows, receives " << received << " rows onto " << rp.routes.visual_slots.size()
       << " visual slots\n";
   return out.str();
 }
@@ -111,11 +111,11 @@ int run_plan(const PlanFlags& f) {
     options.placement = plan::parse_placement(f.placement);
     options.vision_split = plan::parse_vision_split(f.vision_split);
     plan::validate_mesh(options.mesh, f.world);
-    MMSP_CHECK(f.format == "text" || f.format == "json", "--format \"", f.format,
-               "\" is unknown; use text or json");
+    MMSP_CHECK(f.format == "text" || f.format == "json", "--format \"", f.format, "\" is unknown; use text or json");
     const plan::StepPlan plan = plan::make_step_plan(batch, conventions, options, std::max(f.rank, 0));
     std::vector<int> ranks;
-    if (f.rank >= 0) ranks.push_back(f.rank);
+    if (f.rank >= 0)
+      ranks.push_back(f.rank);
     else
       for (int r = 0; r < options.mesh.world(); ++r) ranks.push_back(r);
     if (f.format == "json") {
@@ -126,8 +126,8 @@ int run_plan(const PlanFlags& f) {
     if (!priced.empty()) std::cout << "note: " << priced << "\n";
     if (options.layout == plan::Layout::zigzag) {
       plan::PlanOptions other = options;
-      other.placement = options.placement == plan::Placement::zigzag ? plan::Placement::adaptive
-                                                                       : plan::Placement::zigzag;
+      other.placement =
+          options.placement == plan::Placement::zigzag ? plan::Placement::adaptive : plan::Placement::zigzag;
       const plan::StepPlan second = plan::make_step_plan(batch, conventions, other, std::max(f.rank, 0));
       const bool zigzag_first = options.placement == plan::Placement::zigzag;
       std::cout << plan::placement_comparison(zigzag_first ? plan : second, zigzag_first ? second : plan);
@@ -150,8 +150,7 @@ Subcommand add_plan_command(CLI::App& parent) {
   CLI::App* app = parent.add_subcommand(
       "plan", "print the step plan of a batch: packing, shards, positions, labels, Vision DP, routes");
   app->add_option("--config", flags->config, "Hugging Face config.json of the model")->required();
-  app->add_option("--batch", flags->batch, "batch.json: {\"sequences\": [{\"input_ids\": ...}]}")
-      ->required();
+  app->add_option("--batch", flags->batch, "batch.json: {\"sequences\": [{\"input_ids\": ...}]}")->required();
   flags->mesh.add_to(*app);
   app->add_option("--world", flags->world, "world size to check dp * ring * ulysses against");
   app->add_option("--layout", flags->layout, "zigzag (default) or contiguous");

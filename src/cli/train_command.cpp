@@ -2,8 +2,8 @@
 #include "train_command.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -15,12 +15,12 @@
 #include "byte_size.h"
 #include "failure_text.h"
 #include "mesh_options.h"
-#include "train_flags.h"
 #include "mmsp/compat/quiet_c10_log.h"
 #include "mmsp/core/check.h"
 #include "mmsp/train/checkpoint/run_directory.h"
 #include "mmsp/train/run_checks.h"
 #include "mmsp/train/trainer.h"
+#include "train_flags.h"
 
 namespace mmsp::cli {
 
@@ -84,9 +84,7 @@ int run_train(const MeshFlags& flags, TrainFlags& train_flags) {
   if (env.rank == 0) {
     try {
       out_lock = train::RunDirectoryLock::claim(o.output.out, o.output.resume, o.output.overwrite);
-    } catch (const Error& e) {
-      mesh_options.refusal = e.what();
-    }
+    } catch (const Error& e) { mesh_options.refusal = e.what(); }
   }
   dist::Mesh mesh = dist::Mesh::connect(env, shape, mesh_options);
   if (env.rank == 0 && mesh.hosts().spans_hosts()) std::cout << "mmsp train: " << mesh.hosts().summary() << std::endl;
@@ -97,9 +95,7 @@ int run_train(const MeshFlags& flags, TrainFlags& train_flags) {
   try {
     train::check_out_shared(o.output.out, mesh);  // one --out for every host, or no rank starts
     train::train(o, mesh, std::cout, activity.get());
-  } catch (const std::exception& e) {
-    return report_failure(e, o, heartbeat.get());
-  }
+  } catch (const std::exception& e) { return report_failure(e, o, heartbeat.get()); }
   if (env.rank == 0 && heartbeat && heartbeat->largest_gap_seconds() > 0)
     std::cout << std::fixed << std::setprecision(2) << "heartbeat: longest silence of a peer "
               << heartbeat->largest_gap_seconds() << " s of the " << heartbeat->timeout_seconds()
@@ -150,7 +146,8 @@ std::map<int64_t, double> read_losses(const std::string& path) {
 Subcommand add_compare_losses_command(CLI::App& parent) {
   auto files = std::make_shared<std::vector<std::string>>();
   auto max_rel = std::make_shared<double>(-1);
-  CLI::App* app = parent.add_subcommand("compare-losses", "largest relative loss difference of two runs' metrics.jsonl");
+  CLI::App* app =
+      parent.add_subcommand("compare-losses", "largest relative loss difference of two runs' metrics.jsonl");
   app->add_option("files", *files, "two metrics.jsonl files: A B (relative to B's losses)")->required()->expected(2);
   app->add_option("--max-rel", *max_rel, "exit 1 when the largest relative difference exceeds this");
   return {app, [files, max_rel, app]() {
@@ -169,8 +166,8 @@ Subcommand add_compare_losses_command(CLI::App& parent) {
               if (rel >= worst) worst = rel, worst_step = step;
             }
             MMSP_CHECK(common > 0, files->at(0), " and ", files->at(1), " share no step");
-            std::cout << "compare-losses: " << common << " common steps, largest relative difference "
-                      << worst << " (step " << worst_step << ")" << std::endl;
+            std::cout << "compare-losses: " << common << " common steps, largest relative difference " << worst
+                      << " (step " << worst_step << ")" << std::endl;
             if (check && worst > *max_rel) {
               std::cout << "compare-losses: FAILED: step " << worst_step << " differs by " << worst
                         << " (relative), more than --max-rel " << *max_rel << std::endl;

@@ -9,6 +9,7 @@
 #include "mmsp/core/check.h"
 #include "mmsp/model/hooks/recompute.h"
 #include "mmsp/model/layers/tiled_mlp.h"
+#include "mmsp/model/model_parts.h"
 #include "mmsp/model/vision/vision_mode.h"
 #include "mmsp/plan/mesh.h"
 #include "mmsp/plan/placement.h"
@@ -22,41 +23,55 @@ void TrainFlags::add_to(CLI::App& app) {
   add_schedule(app);
   add_memory(app);
   add_run_directory(app);
+  add_finetune(app);
   app.add_option("--test-sleep-in-step", test_sleep)->group("");
   app.add_option("--test-skew-batch", test_skew)->group("");
 }
 
 // The model, the data and how a step is cut: what the batches and the numerics are.
 void TrainFlags::add_model_and_data(CLI::App& app) {
-  app.add_option("--model", options.inputs.model, "built-in model name, a Hugging Face model directory (its weights) or a config.json (random weights)")->capture_default_str();
-  app.add_option("--data", options.inputs.data, "'shapes' (built in) or a JSON-lines file (docs/data.md)")->capture_default_str();
+  app.add_option("--model", options.inputs.model,
+                 "built-in model name, a Hugging Face model directory (its weights) or a config.json (random weights)")
+      ->capture_default_str();
+  app.add_option("--data", options.inputs.data, "'shapes' (built in) or a JSON-lines file (docs/data.md)")
+      ->capture_default_str();
   app.add_option("--vision", vision, "routed, gather or replicate")->capture_default_str();
   app.add_option("--layout", layout, "zigzag or contiguous")->capture_default_str();
   app.add_option("--placement", placement,
-                  "zigzag (every segment split over the context group) or adaptive (short ones whole on one rank)")
+                 "zigzag (every segment split over the context group) or adaptive (short ones whole on one rank)")
       ->capture_default_str();
   app.add_option("--vision-split", vision_split,
-                  "encode an image or video over the whole context group: auto (one costing more than a rank's "
-                  "share, of at least 4096 patches), off, or a patch count (every item of at least that many)")
+                 "encode an image or video over the whole context group: auto (one costing more than a rank's "
+                 "share, of at least 4096 patches), off, or a patch count (every item of at least that many)")
       ->capture_default_str();
-  app.add_option("--tokens-per-rank", options.inputs.tokens_per_rank, "tokens per rank and step (a step holds at most this × world tokens)")
+  app.add_option("--tokens-per-rank", options.inputs.tokens_per_rank,
+                 "tokens per rank and step (a step holds at most this × world tokens)")
       ->capture_default_str();
   app.add_option("--data-rows", options.inputs.data_rows,
-                  "pack each step for this many dp rows (default: --dp); same value, same batches on any mesh")
+                 "pack each step for this many dp rows (default: --dp); same value, same batches on any mesh")
       ->capture_default_str();
   app.add_option("--dtype", dtype, "float32, float64 or bfloat16 (mixed: bf16 compute, fp32 master weights)")
       ->capture_default_str();
   app.add_option("--seed", options.inputs.seed, "parameters and data order")->capture_default_str();
   app.add_flag("!--no-shuffle", options.inputs.shuffle, "read samples in file order");
-  app.add_option("--shapes-samples", options.inputs.shapes_samples, "samples per epoch of the shapes dataset")->capture_default_str();
+  app.add_option("--shapes-samples", options.inputs.shapes_samples, "samples per epoch of the shapes dataset")
+      ->capture_default_str();
   app.add_flag("--blank-images", options.inputs.blank_images, "shapes with constant images (the text-only baseline)");
   app.add_option("--max-image-pixels", options.inputs.max_image_pixels,
-                  "refuse image files larger than this (width × height, read from the header at load)")
+                 "refuse image files larger than this (width × height, read from the header at load)")
       ->capture_default_str();
-  app.add_option("--attention-block", options.parallel.attention_block, "query/key block of the attention kernel")->capture_default_str();
+  app.add_option("--attention-block", options.parallel.attention_block, "query/key block of the attention kernel")
+      ->capture_default_str();
   app.add_option("--attention-kernel", attention_kernel,
-                  "auto | blockwise | fused: the local attention kernel (auto: FlashAttention-2 varlen on CUDA "
-                  "where it serves, mmsp's blockwise kernel elsewhere)")
+                 "auto | fused | cudnn | blockwise: the local attention kernel (auto: on CUDA the fastest kernel "
+                 "that passes an exactness probe against the blockwise one, measured before the first step; "
+                 "mmsp's blockwise kernel on the CPU)")
+      ->capture_default_str();
+  app.add_option("--overlap-communication", overlap_communication,
+                 "on: the ring's next K/V and dK/dV and ZeRO-3's next gather issued before the compute that "
+                 "hides them; off: each waited for where it is issued (for measuring; the same results, bit "
+                 "for bit)")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
 }
 
@@ -68,30 +83,31 @@ void TrainFlags::add_schedule(CLI::App& app) {
   app.add_option("--lr", options.schedule.lr, "peak learning rate")->capture_default_str();
   app.add_option("--min-lr", options.schedule.min_lr, "learning rate at the end of the cosine")->capture_default_str();
   app.add_option("--warmup", options.schedule.warmup, "linear warm-up steps")->capture_default_str();
-  app.add_option("--weight-decay", options.schedule.weight_decay, "AdamW weight decay (matrices only)")->capture_default_str();
+  app.add_option("--weight-decay", options.schedule.weight_decay, "AdamW weight decay (matrices only)")
+      ->capture_default_str();
   app.add_option("--clip", options.schedule.clip, "clip gradients to this global norm (0: off)")->capture_default_str();
   app.add_option("--shard", shard,
-                  "none; optimizer: fp32 masters and AdamW moments split over every rank (ZeRO-1); "
-                  "gradients: and the gradients (ZeRO-2); parameters: and the weights of the decoder layers, "
-                  "LM head, embedding and vision blocks (ZeRO-3)")
+                 "none; optimizer: fp32 masters and AdamW moments split over every rank (ZeRO-1); "
+                 "gradients: and the gradients (ZeRO-2); parameters: and the weights of the decoder layers, "
+                 "LM head, embedding and vision blocks (ZeRO-3)")
       ->capture_default_str();
 }
 
 // What trades compute or bytes for memory, and the preflight's limit.
 void TrainFlags::add_memory(CLI::App& app) {
   app.add_option("--memory-limit", memory_limit,
-                  "stop before allocating if the per-rank estimate exceeds this (e.g. 20GiB; 0: off; "
-                  "auto: available memory / ranks on this host)")
+                 "stop before allocating if the per-rank estimate exceeds this (e.g. 20GiB; 0: off; "
+                 "auto: available memory / ranks on this host)")
       ->capture_default_str();
   app.add_option("--loss-chunk", options.memory.loss_chunk,
-                  "tokens per chunk of the LM head and loss (0: as many as fit 256 MiB of fp32 logits)")
+                 "tokens per chunk of the LM head and loss (0: as many as fit 256 MiB of fp32 logits)")
       ->capture_default_str();
   app.add_option("--checkpoint-activations", checkpointing,
-                  "none, decoder (recompute each decoder layer in the backward) or all (and each vision block)")
+                 "none, decoder (recompute each decoder layer in the backward) or all (and each vision block)")
       ->capture_default_str();
   app.add_flag("--offload-activations", options.memory.offload_activations,
-                "keep the recomputed layers' inputs in host memory until their backward (needs "
-                "--checkpoint-activations; on CUDA the copies overlap the compute)");
+               "keep the recomputed layers' inputs in host memory until their backward (needs "
+               "--checkpoint-activations; on CUDA the copies overlap the compute)");
   // An optional value: a bare --prefetch-pixels is on, as it was when it was a switch.
   app.add_option("--prefetch-pixels", prefetch_pixels,
                  "off, on or auto (the default; on with --device cuda); bare: on. Decode "
@@ -105,30 +121,55 @@ void TrainFlags::add_memory(CLI::App& app) {
           },
           "{off,on,auto}"));
   app.add_option("--tiled-mlp", tiled_mlp,
-                  "off, auto (tiles of at most hidden-size tokens) or N: each decoder MLP runs over tiles of N "
-                  "tokens, forward and backward, so its [tokens, intermediate] activations exist one tile at a time; "
-                  "a hybrid model's Gated DeltaNet token mixers run over sequence tiles too (where no --ring is)")
+                 "off, auto (tiles of at most hidden-size tokens) or N: each decoder MLP runs over tiles of N "
+                 "tokens, forward and backward, so its [tokens, intermediate] activations exist one tile at a time; "
+                 "a hybrid model's Gated DeltaNet token mixers run over sequence tiles too (where no --ring is)")
       ->capture_default_str();
 }
 
 // --out: metrics, checkpoints, resume, the hf/ directories a checkpoint holds.
 void TrainFlags::add_run_directory(CLI::App& app) {
   app.add_option("--save-dtype", save_dtype,
-                  "dtype of each checkpoint's hf/ directory (default: as the weights were loaded)");
+                 "dtype of each checkpoint's hf/ directory (default: as the weights were loaded)");
   app.add_option("--save-shard-size", save_shard_size, "largest safetensors shard of hf/ (e.g. 5GB, 500MB)")
       ->capture_default_str();
   app.add_option("--out", options.output.out, "directory for metrics.jsonl and checkpoints");
-  app.add_option("--checkpoint-every", options.output.checkpoint_every, "save every N steps (and at the end)")->capture_default_str();
+  app.add_option("--checkpoint-every", options.output.checkpoint_every, "save every N steps (and at the end)")
+      ->capture_default_str();
   app.add_option("--keep", options.output.keep, "checkpoints to keep (0: all)")->capture_default_str();
   app.add_option("--resume", options.output.resume, "continue from this checkpoint or run directory");
   app.add_flag("--overwrite", options.output.overwrite,
-                "start afresh in an --out that holds another run: its metrics and checkpoints are deleted first");
+               "start afresh in an --out that holds another run: its metrics and checkpoints are deleted first");
   app.add_option("--save-gradients", options.output.save_gradients,
-                  "write the first step's gradients (summed over the ranks, before --clip) as a model directory "
-                  "here, to compare with a reference (--shard none)");
+                 "write the first step's gradients (summed over the ranks, before --clip) as a model directory "
+                 "here, to compare with a reference (--shard none)");
   app.add_flag("--allow-changed-flags", options.output.allow_changed_flags,
-                "resume although flags that change the batches or the numerics differ from the checkpoint's");
+               "resume although flags that change the batches or the numerics differ from the checkpoint's");
   app.add_flag("--quiet", options.output.quiet, "no per-step lines (the summary still prints)");
+}
+
+// What a fine-tuning recipe sets: the parts that train, micro-steps, the held-out set.
+void TrainFlags::add_finetune(CLI::App& app) {
+  app.add_option("--freeze", freeze,
+                 "parts that do not train, comma-separated: vision, merger, llm, embeddings (docs/finetune.md)");
+  app.add_option("--accumulate", options.schedule.accumulate,
+                 "micro-steps per optimizer step: K batches, gradients summed, normalised over all K's labels")
+      ->capture_default_str();
+  lora_rank_flag =
+      app.add_option("--lora-rank", options.finetune.lora.rank,
+                     "train LoRA adapters of this rank (every other weight frozen); checkpoints hold adapter/ (peft) "
+                     "and hf/ merged");
+  app.add_option("--lora-alpha", options.finetune.lora.alpha, "LoRA's alpha: the adapters' scale is alpha / rank")
+      ->capture_default_str();
+  app.add_option("--lora-targets", lora_targets,
+                 "maps to adapt, by module name (default q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; "
+                 "vision.NAME: the tower's)");
+  app.add_option("--peak-tflops", options.output.peak_tflops,
+                 "the device's peak TFLOP/s: the step line then shows the estimated MFU");
+  app.add_option("--eval-data", options.eval.data,
+                 "a held-out JSON-lines file: its loss after --eval-every steps and at the end");
+  app.add_option("--eval-every", options.eval.every, "evaluate after every N steps (0: only at the end)")
+      ->capture_default_str();
 }
 
 void TrainFlags::read_test_hooks() {
@@ -167,6 +208,13 @@ void TrainFlags::parse() {
   o.output.save_dtype = train::parse_save_dtype(save_dtype);
   o.parallel.shard = parallel::parse_shard_level(shard);
   o.parallel.attention_kernel = attention::parse_attention_kernel(attention_kernel);
+  o.parallel.overlap_communication = overlap_communication == "on";
+  o.finetune.freeze = model::parse_model_parts(freeze, "--freeze");
+  if (!lora_targets.empty()) o.finetune.lora.targets = model::parse_lora_targets(lora_targets);
+  MMSP_CHECK(!lora_rank_flag || lora_rank_flag->count() == 0 || o.finetune.lora.rank >= 1, "--lora-rank ",
+             o.finetune.lora.rank, " must be ≥ 1 (the adapters' rank; leave the flag out to train every weight)");
+  MMSP_CHECK(o.finetune.lora.rank != 0 || lora_targets.empty(), "--lora-targets ", lora_targets,
+             " needs --lora-rank R (the adapters' rank)");
 }
 
 void TrainFlags::place(const dist::RankEnv& env, const c10::Device& device) {

@@ -20,7 +20,11 @@ struct TrainFlags {
   std::string save_shard_size = "5GB", memory_limit = "auto", checkpointing = "none", tiled_mlp = "off";
   std::string prefetch_pixels = "auto";
   std::string dtype = "float32", save_dtype, shard = "none", attention_kernel = "auto";
-  std::string test_sleep, test_skew;  // hidden: "RANK:STEP:SECONDS", "RANK:STEP" (docs/reliability.md)
+  std::string overlap_communication = "on";
+  std::string test_sleep, test_skew;      // hidden: "RANK:STEP:SECONDS", "RANK:STEP" (docs/reliability.md)
+  std::string freeze;                     // --freeze vision,merger,llm,embeddings
+  std::string lora_targets;               // --lora-targets q_proj,v_proj (empty: the default)
+  CLI::Option* lora_rank_flag = nullptr;  // given: a rank of 0 is refused (not "no LoRA")
 
   void add_to(CLI::App& app);
   // The text flags and test hooks into `options`, checked against each other (before the
@@ -35,6 +39,7 @@ struct TrainFlags {
   void add_schedule(CLI::App& app);
   void add_memory(CLI::App& app);
   void add_run_directory(CLI::App& app);
+  void add_finetune(CLI::App& app);
   void read_test_hooks();
 };
 

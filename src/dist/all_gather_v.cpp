@@ -15,19 +15,17 @@ namespace mmsp::dist {
 namespace {
 
 void check_counts(const at::Tensor& rows, const std::vector<int64_t>& counts, const Group& group) {
-  MMSP_CHECK(static_cast<int>(counts.size()) == group.size(), "all_gather_v on group ",
-             group.name(), ": counts has ", counts.size(), " entries, the group has ",
-             group.size(), " ranks");
+  MMSP_CHECK(static_cast<int>(counts.size()) == group.size(), "all_gather_v on group ", group.name(), ": counts has ",
+             counts.size(), " entries, the group has ", group.size(), " ranks");
   for (size_t p = 0; p < counts.size(); ++p)
-    MMSP_CHECK(counts[p] >= 0, "all_gather_v on group ", group.name(), ": counts[", p,
-               "] = ", counts[p], " is negative");
-  MMSP_CHECK(rows.dim() >= 1 && rows.size(0) == counts[group.rank()], "all_gather_v on group ",
-             group.name(), ": rank ", group.rank(), " passes ", rows.dim() ? rows.size(0) : 0,
-             " rows but counts[", group.rank(), "] = ", counts[group.rank()]);
+    MMSP_CHECK(counts[p] >= 0, "all_gather_v on group ", group.name(), ": counts[", p, "] = ", counts[p],
+               " is negative");
+  MMSP_CHECK(rows.dim() >= 1 && rows.size(0) == counts[group.rank()], "all_gather_v on group ", group.name(), ": rank ",
+             group.rank(), " passes ", rows.dim() ? rows.size(0) : 0, " rows but counts[", group.rank(),
+             "] = ", counts[group.rank()]);
 }
 
-at::Tensor all_gather_v_forward(const at::Tensor& rows, const std::vector<int64_t>& counts,
-                                Group& group) {
+at::Tensor all_gather_v_forward(const at::Tensor& rows, const std::vector<int64_t>& counts, Group& group) {
   const int P = group.size();
   if (P == 1) return rows;
   if (group.stages(rows)) return all_gather_v_forward(rows.cpu(), counts, group).to(rows.device());
@@ -71,8 +69,8 @@ struct AllGatherVFunction : torch::autograd::Function<AllGatherVFunction> {
     // Slice p of every rank's gradient goes to rank p, which sums the P copies.
     const int64_t mine = counts[group->rank()];
     std::vector<int64_t> recv(P, mine);
-    at::Tensor copies = detail::all_to_all_v_raw(grads[0], counts, recv, *group, Pass::backward,
-                                                 CommKind::all_gather_v);
+    at::Tensor copies =
+        detail::all_to_all_v_raw(grads[0], counts, recv, *group, Pass::backward, CommKind::all_gather_v);
     std::vector<int64_t> stacked = copies.sizes().vec();
     stacked[0] = mine;
     stacked.insert(stacked.begin(), P);
@@ -82,8 +80,7 @@ struct AllGatherVFunction : torch::autograd::Function<AllGatherVFunction> {
 
 }  // namespace
 
-at::Tensor all_gather_v(const at::Tensor& rows, const std::vector<int64_t>& counts,
-                        const GroupPtr& group) {
+at::Tensor all_gather_v(const at::Tensor& rows, const std::vector<int64_t>& counts, const GroupPtr& group) {
   check_counts(rows, counts, *group);
   return AllGatherVFunction::apply(rows, counts, group);
 }

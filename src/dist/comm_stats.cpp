@@ -5,13 +5,20 @@ namespace mmsp::dist {
 
 const char* comm_kind_name(CommKind kind) {
   switch (kind) {
-    case CommKind::all_to_all: return "all_to_all";
-    case CommKind::all_to_all_v: return "all_to_all_v";
-    case CommKind::all_gather_v: return "all_gather_v";
-    case CommKind::all_reduce: return "all_reduce";
-    case CommKind::ring_exchange: return "ring_exchange";
-    case CommKind::reduce_scatter: return "reduce_scatter";
-    case CommKind::all_gather: return "all_gather";
+    case CommKind::all_to_all:
+      return "all_to_all";
+    case CommKind::all_to_all_v:
+      return "all_to_all_v";
+    case CommKind::all_gather_v:
+      return "all_gather_v";
+    case CommKind::all_reduce:
+      return "all_reduce";
+    case CommKind::ring_exchange:
+      return "ring_exchange";
+    case CommKind::reduce_scatter:
+      return "reduce_scatter";
+    case CommKind::all_gather:
+      return "all_gather";
   }
   return "?";
 }

@@ -89,9 +89,10 @@ std::string value_disagreement(const std::vector<AgreedFlags>& per_rank, const R
       out += out.empty() ? "" : "; ";
       out += first[i].first + " is";
       for (size_t k = 0; k < values.size(); ++k)
-        out += (k == 0 ? " " : k + 1 == values.size() ? " and " : ", ") +
-               (values[k].first.empty() ? std::string("(unset)") : values[k].first) + " on " +
-               name(values[k].second);
+        out += (k == 0                   ? " "
+                : k + 1 == values.size() ? " and "
+                                         : ", ") +
+               (values[k].first.empty() ? std::string("(unset)") : values[k].first) + " on " + name(values[k].second);
     }
   }
   return out;

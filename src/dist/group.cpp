@@ -8,20 +8,25 @@
 
 namespace mmsp::dist {
 
-Group::Group(std::string name, std::vector<int> members, int rank,
-             c10::intrusive_ptr<Backend> cpu, c10::intrusive_ptr<Backend> gpu,
-             std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout,
+Group::Group(std::string name, std::vector<int> members, int rank, c10::intrusive_ptr<Backend> cpu,
+             c10::intrusive_ptr<Backend> gpu, std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout,
              bool stage_cuda_through_host)
-    : name_(std::move(name)), members_(std::move(members)), rank_(rank), cpu_(std::move(cpu)),
-      gpu_(std::move(gpu)), stats_(std::move(stats)), timeout_(timeout), stage_(stage_cuda_through_host) {
+    : name_(std::move(name)),
+      members_(std::move(members)),
+      rank_(rank),
+      cpu_(std::move(cpu)),
+      gpu_(std::move(gpu)),
+      stats_(std::move(stats)),
+      timeout_(timeout),
+      stage_(stage_cuda_through_host) {
   MMSP_ASSERT(rank_ >= 0 && rank_ < size(), "group ", name_, " rank ", rank_);
   MMSP_ASSERT(size() == 1 || cpu_, "group ", name_, " of size ", size(), " has no backend");
 }
 
 Backend& Group::backend_for(const at::Tensor& tensor) const {
   if (tensor.device().is_cpu()) return *cpu_;
-  MMSP_CHECK(tensor.device().is_cuda() && gpu_, "group ", name_, " cannot move tensors on ",
-             tensor.device().str(), ": it has no NCCL backend (ranks on --device cpu, or a LibTorch without NCCL; "
+  MMSP_CHECK(tensor.device().is_cuda() && gpu_, "group ", name_, " cannot move tensors on ", tensor.device().str(),
+             ": it has no NCCL backend (ranks on --device cpu, or a LibTorch without NCCL; "
              "CPU tensors use Gloo)");
   return *gpu_;
 }
@@ -39,11 +44,9 @@ void Group::wait(const c10::intrusive_ptr<c10d::Work>& work, const char* collect
   }
 }
 
-GroupPtr make_solo_group(const std::string& name, int global_rank,
-                         std::shared_ptr<CommStats> stats) {
+GroupPtr make_solo_group(const std::string& name, int global_rank, std::shared_ptr<CommStats> stats) {
   return c10::make_intrusive<Group>(name, std::vector<int>{global_rank}, 0, c10::intrusive_ptr<Backend>(),
-                                    c10::intrusive_ptr<Backend>(),
-                                    std::move(stats), std::chrono::milliseconds(0));
+                                    c10::intrusive_ptr<Backend>(), std::move(stats), std::chrono::milliseconds(0));
 }
 
 GroupPtr group_from_ivalue(const at::IValue& value) {
@@ -56,20 +59,29 @@ GroupPtr group_from_ivalue(const at::IValue& value) {
 at::Tensor wire_view(const at::Tensor& tensor, bool gloo) {
   if (!gloo) return tensor;
   switch (tensor.scalar_type()) {
-    case at::kFloat: case at::kDouble: case at::kHalf: case at::kInt: case at::kLong:
-    case at::kChar: case at::kByte:
+    case at::kFloat:
+    case at::kDouble:
+    case at::kHalf:
+    case at::kInt:
+    case at::kLong:
+    case at::kChar:
+    case at::kByte:
       return tensor;
-    default: break;
+    default:
+      break;
   }
   // Same element size, a type Gloo moves; values are copied bit for bit.
   switch (tensor.element_size()) {
-    case 1: return tensor.view(at::kByte);
-    case 2: return tensor.view(at::kHalf);
-    case 4: return tensor.view(at::kInt);
-    case 8: return tensor.view(at::kLong);
+    case 1:
+      return tensor.view(at::kByte);
+    case 2:
+      return tensor.view(at::kHalf);
+    case 4:
+      return tensor.view(at::kInt);
+    case 8:
+      return tensor.view(at::kLong);
     default:
-      MMSP_FAIL("dtype ", tensor.scalar_type(), " (", tensor.element_size(),
-                " bytes) cannot be sent over Gloo");
+      MMSP_FAIL("dtype ", tensor.scalar_type(), " (", tensor.element_size(), " bytes) cannot be sent over Gloo");
   }
   return tensor;
 }

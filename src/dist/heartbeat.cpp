@@ -102,8 +102,8 @@ struct Heartbeat::State {
   std::atomic<int64_t> last_round_ns{0};
   // the longest time any peer's key stood still before it changed (ns): the false-alarm margin
   std::atomic<int64_t> largest_gap_ns{0};
-  std::vector<HeartbeatValue> last;            // per rank, under mutex
-  std::vector<Clock::time_point> changed;      // per rank, under mutex
+  std::vector<HeartbeatValue> last;                  // per rank, under mutex
+  std::vector<Clock::time_point> changed;            // per rank, under mutex
   std::optional<Clock::time_point> peer_error_seen;  // watch thread only
 
   // The peers (not returned) whose key had stood still for longer than `threshold` at
@@ -124,7 +124,8 @@ struct Heartbeat::State {
     const Clock::time_point round{Clock::duration(last_round_ns.load())};
     const std::vector<int> ranks = silent_at(round, std::chrono::nanoseconds(timeout) / 2);
     if (ranks.empty()) return "";
-    const int first = *std::min_element(ranks.begin(), ranks.end(), [&](int a, int b) { return changed[a] < changed[b]; });
+    const int first =
+        *std::min_element(ranks.begin(), ranks.end(), [&](int a, int b) { return changed[a] < changed[b]; });
     return heartbeat_failure_message(ranks, seconds_since(changed[first]), last[first], hosts) +
            " — then the job's store, which rank 0 hosts, stopped answering: the ranks that saw it have ended";
   }
@@ -172,12 +173,12 @@ struct Heartbeat::State {
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
           n = store->add(kAckKey, 0);
         }
-      } catch (...) {
-      }
+      } catch (...) {}
       acknowledged->store(true);
     }).detach();
-    const auto deadline =
-        Clock::now() + std::chrono::milliseconds(wait_for_all && store_answers ? 2000 : store_answers ? 500 : 200);
+    const auto deadline = Clock::now() + std::chrono::milliseconds(wait_for_all && store_answers ? 2000
+                                                                   : store_answers               ? 500
+                                                                                                 : 200);
     while (!acknowledged->load() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     std::_Exit(kHeartbeatExitCode);
   }
@@ -202,8 +203,7 @@ struct Heartbeat::State {
       const compat::QuietC10Log quiet;
       if (!beat_store) beat_store = connect();
       beat_store->set(key_of(env.rank), bytes(encode_heartbeat(v)));
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
   }
 
   // One round: the abort key, then every other rank's key. False when the store failed.
@@ -299,15 +299,16 @@ struct Heartbeat::State {
       }
       // Across hosts the store's whole host is what stopped answering: its ranks are named.
       const std::vector<int> gone = hosts.spans_hosts() ? hosts.ranks_on_host_of(0) : std::vector<int>{0};
-      fail(heartbeat_failure_message(gone, age, seen, hosts) + " — the job's store, which rank 0 hosts, does not respond",
+      fail(heartbeat_failure_message(gone, age, seen, hosts) +
+               " — the job's store, which rank 0 hosts, does not respond",
            true, false);
       return;
     }
   }
 };
 
-Heartbeat::Heartbeat(const RankEnv& env, const HeartbeatOptions& options,
-                     std::shared_ptr<const RankActivity> activity, OnFailure on_failure) {
+Heartbeat::Heartbeat(const RankEnv& env, const HeartbeatOptions& options, std::shared_ptr<const RankActivity> activity,
+                     OnFailure on_failure) {
   MMSP_CHECK(options.timeout.count() > 0, "--heartbeat-timeout must be positive, got ",
              options.timeout.count() / 1000.0, " s");
   if (env.world_size <= 1) return;
@@ -329,8 +330,7 @@ Heartbeat::Heartbeat(const RankEnv& env, const HeartbeatOptions& options,
   s->store_options = opts;
   try {
     // The store host may stop right after the rendezvous: the connections are bounded too.
-    StartupDeadline deadline(env.rank, options.timeout,
-                             env.master_addr + ":" + std::to_string(env.master_port),
+    StartupDeadline deadline(env.rank, options.timeout, env.master_addr + ":" + std::to_string(env.master_port),
                              "opening the heartbeat's connections to rank 0's store");
     s->beat_store = s->connect();
     s->watch_store = s->connect();
@@ -374,8 +374,7 @@ void Heartbeat::report_error(const std::string& message) {
         return n >= others;
       };
       while (host && !settled()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    } catch (...) {
-    }
+    } catch (...) {}
     finished->store(true);
   }).detach();
   const auto deadline = Clock::now() + (host ? kPeerErrorGrace + s.interval + std::chrono::milliseconds(1000)
@@ -402,8 +401,7 @@ std::pair<int, std::string> read_first_key(const std::string& addr, const c10d::
           std::string t = text(store->get(keys[i]));
           if (skip_prefix.empty() || t.rfind(skip_prefix, 0) != 0) *found = {static_cast<int>(i), std::move(t)};
         }
-    } catch (...) {
-    }
+    } catch (...) {}
     finished->store(true);
   }).detach();
   const auto deadline = Clock::now() + limit;
@@ -505,8 +503,7 @@ Heartbeat::~Heartbeat() {
         std::fprintf(stderr, "mmsp: error: %s\n", message.c_str());
         std::fflush(stderr);
       }
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
   }
   if (watch_.joinable()) watch_.detach();
 }

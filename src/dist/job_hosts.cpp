@@ -120,10 +120,9 @@ JobHosts::JobHosts(std::vector<RankHost> ranks) : ranks_(std::move(ranks)) {
     const InterfaceAddress* reaching = nullptr;
     for (const auto& a : me.interfaces)
       if (other && !reaching && same_network(a, other->route.address)) reaching = &a;
-    const std::string suggestion =
-        reaching ? concat(" (here ", reaching->interface, ", ", reaching->address, ", is on host ", other->hostname,
-                          "'s network)")
-                 : "";
+    const std::string suggestion = reaching ? concat(" (here ", reaching->interface, ", ", reaching->address,
+                                                     ", is on host ", other->hostname, "'s network)")
+                                            : "";
     if (me.interface_from_env)
       throw Error(concat("rank ", r, " cannot start: GLOO_SOCKET_IFNAME=", me.route.interface,
                          " is a loopback interface, but the job's ranks are on ", hosts_, " hosts (", on_hosts(),
@@ -133,7 +132,8 @@ JobHosts::JobHosts(std::vector<RankHost> ranks) : ranks_(std::move(ranks)) {
       throw Error(concat("rank ", r, " cannot start: it reaches MASTER_ADDR over loopback (", me.route.address,
                          ": rank 0's host name resolves to a loopback address on host ", me.hostname,
                          ", as Debian's /etc/hosts has it), and no interface of that host is on the network of the "
-                         "other hosts (", on_hosts(), "); set GLOO_SOCKET_IFNAME on host ", me.hostname,
+                         "other hosts (",
+                         on_hosts(), "); set GLOO_SOCKET_IFNAME on host ", me.hostname,
                          " to the interface the other hosts reach, or give MASTER_ADDR as that interface's address"));
     listen_[r] = *reaching;
   }
@@ -175,8 +175,8 @@ std::string JobHosts::summary() const {
     std::vector<int> members;
     for (size_t r = 0; r < host_of_.size(); ++r)
       if (host_of_[r] == h) members.push_back(static_cast<int>(r));
-    out += concat(h ? "; " : "", rank(members[0]).hostname, " (", where(listen_address(members[0])), "): ",
-                  rank_list(members));
+    out += concat(h ? "; " : "", rank(members[0]).hostname, " (", where(listen_address(members[0])),
+                  "): ", rank_list(members));
   }
   return out;
 }

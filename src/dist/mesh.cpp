@@ -19,19 +19,15 @@
 namespace mmsp::dist {
 namespace {
 
-bool is_loopback(const std::string& addr) {
-  return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0;
-}
+bool is_loopback(const std::string& addr) { return addr == "localhost" || addr == "::1" || addr.rfind("127.", 0) == 0; }
 
 // Where this rank's Gloo listens: GLOO_SOCKET_IFNAME's interface when set; else the
 // address the rendezvous chose (the one that reaches rank 0's host, job_hosts.h); a mesh
 // over a bare store (tests, benches on one host) keeps c10d's own choice.
 std::shared_ptr<::gloo::transport::Device> make_gloo_device(const RankEnv& env, const JobHosts& hosts) {
-  if (!env.gloo_interface.empty())
-    return c10d::ProcessGroupGloo::createDeviceForInterface(env.gloo_interface);
+  if (!env.gloo_interface.empty()) return c10d::ProcessGroupGloo::createDeviceForInterface(env.gloo_interface);
   if (hosts.known()) return c10d::ProcessGroupGloo::createDeviceForHostname(hosts.listen_address(env.rank).address);
-  if (is_loopback(env.master_addr))
-    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  if (is_loopback(env.master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
@@ -48,8 +44,8 @@ std::string mesh_flags() {
 }  // namespace
 
 Rendezvous Mesh::rendezvous(const RankEnv& env, std::chrono::milliseconds timeout) {
-  StartupDeadline deadline(env.rank, timeout,
-                           env.master_addr + ":" + std::to_string(env.master_port), "opening the rendezvous");
+  StartupDeadline deadline(env.rank, timeout, env.master_addr + ":" + std::to_string(env.master_port),
+                           "opening the rendezvous");
   return join_rendezvous(env, timeout, {}, &deadline);
 }
 
@@ -60,8 +56,8 @@ Mesh Mesh::connect(const RankEnv& env, const plan::Mesh& shape, const MeshOption
   MMSP_CHECK(env.world_size > 1 || options.refusal.empty(), options.refusal);
   if (env.world_size == 1) return create(c10::intrusive_ptr<c10d::Store>(), env, shape, options, "mesh");
   // One deadline for the whole start-up: the rendezvous, then the groups' connections.
-  StartupDeadline deadline(env.rank, options.timeout,
-                           env.master_addr + ":" + std::to_string(env.master_port), "opening the rendezvous");
+  StartupDeadline deadline(env.rank, options.timeout, env.master_addr + ":" + std::to_string(env.master_port),
+                           "opening the rendezvous");
   AgreedFlags agreed = options.agreed;
   agreed.emplace_back("the mesh (" + mesh_flags() + ")", shape.str());
   const Rendezvous met = join_rendezvous(env, options.timeout, agreed, &deadline, options.refusal);
@@ -69,22 +65,20 @@ Mesh Mesh::connect(const RankEnv& env, const plan::Mesh& shape, const MeshOption
   return create(met, env, shape, options, "mesh");
 }
 
-Mesh Mesh::create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env,
-                  const plan::Mesh& shape, const MeshOptions& options,
-                  const std::string& prefix) {
+Mesh Mesh::create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env, const plan::Mesh& shape,
+                  const MeshOptions& options, const std::string& prefix) {
   return build(store, env, shape, options, prefix, JobHosts{});
 }
 
-Mesh Mesh::create(const Rendezvous& met, const RankEnv& env, const plan::Mesh& shape,
-                  const MeshOptions& options, const std::string& prefix) {
+Mesh Mesh::create(const Rendezvous& met, const RankEnv& env, const plan::Mesh& shape, const MeshOptions& options,
+                  const std::string& prefix) {
   return build(met.store, env, shape, options, prefix, met.hosts);
 }
 
 Mesh Mesh::build(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env, const plan::Mesh& shape,
                  const MeshOptions& options, const std::string& prefix, const JobHosts& hosts) {
   plan::validate_mesh(shape, env.world_size);
-  MMSP_CHECK(options.timeout.count() > 0, "collective timeout must be positive, got ",
-             options.timeout.count(), " ms");
+  MMSP_CHECK(options.timeout.count() > 0, "collective timeout must be positive, got ", options.timeout.count(), " ms");
   Mesh mesh;
   mesh.shape_ = shape;
   mesh.rank_ = env.rank;
@@ -115,32 +109,31 @@ Mesh Mesh::build(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& en
   for (const plan::AxisSpec& spec : plan::mesh_axes()) {
     const MeshAxis axis = spec.axis;
     std::vector<int> members = plan::group_members(shape, axis, env.rank);
-    if (spec.kind == plan::AxisKind::folded && static_cast<int>(members.size()) == shape.world()) {
-      // expert 1: the ranks holding the same experts are the world; its group serves (no second connection)
+    if (axis == MeshAxis::expert_replica && static_cast<int>(members.size()) == shape.world()) {
+      // expert 1: the ranks holding the same experts are the world; its group serves (no second
+      // connection). An expert group of the whole world gets its own, so that its bytes (the
+      // tokens' exchange) are counted apart from the world's (the gradients').
       mesh.groups_[static_cast<int>(axis)] = mesh.groups_[static_cast<int>(MeshAxis::world)];
       continue;
     }
-    const int group_rank = static_cast<int>(
-        std::find(members.begin(), members.end(), env.rank) - members.begin());
+    const int group_rank = static_cast<int>(std::find(members.begin(), members.end(), env.rank) - members.begin());
     const std::string name = plan::group_name(shape, axis, env.rank);
     const int size = static_cast<int>(members.size());
     c10::intrusive_ptr<Backend> cpu, gpu;
     if (size > 1) {
       auto group_store = c10::make_intrusive<c10d::PrefixStore>(prefix + "/" + name, store);
-      cpu = c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, group_rank, size,
-                                                        gloo_options);
+      cpu = c10::make_intrusive<c10d::ProcessGroupGloo>(group_store, group_rank, size, gloo_options);
 #ifdef MMSP_WITH_NCCL
       if (with_nccl) {
         auto nccl_store = c10::make_intrusive<c10d::PrefixStore>(prefix + "/nccl/" + name, store);
         auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
         nccl_options->timeout = options.timeout;
-        gpu = c10::make_intrusive<c10d::ProcessGroupNCCL>(nccl_store, group_rank, size,
-                                                          nccl_options);
+        gpu = c10::make_intrusive<c10d::ProcessGroupNCCL>(nccl_store, group_rank, size, nccl_options);
       }
 #endif
     }
-    mesh.groups_[static_cast<int>(axis)] = c10::make_intrusive<Group>(
-        name, std::move(members), group_rank, cpu, gpu, mesh.stats_.of(axis), options.timeout, stage);
+    mesh.groups_[static_cast<int>(axis)] = c10::make_intrusive<Group>(name, std::move(members), group_rank, cpu, gpu,
+                                                                      mesh.stats_.of(axis), options.timeout, stage);
   }
   return mesh;
 }

@@ -31,9 +31,10 @@ RankDevice choose_rank_device(DeviceRequest request, const DeviceFacts& facts, c
   if (request == DeviceRequest::cpu ||
       (request == DeviceRequest::automatic && (facts.gpus == 0 || env.local_world_size > facts.gpus)))
     return chosen;
-  MMSP_CHECK(facts.gpus > 0, "--device cuda: this process sees no CUDA device (LibTorch built with CUDA: ",
-             facts.cuda_built ? "yes" : "no", ", CUDA_VISIBLE_DEVICES=",
-             facts.visible.empty() ? "unset" : "'" + facts.visible + "'", "); use --device cpu");
+  MMSP_CHECK(
+      facts.gpus > 0,
+      "--device cuda: this process sees no CUDA device (LibTorch built with CUDA: ", facts.cuda_built ? "yes" : "no",
+      ", CUDA_VISIBLE_DEVICES=", facts.visible.empty() ? "unset" : "'" + facts.visible + "'", "); use --device cpu");
   if (env.local_rank >= facts.gpus) {
     MMSP_CHECK(share_gpu, "LOCAL_RANK ", env.local_rank, " needs GPU ", env.local_rank, ", but this process sees ",
                facts.gpus, ": start at most ", facts.gpus,

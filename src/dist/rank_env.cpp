@@ -22,8 +22,7 @@ int parse_int(const std::string& name, const std::string& text, int min_value) {
   char* end = nullptr;
   errno = 0;
   long value = std::strtol(text.c_str(), &end, 10);
-  MMSP_CHECK(errno == 0 && end != text.c_str() && *end == '\0' && value >= min_value &&
-                 value <= 1 << 30,
+  MMSP_CHECK(errno == 0 && end != text.c_str() && *end == '\0' && value >= min_value && value <= 1 << 30,
              "environment variable ", name, "='", text, "' must be an integer >= ", min_value);
   return static_cast<int>(value);
 }
@@ -70,8 +69,8 @@ RankEnv rank_env_from(const Environment& env) {
   } else {
     out.launcher = "single";
   }
-  MMSP_CHECK(out.rank < out.world_size, "rank ", out.rank, " is not below the world size ",
-             out.world_size, " (launcher: ", out.launcher, ")");
+  MMSP_CHECK(out.rank < out.world_size, "rank ", out.rank, " is not below the world size ", out.world_size,
+             " (launcher: ", out.launcher, ")");
   MMSP_CHECK(out.local_rank < out.local_world_size, "local rank ", out.local_rank,
              " is not below the local world size ", out.local_world_size);
   MMSP_CHECK(out.world_size == 1 || out.launcher == "torchrun" || lookup(env, "MASTER_ADDR"),

@@ -112,8 +112,9 @@ void check_run_id(c10d::Store& store, const Joining& j) {
     std::this_thread::sleep_for(kPoll);
   }
   const std::string theirs = text(store.get("mmsp/run_id"));
-  MMSP_CHECK(theirs == j.id, "rank ", env.rank, " of run '", j.id, "' reached the rendezvous of run '", theirs,
-             "' at ", j.where, ": two jobs on one MASTER_PORT; give each job its own port (or set MMSP_RUN_ID "
+  MMSP_CHECK(theirs == j.id, "rank ", env.rank, " of run '", j.id, "' reached the rendezvous of run '", theirs, "' at ",
+             j.where,
+             ": two jobs on one MASTER_PORT; give each job its own port (or set MMSP_RUN_ID "
              "the same on every rank of one job)");
 }
 
@@ -145,8 +146,8 @@ void post_and_wait(c10d::Store& store, const Joining& j, const AgreedFlags& flag
         if (!store.check({j.key("join", r)})) missing.push_back(r);
       const std::string verdict =
           concat(rank_list(missing), " did not join within ", seconds(j.timeout), " s (",
-                 env.world_size - static_cast<int>(missing.size()), " of ", env.world_size, " ranks joined run '",
-                 j.id, "' at ", j.where, "): ", missing.size() == 1 ? "was it" : "were they",
+                 env.world_size - static_cast<int>(missing.size()), " of ", env.world_size, " ranks joined run '", j.id,
+                 "' at ", j.where, "): ", missing.size() == 1 ? "was it" : "were they",
                  " started, with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE? (--timeout bounds the wait)");
       if (!store.check({j.mine + "failed"})) store.set(j.mine + "failed", bytes(verdict));
       give_up(j, verdict);
@@ -176,9 +177,7 @@ std::string read_verdict(c10d::Store& store, const Joining& j, JobHosts& hosts_o
   if (host_verdict.empty()) {
     try {
       hosts_out = JobHosts(std::move(hosts));
-    } catch (const Error& e) {
-      host_verdict = e.what();
-    }
+    } catch (const Error& e) { host_verdict = e.what(); }
   }
   // The flags' message says where each rank is.
   const JobHosts& named = hosts_out;
@@ -218,9 +217,7 @@ Rendezvous join_rendezvous(const RankEnv& env, std::chrono::milliseconds timeout
       }
       throw Error(verdict);
     }
-  } catch (const Error&) {
-    throw;
-  } catch (const std::exception& e) {
+  } catch (const Error&) { throw; } catch (const std::exception& e) {
     throw Error(concat("rank ", env.rank, " lost the rendezvous at ", where,
                        " before every rank joined (rank 0 ended?): ", short_message(e)));
   }

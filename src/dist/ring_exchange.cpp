@@ -8,8 +8,7 @@
 
 namespace mmsp::dist {
 
-RingExchange::RingExchange(GroupPtr group, int offset, Pass pass)
-    : group_(std::move(group)), pass_(pass) {
+RingExchange::RingExchange(GroupPtr group, int offset, Pass pass) : group_(std::move(group)), pass_(pass) {
   const int P = group_->size(), r = group_->rank();
   to_ = ((r + offset) % P + P) % P;
   from_ = ((r - offset) % P + P) % P;
@@ -42,8 +41,7 @@ void RingExchange::start(const std::vector<at::Tensor>& send) {
     Backend& backend = group_->backend_for(t);
     work_.push_back(backend.send(out, to_, tag));
     work_.push_back(backend.recv(in, from_, tag));
-    group_->stats().add(CommKind::ring_exchange, pass_,
-                        t.numel() * static_cast<int64_t>(t.element_size()));
+    group_->stats().add(CommKind::ring_exchange, pass_, t.numel() * static_cast<int64_t>(t.element_size()));
   }
 }
 
@@ -64,9 +62,8 @@ std::vector<at::Tensor> RingExchange::wait() {
 namespace {
 
 struct RingExchangeFunction : torch::autograd::Function<RingExchangeFunction> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx,
-                                                at::TensorList send, const GroupPtr& group,
-                                                int64_t offset) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList send,
+                                                const GroupPtr& group, int64_t offset) {
     ctx->saved_data["group"] = group_to_ivalue(group);
     ctx->saved_data["offset"] = offset;
     RingExchange exchange(group, static_cast<int>(offset), Pass::forward);
@@ -78,8 +75,7 @@ struct RingExchangeFunction : torch::autograd::Function<RingExchangeFunction> {
     GroupPtr group = group_from_ivalue(ctx->saved_data["group"]);
     // grads are materialised (zeros for outputs the loss did not use): every
     // sender is owed a gradient, so every rank takes part in the reverse ring.
-    RingExchange exchange(group, -static_cast<int>(ctx->saved_data["offset"].toInt()),
-                          Pass::backward);
+    RingExchange exchange(group, -static_cast<int>(ctx->saved_data["offset"].toInt()), Pass::backward);
     exchange.start(grads);
     torch::autograd::variable_list result = exchange.wait();
     result.push_back(at::Tensor());  // group
@@ -90,8 +86,7 @@ struct RingExchangeFunction : torch::autograd::Function<RingExchangeFunction> {
 
 }  // namespace
 
-std::vector<at::Tensor> ring_exchange(const std::vector<at::Tensor>& send, const GroupPtr& group,
-                                      int offset) {
+std::vector<at::Tensor> ring_exchange(const std::vector<at::Tensor>& send, const GroupPtr& group, int offset) {
   if (group->size() == 1) return send;
   return RingExchangeFunction::apply(at::TensorList(send), group, static_cast<int64_t>(offset));
 }

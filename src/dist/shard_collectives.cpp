@@ -20,9 +20,7 @@ int64_t shard_numel(const at::Tensor& flat, const Group& group, const char* what
 
 }  // namespace
 
-int64_t shard_collective_bytes(int64_t bytes, int group_size) {
-  return (group_size - 1) * bytes / group_size;
-}
+int64_t shard_collective_bytes(int64_t bytes, int group_size) { return (group_size - 1) * bytes / group_size; }
 
 at::Tensor reduce_scatter(const at::Tensor& flat, Group& group) {
   const int64_t shard = shard_numel(flat, group, "reduce_scatter");
@@ -33,11 +31,10 @@ at::Tensor reduce_scatter(const at::Tensor& flat, Group& group) {
   const bool gloo = group.uses_gloo(flat);
   at::Tensor send_wire = wire_view(flat, gloo), recv_wire = wire_view(recv, gloo);
   std::vector<int64_t> equal_splits;  // empty = equal pieces
-  group.stats().add(CommKind::reduce_scatter, Pass::forward,
-                    shard_collective_bytes(flat.numel() * static_cast<int64_t>(flat.element_size()),
-                                           static_cast<int>(P)));
-  group.wait(group.backend_for(flat).alltoall_base(recv_wire, send_wire, equal_splits, equal_splits),
-             "reduce_scatter");
+  group.stats().add(
+      CommKind::reduce_scatter, Pass::forward,
+      shard_collective_bytes(flat.numel() * static_cast<int64_t>(flat.element_size()), static_cast<int>(P)));
+  group.wait(group.backend_for(flat).alltoall_base(recv_wire, send_wire, equal_splits, equal_splits), "reduce_scatter");
   // recv [P, S]: row p is member p's copy of my shard. Sum in member order.
   const bool widen = flat.scalar_type() == at::kBFloat16 || flat.scalar_type() == at::kHalf;
   at::Tensor pieces = recv.view({P, shard});
@@ -74,9 +71,9 @@ c10::intrusive_ptr<c10d::Work> issue_all_gather(const at::Tensor& shard, at::Ten
   std::vector<at::Tensor> inputs{wire_view(shard.contiguous(), gloo)};
   keep = pieces;
   keep.push_back(inputs[0]);
-  group.stats().add(CommKind::all_gather, Pass::forward,
-                    shard_collective_bytes(flat.numel() * static_cast<int64_t>(flat.element_size()),
-                                           static_cast<int>(P)));
+  group.stats().add(
+      CommKind::all_gather, Pass::forward,
+      shard_collective_bytes(flat.numel() * static_cast<int64_t>(flat.element_size()), static_cast<int>(P)));
   return group.backend_for(flat).allgather(outputs, inputs);
 }
 

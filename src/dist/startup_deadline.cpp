@@ -7,8 +7,7 @@
 
 namespace mmsp::dist {
 
-StartupDeadline::StartupDeadline(int rank, std::chrono::milliseconds limit, std::string where,
-                                 const char* first_stage)
+StartupDeadline::StartupDeadline(int rank, std::chrono::milliseconds limit, std::string where, const char* first_stage)
     : rank_(rank), where_(std::move(where)), stage_(first_stage) {
   const auto deadline = std::chrono::steady_clock::now() + limit + kStartupSlack;
   const double seconds = static_cast<double>(limit.count()) / 1000.0;
@@ -31,8 +30,8 @@ std::string StartupDeadline::message(int rank, double seconds, const std::string
         << ", which does not answer (is rank 0 started and running, with the same MASTER_ADDR and MASTER_PORT? "
            "is another program listening on that port?); --timeout bounds the start-up";
   else
-    out << "rank " << rank << ": start-up did not finish within " << seconds << " s: still " << stage << " at "
-        << where << ", and the peer does not answer (a stopped or hung rank 0, or a network that drops the "
+    out << "rank " << rank << ": start-up did not finish within " << seconds << " s: still " << stage << " at " << where
+        << ", and the peer does not answer (a stopped or hung rank 0, or a network that drops the "
         << "connection); --timeout bounds the start-up";
   return out.str();
 }

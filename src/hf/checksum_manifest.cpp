@@ -72,19 +72,19 @@ ManifestVerdict verify_checksum_manifest(const std::string& dir) {
              j.contains("algorithm") ? j["algorithm"].dump() : "(missing)", " is not \"xxh64\"");
   MMSP_CHECK(j.contains("files") && j["files"].is_object(), path, ": has no \"files\" object (corrupted?)");
   for (const auto& [name, entry] : j["files"].items()) {
-    MMSP_CHECK(!name.empty() && name[0] != '/' && name.find("..") == std::string::npos, path,
-               ": file name '", name, "' must be relative, inside ", dir);
+    MMSP_CHECK(!name.empty() && name[0] != '/' && name.find("..") == std::string::npos, path, ": file name '", name,
+               "' must be relative, inside ", dir);
     MMSP_CHECK(entry.is_object(), path, ": entry of ", name, " must be an object");
     const uint64_t size = static_cast<uint64_t>(json_int(entry, "size", path + ": " + name, 0, INT64_MAX));
     const std::string hex = entry.value("xxh64", std::string());
-    MMSP_CHECK(hex.size() == 16 && hex.find_first_not_of("0123456789abcdef") == std::string::npos, path,
-               ": xxh64 of ", name, " must be 16 hex digits, got '", hex, "'");
+    MMSP_CHECK(hex.size() == 16 && hex.find_first_not_of("0123456789abcdef") == std::string::npos, path, ": xxh64 of ",
+               name, " must be 16 hex digits, got '", hex, "'");
     const std::string file = dir + "/" + name;
     struct stat fst {};
-    MMSP_CHECK(::stat(file.c_str(), &fst) == 0 && S_ISREG(fst.st_mode), file,
-               ": missing, but listed in ", path, " (an incomplete or altered checkpoint)");
-    MMSP_CHECK(static_cast<uint64_t>(fst.st_size) == size, file, ": ", fst.st_size, " bytes, but ", path,
-               " records ", size, ": the file is damaged (truncated or altered); use another checkpoint");
+    MMSP_CHECK(::stat(file.c_str(), &fst) == 0 && S_ISREG(fst.st_mode), file, ": missing, but listed in ", path,
+               " (an incomplete or altered checkpoint)");
+    MMSP_CHECK(static_cast<uint64_t>(fst.st_size) == size, file, ": ", fst.st_size, " bytes, but ", path, " records ",
+               size, ": the file is damaged (truncated or altered); use another checkpoint");
     const FileChecksum actual = checksum_of_file(file);
     MMSP_CHECK(XxHash64::hex(actual.xxh64) == hex, file, ": checksum mismatch (xxh64 ", XxHash64::hex(actual.xxh64),
                ", but ", path, " records ", hex,

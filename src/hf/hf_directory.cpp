@@ -1,7 +1,7 @@
 // Hugging Face model directories: open (config, index and shard headers checked against
-// each other), match file names to parameter names, load by pread, plan shards and save
-// the way transformers' save_pretrained does. See hf_directory.h for the contract; the
-// family's naming rules come from checkpoint_naming.h.
+// each other), plan shards and save the way transformers' save_pretrained does (matching
+// file names to parameter names and loading them: hf_weights.cpp). See hf_directory.h for
+// the contract; the family's naming rules come from checkpoint_naming.h.
 #include "mmsp/hf/hf_directory.h"
 
 #include <fcntl.h>
@@ -20,22 +20,20 @@
 #include <c10/core/GradMode.h>
 #include <nlohmann/json.hpp>
 
+#include "hf_io.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/file_descriptor.h"
-#include "mmsp/hf/checksum_manifest.h"
 #include "mmsp/core/json_read.h"
+#include "mmsp/hf/checksum_manifest.h"
 
 namespace mmsp::hf {
 namespace {
 
 namespace fs = std::filesystem;
+using io::errno_text;
+using io::join;
+using io::loadable_dtype;
 using nlohmann::json;
-
-std::string errno_text() { return std::strerror(errno); }
-
-std::string join(const std::string& dir, const std::string& file) {
-  return dir.empty() || dir.back() == '/' ? dir + file : dir + "/" + file;
-}
 
 using Fd = FileDescriptor;
 
@@ -51,34 +49,6 @@ std::string read_text(const std::string& path) {
   text << in.rdbuf();
   MMSP_CHECK(!in.bad(), path, ": read failed");
   return text.str();
-}
-
-bool loadable_dtype(at::ScalarType t) {
-  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-// dst[begin, begin + n) = src[0, n) in dst's dtype. bf16 -> fp32, the common case of
-// loading a released checkpoint for training, is exact and a 16-bit shift: a loop the
-// compiler vectorises, several times faster than ATen 1.13's scalar conversion loop.
-void convert(const at::Tensor& src, const at::Tensor& dst, int64_t begin, int64_t n) {
-  if (src.scalar_type() == dst.scalar_type()) {
-    std::memcpy(static_cast<char*>(dst.data_ptr()) + begin * dst.element_size(), src.data_ptr(),
-                static_cast<size_t>(n) * dst.element_size());
-    return;
-  }
-  if (src.scalar_type() == at::kBFloat16 && dst.scalar_type() == at::kFloat) {
-    const auto* in = static_cast<const uint16_t*>(src.data_ptr());
-    auto* out = static_cast<uint32_t*>(dst.data_ptr()) + begin;
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint32_t>(in[i]) << 16;
-    return;
-  }
-  dst.narrow(0, begin, n).copy_(src.narrow(0, 0, n));
 }
 
 // ---- the index ----
@@ -113,8 +83,7 @@ Index parse_index(const std::string& path) {
   }
   MMSP_CHECK(j.contains("weight_map"), path, ": has no \"weight_map\" {tensor name: shard file}");
   const json& w = j.at("weight_map");
-  MMSP_CHECK(w.is_object(), path, ": \"weight_map\" must be an object {tensor name: shard file}, got ",
-             w.type_name());
+  MMSP_CHECK(w.is_object(), path, ": \"weight_map\" must be an object {tensor name: shard file}, got ", w.type_name());
   for (const auto& item : w.items()) {
     MMSP_CHECK(item.value().is_string(), path, ": weight_map[\"", item.key(),
                "\"] must be a shard file name (string), got ", item.value().dump());
@@ -129,11 +98,16 @@ Index parse_index(const std::string& path) {
 
 const char* transformers_dtype_name(at::ScalarType t) {
   switch (t) {
-    case at::kBFloat16: return "bfloat16";
-    case at::kHalf: return "float16";
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    default: return nullptr;
+    case at::kBFloat16:
+      return "bfloat16";
+    case at::kHalf:
+      return "float16";
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    default:
+      return nullptr;
   }
 }
 
@@ -155,8 +129,7 @@ void write_file_atomically(const std::string& dir, const std::string& name,
     });
     MMSP_CHECK(::fsync(fd.get()) == 0, tmp, ": fsync failed: ", errno_text());
     MMSP_CHECK(::close(fd.release()) == 0, tmp, ": close failed: ", errno_text());
-    MMSP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename ", tmp, " to ", path, ": ",
-               errno_text());
+    MMSP_CHECK(::rename(tmp.c_str(), path.c_str()) == 0, "cannot rename ", tmp, " to ", path, ": ", errno_text());
     if (checksums) (*checksums)[name] = hash.result();
   } catch (...) {
     ::unlink(tmp.c_str());
@@ -204,8 +177,7 @@ at::ScalarType HfDirectory::dominant_dtype() const {
 
 bool is_hf_directory(const std::string& path) {
   struct stat st {};
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
-         is_regular_file(join(path, kHfConfigFile));
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && is_regular_file(join(path, kHfConfigFile));
 }
 
 HfDirectory open_hf_directory(const std::string& dir) {
@@ -220,8 +192,7 @@ HfDirectory open_hf_directory(const std::string& dir) {
   out.checksums_verified = manifest.check == ManifestCheck::verified;
   out.checksums_xxh64 = manifest.manifest_xxh64;
   const std::string config_path = join(dir, kHfConfigFile);
-  MMSP_CHECK(is_regular_file(config_path), dir, ": has no ", kHfConfigFile,
-             " (not a Hugging Face model directory)");
+  MMSP_CHECK(is_regular_file(config_path), dir, ": has no ", kHfConfigFile, " (not a Hugging Face model directory)");
   check_listed(manifest, dir, kHfConfigFile);
   out.config_json = read_text(config_path);
 
@@ -237,8 +208,8 @@ HfDirectory open_hf_directory(const std::string& dir) {
     out.files.assign(files.begin(), files.end());
     out.indexed = true;
   } else {
-    MMSP_CHECK(is_regular_file(join(dir, kHfSingleFile)), dir, ": has neither ", kHfIndexFile,
-               " nor ", kHfSingleFile, "; a Hugging Face model directory needs one of them");
+    MMSP_CHECK(is_regular_file(join(dir, kHfSingleFile)), dir, ": has neither ", kHfIndexFile, " nor ", kHfSingleFile,
+               "; a Hugging Face model directory needs one of them");
     out.files = {kHfSingleFile};
   }
 
@@ -250,7 +221,9 @@ HfDirectory open_hf_directory(const std::string& dir) {
     const bool exists = ::stat(path.c_str(), &shard) == 0;
     MMSP_CHECK(exists, dir, ": shard file ", file, " is missing (", kHfIndexFile, " lists it)");
     MMSP_CHECK(S_ISREG(shard.st_mode), dir, ": shard file ", file, " is not a regular file (",
-               S_ISDIR(shard.st_mode) ? "a directory" : S_ISFIFO(shard.st_mode) ? "a FIFO" : "a device or socket",
+               S_ISDIR(shard.st_mode)    ? "a directory"
+               : S_ISFIFO(shard.st_mode) ? "a FIFO"
+                                         : "a device or socket",
                "); a shard must be a safetensors file");
     check_listed(manifest, dir, file);
     const SafetensorsHeader header = read_safetensors_header(path);
@@ -258,8 +231,8 @@ HfDirectory open_hf_directory(const std::string& dir) {
       const auto [it, fresh] = first_file.emplace(name, file);
       MMSP_CHECK(fresh, dir, ": tensor \"", name, "\" is in two shards, ", it->second, " and ", file,
                  "; each tensor must be in exactly one");
-      MMSP_CHECK(loadable_dtype(entry.scalar_type), dir, "/", file, ": tensor \"", name,
-                 "\" has dtype ", entry.dtype, "; a model loads from F32, F16, BF16 or F64 only");
+      MMSP_CHECK(loadable_dtype(entry.scalar_type), dir, "/", file, ": tensor \"", name, "\" has dtype ", entry.dtype,
+                 "; a model loads from F32, F16, BF16 or F64 only");
       out.tensors.emplace(name, HfTensor{file, entry, 8 + header.header_bytes + entry.data_begin});
       out.total_bytes += entry.data_end - entry.data_begin;
     }
@@ -268,205 +241,23 @@ HfDirectory open_hf_directory(const std::string& dir) {
 
   for (const auto& [name, t] : out.tensors) {
     const auto listed = index->weight_map.find(name);
-    MMSP_CHECK(listed != index->weight_map.end(), dir, ": ", t.file, " holds tensor \"", name,
-               "\", which ", kHfIndexFile, " does not list");
-    MMSP_CHECK(listed->second == t.file, dir, ": ", kHfIndexFile, " puts tensor \"", name, "\" in ",
-               listed->second, " but it is in ", t.file);
+    MMSP_CHECK(listed != index->weight_map.end(), dir, ": ", t.file, " holds tensor \"", name, "\", which ",
+               kHfIndexFile, " does not list");
+    MMSP_CHECK(listed->second == t.file, dir, ": ", kHfIndexFile, " puts tensor \"", name, "\" in ", listed->second,
+               " but it is in ", t.file);
   }
   for (const auto& [name, file] : index->weight_map)
-    MMSP_CHECK(out.tensors.count(name) == 1, dir, ": ", kHfIndexFile, " lists tensor \"", name,
-               "\" in ", file, ", which does not hold it");
+    MMSP_CHECK(out.tensors.count(name) == 1, dir, ": ", kHfIndexFile, " lists tensor \"", name, "\" in ", file,
+               ", which does not hold it");
   if (index->total_size)
     MMSP_CHECK(*index->total_size == out.total_bytes, dir, ": ", kHfIndexFile, " metadata.total_size is ",
                *index->total_size, " but the shards' tensors hold ", out.total_bytes, " bytes");
   return out;
 }
 
-// ---- matching ----
-
-namespace {
-
-// Up to five examples and the count: `12 missing, e.g. "a", "b"`.
-void list_some(std::ostringstream& out, const std::vector<std::string>& items, const char* what) {
-  if (items.empty()) return;
-  out << "\n  " << items.size() << " " << what << ", e.g. ";
-  for (size_t i = 0; i < items.size() && i < 5; ++i) out << (i ? ", " : "") << items[i];
-  if (items.size() > 5) out << ", ...";
-}
-
-}  // namespace
-
-std::map<std::string, const HfTensor*> match_hf_tensors(const HfDirectory& dir,
-                                                       const ExpectedShapes& expected,
-                                                       const CheckpointNaming& naming) {
-  // The file's tensors under the model's names.
-  std::map<std::string, std::pair<std::string, const HfTensor*>> by_model_name;  // -> (file name, tensor)
-  std::vector<std::string> ambiguous;
-  for (const auto& [file_name, tensor] : dir.tensors) {
-    const bool ignored =
-        std::any_of(naming.ignored_prefixes.begin(), naming.ignored_prefixes.end(),
-                    [&, &file_name = file_name](const std::string& p) { return file_name.rfind(p, 0) == 0; });
-    if (ignored) continue;
-    std::string name = file_name;
-    for (const auto& [file_prefix, model_prefix] : naming.prefix_aliases) {
-      if (file_name.rfind(file_prefix, 0) == 0) {
-        name = model_prefix + file_name.substr(file_prefix.size());
-        break;
-      }
-    }
-    const auto [it, fresh] = by_model_name.emplace(name, std::make_pair(file_name, &tensor));
-    if (!fresh)
-      ambiguous.push_back(detail::concat("\"", it->second.first, "\" and \"", file_name,
-                                         "\" both name \"", name, "\""));
-  }
-  if (!naming.tied_output.empty()) {
-    const auto output = by_model_name.find(naming.tied_output);
-    if (output != by_model_name.end()) {
-      // The model reads its output projection from the embedding: a file that has both
-      // keeps the embedding; one that has only the output feeds the embedding from it.
-      if (by_model_name.count(naming.tied_input) == 0) by_model_name.emplace(naming.tied_input, output->second);
-      by_model_name.erase(output);
-    }
-  }
-
-  std::map<std::string, const HfTensor*> out;
-  std::vector<std::string> missing, unexpected, mismatched;
-  std::set<std::string> wanted;
-  for (const auto& [name, shape] : expected) {
-    wanted.insert(name);
-    const auto found = by_model_name.find(name);
-    if (found == by_model_name.end()) {
-      missing.push_back("\"" + name + "\" " + shape_text(shape));
-      continue;
-    }
-    const HfTensor* t = found->second.second;
-    if (t->entry.shape != shape) {
-      mismatched.push_back(detail::concat("\"", found->second.first, "\" is ", shape_text(t->entry.shape),
-                                          " in ", t->file, ", the model's \"", name, "\" is ",
-                                          shape_text(shape)));
-      continue;
-    }
-    out.emplace(name, t);
-  }
-  for (const auto& [name, source] : by_model_name)
-    if (wanted.count(name) == 0) unexpected.push_back("\"" + source.first + "\" in " + source.second->file);
-
-  if (missing.empty() && unexpected.empty() && mismatched.empty() && ambiguous.empty()) return out;
-  std::ostringstream message;
-  message << dir.path << ": the weights do not match the model (" << expected.size()
-          << " parameters, " << dir.tensors.size() << " tensors in the files):";
-  list_some(message, missing, "missing from the files");
-  list_some(message, unexpected, "unexpected (the model has no such parameter)");
-  list_some(message, mismatched, "with the wrong shape");
-  list_some(message, ambiguous, "named twice under the family's aliases");
-  throw Error(message.str());
-}
-
-// ---- loading ----
-
-at::Tensor read_hf_elements(const HfDirectory& dir, const std::string& name, int64_t offset, int64_t length) {
-  auto it = dir.tensors.find(name);
-  MMSP_CHECK(it != dir.tensors.end(), dir.path, ": has no tensor ", name);
-  const HfTensor& t = it->second;
-  int64_t numel = 1;
-  for (int64_t d : t.entry.shape) numel *= d;
-  MMSP_CHECK(offset >= 0 && length >= 0 && offset + length <= numel, dir.path, ": elements [", offset, ", ",
-             offset + length, ") of ", name, " lie outside its ", numel);
-  at::Tensor out = at::empty({length}, t.entry.scalar_type);
-  if (length == 0) return out;
-  const std::string path = join(dir.path, t.file);
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  MMSP_CHECK(fd.get() >= 0, path, ": cannot open: ", errno_text());
-  const uint64_t size = out.element_size();
-  pread_exact(fd.get(), out.data_ptr(), static_cast<uint64_t>(length) * size,
-              t.file_offset + static_cast<uint64_t>(offset) * size, path);
-  return out;
-}
-
-void load_hf_weights(const HfDirectory& dir,
-                     const std::vector<std::pair<std::string, at::Tensor>>& params,
-                     const CheckpointNaming& naming) {
-  // Parameters on a GPU: read into host tensors of their shape and dtype, then copy over
-  // (the reads below write through data pointers, which must be host memory).
-  bool on_device = false;
-  for (const auto& [name, p] : params) on_device = on_device || (p.defined() && !p.device().is_cpu());
-  if (on_device) {
-    std::vector<std::pair<std::string, at::Tensor>> host;
-    for (const auto& [name, p] : params)
-      host.emplace_back(name, p.defined() && !p.device().is_cpu() ? at::empty(p.sizes(), p.options().device(at::kCPU))
-                                                                   : p);
-    load_hf_weights(dir, host, naming);
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < params.size(); ++i)
-      if (!params[i].second.device().is_cpu()) params[i].second.detach().copy_(host[i].second);
-    return;
-  }
-  ExpectedShapes expected;
-  std::set<std::string> seen;
-  for (const auto& [name, p] : params) {
-    MMSP_CHECK(seen.insert(name).second, "load_hf_weights: parameter \"", name, "\" is given twice");
-    MMSP_CHECK(p.defined() && p.device().is_cpu() && p.is_contiguous() && loadable_dtype(p.scalar_type()),
-               "load_hf_weights: parameter \"", name,
-               "\" must be a defined, contiguous tensor of float32/float64/bfloat16/float16, got ",
-               p.defined() ? p.toString() : "undefined", p.defined() && !p.is_contiguous() ? " (not contiguous)" : "");
-    expected.emplace_back(name, p.sizes().vec());
-  }
-  const std::map<std::string, const HfTensor*> matched = match_hf_tensors(dir, expected, naming);
-
-  // Open every shard before writing a parameter, so a file that vanished fails cleanly.
-  std::map<std::string, Fd> fds;
-  for (const auto& [name, t] : matched) {
-    if (fds.count(t->file)) continue;
-    const std::string path = join(dir.path, t->file);
-    Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    MMSP_CHECK(fd.get() >= 0, path, ": cannot open: ", errno_text());
-    fds.emplace(t->file, std::move(fd));
-  }
-
-  at::NoGradGuard no_grad;
-  std::map<at::ScalarType, at::Tensor> buffers;  // one conversion buffer per source dtype
-  for (const auto& [name, param] : params) {
-    const HfTensor& t = *matched.at(name);
-    const std::string path = join(dir.path, t.file);
-    const int fd = fds.at(t.file).get();
-    const at::ScalarType source = t.entry.scalar_type;
-    // Pieces of at most kHfLoadPieceBytes through a small buffer, each copied or
-    // converted into its slice of the parameter. Even without a conversion this beats
-    // pread straight into the parameter: its pages are fresh (mmap'd, untouched), and
-    // the kernel faulting them in inside pread costs ~5x a user-space memcpy's faults
-    // here (mmap bench load: 1 GB bf16 on 4 ranks, 1.0 s vs 5.2 s).
-    const int64_t element = static_cast<int64_t>(c10::elementSize(source));
-    const int64_t piece = static_cast<int64_t>(kHfLoadPieceBytes) / element;
-    const int64_t numel = param.numel();
-    at::Tensor& buffer = buffers[source];
-    if (!buffer.defined()) buffer = at::empty({piece}, at::TensorOptions().dtype(source));
-    at::Tensor flat = param.detach().view({-1});
-    for (int64_t begin = 0; begin < numel; begin += piece) {
-      const int64_t n = std::min(piece, numel - begin);
-      pread_exact(fd, buffer.data_ptr(), static_cast<uint64_t>(n * element),
-                  t.file_offset + static_cast<uint64_t>(begin * element), path);
-      convert(buffer, flat, begin, n);
-      // Non-finite weights would surface only as a NaN loss in step 1, blamed on the
-      // learning rate: refused here, naming the file (a converted value that overflows
-      // the parameter's dtype counts too).
-      const at::Tensor loaded = flat.narrow(0, begin, n);
-      if (!loaded.isfinite().all().item<bool>()) {
-        const int64_t first = begin + loaded.isfinite().logical_not().nonzero()[0][0].item<int64_t>();
-        std::string file_name = name;
-        for (const auto& [n, entry] : dir.tensors)
-          if (&entry == &t) file_name = n;
-        MMSP_FAIL(path, ": tensor \"", file_name, "\" (parameter ", name,
-                  ") holds a NaN or infinite value at element ", first, " (as ", c10::toString(param.scalar_type()),
-                  "): the file is damaged or was saved from a run that diverged; mmsp trains only from finite weights");
-      }
-    }
-  }
-}
-
 // ---- saving ----
 
-std::vector<std::vector<size_t>> plan_hf_shards(const std::vector<uint64_t>& sizes,
-                                                uint64_t max_shard_bytes) {
+std::vector<std::vector<size_t>> plan_hf_shards(const std::vector<uint64_t>& sizes, uint64_t max_shard_bytes) {
   // huggingface_hub's split_state_dict_into_shards_factory (serialization/_base.py):
   // an oversized tensor becomes a shard of its own at once, ahead of the shard still
   // being filled, which is closed only when a later tensor does not fit it.
@@ -504,8 +295,8 @@ json config_to_save(const std::string& dir, const std::string& config_json, cons
   }
   MMSP_CHECK(config.is_object(), dir, ": the config to save must be a JSON object, got ", config.type_name());
   if (options.dtype)
-    MMSP_CHECK(transformers_dtype_name(*options.dtype) != nullptr, dir, ": cannot save in dtype ",
-               *options.dtype, "; choose float32, float64, bfloat16 or float16");
+    MMSP_CHECK(transformers_dtype_name(*options.dtype) != nullptr, dir, ": cannot save in dtype ", *options.dtype,
+               "; choose float32, float64, bfloat16 or float16");
   return config;
 }
 
@@ -524,8 +315,7 @@ std::vector<const NamedTensor*> sorted_by_name(const std::string& dir, const std
 
 }  // namespace
 
-void save_hf_directory(const std::string& dir,
-                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+void save_hf_directory(const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::string& config_json, const HfSaveOptions& options) {
   // Everything checked before the directory is touched.
   json config = config_to_save(dir, config_json, options);
@@ -575,7 +365,10 @@ void save_hf_directory(const std::string& dir,
       weight_map[name] = file;
     }
     write_file_atomically(
-        dir, file, [&](const auto& sink) { write_safetensors(shard, {{"format", "pt"}}, sink); },
+        dir, file,
+        [&](const auto& sink) {
+          write_safetensors(shard, {{"format", "pt"}}, sink);
+        },
         options.progress, &checksums);
   }
   if (shards.size() > 1) {

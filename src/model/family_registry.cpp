@@ -46,8 +46,8 @@ const Family& family_for(const std::string& model_type) {
   MMSP_CHECK(model_type != "qwen3_next", "model_type \"qwen3_next\" is a text-only checkpoint; the ",
              "model layer builds vision-language models: use model_type \"qwen3_5\" with a text_config ",
              "of model_type \"qwen3_next\" and a vision_config");
-  MMSP_FAIL("model_type \"", model_type, "\" is not supported by the model layer; supported: ",
-            supported_model_types());
+  MMSP_FAIL("model_type \"", model_type,
+            "\" is not supported by the model layer; supported: ", supported_model_types());
   throw Error("unreachable");
 }
 
@@ -61,8 +61,8 @@ plan::ModelConventions conventions_from_config(const nlohmann::json& config) {
   MMSP_CHECK(config.is_object(), "config.json must be a JSON object, got ", config.type_name());
   MMSP_CHECK(config.contains("model_type"), "config.json has no \"model_type\" string; expected one of ",
              supported_model_types());
-  MMSP_CHECK(config.at("model_type").is_string(), "config.json: model_type must be a string (",
-             supported_model_types(), "), got ", config.at("model_type").dump());
+  MMSP_CHECK(config.at("model_type").is_string(), "config.json: model_type must be a string (", supported_model_types(),
+             "), got ", config.at("model_type").dump());
   try {
     return family_for(config.at("model_type").get<std::string>()).conventions(config);
   } catch (const Error& e) {

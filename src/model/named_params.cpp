@@ -22,8 +22,7 @@ void check_named_params(const NamedParams& named_params, const char* who) {
   for (size_t i = 0; i < named_params.size(); ++i) {
     const auto& [name, tensor] = named_params[i];
     MMSP_CHECK(!name.empty(), who, ": parameter #", i, " has an empty name");
-    MMSP_CHECK(names.insert(name).second, who, ": parameter name \"", name,
-               "\" appears twice; names must be unique");
+    MMSP_CHECK(names.insert(name).second, who, ": parameter name \"", name, "\" appears twice; names must be unique");
     MMSP_CHECK(tensor.defined(), who, ": parameter \"", name, "\" is an undefined tensor");
     auto [it, fresh] = tensors.emplace(tensor.unsafeGetTensorImpl(), name);
     MMSP_CHECK(fresh, who, ": parameter \"", name, "\" is the same tensor as \"", it->second,

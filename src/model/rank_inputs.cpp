@@ -20,16 +20,20 @@ at::Tensor as_tensor(const std::vector<int64_t>& values) {
 RankInputs rank_inputs(const plan::Batch& batch, const plan::StepPlan& plan) {
   const plan::RankPlan& mine = plan.mine;
   const plan::RowPlan& row = plan.rows.at(mine.coords.dp);
-  std::vector<int64_t> ids(mine.local_length, 0);
+  std::vector<int64_t> ids(mine.local_length, 0), real;
   for (int64_t slot = 0; slot < mine.local_length; ++slot) {
     const int32_t seg = mine.segment_ids[slot];
     if (seg < 0) continue;
     const plan::Segment& segment = row.packing.segments.at(seg);
     const int64_t index = mine.segment_index[slot];
-    if (index < segment.length) ids[slot] = batch.sequences.at(segment.sequence).input_ids.at(index);
+    if (index < segment.length) {
+      ids[slot] = batch.sequences.at(segment.sequence).input_ids.at(index);
+      real.push_back(slot);
+    }
   }
   RankInputs in;
   in.token_ids = as_tensor(ids);
+  in.real = as_tensor(real);
   in.positions = as_tensor(mine.positions).view({mine.position_rows, mine.local_length});
   in.labels = as_tensor(mine.labels);
   in.ring_shares = attention::ring_shares(row.shards);

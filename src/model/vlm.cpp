@@ -4,11 +4,27 @@
 
 #include <ATen/ATen.h>
 
+#include <unordered_set>
+
 #include "mmsp/core/check.h"
 #include "mmsp/model/hooks/activation_offload.h"
 #include "mmsp/model/phase_marker.h"
 
 namespace mmsp::model {
+namespace {
+
+// Whether a parameter outside the decoder (the tower, its merger or projector) trains: then
+// the rows the encoding ranks send carry a gradient, and a rank with no items must take part
+// in the routing's backward too. A frozen tower's routing (--freeze) has no backward on any rank.
+bool vision_trains(const Vlm& vlm) {
+  std::unordered_set<const void*> decoder;
+  for (const at::Tensor& p : vlm.decoder().parameters()) decoder.insert(p.unsafeGetTensorImpl());
+  for (const at::Tensor& p : vlm.parameters())
+    if (p.requires_grad() && !decoder.count(p.unsafeGetTensorImpl())) return true;
+  return false;
+}
+
+}  // namespace
 
 at::Tensor StepOutput::logits() const { return at::linear(hidden, head_weight); }
 
@@ -32,7 +48,7 @@ at::Tensor Vlm::encode(const std::vector<plan::VisionItem>& items, const std::ve
                        const SplitEncoding& split, const PixelInputs& pixels) const {
   const at::TensorOptions options = decoder_->model->embed_tokens->weight.options();
   if (which.empty() && split.empty() && !tower_->blocks().hooked())
-    return at::zeros({0, tower_->row_width()}, options).requires_grad_();
+    return at::zeros({0, tower_->row_width()}, options).requires_grad_(vision_trains(*this));
   PhaseScope vision(Phase::vision);
   TowerInput input;
   if (which.empty()) {
@@ -57,20 +73,25 @@ at::Tensor Vlm::vision_rows(const plan::StepPlan& plan, const PixelInputs& pixel
   const auto& items = plan.rows.at(plan.mine.coords.dp).items;
   return route([&](const std::vector<int64_t>& which, const SplitEncoding& split) {
            return encode(items, which, split, pixels);
-         }).rows;
+         })
+      .rows;
 }
 
 StepOutput Vlm::forward(const RankInputs& in, const plan::StepPlan& plan, const PixelInputs& pixels,
                         const StepParallelism& parallelism) const {
   MMSP_CHECK(parallelism.plan_attention && parallelism.route_vision, "the step needs its attention and vision router");
+  MMSP_CHECK(!config_.text.moe.any() || parallelism.sum_over_batch,
+             "a mixture-of-experts step needs the sum over the batch's ranks of its routing counts");
   check(in);
   tower_->check(plan, pixels);
   // The plan's tensors are made on the host; they meet the activations on the model's device.
   const at::Device device = decoder_->model->embed_tokens->weight.device();
   at::Tensor embeds = decoder_->embed(in.token_ids.to(device));  // [L, hidden]
   const auto& items = plan.rows.at(plan.mine.coords.dp).items;
-  const RoutedRows routed = parallelism.route_vision(
-      [&](const std::vector<int64_t>& which, const SplitEncoding& split) { return encode(items, which, split, pixels); });
+  const RoutedRows routed =
+      parallelism.route_vision([&](const std::vector<int64_t>& which, const SplitEncoding& split) {
+        return encode(items, which, split, pixels);
+      });
   const int64_t hidden = config_.text.hidden_size;
   const at::Tensor rows = routed.rows.to(embeds.scalar_type());  // [V, hidden · (1 + levels)]
   const at::Tensor slots = routed.slots.to(device);
@@ -78,8 +99,21 @@ StepOutput Vlm::forward(const RankInputs& in, const plan::StepPlan& plan, const 
 
   DecoderContext ctx = decoder_context(in, config_.text, config_.conventions, parallelism.plan_attention(), embeds);
   ctx.visual_slots = slots;
-  for (int k = 0; k < tower_->deepstack_levels(); ++k) ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
-  return {decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels.to(device), in.label_count};
+  for (int k = 0; k < tower_->deepstack_levels(); ++k)
+    ctx.deepstack.push_back(rows.narrow(1, (k + 1) * hidden, hidden));
+  const MoeConfig& moe = config_.text.moe;
+  if (moe.any()) {
+    ctx.moe.exchange = parallelism.experts;
+    ctx.moe.real = in.real.to(device);
+    ctx.moe.load = std::make_shared<RouterLoad>(moe.num_experts, sparse_layer_count(config_.text),
+                                                moe.aux_loss() ? moe.router_aux_loss_coef : 0.0, in.real.numel());
+  }
+  StepOutput out{decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels.to(device), in.label_count};
+  if (ctx.moe.load) {
+    out.aux_loss = ctx.moe.load->finish(parallelism.sum_over_batch);
+    out.expert_counts = ctx.moe.load->counts();
+  }
+  return out;
 }
 
 void Vlm::set_activation_checkpointing(ActivationCheckpointing mode, bool offload_inputs) {

@@ -5,9 +5,11 @@
 
 namespace mmsp::parallel {
 
-std::shared_ptr<const attention::StepAttention> plan_decoder_attention(
-    const model::RankInputs& in, const model::TextConfig& text, const attention::ContextGroups& groups,
-    const attention::AttentionOptions& attention, const at::Device& device, int64_t linear_chunk) {
+std::shared_ptr<const attention::StepAttention> plan_decoder_attention(const model::RankInputs& in,
+                                                                       const model::TextConfig& text,
+                                                                       const attention::ContextGroups& groups,
+                                                                       const attention::AttentionOptions& attention,
+                                                                       const at::Device& device, int64_t linear_chunk) {
   std::optional<attention::LinearAttentionShape> linear;
   for (int64_t i = 0; i < text.num_hidden_layers; ++i)
     if (text.layer_kind(i) == model::LayerKind::linear_attention) linear = {text.linear_conv_kernel_dim, linear_chunk};
@@ -15,8 +17,7 @@ std::shared_ptr<const attention::StepAttention> plan_decoder_attention(
 }
 
 model::DecoderContext decoder_context(const model::RankInputs& in, const model::TextConfig& text,
-                                      const plan::ModelConventions& conventions,
-                                      const attention::ContextGroups& groups,
+                                      const plan::ModelConventions& conventions, const attention::ContextGroups& groups,
                                       const attention::AttentionOptions& attention, const at::Tensor& like,
                                       int64_t linear_chunk) {
   return model::decoder_context(in, text, conventions,

@@ -88,7 +88,8 @@ void pack_bucket_range(const model::NamedParams& params, const GradBucket& bucke
   if (last > end) out.narrow(0, std::max<int64_t>(0, end - first), last - std::max(first, end)).zero_();
 }
 
-void unpack_bucket_range(const model::NamedParams& params, const GradBucket& bucket, int64_t first, const at::Tensor& in) {
+void unpack_bucket_range(const model::NamedParams& params, const GradBucket& bucket, int64_t first,
+                         const at::Tensor& in) {
   at::NoGradGuard no_grad;
   auto unpack = [&](size_t i, int64_t in_param, int64_t in_range, int64_t n) {
     params[i].second.variable_data().view({-1}).narrow(0, in_param, n).copy_(in.narrow(0, in_range, n));
@@ -106,8 +107,8 @@ GradSync::GradSync(model::NamedParams named_params, dist::GroupPtr world, int64_
   MMSP_CHECK(bucket_bytes > 0, "GradSync: bucket_bytes (", bucket_bytes, ") must be positive");
   model::check_named_params(params_, "GradSync");
   for (const auto& [name, p] : params_)
-    MMSP_CHECK(at::isFloatingType(p.scalar_type()), "GradSync: parameter \"", name,
-               "\" has dtype ", p.scalar_type(), "; only floating-point gradients are summed");
+    MMSP_CHECK(at::isFloatingType(p.scalar_type()), "GradSync: parameter \"", name, "\" has dtype ", p.scalar_type(),
+               "; only floating-point gradients are summed");
   buckets_ = make_grad_buckets(params_, bucket_bytes);
 }
 

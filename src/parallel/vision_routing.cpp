@@ -4,10 +4,10 @@
 
 #include <ATen/ATen.h>
 
+#include "mmsp/attention/ulysses_attention.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_gather_v.h"
 #include "mmsp/dist/all_to_all_v.h"
-#include "mmsp/attention/ulysses_attention.h"
 
 namespace mmsp::parallel {
 
@@ -44,13 +44,13 @@ SplitEncoding split_encoding(const plan::StepPlan& plan, const dist::GroupPtr& c
 
 }  // namespace
 
-RoutedRows route_vision_rows(const plan::StepPlan& plan, const EncodeItems& encode,
-                             const dist::GroupPtr& context, VisionMode mode) {
+RoutedRows route_vision_rows(const plan::StepPlan& plan, const EncodeItems& encode, const dist::GroupPtr& context,
+                             VisionMode mode) {
   const plan::RankRoutes& routes = plan.mine.routes;
   const std::vector<plan::VisionItem>& items = plan.rows.at(plan.mine.coords.dp).items;
   const int S = context->size();
-  MMSP_CHECK(S == plan.options.mesh.context(), "the plan's context group has ",
-             plan.options.mesh.context(), " ranks but the step runs on ", S);
+  MMSP_CHECK(S == plan.options.mesh.context(), "the plan's context group has ", plan.options.mesh.context(),
+             " ranks but the step runs on ", S);
   // Received rows come from rank 0 first, each source's rows in slot order.
   std::vector<int64_t> slots, pick;
   for (const auto& from : routes.recv)
@@ -66,8 +66,7 @@ RoutedRows route_vision_rows(const plan::StepPlan& plan, const EncodeItems& enco
       for (const plan::RouteRow& r : routes.send[dst]) send_rows.push_back(r.src_row);
     }
     for (int src = 0; src < S; ++src) recv_counts[src] = static_cast<int64_t>(routes.recv[src].size());
-    out.rows = dist::all_to_all_v(mine.index_select(0, index_on(send_rows, mine)), send_counts,
-                                  recv_counts, context);
+    out.rows = dist::all_to_all_v(mine.index_select(0, index_on(send_rows, mine)), send_counts, recv_counts, context);
     return out;
   }
   if (mode == VisionMode::gather) {

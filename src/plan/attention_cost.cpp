@@ -5,9 +5,7 @@
 
 namespace mmsp::plan {
 
-int64_t sent_kv_heads(const AttentionShape& shape, int ulysses) {
-  return std::max<int64_t>(shape.kv_heads, ulysses);
-}
+int64_t sent_kv_heads(const AttentionShape& shape, int ulysses) { return std::max<int64_t>(shape.kv_heads, ulysses); }
 
 double ulysses_bytes(const AttentionShape& shape, int ulysses, int64_t tokens) {
   if (ulysses <= 1) return 0.0;

@@ -9,8 +9,7 @@ bool is_vision_placeholder(int64_t token, const ModelConventions& c) {
   return token == c.image_token_id || (c.video_token_id >= 0 && token == c.video_token_id);
 }
 
-void fill_labels(const Sequence& seq, const ModelConventions& c, int64_t begin, int64_t count,
-                 int64_t* out) {
+void fill_labels(const Sequence& seq, const ModelConventions& c, int64_t begin, int64_t count, int64_t* out) {
   const int64_t n = static_cast<int64_t>(seq.input_ids.size());
   MMSP_ASSERT(begin >= 0 && count >= 0 && begin + count <= n);
   const bool masked = !seq.loss_mask.empty();
@@ -31,8 +30,7 @@ int64_t count_labels(const Sequence& seq, const ModelConventions& c) {
   const int64_t image = c.image_token_id, video = c.video_token_id;  // video may be -1
   const int64_t* ids = seq.input_ids.data();
   int64_t count = 0;
-  for (int64_t t = 1; t < n; ++t)
-    count += ids[t] != image && ids[t] != video && (!masked || seq.loss_mask[t] != 0);
+  for (int64_t t = 1; t < n; ++t) count += ids[t] != image && ids[t] != video && (!masked || seq.loss_mask[t] != 0);
   return count;
 }
 

@@ -15,9 +15,7 @@ Layout parse_layout(const std::string& name) {
   MMSP_FAIL("layout \"", name, "\" is unknown; use zigzag or contiguous");
 }
 
-const char* to_string(Layout layout) {
-  return layout == Layout::zigzag ? "zigzag" : "contiguous";
-}
+const char* to_string(Layout layout) { return layout == Layout::zigzag ? "zigzag" : "contiguous"; }
 
 const std::vector<AxisSpec>& mesh_axes() {
   using K = AxisKind;
@@ -25,10 +23,22 @@ const std::vector<AxisSpec>& mesh_axes() {
       {MeshAxis::world, "world", "w", K::flattened, {}},  // no parts listed: every dimension
       {MeshAxis::dp, "dp", "dp", K::dimension, {}, &Mesh::dp, &RankCoords::dp, "data-parallel replicas"},
       {MeshAxis::ring, "ring", "r", K::dimension, {}, &Mesh::ring, &RankCoords::ring, "ring-attention degree"},
-      {MeshAxis::ulysses, "ulysses", "u", K::dimension, {}, &Mesh::ulysses, &RankCoords::ulysses,
+      {MeshAxis::ulysses,
+       "ulysses",
+       "u",
+       K::dimension,
+       {},
+       &Mesh::ulysses,
+       &RankCoords::ulysses,
        "Ulysses degree (default: world / (dp * ring))"},
       {MeshAxis::context, "context", "c", K::flattened, {MeshAxis::ring, MeshAxis::ulysses}},
-      {MeshAxis::expert, "expert", "e", K::folded, {}, &Mesh::expert, nullptr,
+      {MeshAxis::expert,
+       "expert",
+       "e",
+       K::folded,
+       {},
+       &Mesh::expert,
+       nullptr,
        "expert-parallel degree: each MoE layer's experts split over blocks of this many consecutive ranks "
        "(folded into dp x ring x ulysses: adds no ranks)"},
       {MeshAxis::expert_replica, "expert_replica", "er", K::folded},
@@ -88,13 +98,15 @@ std::vector<MeshAxis> axis_dimensions(MeshAxis axis) {
 int Mesh::size(MeshAxis axis) const {
   const AxisSpec& spec = axis_spec(axis);
   switch (spec.kind) {
-    case AxisKind::dimension: return this->*spec.size;
+    case AxisKind::dimension:
+      return this->*spec.size;
     case AxisKind::flattened: {
       int n = 1;
       for (MeshAxis p : parts_of(spec)) n *= size(p);
       return n;
     }
-    case AxisKind::folded: break;
+    case AxisKind::folded:
+      break;
   }
   return axis == MeshAxis::expert ? expert : world() / expert;  // expert_replica: one rank per block
 }
@@ -117,8 +129,8 @@ void validate_mesh(const Mesh& mesh, int64_t world_size) {
     product *= mesh.*d->size;
     MMSP_CHECK(product <= (int64_t{1} << 24), "mesh ", mesh.str(), " is beyond the 2^24 ranks the planner supports");
   }
-  MMSP_CHECK(world_size < 0 || product == world_size, "world size ", world_size, " is not ", mesh.str(), " = ",
-             product, "; choose ", dimension_flags(), " whose product is ", world_size);
+  MMSP_CHECK(world_size < 0 || product == world_size, "world size ", world_size, " is not ", mesh.str(), " = ", product,
+             "; choose ", dimension_flags(), " whose product is ", world_size);
   MMSP_CHECK(mesh.expert >= 1 && product % mesh.expert == 0, "--expert ", mesh.expert, " must divide the world of ",
              product, " ranks (", mesh.str(), "): the experts are split over blocks of that many consecutive ranks");
 }
@@ -160,8 +172,8 @@ std::vector<Mesh> all_meshes(int world_size) {
 }
 
 RankCoords rank_coords(const Mesh& mesh, int rank) {
-  MMSP_CHECK(rank >= 0 && rank < mesh.world(), "rank ", rank, " is outside the world of ", mesh.world(),
-             " ranks (", mesh.str(), ")");
+  MMSP_CHECK(rank >= 0 && rank < mesh.world(), "rank ", rank, " is outside the world of ", mesh.world(), " ranks (",
+             mesh.str(), ")");
   RankCoords c;
   const std::vector<const AxisSpec*> dims = dimensions();
   for (auto d = dims.rbegin(); d != dims.rend(); ++d) {  // the fastest-varying first

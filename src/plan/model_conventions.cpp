@@ -13,8 +13,8 @@ void check_object(const nlohmann::json& config) {
 
 int64_t token_id(const nlohmann::json& j, const char* key, int64_t fallback) {
   if (!j.contains(key) || j.at(key).is_null()) return fallback;
-  MMSP_CHECK(j.at(key).is_number_integer(), "config.json: ", key,
-             " must be an integer token id, got ", j.at(key).dump());
+  MMSP_CHECK(j.at(key).is_number_integer(), "config.json: ", key, " must be an integer token id, got ",
+             j.at(key).dump());
   const int64_t v = j.at(key).get<int64_t>();
   MMSP_CHECK(v >= 0, "config.json: ", key, " must be >= 0, got ", v);
   return v;
@@ -44,8 +44,8 @@ void read_rope(const nlohmann::json& rope, ModelConventions& c) {
 
 // rope_scaling, or rope_parameters where newer transformers write it instead.
 const nlohmann::json* rope_of(const nlohmann::json& j) {
-  const nlohmann::json* scaling = j.contains("rope_scaling") && !j.at("rope_scaling").is_null() ? &j.at("rope_scaling")
-                                                                                              : nullptr;
+  const nlohmann::json* scaling =
+      j.contains("rope_scaling") && !j.at("rope_scaling").is_null() ? &j.at("rope_scaling") : nullptr;
   if (!scaling) return object(j, "rope_parameters");
   return scaling->is_object() ? scaling : nullptr;
 }
@@ -59,8 +59,7 @@ void read_mrope(const nlohmann::json& config, ModelConventions& c) {
 }
 
 void check_distinct_token_ids(const ModelConventions& c) {
-  const std::array<int64_t, 4> ids{c.image_token_id, c.video_token_id, c.vision_start_token_id,
-                                   c.vision_end_token_id};
+  const std::array<int64_t, 4> ids{c.image_token_id, c.video_token_id, c.vision_start_token_id, c.vision_end_token_id};
   for (int i = 0; i < 4; ++i)
     for (int j = i + 1; j < 4; ++j)
       MMSP_CHECK(ids[i] != ids[j], "config.json: image, video, vision start and vision end ",

@@ -39,8 +39,8 @@ SequencePositions::SequencePositions(std::vector<PositionPiece> pieces, int rows
 }
 
 void SequencePositions::fill(int64_t begin, int64_t count, int64_t* const* out) const {
-  MMSP_ASSERT(begin >= 0 && count >= 0 && begin + count <= length_, "range [", begin, ", ",
-              begin + count, ") of a sequence of ", length_);
+  MMSP_ASSERT(begin >= 0 && count >= 0 && begin + count <= length_, "range [", begin, ", ", begin + count,
+              ") of a sequence of ", length_);
   if (count == 0) return;
   // Last piece starting at or before `begin`.
   auto it = std::upper_bound(pieces_.begin(), pieces_.end(), begin,
@@ -107,10 +107,12 @@ SequencePositions make_sequence_positions(const ParsedSequence& parsed, const Se
     if (conv.scales_video_time()) {
       v.scaled_time = true;
       v.tokens_per_second = static_cast<float>(conv.tokens_per_second);
-      if (b.kind == VisionKind::image) v.seconds_per_frame = 0.0f;
+      if (b.kind == VisionKind::image)
+        v.seconds_per_frame = 0.0f;
       else if (!seq.second_per_grid_ts.empty())
         v.seconds_per_frame = static_cast<float>(seq.second_per_grid_ts[b.item]);
-      else v.seconds_per_frame = 1.0f;
+      else
+        v.seconds_per_frame = 1.0f;
     }
     const int64_t frames = b.t;
     next = v.base + std::max({time_index(v, v.first_frame + frames - 1), v.h - 1, v.w - 1}) + 1;

@@ -14,9 +14,7 @@ Placement parse_placement(const std::string& name) {
   MMSP_FAIL("placement \"", name, "\" is unknown; use zigzag or adaptive");
 }
 
-const char* to_string(Placement placement) {
-  return placement == Placement::zigzag ? "zigzag" : "adaptive";
-}
+const char* to_string(Placement placement) { return placement == Placement::zigzag ? "zigzag" : "adaptive"; }
 
 double causal_pairs(int64_t begin, int64_t end) {
   if (end <= begin) return 0.0;
@@ -44,8 +42,10 @@ std::vector<int64_t> split_share_counts(int64_t share, const std::vector<int64_t
   int64_t lo = 0, hi = *std::max_element(whole.begin(), whole.end()) + (share + U - 1) / U;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
-    if (room(mid) >= share) hi = mid;
-    else lo = mid + 1;
+    if (room(mid) >= share)
+      hi = mid;
+    else
+      lo = mid + 1;
   }
   std::vector<int64_t> counts(U, 0);
   int64_t left = share;
@@ -73,9 +73,8 @@ struct RowTotals {
 // Splits the first `split` segments of `order` (longest first) and places the others whole,
 // longest first, each on the context rank where the larger of its normalised token and work
 // loads stays lowest. Returns whether the result meets the options.
-bool try_split(const std::vector<int64_t>& lengths, const std::vector<int64_t>& order, size_t split,
-               int R, int U, const RowTotals& totals, const PlacementOptions& options,
-               std::vector<int>& home) {
+bool try_split(const std::vector<int64_t>& lengths, const std::vector<int64_t>& order, size_t split, int R, int U,
+               const RowTotals& totals, const PlacementOptions& options, std::vector<int>& home) {
   const int S = R * U;
   home.assign(lengths.size(), -1);
   int64_t share = 0;  // split tokens (with their zigzag padding) per ring rank
@@ -127,8 +126,8 @@ bool try_split(const std::vector<int64_t>& lengths, const std::vector<int64_t>& 
 
 }  // namespace
 
-std::vector<int> place_segments(const std::vector<int64_t>& lengths, int ring, int ulysses,
-                                Placement placement, const PlacementOptions& options) {
+std::vector<int> place_segments(const std::vector<int64_t>& lengths, int ring, int ulysses, Placement placement,
+                                const PlacementOptions& options) {
   MMSP_CHECK(ring >= 1 && ulysses >= 1, "ring (", ring, ") and ulysses (", ulysses, ") must be >= 1");
   MMSP_CHECK(options.max_padding >= 0 && options.max_work_ratio >= 1, "placement tolerances: padding ",
              options.max_padding, " must be >= 0 and the work ratio ", options.max_work_ratio, " >= 1");

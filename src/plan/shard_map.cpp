@@ -11,13 +11,12 @@ namespace mmsp::plan {
 
 ShardMap::ShardMap(const PackedRow& row, int ring, int ulysses, Layout layout)
     : row_(row), ring_(ring), ulysses_(ulysses), layout_(layout) {
-  MMSP_CHECK(ring >= 1 && ulysses >= 1, "ring (", ring, ") and ulysses (", ulysses,
-             ") must be >= 1");
+  MMSP_CHECK(ring >= 1 && ulysses >= 1, "ring (", ring, ") and ulysses (", ulysses, ") must be >= 1");
   const int64_t R = ring, U = ulysses, S = R * U;
   if (layout == Layout::contiguous) {
     for (const Segment& s : row_.segments)
-      MMSP_CHECK(s.home < 0, "layout contiguous cuts the row into equal pieces; a segment held whole (",
-                 "sequence ", s.sequence, " on context rank ", s.home, ") needs layout zigzag");
+      MMSP_CHECK(s.home < 0, "layout contiguous cuts the row into equal pieces; a segment held whole (", "sequence ",
+                 s.sequence, " on context rank ", s.home, ") needs layout zigzag");
     local_length_ = (row_.length + S - 1) / S;
     share_length_ = local_length_ * U;
     return;
@@ -136,7 +135,8 @@ std::vector<SlotRun> ShardMap::runs(int context_rank) const {
     if (lo < hi) {
       // First split segment whose share range [start, start + P/R) ends after lo.
       size_t k = static_cast<size_t>(std::upper_bound(split_starts_.begin(), split_starts_.end(), lo) -
-                                     split_starts_.begin()) - 1;
+                                     split_starts_.begin()) -
+                 1;
       for (; k < split_segments_.size() && split_starts_[k] < hi; ++k) {
         const int64_t s = split_segments_[k];
         const int64_t c = row_.segments[s].padded_length / (2 * R);

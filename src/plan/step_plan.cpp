@@ -32,8 +32,8 @@ KindOffsets kind_offsets(const Batch& batch) {
   return o;
 }
 
-std::vector<VisionItem> collect_items(const Batch& batch, const StepPlan& plan,
-                                      const PackedRow& packing, const KindOffsets& offsets) {
+std::vector<VisionItem> collect_items(const Batch& batch, const StepPlan& plan, const PackedRow& packing,
+                                      const KindOffsets& offsets) {
   std::vector<VisionItem> items;
   for (const Segment& seg : packing.segments) {
     const Sequence& seq = batch.sequences[seg.sequence];
@@ -88,8 +88,10 @@ LoadReport load_report(const RowPlan& row, int S, const AttentionShape& shape) {
       r.tokens[c] += real;
       // A query at index i of its segment attends keys 0..i: i + 1 pairs.
       const double pairs = causal_pairs(run.index, run.index + real);
-      if (seg.home >= 0) r.pairs[c] += pairs;
-      else ring_pairs[c / U] += pairs;
+      if (seg.home >= 0)
+        r.pairs[c] += pairs;
+      else
+        ring_pairs[c / U] += pairs;
     }
   }
   // Ulysses gives each of its U ranks all of the ring rank's split tokens for 1/U of the heads.
@@ -120,9 +122,7 @@ LoadReport load_report(const RowPlan& row, int S, const AttentionShape& shape) {
       for (int c = 0; c < S; ++c) r.vision_cost[c] += it.cost * double(it.rows_encoded_by(c)) / double(it.rows);
   }
   r.greedy_vision_cost = evaluate_assignment(row.greedy_rank, costs, S).load;
-  auto ratio = [](const std::vector<int64_t>& v) {
-    return max_over_mean(std::vector<double>(v.begin(), v.end()));
-  };
+  auto ratio = [](const std::vector<int64_t>& v) { return max_over_mean(std::vector<double>(v.begin(), v.end())); };
   r.tokens_ratio = ratio(r.tokens);
   r.pairs_ratio = max_over_mean(r.pairs);
   r.vision_ratio = max_over_mean(r.vision_cost);
@@ -135,7 +135,8 @@ LoadReport load_report(const RowPlan& row, int S, const AttentionShape& shape) {
 // shard of each split item.
 void plan_vision(RowPlan& row, int S, const PlanOptions& options, const ModelConventions& conventions) {
   const VisionCostModel& model = options.vision_cost;
-  const std::vector<bool> split = choose_split_items(row.items, S, conventions, options.vision_split, &row.vision_kept_whole);
+  const std::vector<bool> split =
+      choose_split_items(row.items, S, conventions, options.vision_split, &row.vision_kept_whole);
   std::vector<size_t> whole;
   for (size_t i = 0; i < row.items.size(); ++i)
     if (!split[i]) whole.push_back(i);
@@ -199,8 +200,7 @@ double LoadReport::attention_bytes_total() const {
   return total;
 }
 
-StepPlan make_step_plan(const Batch& batch, const ModelConventions& conventions,
-                        const PlanOptions& options, int rank) {
+StepPlan make_step_plan(const Batch& batch, const ModelConventions& conventions, const PlanOptions& options, int rank) {
   validate_mesh(options.mesh);
   rank_coords(options.mesh, rank);  // checks the rank
   MMSP_CHECK(!batch.sequences.empty(), "batch is empty: it needs at least one sequence");
@@ -244,8 +244,8 @@ StepPlan make_step_plan(const Batch& batch, const ModelConventions& conventions,
         place_segments(group_lengths, mesh.ring, mesh.ulysses, options.placement, options.placement_balance);
     row.packing = pack_row(groups[d], group_lengths, mesh.ring, home);
     row.shards = ShardMap(row.packing, mesh.ring, mesh.ulysses, options.layout);
-    MMSP_CHECK(row.shards.local_length() <= std::numeric_limits<int32_t>::max(),
-               "dp rank ", d, ": ", row.shards.local_length(), " slots per rank is beyond int32");
+    MMSP_CHECK(row.shards.local_length() <= std::numeric_limits<int32_t>::max(), "dp rank ", d, ": ",
+               row.shards.local_length(), " slots per rank is beyond int32");
     row.items = collect_items(batch, plan, row.packing, offsets);
     plan_vision(row, S, options, conventions);
     row.pieces = flatten_pieces(row.items);
@@ -284,16 +284,15 @@ RankPlan make_rank_plan(const Batch& batch, const StepPlan& plan, int rank) {
     if (real == 0) continue;
     for (int r = 0; r < rp.position_rows; ++r) rows[r] = rp.positions.data() + r * L + run.slot;
     plan.positions[seg.sequence].fill(run.index, real, rows);
-    fill_labels(batch.sequences[seg.sequence], plan.conventions, run.index, real,
-                rp.labels.data() + run.slot);
+    fill_labels(batch.sequences[seg.sequence], plan.conventions, run.index, real, rp.labels.data() + run.slot);
   }
   rp.routes = make_rank_routes(row.items, row.pieces, row.shards, c);
   return rp;
 }
 
 std::vector<int64_t> row_position_ids(const StepPlan& plan, int dp) {
-  MMSP_CHECK(dp >= 0 && dp < static_cast<int>(plan.rows.size()), "dp rank ", dp,
-             " is outside the ", plan.rows.size(), " rows");
+  MMSP_CHECK(dp >= 0 && dp < static_cast<int>(plan.rows.size()), "dp rank ", dp, " is outside the ", plan.rows.size(),
+             " rows");
   const PackedRow& packing = plan.rows[dp].packing;
   const int nrows = plan.conventions.uses_mrope() ? 3 : 1;
   const int64_t L = packing.length;

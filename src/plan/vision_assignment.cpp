@@ -24,8 +24,8 @@ double max_over_mean(const std::vector<double>& values) {
   return *std::max_element(values.begin(), values.end()) / (sum / values.size());
 }
 
-VisionAssignment evaluate_assignment(const std::vector<int>& rank_of_item,
-                                     const std::vector<double>& costs, int ranks) {
+VisionAssignment evaluate_assignment(const std::vector<int>& rank_of_item, const std::vector<double>& costs,
+                                     int ranks) {
   MMSP_ASSERT(rank_of_item.size() == costs.size());
   VisionAssignment a;
   a.rank_of_item = rank_of_item;
@@ -38,16 +38,15 @@ VisionAssignment evaluate_assignment(const std::vector<int>& rank_of_item,
   return a;
 }
 
-void check_encoder_patches(const std::vector<int64_t>& patch_counts,
-                           const std::vector<int>& rank_of_item, int ranks, int dp) {
+void check_encoder_patches(const std::vector<int64_t>& patch_counts, const std::vector<int>& rank_of_item, int ranks,
+                           int dp) {
   MMSP_ASSERT(patch_counts.size() == rank_of_item.size());
   std::vector<int64_t> total(ranks, 0);
   for (size_t i = 0; i < patch_counts.size(); ++i) total[rank_of_item[i]] += patch_counts[i];
   for (int r = 0; r < ranks; ++r)
-    MMSP_CHECK(total[r] <= std::numeric_limits<int32_t>::max(), "dp row ", dp, ": context rank ",
-               r, " would encode ", total[r], " patches in one vision-encoder call whose ",
-               "cu_seqlens are int32 (at most ", std::numeric_limits<int32_t>::max(),
-               "): use a larger context group or fewer images per step");
+    MMSP_CHECK(total[r] <= std::numeric_limits<int32_t>::max(), "dp row ", dp, ": context rank ", r, " would encode ",
+               total[r], " patches in one vision-encoder call whose ", "cu_seqlens are int32 (at most ",
+               std::numeric_limits<int32_t>::max(), "): use a larger context group or fewer images per step");
 }
 
 std::vector<int> assign_greedy_contiguous(const std::vector<int64_t>& patch_counts, int ranks) {
@@ -80,8 +79,7 @@ namespace {
 // Moves or swaps items off the most loaded rank while that lowers it; bounded passes.
 // A move goes to the lightest rank; a swap with rank t wants an item cheaper by about
 // half the gap, found by binary search in t's items sorted by cost.
-void refine(std::vector<int>& encoder_of, std::vector<double>& load, const std::vector<double>& costs,
-            int ranks) {
+void refine(std::vector<int>& encoder_of, std::vector<double>& load, const std::vector<double>& costs, int ranks) {
   const int64_t n = static_cast<int64_t>(costs.size());
   const double eps = 1e-9 * (std::accumulate(load.begin(), load.end(), 0.0) + 1.0);
   std::vector<std::vector<int64_t>> on(ranks);  // items per rank, ascending cost
@@ -118,8 +116,8 @@ void refine(std::vector<int>& encoder_of, std::vector<double>& load, const std::
         for (int64_t i : on[M]) {
           // want costs[j] close to costs[i] - half_gap (and below costs[i])
           const double want = costs[i] - half_gap;
-          auto it = std::lower_bound(on[t].begin(), on[t].end(), want,
-                                     [&](int64_t j, double v) { return costs[j] < v; });
+          auto it =
+              std::lower_bound(on[t].begin(), on[t].end(), want, [&](int64_t j, double v) { return costs[j] < v; });
           for (int side = 0; side < 2; ++side) {
             if (side == 1) {
               if (it == on[t].begin()) break;
@@ -153,9 +151,8 @@ void refine(std::vector<int>& encoder_of, std::vector<double>& load, const std::
 
 // Swaps two near-equal items that each sit away from their preferred rank when that
 // brings one of them home without raising the largest load.
-void prefer_holders(std::vector<int>& encoder_of, std::vector<double>& load,
-                    const std::vector<double>& costs, const std::vector<int>& preferred,
-                    int ranks, double tolerance) {
+void prefer_holders(std::vector<int>& encoder_of, std::vector<double>& load, const std::vector<double>& costs,
+                    const std::vector<int>& preferred, int ranks, double tolerance) {
   const int64_t n = static_cast<int64_t>(costs.size());
   std::vector<std::vector<int64_t>> on(ranks);
   for (int64_t i = 0; i < n; ++i) on[encoder_of[i]].push_back(i);
@@ -183,18 +180,15 @@ void prefer_holders(std::vector<int>& encoder_of, std::vector<double>& load,
 
 }  // namespace
 
-VisionAssignment assign_vision_balanced(const std::vector<double>& costs,
-                                        const std::vector<int64_t>& patch_counts,
+VisionAssignment assign_vision_balanced(const std::vector<double>& costs, const std::vector<int64_t>& patch_counts,
                                         const std::vector<int>& preferred_rank, int ranks,
                                         const VisionCostModel& model) {
   MMSP_CHECK(ranks >= 1, "Vision DP needs >= 1 rank, got ", ranks);
   const int64_t n = static_cast<int64_t>(costs.size());
-  MMSP_ASSERT(static_cast<int64_t>(patch_counts.size()) == n &&
-              static_cast<int64_t>(preferred_rank.size()) == n);
+  MMSP_ASSERT(static_cast<int64_t>(patch_counts.size()) == n && static_cast<int64_t>(preferred_rank.size()) == n);
   std::vector<int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return costs[a] > costs[b]; });
   std::vector<double> load(ranks, 0.0);
   std::vector<int> encoder_of(n, 0);
   for (int64_t i : order) {
@@ -208,8 +202,7 @@ VisionAssignment assign_vision_balanced(const std::vector<double>& costs,
   refine(encoder_of, load, costs, ranks);
   prefer_holders(encoder_of, load, costs, preferred_rank, ranks, model.tie_tolerance);
   VisionAssignment ours = evaluate_assignment(encoder_of, costs, ranks);
-  VisionAssignment greedy =
-      evaluate_assignment(assign_greedy_contiguous(patch_counts, ranks), costs, ranks);
+  VisionAssignment greedy = evaluate_assignment(assign_greedy_contiguous(patch_counts, ranks), costs, ranks);
   const double ours_max = *std::max_element(ours.load.begin(), ours.load.end());
   const double greedy_max = *std::max_element(greedy.load.begin(), greedy.load.end());
   if (greedy_max < ours_max * (1 - 1e-12)) {
@@ -229,8 +222,8 @@ int64_t rows_on(const HeldRows& held, int rank) {
 
 }  // namespace
 
-void keep_rows_home(VisionAssignment& a, const std::vector<double>& costs,
-                    const std::vector<HeldRows>& held, int ranks, const VisionCostModel& model) {
+void keep_rows_home(VisionAssignment& a, const std::vector<double>& costs, const std::vector<HeldRows>& held, int ranks,
+                    const VisionCostModel& model) {
   const int64_t n = static_cast<int64_t>(costs.size());
   MMSP_ASSERT(static_cast<int64_t>(held.size()) == n && static_cast<int64_t>(a.rank_of_item.size()) == n);
   std::vector<int>& encoder_of = a.rank_of_item;

@@ -23,10 +23,11 @@ HeldRows held_rows(const VisionItem& item, const ShardMap& shards) {
     for (int64_t p = piece.packed, left = piece.length; left > 0;) {
       const SlotLocation loc = shards.locate(p);
       const int64_t n = std::min(left, loc.contiguous);
-      auto it = std::find_if(held.begin(), held.end(),
-                             [&](const auto& h) { return h.first == loc.context_rank; });
-      if (it == held.end()) held.emplace_back(loc.context_rank, n);
-      else it->second += n;
+      auto it = std::find_if(held.begin(), held.end(), [&](const auto& h) { return h.first == loc.context_rank; });
+      if (it == held.end())
+        held.emplace_back(loc.context_rank, n);
+      else
+        it->second += n;
       p += n;
       left -= n;
     }
@@ -34,9 +35,7 @@ HeldRows held_rows(const VisionItem& item, const ShardMap& shards) {
   return held;
 }
 
-int holder_rank(const VisionItem& item, const ShardMap& shards) {
-  return holder_rank(held_rows(item, shards));
-}
+int holder_rank(const VisionItem& item, const ShardMap& shards) { return holder_rank(held_rows(item, shards)); }
 
 std::pair<int, int64_t> VisionItem::source_of(int64_t row) const {
   if (!split()) return {encoder_rank, encoder_row + row};
@@ -58,9 +57,8 @@ int holder_rank(const HeldRows& held) {
   return best;
 }
 
-RankRoutes make_rank_routes(const std::vector<VisionItem>& items,
-                            const std::vector<FlatPiece>& pieces, const ShardMap& shards,
-                            int me) {
+RankRoutes make_rank_routes(const std::vector<VisionItem>& items, const std::vector<FlatPiece>& pieces,
+                            const ShardMap& shards, int me) {
   const int S = shards.ring() * shards.ulysses();
   RankRoutes out;
   out.send.resize(S);
@@ -71,8 +69,10 @@ RankRoutes make_rank_routes(const std::vector<VisionItem>& items,
   for (size_t i = 0; i < items.size(); ++i) {
     const VisionItem& item = items[i];
     const int64_t mine = item.rows_encoded_by(me);
-    if (item.split()) out.split_items.push_back(static_cast<int64_t>(i));
-    else if (item.encoder_rank == me) out.encoder_items.push_back(static_cast<int64_t>(i));
+    if (item.split())
+      out.split_items.push_back(static_cast<int64_t>(i));
+    else if (item.encoder_rank == me)
+      out.encoder_items.push_back(static_cast<int64_t>(i));
     if (mine == 0) continue;
     out.encoder_rows += mine;
     for (const VisionPiece& piece : item.pieces) {
@@ -91,8 +91,7 @@ RankRoutes make_rank_routes(const std::vector<VisionItem>& items,
     }
   }
   for (auto& dst : out.send)
-    std::sort(dst.begin(), dst.end(),
-              [](const RouteRow& a, const RouteRow& b) { return a.slot < b.slot; });
+    std::sort(dst.begin(), dst.end(), [](const RouteRow& a, const RouteRow& b) { return a.slot < b.slot; });
 
   // Receive: walk this rank's slots; placeholder slots take rows in slot order.
   for (const SlotRun& run : shards.runs(me)) {

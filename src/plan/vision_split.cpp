@@ -26,9 +26,12 @@ VisionSplitOptions parse_vision_split(const std::string& text) {
 
 std::string to_string(const VisionSplitOptions& o) {
   switch (o.mode) {
-    case VisionSplitOptions::Mode::off: return "off";
-    case VisionSplitOptions::Mode::automatic: return "auto";
-    case VisionSplitOptions::Mode::forced: return std::to_string(o.min_patches);
+    case VisionSplitOptions::Mode::off:
+      return "off";
+    case VisionSplitOptions::Mode::automatic:
+      return "auto";
+    case VisionSplitOptions::Mode::forced:
+      return std::to_string(o.min_patches);
   }
   return "off";
 }
@@ -84,8 +87,8 @@ std::vector<bool> choose_split_items(const std::vector<VisionItem>& items, int r
     const std::string why = unsplittable_reason(it, ranks, c);
     split[i] = why.empty();
     if (!split[i] && kept_whole)
-      kept_whole->push_back(detail::concat(to_string(it.kind), " ", it.batch_index, " (", it.patches,
-                                           " patches) stays whole: ", why));
+      kept_whole->push_back(
+          detail::concat(to_string(it.kind), " ", it.batch_index, " (", it.patches, " patches) stays whole: ", why));
   }
   return split;
 }

@@ -14,9 +14,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const mmsp::Error& e) {
-      PyErr_SetString(PyExc_ValueError, e.what());
-    }
+    } catch (const mmsp::Error& e) { PyErr_SetString(PyExc_ValueError, e.what()); }
   });
   mmsp::python::bind_groups(m);
   mmsp::python::bind_ops(m);

@@ -10,9 +10,9 @@
 
 #include "bindings.h"
 #include "mmsp/attention/context_attention.h"
-#include "mmsp/attention/step_attention.h"
 #include "mmsp/attention/linear/gated_delta_context.h"
 #include "mmsp/attention/linear/gated_delta_ring.h"
+#include "mmsp/attention/step_attention.h"
 #include "mmsp/attention/ulysses_attention.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
@@ -76,10 +76,12 @@ at::Tensor context_attention_op(const at::Tensor& q, const at::Tensor& k, const 
 
 // The step's attention of one op call, planned (the op's forward and its backward each plan it:
 // pure index work, no collective).
-std::shared_ptr<const attention::StepAttention> planned_step(
-    const at::Tensor& q, const std::vector<at::Tensor>& segments, const std::vector<at::Tensor>& orders,
-    const dist::GroupPtr& ring, const dist::GroupPtr& ulysses, bool causal, double scale,
-    const std::vector<int64_t>& split_slots) {
+std::shared_ptr<const attention::StepAttention> planned_step(const at::Tensor& q,
+                                                             const std::vector<at::Tensor>& segments,
+                                                             const std::vector<at::Tensor>& orders,
+                                                             const dist::GroupPtr& ring, const dist::GroupPtr& ulysses,
+                                                             bool causal, double scale,
+                                                             const std::vector<int64_t>& split_slots) {
   MMSP_CHECK(static_cast<int>(segments.size()) == size_of(ring), "mmsp.ops.attention: ", segments.size(),
              " ring shares for a ring group of ", size_of(ring), " ranks; give every ring rank's share");
   attention::AttentionOptions options;
@@ -213,9 +215,9 @@ void all_reduce_op(at::Tensor x, const c10::intrusive_ptr<dist::Group>& group) {
 }  // namespace
 
 void bind_ops(py::module_& m) {
-  m.def("context_attention", &context_attention_op, py::arg("q"), py::arg("k"), py::arg("v"),
-        py::arg("segments"), py::arg("orders"), py::arg("ring") = py::none(), py::arg("ulysses") = py::none(),
-        py::arg("causal") = true, py::arg("scale") = 0.0, py::arg("split_slots") = std::vector<int64_t>{});
+  m.def("context_attention", &context_attention_op, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("segments"),
+        py::arg("orders"), py::arg("ring") = py::none(), py::arg("ulysses") = py::none(), py::arg("causal") = true,
+        py::arg("scale") = 0.0, py::arg("split_slots") = std::vector<int64_t>{});
   m.def("context_attention_forward", &context_attention_forward_op, py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("segments"), py::arg("orders"), py::arg("ring") = py::none(), py::arg("ulysses") = py::none(),
         py::arg("causal") = true, py::arg("scale") = 0.0, py::arg("split_slots") = std::vector<int64_t>{});
@@ -226,8 +228,7 @@ void bind_ops(py::module_& m) {
   m.def("gated_delta_conv", &gated_delta_conv_op, py::arg("x"), py::arg("weight"), py::arg("segments"),
         py::arg("orders"), py::arg("ring") = py::none());
   m.def("gated_delta_rule", &gated_delta_rule_op, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"),
-        py::arg("beta"), py::arg("segments"), py::arg("orders"), py::arg("ring") = py::none(),
-        py::arg("chunk") = 64);
+        py::arg("beta"), py::arg("segments"), py::arg("orders"), py::arg("ring") = py::none(), py::arg("chunk") = 64);
   m.def("ulysses_scatter_heads", &scatter_heads_op, py::arg("x"), py::arg("tokens"), py::arg("ulysses"));
   m.def("ulysses_gather_heads", &gather_heads_op, py::arg("y"), py::arg("tokens"), py::arg("ulysses"));
   m.def("all_to_all_v", &all_to_all_v_op, py::arg("rows"), py::arg("send_counts"), py::arg("recv_counts"),
@@ -235,8 +236,8 @@ void bind_ops(py::module_& m) {
   m.def("all_reduce_", &all_reduce_op, py::arg("x"), py::arg("group"));
   m.def("check_ulysses_heads", &attention::check_ulysses_heads, py::arg("heads"), py::arg("kv_heads"),
         py::arg("ulysses"));
-  m.def("check_gated_delta_heads", &attention::check_gated_delta_heads, py::arg("key_heads"),
-        py::arg("value_heads"), py::arg("ulysses"));
+  m.def("check_gated_delta_heads", &attention::check_gated_delta_heads, py::arg("key_heads"), py::arg("value_heads"),
+        py::arg("ulysses"));
 }
 
 }  // namespace mmsp::python

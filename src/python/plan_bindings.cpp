@@ -32,9 +32,7 @@ std::string axis_names() {
 nlohmann::json parse(const std::string& text, const char* what) {
   try {
     return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    MMSP_FAIL("mmsp.plan: the ", what, " is not JSON: ", e.what());
-  }
+  } catch (const nlohmann::json::exception& e) { MMSP_FAIL("mmsp.plan: the ", what, " is not JSON: ", e.what()); }
   return {};
 }
 
@@ -146,8 +144,9 @@ py::dict model_conventions(const std::string& config_json) {
 py::list mesh_axes() {
   py::list axes;
   for (const plan::AxisSpec& spec : plan::mesh_axes()) {
-    const char* kind = spec.kind == plan::AxisKind::dimension ? "dimension"
-                       : spec.kind == plan::AxisKind::flattened ? "flattened" : "folded";
+    const char* kind = spec.kind == plan::AxisKind::dimension   ? "dimension"
+                       : spec.kind == plan::AxisKind::flattened ? "flattened"
+                                                                : "folded";
     axes.append(py::dict(py::arg("name") = spec.name, py::arg("label") = spec.label, py::arg("kind") = kind,
                          py::arg("has_size") = spec.size != nullptr, py::arg("help") = spec.help));
   }

@@ -2,8 +2,8 @@
 // c10d backends (Gloo for CPU tensors, NCCL for CUDA ones) with a name, its members'
 // global ranks, a timeout and byte counters; here its backends are those of the user's
 // ProcessGroup, so mmsp's collectives travel on the user's group (no second world).
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -39,8 +39,8 @@ dist::GroupPtr group_from_torch(const py::object& process_group, std::vector<int
   auto cpu = backend_or_null(pg, c10::DeviceType::CPU), gpu = backend_or_null(pg, c10::DeviceType::CUDA);
   MMSP_CHECK(size == 1 || cpu || gpu, "mmsp.Group: process group ", name, " has no backend for CPU or CUDA tensors");
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(std::llround(timeout_s * 1000)));
-  return c10::make_intrusive<dist::Group>(name, std::move(members), rank, cpu, gpu,
-                                          std::make_shared<dist::CommStats>(), timeout);
+  return c10::make_intrusive<dist::Group>(name, std::move(members), rank, cpu, gpu, std::make_shared<dist::CommStats>(),
+                                          timeout);
 }
 
 }  // namespace

@@ -34,15 +34,14 @@ Reduced reduce_metrics(double local_loss, const std::vector<double>& mine, const
 StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double grad_norm, const plan::Batch& batch,
                            const plan::StepPlan& plan, const StepAccount& a, const dist::Mesh& mesh) {
   // Byte counts travel as doubles: exact below 2^53.
-  const Reduced r = reduce_metrics(local_loss,
-                                   {a.seconds, a.phases.vision_s, a.phases.attention_s, a.phases.communication_s,
-                                    static_cast<double>(a.peak_bytes),
-                                    static_cast<double>(a.sent.total()), static_cast<double>(a.sent.attention),
-                                    static_cast<double>(a.sent.vision), static_cast<double>(a.sent.grad),
-                                    static_cast<double>(a.update_peak_bytes),
-                                    static_cast<double>(a.forward_peak_bytes),
-                                    static_cast<double>(a.backward_peak_bytes)},
-                                   mesh);
+  const Reduced r = reduce_metrics(
+      local_loss,
+      {a.seconds, a.phases.vision_s, a.phases.attention_s, a.phases.communication_s, static_cast<double>(a.peak_bytes),
+       static_cast<double>(a.sent.total()), static_cast<double>(a.sent.attention), static_cast<double>(a.sent.vision),
+       static_cast<double>(a.sent.grad), static_cast<double>(a.update_peak_bytes),
+       static_cast<double>(a.forward_peak_bytes), static_cast<double>(a.backward_peak_bytes),
+       static_cast<double>(a.sent.experts)},
+      mesh);
   StepMetrics m;
   m.step = step;
   m.loss = r.loss;
@@ -73,6 +72,7 @@ StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double gr
   m.attention_bytes = static_cast<int64_t>(r.per_rank[6][busiest]);
   m.vision_bytes = static_cast<int64_t>(r.per_rank[7][busiest]);
   m.grad_bytes = static_cast<int64_t>(r.per_rank[8][busiest]);
+  m.expert_bytes = static_cast<int64_t>(r.per_rank[12][busiest]);
   return m;
 }
 

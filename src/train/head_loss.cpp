@@ -14,11 +14,11 @@ at::Tensor head_loss(const model::Vlm& vlm, const model::StepOutput& out, int64_
       },
       out.hidden,
       [&](const at::Tensor& hidden, model::RowShardedWeight& head) {
-        return chunked_lm_loss(hidden, head, out.labels, out.label_count,
-                               row_sharded_block(loss_chunk, tokens_per_rank, head.vocab(),
-                                                 static_cast<int>(head.ranks()),
-                                                 head.width() * static_cast<int64_t>(hidden.element_size()),
-                                                 static_cast<int64_t>(hidden.element_size()) + 12));
+        return chunked_lm_loss(
+            hidden, head, out.labels, out.label_count,
+            row_sharded_block(loss_chunk, tokens_per_rank, head.vocab(), static_cast<int>(head.ranks()),
+                              head.width() * static_cast<int64_t>(hidden.element_size()),
+                              static_cast<int64_t>(hidden.element_size()) + 12));
       });
 }
 

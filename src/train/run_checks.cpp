@@ -14,6 +14,8 @@
 #include "mmsp/attention/kernel_registry.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/layers/tiled_mlp.h"
+#include "mmsp/model/lora.h"
+#include "mmsp/model/model_parts.h"
 #include "mmsp/model/vision/vision_mode.h"
 
 namespace mmsp::train {
@@ -52,7 +54,19 @@ constexpr Consequential kConsequential[] = {
     {"dtype", "--dtype", "another precision: the losses differ from the interrupted run's"},
     {"weight_decay", "--weight-decay", "another optimiser: the updates differ"},
     {"clip", "--clip", "another gradient clip: the updates differ"},
+    {"freeze", "--freeze", "other parts train: the optimizer state differs"},
+    {"lora", "--lora-rank, --lora-alpha, --lora-targets", "other adapters: the checkpoint's may not fit them"},
+    {"accumulate", "--accumulate", "another number of micro-steps per step: the batches differ"},
 };
+
+// "rank 8, alpha 16, targets q_proj,v_proj" ("" without LoRA): the adapters a resume must fit.
+std::string lora_flags(const model::LoraOptions& lora) {
+  if (lora.rank == 0) return "";
+  std::string targets;
+  for (const std::string& t : lora.targets.empty() ? model::default_lora_targets() : lora.targets)
+    targets += (targets.empty() ? "" : ",") + t;
+  return "rank " + std::to_string(lora.rank) + ", alpha " + detail::concat(lora.alpha) + ", targets " + targets;
+}
 
 // The budget of a checkpoint written before "tokens_per_step" was stored, and its dtype by
 // the name --dtype's parse gives (a run given "fp32" recorded it so).
@@ -67,6 +81,10 @@ json normalised_run(json run) {
   if (!run.contains("tokens_per_step") && run.contains("tokens_per_rank") && run.contains("world_size") &&
       run["tokens_per_rank"].is_number_integer() && run["world_size"].is_number_integer())
     run["tokens_per_step"] = run["tokens_per_rank"].get<int64_t>() * run["world_size"].get<int64_t>();
+  // Written since --freeze and --accumulate: before them every part trained, one micro-step a step.
+  if (!run.contains("freeze")) run["freeze"] = "";
+  if (!run.contains("lora")) run["lora"] = "";
+  if (!run.contains("accumulate")) run["accumulate"] = 1;
   return run;
 }
 
@@ -83,12 +101,17 @@ void check_train_limits(const TrainOptions& o) {
   check_count("--shapes-samples", o.inputs.shapes_samples, kMaxShapesSamples, "samples of one shapes epoch");
   check_count("--attention-block", o.parallel.attention_block, kMaxAttentionBlock, "query/key block of the kernel");
   check_count("--loss-chunk", o.memory.loss_chunk, kMaxTokensPerRank, "tokens per chunk of the LM head and loss");
+  check_count("--accumulate", o.schedule.accumulate, kMaxAccumulate, "micro-steps per optimizer step");
+  check_count("--eval-every", o.eval.every, kMaxSteps, "steps");
   MMSP_CHECK(o.inputs.max_image_pixels >= 1 && o.inputs.max_image_pixels <= kMaxImagePixelsBound, "--max-image-pixels ",
              o.inputs.max_image_pixels, " must be in [1, ", kMaxImagePixelsBound, "] (width × height of one image)");
   check_finite("--lr", o.schedule.lr);
   check_finite("--min-lr", o.schedule.min_lr);
   check_finite("--weight-decay", o.schedule.weight_decay);
   check_finite("--clip", o.schedule.clip);
+  check_finite("--lora-alpha", o.finetune.lora.alpha);
+  check_finite("--peak-tflops", o.output.peak_tflops);
+  MMSP_CHECK(o.output.peak_tflops >= 0, "--peak-tflops ", o.output.peak_tflops, " must be ≥ 0 (0: no MFU)");
 }
 
 void probe_out_dir(const std::string& dir) {
@@ -148,6 +171,7 @@ dist::AgreedFlags agreed_flags(const TrainOptions& o) {
           {"--vision-split", plan::to_string(o.parallel.vision_split)},
           {"--attention-block", n(o.parallel.attention_block)},
           {"--attention-kernel", resolved_attention_kernel(o)},
+          {"--overlap-communication", o.parallel.overlap_communication ? "on" : "off"},
           {"--loss-chunk", n(o.memory.loss_chunk)},
           {"--checkpoint-activations", model::to_string(o.memory.checkpoint_activations)},
           {"--offload-activations", o.memory.offload_activations ? "yes" : "no"},
@@ -190,7 +214,10 @@ json run_flags(const TrainOptions& o, const plan::Mesh& mesh, int data_rows) {
               {"lr", o.schedule.lr},
               {"min_lr", o.schedule.min_lr},
               {"weight_decay", o.schedule.weight_decay},
-              {"clip", o.schedule.clip}};
+              {"clip", o.schedule.clip},
+              {"freeze", model::to_string(o.finetune.freeze)},
+              {"lora", lora_flags(o.finetune.lora)},
+              {"accumulate", o.schedule.accumulate}};
   if (o.inputs.data == "shapes") {
     run["shapes_samples"] = o.inputs.shapes_samples;
     run["blank_images"] = o.inputs.blank_images;

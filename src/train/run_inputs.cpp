@@ -8,6 +8,9 @@
 #include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/family.h"
 #include "mmsp/model/layers/tiled_mlp.h"
+#include "mmsp/model/lora.h"
+#include "mmsp/model/model_parts.h"
+#include "mmsp/model/named_params.h"
 #include "mmsp/train/checkpoint/run_directory.h"
 #include "mmsp/train/data/jsonl_dataset.h"
 #include "mmsp/train/data/shapes_dataset.h"
@@ -22,9 +25,46 @@ std::shared_ptr<model::Vlm> build_vlm(const model::ModelConfig& config, model::P
   return model::build_vlm(config);
 }
 
-ParameterLayout layout_of(const model::ModelConfig& config) {
-  return parameter_layout(*build_vlm(config, model::ParameterInit::meta));
+ParameterLayout layout_of(const model::ModelConfig& config, const FinetuneOptions& f) {
+  const std::shared_ptr<model::Vlm> skeleton = build_vlm(config, model::ParameterInit::meta);
+  if (f.lora.rank > 0) {
+    model::ParameterInitScope meta(model::ParameterInit::meta);  // the adapters as shapes too
+    model::add_lora(*skeleton, f.lora);
+  }
+  ParameterLayout layout = parameter_layout(*skeleton);
+  if (f.freeze.empty() && f.lora.rank == 0) return layout;
+  const model::NamedParams params = model::named_parameters(*skeleton);
+  const std::vector<model::ModelPart> parts = model::parameter_parts(*skeleton, params);
+  for (size_t i = 0; i < params.size(); ++i)
+    layout.frozen.push_back(f.lora.rank > 0 ? !model::is_lora_parameter(params[i].first)
+                                            : std::find(f.freeze.begin(), f.freeze.end(), parts[i]) != f.freeze.end());
+  return layout;
 }
+
+// What a model directory must hold: every parameter's shape but LoRA's adapters'.
+hf::ExpectedShapes base_shapes(const ParameterLayout& layout) {
+  hf::ExpectedShapes out;
+  for (const auto& named : layout.shapes)
+    if (!model::is_lora_parameter(named.first)) out.push_back(named);
+  return out;
+}
+
+namespace {
+
+// --freeze must leave something to train.
+void check_freeze(const TrainOptions& o, const model::ModelConfig& config, const ParameterLayout& layout) {
+  MMSP_CHECK(o.finetune.lora.rank == 0 || o.finetune.freeze.empty(), "--freeze ", model::to_string(o.finetune.freeze),
+             " with --lora-rank ", o.finetune.lora.rank,
+             ": LoRA freezes every weight but its adapters already; leave --freeze out (adapt the vision tower "
+             "with --lora-targets vision.NAME)");
+  if (o.finetune.freeze.empty()) return;
+  const std::string flag = "--freeze " + model::to_string(o.finetune.freeze);
+  MMSP_CHECK(std::find(layout.frozen.begin(), layout.frozen.end(), false) != layout.frozen.end(), flag,
+             " freezes every parameter of ", o.inputs.model, " (", config.model_type,
+             "): nothing would train; leave at least one of vision, merger, llm, embeddings out");
+}
+
+}  // namespace
 
 MemoryEstimate estimate_for(const model::ModelConfig& config, const ParameterLayout& layout, const TrainOptions& o,
                             int64_t loss_chunk, const plan::Mesh& mesh, int64_t local_length) {
@@ -36,7 +76,8 @@ MemoryEstimate estimate_for(const model::ModelConfig& config, const ParameterLay
   in.attention_block = o.parallel.attention_block;
   in.loss_chunk = loss_chunk;
   in.checkpointing = o.memory.checkpoint_activations;
-  in.offload_activations = o.memory.offload_activations && o.parallel.device.is_cuda();  // on the CPU the host is the device
+  in.offload_activations =
+      o.memory.offload_activations && o.parallel.device.is_cuda();  // on the CPU the host is the device
   in.mlp_tile = model::mlp_tile_tokens(o.memory.tiled_mlp, std::max(o.inputs.tokens_per_rank, local_length),
                                        config.text.hidden_size);
   in.shard_level = o.parallel.shard;
@@ -99,6 +140,7 @@ void check_schedule(const ScheduleOptions& s) {
   MMSP_CHECK(s.lr * s.weight_decay <= 1, "--lr ", s.lr, " × --weight-decay ", s.weight_decay,
              " must be ≤ 1: decoupled weight decay multiplies the weights by 1 − lr × weight_decay");
   MMSP_CHECK(s.clip >= 0, "--clip ", s.clip, " must be ≥ 0 (the global gradient norm to clip to; 0: off)");
+  MMSP_CHECK(s.accumulate >= 1, "--accumulate ", s.accumulate, " must be ≥ 1 (micro-steps per optimizer step)");
 }
 
 void check_output(const OutputOptions& out, parallel::ShardLevel shard) {
@@ -134,13 +176,17 @@ void open_data(const TrainOptions& o, const dist::Mesh& mesh, RunInputs& in) {
   packing.seed = o.inputs.seed;
   packing.shuffle = o.inputs.shuffle;
   in.packer = std::make_unique<StepPacker>(*in.data, packing);
-  if (const auto* jsonl = dynamic_cast<const JsonlDataset*>(in.data.get())) jsonl->check_lengths(in.packer->row_limit());
+  if (const auto* jsonl = dynamic_cast<const JsonlDataset*>(in.data.get()))
+    jsonl->check_lengths(in.packer->row_limit());
+  in.eval = open_eval_set(o, in.resolved.config, packing.tokens_per_row, in.rows);
 }
 
 }  // namespace
 
 void check_train_options(const TrainOptions& o, const plan::Mesh& mesh) {
   check_train_limits(o);  // upper bounds first: nothing below may overflow
+  MMSP_CHECK(o.finetune.lora.rank >= 0, "--lora-rank ", o.finetune.lora.rank,
+             " must be ≥ 1 (the adapters' rank; 0 in the options: no LoRA)");
   check_inputs(o.inputs, mesh);
   MMSP_CHECK(o.parallel.attention_block > 0, "--attention-block ", o.parallel.attention_block, " must be positive");
   check_memory_options(o.memory);
@@ -158,13 +204,36 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   MMSP_CHECK(config.text.num_attention_heads % shape.ulysses == 0, o.inputs.model, ": ",
              config.text.num_attention_heads, " attention heads cannot be split over ulysses ", shape.ulysses,
              " (the degree must divide the head count)");
-  MMSP_CHECK(shape.expert == 1, "--expert ", shape.expert, " splits the experts of a mixture-of-experts model; ",
-             o.inputs.model, " (", config.model_type, ") has none: leave --expert at 1");
+  MMSP_CHECK(shape.expert == 1 || config.text.moe.any(), "--expert ", shape.expert,
+             " splits the experts of a mixture-of-experts model; ", o.inputs.model, " (", config.model_type,
+             ") has none: leave --expert at 1");
+  MMSP_CHECK(shape.expert == 1 || o.parallel.shard == parallel::ShardLevel::none, "--expert ", shape.expert,
+             " with --shard ", parallel::to_string(o.parallel.shard),
+             " is not supported yet (the expert weights would need shards of their own over the ranks holding the "
+             "same experts): use --shard none with --expert, or --expert 1");
+  MMSP_CHECK(shape.expert == 1 || (o.finetune.freeze.empty() && o.finetune.lora.rank == 0), "--expert ", shape.expert,
+             " with --freeze or --lora-rank is not supported yet (frozen and adapted weights are not split over the "
+             "expert groups): use --expert 1 to fine-tune parts of a mixture-of-experts model");
+  MMSP_CHECK(shape.expert == 1 || o.output.resume.empty(), "--resume with --expert ", shape.expert,
+             " is not supported yet (a checkpoint holds every expert; a rank would restore its share of the "
+             "optimizer state): resume with --expert 1");
+  // This rank builds, loads and steps its block's experts only (expert parallelism).
+  model::set_expert_shard(in.resolved.config.text.moe, shape.expert, mesh.rank() % shape.expert);
+  MMSP_CHECK(o.schedule.accumulate == 1 || !config.text.moe.any(), "--accumulate ", o.schedule.accumulate,
+             " is not supported yet for ", o.inputs.model, " (", config.model_type,
+             "): the load-balancing loss of a mixture-of-experts model is taken over the whole step's tokens, "
+             "not summed over micro-batches; use --accumulate 1");
+  MMSP_CHECK(o.memory.tiled_mlp == 0 || !config.text.moe.any(), "--tiled-mlp is not supported for ", o.inputs.model,
+             " (", config.model_type, "): its mixture-of-experts layers route every token at once");
   // The weights' names and shapes, the checkpoint's mapping and the memory this run
   // needs are all checked on a skeleton, before a parameter is allocated.
-  in.layout = layout_of(config);
+  in.layout = layout_of(config, o.finetune);
+  check_freeze(o, config, in.layout);
   in.naming = model::checkpoint_naming(config);
-  if (in.resolved.weights) hf::match_hf_tensors(*in.resolved.weights, in.layout.shapes, in.naming);
+  if (in.resolved.weights) {
+    model::check_expert_count(*in.resolved.weights, config);
+    hf::match_hf_tensors(*in.resolved.weights, base_shapes(in.layout), in.naming);
+  }
   in.memory = preflight_memory(config, in.layout, o, in.loss_chunk, shape);
   // hf/ of the checkpoints: as asked, else as the weights came, else the masters' dtype.
   in.save_dtype = o.output.save_dtype;
@@ -172,7 +241,8 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
     in.save_dtype = in.resolved.weights ? in.resolved.weights->dominant_dtype() : master_dtype_of(o.inputs.dtype);
   open_data(o, mesh, in);
   if (resumes_from_nothing(o.output.out, o.output.resume)) {
-    in.resume_note = "--resume " + o.output.resume + " holds no checkpoint yet (the job stopped before its first "
+    in.resume_note = "--resume " + o.output.resume +
+                     " holds no checkpoint yet (the job stopped before its first "
                      "save): this run starts from step 1";
   } else if (!o.output.resume.empty()) {
     // Every file verified before any is parsed; read before the model is built, so that

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "eval_run.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/hf/hf_directory.h"
 #include "mmsp/model/layers/parameter_init.h"
@@ -24,13 +25,14 @@ namespace mmsp::train {
 struct RunInputs {
   ResolvedModel resolved;
   std::optional<at::ScalarType> save_dtype;  // hf/ of the checkpoints: as asked, else as the weights came
-  int64_t loss_chunk = 0;  // tokens per chunk of the LM head and loss (the default resolved)
+  int64_t loss_chunk = 0;                    // tokens per chunk of the LM head and loss (the default resolved)
   hf::CheckpointNaming naming;
   ParameterLayout layout;  // every parameter's shape and unit, from the skeleton (each step's estimate reads them)
   MemoryEstimate memory;
   std::unique_ptr<Dataset> data;
   int rows = 1;  // rows of the packer (InputOptions::data_rows)
   std::unique_ptr<StepPacker> packer;
+  EvalSet eval;  // --eval-data: the held-out file and its steps (none without it)
   // --resume's checkpoint, verified (none for a fresh run, and for a requeued job's
   // --resume of its own --out that holds no checkpoint yet: it starts afresh).
   std::optional<Checkpoint> checkpoint;
@@ -43,8 +45,9 @@ RunInputs check_run(const TrainOptions& options, const dist::Mesh& mesh);
 std::shared_ptr<model::Vlm> build_vlm(const model::ModelConfig& config, model::ParameterInit mode,
                                       at::ScalarType dtype = at::kFloat);
 
-// Every parameter's name and shape and its hooked unit, from a skeleton of meta tensors.
-ParameterLayout layout_of(const model::ModelConfig& config);
+// Every parameter's name and shape, its hooked unit and whether --freeze freezes it, from a
+// skeleton of meta tensors.
+ParameterLayout layout_of(const model::ModelConfig& config, const FinetuneOptions& finetune = {});
 
 // This rank's memory for a run of `options` on `mesh`. `local_length`: a step's padded slots
 // a rank holds, when known (0: --tokens-per-rank).

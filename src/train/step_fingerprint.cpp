@@ -42,8 +42,7 @@ StepFingerprint step_fingerprint(const std::vector<int64_t>& samples, const plan
     packing.add(row.packing.length).add(row.packing.real_tokens);
     add_all(packing, row.packing.cu_seqlens);
     packing.add(row.shards.local_length());
-    for (const auto& item : row.items)
-    {
+    for (const auto& item : row.items) {
       routes.add(static_cast<int>(item.kind)).add(item.rows).add(item.patches).add(item.encoder_rank);
       for (int64_t b : item.shard_rows) routes.add(b);
     }
@@ -62,9 +61,12 @@ StepFingerprint step_fingerprint(const std::vector<int64_t>& samples, const plan
     collectives.add(int{2}).add(row.shards.local_length()).add(plan.options.mesh.ulysses).add(plan.options.mesh.ring);
   }
   collectives.add(int{3}).add(plan.label_count);  // the loss normaliser
-  return {{"samples", ids.digest()},           {"sequence sizes", sizes.digest()},
-          {"token ids", tokens.digest()},       {"packing", packing.digest()},
-          {"labels", labels.digest()},          {"vision routes", routes.digest()},
+  return {{"samples", ids.digest()},
+          {"sequence sizes", sizes.digest()},
+          {"token ids", tokens.digest()},
+          {"packing", packing.digest()},
+          {"labels", labels.digest()},
+          {"vision routes", routes.digest()},
           {"collectives", collectives.digest()}};
 }
 
@@ -84,9 +86,7 @@ StepFingerprint decode_fingerprint(const std::string& text) {
     field.name = text.substr(at, eq - at);
     try {
       field.hash = std::stoull(text.substr(eq + 1, 16), nullptr, 16);
-    } catch (const std::exception&) {
-      return {};
-    }
+    } catch (const std::exception&) { return {}; }
     f.push_back(field);
     at = end + 1;
   }
@@ -115,8 +115,9 @@ void check_same_step(int64_t step, const std::vector<StepFingerprint>& per_rank)
         field = f[i].name == ref[i].name ? f[i].name : f[i].name + " / " + ref[i].name;
         break;
       }
-    MMSP_FAIL("step ", step, ": rank ", r, " is about to run another step than rank",
-              best > 1 ? "s " : " ", agree, " (first difference: ", field, "): the ranks read different data or options; every rank must "
+    MMSP_FAIL("step ", step, ": rank ", r, " is about to run another step than rank", best > 1 ? "s " : " ", agree,
+              " (first difference: ", field,
+              "): the ranks read different data or options; every rank must "
               "be started with the same flags, data files and checkpoint. Stopped before the step's first collective");
   }
 }
@@ -126,8 +127,8 @@ std::string fingerprint_key_prefix(c10d::Store& store, int rank) {
   return "mmsp/fingerprint/" + std::to_string(run) + "/";
 }
 
-void agree_on_step(c10d::Store& store, const std::string& prefix, int64_t step, const StepFingerprint& mine,
-                   int rank, int world_size, std::chrono::milliseconds timeout) {
+void agree_on_step(c10d::Store& store, const std::string& prefix, int64_t step, const StepFingerprint& mine, int rank,
+                   int world_size, std::chrono::milliseconds timeout) {
   if (world_size <= 1) return;
   // A store whose host has died fails the calls below: the error says so, in one line, and
   // names the rank; c10 would log each failure first with its backtrace.

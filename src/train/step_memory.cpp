@@ -22,8 +22,8 @@ std::string what_is_large(const TrainOptions& o, int64_t step, const std::vector
          << " kept + " << format_bytes(busiest.bytes.transient) << " in its backward, --vision-split "
          << plan::to_string(o.parallel.vision_split) << ")";
   if (slots > o.inputs.tokens_per_rank)
-    what << (l.tokens > 0 ? "; " : ": ") << "a rank holds " << slots << " slots, padding included, for --tokens-per-rank "
-         << o.inputs.tokens_per_rank;
+    what << (l.tokens > 0 ? "; " : ": ") << "a rank holds " << slots
+         << " slots, padding included, for --tokens-per-rank " << o.inputs.tokens_per_rank;
   return what.str();
 }
 
@@ -33,14 +33,13 @@ void check_step_memory(const TrainOptions& o, const RunInputs& in, const plan::M
                        const std::vector<int64_t>& samples, const plan::StepPlan& plan, MemoryEstimate& largest,
                        std::optional<NextStep>& next) {
   const model::ModelConfig& config = in.resolved.config;
-  const BusiestVision busiest = busiest_vision(config, vision_loads(plan, o.parallel.vision),
-                                               o.memory.checkpoint_activations, o.inputs.dtype);
+  const BusiestVision busiest =
+      busiest_vision(config, vision_loads(plan, o.parallel.vision), o.memory.checkpoint_activations, o.inputs.dtype);
   // The decoder's part again when padding gives a rank more slots than --tokens-per-rank.
   int64_t slots = 0;
   for (const plan::RowPlan& row : plan.rows) slots = std::max(slots, row.shards.local_length());
-  MemoryEstimate estimate = slots > o.inputs.tokens_per_rank
-                                ? estimate_for(config, in.layout, o, in.loss_chunk, mesh, slots)
-                                : in.memory;
+  MemoryEstimate estimate =
+      slots > o.inputs.tokens_per_rank ? estimate_for(config, in.layout, o, in.loss_chunk, mesh, slots) : in.memory;
   estimate.vision = busiest.bytes.kept;
   estimate.vision_working_set = busiest.bytes.transient;
   const int64_t limit = o.memory.limit_bytes;

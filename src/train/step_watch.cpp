@@ -13,12 +13,18 @@ SentBytes sent_bytes(const dist::Mesh& mesh) {
   const dist::MeshStats& s = mesh.stats();
   auto bytes = [&](plan::MeshAxis axis) { return s.snapshot(axis).total_bytes(); };
   return {bytes(plan::MeshAxis::ring) + bytes(plan::MeshAxis::ulysses), bytes(plan::MeshAxis::context),
-          bytes(plan::MeshAxis::world) + bytes(plan::MeshAxis::dp)};
+          bytes(plan::MeshAxis::world) + bytes(plan::MeshAxis::dp) + bytes(plan::MeshAxis::expert_replica),
+          bytes(plan::MeshAxis::expert)};
 }
 
 StepWatch::StepWatch(int64_t step, const dist::Mesh& mesh, dist::RankActivity& doing, PhaseTimer& phases,
                      MemoryCounter& memory, const TestHooks& test)
-    : step_(step), mesh_(mesh), doing_(doing), phases_(phases), memory_(memory), test_(test),
+    : step_(step),
+      mesh_(mesh),
+      doing_(doing),
+      phases_(phases),
+      memory_(memory),
+      test_(test),
       start_(std::chrono::steady_clock::now()) {
   phases_.reset();
   memory_.reset_peak();
@@ -27,8 +33,7 @@ StepWatch::StepWatch(int64_t step, const dist::Mesh& mesh, dist::RankActivity& d
 }
 
 std::vector<int64_t> StepWatch::samples(std::vector<int64_t> samples) const {
-  if (test_.skew_batch_rank == mesh_.rank() && test_.skew_batch_step == step_ && samples.size() > 1)
-    samples.pop_back();
+  if (test_.skew_batch_rank == mesh_.rank() && test_.skew_batch_step == step_ && samples.size() > 1) samples.pop_back();
   return samples;
 }
 
@@ -40,13 +45,14 @@ void StepWatch::phase(const char* phase) {
 
 void StepWatch::forward_done() {
   // The forward's and the loss's peak apart from the backward's: the preflight
-  // estimates them as moments of their own (memory_estimate.h).
-  forward_peak_ = memory_.peak_bytes();
+  // estimates them as moments of their own (memory_estimate.h). With --accumulate, the
+  // largest of the micro-steps'.
+  forward_peak_ = std::max(forward_peak_, memory_.peak_bytes());
   memory_.reset_peak();
 }
 
 void StepWatch::backward_done() {
-  backward_peak_ = memory_.peak_bytes();
+  backward_peak_ = std::max(backward_peak_, memory_.peak_bytes());
   memory_.reset_peak();
 }
 

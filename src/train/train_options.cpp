@@ -41,11 +41,16 @@ std::optional<at::ScalarType> parse_save_dtype(const std::string& name) {
 
 std::string dtype_name(at::ScalarType type) {
   switch (type) {
-    case at::kHalf: return "float16";
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kBFloat16: return "bfloat16";
-    default: return c10::toString(type);
+    case at::kHalf:
+      return "float16";
+    case at::kFloat:
+      return "float32";
+    case at::kDouble:
+      return "float64";
+    case at::kBFloat16:
+      return "bfloat16";
+    default:
+      return c10::toString(type);
   }
 }
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "mmsp/dist/mesh.h"
@@ -48,6 +49,9 @@ struct Trainable {
 // ulysses) and the one whose ranks sum each weight's gradient (the world: dp × context).
 parallel::ParallelizeOptions parallelize_options(const TrainOptions& o, const dist::Mesh& mesh);
 
-Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh);
+// `decoder_kernel`: the decoder's local attention kernel (attention_choice.h); by default
+// --attention-kernel's.
+Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh,
+                          std::optional<attention::AttentionKernel> decoder_kernel = std::nullopt);
 
 }  // namespace mmsp::train

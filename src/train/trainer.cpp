@@ -14,8 +14,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "accumulation.h"
 #include "agreed_metrics.h"
+#include "attention_choice.h"
+#include "eval_run.h"
+#include "expert_load.h"
 #include "head_loss.h"
+#include "lora_export.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/phase_timer.h"
 #include "mmsp/parallel/parallelize.h"
@@ -29,6 +34,7 @@
 #include "mmsp/train/step_watch.h"
 #include "pixel_prefetch.h"
 #include "run_inputs.h"
+#include "run_output.h"
 #include "step_memory.h"
 #include "trainable.h"
 
@@ -51,8 +57,8 @@ ResumePoint resume_run(const TrainOptions& o, const RunInputs& in, WeightUpdate&
   const Checkpoint& ckpt = *in.checkpoint;
   if (rank0)
     for (const std::string& note : ckpt.notes) log << "note: " << note << std::endl;
-  MMSP_CHECK(same_model_config(ckpt.config_json, in.resolved.config_json),
-             "--resume ", o.output.resume, " holds a checkpoint of another model than --model ", o.inputs.model);
+  MMSP_CHECK(same_model_config(ckpt.config_json, in.resolved.config_json), "--resume ", o.output.resume,
+             " holds a checkpoint of another model than --model ", o.inputs.model);
   update.restore(ckpt);
   point.done = ckpt.step;
   point.position.epoch = ckpt.state.at("data").at("epoch").get<int64_t>();
@@ -65,13 +71,13 @@ ResumePoint resume_run(const TrainOptions& o, const RunInputs& in, WeightUpdate&
   return point;
 }
 
-void print_run_header(const TrainOptions& o, const RunInputs& in, const WeightUpdate& update,
-                      const dist::Mesh& mesh, std::ostream& log) {
+void print_run_header(const TrainOptions& o, const RunInputs& in, const WeightUpdate& update, const dist::Mesh& mesh,
+                      std::ostream& log) {
   log << "mmsp train: " << in.resolved.source << " (" << in.resolved.config.model_type
-      << (in.resolved.weights ? ", weights loaded" : ", random weights") << "), " << in.data->describe()
-      << ", mesh " << mesh.shape().str() << ", vision " << model::to_string(o.parallel.vision) << ", " << dtype_name(o.inputs.dtype)
-      << (update.describe().empty() ? "" : ", " + update.describe()) << ", " << update.weights().size()
-      << " tensors" << std::endl;
+      << (in.resolved.weights ? ", weights loaded" : ", random weights") << "), " << in.data->describe() << ", mesh "
+      << mesh.shape().str() << ", vision " << model::to_string(o.parallel.vision) << ", " << dtype_name(o.inputs.dtype)
+      << (update.describe().empty() ? "" : ", " + update.describe()) << ", " << update.weights().size() << " tensors"
+      << std::endl;
   log << in.memory.table() << std::endl;
 }
 
@@ -89,6 +95,7 @@ void save_step(const TrainOptions& o, const RunInputs& in, WeightUpdate& update,
   ckpt.max_shard_bytes = static_cast<uint64_t>(o.output.save_shard_bytes);
   if (o.test.crash_checkpoint_step == step) ckpt.crash_after_bytes = o.test.crash_checkpoint_after_bytes;
   ckpt.crash_in_keep = o.test.crash_keep_step == step;
+  add_lora_outputs(ckpt, o, in.resolved.config, in.resolved.source, update, mesh);  // --lora-rank: hf/ merged, adapter/
   update.save(o.output.out, step, state, in.resolved.config_json, ckpt, mesh, log);
 }
 
@@ -100,16 +107,17 @@ struct StepLoop {
   const LrSchedule& schedule;
   const dist::Mesh& mesh;
   dist::RankActivity& doing;
-  PhaseTimer& phases;      // this run's time split, active on this thread
-  MemoryCounter& memory;   // this run's tensor bytes
+  PhaseTimer& phases;     // this run's time split, active on this thread
+  MemoryCounter& memory;  // this run's tensor bytes
   plan::PlanOptions plan_options;
   std::string fingerprint_prefix;  // this job's step-agreement keys
   int64_t last_step = 0;
-  PixelPrefetch& pixels;   // this step's pixels, and the next step's ahead (--prefetch-pixels)
+  PixelPrefetch& pixels;  // this step's pixels, and the next step's ahead (--prefetch-pixels)
 };
 
-// One step: data (the same on every rank) → plan → the step agreed → this rank's
-// pixels → forward/backward on its shard → weight update → the agreed figures. The
+// One step: data (the same on every rank; --accumulate's K micro-batches, all planned
+// first) → plan → the step agreed → per micro-batch: this rank's pixels → forward/backward
+// on its shard (the gradients add up) → weight update → the agreed figures. The
 // heartbeat, the test hooks and the accounting are the StepWatch's (step_watch.h).
 // `held_bytes`: what this rank holds as the forward begins (the training state).
 StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, int64_t& held_bytes,
@@ -118,38 +126,51 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   WeightUpdate& update = *run.model.update;
   StepWatch watch(step, mesh, run.doing, run.phases, run.memory, run.o.test);
 
-  const std::vector<int64_t> samples = watch.samples(run.in.packer->next_step(position));
-  const plan::Batch batch = make_batch(*run.in.data, samples);
   watch.phase("plan");
-  const plan::StepPlan plan =
-      plan::make_step_plan(batch, run.in.resolved.config.conventions, run.plan_options, mesh.rank());
+  const StepBatches batches = plan_step_batches(*run.in.data, *run.in.packer, watch, run.in.resolved.config.conventions,
+                                                run.plan_options, mesh.rank(), run.o.schedule.accumulate, position);
   std::optional<NextStep> next = run.pixels.plan_next(step, run.last_step, position);
-  check_step_memory(run.o, run.in, mesh.shape(), step, samples, plan, largest_estimate, next);
+  for (const MicroBatch& micro : batches.micro)
+    check_step_memory(run.o, run.in, mesh.shape(), step, micro.samples, micro.plan, largest_estimate, next);
   // Every rank must be about to run the same step before the first collective.
   watch.phase("step agreement");
   if (mesh.store())
-    agree_on_step(*mesh.store(), run.fingerprint_prefix, step, step_fingerprint(samples, batch, plan), mesh.rank(),
-                  mesh.world_size(), mesh.world()->timeout());
-  watch.phase("pixels");
-  const model::PixelInputs pixels = run.pixels.take(samples, batch, plan).to(run.o.parallel.device);
-  if (next) run.pixels.start(std::move(*next));
+    agree_on_step(*mesh.store(), run.fingerprint_prefix, step, batches.fingerprint(), mesh.rank(), mesh.world_size(),
+                  mesh.world()->timeout());
 
   const double lr = run.schedule.at(step - 1);
   update.set_lr(lr);
   update.zero_grad();
   held_bytes = watch.held_bytes();
   update.begin_step();
-  watch.phase("forward");
-  const auto out = parallel::forward_step(run.model.model(), batch, plan, pixels, run.model.parallelism());
-  at::Tensor loss = head_loss(run.model.model(), out, run.in.loss_chunk, run.o.inputs.tokens_per_rank);
-  watch.phase("backward");
-  watch.forward_done();
-  loss.backward();
-  watch.backward_done();
+  double local_loss = 0;
+  at::Tensor expert_counts;  // tokens each expert took (mixture of experts)
+  for (size_t k = 0; k < batches.micro.size(); ++k) {
+    const MicroBatch& micro = batches.micro[k];
+    watch.phase("pixels");
+    const model::PixelInputs pixels = run.pixels.take(micro.samples, micro.batch, micro.plan).to(run.o.parallel.device);
+    if (next && k + 1 == batches.micro.size()) run.pixels.start(std::move(*next));
+    watch.phase("forward");
+    model::StepOutput out =
+        parallel::forward_step(run.model.model(), micro.batch, micro.plan, pixels, run.model.parallelism());
+    out.label_count = batches.label_count;  // the step's: every micro-batch's labels together
+    at::Tensor loss = head_loss(run.model.model(), out, run.in.loss_chunk, run.o.inputs.tokens_per_rank);
+    watch.phase("backward");
+    watch.forward_done();
+    loss.backward();
+    watch.backward_done();
+    // The auxiliary load-balancing loss (mixture of experts): its value is added here, its
+    // gradient entered through the layers in the backward (model/layers/router_load.h).
+    local_loss += loss.detach().to(at::kDouble).item<double>() + out.aux_loss;
+    if (out.expert_counts.defined()) expert_counts = out.expert_counts;  // one micro-batch: --accumulate 1
+  }
   const double grad_norm = update.step(run.o.schedule.clip, run.doing);
   const StepAccount account = watch.finish();
-  const double local_loss = loss.detach().to(at::kDouble).item<double>();
-  return agreed_metrics(step, local_loss, lr, grad_norm, batch, plan, account, mesh);
+  const MicroBatch& last = batches.micro.back();
+  StepMetrics m = agreed_metrics(step, local_loss, lr, grad_norm, last.batch, last.plan, account, mesh);
+  count_step_batches(m, batches);
+  if (expert_counts.defined()) add_expert_load(m, expert_counts, mesh.shape().expert);
+  return m;
 }
 
 // How every step of this run is planned: the mesh, layout, placement and vision split,
@@ -166,27 +187,11 @@ plan::PlanOptions plan_options_for(const TrainOptions& o, const RunInputs& in, c
   return p;
 }
 
-// metrics.jsonl in --out (rank 0 only; none without --out).
-std::unique_ptr<MetricsWriter> open_metrics(const std::string& out) {
-  if (out.empty()) return nullptr;
-  std::filesystem::create_directories(out);
-  return std::make_unique<MetricsWriter>(out + "/metrics.jsonl");
-}
-
-// A step's line in metrics.jsonl; at the run's first step, the note of a torn last line
-// a crash had left (cut when the file was opened).
-void write_metrics(MetricsWriter& metrics, const StepMetrics& m, bool first_step, std::ostream& log) {
-  metrics.write(m);
-  if (metrics.repaired_bytes() > 0 && first_step)
-    log << "note: " << metrics.path() << ": cut the torn last line (" << metrics.repaired_bytes()
-        << " bytes) a crash had left" << std::endl;
-}
-
 // The trained weights, whole and detached (TrainOptions::report_parameters: tests).
 std::vector<std::pair<std::string, at::Tensor>> final_parameters(WeightUpdate& update) {
   update.gather_weights();  // every rank: under --shard parameters a collective
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (auto& [name, p] : update.weights()) out.emplace_back(name, p.detach().clone());
+  for (auto& [name, p] : update.whole_weights()) out.emplace_back(name, p.detach().clone());
   return out;
 }
 
@@ -199,7 +204,7 @@ int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOpt
   MMSP_CHECK(ring >= 0 && ring <= world && (ring == 0 || world % ring == 0), "longest_tokens_per_rank: a ring of ",
              ring, " must divide the ", world, " ranks (0: all of them)");
   const plan::Mesh mesh = ring == 0 ? plan::Mesh{1, world, 1} : plan::Mesh{1, ring, world / ring};
-  const ParameterLayout layout = layout_of(config);
+  const ParameterLayout layout = layout_of(config, o.finetune);
   auto fits = [&](int64_t tokens) {
     TrainOptions t = o;
     t.inputs.tokens_per_rank = tokens;
@@ -223,8 +228,7 @@ int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOpt
   return lo;
 }
 
-TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& log,
-                  dist::RankActivity* activity) {
+TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& log, dist::RankActivity* activity) {
   dist::RankActivity no_heartbeat;
   dist::RankActivity& doing = activity ? *activity : no_heartbeat;
   const RunInputs in = check_run(o, mesh);
@@ -242,7 +246,9 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   MemoryCounter memory(o.parallel.device);  // on CUDA: the caching allocator's statistics
   PhaseTimer phases;
   const ActivePhaseTimer timing(phases);
-  const Trainable trainable = build_trainable(o, in, mesh);  // takes its parallelisms off as it goes
+  // auto on CUDA: measured before the first step, every rank agreeing (attention_choice.h)
+  const attention::AttentionKernel decoder_kernel = decoder_attention_kernel(o, in, mesh, log);
+  const Trainable trainable = build_trainable(o, in, mesh, decoder_kernel);  // takes its parallelisms off as it goes
   WeightUpdate& update = *trainable.update;
   // A warm-up longer than the run is the run (short test runs keep the default).
   const ScheduleOptions& s = o.schedule;
@@ -261,10 +267,10 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     return report;
   }
 
-  const std::unique_ptr<MetricsWriter> metrics = rank0 ? open_metrics(o.output.out) : nullptr;
   if (rank0 && !o.output.quiet) print_run_header(o, in, update, mesh, log);
 
   const int64_t last_step = s.stop_after > 0 ? std::min(s.stop_after, s.steps) : s.steps;
+  RunOutput output(o, in.resolved.config, in.layout, rank0, report.first_step, last_step, log);
   const plan::PlanOptions plan_options = plan_options_for(o, in, mesh);
   PixelPrefetch pixels(o, in, plan_options, mesh.rank(), prefetches_pixels(o));  // goes before the model
   const StepLoop run{o,      in,     trainable,    schedule,         mesh,      doing,
@@ -277,8 +283,13 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
     report.state_bytes = memory.current_bytes();
     report.summary.add(m);
     if (o.output.report_steps) report.steps.push_back(m);
-    if (rank0 && !o.output.quiet) log << format_step_line(m) << std::endl;
-    if (metrics) write_metrics(*metrics, m, step == report.first_step, log);
+    output.step(m);
+    if (evaluates_after(o.eval, step, last_step)) {
+      doing.set_phase("evaluation");
+      report.evals.push_back(
+          evaluate(step, o, in, trainable.model(), trainable.parallelism(), update, plan_options, mesh));
+      output.eval(report.evals.back());
+    }
     const int64_t every = o.output.checkpoint_every;
     if (!o.output.out.empty() && (step == last_step || (every > 0 && step % every == 0))) {
       doing.set_phase("checkpoint");

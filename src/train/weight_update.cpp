@@ -5,15 +5,19 @@
 #include <torch/optim/adamw.h>
 
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "checkpoint/checkpoint_io.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
-#include "mmsp/train/optim/grad_clip.h"
+#include "mmsp/model/layers/expert_names.h"
+#include "mmsp/model/lora.h"
+#include "mmsp/parallel/expert_gather.h"
 #include "mmsp/parallel/grad_sync.h"
-#include "mmsp/train/optim/master_weights.h"
 #include "mmsp/train/checkpoint/sharded_checkpoint.h"
+#include "mmsp/train/optim/grad_clip.h"
+#include "mmsp/train/optim/master_weights.h"
 
 namespace mmsp::train {
 namespace {
@@ -33,20 +37,55 @@ void agree_on_success(const std::string& error, const std::string& what, const d
   MMSP_CHECK(ranks.empty(), what, " failed on rank ", ranks, error.empty() ? std::string() : ": " + error);
 }
 
+// ", 12 frozen tensors" for the start-up line (`after`: a note precedes it).
+std::string frozen_note(const model::NamedParams& frozen, bool after) {
+  if (frozen.empty()) return "";
+  return std::string(after ? ", " : "") + std::to_string(frozen.size()) + " frozen tensors";
+}
+
+// The trained weights, then the frozen ones: what a checkpoint holds and a resume reads.
+model::NamedParams with_frozen(model::NamedParams weights, const model::NamedParams& frozen) {
+  weights.insert(weights.end(), frozen.begin(), frozen.end());
+  return weights;
+}
+
+// What a model directory feeds: every weight but LoRA's adapters (drawn, never in a base model).
+model::NamedParams loaded_from_model(const model::NamedParams& weights, const model::NamedParams& frozen) {
+  model::NamedParams out;
+  for (const auto& named : with_frozen(weights, frozen))
+    if (!model::is_lora_parameter(named.first)) out.push_back(named);
+  return out;
+}
+
+// The parameters whose gradients sum over the data group, or (expert parallelism) the
+// expert ones, which sum over the ranks holding the same experts.
+model::NamedParams select(const model::NamedParams& params, bool split, bool experts) {
+  model::NamedParams out;
+  for (const auto& named : params)
+    if (!split || model::is_expert_parameter(named.first) == experts) out.push_back(named);
+  return out;
+}
+
 class ReplicatedUpdate : public WeightUpdate {
  public:
   ReplicatedUpdate(model::NamedParams model_params, at::ScalarType master_dtype, const AdamWOptions& options,
-                   const dist::GroupPtr& data)
+                   const parallel::ModelParallelism& parallelism, model::NamedParams frozen)
       : masters_(std::move(model_params), master_dtype),
         opt_(make_adamw(masters_.params(), options)),
-        sync_(masters_.params(), data) {}
+        split_(parallelism.experts != nullptr),
+        sync_(select(masters_.params(), split_, false), parallelism.data),
+        experts_(parallelism.experts),
+        moe_(parallelism.moe),
+        frozen_(std::move(frozen)) {
+    if (split_) expert_sync_.emplace(select(masters_.params(), true, true), parallelism.expert_data);
+  }
 
   void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) override {
-    hf::load_hf_weights(dir, masters_.params(), naming);
+    hf::load_hf_weights(dir, loaded_from_model(masters_.params(), frozen_), naming);
     masters_.copy_to_model();
   }
   void restore(const Checkpoint& checkpoint) override {
-    train::restore(checkpoint, masters_.params(), *opt_);
+    train::restore(checkpoint, with_frozen(masters_.params(), frozen_), *opt_);
     masters_.copy_to_model();
   }
   void set_lr(double lr) override { train::set_lr(*opt_, lr); }
@@ -55,9 +94,12 @@ class ReplicatedUpdate : public WeightUpdate {
     masters_.take_grads();
     doing.set_phase("gradient sync");
     sync_.all_reduce();
+    if (expert_sync_) expert_sync_->all_reduce();
     if (gradients_.mesh) write_gradients();
     doing.set_phase("optimizer");
-    const double norm = clip_grad_norm(masters_.params(), clip_norm);
+    const double norm = split_ ? clip_grad_norm(sync_.params(), expert_sync_->params(), clip_norm,
+                                                [this](double local) { return sum_over_experts(local); })
+                               : clip_grad_norm(masters_.params(), clip_norm);
     opt_->step();
     masters_.copy_to_model();
     return norm;
@@ -66,12 +108,16 @@ class ReplicatedUpdate : public WeightUpdate {
   void save(const std::string& dir, int64_t step, const nlohmann::json& state, const std::string& config_json,
             CheckpointOptions options, const dist::Mesh& mesh, std::ostream& log) override {
     std::string error;
+    // Expert parallelism: every rank gathers the other experts' weights and moments (a
+    // collective); rank 0 writes the whole model.
+    const WholeState whole = split_ ? whole_state() : WholeState{};
     if (mesh.rank() == 0) {
       try {
-        save_checkpoint(dir, step, masters_.params(), *opt_, state, config_json, options);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
+        if (split_)
+          save_checkpoint(dir, step, with_frozen(whole.weights, frozen_), whole.adamw, state, config_json, options);
+        else
+          save_checkpoint(dir, step, with_frozen(masters_.params(), frozen_), *opt_, state, config_json, options);
+      } catch (const std::exception& e) { error = e.what(); }
     }
     agree_on_success(error, "saving the checkpoint of step " + std::to_string(step) + " in " + dir, mesh);
     if (mesh.rank() == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
@@ -80,25 +126,68 @@ class ReplicatedUpdate : public WeightUpdate {
                            std::ostream& log) override {
     gradients_ = {dir, config_json, &mesh, &log};
   }
-  model::NamedParams weights() const override { return masters_.params(); }
-  std::string describe() const override { return masters_.mixed() ? "fp32 master weights" : ""; }
+  model::NamedParams weights() const override { return with_frozen(masters_.params(), frozen_); }
+  model::NamedParams whole_weights() override {
+    return with_frozen(parallel::gather_experts(masters_.params(), moe_, experts_), frozen_);
+  }
+  std::string describe() const override {
+    return std::string(masters_.mixed() ? "fp32 master weights" : "") +
+           (split_ ? std::string(masters_.mixed() ? "; " : "") + "experts split over " +
+                         std::to_string(experts_->size()) + " ranks"
+                   : "") +
+           frozen_note(frozen_, masters_.mixed() || split_);
+  }
 
  private:
+  // The whole model's weights and AdamW state, every rank's experts gathered.
+  struct WholeState {
+    model::NamedParams weights;
+    AdamWState adamw;
+  };
+  WholeState whole_state() const {
+    const model::NamedParams& mine = masters_.params();
+    const AdamWState local = capture_adamw_state(*opt_, mine);
+    model::NamedParams avg, avg_sq;
+    for (const auto& [name, p] : mine) {
+      const auto it = local.params.find(name);
+      MMSP_CHECK(it != local.params.end(), "saving with --expert: \"", name, "\" has not taken a step");
+      avg.emplace_back(name, it->second.exp_avg);
+      avg_sq.emplace_back(name, it->second.exp_avg_sq);
+    }
+    WholeState whole{parallel::gather_experts(mine, moe_, experts_), {}};
+    const model::NamedParams avgs = parallel::gather_experts(avg, moe_, experts_);
+    const model::NamedParams sqs = parallel::gather_experts(avg_sq, moe_, experts_);
+    const int64_t steps = local.params.begin()->second.step;  // every parameter steps every step
+    for (size_t i = 0; i < avgs.size(); ++i)
+      whole.adamw.params[avgs[i].first] = {steps, avgs[i].second, sqs[i].second, {}};
+    // The groups (decay: matrices, no decay: the rest) as make_adamw forms them.
+    whole.adamw.groups = local.groups;
+    for (AdamWGroupState& g : whole.adamw.groups) g.params.clear();
+    for (const auto& [name, w] : whole.weights) whole.adamw.groups[w.dim() >= 2 ? 0 : 1].params.push_back(name);
+    return whole;
+  }
+
+  // Σ over the expert group (each rank holds its experts' share of Σ g²).
+  double sum_over_experts(double local) const {
+    at::Tensor t = at::full({1}, local, at::kDouble);
+    dist::all_reduce_(t, *experts_);
+    return t.item<double>();
+  }
+
   // The synced gradients as a model directory; a parameter the step did not reach
   // (no gradient) is written as zeros, as the reference's would read.
   void write_gradients() {
     const GradientRequest request = gradients_;
     gradients_ = {};
     std::string error;
+    model::NamedParams grads;
+    for (const auto& [name, p] : masters_.params())
+      grads.emplace_back(name, p.grad().defined() ? p.grad().detach() : at::zeros_like(p));
+    grads = parallel::gather_experts(grads, moe_, experts_);  // every rank: the other experts' (expert parallelism)
     if (request.mesh->rank() == 0) {
       try {
-        std::vector<std::pair<std::string, at::Tensor>> grads;
-        for (const auto& [name, p] : masters_.params())
-          grads.emplace_back(name, p.grad().defined() ? p.grad().detach() : at::zeros_like(p));
         hf::save_hf_directory(request.dir, grads, request.config_json);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
+      } catch (const std::exception& e) { error = e.what(); }
     }
     agree_on_success(error, "--save-gradients " + request.dir, *request.mesh);
     if (request.mesh->rank() == 0) *request.log << "gradients: saved in " << request.dir << std::endl;
@@ -112,26 +201,33 @@ class ReplicatedUpdate : public WeightUpdate {
   GradientRequest gradients_;
   MasterWeights masters_;
   std::unique_ptr<torch::optim::AdamW> opt_;
-  parallel::GradSync sync_;
+  bool split_;                                     // expert parallelism
+  parallel::GradSync sync_;                        // every parameter, or (split) the non-expert ones
+  std::optional<parallel::GradSync> expert_sync_;  // split: the experts', over their replicas
+  dist::GroupPtr experts_;
+  model::MoeConfig moe_;
+  model::NamedParams frozen_;  // the model's own tensors: no master, no state, no sum
 };
 
 class ShardedUpdate : public WeightUpdate {
  public:
-  ShardedUpdate(std::shared_ptr<parallel::ShardedModel> sharded, const AdamWOptions& options, const dist::Mesh& mesh)
+  ShardedUpdate(std::shared_ptr<parallel::ShardedModel> sharded, const AdamWOptions& options, const dist::Mesh& mesh,
+                model::NamedParams frozen)
       : sharded_(std::move(sharded), options),
         mixed_(zero().master_dtype() != zero().model_params().front().second.scalar_type()),
-        world_(mesh.world_size()) {}
+        world_(mesh.world_size()),
+        frozen_(std::move(frozen)) {}
 
   void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) override {
     // Into the model, then its shards into the masters: exact when the file's dtype is
     // the model's (Qwen's bf16 releases into a bf16 run), else rounded to the model's.
     zero().gather_all();  // stage 3: memory to load into (the gathered values are overwritten)
-    hf::load_hf_weights(dir, zero().model_params(), naming);
+    hf::load_hf_weights(dir, loaded_from_model(zero().model_params(), frozen_), naming);
     zero().copy_from_model();
     zero().release_gathered();
   }
   void gather_weights() override { zero().gather_all(); }
-  void restore(const Checkpoint& checkpoint) override { train::restore(checkpoint, sharded_); }
+  void restore(const Checkpoint& checkpoint) override { train::restore(checkpoint, sharded_, frozen_); }
   void set_lr(double lr) override { sharded_.set_lr(lr); }
   void begin_step() override { zero().gather_step_weights(); }
   void zero_grad() override { sharded_.zero_grad(); }
@@ -151,9 +247,7 @@ class ShardedUpdate : public WeightUpdate {
         fs::create_directories(dir);
         fs::remove_all(staging);
         fs::create_directory(staging);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
+      } catch (const std::exception& e) { error = e.what(); }
     }
     // A failed save (no space, ...) leaves no staged shards behind: the disk is freed
     // and the next save or --resume finds the directory as before.
@@ -176,9 +270,7 @@ class ShardedUpdate : public WeightUpdate {
       writer.write_safetensors(path, optimizer_shard_tensors(sharded_),
                                optimizer_shard_metadata(sharded_, rank, world));
       mine = writer.checksums().at(path);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
+    } catch (const std::exception& e) { error = e.what(); }
     agree(error);
     // Every rank's checksum to rank 0: slot r is rank r's (the others add zeros).
     at::Tensor sums = at::zeros({2 * world}, at::kLong);
@@ -191,10 +283,8 @@ class ShardedUpdate : public WeightUpdate {
         options.optimizer_shard_checksums[optimizer_shard_file(r, world)] = {
             static_cast<uint64_t>(sums[2 * r].item<int64_t>()), static_cast<uint64_t>(sums[2 * r + 1].item<int64_t>())};
       try {
-        save_checkpoint(dir, step, sharded_.model_params(), state, config_json, options);
-      } catch (const std::exception& e) {
-        error = e.what();
-      }
+        save_checkpoint(dir, step, with_frozen(sharded_.model_params(), frozen_), state, config_json, options);
+      } catch (const std::exception& e) { error = e.what(); }
     }
     zero().release_gathered();
     agree(error);
@@ -203,13 +293,13 @@ class ShardedUpdate : public WeightUpdate {
   void save_next_gradients(const std::string&, const std::string&, const dist::Mesh&, std::ostream&) override {
     MMSP_FAIL("--save-gradients needs --shard none: a sharded update holds no whole gradient");
   }
-  model::NamedParams weights() const override { return sharded_.model_params(); }
+  model::NamedParams weights() const override { return with_frozen(sharded_.model_params(), frozen_); }
   std::string describe() const override {
-    const char* what = zero().level() == parallel::ShardLevel::parameters ? "optimizer state, gradients and weights"
-                       : zero().level() == parallel::ShardLevel::gradients  ? "optimizer state and gradients"
-                                                                    : "optimizer state";
+    const char* what = zero().level() == parallel::ShardLevel::parameters  ? "optimizer state, gradients and weights"
+                       : zero().level() == parallel::ShardLevel::gradients ? "optimizer state and gradients"
+                                                                           : "optimizer state";
     return std::string(mixed_ ? "fp32 master weights; " : "") + what + " sharded over " + std::to_string(world_) +
-           " ranks";
+           " ranks" + frozen_note(frozen_, true);
   }
 
  private:
@@ -217,16 +307,20 @@ class ShardedUpdate : public WeightUpdate {
   ShardedAdamW sharded_;
   bool mixed_;
   int world_;
+  model::NamedParams frozen_;  // whole on every rank, outside the shards
 };
 
 }  // namespace
 
 std::unique_ptr<WeightUpdate> make_weight_update(model::NamedParams model_params, at::ScalarType master_dtype,
                                                  const AdamWOptions& options, const dist::Mesh& mesh,
-                                                 const parallel::ModelParallelism& parallelism) {
-  if (parallelism.zero) return std::make_unique<ShardedUpdate>(parallelism.zero, options, mesh);
+                                                 const parallel::ModelParallelism& parallelism,
+                                                 model::NamedParams frozen) {
+  MMSP_CHECK(!model_params.empty(), "make_weight_update: nothing to train (every parameter is frozen)");
+  if (parallelism.zero) return std::make_unique<ShardedUpdate>(parallelism.zero, options, mesh, std::move(frozen));
   MMSP_CHECK(parallelism.data, "make_weight_update: the replicated update needs the group its gradients sum over");
-  return std::make_unique<ReplicatedUpdate>(std::move(model_params), master_dtype, options, parallelism.data);
+  return std::make_unique<ReplicatedUpdate>(std::move(model_params), master_dtype, options, parallelism,
+                                            std::move(frozen));
 }
 
 }  // namespace mmsp::train

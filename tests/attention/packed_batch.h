@@ -22,16 +22,13 @@ inline attention::TokenLayout packed_layout(const std::vector<int64_t>& lengths,
       ord.push_back(i);
     }
   }
-  auto t = [](const std::vector<int64_t>& x) {
-    return at::tensor(at::ArrayRef<int64_t>(x), at::kLong).clone();
-  };
+  auto t = [](const std::vector<int64_t>& x) { return at::tensor(at::ArrayRef<int64_t>(x), at::kLong).clone(); };
   return {t(seg), t(ord)};
 }
 
 inline std::vector<int64_t> random_lengths(std::mt19937& rng, int count, int max_length) {
   std::vector<int64_t> lengths;
-  for (int i = 0; i < count; ++i)
-    lengths.push_back(std::uniform_int_distribution<int>(1, max_length)(rng));
+  for (int i = 0; i < count; ++i) lengths.push_back(std::uniform_int_distribution<int>(1, max_length)(rng));
   return lengths;
 }
 
@@ -79,8 +76,7 @@ struct ContextSlots {
   std::vector<attention::TokenLayout> shares;
   std::vector<int64_t> mine;  // global token of each local slot, -1 for padding
 };
-inline ContextSlots context_slots(const attention::TokenLayout& global, int R, int U, int r, int u,
-                                  bool zigzag) {
+inline ContextSlots context_slots(const attention::TokenLayout& global, int R, int U, int r, int u, bool zigzag) {
   ContextSlots out;
   for (int p = 0; p < R; ++p) {
     std::vector<int64_t> slots = share_of(global, R, U, p, zigzag);

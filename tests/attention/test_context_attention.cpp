@@ -2,8 +2,8 @@
 // single-process kernel on the unsharded packed batch: output and dq, dk, dv in
 // fp64, zigzag and contiguous layouts, causal and bidirectional, GQA, segments
 // shorter than 2 × ring and lengths divisible by nothing. Every mesh of the world.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
@@ -11,13 +11,13 @@
 
 #include "mmsp/attention/context_attention.h"
 #include "mmsp/attention/plan_layout.h"
+#include "mmsp/core/check.h"
 #include "mmsp/plan/attention_cost.h"
 #include "mmsp/plan/placement.h"
 #include "mmsp/plan/shard_map.h"
-#include "mmsp/core/check.h"
 #include "multirank.h"
-#include "row_compare.h"
 #include "packed_batch.h"
+#include "row_compare.h"
 
 using namespace mmsp;
 using namespace mmsp::attention;
@@ -69,8 +69,8 @@ void run_case(const dist::Mesh& mesh, const SchemeCase& c, std::mt19937& rng) {
   const int R = mesh.ring()->size(), U = mesh.ulysses()->size();
   const int r = mesh.ring()->rank(), u = mesh.ulysses()->rank();
   const std::string where = mesh.shape().str() + " kv" + std::to_string(c.kv_heads) +
-                            (c.causal ? " causal" : " bidirectional") +
-                            (c.zigzag ? " zigzag" : " contiguous") + " " + attention_kernel_name(c.kernel);
+                            (c.causal ? " causal" : " bidirectional") + (c.zigzag ? " zigzag" : " contiguous") + " " +
+                            attention_kernel_name(c.kernel);
   // Segment lengths 1..45 (some shorter than 2R), padded to a multiple of 2R.
   TokenLayout global = test::packed_layout(test::random_lengths(rng, 5, 45), 2 * R);
   AttentionOptions options;
@@ -135,7 +135,8 @@ TEST(MultiRank, AdaptivePlacementEqualsTheSingleProcessKernel) {
       std::vector<int64_t> ids(lengths.size());
       for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
       // a long segment alone gets the default targets (held whole it would leave the others idle)
-      const plan::PlacementOptions balance = kind == "long" ? plan::PlacementOptions{} : plan::PlacementOptions{1.0, 100.0};
+      const plan::PlacementOptions balance =
+          kind == "long" ? plan::PlacementOptions{} : plan::PlacementOptions{1.0, 100.0};
       const plan::PackedRow row =
           plan::pack_row(ids, lengths, R, plan::place_segments(lengths, R, U, plan::Placement::adaptive, balance));
       int whole = 0;
@@ -160,7 +161,8 @@ TEST(MultiRank, AdaptivePlacementEqualsTheSingleProcessKernel) {
           options.block_k = 16;
           const std::string where = mesh.shape().str() + " adaptive " + pack + " kv" + std::to_string(kv) +
                                     (causal ? " causal" : " bidirectional");
-          const dist::CommSnapshot ulysses0 = mesh.ulysses()->stats().snapshot(), ring0 = mesh.ring()->stats().snapshot();
+          const dist::CommSnapshot ulysses0 = mesh.ulysses()->stats().snapshot(),
+                                   ring0 = mesh.ring()->stats().snapshot();
           expect_scheme_equals_kernel(mesh, row_layout(row), ring_shares(map), map.tokens(c), kv, options, where,
                                       split_slots);
           const plan::AttentionShape shape{kHeads, kv, kDim, 8, 1};
@@ -175,6 +177,34 @@ TEST(MultiRank, AdaptivePlacementEqualsTheSingleProcessKernel) {
   }
 }
 
+// The ring's exchanges overlapped with the blocks (the next K/V posted before a block
+// computes, each dK/dV hop waited for after the next block's backward) or each waited for
+// at once: the same output and gradients, bit for bit, on every mesh with a ring (fp64, GQA).
+TEST(MultiRank, RingOverlapOnEqualsOffBitwise) {
+  std::mt19937 rng(41);
+  for (const dist::Mesh& mesh : test::all_meshes()) {
+    const int R = mesh.ring()->size(), U = mesh.ulysses()->size();
+    if (R == 1) continue;
+    const TokenLayout global = test::packed_layout(test::random_lengths(rng, 4, 45), 2 * R);
+    const test::ContextSlots sharded =
+        test::context_slots(global, R, U, mesh.ring()->rank(), mesh.ulysses()->rank(), true);
+    const int64_t T = static_cast<int64_t>(sharded.mine.size()), kv = U == 3 ? 3 : 2;
+    std::vector<std::vector<Tensor>> results;
+    for (bool overlap : {false, true}) {
+      at::manual_seed(5);
+      Tensor q = at::randn({T, kHeads, kDim}, kF64).requires_grad_();
+      Tensor k = at::randn({T, kv, kDim}, kF64).requires_grad_(), v = at::randn({T, kv, kDim}, kF64).requires_grad_();
+      AttentionOptions options;
+      options.block_q = 16, options.block_k = 24, options.overlap = overlap;
+      Tensor out = context_attention(q, k, v, {mesh.ring(), mesh.ulysses()}, sharded.shares, options);
+      (out * at::randn_like(out)).sum().backward();
+      results.push_back({out.detach(), q.grad(), k.grad(), v.grad()});
+    }
+    for (size_t i = 0; i < results[0].size(); ++i)
+      EXPECT_TRUE(results[0][i].equal(results[1][i])) << mesh.shape().str() << " tensor " << i << " (out, dq, dk, dv)";
+  }
+}
+
 // Split-slot counts that do not fit the layouts (a plan bug, or a caller's) fail on every rank
 // before any collective, naming the value: a whole segment whose tokens would then be split,
 // and a ring rank whose split share differs from the others'. The groups stay in step.
@@ -186,8 +216,8 @@ TEST(MultiRank, BadSplitSlotsFailBeforeAnyCollective) {
     for (int i = 0; i < 3 * S + 2; ++i) lengths.push_back(5);
     std::vector<int64_t> ids(lengths.size());
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
-    const plan::PackedRow row = plan::pack_row(
-        ids, lengths, R, plan::place_segments(lengths, R, U, plan::Placement::adaptive, {1.0, 100.0}));
+    const plan::PackedRow row =
+        plan::pack_row(ids, lengths, R, plan::place_segments(lengths, R, U, plan::Placement::adaptive, {1.0, 100.0}));
     const plan::ShardMap map(row, R, U, plan::Layout::zigzag);
     const std::vector<int64_t> good = attention::split_slots(map);
     ASSERT_FALSE(good.empty()) << mesh.shape().str();
@@ -227,17 +257,14 @@ TEST(MultiRank, BadHeadCountsFailBeforeAnyCollective) {
     const int64_t n = l.size() / R / U;
     const int64_t bad_heads = U + 1, bad_kv = U == 3 ? 2 : U + 1;
     try {
-      context_attention(at::zeros({n, bad_heads, 4}, kF64), at::zeros({n, 1, 4}, kF64),
-                        at::zeros({n, 1, 4}, kF64), {mesh.ring(), mesh.ulysses()}, shares);
+      context_attention(at::zeros({n, bad_heads, 4}, kF64), at::zeros({n, 1, 4}, kF64), at::zeros({n, 1, 4}, kF64),
+                        {mesh.ring(), mesh.ulysses()}, shares);
       ADD_FAILURE() << "expected an error for " << bad_heads << " heads";
-    } catch (const Error& e) {
-      EXPECT_THAT(e.what(), ::testing::HasSubstr("must divide the query heads"));
-    }
+    } catch (const Error& e) { EXPECT_THAT(e.what(), ::testing::HasSubstr("must divide the query heads")); }
     if (bad_kv * U * 2 <= 64) {
       const int64_t heads = bad_kv * U;
       EXPECT_THROW(context_attention(at::zeros({n, heads, 4}, kF64), at::zeros({n, bad_kv, 4}, kF64),
-                                     at::zeros({n, bad_kv, 4}, kF64), {mesh.ring(), mesh.ulysses()},
-                                     shares),
+                                     at::zeros({n, bad_kv, 4}, kF64), {mesh.ring(), mesh.ulysses()}, shares),
                    Error);
     }
   }
@@ -247,8 +274,8 @@ TEST(MultiRank, BadHeadCountsFailBeforeAnyCollective) {
     std::vector<TokenLayout> shares;
     for (int p = 0; p < R; ++p) shares.push_back(l.slice(p * l.size() / R, l.size() / R));
     const int64_t n = l.size() / R / U;
-    Tensor out = context_attention(at::ones({n, 12, 4}, kF64), at::ones({n, 12, 4}, kF64),
-                                   at::ones({n, 12, 4}, kF64), {mesh.ring(), mesh.ulysses()}, shares);
+    Tensor out = context_attention(at::ones({n, 12, 4}, kF64), at::ones({n, 12, 4}, kF64), at::ones({n, 12, 4}, kF64),
+                                   {mesh.ring(), mesh.ulysses()}, shares);
     EXPECT_TRUE(out.isfinite().all().item<bool>());
   }
 }

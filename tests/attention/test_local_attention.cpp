@@ -1,8 +1,8 @@
 // Single-process tests of the local kernel against the naive full-matrix attention:
 // forward values, log-sum-exp and every input gradient (fp64), block skipping, LSE
 // merging, bf16, and bad inputs.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
@@ -98,8 +98,8 @@ INSTANTIATE_TEST_SUITE_P(
       const LocalKernel* kernel = std::get<0>(info.param);
       const KernelCase& c = std::get<1>(info.param);
       return std::string(kernel->name()) + "_" + (c.causal ? "causal" : "bidirectional") + "_kv" +
-             std::to_string(c.kv_heads) + "_bq" + std::to_string(c.block_q) + "_bk" +
-             std::to_string(c.block_k) + (c.shuffle ? "_shuffled" : "");
+             std::to_string(c.kv_heads) + "_bq" + std::to_string(c.block_q) + "_bk" + std::to_string(c.block_k) +
+             (c.shuffle ? "_shuffled" : "");
     });
 
 // A block is skipped only if the mask empties it, and marked full only if every
@@ -126,8 +126,9 @@ TEST(BlockScheduleTest, SkipsExactlyTheEmptyBlocks) {
       }
       for (size_t kb = 0; kb < listed.size(); ++kb)
         if (!listed[kb]) {
-          EXPECT_FALSE(mask.narrow(0, i, n).narrow(1, kb * bk, std::min<int64_t>(bk, k.size() - kb * bk))
-                           .any().item<bool>()) << "skipped a block with allowed pairs";
+          EXPECT_FALSE(
+              mask.narrow(0, i, n).narrow(1, kb * bk, std::min<int64_t>(bk, k.size() - kb * bk)).any().item<bool>())
+              << "skipped a block with allowed pairs";
         }
     }
     EXPECT_EQ(listed_pairs, mask.sum().item<int64_t>());
@@ -145,10 +146,10 @@ TEST(MergePartialTest, KeySplitsMergeToTheWhole) {
   PartialAttention whole = local_attention_forward(q, k, v, layout, layout, {});
   const int64_t cut = T / 3;  // queries past the cut see keys in both parts; early ones in one
   PartialAttention merged;
-  merge_partial(merged, local_attention_forward(q, k.narrow(0, cut, T - cut), v.narrow(0, cut, T - cut),
-                                                layout, layout.slice(cut, T - cut), {}));
-  merge_partial(merged, local_attention_forward(q, k.narrow(0, 0, cut), v.narrow(0, 0, cut), layout,
-                                                layout.slice(0, cut), {}));
+  merge_partial(merged, local_attention_forward(q, k.narrow(0, cut, T - cut), v.narrow(0, cut, T - cut), layout,
+                                                layout.slice(cut, T - cut), {}));
+  merge_partial(merged,
+                local_attention_forward(q, k.narrow(0, 0, cut), v.narrow(0, 0, cut), layout, layout.slice(0, cut), {}));
   EXPECT_LT(max_rel_diff(merged.out, whole.out), 1e-13);
   EXPECT_LT(max_rel_diff(merged.lse, whole.lse), 1e-13);
 }
@@ -218,7 +219,8 @@ TEST(FusedPlanTest, PackedRowsAreOneCallAndZigzagSharesTwo) {
   EXPECT_EQ(zigzag->calls[0].pieces.size(), 2u);
   EXPECT_EQ(zigzag->calls[1].pieces.size(), 1u);
 
-  const TokenLayout shuffled_layout{at::tensor({0, 1, 0, 1, 0, 1}, at::kLong), at::tensor({0, 0, 1, 1, 2, 2}, at::kLong)};
+  const TokenLayout shuffled_layout{at::tensor({0, 1, 0, 1, 0, 1}, at::kLong),
+                                    at::tensor({0, 0, 1, 1, 2, 2}, at::kLong)};
   EXPECT_FALSE(plan_fused(shuffled_layout, shuffled_layout, true, at::kCPU, &why, 4));
   EXPECT_THAT(why, ::testing::HasSubstr("more than 4 (query run, key run) pieces"));
 }
@@ -232,14 +234,14 @@ TEST(KernelRegistryTest, KernelChoiceIsNamedFromTheTable) {
     EXPECT_EQ(parse_attention_kernel(k->name()).pinned, k);
     EXPECT_STREQ(attention_kernel_name(parse_attention_kernel(k->name())), k->name());
   }
-  EXPECT_EQ(names, (std::vector<std::string>{"fused", "blockwise"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"fused", "cudnn", "blockwise"}));
   EXPECT_TRUE(parse_attention_kernel("auto").automatic());
   EXPECT_STREQ(attention_kernel_name(parse_attention_kernel("auto")), "auto");
   try {
     parse_attention_kernel("flash");
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("attention kernel 'flash' is not one of auto, fused, blockwise"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("attention kernel 'flash' is not one of auto, fused, cudnn, blockwise"));
   }
   const TokenLayout l = test::packed_layout({6}, 1);
   const Tensor q = at::zeros({6, 2, 8}, kF64);
@@ -268,7 +270,8 @@ TEST(PlanLayoutTest, RingSharesFollowTheZigzagRule) {
     for (int p = 0; p < R; ++p) {
       TokenLayout expected = test::layout_of(global, test::share_of(global, R, U, p, true));
       EXPECT_TRUE(shares[p].segment.equal(expected.segment)) << "R " << R << " U " << U << " p " << p;
-      EXPECT_TRUE(shares[p].order.masked_select(expected.segment.ge(0))
+      EXPECT_TRUE(shares[p]
+                      .order.masked_select(expected.segment.ge(0))
                       .equal(expected.order.masked_select(expected.segment.ge(0))));
     }
   }

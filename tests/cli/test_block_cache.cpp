@@ -6,8 +6,8 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 

@@ -78,8 +78,7 @@ using Env = std::vector<std::pair<std::string, std::string>>;
 // a non-zero `max_open_files` limits its descriptors (to make a rank fail to start).
 class Launcher {
  public:
-  explicit Launcher(const std::string& args, const Env& env = {}, rlim_t max_open_files = 0)
-      : start_(Clock::now()) {
+  explicit Launcher(const std::string& args, const Env& env = {}, rlim_t max_open_files = 0) : start_(Clock::now()) {
     pid_ = ::fork();
     if (pid_ == 0) exec_launcher(args, env, max_open_files);
   }
@@ -157,12 +156,16 @@ TEST(LaunchEnvironment, Node1Of3With2RanksReplacesInheritedRankVariables) {
   options.node_rank = 1;
   options.master_addr = "10.0.0.1";
   options.master_port = 29500;
-  std::vector<std::string> env =
-      rank_environment(options, 1, {"PATH=/bin", "RANK=99", "MASTER_PORT=1", "KEEP=yes"});
+  std::vector<std::string> env = rank_environment(options, 1, {"PATH=/bin", "RANK=99", "MASTER_PORT=1", "KEEP=yes"});
   std::set<std::string> got(env.begin(), env.end());
-  std::set<std::string> want = {"PATH=/bin",          "KEEP=yes",           "RANK=3",
-                                "WORLD_SIZE=6",       "LOCAL_RANK=1",       "LOCAL_WORLD_SIZE=2",
-                                "MASTER_ADDR=10.0.0.1", "MASTER_PORT=29500"};
+  std::set<std::string> want = {"PATH=/bin",
+                                "KEEP=yes",
+                                "RANK=3",
+                                "WORLD_SIZE=6",
+                                "LOCAL_RANK=1",
+                                "LOCAL_WORLD_SIZE=2",
+                                "MASTER_ADDR=10.0.0.1",
+                                "MASTER_PORT=29500"};
   EXPECT_EQ(got, want);
   EXPECT_EQ(env.size(), want.size());
 }
@@ -222,9 +225,7 @@ TEST(LaunchValidate, EachBadValueIsNamedInTheError) {
     try {
       validate(bad);
       ADD_FAILURE() << "no error for " << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
+    } catch (const Error& e) { EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what(); }
   }
 }
 
@@ -238,8 +239,8 @@ TEST(FindFreePort, LoopbackPortIsInRangeAndBindable) {
 // ---- the built mmsp-run with real ranks ----
 
 TEST(MmspRun, ThreeRanksSeeTorchrunVariablesAndOnePort) {
-  Outcome r = run_launcher(
-      "-n 3 -- sh -c 'echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT'");
+  Outcome r =
+      run_launcher("-n 3 -- sh -c 'echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT'");
   ASSERT_EQ(r.status, 0) << r.err;
   std::regex pattern(R"(\[rank (\d)\] (\d) 3 (\d) 3 127\.0\.0\.1 (\d+))");
   std::set<int> ranks;
@@ -264,13 +265,13 @@ TEST(MmspRun, Node1Of3With2RanksGetsGlobalRanksAndGivenAddress) {
       "-n 2 --nnodes 3 --node-rank 1 --master-addr 10.1.2.3 --master-port 29555 -- "
       "sh -c 'echo $RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT'");
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_EQ(sorted_lines(r.out), (std::vector<std::string>{"[rank 2] 2 6 0 2 10.1.2.3 29555",
-                                                           "[rank 3] 3 6 1 2 10.1.2.3 29555"}));
+  EXPECT_EQ(sorted_lines(r.out),
+            (std::vector<std::string>{"[rank 2] 2 6 0 2 10.1.2.3 29555", "[rank 3] 3 6 1 2 10.1.2.3 29555"}));
 }
 
 TEST(MmspRun, ParentEnvironmentPassesThroughAndInheritedRankIsReplaced) {
-  Outcome r = run_launcher("-n 1 -- sh -c 'echo $RANK $MMSP_TEST_VALUE'",
-                           {{"RANK", "99"}, {"MMSP_TEST_VALUE", "kept"}});
+  Outcome r =
+      run_launcher("-n 1 -- sh -c 'echo $RANK $MMSP_TEST_VALUE'", {{"RANK", "99"}, {"MMSP_TEST_VALUE", "kept"}});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, "[rank 0] 0 kept\n");
 }
@@ -285,9 +286,8 @@ TEST(MmspRun, StdoutAndStderrArePrefixedOntoTheMatchingStream) {
 TEST(MmspRun, PartialLastLineIsFlushedAsItsOwnLine) {
   Outcome r = run_launcher("-n 2 -- sh -c 'printf \"first\\nno-newline$RANK\"'");
   ASSERT_EQ(r.status, 0) << r.err;
-  EXPECT_EQ(sorted_lines(r.out),
-            (std::vector<std::string>{"[rank 0] first", "[rank 0] no-newline0", "[rank 1] first",
-                                      "[rank 1] no-newline1"}));
+  EXPECT_EQ(sorted_lines(r.out), (std::vector<std::string>{"[rank 0] first", "[rank 0] no-newline0", "[rank 1] first",
+                                                           "[rank 1] no-newline1"}));
   EXPECT_EQ(r.out.back(), '\n');
 }
 
@@ -309,8 +309,8 @@ TEST(MmspRun, FourRanksOf500LinesAndA100KBLineStayWholeAndInOrder) {
     // std::regex recurses per character: check the 100 KB line by hand.
     ASSERT_GE(line.size(), 9u) << line;
     int rank = line[6] - '0';
-    std::string want = "[rank " + std::to_string(rank) + "] " + std::string(100000, 'x') +
-                       " long" + std::to_string(rank);
+    std::string want =
+        "[rank " + std::to_string(rank) + "] " + std::string(100000, 'x') + " long" + std::to_string(rank);
     ASSERT_EQ(line, want) << "a line was cut or mixed: " << line.substr(0, 80);
     EXPECT_EQ(next[rank], 500) << "rank " << rank << "'s long line came before its short ones ended";
   }
@@ -319,15 +319,12 @@ TEST(MmspRun, FourRanksOf500LinesAndA100KBLineStayWholeAndInOrder) {
 }
 
 TEST(MmspRun, Rank1Exit3StopsTheOthersAfterGraceWithin15s) {
-  Outcome r = run_launcher(
-      "-n 3 -- sh -c 'if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; sleep 60'");
+  Outcome r = run_launcher("-n 3 -- sh -c 'if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; sleep 60'");
   EXPECT_EQ(r.status, 3) << r.err;
   EXPECT_LT(r.seconds, 15.0);
   EXPECT_GE(r.seconds, 2.0) << "the others were stopped before --grace (2 s) ran out";
   EXPECT_NE(r.err.find("mmsp-run: rank 1 failed: exited with status 3\n"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("rank 0 killed by signal 15 (Terminated) (stopped by mmsp-run)"),
-            std::string::npos)
-      << r.err;
+  EXPECT_NE(r.err.find("rank 0 killed by signal 15 (Terminated) (stopped by mmsp-run)"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("rank 2 killed by signal 15"), std::string::npos) << r.err;
 }
 
@@ -357,8 +354,7 @@ TEST(MmspRun, TheRankWhoseErrorTheOthersEndedOnIsNamedNotTheFirstToEnd) {
 }
 
 TEST(MmspRun, RankKilledBySignal9IsReportedAndExitIs137) {
-  Outcome r = run_launcher(
-      "-n 2 --grace 0.2 -- sh -c 'if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60'");
+  Outcome r = run_launcher("-n 2 --grace 0.2 -- sh -c 'if [ $RANK = 0 ]; then kill -9 $$; fi; sleep 60'");
   EXPECT_EQ(r.status, 128 + 9) << r.err;
   EXPECT_LT(r.seconds, 10.0);
   EXPECT_NE(r.err.find("rank 0 failed: killed by signal 9 (Killed)"), std::string::npos) << r.err;
@@ -370,16 +366,16 @@ TEST(MmspRun, RankIgnoringSigtermIsKilledAfterKillAfter) {
       "sh -c 'if [ $RANK = 1 ]; then exit 5; fi; trap \"\" TERM; sleep 60'");
   EXPECT_EQ(r.status, 5) << r.err;
   EXPECT_LT(r.seconds, 5.0);
-  EXPECT_NE(r.err.find("rank 0 killed by signal 9 (Killed) (stopped by mmsp-run)"),
-            std::string::npos)
-      << r.err;
+  EXPECT_NE(r.err.find("rank 0 killed by signal 9 (Killed) (stopped by mmsp-run)"), std::string::npos) << r.err;
 }
 
 TEST(MmspRun, ChildrenOfAStoppedRankAreStoppedWithIt) {
   TempDir dir;
   std::string pid_file = (dir / "child.pid").string();
-  Outcome r = run_launcher("-n 2 --grace 0.1 -- sh -c 'if [ $RANK = 1 ]; then sleep 0.3; exit 1; fi; "
-                           "sleep 60 & echo $! > " + pid_file + "; wait'");
+  Outcome r = run_launcher(
+      "-n 2 --grace 0.1 -- sh -c 'if [ $RANK = 1 ]; then sleep 0.3; exit 1; fi; "
+      "sleep 60 & echo $! > " +
+      pid_file + "; wait'");
   EXPECT_EQ(r.status, 1) << r.err;
   pid_t child = std::stoi(read_text(pid_file));
   bool gone = false;  // SIGTERM is delivered asynchronously: give it a moment
@@ -391,16 +387,14 @@ TEST(MmspRun, ChildrenOfAStoppedRankAreStoppedWithIt) {
 }
 
 TEST(MmspRun, RankFinishingWithinGraceIsNotSignalled) {
-  Outcome r = run_launcher(
-      "-n 2 --grace 5 -- sh -c 'if [ $RANK = 1 ]; then exit 4; fi; sleep 0.5'");
+  Outcome r = run_launcher("-n 2 --grace 5 -- sh -c 'if [ $RANK = 1 ]; then exit 4; fi; sleep 0.5'");
   EXPECT_EQ(r.status, 4) << r.err;
   EXPECT_LT(r.seconds, 4.0) << "waited for the whole grace although all ranks had exited";
   EXPECT_EQ(r.err.find("rank 0"), std::string::npos) << r.err;
 }
 
 TEST(MmspRun, SigtermToTheLauncherReachesEveryRank) {
-  Launcher launcher(
-      "-n 2 -- sh -c 'trap \"echo got TERM; exit 0\" TERM; echo ready; sleep 60 & wait'");
+  Launcher launcher("-n 2 -- sh -c 'trap \"echo got TERM; exit 0\" TERM; echo ready; sleep 60 & wait'");
   for (int i = 0; i < 200 && lines_of(launcher.out()).size() < 2; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ASSERT_EQ(lines_of(launcher.out()).size(), 2u) << "ranks did not start: " << launcher.err();
@@ -408,8 +402,7 @@ TEST(MmspRun, SigtermToTheLauncherReachesEveryRank) {
   EXPECT_EQ(launcher.wait(), 128 + SIGTERM) << launcher.err();
   EXPECT_LT(launcher.seconds(), 15.0);
   EXPECT_EQ(sorted_lines(launcher.out()),
-            (std::vector<std::string>{"[rank 0] got TERM", "[rank 0] ready", "[rank 1] got TERM",
-                                      "[rank 1] ready"}));
+            (std::vector<std::string>{"[rank 0] got TERM", "[rank 0] ready", "[rank 1] got TERM", "[rank 1] ready"}));
 }
 
 TEST(MmspRun, SigintToTheLauncherStopsRanksAndExits130) {
@@ -421,9 +414,7 @@ TEST(MmspRun, SigintToTheLauncherStopsRanksAndExits130) {
   EXPECT_EQ(launcher.wait(), 128 + SIGINT) << launcher.err();
   EXPECT_LT(launcher.seconds(), 15.0);
   std::string err = launcher.err();
-  EXPECT_NE(err.find("rank 1 killed by signal 2 (Interrupt) (stopped by mmsp-run)"),
-            std::string::npos)
-      << err;
+  EXPECT_NE(err.find("rank 1 killed by signal 2 (Interrupt) (stopped by mmsp-run)"), std::string::npos) << err;
   EXPECT_EQ(err.find("failed:"), std::string::npos) << "a rank we interrupted is not a failure: " << err;
 }
 
@@ -433,8 +424,7 @@ TEST(MmspRun, RankThatCannotStartStopsTheStartedOnesAndExits1) {
   EXPECT_EQ(r.status, 1) << r.err.substr(0, 400);
   EXPECT_LT(r.seconds, 15.0);
   EXPECT_NE(r.err.find("cannot start rank"), std::string::npos) << r.err.substr(0, 400);
-  EXPECT_NE(r.err.find("rank 0 killed by signal 15 (Terminated) (stopped by mmsp-run)"),
-            std::string::npos)
+  EXPECT_NE(r.err.find("rank 0 killed by signal 15 (Terminated) (stopped by mmsp-run)"), std::string::npos)
       << r.err.substr(0, 400);
 }
 

@@ -30,8 +30,10 @@ class ScopedEnv {
 
  private:
   static void set(const std::string& name, const std::optional<std::string>& value) {
-    if (value) ::setenv(name.c_str(), value->c_str(), 1);
-    else ::unsetenv(name.c_str());
+    if (value)
+      ::setenv(name.c_str(), value->c_str(), 1);
+    else
+      ::unsetenv(name.c_str());
   }
   std::map<std::string, std::optional<std::string>> saved_;
 };
@@ -44,9 +46,13 @@ int cores() {
 }
 
 std::map<std::string, std::optional<std::string>> ranks_on_host(int n, std::optional<std::string> omp) {
-  return {{"OMP_NUM_THREADS", omp},         {"RANK", "0"},       {"WORLD_SIZE", std::to_string(n)},
-          {"LOCAL_RANK", "0"},              {"LOCAL_WORLD_SIZE", std::to_string(n)},
-          {"OMPI_COMM_WORLD_RANK", std::nullopt}, {"SLURM_PROCID", std::nullopt}};
+  return {{"OMP_NUM_THREADS", omp},
+          {"RANK", "0"},
+          {"WORLD_SIZE", std::to_string(n)},
+          {"LOCAL_RANK", "0"},
+          {"LOCAL_WORLD_SIZE", std::to_string(n)},
+          {"OMPI_COMM_WORLD_RANK", std::nullopt},
+          {"SLURM_PROCID", std::nullopt}};
 }
 
 TEST(ThreadPolicy, EachRankTakesItsShareOfTheCores) {

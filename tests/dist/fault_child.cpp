@@ -3,12 +3,12 @@
 
 #include <ATen/ATen.h>
 
+#include <unistd.h>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <memory>
 #include <thread>
-#include <unistd.h>
 
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"

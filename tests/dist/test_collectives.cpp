@@ -2,8 +2,8 @@
 // `mmsp-run -n N` (N = 1..4) on every mesh shape of N and every group of it. Each
 // rank also simulates every rank's input locally and computes the reference output
 // and, by autograd on that local graph, the reference gradient of its own input.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
@@ -26,8 +26,7 @@ using at::Tensor;
 namespace {
 
 const auto kF64 = at::TensorOptions().dtype(at::kDouble);
-const MeshAxis kAxes[] = {MeshAxis::world, MeshAxis::dp, MeshAxis::ring, MeshAxis::ulysses,
-                          MeshAxis::context};
+const MeshAxis kAxes[] = {MeshAxis::world, MeshAxis::dp, MeshAxis::ring, MeshAxis::ulysses, MeshAxis::context};
 
 // Calls fn(group, where) for every group of every mesh.
 void for_each_group(const std::function<void(const GroupPtr&, const std::string&)>& fn) {
@@ -53,11 +52,10 @@ void expect_close(const Tensor& got, const Tensor& expected, const std::string& 
 
 // Runs `op` distributed and as a local simulation over all ranks' inputs, then
 // compares output and input gradient. `reference(xs, h)` is rank h's output.
-void check_against_reference(
-    const GroupPtr& group, const std::string& where,
-    const std::function<std::vector<int64_t>(int)>& shape_of,
-    const std::function<Tensor(const Tensor&)>& op,
-    const std::function<Tensor(const std::vector<Tensor>&, int)>& reference) {
+void check_against_reference(const GroupPtr& group, const std::string& where,
+                             const std::function<std::vector<int64_t>(int)>& shape_of,
+                             const std::function<Tensor(const Tensor&)>& op,
+                             const std::function<Tensor(const std::vector<Tensor>&, int)>& reference) {
   const int P = group->size(), r = group->rank();
   std::vector<Tensor> xs;
   for (int s = 0; s < P; ++s) xs.push_back(input_of(s, shape_of(s), 0.25).requires_grad_());
@@ -82,9 +80,8 @@ void check_against_reference(
 TEST(MultiRank, SelftestPassesOnEveryMesh) {
   for (const Mesh& mesh : test::all_meshes())
     for (const SelftestResult& r : run_selftest(mesh))
-      EXPECT_TRUE(r.ok()) << mesh.shape().str() << " " << r.collective << " on " << r.group
-                          << ": forward error " << r.forward_error << ", backward error "
-                          << r.backward_error;
+      EXPECT_TRUE(r.ok()) << mesh.shape().str() << " " << r.collective << " on " << r.group << ": forward error "
+                          << r.forward_error << ", backward error " << r.backward_error;
 }
 
 TEST(MultiRank, GroupMembersAgreeAcrossRanks) {
@@ -104,7 +101,9 @@ TEST(MultiRank, AllToAllEveryDimPairMatchesReference) {
     for (auto [scatter, gather] : dims) {
       check_against_reference(
           g, where + " scatter " + std::to_string(scatter) + " gather " + std::to_string(gather),
-          [&](int) { return std::vector<int64_t>{2 * P, 3 * P, P}; },
+          [&](int) {
+            return std::vector<int64_t>{2 * P, 3 * P, P};
+          },
           [&](const Tensor& x) { return all_to_all(x, scatter, gather, g); },
           [&](const std::vector<Tensor>& xs, int h) {
             std::vector<Tensor> pieces;
@@ -130,11 +129,17 @@ TEST(MultiRank, AllToAllVRandomAndZeroCountsMatchReference) {
         for (int s = 0; s < P; ++s) recv.push_back(counts[s][h]);
         return recv;
       };
-      auto total = [](const std::vector<int64_t>& v) { int64_t t = 0; for (auto c : v) t += c; return t; };
+      auto total = [](const std::vector<int64_t>& v) {
+        int64_t t = 0;
+        for (auto c : v) t += c;
+        return t;
+      };
       const int r = g->rank();
       check_against_reference(
           g, where + " trial " + std::to_string(trial),
-          [&](int s) { return std::vector<int64_t>{total(send_of(s)), 2, 3}; },
+          [&](int s) {
+            return std::vector<int64_t>{total(send_of(s)), 2, 3};
+          },
           [&](const Tensor& x) { return all_to_all_v(x, send_of(r), recv_of(r), g); },
           [&](const std::vector<Tensor>& xs, int h) {
             std::vector<Tensor> pieces;
@@ -152,13 +157,15 @@ TEST(MultiRank, AllToAllVRandomAndZeroCountsMatchReference) {
 TEST(MultiRank, AllGatherVUnevenAndZeroCountsMatchReference) {
   for_each_group([&](const GroupPtr& g, const std::string& where) {
     const int P = g->size();
-    std::vector<std::vector<int64_t>> patterns = {
-        std::vector<int64_t>(P, 0), std::vector<int64_t>(P, 2), {}, {}};
+    std::vector<std::vector<int64_t>> patterns = {std::vector<int64_t>(P, 0), std::vector<int64_t>(P, 2), {}, {}};
     for (int p = 0; p < P; ++p) patterns[2].push_back((p * 5 + 1) % 4);
     for (int p = 0; p < P; ++p) patterns[3].push_back(p == P - 1 ? 3 : 0);
     for (const auto& counts : patterns) {
       check_against_reference(
-          g, where, [&](int s) { return std::vector<int64_t>{counts[s], 4}; },
+          g, where,
+          [&](int s) {
+            return std::vector<int64_t>{counts[s], 4};
+          },
           [&](const Tensor& x) { return all_gather_v(x, counts, g); },
           [&](const std::vector<Tensor>& xs, int) { return at::cat(xs, 0); });
     }
@@ -168,7 +175,10 @@ TEST(MultiRank, AllGatherVUnevenAndZeroCountsMatchReference) {
 TEST(MultiRank, AllReduceMatchesReference) {
   for_each_group([&](const GroupPtr& g, const std::string& where) {
     check_against_reference(
-        g, where, [&](int) { return std::vector<int64_t>{3, 5}; },
+        g, where,
+        [&](int) {
+          return std::vector<int64_t>{3, 5};
+        },
         [&](const Tensor& x) { return all_reduce(x, g); },
         [&](const std::vector<Tensor>& xs, int) { return at::stack(xs).sum(0); });
   });
@@ -181,7 +191,9 @@ TEST(MultiRank, RingExchangeEveryOffsetMatchesReference) {
       // K and V of different shapes travel together; the loss weighs both.
       check_against_reference(
           g, where + " offset " + std::to_string(offset),
-          [&](int) { return std::vector<int64_t>{5, 3}; },
+          [&](int) {
+            return std::vector<int64_t>{5, 3};
+          },
           [&](const Tensor& x) {
             auto got = ring_exchange({x.narrow(0, 0, 2), x.narrow(0, 2, 3) * 2}, g, offset);
             return at::cat({got[0], got[1]}, 0);
@@ -213,8 +225,7 @@ TEST(MultiRank, ByteCountersMatchFormulas) {
     EXPECT_EQ(a2a_b, a2a_f) << where;
 
     Tensor kv = at::ones({T / P, 2, D}, kF64).requires_grad_();
-    auto [ring_f, ring_b] = fwd_bwd(CommKind::ring_exchange,
-                                    [&] { return ring_exchange({kv}, g)[0]; });
+    auto [ring_f, ring_b] = fwd_bwd(CommKind::ring_exchange, [&] { return ring_exchange({kv}, g)[0]; });
     EXPECT_EQ(ring_f, P > 1 ? (T / P) * 2 * D * b : 0) << where;
     EXPECT_EQ(ring_b, ring_f) << where;
 
@@ -269,12 +280,12 @@ TEST(MultiRank, BadArgumentsFailBeforeTheCollective) {
     const int P = g->size();
     if (P == 1) return;
     EXPECT_THROW(all_to_all(at::ones({P + 1, 2}, kF64), 0, 1, g), Error) << where;
-    EXPECT_THROW(all_to_all_v(at::ones({2, 2}, kF64), std::vector<int64_t>(P + 1, 0),
-                              std::vector<int64_t>(P, 0), g), Error) << where;
-    EXPECT_THROW(all_to_all_v(at::ones({5, 2}, kF64), std::vector<int64_t>(P, 1),
-                              std::vector<int64_t>(P, 1), g), Error) << where;
-    EXPECT_THROW(all_gather_v(at::ones({1, 2}, kF64), std::vector<int64_t>(P, 2), g), Error)
+    EXPECT_THROW(all_to_all_v(at::ones({2, 2}, kF64), std::vector<int64_t>(P + 1, 0), std::vector<int64_t>(P, 0), g),
+                 Error)
         << where;
+    EXPECT_THROW(all_to_all_v(at::ones({5, 2}, kF64), std::vector<int64_t>(P, 1), std::vector<int64_t>(P, 1), g), Error)
+        << where;
+    EXPECT_THROW(all_gather_v(at::ones({1, 2}, kF64), std::vector<int64_t>(P, 2), g), Error) << where;
     EXPECT_THROW(all_reduce(at::ones({2}, at::kBool), g), Error) << where;
     Tensor ok = all_reduce(at::ones({2}, kF64), g);
     EXPECT_TRUE(ok.equal(at::full({2}, double(P), kF64))) << where;

@@ -1,8 +1,10 @@
 // Fault tests: real ranks under mmsp-run where one rank dies or hangs. The job
 // must end, non-zero, naming the culprit, within seconds; never hang.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -13,9 +15,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
-#include <sys/wait.h>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 using ::testing::HasSubstr;
@@ -30,8 +30,8 @@ struct Outcome {
 };
 
 Outcome run(const std::string& launcher_args, const std::string& mode) {
-  const std::string cmd = std::string(MMSP_RUN_PATH) + " " + launcher_args + " -- " +
-                          TEST_DIST_PATH + " --fault-child " + mode + " 2>&1";
+  const std::string cmd =
+      std::string(MMSP_RUN_PATH) + " " + launcher_args + " -- " + TEST_DIST_PATH + " --fault-child " + mode + " 2>&1";
   auto start = std::chrono::steady_clock::now();
   FILE* pipe = popen(cmd.c_str(), "r");
   Outcome out;
@@ -58,8 +58,7 @@ TEST(FaultTest, StuckPeerEndsInTimeoutError) {
   Outcome out = run("-n 2 --grace 3", "hang");
   EXPECT_NE(out.status, 0) << out.output;
   EXPECT_LT(out.seconds, 15.0) << out.output;
-  EXPECT_THAT(out.output, HasSubstr("rank 0: error: all_reduce on group world (2 ranks) failed"))
-      << out.output;
+  EXPECT_THAT(out.output, HasSubstr("rank 0: error: all_reduce on group world (2 ranks) failed")) << out.output;
   EXPECT_THAT(out.output, HasSubstr("timeout 2 s")) << out.output;
 }
 
@@ -84,8 +83,8 @@ std::vector<int> pids_in(const std::string& output) {
 bool gone(int pid) { return ::kill(pid, 0) != 0 && errno == ESRCH; }
 
 Timed run_timed(const std::string& launcher_args, const std::string& mode, const std::string& marker) {
-  const std::string cmd = std::string(MMSP_RUN_PATH) + " " + launcher_args + " -- " + TEST_DIST_PATH +
-                          " --fault-child " + mode + " 2>&1";
+  const std::string cmd =
+      std::string(MMSP_RUN_PATH) + " " + launcher_args + " -- " + TEST_DIST_PATH + " --fault-child " + mode + " 2>&1";
   const auto start = Clock::now();
   Clock::time_point seen{};
   FILE* pipe = popen(cmd.c_str(), "r");
@@ -122,9 +121,10 @@ TEST(FaultTest, HeartbeatNamesAStoppedRankUnderTheLauncher) {
   for (int r : {0, 1, 3}) {
     const std::string rank = "[rank " + std::to_string(r) + "] ";
     EXPECT_TRUE(out.find(rank + "mmsp: error: rank 2 has not answered") != std::string::npos ||
-                out.find("summary: rank " + std::to_string(r) + " killed by signal 15 (Terminated) (stopped by mmsp-run)") !=
-                    std::string::npos)
-        << "rank " << r << ":\n" << out;
+                out.find("summary: rank " + std::to_string(r) +
+                         " killed by signal 15 (Terminated) (stopped by mmsp-run)") != std::string::npos)
+        << "rank " << r << ":\n"
+        << out;
   }
   ASSERT_EQ(t.pids.size(), 4u) << out;
   for (int pid : t.pids) EXPECT_TRUE(gone(pid)) << "pid " << pid << " still exists\n" << out;
@@ -198,8 +198,7 @@ TEST(FaultTest, HeartbeatNamesAStoppedRankWithoutTheLauncher) {
   // Wait for rank 2 to stop, then for the other three to exit (at most 30 s).
   int status = 0;
   const auto start = Clock::now();
-  while (::waitpid(pids[2], &status, WUNTRACED | WNOHANG) == 0 &&
-         Clock::now() - start < std::chrono::seconds(30))
+  while (::waitpid(pids[2], &status, WUNTRACED | WNOHANG) == 0 && Clock::now() - start < std::chrono::seconds(30))
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_TRUE(WIFSTOPPED(status)) << "rank 2 did not stop";
   const auto stopped = Clock::now();
@@ -237,7 +236,8 @@ TEST(FaultTest, HeartbeatNamesAStoppedRankWithoutTheLauncher) {
     const bool store_named = log.find("mmsp: error: rank 0 has not answered for") != std::string::npos &&
                              log.find("the job's store, which rank 0 hosts, does not respond") != std::string::npos;
     EXPECT_TRUE(stopped_rank_named || store_named) << "rank " << r << ":\n" << log;
-    if (!stopped_rank_named && store_named) std::printf("rank %d named the store host (rank 2 stopped mid-request)\n", r);
+    if (!stopped_rank_named && store_named)
+      std::printf("rank %d named the store host (rank 2 stopped mid-request)\n", r);
   }
   for (pid_t pid : pids) EXPECT_TRUE(gone(pid)) << "pid " << pid;
   std::filesystem::remove_all(dir);

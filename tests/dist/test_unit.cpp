@@ -1,7 +1,7 @@
 // Single-process tests of dist/: environment parsing, mesh arithmetic, byte
 // counters, wire dtypes and the RingExchange protocol.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
@@ -11,15 +11,15 @@
 #include "mmsp/core/check.h"
 #include "mmsp/dist/comm_stats.h"
 #include "mmsp/dist/flag_agreement.h"
-#include "mmsp/dist/startup_deadline.h"
 #include "mmsp/dist/group.h"
 #include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/host_network.h"
 #include "mmsp/dist/job_hosts.h"
-#include "mmsp/plan/mesh.h"
 #include "mmsp/dist/rank_device.h"
 #include "mmsp/dist/rank_env.h"
 #include "mmsp/dist/ring_exchange.h"
+#include "mmsp/dist/startup_deadline.h"
+#include "mmsp/plan/mesh.h"
 
 using namespace mmsp;
 using namespace mmsp::dist;
@@ -33,15 +33,17 @@ void expect_error(Fn&& fn, const std::string& text) {
   try {
     fn();
     ADD_FAILURE() << "expected an mmsp::Error containing '" << text << "'";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr(text));
-  }
+  } catch (const Error& e) { EXPECT_THAT(e.what(), HasSubstr(text)); }
 }
 
 TEST(RankEnvTest, TorchrunVariables) {
-  RankEnv env = rank_env_from({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
-                               {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "node0"},
-                               {"MASTER_PORT", "29123"}, {"GLOO_SOCKET_IFNAME", "eth1"}});
+  RankEnv env = rank_env_from({{"RANK", "5"},
+                               {"WORLD_SIZE", "8"},
+                               {"LOCAL_RANK", "1"},
+                               {"LOCAL_WORLD_SIZE", "4"},
+                               {"MASTER_ADDR", "node0"},
+                               {"MASTER_PORT", "29123"},
+                               {"GLOO_SOCKET_IFNAME", "eth1"}});
   EXPECT_EQ(env.rank, 5);
   EXPECT_EQ(env.world_size, 8);
   EXPECT_EQ(env.local_rank, 1);
@@ -53,9 +55,11 @@ TEST(RankEnvTest, TorchrunVariables) {
 }
 
 TEST(RankEnvTest, OpenMpiVariables) {
-  RankEnv env = rank_env_from({{"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+  RankEnv env = rank_env_from({{"OMPI_COMM_WORLD_RANK", "3"},
+                               {"OMPI_COMM_WORLD_SIZE", "4"},
                                {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-                               {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}, {"MASTER_ADDR", "h1"}});
+                               {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                               {"MASTER_ADDR", "h1"}});
   EXPECT_EQ(env.launcher, "openmpi");
   EXPECT_EQ(env.rank, 3);
   EXPECT_EQ(env.world_size, 4);
@@ -65,9 +69,12 @@ TEST(RankEnvTest, OpenMpiVariables) {
 }
 
 TEST(RankEnvTest, SlurmVariables) {
-  RankEnv env = rank_env_from({{"SLURM_PROCID", "6"}, {"SLURM_NTASKS", "8"},
-                               {"SLURM_LOCALID", "2"}, {"SLURM_TASKS_PER_NODE", "4(x2)"},
-                               {"MASTER_ADDR", "n7"}, {"MASTER_PORT", "4000"}});
+  RankEnv env = rank_env_from({{"SLURM_PROCID", "6"},
+                               {"SLURM_NTASKS", "8"},
+                               {"SLURM_LOCALID", "2"},
+                               {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                               {"MASTER_ADDR", "n7"},
+                               {"MASTER_PORT", "4000"}});
   EXPECT_EQ(env.launcher, "slurm");
   EXPECT_EQ(env.rank, 6);
   EXPECT_EQ(env.world_size, 8);
@@ -85,13 +92,18 @@ TEST(RankEnvTest, NothingSetMeansOneRank) {
 
 TEST(RankEnvTest, BadValuesNameTheVariable) {
   expect_error([] { rank_env_from({{"RANK", "x"}, {"WORLD_SIZE", "2"}}); }, "RANK='x'");
-  expect_error([] { rank_env_from({{"RANK", "2"}, {"WORLD_SIZE", "2"}}); },
-               "rank 2 is not below the world size 2");
+  expect_error([] { rank_env_from({{"RANK", "2"}, {"WORLD_SIZE", "2"}}); }, "rank 2 is not below the world size 2");
   expect_error([] { rank_env_from({{"RANK", "0"}}); }, "RANK and WORLD_SIZE must be set");
-  expect_error([] { rank_env_from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}); },
-               "MASTER_PORT=70000");
-  expect_error([] { rank_env_from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}); },
-               "MASTER_ADDR must name rank 0's host");
+  expect_error(
+      [] {
+        rank_env_from({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}});
+      },
+      "MASTER_PORT=70000");
+  expect_error(
+      [] {
+        rank_env_from({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}});
+      },
+      "MASTER_ADDR must name rank 0's host");
 }
 
 // The rank's device from --device, the GPUs seen and LOCAL_RANK (pure: no GPU needed).
@@ -108,8 +120,9 @@ TEST(RankDeviceTest, AutoCpuCudaAndTheRankWithoutAGpu) {
   EXPECT_EQ(cuda.collectives, GpuCollectives::nccl);
   EXPECT_TRUE(choose_rank_device(DeviceRequest::cpu, two, env, false).device.is_cpu());
   EXPECT_EQ(choose_rank_device(DeviceRequest::cpu, two, env, false).collectives, GpuCollectives::none);
-  expect_error([&] { choose_rank_device(DeviceRequest::cuda, none, env, false); },
-               "--device cuda: this process sees no CUDA device (LibTorch built with CUDA: yes, CUDA_VISIBLE_DEVICES=unset)");
+  expect_error(
+      [&] { choose_rank_device(DeviceRequest::cuda, none, env, false); },
+      "--device cuda: this process sees no CUDA device (LibTorch built with CUDA: yes, CUDA_VISIBLE_DEVICES=unset)");
   expect_error([&] { choose_rank_device(DeviceRequest::cuda, one, env, false); },
                "LOCAL_RANK 1 needs GPU 1, but this process sees 1: start at most 1 ranks per machine");
   // the test-only shared mode: rank 1 on GPU 0, collectives through host memory
@@ -121,8 +134,7 @@ TEST(RankDeviceTest, AutoCpuCudaAndTheRankWithoutAGpu) {
 }
 
 TEST(MeshTest, WorldMustBeTheProduct) {
-  expect_error([] { plan::validate_mesh({1, 2, 2}, 6); },
-               "world size 6 is not dp(1) × ring(2) × ulysses(2) = 4");
+  expect_error([] { plan::validate_mesh({1, 2, 2}, 6); }, "world size 6 is not dp(1) × ring(2) × ulysses(2) = 4");
   expect_error([] { plan::validate_mesh({0, 2, 2}, 0); }, "mesh factors must be >= 1");
   EXPECT_NO_THROW(plan::validate_mesh({2, 1, 2}, 4));
 }
@@ -148,8 +160,7 @@ TEST(MeshTest, UlyssesVariesFastestThenRingThenDp) {
   EXPECT_EQ(plan::group_members(shape, MeshAxis::ulysses, 7), (std::vector<int>{6, 7}));
   EXPECT_EQ(plan::group_members(shape, MeshAxis::ring, 7), (std::vector<int>{7, 9, 11}));
   EXPECT_EQ(plan::group_members(shape, MeshAxis::dp, 7), (std::vector<int>{1, 7}));
-  EXPECT_EQ(plan::group_members(shape, MeshAxis::context, 7),
-            (std::vector<int>{6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(plan::group_members(shape, MeshAxis::context, 7), (std::vector<int>{6, 7, 8, 9, 10, 11}));
 }
 
 // Every axis's groups partition the world, each rank sits in exactly one group
@@ -157,8 +168,7 @@ TEST(MeshTest, UlyssesVariesFastestThenRingThenDp) {
 TEST(MeshTest, GroupsPartitionTheWorldForEveryShape) {
   for (int world = 1; world <= 12; ++world)
     for (const plan::Mesh& shape : plan::all_meshes(world))
-      for (MeshAxis axis : {MeshAxis::world, MeshAxis::dp, MeshAxis::ring, MeshAxis::ulysses,
-                            MeshAxis::context}) {
+      for (MeshAxis axis : {MeshAxis::world, MeshAxis::dp, MeshAxis::ring, MeshAxis::ulysses, MeshAxis::context}) {
         std::multiset<int> seen;
         for (int rank = 0; rank < world; ++rank) {
           EXPECT_EQ(global_rank(shape, plan::rank_coords(shape, rank)), rank);
@@ -225,7 +235,8 @@ TEST(FlagAgreement, EncodingRoundTripsAnyBytes) {
 
 TEST(FlagAgreement, MalformedTextIsRefusedNotRead) {
   AgreedFlags out;
-  for (const std::string bad : {"4:--lr", "x:--lr5:0.001", "3:abc", "3:abc9999999999:x", ":a", "5:--lr5:0.001", "2:ab3"})
+  for (const std::string bad :
+       {"4:--lr", "x:--lr5:0.001", "3:abc", "3:abc9999999999:x", ":a", "5:--lr5:0.001", "2:ab3"})
     EXPECT_FALSE(decode_flags(bad, out)) << bad;
 }
 
@@ -409,8 +420,10 @@ TEST(HeartbeatMessage, AHostCutOffIsNamedAsOne) {
 
 TEST(FlagAgreement, ValueDifferencesNameTheRanksHosts) {
   const JobHosts hosts(two_hosts());
-  const std::vector<AgreedFlags> per_rank = {{{"--out", "runs/a"}}, {{"--out", "runs/a"}}, {{"--out", ""}}, {{"--out", ""}}};
-  EXPECT_EQ(value_disagreement(per_rank, [&](const std::vector<int>& r) { return hosts.name_ranks(r); }),
-            "--out is runs/a on ranks 0, 1 on host node0 (10.9.0.1) and (unset) on ranks 2, 3 on host node1 (10.9.0.2)");
+  const std::vector<AgreedFlags> per_rank = {
+      {{"--out", "runs/a"}}, {{"--out", "runs/a"}}, {{"--out", ""}}, {{"--out", ""}}};
+  EXPECT_EQ(
+      value_disagreement(per_rank, [&](const std::vector<int>& r) { return hosts.name_ranks(r); }),
+      "--out is runs/a on ranks 0, 1 on host node0 (10.9.0.1) and (unset) on ranks 2, 3 on host node1 (10.9.0.2)");
   EXPECT_EQ(value_disagreement(per_rank), "--out is runs/a on ranks 0, 1 and (unset) on ranks 2, 3");
 }

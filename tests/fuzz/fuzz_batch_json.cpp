@@ -22,7 +22,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     options.mesh = {1, 2, 2};
     const auto plan = mmsp::plan::make_step_plan(batch, conventions, options, 3);
     (void)plan;
-  } catch (const mmsp::Error&) {
-  }
+  } catch (const mmsp::Error&) {}
   return 0;
 }

@@ -48,7 +48,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::ofstream(dir + "/model.safetensors.index.json", std::ios::trunc | std::ios::binary) << text;
     mmsp::hf::open_hf_directory(dir);
 #endif
-  } catch (const mmsp::Error&) {
-  }
+  } catch (const mmsp::Error&) {}
   return 0;
 }

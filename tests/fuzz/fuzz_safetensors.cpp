@@ -21,7 +21,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           (t.numel() > 0 && std::memcmp(u.data_ptr(), t.data_ptr(), t.nbytes()) != 0))
         __builtin_trap();
     }
-  } catch (const mmsp::Error&) {
-  }
+  } catch (const mmsp::Error&) {}
   return 0;
 }

@@ -40,7 +40,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::ofstream(dir + "/data.jsonl", std::ios::trunc | std::ios::binary) << text << "\n";
     mmsp::train::JsonlDataset d(dir + "/data.jsonl", config);
 #endif
-  } catch (const mmsp::Error&) {
-  }
+  } catch (const mmsp::Error&) {}
   return 0;
 }

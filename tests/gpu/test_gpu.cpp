@@ -15,10 +15,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <random>
 #include <sstream>
 #include <string>
 
+#include "mmsp/attention/kernel_choice.h"
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/dist/rank_device.h"
@@ -31,8 +33,8 @@ namespace {
 
 bool have_gpu() { return dist::device_facts().gpus > 0; }
 
-#define MMSP_REQUIRE_GPU()                                                              \
-  do {                                                                                  \
+#define MMSP_REQUIRE_GPU()                                                               \
+  do {                                                                                   \
     if (!have_gpu()) GTEST_SKIP() << "no CUDA device in this process: a gpu test skips"; \
   } while (0)
 
@@ -60,7 +62,8 @@ attention::TokenLayout zigzag_share(const std::vector<int64_t>& lengths, int R, 
 double rel(const at::Tensor& got, const at::Tensor& want) {
   const at::Tensor g = got.cpu().to(at::kDouble), w = want.cpu().to(at::kDouble);
   const at::Tensor finite = w.isfinite();
-  return ((g - w).masked_fill(finite.logical_not(), 0).abs().max() / (1 + w.masked_fill(finite.logical_not(), 0).abs().max()))
+  return ((g - w).masked_fill(finite.logical_not(), 0).abs().max() /
+          (1 + w.masked_fill(finite.logical_not(), 0).abs().max()))
       .item<double>();
 }
 
@@ -68,17 +71,20 @@ double rel(const at::Tensor& got, const at::Tensor& want) {
 // kernel (fp32 over the same bf16 values) does not; measured differences are ~4e-3.
 constexpr double kBf16Out = 2e-2, kBf16Lse = 1e-2, kBf16Grad = 4e-2;
 
-void expect_fused_equals_blockwise(const attention::TokenLayout& ql, const attention::TokenLayout& kl, bool causal,
-                                   int64_t heads, int64_t kv_heads, int64_t dim, const std::string& where) {
+// `kernel` (a registry name, running `implementation`) on bf16 CUDA tensors against the
+// blockwise kernel in fp32 on the CPU over the same values.
+void expect_kernel_equals_blockwise(const char* kernel, const char* implementation, const attention::TokenLayout& ql,
+                                    const attention::TokenLayout& kl, bool causal, int64_t heads, int64_t kv_heads,
+                                    int64_t dim, const std::string& where) {
   at::manual_seed(7);
   const auto bf16 = at::TensorOptions().dtype(at::kBFloat16).device(kCuda);
   at::Tensor q = at::randn({ql.size(), heads, dim}, bf16), k = at::randn({kl.size(), kv_heads, dim}, bf16),
              v = at::randn({kl.size(), kv_heads, dim}, bf16), dout = at::randn({ql.size(), heads, dim}, bf16);
   attention::AttentionOptions fused;
   fused.causal = causal;
-  fused.kernel = attention::parse_attention_kernel("fused");
+  fused.kernel = attention::parse_attention_kernel(kernel);
   const attention::KernelPlanPtr plan = attention::plan_kernel(ql, kl, fused, kCuda);
-  ASSERT_STREQ(attention::kernel_in_use(*plan, q), "flash-varlen") << where;
+  ASSERT_STREQ(attention::kernel_in_use(*plan, q), implementation) << where;
   const attention::PartialAttention got = attention::local_attention_forward(q, k, v, *plan);
   const attention::AttentionGrads gg = attention::local_attention_backward(dout, q, k, v, got.out, got.lse, *plan);
 
@@ -87,13 +93,18 @@ void expect_fused_equals_blockwise(const attention::TokenLayout& ql, const atten
   const at::Tensor qf = q.cpu().to(at::kFloat), kf = k.cpu().to(at::kFloat), vf = v.cpu().to(at::kFloat);
   const attention::KernelPlanPtr ref_plan = attention::plan_kernel(ql, kl, blockwise, at::kCPU);
   const attention::PartialAttention want = attention::local_attention_forward(qf, kf, vf, *ref_plan);
-  const attention::AttentionGrads gw = attention::local_attention_backward(dout.cpu().to(at::kFloat), qf, kf, vf,
-                                                                           want.out, want.lse, *ref_plan);
+  const attention::AttentionGrads gw =
+      attention::local_attention_backward(dout.cpu().to(at::kFloat), qf, kf, vf, want.out, want.lse, *ref_plan);
   EXPECT_LT(rel(got.out, want.out), kBf16Out) << where << " out";
   EXPECT_LT(rel(got.lse, want.lse), kBf16Lse) << where << " lse";
   EXPECT_LT(rel(gg.dq, gw.dq), kBf16Grad) << where << " dq";
   EXPECT_LT(rel(gg.dk, gw.dk), kBf16Grad) << where << " dk";
   EXPECT_LT(rel(gg.dv, gw.dv), kBf16Grad) << where << " dv";
+}
+
+void expect_fused_equals_blockwise(const attention::TokenLayout& ql, const attention::TokenLayout& kl, bool causal,
+                                   int64_t heads, int64_t kv_heads, int64_t dim, const std::string& where) {
+  expect_kernel_equals_blockwise("fused", "flash-varlen", ql, kl, causal, heads, kv_heads, dim, where);
 }
 
 TEST(GpuFusedAttention, FlashVarlenEqualsBlockwiseOnPackedSegmentsAndShares) {
@@ -109,6 +120,47 @@ TEST(GpuFusedAttention, FlashVarlenEqualsBlockwiseOnPackedSegmentsAndShares) {
   for (int src = 0; src < 2; ++src)
     expect_fused_equals_blockwise(zigzag_share(even, 2, 0), zigzag_share(even, 2, src), true, 8, 2, 128,
                                   "zigzag share 0 against share " + std::to_string(src));
+}
+
+// cuDNN's packed-sequence attention (square causal pieces) on the same cases, and a query
+// slice against a whole segment (a causal piece wider than tall: a full piece and a square one).
+TEST(GpuCudnnAttention, CudnnVarlenEqualsBlockwiseOnPackedSegmentsAndShares) {
+  MMSP_REQUIRE_GPU();
+  std::string why;
+  if (!attention::parse_attention_kernel("cudnn").pinned->serves(
+          at::empty({1, 16, 128}, at::TensorOptions().dtype(at::kBFloat16).device(kCuda)), &why))
+    GTEST_SKIP() << "cuDNN attention does not serve this GPU: " << why;
+  const std::vector<int64_t> lengths{512, 96, 1000, 8, 384};
+  for (bool causal : {true, false}) {
+    const attention::TokenLayout row = packed(lengths);
+    const std::string c = causal ? " causal" : " bidirectional";
+    expect_kernel_equals_blockwise("cudnn", "cudnn-varlen", row, row, causal, 16, 16, 128, "packed" + c);
+    expect_kernel_equals_blockwise("cudnn", "cudnn-varlen", row, row, causal, 16, 4, 64, "packed GQA" + c);
+  }
+  const std::vector<int64_t> even{512, 128, 1024};
+  for (int src = 0; src < 2; ++src)
+    expect_kernel_equals_blockwise("cudnn", "cudnn-varlen", zigzag_share(even, 2, 0), zigzag_share(even, 2, src), true,
+                                   8, 2, 128, "zigzag share 0 against share " + std::to_string(src));
+  const attention::TokenLayout whole = packed({1024});
+  const attention::TokenLayout slice = whole.slice(256, 512);  // orders 256..767 against 0..1023
+  expect_kernel_equals_blockwise("cudnn", "cudnn-varlen", slice, whole, true, 8, 8, 128, "a slice against its segment");
+}
+
+// auto's measured choice on this GPU: the kernel chosen passed its probe and every kernel
+// that serves bf16 here was timed (the table is printed for the log).
+TEST(GpuKernelChoice, TheChosenKernelPassedItsProbe) {
+  MMSP_REQUIRE_GPU();
+  attention::ChoiceInputs in;
+  in.device = kCuda;
+  const attention::KernelChoice c =
+      attention::choose_kernel(attention::choice_key(at::kBFloat16, 16, 4, 128, 4096, true), in);
+  std::cout << c.table_text();
+  bool chosen_passed = false;
+  for (const attention::CandidateRow& r : c.table)
+    if (r.kernel == c.chosen->name()) chosen_passed = r.passed && r.seconds > 0;
+  EXPECT_TRUE(chosen_passed) << c.table_text();
+  EXPECT_STRNE(c.chosen->name(), "blockwise") << "a fused kernel should beat the blockwise one on a GPU:\n"
+                                              << c.table_text();
 }
 
 TEST(GpuFusedAttention, Fp64OnCudaRunsTheBlockwiseKernelExactly) {
@@ -173,8 +225,8 @@ std::string scratch(const std::string& what) {
       .string();
 }
 
-const char* kFamilies[] = {"tiny-qwen2-vl.json", "tiny-qwen2_5-vl.json", "tiny-qwen3-vl.json",
-                           "tiny-qwen3_5-vl.json", "tiny-llava.json",     "tiny-internvl.json"};
+const char* kFamilies[] = {"tiny-qwen2-vl.json",   "tiny-qwen2_5-vl.json", "tiny-qwen3-vl.json",
+                           "tiny-qwen3_5-vl.json", "tiny-llava.json",      "tiny-internvl.json"};
 
 TEST(GpuTrain, OneProcessOnTheGpuEqualsTheCpuForEveryFamily) {
   MMSP_REQUIRE_GPU();
@@ -203,11 +255,12 @@ TEST(GpuTrain, OffloadedAndTiledLayersOnTheGpuEqualTheCpu) {
   for (const char* config : {"tiny-qwen2-vl.json", "tiny-qwen3_5-vl.json"}) {
     const std::string cpu = scratch("cpu-mem"), gpu = scratch("gpu-mem");
     const train::TrainReport want = one_step(config, "float64", at::kCPU, cpu, dist::Mesh::solo());
-    const train::TrainReport got = one_step(config, "float64", kCuda, gpu, dist::Mesh::solo(), [](train::TrainOptions& o) {
-      o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
-      o.memory.offload_activations = true;
-      o.memory.tiled_mlp = 7;
-    });
+    const train::TrainReport got =
+        one_step(config, "float64", kCuda, gpu, dist::Mesh::solo(), [](train::TrainOptions& o) {
+          o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
+          o.memory.offload_activations = true;
+          o.memory.tiled_mlp = 7;
+        });
     EXPECT_NEAR(got.steps[0].loss, want.steps[0].loss, 1e-9 * want.steps[0].loss) << config;
     expect_same_gradients(gpu, cpu, 1e-9, config);
     std::filesystem::remove_all(cpu);

@@ -50,6 +50,8 @@ BUILDERS = {
     "qwen2_5_vl": _qwen("qwen2_5-vl", nested=False),
     "qwen3_vl": _qwen("qwen3-vl", nested=True),
     "qwen3_5": _qwen("qwen3_5-vl", nested=True),
+    "qwen3_vl_moe": _qwen("qwen3-vl-moe", nested=True),
+    "qwen3_5_moe": _qwen("qwen3_5-moe", nested=True),
     "llava": Family("llava", "llava", image_token=600, overrides={"image_token_index": 600},
                     text_overrides={"vocab_size": VOCAB}),
     # No image_start_token_id: as in the released InternVL3-*-hf configs. The <img> and
@@ -80,7 +82,10 @@ def build_model(family: Family, seed: int = 0):
     cfg = config_dict(family)
     config = AutoConfig.for_model(**cfg)
     torch.manual_seed(seed)
-    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float64)
+    # Mixture-of-experts models: transformers' default grouped-mm experts refuse float64;
+    # its eager loop over the experts is the reference.
+    extra = {"experts_implementation": "eager"} if "num_experts" in cfg.get("text_config", {}) else {}
+    model = AutoModelForImageTextToText.from_config(config, dtype=torch.float64, **extra)
     # transformers initialises norms to 1 and biases to 0: random values make every
     # gradient, and every mix-up of two weights, visible.
     with torch.no_grad():
@@ -179,8 +184,8 @@ def write_jsonl(samples: list, folder: str) -> str:
 
 # --- transformers' side ---------------------------------------------------------------------
 
-def sequence_logits(model, family: Family, s: Sample) -> torch.Tensor:
-    """transformers' logits [n, V] of one sequence run on its own."""
+def sequence_output(model, family: Family, s: Sample, router_logits: bool = False):
+    """transformers' output of one sequence run on its own (router_logits: a mixture of experts' too)."""
     ids = torch.tensor([s.input_ids])
     kwargs = {}
     if not s.images:
@@ -195,20 +200,44 @@ def sequence_logits(model, family: Family, s: Sample) -> torch.Tensor:
         kwargs["pixel_values"] = torch.stack([img.pixels for img in s.images])
     else:
         kwargs["pixel_values"] = torch.cat([img.pixels for img in s.images])
-    return model(input_ids=ids, **kwargs).logits[0]
+    if router_logits:
+        kwargs["output_router_logits"] = True
+    return model(input_ids=ids, **kwargs)
+
+
+def sequence_logits(model, family: Family, s: Sample) -> torch.Tensor:
+    """transformers' logits [n, V] of one sequence run on its own."""
+    return sequence_output(model, family, s).logits[0]
+
+
+def aux_loss_of(model, router_logits: list):
+    """transformers' own load_balancing_loss_func over the whole step: each sparse layer's
+    router logits of every sequence joined, as one padded batch with its attention mask
+    gives them (what a training step on the batch adds, times router_aux_loss_coef)."""
+    from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import load_balancing_loss_func
+
+    text = model.config.text_config
+    layers = tuple(torch.cat([per_sequence[i] for per_sequence in router_logits]) for i in range(len(router_logits[0])))
+    return text.router_aux_loss_coef * load_balancing_loss_func(layers, text.num_experts, text.num_experts_per_tok, None)
 
 
 def reference_loss(model, family: Family, samples: list) -> torch.Tensor:
     """The step's loss as mmsp defines it: the mean over every target token of the step
     (token i is a target when loss_mask[i] = 1, predicted at i − 1), each sequence run
     through transformers' forward on its own. The cross-entropy is taken here in
-    float64 from transformers' logits (transformers' own loss upcasts to float32)."""
-    total, count = None, 0
+    float64 from transformers' logits (transformers' own loss upcasts to float32). A
+    mixture-of-experts model with output_router_logits adds its auxiliary loss over the
+    step's tokens (aux_loss_of)."""
+    aux = getattr(model.config.get_text_config(), "output_router_logits", False)
+    total, count, router_logits = None, 0, []
     for s in samples:
-        logits = sequence_logits(model, family, s)
+        out = sequence_output(model, family, s, router_logits=aux)
+        logits = out.logits[0]
+        if aux:
+            router_logits.append(out.router_logits)
         labels = torch.tensor(s.input_ids[1:])
         keep = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
         ce = torch.nn.functional.cross_entropy(logits[:-1][keep], labels[keep], reduction="sum")
         total = ce if total is None else total + ce
         count += int(keep.sum())
-    return total / count
+    return total / count + (aux_loss_of(model, router_logits) if aux else 0)

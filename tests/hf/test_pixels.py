@@ -17,7 +17,6 @@ measured and asserted too (test_the_torchvision_backend_is_within_two_levels), s
 docs/data.md's figure stays checked.
 """
 import json
-import os
 import struct
 import subprocess
 import zlib

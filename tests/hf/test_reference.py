@@ -25,7 +25,8 @@ from safetensors.torch import load_file, save_file
 import families as F
 
 LOSS_RTOL = 5e-9
-GRAD_RTOL = {"qwen3_5": 1e-4}  # Gated DeltaNet in float32 inside transformers
+MOE = ("qwen3_vl_moe", "qwen3_5_moe")
+GRAD_RTOL = {"qwen3_5": 1e-4, "qwen3_5_moe": 1e-4}  # Gated DeltaNet in float32 inside transformers
 GRAD_RTOL_DEFAULT = 2e-6
 LR = 1e-3
 
@@ -63,6 +64,8 @@ class Case:
                "--save-gradients", grads, "--out", out, "--quiet", *extra]
         if ranks > 1:
             cmd = [mmsp_run, "-n", str(ranks), "--", *cmd, "--ring", "2", "--ulysses", str(ranks // 2)]
+            if self.name in MOE:  # the experts split over every rank: ring × Ulysses folded into one expert group
+                cmd += ["--expert", str(ranks)]
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, f"{' '.join(cmd)}\nexit {r.returncode}\n{r.stdout}\n{r.stderr}"
         with open(os.path.join(out, "metrics.jsonl")) as f:
@@ -129,6 +132,9 @@ LAYOUTS = {
               [("language_model.model.", "model.language_model."), ("language_model.lm_head.", "lm_head."),
                ("vision_tower.", "model.vision_tower.vision_model."),
                ("multi_modal_projector.", "model.multi_modal_projector.")]},
+    # transformers 5.17 writes Qwen3-VL-MoE's fused experts as [E, 2I, hidden] and [E, hidden, I];
+    # the released files (transformers 4.57) hold them transposed, [E, hidden, 2I] and [E, I, hidden].
+    "qwen3_vl_moe": {"released (fused experts [E, hidden, 2I], [E, I, hidden])": []},
     "internvl": {"transformers >= 4.52 (model.*)":
                  [("language_model.model.", "model.language_model."), ("language_model.lm_head.", "lm_head."),
                   ("vision_tower.", "model.vision_tower."),
@@ -136,7 +142,11 @@ LAYOUTS = {
 }
 
 
-def _rename(src, dst, pairs):
+# Layouts whose expert tensors are the files' with their last two dimensions swapped.
+TRANSPOSED = {"qwen3_vl_moe": (".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")}
+
+
+def _rename(src, dst, pairs, transposed=()):
     os.makedirs(dst)
     shutil.copy(os.path.join(src, "config.json"), dst)
     with open(os.path.join(src, "model.safetensors.index.json")) as f:
@@ -146,7 +156,7 @@ def _rename(src, dst, pairs):
         tensors = {}
         for name, t in load_file(os.path.join(src, file)).items():
             new = next((to + name[len(fr):] for fr, to in pairs if name.startswith(fr)), name)
-            tensors[new] = t
+            tensors[new] = t.transpose(1, 2).contiguous() if name.endswith(transposed) else t
             renamed[new] = file
         save_file(tensors, os.path.join(dst, file), metadata={"format": "pt"})
     index["weight_map"] = dict(sorted(renamed.items()))
@@ -166,7 +176,7 @@ def test_every_naming_layout_reads_the_same(case, mmsp_bin, mmsp_run):
     base, _, _ = case.train(mmsp_bin, mmsp_run, 1, "layout-base")
     for i, (what, pairs) in enumerate(layouts.items()):
         dst = os.path.join(case.root, f"layout-{i}")
-        _rename(case.model_dir, dst, pairs)
+        _rename(case.model_dir, dst, pairs, TRANSPOSED.get(case.name, ()))
         loaded, info = _load_reference(dst)
         assert not any(info.values()), f"{what}: transformers reads it with {info}"
         ref = dict(case.model.named_parameters())

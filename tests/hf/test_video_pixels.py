@@ -21,10 +21,9 @@ import subprocess
 
 import pytest
 import torch
+import torchcodec.encoders  # requirements/hf.txt pins it: never skipped
 from PIL import Image
 from safetensors.torch import load_file
-
-import torchcodec.encoders  # requirements/hf.txt pins it: never skipped
 
 import families as F
 import processors as P

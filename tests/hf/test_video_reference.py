@@ -23,9 +23,9 @@ import torch
 
 import families as F
 import processors as P
+import video_bytes as V
 from test_reference import GRAD_RTOL, GRAD_RTOL_DEFAULT, LOSS_RTOL, LR, _load_reference
 from test_video_pixels import _line, _video_processor, _write_video
-import video_bytes as V
 
 CASES = [("qwen2_5_vl", False), ("qwen3_vl", False), ("qwen3_vl", True)]  # (family, wrapped)
 INDICES = [0, 3, 5, 8, 10, 11]  # 3 temporal patches

@@ -17,10 +17,10 @@ import families as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "python"))  # tests/python/tiny_models.py
 
-import tiny_models  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import processors as P  # noqa: E402
+import tiny_models  # noqa: E402
 
 
 def readme_block():

@@ -10,15 +10,14 @@
 #include <vector>
 
 #include "mmsp/attention/linear/gated_delta_recurrence.h"
-#include "mmsp/model/layers/gated_deltanet_layer.h"
 #include "mmsp/attention/token_layout.h"
+#include "mmsp/model/layers/gated_deltanet_layer.h"
 
 namespace mmsp::test {
 
 // The layer on the whole packed batch x [T, hidden] laid out by `layout`.
-inline at::Tensor gated_deltanet_reference(const model::GatedDeltaNetWeights& w,
-                                           const model::GatedDeltaNetConfig& c, const at::Tensor& x,
-                                           const attention::TokenLayout& layout) {
+inline at::Tensor gated_deltanet_reference(const model::GatedDeltaNetWeights& w, const model::GatedDeltaNetConfig& c,
+                                           const at::Tensor& x, const attention::TokenLayout& layout) {
   const int64_t T = x.size(0), Hk = c.num_key_heads, Hv = c.num_value_heads;
   const int64_t K = c.key_head_dim, V = c.value_head_dim, n = Hv / Hk, W = c.conv_kernel;
   const int64_t* seg = layout.segment.data_ptr<int64_t>();

@@ -31,9 +31,9 @@ void expect_close(const Tensor& got, const Tensor& want, double rtol, const std:
   const double tol = rtol * (1 + want.abs().max().item<double>());
   if (max_diff > tol) {
     const int64_t at_flat = diff.flatten().argmax().item<int64_t>();
-    ADD_FAILURE() << what << ": max difference " << max_diff << " > " << tol << " at flat index " << at_flat
-                  << " (got " << got.flatten()[at_flat].item<double>() << ", want "
-                  << want.flatten()[at_flat].item<double>() << ")";
+    ADD_FAILURE() << what << ": max difference " << max_diff << " > " << tol << " at flat index " << at_flat << " (got "
+                  << got.flatten()[at_flat].item<double>() << ", want " << want.flatten()[at_flat].item<double>()
+                  << ")";
   }
 }
 
@@ -116,8 +116,8 @@ TEST(GatedDeltaRule, GroupedBackwardEqualsOneGroupOnEveryInputFp64) {
     opts.transitions = true;
     opts.group_chunks = group;
     GatedDeltaResult r = gated_delta_rule(in.q, in.k, in.v, in.g, in.beta, runs, init, opts);
-    Tensor loss = (r.out * w_out).sum() + (r.q_eff * w_q).sum() + (r.final * w_final).sum() +
-                  (r.transition * w_transition).sum();
+    Tensor loss =
+        (r.out * w_out).sum() + (r.q_eff * w_q).sum() + (r.final * w_final).sum() + (r.transition * w_transition).sum();
     std::vector<Tensor> inputs = in.all();
     inputs.push_back(init);
     std::vector<Tensor> got = torch::autograd::grad({loss}, inputs);
@@ -190,13 +190,11 @@ TEST(GatedDeltaRule, RunsFromGivenStatesAndTheirTransitions) {
   std::vector<Tensor> fixed;
   for (int r = 0; r < 3; ++r) {
     Tensor qe = zero.q_eff.narrow(0, runs[r].begin, runs[r].length).transpose(0, 1);
-    fixed.push_back(zero.out.narrow(0, runs[r].begin, runs[r].length) +
-                    at::matmul(qe, init[r]).transpose(0, 1));
+    fixed.push_back(zero.out.narrow(0, runs[r].begin, runs[r].length) + at::matmul(qe, init[r]).transpose(0, 1));
   }
   expect_close(at::cat(fixed), ref, 1e-9, "output corrected by q_eff");
   for (int r = 0; r < 3; ++r)
-    expect_close(given.final[r], at::matmul(zero.transition[r], init[r]) + zero.final[r], 1e-9,
-                 "final = M S0 + F");
+    expect_close(given.final[r], at::matmul(zero.transition[r], init[r]) + zero.final[r], 1e-9, "final = M S0 + F");
 }
 
 // 16-bit inputs are computed in fp32 (the state too) and returned in their type.

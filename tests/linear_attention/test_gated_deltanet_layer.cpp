@@ -4,8 +4,8 @@
 // the world (Ulysses, ring state passing, hybrid; zigzag and contiguous layouts;
 // packed batches with segments shorter than a chunk; fewer key than value heads).
 // The bytes each forward sends must equal the formulas.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
@@ -14,20 +14,20 @@
 
 #include "gated_delta_reference.h"
 #include "mmsp/attention/linear/gated_delta_ring.h"
+#include "mmsp/attention/linear/gated_delta_tiles.h"
 #include "mmsp/attention/plan_layout.h"
 #include "mmsp/attention/step_attention.h"
+#include "mmsp/core/check.h"
+#include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/layers/gated_deltanet_layer.h"
+#include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/plan/placement.h"
 #include "mmsp/plan/shard_map.h"
 #include "mmsp/train/memory/memory_counter.h"
 #include "mmsp/train/memory/memory_estimate.h"
-#include "mmsp/attention/linear/gated_delta_tiles.h"
-#include "mmsp/model/layers/tiled_mlp.h"
-#include "mmsp/core/check.h"
-#include "mmsp/dist/all_reduce.h"
 #include "multirank.h"
-#include "row_compare.h"
 #include "packed_batch.h"
+#include "row_compare.h"
 
 using namespace mmsp;
 using namespace mmsp::attention;
@@ -44,10 +44,10 @@ const auto kF64 = at::TensorOptions().dtype(at::kDouble);
 GatedDeltaNetConfig small_config(int64_t chunk) {
   GatedDeltaNetConfig c;
   c.hidden_size = 12;
-  c.num_key_heads = 2;    // fewer key heads than value heads
+  c.num_key_heads = 2;  // fewer key heads than value heads
   c.num_value_heads = 4;
   c.key_head_dim = 6;
-  c.value_head_dim = 5;   // K != V: a transposed state would not fit
+  c.value_head_dim = 5;  // K != V: a transposed state would not fit
   c.conv_kernel = 4;
   c.chunk = chunk;
   return c;
@@ -68,8 +68,8 @@ std::vector<Tensor> params_of(GatedDeltaNetWeights& w) {
 
 GatedDeltaNetWeights with_grad(const GatedDeltaNetWeights& w) {
   GatedDeltaNetWeights c = w;
-  for (Tensor* t : {&c.in_proj_qkvz, &c.in_proj_ba, &c.conv1d_weight, &c.A_log, &c.dt_bias, &c.norm_weight,
-                    &c.out_proj})
+  for (Tensor* t :
+       {&c.in_proj_qkvz, &c.in_proj_ba, &c.conv1d_weight, &c.A_log, &c.dt_bias, &c.norm_weight, &c.out_proj})
     *t = t->detach().clone().requires_grad_();
   return c;
 }
@@ -89,9 +89,7 @@ TEST(GatedDeltaNetLayer, HuggingFaceParameterNamesAndShapes) {
   try {
     w.check(c);
     ADD_FAILURE() << "expected a shape error";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("A_log must have shape [4]"));
-  }
+  } catch (const Error& e) { EXPECT_THAT(e.what(), ::testing::HasSubstr("A_log must have shape [4]")); }
 }
 
 TEST(GatedDeltaNetLayer, HeadsNotDivisibleByUlyssesIsAClearError) {
@@ -113,7 +111,8 @@ TEST(GatedDeltaNetLayer, UsesTheStepsPlannedIndex) {
   const TokenLayout layout = test::packed_layout({30, 17, 9}, 4);
   const Tensor x = at::randn({layout.size(), c.hidden_size}, kF64);
   const Tensor own = gated_deltanet_forward(w, c, x, {{}, {layout}});
-  auto planned = std::make_shared<const RingRunIndex>(RingRunIndex::make({layout}, 0, c.conv_kernel, c.chunk, x.device()));
+  auto planned =
+      std::make_shared<const RingRunIndex>(RingRunIndex::make({layout}, 0, c.conv_kernel, c.chunk, x.device()));
   for (int layer = 0; layer < 2; ++layer)
     EXPECT_TRUE(at::equal(gated_deltanet_forward(w, c, x, {{}, {layout}, planned}), own)) << "call " << layer;
   auto other = std::make_shared<const RingRunIndex>(RingRunIndex::make({layout}, 0, c.conv_kernel, 64, x.device()));
@@ -231,9 +230,9 @@ TEST(GatedDeltaNetLayer, SequenceTilePlan) {
   EXPECT_EQ(tiles[1].context, 3);
   EXPECT_EQ(tiles[2].length, 4);
   EXPECT_TRUE(tiles[0].carries);
-  EXPECT_TRUE(tiles[1].continues);  // segment 0's rows 8, 9
-  EXPECT_EQ(tiles[1].chunks.runs, 3);      // 8–9, 10–12, 14–15
-  EXPECT_TRUE(tiles[1].carries);    // segment 2 goes on
+  EXPECT_TRUE(tiles[1].continues);     // segment 0's rows 8, 9
+  EXPECT_EQ(tiles[1].chunks.runs, 3);  // 8–9, 10–12, 14–15
+  EXPECT_TRUE(tiles[1].carries);       // segment 2 goes on
   EXPECT_TRUE(tiles[2].continues);
   EXPECT_FALSE(tiles[2].carries);
   EXPECT_EQ(sequence_tile_rows(5, 100, 64, 8), 5);
@@ -244,9 +243,7 @@ TEST(GatedDeltaNetLayer, SequenceTilePlan) {
   try {
     plan_sequence_tiles({{0, 4, 3, 7}}, 4, 2, 4, 8, at::kCPU);
     ADD_FAILURE() << "a run starting at order 7 must be refused";
-  } catch (const std::exception& e) {
-    EXPECT_THAT(e.what(), ::testing::HasSubstr("starts at order 7"));
-  }
+  } catch (const std::exception& e) { EXPECT_THAT(e.what(), ::testing::HasSubstr("starts at order 7")); }
 }
 
 namespace {
@@ -274,8 +271,8 @@ void run_mesh_case(const dist::Mesh& mesh, const MeshCase& mc, std::mt19937& rng
   if (mc.adaptive) {
     std::vector<int64_t> ids(lengths.size());
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int64_t>(i);
-    const plan::PackedRow row = plan::pack_row(
-        ids, lengths, R, plan::place_segments(lengths, R, U, plan::Placement::adaptive, {1.0, 100.0}));
+    const plan::PackedRow row =
+        plan::pack_row(ids, lengths, R, plan::place_segments(lengths, R, U, plan::Placement::adaptive, {1.0, 100.0}));
     const plan::ShardMap map(row, R, U, plan::Layout::zigzag);
     global = attention::row_layout(row);
     sharded = {attention::ring_shares(map), map.tokens(r * U + u)};
@@ -313,9 +310,9 @@ void run_mesh_case(const dist::Mesh& mesh, const MeshCase& mc, std::mt19937& rng
   EXPECT_EQ(sent.at(a2a, dist::Pass::forward).bytes, ulysses_bytes) << where;
   const std::vector<TokenLayout> ring_layouts = split.empty() ? shares : attention::split_shares(shares, split, U);
   const int64_t max_runs = ring_layouts[0].size() > 0 ? RingRuns::make(ring_layouts).max_runs() : 0;
-  const int64_t ring_bytes = gated_delta_ring_conv_bytes(R, max_runs, c.conv_kernel, c.conv_dim() / U, 8) +
-                             gated_delta_ring_state_bytes(R, max_runs, c.num_value_heads / U, c.key_head_dim,
-                                                          c.value_head_dim, 8);
+  const int64_t ring_bytes =
+      gated_delta_ring_conv_bytes(R, max_runs, c.conv_kernel, c.conv_dim() / U, 8) +
+      gated_delta_ring_state_bytes(R, max_runs, c.num_value_heads / U, c.key_head_dim, c.value_head_dim, 8);
   EXPECT_EQ(sent.at(dist::CommKind::all_gather_v, dist::Pass::forward).bytes, ring_bytes) << where;
 
   std::vector<Tensor> in_l = params_of(w);
@@ -432,8 +429,8 @@ TEST(MultiRank, Bf16ActivationsWithFp32States) {
     Tensor x = at::randn({global.size(), c.hidden_size}, kF64);
     Tensor ref = test::gated_deltanet_reference(w64, c, x, global);
     GatedDeltaNetWeights w = w64;
-    for (Tensor* t : {&w.in_proj_qkvz, &w.in_proj_ba, &w.conv1d_weight, &w.A_log, &w.dt_bias, &w.norm_weight,
-                      &w.out_proj})
+    for (Tensor* t :
+         {&w.in_proj_qkvz, &w.in_proj_ba, &w.conv1d_weight, &w.A_log, &w.dt_bias, &w.norm_weight, &w.out_proj})
       *t = t->to(at::kBFloat16).requires_grad_();
     std::vector<TokenLayout> shares;
     std::vector<int64_t> mine;
@@ -556,9 +553,9 @@ TEST(GatedDeltaNetLayer, ReleasedShapesTiledStepGrowsByItsEstimate) {
     peak.push_back(counter.peak_bytes());
   }
   const int64_t kept_growth = (kept[1] - kept[0]) / 1024, peak_growth = (peak[1] - peak[0]) / 1024;
-  std::cout << "[ " << c10::toString(type) << ", tiles of 256: kept grows " << kept_growth
-            << " B a token (formula " << formula.kept << "), the step's peak " << peak_growth << " (formula "
-            << formula.kept + formula.backward << "); peak at 2,048: " << peak[1] / 2048 << " B a token ]\n";
+  std::cout << "[ " << c10::toString(type) << ", tiles of 256: kept grows " << kept_growth << " B a token (formula "
+            << formula.kept << "), the step's peak " << peak_growth << " (formula " << formula.kept + formula.backward
+            << "); peak at 2,048: " << peak[1] / 2048 << " B a token ]\n";
   EXPECT_LE(kept_growth, formula.kept * 11 / 10);
   EXPECT_GE(kept_growth, formula.kept * 9 / 10);
   EXPECT_LE(peak_growth - kept_growth, formula.backward * 11 / 10);

@@ -8,18 +8,18 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "error_of.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/config/config.h"
 #include "mmsp/model/families/internvl/internvl_config.h"
 #include "mmsp/model/families/llava/clip_config.h"
 #include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
-#include "error_of.h"
 
 namespace mmsp::model {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 const std::string kConfigs = std::string(MMSP_SOURCE_DIR) + "/configs/";
 
@@ -65,9 +65,9 @@ TEST(Config, TinyQwen2VL) {
   EXPECT_FALSE((clip_vision_of(c) != nullptr));
   const QwenVisionConfig& v = *qwen_vision_of(c);
   EXPECT_EQ(v.depth, 2);
-  EXPECT_EQ(v.hidden_size, 32);         // embed_dim
-  EXPECT_EQ(v.intermediate_size, 64);   // embed_dim * mlp_ratio
-  EXPECT_EQ(v.out_hidden_size, 64);     // vision_config.hidden_size
+  EXPECT_EQ(v.hidden_size, 32);        // embed_dim
+  EXPECT_EQ(v.intermediate_size, 64);  // embed_dim * mlp_ratio
+  EXPECT_EQ(v.out_hidden_size, 64);    // vision_config.hidden_size
   EXPECT_EQ(v.hidden_act, "quick_gelu");
   EXPECT_EQ(v.head_dim(), 16);
   EXPECT_EQ(c.conventions.mrope_section, (std::array<int64_t, 3>{2, 3, 3}));
@@ -189,8 +189,9 @@ TEST(ConfigErrors, InternVLNamesTheFieldAndTheRule) {
               HasSubstr("vision_feature_select_strategy \"full\" is not supported for internvl"));
   EXPECT_THAT(error_of(with(tiny, "/vision_feature_layer", -2)),
               HasSubstr("vision_feature_layer (-2) is not supported"));
-  EXPECT_THAT(error_of(with(tiny, "/text_config/model_type", "llama")),
-              HasSubstr("text_config.model_type \"llama\" is not supported for internvl; expected \"qwen2\" or \"qwen3\""));
+  EXPECT_THAT(
+      error_of(with(tiny, "/text_config/model_type", "llama")),
+      HasSubstr("text_config.model_type \"llama\" is not supported for internvl; expected \"qwen2\" or \"qwen3\""));
   EXPECT_THAT(error_of(with(tiny, "/text_config/rope_scaling", json({{"rope_type", "yarn"}}))),
               HasSubstr("InternVL decoders use \"default\" or \"dynamic\""));
   EXPECT_THAT(error_of(with(tiny, "/vision_config/use_mask_token", true)), HasSubstr("use_mask_token is true"));
@@ -315,6 +316,101 @@ TEST(Config, TinyQwen3_5VL) {
   EXPECT_TRUE(v.deepstack_visual_indexes.empty());
 }
 
+// ---------- mixture of experts (qwen3_vl_moe, qwen3_5_moe) ----------
+
+TEST(Config, TinyQwen3VLMoe) {
+  const ModelConfig c = load_model_config(kConfigs + "tiny-qwen3-vl-moe.json");
+  EXPECT_EQ(c.model_type, "qwen3_vl_moe");
+  EXPECT_EQ(c.conventions.name, "qwen3_vl");  // planned as Qwen3-VL
+  EXPECT_EQ(c.text.model_type, "qwen3_vl_moe_text");
+  const MoeConfig& m = c.text.moe;
+  EXPECT_EQ(m.num_experts, 8);
+  EXPECT_EQ(m.num_experts_per_tok, 2);
+  EXPECT_EQ(m.moe_intermediate_size, 24);
+  EXPECT_EQ(m.shared_expert_intermediate_size, 0);
+  EXPECT_EQ(m.layout, ExpertLayout::fused);
+  EXPECT_TRUE(m.aux_loss());
+  EXPECT_EQ(m.router_aux_loss_coef, 0.01);
+  // mlp_only_layers [1]: layer 1 dense, the others sparse
+  EXPECT_TRUE(m.sparse(0));
+  EXPECT_FALSE(m.sparse(1));
+  EXPECT_TRUE(m.sparse(2));
+  EXPECT_TRUE(m.sparse(3));
+  EXPECT_EQ(c.text.intermediate_size, 128);  // the dense layer's MLP
+  EXPECT_EQ(qwen_vision_of(c)->deepstack_visual_indexes, (std::vector<int64_t>{0, 1}));
+}
+
+TEST(Config, TinyQwen3_5Moe) {
+  const ModelConfig c = load_model_config(kConfigs + "tiny-qwen3_5-moe.json");
+  EXPECT_EQ(c.model_type, "qwen3_5_moe");
+  EXPECT_EQ(c.conventions.name, "qwen3_vl");
+  EXPECT_EQ(c.conventions.image_token_id, 248056);
+  EXPECT_EQ(c.text.model_type, "qwen3_5_moe_text");
+  EXPECT_EQ(c.text.layer_types, kinds("LLLF"));
+  const MoeConfig& m = c.text.moe;
+  EXPECT_EQ(m.num_experts, 8);
+  EXPECT_EQ(m.shared_expert_intermediate_size, 48);
+  EXPECT_EQ(m.layout, ExpertLayout::per_expert);
+  for (int64_t i = 0; i < 4; ++i) EXPECT_TRUE(m.sparse(i)) << i;
+}
+
+// The released Qwen3-VL-30B-A3B-Instruct config.json, and Qwen3_5MoeTextConfig's and
+// Qwen3VLMoeTextConfig's defaults where a file is silent.
+TEST(Config, Qwen3VL30BA3BAndMoeDefaults) {
+  const ModelConfig c = load_model_config(kConfigs + "hf/Qwen3-VL-30B-A3B-Instruct.json");
+  EXPECT_EQ(c.text.num_hidden_layers, 48);
+  EXPECT_EQ(c.text.hidden_size, 2048);
+  EXPECT_EQ(c.text.moe.num_experts, 128);
+  EXPECT_EQ(c.text.moe.num_experts_per_tok, 8);
+  EXPECT_EQ(c.text.moe.moe_intermediate_size, 768);
+  EXPECT_FALSE(c.text.moe.aux_loss());  // output_router_logits: not set, false
+  EXPECT_EQ(c.text.moe.router_aux_loss_coef, 0.001);
+  EXPECT_EQ(c.text.num_key_value_heads, 4);
+  EXPECT_EQ(qwen_vision_of(c)->depth, 27);
+  const ModelConfig vl =
+      parse_model_config({{"model_type", "qwen3_vl_moe"}, {"vision_config", {{"out_hidden_size", 2048}}}});
+  EXPECT_EQ(vl.text.moe.num_experts, 60);
+  EXPECT_EQ(vl.text.moe.num_experts_per_tok, 4);
+  EXPECT_EQ(vl.text.moe.moe_intermediate_size, 1408);
+  EXPECT_EQ(vl.text.num_hidden_layers, 24);
+  EXPECT_EQ(vl.text.head_dim, 128);  // hidden_size 2048 / 16 heads
+  EXPECT_EQ(vl.text.rope_theta, 500000.0);
+  // transformers 5 writes Qwen3-VL-MoE's num_experts as num_local_experts (its attribute_map)
+  const nlohmann::json v5 = {{"model_type", "qwen3_vl_moe"},
+                             {"text_config", {{"num_local_experts", 8}, {"num_experts_per_tok", 2}}},
+                             {"vision_config", {{"out_hidden_size", 2048}}}};
+  EXPECT_EQ(parse_model_config(v5).text.moe.num_experts, 8);
+  // ... and text_config.tie_word_embeddings true (its class default) beside the top-level
+  // false that transformers ties by
+  nlohmann::json tied_text = v5;
+  tied_text["text_config"]["tie_word_embeddings"] = true;
+  tied_text["tie_word_embeddings"] = false;
+  EXPECT_FALSE(parse_model_config(tied_text).tie_word_embeddings);
+  nlohmann::json both = v5;
+  both["text_config"]["num_experts"] = 16;
+  EXPECT_THAT(error_of(both), HasSubstr("text_config.num_local_experts (8) differs from text_config.num_experts (16)"));
+  const ModelConfig q =
+      parse_model_config({{"model_type", "qwen3_5_moe"}, {"vision_config", {{"out_hidden_size", 2048}}}});
+  EXPECT_EQ(q.text.moe.num_experts, 256);
+  EXPECT_EQ(q.text.moe.num_experts_per_tok, 8);
+  EXPECT_EQ(q.text.moe.moe_intermediate_size, 512);
+  EXPECT_EQ(q.text.moe.shared_expert_intermediate_size, 512);
+  EXPECT_EQ(q.text.num_hidden_layers, 40);
+  EXPECT_EQ(q.text.num_key_value_heads, 2);
+  EXPECT_EQ(q.conventions.image_token_id, 248056);
+}
+
+TEST(Config, ExpertShardsSplitTheExperts) {
+  MoeConfig m = load_model_config(kConfigs + "tiny-qwen3-vl-moe.json").text.moe;
+  set_expert_shard(m, 4, 3);
+  EXPECT_EQ(m.local_experts(), 2);
+  EXPECT_EQ(m.first_local_expert(), 6);
+  try {
+    set_expert_shard(m, 3, 0);
+    FAIL() << "--expert 3 does not divide 8 experts";
+  } catch (const Error& e) { EXPECT_THAT(e.what(), HasSubstr("--expert 3 must divide num_experts (8)")); }
+}
+
 TEST(Config, Qwen3_5_08B) {
   const ModelConfig c = load_model_config(kConfigs + "hf/Qwen3.5-0.8B.json");
   EXPECT_EQ(c.text.vocab_size, 248320);
@@ -400,8 +496,8 @@ TEST(ConfigDefaults, MissingFieldsTakeTransformersDefaults) {
   EXPECT_EQ(qwen_vision_of(q2)->hidden_size, 1280);
   EXPECT_EQ(qwen_vision_of(q2)->intermediate_size, 5120);
 
-  const ModelConfig q3 = parse_model_config({{"model_type", "qwen3_vl"},
-                                             {"vision_config", {{"out_hidden_size", 4096}}}});
+  const ModelConfig q3 =
+      parse_model_config({{"model_type", "qwen3_vl"}, {"vision_config", {{"out_hidden_size", 4096}}}});
   EXPECT_EQ(q3.text.hidden_size, 4096);
   EXPECT_EQ(q3.text.num_key_value_heads, 32);
   EXPECT_EQ(q3.text.head_dim, 128);
@@ -414,16 +510,14 @@ TEST(ConfigDefaults, MissingFieldsTakeTransformersDefaults) {
   // vocabulary has no row for the <image> token (32000): llava-1.5 adds 64 rows.
   EXPECT_THAT(error_of({{"model_type", "llava"}}),
               HasSubstr("image_token_index (32000) must be < the decoder's vocab_size (32000)"));
-  const ModelConfig l =
-      parse_model_config({{"model_type", "llava"}, {"text_config", {{"vocab_size", 32064}}}});
+  const ModelConfig l = parse_model_config({{"model_type", "llava"}, {"text_config", {{"vocab_size", 32064}}}});
   EXPECT_EQ(l.text.hidden_size, 4096);
   EXPECT_EQ(l.text.max_position_embeddings, 2048);
   EXPECT_EQ(clip_vision_of(l)->hidden_size, 1024);
   EXPECT_EQ(clip_vision_of(l)->num_patches(), 576);
   // A vision_config that is present takes CLIPVisionConfig's own defaults for missing keys.
-  const ModelConfig l2 = parse_model_config({{"model_type", "llava"},
-                                             {"text_config", {{"vocab_size", 32064}}},
-                                             {"vision_config", json::object()}});
+  const ModelConfig l2 = parse_model_config(
+      {{"model_type", "llava"}, {"text_config", {{"vocab_size", 32064}}}, {"vision_config", json::object()}});
   EXPECT_EQ(clip_vision_of(l2)->hidden_size, 768);
   EXPECT_EQ(clip_vision_of(l2)->patch_size, 32);
 }
@@ -440,10 +534,13 @@ TEST(ConfigDefaults, NullMeansDefaultAndNullKvHeadsMeansMha) {
 TEST(ConfigDefaults, NestedTextConfigAndRopeParameters) {
   // Newer transformers write Qwen2-VL's decoder under text_config and rope_parameters.
   json c = read_json(kConfigs + "tiny-qwen2-vl.json");
-  json text = {{"model_type", "qwen2_vl_text"}, {"hidden_size", 64}, {"num_attention_heads", 4},
-               {"num_key_value_heads", 2}, {"num_hidden_layers", 3}, {"vocab_size", 151936},
-               {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 12345.0},
-                                    {"mrope_section", {4, 2, 2}}}}};
+  json text = {{"model_type", "qwen2_vl_text"},
+               {"hidden_size", 64},
+               {"num_attention_heads", 4},
+               {"num_key_value_heads", 2},
+               {"num_hidden_layers", 3},
+               {"vocab_size", 151936},
+               {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 12345.0}, {"mrope_section", {4, 2, 2}}}}};
   c = without(c, "/rope_scaling");
   c["text_config"] = text;
   const ModelConfig m = parse_model_config(c);
@@ -468,9 +565,7 @@ struct BadValue {
   std::string message;
 };
 
-void PrintTo(const BadValue& b, std::ostream* os) {
-  *os << b.file << " " << b.pointer << " = " << b.value.dump();
-}
+void PrintTo(const BadValue& b, std::ostream* os) { *os << b.file << " " << b.pointer << " = " << b.value.dump(); }
 
 class ConfigErrors : public testing::TestWithParam<BadValue> {};
 
@@ -493,8 +588,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "rope_scaling.mrope_section [2, 2, 2] sums to 6 but must be head_dim / 2 = 16 / 2"},
         BadValue{"tiny-qwen3-vl.json", "/text_config/rope_scaling/mrope_section", json({4, 3, 3}),
                  "text_config.rope_scaling.mrope_section [4, 3, 3] sums to 10"},
-        BadValue{"tiny-qwen3-vl.json", "/text_config/head_dim", 15,
-                 "text_config.head_dim (15) must be even"},
+        BadValue{"tiny-qwen3-vl.json", "/text_config/head_dim", 15, "text_config.head_dim (15) must be even"},
         BadValue{"tiny-qwen3-vl.json", "/text_config/rope_scaling/mrope_interleaved", false,
                  "text_config.rope_scaling.mrope_interleaved is false, but qwen3_vl always interleaves"},
         BadValue{"tiny-qwen3-vl.json", "/text_config/rope_scaling/mrope_interleaved", "yes",
@@ -517,18 +611,13 @@ INSTANTIATE_TEST_SUITE_P(
                  "vision_config.hidden_act \"swish\" is not supported"},
         BadValue{"tiny-qwen2-vl.json", "/vocab_size", 1000,
                  "image_token_id (151655) must be < the decoder's vocab_size (1000)"},
-        BadValue{"tiny-qwen2-vl.json", "/hidden_size", "64",
-                 "hidden_size must be an integer >= 1, got \"64\""},
-        BadValue{"tiny-qwen2-vl.json", "/rms_norm_eps", 0,
-                 "rms_norm_eps must be a number > 0, got 0"},
-        BadValue{"tiny-qwen2-vl.json", "/rope_theta", -1.0,
-                 "rope_theta must be a number > 0, got -1.0"},
+        BadValue{"tiny-qwen2-vl.json", "/hidden_size", "64", "hidden_size must be an integer >= 1, got \"64\""},
+        BadValue{"tiny-qwen2-vl.json", "/rms_norm_eps", 0, "rms_norm_eps must be a number > 0, got 0"},
+        BadValue{"tiny-qwen2-vl.json", "/rope_theta", -1.0, "rope_theta must be a number > 0, got -1.0"},
         BadValue{"tiny-qwen2-vl.json", "/use_sliding_window", true,
                  "use_sliding_window is true; sliding-window attention is not supported"},
-        BadValue{"tiny-qwen2-vl.json", "/rope_scaling/type", "yarn",
-                 "rope_scaling.type \"yarn\" is not supported"},
-        BadValue{"tiny-qwen2-vl.json", "/vision_config", 3,
-                 "vision_config must be an object, got number"},
+        BadValue{"tiny-qwen2-vl.json", "/rope_scaling/type", "yarn", "rope_scaling.type \"yarn\" is not supported"},
+        BadValue{"tiny-qwen2-vl.json", "/vision_config", 3, "vision_config must be an object, got number"},
         BadValue{"tiny-qwen2_5-vl.json", "/vision_config/window_size", 100,
                  "vision_config.window_size (100) must be a multiple of patch_size * spatial_merge_size (14 * 2 = 28)"},
         BadValue{"tiny-qwen2_5-vl.json", "/vision_config/fullatt_block_indexes", json({0, 2}),
@@ -545,8 +634,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "vision_config.num_position_embeddings (60) must be a square"},
         BadValue{"tiny-qwen3-vl.json", "/text_config/model_type", "qwen3_vl_moe_text",
                  "text_config.model_type \"qwen3_vl_moe_text\" is not supported for qwen3_vl"},
-        BadValue{"tiny-qwen3-vl.json", "/text_config", "x",
-                 "text_config must be an object, got string"},
+        BadValue{"tiny-qwen3-vl.json", "/text_config", "x", "text_config must be an object, got string"},
         BadValue{"tiny-llava.json", "/text_config/model_type", "mistral",
                  "text_config.model_type \"mistral\" is not supported for llava; expected \"llama\""},
         BadValue{"tiny-llava.json", "/vision_config/model_type", "siglip_vision_model",
@@ -555,16 +643,15 @@ INSTANTIATE_TEST_SUITE_P(
                  "vision_config.patch_size (15) must divide vision_config.image_size (56)"},
         BadValue{"tiny-llava.json", "/vision_config/num_attention_heads", 3,
                  "vision_config.num_attention_heads (3) must divide vision_config.hidden_size (32)"},
-        BadValue{"tiny-llava.json", "/vision_feature_layer", -4,
-                 "vision_feature_layer (-4) must be in [-3, 2]"},
+        BadValue{"tiny-llava.json", "/vision_feature_layer", -4, "vision_feature_layer (-4) must be in [-3, 2]"},
         BadValue{"tiny-llava.json", "/vision_feature_layer", json({-2, -1}),
                  "vision_feature_layer [-2,-1]: a list of layers is not supported"},
         BadValue{"tiny-llava.json", "/vision_feature_select_strategy", "cls",
                  "vision_feature_select_strategy \"cls\" is not supported"},
-        BadValue{"tiny-llava.json", "/projector_hidden_act", "tanh",
-                 "projector_hidden_act \"tanh\" is not supported"},
+        BadValue{"tiny-llava.json", "/projector_hidden_act", "tanh", "projector_hidden_act \"tanh\" is not supported"},
         BadValue{"tiny-llava.json", "/image_seq_length", 576,
-                 "image_seq_length (576) must equal the rows the encoder yields per image: (image_size / patch_size)^2 = (56 / 14)^2 = 16"},
+                 "image_seq_length (576) must equal the rows the encoder yields per image: (image_size / patch_size)^2 "
+                 "= (56 / 14)^2 = 16"},
         BadValue{"tiny-llava.json", "/text_config/rope_scaling", json({{"rope_type", "llama3"}, {"factor", 8.0}}),
                  "text_config.rope_scaling.rope_type \"llama3\" is not supported"},
         BadValue{"tiny-llava.json", "/image_token_index", 40000,
@@ -573,12 +660,10 @@ INSTANTIATE_TEST_SUITE_P(
                  "text_config.intermediate_size must be an integer >= 1, got 0"},
         BadValue{"tiny-qwen2-vl.json", "/vision_config/patch_size", 2147483648LL,
                  "vision_config.patch_size must be an integer <= 2147483647, got 2147483648"},
-        BadValue{"tiny-qwen2-vl.json", "/rms_norm_eps", 1e300 * 1e10,
-                 "rms_norm_eps must be a number > 0"},
-        BadValue{"tiny-qwen2-vl.json", "/rope_scaling/mrope_section",
-                 json({INT64_MAX, 1, 0}), "sums to more than 2^63 but must be head_dim / 2"},
-        BadValue{"tiny-qwen3-vl.json", "/vision_config/deepstack_visual_indexes",
-                 json({0, 4294967296LL}),
+        BadValue{"tiny-qwen2-vl.json", "/rms_norm_eps", 1e300 * 1e10, "rms_norm_eps must be a number > 0"},
+        BadValue{"tiny-qwen2-vl.json", "/rope_scaling/mrope_section", json({INT64_MAX, 1, 0}),
+                 "sums to more than 2^63 but must be head_dim / 2"},
+        BadValue{"tiny-qwen3-vl.json", "/vision_config/deepstack_visual_indexes", json({0, 4294967296LL}),
                  "deepstack_visual_indexes must be a list of integers <= 2147483647, got [0,4294967296]"},
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/layer_types/2", "sliding_attention",
                  "text_config.layer_types[2] is \"sliding_attention\"; supported layer kinds: \"linear_attention\""},
@@ -601,11 +686,41 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/num_key_value_heads", 3,
                  "text_config.num_key_value_heads (3) must divide text_config.num_attention_heads (4)"},
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/model_type", "qwen3_5_moe_text",
-                 "text_config.model_type \"qwen3_5_moe_text\" is not supported for qwen3_5; expected \"qwen3_5_text\" or \"qwen3_next\" (mixture-of-experts"},
+                 "text_config.model_type \"qwen3_5_moe_text\" is not supported for qwen3_5; expected \"qwen3_5_text\" "
+                 "or \"qwen3_next\" (a mixture-of-experts decoder: model_type qwen3_5_moe)"},
+        // ---- mixture of experts (qwen3_vl_moe, qwen3_5_moe) ----
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/num_experts_per_tok", 9,
+                 "text_config.num_experts_per_tok (9) must be at most text_config.num_experts (8)"},
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/num_experts", 0,
+                 "text_config.num_experts must be an integer >= 1, got 0"},
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/mlp_only_layers", json({1, 4}),
+                 "text_config.mlp_only_layers lists layer 4, but the decoder has 4 layers (0 to 3)"},
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/decoder_sparse_step", 0,
+                 "text_config.decoder_sparse_step must be an integer >= 1, got 0"},
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/norm_topk_prob", false,
+                 "text_config.norm_topk_prob is false, but transformers' router always renormalises"},
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/router_aux_loss_coef", -1,
+                 "text_config.router_aux_loss_coef must be a number >= 0, got -1"},
+        BadValue{"tiny-qwen3-vl-moe.json", "/text_config/model_type", "qwen3_vl_text",
+                 "text_config.model_type \"qwen3_vl_text\" is not supported for qwen3_vl_moe; expected "
+                 "\"qwen3_vl_moe_text\""},
+        BadValue{"tiny-qwen3_5-moe.json", "/text_config/mlp_only_layers", json({0}),
+                 "text_config.mlp_only_layers lists 1 layer(s), but every layer of this model is a mixture of experts"},
+        BadValue{"tiny-qwen3_5-moe.json", "/text_config/decoder_sparse_step", 2,
+                 "text_config.decoder_sparse_step is 2, but every layer of this model is a mixture of experts"},
+        BadValue{"tiny-qwen3_5-moe.json", "/text_config/shared_expert_intermediate_size", 0,
+                 "text_config.shared_expert_intermediate_size must be an integer >= 1, got 0"},
+        BadValue{
+            "tiny-qwen3_5-moe.json", "/text_config/model_type", "qwen3_5_text",
+            "text_config.model_type \"qwen3_5_text\" is not supported for qwen3_5_moe; expected \"qwen3_5_moe_text\""},
+        BadValue{"tiny-qwen3_5-moe.json", "/vision_config/model_type", "qwen3_vl",
+                 "vision_config.model_type \"qwen3_vl\" is not supported for qwen3_5"},
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/model_type", "qwen3_next",
-                 "text_config.num_experts is 512 (not set; default), so layer 0's MLP is a mixture of experts, which is not supported"},
+                 "text_config.num_experts is 512 (not set; default), so layer 0's MLP is a mixture of experts, which "
+                 "is not supported"},
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/hidden_act", "gelu",
-                 "text_config.hidden_act \"gelu\" is not supported for qwen3_5_text: the MLP and the Gated DeltaNet conv are built with silu"},
+                 "text_config.hidden_act \"gelu\" is not supported for qwen3_5_text: the MLP and the Gated DeltaNet "
+                 "conv are built with silu"},
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/attn_output_gate", false,
                  "text_config.attn_output_gate is false, but qwen3_5_text's attention always gates its output"},
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/rope_parameters/rope_type", "yarn",
@@ -613,13 +728,16 @@ INSTANTIATE_TEST_SUITE_P(
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/rope_parameters/partial_rotary_factor", 1.5,
                  "text_config.rope_parameters.partial_rotary_factor must be in (0, 1], got 1.5"},
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/rope_parameters/partial_rotary_factor", 0.1,
-                 "text_config.rope_parameters.partial_rotary_factor (0.1) times text_config.head_dim (32) gives 3 rotary channels"},
+                 "text_config.rope_parameters.partial_rotary_factor (0.1) times text_config.head_dim (32) gives 3 "
+                 "rotary channels"},
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/rope_parameters/mrope_section", json({2, 2, 2}),
-                 "text_config.rope_parameters.mrope_section [2, 2, 2] sums to 6 but must be the rotary channels / 2 = int(head_dim · partial_rotary_factor) / 2 = 8 / 2"},
+                 "text_config.rope_parameters.mrope_section [2, 2, 2] sums to 6 but must be the rotary channels / 2 = "
+                 "int(head_dim · partial_rotary_factor) / 2 = 8 / 2"},
         BadValue{"tiny-qwen3_5-vl.json", "/text_config/rope_parameters/mrope_interleaved", false,
                  "mrope_interleaved is false, but qwen3_5 always interleaves"},
         BadValue{"tiny-qwen3_5-vl.json", "/vision_config/deepstack_visual_indexes", json({0}),
-                 "vision_config.deepstack_visual_indexes [0] must be empty: Qwen3.5's vision tower has no deepstack mergers"},
+                 "vision_config.deepstack_visual_indexes [0] must be empty: Qwen3.5's vision tower has no deepstack "
+                 "mergers"},
         BadValue{"tiny-qwen3_5-vl.json", "/vision_config/model_type", "qwen3_vl",
                  "vision_config.model_type \"qwen3_vl\" is not supported for qwen3_5; expected \"qwen3_5_vision\""},
         BadValue{"tiny-qwen3_5-vl.json", "/vision_config/rope_parameters/rope_theta", 500.0,
@@ -630,8 +748,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "image_token_id (248056) must be < the decoder's vocab_size (1000)"}),
     [](const testing::TestParamInfo<BadValue>& info) {
       // e.g. 3_qwen3_vl_text_config_num_key_value_heads
-      std::string name = std::to_string(info.index) + "_" +
-                         info.param.file.substr(5, info.param.file.size() - 10) + info.param.pointer;
+      std::string name = std::to_string(info.index) + "_" + info.param.file.substr(5, info.param.file.size() - 10) +
+                         info.param.pointer;
       for (char& ch : name)
         if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
       return name;
@@ -640,11 +758,12 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(ConfigErrorsTop, ModelTypeAndShape) {
   EXPECT_THAT(error_of(json::array()), HasSubstr("config.json: the top level must be a JSON object, got array"));
   EXPECT_THAT(error_of(json::object()), HasSubstr("config.json: model_type is missing"));
-  EXPECT_THAT(error_of({{"model_type", "qwen3_5_moe"}}),
-              HasSubstr("config.json: model_type \"qwen3_5_moe\" is not supported by the model layer"));
+  EXPECT_THAT(error_of({{"model_type", "qwen3_moe"}}),
+              HasSubstr("config.json: model_type \"qwen3_moe\" is not supported by the model layer"));
   // The family registry's one table lists every model_type, InternVL's among them.
-  EXPECT_THAT(error_of({{"model_type", "qwen3_5_moe"}}),
-              HasSubstr("supported: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, llava, internvl"));
+  EXPECT_THAT(
+      error_of({{"model_type", "qwen3_moe"}}),
+      HasSubstr("supported: qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, qwen3_vl_moe, qwen3_5_moe, llava, internvl"));
   EXPECT_THAT(error_of({{"model_type", "qwen3_next"}}),
               HasSubstr("config.json: model_type \"qwen3_next\" is a text-only checkpoint"));
   EXPECT_THAT(error_of({{"model_type", 3}}), HasSubstr("model_type must be a string, got 3"));
@@ -660,9 +779,7 @@ TEST(ConfigErrorsTop, FilesNameThePath) {
       [] {
         try {
           load_model_config("/nonexistent/config.json");
-        } catch (const Error& e) {
-          return std::string(e.what());
-        }
+        } catch (const Error& e) { return std::string(e.what()); }
         return std::string();
       }(),
       HasSubstr("/nonexistent/config.json: cannot open model config"));
@@ -671,9 +788,7 @@ TEST(ConfigErrorsTop, FilesNameThePath) {
   try {
     load_model_config(bad);
     FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr(bad + ": not valid JSON"));
-  }
+  } catch (const Error& e) { EXPECT_THAT(e.what(), HasSubstr(bad + ": not valid JSON")); }
 }
 
 }  // namespace

@@ -25,28 +25,59 @@ namespace {
 // A Qwen2-VL decoder (mRoPE, q/k/v biases) or LLaVA's Llama decoder (1-D RoPE, no biases).
 model::ModelConfig tiny_config(const std::string& model_type) {
   if (model_type == "llava") {
-    nlohmann::json c = {
-        {"model_type", "llava"}, {"image_token_index", 122}, {"image_seq_length", 16},
-        {"tie_word_embeddings", false},
-        {"text_config", {{"model_type", "llama"}, {"vocab_size", 128}, {"hidden_size", 96},
-                         {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
-                         {"num_key_value_heads", 2}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}}},
-        {"vision_config", {{"model_type", "clip_vision_model"}, {"hidden_size", 16}, {"intermediate_size", 32},
-                           {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"image_size", 8},
-                           {"patch_size", 2}, {"projection_dim", 16}, {"hidden_act", "quick_gelu"},
-                           {"layer_norm_eps", 1e-5}}}};
+    nlohmann::json c = {{"model_type", "llava"},
+                        {"image_token_index", 122},
+                        {"image_seq_length", 16},
+                        {"tie_word_embeddings", false},
+                        {"text_config",
+                         {{"model_type", "llama"},
+                          {"vocab_size", 128},
+                          {"hidden_size", 96},
+                          {"intermediate_size", 64},
+                          {"num_hidden_layers", 2},
+                          {"num_attention_heads", 12},
+                          {"num_key_value_heads", 2},
+                          {"rms_norm_eps", 1e-5},
+                          {"rope_theta", 10000.0}}},
+                        {"vision_config",
+                         {{"model_type", "clip_vision_model"},
+                          {"hidden_size", 16},
+                          {"intermediate_size", 32},
+                          {"num_hidden_layers", 1},
+                          {"num_attention_heads", 2},
+                          {"image_size", 8},
+                          {"patch_size", 2},
+                          {"projection_dim", 16},
+                          {"hidden_act", "quick_gelu"},
+                          {"layer_norm_eps", 1e-5}}}};
     return model::parse_model_config(c, "tiny llava");
   }
-  nlohmann::json c = {
-      {"model_type", model_type}, {"vocab_size", 128}, {"hidden_size", 96},
-      {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
-      {"num_key_value_heads", 2}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
-      {"tie_word_embeddings", false}, {"vision_start_token_id", 120}, {"vision_end_token_id", 121},
-      {"vision_token_id", 119}, {"image_token_id", 122}, {"video_token_id", 123},
-      {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}}},
-      {"vision_config", {{"depth", 1}, {"embed_dim", 16}, {"hidden_size", 96}, {"num_heads", 2},
-                         {"mlp_ratio", 2}, {"patch_size", 2}, {"spatial_merge_size", 2},
-                         {"temporal_patch_size", 2}, {"in_chans", 3}}}};
+  nlohmann::json c = {{"model_type", model_type},
+                      {"vocab_size", 128},
+                      {"hidden_size", 96},
+                      {"intermediate_size", 64},
+                      {"num_hidden_layers", 2},
+                      {"num_attention_heads", 12},
+                      {"num_key_value_heads", 2},
+                      {"rope_theta", 10000.0},
+                      {"rms_norm_eps", 1e-6},
+                      {"tie_word_embeddings", false},
+                      {"vision_start_token_id", 120},
+                      {"vision_end_token_id", 121},
+                      {"vision_token_id", 119},
+                      {"image_token_id", 122},
+                      {"video_token_id", 123},
+                      {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}}},
+                      {"vision_config",
+                       {{"depth", 1},
+                        {"embed_dim", 16},
+                        {"hidden_size", 96},
+                        {"num_heads", 2},
+                        {"mlp_ratio", 2},
+                        {"patch_size", 2},
+                        {"spatial_merge_size", 2},
+                        {"temporal_patch_size", 2},
+                        {"in_chans", 3}}}};
   return model::parse_model_config(c, "tiny " + model_type);
 }
 
@@ -63,7 +94,7 @@ plan::Batch text_batch(std::mt19937& rng) {
 
 // One step of `plan` on this rank; gradients and loss summed over `world`.
 test::StepResult run(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
-           const attention::ContextGroups& groups, const dist::GroupPtr& world) {
+                     const attention::ContextGroups& groups, const dist::GroupPtr& world) {
   at::manual_seed(42);  // identical replicas
   auto decoder = std::make_shared<model::Decoder>(config.text, config.tie_word_embeddings);
   decoder->to(at::kDouble);
@@ -71,8 +102,8 @@ test::StepResult run(const model::ModelConfig& config, const plan::Batch& batch,
   attention::AttentionOptions blocks;
   blocks.block_q = 8;
   blocks.block_k = 16;
-  const model::DecoderContext ctx = parallel::decoder_context(in, config.text, config.conventions, groups, blocks,
-                                                           at::empty({0}, at::kDouble));
+  const model::DecoderContext ctx =
+      parallel::decoder_context(in, config.text, config.conventions, groups, blocks, at::empty({0}, at::kDouble));
   Tensor logits = decoder->forward(decoder->embed(in.token_ids), ctx);
   Tensor loss = train::causal_lm_loss(logits, in.labels, in.label_count);
   loss.backward();
@@ -111,10 +142,9 @@ TEST(DecoderNames, AreHuggingFaceNames) {
   std::vector<std::string> names;
   for (const auto& item : decoder.named_parameters()) names.push_back(item.key());
   const std::vector<std::string> expected_prefix = {
-      "model.embed_tokens.weight", "model.layers.0.input_layernorm.weight",
-      "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.bias"};
-  for (const auto& name : expected_prefix)
-    EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
+      "model.embed_tokens.weight", "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
+      "model.layers.0.self_attn.q_proj.bias"};
+  for (const auto& name : expected_prefix) EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
   for (const char* name : {"model.layers.1.mlp.down_proj.weight", "model.norm.weight", "lm_head.weight",
                            "model.layers.1.self_attn.o_proj.weight", "model.layers.1.post_attention_layernorm.weight"})
     EXPECT_NE(std::find(names.begin(), names.end(), name), names.end()) << name;
@@ -162,8 +192,8 @@ TEST(DecoderHooks, TiedLookupGivesRowsAndTheHeadGradientIsCompleteAtItsHook) {
   const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, plan::PlanOptions{}, 0);
   const model::RankInputs in = model::rank_inputs(batch, whole);
   auto step = [&](const std::shared_ptr<RecordingHooks>& hooks, model::Decoder& decoder) {
-    const model::DecoderContext ctx = parallel::decoder_context(in, config.text, config.conventions, {solo, solo},
-                                                             attention::AttentionOptions{}, at::empty({0}, at::kDouble));
+    const model::DecoderContext ctx = parallel::decoder_context(
+        in, config.text, config.conventions, {solo, solo}, attention::AttentionOptions{}, at::empty({0}, at::kDouble));
     decoder.set_layer_hooks(hooks);
     Tensor logits = decoder.forward(decoder.embed(in.token_ids), ctx);
     train::causal_lm_loss(logits, in.labels, in.label_count).backward();

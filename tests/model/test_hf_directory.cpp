@@ -16,15 +16,15 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../support/json_mutants.h"
+#include "error_of.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
-#include "../support/json_mutants.h"
+#include "mmsp/hf/hf_directory.h"
 #include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/config/config.h"
-#include "mmsp/hf/hf_directory.h"
 #include "mmsp/model/family.h"
 #include "mmsp/model/vlm.h"
-#include "error_of.h"
 #include "scratch_dir.h"
 
 namespace mmsp::model {
@@ -62,9 +62,9 @@ const char* kConfig = R"({"model_type": "test", "hidden_size": 8})";
 
 TEST(HfDirectory, PlanShardsAsHubSplitsThem) {
   EXPECT_EQ(hf::plan_hf_shards({}, 10), Plan{});
-  EXPECT_EQ(hf::plan_hf_shards({1, 2, 3}, 10), (Plan{{0, 1, 2}}));     // all fit one
-  EXPECT_EQ(hf::plan_hf_shards({4, 6, 5}, 10), (Plan{{0, 1}, {2}}));   // 4 + 6 is exactly the limit
-  EXPECT_EQ(hf::plan_hf_shards({10}, 10), (Plan{{0}}));                // at the limit is not over it
+  EXPECT_EQ(hf::plan_hf_shards({1, 2, 3}, 10), (Plan{{0, 1, 2}}));    // all fit one
+  EXPECT_EQ(hf::plan_hf_shards({4, 6, 5}, 10), (Plan{{0, 1}, {2}}));  // 4 + 6 is exactly the limit
+  EXPECT_EQ(hf::plan_hf_shards({10}, 10), (Plan{{0}}));               // at the limit is not over it
   // hub's docstring: [6, 6, 2, 6, 2, 2] under 10 -> [6], [6+2], [6+2+2]
   EXPECT_EQ(hf::plan_hf_shards({6, 6, 2, 6, 2, 2}, 10), (Plan{{0}, {1, 2}, {3, 4, 5}}));
   // 12 > 10 in the middle is appended at once, before the shard in progress [3, 4]
@@ -89,7 +89,8 @@ Named sample_tensors(at::ScalarType type, int seed) {
 
 Named zeros_like(const Named& tensors, std::optional<at::ScalarType> type = std::nullopt) {
   Named out;
-  for (const auto& [name, t] : tensors) out.emplace_back(name, at::zeros(t.sizes(), t.options().dtype(type.value_or(t.scalar_type()))));
+  for (const auto& [name, t] : tensors)
+    out.emplace_back(name, at::zeros(t.sizes(), t.options().dtype(type.value_or(t.scalar_type()))));
   return out;
 }
 
@@ -119,16 +120,18 @@ TEST_P(HfDirectoryRoundTrip, ShardedSaveOpenLoadIsBitwise) {
             hf::serialize_safetensors(subset(tensors, {"a.weight", "b.bias", "d"}), {{"format", "pt"}}));
   const uint64_t bytes = 113 * c10::elementSize(type);
   const std::string index = slurp(dir + "/model.safetensors.index.json");
-  EXPECT_EQ(index, "{\n  \"metadata\": {\n    \"total_parameters\": 113,\n    \"total_size\": " +
-                       std::to_string(bytes) +
-                       "\n  },\n  \"weight_map\": {\n"
-                       "    \"a.weight\": \"model-00002-of-00002.safetensors\",\n"
-                       "    \"b.bias\": \"model-00002-of-00002.safetensors\",\n"
-                       "    \"c.weight\": \"model-00001-of-00002.safetensors\",\n"
-                       "    \"d\": \"model-00002-of-00002.safetensors\"\n  }\n}\n");
+  EXPECT_EQ(index,
+            "{\n  \"metadata\": {\n    \"total_parameters\": 113,\n    \"total_size\": " + std::to_string(bytes) +
+                "\n  },\n  \"weight_map\": {\n"
+                "    \"a.weight\": \"model-00002-of-00002.safetensors\",\n"
+                "    \"b.bias\": \"model-00002-of-00002.safetensors\",\n"
+                "    \"c.weight\": \"model-00001-of-00002.safetensors\",\n"
+                "    \"d\": \"model-00002-of-00002.safetensors\"\n  }\n}\n");
   const std::string config = slurp(dir + "/config.json");
-  const char* dtype_name = type == at::kFloat ? "float32" : type == at::kDouble ? "float64"
-                         : type == at::kBFloat16 ? "bfloat16" : "float16";
+  const char* dtype_name = type == at::kFloat      ? "float32"
+                           : type == at::kDouble   ? "float64"
+                           : type == at::kBFloat16 ? "bfloat16"
+                                                   : "float16";
   EXPECT_EQ(config, std::string("{\n  \"hidden_size\": 8,\n  \"model_type\": \"test\",\n  \"torch_dtype\": \"") +
                         dtype_name + "\"\n}\n");
   EXPECT_EQ(progressed, config.size() + index.size() + slurp(dir + "/" + first).size() +
@@ -186,8 +189,8 @@ TEST(HfDirectory, SaveConvertsToTheRequestedDtypeAndNamesIt) {
 }
 
 TEST(HfDirectory, SaveWithoutDtypeNamesTheDtypeHoldingMostBytes) {
-  const Named mixed = {{"big", at::ones({64}, at::kBFloat16)}, {"small", at::ones({8}, at::kFloat)},
-                       {"ids", at::arange(100)}};
+  const Named mixed = {
+      {"big", at::ones({64}, at::kBFloat16)}, {"small", at::ones({8}, at::kFloat)}, {"ids", at::arange(100)}};
   const std::string dir = temp_dir() + "/mixed";
   hf::save_hf_directory(dir, mixed, kConfig);
   EXPECT_THAT(slurp(dir + "/config.json"), HasSubstr("\"torch_dtype\": \"bfloat16\""));
@@ -261,39 +264,45 @@ std::string open_error(const std::string& dir) {
 const at::Tensor kFour = at::ones({4});  // 16 bytes of F32
 
 TEST(HfDirectoryErrors, MissingShardFile) {
-  const std::string dir = hand_made({{"s1.safetensors", {{"a", kFour}}}},
-                                    R"({"metadata": {"total_size": 32}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})");
+  const std::string dir =
+      hand_made({{"s1.safetensors", {{"a", kFour}}}},
+                R"({"metadata": {"total_size": 32}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})");
   EXPECT_THAT(open_error(dir), HasSubstr(dir + ": shard file s2.safetensors is missing"));
 }
 
 TEST(HfDirectoryErrors, ANameInTwoShards) {
-  const std::string dir = hand_made({{"s1.safetensors", {{"a", kFour}}}, {"s2.safetensors", {{"a", kFour}, {"b", kFour}}}},
-                                    R"({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})");
+  const std::string dir =
+      hand_made({{"s1.safetensors", {{"a", kFour}}}, {"s2.safetensors", {{"a", kFour}, {"b", kFour}}}},
+                R"({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})");
   EXPECT_THAT(open_error(dir), HasSubstr(dir + ": tensor \"a\" is in two shards, s1.safetensors and s2.safetensors"));
 }
 
 TEST(HfDirectoryErrors, IndexListsATensorItsShardLacks) {
   const std::string dir = hand_made({{"s1.safetensors", {{"a", kFour}}}},
                                     R"({"weight_map": {"a": "s1.safetensors", "ghost": "s1.safetensors"}})");
-  EXPECT_THAT(open_error(dir), HasSubstr("model.safetensors.index.json lists tensor \"ghost\" in s1.safetensors, which does not hold it"));
+  EXPECT_THAT(
+      open_error(dir),
+      HasSubstr("model.safetensors.index.json lists tensor \"ghost\" in s1.safetensors, which does not hold it"));
 }
 
 TEST(HfDirectoryErrors, ShardHoldsATensorTheIndexDoesNotList) {
-  const std::string dir = hand_made({{"s1.safetensors", {{"a", kFour}, {"extra", kFour}}}},
-                                    R"({"weight_map": {"a": "s1.safetensors"}})");
-  EXPECT_THAT(open_error(dir), HasSubstr("s1.safetensors holds tensor \"extra\", which model.safetensors.index.json does not list"));
+  const std::string dir =
+      hand_made({{"s1.safetensors", {{"a", kFour}, {"extra", kFour}}}}, R"({"weight_map": {"a": "s1.safetensors"}})");
+  EXPECT_THAT(open_error(dir),
+              HasSubstr("s1.safetensors holds tensor \"extra\", which model.safetensors.index.json does not list"));
 }
 
 TEST(HfDirectoryErrors, IndexTotalSizeWrong) {
-  const std::string dir = hand_made({{"s1.safetensors", {{"a", kFour}}}, {"s2.safetensors", {{"b", kFour}}}},
-                                    R"({"metadata": {"total_size": 31}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})");
+  const std::string dir =
+      hand_made({{"s1.safetensors", {{"a", kFour}}}, {"s2.safetensors", {{"b", kFour}}}},
+                R"({"metadata": {"total_size": 31}, "weight_map": {"a": "s1.safetensors", "b": "s2.safetensors"}})");
   EXPECT_THAT(open_error(dir), HasSubstr("metadata.total_size is 31 but the shards' tensors hold 32 bytes"));
 }
 
 TEST(HfDirectoryErrors, UnsupportedDtype) {
   const std::string dir = hand_made({{"model.safetensors", {{"a", kFour}, {"position_ids", at::arange(4)}}}});
   EXPECT_THAT(open_error(dir), HasSubstr(dir + "/model.safetensors: tensor \"position_ids\" has dtype I64; "
-                                         "a model loads from F32, F16, BF16 or F64 only"));
+                                               "a model loads from F32, F16, BF16 or F64 only"));
 }
 
 TEST(HfDirectoryErrors, NoWeightsFileNoConfig) {
@@ -307,14 +316,16 @@ TEST(HfDirectoryErrors, NoWeightsFileNoConfig) {
 
 TEST(HfDirectoryErrors, MalformedIndex) {
   const std::map<std::string, std::map<std::string, at::Tensor>> one = {{"s1.safetensors", {{"a", kFour}}}};
-  EXPECT_THAT(open_error(hand_made(one, "{\"weight_map\": {")), HasSubstr("model.safetensors.index.json: not valid JSON: "));
+  EXPECT_THAT(open_error(hand_made(one, "{\"weight_map\": {")),
+              HasSubstr("model.safetensors.index.json: not valid JSON: "));
   EXPECT_THAT(open_error(hand_made(one, "[1, 2]")), HasSubstr("must be a JSON object"));
   EXPECT_THAT(open_error(hand_made(one, R"({"weight_map": ["a"]})")), HasSubstr("\"weight_map\" must be an object"));
   EXPECT_THAT(open_error(hand_made(one, R"({"metadata": {}})")), HasSubstr("has no \"weight_map\""));
   EXPECT_THAT(open_error(hand_made(one, R"({"weight_map": {"a": 3}})")),
               HasSubstr("weight_map[\"a\"] must be a shard file name (string), got 3"));
-  EXPECT_THAT(open_error(hand_made(one, R"({"metadata": {"total_size": "16"}, "weight_map": {"a": "s1.safetensors"}})")),
-              HasSubstr("metadata.total_size must be an integer"));
+  EXPECT_THAT(
+      open_error(hand_made(one, R"({"metadata": {"total_size": "16"}, "weight_map": {"a": "s1.safetensors"}})")),
+      HasSubstr("metadata.total_size must be an integer"));
   EXPECT_THAT(open_error(hand_made(one, R"({"weight_map": {"a": "../s1.safetensors"}})")),
               HasSubstr("names the shard file \"../s1.safetensors\"; a shard must be a plain file name"));
   EXPECT_THAT(open_error(hand_made(one, R"({"weight_map": {"a": ".."}})")), HasSubstr("plain file name"));
@@ -328,7 +339,8 @@ TEST(HfDirectoryErrors, MatchListsMissingUnexpectedAndMisshapedAndWritesNothing)
   EXPECT_THAT(error, HasSubstr(dir + ": the weights do not match the model"));
   EXPECT_THAT(error, HasSubstr("1 missing from the files, e.g. \"c\" [4]"));
   EXPECT_THAT(error, HasSubstr("1 unexpected (the model has no such parameter), e.g. \"stray\" in model.safetensors"));
-  EXPECT_THAT(error, HasSubstr("1 with the wrong shape, e.g. \"b\" is [4] in model.safetensors, the model's \"b\" is [2,2]"));
+  EXPECT_THAT(error,
+              HasSubstr("1 with the wrong shape, e.g. \"b\" is [4] in model.safetensors, the model's \"b\" is [2,2]"));
   for (const auto& [name, p] : params) EXPECT_TRUE(p.eq(7).all().item<bool>()) << name << " was written";
 }
 
@@ -337,7 +349,9 @@ TEST(HfDirectoryErrors, MatchListsTheFirstFiveAndTheCount) {
   hf::ExpectedShapes expected = {{"a", {4}}};
   for (int i = 0; i < 12; ++i) expected.emplace_back("m" + std::to_string(i), std::vector<int64_t>{1});
   const std::string error = error_of([&] { hf::match_hf_tensors(hf::open_hf_directory(dir), expected, {}); });
-  EXPECT_THAT(error, HasSubstr("12 missing from the files, e.g. \"m0\" [1], \"m1\" [1], \"m2\" [1], \"m3\" [1], \"m4\" [1], ..."));
+  EXPECT_THAT(
+      error,
+      HasSubstr("12 missing from the files, e.g. \"m0\" [1], \"m1\" [1], \"m2\" [1], \"m3\" [1], \"m4\" [1], ..."));
 }
 
 // ---- tied embeddings ----
@@ -358,8 +372,10 @@ TEST(HfDirectory, TiedEmbeddings) {
   EXPECT_TRUE(load_embed({{"lm_head.weight", head}}).equal(head));  // only the output: feeds the embedding
   // untied, the same lm_head is a tensor the model lacks
   EXPECT_THAT(error_of([&] {
-                hf::load_hf_weights(hf::open_hf_directory(hand_made({{"model.safetensors", {{"model.embed_tokens.weight", embed}, {"lm_head.weight", head}}}})),
-                                {{"model.embed_tokens.weight", at::zeros({2, 4})}}, {});
+                hf::load_hf_weights(
+                    hf::open_hf_directory(hand_made(
+                        {{"model.safetensors", {{"model.embed_tokens.weight", embed}, {"lm_head.weight", head}}}})),
+                    {{"model.embed_tokens.weight", at::zeros({2, 4})}}, {});
               }),
               HasSubstr("1 unexpected"));
 }
@@ -373,7 +389,8 @@ nlohmann::json tiny_config(const std::string& file, bool tied = false) {
   int64_t next_id = 200;
   auto shrink = [&](nlohmann::json& o) {
     for (auto& [key, value] : o.items()) {
-      const bool id = key.size() > 8 && (key.rfind("token_id") == key.size() - 8 || key.rfind("_index") == key.size() - 6);
+      const bool id =
+          key.size() > 8 && (key.rfind("token_id") == key.size() - 8 || key.rfind("_index") == key.size() - 6);
       if (id && value.is_number_integer()) value = next_id++;
       if (id && value.is_array())
         for (auto& v : value) v = next_id++;
@@ -432,8 +449,7 @@ void expect_loads(const std::string& dir, const ModelConfig& config, const Named
   }
   hf::load_hf_weights(hf::open_hf_directory(dir), params, checkpoint_naming(config));
   ASSERT_EQ(params.size(), source.size());
-  for (size_t i = 0; i < params.size(); ++i)
-    EXPECT_TRUE(params[i].second.equal(source[i].second)) << params[i].first;
+  for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(params[i].second.equal(source[i].second)) << params[i].first;
 }
 
 TEST_P(HfDirectoryNaming, OwnAndOtherLayoutLoad) {
@@ -448,7 +464,8 @@ TEST_P(HfDirectoryNaming, OwnAndOtherLayoutLoad) {
   expect_loads(own_dir, config, own);
 
   Named other = renamed(own, c.other_layout);
-  if (config.model_type == "qwen3_5") other.emplace_back("mtp.fc.weight", at::ones({4, 4}));  // dropped
+  if (config.model_type == "qwen3_5" || config.model_type == "qwen3_5_moe")
+    other.emplace_back("mtp.fc.weight", at::ones({4, 4}));  // dropped
   const std::string other_dir = temp_dir() + "/other";
   hf::HfSaveOptions sharded;
   sharded.max_shard_bytes = 4096;
@@ -465,6 +482,8 @@ INSTANTIATE_TEST_SUITE_P(
         // Qwen3-VL / Qwen3.5 files are new; the other layout is the legacy one.
         FamilyCase{"tiny-qwen3-vl.json", {{"model.visual.", "visual."}, {"model.language_model.", "model."}}},
         FamilyCase{"tiny-qwen3_5-vl.json", {{"model.visual.", "visual."}, {"model.language_model.", "model."}}},
+        FamilyCase{"tiny-qwen3-vl-moe.json", {{"model.visual.", "visual."}, {"model.language_model.", "model."}}},
+        FamilyCase{"tiny-qwen3_5-moe.json", {{"model.visual.", "visual."}, {"model.language_model.", "model."}}},
         // llava-1.5-*-hf files are legacy; the other layout is transformers >= 4.52's.
         FamilyCase{"tiny-llava.json",
                    {{"language_model.model.", "model.language_model."},
@@ -483,6 +502,81 @@ INSTANTIATE_TEST_SUITE_P(
         if (ch == '-' || ch == '.') ch = '_';
       return name;
     });
+
+// ---- mixture-of-experts layouts, and expert parallelism's share of them ----
+
+// Each tensor as `f` has it (the expert tensors of a fused layout transposed: what
+// transformers >= 5 writes for Qwen3-VL-MoE).
+Named transposed_experts(const Named& tensors) {
+  Named out;
+  for (const auto& [name, t] : tensors)
+    out.emplace_back(name, name.find(".mlp.experts.") != std::string::npos ? t.transpose(1, 2).contiguous() : t);
+  return out;
+}
+
+// A rank's model under expert parallelism reads its experts from the whole model's files
+// (the released layout, and transformers 5's transposed one for the fused experts): its
+// block's rows of each fused tensor, its block's experts of the per-expert layout (the
+// others skipped, not unexpected), everything else whole.
+TEST(HfDirectory, ExpertsLoadInEveryLayoutAndAsARanksShare) {
+  for (const std::string file : {"tiny-qwen3-vl-moe.json", "tiny-qwen3_5-moe.json"}) {
+    const nlohmann::json json = tiny_config(file);
+    const ModelConfig config = parse_model_config(json, file);
+    const Named own = parameters_of(*build(config));
+    const std::string dir = temp_dir() + "/own";
+    hf::save_hf_directory(dir, own, json.dump());
+    std::vector<std::string> dirs = {dir};
+    if (config.text.moe.layout == ExpertLayout::fused) {
+      dirs.push_back(temp_dir() + "/transformers5");
+      hf::save_hf_directory(dirs.back(), transposed_experts(own), json.dump());
+      expect_loads(dirs.back(), config, own);
+    }
+    std::map<std::string, at::Tensor> whole(own.begin(), own.end());
+    ModelConfig shard = config;
+    set_expert_shard(shard.text.moe, 4, 1);  // experts 2 and 3 of 8
+    for (const std::string& from : dirs) {
+      const Named params = parameters_of(*build(shard));
+      hf::load_hf_weights(hf::open_hf_directory(from), params, checkpoint_naming(shard));
+      int experts = 0;
+      for (const auto& [name, p] : params) {
+        at::Tensor want = whole.at(name);
+        if (name.find(".mlp.experts.gate_up_proj") != std::string::npos ||
+            name.find(".mlp.experts.down_proj") != std::string::npos)
+          want = want.narrow(0, 2, 2);
+        experts += name.find(".mlp.experts.") != std::string::npos;
+        EXPECT_TRUE(p.equal(want)) << file << " from " << from << ": " << name;
+      }
+      EXPECT_GT(experts, 0);
+      if (config.text.moe.layout == ExpertLayout::per_expert) { EXPECT_LT(params.size(), own.size()); }
+    }
+  }
+}
+
+// A checkpoint of 8 experts under a config of 16 (and one whose expert 8 lies beyond a
+// config of 8): refused naming the tensor, both counts and the rule, before any weight is read.
+TEST(HfDirectoryErrors, ExpertCountDiffersFromTheConfig) {
+  for (const std::string file : {"tiny-qwen3-vl-moe.json", "tiny-qwen3_5-moe.json"}) {
+    nlohmann::json json = tiny_config(file);
+    const ModelConfig config = parse_model_config(json, file);
+    const std::string dir = temp_dir() + "/eight";
+    hf::save_hf_directory(dir, parameters_of(*build(config)), json.dump());
+    json["text_config"]["num_experts"] = 16;
+    const std::string error =
+        error_of([&] { check_expert_count(hf::open_hf_directory(dir), parse_model_config(json, file)); });
+    EXPECT_THAT(error, HasSubstr("but config.json's num_experts is 16: the checkpoint and the config must describe "
+                                 "the same experts"));
+    EXPECT_THAT(error, HasSubstr(config.text.moe.layout == ExpertLayout::fused ? "holds 8 experts" : "is expert 7"));
+  }
+  const nlohmann::json json = tiny_config("tiny-qwen3_5-moe.json");
+  const ModelConfig config = parse_model_config(json, "tiny-qwen3_5-moe.json");
+  Named extra = parameters_of(*build(config));
+  extra.emplace_back("model.language_model.layers.0.mlp.experts.8.up_proj.weight", at::ones({24, 64}));
+  const std::string dir = temp_dir() + "/nine";
+  hf::save_hf_directory(dir, extra, json.dump());
+  EXPECT_THAT(error_of([&] { check_expert_count(hf::open_hf_directory(dir), config); }),
+              HasSubstr("\"model.language_model.layers.0.mlp.experts.8.up_proj.weight\" is expert 8, but "
+                        "config.json's num_experts is 8"));
+}
 
 // transformers 5 writes LLaVA's CLIP tower without CLIPVisionModel's vision_model level:
 // vision_tower.embeddings.* (seen from transformers 5.17's save_pretrained; tests/hf
@@ -562,8 +656,8 @@ TEST(ConfigMutants, EveryShippedConfigEndsInAResultOrAnError) {
     const test::MutantReport r = test::check_mutants(text, 11, 300, [](const std::string& mutant) {
       parse_model_config(parse_json_text(mutant, "config.json"), "config.json");
     });
-    std::printf("%s config.json: %d mutants, %d accepted, %d refused, %.2f s\n", name, r.mutants, r.accepted,
-                r.refused, r.seconds);
+    std::printf("%s config.json: %d mutants, %d accepted, %d refused, %.2f s\n", name, r.mutants, r.accepted, r.refused,
+                r.seconds);
     EXPECT_TRUE(r.failures.empty()) << name << ": " << r.failures.size() << " failures, first: " << r.failures.front();
     EXPECT_LT(r.seconds, 30.0);
   }
@@ -574,12 +668,13 @@ TEST(JsonRead, DepthDuplicatesUtf8AndIntegers) {
   EXPECT_THAT(error(std::string(100000, '[') + std::string(100000, ']')),
               HasSubstr("x.json: JSON nests deeper than 64 levels"));
   EXPECT_EQ(error(std::string(64, '[') + std::string(64, ']')), "(no error)");
-  EXPECT_EQ(error(R"({"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["})"), "(no error)");  // in a string
+  EXPECT_EQ(error(R"({"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["})"),
+            "(no error)");  // in a string
   EXPECT_THAT(error(R"({"a": 1, "b": {"c": 2, "c": 3}})"), HasSubstr("x.json: the key \"c\" appears twice"));
-  EXPECT_EQ(error(R"({"a": {"c": 2}, "b": {"c": 3}})"), "(no error)");  // same key, other objects
+  EXPECT_EQ(error(R"({"a": {"c": 2}, "b": {"c": 3}})"), "(no error)");               // same key, other objects
   EXPECT_THAT(error("{\"a\": \"\xff\xfe\"}"), HasSubstr("x.json: not valid JSON"));  // ill-formed UTF-8
-  EXPECT_THAT(error("{\"a\": \"\xc3\"}"), HasSubstr("x.json: not valid JSON"));       // truncated sequence
-  EXPECT_EQ(error("{\"a\": \"\xc3\xa9\"}"), "(no error)");                                    // é
+  EXPECT_THAT(error("{\"a\": \"\xc3\"}"), HasSubstr("x.json: not valid JSON"));      // truncated sequence
+  EXPECT_EQ(error("{\"a\": \"\xc3\xa9\"}"), "(no error)");                           // é
   const auto j = parse_json_text(R"({"n": 18446744073709551615, "m": -3, "f": 1.5, "s": "7"})", "x.json");
   EXPECT_THAT(error_of([&] { json_int(j, "n", "x.json", 0, INT64_MAX); }), HasSubstr("x.json: n must be an integer"));
   EXPECT_THAT(error_of([&] { json_int(j, "m", "x.json", 0, 10); }), HasSubstr("x.json: m = -3 is outside [0, 10]"));

@@ -14,13 +14,13 @@
 #include <random>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/hooks/activation_offload.h"
 #include "mmsp/model/config/config.h"
+#include "mmsp/model/hooks/activation_offload.h"
+#include "mmsp/model/hooks/recompute.h"
 #include "mmsp/model/layers/decoder.h"
+#include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/parallel/decoder_attention.h"
-#include "mmsp/model/hooks/recompute.h"
-#include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
 #include "mmsp/train/memory/memory_counter.h"
 
@@ -31,27 +31,38 @@ using ::testing::HasSubstr;
 namespace {
 
 nlohmann::json text_config(const std::string& type, int64_t intermediate) {
-  return {{"model_type", type}, {"vocab_size", 128}, {"hidden_size", 32}, {"intermediate_size", intermediate},
-          {"num_hidden_layers", 3}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-          {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0}};
+  return {{"model_type", type},       {"vocab_size", 128},
+          {"hidden_size", 32},        {"intermediate_size", intermediate},
+          {"num_hidden_layers", 3},   {"num_attention_heads", 4},
+          {"num_key_value_heads", 2}, {"rms_norm_eps", 1e-6},
+          {"rope_theta", 10000.0}};
 }
 
 // "qwen2_vl": mRoPE, q/k/v biases; "llava": Llama with MLP biases; "qwen3_5": layers
 // [linear, full, linear] (Gated DeltaNet) around the same MLP.
 model::ModelConfig decoder_config(const std::string& family, int64_t intermediate = 80) {
-  const nlohmann::json qwen_vision = {{"depth", 1}, {"embed_dim", 16}, {"hidden_size", 32}, {"num_heads", 2},
-                                      {"mlp_ratio", 2}, {"patch_size", 2}, {"spatial_merge_size", 2},
-                                      {"temporal_patch_size", 2}, {"in_chans", 3}};
+  const nlohmann::json qwen_vision = {
+      {"depth", 1},      {"embed_dim", 16},         {"hidden_size", 32},        {"num_heads", 2}, {"mlp_ratio", 2},
+      {"patch_size", 2}, {"spatial_merge_size", 2}, {"temporal_patch_size", 2}, {"in_chans", 3}};
   if (family == "llava") {
     nlohmann::json text = text_config("llama", intermediate);
     text["mlp_bias"] = true;
-    const nlohmann::json c = {
-        {"model_type", "llava"}, {"image_token_index", 122}, {"image_seq_length", 16},
-        {"tie_word_embeddings", false}, {"text_config", text},
-        {"vision_config", {{"model_type", "clip_vision_model"}, {"hidden_size", 16}, {"intermediate_size", 32},
-                           {"num_hidden_layers", 1}, {"num_attention_heads", 2}, {"image_size", 8},
-                           {"patch_size", 2}, {"projection_dim", 16}, {"hidden_act", "quick_gelu"},
-                           {"layer_norm_eps", 1e-5}}}};
+    const nlohmann::json c = {{"model_type", "llava"},
+                              {"image_token_index", 122},
+                              {"image_seq_length", 16},
+                              {"tie_word_embeddings", false},
+                              {"text_config", text},
+                              {"vision_config",
+                               {{"model_type", "clip_vision_model"},
+                                {"hidden_size", 16},
+                                {"intermediate_size", 32},
+                                {"num_hidden_layers", 1},
+                                {"num_attention_heads", 2},
+                                {"image_size", 8},
+                                {"patch_size", 2},
+                                {"projection_dim", 16},
+                                {"hidden_act", "quick_gelu"},
+                                {"layer_norm_eps", 1e-5}}}};
     return model::parse_model_config(c, "tiny llava");
   }
   if (family == "qwen3_5") {
@@ -64,21 +75,42 @@ model::ModelConfig decoder_config(const std::string& family, int64_t intermediat
     text["linear_value_head_dim"] = 4;
     text["linear_conv_kernel_dim"] = 4;
     text["num_experts"] = 0;
-    text["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}, {"partial_rotary_factor", 0.5},
-                               {"mrope_interleaved", true}, {"mrope_section", {2, 1, 1}}};
-    const nlohmann::json c = {
-        {"model_type", "qwen3_5"}, {"tie_word_embeddings", false}, {"vision_start_token_id", 120},
-        {"vision_end_token_id", 121}, {"image_token_id", 122}, {"video_token_id", 123}, {"text_config", text},
-        {"vision_config", {{"model_type", "qwen3_5_vision"}, {"depth", 1}, {"hidden_size", 16},
-                           {"intermediate_size", 32}, {"num_heads", 2}, {"in_channels", 3}, {"patch_size", 2},
-                           {"temporal_patch_size", 2}, {"spatial_merge_size", 2}, {"out_hidden_size", 32},
-                           {"num_position_embeddings", 16}, {"deepstack_visual_indexes", nlohmann::json::array()}}}};
+    text["rope_parameters"] = {{"rope_type", "default"},
+                               {"rope_theta", 10000.0},
+                               {"partial_rotary_factor", 0.5},
+                               {"mrope_interleaved", true},
+                               {"mrope_section", {2, 1, 1}}};
+    const nlohmann::json c = {{"model_type", "qwen3_5"},
+                              {"tie_word_embeddings", false},
+                              {"vision_start_token_id", 120},
+                              {"vision_end_token_id", 121},
+                              {"image_token_id", 122},
+                              {"video_token_id", 123},
+                              {"text_config", text},
+                              {"vision_config",
+                               {{"model_type", "qwen3_5_vision"},
+                                {"depth", 1},
+                                {"hidden_size", 16},
+                                {"intermediate_size", 32},
+                                {"num_heads", 2},
+                                {"in_channels", 3},
+                                {"patch_size", 2},
+                                {"temporal_patch_size", 2},
+                                {"spatial_merge_size", 2},
+                                {"out_hidden_size", 32},
+                                {"num_position_embeddings", 16},
+                                {"deepstack_visual_indexes", nlohmann::json::array()}}}};
     return model::parse_model_config(c, "tiny qwen3_5");
   }
   nlohmann::json c = text_config(family, intermediate);
-  c.update({{"tie_word_embeddings", false}, {"vision_start_token_id", 120}, {"vision_end_token_id", 121},
-            {"vision_token_id", 119}, {"image_token_id", 122}, {"video_token_id", 123},
-            {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}}}, {"vision_config", qwen_vision}});
+  c.update({{"tie_word_embeddings", false},
+            {"vision_start_token_id", 120},
+            {"vision_end_token_id", 121},
+            {"vision_token_id", 119},
+            {"image_token_id", 122},
+            {"video_token_id", 123},
+            {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}}},
+            {"vision_config", qwen_vision}});
   return model::parse_model_config(c, "tiny " + family);
 }
 
@@ -122,7 +154,7 @@ Step run_step(const model::ModelConfig& config, const Memory& memory) {
   blocks.block_q = 8;
   blocks.block_k = 16;
   const model::DecoderContext ctx = parallel::decoder_context(in, config.text, config.conventions, {solo, solo}, blocks,
-                                                           at::empty({0}, at::kDouble), /*linear_chunk=*/8);
+                                                              at::empty({0}, at::kDouble), /*linear_chunk=*/8);
   Step step;
   step.tokens = in.token_ids.size(0);
   Tensor loss = train::causal_lm_loss(decoder.forward(decoder.embed(in.token_ids), ctx), in.labels, in.label_count);
@@ -156,8 +188,8 @@ TEST(TiledMlp, DecoderEqualsTheUntiledOneInFp64) {
     const Step plain = run_step(config, {});
     for (int64_t tile : {int64_t{1}, int64_t{5}, int64_t{37}, int64_t{64}, model::kAutoMlpTile})
       for (bool recompute : {false, true}) {
-        const std::string where = std::string(family) + " tile " + model::mlp_tile_name(tile) +
-                                  (recompute ? " recomputed" : "");
+        const std::string where =
+            std::string(family) + " tile " + model::mlp_tile_name(tile) + (recompute ? " recomputed" : "");
         expect_same(run_step(config, {tile, recompute, false}), plain, 1e-12, where);
       }
   }

@@ -3,20 +3,20 @@
 // examples/.
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <sstream>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
+#include "../support/json_mutants.h"
+#include "mmsp/core/json_read.h"
 #include "plan_command.h"
 #include "plan_test_util.h"
 #include "scratch_dir.h"
-#include "mmsp/core/json_read.h"
-#include "../support/json_mutants.h"
 
 namespace mmsp::plan {
 namespace {
@@ -63,10 +63,11 @@ TEST(PlanCommand, TextSummaryOfTheExample) {
   EXPECT_THAT(r.out, Not(HasSubstr("note: attention bytes priced at")));
 }
 
-
 TEST(PlanCommand, PlacementFlag) {
-  const std::vector<std::string> base{"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch",
-                                      kDir + "/examples/batch-qwen2-vl.json", "--ring", "2", "--ulysses", "2"};
+  const std::vector<std::string> base{"--config",  kDir + "/configs/tiny-qwen2-vl.json",
+                                      "--batch",   kDir + "/examples/batch-qwen2-vl.json",
+                                      "--ring",    "2",
+                                      "--ulysses", "2"};
   auto with = [&](std::vector<std::string> more) {
     std::vector<std::string> args = base;
     args.insert(args.end(), more.begin(), more.end());
@@ -92,9 +93,9 @@ TEST(PlanCommand, PlacementFlag) {
 }
 
 TEST(PlanCommand, JsonOfOneRank) {
-  const Result r = run_plan({"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch",
-                             kDir + "/examples/batch-qwen2-vl.json", "--ring", "2", "--ulysses",
-                             "2", "--rank", "1", "--format", "json"});
+  const Result r =
+      run_plan({"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch", kDir + "/examples/batch-qwen2-vl.json",
+                "--ring", "2", "--ulysses", "2", "--rank", "1", "--format", "json"});
   ASSERT_EQ(r.status, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["ranks"].size(), 1u);
@@ -108,8 +109,8 @@ TEST(PlanCommand, JsonOfOneRank) {
 TEST(PlanCommand, EveryExampleWithItsConfig) {
   for (const char* family : {"qwen2-vl", "qwen2_5-vl", "qwen3-vl", "qwen3_5-vl", "llava"}) {
     const Result r = run_plan({"--config", kDir + "/configs/tiny-" + family + ".json", "--batch",
-                               kDir + "/examples/batch-" + family + ".json", "--dp", "2", "--ring",
-                               "2", "--ulysses", "2", "--format", "json"});
+                               kDir + "/examples/batch-" + family + ".json", "--dp", "2", "--ring", "2", "--ulysses",
+                               "2", "--format", "json"});
     ASSERT_EQ(r.status, 0) << family << ": " << r.err;
     const nlohmann::json j = nlohmann::json::parse(r.out);
     EXPECT_EQ(j["ranks"].size(), 8u) << family;
@@ -130,8 +131,8 @@ TEST(PlanCommand, BadInputsExitTwoWithTheMessage) {
   // LLaVA's config against a Qwen2-VL batch: its token ids are outside LLaVA's vocabulary,
   // which is checked (as mmsp train does) before the placeholders.
   EXPECT_THAT(r.err, HasSubstr("sequence 0: input_ids[0] = 101089 is outside the vocabulary 0..32063 of "));
-  r = run_plan({"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch",
-                kDir + "/examples/batch-qwen2-vl.json", "--format", "xml"});
+  r = run_plan({"--config", kDir + "/configs/tiny-qwen2-vl.json", "--batch", kDir + "/examples/batch-qwen2-vl.json",
+                "--format", "xml"});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("--format \"xml\" is unknown"));
 }
@@ -220,11 +221,12 @@ TEST(PlanCommand, DuplicateKeysDeepNestingAndTokenIdsAreRefused) {
     std::ofstream(dir + "/" + file) << text;
     return dir + "/" + file;
   };
-  Result r = run_plan({"--config", config, "--batch", write("dup.json", R"({"sequences": [{"input_ids": [1, 2], "input_ids": [3]}]})")});
+  Result r = run_plan({"--config", config, "--batch",
+                       write("dup.json", R"({"sequences": [{"input_ids": [1, 2], "input_ids": [3]}]})")});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("dup.json: the key \"input_ids\" appears twice in one object"));
-  r = run_plan({"--config", config, "--batch", write("deep.json", R"({"sequences": [{"input_ids": [1, 2, )" +
-                                                                    std::string(1000000, '[') + "}]}")});
+  r = run_plan({"--config", config, "--batch",
+                write("deep.json", R"({"sequences": [{"input_ids": [1, 2, )" + std::string(1000000, '[') + "}]}")});
   EXPECT_EQ(r.status, 2);
   EXPECT_THAT(r.err, HasSubstr("deep.json: JSON nests deeper than 64 levels"));
   // token ids against the config's vocab_size
@@ -264,10 +266,11 @@ TEST(PlanCommand, AConfigWithOnlyWhatPlanningUsesPlans) {
       "text_config": {"vocab_size": 1000}})");
   r = run_plan({"--config", small, "--batch", llava_batch});
   EXPECT_EQ(r.status, 2);
-  EXPECT_THAT(r.err, HasSubstr("small.json: the image token id 32000 is outside the vocabulary 0..999 that vocab_size declares"));
+  EXPECT_THAT(
+      r.err,
+      HasSubstr("small.json: the image token id 32000 is outside the vocabulary 0..999 that vocab_size declares"));
   std::filesystem::remove_all(dir);
 }
-
 
 // A config the planner reads but the model refuses (mrope_section against head_dim) still
 // plans; its bytes are priced at the default shape, and the note says why.
@@ -277,8 +280,8 @@ TEST(PlanCommand, AConfigTheModelRefusesIsPricedAtTheDefaultShapeWithANote) {
   const std::string from = "\"mrope_section\": [2, 3, 3]";
   ASSERT_NE(text.find(from), std::string::npos);
   text.replace(text.find(from), from.size(), "\"mrope_section\": [2, 3, 4]");
-  const Result r = run_plan({"--config", write_temp("mrope.json", text), "--batch",
-                             kDir + "/examples/batch-qwen2-vl.json", "--ring", "2"});
+  const Result r = run_plan(
+      {"--config", write_temp("mrope.json", text), "--batch", kDir + "/examples/batch-qwen2-vl.json", "--ring", "2"});
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("note: attention bytes priced at Qwen2-VL-7B's shape: "));
   EXPECT_THAT(r.out, HasSubstr("mrope_section [2, 3, 4] sums to 9"));

@@ -2,8 +2,8 @@
 // rules: Qwen2-VL splits the doubled mrope_section list over the head dim and takes
 // chunk i from position row i % 3; Qwen3-VL starts from the t row and overwrites
 // frequencies dim, dim+3, ... below 3·section[dim] with rows h (dim 1) and w (dim 2).
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
@@ -49,8 +49,7 @@ Tensor reference_rotary(const Tensor& x, const Tensor& positions, const RotaryOp
   for (int64_t t = 0; t < T; ++t)
     for (int64_t d = 0; d < D; ++d) {
       const int64_t j = d % half;
-      const double angle =
-          pa[reference_row(o, d)][t] * std::pow(o.theta, -2.0 * j / static_cast<double>(D));
+      const double angle = pa[reference_row(o, d)][t] * std::pow(o.theta, -2.0 * j / static_cast<double>(D));
       for (int64_t h = 0; h < H; ++h) {
         const double partner = d < half ? -xa[t][h][d + half] : xa[t][h][d - half];
         oa[t][h][d] = xa[t][h][d] * std::cos(angle) + partner * std::sin(angle);

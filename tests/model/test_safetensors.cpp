@@ -15,9 +15,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "error_of.h"
 #include "mmsp/core/check.h"
 #include "mmsp/hf/safetensors.h"
-#include "error_of.h"
 #include "scratch_dir.h"
 
 namespace mmsp::model {
@@ -63,9 +63,7 @@ void expect_identical(const at::Tensor& a, const at::Tensor& b, const std::strin
   const at::Tensor ac = a.contiguous();
   const at::Tensor bc = b.contiguous();
   ASSERT_EQ(ac.nbytes(), bc.nbytes()) << name;
-  if (ac.nbytes() > 0) {
-    EXPECT_EQ(std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.nbytes()), 0) << name;
-  }
+  if (ac.nbytes() > 0) { EXPECT_EQ(std::memcmp(ac.data_ptr(), bc.data_ptr(), ac.nbytes()), 0) << name; }
 }
 
 // Random bit patterns (NaN payloads, denormals, negative zero) for every byte of the tensor.
@@ -77,9 +75,8 @@ at::Tensor random_bits(at::ScalarType type, at::IntArrayRef shape, std::mt19937&
   return t;
 }
 
-const std::vector<at::ScalarType> kAllTypes = {at::kDouble, at::kFloat, at::kHalf,
-                                               at::kBFloat16, at::kLong, at::kInt,
-                                               at::kShort, at::kChar, at::kByte, at::kBool};
+const std::vector<at::ScalarType> kAllTypes = {at::kDouble, at::kFloat, at::kHalf, at::kBFloat16, at::kLong,
+                                               at::kInt,    at::kShort, at::kChar, at::kByte,     at::kBool};
 
 // ---------- round trips ----------
 
@@ -89,8 +86,7 @@ TEST(Safetensors, RoundTripEveryDtypeAndShapeBitExact) {
   const std::vector<std::vector<int64_t>> shapes = {{3, 5}, {}, {0}, {2, 0, 3}, {7}, {1, 1, 2, 3}};
   for (at::ScalarType type : kAllTypes)
     for (size_t s = 0; s < shapes.size(); ++s)
-      tensors[hf::safetensors_dtype_name(type) + ".shape" + std::to_string(s)] =
-          random_bits(type, shapes[s], rng);
+      tensors[hf::safetensors_dtype_name(type) + ".shape" + std::to_string(s)] = random_bits(type, shapes[s], rng);
   const std::string dir = temp_dir();
   const std::string path = dir + "/all.safetensors";
   hf::save_safetensors(path, tensors);
@@ -105,8 +101,7 @@ TEST(Safetensors, RoundTripEveryDtypeAndShapeBitExact) {
 }
 
 TEST(Safetensors, DtypeNamesMapBothWays) {
-  const std::vector<std::string> names = {"F64", "F32", "F16", "BF16", "I64",
-                                          "I32", "I16", "I8",  "U8",   "BOOL"};
+  const std::vector<std::string> names = {"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL"};
   for (size_t i = 0; i < names.size(); ++i) {
     EXPECT_EQ(hf::safetensors_dtype_name(kAllTypes[i]), names[i]);
     EXPECT_EQ(hf::safetensors_scalar_type(names[i]), kAllTypes[i]);
@@ -128,10 +123,9 @@ TEST(Safetensors, NonContiguousAndViewsAreSavedByValue) {
 TEST(Safetensors, MetadataAndHeaderInspection) {
   const std::string dir = temp_dir();
   const std::string path = dir + "/meta.safetensors";
-  const std::map<std::string, std::string> metadata = {{"format", "pt"}, {"step", "1200"},
-                                                       {"note", "ünïcödé \"quoted\"\n"}};
-  hf::save_safetensors(path, {{"w", at::ones({2, 3}, at::kBFloat16)}, {"b", at::zeros({3})}},
-                   metadata);
+  const std::map<std::string, std::string> metadata = {
+      {"format", "pt"}, {"step", "1200"}, {"note", "ünïcödé \"quoted\"\n"}};
+  hf::save_safetensors(path, {{"w", at::ones({2, 3}, at::kBFloat16)}, {"b", at::zeros({3})}}, metadata);
   const hf::SafetensorsHeader h = hf::read_safetensors_header(path);
   EXPECT_EQ(h.metadata, metadata);
   ASSERT_EQ(h.tensors.size(), 2u);
@@ -192,11 +186,10 @@ TEST(Safetensors, ReadsTheBytesPythonWrites) {
 }
 
 TEST(Safetensors, WritesTheBytesPythonWrites) {
-  const std::map<std::string, at::Tensor> tensors = {
-      {"b", at::tensor({1.0f, 2.0f})},
-      {"a", at::tensor({int64_t{7}})},
-      {"c", at::tensor({1, 2, 3}, at::kByte)},
-      {"flag", at::scalar_tensor(true, at::kBool)}};
+  const std::map<std::string, at::Tensor> tensors = {{"b", at::tensor({1.0f, 2.0f})},
+                                                     {"a", at::tensor({int64_t{7}})},
+                                                     {"c", at::tensor({1, 2, 3}, at::kByte)},
+                                                     {"flag", at::scalar_tensor(true, at::kBool)}};
   EXPECT_EQ(hf::serialize_safetensors(tensors, {{"format", "pt"}}), python_style_file());
 }
 
@@ -223,10 +216,9 @@ TEST(Safetensors, ZeroSizeTensorsMayShareAnOffset) {
 
 // ---------- malformed files ----------
 
-std::string f32_entry(const std::string& name, const std::string& shape, uint64_t begin,
-                      uint64_t end) {
-  return "\"" + name + "\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[" +
-         std::to_string(begin) + "," + std::to_string(end) + "]}";
+std::string f32_entry(const std::string& name, const std::string& shape, uint64_t begin, uint64_t end) {
+  return "\"" + name + "\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[" + std::to_string(begin) +
+         "," + std::to_string(end) + "]}";
 }
 
 TEST(SafetensorsMalformed, ShorterThanTheLengthPrefix) {
@@ -237,8 +229,7 @@ TEST(SafetensorsMalformed, ShorterThanTheLengthPrefix) {
 TEST(SafetensorsMalformed, HeaderLengthBeyondTheFile) {
   const std::string bytes = le64(1000) + "{}";
   EXPECT_THAT(error_of(bytes), HasSubstr("header length 1000 exceeds the 2 bytes that follow it"));
-  EXPECT_THAT(error_of(le64(~uint64_t{0}) + "{}"),
-              HasSubstr("header length 18446744073709551615 exceeds"));
+  EXPECT_THAT(error_of(le64(~uint64_t{0}) + "{}"), HasSubstr("header length 18446744073709551615 exceeds"));
 }
 
 TEST(SafetensorsMalformed, HeaderLengthOverTheLimitIsRefusedBeforeReading) {
@@ -258,9 +249,8 @@ TEST(SafetensorsMalformed, HeaderLengthOverTheLimitIsRefusedBeforeReading) {
 TEST(SafetensorsMalformed, TruncatedData) {
   const std::string full = python_style_file();
   const std::string cut = full.substr(0, full.size() - 3);
-  EXPECT_THAT(error_of(cut),
-              HasSubstr("tensor \"c\": data_offsets [16, 19] run past the data section, which "
-                        "holds 17 bytes (truncated file?)"));
+  EXPECT_THAT(error_of(cut), HasSubstr("tensor \"c\": data_offsets [16, 19] run past the data section, which "
+                                       "holds 17 bytes (truncated file?)"));
 }
 
 TEST(SafetensorsMalformed, TruncatedFileNamesThePath) {
@@ -270,25 +260,19 @@ TEST(SafetensorsMalformed, TruncatedFileNamesThePath) {
   try {
     hf::load_safetensors(path);
     FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr(path + ": tensor \"flag\""));
-  }
+  } catch (const Error& e) { EXPECT_THAT(e.what(), HasSubstr(path + ": tensor \"flag\"")); }
 }
 
 TEST(SafetensorsMalformed, MissingFile) {
   try {
     hf::load_safetensors("/nonexistent/dir/w.safetensors");
     FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("/nonexistent/dir/w.safetensors: cannot open"));
-  }
+  } catch (const Error& e) { EXPECT_THAT(e.what(), HasSubstr("/nonexistent/dir/w.safetensors: cannot open")); }
   EXPECT_THAT(
       [] {
         try {
           hf::load_safetensors(testing::TempDir());
-        } catch (const Error& e) {
-          return std::string(e.what());
-        }
+        } catch (const Error& e) { return std::string(e.what()); }
         return std::string();
       }(),
       HasSubstr("not a regular file"));
@@ -330,23 +314,19 @@ TEST(SafetensorsMalformed, WrongDtype) {
   const std::string fp8 = "{\"w\":{\"dtype\":\"F8_E4M3\",\"shape\":[1],\"data_offsets\":[0,1]}}";
   EXPECT_THAT(error_of(file_bytes(fp8, std::string(1, '\0'))), HasSubstr("\"F8_E4M3\" is not supported"));
   const std::string num = "{\"w\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}";
-  EXPECT_THAT(error_of(file_bytes(num, std::string(4, '\0'))),
-              HasSubstr("dtype must be a string, got 4"));
+  EXPECT_THAT(error_of(file_bytes(num, std::string(4, '\0'))), HasSubstr("dtype must be a string, got 4"));
 }
 
 TEST(SafetensorsMalformed, DuplicateNames) {
   const std::string h = "{" + f32_entry("a", "[1]", 0, 4) + "," + f32_entry("a", "[1]", 4, 8) + "}";
   EXPECT_THAT(error_of(file_bytes(h, std::string(8, '\0'))),
               HasSubstr("has the key \"a\" twice (duplicate tensor name)"));
-  const std::string inner =
-      "{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
-  EXPECT_THAT(error_of(file_bytes(inner, std::string(4, '\0'))),
-              HasSubstr("has the key \"dtype\" twice"));
+  const std::string inner = "{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+  EXPECT_THAT(error_of(file_bytes(inner, std::string(4, '\0'))), HasSubstr("has the key \"dtype\" twice"));
 }
 
 TEST(SafetensorsMalformed, HeaderNotAnObject) {
-  EXPECT_THAT(error_of(file_bytes("[1, 2]")),
-              HasSubstr("safetensors header must be a JSON object, got array"));
+  EXPECT_THAT(error_of(file_bytes("[1, 2]")), HasSubstr("safetensors header must be a JSON object, got array"));
   EXPECT_THAT(error_of(file_bytes("\"text\"")), HasSubstr("must be a JSON object, got string"));
   EXPECT_THAT(error_of(file_bytes("{\"a\": 3}")),
               HasSubstr("tensor \"a\": entry must be an object {dtype, shape, data_offsets}, got 3"));
@@ -364,25 +344,22 @@ TEST(SafetensorsMalformed, GarbageJson) {
 }
 
 TEST(SafetensorsMalformed, InvalidUtf8) {
-  EXPECT_THAT(error_of(file_bytes("{\"\xff\":1}")),
-              HasSubstr("safetensors header is not valid UTF-8 (byte 2 of 7)"));
-  EXPECT_THAT(error_of(file_bytes("{\"\xc0\xaf\":1}")), HasSubstr("not valid UTF-8"));  // overlong
+  EXPECT_THAT(error_of(file_bytes("{\"\xff\":1}")), HasSubstr("safetensors header is not valid UTF-8 (byte 2 of 7)"));
+  EXPECT_THAT(error_of(file_bytes("{\"\xc0\xaf\":1}")), HasSubstr("not valid UTF-8"));      // overlong
   EXPECT_THAT(error_of(file_bytes("{\"\xed\xa0\x80\":1}")), HasSubstr("not valid UTF-8"));  // surrogate
 }
 
 TEST(SafetensorsMalformed, BadShapes) {
   auto with_shape = [](const std::string& shape) {
-    return error_of(file_bytes("{\"w\":{\"dtype\":\"F32\",\"shape\":" + shape +
-                                   ",\"data_offsets\":[0,4]}}",
-                               std::string(4, '\0')));
+    return error_of(
+        file_bytes("{\"w\":{\"dtype\":\"F32\",\"shape\":" + shape + ",\"data_offsets\":[0,4]}}", std::string(4, '\0')));
   };
   EXPECT_THAT(with_shape("[-1]"), HasSubstr("shape must hold integers in [0, 2^63), got [-1]"));
   EXPECT_THAT(with_shape("[1.0]"), HasSubstr("shape must hold integers"));
   EXPECT_THAT(with_shape("[\"1\"]"), HasSubstr("shape must hold integers"));
   EXPECT_THAT(with_shape("[9223372036854775808]"), HasSubstr("shape must hold integers"));
   EXPECT_THAT(with_shape("4"), HasSubstr("shape must be an array of integers >= 0, got 4"));
-  EXPECT_THAT(with_shape("[4294967296,4294967296,4294967296]"),
-              HasSubstr("has more than 2^63 elements"));
+  EXPECT_THAT(with_shape("[4294967296,4294967296,4294967296]"), HasSubstr("has more than 2^63 elements"));
   // A zero dimension does not excuse the others from fitting LibTorch's int64 sizes.
   EXPECT_THAT(with_shape("[0,4294967296,4294967296]"), HasSubstr("has more than 2^63 elements"));
   EXPECT_THAT(with_shape("[4611686018427387904]"), HasSubstr("needs more than 2^64 bytes"));
@@ -421,8 +398,7 @@ TEST(SafetensorsMalformed, BoolBytesMustBeZeroOrOne) {
 
 TEST(SafetensorsMalformed, DeepNesting) {
   EXPECT_THAT(error_of(file_bytes("{\"a\":[[[[[[1]]]]]]}")), HasSubstr("nests deeper than 4"));
-  EXPECT_THAT(error_of(file_bytes(std::string(100000, '[') + std::string(100000, ']'))),
-              HasSubstr("nests deeper"));
+  EXPECT_THAT(error_of(file_bytes(std::string(100000, '[') + std::string(100000, ']'))), HasSubstr("nests deeper"));
 }
 
 // ---------- writer ----------
@@ -435,9 +411,7 @@ TEST(SafetensorsWrite, RejectsWhatItCannotWriteAndLeavesTheOldFile) {
   auto message = [&](const std::map<std::string, at::Tensor>& t) {
     try {
       hf::save_safetensors(path, t);
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
+    } catch (const Error& e) { return std::string(e.what()); }
     return std::string("(no error)");
   };
   EXPECT_THAT(message({{"z", at::ones({2}, at::kComplexFloat)}}),
@@ -465,9 +439,7 @@ TEST(SafetensorsWrite, AtomicReplaceLeavesNoTemporary) {
   try {
     hf::save_safetensors(dir + "/missing/w.safetensors", {{"a", at::ones({1})}});
     FAIL() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr(dir + "/missing/w.safetensors.tmp: cannot create"));
-  }
+  } catch (const Error& e) { EXPECT_THAT(e.what(), HasSubstr(dir + "/missing/w.safetensors.tmp: cannot create")); }
 }
 
 TEST(SafetensorsWrite, SameInputSameBytes) {
@@ -481,8 +453,7 @@ TEST(SafetensorsWrite, SameInputSameBytes) {
   // Every tensor starts at a multiple of its element size (the data section is 8-aligned).
   const hf::SafetensorsHeader h = hf::parse_safetensors_header(a.data(), a.size());
   EXPECT_EQ((8 + h.header_bytes) % 8, 0u);
-  for (const auto& [name, e] : h.tensors)
-    EXPECT_EQ(e.data_begin % at::elementSize(e.scalar_type), 0u) << name;
+  for (const auto& [name, e] : h.tensors) EXPECT_EQ(e.data_begin % at::elementSize(e.scalar_type), 0u) << name;
 }
 
 // ---------- mutation fuzz ----------
@@ -515,20 +486,30 @@ TEST(SafetensorsFuzz, RandomMutationsLoadOrThrowMmspError) {
       const size_t span = rng() % 4 == 0 ? m.size() : std::min(m.size(), header_end);
       const size_t pos = rng() % span;
       switch (rng() % 6) {
-        case 0: m[pos] = static_cast<char>(m[pos] ^ (1 << (rng() % 8))); break;
-        case 1: m[pos] = static_cast<char>(rng() % 256); break;
-        case 2: m.resize(rng() % m.size()); break;
-        case 3: m.erase(pos, 1 + rng() % 4); break;
-        case 4: m.insert(pos, 1, "0123456789[]{},:\" -"[rng() % 19]); break;
-        case 5: m[pos] = static_cast<char>("0123456789"[rng() % 10]); break;
+        case 0:
+          m[pos] = static_cast<char>(m[pos] ^ (1 << (rng() % 8)));
+          break;
+        case 1:
+          m[pos] = static_cast<char>(rng() % 256);
+          break;
+        case 2:
+          m.resize(rng() % m.size());
+          break;
+        case 3:
+          m.erase(pos, 1 + rng() % 4);
+          break;
+        case 4:
+          m.insert(pos, 1, "0123456789[]{},:\" -"[rng() % 19]);
+          break;
+        case 5:
+          m[pos] = static_cast<char>("0123456789"[rng() % 10]);
+          break;
       }
     }
     try {
       const auto t = hf::parse_safetensors(m.data(), m.size(), "mutant");
       ++loaded;
-    } catch (const Error&) {
-      ++rejected;
-    } catch (const std::exception& e) {
+    } catch (const Error&) { ++rejected; } catch (const std::exception& e) {
       FAIL() << "iteration " << it << ": exception other than mmsp::Error: " << e.what();
     }
   }
@@ -545,9 +526,7 @@ TEST(SafetensorsFuzz, EveryTruncationOfAFileOnDiskIsRejected) {
     try {
       hf::load_safetensors(path);
       FAIL() << "a file cut to " << n << " of " << seed.size() << " bytes loaded";
-    } catch (const Error& e) {
-      EXPECT_THAT(e.what(), HasSubstr(path)) << n;
-    }
+    } catch (const Error& e) { EXPECT_THAT(e.what(), HasSubstr(path)) << n; }
   }
 }
 

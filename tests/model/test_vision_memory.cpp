@@ -77,9 +77,9 @@ TEST_P(VisionMemory, EstimateIsWithinTheMeasuredBytesOfEachFamilysTower) {
     ASSERT_EQ(f.load.tokens, f.tokens);
     const train::VisionBytes e = train::vision_bytes(config, f.load, mode, at::kFloat);
     std::printf("%s %s: %lld tokens, kept %lld (estimate %lld, %.3f), peak %lld (estimate %lld, %.3f)\n",
-                GetParam().c_str(), model::to_string(mode), (long long)f.tokens, (long long)f.kept,
-                (long long)e.kept, double(e.kept) / double(f.kept), (long long)f.peak,
-                (long long)(e.kept + e.transient), double(e.kept + e.transient) / double(f.peak));
+                GetParam().c_str(), model::to_string(mode), (long long)f.tokens, (long long)f.kept, (long long)e.kept,
+                double(e.kept) / double(f.kept), (long long)f.peak, (long long)(e.kept + e.transient),
+                double(e.kept + e.transient) / double(f.peak));
     EXPECT_GE(double(e.kept) / double(f.kept), 0.9);
     EXPECT_LE(double(e.kept) / double(f.kept), 1.2);
     EXPECT_GE(double(e.kept + e.transient) / double(f.peak), 0.9);

@@ -12,7 +12,7 @@ def main(site, src):
 
     import mmsp
     import mmsp._extension  # noqa: F401  (loads mmsp._C: the installed one)
-    from mmsp import _build_info, _C
+    from mmsp import _C, _build_info
 
     installed = os.path.join(os.path.realpath(site), "mmsp")
     for what, path in (("mmsp", mmsp.__file__), ("mmsp._C", _C.__file__)):

@@ -12,11 +12,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "error_of.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/family.h"
 #include "mmsp/plan/model_conventions.h"
 #include "mmsp/plan/sequence.h"
-#include "error_of.h"
 
 namespace mmsp::plan::testing {
 
@@ -148,8 +148,8 @@ inline RefPositions reference_positions(const Sequence& s, const ModelConvention
         for (int64_t w = 0; w < gw; ++w, ++p) {
           int64_t tv = t;
           if (c.scales_video_time()) {
-            const float v = static_cast<float>(t) * static_cast<float>(second) *
-                            static_cast<float>(c.tokens_per_second);
+            const float v =
+                static_cast<float>(t) * static_cast<float>(second) * static_cast<float>(c.tokens_per_second);
             tv = static_cast<int64_t>(v);
           }
           out.rows[0][p] = tv + text_len + st_idx;

@@ -9,8 +9,8 @@
 namespace mmsp::plan {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::error_of;
+using ::testing::HasSubstr;
 
 nlohmann::json load(const std::string& name) {
   std::ifstream in(std::string(MMSP_SOURCE_DIR) + "/configs/" + name);
@@ -102,8 +102,7 @@ TEST(Conventions, DefaultsWhenFieldsMissing) {
   EXPECT_EQ(c.image_token_id, 151655);
   EXPECT_EQ(c.tokens_per_second, 2.0);
   EXPECT_EQ(c.mrope_section, (std::array<int64_t, 3>{16, 24, 24}));
-  EXPECT_EQ(testing::released("qwen3_vl").mrope_section,
-            (std::array<int64_t, 3>{24, 20, 20}));
+  EXPECT_EQ(testing::released("qwen3_vl").mrope_section, (std::array<int64_t, 3>{24, 20, 20}));
 }
 
 TEST(Conventions, Errors) {
@@ -133,11 +132,12 @@ TEST(Mesh, CoordsUlyssesFastest) {
 }
 
 TEST(Mesh, Errors) {
-  EXPECT_THAT(error_of([] { validate_mesh({2, 2, 2}, 6); }),
+  EXPECT_THAT(error_of([] {
+                validate_mesh({2, 2, 2}, 6);
+              }),
               HasSubstr("world size 6 is not dp(2) × ring(2) × ulysses(2) = 8"));
   EXPECT_THAT(error_of([] { validate_mesh({1, 0, 1}); }), HasSubstr("ring(0)"));
-  EXPECT_THAT(error_of([] { rank_coords({1, 2, 2}, 4); }),
-              HasSubstr("rank 4 is outside the world of 4 ranks"));
+  EXPECT_THAT(error_of([] { rank_coords({1, 2, 2}, 4); }), HasSubstr("rank 4 is outside the world of 4 ranks"));
   EXPECT_THAT(error_of([] { parse_layout("ring"); }), HasSubstr("layout \"ring\" is unknown"));
 }
 

@@ -13,8 +13,8 @@
 namespace mmsp::plan {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::error_of;
+using ::testing::HasSubstr;
 using V = std::vector<int64_t>;
 
 // SFT-like document lengths: log-normal (median e^mu), at least 1 token.
@@ -60,8 +60,10 @@ Balance check_every_rank(const PackedRow& row, int R, int U) {
       EXPECT_EQ(loc.slot, slot);
       const int32_t s = map.segment_of(p);
       const double q = static_cast<double>(p - row.cu_seqlens[s] + 1);
-      if (row.segments[s].home >= 0) pairs[c] += q;
-      else ring_pairs[c / U] += q;
+      if (row.segments[s].home >= 0)
+        pairs[c] += q;
+      else
+        ring_pairs[c / U] += q;
     }
   }
   for (int c = 0; c < S; ++c) pairs[c] += ring_pairs[c / U] / U;
@@ -181,8 +183,7 @@ TEST(PlacementProperty, RandomRowsEveryRank) {
     V lengths = lognormal_lengths(rng, n, 5.0, 1.2, 3000);
     for (int k = rng() % 3; k > 0; --k) lengths[rng() % n] = 2000 + static_cast<int64_t>(rng() % 6000);
     const PackedRow row = placed_row(lengths, R, U, Placement::adaptive);
-    ASSERT_EQ(place_segments(lengths, R, U, Placement::adaptive),
-              place_segments(lengths, R, U, Placement::adaptive));
+    ASSERT_EQ(place_segments(lengths, R, U, Placement::adaptive), place_segments(lengths, R, U, Placement::adaptive));
     const Balance b = check_every_rank(row, R, U);
     if (::testing::Test::HasFailure()) FAIL() << "trial " << trial;
     if (b.whole > 0) {

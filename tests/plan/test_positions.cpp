@@ -103,8 +103,7 @@ TEST(PositionsGolden, ImageFirstThenImageAdjacent) {
 // Random sequences of each family against the reference loop, over random sub-ranges.
 TEST(PositionsProperty, MatchesReferenceOnRandomSequences) {
   std::mt19937 rng(7);
-  const ModelConventions families[] = {kQwen2, kQwen25, kQwen3, kLlava,
-                                       testing::released("internvl")};
+  const ModelConventions families[] = {kQwen2, kQwen25, kQwen3, kLlava, testing::released("internvl")};
   for (int trial = 0; trial < 1500; ++trial) {
     const ModelConventions& c = families[trial % 5];
     SeqBuilder b(c, trial);
@@ -113,13 +112,14 @@ TEST(PositionsProperty, MatchesReferenceOnRandomSequences) {
     b.text(std::uniform_int_distribution<int>(0, 5)(rng));
     for (int k = 0; k < items; ++k) {
       const int64_t m = c.spatial_merge_size;
-      Grid g{std::uniform_int_distribution<int64_t>(1, 3)(rng),
-             m * std::uniform_int_distribution<int64_t>(1, 4)(rng),
+      Grid g{std::uniform_int_distribution<int64_t>(1, 3)(rng), m * std::uniform_int_distribution<int64_t>(1, 4)(rng),
              m * std::uniform_int_distribution<int64_t>(1, 4)(rng)};
       // Qwen3-VL: some videos as transformers 5.x writes them, the template's markers around.
       if (c.supports_video() && rng() % 2) {
-        if (c.video_frames_as_blocks() && rng() % 2) b.wrapped_video(g);
-        else b.video(g, with_secs ? 0.25 * (rng() % 9) : -1);
+        if (c.video_frames_as_blocks() && rng() % 2)
+          b.wrapped_video(g);
+        else
+          b.video(g, with_secs ? 0.25 * (rng() % 9) : -1);
       } else {
         b.image(g);
       }

@@ -6,8 +6,8 @@
 namespace mmsp::plan {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::error_of;
+using ::testing::HasSubstr;
 using testing::SeqBuilder;
 
 const ModelConventions kQwen2 = testing::released("qwen2_vl");
@@ -149,8 +149,7 @@ TEST(SequenceErrors, UnmatchedStartEnd) {
               HasSubstr("sequence 4: vision start token 151652 at index 2 is the last token"));
   Sequence bad_follow = SeqBuilder(kQwen2).text(2).build();
   bad_follow.input_ids.insert(bad_follow.input_ids.begin(), kQwen2.vision_start_token_id);
-  EXPECT_THAT(error_of([&] { parse_sequence(bad_follow, kQwen2, 0); }),
-              HasSubstr("is followed by token"));
+  EXPECT_THAT(error_of([&] { parse_sequence(bad_follow, kQwen2, 0); }), HasSubstr("is followed by token"));
 }
 
 TEST(SequenceErrors, StrayTokenFoundAtEveryOffset) {
@@ -159,8 +158,7 @@ TEST(SequenceErrors, StrayTokenFoundAtEveryOffset) {
     for (int64_t tok : {kQwen2.image_token_id, kQwen2.video_token_id, kQwen2.vision_end_token_id}) {
       Sequence s = SeqBuilder(kQwen2, static_cast<uint32_t>(pos)).text(41).build();
       s.input_ids[pos] = tok;
-      EXPECT_THAT(error_of([&] { parse_sequence(s, kQwen2, 0); }),
-                  HasSubstr(detail::concat(" at index ", pos, " ")))
+      EXPECT_THAT(error_of([&] { parse_sequence(s, kQwen2, 0); }), HasSubstr(detail::concat(" at index ", pos, " ")))
           << "token " << tok << " at " << pos;
     }
   }
@@ -263,8 +261,7 @@ TEST(SequenceErrors, Int32AndFields) {
   EXPECT_THAT(error_of([&] { parse_sequence(s, kQwen2, 0); }),
               HasSubstr("sequence 0: image 0 grid [2, 65536, 65536] has 8.58993e+09 patches"));
   Sequence empty;
-  EXPECT_THAT(error_of([&] { parse_sequence(empty, kQwen2, 7); }),
-              HasSubstr("sequence 7: input_ids is empty"));
+  EXPECT_THAT(error_of([&] { parse_sequence(empty, kQwen2, 7); }), HasSubstr("sequence 7: input_ids is empty"));
   Sequence mask = SeqBuilder(kQwen2).text(4).build();
   mask.loss_mask = {1, 1};
   EXPECT_THAT(error_of([&] { parse_sequence(mask, kQwen2, 1); }),

@@ -8,8 +8,8 @@
 namespace mmsp::plan {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::error_of;
+using ::testing::HasSubstr;
 using V = std::vector<int64_t>;
 
 TEST(Packing, PadsEachSegmentToTwiceRing) {
@@ -25,7 +25,9 @@ TEST(Packing, PadsEachSegmentToTwiceRing) {
 }
 
 TEST(Packing, Int32Limit) {
-  EXPECT_THAT(error_of([] { pack_row({0, 1}, {int64_t{1} << 30, int64_t{1} << 30}, 1); }),
+  EXPECT_THAT(error_of([] {
+                pack_row({0, 1}, {int64_t{1} << 30, int64_t{1} << 30}, 1);
+              }),
               HasSubstr("packed row holds 2147483648 tokens after sequence 1"));
   EXPECT_NO_THROW(pack_row({0}, {int64_t{1} << 30}, 1));
 }
@@ -35,8 +37,7 @@ TEST(Packing, DpAssignmentBalancedAndComplete) {
   // longest first to the lighter rank: 50->0, 40->1, 30->1, 20->0, 10->0 (tie: lower rank)
   EXPECT_EQ(groups[0], (V{0, 1, 2}));
   EXPECT_EQ(groups[1], (V{3, 4}));
-  EXPECT_THAT(error_of([] { assign_sequences_to_dp({3, 4}, 3); }),
-              HasSubstr("batch has 2 sequences but dp is 3"));
+  EXPECT_THAT(error_of([] { assign_sequences_to_dp({3, 4}, 3); }), HasSubstr("batch has 2 sequences but dp is 3"));
   EXPECT_THAT(error_of([] { assign_sequences_to_dp({}, 1); }), HasSubstr("batch is empty"));
 }
 

@@ -11,8 +11,8 @@
 namespace mmsp::plan {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::error_of;
+using ::testing::HasSubstr;
 using testing::SeqBuilder;
 using V = std::vector<int64_t>;
 
@@ -27,8 +27,10 @@ Batch random_batch(std::mt19937& rng, const ModelConventions& c, int sequences) 
       const int64_t m = c.spatial_merge_size;
       Grid g{1 + static_cast<int64_t>(rng() % 3), m * (1 + static_cast<int64_t>(rng() % 4)),
              m * (1 + static_cast<int64_t>(rng() % 4))};
-      if (c.supports_video() && rng() % 3 == 0) b.video(g, secs ? 0.5 * (rng() % 4) : -1);
-      else b.image(g);
+      if (c.supports_video() && rng() % 3 == 0)
+        b.video(g, secs ? 0.5 * (rng() % 4) : -1);
+      else
+        b.image(g);
       b.text(rng() % 6);
     }
     if (rng() % 3 == 0) b.mask_first(rng() % 8);
@@ -102,7 +104,8 @@ TEST(StepPlanProperty, RandomBatchesEveryRank) {
       for (const Segment& seg : row.packing.segments) ++seen_seq[seg.sequence];
       std::vector<RankPlan> ranks;
       for (int c2 = 0; c2 < S; ++c2)
-        ranks.push_back(make_rank_plan(batch, plan, global_rank(o.mesh, {d, c2 / o.mesh.ulysses, c2 % o.mesh.ulysses})));
+        ranks.push_back(
+            make_rank_plan(batch, plan, global_rank(o.mesh, {d, c2 / o.mesh.ulysses, c2 % o.mesh.ulysses})));
       V held(row.packing.length, 0);
       for (int cr = 0; cr < S; ++cr) {
         const RankPlan& rp = ranks[cr];
@@ -162,8 +165,7 @@ TEST(StepPlanProperty, RandomBatchesEveryRank) {
         ASSERT_EQ(received, visual.size());
       }
       for (const Segment& seg : row.packing.segments) {
-        for (int64_t i = 0; i < seg.padded_length; ++i)
-          ASSERT_EQ(held[seg.start + i], i < seg.length ? 1 : 0);
+        for (int64_t i = 0; i < seg.padded_length; ++i) ASSERT_EQ(held[seg.start + i], i < seg.length ? 1 : 0);
         if (seg.home < 0) continue;
         ++whole;
         // a whole segment: unpadded, every token on its home rank in consecutive slots
@@ -206,8 +208,8 @@ TEST(StepPlanGolden, PositionsRestartPerSegment) {
   EXPECT_EQ(plan.rope_deltas, (V{7 - 9, 0}));
   // ring rank 0 holds chunks 0 and 3 of each segment: [0..2] [9..11] of seg 0, [12] [15] of seg 1
   EXPECT_EQ(plan.mine.tokens, (V{0, 1, 2, -1, -1, -1, 12, -1}));
-  EXPECT_EQ(plan.mine.labels, (V{batch.sequences[0].input_ids[1], 151652, -100, -100,
-                                 -100, -100, batch.sequences[1].input_ids[1], -100}));
+  EXPECT_EQ(plan.mine.labels, (V{batch.sequences[0].input_ids[1], 151652, -100, -100, -100, -100,
+                                 batch.sequences[1].input_ids[1], -100}));
 }
 
 TEST(StepPlanGolden, LoadReportCountsCausalPairsPerRank) {
@@ -278,8 +280,7 @@ TEST(StepPlanErrors, BadInputsNameTheValue) {
   batch.sequences[1].image_grid_thw[0] = {1, 4, 4};
   EXPECT_THAT(error_of([&] { make_step_plan(batch, c, o, 4); }), HasSubstr("rank 4 is outside the world of 4"));
   o.mesh = {3, 1, 1};
-  EXPECT_THAT(error_of([&] { make_step_plan(batch, c, o, 0); }),
-              HasSubstr("batch has 2 sequences but dp is 3"));
+  EXPECT_THAT(error_of([&] { make_step_plan(batch, c, o, 0); }), HasSubstr("batch has 2 sequences but dp is 3"));
 }
 
 TEST(PlanJson, BatchRoundTripAndPlanFields) {
@@ -295,8 +296,8 @@ TEST(PlanJson, BatchRoundTripAndPlanFields) {
   o.mesh = {1, 2, 1};
   const StepPlan plan = make_step_plan(batch, c, o, 1);
   const nlohmann::json out = step_plan_to_json(batch, plan, {0, 1});
-  for (const char* key : {"segments", "cu_seqlens", "position_ids", "rope_deltas", "ranks", "balance",
-                          "vision_items", "label_count"})
+  for (const char* key :
+       {"segments", "cu_seqlens", "position_ids", "rope_deltas", "ranks", "balance", "vision_items", "label_count"})
     EXPECT_TRUE(out.contains(key)) << key;
   EXPECT_EQ(out["ranks"].size(), 2u);
   EXPECT_EQ(out["ranks"][1]["rank"], 1);
@@ -309,10 +310,11 @@ TEST(PlanJson, BatchRoundTripAndPlanFields) {
               HasSubstr("sequence 0: input_ids[1] must be an integer"));
   EXPECT_THAT(error_of([] { batch_from_json(nlohmann::json::parse(R"({"sequences": []})")); }),
               HasSubstr("batch is empty"));
-  EXPECT_THAT(error_of([] {
-                batch_from_json(nlohmann::json::parse(R"({"sequences": [{"input_ids": [1], "image_grid_thw": [[1, 2]]}]})"));
-              }),
-              HasSubstr("sequence 0: image_grid_thw[0] must be [t, h, w]"));
+  EXPECT_THAT(
+      error_of([] {
+        batch_from_json(nlohmann::json::parse(R"({"sequences": [{"input_ids": [1], "image_grid_thw": [[1, 2]]}]})"));
+      }),
+      HasSubstr("sequence 0: image_grid_thw[0] must be [t, h, w]"));
 }
 
 }  // namespace

@@ -22,7 +22,9 @@ TEST(GreedyContiguous, KnownCasesFromThePythonPatches) {
 TEST(EncoderPatches, Int32PerRank) {
   const V patches{int64_t{1} << 30, int64_t{1} << 30, 5};
   EXPECT_NO_THROW(check_encoder_patches(patches, {0, 1, 1}, 2, 0));
-  EXPECT_THAT(testing::error_of([&] { check_encoder_patches(patches, {1, 1, 0}, 2, 3); }),
+  EXPECT_THAT(testing::error_of([&] {
+                check_encoder_patches(patches, {1, 1, 0}, 2, 3);
+              }),
               ::testing::HasSubstr("dp row 3: context rank 1 would encode 2147483648 patches"));
 }
 
@@ -74,8 +76,7 @@ TEST(Balanced, RandomBatchesNeverWorseThanGreedy) {
       preferred[i] = static_cast<int>(rng() % ranks);
     }
     const VisionAssignment ours = assign_vision_balanced(costs, patches, preferred, ranks, m);
-    const VisionAssignment greedy =
-        evaluate_assignment(assign_greedy_contiguous(patches, ranks), costs, ranks);
+    const VisionAssignment greedy = evaluate_assignment(assign_greedy_contiguous(patches, ranks), costs, ranks);
     ASSERT_EQ(ours.rank_of_item.size(), static_cast<size_t>(n));
     for (int r : ours.rank_of_item) ASSERT_TRUE(r >= 0 && r < ranks);
     double total = 0;
@@ -94,9 +95,9 @@ TEST(Balanced, RandomBatchesNeverWorseThanGreedy) {
   }
   ASSERT_GT(cases, 100);
   // Printed for docs/plan.md: mean and worst max/mean over the random batches.
-  std::cout << "[vision-dp] " << cases << " batches with >= 2 items per rank: ours mean "
-            << ours_sum / cases << " worst " << ours_worst << "; greedy contiguous mean "
-            << greedy_sum / cases << " worst " << greedy_worst << "\n";
+  std::cout << "[vision-dp] " << cases << " batches with >= 2 items per rank: ours mean " << ours_sum / cases
+            << " worst " << ours_worst << "; greedy contiguous mean " << greedy_sum / cases << " worst " << greedy_worst
+            << "\n";
   EXPECT_LT(ours_sum / cases, greedy_sum / cases);
 }
 

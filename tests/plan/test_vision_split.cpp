@@ -37,8 +37,10 @@ TEST(VisionSplit, ReasonsAnItemStaysWhole) {
   item.rows = 2;
   ModelConventions qwen;
   qwen.vision_heads = 16;
-  EXPECT_THAT(unsplittable_reason(item, 3, qwen), ::testing::HasSubstr("16 attention heads do not divide by the context group's 3 ranks"));
-  EXPECT_THAT(unsplittable_reason(item, 4, qwen), ::testing::HasSubstr("it has 2 merge windows (embedding rows), fewer than the context group's 4 ranks"));
+  EXPECT_THAT(unsplittable_reason(item, 3, qwen),
+              ::testing::HasSubstr("16 attention heads do not divide by the context group's 3 ranks"));
+  EXPECT_THAT(unsplittable_reason(item, 4, qwen),
+              ::testing::HasSubstr("it has 2 merge windows (embedding rows), fewer than the context group's 4 ranks"));
   EXPECT_EQ(unsplittable_reason(item, 2, qwen), "");
   ModelConventions none;
   EXPECT_THAT(unsplittable_reason(item, 2, none), ::testing::HasSubstr("encodes items whole"));
@@ -51,7 +53,8 @@ TEST(VisionSplit, ReasonsAnItemStaysWhole) {
   EXPECT_EQ(unsplittable_reason(tiled, 3, tiles), "");
   EXPECT_EQ(split_unit_rows(tiled, tiles), 64);
   EXPECT_EQ(split_item_rows(tiled, 3, tiles), (std::vector<int64_t>{0, 128, 256, 320}));
-  EXPECT_THAT(unsplittable_reason(tiled, 6, tiles), ::testing::HasSubstr("it has 5 tiles (frames), fewer than the context group's 6 ranks"));
+  EXPECT_THAT(unsplittable_reason(tiled, 6, tiles),
+              ::testing::HasSubstr("it has 5 tiles (frames), fewer than the context group's 6 ranks"));
 }
 
 // Every rank's routes: each placeholder slot of the row receives exactly one row, every
@@ -132,14 +135,16 @@ TEST(VisionSplit, ForcedSplitsWhatCanBeSplitAndKeepsTheRestWhole) {
   EXPECT_EQ(p.rows[0].items[2].shard_rows, (std::vector<int64_t>{0, 3, 6, 8}));
   expect_routes_cover(batch, p);
   ASSERT_EQ(p.rows[0].vision_kept_whole.size(), 1u);
-  EXPECT_EQ(p.rows[0].vision_kept_whole[0], "image 1 (8 patches) stays whole: it has 2 merge windows (embedding "
-                                            "rows), fewer than the context group's 3 ranks");
+  EXPECT_EQ(p.rows[0].vision_kept_whole[0],
+            "image 1 (8 patches) stays whole: it has 2 merge windows (embedding "
+            "rows), fewer than the context group's 3 ranks");
   c.vision_heads = 16;
   const StepPlan none = make_step_plan(batch, c, options, 0);
   for (const VisionItem& it : none.rows[0].items) EXPECT_FALSE(it.split());
   ASSERT_EQ(none.rows[0].vision_kept_whole.size(), 3u);
-  EXPECT_EQ(none.rows[0].vision_kept_whole[0],
-            "image 0 (60 patches) stays whole: its tower's 16 attention heads do not divide by the context group's 3 ranks");
+  EXPECT_EQ(
+      none.rows[0].vision_kept_whole[0],
+      "image 0 (60 patches) stays whole: its tower's 16 attention heads do not divide by the context group's 3 ranks");
 }
 
 }  // namespace

@@ -5,7 +5,6 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from sp_checks import BATCH, CONFIG, ROOT, assert_gradients_equal, batch, hf_batch, meshes, per_sequence  # noqa: F401
@@ -114,9 +113,10 @@ def compiled_patch_equals_eager(rank, world, family_name, ring, ulysses, backend
     whole: then torch.compile(model) of the whole patched model too, in the same processes (the
     batch's checks and plan run eagerly inside it: torch.compiler.disable)."""
     sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    from transformers.utils import logging
+
     import families
     import mmsp
-    from transformers.utils import logging
 
     logging.set_verbosity_error()
     torch._dynamo.reset()

@@ -1,12 +1,10 @@
 """What each rank runs in test_fsdp.py: mmsp.patch composed with FSDP2 (fully_shard on the
 folded dp_shard x sp DeviceMesh) and with activation checkpointing, two optimizer steps,
 against transformers' unpatched model on one process (fp64)."""
-import copy
 import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 from sp_checks import ROOT, hf_batch
 

@@ -10,7 +10,6 @@ import sys
 from types import SimpleNamespace
 
 import torch
-import torch.distributed as dist
 
 import sp_checks
 
@@ -190,8 +189,9 @@ def _torchrun_environment(rank, world):
 
 def _tiny_tokenizer(folder):
     """A tokenizer for TRL's constructors (they read its pad and eos tokens): tiny_models.py's."""
-    import tiny_models
     from transformers import AutoTokenizer
+
+    import tiny_models
 
     tiny_models.build("qwen2_vl", folder)
     return AutoTokenizer.from_pretrained(folder)
@@ -263,10 +263,11 @@ def trl_grpo_loss_equals_one_process(rank, world, ring, ulysses, folder):
     left-padded with images, run on a patched Qwen2-VL on ring x ulysses = the same code on the
     unpatched model (TRL's fused head) on one process: loss and every gradient (fp64); and
     mmsp.rl.policy_loss on the patched model's token_logprobs = TRL's loss."""
-    import mmsp
-    import mmsp.rl as rl
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
+
+    import mmsp
+    import mmsp.rl as rl
 
     _torchrun_environment(rank, world)
     families = _families()

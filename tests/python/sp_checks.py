@@ -906,3 +906,48 @@ def _end_stopped_peer(pid_file, out, elapsed, message):
         os.kill(int(f.read()), signal.SIGKILL)
     with open(out, "w") as f:
         json.dump({"elapsed": elapsed, "message": message}, f)
+
+
+def patch_moe_equals_one_process(rank, world, family_names, ring, ulysses, runs):
+    """Mixture-of-experts models (Qwen3-VL-MoE, Qwen3.5-MoE; the auxiliary loss on) patched by
+    mmsp on ring x ulysses, for each (expert degree, FSDP2) of `runs`: the loss and every
+    gradient equal transformers' unpatched model on one process (whose auxiliary loss sums in
+    float32: loss to 5e-9, gradients to 1e-6 — Qwen3.5-MoE's to 1e-4, its Gated DeltaNet rule
+    in float32), and equal the first run (no expert parallelism, no FSDP2) to 1e-9: expert
+    parallelism and sharding change nothing but where the experts run."""
+    import copy
+    import sys
+
+    sys.path.insert(0, os.path.join(ROOT, "tests", "hf"))
+    from transformers.utils import logging
+
+    import families
+    import mmsp
+
+    logging.set_verbosity_error()
+    for name in family_names:
+        family = families.FAMILIES[name]
+        model = families.build_model(family).train()
+        samples = families.make_samples(family)
+        reference = copy.deepcopy(model)
+        want = families.reference_loss(reference, family, samples)
+        want.backward()
+        first = None
+        for expert, fsdp in runs:
+            patched = copy.deepcopy(model)
+            mesh = mmsp.Mesh(dp=world // (ring * ulysses), ring=ring, ulysses=ulysses, expert=expert)
+            mmsp.patch(patched, mesh)
+            if fsdp:
+                mmsp.fully_shard(patched, mesh)
+            loss = patched(**hf_batch(family, samples)).loss
+            loss.backward()
+            what = f"{name} on ring {ring} x ulysses {ulysses}, expert {expert}, FSDP2 {fsdp}, rank {rank}"
+            assert abs(loss.item() - want.item()) <= 5e-9 * abs(want.item()), \
+                f"{what}: loss {loss.item()!r} != {want.item()!r}"
+            assert_gradients_equal(patched, reference, what + " (vs transformers)",
+                                   1e-4 if name == "qwen3_5_moe" else 1e-6)
+            if first is None:
+                first = (patched, loss.item())
+                continue
+            assert abs(loss.item() - first[1]) <= 1e-12 * abs(first[1]), f"{what}: loss {loss.item()!r} != {first[1]!r}"
+            assert_gradients_equal(patched, first[0], what + " (vs the first run)")

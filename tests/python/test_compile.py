@@ -4,8 +4,8 @@ are compiled (no graph break, the mmsp ops nodes of the graph) equals the same m
 (compile_checks.py; the package is the build's, MMSP_PACKAGE_PATH)."""
 import pytest
 
-import mmsp  # noqa: F401  (the build's: conftest puts MMSP_PACKAGE_PATH first)
 import compile_checks
+import mmsp  # noqa: F401  (the build's: conftest puts MMSP_PACKAGE_PATH first)
 import sp_ranks
 
 

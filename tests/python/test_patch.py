@@ -30,16 +30,23 @@ def test_patched_model_equals_one_process(world, ring, ulysses, placement, tmp_p
 
 def test_a_processors_video_batch_equals_one_process(tmp_path):
     # transformers 5.x's Qwen3-VL processor given an mp4, its batch straight into the patch.
+    from transformers.utils import logging
+
     import tiny_models
     from test_prepare import write_clip
-
-    from transformers.utils import logging
 
     logging.set_verbosity_error()
     tiny_models.build("qwen3_vl", str(tmp_path / "qwen3_vl"))
     clip = str(write_clip(tmp_path / "clip.mp4"))
     sp_ranks.run(2, sp_checks.patch_processor_video_equals_one_process, 2, 1, str(tmp_path / "qwen3_vl"), clip,
                  tmp_path=tmp_path)
+
+
+def test_mixture_of_experts_equal_one_process(tmp_path):
+    # Qwen3-VL-MoE and Qwen3.5-MoE on ring 2 x ulysses 2: without and with expert parallelism
+    # (over 2 and 4 of the ranks), and with mmsp.fully_shard; one set of ranks for all (CI time).
+    sp_ranks.run(4, sp_checks.patch_moe_equals_one_process, ["qwen3_vl_moe", "qwen3_5_moe"], 2, 2,
+                 [(1, False), (2, False), (4, False), (4, True)], tmp_path=tmp_path)
 
 
 @pytest.mark.parametrize("world,ring,ulysses", [(1, 1, 1), (4, 2, 2)])

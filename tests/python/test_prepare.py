@@ -611,8 +611,8 @@ def test_frame_folders_and_video_files_in_one_sample(capsys, models, folder):
 
 
 def test_bad_video_files_are_named_by_line_and_nothing_is_written(capsys, models, folder):
-    from PIL import Image
     import torch
+    from PIL import Image
     from torchcodec.encoders import AudioEncoder, VideoEncoder
 
     model_dir, _ = models["qwen3_vl"]

@@ -275,7 +275,7 @@ def test_video_files_prepare_writes_mmsp_train_decodes_as_transformers(capsys, m
     import torch
     from safetensors.torch import load_file
 
-    from test_prepare import clip_records, reference_video, text, user, assistant, write_clip
+    from test_prepare import assistant, clip_records, reference_video, text, user, write_clip
 
     binary = os.environ.get("MMSP_BINARY")
     if not binary:

@@ -4,7 +4,6 @@ process, and every RL objective's loss and gradients = one process (rl_checks.py
 import pytest
 
 import rl_checks
-import sp_checks
 import sp_ranks
 
 FAMILIES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "llava", "internvl"]

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-import mmsp  # the build's: conftest puts MMSP_PACKAGE_PATH first
+import mmsp  # noqa: F401  (the build's, imported first: conftest puts MMSP_PACKAGE_PATH first)
 import sp_checks
 import sp_ranks
 

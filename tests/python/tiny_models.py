@@ -30,6 +30,8 @@ CONFIG_FILE = {
     "qwen2_5_vl": "tiny-qwen2_5-vl.json",
     "qwen3_vl": "tiny-qwen3-vl.json",
     "qwen3_5": "tiny-qwen3_5-vl.json",
+    "qwen3_vl_moe": "tiny-qwen3-vl-moe.json",
+    "qwen3_5_moe": "tiny-qwen3_5-moe.json",
     "llava": "tiny-llava.json",
     "internvl": "tiny-internvl.json",
 }
@@ -154,6 +156,8 @@ TEMPLATES = {
     "qwen2_5_vl": QWEN2_VL_TEMPLATE,
     "qwen3_vl": QWEN3_VL_TEMPLATE,
     "qwen3_5": QWEN3_5_TEMPLATE,
+    "qwen3_vl_moe": QWEN3_VL_TEMPLATE,
+    "qwen3_5_moe": QWEN3_5_TEMPLATE,
     "llava": LLAVA_TEMPLATE,
     "internvl": INTERNVL_TEMPLATE,
 }
@@ -206,7 +210,7 @@ def _tokenizer(family):
             tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>",
             extra_special_tokens={"start_image_token": "<img>", "end_image_token": "</img>",
                                   "context_image_token": "<IMG_CONTEXT>", "video_token": "<video>"})
-    added = ["<think>", "</think>"] if family == "qwen3_5" else []
+    added = ["<think>", "</think>"] if family in ("qwen3_5", "qwen3_5_moe") else []
     raw = _byte_level_bpe(QWEN_SPECIALS, added)
     return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
@@ -228,7 +232,8 @@ def _image_only(cls):
 
 def _qwen_processor(family, tokenizer, template):
     import transformers
-    patch = 16 if family in ("qwen3_vl", "qwen3_5") else 14
+    qwen3 = family in ("qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe")
+    patch = 16 if qwen3 else 14
     factor = patch * 2
     # Small pixel budgets, so images of 56-120 px give grids of a few merged rows and a
     # large one is scaled down (max) and a small one up (min).
@@ -238,12 +243,11 @@ def _qwen_processor(family, tokenizer, template):
     if mean:
         kwargs.update(image_mean=mean, image_std=mean)
     image_processor = transformers.Qwen2VLImageProcessorPil(**kwargs)
-    cls = {"qwen2_vl": transformers.Qwen2VLProcessor, "qwen2_5_vl": transformers.Qwen2_5_VLProcessor,
-           "qwen3_vl": transformers.Qwen3VLProcessor, "qwen3_5": transformers.Qwen3VLProcessor}[family]
+    cls = {"qwen2_vl": transformers.Qwen2VLProcessor, "qwen2_5_vl": transformers.Qwen2_5_VLProcessor}.get(
+        family, transformers.Qwen3VLProcessor)
     cls = _image_only(cls)
     if is_torchvision_available():
-        video_cls = (transformers.Qwen3VLVideoProcessor if family in ("qwen3_vl", "qwen3_5")
-                     else transformers.Qwen2VLVideoProcessor)
+        video_cls = transformers.Qwen3VLVideoProcessor if qwen3 else transformers.Qwen2VLVideoProcessor
         video_processor = video_cls(**kwargs)
         return cls(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
                    chat_template=template)

@@ -14,9 +14,7 @@ template <typename F>
 std::string error_of(F&& f) {
   try {
     std::forward<F>(f)();
-  } catch (const Error& e) {
-    return e.what();
-  }
+  } catch (const Error& e) { return e.what(); }
   return "(no error)";
 }
 

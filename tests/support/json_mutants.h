@@ -36,9 +36,23 @@ class JsonMutator {
 
  private:
   std::string one(std::string s) {
-    static const char* const kNumbers[] = {"-1", "0", "1e400", "-1e400", "18446744073709551616", "9223372036854775807",
-                                           "-9223372036854775809", "2147483648", "0.5", "1e18", "-0", "4294967296",
-                                           "true", "null", "\"x\"", "[]", "{}"};
+    static const char* const kNumbers[] = {"-1",
+                                           "0",
+                                           "1e400",
+                                           "-1e400",
+                                           "18446744073709551616",
+                                           "9223372036854775807",
+                                           "-9223372036854775809",
+                                           "2147483648",
+                                           "0.5",
+                                           "1e18",
+                                           "-0",
+                                           "4294967296",
+                                           "true",
+                                           "null",
+                                           "\"x\"",
+                                           "[]",
+                                           "{}"};
     static const char kSyntax[] = "[]{}\",:0123456789eE.-+ \\tfnu";
     const size_t at = below(s.size() + 1);
     switch (below(8)) {
@@ -107,11 +121,8 @@ inline MutantReport check_mutants(const std::string& text, uint64_t seed, int co
     try {
       parse(mutant);
       ++r.accepted;
-    } catch (const mmsp::Error&) {
-      ++r.refused;
-    } catch (const std::exception& e) {
-      r.failures.push_back("mutant " + std::to_string(i) + ": " + e.what() + "\n  input: " +
-                           mutant.substr(0, 300));
+    } catch (const mmsp::Error&) { ++r.refused; } catch (const std::exception& e) {
+      r.failures.push_back("mutant " + std::to_string(i) + ": " + e.what() + "\n  input: " + mutant.substr(0, 300));
     }
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

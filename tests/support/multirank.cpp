@@ -25,15 +25,13 @@ dist::Mesh make_mesh(const plan::Mesh& shape, dist::GpuCollectives gpu) {
   dist::MeshOptions options;
   options.gpu_collectives = gpu;
   options.timeout = std::chrono::seconds(60);
-  return dist::Mesh::create(g_met, g_env, shape, options,
-                            "test-mesh-" + std::to_string(g_mesh_counter++));
+  return dist::Mesh::create(g_met, g_env, shape, options, "test-mesh-" + std::to_string(g_mesh_counter++));
 }
 
 const std::vector<dist::Mesh>& all_meshes() {
   static std::vector<dist::Mesh> meshes = [] {
     std::vector<dist::Mesh> out;
-    for (const plan::Mesh& shape : plan::all_meshes(g_env.world_size))
-      out.push_back(make_mesh(shape));
+    for (const plan::Mesh& shape : plan::all_meshes(g_env.world_size)) out.push_back(make_mesh(shape));
     return out;
   }();
   return meshes;

@@ -39,8 +39,7 @@ struct StepResult {
 
 // The loss and every parameter gradient of `module` (zeros where it has none), summed
 // over `world`: what one process computes for the whole batch.
-inline StepResult summed_over(const torch::nn::Module& module, const at::Tensor& loss,
-                              const dist::GroupPtr& world) {
+inline StepResult summed_over(const torch::nn::Module& module, const at::Tensor& loss, const dist::GroupPtr& world) {
   StepResult r;
   at::Tensor total = loss.detach().reshape({1});
   dist::all_reduce_(total, *world);

@@ -44,8 +44,8 @@ inline std::pair<int, int> whole_and_split(const plan::StepPlan& plan) {
 // One step of the model on this rank with the same seeds everywhere; loss and every
 // parameter gradient summed over `world`.
 inline StepResult run_model(const model::ModelConfig& config, const plan::Batch& batch, const plan::StepPlan& plan,
-                            const parallel::StepGroups& groups, const dist::GroupPtr& world,
-                            model::VisionMode mode, const model::PixelInputs& pixels, at::ScalarType dtype) {
+                            const parallel::StepGroups& groups, const dist::GroupPtr& world, model::VisionMode mode,
+                            const model::PixelInputs& pixels, at::ScalarType dtype) {
   at::manual_seed(42);
   auto vlm = model::build_vlm(config);
   vlm->to(dtype);

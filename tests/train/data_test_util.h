@@ -5,9 +5,9 @@
 
 #include <string>
 
+#include "error_of.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/config/config.h"
-#include "error_of.h"
 
 namespace mmsp::train::testing {
 
@@ -16,9 +16,7 @@ inline model::ModelConfig tiny_config(const std::string& name) {
   return model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/" + name + ".json");
 }
 
-inline std::string source_path(const std::string& relative) {
-  return std::string(MMSP_SOURCE_DIR) + "/" + relative;
-}
+inline std::string source_path(const std::string& relative) { return std::string(MMSP_SOURCE_DIR) + "/" + relative; }
 
 using ::mmsp::test::error_of;  // tests/support/error_of.h
 

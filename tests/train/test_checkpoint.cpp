@@ -17,25 +17,25 @@
 #include <fstream>
 #include <sstream>
 
+#include "../support/json_mutants.h"
+#include "error_of.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
 #include "mmsp/core/xxhash64.h"
 #include "mmsp/hf/checksum_manifest.h"
-#include "../support/json_mutants.h"
 #include "mmsp/hf/hf_directory.h"
 #include "mmsp/hf/safetensors.h"
 #include "mmsp/train/checkpoint/checkpoint.h"
 #include "mmsp/train/checkpoint/run_directory.h"
-#include "mmsp/train/run_checks.h"
 #include "mmsp/train/optim/optimizer.h"
-#include "error_of.h"
+#include "mmsp/train/run_checks.h"
 
 namespace mmsp::train {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 const char* const kConfig = "{\"model_type\": \"tiny\", \"hidden_size\": 4}\n";
 
@@ -177,8 +177,7 @@ TEST_F(CheckpointTest, FilesHoldNamedTensorsInTheSafetensorsLayout) {
   // (one shard: they are small), each in its own dtype.
   std::map<std::string, at::Tensor> params;
   for (const auto& [name, p] : named(*a.model)) params[name] = p.detach();
-  EXPECT_EQ(read_file(step + "/hf/model.safetensors"),
-            hf::serialize_safetensors(params, {{"format", "pt"}}));
+  EXPECT_EQ(read_file(step + "/hf/model.safetensors"), hf::serialize_safetensors(params, {{"format", "pt"}}));
   EXPECT_FALSE(fs::exists(step + "/master"));
   // optimizer.safetensors: moments by parameter name, step counts in the metadata.
   const AdamWState s = capture_adamw_state(*a.opt, *a.model);
@@ -337,8 +336,9 @@ TEST(ResumeFlags, NamesWhatChangesTheBatchesOrNumericsAndIgnoresTheMesh) {
   changed.inputs.seed = 1;
   changed.inputs.dtype = train::parse_compute_dtype("float64");
   changed.inputs.tokens_per_rank = 128;
-  const std::string message =
-      error_of([&] { check_resume_flags(then, run_flags(changed, {1, 1, 2}, 1), false, "ckpt", nullptr); });
+  const std::string message = error_of([&] {
+    check_resume_flags(then, run_flags(changed, {1, 1, 2}, 1), false, "ckpt", nullptr);
+  });
   EXPECT_THAT(message, ::testing::HasSubstr("--resume ckpt: this run changes 3 flags"));
   EXPECT_THAT(message, ::testing::HasSubstr("--seed 0 -> 1: another data order"));
   EXPECT_THAT(message, ::testing::HasSubstr("--dtype \"float32\" -> \"float64\": another precision"));
@@ -356,17 +356,14 @@ TEST(ResumeFlags, NamesWhatChangesTheBatchesOrNumericsAndIgnoresTheMesh) {
 }
 
 // Each CheckpointTest.Crash* test forks a child that saves with the crash hook set.
-int save_in_child(const std::string& dir, int64_t step, const Trained& t, int64_t crash_after,
-                  pid_t* child) {
+int save_in_child(const std::string& dir, int64_t step, const Trained& t, int64_t crash_after, pid_t* child) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     CheckpointOptions o;
     o.crash_after_bytes = crash_after;
     try {
       save_checkpoint(dir, step, *t.model, *t.opt, state_json(0, step), kConfig, o);
-    } catch (...) {
-      std::_Exit(1);
-    }
+    } catch (...) { std::_Exit(1); }
     std::_Exit(0);
   }
   int status = 0;
@@ -448,14 +445,12 @@ TEST_F(CheckpointTest, MissingOrCorruptedFilesGiveClearErrors) {
   fs::rename(step + "/hf.bak", step + "/hf");
 
   fs::rename(step + "/optimizer.safetensors", step + "/optimizer.bak");
-  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }),
-              HasSubstr(step + "/optimizer.safetensors: missing"));
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }), HasSubstr(step + "/optimizer.safetensors: missing"));
   fs::rename(step + "/optimizer.bak", step + "/optimizer.safetensors");
 
   const std::string state = read_file(step + "/state.json");
   write_file(step + "/state.json", state.substr(0, state.size() / 2));
-  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }),
-              HasSubstr(step + "/state.json: not valid JSON"));
+  EXPECT_THAT(error_of([&] { load_checkpoint(dir_); }), HasSubstr(step + "/state.json: not valid JSON"));
   json bad = json::parse(state);
   bad["data"].erase("offset");
   write_file(step + "/state.json", bad.dump());
@@ -512,7 +507,9 @@ TEST_F(CheckpointTest, SaveRefusesBadInputBeforeWritingAnything) {
   Trained a = trained(1);
   EXPECT_THAT(error_of([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, state_json(0, 1), "{oops"); }),
               HasSubstr("config_json: not valid JSON"));
-  EXPECT_THAT(error_of([&] { save_checkpoint(dir_, 1, *a.model, *a.opt, json{{"run", json::object()}}, kConfig); }),
+  EXPECT_THAT(error_of([&] {
+                save_checkpoint(dir_, 1, *a.model, *a.opt, json{{"run", json::object()}}, kConfig);
+              }),
               HasSubstr("data must be an object"));
   json with_step = state_json(0, 1);
   with_step["step"] = 2;
@@ -526,7 +523,6 @@ TEST_F(CheckpointTest, SaveRefusesBadInputBeforeWritingAnything) {
               HasSubstr("step (-1) must be ≥ 0"));
   EXPECT_TRUE(fs::is_empty(dir_));
 }
-
 
 // ---- integrity: checksums.json -------------------------------------------------------
 
@@ -623,8 +619,7 @@ TEST_F(CheckpointTest, HfDirectoryChecksumsVerifiedWhenPresent) {
   std::string data = read_file(hf + "/model.safetensors");
   data[data.size() - 3] ^= 0x40;  // tensor data
   write_file(hf + "/model.safetensors", data);
-  EXPECT_THAT(error_of([&] { hf::open_hf_directory(hf); }),
-              HasSubstr(hf + "/model.safetensors: checksum mismatch"));
+  EXPECT_THAT(error_of([&] { hf::open_hf_directory(hf); }), HasSubstr(hf + "/model.safetensors: checksum mismatch"));
   // a released model directory has no checksums.json: read as it is
   fs::remove(hf + "/checksums.json");
   EXPECT_FALSE(hf::open_hf_directory(hf).checksums_verified);
@@ -639,8 +634,7 @@ TEST_F(CheckpointTest, StateJsonMutantsEndInAResultOrAnError) {
   const test::MutantReport r = test::check_mutants(text, 16, 400, [](const std::string& mutant) {
     check_train_state(parse_json_text(mutant, "state.json"), "state.json");
   });
-  std::printf("state.json: %d mutants, %d accepted, %d refused, %.2f s\n", r.mutants, r.accepted, r.refused,
-              r.seconds);
+  std::printf("state.json: %d mutants, %d accepted, %d refused, %.2f s\n", r.mutants, r.accepted, r.refused, r.seconds);
   EXPECT_TRUE(r.failures.empty()) << r.failures.size() << " failures, first: " << r.failures.front();
   EXPECT_LT(r.seconds, 20.0);
 }
@@ -688,8 +682,7 @@ TEST_F(CheckpointTest, AFreshRunRefusesAnotherRunsDirectoryUnlessToldToOverwrite
   save_checkpoint(out, 2, *a.model, *a.opt, state_json(1, 17), kConfig);
   std::ofstream(out + "/metrics.jsonl") << "{\"step\": 1}\n{\"step\": 2}\n";
   std::ofstream(out + "/notes.txt") << "the user's own file\n";
-  EXPECT_THAT(previous_run_files(out),
-              ::testing::ElementsAre("metrics.jsonl (2 lines)", "step-000002", "latest"));
+  EXPECT_THAT(previous_run_files(out), ::testing::ElementsAre("metrics.jsonl (2 lines)", "step-000002", "latest"));
   for (const std::string& elsewhere : std::vector<std::string>{"", dir_ + "/other"}) {
     try {
       RunDirectoryLock::claim(out, elsewhere, false);

@@ -10,22 +10,22 @@
 #include <nlohmann/json.hpp>
 
 #include "data_test_util.h"
-#include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
-#include "mmsp/plan/sequence.h"
 #include "mmsp/model/families/qwen_vl/qwen_patches.h"
+#include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/model/family.h"
+#include "mmsp/plan/sequence.h"
 #include "mmsp/train/data/shapes_dataset.h"
 #include "mmsp/train/data/word_tokenizer.h"
 
 namespace mmsp::train {
 namespace {
 
-using ::testing::HasSubstr;
-using testing::error_of;
-using testing::tiny_config;
 using model::PixelNorm;
 using model::qwen_patches;
 using model::QwenPatches;
+using testing::error_of;
+using ::testing::HasSubstr;
+using testing::tiny_config;
 
 // ---- word tokenizer ----
 
@@ -73,9 +73,9 @@ TEST(WordTokenizer, ChecksTheModelsIds) {
   EXPECT_NO_THROW(WordTokenizer(model::parse_model_config(small_vocab_config(words + 4, words))));
   // the vocabulary does not fit
   const auto small = model::parse_model_config(small_vocab_config(20, 16));
-  EXPECT_THAT(error_of([&] { WordTokenizer t(small); }),
-              HasSubstr("word \"" + WordTokenizer::vocabulary()[20] +
-                        "\" has id 20 but the model's text vocab_size is 20"));
+  EXPECT_THAT(
+      error_of([&] { WordTokenizer t(small); }),
+      HasSubstr("word \"" + WordTokenizer::vocabulary()[20] + "\" has id 20 but the model's text vocab_size is 20"));
   // a word id that the model uses for a vision token
   const auto clash = model::parse_model_config(small_vocab_config(100, 13));
   EXPECT_THAT(error_of([&] { WordTokenizer t(clash); }),
@@ -155,10 +155,14 @@ TEST(Patchify, Normalisation) {
 
 TEST(Patchify, Errors) {
   const model::QwenVisionConfig v = small_vision(2, 2, 2);
-  EXPECT_THAT(error_of([&] { qwen_patches(at::rand({1, 3, 6, 8}), v, {}); }),
+  EXPECT_THAT(error_of([&] {
+                qwen_patches(at::rand({1, 3, 6, 8}), v, {});
+              }),
               HasSubstr("frame size 6 x 8 (H x W) must be a positive multiple of patch_size * "
                         "spatial_merge_size = 4"));
-  EXPECT_THAT(error_of([&] { qwen_patches(at::rand({1, 4, 8, 8}), v, {}); }),
+  EXPECT_THAT(error_of([&] {
+                qwen_patches(at::rand({1, 4, 8, 8}), v, {});
+              }),
               HasSubstr("have 4 channels but vision_config.in_channels is 3"));
   EXPECT_THAT(error_of([&] { qwen_patches(at::rand({3, 8, 8}), v, {}); }), HasSubstr("must be [T, C, H, W]"));
 }
@@ -180,8 +184,7 @@ TEST(Shapes, DeterministicPerIndex) {
   for (int64_t i : {5, 123, 399}) {
     EXPECT_EQ(a.sequence(i).input_ids, b.sequence(i).input_ids);
     EXPECT_EQ(a.sequence(i).image_grid_thw, b.sequence(i).image_grid_thw);
-    EXPECT_TRUE(at::equal(a.image_pixels(i, 0), b.image_pixels(i, 0)) ||
-                a.sequence(i).image_grid_thw.empty());
+    EXPECT_TRUE(at::equal(a.image_pixels(i, 0), b.image_pixels(i, 0)) || a.sequence(i).image_grid_thw.empty());
   }
   EXPECT_EQ(a.sequence(123).input_ids, late.input_ids);
   int differ = 0;
@@ -239,14 +242,16 @@ void check_family(const std::string& name, bool videos) {
       if (s.loss_mask[k]) targets.push_back(s.input_ids[k]);
     ASSERT_EQ(data.tokenizer().decode(targets), data.caption(i) + " <eos>") << i;
     EXPECT_EQ(s.input_ids.front(), WordTokenizer::kBos);
-    EXPECT_EQ(static_cast<int64_t>(s.input_ids.size()) - static_cast<int64_t>(targets.size()),
-              parsed.blocks.back().start + parsed.blocks.back().size() +
-                  (config.conventions.has_block_markers() ? 1 : 0))
+    EXPECT_EQ(
+        static_cast<int64_t>(s.input_ids.size()) - static_cast<int64_t>(targets.size()),
+        parsed.blocks.back().start + parsed.blocks.back().size() + (config.conventions.has_block_markers() ? 1 : 0))
         << "the prompt ends with the last vision block";
   }
   EXPECT_GT(multi, 40);
-  if (videos) EXPECT_GT(video_samples, 40);
-  else EXPECT_EQ(video_samples, 0);
+  if (videos)
+    EXPECT_GT(video_samples, 40);
+  else
+    EXPECT_EQ(video_samples, 0);
 }
 
 TEST(Shapes, ParsesForQwen2VL) { check_family("tiny-qwen2-vl", true); }
@@ -279,7 +284,7 @@ TEST(Shapes, CaptionAttributesCoverTheirValues) {
       // the colour says nothing about the shape and vice versa (independent draws)
       ++seen["colour+shape"][it.colour + " " + it.shape];
     }
-  const std::map<std::string, size_t> values = {{"size", 2}, {"colour", 6}, {"shape", 4},
+  const std::map<std::string, size_t> values = {{"size", 2},  {"colour", 6},    {"shape", 4},
                                                 {"place", 5}, {"direction", 4}, {"colour+shape", 24}};
   for (const auto& [attribute, count] : values) {
     SCOPED_TRACE(attribute);
@@ -328,13 +333,12 @@ TEST(Shapes, PixelsShowTheCaption) {
         }
       }
       // the shape's colour is the caption's: red has R high, G and B low
-      const at::Tensor mean_rgb = frames[0].masked_select(first.expand({3, it.height, it.width}))
-                                      .view({3, -1}).mean(1);
+      const at::Tensor mean_rgb = frames[0].masked_select(first.expand({3, it.height, it.width})).view({3, -1}).mean(1);
       if (it.colour == "red") { EXPECT_TRUE(mean_rgb[0].item<float>() > 0.9 && mean_rgb[1].item<float>() < 0.1); }
       if (it.colour == "blue") { EXPECT_TRUE(mean_rgb[2].item<float>() > 0.9 && mean_rgb[0].item<float>() < 0.1); }
       // a big shape covers more than a small one could
-      const double area = first.sum().item<double>() / static_cast<double>(std::min(it.height, it.width) *
-                                                                           std::min(it.height, it.width));
+      const double area = first.sum().item<double>() /
+                          static_cast<double>(std::min(it.height, it.width) * std::min(it.height, it.width));
       if (it.size == "big") { EXPECT_GT(area, 0.08); }
       if (it.size == "small") { EXPECT_LT(area, 0.06); }
       ++checked;

@@ -8,18 +8,18 @@
 #include <filesystem>
 #include <fstream>
 
-#include "data_test_util.h"
 #include "../support/json_mutants.h"
+#include "data_test_util.h"
 #include "mmsp/hf/safetensors.h"
-#include "mmsp/train/data/jsonl_dataset.h"
 #include "mmsp/model/vision/pixel_geometry.h"
+#include "mmsp/train/data/jsonl_dataset.h"
 
 namespace mmsp::train {
 namespace {
 
 namespace fs = std::filesystem;
-using ::testing::HasSubstr;
 using testing::error_of;
+using ::testing::HasSubstr;
 using testing::source_path;
 using testing::tiny_config;
 
@@ -29,9 +29,8 @@ const std::string kExample = "examples/data/data.jsonl";
 class JsonlTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("mmsp_jsonl_" + std::to_string(getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() / ("mmsp_jsonl_" + std::to_string(getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     for (const char* png : {"circle.png", "square.png", "triangle.png"})
@@ -80,8 +79,7 @@ TEST_F(JsonlTest, ShippedExampleLoads) {
   // Patch row 0 is the top-left patch: background only, in every channel and both frames.
   const model::PixelNorm n;
   const at::Tensor rows = data.image_pixels(0, 0).view({16, 3, 2, 14, 14});
-  for (int c = 0; c < 3; ++c)
-    EXPECT_NEAR(rows[0][c].max().item<float>(), (40 / 255.0 - n.mean[c]) / n.std[c], 1e-5);
+  for (int c = 0; c < 3; ++c) EXPECT_NEAR(rows[0][c].max().item<float>(), (40 / 255.0 - n.mean[c]) / n.std[c], 1e-5);
   // pixel (27, 27) is red: merge window 0 holds patches (0,0) (0,1) (1,0) (1,1); the
   // last of them covers pixels 14..27, so (27, 27) is its element [13][13].
   EXPECT_NEAR(rows[3][0][0][13][13].item<float>(), (1 - n.mean[0]) / n.std[0], 1e-5);
@@ -92,25 +90,30 @@ TEST_F(JsonlTest, SafetensorsPixels) {
   at::manual_seed(3);
   const at::Tensor rows = at::randn({16, 1176});
   hf::save_safetensors((dir_ / "px.safetensors").string(),
-                          {{"img", rows}, {"bad", at::zeros({4, 1176})}, {"batched", rows.unsqueeze(0)}});
+                       {{"img", rows}, {"bad", at::zeros({4, 1176})}, {"batched", rows.unsqueeze(0)}});
   const std::string ids = R"("input_ids": [1, 151652, 151655, 151655, 151655, 151655, 151653, 2])";
-  const std::string path = write({"{" + ids + R"(, "images": [{"safetensors": "px.safetensors", "tensor": "img"}],)"
+  const std::string path = write({"{" + ids +
+                                  R"(, "images": [{"safetensors": "px.safetensors", "tensor": "img"}],)"
                                   R"( "image_grid_thw": [[1, 4, 4]]})"},
                                  "ok.jsonl");
   const JsonlDataset data(path, tiny_config("tiny-qwen2-vl"));
   EXPECT_TRUE(at::equal(data.image_pixels(0, 0), rows));
   // A processor's batch dimension of one item (LLaVA's [1, C, S, S]) is taken as it is.
-  const JsonlDataset batched(write({"{" + ids + R"(, "images": [{"safetensors": "px.safetensors", "tensor": )"
+  const JsonlDataset batched(write({"{" + ids +
+                                    R"(, "images": [{"safetensors": "px.safetensors", "tensor": )"
                                     R"("batched"}], "image_grid_thw": [[1, 4, 4]]})"},
                                    "batched.jsonl"),
                              tiny_config("tiny-qwen2-vl"));
   EXPECT_TRUE(at::equal(batched.image_pixels(0, 0), rows));
-  EXPECT_THAT(error_for({"{" + ids + R"(, "images": [{"safetensors": "px.safetensors", "tensor": "bad"}],)"
+  EXPECT_THAT(error_for({"{" + ids +
+                         R"(, "images": [{"safetensors": "px.safetensors", "tensor": "bad"}],)"
                          R"( "image_grid_thw": [[1, 4, 4]]})"}),
-              HasSubstr("bad.jsonl:1: image 0: tensor \"bad\" has shape [4, 1176] but grid [1, 4, 4] needs [16, 1176] (patches x channels*temporal_patch_size*patch_size^2), or [1, 16, 1176]"));
+              HasSubstr("bad.jsonl:1: image 0: tensor \"bad\" has shape [4, 1176] but grid [1, 4, 4] needs [16, 1176] "
+                        "(patches x channels*temporal_patch_size*patch_size^2), or [1, 16, 1176]"));
   EXPECT_THAT(error_for({"{" + ids + R"(, "images": [{"safetensors": "px.safetensors", "tensor": "img"}]})"}),
               HasSubstr("bad.jsonl:1: image 0 comes from safetensors, so image_grid_thw must give its grid"));
-  EXPECT_THAT(error_for({"{" + ids + R"(, "images": [{"safetensors": "px.safetensors", "tensor": "nope"}],)"
+  EXPECT_THAT(error_for({"{" + ids +
+                         R"(, "images": [{"safetensors": "px.safetensors", "tensor": "nope"}],)"
                          R"( "image_grid_thw": [[1, 4, 4]]})"}),
               HasSubstr("bad.jsonl:1: image 0: tensor \"nope\" is not in"));
 }
@@ -139,9 +142,9 @@ TEST_F(JsonlTest, EntriesAndPathsAreReadWhole) {
                             R"({"safetensors": ..., "tensor": ...}))";
   EXPECT_THAT(error_for({video + R"({"path": "a.mp4", "frame_indices": [0], "frames": ["circle.png"]}]})"}),
               HasSubstr("bad.jsonl:1: video 0 has both \"path\" and \"frames\": an entry is one of"));
-  EXPECT_THAT(error_for({video + R"({"frames": ["circle.png"], "fps": 2}]})"}),
-              HasSubstr("bad.jsonl:1: video 0 has the key \"fps\", which an entry with \"frames\" does not take " +
-                        forms));
+  EXPECT_THAT(
+      error_for({video + R"({"frames": ["circle.png"], "fps": 2}]})"}),
+      HasSubstr("bad.jsonl:1: video 0 has the key \"fps\", which an entry with \"frames\" does not take " + forms));
   EXPECT_THAT(error_for({video + R"({"frames": ["circle.png"], "frame_indices": [0]}]})"}),
               HasSubstr("video 0 has the key \"frame_indices\", which an entry with \"frames\" does not take"));
   EXPECT_THAT(error_for({image + R"({"path": "circle.png", "safetensors": "px.safetensors", "tensor": "t"}]})"}),
@@ -152,8 +155,9 @@ TEST_F(JsonlTest, EntriesAndPathsAreReadWhole) {
   fs::create_symlink("loop.mp4", dir_ / "loop.mp4");
   EXPECT_THAT(error_for({image + R"({"path": "loop.png"}]})"}),
               HasSubstr("loop.png\" is a loop of symbolic links (Too many levels of symbolic links)"));
-  EXPECT_THAT(error_for({video + R"({"path": "loop.mp4", "frame_indices": [0]}]})"}),
-              HasSubstr("bad.jsonl:1: video 0 file \"" + (dir_ / "loop.mp4").string() + "\" is a loop of symbolic links"));
+  EXPECT_THAT(
+      error_for({video + R"({"path": "loop.mp4", "frame_indices": [0]}]})"}),
+      HasSubstr("bad.jsonl:1: video 0 file \"" + (dir_ / "loop.mp4").string() + "\" is a loop of symbolic links"));
   fs::create_directory(dir_ / "folder.png");
   EXPECT_THAT(error_for({image + R"({"path": "folder.png"}]})"}), HasSubstr("folder.png\" is a directory, not a file"));
   // The forms themselves still load.
@@ -173,7 +177,8 @@ TEST_F(JsonlTest, TokenBeyondVocab) {
               HasSubstr("bad.jsonl:1: input_ids[3] = 151936 is outside the model's vocabulary 0..151935"));
   EXPECT_THAT(error_for({kGood, kGood, R"({"input_ids": [1, -4, 2]})"}),
               HasSubstr("bad.jsonl:3: input_ids[1] = -4 is outside"));
-  EXPECT_THAT(error_for({R"({"input_ids": [1, 2.5]})"}), HasSubstr("bad.jsonl:1: input_ids[1] is 2.5, expected an integer"));
+  EXPECT_THAT(error_for({R"({"input_ids": [1, 2.5]})"}),
+              HasSubstr("bad.jsonl:1: input_ids[1] is 2.5, expected an integer"));
 }
 
 TEST_F(JsonlTest, BadJsonLine) {
@@ -200,8 +205,9 @@ TEST_F(JsonlTest, GridsAndSizes) {
               HasSubstr("bad.jsonl:1: image_grid_thw has 1 entries but there is no images list"));
   EXPECT_THAT(error_for({R"({"input_ids": [1, 2], "images": [{"path": "circle.png"}], "image_grid_thw": []})"}),
               HasSubstr("bad.jsonl:1: image_grid_thw has 0 entries but images has 1"));
-  EXPECT_THAT(error_for({R"({"input_ids": [1, 2], "images": [{"path": "circle.png"}], "image_grid_thw": [[2, 4, 4]]})"}),
-              HasSubstr("image_grid_thw[0] = [2, 4, 4] has t = 2 but image 0 has 1 frame(s)"));
+  EXPECT_THAT(
+      error_for({R"({"input_ids": [1, 2], "images": [{"path": "circle.png"}], "image_grid_thw": [[2, 4, 4]]})"}),
+      HasSubstr("image_grid_thw[0] = [2, 4, 4] has t = 2 but image 0 has 1 frame(s)"));
   // frames of one video must share a size when the grid comes from the files
   EXPECT_THAT(error_for({R"({"input_ids": [1, 2], "videos": [{"frames": ["circle.png", "triangle.png"]}]})"}),
               HasSubstr("bad.jsonl:1: video 0 frame 1"));
@@ -235,9 +241,10 @@ TEST_F(JsonlTest, InternVLTilesFromTheFileSize) {
   EXPECT_GT(px.std().item<double>(), 0.1);  // the drawn square, not a blank
   EXPECT_THAT(error_of([&] { JsonlDataset bad(write({line(48, "")}, "n.jsonl"), c); }),
               HasSubstr("n.jsonl:1: sequence 0: image 0 has 48 placeholder tokens but grid [13, 4, 4]"));
-  EXPECT_THAT(error_of([&] { JsonlDataset bad(write({line(48, R"(, "image_grid_thw": [[12, 4, 4]])")}, "g.jsonl"), c); }),
-              HasSubstr("g.jsonl:1: image_grid_thw[0] = [12, 4, 4] but internvl cuts image 0 (70 x 50 pixels) into "
-                        "13 tiles of 56 px: grid [13, 4, 4]"));
+  EXPECT_THAT(
+      error_of([&] { JsonlDataset bad(write({line(48, R"(, "image_grid_thw": [[12, 4, 4]])")}, "g.jsonl"), c); }),
+      HasSubstr("g.jsonl:1: image_grid_thw[0] = [12, 4, 4] but internvl cuts image 0 (70 x 50 pixels) into "
+                "13 tiles of 56 px: grid [13, 4, 4]"));
 }
 
 // Mutants of every line of the shipped example, one line mutated at a time: each file

@@ -18,10 +18,10 @@
 #include "mmsp/model/layers/tiled_mlp.h"
 #include "mmsp/model/vlm.h"
 #include "mmsp/parallel/grad_sync.h"
-#include "mmsp/train/optim/master_weights.h"
-#include "mmsp/train/memory/memory_estimate.h"
-#include "mmsp/train/optim/sharded_adamw.h"
 #include "mmsp/train/loss/chunked_loss.h"
+#include "mmsp/train/memory/memory_estimate.h"
+#include "mmsp/train/optim/master_weights.h"
+#include "mmsp/train/optim/sharded_adamw.h"
 #include "mmsp/train/trainer.h"
 
 namespace mmsp::train {
@@ -67,7 +67,8 @@ TEST(MemoryEstimate, MetaSkeletonsCountTheReleasedModelsWithoutAllocating) {
 }
 
 TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
-  const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen2-vl.json");
+  const model::ModelConfig config =
+      model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen2-vl.json");
   const ParameterLayout shapes = skeleton("configs/tiny-qwen2-vl.json");
   const int64_t P = count(shapes);
   int64_t largest = 0;  // the untied embedding (and head): 151,936 × 64
@@ -96,7 +97,7 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   const MemoryEstimate mixed = estimate_memory(config, shapes, in);
   EXPECT_EQ(mixed.parameters, 2 * P);
   EXPECT_EQ(mixed.master_weights, 4 * P);
-  EXPECT_EQ(mixed.gradients, 2 * P);  // the model's bf16 grads; the masters' are released
+  EXPECT_EQ(mixed.gradients, 2 * P);         // the model's bf16 grads; the masters' are released
   EXPECT_EQ(mixed.update_gradients, 4 * P);  // the masters' fp32 grads, handed over
   EXPECT_EQ(mixed.optimizer, 8 * P);
   EXPECT_EQ(mixed.training_state(), 18 * P);
@@ -112,7 +113,8 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   in.shard_world = 4;
   const MemoryEstimate sharded = estimate_memory(config, shapes, in);
   const int64_t quarter = (P + 3) / 4;
-  const int64_t rounds = 3 * std::min(4 * std::max(largest, B / 2), 2 * B), slices = 2 * std::min(quarter, ShardedAdamW::kUpdateSlice) * 4;
+  const int64_t rounds = 3 * std::min(4 * std::max(largest, B / 2), 2 * B),
+                slices = 2 * std::min(quarter, ShardedAdamW::kUpdateSlice) * 4;
   EXPECT_EQ(sharded.master_weights, 4 * quarter);
   EXPECT_EQ(sharded.optimizer, 8 * quarter);
   EXPECT_EQ(sharded.gradients, 2 * P);
@@ -183,7 +185,8 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   auto rounds_of = [&](int64_t elements, int64_t largest_one) {
     return 3 * std::min(4 * std::min(elements, std::max(largest_one, B / 2)), 2 * B);
   };
-  EXPECT_EQ(stage2.gradients, 2 * (kept + block0 + rows) + 4 * quarter + rounds_of(block0, block0));  // the end: a block's
+  EXPECT_EQ(stage2.gradients,
+            2 * (kept + block0 + rows) + 4 * quarter + rounds_of(block0, block0));  // the end: a block's
   {
     // The decoder's backward: each layer frees its activations (no recompute here) and
     // adds its shard; priced where the two sum highest. 64 tokens a rank keep more
@@ -229,10 +232,10 @@ TEST(MemoryEstimate, StatePartsFollowTheirFormulas) {
   ASSERT_EQ(block, std::min<int64_t>((V + 3) / 4, (int64_t{128} << 20) / (4 * (2 * h + 64 * 14))));
   EXPECT_LT(block, (V + 3) / 4);
   EXPECT_EQ(stage3.parameters, 2 * kept);
-  EXPECT_EQ(stage3.gathered_forward, 2 * (unit + 2 * unit));  // a layer, the next in flight (never the head)
+  EXPECT_EQ(stage3.gathered_forward, 2 * (unit + 2 * unit));    // a layer, the next in flight (never the head)
   EXPECT_EQ(stage3.gathered_loss, 2 * (3 * round + 2 * unit));  // rounds of rows, the last layer in flight
-  EXPECT_EQ(stage3.gathered_backward, 2 * 3 * unit);          // a layer, the one before in flight
-  EXPECT_EQ(stage3.gathered_vision, 2 * 3 * block0);          // the tower's: a block, the one before in flight
+  EXPECT_EQ(stage3.gathered_backward, 2 * 3 * unit);            // a layer, the one before in flight
+  EXPECT_EQ(stage3.gathered_vision, 2 * 3 * block0);            // the tower's: a block, the one before in flight
   EXPECT_EQ(stage2.gathered_vision, 0);
   EXPECT_EQ(stage3.head_gradient, round * (2 + 2 * 4) + (V + 3) / 4 * h * 4);  // a round's, the head's shard
   // With chunks of 8 tokens: rounds of an eighth of the vocabulary, a quarter from each rank.
@@ -332,7 +335,8 @@ TEST(MemoryEstimate, EveryTowersBlocksAreUnitsOfTheModelAndTheEstimate) {
 // A step whose padding gives a rank more slots than --tokens-per-rank (zigzag pads each
 // sequence to whole ring chunks) is priced for its slots; fewer change nothing.
 TEST(MemoryEstimate, PaddedSlotsArePricedAsTokens) {
-  const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
+  const model::ModelConfig config =
+      model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
   const ParameterLayout shapes = skeleton("configs/tiny-qwen3-vl.json");
   MemoryEstimateInputs in;
   in.tokens_per_rank = 300;
@@ -346,16 +350,19 @@ TEST(MemoryEstimate, PaddedSlotsArePricedAsTokens) {
   EXPECT_GT(padded.total(), nominal.total());
   const auto longer_parts = longer.parts();
   for (const auto& [name, bytes] : padded.parts()) {
-    const auto it = std::find_if(longer_parts.begin(), longer_parts.end(), [&](const auto& p) { return p.first == name; });
+    const auto it =
+        std::find_if(longer_parts.begin(), longer_parts.end(), [&](const auto& p) { return p.first == name; });
     ASSERT_NE(it, longer_parts.end());
     EXPECT_EQ(bytes, it->second) << name;
   }
 }
 
 // Checkpointing keeps each layer's input and one layer's activations; a loss chunk of n
-// tokens holds n tokens' logits instead of T's (docs/train.md, "Memory: activation checkpointing and the chunked loss").
+// tokens holds n tokens' logits instead of T's (docs/train.md, "Memory: activation checkpointing and the chunked
+// loss").
 TEST(MemoryEstimate, CheckpointingAndLossChunksFollowTheirFormulas) {
-  const model::ModelConfig config = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
+  const model::ModelConfig config =
+      model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
   const ParameterLayout shapes = skeleton("configs/tiny-qwen3-vl.json");
   const model::TextConfig& t = config.text;
   const int64_t T = 1000, L = t.num_hidden_layers, h = t.hidden_size, V = t.vocab_size;
@@ -435,7 +442,8 @@ TEST(MemoryEstimate, TiledMlpAndOffloadFollowTheirFormulas) {
   EXPECT_EQ(offloaded.backward_gradients - recomputed.backward_gradients, layers_shard * (L - 1) / L);
   auto backward = [](const MemoryEstimate& e) {
     const auto moments = e.moments();
-    return e.bytes_of(std::find_if(moments.begin(), moments.end(), [](const auto& m) { return m.name == "backward"; })->parts);
+    return e.bytes_of(
+        std::find_if(moments.begin(), moments.end(), [](const auto& m) { return m.name == "backward"; })->parts);
   };
   EXPECT_EQ(backward(offloaded) + (L - 2) * T * h * b - layers_shard * (L - 1) / L, backward(recomputed));
   EXPECT_LT(offloaded.total(), recomputed.total());
@@ -493,7 +501,8 @@ TEST(MemoryEstimate, GatedDeltaNetWorkingSetFollowsItsFormula) {
   EXPECT_EQ(estimate_memory(config, shapes, in).working_set, T * (layer.backward + 2 * Hv * K * 4));
   in.mlp_tile = 0;
   // A model without linear-attention layers keeps the MLP / attention-block term.
-  const model::ModelConfig dense = model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
+  const model::ModelConfig dense =
+      model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");
   in.compute_dtype = at::kFloat;
   EXPECT_EQ(estimate_memory(dense, skeleton("configs/tiny-qwen3-vl.json"), in).working_set,
             std::max<int64_t>(3 * T * dense.text.intermediate_size * 4,
@@ -524,7 +533,8 @@ TEST(MemoryEstimate, OverTheLimitIsRefusedNamingEveryPartAndTheFlags) {
     EXPECT_THAT(what, HasSubstr("needs about 13.00 GiB per rank (held through the step 9.00 GiB: parameters "
                                 "3.00 GiB, optimizer 6.00 GiB, plus the largest of its moments; loss "
                                 "512.00 MiB: logits 512.00 MiB; loss backward 1.00 GiB: head gradient 1.00 GiB; "
-                                "backward 3.00 GiB: backward gradients 3.00 GiB; update 4.00 GiB: update gradients 2.00 GiB, update working "
+                                "backward 3.00 GiB: backward gradients 3.00 GiB; update 4.00 GiB: update gradients "
+                                "2.00 GiB, update working "
                                 "set 2.00 GiB) but --memory-limit allows 8.00 GiB"));
     EXPECT_THAT(what, HasSubstr("--tokens-per-rank"));
     EXPECT_THAT(what, HasSubstr("--dtype bfloat16"));

@@ -17,8 +17,8 @@
 namespace mmsp::train {
 namespace {
 
-using ::testing::HasSubstr;
 using nlohmann::json;
+using ::testing::HasSubstr;
 
 StepMetrics sample(int64_t step, double loss, double seconds) {
   StepMetrics m;
@@ -93,10 +93,10 @@ TEST(Metrics, JsonRoundTripKeepsEveryFieldExactly) {
 // A line written before the bytes were split by purpose (and the update's peak apart)
 // still reads, those as 0.
 TEST(Metrics, ReadsALineWithoutTheBytesByPurpose) {
-  const json old = json::parse(
-      R"({"step":3,"loss":2.5,"lr":0.0003,"grad_norm":0.8125,"tokens":1000,"label_tokens":900,)"
-      R"("seconds":1.0,"vision_s":0.1,"attention_s":0.5,"communication_s":0.2,"other_s":0.2,)"
-      R"("peak_bytes":1572864,"comm_bytes":262147})");
+  const json old =
+      json::parse(R"({"step":3,"loss":2.5,"lr":0.0003,"grad_norm":0.8125,"tokens":1000,"label_tokens":900,)"
+                  R"("seconds":1.0,"vision_s":0.1,"attention_s":0.5,"communication_s":0.2,"other_s":0.2,)"
+                  R"("peak_bytes":1572864,"comm_bytes":262147})");
   const StepMetrics m = old.get<StepMetrics>();
   EXPECT_EQ(m.step, 3);
   EXPECT_EQ(m.comm_bytes, 262147);
@@ -135,15 +135,48 @@ TEST(Metrics, WriterAppendsOneFlushedLinePerStep) {
   try {
     read_metrics(name);
     ADD_FAILURE() << "a bad line was accepted";
-  } catch (const std::exception& e) {
-    EXPECT_THAT(e.what(), HasSubstr(std::string(name) + ":4: not a metrics line"));
-  }
+  } catch (const std::exception& e) { EXPECT_THAT(e.what(), HasSubstr(std::string(name) + ":4: not a metrics line")); }
   std::filesystem::remove(name);
   // The file is opened at the first line: no empty file for a run that fails before it.
   MetricsWriter never_written("/nonexistent-dir/metrics.jsonl");
   EXPECT_THROW(never_written.write(sample(1, 3.0, 2.0)), std::exception);
   { MetricsWriter unused(name); }
   EXPECT_FALSE(std::filesystem::exists(name));
+}
+
+// An evaluation's row (--eval-data) sits among the steps' rows: read_metrics (compare-losses)
+// reads the steps alone, read_eval_metrics the evaluations alone, each field back as written.
+TEST(Metrics, EvaluationRowsAreApartFromTheSteps) {
+  const std::string name = testing::TempDir() + "mmsp-eval-metrics.jsonl";
+  std::filesystem::remove(name);
+  {
+    MetricsWriter w(name);
+    w.write(sample(1, 3.0, 2.0));
+    EvalMetrics e;
+    e.step = 1;
+    e.loss = 2.75;
+    e.tokens = 120;
+    e.label_tokens = 113;
+    e.seconds = 0.5;
+    w.write(json(e));
+    w.write(sample(2, 2.5, 1.0));
+  }
+  ASSERT_EQ(read_metrics(name).size(), 2u);
+  const std::vector<EvalMetrics> evals = read_eval_metrics(name);
+  ASSERT_EQ(evals.size(), 1u);
+  EXPECT_EQ(evals[0].step, 1);
+  EXPECT_EQ(evals[0].loss, 2.75);
+  EXPECT_EQ(evals[0].label_tokens, 113);
+  EXPECT_EQ(format_eval_line(evals[0]), "eval after step 1 | loss 2.7500 | 113 label tokens | 0.500 s");
+  std::filesystem::remove(name);
+}
+
+// The progress after the step line: the steps left at the mean step time, the FLOP/s, MFU.
+TEST(Metrics, ProgressGivesTheEtaAndTheMfu) {
+  EXPECT_EQ(format_progress(3, 100, 2.5, 5e12, 2.0, 10), " | 3/100 | ETA 4m03s | 2.5 TFLOP/s, MFU 25.0%");
+  EXPECT_EQ(format_progress(10, 5000, 3.0, 0, 1.0, 0), " | 10/5000 | ETA 4h09m | 0 TFLOP/s");
+  // 2 FLOPs a parameter a token forward, 4 backward (2 where weights train), attention 12·h a pair
+  EXPECT_EQ(step_flops(100, 10, 2, 8, 3, 6.0), 3 * (400.0 + 20.0) + 12.0 * 2 * 8 * 6.0);
 }
 
 TEST(Metrics, ATornLastLineIsCutWhenTheFileIsOpenedAgain) {

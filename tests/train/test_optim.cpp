@@ -11,15 +11,15 @@
 #include <functional>
 #include <thread>
 
+#include "error_of.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
-#include "mmsp/train/optim/grad_clip.h"
 #include "mmsp/parallel/grad_sync.h"
+#include "mmsp/parallel/zero/zero_hooks.h"
+#include "mmsp/train/optim/grad_clip.h"
 #include "mmsp/train/optim/lr_schedule.h"
 #include "mmsp/train/optim/optimizer.h"
-#include "mmsp/parallel/zero/zero_hooks.h"
 #include "mmsp/train/optim/sharded_adamw.h"
-#include "error_of.h"
 
 namespace mmsp::train {
 namespace {
@@ -32,17 +32,16 @@ at::Tensor param(std::vector<int64_t> shape, at::ScalarType dtype) {
 
 // Grad values that say which parameter and element they are: 1000·(i+1) + element.
 void set_coded_grad(at::Tensor& p, int i) {
-  p.mutable_grad() =
-      (at::arange(p.numel(), at::kDouble) + 1000.0 * (i + 1)).to(p.scalar_type()).view(p.sizes());
+  p.mutable_grad() = (at::arange(p.numel(), at::kDouble) + 1000.0 * (i + 1)).to(p.scalar_type()).view(p.sizes());
 }
 
 using test::error_of;
 
 TEST(GradSync, BucketsByDtypeInOrderAndOversizedParamsAlone) {
   // bytes: a 16, b 24, c 40, d 8, e 160, f 10.
-  model::NamedParams ps = {{"a", param({4}, at::kFloat)},  {"b", param({3}, at::kDouble)},
-                    {"c", param({10}, at::kFloat)}, {"d", param({2}, at::kFloat)},
-                    {"e", param({4, 5}, at::kDouble)}, {"f", param({5}, at::kBFloat16)}};
+  model::NamedParams ps = {{"a", param({4}, at::kFloat)},     {"b", param({3}, at::kDouble)},
+                           {"c", param({10}, at::kFloat)},    {"d", param({2}, at::kFloat)},
+                           {"e", param({4, 5}, at::kDouble)}, {"f", param({5}, at::kBFloat16)}};
   parallel::GradSync sync(ps, dist::make_solo_group("world", 0), /*bucket_bytes=*/48);
   std::vector<std::vector<size_t>> got;
   for (const parallel::GradBucket& b : sync.buckets()) got.push_back(b.params);
@@ -90,11 +89,17 @@ TEST(GradSync, SoloGroupCopiesBackEveryGradAndZerosTheMissing) {
 TEST(GradSync, RefusesBadParameters) {
   at::Tensor w = param({2, 2}, at::kFloat);
   auto solo = dist::make_solo_group("world", 0);
-  EXPECT_THAT(error_of([&] { parallel::GradSync({{"w", w}, {"tied", w}}, solo); }),
+  EXPECT_THAT(error_of([&] {
+                parallel::GradSync({{"w", w}, {"tied", w}}, solo);
+              }),
               HasSubstr("\"tied\" is the same tensor as \"w\""));
-  EXPECT_THAT(error_of([&] { parallel::GradSync({{"w", w}, {"w", param({1}, at::kFloat)}}, solo); }),
+  EXPECT_THAT(error_of([&] {
+                parallel::GradSync({{"w", w}, {"w", param({1}, at::kFloat)}}, solo);
+              }),
               HasSubstr("\"w\" appears twice"));
-  EXPECT_THAT(error_of([&] { parallel::GradSync({{"i", at::zeros({2}, at::kLong)}}, solo); }),
+  EXPECT_THAT(error_of([&] {
+                parallel::GradSync({{"i", at::zeros({2}, at::kLong)}}, solo);
+              }),
               HasSubstr("only floating-point"));
   EXPECT_THAT(error_of([&] { parallel::GradSync({{"w", w}}, solo, 0); }), HasSubstr("bucket_bytes (0)"));
 }
@@ -132,9 +137,7 @@ TEST(GradSync, TwoGlooRanksSumEveryGradAndCountTheBytes) {
       sync.all_reduce();
       grad_bytes[rank] = sync.grad_bytes();
       buckets[rank] = static_cast<int64_t>(sync.buckets().size());
-    } catch (const std::exception& e) {
-      errors[rank] = e.what();
-    }
+    } catch (const std::exception& e) { errors[rank] = e.what(); }
   };
   std::thread t0(run, 0), t1(run, 1);
   t0.join();
@@ -147,8 +150,7 @@ TEST(GradSync, TwoGlooRanksSumEveryGradAndCountTheBytes) {
     // summed in fp32 by Gloo and rounded once, as this rounds 3c once).
     at::Tensor c = (at::arange(p.numel(), at::kDouble) + 1000.0 * (i + 1)).to(p.scalar_type());
     at::Tensor want = (c.to(at::kDouble) * (i % 4 == 2 ? 1 : 3)).to(p.scalar_type()).view(p.sizes());
-    for (int r = 0; r < 2; ++r)
-      EXPECT_TRUE(at::equal(params[r][i].second.grad(), want)) << "rank " << r << " p" << i;
+    for (int r = 0; r < 2; ++r) EXPECT_TRUE(at::equal(params[r][i].second.grad(), want)) << "rank " << r << " p" << i;
   }
   for (int r = 0; r < 2; ++r) {
     const dist::CommSnapshot snapshot = stats[r]->snapshot();
@@ -161,10 +163,10 @@ TEST(GradSync, TwoGlooRanksSumEveryGradAndCountTheBytes) {
 
 TEST(LrSchedule, WarmupThenCosineToTheFloor) {
   const LrSchedule s{1e-3, 1e-5, 10, 110};
-  EXPECT_DOUBLE_EQ(s.at(0), 1e-4);   // lr · 1/10
+  EXPECT_DOUBLE_EQ(s.at(0), 1e-4);  // lr · 1/10
   EXPECT_DOUBLE_EQ(s.at(4), 5e-4);
-  EXPECT_DOUBLE_EQ(s.at(9), 1e-3);   // the last warm-up step reaches lr
-  EXPECT_DOUBLE_EQ(s.at(10), 1e-3);  // the cosine starts at lr
+  EXPECT_DOUBLE_EQ(s.at(9), 1e-3);                         // the last warm-up step reaches lr
+  EXPECT_DOUBLE_EQ(s.at(10), 1e-3);                        // the cosine starts at lr
   EXPECT_NEAR(s.at(60), 1e-5 + (1e-3 - 1e-5) / 2, 1e-15);  // half way
   EXPECT_NEAR(s.at(109), 1e-5 + (1e-3 - 1e-5) * 0.5 * (1 + std::cos(M_PI * 99 / 100)), 1e-15);
   EXPECT_DOUBLE_EQ(s.at(110), 1e-5);
@@ -182,9 +184,13 @@ TEST(LrSchedule, WarmupThenCosineToTheFloor) {
 
 TEST(LrSchedule, RefusesBadValues) {
   EXPECT_THAT(error_of([] { LrSchedule{0.0, 0.0, 0, 10}.validate(); }), HasSubstr("lr (0)"));
-  EXPECT_THAT(error_of([] { LrSchedule{1e-3, 2e-3, 0, 10}.validate(); }),
+  EXPECT_THAT(error_of([] {
+                LrSchedule{1e-3, 2e-3, 0, 10}.validate();
+              }),
               HasSubstr("min_lr (0.002) must be in [0, lr (0.001)]"));
-  EXPECT_THAT(error_of([] { LrSchedule{1e-3, 0.0, 11, 10}.validate(); }),
+  EXPECT_THAT(error_of([] {
+                LrSchedule{1e-3, 0.0, 11, 10}.validate();
+              }),
               HasSubstr("warmup_steps (11) must be in [0, total_steps (10)]"));
   EXPECT_THAT(error_of([] { LrSchedule{1e-3, 0.0, 0, 0}.validate(); }), HasSubstr("total_steps (0)"));
   EXPECT_THAT(error_of([] { LrSchedule{1e-3, 0.0, 0, 10}.at(-1); }), HasSubstr("step (-1)"));
@@ -195,8 +201,8 @@ TEST(ClipGradNorm, GlobalNormInFp64AndScaling) {
   a.mutable_grad() = at::tensor({3.0f, 4.0f});
   b.mutable_grad() = at::full({1, 1}, 12.0, at::kDouble);
   model::NamedParams ps = {{"a", a}, {"b", b}, {"c", c}};  // c: no grad, counts as zeros
-  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 0.0), 13.0);  // measure only
-  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 20.0), 13.0);  // below the limit: unchanged
+  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 0.0), 13.0);         // measure only
+  EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 20.0), 13.0);        // below the limit: unchanged
   EXPECT_TRUE(at::equal(a.grad(), at::tensor({3.0f, 4.0f})));
   EXPECT_DOUBLE_EQ(clip_grad_norm(ps, 6.5), 13.0);  // returns the norm before clipping
   const double scale = 6.5 / (13.0 + 1e-6);
@@ -223,8 +229,8 @@ TEST(ClipGradNorm, NonFiniteNormNamesTheParameter) {
 
 TEST(AdamW, DecayOnMatricesOnlyAndSetLr) {
   model::NamedParams ps = {{"embed", param({10, 4}, at::kFloat)}, {"bias", param({4}, at::kFloat)},
-                    {"proj", param({4, 4}, at::kDouble)},  {"norm", param({4}, at::kFloat)},
-                    {"scale", param({}, at::kFloat)},       {"conv", param({2, 3, 2, 2}, at::kFloat)}};
+                           {"proj", param({4, 4}, at::kDouble)},  {"norm", param({4}, at::kFloat)},
+                           {"scale", param({}, at::kFloat)},      {"conv", param({2, 3, 2, 2}, at::kFloat)}};
   auto opt = make_adamw(ps, {3e-4, 0.9, 0.95, 1e-6, 0.1});
   ASSERT_EQ(opt->param_groups().size(), 2u);
   auto names = [&](size_t g) {
@@ -260,14 +266,14 @@ TEST(AdamW, DecayOnMatricesOnlyAndSetLr) {
 
 TEST(AdamW, RefusesBadOptions) {
   model::NamedParams ps = {{"w", param({2, 2}, at::kFloat)}};
-  EXPECT_THAT(error_of([&] { make_adamw(ps, {1e-3, 0.9, 1.0, 1e-8, 0.0}); }),
+  EXPECT_THAT(error_of([&] {
+                make_adamw(ps, {1e-3, 0.9, 1.0, 1e-8, 0.0});
+              }),
               HasSubstr("betas (0.9, 1) must each be in [0, 1)"));
   EXPECT_THAT(error_of([&] { make_adamw(ps, {-1.0, 0.9, 0.99, 1e-8, 0.0}); }), HasSubstr("lr (-1)"));
   EXPECT_THAT(error_of([&] { make_adamw(ps, {1e-3, 0.9, 0.99, 0.0, 0.0}); }), HasSubstr("eps (0)"));
-  EXPECT_THAT(error_of([&] { make_adamw(ps, {1e-3, 0.9, 0.99, 1e-8, -0.1}); }),
-              HasSubstr("weight_decay (-0.1)"));
-  EXPECT_THAT(error_of([&] { make_adamw({{"w", ps[0].second}, {"v", ps[0].second}}, {}); }),
-              HasSubstr("same tensor"));
+  EXPECT_THAT(error_of([&] { make_adamw(ps, {1e-3, 0.9, 0.99, 1e-8, -0.1}); }), HasSubstr("weight_decay (-0.1)"));
+  EXPECT_THAT(error_of([&] { make_adamw({{"w", ps[0].second}, {"v", ps[0].second}}, {}); }), HasSubstr("same tensor"));
   auto opt = make_adamw(ps, {});
   EXPECT_THAT(error_of([&] { set_lr(*opt, std::nan("")); }), HasSubstr("set_lr: lr (nan)"));
 }
@@ -292,9 +298,7 @@ void run_gloo_ranks(int P, const std::function<void(int, dist::GroupPtr)>& body,
                                                     c10::intrusive_ptr<dist::Backend>(), stats[rank],
                                                     std::chrono::milliseconds(30000));
       body(rank, world);
-    } catch (const std::exception& e) {
-      errors[rank] = e.what();
-    }
+    } catch (const std::exception& e) { errors[rank] = e.what(); }
   };
   std::vector<std::thread> threads;
   for (int r = 0; r < P; ++r) threads.emplace_back(run, r);
@@ -343,9 +347,7 @@ UnitCase layers_only() { return {{0, 0, 1, 1, -1, -1}, {}, -1, -1}; }
 UnitCase tied_head() { return {{0, 0, 1, 1, 2, -1}, {{}, {}, {3, true, true, true}}, 2, 2}; }
 // p3 an untied head (rank 2 gives it no gradient), p4 the embedding: gathered once, not
 // prefetched, its only gradient the lookup's rows.
-UnitCase untied_head() {
-  return {{0, 0, 1, 2, 3, -1}, {{}, {}, {2, true, true}, {1, false, false, true}}, 2, 3};
-}
+UnitCase untied_head() { return {{0, 0, 1, 2, 3, -1}, {{}, {}, {2, true, true}, {1, false, false, true}}, 2, 3}; }
 // The tied head, and p5 a vision block: the first of its chain (not prefetched), so
 // neither the lookup before it nor its own backward, the last, issues a neighbour's
 // gather (model::HookedBlocks::units).
@@ -367,8 +369,8 @@ bool holds_memory(const at::Tensor& p) { return p.storage().nbytes() > 0; }
 // embedding's at the end, as the lookup's rows: duplicate ids, in any order, counts
 // unequal over the ranks, and with 4 ranks one rank without rows); stage 3 holds a
 // unit's weights only between its before and after hooks.
-void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::ScalarType master_dtype,
-                                      double rtol, parallel::ShardLevel level = parallel::ShardLevel::optimizer,
+void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::ScalarType master_dtype, double rtol,
+                                      parallel::ShardLevel level = parallel::ShardLevel::optimizer,
                                       const UnitCase& units = layers_only()) {
   const AdamWOptions adamw{0.05, 0.9, 0.95, 1e-8, 0.1};
   const double clip = 1.5;
@@ -392,128 +394,137 @@ void expect_sharded_equals_replicated(int P, at::ScalarType model_dtype, at::Sca
   std::vector<double> norms(P);
   std::vector<int64_t> state_bytes(P), step_bytes(P), sent(P), row_bytes(P), rows_sent(P);
   std::vector<std::shared_ptr<dist::CommStats>> stats;
-  run_gloo_ranks(P, [&](int r, dist::GroupPtr world) {
-    model::NamedParams model = odd_params(model_dtype);
-    const auto zero =
-        std::make_shared<parallel::ShardedModel>(model, master_dtype, world, /*bucket_bytes=*/64, level, unit_of, units.uses);
-    ShardedAdamW sharded(zero, adamw);
-    const bool freed = level == parallel::ShardLevel::parameters;
-    const std::shared_ptr<model::LayerHooks> hooks = parallel::make_zero_hooks(zero);
-    EXPECT_EQ(hooks == nullptr, level == parallel::ShardLevel::optimizer);
-    // Unit `unit`'s gradients, times `scale` (added to what is there: a tied head's
-    // gradient comes in two parts, each exactly half).
-    auto give_grads = [&](int unit, int t, double scale = 1.0) {
-      if (unit == units.unread) return;
-      for (size_t i = 0; i < model.size(); ++i)
-        if (unit_of[i] == unit && !(r == 2 && i == 3)) {
-          at::Tensor g = (rank_grad(model[i].second, r, i, t) * scale).to(model_dtype);
-          at::Tensor& grad = model[i].second.mutable_grad();
-          grad = grad.defined() ? grad + g : g;
-        }
-    };
-    auto unit_held = [&](int unit) {
-      for (size_t i = 0; i < model.size(); ++i)
-        if (unit_of[i] == unit && holds_memory(model[i].second) != true) return false;
-      return true;
-    };
-    auto gathered = [&] { return stats[r]->snapshot().at(dist::CommKind::all_gather, dist::Pass::forward).bytes; };
-    // Rank q's lookup gradient for step t (times `scale`) as rows: rank 0's one per table
-    // row, the others' two half-rows per table row, the second set in reverse order.
-    const size_t table = std::find(unit_of.begin(), unit_of.end(), units.embedding) - unit_of.begin();
-    auto lookup_rows = [&](int q, int t, double scale) {
-      const at::Tensor g = (rank_grad(model[table].second, q, table, t) * scale).to(model_dtype);
-      const int64_t V = g.size(0);
-      const at::Tensor ids = at::arange(V, at::kLong);
-      if (q == 0) return std::make_pair(ids, g);
-      return std::make_pair(at::cat({ids, ids.flip(0)}), at::cat({g * 0.5, (g * 0.5).flip(0)}));
-    };
-    int64_t most_rows = 0;  // the most rows a rank hands over in a step
-    for (int q = 0; q < P; ++q) most_rows = std::max<int64_t>(most_rows, q == 0 ? (P == 4 ? 33 : 11) : q == 3 ? 0 : 22);
-    // Whether unit u's hook issues the gather of unit u + step too (then it sends bytes):
-    // forward, when u + 1 is prefetched; backward, when u is (u − 1 comes before it).
-    auto prefetches = [&](int u, int step) {
-      const int next = u + step, chained = step > 0 ? next : u;
-      const bool exists = std::find(unit_of.begin(), unit_of.end(), next) != unit_of.end();
-      return exists && (static_cast<size_t>(chained) >= units.uses.size() || units.uses[chained].prefetched);
-    };
-    // One forward use of a unit: held inside, freed after (stage 3); `prefetched`: its
-    // gather was issued by the unit before it, so its own hook sends nothing (unless it
-    // prefetches the next).
-    auto use = [&](int unit, bool prefetched) {
-      const int64_t before = gathered();
-      hooks->before_forward(unit);
-      EXPECT_TRUE(unit_held(unit)) << "forward of unit " << unit;
-      if (freed && prefetched && !prefetches(unit, 1)) { EXPECT_EQ(gathered(), before) << "unit " << unit << " was prefetched"; }
-      if (freed && unit == 0) { EXPECT_FALSE(unit_held(1)) << "layer 1 is prefetched into a buffer, not the model"; }
-      hooks->after_forward(unit);
-      EXPECT_EQ(unit_held(unit), !freed) << "after the forward of unit " << unit;
-    };
-    for (int t = 0; t < 3; ++t) {
-      sharded.zero_grad();
-      if (!hooks) {
-        for (int unit : {0, 1, 2, 3, -1}) give_grads(unit, t);
-      } else {
-        for (size_t i = 0; i < model.size(); ++i)
-          EXPECT_EQ(holds_memory(model[i].second), !freed) << "between steps";
-        zero->gather_step_weights();
-        for (size_t i = 0; i < model.size(); ++i)
-          if (unit_of[i] < 0) { EXPECT_TRUE(holds_memory(model[i].second)) << "kept for the step"; }
-        if (units.embedding >= 0) use(units.embedding, false);
-        if (units.vision >= 0) use(units.vision, false);
-        use(0, false);
-        use(1, true);
-        if (units.head >= 0) use(units.head, true);
-        std::vector<int> backward = {1, 0};
-        if (units.head >= 0) backward.insert(backward.begin(), units.head);
-        if (units.vision >= 0) backward.push_back(units.vision);
-        for (size_t k = 0; k < backward.size(); ++k) {
-          const int unit = backward[k];
-          const int64_t before = gathered();
-          hooks->before_backward(unit);
-          EXPECT_TRUE(unit_held(unit)) << "backward of unit " << unit;
-          const bool was_prefetched = k > 0 && backward[k - 1] - 1 == unit && prefetches(backward[k - 1], -1);
-          if (freed && was_prefetched && !prefetches(unit, -1)) {
-            EXPECT_EQ(gathered(), before) << "unit " << unit << " was prefetched by the one after it";
-          }
-          give_grads(unit, t, tied && unit == units.head ? 0.5 : 1.0);
-          hooks->after_backward(unit);
+  run_gloo_ranks(
+      P,
+      [&](int r, dist::GroupPtr world) {
+        model::NamedParams model = odd_params(model_dtype);
+        const auto zero = std::make_shared<parallel::ShardedModel>(model, master_dtype, world, /*bucket_bytes=*/64,
+                                                                   level, unit_of, units.uses);
+        ShardedAdamW sharded(zero, adamw);
+        const bool freed = level == parallel::ShardLevel::parameters;
+        const std::shared_ptr<model::LayerHooks> hooks = parallel::make_zero_hooks(zero);
+        EXPECT_EQ(hooks == nullptr, level == parallel::ShardLevel::optimizer);
+        // Unit `unit`'s gradients, times `scale` (added to what is there: a tied head's
+        // gradient comes in two parts, each exactly half).
+        auto give_grads = [&](int unit, int t, double scale = 1.0) {
+          if (unit == units.unread) return;
           for (size_t i = 0; i < model.size(); ++i)
             if (unit_of[i] == unit && !(r == 2 && i == 3)) {
-              EXPECT_FALSE(model[i].second.grad().defined()) << "reduced and released (unit " << unit << ")";
+              at::Tensor g = (rank_grad(model[i].second, r, i, t) * scale).to(model_dtype);
+              at::Tensor& grad = model[i].second.mutable_grad();
+              grad = grad.defined() ? grad + g : g;
             }
-        }
-        if (units.embedding >= 0) {  // the lookup's rows, last; with 4 ranks rank 0 hands over rank 3's too
-          const double scale = tied ? 0.5 : 1.0;
-          std::vector<int> from = {r};
-          if (P == 4 && r == 0) from.push_back(3);
-          if (P == 4 && r == 3) from.clear();
-          for (int q : from) {
-            const auto [ids, rows] = lookup_rows(q, t, scale);
-            hooks->lookup_backward(units.embedding, ids, rows);
+        };
+        auto unit_held = [&](int unit) {
+          for (size_t i = 0; i < model.size(); ++i)
+            if (unit_of[i] == unit && holds_memory(model[i].second) != true) return false;
+          return true;
+        };
+        auto gathered = [&] { return stats[r]->snapshot().at(dist::CommKind::all_gather, dist::Pass::forward).bytes; };
+        // Rank q's lookup gradient for step t (times `scale`) as rows: rank 0's one per table
+        // row, the others' two half-rows per table row, the second set in reverse order.
+        const size_t table = std::find(unit_of.begin(), unit_of.end(), units.embedding) - unit_of.begin();
+        auto lookup_rows = [&](int q, int t, double scale) {
+          const at::Tensor g = (rank_grad(model[table].second, q, table, t) * scale).to(model_dtype);
+          const int64_t V = g.size(0);
+          const at::Tensor ids = at::arange(V, at::kLong);
+          if (q == 0) return std::make_pair(ids, g);
+          return std::make_pair(at::cat({ids, ids.flip(0)}), at::cat({g * 0.5, (g * 0.5).flip(0)}));
+        };
+        int64_t most_rows = 0;  // the most rows a rank hands over in a step
+        for (int q = 0; q < P; ++q)
+          most_rows = std::max<int64_t>(most_rows, q == 0 ? (P == 4 ? 33 : 11) : q == 3 ? 0 : 22);
+        // Whether unit u's hook issues the gather of unit u + step too (then it sends bytes):
+        // forward, when u + 1 is prefetched; backward, when u is (u − 1 comes before it).
+        auto prefetches = [&](int u, int step) {
+          const int next = u + step, chained = step > 0 ? next : u;
+          const bool exists = std::find(unit_of.begin(), unit_of.end(), next) != unit_of.end();
+          return exists && (static_cast<size_t>(chained) >= units.uses.size() || units.uses[chained].prefetched);
+        };
+        // One forward use of a unit: held inside, freed after (stage 3); `prefetched`: its
+        // gather was issued by the unit before it, so its own hook sends nothing (unless it
+        // prefetches the next).
+        auto use = [&](int unit, bool prefetched) {
+          const int64_t before = gathered();
+          hooks->before_forward(unit);
+          EXPECT_TRUE(unit_held(unit)) << "forward of unit " << unit;
+          if (freed && prefetched && !prefetches(unit, 1)) {
+            EXPECT_EQ(gathered(), before) << "unit " << unit << " was prefetched";
           }
-          EXPECT_FALSE(model[table].second.grad().defined()) << "the lookup makes no dense gradient";
+          if (freed && unit == 0) {
+            EXPECT_FALSE(unit_held(1)) << "layer 1 is prefetched into a buffer, not the model";
+          }
+          hooks->after_forward(unit);
+          EXPECT_EQ(unit_held(unit), !freed) << "after the forward of unit " << unit;
+        };
+        for (int t = 0; t < 3; ++t) {
+          sharded.zero_grad();
+          if (!hooks) {
+            for (int unit : {0, 1, 2, 3, -1}) give_grads(unit, t);
+          } else {
+            for (size_t i = 0; i < model.size(); ++i)
+              EXPECT_EQ(holds_memory(model[i].second), !freed) << "between steps";
+            zero->gather_step_weights();
+            for (size_t i = 0; i < model.size(); ++i)
+              if (unit_of[i] < 0) { EXPECT_TRUE(holds_memory(model[i].second)) << "kept for the step"; }
+            if (units.embedding >= 0) use(units.embedding, false);
+            if (units.vision >= 0) use(units.vision, false);
+            use(0, false);
+            use(1, true);
+            if (units.head >= 0) use(units.head, true);
+            std::vector<int> backward = {1, 0};
+            if (units.head >= 0) backward.insert(backward.begin(), units.head);
+            if (units.vision >= 0) backward.push_back(units.vision);
+            for (size_t k = 0; k < backward.size(); ++k) {
+              const int unit = backward[k];
+              const int64_t before = gathered();
+              hooks->before_backward(unit);
+              EXPECT_TRUE(unit_held(unit)) << "backward of unit " << unit;
+              const bool was_prefetched = k > 0 && backward[k - 1] - 1 == unit && prefetches(backward[k - 1], -1);
+              if (freed && was_prefetched && !prefetches(unit, -1)) {
+                EXPECT_EQ(gathered(), before) << "unit " << unit << " was prefetched by the one after it";
+              }
+              give_grads(unit, t, tied && unit == units.head ? 0.5 : 1.0);
+              hooks->after_backward(unit);
+              for (size_t i = 0; i < model.size(); ++i)
+                if (unit_of[i] == unit && !(r == 2 && i == 3)) {
+                  EXPECT_FALSE(model[i].second.grad().defined()) << "reduced and released (unit " << unit << ")";
+                }
+            }
+            if (units.embedding >= 0) {  // the lookup's rows, last; with 4 ranks rank 0 hands over rank 3's too
+              const double scale = tied ? 0.5 : 1.0;
+              std::vector<int> from = {r};
+              if (P == 4 && r == 0) from.push_back(3);
+              if (P == 4 && r == 3) from.clear();
+              for (int q : from) {
+                const auto [ids, rows] = lookup_rows(q, t, scale);
+                hooks->lookup_backward(units.embedding, ids, rows);
+              }
+              EXPECT_FALSE(model[table].second.grad().defined()) << "the lookup makes no dense gradient";
+            }
+            give_grads(-1, t);
+            if (units.unread >= 0) { EXPECT_EQ(unit_held(units.unread), !freed) << "an unread unit is never gathered"; }
+          }
+          norms[r] = sharded.step(clip);
         }
-        give_grads(-1, t);
-        if (units.unread >= 0) { EXPECT_EQ(unit_held(units.unread), !freed) << "an unread unit is never gathered"; }
-      }
-      norms[r] = sharded.step(clip);
-    }
-    const dist::CommSnapshot s = stats[r]->snapshot();
-    sent[r] = s.at(dist::CommKind::reduce_scatter, dist::Pass::forward).bytes +
-              s.at(dist::CommKind::all_gather, dist::Pass::forward).bytes;
-    rows_sent[r] = s.at(dist::CommKind::all_gather_v, dist::Pass::forward).bytes;
-    row_bytes[r] = units.embedding >= 0 && hooks ? zero->lookup_row_bytes(most_rows) : 0;
-    zero->gather_all();  // stage 3: the weights to compare (not a step's bytes)
-    got[r] = model;
-    state_bytes[r] = sharded.state_bytes();
-    step_bytes[r] = zero->step_bytes();
-  }, stats);
+        const dist::CommSnapshot s = stats[r]->snapshot();
+        sent[r] = s.at(dist::CommKind::reduce_scatter, dist::Pass::forward).bytes +
+                  s.at(dist::CommKind::all_gather, dist::Pass::forward).bytes;
+        rows_sent[r] = s.at(dist::CommKind::all_gather_v, dist::Pass::forward).bytes;
+        row_bytes[r] = units.embedding >= 0 && hooks ? zero->lookup_row_bytes(most_rows) : 0;
+        zero->gather_all();  // stage 3: the weights to compare (not a step's bytes)
+        got[r] = model;
+        state_bytes[r] = sharded.state_bytes();
+        step_bytes[r] = zero->step_bytes();
+      },
+      stats);
   for (int r = 0; r < P; ++r) {
     for (size_t i = 0; i < ref.size(); ++i) {
       const at::Tensor want = ref[i].second.detach().to(model_dtype).to(at::kDouble);
       const at::Tensor have = got[r][i].second.detach().to(at::kDouble);
       EXPECT_TRUE(at::allclose(have, want, rtol, rtol)) << "P=" << P << " rank " << r << " " << ref[i].first << "\n"
-                                                        << have << "\n" << want;
+                                                        << have << "\n"
+                                                        << want;
     }
     EXPECT_EQ(sent[r], 3 * step_bytes[r]) << "rank " << r;
     EXPECT_EQ(rows_sent[r], 3 * row_bytes[r]) << "rank " << r << ": the lookup's rows";
@@ -555,33 +566,37 @@ TEST(ShardedAdamW, HeadAndEmbeddingUnitsEqualReplicatedAdamW) {
 // back into the model in rounds too, whole and in place, with the bytes of one gather.
 TEST(ShardedAdamW, LargeBucketsReduceInRounds) {
   const int64_t bucket_bytes = 64;  // rounds of 128 bytes: 16 fp64 elements over the ranks
-  const int64_t elements = 1001;      // one parameter: a bucket of its own, many rounds
+  const int64_t elements = 1001;    // one parameter: a bucket of its own, many rounds
   for (int P : {2, 3}) {
     std::vector<std::shared_ptr<dist::CommStats>> stats;
     std::vector<at::Tensor> got(P);
-    run_gloo_ranks(P, [&](int r, dist::GroupPtr world) {
-      model::NamedParams model = {{"big", at::zeros({elements}, at::kDouble).requires_grad_(true)}};
-      ShardedAdamW sharded(std::make_shared<parallel::ShardedModel>(model, at::kDouble, world, bucket_bytes),
-                           AdamWOptions{1.0, 0.9, 0.999, 1e-8, 0.0});
-      model[0].second.mutable_grad() = at::arange(elements, at::kDouble) * (r + 1);
-      sharded.step(0);
-      const int64_t shard = (elements + P - 1) / P;
-      EXPECT_EQ(stats[r]->snapshot().at(dist::CommKind::reduce_scatter, dist::Pass::forward).bytes,
-                dist::shard_collective_bytes(shard * P * 8, P));
-      const int64_t per_round = 2 * bucket_bytes / (P * 8);
-      EXPECT_EQ(stats[r]->snapshot().at(dist::CommKind::reduce_scatter, dist::Pass::forward).calls,
-                (shard + per_round - 1) / per_round)
-          << "in rounds";
-      EXPECT_EQ(stats[r]->snapshot().at(dist::CommKind::all_gather, dist::Pass::forward).bytes,
-                dist::shard_collective_bytes(shard * P * 8, P));
-      EXPECT_EQ(stats[r]->snapshot().at(dist::CommKind::all_gather, dist::Pass::forward).calls,
-                (shard + per_round - 1) / per_round)
-          << "in rounds";
-      // One step from 0 with lr 1: AdamW moves each weight by −g / (|g| + eps).
-      const at::Tensor g = at::arange(elements, at::kDouble) * (P * (P + 1) / 2.0);
-      EXPECT_TRUE(at::allclose(model[0].second, -g / (g.abs() + 1e-8), 1e-12, 0)) << "P=" << P << " rank " << r;
-      got[r] = sharded.pieces().empty() ? at::Tensor() : sharded.piece(sharded.pieces()[0], ShardTensor::exp_avg).clone();
-    }, stats);
+    run_gloo_ranks(
+        P,
+        [&](int r, dist::GroupPtr world) {
+          model::NamedParams model = {{"big", at::zeros({elements}, at::kDouble).requires_grad_(true)}};
+          ShardedAdamW sharded(std::make_shared<parallel::ShardedModel>(model, at::kDouble, world, bucket_bytes),
+                               AdamWOptions{1.0, 0.9, 0.999, 1e-8, 0.0});
+          model[0].second.mutable_grad() = at::arange(elements, at::kDouble) * (r + 1);
+          sharded.step(0);
+          const int64_t shard = (elements + P - 1) / P;
+          EXPECT_EQ(stats[r]->snapshot().at(dist::CommKind::reduce_scatter, dist::Pass::forward).bytes,
+                    dist::shard_collective_bytes(shard * P * 8, P));
+          const int64_t per_round = 2 * bucket_bytes / (P * 8);
+          EXPECT_EQ(stats[r]->snapshot().at(dist::CommKind::reduce_scatter, dist::Pass::forward).calls,
+                    (shard + per_round - 1) / per_round)
+              << "in rounds";
+          EXPECT_EQ(stats[r]->snapshot().at(dist::CommKind::all_gather, dist::Pass::forward).bytes,
+                    dist::shard_collective_bytes(shard * P * 8, P));
+          EXPECT_EQ(stats[r]->snapshot().at(dist::CommKind::all_gather, dist::Pass::forward).calls,
+                    (shard + per_round - 1) / per_round)
+              << "in rounds";
+          // One step from 0 with lr 1: AdamW moves each weight by −g / (|g| + eps).
+          const at::Tensor g = at::arange(elements, at::kDouble) * (P * (P + 1) / 2.0);
+          EXPECT_TRUE(at::allclose(model[0].second, -g / (g.abs() + 1e-8), 1e-12, 0)) << "P=" << P << " rank " << r;
+          got[r] = sharded.pieces().empty() ? at::Tensor()
+                                            : sharded.piece(sharded.pieces()[0], ShardTensor::exp_avg).clone();
+        },
+        stats);
     // exp_avg after one step = 0.1 · the summed gradient: (1 + … + P) · index.
     const double ranks_sum = P * (P + 1) / 2.0;
     const int64_t shard = (elements + P - 1) / P;
@@ -611,16 +626,19 @@ TEST(ShardedAdamW, UpdatesAShardASliceAtATime) {
     }
     std::vector<at::Tensor> got(P);
     std::vector<std::shared_ptr<dist::CommStats>> stats;
-    run_gloo_ranks(P, [&](int r, dist::GroupPtr world) {
-      model::NamedParams model = {{"big.weight", start.clone().requires_grad_(true)}};
-      ShardedAdamW sharded(std::make_shared<parallel::ShardedModel>(model, at::kDouble, world), adamw);
-      for (int t = 0; t < 3; ++t) {
-        sharded.zero_grad();
-        model[0].second.mutable_grad() = grad(t);
-        sharded.step(0);
-      }
-      got[r] = model[0].second.detach().clone();
-    }, stats);
+    run_gloo_ranks(
+        P,
+        [&](int r, dist::GroupPtr world) {
+          model::NamedParams model = {{"big.weight", start.clone().requires_grad_(true)}};
+          ShardedAdamW sharded(std::make_shared<parallel::ShardedModel>(model, at::kDouble, world), adamw);
+          for (int t = 0; t < 3; ++t) {
+            sharded.zero_grad();
+            model[0].second.mutable_grad() = grad(t);
+            sharded.step(0);
+          }
+          got[r] = model[0].second.detach().clone();
+        },
+        stats);
     for (int r = 0; r < P; ++r) EXPECT_TRUE(at::equal(got[r], ref[0].second.detach())) << "P=" << P << " rank " << r;
   }
 }
@@ -633,15 +651,18 @@ TEST(ShardedAdamW, Bf16ModelWithFp32ShardedMasters) {
 TEST(ShardedAdamW, NonFiniteGradientNamesTheParameterOnEveryRank) {
   std::vector<std::string> errors(2);
   std::vector<std::shared_ptr<dist::CommStats>> stats;
-  run_gloo_ranks(2, [&](int r, dist::GroupPtr world) {
-    model::NamedParams model = odd_params(at::kDouble);
-    ShardedAdamW sharded(std::make_shared<parallel::ShardedModel>(model, at::kDouble, world, 64), AdamWOptions{});
-    const at::Tensor before = model[4].second.detach().clone();
-    for (auto& [name, p] : model) p.mutable_grad() = at::ones_like(p);
-    model[4].second.mutable_grad()[3][1] = std::nan("");
-    errors[r] = error_of([&] { sharded.step(1.0); });
-    EXPECT_TRUE(at::equal(model[4].second.detach(), before)) << "nothing is updated";
-  }, stats);
+  run_gloo_ranks(
+      2,
+      [&](int r, dist::GroupPtr world) {
+        model::NamedParams model = odd_params(at::kDouble);
+        ShardedAdamW sharded(std::make_shared<parallel::ShardedModel>(model, at::kDouble, world, 64), AdamWOptions{});
+        const at::Tensor before = model[4].second.detach().clone();
+        for (auto& [name, p] : model) p.mutable_grad() = at::ones_like(p);
+        model[4].second.mutable_grad()[3][1] = std::nan("");
+        errors[r] = error_of([&] { sharded.step(1.0); });
+        EXPECT_TRUE(at::equal(model[4].second.detach(), before)) << "nothing is updated";
+      },
+      stats);
   for (int r = 0; r < 2; ++r) EXPECT_THAT(errors[r], HasSubstr("gradient norm is nan (not finite)")) << r;
   // p4 (11×2) lies in the second rank's shard of its bucket in one of them at least.
   EXPECT_THAT(errors[0] + errors[1], HasSubstr("\"p4\""));

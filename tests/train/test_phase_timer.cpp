@@ -135,8 +135,7 @@ TEST(PhaseTimer, TheDefaultClockIsSteady) {
   {
     PhaseScope attention(Phase::attention);
     const int64_t t0 = PhaseTimer::steady_nanos();  // after the scope read the clock
-    while (PhaseTimer::steady_nanos() - t0 < 1000) {
-    }
+    while (PhaseTimer::steady_nanos() - t0 < 1000) {}
   }
   EXPECT_GE(timer.times().attention_s, 1e-6);
 }

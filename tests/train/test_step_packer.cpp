@@ -11,15 +11,15 @@
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/data/shapes_dataset.h"
 #include "mmsp/train/data/splitmix64.h"
-#include "mmsp/train/step_fingerprint.h"
 #include "mmsp/train/data/step_packer.h"
 #include "mmsp/train/data/step_pixels.h"
+#include "mmsp/train/step_fingerprint.h"
 
 namespace mmsp::train {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::error_of;
+using ::testing::HasSubstr;
 using testing::tiny_config;
 
 // Text-only samples of given lengths.
@@ -206,7 +206,8 @@ TEST(StepPixels, HoldsOnlyNeededItems) {
         (image ? image_rows : video_rows) += item.patches;
         ASSERT_EQ(offset, px.first_row(item, -1));
         const at::Tensor got = (image ? px.images : px.videos).narrow(0, offset, item.patches);
-        const at::Tensor want = image ? shapes.image_pixels(sample, item.index) : shapes.video_pixels(sample, item.index);
+        const at::Tensor want =
+            image ? shapes.image_pixels(sample, item.index) : shapes.video_pixels(sample, item.index);
         EXPECT_TRUE(at::equal(got, want.to(at::kDouble))) << item.batch_index;
         EXPECT_EQ(data.decoded.count({sample, item.index, image ? 0 : 1}), 1u);
       } else {
@@ -251,7 +252,8 @@ TEST(StepPixels, HoldsOnlyItsShardOfASplitItem) {
   EXPECT_EQ(px.row_of(*first, -1, 6, 2), 2);
   const at::Tensor want = shapes.image_pixels(samples[first->sequence], first->index).narrow(0, 4, 8);
   EXPECT_TRUE(at::equal(px.images, want));
-  EXPECT_THAT(error_of([&] { px.row_of(*first, -1, 0, 4); }), HasSubstr("rows 0..4 of image 0 are not held on this rank (it holds rows 4..12)"));
+  EXPECT_THAT(error_of([&] { px.row_of(*first, -1, 0, 4); }),
+              HasSubstr("rows 0..4 of image 0 are not held on this rank (it holds rows 4..12)"));
   EXPECT_EQ(data.decoded.size(), 1u);
 }
 
@@ -264,9 +266,12 @@ TEST(StepPixels, Llava) {
   const plan::Batch batch = make_batch(data, samples);
   int64_t n = 0;
   for (const auto& s : batch.sequences) n += static_cast<int64_t>(s.image_grid_thw.size());
-  const model::PixelInputs px =
-      load_pixels(data, samples, batch, config,
-                  [](plan::VisionKind, int64_t item) { return HeldPart{item == 1, true, 0, 0}; }, at::kFloat);
+  const model::PixelInputs px = load_pixels(
+      data, samples, batch, config,
+      [](plan::VisionKind, int64_t item) {
+        return HeldPart{item == 1, true, 0, 0};
+      },
+      at::kFloat);
   ASSERT_EQ(px.images.sizes(), (std::vector<int64_t>{1, 3, 56, 56})) << "the needed image only";
   EXPECT_FALSE(px.videos.defined());
   std::vector<int64_t> offsets(n, -1);
@@ -283,19 +288,25 @@ TEST(StepPixels, Llava) {
 TEST(StepFingerprint, NamesTheOddRankAndTheFirstField) {
   const StepFingerprint a = {{"samples", 1}, {"sequence sizes", 2}, {"collectives", 3}};
   StepFingerprint b = a, c = a;
-  b[0].hash = 9;        // another sample
-  c[2].hash = 7;        // same batch, another plan
+  b[0].hash = 9;  // another sample
+  c[2].hash = 7;  // same batch, another plan
   EXPECT_EQ(decode_fingerprint(encode_fingerprint(a)), a);
   EXPECT_TRUE(decode_fingerprint("samples=12;").empty());  // malformed
   EXPECT_NO_THROW(check_same_step(3, {a, a, a, a}));
-  EXPECT_THAT(testing::error_of([&] { check_same_step(3, {a, a, b, a}); }),
+  EXPECT_THAT(testing::error_of([&] {
+                check_same_step(3, {a, a, b, a});
+              }),
               ::testing::HasSubstr("step 3: rank 2 is about to run another step than ranks 0, 1, 3 "
                                    "(first difference: samples)"));
-  EXPECT_THAT(testing::error_of([&] { check_same_step(5, {c, a, a}); }),
+  EXPECT_THAT(testing::error_of([&] {
+                check_same_step(5, {c, a, a});
+              }),
               ::testing::HasSubstr("step 5: rank 0 is about to run another step than ranks 1, 2 "
                                    "(first difference: collectives)"));
   // two ranks that disagree: the tie goes to rank 0's fingerprint
-  EXPECT_THAT(testing::error_of([&] { check_same_step(1, {a, b}); }),
+  EXPECT_THAT(testing::error_of([&] {
+                check_same_step(1, {a, b});
+              }),
               ::testing::HasSubstr("rank 1 is about to run another step than rank 0 (first difference: samples)"));
 }
 

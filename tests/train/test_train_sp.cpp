@@ -13,15 +13,24 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "error_of.h"
+#include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/hf/hf_directory.h"
+#include "mmsp/hf/safetensors.h"
+#include "mmsp/model/family.h"
+#include "mmsp/model/layers/parameter_init.h"
 #include "mmsp/model/layers/tiled_mlp.h"
-#include "mmsp/core/check.h"
+#include "mmsp/model/lora.h"
+#include "mmsp/model/model_parts.h"
+#include "mmsp/model/vlm.h"
+#include "mmsp/train/builtin_models.h"
 #include "mmsp/train/trainer.h"
 #include "multirank.h"
 #include "scratch_dir.h"
@@ -63,7 +72,8 @@ void expect_same_run(const train::TrainReport& got, const train::TrainReport& re
   for (size_t i = 0; i < ref.steps.size(); ++i) {
     EXPECT_EQ(got.steps[i].tokens, ref.steps[i].tokens) << where << " step " << ref.steps[i].step;
     EXPECT_EQ(got.steps[i].label_tokens, ref.steps[i].label_tokens) << where << " step " << ref.steps[i].step;
-    EXPECT_NEAR(got.steps[i].loss, ref.steps[i].loss, rtol * ref.steps[i].loss) << where << " step " << ref.steps[i].step;
+    EXPECT_NEAR(got.steps[i].loss, ref.steps[i].loss, rtol * ref.steps[i].loss)
+        << where << " step " << ref.steps[i].step;
   }
   ASSERT_EQ(got.parameters.size(), ref.parameters.size()) << where;
   double model_scale = 0;
@@ -103,12 +113,10 @@ void expect_bytes_split(const train::TrainReport& got, const plan::Mesh& shape, 
                         const std::string& where) {
   for (const train::StepMetrics& m : got.steps) {
     const std::string at = where + " step " + std::to_string(m.step);
-    EXPECT_EQ(m.attention_bytes + m.vision_bytes + m.grad_bytes, m.comm_bytes) << at;
+    EXPECT_EQ(m.attention_bytes + m.vision_bytes + m.grad_bytes + m.expert_bytes, m.comm_bytes) << at;
     EXPECT_EQ(m.grad_bytes > 0, shape.world() > 1) << at;
     EXPECT_EQ(m.attention_bytes > 0, shape.context() > 1) << at;
-    if (shape.context() == 1 || mode == model::VisionMode::replicate) {
-      EXPECT_EQ(m.vision_bytes, 0) << at;
-    }
+    if (shape.context() == 1 || mode == model::VisionMode::replicate) { EXPECT_EQ(m.vision_bytes, 0) << at; }
   }
 }
 
@@ -296,9 +304,9 @@ std::string small_vocab_config(const std::string& file, bool tie) {
   std::ifstream in(std::string(MMSP_SOURCE_DIR) + "/configs/" + file);
   nlohmann::json config = nlohmann::json::parse(in);
   const std::map<std::string, int64_t> ids = {
-      {"vocab_size", 128},           {"bos_token_id", 1},          {"eos_token_id", 2},
-      {"vision_start_token_id", 120}, {"vision_end_token_id", 121}, {"vision_token_id", 122},
-      {"image_token_id", 123},       {"image_token_index", 123},   {"video_token_id", 124}};
+      {"vocab_size", 128},          {"bos_token_id", 1},      {"eos_token_id", 2},     {"vision_start_token_id", 120},
+      {"vision_end_token_id", 121}, {"vision_token_id", 122}, {"image_token_id", 123}, {"image_token_index", 123},
+      {"video_token_id", 124}};
   for (nlohmann::json* level : {&config, config.contains("text_config") ? &config["text_config"] : nullptr}) {
     if (!level) continue;
     for (const auto& [key, id] : ids)
@@ -319,7 +327,7 @@ std::string small_vocab_config(const std::string& file, bool tie) {
 struct FamilyCase {
   const char* file;
   bool tie;
-  int max_ulysses;  // Qwen3.5: 2 linear-attention key heads
+  int max_ulysses;        // Qwen3.5: 2 linear-attention key heads
   int64_t per_rank = 96;  // tokens per rank of the checkpointing run
 };
 const std::vector<FamilyCase>& family_cases() {
@@ -393,7 +401,8 @@ TEST(MultiRankTrain, FusedAttentionKernelTrainsAsTheBlockwiseOne) {
   const bool checker = test::rank_env().rank == 0;
   const plan::Mesh widest = context_shape(world);
   std::ostringstream log;
-  for (const FamilyCase& c : {FamilyCase{"tiny-qwen2-vl.json", false, 4}, FamilyCase{"tiny-qwen3_5-vl.json", true, 2}}) {
+  for (const FamilyCase& c :
+       {FamilyCase{"tiny-qwen2-vl.json", false, 4}, FamilyCase{"tiny-qwen3_5-vl.json", true, 2}}) {
     const std::string config_path = small_vocab_config(c.file, c.tie);
     train::TrainReport ref;
     if (checker) {
@@ -471,6 +480,35 @@ TEST(MultiRankTrain, FineTuneFromAHfDirectoryOnEveryMesh) {
   if (mesh.rank() == 0) std::filesystem::remove_all(run_dir);
 }
 
+// --overlap-communication off and on (the ring's next K/V and its dK/dV home issued before
+// the block computes, ZeRO-3's next unit gathered before the unit computes) train the same
+// model bit for bit: the overlap moves when the bytes travel, never which sums are made or
+// in which order. A ring of every rank, --shard parameters, fp64, 2 steps.
+TEST(MultiRankTrain, OverlapOnEqualsOffBitwise) {
+  const int world = test::rank_env().world_size;
+  if (world == 1) GTEST_SKIP() << "no ring on one rank";
+  std::ostringstream log;
+  const dist::Mesh mesh = test::make_mesh({1, world, 1});
+  std::vector<train::TrainReport> runs;
+  for (bool overlap : {false, true}) {
+    train::TrainOptions o = tiny_options(96);
+    o.schedule.steps = 2;
+    o.parallel.shard = parallel::parse_shard_level("parameters");
+    o.parallel.overlap_communication = overlap;
+    runs.push_back(train::train(o, mesh, log));
+  }
+  const train::TrainReport &off = runs[0], &on = runs[1];
+  ASSERT_EQ(on.steps.size(), 2u);
+  ASSERT_EQ(on.steps.size(), off.steps.size());
+  for (size_t i = 0; i < on.steps.size(); ++i) {
+    EXPECT_EQ(on.steps[i].loss, off.steps[i].loss) << "step " << on.steps[i].step;
+    EXPECT_GT(on.steps[i].attention_bytes, 0) << "the ring must exchange";
+  }
+  ASSERT_EQ(on.parameters.size(), off.parameters.size());
+  for (size_t i = 0; i < on.parameters.size(); ++i)
+    EXPECT_TRUE(on.parameters[i].second.equal(off.parameters[i].second)) << on.parameters[i].first;
+}
+
 // --shard optimizer on a context mesh (also with --checkpoint-activations all and
 // --loss-chunk 7) and on a data-parallel one trains the model one process trains with
 // none of them (fp64, rtol 1e-9: only the order of the sums differs).
@@ -530,9 +568,9 @@ TEST(MultiRankEveryFamily, ShardedGradientsAndParametersEqualOneProcess) {
           if (mode != model::ActivationCheckpointing::none) o.memory.loss_chunk = 7;
           const train::TrainReport got = train::train(o, mesh, log);
           if (checker)
-            expect_same_run(got, ref, 1e-9,
-                            std::string(c.file) + " --shard " + level + " " + shape.str() + " " +
-                                model::to_string(mode));
+            expect_same_run(
+                got, ref, 1e-9,
+                std::string(c.file) + " --shard " + level + " " + shape.str() + " " + model::to_string(mode));
         }
       }
       // The memory layers under ZeRO-3: MLPs in tiles of 5 tokens (the last one of a
@@ -546,8 +584,72 @@ TEST(MultiRankEveryFamily, ShardedGradientsAndParametersEqualOneProcess) {
         o.memory.tiled_mlp = 5;
         const train::TrainReport got = train::train(o, mesh, log);
         if (checker)
-          expect_same_run(got, ref, 1e-9, std::string(c.file) + " --shard parameters --tiled-mlp 5 "
-                                          "--offload-activations " + shape.str());
+          expect_same_run(got, ref, 1e-9,
+                          std::string(c.file) +
+                              " --shard parameters --tiled-mlp 5 "
+                              "--offload-activations " +
+                              shape.str());
+      }
+    }
+    std::filesystem::remove(config_path);
+  }
+}
+
+// Qwen3-VL-MoE (fused experts, a dense layer) and Qwen3.5-MoE (per-expert weights, the shared
+// expert), the auxiliary loss on: three steps on the widest context mesh with every expert
+// degree that splits the world and the 8 experts (folded into ring × Ulysses), on the
+// data-parallel mesh with expert 2, and with --expert 1 under --shard parameters with
+// recomputed layers, train the model one process trains (losses, aux included, and every
+// weight, the experts gathered whole: fp64, rtol 1e-9). The metrics count the experts'
+// tokens per expert rank (every pick of the step, summed over layers), their imbalance, and
+// the exchange's bytes, which only an expert group of more than one rank sends.
+TEST(MultiRankEveryFamily, MixtureOfExpertsTrainAsOneProcessWithExpertParallelism) {
+  const int world = test::rank_env().world_size;
+  // One rank is the reference itself; 2, 3 (uneven, expert 1) and 4 ranks run (CI's time).
+  if (world == 1) GTEST_SKIP() << "MoE training runs on 2-4 ranks";
+  const bool checker = test::rank_env().rank == 0;
+  const plan::Mesh widest = context_shape(world);
+  std::ostringstream log;
+  for (const FamilyCase& c :
+       {FamilyCase{"tiny-qwen3-vl-moe.json", false, 4}, FamilyCase{"tiny-qwen3_5-moe.json", false, 2}}) {
+    const std::string config_path = small_vocab_config(c.file, c.tie);
+    std::vector<plan::Mesh> shapes;
+    for (int e = 1; e <= world; e *= 2)
+      if (world % e == 0 && (widest.ulysses <= c.max_ulysses && widest.ulysses != 3))
+        shapes.push_back({widest.dp, widest.ring, widest.ulysses, e});
+    if (world % 2 == 0) shapes.push_back({world, 1, 1, 2});
+    std::map<int, train::TrainReport> refs;
+    for (const plan::Mesh& shape : shapes) {
+      if (checker && !refs.count(shape.dp)) {
+        train::TrainOptions o = tiny_options(96 * world);
+        o.inputs.model = config_path;
+        o.inputs.data_rows = shape.dp;
+        refs[shape.dp] = train::train(o, dist::Mesh::solo(), log);
+      }
+      const dist::Mesh mesh = test::make_mesh(shape);
+      std::vector<std::pair<parallel::ShardLevel, model::ActivationCheckpointing>> runs = {
+          {parallel::ShardLevel::none, model::ActivationCheckpointing::none}};
+      if (shape.expert == 1)
+        runs.push_back({parallel::ShardLevel::parameters, model::ActivationCheckpointing::decoder});
+      for (const auto& [level, mode] : runs) {
+        train::TrainOptions o = tiny_options(96);
+        o.inputs.model = config_path;
+        o.parallel.shard = level;
+        o.memory.checkpoint_activations = mode;
+        const train::TrainReport got = train::train(o, mesh, log);
+        const std::string where = std::string(c.file) + " " + shape.str() + " --shard " + parallel::to_string(level);
+        const int64_t sparse_layers = std::string(c.file) == "tiny-qwen3-vl-moe.json" ? 3 : 4;  // mlp_only_layers [1]
+        for (const train::StepMetrics& m : got.steps) {
+          EXPECT_EQ(m.expert_tokens.size(), static_cast<size_t>(shape.expert)) << where;
+          int64_t picks = 0;
+          for (int64_t n : m.expert_tokens) picks += n;
+          EXPECT_EQ(picks, m.tokens * 2 * sparse_layers)
+              << where << ": every real token's 2 picks in every sparse layer";
+          EXPECT_GE(m.expert_imbalance, 1.0) << where;
+          EXPECT_EQ(m.expert_bytes > 0, shape.expert > 1) << where;
+        }
+        expect_bytes_split(got, shape, model::VisionMode::routed, where);
+        if (checker) expect_same_run(got, refs[shape.dp], 1e-9, where);
       }
     }
     std::filesystem::remove(config_path);
@@ -642,7 +744,7 @@ TEST(MultiRankEveryFamily, SplitVisionItemsTrainTheModelOneProcessTrains) {
   std::ostringstream log;
   struct SplitCase {
     const char* file;
-    std::vector<int64_t> big, small;  // an image's tokens (small_vocab_config's ids)
+    std::vector<int64_t> big, small;      // an image's tokens (small_vocab_config's ids)
     nlohmann::json big_grid, small_grid;  // image_grid_thw, or null: the family's from the file
   };
   auto qwen_block = [](int rows) {
@@ -700,18 +802,18 @@ TEST(MultiRankEveryFamily, SplitVisionItemsTrainTheModelOneProcessTrains) {
     const std::pair<const char*, AC> runs[] = {
         {"none", AC::none}, {"gradients", AC::all}, {"parameters", AC::none}, {"parameters", AC::all}};
     for (const auto& [level, mode] : runs) {
-        train::TrainOptions o = tiny_options(128);
-        o.inputs.model = config_path;
-        o.inputs.data = data;
-        o.parallel.shard = parallel::parse_shard_level(level);
-        o.memory.checkpoint_activations = mode;
-        o.parallel.vision_split = plan::parse_vision_split("16");
-        const train::TrainReport got = train::train(o, mesh, log);
-        if (checker)
-          expect_same_run(got, ref, 1e-9,
-                          std::string(c.file) + " split images --shard " + level + " " + shape.str() + " " +
-                              model::to_string(mode));
-      }
+      train::TrainOptions o = tiny_options(128);
+      o.inputs.model = config_path;
+      o.inputs.data = data;
+      o.parallel.shard = parallel::parse_shard_level(level);
+      o.memory.checkpoint_activations = mode;
+      o.parallel.vision_split = plan::parse_vision_split("16");
+      const train::TrainReport got = train::train(o, mesh, log);
+      if (checker)
+        expect_same_run(
+            got, ref, 1e-9,
+            std::string(c.file) + " split images --shard " + level + " " + shape.str() + " " + model::to_string(mode));
+    }
     std::filesystem::remove(config_path);
     std::filesystem::remove(data);
   }
@@ -754,7 +856,8 @@ TEST(MultiRankTrain, ShardedCheckpointsResumeOnAnyWorldEitherWay) {
       EXPECT_NEAR(rest.steps[i].loss, whole.steps[i + 2].loss, 1e-9 * whole.steps[i + 2].loss) << where;
     for (size_t i = 0; i < whole.parameters.size(); ++i) {
       const at::Tensor& want = whole.parameters[i].second;
-      EXPECT_TRUE(at::allclose(rest.parameters[i].second, want, 1e-9, 1e-12)) << where << " " << whole.parameters[i].first;
+      EXPECT_TRUE(at::allclose(rest.parameters[i].second, want, 1e-9, 1e-12))
+          << where << " " << whole.parameters[i].first;
     }
   };
   for (const char* shard : {"none", "optimizer", "parameters"}) {
@@ -909,6 +1012,423 @@ TEST(LongVideo, SplitOverTheContextGroupTrainsTheModelOneProcessTrains) {
     std::filesystem::remove(r.config_path);
     std::filesystem::remove(r.data);
   }
+}
+
+}  // namespace
+}  // namespace mmsp
+
+// ---- Fine-tuning (issue 71): frozen parts, accumulation, evaluation (suite Finetune:
+// train.finetune.multirank.npN). Rank 0 runs the one-process references and compares.
+namespace mmsp {
+namespace {
+
+// Text lines of the small vocabulary, every fourth with one image of `image` placeholder
+// tokens (the family's; grid given or the family's own), lengths 22..50 unless `length`
+// fixes them all; `offset` draws other token ids (a held-out set).
+void write_image_data(const std::string& path, const std::vector<int64_t>& image, const nlohmann::json& grid, int lines,
+                      int64_t length = 0, int offset = 0) {
+  std::ofstream out(path);
+  for (int line = 0; line < lines; ++line) {
+    nlohmann::json sample;
+    std::vector<int64_t> ids = {1};
+    const bool with_image = line % 4 == 1;
+    if (with_image) ids.insert(ids.end(), image.begin(), image.end());
+    const int64_t words =
+        length > 0 ? length - 2 - (with_image ? static_cast<int64_t>(image.size()) : 0) : 20 + 7 * (line % 5);
+    for (int64_t k = 0; k < words; ++k) ids.push_back(3 + (line * 11 + k * 5 + offset) % 110);
+    ids.push_back(2);
+    sample["input_ids"] = ids;
+    if (with_image) {
+      sample["images"] = {{{"path", std::string(MMSP_SOURCE_DIR) + "/examples/data/circle.png"}}};
+      if (!grid.is_null()) sample["image_grid_thw"] = grid;
+    }
+    out << sample.dump() << "\n";
+  }
+}
+
+// `error` (test::error_of's) holds `words`; else the test fails showing it.
+void expect_error(const std::string& error, const std::string& words) {
+  EXPECT_NE(error.find(words), std::string::npos) << "the error: " << error << "\nlacks: " << words;
+}
+
+const std::vector<int64_t> kQwenImage = {120, 123, 121};  // one merged patch: grid [1, 2, 2]
+
+// The parameters a run of `o` starts from, as build_trainable draws them.
+std::map<std::string, at::Tensor> initial_parameters(const train::TrainOptions& o) {
+  at::manual_seed(static_cast<int64_t>(o.inputs.seed));
+  model::ParameterInitScope init(model::ParameterInit::random, o.inputs.dtype);
+  const auto vlm = model::build_vlm(train::resolve_model(o.inputs.model).config);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : vlm->named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+// Frozen parameters end as they began, bit for bit; at least one of the others moved.
+void expect_frozen(const train::TrainReport& got, const std::map<std::string, at::Tensor>& initial,
+                   const std::set<std::string>& frozen, const std::string& where) {
+  ASSERT_FALSE(frozen.empty()) << where;
+  int moved = 0;
+  for (const auto& [name, p] : got.parameters) {
+    const bool same = at::equal(p, initial.at(name));
+    if (frozen.count(name))
+      EXPECT_TRUE(same) << where << ": frozen " << name << " changed";
+    else
+      moved += same ? 0 : 1;
+  }
+  EXPECT_GT(moved, 0) << where << ": nothing trained";
+}
+
+// --freeze: for each family a part set its users freeze (LLaMA-Factory's default frozen
+// tower; ms-swift's frozen LLM; a frozen token embedding, so the first decoder layer's
+// input needs no gradient) trains the model one process trains with the same parts frozen
+// (fp64, 1e-9) on the widest context mesh, each --shard level in two of the families (the
+// CI's minutes), and Qwen2-VL on a data-parallel mesh under ZeRO-3 too; the frozen
+// parameters do not move. On Qwen2-VL one process's state also shrinks by at least the
+// frozen parameters' two AdamW moments, as the preflight's optimizer state does exactly.
+TEST(Finetune, FrozenPartsTrainAsOneProcessWithThemFrozen) {
+  const int world = test::rank_env().world_size;
+  const bool checker = test::rank_env().rank == 0;
+  struct FreezeCase {
+    FamilyCase family;
+    const char* freeze;
+    std::vector<const char*> levels;  // --shard levels on the widest context mesh
+    bool data_parallel = false;       // and --shard parameters on dp = world
+  };
+  const std::vector<FreezeCase> cases = {
+      {{"tiny-qwen2-vl.json", true, 4}, "vision,merger", {"none", "optimizer"}, true},
+      {{"tiny-qwen3-vl.json", false, 4}, "vision", {"gradients", "parameters"}},
+      {{"tiny-llava.json", false, 4}, "llm,embeddings", {"none", "parameters"}},
+      {{"tiny-qwen3_5-vl.json", false, 2}, "vision,embeddings", {"optimizer", "gradients"}},
+      {{"tiny-internvl.json", false, 4, 192}, "merger,llm", {"none", "parameters"}}};
+  std::ostringstream log;
+  for (const FreezeCase& c : cases) {
+    const int64_t per_rank = c.family.per_rank;
+    const std::string config_path = small_vocab_config(c.family.file, c.family.tie);
+    const auto parts = model::parse_model_parts(c.freeze);
+    plan::Mesh widest = context_shape(world);
+    if (widest.ulysses > c.family.max_ulysses || widest.ulysses == 3) widest = {1, world, 1};
+    std::vector<plan::Mesh> shapes = {widest};
+    if (c.data_parallel && world > 1) shapes.push_back({world, 1, 1});
+    for (const plan::Mesh& shape : shapes) {
+      train::TrainReport ref;
+      std::map<std::string, at::Tensor> initial;
+      std::set<std::string> frozen;
+      if (checker) {
+        train::TrainOptions o = tiny_options(per_rank * world);
+        o.inputs.model = config_path;
+        o.inputs.data_rows = shape.dp;
+        o.finetune.freeze = parts;
+        ref = train::train(o, dist::Mesh::solo(), log);
+        initial = initial_parameters(o);
+        const auto vlm = model::build_vlm(train::resolve_model(config_path).config);
+        const model::NamedParams params = model::named_parameters(*vlm);
+        const auto part_of = model::parameter_parts(*vlm, params);
+        for (size_t i = 0; i < params.size(); ++i)
+          if (std::find(parts.begin(), parts.end(), part_of[i]) != parts.end()) frozen.insert(params[i].first);
+        expect_frozen(ref, initial, frozen, std::string(c.family.file) + " one process");
+        if (c.data_parallel && shape.dp == 1) {
+          o.finetune.freeze.clear();
+          const train::TrainReport all = train::train(o, dist::Mesh::solo(), log);
+          int64_t frozen_elements = 0;
+          for (const auto& name : frozen) frozen_elements += initial.at(name).numel();
+          EXPECT_GE(all.state_bytes - ref.state_bytes, 2 * 8 * frozen_elements) << "AdamW moments of frozen weights";
+          EXPECT_EQ(all.memory_estimate.optimizer - ref.memory_estimate.optimizer, 2 * 8 * frozen_elements);
+        }
+      }
+      const dist::Mesh mesh = test::make_mesh(shape);
+      const std::vector<const char*> levels = shape.dp == 1 ? c.levels : std::vector<const char*>{"parameters"};
+      for (const char* level : levels) {
+        train::TrainOptions o = tiny_options(per_rank);
+        o.inputs.model = config_path;
+        o.finetune.freeze = parts;
+        o.parallel.shard = parallel::parse_shard_level(level);
+        if (std::string(level) == "parameters") o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
+        const train::TrainReport got = train::train(o, mesh, log);
+        const std::string where =
+            std::string(c.family.file) + " --freeze " + c.freeze + " --shard " + level + " " + shape.str();
+        if (checker) {
+          expect_same_run(got, ref, 1e-9, where);
+          expect_frozen(got, initial, frozen, where);
+        }
+      }
+    }
+    std::filesystem::remove(config_path);
+  }
+}
+
+// A run with frozen parts stopped after step 2 and resumed equals an uninterrupted one bit
+// for bit, with every weight replicated (the frozen ones read back from the checkpoint beside
+// the trained ones' AdamW state) and with ZeRO-1 (the frozen ones outside the shards).
+TEST(Finetune, FrozenPartsResumeBitForBit) {
+  const dist::Mesh mesh = test::make_mesh(context_shape(test::rank_env().world_size).ulysses == 3
+                                              ? plan::Mesh{1, test::rank_env().world_size, 1}
+                                              : context_shape(test::rank_env().world_size));
+  for (const char* level : {"none", "optimizer"}) {
+    train::TrainOptions o = tiny_options(96);
+    o.finetune.freeze = model::parse_model_parts("vision,embeddings");
+    o.parallel.shard = parallel::parse_shard_level(level);
+    expect_stop_and_resume_exact(o, mesh, std::string("freeze-") + level);
+  }
+}
+
+// --accumulate 2: on every kind of mesh (context, data parallel) and under ZeRO-2 (whose
+// hooks reduce each micro-step's gradients as its backward ends, adding to the shards)
+// the run equals one process accumulating alike (fp64, 1e-9); and one process's two
+// micro-batches of one row equal one step of both as two rows (samples of one length, so
+// that the union is the same samples: token-weighted, as one big step).
+TEST(Finetune, AccumulatedMicroStepsEqualOneProcessOnTheirUnion) {
+  const int world = test::rank_env().world_size;
+  const bool checker = test::rank_env().rank == 0;
+  const int64_t per_rank = 96;
+  std::ostringstream log;
+  for (const plan::Mesh& shape : {context_shape(world), plan::Mesh{world, 1, 1}}) {
+    if (shape.ulysses == 3) continue;  // 2 K/V heads cannot be split 3 ways
+    train::TrainReport ref;
+    if (checker) {
+      train::TrainOptions one = tiny_options(per_rank * world);
+      one.inputs.data_rows = shape.dp;
+      one.schedule.accumulate = 2;
+      ref = train::train(one, dist::Mesh::solo(), log);
+    }
+    const dist::Mesh mesh = test::make_mesh(shape);
+    for (const char* level : {"none", "gradients"}) {
+      train::TrainOptions o = tiny_options(per_rank);
+      o.schedule.accumulate = 2;
+      o.parallel.shard = parallel::parse_shard_level(level);
+      const train::TrainReport got = train::train(o, mesh, log);
+      if (checker) expect_same_run(got, ref, 1e-9, std::string("--accumulate 2 --shard ") + level + " " + shape.str());
+    }
+  }
+  if (!checker) return;
+  const std::string config_path = small_vocab_config("tiny-qwen2-vl.json", true);
+  const std::string data = test::scratch_dir("accumulate-") + "/data.jsonl";
+  write_image_data(data, kQwenImage, {{1, 2, 2}}, 12, 40);
+  train::TrainOptions micro = tiny_options(40);
+  micro.inputs.model = config_path;
+  micro.inputs.data = data;
+  micro.schedule.accumulate = 2;
+  train::TrainOptions whole = micro;
+  whole.schedule.accumulate = 1;
+  whole.inputs.tokens_per_rank = 80;
+  whole.inputs.data_rows = 2;
+  const train::TrainReport a = train::train(micro, dist::Mesh::solo(), log),
+                           b = train::train(whole, dist::Mesh::solo(), log);
+  expect_same_run(a, b, 1e-9, "two micro-batches against their union");
+  std::filesystem::remove(config_path);
+  std::filesystem::remove(data);
+}
+
+// --eval-data, --eval-every 2 over 3 steps: the held-out loss after steps 2 and 3, over the
+// whole file, equals one process's (fp64, 1e-9) on the widest context mesh unsharded and
+// under ZeRO-3 (its weights gathered for a forward without gradients), and changes as the
+// model trains; the training itself is unchanged by it.
+TEST(Finetune, EvaluationEqualsOneProcess) {
+  const int world = test::rank_env().world_size;
+  const bool checker = test::rank_env().rank == 0;
+  std::ostringstream log;
+  const std::string config_path = small_vocab_config("tiny-qwen2-vl.json", true);
+  const std::string dir = test::scratch_dir("eval-");  // per rank
+  write_image_data(dir + "/train.jsonl", kQwenImage, {{1, 2, 2}}, 12);
+  write_image_data(dir + "/eval.jsonl", kQwenImage, {{1, 2, 2}}, 7, 0, 37);
+  auto options = [&](int64_t per_rank) {
+    train::TrainOptions o = tiny_options(per_rank);
+    o.inputs.model = config_path;
+    o.inputs.data = dir + "/train.jsonl";
+    o.eval.data = dir + "/eval.jsonl";
+    o.eval.every = 2;
+    return o;
+  };
+  train::TrainReport ref;
+  if (checker) {
+    ref = train::train(options(64 * world), dist::Mesh::solo(), log);
+    ASSERT_EQ(ref.evals.size(), 2u);
+    EXPECT_EQ(ref.evals[0].step, 2);
+    EXPECT_EQ(ref.evals[1].step, 3);
+    EXPECT_GT(ref.evals[0].label_tokens, 7 * 20);
+    EXPECT_NE(ref.evals[0].loss, ref.evals[1].loss);
+    train::TrainOptions plain = options(64 * world);
+    plain.eval.data.clear();
+    plain.eval.every = 0;
+    expect_same_run(ref, train::train(plain, dist::Mesh::solo(), log), 0, "evaluation leaves training alone");
+  }
+  plan::Mesh shape = context_shape(world);
+  if (shape.ulysses == 3) shape = {1, world, 1};
+  const dist::Mesh mesh = test::make_mesh(shape);
+  for (const char* level : {"none", "parameters"}) {
+    train::TrainOptions o = options(64);
+    o.parallel.shard = parallel::parse_shard_level(level);
+    const train::TrainReport got = train::train(o, mesh, log);
+    if (!checker) continue;
+    const std::string where = std::string("--eval-data --shard ") + level + " " + shape.str();
+    expect_same_run(got, ref, 1e-9, where);
+    ASSERT_EQ(got.evals.size(), ref.evals.size()) << where;
+    for (size_t i = 0; i < ref.evals.size(); ++i) {
+      EXPECT_EQ(got.evals[i].label_tokens, ref.evals[i].label_tokens) << where;
+      EXPECT_NEAR(got.evals[i].loss, ref.evals[i].loss, 1e-9 * ref.evals[i].loss) << where << " eval " << i;
+    }
+  }
+  std::filesystem::remove(config_path);
+  std::filesystem::remove_all(dir);
+}
+
+// LoRA (--lora-rank 4 --lora-alpha 8, the decoder's seven projections) on the built-in
+// Qwen2-VL-architecture model: every base weight stays as drawn, the adapters train, and the
+// run equals one process's on the widest context mesh unsharded, under ZeRO-3 with recomputed
+// layers and tiled MLPs (the MLP's maps read as W + scale · B A), and on a data-parallel mesh
+// (fp64, 1e-9). Then, on the widest mesh under ZeRO-2, a run stopped and resumed equals an
+// uninterrupted one bit for bit, and its checkpoint holds peft's adapter (transformers'
+// names, rank, alpha) and a merged hf/ (W + scale · B A of master/'s exact tensors).
+TEST(Finetune, LoraTrainsAsOneProcessAndWritesPeftAdapters) {
+  const int world = test::rank_env().world_size;
+  const bool checker = test::rank_env().rank == 0;
+  const int64_t per_rank = 96;
+  std::ostringstream log;
+  auto lora = [](train::TrainOptions o) {
+    o.finetune.lora.rank = 4;
+    o.finetune.lora.alpha = 8;
+    return o;
+  };
+  std::vector<plan::Mesh> shapes = {context_shape(world)};
+  if (world > 1) shapes.push_back({world, 1, 1});
+  for (const plan::Mesh& shape : shapes) {
+    if (shape.ulysses == 3) continue;  // 2 K/V heads cannot be split 3 ways
+    train::TrainReport ref;
+    std::map<std::string, at::Tensor> initial;
+    if (checker) {
+      train::TrainOptions one = lora(tiny_options(per_rank * world));
+      one.inputs.data_rows = shape.dp;
+      ref = train::train(one, dist::Mesh::solo(), log);
+      initial = initial_parameters(one);
+      std::set<std::string> frozen;
+      for (const auto& [name, p] : ref.parameters)
+        if (!model::is_lora_parameter(name)) frozen.insert(name);
+      EXPECT_EQ(ref.parameters.size() - frozen.size(), 3u * 7 * 2) << "three layers' seven maps, A and B each";
+      for (auto& [name, p] : ref.parameters)  // initial_parameters has no adapters
+        if (model::is_lora_parameter(name)) initial[name] = at::zeros_like(p);
+      expect_frozen(ref, initial, frozen, "--lora-rank 4 one process");
+    }
+    const dist::Mesh mesh = test::make_mesh(shape);
+    for (const char* level : {"none", "parameters"}) {
+      if (shape.dp != 1 && std::string(level) == "none") continue;
+      train::TrainOptions o = lora(tiny_options(per_rank));
+      o.parallel.shard = parallel::parse_shard_level(level);
+      if (std::string(level) == "parameters" && shape.dp == 1) {
+        o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
+        o.memory.tiled_mlp = 5;
+      }
+      const train::TrainReport got = train::train(o, mesh, log);
+      if (checker) expect_same_run(got, ref, 1e-9, std::string("--lora-rank 4 --shard ") + level + " " + shape.str());
+    }
+  }
+  train::TrainOptions o = lora(tiny_options(per_rank));
+  o.parallel.shard = parallel::parse_shard_level("gradients");
+  const dist::Mesh mesh =
+      test::make_mesh(context_shape(world).ulysses == 3 ? plan::Mesh{1, world, 1} : context_shape(world));
+  expect_stop_and_resume_exact(o, mesh, "lora", [&](const std::string& dir) {
+    if (!checker) return;
+    const std::string step = dir + "/step-000002";
+    const nlohmann::json config = nlohmann::json::parse(std::ifstream(step + "/adapter/adapter_config.json"));
+    EXPECT_EQ(config.at("peft_type"), "LORA");
+    EXPECT_EQ(config.at("r"), 4);
+    EXPECT_EQ(config.at("lora_alpha"), 8.0);
+    const auto adapter = hf::load_safetensors(step + "/adapter/adapter_model.safetensors");
+    EXPECT_EQ(adapter.size(), 3u * 7 * 2);
+    const std::string q = "base_model.model.model.language_model.layers.0.self_attn.q_proj";
+    ASSERT_TRUE(adapter.count(q + ".lora_A.weight")) << "peft's names, transformers' module path";
+    const hf::HfDirectory master = hf::open_hf_directory(step + "/master"),
+                          merged = hf::open_hf_directory(step + "/hf");
+    EXPECT_FALSE(merged.tensors.count("model.layers.0.self_attn.q_proj.lora_A.weight")) << "hf/ is merged";
+    auto read = [](const hf::HfDirectory& d, const std::string& name) {
+      const std::vector<int64_t>& shape = d.tensors.at(name).entry.shape;
+      int64_t n = 1;
+      for (int64_t extent : shape) n *= extent;
+      return hf::read_hf_elements(d, name, 0, n).view(shape);
+    };
+    const std::string m = "model.layers.0.self_attn.q_proj";
+    const at::Tensor A = read(master, m + ".lora_A.weight"), B = read(master, m + ".lora_B.weight");
+    EXPECT_TRUE(at::equal(adapter.at(q + ".lora_A.weight"), A)) << "the adapter is master/'s";
+    EXPECT_GT(B.abs().max().item<double>(), 0) << "lora_B trained";
+    const at::Tensor want = read(master, m + ".weight") + at::matmul(B, A) * 2.0;  // alpha 8 / rank 4
+    EXPECT_LE((read(merged, m + ".weight") - want).abs().max().item<double>(), 1e-15);
+  });
+}
+
+// LoRA in bf16 (fp32 masters of the adapters only) under ZeRO-2 on the widest context mesh:
+// the losses follow one process's in bf16 (rtol 2e-2: bf16's sums run in another order over
+// the ranks), every base weight stays as drawn, bit for bit, and the adapters' lora_B move.
+TEST(Finetune, LoraTrainsInBfloat16) {
+  const int world = test::rank_env().world_size;
+  const bool checker = test::rank_env().rank == 0;
+  std::ostringstream log;
+  auto options = [](int64_t per_rank) {
+    train::TrainOptions o = tiny_options(per_rank);
+    o.inputs.dtype = train::parse_compute_dtype("bfloat16");
+    o.finetune.lora.rank = 4;
+    o.finetune.lora.alpha = 8;
+    return o;
+  };
+  train::TrainReport ref;
+  if (checker) ref = train::train(options(96 * world), dist::Mesh::solo(), log);
+  const plan::Mesh shape = context_shape(world).ulysses == 3 ? plan::Mesh{1, world, 1} : context_shape(world);
+  train::TrainOptions o = options(96);
+  o.parallel.shard = parallel::parse_shard_level("gradients");
+  const train::TrainReport got = train::train(o, test::make_mesh(shape), log);
+  if (!checker) return;
+  const std::string where = "--lora-rank 4 --dtype bfloat16 --shard gradients " + shape.str();
+  ASSERT_EQ(got.steps.size(), ref.steps.size()) << where;
+  for (size_t i = 0; i < ref.steps.size(); ++i)
+    EXPECT_NEAR(got.steps[i].loss, ref.steps[i].loss, 2e-2 * ref.steps[i].loss) << where << " step " << i + 1;
+  const std::map<std::string, at::Tensor> initial = initial_parameters(o);
+  int adapters = 0;
+  for (const auto& [name, p] : got.parameters) {
+    EXPECT_EQ(p.scalar_type(), at::kBFloat16) << where << " " << name;
+    if (!model::is_lora_parameter(name)) {
+      EXPECT_TRUE(at::equal(p, initial.at(name))) << where << ": frozen " << name << " changed";
+    } else if (name.find("lora_B") != std::string::npos) {
+      EXPECT_GT(p.abs().max().item<double>(), 0) << where << ": " << name << " did not train";
+      ++adapters;
+    }
+  }
+  EXPECT_EQ(adapters, 3 * 7) << where;
+}
+
+// Bad input ends the run before anything is allocated, on every rank alike, naming the
+// value and the rule: every part frozen, --accumulate 0, --eval-every without a file, an
+// eval file of another vocabulary, an unknown part.
+TEST(Finetune, BadInputIsRefusedBeforeAnyCollective) {
+  std::ostringstream log;
+  const dist::Mesh& solo = dist::Mesh::solo();
+  train::TrainOptions o = tiny_options(96);
+  o.finetune.freeze = model::parse_model_parts("vision,merger,llm,embeddings");
+  expect_error(test::error_of([&] { train::train(o, solo, log); }), "freezes every parameter");
+  o = tiny_options(96);
+  o.schedule.accumulate = 0;
+  expect_error(test::error_of([&] { train::train(o, solo, log); }), "--accumulate 0 must be ≥ 1");
+  o = tiny_options(96);
+  o.eval.every = 2;
+  expect_error(test::error_of([&] { train::train(o, solo, log); }), "--eval-every 2 needs --eval-data");
+  const std::string dir = test::scratch_dir("eval-vocab-");
+  {
+    std::ofstream out(dir + "/eval.jsonl");
+    out << R"({"input_ids": [1, 5, 151000, 2]})"
+        << "\n";
+  }
+  o = tiny_options(96);
+  o.eval.data = dir + "/eval.jsonl";
+  expect_error(test::error_of([&] { train::train(o, solo, log); }), "151000 is outside the model's vocabulary");
+  std::filesystem::remove_all(dir);
+  o = tiny_options(96);
+  o.finetune.lora.rank = 4;
+  o.finetune.lora.targets = {"q_proj", "qkv_proj"};
+  expect_error(test::error_of([&] { train::train(o, solo, log); }), "\"qkv_proj\" names no linear map");
+  o.finetune.lora.targets = {};
+  o.finetune.freeze = model::parse_model_parts("vision");
+  expect_error(test::error_of([&] { train::train(o, solo, log); }), "LoRA freezes every weight but its adapters");
+  o = tiny_options(96);
+  o.finetune.lora.rank = -1;
+  expect_error(test::error_of([&] { train::train(o, solo, log); }), "--lora-rank -1 must be ≥ 1");
+  expect_error(test::error_of([] { model::parse_model_parts("vision,tower"); }),
+               "\"tower\" is not a part of the model; the parts are vision, merger, llm and embeddings");
 }
 
 }  // namespace

@@ -59,6 +59,10 @@ expect_error loss_chunk "--loss-chunk -3 must be ≥ 0" train --loss-chunk -3
 expect_error offload "--offload-activations keeps the inputs of recomputed layers in host memory: it needs" \
   train --offload-activations
 expect_error tiled_mlp "--tiled-mlp '0' must be off, auto" train --tiled-mlp 0
+# fine-tuning's flags (issue 71; the rest in Finetune.BadInputIsRefusedBeforeAnyCollective)
+expect_error lora_rank "--lora-rank 0 must be ≥ 1" train --lora-rank 0
+expect_error lora_target '"qkv" names no linear map of this qwen2_vl model' train --lora-rank 4 --lora-targets q_proj,qkv
+expect_error freeze_all "freezes every parameter" train --freeze vision,merger,llm,embeddings
 expect_error data_file "missing.jsonl" train --data "$work/missing.jsonl" --model "$src/configs/tiny-qwen2-vl.json"
 
 cfg="$src/configs/tiny-qwen2-vl.json"

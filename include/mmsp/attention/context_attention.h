@@ -24,10 +24,8 @@ struct ContextGroups {
 // ranks split contiguously: this rank holds slice `ulysses rank` of its share.
 // q [T/S, H, D], k/v [T/S, H_kv, D] -> [T/S, H, D]. split_slots: a mixed placement's
 // split slots per context rank (step_attention.h); empty: every slot is exchanged.
-at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const ContextGroups& groups,
-                             const std::vector<TokenLayout>& ring_shares,
-                             const AttentionOptions& options = {},
+at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const ContextGroups& groups,
+                             const std::vector<TokenLayout>& ring_shares, const AttentionOptions& options = {},
                              const std::vector<int64_t>& split_slots = {});
 
 // The scheme the mesh selects, for logs and benchmarks: "local", "ulysses", "ring", "hybrid".

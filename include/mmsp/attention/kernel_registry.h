@@ -50,14 +50,14 @@ class LocalKernel {
                                    const KernelPart& plan, const AttentionOptions& options) const = 0;
   // dq, dk, dv given dout and the FINAL out and lse of the queries (over every key set they
   // attend to, as after a ring), in the accumulation dtype.
-  virtual AttentionGrads backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                                  const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                                  const KernelPart& plan, const AttentionOptions& options) const = 0;
+  virtual AttentionGrads backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& out, const at::Tensor& lse, const KernelPart& plan,
+                                  const AttentionOptions& options) const = 0;
 };
 
 // Every kernel, in auto's order of preference; the last is the blockwise kernel.
 const std::vector<const LocalKernel*>& local_kernels();
-// "fused, blockwise": the names --attention-kernel takes besides auto.
+// "fused, cudnn, blockwise": the names --attention-kernel takes besides auto.
 std::string kernel_names();
 
 // Which kernel runs the local attention: automatic (null), or one entry pinned by name

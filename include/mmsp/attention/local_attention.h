@@ -17,11 +17,17 @@
 namespace mmsp::attention {
 
 struct AttentionOptions {
-  bool causal = true;     // false: bidirectional within a segment (vision encoders)
-  double scale = 0;       // softmax scale; 0 means 1/sqrt(D)
-  int64_t block_q = 512;  // query tokens per block
-  int64_t block_k = 512;  // key tokens per block
+  bool causal = true;      // false: bidirectional within a segment (vision encoders)
+  double scale = 0;        // softmax scale; 0 means 1/sqrt(D)
+  int64_t block_q = 512;   // query tokens per block
+  int64_t block_k = 512;   // key tokens per block
   AttentionKernel kernel;  // automatic, or a registry entry (kernel_registry.h)
+  // The ring's exchanges hidden behind the block in hand: the next K/V posted before the
+  // block computes, and the dK/dV sent home waited for only after the next block's
+  // backward. Off: each exchange posted after the compute and waited for at once (for
+  // measuring the hidden communication; the sums and their order are the same, so the
+  // results are bitwise equal).
+  bool overlap = true;
 };
 
 // q [Tq, H, D], k/v [Tk, H_kv, D] with H a multiple of H_kv; fp64, fp32 or bf16/fp16.
@@ -32,9 +38,8 @@ struct PartialAttention {
   at::Tensor lse;
 };
 
-PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                         const at::Tensor& v, const TokenLayout& q_layout,
-                                         const TokenLayout& k_layout,
+PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         const TokenLayout& q_layout, const TokenLayout& k_layout,
                                          const AttentionOptions& options);
 
 // The kernels that may run one pair of layouts, each with its plan: the pinned kernel
@@ -55,11 +60,11 @@ struct KernelPlan : torch::CustomClassHolder {
 using KernelPlanPtr = c10::intrusive_ptr<KernelPlan>;
 
 // Checks the layouts (naming the bad value) and plans; masks are made on `device`.
-KernelPlanPtr plan_kernel(const TokenLayout& q_layout, const TokenLayout& k_layout,
-                          const AttentionOptions& options, const at::Device& device);
+KernelPlanPtr plan_kernel(const TokenLayout& q_layout, const TokenLayout& k_layout, const AttentionOptions& options,
+                          const at::Device& device);
 
-PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                         const at::Tensor& v, const KernelPlan& plan);
+PartialAttention local_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         const KernelPlan& plan);
 
 // Gradients of the keys [k, v] against queries q, given dout and the FINAL out and
 // lse of those queries (over all key sets they attend to, as after a ring). Returned
@@ -68,14 +73,12 @@ struct AttentionGrads {
   at::Tensor dq, dk, dv;
 };
 
-AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor& q,
-                                        const at::Tensor& k, const at::Tensor& v,
-                                        const at::Tensor& out, const at::Tensor& lse,
+AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                         const TokenLayout& q_layout, const TokenLayout& k_layout,
                                         const AttentionOptions& options);
-AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor& q,
-                                        const at::Tensor& k, const at::Tensor& v,
-                                        const at::Tensor& out, const at::Tensor& lse,
+AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
                                         const KernelPlan& plan);
 
 // The kernel that runs for these tensors, by its implementation's name ("flash-varlen",
@@ -84,11 +87,9 @@ AttentionGrads local_attention_backward(const at::Tensor& dout, const at::Tensor
 const char* kernel_in_use(const KernelPlan& plan, const at::Tensor& q);
 
 // Differentiable form (autograd Function over the two above); its backward reuses the plan.
-at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const TokenLayout& q_layout, const TokenLayout& k_layout,
-                           const AttentionOptions& options = {});
-at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const KernelPlanPtr& plan);
+at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const TokenLayout& q_layout,
+                           const TokenLayout& k_layout, const AttentionOptions& options = {});
+at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const KernelPlanPtr& plan);
 
 // Merges `part` into `acc` (both over disjoint key sets of the same queries):
 // lse = log(e^lse_a + e^lse_b); out = e^(lse_a - lse) out_a + e^(lse_b - lse) out_b.
@@ -97,8 +98,7 @@ at::Tensor local_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 void merge_partial(PartialAttention& acc, const PartialAttention& part);
 
 // Checks shapes/dtypes/GQA and names the bad value; used before any collective.
-void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            const char* what);
+void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const char* what);
 
 // The accumulation dtype for inputs of `type`.
 at::ScalarType accumulation_type(at::ScalarType type);

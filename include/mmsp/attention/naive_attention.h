@@ -18,7 +18,6 @@ struct NaiveAttention {
   at::Tensor out, lse;
 };
 NaiveAttention naive_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const TokenLayout& q_layout, const TokenLayout& k_layout,
-                               bool causal);
+                               const TokenLayout& q_layout, const TokenLayout& k_layout, bool causal);
 
 }  // namespace mmsp::attention

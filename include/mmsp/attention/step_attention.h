@@ -49,8 +49,8 @@ TokenLayout whole_slots(const std::vector<TokenLayout>& ring_shares, const std::
 
 // What Gated DeltaNet's index work depends on besides the shares (hybrid decoders).
 struct LinearAttentionShape {
-  int64_t conv_kernel = 4;               // linear_conv_kernel_dim (W)
-  int64_t chunk = kGatedDeltaChunk;      // the kernel's chunk
+  int64_t conv_kernel = 4;           // linear_conv_kernel_dim (W)
+  int64_t chunk = kGatedDeltaChunk;  // the kernel's chunk
 };
 
 // Plans the step (checks the shares first, naming the bad value); the masks and index
@@ -65,8 +65,7 @@ std::shared_ptr<const StepAttention> plan_step_attention(const ContextGroups& gr
 
 // q [T/S, H, D], k/v [T/S, H_kv, D] -> [T/S, H, D], the mesh's scheme over the step's plans:
 // one autograd function over step_attention_forward and _backward below.
-using AttentionFunction =
-    std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+using AttentionFunction = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
 AttentionFunction attention_function(std::shared_ptr<const StepAttention> step);
 
 // The same forward and backward apart, without autograd (the torch.library op, whose backward

@@ -39,8 +39,7 @@ struct BlockSchedule {
   int64_t block_q = 0, block_k = 0;
   std::vector<std::vector<KeyBlock>> key_blocks;  // [query block] -> non-empty key blocks
 
-  static BlockSchedule make(const TokenLayout& q, const TokenLayout& k, bool causal,
-                            int64_t block_q, int64_t block_k);
+  static BlockSchedule make(const TokenLayout& q, const TokenLayout& k, bool causal, int64_t block_q, int64_t block_k);
 };
 
 // Number of allowed (query, key) pairs: the attention work of a layout pair.

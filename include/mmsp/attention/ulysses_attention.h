@@ -15,8 +15,7 @@
 namespace mmsp::attention {
 
 // The attention run on the gathered tokens: q [T_g, H/U, D], k/v [T_g, H_kv', D].
-using InnerAttention =
-    std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+using InnerAttention = std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
 
 // q [T_u, H, D], k/v [T_u, H_kv, D] -> [T_u, H, D]. The group's tokens are the
 // ranks' tokens joined in group-rank order.
@@ -34,8 +33,7 @@ at::Tensor ulysses_attention_v(const at::Tensor& q, const at::Tensor& k, const a
 // (head group p of my tokens to rank p), and back. Differentiable.
 at::Tensor ulysses_scatter_heads(const at::Tensor& x, const std::vector<int64_t>& tokens,
                                  const dist::GroupPtr& ulysses);
-at::Tensor ulysses_gather_heads(const at::Tensor& y, const std::vector<int64_t>& tokens,
-                                const dist::GroupPtr& ulysses);
+at::Tensor ulysses_gather_heads(const at::Tensor& y, const std::vector<int64_t>& tokens, const dist::GroupPtr& ulysses);
 
 // Throws unless H divides by U and H_kv divides by U or U by H_kv (names the values).
 void check_ulysses_heads(int64_t heads, int64_t kv_heads, int ulysses);

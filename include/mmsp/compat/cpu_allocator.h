@@ -17,9 +17,7 @@ class CpuAllocator : public c10::Allocator {
  public:
   c10::DataPtr allocate(std::size_t bytes) final { return allocate_block(bytes); }
   // Blocks hold plain host bytes: a memcpy copies them.
-  void copy_data(void* dest, const void* src, std::size_t count) const final {
-    default_copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const final { default_copy_data(dest, src, count); }
 
  protected:
   // Thread-safe: c10 calls it from any thread (Gloo's included).

@@ -14,14 +14,11 @@
 
 namespace mmsp::compat {
 
-using OptimizerStateKey =
-    std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+using OptimizerStateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
 static_assert(std::is_same_v<OptimizerStateKey, void*>,
               "torch::optim::Optimizer::state() is no longer keyed by TensorImpl*: "
               "update mmsp/compat/optimizer_state_key.h");
 
-inline OptimizerStateKey optimizer_state_key(const at::Tensor& parameter) {
-  return parameter.unsafeGetTensorImpl();
-}
+inline OptimizerStateKey optimizer_state_key(const at::Tensor& parameter) { return parameter.unsafeGetTensorImpl(); }
 
 }  // namespace mmsp::compat

@@ -29,9 +29,9 @@ inline bool& c10_log_level_chosen_by_user() {
 namespace detail {
 struct QuietState {
   std::mutex mutex;
-  int scopes = 0;          // QuietC10Log scopes open, on any thread
-  int saved = 0;           // the level before the first of them
-  bool for_good = false;   // quiet_c10_log_from_now() was called
+  int scopes = 0;         // QuietC10Log scopes open, on any thread
+  int saved = 0;          // the level before the first of them
+  bool for_good = false;  // quiet_c10_log_from_now() was called
 };
 inline QuietState& quiet_state() {
   static QuietState state;

@@ -27,18 +27,17 @@ std::string concat(Args&&... args) {
 
 }  // namespace mmsp
 
-#define MMSP_CHECK(cond, ...)                                      \
-  do {                                                             \
+#define MMSP_CHECK(cond, ...)                                              \
+  do {                                                                     \
     if (!(cond)) throw ::mmsp::Error(::mmsp::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 // [[noreturn]] in effect: a throw expression, so the compiler knows control ends here.
 #define MMSP_FAIL(...) throw ::mmsp::Error(::mmsp::detail::concat(__VA_ARGS__))
 
-#define MMSP_ASSERT(cond, ...)                                                 \
-  do {                                                                         \
-    if (!(cond))                                                               \
-      throw ::mmsp::Error(::mmsp::detail::concat(                              \
-          "internal error (please report): ", #cond, " failed at ", __FILE__,  \
-          ":", __LINE__, ": ", ##__VA_ARGS__));                                \
+#define MMSP_ASSERT(cond, ...)                                                                                       \
+  do {                                                                                                               \
+    if (!(cond))                                                                                                     \
+      throw ::mmsp::Error(::mmsp::detail::concat("internal error (please report): ", #cond, " failed at ", __FILE__, \
+                                                 ":", __LINE__, ": ", ##__VA_ARGS__));                               \
   } while (0)

@@ -24,9 +24,7 @@ constexpr int kMaxJsonDepth = 64;
 
 namespace detail {
 // The key as an error quotes it: at most 80 characters.
-inline std::string brief_key(const std::string& key) {
-  return key.size() <= 80 ? key : key.substr(0, 77) + "...";
-}
+inline std::string brief_key(const std::string& key) { return key.size() <= 80 ? key : key.substr(0, 77) + "..."; }
 }  // namespace detail
 
 // Parses `text`; `where` names it in errors ("batch.json", "data.jsonl:12").
@@ -40,9 +38,12 @@ inline nlohmann::json parse_json_text(const std::string& text, const std::string
     for (size_t i = 0; i < text.size(); ++i) {
       const char c = text[i];
       if (in_string) {
-        if (escaped) escaped = false;
-        else if (c == '\\') escaped = true;
-        else if (c == '"') in_string = false;
+        if (escaped)
+          escaped = false;
+        else if (c == '\\')
+          escaped = true;
+        else if (c == '"')
+          in_string = false;
       } else if (c == '"') {
         in_string = true;
       } else if (c == '[' || c == '{') {
@@ -75,9 +76,7 @@ inline nlohmann::json parse_json_text(const std::string& text, const std::string
   };
   try {
     return nlohmann::json::parse(text, callback);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(detail::concat(where, ": not valid JSON: ", e.what()));
-  }
+  } catch (const nlohmann::json::exception& e) { throw Error(detail::concat(where, ": not valid JSON: ", e.what())); }
 }
 
 // Reads and parses the file at `path` (errors name it).
@@ -102,8 +101,8 @@ inline int64_t json_to_int(const nlohmann::json& value, const std::string& what,
 }
 
 // object[key] as an integer in [min, max]; the key is required.
-inline int64_t json_int(const nlohmann::json& object, const std::string& key, const std::string& where,
-                        int64_t min, int64_t max) {
+inline int64_t json_int(const nlohmann::json& object, const std::string& key, const std::string& where, int64_t min,
+                        int64_t max) {
   MMSP_CHECK(object.is_object() && object.contains(key), where, ": \"", key, "\" is missing");
   return json_to_int(object.at(key), where + ": " + key, min, max);
 }

@@ -13,7 +13,6 @@
 namespace mmsp::dist {
 
 // counts comes from the plan and is the same on every rank.
-at::Tensor all_gather_v(const at::Tensor& rows, const std::vector<int64_t>& counts,
-                        const GroupPtr& group);
+at::Tensor all_gather_v(const at::Tensor& rows, const std::vector<int64_t>& counts, const GroupPtr& group);
 
 }  // namespace mmsp::dist

@@ -12,15 +12,13 @@
 namespace mmsp::dist {
 
 // Every rank passes the same shape; x.size(scatter_dim) must divide by group size.
-at::Tensor all_to_all(const at::Tensor& x, int64_t scatter_dim, int64_t gather_dim,
-                      const GroupPtr& group);
+at::Tensor all_to_all(const at::Tensor& x, int64_t scatter_dim, int64_t gather_dim, const GroupPtr& group);
 
 // Bytes this rank sends for one all_to_all of x: (P-1)/P of x.
 int64_t all_to_all_bytes(const at::Tensor& x, int group_size);
 
 namespace detail {
-at::Tensor all_to_all_raw(const at::Tensor& x, int64_t scatter_dim, int64_t gather_dim,
-                          Group& group, Pass pass);
+at::Tensor all_to_all_raw(const at::Tensor& x, int64_t scatter_dim, int64_t gather_dim, Group& group, Pass pass);
 }
 
 }  // namespace mmsp::dist

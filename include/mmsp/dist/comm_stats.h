@@ -32,9 +32,7 @@ struct CommCount {
 // Plain copy of the counters at one moment.
 struct CommSnapshot {
   std::array<std::array<CommCount, 2>, kNumCommKinds> counts{};
-  const CommCount& at(CommKind kind, Pass pass) const {
-    return counts[static_cast<int>(kind)][static_cast<int>(pass)];
-  }
+  const CommCount& at(CommKind kind, Pass pass) const { return counts[static_cast<int>(kind)][static_cast<int>(pass)]; }
   int64_t total_bytes() const;
   CommSnapshot operator-(const CommSnapshot& earlier) const;
 };

@@ -22,9 +22,8 @@ using Backend = c10d::Backend;  // ProcessGroupGloo and ProcessGroupNCCL are c10
 class Group : public torch::CustomClassHolder {
  public:
   // cpu: Gloo backend (null for a one-member group); gpu: NCCL backend or null.
-  Group(std::string name, std::vector<int> members, int rank,
-        c10::intrusive_ptr<Backend> cpu, c10::intrusive_ptr<Backend> gpu,
-        std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout,
+  Group(std::string name, std::vector<int> members, int rank, c10::intrusive_ptr<Backend> cpu,
+        c10::intrusive_ptr<Backend> gpu, std::shared_ptr<CommStats> stats, std::chrono::milliseconds timeout,
         bool stage_cuda_through_host = false);
 
   const std::string& name() const { return name_; }  // e.g. "ring[dp=0,u=1]"

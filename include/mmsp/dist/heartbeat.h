@@ -83,8 +83,8 @@ class Heartbeat {
 
   // Connects two store clients of its own to env's TCPStore (which Mesh::connect
   // opened) and starts beating and watching. One rank: does nothing.
-  Heartbeat(const RankEnv& env, const HeartbeatOptions& options,
-            std::shared_ptr<const RankActivity> activity, OnFailure on_failure = {});
+  Heartbeat(const RankEnv& env, const HeartbeatOptions& options, std::shared_ptr<const RankActivity> activity,
+            OnFailure on_failure = {});
   // Marks this rank's heartbeat "done" (so that ranks still finishing never blame a
   // rank that returned) and stops the threads; when another rank has ended the job
   // (its message is in the store), prints that message too.

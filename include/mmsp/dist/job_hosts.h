@@ -13,10 +13,10 @@
 namespace mmsp::dist {
 
 struct RankHost {
-  std::string key;       // HostIdentity::key: equal keys share a loopback
-  std::string hostname;  // for messages
-  InterfaceAddress route;           // towards MASTER_ADDR, or GLOO_SOCKET_IFNAME's address
-  bool interface_from_env = false;  // route is GLOO_SOCKET_IFNAME's
+  std::string key;                           // HostIdentity::key: equal keys share a loopback
+  std::string hostname;                      // for messages
+  InterfaceAddress route;                    // towards MASTER_ADDR, or GLOO_SOCKET_IFNAME's address
+  bool interface_from_env = false;           // route is GLOO_SOCKET_IFNAME's
   std::vector<InterfaceAddress> interfaces;  // the host's addresses that are not loopback
 };
 

@@ -66,13 +66,12 @@ class Mesh {
 
   // Builds the groups over an existing store. `prefix` keeps meshes that share
   // one store apart (every rank must build the same meshes in the same order).
-  static Mesh create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env,
-                     const plan::Mesh& shape, const MeshOptions& options,
-                     const std::string& prefix);
+  static Mesh create(const c10::intrusive_ptr<c10d::Store>& store, const RankEnv& env, const plan::Mesh& shape,
+                     const MeshOptions& options, const std::string& prefix);
   // The same over the ranks' rendezvous: each rank's Gloo listens on the address the
   // rendezvous chose for it (job_hosts.h), and the mesh knows every rank's host.
-  static Mesh create(const Rendezvous& met, const RankEnv& env, const plan::Mesh& shape,
-                     const MeshOptions& options, const std::string& prefix);
+  static Mesh create(const Rendezvous& met, const RankEnv& env, const plan::Mesh& shape, const MeshOptions& options,
+                     const std::string& prefix);
 
   // A one-rank mesh (1 × 1 × 1) that needs no store: the single-process reference
   // of a distributed computation, run inside a multi-rank job.

@@ -11,10 +11,10 @@ namespace mmsp::dist {
 using Environment = std::map<std::string, std::string>;
 
 struct RankEnv {
-  int rank = 0;              // global rank, 0 .. world_size-1
-  int world_size = 1;        // number of ranks in the job
-  int local_rank = 0;        // rank on this host
-  int local_world_size = 1;  // ranks on this host
+  int rank = 0;                           // global rank, 0 .. world_size-1
+  int world_size = 1;                     // number of ranks in the job
+  int local_rank = 0;                     // rank on this host
+  int local_world_size = 1;               // ranks on this host
   std::string master_addr = "127.0.0.1";  // host of rank 0, where the TCPStore listens
   int master_port = 29500;                // TCPStore port
   std::string gloo_interface;             // GLOO_SOCKET_IFNAME, if set: the NIC Gloo binds

@@ -47,9 +47,7 @@ struct Rendezvous {
 // Each rank also posts its host (job_hosts.h): a rank whose GLOO_SOCKET_IFNAME names no
 // interface here is refused the same way, and in a job that spans hosts a rank that
 // could listen only on loopback is refused on every rank, naming the interface to use.
-Rendezvous join_rendezvous(const RankEnv& env, std::chrono::milliseconds timeout,
-                                                const AgreedFlags& flags = {},
-                                                StartupDeadline* deadline = nullptr,
-                                                const std::string& refusal = "");
+Rendezvous join_rendezvous(const RankEnv& env, std::chrono::milliseconds timeout, const AgreedFlags& flags = {},
+                           StartupDeadline* deadline = nullptr, const std::string& refusal = "");
 
 }  // namespace mmsp::dist

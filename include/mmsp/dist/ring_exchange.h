@@ -41,7 +41,6 @@ class RingExchange {
 };
 
 // Differentiable, synchronous: returns what rank (r - offset) sent.
-std::vector<at::Tensor> ring_exchange(const std::vector<at::Tensor>& send, const GroupPtr& group,
-                                      int offset = 1);
+std::vector<at::Tensor> ring_exchange(const std::vector<at::Tensor>& send, const GroupPtr& group, int offset = 1);
 
 }  // namespace mmsp::dist

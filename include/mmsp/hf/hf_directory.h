@@ -45,14 +45,14 @@ struct HfTensor {
 // tensors' bytes, and every dtype is one a model can be loaded from (F32, F16, BF16,
 // F64). Errors name the directory, the file and the value.
 struct HfDirectory {
-  std::string path;                        // the directory as given
-  std::string config_json;                 // config.json's text
-  std::map<std::string, HfTensor> tensors; // by the file's names
-  std::vector<std::string> files;          // shard files, in order
-  bool indexed = false;                    // has model.safetensors.index.json
-  uint64_t total_bytes = 0;                // tensor data bytes, all shards
-  bool checksums_verified = false;         // its checksums.json was there and matched
-  std::string checksums_xxh64;             // that manifest's own checksum ("" without one)
+  std::string path;                         // the directory as given
+  std::string config_json;                  // config.json's text
+  std::map<std::string, HfTensor> tensors;  // by the file's names
+  std::vector<std::string> files;           // shard files, in order
+  bool indexed = false;                     // has model.safetensors.index.json
+  uint64_t total_bytes = 0;                 // tensor data bytes, all shards
+  bool checksums_verified = false;          // its checksums.json was there and matched
+  std::string checksums_xxh64;              // that manifest's own checksum ("" without one)
   // The dtype that holds the most bytes (the "dtype the model was loaded in").
   at::ScalarType dominant_dtype() const;
 };
@@ -79,25 +79,39 @@ struct CheckpointNaming {
   // ("model.embed_tokens.weight") is in the file, and read into it when it is not.
   // Empty: not tied.
   std::string tied_output, tied_input;
+  // File tensors of rank 3 that may come with their last two dimensions swapped: model names
+  // ending in one of these read either layout, transposed on load into the model's
+  // (transformers >= 5 writes Qwen3-VL-MoE's fused experts as [E, 2I, h] where the released
+  // files hold [E, h, 2I], and reads both). A shape that is the same both ways reads as the model's.
+  std::vector<std::string> transposable_suffixes;
+  // Parameters holding rows [first, first + rows) of their file tensor's first dimension,
+  // which has `total` rows (expert parallelism: a rank's experts of a fused expert tensor),
+  // by the end of their model names.
+  struct RowSlice {
+    int64_t first = 0, rows = 0, total = 0;
+  };
+  std::vector<std::pair<std::string, RowSlice>> row_slices;
+  // Tensors of parameters other ranks hold (expert parallelism: the other experts' weights),
+  // by model name: skipped rather than unexpected. Unset: none.
+  std::function<bool(const std::string& model_name)> held_elsewhere;
 };
 
 // The model's parameters by name with their shapes (values unused: meta tensors do).
 using ExpectedShapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
-// For every expected parameter, the directory's tensor that feeds it. Throws one
+// For every expected parameter, the directory's tensor that feeds it (whole, or its rows
+// and layout as the naming's row_slices and transposable_suffixes say). Throws one
 // mmsp::Error that lists every missing tensor, every unexpected one and every shape
 // mismatch (the first few of each, with counts), naming the directory.
-std::map<std::string, const HfTensor*> match_hf_tensors(const HfDirectory& dir,
-                                                       const ExpectedShapes& expected,
-                                                       const CheckpointNaming& naming);
+std::map<std::string, const HfTensor*> match_hf_tensors(const HfDirectory& dir, const ExpectedShapes& expected,
+                                                        const CheckpointNaming& naming);
 
 // Matches (as above) and reads each tensor into the parameter of the same name,
 // converting its dtype to the parameter's. Parameters are CPU, contiguous, floating.
 // Reads each tensor once with pread, in bounded pieces copied or converted into the
 // parameter, so the extra memory is small against the parameters. Throws before any parameter changes if
 // the match fails.
-void load_hf_weights(const HfDirectory& dir,
-                     const std::vector<std::pair<std::string, at::Tensor>>& params,
+void load_hf_weights(const HfDirectory& dir, const std::vector<std::pair<std::string, at::Tensor>>& params,
                      const CheckpointNaming& naming);
 
 // Elements [offset, offset + length) of the flattened tensor `name` (the directory's own
@@ -109,8 +123,7 @@ at::Tensor read_hf_elements(const HfDirectory& dir, const std::string& name, int
 // max_shard_bytes is a shard of its own; otherwise a tensor that would take the
 // current shard over the limit starts a new one. Returns the shards, each a list of
 // indices into `sizes`.
-std::vector<std::vector<size_t>> plan_hf_shards(const std::vector<uint64_t>& sizes,
-                                                uint64_t max_shard_bytes);
+std::vector<std::vector<size_t>> plan_hf_shards(const std::vector<uint64_t>& sizes, uint64_t max_shard_bytes);
 
 struct HfSaveOptions {
   uint64_t max_shard_bytes = kHfDefaultShardBytes;
@@ -127,8 +140,7 @@ struct HfSaveOptions {
 // written to a temporary name, fsync'd and renamed; then checksums.json, the XXH64 of
 // every file as written (hf/checksum_manifest.h; transformers ignores it); the
 // directory is fsync'd last.
-void save_hf_directory(const std::string& dir,
-                       const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+void save_hf_directory(const std::string& dir, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                        const std::string& config_json, const HfSaveOptions& options = {});
 
 }  // namespace mmsp::hf

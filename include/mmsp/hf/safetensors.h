@@ -23,10 +23,10 @@ constexpr size_t kSafetensorsMaxDims = 64;
 
 // One tensor as the header describes it.
 struct SafetensorsEntry {
-  std::string dtype;             // safetensors dtype name: "F32", "BF16", "BOOL", ...
-  at::ScalarType scalar_type;    // the same as a LibTorch dtype
-  std::vector<int64_t> shape;    // [] is a 0-d tensor (one element)
-  uint64_t data_begin = 0;       // byte offsets within the data section (after the header)
+  std::string dtype;           // safetensors dtype name: "F32", "BF16", "BOOL", ...
+  at::ScalarType scalar_type;  // the same as a LibTorch dtype
+  std::vector<int64_t> shape;  // [] is a 0-d tensor (one element)
+  uint64_t data_begin = 0;     // byte offsets within the data section (after the header)
   uint64_t data_end = 0;
 };
 
@@ -34,8 +34,8 @@ struct SafetensorsEntry {
 struct SafetensorsHeader {
   std::map<std::string, SafetensorsEntry> tensors;
   std::map<std::string, std::string> metadata;  // the optional "__metadata__" object
-  uint64_t header_bytes = 0;  // N, including the padding
-  uint64_t data_bytes = 0;    // size of the data section: file size - 8 - N
+  uint64_t header_bytes = 0;                    // N, including the padding
+  uint64_t data_bytes = 0;                      // size of the data section: file size - 8 - N
 };
 
 // Header only: reads 8 + N bytes, checks them against the file size, reads no tensor data.
@@ -55,8 +55,7 @@ void save_safetensors(const std::string& path, const std::map<std::string, at::T
                       const std::map<std::string, std::string>& metadata = {});
 
 // The same, in memory: `source` names the buffer in error messages.
-SafetensorsHeader parse_safetensors_header(const void* data, size_t size,
-                                           const std::string& source = "<memory>");
+SafetensorsHeader parse_safetensors_header(const void* data, size_t size, const std::string& source = "<memory>");
 std::map<std::string, at::Tensor> parse_safetensors(const void* data, size_t size,
                                                     const std::string& source = "<memory>");
 std::string serialize_safetensors(const std::map<std::string, at::Tensor>& tensors,

@@ -12,8 +12,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "mmsp/model/config/config.h"
 #include "mmsp/hf/hf_directory.h"
+#include "mmsp/model/config/config.h"
 #include "mmsp/model/vision/pixel_geometry.h"
 #include "mmsp/model/vision/vision_memory.h"
 #include "mmsp/plan/model_conventions.h"

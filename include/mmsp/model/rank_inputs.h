@@ -17,11 +17,12 @@ struct RankInputs {
   at::Tensor token_ids;  // int64 [L]; padding slots hold token 0 (never attended, no label)
   at::Tensor positions;  // int64 [rows, L]: 3 rows for mRoPE, 1 for RoPE
   at::Tensor labels;     // int64 [L]; -100 where no loss is taken
+  at::Tensor real;       // int64 [R]: the slots holding a token, not padding (MoE routing statistics)
   std::vector<attention::TokenLayout> ring_shares;  // layout of every ring rank's share
   // [context rank] its split slots when some segment is held whole (--placement adaptive):
   // only those are exchanged; empty when every segment is split (zigzag)
   std::vector<int64_t> split_slots;
-  int64_t label_count = 0;  // labels of the whole batch (the loss normaliser)
+  int64_t label_count = 0;       // labels of the whole batch (the loss normaliser)
   int64_t longest_sequence = 0;  // tokens of the batch's longest sequence (alike on every rank)
 };
 

@@ -16,11 +16,11 @@
 
 #include "mmsp/attention/step_attention.h"
 #include "mmsp/model/config/config.h"
-#include "mmsp/model/layers/decoder.h"
 #include "mmsp/model/hooks/hooked_blocks.h"
-#include "mmsp/model/vision/pixel_inputs.h"
-#include "mmsp/model/rank_inputs.h"
 #include "mmsp/model/hooks/recompute.h"
+#include "mmsp/model/layers/decoder.h"
+#include "mmsp/model/rank_inputs.h"
+#include "mmsp/model/vision/pixel_inputs.h"
 #include "mmsp/model/vision/routed_rows.h"
 #include "mmsp/model/vision/vision_tower.h"
 #include "mmsp/plan/step_plan.h"
@@ -33,6 +33,11 @@ struct StepParallelism {
   // after the vision part, so that its masks do not add to the vision phase's peak.
   std::function<std::shared_ptr<const attention::StepAttention>()> plan_attention;
   VisionRouter route_vision;  // Vision DP encoding and routing
+  // Mixture-of-experts decoders: how each sparse layer's tokens reach their experts (unset:
+  // every expert here), and the sum over every rank of the step's batch, in place, of the
+  // routing counts (once, after the decoder; required for such a decoder).
+  ExpertExchange experts;
+  std::function<void(at::Tensor&)> sum_over_batch;
 };
 
 // What the loss needs for plan.mine's slots: the final hidden states [L, hidden] and
@@ -42,6 +47,11 @@ struct StepOutput {
   at::Tensor hidden, head_weight, labels;
   int64_t label_count = 0;
   at::Tensor logits() const;  // [L, vocab], all at once (tests, benchmarks)
+  // Mixture-of-experts decoders (router_load.h): this rank's share of router_aux_loss_coef
+  // times the auxiliary loss (a value: its gradient enters through the layers), to add
+  // to the loss; and [sparse layers, E] the step's picks of each expert, every rank's.
+  double aux_loss = 0;
+  at::Tensor expert_counts;
 };
 
 // Rules a family adds to the step.
@@ -55,8 +65,7 @@ class Vlm : public torch::nn::Module {
  public:
   // Registers nothing: the family names the tower's and the decoder's modules as its
   // checkpoints do (register_module), in the order it built them.
-  Vlm(ModelConfig config, std::shared_ptr<Decoder> decoder, std::shared_ptr<VisionTower> tower,
-      VlmRules rules = {});
+  Vlm(ModelConfig config, std::shared_ptr<Decoder> decoder, std::shared_ptr<VisionTower> tower, VlmRules rules = {});
 
   // This rank's step: embed its tokens; the tower encodes the items the router gives this
   // rank and the router brings each placeholder slot its row; splice; the decoder on the

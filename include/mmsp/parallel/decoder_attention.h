@@ -27,8 +27,7 @@ std::shared_ptr<const attention::StepAttention> plan_decoder_attention(
 // plan_decoder_attention and model::decoder_context in one call, in the dtype and on the
 // device of `like` (decoder-only tests and benchmarks).
 model::DecoderContext decoder_context(const model::RankInputs& inputs, const model::TextConfig& text,
-                                      const plan::ModelConventions& conventions,
-                                      const attention::ContextGroups& groups,
+                                      const plan::ModelConventions& conventions, const attention::ContextGroups& groups,
                                       const attention::AttentionOptions& attention, const at::Tensor& like,
                                       int64_t linear_chunk = attention::kGatedDeltaChunk);
 

@@ -22,8 +22,8 @@ struct GradBucket {
   c10::Device device{c10::kCPU};
   std::vector<size_t> params;  // indices into the GradSync's parameter list
   int64_t numel = 0;
-  int64_t bytes = 0;           // numel × element size: what one all-reduce carries
-  int unit = -1;               // the unit_of value its parameters share (see make_grad_buckets)
+  int64_t bytes = 0;  // numel × element size: what one all-reduce carries
+  int unit = -1;      // the unit_of value its parameters share (see make_grad_buckets)
 };
 
 // The buckets GradSync uses (see its constructor): from the parameters' order,
@@ -44,7 +44,8 @@ void pack_bucket_range(const model::NamedParams& params, const GradBucket& bucke
 // The other way, for weights: elements [first, first + in.numel()) of the bucket's
 // parameters become `in` (1-D; elements past the bucket's end are dropped), written
 // without bumping the parameters' versions (autograd may hold views of them).
-void unpack_bucket_range(const model::NamedParams& params, const GradBucket& bucket, int64_t first, const at::Tensor& in);
+void unpack_bucket_range(const model::NamedParams& params, const GradBucket& bucket, int64_t first,
+                         const at::Tensor& in);
 
 // Usage: GradSync sync(named_params, mesh.world());  ...backward...;  sync.all_reduce();
 class GradSync {
@@ -55,8 +56,7 @@ class GradSync {
   // consecutive parameters fill a bucket up to `bucket_bytes`; a parameter larger
   // than that is a bucket of its own. Names must be unique, tensors distinct
   // (a tied weight is passed once) and floating point.
-  GradSync(model::NamedParams named_params, dist::GroupPtr world,
-           int64_t bucket_bytes = kDefaultBucketBytes);
+  GradSync(model::NamedParams named_params, dist::GroupPtr world, int64_t bucket_bytes = kDefaultBucketBytes);
 
   // In place: every parameter's .grad() becomes the sum over the group. An
   // undefined grad counts as zeros and is defined afterwards (a rank whose batch

@@ -39,6 +39,10 @@ struct ParallelizeOptions {
   // an axis of its own (expert weights summed over their replicas) is a group here, not a
   // world assumed below.
   dist::GroupPtr data;
+  // The ranks over which a mixture-of-experts layer's expert weights' gradients sum: those
+  // holding the same experts (the mesh's expert_replica; with --expert 1 the world, as
+  // `data`). Null: `data`.
+  dist::GroupPtr expert_data;
   // ZeRO (--shard) over `data`: the masters in master_dtype, buckets of bucket_bytes.
   ShardLevel shard = ShardLevel::none;
   at::ScalarType master_dtype = at::kFloat;
@@ -48,6 +52,10 @@ struct ParallelizeOptions {
   StepGroups groups;
   model::VisionMode vision = model::VisionMode::routed;
   attention::AttentionOptions attention;
+  // Communication issued ahead of the compute that hides it (--overlap-communication): the
+  // ring's next K/V and its dK/dV home, ZeRO-3's next unit's gather. Off: each waited for
+  // where it is issued; the results are bitwise the same.
+  bool overlap_communication = true;
 };
 
 // What parallelize installed on a model: what its steps and its weight update need.
@@ -59,6 +67,11 @@ struct ModelParallelism {
   // The model's parameters sharded over `data`; null for --shard none (every rank holds
   // them whole and a replicated update sums their gradients over `data`).
   std::shared_ptr<ShardedModel> zero;
+  // Expert parallelism (the expert group has more than one rank): the expert weights'
+  // gradients sum over expert_data instead, and their squares over `experts` for the norm;
+  // `moe` says which experts this rank holds (for gathering the whole model). Null: none.
+  dist::GroupPtr expert_data, experts;
+  model::MoeConfig moe;
 };
 
 // Installs the options' parallelisms on `vlm` (its parameters on their device and in

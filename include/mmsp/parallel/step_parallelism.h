@@ -15,9 +15,12 @@
 
 namespace mmsp::parallel {
 
-// The groups a step runs on: context (vision routing), ring and ulysses (attention).
+// The groups a step runs on: context (vision routing), ring and ulysses (attention); for
+// mixture-of-experts decoders, every rank of the step's batch (the world: the routing
+// counts are summed over it) and the expert group (expert parallelism; null: none).
 struct StepGroups {
   dist::GroupPtr context, ring, ulysses;
+  dist::GroupPtr batch, expert;
 };
 
 // This rank's step parallelism for `vlm`: its decoder's attention planned from `inputs`'

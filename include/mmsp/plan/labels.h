@@ -15,13 +15,12 @@ constexpr int64_t kIgnoreIndex = -100;
 bool is_vision_placeholder(int64_t token, const ModelConventions& conventions);
 
 // Labels of tokens [begin, begin + count) of the sequence into out.
-void fill_labels(const Sequence& sequence, const ModelConventions& conventions, int64_t begin,
-                 int64_t count, int64_t* out);
+void fill_labels(const Sequence& sequence, const ModelConventions& conventions, int64_t begin, int64_t count,
+                 int64_t* out);
 
 // Number of labels that are not ignored.
 int64_t count_labels(const Sequence& sequence, const ModelConventions& conventions);
 // The same from the parsed blocks: O(blocks) when there is no loss_mask.
-int64_t count_labels(const Sequence& sequence, const ParsedSequence& parsed,
-                     const ModelConventions& conventions);
+int64_t count_labels(const Sequence& sequence, const ParsedSequence& parsed, const ModelConventions& conventions);
 
 }  // namespace mmsp::plan

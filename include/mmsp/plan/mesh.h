@@ -33,7 +33,7 @@ struct Mesh {
   int size(MeshAxis axis) const;  // a group's size along the axis (from mesh_axes())
   int world() const { return size(MeshAxis::world); }
   int context() const { return size(MeshAxis::context); }  // sequence-parallel group size
-  std::string str() const;                        // "dp(1) × ring(2) × ulysses(2)", then ", expert(2)" if any
+  std::string str() const;  // "dp(1) × ring(2) × ulysses(2)", then ", expert(2)" if any
 };
 
 // A rank's coordinate on each dimension.
@@ -53,10 +53,10 @@ struct AxisSpec {
   const char* name;   // in flags (--NAME), messages, plans and Python (mmsp.Mesh(NAME=...))
   const char* label;  // in the names of other axes' groups: "ring[dp=0,u=1]"
   AxisKind kind;
-  std::vector<MeshAxis> parts;   // flattened: its dimensions, slowest first
-  int Mesh::*size = nullptr;     // dimension and folded: the Mesh's field
+  std::vector<MeshAxis> parts;            // flattened: its dimensions, slowest first
+  int Mesh::*size = nullptr;              // dimension and folded: the Mesh's field
   int RankCoords::*coordinate = nullptr;  // dimension: the RankCoords' field
-  const char* help = "";         // the flag's help (dimension and folded)
+  const char* help = "";                  // the flag's help (dimension and folded)
 };
 
 // Every axis, in the order every rank builds their groups (dist::Mesh); the dimensions among
@@ -79,7 +79,7 @@ Mesh parse_mesh(const std::string& text);
 // Every factorisation dp × ring × ulysses of world_size (expert 1), in a fixed order.
 std::vector<Mesh> all_meshes(int world_size);
 
-RankCoords rank_coords(const Mesh& mesh, int rank);  // throws unless 0 <= rank < world
+RankCoords rank_coords(const Mesh& mesh, int rank);           // throws unless 0 <= rank < world
 int global_rank(const Mesh& mesh, const RankCoords& coords);  // the inverse of rank_coords
 
 // Global ranks of the group along `axis` that contains `rank`, ordered by the group-local

@@ -27,12 +27,11 @@ struct PackedRow {
 // Packs the given sequences (batch indices, with their lengths) in order. home: the
 // placement's context rank per sequence (-1 split); empty: every segment split (zigzag).
 // Checks the row fits int32 (cu_seqlens of the attention kernel).
-PackedRow pack_row(const std::vector<int64_t>& sequences, const std::vector<int64_t>& lengths,
-                   int ring, const std::vector<int>& home = {});
+PackedRow pack_row(const std::vector<int64_t>& sequences, const std::vector<int64_t>& lengths, int ring,
+                   const std::vector<int>& home = {});
 
 // Sequences of each dp rank, in batch order within a rank: longest first to the
 // least-loaded rank (ties to the lower rank), so rows are balanced and deterministic.
-std::vector<std::vector<int64_t>> assign_sequences_to_dp(const std::vector<int64_t>& lengths,
-                                                         int dp);
+std::vector<std::vector<int64_t>> assign_sequences_to_dp(const std::vector<int64_t>& lengths, int dp);
 
 }  // namespace mmsp::plan

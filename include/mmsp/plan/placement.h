@@ -37,7 +37,7 @@ std::vector<int64_t> split_share_counts(int64_t share, const std::vector<int64_t
 
 // Context rank holding each segment whole, or -1 where it is split over the group (zigzag:
 // every segment). lengths are the real tokens of the row's segments in packed order.
-std::vector<int> place_segments(const std::vector<int64_t>& lengths, int ring, int ulysses,
-                                Placement placement, const PlacementOptions& options = {});
+std::vector<int> place_segments(const std::vector<int64_t>& lengths, int ring, int ulysses, Placement placement,
+                                const PlacementOptions& options = {});
 
 }  // namespace mmsp::plan

@@ -17,8 +17,7 @@ Batch batch_from_json(const nlohmann::json& batch);
 nlohmann::json rank_plan_to_json(const StepPlan& plan, const RankPlan& rank);
 
 // The whole plan with the given ranks' slots.
-nlohmann::json step_plan_to_json(const Batch& batch, const StepPlan& plan,
-                                 const std::vector<int>& ranks);
+nlohmann::json step_plan_to_json(const Batch& batch, const StepPlan& plan, const std::vector<int>& ranks);
 
 // Per-rank loads and balance, one line per rank.
 std::string step_plan_summary(const StepPlan& plan);

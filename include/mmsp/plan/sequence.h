@@ -16,10 +16,10 @@ using Grid = std::array<int64_t, 3>;
 
 struct Sequence {
   std::vector<int64_t> input_ids;
-  std::vector<Grid> image_grid_thw;           // one per image, in order of appearance
-  std::vector<Grid> video_grid_thw;           // one per video, in order of appearance
-  std::vector<double> second_per_grid_ts;     // Qwen2.5-VL: one per video (empty: 1.0 each)
-  std::vector<int64_t> loss_mask;             // empty: every token is a target; else 0/1 per token
+  std::vector<Grid> image_grid_thw;        // one per image, in order of appearance
+  std::vector<Grid> video_grid_thw;        // one per video, in order of appearance
+  std::vector<double> second_per_grid_ts;  // Qwen2.5-VL: one per video (empty: 1.0 each)
+  std::vector<int64_t> loss_mask;          // empty: every token is a target; else 0/1 per token
 };
 
 struct Batch {
@@ -56,11 +56,10 @@ int64_t vision_row_count(const Grid& grid, const ModelConventions& conventions);
 
 // Finds the vision blocks and checks them against the grids; every error names the
 // sequence index and the offending value.
-ParsedSequence parse_sequence(const Sequence& sequence, const ModelConventions& conventions,
-                              int64_t sequence_index);
+ParsedSequence parse_sequence(const Sequence& sequence, const ModelConventions& conventions, int64_t sequence_index);
 
 // Checks a grid (positive, divisible by the merge size, row count within int32).
-void check_grid(const Grid& grid, const ModelConventions& conventions, int64_t sequence_index,
-                VisionKind kind, int64_t item);
+void check_grid(const Grid& grid, const ModelConventions& conventions, int64_t sequence_index, VisionKind kind,
+                int64_t item);
 
 }  // namespace mmsp::plan

@@ -18,8 +18,8 @@ namespace mmsp::plan {
 
 // Consecutive local slots that hold consecutive packed tokens of one segment.
 struct SlotRun {
-  int64_t slot = 0;      // first local slot
-  int64_t packed = -1;   // first packed index; -1 for tail padding (no segment)
+  int64_t slot = 0;     // first local slot
+  int64_t packed = -1;  // first packed index; -1 for tail padding (no segment)
   int64_t length = 0;
   int32_t segment = -1;  // segment of the row; -1 for tail padding
   int64_t index = -1;    // index within the padded segment of the first token

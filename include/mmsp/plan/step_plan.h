@@ -29,13 +29,13 @@ struct PlanOptions {
   PlacementOptions placement_balance;
   VisionCostModel vision_cost;
   VisionSplitOptions vision_split;  // vision-tower SP: off unless asked (the CLI asks auto)
-  AttentionShape attention_shape;  // for the load report's planned bytes only
+  AttentionShape attention_shape;   // for the load report's planned bytes only
 };
 
 // Work per context rank of one dp row; ratios are max / mean over the group.
 struct LoadReport {
-  std::vector<int64_t> tokens;        // real tokens held
-  std::vector<int64_t> padding;       // slots holding no real token (local_length - tokens)
+  std::vector<int64_t> tokens;   // real tokens held
+  std::vector<int64_t> padding;  // slots holding no real token (local_length - tokens)
   // causal attention (query, key) pairs it computes: of split segments, its ring rank's
   // queries against their segments' earlier keys divided by U (ulysses splits the heads); of
   // the segments it holds whole, all of them (they stay home for every head)
@@ -45,8 +45,8 @@ struct LoadReport {
   // only split segments' (all-to-all-v, and a ring that carries only split K/V)
   std::vector<double> ulysses_bytes, ring_bytes;
   int64_t whole_segments = 0, split_segments = 0;
-  std::vector<double> vision_cost;    // Vision DP (ours), split items' shares included
-  int64_t split_items = 0;            // items encoded by the whole context group
+  std::vector<double> vision_cost;         // Vision DP (ours), split items' shares included
+  int64_t split_items = 0;                 // items encoded by the whole context group
   std::vector<double> greedy_vision_cost;  // greedy contiguous rule, same cost model
   double tokens_ratio = 1.0, pairs_ratio = 1.0, vision_ratio = 1.0, greedy_vision_ratio = 1.0;
   int64_t padding_total() const;
@@ -58,9 +58,9 @@ struct RowPlan {
   int dp = 0;
   PackedRow packing;
   ShardMap shards;
-  std::vector<VisionItem> items;      // in packed order
-  std::vector<FlatPiece> pieces;      // placeholder pieces in packed order
-  std::vector<int> greedy_rank;       // the Python patches' assignment, for comparison
+  std::vector<VisionItem> items;  // in packed order
+  std::vector<FlatPiece> pieces;  // placeholder pieces in packed order
+  std::vector<int> greedy_rank;   // the Python patches' assignment, for comparison
   bool used_greedy_fallback = false;
   // Items the --vision-split rule picked that cannot be split, and why (vision_split.h):
   // "image 3 (batch index): <reason>". They are planned whole.
@@ -85,18 +85,17 @@ struct RankPlan {
 struct StepPlan {
   PlanOptions options;
   ModelConventions conventions;
-  std::vector<ParsedSequence> sequences;   // per batch sequence
+  std::vector<ParsedSequence> sequences;  // per batch sequence
   std::vector<SequencePositions> positions;
-  std::vector<int64_t> rope_deltas;        // per batch sequence
+  std::vector<int64_t> rope_deltas;  // per batch sequence
   std::vector<int> dp_of_sequence;
-  std::vector<RowPlan> rows;               // per dp rank
-  int64_t label_count = 0;                 // labels not ignored, whole batch (loss normaliser)
-  RankPlan mine;                           // the rank asked for
+  std::vector<RowPlan> rows;  // per dp rank
+  int64_t label_count = 0;    // labels not ignored, whole batch (loss normaliser)
+  RankPlan mine;              // the rank asked for
 };
 
 // Validates everything (errors name the sequence and value) and plans `rank`.
-StepPlan make_step_plan(const Batch& batch, const ModelConventions& conventions,
-                        const PlanOptions& options, int rank);
+StepPlan make_step_plan(const Batch& batch, const ModelConventions& conventions, const PlanOptions& options, int rank);
 
 // The slots of any other rank of the same step (tests, `mmsp plan`).
 RankPlan make_rank_plan(const Batch& batch, const StepPlan& plan, int rank);

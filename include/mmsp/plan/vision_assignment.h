@@ -23,9 +23,9 @@ struct VisionCostModel {
 double encoder_cost(const Grid& grid, const VisionCostModel& model);
 
 struct VisionAssignment {
-  std::vector<int> rank_of_item;   // context rank encoding each item
-  std::vector<double> load;        // summed cost per rank
-  double max_over_mean = 1.0;      // 1.0 when there is no load
+  std::vector<int> rank_of_item;      // context rank encoding each item
+  std::vector<double> load;           // summed cost per rank
+  double max_over_mean = 1.0;         // 1.0 when there is no load
   bool used_greedy_fallback = false;  // the contiguous rule was better on these inputs
 };
 
@@ -33,8 +33,7 @@ struct VisionAssignment {
 // (the rank holding most of its tokens); then moves and swaps off the most loaded rank,
 // and swaps of near-equal items that bring them home without raising the largest load.
 // Never worse (max load) than assign_greedy_contiguous on the same inputs.
-VisionAssignment assign_vision_balanced(const std::vector<double>& costs,
-                                        const std::vector<int64_t>& patch_counts,
+VisionAssignment assign_vision_balanced(const std::vector<double>& costs, const std::vector<int64_t>& patch_counts,
                                         const std::vector<int>& preferred_rank, int ranks,
                                         const VisionCostModel& model);
 
@@ -44,8 +43,8 @@ using HeldRows = std::vector<std::pair<int, int64_t>>;
 // Locality pass: moves items, or swaps near-equal ones (within tie_tolerance), so that
 // more placeholder rows sit on the rank that encodes them — fewer rows to route —
 // without ever raising the largest load. Updates `a` (ranks, loads, max/mean).
-void keep_rows_home(VisionAssignment& a, const std::vector<double>& costs,
-                    const std::vector<HeldRows>& held, int ranks, const VisionCostModel& model);
+void keep_rows_home(VisionAssignment& a, const std::vector<double>& costs, const std::vector<HeldRows>& held, int ranks,
+                    const VisionCostModel& model);
 
 // The Python patches' rule (verl#5230, ROLL, AReaL): items stay in order; rank r takes
 // items until its patch load reaches (remaining patches / remaining ranks), leaving at
@@ -54,12 +53,11 @@ std::vector<int> assign_greedy_contiguous(const std::vector<int64_t>& patch_coun
 
 // The patches a rank encodes go through one vision-encoder call whose cu_seqlens are
 // int32: checks each rank's total (message names the dp row, rank and total).
-void check_encoder_patches(const std::vector<int64_t>& patch_counts,
-                           const std::vector<int>& rank_of_item, int ranks, int dp);
+void check_encoder_patches(const std::vector<int64_t>& patch_counts, const std::vector<int>& rank_of_item, int ranks,
+                           int dp);
 
 // Loads and max/mean of any assignment under the given costs.
-VisionAssignment evaluate_assignment(const std::vector<int>& rank_of_item,
-                                     const std::vector<double>& costs, int ranks);
+VisionAssignment evaluate_assignment(const std::vector<int>& rank_of_item, const std::vector<double>& costs, int ranks);
 double max_over_mean(const std::vector<double>& values);
 
 }  // namespace mmsp::plan

@@ -23,18 +23,18 @@ struct VisionPiece {
 
 // One image or video of a packed row.
 struct VisionItem {
-  int64_t sequence = 0;     // batch index of its sequence
+  int64_t sequence = 0;  // batch index of its sequence
   VisionKind kind = VisionKind::image;
-  int64_t index = 0;        // among its sequence's images (or videos)
-  int64_t batch_index = 0;  // among the batch's images (or videos): its image_grid_thw row overall
-  Grid grid{1, 1, 1};       // in patches
-  int64_t rows = 0;         // embedding rows (placeholder tokens)
-  int64_t patches = 0;      // t*h*w: rows of the Qwen flattened pixel_values
-  int64_t patch_offset = 0; // first patch row among the batch's pixel rows of its kind
-  double cost = 0.0;        // estimated encoder cost
-  int preferred_rank = 0;   // context rank holding most of its placeholder tokens
-  int encoder_rank = 0;     // context rank that encodes it (Vision DP); -1 when split
-  int64_t encoder_row = 0;  // first row of its embeddings in that rank's encoder output
+  int64_t index = 0;         // among its sequence's images (or videos)
+  int64_t batch_index = 0;   // among the batch's images (or videos): its image_grid_thw row overall
+  Grid grid{1, 1, 1};        // in patches
+  int64_t rows = 0;          // embedding rows (placeholder tokens)
+  int64_t patches = 0;       // t*h*w: rows of the Qwen flattened pixel_values
+  int64_t patch_offset = 0;  // first patch row among the batch's pixel rows of its kind
+  double cost = 0.0;         // estimated encoder cost
+  int preferred_rank = 0;    // context rank holding most of its placeholder tokens
+  int encoder_rank = 0;      // context rank that encodes it (Vision DP); -1 when split
+  int64_t encoder_row = 0;   // first row of its embeddings in that rank's encoder output
   std::vector<VisionPiece> pieces;
   // Vision-tower SP (vision_split.h): an item split over the context group has
   // shard_rows [S + 1], context rank r encoding its rows [shard_rows[r], shard_rows[r + 1])
@@ -74,9 +74,8 @@ struct FlatPiece {
 std::vector<FlatPiece> flatten_pieces(const std::vector<VisionItem>& items);
 
 // Routes of one context rank; `pieces` is flatten_pieces(items).
-RankRoutes make_rank_routes(const std::vector<VisionItem>& items,
-                            const std::vector<FlatPiece>& pieces, const ShardMap& shards,
-                            int context_rank);
+RankRoutes make_rank_routes(const std::vector<VisionItem>& items, const std::vector<FlatPiece>& pieces,
+                            const ShardMap& shards, int context_rank);
 
 // Placeholder rows of an item on each context rank that holds some.
 HeldRows held_rows(const VisionItem& item, const ShardMap& shards);

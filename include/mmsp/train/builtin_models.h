@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "mmsp/model/config/config.h"
 #include "mmsp/hf/hf_directory.h"
+#include "mmsp/model/config/config.h"
 
 namespace mmsp::train {
 

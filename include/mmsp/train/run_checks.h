@@ -17,11 +17,12 @@
 namespace mmsp::train {
 
 // Upper bounds of the numeric flags: nothing is allocated from a flag beyond them.
-constexpr int64_t kMaxSteps = 1'000'000'000;          // --steps --stop-after --warmup --checkpoint-every
-constexpr int64_t kMaxTokensPerRank = 1 << 20;         // --tokens-per-rank (1 Mi tokens per rank)
-constexpr int64_t kMaxShapesSamples = 10'000'000;      // --shapes-samples (an epoch order of 80 MB)
-constexpr int64_t kMaxAttentionBlock = 1 << 16;        // --attention-block
-constexpr double kMaxLr = 1.0;                          // --lr
+constexpr int64_t kMaxSteps = 1'000'000'000;                // --steps --stop-after --warmup --checkpoint-every
+constexpr int64_t kMaxTokensPerRank = 1 << 20;              // --tokens-per-rank (1 Mi tokens per rank)
+constexpr int64_t kMaxShapesSamples = 10'000'000;           // --shapes-samples (an epoch order of 80 MB)
+constexpr int64_t kMaxAttentionBlock = 1 << 16;             // --attention-block
+constexpr int64_t kMaxAccumulate = 1 << 16;                 // --accumulate (micro-steps per step)
+constexpr double kMaxLr = 1.0;                              // --lr
 constexpr int64_t kMaxImagePixelsBound = int64_t{1} << 31;  // --max-image-pixels (stb's own limit)
 
 // Ranges and finiteness of the numeric flags (the lower bounds are check_train_options's).
@@ -46,7 +47,7 @@ nlohmann::json run_flags(const TrainOptions& options, const plan::Mesh& mesh, in
 // the optimiser's) are listed with what follows; without `allow` that is an error,
 // with it each is a note on `notes` (when not null). Mesh, vision mode, layout and
 // checkpoint cadence may change freely. Keys a checkpoint lacks (older runs) are skipped.
-void check_resume_flags(const nlohmann::json& then, const nlohmann::json& now, bool allow,
-                        const std::string& resume, std::ostream* notes);
+void check_resume_flags(const nlohmann::json& then, const nlohmann::json& now, bool allow, const std::string& resume,
+                        std::ostream* notes);
 
 }  // namespace mmsp::train

@@ -51,7 +51,7 @@ std::string fingerprint_key_prefix(c10d::Store& store, int rank);
 // Posts this rank's fingerprint in `store` under `prefix`, waits (up to `timeout`) for
 // every other rank's, and checks them (check_same_step). Keys of two steps back are
 // deleted.
-void agree_on_step(c10d::Store& store, const std::string& prefix, int64_t step, const StepFingerprint& mine,
-                   int rank, int world_size, std::chrono::milliseconds timeout);
+void agree_on_step(c10d::Store& store, const std::string& prefix, int64_t step, const StepFingerprint& mine, int rank,
+                   int world_size, std::chrono::milliseconds timeout);
 
 }  // namespace mmsp::train

@@ -20,13 +20,14 @@ namespace mmsp::train {
 // Bytes this rank has sent, by purpose, told apart by the mesh group that sent them:
 // attention = the ring and Ulysses groups (ring K/V exchange, Ulysses all-to-alls, the
 // Gated DeltaNet halo and state gathers), vision = the context group (vision rows
-// routed to their tokens), grad = the world and dp groups (within a step: gradient
-// sync, the sharded optimizer's reduce-scatter, weight all-gather and norm).
+// routed to their tokens), grad = the world, dp and expert_replica groups (within a step:
+// gradient sync, the sharded optimizer's reduce-scatter, weight all-gather and norm),
+// experts = the expert group (mixture-of-experts tokens to their experts' ranks and back).
 struct SentBytes {
-  int64_t attention = 0, vision = 0, grad = 0;
-  int64_t total() const { return attention + vision + grad; }
+  int64_t attention = 0, vision = 0, grad = 0, experts = 0;
+  int64_t total() const { return attention + vision + grad + experts; }
   SentBytes operator-(const SentBytes& earlier) const {
-    return {attention - earlier.attention, vision - earlier.vision, grad - earlier.grad};
+    return {attention - earlier.attention, vision - earlier.vision, grad - earlier.grad, experts - earlier.experts};
   }
 };
 SentBytes sent_bytes(const dist::Mesh& mesh);
@@ -45,8 +46,8 @@ struct StepAccount {
 class StepWatch {
  public:
   // Starts the step's clock and counters; the heartbeat enters (step, "data").
-  StepWatch(int64_t step, const dist::Mesh& mesh, dist::RankActivity& doing, PhaseTimer& phases,
-            MemoryCounter& memory, const TestHooks& test);
+  StepWatch(int64_t step, const dist::Mesh& mesh, dist::RankActivity& doing, PhaseTimer& phases, MemoryCounter& memory,
+            const TestHooks& test);
 
   // The samples this rank reads: the skew hook drops one on its rank and step.
   std::vector<int64_t> samples(std::vector<int64_t> samples) const;

@@ -9,9 +9,12 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "mmsp/attention/kernel_registry.h"
 #include "mmsp/model/hooks/recompute.h"
+#include "mmsp/model/lora.h"
+#include "mmsp/model/model_parts.h"
 #include "mmsp/model/vision/vision_mode.h"
 #include "mmsp/parallel/zero/shard_level.h"
 #include "mmsp/plan/mesh.h"
@@ -53,7 +56,7 @@ struct InputOptions {
   // mixed precision (bf16 compute weights and activations, fp32 masters, gradients for
   // the reduction and AdamW moments; loss and softmax statistics in fp32).
   at::ScalarType dtype = at::kFloat;
-  uint64_t seed = 0;                      // parameters and data order
+  uint64_t seed = 0;  // parameters and data order
   bool shuffle = true;
   int64_t tokens_per_rank = 256;  // a step holds at most tokens_per_rank × world tokens
   // The step's samples are packed for this many data-parallel rows of
@@ -75,9 +78,13 @@ struct ParallelOptions {
   // context group; the same numerics as whole items
   plan::VisionSplitOptions vision_split = automatic_vision_split();
   int64_t attention_block = 256;  // query and key block of the attention kernel
-  // auto or a kernel of the registry (attention/kernel_registry.h): auto runs FlashAttention-2's
-  // varlen kernel on CUDA where it serves the dtype and head size, mmsp's kernel elsewhere
+  // auto or a kernel of the registry (attention/kernel_registry.h): auto on CUDA runs the
+  // fastest kernel that passes an exactness probe (attention/kernel_choice.h), mmsp's
+  // blockwise kernel on the CPU
   attention::AttentionKernel attention_kernel;  // automatic
+  // The ring's exchanges and ZeRO-3's gathers issued before the compute that hides them
+  // (parallel::ParallelizeOptions::overlap_communication); off for measuring, same bits.
+  bool overlap_communication = true;
   // Where this rank computes: parameters, masters, optimizer state, activations, pixels
   // and the loss; the plan and the files stay on the host (cli: --device, rank_device.h).
   c10::Device device{c10::kCPU};
@@ -117,20 +124,24 @@ struct MemoryOptions {
 
 // The steps and the optimizer.
 struct ScheduleOptions {
-  int64_t steps = 100;       // length of the schedule
-  int64_t stop_after = 0;    // > 0: stop (with a checkpoint) after this step, e.g. a job's time limit
+  int64_t steps = 100;     // length of the schedule
+  int64_t stop_after = 0;  // > 0: stop (with a checkpoint) after this step, e.g. a job's time limit
   double lr = 1e-3, min_lr = 1e-4;
-  int64_t warmup = 10;     // linear warm-up steps
+  int64_t warmup = 10;  // linear warm-up steps
   double weight_decay = 0.01, beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
-  double clip = 1.0;       // global gradient norm to clip to; ≤ 0: no clipping
+  double clip = 1.0;  // global gradient norm to clip to; ≤ 0: no clipping
+  // Micro-steps per optimizer step (--accumulate): the step's K batches, each planned and
+  // run forward and backward in turn, their gradients summed and normalised by the label
+  // tokens of all K: one process's step on their union, at the memory of one.
+  int64_t accumulate = 1;
 };
 
 // What the run writes and reports.
 struct OutputOptions {
-  std::string out;                // directory of metrics.jsonl and checkpoints; empty: none
-  int64_t checkpoint_every = 0;   // 0: only at the end (when out is set)
-  int keep = 2;                   // checkpoints to keep; 0: all
-  std::string resume;             // a checkpoint directory (or a run directory) to continue
+  std::string out;               // directory of metrics.jsonl and checkpoints; empty: none
+  int64_t checkpoint_every = 0;  // 0: only at the end (when out is set)
+  int keep = 2;                  // checkpoints to keep; 0: all
+  std::string resume;            // a checkpoint directory (or a run directory) to continue
   // A fresh run into an --out that holds another run's metrics or checkpoints: refused,
   // unless this is set (they are deleted first). The CLI checks it with --out's lock
   // (checkpoint/run_directory.h); train() itself takes no lock.
@@ -140,7 +151,10 @@ struct OutputOptions {
   // on. For comparing a run with a reference such as transformers. --shard none only.
   std::string save_gradients;
   bool allow_changed_flags = false;  // resume even if flags that change batches or numerics differ
-  bool quiet = false;             // rank 0 prints no per-step line (the summary always)
+  bool quiet = false;                // rank 0 prints no per-step line (the summary always)
+  // The device's peak FLOP/s in TFLOP/s (--peak-tflops): the step line's MFU is the model
+  // FLOPs a step achieves against it (0: no MFU, the achieved TFLOP/s alone).
+  double peak_tflops = 0;
   // TrainReport::parameters: every rank gathers the whole model at the end and copies it
   // (the equivalence tests compare them). The CLI turns it off: for a released model
   // that is two more copies of it on every rank (3.4 GB for Qwen3.5-0.8B in bf16).
@@ -174,6 +188,23 @@ struct TestHooks {
   int64_t crash_keep_step = -1;  // the --keep rotation of this step's save exits after its first rename
 };
 
+// What a fine-tuning run trains (docs/finetune.md#freezing-parts---freeze).
+struct FinetuneOptions {
+  // Parts that do not train: no gradient, no master, no optimizer state, no reduction; a
+  // frozen tower's backward is not run (nothing below it trains).
+  std::vector<model::ModelPart> freeze;
+  // LoRA (--lora-rank R, --lora-alpha A, --lora-targets): adapters on the targeted maps
+  // (model/lora.h), drawn from the seed, and every other weight frozen. Each checkpoint
+  // then holds adapter/ (peft's directory) and hf/ the merged model.
+  model::LoraOptions lora;
+};
+
+// A held-out set's loss, on the mesh, without gradients (docs/finetune.md#evaluation).
+struct EvalOptions {
+  std::string data;   // a .jsonl file of the --data format; empty: no evaluation
+  int64_t every = 0;  // after every N optimizer steps (0: only after the last step)
+};
+
 struct TrainOptions {
   InputOptions inputs;
   ParallelOptions parallel;
@@ -181,6 +212,8 @@ struct TrainOptions {
   ScheduleOptions schedule;
   OutputOptions output;
   TestHooks test;
+  FinetuneOptions finetune;
+  EvalOptions eval;
 };
 
 }  // namespace mmsp::train

@@ -43,6 +43,7 @@ struct TrainReport {
   // are freed: the training state alone, AdamW's moments included (they appear in the
   // first update, so a one-step run's held_bytes lacks them).
   int64_t state_bytes = 0;
+  std::vector<EvalMetrics> evals;  // --eval-data: each evaluation, in order (every rank holds the same)
 };
 
 // Checks the options (clear errors naming the flag, the value and the rule, on every rank,

@@ -20,11 +20,11 @@
 #include "mmsp/dist/heartbeat.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/hf/hf_directory.h"
-#include "mmsp/train/checkpoint/checkpoint.h"
 #include "mmsp/model/named_params.h"
-#include "mmsp/train/optim/optimizer.h"
 #include "mmsp/parallel/parallelize.h"
 #include "mmsp/parallel/zero/sharded_model.h"
+#include "mmsp/train/checkpoint/checkpoint.h"
+#include "mmsp/train/optim/optimizer.h"
 #include "mmsp/train/optim/sharded_adamw.h"
 
 namespace mmsp::train {
@@ -49,18 +49,20 @@ class WeightUpdate {
   // dtype, `config_json` as its config.json): rank 0 writes, every rank learns of a
   // failure. For a comparison against a reference (transformers). The replicated
   // update only: a sharded one holds no whole gradient (refused before it is built).
-  virtual void save_next_gradients(const std::string& dir, const std::string& config_json,
-                                   const dist::Mesh& mesh, std::ostream& log) = 0;
+  virtual void save_next_gradients(const std::string& dir, const std::string& config_json, const dist::Mesh& mesh,
+                                   std::ostream& log) = 0;
   // Every rank calls; the checkpoint is complete when it returns on any rank, and a
   // failure on one rank is an error on all.
-  virtual void save(const std::string& dir, int64_t step, const nlohmann::json& state,
-                    const std::string& config_json, CheckpointOptions options, const dist::Mesh& mesh,
-                    std::ostream& log) = 0;
+  virtual void save(const std::string& dir, int64_t step, const nlohmann::json& state, const std::string& config_json,
+                    CheckpointOptions options, const dist::Mesh& mesh, std::ostream& log) = 0;
   // The training weights by name (the masters where they are whole; else the model's).
   // With --shard parameters the hooked units' weights are empty between uses: call
   // gather_weights() (every rank) before reading their values.
   virtual model::NamedParams weights() const = 0;
   virtual void gather_weights() {}
+  // Every rank: the whole model's training weights, the other ranks' experts gathered
+  // under expert parallelism (else weights()).
+  virtual model::NamedParams whole_weights() { return weights(); }
   // For the start-up line: "fp32 master weights", "optimizer state sharded over 4 ranks".
   virtual std::string describe() const = 0;
 };
@@ -69,8 +71,13 @@ class WeightUpdate {
 // optimizer's (fp32 for a bf16 model: mixed precision). `parallelism`: what
 // parallel::parallelize installed: its ZeRO sharding, stepped by a ShardedAdamW, or none
 // (the replicated update, whose gradients sum over parallelism.data).
+// `frozen`: the model's parameters that do not train (--freeze): no master, no optimizer
+// state, no gradient sum; the update loads them, saves them into every checkpoint's hf/
+// (a whole model directory) beside the trained ones and restores them, and weights()
+// lists them after the trained ones.
 std::unique_ptr<WeightUpdate> make_weight_update(model::NamedParams model_params, at::ScalarType master_dtype,
                                                  const AdamWOptions& options, const dist::Mesh& mesh,
-                                                 const parallel::ModelParallelism& parallelism);
+                                                 const parallel::ModelParallelism& parallelism,
+                                                 model::NamedParams frozen = {});
 
 }  // namespace mmsp::train

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # imported where frames are stacked
 # --video-wrapper: keep the template's pair around a Qwen3-VL video's frame blocks, or drop it.
 VIDEO_WRAPPER = ("keep", "drop")
 # The model types whose processor leaves that pair (each temporal patch its own timestamped block).
-WRAPPED_VIDEOS = ("qwen3_vl", "qwen3_5")
+WRAPPED_VIDEOS = ("qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe")
 
 # A message as transformers' processors take it: {"role", "content": [{"type", ...}], "reasoning_content"?}.
 HFMessage = dict[str, Any]

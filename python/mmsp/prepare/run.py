@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from . import conversation, formats, grids, loss_mask, model as model_dir, overflow, reader, reasoning, video_file, writer
+from . import conversation, formats, grids, loss_mask, overflow, reader, reasoning, video_file, writer
+from . import model as model_dir
 from .errors import BadSample, PrepareError
 from .train_bounds import INT32_MAX, MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_BOUND, MAX_SECONDS_PER_GRID
 

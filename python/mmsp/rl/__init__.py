@@ -10,8 +10,7 @@ The patched model (mmsp.patch) returns per-token values in the batch's own layou
 gathered once per step and differentiable; the losses here are written on them.
 """
 from mmsp.rl.dpo import dpo_loss, sequence_logps
-from mmsp.rl.policy_losses import AGG_MODES, KL_KINDS, PolicyLoss, agg_loss, clipped_surrogate, kl_penalty, \
-    policy_loss
+from mmsp.rl.policy_losses import AGG_MODES, KL_KINDS, PolicyLoss, agg_loss, clipped_surrogate, kl_penalty, policy_loss
 from mmsp.rl.token_head import token_head
 
 __all__ = ["AGG_MODES", "KL_KINDS", "PolicyLoss", "agg_loss", "clipped_surrogate", "dpo_loss", "kl_penalty",

@@ -33,11 +33,20 @@ Gradient accumulation works both ways a loop does it: a backward per micro-batch
 micro-batches' losses summed before one backward (each backward's parts are summed over
 the mesh once, then added to the gradients the earlier backwards left).
 
+Frozen parts (`requires_grad_(False)`) and PEFT models (`peft.get_peft_model(model, config)`,
+then `mmsp.patch(peft_model, mesh)`) train exactly as one process: only the parameters that
+require a gradient are summed over the mesh, and a frozen vision tower's rows carry none.
+
+Mixture-of-experts models (qwen3_vl_moe, qwen3_5_moe): transformers' sparse blocks on this
+rank's slots; with mmsp.Mesh(..., expert=E) each rank of an expert group runs its block of
+the experts on the group's tokens (all-to-all-v each way); the auxiliary load-balancing loss
+over the whole step when the config's output_router_logits is on (transformers_patch/experts.py).
+
 Families: qwen2_vl, qwen2_5_vl, qwen3_vl (deepstack rows sharded with their slots), qwen3_5,
-llava, internvl.
+qwen3_vl_moe, qwen3_5_moe, llava, internvl.
 """
 
-from typing import TYPE_CHECKING, Literal, TypeVar, Any
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
@@ -55,18 +64,31 @@ def patch(model: Model, mesh: "Mesh", *, layout: str = "zigzag", placement: str 
           batch: Literal["shared", "per_rank"] = "shared") -> Model:
     """Patches a transformers VLM (in place) to train on `mesh`; returns it. See the module doc.
     batch="shared": every rank passes the step's whole batch; "per_rank": each rank passes its
-    own (a data-parallel loader's, transformers.Trainer's) and the step is their union."""
+    own (a data-parallel loader's, transformers.Trainer's) and the step is their union.
+    `model` may be a peft.PeftModel (LoRA adapters): the transformers model inside it is patched,
+    and parameters with requires_grad False (frozen parts, a LoRA base) stay out of the sums."""
+    if batch not in _BATCH:
+        raise ValueError(f"mmsp.patch: batch={batch!r} is not one of {', '.join(map(repr, _BATCH))}")
+    wrapper: Any = model
+    if callable(getattr(wrapper, "get_base_model", None)):
+        # A peft.PeftModel: its forward reaches the transformers model's, which the patch
+        # replaces; the LoRA layers sit inside that model's modules and run as they are.
+        _patch_model(wrapper.get_base_model(), mesh, layout, placement, batch)
+        return model
+    _patch_model(model, mesh, layout, placement, batch)
+    return model
+
+
+def _patch_model(model: torch.nn.Module, mesh: "Mesh", layout: str, placement: str, batch: str) -> None:
     import types
 
     from mmsp._extension import C
-    from mmsp.transformers_patch import attention, linear_attention, step
+    from mmsp.transformers_patch import attention, experts, linear_attention, step
     from mmsp.transformers_patch.accelerate_hooks import mark_prepared_unless_fsdp
     from mmsp.transformers_patch.families import family_of
     from mmsp.transformers_patch.state import PatchState
     from mmsp.transformers_patch.token_values import fused_head_temperature
 
-    if batch not in _BATCH:
-        raise ValueError(f"mmsp.patch: batch={batch!r} is not one of {', '.join(map(repr, _BATCH))}")
     config: Any = model.config
     family = family_of(config)
     text = config.text_config
@@ -78,15 +100,15 @@ def patch(model: Model, mesh: "Mesh", *, layout: str = "zigzag", placement: str 
             raise ValueError(f"mmsp.patch: placement {placement!r} with Gated DeltaNet layers is not supported by the "
                              "patch yet (whole segments at home); use placement='zigzag'")
         linear_attention.install(linear)
+    has_experts = experts.install(model, mesh)
     attention.register()
     text._attn_implementation = attention.NAME  # the decoder only; the vision tower keeps its own
     hooked: Any = model  # the attributes below are mmsp's and accelerate's, not nn.Module's
     hooked._mmsp = PatchState(family=family, mesh=mesh, config=config.to_dict(), layout=layout, placement=placement,
-                              batch=batch, temperature=fused_head_temperature(model.forward))
+                              batch=batch, temperature=fused_head_temperature(model.forward), experts=has_experts)
     hooked.forward = types.MethodType(step.forward, model)
     # For transformers.Trainer (accelerate_hooks.py); and the loss the patch returns is already
     # the step's mean, so the Trainer must not rescale it by the token count it passes
     # (accepts_loss_kwargs = False: it divides by the accumulation steps instead).
     mark_prepared_unless_fsdp(model)
     hooked.accepts_loss_kwargs = False
-    return model

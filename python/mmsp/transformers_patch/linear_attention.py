@@ -14,11 +14,12 @@ from mmsp import op_agreement as _agreement
 from mmsp import ops as _ops
 from mmsp.transformers_patch.state import current_step
 
-CLASS_NAME = "Qwen3_5GatedDeltaNet"
+# Qwen3.5's and Qwen3.5-MoE's (the same layer, copied by transformers' modular files)
+CLASS_NAMES = ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
 
 
 def linear_layers(model: torch.nn.Module) -> list[Any]:
-    return [m for m in model.modules() if type(m).__name__ == CLASS_NAME]
+    return [m for m in model.modules() if type(m).__name__ in CLASS_NAMES]
 
 
 def install(layers: list[Any]) -> None:

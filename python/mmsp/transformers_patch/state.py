@@ -32,6 +32,15 @@ class PatchState:
     # the step's sequences and this rank's rows of them (token_values.StepLayout), set by each forward
     step_layout: Any = None
     temperature: float = 1.0  # of the per-token values when the call gives none (TRL's fused head's)
+    experts: bool = False  # a mixture-of-experts model (experts.py): its routers are recorded
+
+
+@dataclass
+class Routers:
+    """A mixture-of-experts step's router logits, layer by layer, while its forward runs (the
+    auxiliary loss reads them; closed then, so that a recomputation adds none)."""
+    logits: list[torch.Tensor] = field(default_factory=list)
+    open: bool = True
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,7 @@ class Step:
     """The step the decoder's replaced layers run on: this rank's shard of it, on `mesh`."""
     shard: "Shard"
     mesh: "Mesh"
+    routers: Optional[Routers] = None  # mixture-of-experts models with the auxiliary loss
 
 
 _current: dict[str, Step] = {}
@@ -46,6 +56,11 @@ _current: dict[str, Step] = {}
 
 def set_step(step: Step) -> None:
     _current["step"] = step
+
+
+def running_step() -> Optional[Step]:
+    """The step of the patched forward last run (None before any)."""
+    return _current.get("step")
 
 
 def current_step(what: str) -> Step:

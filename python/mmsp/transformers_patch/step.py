@@ -10,10 +10,11 @@ from mmsp import op_agreement as _agreement
 from mmsp.planner import plan as _plan
 from mmsp.transformers_patch import batch as _batch
 from mmsp.transformers_patch import batch_fingerprint as _fingerprint
+from mmsp.transformers_patch import experts as _experts
 from mmsp.transformers_patch import gradients as _gradients
 from mmsp.transformers_patch import rank_batches as _rank_batches
 from mmsp.transformers_patch import token_values as _token_values
-from mmsp.transformers_patch.state import PatchState, Step, set_step
+from mmsp.transformers_patch.state import PatchState, Routers, Step, set_step
 from mmsp.transformers_patch.vision import vision_rows
 
 
@@ -105,7 +106,8 @@ def _planned_step(model, state: PatchState, inputs: dict, device, fsdp: bool):
 def _decoder_logits(model, state: PatchState, shard, sources, has_vision: bool, device, fsdp: bool,
                     head: bool = True):
     """This rank's slots embedded, the vision rows routed in, the decoder and the head: logits [L, V]
-    (head=False: the final hidden states [L, h], for token_values.py's chunked head)."""
+    (head=False: the final hidden states [L, h], for token_values.py's chunked head), and (mixture
+    of experts) this rank's share of the auxiliary loss, or None."""
     kind, mesh, rules = state.family.kind, state.mesh, state.family.rules
     x = model.get_input_embeddings()(shard.token_ids.to(device))
     slots, deepstack = [], None
@@ -118,10 +120,17 @@ def _decoder_logits(model, state: PatchState, shard, sources, has_vision: bool, 
             deepstack = [d.index_select(0, order.to(device)) for d in deep]
         slots = slot_tensor.tolist()
     positions, kwargs = rules.decoder_inputs(shard.positions.to(device), slots, x.shape[0], deepstack, device)
-    set_step(Step(shard, mesh))
+    routers = Routers() if state.experts else None
+    set_step(Step(shard, mesh, routers))
     hidden = model.model.language_model(inputs_embeds=x[None], position_ids=positions, attention_mask=None,
                                         use_cache=False, **kwargs).last_hidden_state[0]
-    return model.lm_head(hidden) if head else hidden
+    aux = None
+    if routers is not None:
+        routers.open = False
+        real = torch.nonzero(shard.sequence >= 0).view(-1).to(device)
+        aux = _experts.aux_share(model, routers.logits, real, mesh.world)
+        routers.logits = []
+    return (model.lm_head(hidden) if head else hidden), aux
 
 
 def forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values=None, image_grid_thw=None,
@@ -140,15 +149,18 @@ def forward(self, input_ids=None, attention_mask=None, labels=None, pixel_values
     shard, sources, has_vision = _planned_step(self, state, inputs, device, fsdp)
     if return_token_logprobs or return_token_entropy or fused_lm_head:  # per-token values (token_values.py)
         with _agreement.agreed():
-            hidden = _decoder_logits(self, state, shard, sources, has_vision, device, fsdp, head=False)
+            # per-token values are the policy's alone: a mixture of experts' auxiliary loss is not among them
+            hidden, _ = _decoder_logits(self, state, shard, sources, has_vision, device, fsdp, head=False)
         return _token_values.token_values(
             self, state, shard, hidden, labels, attention_mask, fsdp=fsdp, batch_loss=_batch_loss,
             temperature=state.temperature if temperature is None else temperature,
             entropy=return_token_entropy, fused=fused_lm_head)
     with _agreement.agreed():  # agreed once for the step (the batch check): its ops skip their own
-        logits = _decoder_logits(self, state, shard, sources, has_vision, device, fsdp)
+        logits, aux = _decoder_logits(self, state, shard, sources, has_vision, device, fsdp)
     local = F.cross_entropy(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits,
                             shard.labels.to(device), ignore_index=-100, reduction="sum") / max(shard.label_count, 1)
+    if aux is not None:  # the auxiliary load-balancing loss: this rank's share (experts.py)
+        local = local + aux.to(local.dtype)
     loss = _batch_loss(local, state, self, fsdp)
     from transformers.modeling_outputs import CausalLMOutputWithPast
 

@@ -2,11 +2,11 @@
 (shard.encoder_items) with the model's own tower, and the rows travel over the context group
 to the ranks whose slots hold their placeholders (mmsp.ops.route_rows)."""
 
+import torch
+
 from mmsp import ops as _ops
 from mmsp.transformers_patch.families import KINDS
 from mmsp.transformers_patch.families.qwen import deepstack_levels
-
-import torch
 
 
 def _stand_in(rules, model, pixels, grid_rows, shard, what, device):
@@ -20,6 +20,14 @@ def _stand_in(rules, model, pixels, grid_rows, shard, what, device):
     grid = grid_rows[[first["batch_index"]]] if grid_rows is not None else None
     rows, deep = rules.encode(model, picked, grid, video=what == "video")
     return sum((t.sum() for t in [rows] + list(deep or [])), torch.zeros((), device=device)) * 0
+
+
+def _vision_trains(model) -> bool:
+    """Whether any parameter outside the language model and its head requires a gradient (the
+    tower, its merger or projector): then the rows an encoding rank sends carry one, and every
+    rank's exchange must run its backward, alike. A frozen tower's rows carry none anywhere."""
+    text = {id(p) for p in model.model.language_model.parameters()} | {id(p) for p in model.lm_head.parameters()}
+    return torch.is_grad_enabled() and any(p.requires_grad for p in model.parameters() if id(p) not in text)
 
 
 def vision_rows(model, kind, shard, mesh, sources, dtype, device, every_rank_encodes=False):
@@ -63,7 +71,8 @@ def vision_rows(model, kind, shard, mesh, sources, dtype, device, every_rank_enc
         deep = [torch.cat([encoded[(it["kind"], it["batch_index"])][1][lv] for it in mine]).to(dtype)
                 for lv in range(levels)]
     else:  # nothing to encode here: still a part of the graph, so the exchange's backward runs here too
-        rows = torch.zeros(0, width, dtype=dtype, device=device, requires_grad=True)
+        # (only when the tower's rows carry a gradient anywhere: a frozen tower's exchange has no backward)
+        rows = torch.zeros(0, width, dtype=dtype, device=device, requires_grad=_vision_trains(model))
         deep = [rows] * levels
     if stand_in is not None:  # no value changes; the tower's backward runs here too
         rows = rows + stand_in.to(dtype)

@@ -6,6 +6,7 @@
 
 namespace mmsp::attention {
 
+const LocalKernel& cudnn_kernel();      // kernels/cudnn/
 const LocalKernel& fused_kernel();      // kernels/fused/
 const LocalKernel& blockwise_kernel();  // kernels/blockwise/
 

@@ -31,16 +31,17 @@ at::Tensor gated_delta_context_rule(const at::Tensor& inputs, const GatedDeltaHe
   const int U = size_of(context.groups.ulysses), R = size_of(context.groups.ring);
   const int u = rank_in(context.groups.ulysses), r = rank_in(context.groups.ring);
   check_gated_delta_heads(h.key_heads, h.value_heads, U);
-  MMSP_CHECK(static_cast<int>(context.ring_shares.size()) == R, "gated DeltaNet: ",
-             context.ring_shares.size(), " ring share layouts for a ring of ", R);
-  MMSP_CHECK(inputs.dim() == 3 && inputs.size(1) == h.key_heads, "gated DeltaNet: inputs must be [T, ",
-             h.key_heads, ", F], got ", inputs.sizes());
+  MMSP_CHECK(static_cast<int>(context.ring_shares.size()) == R, "gated DeltaNet: ", context.ring_shares.size(),
+             " ring share layouts for a ring of ", R);
+  MMSP_CHECK(inputs.dim() == 3 && inputs.size(1) == h.key_heads, "gated DeltaNet: inputs must be [T, ", h.key_heads,
+             ", F], got ", inputs.sizes());
   const int64_t T_l = inputs.size(0), T_r = context.ring_shares[r].size();
   MMSP_CHECK(T_l * U == T_r, "gated DeltaNet: ", T_l, " local tokens × ulysses ", U, " != ", T_r,
              " tokens in ring rank ", r, "'s share");
   const bool mixed_placement = !context.split_slots.empty();
-  MMSP_CHECK(!mixed_placement || static_cast<int>(context.split_slots.size()) == R * U, "gated DeltaNet: ",
-             context.split_slots.size(), " split-slot counts for a context group of ", R, " x ", U, " ranks");
+  MMSP_CHECK(!mixed_placement || static_cast<int>(context.split_slots.size()) == R * U,
+             "gated DeltaNet: ", context.split_slots.size(), " split-slot counts for a context group of ", R, " x ", U,
+             " ranks");
   // The index over what this rank's rule sees (the shares, or the split shares), and, mixed,
   // over its whole slots; made here only when the step did not plan them.
   std::optional<RingRunIndex> made, made_whole;
@@ -51,8 +52,8 @@ at::Tensor gated_delta_context_rule(const at::Tensor& inputs, const GatedDeltaHe
   if (!context.index && (exchanged || !mixed_placement))
     made = RingRunIndex::make(shares, r, h.conv_kernel, h.chunk, inputs.device());
   if (!context.whole && a < T_l)
-    made_whole = RingRunIndex::make({whole_slots(context.ring_shares, context.split_slots, U, r, u)}, 0,
-                                    h.conv_kernel, h.chunk, inputs.device());
+    made_whole = RingRunIndex::make({whole_slots(context.ring_shares, context.split_slots, U, r, u)}, 0, h.conv_kernel,
+                                    h.chunk, inputs.device());
   const RingRunIndex* index = context.index ? context.index.get() : made ? &*made : nullptr;
   const RingRunIndex* whole = context.whole ? context.whole.get() : made_whole ? &*made_whole : nullptr;
   for (const RingRunIndex* i : {index, whole})
@@ -81,7 +82,7 @@ at::Tensor gated_delta_context_rule(const at::Tensor& inputs, const GatedDeltaHe
     if (whole)  // a whole segment starts at home: no state, no conv context, every head
       parts.push_back(rule(inputs.narrow(0, a, T_l - a), 0, h.key_heads, GatedDeltaRun{*whole, dist::GroupPtr()}));
   }
-  return parts.empty()    ? at::zeros({T_l, h.value_heads, h.value_dim}, inputs.options())
+  return parts.empty()       ? at::zeros({T_l, h.value_heads, h.value_dim}, inputs.options())
          : parts.size() == 1 ? parts[0]
                              : at::cat(parts, 0);
 }

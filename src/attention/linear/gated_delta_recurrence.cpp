@@ -8,8 +8,8 @@
 
 namespace mmsp::attention {
 
-at::Tensor gated_delta_recurrence(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& g, const at::Tensor& beta, const TokenLayout& layout) {
+at::Tensor gated_delta_recurrence(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                  const at::Tensor& beta, const TokenLayout& layout) {
   const int64_t T = q.size(0), H = q.size(1), K = q.size(2), V = v.size(2);
   const double scale = 1.0 / std::sqrt(static_cast<double>(K));
   const int64_t* seg = layout.segment.data_ptr<int64_t>();
@@ -25,7 +25,7 @@ at::Tensor gated_delta_recurrence(const at::Tensor& q, const at::Tensor& k, cons
     }
     if (ord[t] == 0 || seg[t] != prev_seg) S = at::zeros({H, K, V}, q.options());
     prev_seg = seg[t];
-    at::Tensor kt = k[t].unsqueeze(-1);                                   // [H, K, 1]
+    at::Tensor kt = k[t].unsqueeze(-1);  // [H, K, 1]
     at::Tensor alpha = g[t].exp().view({H, 1, 1}), b = beta[t].view({H, 1, 1});
     at::Tensor transition = alpha * (eye - b * at::matmul(kt, kt.transpose(-1, -2)));  // [H, K, K]
     S = at::matmul(transition, S) + b * at::matmul(kt, v[t].unsqueeze(-2));

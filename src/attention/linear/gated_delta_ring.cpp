@@ -34,8 +34,8 @@ RingRuns RingRuns::make(const std::vector<TokenLayout>& shares) {
         continue;
       }
       auto it = by_last.find({run.segment, run.first_order - 1});
-      MMSP_CHECK(it != by_last.end(), "gated DeltaNet: token ", run.first_order - 1, " of segment ",
-                 run.segment, " is on no ring rank (the layouts must cover every segment from its start)");
+      MMSP_CHECK(it != by_last.end(), "gated DeltaNet: token ", run.first_order - 1, " of segment ", run.segment,
+                 " is on no ring rank (the layouts must cover every segment from its start)");
       result.pred[p].push_back(it->second);
     }
   }
@@ -91,8 +91,8 @@ std::vector<int64_t> conv_taps_of(const RingRuns& runs, int me, int64_t T, int64
           slot = run.begin + i - lag;
           continue;
         }
-        MMSP_CHECK(R > 1, "gated_delta_conv: a run starts at order ", run.first_order,
-                   " of segment ", run.segment, " but there is no ring to bring its context from");
+        MMSP_CHECK(R > 1, "gated_delta_conv: a run starts at order ", run.first_order, " of segment ", run.segment,
+                   " but there is no ring to bring its context from");
         std::pair<int, int> node = runs.pred[me][j];
         while (want < runs.runs[node.first][node.second].first_order) node = runs.pred[node.first][node.second];
         const TokenRun& src = runs.runs[node.first][node.second];
@@ -146,8 +146,7 @@ struct DepthwiseTaps : torch::autograd::Function<DepthwiseTaps> {
 RingRunIndex RingRunIndex::make(const std::vector<TokenLayout>& shares, int ring_rank, int64_t conv_kernel,
                                 int64_t chunk, const at::Device& device) {
   const int R = static_cast<int>(shares.size());
-  MMSP_CHECK(ring_rank >= 0 && ring_rank < R, "gated DeltaNet: ring rank ", ring_rank, " of ", R,
-             " ring shares");
+  MMSP_CHECK(ring_rank >= 0 && ring_rank < R, "gated DeltaNet: ring rank ", ring_rank, " of ", R, " ring shares");
   MMSP_CHECK(conv_kernel > 0, "gated DeltaNet: conv kernel must be > 0, got ", conv_kernel);
   RingRunIndex index;
   index.runs = RingRuns::make(shares);
@@ -170,8 +169,7 @@ RingRunIndex RingRunIndex::make(const std::vector<TokenLayout>& shares, int ring
   index.chunks = RunChunks::make(mine, T, chunk, device);
   index.first_state_row.assign(R, 0);
   for (int p = 1; p < R; ++p)
-    index.first_state_row[p] =
-        index.first_state_row[p - 1] + static_cast<int64_t>(index.runs.runs[p - 1].size());
+    index.first_state_row[p] = index.first_state_row[p - 1] + static_cast<int64_t>(index.runs.runs[p - 1].size());
   return index;
 }
 
@@ -179,15 +177,13 @@ at::Tensor gated_delta_conv(const at::Tensor& x, const at::Tensor& weight, const
                             const dist::GroupPtr& ring) {
   const int R = ring_size(ring);
   MMSP_CHECK(static_cast<int>(index.runs.runs.size()) == R && index.ring_rank == ring_rank(ring),
-             "gated_delta_conv: the index was planned for ring rank ", index.ring_rank, " of ",
-             index.runs.runs.size(), ", but this is ring rank ", ring_rank(ring), " of ", R);
+             "gated_delta_conv: the index was planned for ring rank ", index.ring_rank, " of ", index.runs.runs.size(),
+             ", but this is ring rank ", ring_rank(ring), " of ", R);
   MMSP_CHECK(x.dim() == 2 && weight.dim() == 2 && weight.size(0) == x.size(1),
-             "gated_delta_conv: x [T, Ch] and weight [Ch, W] expected, got ", x.sizes(), " and ",
-             weight.sizes());
+             "gated_delta_conv: x [T, Ch] and weight [Ch, W] expected, got ", x.sizes(), " and ", weight.sizes());
   const int64_t T = x.size(0), W = weight.size(1), halo = W - 1;
-  MMSP_CHECK(T == index.tokens && W == index.conv_kernel, "gated_delta_conv: the index was planned for ",
-             index.tokens, " tokens and a kernel of ", index.conv_kernel, ", got x ", x.sizes(), " and weight ",
-             weight.sizes());
+  MMSP_CHECK(T == index.tokens && W == index.conv_kernel, "gated_delta_conv: the index was planned for ", index.tokens,
+             " tokens and a kernel of ", index.conv_kernel, ", got x ", x.sizes(), " and weight ", weight.sizes());
 
   // ext = [x | every rank's run tails | one zero row], read by the planned taps
   std::vector<at::Tensor> parts{x};
@@ -201,9 +197,8 @@ at::Tensor gated_delta_conv(const at::Tensor& x, const at::Tensor& weight, const
   return at::silu(DepthwiseTaps::apply(ext, weight, index.conv_taps.view({T, W})));
 }
 
-at::Tensor gated_delta_ring_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const at::Tensor& g, const at::Tensor& beta, const RingRunIndex& index,
-                                 const dist::GroupPtr& ring) {
+at::Tensor gated_delta_ring_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                 const at::Tensor& beta, const RingRunIndex& index, const dist::GroupPtr& ring) {
   const int R = ring_size(ring), me = ring_rank(ring);
   MMSP_CHECK(static_cast<int>(index.runs.runs.size()) == R && index.ring_rank == me,
              "gated_delta_ring_rule: the index was planned for ring rank ", index.ring_rank, " of ",
@@ -245,7 +240,7 @@ at::Tensor gated_delta_ring_rule(const at::Tensor& q, const at::Tensor& k, const
     if (!s0.defined()) continue;
     if (run.begin > done) pieces.push_back(out.narrow(0, done, run.begin - done));
     at::Tensor qe = local.q_eff.narrow(0, run.begin, run.length).transpose(0, 1);  // [H, n, K]
-    at::Tensor fix = at::matmul(qe, s0).transpose(0, 1);                         // [n, H, V]
+    at::Tensor fix = at::matmul(qe, s0).transpose(0, 1);                           // [n, H, V]
     pieces.push_back(out.narrow(0, run.begin, run.length) + fix.to(local.out.scalar_type()));
     done = run.begin + run.length;
   }
@@ -259,8 +254,8 @@ int64_t gated_delta_ring_conv_bytes(int ring, int64_t max_runs, int64_t kernel, 
   return (ring - 1) * max_runs * (kernel - 1) * channels * element_size;
 }
 
-int64_t gated_delta_ring_state_bytes(int ring, int64_t max_runs, int64_t heads, int64_t key_dim,
-                                     int64_t value_dim, int64_t state_element_size) {
+int64_t gated_delta_ring_state_bytes(int ring, int64_t max_runs, int64_t heads, int64_t key_dim, int64_t value_dim,
+                                     int64_t state_element_size) {
   return (ring - 1) * max_runs * heads * key_dim * (key_dim + value_dim) * state_element_size;
 }
 

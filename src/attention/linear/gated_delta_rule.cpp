@@ -18,8 +18,7 @@
 
 namespace mmsp::attention {
 
-RunChunks RunChunks::make(const std::vector<TokenRun>& runs, int64_t tokens, int64_t chunk,
-                          const at::Device& device) {
+RunChunks RunChunks::make(const std::vector<TokenRun>& runs, int64_t tokens, int64_t chunk, const at::Device& device) {
   MMSP_CHECK(chunk > 0, "gated_delta_rule: chunk must be > 0, got ", chunk);
   RunChunks plan;
   plan.tokens = tokens;
@@ -73,11 +72,11 @@ namespace {
 // Shapes of the rule's inputs (names the bad value).
 void check_rule_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                        const at::Tensor& beta, int64_t n_runs, const at::Tensor& initial) {
-  MMSP_CHECK(q.dim() == 3 && k.sizes() == q.sizes(), "gated_delta_rule: q and k must be [T, H, K], got ",
-             q.sizes(), " and ", k.sizes());
+  MMSP_CHECK(q.dim() == 3 && k.sizes() == q.sizes(), "gated_delta_rule: q and k must be [T, H, K], got ", q.sizes(),
+             " and ", k.sizes());
   const int64_t T = q.size(0), H = q.size(1), K = q.size(2);
-  MMSP_CHECK(v.dim() == 3 && v.size(0) == T && v.size(1) == H, "gated_delta_rule: v must be [T, H, V] with T=",
-             T, ", H=", H, ", got ", v.sizes());
+  MMSP_CHECK(v.dim() == 3 && v.size(0) == T && v.size(1) == H, "gated_delta_rule: v must be [T, H, V] with T=", T,
+             ", H=", H, ", got ", v.sizes());
   const int64_t V = v.size(2);
   MMSP_CHECK(g.sizes() == at::IntArrayRef({T, H}) && beta.sizes() == g.sizes(),
              "gated_delta_rule: g and beta must be [T, H] = [", T, ", ", H, "], got ", g.sizes(), " and ",
@@ -89,8 +88,8 @@ void check_rule_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 
 // No runs: nothing to compute, but the results stay in the inputs' graph (with zero
 // weight): the backward collectives upstream must run on this rank as on every other.
-GatedDeltaResult result_without_runs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                     const at::Tensor& g, const at::Tensor& beta, at::ScalarType type) {
+GatedDeltaResult result_without_runs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                     const at::Tensor& beta, at::ScalarType type) {
   const int64_t T = q.size(0), H = q.size(1), K = q.size(2), V = v.size(2);
   const auto opts = q.options().dtype(type);
   const at::Tensor anchor = (q.sum() + k.sum() + v.sum() + g.sum() + beta.sum()).to(type) * 0;
@@ -128,16 +127,16 @@ ChunkTerms intra_chunk_terms(const at::Tensor& Qg, const at::Tensor& Kg, const a
   at::Tensor L = (Bg.unsqueeze(-1) * gamma_ti * kk).masked_fill(strict.logical_not(), 0) + eye_c;
   at::Tensor rhs = at::cat({Bg.unsqueeze(-1) * Vg, (Bg * gamma).unsqueeze(-1) * Kg}, -1);
   at::Tensor sol = at::linalg_solve_triangular(L, rhs, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
-  at::Tensor Ut = sol.narrow(-1, 0, V);  // Ũ [n, H, C, V]
-  at::Tensor W = sol.narrow(-1, V, K);   // [n, H, C, K]
+  at::Tensor Ut = sol.narrow(-1, 0, V);                             // Ũ [n, H, C, V]
+  at::Tensor W = sol.narrow(-1, V, K);                              // [n, H, C, K]
   at::Tensor qk = at::matmul(Qg, Kg.transpose(-1, -2)) * gamma_ti;  // [n, H, C, C]
   ChunkTerms terms;
-  terms.o_intra = at::matmul(qk, Ut);                                // [n, H, C, V]
-  terms.q_state = gamma.unsqueeze(-1) * Qg - at::matmul(qk, W);      // Q' [n, H, C, K]
-  at::Tensor g_last = Gg.narrow(-1, C - 1, 1);                       // [n, H, 1]
+  terms.o_intra = at::matmul(qk, Ut);                                               // [n, H, C, V]
+  terms.q_state = gamma.unsqueeze(-1) * Qg - at::matmul(qk, W);                     // Q' [n, H, C, K]
+  at::Tensor g_last = Gg.narrow(-1, C - 1, 1);                                      // [n, H, 1]
   at::Tensor k_hat_t = ((g_last - Gg).exp().unsqueeze(-1) * Kg).transpose(-1, -2);  // K̂ᵀ [n, H, K, C]
-  terms.B = at::matmul(k_hat_t, Ut);                                                  // [n, H, K, V]
-  terms.D = g_last.exp().unsqueeze(-1) * eye_k - at::matmul(k_hat_t, W);             // [n, H, K, K]
+  terms.B = at::matmul(k_hat_t, Ut);                                                // [n, H, K, V]
+  terms.D = g_last.exp().unsqueeze(-1) * eye_k - at::matmul(k_hat_t, W);            // [n, H, K, K]
   return terms;
 }
 
@@ -147,9 +146,9 @@ ChunkTerms intra_chunk_terms(const at::Tensor& Qg, const at::Tensor& Kg, const a
 // follows S's homogeneous part, so X at a chunk is the map from the run's initial state
 // to the chunk's start state (q_eff = Q' X). Without, width V.
 struct GroupChain {
-  at::Tensor O;      // [n, H, C, V]
-  at::Tensor q_eff;  // [n, H, C, K] (transitions)
-  at::Tensor state;  // [H, K, width]: after chunk c0 + n − 1
+  at::Tensor O;                                        // [n, H, C, V]
+  at::Tensor q_eff;                                    // [n, H, C, K] (transitions)
+  at::Tensor state;                                    // [H, K, width]: after chunk c0 + n − 1
   std::vector<std::pair<int64_t, at::Tensor>> finals;  // (run, state) of the runs that end in the group
 };
 
@@ -377,18 +376,17 @@ struct ChunkedDeltaRule : torch::autograd::Function<ChunkedDeltaRule> {
 
 }  // namespace
 
-GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& g, const at::Tensor& beta,
-                                  const std::vector<TokenRun>& runs, const at::Tensor& initial,
+GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                  const at::Tensor& beta, const std::vector<TokenRun>& runs, const at::Tensor& initial,
                                   const GatedDeltaOptions& options) {
   check_rule_inputs(q, k, v, g, beta, static_cast<int64_t>(runs.size()), initial);
   return gated_delta_rule(q, k, v, g, beta, RunChunks::make(runs, q.size(0), options.chunk, q.device()), initial,
                           options.transitions, options.group_chunks);
 }
 
-GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& g, const at::Tensor& beta, const RunChunks& plan,
-                                  const at::Tensor& initial, bool transitions, int64_t group_chunks) {
+GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                  const at::Tensor& beta, const RunChunks& plan, const at::Tensor& initial,
+                                  bool transitions, int64_t group_chunks) {
   const int64_t n_runs = plan.runs;
   check_rule_inputs(q, k, v, g, beta, n_runs, initial);
   const int64_t T = q.size(0), K = q.size(2), V = v.size(2), C = plan.chunk;
@@ -407,8 +405,7 @@ GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, cons
   rule->chain.transitions = transitions;
   std::vector<at::Tensor> init;
   if (initial.defined()) init.push_back(initial.to(type));
-  const torch::autograd::variable_list got =
-      ChunkedDeltaRule::apply(q, k, v, g, beta, at::TensorList(init), rule);
+  const torch::autograd::variable_list got = ChunkedDeltaRule::apply(q, k, v, g, beta, at::TensorList(init), rule);
 
   GatedDeltaResult result;
   result.out = got[0];  // [T, H, V]

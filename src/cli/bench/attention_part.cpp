@@ -1,11 +1,13 @@
-// `mmsp bench attention [--part kernel|balance|comm|all|fused|ring]`: the kernel and
+// `mmsp bench attention [--part kernel|balance|comm|all|fused|ring|choice]`: the kernel and
 // balance parts run in one process; the comm and ring parts on every rank of the job
-// (mmsp-run -n 2 or 4); fused: mmsp's local attention against torch's SDPA backends.
+// (mmsp-run -n 2 or 4); fused: mmsp's local attention kernels against torch's SDPA backends;
+// choice: --attention-kernel auto's measured choice.
 #include <memory>
 
 #include "attention_bench.h"
 #include "bench_part.h"
 #include "fused_attention_bench.h"
+#include "kernel_choice_bench.h"
 #include "mmsp/core/check.h"
 
 namespace mmsp::cli {
@@ -37,7 +39,8 @@ void add_fused_flags(CLI::App& app, AttentionFlags& f) {
   app.add_option("--segments", f.fused.segments, "fused part: packed segment lengths (cycled)")->capture_default_str();
   app.add_option("--dtype", f.fused.dtype, "fused part: bfloat16 | float16 | float32 | float64")->capture_default_str();
   app.add_option("--repeats", f.fused.repeats, "fused part: timed runs (median)")->capture_default_str();
-  app.add_option("--attention-kernel", f.fused.kernel, "fused part: auto | blockwise | fused")->capture_default_str();
+  app.add_option("--attention-kernel", f.fused.kernel, "fused and ring parts: auto | fused | cudnn | blockwise")
+      ->capture_default_str();
 }
 
 nlohmann::json run_attention(const CLI::App& app, AttentionFlags& f, const dist::RankEnv& env) {
@@ -54,12 +57,17 @@ nlohmann::json run_attention(const CLI::App& app, AttentionFlags& f, const dist:
     f.fused.device = fused_shapes().device;
     result["fused"] = bench::bench_fused_attention(f.fused);
   }
+  if (part == "choice") {
+    f.fused.device = fused_shapes().device;
+    result["choice"] = bench::bench_kernel_choice(f.fused);
+  }
   if (part == "ring") {
     const dist::RankDevice rank = fused_shapes();
     f.fused.device = rank.device;
     result["ring"] = bench::bench_ring_attention(env, f.fused, rank.collectives);
   }
-  if (part == "kernel" || part == "local" || part == "all") result["kernel"] = bench::bench_attention_kernel(f.attention);
+  if (part == "kernel" || part == "local" || part == "all")
+    result["kernel"] = bench::bench_attention_kernel(f.attention);
   if (part == "balance" || part == "local" || part == "all")
     result["balance"] = bench::bench_attention_balance(f.attention);
   if (part == "comm" || part == "all") {
@@ -78,8 +86,9 @@ void add_attention_bench(CLI::App& bench, std::string& out, BenchParts& parts) {
   app->add_option("--part", f->part,
                   "kernel | balance | comm | all | fused; auto: kernel+balance alone, comm under several ranks; "
                   "fused: mmsp's local attention against torch's SDPA backends (--device cuda on a GPU); "
-                  "ring: the zigzag ring over this job's ranks against one rank's kernel on the whole sequence")
-      ->check(CLI::IsMember({"auto", "kernel", "balance", "comm", "all", "fused", "ring"}));
+                  "ring: the zigzag ring over this job's ranks, communication overlapped and not, against one rank's "
+                  "kernel on the whole sequence; choice: auto's measured choice (probe + timing of every kernel)")
+      ->check(CLI::IsMember({"auto", "kernel", "balance", "comm", "all", "fused", "ring", "choice"}));
   add_kernel_flags(*app, *f);
   add_out_flag(*app, out);
   add_fused_flags(*app, *f);

@@ -23,8 +23,7 @@ struct BenchPart {
 using BenchParts = std::vector<BenchPart>;
 
 // --out, which every part has: the JSON goes to this file instead of stdout.
-inline void add_out_flag(CLI::App& app, std::string& out,
-                         const char* what = "write the JSON here instead of stdout") {
+inline void add_out_flag(CLI::App& app, std::string& out, const char* what = "write the JSON here instead of stdout") {
   app.add_option("--out", out, what);
 }
 

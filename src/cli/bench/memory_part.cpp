@@ -38,7 +38,14 @@ void add_row_flags(CLI::App& app, bench::MemoryBenchOptions& o, std::string& dev
   app.add_option("--longest", o.longest_bytes,
                  "device capacities in bytes: no training, the most tokens per rank each holds by the "
                  "preflight's estimate, per row (repeatable)");
-  app.add_option("--longest-ranks", o.longest_ranks, "--longest: ranks the state is sharded over (default: this job's)");
+  app.add_option("--freeze", o.freeze, "every row with these parts frozen: vision, merger, llm, embeddings");
+  app.add_option("--lora-rank", o.lora_rank, "every row with LoRA adapters of this rank (the decoder's projections)");
+  app.add_option("--longest-ranks", o.longest_ranks,
+                 "--longest: ranks the state is sharded over (default: this job's)");
+  app.add_option("--expert", o.expert,
+                 "expert-parallel degree (mixture-of-experts models): each block of this many ranks splits the "
+                 "experts; the measured rows run --shard none")
+      ->capture_default_str();
   app.add_option("--longest-ring", o.longest_ring,
                  "--longest: ranks of the context group's ring, the rest Ulysses (default: all one ring)");
 }
@@ -64,8 +71,9 @@ void add_memory_bench(CLI::App& bench, std::string& out, BenchParts& parts) {
   };
   auto f = std::make_shared<Flags>();
   CLI::App* app = bench.add_subcommand(
-      "memory", "a training step's memory per rank under --shard, --checkpoint-activations and --loss-chunk, "
-                "measured next to the preflight's estimate (run under mmsp-run -n 1, 2, 4)");
+      "memory",
+      "a training step's memory per rank under --shard, --checkpoint-activations and --loss-chunk, "
+      "measured next to the preflight's estimate (run under mmsp-run -n 1, 2, 4)");
   add_memory_flags(*app, f->memory);
   add_out_flag(*app, out, "write the JSON here instead of stdout (rewritten after each row)");
   add_row_flags(*app, f->memory, f->device);

@@ -47,8 +47,9 @@ nlohmann::json run_measure(const CLI::App& app, PlacementFlags& f, const dist::R
 void add_placement_bench(CLI::App& bench, std::string& out, BenchParts& parts) {
   auto f = std::make_shared<PlacementFlags>();
   CLI::App* app = bench.add_subcommand(
-      "placement", "zigzag vs adaptive placement, planned: attention bytes, padding, work and token max/mean on "
-                   "three workloads at 2..64 ranks; planning time of 1,000,000 tokens on 64");
+      "placement",
+      "zigzag vs adaptive placement, planned: attention bytes, padding, work and token max/mean on "
+      "three workloads at 2..64 ranks; planning time of 1,000,000 tokens on 64");
   add_shape_flags(*app, *f);
   app->add_flag("--measure", f->measure,
                 "under mmsp-run -n 2|4: run the attention of each workload's step on this job's ranks, "

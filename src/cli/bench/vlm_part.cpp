@@ -23,7 +23,8 @@ void add_vlm_bench(CLI::App& bench, std::string& out, BenchParts& parts) {
                     "config.json of any supported model_type (default: the built-in Qwen2-VL of docs/model.md)");
     sub->add_option("--image-width", vlm->image_width, "--model: image width in pixels");
     sub->add_option("--image-height", vlm->image_height, "--model: image height in pixels");
-    sub->add_option("--repeats", vlm->repeats, "runs of each row; seconds are the fastest run's")->capture_default_str();
+    sub->add_option("--repeats", vlm->repeats, "runs of each row; seconds are the fastest run's")
+        ->capture_default_str();
     add_out_flag(*sub, out);
     parts.push_back({sub, [vlm, whole_step = sub == step](const dist::RankEnv& env) {
                        vlm->step = whole_step;
@@ -35,11 +36,14 @@ void add_vlm_bench(CLI::App& bench, std::string& out, BenchParts& parts) {
 void add_vision_split_bench(CLI::App& bench, std::string& out, BenchParts& parts) {
   auto o = std::make_shared<bench::VisionSplitBenchOptions>();
   CLI::App* app = bench.add_subcommand(
-      "vision-split", "vision-tower SP: one large item encoded on one rank, by Vision DP, and split over the ranks: "
-                      "peak memory, bytes against the formula, seconds (run under mmsp-run -n 4)");
-  app->add_option("--patches", o->patches, "item sizes in patches (square images up to 128², else videos of 64 × 64 frames)")
+      "vision-split",
+      "vision-tower SP: one large item encoded on one rank, by Vision DP, and split over the ranks: "
+      "peak memory, bytes against the formula, seconds (run under mmsp-run -n 4)");
+  app->add_option("--patches", o->patches,
+                  "item sizes in patches (square images up to 128², else videos of 64 × 64 frames)")
       ->capture_default_str();
-  app->add_option("--small-items", o->small_items, "small 32 × 32 images beside the first item in the planned mixed batch")
+  app->add_option("--small-items", o->small_items,
+                  "small 32 × 32 images beside the first item in the planned mixed batch")
       ->capture_default_str();
   app->add_option("--repeats", o->repeats, "runs of each row; seconds are the fastest run's")->capture_default_str();
   add_out_flag(*app, out);

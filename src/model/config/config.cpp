@@ -11,8 +11,8 @@
 #include "json_fields.h"
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
-#include "mmsp/model/layers/activation.h"
 #include "mmsp/model/family.h"
+#include "mmsp/model/layers/activation.h"
 
 namespace mmsp::model {
 
@@ -45,14 +45,13 @@ void check_activation(const json_fields::JsonFields& f, const std::string& key, 
 }
 
 void check_token_ids(const ModelConfig& c, const char* image_token_field) {
-  const std::pair<const char*, int64_t> ids[] = {
-      {image_token_field, c.conventions.image_token_id},
-      {"video_token_id", c.conventions.video_token_id},
-      {"vision_start_token_id", c.conventions.vision_start_token_id},
-      {"vision_end_token_id", c.conventions.vision_end_token_id}};
+  const std::pair<const char*, int64_t> ids[] = {{image_token_field, c.conventions.image_token_id},
+                                                 {"video_token_id", c.conventions.video_token_id},
+                                                 {"vision_start_token_id", c.conventions.vision_start_token_id},
+                                                 {"vision_end_token_id", c.conventions.vision_end_token_id}};
   for (const auto& [name, id] : ids)
-    MMSP_CHECK(id < c.text.vocab_size, name, " (", id, ") must be < the decoder's vocab_size (",
-               c.text.vocab_size, ")");
+    MMSP_CHECK(id < c.text.vocab_size, name, " (", id, ") must be < the decoder's vocab_size (", c.text.vocab_size,
+               ")");
 }
 
 }  // namespace config_parts
@@ -74,9 +73,7 @@ ModelConfig parse(const nlohmann::json& config) {
 ModelConfig parse_model_config(const nlohmann::json& config, const std::string& source) {
   try {
     return parse(config);
-  } catch (const Error& e) {
-    throw Error(source + ": " + e.what());
-  }
+  } catch (const Error& e) { throw Error(source + ": " + e.what()); }
 }
 
 ModelConfig load_model_config(const std::string& path) {

@@ -33,7 +33,7 @@ void check_activation(const json_fields::JsonFields& f, const std::string& key, 
 // num_hidden_layers 1e9 is refused while reading config.json, before a skeleton of
 // that many modules exhausts the host, and every tensor's bytes stay within int64.
 constexpr int64_t kMaxLayers = 1024;
-constexpr int64_t kMaxWidth = int64_t{1} << 20;   // hidden, intermediate, embedding and head sizes
+constexpr int64_t kMaxWidth = int64_t{1} << 20;  // hidden, intermediate, embedding and head sizes
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
 struct SizeLimit {
   const char* key;

@@ -14,17 +14,17 @@ using json_fields::JsonFields;
 
 namespace {
 
-// Qwen3_5TextConfig, or Qwen3NextConfig for "qwen3_next".
+// Qwen3_5TextConfig, Qwen3NextConfig for "qwen3_next", Qwen3_5MoeTextConfig for "qwen3_5_moe_text".
 TextConfig default_hybrid_text_config(const std::string& model_type) {
   TextConfig t;
   t.model_type = model_type;
-  const bool next = model_type == "qwen3_next";
+  const bool next = model_type == "qwen3_next", moe = model_type == "qwen3_5_moe_text";
   t.vocab_size = next ? 151936 : 248320;
-  t.hidden_size = next ? 2048 : 4096;
-  t.intermediate_size = next ? 5632 : 12288;
-  t.num_hidden_layers = next ? 48 : 32;
+  t.hidden_size = next || moe ? 2048 : 4096;
+  t.intermediate_size = next ? 5632 : 12288;  // Qwen3.5-MoE has no dense MLP
+  t.num_hidden_layers = next ? 48 : moe ? 40 : 32;
   t.num_attention_heads = 16;
-  t.num_key_value_heads = next ? 2 : 4;
+  t.num_key_value_heads = next || moe ? 2 : 4;
   t.head_dim = 256;
   t.rms_norm_eps = 1e-6;
   t.rope_theta = 10000.0;  // transformers' default when the file gives none
@@ -78,8 +78,8 @@ void read_rope(const JsonFields& f, TextConfig& t) {
     const JsonFields r(*rope, f.name(key) + ".");
     for (const char* type_key : {"type", "rope_type"}) {
       const std::string type = r.string(type_key, "default");
-      MMSP_CHECK(type == "default" || type == "mrope", r.name(type_key), " \"", type,
-                 "\" is not supported; ", t.model_type, " decoders use \"default\" (scaled RoPE variants are not built)");
+      MMSP_CHECK(type == "default" || type == "mrope", r.name(type_key), " \"", type, "\" is not supported; ",
+                 t.model_type, " decoders use \"default\" (scaled RoPE variants are not built)");
     }
     r.boolean("mrope_interleaved", true);  // type check; ModelConfig checks the value
     t.rope_theta = r.number("rope_theta", t.rope_theta);
@@ -91,8 +91,8 @@ void read_rope(const JsonFields& f, TextConfig& t) {
   MMSP_CHECK(factor <= 1.0, factor_key, " must be in (0, 1], got ", factor);
   t.partial_rotary_factor = factor;
   const int64_t dim = t.rotary_dim();
-  MMSP_CHECK(dim >= 2 && dim % 2 == 0, factor_key, " (", factor, ") times ", f.name("head_dim"), " (",
-             t.head_dim, ") gives ", dim, " rotary channels; RoPE needs an even number >= 2");
+  MMSP_CHECK(dim >= 2 && dim % 2 == 0, factor_key, " (", factor, ") times ", f.name("head_dim"), " (", t.head_dim,
+             ") gives ", dim, " rotary channels; RoPE needs an even number >= 2");
 }
 
 void read_linear_attention(const JsonFields& f, TextConfig& t) {
@@ -116,46 +116,54 @@ void refuse_experts(const JsonFields& f, const TextConfig& t) {
   for (int64_t i = 0; i < t.num_hidden_layers; ++i) {
     const bool sparse = (i + 1) % step == 0 && std::find(dense.begin(), dense.end(), i) == dense.end();
     MMSP_CHECK(!sparse, f.name("num_experts"), " is ", experts, f.has("num_experts") ? "" : " (not set; default)",
-               ", so layer ", i, "'s MLP is a mixture of experts, which is not supported; set ",
-               f.name("num_experts"), " to 0 or list every layer in ", f.name("mlp_only_layers"));
+               ", so layer ", i, "'s MLP is a mixture of experts, which is not supported; set ", f.name("num_experts"),
+               " to 0 or list every layer in ", f.name("mlp_only_layers"));
   }
 }
 
 }  // namespace
 
-TextConfig parse_hybrid_text_config(const nlohmann::json& text, const std::string& where) {
+TextConfig parse_hybrid_text_config(const nlohmann::json& text, const std::string& where, bool moe) {
   const JsonFields f(text, where);
-  std::string type = f.string("model_type", "qwen3_5_text");
-  if (type == "qwen3_5") type = "qwen3_5_text";  // older files name the text config like the model
-  MMSP_CHECK(type == "qwen3_5_text" || type == "qwen3_next", f.name("model_type"), " \"", type,
-             "\" is not supported for qwen3_5; expected \"qwen3_5_text\" or \"qwen3_next\"",
-             type.find("moe") != std::string::npos ? " (mixture-of-experts decoders are not built)" : "");
+  std::string type = f.string("model_type", moe ? "qwen3_5_moe_text" : "qwen3_5_text");
+  if (type == "qwen3_5" || type == "qwen3_5_moe") type += "_text";  // older files name it like the model
+  if (moe)
+    MMSP_CHECK(type == "qwen3_5_moe_text", f.name("model_type"), " \"", type,
+               "\" is not supported for qwen3_5_moe; expected \"qwen3_5_moe_text\"");
+  else
+    MMSP_CHECK(type == "qwen3_5_text" || type == "qwen3_next", f.name("model_type"), " \"", type,
+               "\" is not supported for qwen3_5; expected \"qwen3_5_text\" or \"qwen3_next\"",
+               type.find("moe") != std::string::npos ? " (a mixture-of-experts decoder: model_type qwen3_5_moe)" : "");
   TextConfig t = default_hybrid_text_config(type);
   t.vocab_size = f.integer("vocab_size", t.vocab_size);
   t.hidden_size = f.integer("hidden_size", t.hidden_size);
   t.intermediate_size = f.integer("intermediate_size", t.intermediate_size);
   t.num_hidden_layers = f.integer("num_hidden_layers", t.num_hidden_layers);
   t.num_attention_heads = f.integer("num_attention_heads", t.num_attention_heads);
-  const bool kv_null = text.is_object() && text.contains("num_key_value_heads") && text.at("num_key_value_heads").is_null();
+  const bool kv_null =
+      text.is_object() && text.contains("num_key_value_heads") && text.at("num_key_value_heads").is_null();
   t.num_key_value_heads = f.integer("num_key_value_heads", kv_null ? t.num_attention_heads : t.num_key_value_heads);
   MMSP_CHECK(t.num_attention_heads % t.num_key_value_heads == 0, f.name("num_key_value_heads"), " (",
              t.num_key_value_heads, ") must divide ", f.name("num_attention_heads"), " (", t.num_attention_heads, ")");
   t.head_dim = f.integer("head_dim", t.head_dim);
   // The GDN's conv uses hidden_act too (transformers: self.activation = config.hidden_act).
   t.hidden_act = f.string("hidden_act", t.hidden_act);
-  MMSP_CHECK(t.hidden_act == "silu", f.name("hidden_act"), " \"", t.hidden_act,
-             "\" is not supported for ", type, ": the MLP and the Gated DeltaNet conv are built with silu");
+  MMSP_CHECK(t.hidden_act == "silu", f.name("hidden_act"), " \"", t.hidden_act, "\" is not supported for ", type,
+             ": the MLP and the Gated DeltaNet conv are built with silu");
   t.rms_norm_eps = f.number("rms_norm_eps", t.rms_norm_eps);
   t.max_position_embeddings = f.integer("max_position_embeddings", t.max_position_embeddings);
   t.initializer_range = f.number("initializer_range", t.initializer_range, true);
   t.qkv_bias = t.o_bias = f.boolean("attention_bias", false);
   // transformers' attention always has the output gate, whatever the file says.
-  MMSP_CHECK(f.boolean("attn_output_gate", true), f.name("attn_output_gate"),
-             " is false, but ", type, "'s attention always gates its output (q_proj yields query and gate)");
+  MMSP_CHECK(f.boolean("attn_output_gate", true), f.name("attn_output_gate"), " is false, but ", type,
+             "'s attention always gates its output (q_proj yields query and gate)");
   read_rope(f, t);
   t.layer_types = read_layer_types(f, t.num_hidden_layers);
   read_linear_attention(f, t);
   if (type == "qwen3_next") refuse_experts(f, t);
+  // Qwen3_5MoeTextConfig: 256 experts, 8 a token, width 512, a shared expert of 512.
+  if (moe)
+    t.moe = parse_moe_config(text, where, {256, 8, 512, 512, ExpertLayout::per_expert, false}, t.num_hidden_layers);
   return t;
 }
 

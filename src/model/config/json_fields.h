@@ -17,8 +17,7 @@ namespace mmsp::model::json_fields {
 class JsonFields {
  public:
   // `prefix` is the object's path with a trailing dot ("vision_config.") or "" for the top.
-  JsonFields(const nlohmann::json& object, std::string prefix)
-      : object_(object), prefix_(std::move(prefix)) {}
+  JsonFields(const nlohmann::json& object, std::string prefix) : object_(object), prefix_(std::move(prefix)) {}
 
   const nlohmann::json& json() const { return object_; }
   std::string name(const std::string& key) const { return prefix_ + key; }
@@ -41,10 +40,9 @@ class JsonFields {
   double number(const std::string& key, double fallback, bool allow_zero = false) const {
     if (!has(key)) return fallback;
     const nlohmann::json& v = at(key);
-    const bool ok = v.is_number() && std::isfinite(v.get<double>()) &&
-                    (allow_zero ? v.get<double>() >= 0 : v.get<double>() > 0);
-    MMSP_CHECK(ok, name(key), " must be a number ", allow_zero ? ">= 0" : "> 0", ", got ",
-               v.dump());
+    const bool ok =
+        v.is_number() && std::isfinite(v.get<double>()) && (allow_zero ? v.get<double>() >= 0 : v.get<double>() > 0);
+    MMSP_CHECK(ok, name(key), " must be a number ", allow_zero ? ">= 0" : "> 0", ", got ", v.dump());
     return v.get<double>();
   }
 
@@ -60,12 +58,10 @@ class JsonFields {
     return at(key).get<std::string>();
   }
 
-  std::vector<int64_t> integers(const std::string& key, std::vector<int64_t> fallback,
-                                int64_t min = 0) const {
+  std::vector<int64_t> integers(const std::string& key, std::vector<int64_t> fallback, int64_t min = 0) const {
     if (!has(key)) return fallback;
     const nlohmann::json& v = at(key);
-    MMSP_CHECK(v.is_array(), name(key), " must be a list of integers >= ", min, ", got ",
-               v.dump());
+    MMSP_CHECK(v.is_array(), name(key), " must be a list of integers >= ", min, ", got ", v.dump());
     std::vector<int64_t> out;
     for (const nlohmann::json& e : v) out.push_back(checked_integer(e, key, min, v, true));
     return out;
@@ -80,15 +76,12 @@ class JsonFields {
 
  private:
   // `shown` is what the message quotes: the value, or the whole list it sits in.
-  int64_t checked_integer(const nlohmann::json& v, const std::string& key, int64_t min,
-                          const nlohmann::json& shown, bool in_list) const {
+  int64_t checked_integer(const nlohmann::json& v, const std::string& key, int64_t min, const nlohmann::json& shown,
+                          bool in_list) const {
     const char* rule = in_list ? " must be a list of integers " : " must be an integer ";
-    const bool is_int = v.is_number_integer() &&
-                        !(v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX);
-    MMSP_CHECK(is_int && v.get<int64_t>() >= min, name(key), rule, ">= ", min, ", got ",
-               shown.dump());
-    MMSP_CHECK(v.get<int64_t>() <= kMaxInteger, name(key), rule, "<= ", kMaxInteger, ", got ",
-               shown.dump());
+    const bool is_int = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX);
+    MMSP_CHECK(is_int && v.get<int64_t>() >= min, name(key), rule, ">= ", min, ", got ", shown.dump());
+    MMSP_CHECK(v.get<int64_t>() <= kMaxInteger, name(key), rule, "<= ", kMaxInteger, ", got ", shown.dump());
     return v.get<int64_t>();
   }
 

@@ -78,24 +78,22 @@ TextConfig parse_text_config(const nlohmann::json& text, const TextDialect& dial
                                       {"num_hidden_layers", t.num_hidden_layers, config_parts::kMaxLayers},
                                       {"num_attention_heads", t.num_attention_heads, config_parts::kMaxWidth}});
   // Llama's default is "as many as the query heads"; every family reads null that way.
-  const bool kv_is_heads = dialect.kv_heads_default_to_heads ||
-                           (text.is_object() && text.contains("num_key_value_heads") &&
-                            text.at("num_key_value_heads").is_null());
-  t.num_key_value_heads = f.integer("num_key_value_heads",
-                                    kv_is_heads ? t.num_attention_heads : t.num_key_value_heads);
+  const bool kv_is_heads =
+      dialect.kv_heads_default_to_heads ||
+      (text.is_object() && text.contains("num_key_value_heads") && text.at("num_key_value_heads").is_null());
+  t.num_key_value_heads = f.integer("num_key_value_heads", kv_is_heads ? t.num_attention_heads : t.num_key_value_heads);
   const bool head_dim_set = f.has("head_dim") || variant.head_dim_fixed;
   if (!head_dim_set) {
-    MMSP_CHECK(t.hidden_size % t.num_attention_heads == 0, f.name("num_attention_heads"), " (",
-               t.num_attention_heads, ") must divide ", f.name("hidden_size"), " (",
-               t.hidden_size, "); head_dim is not set, so it is hidden_size / num_attention_heads");
+    MMSP_CHECK(t.hidden_size % t.num_attention_heads == 0, f.name("num_attention_heads"), " (", t.num_attention_heads,
+               ") must divide ", f.name("hidden_size"), " (", t.hidden_size,
+               "); head_dim is not set, so it is hidden_size / num_attention_heads");
     t.head_dim = t.hidden_size / t.num_attention_heads;
   }
   t.head_dim = f.integer("head_dim", t.head_dim);
   MMSP_CHECK(t.head_dim % 2 == 0, f.name("head_dim"), " (", t.head_dim,
              ") must be even: RoPE rotates pairs of channels");
-  MMSP_CHECK(t.num_attention_heads % t.num_key_value_heads == 0, f.name("num_key_value_heads"),
-             " (", t.num_key_value_heads, ") must divide ", f.name("num_attention_heads"), " (",
-             t.num_attention_heads, ")");
+  MMSP_CHECK(t.num_attention_heads % t.num_key_value_heads == 0, f.name("num_key_value_heads"), " (",
+             t.num_key_value_heads, ") must divide ", f.name("num_attention_heads"), " (", t.num_attention_heads, ")");
 
   t.hidden_act = f.string("hidden_act", t.hidden_act);
   MMSP_CHECK(is_supported_activation(t.hidden_act), f.name("hidden_act"), " \"", t.hidden_act,

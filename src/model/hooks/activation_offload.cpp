@@ -30,9 +30,9 @@ struct ActivationOffload::Streams {
 };
 
 struct ActivationOffload::Entry {
-  at::Tensor host;             // the stashed copy
+  at::Tensor host;  // the stashed copy
   c10::Device device{c10::kCPU};
-  at::Tensor back;             // the copy on its way back (or back), once started
+  at::Tensor back;                // the copy on its way back (or back), once started
   std::weak_ptr<Entry> previous;  // stashed just before: the backward's next recompute
   std::shared_ptr<int64_t> host_bytes;
 #ifdef MMSP_WITH_CUDA
@@ -44,7 +44,8 @@ struct ActivationOffload::Entry {
   }
 };
 
-ActivationOffload::ActivationOffload() : streams_(std::make_unique<Streams>()), host_bytes_(std::make_shared<int64_t>(0)) {}
+ActivationOffload::ActivationOffload()
+    : streams_(std::make_unique<Streams>()), host_bytes_(std::make_shared<int64_t>(0)) {}
 ActivationOffload::~ActivationOffload() = default;
 
 int64_t ActivationOffload::host_bytes() const { return *host_bytes_; }

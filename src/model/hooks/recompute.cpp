@@ -21,9 +21,12 @@ ActivationCheckpointing parse_activation_checkpointing(const std::string& name) 
 
 const char* to_string(ActivationCheckpointing mode) {
   switch (mode) {
-    case ActivationCheckpointing::none: return "none";
-    case ActivationCheckpointing::decoder: return "decoder";
-    case ActivationCheckpointing::all: return "all";
+    case ActivationCheckpointing::none:
+      return "none";
+    case ActivationCheckpointing::decoder:
+      return "decoder";
+    case ActivationCheckpointing::all:
+      return "all";
   }
   return "?";
 }
@@ -41,7 +44,7 @@ struct Layer : torch::CustomClassHolder {
       : fn(std::move(fn)), parameters(std::move(parameters)), offload(std::move(offload)) {}
   LayerFn fn;
   std::vector<at::Tensor> parameters;
-  std::shared_ptr<ActivationOffload> offload;    // null: x is saved on its device
+  std::shared_ptr<ActivationOffload> offload;   // null: x is saved on its device
   std::shared_ptr<ActivationOffload::Entry> x;  // with offload: x's host copy
 };
 

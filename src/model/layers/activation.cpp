@@ -13,8 +13,7 @@ at::Tensor activation(const std::string& name, const at::Tensor& x) {
   if (name == "gelu_pytorch_tanh") return at::gelu(x, "tanh");
   if (name == "quick_gelu") return x * at::sigmoid(1.702 * x);
   if (name == "relu") return at::relu(x);
-  MMSP_FAIL("activation '", name,
-            "' is not supported (silu, gelu, gelu_pytorch_tanh, quick_gelu, relu)");
+  MMSP_FAIL("activation '", name, "' is not supported (silu, gelu, gelu_pytorch_tanh, quick_gelu, relu)");
 }
 
 bool is_supported_activation(const std::string& name) {

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "mmsp/core/check.h"
-#include "mmsp/model/rank_inputs.h"
 #include "mmsp/model/hooks/recompute.h"
 #include "mmsp/model/layers/tiled_mlp.h"
+#include "mmsp/model/rank_inputs.h"
 
 namespace mmsp::model {
 
@@ -23,8 +23,7 @@ RotaryOptions rotary_options(const TextConfig& text, const plan::ModelConvention
   return o;
 }
 
-DecoderContext decoder_context(const RankInputs& in, const TextConfig& text,
-                               const plan::ModelConventions& conventions,
+DecoderContext decoder_context(const RankInputs& in, const TextConfig& text, const plan::ModelConventions& conventions,
                                std::shared_ptr<const attention::StepAttention> step, const at::Tensor& like,
                                int64_t linear_chunk) {
   MMSP_CHECK(step != nullptr, "the decoder needs the step's attention");
@@ -58,7 +57,10 @@ DecoderLayer::Mlp::Mlp(const TextConfig& c) {
 }
 
 std::vector<at::Tensor> DecoderLayer::Mlp::weights() const {
-  return {gate_proj->weight, gate_proj->bias, up_proj->weight, up_proj->bias, down_proj->weight, down_proj->bias};
+  // With LoRA adapters, each map's weight + scale · B A, made once a forward (and its
+  // gradient flows to A and B): the tiles then read one matrix per map.
+  return {gate_proj->effective_weight(), gate_proj->bias, up_proj->effective_weight(), up_proj->bias,
+          down_proj->effective_weight(), down_proj->bias};
 }
 
 at::Tensor DecoderLayer::Mlp::apply(const at::Tensor& y, const std::vector<at::Tensor>& w) {
@@ -78,7 +80,19 @@ DecoderLayer::DecoderLayer(const TextConfig& c, int64_t index) : config_(c), kin
     self_attn_ = register_module("self_attn", std::make_shared<Attention>(c));
   post_attention_layernorm_ =
       register_module("post_attention_layernorm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, zc));
-  mlp_ = register_module("mlp", std::make_shared<Mlp>(c));
+  if (c.moe.sparse(index)) {
+    moe_ = register_module("mlp", std::make_shared<SparseMoeBlock>(c));
+    sparse_index_ = 0;
+    for (int64_t i = 0; i < index; ++i) sparse_index_ += c.moe.sparse(i) ? 1 : 0;
+  } else {
+    mlp_ = register_module("mlp", std::make_shared<Mlp>(c));
+  }
+}
+
+int64_t sparse_layer_count(const TextConfig& c) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) n += c.moe.sparse(i) ? 1 : 0;
+  return n;
 }
 
 namespace {
@@ -93,8 +107,7 @@ at::Tensor rotate(const at::Tensor& x, const RotaryTable& table) {
 }  // namespace
 
 at::Tensor DecoderLayer::attend(const at::Tensor& x, const DecoderContext& ctx) const {
-  const int64_t L = x.size(0), H = config_.num_attention_heads, Hkv = config_.num_key_value_heads,
-                D = config_.head_dim;
+  const int64_t L = x.size(0), H = config_.num_attention_heads, Hkv = config_.num_key_value_heads, D = config_.head_dim;
   at::Tensor q, gate;
   if (config_.attn_output_gate) {
     at::Tensor qg = self_attn_->q_proj->forward(x).view({L, H, 2 * D});  // [L, H, query D | gate D]
@@ -118,10 +131,11 @@ at::Tensor DecoderLayer::attend(const at::Tensor& x, const DecoderContext& ctx) 
 
 at::Tensor DecoderLayer::forward(const at::Tensor& hidden, const DecoderContext& ctx) const {
   at::Tensor x = input_layernorm_->forward(hidden);
-  at::Tensor mixed = linear_attn_ ? linear_attn_->forward(x, ctx.linear, ctx.linear_chunk, ctx.linear_tile)
-                                  : attend(x, ctx);
+  at::Tensor mixed =
+      linear_attn_ ? linear_attn_->forward(x, ctx.linear, ctx.linear_chunk, ctx.linear_tile) : attend(x, ctx);
   at::Tensor h = hidden + mixed;
   at::Tensor y = post_attention_layernorm_->forward(h);
+  if (moe_) return h + moe_->forward(y, ctx.moe, sparse_index_);
   if (ctx.mlp_tile > 0) return h + tiled_over_tokens(&Mlp::apply, y, mlp_->weights(), ctx.mlp_tile);
   return h + Mlp::apply(y, mlp_->weights());
 }
@@ -132,8 +146,8 @@ DecoderLayers::DecoderLayers(const TextConfig& c) {
 }
 
 DecoderBody::DecoderBody(const TextConfig& c) {
-  embed_tokens = register_module("embed_tokens",
-                                 std::make_shared<Embedding>(c.vocab_size, c.hidden_size, c.initializer_range));
+  embed_tokens =
+      register_module("embed_tokens", std::make_shared<Embedding>(c.vocab_size, c.hidden_size, c.initializer_range));
   layers = register_module("layers", std::make_shared<DecoderLayers>(c));
   norm = register_module("norm", std::make_shared<RMSNorm>(c.hidden_size, c.rms_norm_eps, c.zero_centered_norm));
 }
@@ -141,8 +155,14 @@ DecoderBody::DecoderBody(const TextConfig& c) {
 Decoder::Decoder(const TextConfig& c, bool tie_word_embeddings) : config_(c) {
   model = register_module("model", std::make_shared<DecoderBody>(c));
   if (!tie_word_embeddings)
-    lm_head = register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size, false,
-                                                                  c.initializer_range));
+    lm_head =
+        register_module("lm_head", std::make_shared<Linear>(c.hidden_size, c.vocab_size, false, c.initializer_range));
+}
+
+void Decoder::set_mlp_tile(int64_t setting) {
+  MMSP_CHECK(setting == 0 || !config_.moe.any(), "--tiled-mlp is not supported for a mixture-of-experts decoder (",
+             config_.moe.num_experts, " experts a sparse layer): its tokens are routed to their experts all at once");
+  mlp_tile_ = setting;
 }
 
 at::Tensor Decoder::forward(const at::Tensor& inputs_embeds, const DecoderContext& ctx) const {
@@ -160,7 +180,7 @@ std::vector<HookUnit> Decoder::hook_units() const {
     head.lookup_rows = true;
   }
   units.push_back(head);  // head_unit()
-  if (lm_head) {  // embedding_unit()
+  if (lm_head) {          // embedding_unit()
     HookUnit embedding{{model->embed_tokens->weight}};
     embedding.backward_hooks = false;  // its only gradient is the lookup's rows
     embedding.lookup_rows = true;
@@ -187,8 +207,8 @@ at::Tensor Decoder::apply_head(const std::function<at::Tensor(const at::Tensor&,
   if (rows)
     MMSP_CHECK(by_rows != nullptr, "the LM head is row-sharded (--shard parameters) but its reader needs it whole");
   return run_hooked_layer(
-      layer_hooks_, head_unit(),
-      [&](const at::Tensor& h) { return rows ? by_rows(h, *rows) : head(h, weight); }, hidden);
+      layer_hooks_, head_unit(), [&](const at::Tensor& h) { return rows ? by_rows(h, *rows) : head(h, weight); },
+      hidden);
 }
 
 std::vector<std::vector<at::Tensor>> Decoder::layer_parameters() const {
@@ -200,8 +220,8 @@ std::vector<std::vector<at::Tensor>> Decoder::layer_parameters() const {
 at::Tensor Decoder::final_hidden(const at::Tensor& inputs_embeds, const DecoderContext& ctx) const {
   at::Tensor h = inputs_embeds;
   const auto& layers = model->layers->list;
-  MMSP_CHECK(ctx.deepstack.size() <= layers.size(), ctx.deepstack.size(),
-             " deepstack levels but only ", layers.size(), " decoder layers");
+  MMSP_CHECK(ctx.deepstack.size() <= layers.size(), ctx.deepstack.size(), " deepstack levels but only ", layers.size(),
+             " decoder layers");
   // What a recomputed layer reads, captured by value (its backward runs after this
   // frame); the deepstack rows are added between layers, outside it.
   DecoderContext layer_ctx = ctx;
@@ -214,12 +234,14 @@ at::Tensor Decoder::final_hidden(const at::Tensor& inputs_embeds, const DecoderC
       h = run_hooked_layer(
           layer_hooks_, i,
           [&](const at::Tensor& in) {
-            return recompute_in_backward([layer, layer_ctx](const at::Tensor& x) { return layer->forward(x, layer_ctx); },
-                                         in, layer->parameters(), offload_);
+            return recompute_in_backward(
+                [layer, layer_ctx](const at::Tensor& x) { return layer->forward(x, layer_ctx); }, in,
+                layer->parameters(), offload_);
           },
           h);
     } else {
-      h = run_hooked_layer(layer_hooks_, i, [&](const at::Tensor& in) { return layer->forward(in, layer_ctx); }, h);
+      h = run_hooked_layer(
+          layer_hooks_, i, [&](const at::Tensor& in) { return layer->forward(in, layer_ctx); }, h);
     }
     if (i < ctx.deepstack.size()) h = h.index_add(0, ctx.visual_slots, ctx.deepstack[i].to(h.scalar_type()));
   }

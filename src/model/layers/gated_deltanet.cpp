@@ -60,28 +60,30 @@ GatedDeltaNetWeights GatedDeltaNet::weights() const {
     const int64_t Hk = config_.linear_num_key_heads, K = config_.linear_key_head_dim;
     const int64_t n = config_.linear_num_value_heads / Hk, V = config_.linear_value_head_dim;
     const int64_t hidden = config_.hidden_size;
-    const at::Tensor& qkv = in_proj_qkv_->weight;  // [q (H_k·K) | k (H_k·K) | v (H_v·V)] rows
+    const at::Tensor qkv = in_proj_qkv_->effective_weight();  // [q (H_k·K) | k (H_k·K) | v (H_v·V)] rows
     at::Tensor q = qkv.narrow(0, 0, Hk * K).view({Hk, K, hidden});
     at::Tensor k = qkv.narrow(0, Hk * K, Hk * K).view({Hk, K, hidden});
     at::Tensor v = qkv.narrow(0, 2 * Hk * K, Hk * n * V).view({Hk, n * V, hidden});
-    at::Tensor z = in_proj_z_->weight.view({Hk, n * V, hidden});
+    at::Tensor z = in_proj_z_->effective_weight().view({Hk, n * V, hidden});
     w.in_proj_qkvz = at::cat({q, k, v, z}, 1).reshape({-1, hidden});
-    w.in_proj_ba = at::cat({in_proj_b_->weight.view({Hk, n, hidden}), in_proj_a_->weight.view({Hk, n, hidden})}, 1)
+    w.in_proj_ba = at::cat({in_proj_b_->effective_weight().view({Hk, n, hidden}),
+                            in_proj_a_->effective_weight().view({Hk, n, hidden})},
+                           1)
                        .reshape({-1, hidden});
   } else {
-    w.in_proj_qkvz = in_proj_qkvz_->weight;
-    w.in_proj_ba = in_proj_ba_->weight;
+    w.in_proj_qkvz = in_proj_qkvz_->effective_weight();
+    w.in_proj_ba = in_proj_ba_->effective_weight();
   }
   w.conv1d_weight = conv1d_weight_;
   w.A_log = A_log_;
   w.dt_bias = dt_bias_;
   w.norm_weight = norm_weight_;
-  w.out_proj = out_proj_->weight;
+  w.out_proj = out_proj_->effective_weight();  // LoRA adapters merged in (lora.h)
   return w;
 }
 
-at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const attention::GatedDeltaContext& context,
-                                  int64_t chunk, int64_t tile) const {
+at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const attention::GatedDeltaContext& context, int64_t chunk,
+                                  int64_t tile) const {
   GatedDeltaNetConfig c = gated_deltanet_config(config_, chunk);
   c.tile = tile;
   return gated_deltanet_forward(weights(), c, x, context);

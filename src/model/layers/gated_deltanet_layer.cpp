@@ -6,7 +6,6 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-
 #include "mmsp/attention/linear/gated_delta_tiles.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/layers/tiled_mlp.h"
@@ -14,9 +13,8 @@
 namespace mmsp::model {
 
 void GatedDeltaNetConfig::check() const {
-  MMSP_CHECK(num_key_heads > 0 && num_value_heads % num_key_heads == 0,
-             "linear_num_value_heads (", num_value_heads, ") must be a multiple of linear_num_key_heads (",
-             num_key_heads, ")");
+  MMSP_CHECK(num_key_heads > 0 && num_value_heads % num_key_heads == 0, "linear_num_value_heads (", num_value_heads,
+             ") must be a multiple of linear_num_key_heads (", num_key_heads, ")");
   MMSP_CHECK(chunk > 0, "gated DeltaNet chunk must be positive, got ", chunk);
   MMSP_CHECK(key_head_dim > 0 && value_head_dim > 0 && hidden_size > 0 && conv_kernel > 0,
              "gated DeltaNet sizes must be positive: hidden ", hidden_size, ", K ", key_head_dim, ", V ",
@@ -29,9 +27,7 @@ GatedDeltaNetWeights GatedDeltaNetWeights::random(const GatedDeltaNetConfig& c, 
   c.check();
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto f64 = at::TensorOptions().dtype(at::kDouble);
-  auto randn = [&](at::IntArrayRef shape, double scale) {
-    return (at::randn(shape, gen, f64) * scale).to(options);
-  };
+  auto randn = [&](at::IntArrayRef shape, double scale) { return (at::randn(shape, gen, f64) * scale).to(options); };
   GatedDeltaNetWeights w;
   const double in_scale = 1.0 / std::sqrt(static_cast<double>(c.hidden_size));
   w.in_proj_qkvz = randn({2 * c.key_dim() + 2 * c.value_dim(), c.hidden_size}, in_scale);
@@ -45,17 +41,19 @@ GatedDeltaNetWeights GatedDeltaNetWeights::random(const GatedDeltaNetConfig& c, 
 }
 
 std::vector<std::pair<std::string, at::Tensor>> GatedDeltaNetWeights::named() const {
-  return {{"in_proj_qkvz.weight", in_proj_qkvz}, {"in_proj_ba.weight", in_proj_ba},
-          {"conv1d.weight", conv1d_weight},      {"A_log", A_log},
-          {"dt_bias", dt_bias},                  {"norm.weight", norm_weight},
+  return {{"in_proj_qkvz.weight", in_proj_qkvz},
+          {"in_proj_ba.weight", in_proj_ba},
+          {"conv1d.weight", conv1d_weight},
+          {"A_log", A_log},
+          {"dt_bias", dt_bias},
+          {"norm.weight", norm_weight},
           {"out_proj.weight", out_proj}};
 }
 
 void GatedDeltaNetWeights::check(const GatedDeltaNetConfig& c) const {
   auto expect = [](const at::Tensor& t, std::vector<int64_t> shape, const char* name) {
-    MMSP_CHECK(t.defined() && t.sizes() == at::IntArrayRef(shape), "gated DeltaNet weight ", name,
-               " must have shape ", at::IntArrayRef(shape), ", got ",
-               t.defined() ? t.sizes() : at::IntArrayRef());
+    MMSP_CHECK(t.defined() && t.sizes() == at::IntArrayRef(shape), "gated DeltaNet weight ", name, " must have shape ",
+               at::IntArrayRef(shape), ", got ", t.defined() ? t.sizes() : at::IntArrayRef());
   };
   expect(in_proj_qkvz, {2 * c.key_dim() + 2 * c.value_dim(), c.hidden_size}, "in_proj_qkvz.weight");
   expect(in_proj_ba, {2 * c.num_value_heads, c.hidden_size}, "in_proj_ba.weight");
@@ -108,9 +106,9 @@ RuleInputs rule_inputs(const at::Tensor& conv1d_weight, const at::Tensor& A_log,
 
   // These heads' channels of the conv: their q and k, their value heads' v.
   at::Tensor conv_w = conv1d_weight.squeeze(1);  // [conv_dim, W]
-  at::Tensor w_heads = at::cat({conv_w.narrow(0, first * K, heads * K),
-                                conv_w.narrow(0, c.key_dim() + first * K, heads * K),
-                                conv_w.narrow(0, 2 * c.key_dim() + first * rep * V, Hv * V)});
+  at::Tensor w_heads =
+      at::cat({conv_w.narrow(0, first * K, heads * K), conv_w.narrow(0, c.key_dim() + first * K, heads * K),
+               conv_w.narrow(0, 2 * c.key_dim() + first * rep * V, Hv * V)});
   at::Tensor qkv = at::cat({q.reshape({T, -1}), k.reshape({T, -1}), v.reshape({T, -1})}, -1);
   qkv = attention::gated_delta_conv(qkv, w_heads, conv).narrow(0, skip, n);  // [n, channels]
   RuleInputs in;
@@ -132,12 +130,12 @@ at::Tensor rule_of_heads(const GatedDeltaNetWeights& w, const GatedDeltaNetConfi
   const bool whole_share = run.index.runs.runs.size() == 1;
   const int64_t rows = c.tile != 0 ? attention::sequence_tile_rows(c.tile, T, c.hidden_size, c.chunk) : 0;
   if (rows > 0 && whole_share && T > rows) {
-    auto tiles = std::make_shared<const std::vector<attention::SequenceTile>>(attention::plan_sequence_tiles(
-        run.index.runs.runs[0], T, rows, c.conv_kernel, c.chunk, mixed.device()));
+    auto tiles = std::make_shared<const std::vector<attention::SequenceTile>>(
+        attention::plan_sequence_tiles(run.index.runs.runs[0], T, rows, c.conv_kernel, c.chunk, mixed.device()));
     auto tile_rule = [c, first, heads, wide](const at::Tensor& m, const std::vector<at::Tensor>& ws,
                                              const attention::SequenceTile& tile, const at::Tensor& initial) {
-      RuleInputs in = rule_inputs(ws[0], ws[1], ws[2], c, m, first, heads, attention::local_run(tile.conv),
-                                  tile.context, wide);
+      RuleInputs in =
+          rule_inputs(ws[0], ws[1], ws[2], c, m, first, heads, attention::local_run(tile.conv), tile.context, wide);
       const int64_t runs = tile.chunks.runs;
       at::Tensor init;  // [runs, H, K, V]: the first run's from the tile before, the others' zero
       if (initial.defined()) {
@@ -167,13 +165,13 @@ at::Tensor gated_norm_out(const at::Tensor& o, const at::Tensor& z, const at::Te
 
 }  // namespace
 
-at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetConfig& c,
-                                  const at::Tensor& x, const attention::GatedDeltaContext& context) {
+at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDeltaNetConfig& c, const at::Tensor& x,
+                                  const attention::GatedDeltaContext& context) {
   // Every check before the first collective (the context's in gated_delta_context_rule).
   c.check();
   w.check(c);
-  MMSP_CHECK(x.dim() == 2 && x.size(1) == c.hidden_size, "gated DeltaNet: x must be [T, ", c.hidden_size,
-             "], got ", x.sizes());
+  MMSP_CHECK(x.dim() == 2 && x.size(1) == c.hidden_size, "gated DeltaNet: x must be [T, ", c.hidden_size, "], got ",
+             x.sizes());
   const int64_t T_l = x.size(0);
   const int64_t Hk = c.num_key_heads, Hv = c.num_value_heads, K = c.key_head_dim, V = c.value_head_dim;
   const int64_t rep = Hv / Hk;
@@ -183,9 +181,9 @@ at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDelt
   // the backward the zero-filled gradients of its two cuts.
   const int64_t F = 2 * K + rep * V + 2 * rep;
   const at::Tensor w_qkvz = w.in_proj_qkvz.view({Hk, 2 * K + 2 * rep * V, c.hidden_size});
-  const at::Tensor w_mixed = at::cat({w_qkvz.narrow(1, 0, 2 * K + rep * V),
-                                      w.in_proj_ba.view({Hk, 2 * rep, c.hidden_size})}, 1)
-                                 .view({Hk * F, c.hidden_size});
+  const at::Tensor w_mixed =
+      at::cat({w_qkvz.narrow(1, 0, 2 * K + rep * V), w.in_proj_ba.view({Hk, 2 * rep, c.hidden_size})}, 1)
+          .view({Hk * F, c.hidden_size});
   const at::Tensor w_z = w_qkvz.narrow(1, 2 * K + rep * V, rep * V).reshape({Hv * V, c.hidden_size});
   at::Tensor mixed = at::matmul(x, w_mixed.t()).view({T_l, Hk, F});
   at::Tensor z = at::matmul(x, w_z.t()).view({T_l, Hv, V});
@@ -194,8 +192,7 @@ at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& w, const GatedDelt
 
   const attention::GatedDeltaHeads heads{Hk, Hv, V, c.conv_kernel, c.chunk};
   at::Tensor o = attention::gated_delta_context_rule(
-      mixed, heads, context,
-      [&](const at::Tensor& m, int64_t first, int64_t n, const attention::GatedDeltaRun& run) {
+      mixed, heads, context, [&](const at::Tensor& m, int64_t first, int64_t n, const attention::GatedDeltaRun& run) {
         return rule_of_heads(w, c, m, first, n, run, wide);
       });
 

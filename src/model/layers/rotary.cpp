@@ -29,10 +29,9 @@ std::vector<int64_t> frequency_rows(const RotaryOptions& o) {
 
 }  // namespace
 
-RotaryTable rotary_table(const at::Tensor& positions, const RotaryOptions& o,
-                         at::ScalarType dtype, const at::Device& device) {
-  MMSP_CHECK(o.head_dim > 0 && o.head_dim % 2 == 0, "rotary head_dim must be even, got ",
-             o.head_dim);
+RotaryTable rotary_table(const at::Tensor& positions, const RotaryOptions& o, at::ScalarType dtype,
+                         const at::Device& device) {
+  MMSP_CHECK(o.head_dim > 0 && o.head_dim % 2 == 0, "rotary head_dim must be even, got ", o.head_dim);
   const int64_t half = o.head_dim / 2;
   if (!o.mrope_section.empty()) {
     MMSP_CHECK(o.mrope_section.size() == 3, "mrope_section must have 3 entries (t, h, w), got ",
@@ -59,8 +58,8 @@ RotaryTable rotary_table(const at::Tensor& positions, const RotaryOptions& o,
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table) {
-  MMSP_CHECK(x.dim() == 3 && x.size(0) == table.cos.size(0) && x.size(2) == table.cos.size(1),
-             "apply_rotary: x ", x.sizes(), " does not match the table ", table.cos.sizes());
+  MMSP_CHECK(x.dim() == 3 && x.size(0) == table.cos.size(0) && x.size(2) == table.cos.size(1), "apply_rotary: x ",
+             x.sizes(), " does not match the table ", table.cos.sizes());
   const int64_t half = x.size(2) / 2;
   at::Tensor rotated = at::cat({-x.narrow(2, half, half), x.narrow(2, 0, half)}, 2);
   return x * table.cos.unsqueeze(1) + rotated * table.sin.unsqueeze(1);

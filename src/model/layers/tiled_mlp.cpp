@@ -19,9 +19,7 @@ int64_t parse_mlp_tile(const std::string& text) {
   size_t used = 0;
   try {
     tokens = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  } catch (const std::exception&) { used = 0; }
   MMSP_CHECK(used == text.size() && !text.empty() && tokens >= 1, "--tiled-mlp '", text,
              "' must be off, auto (tiles of at most the hidden size in tokens) or a number of tokens >= 1");
   return tokens;

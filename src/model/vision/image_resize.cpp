@@ -111,8 +111,7 @@ at::Tensor resize_bicubic_like_pil(const at::Tensor& image, int64_t height, int6
              width, " x ", height);
   const at::Tensor in = image.contiguous();
   const int in_h = static_cast<int>(in.size(0)), in_w = static_cast<int>(in.size(1));
-  const int channels = static_cast<int>(in.size(2)), out_h = static_cast<int>(height),
-            out_w = static_cast<int>(width);
+  const int channels = static_cast<int>(in.size(2)), out_h = static_cast<int>(height), out_w = static_cast<int>(width);
   if (in_h == out_h && in_w == out_w) return in.clone();
   const Coefficients vertical = coefficients(in_h, out_h);
   // Pillow 13 runs the vertical pass first when the height shrinks by more than twice

@@ -14,8 +14,7 @@ int64_t PixelInputs::first_row(const plan::VisionItem& item, int64_t whole_batch
   return row;
 }
 
-int64_t PixelInputs::row_of(const plan::VisionItem& item, int64_t whole_batch_row, int64_t row,
-                            int64_t count) const {
+int64_t PixelInputs::row_of(const plan::VisionItem& item, int64_t whole_batch_row, int64_t row, int64_t count) const {
   const bool image = item.kind == plan::VisionKind::image;
   const std::vector<int64_t>& from = image ? image_held_from : video_held_from;
   const std::vector<int64_t>& held = image ? image_held_rows : video_held_rows;

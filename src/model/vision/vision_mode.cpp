@@ -14,9 +14,12 @@ VisionMode parse_vision_mode(const std::string& name) {
 
 const char* to_string(VisionMode mode) {
   switch (mode) {
-    case VisionMode::routed: return "routed";
-    case VisionMode::gather: return "gather";
-    case VisionMode::replicate: return "replicate";
+    case VisionMode::routed:
+      return "routed";
+    case VisionMode::gather:
+      return "gather";
+    case VisionMode::replicate:
+      return "replicate";
   }
   return "?";
 }

@@ -7,8 +7,8 @@ namespace mmsp::model {
 
 void VisionTower::add_split(const std::vector<plan::VisionItem>& items, const PixelInputs&, const SplitEncoding&,
                             TowerInput&) const {
-  MMSP_CHECK(items.empty(), "this family's vision tower encodes every item whole, but the plan splits ",
-             items.size(), " item(s) over the context group: plan with --vision-split off");
+  MMSP_CHECK(items.empty(), "this family's vision tower encodes every item whole, but the plan splits ", items.size(),
+             " item(s) over the context group: plan with --vision-split off");
 }
 
 }  // namespace mmsp::model

@@ -14,8 +14,13 @@ namespace mmsp::parallel {
 
 RowShardedTable::RowShardedTable(int64_t vocab, int64_t width, at::Tensor master, std::function<at::Tensor()> grad,
                                  at::ScalarType model_dtype, dist::GroupPtr world)
-    : vocab_(vocab), width_(width), rows_per_rank_(rows_per_rank(vocab, world->size())), master_(std::move(master)),
-      grad_(std::move(grad)), model_dtype_(model_dtype), world_(std::move(world)) {
+    : vocab_(vocab),
+      width_(width),
+      rows_per_rank_(rows_per_rank(vocab, world->size())),
+      master_(std::move(master)),
+      grad_(std::move(grad)),
+      model_dtype_(model_dtype),
+      world_(std::move(world)) {
   MMSP_CHECK(master_.numel() == rows_per_rank_ * width_, "RowShardedTable: a shard of ", master_.numel(),
              " elements for ", rows_per_rank_, " rows of width ", width_);
 }
@@ -60,8 +65,8 @@ at::Tensor RowShardedTable::lookup(const at::Tensor& ids) {
   const int64_t P = world_->size(), me = world_->rank(), R = rows_per_rank_;
   const at::Tensor flat = ids.reshape({-1}).to(at::kLong);
   if (flat.numel() > 0)
-    MMSP_CHECK(flat.min().item<int64_t>() >= 0 && flat.max().item<int64_t>() < vocab_, "token ids outside [0, ",
-               vocab_, ") looked up in a row-sharded table");
+    MMSP_CHECK(flat.min().item<int64_t>() >= 0 && flat.max().item<int64_t>() < vocab_, "token ids outside [0, ", vocab_,
+               ") looked up in a row-sharded table");
   // Each distinct id once, asked of the rank that owns its row (ascending ids: grouped by owner).
   const auto [unique, inverse, counts_unused] = at::_unique2(flat, /*sorted=*/true, /*return_inverse=*/true);
   (void)counts_unused;
@@ -69,7 +74,8 @@ at::Tensor RowShardedTable::lookup(const at::Tensor& ids) {
   // Every rank's asks, so each knows how many ids it gets from each.
   const at::Tensor all = dist::all_gather_v(send.to(flat.device()), std::vector<int64_t>(P, P), world_).cpu();
   std::vector<int64_t> send_counts(P), recv_counts(P);
-  for (int64_t p = 0; p < P; ++p) send_counts[p] = send[p].item<int64_t>(), recv_counts[p] = all[p * P + me].item<int64_t>();
+  for (int64_t p = 0; p < P; ++p)
+    send_counts[p] = send[p].item<int64_t>(), recv_counts[p] = all[p * P + me].item<int64_t>();
   const at::Tensor asked = dist::all_to_all_v(unique, send_counts, recv_counts, world_);  // ids of my rows
   const at::Tensor rows = master_.view({R, width_}).index_select(0, asked - me * R).to(model_dtype_);
   const at::Tensor back = dist::all_to_all_v(rows, recv_counts, send_counts, world_);  // [unique, h]

@@ -16,10 +16,14 @@ ShardLevel parse_shard_level(const std::string& name) {
 
 const char* to_string(ShardLevel level) {
   switch (level) {
-    case ShardLevel::none: return "none";
-    case ShardLevel::optimizer: return "optimizer";
-    case ShardLevel::gradients: return "gradients";
-    case ShardLevel::parameters: return "parameters";
+    case ShardLevel::none:
+      return "none";
+    case ShardLevel::optimizer:
+      return "optimizer";
+    case ShardLevel::gradients:
+      return "gradients";
+    case ShardLevel::parameters:
+      return "parameters";
   }
   return "?";
 }

@@ -17,17 +17,19 @@ namespace mmsp::parallel {
 ShardedModel::ShardedModel(model::NamedParams model_params, at::ScalarType master_dtype, dist::GroupPtr world,
                            int64_t bucket_bytes, ShardLevel level, std::vector<int> unit_of,
                            std::vector<ShardUnitUse> uses)
-    : model_(std::move(model_params)), world_(std::move(world)), master_dtype_(master_dtype),
-      uses_(std::move(uses)), level_(level),
+    : model_(std::move(model_params)),
+      world_(std::move(world)),
+      master_dtype_(master_dtype),
+      uses_(std::move(uses)),
+      level_(level),
       weights_(model_, world_, level == ShardLevel::parameters, 2 * bucket_bytes) {
   MMSP_CHECK(world_, "ShardedModel: the world group is null");
   MMSP_CHECK(level_ != ShardLevel::none, "ShardedModel: shard level none is the replicated update");
   model::check_named_params(model_, "ShardedModel");
-  MMSP_CHECK(at::isFloatingType(master_dtype_), "ShardedModel: master dtype ", master_dtype_,
-             " is not floating point");
+  MMSP_CHECK(at::isFloatingType(master_dtype_), "ShardedModel: master dtype ", master_dtype_, " is not floating point");
   if (level_ == ShardLevel::optimizer) unit_of.clear();  // stage 1 reduces after the backward, in any buckets
-  MMSP_CHECK(unit_of.empty() || unit_of.size() == model_.size(), "ShardedModel: ", unit_of.size(),
-             " unit indices for ", model_.size(), " parameters");
+  MMSP_CHECK(unit_of.empty() || unit_of.size() == model_.size(), "ShardedModel: ", unit_of.size(), " unit indices for ",
+             model_.size(), " parameters");
   const int64_t P = world_->size(), r = world_->rank();
   at::NoGradGuard no_grad;
   for (const GradBucket& bucket : make_grad_buckets(model_, bucket_bytes, unit_of)) {
@@ -38,7 +40,8 @@ ShardedModel::ShardedModel(model::NamedParams model_params, at::ScalarType maste
     const at::Tensor& first_param = model_[bucket.params.front()].second;
     const bool by_rows = level_ == ShardLevel::parameters && bucket.unit >= 0 && use_of(bucket.unit).by_rows &&
                          bucket.params.size() == 1 && first_param.dim() == 2;
-    if (by_rows) s.shard = RowShardedTable::rows_per_rank(first_param.size(0), static_cast<int>(P)) * first_param.size(1);
+    if (by_rows)
+      s.shard = RowShardedTable::rows_per_rank(first_param.size(0), static_cast<int>(P)) * first_param.size(1);
     const auto options = at::TensorOptions().dtype(master_dtype_).device(bucket.device);
     s.master = at::zeros({s.shard}, options);
     const int64_t begin = r * s.shard, end = begin + s.shard;  // my elements of the bucket
@@ -77,7 +80,8 @@ ShardedModel::ShardedModel(model::NamedParams model_params, at::ScalarType maste
 void ShardedModel::copy_from_model() {
   at::NoGradGuard no_grad;
   for (const ShardPiece& piece : pieces_)
-    master_piece(piece).copy_(model_[piece.param].second.detach().reshape({-1}).narrow(0, piece.param_offset, piece.length));
+    master_piece(piece).copy_(
+        model_[piece.param].second.detach().reshape({-1}).narrow(0, piece.param_offset, piece.length));
 }
 
 void ShardedModel::zero_grad() {
@@ -111,8 +115,8 @@ double ShardedModel::grad_norm(const std::vector<at::Tensor>& grads) const {
       culprit = "\"" + model_[piece.param].first + "\"";
       break;
     }
-  MMSP_FAIL("gradient norm is ", norm, " (not finite); first parameter with a non-finite gradient ",
-            "in rank ", world_->rank(), "'s shard: ", culprit, ". Lower the learning rate or check the data");
+  MMSP_FAIL("gradient norm is ", norm, " (not finite); first parameter with a non-finite gradient ", "in rank ",
+            world_->rank(), "'s shard: ", culprit, ". Lower the learning rate or check the data");
 }
 
 void ShardedModel::reduce_bucket(Shard& s) {
@@ -152,7 +156,8 @@ void ShardedModel::reduce_unit(int unit) {
 }
 
 void ShardedModel::ensure_grad(Shard& s) const {
-  if (!s.grad.defined()) s.grad = at::zeros({s.shard}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
+  if (!s.grad.defined())
+    s.grad = at::zeros({s.shard}, at::TensorOptions().dtype(master_dtype_).device(s.bucket.device));
 }
 
 bool ShardedModel::is_lookup_unit(int unit) const {
@@ -164,11 +169,10 @@ const at::Tensor& ShardedModel::lookup_table(int unit) const {
 }
 
 void ShardedModel::keep_lookup_rows(int unit, const at::Tensor& token_ids, const at::Tensor& rows) {
-  MMSP_CHECK(is_lookup_unit(unit),
-             "ShardedModel: unit ", unit, " handed over lookup gradient rows, but it is not a lookup unit");
-  MMSP_CHECK(token_ids.dim() == 1 && rows.dim() == 2 && rows.size(0) == token_ids.size(0),
-             "ShardedModel: lookup rows ", rows.sizes(), " for token ids ", token_ids.sizes(),
-             " (want [n, h] and [n])");
+  MMSP_CHECK(is_lookup_unit(unit), "ShardedModel: unit ", unit,
+             " handed over lookup gradient rows, but it is not a lookup unit");
+  MMSP_CHECK(token_ids.dim() == 1 && rows.dim() == 2 && rows.size(0) == token_ids.size(0), "ShardedModel: lookup rows ",
+             rows.sizes(), " for token ids ", token_ids.sizes(), " (want [n, h] and [n])");
   if (lookup_rows_.size() <= static_cast<size_t>(unit)) lookup_rows_.resize(unit + 1);
   lookup_rows_[unit].push_back(LookupRows{token_ids.to(at::kLong), rows.detach()});
 }
@@ -209,8 +213,8 @@ void ShardedModel::add_lookup_rows(int unit) {
   MMSP_CHECK(weight.dim() == 2, "ShardedModel: lookup unit ", unit, " has a ", weight.dim(),
              "-d weight; a token lookup reads a [V, h] table");
   const int64_t h = weight.size(1);
-  std::vector<LookupRows> mine = unit < static_cast<int>(lookup_rows_.size()) ? std::move(lookup_rows_[unit])
-                                                                               : std::vector<LookupRows>{};
+  std::vector<LookupRows> mine =
+      unit < static_cast<int>(lookup_rows_.size()) ? std::move(lookup_rows_[unit]) : std::vector<LookupRows>{};
   // ids and rows on the table's device on every rank (a rank without rows too), so that
   // every rank's gather takes the same backend.
   at::Tensor ids = at::empty({0}, weight.options().dtype(at::kLong).requires_grad(false)),
@@ -231,8 +235,8 @@ void ShardedModel::add_lookup_rows(int unit) {
   for (size_t b : buckets) ensure_grad(shards_[b]);
   for (const ShardPiece& piece : pieces_)
     if (shards_[piece.bucket].bucket.unit == unit && model_[piece.param].second.is_same(weight))
-      add_rows_to_piece(shards_[piece.bucket].grad.narrow(0, piece.shard_offset, piece.length), piece.param_offset,
-                        h, world_ids, world_rows);
+      add_rows_to_piece(shards_[piece.bucket].grad.narrow(0, piece.shard_offset, piece.length), piece.param_offset, h,
+                        world_ids, world_rows);
 }
 
 void ShardedModel::gather_step_weights() { weights_.gather_outside_units(); }
@@ -286,7 +290,8 @@ int64_t ShardedModel::step_bytes() const {
     // that pad to a multiple of their block; its lookups' rows are not counted here)
     if (level_ == ShardLevel::optimizer || use_of(s.bucket.unit).dense_gradient)
       bytes += dist::shard_collective_bytes(padded * static_cast<int64_t>(s.master.element_size()), P);
-    const int64_t gather = dist::shard_collective_bytes(padded * static_cast<int64_t>(c10::elementSize(s.bucket.dtype)), P);
+    const int64_t gather =
+        dist::shard_collective_bytes(padded * static_cast<int64_t>(c10::elementSize(s.bucket.dtype)), P);
     // stage 3 gathers a unit before each use: a decoder layer before its forward and
     // before its backward, the head likewise (tied: and before the lookup), the untied
     // embedding before its lookup

@@ -14,8 +14,8 @@ namespace {
 void check_owns_storage(const std::string& name, const at::Tensor& p) {
   const size_t bytes = static_cast<size_t>(p.numel()) * p.element_size();
   MMSP_CHECK(p.is_contiguous() && p.storage_offset() == 0 && p.storage().nbytes() == bytes, "--shard parameters: \"",
-             name, "\" shares its memory with other tensors (", p.storage().nbytes(), " bytes of storage for ",
-             bytes, "); it cannot be freed between uses");
+             name, "\" shares its memory with other tensors (", p.storage().nbytes(), " bytes of storage for ", bytes,
+             "); it cannot be freed between uses");
 }
 
 void free_storage(const at::Tensor& p) {
@@ -108,8 +108,7 @@ void ShardedWeights::refresh(size_t index) {
 void ShardedWeights::start_gather(Bucket& b) {
   if (b.gathered || b.prefetch.in_flight()) return;
   at::NoGradGuard no_grad;
-  b.incoming = at::empty({b.shard * world_->size()},
-                         at::TensorOptions().dtype(b.layout.dtype).device(b.layout.device));
+  b.incoming = at::empty({b.shard * world_->size()}, at::TensorOptions().dtype(b.layout.dtype).device(b.layout.device));
   b.prefetch = dist::all_gather_into_async(b.master.to(b.layout.dtype), b.incoming, world_);
 }
 

@@ -6,17 +6,17 @@ namespace {
 
 class ZeroHooks : public model::LayerHooks {
  public:
-  explicit ZeroHooks(std::shared_ptr<ShardedModel> sharded) : sharded_(std::move(sharded)) {}
+  ZeroHooks(std::shared_ptr<ShardedModel> sharded, bool prefetch) : sharded_(std::move(sharded)), prefetch_(prefetch) {}
   // A chain of units i, i+1, ... (each one `prefetched` but the first) runs forward in
   // that order and backward in the reverse one: each unit prefetches the next one.
   void before_forward(size_t unit) override {
     sharded_->gather_unit(static_cast<int>(unit));
-    sharded_->prefetch_unit(static_cast<int>(unit) + 1);
+    if (prefetch_) sharded_->prefetch_unit(static_cast<int>(unit) + 1);
   }
   void after_forward(size_t unit) override { sharded_->release_unit(static_cast<int>(unit)); }
   void before_backward(size_t unit) override {
     sharded_->gather_unit(static_cast<int>(unit));
-    if (sharded_->prefetched(static_cast<int>(unit))) sharded_->prefetch_unit(static_cast<int>(unit) - 1);
+    if (prefetch_ && sharded_->prefetched(static_cast<int>(unit))) sharded_->prefetch_unit(static_cast<int>(unit) - 1);
   }
   void after_backward(size_t unit) override {
     sharded_->reduce_unit(static_cast<int>(unit));
@@ -31,13 +31,14 @@ class ZeroHooks : public model::LayerHooks {
 
  private:
   std::shared_ptr<ShardedModel> sharded_;
+  bool prefetch_;
 };
 
 }  // namespace
 
-std::shared_ptr<model::LayerHooks> make_zero_hooks(const std::shared_ptr<ShardedModel>& sharded) {
+std::shared_ptr<model::LayerHooks> make_zero_hooks(const std::shared_ptr<ShardedModel>& sharded, bool prefetch) {
   if (!sharded || sharded->level() == ShardLevel::optimizer) return nullptr;
-  return std::make_shared<ZeroHooks>(sharded);
+  return std::make_shared<ZeroHooks>(sharded, prefetch);
 }
 
 }  // namespace mmsp::parallel

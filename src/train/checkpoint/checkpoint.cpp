@@ -26,8 +26,8 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr const char* kHfDir = "hf";          // the weights, HF layout, save dtype
-constexpr const char* kMasterDir = "master";  // the training weights' own dtype, when it differs
+constexpr const char* kHfDir = "hf";                           // the weights, HF layout, save dtype
+constexpr const char* kMasterDir = "master";                   // the training weights' own dtype, when it differs
 constexpr const char* kLegacyModelFile = "model.safetensors";  // first format
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
@@ -47,8 +47,7 @@ std::optional<int64_t> parse_step_dir_name(const std::string& name) {
 }
 
 std::string read_text(const std::string& path) {
-  MMSP_CHECK(fs::is_regular_file(path), path,
-             ": missing (an incomplete checkpoint, or not a checkpoint directory)");
+  MMSP_CHECK(fs::is_regular_file(path), path, ": missing (an incomplete checkpoint, or not a checkpoint directory)");
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;
   text << in.rdbuf();
@@ -56,9 +55,7 @@ std::string read_text(const std::string& path) {
   return text.str();
 }
 
-json parse_json(const std::string& text, const std::string& path) {
-  return parse_json_text(text, path);
-}
+json parse_json(const std::string& text, const std::string& path) { return parse_json_text(text, path); }
 
 // Leftovers of crashed saves: hidden names carrying the temporary mark (but `spare`:
 // the shards the ranks of this save have just staged).
@@ -92,9 +89,7 @@ bool looks_complete(const fs::path& step_dir, int64_t step) {
     const std::string state_path = (step_dir / kStateFile).string();
     const json state = check_train_state(parse_json(read_text(state_path), state_path), state_path);
     return state.at("step").get<int64_t>() == step;
-  } catch (const std::exception&) {
-    return false;
-  }
+  } catch (const std::exception&) { return false; }
 }
 
 // Keeps the newest `keep_last` complete step dirs up to `step` and deletes the older
@@ -160,8 +155,8 @@ std::string step_dir_name(int64_t step) {
 }
 
 void save_checkpoint(const std::string& dir, int64_t step, const torch::nn::Module& model,
-                     const torch::optim::AdamW& optimizer, const json& state,
-                     const std::string& config_json, const CheckpointOptions& options) {
+                     const torch::optim::AdamW& optimizer, const json& state, const std::string& config_json,
+                     const CheckpointOptions& options) {
   save_checkpoint(dir, step, named(model), optimizer, state, config_json, options);
 }
 
@@ -169,9 +164,7 @@ bool same_model_config(const std::string& a, const std::string& b) {
   if (a == b) return true;
   try {
     return without_dtype(json::parse(a)) == without_dtype(json::parse(b));
-  } catch (const json::exception&) {
-    return false;
-  }
+  } catch (const json::exception&) { return false; }
 }
 
 namespace {
@@ -203,18 +196,21 @@ void save_step(const std::string& dir, int64_t step, const model::NamedParams& w
     hf::HfSaveOptions hf;
     hf.max_shard_bytes = options.max_shard_bytes;
     hf.progress = [&writer](uint64_t bytes) { writer.count(static_cast<int64_t>(bytes)); };
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    std::vector<std::pair<std::string, at::Tensor>> tensors, hf_tensors;
     for (const auto& [name, w] : weights) tensors.emplace_back(name, w.detach());
+    for (const auto& [name, w] : options.hf_weights ? *options.hf_weights : weights)
+      hf_tensors.emplace_back(name, w.detach());
     hf.dtype = options.save_dtype;
-    hf::save_hf_directory(tmp + "/" + kHfDir, tensors, config_json, hf);
-    if (adamw && needs_master_copy(weights, options.save_dtype)) {
+    hf::save_hf_directory(tmp + "/" + kHfDir, hf_tensors, config_json, hf);
+    if (options.hf_weights || (adamw && needs_master_copy(weights, options.save_dtype))) {
       hf.dtype.reset();
       hf::save_hf_directory(tmp + "/" + kMasterDir, tensors, config_json, hf);
     }
     hf::ChecksumManifest manifest;
+    if (options.extra)
+      for (const auto& [file, sum] : options.extra(tmp)) manifest[file] = sum;
     if (adamw) {
-      writer.write_safetensors(tmp + "/" + kOptimizerFile, adamw_state_tensors(*adamw),
-                               adamw_state_metadata(*adamw));
+      writer.write_safetensors(tmp + "/" + kOptimizerFile, adamw_state_tensors(*adamw), adamw_state_metadata(*adamw));
       manifest[kOptimizerFile] = writer.checksums().at(tmp + "/" + kOptimizerFile);
     } else {
       fs::rename(options.optimizer_shards_staged, tmp + "/" + kOptimizerShardDir);
@@ -253,12 +249,20 @@ std::string shard_staging_dir(const std::string& dir, int64_t step) {
 }
 
 void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights,
-                     const torch::optim::AdamW& optimizer, const json& state,
-                     const std::string& config_json, const CheckpointOptions& options) {
+                     const torch::optim::AdamW& optimizer, const json& state, const std::string& config_json,
+                     const CheckpointOptions& options) {
   MMSP_CHECK(options.optimizer_shards_staged.empty(),
              "save_checkpoint: an AdamW optimizer and staged optimizer shards are given; use one");
   model::check_named_params(weights, "save_checkpoint");
   const AdamWState adamw = capture_adamw_state(optimizer, weights);
+  save_step(dir, step, weights, &adamw, state, config_json, options);
+}
+
+void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights, const AdamWState& adamw,
+                     const json& state, const std::string& config_json, const CheckpointOptions& options) {
+  MMSP_CHECK(options.optimizer_shards_staged.empty(),
+             "save_checkpoint: an AdamW state and staged optimizer shards are given; use one");
+  model::check_named_params(weights, "save_checkpoint");
   save_step(dir, step, weights, &adamw, state, config_json, options);
 }
 
@@ -269,7 +273,6 @@ void save_checkpoint(const std::string& dir, int64_t step, const model::NamedPar
              options.optimizer_shards_staged, "\"");
   save_step(dir, step, weights, nullptr, state, config_json, options);
 }
-
 
 namespace {
 
@@ -289,8 +292,7 @@ std::string resolve_step_dir(const std::string& dir_or_step_dir) {
     MMSP_CHECK(parse_step_dir_name(name).has_value(), latest, ": holds \"", name,
                "\"; expected a step dir name such as step-000042");
     step_dir = path + "/" + name;
-    MMSP_CHECK(fs::is_directory(step_dir), latest, ": names ", name,
-               ", which is not a directory there");
+    MMSP_CHECK(fs::is_directory(step_dir), latest, ": names ", name, ", which is not a directory there");
   } else {
     MMSP_CHECK(fs::exists(path + "/" + kStateFile), path,
                ": not a checkpoint: neither a checkpoint directory (no 'latest' file) nor a "
@@ -316,8 +318,7 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
   c.state = check_train_state(parse_json(read_text(state_path), state_path), state_path);
   c.step = c.state.at("step").get<int64_t>();
   const auto named_step = parse_step_dir_name(fs::path(step_dir).filename().string());
-  MMSP_CHECK(!named_step || *named_step == c.step, state_path, ": step ", c.step,
-             " does not match the directory name");
+  MMSP_CHECK(!named_step || *named_step == c.step, state_path, ": step ", c.step, " does not match the directory name");
   // Weight names and shapes, for the optimizer state's check below.
   std::map<std::string, std::vector<int64_t>> shapes;
   const std::string hf_dir = step_dir + "/" + kHfDir;
@@ -329,12 +330,10 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
     for (const auto& [name, t] : c.weights.tensors) shapes[name] = t.entry.shape;
   } else {
     // The first format: model.safetensors and config.json beside state.json.
-    MMSP_CHECK(fs::is_regular_file(step_dir + "/" + kLegacyModelFile), hf_dir,
-               ": missing (an incomplete checkpoint?)");
+    MMSP_CHECK(fs::is_regular_file(step_dir + "/" + kLegacyModelFile), hf_dir, ": missing (an incomplete checkpoint?)");
     const std::string config_path = step_dir + "/" + kConfigFile;
     c.config_json = read_text(config_path);
-    MMSP_CHECK(parse_json(c.config_json, config_path).is_object(), config_path,
-               ": must be a JSON object");
+    MMSP_CHECK(parse_json(c.config_json, config_path).is_object(), config_path, ": must be a JSON object");
     c.legacy_model = hf::load_safetensors(step_dir + "/" + kLegacyModelFile);
     for (const auto& [name, t] : c.legacy_model) shapes[name] = t.sizes().vec();
   }
@@ -348,22 +347,31 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir) {
     return c;
   }
   const std::string optimizer_path = step_dir + "/" + kOptimizerFile;
-  MMSP_CHECK(fs::is_regular_file(optimizer_path), optimizer_path,
-             ": missing (an incomplete checkpoint?)");
+  MMSP_CHECK(fs::is_regular_file(optimizer_path), optimizer_path, ": missing (an incomplete checkpoint?)");
   hf::check_listed(manifest, step_dir, kOptimizerFile);
   c.optimizer = adamw_state_from(hf::load_safetensors(optimizer_path),
-                                 hf::read_safetensors_header(optimizer_path).metadata,
-                                 optimizer_path);
+                                 hf::read_safetensors_header(optimizer_path).metadata, optimizer_path);
   for (const auto& [name, moments] : c.optimizer.params) {
     auto it = shapes.find(name);
     MMSP_CHECK(it != shapes.end(), optimizer_path, ": has state for ", name,
                ", which is not among the checkpoint's weights");
-    MMSP_CHECK(it->second == moments.exp_avg.sizes().vec(), optimizer_path, ": ", name,
-               ".exp_avg has shape ", moments.exp_avg.sizes(), " but the weight has ",
-               at::IntArrayRef(it->second));
+    MMSP_CHECK(it->second == moments.exp_avg.sizes().vec(), optimizer_path, ": ", name, ".exp_avg has shape ",
+               moments.exp_avg.sizes(), " but the weight has ", at::IntArrayRef(it->second));
   }
   return c;
 }
+
+namespace {
+
+// The weights no optimizer steps (--freeze), from the checkpoint's own names: whole tensors
+// of hf/ (or master/), converted to each weight's dtype.
+void restore_frozen(const Checkpoint& c, const model::NamedParams& frozen) {
+  at::NoGradGuard no_grad;
+  for (const auto& [name, w] : frozen)
+    w.detach().copy_(hf::read_hf_elements(c.weights, name, 0, w.numel()).view(w.sizes()));
+}
+
+}  // namespace
 
 void restore(const Checkpoint& c, torch::nn::Module& model, torch::optim::AdamW& optimizer) {
   restore(c, named(model), optimizer);
@@ -383,8 +391,8 @@ void restore(const Checkpoint& c, const model::NamedParams& weights, torch::opti
       if (it == c.legacy_model.end())
         missing.push_back(name);
       else if (it->second.sizes() != w.sizes())
-        shapes.push_back(detail::concat(name, " is ", it->second.sizes(), " in the file but ", w.sizes(),
-                                        " in the model"));
+        shapes.push_back(
+            detail::concat(name, " is ", it->second.sizes(), " in the file but ", w.sizes(), " in the model"));
     }
     for (const auto& [name, tensor] : c.legacy_model)
       if (!ours.count(name)) unexpected.push_back(name);
@@ -402,10 +410,19 @@ void restore(const Checkpoint& c, const model::NamedParams& weights, torch::opti
   // before it changes the optimizer, and on its refusal the RNG goes back.
   const std::string before = capture_cpu_rng();
   restore_cpu_rng(c.state.at("cpu_rng").get<std::string>(), c.path + "/" + kStateFile);
+  // A frozen weight (--freeze) is in the checkpoint's weights but not in the optimizer.
+  model::NamedParams stepped, frozen;
+  {
+    std::set<const void*> in_optimizer;
+    for (const auto& group : optimizer.param_groups())
+      for (const at::Tensor& p : group.params()) in_optimizer.insert(p.unsafeGetTensorImpl());
+    for (const auto& named : weights)
+      (in_optimizer.count(named.second.unsafeGetTensorImpl()) ? stepped : frozen).push_back(named);
+  }
   try {
     if (c.optimizer_shards) {
       AdamWState state = capture_adamw_state(optimizer, weights);  // the groups as this run built them
-      state.params = gather_adamw_moments(*c.optimizer_shards, weights);
+      state.params = gather_adamw_moments(*c.optimizer_shards, stepped);
       apply_adamw_state(state, optimizer, weights, c.optimizer_shards->dir);
     } else {
       apply_adamw_state(c.optimizer, optimizer, weights, c.path + "/" + kOptimizerFile);
@@ -421,19 +438,22 @@ void restore(const Checkpoint& c, const model::NamedParams& weights, torch::opti
   }
   if (c.optimizer_shards) {  // the exact masters are in the shards, hf/ may be rounded
     at::NoGradGuard no_grad;
-    for (const auto& [name, w] : weights)
-      w.detach().copy_(read_optimizer_shards(*c.optimizer_shards, name, ShardTensor::master, 0, w.numel())
-                           .view(w.sizes()));
+    for (const auto& [name, w] : stepped)
+      w.detach().copy_(
+          read_optimizer_shards(*c.optimizer_shards, name, ShardTensor::master, 0, w.numel()).view(w.sizes()));
+    restore_frozen(c, frozen);
     return;
   }
   hf::load_hf_weights(c.weights, weights, exact);
 }
 
-void restore(const Checkpoint& c, ShardedAdamW& optimizer) {
-  MMSP_CHECK(!c.weights.tensors.empty(), c.path, ": a checkpoint of the first format cannot be resumed with "
+void restore(const Checkpoint& c, ShardedAdamW& optimizer, const model::NamedParams& frozen) {
+  MMSP_CHECK(!c.weights.tensors.empty(), c.path,
+             ": a checkpoint of the first format cannot be resumed with "
              "a sharded --shard level; resume it with --shard none once and save again");
   hf::ExpectedShapes expected;
   for (const auto& [name, w] : optimizer.model_params()) expected.emplace_back(name, w.sizes().vec());
+  for (const auto& [name, w] : frozen) expected.emplace_back(name, w.sizes().vec());
   hf::match_hf_tensors(c.weights, expected, hf::CheckpointNaming{});  // throws, naming every difference
   ShardedAdamW::StateReader read;
   int64_t steps = 0;
@@ -445,8 +465,8 @@ void restore(const Checkpoint& c, ShardedAdamW& optimizer) {
   } else {
     for (const auto& [name, m] : c.optimizer.params) steps = std::max(steps, m.step);
     for (const auto& [name, m] : c.optimizer.params)
-      MMSP_CHECK(m.step == steps, c.path, "/", kOptimizerFile, ": ", name, " took ", m.step,
-                 " steps and another ", steps, "; a sharded optimizer steps every parameter alike");
+      MMSP_CHECK(m.step == steps, c.path, "/", kOptimizerFile, ": ", name, " took ", m.step, " steps and another ",
+                 steps, "; a sharded optimizer steps every parameter alike");
     read = [&](const std::string& name, ShardTensor which, int64_t offset, int64_t length) -> at::Tensor {
       if (which == ShardTensor::master) return hf::read_hf_elements(c.weights, name, offset, length);
       auto it = c.optimizer.params.find(name);
@@ -463,6 +483,7 @@ void restore(const Checkpoint& c, ShardedAdamW& optimizer) {
     restore_cpu_rng(before, "the generator state before restore");
     throw;
   }
+  restore_frozen(c, frozen);
 }
 
 }  // namespace mmsp::train

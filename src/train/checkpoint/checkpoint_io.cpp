@@ -75,8 +75,7 @@ void DurableWriter::write_text(const std::string& path, const std::string& text)
   checksums_[path] = hash.result();
 }
 
-void DurableWriter::write_safetensors(const std::string& path,
-                                      const std::map<std::string, at::Tensor>& tensors,
+void DurableWriter::write_safetensors(const std::string& path, const std::map<std::string, at::Tensor>& tensors,
                                       const std::map<std::string, std::string>& metadata) {
   File f(path);
   hf::ChecksumSink hash;
@@ -94,32 +93,26 @@ void sync_dir(const std::string& dir) {
   const int saved = errno;
   ::close(fd);
   // Some filesystems refuse fsync on a directory (EINVAL); their renames are still ordered.
-  MMSP_CHECK(rc == 0 || saved == EINVAL, dir, ": fsync of the directory failed: ",
-             std::strerror(saved));
+  MMSP_CHECK(rc == 0 || saved == EINVAL, dir, ": fsync of the directory failed: ", std::strerror(saved));
 }
 
 void replace_dir(const std::string& from, const std::string& to) {
   if (::rename(from.c_str(), to.c_str()) == 0) return;  // `to` absent (or an empty dir)
-  MMSP_CHECK(errno == ENOTEMPTY || errno == EEXIST, "cannot rename ", from, " to ", to, ": ",
-             errno_text());
+  MMSP_CHECK(errno == ENOTEMPTY || errno == EEXIST, "cannot rename ", from, " to ", to, ": ", errno_text());
   if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_EXCHANGE) == 0) {
     std::filesystem::remove_all(from);  // the old contents
     return;
   }
-  MMSP_CHECK(errno == EINVAL || errno == ENOSYS, "cannot swap ", from, " with ", to, ": ",
-             errno_text());
+  MMSP_CHECK(errno == EINVAL || errno == ENOSYS, "cannot swap ", from, " with ", to, ": ", errno_text());
   // No atomic swap here: for a moment `to` is absent (its old contents sit at `old`).
   const std::string old = from + "-old";
-  MMSP_CHECK(::rename(to.c_str(), old.c_str()) == 0, "cannot move ", to, " aside to ", old, ": ",
-             errno_text());
-  MMSP_CHECK(::rename(from.c_str(), to.c_str()) == 0, "cannot rename ", from, " to ", to, ": ",
-             errno_text());
+  MMSP_CHECK(::rename(to.c_str(), old.c_str()) == 0, "cannot move ", to, " aside to ", old, ": ", errno_text());
+  MMSP_CHECK(::rename(from.c_str(), to.c_str()) == 0, "cannot rename ", from, " to ", to, ": ", errno_text());
   std::filesystem::remove_all(old);
 }
 
 void replace_file(const std::string& from, const std::string& to) {
-  MMSP_CHECK(::rename(from.c_str(), to.c_str()) == 0, "cannot rename ", from, " to ", to, ": ",
-             errno_text());
+  MMSP_CHECK(::rename(from.c_str(), to.c_str()) == 0, "cannot rename ", from, " to ", to, ": ", errno_text());
 }
 
 }  // namespace mmsp::train::checkpoint_io

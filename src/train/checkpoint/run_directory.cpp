@@ -87,9 +87,9 @@ void check_out_shared(const std::string& out, const dist::Mesh& mesh) {
     seen = owner_of(fd);
     ::close(fd);
   }
-  const std::vector<dist::AgreedFlags> all = dist::exchange_through_store(
-      *mesh.store(), "out-directory", mesh.rank(), mesh.world_size(), mesh.world()->timeout(),
-      {{"the lock note in --out", seen}});
+  const std::vector<dist::AgreedFlags> all =
+      dist::exchange_through_store(*mesh.store(), "out-directory", mesh.rank(), mesh.world_size(),
+                                   mesh.world()->timeout(), {{"the lock note in --out", seen}});
   std::vector<int> elsewhere;
   std::string their;
   for (int r = 1; r < mesh.world_size(); ++r)
@@ -97,9 +97,9 @@ void check_out_shared(const std::string& out, const dist::Mesh& mesh) {
       elsewhere.push_back(r);
       if (their.empty() && !all[static_cast<size_t>(r)].empty()) their = all[static_cast<size_t>(r)][0].second;
     }
-  MMSP_CHECK(elsewhere.empty(), "--out ", out, " is not one directory shared by the job's hosts: ",
-             mesh.hosts().name_ranks(elsewhere), " do not see there the lock file rank 0 wrote on ",
-             mesh.hosts().name_host_of(0), " (they find: ", their,
+  MMSP_CHECK(elsewhere.empty(), "--out ", out,
+             " is not one directory shared by the job's hosts: ", mesh.hosts().name_ranks(elsewhere),
+             " do not see there the lock file rank 0 wrote on ", mesh.hosts().name_host_of(0), " (they find: ", their,
              "). Checkpoints are written there by rank 0 (with --shard, every rank writes its part) and read by "
              "every rank on --resume: give --out a directory every host mounts at that path (NFS, Lustre, a "
              "cloud file system), or run without --out; stopped before the first collective");

@@ -79,8 +79,8 @@ OptimizerShards open_optimizer_shards(const std::string& dir,
                    meta.at("pieces").is_object(),
                path, ": metadata must give rank ", rank, ", world ", out.world, ", step and pieces");
     const int64_t steps = meta.at("step").get<int64_t>();
-    MMSP_CHECK(steps >= 0 && (rank == 0 || steps == out.steps), path, ": step ", steps,
-               " differs from rank 0's ", out.steps);
+    MMSP_CHECK(steps >= 0 && (rank == 0 || steps == out.steps), path, ": step ", steps, " differs from rank 0's ",
+               out.steps);
     out.steps = steps;
     const uint64_t data_start = 8 + header.header_bytes;
     size_t listed = 0;
@@ -88,16 +88,15 @@ OptimizerShards open_optimizer_shards(const std::string& dir,
       const std::string& name = item.key();
       const json& range = item.value();
       MMSP_CHECK(numel.count(name), path, ": has a piece of ", name, ", which is not a weight of the checkpoint");
-      MMSP_CHECK(range.is_array() && range.size() == 2 && range[0].is_number_integer() &&
-                     range[1].is_number_integer(),
+      MMSP_CHECK(range.is_array() && range.size() == 2 && range[0].is_number_integer() && range[1].is_number_integer(),
                  path, ": piece of ", name, " must be [offset, length]");
       OptimizerShards::Piece piece;
       piece.path = path;
       piece.offset = range[0].get<int64_t>();
       piece.length = range[1].get<int64_t>();
       MMSP_CHECK(piece.offset >= 0 && piece.length > 0 && piece.offset + piece.length <= numel.at(name), path,
-                 ": piece [", piece.offset, ", +", piece.length, ") of ", name, " lies outside its ",
-                 numel.at(name), " elements");
+                 ": piece [", piece.offset, ", +", piece.length, ") of ", name, " lies outside its ", numel.at(name),
+                 " elements");
       for (int k = 0; k < 3; ++k) {
         auto it = header.tensors.find(name + kSuffix[k]);
         MMSP_CHECK(it != header.tensors.end(), path, ": ", name + kSuffix[k], " is missing");
@@ -115,7 +114,9 @@ OptimizerShards open_optimizer_shards(const std::string& dir,
   }
   for (const auto& [name, n] : numel) {
     auto it = out.pieces.find(name);
-    MMSP_CHECK(it != out.pieces.end(), dir, ": no optimizer state for ", name);
+    // A weight no optimizer steps (--freeze, a LoRA run's base) has no state; one the run
+    // steps is asked for by name when restored (read_optimizer_shards names it if absent).
+    if (it == out.pieces.end()) continue;
     std::sort(it->second.begin(), it->second.end(), [](const auto& a, const auto& b) { return a.offset < b.offset; });
     int64_t next = 0;
     for (const auto& piece : it->second) {
@@ -141,8 +142,8 @@ at::Tensor read_optimizer_shards(const OptimizerShards& shards, const std::strin
     MMSP_CHECK(fd.get() >= 0, piece.path, ": cannot open");
     at::Tensor part = out.narrow(0, first - offset, last - first);
     hf::pread_exact(fd.get(), part.data_ptr(), static_cast<uint64_t>((last - first) * size),
-                       piece.data_offset[static_cast<int>(which)] + static_cast<uint64_t>((first - piece.offset) * size),
-                       piece.path);
+                    piece.data_offset[static_cast<int>(which)] + static_cast<uint64_t>((first - piece.offset) * size),
+                    piece.path);
   }
   return out;
 }

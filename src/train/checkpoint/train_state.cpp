@@ -17,12 +17,11 @@ using nlohmann::json;
 
 constexpr int kVersion = 1;
 
-int64_t non_negative(const json& j, const char* key, const std::string& where,
-                     const std::string& source) {
+int64_t non_negative(const json& j, const char* key, const std::string& where, const std::string& source) {
   MMSP_CHECK(j.contains(key), source, ": ", where, key, " is missing");
   const json& v = j.at(key);
-  MMSP_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0, source, ": ", where, key, " (",
-             v.dump(), ") must be an integer ≥ 0");
+  MMSP_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0, source, ": ", where, key, " (", v.dump(),
+             ") must be an integer ≥ 0");
   return v.get<int64_t>();
 }
 
@@ -37,31 +36,26 @@ std::string brief(const std::string& s) { return s.size() > 40 ? s.substr(0, 40)
 }  // namespace
 
 json check_train_state(const json& j, const std::string& source) {
-  MMSP_CHECK(j.is_object(), source, ": the train state must be a JSON object, got ",
-             brief(j.dump()));
+  MMSP_CHECK(j.is_object(), source, ": the train state must be a JSON object, got ", brief(j.dump()));
   for (const auto& [key, value] : j.items())
-    MMSP_CHECK(key == "version" || key == "step" || key == "data" || key == "cpu_rng" ||
-                   key == "run",
-               source, ": unknown train-state field \"", key,
+    MMSP_CHECK(key == "version" || key == "step" || key == "data" || key == "cpu_rng" || key == "run", source,
+               ": unknown train-state field \"", key,
                "\" (fields: version, step, data, cpu_rng, run; free-form values go in run)");
   if (j.contains("version"))
-    MMSP_CHECK(j.at("version") == kVersion, source, ": train-state version ",
-               j.at("version").dump(), " is not supported (this build reads version ", kVersion,
-               ")");
+    MMSP_CHECK(j.at("version") == kVersion, source, ": train-state version ", j.at("version").dump(),
+               " is not supported (this build reads version ", kVersion, ")");
   non_negative(j, "step", "", source);
   MMSP_CHECK(j.contains("data") && j.at("data").is_object(), source,
              ": data must be an object {\"epoch\", \"offset\"}");
   non_negative(j.at("data"), "epoch", "data.", source);
   non_negative(j.at("data"), "offset", "data.", source);
-  MMSP_CHECK(j.contains("cpu_rng") && j.at("cpu_rng").is_string(), source,
-             ": cpu_rng must be a string (hex)");
+  MMSP_CHECK(j.contains("cpu_rng") && j.at("cpu_rng").is_string(), source, ": cpu_rng must be a string (hex)");
   const std::string& rng = j.at("cpu_rng").get_ref<const std::string&>();
   bool hex = !rng.empty() && rng.size() % 2 == 0;
   for (char c : rng) hex = hex && hex_digit(c) >= 0;
-  MMSP_CHECK(hex, source, ": cpu_rng (\"", brief(rng),
-             "\") must be non-empty lower-case hex, two digits per byte");
-  MMSP_CHECK(j.contains("run") && j.at("run").is_object(), source,
-             ": run must be a JSON object, got ", j.contains("run") ? brief(j.at("run").dump()) : "nothing");
+  MMSP_CHECK(hex, source, ": cpu_rng (\"", brief(rng), "\") must be non-empty lower-case hex, two digits per byte");
+  MMSP_CHECK(j.contains("run") && j.at("run").is_object(), source, ": run must be a JSON object, got ",
+             j.contains("run") ? brief(j.at("run").dump()) : "nothing");
   json out = j;
   out["version"] = kVersion;
   return out;
@@ -101,8 +95,7 @@ void restore_cpu_rng(const std::string& hex, const std::string& source) {
     gen.set_state(bytes);
   } catch (const c10::Error& e) {
     throw Error(detail::concat(source, ": cpu_rng (", bytes.numel(),
-                               " bytes) is not a CPU generator state of this LibTorch: ",
-                               e.what_without_backtrace()));
+                               " bytes) is not a CPU generator state of this LibTorch: ", e.what_without_backtrace()));
   }
 }
 

@@ -185,17 +185,17 @@ ImageFileHeader stb_header(const fs::path& file) {
     // header still gives the size, so that a too-large image is named by it.
     const auto png = png_header_size(file);
     if (png) h.width = png->first, h.height = png->second;
-    h.problem = detail::concat("not an image stb_image can read (", stbi_failure_reason(),
-                               png ? detail::concat("; its PNG header says ", png->first, " x ", png->second)
-                                   : std::string(),
-                               ")");
+    h.problem = detail::concat(
+        "not an image stb_image can read (", stbi_failure_reason(),
+        png ? detail::concat("; its PNG header says ", png->first, " x ", png->second) : std::string(), ")");
     return h;
   }
   h.width = w, h.height = h_;
   if (n == 1 && stbi_is_16_bit(file.string().c_str()))
-    h.problem = "a 16-bit grey image: transformers' processors (PIL's I;16 → RGB) clip each value at 255, so all "
-                "but the darkest 256 of its 65,536 levels turn white; save it with 8 bits a value (the high "
-                "byte) first";
+    h.problem =
+        "a 16-bit grey image: transformers' processors (PIL's I;16 → RGB) clip each value at 255, so all "
+        "but the darkest 256 of its 65,536 levels turn white; save it with 8 bits a value (the high "
+        "byte) first";
   return h;
 }
 
@@ -203,7 +203,7 @@ at::Tensor decode_stb(const fs::path& file, int64_t channels) {
   int w = 0, h = 0, n = 0;
   // Always RGB: stb's own grey conversion is not PIL's.
   std::unique_ptr<unsigned char, void (*)(void*)> data(stbi_load(file.string().c_str(), &w, &h, &n, 3),
-                                                        stbi_image_free);
+                                                       stbi_image_free);
   MMSP_CHECK(data != nullptr, "cannot decode \"", file.string(), "\": ", stbi_failure_reason());
   const at::Tensor rgb = at::from_blob(data.get(), {h, w, 3}, at::kByte).clone();
   return channels == 1 ? luma_like_pil(rgb) : rgb;
@@ -211,13 +211,11 @@ at::Tensor decode_stb(const fs::path& file, int64_t channels) {
 
 }  // namespace
 
-ImageFileHeader read_image_header(const fs::path& file) {
-  return is_jpeg(file) ? jpeg_header(file) : stb_header(file);
-}
+ImageFileHeader read_image_header(const fs::path& file) { return is_jpeg(file) ? jpeg_header(file) : stb_header(file); }
 
 at::Tensor decode_image_file(const fs::path& file, int64_t channels) {
-  MMSP_CHECK(channels == 1 || channels == 3, "decode_image_file: ", channels,
-             " channels asked of \"", file.string(), "\"; an image file gives 1 (grey) or 3 (RGB)");
+  MMSP_CHECK(channels == 1 || channels == 3, "decode_image_file: ", channels, " channels asked of \"", file.string(),
+             "\"; an image file gives 1 (grey) or 3 (RGB)");
   if (is_jpeg(file)) return decode_jpeg(file, channels);  // which reads and checks its header once
   const ImageFileHeader header = stb_header(file);
   MMSP_CHECK(header.problem.empty(), "cannot decode \"", file.string(), "\": ", header.problem);

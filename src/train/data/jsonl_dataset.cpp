@@ -14,9 +14,9 @@
 
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
+#include "mmsp/hf/safetensors.h"
 #include "mmsp/model/family.h"
 #include "mmsp/model/vision/image_resize.h"
-#include "mmsp/hf/safetensors.h"
 #include "mmsp/train/data/image_file.h"
 #include "mmsp/train/data/video_file.h"
 
@@ -27,14 +27,13 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const std::array<std::string, 7> kFieldNames = {"input_ids", "loss_mask", "images", "image_grid_thw",
-                                                "videos", "video_grid_thw", "second_per_grid_ts"};
-const char* const kFields = "input_ids, loss_mask, images, image_grid_thw, videos, video_grid_thw, "
-                            "second_per_grid_ts";
+const std::array<std::string, 7> kFieldNames = {
+    "input_ids", "loss_mask", "images", "image_grid_thw", "videos", "video_grid_thw", "second_per_grid_ts"};
+const char* const kFields =
+    "input_ids, loss_mask, images, image_grid_thw, videos, video_grid_thw, "
+    "second_per_grid_ts";
 
-std::string grid_text(const plan::Grid& g) {
-  return detail::concat("[", g[0], ", ", g[1], ", ", g[2], "]");
-}
+std::string grid_text(const plan::Grid& g) { return detail::concat("[", g[0], ", ", g[1], ", ", g[2], "]"); }
 
 // One line's parsing: every message starts with "file:line: ".
 struct LineReader {
@@ -47,9 +46,9 @@ struct LineReader {
   }
 
   int64_t integer(const json& v, const std::string& name) const {
-    const bool fits = v.is_number_integer() &&
-                      (!v.is_number_unsigned() ||
-                       v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
+    const bool fits =
+        v.is_number_integer() &&
+        (!v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()));
     if (!fits) fail(name, " is ", v.dump(), ", expected an integer");
     return v.get<int64_t>();
   }
@@ -81,8 +80,7 @@ struct LineReader {
       for (size_t k = 0; k < a.size(); ++k) {
         const std::string name = detail::concat(key, "[", k, "]");
         if (!a[k].is_array() || a[k].size() != 3) fail(name, " is ", a[k].dump(), ", expected [t, h, w]");
-        out.push_back({integer(a[k][0], name + "[0]"), integer(a[k][1], name + "[1]"),
-                       integer(a[k][2], name + "[2]")});
+        out.push_back({integer(a[k][0], name + "[0]"), integer(a[k][1], name + "[1]"), integer(a[k][2], name + "[2]")});
       }
     }
     return out;
@@ -131,8 +129,8 @@ void check_entry_keys(const LineReader& r, const json& item, bool video, const s
   }
   for (const auto& key : item.items())
     if (form && std::find(form->begin(), form->end(), key.key()) == form->end())
-      r.fail(name, " has the key \"", key.key(), "\", which an entry with \"", (*form)[0], "\" does not take (",
-             forms, ")");
+      r.fail(name, " has the key \"", key.key(), "\", which an entry with \"", (*form)[0], "\" does not take (", forms,
+             ")");
 }
 
 fs::path resolve(const std::string& dir, const std::string& file) {
@@ -156,14 +154,11 @@ std::pair<int64_t, int64_t> image_size(const LineReader& r, const std::string& n
 }
 
 // The whole image, RGB (or grey for 1 channel), resized to width x height, as [C, H, W] in 0..1.
-at::Tensor load_image(const std::string& where, const fs::path& file, int64_t channels, int64_t width,
-                      int64_t height) {
+at::Tensor load_image(const std::string& where, const fs::path& file, int64_t channels, int64_t width, int64_t height) {
   at::Tensor decoded;
   try {
     decoded = decode_image_file(file, channels);
-  } catch (const Error& e) {
-    MMSP_FAIL(where, ": ", e.what());
-  }
+  } catch (const Error& e) { MMSP_FAIL(where, ": ", e.what()); }
   // As the Hugging Face processors resize (PIL's bicubic on the 8-bit image; a copy when the
   // file already has the size).
   const at::Tensor out = model::resize_bicubic_like_pil(decoded, height, width);
@@ -188,9 +183,7 @@ at::Tensor video_frames(const std::string& where, const std::vector<std::string>
       for (const std::string& f : files) decoded.push_back(decode_image_file(f, channels));
       frames = at::stack(decoded);
     }
-  } catch (const Error& e) {
-    MMSP_FAIL(where, ": ", e.what());
-  }
+  } catch (const Error& e) { MMSP_FAIL(where, ": ", e.what()); }
   at::Tensor x = frames.permute({0, 3, 1, 2});  // channels last in memory, as torchcodec gives them
   if (x.size(2) != height || x.size(3) != width)
     x = at::_upsample_bicubic2d_aa(x, {height, width}, /*align_corners=*/false, std::nullopt, std::nullopt);
@@ -240,9 +233,7 @@ JsonlDataset::Sample JsonlDataset::read_sample(const std::string& text, int64_t 
   for (const bool video : {false, true}) read_items(line, video, s);
   try {
     plan::parse_sequence(s.sequence, config_.conventions, static_cast<int64_t>(samples_.size()));
-  } catch (const Error& e) {
-    MMSP_FAIL(where, ": ", e.what());
-  }
+  } catch (const Error& e) { MMSP_FAIL(where, ": ", e.what()); }
   return s;
 }
 
@@ -253,23 +244,22 @@ void JsonlDataset::read_tokens(const Line& line, plan::Sequence& seq) const {
   seq.input_ids = line.r.integers("input_ids");
   MMSP_CHECK(!seq.input_ids.empty(), where, ": input_ids is empty");
   for (size_t k = 0; k < seq.input_ids.size(); ++k)
-    MMSP_CHECK(seq.input_ids[k] >= 0 && seq.input_ids[k] < vocab, where, ": input_ids[", k, "] = ",
-               seq.input_ids[k], " is outside the model's vocabulary 0..", vocab - 1);
+    MMSP_CHECK(seq.input_ids[k] >= 0 && seq.input_ids[k] < vocab, where, ": input_ids[", k, "] = ", seq.input_ids[k],
+               " is outside the model's vocabulary 0..", vocab - 1);
   if (line.r.find("loss_mask") == nullptr) return;
   seq.loss_mask = line.r.integers("loss_mask");
   MMSP_CHECK(seq.loss_mask.size() == seq.input_ids.size(), where, ": loss_mask has ", seq.loss_mask.size(),
              " entries but input_ids has ", seq.input_ids.size());
   for (size_t k = 0; k < seq.loss_mask.size(); ++k)
-    MMSP_CHECK(seq.loss_mask[k] == 0 || seq.loss_mask[k] == 1, where, ": loss_mask[", k, "] = ",
-               seq.loss_mask[k], ", expected 0 or 1");
+    MMSP_CHECK(seq.loss_mask[k] == 0 || seq.loss_mask[k] == 1, where, ": loss_mask[", k, "] = ", seq.loss_mask[k],
+               ", expected 0 or 1");
 }
 
 void JsonlDataset::read_seconds(const Line& line, plan::Sequence& seq) const {
   const json* v = line.r.find("second_per_grid_ts");
   if (!v) return;
   for (size_t k = 0; k < line.r.array(*v, "second_per_grid_ts").size(); ++k) {
-    MMSP_CHECK((*v)[k].is_number() && (*v)[k].get<double>() >= 0 &&
-                   (*v)[k].get<double>() <= plan::kMaxSecondsPerGrid,
+    MMSP_CHECK((*v)[k].is_number() && (*v)[k].get<double>() >= 0 && (*v)[k].get<double>() <= plan::kMaxSecondsPerGrid,
                line.where, ": second_per_grid_ts[", k, "] is ", (*v)[k].dump(),
                ", expected a number of seconds in [0, ", plan::kMaxSecondsPerGrid, "]");
     seq.second_per_grid_ts.push_back((*v)[k].get<double>());
@@ -286,16 +276,16 @@ void JsonlDataset::read_items(const Line& line, bool video, Sample& s) const {
   const bool given = line.r.find(grid_key) != nullptr;
   const json* v = line.r.find(items_key);
   if (!v) {
-    MMSP_CHECK(grids.empty(), where, ": ", grid_key, " has ", grids.size(), " entries but there is no ",
-               items_key, " list to take their pixels from");
+    MMSP_CHECK(grids.empty(), where, ": ", grid_key, " has ", grids.size(), " entries but there is no ", items_key,
+               " list to take their pixels from");
     (video ? s.sequence.video_grid_thw : s.sequence.image_grid_thw) = std::move(grids);
     return;
   }
   const json& list = line.r.array(*v, items_key);
   MMSP_CHECK(!video || geometry_->takes_videos(), where, ": videos are not supported by ", config_.model_type,
              " (it has no video placeholder token)");
-  MMSP_CHECK(!given || grids.size() == list.size(), where, ": ", grid_key, " has ", grids.size(),
-             " entries but ", items_key, " has ", list.size());
+  MMSP_CHECK(!given || grids.size() == list.size(), where, ": ", grid_key, " has ", grids.size(), " entries but ",
+             items_key, " has ", list.size());
   std::vector<Source>& sources = video ? s.videos : s.images;
   for (size_t k = 0; k < list.size(); ++k) {
     const std::string name = detail::concat(video ? "video " : "image ", k);
@@ -307,8 +297,7 @@ void JsonlDataset::read_items(const Line& line, bool video, Sample& s) const {
     if (item.contains("safetensors")) {
       // A tensor has no pixel size: its grid is the data's, unless the family fixes it.
       const int64_t side = geometry_->fixed_side();
-      MMSP_CHECK(given || side > 0, where, ": ", name, " comes from safetensors, so ", grid_key,
-                 " must give its grid");
+      MMSP_CHECK(given || side > 0, where, ": ", name, " comes from safetensors, so ", grid_key, " must give its grid");
       if (!given) grids.push_back(geometry_->grid_for(1, side, side, name));
       sources.push_back(read_tensor_source(line, item, name, grids[k]));
       continue;
@@ -345,9 +334,7 @@ JsonlDataset::Source JsonlDataset::read_tensor_source(const Line& line, const js
   hf::SafetensorsHeader header;
   try {
     header = hf::read_safetensors_header(src.safetensors);
-  } catch (const Error& e) {
-    MMSP_FAIL(where, ": ", name, ": ", e.what());
-  }
+  } catch (const Error& e) { MMSP_FAIL(where, ": ", name, ": ", e.what()); }
   const auto t = header.tensors.find(src.tensor);
   MMSP_CHECK(t != header.tensors.end(), where, ": ", name, ": tensor \"", src.tensor, "\" is not in \"",
              src.safetensors, "\"");
@@ -372,8 +359,8 @@ JsonlDataset::ItemFiles JsonlDataset::read_files(const Line& line, const json& i
   std::vector<std::string> files;
   if (video && item.contains("path")) return read_video_file(line, item, name);
   if (video) {
-    MMSP_CHECK(item.contains("frames") && item["frames"].is_array() && !item["frames"].empty(), where, ": ",
-               name, " is ", item.dump(),
+    MMSP_CHECK(item.contains("frames") && item["frames"].is_array() && !item["frames"].empty(), where, ": ", name,
+               " is ", item.dump(),
                ", expected {\"frames\": [paths...]}, {\"path\": video file, \"frame_indices\": [...]} or "
                "{\"safetensors\": ..., \"tensor\": ...}");
     for (size_t f = 0; f < item["frames"].size(); ++f)
@@ -384,8 +371,11 @@ JsonlDataset::ItemFiles JsonlDataset::read_files(const Line& line, const json& i
     files.push_back(line.r.path(item["path"], name + " path"));
   }
   const int64_t channels = geometry_->channels();
-  MMSP_CHECK(channels == 1 || channels == 3, where, ": ", name, " is read from image files, which give 1 (grey) or 3 "
-             "(RGB) channels, but the model's vision tower takes ", channels, "; give its pixels as "
+  MMSP_CHECK(channels == 1 || channels == 3, where, ": ", name,
+             " is read from image files, which give 1 (grey) or 3 "
+             "(RGB) channels, but the model's vision tower takes ",
+             channels,
+             "; give its pixels as "
              "{\"safetensors\": ..., \"tensor\": ...}");
   ItemFiles out;
   for (size_t f = 0; f < files.size(); ++f) {
@@ -412,7 +402,8 @@ JsonlDataset::ItemFiles JsonlDataset::read_video_file(const Line& line, const js
   out.source.files.push_back(resolve(dir_, file).string());
   const std::string& path = out.source.files.back();
   MMSP_CHECK(item.contains("frame_indices") && item["frame_indices"].is_array() && !item["frame_indices"].empty(),
-             where, ": ", name, " is the video file \"", file, "\" without \"frame_indices\": give the frames to "
+             where, ": ", name, " is the video file \"", file,
+             "\" without \"frame_indices\": give the frames to "
              "decode (mmsp prepare writes the ones the processor sampled)");
   for (const json& i : item["frame_indices"]) {
     MMSP_CHECK(i.is_number_integer() && i.get<int64_t>() >= 0, where, ": ", name, " frame_indices holds ", i.dump(),
@@ -436,8 +427,8 @@ JsonlDataset::ItemFiles JsonlDataset::read_video_file(const Line& line, const js
 }
 
 const JsonlDataset::Sample& JsonlDataset::sample(int64_t index) const {
-  MMSP_CHECK(index >= 0 && index < size(), "jsonl dataset \"", path_, "\": sample index ", index,
-             " is outside 0..", size() - 1);
+  MMSP_CHECK(index >= 0 && index < size(), "jsonl dataset \"", path_, "\": sample index ", index, " is outside 0..",
+             size() - 1);
   return samples_[index];
 }
 
@@ -450,9 +441,7 @@ void JsonlDataset::check_lengths(int64_t row_limit) const {
   }
 }
 
-std::string JsonlDataset::location(int64_t index) const {
-  return detail::concat(path_, ":", sample(index).line);
-}
+std::string JsonlDataset::location(int64_t index) const { return detail::concat(path_, ":", sample(index).line); }
 
 plan::Sequence JsonlDataset::sequence(int64_t index) const { return sample(index).sequence; }
 
@@ -462,8 +451,7 @@ at::Tensor JsonlDataset::pixels(const Sample& s, const Source& src, const plan::
   if (!src.safetensors.empty()) {
     std::map<std::string, at::Tensor> tensors = hf::load_safetensors(src.safetensors);
     const auto it = tensors.find(src.tensor);
-    MMSP_CHECK(it != tensors.end(), where, ": tensor \"", src.tensor, "\" is no longer in \"",
-               src.safetensors, "\"");
+    MMSP_CHECK(it != tensors.end(), where, ": tensor \"", src.tensor, "\" is no longer in \"", src.safetensors, "\"");
     const std::vector<int64_t> want = geometry_->item_shape(g);
     MMSP_CHECK(it->second.numel() == c10::multiply_integers(want), where, ": tensor \"", src.tensor, "\" in \"",
                src.safetensors, "\" is now ", it->second.sizes(), ", not the ", at::IntArrayRef(want),
@@ -483,29 +471,29 @@ at::Tensor JsonlDataset::pixels(const Sample& s, const Source& src, const plan::
     const auto [width, height] = geometry_->frame_size(g, src.width, src.height);
     out = geometry_->item_pixels(load_image(where, src.files[0], geometry_->channels(), width, height).unsqueeze(0));
   }
-  MMSP_ASSERT(out.sizes() == at::IntArrayRef(geometry_->item_shape(g)), where, ": pixels ", out.sizes(),
-              " for grid ", grid_text(g));
+  MMSP_ASSERT(out.sizes() == at::IntArrayRef(geometry_->item_shape(g)), where, ": pixels ", out.sizes(), " for grid ",
+              grid_text(g));
   return out;
 }
 
 at::Tensor JsonlDataset::image_pixels(int64_t index, int64_t image) const {
   const Sample& s = sample(index);
-  MMSP_CHECK(image >= 0 && image < static_cast<int64_t>(s.images.size()), location(index), ": sample ",
-             index, " has ", s.images.size(), " images, no image ", image);
+  MMSP_CHECK(image >= 0 && image < static_cast<int64_t>(s.images.size()), location(index), ": sample ", index, " has ",
+             s.images.size(), " images, no image ", image);
   return pixels(s, s.images[image], s.sequence.image_grid_thw[image], false, image);
 }
 
 at::Tensor JsonlDataset::video_pixels(int64_t index, int64_t video) const {
   const Sample& s = sample(index);
-  MMSP_CHECK(video >= 0 && video < static_cast<int64_t>(s.videos.size()), location(index), ": sample ",
-             index, " has ", s.videos.size(), " videos, no video ", video);
+  MMSP_CHECK(video >= 0 && video < static_cast<int64_t>(s.videos.size()), location(index), ": sample ", index, " has ",
+             s.videos.size(), " videos, no video ", video);
   return pixels(s, s.videos[video], s.sequence.video_grid_thw[video], true, video);
 }
 
 at::Tensor JsonlDataset::video_pixel_rows(int64_t index, int64_t video, int64_t first, int64_t rows) const {
   const Sample& s = sample(index);
-  MMSP_CHECK(video >= 0 && video < static_cast<int64_t>(s.videos.size()), location(index), ": sample ", index,
-             " has ", s.videos.size(), " videos, no video ", video);
+  MMSP_CHECK(video >= 0 && video < static_cast<int64_t>(s.videos.size()), location(index), ": sample ", index, " has ",
+             s.videos.size(), " videos, no video ", video);
   const Source& src = s.videos[video];
   const plan::Grid& g = s.sequence.video_grid_thw[video];
   const int64_t per_group = geometry_->video_frames_per_group(), group_rows = geometry_->video_rows_per_group(g);
@@ -524,8 +512,8 @@ at::Tensor JsonlDataset::video_pixel_rows(int64_t index, int64_t video, int64_t 
   } else {
     part.frame_indices.assign(src.frame_indices.begin() + f0, src.frame_indices.begin() + f1);
   }
-  return video_rows(detail::concat(path_, ":", s.line, ": video ", video), part, g).narrow(0, first - g0 * group_rows,
-                                                                                       rows);
+  return video_rows(detail::concat(path_, ":", s.line, ": video ", video), part, g)
+      .narrow(0, first - g0 * group_rows, rows);
 }
 
 // The rows of a video's frames (all of src's, or a share's): decoded, resized to the grid's
@@ -553,8 +541,8 @@ std::string JsonlDataset::describe() const {
     videos += static_cast<int64_t>(s.videos.size());
     tokens += static_cast<int64_t>(s.sequence.input_ids.size());
   }
-  return detail::concat("jsonl: ", path_, ", ", size(), " samples, ", tokens, " tokens, ", images,
-                        " images, ", videos, " videos");
+  return detail::concat("jsonl: ", path_, ", ", size(), " samples, ", tokens, " tokens, ", images, " images, ", videos,
+                        " videos");
 }
 
 }  // namespace mmsp::train

@@ -16,8 +16,8 @@ namespace {
 
 constexpr std::array<const char*, 2> kSizes = {"small", "big"};
 constexpr std::array<const char*, 6> kColours = {"red", "green", "blue", "yellow", "white", "magenta"};
-constexpr std::array<std::array<float, 3>, 6> kRgb = {{{1, 0, 0}, {0, 1, 0}, {0, 0, 1},
-                                                        {1, 1, 0}, {1, 1, 1}, {1, 0, 1}}};
+constexpr std::array<std::array<float, 3>, 6> kRgb = {
+    {{1, 0, 0}, {0, 1, 0}, {0, 0, 1}, {1, 1, 0}, {1, 1, 1}, {1, 0, 1}}};
 constexpr std::array<const char*, 4> kShapes = {"circle", "square", "triangle", "cross"};
 constexpr std::array<const char*, 5> kPlaces = {"left", "right", "top", "bottom", "centre"};
 // shape centre (x, y) as a fraction of the image, per place
@@ -40,10 +40,14 @@ struct ShapesDataset::Draw {
 
 std::string ShapesItem::caption() const {
   std::string where;
-  if (video) where = "moves " + place;
-  else if (place == "left" || place == "right") where = "on the " + place;
-  else if (place == "centre") where = "in the centre";
-  else where = "at the " + place;
+  if (video)
+    where = "moves " + place;
+  else if (place == "left" || place == "right")
+    where = "on the " + place;
+  else if (place == "centre")
+    where = "in the centre";
+  else
+    where = "at the " + place;
   return "a " + size + " " + colour + " " + shape + " " + where;
 }
 
@@ -52,17 +56,16 @@ ShapesDataset::ShapesDataset(const ShapesOptions& options, const model::ModelCon
   const ShapesOptions& o = options_;
   MMSP_CHECK(o.samples >= 1, "shapes dataset: samples is ", o.samples, ", expected >= 1");
   MMSP_CHECK(o.min_tokens_per_side >= 1 && o.min_tokens_per_side <= o.max_tokens_per_side,
-             "shapes dataset: tokens per side range [", o.min_tokens_per_side, ", ",
-             o.max_tokens_per_side, "] must satisfy 1 <= min <= max");
-  MMSP_CHECK(o.multi_image_fraction >= 0 && o.video_fraction >= 0 &&
-                 o.multi_image_fraction + o.video_fraction <= 1,
-             "shapes dataset: multi_image_fraction (", o.multi_image_fraction,
-             ") and video_fraction (", o.video_fraction, ") must be >= 0 and sum to at most 1");
+             "shapes dataset: tokens per side range [", o.min_tokens_per_side, ", ", o.max_tokens_per_side,
+             "] must satisfy 1 <= min <= max");
+  MMSP_CHECK(o.multi_image_fraction >= 0 && o.video_fraction >= 0 && o.multi_image_fraction + o.video_fraction <= 1,
+             "shapes dataset: multi_image_fraction (", o.multi_image_fraction, ") and video_fraction (",
+             o.video_fraction, ") must be >= 0 and sum to at most 1");
   MMSP_CHECK(geometry_->channels() == 3, "shapes dataset draws RGB images but ", config.model_type,
              "'s vision tower reads ", geometry_->channels(), " channel(s)");
   if (geometry_->takes_videos()) {
-    MMSP_CHECK(o.min_frames >= 1 && o.min_frames <= o.max_frames, "shapes dataset: frames range [",
-               o.min_frames, ", ", o.max_frames, "] must satisfy 1 <= min <= max");
+    MMSP_CHECK(o.min_frames >= 1 && o.min_frames <= o.max_frames, "shapes dataset: frames range [", o.min_frames, ", ",
+               o.max_frames, "] must satisfy 1 <= min <= max");
     // timestamps "<k.0 seconds>" exist for temporal patches 0..9 (word_tokenizer)
     const plan::Grid longest = geometry_->grid_for(o.max_frames, geometry_->side_unit(), geometry_->side_unit(),
                                                    "the shapes dataset's smallest video");
@@ -72,8 +75,8 @@ ShapesDataset::ShapesDataset(const ShapesOptions& options, const model::ModelCon
 }
 
 std::vector<ShapesDataset::Draw> ShapesDataset::draw_unbounded(int64_t index) const {
-  MMSP_CHECK(index >= 0 && index < options_.samples, "shapes dataset: sample index ", index,
-             " is outside 0..", options_.samples - 1);
+  MMSP_CHECK(index >= 0 && index < options_.samples, "shapes dataset: sample index ", index, " is outside 0..",
+             options_.samples - 1);
   SplitMix64 rng(options_.seed, static_cast<uint64_t>(index));
   const double u = rng.unit();
   const bool video = geometry_->takes_videos() && u < options_.video_fraction;
@@ -112,8 +115,7 @@ std::vector<ShapesDataset::Draw> ShapesDataset::draw(int64_t index) const {
   while (out.size() > 1 && too_long()) out.pop_back();
   if (too_long()) {
     Draw& d = out.front();
-    if (geometry_->fixed_side() == 0)
-      d.height = d.width = geometry_->side_unit() * options_.min_tokens_per_side;
+    if (geometry_->fixed_side() == 0) d.height = d.width = geometry_->side_unit() * options_.min_tokens_per_side;
     if (d.video) d.frames = options_.min_frames;
   }
   return out;
@@ -204,10 +206,18 @@ at::Tensor ShapesDataset::render(const Draw& d) const {
       const double s = T > 1 ? static_cast<double>(f) / (T - 1) : 0.5;
       const double along = 0.3 + 0.4 * s, across = 0.5;
       switch (d.place) {
-        case 0: fx = 1 - along, fy = across; break;  // left
-        case 1: fx = along, fy = across; break;      // right
-        case 2: fx = across, fy = 1 - along; break;  // up
-        default: fx = across, fy = along; break;     // down
+        case 0:
+          fx = 1 - along, fy = across;
+          break;  // left
+        case 1:
+          fx = along, fy = across;
+          break;  // right
+        case 2:
+          fx = across, fy = 1 - along;
+          break;  // up
+        default:
+          fx = across, fy = along;
+          break;  // down
       }
     } else {
       fx = kPlaceXY[d.place][0], fy = kPlaceXY[d.place][1];
@@ -217,10 +227,16 @@ at::Tensor ShapesDataset::render(const Draw& d) const {
     const at::Tensor ax = dx.abs(), ay = dy.abs();
     at::Tensor mask;  // [H, W] bool
     switch (d.shape) {
-      case 0: mask = (dx * dx + dy * dy) <= r * r; break;                        // circle
-      case 1: mask = (ax <= 0.85 * r).logical_and(ay <= 0.85 * r); break;        // square
-      case 2: mask = (ay <= r).logical_and(ax <= (dy + r) * 0.5); break;         // triangle, apex up
-      default:                                                                   // cross
+      case 0:
+        mask = (dx * dx + dy * dy) <= r * r;
+        break;  // circle
+      case 1:
+        mask = (ax <= 0.85 * r).logical_and(ay <= 0.85 * r);
+        break;  // square
+      case 2:
+        mask = (ay <= r).logical_and(ax <= (dy + r) * 0.5);
+        break;  // triangle, apex up
+      default:  // cross
         mask = (ax <= r).logical_and(ay <= r / 3).logical_or((ay <= r).logical_and(ax <= r / 3));
     }
     for (int64_t ch = 0; ch < 3; ++ch)
@@ -232,8 +248,8 @@ at::Tensor ShapesDataset::render(const Draw& d) const {
 
 at::Tensor ShapesDataset::render(int64_t index, int64_t item) const {
   const std::vector<Draw> draws = draw(index);
-  MMSP_CHECK(item >= 0 && item < static_cast<int64_t>(draws.size()), "shapes dataset: sample ", index,
-             " has ", draws.size(), " items, no item ", item);
+  MMSP_CHECK(item >= 0 && item < static_cast<int64_t>(draws.size()), "shapes dataset: sample ", index, " has ",
+             draws.size(), " items, no item ", item);
   return render(draws[item]);
 }
 
@@ -244,28 +260,22 @@ at::Tensor ShapesDataset::item_pixels(int64_t index, bool video, int64_t which) 
     if (d.video != video || seen++ != which) continue;
     return geometry_->item_pixels(render(d));
   }
-  MMSP_FAIL("shapes dataset: sample ", index, " has ", seen, video ? " videos" : " images",
-            ", no ", video ? "video " : "image ", which);
+  MMSP_FAIL("shapes dataset: sample ", index, " has ", seen, video ? " videos" : " images", ", no ",
+            video ? "video " : "image ", which);
 }
 
-at::Tensor ShapesDataset::image_pixels(int64_t index, int64_t image) const {
-  return item_pixels(index, false, image);
-}
+at::Tensor ShapesDataset::image_pixels(int64_t index, int64_t image) const { return item_pixels(index, false, image); }
 
-at::Tensor ShapesDataset::video_pixels(int64_t index, int64_t video) const {
-  return item_pixels(index, true, video);
-}
+at::Tensor ShapesDataset::video_pixels(int64_t index, int64_t video) const { return item_pixels(index, true, video); }
 
 std::string ShapesDataset::describe() const {
   const ShapesOptions& o = options_;
-  std::string s = detail::concat("shapes: ", o.samples, " samples per epoch, seed ", o.seed, ", ",
-                                 config_.model_type);
+  std::string s = detail::concat("shapes: ", o.samples, " samples per epoch, seed ", o.seed, ", ", config_.model_type);
   if (geometry_->fixed_side() == 0) {
-    s += detail::concat(", sides ", o.min_tokens_per_side, "..", o.max_tokens_per_side,
-                        " tokens, ", o.multi_image_fraction * 100, "% multi-image");
+    s += detail::concat(", sides ", o.min_tokens_per_side, "..", o.max_tokens_per_side, " tokens, ",
+                        o.multi_image_fraction * 100, "% multi-image");
   } else {
-    s += detail::concat(", ", geometry_->fixed_side(), " px images, ", o.multi_image_fraction * 100,
-                        "% multi-image");
+    s += detail::concat(", ", geometry_->fixed_side(), " px images, ", o.multi_image_fraction * 100, "% multi-image");
   }
   if (geometry_->takes_videos())
     s += detail::concat(", ", o.video_fraction * 100, "% video (", o.min_frames, "..", o.max_frames, " frames)");

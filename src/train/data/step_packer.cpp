@@ -10,15 +10,12 @@
 
 namespace mmsp::train {
 
-StepPacker::StepPacker(const Dataset& dataset, const PackerOptions& options)
-    : dataset_(dataset), options_(options) {
+StepPacker::StepPacker(const Dataset& dataset, const PackerOptions& options) : dataset_(dataset), options_(options) {
   const PackerOptions& o = options_;
-  MMSP_CHECK(o.tokens_per_row >= 1, "step packer: tokens_per_row is ", o.tokens_per_row,
-             ", expected >= 1");
+  MMSP_CHECK(o.tokens_per_row >= 1, "step packer: tokens_per_row is ", o.tokens_per_row, ", expected >= 1");
   MMSP_CHECK(o.rows >= 1, "step packer: rows is ", o.rows, ", expected >= 1");
-  MMSP_CHECK(dataset.size() >= o.rows, "step packer: dataset has ", dataset.size(),
-             " samples, fewer than rows (", o.rows, "); every row needs at least one sample per step (",
-             dataset.describe(), ")");
+  MMSP_CHECK(dataset.size() >= o.rows, "step packer: dataset has ", dataset.size(), " samples, fewer than rows (",
+             o.rows, "); every row needs at least one sample per step (", dataset.describe(), ")");
 }
 
 int64_t StepPacker::budget() const { return row_limit() * options_.rows; }
@@ -44,9 +41,8 @@ const std::vector<int64_t>& StepPacker::order(int64_t epoch) const {
 
 std::vector<int64_t> StepPacker::next_step(DataPosition& position) const {
   const int64_t n = dataset_.size();
-  MMSP_CHECK(position.epoch >= 0 && position.offset >= 0 && position.offset < n,
-             "step packer: data position (epoch ", position.epoch, ", offset ", position.offset,
-             ") is outside an epoch of ", n, " samples");
+  MMSP_CHECK(position.epoch >= 0 && position.offset >= 0 && position.offset < n, "step packer: data position (epoch ",
+             position.epoch, ", offset ", position.offset, ") is outside an epoch of ", n, " samples");
   std::vector<int64_t> samples, lengths;
   DataPosition cursor = position;
   int64_t total = 0;
@@ -76,8 +72,8 @@ std::vector<int64_t> StepPacker::next_step(DataPosition& position) const {
     samples.pop_back();
     lengths.pop_back();
   }
-  MMSP_ASSERT(static_cast<int64_t>(samples.size()) >= options_.rows, "step of ", samples.size(),
-              " samples for ", options_.rows, " rows");
+  MMSP_ASSERT(static_cast<int64_t>(samples.size()) >= options_.rows, "step of ", samples.size(), " samples for ",
+              options_.rows, " rows");
   // advance by exactly the samples kept
   position.offset += static_cast<int64_t>(samples.size());
   position.epoch += position.offset / n;

@@ -13,9 +13,7 @@ namespace mmsp::train {
 
 namespace {
 
-std::string grid_text(const plan::Grid& g) {
-  return detail::concat("[", g[0], ", ", g[1], ", ", g[2], "]");
-}
+std::string grid_text(const plan::Grid& g) { return detail::concat("[", g[0], ", ", g[1], ", ", g[2], "]"); }
 
 }  // namespace
 
@@ -40,11 +38,10 @@ PixelsNeeded pixels_encoded_here(const plan::StepPlan& plan, model::VisionMode m
   };
 }
 
-model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t>& samples,
-                               const plan::Batch& batch, const model::ModelConfig& config,
-                               const PixelsNeeded& needed, at::ScalarType dtype) {
-  MMSP_CHECK(samples.size() == batch.sequences.size(), "load_pixels: ", samples.size(),
-             " samples but the batch has ", batch.sequences.size(), " sequences");
+model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t>& samples, const plan::Batch& batch,
+                               const model::ModelConfig& config, const PixelsNeeded& needed, at::ScalarType dtype) {
+  MMSP_CHECK(samples.size() == batch.sequences.size(), "load_pixels: ", samples.size(), " samples but the batch has ",
+             batch.sequences.size(), " sequences");
   const std::shared_ptr<const model::PixelGeometry> geometry = model::pixel_geometry(config);
   model::PixelInputs out;
   for (const plan::VisionKind kind : {plan::VisionKind::image, plan::VisionKind::video}) {
@@ -54,8 +51,8 @@ model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t
     bool partial = false;
     int64_t rows = 0;  // the held items' rows, in batch order
     for (const plan::Sequence& s : batch.sequences) {
-      MMSP_CHECK(!video || s.video_grid_thw.empty() || geometry->takes_videos(), "load_pixels: ",
-                 config.model_type, " takes no videos");
+      MMSP_CHECK(!video || s.video_grid_thw.empty() || geometry->takes_videos(), "load_pixels: ", config.model_type,
+                 " takes no videos");
       for (const plan::Grid& g : video ? s.video_grid_thw : s.image_grid_thw) {
         HeldPart part = needed(kind, static_cast<int64_t>(offsets.size()));
         // A shard's embedding rows as pixel rows, where they map exactly; else the whole item.
@@ -97,8 +94,8 @@ model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t
           const at::Tensor px = dataset.video_pixel_rows(samples[b], static_cast<int64_t>(k), part.first, part.rows);
           std::vector<int64_t> want = geometry->row_shape();
           want.insert(want.begin(), part.rows);
-          MMSP_CHECK(px.sizes() == at::IntArrayRef(want), "load_pixels: sample ", samples[b], " video ", k,
-                     " rows ", part.first, "..", part.first + part.rows, " have pixels ", px.sizes(), ", not ",
+          MMSP_CHECK(px.sizes() == at::IntArrayRef(want), "load_pixels: sample ", samples[b], " video ", k, " rows ",
+                     part.first, "..", part.first + part.rows, " have pixels ", px.sizes(), ", not ",
                      at::IntArrayRef(want));
           held.narrow(0, offsets[item], part.rows).copy_(px);
           continue;
@@ -106,9 +103,9 @@ model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t
         const at::Tensor px = video ? dataset.video_pixels(samples[b], static_cast<int64_t>(k))
                                     : dataset.image_pixels(samples[b], static_cast<int64_t>(k));
         const std::vector<int64_t> want = geometry->item_shape(g);
-        MMSP_CHECK(px.sizes() == at::IntArrayRef(want), "load_pixels: sample ", samples[b], " ",
-                   plan::to_string(kind), " ", k, " has pixels ", px.sizes(), " but grid ", grid_text(g),
-                   " needs ", at::IntArrayRef(want), " (", geometry->item_layout(), ")");
+        MMSP_CHECK(px.sizes() == at::IntArrayRef(want), "load_pixels: sample ", samples[b], " ", plan::to_string(kind),
+                   " ", k, " has pixels ", px.sizes(), " but grid ", grid_text(g), " needs ", at::IntArrayRef(want),
+                   " (", geometry->item_layout(), ")");
         std::vector<int64_t> all_rows = geometry->row_shape();
         all_rows.insert(all_rows.begin(), geometry->batch_rows(g));
         held.narrow(0, offsets[item], part.rows).copy_(px.view(all_rows).narrow(0, part.first, part.rows));

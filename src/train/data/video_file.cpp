@@ -28,8 +28,9 @@ using video::av_error;
 using video::timestamp_text;
 
 // What follows an error that shows the file's data is damaged (or not what its header says).
-const char* const kDamaged = ": the file is damaged (FFmpeg would conceal it and train on wrong pixels; torchcodec "
-                             "refuses what its decoder refuses): replace it with a good copy";
+const char* const kDamaged =
+    ": the file is damaged (FFmpeg would conceal it and train on wrong pixels; torchcodec "
+    "refuses what its decoder refuses): replace it with a good copy";
 
 struct InputCloser {
   void operator()(AVFormatContext* c) const { avformat_close_input(&c); }
@@ -243,8 +244,14 @@ class FrameReader {
  public:
   FrameReader(AVFormatContext* input, int stream, AVCodecContext* codec, const std::string& where,
               VideoDecodeCounts& counts)
-      : input_(input), stream_(stream), codec_(codec), where_(where), counts_(counts),
-        packet_(av_packet_alloc()), frame_(av_frame_alloc()), width_(input->streams[stream]->codecpar->width),
+      : input_(input),
+        stream_(stream),
+        codec_(codec),
+        where_(where),
+        counts_(counts),
+        packet_(av_packet_alloc()),
+        frame_(av_frame_alloc()),
+        width_(input->streams[stream]->codecpar->width),
         height_(input->streams[stream]->codecpar->height) {
     MMSP_CHECK(packet_ != nullptr && frame_ != nullptr, where, ": cannot allocate a packet and a frame");
   }
@@ -287,8 +294,9 @@ class FrameReader {
     if (t == AV_NOPTS_VALUE || t >= checked_from_) {
       const std::string problem = video::frame_problem(*frame_);
       if (!problem.empty())
-        refuse(detail::concat(t == target_t_ ? std::string("the frame itself: ")
-                                             : detail::concat("its frame (", timestamp_text(t), "), decoded on the way: "),
+        refuse(detail::concat(t == target_t_
+                                  ? std::string("the frame itself: ")
+                                  : detail::concat("its frame (", timestamp_text(t), "), decoded on the way: "),
                               problem));
     }
     if (frame_->width != width_ || frame_->height != height_)
@@ -384,8 +392,7 @@ void decode_seeking(FrameReader& reader, const FrameTimes& times, const std::map
     reader.aim(index, t);
     if (!decode_on) reader.seek(times.key_pts.empty() ? t : times.key_pts[std::max<int64_t>(key, 0)]);
     const AVFrame* f = nullptr;
-    while ((f = reader.next()) != nullptr && pts_or_dts(*f) < t) {
-    }
+    while ((f = reader.next()) != nullptr && pts_or_dts(*f) < t) {}
     if (f == nullptr) reader.refuse("the decoder ended before it");
     // A packet (or frame) the decoder dropped gives the next frame in its place: taken, it
     // would shift every frame after it.
@@ -410,12 +417,13 @@ VideoFileHeader read_video_header(const std::filesystem::path& file) {
   h.height = s->codecpar->height;
   h.frames = s->nb_frames > 0 ? s->nb_frames : -1;
   h.codec = v.decoder->name;
-  if (h.width <= 0 || h.height <= 0) h.problem = detail::concat("a video stream of no size (", h.width, " x ", h.height, ")");
+  if (h.width <= 0 || h.height <= 0)
+    h.problem = detail::concat("a video stream of no size (", h.width, " x ", h.height, ")");
   return h;
 }
 
 at::Tensor decode_video_frames(const std::filesystem::path& file, const std::vector<int64_t>& indices,
-                              VideoDecodeCounts* counts) {
+                               VideoDecodeCounts* counts) {
   const std::string where = detail::concat("video file \"", file.string(), "\"");
   MMSP_CHECK(!indices.empty(), where, ": no frame indices to decode");
   for (const int64_t i : indices) MMSP_CHECK(i >= 0, where, ": frame index ", i, " is negative");

@@ -62,7 +62,7 @@ struct RunningLse {
 // per block, as the logits were made; fp32 and fp64 stay in their own width).
 at::Tensor block_gradient(const at::Tensor& logits, const at::Tensor& lse_t, const at::Tensor& at_label,
                           const at::Tensor& here, const at::Tensor& valid, at::ScalarType dtype) {
-  at::Tensor d = (logits - lse_t).exp_();  // [T, n]: softmax
+  at::Tensor d = (logits - lse_t).exp_();                  // [T, n]: softmax
   d.scatter_add_(1, at_label, -here.to(d.scalar_type()));  // − 1 at each token's label in this block
   d.mul_(valid);
   return dtype != d.scalar_type() ? d.to(dtype) : d;
@@ -105,7 +105,7 @@ struct ChunkedLmLoss : torch::autograd::Function<ChunkedLmLoss> {
     const int64_t T = hidden.size(0), V = weight.size(0);
     const int64_t rows = block_rows(chunk, T, V);
     const at::Tensor valid = (labels != kIgnore).to(wide).unsqueeze(1) * scale;  // [T, 1]: the loss's weight
-    const at::Tensor target = labels.clamp_min(0).unsqueeze(1);                    // [T, 1]
+    const at::Tensor target = labels.clamp_min(0).unsqueeze(1);                  // [T, 1]
     const at::Tensor lse_t = lse.unsqueeze(1);
     at::Tensor grad_hidden = at::zeros(hidden.sizes(), hidden.options().dtype(wide));
     at::Tensor grad_weight = at::empty_like(weight);
@@ -140,7 +140,7 @@ Round round_rows(const model::RowShardedWeight& head, int64_t k, int64_t block, 
 
 // Where each token's label sits in round k ([T, 1], clamped), and whether it is there.
 std::pair<at::Tensor, at::Tensor> label_in_round(const at::Tensor& label, const model::RowShardedWeight& head,
-                                                  int64_t k, int64_t block) {
+                                                 int64_t k, int64_t block) {
   const int64_t R = head.rows_per_rank();
   const at::Tensor owner = at::floor_divide(label, R), offset = label - owner * R - k * block;
   const at::Tensor here = (offset >= 0) & (offset < block);
@@ -197,9 +197,8 @@ struct RowShardedLmLoss : torch::autograd::Function<RowShardedLmLoss> {
       const at::Tensor w = head->gather_round(k, block);
       const Round round = round_rows(*head, k, block, hidden.device());
       const auto [at_label, here] = label_in_round(label, *head, k, block);
-      const at::Tensor dd =
-          block_gradient(at::linear(hidden, w).to(wide).masked_fill_(round.valid.logical_not(), -inf), lse_t,
-                         at_label, here, valid, hidden.scalar_type());
+      const at::Tensor dd = block_gradient(at::linear(hidden, w).to(wide).masked_fill_(round.valid.logical_not(), -inf),
+                                           lse_t, at_label, here, valid, hidden.scalar_type());
       grad_hidden.add_(at::matmul(dd, w));
       head->reduce_round(k, block, at::matmul(dd.t(), hidden));
     }
@@ -224,10 +223,10 @@ at::Tensor chunked_lm_loss(const at::Tensor& hidden, model::RowShardedWeight& he
                            int64_t label_count, int64_t block) {
   MMSP_CHECK(label_count > 0, "the batch has no label tokens: nothing to learn from (check loss_mask)");
   MMSP_CHECK(block > 0, "a row-sharded head is read in rounds of at least one row, not ", block);
-  MMSP_CHECK(hidden.dim() == 2 && hidden.size(1) == head.width(), "hidden ", hidden.sizes(),
-             " must be [T, ", head.width(), "] for the LM head");
-  MMSP_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0), "labels ", labels.sizes(),
-             " must be [", hidden.size(0), "] (one per token)");
+  MMSP_CHECK(hidden.dim() == 2 && hidden.size(1) == head.width(), "hidden ", hidden.sizes(), " must be [T, ",
+             head.width(), "] for the LM head");
+  MMSP_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0), "labels ", labels.sizes(), " must be [",
+             hidden.size(0), "] (one per token)");
   return RowShardedLmLoss::apply(hidden, labels, label_count, block, c10::make_intrusive<HeadRef>(head));
 }
 
@@ -235,10 +234,10 @@ at::Tensor chunked_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, c
                            int64_t label_count, int64_t chunk) {
   MMSP_CHECK(label_count > 0, "the batch has no label tokens: nothing to learn from (check loss_mask)");
   MMSP_CHECK(chunk > 0, "--loss-chunk ", chunk, " must be positive (tokens per chunk of the LM head)");
-  MMSP_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
-             "hidden ", hidden.sizes(), " and LM head weight ", weight.sizes(), " must be [T, h] and [V, h]");
-  MMSP_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0), "labels ", labels.sizes(),
-             " must be [", hidden.size(0), "] (one per token)");
+  MMSP_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1), "hidden ", hidden.sizes(),
+             " and LM head weight ", weight.sizes(), " must be [T, h] and [V, h]");
+  MMSP_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0), "labels ", labels.sizes(), " must be [",
+             hidden.size(0), "] (one per token)");
   return ChunkedLmLoss::apply(hidden, weight, labels, label_count, chunk);
 }
 

@@ -24,7 +24,7 @@ namespace {
 constexpr size_t kHeader = 64;  // keeps the data 64-byte aligned
 struct Header {
   size_t bytes;
-  uint64_t number;  // in allocation order, across the process
+  uint64_t number;            // in allocation order, across the process
   c10::DeleterFnPtr deleter;  // the inner allocator's, with its context
   void* context;
 };
@@ -111,8 +111,7 @@ MemoryCounter::~MemoryCounter() {
 void MemoryCounter::count(int64_t delta) {
   const int64_t now = current_.fetch_add(delta) + delta;
   int64_t peak = peak_.load();
-  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-  }
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {}
 }
 
 int64_t MemoryCounter::current_bytes() const {

@@ -9,8 +9,8 @@
 #include "mmsp/core/check.h"
 #include "mmsp/model/named_params.h"
 #include "mmsp/model/vlm.h"
-#include "mmsp/train/loss/chunked_loss.h"
 #include "mmsp/parallel/grad_sync.h"
+#include "mmsp/train/loss/chunked_loss.h"
 #include "mmsp/train/optim/sharded_adamw.h"
 
 namespace mmsp::train {
@@ -56,15 +56,17 @@ std::vector<std::pair<std::string, int64_t>> MemoryEstimate::parts() const {
 
 std::vector<MemoryEstimate::Moment> MemoryEstimate::moments() const {
   const char* next = "next step's pixels";  // decoded during the step: held through all of it
-  return {{"forward", {"gathered forward", "vision", "activations", "working set", next}},
-          {"loss", {"gathered loss", "vision", "activations", "logits", next}},
-          {"loss backward", {"gathered loss", "vision", "activations", "logits backward", "head gradient", next}},
-          {"head reduction", {"vision", "activations", "head gradient", "head reduction", next}},
-          {"backward", {"gathered backward", "vision", "inputs left", "recomputed layer", "working set",
-                        "backward gradients", next}},
-          {"layer reduction", {"gathered backward", "vision", "inputs left", "backward gradients", "reduction rounds", next}},
-          {"vision backward", {"gathered vision", "vision", "vision working set", "gradients", next}},
-          {"update", {"update gradients", "update working set", next}}};
+  return {
+      {"forward", {"gathered forward", "vision", "activations", "working set", next}},
+      {"loss", {"gathered loss", "vision", "activations", "logits", next}},
+      {"loss backward", {"gathered loss", "vision", "activations", "logits backward", "head gradient", next}},
+      {"head reduction", {"vision", "activations", "head gradient", "head reduction", next}},
+      {"backward",
+       {"gathered backward", "vision", "inputs left", "recomputed layer", "working set", "backward gradients", next}},
+      {"layer reduction",
+       {"gathered backward", "vision", "inputs left", "backward gradients", "reduction rounds", next}},
+      {"vision backward", {"gathered vision", "vision", "vision working set", "gradients", next}},
+      {"update", {"update gradients", "update working set", next}}};
 }
 
 int64_t MemoryEstimate::bytes_of(const std::vector<std::string>& names) const {
@@ -144,15 +146,17 @@ int64_t elements_of(const std::vector<int64_t>& shape) {
 // head and an untied embedding, and what stays outside them.
 struct ParameterCensus {
   int64_t total = 0;
-  int64_t in_layers = 0;                     // in every layer and vision block
-  int64_t in_decoder_layers = 0;             // ... of them in the decoder's layers
+  int64_t in_layers = 0;                      // in every layer and vision block
+  int64_t in_decoder_layers = 0;              // ... of them in the decoder's layers
   int64_t largest_layer = 0, next_layer = 0;  // N_l, and N_l2: the most a neighbour of the largest holds
   int64_t largest_block = 0, next_block = 0;  // the same among the vision blocks alone
-  int64_t head = 0, embedding = 0;           // tied: the embedding is the head's unit, embedding 0
-  int64_t largest = 0;                       // the largest parameter
-  int64_t largest_kept = 0;                  // the largest outside every unit
+  int64_t head = 0, embedding = 0;            // tied: the embedding is the head's unit, embedding 0
+  int64_t largest = 0;                        // the largest parameter
+  int64_t largest_kept = 0;                   // the largest outside every unit
   bool tied = false;
+  int64_t frozen = 0, frozen_kept = 0;                                   // --freeze: in all, and outside every unit
   int64_t kept() const { return total - in_layers - head - embedding; }  // whole for the step under ZeRO-2/3
+  int64_t trained() const { return total - frozen; }                     // what has masters, moments and gradients
 };
 
 // Counted from the units parallelize installs (the layout's, parallel::ShardUnitUse):
@@ -164,9 +168,15 @@ ParameterCensus census_of(const ParameterLayout& layout, int64_t decoder_layers)
              " unit indices for ", layout.shapes.size(), " parameters");
   ParameterCensus c;
   std::vector<int64_t> per_unit(layout.uses.size(), 0);
+  MMSP_CHECK(layout.frozen.empty() || layout.frozen.size() == layout.shapes.size(),
+             "estimate_memory: ", layout.frozen.size(), " frozen flags for ", layout.shapes.size(), " parameters");
   for (size_t i = 0; i < layout.shapes.size(); ++i) {
     const int64_t n = elements_of(layout.shapes[i].second);
     const int unit = layout.unit_of[i];
+    if (!layout.frozen.empty() && layout.frozen[i]) {
+      c.frozen += n;
+      if (unit < 0) c.frozen_kept += n;
+    }
     MMSP_CHECK(unit < static_cast<int>(per_unit.size()), "estimate_memory: parameter \"", layout.shapes[i].first,
                "\" is in unit ", unit, " of ", per_unit.size());
     c.total += n;
@@ -217,7 +227,7 @@ struct Widths {
 
 // Replicated training state (no --shard): masters (mixed only), moments, gradients, the update.
 void add_replicated_state(MemoryEstimate& e, const ParameterCensus& c, const Widths& w) {
-  const int64_t P = c.total, b = w.b, m = w.m, largest = c.largest;
+  const int64_t P = c.trained(), b = w.b, m = w.m, largest = c.largest;
   e.master_weights = w.mixed ? P * m : 0;
   e.optimizer = 2 * P * m;
   // The model's gradients through the backward (the masters' are released between
@@ -227,8 +237,8 @@ void add_replicated_state(MemoryEstimate& e, const ParameterCensus& c, const Wid
   // AdamW's two temporaries of it (the square root and the denominator).
   e.gradients = P * b + (c.tied ? 2 * c.head * b : 0);
   e.update_gradients = P * m;
-  e.update_working_set =
-      std::max({std::min(P * m, parallel::kDefaultBucketBytes), largest * m, w.mixed ? largest * b : 0, 2 * largest * m});
+  e.update_working_set = std::max(
+      {std::min(P * m, parallel::kDefaultBucketBytes), largest * m, w.mixed ? largest * b : 0, 2 * largest * m});
 }
 
 // Reductions and gathers go in rounds of at most 2·B bytes (at most a bucket's: a round
@@ -245,7 +255,8 @@ int64_t rounds_of(int64_t elements, int64_t largest_one, const Widths& w) {
 // --shard parameters, the logits of one round of the head's rows (else 0).
 int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, const ParameterCensus& c,
                           const Widths& w, const MemoryEstimateInputs& in) {
-  const int64_t P = c.total, b = w.b, m = w.m, largest = c.largest, kept = c.kept();
+  // A frozen parameter is not sharded: whole on every rank, without gradient or state.
+  const int64_t P = c.trained(), b = w.b, m = w.m, largest = c.largest, kept = c.kept() - c.frozen_kept;
   // sharded_adamw.h: a W-th of masters and moments (+ < W elements of padding per
   // 25 MiB bucket, ignored), and of the reduced gradients from their reduction to
   // the update, reduced in rounds (rounds_of).
@@ -276,7 +287,8 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
   // are only released, and the rounds are the kept ones'.
   // The head's hook reduces its gradient after the loss's backward, its logits gone:
   // its shard and a round, beside the whole gradient (a moment of its own).
-  e.gradients = (kept + c.largest_block + w.lookup_rows) * b + shard * m + rounds_of(c.largest_block, c.largest_block, w);
+  e.gradients =
+      (kept + c.largest_block + w.lookup_rows) * b + shard * m + rounds_of(c.largest_block, c.largest_block, w);
   e.head_reduction = (c.head + W - 1) / W * m + rounds_of(c.head, c.head, w);
   e.update_gradients = shard * m + kept * b;
   const int64_t update_rounds =
@@ -299,13 +311,13 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
   const int64_t B = row_sharded_block(std::max<int64_t>(chunk, 1), std::max<int64_t>(in.tokens_per_rank, 1), V,
                                       static_cast<int>(W), h_head * b, b + 12);
   const int64_t round = W * B * h_head, head_shard = (V + W - 1) / W * h_head;
-  e.parameters = kept * b;
+  e.parameters = (kept + c.frozen) * b;
   e.gathered_forward = std::max(U + 2 * U2, 2 * w.lookup_rows) * b;
   e.gathered_loss = 3 * round * b + 2 * U * b;
   e.gathered_backward = (U + 2 * U2) * b;
   e.gathered_vision = (c.largest_block + 2 * c.next_block) * b;  // the tower's backward: a block, the next in flight
   e.head_gradient = round * (b + 2 * m) + head_shard * m;
-  e.head_reduction = 0;  // by rounds, inside the loss's backward (head gradient)
+  e.head_reduction = 0;    // by rounds, inside the loss's backward (head gradient)
   return w.slots * W * B;  // the loss's logits are a round's; B as the trainer sizes it
 }
 
@@ -319,9 +331,26 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
 struct LayerWork {
   int64_t attention = 0, linear = 0;
 };
+// A mixture-of-experts MLP per token, elements (Qwen3-VL-MoE, Qwen3.5-MoE; moe_block.cpp), with
+// the picks spread evenly over the experts' ranks: kept, the router's logits (and their fp32
+// probabilities, 4 bytes each: `router_bytes`), and for each of the k picks its row sent,
+// received, the expert's gate|up (2I), activation and product (2I), its output, the output
+// back and weighted (5h + 4I); the shared expert's 4 I_s. Its backward's transients: the
+// picks' 3I and the rows exchanged back (2h) each.
+struct MoeTokenElements {
+  int64_t kept = 0, router_bytes = 0, backward = 0;
+};
+MoeTokenElements moe_token_elements(const model::TextConfig& t) {
+  const model::MoeConfig& m = t.moe;
+  const int64_t k = m.num_experts_per_tok, h = t.hidden_size, I = m.moe_intermediate_size;
+  return {m.num_experts + k * (5 * h + 4 * I) + 4 * m.shared_expert_intermediate_size, 4 * m.num_experts,
+          k * (3 * I + 2 * h)};
+}
+
 LayerWork layer_working_sets(const model::TextConfig& t, const Widths& w, const MemoryEstimateInputs& in) {
   const int64_t T = w.slots, h = t.hidden_size, I = t.intermediate_size, b = w.b;
-  const int64_t mlp = in.mlp_tile > 0 ? (7 * std::min(in.mlp_tile, T) * I + h * I + T * h) * b : 3 * T * I * b;
+  int64_t mlp = in.mlp_tile > 0 ? (7 * std::min(in.mlp_tile, T) * I + h * I + T * h) * b : 3 * T * I * b;
+  if (t.moe.any()) mlp = std::max(mlp, T * moe_token_elements(t).backward * b);
   const int64_t block = std::min(in.attention_block, std::max<int64_t>(T, 1));
   const int64_t attention = 4 * t.num_attention_heads * block * block * 4;
   // A Gated DeltaNet layer's backward transients (hybrid configs; what it keeps is in
@@ -347,14 +376,23 @@ int64_t add_activations(MemoryEstimate& e, const model::TextConfig& t, const Wid
   // rest again in its backward, a tile at a time. A hybrid model's Gated DeltaNet
   // layers keep their token mixer's bytes (gated_delta_layer_bytes) instead of the
   // attention's.
+  // A mixture-of-experts decoder's sparse layers keep their routed rows instead of the 4I
+  // (moe_token_elements); the layers are priced as the larger MLP, all but the exact sum below.
   const int64_t T = w.slots, h = t.hidden_size, d = t.head_dim, b = w.b;
-  const int64_t norms_and_mlp = (6 * h + (in.mlp_tile > 0 ? 0 : 4 * t.intermediate_size)) * b;
+  const int64_t dense_mlp = (in.mlp_tile > 0 ? 0 : 4 * t.intermediate_size) * b;
+  const int64_t sparse_mlp = t.moe.any() ? moe_token_elements(t).kept * b + moe_token_elements(t).router_bytes : 0;
+  const int64_t sparse_layers = model::sparse_layer_count(t), dense_layers = t.num_hidden_layers - sparse_layers;
+  const int64_t norms_and_mlp =
+      6 * h * b + (sparse_layers > 0 ? std::max(sparse_mlp, dense_layers ? dense_mlp : 0) : dense_mlp);
   const int64_t attention_layer = T * (norms_and_mlp + (5 * t.num_attention_heads + 4 * t.num_key_value_heads) * d * b);
   int64_t linear_layers = 0, linear_layer = 0;
   if (t.is_hybrid()) {
     linear_layers = std::count(t.layer_types.begin(), t.layer_types.end(), model::LayerKind::linear_attention);
     linear_layer = T * (norms_and_mlp + gated_delta_layer_bytes(t, b, in.ring, in.mlp_tile, in.ulysses).kept);
   }
+  // Each layer's own MLP in the sum (the larger one priced above where layers differ).
+  const int64_t mlp_correction = T * (sparse_layers * (sparse_mlp - (norms_and_mlp - 6 * h * b)) +
+                                      (sparse_layers ? dense_layers * (dense_mlp - (norms_and_mlp - 6 * h * b)) : 0));
   // The layer being recomputed and its transients are one layer's: the kind whose kept
   // bytes and working set sum highest (in Qwen3.5 the attention layer keeps more, the
   // Gated DeltaNet layer's backward adds more). Without recompute, any layer's working
@@ -362,11 +400,12 @@ int64_t add_activations(MemoryEstimate& e, const model::TextConfig& t, const Wid
   const bool linear_heavier = t.is_hybrid() && linear_layer + work.linear > attention_layer + work.attention;
   const int64_t one_layer = linear_heavier ? linear_layer : attention_layer;
   e.working_set = in.checkpointing == model::ActivationCheckpointing::none ? std::max(work.attention, work.linear)
-                  : linear_heavier                                          ? work.linear
-                                                                            : work.attention;
+                  : linear_heavier                                         ? work.linear
+                                                                           : work.attention;
   const int64_t layer_inputs = t.num_hidden_layers * T * h * b;
   if (in.checkpointing == model::ActivationCheckpointing::none) {
-    e.activations = (t.num_hidden_layers - linear_layers) * attention_layer + linear_layers * linear_layer;
+    e.activations =
+        (t.num_hidden_layers - linear_layers) * attention_layer + linear_layers * linear_layer + mlp_correction;
     return one_layer;
   }
   e.recomputed_layer = one_layer;
@@ -391,7 +430,8 @@ int64_t add_activations(MemoryEstimate& e, const model::TextConfig& t, const Wid
 // come after the first layer, so none are in it.
 void add_backward(MemoryEstimate& e, const model::TextConfig& t, const ParameterCensus& c, const Widths& w,
                   const MemoryEstimateInputs& in, int64_t first_layer_keeps) {
-  const bool hooked = in.shard_level == parallel::ShardLevel::gradients || in.shard_level == parallel::ShardLevel::parameters;
+  const bool hooked =
+      in.shard_level == parallel::ShardLevel::gradients || in.shard_level == parallel::ShardLevel::parameters;
   e.inputs_left = e.activations - e.recomputed_layer;  // at the last layer: every input
   // The hidden state's gradient from the layer above: the layer's input gradient is
   // summed into it (its own, in the working set, is the layer's branch).
@@ -407,7 +447,8 @@ void add_backward(MemoryEstimate& e, const model::TextConfig& t, const Parameter
   const bool first = at_first > at_last;
   if (first) e.inputs_left = first_layer_keeps;
   // (the lookup's rows come after the first layer's backward: not yet)
-  e.backward_gradients = (c.kept() + c.largest_layer) * w.b + hidden_gradient + (first ? at_first : at_last) - e.inputs_left;
+  e.backward_gradients =
+      (c.kept() + c.largest_layer) * w.b + hidden_gradient + (first ? at_first : at_last) - e.inputs_left;
   e.reduction_rounds = rounds_of(c.largest_layer, c.largest_layer, w);
 }
 
@@ -447,7 +488,8 @@ GatedDeltaLayerBytes gated_delta_layer_bytes(const model::TextConfig& t, int64_t
     const int64_t mixed = (2 * Hk * K + Hv * V + 2 * Hv) * b, oz = 2 * Hv * V * b;
     // One tile's work at a time: the rule's over rows of the share, each of H/U heads
     // under Ulysses, or the gated norm's over this rank's tokens.
-    bytes.tile = std::max(tile * (rule_kept + rule_backward) / std::max(ulysses, 1), tile * (norm_kept + norm_backward));
+    bytes.tile =
+        std::max(tile * (rule_kept + rule_backward) / std::max(ulysses, 1), tile * (norm_kept + norm_backward));
     bytes.kept = mixed + oz + (Hv * K * V * wide + tile - 1) / tile;
     bytes.backward = mixed + t.hidden_size * b;  // o | z's gradient replaces o | z (freed)
   }
@@ -464,8 +506,7 @@ ParameterLayout parameter_layout(const model::Vlm& skeleton) {
   return layout;
 }
 
-MemoryEstimate estimate_memory(const model::ModelConfig& config,
-                               const ParameterLayout& layout,
+MemoryEstimate estimate_memory(const model::ModelConfig& config, const ParameterLayout& layout,
                                const MemoryEstimateInputs& in) {
   const ParameterCensus census = census_of(layout, config.text.num_hidden_layers);
   Widths w;
@@ -508,16 +549,18 @@ void check_memory_fits(const MemoryEstimate& e, int64_t limit, const std::string
                      "input per vision block; smaller images or fewer frames)"
                    : "";
   MMSP_FAIL(what, what.empty() ? "this run" : ": it", " needs about ", format_bytes(e.total()),
-            " per rank (held through the step ",
-            format_bytes(e.held()), ": ", list_parts(e, kHeld), ", plus the largest of its moments", moments.str(),
-            ") but ", source, " allows ", format_bytes(limit),
+            " per rank (held through the step ", format_bytes(e.held()), ": ", list_parts(e, kHeld),
+            ", plus the largest of its moments", moments.str(), ") but ", source, " allows ", format_bytes(limit),
             ". To shrink it: parameters, gradients and optimizer state scale with the model "
             "(--dtype bfloat16 halves the parameters; --shard optimizer splits the masters and "
-            "optimizer state over the ranks, gradients the gradients too, parameters the weights too; a smaller config); activations, working "
+            "optimizer state over the ranks, gradients the gradients too, parameters the weights too; a smaller "
+            "config); activations, working "
             "set and logits scale with --tokens-per-rank (--checkpoint-activations decoder keeps one "
             "hidden vector per token and layer; --loss-chunk bounds the logits; "
             "more ranks in --ring/--ulysses "
-            "carry a long sequence in smaller pieces)", vision_hint, ". --memory-limit BYTES sets the limit "
+            "carry a long sequence in smaller pieces)",
+            vision_hint,
+            ". --memory-limit BYTES sets the limit "
             "(0: no check).");
 }
 

@@ -32,8 +32,7 @@ model::NamedParams named(const torch::nn::Module& model) {
   return out;
 }
 
-const torch::optim::AdamWOptions& adamw_options(const torch::optim::OptimizerParamGroup& group,
-                                                size_t index) {
+const torch::optim::AdamWOptions& adamw_options(const torch::optim::OptimizerParamGroup& group, size_t index) {
   const auto* options = dynamic_cast<const torch::optim::AdamWOptions*>(&group.options());
   MMSP_ASSERT(options != nullptr, "param group ", index, " of an AdamW has other options");
   return *options;
@@ -47,8 +46,7 @@ std::string join(const std::vector<std::string>& names) {
 
 }  // namespace
 
-AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer,
-                               const torch::nn::Module& model) {
+AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer, const torch::nn::Module& model) {
   return capture_adamw_state(optimizer, named(model));
 }
 
@@ -58,13 +56,13 @@ AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer, const model
   for (size_t g = 0; g < optimizer.param_groups().size(); ++g) {
     const auto& group = optimizer.param_groups()[g];
     const auto& o = adamw_options(group, g);
-    AdamWGroupState gs{o.lr(), {std::get<0>(o.betas()), std::get<1>(o.betas())}, o.eps(),
-                       o.weight_decay(), o.amsgrad(), {}};
+    AdamWGroupState gs{o.lr(), {std::get<0>(o.betas()), std::get<1>(o.betas())}, o.eps(), o.weight_decay(), o.amsgrad(),
+                       {}};
     for (size_t i = 0; i < group.params().size(); ++i) {
       const at::Tensor& p = group.params()[i];
       auto name = names.find(p.unsafeGetTensorImpl());
-      MMSP_CHECK(name != names.end(), "saving the optimizer: parameter #", i, " of group ", g,
-                 " (shape ", p.sizes(), ") is not a parameter of the model");
+      MMSP_CHECK(name != names.end(), "saving the optimizer: parameter #", i, " of group ", g, " (shape ", p.sizes(),
+                 ") is not a parameter of the model");
       gs.params.push_back(name->second);
       auto it = optimizer.state().find(compat::optimizer_state_key(p));
       if (it == optimizer.state().end()) continue;
@@ -77,28 +75,27 @@ AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer, const model
   return out;
 }
 
-void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer,
-                       const torch::nn::Module& model, const std::string& source) {
+void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer, const torch::nn::Module& model,
+                       const std::string& source) {
   apply_adamw_state(state, optimizer, named(model), source);
 }
 
-void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer,
-                       const model::NamedParams& params, const std::string& source) {
+void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer, const model::NamedParams& params,
+                       const std::string& source) {
   const auto names = names_of(params);
   auto& groups = optimizer.param_groups();
   MMSP_CHECK(groups.size() == state.groups.size(), source, ": the optimizer has ", groups.size(),
              " parameter groups but the checkpoint has ", state.groups.size());
   // Check everything, building the new state aside.
   std::set<std::string> optimised;
-  std::vector<std::pair<compat::OptimizerStateKey, std::unique_ptr<torch::optim::AdamWParamState>>>
-      fresh;
+  std::vector<std::pair<compat::OptimizerStateKey, std::unique_ptr<torch::optim::AdamWParamState>>> fresh;
   for (size_t g = 0; g < groups.size(); ++g) {
     const AdamWGroupState& saved = state.groups[g];
     std::vector<std::string> here;
     for (const at::Tensor& p : groups[g].params()) {
       auto name = names.find(p.unsafeGetTensorImpl());
-      MMSP_CHECK(name != names.end(), source, ": a parameter of optimizer group ", g,
-                 " (shape ", p.sizes(), ") is not a parameter of the model");
+      MMSP_CHECK(name != names.end(), source, ": a parameter of optimizer group ", g, " (shape ", p.sizes(),
+                 ") is not a parameter of the model");
       here.push_back(name->second);
     }
     MMSP_CHECK(here == saved.params, source, ": optimizer group ", g, " holds ", join(here),
@@ -122,8 +119,8 @@ void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer,
       for (int k = 0; k < 3; ++k) {
         const at::Tensor& t = *moments[k];
         if (!t.defined()) continue;
-        MMSP_CHECK(t.sizes() == p.sizes(), source, ": ", name, ".", kMoments[k], " has shape ",
-                   t.sizes(), " but the parameter has ", p.sizes());
+        MMSP_CHECK(t.sizes() == p.sizes(), source, ": ", name, ".", kMoments[k], " has shape ", t.sizes(),
+                   " but the parameter has ", p.sizes());
         at::Tensor copy = t.to(p.device(), p.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
         if (k == 0) s->exp_avg(copy);
         if (k == 1) s->exp_avg_sq(copy);
@@ -170,13 +167,12 @@ std::map<std::string, std::string> adamw_state_metadata(const AdamWState& state)
 }
 
 AdamWState adamw_state_from(const std::map<std::string, at::Tensor>& tensors,
-                            const std::map<std::string, std::string>& metadata,
-                            const std::string& source) {
+                            const std::map<std::string, std::string>& metadata, const std::string& source) {
   auto format = metadata.find("format");
   auto body = metadata.find(kFormat);
-  MMSP_CHECK(format != metadata.end() && format->second == kFormat && body != metadata.end(),
-             source, ": not an mmsp optimizer file (metadata \"format\" must be \"", kFormat,
-             "\" with a \"", kFormat, "\" entry)");
+  MMSP_CHECK(format != metadata.end() && format->second == kFormat && body != metadata.end(), source,
+             ": not an mmsp optimizer file (metadata \"format\" must be \"", kFormat, "\" with a \"", kFormat,
+             "\" entry)");
   AdamWState out;
   try {
     const json j = parse_json_text(body->second, source + ": \"" + kFormat + "\" metadata");
@@ -190,8 +186,7 @@ AdamWState adamw_state_from(const std::map<std::string, at::Tensor>& tensors,
       gs.params = g.at("params").get<std::vector<std::string>>();
       out.groups.push_back(std::move(gs));
     }
-    for (const auto& [name, step] : j.at("steps").items())
-      out.params[name].step = step.get<int64_t>();
+    for (const auto& [name, step] : j.at("steps").items()) out.params[name].step = step.get<int64_t>();
   } catch (const json::exception& e) {
     throw Error(detail::concat(source, ": bad \"", kFormat, "\" metadata: ", e.what()));
   }
@@ -202,16 +197,20 @@ AdamWState adamw_state_from(const std::map<std::string, at::Tensor>& tensors,
     auto it = out.params.find(name);
     MMSP_CHECK(it != out.params.end(), source, ": tensor ", key,
                " belongs to no parameter listed in the metadata's steps");
-    if (moment == kMoments[0]) it->second.exp_avg = tensor;
-    else if (moment == kMoments[1]) it->second.exp_avg_sq = tensor;
-    else if (moment == kMoments[2]) it->second.max_exp_avg_sq = tensor;
-    else MMSP_FAIL(source, ": tensor ", key, " is not exp_avg, exp_avg_sq or max_exp_avg_sq");
+    if (moment == kMoments[0])
+      it->second.exp_avg = tensor;
+    else if (moment == kMoments[1])
+      it->second.exp_avg_sq = tensor;
+    else if (moment == kMoments[2])
+      it->second.max_exp_avg_sq = tensor;
+    else
+      MMSP_FAIL(source, ": tensor ", key, " is not exp_avg, exp_avg_sq or max_exp_avg_sq");
   }
   for (const auto& [name, m] : out.params) {
     MMSP_CHECK(m.exp_avg.defined() && m.exp_avg_sq.defined(), source, ": parameter ", name,
                " has a step count but lacks ", m.exp_avg.defined() ? "exp_avg_sq" : "exp_avg");
-    MMSP_CHECK(m.exp_avg.sizes() == m.exp_avg_sq.sizes(), source, ": ", name, ".exp_avg has shape ",
-               m.exp_avg.sizes(), " but ", name, ".exp_avg_sq has ", m.exp_avg_sq.sizes());
+    MMSP_CHECK(m.exp_avg.sizes() == m.exp_avg_sq.sizes(), source, ": ", name, ".exp_avg has shape ", m.exp_avg.sizes(),
+               " but ", name, ".exp_avg_sq has ", m.exp_avg_sq.sizes());
   }
   return out;
 }

@@ -13,7 +13,7 @@ namespace mmsp::attention {
 // order is 0 or its segment changes; padding tokens (segment < 0) get zero output
 // and leave the state alone.
 //   S_t = exp(g_t)(I − β_t k_t k_tᵀ) S_{t−1} + β_t k_t v_tᵀ,   o_t = S_tᵀ q_t / √K
-at::Tensor gated_delta_recurrence(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& g, const at::Tensor& beta, const TokenLayout& layout);
+at::Tensor gated_delta_recurrence(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                  const at::Tensor& beta, const TokenLayout& layout);
 
 }  // namespace mmsp::attention

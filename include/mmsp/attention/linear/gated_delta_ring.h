@@ -45,8 +45,8 @@ struct RingRunIndex {
   RunChunks chunks;       // my runs' chunk slots (its chunk is the kernel's)
   std::vector<int64_t> first_state_row;  // [ring rank]: the row of its first run among the gathered states
   // shares: every ring rank's share (the plan's layouts), as for RingRuns::make.
-  static RingRunIndex make(const std::vector<TokenLayout>& shares, int ring_rank, int64_t conv_kernel,
-                           int64_t chunk, const at::Device& device);
+  static RingRunIndex make(const std::vector<TokenLayout>& shares, int ring_rank, int64_t conv_kernel, int64_t chunk,
+                           const at::Device& device);
 };
 
 // Causal depthwise conv over each segment then SiLU: out_t = silu(Σ_j w[:, j] x_{t−W+1+j}),
@@ -59,15 +59,13 @@ at::Tensor gated_delta_conv(const at::Tensor& x, const at::Tensor& weight, const
 // The gated delta rule (see gated_delta_rule.h) of this ring rank's share, its runs'
 // initial states received from the ranks that hold the earlier pieces. Inputs as in
 // gated_delta_rule (chunk: index.chunks.chunk); out [T_r, H, V].
-at::Tensor gated_delta_ring_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 const at::Tensor& g, const at::Tensor& beta, const RingRunIndex& index,
-                                 const dist::GroupPtr& ring);
+at::Tensor gated_delta_ring_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                 const at::Tensor& beta, const RingRunIndex& index, const dist::GroupPtr& ring);
 
 // Bytes this rank sends per layer forward, as the all-gathers count them:
 // conv context (R−1)·max_runs·(W−1)·Ch·b and states (R−1)·max_runs·H·K·(K+V)·b_state.
-int64_t gated_delta_ring_conv_bytes(int ring, int64_t max_runs, int64_t kernel, int64_t channels,
-                                    int64_t element_size);
-int64_t gated_delta_ring_state_bytes(int ring, int64_t max_runs, int64_t heads, int64_t key_dim,
-                                     int64_t value_dim, int64_t state_element_size);
+int64_t gated_delta_ring_conv_bytes(int ring, int64_t max_runs, int64_t kernel, int64_t channels, int64_t element_size);
+int64_t gated_delta_ring_state_bytes(int ring, int64_t max_runs, int64_t heads, int64_t key_dim, int64_t value_dim,
+                                     int64_t state_element_size);
 
 }  // namespace mmsp::attention

@@ -58,7 +58,6 @@ struct GatedDeltaOptions {
   int64_t group_chunks = 0;
 };
 
-
 struct GatedDeltaResult {
   at::Tensor out;         // [T, H, V], zero for tokens in no run; input dtype
   at::Tensor final;       // [n_runs, H, K, V]: state after each run, from `initial`
@@ -69,15 +68,13 @@ struct GatedDeltaResult {
 // q, k: [T, H, K] (already L2-normalised and repeated to the value heads);
 // v: [T, H, V]; g (log decay, <= 0), beta: [T, H]. initial: [n_runs, H, K, V] or
 // undefined (zero). Computation dtype: fp32 for 16-bit inputs, else the input's.
-GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& g, const at::Tensor& beta,
-                                  const std::vector<TokenRun>& runs,
-                                  const at::Tensor& initial = {},
-                                  const GatedDeltaOptions& options = {});
+GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                  const at::Tensor& beta, const std::vector<TokenRun>& runs,
+                                  const at::Tensor& initial = {}, const GatedDeltaOptions& options = {});
 
 // The same over runs whose chunk slots are planned already (chunk = chunks.chunk).
-GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  const at::Tensor& g, const at::Tensor& beta, const RunChunks& chunks,
-                                  const at::Tensor& initial, bool transitions, int64_t group_chunks = 0);
+GatedDeltaResult gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                  const at::Tensor& beta, const RunChunks& chunks, const at::Tensor& initial,
+                                  bool transitions, int64_t group_chunks = 0);
 
 }  // namespace mmsp::attention

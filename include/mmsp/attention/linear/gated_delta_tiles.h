@@ -52,9 +52,9 @@ int64_t sequence_tile_rows(int64_t setting, int64_t tokens, int64_t hidden, int6
 // [H, K, V] (undefined unless tile.continues) -> (o [length, H, V], the final state of
 // its last run [H, K, V], undefined unless tile.carries). Must be deterministic and
 // capture by value what it reads: it runs again in the backward.
-using SequenceTileFn = std::function<std::pair<at::Tensor, at::Tensor>(
-    const at::Tensor& rows, const std::vector<at::Tensor>& weights, const SequenceTile& tile,
-    const at::Tensor& initial)>;
+using SequenceTileFn =
+    std::function<std::pair<at::Tensor, at::Tensor>(const at::Tensor& rows, const std::vector<at::Tensor>& weights,
+                                                    const SequenceTile& tile, const at::Tensor& initial)>;
 
 // fn over the tiles in order, forward and backward: inputs [T, …] -> o [T, H, V].
 at::Tensor sequence_tiled(SequenceTileFn fn, const at::Tensor& inputs, const std::vector<at::Tensor>& weights,

@@ -39,8 +39,7 @@ struct ModelConfig {
 
 // Parses and validates; every error names the field (e.g. "text_config.num_key_value_heads")
 // and its value. `source` (a path) prefixes error messages.
-ModelConfig parse_model_config(const nlohmann::json& config,
-                               const std::string& source = "config.json");
+ModelConfig parse_model_config(const nlohmann::json& config, const std::string& source = "config.json");
 
 // Reads and parses a config.json file; errors name the path.
 ModelConfig load_model_config(const std::string& path);
@@ -49,8 +48,7 @@ ModelConfig load_model_config(const std::string& path);
 // mmsp.plan): the model's own when the config parses as one (bf16 elements, as released
 // models train), else Qwen2-VL-7B's default shape with `why` saying why (the planner
 // reads configs the model refuses, e.g. an mrope_section against head_dim).
-plan::AttentionShape planned_attention_shape(const nlohmann::json& config, const std::string& source,
-                                             std::string& why);
+plan::AttentionShape planned_attention_shape(const nlohmann::json& config, const std::string& source, std::string& why);
 
 // The config's family part as the family's own type; null for a config of another family.
 template <class Fields>

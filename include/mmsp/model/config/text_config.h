@@ -11,6 +11,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "mmsp/model/config/moe_config.h"
 #include "mmsp/plan/attention_cost.h"
 #include "mmsp/plan/model_conventions.h"
 
@@ -84,6 +85,9 @@ struct TextConfig {
   // weight stored as an offset from 1 (Qwen3.5 / Qwen3-Next)
   bool zero_centered_norm = false;
 
+  // ---- mixture-of-experts decoders (qwen3_vl_moe_text, qwen3_5_moe_text); none by default ----
+  MoeConfig moe;
+
   // channels RoPE rotates: int(head_dim · partial_rotary_factor), as transformers computes it
   int64_t rotary_dim() const;
   LayerKind layer_kind(int64_t layer) const;
@@ -132,12 +136,13 @@ TextConfig parse_text_config(const nlohmann::json& text, const TextDialect& dial
 // "qwen3_next" for Qwen3-Next's layout), with transformers' defaults (Qwen3_5TextConfig,
 // Qwen3NextConfig). Reads layer_types (or full_attention_interval), the linear_* keys,
 // partial_rotary_factor; checks them (layer kinds, head counts dividing, silu, no
-// mixture-of-experts MLP) with errors naming the key and the value.
-TextConfig parse_hybrid_text_config(const nlohmann::json& text, const std::string& where);
+// mixture-of-experts MLP) with errors naming the key and the value. `moe`: a qwen3_5_moe
+// config's ("qwen3_5_moe_text", Qwen3_5MoeTextConfig's defaults): every layer's MLP a
+// mixture of experts with a shared expert (moe_config.h).
+TextConfig parse_hybrid_text_config(const nlohmann::json& text, const std::string& where, bool moe = false);
 
 // The decoder's attention as the planner prices its bytes (plan/attention_cost.h): its
 // heads, K/V heads, head size and full-attention layers, at `element_bytes` an element.
 plan::AttentionShape attention_shape(const TextConfig& text, int64_t element_bytes);
-
 
 }  // namespace mmsp::model

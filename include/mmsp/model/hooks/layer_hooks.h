@@ -46,16 +46,16 @@ class LayerHooks {
 // gathered, when its gradients are complete and whether a neighbour prefetches it.
 struct HookUnit {
   std::vector<at::Tensor> parameters;
-  int forward_uses = 1;         // before_forward / after_forward pairs per step
-  bool backward_hooks = true;   // before_backward / after_backward run: its weights are read again,
-                                // and its dense gradient is complete at after_backward
-  bool lookup_rows = false;     // the token lookup reads it: that gradient comes as rows
-                                // (LayerHooks::lookup_backward), after the backward
-  bool vocab_rows = false;      // a [V, h] table (the head, the embedding) that may be read by rows
-                                // (LayerHooks::row_sharded) instead of whole
-  bool prefetched = true;       // the forward reaches it right after unit − 1 (and the backward
-                                // unit − 1 right after it), so that one may issue its gather early
-                                // (false: the first of a chain, such as vision block 0)
+  int forward_uses = 1;        // before_forward / after_forward pairs per step
+  bool backward_hooks = true;  // before_backward / after_backward run: its weights are read again,
+                               // and its dense gradient is complete at after_backward
+  bool lookup_rows = false;    // the token lookup reads it: that gradient comes as rows
+                               // (LayerHooks::lookup_backward), after the backward
+  bool vocab_rows = false;     // a [V, h] table (the head, the embedding) that may be read by rows
+                               // (LayerHooks::row_sharded) instead of whole
+  bool prefetched = true;      // the forward reaches it right after unit − 1 (and the backward
+                               // unit − 1 right after it), so that one may issue its gather early
+                               // (false: the first of a chain, such as vision block 0)
   // A unit the step never reads (LLaVA's CLIP layers above vision_feature_layer): no
   // forward uses, no backward hooks, not prefetched. Never gathered; its gradient is zero.
 };

@@ -14,14 +14,15 @@
 #include <vector>
 
 #include "mmsp/attention/linear/gated_delta_rule.h"
-#include "mmsp/model/layers/gated_deltanet_layer.h"
 #include "mmsp/attention/step_attention.h"
-#include "mmsp/model/layers/gated_deltanet.h"
-#include "mmsp/model/hooks/layer_hooks.h"
-#include "mmsp/model/layers/linear.h"
-#include "mmsp/model/hooks/recompute.h"
-#include "mmsp/model/layers/rotary.h"
 #include "mmsp/model/config/text_config.h"
+#include "mmsp/model/hooks/layer_hooks.h"
+#include "mmsp/model/hooks/recompute.h"
+#include "mmsp/model/layers/gated_deltanet.h"
+#include "mmsp/model/layers/gated_deltanet_layer.h"
+#include "mmsp/model/layers/linear.h"
+#include "mmsp/model/layers/moe_block.h"
+#include "mmsp/model/layers/rotary.h"
 #include "mmsp/plan/model_conventions.h"
 
 namespace mmsp::model {
@@ -46,6 +47,9 @@ struct DecoderContext {
   // the local slots visual_slots [V] (the same slots the vision rows were spliced into).
   at::Tensor visual_slots;
   std::vector<at::Tensor> deepstack;
+  // Mixture-of-experts layers: how their tokens reach the experts and the step's routing
+  // record (moe_block.h); unused by dense decoders.
+  MoeStep moe;
 };
 
 // The rotary settings of a decoder: 1-D for LLaVA, mRoPE sections for the Qwen family.
@@ -90,10 +94,15 @@ class DecoderLayer : public torch::nn::Module {
   TextConfig config_;
   LayerKind kind_ = LayerKind::full_attention;
   std::shared_ptr<RMSNorm> input_layernorm_, post_attention_layernorm_;
-  std::shared_ptr<Attention> self_attn_;      // full attention layers
+  std::shared_ptr<Attention> self_attn_;        // full attention layers
   std::shared_ptr<GatedDeltaNet> linear_attn_;  // Gated DeltaNet layers
-  std::shared_ptr<Mlp> mlp_;
+  std::shared_ptr<Mlp> mlp_;                    // dense layers
+  std::shared_ptr<SparseMoeBlock> moe_;         // mixture-of-experts layers ("mlp" too)
+  int64_t sparse_index_ = -1;                   // its place among the sparse layers
 };
+
+// The decoder's mixture-of-experts layers (MoeConfig::sparse), in order.
+int64_t sparse_layer_count(const TextConfig& config);
 
 // "model.layers": children named 0, 1, ... (module names cannot hold dots).
 class DecoderLayers : public torch::nn::Module {
@@ -130,7 +139,8 @@ class Decoder : public torch::nn::Module {
     offload_ = std::move(offload);
   }
   // Every layer's MLP over tiles of tokens (tiled_mlp.h): 0 off, kAutoMlpTile, or tokens.
-  void set_mlp_tile(int64_t setting) { mlp_tile_ = setting; }
+  // Refused for a mixture-of-experts decoder (its tokens are routed all at once).
+  void set_mlp_tile(int64_t setting);
   // Called around every hooked unit's use (null: none); see layer_hooks.h.
   void set_layer_hooks(std::shared_ptr<LayerHooks> hooks) { layer_hooks_ = std::move(hooks); }
   // Each layer's parameters, in layer order.

@@ -11,15 +11,14 @@
 #include <memory>
 
 #include "mmsp/attention/linear/gated_delta_rule.h"
+#include "mmsp/model/config/text_config.h"
 #include "mmsp/model/layers/gated_deltanet_layer.h"
 #include "mmsp/model/layers/linear.h"
-#include "mmsp/model/config/text_config.h"
 
 namespace mmsp::model {
 
 // The layer's sizes from a hybrid text config (linear_* keys, rms_norm_eps) and the chunk.
-GatedDeltaNetConfig gated_deltanet_config(const TextConfig& text,
-                                                     int64_t chunk = attention::kGatedDeltaChunk);
+GatedDeltaNetConfig gated_deltanet_config(const TextConfig& text, int64_t chunk = attention::kGatedDeltaChunk);
 
 class GatedDeltaNet : public torch::nn::Module {
  public:

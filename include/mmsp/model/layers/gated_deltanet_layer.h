@@ -32,7 +32,7 @@ struct GatedDeltaNetConfig {
   int64_t value_head_dim = 16;  // linear_value_head_dim (V)
   int64_t conv_kernel = 4;      // linear_conv_kernel_dim (W)
   double rms_norm_eps = 1e-6;
-  int64_t chunk = 64;           // the kernel's chunk (mmsp's, not a config.json field)
+  int64_t chunk = 64;  // the kernel's chunk (mmsp's, not a config.json field)
   // --tiled-mlp's setting, which also tiles the token mixer (mmsp's): 0 whole, -1 auto,
   // or rows a tile. The conv and rule run over sequence tiles of the share where it is
   // whole (attention/gated_delta_tiles.h), the gated norm and out_proj over token tiles.
@@ -49,13 +49,13 @@ struct GatedDeltaNetConfig {
 // head: [q (K) | k (K) | v (H_v/H_k·V) | z (H_v/H_k·V)] per key head; in_proj_ba's
 // [b (H_v/H_k) | a (H_v/H_k)] per key head; the conv channels are [q | k | v].
 struct GatedDeltaNetWeights {
-  at::Tensor in_proj_qkvz;  // [2·H_k·K + 2·H_v·V, hidden]
-  at::Tensor in_proj_ba;    // [2·H_v, hidden]
-  at::Tensor conv1d_weight; // [conv_dim, 1, W]   ("conv1d.weight")
-  at::Tensor A_log;         // [H_v]
-  at::Tensor dt_bias;       // [H_v]
-  at::Tensor norm_weight;   // [V]                ("norm.weight")
-  at::Tensor out_proj;      // [hidden, H_v·V]    ("out_proj.weight")
+  at::Tensor in_proj_qkvz;   // [2·H_k·K + 2·H_v·V, hidden]
+  at::Tensor in_proj_ba;     // [2·H_v, hidden]
+  at::Tensor conv1d_weight;  // [conv_dim, 1, W]   ("conv1d.weight")
+  at::Tensor A_log;          // [H_v]
+  at::Tensor dt_bias;        // [H_v]
+  at::Tensor norm_weight;    // [V]                ("norm.weight")
+  at::Tensor out_proj;       // [hidden, H_v·V]    ("out_proj.weight")
 
   // Random weights of a plausible scale (tests, benchmarks), seeded.
   static GatedDeltaNetWeights random(const GatedDeltaNetConfig& config, const at::TensorOptions& options,
@@ -69,7 +69,6 @@ struct GatedDeltaNetWeights {
 // Padding slots give zero. Every check runs before the first collective.
 at::Tensor gated_deltanet_forward(const GatedDeltaNetWeights& weights, const GatedDeltaNetConfig& config,
                                   const at::Tensor& x, const attention::GatedDeltaContext& context);
-
 
 // Bytes this rank sends per layer forward for Ulysses: two all-to-alls,
 // (U−1)/U·(T/S)·[(2·H_k·K + H_v·V + 2·H_v) + H_v·V]·b.

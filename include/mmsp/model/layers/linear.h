@@ -7,12 +7,22 @@
 
 namespace mmsp::model {
 
-// y = x Wᵀ + b; weight [out, in] as HF stores it.
+// y = x Wᵀ + b; weight [out, in] as HF stores it. With a LoRA adapter (add_lora, as
+// peft's LoraLayer: lora_A [r, in], lora_B [out, r], scale alpha / r, no dropout) it adds
+// scale · (x Aᵀ) Bᵀ; the adapter's parameters are named "lora_A.weight", "lora_B.weight".
 class Linear : public torch::nn::Module {
  public:
   Linear(int64_t in, int64_t out, bool bias, double init_std);
   at::Tensor forward(const at::Tensor& x) const;
+  // The map forward() applies as one matrix: weight + scale · B A with an adapter (what a
+  // merge writes; the tiled MLP reads its weights this way), else the weight itself.
+  at::Tensor effective_weight() const;
+  // peft's initialisation: A uniform in ±1/√in (kaiming_uniform_ with a = √5), B zeros.
+  void add_lora(int64_t rank, double alpha);
+  bool has_lora() const { return lora_A.defined(); }
   at::Tensor weight, bias;
+  at::Tensor lora_A, lora_B;  // undefined without an adapter
+  double lora_scale = 0;
 };
 
 // Rows of weight [vocab, hidden] picked by token id.

@@ -11,18 +11,18 @@
 namespace mmsp::model {
 
 struct RotaryOptions {
-  int64_t head_dim = 128;               // D (even)
-  double theta = 1000000.0;             // rope_theta
-  std::vector<int64_t> mrope_section;   // empty: 1-D RoPE; else (t, h, w) sizes summing to D/2
-  bool interleaved = false;             // Qwen3-VL: frequency j takes h if j%3==1, w if j%3==2 (within its section)
+  int64_t head_dim = 128;              // D (even)
+  double theta = 1000000.0;            // rope_theta
+  std::vector<int64_t> mrope_section;  // empty: 1-D RoPE; else (t, h, w) sizes summing to D/2
+  bool interleaved = false;            // Qwen3-VL: frequency j takes h if j%3==1, w if j%3==2 (within its section)
 };
 
 // cos, sin [T, D] for positions int64 [T] (1-D) or [3, T] (t, h, w), in dtype on device.
 struct RotaryTable {
   at::Tensor cos, sin;
 };
-RotaryTable rotary_table(const at::Tensor& positions, const RotaryOptions& options,
-                         at::ScalarType dtype, const at::Device& device);
+RotaryTable rotary_table(const at::Tensor& positions, const RotaryOptions& options, at::ScalarType dtype,
+                         const at::Device& device);
 
 // x [T, H, D] rotated: x·cos + rotate_half(x)·sin, rotate_half(x) = (−x₂, x₁).
 at::Tensor apply_rotary(const at::Tensor& x, const RotaryTable& table);

@@ -35,7 +35,6 @@ using TokenwiseFn = std::function<at::Tensor(const at::Tensor& x, const std::vec
 // fn(x, weights) over tiles of `tile` tokens (dim 0) of x, forward and backward. `fn` must
 // be token-wise (row i of the output depends on row i of x alone) and deterministic, and
 // must capture by value what it reads: it runs again in the backward.
-at::Tensor tiled_over_tokens(TokenwiseFn fn, const at::Tensor& x, const std::vector<at::Tensor>& weights,
-                             int64_t tile);
+at::Tensor tiled_over_tokens(TokenwiseFn fn, const at::Tensor& x, const std::vector<at::Tensor>& weights, int64_t tile);
 
 }  // namespace mmsp::model

@@ -42,9 +42,7 @@ struct SplitShards {
   int ranks() const { return shard_rows.empty() ? 1 : static_cast<int>(shard_rows[0].size()) - 1; }
   // Patches [first, first + count) of split item j that context rank r encodes.
   int64_t first_patch(size_t j, int r) const { return shard_rows[j][r] * patches_per_row[j]; }
-  int64_t patch_count(size_t j, int r) const {
-    return (shard_rows[j][r + 1] - shard_rows[j][r]) * patches_per_row[j];
-  }
+  int64_t patch_count(size_t j, int r) const { return (shard_rows[j][r + 1] - shard_rows[j][r]) * patches_per_row[j]; }
 };
 
 // A tower's input for some items: pixels in its layout and, where its encoder needs

@@ -169,10 +169,10 @@ class ShardedModel {
 
  private:
   struct Shard {
-    GradBucket bucket;      // in the model's dtype; bucket.unit: its hooked unit or −1
-    int64_t shard = 0;      // elements per rank: padded numel / P
-    at::Tensor master;      // [shard], master dtype
-    at::Tensor grad;        // [shard]: this step's reduced gradient (undefined until reduced)
+    GradBucket bucket;  // in the model's dtype; bucket.unit: its hooked unit or −1
+    int64_t shard = 0;  // elements per rank: padded numel / P
+    at::Tensor master;  // [shard], master dtype
+    at::Tensor grad;    // [shard]: this step's reduced gradient (undefined until reduced)
   };
   // Row r: elements [r·S + first, r·S + first + n) of the bucket's gradient, in the
   // master dtype, as [P·n] (what one reduce-scatter round sends).
@@ -182,7 +182,7 @@ class ShardedModel {
   bool is_lookup_unit(int unit) const;             // stages 2, 3: its gradient comes as rows
   const at::Tensor& lookup_table(int unit) const;  // a lookup unit's [V, h] weight
   void ensure_grad(Shard& s) const;                // s.grad, zeros until something is added
-  bool dense_gradient(int unit) const;  // reduced from the model's gradients at after_backward / step
+  bool dense_gradient(int unit) const;             // reduced from the model's gradients at after_backward / step
   const std::vector<size_t>& unit_shards(int unit) const;  // empty for a unit without buckets
   const ShardUnitUse& use_of(int unit) const;
 
@@ -191,8 +191,8 @@ class ShardedModel {
   at::ScalarType master_dtype_;
   std::vector<Shard> shards_;
   std::vector<ShardPiece> pieces_;
-  std::vector<std::vector<size_t>> unit_buckets_;  // hooked unit → its buckets
-  std::vector<ShardUnitUse> uses_;                 // by unit
+  std::vector<std::vector<size_t>> unit_buckets_;             // hooked unit → its buckets
+  std::vector<ShardUnitUse> uses_;                            // by unit
   std::vector<std::shared_ptr<RowShardedTable>> row_tables_;  // by unit (null: gathered whole)
   struct LookupRows {
     at::Tensor ids, rows;  // [n] int64, [n, h] in the model's dtype

@@ -21,8 +21,8 @@
 
 #include "mmsp/dist/group.h"
 #include "mmsp/dist/shard_collectives.h"
-#include "mmsp/parallel/grad_sync.h"
 #include "mmsp/model/named_params.h"
+#include "mmsp/parallel/grad_sync.h"
 
 namespace mmsp::parallel {
 
@@ -64,11 +64,11 @@ class ShardedWeights {
   struct Bucket {
     GradBucket layout;
     int64_t shard = 0;
-    at::Tensor master;      // [shard], the sharded model's
+    at::Tensor master;  // [shard], the sharded model's
     bool prefetched = true;
-    bool by_rows = false;   // stage 3: read by rows, never gathered for a unit's use
-    bool gathered = true;   // its weights are in the model now
-    at::Tensor incoming;    // [P·S]: a prefetched gather's buffer while it is in flight
+    bool by_rows = false;  // stage 3: read by rows, never gathered for a unit's use
+    bool gathered = true;  // its weights are in the model now
+    at::Tensor incoming;   // [P·S]: a prefetched gather's buffer while it is in flight
     dist::PendingGather prefetch;
   };
   const std::vector<size_t>& unit_buckets(int unit) const;  // empty for a unit without buckets

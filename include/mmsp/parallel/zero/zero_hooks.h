@@ -12,7 +12,9 @@
 namespace mmsp::parallel {
 
 // The hooks of `sharded` for the model's units; null at stage 1 (which reduces after the
-// backward and keeps every weight). The hooks keep `sharded` alive.
-std::shared_ptr<model::LayerHooks> make_zero_hooks(const std::shared_ptr<ShardedModel>& sharded);
+// backward and keeps every weight). The hooks keep `sharded` alive. `prefetch`: stage 3
+// issues the next unit's gather before the current unit computes (off: each unit gathers
+// its weights when it starts; the same weights arrive, bit for bit).
+std::shared_ptr<model::LayerHooks> make_zero_hooks(const std::shared_ptr<ShardedModel>& sharded, bool prefetch = true);
 
 }  // namespace mmsp::parallel

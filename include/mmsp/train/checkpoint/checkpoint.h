@@ -29,11 +29,12 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 #include <torch/optim/adamw.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -42,10 +43,10 @@
 #include "mmsp/hf/checksum_manifest.h"
 #include "mmsp/hf/hf_directory.h"
 #include "mmsp/model/named_params.h"
-#include "mmsp/train/optim/optimizer_state.h"
-#include "mmsp/train/optim/sharded_adamw.h"
 #include "mmsp/train/checkpoint/sharded_checkpoint.h"
 #include "mmsp/train/checkpoint/train_state.h"
+#include "mmsp/train/optim/optimizer_state.h"
+#include "mmsp/train/optim/sharded_adamw.h"
 
 namespace mmsp::train {
 
@@ -79,6 +80,13 @@ struct CheckpointOptions {
   // clean-up of crashed saves spares.
   std::string optimizer_shards_staged;
   hf::ChecksumManifest optimizer_shard_checksums;
+  // LoRA (--lora-rank): hf/ holds these instead (the merged model transformers reads, by the
+  // base's names), master/ then always holds the weights (the base and the adapters, exact,
+  // for --resume), and `extra` writes more into the step dir before its checksums (adapter/:
+  // peft's directory), each file it writes listed in the manifest it returns (paths relative
+  // to the step dir).
+  std::optional<model::NamedParams> hf_weights;
+  std::function<hf::ChecksumManifest(const std::string& step_dir)> extra;
 };
 
 // Where the ranks of a sharded save write their optimizer files before rank 0's save.
@@ -92,36 +100,39 @@ std::string step_dir_name(int64_t step);
 // must equal `step` (else it is set); an absent "cpu_rng" is captured now.
 // `weights` are the training weights by HF name (the masters of a mixed-precision
 // run). `config_json` must be a JSON object (the HF config text; hf/config.json
-// gets "torch_dtype" set to the saved dtype). Steps: remove leftover DIR/.*.tmp-* from crashed saves; write every file into
-// DIR/.step-<step>.tmp-<pid>, each fsync'd; fsync that dir; move it to
-// DIR/step-<step> (swapping out an existing one); fsync DIR; replace DIR/latest
-// (temp file, fsync, rename, fsync DIR); apply keep_last. A crash at any point
+// gets "torch_dtype" set to the saved dtype). Steps: remove leftover DIR/.*.tmp-* from crashed saves; write every file
+// into DIR/.step-<step>.tmp-<pid>, each fsync'd; fsync that dir; move it to DIR/step-<step> (swapping out an existing
+// one); fsync DIR; replace DIR/latest (temp file, fsync, rename, fsync DIR); apply keep_last. A crash at any point
 // leaves `latest` naming a complete checkpoint (or absent before the first).
 void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights,
-                     const torch::optim::AdamW& optimizer, const nlohmann::json& state,
-                     const std::string& config_json, const CheckpointOptions& options = {});
+                     const torch::optim::AdamW& optimizer, const nlohmann::json& state, const std::string& config_json,
+                     const CheckpointOptions& options = {});
+// The same from AdamW's state by name (expert parallelism: the experts of every rank
+// gathered into one state).
+void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights, const AdamWState& adamw,
+                     const nlohmann::json& state, const std::string& config_json,
+                     const CheckpointOptions& options = {});
 // A sharded save: the optimizer state is in options.optimizer_shards_staged.
 void save_checkpoint(const std::string& dir, int64_t step, const model::NamedParams& weights,
-                     const nlohmann::json& state, const std::string& config_json,
-                     const CheckpointOptions& options);
+                     const nlohmann::json& state, const std::string& config_json, const CheckpointOptions& options);
 // The same for every parameter of `model`.
 void save_checkpoint(const std::string& dir, int64_t step, const torch::nn::Module& model,
-                     const torch::optim::AdamW& optimizer, const nlohmann::json& state,
-                     const std::string& config_json, const CheckpointOptions& options = {});
+                     const torch::optim::AdamW& optimizer, const nlohmann::json& state, const std::string& config_json,
+                     const CheckpointOptions& options = {});
 
 // A checkpoint, checked: its small files in memory, its weights' headers opened (the
 // weights themselves are read by restore, straight into the parameters).
 struct Checkpoint {
-  std::string path;      // the step dir read
-  int64_t step = 0;      // optimiser steps taken; training resumes after this step
-  nlohmann::json state;  // state.json, checked (train_state.h)
-  std::string config_json;         // the model's config (hf/config.json)
-  hf::HfDirectory weights;      // master/ when present, else hf/ (exact training weights)
-  std::map<std::string, at::Tensor> legacy_model;  // first format only: model.safetensors
-  AdamWState optimizer;  // optimizer.safetensors; empty when the state is sharded
+  std::string path;                                 // the step dir read
+  int64_t step = 0;                                 // optimiser steps taken; training resumes after this step
+  nlohmann::json state;                             // state.json, checked (train_state.h)
+  std::string config_json;                          // the model's config (hf/config.json)
+  hf::HfDirectory weights;                          // master/ when present, else hf/ (exact training weights)
+  std::map<std::string, at::Tensor> legacy_model;   // first format only: model.safetensors
+  AdamWState optimizer;                             // optimizer.safetensors; empty when the state is sharded
   std::optional<OptimizerShards> optimizer_shards;  // optimizer/ of a sharded run
-  std::vector<std::string> notes;  // for the user: e.g. an older checkpoint read unverified
-  std::string manifest_xxh64;      // checksums.json's own checksum: the whole checkpoint's identity
+  std::vector<std::string> notes;                   // for the user: e.g. an older checkpoint read unverified
+  std::string manifest_xxh64;                       // checksums.json's own checksum: the whole checkpoint's identity
 };
 
 // Reads `path`: a checkpoint dir (follows its `latest`) or a step dir. Checks each
@@ -133,15 +144,15 @@ Checkpoint load_checkpoint(const std::string& dir_or_step_dir);
 // into the default CPU generator. The parameter names must match exactly: a
 // missing, extra or differently shaped tensor is an error naming it. Everything is
 // checked before anything changes.
-void restore(const Checkpoint& checkpoint, const model::NamedParams& weights,
-             torch::optim::AdamW& optimizer);
-void restore(const Checkpoint& checkpoint, torch::nn::Module& model,
-             torch::optim::AdamW& optimizer);
+void restore(const Checkpoint& checkpoint, const model::NamedParams& weights, torch::optim::AdamW& optimizer);
+void restore(const Checkpoint& checkpoint, torch::nn::Module& model, torch::optim::AdamW& optimizer);
 
 // The same into a sharded optimizer over the model's parameters: each rank reads only
 // the ranges it owns (masters from the shards, or from the weights of an unsharded
-// checkpoint), whatever the world size of the saving run.
-void restore(const Checkpoint& checkpoint, ShardedAdamW& optimizer);
+// checkpoint), whatever the world size of the saving run. `frozen`: weights outside the
+// optimizer (--freeze), read whole from the checkpoint's weights. (The replicated restore
+// above takes them among `weights`: those its optimizer does not hold.)
+void restore(const Checkpoint& checkpoint, ShardedAdamW& optimizer, const model::NamedParams& frozen = {});
 
 // Two configs are the same model when equal as JSON apart from "torch_dtype" (which
 // a save rewrites).

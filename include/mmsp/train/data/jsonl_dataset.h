@@ -27,8 +27,8 @@ class JsonlDataset : public Dataset {
   // `max_image_pixels` (width × height) are refused here, before any decoding.
   // A line longer than `max_line_bytes` (0: no limit) is refused before it is parsed:
   // a parsed JSON line takes ~24× its bytes (a 200 MB line of ids took 4.9 GB).
-  JsonlDataset(const std::string& path, const model::ModelConfig& config,
-               int64_t max_image_pixels = int64_t{1} << 24, int64_t max_line_bytes = 0);
+  JsonlDataset(const std::string& path, const model::ModelConfig& config, int64_t max_image_pixels = int64_t{1} << 24,
+               int64_t max_line_bytes = 0);
 
   // The longest line a sample of `row_tokens` tokens can need: 32 bytes per token (its
   // id, its loss-mask entry, separators and spacing: ~10 in practice) and 1 MiB for
@@ -57,7 +57,7 @@ class JsonlDataset : public Dataset {
   // One image or video: image files (one for an image, the frames of a video), or a
   // tensor of a safetensors file (paths resolved against the jsonl's directory).
   struct Source {
-    std::vector<std::string> files;  // an image's file, a frame folder's frames, or a video file
+    std::vector<std::string> files;      // an image's file, a frame folder's frames, or a video file
     std::vector<int64_t> frame_indices;  // a video file's frames to decode (empty: not a video file)
     std::string safetensors, tensor;
     // The first file's size from its header, read again when decoding: a family's
@@ -89,8 +89,7 @@ class JsonlDataset : public Dataset {
   ItemFiles read_video_file(const Line& line, const nlohmann::json& item, const std::string& name) const;
 
   const Sample& sample(int64_t index) const;
-  at::Tensor pixels(const Sample& s, const Source& source, const plan::Grid& grid, bool video,
-                    int64_t item) const;
+  at::Tensor pixels(const Sample& s, const Source& source, const plan::Grid& grid, bool video, int64_t item) const;
   at::Tensor video_rows(const std::string& where, const Source& source, const plan::Grid& grid) const;
 
   std::string path_;

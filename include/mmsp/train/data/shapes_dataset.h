@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "mmsp/model/config/config.h"
-#include "mmsp/train/data/dataset.h"
 #include "mmsp/model/vision/pixel_geometry.h"
+#include "mmsp/train/data/dataset.h"
 #include "mmsp/train/data/word_tokenizer.h"
 
 namespace mmsp::train {
@@ -45,7 +45,7 @@ struct ShapesItem {
   int64_t height = 0, width = 0;  // pixels
   int64_t frames = 1;
   std::string size, colour, shape;
-  std::string place;  // images: left/right/top/bottom/centre; videos: the direction of motion
+  std::string place;            // images: left/right/top/bottom/centre; videos: the direction of motion
   std::string caption() const;  // "a big red circle on the left" / "a small blue square moves right"
 };
 
@@ -70,7 +70,7 @@ class ShapesDataset : public Dataset {
   const WordTokenizer& tokenizer() const { return tokenizer_; }
 
  private:
-  struct Draw;  // every random value of one item
+  struct Draw;                                            // every random value of one item
   std::vector<Draw> draw(int64_t index) const;            // bounded by max_sequence_tokens
   std::vector<Draw> draw_unbounded(int64_t index) const;  // every draw from (seed, index)
   static std::vector<ShapesItem> items_of(const std::vector<Draw>& draws);

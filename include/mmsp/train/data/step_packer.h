@@ -44,8 +44,8 @@ class StepPacker {
   // Epoch `epoch`'s sample order (a permutation of 0 .. size() - 1).
   std::vector<int64_t> epoch_order(int64_t epoch) const;
 
-  int64_t budget() const;       // tokens_per_row x rows
-  int64_t row_limit() const;    // tokens_per_row
+  int64_t budget() const;     // tokens_per_row x rows
+  int64_t row_limit() const;  // tokens_per_row
   const PackerOptions& options() const { return options_; }
 
  private:

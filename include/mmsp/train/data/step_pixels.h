@@ -43,8 +43,7 @@ PixelsNeeded pixels_encoded_here(const plan::StepPlan& plan, model::VisionMode m
 // of the batch starts (−1: not needed). `batch` must be make_batch(dataset, samples);
 // every loaded item's pixels are checked against its grid. dtype: the returned tensors'
 // dtype (datasets build pixels in float32).
-model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t>& samples,
-                               const plan::Batch& batch, const model::ModelConfig& config,
-                               const PixelsNeeded& needed, at::ScalarType dtype);
+model::PixelInputs load_pixels(const Dataset& dataset, const std::vector<int64_t>& samples, const plan::Batch& batch,
+                               const model::ModelConfig& config, const PixelsNeeded& needed, at::ScalarType dtype);
 
 }  // namespace mmsp::train

@@ -14,7 +14,7 @@ struct CudaMemory {
 };
 
 CudaMemory cuda_memory(int device);
-void reset_cuda_peak(int device);         // the peak restarts from what is allocated now
-int64_t cuda_free_bytes(int device);      // free on the device (cudaMemGetInfo) + the cache's spare
+void reset_cuda_peak(int device);     // the peak restarts from what is allocated now
+int64_t cuda_free_bytes(int device);  // free on the device (cudaMemGetInfo) + the cache's spare
 
 }  // namespace mmsp::train

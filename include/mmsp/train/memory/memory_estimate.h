@@ -46,15 +46,15 @@ struct MemoryEstimateInputs {
   // A step's slots a rank holds, padding included (plan::ShardMap::local_length), when
   // known and more than tokens_per_rank: the activations and logits are the slots'.
   int64_t local_length = 0;
-  int64_t attention_block = 256;              // query/key block of the attention kernel
-  int64_t loss_chunk = 0;                     // tokens per chunk of the LM head (0: all T at once)
+  int64_t attention_block = 256;  // query/key block of the attention kernel
+  int64_t loss_chunk = 0;         // tokens per chunk of the LM head (0: all T at once)
   model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::none;
   // --offload-activations on a device that is not the host: the recomputed layers'
   // inputs wait in host memory (on the CPU they stay where they are: pass false).
   bool offload_activations = false;
-  int64_t mlp_tile = 0;                       // tokens per tile of the MLP (--tiled-mlp resolved); 0: untiled
+  int64_t mlp_tile = 0;  // tokens per tile of the MLP (--tiled-mlp resolved); 0: untiled
   parallel::ShardLevel shard_level = parallel::ShardLevel::none;  // --shard
-  int shard_world = 1;                         // ... over this many ranks
+  int shard_world = 1;                                            // ... over this many ranks
   // The context group's ring degree: with a ring, a Gated DeltaNet layer also keeps the
   // map from each run's initial state to its outputs (state passing, gated_delta_ring.h).
   int ring = 1;
@@ -108,14 +108,14 @@ struct MemoryEstimate {
   // Stage 3's units gathered besides: in the forward, the loss and the backward.
   int64_t gathered_forward = 0, gathered_loss = 0, gathered_backward = 0;
   int64_t gathered_vision = 0;  // ... and in the vision tower's backward (a block and the next)
-  int64_t activations = 0;     // kept for backward by the decoder layers (on the device)
-  int64_t offloaded = 0;       // ... and in host memory (--offload-activations): not in total()
-  int64_t working_set = 0;     // the largest transient of the layer being computed (MLP, attention block, token mixer)
+  int64_t activations = 0;      // kept for backward by the decoder layers (on the device)
+  int64_t offloaded = 0;        // ... and in host memory (--offload-activations): not in total()
+  int64_t working_set = 0;      // the largest transient of the layer being computed (MLP, attention block, token mixer)
   int64_t logits = 0;           // the loss's forward: one block's logits, their wide copy, shift and exp
   int64_t logits_backward = 0;  // its backward: a block's logits and softmax, the hidden state's gradient
-  int64_t head_gradient = 0;   // the LM head's gradient, made whole by the loss's backward
-  int64_t head_reduction = 0;  // --shard gradients: its shard and a round as its hook reduces it
-  int64_t gradients = 0;       // the backward's end (stages 2, 3: one unit's, and every reduced shard)
+  int64_t head_gradient = 0;    // the LM head's gradient, made whole by the loss's backward
+  int64_t head_reduction = 0;   // --shard gradients: its shard and a round as its hook reduces it
+  int64_t gradients = 0;        // the backward's end (stages 2, 3: one unit's, and every reduced shard)
   // The decoder's backward runs its layers last to first: each frees its input (or its
   // activations) and adds its reduced shard (stages 2, 3). Its moment is priced where
   // the two sum highest, at the last layer or at the first: the inputs still kept there,
@@ -154,8 +154,11 @@ struct MemoryEstimate {
 // parallel::parallelize would hook on it, not from parameter names.
 struct ParameterLayout {
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;  // every parameter, in the model's order
-  std::vector<int> unit_of;                   // per parameter: its hooked unit (parallel::unit_index_of), −1: none
-  std::vector<parallel::ShardUnitUse> uses;   // per unit (parallel::shard_unit_uses)
+  std::vector<int> unit_of;                  // per parameter: its hooked unit (parallel::unit_index_of), −1: none
+  std::vector<parallel::ShardUnitUse> uses;  // per unit (parallel::shard_unit_uses)
+  // per parameter: frozen (--freeze: no master, optimizer state or gradient; whole on every
+  // rank at every --shard level); empty: every parameter trains
+  std::vector<bool> frozen;
 };
 ParameterLayout parameter_layout(const model::Vlm& skeleton);
 

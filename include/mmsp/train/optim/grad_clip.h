@@ -4,6 +4,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+
 #include "mmsp/model/named_params.h"
 
 namespace mmsp::train {
@@ -15,5 +17,11 @@ namespace mmsp::train {
 // clipping. A non-finite norm is an mmsp::Error naming the norm and the first
 // parameter whose gradient is not finite; nothing is scaled then.
 double clip_grad_norm(const model::NamedParams& named_params, double max_norm);
+
+// The same over `whole` (every rank holds the same gradients) and `split` (parameters
+// split over ranks, each rank holding a share: expert parallelism's experts), whose Σ g²
+// `sum` adds up over those ranks; every rank gets the same norm and scale.
+double clip_grad_norm(const model::NamedParams& whole, const model::NamedParams& split, double max_norm,
+                      const std::function<double(double)>& sum);
 
 }  // namespace mmsp::train

@@ -14,8 +14,8 @@ namespace mmsp::train {
 // So step W gets lr again (the top of the cosine) and step T is the first at min_lr.
 // W = 0 means no warm-up.
 struct LrSchedule {
-  double lr = 1e-4;        // peak learning rate, > 0
-  double min_lr = 0.0;     // floor reached at total_steps, 0 ≤ min_lr ≤ lr
+  double lr = 1e-4;          // peak learning rate, > 0
+  double min_lr = 0.0;       // floor reached at total_steps, 0 ≤ min_lr ≤ lr
   int64_t warmup_steps = 0;  // 0 ≤ warmup_steps ≤ total_steps
   int64_t total_steps = 1;   // ≥ 1
 

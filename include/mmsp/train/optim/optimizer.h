@@ -26,8 +26,7 @@ void check_adamw_options(const AdamWOptions& options);
 // weight_decay 0. Both groups always exist (possibly empty), in that order, with
 // parameters in the order given, so a checkpoint's groups line up. Names must be
 // unique and tensors distinct (a tied weight is passed once).
-std::unique_ptr<torch::optim::AdamW> make_adamw(const model::NamedParams& named_params,
-                                                const AdamWOptions& options);
+std::unique_ptr<torch::optim::AdamW> make_adamw(const model::NamedParams& named_params, const AdamWOptions& options);
 
 // Sets the learning rate of every group (the schedule's value for this step).
 void set_lr(torch::optim::AdamW& optimizer, double lr);

@@ -41,18 +41,17 @@ struct AdamWState {
 // The optimizer's groups and state, named by `model`'s named_parameters() (a name
 // used twice for one tensor: the first). The tensors are the optimizer's own (not
 // copies). Every optimised parameter must be a parameter of `model`.
-AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer,
-                               const torch::nn::Module& model);
+AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer, const torch::nn::Module& model);
 AdamWState capture_adamw_state(const torch::optim::AdamW& optimizer, const model::NamedParams& params);
 
 // Puts `state` into `optimizer` (whose parameters are `model`'s): replaces all of its
 // per-parameter state and sets each group's options. The groups must list the same
 // names in the same order; each moment must have its parameter's shape. Everything
 // is checked before anything changes; errors name `source`, the parameter and the rule.
-void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer,
-                       const torch::nn::Module& model, const std::string& source);
-void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer,
-                       const model::NamedParams& params, const std::string& source);
+void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer, const torch::nn::Module& model,
+                       const std::string& source);
+void apply_adamw_state(const AdamWState& state, torch::optim::AdamW& optimizer, const model::NamedParams& params,
+                       const std::string& source);
 
 // As safetensors contents: tensors "<param>.exp_avg", "<param>.exp_avg_sq" (and
 // "<param>.max_exp_avg_sq"); metadata "format": "mmsp.adamw" and "mmsp.adamw": JSON
@@ -63,7 +62,6 @@ std::map<std::string, std::string> adamw_state_metadata(const AdamWState& state)
 // The inverse; checks that tensors and metadata agree (each stepped parameter has
 // both moments of one shape, no stray tensor). Errors name `source`.
 AdamWState adamw_state_from(const std::map<std::string, at::Tensor>& tensors,
-                            const std::map<std::string, std::string>& metadata,
-                            const std::string& source);
+                            const std::map<std::string, std::string>& metadata, const std::string& source);
 
 }  // namespace mmsp::train

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmsp._extension import C as _C
-from mmsp.transformers_patch.families.kind import Kind
 from mmsp.transformers_patch.families.internvl import InternVL
+from mmsp.transformers_patch.families.kind import Kind
 from mmsp.transformers_patch.families.llava import Llava
 from mmsp.transformers_patch.families.qwen import Qwen
 

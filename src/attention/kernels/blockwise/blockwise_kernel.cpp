@@ -35,19 +35,17 @@ at::Tensor group_queries(const at::Tensor& q, const Shapes& s, at::ScalarType ac
 at::Tensor ungroup_queries(const at::Tensor& x, const Shapes& s) {  // inverse of the above
   return x.permute({1, 0, 2, 3}).reshape({s.Tq, s.H, s.D});
 }
-at::Tensor heads_first(const at::Tensor& kv, at::ScalarType acc) {
-  return kv.to(acc).permute({1, 0, 2}).contiguous();
-}
+at::Tensor heads_first(const at::Tensor& kv, at::ScalarType acc) { return kv.to(acc).permute({1, 0, 2}).contiguous(); }
 
 // Disallowed (query, key) pairs of a partial block, [bq, 1, bk] bool on the device.
-at::Tensor disallowed_pairs(const TokenLayout& q, const TokenLayout& k, int64_t i, int64_t bq,
-                            const KeyBlock& kb, bool causal, const at::Device& device) {
+at::Tensor disallowed_pairs(const TokenLayout& q, const TokenLayout& k, int64_t i, int64_t bq, const KeyBlock& kb,
+                            bool causal, const at::Device& device) {
   at::Tensor qs = q.segment.narrow(0, i, bq).unsqueeze(1);
   at::Tensor ks = k.segment.narrow(0, kb.begin, kb.end - kb.begin).unsqueeze(0);
   at::Tensor allowed = qs.eq(ks).logical_and_(ks.ge(0));
   if (causal)
-    allowed.logical_and_(k.order.narrow(0, kb.begin, kb.end - kb.begin).unsqueeze(0).le(
-        q.order.narrow(0, i, bq).unsqueeze(1)));
+    allowed.logical_and_(
+        k.order.narrow(0, kb.begin, kb.end - kb.begin).unsqueeze(0).le(q.order.narrow(0, i, bq).unsqueeze(1)));
   return allowed.logical_not_().unsqueeze(1).to(device);
 }
 
@@ -101,85 +99,89 @@ class BlockwiseKernel : public LocalKernel {
   PartialAttention forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const KernelPart& plan,
                            const AttentionOptions& options) const override {
     const auto& part = static_cast<const BlockwisePart&>(plan);
-  const Shapes s = shapes_of(q, k, options);
-  const at::ScalarType acc = accumulation_type(q.scalar_type());
-  // [H_kv, Tq, G, D], pre-scaled so the scores need no extra pass
-  const at::Tensor qh = group_queries(q, s, acc).mul(s.scale);
-  const at::Tensor kh = heads_first(k, acc);  // [H_kv, Tk, D]
-  const at::Tensor vh = heads_first(v, acc);
-  at::Tensor out = at::zeros({s.Hkv, s.Tq, s.G, s.D}, qh.options());
-  at::Tensor lse = at::full({s.Hkv, s.Tq, s.G}, -kInf, qh.options());
+    const Shapes s = shapes_of(q, k, options);
+    const at::ScalarType acc = accumulation_type(q.scalar_type());
+    // [H_kv, Tq, G, D], pre-scaled so the scores need no extra pass
+    const at::Tensor qh = group_queries(q, s, acc).mul(s.scale);
+    const at::Tensor kh = heads_first(k, acc);  // [H_kv, Tk, D]
+    const at::Tensor vh = heads_first(v, acc);
+    at::Tensor out = at::zeros({s.Hkv, s.Tq, s.G, s.D}, qh.options());
+    at::Tensor lse = at::full({s.Hkv, s.Tq, s.G}, -kInf, qh.options());
 
-  for_each_query_block(part, options, [&](int64_t i, int64_t bq, const std::vector<KeyBlock>& blocks,
-                                 const std::vector<at::Tensor>& masks) {
-    const int64_t rows = bq * s.G;
-    for (int64_t h = 0; h < s.Hkv; ++h) {
-      const at::Tensor Q = qh[h].narrow(0, i, bq).view({rows, s.D});
-      at::Tensor m = at::full({rows}, -kInf, qh.options());  // running max
-      at::Tensor l = at::zeros({rows}, qh.options());         // running sum of exp
-      at::Tensor o = at::zeros({rows, s.D}, qh.options());    // running numerator
-      for (size_t b = 0; b < blocks.size(); ++b) {
-        const int64_t j = blocks[b].begin, bk = blocks[b].end - j;
-        at::Tensor S = at::mm(Q, kh[h].narrow(0, j, bk).t());  // [rows, bk], scaled
-        if (masks[b].defined()) S.view({bq, s.G, bk}).masked_fill_(masks[b], -kInf);
-        const at::Tensor m_new = at::maximum(m, S.amax(1));
-        // Rows with nothing allowed so far keep max -inf; shift them by 0 instead.
-        const at::Tensor shift = m_new.masked_fill(m_new.eq(-kInf), 0);
-        S.sub_(shift.unsqueeze(1)).exp_();  // S now holds P
-        const at::Tensor alpha = (m - shift).exp_();
-        l.mul_(alpha).add_(S.sum(1));
-        o.mul_(alpha.unsqueeze(1)).addmm_(S, vh[h].narrow(0, j, bk));
-        m = m_new;
-      }
-      const at::Tensor has_keys = l.gt(0);
-      out[h].narrow(0, i, bq).view({rows, s.D}).copy_(
-          o.div_(l.masked_fill(has_keys.logical_not(), 1).unsqueeze(1)));
-      lse[h].narrow(0, i, bq).view({rows}).copy_(
-          at::where(has_keys, m + l.log(), at::full({}, -kInf, qh.options())));
-    }
-  });
-  return {ungroup_queries(out, s).to(q.scalar_type()), lse.permute({1, 0, 2}).reshape({s.Tq, s.H})};
+    for_each_query_block(
+        part, options,
+        [&](int64_t i, int64_t bq, const std::vector<KeyBlock>& blocks, const std::vector<at::Tensor>& masks) {
+          const int64_t rows = bq * s.G;
+          for (int64_t h = 0; h < s.Hkv; ++h) {
+            const at::Tensor Q = qh[h].narrow(0, i, bq).view({rows, s.D});
+            at::Tensor m = at::full({rows}, -kInf, qh.options());  // running max
+            at::Tensor l = at::zeros({rows}, qh.options());        // running sum of exp
+            at::Tensor o = at::zeros({rows, s.D}, qh.options());   // running numerator
+            for (size_t b = 0; b < blocks.size(); ++b) {
+              const int64_t j = blocks[b].begin, bk = blocks[b].end - j;
+              at::Tensor S = at::mm(Q, kh[h].narrow(0, j, bk).t());  // [rows, bk], scaled
+              if (masks[b].defined()) S.view({bq, s.G, bk}).masked_fill_(masks[b], -kInf);
+              const at::Tensor m_new = at::maximum(m, S.amax(1));
+              // Rows with nothing allowed so far keep max -inf; shift them by 0 instead.
+              const at::Tensor shift = m_new.masked_fill(m_new.eq(-kInf), 0);
+              S.sub_(shift.unsqueeze(1)).exp_();  // S now holds P
+              const at::Tensor alpha = (m - shift).exp_();
+              l.mul_(alpha).add_(S.sum(1));
+              o.mul_(alpha.unsqueeze(1)).addmm_(S, vh[h].narrow(0, j, bk));
+              m = m_new;
+            }
+            const at::Tensor has_keys = l.gt(0);
+            out[h]
+                .narrow(0, i, bq)
+                .view({rows, s.D})
+                .copy_(o.div_(l.masked_fill(has_keys.logical_not(), 1).unsqueeze(1)));
+            lse[h].narrow(0, i, bq).view({rows}).copy_(
+                at::where(has_keys, m + l.log(), at::full({}, -kInf, qh.options())));
+          }
+        });
+    return {ungroup_queries(out, s).to(q.scalar_type()), lse.permute({1, 0, 2}).reshape({s.Tq, s.H})};
   }
 
   AttentionGrads backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const at::Tensor& out, const at::Tensor& lse, const KernelPart& plan,
                           const AttentionOptions& options) const override {
     const auto& part = static_cast<const BlockwisePart&>(plan);
-  const Shapes s = shapes_of(q, k, options);
-  const at::ScalarType acc = accumulation_type(q.scalar_type());
-  const at::Tensor qh = group_queries(q, s, acc).mul(s.scale);  // pre-scaled, as in forward
-  const at::Tensor doh = group_queries(dout, s, acc);
-  const at::Tensor kh = heads_first(k, acc), vh = heads_first(v, acc);
-  // delta_i = sum_d dout_i · out_i  [H_kv, Tq, G]
-  const at::Tensor delta = (dout.to(acc) * out.to(acc)).sum(-1).view({s.Tq, s.Hkv, s.G}).permute({1, 0, 2});
-  // Rows with no allowed key: P must be 0; lse = +inf makes exp(S - lse) = 0.
-  const at::Tensor lse_h = lse.to(acc).view({s.Tq, s.Hkv, s.G}).permute({1, 0, 2});
-  const at::Tensor lse_safe = lse_h.masked_fill(lse_h.eq(-kInf), kInf);
-  at::Tensor dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
+    const Shapes s = shapes_of(q, k, options);
+    const at::ScalarType acc = accumulation_type(q.scalar_type());
+    const at::Tensor qh = group_queries(q, s, acc).mul(s.scale);  // pre-scaled, as in forward
+    const at::Tensor doh = group_queries(dout, s, acc);
+    const at::Tensor kh = heads_first(k, acc), vh = heads_first(v, acc);
+    // delta_i = sum_d dout_i · out_i  [H_kv, Tq, G]
+    const at::Tensor delta = (dout.to(acc) * out.to(acc)).sum(-1).view({s.Tq, s.Hkv, s.G}).permute({1, 0, 2});
+    // Rows with no allowed key: P must be 0; lse = +inf makes exp(S - lse) = 0.
+    const at::Tensor lse_h = lse.to(acc).view({s.Tq, s.Hkv, s.G}).permute({1, 0, 2});
+    const at::Tensor lse_safe = lse_h.masked_fill(lse_h.eq(-kInf), kInf);
+    at::Tensor dq = at::zeros_like(qh), dk = at::zeros_like(kh), dv = at::zeros_like(vh);
 
-  for_each_query_block(part, options, [&](int64_t i, int64_t bq, const std::vector<KeyBlock>& blocks,
-                                 const std::vector<at::Tensor>& masks) {
-    const int64_t rows = bq * s.G;
-    for (int64_t h = 0; h < s.Hkv; ++h) {
-      const at::Tensor Q = qh[h].narrow(0, i, bq).view({rows, s.D});  // scaled
-      const at::Tensor dO = doh[h].narrow(0, i, bq).view({rows, s.D});
-      const at::Tensor L = lse_safe[h].narrow(0, i, bq).reshape({rows, 1});
-      const at::Tensor Dl = delta[h].narrow(0, i, bq).reshape({rows, 1});
-      at::Tensor dQ = dq[h].narrow(0, i, bq).view({rows, s.D});
-      for (size_t b = 0; b < blocks.size(); ++b) {
-        const int64_t j = blocks[b].begin, bk = blocks[b].end - j;
-        const at::Tensor K = kh[h].narrow(0, j, bk), V = vh[h].narrow(0, j, bk);
-        at::Tensor P = at::mm(Q, K.t());  // [rows, bk], scaled scores
-        if (masks[b].defined()) P.view({bq, s.G, bk}).masked_fill_(masks[b], -kInf);
-        P.sub_(L).exp_();
-        dv[h].narrow(0, j, bk).addmm_(P.t(), dO);
-        at::Tensor dS = at::mm(dO, V.t()).sub_(Dl).mul_(P);  // P ⊙ (dP − delta)
-        dQ.addmm_(dS, K, /*beta=*/1, /*alpha=*/s.scale);
-        dk[h].narrow(0, j, bk).addmm_(dS.t(), Q);  // Q is already scaled
-      }
-    }
-  });
-  return {ungroup_queries(dq, s), dk.permute({1, 0, 2}), dv.permute({1, 0, 2})};
+    for_each_query_block(
+        part, options,
+        [&](int64_t i, int64_t bq, const std::vector<KeyBlock>& blocks, const std::vector<at::Tensor>& masks) {
+          const int64_t rows = bq * s.G;
+          for (int64_t h = 0; h < s.Hkv; ++h) {
+            const at::Tensor Q = qh[h].narrow(0, i, bq).view({rows, s.D});  // scaled
+            const at::Tensor dO = doh[h].narrow(0, i, bq).view({rows, s.D});
+            const at::Tensor L = lse_safe[h].narrow(0, i, bq).reshape({rows, 1});
+            const at::Tensor Dl = delta[h].narrow(0, i, bq).reshape({rows, 1});
+            at::Tensor dQ = dq[h].narrow(0, i, bq).view({rows, s.D});
+            for (size_t b = 0; b < blocks.size(); ++b) {
+              const int64_t j = blocks[b].begin, bk = blocks[b].end - j;
+              const at::Tensor K = kh[h].narrow(0, j, bk), V = vh[h].narrow(0, j, bk);
+              at::Tensor P = at::mm(Q, K.t());  // [rows, bk], scaled scores
+              if (masks[b].defined()) P.view({bq, s.G, bk}).masked_fill_(masks[b], -kInf);
+              P.sub_(L).exp_();
+              dv[h].narrow(0, j, bk).addmm_(P.t(), dO);
+              at::Tensor dS = at::mm(dO, V.t()).sub_(Dl).mul_(P);  // P ⊙ (dP − delta)
+              dQ.addmm_(dS, K, /*beta=*/1, /*alpha=*/s.scale);
+              dk[h].narrow(0, j, bk).addmm_(dS.t(), Q);  // Q is already scaled
+            }
+          }
+        });
+    return {ungroup_queries(dq, s), dk.permute({1, 0, 2}), dv.permute({1, 0, 2})};
   }
 };
 

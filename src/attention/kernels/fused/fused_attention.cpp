@@ -52,7 +52,7 @@ struct Piece {
 };
 
 // The pieces of one (query run, key run) pair of the same segment.
-void pieces_of(const Run& q, const Run& k, bool causal, std::vector<Piece>& out) {
+void pieces_of(const Run& q, const Run& k, bool causal, CausalAlignment alignment, std::vector<Piece>& out) {
   if (!causal) {
     out.push_back({false, {q.row, q.length, k.row, k.length}});
     return;
@@ -66,15 +66,20 @@ void pieces_of(const Run& q, const Run& k, bool causal, std::vector<Piece>& out)
   const int64_t p0 = std::max(q.order, k.order), p1 = std::min(q_end, k_end);  // prefix queries
   if (p1 > p0) {
     const int64_t keys = p1 - k.order;  // the last prefix query (order p1 - 1) sees these
-    out.push_back({true, {q.row + (p0 - q.order), p1 - p0, k.row, keys}});
+    const int64_t queries = p1 - p0, first = q.row + (p0 - q.order), before = keys - queries;
+    if (alignment == CausalAlignment::square_only && before > 0) {       // keys >= queries always
+      out.push_back({false, {first, queries, k.row, before}});           // keys every one of them sees
+      out.push_back({true, {first, queries, k.row + before, queries}});  // a square causal piece
+    } else {
+      out.push_back({true, {first, queries, k.row, keys}});
+    }
   }
   const int64_t f0 = std::max(q.order, k_end);  // queries past every key of the run
   if (q_end > f0) out.push_back({false, {q.row + (f0 - q.order), q_end - f0, k.row, k.length}});
 }
 
 // Rows [begin, begin + length) of every piece, in order; undefined where that is 0..n-1.
-at::Tensor packed_rows(const std::vector<VarlenPiece>& pieces, bool keys, int64_t n,
-                       const at::Device& device) {
+at::Tensor packed_rows(const std::vector<VarlenPiece>& pieces, bool keys, int64_t n, const at::Device& device) {
   std::vector<int64_t> rows;
   for (const VarlenPiece& p : pieces) {
     const int64_t b = keys ? p.k_begin : p.q_begin, l = keys ? p.k_length : p.q_length;
@@ -86,8 +91,8 @@ at::Tensor packed_rows(const std::vector<VarlenPiece>& pieces, bool keys, int64_
   return at::tensor(rows, at::kLong).to(device);
 }
 
-at::Tensor starts(const std::vector<VarlenPiece>& pieces, bool keys, const at::Device& device,
-                  int64_t& max_len, int64_t& total) {
+at::Tensor starts(const std::vector<VarlenPiece>& pieces, bool keys, const at::Device& device, int64_t& max_len,
+                  int64_t& total) {
   std::vector<int32_t> cum{0};
   max_len = 0;
   for (const VarlenPiece& p : pieces) {
@@ -99,9 +104,7 @@ at::Tensor starts(const std::vector<VarlenPiece>& pieces, bool keys, const at::D
   return at::tensor(cum, at::kInt).to(device);
 }
 
-at::Tensor gather(const at::Tensor& x, const at::Tensor& rows) {
-  return rows.defined() ? x.index_select(0, rows) : x;
-}
+at::Tensor gather(const at::Tensor& x, const at::Tensor& rows) { return rows.defined() ? x.index_select(0, rows) : x; }
 
 // A piece's mask in the CPU kernel's terms: a square causal piece is the kernel's own
 // causal flag (top-left and bottom-right alignment agree); a wider one an additive bias,
@@ -113,7 +116,8 @@ struct CpuMask {
 CpuMask cpu_mask(const VarlenCall& call, const VarlenPiece& p, const at::TensorOptions& options) {
   if (!call.causal) return {};
   if (p.q_length == p.k_length) return {true, std::nullopt};
-  const at::Tensor i = at::arange(p.q_length, at::kLong).unsqueeze(1), j = at::arange(p.k_length, at::kLong).unsqueeze(0);
+  const at::Tensor i = at::arange(p.q_length, at::kLong).unsqueeze(1),
+                   j = at::arange(p.k_length, at::kLong).unsqueeze(0);
   return {false, at::zeros({p.q_length, p.k_length}, options)
                      .masked_fill_(j.gt(i + (p.k_length - p.q_length)).to(options.device()), -kInf)};
 }
@@ -123,8 +127,8 @@ at::Tensor heads_expanded(const at::Tensor& kv, int64_t groups) {  // [n, Hkv, D
 }
 
 // One call on the CPU flash kernel, piece by piece: out [n, H, D], lse [n, H].
-PartialAttention cpu_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                          const VarlenCall& call, double scale) {
+PartialAttention cpu_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const VarlenCall& call,
+                          double scale) {
   const int64_t G = q.size(1) / k.size(1);
   std::vector<at::Tensor> outs, lses;
   int64_t qo = 0, ko = 0;
@@ -141,13 +145,8 @@ PartialAttention cpu_call(const at::Tensor& q, const at::Tensor& k, const at::Te
   return {at::cat(outs), at::cat(lses)};
 }
 
-struct CallGrads {
-  at::Tensor dq, dk, dv;  // packed rows
-};
-
-CallGrads cpu_call_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                            const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                            const VarlenCall& call, double scale) {
+AttentionGrads cpu_call_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 const at::Tensor& out, const at::Tensor& lse, const VarlenCall& call, double scale) {
   const int64_t Hkv = k.size(1), G = q.size(1) / Hkv, D = q.size(2);
   std::vector<at::Tensor> dqs, dks, dvs;
   int64_t qo = 0, ko = 0;
@@ -160,8 +159,7 @@ CallGrads cpu_call_backward(const at::Tensor& dout, const at::Tensor& q, const a
     const at::Tensor vi = heads_expanded(v.narrow(0, ko, p.k_length), G);
     const CpuMask mask = cpu_mask(call, p, q.options());
     auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-        heads_first(dout.narrow(0, qo, p.q_length)).contiguous(),
-        heads_first(q.narrow(0, qo, p.q_length)), ki, vi,
+        heads_first(dout.narrow(0, qo, p.q_length)).contiguous(), heads_first(q.narrow(0, qo, p.q_length)), ki, vi,
         heads_first(out.narrow(0, qo, p.q_length)).contiguous(),
         lse.narrow(0, qo, p.q_length).t().unsqueeze(0).contiguous(), 0.0, mask.is_causal, mask.bias, scale);
     dqs.push_back(dq.squeeze(0).permute({1, 0, 2}));
@@ -173,35 +171,33 @@ CallGrads cpu_call_backward(const at::Tensor& dout, const at::Tensor& q, const a
 }
 
 // FlashAttention-2 varlen (ATen's own build of it): one launch per call.
-PartialAttention cuda_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                           const VarlenCall& call, double scale) {
+PartialAttention cuda_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const VarlenCall& call,
+                           double scale) {
   auto r = at::_flash_attention_forward(q, k, v, call.cum_q, call.cum_k, call.max_q, call.max_k,
                                         /*dropout_p=*/0.0, call.causal, /*return_debug_mask=*/false,
                                         std::optional<double>(scale));
   const at::Tensor& lse = std::get<1>(r);  // [heads, total_q] fp32 in the varlen form
   MMSP_CHECK(lse.dim() == 2 && lse.size(0) == q.size(1) && lse.size(1) == call.total_q,
-             "flash-varlen: this LibTorch returns the log-sum-exp as ", lse.sizes(), ", not [",
-             q.size(1), ", ", call.total_q, "]: run with --attention-kernel blockwise");
+             "flash-varlen: this LibTorch returns the log-sum-exp as ", lse.sizes(), ", not [", q.size(1), ", ",
+             call.total_q, "]: run with --attention-kernel blockwise");
   return {std::get<0>(r), lse.t()};
 }
 
-CallGrads cuda_call_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-                             const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
-                             const VarlenCall& call, double scale) {
+AttentionGrads cuda_call_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& out, const at::Tensor& lse, const VarlenCall& call, double scale) {
   // No dropout: the kernel never reads the philox state.
   const at::Tensor unused = at::zeros({2}, q.options().dtype(at::kLong));
-  auto r = at::_flash_attention_backward(dout.contiguous(), q, k, v, out.contiguous(),
-                                         lse.t().contiguous(), call.cum_q, call.cum_k, call.max_q,
-                                         call.max_k, /*dropout_p=*/0.0, call.causal, unused, unused,
-                                         std::optional<double>(scale));
+  auto r = at::_flash_attention_backward(dout.contiguous(), q, k, v, out.contiguous(), lse.t().contiguous(), call.cum_q,
+                                         call.cum_k, call.max_q, call.max_k, /*dropout_p=*/0.0, call.causal, unused,
+                                         unused, std::optional<double>(scale));
   return {std::get<0>(r), std::get<1>(r), std::get<2>(r)};
 }
 
 }  // namespace
 
-std::optional<FusedPlan> plan_fused(const TokenLayout& q_layout, const TokenLayout& k_layout,
-                                    bool causal, const at::Device& device, std::string* why_not,
-                                    int64_t max_pieces) {
+std::optional<FusedPlan> plan_fused(const TokenLayout& q_layout, const TokenLayout& k_layout, bool causal,
+                                    const at::Device& device, std::string* why_not, int64_t max_pieces,
+                                    CausalAlignment alignment) {
   q_layout.check("fused attention (queries)");
   k_layout.check("fused attention (keys)");
   const std::vector<Run> q_runs = order_runs(q_layout), k_runs = order_runs(k_layout);
@@ -211,12 +207,11 @@ std::optional<FusedPlan> plan_fused(const TokenLayout& q_layout, const TokenLayo
   for (const Run& q : q_runs) {
     auto it = keys_of.find(q.segment);
     if (it == keys_of.end()) continue;
-    for (const Run* k : it->second) pieces_of(q, *k, causal, pieces);
+    for (const Run* k : it->second) pieces_of(q, *k, causal, alignment, pieces);
     if (static_cast<int64_t>(pieces.size()) > max_pieces) {
       if (why_not)
-        *why_not = "the layouts fall into more than " + std::to_string(max_pieces) +
-                   " (query run, key run) pieces (" + std::to_string(q_runs.size()) + " query runs, " +
-                   std::to_string(k_runs.size()) + " key runs)";
+        *why_not = "the layouts fall into more than " + std::to_string(max_pieces) + " (query run, key run) pieces (" +
+                   std::to_string(q_runs.size()) + " query runs, " + std::to_string(k_runs.size()) + " key runs)";
       return std::nullopt;
     }
   }
@@ -256,29 +251,30 @@ const char* fused_kernel_for(const at::Tensor& q, std::string* why_not) {
     const int64_t D = q.size(-1);
     if ((type == at::kBFloat16 || type == at::kHalf) && D % 8 == 0 && D <= 256) return "flash-varlen";
     if (why_not)
-      *why_not = std::string("FlashAttention-2 on CUDA takes bf16/fp16 with a head size that is a multiple of 8 up to 256, got ") +
-                 c10::toString(type) + " and head size " + std::to_string(D);
+      *why_not =
+          std::string(
+              "FlashAttention-2 on CUDA takes bf16/fp16 with a head size that is a multiple of 8 up to 256, got ") +
+          c10::toString(type) + " and head size " + std::to_string(D);
     return nullptr;
   }
   if (why_not) *why_not = "no fused kernel for tensors on " + q.device().str();
   return nullptr;
 }
 
-PartialAttention fused_attention_forward(const at::Tensor& q, const at::Tensor& k,
-                                         const at::Tensor& v, const FusedPlan& plan, double scale) {
+PartialAttention varlen_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                          const FusedPlan& plan, double scale, const VarlenForward& run) {
   PhaseScope timed(Phase::attention);
   const at::ScalarType acc = accumulation_type(q.scalar_type());
-  const bool cuda = q.is_cuda();
   PartialAttention total;
   for (const VarlenCall& call : plan.calls) {
     const at::Tensor qp = gather(q, call.q_rows), kp = gather(k, call.k_rows), vp = gather(v, call.k_rows);
-    PartialAttention part = cuda ? cuda_call(qp.contiguous(), kp.contiguous(), vp.contiguous(), call, scale)
-                                 : cpu_call(qp, kp, vp, call, scale);
+    PartialAttention part = run(qp, kp, vp, call, scale);
     part.lse = part.lse.to(acc);
     if (plan.calls.size() == 1 && !call.q_rows.defined()) return part;  // every row, once
     PartialAttention full{at::zeros({plan.queries, q.size(1), q.size(2)}, q.options().dtype(acc)),
                           at::full({plan.queries, q.size(1)}, -kInf, q.options().dtype(acc))};
-    const at::Tensor rows = call.q_rows.defined() ? call.q_rows : at::arange(plan.queries, q.options().dtype(at::kLong));
+    const at::Tensor rows =
+        call.q_rows.defined() ? call.q_rows : at::arange(plan.queries, q.options().dtype(at::kLong));
     full.out.index_copy_(0, rows, part.out.to(acc));
     full.lse.index_copy_(0, rows, part.lse);
     merge_partial(total, full);
@@ -288,26 +284,22 @@ PartialAttention fused_attention_forward(const at::Tensor& q, const at::Tensor& 
   return {total.out.to(q.scalar_type()), total.lse};
 }
 
-AttentionGrads fused_attention_backward(const at::Tensor& dout, const at::Tensor& q,
-                                        const at::Tensor& k, const at::Tensor& v,
-                                        const at::Tensor& out, const at::Tensor& lse,
-                                        const FusedPlan& plan, double scale) {
+AttentionGrads varlen_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                         const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                         const FusedPlan& plan, double scale, const VarlenBackward& run) {
   PhaseScope timed(Phase::attention);
   const at::ScalarType acc = accumulation_type(q.scalar_type());
-  const bool cuda = q.is_cuda();
   at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(acc));
   at::Tensor dk = at::zeros(k.sizes(), k.options().dtype(acc)), dv = at::zeros(v.sizes(), v.options().dtype(acc));
   const at::Tensor out_q = out.to(q.scalar_type()), dout_q = dout.to(q.scalar_type());
   for (const VarlenCall& call : plan.calls) {
     const at::Tensor qp = gather(q, call.q_rows), kp = gather(k, call.k_rows), vp = gather(v, call.k_rows);
     const at::Tensor dop = gather(dout_q, call.q_rows), op = gather(out_q, call.q_rows);
-    const at::Tensor lp = gather(lse, call.q_rows);
-    CallGrads g = cuda ? cuda_call_backward(dop, qp.contiguous(), kp.contiguous(), vp.contiguous(), op,
-                                            lp.to(at::kFloat), call, scale)
-                       : cpu_call_backward(dop, qp, kp, vp, op, lp.to(q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat),
-                                           call, scale);
-    if (call.q_rows.defined()) dq.index_add_(0, call.q_rows, g.dq.to(acc));
-    else dq.add_(g.dq.to(acc));
+    AttentionGrads g = run(dop, qp, kp, vp, op, gather(lse, call.q_rows).to(acc), call, scale);
+    if (call.q_rows.defined())
+      dq.index_add_(0, call.q_rows, g.dq.to(acc));
+    else
+      dq.add_(g.dq.to(acc));
     if (call.k_rows.defined()) {
       dk.index_add_(0, call.k_rows, g.dk.to(acc));
       dv.index_add_(0, call.k_rows, g.dv.to(acc));
@@ -317,6 +309,30 @@ AttentionGrads fused_attention_backward(const at::Tensor& dout, const at::Tensor
     }
   }
   return {dq, dk, dv};
+}
+
+PartialAttention fused_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                         const FusedPlan& plan, double scale) {
+  const bool cuda = q.is_cuda();
+  return varlen_attention_forward(
+      q, k, v, plan, scale,
+      [cuda](const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp, const VarlenCall& call, double s) {
+        return cuda ? cuda_call(qp.contiguous(), kp.contiguous(), vp.contiguous(), call, s)
+                    : cpu_call(qp, kp, vp, call, s);
+      });
+}
+
+AttentionGrads fused_attention_backward(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                                        const FusedPlan& plan, double scale) {
+  const bool cuda = q.is_cuda();
+  return varlen_attention_backward(
+      dout, q, k, v, out, lse, plan, scale,
+      [cuda](const at::Tensor& dop, const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp,
+             const at::Tensor& op, const at::Tensor& lp, const VarlenCall& call, double s) {
+        return cuda ? cuda_call_backward(dop, qp.contiguous(), kp.contiguous(), vp.contiguous(), op, lp, call, s)
+                    : cpu_call_backward(dop, qp, kp, vp, op, lp, call, s);
+      });
 }
 
 }  // namespace mmsp::attention

@@ -6,8 +6,8 @@
 
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/core/check.h"
-#include "mmsp/model/layers/activation.h"
 #include "mmsp/model/families/internvl/internvl_config.h"
+#include "mmsp/model/layers/activation.h"
 #include "mmsp/model/layers/parameter_init.h"
 #include "mmsp/model/phase_marker.h"
 
@@ -66,8 +66,7 @@ InternVisionTower::InternVisionTower(const InternVisionConfig& c) : config_(c) {
     layers_.push_back(layer->register_module(std::to_string(i), std::make_shared<Layer>(c)));
     hooked_layers_.add(layers_.back());
   }
-  if (!c.use_mean_pooling)
-    layernorm_ = register_module("layernorm", std::make_shared<LayerNorm>(D, c.layer_norm_eps));
+  if (!c.use_mean_pooling) layernorm_ = register_module("layernorm", std::make_shared<LayerNorm>(D, c.layer_norm_eps));
 }
 
 at::Tensor InternVisionTower::forward(const at::Tensor& tiles) const {
@@ -81,9 +80,9 @@ at::Tensor InternVisionTower::forward(const at::Tensor& tiles) const {
   at::Tensor patches = tiles.reshape({N, c.num_channels, side, c.patch_size, side, c.patch_size})
                            .permute({0, 2, 4, 1, 3, 5})
                            .reshape({N, P, c.num_channels * c.patch_size * c.patch_size});
-  at::Tensor x = at::linear(patches, patch_weight.reshape({D, -1}), patch_bias);   // [N, P, D]
-  x = at::cat({cls_token.expand({N, 1, D}), x}, 1) + position_embeddings;           // [N, P+1, D]
-  x = leave_phase_in_backward(x, Phase::vision);  // the tower's backward ends here
+  at::Tensor x = at::linear(patches, patch_weight.reshape({D, -1}), patch_bias);  // [N, P, D]
+  x = at::cat({cls_token.expand({N, 1, D}), x}, 1) + position_embeddings;         // [N, P+1, D]
+  x = leave_phase_in_backward(x, Phase::vision);                                  // the tower's backward ends here
   const attention::TokenLayout layout{at::arange(N, at::kLong).repeat_interleave(P + 1),
                                       at::arange(P + 1, at::kLong).repeat({N})};
   for (size_t i = 0; i < layers_.size(); ++i) {

@@ -130,7 +130,6 @@ class InternVLFamily : public Family {
 
   VisionTokenWords token_words() const override { return {"<IMG_CONTEXT>", "", "<img>", "</img>"}; }
 
-
   // Per patch (intern_vit.cpp): the layer's input and first norm's output, q, k, v (and
   // their norms' outputs), the attention's output, its projection and that scaled by
   // lambda_1, the residual sum, the second norm's output, fc2's output and that scaled by

@@ -22,8 +22,8 @@ InternVLTower::InternVLTower(const InternVisionConfig& v, const InternVLProjecto
 }
 
 at::Tensor InternVLTower::encode(const TowerInput& input) const {
-  at::Tensor features = vit->forward(input.pixels);                     // [N, P, D]
-  at::Tensor shuffled = model::pixel_shuffle(features, scale_);         // [N, P/k², k²·D]
+  at::Tensor features = vit->forward(input.pixels);              // [N, P, D]
+  at::Tensor shuffled = model::pixel_shuffle(features, scale_);  // [N, P/k², k²·D]
   return projector->forward(shuffled).reshape({-1, text_hidden_});
 }
 
@@ -74,9 +74,9 @@ void InternVLTower::check(const plan::StepPlan& plan, const PixelInputs& pixels)
                  ", ", g[2], "], but every image is [tiles, ", side, ", ", side, "]: tiles of image_size / ",
                  "patch_size = ", v.image_size, " / ", v.patch_size, " patches a side");
       // Only the images held here count (a rank under Vision DP holds those it encodes).
-      const bool held = pixels.image_offsets.empty() ||
-                        (item.batch_index < static_cast<int64_t>(pixels.image_offsets.size()) &&
-                         pixels.image_offsets[item.batch_index] >= 0);
+      const bool held =
+          pixels.image_offsets.empty() || (item.batch_index < static_cast<int64_t>(pixels.image_offsets.size()) &&
+                                           pixels.image_offsets[item.batch_index] >= 0);
       // A split image's tiles: only this rank's shard of them is held (pixel_inputs.h).
       const bool partial = held && !pixels.image_held_rows.empty();
       if (held) tiles += partial ? pixels.image_held_rows.at(item.batch_index) : g[0];
@@ -84,8 +84,8 @@ void InternVLTower::check(const plan::StepPlan& plan, const PixelInputs& pixels)
   const at::Tensor& px = pixels.images;
   MMSP_CHECK(tiles == 0 || (px.defined() && px.dim() == 4 && px.size(0) == tiles && px.size(1) == v.num_channels &&
                             px.size(2) == v.image_size && px.size(3) == v.image_size),
-             "InternVL tiles must be [N, ", v.num_channels, ", ", v.image_size, ", ", v.image_size, "] with N = ", tiles,
-             " (the image_grid_thw tile counts of the images held here), got ",
+             "InternVL tiles must be [N, ", v.num_channels, ", ", v.image_size, ", ", v.image_size,
+             "] with N = ", tiles, " (the image_grid_thw tile counts of the images held here), got ",
              px.defined() ? detail::concat(px.sizes()) : std::string("no pixels"));
 }
 

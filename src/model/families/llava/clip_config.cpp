@@ -48,34 +48,28 @@ ClipVisionConfig parse_clip_vision_config(const nlohmann::json& vision) {
   v.image_size = f.integer("image_size", v.image_size);
   v.patch_size = f.integer("patch_size", v.patch_size);
   v.projection_dim = f.integer("projection_dim", v.projection_dim);
-  MMSP_CHECK(v.hidden_size % v.num_attention_heads == 0, f.name("num_attention_heads"), " (",
-             v.num_attention_heads, ") must divide ", f.name("hidden_size"), " (", v.hidden_size,
-             ")");
-  MMSP_CHECK(v.image_size % v.patch_size == 0, f.name("patch_size"), " (", v.patch_size,
-             ") must divide ", f.name("image_size"), " (", v.image_size, ")");
+  MMSP_CHECK(v.hidden_size % v.num_attention_heads == 0, f.name("num_attention_heads"), " (", v.num_attention_heads,
+             ") must divide ", f.name("hidden_size"), " (", v.hidden_size, ")");
+  MMSP_CHECK(v.image_size % v.patch_size == 0, f.name("patch_size"), " (", v.patch_size, ") must divide ",
+             f.name("image_size"), " (", v.image_size, ")");
   return v;
 }
 
-LlavaProjectorConfig parse_llava_projector_config(const nlohmann::json& config,
-                                                  const ClipVisionConfig& vision) {
+LlavaProjectorConfig parse_llava_projector_config(const nlohmann::json& config, const ClipVisionConfig& vision) {
   LlavaProjectorConfig p;
   const JsonFields f(config, "");
   if (f.has("vision_feature_layer")) {
-    MMSP_CHECK(!f.at("vision_feature_layer").is_array(),
-               "vision_feature_layer ", f.at("vision_feature_layer").dump(),
+    MMSP_CHECK(!f.at("vision_feature_layer").is_array(), "vision_feature_layer ", f.at("vision_feature_layer").dump(),
                ": a list of layers is not supported; give one layer");
-    p.vision_feature_layer = f.integer("vision_feature_layer", p.vision_feature_layer,
-                                       INT64_MIN);
+    p.vision_feature_layer = f.integer("vision_feature_layer", p.vision_feature_layer, INT64_MIN);
   }
   const int64_t layers = vision.num_hidden_layers;
-  MMSP_CHECK(p.vision_feature_layer >= -(layers + 1) && p.vision_feature_layer <= layers,
-             "vision_feature_layer (", p.vision_feature_layer, ") must be in [", -(layers + 1),
-             ", ", layers, "]: vision_config.num_hidden_layers is ", layers,
-             ", so there are ", layers + 1, " hidden states (embeddings, then each layer)");
-  p.vision_feature_select_strategy =
-      f.string("vision_feature_select_strategy", p.vision_feature_select_strategy);
-  MMSP_CHECK(p.vision_feature_select_strategy == "default" ||
-                 p.vision_feature_select_strategy == "full",
+  MMSP_CHECK(p.vision_feature_layer >= -(layers + 1) && p.vision_feature_layer <= layers, "vision_feature_layer (",
+             p.vision_feature_layer, ") must be in [", -(layers + 1), ", ", layers,
+             "]: vision_config.num_hidden_layers is ", layers, ", so there are ", layers + 1,
+             " hidden states (embeddings, then each layer)");
+  p.vision_feature_select_strategy = f.string("vision_feature_select_strategy", p.vision_feature_select_strategy);
+  MMSP_CHECK(p.vision_feature_select_strategy == "default" || p.vision_feature_select_strategy == "full",
              "vision_feature_select_strategy \"", p.vision_feature_select_strategy,
              "\" is not supported; supported: default (drop the class token), full");
   p.projector_hidden_act = f.string("projector_hidden_act", p.projector_hidden_act);
@@ -84,8 +78,8 @@ LlavaProjectorConfig parse_llava_projector_config(const nlohmann::json& config,
   const int64_t rows = vision.num_patches() + (p.vision_feature_select_strategy == "full" ? 1 : 0);
   p.image_seq_length = f.integer("image_seq_length", rows);
   MMSP_CHECK(p.image_seq_length == rows, "image_seq_length (", p.image_seq_length,
-             ") must equal the rows the encoder yields per image: (image_size / patch_size)^2 = (",
-             vision.image_size, " / ", vision.patch_size, ")^2 = ", vision.num_patches(),
+             ") must equal the rows the encoder yields per image: (image_size / patch_size)^2 = (", vision.image_size,
+             " / ", vision.patch_size, ")^2 = ", vision.num_patches(),
              p.vision_feature_select_strategy == "full" ? ", + 1 class token" : "");
   return p;
 }

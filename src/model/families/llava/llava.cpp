@@ -11,9 +11,9 @@
 #include "mmsp/attention/local_attention.h"
 #include "mmsp/core/check.h"
 #include "mmsp/model/families/llava/clip_config.h"
-#include "mmsp/model/phase_marker.h"
 #include "mmsp/model/layers/activation.h"
 #include "mmsp/model/layers/parameter_init.h"
+#include "mmsp/model/phase_marker.h"
 
 namespace mmsp::model {
 ClipVisionTower::Layer::Layer(const ClipVisionConfig& c) {
@@ -49,7 +49,8 @@ ClipVisionTower::ClipVisionTower(const ClipVisionConfig& c, const LlavaProjector
     hooked_layers_.add(layers_.back(), i < feature_layer());
   }
   // Present in the checkpoints; unused when the features come from an inner layer.
-  post_layernorm_ = model->register_module("post_layernorm", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
+  post_layernorm_ =
+      model->register_module("post_layernorm", std::make_shared<LayerNorm>(c.hidden_size, c.layer_norm_eps));
 }
 
 int64_t ClipVisionTower::feature_layer() const {
@@ -122,7 +123,7 @@ at::Tensor ClipVisionTower::forward(const at::Tensor& images, const SplitShards&
         .reshape({t.size(0), P, c.num_channels * c.patch_size * c.patch_size});
   };
   const at::Tensor w = patch_weight.reshape({D, -1});
-  at::Tensor x = at::linear(patchify(images), w);                                  // [N, P, D]
+  at::Tensor x = at::linear(patchify(images), w);  // [N, P, D]
   x = (at::cat({class_embedding.expand({N, 1, D}), x}, 1) + position_weight).reshape({N * (P + 1), D});
   // This rank's tokens of each split image: the class token (rank 0) and its patches.
   std::vector<at::Tensor> parts{x};
@@ -174,8 +175,8 @@ at::Tensor ClipVisionTower::layer_forward(const Layer& l, const at::Tensor& x, c
   at::Tensor q = l.q_proj->forward(h).view({T, heads, hd});
   at::Tensor k = l.k_proj->forward(h).view({T, heads, hd});
   at::Tensor v = l.v_proj->forward(h).view({T, heads, hd});
-  at::Tensor a = attention::local_attention(q.narrow(0, 0, whole), k.narrow(0, 0, whole), v.narrow(0, 0, whole),
-                                            layout, layout, options);
+  at::Tensor a = attention::local_attention(q.narrow(0, 0, whole), k.narrow(0, 0, whole), v.narrow(0, 0, whole), layout,
+                                            layout, options);
   if (split.exchange) {
     auto inner = [&split](const at::Tensor& gq, const at::Tensor& gk, const at::Tensor& gv) {
       return split.order.attend(gq, gk, gv);
@@ -193,7 +194,8 @@ LlavaTower::LlavaTower(const ClipVisionConfig& vision, const LlavaProjectorConfi
   clip = std::make_shared<ClipVisionTower>(vision, llava);
   projector = std::make_shared<torch::nn::Module>();
   const bool bias = llava.multimodal_projector_bias;
-  linear_1_ = projector->register_module("linear_1", std::make_shared<Linear>(vision.hidden_size, text_hidden, bias, 0.02));
+  linear_1_ =
+      projector->register_module("linear_1", std::make_shared<Linear>(vision.hidden_size, text_hidden, bias, 0.02));
   linear_2_ = projector->register_module("linear_2", std::make_shared<Linear>(text_hidden, text_hidden, bias, 0.02));
 }
 
@@ -231,9 +233,9 @@ void LlavaTower::add_split(const std::vector<plan::VisionItem>& items, const Pix
 
 at::Tensor LlavaTower::encode(const TowerInput& input) const {
   const int64_t whole = input.pixels.size(0) - input.split.pixel_rows;
-  at::Tensor features = clip->forward(input.pixels.narrow(0, 0, whole), input.split,
-                                      input.split.pixel_rows > 0 ? input.pixels.narrow(0, whole, input.split.pixel_rows)
-                                                                 : at::Tensor());  // [rows, D]
+  at::Tensor features = clip->forward(
+      input.pixels.narrow(0, 0, whole), input.split,
+      input.split.pixel_rows > 0 ? input.pixels.narrow(0, whole, input.split.pixel_rows) : at::Tensor());  // [rows, D]
   at::Tensor rows = linear_2_->forward(activation(llava_.projector_hidden_act, linear_1_->forward(features)));
   return rows.reshape({-1, text_hidden_});
 }
@@ -241,7 +243,8 @@ at::Tensor LlavaTower::encode(const TowerInput& input) const {
 std::shared_ptr<Vlm> build_llava(const ModelConfig& config) {
   MMSP_CHECK(clip_vision_of(config) && llava_projector_of(config), "model_type ", config.model_type,
              " is not LLaVA (no CLIP vision_config)");
-  auto tower = std::make_shared<LlavaTower>(*clip_vision_of(config), *llava_projector_of(config), config.text.hidden_size);
+  auto tower =
+      std::make_shared<LlavaTower>(*clip_vision_of(config), *llava_projector_of(config), config.text.hidden_size);
   auto decoder = std::make_shared<Decoder>(config.text, config.tie_word_embeddings);
   auto vlm = std::make_shared<Vlm>(config, decoder, tower);
   vlm->register_module("vision_tower", tower->clip);

@@ -37,8 +37,7 @@ class LlavaPixelGeometry : public PixelGeometry {
   plan::Grid grid_for(int64_t, int64_t, int64_t, const std::string&) const override { return grid(); }
   std::string grid_mismatch(const plan::Grid& g, int64_t, int64_t, int64_t, const std::string&) const override {
     if (g == grid()) return "";
-    return detail::concat("but llava images of ", v_.image_size, " px have grid [1, ", grid()[1], ", ",
-                          grid()[2], "]");
+    return detail::concat("but llava images of ", v_.image_size, " px have grid [1, ", grid()[1], ", ", grid()[2], "]");
   }
   std::pair<int64_t, int64_t> frame_size(const plan::Grid&, int64_t width, int64_t height) const override {
     const int64_t S = v_.image_size;
@@ -103,7 +102,6 @@ class LlavaFamily : public Family {
   std::vector<std::string> model_types() const override { return {"llava"}; }
 
   VisionTokenWords token_words() const override { return {"<image>", "", "", ""}; }
-
 
   // Per patch (llava.cpp's layer_forward), in each layer up to the feature layer: the
   // layer's input and first norm's output, q, k, v, the attention's output, the residual
@@ -188,10 +186,9 @@ class LlavaFamily : public Family {
   hf::CheckpointNaming checkpoint_naming(const ModelConfig& c) const override {
     hf::CheckpointNaming naming = llava_layout_naming(c.tie_word_embeddings);
     const std::string tower = "vision_tower.vision_model.";
-    naming.prefix_aliases.insert(naming.prefix_aliases.begin(), {{tower, tower},
-                                                                 {"model." + tower, tower},
-                                                                 {"model.vision_tower.", tower},
-                                                                 {"vision_tower.", tower}});
+    naming.prefix_aliases.insert(
+        naming.prefix_aliases.begin(),
+        {{tower, tower}, {"model." + tower, tower}, {"model.vision_tower.", tower}, {"vision_tower.", tower}});
     return naming;
   }
 };

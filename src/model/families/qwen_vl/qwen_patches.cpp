@@ -33,9 +33,8 @@ void check_frames(const at::Tensor& frames, const QwenVisionConfig& vision) {
   MMSP_CHECK(C == vision.in_channels && C <= 3, "qwen_patches: frames ", frames.sizes(), " have ", C,
              " channels but vision_config.in_channels is ", vision.in_channels,
              " (mmsp's pixel pipeline handles 1 to 3 channels)");
-  MMSP_CHECK(H >= p * m && W >= p * m && H % (p * m) == 0 && W % (p * m) == 0,
-             "qwen_patches: frame size ", H, " x ", W, " (H x W) must be a positive multiple of ",
-             "patch_size * spatial_merge_size = ", p * m, " on each side");
+  MMSP_CHECK(H >= p * m && W >= p * m && H % (p * m) == 0 && W % (p * m) == 0, "qwen_patches: frame size ", H, " x ", W,
+             " (H x W) must be a positive multiple of ", "patch_size * spatial_merge_size = ", p * m, " on each side");
 }
 
 }  // namespace
@@ -47,8 +46,7 @@ QwenPatches qwen_patches(const at::Tensor& frames, const QwenVisionConfig& visio
 
 QwenPatches qwen_video_patches(const at::Tensor& frames, const QwenVisionConfig& vision, const PixelNorm& norm) {
   check_frames(frames, vision);
-  MMSP_CHECK(frames.scalar_type() == at::kByte, "qwen_video_patches: frames must be uint8, got ",
-             frames.scalar_type());
+  MMSP_CHECK(frames.scalar_type() == at::kByte, "qwen_video_patches: frames must be uint8, got ", frames.scalar_type());
   return patch_rows(normalize_pixels_fused(frames, 1, norm), vision);
 }
 

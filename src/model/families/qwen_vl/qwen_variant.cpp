@@ -8,9 +8,12 @@ namespace mmsp::model {
 
 std::string to_string(QwenVariant variant) {
   switch (variant) {
-    case QwenVariant::qwen2_vl: return "qwen2_vl";
-    case QwenVariant::qwen2_5_vl: return "qwen2_5_vl";
-    case QwenVariant::qwen3_vl: return "qwen3_vl";
+    case QwenVariant::qwen2_vl:
+      return "qwen2_vl";
+    case QwenVariant::qwen2_5_vl:
+      return "qwen2_5_vl";
+    case QwenVariant::qwen3_vl:
+      return "qwen3_vl";
   }
   return "unknown";
 }
@@ -18,8 +21,10 @@ std::string to_string(QwenVariant variant) {
 QwenVariant qwen_variant_of(const std::string& model_type) {
   if (model_type == "qwen2_vl") return QwenVariant::qwen2_vl;
   if (model_type == "qwen2_5_vl") return QwenVariant::qwen2_5_vl;
-  MMSP_CHECK(model_type == "qwen3_vl" || model_type == "qwen3_5", "model_type \"", model_type,
-             "\" is not a Qwen-VL model (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5)");
+  MMSP_CHECK(model_type == "qwen3_vl" || model_type == "qwen3_5" || model_type == "qwen3_vl_moe" ||
+                 model_type == "qwen3_5_moe",
+             "model_type \"", model_type,
+             "\" is not a Qwen-VL model (qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, qwen3_vl_moe, qwen3_5_moe)");
   return QwenVariant::qwen3_vl;
 }
 

@@ -14,24 +14,26 @@
 #include "mmsp/core/check.h"
 #include "mmsp/model/families/qwen_vl/qwen_variant.h"
 #include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
-#include "mmsp/model/phase_marker.h"
+#include "mmsp/model/families/qwen_vl/window_index.h"
 #include "mmsp/model/layers/activation.h"
 #include "mmsp/model/layers/parameter_init.h"
 #include "mmsp/model/layers/rotary.h"
-#include "mmsp/model/families/qwen_vl/window_index.h"
+#include "mmsp/model/phase_marker.h"
 
 namespace mmsp::model {
 QwenVisionEncoder::PatchEmbed::PatchEmbed(const QwenVisionConfig& c, bool bias) {
   auto proj = register_module("proj", std::make_shared<torch::nn::Module>());
   proj_weight = proj->register_parameter(
       "weight", normal_parameter({c.hidden_size, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size},
-                                  c.initializer_range));
+                                 c.initializer_range));
   if (bias) proj_bias = proj->register_parameter("bias", zeros_parameter({c.hidden_size}));
 }
 
 QwenVisionEncoder::Norm::Norm(torch::nn::Module& parent, const std::string& name, int64_t dim, bool use_rms) {
-  if (use_rms) rms = parent.register_module(name, std::make_shared<RMSNorm>(dim, 1e-6));
-  else layer = parent.register_module(name, std::make_shared<LayerNorm>(dim, 1e-6));
+  if (use_rms)
+    rms = parent.register_module(name, std::make_shared<RMSNorm>(dim, 1e-6));
+  else
+    layer = parent.register_module(name, std::make_shared<LayerNorm>(dim, 1e-6));
 }
 
 at::Tensor QwenVisionEncoder::Norm::forward(const at::Tensor& x) const {
@@ -76,8 +78,8 @@ QwenVisionEncoder::Merger::Merger(const QwenVisionConfig& c, Variant variant, bo
   std::shared_ptr<torch::nn::Module> mlp;
   if (!qwen3) parent = (mlp = register_module("mlp", std::make_shared<torch::nn::Module>())).get();
   fc1 = parent->register_module(qwen3 ? "linear_fc1" : "0", std::make_shared<Linear>(width, width, true, s));
-  fc2 = parent->register_module(qwen3 ? "linear_fc2" : "2",
-                                std::make_shared<Linear>(width, c.out_hidden_size, true, s));
+  fc2 =
+      parent->register_module(qwen3 ? "linear_fc2" : "2", std::make_shared<Linear>(width, c.out_hidden_size, true, s));
 }
 
 at::Tensor QwenVisionEncoder::Merger::forward(const at::Tensor& x, int64_t merged_width) const {
@@ -102,8 +104,8 @@ QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c, QwenVariant vari
     MMSP_CHECK(c.num_position_embeddings > 0 && side * side == c.num_position_embeddings,
                "vision_config.num_position_embeddings (", c.num_position_embeddings,
                ") must be a square (a side × side position table)");
-    pos_embed_ = register_module("pos_embed", std::make_shared<Embedding>(c.num_position_embeddings,
-                                                                          c.hidden_size, c.initializer_range));
+    pos_embed_ = register_module(
+        "pos_embed", std::make_shared<Embedding>(c.num_position_embeddings, c.hidden_size, c.initializer_range));
   }
   blocks_ = register_module("blocks", std::make_shared<torch::nn::Module>());
   for (int64_t i = 0; i < c.depth; ++i) {
@@ -116,10 +118,9 @@ QwenVisionEncoder::QwenVisionEncoder(const QwenVisionConfig& c, QwenVariant vari
     auto list = register_module("deepstack_merger_list", std::make_shared<torch::nn::Module>());
     for (size_t k = 0; k < c.deepstack_visual_indexes.size(); ++k) {
       const int64_t index = c.deepstack_visual_indexes[k];
-      MMSP_CHECK(index >= 0 && index < c.depth, "vision_config.deepstack_visual_indexes[", k, "] = ",
-                 index, " is not a block (depth ", c.depth, ")");
-      deepstack_.push_back(
-          list->register_module(std::to_string(k), std::make_shared<Merger>(c, Variant::qwen3, true)));
+      MMSP_CHECK(index >= 0 && index < c.depth, "vision_config.deepstack_visual_indexes[", k, "] = ", index,
+                 " is not a block (depth ", c.depth, ")");
+      deepstack_.push_back(list->register_module(std::to_string(k), std::make_shared<Merger>(c, Variant::qwen3, true)));
     }
   }
 }
@@ -227,7 +228,7 @@ at::Tensor QwenVisionEncoder::block_forward(const Block& b, const at::Tensor& x,
   q = apply_rotary(q.to(wide), rotary).to(x.scalar_type());
   k = apply_rotary(k.to(wide), rotary).to(x.scalar_type());
   attention::AttentionOptions options;
-  options.causal = false;  // bidirectional; a segment (frame or window) keeps it inside
+  options.causal = false;                 // bidirectional; a segment (frame or window) keeps it inside
   const int64_t whole = segments.size();  // rows of whole items; this rank's shards follow
   at::Tensor attn = attention::local_attention(q.narrow(0, 0, whole), k.narrow(0, 0, whole), v.narrow(0, 0, whole),
                                                segments, segments, options);
@@ -333,15 +334,16 @@ at::Tensor QwenVisionEncoder::embed_patches(const at::Tensor& pixel_values, cons
   return leave_phase_in_backward(x, Phase::vision);  // the encoder's backward ends here
 }
 
-VisionOutput QwenVisionEncoder::run_blocks(at::Tensor x, const RotaryTable& rotary, const attention::TokenLayout& frames,
-                                           const attention::TokenLayout& windows, const SplitAttention& shared) const {
+VisionOutput QwenVisionEncoder::run_blocks(at::Tensor x, const RotaryTable& rotary,
+                                           const attention::TokenLayout& frames, const attention::TokenLayout& windows,
+                                           const SplitAttention& shared) const {
   const QwenVisionConfig& c = config_;
   VisionOutput out;
   const int64_t width = c.hidden_size * c.spatial_merge_size * c.spatial_merge_size;
   for (size_t i = 0; i < block_list_.size(); ++i) {
-    const bool full = variant_ != Variant::qwen2_5 ||
-                      std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(),
-                                static_cast<int64_t>(i)) != c.fullatt_block_indexes.end();
+    const bool full =
+        variant_ != Variant::qwen2_5 || std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(),
+                                                  static_cast<int64_t>(i)) != c.fullatt_block_indexes.end();
     const attention::TokenLayout& segments = full ? frames : windows;
     std::shared_ptr<Block> block = block_list_[i];
     // By value: a recomputed block runs again after this frame (the encoder outlives the
@@ -387,7 +389,8 @@ VisionOutput QwenVisionEncoder::forward(const at::Tensor& pixel_values, const st
   at::Tensor restore;
   if (variant_ == Variant::qwen2_5 && patches > 0) {
     const WindowOrder wo = window_order(grids, m, c.window_size / (c.patch_size * m));
-    x = split.empty() ? wo.apply(x) : at::cat({wo.apply(x.narrow(0, 0, patches)), x.narrow(0, patches, split.pixel_rows)});
+    x = split.empty() ? wo.apply(x)
+                      : at::cat({wo.apply(x.narrow(0, 0, patches)), x.narrow(0, patches, split.pixel_rows)});
     emb = wo.apply(emb);
     windows = wo.windows;
     restore = wo.restore;
@@ -415,9 +418,8 @@ TowerInput QwenVisionEncoder::gather(const std::vector<plan::VisionItem>& items,
   for (const plan::VisionItem& item : items) {
     const at::Tensor& source = item.kind == plan::VisionKind::image ? pixels.images : pixels.videos;
     const int64_t first = pixels.first_row(item, item.patch_offset);
-    MMSP_CHECK(source.defined() && source.size(0) >= first + item.patches,
-               "pixel rows of ", plan::to_string(item.kind), " ", item.batch_index, " (rows ",
-               first, "..", first + item.patches, ") are missing: got ",
+    MMSP_CHECK(source.defined() && source.size(0) >= first + item.patches, "pixel rows of ", plan::to_string(item.kind),
+               " ", item.batch_index, " (rows ", first, "..", first + item.patches, ") are missing: got ",
                source.defined() ? source.size(0) : 0, " rows");
     rows.push_back(source.narrow(0, first, item.patches));
     input.grids.push_back(item.grid);
@@ -437,8 +439,8 @@ void QwenVisionEncoder::add_split(const std::vector<plan::VisionItem>& items, co
     const int64_t first = s.first_patch(j, s.rank), count = s.patch_count(j, s.rank);
     const at::Tensor& source = item.kind == plan::VisionKind::image ? pixels.images : pixels.videos;
     const int64_t at_row = pixels.row_of(item, item.patch_offset, first, count);
-    MMSP_CHECK(source.defined() && source.size(0) >= at_row + count, "pixel rows of ", plan::to_string(item.kind),
-               " ", item.batch_index, " (rows ", at_row, "..", at_row + count, " of its shard) are missing: got ",
+    MMSP_CHECK(source.defined() && source.size(0) >= at_row + count, "pixel rows of ", plan::to_string(item.kind), " ",
+               item.batch_index, " (rows ", at_row, "..", at_row + count, " of its shard) are missing: got ",
                source.defined() ? source.size(0) : 0, " rows");
     rows.push_back(source.narrow(0, at_row, count).to(input.pixels.scalar_type()));
     s.pixel_rows += count;

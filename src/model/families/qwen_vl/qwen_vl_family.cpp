@@ -21,15 +21,39 @@ namespace {
 using json_fields::join;
 using json_fields::JsonFields;
 
+// Qwen3.5's hybrid decoder (Gated DeltaNet and gated attention), dense or mixture of experts.
+bool hybrid(const std::string& model_type) { return model_type == "qwen3_5" || model_type == "qwen3_5_moe"; }
+
+// Qwen3VLMoeTextConfig's defaults: Qwen3-VL's decoder with 24 layers of 60 experts, 4 a token.
+TextVariant qwen3_vl_moe_text() {
+  TextVariant v;
+  TextConfig& t = v.defaults;
+  t.model_type = "qwen3_vl_moe_text";
+  t.vocab_size = 151936;
+  t.hidden_size = 2048;
+  t.intermediate_size = 5632;
+  t.num_hidden_layers = 24;
+  t.num_attention_heads = 16;
+  t.num_key_value_heads = 16;
+  t.rms_norm_eps = 1e-6;
+  t.rope_theta = 500000.0;
+  t.max_position_embeddings = 128000;
+  t.qkv_bias = false;
+  t.qk_norm = true;
+  return v;  // head_dim: hidden_size / num_attention_heads unless given
+}
+
 // The decoder fields of a Qwen-VL config: transformers' Qwen2VLTextConfig (TextConfig's own
-// defaults), Qwen2_5_VLTextConfig (the same numbers) or Qwen3VLTextConfig.
-TextDialect qwen_text_dialect(QwenVariant variant) {
+// defaults), Qwen2_5_VLTextConfig (the same numbers), Qwen3VLTextConfig or Qwen3VLMoeTextConfig.
+TextDialect qwen_text_dialect(QwenVariant variant, bool moe) {
   TextDialect d;
-  d.family = to_string(variant);
+  d.family = moe ? "qwen3_vl_moe" : to_string(variant);
   d.rope_types = {"default", "mrope"};
   d.rope_rule = "Qwen-VL decoders use \"mrope\" or \"default\"";
   TextVariant v;
-  if (variant == QwenVariant::qwen3_vl) {
+  if (moe) {
+    v = qwen3_vl_moe_text();
+  } else if (variant == QwenVariant::qwen3_vl) {
     TextConfig& t = v.defaults;
     t.model_type = "qwen3_vl_text";
     t.vocab_size = 151936;
@@ -76,7 +100,7 @@ plan::ModelConventions released_conventions(const std::string& model_type) {
       c.frames_as_blocks = true;
       break;
   }
-  if (model_type == "qwen3_5") {
+  if (model_type == "qwen3_5" || model_type == "qwen3_5_moe") {
     c.image_token_id = 248056;
     c.video_token_id = 248057;
     c.vision_start_token_id = 248053;
@@ -97,24 +121,23 @@ std::string rope_field(const JsonFields& text) {
 void check_mrope(const ModelConfig& c, const JsonFields& text) {
   const auto& s = c.conventions.mrope_section;
   int64_t sum = 0;
-  const bool overflow =
-      __builtin_add_overflow(s[0], s[1], &sum) || __builtin_add_overflow(sum, s[2], &sum);
+  const bool overflow = __builtin_add_overflow(s[0], s[1], &sum) || __builtin_add_overflow(sum, s[2], &sum);
   const std::string field = rope_field(text);
   const bool partial = c.text.rotary_dim() != c.text.head_dim;
   MMSP_CHECK(!overflow && sum == c.text.rotary_dim() / 2,
-             field.empty() ? text.name("rope_scaling.mrope_section") + " (not set; default " +
-                                 join({s[0], s[1], s[2]}) + ")"
-                           : field + " " + join({s[0], s[1], s[2]}),
+             field.empty()
+                 ? text.name("rope_scaling.mrope_section") + " (not set; default " + join({s[0], s[1], s[2]}) + ")"
+                 : field + " " + join({s[0], s[1], s[2]}),
              " sums to ", overflow ? std::string("more than 2^63") : std::to_string(sum),
              partial ? " but must be the rotary channels / 2 = int(head_dim · partial_rotary_factor) / 2 = " +
                            std::to_string(c.text.rotary_dim()) + " / 2"
                      : " but must be head_dim / 2 = " + std::to_string(c.text.head_dim) + " / 2",
              " (t, h and w share the head's rotary frequencies)");
   const bool interleave = qwen_variant_of(c) == QwenVariant::qwen3_vl;
-  MMSP_CHECK(c.conventions.mrope_interleaved == interleave, text.name("rope_scaling"),
-             ".mrope_interleaved is ", c.conventions.mrope_interleaved ? "true" : "false",
-             ", but ", c.model_type, " always ", interleave ? "interleaves" : "splits",
-             " the t/h/w frequencies", interleave ? "" : " into contiguous sections");
+  MMSP_CHECK(c.conventions.mrope_interleaved == interleave, text.name("rope_scaling"), ".mrope_interleaved is ",
+             c.conventions.mrope_interleaved ? "true" : "false", ", but ", c.model_type, " always ",
+             interleave ? "interleaves" : "splits", " the t/h/w frequencies",
+             interleave ? "" : " into contiguous sections");
 }
 
 // Qwen3.5's vision tower is Qwen3-VL's without deepstack mergers, its rotary base fixed
@@ -123,8 +146,9 @@ nlohmann::json qwen3_5_vision(const nlohmann::json* vision) {
   nlohmann::json v = vision ? *vision : nlohmann::json::object();
   const JsonFields f(v, "vision_config.");
   const std::string type = f.string("model_type", "qwen3_5_vision");
-  MMSP_CHECK(type == "qwen3_5_vision" || type == "qwen3_5", f.name("model_type"), " \"", type,
-             "\" is not supported for qwen3_5; expected \"qwen3_5_vision\"");
+  MMSP_CHECK(type == "qwen3_5_vision" || type == "qwen3_5" || type == "qwen3_5_moe_vision" || type == "qwen3_5_moe",
+             f.name("model_type"), " \"", type,
+             "\" is not supported for qwen3_5; expected \"qwen3_5_vision\" (\"qwen3_5_moe_vision\" for qwen3_5_moe)");
   const std::vector<int64_t> deepstack = f.integers("deepstack_visual_indexes", {});
   MMSP_CHECK(deepstack.empty(), f.name("deepstack_visual_indexes"), " ", join(deepstack),
              " must be empty: Qwen3.5's vision tower has no deepstack mergers");
@@ -158,9 +182,8 @@ class QwenPixelGeometry : public PixelGeometry {
 
   plan::Grid grid_for(int64_t frames, int64_t width, int64_t height, const std::string& what) const override {
     const int64_t unit = side_unit();
-    MMSP_CHECK(width % unit == 0 && height % unit == 0 && width > 0 && height > 0, what, " is ", width, " x ",
-               height, " pixels (W x H), not a multiple of patch_size * spatial_merge_size = ", unit,
-               " on each side");
+    MMSP_CHECK(width % unit == 0 && height % unit == 0 && width > 0 && height > 0, what, " is ", width, " x ", height,
+               " pixels (W x H), not a multiple of patch_size * spatial_merge_size = ", unit, " on each side");
     return {temporal_patches(frames), height / v_.patch_size, width / v_.patch_size};
   }
   std::string grid_mismatch(const plan::Grid& g, int64_t frames, int64_t, int64_t,
@@ -176,13 +199,9 @@ class QwenPixelGeometry : public PixelGeometry {
     const int64_t m = v_.spatial_merge_size;
     return g[0] * (g[1] / m) * (g[2] / m);
   }
-  std::vector<int64_t> item_shape(const plan::Grid& g) const override {
-    return {batch_rows(g), row_shape()[0]};
-  }
+  std::vector<int64_t> item_shape(const plan::Grid& g) const override { return {batch_rows(g), row_shape()[0]}; }
   int64_t batch_rows(const plan::Grid& g) const override { return g[0] * g[1] * g[2]; }
-  std::vector<int64_t> row_shape() const override {
-    return {v_.patch_row()};
-  }
+  std::vector<int64_t> row_shape() const override { return {v_.patch_row()}; }
   std::string item_layout() const override { return "patches x channels*temporal_patch_size*patch_size^2"; }
   at::Tensor item_pixels(const at::Tensor& frames) const override { return qwen_patches(frames, v_, norm_).rows; }
   at::Tensor video_pixels(const at::Tensor& frames) const override {
@@ -203,7 +222,9 @@ class QwenPixelGeometry : public PixelGeometry {
 class QwenVLFamily : public Family {
  public:
   const char* name() const override { return "qwen_vl"; }
-  std::vector<std::string> model_types() const override { return {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"}; }
+  std::vector<std::string> model_types() const override {
+    return {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe"};
+  }
 
   VisionTokenWords token_words() const override {
     return {"<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>"};
@@ -253,8 +274,8 @@ class QwenVLFamily : public Family {
       if (c.scales_video_time() && vision->contains("tokens_per_second")) {
         const auto& t = vision->at("tokens_per_second");
         MMSP_CHECK(t.is_number() && t.get<double>() >= 0 && t.get<double>() <= plan::kMaxTokensPerSecond,
-                   "config.json: vision_config.tokens_per_second must be a number in [0, ",
-                   plan::kMaxTokensPerSecond, "], got ", t.dump(), " (it scales video positions)");
+                   "config.json: vision_config.tokens_per_second must be a number in [0, ", plan::kMaxTokensPerSecond,
+                   "], got ", t.dump(), " (it scales video positions)");
         c.tokens_per_second = t.get<double>();
       }
     }
@@ -265,7 +286,7 @@ class QwenVLFamily : public Family {
     const nlohmann::json* vision = fields::object(config, "vision_config");
     static const nlohmann::json kNone = nlohmann::json::object();
     const QwenVariant variant = qwen_variant_of(config.at("model_type").get<std::string>());
-    c.vision_heads = config.at("model_type") == "qwen3_5"
+    c.vision_heads = hybrid(config.at("model_type").get<std::string>())
                          ? parse_qwen_vision_config(qwen3_5_vision(vision), variant).num_heads
                          : parse_qwen_vision_config(vision ? *vision : kNone, variant).num_heads;
     return c;
@@ -282,11 +303,19 @@ class QwenVLFamily : public Family {
     const nlohmann::json& text_json = nested ? *nested : qwen2 ? config : kEmpty;
     const std::string text_prefix = nested || !qwen2 ? "text_config." : "";
     const JsonFields text(text_json, text_prefix);
-    const bool hybrid = c.model_type == "qwen3_5";
-    c.text = hybrid ? parse_hybrid_text_config(text_json, "text_config.")
-                    : parse_text_config(text_json, qwen_text_dialect(variant), text_prefix);
+    const bool hybrid = model::hybrid(c.model_type), moe = c.model_type == "qwen3_vl_moe";
+    c.text = hybrid ? parse_hybrid_text_config(text_json, "text_config.", c.model_type == "qwen3_5_moe")
+                    : parse_text_config(text_json, qwen_text_dialect(variant, moe), text_prefix);
+    // Qwen3VLMoeTextConfig: 60 experts, 4 a token, width 1408, no shared expert; the
+    // released files fuse each layer's experts.
+    if (moe)
+      c.text.moe = parse_moe_config(text_json, "text_config.", {60, 4, 1408, 0, ExpertLayout::fused, true},
+                                    c.text.num_hidden_layers);
     c.conventions = config_parts::read_conventions(*this, config);
-    c.tie_word_embeddings = config_parts::read_tie(top, text);
+    // transformers ties by the top-level config's key; Qwen3VLMoeTextConfig defaults its own
+    // to true and transformers 5 writes it so beside a top-level false: the top wins there.
+    const bool top_tie = (moe || c.model_type == "qwen3_5_moe") && config.contains("tie_word_embeddings");
+    c.tie_word_embeddings = top_tie ? top.boolean("tie_word_embeddings", false) : config_parts::read_tie(top, text);
 
     const nlohmann::json* vision = top.object("vision_config");
     auto fields = std::make_shared<QwenFields>();
@@ -298,9 +327,8 @@ class QwenVLFamily : public Family {
     check_mrope(c, text);
     const char* out_key =
         variant == QwenVariant::qwen2_vl ? "vision_config.hidden_size" : "vision_config.out_hidden_size";
-    MMSP_CHECK(v.out_hidden_size == c.text.hidden_size, out_key, " (", v.out_hidden_size,
-               ") must equal the decoder's ", text.name("hidden_size"), " (", c.text.hidden_size,
-               "): merged vision rows replace token embeddings");
+    MMSP_CHECK(v.out_hidden_size == c.text.hidden_size, out_key, " (", v.out_hidden_size, ") must equal the decoder's ",
+               text.name("hidden_size"), " (", c.text.hidden_size, "): merged vision rows replace token embeddings");
     MMSP_CHECK(static_cast<int64_t>(v.deepstack_visual_indexes.size()) <= c.text.num_hidden_layers,
                "vision_config.deepstack_visual_indexes ", join(v.deepstack_visual_indexes), " feeds ",
                v.deepstack_visual_indexes.size(), " decoder layers, but ", text.name("num_hidden_layers"), " is ",
@@ -340,7 +368,11 @@ class QwenVLFamily : public Family {
       embedding = "model.language_model.embed_tokens.weight";
       // Qwen3.5's multi-token-prediction head: transformers drops it on load
       // (_keys_to_ignore_on_load_unexpected = [r"^mtp.*"], models/qwen3_5).
-      if (c.model_type == "qwen3_5") naming.ignored_prefixes = {"mtp."};
+      if (hybrid(c.model_type)) naming.ignored_prefixes = {"mtp."};
+      // Qwen3-VL-MoE's fused experts: the released [E, hidden, 2I] / [E, I, hidden], or the
+      // [E, 2I, hidden] / [E, hidden, I] transformers >= 5 writes (it reads both, by shape).
+      if (c.text.moe.layout == ExpertLayout::fused)
+        naming.transposable_suffixes = {".mlp.experts.gate_up_proj", ".mlp.experts.down_proj"};
     }
     if (c.tie_word_embeddings) {
       naming.tied_input = embedding;

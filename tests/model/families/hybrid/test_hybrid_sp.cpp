@@ -16,10 +16,11 @@
 #include "gated_delta_reference.h"
 #include "mmsp/dist/all_reduce.h"
 #include "mmsp/model/family.h"
-#include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/model/rank_inputs.h"
 #include "mmsp/parallel/decoder_attention.h"
+#include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
+#include "moe_step.h"
 #include "multirank.h"
 #include "sp_compare.h"
 
@@ -35,28 +36,102 @@ using test::kStart, test::kEnd, test::kImage, test::kVideo, test::text, test::bl
 // both), K 8 ≠ V 4; a one-block vision tower of width 16. text_type "qwen3_next" gives
 // Qwen3-Next's fused GDN projections with a dense MLP.
 model::ModelConfig tiny_hybrid(const std::string& text_type = "qwen3_5_text") {
-  nlohmann::json c = {
-      {"model_type", "qwen3_5"}, {"tie_word_embeddings", false},
-      {"vision_start_token_id", kStart}, {"vision_end_token_id", kEnd},
-      {"image_token_id", kImage}, {"video_token_id", kVideo},
-      {"text_config", {{"model_type", text_type}, {"vocab_size", 128}, {"hidden_size", 32},
-                       {"intermediate_size", 48}, {"num_hidden_layers", 3},
-                       {"layer_types", {"linear_attention", "full_attention", "linear_attention"}},
-                       {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 16},
-                       {"linear_num_key_heads", 4}, {"linear_num_value_heads", 8},
-                       {"linear_key_head_dim", 8}, {"linear_value_head_dim", 4}, {"linear_conv_kernel_dim", 4},
-                       {"num_experts", 0}, {"rms_norm_eps", 1e-6},
-                       {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0},
-                                            {"partial_rotary_factor", 0.5}, {"mrope_interleaved", true},
-                                            {"mrope_section", {2, 1, 1}}}}}},
-      {"vision_config", {{"model_type", "qwen3_5_vision"}, {"depth", 1}, {"hidden_size", 16},
-                         {"intermediate_size", 32}, {"num_heads", 2}, {"in_channels", 3},
-                         {"patch_size", 2}, {"temporal_patch_size", 2}, {"spatial_merge_size", 2},
-                         {"out_hidden_size", 32}, {"num_position_embeddings", 16},
-                         {"deepstack_visual_indexes", nlohmann::json::array()}}}};
+  nlohmann::json c = {{"model_type", "qwen3_5"},
+                      {"tie_word_embeddings", false},
+                      {"vision_start_token_id", kStart},
+                      {"vision_end_token_id", kEnd},
+                      {"image_token_id", kImage},
+                      {"video_token_id", kVideo},
+                      {"text_config",
+                       {{"model_type", text_type},
+                        {"vocab_size", 128},
+                        {"hidden_size", 32},
+                        {"intermediate_size", 48},
+                        {"num_hidden_layers", 3},
+                        {"layer_types", {"linear_attention", "full_attention", "linear_attention"}},
+                        {"num_attention_heads", 4},
+                        {"num_key_value_heads", 2},
+                        {"head_dim", 16},
+                        {"linear_num_key_heads", 4},
+                        {"linear_num_value_heads", 8},
+                        {"linear_key_head_dim", 8},
+                        {"linear_value_head_dim", 4},
+                        {"linear_conv_kernel_dim", 4},
+                        {"num_experts", 0},
+                        {"rms_norm_eps", 1e-6},
+                        {"rope_parameters",
+                         {{"rope_type", "default"},
+                          {"rope_theta", 10000.0},
+                          {"partial_rotary_factor", 0.5},
+                          {"mrope_interleaved", true},
+                          {"mrope_section", {2, 1, 1}}}}}},
+                      {"vision_config",
+                       {{"model_type", "qwen3_5_vision"},
+                        {"depth", 1},
+                        {"hidden_size", 16},
+                        {"intermediate_size", 32},
+                        {"num_heads", 2},
+                        {"in_channels", 3},
+                        {"patch_size", 2},
+                        {"temporal_patch_size", 2},
+                        {"spatial_merge_size", 2},
+                        {"out_hidden_size", 32},
+                        {"num_position_embeddings", 16},
+                        {"deepstack_visual_indexes", nlohmann::json::array()}}}};
   return model::parse_model_config(c, "tiny hybrid " + text_type);
 }
 
+// Qwen3.5-MoE: the hybrid decoder with every MLP a mixture of 8 experts (top 2, per-expert
+// weights) and the shared expert behind its sigmoid gate; the auxiliary loss at 0.1.
+model::ModelConfig tiny_hybrid_moe() {
+  nlohmann::json c = {{"model_type", "qwen3_5_moe"},
+                      {"tie_word_embeddings", false},
+                      {"vision_start_token_id", kStart},
+                      {"vision_end_token_id", kEnd},
+                      {"image_token_id", kImage},
+                      {"video_token_id", kVideo},
+                      {"text_config",
+                       {{"model_type", "qwen3_5_moe_text"},
+                        {"vocab_size", 128},
+                        {"hidden_size", 32},
+                        {"num_hidden_layers", 3},
+                        {"layer_types", {"linear_attention", "full_attention", "linear_attention"}},
+                        {"num_attention_heads", 4},
+                        {"num_key_value_heads", 2},
+                        {"head_dim", 16},
+                        {"linear_num_key_heads", 4},
+                        {"linear_num_value_heads", 8},
+                        {"linear_key_head_dim", 8},
+                        {"linear_value_head_dim", 4},
+                        {"linear_conv_kernel_dim", 4},
+                        {"num_experts", 8},
+                        {"num_experts_per_tok", 2},
+                        {"moe_intermediate_size", 12},
+                        {"shared_expert_intermediate_size", 20},
+                        {"output_router_logits", true},
+                        {"router_aux_loss_coef", 0.1},
+                        {"rms_norm_eps", 1e-6},
+                        {"rope_parameters",
+                         {{"rope_type", "default"},
+                          {"rope_theta", 10000.0},
+                          {"partial_rotary_factor", 0.5},
+                          {"mrope_interleaved", true},
+                          {"mrope_section", {2, 1, 1}}}}}},
+                      {"vision_config",
+                       {{"model_type", "qwen3_5_moe_vision"},
+                        {"depth", 1},
+                        {"hidden_size", 16},
+                        {"intermediate_size", 32},
+                        {"num_heads", 2},
+                        {"in_channels", 3},
+                        {"patch_size", 2},
+                        {"temporal_patch_size", 2},
+                        {"spatial_merge_size", 2},
+                        {"out_hidden_size", 32},
+                        {"num_position_embeddings", 16},
+                        {"deepstack_visual_indexes", nlohmann::json::array()}}}};
+  return model::parse_model_config(c, "tiny hybrid moe");
+}
 
 // Two images (the 4-row one cut by shard borders on most meshes) and a two-frame video
 // (one block per frame, after its timestamp text), text around them, a text-only
@@ -143,10 +218,59 @@ TEST(MultiRankHybrid, Qwen3_5VlmLossAndEveryGradientEqualOneProcess) {
   }
 }
 
+// Qwen3.5-MoE on 2 and 4 ranks (moe_meshes), with expert parallelism over 1, 2 and 4
+// ranks: the loss (the auxiliary loss included) and every gradient equal one process (fp64 1e-9), and so do the
+// router's picks; with recomputed layers too. Ulysses must divide the GDN's 4 key heads.
+TEST(MultiRankHybrid, Qwen3_5MoeLossAndEveryGradientEqualOneProcessWithExpertParallelism) {
+  if (!test::moe_world_tested()) GTEST_SKIP() << "MoE cases run on 2 and 4 ranks";
+  const model::ModelConfig config = tiny_hybrid_moe();
+  const plan::Batch batch = vision_batch();
+  at::manual_seed(7);
+  const model::PixelInputs pixels{at::randn({16 + 12, 24}, at::kDouble), at::randn({16, 24}, at::kDouble)};
+  const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
+  const test::MoeStep ref = test::run_moe_model(config, batch, whole, nullptr, pixels);
+  EXPECT_GT(ref.aux, 0.05) << "the auxiliary loss is missing";
+  for (const auto& [name, g] : ref.result.grads)
+    if (name.find("shared_expert") != std::string::npos || name.find("mlp.gate.") != std::string::npos) {
+      EXPECT_GT(g.abs().max().item<double>(), 0) << name << " gets no gradient";
+    }
+  for (const dist::Mesh* mesh : test::moe_meshes(8)) {
+    if (!fits(*mesh)) continue;
+    const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options_for(*mesh), mesh->rank());
+    const test::MoeStep got = test::run_moe_model(config, batch, mine, mesh, pixels);
+    test::expect_same_step(got.result, ref.result, 1e-9, "qwen3_5_moe " + mesh->shape().str());
+    EXPECT_TRUE(got.expert_counts.equal(ref.expert_counts)) << mesh->shape().str() << ": other picks";
+    if (mesh->shape().expert > 1 && mesh->shape().dp == 1) {
+      const test::MoeStep recomputed =
+          test::run_moe_model(config, batch, mine, mesh, pixels, model::ActivationCheckpointing::decoder);
+      test::expect_same_step(recomputed.result, ref.result, 1e-9, "recomputed " + mesh->shape().str());
+    }
+  }
+}
+
+// The experts under their checkpoint names (per expert, with the router and the shared
+// expert); under expert parallelism a rank holds its block's experts only.
+TEST(HybridNames, MixtureOfExpertsNames) {
+  model::ModelConfig config = tiny_hybrid_moe();
+  model::set_expert_shard(config.text.moe, 4, 1);
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& item : model::build_vlm(config)->named_parameters()) shapes[item.key()] = item.value().sizes().vec();
+  const std::string mlp = "model.language_model.layers.2.mlp.";
+  EXPECT_EQ(shapes[mlp + "gate.weight"], (std::vector<int64_t>{8, 32}));
+  EXPECT_EQ(shapes[mlp + "shared_expert.gate_proj.weight"], (std::vector<int64_t>{20, 32}));
+  EXPECT_EQ(shapes[mlp + "shared_expert.down_proj.weight"], (std::vector<int64_t>{32, 20}));
+  EXPECT_EQ(shapes[mlp + "shared_expert_gate.weight"], (std::vector<int64_t>{1, 32}));
+  for (int e = 0; e < 8; ++e) {
+    const bool mine = e == 2 || e == 3;  // block 1 of 4: experts 2 and 3
+    EXPECT_EQ(shapes.count(mlp + "experts." + std::to_string(e) + ".up_proj.weight"), mine ? 1u : 0u) << e;
+  }
+  EXPECT_EQ(shapes[mlp + "experts.3.down_proj.weight"], (std::vector<int64_t>{32, 12}));
+}
+
 // Adaptive placement: a whole segment needs no Gated DeltaNet state passing and stays home;
 // split ones go through Ulysses (all-to-all-v) and the ring, on every mesh (one ring rank
-// with ulysses > 1 too: the split shares are whole segments in order). Loose balance targets so that these small batches keep segments whole (every
-// one, or a mix), as in the Qwen family's test_qwen_vl_sp.
+// with ulysses > 1 too: the split shares are whole segments in order). Loose balance targets so that these small
+// batches keep segments whole (every one, or a mix), as in the Qwen family's test_qwen_vl_sp.
 TEST(MultiRankHybrid, AdaptivePlacementEqualsOneProcess) {
   const model::ModelConfig config = tiny_hybrid();
   const plan::Batch batch = vision_batch();
@@ -155,7 +279,8 @@ TEST(MultiRankHybrid, AdaptivePlacementEqualsOneProcess) {
   const Result ref = run_vlm(config, batch, whole, {solo, solo, solo}, solo);
   for (const dist::Mesh& mesh : test::all_meshes()) {
     if (!fits(mesh)) continue;
-    for (const plan::PlacementOptions balance : {plan::PlacementOptions{1.0, 100.0}, plan::PlacementOptions{0.25, 1.3}}) {
+    for (const plan::PlacementOptions balance :
+         {plan::PlacementOptions{1.0, 100.0}, plan::PlacementOptions{0.25, 1.3}}) {
       plan::PlanOptions options = options_for(mesh);
       options.placement = plan::Placement::adaptive;
       options.placement_balance = balance;
@@ -225,17 +350,16 @@ TEST(HybridNames, AreTheCheckpointNames) {
     EXPECT_EQ(shape(attn + "k_proj.weight"), (std::vector<int64_t>{2 * 16, 32}));
     EXPECT_EQ(shape(attn + "q_norm.weight"), (std::vector<int64_t>{16}));
     EXPECT_EQ(shape(attn + "o_proj.weight"), (std::vector<int64_t>{32, 4 * 16}));
-    for (const char* name : {"model.language_model.embed_tokens.weight", "model.language_model.norm.weight",
-                             "model.language_model.layers.2.mlp.down_proj.weight",
-                             "model.language_model.layers.0.input_layernorm.weight",
-                             "model.visual.patch_embed.proj.weight", "model.visual.merger.linear_fc2.weight",
-                             "lm_head.weight"})
+    for (const char* name :
+         {"model.language_model.embed_tokens.weight", "model.language_model.norm.weight",
+          "model.language_model.layers.2.mlp.down_proj.weight", "model.language_model.layers.0.input_layernorm.weight",
+          "model.visual.patch_embed.proj.weight", "model.visual.merger.linear_fc2.weight", "lm_head.weight"})
       shape(name);
     for (const auto& [name, s] : shapes) {
       EXPECT_EQ(name.find("layers.0.self_attn"), std::string::npos) << name;
       EXPECT_EQ(name.find("layers.1.linear_attn"), std::string::npos) << name;
       EXPECT_EQ(name.find("deepstack"), std::string::npos) << name;  // Qwen3.5's tower has none
-      if (name.rfind("model.language_model.", 0) == 0) {  // attention_bias false, GDN without biases
+      if (name.rfind("model.language_model.", 0) == 0) {             // attention_bias false, GDN without biases
         EXPECT_TRUE(name.find(".bias") == std::string::npos || name.find("dt_bias") != std::string::npos) << name;
       }
     }
@@ -277,7 +401,7 @@ Tensor attention_reference(const std::map<std::string, Tensor>& p, const model::
     Tensor r = t.narrow(-1, 0, rd);
     return at::cat({r * cos + rotate_half(r) * sin, t.narrow(-1, rd, D - rd)}, -1);
   };
-  q = rope(q).transpose(0, 1);                                        // [H, T, D]
+  q = rope(q).transpose(0, 1);  // [H, T, D]
   k = rope(k).repeat_interleave(H / Hkv, 1).transpose(0, 1);
   v = v.repeat_interleave(H / Hkv, 1).transpose(0, 1);
   Tensor scores = at::matmul(q, k.transpose(1, 2)) / std::sqrt(double(D));
@@ -303,7 +427,8 @@ Tensor gdn_reference(const std::map<std::string, Tensor>& p, const model::TextCo
   Tensor a = at::matmul(x, p.at("linear_attn.in_proj_a.weight").t());
   Tensor g = -p.at("linear_attn.A_log").exp() * at::softplus(a + p.at("linear_attn.dt_bias"));
   Tensor o = attention::gated_delta_recurrence(q, k, v, g, at::sigmoid(b), layout);
-  Tensor normed = o * at::rsqrt(o.pow(2).mean(-1, true) + c.rms_norm_eps) * p.at("linear_attn.norm.weight") * at::silu(z);
+  Tensor normed =
+      o * at::rsqrt(o.pow(2).mean(-1, true) + c.rms_norm_eps) * p.at("linear_attn.norm.weight") * at::silu(z);
   return at::matmul(normed.reshape({T, Hv * V}), p.at("linear_attn.out_proj.weight").t());
 }
 

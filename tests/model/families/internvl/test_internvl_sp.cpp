@@ -4,8 +4,8 @@
 // and the one-process model's loss and every gradient. Then every mesh of 1-4 ranks equals one
 // process in every vision mode, on a batch where some rank encodes nothing and an image's
 // rows straddle a shard border; and tile counts that do not match the placeholders are refused.
-#include <gtest/gtest.h>
 #include <gmock/gmock.h>
+#include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
@@ -23,8 +23,8 @@
 #include "mmsp/model/families/internvl/internvl_projector.h"
 #include "mmsp/model/families/internvl/pixel_shuffle.h"
 #include "mmsp/model/family.h"
-#include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/model/rank_inputs.h"
+#include "mmsp/parallel/step_parallelism.h"
 #include "mmsp/train/loss/causal_lm_loss.h"
 #include "multirank.h"
 #include "vlm_step.h"
@@ -42,21 +42,40 @@ using Params = std::map<std::string, Tensor>;
 // 2×2 pixel shuffle). `v2`: RMSNorm layers, QK-norm, no q/k/v bias, the final LayerNorm
 // (InternViT-6B's options); otherwise InternViT-300M's (LayerNorm, q/k/v bias).
 model::ModelConfig tiny_internvl(bool v2 = false) {
-  nlohmann::json vision = {{"model_type", "internvl_vision"}, {"hidden_size", 16}, {"intermediate_size", 24},
-                           {"num_hidden_layers", 2}, {"num_attention_heads", 2}, {"image_size", {8, 8}},
-                           {"patch_size", {2, 2}}, {"hidden_act", "gelu"}, {"layer_norm_eps", 1e-6},
-                           {"attention_bias", !v2}, {"use_qk_norm", v2},
-                           {"norm_type", v2 ? "rms_norm" : "layer_norm"}, {"use_mean_pooling", !v2}};
-  nlohmann::json c = {
-      {"model_type", "internvl"}, {"image_token_id", kImage}, {"image_start_token_id", kStart},
-      {"image_end_token_id", kEnd}, {"downsample_ratio", 0.5}, {"image_seq_length", 4},
-      {"projector_hidden_act", "gelu"}, {"vision_feature_layer", -1},
-      {"vision_feature_select_strategy", "default"},
-      {"text_config", {{"model_type", "qwen2"}, {"vocab_size", 128}, {"hidden_size", 32},
-                       {"intermediate_size", 48}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
-                       {"num_key_value_heads", 2}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
-                       {"tie_word_embeddings", false}}},
-      {"vision_config", vision}};
+  nlohmann::json vision = {{"model_type", "internvl_vision"},
+                           {"hidden_size", 16},
+                           {"intermediate_size", 24},
+                           {"num_hidden_layers", 2},
+                           {"num_attention_heads", 2},
+                           {"image_size", {8, 8}},
+                           {"patch_size", {2, 2}},
+                           {"hidden_act", "gelu"},
+                           {"layer_norm_eps", 1e-6},
+                           {"attention_bias", !v2},
+                           {"use_qk_norm", v2},
+                           {"norm_type", v2 ? "rms_norm" : "layer_norm"},
+                           {"use_mean_pooling", !v2}};
+  nlohmann::json c = {{"model_type", "internvl"},
+                      {"image_token_id", kImage},
+                      {"image_start_token_id", kStart},
+                      {"image_end_token_id", kEnd},
+                      {"downsample_ratio", 0.5},
+                      {"image_seq_length", 4},
+                      {"projector_hidden_act", "gelu"},
+                      {"vision_feature_layer", -1},
+                      {"vision_feature_select_strategy", "default"},
+                      {"text_config",
+                       {{"model_type", "qwen2"},
+                        {"vocab_size", 128},
+                        {"hidden_size", 32},
+                        {"intermediate_size", 48},
+                        {"num_hidden_layers", 2},
+                        {"num_attention_heads", 4},
+                        {"num_key_value_heads", 2},
+                        {"rms_norm_eps", 1e-6},
+                        {"rope_theta", 10000.0},
+                        {"tie_word_embeddings", false}}},
+                      {"vision_config", vision}};
   return model::parse_model_config(c, "tiny internvl");
 }
 
@@ -89,7 +108,9 @@ Tensor layer_norm_ref(const Tensor& x, const Tensor& w, const Tensor& b, double 
   const Tensor mean = x.mean(-1, true), var = (x - mean).pow(2).mean(-1, true);
   return (x - mean) / at::sqrt(var + eps) * w + b;
 }
-Tensor rms_ref(const Tensor& x, const Tensor& w, double eps) { return x * at::rsqrt(x.pow(2).mean(-1, true) + eps) * w; }
+Tensor rms_ref(const Tensor& x, const Tensor& w, double eps) {
+  return x * at::rsqrt(x.pow(2).mean(-1, true) + eps) * w;
+}
 Tensor gelu_ref(const Tensor& x) { return 0.5 * x * (1 + at::erf(x / std::sqrt(2.0))); }
 Tensor lin(const Params& p, const std::string& name, const Tensor& x) {
   Tensor y = at::matmul(x, p.at(name + ".weight").t());
@@ -103,18 +124,21 @@ Tensor lin(const Params& p, const std::string& name, const Tensor& x) {
 Tensor tower_ref(const Params& p, const model::InternVisionConfig& c, const Tensor& tiles, const std::string& pre) {
   const int64_t N = tiles.size(0), D = c.hidden_size, H = c.num_attention_heads, hd = D / H;
   auto norm = [&](const std::string& name, const Tensor& x) {
-    return c.norm_type == "rms_norm" ? rms_ref(x, p.at(name + ".weight"), c.layer_norm_eps)
-                                     : layer_norm_ref(x, p.at(name + ".weight"), p.at(name + ".bias"), c.layer_norm_eps);
+    return c.norm_type == "rms_norm"
+               ? rms_ref(x, p.at(name + ".weight"), c.layer_norm_eps)
+               : layer_norm_ref(x, p.at(name + ".weight"), p.at(name + ".bias"), c.layer_norm_eps);
   };
   Tensor x = at::conv2d(tiles, p.at(pre + "embeddings.patch_embeddings.projection.weight"),
                         p.at(pre + "embeddings.patch_embeddings.projection.bias"), {c.patch_size, c.patch_size});
   x = x.flatten(2).transpose(1, 2);  // [N, P, D]
-  x = at::cat({p.at(pre + "embeddings.cls_token").expand({N, 1, D}), x}, 1) + p.at(pre + "embeddings.position_embeddings");
+  x = at::cat({p.at(pre + "embeddings.cls_token").expand({N, 1, D}), x}, 1) +
+      p.at(pre + "embeddings.position_embeddings");
   const int64_t S = x.size(1);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string L = pre + "encoder.layer." + std::to_string(l) + ".";
     Tensor h = norm(L + "layernorm_before", x);
-    Tensor q = lin(p, L + "attention.q_proj", h), k = lin(p, L + "attention.k_proj", h), v = lin(p, L + "attention.v_proj", h);
+    Tensor q = lin(p, L + "attention.q_proj", h), k = lin(p, L + "attention.k_proj", h),
+           v = lin(p, L + "attention.v_proj", h);
     if (c.use_qk_norm) {
       q = rms_ref(q, p.at(L + "attention.q_norm.weight"), 1e-6);
       k = rms_ref(k, p.at(L + "attention.k_norm.weight"), 1e-6);
@@ -127,14 +151,16 @@ Tensor tower_ref(const Params& p, const model::InternVisionConfig& c, const Tens
     Tensor m = lin(p, L + "mlp.fc2", gelu_ref(lin(p, L + "mlp.fc1", norm(L + "layernorm_after", x))));
     x = x + p.at(L + "lambda_2") * m;
   }
-  if (!c.use_mean_pooling) x = layer_norm_ref(x, p.at(pre + "layernorm.weight"), p.at(pre + "layernorm.bias"), c.layer_norm_eps);
+  if (!c.use_mean_pooling)
+    x = layer_norm_ref(x, p.at(pre + "layernorm.weight"), p.at(pre + "layernorm.bias"), c.layer_norm_eps);
   return x.narrow(1, 1, S - 1);
 }
 
 // InternVLModel.pixel_shuffle as transformers writes it (its width/height names swapped),
 // with scale_factor = 1/k: reshape to the square grid, then view, permute, view, permute.
 Tensor pixel_shuffle_ref(const Tensor& features, int64_t k) {
-  const int64_t N = features.size(0), side = int64_t(std::llround(std::sqrt(double(features.size(1))))), C = features.size(2);
+  const int64_t N = features.size(0), side = int64_t(std::llround(std::sqrt(double(features.size(1))))),
+                C = features.size(2);
   Tensor x = features.reshape({N, side, side, C});
   const int64_t width = side, height = side;
   x = x.view({N, width, height / k, C * k});
@@ -164,12 +190,14 @@ Tensor qwen2_logits_ref(const Params& p, const model::TextConfig& c, Tensor x) {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string L = M + "layers." + std::to_string(l) + ".";
     Tensor h = rms_ref(x, p.at(L + "input_layernorm.weight"), c.rms_norm_eps);
-    Tensor q = lin(p, L + "self_attn.q_proj", h).view({T, H, D}), k = lin(p, L + "self_attn.k_proj", h).view({T, Hkv, D});
+    Tensor q = lin(p, L + "self_attn.q_proj", h).view({T, H, D}),
+           k = lin(p, L + "self_attn.k_proj", h).view({T, Hkv, D});
     Tensor v = lin(p, L + "self_attn.v_proj", h).view({T, Hkv, D});
     q = (q * cos + rotate_half(q) * sin).transpose(0, 1);
     k = (k * cos + rotate_half(k) * sin).repeat_interleave(H / Hkv, 1).transpose(0, 1);
     v = v.repeat_interleave(H / Hkv, 1).transpose(0, 1);
-    Tensor s = (at::matmul(q, k.transpose(1, 2)) / std::sqrt(double(D))).masked_fill(at::ones({T, T}, at::kBool).triu(1), -INFINITY);
+    Tensor s = (at::matmul(q, k.transpose(1, 2)) / std::sqrt(double(D)))
+                   .masked_fill(at::ones({T, T}, at::kBool).triu(1), -INFINITY);
     x = x + lin(p, L + "self_attn.o_proj", at::matmul(at::softmax(s, -1), v).transpose(0, 1).reshape({T, H * D}));
     Tensor h2 = rms_ref(x, p.at(L + "post_attention_layernorm.weight"), c.rms_norm_eps);
     x = x + lin(p, L + "mlp.down_proj", at::silu(lin(p, L + "mlp.gate_proj", h2)) * lin(p, L + "mlp.up_proj", h2));
@@ -182,7 +210,8 @@ Tensor qwen2_logits_ref(const Params& p, const model::TextConfig& c, Tensor x) {
 // the sum over every kept label divided by their count.
 Tensor internvl_loss_ref(const Params& p, const model::ModelConfig& c, const plan::Batch& batch, const Tensor& tiles) {
   const Tensor features = tower_ref(p, *intern_vision_of(c), tiles, "vision_tower.");
-  const Tensor rows = projector_ref(p, "multi_modal_projector.", pixel_shuffle_ref(features, 2)).reshape({-1, c.text.hidden_size});
+  const Tensor rows =
+      projector_ref(p, "multi_modal_projector.", pixel_shuffle_ref(features, 2)).reshape({-1, c.text.hidden_size});
   int64_t next_row = 0, count = 0;
   Tensor total = at::zeros({}, at::kDouble);
   for (const plan::Sequence& s : batch.sequences) {
@@ -244,7 +273,8 @@ TEST(InternVLTower, EqualsTransformersInternVLVisionModelWithEveryGradient) {
     Params ref;
     for (const auto& [name, t] : params_of(tower)) ref[name] = t.detach().clone().requires_grad_();
     const Tensor got = tower.forward(tiles), want = tower_ref(ref, *intern_vision_of(config), tiles, "");
-    EXPECT_TRUE(at::allclose(got, want, 1e-12, 1e-12)) << "v2 " << v2 << ": " << (got - want).abs().max().item<double>();
+    EXPECT_TRUE(at::allclose(got, want, 1e-12, 1e-12))
+        << "v2 " << v2 << ": " << (got - want).abs().max().item<double>();
     (want * probe).sum().backward();
     for (const auto& [name, t] : params_of(tower)) {
       ASSERT_TRUE(ref.at(name).grad().defined()) << name;
@@ -295,7 +325,8 @@ TEST(InternVLTiling, GridEqualsTransformersOnManySizes) {
     for (int64_t w = 1; w < 3000; w += 89)
       for (auto [lo, hi] : {std::pair<int64_t, int64_t>{1, 12}, {1, 6}, {2, 9}}) {
         o.min_tiles = lo, o.max_tiles = hi;
-        ASSERT_EQ(model::closest_tile_grid(h, w, o), tile_grid_ref(h, w, 448, lo, hi)) << h << " x " << w << " " << lo << ".." << hi;
+        ASSERT_EQ(model::closest_tile_grid(h, w, o), tile_grid_ref(h, w, 448, lo, hi))
+            << h << " x " << w << " " << lo << ".." << hi;
       }
   o.use_thumbnail = false;
   o.min_tiles = 1, o.max_tiles = 12;
@@ -372,8 +403,8 @@ TEST(InternVLModel, OneProcessLossAndEveryGradientEqualTransformers) {
     for (const auto& [name, t] : params_of(vlm)) {
       ASSERT_TRUE(ref.at(name).grad().defined()) << name;
       const Tensor g = t.grad().defined() ? t.grad() : at::zeros_like(t);
-      EXPECT_TRUE(at::allclose(g, ref.at(name).grad(), 1e-9, 1e-13)) << "v2 " << v2 << " gradient of " << name << ": "
-                                                                      << (g - ref.at(name).grad()).abs().max().item<double>();
+      EXPECT_TRUE(at::allclose(g, ref.at(name).grad(), 1e-9, 1e-13))
+          << "v2 " << v2 << " gradient of " << name << ": " << (g - ref.at(name).grad()).abs().max().item<double>();
     }
   }
 }
@@ -383,22 +414,21 @@ TEST(InternVLNames, AreTheCheckpointNames) {
   model::Vlm& vlm = *built;
   std::set<std::string> names;
   for (const auto& item : vlm.named_parameters()) names.insert(item.key());
-  for (const char* name : {"vision_tower.embeddings.cls_token", "vision_tower.embeddings.position_embeddings",
-                           "vision_tower.embeddings.patch_embeddings.projection.weight",
-                           "vision_tower.embeddings.patch_embeddings.projection.bias",
-                           "vision_tower.encoder.layer.1.layernorm_before.weight",
-                           "vision_tower.encoder.layer.0.attention.q_proj.weight",
-                           "vision_tower.encoder.layer.0.attention.q_norm.weight",
-                           "vision_tower.encoder.layer.0.attention.k_norm.weight",
-                           "vision_tower.encoder.layer.0.attention.projection_layer.bias",
-                           "vision_tower.encoder.layer.0.lambda_1", "vision_tower.encoder.layer.1.lambda_2",
-                           "vision_tower.encoder.layer.1.mlp.fc2.weight", "vision_tower.layernorm.weight",
-                           "multi_modal_projector.layer_norm.weight", "multi_modal_projector.linear_1.weight",
-                           "multi_modal_projector.linear_2.bias", "language_model.model.embed_tokens.weight",
-                           "language_model.model.layers.1.self_attn.q_proj.bias", "language_model.lm_head.weight"})
+  for (const char* name :
+       {"vision_tower.embeddings.cls_token", "vision_tower.embeddings.position_embeddings",
+        "vision_tower.embeddings.patch_embeddings.projection.weight",
+        "vision_tower.embeddings.patch_embeddings.projection.bias",
+        "vision_tower.encoder.layer.1.layernorm_before.weight", "vision_tower.encoder.layer.0.attention.q_proj.weight",
+        "vision_tower.encoder.layer.0.attention.q_norm.weight", "vision_tower.encoder.layer.0.attention.k_norm.weight",
+        "vision_tower.encoder.layer.0.attention.projection_layer.bias", "vision_tower.encoder.layer.0.lambda_1",
+        "vision_tower.encoder.layer.1.lambda_2", "vision_tower.encoder.layer.1.mlp.fc2.weight",
+        "vision_tower.layernorm.weight", "multi_modal_projector.layer_norm.weight",
+        "multi_modal_projector.linear_1.weight", "multi_modal_projector.linear_2.bias",
+        "language_model.model.embed_tokens.weight", "language_model.model.layers.1.self_attn.q_proj.bias",
+        "language_model.lm_head.weight"})
     EXPECT_EQ(names.count(name), 1u) << name;
   EXPECT_EQ(names.count("vision_tower.encoder.layer.0.attention.q_proj.bias"), 0u);  // attention_bias false
-  EXPECT_EQ(names.count("vision_tower.encoder.layer.0.layernorm_before.bias"), 0u);   // RMSNorm
+  EXPECT_EQ(names.count("vision_tower.encoder.layer.0.layernorm_before.bias"), 0u);  // RMSNorm
 }
 
 TEST(InternVLBatch, HasAnEmptyEncoderAndAStraddlingImageOnFourRanks) {
@@ -428,9 +458,7 @@ TEST(InternVLBadInput, TileCountsThatDoNotMatchThePlaceholdersAreRefusedBeforeAn
   try {
     plan::make_step_plan(batch, config.conventions, {}, 0);
     ADD_FAILURE() << "a grid of 2 tiles under 12 placeholders was accepted";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("image 0 has 12 placeholder tokens but grid [2, 4, 4]"));
-  }
+  } catch (const Error& e) { EXPECT_THAT(e.what(), HasSubstr("image 0 has 12 placeholder tokens but grid [2, 4, 4]")); }
   // A tile that is not image_size: the tower refuses it before the step's first collective.
   const dist::GroupPtr solo = dist::make_solo_group("solo", 0);
   const plan::Batch good = internvl_batch();
@@ -438,17 +466,21 @@ TEST(InternVLBadInput, TileCountsThatDoNotMatchThePlaceholdersAreRefusedBeforeAn
   auto built = model::build_vlm(config);
   model::Vlm& vlm = *built;
   try {
-    parallel::forward_step(vlm, good, whole, {at::randn({kTiles, 3, 16, 16}), {}}, {solo, solo, solo}, model::VisionMode::routed);
+    parallel::forward_step(vlm, good, whole, {at::randn({kTiles, 3, 16, 16}), {}}, {solo, solo, solo},
+                           model::VisionMode::routed);
     ADD_FAILURE() << "16-pixel tiles were accepted by an 8-pixel tower";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("InternVL tiles must be [N, 3, 8, 8] with N = 6 (the image_grid_thw tile counts of the images held here), got [6, 3, 16, 16]"));
+    EXPECT_THAT(e.what(), HasSubstr("InternVL tiles must be [N, 3, 8, 8] with N = 6 (the image_grid_thw tile counts of "
+                                    "the images held here), got [6, 3, 16, 16]"));
   }
   // The vision part alone checks the same from the plan (the Vlm interface passes no batch).
   try {
-    vlm.vision_rows(whole, {at::randn({kTiles - 1, 3, 8, 8}), {}}, parallel::vision_router(whole, solo, model::VisionMode::routed));
+    vlm.vision_rows(whole, {at::randn({kTiles - 1, 3, 8, 8}), {}},
+                    parallel::vision_router(whole, solo, model::VisionMode::routed));
     ADD_FAILURE() << "5 tiles were accepted for 6";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("InternVL tiles must be [N, 3, 8, 8] with N = 6 (the image_grid_thw tile counts of the images held here), got [5, 3, 8, 8]"));
+    EXPECT_THAT(e.what(), HasSubstr("InternVL tiles must be [N, 3, 8, 8] with N = 6 (the image_grid_thw tile counts of "
+                                    "the images held here), got [5, 3, 8, 8]"));
   }
 }
 
@@ -482,8 +514,8 @@ TEST_P(InternVLMesh, MultiRankEqualsOneProcessInEveryVisionMode) {
     const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
       if (v2 && mode != model::VisionMode::routed) continue;  // the v2 tower's options change no data movement
-      const test::StepResult got = run_internvl(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
-                                                mesh.world(), mode, dtype);
+      const test::StepResult got =
+          run_internvl(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(), mode, dtype);
       test::expect_same_step(got, ref, rtol, mesh.shape().str() + " " + model::to_string(mode) + (v2 ? " v2" : ""));
     }
   }

@@ -10,18 +10,18 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "mmsp/dist/all_reduce.h"
-#include "mmsp/model/family.h"
-#include "mmsp/parallel/step_parallelism.h"
-#include "mmsp/model/rank_inputs.h"
-#include "mmsp/train/loss/causal_lm_loss.h"
-#include "mmsp/hf/safetensors.h"
-#include "mmsp/model/checkpoint_naming.h"
-#include "mmsp/hf/hf_directory.h"
-#include "mmsp/core/check.h"
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
-#include <unistd.h>
+#include "mmsp/core/check.h"
+#include "mmsp/dist/all_reduce.h"
+#include "mmsp/hf/hf_directory.h"
+#include "mmsp/hf/safetensors.h"
+#include "mmsp/model/checkpoint_naming.h"
+#include "mmsp/model/family.h"
+#include "mmsp/model/rank_inputs.h"
+#include "mmsp/parallel/step_parallelism.h"
+#include "mmsp/train/loss/causal_lm_loss.h"
 #include "multirank.h"
 #include "vlm_step.h"
 
@@ -30,8 +30,8 @@ using at::Tensor;
 
 namespace {
 
-using test::kImage, test::text;
 using test::adaptive_options, test::kAdaptiveBalances, test::run_model, test::whole_and_split;
+using test::kImage, test::text;
 using Result = test::StepResult;
 
 }  // namespace
@@ -41,17 +41,34 @@ namespace {
 // strategy "default" drops the vision tower's class token (16 rows per image), "full"
 // keeps it (17 rows).
 nlohmann::json tiny_llava_json(const std::string& strategy = "default") {
-  return {
-      {"model_type", "llava"}, {"image_token_index", kImage}, {"image_seq_length", strategy == "full" ? 17 : 16},
-      {"projector_hidden_act", "gelu"}, {"vision_feature_layer", -2},
-      {"vision_feature_select_strategy", strategy}, {"tie_word_embeddings", false},
-      {"text_config", {{"model_type", "llama"}, {"vocab_size", 128}, {"hidden_size", 96},
-                       {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
-                       {"num_key_value_heads", 2}, {"rms_norm_eps", 1e-5}, {"rope_theta", 10000.0}}},
-      {"vision_config", {{"model_type", "clip_vision_model"}, {"hidden_size", 16}, {"intermediate_size", 32},
-                         {"num_hidden_layers", 3}, {"num_attention_heads", 2}, {"image_size", 8},
-                         {"patch_size", 2}, {"projection_dim", 16}, {"hidden_act", "quick_gelu"},
-                         {"layer_norm_eps", 1e-5}}}};
+  return {{"model_type", "llava"},
+          {"image_token_index", kImage},
+          {"image_seq_length", strategy == "full" ? 17 : 16},
+          {"projector_hidden_act", "gelu"},
+          {"vision_feature_layer", -2},
+          {"vision_feature_select_strategy", strategy},
+          {"tie_word_embeddings", false},
+          {"text_config",
+           {{"model_type", "llama"},
+            {"vocab_size", 128},
+            {"hidden_size", 96},
+            {"intermediate_size", 64},
+            {"num_hidden_layers", 2},
+            {"num_attention_heads", 12},
+            {"num_key_value_heads", 2},
+            {"rms_norm_eps", 1e-5},
+            {"rope_theta", 10000.0}}},
+          {"vision_config",
+           {{"model_type", "clip_vision_model"},
+            {"hidden_size", 16},
+            {"intermediate_size", 32},
+            {"num_hidden_layers", 3},
+            {"num_attention_heads", 2},
+            {"image_size", 8},
+            {"patch_size", 2},
+            {"projection_dim", 16},
+            {"hidden_act", "quick_gelu"},
+            {"layer_norm_eps", 1e-5}}}};
 }
 
 model::ModelConfig tiny_llava(const std::string& strategy = "default") {
@@ -104,10 +121,11 @@ TEST_P(LlavaDtype, MultiRankEqualsOneProcessInEveryVisionMode) {
       options.mesh = mesh.shape();
       const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
       for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
-        const Result got = run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
-                                     mesh.world(), mode, dtype);
-        test::expect_same_step(got, ref, rtol, mesh.shape().str() + " " + model::to_string(mode) + " " +
-                                        (dtype == at::kDouble ? "fp64 " : "fp32 ") + strategy);
+        const Result got =
+            run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(), mode, dtype);
+        test::expect_same_step(got, ref, rtol,
+                               mesh.shape().str() + " " + model::to_string(mode) + " " +
+                                   (dtype == at::kDouble ? "fp64 " : "fp32 ") + strategy);
       }
     }
   }
@@ -138,9 +156,10 @@ TEST(MultiRankLlava, SplitImagesEqualOneProcess) {
       for (const plan::RowPlan& row : mine.rows)
         for (const plan::VisionItem& it : row.items) EXPECT_EQ(it.split(), mesh.shape().context() > 1);
       for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
-        const Result got = run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
-                                     mesh.world(), mode);
-        test::expect_same_step(got, ref, 1e-9, mesh.shape().str() + " split " + strategy + " " + model::to_string(mode));
+        const Result got =
+            run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(), mode);
+        test::expect_same_step(got, ref, 1e-9,
+                               mesh.shape().str() + " split " + strategy + " " + model::to_string(mode));
       }
     }
   }
@@ -158,10 +177,11 @@ TEST(MultiRankLlava, AdaptivePlacementEqualsOneProcess) {
       const plan::StepPlan mine =
           plan::make_step_plan(batch, config.conventions, adaptive_options(mesh, balance), mesh.rank());
       const auto [w, sp] = whole_and_split(mine);
-      const Result got = run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
-                                   mesh.world(), model::VisionMode::routed);
-      test::expect_same_step(got, ref, 1e-9, mesh.shape().str() + " adaptive " + std::to_string(w) + " whole " +
-                                                 std::to_string(sp) + " split");
+      const Result got = run_llava(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(),
+                                   model::VisionMode::routed);
+      test::expect_same_step(
+          got, ref, 1e-9,
+          mesh.shape().str() + " adaptive " + std::to_string(w) + " whole " + std::to_string(sp) + " split");
     }
   }
 }
@@ -206,12 +226,9 @@ TEST(LlavaNames, AreTheCheckpointNames) {
                            "vision_tower.vision_model.pre_layrnorm.weight",
                            "vision_tower.vision_model.encoder.layers.2.self_attn.out_proj.bias",
                            "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight",
-                           "vision_tower.vision_model.post_layernorm.bias",
-                           "multi_modal_projector.linear_1.weight", "multi_modal_projector.linear_2.bias",
-                           "language_model.model.embed_tokens.weight",
-                           "language_model.model.layers.1.self_attn.q_proj.weight",
-                           "language_model.lm_head.weight"})
+                           "vision_tower.vision_model.post_layernorm.bias", "multi_modal_projector.linear_1.weight",
+                           "multi_modal_projector.linear_2.bias", "language_model.model.embed_tokens.weight",
+                           "language_model.model.layers.1.self_attn.q_proj.weight", "language_model.lm_head.weight"})
     EXPECT_EQ(names.count(name), 1u) << name;
   EXPECT_EQ(names.count("language_model.model.layers.1.self_attn.q_proj.bias"), 0u);  // Llama: no bias
 }
-

@@ -26,16 +26,35 @@ namespace {
 // Width 16 (2 heads of 8), patches of 2 px merged 2 × 2, windows of 8 px = 2 merged
 // patches per side; block 1 attends over whole frames.
 nlohmann::json tiny_qwen2_5_json() {
-  return {{"model_type", "qwen2_5_vl"}, {"vocab_size", 128}, {"hidden_size", 96},
-          {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
-          {"num_key_value_heads", 2}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
-          {"tie_word_embeddings", false}, {"vision_start_token_id", 120}, {"vision_end_token_id", 121},
-          {"image_token_id", 122}, {"video_token_id", 123},
+  return {{"model_type", "qwen2_5_vl"},
+          {"vocab_size", 128},
+          {"hidden_size", 96},
+          {"intermediate_size", 64},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 12},
+          {"num_key_value_heads", 2},
+          {"rope_theta", 10000.0},
+          {"rms_norm_eps", 1e-6},
+          {"tie_word_embeddings", false},
+          {"vision_start_token_id", 120},
+          {"vision_end_token_id", 121},
+          {"image_token_id", 122},
+          {"video_token_id", 123},
           {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}}},
-          {"vision_config", {{"depth", 2}, {"hidden_size", 16}, {"intermediate_size", 24}, {"num_heads", 2},
-                             {"out_hidden_size", 96}, {"patch_size", 2}, {"spatial_merge_size", 2},
-                             {"temporal_patch_size", 2}, {"in_chans", 3}, {"hidden_act", "silu"},
-                             {"window_size", 8}, {"fullatt_block_indexes", {1}}, {"tokens_per_second", 2}}}};
+          {"vision_config",
+           {{"depth", 2},
+            {"hidden_size", 16},
+            {"intermediate_size", 24},
+            {"num_heads", 2},
+            {"out_hidden_size", 96},
+            {"patch_size", 2},
+            {"spatial_merge_size", 2},
+            {"temporal_patch_size", 2},
+            {"in_chans", 3},
+            {"hidden_act", "silu"},
+            {"window_size", 8},
+            {"fullatt_block_indexes", {1}},
+            {"tokens_per_second", 2}}}};
 }
 
 model::QwenVisionConfig vision_of(const nlohmann::json& j) {
@@ -77,8 +96,8 @@ Tensor rotate_half(const Tensor& x) {
 Tensor rms_norm(const Tensor& x, const Tensor& w) { return w * (x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-6)); }
 
 // Qwen2_5_VisionTransformerPretrainedModel.forward with the weights of `p`.
-Tensor reference_tower(const std::map<std::string, Tensor>& p, const model::QwenVisionConfig& c,
-                       const Tensor& pixels, const std::vector<plan::Grid>& grids) {
+Tensor reference_tower(const std::map<std::string, Tensor>& p, const model::QwenVisionConfig& c, const Tensor& pixels,
+                       const std::vector<plan::Grid>& grids) {
   const int64_t m = c.spatial_merge_size, unit = m * m, D = c.hidden_size, H = c.num_heads, hd = D / H;
   Tensor x = at::linear(pixels, p.at("patch_embed.proj.weight").reshape({D, -1}));
   // rot_pos_emb: (h, w) of each patch in merge-window order; freqs of dim head_dim / 2
@@ -106,12 +125,12 @@ Tensor reference_tower(const std::map<std::string, Tensor>& p, const model::Qwen
     for (int64_t t = 0; t < g[0]; ++t) cu_frames.push_back(cu_frames.back() + g[1] * g[2]);
   for (int64_t b = 0; b < c.depth; ++b) {
     const std::string pre = "blocks." + std::to_string(b) + ".";
-    const bool full = std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(), b) !=
-                      c.fullatt_block_indexes.end();
+    const bool full =
+        std::find(c.fullatt_block_indexes.begin(), c.fullatt_block_indexes.end(), b) != c.fullatt_block_indexes.end();
     const std::vector<int64_t>& cu = full ? cu_frames : cu_window;
-    const Tensor qkv = at::linear(rms_norm(x, p.at(pre + "norm1.weight")), p.at(pre + "attn.qkv.weight"),
-                                  p.at(pre + "attn.qkv.bias"))
-                           .reshape({N, 3, H, hd});
+    const Tensor qkv =
+        at::linear(rms_norm(x, p.at(pre + "norm1.weight")), p.at(pre + "attn.qkv.weight"), p.at(pre + "attn.qkv.bias"))
+            .reshape({N, 3, H, hd});
     Tensor q = qkv.select(1, 0), k = qkv.select(1, 1), v = qkv.select(1, 2);
     q = q * cos + rotate_half(q) * sin;
     k = k * cos + rotate_half(k) * sin;
@@ -164,8 +183,8 @@ TEST(Qwen2_5WindowIndex, MatchesTransformersAndInverts) {
       ASSERT_EQ(wi.order[inverse[u]], static_cast<int64_t>(u));
     }
   }
-  EXPECT_THAT([] { model::window_index(kGrids, 2, 0); }, ::testing::ThrowsMessage<Error>(
-                                                            ::testing::HasSubstr("must hold at least one")));
+  EXPECT_THAT([] { model::window_index(kGrids, 2, 0); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("must hold at least one")));
 }
 
 // Rows and every parameter gradient of the tower against the reference, fp64.
@@ -226,9 +245,9 @@ TEST(Qwen2_5Vision, WindowSizeMustHoldWholeMergedPatches) {
     nlohmann::json j = tiny_qwen2_5_json();
     j["vision_config"]["window_size"] = window;
     EXPECT_THAT([&] { model::parse_model_config(j, "bad.json"); },
-                ::testing::ThrowsMessage<Error>(::testing::HasSubstr(
-                    "bad.json: vision_config.window_size (" + std::to_string(window) +
-                    ") must be a multiple of patch_size * spatial_merge_size (2 * 2 = 4)")));
+                ::testing::ThrowsMessage<Error>(
+                    ::testing::HasSubstr("bad.json: vision_config.window_size (" + std::to_string(window) +
+                                         ") must be a multiple of patch_size * spatial_merge_size (2 * 2 = 4)")));
   }
   nlohmann::json j = tiny_qwen2_5_json();
   j["vision_config"]["window_size"] = 0;

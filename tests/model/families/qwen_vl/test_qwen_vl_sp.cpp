@@ -10,19 +10,20 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "mmsp/dist/all_reduce.h"
-#include "mmsp/model/families/qwen_vl/qwen_variant.h"
-#include "mmsp/model/family.h"
-#include "mmsp/parallel/step_parallelism.h"
-#include "mmsp/model/rank_inputs.h"
-#include "mmsp/train/loss/causal_lm_loss.h"
-#include "mmsp/hf/safetensors.h"
-#include "mmsp/model/checkpoint_naming.h"
-#include "mmsp/hf/hf_directory.h"
-#include "mmsp/core/check.h"
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
-#include <unistd.h>
+#include "mmsp/core/check.h"
+#include "mmsp/dist/all_reduce.h"
+#include "mmsp/hf/hf_directory.h"
+#include "mmsp/hf/safetensors.h"
+#include "mmsp/model/checkpoint_naming.h"
+#include "mmsp/model/families/qwen_vl/qwen_variant.h"
+#include "mmsp/model/family.h"
+#include "mmsp/model/rank_inputs.h"
+#include "mmsp/parallel/step_parallelism.h"
+#include "mmsp/train/loss/causal_lm_loss.h"
+#include "moe_step.h"
 #include "multirank.h"
 #include "vlm_step.h"
 
@@ -31,21 +32,39 @@ using at::Tensor;
 
 namespace {
 
-using test::kStart, test::kEnd, test::kImage, test::kVideo, test::text, test::block;
 using test::adaptive_options, test::kAdaptiveBalances, test::run_model, test::whole_and_split;
+using test::kStart, test::kEnd, test::kImage, test::kVideo, test::text, test::block;
 using Result = test::StepResult;
 
 // Qwen2-VL's top-level text fields, which Qwen2.5-VL shares.
 nlohmann::json tiny_qwen2_vl_json() {
-  return {{"model_type", "qwen2_vl"}, {"vocab_size", 128}, {"hidden_size", 96},
-          {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
-          {"num_key_value_heads", 2}, {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
-          {"tie_word_embeddings", false}, {"vision_start_token_id", kStart}, {"vision_end_token_id", kEnd},
-          {"vision_token_id", 119}, {"image_token_id", kImage}, {"video_token_id", kVideo},
+  return {{"model_type", "qwen2_vl"},
+          {"vocab_size", 128},
+          {"hidden_size", 96},
+          {"intermediate_size", 64},
+          {"num_hidden_layers", 2},
+          {"num_attention_heads", 12},
+          {"num_key_value_heads", 2},
+          {"rope_theta", 10000.0},
+          {"rms_norm_eps", 1e-6},
+          {"tie_word_embeddings", false},
+          {"vision_start_token_id", kStart},
+          {"vision_end_token_id", kEnd},
+          {"vision_token_id", 119},
+          {"image_token_id", kImage},
+          {"video_token_id", kVideo},
           {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {2, 1, 1}}}},
-          {"vision_config", {{"depth", 2}, {"embed_dim", 16}, {"hidden_size", 96}, {"num_heads", 2},
-                             {"mlp_ratio", 2}, {"patch_size", 2}, {"spatial_merge_size", 2},
-                             {"temporal_patch_size", 2}, {"in_chans", 3}, {"hidden_act", "quick_gelu"}}}};
+          {"vision_config",
+           {{"depth", 2},
+            {"embed_dim", 16},
+            {"hidden_size", 96},
+            {"num_heads", 2},
+            {"mlp_ratio", 2},
+            {"patch_size", 2},
+            {"spatial_merge_size", 2},
+            {"temporal_patch_size", 2},
+            {"in_chans", 3},
+            {"hidden_act", "quick_gelu"}}}};
 }
 
 model::ModelConfig tiny_qwen2_vl() { return model::parse_model_config(tiny_qwen2_vl_json(), "tiny qwen2_vl"); }
@@ -53,24 +72,61 @@ model::ModelConfig tiny_qwen2_vl() { return model::parse_model_config(tiny_qwen2
 // Qwen3-VL: nested text_config, q/k norms, interleaved mRoPE, patch-embedding bias, a
 // 4 × 4 position table, deepstack from both vision blocks into decoder layers 0 and 1.
 nlohmann::json tiny_qwen3_vl_json() {
-  return {
-      {"model_type", "qwen3_vl"}, {"tie_word_embeddings", false},
-      {"vision_start_token_id", kStart}, {"vision_end_token_id", kEnd},
-      {"image_token_id", kImage}, {"video_token_id", kVideo},
-      {"text_config", {{"model_type", "qwen3_vl_text"}, {"vocab_size", 128}, {"hidden_size", 96},
-                       {"intermediate_size", 64}, {"num_hidden_layers", 2}, {"num_attention_heads", 12},
-                       {"num_key_value_heads", 2}, {"head_dim", 8}, {"attention_bias", false},
-                       {"rope_theta", 10000.0}, {"rms_norm_eps", 1e-6},
-                       {"rope_scaling", {{"rope_type", "default"}, {"mrope_interleaved", true},
-                                         {"mrope_section", {2, 1, 1}}}}}},
-      {"vision_config", {{"model_type", "qwen3_vl"}, {"depth", 2}, {"hidden_size", 16},
-                         {"intermediate_size", 32}, {"num_heads", 2}, {"in_channels", 3},
-                         {"patch_size", 2}, {"temporal_patch_size", 2}, {"spatial_merge_size", 2},
-                         {"out_hidden_size", 96}, {"num_position_embeddings", 16},
-                         {"deepstack_visual_indexes", {0, 1}}, {"hidden_act", "gelu_pytorch_tanh"}}}};
+  return {{"model_type", "qwen3_vl"},
+          {"tie_word_embeddings", false},
+          {"vision_start_token_id", kStart},
+          {"vision_end_token_id", kEnd},
+          {"image_token_id", kImage},
+          {"video_token_id", kVideo},
+          {"text_config",
+           {{"model_type", "qwen3_vl_text"},
+            {"vocab_size", 128},
+            {"hidden_size", 96},
+            {"intermediate_size", 64},
+            {"num_hidden_layers", 2},
+            {"num_attention_heads", 12},
+            {"num_key_value_heads", 2},
+            {"head_dim", 8},
+            {"attention_bias", false},
+            {"rope_theta", 10000.0},
+            {"rms_norm_eps", 1e-6},
+            {"rope_scaling", {{"rope_type", "default"}, {"mrope_interleaved", true}, {"mrope_section", {2, 1, 1}}}}}},
+          {"vision_config",
+           {{"model_type", "qwen3_vl"},
+            {"depth", 2},
+            {"hidden_size", 16},
+            {"intermediate_size", 32},
+            {"num_heads", 2},
+            {"in_channels", 3},
+            {"patch_size", 2},
+            {"temporal_patch_size", 2},
+            {"spatial_merge_size", 2},
+            {"out_hidden_size", 96},
+            {"num_position_embeddings", 16},
+            {"deepstack_visual_indexes", {0, 1}},
+            {"hidden_act", "gelu_pytorch_tanh"}}}};
 }
 
 model::ModelConfig tiny_qwen3_vl() { return model::parse_model_config(tiny_qwen3_vl_json(), "tiny qwen3_vl"); }
+
+// Qwen3-VL-MoE: Qwen3-VL with 3 decoder layers of 8 experts (top 2, renormalised) but layer
+// 1's dense MLP (mlp_only_layers), and the auxiliary loss at 0.1, so that its gradient is
+// far above the tolerance.
+model::ModelConfig tiny_qwen3_vl_moe() {
+  nlohmann::json c = tiny_qwen3_vl_json();
+  c["model_type"] = "qwen3_vl_moe";
+  nlohmann::json& t = c["text_config"];
+  t["model_type"] = "qwen3_vl_moe_text";
+  t["num_hidden_layers"] = 3;
+  t["moe_intermediate_size"] = 20;
+  t["num_experts"] = 8;
+  t["num_experts_per_tok"] = 2;
+  t["mlp_only_layers"] = {1};
+  t["output_router_logits"] = true;
+  t["router_aux_loss_coef"] = 0.1;
+  c["vision_config"]["model_type"] = "qwen3_vl_moe";
+  return model::parse_model_config(c, "tiny qwen3_vl_moe");
+}
 
 // Qwen2.5-VL: RMSNorm and gated SiLU MLP in the vision blocks, windows of 2 × 2 merged
 // patches (8 px) in block 0, whole frames in block 1; video times scaled by
@@ -78,10 +134,19 @@ model::ModelConfig tiny_qwen3_vl() { return model::parse_model_config(tiny_qwen3
 nlohmann::json tiny_qwen2_5_vl_json() {
   nlohmann::json c = tiny_qwen2_vl_json();
   c["model_type"] = "qwen2_5_vl";
-  c["vision_config"] = {{"depth", 2}, {"hidden_size", 16}, {"intermediate_size", 24}, {"num_heads", 2},
-                        {"out_hidden_size", 96}, {"patch_size", 2}, {"spatial_merge_size", 2},
-                        {"temporal_patch_size", 2}, {"in_chans", 3}, {"hidden_act", "silu"},
-                        {"window_size", 8}, {"fullatt_block_indexes", {1}}, {"tokens_per_second", 2}};
+  c["vision_config"] = {{"depth", 2},
+                        {"hidden_size", 16},
+                        {"intermediate_size", 24},
+                        {"num_heads", 2},
+                        {"out_hidden_size", 96},
+                        {"patch_size", 2},
+                        {"spatial_merge_size", 2},
+                        {"temporal_patch_size", 2},
+                        {"in_chans", 3},
+                        {"hidden_act", "silu"},
+                        {"window_size", 8},
+                        {"fullatt_block_indexes", {1}},
+                        {"tokens_per_second", 2}};
   return c;
 }
 
@@ -148,6 +213,41 @@ Result run(const model::ModelConfig& config, const plan::Batch& batch, const pla
 
 }  // namespace
 
+// Qwen3-VL-MoE on 2 and 4 ranks (moe_meshes), with expert parallelism over 1, 2 and 4
+// ranks (folded into the ring × Ulysses and the data-parallel ranks): the loss (the auxiliary loss included)
+// and every gradient equal one process (fp64 1e-9), and so do the router's picks; and with
+// recomputed decoder layers (the exchange runs again in the backward; the aux loss's
+// gradient enters the recomputed layer).
+TEST(MultiRankQwenVlMoe, LossAndEveryGradientEqualOneProcessWithExpertParallelism) {
+  if (!test::moe_world_tested()) GTEST_SKIP() << "MoE cases run on 2 and 4 ranks";
+  const model::ModelConfig config = tiny_qwen3_vl_moe();
+  const plan::Batch batch = vision_batch(model::QwenVariant::qwen3_vl);
+  at::manual_seed(7);
+  const model::PixelInputs pixels{at::randn({16 + 12, 24}, at::kDouble), at::randn({16, 24}, at::kDouble)};
+  const plan::StepPlan whole = plan::make_step_plan(batch, config.conventions, {}, 0);
+  const test::MoeStep ref = test::run_moe_model(config, batch, whole, nullptr, pixels);
+  EXPECT_GT(ref.aux, 0.05) << "the auxiliary loss (coefficient 0.1 × E · Σ f·P >= 0.1 · 1) is missing";
+  int64_t reached = 0;
+  for (const auto& [name, g] : ref.result.grads)
+    if (name.find("mlp.experts.gate_up_proj") != std::string::npos)
+      for (int64_t e = 0; e < g.size(0); ++e) reached += g[e].abs().max().item<double>() > 0;
+  EXPECT_GE(reached, 8) << "too few experts got tokens for the test to test the routing";
+  for (const dist::Mesh* mesh : test::moe_meshes(8)) {
+    if (mesh->shape().ulysses == 3) continue;  // 2 K/V heads cannot be split 3 ways
+    plan::PlanOptions options;
+    options.mesh = mesh->shape();
+    const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh->rank());
+    const test::MoeStep got = test::run_moe_model(config, batch, mine, mesh, pixels);
+    test::expect_same_step(got.result, ref.result, 1e-9, "qwen3_vl_moe " + mesh->shape().str());
+    EXPECT_TRUE(got.expert_counts.equal(ref.expert_counts)) << mesh->shape().str() << ": other picks";
+    if (mesh->shape().expert > 1 && mesh->shape().dp == 1) {
+      const test::MoeStep recomputed =
+          test::run_moe_model(config, batch, mine, mesh, pixels, model::ActivationCheckpointing::decoder);
+      test::expect_same_step(recomputed.result, ref.result, 1e-9, "recomputed " + mesh->shape().str());
+    }
+  }
+}
+
 class QwenVlFamily : public ::testing::TestWithParam<model::QwenVariant> {};
 
 TEST_P(QwenVlFamily, MultiRankEqualsOneProcessInEveryVisionMode) {
@@ -168,14 +268,12 @@ TEST_P(QwenVlFamily, MultiRankEqualsOneProcessInEveryVisionMode) {
     options.mesh = mesh.shape();
     const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
-      const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
-                             mesh.world(), mode);
+      const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(), mode);
       const std::string where = mesh.shape().str() + " " + model::to_string(mode);
       test::expect_same_step(got, ref, 1e-9, where);
     }
   }
 }
-
 
 // Adaptive placement: short segments whole on one rank, long ones split; the same loss and
 // gradients as one process (fp64 1e-9), in routed and gather mode.
@@ -194,10 +292,10 @@ TEST_P(QwenVlFamily, MultiRankAdaptivePlacementEqualsOneProcess) {
       const auto [w, sp] = whole_and_split(mine);
       mixed += w > 0 && (sp > 0 || mesh.shape().context() == 1);
       for (auto mode : {model::VisionMode::routed, model::VisionMode::gather}) {
-        const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
-                               mesh.world(), mode);
-        test::expect_same_step(got, ref, 1e-9, mesh.shape().str() + " adaptive " + std::to_string(w) + " whole " +
-                                                   std::to_string(sp) + " split " + model::to_string(mode));
+        const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(), mode);
+        test::expect_same_step(got, ref, 1e-9,
+                               mesh.shape().str() + " adaptive " + std::to_string(w) + " whole " + std::to_string(sp) +
+                                   " split " + model::to_string(mode));
       }
     }
   }
@@ -217,8 +315,8 @@ TEST_P(QwenVlFamily, MultiRankFp32EqualsOneProcessInEveryVisionMode) {
     options.mesh = mesh.shape();
     const plan::StepPlan mine = plan::make_step_plan(batch, config.conventions, options, mesh.rank());
     for (auto mode : {model::VisionMode::routed, model::VisionMode::gather, model::VisionMode::replicate}) {
-      const Result got = run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()},
-                             mesh.world(), mode, at::kFloat);
+      const Result got =
+          run(config, batch, mine, {mesh.context(), mesh.ring(), mesh.ulysses()}, mesh.world(), mode, at::kFloat);
       test::expect_same_step(got, ref, 1e-4, mesh.shape().str() + " fp32 " + model::to_string(mode));
     }
   }
@@ -346,7 +444,9 @@ TEST(QwenVlWeights, RoundTripGivesIdenticalOutputs) {
   at::manual_seed(7);
   model::PixelInputs pixels{at::randn({16 + 12, 24}), at::randn({16, 24})};
   auto logits_of = [&](const model::Vlm& m) {
-    return parallel::forward_step(m, batch, plan, pixels, {solo, solo, solo}, model::VisionMode::routed).logits().detach();
+    return parallel::forward_step(m, batch, plan, pixels, {solo, solo, solo}, model::VisionMode::routed)
+        .logits()
+        .detach();
   };
   at::manual_seed(1);
   auto a_ptr = model::build_vlm(config);

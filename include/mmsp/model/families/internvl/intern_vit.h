@@ -19,8 +19,8 @@
 #include "mmsp/attention/token_layout.h"
 #include "mmsp/model/families/internvl/internvl_config.h"
 #include "mmsp/model/hooks/hooked_blocks.h"
-#include "mmsp/model/layers/linear.h"
 #include "mmsp/model/layers/activation.h"
+#include "mmsp/model/layers/linear.h"
 
 namespace mmsp::model {
 

@@ -72,8 +72,7 @@ struct InternVLProjectorConfig {
 InternVisionConfig parse_intern_vision_config(const nlohmann::json& vision);
 // Reads the top-level fields and checks them against `vision`: the tile's patch grid must
 // divide by 1/downsample_ratio and image_seq_length must equal the rows per tile.
-InternVLProjectorConfig parse_internvl_projector_config(const nlohmann::json& config,
-                                                        const InternVisionConfig& vision);
+InternVLProjectorConfig parse_internvl_projector_config(const nlohmann::json& config, const InternVisionConfig& vision);
 
 // The InternVL family's part of a ModelConfig (ModelConfig::family_fields).
 struct InternVLFields : FamilyFields {
@@ -81,7 +80,11 @@ struct InternVLFields : FamilyFields {
   InternVLProjectorConfig projector;
 };
 // The config's InternViT tower and projector; null for a config of another family.
-inline const InternVisionConfig* intern_vision_of(const ModelConfig& c) { return family_field(c, &InternVLFields::vision); }
-inline const InternVLProjectorConfig* internvl_projector_of(const ModelConfig& c) { return family_field(c, &InternVLFields::projector); }
+inline const InternVisionConfig* intern_vision_of(const ModelConfig& c) {
+  return family_field(c, &InternVLFields::vision);
+}
+inline const InternVLProjectorConfig* internvl_projector_of(const ModelConfig& c) {
+  return family_field(c, &InternVLFields::projector);
+}
 
 }  // namespace mmsp::model

@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "mmsp/model/config/config.h"
-#include "mmsp/model/layers/decoder.h"
 #include "mmsp/model/families/internvl/intern_vit.h"
 #include "mmsp/model/families/internvl/internvl_config.h"
 #include "mmsp/model/families/internvl/internvl_projector.h"
+#include "mmsp/model/layers/decoder.h"
 #include "mmsp/model/vlm.h"
 
 namespace mmsp::model {

@@ -9,8 +9,8 @@
 #include <memory>
 #include <string>
 
-#include "mmsp/model/layers/linear.h"
 #include "mmsp/model/layers/activation.h"
+#include "mmsp/model/layers/linear.h"
 
 namespace mmsp::model {
 

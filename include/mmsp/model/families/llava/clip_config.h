@@ -64,8 +64,7 @@ ClipVisionConfig default_llava_vision_config();
 // "vision_config.<field>" and the value; the fields are checked against each other.
 ClipVisionConfig parse_clip_vision_config(const nlohmann::json& vision);
 // Reads the LLaVA fields of the top-level object and checks them against `vision`.
-LlavaProjectorConfig parse_llava_projector_config(const nlohmann::json& config,
-                                                  const ClipVisionConfig& vision);
+LlavaProjectorConfig parse_llava_projector_config(const nlohmann::json& config, const ClipVisionConfig& vision);
 
 // The LLaVA family's part of a ModelConfig (ModelConfig::family_fields).
 struct LlavaFields : FamilyFields {
@@ -74,6 +73,8 @@ struct LlavaFields : FamilyFields {
 };
 // The config's CLIP tower and projector; null for a config of another family.
 inline const ClipVisionConfig* clip_vision_of(const ModelConfig& c) { return family_field(c, &LlavaFields::vision); }
-inline const LlavaProjectorConfig* llava_projector_of(const ModelConfig& c) { return family_field(c, &LlavaFields::projector); }
+inline const LlavaProjectorConfig* llava_projector_of(const ModelConfig& c) {
+  return family_field(c, &LlavaFields::projector);
+}
 
 }  // namespace mmsp::model

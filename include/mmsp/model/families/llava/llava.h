@@ -13,9 +13,9 @@
 
 #include "mmsp/attention/token_layout.h"
 #include "mmsp/model/config/config.h"
-#include "mmsp/model/layers/decoder.h"
 #include "mmsp/model/families/llava/clip_config.h"
 #include "mmsp/model/hooks/hooked_blocks.h"
+#include "mmsp/model/layers/decoder.h"
 #include "mmsp/model/layers/linear.h"
 #include "mmsp/model/vision/gathered_order.h"
 #include "mmsp/model/vision/vision_tower.h"

@@ -5,8 +5,8 @@
 
 #include <ATen/ATen.h>
 
-#include "mmsp/model/vision/pixel_geometry.h"
 #include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
+#include "mmsp/model/vision/pixel_geometry.h"
 #include "mmsp/plan/sequence.h"
 
 namespace mmsp::model {

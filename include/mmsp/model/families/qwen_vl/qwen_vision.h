@@ -19,11 +19,11 @@
 
 #include "mmsp/attention/token_layout.h"
 #include "mmsp/model/families/qwen_vl/qwen_variant.h"
-#include "mmsp/model/vision/gathered_order.h"
+#include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
 #include "mmsp/model/hooks/hooked_blocks.h"
 #include "mmsp/model/layers/linear.h"
 #include "mmsp/model/layers/rotary.h"
-#include "mmsp/model/families/qwen_vl/qwen_vision_config.h"
+#include "mmsp/model/vision/gathered_order.h"
 #include "mmsp/model/vision/vision_tower.h"
 #include "mmsp/plan/sequence.h"
 
@@ -100,8 +100,8 @@ class QwenVisionEncoder : public torch::nn::Module, public VisionTower {
   // What every block's attention over the split items shares (one step).
   struct SplitAttention {
     SplitExchange exchange;
-    std::vector<int64_t> tokens;         // patches each context rank exchanges
-    GatheredOrder frames, windows;       // full blocks; Qwen2.5-VL's windowed blocks
+    std::vector<int64_t> tokens;    // patches each context rank exchanges
+    GatheredOrder frames, windows;  // full blocks; Qwen2.5-VL's windowed blocks
     bool active() const { return static_cast<bool>(exchange); }
   };
   SplitAttention split_attention(const SplitShards& split) const;

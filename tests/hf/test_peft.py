@@ -1,0 +1,68 @@
+"""mmsp's LoRA adapters in peft's hands (docs/finetune-options.md): a model directory
+transformers saved, trained one step by `mmsp train --lora-rank 4`, its checkpoint's adapter/
+loaded by peft 0.21 onto that base with no missing or unexpected key; the peft model's loss on
+the step's batch equals the resumed mmsp run's loss of step 2 (the same batch, the trained
+adapters), and the merged hf/ gives transformers the peft model's logits (fp64)."""
+import json
+import os
+import subprocess
+import warnings
+
+import pytest
+import torch
+
+import families as F
+from test_reference import Case, _load_reference
+
+LOSS_RTOL = {"qwen3_5": 5e-9}  # as test_reference.py: Gated DeltaNet in float32 inside transformers
+LOSS_RTOL_DEFAULT = 1e-12
+
+
+@pytest.fixture(scope="module", params=list(F.FAMILIES))
+def case(request, tmp_path_factory):
+    return Case(request.param, str(tmp_path_factory.mktemp(request.param)))
+
+
+def _train(case, mmsp_bin, out, *extra):
+    cmd = [mmsp_bin, "train", "--model", case.model_dir, "--data", case.data, "--steps", "2", "--warmup", "1",
+           "--dtype", "float64", "--no-shuffle", "--tokens-per-rank", str(case.tokens), "--lr", "1e-2",
+           "--lora-rank", "4", "--lora-alpha", "8", "--out", out, "--quiet", *extra]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{' '.join(cmd)}\nexit {r.returncode}\n{r.stdout}\n{r.stderr}"
+
+
+def test_peft_loads_mmsps_adapter_and_computes_mmsps_loss(case, mmsp_bin):
+    from peft import PeftConfig, PeftModel, get_peft_model
+    from peft.utils import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    out = os.path.join(case.root, "lora")
+    _train(case, mmsp_bin, out, "--stop-after", "1")
+    _train(case, mmsp_bin, out, "--resume", out)  # step 2: the trained adapters on the same batch
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        mmsp_loss = [json.loads(line) for line in f][-1]["loss"]
+    adapter = os.path.join(out, "step-000001", "adapter")
+    # The keys, as peft's own loading sees them: none unexpected, none of the adapters missing.
+    base, info = _load_reference(case.model_dir)
+    peft_model = get_peft_model(base, PeftConfig.from_pretrained(adapter))
+    result = set_peft_model_state_dict(peft_model, load_file(os.path.join(adapter, "adapter_model.safetensors")))
+    assert not result.unexpected_keys, result.unexpected_keys
+    assert not [k for k in result.missing_keys if "lora_" in k], [k for k in result.missing_keys if "lora_" in k]
+    # The user's call, with no warning of missing or unexpected keys.
+    base, _ = _load_reference(case.model_dir)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        model = PeftModel.from_pretrained(base, adapter)
+    about_keys = [str(w.message) for w in said if "key" in str(w.message).lower()]
+    assert not about_keys, about_keys
+    loss = F.reference_loss(model, case.family, case.samples).item()
+    rtol = LOSS_RTOL.get(case.name, LOSS_RTOL_DEFAULT)
+    print(f"{case.name}: peft's loss {loss!r}, mmsp's step 2 {mmsp_loss!r}")
+    assert abs(loss - mmsp_loss) <= max(rtol, 5e-9) * abs(mmsp_loss)
+    assert loss != pytest.approx(case.loss.item(), rel=1e-6), "the adapters changed nothing"
+    merged, merged_info = _load_reference(os.path.join(out, "step-000001", "hf"))
+    assert not any(merged_info.values()), merged_info
+    with torch.no_grad():
+        ids = torch.tensor([case.samples[0].input_ids[:8]])
+        want, got = model(input_ids=ids).logits, merged(input_ids=ids).logits
+    assert (got - want).abs().max().item() <= 1e-9 * want.abs().max().item()
