@@ -257,7 +257,7 @@ def bad_input_is_a_value_error(rank, world):
         raise AssertionError("a llama model was patched")
     except ValueError as e:
         assert str(e).startswith("mmsp.patch: ") and 'model_type "llama" is not supported' in str(e) and \
-            "qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, llava, internvl" in str(e), str(e)
+            "qwen2_vl, qwen2_5_vl, qwen3_vl, qwen3_5, qwen3_vl_moe, qwen3_5_moe, llava, internvl" in str(e), str(e)
     # Still in step: a correct call after the refused ones.
     out = mmsp.ops.attention(q, q, q, shard, mesh)
     assert out.shape == q.shape
