@@ -19,7 +19,7 @@ import tiny_models
 from conftest import IMAGES
 from mmsp.prepare import cli
 
-QWEN = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"]
+QWEN = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_vl_moe", "qwen3_5_moe"]
 
 
 # --- helpers -----------------------------------------------------------------------------------
