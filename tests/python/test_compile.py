@@ -9,7 +9,7 @@ import mmsp  # noqa: F401  (the build's: conftest puts MMSP_PACKAGE_PATH first)
 import sp_ranks
 
 
-@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("world", [1, 4])  # (2: cut for CI's time, 2026-12-02)
 def test_ops_pass_opcheck_and_equal_eager(world, tmp_path):
     sp_ranks.run(world, compile_checks.ops_pass_opcheck, tmp_path=tmp_path)
 

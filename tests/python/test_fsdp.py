@@ -8,9 +8,10 @@ import fsdp_checks
 import sp_ranks
 
 COMBOS = [(False, False), (True, False), (False, True), (True, True)]  # (FSDP2, checkpointing)
+# (dp_shard, ring) was cut for CI's time (2026-12-02): ring under FSDP2 in the (4,) ring and
+# (ring, ulysses) meshes, dp_shard beside an SP axis in (dp_shard, ulysses).
 MESHES = [  # (DeviceMesh shape, its dimension names): dp 2 x sp 2 and sp 4
     ((2, 2), ("dp_shard", "ulysses")),
-    ((2, 2), ("dp_shard", "ring")),
     ((4,), ("ring",)),
     ((2, 2), ("ring", "ulysses")),
     ((2, 2), ("dp_replicate", "ring")),  # HSDP: fully_shard on (dp_replicate, ring)
