@@ -33,9 +33,10 @@ failures=0
 # step 16 (2026-12-02, this machine and CI's alike) from the files another CPU with
 # AVX-512F had written, with the binary from before that day's changes as with them. So
 # written_on.txt names the CPU that wrote the files (vendor, family, model, as
-# /proc/cpuinfo gives them; --update rewrites it) and only that CPU compares bit for bit; any other compares at 1e-12, saying so. A change
-# of the numerics moves the losses far more (a new summation order in the loss: 4e-16 on
-# the same CPU, caught; a wrong mask or scale: 1e-3).
+# /proc/cpuinfo gives them; --update rewrites it) and only that CPU compares bit for bit;
+# any other compares at 1e-12, saying so. A change of the numerics moves the losses far
+# more (a new summation order in the loss: 4e-16 on the same CPU, caught; a wrong mask or
+# scale: 1e-3).
 written_on=$(cat "$golden/written_on.txt" 2>/dev/null)
 cpu_id() {
   awk -F': *' '/^vendor_id/ {v = $2} /^cpu family/ {f = $2} /^model[ \t]*:/ {m = $2} END {print v, f, m}' /proc/cpuinfo
