@@ -14,6 +14,7 @@
 #include "mmsp/plan/mesh.h"
 #include "mmsp/plan/placement.h"
 #include "mmsp/plan/vision_split.h"
+#include "mmsp/train/adapter_start.h"
 #include "mmsp/train/memory/cuda_memory.h"
 
 namespace mmsp::cli {
@@ -31,8 +32,12 @@ void TrainFlags::add_to(CLI::App& app) {
 // The model, the data and how a step is cut: what the batches and the numerics are.
 void TrainFlags::add_model_and_data(CLI::App& app) {
   app.add_option("--model", options.inputs.model,
-                 "built-in model name, a Hugging Face model directory (its weights) or a config.json (random weights)")
+                 "built-in model name, a Hugging Face model directory (its weights), a config.json (random weights) "
+                 "or a peft LoRA adapter directory to continue (docs/finetune-options.md)")
       ->capture_default_str();
+  app.add_option("--base-model", base_model,
+                 "the base model directory of a peft adapter given as --model (default: its "
+                 "base_model_name_or_path)");
   app.add_option("--data", options.inputs.data, "'shapes' (built in) or a JSON-lines file (docs/data.md)")
       ->capture_default_str();
   app.add_option("--vision", vision, "routed, gather or replicate")->capture_default_str();
@@ -159,8 +164,9 @@ void TrainFlags::add_finetune(CLI::App& app) {
       app.add_option("--lora-rank", options.finetune.lora.rank,
                      "train LoRA adapters of this rank (every other weight frozen); checkpoints hold adapter/ (peft) "
                      "and hf/ merged");
-  app.add_option("--lora-alpha", options.finetune.lora.alpha, "LoRA's alpha: the adapters' scale is alpha / rank")
-      ->capture_default_str();
+  lora_alpha_flag =
+      app.add_option("--lora-alpha", options.finetune.lora.alpha, "LoRA's alpha: the adapters' scale is alpha / rank")
+          ->capture_default_str();
   app.add_option("--lora-targets", lora_targets,
                  "maps to adapt, by module name (default q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj; "
                  "vision.NAME: the tower's)");
@@ -213,6 +219,12 @@ void TrainFlags::parse() {
   if (!lora_targets.empty()) o.finetune.lora.targets = model::parse_lora_targets(lora_targets);
   MMSP_CHECK(!lora_rank_flag || lora_rank_flag->count() == 0 || o.finetune.lora.rank >= 1, "--lora-rank ",
              o.finetune.lora.rank, " must be ≥ 1 (the adapters' rank; leave the flag out to train every weight)");
+  train::AdapterFlags given;  // --model ADAPTER_DIR: the adapter's LoRA unless a flag contradicts it
+  given.rank = lora_rank_flag && lora_rank_flag->count() > 0;
+  given.alpha = lora_alpha_flag && lora_alpha_flag->count() > 0;
+  given.targets = !lora_targets.empty();
+  given.base_model = base_model;
+  train::start_from_peft_adapter(o, given);
   MMSP_CHECK(o.finetune.lora.rank != 0 || lora_targets.empty(), "--lora-targets ", lora_targets,
              " needs --lora-rank R (the adapters' rank)");
 }

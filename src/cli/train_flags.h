@@ -25,6 +25,8 @@ struct TrainFlags {
   std::string freeze;                     // --freeze vision,merger,llm,embeddings
   std::string lora_targets;               // --lora-targets q_proj,v_proj (empty: the default)
   CLI::Option* lora_rank_flag = nullptr;  // given: a rank of 0 is refused (not "no LoRA")
+  CLI::Option* lora_alpha_flag = nullptr;
+  std::string base_model;  // --base-model DIR: the base of a peft adapter given as --model
 
   void add_to(CLI::App& app);
   // The text flags and test hooks into `options`, checked against each other (before the

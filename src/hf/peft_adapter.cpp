@@ -3,16 +3,22 @@
 
 #include <ATen/ATen.h>
 
+#include <sys/stat.h>
+
 #include <cctype>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "hf_io.h"
 #include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
 #include "mmsp/hf/safetensors.h"
 
 namespace mmsp::hf {
@@ -80,6 +86,141 @@ void save_peft_adapter(const std::string& dir, const PeftAdapter& a, std::option
     MMSP_CHECK(out.good(), tmp, ": cannot write the adapter's config");
   }
   std::filesystem::rename(tmp, config);
+}
+
+// ---- reading ----
+
+namespace {
+
+using nlohmann::json;
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+bool is_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// A field whose non-default value changes what the adapter computes: refused, naming it.
+// `unset` says whether the value is the default (absent counts as the default).
+void refuse_unless_default(const json& c, const std::string& file, const char* field, const char* what,
+                           bool (*unset)(const json&)) {
+  if (!c.contains(field) || unset(c.at(field))) return;
+  throw Error(detail::concat(file, ": ", field, " is ", c.at(field).dump(), ": ", what,
+                             " is not supported (mmsp trains plain LoRA, scale lora_alpha / r); ",
+                             "continue this adapter with peft, or start a new one with --lora-rank"));
+}
+
+bool null_or_false(const json& v) { return v.is_null() || (v.is_boolean() && !v.get<bool>()); }
+bool null_or_empty(const json& v) { return v.is_null() || (v.is_structured() && v.empty()); }
+
+json read_config(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  MMSP_CHECK(in.good(), file, ": cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  json c = parse_json_text(text.str(), file);
+  MMSP_CHECK(c.is_object(), file, ": must be a JSON object (a peft adapter's config), got ", c.type_name());
+  return c;
+}
+
+// A string field, "" when absent or null; another type is refused naming the field.
+std::string string_field(const json& c, const std::string& file, const char* field, const char* fallback) {
+  if (!c.contains(field) || c.at(field).is_null()) return fallback;
+  MMSP_CHECK(c.at(field).is_string(), file, ": ", field, " is ", c.at(field).dump(), "; it must be a string");
+  return c.at(field).get<std::string>();
+}
+
+// The LoRA settings of the config, each checked (see PeftAdapterFiles).
+void read_lora_settings(const json& c, const std::string& file, PeftAdapterFiles& out) {
+  const std::string type = string_field(c, file, "peft_type", "");
+  MMSP_CHECK(type == "LORA", file, ": peft_type is \"", type, "\"; mmsp continues LoRA adapters only (\"LORA\")");
+  MMSP_CHECK(c.contains("r") && c.at("r").is_number_integer() && c.at("r").get<int64_t>() >= 1 &&
+                 c.at("r").get<int64_t>() <= (int64_t{1} << 20),
+             file, ": r is ", c.contains("r") ? c.at("r").dump() : "missing",
+             "; it must be an integer in [1, 2^20] (the adapters' rank)");
+  out.rank = c.at("r").get<int64_t>();
+  MMSP_CHECK(c.contains("lora_alpha") && c.at("lora_alpha").is_number(), file, ": lora_alpha is ",
+             c.contains("lora_alpha") ? c.at("lora_alpha").dump() : "missing",
+             "; it must be a number (the scale is lora_alpha / r)");
+  out.alpha = c.at("lora_alpha").get<double>();
+  MMSP_CHECK(std::isfinite(out.alpha) && out.alpha > 0, file, ": lora_alpha ", out.alpha, " must be positive");
+  if (c.contains("lora_dropout") && !c.at("lora_dropout").is_null()) {
+    MMSP_CHECK(c.at("lora_dropout").is_number(), file, ": lora_dropout is ", c.at("lora_dropout").dump(),
+               "; it must be a number");
+    out.dropout = c.at("lora_dropout").get<double>();
+    MMSP_CHECK(out.dropout >= 0 && out.dropout < 1, file, ": lora_dropout ", out.dropout, " must be in [0, 1)");
+  }
+  const std::string bias = string_field(c, file, "bias", "none");
+  MMSP_CHECK(bias == "none", file, ": bias is \"", bias, "\": trained biases beside the adapters are not supported ",
+             "(mmsp trains plain LoRA, bias \"none\")");
+  refuse_unless_default(c, file, "use_dora", "DoRA", null_or_false);
+  refuse_unless_default(c, file, "use_rslora", "rank-stabilised LoRA (scale lora_alpha / sqrt(r))", null_or_false);
+  refuse_unless_default(c, file, "use_qalora", "QALoRA", null_or_false);
+  refuse_unless_default(c, file, "lora_bias", "a bias on lora_B", null_or_false);
+  refuse_unless_default(c, file, "fan_in_fan_out", "a transposed (Conv1D) weight layout", null_or_false);
+  refuse_unless_default(c, file, "modules_to_save", "training whole modules beside the adapters", null_or_empty);
+  refuse_unless_default(c, file, "rank_pattern", "a rank per module", null_or_empty);
+  refuse_unless_default(c, file, "alpha_pattern", "an alpha per module", null_or_empty);
+  refuse_unless_default(c, file, "layer_replication", "replicated layers", null_or_empty);
+  refuse_unless_default(c, file, "trainable_token_indices", "training token embeddings", null_or_empty);
+  refuse_unless_default(c, file, "target_parameters", "adapters on parameters (a mixture of experts' fused experts)",
+                        null_or_empty);
+  refuse_unless_default(c, file, "alora_invocation_tokens", "activated LoRA", null_or_empty);
+  refuse_unless_default(c, file, "layers_to_transform", "adapters on some layers only", null_or_empty);
+  refuse_unless_default(c, file, "use_bdlora", "block-diagonal LoRA", null_or_false);
+  refuse_unless_default(c, file, "kasa_config", "KaSA", null_or_empty);
+  refuse_unless_default(c, file, "monteclora_config", "MonteCLoRA", null_or_empty);
+  refuse_unless_default(c, file, "velora_config", "VeLoRA", null_or_empty);
+  out.base_model = string_field(c, file, "base_model_name_or_path", "");
+}
+
+}  // namespace
+
+bool is_peft_adapter_directory(const std::string& path) {
+  return is_file(io::join(path, kPeftConfigFile)) && !is_file(io::join(path, "config.json"));
+}
+
+PeftAdapterFiles open_peft_adapter(const std::string& dir) {
+  const std::string file = io::join(dir, kPeftConfigFile);
+  const json c = read_config(file);
+  PeftAdapterFiles out;
+  out.dir = dir;
+  read_lora_settings(c, file, out);
+
+  const std::string weights = io::join(dir, kPeftWeightsFile);
+  MMSP_CHECK(is_file(weights), dir, ": has no ", kPeftWeightsFile,
+             " (peft's save_pretrained writes one; adapter_model.bin is not read)");
+  const SafetensorsHeader header = read_safetensors_header(weights);
+  out.weights.path = dir;
+  out.weights.files = {kPeftWeightsFile};
+  const std::string prefix = "base_model.model.", kA = ".lora_A.weight", kB = ".lora_B.weight";
+  std::map<std::string, std::pair<const SafetensorsEntry*, const SafetensorsEntry*>> by_module;
+  for (const auto& [name, entry] : header.tensors) {
+    const bool a = ends_with(name, kA), b = ends_with(name, kB);
+    MMSP_CHECK(name.rfind(prefix, 0) == 0 && (a || b) && name.size() > prefix.size() + kA.size(), weights,
+               ": tensor \"", name, "\" is not a LoRA weight (", prefix, "MODULE", kA, " or ", kB,
+               "): mmsp continues adapters on linear maps only");
+    MMSP_CHECK(io::loadable_dtype(entry.scalar_type), weights, ": tensor \"", name, "\" has dtype ", entry.dtype,
+               "; adapters load from F32, F16, BF16 or F64 only");
+    const std::string module = name.substr(prefix.size(), name.size() - prefix.size() - kA.size());
+    (a ? by_module[module].first : by_module[module].second) = &entry;
+    out.weights.tensors.emplace(name, HfTensor{kPeftWeightsFile, entry, 8 + header.header_bytes + entry.data_begin});
+    out.weights.total_bytes += entry.data_end - entry.data_begin;
+  }
+  MMSP_CHECK(!by_module.empty(), weights, ": holds no adapter");
+  for (const auto& [module, ab] : by_module) {
+    MMSP_CHECK(ab.first && ab.second, weights, ": ", module, " has ", ab.first ? "lora_A" : "lora_B", " but no ",
+               ab.first ? "lora_B" : "lora_A");
+    const std::vector<int64_t>&A = ab.first->shape, &B = ab.second->shape;
+    MMSP_CHECK(A.size() == 2 && B.size() == 2 && A[0] == out.rank && B[1] == out.rank, weights, ": ", module,
+               "'s lora_A ", io::shape_text(A), " and lora_B ", io::shape_text(B), " are not of rank r = ", out.rank,
+               " (", kPeftConfigFile, "): lora_A must be [r, in], lora_B [out, r]");
+    out.modules.push_back(module);
+  }
+  return out;
 }
 
 }  // namespace mmsp::hf

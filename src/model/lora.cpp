@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/layers/expert_names.h"
 #include "mmsp/model/layers/linear.h"
 #include "mmsp/model/vlm.h"
 
@@ -65,6 +66,10 @@ std::vector<std::string> add_lora(Vlm& vlm, const LoraOptions& o) {
     if (!linear) continue;
     const bool decoder = in_decoder.count(item.value().get()) > 0;
     const std::string name = (decoder ? "" : "vision.") + last_name(item.key());
+    // A mixture of experts' routed experts are one fused parameter a layer in transformers 5,
+    // not linear modules: peft's target_modules never adapts them, and nor does mmsp (the
+    // adapter directory then loads into peft; the shared expert and attention are adapted).
+    if (is_expert_parameter(item.key() + ".")) continue;
     if (decoder && std::find(decoder_maps.begin(), decoder_maps.end(), name) == decoder_maps.end())
       decoder_maps.push_back(name);
     if (std::find(targets.begin(), targets.end(), name) == targets.end()) continue;
@@ -76,9 +81,16 @@ std::vector<std::string> add_lora(Vlm& vlm, const LoraOptions& o) {
     used.insert(name);
     adapted.push_back(item.key());
   }
+  // A target naming only routed experts' maps is not an error (a Qwen3-VL-MoE without dense
+  // layers has gate_proj only there), as peft adapts what matches.
+  const bool moe = vlm.config().text.moe.any();
   for (const std::string& t : targets)
-    MMSP_CHECK(used.count(t), "--lora-targets: \"", t, "\" names no linear map of this ", vlm.config().model_type,
-               " model (the decoder's are ", join(decoder_maps), "; the vision tower's go by vision.NAME)");
+    MMSP_CHECK(used.count(t) || (moe && (t == "gate_proj" || t == "up_proj" || t == "down_proj")), "--lora-targets: \"",
+               t, "\" names no linear map of this ", vlm.config().model_type, " model (the decoder's are ",
+               join(decoder_maps), "; the vision tower's go by vision.NAME)");
+  MMSP_CHECK(!adapted.empty(), "--lora-targets ", join(targets), " adapt no map of this ", vlm.config().model_type,
+             " model (a mixture of experts' routed experts are not adapted; the decoder's maps are ",
+             join(decoder_maps), ")");
   return adapted;
 }
 

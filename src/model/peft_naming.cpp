@@ -1,6 +1,7 @@
 // transformers 5's in-memory names of mmsp's parameters; see peft_naming.h.
 #include "mmsp/model/peft_naming.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -36,6 +37,29 @@ std::string transformers_name(const ModelConfig& config, const std::string& mmsp
   for (const auto& [ours, theirs] : prefixes_of(config))
     if (mmsp_name.rfind(ours, 0) == 0) return theirs + mmsp_name.substr(ours.size());
   return mmsp_name;
+}
+
+hf::CheckpointNaming peft_adapter_naming(const ModelConfig& config) {
+  const std::string peft = "base_model.model.";
+  hf::CheckpointNaming naming;
+  for (const auto& [ours, theirs] : prefixes_of(config)) naming.prefix_aliases.emplace_back(peft + theirs, ours);
+  naming.prefix_aliases.emplace_back(peft, "");
+  return naming;
+}
+
+std::vector<std::string> lora_targets_of(const std::vector<std::string>& transformers_modules) {
+  // Where transformers 5 keeps the towers and projectors of the six families.
+  static const std::vector<std::string> outside_decoder = {"model.visual.", "model.vision_tower.",
+                                                           "model.multi_modal_projector."};
+  std::vector<std::string> out;
+  for (const std::string& module : transformers_modules) {
+    const size_t dot = module.rfind('.');
+    std::string target = dot == std::string::npos ? module : module.substr(dot + 1);
+    for (const std::string& p : outside_decoder)
+      if (module.rfind(p, 0) == 0) target = "vision." + target;
+    if (std::find(out.begin(), out.end(), target) == out.end()) out.push_back(target);
+  }
+  return out;
 }
 
 }  // namespace mmsp::model

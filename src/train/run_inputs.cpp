@@ -11,6 +11,7 @@
 #include "mmsp/model/lora.h"
 #include "mmsp/model/model_parts.h"
 #include "mmsp/model/named_params.h"
+#include "mmsp/model/peft_naming.h"
 #include "mmsp/train/checkpoint/run_directory.h"
 #include "mmsp/train/data/jsonl_dataset.h"
 #include "mmsp/train/data/shapes_dataset.h"
@@ -46,6 +47,14 @@ hf::ExpectedShapes base_shapes(const ParameterLayout& layout) {
   hf::ExpectedShapes out;
   for (const auto& named : layout.shapes)
     if (!model::is_lora_parameter(named.first)) out.push_back(named);
+  return out;
+}
+
+// What a peft adapter file must hold: the adapters' shapes, every one of them.
+hf::ExpectedShapes adapter_shapes(const ParameterLayout& layout) {
+  hf::ExpectedShapes out;
+  for (const auto& named : layout.shapes)
+    if (model::is_lora_parameter(named.first)) out.push_back(named);
   return out;
 }
 
@@ -233,6 +242,19 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   if (in.resolved.weights) {
     model::check_expert_count(*in.resolved.weights, config);
     hf::match_hf_tensors(*in.resolved.weights, base_shapes(in.layout), in.naming);
+  }
+  if (!o.finetune.lora_adapter.empty()) {
+    in.adapter = hf::open_peft_adapter(o.finetune.lora_adapter);
+    try {
+      hf::match_hf_tensors(in.adapter->weights, adapter_shapes(in.layout), model::peft_adapter_naming(config));
+    } catch (const Error& e) {
+      std::string targets;
+      for (const std::string& t : o.finetune.lora.targets) targets += (targets.empty() ? "" : ",") + t;
+      throw Error(detail::concat(
+          "--model ", o.finetune.lora_adapter, ": its adapters are not the ones mmsp puts on every map named ", targets,
+          " of ", o.inputs.model,
+          " (an adapter on some layers only, or of other shapes, cannot be continued): ", e.what()));
+    }
   }
   in.memory = preflight_memory(config, in.layout, o, in.loss_chunk, shape);
   // hf/ of the checkpoints: as asked, else as the weights came, else the masters' dtype.

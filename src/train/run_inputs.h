@@ -11,6 +11,7 @@
 #include "eval_run.h"
 #include "mmsp/dist/mesh.h"
 #include "mmsp/hf/hf_directory.h"
+#include "mmsp/hf/peft_adapter.h"
 #include "mmsp/model/layers/parameter_init.h"
 #include "mmsp/model/vlm.h"
 #include "mmsp/train/builtin_models.h"
@@ -27,6 +28,8 @@ struct RunInputs {
   std::optional<at::ScalarType> save_dtype;  // hf/ of the checkpoints: as asked, else as the weights came
   int64_t loss_chunk = 0;                    // tokens per chunk of the LM head and loss (the default resolved)
   hf::CheckpointNaming naming;
+  // --model ADAPTER_DIR: the peft adapter the LoRA adapters start from, its tensors matched.
+  std::optional<hf::PeftAdapterFiles> adapter;
   ParameterLayout layout;  // every parameter's shape and unit, from the skeleton (each step's estimate reads them)
   MemoryEstimate memory;
   std::unique_ptr<Dataset> data;

@@ -10,6 +10,7 @@
 #include "mmsp/model/lora.h"
 #include "mmsp/model/model_parts.h"
 #include "mmsp/model/named_params.h"
+#include "mmsp/model/peft_naming.h"
 
 namespace mmsp::train {
 
@@ -94,6 +95,9 @@ Trainable build_trainable(const TrainOptions& o, const RunInputs& in, const dist
                                 std::move(frozen));
   if (in.resolved.weights && !in.checkpoint)  // a resume reads the checkpoint's weights instead
     t.update->load_weights(*in.resolved.weights, in.naming);
+  if (in.adapter && !in.checkpoint)  // --model ADAPTER_DIR: the adapters start as peft saved them
+    t.update->load_weights(in.adapter->weights, model::peft_adapter_naming(in.resolved.config),
+                           WeightUpdate::Loaded::adapters);
   return t;
 }
 

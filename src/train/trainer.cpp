@@ -78,6 +78,13 @@ void print_run_header(const TrainOptions& o, const RunInputs& in, const WeightUp
       << mesh.shape().str() << ", vision " << model::to_string(o.parallel.vision) << ", " << dtype_name(o.inputs.dtype)
       << (update.describe().empty() ? "" : ", " + update.describe()) << ", " << update.weights().size() << " tensors"
       << std::endl;
+  if (in.adapter && !in.checkpoint) {
+    log << "adapters from " << in.adapter->dir << " (peft LoRA, r " << in.adapter->rank << ", alpha "
+        << in.adapter->alpha << ", " << in.adapter->modules.size() << " modules)" << std::endl;
+    if (in.adapter->dropout > 0)
+      log << "note: the adapter was trained with lora_dropout " << in.adapter->dropout
+          << "; mmsp continues it without dropout (exact against one process)" << std::endl;
+  }
   log << in.memory.table() << std::endl;
 }
 

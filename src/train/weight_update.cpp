@@ -50,10 +50,11 @@ model::NamedParams with_frozen(model::NamedParams weights, const model::NamedPar
 }
 
 // What a model directory feeds: every weight but LoRA's adapters (drawn, never in a base model).
-model::NamedParams loaded_from_model(const model::NamedParams& weights, const model::NamedParams& frozen) {
+model::NamedParams loaded_from_model(const model::NamedParams& weights, const model::NamedParams& frozen,
+                                     WeightUpdate::Loaded which) {
   model::NamedParams out;
   for (const auto& named : with_frozen(weights, frozen))
-    if (!model::is_lora_parameter(named.first)) out.push_back(named);
+    if (model::is_lora_parameter(named.first) == (which == WeightUpdate::Loaded::adapters)) out.push_back(named);
   return out;
 }
 
@@ -80,8 +81,8 @@ class ReplicatedUpdate : public WeightUpdate {
     if (split_) expert_sync_.emplace(select(masters_.params(), true, true), parallelism.expert_data);
   }
 
-  void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) override {
-    hf::load_hf_weights(dir, loaded_from_model(masters_.params(), frozen_), naming);
+  void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming, Loaded which) override {
+    hf::load_hf_weights(dir, loaded_from_model(masters_.params(), frozen_, which), naming);
     masters_.copy_to_model();
   }
   void restore(const Checkpoint& checkpoint) override {
@@ -218,11 +219,11 @@ class ShardedUpdate : public WeightUpdate {
         world_(mesh.world_size()),
         frozen_(std::move(frozen)) {}
 
-  void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) override {
+  void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming, Loaded which) override {
     // Into the model, then its shards into the masters: exact when the file's dtype is
     // the model's (Qwen's bf16 releases into a bf16 run), else rounded to the model's.
     zero().gather_all();  // stage 3: memory to load into (the gathered values are overwritten)
-    hf::load_hf_weights(dir, loaded_from_model(zero().model_params(), frozen_), naming);
+    hf::load_hf_weights(dir, loaded_from_model(zero().model_params(), frozen_, which), naming);
     zero().copy_from_model();
     zero().release_gathered();
   }

@@ -2,7 +2,10 @@
 transformers saved, trained one step by `mmsp train --lora-rank 4`, its checkpoint's adapter/
 loaded by peft 0.21 onto that base with no missing or unexpected key; the peft model's loss on
 the step's batch equals the resumed mmsp run's loss of step 2 (the same batch, the trained
-adapters), and the merged hf/ gives transformers the peft model's logits (fp64)."""
+adapters), and the merged hf/ gives transformers the peft model's logits (fp64). Back the other
+way: the adapter peft saves is continued by `mmsp train --model ADAPTER_DIR`, whose first loss
+is the peft model's. The mixture-of-experts families adapt attention and the shared expert, as
+peft's target_modules does on transformers' fused experts."""
 import json
 import os
 import subprocess
@@ -18,19 +21,30 @@ LOSS_RTOL = {"qwen3_5": 5e-9}  # as test_reference.py: Gated DeltaNet in float32
 LOSS_RTOL_DEFAULT = 1e-12
 
 
-# The dense families. A mixture of experts' adapters do not load into peft: mmsp adapts each
-# expert's projections, which transformers fuses into one tensor per layer (docs/finetune-options.md).
-@pytest.fixture(scope="module", params=[f for f in F.FAMILIES if not f.endswith("_moe")])
+@pytest.fixture(scope="module", params=F.FAMILIES)
 def case(request, tmp_path_factory):
     return Case(request.param, str(tmp_path_factory.mktemp(request.param)))
 
 
-def _train(case, mmsp_bin, out, *extra):
-    cmd = [mmsp_bin, "train", "--model", case.model_dir, "--data", case.data, "--steps", "2", "--warmup", "1",
+def _run(case, mmsp_bin, model, out, *extra, ok=True):
+    cmd = [mmsp_bin, "train", "--model", model, "--data", case.data, "--steps", "2", "--warmup", "1",
            "--dtype", "float64", "--no-shuffle", "--tokens-per-rank", str(case.tokens), "--lr", "1e-2",
-           "--lora-rank", "4", "--lora-alpha", "8", "--out", out, "--quiet", *extra]
+           "--out", out, "--quiet", *extra]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"{' '.join(cmd)}\nexit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    if ok:
+        assert r.returncode == 0, f"{' '.join(cmd)}\nexit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    else:
+        assert r.returncode != 0, f"{' '.join(cmd)} was expected to fail\n{r.stdout}"
+    return r
+
+
+def _train(case, mmsp_bin, out, *extra):
+    _run(case, mmsp_bin, case.model_dir, out, "--lora-rank", "4", "--lora-alpha", "8", *extra)
+
+
+def _losses(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [row["loss"] for row in map(json.loads, f) if "loss" in row]
 
 
 def test_peft_loads_mmsps_adapter_and_computes_mmsps_loss(case, mmsp_bin):
@@ -41,8 +55,7 @@ def test_peft_loads_mmsps_adapter_and_computes_mmsps_loss(case, mmsp_bin):
     out = os.path.join(case.root, "lora")
     _train(case, mmsp_bin, out, "--stop-after", "1")
     _train(case, mmsp_bin, out, "--resume", out)  # step 2: the trained adapters on the same batch
-    with open(os.path.join(out, "metrics.jsonl")) as f:
-        mmsp_loss = [json.loads(line) for line in f][-1]["loss"]
+    mmsp_loss = _losses(out)[-1]
     adapter = os.path.join(out, "step-000001", "adapter")
     # The keys, as peft's own loading sees them: none unexpected, none of the adapters missing.
     base, info = _load_reference(case.model_dir)
@@ -68,3 +81,26 @@ def test_peft_loads_mmsps_adapter_and_computes_mmsps_loss(case, mmsp_bin):
         ids = torch.tensor([case.samples[0].input_ids[:8]])
         want, got = model(input_ids=ids).logits, merged(input_ids=ids).logits
     assert (got - want).abs().max().item() <= 1e-9 * want.abs().max().item()
+
+    # The adapter as peft saves it, continued by mmsp: the first step's loss is peft's. Its base
+    # named by a hub id (as a downloaded adapter's is) needs --base-model; a flag that
+    # contradicts the adapter is refused.
+    saved = os.path.join(case.root, "peft-saved")
+    model.save_pretrained(saved)
+    config_file = os.path.join(saved, "adapter_config.json")
+    with open(config_file) as f:
+        config = json.load(f)
+    config["base_model_name_or_path"] = "Qwen/not-here"
+    with open(config_file, "w") as f:
+        json.dump(config, f)
+    cont = os.path.join(case.root, "continued")
+    r = _run(case, mmsp_bin, saved, cont, "--stop-after", "1", ok=False)
+    assert "Qwen/not-here" in r.stderr and "--base-model" in r.stderr, r.stderr
+    r = _run(case, mmsp_bin, saved, cont, "--base-model", case.model_dir, "--lora-rank", "8", ok=False)
+    assert "--lora-rank 8 contradicts" in r.stderr and "r = 4" in r.stderr, r.stderr
+    _run(case, mmsp_bin, saved, cont, "--base-model", case.model_dir, "--stop-after", "1")
+    continued = _losses(cont)[0]
+    print(f"{case.name}: mmsp continuing peft's adapter, step 1 {continued!r}")
+    assert abs(continued - loss) <= max(rtol, 5e-9) * abs(loss)
+    with open(os.path.join(cont, "step-000001", "adapter", "adapter_config.json")) as f:
+        assert json.load(f)["base_model_name_or_path"] == case.model_dir

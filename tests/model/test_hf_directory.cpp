@@ -21,9 +21,11 @@
 #include "mmsp/core/check.h"
 #include "mmsp/core/json_read.h"
 #include "mmsp/hf/hf_directory.h"
+#include "mmsp/hf/peft_adapter.h"
 #include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/config/config.h"
 #include "mmsp/model/family.h"
+#include "mmsp/model/peft_naming.h"
 #include "mmsp/model/vlm.h"
 #include "scratch_dir.h"
 
@@ -682,5 +684,86 @@ TEST(JsonRead, DepthDuplicatesUtf8AndIntegers) {
   EXPECT_THAT(error_of([&] { json_int(j, "s", "x.json", 0, 10); }), HasSubstr("must be an integer, got a string"));
   EXPECT_THAT(error_of([&] { json_int(j, "z", "x.json", 0, 10); }), HasSubstr("x.json: \"z\" is missing"));
 }
+
+// ---- a peft adapter directory read back (`mmsp train --model ADAPTER_DIR`) ----
+
+// An adapter as save_peft_adapter writes it: two decoder maps and a vision one, rank 2.
+std::string write_adapter() {
+  hf::PeftAdapter a;
+  a.rank = 2;
+  a.alpha = 4;
+  a.base_model = "/models/base";
+  for (const char* m : {"model.language_model.layers.0.self_attn.q_proj", "model.language_model.layers.1.mlp.up_proj",
+                        "model.visual.blocks.0.attn.qkv"})
+    a.modules.emplace_back(m, at::randn({2, 8}, at::kDouble), at::randn({6, 2}, at::kDouble));
+  a.target_modules = "x";
+  const std::string dir = temp_dir() + "/adapter";
+  hf::save_peft_adapter(dir, a);
+  return dir;
+}
+
+TEST(PeftAdapter, ReadsWhatSaveWritesAndGivesItsTargets) {
+  const std::string dir = write_adapter();
+  EXPECT_TRUE(hf::is_peft_adapter_directory(dir));
+  const hf::PeftAdapterFiles got = hf::open_peft_adapter(dir);
+  EXPECT_EQ(got.rank, 2);
+  EXPECT_EQ(got.alpha, 4);
+  EXPECT_EQ(got.base_model, "/models/base");
+  EXPECT_EQ(got.modules,
+            (std::vector<std::string>{"model.language_model.layers.0.self_attn.q_proj",
+                                      "model.language_model.layers.1.mlp.up_proj", "model.visual.blocks.0.attn.qkv"}));
+  EXPECT_EQ(got.weights.tensors.size(), 6u);
+  EXPECT_EQ(lora_targets_of(got.modules), (std::vector<std::string>{"q_proj", "up_proj", "vision.qkv"}));
+  write_text(dir + "/config.json", "{}");  // a model directory, not an adapter
+  EXPECT_FALSE(hf::is_peft_adapter_directory(dir));
+}
+
+TEST(PeftAdapter, RefusesWhatChangesTheComputationNamingTheField) {
+  const std::string dir = write_adapter();
+  const std::string file = dir + "/" + hf::kPeftConfigFile;
+  const nlohmann::json good = nlohmann::json::parse(slurp(file));
+  auto error_with = [&](const char* field, const nlohmann::json& value) {
+    nlohmann::json c = good;
+    c[field] = value;
+    write_text(file, c.dump());
+    return error_of([&] { hf::open_peft_adapter(dir); });
+  };
+  EXPECT_THAT(error_with("use_dora", true), HasSubstr("use_dora is true: DoRA is not supported"));
+  EXPECT_THAT(error_with("use_rslora", true), HasSubstr("use_rslora is true"));
+  EXPECT_THAT(error_with("rank_pattern", {{"q_proj", 8}}), HasSubstr("rank_pattern is {\"q_proj\":8}"));
+  EXPECT_THAT(error_with("modules_to_save", {"lm_head"}), HasSubstr("modules_to_save"));
+  EXPECT_THAT(error_with("target_parameters", {"mlp.experts.gate_up_proj"}), HasSubstr("target_parameters"));
+  EXPECT_THAT(error_with("bias", "all"), HasSubstr("bias is \"all\""));
+  EXPECT_THAT(error_with("r", 0), HasSubstr("r is 0; it must be an integer in [1, 2^20]"));
+  EXPECT_THAT(error_with("r", 3), HasSubstr("are not of rank r = 3"));
+  EXPECT_THAT(error_with("lora_alpha", "8"), HasSubstr("lora_alpha is \"8\"; it must be a number"));
+  EXPECT_THAT(error_with("peft_type", "IA3"), HasSubstr("peft_type is \"IA3\""));
+  EXPECT_THAT(error_with("peft_type", 3), HasSubstr("peft_type is 3; it must be a string"));
+  EXPECT_EQ(error_with("lora_dropout", 0.05), "(no error)");  // said and not applied
+  EXPECT_EQ(error_with("use_dora", false), "(no error)");
+  // A key that is not lora_A / lora_B of a module, and a module with one side only.
+  write_text(file, good.dump());
+  const std::string weights = dir + "/" + hf::kPeftWeightsFile;
+  hf::save_safetensors(weights, {{"base_model.model.m.lora_A.weight", at::zeros({2, 4})},
+                                 {"base_model.model.lm_head.modules_to_save.weight", at::zeros({4, 4})}});
+  EXPECT_THAT(error_of([&] { hf::open_peft_adapter(dir); }),
+              HasSubstr("\"base_model.model.lm_head.modules_to_save.weight\" is not a LoRA weight"));
+  hf::save_safetensors(weights, {{"base_model.model.m.lora_A.weight", at::zeros({2, 4})}});
+  EXPECT_THAT(error_of([&] { hf::open_peft_adapter(dir); }), HasSubstr("m has lora_A but no lora_B"));
+}
+
+TEST(PeftAdapter, ConfigMutantsEndInAResultOrAnError) {
+  const std::string dir = write_adapter();
+  const std::string file = dir + "/" + hf::kPeftConfigFile;
+  const std::string text = slurp(file);
+  const test::MutantReport r = test::check_mutants(text, 71, 300, [&](const std::string& mutant) {
+    write_text(file, mutant);
+    hf::open_peft_adapter(dir);
+  });
+  std::printf("adapter_config.json: %d mutants, %d accepted, %d refused, %.2f s\n", r.mutants, r.accepted, r.refused,
+              r.seconds);
+  EXPECT_TRUE(r.failures.empty()) << r.failures.size() << " failures, first: " << r.failures.front();
+}
+
 }  // namespace
 }  // namespace mmsp::model

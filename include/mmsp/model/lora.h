@@ -3,6 +3,8 @@
 // training stays exact). A target names the maps by their last module name, as peft's
 // target_modules list does: "q_proj" adapts every decoder layer's q_proj. The decoder's
 // maps by default; a target "vision.NAME" adapts the vision tower's (its merger included).
+// A mixture of experts' routed experts are never adapted (peft does not adapt transformers'
+// fused experts through target_modules either); their shared expert is.
 #pragma once
 
 #include <cstdint>

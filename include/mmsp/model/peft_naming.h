@@ -7,6 +7,9 @@
 #pragma once
 
 #include <string>
+#include <vector>
+
+#include "mmsp/hf/hf_directory.h"
 
 #include "mmsp/model/config/config.h"
 
@@ -15,5 +18,13 @@ namespace mmsp::model {
 // "model.layers.0.self_attn.q_proj.lora_A.weight" of a qwen2_vl model ->
 // "model.language_model.layers.0.self_attn.q_proj.lora_A.weight".
 std::string transformers_name(const ModelConfig& config, const std::string& mmsp_name);
+
+// Reading a peft adapter file (`--model ADAPTER_DIR`): its keys "base_model.model." + the
+// transformers name, read as mmsp's names (the inverse of transformers_name).
+hf::CheckpointNaming peft_adapter_naming(const ModelConfig& config);
+
+// The --lora-targets that adapt the modules of these transformers names: each module's last
+// name, "vision." + it for the vision tower's and the projector's (as add_lora names them).
+std::vector<std::string> lora_targets_of(const std::vector<std::string>& transformers_modules);
 
 }  // namespace mmsp::model

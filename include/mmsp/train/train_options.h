@@ -197,6 +197,10 @@ struct FinetuneOptions {
   // (model/lora.h), drawn from the seed, and every other weight frozen. Each checkpoint
   // then holds adapter/ (peft's directory) and hf/ the merged model.
   model::LoraOptions lora;
+  // --model ADAPTER_DIR (train/adapter_start.h): a peft LoRA adapter directory whose
+  // lora_A and lora_B the adapters start from (their rank, alpha and targets are its own;
+  // inputs.model is then its base). Empty: adapters drawn from the seed.
+  std::string lora_adapter;
 };
 
 // A held-out set's loss, on the mesh, without gradients (docs/finetune.md#evaluation).

@@ -32,9 +32,12 @@ namespace mmsp::train {
 class WeightUpdate {
  public:
   virtual ~WeightUpdate() = default;
-  // Before the first step: the weights of a model directory, exactly as stored where
-  // the training weights' dtype allows.
-  virtual void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming) = 0;
+  // Before the first step: the weights of a model directory (every weight but LoRA's
+  // adapters), or (`adapters`) a peft adapter file's lora_A and lora_B, exactly as stored
+  // where the training weights' dtype allows.
+  enum class Loaded { base, adapters };
+  virtual void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming,
+                            Loaded which = Loaded::base) = 0;
   // The weights, optimizer state and RNG of a checkpoint (any world size, either layout).
   virtual void restore(const Checkpoint& checkpoint) = 0;
   virtual void set_lr(double lr) = 0;
