@@ -8,13 +8,32 @@
 namespace mmsp::parallel {
 namespace {
 
-// What ZeRO shards: the parameters that train. A frozen one (requires_grad false:
-// --freeze) has no gradient to reduce and no master or optimizer state; it stays whole
-// on every rank and its unit's hooks find no bucket of it.
+// What ZeRO shards with masters and optimizer state: the parameters that train. A frozen
+// one (requires_grad false: --freeze, LoRA's base) has no gradient to reduce and no master
+// or optimizer state.
 model::NamedParams trainable_parameters(const model::Vlm& vlm) {
   model::NamedParams out;
   for (auto& [name, p] : model::named_parameters(vlm))
     if (p.requires_grad()) out.emplace_back(name, p);
+  return out;
+}
+
+// Under --shard parameters the frozen parameters of the layers and vision blocks are
+// sharded too (in the model's dtype, gathered with their unit); those outside the units and
+// a frozen head or embedding (units read by rows) stay whole. Their units in `unit_of`.
+model::NamedParams sharded_frozen_parameters(const model::Vlm& vlm, const std::vector<model::HookUnit>& units,
+                                             std::vector<int>& unit_of) {
+  model::NamedParams frozen, out;
+  for (auto& [name, p] : model::named_parameters(vlm))
+    if (!p.requires_grad()) frozen.emplace_back(name, p);
+  const std::vector<int> all = unit_index_of(frozen, units);
+  const std::vector<ShardUnitUse> uses = shard_unit_uses(units);
+  unit_of.clear();
+  for (size_t i = 0; i < frozen.size(); ++i) {
+    if (all[i] < 0 || uses.at(all[i]).by_rows) continue;
+    out.push_back(frozen[i]);
+    unit_of.push_back(all[i]);
+  }
   return out;
 }
 
@@ -42,8 +61,12 @@ ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options)
     MMSP_CHECK(!params.empty(), "parallelize: --shard ", to_string(options.shard),
                " over a model with nothing to train");
     const std::vector<model::HookUnit> units = vlm.hook_units();
+    std::vector<int> frozen_unit_of;
+    model::NamedParams frozen;
+    if (options.shard == ShardLevel::parameters) frozen = sharded_frozen_parameters(vlm, units, frozen_unit_of);
     out.zero = std::make_shared<ShardedModel>(params, options.master_dtype, options.data, options.bucket_bytes,
-                                              options.shard, unit_index_of(params, units), shard_unit_uses(units));
+                                              options.shard, unit_index_of(params, units), shard_unit_uses(units),
+                                              std::move(frozen), frozen_unit_of);
   }
   vlm.set_layer_hooks(make_zero_hooks(out.zero, options.overlap_communication));
   return out;

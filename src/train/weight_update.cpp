@@ -228,7 +228,16 @@ class ShardedUpdate : public WeightUpdate {
     zero().release_gathered();
   }
   void gather_weights() override { zero().gather_all(); }
-  void restore(const Checkpoint& checkpoint) override { train::restore(checkpoint, sharded_, frozen_); }
+  void restore(const Checkpoint& checkpoint) override {
+    // Stage 3 shards the layers' frozen weights: whole while the checkpoint's are read into
+    // them, then their shards refilled (the masters come from the checkpoint itself).
+    const bool frozen_sharded = !zero().sharded_frozen().empty();
+    if (frozen_sharded) zero().gather_all();
+    train::restore(checkpoint, sharded_, frozen_);
+    if (!frozen_sharded) return;
+    zero().copy_frozen_from_model();
+    zero().release_gathered();
+  }
   void set_lr(double lr) override { sharded_.set_lr(lr); }
   void begin_step() override { zero().gather_step_weights(); }
   void zero_grad() override { sharded_.zero_grad(); }
@@ -299,8 +308,10 @@ class ShardedUpdate : public WeightUpdate {
     const char* what = zero().level() == parallel::ShardLevel::parameters  ? "optimizer state, gradients and weights"
                        : zero().level() == parallel::ShardLevel::gradients ? "optimizer state and gradients"
                                                                            : "optimizer state";
+    const size_t sharded_frozen = zero().sharded_frozen().size();
     return std::string(mixed_ ? "fp32 master weights; " : "") + what + " sharded over " + std::to_string(world_) +
-           " ranks" + frozen_note(frozen_, true);
+           " ranks" + frozen_note(frozen_, true) +
+           (sharded_frozen > 0 ? " (" + std::to_string(sharded_frozen) + " of them sharded)" : "");
   }
 
  private:
@@ -308,7 +319,7 @@ class ShardedUpdate : public WeightUpdate {
   ShardedAdamW sharded_;
   bool mixed_;
   int world_;
-  model::NamedParams frozen_;  // whole on every rank, outside the shards
+  model::NamedParams frozen_;  // every frozen tensor (stage 3 shards the layers' ones: zero().sharded_frozen())
 };
 
 }  // namespace

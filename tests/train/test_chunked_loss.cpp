@@ -83,6 +83,22 @@ TEST(ChunkedLoss, Bf16ComputesInFp32AndReturnsBf16Gradients) {
   }
 }
 
+// A frozen head (LoRA, --freeze llm): the hidden state's gradient is the trained head's,
+// and the head gets none (no [V, h] gradient is made).
+TEST(ChunkedLoss, AFrozenHeadGetsNoGradientAndTheSameHiddenGradient) {
+  at::manual_seed(5);
+  const at::Tensor weight = at::randn({V, H}, at::kDouble);
+  const at::Tensor labels = at::randint(V, {T}, at::kLong);
+  const at::Tensor frozen_in = at::randn({T, H}, at::kDouble).requires_grad_();
+  const at::Tensor trained_in = frozen_in.detach().clone().requires_grad_();
+  const at::Tensor trained = weight.clone().requires_grad_();
+  chunked_lm_loss(frozen_in, weight, labels, T, 7).backward();
+  chunked_lm_loss(trained_in, trained, labels, T, 7).backward();
+  EXPECT_FALSE(weight.grad().defined());
+  EXPECT_TRUE(trained.grad().defined());
+  EXPECT_TRUE(at::equal(frozen_in.grad(), trained_in.grad()));
+}
+
 TEST(ChunkedLoss, DefaultChunkHoldsAtMost256MiBOfFp32Logits) {
   EXPECT_EQ(default_loss_chunk(151936), 441);  // floor(2^28 / (4 · 151936))
   EXPECT_LE(default_loss_chunk(248320) * 248320 * 4, int64_t{256} << 20);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <string>
 
 #include "mmsp/core/check.h"
@@ -16,6 +17,7 @@
 #include "mmsp/model/family.h"
 #include "mmsp/model/layers/parameter_init.h"
 #include "mmsp/model/layers/tiled_mlp.h"
+#include "mmsp/model/lora.h"
 #include "mmsp/model/vlm.h"
 #include "mmsp/parallel/grad_sync.h"
 #include "mmsp/train/loss/chunked_loss.h"
@@ -334,6 +336,55 @@ TEST(MemoryEstimate, EveryTowersBlocksAreUnitsOfTheModelAndTheEstimate) {
 
 // A step whose padding gives a rank more slots than --tokens-per-rank (zigzag pads each
 // sequence to whole ring chunks) is priced for its slots; fewer change nothing.
+// LoRA (rank 4 on the decoder's seven maps): only the adapters have gradients, masters and
+// moments; the frozen head makes no gradient. Under --shard parameters the layers' frozen
+// weights are sharded too (a quarter each on 4 ranks), the rest of the frozen ones whole;
+// a unit is gathered whole (its frozen weights and adapters), the head read whole (no rounds).
+TEST(MemoryEstimate, FrozenWeightsHaveNoGradientsAndShardWithTheirLayers) {
+  const model::ModelConfig config =
+      model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen2-vl.json");
+  ParameterLayout layout;
+  {
+    model::ParameterInitScope meta(model::ParameterInit::meta);
+    const std::shared_ptr<model::Vlm> m = model::build_vlm(config);
+    model::LoraOptions lora;
+    lora.rank = 4;
+    model::add_lora(*m, lora);
+    layout = parameter_layout(*m);
+  }
+  int64_t adapters = 0, frozen = 0, frozen_in_layers = 0, largest_layer = 0;
+  std::map<int, int64_t> per_unit;  // every parameter of the layers and blocks (units read whole)
+  for (size_t i = 0; i < layout.shapes.size(); ++i) {
+    const bool trains = model::is_lora_parameter(layout.shapes[i].first);
+    layout.frozen.push_back(!trains);
+    const int64_t n = count({layout.shapes[i]});
+    (trains ? adapters : frozen) += n;
+    const int unit = layout.unit_of[i];
+    if (unit < 0 || layout.uses[unit].by_rows) continue;
+    if (!trains) frozen_in_layers += n;
+    largest_layer = std::max(largest_layer, per_unit[unit] += n);
+  }
+  ASSERT_GT(adapters, 0);
+  ASSERT_GT(frozen_in_layers, 0);
+  MemoryEstimateInputs in;
+  in.tokens_per_rank = 64;
+  const MemoryEstimate replicated = estimate_memory(config, layout, in);
+  EXPECT_EQ(replicated.gradients, 4 * adapters);
+  EXPECT_EQ(replicated.optimizer, 8 * adapters);
+  EXPECT_EQ(replicated.head_gradient, 0) << "the frozen head has no gradient";
+  EXPECT_EQ(replicated.backward_gradients, 4 * adapters + 4 * 64 * config.text.hidden_size);
+  in.shard_level = parallel::ShardLevel::parameters;
+  in.shard_world = 4;
+  const MemoryEstimate zero3 = estimate_memory(config, layout, in);
+  EXPECT_EQ(zero3.parameters, 4 * (frozen - frozen_in_layers + (frozen_in_layers + 3) / 4))
+      << "the layers' frozen weights a quarter each, the others whole (the adapters are all in layers)";
+  EXPECT_EQ(zero3.head_gradient, 0);
+  EXPECT_EQ(zero3.head_reduction, 0);
+  EXPECT_EQ(zero3.gathered_loss, 2 * 4 * largest_layer) << "the head read whole: no rounds of its rows";
+  EXPECT_LE(zero3.gathered_backward, 3 * 4 * largest_layer) << "a layer and the next one";
+  EXPECT_GE(zero3.gathered_backward, 4 * largest_layer);
+}
+
 TEST(MemoryEstimate, PaddedSlotsArePricedAsTokens) {
   const model::ModelConfig config =
       model::load_model_config(std::string(MMSP_SOURCE_DIR) + "/configs/tiny-qwen3-vl.json");

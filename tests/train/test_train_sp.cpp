@@ -1275,9 +1275,9 @@ TEST(Finetune, EvaluationEqualsOneProcess) {
 // Qwen2-VL-architecture model: every base weight stays as drawn, the adapters train, and the
 // run equals one process's on the widest context mesh unsharded, under ZeRO-3 with recomputed
 // layers and tiled MLPs (the MLP's maps read as W + scale · B A), and on a data-parallel mesh
-// (fp64, 1e-9). Then, on the widest mesh under ZeRO-2, a run stopped and resumed equals an
-// uninterrupted one bit for bit, and its checkpoint holds peft's adapter (transformers'
-// names, rank, alpha) and a merged hf/ (W + scale · B A of master/'s exact tensors).
+// (fp64, 1e-9). Then, on the widest mesh under ZeRO-3 (the base sharded too), a run stopped
+// and resumed equals an uninterrupted one bit for bit, and its checkpoint holds peft's adapter
+// (transformers' names, rank, alpha) and a merged hf/ (W + scale · B A of master/'s exact tensors).
 TEST(Finetune, LoraTrainsAsOneProcessAndWritesPeftAdapters) {
   const int world = test::rank_env().world_size;
   const bool checker = test::rank_env().rank == 0;
@@ -1320,8 +1320,10 @@ TEST(Finetune, LoraTrainsAsOneProcessAndWritesPeftAdapters) {
       if (checker) expect_same_run(got, ref, 1e-9, std::string("--lora-rank 4 --shard ") + level + " " + shape.str());
     }
   }
+  // Resumed under ZeRO-3, whose frozen base weights are sharded too: the checkpoint writes
+  // them whole and the resume refills their shards.
   train::TrainOptions o = lora(tiny_options(per_rank));
-  o.parallel.shard = parallel::parse_shard_level("gradients");
+  o.parallel.shard = parallel::parse_shard_level("parameters");
   const dist::Mesh mesh =
       test::make_mesh(context_shape(world).ulysses == 3 ? plan::Mesh{1, world, 1} : context_shape(world));
   expect_stop_and_resume_exact(o, mesh, "lora", [&](const std::string& dir) {

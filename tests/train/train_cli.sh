@@ -231,9 +231,19 @@ $run $mmsp bench memory --model "$src/configs/tiny-qwen2-vl.json" --tokens-per-r
 $run $mmsp bench memory --model "$src/configs/tiny-qwen3-vl.json" --tokens-per-rank 32 --steps 1 --shard parameters \
   --layers 1 --vision-layers 1 --out "$work/bench-depth.json" > "$work/bench-depth.log" 2>&1 ||
   fail "bench memory --layers 1 --vision-layers 1: $(tail -5 "$work/bench-depth.log")"
-python3 - "$work/bench-memory.json" "$work/bench-vocab.json" "$work/bench-depth.json" <<'PY' || fail "bench memory scaled rows"
+# LoRA under --shard parameters: the base's layers sharded in the model's dtype, the rest of
+# the frozen weights whole, the adapters' masters and moments sharded: what a rank holds after
+# the step is the preflight's training state within 1 %; the frozen head makes no gradient
+# (its [V, h] once put the backward's measured peak 1.37x above the preflight's).
+$run $mmsp bench memory --model "$src/configs/tiny-qwen2-vl.json" --tokens-per-rank 32 --steps 1 --shard parameters \
+  --lora-rank 4 --vocab 256 --out "$work/bench-lora.json" > "$work/bench-lora.log" 2>&1 ||
+  fail "bench memory --lora-rank 4: $(tail -5 "$work/bench-lora.log")"
+python3 - "$work/bench-memory.json" "$work/bench-vocab.json" "$work/bench-depth.json" "$work/bench-lora.json" <<'PY' || fail "bench memory scaled rows"
 import json, sys
-whole, vocab, depth = (json.load(open(f))["rows"] for f in sys.argv[1:])
+whole, vocab, depth, lora = (json.load(open(f))["rows"] for f in sys.argv[1:])
+for r in lora:
+    state = r["estimate"]["training_state"]
+    assert all(abs(s - state) <= 0.01 * state for s in r["measured"]["state_bytes_per_rank"]), r
 assert vocab[0]["vocab"] == 256, vocab[0]
 for r in vocab:
     assert r["estimate"]["training_state"] == 16 * r["parameters"], r
@@ -244,7 +254,7 @@ assert (depth[0]["layers"], depth[0]["vision_layers"]) == (1, 1) and depth[0]["m
 # the preflight (what is held and the largest of the step's moments) is not below the
 # measured peak by more than 10 % (on these tiny models it is 1.14-1.44x the measured
 # peak), nor are its forward's and backward's moments below those phases' peaks.
-for r in whole + vocab + depth:
+for r in whole + vocab + depth + lora:
     m, e = r["measured"], r["estimate"]
     phases = [m["forward_peak_bytes"], m["backward_peak_bytes"], m["update_peak_bytes"]]
     assert min(phases) > 0 and m["step_peak_bytes"] == max(phases), r

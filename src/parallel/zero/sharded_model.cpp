@@ -14,15 +14,40 @@
 
 namespace mmsp::parallel {
 
+namespace {
+
+model::NamedParams concat(model::NamedParams a, const model::NamedParams& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Bucket b's elements [r·S, (r+1)·S) of its parameters' flattened values (zeros past its end).
+void copy_shard_from(const model::NamedParams& params, const GradBucket& bucket, int64_t begin, at::Tensor shard) {
+  int64_t offset = 0;
+  const int64_t end = begin + shard.numel();
+  for (size_t i : bucket.params) {
+    const at::Tensor& p = params[i].second;
+    const int64_t first = std::max(begin, offset), last = std::min(end, offset + p.numel());
+    if (first < last)
+      shard.narrow(0, first - begin, last - first)
+          .copy_(p.detach().reshape({-1}).narrow(0, first - offset, last - first));
+    offset += p.numel();
+  }
+}
+
+}  // namespace
+
 ShardedModel::ShardedModel(model::NamedParams model_params, at::ScalarType master_dtype, dist::GroupPtr world,
                            int64_t bucket_bytes, ShardLevel level, std::vector<int> unit_of,
-                           std::vector<ShardUnitUse> uses)
+                           std::vector<ShardUnitUse> uses, model::NamedParams frozen,
+                           const std::vector<int>& frozen_unit_of)
     : model_(std::move(model_params)),
+      frozen_(level == ShardLevel::parameters ? std::move(frozen) : model::NamedParams{}),
       world_(std::move(world)),
       master_dtype_(master_dtype),
       uses_(std::move(uses)),
       level_(level),
-      weights_(model_, world_, level == ShardLevel::parameters, 2 * bucket_bytes) {
+      weights_(concat(model_, frozen_), world_, level == ShardLevel::parameters, 2 * bucket_bytes) {
   MMSP_CHECK(world_, "ShardedModel: the world group is null");
   MMSP_CHECK(level_ != ShardLevel::none, "ShardedModel: shard level none is the replicated update");
   model::check_named_params(model_, "ShardedModel");
@@ -75,6 +100,35 @@ ShardedModel::ShardedModel(model::NamedParams model_params, at::ScalarType maste
     }
     shards_.push_back(std::move(s));
   }
+  if (frozen_.empty()) return;
+  MMSP_CHECK(frozen_unit_of.size() == frozen_.size(), "ShardedModel: ", frozen_unit_of.size(), " unit indices for ",
+             frozen_.size(), " frozen parameters");
+  for (size_t i = 0; i < frozen_.size(); ++i)
+    MMSP_CHECK(frozen_unit_of[i] >= 0 && !use_of(frozen_unit_of[i]).by_rows, "ShardedModel: frozen \"",
+               frozen_[i].first, "\" is not in a unit read whole");
+  model::check_named_params(concat(model_, frozen_), "ShardedModel");
+  for (GradBucket bucket : make_grad_buckets(frozen_, bucket_bytes, frozen_unit_of)) {
+    FrozenShard f;
+    f.shard = (bucket.numel + P - 1) / P;
+    f.values = at::zeros({f.shard}, at::TensorOptions().dtype(bucket.dtype).device(bucket.device));
+    copy_shard_from(frozen_, bucket, r * f.shard, f.values);
+    f.bucket = bucket;
+    for (size_t& i : bucket.params) i += model_.size();  // weights_ holds the trained ones first
+    weights_.add_bucket(bucket, f.shard, f.values, use_of(bucket.unit).prefetched);
+    frozen_shards_.push_back(std::move(f));
+  }
+}
+
+void ShardedModel::copy_frozen_from_model() {
+  at::NoGradGuard no_grad;
+  const int64_t r = world_->rank();
+  for (FrozenShard& f : frozen_shards_) copy_shard_from(frozen_, f.bucket, r * f.shard, f.values);
+}
+
+int64_t ShardedModel::frozen_shard_bytes() const {
+  int64_t bytes = 0;
+  for (const FrozenShard& f : frozen_shards_) bytes += f.values.numel() * static_cast<int64_t>(f.values.element_size());
+  return bytes;
 }
 
 void ShardedModel::copy_from_model() {
@@ -82,6 +136,7 @@ void ShardedModel::copy_from_model() {
   for (const ShardPiece& piece : pieces_)
     master_piece(piece).copy_(
         model_[piece.param].second.detach().reshape({-1}).narrow(0, piece.param_offset, piece.length));
+  copy_frozen_from_model();
 }
 
 void ShardedModel::zero_grad() {
@@ -275,6 +330,10 @@ std::vector<at::Tensor> ShardedModel::reduce_gradients() {
 
 void ShardedModel::refresh(size_t b) { weights_.refresh(b); }
 
+void ShardedModel::release_frozen() {
+  for (size_t f = 0; f < frozen_shards_.size(); ++f) weights_.refresh(shards_.size() + f);
+}
+
 int64_t ShardedModel::master_bytes() const {
   int64_t bytes = 0;
   for (const Shard& s : shards_) bytes += s.master.numel() * static_cast<int64_t>(s.master.element_size());
@@ -300,6 +359,11 @@ int64_t ShardedModel::step_bytes() const {
                                                                                  : 1;
     bytes += gathers * gather;
   }
+  // Stage 3's frozen shards: gathered with their unit, never reduced (a frozen tower has no
+  // backward, so its blocks' second gather is an upper bound).
+  for (const FrozenShard& f : frozen_shards_)
+    bytes += use_of(f.bucket.unit).gathers *
+             dist::shard_collective_bytes(f.shard * P * static_cast<int64_t>(c10::elementSize(f.bucket.dtype)), P);
   return bytes;
 }
 

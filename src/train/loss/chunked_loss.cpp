@@ -108,14 +108,16 @@ struct ChunkedLmLoss : torch::autograd::Function<ChunkedLmLoss> {
     const at::Tensor target = labels.clamp_min(0).unsqueeze(1);                  // [T, 1]
     const at::Tensor lse_t = lse.unsqueeze(1);
     at::Tensor grad_hidden = at::zeros(hidden.sizes(), hidden.options().dtype(wide));
-    at::Tensor grad_weight = at::empty_like(weight);
+    // A frozen head (LoRA, --freeze) gets no gradient: neither its [V, h] nor the matmuls.
+    const bool weight_trains = ctx->needs_input_grad(1);
+    at::Tensor grad_weight = weight_trains ? at::empty_like(weight) : at::Tensor();
     for (int64_t first = 0; first < V; first += rows) {
       const int64_t n = std::min(rows, V - first);
       const at::Tensor w = weight.narrow(0, first, n);
       const at::Tensor dd = block_gradient(at::linear(hidden, w).to(wide), lse_t, (target - first).clamp(0, n - 1),
                                            (target >= first) & (target < first + n), valid, hidden.scalar_type());
       grad_hidden.add_(at::matmul(dd, w));
-      grad_weight.narrow(0, first, n).copy_(at::matmul(dd.t(), hidden));
+      if (weight_trains) grad_weight.narrow(0, first, n).copy_(at::matmul(dd.t(), hidden));
     }
     return {grad_hidden.to(hidden.scalar_type()), grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -162,8 +162,9 @@ struct ParameterCensus {
 // Counted from the units parallelize installs (the layout's, parallel::ShardUnitUse):
 // a [V, h] table read by rows is the head when it has a dense gradient (tied when the
 // lookup reads it too), else the untied embedding; every other unit is a layer or a
-// vision block.
-ParameterCensus census_of(const ParameterLayout& layout, int64_t decoder_layers) {
+// vision block. `trained_only`: the parameters that train alone (--freeze, LoRA), which
+// are what has gradients and, under ZeRO, shards to gather: a frozen one is neither.
+ParameterCensus census_of(const ParameterLayout& layout, int64_t decoder_layers, bool trained_only = false) {
   MMSP_CHECK(layout.unit_of.size() == layout.shapes.size(), "estimate_memory: ", layout.unit_of.size(),
              " unit indices for ", layout.shapes.size(), " parameters");
   ParameterCensus c;
@@ -173,6 +174,7 @@ ParameterCensus census_of(const ParameterLayout& layout, int64_t decoder_layers)
   for (size_t i = 0; i < layout.shapes.size(); ++i) {
     const int64_t n = elements_of(layout.shapes[i].second);
     const int unit = layout.unit_of[i];
+    if (trained_only && !layout.frozen.empty() && layout.frozen[i]) continue;
     if (!layout.frozen.empty() && layout.frozen[i]) {
       c.frozen += n;
       if (unit < 0) c.frozen_kept += n;
@@ -226,8 +228,9 @@ struct Widths {
 };
 
 // Replicated training state (no --shard): masters (mixed only), moments, gradients, the update.
-void add_replicated_state(MemoryEstimate& e, const ParameterCensus& c, const Widths& w) {
-  const int64_t P = c.trained(), b = w.b, m = w.m, largest = c.largest;
+// `g`: the census of the trained parameters (all of them without --freeze or LoRA).
+void add_replicated_state(MemoryEstimate& e, const ParameterCensus& g, const Widths& w) {
+  const int64_t P = g.total, b = w.b, m = w.m, largest = g.largest;
   e.master_weights = w.mixed ? P * m : 0;
   e.optimizer = 2 * P * m;
   // The model's gradients through the backward (the masters' are released between
@@ -235,7 +238,7 @@ void add_replicated_state(MemoryEstimate& e, const ParameterCensus& c, const Wid
   // unmixed, the model's own), and at most: the largest parameter's bucket in the
   // all-reduce, its gradient in the model's dtype until handed over, or torch's
   // AdamW's two temporaries of it (the square root and the denominator).
-  e.gradients = P * b + (c.tied ? 2 * c.head * b : 0);
+  e.gradients = P * b + (g.tied ? 2 * g.head * b : 0);
   e.update_gradients = P * m;
   e.update_working_set = std::max(
       {std::min(P * m, parallel::kDefaultBucketBytes), largest * m, w.mixed ? largest * b : 0, 2 * largest * m});
@@ -253,10 +256,16 @@ int64_t rounds_of(int64_t elements, int64_t largest_one, const Widths& w) {
 
 // Sharded training state (--shard optimizer | gradients | parameters). Returns, under
 // --shard parameters, the logits of one round of the head's rows (else 0).
+// `c` counts every parameter, `g` the trained ones.
 int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, const ParameterCensus& c,
-                          const Widths& w, const MemoryEstimateInputs& in) {
-  // A frozen parameter is not sharded: whole on every rank, without gradient or state.
-  const int64_t P = c.trained(), b = w.b, m = w.m, largest = c.largest, kept = c.kept() - c.frozen_kept;
+                          const ParameterCensus& g, const Widths& w, const MemoryEstimateInputs& in) {
+  // A frozen parameter has no gradient, master or state; only the trained ones have
+  // shards of those, reductions and gradients (`g`). Stage 3 shards the frozen weights of
+  // the layers and blocks as well (below).
+  const int64_t P = g.total, b = w.b, m = w.m, largest = g.largest, kept = g.kept();
+  // The token lookup's gradient rows, and under stage 3 the rows asked of their owners,
+  // come only with a trained (so sharded) embedding.
+  const int64_t lookup_rows = (g.tied ? g.head : g.embedding) > 0 ? w.lookup_rows : 0;
   // sharded_adamw.h: a W-th of masters and moments (+ < W elements of padding per
   // 25 MiB bucket, ignored), and of the reduced gradients from their reduction to
   // the update, reduced in rounds (rounds_of).
@@ -270,7 +279,7 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
     // embedding's lookup gradient); after it every bucket is reduced: the
     // model's gradients go as their shards come (N·max(b, m/W)), a bucket's shard
     // made before its gradients go (the largest parameter's: N_max/W).
-    e.gradients = P * b + (c.tied ? 2 * c.head * b : 0);
+    e.gradients = P * b + (g.tied ? 2 * g.head * b : 0);
     e.update_gradients = std::max(P * b, shard * m);
     e.update_working_set = (largest + W - 1) / W * m + rounds + slices;
     return 0;
@@ -287,13 +296,12 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
   // are only released, and the rounds are the kept ones'.
   // The head's hook reduces its gradient after the loss's backward, its logits gone:
   // its shard and a round, beside the whole gradient (a moment of its own).
-  e.gradients =
-      (kept + c.largest_block + w.lookup_rows) * b + shard * m + rounds_of(c.largest_block, c.largest_block, w);
-  e.head_reduction = (c.head + W - 1) / W * m + rounds_of(c.head, c.head, w);
+  e.gradients = (kept + g.largest_block + lookup_rows) * b + shard * m + rounds_of(g.largest_block, g.largest_block, w);
+  e.head_reduction = g.head > 0 ? (g.head + W - 1) / W * m + rounds_of(g.head, g.head, w) : 0;
   e.update_gradients = shard * m + kept * b;
   const int64_t update_rounds =
-      in.shard_level == parallel::ShardLevel::gradients ? rounds : rounds_of(kept, c.largest_kept, w);
-  e.update_working_set = 2 * W * w.lookup_rows * b + update_rounds + slices;
+      in.shard_level == parallel::ShardLevel::gradients ? rounds : rounds_of(kept, g.largest_kept, w);
+  e.update_working_set = 2 * W * lookup_rows * b + update_rounds + slices;
   if (in.shard_level != parallel::ShardLevel::parameters) return 0;
   // Stage 3: whole for the step only the weights outside the units; besides them a
   // unit in use and the next one's gather in flight, which holds its buffer and,
@@ -305,17 +313,24 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
   // before. The head is never whole, nor is its gradient: a round's (in the
   // model's dtype, in the master dtype, and the P pieces its reduce-scatter
   // receives) and the head's own shard of it.
+  // The layers' and blocks' frozen weights are sharded too (in the model's dtype) and
+  // gathered with their unit: what is gathered is the whole unit, trained or not.
   const int64_t U = c.largest_layer, U2 = c.next_layer;
+  const int64_t frozen_sharded = c.in_layers - g.in_layers, frozen_whole = c.frozen - frozen_sharded;
   const int64_t h_head = config.text.hidden_size, V = std::max<int64_t>(1, c.head / std::max<int64_t>(h_head, 1));
   const int64_t chunk = in.loss_chunk > 0 ? std::min(in.loss_chunk, in.tokens_per_rank) : in.tokens_per_rank;
   const int64_t B = row_sharded_block(std::max<int64_t>(chunk, 1), std::max<int64_t>(in.tokens_per_rank, 1), V,
                                       static_cast<int>(W), h_head * b, b + 12);
   const int64_t round = W * B * h_head, head_shard = (V + W - 1) / W * h_head;
-  e.parameters = (kept + c.frozen) * b;
-  e.gathered_forward = std::max(U + 2 * U2, 2 * w.lookup_rows) * b;
-  e.gathered_loss = 3 * round * b + 2 * U * b;
-  e.gathered_backward = (U + 2 * U2) * b;
+  e.parameters = (kept + frozen_whole + (frozen_sharded + W - 1) / W) * b;
   e.gathered_vision = (c.largest_block + 2 * c.next_block) * b;  // the tower's backward: a block, the next in flight
+  e.gathered_backward = (U + 2 * U2) * b;
+  e.gathered_forward = std::max(U + 2 * U2, 2 * lookup_rows) * b;
+  if (g.head == 0) {  // a frozen head (LoRA) stays whole, read as without --shard: no rounds
+    e.gathered_loss = 2 * U * b;
+    return 0;
+  }
+  e.gathered_loss = 3 * round * b + 2 * U * b;
   e.head_gradient = round * (b + 2 * m) + head_shard * m;
   e.head_reduction = 0;    // by rounds, inside the loss's backward (head gradient)
   return w.slots * W * B;  // the loss's logits are a round's; B as the trainer sizes it
@@ -428,7 +443,8 @@ int64_t add_activations(MemoryEstimate& e, const model::TextConfig& t, const Wid
 // the peak came in the second layer's backward, and each earlier layer's backward
 // peaked 16 MiB higher, its shard (20.5) less its input (4). The token lookup's rows
 // come after the first layer, so none are in it.
-void add_backward(MemoryEstimate& e, const model::TextConfig& t, const ParameterCensus& c, const Widths& w,
+// `g`: the census of the trained parameters (what has gradients and shards).
+void add_backward(MemoryEstimate& e, const model::TextConfig& t, const ParameterCensus& g, const Widths& w,
                   const MemoryEstimateInputs& in, int64_t first_layer_keeps) {
   const bool hooked =
       in.shard_level == parallel::ShardLevel::gradients || in.shard_level == parallel::ShardLevel::parameters;
@@ -441,15 +457,15 @@ void add_backward(MemoryEstimate& e, const model::TextConfig& t, const Parameter
     return;
   }
   const int64_t W = std::max(in.shard_world, 1), L = std::max<int64_t>(t.num_hidden_layers, 1);
-  const int64_t head_shard = (c.head + W - 1) / W * w.m, layers_shard = (c.in_decoder_layers + W - 1) / W * w.m;
+  const int64_t head_shard = (g.head + W - 1) / W * w.m, layers_shard = (g.in_decoder_layers + W - 1) / W * w.m;
   const int64_t at_last = e.inputs_left + head_shard;
   const int64_t at_first = first_layer_keeps + head_shard + layers_shard * (L - 1) / L;
   const bool first = at_first > at_last;
   if (first) e.inputs_left = first_layer_keeps;
   // (the lookup's rows come after the first layer's backward: not yet)
   e.backward_gradients =
-      (c.kept() + c.largest_layer) * w.b + hidden_gradient + (first ? at_first : at_last) - e.inputs_left;
-  e.reduction_rounds = rounds_of(c.largest_layer, c.largest_layer, w);
+      (g.kept() + g.largest_layer) * w.b + hidden_gradient + (first ? at_first : at_last) - e.inputs_left;
+  e.reduction_rounds = rounds_of(g.largest_layer, g.largest_layer, w);
 }
 
 // The loss's forward: one block's logits in the compute dtype, their copy in the wide
@@ -509,6 +525,7 @@ ParameterLayout parameter_layout(const model::Vlm& skeleton) {
 MemoryEstimate estimate_memory(const model::ModelConfig& config, const ParameterLayout& layout,
                                const MemoryEstimateInputs& in) {
   const ParameterCensus census = census_of(layout, config.text.num_hidden_layers);
+  const ParameterCensus trained = census_of(layout, config.text.num_hidden_layers, true);
   Widths w;
   w.b = static_cast<int64_t>(c10::elementSize(in.compute_dtype));
   w.m = static_cast<int64_t>(c10::elementSize(in.master_dtype));
@@ -524,14 +541,15 @@ MemoryEstimate estimate_memory(const model::ModelConfig& config, const Parameter
   // --shard parameters a round's, below). Unhooked (no --shard, or optimizer), a tied
   // embedding's lookup makes a dense gradient of the head's size, then its sum with the
   // head's: measured, both live beside the model's gradients at the end of the backward.
-  e.head_gradient = census.head * w.b;
+  // A frozen head (LoRA) has no gradient.
+  e.head_gradient = trained.head * w.b;
   int64_t row_round_logits = 0;
   if (in.shard_level == parallel::ShardLevel::none)
-    add_replicated_state(e, census, w);
+    add_replicated_state(e, trained, w);
   else
-    row_round_logits = add_sharded_state(e, config, census, w, in);
+    row_round_logits = add_sharded_state(e, config, census, trained, w, in);
   const int64_t first_layer_keeps = add_activations(e, config.text, w, in, layer_working_sets(config.text, w, in));
-  add_backward(e, config.text, census, w, in, first_layer_keeps);
+  add_backward(e, config.text, trained, w, in, first_layer_keeps);
   add_loss(e, config.text, w, in, row_round_logits);
   return e;
 }

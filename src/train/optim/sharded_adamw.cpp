@@ -64,6 +64,7 @@ double ShardedAdamW::step(double max_norm) {
     }
     sharded_->refresh(b);
   }
+  sharded_->release_frozen();
   return norm;
 }
 

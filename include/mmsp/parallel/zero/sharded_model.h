@@ -45,6 +45,11 @@
 //      blocks on no rows, so every rank gathers them alike. A unit the step never reads
 //      (LLaVA's CLIP layers above vision_feature_layer) is never gathered, and its
 //      gradient is zero without a reduce-scatter.
+// Frozen parameters (--freeze, LoRA's base) have no master, gradient or optimizer state.
+// Under stage 3 those of the layers and vision blocks are sharded too, in the model's
+// dtype (ZeRO-3 as DeepSpeed and FSDP do it for a frozen base): their own buckets, by unit,
+// gathered and freed with the unit's trained ones, never reduced. The frozen parameters
+// outside the units and a frozen head or embedding stay whole on every rank.
 // Under stage 3 the LM head and the token embedding (HookUnit::vocab_rows, alone in
 // their buckets) are never gathered whole: their shards are row-aligned, the loss reads
 // the head by rounds of rows and reduce-scatters each round's gradient at once, the
@@ -103,9 +108,12 @@ class ShardedModel {
   // unit, and `uses` how a step uses each unit (missing: as a decoder layer). With
   // parameters, the model's memory is freed here (each parameter must own its storage);
   // every rank must then run the same units each step.
+  // `frozen` (stage 3 only; each of a unit read whole, `frozen_unit_of` its unit): the
+  // frozen parameters sharded as above; their memory is freed here too.
   ShardedModel(model::NamedParams model_params, at::ScalarType master_dtype, dist::GroupPtr world,
                int64_t bucket_bytes = kDefaultBucketBytes, ShardLevel level = ShardLevel::optimizer,
-               std::vector<int> unit_of = {}, std::vector<ShardUnitUse> uses = {});
+               std::vector<int> unit_of = {}, std::vector<ShardUnitUse> uses = {}, model::NamedParams frozen = {},
+               const std::vector<int>& frozen_unit_of = {});
 
   ShardLevel level() const { return level_; }
   const model::NamedParams& model_params() const { return model_; }
@@ -121,9 +129,14 @@ class ShardedModel {
   // The piece's elements of the masters (a view of this rank's shard).
   at::Tensor master_piece(const ShardPiece& piece) const;
 
-  // The masters become this rank's shards of the model's weights again (after the
-  // model was loaded from a file).
+  // The masters and the frozen shards become this rank's shards of the model's weights
+  // again (after the model was loaded from a file; stage 3: gathered first).
   void copy_from_model();
+  // The frozen shards alone (a resume: the masters come from the checkpoint).
+  void copy_frozen_from_model();
+  // The frozen parameters sharded here (stage 3), and this rank's bytes of them.
+  const model::NamedParams& sharded_frozen() const { return frozen_; }
+  int64_t frozen_shard_bytes() const;
   // The model's gradients are released (undefined), and the reduced shards; a
   // parameter without a gradient counts as zeros.
   void zero_grad();
@@ -146,6 +159,10 @@ class ShardedModel {
   // Step 4: bucket b's masters changed: the model's weights follow (stages 1, 2 gather
   // them now, stage 3 before their next use).
   void refresh(size_t b);
+  // After the update: whatever of the frozen shards the step left gathered (a prefetch not
+  // consumed, the backward's last unit) is freed, as refresh frees the trained buckets'
+  // (measured without it: a layer's 165 kB held between steps).
+  void release_frozen();
 
   // Bytes of the masters this rank holds (padding included), and what one step sends
   // (reduce-scatter + all-gathers) besides the lookup's rows; those are
@@ -187,6 +204,13 @@ class ShardedModel {
   const ShardUnitUse& use_of(int unit) const;
 
   model::NamedParams model_;
+  model::NamedParams frozen_;  // stage 3: the frozen parameters of units read whole
+  struct FrozenShard {
+    GradBucket bucket;  // its params index frozen_
+    int64_t shard = 0;
+    at::Tensor values;  // [shard] in the model's dtype
+  };
+  std::vector<FrozenShard> frozen_shards_;
   dist::GroupPtr world_;
   at::ScalarType master_dtype_;
   std::vector<Shard> shards_;
