@@ -11,6 +11,7 @@
 #include "failure_text.h"
 #include "families_command.h"
 #include "heap_policy.h"
+#include "logprobs_command.h"
 #include "mmsp/compat/quiet_c10_log.h"
 #include "mmsp/core/check.h"
 #include "pixels_command.h"
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<mmsp::cli::Subcommand> commands;
   commands.push_back(mmsp::cli::add_train_command(app));
+  commands.push_back(mmsp::cli::add_logprobs_command(app));
   commands.push_back(mmsp::cli::add_compare_losses_command(app));
   commands.push_back(mmsp::cli::add_selftest_command(app));
   commands.push_back(mmsp::cli::add_bench_command(app));

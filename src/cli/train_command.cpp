@@ -24,12 +24,8 @@
 
 namespace mmsp::cli {
 
-namespace {
-
-// What this rank says when its run ends on an exception, and its exit status: the
-// peer's reason first when a peer ended it (its message, or the rank whose heartbeat
-// stopped), out-of-memory with the preflight's part in it, c10's backtrace cut.
-int report_failure(const std::exception& e, const train::TrainOptions& o, dist::Heartbeat* heartbeat) {
+int report_failure(const std::string& command, const std::exception& e, const train::TrainOptions& o,
+                   dist::Heartbeat* heartbeat) {
   // Said first (the launcher may stop this rank while rank 0 waits below),
   // then posted for the other ranks, which may sit in a collective.
   const FailureText failure = failure_text(e);
@@ -63,10 +59,12 @@ int report_failure(const std::exception& e, const train::TrainOptions& o, dist::
     const std::string gone = heartbeat->name_silent(heartbeat->silent_peers(std::chrono::milliseconds(2500)));
     if (!gone.empty()) what = gone + " (then on this rank: " + what.substr(0, what.find('\n')) + ")";
   }
-  std::cerr << "mmsp train: " << (ours || out_of_memory ? "error: " : "failed: ") << what << std::endl;
+  std::cerr << "mmsp " << command << ": " << (ours || out_of_memory ? "error: " : "failed: ") << what << std::endl;
   if (heartbeat) heartbeat->report_error(what);
   return ours || out_of_memory ? 2 : 1;
 }
+
+namespace {
 
 int run_train(const MeshFlags& flags, TrainFlags& train_flags) {
   const dist::RankEnv env = dist::rank_env_from(dist::process_environment());
@@ -95,7 +93,7 @@ int run_train(const MeshFlags& flags, TrainFlags& train_flags) {
   try {
     train::check_out_shared(o.output.out, mesh);  // one --out for every host, or no rank starts
     train::train(o, mesh, std::cout, activity.get());
-  } catch (const std::exception& e) { return report_failure(e, o, heartbeat.get()); }
+  } catch (const std::exception& e) { return report_failure("train", e, o, heartbeat.get()); }
   if (env.rank == 0 && heartbeat && heartbeat->largest_gap_seconds() > 0)
     std::cout << std::fixed << std::setprecision(2) << "heartbeat: longest silence of a peer "
               << heartbeat->largest_gap_seconds() << " s of the " << heartbeat->timeout_seconds()

@@ -14,22 +14,16 @@
 #include "run_inputs.h"
 
 namespace mmsp::train {
-namespace {
-
-// The file's steps in order: each sample once (a step that would run into a second pass
-// of the file stops at its end).
-std::vector<std::vector<int64_t>> eval_steps(const EvalSet& set) {
+std::vector<std::vector<int64_t>> one_pass_steps(const StepPacker& packer) {
   std::vector<std::vector<int64_t>> steps;
   DataPosition position;
   while (position.epoch == 0) {
-    std::vector<int64_t> samples = set.packer->next_step(position);
+    std::vector<int64_t> samples = packer.next_step(position);
     if (position.epoch > 0) samples.resize(samples.size() - static_cast<size_t>(position.offset));
     if (!samples.empty()) steps.push_back(std::move(samples));
   }
   return steps;
 }
-
-}  // namespace
 
 EvalSet open_eval_set(const TrainOptions& o, const model::ModelConfig& config, int64_t tokens_per_row, int rows) {
   const EvalOptions& e = o.eval;
@@ -64,7 +58,7 @@ EvalMetrics evaluate(int64_t step, const TrainOptions& o, const RunInputs& in, c
   const auto start = std::chrono::steady_clock::now();
   const EvalSet& set = in.eval;
   const plan::ModelConventions& conventions = in.resolved.config.conventions;
-  const std::vector<std::vector<int64_t>> steps = eval_steps(set);
+  const std::vector<std::vector<int64_t>> steps = one_pass_steps(*set.packer);
   EvalMetrics m;
   m.step = step;
   for (const std::vector<int64_t>& samples : steps) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "mmsp/dist/mesh.h"
 #include "mmsp/model/vlm.h"
@@ -27,6 +28,10 @@ struct EvalSet {
   std::unique_ptr<Dataset> data;
   std::unique_ptr<StepPacker> packer;
 };
+
+// The packer's steps over one pass of its file, in order: each sample once (a step that
+// would run into a second pass stops at the file's end). With shuffle off: file order.
+std::vector<std::vector<int64_t>> one_pass_steps(const StepPacker& packer);
 
 // Checks o.eval and opens its file for `config` (every line checked as --data's are:
 // token ids within the vocabulary, images, lengths against a row); none without --eval-data.

@@ -22,4 +22,20 @@ at::Tensor head_loss(const model::Vlm& vlm, const model::StepOutput& out, int64_
       });
 }
 
+at::Tensor head_token_values(const model::Vlm& vlm, const model::StepOutput& out, int64_t loss_chunk,
+                             int64_t tokens_per_rank, double temperature) {
+  return vlm.decoder().apply_head(
+      [&](const at::Tensor& hidden, const at::Tensor& weight) {
+        return chunked_token_values(hidden, weight, out.labels, temperature, loss_chunk);
+      },
+      out.hidden,
+      [&](const at::Tensor& hidden, model::RowShardedWeight& head) {
+        return chunked_token_values(
+            hidden, head, out.labels, temperature,
+            row_sharded_block(loss_chunk, tokens_per_rank, head.vocab(), static_cast<int>(head.ranks()),
+                              head.width() * static_cast<int64_t>(hidden.element_size()),
+                              static_cast<int64_t>(hidden.element_size()) + 12));
+      });
+}
+
 }  // namespace mmsp::train

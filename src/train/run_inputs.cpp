@@ -203,6 +203,18 @@ void check_train_options(const TrainOptions& o, const plan::Mesh& mesh) {
   check_output(o.output, o.parallel.shard);
 }
 
+plan::PlanOptions plan_options_for(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh) {
+  plan::PlanOptions p;
+  p.mesh = mesh.shape();
+  p.layout = o.parallel.layout;
+  p.placement = o.parallel.placement;
+  p.placement_balance = o.parallel.placement_balance;
+  p.vision_split = o.parallel.vision_split;
+  p.attention_shape =
+      model::attention_shape(in.resolved.config.text, static_cast<int64_t>(c10::elementSize(o.inputs.dtype)));
+  return p;
+}
+
 RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   check_train_options(o, mesh.shape());
   RunInputs in;

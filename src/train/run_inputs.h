@@ -14,6 +14,7 @@
 #include "mmsp/hf/peft_adapter.h"
 #include "mmsp/model/layers/parameter_init.h"
 #include "mmsp/model/vlm.h"
+#include "mmsp/plan/step_plan.h"
 #include "mmsp/train/builtin_models.h"
 #include "mmsp/train/checkpoint/checkpoint.h"
 #include "mmsp/train/data/dataset.h"
@@ -43,6 +44,10 @@ struct RunInputs {
 };
 
 RunInputs check_run(const TrainOptions& options, const dist::Mesh& mesh);
+
+// How every step of a run is planned: the mesh, layout, placement and vision split, the
+// load report's attention bytes priced for this model and dtype.
+plan::PlanOptions plan_options_for(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh);
 
 // The config's family from the registry, parameters drawn as `mode` says, made in `dtype`.
 std::shared_ptr<model::Vlm> build_vlm(const model::ModelConfig& config, model::ParameterInit mode,

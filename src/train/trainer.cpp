@@ -180,20 +180,6 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   return m;
 }
 
-// How every step of this run is planned: the mesh, layout, placement and vision split,
-// the load report's attention bytes priced for this model and dtype.
-plan::PlanOptions plan_options_for(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh) {
-  plan::PlanOptions p;
-  p.mesh = mesh.shape();
-  p.layout = o.parallel.layout;
-  p.placement = o.parallel.placement;
-  p.placement_balance = o.parallel.placement_balance;
-  p.vision_split = o.parallel.vision_split;
-  p.attention_shape =
-      model::attention_shape(in.resolved.config.text, static_cast<int64_t>(c10::elementSize(o.inputs.dtype)));
-  return p;
-}
-
 // The trained weights, whole and detached (TrainOptions::report_parameters: tests).
 std::vector<std::pair<std::string, at::Tensor>> final_parameters(WeightUpdate& update) {
   update.gather_weights();  // every rank: under --shard parameters a collective

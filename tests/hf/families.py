@@ -221,18 +221,21 @@ def aux_loss_of(model, router_logits: list):
     return text.router_aux_loss_coef * load_balancing_loss_func(layers, text.num_experts, text.num_experts_per_tok, None)
 
 
-def reference_loss(model, family: Family, samples: list) -> torch.Tensor:
+def reference_loss(model, family: Family, samples: list, logits_out: list | None = None) -> torch.Tensor:
     """The step's loss as mmsp defines it: the mean over every target token of the step
     (token i is a target when loss_mask[i] = 1, predicted at i − 1), each sequence run
     through transformers' forward on its own. The cross-entropy is taken here in
     float64 from transformers' logits (transformers' own loss upcasts to float32). A
     mixture-of-experts model with output_router_logits adds its auxiliary loss over the
-    step's tokens (aux_loss_of)."""
+    step's tokens (aux_loss_of). `logits_out`: each sequence's logits [n, V] are appended
+    to it, detached (the log-prob checks reuse them instead of running the model again)."""
     aux = getattr(model.config.get_text_config(), "output_router_logits", False)
     total, count, router_logits = None, 0, []
     for s in samples:
         out = sequence_output(model, family, s, router_logits=aux)
         logits = out.logits[0]
+        if logits_out is not None:
+            logits_out.append(logits.detach())
         if aux:
             router_logits.append(out.router_logits)
         labels = torch.tensor(s.input_ids[1:])

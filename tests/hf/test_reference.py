@@ -54,7 +54,8 @@ class Case:
         self.samples = F.make_samples(self.family)
         self.data = F.write_jsonl(self.samples, os.path.join(root, "data"))
         self.model.zero_grad()
-        self.loss = F.reference_loss(self.model, self.family, self.samples)
+        self.logits = []  # transformers' logits of each sample, for the log-prob checks
+        self.loss = F.reference_loss(self.model, self.family, self.samples, logits_out=self.logits)
         self.loss.backward()
         self.tokens = sum(len(s.input_ids) for s in self.samples)
 
@@ -188,3 +189,140 @@ def test_every_naming_layout_reads_the_same(case, mmsp_bin, mmsp_run):
             assert torch.equal(p, ref[name]), f"{what}: {name} differs"
         loss, _, _ = case.train(mmsp_bin, mmsp_run, 1, f"layout-{i}", model_dir=dst)
         assert abs(loss - base) <= 1e-12 * abs(base), f"{what}: loss {loss!r} != {base!r}"
+
+
+# --- mmsp logprobs --------------------------------------------------------------------------
+# Per-token log-probs (and entropy) of a .jsonl under the same checkpoints: every family on 1
+# rank and on 4 (ring 2 × Ulysses 2), against transformers' log_softmax(logits / T) gathered at
+# the labels. Folded into this module so that each family's model and checkpoint are built
+# once for the loss, gradient and log-prob checks together. The file: the case's two samples
+# with images, an RL-style text row (prompt unlabelled, response labelled) and a row with no
+# labelled token (an empty line of values). 1 rank reads it in steps of one row's budget (three
+# steps), 4 ranks in one step: the values must not depend on how the file was packed.
+TEMPERATURE = 0.7
+# Tolerance: transformers keeps the rotary tables, RMSNorm's variance and the attention
+# softmax (and Qwen3.5's Gated DeltaNet) in float32 inside a float64 model (the module's
+# docstring); mmsp computes them in float64. Per token that is measured 2026-12-02 at 3.6e-8
+# (LLaVA, InternVL) to 6.2e-8 (Qwen3.5) absolute, the same on 1 and 4 ranks, where the loss,
+# a mean over tokens, agrees to 5e-9: per-token values cannot meet 1e-9 against this
+# reference (a text-only row is 2.4e-8 off too). A wrong label, position, mask or shard
+# border moves a log-prob by 1e-3 or more. Between mmsp's own meshes: 1e-12 (below).
+LOGPROB_ATOL = 2e-7
+
+
+def _logprob_samples(case):
+    gen = torch.Generator().manual_seed(7)
+    words = lambda n: torch.randint(*F.TEXT_RANGE, (n,), generator=gen).tolist()
+    prompt, response = [1] + words(12), words(8) + [2]
+    rl_row = F.Sample(prompt + response, [0] * len(prompt) + [1] * len(response), [])
+    unlabelled = F.Sample([1] + words(6), [0] * 7, [])
+    return case.samples + [rl_row, unlabelled]
+
+
+def _run_logprobs(case, mmsp_bin, mmsp_run, tag, ranks, mesh=(), extra=()):
+    """`mmsp logprobs` at TEMPERATURE with --entropy; its lines, cached per tag."""
+    cache = case.__dict__.setdefault("logprob_runs", {})
+    if tag in cache:
+        return cache[tag]
+    if "logprob_data" not in case.__dict__:
+        case.logprob_samples = _logprob_samples(case)
+        case.logprob_data = F.write_jsonl(case.logprob_samples, os.path.join(case.root, "data-logprobs"))
+    lengths = [len(s.input_ids) for s in case.logprob_samples]
+    per_rank = max(lengths) if ranks == 1 else -(-sum(lengths) // ranks)
+    out = os.path.join(case.root, f"logprobs-{tag}.jsonl")
+    cmd = [mmsp_bin, "logprobs", "--model", case.model_dir, "--data", case.logprob_data, "--out", out,
+           "--dtype", "float64", "--tokens-per-rank", str(per_rank), "--temperature", str(TEMPERATURE),
+           "--entropy", *extra]
+    if ranks > 1:
+        cmd = [mmsp_run, "-n", str(ranks), "--", *cmd, *mesh]
+        if case.name in MOE:
+            cmd += ["--expert", str(ranks)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{' '.join(cmd)}\nexit {r.returncode}\n{r.stdout}\n{r.stderr}"
+    with open(out) as f:
+        cache[tag] = [json.loads(line) for line in f]
+    return cache[tag]
+
+
+def _reference_logprobs(case):
+    """transformers' log_softmax(logits / T) at each labelled token, and the entropy, per
+    sample (computed once per family)."""
+    if "logprob_reference" in case.__dict__:
+        return case.logprob_reference
+    ref = case.logprob_reference = []
+    with torch.no_grad():
+        for i, s in enumerate(case.logprob_samples):
+            # the case's own samples: the logits its loss was computed from; the text rows: a forward
+            logits = case.logits[i] if i < len(case.logits) else F.sequence_logits(case.model, case.family, s)
+            logp = torch.log_softmax(logits / TEMPERATURE, -1)[:-1]
+            keep = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
+            at = logp.gather(1, torch.tensor(s.input_ids[1:]).unsqueeze(1)).squeeze(1)
+            entropy = -(logp.exp() * logp).sum(-1)
+            ref.append((at[keep], entropy[keep]))
+    return ref
+
+
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_logprobs_equal_transformers(case, mmsp_bin, mmsp_run, ranks):
+    mesh = ("--ring", "2", "--ulysses", "2") if ranks == 4 else ()
+    lines = _run_logprobs(case, mmsp_bin, mmsp_run, f"r{ranks}", ranks, mesh)
+    assert [line["index"] for line in lines] == list(range(len(case.logprob_samples)))
+    atol = LOGPROB_ATOL
+    worst = 0.0
+    for line, (lp, ent) in zip(lines, _reference_logprobs(case)):
+        got_lp = torch.tensor(line["logprobs"], dtype=torch.float64)
+        got_ent = torch.tensor(line["entropy"], dtype=torch.float64)
+        assert got_lp.shape == lp.shape and got_ent.shape == ent.shape, f"sample {line['index']}"
+        if lp.numel():
+            worst = max(worst, (got_lp - lp).abs().max().item(), (got_ent - ent).abs().max().item())
+    print(f"{case.name} on {ranks} rank(s): log-probs and entropy within {worst:.3g} of transformers")
+    assert worst <= atol, f"{case.name}: {worst:.3g} > {atol:g}"
+
+
+# Two more meshes for one family, the most distinct (Qwen3.5: images, and a hybrid decoder
+# whose Gated DeltaNet layers carry state across the ring; one family for the CI budget):
+# ring 2 alone, and Ulysses 2 alone with the weights and LM head row-sharded (--shard
+# parameters: the head read in rounds of rows from both ranks). With the 4-rank run above
+# (ring 2 × Ulysses 2), every value = 1 rank's, 1e-12 (fp64).
+@pytest.mark.parametrize("tag, mesh", [("ring2", ("--ring", "2")),
+                                       ("ulysses2-shard", ("--ulysses", "2", "--shard", "parameters"))])
+def test_logprobs_equal_one_rank_on_every_mesh(case, mmsp_bin, mmsp_run, tag, mesh):
+    if case.name != "qwen3_5":
+        pytest.skip("one family carries the extra meshes (the 4-rank run of every family is above)")
+    one = _run_logprobs(case, mmsp_bin, mmsp_run, "r1", 1)
+    for other in (_run_logprobs(case, mmsp_bin, mmsp_run, tag, 2, mesh),
+                  _run_logprobs(case, mmsp_bin, mmsp_run, "r4", 4, ("--ring", "2", "--ulysses", "2"))):
+        assert [line["index"] for line in other] == [line["index"] for line in one]
+        for a, b in zip(one, other):
+            for key in ("logprobs", "entropy"):
+                assert len(a[key]) == len(b[key])
+                diff = max((abs(x - y) for x, y in zip(a[key], b[key])), default=0.0)
+                assert diff <= 1e-12, f"{tag}: sample {a['index']} {key} differs by {diff:.3g}"
+
+
+def test_logprobs_refuses_bad_input_on_every_rank(case, mmsp_bin, mmsp_run, tmp_path):
+    """A bad temperature (0, inf), an --out that is a directory and a data line a train run
+    refuses (a token id beyond the vocabulary): exit 2 with the value and the rule, said by
+    every rank, and no --out written. (One family: the checks do not depend on it.)"""
+    if case.name != "qwen2_vl":
+        pytest.skip("the checks are the same for every family")
+    bad_data = tmp_path / "bad.jsonl"
+    bad_data.write_text(json.dumps({"input_ids": [1, 5, 9999]}) + "\n")
+    out = str(tmp_path / "lp.jsonl")
+    # (flags, message, ranks): the checks before the rendezvous are one code path, so one of
+    # them runs on 2 ranks; the data's (after it, in the run's checks) too.
+    cases = [(("--temperature", "0"), "--temperature 0 must be a finite number > 0", 2),
+             (("--temperature", "inf"), "--temperature inf must be a finite number > 0", 1),
+             (("--out", str(tmp_path)), f"--out {tmp_path} is a directory", 1),
+             (("--data", str(bad_data)), "9999", 2)]
+    for flags, message, ranks in cases:
+        args = {"--model": case.model_dir, "--data": case.data, "--out": out}
+        args.update(dict(zip(flags[::2], flags[1::2])))
+        cmd = [mmsp_bin, "logprobs", *[x for kv in args.items() for x in kv]]
+        if ranks > 1:
+            cmd = [mmsp_run, "-n", str(ranks), "--", *cmd, "--ring", str(ranks)]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        said = r.stdout + r.stderr
+        assert r.returncode == 2, f"{flags}: exit {r.returncode}\n{said}"
+        assert said.count(message) >= ranks, f"{flags}: not said by every rank: {message!r}\n{said}"
+        assert not os.path.exists(out), f"{flags}: {out} was written"

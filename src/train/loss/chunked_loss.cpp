@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -208,6 +209,44 @@ struct RowShardedLmLoss : torch::autograd::Function<RowShardedLmLoss> {
   }
 };
 
+// chunked_token_values's fold: RunningLse's maximum and sum over blocks of z = logits / T,
+// with Σ exp(z − max)·z beside them (the entropy's Σ p·z), and each token's label value.
+struct RunningEntropy {
+  at::Tensor top, total, weighted, target;  // [T] each
+  RunningEntropy(int64_t T, const at::TensorOptions& options)
+      : top(at::full({T}, -std::numeric_limits<double>::infinity(), options)),
+        total(at::zeros({T}, options)),
+        weighted(at::zeros({T}, options)),
+        target(at::zeros({T}, options)) {}
+  // `z` [T, n] in the wide dtype, already divided by the temperature (−∞ where a row is
+  // padding: its exp is 0 and it adds nothing to the weighted sum).
+  void fold(const at::Tensor& z, const at::Tensor& at_label, const at::Tensor& here) {
+    const at::Tensor next = at::maximum(top, std::get<0>(z.max(1)));
+    const at::Tensor rescale = (top - next).exp();
+    const at::Tensor e = (z - next.unsqueeze(1)).exp();
+    total = total * rescale + e.sum(1);
+    weighted = weighted * rescale + (e * at::where(e > 0, z, at::zeros_like(z))).sum(1);
+    top = next;
+    const at::Tensor picked = z.gather(1, at_label);
+    target += at::where(here, picked, at::zeros_like(picked)).squeeze(1);
+  }
+  // [2, T]: the label's log-probability (0 where unlabelled) and the entropy.
+  at::Tensor finish(const at::Tensor& labels) const {
+    const at::Tensor lse = top + total.log();
+    const at::Tensor logprob = at::where(labels != kIgnore, target - lse, at::zeros_like(lse));
+    return at::stack({logprob, lse - weighted / total});
+  }
+};
+
+void check_token_values(const at::Tensor& hidden, int64_t width, const at::Tensor& labels, double temperature) {
+  MMSP_CHECK(std::isfinite(temperature) && temperature > 0, "--temperature ", temperature,
+             " must be a finite number > 0 (the logits are divided by it)");
+  MMSP_CHECK(hidden.dim() == 2 && hidden.size(1) == width, "hidden ", hidden.sizes(), " must be [T, ", width,
+             "] for the LM head");
+  MMSP_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0), "labels ", labels.sizes(), " must be [",
+             hidden.size(0), "] (one per token)");
+}
+
 }  // namespace
 
 int64_t row_sharded_block(int64_t chunk, int64_t tokens_per_rank, int64_t vocab, int ranks, int64_t row_bytes,
@@ -241,6 +280,43 @@ at::Tensor chunked_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, c
   MMSP_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0), "labels ", labels.sizes(), " must be [",
              hidden.size(0), "] (one per token)");
   return ChunkedLmLoss::apply(hidden, weight, labels, label_count, chunk);
+}
+
+at::Tensor chunked_token_values(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                                double temperature, int64_t chunk) {
+  MMSP_CHECK(chunk > 0, "--loss-chunk ", chunk, " must be positive (tokens per chunk of the LM head)");
+  MMSP_CHECK(weight.dim() == 2, "LM head weight ", weight.sizes(), " must be [V, h]");
+  check_token_values(hidden, weight.size(1), labels, temperature);
+  at::NoGradGuard no_grad;
+  const int64_t T = hidden.size(0), V = weight.size(0);
+  RunningEntropy running(T, hidden.options().dtype(wide_of(hidden)));
+  const at::Tensor label = labels.clamp_min(0).unsqueeze(1);  // [T, 1]
+  const int64_t rows = block_rows(chunk, T, V);
+  for (int64_t first = 0; first < V; first += rows) {
+    const int64_t n = std::min(rows, V - first);
+    const at::Tensor z = at::linear(hidden, weight.narrow(0, first, n)).to(wide_of(hidden)).div_(temperature);
+    running.fold(z, (label - first).clamp(0, n - 1), (label >= first) & (label < first + n));
+  }
+  return running.finish(labels);
+}
+
+at::Tensor chunked_token_values(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
+                                double temperature, int64_t block) {
+  MMSP_CHECK(block > 0, "a row-sharded head is read in rounds of at least one row, not ", block);
+  check_token_values(hidden, head.width(), labels, temperature);
+  at::NoGradGuard no_grad;
+  RunningEntropy running(hidden.size(0), hidden.options().dtype(wide_of(hidden)));
+  const at::Tensor label = labels.clamp_min(0).unsqueeze(1);  // [T, 1]
+  const double inf = std::numeric_limits<double>::infinity();
+  for (int64_t k = 0; k < head.rounds(block); ++k) {
+    const at::Tensor w = head.gather_round(k, block);  // [P·B, h]
+    const Round round = round_rows(head, k, block, hidden.device());
+    const at::Tensor z =
+        at::linear(hidden, w).to(wide_of(hidden)).div_(temperature).masked_fill_(round.valid.logical_not(), -inf);
+    const auto [at_label, here] = label_in_round(label, head, k, block);
+    running.fold(z, at_label, here);
+  }
+  return running.finish(labels);
 }
 
 }  // namespace mmsp::train

@@ -40,6 +40,19 @@ at::Tensor chunked_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, c
 at::Tensor chunked_lm_loss(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
                            int64_t label_count, int64_t block);
 
+// Per token, without gradients (`mmsp logprobs`): [2, T] in the wide dtype (fp64 for
+// fp64, else fp32), row 0 log p(label | prefix) under softmax(hidden·weightᵀ / temperature)
+// (0 where the label is -100), row 1 the entropy of that distribution. The same blocks of
+// vocabulary rows as chunked_lm_loss (`chunk` tokens' worth of logits at a time), folded as
+// a running maximum, Σ exp(z − max) and Σ exp(z − max)·z, so [T, V] is never whole:
+// entropy = lse − Σ p·z.
+at::Tensor chunked_token_values(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                                double temperature, int64_t chunk);
+// The same with the head row-sharded (--shard parameters): read in rounds of `block` rows
+// from every rank, as the loss reads it. Collective: every rank calls it with the same block.
+at::Tensor chunked_token_values(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
+                                double temperature, int64_t block);
+
 // Rows a rank gives each round: so that a round's logits over `tokens_per_rank` tokens
 // hold at most as many as `chunk` tokens of the whole vocabulary (chunked_lm_loss's
 // blocks), and a round's rows from every rank (`row_bytes` each) and their logits'
