@@ -133,6 +133,32 @@ std::string string_field(const json& c, const std::string& file, const char* fie
   return c.at(field).get<std::string>();
 }
 
+// peft's options that change what an adapter computes, refused unless at their default.
+struct RefusedOption {
+  const char* field;
+  const char* what;
+  bool (*unset)(const json&);
+};
+const RefusedOption kRefusedOptions[] = {
+    {"use_dora", "DoRA", null_or_false},
+    {"use_rslora", "rank-stabilised LoRA (scale lora_alpha / sqrt(r))", null_or_false},
+    {"use_qalora", "QALoRA", null_or_false},
+    {"lora_bias", "a bias on lora_B", null_or_false},
+    {"fan_in_fan_out", "a transposed (Conv1D) weight layout", null_or_false},
+    {"modules_to_save", "training whole modules beside the adapters", null_or_empty},
+    {"rank_pattern", "a rank per module", null_or_empty},
+    {"alpha_pattern", "an alpha per module", null_or_empty},
+    {"layer_replication", "replicated layers", null_or_empty},
+    {"trainable_token_indices", "training token embeddings", null_or_empty},
+    {"target_parameters", "adapters on parameters (a mixture of experts' fused experts)", null_or_empty},
+    {"alora_invocation_tokens", "activated LoRA", null_or_empty},
+    {"layers_to_transform", "adapters on some layers only", null_or_empty},
+    {"use_bdlora", "block-diagonal LoRA", null_or_false},
+    {"kasa_config", "KaSA", null_or_empty},
+    {"monteclora_config", "MonteCLoRA", null_or_empty},
+    {"velora_config", "VeLoRA", null_or_empty},
+};
+
 // The LoRA settings of the config, each checked (see PeftAdapterFiles).
 void read_lora_settings(const json& c, const std::string& file, PeftAdapterFiles& out) {
   const std::string type = string_field(c, file, "peft_type", "");
@@ -156,24 +182,7 @@ void read_lora_settings(const json& c, const std::string& file, PeftAdapterFiles
   const std::string bias = string_field(c, file, "bias", "none");
   MMSP_CHECK(bias == "none", file, ": bias is \"", bias, "\": trained biases beside the adapters are not supported ",
              "(mmsp trains plain LoRA, bias \"none\")");
-  refuse_unless_default(c, file, "use_dora", "DoRA", null_or_false);
-  refuse_unless_default(c, file, "use_rslora", "rank-stabilised LoRA (scale lora_alpha / sqrt(r))", null_or_false);
-  refuse_unless_default(c, file, "use_qalora", "QALoRA", null_or_false);
-  refuse_unless_default(c, file, "lora_bias", "a bias on lora_B", null_or_false);
-  refuse_unless_default(c, file, "fan_in_fan_out", "a transposed (Conv1D) weight layout", null_or_false);
-  refuse_unless_default(c, file, "modules_to_save", "training whole modules beside the adapters", null_or_empty);
-  refuse_unless_default(c, file, "rank_pattern", "a rank per module", null_or_empty);
-  refuse_unless_default(c, file, "alpha_pattern", "an alpha per module", null_or_empty);
-  refuse_unless_default(c, file, "layer_replication", "replicated layers", null_or_empty);
-  refuse_unless_default(c, file, "trainable_token_indices", "training token embeddings", null_or_empty);
-  refuse_unless_default(c, file, "target_parameters", "adapters on parameters (a mixture of experts' fused experts)",
-                        null_or_empty);
-  refuse_unless_default(c, file, "alora_invocation_tokens", "activated LoRA", null_or_empty);
-  refuse_unless_default(c, file, "layers_to_transform", "adapters on some layers only", null_or_empty);
-  refuse_unless_default(c, file, "use_bdlora", "block-diagonal LoRA", null_or_false);
-  refuse_unless_default(c, file, "kasa_config", "KaSA", null_or_empty);
-  refuse_unless_default(c, file, "monteclora_config", "MonteCLoRA", null_or_empty);
-  refuse_unless_default(c, file, "velora_config", "VeLoRA", null_or_empty);
+  for (const RefusedOption& r : kRefusedOptions) refuse_unless_default(c, file, r.field, r.what, r.unset);
   out.base_model = string_field(c, file, "base_model_name_or_path", "");
 }
 
