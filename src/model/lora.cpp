@@ -74,9 +74,8 @@ std::vector<std::string> add_lora(Vlm& vlm, const LoraOptions& o) {
       decoder_maps.push_back(name);
     if (std::find(targets.begin(), targets.end(), name) == targets.end()) continue;
     MMSP_CHECK(!linear->has_lora(), "--lora-targets: ", item.key(), " has an adapter already");
-    MMSP_CHECK(o.rank <= std::min(linear->weight.size(0), linear->weight.size(1)), "--lora-rank ", o.rank,
-               " is larger than ", item.key(), "'s ", linear->weight.size(1), " -> ", linear->weight.size(0),
-               " map (a rank above min(in, out) adds nothing)");
+    // A rank above min(in, out) is allowed, as peft allows it (all-linear adapts Qwen3.5-MoE's
+    // 64 -> 1 shared_expert_gate at r 4): it adds no expressiveness but computes the same.
     linear->add_lora(o.rank, o.alpha);
     used.insert(name);
     adapted.push_back(item.key());

@@ -19,6 +19,11 @@ from test_reference import Case, _load_reference
 
 LOSS_RTOL = {"qwen3_5": 5e-9}  # as test_reference.py: Gated DeltaNet in float32 inside transformers
 LOSS_RTOL_DEFAULT = 1e-12
+# transformers runs the attention's and a router's softmax in float32 inside a float64 model
+# (about 1e-8 of each value), and peft's random lora_B (init_lora_weights=False) moves every
+# adapted map far from the base: measured up to 1.4e-8 (Qwen3.5-MoE, its router adapted), 1e-9
+# to 4e-9 for the others. A wrong target, scale or layer moves the loss by 1e-3 or more.
+ALL_LINEAR_RTOL = 5e-8
 
 
 @pytest.fixture(scope="module", params=F.FAMILIES)
@@ -104,3 +109,21 @@ def test_peft_loads_mmsps_adapter_and_computes_mmsps_loss(case, mmsp_bin):
     assert abs(continued - loss) <= max(rtol, 5e-9) * abs(loss)
     with open(os.path.join(cont, "step-000001", "adapter", "adapter_config.json")) as f:
         assert json.load(f)["base_model_name_or_path"] == case.model_dir
+
+
+def test_mmsp_continues_a_peft_all_linear_adapter(case, mmsp_bin, tmp_path):
+    """An adapter peft made itself (`target_modules="all-linear"`: the vision tower's, the
+    merger's or projector's and the decoder's linear maps; random lora_A and lora_B), continued
+    by `mmsp train --model ADAPTER_DIR`: step 1's loss is the peft model's."""
+    from peft import LoraConfig, get_peft_model
+
+    base, _ = _load_reference(case.model_dir)
+    model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+    adapter = str(tmp_path / "all-linear")
+    model.save_pretrained(adapter)
+    loss = F.reference_loss(model, case.family, case.samples).item()
+    out = str(tmp_path / "run")
+    _run(case, mmsp_bin, adapter, out, "--stop-after", "1")
+    got = _losses(out)[0]
+    print(f"{case.name}: peft all-linear {loss!r}, mmsp step 1 {got!r}")
+    assert abs(got - loss) <= ALL_LINEAR_RTOL * abs(loss)

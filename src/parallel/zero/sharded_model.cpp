@@ -125,12 +125,6 @@ void ShardedModel::copy_frozen_from_model() {
   for (FrozenShard& f : frozen_shards_) copy_shard_from(frozen_, f.bucket, r * f.shard, f.values);
 }
 
-int64_t ShardedModel::frozen_shard_bytes() const {
-  int64_t bytes = 0;
-  for (const FrozenShard& f : frozen_shards_) bytes += f.values.numel() * static_cast<int64_t>(f.values.element_size());
-  return bytes;
-}
-
 void ShardedModel::copy_from_model() {
   at::NoGradGuard no_grad;
   for (const ShardPiece& piece : pieces_)

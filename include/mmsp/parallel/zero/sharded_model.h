@@ -134,9 +134,8 @@ class ShardedModel {
   void copy_from_model();
   // The frozen shards alone (a resume: the masters come from the checkpoint).
   void copy_frozen_from_model();
-  // The frozen parameters sharded here (stage 3), and this rank's bytes of them.
+  // The frozen parameters sharded here (stage 3).
   const model::NamedParams& sharded_frozen() const { return frozen_; }
-  int64_t frozen_shard_bytes() const;
   // The model's gradients are released (undefined), and the reduced shards; a
   // parameter without a gradient counts as zeros.
   void zero_grad();
