@@ -52,6 +52,18 @@ bool evaluates_after(const EvalOptions& eval, int64_t step, int64_t last_step) {
   return step == last_step || (eval.every > 0 && step % eval.every == 0);
 }
 
+ForwardStep forward_samples(const Dataset& data, const std::vector<int64_t>& samples, const TrainOptions& o,
+                            const RunInputs& in, const model::Vlm& vlm, const parallel::ModelParallelism& parallelism,
+                            const plan::PlanOptions& plan_options, const dist::Mesh& mesh) {
+  ForwardStep s{make_batch(data, samples), {}, {}};
+  s.plan = plan::make_step_plan(s.batch, in.resolved.config.conventions, plan_options, mesh.rank());
+  const model::PixelInputs pixels = load_pixels(data, samples, s.batch, in.resolved.config,
+                                                pixels_encoded_here(s.plan, o.parallel.vision), o.inputs.dtype)
+                                        .to(o.parallel.device);
+  s.out = parallel::forward_step(vlm, s.batch, s.plan, pixels, parallelism);
+  return s;
+}
+
 EvalMetrics evaluate(int64_t step, const TrainOptions& o, const RunInputs& in, const model::Vlm& vlm,
                      const parallel::ModelParallelism& parallelism, WeightUpdate& update,
                      const plan::PlanOptions& plan_options, const dist::Mesh& mesh) {
@@ -71,12 +83,7 @@ EvalMetrics evaluate(int64_t step, const TrainOptions& o, const RunInputs& in, c
   update.begin_step();
   double local = 0;  // this rank's part of the file's mean
   for (const std::vector<int64_t>& samples : steps) {
-    const plan::Batch batch = make_batch(*set.data, samples);
-    const plan::StepPlan plan = plan::make_step_plan(batch, conventions, plan_options, mesh.rank());
-    const model::PixelInputs pixels = load_pixels(*set.data, samples, batch, in.resolved.config,
-                                                  pixels_encoded_here(plan, o.parallel.vision), o.inputs.dtype)
-                                          .to(o.parallel.device);
-    model::StepOutput out = parallel::forward_step(vlm, batch, plan, pixels, parallelism);
+    model::StepOutput out = forward_samples(*set.data, samples, o, in, vlm, parallelism, plan_options, mesh).out;
     out.label_count = m.label_tokens;
     local += head_loss(vlm, out, in.loss_chunk, o.inputs.tokens_per_rank).to(at::kDouble).item<double>();
   }

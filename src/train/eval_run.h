@@ -33,6 +33,17 @@ struct EvalSet {
 // would run into a second pass stops at the file's end). With shuffle off: file order.
 std::vector<std::vector<int64_t>> one_pass_steps(const StepPacker& packer);
 
+// One step of a forward-only pass over a file (the evaluation, `mmsp logprobs`): the
+// samples' batch, this rank's plan and the forward on the mesh, its pixels loaded.
+struct ForwardStep {
+  plan::Batch batch;
+  plan::StepPlan plan;
+  model::StepOutput out;
+};
+ForwardStep forward_samples(const Dataset& data, const std::vector<int64_t>& samples, const TrainOptions& o,
+                            const RunInputs& in, const model::Vlm& vlm, const parallel::ModelParallelism& parallelism,
+                            const plan::PlanOptions& plan_options, const dist::Mesh& mesh);
+
 // Checks o.eval and opens its file for `config` (every line checked as --data's are:
 // token ids within the vocabulary, images, lengths against a row); none without --eval-data.
 EvalSet open_eval_set(const TrainOptions& o, const model::ModelConfig& config, int64_t tokens_per_row, int rows);

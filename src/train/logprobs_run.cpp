@@ -139,14 +139,12 @@ LogprobsReport write_logprobs(const TrainOptions& o, const LogprobsOptions& l, c
   const int64_t rows = l.entropy ? 2 : 1;
   std::vector<int64_t> labels;
   for (const std::vector<int64_t>& samples : steps) {
-    const plan::Batch batch = make_batch(*in.data, samples);
-    const plan::StepPlan plan = plan::make_step_plan(batch, conventions, plan_options, mesh.rank());
-    const model::PixelInputs pixels = load_pixels(*in.data, samples, batch, in.resolved.config,
-                                                  pixels_encoded_here(plan, o.parallel.vision), o.inputs.dtype)
-                                          .to(o.parallel.device);
-    const model::StepOutput out = parallel::forward_step(model.model(), batch, plan, pixels, model.parallelism());
+    const ForwardStep pass =
+        forward_samples(*in.data, samples, o, in, model.model(), model.parallelism(), plan_options, mesh);
+    const plan::Batch& batch = pass.batch;
+    const plan::StepPlan& plan = pass.plan;
     const at::Tensor values =
-        head_token_values(model.model(), out, in.loss_chunk, o.inputs.tokens_per_rank, l.temperature)
+        head_token_values(model.model(), pass.out, in.loss_chunk, o.inputs.tokens_per_rank, l.temperature)
             .narrow(0, 0, rows);
     int64_t total = 0;
     const std::vector<int64_t> offsets = sequence_offsets(batch, total);
