@@ -45,6 +45,12 @@ std::vector<std::string> parse_lora_targets(const std::string& list) {
   return out;
 }
 
+std::string lora_targets_text(const std::vector<std::string>& targets) {
+  std::string out;
+  for (const std::string& t : targets) out += (out.empty() ? "" : ",") + t;
+  return out;
+}
+
 bool is_lora_parameter(const std::string& name) {
   auto ends = [&](const std::string& tail) {
     return name.size() >= tail.size() && name.compare(name.size() - tail.size(), tail.size(), tail) == 0;

@@ -6,16 +6,11 @@
 #include "mmsp/core/check.h"
 #include "mmsp/hf/hf_directory.h"
 #include "mmsp/hf/peft_adapter.h"
+#include "mmsp/model/lora.h"
 #include "mmsp/model/peft_naming.h"
 
 namespace mmsp::train {
 namespace {
-
-std::string joined(const std::vector<std::string>& words) {
-  std::string out;
-  for (const std::string& w : words) out += (out.empty() ? "" : ",") + w;
-  return out;
-}
 
 bool same_targets(std::vector<std::string> a, std::vector<std::string> b) {
   std::sort(a.begin(), a.end());
@@ -40,9 +35,9 @@ void start_from_peft_adapter(TrainOptions& o, const AdapterFlags& given) {
              ", an adapter of r = ", adapter.rank, ": leave --lora-rank out to continue it");
   MMSP_CHECK(!given.alpha || lora.alpha == adapter.alpha, "--lora-alpha ", lora.alpha, " contradicts --model ", dir,
              ", an adapter of lora_alpha = ", adapter.alpha, ": leave --lora-alpha out to continue it");
-  MMSP_CHECK(!given.targets || same_targets(lora.targets, targets), "--lora-targets ", joined(lora.targets),
-             " contradicts --model ", dir, ", whose adapters are on ", joined(targets),
-             ": leave --lora-targets out to continue it");
+  MMSP_CHECK(!given.targets || same_targets(lora.targets, targets), "--lora-targets ",
+             model::lora_targets_text(lora.targets), " contradicts --model ", dir, ", whose adapters are on ",
+             model::lora_targets_text(targets), ": leave --lora-targets out to continue it");
   lora.rank = adapter.rank;
   lora.alpha = adapter.alpha;
   lora.targets = targets;

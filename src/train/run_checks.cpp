@@ -62,9 +62,8 @@ constexpr Consequential kConsequential[] = {
 // "rank 8, alpha 16, targets q_proj,v_proj" ("" without LoRA): the adapters a resume must fit.
 std::string lora_flags(const model::LoraOptions& lora) {
   if (lora.rank == 0) return "";
-  std::string targets;
-  for (const std::string& t : lora.targets.empty() ? model::default_lora_targets() : lora.targets)
-    targets += (targets.empty() ? "" : ",") + t;
+  const std::string targets =
+      model::lora_targets_text(lora.targets.empty() ? model::default_lora_targets() : lora.targets);
   return "rank " + std::to_string(lora.rank) + ", alpha " + detail::concat(lora.alpha) + ", targets " + targets;
 }
 

@@ -42,19 +42,12 @@ ParameterLayout layout_of(const model::ModelConfig& config, const FinetuneOption
   return layout;
 }
 
-// What a model directory must hold: every parameter's shape but LoRA's adapters'.
-hf::ExpectedShapes base_shapes(const ParameterLayout& layout) {
+// The shapes a file must hold: a model directory every parameter's but LoRA's adapters', a
+// peft adapter file (`adapters`) exactly the adapters'.
+hf::ExpectedShapes shapes_to_load(const ParameterLayout& layout, bool adapters) {
   hf::ExpectedShapes out;
   for (const auto& named : layout.shapes)
-    if (!model::is_lora_parameter(named.first)) out.push_back(named);
-  return out;
-}
-
-// What a peft adapter file must hold: the adapters' shapes, every one of them.
-hf::ExpectedShapes adapter_shapes(const ParameterLayout& layout) {
-  hf::ExpectedShapes out;
-  for (const auto& named : layout.shapes)
-    if (model::is_lora_parameter(named.first)) out.push_back(named);
+    if (model::is_lora_parameter(named.first) == adapters) out.push_back(named);
   return out;
 }
 
@@ -253,18 +246,16 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   in.naming = model::checkpoint_naming(config);
   if (in.resolved.weights) {
     model::check_expert_count(*in.resolved.weights, config);
-    hf::match_hf_tensors(*in.resolved.weights, base_shapes(in.layout), in.naming);
+    hf::match_hf_tensors(*in.resolved.weights, shapes_to_load(in.layout, false), in.naming);
   }
   if (!o.finetune.lora_adapter.empty()) {
     in.adapter = hf::open_peft_adapter(o.finetune.lora_adapter);
     try {
-      hf::match_hf_tensors(in.adapter->weights, adapter_shapes(in.layout), model::peft_adapter_naming(config));
+      hf::match_hf_tensors(in.adapter->weights, shapes_to_load(in.layout, true), model::peft_adapter_naming(config));
     } catch (const Error& e) {
-      std::string targets;
-      for (const std::string& t : o.finetune.lora.targets) targets += (targets.empty() ? "" : ",") + t;
       throw Error(detail::concat(
-          "--model ", o.finetune.lora_adapter, ": its adapters are not the ones mmsp puts on every map named ", targets,
-          " of ", o.inputs.model,
+          "--model ", o.finetune.lora_adapter, ": its adapters are not the ones mmsp puts on every map named ",
+          model::lora_targets_text(o.finetune.lora.targets), " of ", o.inputs.model,
           " (an adapter on some layers only, or of other shapes, cannot be continued): ", e.what()));
     }
   }

@@ -28,6 +28,8 @@ const std::vector<std::string>& default_lora_targets();
 
 // "q_proj,v_proj" into names; an empty name is an error naming the list.
 std::vector<std::string> parse_lora_targets(const std::string& list);
+// The inverse: "q_proj,v_proj", as --lora-targets takes them.
+std::string lora_targets_text(const std::vector<std::string>& targets);
 
 // Puts an adapter on every matching map of `vlm` (parameters drawn as the current
 // ParameterInitScope says) and returns the adapted modules' names, in the model's order.
