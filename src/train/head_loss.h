@@ -13,6 +13,11 @@ namespace mmsp::train {
 // `vlm`'s head: this rank's part of the step's mean, ready for backward.
 at::Tensor head_loss(const model::Vlm& vlm, const model::StepOutput& out, int64_t loss_chunk, int64_t tokens_per_rank);
 
+// Per token of `out`, differentiable: [L] wide, the label's log-probability under
+// softmax(logits / temperature), 0 where unlabelled (RL objectives; loss/chunked_loss.h).
+at::Tensor head_label_logprobs(const model::Vlm& vlm, const model::StepOutput& out, int64_t loss_chunk,
+                               int64_t tokens_per_rank, double temperature);
+
 // Per token of `out` (no gradients), through the head as it is held, in the same blocks or
 // rounds as the loss: [2, L] wide, the label's log-probability under softmax(logits /
 // temperature) (0 where unlabelled) and the entropy (loss/chunked_loss.h).

@@ -49,18 +49,28 @@ struct RunningLse {
     const at::Tensor picked = logits.gather(1, at_label);
     target += at::where(here, picked, at::zeros_like(picked)).squeeze(1);
   }
-  // The log-sum-exp per token, and Σ (lse − label logit) over the labelled tokens.
+  // The log-sum-exp per token, and each labelled token's log-probability (label logit −
+  // lse; 0 where unlabelled).
   std::pair<at::Tensor, at::Tensor> finish(const at::Tensor& labels) const {
     const at::Tensor lse = top + total.log();
-    return {lse, at::where(labels != kIgnore, lse - target, at::zeros_like(lse)).sum()};
+    return {lse, at::where(labels != kIgnore, target - lse, at::zeros_like(lse))};
   }
 };
 
-// Both losses' backward, one block: d loss / d logits = (softmax − onehot(label)) · the
-// token's weight (`valid`: g / label_count on labelled rows, 0 elsewhere). `logits` [T, n]
-// in the wide dtype is overwritten by the softmax; the result is in `dtype` (bf16 / fp16
-// runs multiply it in the compute dtype: oneDNN, several times fp32's speed, one rounding
-// per block, as the logits were made; fp32 and fp64 stay in their own width).
+// The backward's weight per token: d lp / d z = onehot − softmax, so a gradient g_t on
+// token t's log-probability weighs its softmax − onehot by −g_t (0 where unlabelled), and
+// z = logits / temperature adds 1 / temperature.
+at::Tensor token_weights(const at::Tensor& grad, const at::Tensor& labels, double temperature, at::ScalarType wide) {
+  at::Tensor w = at::where(labels != kIgnore, grad.to(wide).neg(), at::zeros_like(grad, wide));
+  if (temperature != 1.0) w = w / temperature;
+  return w.unsqueeze(1);  // [T, 1]
+}
+
+// Both heads' backward, one block: d loss / d logits = (softmax − onehot(label)) · the
+// token's weight (`valid`, token_weights). `logits` [T, n] in the wide dtype (already
+// divided by the temperature) is overwritten by the softmax; the result is in `dtype`
+// (bf16 / fp16 runs multiply it in the compute dtype: oneDNN, several times fp32's speed,
+// one rounding per block, as the logits were made; fp32 and fp64 stay in their own width).
 at::Tensor block_gradient(const at::Tensor& logits, const at::Tensor& lse_t, const at::Tensor& at_label,
                           const at::Tensor& here, const at::Tensor& valid, at::ScalarType dtype) {
   at::Tensor d = (logits - lse_t).exp_();                  // [T, n]: softmax
@@ -69,44 +79,49 @@ at::Tensor block_gradient(const at::Tensor& logits, const at::Tensor& lse_t, con
   return dtype != d.scalar_type() ? d.to(dtype) : d;
 }
 
-struct ChunkedLmLoss : torch::autograd::Function<ChunkedLmLoss> {
+// logits / temperature in the wide dtype (the division skipped at 1: the same bits).
+at::Tensor wide_logits(const at::Tensor& hidden, const at::Tensor& w, double temperature) {
+  at::Tensor z = at::linear(hidden, w).to(wide_of(hidden));
+  return temperature != 1.0 ? z.div_(temperature) : z;
+}
+
+struct ChunkedLabelLogprobs : torch::autograd::Function<ChunkedLabelLogprobs> {
   // By blocks of vocabulary rows over all T tokens, the log-sum-exp kept as a running
   // maximum and sum (the weight is read once, not once per token chunk).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& labels, int64_t label_count, int64_t chunk) {
+                            const at::Tensor& labels, double temperature, int64_t chunk) {
     const int64_t T = hidden.size(0), V = weight.size(0);
-    const at::ScalarType wide = wide_of(hidden);
-    RunningLse running(T, hidden.options().dtype(wide));
+    RunningLse running(T, hidden.options().dtype(wide_of(hidden)));
     const at::Tensor label = labels.clamp_min(0).unsqueeze(1);  // [T, 1]
     const int64_t rows = block_rows(chunk, T, V);
     for (int64_t first = 0; first < V; first += rows) {
       const int64_t n = std::min(rows, V - first);
-      const at::Tensor logits = at::linear(hidden, weight.narrow(0, first, n)).to(wide);  // [T, n]
+      const at::Tensor logits = wide_logits(hidden, weight.narrow(0, first, n), temperature);  // [T, n]
       running.fold(logits, (label - first).clamp(0, n - 1), (label >= first) & (label < first + n));
     }
-    const auto [lse, sum] = running.finish(labels);
+    const auto [lse, logprob] = running.finish(labels);
     ctx->save_for_backward({hidden, weight, labels, lse});
-    ctx->saved_data["label_count"] = label_count;
+    ctx->saved_data["temperature"] = temperature;
     ctx->saved_data["chunk"] = chunk;
-    return sum / static_cast<double>(label_count);
+    return logprob;
   }
 
-  // d loss / d logits = (softmax - onehot(label)) · g / label_count on labelled rows.
-  // By blocks of vocabulary rows, each over all T tokens (as many logits as one token
-  // chunk holds): a block's rows of the weight's gradient are complete at once and go
-  // to the weight's dtype, so the gradient is never whole in the wide dtype (1 GB for
-  // Qwen3.5's 248,320 × 1024 head in fp32 beside its bf16 result), nor read and written
-  // whole once per chunk. The hidden state's gradient sums over the blocks, wide.
+  // d loss / d logits = (softmax − onehot(label)) · (−g_t) per token (token_weights). By
+  // blocks of vocabulary rows, each over all T tokens (as many logits as one token chunk
+  // holds): a block's rows of the weight's gradient are complete at once and go to the
+  // weight's dtype, so the gradient is never whole in the wide dtype (1 GB for Qwen3.5's
+  // 248,320 × 1024 head in fp32 beside its bf16 result), nor read and written whole once
+  // per chunk. The hidden state's gradient sums over the blocks, wide.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &hidden = saved[0], &weight = saved[1], &labels = saved[2], &lse = saved[3];
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const double temperature = ctx->saved_data["temperature"].toDouble();
     const at::ScalarType wide = lse.scalar_type();
-    const at::Tensor scale = grads[0].to(wide) / static_cast<double>(ctx->saved_data["label_count"].toInt());
     const int64_t T = hidden.size(0), V = weight.size(0);
     const int64_t rows = block_rows(chunk, T, V);
-    const at::Tensor valid = (labels != kIgnore).to(wide).unsqueeze(1) * scale;  // [T, 1]: the loss's weight
-    const at::Tensor target = labels.clamp_min(0).unsqueeze(1);                  // [T, 1]
+    const at::Tensor valid = token_weights(grads[0], labels, temperature, wide);  // [T, 1]
+    const at::Tensor target = labels.clamp_min(0).unsqueeze(1);                   // [T, 1]
     const at::Tensor lse_t = lse.unsqueeze(1);
     at::Tensor grad_hidden = at::zeros(hidden.sizes(), hidden.options().dtype(wide));
     // A frozen head (LoRA, --freeze) gets no gradient: neither its [V, h] nor the matmuls.
@@ -115,7 +130,7 @@ struct ChunkedLmLoss : torch::autograd::Function<ChunkedLmLoss> {
     for (int64_t first = 0; first < V; first += rows) {
       const int64_t n = std::min(rows, V - first);
       const at::Tensor w = weight.narrow(0, first, n);
-      const at::Tensor dd = block_gradient(at::linear(hidden, w).to(wide), lse_t, (target - first).clamp(0, n - 1),
+      const at::Tensor dd = block_gradient(wide_logits(hidden, w, temperature), lse_t, (target - first).clamp(0, n - 1),
                                            (target >= first) & (target < first + n), valid, hidden.scalar_type());
       grad_hidden.add_(at::matmul(dd, w));
       if (weight_trains) grad_weight.narrow(0, first, n).copy_(at::matmul(dd.t(), hidden));
@@ -150,58 +165,59 @@ std::pair<at::Tensor, at::Tensor> label_in_round(const at::Tensor& label, const 
   return {(owner * block + offset).clamp(0, head.ranks() * block - 1), here};
 }
 
+// Round k's logits / temperature in the wide dtype, −∞ on its padding rows (exp(−∞ − max)
+// = 0; the maximum is finite: round 0 holds rank 0's first rows).
+at::Tensor round_logits(const at::Tensor& hidden, const at::Tensor& w, const Round& round, double temperature) {
+  return wide_logits(hidden, w, temperature)
+      .masked_fill_(round.valid.logical_not(), -std::numeric_limits<double>::infinity());
+}
+
 // The table the node reads again in its backward (it outlives the step: the optimizer owns it).
 struct HeadRef : torch::CustomClassHolder {
   explicit HeadRef(model::RowShardedWeight& head) : head(head) {}
   model::RowShardedWeight& head;
 };
 
-struct RowShardedLmLoss : torch::autograd::Function<RowShardedLmLoss> {
+struct RowShardedLabelLogprobs : torch::autograd::Function<RowShardedLabelLogprobs> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& labels,
-                            int64_t label_count, int64_t block, const c10::intrusive_ptr<HeadRef>& ref) {
+                            double temperature, int64_t block, const c10::intrusive_ptr<HeadRef>& ref) {
     model::RowShardedWeight* head = &ref->head;
-    const at::ScalarType wide = wide_of(hidden);
-    RunningLse running(hidden.size(0), hidden.options().dtype(wide));
+    RunningLse running(hidden.size(0), hidden.options().dtype(wide_of(hidden)));
     const at::Tensor label = labels.clamp_min(0).unsqueeze(1);  // [T, 1]
-    const double inf = std::numeric_limits<double>::infinity();
     for (int64_t k = 0; k < head->rounds(block); ++k) {
       const at::Tensor w = head->gather_round(k, block);  // [P·B, h]
       const Round round = round_rows(*head, k, block, hidden.device());
-      // exp(−∞ − max) = 0 for padding; the maximum is finite: round 0 holds rank 0's first rows.
-      const at::Tensor logits = at::linear(hidden, w).to(wide).masked_fill_(round.valid.logical_not(), -inf);
       const auto [at_label, here] = label_in_round(label, *head, k, block);
-      running.fold(logits, at_label, here);
+      running.fold(round_logits(hidden, w, round, temperature), at_label, here);
     }
-    const auto [lse, sum] = running.finish(labels);
+    const auto [lse, logprob] = running.finish(labels);
     ctx->save_for_backward({hidden, labels, lse});
-    ctx->saved_data["label_count"] = label_count;
+    ctx->saved_data["temperature"] = temperature;
     ctx->saved_data["block"] = block;
     ctx->saved_data["head"] = c10::IValue::make_capsule(ref);
-    return sum / static_cast<double>(label_count);
+    return logprob;
   }
 
-  // chunked_lm_loss's backward, a round at a time: each round's rows gathered again, the
-  // hidden state's gradient summed over rounds, each round's weight gradient sent to its
-  // rows' owners before the next round.
+  // ChunkedLabelLogprobs's backward, a round at a time: each round's rows gathered again,
+  // the hidden state's gradient summed over rounds, each round's weight gradient sent to
+  // its rows' owners before the next round.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &hidden = saved[0], &labels = saved[1], &lse = saved[2];
     const int64_t block = ctx->saved_data["block"].toInt();
+    const double temperature = ctx->saved_data["temperature"].toDouble();
     model::RowShardedWeight* head =
         &c10::static_intrusive_pointer_cast<HeadRef>(ctx->saved_data["head"].toCapsule())->head;
-    const at::ScalarType wide = lse.scalar_type();
-    const at::Tensor scale = grads[0].to(wide) / static_cast<double>(ctx->saved_data["label_count"].toInt());
-    const at::Tensor valid = (labels != kIgnore).to(wide).unsqueeze(1) * scale;
+    const at::Tensor valid = token_weights(grads[0], labels, temperature, lse.scalar_type());
     const at::Tensor label = labels.clamp_min(0).unsqueeze(1);
     const at::Tensor lse_t = lse.unsqueeze(1);
-    at::Tensor grad_hidden = at::zeros(hidden.sizes(), hidden.options().dtype(wide));
-    const double inf = std::numeric_limits<double>::infinity();
+    at::Tensor grad_hidden = at::zeros(hidden.sizes(), hidden.options().dtype(lse.scalar_type()));
     for (int64_t k = 0; k < head->rounds(block); ++k) {
       const at::Tensor w = head->gather_round(k, block);
       const Round round = round_rows(*head, k, block, hidden.device());
       const auto [at_label, here] = label_in_round(label, *head, k, block);
-      const at::Tensor dd = block_gradient(at::linear(hidden, w).to(wide).masked_fill_(round.valid.logical_not(), -inf),
-                                           lse_t, at_label, here, valid, hidden.scalar_type());
+      const at::Tensor dd = block_gradient(round_logits(hidden, w, round, temperature), lse_t, at_label, here, valid,
+                                           hidden.scalar_type());
       grad_hidden.add_(at::matmul(dd, w));
       head->reduce_round(k, block, at::matmul(dd.t(), hidden));
     }
@@ -260,26 +276,32 @@ int64_t row_sharded_block(int64_t chunk, int64_t tokens_per_rank, int64_t vocab,
   return std::clamp<int64_t>(std::min((per_round + ranks - 1) / ranks, by_bytes), 1, R);
 }
 
+at::Tensor chunked_label_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                                  double temperature, int64_t chunk) {
+  MMSP_CHECK(chunk > 0, "--loss-chunk ", chunk, " must be positive (tokens per chunk of the LM head)");
+  MMSP_CHECK(weight.dim() == 2, "LM head weight ", weight.sizes(), " must be [V, h]");
+  check_token_values(hidden, weight.size(1), labels, temperature);
+  return ChunkedLabelLogprobs::apply(hidden, weight, labels, temperature, chunk);
+}
+
+at::Tensor chunked_label_logprobs(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
+                                  double temperature, int64_t block) {
+  MMSP_CHECK(block > 0, "a row-sharded head is read in rounds of at least one row, not ", block);
+  check_token_values(hidden, head.width(), labels, temperature);
+  return RowShardedLabelLogprobs::apply(hidden, labels, temperature, block, c10::make_intrusive<HeadRef>(head));
+}
+
+// −Σ log p / label_count: the same bits as summing lse − label logit (negation is exact).
 at::Tensor chunked_lm_loss(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
                            int64_t label_count, int64_t block) {
   MMSP_CHECK(label_count > 0, "the batch has no label tokens: nothing to learn from (check loss_mask)");
-  MMSP_CHECK(block > 0, "a row-sharded head is read in rounds of at least one row, not ", block);
-  MMSP_CHECK(hidden.dim() == 2 && hidden.size(1) == head.width(), "hidden ", hidden.sizes(), " must be [T, ",
-             head.width(), "] for the LM head");
-  MMSP_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0), "labels ", labels.sizes(), " must be [",
-             hidden.size(0), "] (one per token)");
-  return RowShardedLmLoss::apply(hidden, labels, label_count, block, c10::make_intrusive<HeadRef>(head));
+  return chunked_label_logprobs(hidden, head, labels, 1.0, block).sum().neg() / static_cast<double>(label_count);
 }
 
 at::Tensor chunked_lm_loss(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
                            int64_t label_count, int64_t chunk) {
   MMSP_CHECK(label_count > 0, "the batch has no label tokens: nothing to learn from (check loss_mask)");
-  MMSP_CHECK(chunk > 0, "--loss-chunk ", chunk, " must be positive (tokens per chunk of the LM head)");
-  MMSP_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1), "hidden ", hidden.sizes(),
-             " and LM head weight ", weight.sizes(), " must be [T, h] and [V, h]");
-  MMSP_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0), "labels ", labels.sizes(), " must be [",
-             hidden.size(0), "] (one per token)");
-  return ChunkedLmLoss::apply(hidden, weight, labels, label_count, chunk);
+  return chunked_label_logprobs(hidden, weight, labels, 1.0, chunk).sum().neg() / static_cast<double>(label_count);
 }
 
 at::Tensor chunked_token_values(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
@@ -294,8 +316,8 @@ at::Tensor chunked_token_values(const at::Tensor& hidden, const at::Tensor& weig
   const int64_t rows = block_rows(chunk, T, V);
   for (int64_t first = 0; first < V; first += rows) {
     const int64_t n = std::min(rows, V - first);
-    const at::Tensor z = at::linear(hidden, weight.narrow(0, first, n)).to(wide_of(hidden)).div_(temperature);
-    running.fold(z, (label - first).clamp(0, n - 1), (label >= first) & (label < first + n));
+    running.fold(wide_logits(hidden, weight.narrow(0, first, n), temperature), (label - first).clamp(0, n - 1),
+                 (label >= first) & (label < first + n));
   }
   return running.finish(labels);
 }
@@ -307,14 +329,11 @@ at::Tensor chunked_token_values(const at::Tensor& hidden, model::RowShardedWeigh
   at::NoGradGuard no_grad;
   RunningEntropy running(hidden.size(0), hidden.options().dtype(wide_of(hidden)));
   const at::Tensor label = labels.clamp_min(0).unsqueeze(1);  // [T, 1]
-  const double inf = std::numeric_limits<double>::infinity();
   for (int64_t k = 0; k < head.rounds(block); ++k) {
     const at::Tensor w = head.gather_round(k, block);  // [P·B, h]
     const Round round = round_rows(head, k, block, hidden.device());
-    const at::Tensor z =
-        at::linear(hidden, w).to(wide_of(hidden)).div_(temperature).masked_fill_(round.valid.logical_not(), -inf);
     const auto [at_label, here] = label_in_round(label, head, k, block);
-    running.fold(z, at_label, here);
+    running.fold(round_logits(hidden, w, round, temperature), at_label, here);
   }
   return running.finish(labels);
 }

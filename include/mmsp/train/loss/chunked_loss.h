@@ -21,6 +21,19 @@ namespace mmsp::train {
 // floor(256 MiB / (4·V)), at least 1.
 int64_t default_loss_chunk(int64_t vocab_size);
 
+// Per token, differentiable (RL objectives, train/objective/): [T] in the wide dtype (fp64
+// for fp64, else fp32), log p(label | prefix) under softmax(hidden·weightᵀ / temperature),
+// 0 where the label is -100 (no gradient there). The same blocks and arithmetic as the
+// loss below, which is −Σ of these / label_count; the backward makes each block's logits
+// again and weighs each token's softmax − onehot by minus its incoming gradient, so a loss
+// written on these values backpropagates to the hidden state and the head without [T, V].
+at::Tensor chunked_label_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                                  double temperature, int64_t chunk);
+// The same with the head row-sharded (--shard parameters), read in rounds of `block` rows
+// as the loss reads it. Collective: every rank calls it (forward and backward) alike.
+at::Tensor chunked_label_logprobs(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
+                                  double temperature, int64_t block);
+
 // Sum over this rank's tokens of -log softmax(hidden·weightᵀ)[label], divided by the
 // global label count (summed over ranks it is the mean over the batch). Labels -100
 // take no loss. hidden [T, h] and weight [V, h] in the compute dtype (weight is the
