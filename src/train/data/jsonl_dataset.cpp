@@ -17,6 +17,7 @@
 #include "mmsp/hf/safetensors.h"
 #include "mmsp/model/family.h"
 #include "mmsp/model/vision/image_resize.h"
+#include "mmsp/plan/labels.h"
 #include "mmsp/train/data/image_file.h"
 #include "mmsp/train/data/video_file.h"
 
@@ -27,11 +28,12 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-const std::array<std::string, 7> kFieldNames = {
-    "input_ids", "loss_mask", "images", "image_grid_thw", "videos", "video_grid_thw", "second_per_grid_ts"};
+const std::array<std::string, 10> kFieldNames = {
+    "input_ids",      "loss_mask",          "images",     "image_grid_thw", "videos",
+    "video_grid_thw", "second_per_grid_ts", "advantages", "old_logprobs",   "ref_logprobs"};
 const char* const kFields =
     "input_ids, loss_mask, images, image_grid_thw, videos, video_grid_thw, "
-    "second_per_grid_ts";
+    "second_per_grid_ts; and an RL objective's advantages, old_logprobs, ref_logprobs";
 
 std::string grid_text(const plan::Grid& g) { return detail::concat("[", g[0], ", ", g[1], ", ", g[2], "]"); }
 
@@ -234,6 +236,7 @@ JsonlDataset::Sample JsonlDataset::read_sample(const std::string& text, int64_t 
   try {
     plan::parse_sequence(s.sequence, config_.conventions, static_cast<int64_t>(samples_.size()));
   } catch (const Error& e) { MMSP_FAIL(where, ": ", e.what()); }
+  s.rollout = read_rollout_values(object, plan::count_labels(s.sequence, config_.conventions), where);
   return s;
 }
 
@@ -444,6 +447,11 @@ void JsonlDataset::check_lengths(int64_t row_limit) const {
 std::string JsonlDataset::location(int64_t index) const { return detail::concat(path_, ":", sample(index).line); }
 
 plan::Sequence JsonlDataset::sequence(int64_t index) const { return sample(index).sequence; }
+
+const RolloutValues* JsonlDataset::rollout(int64_t index) const {
+  const Sample& s = sample(index);
+  return s.rollout.empty() ? nullptr : &s.rollout;
+}
 
 at::Tensor JsonlDataset::pixels(const Sample& s, const Source& src, const plan::Grid& g, bool video,
                                 int64_t item) const {

@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 
 #include "mmsp/plan/sequence.h"
+#include "mmsp/train/data/rollout_values.h"
 
 namespace mmsp::train {
 
@@ -38,6 +39,10 @@ class Dataset {
   virtual at::Tensor video_pixel_rows(int64_t index, int64_t video, int64_t first, int64_t rows) const {
     return video_pixels(index, video).narrow(0, first, rows);
   }
+
+  // Sample `index`'s rollout numbers (advantages, old and reference log-probabilities: RL
+  // objectives); null where the dataset has none for it.
+  virtual const RolloutValues* rollout(int64_t /*index*/) const { return nullptr; }
 
   // One line for logs: kind, source, sample count.
   virtual std::string describe() const = 0;

@@ -41,6 +41,7 @@ class JsonlDataset : public Dataset {
 
   int64_t size() const override { return static_cast<int64_t>(samples_.size()); }
   plan::Sequence sequence(int64_t index) const override;
+  const RolloutValues* rollout(int64_t index) const override;
   at::Tensor image_pixels(int64_t index, int64_t image) const override;
   at::Tensor video_pixels(int64_t index, int64_t video) const override;
   // Decodes only the frames of the temporal groups the rows come from.
@@ -68,6 +69,7 @@ class JsonlDataset : public Dataset {
     int64_t line = 0;
     plan::Sequence sequence;
     std::vector<Source> images, videos;
+    RolloutValues rollout;  // data/rollout_values.h: empty unless the line has those fields
   };
 
   // An image's or video's files and the first one's size (W x H).

@@ -1,0 +1,60 @@
+// Reading and checking a line's rollout fields; see mmsp/train/data/rollout_values.h.
+#include "mmsp/train/data/rollout_values.h"
+
+#include <cmath>
+
+#include <nlohmann/json.hpp>
+
+#include "mmsp/core/check.h"
+
+namespace mmsp::train {
+namespace {
+
+using nlohmann::json;
+
+// A rollout engine's log-probabilities can round a hair above 0; more is not one.
+constexpr double kLogprobSlack = 1e-6;
+
+double number(const json& v, const std::string& name, const std::string& where) {
+  MMSP_CHECK(v.is_number(), where, ": ", name, " is ", v.dump(), ", expected a number");
+  const double x = v.get<double>();
+  MMSP_CHECK(std::isfinite(x), where, ": ", name, " is ", x, ", expected a finite number");
+  return x;
+}
+
+std::vector<double> per_token(const json& object, const char* field, int64_t labelled, const std::string& where,
+                              bool per_sequence_ok, bool logprob) {
+  std::vector<double> out;
+  const auto it = object.find(field);
+  if (it == object.end() || it->is_null()) return out;
+  if (per_sequence_ok && it->is_number()) {
+    out.push_back(number(*it, field, where));
+    return out;
+  }
+  MMSP_CHECK(it->is_array(), where, ": ", field, " must be a list of numbers (one per labelled token",
+             per_sequence_ok ? ", or one number for the sequence" : "", "), got ", it->dump().substr(0, 80));
+  MMSP_CHECK(static_cast<int64_t>(it->size()) == labelled, where, ": ", field, " has ", it->size(),
+             " values; the sample has ", labelled,
+             " labelled tokens (one value per labelled token, in order, as mmsp logprobs writes them",
+             per_sequence_ok ? "; or one number for the sequence" : "", ")");
+  out.reserve(it->size());
+  for (size_t k = 0; k < it->size(); ++k) {
+    const std::string name = detail::concat(field, "[", k, "]");
+    out.push_back(number((*it)[k], name, where));
+    MMSP_CHECK(!logprob || out.back() <= kLogprobSlack, where, ": ", name, " is ", out.back(),
+               ": a log-probability is at most 0");
+  }
+  return out;
+}
+
+}  // namespace
+
+RolloutValues read_rollout_values(const json& object, int64_t labelled, const std::string& where) {
+  RolloutValues v;
+  v.advantages = per_token(object, "advantages", labelled, where, true, false);
+  v.old_logprobs = per_token(object, "old_logprobs", labelled, where, false, true);
+  v.ref_logprobs = per_token(object, "ref_logprobs", labelled, where, false, true);
+  return v;
+}
+
+}  // namespace mmsp::train
