@@ -25,6 +25,7 @@ void TrainFlags::add_to(CLI::App& app) {
   add_memory(app);
   add_run_directory(app);
   add_finetune(app);
+  add_objective(app);
   app.add_option("--test-sleep-in-step", test_sleep)->group("");
   app.add_option("--test-skew-batch", test_skew)->group("");
 }
@@ -154,6 +155,42 @@ void TrainFlags::add_run_directory(CLI::App& app) {
 }
 
 // What a fine-tuning recipe sets: the parts that train, micro-steps, the held-out set.
+// What a step minimises: the cross-entropy, or an RL objective on the rollouts' numbers
+// (docs/rl.md); verl's names for its knobs.
+void TrainFlags::add_objective(CLI::App& app) {
+  const char* group = "Objective (docs/rl.md)";
+  app.add_option("--objective", objective,
+                 "cross-entropy, or grpo / ppo: the clipped surrogate on each line's advantages, old_logprobs "
+                 "and ref_logprobs")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option("--loss-agg", loss_agg,
+                 "token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm (default: grpo "
+                 "seq-mean-token-mean, ppo token-mean)")
+      ->group(group);
+  clip_flag = app.add_option("--clip-ratio", clip_ratio, "the importance ratio's clip range: [1 - it, 1 + it]")
+                  ->capture_default_str()
+                  ->group(group);
+  app.add_option("--clip-ratio-low", clip_low, "the range's lower side (default --clip-ratio)")->group(group);
+  app.add_option("--clip-ratio-high", clip_high, "the range's upper side (default --clip-ratio; DAPO: 0.28)")
+      ->group(group);
+  clip_c_flag = app.add_option("--clip-ratio-c", options.objective.clip_c,
+                               "dual clip for negative advantages, > 1 (default: ppo 3, grpo off; 0: off)")
+                    ->group(group);
+  app.add_option("--kl-coef", options.objective.kl_coef,
+                 "× the KL to the reference (each line's ref_logprobs); 0: no reference")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option("--kl", kl, "the KL estimator: k1, k2 or k3 (low_var_kl)")->capture_default_str()->group(group);
+  app.add_option("--temperature", options.objective.temperature,
+                 "the logits are divided by it (the rollout's sampling temperature)")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option("--loss-scale", options.objective.loss_scale,
+                 "seq-mean-token-sum-norm's divisor (Dr. GRPO's constant)")
+      ->group(group);
+}
+
 void TrainFlags::add_finetune(CLI::App& app) {
   app.add_option("--freeze", freeze,
                  "parts that do not train, comma-separated: vision, merger, llm, embeddings (docs/finetune.md)");
@@ -216,6 +253,7 @@ void TrainFlags::parse() {
   o.parallel.attention_kernel = attention::parse_attention_kernel(attention_kernel);
   o.parallel.overlap_communication = overlap_communication == "on";
   o.finetune.freeze = model::parse_model_parts(freeze, "--freeze");
+  parse_objective();
   if (!lora_targets.empty()) o.finetune.lora.targets = model::parse_lora_targets(lora_targets);
   MMSP_CHECK(!lora_rank_flag || lora_rank_flag->count() == 0 || o.finetune.lora.rank >= 1, "--lora-rank ",
              o.finetune.lora.rank, " must be ≥ 1 (the adapters' rank; leave the flag out to train every weight)");
@@ -242,6 +280,26 @@ void TrainFlags::place(const dist::RankEnv& env, const c10::Device& device) {
   } else {
     o.memory.limit_bytes = parse_byte_size(memory_limit, "--memory-limit");
   }
+}
+
+// --objective and its knobs: the objective's defaults, then what was given.
+void TrainFlags::parse_objective() {
+  train::ObjectiveOptions& j = options.objective;
+  const double given_c = j.clip_c, kl_coef = j.kl_coef, temperature = j.temperature, scale = j.loss_scale;
+  j = train::objective_defaults(train::parse_objective(objective));
+  if (clip_c_flag && clip_c_flag->count() > 0) j.clip_c = given_c;
+  j.kl_coef = kl_coef;
+  j.temperature = temperature;
+  j.loss_scale = scale;
+  if (!loss_agg.empty()) j.agg = train::parse_loss_agg(loss_agg);
+  j.kl = train::parse_kl_kind(kl);
+  j.clip_low = clip_low >= 0 ? clip_low : clip_ratio;
+  j.clip_high = clip_high >= 0 ? clip_high : clip_ratio;
+  const bool rl = j.kind != train::Objective::cross_entropy;
+  MMSP_CHECK(rl || (loss_agg.empty() && kl_coef == 0 && (!clip_flag || clip_flag->count() == 0) && clip_low < 0 &&
+                    clip_high < 0 && (!clip_c_flag || clip_c_flag->count() == 0) && temperature == 1.0 && scale == 0),
+             "--loss-agg, --clip-ratio*, --kl-coef, --temperature and --loss-scale are read by --objective grpo or ",
+             "ppo, not cross-entropy");
 }
 
 }  // namespace mmsp::cli

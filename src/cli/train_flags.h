@@ -27,6 +27,11 @@ struct TrainFlags {
   CLI::Option* lora_rank_flag = nullptr;  // given: a rank of 0 is refused (not "no LoRA")
   CLI::Option* lora_alpha_flag = nullptr;
   std::string base_model;  // --base-model DIR: the base of a peft adapter given as --model
+  // --objective and its knobs (parse_objective); clip sides < 0: as --clip-ratio.
+  std::string objective = "cross-entropy", loss_agg, kl = "k3";
+  double clip_ratio = 0.2, clip_low = -1, clip_high = -1;
+  CLI::Option* clip_flag = nullptr;
+  CLI::Option* clip_c_flag = nullptr;
 
   void add_to(CLI::App& app);
   // The text flags and test hooks into `options`, checked against each other (before the
@@ -42,6 +47,8 @@ struct TrainFlags {
   void add_memory(CLI::App& app);
   void add_run_directory(CLI::App& app);
   void add_finetune(CLI::App& app);
+  void add_objective(CLI::App& app);
+  void parse_objective();
   void read_test_hooks();
 };
 

@@ -17,6 +17,7 @@
 #include "mmsp/train/data/shapes_dataset.h"
 #include "mmsp/train/loss/chunked_loss.h"
 #include "mmsp/train/run_checks.h"
+#include "objective/policy_loss.h"
 
 namespace mmsp::train {
 
@@ -181,6 +182,7 @@ void open_data(const TrainOptions& o, const dist::Mesh& mesh, RunInputs& in) {
   if (const auto* jsonl = dynamic_cast<const JsonlDataset*>(in.data.get()))
     jsonl->check_lengths(in.packer->row_limit());
   in.eval = open_eval_set(o, in.resolved.config, packing.tokens_per_row, in.rows);
+  check_rollouts(*in.data, in.resolved.config.conventions, o.objective, o.inputs.data);
 }
 
 }  // namespace
@@ -194,6 +196,7 @@ void check_train_options(const TrainOptions& o, const plan::Mesh& mesh) {
   check_memory_options(o.memory);
   check_schedule(o.schedule);
   check_output(o.output, o.parallel.shard);
+  check_objective_options(o.objective);
 }
 
 plan::PlanOptions plan_options_for(const TrainOptions& o, const RunInputs& in, const dist::Mesh& mesh) {

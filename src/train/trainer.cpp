@@ -32,6 +32,7 @@
 #include "mmsp/train/run_checks.h"
 #include "mmsp/train/step_fingerprint.h"
 #include "mmsp/train/step_watch.h"
+#include "objective/policy_loss.h"
 #include "pixel_prefetch.h"
 #include "run_inputs.h"
 #include "run_output.h"
@@ -122,6 +123,16 @@ struct StepLoop {
   PixelPrefetch& pixels;  // this step's pixels, and the next step's ahead (--prefetch-pixels)
 };
 
+// An RL objective's per-sequence weights over the step's micro-batches (none for the
+// cross-entropy, whose divisor is the step's label count).
+std::vector<std::vector<double>> policy_weights(const StepBatches& batches, const RunInputs& in,
+                                                const ObjectiveOptions& o) {
+  if (o.kind == Objective::cross_entropy) return {};
+  std::vector<const plan::Batch*> micro;
+  for (const MicroBatch& m : batches.micro) micro.push_back(&m.batch);
+  return sequence_weights(micro, in.resolved.config.conventions, o.agg, o.loss_scale);
+}
+
 // One step: data (the same on every rank; --accumulate's K micro-batches, all planned
 // first) → plan → the step agreed → per micro-batch: this rank's pixels → forward/backward
 // on its shard (the gradients add up) → weight update → the agreed figures. The
@@ -152,6 +163,8 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   update.begin_step();
   double local_loss = 0;
   at::Tensor expert_counts;  // tokens each expert took (mixture of experts)
+  const ObjectiveOptions& objective = run.o.objective;
+  const std::vector<std::vector<double>> weights = policy_weights(batches, run.in, objective);
   for (size_t k = 0; k < batches.micro.size(); ++k) {
     const MicroBatch& micro = batches.micro[k];
     watch.phase("pixels");
@@ -161,7 +174,13 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
     model::StepOutput out =
         parallel::forward_step(run.model.model(), micro.batch, micro.plan, pixels, run.model.parallelism());
     out.label_count = batches.label_count;  // the step's: every micro-batch's labels together
-    at::Tensor loss = head_loss(run.model.model(), out, run.in.loss_chunk, run.o.inputs.tokens_per_rank);
+    at::Tensor loss = objective.kind == Objective::cross_entropy
+                          ? head_loss(run.model.model(), out, run.in.loss_chunk, run.o.inputs.tokens_per_rank)
+                          : policy_loss(head_label_logprobs(run.model.model(), out, run.in.loss_chunk,
+                                                            run.o.inputs.tokens_per_rank, objective.temperature),
+                                        rank_rollout(*run.in.data, micro.samples, micro.batch, micro.plan, weights[k],
+                                                     run.in.resolved.config.conventions, run.o.parallel.device),
+                                        objective);
     watch.phase("backward");
     watch.forward_done();
     loss.backward();

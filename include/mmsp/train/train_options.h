@@ -20,6 +20,7 @@
 #include "mmsp/plan/mesh.h"
 #include "mmsp/plan/placement.h"
 #include "mmsp/plan/vision_split.h"
+#include "mmsp/train/objective/objective_options.h"
 
 namespace mmsp::train {
 
@@ -210,6 +211,7 @@ struct EvalOptions {
 };
 
 struct TrainOptions {
+  ObjectiveOptions objective;  // cross-entropy, or GRPO / PPO on the rollouts' numbers
   InputOptions inputs;
   ParallelOptions parallel;
   MemoryOptions memory;
