@@ -376,6 +376,98 @@ def trl_dpo_loss_equals_one_process(rank, world, ring, ulysses, folder):
     sp_checks.assert_gradients_equal(model, reference, f"{what}: mmsp.rl.dpo_loss")
 
 
+def _dpo_image_pairs(n):
+    """n preference pairs in TRL's conversational vision format: an image (three sizes) and a
+    question, a short chosen and a longer rejected answer."""
+    from PIL import Image
+
+    def say(role, *parts):
+        return [{"role": role, "content": [{"type": "image"} if p is None else {"type": "text", "text": p}
+                                           for p in parts]}]
+
+    answers = ["A cat.", "A dog on the left.", "A red square.", "Fine, thanks."]
+    return [{"images": [Image.new("RGB", (42 + 14 * (i % 3), 42), (40 * i, 200 - 20 * i, 90))],
+             "prompt": say("user", None, "What is this?"), "chosen": say("assistant", answers[i % 4]),
+             "rejected": say("assistant", answers[(i + 1) % 4] + " " + answers[(i + 2) % 4])} for i in range(n)]
+
+
+def trl_dpo_train(rank, world, folder, out):
+    """TRL's DPOTrainer.train(), unmodified, with a reference model, on a tiny Qwen2-VL written
+    by tiny_models.py (float64) and 8 image-question preference pairs: two optimizer steps of
+    two accumulated micro-batches (SGD: a gradient's error shows in the weights as it is). On 2
+    ranks the policy is patched by mmsp (ring 2, batch="per_rank": each rank's loader gives it
+    its pairs) after the trainer is built; on 1 process it is not, with twice the pairs a
+    micro-batch, and policy and reference answer TRL's fused-head call in float64
+    (exact_fused_head: TRL's own head computes in float32). Rank 0 saves the policy's weights
+    before and after, the trainer's log and its wrapper of the policy."""
+    from datasets import Dataset
+    from transformers import AutoConfig, AutoModelForImageTextToText
+    from trl import DPOConfig, DPOTrainer
+
+    import mmsp
+    import tiny_models
+
+    if world > 1:  # one process: no torchrun variables, so accelerate runs it as one (no DDP)
+        _torchrun_environment(rank, world)
+    _families()  # (transformers' logging set to errors)
+    directory = os.path.join(folder, f"model{rank}")
+    processor = tiny_models.build("qwen2_vl", directory)
+    torch.manual_seed(0)
+    # Each model its own config object: the patch sets the policy's attention in its config.
+    model, ref_model = (AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(directory),
+                                                                dtype=torch.float64) for _ in range(2))
+    model.train()
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    args = DPOConfig(output_dir=os.path.join(folder, f"out{rank}"), beta=0.1, use_cpu=True, bf16=False,
+                     report_to=[], save_strategy="no", disable_tqdm=True, per_device_train_batch_size=4 // world,
+                     gradient_accumulation_steps=2, max_steps=2, optim="sgd", learning_rate=0.5,
+                     lr_scheduler_type="constant", logging_steps=1, seed=0, data_seed=0)
+    trainer = DPOTrainer(model=model, ref_model=ref_model, args=args, processing_class=processor,
+                         train_dataset=Dataset.from_list(_dpo_image_pairs(8)))
+    exact_fused_head(ref_model, 1.0)
+    if world > 1:
+        mesh = mmsp.Mesh(ring=world)
+        mmsp.patch(model, mesh, batch="per_rank")  # after the trainer (its fused LM head would replace the patch's)
+    else:
+        exact_fused_head(model, 1.0)
+    trainer.train()
+    if rank == 0:
+        torch.save({"before": before, "after": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                    "log": [h for h in trainer.state.log_history if "loss" in h],
+                    "wrapped": type(trainer.model_wrapped).__name__, "unwrapped": trainer.model_wrapped is model},
+                   out)
+    if world > 1:  # patched before the trainer: TRL's fused head (its constructor's) reaches the decoder unpatched
+        from trl.trainer.utils import add_fused_lm_head
+
+        early = mmsp.patch(AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(directory),
+                                                                   dtype=torch.float64), mesh, batch="per_rank")
+        add_fused_lm_head(early)
+        ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]])
+        _refused(lambda: early(input_ids=ids, attention_mask=torch.ones_like(ids), labels=ids, fused_lm_head=True),
+                 "attention got a batch of 2 rows", "patch after building the trainer")
+
+
+def assert_dpo_runs_equal(got, want):
+    """Two trl_dpo_train results (got: mmsp on 2 ranks, want: one process): not wrapped in DDP; the
+    same start; every weight's change equal to 1e-12 of the change; TRL's logged metrics (float64,
+    gathered over the ranks) to 1e-12 relative (1e-15 absolute); the logged loss to 3e-7 relative:
+    the Trainer sums it in a float32 tensor (_tr_loss), per rank on 2 ranks (then averaged), so
+    the two runs round it differently (one float32 ulp measured)."""
+    assert got["unwrapped"], f"the trainer wrapped the patched policy in {got['wrapped']}"
+    assert len(got["log"]) == len(want["log"]) == 2, (got["log"], want["log"])
+    for step, (g, w) in enumerate(zip(got["log"], want["log"]), 1):
+        assert g.keys() == w.keys(), (g, w)
+        for key, value in w.items():
+            tolerance = 3e-7 * abs(value) if key == "loss" else 1e-12 * abs(value) + 1e-15
+            assert abs(g[key] - value) <= tolerance, f"step {step}, {key}: {g[key]!r} != one process's {value!r}"
+    for name, before in want["before"].items():
+        assert torch.equal(before, got["before"][name]), f"{name}: the two runs started from different weights"
+        step, step_got = want["after"][name] - before, got["after"][name] - before
+        err, scale = (step_got - step).norm().item(), step.norm().item()
+        assert err <= 1e-12 * scale, f"{name}: its change differs by {err:.3e} (the change: {scale:.3e})"
+    assert all((want["after"][n] - b).norm() > 0 for n, b in want["before"].items()), "a weight did not train"
+
+
 def _refused(fn, *needles):
     """fn() must raise a ValueError whose message holds every needle."""
     try:

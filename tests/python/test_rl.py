@@ -2,6 +2,7 @@
 model's per-token log-probs and entropy = transformers' log_softmax at the labels on one
 process, and every RL objective's loss and gradients = one process (rl_checks.py)."""
 import pytest
+import torch
 
 import rl_checks
 import sp_ranks
@@ -37,3 +38,9 @@ def test_trl_grpo_loss_equals_one_process(tmp_path):
 def test_trl_dpo_loss_equals_one_process(tmp_path):
     sp_ranks.run(4, rl_checks.trl_dpo_loss_equals_one_process, 2, 2, str(tmp_path), tmp_path=tmp_path)
 
+
+def test_trl_dpo_train_equals_one_process(tmp_path):
+    """TRL's DPOTrainer.train() on 2 ranks, the policy patched (batch="per_rank") = one process."""
+    sp_ranks.run(1, rl_checks.trl_dpo_train, str(tmp_path), str(tmp_path / "one.pt"), tmp_path=tmp_path)
+    sp_ranks.run(2, rl_checks.trl_dpo_train, str(tmp_path), str(tmp_path / "mmsp.pt"), tmp_path=tmp_path)
+    rl_checks.assert_dpo_runs_equal(torch.load(tmp_path / "mmsp.pt"), torch.load(tmp_path / "one.pt"))

@@ -12,9 +12,12 @@ NAME = "mmsp"
 
 def attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """query [1, H, L, D], key/value [1, H_kv, L, D] -> ([1, L, H, D], None)."""
-    if query.shape[0] != 1:
+    if query.shape[0] != 1:  # the decoder ran without the patched forward
         raise ValueError(f"mmsp.patch: attention got a batch of {query.shape[0]} rows; the patched forward "
-                         "packs the batch into one row per rank")
+                         "packs the batch into one row per rank, so the decoder ran without it: was the model's "
+                         "forward replaced after mmsp.patch (TRL's trainers install their fused LM head when built: "
+                         "patch after building the trainer), or does an unpatched model share the patched one's "
+                         "config?")
     if dropout:
         raise ValueError(f"mmsp.patch: attention dropout {dropout} is not supported (training is exact)")
     step = current_step("the decoder's attention")
