@@ -160,8 +160,8 @@ void TrainFlags::add_run_directory(CLI::App& app) {
 void TrainFlags::add_objective(CLI::App& app) {
   const char* group = "Objective (docs/rl.md)";
   app.add_option("--objective", objective,
-                 "cross-entropy, or grpo / ppo: the clipped surrogate on each line's advantages, old_logprobs "
-                 "and ref_logprobs")
+                 "cross-entropy; grpo / ppo: the clipped surrogate on each line's advantages, old_logprobs "
+                 "and ref_logprobs; dpo: preference pairs' sigmoid loss")
       ->capture_default_str()
       ->group(group);
   app.add_option("--loss-agg", loss_agg,
@@ -184,6 +184,13 @@ void TrainFlags::add_objective(CLI::App& app) {
   app.add_option("--kl", kl, "the KL estimator: k1, k2 or k3 (low_var_kl)")->capture_default_str()->group(group);
   app.add_option("--temperature", options.objective.temperature,
                  "the logits are divided by it (the rollout's sampling temperature)")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option("--beta", options.objective.beta, "DPO: the implicit reward's scale (TRL's beta)")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option("--label-smoothing", options.objective.label_smoothing,
+                 "DPO: cDPO's chance that a pair's preference is flipped, in [0, 0.5)")
       ->capture_default_str()
       ->group(group);
   app.add_option("--loss-scale", options.objective.loss_scale,
@@ -285,21 +292,32 @@ void TrainFlags::place(const dist::RankEnv& env, const c10::Device& device) {
 // --objective and its knobs: the objective's defaults, then what was given.
 void TrainFlags::parse_objective() {
   train::ObjectiveOptions& j = options.objective;
-  const double given_c = j.clip_c, kl_coef = j.kl_coef, temperature = j.temperature, scale = j.loss_scale;
+  const train::ObjectiveOptions given = j;
   j = train::objective_defaults(train::parse_objective(objective));
-  if (clip_c_flag && clip_c_flag->count() > 0) j.clip_c = given_c;
-  j.kl_coef = kl_coef;
-  j.temperature = temperature;
-  j.loss_scale = scale;
+  if (clip_c_flag && clip_c_flag->count() > 0) j.clip_c = given.clip_c;
+  j.kl_coef = given.kl_coef;
+  j.temperature = given.temperature;
+  j.loss_scale = given.loss_scale;
+  j.beta = given.beta;
+  j.label_smoothing = given.label_smoothing;
   if (!loss_agg.empty()) j.agg = train::parse_loss_agg(loss_agg);
   j.kl = train::parse_kl_kind(kl);
   j.clip_low = clip_low >= 0 ? clip_low : clip_ratio;
   j.clip_high = clip_high >= 0 ? clip_high : clip_ratio;
   const bool rl = j.kind != train::Objective::cross_entropy;
-  MMSP_CHECK(rl || (loss_agg.empty() && kl_coef == 0 && (!clip_flag || clip_flag->count() == 0) && clip_low < 0 &&
-                    clip_high < 0 && (!clip_c_flag || clip_c_flag->count() == 0) && temperature == 1.0 && scale == 0),
-             "--loss-agg, --clip-ratio*, --kl-coef, --temperature and --loss-scale are read by --objective grpo or ",
-             "ppo, not cross-entropy");
+  const bool policy_knobs = !loss_agg.empty() || j.kl_coef != 0 || (clip_flag && clip_flag->count() > 0) ||
+                            clip_low >= 0 || clip_high >= 0 || (clip_c_flag && clip_c_flag->count() > 0) ||
+                            j.loss_scale != 0 || kl != "k3";
+  const bool dpo_knobs = j.beta != train::ObjectiveOptions{}.beta || j.label_smoothing != 0;
+  MMSP_CHECK(rl || (!policy_knobs && !dpo_knobs && j.temperature == 1.0),
+             "--loss-agg, --clip-ratio*, --kl-coef, --kl, --loss-scale, --beta, --label-smoothing and --temperature ",
+             "are read by an RL --objective (grpo, ppo, dpo), not cross-entropy");
+  MMSP_CHECK(j.kind != train::Objective::dpo || !policy_knobs,
+             "--loss-agg, --clip-ratio*, --kl-coef and --loss-scale are GRPO's and PPO's; --objective dpo reads ",
+             "--beta and --label-smoothing");
+  MMSP_CHECK(!rl || j.kind == train::Objective::dpo || !dpo_knobs,
+             "--beta and --label-smoothing are DPO's; --objective ", objective,
+             " reads --clip-ratio*, --kl-coef, --loss-agg");
 }
 
 }  // namespace mmsp::cli

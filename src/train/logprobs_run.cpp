@@ -170,6 +170,14 @@ LogprobsReport write_logprobs(const TrainOptions& o, const LogprobsOptions& l, c
         if (entropy) ent.push_back(entropy[offsets[s] + k]);
       }
       report.label_tokens += static_cast<int64_t>(lp.size());
+      if (const RolloutValues* v = in.data->rollout(samples[s]); v && v->preference.pair >= 0) {
+        // a preference pair's side: its pair and the sum DPO reads (ref_chosen_logps, ...)
+        double sum = 0;
+        for (const double x : lp) sum += x;
+        line["pair"] = v->preference.pair;
+        line["side"] = v->preference.chosen ? "chosen" : "rejected";
+        line["logps"] = sum;
+      }
       line["logprobs"] = std::move(lp);
       if (entropy) line["entropy"] = std::move(ent);
       file->stream() << line.dump() << '\n';

@@ -219,10 +219,17 @@ json run_flags(const TrainOptions& o, const plan::Mesh& mesh, int data_rows) {
               {"accumulate", o.schedule.accumulate}};
   if (o.objective.kind != Objective::cross_entropy) {  // absent for cross-entropy: older checkpoints match
     const ObjectiveOptions& j = o.objective;
-    run["objective"] = {
-        {"kind", to_string(j.kind)},      {"loss_agg", to_string(j.agg)}, {"clip_ratio_low", j.clip_low},
-        {"clip_ratio_high", j.clip_high}, {"clip_ratio_c", j.clip_c},     {"kl_coef", j.kl_coef},
-        {"kl", to_string(j.kl)},          {"temperature", j.temperature}, {"loss_scale", j.loss_scale}};
+    run["objective"] = {{"kind", to_string(j.kind)},
+                        {"loss_agg", to_string(j.agg)},
+                        {"clip_ratio_low", j.clip_low},
+                        {"clip_ratio_high", j.clip_high},
+                        {"clip_ratio_c", j.clip_c},
+                        {"kl_coef", j.kl_coef},
+                        {"kl", to_string(j.kl)},
+                        {"temperature", j.temperature},
+                        {"loss_scale", j.loss_scale},
+                        {"beta", j.beta},
+                        {"label_smoothing", j.label_smoothing}};
   }
   if (o.inputs.data == "shapes") {
     run["shapes_samples"] = o.inputs.shapes_samples;

@@ -17,7 +17,6 @@
 #include "mmsp/train/data/shapes_dataset.h"
 #include "mmsp/train/loss/chunked_loss.h"
 #include "mmsp/train/run_checks.h"
-#include "objective/policy_loss.h"
 
 namespace mmsp::train {
 
@@ -178,11 +177,11 @@ void open_data(const TrainOptions& o, const dist::Mesh& mesh, RunInputs& in) {
   packing.rows = in.rows;
   packing.seed = o.inputs.seed;
   packing.shuffle = o.inputs.shuffle;
+  packing.group = o.objective.kind == Objective::dpo ? 2 : 1;  // a pair's sides share a step
   in.packer = std::make_unique<StepPacker>(*in.data, packing);
   if (const auto* jsonl = dynamic_cast<const JsonlDataset*>(in.data.get()))
     jsonl->check_lengths(in.packer->row_limit());
   in.eval = open_eval_set(o, in.resolved.config, packing.tokens_per_row, in.rows);
-  check_rollouts(*in.data, in.resolved.config.conventions, o.objective, o.inputs.data);
 }
 
 }  // namespace

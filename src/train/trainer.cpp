@@ -32,6 +32,7 @@
 #include "mmsp/train/run_checks.h"
 #include "mmsp/train/step_fingerprint.h"
 #include "mmsp/train/step_watch.h"
+#include "objective/dpo_loss.h"
 #include "objective/policy_loss.h"
 #include "pixel_prefetch.h"
 #include "run_inputs.h"
@@ -127,10 +128,28 @@ struct StepLoop {
 // cross-entropy, whose divisor is the step's label count).
 std::vector<std::vector<double>> policy_weights(const StepBatches& batches, const RunInputs& in,
                                                 const ObjectiveOptions& o) {
-  if (o.kind == Objective::cross_entropy) return {};
+  if (o.kind != Objective::grpo && o.kind != Objective::ppo) return {};
   std::vector<const plan::Batch*> micro;
   for (const MicroBatch& m : batches.micro) micro.push_back(&m.batch);
   return sequence_weights(micro, in.resolved.config.conventions, o.agg, o.loss_scale);
+}
+
+// A micro-batch's loss on this rank, by the objective: the cross-entropy through the
+// head, or an RL objective on the head's per-token log-probabilities.
+at::Tensor step_loss(const StepLoop& run, const MicroBatch& micro, const model::StepOutput& out,
+                     const std::vector<std::vector<double>>& weights, size_t k, int64_t step_pairs) {
+  const ObjectiveOptions& objective = run.o.objective;
+  const model::Vlm& vlm = run.model.model();
+  if (objective.kind == Objective::cross_entropy)
+    return head_loss(vlm, out, run.in.loss_chunk, run.o.inputs.tokens_per_rank);
+  const at::Tensor logprobs =
+      head_label_logprobs(vlm, out, run.in.loss_chunk, run.o.inputs.tokens_per_rank, objective.temperature);
+  if (objective.kind == Objective::dpo)
+    return dpo_loss(logprobs, *run.in.data, micro.samples, micro.batch, micro.plan, step_pairs, objective, run.mesh);
+  return policy_loss(logprobs,
+                     rank_rollout(*run.in.data, micro.samples, micro.batch, micro.plan, weights[k],
+                                  run.in.resolved.config.conventions, run.o.parallel.device),
+                     objective);
 }
 
 // One step: data (the same on every rank; --accumulate's K micro-batches, all planned
@@ -165,6 +184,8 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   at::Tensor expert_counts;  // tokens each expert took (mixture of experts)
   const ObjectiveOptions& objective = run.o.objective;
   const std::vector<std::vector<double>> weights = policy_weights(batches, run.in, objective);
+  int64_t step_pairs = 0;  // DPO: the step's pairs, every micro-batch's
+  for (const MicroBatch& micro : batches.micro) step_pairs += static_cast<int64_t>(micro.samples.size()) / 2;
   for (size_t k = 0; k < batches.micro.size(); ++k) {
     const MicroBatch& micro = batches.micro[k];
     watch.phase("pixels");
@@ -174,13 +195,7 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
     model::StepOutput out =
         parallel::forward_step(run.model.model(), micro.batch, micro.plan, pixels, run.model.parallelism());
     out.label_count = batches.label_count;  // the step's: every micro-batch's labels together
-    at::Tensor loss = objective.kind == Objective::cross_entropy
-                          ? head_loss(run.model.model(), out, run.in.loss_chunk, run.o.inputs.tokens_per_rank)
-                          : policy_loss(head_label_logprobs(run.model.model(), out, run.in.loss_chunk,
-                                                            run.o.inputs.tokens_per_rank, objective.temperature),
-                                        rank_rollout(*run.in.data, micro.samples, micro.batch, micro.plan, weights[k],
-                                                     run.in.resolved.config.conventions, run.o.parallel.device),
-                                        objective);
+    at::Tensor loss = step_loss(run, micro, out, weights, k, step_pairs);
     watch.phase("backward");
     watch.forward_done();
     loss.backward();
@@ -244,6 +259,7 @@ TrainReport train(const TrainOptions& o, const dist::Mesh& mesh, std::ostream& l
   dist::RankActivity no_heartbeat;
   dist::RankActivity& doing = activity ? *activity : no_heartbeat;
   const RunInputs in = check_run(o, mesh);
+  check_rollouts(*in.data, in.resolved.config.conventions, o.objective, o.inputs.data);  // the objective's fields
   const bool rank0 = mesh.rank() == 0;
   // This run's keys in the job's store (step agreements), and the first agreement: every
   // rank is about to load the same model and checkpoint (per-host copies may differ).

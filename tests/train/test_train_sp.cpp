@@ -1402,8 +1402,10 @@ TEST(Finetune, LoraTrainsInBfloat16) {
 // log-probabilities from `mmsp logprobs` (train::write_logprobs, one process) moved by up to
 // ±0.35 so that some ratios leave [0.8, 1.2] (the clip and the dual clip act), every fourth
 // line on-policy (no old_logprobs), reference log-probabilities beside them, and advantages
-// per sequence on every third line, per token on the others.
-std::string write_rollouts(const std::string& dir, const std::string& config_path) {
+// per sequence on every third line, per token on the others. And its lines as DPO pairs
+// (lines 2p and 2p + 1 chosen and rejected), the reference's sums the policy's moved by up
+// to ±1.5 (every pair's h off 0), in `pairs`.
+std::string write_rollouts(const std::string& dir, const std::string& config_path, std::string* pairs = nullptr) {
   const std::string base = dir + "/base.jsonl", rollouts = dir + "/rollouts.jsonl";
   write_image_data(base, kQwenImage, {{1, 2, 2}}, 12);
   std::vector<nlohmann::json> lines;
@@ -1431,10 +1433,18 @@ std::string write_rollouts(const std::string& dir, const std::string& config_pat
   train::write_logprobs(o, l, dist::Mesh::solo(), log);
   std::ifstream old(l.out);
   std::ofstream out(rollouts);
+  nlohmann::json pair;
+  std::ofstream pair_out(pairs ? * pairs = dir + "/pairs.jsonl" : std::string("/dev/null"));
   for (size_t i = 0; i < lines.size(); ++i) {
     std::string text;
     std::getline(old, text);
     const auto lp = nlohmann::json::parse(text)["logprobs"].get<std::vector<double>>();
+    double sum = 0;
+    for (const double x : lp) sum += x;
+    const char* side = i % 2 == 0 ? "chosen" : "rejected";
+    pair[side] = lines[i];
+    pair[std::string("ref_") + side + "_logps"] = sum - 1.5 * std::sin(2.1 * static_cast<double>(i));
+    if (i % 2 == 1) pair_out << pair.dump() << "\n";
     std::vector<double> moved, ref, advantages;
     for (size_t k = 0; k < lp.size(); ++k) {
       moved.push_back(lp[k] + 0.35 * std::sin(1.7 * static_cast<double>(i + 3 * k)));
@@ -1453,20 +1463,21 @@ std::string write_rollouts(const std::string& dir, const std::string& config_pat
   return rollouts;
 }
 
-// --objective grpo / ppo (issue 72): each mode of verl's loss aggregation, both KL
-// estimators' kinds, the clip and the dual clip, train the model one process trains (fp64,
-// 1e-9): GRPO (seq-mean-token-mean, k3) on the widest context mesh, PPO (token-mean, dual
-// clip, k1) there under ZeRO-3 with recomputed layers (the row-sharded head), Dr. GRPO
-// (seq-mean-token-sum-norm, k2) and seq-mean-token-sum on a data-parallel mesh with
-// --accumulate 2 (the weights over the step's micro-batches); and an objective moves the
-// model elsewhere than the cross-entropy does.
+// --objective grpo / ppo / dpo (issue 72): each mode of verl's loss aggregation, every KL
+// estimator, the clip and the dual clip, and DPO (with and without label smoothing) train
+// the model one process trains (fp64, 1e-9): GRPO (seq-mean-token-mean, k3) on the widest
+// context mesh, PPO (token-mean, dual clip, k1) and DPO there under ZeRO-3 with recomputed
+// layers (the row-sharded head), Dr. GRPO (seq-mean-token-sum-norm, k2), seq-mean-token-sum
+// and cDPO on a data-parallel mesh with --accumulate 2 (the weights and pairs over the
+// step's micro-batches); and an objective moves the model elsewhere than the cross-entropy.
 TEST(Finetune, PolicyObjectivesTrainAsOneProcess) {
   const int world = test::rank_env().world_size;
   const bool checker = test::rank_env().rank == 0;
   std::ostringstream log;
   const std::string config_path = small_vocab_config("tiny-qwen2-vl.json", true);
   const std::string dir = test::scratch_dir("rollouts-");  // per rank
-  const std::string data = write_rollouts(dir, config_path);
+  std::string pairs;
+  const std::string rollouts = write_rollouts(dir, config_path, &pairs);
   struct Case {
     const char* what;
     train::Objective kind;
@@ -1479,7 +1490,9 @@ TEST(Finetune, PolicyObjectivesTrainAsOneProcess) {
       {"grpo", train::Objective::grpo, train::LossAgg::seq_mean_token_mean, train::KlKind::k3, false, "none"},
       {"ppo", train::Objective::ppo, train::LossAgg::token_mean, train::KlKind::k1, false, "parameters"},
       {"dr-grpo", train::Objective::grpo, train::LossAgg::seq_mean_token_sum_norm, train::KlKind::k2, true, "none"},
-      {"seq-sum", train::Objective::ppo, train::LossAgg::seq_mean_token_sum, train::KlKind::k3, true, "gradients"}};
+      {"seq-sum", train::Objective::ppo, train::LossAgg::seq_mean_token_sum, train::KlKind::k3, true, "gradients"},
+      {"dpo", train::Objective::dpo, {}, {}, false, "parameters"},
+      {"dpo", train::Objective::dpo, {}, {}, true, "none"}};
   plan::Mesh widest = context_shape(world);
   if (widest.ulysses == 3) widest = {1, world, 1};
   for (const Case& c : cases) {
@@ -1487,19 +1500,25 @@ TEST(Finetune, PolicyObjectivesTrainAsOneProcess) {
     auto options = [&](int64_t per_rank) {
       train::TrainOptions o = tiny_options(per_rank);
       o.inputs.model = config_path;
-      o.inputs.data = data;
+      o.inputs.data = c.kind == train::Objective::dpo ? pairs : rollouts;
       o.objective = train::objective_defaults(c.kind);
-      o.objective.agg = c.agg;
-      o.objective.kl = c.kl;
-      o.objective.kl_coef = 0.1;
-      o.objective.temperature = 0.8;
+      if (c.kind == train::Objective::dpo) {
+        o.objective.beta = 0.2;
+        o.objective.label_smoothing = c.data_parallel ? 0.1 : 0;
+      } else {
+        o.objective.agg = c.agg;
+        o.objective.kl = c.kl;
+        o.objective.kl_coef = 0.1;
+        o.objective.temperature = 0.8;
+      }
       if (c.agg == train::LossAgg::seq_mean_token_sum_norm) o.objective.loss_scale = 40;
       if (c.data_parallel) o.schedule.accumulate = 2;
       return o;
     };
+    const int64_t per_rank = c.kind == train::Objective::dpo ? 112 : 64;  // a pair fits one rank's row
     train::TrainReport ref;
     if (checker) {
-      train::TrainOptions one = options(64 * world);
+      train::TrainOptions one = options(per_rank * world);
       one.inputs.data_rows = shape.dp;
       ref = train::train(one, dist::Mesh::solo(), log);
       if (c.kind == train::Objective::grpo && !c.data_parallel) {
@@ -1509,7 +1528,7 @@ TEST(Finetune, PolicyObjectivesTrainAsOneProcess) {
             << "GRPO trained the model as the cross-entropy does";
       }
     }
-    train::TrainOptions o = options(64);
+    train::TrainOptions o = options(per_rank);
     o.parallel.shard = parallel::parse_shard_level(c.shard);
     if (std::string(c.shard) == "parameters") o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
     const train::TrainReport got = train::train(o, test::make_mesh(shape), log);
@@ -1521,7 +1540,8 @@ TEST(Finetune, PolicyObjectivesTrainAsOneProcess) {
 
 // Bad input ends the run before anything is allocated, on every rank alike, naming the
 // value and the rule: every part frozen, --accumulate 0, --eval-every without a file, an
-// eval file of another vocabulary, an unknown part.
+// eval file of another vocabulary, an unknown part; an RL objective's missing or bad fields
+// (advantages, old and reference log-probabilities, DPO pairs), naming the line.
 TEST(Finetune, BadInputIsRefusedBeforeAnyCollective) {
   std::ostringstream log;
   const dist::Mesh& solo = dist::Mesh::solo();
@@ -1584,6 +1604,30 @@ TEST(Finetune, BadInputIsRefusedBeforeAnyCollective) {
   o.objective = train::objective_defaults(train::Objective::ppo);
   expect_error(test::error_of([&] { train::train(o, solo, log); }),
                "--objective ppo reads each sample's advantages from a .jsonl --data");
+  // --objective dpo: pair lines, both sides, a reference for each; pairs refused elsewhere.
+  auto pairs = [&](const std::string& line, train::Objective kind) {
+    std::ofstream(rl + "/p.jsonl") << line << "\n";
+    train::TrainOptions r = tiny_options(96);
+    r.inputs.data = rl + "/p.jsonl";
+    r.objective = train::objective_defaults(kind);
+    return r;
+  };
+  const std::string side = R"({"input_ids": [1, 5, 6, 2], "loss_mask": [0, 0, 1, 1]})";
+  o = pairs(R"({"chosen": )" + side + "}", train::Objective::dpo);
+  expect_error(test::error_of([&] { train::train(o, solo, log); }),
+               "p.jsonl:1: a preference pair needs rejected as a sample object");
+  o = pairs(R"({"chosen": )" + side + R"(, "rejected": )" + side + R"(, "ref_chosen_logps": -3})",
+            train::Objective::dpo);
+  expect_error(test::error_of([&] { train::train(o, solo, log); }),
+               "p.jsonl:1 rejected: the reference is missing: --objective dpo needs ref_rejected_logps");
+  o = pairs(
+      R"({"chosen": )" + side + R"(, "rejected": )" + side + R"(, "ref_chosen_logps": -3, "ref_rejected_logps": 2})",
+      train::Objective::dpo);
+  expect_error(test::error_of([&] { train::train(o, solo, log); }),
+               "p.jsonl:1: ref_rejected_logps is 2: a sum of log-probabilities is at most 0");
+  o = pairs(R"({"chosen": )" + side + R"(, "rejected": )" + side + "}", train::Objective::cross_entropy);
+  expect_error(test::error_of([&] { train::train(o, solo, log); }),
+               "p.jsonl:1 chosen: the file holds preference pairs (chosen, rejected): --objective dpo trains on them");
   std::filesystem::remove_all(rl);
   expect_error(test::error_of([] { model::parse_model_parts("vision,tower"); }),
                "\"tower\" is not a part of the model; the parts are vision, merger, llm and embeddings");

@@ -215,14 +215,43 @@ JsonlDataset::JsonlDataset(const std::string& path, const model::ModelConfig& co
     MMSP_CHECK(max_line_bytes <= 0 || static_cast<int64_t>(text.size()) <= max_line_bytes, path, ":", number,
                ": the line is ", text.size(), " bytes, more than a sample that fits one row of a step needs (at most ",
                max_line_bytes, " bytes); split the sample, or raise --tokens-per-rank if it is meant to fit");
-    samples_.push_back(read_sample(text, number));
+    read_line(text, number);
   }
   MMSP_CHECK(!samples_.empty(), "jsonl dataset: \"", path, "\" holds no sample");
 }
 
-JsonlDataset::Sample JsonlDataset::read_sample(const std::string& text, int64_t number) const {
+void JsonlDataset::read_line(const std::string& text, int64_t number) {
   const std::string where = detail::concat(path_, ":", number);
-  json object = parse_json_text(text, where);
+  const json object = parse_json_text(text, where);
+  MMSP_CHECK(object.is_object(), where, ": expected a JSON object, got ", object.type_name());
+  if (!object.contains("chosen") && !object.contains("rejected")) {
+    MMSP_CHECK(samples_.empty() || samples_.back().rollout.preference.pair < 0, where,
+               ": a line that is not a preference pair after pairs: a file is all pairs or none");
+    samples_.push_back(read_sample(object, where, number));
+    return;
+  }
+  // A preference pair: its sides are samples 2p and 2p + 1 (data/rollout_values.h).
+  for (const auto& item : object.items())
+    MMSP_CHECK(std::find(std::begin(kPairFields), std::end(kPairFields), item.key()) != std::end(kPairFields), where,
+               ": unknown field \"", item.key(),
+               "\" in a preference pair (fields: chosen, rejected, ref_chosen_logps, ref_rejected_logps)");
+  for (const char* side : {"chosen", "rejected"})
+    MMSP_CHECK(object.contains(side) && object.at(side).is_object(), where, ": a preference pair needs ", side,
+               " as a sample object ({\"input_ids\": ..., \"loss_mask\": ...}), got ",
+               object.contains(side) ? object.at(side).dump().substr(0, 80) : std::string("none"));
+  MMSP_CHECK(samples_.size() % 2 == 0 && std::all_of(samples_.begin(), samples_.end(),
+                                                     [](const Sample& s) { return s.rollout.preference.pair >= 0; }),
+             where, ": a preference pair after lines that are not pairs: a file is all pairs or none");
+  Sample chosen = read_sample(object.at("chosen"), where + " chosen", number);
+  Sample rejected = read_sample(object.at("rejected"), where + " rejected", number);
+  chosen.side = "chosen";
+  rejected.side = "rejected";
+  read_pair_references(object, static_cast<int64_t>(samples_.size() / 2), chosen.rollout, rejected.rollout, where);
+  samples_.push_back(std::move(chosen));
+  samples_.push_back(std::move(rejected));
+}
+
+JsonlDataset::Sample JsonlDataset::read_sample(const json& object, const std::string& where, int64_t number) const {
   MMSP_CHECK(object.is_object(), where, ": expected a JSON object, got ", object.type_name());
   for (const auto& item : object.items())
     MMSP_CHECK(std::find(kFieldNames.begin(), kFieldNames.end(), item.key()) != kFieldNames.end(), where,
@@ -444,7 +473,10 @@ void JsonlDataset::check_lengths(int64_t row_limit) const {
   }
 }
 
-std::string JsonlDataset::location(int64_t index) const { return detail::concat(path_, ":", sample(index).line); }
+std::string JsonlDataset::location(int64_t index) const {
+  const Sample& s = sample(index);
+  return detail::concat(path_, ":", s.line, s.side.empty() ? "" : " ", s.side);
+}
 
 plan::Sequence JsonlDataset::sequence(int64_t index) const { return sample(index).sequence; }
 

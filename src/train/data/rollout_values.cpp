@@ -49,6 +49,28 @@ std::vector<double> per_token(const json& object, const char* field, int64_t lab
 
 }  // namespace
 
+void read_pair_references(const json& line, int64_t pair, RolloutValues& chosen, RolloutValues& rejected,
+                          const std::string& where) {
+  for (const bool is_chosen : {true, false}) {
+    RolloutValues& side = is_chosen ? chosen : rejected;
+    const char* field = is_chosen ? "ref_chosen_logps" : "ref_rejected_logps";
+    side.preference.pair = pair;
+    side.preference.chosen = is_chosen;
+    const auto it = line.find(field);
+    if (it != line.end() && !it->is_null()) {
+      MMSP_CHECK(side.ref_logprobs.empty(), where, ": ", field, " and ", is_chosen ? "chosen" : "rejected",
+                 ".ref_logprobs both give the reference; give one");
+      const double x = number(*it, field, where);
+      MMSP_CHECK(x <= kLogprobSlack, where, ": ", field, " is ", x, ": a sum of log-probabilities is at most 0");
+      side.preference.ref_logps = x;
+    } else if (!side.ref_logprobs.empty()) {
+      double sum = 0;
+      for (const double v : side.ref_logprobs) sum += v;
+      side.preference.ref_logps = sum;
+    }
+  }
+}
+
 RolloutValues read_rollout_values(const json& object, int64_t labelled, const std::string& where) {
   RolloutValues v;
   v.advantages = per_token(object, "advantages", labelled, where, true, false);

@@ -19,7 +19,8 @@ Objective parse_objective(const std::string& text) {
   if (text == "cross-entropy") return Objective::cross_entropy;
   if (text == "grpo") return Objective::grpo;
   if (text == "ppo") return Objective::ppo;
-  MMSP_FAIL("--objective \"", text, "\" is not one of cross-entropy, grpo, ppo");
+  if (text == "dpo") return Objective::dpo;
+  MMSP_FAIL("--objective \"", text, "\" is not one of cross-entropy, grpo, ppo, dpo");
 }
 
 LossAgg parse_loss_agg(const std::string& text) {
@@ -75,6 +76,14 @@ const char* to_string(KlKind kind) {
 
 void check_objective_options(const ObjectiveOptions& o) {
   if (o.kind == Objective::cross_entropy) return;
+  MMSP_CHECK(std::isfinite(o.temperature) && o.temperature > 0, "--temperature ", o.temperature,
+             " must be a finite number > 0 (the logits are divided by it)");
+  if (o.kind == Objective::dpo) {
+    MMSP_CHECK(std::isfinite(o.beta) && o.beta > 0, "--beta ", o.beta, " must be a finite number > 0");
+    MMSP_CHECK(o.label_smoothing >= 0 && o.label_smoothing < 0.5, "--label-smoothing ", o.label_smoothing,
+               " must be in [0, 0.5) (the chance a pair's preference is flipped)");
+    return;
+  }
   MMSP_CHECK(std::isfinite(o.clip_low) && o.clip_low >= 0 && o.clip_low < 1, "--clip-ratio-low ", o.clip_low,
              " must be in [0, 1) (the ratio's lower bound is 1 − it)");
   MMSP_CHECK(std::isfinite(o.clip_high) && o.clip_high >= 0, "--clip-ratio-high ", o.clip_high,
@@ -82,8 +91,6 @@ void check_objective_options(const ObjectiveOptions& o) {
   MMSP_CHECK(o.clip_c == 0 || (std::isfinite(o.clip_c) && o.clip_c > 1), "--clip-ratio-c ", o.clip_c,
              " must be above 1 (the dual clip's bound on −A·ratio for A < 0), or 0 for none");
   MMSP_CHECK(std::isfinite(o.kl_coef) && o.kl_coef >= 0, "--kl-coef ", o.kl_coef, " must be a finite number ≥ 0");
-  MMSP_CHECK(std::isfinite(o.temperature) && o.temperature > 0, "--temperature ", o.temperature,
-             " must be a finite number > 0 (the logits are divided by it)");
   const bool norm = o.agg == LossAgg::seq_mean_token_sum_norm;
   MMSP_CHECK(!norm || (std::isfinite(o.loss_scale) && o.loss_scale > 0), "--loss-agg seq-mean-token-sum-norm needs ",
              "--loss-scale N > 0 (the constant the sequences' sums are divided by: Dr. GRPO's, e.g. the longest ",

@@ -147,9 +147,27 @@ at::Tensor policy_loss(const at::Tensor& logprobs, const RankRollout& rollout, c
 
 void check_rollouts(const Dataset& data, const plan::ModelConventions& conventions, const ObjectiveOptions& o,
                     const std::string& data_path) {
+  const bool dpo = o.kind == Objective::dpo;
+  if (!dpo && data.size() > 0 && data.rollout(0) && data.rollout(0)->preference.pair >= 0)
+    MMSP_FAIL(where_is(data, 0), ": the file holds preference pairs (chosen, rejected): --objective dpo trains on ",
+              "them, not ", to_string(o.kind));
   if (o.kind == Objective::cross_entropy) return;
-  MMSP_CHECK(dynamic_cast<const JsonlDataset*>(&data), "--objective ", to_string(o.kind),
-             " reads each sample's advantages from a .jsonl --data (docs/rl.md); --data ", data_path, " has none");
+  MMSP_CHECK(dynamic_cast<const JsonlDataset*>(&data), "--objective ", to_string(o.kind), " reads each sample's ",
+             dpo ? "preference pair" : "advantages", " from a .jsonl --data (docs/rl.md); --data ", data_path,
+             " has none");
+  if (dpo) {
+    for (int64_t i = 0; i < data.size(); ++i) {
+      const RolloutValues* v = data.rollout(i);
+      MMSP_CHECK(v && v->preference.pair >= 0, where_is(data, i),
+                 ": not a preference pair: --objective dpo reads lines {\"chosen\": {...}, \"rejected\": {...}}");
+      MMSP_CHECK(plan::count_labels(data.sequence(i), conventions) > 0, where_is(data, i),
+                 " has no labelled tokens (loss_mask 1 on the completion): its log-probability would be 0");
+      MMSP_CHECK(v->preference.ref_logps.has_value(), where_is(data, i), ": the reference is missing: --objective ",
+                 "dpo needs ", v->preference.chosen ? "ref_chosen_logps" : "ref_rejected_logps",
+                 " on the line (or the side's ref_logprobs per token; mmsp logprobs --model REF writes them)");
+    }
+    return;
+  }
   for (int64_t i = 0; i < data.size(); ++i) {
     if (plan::count_labels(data.sequence(i), conventions) == 0) continue;
     const RolloutValues* v = data.rollout(i);

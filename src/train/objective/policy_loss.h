@@ -41,8 +41,10 @@ RankRollout rank_rollout(const Dataset& data, const std::vector<int64_t>& sample
 // rank's [L] label log-probabilities at the objective's temperature).
 at::Tensor policy_loss(const at::Tensor& logprobs, const RankRollout& rollout, const ObjectiveOptions& o);
 
-// Before any collective, on every rank alike: every sample with labelled tokens has its
-// advantages, and its ref_logprobs when kl_coef is not 0 (naming the sample's line).
+// Before any collective, on every rank alike, naming the sample's line: GRPO / PPO: every
+// sample with labelled tokens has its advantages, and its ref_logprobs when kl_coef is not
+// 0; DPO: every line is a pair whose sides have labelled tokens and a reference sum; the
+// other objectives refuse a file of pairs.
 void check_rollouts(const Dataset& data, const plan::ModelConventions& conventions, const ObjectiveOptions& o,
                     const std::string& data_path);
 

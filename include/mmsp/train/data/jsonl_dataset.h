@@ -48,7 +48,7 @@ class JsonlDataset : public Dataset {
   at::Tensor video_pixel_rows(int64_t index, int64_t video, int64_t first, int64_t rows) const override;
   std::string describe() const override;
 
-  // "file.jsonl:7": where sample `index` came from.
+  // "file.jsonl:7" (a pair's side: "file.jsonl:7 chosen"): where sample `index` came from.
   std::string location(int64_t index) const;
 
   // What decoding its video files has cost so far (every thread's calls together).
@@ -70,6 +70,7 @@ class JsonlDataset : public Dataset {
     plan::Sequence sequence;
     std::vector<Source> images, videos;
     RolloutValues rollout;  // data/rollout_values.h: empty unless the line has those fields
+    std::string side;       // "chosen" or "rejected": a preference pair's side (else empty)
   };
 
   // An image's or video's files and the first one's size (W x H).
@@ -80,8 +81,9 @@ class JsonlDataset : public Dataset {
   };
   struct Line;  // the line being read (jsonl_dataset.cpp)
 
-  // The constructor's steps, one line at a time.
-  Sample read_sample(const std::string& text, int64_t number) const;
+  // The constructor's steps, one line at a time: a sample, or a preference pair's two.
+  void read_line(const std::string& text, int64_t number);
+  Sample read_sample(const nlohmann::json& object, const std::string& where, int64_t number) const;
   void read_tokens(const Line& line, plan::Sequence& seq) const;
   void read_seconds(const Line& line, plan::Sequence& seq) const;
   void read_items(const Line& line, bool video, Sample& s) const;

@@ -26,11 +26,15 @@ struct PackerOptions {
   uint64_t seed = 0;
   // false: every epoch in index order
   bool shuffle = true;
+  // Samples come in groups of this many consecutive indices (2: a DPO pair's chosen and
+  // rejected sides) that a step takes or leaves whole, and an epoch's order permutes
+  // whole groups. The dataset's size must be a multiple of it.
+  int group = 1;
 };
 
 class StepPacker {
  public:
-  // Checks the options (sizes >= 1, dataset at least `rows` samples).
+  // Checks the options (sizes >= 1, dataset at least `rows` samples, whole groups).
   StepPacker(const Dataset& dataset, const PackerOptions& options);
 
   // The samples of the step at `position` (in order), and advances `position` past them.

@@ -2,14 +2,15 @@
 // next-token cross-entropy, or a policy-gradient objective on per-token log-probabilities
 // with the rollout numbers of each .jsonl line (data/rollout_values.h): GRPO's and PPO's
 // clipped surrogate, an optional KL term to reference log-probabilities, aggregated as
-// verl's loss_agg_mode says. Names and defaults follow verl's actor config and TRL's GRPO.
+// verl's loss_agg_mode says; or DPO's sigmoid loss on preference pairs' summed
+// log-probabilities. Names and defaults follow verl's actor config and TRL's GRPO and DPO.
 #pragma once
 
 #include <string>
 
 namespace mmsp::train {
 
-enum class Objective { cross_entropy, grpo, ppo };
+enum class Objective { cross_entropy, grpo, ppo, dpo };
 // verl's loss_agg_mode (mmsp.rl.agg_loss): how per-token losses become the step's number.
 enum class LossAgg { token_mean, seq_mean_token_mean, seq_mean_token_sum, seq_mean_token_sum_norm };
 // J. Schulman's estimators of KL(policy ‖ reference) per token (mmsp.rl.kl_penalty).
@@ -26,12 +27,14 @@ struct ObjectiveOptions {
   KlKind kl = KlKind::k3;                  // verl's low_var_kl, TRL's GRPO KL
   double temperature = 1.0;                // the logits are divided by it, as the rollout engine sampled
   double loss_scale = 0;                   // seq-mean-token-sum-norm's constant (Dr. GRPO): required there
+  double beta = 0.1;                       // DPO: the implicit reward's scale (TRL's beta)
+  double label_smoothing = 0;              // DPO: cDPO's ε, the chance a pair's preference is flipped
 };
 
 // The objective's defaults (its agg and dual clip) with the rest as ObjectiveOptions has them.
 ObjectiveOptions objective_defaults(Objective kind);
 
-// Text forms as the flags spell them: "cross-entropy", "grpo", "ppo"; "token-mean", ...;
+// Text forms as the flags spell them: "cross-entropy", "grpo", "ppo", "dpo"; "token-mean", ...;
 // "k1", "k2", "k3" (and verl's "low_var_kl" for k3). Unknown text is an error listing them.
 Objective parse_objective(const std::string& text);
 LossAgg parse_loss_agg(const std::string& text);
@@ -42,7 +45,8 @@ const char* to_string(KlKind kind);
 
 // The numbers' rules, naming the flag and the value: clip ranges in [0, 1) for low and ≥ 0
 // for high, a dual clip above 1 (or 0), kl_coef ≥ 0 and finite, a finite temperature > 0,
-// --loss-scale > 0 exactly when the agg is seq-mean-token-sum-norm.
+// --loss-scale > 0 exactly when the agg is seq-mean-token-sum-norm; DPO's beta finite > 0
+// and label smoothing in [0, 0.5).
 void check_objective_options(const ObjectiveOptions& o);
 
 }  // namespace mmsp::train
