@@ -868,3 +868,144 @@ def test_enable_thinking_needs_a_template_that_reads_it(capsys, models, folder):
     _, plain, _, _ = run(capsys, model_dir, folder, [record])
     _, trained, _, _ = run(capsys, model_dir, folder, [record], "--empty-think", "train")
     assert plain == trained
+
+
+# --- preference pairs (DPO): TRL 1.16's own tokenization as the reference -----------------------
+
+def preference_records():
+    """TRL's preference records: a vision one in rlaif-v's layout (image parts without a path, the
+    images at the top level), one whose prompt is a string with the images put before it (TRL's
+    prepare_multimodal_messages), a text-only conversational one, a standard (string) one and
+    two with the prompt implicit (TRL's extract_prompt)."""
+    ask = [{"role": "user", "content": "What is this?"}]
+    return [
+        {"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}],
+         "chosen": [{"role": "assistant", "content": "A cat."}],
+         "rejected": [{"role": "assistant", "content": [{"type": "text", "text": "A dog on the left."}]}],
+         "images": ["cat.png"]},
+        {"prompt": [{"role": "system", "content": "You are a helpful assistant."},
+                    {"role": "user", "content": "Compare the two images."}],
+         "chosen": [{"role": "assistant", "content": "The first is larger than the second."}],
+         "rejected": [{"role": "assistant", "content": "A red square."}],
+         "images": ["dog.png", "big.png"]},
+        {"prompt": [{"role": "user", "content": "Hello there, how are you today?"}],
+         "chosen": [{"role": "assistant", "content": "Fine, thanks."}],
+         "rejected": [{"role": "assistant", "content": "A dog."}]},
+        {"prompt": "Describe the picture.", "chosen": " A red square on a grey background.", "rejected": " A cat."},
+        {"chosen": "What is this? A cat.", "rejected": "What is this? A dog on the left."},
+        {"chosen": ask + [{"role": "assistant", "content": "A cat."}],
+         "rejected": ask + [{"role": "assistant", "content": "A dog."}]},
+    ]
+
+
+def trl_pair(processor, record, folder):
+    """TRL's DPO tokenization of `record`: DataCollatorForVisionPreference for a record with images
+    (TRL's vision path), else DPOTrainer._prepare_dataset then DataCollatorForPreference; returns
+    [(input_ids, completion_mask)] for chosen and rejected, padding left out."""
+    from datasets import Dataset
+    from transformers.image_utils import load_image
+    from trl import DPOConfig
+    from trl.trainer.dpo_trainer import DataCollatorForPreference, DataCollatorForVisionPreference, DPOTrainer
+
+    record = copy.deepcopy(record)
+    if "images" in record:
+        record["images"] = [load_image(str(folder / name)) for name in record["images"]]
+        batch = DataCollatorForVisionPreference(processor)([record])
+    else:
+        args = DPOConfig(output_dir=str(folder / "trl"), report_to=[], use_cpu=True, bf16=False)
+        # The trainer's own method, on the one attribute it reads (the tokenizer, for the EOS token).
+        trainer = type("Trainer", (), {"_tokenizer": processor.tokenizer})()
+        row = DPOTrainer._prepare_dataset(trainer, Dataset.from_list([record]), processor, args, "train")[0]
+        batch = DataCollatorForPreference(pad_token_id=processor.tokenizer.pad_token_id)([row])
+    out = []
+    for ids, attention, mask in zip(batch["input_ids"], batch["attention_mask"], batch["completion_mask"]):
+        keep = attention.bool()
+        out.append((ids[keep].tolist(), mask[keep].tolist()))
+    return out, batch
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava"])
+def test_preference_pairs_match_trl_dpo_tokenization(capsys, models, folder, family):
+    import datasets
+
+    datasets.disable_progress_bars()
+    model_dir, processor = models[family]
+    records = preference_records()
+    rc, rows, err, _ = run(capsys, model_dir, folder, records)
+    assert rc == 0, err
+    assert len(rows) == len(records)
+    for row, record in zip(rows, records):
+        assert set(row) == {"chosen", "rejected"}
+        want, batch = trl_pair(processor, record, folder)
+        for key, (ids, mask) in zip(("chosen", "rejected"), want):
+            side = row[key]
+            assert side["input_ids"] == ids, (family, key, record)
+            assert side["loss_mask"] == mask, (family, key, record)
+            if "images" in record:
+                assert side["images"] == [{"path": n} for n in record["images"]]
+                grids = batch["image_grid_thw"].tolist()[:len(record["images"])] if family == "qwen2_vl" \
+                    else [[1, 4, 4]] * len(record["images"])  # the tiny LLaVA's vision tower: 4 x 4 patches
+                assert side["image_grid_thw"] == grids
+            else:
+                assert "images" not in side
+    assert f"wrote {len(records)} preference pairs" in err
+
+
+def bad_preferences(folder):
+    """(record, what the error must say); line k + 1 of the input is entry k."""
+    ask = [{"role": "user", "content": "What is this?"}]
+    cat, dog = [{"role": "assistant", "content": "A cat."}], [{"role": "assistant", "content": "A dog."}]
+    return [
+        ({"prompt": ask, "chosen": cat, "rejected": dog}, None),
+        ({"prompt": ask, "chosen": cat}, 'a preference record needs "chosen" and "rejected": "rejected" is missing '
+                                         '(it has "prompt", "chosen")'),
+        ({"prompt": ask, "chosen": [{"role": "assistant", "content": ""}], "rejected": dog},
+         '"chosen" is empty: its turns hold no text'),
+        ({"prompt": ask, "chosen": cat, "rejected": []}, '"rejected" is empty: it needs at least one message'),
+        ({"prompt": ask, "chosen": cat, "rejected": cat}, '"chosen" and "rejected" are the same: nothing to prefer'),
+        ({"prompt": "What is this?", "chosen": cat, "rejected": dog},
+         '"prompt" is a string, "chosen" is a list, "rejected" is a list: give them all as lists of messages'),
+        ({"prompt": ask, "chosen": cat, "rejected": [{"role": "tool", "content": "x"}]},
+         '"rejected" turn 0: unknown role "tool"'),
+        ({"prompt": ask, "chosen": ask + cat, "rejected": dog},
+         '"chosen" turn 0 is a user turn: a completion holds assistant turns only'),
+        ({"prompt": ask + cat, "chosen": cat, "rejected": dog}, '"prompt" ends with an assistant turn: its last turn must be a user turn'),
+        ({"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]}],
+          "chosen": cat, "rejected": dog, "images": ["cat.png", "dog.png"]},
+         '"prompt" has 1 image part without a path but the record has 2 images'),
+        ({"prompt": ask, "chosen": cat, "rejected": dog, "images": ["nothere.png"]},
+         f'image 0 file "{folder / "nothere.png"}" does not exist'),
+        ({"prompt": "What is this?", "chosen": "A cat.", "rejected": "A dog.", "images": ["cat.png"]},
+         'a standard (string) preference record cannot have "images"'),
+        ({"prompt": ask, "chosen": [{"role": "assistant", "content": "A cat.<|im_end|>"}], "rejected": dog},
+         '"chosen" turn 0 (assistant) contains the template\'s end-of-turn marker <|im_end|>'),
+        ({"prompt": ask, "chosen": cat, "rejected": dog, "videos": ["clip.mp4"]},
+         'a preference record cannot have "videos": TRL\'s DPO takes images only'),
+        ({"chosen": "A cat.", "rejected": "The dog."}, '"prompt" is empty (no "prompt", and chosen and rejected'),
+        ({"messages": ask + cat}, "a conversation or text record in a file whose records before it are preference "
+                                  "pairs: one output holds pairs (for --objective dpo) or samples, not both"),
+    ]
+
+
+def test_bad_preference_records_are_named_by_line_and_field(capsys, models, folder):
+    model_dir, _ = models["qwen2_vl"]
+    entries = bad_preferences(folder)
+    rc, rows, err, path = run(capsys, model_dir, folder, [r for r, _ in entries])
+    assert rc == 2 and not os.path.exists(folder / "out.jsonl")
+    assert err.strip() == f"mmsp prepare: error: {path}:2: {entries[1][1]}"
+    rc, rows, err, path = run(capsys, model_dir, folder, [r for r, _ in entries], "--skip-bad")
+    assert rc == 0, err
+    bad = {k + 1: want for k, (_, want) in enumerate(entries) if want}
+    assert len(rows) == len(entries) - len(bad)
+    listed = dict(re.findall(rf"^{re.escape(str(path))}:(\d+): (.*) \(skipped\)$", err, re.M))
+    assert sorted(int(k) for k in listed) == sorted(bad)
+    for line, want in bad.items():
+        assert want in listed[str(line)], (line, listed[str(line)])
+    assert f"wrote {len(rows)} preference pair" in err
+    # --format preference names what such a record lacks.
+    rc, _, err, path = run(capsys, model_dir, folder, [{"messages": ask_cat()}], "--format", "preference")
+    assert rc == 2 and 'a preference record needs "chosen" and "rejected": "chosen" is missing' in err, err
+
+
+def ask_cat():
+    return [{"role": "user", "content": "What is this?"}, {"role": "assistant", "content": "A cat."}]

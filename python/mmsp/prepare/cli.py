@@ -121,7 +121,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    print(f"{PROG}: wrote {_count(summary.samples, 'sample')} ({summary.tokens:,} tokens, {summary.targets:,} "
+    what = _count(summary.pairs, "preference pair") if summary.pairs else _count(summary.samples, "sample")
+    print(f"{PROG}: wrote {what} ({summary.tokens:,} tokens, {summary.targets:,} "
           f"targets) to {summary.output}; skipped {_count(len(summary.skipped), 'bad record')}", file=sys.stderr)
     return 0
 

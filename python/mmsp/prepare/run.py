@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from . import conversation, formats, grids, loss_mask, overflow, reader, reasoning, video_file, writer
+from . import conversation, formats, grids, loss_mask, overflow, pairs, reader, reasoning, video_file, writer
 from . import model as model_dir
 from .errors import BadSample, PrepareError
 from .train_bounds import INT32_MAX, MAX_IMAGE_PIXELS, MAX_IMAGE_PIXELS_BOUND, MAX_SECONDS_PER_GRID
@@ -49,6 +49,7 @@ class Options:
 class Summary:
     output: str
     samples: int = 0
+    pairs: int = 0  # of the samples, preference pairs (a line holding two sides)
     tokens: int = 0
     targets: int = 0
     skipped: list[str] = field(default_factory=list)  # the messages of the skipped records
@@ -124,10 +125,15 @@ def prepare(options: Options, report: Callable[[str], None]) -> Summary:
                 if isinstance(record, BadSample):
                     raise record
                 sample = formats.parse(record, options.format)
-                if isinstance(sample, formats.Chat) and spans is None:
+                _check_kind(out, sample)
+                if spans is None and (isinstance(sample, formats.Chat) or isinstance(sample, formats.Preference)
+                                      and isinstance(sample.prompt, formats.Chat)):
                     spans = loss_mask.AssistantSpans(
                         model.processor, reasoning.template_kwargs(options.enable_thinking), options.empty_think)
-                out.write(_row(out, model, sample, spans, root, options))
+                if isinstance(sample, formats.Preference):
+                    out.write(_pair(out, model, sample, spans, root, options))
+                else:
+                    out.write(_row(out, model, sample, spans, root, options))
             except BadSample as e:
                 message = f"{options.input}:{line}: {e}"
                 if not options.skip_bad:
@@ -137,9 +143,43 @@ def prepare(options: Options, report: Callable[[str], None]) -> Summary:
         if out.samples == 0:
             raise PrepareError(f"{options.input}: no sample to write" +
                                (f" ({len(summary.skipped)} records skipped)" if summary.skipped else ""))
-        summary.samples, summary.tokens, summary.targets = out.samples, out.tokens, out.targets
+        summary.samples, summary.pairs = out.samples, out.pairs
+        summary.tokens, summary.targets = out.tokens, out.targets
         out.commit()
     return summary
+
+
+def _check_kind(out: writer.Output, sample: Union[formats.Chat, formats.Text, formats.Preference]) -> None:
+    """One output holds pairs (mmsp train --objective dpo) or samples, never both: the first line
+    written decides."""
+    if out.samples == 0:
+        return
+    pair = isinstance(sample, formats.Preference)
+    if pair != bool(out.pairs):
+        raise BadSample(f"a {'preference' if pair else 'conversation or text'} record in a file whose records "
+                        f"before it are {'conversations or text' if pair else 'preference pairs'}: one output holds "
+                        "pairs (for --objective dpo) or samples, not both")
+
+
+def _pair(out: writer.Output, model: model_dir.Model, pref: formats.Preference,
+          spans: Optional[loss_mask.AssistantSpans], root: str, options: Options) -> writer.Row:
+    """A preference record → one pair line: {"chosen": LINE, "rejected": LINE} (pairs.py)."""
+    pair = pairs.encode(model, pref, spans, root, options.max_image_pixels,
+                        reasoning.template_kwargs(options.enable_thinking))
+    line: writer.Row = {}
+    for key, side in (("chosen", pair.chosen), ("rejected", pair.rejected)):
+        try:
+            if not any(side.loss_mask):
+                raise BadSample("no target token: the completion adds no token to the prompt's")
+            ids = side.input_ids
+            if ids and max(ids) >= model.vocab_size:
+                raise BadSample(f"token id {max(ids)} is outside config.json's vocabulary 0..{model.vocab_size - 1}")
+            ids, mask, blocks = overflow.fit(ids, side.loss_mask, side.blocks, options.max_length, options.overflow)
+            line[key] = writer.row(out, model, ids, mask, blocks, pair.images, [], side.enc)
+            _check_train_bounds(model, line[key])
+        except BadSample as e:
+            raise BadSample(f'"{key}": {e}') from None
+    return line
 
 
 def _row(out: writer.Output, model: model_dir.Model, sample: Union[formats.Chat, formats.Text],

@@ -53,6 +53,7 @@ class Output:
         os.chmod(self.temporary, 0o666 & ~umask)  # mkstemp's 0600 would stay on the output
         self.file = os.fdopen(fd, "w", encoding="utf-8")
         self.samples = 0
+        self.pairs = 0
         self.tokens = 0
         self.targets = 0
 
@@ -64,8 +65,11 @@ class Output:
         self.file.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")))
         self.file.write("\n")
         self.samples += 1
-        self.tokens += len(row["input_ids"])
-        self.targets += sum(row["loss_mask"])
+        sides = [row["chosen"], row["rejected"]] if "chosen" in row else [row]
+        self.pairs += len(sides) == 2
+        for side in sides:
+            self.tokens += len(side["input_ids"])
+            self.targets += sum(side["loss_mask"])
 
     def commit(self) -> None:
         self.file.close()
