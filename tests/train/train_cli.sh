@@ -10,7 +10,9 @@
 #     ranks with --shard parameters and on 2 with --shard gradients, the continued
 #     losses equal the uninterrupted 4-rank run's;
 #  5. mmsp bench memory --shard LEVEL measures only that level's rows, writes each row as
-#     it ends, and --vocab / --layers / --vision-layers scale the config they name.
+#     it ends, and --vocab / --layers / --vision-layers scale the config they name;
+#  6. the RL trainer half: mmsp logprobs of preference pairs, their sums as the reference,
+#     mmsp train --objective dpo (first loss ln 2), refusals; mmsp bench logprobs's figures.
 # Usage: train_cli.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1
@@ -269,6 +271,51 @@ grep -q "vocab 5 cannot hold its 7 special token ids" "$work/bench-bad.log" ||
   fail "bench memory --vocab 5 did not name the value and the rule: $(tail -3 "$work/bench-bad.log")"
 $mmsp bench memory --shard zero3 > "$work/bench-bad.log" 2>&1 && fail "bench memory --shard zero3 exited 0"
 grep -q "zero3" "$work/bench-bad.log" || fail "bench memory --shard zero3 did not name the value: $(tail -3 "$work/bench-bad.log")"
+
+# --- 6. The RL loop's trainer half (issue 72, docs/rl.md) ------------------------------
+# Preference pairs of the examples' samples, the reference's sums from `mmsp logprobs` of the
+# same model (so DPO's first loss is exactly ln 2), `mmsp train --objective dpo` on 2 ranks.
+python3 - "$src/examples/data/data.jsonl" "$work/pairs.jsonl" <<'PY'
+import json, sys
+lines = [json.loads(t) for t in open(sys.argv[1])]
+with open(sys.argv[2], "w") as f:
+    for line in lines:
+        worse = dict(line, input_ids=line["input_ids"][:-2] + [line["input_ids"][-2] + 1, line["input_ids"][-1]])
+        f.write(json.dumps({"chosen": line, "rejected": worse}) + "\n")
+PY
+cp "$src"/examples/data/*.png "$work/"
+rl=(--model "$src/configs/tiny-qwen2-vl.json" --dtype float64 --tokens-per-rank 256)
+$run $mmsp logprobs "${rl[@]}" --data "$work/pairs.jsonl" --out "$work/ref.jsonl" > "$work/ref-lp.log" 2>&1 ||
+  fail "mmsp logprobs of pairs: $(tail -5 "$work/ref-lp.log")"
+python3 - "$work/pairs.jsonl" "$work/ref.jsonl" "$work/pairs-ref.jsonl" <<'PY' || fail "mmsp logprobs did not mark the pairs' sides"
+import json, sys
+pairs = [json.loads(t) for t in open(sys.argv[1])]
+for r in map(json.loads, open(sys.argv[2])):
+    assert r["side"] in ("chosen", "rejected") and abs(r["logps"] - sum(r["logprobs"])) < 1e-9, r
+    pairs[r["pair"]]["ref_%s_logps" % r["side"]] = r["logps"]
+open(sys.argv[3], "w").write("".join(json.dumps(p) + "\n" for p in pairs))
+PY
+$run $mmsp train "${rl[@]}" --data "$work/pairs-ref.jsonl" --objective dpo --steps 2 --warmup 1 --ulysses 2 \
+  --out "$work/dpo" --quiet > "$work/dpo.log" 2>&1 || fail "mmsp train --objective dpo: $(tail -5 "$work/dpo.log")"
+python3 - "$work/dpo/metrics.jsonl" <<'PY' || fail "DPO's first loss is not ln 2 with the policy as its reference"
+import json, math, sys
+first = json.loads(open(sys.argv[1]).readline())
+assert abs(first["loss"] - math.log(2)) < 1e-12, first["loss"]
+PY
+expect_exit2 grpo_no_advantages "advantages is missing: --objective grpo needs every sample's advantages" \
+  train "${rl[@]}" --data "$src/examples/data/data.jsonl" --objective grpo --steps 1
+expect_exit2 kl_without_objective "are read by an RL --objective" train "${rl[@]}" --kl-coef 0.1 --steps 1
+# mmsp bench logprobs (docs/rl.md's figure at 32k tokens): every way's bytes are its formula,
+# the values agree, and the naive way (the logits gathered) holds and sends more.
+$run $mmsp bench logprobs --tokens 1024 --vocab 1024 --loss-chunk 64 --out "$work/bench-lp.json" \
+  > "$work/bench-lp.log" 2>&1 || fail "bench logprobs: $(tail -5 "$work/bench-lp.log")"
+python3 - "$work/bench-lp.json" <<'PY' || fail "bench logprobs: wrong figures"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert [r["way"] for r in d["rows"]] == ["mmsp", "local-logits", "naive"], d
+assert all(r["sent_bytes"] == r["formula_sent_bytes"] and r["max_abs_diff_from_mmsp"] < 1e-5 for r in d["rows"]), d
+assert d["naive_over_mmsp_peak"] > 2 and d["naive_over_mmsp_sent"] > 100, d
+PY
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi
 echo "train_cli: all checks passed"

@@ -44,7 +44,7 @@ struct RunningLse {
   // token's label column in the block (clamped), `here` whether it is in the block.
   void fold(const at::Tensor& logits, const at::Tensor& at_label, const at::Tensor& here) {
     const at::Tensor next = at::maximum(top, std::get<0>(logits.max(1)));
-    total = total * (top - next).exp() + (logits - next.unsqueeze(1)).exp().sum(1);
+    total = total * (top - next).exp() + (logits - next.unsqueeze(1)).exp_().sum(1);  // one [T, n] transient
     top = next;
     const at::Tensor picked = logits.gather(1, at_label);
     target += at::where(here, picked, at::zeros_like(picked)).squeeze(1);
@@ -235,16 +235,20 @@ struct RunningEntropy {
         weighted(at::zeros({T}, options)),
         target(at::zeros({T}, options)) {}
   // `z` [T, n] in the wide dtype, already divided by the temperature (−∞ where a row is
-  // padding: its exp is 0 and it adds nothing to the weighted sum).
-  void fold(const at::Tensor& z, const at::Tensor& at_label, const at::Tensor& here) {
-    const at::Tensor next = at::maximum(top, std::get<0>(z.max(1)));
-    const at::Tensor rescale = (top - next).exp();
-    const at::Tensor e = (z - next.unsqueeze(1)).exp();
-    total = total * rescale + e.sum(1);
-    weighted = weighted * rescale + (e * at::where(e > 0, z, at::zeros_like(z))).sum(1);
-    top = next;
+  // padding: its exp is 0 and it adds nothing to the weighted sum). Consumed: overwritten,
+  // so that a block holds two [T, n] tensors (z and its exp), not five.
+  void fold(at::Tensor z, const at::Tensor& at_label, const at::Tensor& here) {
     const at::Tensor picked = z.gather(1, at_label);
     target += at::where(here, picked, at::zeros_like(picked)).squeeze(1);
+    const at::Tensor next = at::maximum(top, std::get<0>(z.max(1)));
+    const at::Tensor rescale = (top - next).exp();
+    at::Tensor e = (z - next.unsqueeze(1)).exp_();
+    total = total * rescale + e.sum(1);
+    // e·z, with −∞ (padding, where e = 0) made finite so that 0·z is 0, not NaN
+    const double lowest =
+        z.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest() : std::numeric_limits<float>::lowest();
+    weighted = weighted * rescale + e.mul_(z.clamp_min_(lowest)).sum(1);
+    top = next;
   }
   // [2, T]: the label's log-probability (0 where unlabelled) and the entropy.
   at::Tensor finish(const at::Tensor& labels) const {
