@@ -16,26 +16,35 @@ struct Reduced {
   std::vector<std::vector<double>> per_rank;
   double max(size_t figure) const { return *std::max_element(per_rank[figure].begin(), per_rank[figure].end()); }
 };
-Reduced reduce_metrics(double local_loss, const std::vector<double>& mine, const dist::Mesh& mesh) {
+// The loss and the summed figures (`sums`, replaced by their world sums) travel with
+// every rank's own figures in one all-reduce.
+Reduced reduce_metrics(double local_loss, std::map<std::string, double>& sums, const std::vector<double>& mine,
+                       const dist::Mesh& mesh) {
   const int64_t n = static_cast<int64_t>(mine.size()), world = mesh.world_size();
-  at::Tensor buffer = at::zeros({1 + n * world}, at::kDouble);
+  const int64_t s = 1 + static_cast<int64_t>(sums.size());
+  at::Tensor buffer = at::zeros({s + n * world}, at::kDouble);
   buffer[0] = local_loss;
-  for (int64_t i = 0; i < n; ++i) buffer[1 + i * world + mesh.rank()] = mine[i];
+  int64_t k = 1;
+  for (const auto& [name, value] : sums) buffer[k++] = value;
+  for (int64_t i = 0; i < n; ++i) buffer[s + i * world + mesh.rank()] = mine[i];
   dist::all_reduce_(buffer, *mesh.world());
   Reduced r;
   r.loss = buffer[0].item<double>();
   const double* p = buffer.data_ptr<double>();
-  for (int64_t i = 0; i < n; ++i) r.per_rank.emplace_back(p + 1 + i * world, p + 1 + (i + 1) * world);
+  k = 1;
+  for (auto& [name, value] : sums) value = p[k++];
+  for (int64_t i = 0; i < n; ++i) r.per_rank.emplace_back(p + s + i * world, p + s + (i + 1) * world);
   return r;
 }
 
 }  // namespace
 
-StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double grad_norm, const plan::Batch& batch,
-                           const plan::StepPlan& plan, const StepAccount& a, const dist::Mesh& mesh) {
+StepMetrics agreed_metrics(int64_t step, double local_loss, std::map<std::string, double> objective, double lr,
+                           double grad_norm, const plan::Batch& batch, const plan::StepPlan& plan, const StepAccount& a,
+                           const dist::Mesh& mesh) {
   // Byte counts travel as doubles: exact below 2^53.
   const Reduced r = reduce_metrics(
-      local_loss,
+      local_loss, objective,
       {a.seconds, a.phases.vision_s, a.phases.attention_s, a.phases.communication_s, static_cast<double>(a.peak_bytes),
        static_cast<double>(a.sent.total()), static_cast<double>(a.sent.attention), static_cast<double>(a.sent.vision),
        static_cast<double>(a.sent.grad), static_cast<double>(a.update_peak_bytes),
@@ -45,6 +54,7 @@ StepMetrics agreed_metrics(int64_t step, double local_loss, double lr, double gr
   StepMetrics m;
   m.step = step;
   m.loss = r.loss;
+  m.objective = std::move(objective);
   m.lr = lr;
   m.grad_norm = grad_norm;
   for (const auto& s : batch.sequences) {

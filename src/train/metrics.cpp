@@ -68,6 +68,7 @@ void to_json(json& j, const StepMetrics& m) {
     j["expert_imbalance"] = m.expert_imbalance;
     j["hot_expert"] = m.hot_expert;
   }
+  if (!m.objective.empty()) j["objective"] = m.objective;
 }
 
 void from_json(const json& j, StepMetrics& m) {
@@ -96,6 +97,7 @@ void from_json(const json& j, StepMetrics& m) {
   m.expert_tokens = j.value("expert_tokens", std::vector<int64_t>{});
   m.expert_imbalance = j.value("expert_imbalance", 0.0);
   m.hot_expert = j.value("hot_expert", 0.0);
+  m.objective = j.value("objective", std::map<std::string, double>{});  // RL objectives only
 }
 
 std::string format_step_line(const StepMetrics& m) {

@@ -8,9 +8,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
@@ -135,13 +137,14 @@ std::vector<std::vector<double>> policy_weights(const StepBatches& batches, cons
 }
 
 // A micro-batch's loss on this rank, by the objective: the cross-entropy through the
-// head, or an RL objective on the head's per-token log-probabilities.
-at::Tensor step_loss(const StepLoop& run, const MicroBatch& micro, const model::StepOutput& out,
-                     const std::vector<std::vector<double>>& weights, size_t k, int64_t step_pairs) {
+// head, or an RL objective on the head's per-token log-probabilities (with its figures).
+ObjectiveLoss step_loss(const StepLoop& run, const MicroBatch& micro, const model::StepOutput& out,
+                        const std::vector<std::vector<double>>& weights, size_t k, int64_t step_pairs,
+                        int64_t step_labels) {
   const ObjectiveOptions& objective = run.o.objective;
   const model::Vlm& vlm = run.model.model();
   if (objective.kind == Objective::cross_entropy)
-    return head_loss(vlm, out, run.in.loss_chunk, run.o.inputs.tokens_per_rank);
+    return {head_loss(vlm, out, run.in.loss_chunk, run.o.inputs.tokens_per_rank), {}};
   const at::Tensor logprobs =
       head_label_logprobs(vlm, out, run.in.loss_chunk, run.o.inputs.tokens_per_rank, objective.temperature);
   if (objective.kind == Objective::dpo)
@@ -149,7 +152,7 @@ at::Tensor step_loss(const StepLoop& run, const MicroBatch& micro, const model::
   return policy_loss(logprobs,
                      rank_rollout(*run.in.data, micro.samples, micro.batch, micro.plan, weights[k],
                                   run.in.resolved.config.conventions, run.o.parallel.device),
-                     objective);
+                     objective, step_labels);
 }
 
 // One step: data (the same on every rank; --accumulate's K micro-batches, all planned
@@ -184,7 +187,8 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   at::Tensor expert_counts;  // tokens each expert took (mixture of experts)
   const ObjectiveOptions& objective = run.o.objective;
   const std::vector<std::vector<double>> weights = policy_weights(batches, run.in, objective);
-  int64_t step_pairs = 0;  // DPO: the step's pairs, every micro-batch's
+  std::map<std::string, double> objective_parts;  // an RL objective's figures, this rank's shares
+  int64_t step_pairs = 0;                         // DPO: the step's pairs, every micro-batch's
   for (const MicroBatch& micro : batches.micro) step_pairs += static_cast<int64_t>(micro.samples.size()) / 2;
   for (size_t k = 0; k < batches.micro.size(); ++k) {
     const MicroBatch& micro = batches.micro[k];
@@ -195,7 +199,9 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
     model::StepOutput out =
         parallel::forward_step(run.model.model(), micro.batch, micro.plan, pixels, run.model.parallelism());
     out.label_count = batches.label_count;  // the step's: every micro-batch's labels together
-    at::Tensor loss = step_loss(run, micro, out, weights, k, step_pairs);
+    ObjectiveLoss micro_loss = step_loss(run, micro, out, weights, k, step_pairs, batches.label_count);
+    for (const auto& [name, value] : micro_loss.parts) objective_parts[name] += value;
+    at::Tensor& loss = micro_loss.loss;
     watch.phase("backward");
     watch.forward_done();
     loss.backward();
@@ -208,7 +214,8 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
   const double grad_norm = update.step(run.o.schedule.clip, run.doing);
   const StepAccount account = watch.finish();
   const MicroBatch& last = batches.micro.back();
-  StepMetrics m = agreed_metrics(step, local_loss, lr, grad_norm, last.batch, last.plan, account, mesh);
+  StepMetrics m =
+      agreed_metrics(step, local_loss, std::move(objective_parts), lr, grad_norm, last.batch, last.plan, account, mesh);
   count_step_batches(m, batches);
   if (expert_counts.defined()) add_expert_load(m, expert_counts, mesh.shape().expert);
   return m;

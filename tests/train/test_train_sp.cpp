@@ -1532,7 +1532,20 @@ TEST(Finetune, PolicyObjectivesTrainAsOneProcess) {
     o.parallel.shard = parallel::parse_shard_level(c.shard);
     if (std::string(c.shard) == "parameters") o.memory.checkpoint_activations = model::ActivationCheckpointing::all;
     const train::TrainReport got = train::train(o, test::make_mesh(shape), log);
-    if (checker) expect_same_run(got, ref, 1e-9, std::string(c.what) + " --shard " + c.shard + " " + shape.str());
+    if (!checker) continue;
+    const std::string where = std::string(c.what) + " --shard " + c.shard + " " + shape.str();
+    expect_same_run(got, ref, 1e-9, where);
+    if (c.kind != train::Objective::dpo) {
+      EXPECT_GT(ref.steps[0].objective.at("pg_clipfrac"), 0.05) << where << ": the clip never acts";
+    }
+    for (size_t i = 0; i < ref.steps.size(); ++i) {  // the logged figures (clip fraction, KL, DPO's rewards)
+      const auto& want = ref.steps[i].objective;
+      EXPECT_EQ(want.size(), c.kind == train::Objective::dpo ? 4u : 3u) << where;
+      ASSERT_EQ(got.steps[i].objective.size(), want.size()) << where;
+      for (const auto& [name, value] : want)
+        EXPECT_NEAR(got.steps[i].objective.at(name), value, 1e-9 * std::max(std::abs(value), 1e-3))
+            << where << " step " << i + 1 << " " << name;
+    }
   }
   std::filesystem::remove(config_path);
   std::filesystem::remove_all(dir);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -42,6 +43,10 @@ struct StepMetrics {
   std::vector<int64_t> expert_tokens;
   double expert_imbalance = 0;
   double hot_expert = 0;
+  // An RL objective's figures (--objective grpo|ppo|dpo; docs/rl.md), by verl's and TRL's
+  // names: "pg_loss", "kl", "pg_clipfrac"; DPO's "rewards/chosen", "rewards/rejected",
+  // "rewards/accuracies", "rewards/margins". Empty for the cross-entropy.
+  std::map<std::string, double> objective;
 };
 
 // JSON with the field names above; a non-finite double is written as null and read

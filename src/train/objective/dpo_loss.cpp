@@ -9,9 +9,9 @@
 
 namespace mmsp::train {
 
-at::Tensor dpo_loss(const at::Tensor& logprobs, const Dataset& data, const std::vector<int64_t>& samples,
-                    const plan::Batch& batch, const plan::StepPlan& plan, int64_t step_pairs, const ObjectiveOptions& o,
-                    const dist::Mesh& mesh) {
+ObjectiveLoss dpo_loss(const at::Tensor& logprobs, const Dataset& data, const std::vector<int64_t>& samples,
+                       const plan::Batch& batch, const plan::StepPlan& plan, int64_t step_pairs,
+                       const ObjectiveOptions& o, const dist::Mesh& mesh) {
   const plan::RankPlan& mine = plan.mine;
   const plan::RowPlan& row = plan.rows[static_cast<size_t>(mine.coords.dp)];
   const auto B = static_cast<int64_t>(batch.sequences.size());
@@ -42,7 +42,16 @@ at::Tensor dpo_loss(const at::Tensor& logprobs, const Dataset& data, const std::
   const at::Tensor df_dh = (-(1 - eps) * at::sigmoid(-h) + eps * at::sigmoid(h)) / pairs;
   const at::Tensor g = at::stack({o.beta * df_dh, -o.beta * df_dh}, 1).reshape({B});  // ∂f/∂π per sequence
   const double W = mesh.world_size();
-  return f / W + (g * (mine_sums - sums / W)).sum();
+  ObjectiveLoss out;
+  out.loss = f / W + (g * (mine_sums - sums / W)).sum();
+  // TRL's figures: every rank holds them whole, so each gives 1/W of them
+  const at::Tensor chosen = o.beta * margin.slice(0, 0, B, 2), rejected = o.beta * margin.slice(0, 1, B, 2);
+  const double share = 1.0 / (pairs * W);
+  out.parts["rewards/chosen"] = chosen.sum().item<double>() * share;
+  out.parts["rewards/rejected"] = rejected.sum().item<double>() * share;
+  out.parts["rewards/accuracies"] = (chosen > rejected).sum().item<double>() * share;
+  out.parts["rewards/margins"] = (chosen - rejected).sum().item<double>() * share;
+  return out;
 }
 
 }  // namespace mmsp::train

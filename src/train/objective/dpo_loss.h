@@ -18,15 +18,18 @@
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/data/dataset.h"
 #include "mmsp/train/objective/objective_options.h"
+#include "objective_loss.h"
 
 namespace mmsp::train {
 
 // This rank's share of the step's DPO loss (0-dim, differentiable through `logprobs`, the
 // rank's [L] label log-probabilities) for a micro-batch of whole pairs (chosen, rejected,
-// chosen, ...: the packer's groups of 2); `step_pairs`: the pairs of the whole step.
+// chosen, ...: the packer's groups of 2); `step_pairs`: the pairs of the whole step. Its
+// shares of TRL's figures: "rewards/chosen" and "rewards/rejected" (the mean of β·(π − ref)),
+// "rewards/accuracies" (the pairs whose chosen reward is larger), "rewards/margins".
 // Collective: one all-reduce over the world.
-at::Tensor dpo_loss(const at::Tensor& logprobs, const Dataset& data, const std::vector<int64_t>& samples,
-                    const plan::Batch& batch, const plan::StepPlan& plan, int64_t step_pairs, const ObjectiveOptions& o,
-                    const dist::Mesh& mesh);
+ObjectiveLoss dpo_loss(const at::Tensor& logprobs, const Dataset& data, const std::vector<int64_t>& samples,
+                       const plan::Batch& batch, const plan::StepPlan& plan, int64_t step_pairs,
+                       const ObjectiveOptions& o, const dist::Mesh& mesh);
 
 }  // namespace mmsp::train

@@ -124,7 +124,8 @@ RankRollout rank_rollout(const Dataset& data, const std::vector<int64_t>& sample
   return out;
 }
 
-at::Tensor policy_loss(const at::Tensor& logprobs, const RankRollout& rollout, const ObjectiveOptions& o) {
+ObjectiveLoss policy_loss(const at::Tensor& logprobs, const RankRollout& rollout, const ObjectiveOptions& o,
+                          int64_t step_labels) {
   const at::ScalarType dtype = logprobs.scalar_type();
   const at::Tensor lp = logprobs, current = logprobs.detach();
   const at::Tensor old = rollout.old_logprobs.defined()
@@ -137,12 +138,17 @@ at::Tensor policy_loss(const at::Tensor& logprobs, const RankRollout& rollout, c
   const at::Tensor unclipped = -A * ratio, clipped = -A * at::clamp(ratio, 1 - o.clip_low, 1 + o.clip_high);
   at::Tensor per_token = at::maximum(unclipped, clipped);
   if (o.clip_c > 0) per_token = at::where(A < 0, at::minimum(per_token, -A * o.clip_c), per_token);
-  at::Tensor loss = (per_token * w).sum();
+  ObjectiveLoss out;
+  out.loss = (per_token * w).sum();
+  out.parts["pg_loss"] = out.loss.detach().item<double>();
+  out.parts["pg_clipfrac"] = ((clipped > unclipped) & (w > 0)).sum().item<double>() / static_cast<double>(step_labels);
   if (o.kl_coef != 0) {
     MMSP_CHECK(rollout.ref_logprobs.defined(), "--kl-coef ", o.kl_coef, " needs ref_logprobs (checked before the run)");
-    loss = loss + o.kl_coef * (kl_penalty(lp, rollout.ref_logprobs.to(dtype), o.kl) * w).sum();
+    const at::Tensor kl = (kl_penalty(lp, rollout.ref_logprobs.to(dtype), o.kl) * w).sum();
+    out.parts["kl"] = kl.detach().item<double>();
+    out.loss = out.loss + o.kl_coef * kl;
   }
-  return loss;
+  return out;
 }
 
 void check_rollouts(const Dataset& data, const plan::ModelConventions& conventions, const ObjectiveOptions& o,

@@ -15,6 +15,7 @@
 #include "mmsp/plan/step_plan.h"
 #include "mmsp/train/data/dataset.h"
 #include "mmsp/train/objective/objective_options.h"
+#include "objective_loss.h"
 
 namespace mmsp::train {
 
@@ -38,8 +39,11 @@ RankRollout rank_rollout(const Dataset& data, const std::vector<int64_t>& sample
                          const plan::ModelConventions& conventions, const at::Device& device);
 
 // The rank's part of the step's loss (0-dim, differentiable through `logprobs`, this
-// rank's [L] label log-probabilities at the objective's temperature).
-at::Tensor policy_loss(const at::Tensor& logprobs, const RankRollout& rollout, const ObjectiveOptions& o);
+// rank's [L] label log-probabilities at the objective's temperature), and its shares of
+// "pg_loss", "kl" (the aggregated terms) and "pg_clipfrac" (the share of the step's
+// `step_labels` labelled tokens whose clip was active).
+ObjectiveLoss policy_loss(const at::Tensor& logprobs, const RankRollout& rollout, const ObjectiveOptions& o,
+                          int64_t step_labels);
 
 // Before any collective, on every rank alike, naming the sample's line: GRPO / PPO: every
 // sample with labelled tokens has its advantages, and its ref_logprobs when kl_coef is not
