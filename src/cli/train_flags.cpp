@@ -193,6 +193,12 @@ void TrainFlags::add_objective(CLI::App& app) {
                  "DPO: cDPO's chance that a pair's preference is flipped, in [0, 0.5)")
       ->capture_default_str()
       ->group(group);
+  app.add_option("--old-logprobs", options.objective.old_logprobs_file,
+                 "mmsp logprobs' --out over the same --data: every sample's old_logprobs (GRPO, PPO)")
+      ->group(group);
+  app.add_option("--ref-logprobs", options.objective.ref_logprobs_file,
+                 "mmsp logprobs' --out of the reference model over the same --data: ref_logprobs (DPO: their sums)")
+      ->group(group);
   app.add_option("--loss-scale", options.objective.loss_scale,
                  "seq-mean-token-sum-norm's divisor (Dr. GRPO's constant)")
       ->group(group);
@@ -300,6 +306,8 @@ void TrainFlags::parse_objective() {
   j.loss_scale = given.loss_scale;
   j.beta = given.beta;
   j.label_smoothing = given.label_smoothing;
+  j.old_logprobs_file = given.old_logprobs_file;
+  j.ref_logprobs_file = given.ref_logprobs_file;
   if (!loss_agg.empty()) j.agg = train::parse_loss_agg(loss_agg);
   j.kl = train::parse_kl_kind(kl);
   j.clip_low = clip_low >= 0 ? clip_low : clip_ratio;

@@ -229,7 +229,9 @@ json run_flags(const TrainOptions& o, const plan::Mesh& mesh, int data_rows) {
                         {"temperature", j.temperature},
                         {"loss_scale", j.loss_scale},
                         {"beta", j.beta},
-                        {"label_smoothing", j.label_smoothing}};
+                        {"label_smoothing", j.label_smoothing},
+                        {"old_logprobs", j.old_logprobs_file},
+                        {"ref_logprobs", j.ref_logprobs_file}};
   }
   if (o.inputs.data == "shapes") {
     run["shapes_samples"] = o.inputs.shapes_samples;

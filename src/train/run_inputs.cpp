@@ -172,6 +172,13 @@ MemoryEstimate preflight_memory(const model::ModelConfig& config, const Paramete
 void open_data(const TrainOptions& o, const dist::Mesh& mesh, RunInputs& in) {
   in.rows = o.inputs.data_rows > 0 ? o.inputs.data_rows : mesh.shape().dp;
   in.data = make_dataset(o, in.resolved.config, o.inputs.tokens_per_rank * mesh.world_size() / in.rows);
+  const ObjectiveOptions& j = o.objective;
+  if (!j.old_logprobs_file.empty() || !j.ref_logprobs_file.empty()) {
+    auto* jsonl = dynamic_cast<JsonlDataset*>(in.data.get());
+    MMSP_CHECK(jsonl, "--old-logprobs and --ref-logprobs join a .jsonl --data's samples, not --data ", o.inputs.data);
+    if (!j.old_logprobs_file.empty()) jsonl->attach_logprobs(j.old_logprobs_file, false, "--old-logprobs");
+    if (!j.ref_logprobs_file.empty()) jsonl->attach_logprobs(j.ref_logprobs_file, true, "--ref-logprobs");
+  }
   PackerOptions packing;
   packing.tokens_per_row = o.inputs.tokens_per_rank * mesh.world_size() / in.rows;
   packing.rows = in.rows;

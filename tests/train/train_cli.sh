@@ -302,6 +302,16 @@ import json, math, sys
 first = json.loads(open(sys.argv[1]).readline())
 assert abs(first["loss"] - math.log(2)) < 1e-12, first["loss"]
 PY
+# The same reference joined by --ref-logprobs (mmsp logprobs' file as it is): the same run.
+$run $mmsp train "${rl[@]}" --data "$work/pairs.jsonl" --ref-logprobs "$work/ref.jsonl" --objective dpo --steps 2 \
+  --warmup 1 --ulysses 2 --out "$work/dpo-join" --quiet > "$work/dpo-join.log" 2>&1 ||
+  fail "--ref-logprobs: $(tail -5 "$work/dpo-join.log")"
+$mmsp compare-losses "$work/dpo/metrics.jsonl" "$work/dpo-join/metrics.jsonl" > "$work/dpo-cmp.log" 2>&1 &&
+  grep -q "2 common steps, largest relative difference 0 " "$work/dpo-cmp.log" ||
+  fail "--ref-logprobs trains otherwise than the joined lines: $(cat "$work/dpo-cmp.log")"
+head -4 "$work/ref.jsonl" > "$work/ref-cut.jsonl"
+expect_exit2 ref_of_other_data "has no line for sample 4 of --data's 8: the file is of another --data" \
+  train "${rl[@]}" --data "$work/pairs.jsonl" --objective dpo --steps 1 --ref-logprobs "$work/ref-cut.jsonl"
 expect_exit2 grpo_no_advantages "advantages is missing: --objective grpo needs every sample's advantages" \
   train "${rl[@]}" --data "$src/examples/data/data.jsonl" --objective grpo --steps 1
 expect_exit2 kl_without_objective "are read by an RL --objective" train "${rl[@]}" --kl-coef 0.1 --steps 1

@@ -473,6 +473,28 @@ void JsonlDataset::check_lengths(int64_t row_limit) const {
   }
 }
 
+void JsonlDataset::attach_logprobs(const std::string& path, bool reference, const std::string& flag) {
+  std::vector<std::vector<double>> lists = read_logprobs_file(path, size(), flag);
+  for (int64_t i = 0; i < size(); ++i) {
+    Sample& s = samples_[static_cast<size_t>(i)];
+    const int64_t labelled = plan::count_labels(s.sequence, config_.conventions);
+    std::vector<double>& list = lists[static_cast<size_t>(i)];
+    MMSP_CHECK(static_cast<int64_t>(list.size()) == labelled, flag, " ", path, ": sample ", i, " (", location(i),
+               ") has ", list.size(), " log-probabilities; the sample has ", labelled,
+               " labelled tokens: the file is of another --data");
+    std::vector<double>& field = reference ? s.rollout.ref_logprobs : s.rollout.old_logprobs;
+    MMSP_CHECK(field.empty() && (!reference || !s.rollout.preference.ref_logps), location(i), ": ",
+               reference ? "the reference" : "old_logprobs", " is on the line and in ", flag, " ", path, ": give one");
+    if (reference && s.rollout.preference.pair >= 0) {
+      double sum = 0;
+      for (const double x : list) sum += x;
+      s.rollout.preference.ref_logps = sum;
+    } else {
+      field = std::move(list);
+    }
+  }
+}
+
 std::string JsonlDataset::location(int64_t index) const {
   const Sample& s = sample(index);
   return detail::concat(path_, ":", s.line, s.side.empty() ? "" : " ", s.side);

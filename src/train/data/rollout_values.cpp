@@ -2,10 +2,12 @@
 #include "mmsp/train/data/rollout_values.h"
 
 #include <cmath>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "mmsp/core/check.h"
+#include "mmsp/core/json_read.h"
 
 namespace mmsp::train {
 namespace {
@@ -48,6 +50,38 @@ std::vector<double> per_token(const json& object, const char* field, int64_t lab
 }
 
 }  // namespace
+
+std::vector<std::vector<double>> read_logprobs_file(const std::string& path, int64_t samples, const std::string& flag) {
+  std::ifstream in(path);
+  MMSP_CHECK(in.good(), flag, " ", path, ": cannot open (the --out of mmsp logprobs over the same --data)");
+  std::vector<std::vector<double>> out(static_cast<size_t>(samples));
+  std::vector<bool> seen(static_cast<size_t>(samples), false);
+  std::string text;
+  for (int64_t line_number = 1; std::getline(in, text); ++line_number) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = detail::concat(flag, " ", path, ":", line_number);
+    const json line = parse_json_text(text, where);
+    MMSP_CHECK(line.is_object() && line.contains("index") && line["index"].is_number_integer(), where,
+               ": expected mmsp logprobs' line {\"index\": N, \"logprobs\": [...]}");
+    const int64_t index = line["index"].get<int64_t>();
+    MMSP_CHECK(index >= 0 && index < samples, where, ": index ", index, " is not a sample of --data (0 .. ",
+               samples - 1, "): the file is of another --data");
+    MMSP_CHECK(!seen[static_cast<size_t>(index)], where, ": index ", index, " again");
+    seen[static_cast<size_t>(index)] = true;
+    const auto it = line.find("logprobs");
+    MMSP_CHECK(it != line.end() && it->is_array(), where, ": logprobs must be a list of numbers");
+    for (size_t k = 0; k < it->size(); ++k) {
+      const std::string name = detail::concat("logprobs[", k, "]");
+      const double x = number((*it)[k], name, where);
+      MMSP_CHECK(x <= kLogprobSlack, where, ": ", name, " is ", x, ": a log-probability is at most 0");
+      out[static_cast<size_t>(index)].push_back(x);
+    }
+  }
+  for (int64_t i = 0; i < samples; ++i)
+    MMSP_CHECK(seen[static_cast<size_t>(i)], flag, " ", path, " has no line for sample ", i, " of --data's ", samples,
+               ": the file is of another --data (or cut short)");
+  return out;
+}
 
 void read_pair_references(const json& line, int64_t pair, RolloutValues& chosen, RolloutValues& rejected,
                           const std::string& where) {

@@ -75,6 +75,10 @@ const char* to_string(KlKind kind) {
 }
 
 void check_objective_options(const ObjectiveOptions& o) {
+  MMSP_CHECK(o.kind != Objective::cross_entropy || (o.old_logprobs_file.empty() && o.ref_logprobs_file.empty()),
+             "--old-logprobs and --ref-logprobs are read by an RL --objective (grpo, ppo, dpo), not cross-entropy");
+  MMSP_CHECK(o.kind != Objective::dpo || o.old_logprobs_file.empty(),
+             "--old-logprobs is GRPO's and PPO's; --objective dpo reads --ref-logprobs (its sides' sums)");
   if (o.kind == Objective::cross_entropy) return;
   MMSP_CHECK(std::isfinite(o.temperature) && o.temperature > 0, "--temperature ", o.temperature,
              " must be a finite number > 0 (the logits are divided by it)");

@@ -35,6 +35,12 @@ class JsonlDataset : public Dataset {
   // the pixel sources and grids.
   static int64_t line_bytes_for(int64_t row_tokens) { return 32 * row_tokens + (int64_t{1} << 20); }
 
+  // The log-probability lists of `mmsp logprobs` over this file (read_logprobs_file) as
+  // every sample's old_logprobs (`reference` false) or ref_logprobs (true; a pair's side:
+  // their sum its reference). A line that gives its own is refused: one source each. Each
+  // list's length is checked against the sample's labelled tokens, naming the file and line.
+  void attach_logprobs(const std::string& path, bool reference, const std::string& flag);
+
   // Refuses the first sample longer than `row_limit` tokens (one row of a step), naming
   // its line: called with the packer's limit before the first step.
   void check_lengths(int64_t row_limit) const;

@@ -49,6 +49,12 @@ RolloutValues read_rollout_values(const nlohmann::json& object, int64_t labelled
 void read_pair_references(const nlohmann::json& line, int64_t pair, RolloutValues& chosen, RolloutValues& rejected,
                           const std::string& where);
 
+// An `mmsp logprobs` output file (one JSON line per sample: "index", "logprobs") as the
+// log-probability lists of a dataset of `samples` samples, by index: every index in
+// 0 .. samples − 1 exactly once, each list of finite numbers ≤ 0 (1e-6 allowed). Errors name
+// `flag`, the file and line.
+std::vector<std::vector<double>> read_logprobs_file(const std::string& path, int64_t samples, const std::string& flag);
+
 // The keys of a pair line.
 inline const char* const kPairFields[] = {"chosen", "rejected", "ref_chosen_logps", "ref_rejected_logps"};
 

@@ -29,6 +29,10 @@ struct ObjectiveOptions {
   double loss_scale = 0;                   // seq-mean-token-sum-norm's constant (Dr. GRPO): required there
   double beta = 0.1;                       // DPO: the implicit reward's scale (TRL's beta)
   double label_smoothing = 0;              // DPO: cDPO's ε, the chance a pair's preference is flipped
+  // `mmsp logprobs` output files over the same --data, joined to its samples by "index":
+  // the old policy's log-probabilities (GRPO, PPO) and the reference's (their sums for DPO),
+  // instead of (not beside) the lines' old_logprobs / ref_logprobs.
+  std::string old_logprobs_file, ref_logprobs_file;
 };
 
 // The objective's defaults (its agg and dual clip) with the rest as ObjectiveOptions has them.
@@ -46,7 +50,8 @@ const char* to_string(KlKind kind);
 // The numbers' rules, naming the flag and the value: clip ranges in [0, 1) for low and ≥ 0
 // for high, a dual clip above 1 (or 0), kl_coef ≥ 0 and finite, a finite temperature > 0,
 // --loss-scale > 0 exactly when the agg is seq-mean-token-sum-norm; DPO's beta finite > 0
-// and label smoothing in [0, 0.5).
+// and label smoothing in [0, 0.5); the log-prob files only with an RL objective (DPO: no
+// --old-logprobs).
 void check_objective_options(const ObjectiveOptions& o);
 
 }  // namespace mmsp::train
