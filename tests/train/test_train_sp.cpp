@@ -1405,9 +1405,11 @@ TEST(Finetune, LoraTrainsInBfloat16) {
 // per sequence on every third line, per token on the others. And its lines as DPO pairs
 // (lines 2p and 2p + 1 chosen and rejected), the reference's sums the policy's moved by up
 // to ±1.5 (every pair's h off 0), in `pairs`.
-std::string write_rollouts(const std::string& dir, const std::string& config_path, std::string* pairs = nullptr) {
+std::string write_rollouts(const std::string& dir, const std::string& config_path, std::string* pairs = nullptr,
+                           const std::vector<int64_t>& image = kQwenImage,
+                           const nlohmann::json& grid = nlohmann::json::array({{1, 2, 2}})) {
   const std::string base = dir + "/base.jsonl", rollouts = dir + "/rollouts.jsonl";
-  write_image_data(base, kQwenImage, {{1, 2, 2}}, 12);
+  write_image_data(base, image, grid, 12);
   std::vector<nlohmann::json> lines;
   {
     std::ifstream in(base);
@@ -1423,7 +1425,7 @@ std::string write_rollouts(const std::string& dir, const std::string& config_pat
       out << line.dump() << "\n";
     }
   }
-  train::TrainOptions o = tiny_options(64);
+  train::TrainOptions o = tiny_options(128);
   o.inputs.model = config_path;
   o.inputs.data = base;
   o.inputs.shuffle = false;
@@ -1549,6 +1551,59 @@ TEST(Finetune, PolicyObjectivesTrainAsOneProcess) {
   }
   std::filesystem::remove(config_path);
   std::filesystem::remove_all(dir);
+}
+
+// Every other family through one objective each, the three in turn (their towers, deepstack,
+// Gated DeltaNet, LLaVA's and InternVL's placeholders), on the widest context mesh under
+// ZeRO-2: the run equals one process's (fp64, 1e-9).
+TEST(Finetune, PolicyObjectivesTrainEveryFamilyAsOneProcess) {
+  const int world = test::rank_env().world_size;
+  const bool checker = test::rank_env().rank == 0;
+  std::ostringstream log;
+  struct Case {
+    FamilyCase family;
+    std::vector<int64_t> image;
+    nlohmann::json grid;
+    train::Objective kind;
+  };
+  const std::vector<int64_t> internvl = {120, 123, 123, 123, 123, 121};
+  const std::vector<Case> cases = {
+      {{"tiny-qwen2_5-vl.json", false, 4}, kQwenImage, {{1, 2, 2}}, train::Objective::ppo},
+      {{"tiny-qwen3-vl.json", false, 4}, kQwenImage, {{1, 2, 2}}, train::Objective::dpo},
+      {{"tiny-qwen3_5-vl.json", false, 2}, kQwenImage, {{1, 2, 2}}, train::Objective::grpo},
+      {{"tiny-llava.json", false, 4}, std::vector<int64_t>(16, 123), nullptr, train::Objective::dpo},
+      {{"tiny-internvl.json", false, 4}, internvl, nullptr, train::Objective::grpo}};
+  for (const Case& c : cases) {
+    const std::string config_path = small_vocab_config(c.family.file, c.family.tie);
+    const std::string dir = test::scratch_dir("rollouts-family-");  // per rank
+    std::string pairs;
+    const std::string rollouts = write_rollouts(dir, config_path, &pairs, c.image, c.grid);
+    plan::Mesh shape = context_shape(world);
+    if (shape.ulysses > c.family.max_ulysses || shape.ulysses == 3) shape = {1, world, 1};
+    const bool dpo = c.kind == train::Objective::dpo;
+    auto options = [&](int64_t per_rank) {
+      train::TrainOptions o = tiny_options(per_rank);
+      o.inputs.model = config_path;
+      o.inputs.data = dpo ? pairs : rollouts;
+      o.objective = train::objective_defaults(c.kind);
+      if (!dpo) {
+        o.objective.kl_coef = 0.1;
+        o.objective.temperature = 0.8;
+      }
+      return o;
+    };
+    const int64_t per_rank = dpo ? 144 : 96;  // a pair, a sample with LLaVA's 16 placeholders
+    train::TrainReport ref;
+    if (checker) ref = train::train(options(per_rank * world), dist::Mesh::solo(), log);
+    train::TrainOptions o = options(per_rank);
+    o.parallel.shard = parallel::ShardLevel::gradients;
+    const train::TrainReport got = train::train(o, test::make_mesh(shape), log);
+    if (checker)
+      expect_same_run(got, ref, 1e-9,
+                      std::string(c.family.file) + " --objective " + to_string(c.kind) + " " + shape.str());
+    std::filesystem::remove(config_path);
+    std::filesystem::remove_all(dir);
+  }
 }
 
 // Bad input ends the run before anything is allocated, on every rank alike, naming the
