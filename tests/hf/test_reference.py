@@ -342,6 +342,25 @@ def test_logprobs_refuses_bad_input_on_every_rank(case, mmsp_bin, mmsp_run, tmp_
 
 # --- mmsp train --objective grpo (issue 72) against transformers and mmsp.rl ------------------
 
+def _objective_family(case):
+    """mmsp.rl from the source tree (its losses need no build), for the two families that
+    carry the objectives' comparisons (CI's minutes: Qwen2-VL and the Qwen3.5 hybrid; every
+    family's mesh exactness is in test_train_sp's Finetune.PolicyObjectives*)."""
+    if case.name not in ("qwen2_vl", "qwen3_5"):
+        pytest.skip("two families carry the objective's comparison (CI's minutes)")
+    import importlib
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "python"))
+    return importlib.import_module("mmsp.rl")
+
+
+def _label_logprobs(logits, s, temperature):
+    """transformers' log_softmax(logits / T) at each labelled token of sample `s`."""
+    keep = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
+    lp = torch.log_softmax(logits / temperature, -1)[:-1]
+    return lp.gather(1, torch.tensor(s.input_ids[1:]).unsqueeze(1)).squeeze(1)[keep]
+
+
 def _rollout_data(case, lps):
     """The case's samples as a rollouts file: old log-probabilities moved from the model's
     own by up to ±0.35 (some ratios clip), reference ones beside them, one advantage for
@@ -366,22 +385,12 @@ def _rollout_data(case, lps):
 
 # GRPO (seq-mean-token-mean, k3 KL 0.1, temperature 0.7) on 4 ranks (ring 2 × Ulysses 2):
 # the loss and every gradient = mmsp.rl.policy_loss (the Python objective the suite checks
-# against TRL's GRPO loss, tests/python/test_rl.py) on transformers' own forward. Two
-# families for the CI budget: Qwen2-VL and the Qwen3.5 hybrid (every family's mesh
-# exactness is in test_train_sp's Finetune.PolicyObjectivesTrainAsOneProcess).
+# against TRL's GRPO loss, tests/python/test_rl.py) on transformers' own forward
+# (_objective_family: Qwen2-VL and Qwen3.5).
 @pytest.mark.parametrize("ranks", [4])
 def test_policy_objective_equals_transformers(case, mmsp_bin, mmsp_run, ranks):
-    if case.name not in ("qwen2_vl", "qwen3_5"):
-        pytest.skip("two families carry the objective's comparison (CI's minutes)")
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "python"))
-    from mmsp.rl.policy_losses import policy_loss
-
-    def label_logprobs(logits, s):
-        keep = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
-        lp = torch.log_softmax(logits / TEMPERATURE, -1)[:-1]
-        return lp.gather(1, torch.tensor(s.input_ids[1:]).unsqueeze(1)).squeeze(1)[keep]
-
+    policy_loss = _objective_family(case).policy_losses.policy_loss
+    label_logprobs = lambda logits, s: _label_logprobs(logits, s, TEMPERATURE)  # noqa: E731
     data, rollouts = _rollout_data(case, [label_logprobs(lg, s) for lg, s in zip(case.logits, case.samples)])
     case.model.zero_grad()
     lps = [label_logprobs(F.sequence_output(case.model, case.family, s).logits[0], s) for s in case.samples]
@@ -419,16 +428,8 @@ def test_policy_objective_equals_transformers(case, mmsp_bin, mmsp_run, ranks):
 # transformers' forward; the reference sums are the model's own moved by ±0.7.
 @pytest.mark.parametrize("ranks", [4])
 def test_dpo_objective_equals_transformers(case, mmsp_bin, mmsp_run, ranks):
-    if case.name not in ("qwen2_vl", "qwen3_5"):
-        pytest.skip("two families carry the objective's comparison (CI's minutes)")
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "python"))
-    from mmsp.rl.dpo import dpo_loss
-
-    def logps(logits, s):
-        keep = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
-        lp = torch.log_softmax(logits, -1)[:-1]
-        return lp.gather(1, torch.tensor(s.input_ids[1:]).unsqueeze(1)).squeeze(1)[keep].sum()
+    dpo_loss = _objective_family(case).dpo.dpo_loss
+    logps = lambda logits, s: _label_logprobs(logits, s, 1.0).sum()  # noqa: E731
 
     refs = [logps(lg, s).item() + shift for lg, s, shift in zip(case.logits, case.samples, (0.7, -0.7))]
     with open(case.data) as f:
