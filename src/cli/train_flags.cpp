@@ -181,6 +181,10 @@ void TrainFlags::add_objective(CLI::App& app) {
                  "× the KL to the reference (each line's ref_logprobs); 0: no reference")
       ->capture_default_str()
       ->group(group);
+  app.add_option("--entropy-coef", options.objective.entropy_coef,
+                 "− × the aggregated entropy of the policy at each labelled token (verl's entropy_coeff)")
+      ->capture_default_str()
+      ->group(group);
   app.add_option("--kl", kl, "the KL estimator: k1, k2 or k3 (low_var_kl)")->capture_default_str()->group(group);
   app.add_option("--temperature", options.objective.temperature,
                  "the logits are divided by it (the rollout's sampling temperature)")
@@ -302,6 +306,7 @@ void TrainFlags::parse_objective() {
   j = train::objective_defaults(train::parse_objective(objective));
   if (clip_c_flag && clip_c_flag->count() > 0) j.clip_c = given.clip_c;
   j.kl_coef = given.kl_coef;
+  j.entropy_coef = given.entropy_coef;
   j.temperature = given.temperature;
   j.loss_scale = given.loss_scale;
   j.beta = given.beta;
@@ -315,11 +320,11 @@ void TrainFlags::parse_objective() {
   const bool rl = j.kind != train::Objective::cross_entropy;
   const bool policy_knobs = !loss_agg.empty() || j.kl_coef != 0 || (clip_flag && clip_flag->count() > 0) ||
                             clip_low >= 0 || clip_high >= 0 || (clip_c_flag && clip_c_flag->count() > 0) ||
-                            j.loss_scale != 0 || kl != "k3";
+                            j.loss_scale != 0 || kl != "k3" || j.entropy_coef != 0;
   const bool dpo_knobs = j.beta != train::ObjectiveOptions{}.beta || j.label_smoothing != 0;
   MMSP_CHECK(rl || (!policy_knobs && !dpo_knobs && j.temperature == 1.0),
-             "--loss-agg, --clip-ratio*, --kl-coef, --kl, --loss-scale, --beta, --label-smoothing and --temperature ",
-             "are read by an RL --objective (grpo, ppo, dpo), not cross-entropy");
+             "--loss-agg, --clip-ratio*, --kl-coef, --kl, --entropy-coef, --loss-scale, --beta, --label-smoothing and ",
+             "--temperature ", "are read by an RL --objective (grpo, ppo, dpo), not cross-entropy");
   MMSP_CHECK(j.kind != train::Objective::dpo || !policy_knobs,
              "--loss-agg, --clip-ratio*, --kl-coef and --loss-scale are GRPO's and PPO's; --objective dpo reads ",
              "--beta and --label-smoothing");

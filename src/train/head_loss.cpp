@@ -43,6 +43,19 @@ at::Tensor head_label_logprobs(const model::Vlm& vlm, const model::StepOutput& o
       });
 }
 
+at::Tensor head_label_values(const model::Vlm& vlm, const model::StepOutput& out, int64_t loss_chunk,
+                             int64_t tokens_per_rank, double temperature) {
+  return vlm.decoder().apply_head(
+      [&](const at::Tensor& hidden, const at::Tensor& weight) {
+        return chunked_label_values(hidden, weight, out.labels, temperature, loss_chunk);
+      },
+      out.hidden,
+      [&](const at::Tensor& hidden, model::RowShardedWeight& head) {
+        return chunked_label_values(hidden, head, out.labels, temperature,
+                                    round_rows_of(head, hidden, loss_chunk, tokens_per_rank));
+      });
+}
+
 at::Tensor head_token_values(const model::Vlm& vlm, const model::StepOutput& out, int64_t loss_chunk,
                              int64_t tokens_per_rank, double temperature) {
   return vlm.decoder().apply_head(

@@ -18,6 +18,10 @@ at::Tensor head_loss(const model::Vlm& vlm, const model::StepOutput& out, int64_
 at::Tensor head_label_logprobs(const model::Vlm& vlm, const model::StepOutput& out, int64_t loss_chunk,
                                int64_t tokens_per_rank, double temperature);
 
+// The same with the entropy, both differentiable: [2, L] (an RL objective's entropy bonus).
+at::Tensor head_label_values(const model::Vlm& vlm, const model::StepOutput& out, int64_t loss_chunk,
+                             int64_t tokens_per_rank, double temperature);
+
 // Per token of `out` (no gradients), through the head as it is held, in the same blocks or
 // rounds as the loss: [2, L] wide, the label's log-probability under softmax(logits /
 // temperature) (0 where unlabelled) and the entropy (loss/chunked_loss.h).

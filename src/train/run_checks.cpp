@@ -225,6 +225,7 @@ json run_flags(const TrainOptions& o, const plan::Mesh& mesh, int data_rows) {
                         {"clip_ratio_high", j.clip_high},
                         {"clip_ratio_c", j.clip_c},
                         {"kl_coef", j.kl_coef},
+                        {"entropy_coef", j.entropy_coef},
                         {"kl", to_string(j.kl)},
                         {"temperature", j.temperature},
                         {"loss_scale", j.loss_scale},

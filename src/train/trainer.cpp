@@ -145,11 +145,15 @@ ObjectiveLoss step_loss(const StepLoop& run, const MicroBatch& micro, const mode
   const model::Vlm& vlm = run.model.model();
   if (objective.kind == Objective::cross_entropy)
     return {head_loss(vlm, out, run.in.loss_chunk, run.o.inputs.tokens_per_rank), {}};
-  const at::Tensor logprobs =
-      head_label_logprobs(vlm, out, run.in.loss_chunk, run.o.inputs.tokens_per_rank, objective.temperature);
+  // The entropy's values and backward only when its bonus is asked for.
+  const bool entropy = objective.entropy_coef != 0;
+  const at::Tensor values =
+      entropy ? head_label_values(vlm, out, run.in.loss_chunk, run.o.inputs.tokens_per_rank, objective.temperature)
+              : head_label_logprobs(vlm, out, run.in.loss_chunk, run.o.inputs.tokens_per_rank, objective.temperature);
+  const at::Tensor logprobs = entropy ? values[0] : values;
   if (objective.kind == Objective::dpo)
     return dpo_loss(logprobs, *run.in.data, micro.samples, micro.batch, micro.plan, step_pairs, objective, run.mesh);
-  return policy_loss(logprobs,
+  return policy_loss(logprobs, entropy ? values[1] : at::Tensor(),
                      rank_rollout(*run.in.data, micro.samples, micro.batch, micro.plan, weights[k],
                                   run.in.resolved.config.conventions, run.o.parallel.device),
                      objective, step_labels);

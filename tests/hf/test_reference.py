@@ -361,6 +361,13 @@ def _label_logprobs(logits, s, temperature):
     return lp.gather(1, torch.tensor(s.input_ids[1:]).unsqueeze(1)).squeeze(1)[keep]
 
 
+def _label_entropies(logits, s, temperature):
+    """The entropy of softmax(logits / T) at each labelled token of sample `s`."""
+    keep = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
+    lp = torch.log_softmax(logits / temperature, -1)[:-1]
+    return -(lp.exp() * lp).sum(-1)[keep]
+
+
 def _rollout_data(case, lps):
     """The case's samples as a rollouts file: old log-probabilities moved from the model's
     own by up to ±0.35 (some ratios clip), reference ones beside them, one advantage for
@@ -383,7 +390,8 @@ def _rollout_data(case, lps):
     return path, rollouts
 
 
-# GRPO (seq-mean-token-mean, k3 KL 0.1, temperature 0.7) on 4 ranks (ring 2 × Ulysses 2):
+# GRPO (seq-mean-token-mean, k3 KL 0.1, entropy bonus 0.01, temperature 0.7) on 4 ranks
+# (ring 2 × Ulysses 2):
 # the loss and every gradient = mmsp.rl.policy_loss (the Python objective the suite checks
 # against TRL's GRPO loss, tests/python/test_rl.py) on transformers' own forward
 # (_objective_family: Qwen2-VL and Qwen3.5).
@@ -393,7 +401,9 @@ def test_policy_objective_equals_transformers(case, mmsp_bin, mmsp_run, ranks):
     label_logprobs = lambda logits, s: _label_logprobs(logits, s, TEMPERATURE)  # noqa: E731
     data, rollouts = _rollout_data(case, [label_logprobs(lg, s) for lg, s in zip(case.logits, case.samples)])
     case.model.zero_grad()
-    lps = [label_logprobs(F.sequence_output(case.model, case.family, s).logits[0], s) for s in case.samples]
+    logits = [F.sequence_output(case.model, case.family, s).logits[0] for s in case.samples]
+    lps = [label_logprobs(lg, s) for lg, s in zip(logits, case.samples)]
+    entropies = [_label_entropies(lg, s, TEMPERATURE) for lg, s in zip(logits, case.samples)]
     width = max(lp.numel() for lp in lps)
     pad = lambda t: torch.nn.functional.pad(t, (0, width - t.numel()))
     mask = torch.stack([pad(torch.ones(lp.numel())) for lp in lps]).bool()
@@ -401,9 +411,10 @@ def test_policy_objective_equals_transformers(case, mmsp_bin, mmsp_run, ranks):
                        for lp, (_, _, a) in zip(lps, rollouts)])
     ref_loss = policy_loss(torch.stack([pad(lp) for lp in lps]), torch.stack([pad(o) for o, _, _ in rollouts]), adv,
                            mask, agg="seq-mean-token-mean", ref_logprobs=torch.stack([pad(r) for _, r, _ in rollouts]),
-                           kl_coef=0.1, kl_type="k3").loss
+                           kl_coef=0.1, kl_type="k3", entropy=torch.stack([pad(e) for e in entropies]),
+                           entropy_coef=0.01).loss
     ref_loss.backward()
-    extra = ("--objective", "grpo", "--kl-coef", "0.1", "--temperature", str(TEMPERATURE))
+    extra = ("--objective", "grpo", "--kl-coef", "0.1", "--entropy-coef", "0.01", "--temperature", str(TEMPERATURE))
     loss, grads, _ = case.train(mmsp_bin, mmsp_run, ranks, f"grpo-r{ranks}", data=data, extra=extra)
     ref = ref_loss.item()
     print(f"{case.name} GRPO on {ranks} ranks: loss {loss!r} vs mmsp.rl on transformers {ref!r}")

@@ -106,6 +106,41 @@ TEST(ChunkedLoss, DefaultChunkHoldsAtMost256MiBOfFp32Logits) {
   EXPECT_EQ(default_loss_chunk(int64_t{1} << 40), 1);  // at least one token
 }
 
+// The per-token label log-probabilities and entropies at a temperature (an RL objective's
+// values, chunked_label_values) against log_softmax(hidden · weightᵀ / T) whole: values, and
+// the gradients of hidden and head of a loss that weighs each token's two values by its own
+// coefficients (so every token's softmax and entropy terms count), in blocks of 1, 7 and
+// all tokens; chunked_label_logprobs is its first row, and its gradient too.
+TEST(ChunkedLoss, LabelValuesAndTheirGradientsEqualTheWholeLogits) {
+  at::manual_seed(5);
+  const double temperature = 0.7;
+  const at::Tensor hidden = (at::randn({T, H}, at::kDouble) * 2).requires_grad_();
+  const at::Tensor head = at::randn({V, H}, at::kDouble).requires_grad_();
+  at::Tensor labels = at::randint(V, {T}, at::kLong);
+  labels.index_put_({at::arange(0, T, 4)}, -100);
+  const at::Tensor a = at::randn({T}, at::kDouble), b = at::randn({T}, at::kDouble);
+  const at::Tensor logp = at::log_softmax(at::linear(hidden, head) / temperature, 1);
+  const at::Tensor labelled = labels != -100;
+  const at::Tensor ref_lp = at::where(labelled, logp.gather(1, labels.clamp_min(0).unsqueeze(1)).squeeze(1), 0.0);
+  const at::Tensor ref_entropy = -(logp.exp() * logp).sum(1);
+  const auto ref = torch::autograd::grad({(a * ref_lp + b * ref_entropy).sum()}, {hidden, head}, {}, true);
+  const auto ref_lp_only = torch::autograd::grad({(a * ref_lp).sum()}, {hidden, head}, {}, true);
+  for (int64_t chunk : {int64_t{1}, int64_t{7}, T}) {
+    SCOPED_TRACE("chunk " + std::to_string(chunk));
+    const at::Tensor values = chunked_label_values(hidden, head, labels, temperature, chunk);
+    expect_close(values[0], ref_lp, "log-probabilities");
+    expect_close(values[1], ref_entropy, "entropies");
+    const auto got = torch::autograd::grad({(a * values[0] + b * values[1]).sum()}, {hidden, head});
+    expect_close(got[0], ref[0], "hidden gradient");
+    expect_close(got[1], ref[1], "head gradient");
+    const at::Tensor lp = chunked_label_logprobs(hidden, head, labels, temperature, chunk);
+    expect_close(lp, ref_lp, "chunked_label_logprobs");
+    const auto got_lp = torch::autograd::grad({(a * lp).sum()}, {hidden, head});
+    expect_close(got_lp[0], ref_lp_only[0], "chunked_label_logprobs' hidden gradient");
+    expect_close(got_lp[1], ref_lp_only[1], "chunked_label_logprobs' head gradient");
+  }
+}
+
 TEST(ChunkedLoss, BadChunkOrShapesAreErrorsNamingTheValue) {
   const at::Tensor hidden = at::zeros({4, H}), weight = at::zeros({V, H});
   const at::Tensor labels = at::zeros({4}, at::kLong);

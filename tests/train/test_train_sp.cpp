@@ -1466,7 +1466,8 @@ std::string write_rollouts(const std::string& dir, const std::string& config_pat
 }
 
 // --objective grpo / ppo / dpo (issue 72): each mode of verl's loss aggregation, every KL
-// estimator, the clip and the dual clip, and DPO (with and without label smoothing) train
+// estimator, the clip and the dual clip, PPO's entropy bonus (through the row-sharded head
+// and the whole one), and DPO (with and without label smoothing) train
 // the model one process trains (fp64, 1e-9): GRPO (seq-mean-token-mean, k3) on the widest
 // context mesh, PPO (token-mean, dual clip, k1) and DPO there under ZeRO-3 with recomputed
 // layers (the row-sharded head), Dr. GRPO (seq-mean-token-sum-norm, k2), seq-mean-token-sum
@@ -1512,6 +1513,8 @@ TEST(Finetune, PolicyObjectivesTrainAsOneProcess) {
         o.objective.kl = c.kl;
         o.objective.kl_coef = 0.1;
         o.objective.temperature = 0.8;
+        // the entropy bonus through the row-sharded head (ZeRO-3) and the whole one
+        if (c.kind == train::Objective::ppo) o.objective.entropy_coef = 0.05;
       }
       if (c.agg == train::LossAgg::seq_mean_token_sum_norm) o.objective.loss_scale = 40;
       if (c.data_parallel) o.schedule.accumulate = 2;
@@ -1542,7 +1545,7 @@ TEST(Finetune, PolicyObjectivesTrainAsOneProcess) {
     }
     for (size_t i = 0; i < ref.steps.size(); ++i) {  // the logged figures (clip fraction, KL, DPO's rewards)
       const auto& want = ref.steps[i].objective;
-      EXPECT_EQ(want.size(), c.kind == train::Objective::dpo ? 4u : 3u) << where;
+      EXPECT_EQ(want.size(), c.kind == train::Objective::dpo ? 4u : c.kind == train::Objective::ppo ? 4u : 3u) << where;
       ASSERT_EQ(got.steps[i].objective.size(), want.size()) << where;
       for (const auto& [name, value] : want)
         EXPECT_NEAR(got.steps[i].objective.at(name), value, 1e-9 * std::max(std::abs(value), 1e-3))

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <tuple>
 #include <utility>
 
 #include "mmsp/core/check.h"
@@ -57,6 +59,42 @@ struct RunningLse {
   }
 };
 
+// chunked_token_values's fold: RunningLse's maximum and sum over blocks of z = logits / T,
+// with Σ exp(z − max)·z beside them (the entropy's Σ p·z), and each token's label value.
+struct RunningEntropy {
+  at::Tensor top, total, weighted, target;  // [T] each
+  RunningEntropy(int64_t T, const at::TensorOptions& options)
+      : top(at::full({T}, -std::numeric_limits<double>::infinity(), options)),
+        total(at::zeros({T}, options)),
+        weighted(at::zeros({T}, options)),
+        target(at::zeros({T}, options)) {}
+  // `z` [T, n] in the wide dtype, already divided by the temperature (−∞ where a row is
+  // padding: its exp is 0 and it adds nothing to the weighted sum). Consumed: overwritten,
+  // so that a block holds two [T, n] tensors (z and its exp), not five.
+  void fold(at::Tensor z, const at::Tensor& at_label, const at::Tensor& here) {
+    const at::Tensor picked = z.gather(1, at_label);
+    target += at::where(here, picked, at::zeros_like(picked)).squeeze(1);
+    const at::Tensor next = at::maximum(top, std::get<0>(z.max(1)));
+    const at::Tensor rescale = (top - next).exp();
+    at::Tensor e = (z - next.unsqueeze(1)).exp_();
+    total = total * rescale + e.sum(1);
+    // e·z, with −∞ (padding, where e = 0) made finite so that 0·z is 0, not NaN
+    const double lowest =
+        z.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest() : std::numeric_limits<float>::lowest();
+    weighted = weighted * rescale + e.mul_(z.clamp_min_(lowest)).sum(1);
+    top = next;
+  }
+  // [2, T]: the label's log-probability (0 where unlabelled) and the entropy; with `lse`
+  // and `mean` (Σ p·z, the entropy's backward reads it) given, those too.
+  at::Tensor finish(const at::Tensor& labels, at::Tensor* lse_out = nullptr, at::Tensor* mean_out = nullptr) const {
+    const at::Tensor lse = top + total.log(), mean = weighted / total;
+    const at::Tensor logprob = at::where(labels != kIgnore, target - lse, at::zeros_like(lse));
+    if (lse_out) *lse_out = lse;
+    if (mean_out) *mean_out = mean;
+    return at::stack({logprob, lse - mean});
+  }
+};
+
 // The backward's weight per token: d lp / d z = onehot − softmax, so a gradient g_t on
 // token t's log-probability weighs its softmax − onehot by −g_t (0 where unlabelled), and
 // z = logits / temperature adds 1 / temperature.
@@ -64,6 +102,23 @@ at::Tensor token_weights(const at::Tensor& grad, const at::Tensor& labels, doubl
   at::Tensor w = at::where(labels != kIgnore, grad.to(wide).neg(), at::zeros_like(grad, wide));
   if (temperature != 1.0) w = w / temperature;
   return w.unsqueeze(1);  // [T, 1]
+}
+
+// The same block with the entropy's gradient too (an RL objective's entropy bonus): with
+// a = `valid` and b = −g_H / temperature per token, d loss / d logits = a·(p − onehot) +
+// b·p·(z − m), m = Σ p·z (dH/dz_j = −p_j·(z_j − m)): p·(a + b·(z − m)) − a·onehot. `z` [T, n]
+// (logits / temperature, wide) is overwritten; `padding` (a row-sharded round's padding
+// columns, or undefined) gets no gradient (z = −∞ there).
+at::Tensor block_gradient_with_entropy(at::Tensor z, const at::Tensor& lse_t, const at::Tensor& mean_t,
+                                       const at::Tensor& at_label, const at::Tensor& here, const at::Tensor& valid,
+                                       const at::Tensor& entropy_weight, const at::Tensor& padding,
+                                       at::ScalarType dtype) {
+  at::Tensor d = (z - lse_t).exp_();                                    // [T, n]: softmax
+  at::Tensor factor = z.sub_(mean_t).mul_(entropy_weight).add_(valid);  // a + b·(z − m)
+  if (padding.defined()) factor.masked_fill_(padding, 0);
+  d.mul_(factor);
+  d.scatter_add_(1, at_label, -(here.to(d.scalar_type()) * valid));  // − a at each token's label
+  return dtype != d.scalar_type() ? d.to(dtype) : d;
 }
 
 // Both heads' backward, one block: d loss / d logits = (softmax − onehot(label)) · the
@@ -85,13 +140,65 @@ at::Tensor wide_logits(const at::Tensor& hidden, const at::Tensor& w, double tem
   return temperature != 1.0 ? z.div_(temperature) : z;
 }
 
+// What a label-value Function folds over the blocks and returns: the label log-probs [T],
+// or with `entropy` the log-probs and the entropy [2, T] (and Σ p·z, the entropy's backward
+// reads it).
+struct LabelFold {
+  std::optional<RunningLse> logprobs;
+  std::optional<RunningEntropy> values;
+  LabelFold(bool entropy, int64_t T, const at::TensorOptions& options) {
+    if (entropy)
+      values.emplace(T, options);
+    else
+      logprobs.emplace(T, options);
+  }
+  void fold(at::Tensor z, const at::Tensor& at_label, const at::Tensor& here) {
+    if (values)
+      values->fold(std::move(z), at_label, here);
+    else
+      logprobs->fold(z, at_label, here);
+  }
+  // The output; `lse` and `mean` (undefined without the entropy) for the backward.
+  at::Tensor finish(const at::Tensor& labels, at::Tensor& lse, at::Tensor& mean) const {
+    if (values) return values->finish(labels, &lse, &mean);
+    at::Tensor logprob;
+    std::tie(lse, logprob) = logprobs->finish(labels);
+    return logprob;
+  }
+};
+
+// The backward's weights per token, from the output's gradient ([T], or [2, T] with the
+// entropy), and one block's gradient of the logits.
+struct LabelGradient {
+  at::Tensor valid, entropy_weight, lse_t, mean_t;  // [T, 1] each; the entropy's undefined without it
+  LabelGradient(const at::Tensor& grad, const at::Tensor& labels, double temperature, const at::Tensor& lse,
+                const at::Tensor& mean)
+      : lse_t(lse.unsqueeze(1)) {
+    const at::ScalarType wide = lse.scalar_type();
+    if (!mean.defined()) {
+      valid = token_weights(grad, labels, temperature, wide);
+      return;
+    }
+    valid = token_weights(grad[0], labels, temperature, wide);
+    entropy_weight = (grad[1].to(wide).neg() / temperature).unsqueeze(1);  // b = −g_H / T
+    mean_t = mean.unsqueeze(1);
+  }
+  at::Tensor block(at::Tensor z, const at::Tensor& at_label, const at::Tensor& here, const at::Tensor& padding,
+                   at::ScalarType dtype) const {
+    if (entropy_weight.defined())
+      return block_gradient_with_entropy(std::move(z), lse_t, mean_t, at_label, here, valid, entropy_weight, padding,
+                                         dtype);
+    return block_gradient(z, lse_t, at_label, here, valid, dtype);
+  }
+};
+
 struct ChunkedLabelLogprobs : torch::autograd::Function<ChunkedLabelLogprobs> {
   // By blocks of vocabulary rows over all T tokens, the log-sum-exp kept as a running
   // maximum and sum (the weight is read once, not once per token chunk).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                            const at::Tensor& labels, double temperature, int64_t chunk) {
+                            const at::Tensor& labels, double temperature, int64_t chunk, bool entropy) {
     const int64_t T = hidden.size(0), V = weight.size(0);
-    RunningLse running(T, hidden.options().dtype(wide_of(hidden)));
+    LabelFold running(entropy, T, hidden.options().dtype(wide_of(hidden)));
     const at::Tensor label = labels.clamp_min(0).unsqueeze(1);  // [T, 1]
     const int64_t rows = block_rows(chunk, T, V);
     for (int64_t first = 0; first < V; first += rows) {
@@ -99,11 +206,12 @@ struct ChunkedLabelLogprobs : torch::autograd::Function<ChunkedLabelLogprobs> {
       const at::Tensor logits = wide_logits(hidden, weight.narrow(0, first, n), temperature);  // [T, n]
       running.fold(logits, (label - first).clamp(0, n - 1), (label >= first) & (label < first + n));
     }
-    const auto [lse, logprob] = running.finish(labels);
-    ctx->save_for_backward({hidden, weight, labels, lse});
+    at::Tensor lse, mean;
+    const at::Tensor out = running.finish(labels, lse, mean);
+    ctx->save_for_backward({hidden, weight, labels, lse, mean});
     ctx->saved_data["temperature"] = temperature;
     ctx->saved_data["chunk"] = chunk;
-    return logprob;
+    return out;
   }
 
   // d loss / d logits = (softmax − onehot(label)) · (−g_t) per token (token_weights). By
@@ -120,9 +228,8 @@ struct ChunkedLabelLogprobs : torch::autograd::Function<ChunkedLabelLogprobs> {
     const at::ScalarType wide = lse.scalar_type();
     const int64_t T = hidden.size(0), V = weight.size(0);
     const int64_t rows = block_rows(chunk, T, V);
-    const at::Tensor valid = token_weights(grads[0], labels, temperature, wide);  // [T, 1]
-    const at::Tensor target = labels.clamp_min(0).unsqueeze(1);                   // [T, 1]
-    const at::Tensor lse_t = lse.unsqueeze(1);
+    const LabelGradient gradient(grads[0], labels, temperature, lse, saved[4]);
+    const at::Tensor target = labels.clamp_min(0).unsqueeze(1);  // [T, 1]
     at::Tensor grad_hidden = at::zeros(hidden.sizes(), hidden.options().dtype(wide));
     // A frozen head (LoRA, --freeze) gets no gradient: neither its [V, h] nor the matmuls.
     const bool weight_trains = ctx->needs_input_grad(1);
@@ -130,12 +237,13 @@ struct ChunkedLabelLogprobs : torch::autograd::Function<ChunkedLabelLogprobs> {
     for (int64_t first = 0; first < V; first += rows) {
       const int64_t n = std::min(rows, V - first);
       const at::Tensor w = weight.narrow(0, first, n);
-      const at::Tensor dd = block_gradient(wide_logits(hidden, w, temperature), lse_t, (target - first).clamp(0, n - 1),
-                                           (target >= first) & (target < first + n), valid, hidden.scalar_type());
+      const at::Tensor dd =
+          gradient.block(wide_logits(hidden, w, temperature), (target - first).clamp(0, n - 1),
+                         (target >= first) & (target < first + n), at::Tensor(), hidden.scalar_type());
       grad_hidden.add_(at::matmul(dd, w));
       if (weight_trains) grad_weight.narrow(0, first, n).copy_(at::matmul(dd.t(), hidden));
     }
-    return {grad_hidden.to(hidden.scalar_type()), grad_weight, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_hidden.to(hidden.scalar_type()), grad_weight, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -180,9 +288,9 @@ struct HeadRef : torch::CustomClassHolder {
 
 struct RowShardedLabelLogprobs : torch::autograd::Function<RowShardedLabelLogprobs> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& labels,
-                            double temperature, int64_t block, const c10::intrusive_ptr<HeadRef>& ref) {
+                            double temperature, int64_t block, bool entropy, const c10::intrusive_ptr<HeadRef>& ref) {
     model::RowShardedWeight* head = &ref->head;
-    RunningLse running(hidden.size(0), hidden.options().dtype(wide_of(hidden)));
+    LabelFold running(entropy, hidden.size(0), hidden.options().dtype(wide_of(hidden)));
     const at::Tensor label = labels.clamp_min(0).unsqueeze(1);  // [T, 1]
     for (int64_t k = 0; k < head->rounds(block); ++k) {
       const at::Tensor w = head->gather_round(k, block);  // [P·B, h]
@@ -190,12 +298,13 @@ struct RowShardedLabelLogprobs : torch::autograd::Function<RowShardedLabelLogpro
       const auto [at_label, here] = label_in_round(label, *head, k, block);
       running.fold(round_logits(hidden, w, round, temperature), at_label, here);
     }
-    const auto [lse, logprob] = running.finish(labels);
-    ctx->save_for_backward({hidden, labels, lse});
+    at::Tensor lse, mean;
+    const at::Tensor out = running.finish(labels, lse, mean);
+    ctx->save_for_backward({hidden, labels, lse, mean});
     ctx->saved_data["temperature"] = temperature;
     ctx->saved_data["block"] = block;
     ctx->saved_data["head"] = c10::IValue::make_capsule(ref);
-    return logprob;
+    return out;
   }
 
   // ChunkedLabelLogprobs's backward, a round at a time: each round's rows gathered again,
@@ -208,53 +317,19 @@ struct RowShardedLabelLogprobs : torch::autograd::Function<RowShardedLabelLogpro
     const double temperature = ctx->saved_data["temperature"].toDouble();
     model::RowShardedWeight* head =
         &c10::static_intrusive_pointer_cast<HeadRef>(ctx->saved_data["head"].toCapsule())->head;
-    const at::Tensor valid = token_weights(grads[0], labels, temperature, lse.scalar_type());
+    const LabelGradient gradient(grads[0], labels, temperature, lse, saved[3]);
     const at::Tensor label = labels.clamp_min(0).unsqueeze(1);
-    const at::Tensor lse_t = lse.unsqueeze(1);
     at::Tensor grad_hidden = at::zeros(hidden.sizes(), hidden.options().dtype(lse.scalar_type()));
     for (int64_t k = 0; k < head->rounds(block); ++k) {
       const at::Tensor w = head->gather_round(k, block);
       const Round round = round_rows(*head, k, block, hidden.device());
       const auto [at_label, here] = label_in_round(label, *head, k, block);
-      const at::Tensor dd = block_gradient(round_logits(hidden, w, round, temperature), lse_t, at_label, here, valid,
-                                           hidden.scalar_type());
+      const at::Tensor dd = gradient.block(round_logits(hidden, w, round, temperature), at_label, here,
+                                           round.valid.logical_not(), hidden.scalar_type());
       grad_hidden.add_(at::matmul(dd, w));
       head->reduce_round(k, block, at::matmul(dd.t(), hidden));
     }
-    return {grad_hidden.to(hidden.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  }
-};
-
-// chunked_token_values's fold: RunningLse's maximum and sum over blocks of z = logits / T,
-// with Σ exp(z − max)·z beside them (the entropy's Σ p·z), and each token's label value.
-struct RunningEntropy {
-  at::Tensor top, total, weighted, target;  // [T] each
-  RunningEntropy(int64_t T, const at::TensorOptions& options)
-      : top(at::full({T}, -std::numeric_limits<double>::infinity(), options)),
-        total(at::zeros({T}, options)),
-        weighted(at::zeros({T}, options)),
-        target(at::zeros({T}, options)) {}
-  // `z` [T, n] in the wide dtype, already divided by the temperature (−∞ where a row is
-  // padding: its exp is 0 and it adds nothing to the weighted sum). Consumed: overwritten,
-  // so that a block holds two [T, n] tensors (z and its exp), not five.
-  void fold(at::Tensor z, const at::Tensor& at_label, const at::Tensor& here) {
-    const at::Tensor picked = z.gather(1, at_label);
-    target += at::where(here, picked, at::zeros_like(picked)).squeeze(1);
-    const at::Tensor next = at::maximum(top, std::get<0>(z.max(1)));
-    const at::Tensor rescale = (top - next).exp();
-    at::Tensor e = (z - next.unsqueeze(1)).exp_();
-    total = total * rescale + e.sum(1);
-    // e·z, with −∞ (padding, where e = 0) made finite so that 0·z is 0, not NaN
-    const double lowest =
-        z.scalar_type() == at::kDouble ? std::numeric_limits<double>::lowest() : std::numeric_limits<float>::lowest();
-    weighted = weighted * rescale + e.mul_(z.clamp_min_(lowest)).sum(1);
-    top = next;
-  }
-  // [2, T]: the label's log-probability (0 where unlabelled) and the entropy.
-  at::Tensor finish(const at::Tensor& labels) const {
-    const at::Tensor lse = top + total.log();
-    const at::Tensor logprob = at::where(labels != kIgnore, target - lse, at::zeros_like(lse));
-    return at::stack({logprob, lse - weighted / total});
+    return {grad_hidden.to(hidden.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -285,14 +360,29 @@ at::Tensor chunked_label_logprobs(const at::Tensor& hidden, const at::Tensor& we
   MMSP_CHECK(chunk > 0, "--loss-chunk ", chunk, " must be positive (tokens per chunk of the LM head)");
   MMSP_CHECK(weight.dim() == 2, "LM head weight ", weight.sizes(), " must be [V, h]");
   check_token_values(hidden, weight.size(1), labels, temperature);
-  return ChunkedLabelLogprobs::apply(hidden, weight, labels, temperature, chunk);
+  return ChunkedLabelLogprobs::apply(hidden, weight, labels, temperature, chunk, false);
 }
 
 at::Tensor chunked_label_logprobs(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
                                   double temperature, int64_t block) {
   MMSP_CHECK(block > 0, "a row-sharded head is read in rounds of at least one row, not ", block);
   check_token_values(hidden, head.width(), labels, temperature);
-  return RowShardedLabelLogprobs::apply(hidden, labels, temperature, block, c10::make_intrusive<HeadRef>(head));
+  return RowShardedLabelLogprobs::apply(hidden, labels, temperature, block, false, c10::make_intrusive<HeadRef>(head));
+}
+
+at::Tensor chunked_label_values(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                                double temperature, int64_t chunk) {
+  MMSP_CHECK(chunk > 0, "--loss-chunk ", chunk, " must be positive (tokens per chunk of the LM head)");
+  MMSP_CHECK(weight.dim() == 2, "LM head weight ", weight.sizes(), " must be [V, h]");
+  check_token_values(hidden, weight.size(1), labels, temperature);
+  return ChunkedLabelLogprobs::apply(hidden, weight, labels, temperature, chunk, true);
+}
+
+at::Tensor chunked_label_values(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
+                                double temperature, int64_t block) {
+  MMSP_CHECK(block > 0, "a row-sharded head is read in rounds of at least one row, not ", block);
+  check_token_values(hidden, head.width(), labels, temperature);
+  return RowShardedLabelLogprobs::apply(hidden, labels, temperature, block, true, c10::make_intrusive<HeadRef>(head));
 }
 
 // −Σ log p / label_count: the same bits as summing lse − label logit (negation is exact).

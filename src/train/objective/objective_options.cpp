@@ -95,6 +95,8 @@ void check_objective_options(const ObjectiveOptions& o) {
   MMSP_CHECK(o.clip_c == 0 || (std::isfinite(o.clip_c) && o.clip_c > 1), "--clip-ratio-c ", o.clip_c,
              " must be above 1 (the dual clip's bound on −A·ratio for A < 0), or 0 for none");
   MMSP_CHECK(std::isfinite(o.kl_coef) && o.kl_coef >= 0, "--kl-coef ", o.kl_coef, " must be a finite number ≥ 0");
+  MMSP_CHECK(std::isfinite(o.entropy_coef) && o.entropy_coef >= 0, "--entropy-coef ", o.entropy_coef,
+             " must be a finite number ≥ 0 (the entropy bonus's weight)");
   const bool norm = o.agg == LossAgg::seq_mean_token_sum_norm;
   MMSP_CHECK(!norm || (std::isfinite(o.loss_scale) && o.loss_scale > 0), "--loss-agg seq-mean-token-sum-norm needs ",
              "--loss-scale N > 0 (the constant the sequences' sums are divided by: Dr. GRPO's, e.g. the longest ",

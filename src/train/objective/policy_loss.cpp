@@ -124,8 +124,8 @@ RankRollout rank_rollout(const Dataset& data, const std::vector<int64_t>& sample
   return out;
 }
 
-ObjectiveLoss policy_loss(const at::Tensor& logprobs, const RankRollout& rollout, const ObjectiveOptions& o,
-                          int64_t step_labels) {
+ObjectiveLoss policy_loss(const at::Tensor& logprobs, const at::Tensor& entropy, const RankRollout& rollout,
+                          const ObjectiveOptions& o, int64_t step_labels) {
   const at::ScalarType dtype = logprobs.scalar_type();
   const at::Tensor lp = logprobs, current = logprobs.detach();
   const at::Tensor old = rollout.old_logprobs.defined()
@@ -147,6 +147,11 @@ ObjectiveLoss policy_loss(const at::Tensor& logprobs, const RankRollout& rollout
     const at::Tensor kl = (kl_penalty(lp, rollout.ref_logprobs.to(dtype), o.kl) * w).sum();
     out.parts["kl"] = kl.detach().item<double>();
     out.loss = out.loss + o.kl_coef * kl;
+  }
+  if (o.entropy_coef != 0) {
+    const at::Tensor bonus = (entropy * w).sum();
+    out.parts["entropy"] = bonus.detach().item<double>();
+    out.loss = out.loss - o.entropy_coef * bonus;
   }
   return out;
 }

@@ -42,8 +42,10 @@ RankRollout rank_rollout(const Dataset& data, const std::vector<int64_t>& sample
 // rank's [L] label log-probabilities at the objective's temperature), and its shares of
 // "pg_loss", "kl" (the aggregated terms) and "pg_clipfrac" (the share of the step's
 // `step_labels` labelled tokens whose clip was active).
-ObjectiveLoss policy_loss(const at::Tensor& logprobs, const RankRollout& rollout, const ObjectiveOptions& o,
-                          int64_t step_labels);
+// `entropy`: [L] the policy's entropy at the slots (differentiable), read when
+// o.entropy_coef is not 0 (then also its share "entropy").
+ObjectiveLoss policy_loss(const at::Tensor& logprobs, const at::Tensor& entropy, const RankRollout& rollout,
+                          const ObjectiveOptions& o, int64_t step_labels);
 
 // Before any collective, on every rank alike, naming the sample's line: GRPO / PPO: every
 // sample with labelled tokens has its advantages, and its ref_logprobs when kl_coef is not

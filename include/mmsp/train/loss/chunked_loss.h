@@ -34,6 +34,14 @@ at::Tensor chunked_label_logprobs(const at::Tensor& hidden, const at::Tensor& we
 at::Tensor chunked_label_logprobs(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
                                   double temperature, int64_t block);
 
+// [2, T], differentiable in both rows: the label log-probabilities above and the entropy of
+// the same distribution at every token (an RL objective's entropy bonus). The backward
+// adds the entropy's gradient, −p_j·(z_j − Σ p·z) per logit, in the same blocks.
+at::Tensor chunked_label_values(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                                double temperature, int64_t chunk);
+at::Tensor chunked_label_values(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
+                                double temperature, int64_t block);
+
 // Sum over this rank's tokens of -log softmax(hidden·weightᵀ)[label], divided by the
 // global label count (summed over ranks it is the mean over the batch). Labels -100
 // take no loss. hidden [T, h] and weight [V, h] in the compute dtype (weight is the

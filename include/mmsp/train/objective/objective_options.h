@@ -24,6 +24,7 @@ struct ObjectiveOptions {
   double clip_low = 0.2, clip_high = 0.2;  // the ratio's range [1 − low, 1 + high]
   double clip_c = 0;                       // verl's dual clip for negative advantages (0: off; PPO's default 3)
   double kl_coef = 0;                      // × the aggregated KL to ref_logprobs (0: no reference read)
+  double entropy_coef = 0;                 // − × the aggregated entropy (verl's entropy_coeff; 0: not computed)
   KlKind kl = KlKind::k3;                  // verl's low_var_kl, TRL's GRPO KL
   double temperature = 1.0;                // the logits are divided by it, as the rollout engine sampled
   double loss_scale = 0;                   // seq-mean-token-sum-norm's constant (Dr. GRPO): required there
