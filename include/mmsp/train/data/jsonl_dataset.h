@@ -89,6 +89,7 @@ class JsonlDataset : public Dataset {
 
   // The constructor's steps, one line at a time: a sample, or a preference pair's two.
   void read_line(const std::string& text, int64_t number);
+  void read_pair(const nlohmann::json& object, const std::string& where, int64_t number);  // jsonl_rl_lines.cpp
   Sample read_sample(const nlohmann::json& object, const std::string& where, int64_t number) const;
   void read_tokens(const Line& line, plan::Sequence& seq) const;
   void read_seconds(const Line& line, plan::Sequence& seq) const;
