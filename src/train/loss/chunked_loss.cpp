@@ -355,34 +355,45 @@ int64_t row_sharded_block(int64_t chunk, int64_t tokens_per_rank, int64_t vocab,
   return std::clamp<int64_t>(std::min((per_round + ranks - 1) / ranks, by_bytes), 1, R);
 }
 
-at::Tensor chunked_label_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
-                                  double temperature, int64_t chunk) {
+namespace {
+
+// The label values (with or without the entropy) through each kind of head, checked first.
+at::Tensor label_values(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                        double temperature, int64_t chunk, bool entropy) {
   MMSP_CHECK(chunk > 0, "--loss-chunk ", chunk, " must be positive (tokens per chunk of the LM head)");
   MMSP_CHECK(weight.dim() == 2, "LM head weight ", weight.sizes(), " must be [V, h]");
   check_token_values(hidden, weight.size(1), labels, temperature);
-  return ChunkedLabelLogprobs::apply(hidden, weight, labels, temperature, chunk, false);
+  return ChunkedLabelLogprobs::apply(hidden, weight, labels, temperature, chunk, entropy);
+}
+
+at::Tensor label_values(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
+                        double temperature, int64_t block, bool entropy) {
+  MMSP_CHECK(block > 0, "a row-sharded head is read in rounds of at least one row, not ", block);
+  check_token_values(hidden, head.width(), labels, temperature);
+  return RowShardedLabelLogprobs::apply(hidden, labels, temperature, block, entropy,
+                                        c10::make_intrusive<HeadRef>(head));
+}
+
+}  // namespace
+
+at::Tensor chunked_label_logprobs(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                                  double temperature, int64_t chunk) {
+  return label_values(hidden, weight, labels, temperature, chunk, false);
 }
 
 at::Tensor chunked_label_logprobs(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
                                   double temperature, int64_t block) {
-  MMSP_CHECK(block > 0, "a row-sharded head is read in rounds of at least one row, not ", block);
-  check_token_values(hidden, head.width(), labels, temperature);
-  return RowShardedLabelLogprobs::apply(hidden, labels, temperature, block, false, c10::make_intrusive<HeadRef>(head));
+  return label_values(hidden, head, labels, temperature, block, false);
 }
 
 at::Tensor chunked_label_values(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
                                 double temperature, int64_t chunk) {
-  MMSP_CHECK(chunk > 0, "--loss-chunk ", chunk, " must be positive (tokens per chunk of the LM head)");
-  MMSP_CHECK(weight.dim() == 2, "LM head weight ", weight.sizes(), " must be [V, h]");
-  check_token_values(hidden, weight.size(1), labels, temperature);
-  return ChunkedLabelLogprobs::apply(hidden, weight, labels, temperature, chunk, true);
+  return label_values(hidden, weight, labels, temperature, chunk, true);
 }
 
 at::Tensor chunked_label_values(const at::Tensor& hidden, model::RowShardedWeight& head, const at::Tensor& labels,
                                 double temperature, int64_t block) {
-  MMSP_CHECK(block > 0, "a row-sharded head is read in rounds of at least one row, not ", block);
-  check_token_values(hidden, head.width(), labels, temperature);
-  return RowShardedLabelLogprobs::apply(hidden, labels, temperature, block, true, c10::make_intrusive<HeadRef>(head));
+  return label_values(hidden, head, labels, temperature, block, true);
 }
 
 // −Σ log p / label_count: the same bits as summing lse − label logit (negation is exact).
