@@ -2,6 +2,7 @@
 #include "mmsp/parallel/parallelize.h"
 
 #include "mmsp/core/check.h"
+#include "mmsp/model/layers/expert_names.h"
 #include "mmsp/model/named_params.h"
 #include "mmsp/parallel/zero/zero_hooks.h"
 
@@ -37,6 +38,14 @@ model::NamedParams sharded_frozen_parameters(const model::Vlm& vlm, const std::v
   return out;
 }
 
+// The expert weights of `params`, or (experts false) the others.
+model::NamedParams only_experts(const model::NamedParams& params, bool experts) {
+  model::NamedParams out;
+  for (const auto& named : params)
+    if (model::is_expert_parameter(named.first) == experts) out.push_back(named);
+  return out;
+}
+
 }  // namespace
 
 ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options) {
@@ -47,9 +56,6 @@ ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options)
   if (options.groups.expert && options.groups.expert->size() > 1) {
     MMSP_CHECK(options.expert_data, "parallelize: expert parallelism over ", options.groups.expert->size(),
                " ranks needs the group the expert weights' gradients sum over (ParallelizeOptions::expert_data)");
-    MMSP_CHECK(options.shard == ShardLevel::none, "--expert ", options.groups.expert->size(), " with --shard ",
-               to_string(options.shard), " is not supported yet: the expert weights would need their own shards ",
-               "over the ranks holding the same experts; use --shard none");
     out.expert_data = options.expert_data;
     out.experts = options.groups.expert;
     out.moe = vlm.config().text.moe;
@@ -64,11 +70,25 @@ ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options)
     std::vector<int> frozen_unit_of;
     model::NamedParams frozen;
     if (options.shard == ShardLevel::parameters) frozen = sharded_frozen_parameters(vlm, units, frozen_unit_of);
-    out.zero = std::make_shared<ShardedModel>(params, options.master_dtype, options.data, options.bucket_bytes,
-                                              options.shard, unit_index_of(params, units), shard_unit_uses(units),
+    // Expert parallelism: the experts' shards are cut over the ranks holding the same
+    // experts (each of them computes those experts' whole gradient share), the rest over
+    // every rank; each element still lives in one rank's shard.
+    const bool split = out.experts != nullptr;
+    for (const auto& named : frozen)
+      MMSP_CHECK(!split || !model::is_expert_parameter(named.first), "parallelize: the frozen expert weight \"",
+                 named.first, "\" cannot be sharded under expert parallelism");
+    const model::NamedParams dense = split ? only_experts(params, false) : params;
+    out.zero = std::make_shared<ShardedModel>(dense, options.master_dtype, options.data, options.bucket_bytes,
+                                              options.shard, unit_index_of(dense, units), shard_unit_uses(units),
                                               std::move(frozen), frozen_unit_of);
+    if (split) {
+      const model::NamedParams experts = only_experts(params, true);
+      out.expert_zero =
+          std::make_shared<ShardedModel>(experts, options.master_dtype, options.expert_data, options.bucket_bytes,
+                                         options.shard, unit_index_of(experts, units), shard_unit_uses(units));
+    }
   }
-  vlm.set_layer_hooks(make_zero_hooks(out.zero, options.overlap_communication));
+  vlm.set_layer_hooks(make_zero_hooks({out.zero, out.expert_zero}, options.overlap_communication));
   return out;
 }
 

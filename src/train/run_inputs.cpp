@@ -230,10 +230,6 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   MMSP_CHECK(shape.expert == 1 || config.text.moe.any(), "--expert ", shape.expert,
              " splits the experts of a mixture-of-experts model; ", o.inputs.model, " (", config.model_type,
              ") has none: leave --expert at 1");
-  MMSP_CHECK(shape.expert == 1 || o.parallel.shard == parallel::ShardLevel::none, "--expert ", shape.expert,
-             " with --shard ", parallel::to_string(o.parallel.shard),
-             " is not supported yet (the expert weights would need shards of their own over the ranks holding the "
-             "same experts): use --shard none with --expert, or --expert 1");
   MMSP_CHECK(shape.expert == 1 || (o.finetune.freeze.empty() && o.finetune.lora.rank == 0), "--expert ", shape.expert,
              " with --freeze or --lora-rank is not supported yet (frozen and adapted weights are not split over the "
              "expert groups): use --expert 1 to fine-tune parts of a mixture-of-experts model");

@@ -210,25 +210,50 @@ class ReplicatedUpdate : public WeightUpdate {
   model::NamedParams frozen_;  // the model's own tensors: no master, no state, no sum
 };
 
+// Where each expert parameter of this rank starts in the whole one a checkpoint holds: a
+// fused tensor's rows of this rank's experts; a per-expert tensor is whole under its name.
+std::vector<int64_t> expert_whole_offsets(const model::NamedParams& experts, const model::MoeConfig& moe) {
+  std::vector<int64_t> offsets;
+  for (const auto& [name, p] : experts)
+    offsets.push_back(model::expert_index(name) >= 0 ? 0 : moe.first_local_expert() * (p.numel() / p.size(0)));
+  return offsets;
+}
+
 class ShardedUpdate : public WeightUpdate {
  public:
-  ShardedUpdate(std::shared_ptr<parallel::ShardedModel> sharded, const AdamWOptions& options, const dist::Mesh& mesh,
-                model::NamedParams frozen)
-      : sharded_(std::move(sharded), options),
+  ShardedUpdate(model::NamedParams model_params, const parallel::ModelParallelism& parallelism,
+                const AdamWOptions& options, const dist::Mesh& mesh, model::NamedParams frozen)
+      : trained_(std::move(model_params)),
+        sharded_(parallelism.zero, options),
         mixed_(zero().master_dtype() != zero().model_params().front().second.scalar_type()),
         world_(mesh.world_size()),
-        frozen_(std::move(frozen)) {}
+        data_(parallelism.data),
+        experts_(parallelism.experts),
+        moe_(parallelism.moe),
+        frozen_(std::move(frozen)) {
+    if (parallelism.expert_zero)
+      expert_opt_.emplace(parallelism.expert_zero, options,
+                          expert_whole_offsets(parallelism.expert_zero->model_params(), moe_));
+    size_t held = 0;
+    for (ShardedAdamW* o : optimizers()) held += o->model_params().size();
+    MMSP_CHECK(held == trained_.size(), "make_weight_update: the sharded models hold ", held, " of the ",
+               trained_.size(), " trained parameters");
+  }
 
   void load_weights(const hf::HfDirectory& dir, const hf::CheckpointNaming& naming, Loaded which) override {
     // Into the model, then its shards into the masters: exact when the file's dtype is
     // the model's (Qwen's bf16 releases into a bf16 run), else rounded to the model's.
-    zero().gather_all();  // stage 3: memory to load into (the gathered values are overwritten)
-    hf::load_hf_weights(dir, loaded_from_model(zero().model_params(), frozen_, which), naming);
-    zero().copy_from_model();
-    zero().release_gathered();
+    gather_weights();  // stage 3: memory to load into (the gathered values are overwritten)
+    hf::load_hf_weights(dir, loaded_from_model(trained(), frozen_, which), naming);
+    for (parallel::ShardedModel* z : zeros()) z->copy_from_model();
+    release_gathered();
   }
-  void gather_weights() override { zero().gather_all(); }
+  void gather_weights() override {
+    for (parallel::ShardedModel* z : zeros()) z->gather_all();
+  }
   void restore(const Checkpoint& checkpoint) override {
+    MMSP_CHECK(!expert_opt_, "--resume with --expert ", experts_ ? experts_->size() : 1,
+               " is not supported yet: resume with --expert 1");
     // Stage 3 shards the layers' frozen weights: whole while the checkpoint's are read into
     // them, then their shards refilled (the masters come from the checkpoint itself).
     const bool frozen_sharded = !zero().sharded_frozen().empty();
@@ -238,12 +263,18 @@ class ShardedUpdate : public WeightUpdate {
     zero().copy_frozen_from_model();
     zero().release_gathered();
   }
-  void set_lr(double lr) override { sharded_.set_lr(lr); }
-  void begin_step() override { zero().gather_step_weights(); }
-  void zero_grad() override { sharded_.zero_grad(); }
+  void set_lr(double lr) override {
+    for (ShardedAdamW* o : optimizers()) o->set_lr(lr);
+  }
+  void begin_step() override {
+    for (parallel::ShardedModel* z : zeros()) z->gather_step_weights();
+  }
+  void zero_grad() override {
+    for (ShardedAdamW* o : optimizers()) o->zero_grad();
+  }
   double step(double clip_norm, dist::RankActivity& doing) override {
     doing.set_phase("optimizer (sharded)");
-    return sharded_.step(clip_norm);
+    return expert_opt_ ? step_together(optimizers(), clip_norm, *data_) : sharded_.step(clip_norm);
   }
   // Each rank writes its shards into a staging dir; rank 0 then writes the rest and
   // moves them into the step dir, under one checksums.json.
@@ -271,14 +302,17 @@ class ShardedUpdate : public WeightUpdate {
       }
     };
     agree(error);
-    zero().gather_all();  // stage 3: the hf/ weights go out whole (rank 0 writes them)
+    // The hf/ weights go out whole (rank 0 writes them): stage 3 gathers them, expert
+    // parallelism the other ranks' experts (every rank takes part).
+    gather_weights();
+    const model::NamedParams whole = whole_weights();
     const int rank = mesh.rank(), world = mesh.world_size();
     hf::FileChecksum mine;
     try {
       checkpoint_io::DurableWriter writer(-1, kCheckpointCrashExitCode);
       const std::string path = staging + "/" + optimizer_shard_file(rank, world);
-      writer.write_safetensors(path, optimizer_shard_tensors(sharded_),
-                               optimizer_shard_metadata(sharded_, rank, world));
+      const std::vector<const ShardedAdamW*> parts = const_optimizers();
+      writer.write_safetensors(path, optimizer_shard_tensors(parts), optimizer_shard_metadata(parts, rank, world));
       mine = writer.checksums().at(path);
     } catch (const std::exception& e) { error = e.what(); }
     agree(error);
@@ -293,32 +327,66 @@ class ShardedUpdate : public WeightUpdate {
         options.optimizer_shard_checksums[optimizer_shard_file(r, world)] = {
             static_cast<uint64_t>(sums[2 * r].item<int64_t>()), static_cast<uint64_t>(sums[2 * r + 1].item<int64_t>())};
       try {
-        save_checkpoint(dir, step, with_frozen(sharded_.model_params(), frozen_), state, config_json, options);
+        save_checkpoint(dir, step, whole, state, config_json, options);
       } catch (const std::exception& e) { error = e.what(); }
     }
-    zero().release_gathered();
+    release_gathered();
     agree(error);
     if (rank == 0) log << "checkpoint: step " << step << " saved in " << dir << std::endl;
   }
   void save_next_gradients(const std::string&, const std::string&, const dist::Mesh&, std::ostream&) override {
     MMSP_FAIL("--save-gradients needs --shard none: a sharded update holds no whole gradient");
   }
-  model::NamedParams weights() const override { return with_frozen(sharded_.model_params(), frozen_); }
+  model::NamedParams weights() const override { return with_frozen(trained(), frozen_); }
+  model::NamedParams whole_weights() override {
+    return with_frozen(parallel::gather_experts(trained(), moe_, experts_), frozen_);
+  }
   std::string describe() const override {
     const char* what = zero().level() == parallel::ShardLevel::parameters  ? "optimizer state, gradients and weights"
                        : zero().level() == parallel::ShardLevel::gradients ? "optimizer state and gradients"
                                                                            : "optimizer state";
     const size_t sharded_frozen = zero().sharded_frozen().size();
+    const std::string experts =
+        expert_opt_ ? "; experts split over " + std::to_string(experts_->size()) + " ranks, theirs sharded over " +
+                          std::to_string(expert_opt_->sharded().world()->size())
+                    : "";
     return std::string(mixed_ ? "fp32 master weights; " : "") + what + " sharded over " + std::to_string(world_) +
-           " ranks" + frozen_note(frozen_, true) +
+           " ranks" + experts + frozen_note(frozen_, true) +
            (sharded_frozen > 0 ? " (" + std::to_string(sharded_frozen) + " of them sharded)" : "");
   }
 
  private:
   parallel::ShardedModel& zero() const { return sharded_.sharded(); }  // what parallelize installed
+  // The dense weights' optimizer, then (expert parallelism) the experts'.
+  std::vector<ShardedAdamW*> optimizers() {
+    std::vector<ShardedAdamW*> out{&sharded_};
+    if (expert_opt_) out.push_back(&*expert_opt_);
+    return out;
+  }
+  std::vector<const ShardedAdamW*> const_optimizers() const {
+    std::vector<const ShardedAdamW*> out{&sharded_};
+    if (expert_opt_) out.push_back(&*expert_opt_);
+    return out;
+  }
+  std::vector<parallel::ShardedModel*> zeros() const {
+    std::vector<parallel::ShardedModel*> out;
+    for (const ShardedAdamW* o : const_optimizers()) out.push_back(&o->sharded());
+    return out;
+  }
+  void release_gathered() {
+    for (parallel::ShardedModel* z : zeros()) z->release_gathered();
+  }
+  // This rank's trained weights (its experts only), in the model's order.
+  const model::NamedParams& trained() const { return trained_; }
+
+  model::NamedParams trained_;  // what the sharded models hold between them
   ShardedAdamW sharded_;
+  std::optional<ShardedAdamW> expert_opt_;  // expert parallelism: the experts', over their replicas
   bool mixed_;
   int world_;
+  dist::GroupPtr data_;     // the world: one norm over both
+  dist::GroupPtr experts_;  // the expert group (null without expert parallelism)
+  model::MoeConfig moe_;
   model::NamedParams frozen_;  // every frozen tensor (stage 3 shards the layers' ones: zero().sharded_frozen())
 };
 
@@ -329,7 +397,8 @@ std::unique_ptr<WeightUpdate> make_weight_update(model::NamedParams model_params
                                                  const parallel::ModelParallelism& parallelism,
                                                  model::NamedParams frozen) {
   MMSP_CHECK(!model_params.empty(), "make_weight_update: nothing to train (every parameter is frozen)");
-  if (parallelism.zero) return std::make_unique<ShardedUpdate>(parallelism.zero, options, mesh, std::move(frozen));
+  if (parallelism.zero)
+    return std::make_unique<ShardedUpdate>(std::move(model_params), parallelism, options, mesh, std::move(frozen));
   MMSP_CHECK(parallelism.data, "make_weight_update: the replicated update needs the group its gradients sum over");
   return std::make_unique<ReplicatedUpdate>(std::move(model_params), master_dtype, options, parallelism,
                                             std::move(frozen));

@@ -601,8 +601,9 @@ TEST(MultiRankEveryFamily, ShardedGradientsAndParametersEqualOneProcess) {
 // Qwen3-VL-MoE (fused experts, a dense layer) and Qwen3.5-MoE (per-expert weights, the shared
 // expert), the auxiliary loss on: three steps on the widest context mesh with every expert
 // degree that splits the world and the 8 experts (folded into ring × Ulysses), on the
-// data-parallel mesh with expert 2, and with --expert 1 under --shard parameters with
-// recomputed layers, train the model one process trains (losses, aux included, and every
+// data-parallel mesh with expert 2, and under ZeRO (--expert 1 and above 1: stage 3 with
+// recomputed layers, stage 1 with expert 2, stage 2 on the dp mesh), train the model one
+// process trains (losses, aux included, and every
 // weight, the experts gathered whole: fp64, rtol 1e-9). The metrics count the experts'
 // tokens per expert rank (every pick of the step, summed over layers), their imbalance, and
 // the exchange's bytes, which only an expert group of more than one rank sends.
@@ -634,6 +635,14 @@ TEST(MultiRankEveryFamily, MixtureOfExpertsTrainAsOneProcessWithExpertParallelis
           {parallel::ShardLevel::none, model::ActivationCheckpointing::none}};
       if (shape.expert == 1)
         runs.push_back({parallel::ShardLevel::parameters, model::ActivationCheckpointing::decoder});
+      // ZeRO with expert parallelism: the experts' shards over their replicas (2 ranks with
+      // expert 2, the rank alone with expert 4), the rest over the world.
+      if (shape.expert > 1 && shape.dp == 1) {
+        if (shape.expert == 2) runs.push_back({parallel::ShardLevel::optimizer, model::ActivationCheckpointing::none});
+        runs.push_back({parallel::ShardLevel::parameters, model::ActivationCheckpointing::decoder});
+      }
+      if (shape.expert > 1 && shape.dp > 1)
+        runs.push_back({parallel::ShardLevel::gradients, model::ActivationCheckpointing::none});
       for (const auto& [level, mode] : runs) {
         train::TrainOptions o = tiny_options(96);
         o.inputs.model = config_path;

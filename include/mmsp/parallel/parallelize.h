@@ -43,7 +43,8 @@ struct ParallelizeOptions {
   // holding the same experts (the mesh's expert_replica; with --expert 1 the world, as
   // `data`). Null: `data`.
   dist::GroupPtr expert_data;
-  // ZeRO (--shard) over `data`: the masters in master_dtype, buckets of bucket_bytes.
+  // ZeRO (--shard) over `data`: the masters in master_dtype, buckets of bucket_bytes. With
+  // expert parallelism the expert weights are sharded over `expert_data` instead.
   ShardLevel shard = ShardLevel::none;
   at::ScalarType master_dtype = at::kFloat;
   int64_t bucket_bytes = kDefaultBucketBytes;
@@ -67,6 +68,10 @@ struct ModelParallelism {
   // The model's parameters sharded over `data`; null for --shard none (every rank holds
   // them whole and a replicated update sums their gradients over `data`).
   std::shared_ptr<ShardedModel> zero;
+  // Expert parallelism under --shard: the expert weights sharded over expert_data (their
+  // gradients reduce-scattered there, their weights gathered there), beside `zero`'s
+  // other weights over `data`; null otherwise.
+  std::shared_ptr<ShardedModel> expert_zero;
   // Expert parallelism (the expert group has more than one rank): the expert weights'
   // gradients sum over expert_data instead, and their squares over `experts` for the norm;
   // `moe` says which experts this rank holds (for gathering the whole model). Null: none.

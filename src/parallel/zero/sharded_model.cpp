@@ -151,21 +151,30 @@ at::Tensor ShardedModel::pack_grad_round(const Shard& s, int64_t first, int64_t 
 }
 
 double ShardedModel::grad_norm(const std::vector<at::Tensor>& grads) const {
+  return parallel::grad_norm({this}, {grads}, *world_);
+}
+
+double grad_norm(const std::vector<const ShardedModel*>& models, const std::vector<std::vector<at::Tensor>>& grads,
+                 dist::Group& world) {
+  MMSP_CHECK(models.size() == grads.size(), "grad_norm: ", grads.size(), " gradient lists for ", models.size(),
+             " sharded models");
   // Summed where the shards live, then read once (not one device-to-host copy a bucket).
   at::Tensor local;
-  for (const at::Tensor& g : grads) local = local.defined() ? local + sum_of_squares(g) : sum_of_squares(g);
+  for (const auto& part : grads)
+    for (const at::Tensor& g : part) local = local.defined() ? local + sum_of_squares(g) : sum_of_squares(g);
   at::Tensor sum = local.defined() ? local.cpu() : at::zeros({1}, at::kDouble);
-  dist::all_reduce_(sum, *world_);
+  dist::all_reduce_(sum, world);
   const double norm = std::sqrt(sum.item<double>());
   if (std::isfinite(norm)) return norm;
   std::string culprit = "(none in this rank's shards)";
-  for (const ShardPiece& piece : pieces_)
-    if (!grads[piece.bucket].narrow(0, piece.shard_offset, piece.length).isfinite().all().item<bool>()) {
-      culprit = "\"" + model_[piece.param].first + "\"";
-      break;
-    }
+  for (size_t m = 0; m < models.size() && culprit[0] == '('; ++m)
+    for (const ShardPiece& piece : models[m]->pieces())
+      if (!grads[m][piece.bucket].narrow(0, piece.shard_offset, piece.length).isfinite().all().item<bool>()) {
+        culprit = "\"" + models[m]->model_params()[piece.param].first + "\"";
+        break;
+      }
   MMSP_FAIL("gradient norm is ", norm, " (not finite); first parameter with a non-finite gradient ", "in rank ",
-            world_->rank(), "'s shard: ", culprit, ". Lower the learning rate or check the data");
+            world.rank(), "'s shard: ", culprit, ". Lower the learning rate or check the data");
 }
 
 void ShardedModel::reduce_bucket(Shard& s) {

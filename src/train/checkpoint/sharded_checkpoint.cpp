@@ -31,21 +31,29 @@ std::string optimizer_shard_file(int rank, int world) {
   return name;
 }
 
-std::map<std::string, at::Tensor> optimizer_shard_tensors(const ShardedAdamW& optimizer) {
+std::map<std::string, at::Tensor> optimizer_shard_tensors(const std::vector<const ShardedAdamW*>& optimizers) {
   std::map<std::string, at::Tensor> tensors;
-  for (const parallel::ShardPiece& piece : optimizer.pieces()) {
-    const std::string& name = optimizer.model_params()[piece.param].first;
-    for (ShardTensor which : {ShardTensor::master, ShardTensor::exp_avg, ShardTensor::exp_avg_sq})
-      tensors[name + kSuffix[static_cast<int>(which)]] = optimizer.piece(piece, which);
-  }
+  for (const ShardedAdamW* optimizer : optimizers)
+    for (const parallel::ShardPiece& piece : optimizer->pieces()) {
+      const std::string& name = optimizer->model_params()[piece.param].first;
+      for (ShardTensor which : {ShardTensor::master, ShardTensor::exp_avg, ShardTensor::exp_avg_sq})
+        tensors[name + kSuffix[static_cast<int>(which)]] = optimizer->piece(piece, which);
+    }
   return tensors;
 }
 
-std::map<std::string, std::string> optimizer_shard_metadata(const ShardedAdamW& optimizer, int rank, int world) {
+std::map<std::string, std::string> optimizer_shard_metadata(const std::vector<const ShardedAdamW*>& optimizers,
+                                                            int rank, int world) {
+  MMSP_CHECK(!optimizers.empty(), "optimizer_shard_metadata: no optimizer");
   json pieces = json::object();
-  for (const parallel::ShardPiece& piece : optimizer.pieces())
-    pieces[optimizer.model_params()[piece.param].first] = {piece.param_offset, piece.length};
-  const json meta = {{"rank", rank}, {"world", world}, {"step", optimizer.steps_taken()}, {"pieces", pieces}};
+  for (const ShardedAdamW* optimizer : optimizers) {
+    MMSP_CHECK(optimizer->steps_taken() == optimizers.front()->steps_taken(), "optimizer_shard_metadata: ",
+               "optimizers of ", optimizers.front()->steps_taken(), " and ", optimizer->steps_taken(), " steps");
+    for (const parallel::ShardPiece& piece : optimizer->pieces())
+      pieces[optimizer->model_params()[piece.param].first] = {optimizer->whole_offset(piece), piece.length};
+  }
+  const json meta = {
+      {"rank", rank}, {"world", world}, {"step", optimizers.front()->steps_taken()}, {"pieces", pieces}};
   return {{"format", kFormat}, {kFormat, meta.dump()}};
 }
 

@@ -11,9 +11,12 @@
 
 namespace mmsp::train {
 
-ShardedAdamW::ShardedAdamW(std::shared_ptr<parallel::ShardedModel> sharded, const AdamWOptions& options)
-    : sharded_(std::move(sharded)), options_(options) {
+ShardedAdamW::ShardedAdamW(std::shared_ptr<parallel::ShardedModel> sharded, const AdamWOptions& options,
+                           std::vector<int64_t> whole_offsets)
+    : sharded_(std::move(sharded)), options_(options), whole_offsets_(std::move(whole_offsets)) {
   MMSP_CHECK(sharded_, "ShardedAdamW: no sharded model");
+  MMSP_CHECK(whole_offsets_.empty() || whole_offsets_.size() == sharded_->model_params().size(), "ShardedAdamW: ",
+             whole_offsets_.size(), " whole offsets for ", sharded_->model_params().size(), " parameters");
   check_adamw_options(options_);
   for (size_t b = 0; b < sharded_->bucket_count(); ++b) {
     const at::Tensor& master = sharded_->master(b);
@@ -32,12 +35,40 @@ at::Tensor ShardedAdamW::piece(const parallel::ShardPiece& piece, ShardTensor wh
   return (which == ShardTensor::exp_avg ? m.exp_avg : m.exp_avg_sq).narrow(0, piece.shard_offset, piece.length);
 }
 
+namespace {
+
+// clip_grad_norm's scale of the gradients for `norm`.
+double clip_scale(double norm, double max_norm) { return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1; }
+
+}  // namespace
+
 double ShardedAdamW::step(double max_norm) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads = sharded_->reduce_gradients();
   const double norm = sharded_->grad_norm(grads);
-  if (max_norm > 0 && norm > max_norm)
-    for (at::Tensor& g : grads) g.mul_(max_norm / (norm + 1e-6));  // clip_grad_norm's scale
+  update(grads, clip_scale(norm, max_norm));
+  return norm;
+}
+
+double step_together(const std::vector<ShardedAdamW*>& optimizers, double max_norm, dist::Group& world) {
+  at::NoGradGuard no_grad;
+  std::vector<const parallel::ShardedModel*> models;
+  std::vector<std::vector<at::Tensor>> grads;
+  for (ShardedAdamW* o : optimizers) {
+    models.push_back(&o->sharded());
+    grads.push_back(o->reduce_gradients());
+  }
+  const double norm = parallel::grad_norm(models, grads, world);
+  for (size_t i = 0; i < optimizers.size(); ++i) optimizers[i]->update(grads[i], clip_scale(norm, max_norm));
+  return norm;
+}
+
+void ShardedAdamW::update(std::vector<at::Tensor>& grads, double scale) {
+  at::NoGradGuard no_grad;
+  MMSP_CHECK(grads.size() == moments_.size(), "ShardedAdamW::update: ", grads.size(), " gradients for ",
+             moments_.size(), " buckets");
+  if (scale != 1)
+    for (at::Tensor& g : grads) g.mul_(scale);
   ++steps_;
   // torch::optim::AdamW's update, element for element.
   const double lr = options_.lr, beta1 = options_.beta1, beta2 = options_.beta2;
@@ -65,7 +96,6 @@ double ShardedAdamW::step(double max_norm) {
     sharded_->refresh(b);
   }
   sharded_->release_frozen();
-  return norm;
 }
 
 void ShardedAdamW::load(int64_t steps_taken, const StateReader& read) {
@@ -78,9 +108,9 @@ void ShardedAdamW::load(int64_t steps_taken, const StateReader& read) {
   for (const parallel::ShardPiece& piece : pieces) {
     std::array<at::Tensor, 3> three;
     for (ShardTensor which : {ShardTensor::master, ShardTensor::exp_avg, ShardTensor::exp_avg_sq}) {
-      at::Tensor t = read(params[piece.param].first, which, piece.param_offset, piece.length);
+      at::Tensor t = read(params[piece.param].first, which, whole_offset(piece), piece.length);
       MMSP_CHECK(t.defined() && t.numel() == piece.length, "ShardedAdamW::load: \"", params[piece.param].first,
-                 "\" elements [", piece.param_offset, ", ", piece.param_offset + piece.length, "): got ",
+                 "\" elements [", whole_offset(piece), ", ", whole_offset(piece) + piece.length, "): got ",
                  t.defined() ? t.numel() : 0, " values");
       three[static_cast<int>(which)] = t.reshape({-1});
     }

@@ -225,4 +225,13 @@ class ShardedModel {
   ShardedWeights weights_;  // the model's weights from the masters: gathered, prefetched, freed
 };
 
+// The L2 norm of a gradient held by several sharded models of one model whose shards
+// together hold each element once over `world` (expert parallelism: the dense weights
+// sharded over the world, the experts over the ranks holding the same experts): every
+// rank's Σ g² of its shards of each, one fp64 all-reduce over `world`. `grads[i]`:
+// models[i]'s reduce_gradients(). A non-finite norm is an mmsp::Error on every rank
+// naming the first parameter of this rank's shards with a non-finite gradient.
+double grad_norm(const std::vector<const ShardedModel*>& models, const std::vector<std::vector<at::Tensor>>& grads,
+                 dist::Group& world);
+
 }  // namespace mmsp::parallel

@@ -31,9 +31,12 @@ constexpr const char* kOptimizerShardDir = "optimizer";
 // "rank-00002-of-00004.safetensors"
 std::string optimizer_shard_file(int rank, int world);
 
-// This rank's pieces as safetensors contents (views of the optimizer's state).
-std::map<std::string, at::Tensor> optimizer_shard_tensors(const ShardedAdamW& optimizer);
-std::map<std::string, std::string> optimizer_shard_metadata(const ShardedAdamW& optimizer, int rank, int world);
+// This rank's pieces as safetensors contents (views of the optimizers' state: one, or the
+// dense and the experts' of expert parallelism, whose parameters differ), each piece at
+// its offset in the whole parameter (ShardedAdamW::whole_offset).
+std::map<std::string, at::Tensor> optimizer_shard_tensors(const std::vector<const ShardedAdamW*>& optimizers);
+std::map<std::string, std::string> optimizer_shard_metadata(const std::vector<const ShardedAdamW*>& optimizers,
+                                                            int rank, int world);
 
 // A checkpoint's optimizer/ dir, checked: W files named for ranks 0..W−1, headers and
 // metadata that agree, pieces of every parameter in `shapes` (and no other) covering
