@@ -112,7 +112,6 @@ json bench_memory(const dist::RankEnv& env, const MemoryBenchOptions& o) {
     paths.push_back(scaled_config(o.models[i], o.scale, std::to_string(env.rank) + "-" + std::to_string(i)));
   auto wanted = [&](const Setting& s) {
     const std::string mode = model::to_string(s.checkpointing);
-    if (o.expert > 1 && std::string(s.shard) != "none") return false;  // expert parallelism: --shard none
     return (o.shards.empty() || std::find(o.shards.begin(), o.shards.end(), s.shard) != o.shards.end()) &&
            (o.checkpointing.empty() ||
             std::find(o.checkpointing.begin(), o.checkpointing.end(), mode) != o.checkpointing.end());

@@ -1,5 +1,5 @@
 // `mmsp bench <part>`: gathers the parts, one file each in bench/ (attention,
-// linear-attention, vision and step, vision-split, load, memory, placement, logprobs), runs the
+// linear-attention, vision and step, vision-split, load, memory, placement, logprobs, experts), runs the
 // one parsed and prints its JSON on rank 0 (or writes it to --out).
 #include "bench_command.h"
 
@@ -17,7 +17,7 @@ Subcommand add_bench_command(CLI::App& parent) {
   auto out = std::make_shared<std::string>();
   auto parts = std::make_shared<BenchParts>();
   for (auto add : {add_attention_bench, add_linear_attention_bench, add_vlm_bench, add_vision_split_bench,
-                   add_load_bench, add_memory_bench, add_placement_bench, add_logprobs_bench})
+                   add_load_bench, add_memory_bench, add_placement_bench, add_logprobs_bench, add_experts_bench})
     add(*app, *out, *parts);
   return {app, [out, parts]() {
             const dist::RankEnv env = dist::rank_env_from(dist::process_environment());

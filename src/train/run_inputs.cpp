@@ -83,7 +83,10 @@ MemoryEstimate estimate_for(const model::ModelConfig& config, const ParameterLay
   in.mlp_tile = model::mlp_tile_tokens(o.memory.tiled_mlp, std::max(o.inputs.tokens_per_rank, local_length),
                                        config.text.hidden_size);
   in.shard_level = o.parallel.shard;
-  if (in.shard_level != parallel::ShardLevel::none) in.shard_world = mesh.world();
+  if (in.shard_level != parallel::ShardLevel::none) {
+    in.shard_world = mesh.world();
+    in.expert_shard_world = mesh.world() / mesh.expert;  // expert parallelism: the experts over their replicas
+  }
   in.ring = mesh.ring;
   in.ulysses = mesh.ulysses;
   return estimate_memory(config, layout, in);
@@ -233,9 +236,10 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
   MMSP_CHECK(shape.expert == 1 || (o.finetune.freeze.empty() && o.finetune.lora.rank == 0), "--expert ", shape.expert,
              " with --freeze or --lora-rank is not supported yet (frozen and adapted weights are not split over the "
              "expert groups): use --expert 1 to fine-tune parts of a mixture-of-experts model");
-  MMSP_CHECK(shape.expert == 1 || o.output.resume.empty(), "--resume with --expert ", shape.expert,
-             " is not supported yet (a checkpoint holds every expert; a rank would restore its share of the "
-             "optimizer state): resume with --expert 1");
+  MMSP_CHECK(shape.expert == 1 || o.output.resume.empty() || o.parallel.shard != parallel::ShardLevel::none,
+             "--resume with --expert ", shape.expert,
+             " needs a --shard level (the sharded optimizer reads this rank's experts' ranges of the "
+             "checkpoint; the replicated one reads whole tensors): add --shard optimizer, or resume with --expert 1");
   // This rank builds, loads and steps its block's experts only (expert parallelism).
   model::set_expert_shard(in.resolved.config.text.moe, shape.expert, mesh.rank() % shape.expert);
   MMSP_CHECK(o.schedule.accumulate == 1 || !config.text.moe.any(), "--accumulate ", o.schedule.accumulate,

@@ -241,7 +241,8 @@ int64_t longest_tokens_per_rank(const model::ModelConfig& config, const TrainOpt
              " must be positive");
   MMSP_CHECK(ring >= 0 && ring <= world && (ring == 0 || world % ring == 0), "longest_tokens_per_rank: a ring of ",
              ring, " must divide the ", world, " ranks (0: all of them)");
-  const plan::Mesh mesh = ring == 0 ? plan::Mesh{1, world, 1} : plan::Mesh{1, ring, world / ring};
+  const int expert = static_cast<int>(config.text.moe.expert_shards);  // set_expert_shard's, 1 without
+  const plan::Mesh mesh = ring == 0 ? plan::Mesh{1, world, 1, expert} : plan::Mesh{1, ring, world / ring, expert};
   const ParameterLayout layout = layout_of(config, o.finetune);
   auto fits = [&](int64_t tokens) {
     TrainOptions t = o;

@@ -252,13 +252,11 @@ class ShardedUpdate : public WeightUpdate {
     for (parallel::ShardedModel* z : zeros()) z->gather_all();
   }
   void restore(const Checkpoint& checkpoint) override {
-    MMSP_CHECK(!expert_opt_, "--resume with --expert ", experts_ ? experts_->size() : 1,
-               " is not supported yet: resume with --expert 1");
     // Stage 3 shards the layers' frozen weights: whole while the checkpoint's are read into
     // them, then their shards refilled (the masters come from the checkpoint itself).
     const bool frozen_sharded = !zero().sharded_frozen().empty();
     if (frozen_sharded) zero().gather_all();
-    train::restore(checkpoint, sharded_, frozen_);
+    train::restore(checkpoint, optimizers(), frozen_, whole_shapes());
     if (!frozen_sharded) return;
     zero().copy_frozen_from_model();
     zero().release_gathered();
@@ -346,10 +344,10 @@ class ShardedUpdate : public WeightUpdate {
                        : zero().level() == parallel::ShardLevel::gradients ? "optimizer state and gradients"
                                                                            : "optimizer state";
     const size_t sharded_frozen = zero().sharded_frozen().size();
-    const std::string experts =
-        expert_opt_ ? "; experts split over " + std::to_string(experts_->size()) + " ranks, theirs sharded over " +
-                          std::to_string(expert_opt_->sharded().world()->size())
-                    : "";
+    const std::string experts = expert_opt_ ? "; experts split over " + std::to_string(experts_->size()) +
+                                                  " ranks, theirs sharded over " +
+                                                  std::to_string(expert_opt_->sharded().world()->size())
+                                            : "";
     return std::string(mixed_ ? "fp32 master weights; " : "") + what + " sharded over " + std::to_string(world_) +
            " ranks" + experts + frozen_note(frozen_, true) +
            (sharded_frozen > 0 ? " (" + std::to_string(sharded_frozen) + " of them sharded)" : "");
@@ -375,6 +373,27 @@ class ShardedUpdate : public WeightUpdate {
   }
   void release_gathered() {
     for (parallel::ShardedModel* z : zeros()) z->release_gathered();
+  }
+  // The whole model's weights a checkpoint holds: this rank's, a fused expert tensor with
+  // every rank's rows, a per-expert one under every rank's expert index.
+  hf::ExpectedShapes whole_shapes() const {
+    hf::ExpectedShapes out;
+    const int64_t ranks = experts_ ? experts_->size() : 1;
+    for (const auto& [name, w] : with_frozen(trained(), frozen_)) {
+      std::vector<int64_t> shape = w.sizes().vec();
+      const int64_t e = model::expert_index(name);
+      if (ranks == 1 || !model::is_expert_parameter(name)) {
+        out.emplace_back(name, shape);
+      } else if (e < 0) {
+        shape.at(0) *= ranks;
+        out.emplace_back(name, shape);
+      } else {
+        for (int64_t r = 0; r < ranks; ++r)
+          out.emplace_back(model::with_expert_index(name, e - moe_.first_local_expert() + r * moe_.local_experts()),
+                           shape);
+      }
+    }
+    return out;
   }
   // This rank's trained weights (its experts only), in the model's order.
   const model::NamedParams& trained() const { return trained_; }

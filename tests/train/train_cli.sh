@@ -12,7 +12,10 @@
 #  5. mmsp bench memory --shard LEVEL measures only that level's rows, writes each row as
 #     it ends, and --vocab / --layers / --vision-layers scale the config they name;
 #  6. the RL trainer half: mmsp logprobs of preference pairs, their sums as the reference,
-#     mmsp train --objective dpo (first loss ln 2), refusals; mmsp bench logprobs's figures.
+#     mmsp train --objective dpo (first loss ln 2), refusals; mmsp bench logprobs's figures;
+#  7. a mixture-of-experts model with --expert 2 under ZeRO-3 saved, resumed with --expert 2
+#     --shard gradients and --expert 1 --shard optimizer: the uninterrupted losses; mmsp
+#     bench experts's bytes equal the formula.
 # Usage: train_cli.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$1
@@ -325,6 +328,45 @@ d = json.load(open(sys.argv[1]))
 assert [r["way"] for r in d["rows"]] == ["mmsp", "local-logits", "naive"], d
 assert all(r["sent_bytes"] == r["formula_sent_bytes"] and r["max_abs_diff_from_mmsp"] < 1e-5 for r in d["rows"]), d
 assert d["naive_over_mmsp_peak"] > 2 and d["naive_over_mmsp_sent"] > 100, d
+PY
+
+# --- 7. expert parallelism under ZeRO: save, resume on other degrees; bench experts -----
+# Qwen3.5-MoE (tiny, 8 experts) on ring 2 with its experts split over both ranks. A run
+# under --shard parameters saves at step 2 (each rank its experts' optimizer pieces, at
+# their offsets in the whole tensors); resumed with --expert 2 --shard gradients and with
+# --expert 1 --shard optimizer, both continue as the uninterrupted --shard none run did.
+moe=(train --model "$src/configs/tiny-qwen3_5-moe.json" --steps 4 --tokens-per-rank 96 --dtype float64 --warmup 1
+  --ring 2 --quiet)
+$run $mmsp "${moe[@]}" --expert 2 --out "$work/moe-ref" > "$work/moe-ref.log" 2>&1 ||
+  fail "moe reference: $(tail -5 "$work/moe-ref.log")"
+$run $mmsp "${moe[@]}" --expert 2 --shard parameters --checkpoint-every 2 --out "$work/moe" > "$work/moe.log" 2>&1 ||
+  fail "--expert 2 --shard parameters: $(tail -5 "$work/moe.log")"
+$mmsp compare-losses "$work/moe-ref/metrics.jsonl" "$work/moe/metrics.jsonl" > "$work/moe-cmp.log" 2>&1 &&
+  grep -Eq "4 common steps, largest relative difference (0|[0-9.]+e-1[0-9]) " "$work/moe-cmp.log" ||
+  fail "--expert 2 --shard parameters trains otherwise than --shard none: $(cat "$work/moe-cmp.log")"
+for resume in "2 gradients" "1 optimizer"; do
+  set -- $resume
+  d="$work/moe-resume-$1"
+  mkdir -p "$d" && cp -r "$work/moe/step-000002" "$d/" && echo step-000002 > "$d/latest"
+  head -2 "$work/moe/metrics.jsonl" > "$d/metrics.jsonl"
+  $run $mmsp "${moe[@]}" --expert "$1" --shard "$2" --resume "$d" --out "$d" > "$d.log" 2>&1 ||
+    fail "resume with --expert $1 --shard $2: $(tail -5 "$d.log")"
+  $mmsp compare-losses "$work/moe-ref/metrics.jsonl" "$d/metrics.jsonl" > "$d-cmp.log" 2>&1 &&
+    grep -Eq "4 common steps, largest relative difference (0|[0-9.]+e-1[0-9]) " "$d-cmp.log" ||
+    fail "resumed with --expert $1 --shard $2, the losses differ: $(cat "$d-cmp.log")"
+done
+expect_error moe_resume_replicated "--resume with --expert 2 needs a --shard level" \
+  "${moe[@]}" --expert 2 --resume "$work/moe" --out "$work/moe-none"
+# mmsp bench experts: every rank's bytes are the exact formula's, both routings; the skewed
+# routing sends every row to rank 0.
+$run $mmsp bench experts --model "$src/configs/tiny-qwen3-vl-moe.json" --tokens 32 --dtype float32 \
+  --out "$work/bench-experts.json" > "$work/bench-experts.log" 2>&1 || fail "bench experts: $(tail -5 "$work/bench-experts.log")"
+python3 - "$work/bench-experts.json" <<'PY' || fail "bench experts: wrong figures"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert [r["routing"] for r in d["rows"]] == ["uniform", "skewed"], d
+assert all(r["sent_bytes_per_rank"] == r["exact_formula_bytes_per_rank"] for r in d["rows"]), d
+assert d["rows"][1]["busiest_over_mean_received"] == 2 and d["rows"][1]["rows_received_per_rank"][1] == 0, d
 PY
 
 if [ $failures -ne 0 ]; then echo "$failures failure(s)"; exit 1; fi

@@ -40,5 +40,6 @@ void add_load_bench(CLI::App& bench, std::string& out, BenchParts& parts);
 void add_memory_bench(CLI::App& bench, std::string& out, BenchParts& parts);
 void add_placement_bench(CLI::App& bench, std::string& out, BenchParts& parts);
 void add_logprobs_bench(CLI::App& bench, std::string& out, BenchParts& parts);
+void add_experts_bench(CLI::App& bench, std::string& out, BenchParts& parts);
 
 }  // namespace mmsp::cli

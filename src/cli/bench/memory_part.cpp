@@ -44,7 +44,7 @@ void add_row_flags(CLI::App& app, bench::MemoryBenchOptions& o, std::string& dev
                  "--longest: ranks the state is sharded over (default: this job's)");
   app.add_option("--expert", o.expert,
                  "expert-parallel degree (mixture-of-experts models): each block of this many ranks splits the "
-                 "experts; the measured rows run --shard none")
+                 "experts, sharded over their replicas under --shard")
       ->capture_default_str();
   app.add_option("--longest-ring", o.longest_ring,
                  "--longest: ranks of the context group's ring, the rest Ulysses (default: all one ring)");

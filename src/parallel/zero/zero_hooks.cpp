@@ -52,8 +52,7 @@ std::shared_ptr<model::LayerHooks> make_zero_hooks(const std::shared_ptr<Sharded
   return make_zero_hooks(std::vector<std::shared_ptr<ShardedModel>>{sharded}, prefetch);
 }
 
-std::shared_ptr<model::LayerHooks> make_zero_hooks(std::vector<std::shared_ptr<ShardedModel>> sharded,
-                                                   bool prefetch) {
+std::shared_ptr<model::LayerHooks> make_zero_hooks(std::vector<std::shared_ptr<ShardedModel>> sharded, bool prefetch) {
   std::vector<std::shared_ptr<ShardedModel>> present;
   for (auto& s : sharded)
     if (s) present.push_back(std::move(s));

@@ -448,12 +448,17 @@ void restore(const Checkpoint& c, const model::NamedParams& weights, torch::opti
 }
 
 void restore(const Checkpoint& c, ShardedAdamW& optimizer, const model::NamedParams& frozen) {
-  MMSP_CHECK(!c.weights.tensors.empty(), c.path,
-             ": a checkpoint of the first format cannot be resumed with "
-             "a sharded --shard level; resume it with --shard none once and save again");
   hf::ExpectedShapes expected;
   for (const auto& [name, w] : optimizer.model_params()) expected.emplace_back(name, w.sizes().vec());
   for (const auto& [name, w] : frozen) expected.emplace_back(name, w.sizes().vec());
+  restore(c, {&optimizer}, frozen, expected);
+}
+
+void restore(const Checkpoint& c, const std::vector<ShardedAdamW*>& optimizers, const model::NamedParams& frozen,
+             const hf::ExpectedShapes& expected) {
+  MMSP_CHECK(!c.weights.tensors.empty(), c.path,
+             ": a checkpoint of the first format cannot be resumed with "
+             "a sharded --shard level; resume it with --shard none once and save again");
   hf::match_hf_tensors(c.weights, expected, hf::CheckpointNaming{});  // throws, naming every difference
   ShardedAdamW::StateReader read;
   int64_t steps = 0;
@@ -478,7 +483,7 @@ void restore(const Checkpoint& c, ShardedAdamW& optimizer, const model::NamedPar
   const std::string before = capture_cpu_rng();
   restore_cpu_rng(c.state.at("cpu_rng").get<std::string>(), c.path + "/" + kStateFile);
   try {
-    optimizer.load(steps, read);
+    for (ShardedAdamW* optimizer : optimizers) optimizer->load(steps, read);
   } catch (...) {
     restore_cpu_rng(before, "the generator state before restore");
     throw;

@@ -47,13 +47,13 @@ std::map<std::string, std::string> optimizer_shard_metadata(const std::vector<co
   MMSP_CHECK(!optimizers.empty(), "optimizer_shard_metadata: no optimizer");
   json pieces = json::object();
   for (const ShardedAdamW* optimizer : optimizers) {
-    MMSP_CHECK(optimizer->steps_taken() == optimizers.front()->steps_taken(), "optimizer_shard_metadata: ",
-               "optimizers of ", optimizers.front()->steps_taken(), " and ", optimizer->steps_taken(), " steps");
+    MMSP_CHECK(optimizer->steps_taken() == optimizers.front()->steps_taken(),
+               "optimizer_shard_metadata: ", "optimizers of ", optimizers.front()->steps_taken(), " and ",
+               optimizer->steps_taken(), " steps");
     for (const parallel::ShardPiece& piece : optimizer->pieces())
       pieces[optimizer->model_params()[piece.param].first] = {optimizer->whole_offset(piece), piece.length};
   }
-  const json meta = {
-      {"rank", rank}, {"world", world}, {"step", optimizers.front()->steps_taken()}, {"pieces", pieces}};
+  const json meta = {{"rank", rank}, {"world", world}, {"step", optimizers.front()->steps_taken()}, {"pieces", pieces}};
   return {{"format", kFormat}, {kFormat, meta.dump()}};
 }
 

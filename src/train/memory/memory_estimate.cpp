@@ -12,6 +12,7 @@
 #include "mmsp/parallel/grad_sync.h"
 #include "mmsp/train/loss/chunked_loss.h"
 #include "mmsp/train/optim/sharded_adamw.h"
+#include "parameter_census.h"
 
 namespace mmsp::train {
 
@@ -136,89 +137,6 @@ std::string MemoryEstimate::table() const {
 
 namespace {
 
-int64_t elements_of(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-// The parameters by the units ZeRO hooks: decoder layers, hooked vision blocks, the
-// head and an untied embedding, and what stays outside them.
-struct ParameterCensus {
-  int64_t total = 0;
-  int64_t in_layers = 0;                      // in every layer and vision block
-  int64_t in_decoder_layers = 0;              // ... of them in the decoder's layers
-  int64_t largest_layer = 0, next_layer = 0;  // N_l, and N_l2: the most a neighbour of the largest holds
-  int64_t largest_block = 0, next_block = 0;  // the same among the vision blocks alone
-  int64_t head = 0, embedding = 0;            // tied: the embedding is the head's unit, embedding 0
-  int64_t largest = 0;                        // the largest parameter
-  int64_t largest_kept = 0;                   // the largest outside every unit
-  bool tied = false;
-  int64_t frozen = 0, frozen_kept = 0;                                   // --freeze: in all, and outside every unit
-  int64_t kept() const { return total - in_layers - head - embedding; }  // whole for the step under ZeRO-2/3
-  int64_t trained() const { return total - frozen; }                     // what has masters, moments and gradients
-};
-
-// Counted from the units parallelize installs (the layout's, parallel::ShardUnitUse):
-// a [V, h] table read by rows is the head when it has a dense gradient (tied when the
-// lookup reads it too), else the untied embedding; every other unit is a layer or a
-// vision block. `trained_only`: the parameters that train alone (--freeze, LoRA), which
-// are what has gradients and, under ZeRO, shards to gather: a frozen one is neither.
-ParameterCensus census_of(const ParameterLayout& layout, int64_t decoder_layers, bool trained_only = false) {
-  MMSP_CHECK(layout.unit_of.size() == layout.shapes.size(), "estimate_memory: ", layout.unit_of.size(),
-             " unit indices for ", layout.shapes.size(), " parameters");
-  ParameterCensus c;
-  std::vector<int64_t> per_unit(layout.uses.size(), 0);
-  MMSP_CHECK(layout.frozen.empty() || layout.frozen.size() == layout.shapes.size(),
-             "estimate_memory: ", layout.frozen.size(), " frozen flags for ", layout.shapes.size(), " parameters");
-  for (size_t i = 0; i < layout.shapes.size(); ++i) {
-    const int64_t n = elements_of(layout.shapes[i].second);
-    const int unit = layout.unit_of[i];
-    if (trained_only && !layout.frozen.empty() && layout.frozen[i]) continue;
-    if (!layout.frozen.empty() && layout.frozen[i]) {
-      c.frozen += n;
-      if (unit < 0) c.frozen_kept += n;
-    }
-    MMSP_CHECK(unit < static_cast<int>(per_unit.size()), "estimate_memory: parameter \"", layout.shapes[i].first,
-               "\" is in unit ", unit, " of ", per_unit.size());
-    c.total += n;
-    c.largest = std::max(c.largest, n);
-    if (unit >= 0)
-      per_unit[unit] += n;
-    else
-      c.largest_kept = std::max(c.largest_kept, n);
-  }
-  std::vector<int64_t> layers, blocks;  // decoder layers and vision blocks; the blocks alone
-  // The decoder's layers are the first units (model::Vlm::hook_units: the decoder's layers,
-  // its head and embedding, then the vision blocks).
-  MMSP_CHECK(decoder_layers <= static_cast<int64_t>(per_unit.size()), "estimate_memory: ", decoder_layers,
-             " decoder layers but ", per_unit.size(), " units");
-  for (size_t u = 0; u < per_unit.size(); ++u) {
-    const parallel::ShardUnitUse& use = layout.uses[u];
-    if (static_cast<int64_t>(u) < decoder_layers) {
-      MMSP_CHECK(!use.by_rows, "estimate_memory: unit ", u, " is read by rows, not a decoder layer");
-      c.in_decoder_layers += per_unit[u];
-    }
-    if (!use.by_rows) {
-      if (per_unit[u] > 0) layers.push_back(per_unit[u]);
-      if (per_unit[u] > 0 && static_cast<int64_t>(u) >= decoder_layers) blocks.push_back(per_unit[u]);
-    } else if (use.dense_gradient) {
-      c.head += per_unit[u];
-      c.tied = c.tied || use.lookup_rows;
-    } else {
-      c.embedding += per_unit[u];
-    }
-  }
-  std::sort(layers.begin(), layers.end(), std::greater<>());
-  std::sort(blocks.begin(), blocks.end(), std::greater<>());
-  c.largest_block = blocks.empty() ? 0 : blocks[0];
-  c.next_block = blocks.size() > 1 ? blocks[1] : 0;
-  for (int64_t n : layers) c.in_layers += n;
-  c.largest_layer = layers.empty() ? 0 : layers[0];
-  c.next_layer = layers.size() > 1 ? layers[1] : 0;
-  return c;
-}
-
 // The bytes each step's sizes set, in the model's dtype b and the master dtype m.
 struct Widths {
   int64_t b = 0, m = 0;
@@ -269,7 +187,7 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
   // sharded_adamw.h: a W-th of masters and moments (+ < W elements of padding per
   // 25 MiB bucket, ignored), and of the reduced gradients from their reduction to
   // the update, reduced in rounds (rounds_of).
-  const int64_t W = std::max(in.shard_world, 1), shard = (P + W - 1) / W;
+  const int64_t W = std::max(in.shard_world, 1), shard = shard_elements(P, g.experts, in);
   const int64_t rounds = rounds_of(P, largest, w);
   const int64_t slices = 2 * std::min(shard, ShardedAdamW::kUpdateSlice) * m;  // the update's sqrt, denominator
   e.master_weights = shard * m;
@@ -281,7 +199,8 @@ int64_t add_sharded_state(MemoryEstimate& e, const model::ModelConfig& config, c
     // made before its gradients go (the largest parameter's: N_max/W).
     e.gradients = P * b + (g.tied ? 2 * g.head * b : 0);
     e.update_gradients = std::max(P * b, shard * m);
-    e.update_working_set = (largest + W - 1) / W * m + rounds + slices;
+    const int64_t R = in.expert_shard_world > 0 ? in.expert_shard_world : W;  // the largest may be an expert's
+    e.update_working_set = (largest + R - 1) / R * m + rounds + slices;
     return 0;
   }
   // Stages 2 and 3, at the backward's end (the vision tower's backward, last): the kept
@@ -457,7 +376,8 @@ void add_backward(MemoryEstimate& e, const model::TextConfig& t, const Parameter
     return;
   }
   const int64_t W = std::max(in.shard_world, 1), L = std::max<int64_t>(t.num_hidden_layers, 1);
-  const int64_t head_shard = (g.head + W - 1) / W * w.m, layers_shard = (g.in_decoder_layers + W - 1) / W * w.m;
+  const int64_t head_shard = (g.head + W - 1) / W * w.m;
+  const int64_t layers_shard = shard_elements(g.in_decoder_layers, g.experts, in) * w.m;
   const int64_t at_last = e.inputs_left + head_shard;
   const int64_t at_first = first_layer_keeps + head_shard + layers_shard * (L - 1) / L;
   const bool first = at_first > at_last;

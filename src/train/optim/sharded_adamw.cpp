@@ -15,8 +15,9 @@ ShardedAdamW::ShardedAdamW(std::shared_ptr<parallel::ShardedModel> sharded, cons
                            std::vector<int64_t> whole_offsets)
     : sharded_(std::move(sharded)), options_(options), whole_offsets_(std::move(whole_offsets)) {
   MMSP_CHECK(sharded_, "ShardedAdamW: no sharded model");
-  MMSP_CHECK(whole_offsets_.empty() || whole_offsets_.size() == sharded_->model_params().size(), "ShardedAdamW: ",
-             whole_offsets_.size(), " whole offsets for ", sharded_->model_params().size(), " parameters");
+  MMSP_CHECK(whole_offsets_.empty() || whole_offsets_.size() == sharded_->model_params().size(),
+             "ShardedAdamW: ", whole_offsets_.size(), " whole offsets for ", sharded_->model_params().size(),
+             " parameters");
   check_adamw_options(options_);
   for (size_t b = 0; b < sharded_->bucket_count(); ++b) {
     const at::Tensor& master = sharded_->master(b);
@@ -38,7 +39,9 @@ at::Tensor ShardedAdamW::piece(const parallel::ShardPiece& piece, ShardTensor wh
 namespace {
 
 // clip_grad_norm's scale of the gradients for `norm`.
-double clip_scale(double norm, double max_norm) { return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1; }
+double clip_scale(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1;
+}
 
 }  // namespace
 

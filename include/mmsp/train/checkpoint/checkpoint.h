@@ -153,6 +153,11 @@ void restore(const Checkpoint& checkpoint, torch::nn::Module& model, torch::opti
 // optimizer (--freeze), read whole from the checkpoint's weights. (The replicated restore
 // above takes them among `weights`: those its optimizer does not hold.)
 void restore(const Checkpoint& checkpoint, ShardedAdamW& optimizer, const model::NamedParams& frozen = {});
+// Several sharded optimizers of one model (expert parallelism: the dense weights' and this
+// rank's experts', each piece read at its whole offset), the checkpoint's weights checked
+// against `whole` (every weight of the whole model, the other ranks' experts included).
+void restore(const Checkpoint& checkpoint, const std::vector<ShardedAdamW*>& optimizers,
+             const model::NamedParams& frozen, const hf::ExpectedShapes& whole);
 
 // Two configs are the same model when equal as JSON apart from "torch_dtype" (which
 // a save rewrites).

@@ -55,6 +55,7 @@ struct MemoryEstimateInputs {
   int64_t mlp_tile = 0;  // tokens per tile of the MLP (--tiled-mlp resolved); 0: untiled
   parallel::ShardLevel shard_level = parallel::ShardLevel::none;  // --shard
   int shard_world = 1;                                            // ... over this many ranks
+  int expert_shard_world = 0;  // ... and the expert weights over this many (--expert: world / expert); 0: shard_world
   // The context group's ring degree: with a ring, a Gated DeltaNet layer also keeps the
   // map from each run's initial state to its outputs (state passing, gated_delta_ring.h).
   int ring = 1;
