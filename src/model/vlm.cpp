@@ -105,8 +105,9 @@ StepOutput Vlm::forward(const RankInputs& in, const plan::StepPlan& plan, const 
   if (moe.any()) {
     ctx.moe.exchange = parallelism.experts;
     ctx.moe.real = in.real.to(device);
-    ctx.moe.load = std::make_shared<RouterLoad>(moe.num_experts, sparse_layer_count(config_.text),
-                                                moe.aux_loss() ? moe.router_aux_loss_coef : 0.0, in.real.numel());
+    ctx.moe.load = std::make_shared<RouterLoad>(
+        moe.num_experts, sparse_layer_count(config_.text),
+        moe.aux_loss() ? moe.router_aux_loss_coef * parallelism.aux_loss_scale : 0.0, in.real.numel());
   }
   StepOutput out{decoder_->final_hidden(embeds, ctx), decoder_->head_weight(), in.labels.to(device), in.label_count};
   if (ctx.moe.load) {

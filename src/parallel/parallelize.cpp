@@ -95,8 +95,10 @@ ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options)
 void unparallelize(model::Vlm& vlm) { vlm.set_layer_hooks(nullptr); }
 
 model::StepOutput forward_step(const model::Vlm& vlm, const plan::Batch& batch, const plan::StepPlan& plan,
-                               const model::PixelInputs& pixels, const ModelParallelism& parallelism) {
-  return forward_step(vlm, batch, plan, pixels, parallelism.groups, parallelism.vision, parallelism.attention);
+                               const model::PixelInputs& pixels, const ModelParallelism& parallelism,
+                               double aux_loss_scale) {
+  return forward_step(vlm, batch, plan, pixels, parallelism.groups, parallelism.vision, parallelism.attention,
+                      aux_loss_scale);
 }
 
 }  // namespace mmsp::parallel

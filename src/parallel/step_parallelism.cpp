@@ -27,9 +27,11 @@ model::StepParallelism parallelize_step(const model::Vlm& vlm, const model::Rank
 
 model::StepOutput forward_step(const model::Vlm& vlm, const plan::Batch& batch, const plan::StepPlan& plan,
                                const model::PixelInputs& pixels, const StepGroups& groups, model::VisionMode mode,
-                               const attention::AttentionOptions& attention) {
+                               const attention::AttentionOptions& attention, double aux_loss_scale) {
   const model::RankInputs inputs = model::rank_inputs(batch, plan);
-  return vlm.forward(inputs, plan, pixels, parallelize_step(vlm, inputs, plan, groups, mode, attention));
+  model::StepParallelism parallelism = parallelize_step(vlm, inputs, plan, groups, mode, attention);
+  parallelism.aux_loss_scale = aux_loss_scale;
+  return vlm.forward(inputs, plan, pixels, parallelism);
 }
 
 }  // namespace mmsp::parallel

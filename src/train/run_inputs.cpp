@@ -242,10 +242,6 @@ RunInputs check_run(const TrainOptions& o, const dist::Mesh& mesh) {
              "checkpoint; the replicated one reads whole tensors): add --shard optimizer, or resume with --expert 1");
   // This rank builds, loads and steps its block's experts only (expert parallelism).
   model::set_expert_shard(in.resolved.config.text.moe, shape.expert, mesh.rank() % shape.expert);
-  MMSP_CHECK(o.schedule.accumulate == 1 || !config.text.moe.any(), "--accumulate ", o.schedule.accumulate,
-             " is not supported yet for ", o.inputs.model, " (", config.model_type,
-             "): the load-balancing loss of a mixture-of-experts model is taken over the whole step's tokens, "
-             "not summed over micro-batches; use --accumulate 1");
   MMSP_CHECK(o.memory.tiled_mlp == 0 || !config.text.moe.any(), "--tiled-mlp is not supported for ", o.inputs.model,
              " (", config.model_type, "): its mixture-of-experts layers route every token at once");
   // The weights' names and shapes, the checkpoint's mapping and the memory this run

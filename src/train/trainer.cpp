@@ -200,9 +200,10 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
     const model::PixelInputs pixels = run.pixels.take(micro.samples, micro.batch, micro.plan).to(run.o.parallel.device);
     if (next && k + 1 == batches.micro.size()) run.pixels.start(std::move(*next));
     watch.phase("forward");
-    model::StepOutput out =
-        parallel::forward_step(run.model.model(), micro.batch, micro.plan, pixels, run.model.parallelism());
-    out.label_count = batches.label_count;  // the step's: every micro-batch's labels together
+    model::StepOutput out = parallel::forward_step(
+        run.model.model(), micro.batch, micro.plan, pixels, run.model.parallelism(),
+        1.0 / static_cast<double>(batches.micro.size()));  // the aux loss: the micro-batches' mean
+    out.label_count = batches.label_count;                 // the step's: every micro-batch's labels together
     ObjectiveLoss micro_loss = step_loss(run, micro, out, weights, k, step_pairs, batches.label_count);
     for (const auto& [name, value] : micro_loss.parts) objective_parts[name] += value;
     at::Tensor& loss = micro_loss.loss;
@@ -213,7 +214,8 @@ StepMetrics run_step(const StepLoop& run, int64_t step, DataPosition& position, 
     // The auxiliary load-balancing loss (mixture of experts): its value is added here, its
     // gradient entered through the layers in the backward (model/layers/router_load.h).
     local_loss += loss.detach().to(at::kDouble).item<double>() + out.aux_loss;
-    if (out.expert_counts.defined()) expert_counts = out.expert_counts;  // one micro-batch: --accumulate 1
+    if (out.expert_counts.defined())  // every micro-batch's picks
+      expert_counts = expert_counts.defined() ? expert_counts + out.expert_counts : out.expert_counts;
   }
   const double grad_norm = update.step(run.o.schedule.clip, run.doing);
   const StepAccount account = watch.finish();

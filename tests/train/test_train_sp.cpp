@@ -602,8 +602,8 @@ TEST(MultiRankEveryFamily, ShardedGradientsAndParametersEqualOneProcess) {
 // expert), the auxiliary loss on: three steps on the widest context mesh with every expert
 // degree that splits the world and the 8 experts (folded into ring × Ulysses), on the
 // data-parallel mesh with expert 2, and under ZeRO (--expert 1 and above 1: stage 3 with
-// recomputed layers, stage 1 with expert 2, stage 2 on the dp mesh), train the model one
-// process trains (losses, aux included, and every
+// recomputed layers, stage 1 with expert 2, stage 2 on the dp mesh) and with --accumulate 2,
+// train the model one process trains (losses, aux included, and every
 // weight, the experts gathered whole: fp64, rtol 1e-9). The metrics count the experts'
 // tokens per expert rank (every pick of the step, summed over layers), their imbalance, and
 // the exchange's bytes, which only an expert group of more than one rank sends.
@@ -663,6 +663,24 @@ TEST(MultiRankEveryFamily, MixtureOfExpertsTrainAsOneProcessWithExpertParallelis
         expect_bytes_split(got, shape, model::VisionMode::routed, where);
         if (checker) expect_same_run(got, refs[shape.dp], 1e-9, where);
       }
+    }
+    // --accumulate 2: the step's aux loss is its micro-batches' mean (each routed in its own
+    // forward); expert 2 under ZeRO-2, whose hooks add each micro-step's expert shards.
+    if (world % 2 == 0) {
+      train::TrainReport ref;
+      if (checker) {
+        train::TrainOptions one = tiny_options(96 * world);
+        one.inputs.model = config_path;
+        one.schedule.accumulate = 2;
+        ref = train::train(one, dist::Mesh::solo(), log);
+      }
+      train::TrainOptions o = tiny_options(96);
+      o.inputs.model = config_path;
+      o.schedule.accumulate = 2;
+      o.parallel.shard = parallel::ShardLevel::gradients;
+      const plan::Mesh shape{widest.dp, widest.ring, widest.ulysses, 2};
+      const train::TrainReport got = train::train(o, test::make_mesh(shape), log);
+      if (checker) expect_same_run(got, ref, 1e-9, std::string(c.file) + " --accumulate 2 " + shape.str());
     }
     std::filesystem::remove(config_path);
   }

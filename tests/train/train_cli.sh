@@ -357,6 +357,10 @@ for resume in "2 gradients" "1 optimizer"; do
 done
 expect_error moe_resume_replicated "--resume with --expert 2 needs a --shard level" \
   "${moe[@]}" --expert 2 --resume "$work/moe" --out "$work/moe-none"
+expect_error expert_on_dense "--expert 2 splits the experts of a mixture-of-experts model" train --expert 2 --ring 2
+expect_error moe_tiled_mlp "--tiled-mlp is not supported for" "${moe[@]}" --tiled-mlp 16
+expect_error expert_lora "--expert 2 with --freeze or --lora-rank is not supported yet" \
+  "${moe[@]}" --expert 2 --lora-rank 4
 # mmsp bench experts: every rank's bytes are the exact formula's, both routings; the skewed
 # routing sends every row to rank 0.
 $run $mmsp bench experts --model "$src/configs/tiny-qwen3-vl-moe.json" --tokens 32 --dtype float32 \

@@ -38,6 +38,10 @@ struct StepParallelism {
   // routing counts (once, after the decoder; required for such a decoder).
   ExpertExchange experts;
   std::function<void(at::Tensor&)> sum_over_batch;
+  // This forward's share of the step's auxiliary loss: 1/K for each of --accumulate's K
+  // micro-batches (the step's aux loss is their mean, as Megatron and VeOmni take it: each
+  // micro-batch's routing is only known in its own forward).
+  double aux_loss_scale = 1;
 };
 
 // What the loss needs for plan.mine's slots: the final hidden states [L, hidden] and

@@ -89,8 +89,9 @@ ModelParallelism parallelize(model::Vlm& vlm, const ParallelizeOptions& options)
 void unparallelize(model::Vlm& vlm);
 
 // This step of `vlm` under `parallelism`: model::rank_inputs, parallelize_step and
-// Vlm::forward in one call.
+// Vlm::forward in one call (`aux_loss_scale`: model::StepParallelism's).
 model::StepOutput forward_step(const model::Vlm& vlm, const plan::Batch& batch, const plan::StepPlan& plan,
-                               const model::PixelInputs& pixels, const ModelParallelism& parallelism);
+                               const model::PixelInputs& pixels, const ModelParallelism& parallelism,
+                               double aux_loss_scale = 1);
 
 }  // namespace mmsp::parallel

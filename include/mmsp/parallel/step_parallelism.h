@@ -30,9 +30,10 @@ model::StepParallelism parallelize_step(const model::Vlm& vlm, const model::Rank
                                         const plan::StepPlan& plan, const StepGroups& groups, model::VisionMode mode,
                                         const attention::AttentionOptions& attention = {});
 
-// model::rank_inputs, parallelize_step and Vlm::forward in one call.
+// model::rank_inputs, parallelize_step and Vlm::forward in one call; `aux_loss_scale`:
+// model::StepParallelism's.
 model::StepOutput forward_step(const model::Vlm& vlm, const plan::Batch& batch, const plan::StepPlan& plan,
                                const model::PixelInputs& pixels, const StepGroups& groups, model::VisionMode mode,
-                               const attention::AttentionOptions& attention = {});
+                               const attention::AttentionOptions& attention = {}, double aux_loss_scale = 1);
 
 }  // namespace mmsp::parallel
