@@ -5,12 +5,14 @@
 #include <torch/optim/adamw.h>
 
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "checkpoint/checkpoint_io.h"
 #include "mmsp/core/check.h"
 #include "mmsp/dist/all_reduce.h"
+#include "mmsp/model/checkpoint_naming.h"
 #include "mmsp/model/layers/expert_names.h"
 #include "mmsp/model/lora.h"
 #include "mmsp/parallel/expert_gather.h"
@@ -224,16 +226,16 @@ class ShardedUpdate : public WeightUpdate {
   ShardedUpdate(model::NamedParams model_params, const parallel::ModelParallelism& parallelism,
                 const AdamWOptions& options, const dist::Mesh& mesh, model::NamedParams frozen)
       : trained_(std::move(model_params)),
-        sharded_(parallelism.zero, options),
-        mixed_(zero().master_dtype() != zero().model_params().front().second.scalar_type()),
+        mixed_(parallelism.zero->master_dtype() != parallelism.zero->model_params().front().second.scalar_type()),
         world_(mesh.world_size()),
         data_(parallelism.data),
         experts_(parallelism.experts),
         moe_(parallelism.moe),
         frozen_(std::move(frozen)) {
+    optimizers_.push_back(std::make_unique<ShardedAdamW>(parallelism.zero, options));
     if (parallelism.expert_zero)
-      expert_opt_.emplace(parallelism.expert_zero, options,
-                          expert_whole_offsets(parallelism.expert_zero->model_params(), moe_));
+      optimizers_.push_back(std::make_unique<ShardedAdamW>(
+          parallelism.expert_zero, options, expert_whole_offsets(parallelism.expert_zero->model_params(), moe_)));
     size_t held = 0;
     for (ShardedAdamW* o : optimizers()) held += o->model_params().size();
     MMSP_CHECK(held == trained_.size(), "make_weight_update: the sharded models hold ", held, " of the ",
@@ -256,7 +258,9 @@ class ShardedUpdate : public WeightUpdate {
     // them, then their shards refilled (the masters come from the checkpoint itself).
     const bool frozen_sharded = !zero().sharded_frozen().empty();
     if (frozen_sharded) zero().gather_all();
-    train::restore(checkpoint, optimizers(), frozen_, whole_shapes());
+    hf::CheckpointNaming naming;  // expert parallelism: this rank's rows and experts of the whole file's
+    model::add_expert_shard(naming, moe_);
+    train::restore(checkpoint, optimizers(), frozen_, naming);
     if (!frozen_sharded) return;
     zero().copy_frozen_from_model();
     zero().release_gathered();
@@ -272,7 +276,7 @@ class ShardedUpdate : public WeightUpdate {
   }
   double step(double clip_norm, dist::RankActivity& doing) override {
     doing.set_phase("optimizer (sharded)");
-    return expert_opt_ ? step_together(optimizers(), clip_norm, *data_) : sharded_.step(clip_norm);
+    return step_together(optimizers(), clip_norm, *data_);
   }
   // Each rank writes its shards into a staging dir; rank 0 then writes the rest and
   // moves them into the step dir, under one checksums.json.
@@ -309,7 +313,8 @@ class ShardedUpdate : public WeightUpdate {
     try {
       checkpoint_io::DurableWriter writer(-1, kCheckpointCrashExitCode);
       const std::string path = staging + "/" + optimizer_shard_file(rank, world);
-      const std::vector<const ShardedAdamW*> parts = const_optimizers();
+      const std::vector<ShardedAdamW*> all = optimizers();
+      const std::vector<const ShardedAdamW*> parts(all.begin(), all.end());
       writer.write_safetensors(path, optimizer_shard_tensors(parts), optimizer_shard_metadata(parts, rank, world));
       mine = writer.checksums().at(path);
     } catch (const std::exception& e) { error = e.what(); }
@@ -344,63 +349,38 @@ class ShardedUpdate : public WeightUpdate {
                        : zero().level() == parallel::ShardLevel::gradients ? "optimizer state and gradients"
                                                                            : "optimizer state";
     const size_t sharded_frozen = zero().sharded_frozen().size();
-    const std::string experts = expert_opt_ ? "; experts split over " + std::to_string(experts_->size()) +
-                                                  " ranks, theirs sharded over " +
-                                                  std::to_string(expert_opt_->sharded().world()->size())
-                                            : "";
+    const std::string experts = optimizers_.size() > 1
+                                    ? "; experts split over " + std::to_string(experts_->size()) +
+                                          " ranks, theirs sharded over " +
+                                          std::to_string(optimizers_.back()->sharded().world()->size())
+                                    : "";
     return std::string(mixed_ ? "fp32 master weights; " : "") + what + " sharded over " + std::to_string(world_) +
            " ranks" + experts + frozen_note(frozen_, true) +
            (sharded_frozen > 0 ? " (" + std::to_string(sharded_frozen) + " of them sharded)" : "");
   }
 
  private:
-  parallel::ShardedModel& zero() const { return sharded_.sharded(); }  // what parallelize installed
-  // The dense weights' optimizer, then (expert parallelism) the experts'.
-  std::vector<ShardedAdamW*> optimizers() {
-    std::vector<ShardedAdamW*> out{&sharded_};
-    if (expert_opt_) out.push_back(&*expert_opt_);
-    return out;
-  }
-  std::vector<const ShardedAdamW*> const_optimizers() const {
-    std::vector<const ShardedAdamW*> out{&sharded_};
-    if (expert_opt_) out.push_back(&*expert_opt_);
+  parallel::ShardedModel& zero() const { return optimizers_.front()->sharded(); }  // the dense weights'
+  std::vector<ShardedAdamW*> optimizers() const {
+    std::vector<ShardedAdamW*> out;
+    for (const auto& o : optimizers_) out.push_back(o.get());
     return out;
   }
   std::vector<parallel::ShardedModel*> zeros() const {
     std::vector<parallel::ShardedModel*> out;
-    for (const ShardedAdamW* o : const_optimizers()) out.push_back(&o->sharded());
+    for (const auto& o : optimizers_) out.push_back(&o->sharded());
     return out;
   }
   void release_gathered() {
     for (parallel::ShardedModel* z : zeros()) z->release_gathered();
   }
-  // The whole model's weights a checkpoint holds: this rank's, a fused expert tensor with
-  // every rank's rows, a per-expert one under every rank's expert index.
-  hf::ExpectedShapes whole_shapes() const {
-    hf::ExpectedShapes out;
-    const int64_t ranks = experts_ ? experts_->size() : 1;
-    for (const auto& [name, w] : with_frozen(trained(), frozen_)) {
-      std::vector<int64_t> shape = w.sizes().vec();
-      const int64_t e = model::expert_index(name);
-      if (ranks == 1 || !model::is_expert_parameter(name)) {
-        out.emplace_back(name, shape);
-      } else if (e < 0) {
-        shape.at(0) *= ranks;
-        out.emplace_back(name, shape);
-      } else {
-        for (int64_t r = 0; r < ranks; ++r)
-          out.emplace_back(model::with_expert_index(name, e - moe_.first_local_expert() + r * moe_.local_experts()),
-                           shape);
-      }
-    }
-    return out;
-  }
   // This rank's trained weights (its experts only), in the model's order.
   const model::NamedParams& trained() const { return trained_; }
 
   model::NamedParams trained_;  // what the sharded models hold between them
-  ShardedAdamW sharded_;
-  std::optional<ShardedAdamW> expert_opt_;  // expert parallelism: the experts', over their replicas
+  // What parallelize installed: the dense weights' (over the world), then with expert
+  // parallelism the experts' (over their replicas).
+  std::vector<std::unique_ptr<ShardedAdamW>> optimizers_;
   bool mixed_;
   int world_;
   dist::GroupPtr data_;     // the world: one norm over both

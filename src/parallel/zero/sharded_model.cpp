@@ -150,10 +150,6 @@ at::Tensor ShardedModel::pack_grad_round(const Shard& s, int64_t first, int64_t 
   return rows.view({-1});
 }
 
-double ShardedModel::grad_norm(const std::vector<at::Tensor>& grads) const {
-  return parallel::grad_norm({this}, {grads}, *world_);
-}
-
 double grad_norm(const std::vector<const ShardedModel*>& models, const std::vector<std::vector<at::Tensor>>& grads,
                  dist::Group& world) {
   MMSP_CHECK(models.size() == grads.size(), "grad_norm: ", grads.size(), " gradient lists for ", models.size(),

@@ -448,18 +448,19 @@ void restore(const Checkpoint& c, const model::NamedParams& weights, torch::opti
 }
 
 void restore(const Checkpoint& c, ShardedAdamW& optimizer, const model::NamedParams& frozen) {
-  hf::ExpectedShapes expected;
-  for (const auto& [name, w] : optimizer.model_params()) expected.emplace_back(name, w.sizes().vec());
-  for (const auto& [name, w] : frozen) expected.emplace_back(name, w.sizes().vec());
-  restore(c, {&optimizer}, frozen, expected);
+  restore(c, {&optimizer}, frozen, hf::CheckpointNaming{});
 }
 
 void restore(const Checkpoint& c, const std::vector<ShardedAdamW*>& optimizers, const model::NamedParams& frozen,
-             const hf::ExpectedShapes& expected) {
+             const hf::CheckpointNaming& naming) {
   MMSP_CHECK(!c.weights.tensors.empty(), c.path,
              ": a checkpoint of the first format cannot be resumed with "
              "a sharded --shard level; resume it with --shard none once and save again");
-  hf::match_hf_tensors(c.weights, expected, hf::CheckpointNaming{});  // throws, naming every difference
+  hf::ExpectedShapes expected;
+  for (const ShardedAdamW* optimizer : optimizers)
+    for (const auto& [name, w] : optimizer->model_params()) expected.emplace_back(name, w.sizes().vec());
+  for (const auto& [name, w] : frozen) expected.emplace_back(name, w.sizes().vec());
+  hf::match_hf_tensors(c.weights, expected, naming);  // throws, naming every difference
   ShardedAdamW::StateReader read;
   int64_t steps = 0;
   if (c.optimizer_shards) {

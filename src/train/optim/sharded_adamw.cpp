@@ -45,13 +45,7 @@ double clip_scale(double norm, double max_norm) {
 
 }  // namespace
 
-double ShardedAdamW::step(double max_norm) {
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads = sharded_->reduce_gradients();
-  const double norm = sharded_->grad_norm(grads);
-  update(grads, clip_scale(norm, max_norm));
-  return norm;
-}
+double ShardedAdamW::step(double max_norm) { return step_together({this}, max_norm, *sharded_->world()); }
 
 double step_together(const std::vector<ShardedAdamW*>& optimizers, double max_norm, dist::Group& world) {
   at::NoGradGuard no_grad;

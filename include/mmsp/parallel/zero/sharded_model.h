@@ -151,10 +151,8 @@ class ShardedModel {
   // in bucket order, and the lookups' rows. Returns this rank's [shard] of the world's
   // gradient, per bucket (the optimizer may scale them in place).
   std::vector<at::Tensor> reduce_gradients();
-  // Step 2: the L2 norm of the whole gradient from every rank's shards (one all-reduce).
-  // A non-finite norm is an mmsp::Error on every rank naming the first parameter of
-  // this rank's shards with a non-finite gradient.
-  double grad_norm(const std::vector<at::Tensor>& grads) const;
+  // Step 2: the L2 norm of the whole gradient from every rank's shards: parallel::grad_norm
+  // below (one all-reduce, for one sharded model or several).
   // Step 4: bucket b's masters changed: the model's weights follow (stages 1, 2 gather
   // them now, stage 3 before their next use).
   void refresh(size_t b);

@@ -154,10 +154,11 @@ void restore(const Checkpoint& checkpoint, torch::nn::Module& model, torch::opti
 // above takes them among `weights`: those its optimizer does not hold.)
 void restore(const Checkpoint& checkpoint, ShardedAdamW& optimizer, const model::NamedParams& frozen = {});
 // Several sharded optimizers of one model (expert parallelism: the dense weights' and this
-// rank's experts', each piece read at its whole offset), the checkpoint's weights checked
-// against `whole` (every weight of the whole model, the other ranks' experts included).
+// rank's experts', each piece read at its whole offset), the checkpoint's weights matched
+// to theirs by `naming` (model::add_expert_shard: this rank's rows of a fused expert
+// tensor, the other ranks' experts held elsewhere).
 void restore(const Checkpoint& checkpoint, const std::vector<ShardedAdamW*>& optimizers,
-             const model::NamedParams& frozen, const hf::ExpectedShapes& whole);
+             const model::NamedParams& frozen, const hf::CheckpointNaming& naming);
 
 // Two configs are the same model when equal as JSON apart from "torch_dtype" (which
 // a save rewrites).
